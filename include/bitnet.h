@@ -1,0 +1,345 @@
+/*
+ * bitnet.h - public C API of libbitnet, a runtime for 1.58-bit (ternary)
+ * language models on NVIDIA GPUs with CPU kernels as the fallback.
+ *
+ * Conventions: every fallible function returns a bn_status and, when the
+ * caller passes a bn_error, fills it with a message and a hint saying what to
+ * do about it. The library never exits, aborts or prints except through its
+ * logger (BITNET_LOG).
+ */
+#ifndef BITNET_H
+#define BITNET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bitnet_version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Status and errors                                                         */
+/* ------------------------------------------------------------------------ */
+
+typedef enum bn_status {
+    BN_OK = 0,
+    BN_ERR_INVALID_ARGUMENT,  /* a caller passed a bad value               */
+    BN_ERR_INVALID_CONFIG,    /* a BITNET_* environment value is malformed */
+    BN_ERR_OUT_OF_MEMORY,     /* host allocation failed                    */
+    BN_ERR_GPU_OUT_OF_MEMORY, /* device allocation failed                  */
+    BN_ERR_IO,                /* a file could not be opened or read        */
+    BN_ERR_FORMAT,            /* a file is malformed or truncated          */
+    BN_ERR_UNSUPPORTED,       /* valid, but not supported by this build    */
+    BN_ERR_NO_DEVICE,         /* the requested device is not usable        */
+    BN_ERR_DRIVER,            /* GPU driver missing or too old             */
+    BN_ERR_GPU,               /* any other GPU runtime failure             */
+    BN_ERR_FAKE_GPU,          /* a fake GPU was configured in strict mode  */
+    BN_ERR_INTERNAL,          /* a bug: please report it                   */
+    BN_STATUS_COUNT
+} bn_status;
+
+#define BN_ERROR_MESSAGE_MAX 512
+#define BN_ERROR_HINT_MAX 256
+
+typedef struct bn_error {
+    bn_status status;
+    char message[BN_ERROR_MESSAGE_MAX]; /* what went wrong, with the details */
+    char hint[BN_ERROR_HINT_MAX];       /* what to do about it ("" if none)  */
+} bn_error;
+
+/* Short stable name of a status, e.g. "invalid-config". */
+const char *bn_status_str(bn_status status);
+
+/* Clears an error record (status BN_OK, empty strings). NULL is allowed. */
+void bn_error_clear(bn_error *err);
+
+/* Fills err (if not NULL) and returns status, so callers can write
+ * `return bn_error_set(err, BN_ERR_IO, "check the path", "cannot open %s", p);`
+ * hint may be NULL. */
+bn_status bn_error_set(bn_error *err, bn_status status, const char *hint,
+                       const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
+/* Library version string, e.g. "0.1.0". */
+const char *bn_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Logging (stderr). Level from BITNET_LOG=error|warn|info|debug.            */
+/* ------------------------------------------------------------------------ */
+
+typedef enum bn_log_level {
+    BN_LOG_ERROR = 0,
+    BN_LOG_WARN = 1,
+    BN_LOG_INFO = 2,
+    BN_LOG_DEBUG = 3
+} bn_log_level;
+
+void bn_log_set_level(bn_log_level level);
+bn_log_level bn_log_get_level(void);
+void bn_log(bn_log_level level, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* ------------------------------------------------------------------------ */
+/* Configuration from BITNET_* environment variables                         */
+/* ------------------------------------------------------------------------ */
+
+typedef enum bn_device_kind {
+    BN_DEVICE_AUTO = 0, /* CUDA when usable, else CPU           */
+    BN_DEVICE_CPU,
+    BN_DEVICE_GPU,      /* any usable GPU backend               */
+    BN_DEVICE_CUDA      /* CUDA; index -1 means the best device */
+} bn_device_kind;
+
+typedef struct bn_device_request {
+    bn_device_kind kind;
+    int index; /* cuda:N -> N; otherwise -1 */
+} bn_device_request;
+
+/* GPU backends that detection knows about (bit i of a mask = backend i). */
+typedef enum bn_gpu_backend {
+    BN_GPU_CUDA = 0,
+    BN_GPU_ROCM,
+    BN_GPU_METAL,
+    BN_GPU_VULKAN,
+    BN_GPU_OPENCL,
+    BN_GPU_BACKEND_COUNT
+} bn_gpu_backend;
+
+/* Name of a backend: "cuda", "rocm", "metal", "vulkan", "opencl". */
+const char *bn_gpu_backend_name(bn_gpu_backend backend);
+
+typedef struct bn_config {
+    bn_log_level log_level;          /* BITNET_LOG (default warn)            */
+    bn_device_request device;        /* BITNET_DEVICE (default auto)         */
+    bool gpu_fake_set;               /* BITNET_GPU_FAKE present (even "")    */
+    unsigned gpu_fake_mask;          /* backends it names (1u << backend)    */
+    bool strict_mode;                /* BITNET_STRICT_MODE                   */
+    bool strict_no_fake_gpu;         /* BITNET_STRICT_NO_FAKE_GPU            */
+    int num_threads;                 /* BITNET_NUM_THREADS (0 = all cores)   */
+    int batch_size;                  /* BITNET_BATCH_SIZE (0 = default)      */
+    uint64_t memory_limit_bytes;     /* BITNET_MEMORY_LIMIT (0 = no limit)   */
+    bool deterministic;              /* BITNET_DETERMINISTIC                 */
+    bool seed_set;                   /* BITNET_SEED present                  */
+    uint64_t seed;                   /* BITNET_SEED                          */
+    double pool_size_gb;             /* BITNET_POOL_SIZE_GB (default 2)      */
+    int cleanup_interval_secs;       /* BITNET_CLEANUP_INTERVAL_SECS (30)    */
+    int leak_threshold_secs;         /* BITNET_LEAK_THRESHOLD_SECS (300)     */
+} bn_config;
+
+/* Defaults, as if no BITNET_* variable were set. */
+void bn_config_defaults(bn_config *cfg);
+
+/* Reads and validates every BITNET_* variable. On a malformed value returns
+ * BN_ERR_INVALID_CONFIG with a message naming the variable and the form it
+ * accepts; cfg then holds the defaults plus the values parsed before it. */
+bn_status bn_config_from_env(bn_config *cfg, bn_error *err);
+
+/* Applies one NAME=value pair as if it came from the environment; the unit
+ * of the parser, exposed for tests and for CLI flags that mirror variables.
+ * An unknown BITNET_* name is BN_ERR_INVALID_CONFIG. */
+bn_status bn_config_set(bn_config *cfg, const char *name, const char *value, bn_error *err);
+
+/* Names of every variable bn_config reads, NULL-terminated. */
+const char *const *bn_config_variable_names(void);
+
+/* The form a variable accepts, in words (as shown in error messages);
+ * NULL for a name bn_config does not read. */
+const char *bn_config_variable_accepted(const char *name);
+
+/* Parses "2GB", "512MB", "1.5GiB", "4096" (bytes). Units are binary:
+ * KB = KiB = 1024 bytes. Returns false on anything else or on overflow. */
+bool bn_parse_memory_size(const char *text, uint64_t *bytes);
+
+/* Parses "auto", "cpu", "gpu", "cuda" or "cuda:N". */
+bool bn_parse_device_request(const char *text, bn_device_request *req);
+
+/* ------------------------------------------------------------------------ */
+/* Aligned allocation, timers, backtraces                                    */
+/* ------------------------------------------------------------------------ */
+
+/* alignment must be a power of two and a multiple of sizeof(void *).
+ * Returns NULL on failure or bad alignment; size 0 returns a valid pointer. */
+void *bn_aligned_alloc(size_t alignment, size_t size);
+void bn_aligned_free(void *ptr);
+
+/* Monotonic clock, never goes backwards. */
+uint64_t bn_time_ns(void);
+double bn_time_seconds(void);
+
+#define BN_BACKTRACE_MAX 32
+typedef struct bn_backtrace {
+    int depth;                   /* 0 in release builds */
+    void *frames[BN_BACKTRACE_MAX];
+} bn_backtrace;
+
+/* Captures the caller's stack in debug builds (BITNET_DEBUG); a no-op that
+ * records depth 0 otherwise, so it is cheap to call on hot paths. */
+void bn_backtrace_capture(bn_backtrace *bt, int skip);
+/* Writes one frame per line ("  #0 symbol+off (module)") into buf. */
+void bn_backtrace_format(const bn_backtrace *bt, char *buf, size_t size);
+
+/* ------------------------------------------------------------------------ */
+/* Host memory                                                               */
+/* ------------------------------------------------------------------------ */
+
+typedef struct bn_host_memory {
+    uint64_t process_resident_bytes; /* this process's resident set    */
+    uint64_t process_peak_bytes;     /* its high-water mark            */
+    uint64_t system_total_bytes;
+    uint64_t system_available_bytes;
+} bn_host_memory;
+
+bn_status bn_host_memory_query(bn_host_memory *out, bn_error *err);
+
+/* ------------------------------------------------------------------------ */
+/* CPU features                                                              */
+/* ------------------------------------------------------------------------ */
+
+typedef struct bn_cpu_features {
+    char arch[16];      /* "x86_64", "aarch64", ...   */
+    char model[128];    /* brand string when known    */
+    int logical_cores;
+    bool avx2, fma, f16c;
+    bool avx512f, avx512bw, avx512vl, avx512vnni;
+    bool avxvnni;       /* 256-bit VNNI (AVX-VNNI)    */
+    bool neon, dotprod; /* aarch64 ASIMD and SDOT/UDOT */
+} bn_cpu_features;
+
+/* Detected once at first use: cpuid + xgetbv on x86 (the OS must have
+ * enabled the registers too), hwcaps on aarch64. */
+const bn_cpu_features *bn_cpu_features_get(void);
+
+/* ------------------------------------------------------------------------ */
+/* CUDA devices                                                              */
+/* ------------------------------------------------------------------------ */
+
+typedef struct bn_cuda_device {
+    int id;
+    char name[256];
+    int cc_major, cc_minor;
+    uint64_t total_memory_bytes;
+    uint64_t free_memory_bytes;
+    int sm_count;
+    int max_threads_per_block;
+    int max_threads_per_sm;
+    int warp_size;
+    uint64_t shared_mem_per_block;        /* default limit          */
+    uint64_t shared_mem_per_block_optin;  /* limit after opting in  */
+    uint64_t shared_mem_per_sm;
+    uint64_t l2_cache_bytes;
+    int memory_clock_khz;
+    int memory_bus_width_bits;
+    double memory_bandwidth_gbs;          /* theoretical peak, GB/s (1e9) */
+    char pci_bus_id[32];
+    /* Derived from the compute capability (bn_cuda_device_derive_caps). */
+    bool fp16;              /* fast fp16 arithmetic, cc >= 6.1     */
+    bool bf16;              /* cc >= 8.0                           */
+    bool int8_dot;          /* dp4a int8 dot product, cc >= 6.1    */
+    bool tensor_cores;      /* cc >= 7.0                           */
+    bool int8_tensor_cores; /* cc >= 7.2                           */
+    bool fp8;               /* cc >= 8.9                           */
+} bn_cuda_device;
+
+#define BN_CUDA_MAX_DEVICES 64
+
+typedef struct bn_cuda_report {
+    bool compiled;          /* this build includes CUDA                     */
+    int driver_version;     /* e.g. 13000 for 13.0; 0 when no driver        */
+    int runtime_version;    /* version of the runtime linked in; 0 if none  */
+    int device_count;
+    bn_cuda_device devices[BN_CUDA_MAX_DEVICES];
+    bn_status status;       /* BN_OK when at least one device was queried   */
+    char reason[BN_ERROR_MESSAGE_MAX]; /* why CUDA is unusable, if it is    */
+    char hint[BN_ERROR_HINT_MAX];
+} bn_cuda_report;
+
+/* Queries every visible CUDA device. Never fails hard: a missing driver or
+ * no device is reported in report->status and report->reason. */
+void bn_cuda_query(bn_cuda_report *report);
+
+/* Fills the derived capability flags from cc_major/cc_minor. */
+void bn_cuda_device_derive_caps(bn_cuda_device *dev);
+
+/* Theoretical peak bandwidth in GB/s (1e9 bytes/s) of a double-data-rate
+ * memory: 2 transfers per clock over the whole bus. */
+double bn_cuda_memory_bandwidth_gbs(int memory_clock_khz, int bus_width_bits);
+
+/* Index of the best device (most memory, then most SMs), -1 if n == 0. */
+int bn_cuda_best_device(const bn_cuda_device *devs, int n);
+
+/* Kernel launch parameters.
+ *
+ * Rules, in order:
+ *  1. block = preferred_block (256 when 0), at most max_threads_per_block;
+ *  2. shared memory: shared_fixed + block * shared_per_thread must fit the
+ *     block limit (the opt-in limit when the device has one), so block
+ *     shrinks to fit; it is an error if even one warp does not fit;
+ *  3. block is rounded down to a multiple of the warp size;
+ *  4. grid = ceil(n_work / block);
+ *  5. while grid < 4 blocks per SM and block > 64, halve block (and grow
+ *     grid) so that small problems still spread over every SM.
+ */
+typedef struct bn_launch_params {
+    unsigned block;          /* threads per block            */
+    unsigned grid;           /* blocks                       */
+    uint64_t shared_bytes;   /* dynamic shared memory bytes  */
+    bool needs_optin;        /* shared_bytes > default limit */
+} bn_launch_params;
+
+bn_status bn_launch_params_compute(const bn_cuda_device *dev, uint64_t n_work,
+                                   unsigned preferred_block, uint64_t shared_per_thread,
+                                   uint64_t shared_fixed, bn_launch_params *out,
+                                   bn_error *err);
+
+/* ------------------------------------------------------------------------ */
+/* GPU detection                                                             */
+/* ------------------------------------------------------------------------ */
+
+typedef struct bn_gpu_backend_info {
+    bn_gpu_backend backend;
+    bool available;        /* usable for compute (or faked)               */
+    bool fake;             /* from BITNET_GPU_FAKE, never used to compute */
+    int device_count;
+    char version[96];      /* versions that could be read, "" otherwise   */
+    char detail[384];      /* devices found, or why it is unavailable     */
+} bn_gpu_backend_info;
+
+typedef struct bn_gpu_info {
+    bn_gpu_backend_info backends[BN_GPU_BACKEND_COUNT];
+    bool fake_override;          /* BITNET_GPU_FAKE replaced detection     */
+    bool fake_ignored;           /* it was set but strict mode ignored it  */
+    bn_cuda_report cuda;         /* real CUDA query (empty when faked)     */
+    char nvcc_version[32];       /* "13.0" when nvcc is on PATH            */
+    char rocm_smi_version[64];   /* when rocm-smi is on PATH               */
+    bool preflight_ok;           /* a real GPU is ready for compute        */
+    char preflight[512];         /* actionable one-line verdict            */
+    char summary[1024];          /* one paragraph for people               */
+} bn_gpu_info;
+
+/* Detects every GPU backend under cfg (NULL = read the environment).
+ * Returns BN_ERR_FAKE_GPU when BITNET_STRICT_NO_FAKE_GPU=1 and a fake is
+ * configured, BN_ERR_INVALID_CONFIG on a malformed environment. Missing
+ * drivers are not errors: they are reported in the info. */
+bn_status bn_gpu_detect(const bn_config *cfg, bn_gpu_info *info, bn_error *err);
+
+/* True when any GPU backend is available in info (fakes count unless
+ * strict mode removed them). */
+bool bn_gpu_info_available(const bn_gpu_info *info);
+
+/* Detects under the environment's configuration; false on any error. */
+bool bn_gpu_available(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BITNET_H */

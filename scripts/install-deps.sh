@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what building and testing bitnet needs on Debian/Ubuntu, and
+# nothing when it is all there already. The CUDA toolkit is optional: with
+# nvcc on PATH the CUDA backend is built too.
+set -euo pipefail
+
+# command -> Debian package
+declare -A need=(
+    [cc]=build-essential
+    [make]=build-essential
+    [cmake]=cmake
+    [pkg-config]=pkg-config
+    [python3]=python3
+)
+missing=()
+for cmd in "${!need[@]}"; do
+    command -v "$cmd" >/dev/null 2>&1 || missing+=("${need[$cmd]}")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "install-deps: everything needed is installed"
+    exit 0
+fi
+# Unique package names.
+mapfile -t pkgs < <(printf '%s\n' "${missing[@]}" | sort -u)
+echo "install-deps: installing ${pkgs[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 || { echo "install-deps: run as root or install sudo" >&2; exit 1; }
+    sudo="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q
+$sudo apt-get install -y -q --no-install-recommends "${pkgs[@]}"

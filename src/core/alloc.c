@@ -1,0 +1,17 @@
+/* Aligned host allocation (SIMD loads, DMA-friendly buffers). */
+#include "bitnet.h"
+
+#include <stdlib.h>
+
+void *bn_aligned_alloc(size_t alignment, size_t size)
+{
+    if (alignment < sizeof(void *) || (alignment & (alignment - 1)) != 0)
+        return NULL;
+    void *p = NULL;
+    /* posix_memalign, unlike C11 aligned_alloc, needs no size multiple. */
+    if (posix_memalign(&p, alignment, size ? size : 1) != 0)
+        return NULL;
+    return p;
+}
+
+void bn_aligned_free(void *ptr) { free(ptr); }

@@ -1,0 +1,35 @@
+/* Capability rules and device ranking: plain functions of a device record,
+ * compiled in every build so they are tested without a GPU. */
+#include "bitnet.h"
+
+void bn_cuda_device_derive_caps(bn_cuda_device *dev)
+{
+    if (!dev)
+        return;
+    const int cc = dev->cc_major * 10 + dev->cc_minor;
+    dev->fp16 = cc >= 61;
+    dev->int8_dot = cc >= 61;          /* dp4a arrived with sm_61 */
+    dev->tensor_cores = cc >= 70;
+    dev->int8_tensor_cores = cc >= 72; /* Volta's tensor cores are fp16 only */
+    dev->bf16 = cc >= 80;
+    dev->fp8 = cc >= 89;
+}
+
+int bn_cuda_best_device(const bn_cuda_device *devs, int n)
+{
+    if (!devs || n <= 0)
+        return -1;
+    int best = 0;
+    for (int i = 1; i < n; i++) {
+        if (devs[i].total_memory_bytes > devs[best].total_memory_bytes ||
+            (devs[i].total_memory_bytes == devs[best].total_memory_bytes &&
+             devs[i].sm_count > devs[best].sm_count))
+            best = i;
+    }
+    return best;
+}
+
+double bn_cuda_memory_bandwidth_gbs(int memory_clock_khz, int bus_width_bits)
+{
+    return 2.0 * (double)memory_clock_khz * 1e3 * (double)(bus_width_bits / 8) / 1e9;
+}

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The bitnet CLI as a user meets it: help, version, devices in text and
+# JSON, fake and strict GPU modes, and errors with their exit codes.
+# usage: test_cli.sh /path/to/bitnet
+set -u
+BITNET=${1:?usage: test_cli.sh BITNET}
+fails=0
+checks=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# Run with a clean BITNET_* environment plus the given assignments.
+run() {
+    env $(env | sed -n 's/^\(BITNET_[A-Z_]*\)=.*/-u \1/p') "$@" >"$tmp/out" 2>"$tmp/err"
+    echo $? >"$tmp/rc"
+}
+rc() { cat "$tmp/rc"; }
+expect_rc() {
+    checks=$((checks + 1))
+    if [ "$(rc)" != "$1" ]; then
+        echo "FAIL: $2: exit code $(rc), expected $1"; sed 's/^/  err: /' "$tmp/err"
+        fails=$((fails + 1))
+    fi
+}
+expect_in() { # file pattern what
+    checks=$((checks + 1))
+    if ! grep -qE -- "$2" "$tmp/$1"; then
+        echo "FAIL: $3: '$2' not in $1"; sed 's/^/  /' "$tmp/$1" | head -40
+        fails=$((fails + 1))
+    fi
+}
+expect_not_in() {
+    checks=$((checks + 1))
+    if grep -qE -- "$2" "$tmp/$1"; then
+        echo "FAIL: $3: '$2' found in $1"; sed 's/^/  /' "$tmp/$1" | head -40
+        fails=$((fails + 1))
+    fi
+}
+
+run "$BITNET" --help
+expect_rc 0 "--help"
+expect_in out "exit codes" "--help documents exit codes"
+expect_in out "BITNET_MEMORY_LIMIT" "--help lists variables"
+expect_in out "devices" "--help lists commands"
+
+run "$BITNET" --version
+expect_rc 0 "--version"
+expect_in out "^bitnet [0-9]+\.[0-9]+\.[0-9]+$" "--version format"
+
+run "$BITNET"
+expect_rc 2 "no command"
+run "$BITNET" frobnicate
+expect_rc 2 "unknown command"
+expect_in err "unknown command 'frobnicate'" "unknown command message"
+run "$BITNET" devices --bogus
+expect_rc 2 "unknown option"
+run "$BITNET" devices --help
+expect_rc 0 "devices --help"
+expect_in out "--json" "devices --help mentions --json"
+
+# Real detection: must start and explain itself whatever this machine has.
+run "$BITNET" devices
+expect_rc 0 "devices"
+expect_in out "^GPU backends" "devices report"
+expect_in out "^Preflight" "preflight section"
+expect_in out "^CPU" "cpu section"
+expect_in out "features:" "cpu features"
+expect_in out "^Host memory" "host memory section"
+expect_in out "^  cuda +(available|unavailable)" "cuda line"
+expect_not_in out "fake" "no fake without BITNET_GPU_FAKE"
+
+run "$BITNET" devices --json
+expect_rc 0 "devices --json"
+checks=$((checks + 1))
+if ! python3 -m json.tool "$tmp/out" >/dev/null 2>"$tmp/jerr"; then
+    echo "FAIL: devices --json is not valid JSON"; cat "$tmp/jerr"; fails=$((fails + 1))
+fi
+expect_in out '"preflight"' "json preflight"
+expect_in out '"cpu"' "json cpu"
+
+# Fake and strict modes.
+run BITNET_GPU_FAKE=cuda "$BITNET" devices
+expect_rc 0 "fake cuda"
+expect_in out "^  cuda +fake" "fake cuda reported"
+run BITNET_GPU_FAKE=cuda BITNET_STRICT_MODE=1 "$BITNET" devices
+expect_rc 0 "fake cuda, strict"
+expect_not_in out "^  cuda +fake" "strict mode removes the fake"
+expect_in out "ignored" "strict mode says the fake was ignored"
+run BITNET_GPU_FAKE=cuda,rocm "$BITNET" devices --json
+expect_in out '"fake": true' "json marks fakes"
+run BITNET_GPU_FAKE=cuda BITNET_STRICT_NO_FAKE_GPU=1 "$BITNET" devices
+expect_rc 4 "strict no fake"
+expect_in err "BITNET_STRICT_NO_FAKE_GPU" "strict no fake names the variable"
+
+# Malformed environment values.
+run BITNET_NUM_THREADS=abc "$BITNET" devices
+expect_rc 3 "BITNET_NUM_THREADS=abc"
+expect_in err "BITNET_NUM_THREADS='abc'" "error names the variable"
+expect_in err "expected" "error gives the accepted form"
+run BITNET_MEMORY_LIMIT=2XB "$BITNET" devices
+expect_rc 3 "BITNET_MEMORY_LIMIT=2XB"
+run BITNET_GPU_FAKE=tpu "$BITNET" devices
+expect_rc 3 "BITNET_GPU_FAKE=tpu"
+run BITNET_NUM_THREADS=abc "$BITNET" --help
+expect_rc 0 "--help works under a bad environment"
+run BITNET_NUM_THRAEDS=4 "$BITNET" devices
+expect_rc 0 "unknown variable is not fatal"
+expect_in err "unknown environment variable BITNET_NUM_THRAEDS" "unknown variable is warned"
+
+echo "$checks checks, $fails failed"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,29 @@
+/* Shared pieces of the bitnet command-line tool: exit codes and the
+ * subcommand entry points (one file per subcommand). */
+#ifndef BITNET_CLI_H
+#define BITNET_CLI_H
+
+#include "bitnet.h"
+
+/* Exit codes, documented in `bitnet --help`. */
+enum {
+    BN_EXIT_OK = 0,
+    BN_EXIT_FAILURE = 1,      /* the command ran and failed              */
+    BN_EXIT_USAGE = 2,        /* bad command line                        */
+    BN_EXIT_CONFIG = 3,       /* malformed BITNET_* environment variable */
+    BN_EXIT_DEVICE = 4,       /* requested device unusable, strict mode  */
+    BN_EXIT_INPUT = 5,        /* unreadable or malformed input file      */
+    BN_EXIT_OUT_OF_MEMORY = 6 /* host or GPU memory exhausted            */
+};
+
+/* Prints "bitnet: error: message" and the hint to stderr and returns the
+ * exit code for the error's status. */
+int cli_fail(const bn_error *err);
+
+/* Exit code for a status. */
+int cli_exit_code(bn_status status);
+
+/* Subcommands: argv[0] is the subcommand's name. */
+int cmd_devices(int argc, char **argv, const bn_config *cfg);
+
+#endif

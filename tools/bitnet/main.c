@@ -1,0 +1,99 @@
+/* bitnet - command-line entry point: global options, environment
+ * configuration, and dispatch to one subcommand per file. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct command {
+    const char *name;
+    const char *summary;
+    int (*run)(int argc, char **argv, const bn_config *cfg);
+} commands[] = {
+    {"devices", "show GPU backends, CUDA devices, CPU features and memory", cmd_devices},
+};
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
+
+static void print_help(FILE *out)
+{
+    fprintf(out,
+            "bitnet %s - run 1.58-bit (ternary) language models on NVIDIA GPUs and CPUs\n"
+            "\n"
+            "usage: bitnet [--help] [--version] <command> [options]\n"
+            "\n"
+            "commands:\n",
+            bn_version());
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\n'bitnet <command> --help' describes a command's options.\n"
+                 "\nenvironment variables (a malformed value is an error, exit code 3):\n");
+    for (const char *const *n = bn_config_variable_names(); *n; n++)
+        fprintf(out, "  %-29s %s\n", *n, bn_config_variable_accepted(*n));
+    fprintf(out, "\nexit codes:\n"
+                 "  0  success\n"
+                 "  1  the command failed\n"
+                 "  2  bad command line\n"
+                 "  3  malformed BITNET_* environment variable\n"
+                 "  4  requested device unusable (including strict-mode refusals)\n"
+                 "  5  unreadable or malformed input file\n"
+                 "  6  out of host or GPU memory\n");
+}
+
+int cli_exit_code(bn_status status)
+{
+    switch (status) {
+    case BN_OK: return BN_EXIT_OK;
+    case BN_ERR_INVALID_ARGUMENT: return BN_EXIT_USAGE;
+    case BN_ERR_INVALID_CONFIG: return BN_EXIT_CONFIG;
+    case BN_ERR_NO_DEVICE:
+    case BN_ERR_DRIVER:
+    case BN_ERR_FAKE_GPU:
+    case BN_ERR_UNSUPPORTED: return BN_EXIT_DEVICE;
+    case BN_ERR_IO:
+    case BN_ERR_FORMAT: return BN_EXIT_INPUT;
+    case BN_ERR_OUT_OF_MEMORY:
+    case BN_ERR_GPU_OUT_OF_MEMORY: return BN_EXIT_OUT_OF_MEMORY;
+    default: return BN_EXIT_FAILURE;
+    }
+}
+
+int cli_fail(const bn_error *err)
+{
+    fprintf(stderr, "bitnet: error: %s\n", err->message);
+    if (err->hint[0])
+        fprintf(stderr, "bitnet: hint: %s\n", err->hint);
+    return cli_exit_code(err->status);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        print_help(stderr);
+        return BN_EXIT_USAGE;
+    }
+    const char *first = argv[1];
+    if (strcmp(first, "--help") == 0 || strcmp(first, "-h") == 0 || strcmp(first, "help") == 0) {
+        print_help(stdout);
+        return BN_EXIT_OK;
+    }
+    if (strcmp(first, "--version") == 0 || strcmp(first, "-V") == 0) {
+        printf("bitnet %s\n", bn_version());
+        return BN_EXIT_OK;
+    }
+
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        if (strcmp(first, commands[i].name) != 0)
+            continue;
+        bn_config cfg;
+        bn_error err;
+        bn_error_clear(&err);
+        if (bn_config_from_env(&cfg, &err) != BN_OK)
+            return cli_fail(&err);
+        bn_log_set_level(cfg.log_level);
+        return commands[i].run(argc - 1, argv + 1, &cfg);
+    }
+    fprintf(stderr, "bitnet: error: unknown command '%s'\nbitnet: hint: 'bitnet --help' lists the "
+                    "commands\n",
+            first);
+    return BN_EXIT_USAGE;
+}
