@@ -133,6 +133,7 @@ typedef struct bn_config {
     double pool_size_gb;             /* BITNET_POOL_SIZE_GB (default 2)      */
     int cleanup_interval_secs;       /* BITNET_CLEANUP_INTERVAL_SECS (30)    */
     int leak_threshold_secs;         /* BITNET_LEAK_THRESHOLD_SECS (300)     */
+    char kernel[16];                 /* BITNET_KERNEL ("" = best available)  */
 } bn_config;
 
 /* Defaults, as if no BITNET_* variable were set. */

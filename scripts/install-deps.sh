@@ -16,6 +16,17 @@ missing=()
 for cmd in "${!need[@]}"; do
     command -v "$cmd" >/dev/null 2>&1 || missing+=("${need[$cmd]}")
 done
+# Debian packages for the aarch64 cross build that test_neon_qemu runs under
+# qemu (the target's C library has no command to look for, so ask dpkg).
+cross_need=(
+    gcc-aarch64-linux-gnu
+    libc6-dev-arm64-cross
+    qemu-user
+)
+for pkg in "${cross_need[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' ||
+        missing+=("$pkg")
+done
 if [ ${#missing[@]} -eq 0 ]; then
     echo "install-deps: everything needed is installed"
     exit 0

@@ -68,6 +68,24 @@ expect_in out "features:" "cpu features"
 expect_in out "^Host memory" "host memory section"
 expect_in out "^  cuda +(available|unavailable)" "cuda line"
 expect_not_in out "fake" "no fake without BITNET_GPU_FAKE"
+expect_in out "^Kernel providers" "kernel providers section"
+expect_in out "^  scalar +available" "scalar provider listed"
+expect_in out "\(selected\)" "a provider is selected"
+
+run BITNET_KERNEL=scalar "$BITNET" devices
+expect_rc 0 "BITNET_KERNEL=scalar"
+expect_in out "^  scalar +available \(selected\)" "BITNET_KERNEL picks the provider"
+run BITNET_KERNEL=sse9 "$BITNET" devices
+expect_rc 3 "BITNET_KERNEL=sse9 is malformed"
+
+run "$BITNET" bench --help
+expect_rc 0 "bench --help"
+expect_in out "kernels" "bench lists kernels"
+run "$BITNET" bench kernels --m 0
+expect_rc 2 "bench kernels bad --m"
+run "$BITNET" bench kernels --shapes 64x256 --m 1,3 --threads 1 --min-time 0.01 --rotate-mib 0
+expect_rc 0 "tiny bench run"
+expect_in out "^\| scalar \| 64x256 \| 3 \|" "bench prints the scalar row"
 
 run "$BITNET" devices --json
 expect_rc 0 "devices --json"

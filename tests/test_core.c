@@ -49,6 +49,7 @@ static void test_host_memory(void)
     CHECK(bn_host_memory_query(NULL, &e) == BN_ERR_INVALID_ARGUMENT);
 }
 
+#if defined(__x86_64__) && defined(__linux__)
 /* True when /proc/cpuinfo's flags line has the word. */
 static bool cpuinfo_has(const char *flag)
 {
@@ -68,6 +69,7 @@ static bool cpuinfo_has(const char *flag)
     fclose(f);
     return found;
 }
+#endif
 
 static void test_cpu_features(void)
 {

@@ -59,4 +59,42 @@ static int test_checks = 0;
         return test_failures ? 1 : 0;                                                 \
     } while (0)
 
+/* Test randomness: fresh per run (time-based seed, printed) so repeated
+ * runs cover new inputs; BN_TEST_SEED=N repeats a failing run. */
+#include <stdint.h>
+#include <time.h>
+
+static uint64_t test_rng_state;
+
+static inline uint64_t test_rand_u64(void)
+{
+    uint64_t z = (test_rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform integer in [lo, hi]. */
+static inline int64_t test_rand_range(int64_t lo, int64_t hi)
+{
+    return lo + (int64_t)(test_rand_u64() % (uint64_t)(hi - lo + 1));
+}
+
+/* Uniform float in [lo, hi). */
+static inline float test_rand_float(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((test_rand_u64() >> 40) * (1.0 / 16777216.0));
+}
+
+static inline uint64_t test_seed_init(void)
+{
+    const char *env = getenv("BN_TEST_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 10)
+                        : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    test_rng_state = seed;
+    printf("seed %llu (repeat with BN_TEST_SEED=%llu)\n", (unsigned long long)seed,
+           (unsigned long long)seed);
+    return seed;
+}
+
 #endif

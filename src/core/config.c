@@ -9,6 +9,7 @@
 #include "bitnet.h"
 
 #include <ctype.h>
+#include <stdio.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -277,6 +278,21 @@ static bool set_leak(bn_config *c, const char *v)
     return parse_int_range(v, 1, 365 * 24 * 3600, &c->leak_threshold_secs);
 }
 
+/* Provider names are checked against the build by the kernel manager; here
+ * only the spelling. */
+static bool set_kernel(bn_config *c, const char *v)
+{
+    static const char *const names[] = {"scalar", "avx2",    "avx512", "avx512vnni",
+                                        "neon",   "neondot", "cuda"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (strcmp(v, names[i]) == 0) {
+            snprintf(c->kernel, sizeof c->kernel, "%s", v);
+            return true;
+        }
+    }
+    return false;
+}
+
 static const struct variable {
     const char *name;
     const char *accepted; /* shown to the user on a bad value */
@@ -299,6 +315,7 @@ static const struct variable {
     {"BITNET_CLEANUP_INTERVAL_SECS", "a whole number of seconds from 0 (never) to 604800",
      set_cleanup},
     {"BITNET_LEAK_THRESHOLD_SECS", "a whole number of seconds from 1 to 31536000", set_leak},
+    {"BITNET_KERNEL", "one of scalar, avx2, avx512, avx512vnni, neon, neondot, cuda", set_kernel},
 };
 #define N_VARIABLES (sizeof variables / sizeof variables[0])
 

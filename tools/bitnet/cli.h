@@ -25,5 +25,6 @@ int cli_exit_code(bn_status status);
 
 /* Subcommands: argv[0] is the subcommand's name. */
 int cmd_devices(int argc, char **argv, const bn_config *cfg);
+int cmd_bench(int argc, char **argv, const bn_config *cfg);
 
 #endif

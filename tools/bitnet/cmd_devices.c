@@ -5,6 +5,7 @@
 
 #include "cli.h"
 #include "json_writer.h"
+#include "kernel_manager.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define MIB (1024.0 * 1024.0)
@@ -117,6 +118,19 @@ static void print_text(const report *r)
     cpu_features_text(r->cpu, feats, sizeof feats);
     printf("\nCPU\n  %s%s%s, %d logical cores\n  features: %s\n", r->cpu->arch,
            r->cpu->model[0] ? ", " : "", r->cpu->model, r->cpu->logical_cores, feats);
+
+    printf("\nKernel providers (compiled in, best first)\n");
+    const bn_kernel_provider *const *list;
+    const int n = bn_kernel_providers(&list);
+    const bn_kernel_provider *chosen = NULL;
+    bn_error kerr;
+    const bool selected = bn_kernel_select(&chosen, &kerr) == BN_OK;
+    for (int i = 0; i < n; i++)
+        printf("  %-11s %s%s\n", list[i]->name,
+               list[i]->is_available() ? "available" : "not supported by this CPU",
+               selected && list[i] == chosen ? " (selected)" : "");
+    if (!selected)
+        printf("  selection failed: %s\n", kerr.message);
 
     printf("\nHost memory\n");
     if (r->host_ok)
@@ -231,6 +245,22 @@ static void print_json(const report *r)
     bn_json_kv_bool(&j, "dotprod", f->dotprod);
     bn_json_end_object(&j);
     bn_json_end_object(&j);
+
+    bn_json_key(&j, "kernel_providers");
+    bn_json_begin_array(&j);
+    const bn_kernel_provider *const *list;
+    const int n = bn_kernel_providers(&list);
+    const bn_kernel_provider *chosen = NULL;
+    const bool selected = bn_kernel_select(&chosen, NULL) == BN_OK;
+    for (int i = 0; i < n; i++) {
+        bn_json_begin_object(&j);
+        bn_json_kv_string(&j, "name", list[i]->name);
+        bn_json_kv_int(&j, "priority", list[i]->priority);
+        bn_json_kv_bool(&j, "available", list[i]->is_available());
+        bn_json_kv_bool(&j, "selected", selected && list[i] == chosen);
+        bn_json_end_object(&j);
+    }
+    bn_json_end_array(&j);
 
     bn_json_key(&j, "host_memory");
     bn_json_begin_object(&j);

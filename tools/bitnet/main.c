@@ -11,6 +11,7 @@ static const struct command {
     int (*run)(int argc, char **argv, const bn_config *cfg);
 } commands[] = {
     {"devices", "show GPU backends, CUDA devices, CPU features and memory", cmd_devices},
+    {"bench", "benchmarks: kernel throughput against this machine's ceilings", cmd_bench},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

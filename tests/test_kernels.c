@@ -1,0 +1,236 @@
+/* Kernel providers against the scalar reference, and the scalar reference
+ * against a direct computation from the codes: random ragged shapes, M from
+ * 1 to 17, outputs poisoned before every call, any thread count. Integer
+ * paths are compared exactly (bit patterns of the float results). */
+#include <stdint.h>
+
+#include "kernel_manager.h"
+#include "quant_rules.h"
+#include "test_util.h"
+#include "w2a8.h"
+
+static const float POISON = -12345.678f;
+
+static void random_codes(int8_t *codes, int64_t n)
+{
+    /* Vary the zero density per matrix: BitNet weights are ~1/3 zeros. */
+    int zero_pct = (int)test_rand_range(0, 90);
+    for (int64_t i = 0; i < n; i++)
+        codes[i] = (int)test_rand_range(0, 99) < zero_pct ? 0 : (test_rand_u64() & 1) ? 1 : -1;
+}
+
+static void random_activations(float *x, int64_t n)
+{
+    float range = test_rand_float(0.01f, 50.0f);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = test_rand_float(-range, range);
+    /* Occasional outliers, as real activations have. */
+    if (n > 3 && (test_rand_u64() & 1))
+        x[test_rand_range(0, n - 1)] = range * 20.0f;
+}
+
+static bool same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+/* Direct definition: y = (sum code*xq) / s * ws. */
+static float direct(const int8_t *codes, int64_t k, const int8_t *xq, float s, float ws)
+{
+    int32_t acc = 0;
+    for (int64_t c = 0; c < k; c++)
+        acc += codes[c] * xq[c];
+    return bn_w2a8_epilogue(acc, s, ws);
+}
+
+static void test_quantize_rules(void)
+{
+    /* absmax: 127 / 2 = 63.5 -> 0.5*63.5 = 31.75 -> 32; -2 -> -127; ties to even. */
+    const float x[4] = {0.5f, -2.0f, 1.0f / 63.5f, 0.0f};
+    int8_t q[4];
+    float s;
+    int32_t sum;
+    bn_quantize_activations_row(x, 4, q, &s, &sum);
+    CHECK(s == 63.5f);
+    CHECK(q[0] == 32 && q[1] == -127 && q[2] == 1 && q[3] == 0);
+    CHECK(sum == 32 - 127 + 1);
+    /* All zeros: the 1e-5 floor, no division by zero. */
+    const float z[3] = {0, 0, 0};
+    bn_quantize_activations_row(z, 3, q, &s, &sum);
+    CHECK(s == 127.0f / 1e-5f && q[0] == 0 && sum == 0);
+    /* NaN values quantize to 0 and do not poison the scale. */
+    const float n[3] = {NAN, 1.0f, -1.0f};
+    bn_quantize_activations_row(n, 3, q, &s, &sum);
+    CHECK(s == 127.0f && q[0] == 0 && q[1] == 127 && q[2] == -127);
+
+    /* absmean: mean|w| = 0.5; w / 0.5 rounds half to even: 0.25/0.5 = 0.5 -> 0. */
+    const float w[4] = {1.0f, -0.5f, 0.25f, -0.25f};
+    int8_t codes[4];
+    float ws;
+    bn_quantize_weights_absmean(w, 4, codes, &ws);
+    CHECK(ws == 0.5f);
+    CHECK(codes[0] == 1 && codes[1] == -1 && codes[2] == 0 && codes[3] == 0);
+    const float zw[2] = {0, 0};
+    bn_quantize_weights_absmean(zw, 2, codes, &ws);
+    CHECK(ws == BN_QUANT_EPS && codes[0] == 0);
+}
+
+/* Every provider's activation quantizer equals the scalar one, byte for byte. */
+static void test_quantizers(const bn_kernel_provider *p)
+{
+    for (int iter = 0; iter < 200; iter++) {
+        int64_t k = test_rand_range(1, 700);
+        float *x = malloc((size_t)k * sizeof *x);
+        int8_t *q_ref = malloc((size_t)k), *q = malloc((size_t)k);
+        random_activations(x, k);
+        if (iter % 7 == 0)
+            x[test_rand_range(0, k - 1)] = NAN;
+        float s_ref, s;
+        int32_t sum_ref, sum;
+        bn_quantize_activations_row(x, k, q_ref, &s_ref, &sum_ref);
+        memset(q, 0x5a, (size_t)k);
+        s = POISON;
+        sum = -999;
+        p->quantize_activations(x, k, q, &s, &sum);
+        CHECK_MSG(memcmp(q, q_ref, (size_t)k) == 0 && same_bits(s, s_ref) && sum == sum_ref,
+                  "%s quantize k=%lld differs", p->name, (long long)k);
+        free(x);
+        free(q_ref);
+        free(q);
+    }
+}
+
+/* One random problem: every provider and thread count equals the reference. */
+static void check_problem(int64_t n, int64_t k, int64_t m, bn_threadpool *pools[3])
+{
+    int8_t *codes = malloc((size_t)(n * k));
+    float *x = malloc((size_t)(m * k) * sizeof *x);
+    float *ref = malloc((size_t)(m * n) * sizeof *ref);
+    float *y = malloc((size_t)(m * n) * sizeof *y);
+    random_codes(codes, n * k);
+    random_activations(x, m * k);
+    const float ws = test_rand_float(0.001f, 3.0f);
+
+    bn_q8_rows xq;
+    CHECK(bn_q8_rows_alloc(&xq, m, k, NULL) == BN_OK);
+    bn_w2a8_quantize(&bn_provider_scalar, x, m, k, &xq);
+
+    /* The reference, checked against the direct definition. */
+    bn_w2a8_weights wref;
+    CHECK(bn_w2a8_pack(&bn_provider_scalar, codes, n, k, ws, &wref, NULL) == BN_OK);
+    for (int64_t i = 0; i < m * n; i++)
+        ref[i] = POISON;
+    CHECK(bn_w2a8_matmul(&wref, &xq, ref, n, NULL, NULL) == BN_OK);
+    int bad = 0;
+    for (int64_t mi = 0; mi < m; mi++)
+        for (int64_t r = 0; r < n; r++)
+            bad += !same_bits(ref[mi * n + r], direct(codes + r * k, k, xq.q + mi * xq.lda,
+                                                       xq.scale[mi], ws));
+    CHECK_MSG(bad == 0, "scalar vs direct: %d of %lld differ (n=%lld k=%lld m=%lld)", bad,
+              (long long)(m * n), (long long)n, (long long)k, (long long)m);
+
+    const bn_kernel_provider *const *list;
+    int count = bn_kernel_providers(&list);
+    for (int i = 0; i < count; i++) {
+        const bn_kernel_provider *p = list[i];
+        if (!p->is_available())
+            continue;
+        bn_w2a8_weights w;
+        CHECK(bn_w2a8_pack(p, codes, n, k, ws, &w, NULL) == BN_OK);
+        for (int t = 0; t < 3; t++) {
+            for (int64_t j = 0; j < m * n; j++)
+                y[j] = POISON;
+            CHECK(bn_w2a8_matmul(&w, &xq, y, n, pools[t], NULL) == BN_OK);
+            int diff = 0;
+            for (int64_t j = 0; j < m * n; j++)
+                diff += !same_bits(y[j], ref[j]);
+            CHECK_MSG(diff == 0, "%s, %d threads: %d of %lld outputs differ (n=%lld k=%lld m=%lld)",
+                      p->name, bn_threadpool_size(pools[t]), diff, (long long)(m * n),
+                      (long long)n, (long long)k, (long long)m);
+        }
+        bn_w2a8_weights_free(&w);
+    }
+    bn_w2a8_weights_free(&wref);
+    bn_q8_rows_free(&xq);
+    free(codes);
+    free(x);
+    free(ref);
+    free(y);
+}
+
+static void test_errors(void)
+{
+    bn_w2a8_weights w;
+    bn_error e;
+    int8_t bad[4] = {0, 1, 2, -1};
+    CHECK(bn_w2a8_pack(&bn_provider_scalar, bad, 1, 4, 1.0f, &w, &e) == BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(e.message, "code 2");
+    CHECK(bn_w2a8_pack(&bn_provider_scalar, bad, 0, 4, 1.0f, &w, &e) == BN_ERR_INVALID_ARGUMENT);
+    int8_t ok[4] = {0, 1, -1, 0};
+    CHECK(bn_w2a8_pack(&bn_provider_scalar, ok, 1, 4, 1.0f, &w, &e) == BN_OK);
+    bn_q8_rows x;
+    CHECK(bn_q8_rows_alloc(&x, 1, 8, &e) == BN_OK);
+    float y[1];
+    CHECK(bn_w2a8_matmul(&w, &x, y, 1, NULL, &e) == BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(e.message, "columns");
+    bn_q8_rows_free(&x);
+    bn_w2a8_weights_free(&w);
+}
+
+static void test_manager(void)
+{
+    const bn_kernel_provider *const *list;
+    int n = bn_kernel_providers(&list);
+    CHECK(n >= 1);
+    CHECK(strcmp(list[n - 1]->name, "scalar") == 0);
+    for (int i = 1; i < n; i++)
+        CHECK(list[i - 1]->priority > list[i]->priority);
+    const bn_kernel_provider *chosen = NULL;
+    CHECK(bn_kernel_select(&chosen, NULL) == BN_OK && chosen && chosen->is_available());
+    const char *forced = getenv("BITNET_KERNEL");
+    if (forced && chosen)
+        CHECK(strcmp(chosen->name, forced) == 0);
+    else if (chosen)
+        for (int i = 0; i < n && list[i] != chosen; i++)
+            CHECK(!list[i]->is_available()); /* nothing better was skipped */
+    CHECK(bn_kernel_by_name("scalar") == &bn_provider_scalar);
+    CHECK(bn_kernel_by_name("nope") == NULL);
+    CHECK(strstr(bn_kernel_compiled_names(), "scalar") != NULL);
+#if defined(__x86_64__)
+    const bn_cpu_features *f = bn_cpu_features_get();
+    CHECK(bn_provider_avx2.is_available() == f->avx2);
+    CHECK(bn_provider_avx512vnni.is_available() == (f->avx512f && f->avx512bw && f->avx512vnni));
+#endif
+    printf("providers: %s; selected %s\n", bn_kernel_compiled_names(),
+           chosen ? chosen->name : "(none)");
+}
+
+int main(void)
+{
+    test_seed_init();
+    test_quantize_rules();
+    test_errors();
+    test_manager();
+
+    const bn_kernel_provider *const *list;
+    int count = bn_kernel_providers(&list);
+    for (int i = 0; i < count; i++)
+        if (list[i]->is_available())
+            test_quantizers(list[i]);
+
+    bn_threadpool *pools[3] = {NULL, NULL, NULL};
+    CHECK(bn_threadpool_create(1, &pools[0], NULL) == BN_OK);
+    CHECK(bn_threadpool_create(2, &pools[1], NULL) == BN_OK);
+    CHECK(bn_threadpool_create(3, &pools[2], NULL) == BN_OK);
+
+    /* Shapes that hit every tail: k around multiples of 4/64/256, n not a
+     * multiple of 4 or 16, and the 2B-4T row length. */
+    const int64_t ks[] = {1, 3, 4, 63, 64, 65, 255, 256, 257, 511, 640, 1000, 2560};
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
+        for (int64_t m = 1; m <= 17; m += (m < 5 ? 1 : 4))
+            check_problem(test_rand_range(1, 70), ks[i], m, pools);
+    for (int iter = 0; iter < 60; iter++)
+        check_problem(test_rand_range(1, 200), test_rand_range(1, 1500), test_rand_range(1, 17),
+                      pools);
+
+    for (int t = 0; t < 3; t++)
+        bn_threadpool_destroy(pools[t]);
+    TEST_EXIT();
+}

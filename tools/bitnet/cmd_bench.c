@@ -1,0 +1,32 @@
+/* bitnet bench <what>: benchmarks that print tables (never pass/fail). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+int bench_kernels(int argc, char **argv);
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: bitnet bench <benchmark> [options]\n"
+                 "\n"
+                 "benchmarks:\n"
+                 "  kernels   W2A8 CPU kernels of every provider on the 2B-4T shapes, with the\n"
+                 "            machine's streaming-read bandwidth and an F32 matvec as ceilings\n"
+                 "\n"
+                 "'bitnet bench <benchmark> --help' lists its options.\n");
+}
+
+int cmd_bench(int argc, char **argv, const bn_config *cfg)
+{
+    (void)cfg;
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? BN_EXIT_USAGE : BN_EXIT_OK;
+    }
+    if (strcmp(argv[1], "kernels") == 0)
+        return bench_kernels(argc - 1, argv + 1);
+    fprintf(stderr, "bitnet bench: error: unknown benchmark '%s'\n", argv[1]);
+    usage(stderr);
+    return BN_EXIT_USAGE;
+}
