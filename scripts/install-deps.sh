@@ -16,14 +16,17 @@ missing=()
 for cmd in "${!need[@]}"; do
     command -v "$cmd" >/dev/null 2>&1 || missing+=("${need[$cmd]}")
 done
-# Debian packages for the aarch64 cross build that test_neon_qemu runs under
-# qemu (the target's C library has no command to look for, so ask dpkg).
-cross_need=(
+# Libraries (cJSON for JSON, PCRE2 for the tokenizer), and the aarch64 cross
+# build that test_neon_qemu runs under qemu: no command to look for, so ask
+# dpkg.
+pkg_need=(
+    libcjson-dev
+    libpcre2-dev
     gcc-aarch64-linux-gnu
     libc6-dev-arm64-cross
     qemu-user
 )
-for pkg in "${cross_need[@]}"; do
+for pkg in "${pkg_need[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' ||
         missing+=("$pkg")
 done

@@ -48,7 +48,7 @@ echo "== configure $cross"
 if ! env -u CFLAGS -u CPPFLAGS -u LDFLAGS \
     cmake -S "$src" -B "$cross" \
         -DCMAKE_TOOLCHAIN_FILE="$src/cmake/toolchain-aarch64-linux-gnu.cmake" \
-        -DBITNET_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >"$log" 2>&1; then
+        -DBITNET_CUDA=OFF -DBITNET_KERNELS_ONLY=ON -DCMAKE_BUILD_TYPE=Release >"$log" 2>&1; then
     cat "$log" >&2
     fail "cross configure failed"
 fi
