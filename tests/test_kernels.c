@@ -180,16 +180,21 @@ static void test_manager(void)
     int n = bn_kernel_providers(&list);
     CHECK(n >= 1);
     CHECK(strcmp(list[n - 1]->name, "scalar") == 0);
+#if defined(BITNET_HAVE_CUDA)
+    CHECK(list[0] == &bn_provider_cuda && list[0]->runs_on_device);
+#endif
     for (int i = 1; i < n; i++)
         CHECK(list[i - 1]->priority > list[i]->priority);
     const bn_kernel_provider *chosen = NULL;
     CHECK(bn_kernel_select(&chosen, NULL) == BN_OK && chosen && chosen->is_available());
     const char *forced = getenv("BITNET_KERNEL");
-    if (forced && chosen)
+    if (forced && chosen) {
         CHECK(strcmp(chosen->name, forced) == 0);
-    else if (chosen)
-        for (int i = 0; i < n && list[i] != chosen; i++)
-            CHECK(!list[i]->is_available()); /* nothing better was skipped */
+    } else if (chosen) {
+        for (int i = 0; i < n && list[i] != chosen; i++) /* no better CPU provider skipped */
+            CHECK(list[i]->runs_on_device || !list[i]->is_available());
+        CHECK(!chosen->runs_on_device);
+    }
     CHECK(bn_kernel_by_name("scalar") == &bn_provider_scalar);
     CHECK(bn_kernel_by_name("nope") == NULL);
     CHECK(strstr(bn_kernel_compiled_names(), "scalar") != NULL);

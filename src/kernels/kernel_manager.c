@@ -6,6 +6,9 @@
 
 /* Sorted by priority, best first. */
 static const bn_kernel_provider *const providers[] = {
+#if defined(BITNET_HAVE_CUDA)
+    &bn_provider_cuda,
+#endif
 #if defined(__x86_64__)
     &bn_provider_avx512,
     &bn_provider_avx512vnni,
@@ -78,8 +81,10 @@ static void select_once(void)
         selection.chosen = p;
         return;
     }
+    /* Automatic selection serves the CPU backend: device providers are
+     * used only when asked for by name. */
     for (int i = 0; i < N_PROVIDERS; i++) {
-        if (providers[i]->is_available()) {
+        if (!providers[i]->runs_on_device && providers[i]->is_available()) {
             selection.chosen = providers[i];
             return;
         }

@@ -1,11 +1,14 @@
 /*
  * kernel_manager.h - which kernel provider computes.
  *
- * Every provider compiled into the build is listed here, best first. The
- * selection happens once per process: BITNET_KERNEL names a provider
- * explicitly (for tests and benchmarks; an unknown or unavailable name is
- * an error), otherwise the available provider with the highest priority
- * wins. The scalar provider is always available.
+ * Every provider compiled into the build is listed here, best first (the
+ * CUDA provider, when built, ranks above the CPU ones). The selection
+ * happens once per process: BITNET_KERNEL names a provider explicitly (for
+ * tests and benchmarks; an unknown or unavailable name is an error),
+ * otherwise the available CPU provider with the highest priority wins —
+ * the CUDA provider copies activations in and out on every call, so it is
+ * used only when named; the CUDA backend calls the GPU kernels directly.
+ * The scalar provider is always available.
  */
 #ifndef BN_KERNEL_MANAGER_H
 #define BN_KERNEL_MANAGER_H

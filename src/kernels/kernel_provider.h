@@ -69,6 +69,14 @@ typedef struct bn_kernel_provider {
      * bn_quantize_activations_row. */
     void (*quantize_activations)(const float *x, int64_t k, int8_t *xq, float *scale,
                                  int32_t *sum);
+
+    /* Releases w->data; NULL means bn_aligned_free (host memory). */
+    void (*free_weights)(bn_w2a8_weights *w);
+
+    /* The provider computes on a device: callers give it whole matrices
+     * (no splitting of rows over CPU threads); matvec/matmul still take and
+     * return host memory, copying in and out. */
+    bool runs_on_device;
 } bn_kernel_provider;
 
 void bn_w2a8_weights_free(bn_w2a8_weights *w);
@@ -79,6 +87,9 @@ extern const bn_kernel_provider bn_provider_scalar;
 extern const bn_kernel_provider bn_provider_avx2;
 extern const bn_kernel_provider bn_provider_avx512;
 extern const bn_kernel_provider bn_provider_avx512vnni;
+#endif
+#if defined(BITNET_HAVE_CUDA)
+extern const bn_kernel_provider bn_provider_cuda;
 #endif
 #if defined(__aarch64__)
 extern const bn_kernel_provider bn_provider_neondot;

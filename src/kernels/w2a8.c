@@ -6,7 +6,10 @@ void bn_w2a8_weights_free(bn_w2a8_weights *w)
 {
     if (!w)
         return;
-    bn_aligned_free(w->data);
+    if (w->provider && w->provider->free_weights)
+        w->provider->free_weights(w);
+    else
+        bn_aligned_free(w->data);
     memset(w, 0, sizeof *w);
 }
 
@@ -97,6 +100,10 @@ bn_status bn_w2a8_matmul(const bn_w2a8_weights *w, const bn_q8_rows *x, float *y
                             "w2a8 matmul: output stride %lld < %lld rows", (long long)ldy,
                             (long long)w->n);
     matmul_job job = {w, x, y, ldy};
+    if (w->provider->runs_on_device) {
+        matmul_rows(&job, 0, w->n); /* the device parallelises by itself */
+        return BN_OK;
+    }
     /* 16-row grains keep each thread's rows in whole tiles of 4. */
     bn_threadpool_run(pool, w->n, 16, matmul_rows, &job);
     return BN_OK;

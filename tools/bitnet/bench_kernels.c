@@ -47,6 +47,8 @@ static void usage(FILE *out)
             "  --min-time SECONDS   time spent per measurement (default 0.3)\n"
             "  --rotate-mib MIB     weight copies rotated per measurement (default 512)\n"
             "  --scalar-max-m M     skip the scalar reference above this M (default 8)\n"
+            "  --device cpu|cuda    cuda: the GPU kernels against copy bandwidth and cuBLAS BF16\n"
+            "                       (options there: --shapes, --m, --rotate-mib)\n"
             "  --help\n");
 }
 
@@ -300,9 +302,28 @@ static bool wanted(const bench_opts *o, const char *name)
     return false;
 }
 
+int bench_kernels_cuda(int argc, char **argv);
 int bench_kernels(int argc, char **argv);
 int bench_kernels(int argc, char **argv)
 {
+    /* --device cuda runs the GPU benchmark (bench_cuda.c) instead. */
+    for (int i = 1; i + 1 < argc; i++) {
+        if (strcmp(argv[i], "--device") != 0)
+            continue;
+        if (strcmp(argv[i + 1], "cuda") == 0) {
+#ifdef BITNET_HAVE_CUDA
+            return bench_kernels_cuda(argc, argv);
+#else
+            fprintf(stderr, "bitnet bench kernels: error: this build has no CUDA support\n"
+                            "bitnet: hint: rebuild with -DBITNET_CUDA=ON\n");
+            return BN_EXIT_DEVICE;
+#endif
+        }
+        if (strcmp(argv[i + 1], "cpu") != 0) {
+            fprintf(stderr, "bitnet bench kernels: error: --device must be cpu or cuda\n");
+            return BN_EXIT_USAGE;
+        }
+    }
     bench_opts o = {.n_shapes = 4,
                     .shapes = {{2560, 2560}, {640, 2560}, {6912, 2560}, {2560, 6912}},
                     .n_ms = 4,
@@ -332,6 +353,8 @@ int bench_kernels(int argc, char **argv)
             for (int t = 0; ok && t < count; t++)
                 o.threads[t] = (int)list[t];
             o.n_threads = count;
+        } else if (strcmp(a, "--device") == 0) {
+            /* cpu: this benchmark (cuda was dispatched above) */
         } else if (strcmp(a, "--providers") == 0) {
             o.providers = v;
         } else if (strcmp(a, "--min-time") == 0) {

@@ -1,0 +1,63 @@
+#include "cublas_loader.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+
+static struct {
+    pthread_once_t once;
+    bn_cublas api;
+    bool ok;
+    char why[256];
+} loaded = {PTHREAD_ONCE_INIT, {0}, false, ""};
+
+static void load(void)
+{
+    static const char *const names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+    void *lib = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
+        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (lib)
+            snprintf(loaded.api.library, sizeof loaded.api.library, "%s", names[i]);
+    }
+    if (!lib) {
+        const char *e = dlerror();
+        snprintf(loaded.why, sizeof loaded.why, "%s", e ? e : "libcublas not found");
+        return;
+    }
+    /* The symbol types are fixed by cublas_api.h; dlsym returns void *. */
+    *(void **)&loaded.api.create = dlsym(lib, "cublasCreate_v2");
+    *(void **)&loaded.api.destroy = dlsym(lib, "cublasDestroy_v2");
+    *(void **)&loaded.api.set_stream = dlsym(lib, "cublasSetStream_v2");
+    *(void **)&loaded.api.gemm_ex = dlsym(lib, "cublasGemmEx");
+    *(void **)&loaded.api.set_workspace = dlsym(lib, "cublasSetWorkspace_v2");
+    if (!loaded.api.create || !loaded.api.destroy || !loaded.api.set_stream ||
+        !loaded.api.gemm_ex || !loaded.api.set_workspace) {
+        snprintf(loaded.why, sizeof loaded.why, "%s lacks an expected entry point",
+                 loaded.api.library);
+        return;
+    }
+    loaded.ok = true;
+}
+
+bn_status bn_cublas_get(const bn_cublas **out, bn_error *err)
+{
+    pthread_once(&loaded.once, load);
+    if (!loaded.ok)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED,
+                            "install the CUDA toolkit's cuBLAS (libcublas) or add it to "
+                            "LD_LIBRARY_PATH",
+                            "cuBLAS is not available: %s", loaded.why);
+    *out = &loaded.api;
+    return BN_OK;
+}
+
+bn_status bn_cublas_error(bn_error *err, cublasStatus_t st, const char *call)
+{
+    const char *hint = st == CUBLAS_STATUS_ALLOC_FAILED
+                           ? "reduce the batch size or the context length"
+                           : NULL;
+    return bn_error_set(err, st == CUBLAS_STATUS_ALLOC_FAILED ? BN_ERR_GPU_OUT_OF_MEMORY
+                                                               : BN_ERR_GPU,
+                        hint, "%s failed with cuBLAS status %d", call, (int)st);
+}

@@ -1,0 +1,336 @@
+/*
+ * w2a8_kernels.cu - ternary weights x int8 activations on the GPU.
+ *
+ * Weights use the tile layout of src/kernels/cuda_layout.h (8-row tiles,
+ * 512-byte blocks per 256 weights of the 8 rows). Activations are int8 rows
+ * of k_padded bytes, zero past k. Every kernel produces
+ *
+ *     acc = sum code * x  (exact int32; code = weight + 1)
+ *     y   = ((float)(acc - act_sum) / act_scale) * weight_scale
+ *
+ * the same float epilogue as the CPU kernels (bn_w2a8_epilogue), so results
+ * are bit-identical to the CPU reference.
+ *
+ * GEMV (M = 1, decode): memory-bound. A warp reads one 512-byte block per
+ * load instruction (16 bytes per lane, fully coalesced); lane l owns row
+ * l % 8 of the tile and quarter l / 8 of the block, decodes its 64 codes
+ * with shift-and-mask and multiplies them with dp4a. The K loop of a tile
+ * is split over WARPS warps (split-K, summed in shared memory) so that even
+ * small matrices keep enough loads in flight to fill the memory system.
+ *
+ * GEMM (M > 1, prefill): int8 tensor cores (mma.sync m16n8k32). A block
+ * computes a 64 x 64 output tile; codes are expanded to int8 in shared
+ * memory and multiplied with the activation tile; the +1 of the codes is
+ * removed with the activation row sums in the epilogue.
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "w2a8_cuda.h"
+
+namespace {
+
+constexpr int kTileRows = 8;
+constexpr int kGroup = 256;
+constexpr int kBlockBytes = 512;
+
+__device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_scale)
+{
+    /* Written exactly as bn_w2a8_epilogue: IEEE division and multiply. */
+    return __fmul_rn(__fdiv_rn((float)acc, act_scale), w_scale);
+}
+
+/* dot of one 16-byte entry (64 codes) with 64 activations. */
+__device__ __forceinline__ int entry_dot(uint4 w, const int8_t *x, int acc)
+{
+    const int4 *xv = reinterpret_cast<const int4 *>(x);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int4 a = __ldg(xv + i); /* activations 16i .. 16i + 15 */
+        const uint32_t wd = words[i];
+        acc = __dp4a((int)(wd & 0x03030303u), a.x, acc);
+        acc = __dp4a((int)((wd >> 2) & 0x03030303u), a.y, acc);
+        acc = __dp4a((int)((wd >> 4) & 0x03030303u), a.z, acc);
+        acc = __dp4a((int)((wd >> 6) & 0x03030303u), a.w, acc);
+    }
+    return acc;
+}
+
+/* One block: TILES tiles of 8 rows, WARPS warps per tile splitting K. */
+template <int WARPS, int TILES>
+__global__ void __launch_bounds__(32 * WARPS * TILES)
+    gemv_kernel(const uint4 *__restrict__ w, const int8_t *__restrict__ x, int64_t n,
+                int64_t groups, int64_t tiles, const float *__restrict__ act_scale,
+                const int32_t *__restrict__ act_sum, float w_scale, float *__restrict__ y)
+{
+    __shared__ int partial[TILES][WARPS][kTileRows];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int tile_in_block = warp / WARPS;
+    const int split = warp % WARPS;
+    const int64_t tile = (int64_t)blockIdx.x * TILES + tile_in_block;
+
+    int acc = 0;
+    if (tile < tiles) {
+        const int quarter = lane >> 3;
+        const uint4 *blocks = w + tile * groups * (kBlockBytes / 16) + lane;
+        const int8_t *xq = x + quarter * 64;
+        int64_t g = split;
+        /* Two blocks per iteration: both loads are issued before either is
+         * used, doubling the bytes in flight per warp. */
+        for (; g + WARPS < groups; g += 2 * WARPS) {
+            const uint4 a = __ldg(blocks + g * (kBlockBytes / 16));
+            const uint4 b = __ldg(blocks + (g + WARPS) * (kBlockBytes / 16));
+            acc = entry_dot(a, xq + g * kGroup, acc);
+            acc = entry_dot(b, xq + (g + WARPS) * kGroup, acc);
+        }
+        if (g < groups)
+            acc = entry_dot(__ldg(blocks + g * (kBlockBytes / 16)), xq + g * kGroup, acc);
+    }
+    /* Lanes r, r+8, r+16, r+24 hold the four quarters of row r. */
+    acc += __shfl_xor_sync(0xffffffffu, acc, 8);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 16);
+    if (lane < kTileRows)
+        partial[tile_in_block][split][lane] = acc;
+    __syncthreads();
+    if (threadIdx.x < TILES * kTileRows) {
+        const int t = threadIdx.x / kTileRows, r = threadIdx.x % kTileRows;
+        const int64_t out_row = ((int64_t)blockIdx.x * TILES + t) * kTileRows + r;
+        if (out_row < n) {
+            int total = 0;
+#pragma unroll
+            for (int s = 0; s < WARPS; s++)
+                total += partial[t][s][r];
+            y[out_row] = epilogue(total - act_sum[0], act_scale[0], w_scale);
+        }
+    }
+}
+
+template <int WARPS, int TILES>
+cudaError_t launch_gemv(const bn_w2a8_cuda_args *a, cudaStream_t stream)
+{
+    const int64_t blocks = (a->tiles + TILES - 1) / TILES;
+    gemv_kernel<WARPS, TILES><<<(unsigned)blocks, 32 * WARPS * TILES, 0, stream>>>(
+        reinterpret_cast<const uint4 *>(a->weights), a->x, a->n, a->groups, a->tiles,
+        a->act_scale, a->act_sum, a->weight_scale, a->y);
+    return cudaGetLastError();
+}
+
+/* ---- GEMM on int8 tensor cores -------------------------------------------- */
+
+constexpr int kBM = 64, kBN = 64, kBK = 256;
+constexpr int kPad = 16; /* bytes added per shared row: conflict-free fragment loads */
+constexpr int kStride = kBK + kPad;
+
+__device__ __forceinline__ void mma_s8(int32_t c[4], const uint32_t a[4], const uint32_t b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* 128 threads; block (bm, bn) computes rows [64bm, +64) of activations
+ * against weight rows [64bn, +64). Warp w owns a 32 x 32 quadrant. */
+__global__ void __launch_bounds__(128)
+    gemm_kernel(const uint4 *__restrict__ w, const int8_t *__restrict__ x, int64_t ldx, int64_t m,
+                int64_t n, int64_t groups, const float *__restrict__ act_scale,
+                const int32_t *__restrict__ act_sum, float w_scale, float *__restrict__ y,
+                int64_t ldy)
+{
+    __shared__ __align__(16) int8_t As[kBM * kStride];
+    __shared__ __align__(16) int8_t Bs[kBN * kStride];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t m0 = (int64_t)blockIdx.y * kBM, n0 = (int64_t)blockIdx.x * kBN;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    const int gid = lane >> 2, tig = lane & 3;
+
+    int32_t acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int v = 0; v < 4; v++)
+                acc[i][j][v] = 0;
+
+    for (int64_t g = 0; g < groups; g++) {
+        /* Activations: 64 rows x 256 bytes, 16 bytes per thread per pass. */
+#pragma unroll
+        for (int p = 0; p < (kBM * kBK / 16) / 128; p++) {
+            const int idx = p * 128 + tid;
+            const int r = idx / (kBK / 16), c16 = idx % (kBK / 16);
+            int4 v = make_int4(0, 0, 0, 0);
+            if (m0 + r < m)
+                v = __ldg(reinterpret_cast<const int4 *>(x + (m0 + r) * ldx + g * kGroup) + c16);
+            *reinterpret_cast<int4 *>(&As[r * kStride + c16 * 16]) = v;
+        }
+        /* Weights: 8 tiles x one 512-byte block, each 16-byte entry
+         * expanded to 64 codes in row order. */
+#pragma unroll
+        for (int p = 0; p < (kBN / kTileRows) * 32 / 128; p++) {
+            const int idx = p * 128 + tid;
+            const int t = idx / 32, e = idx % 32;
+            const int q = e / 8, r = e % 8;
+            const int64_t tile = n0 / kTileRows + t;
+            uint4 wv = make_uint4(0x55555555u, 0x55555555u, 0x55555555u, 0x55555555u);
+            if (tile * kTileRows < n)
+                wv = __ldg(w + (tile * groups + g) * (kBlockBytes / 16) + e);
+            const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+            int8_t *dst = &Bs[(t * kTileRows + r) * kStride + q * 64];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                uint4 out;
+                out.x = words[i] & 0x03030303u;
+                out.y = (words[i] >> 2) & 0x03030303u;
+                out.z = (words[i] >> 4) & 0x03030303u;
+                out.w = (words[i] >> 6) & 0x03030303u;
+                *reinterpret_cast<uint4 *>(dst + 16 * i) = out;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < kBK; kk += 32) {
+            uint32_t af[2][4], bf[4][2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int8_t *base = &As[(wm + 16 * i + gid) * kStride + kk + tig * 4];
+                af[i][0] = *reinterpret_cast<const uint32_t *>(base);
+                af[i][1] = *reinterpret_cast<const uint32_t *>(base + 8 * kStride);
+                af[i][2] = *reinterpret_cast<const uint32_t *>(base + 16);
+                af[i][3] = *reinterpret_cast<const uint32_t *>(base + 8 * kStride + 16);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int8_t *base = &Bs[(wn + 8 * j + gid) * kStride + kk + tig * 4];
+                bf[j][0] = *reinterpret_cast<const uint32_t *>(base);
+                bf[j][1] = *reinterpret_cast<const uint32_t *>(base + 16);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    mma_s8(acc[i][j], af[i], bf[j]);
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int64_t row = m0 + wm + 16 * i + gid + 8 * half;
+            if (row >= m)
+                continue;
+            const float s = act_scale[row];
+            const int32_t sum = act_sum[row];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int64_t col = n0 + wn + 8 * j + 2 * tig + c;
+                    if (col < n)
+                        y[row * ldy + col] = epilogue(acc[i][j][2 * half + c] - sum, s, w_scale);
+                }
+            }
+        }
+    }
+}
+
+/* ---- activation quantization ---------------------------------------------- */
+
+/* One block per row: absmax (NaN ignored), s = 127 / max(absmax, 1e-5),
+ * round half to even, NaN -> 0, clamp, exact sum; zero padding to ldq. */
+__global__ void __launch_bounds__(256)
+    quantize_kernel(const float *__restrict__ x, int64_t k, int64_t ldx, int8_t *__restrict__ q,
+                    int64_t ldq, float *__restrict__ scale, int32_t *__restrict__ sum)
+{
+    __shared__ float red_f[8];
+    __shared__ int red_i[8];
+    const float *row = x + blockIdx.x * ldx;
+    int8_t *out = q + blockIdx.x * ldq;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    float amax = 0.0f;
+    for (int64_t i = tid; i < k; i += blockDim.x)
+        amax = fmaxf(amax, fabsf(row[i])); /* fmaxf drops a NaN operand */
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (lane == 0)
+        red_f[warp] = amax;
+    __syncthreads();
+    amax = 0.0f;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++)
+        amax = fmaxf(amax, red_f[i]);
+    if (!(amax >= 1e-5f))
+        amax = 1e-5f;
+    const float s = __fdiv_rn(127.0f, amax);
+
+    int total = 0;
+    for (int64_t i = tid; i < ldq; i += blockDim.x) {
+        int v = 0;
+        if (i < k) {
+            const float r = rintf(__fmul_rn(row[i], s));
+            v = r != r ? 0 : r > 127.0f ? 127 : r < -128.0f ? -128 : (int)r;
+        }
+        out[i] = (int8_t)v;
+        total += v;
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        total += __shfl_xor_sync(0xffffffffu, total, o);
+    if (lane == 0)
+        red_i[warp] = total;
+    __syncthreads();
+    if (tid == 0) {
+        int t = 0;
+        for (int i = 0; i < (int)(blockDim.x >> 5); i++)
+            t += red_i[i];
+        scale[blockIdx.x] = s;
+        sum[blockIdx.x] = t;
+    }
+}
+
+} // namespace
+
+extern "C" int bn_w2a8_cuda_gemv_split(int64_t tiles, int64_t groups, int sm_count)
+{
+    /* Enough warps to keep ~16 per SM busy, but no more splits than
+     * chunk-groups (each split needs at least one). */
+    const int64_t want = (int64_t)sm_count * 16;
+    int split = 1;
+    while (split < 8 && tiles * split < want && groups >= 2 * split)
+        split *= 2;
+    return split;
+}
+
+extern "C" cudaError_t bn_w2a8_cuda_gemv(const bn_w2a8_cuda_args *a, int split,
+                                         cudaStream_t stream)
+{
+    switch (split) {
+    case 1: return launch_gemv<1, 4>(a, stream);
+    case 2: return launch_gemv<2, 2>(a, stream);
+    case 4: return launch_gemv<4, 1>(a, stream);
+    case 8: return launch_gemv<8, 1>(a, stream);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+extern "C" cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream)
+{
+    const dim3 grid((unsigned)((a->n + kBN - 1) / kBN), (unsigned)((a->m + kBM - 1) / kBM));
+    gemm_kernel<<<grid, 128, 0, stream>>>(reinterpret_cast<const uint4 *>(a->weights), a->x,
+                                          a->ldx, a->m, a->n, a->groups, a->act_scale,
+                                          a->act_sum, a->weight_scale, a->y, a->ldy);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t bn_cuda_quantize_rows(const float *x, int64_t m, int64_t k, int64_t ldx,
+                                             int8_t *q, int64_t ldq, float *scale, int32_t *sum,
+                                             cudaStream_t stream)
+{
+    if (m <= 0)
+        return cudaSuccess;
+    quantize_kernel<<<(unsigned)m, 256, 0, stream>>>(x, k, ldx, q, ldq, scale, sum);
+    return cudaGetLastError();
+}

@@ -1,0 +1,214 @@
+/* GPU test: the CUDA W2A8 GEMV (every split-K variant), GEMM (M > 1) and
+ * activation quantization, against the CPU reference, bit for bit, on fresh
+ * random ragged shapes with poisoned outputs. Exits 77 without a usable
+ * GPU. */
+#include <cuda_runtime_api.h>
+
+#include "cuda_layout.h"
+#include "kernel_manager.h"
+#include "quant_rules.h"
+#include "test_util.h"
+#include "w2a8.h"
+#include "w2a8_cuda.h"
+
+#define CUDA_OK(call)                                                                        \
+    do {                                                                                     \
+        cudaError_t rc_ = (call);                                                            \
+        if (rc_ != cudaSuccess) {                                                            \
+            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
+                    cudaGetErrorString(rc_));                                                \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+static int sm_count;
+
+static bool same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+static void random_activations(float *x, int64_t n)
+{
+    const float range = test_rand_float(0.05f, 20.0f);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = test_rand_float(-range, range);
+}
+
+/* One problem: n x k weights, m activation rows; checks GEMV (m == 1, all
+ * splits) or GEMM against the scalar provider. */
+static void check_problem(int64_t n, int64_t k, int64_t m)
+{
+    int8_t *codes = malloc((size_t)(n * k));
+    for (int64_t i = 0; i < n * k; i++)
+        codes[i] = (int8_t)test_rand_range(-1, 1);
+    float *x = malloc(sizeof(float) * (size_t)(m * k));
+    random_activations(x, m * k);
+    const float ws = test_rand_float(0.01f, 2.0f);
+
+    bn_q8_rows xq;
+    CHECK(bn_q8_rows_alloc(&xq, m, k, NULL) == BN_OK);
+    bn_w2a8_quantize(&bn_provider_scalar, x, m, k, &xq);
+    bn_w2a8_weights wref;
+    CHECK(bn_w2a8_pack(&bn_provider_scalar, codes, n, k, ws, &wref, NULL) == BN_OK);
+    float *ref = malloc(sizeof(float) * (size_t)(m * n));
+    CHECK(bn_w2a8_matmul(&wref, &xq, ref, n, NULL, NULL) == BN_OK);
+
+    bn_cuda_layout l;
+    bn_cuda_layout_init(&l, n, k);
+    uint8_t *packed = malloc(l.bytes);
+    bn_cuda_layout_pack(&l, codes, packed);
+    void *d_w;
+    int8_t *d_x;
+    float *d_scale, *d_y;
+    int32_t *d_sum;
+    CUDA_OK(cudaMalloc(&d_w, l.bytes));
+    CUDA_OK(cudaMemcpy(d_w, packed, l.bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&d_x, (size_t)(m * l.k_padded)));
+    CUDA_OK(cudaMemset(d_x, 0, (size_t)(m * l.k_padded)));
+    CUDA_OK(cudaMemcpy2D(d_x, (size_t)l.k_padded, xq.q, (size_t)xq.lda, (size_t)k, (size_t)m,
+                         cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&d_scale, sizeof(float) * (size_t)m));
+    CUDA_OK(cudaMalloc((void **)&d_sum, sizeof(int32_t) * (size_t)m));
+    CUDA_OK(cudaMemcpy(d_scale, xq.scale, sizeof(float) * (size_t)m, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_sum, xq.sum, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&d_y, sizeof(float) * (size_t)(m * n)));
+    float *y = malloc(sizeof(float) * (size_t)(m * n));
+
+    bn_w2a8_cuda_args a = {d_w, n, l.tiles, l.groups, ws, d_x, m, l.k_padded, d_scale, d_sum,
+                           d_y, n};
+    const int splits[] = {1, 2, 4, 8};
+    const int variants = m == 1 ? 5 : 1; /* gemv x 4 splits, and gemm */
+    for (int v = 0; v < variants; v++) {
+        CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n))); /* NaN poison */
+        if (m == 1 && v < 4)
+            CUDA_OK(bn_w2a8_cuda_gemv(&a, splits[v], 0));
+        else
+            CUDA_OK(bn_w2a8_cuda_gemm(&a, 0));
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(y, d_y, sizeof(float) * (size_t)(m * n), cudaMemcpyDeviceToHost));
+        int64_t diff = 0, first = -1;
+        for (int64_t i = 0; i < m * n; i++)
+            if (!same_bits(y[i], ref[i]) && diff++ == 0)
+                first = i;
+        CHECK_MSG(diff == 0,
+                  "%s n=%lld k=%lld m=%lld: %lld of %lld differ (first at %lld: %g vs %g)",
+                  m == 1 && v < 4 ? "gemv" : "gemm", (long long)n, (long long)k, (long long)m,
+                  (long long)diff, (long long)(m * n), (long long)first,
+                  first >= 0 ? y[first] : 0.0, first >= 0 ? ref[first] : 0.0);
+    }
+
+    cudaFree(d_w);
+    cudaFree(d_x);
+    cudaFree(d_scale);
+    cudaFree(d_sum);
+    cudaFree(d_y);
+    free(y);
+    free(packed);
+    free(ref);
+    free(x);
+    free(codes);
+    bn_q8_rows_free(&xq);
+    bn_w2a8_weights_free(&wref);
+}
+
+static void check_quantize(int64_t m, int64_t k)
+{
+    const int64_t ldq = (k + 255) / 256 * 256;
+    float *x = malloc(sizeof(float) * (size_t)(m * k));
+    random_activations(x, m * k);
+    if (k > 3) {
+        x[test_rand_range(0, m * k - 1)] = NAN;
+        x[test_rand_range(0, m * k - 1)] = 0.5f / 127.0f; /* near a tie */
+    }
+    float *d_x, *d_scale;
+    int8_t *d_q;
+    int32_t *d_sum;
+    CUDA_OK(cudaMalloc((void **)&d_x, sizeof(float) * (size_t)(m * k)));
+    CUDA_OK(cudaMemcpy(d_x, x, sizeof(float) * (size_t)(m * k), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&d_q, (size_t)(m * ldq)));
+    CUDA_OK(cudaMemset(d_q, 0x7f, (size_t)(m * ldq))); /* poison, padding included */
+    CUDA_OK(cudaMalloc((void **)&d_scale, sizeof(float) * (size_t)m));
+    CUDA_OK(cudaMalloc((void **)&d_sum, sizeof(int32_t) * (size_t)m));
+    CUDA_OK(bn_cuda_quantize_rows(d_x, m, k, k, d_q, ldq, d_scale, d_sum, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+    int8_t *q = malloc((size_t)(m * ldq));
+    float *scale = malloc(sizeof(float) * (size_t)m);
+    int32_t *sum = malloc(sizeof(int32_t) * (size_t)m);
+    CUDA_OK(cudaMemcpy(q, d_q, (size_t)(m * ldq), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(scale, d_scale, sizeof(float) * (size_t)m, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(sum, d_sum, sizeof(int32_t) * (size_t)m, cudaMemcpyDeviceToHost));
+    int8_t *ref = calloc(1, (size_t)ldq);
+    for (int64_t i = 0; i < m; i++) {
+        float s;
+        int32_t total;
+        memset(ref, 0, (size_t)ldq);
+        bn_quantize_activations_row(x + i * k, k, ref, &s, &total);
+        CHECK_MSG(memcmp(ref, q + i * ldq, (size_t)ldq) == 0 && same_bits(s, scale[i]) &&
+                      total == sum[i],
+                  "quantize m=%lld k=%lld row %lld differs", (long long)m, (long long)k,
+                  (long long)i);
+    }
+    cudaFree(d_x);
+    cudaFree(d_q);
+    cudaFree(d_scale);
+    cudaFree(d_sum);
+    free(x);
+    free(q);
+    free(scale);
+    free(sum);
+    free(ref);
+}
+
+int main(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+        TEST_SKIP("no usable CUDA device (see 'bitnet devices')");
+    struct cudaDeviceProp p;
+    CUDA_OK(cudaGetDeviceProperties(&p, 0));
+    if (p.major < 8)
+        TEST_SKIP("the W2A8 GEMM needs compute capability 8.0; this GPU is %d.%d", p.major,
+                  p.minor);
+    sm_count = p.multiProcessorCount;
+    test_seed_init();
+    printf("device: %s, %d SMs\n", p.name, sm_count);
+
+    /* The packer against its own definition, on one small case. */
+    {
+        bn_cuda_layout l;
+        bn_cuda_layout_init(&l, 9, 300);
+        int8_t codes[9 * 300];
+        for (int i = 0; i < 9 * 300; i++)
+            codes[i] = (int8_t)test_rand_range(-1, 1);
+        uint8_t *buf = malloc(l.bytes);
+        bn_cuda_layout_pack(&l, codes, buf);
+        int bad = 0;
+        for (int r = 0; r < 9; r++)
+            for (int c = 0; c < 300; c++)
+                bad += bn_cuda_layout_get(&l, buf, r, c) != codes[r * 300 + c];
+        CHECK(bad == 0 && l.tiles == 2 && l.groups == 2 && l.k_padded == 512);
+        free(buf);
+    }
+
+    const int64_t ks[] = {1, 4, 63, 64, 65, 255, 256, 257, 640, 1000, 2560, 6912};
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+        check_problem(test_rand_range(1, 100), ks[i], 1);
+        check_problem(test_rand_range(1, 100), ks[i], test_rand_range(2, 17));
+    }
+    for (int iter = 0; iter < 20; iter++)
+        check_problem(test_rand_range(1, 700), test_rand_range(1, 3000), 1);
+    for (int iter = 0; iter < 12; iter++)
+        check_problem(test_rand_range(1, 300), test_rand_range(1, 1500), test_rand_range(2, 140));
+    /* Real shapes: the 2B-4T projections, decode and a prefill batch. */
+    check_problem(2560, 2560, 1);
+    check_problem(6912, 2560, 1);
+    check_problem(2560, 6912, 1);
+    check_problem(640, 2560, 77);
+    check_problem(2560, 2560, 300);
+
+    for (int iter = 0; iter < 30; iter++)
+        check_quantize(test_rand_range(1, 6), test_rand_range(1, 9000));
+    check_quantize(3, 2560);
+
+    /* The provider table on the GPU: exercised through bn_w2a8_matmul. */
+    CHECK(bn_provider_cuda.is_available());
+    TEST_EXIT();
+}

@@ -1,0 +1,445 @@
+/*
+ * bench_cuda.c - `bitnet bench kernels --device cuda`: the CUDA W2A8
+ * kernels against the device's ceilings measured in the same run:
+ *   - device-to-device copy bandwidth (bytes read + bytes written);
+ *   - cuBLAS BF16 (cublasGemmEx, fp32 accumulation) on the same shape.
+ *
+ * Weight buffers are rotated over several copies whose total exceeds the
+ * L2 cache several times, so every call streams its weights from memory.
+ * Launches are captured in a CUDA graph and the graph is replayed, so the
+ * per-call time excludes CPU launch overhead (the same for both sides; if
+ * cuBLAS refuses capture, both are timed as plain launch loops instead).
+ */
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "cublas_loader.h"
+#include "cuda_layout.h"
+#include "w2a8_cuda.h"
+
+#define MAX_LIST 16
+#define CK(call)                                                                             \
+    do {                                                                                     \
+        cudaError_t rc_ = (call);                                                            \
+        if (rc_ != cudaSuccess) {                                                            \
+            fprintf(stderr, "bitnet bench: CUDA error at %s:%d: %s: %s\n", __FILE__,        \
+                    __LINE__, #call, cudaGetErrorString(rc_));                               \
+            return false;                                                                    \
+        }                                                                                    \
+    } while (0)
+
+typedef struct cuda_bench_opts {
+    int64_t shapes[MAX_LIST][2];
+    int n_shapes;
+    int64_t ms[MAX_LIST];
+    int n_ms;
+    double rotate_mib;
+    int launches, reps;
+} cuda_bench_opts;
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint64_t next_rand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+/* Times `launches` calls of fn (call index i) per replay, best effort as a
+ * graph; returns microseconds per call, or < 0 on failure. */
+typedef bool (*launch_fn)(void *ctx, int i, cudaStream_t s);
+static double time_calls(launch_fn fn, void *ctx, cudaStream_t s, int launches, int reps,
+                         bool *used_graph)
+{
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    bool graph_ok = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    for (int i = 0; graph_ok && i < launches; i++)
+        graph_ok = fn(ctx, i, s);
+    if (graph_ok)
+        graph_ok = cudaStreamEndCapture(s, &graph) == cudaSuccess && graph;
+    else {
+        cudaStreamEndCapture(s, &graph); /* abandon a broken capture */
+    }
+    if (graph_ok)
+        graph_ok = cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    cudaGetLastError();
+    *used_graph = graph_ok;
+
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    /* Warm up (module load, clocks), then time. */
+    for (int w = 0; w < 2; w++) {
+        if (graph_ok)
+            cudaGraphLaunch(exec, s);
+        else
+            for (int i = 0; i < launches; i++)
+                fn(ctx, i, s);
+    }
+    cudaEventRecord(start, s);
+    for (int r = 0; r < reps; r++) {
+        if (graph_ok)
+            cudaGraphLaunch(exec, s);
+        else
+            for (int i = 0; i < launches; i++)
+                fn(ctx, i, s);
+    }
+    cudaEventRecord(stop, s);
+    float ms = -1.0f;
+    bool ok = cudaEventSynchronize(stop) == cudaSuccess &&
+              cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    if (exec)
+        cudaGraphExecDestroy(exec);
+    if (graph)
+        cudaGraphDestroy(graph);
+    if (!ok || cudaGetLastError() != cudaSuccess)
+        return -1.0;
+    return (double)ms * 1e3 / ((double)launches * reps);
+}
+
+/* ---- the two sides of a comparison ---------------------------------------- */
+
+typedef struct w2a8_side {
+    void **copies;
+    int n_copies;
+    bn_w2a8_cuda_args args;
+    int split;
+} w2a8_side;
+
+static bool launch_w2a8(void *p, int i, cudaStream_t s)
+{
+    w2a8_side *w = p;
+    bn_w2a8_cuda_args a = w->args;
+    a.weights = w->copies[i % w->n_copies];
+    return (a.m == 1 ? bn_w2a8_cuda_gemv(&a, w->split, s) : bn_w2a8_cuda_gemm(&a, s)) ==
+           cudaSuccess;
+}
+
+typedef struct quant_side {
+    const float *x;
+    int64_t m, k, ldq;
+    int8_t *q;
+    float *scale;
+    int32_t *sum;
+} quant_side;
+
+static bool launch_quant(void *p, int i, cudaStream_t s)
+{
+    (void)i;
+    quant_side *q = p;
+    return bn_cuda_quantize_rows(q->x, q->m, q->k, q->k, q->q, q->ldq, q->scale, q->sum, s) ==
+           cudaSuccess;
+}
+
+typedef struct cublas_side {
+    const bn_cublas *api;
+    cublasHandle_t handle;
+    void **copies;
+    int n_copies;
+    const void *x;
+    void *y;
+    int64_t n, k, m;
+} cublas_side;
+
+static bool launch_cublas(void *p, int i, cudaStream_t s)
+{
+    cublas_side *c = p;
+    const float one = 1.0f, zero = 0.0f;
+    (void)s; /* the handle is bound to the stream */
+    /* Row-major W (n x k) is column-major k x n: y (n x m) = W^T-view x. */
+    return c->api->gemm_ex(c->handle, CUBLAS_OP_T, CUBLAS_OP_N, (int)c->n, (int)c->m, (int)c->k,
+                           &one, c->copies[i % c->n_copies], CUDA_R_16BF, (int)c->k, c->x,
+                           CUDA_R_16BF, (int)c->k, &zero, c->y, CUDA_R_16BF, (int)c->n,
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+}
+
+/* ---- measurements ---------------------------------------------------------- */
+
+static double copy_bandwidth_gbs(cudaStream_t s)
+{
+    const size_t bytes = (size_t)1 << 30;
+    void *a = NULL, *b = NULL;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) {
+        cudaFree(a);
+        return 0.0;
+    }
+    cudaMemsetAsync(a, 1, bytes, s);
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s); /* warm up */
+    const int reps = 10;
+    cudaEventRecord(start, s);
+    for (int r = 0; r < reps; r++)
+        cudaMemcpyAsync(r & 1 ? a : b, r & 1 ? b : a, bytes, cudaMemcpyDeviceToDevice, s);
+    cudaEventRecord(stop, s);
+    float ms = 0.0f;
+    cudaEventSynchronize(stop);
+    cudaEventElapsedTime(&ms, start, stop);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaFree(a);
+    cudaFree(b);
+    return ms > 0 ? 2.0 * (double)bytes * reps / ((double)ms * 1e-3) / 1e9 : 0.0;
+}
+
+/* Uploads `copies` copies of host[0..bytes). */
+static int upload_copies(const void *host, size_t bytes, int copies, void ***out)
+{
+    void **list = calloc((size_t)copies, sizeof *list);
+    int made = 0;
+    for (; list && made < copies; made++) {
+        if (cudaMalloc(&list[made], bytes) != cudaSuccess ||
+            cudaMemcpy(list[made], host, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+            cudaFree(list[made]);
+            cudaGetLastError();
+            break;
+        }
+    }
+    *out = list;
+    return made;
+}
+
+static void free_copies(void **list, int n)
+{
+    for (int i = 0; i < n; i++)
+        cudaFree(list[i]);
+    free(list);
+}
+
+static int copies_for(size_t bytes, double rotate_bytes)
+{
+    int n = (int)(rotate_bytes / (double)bytes) + 1;
+    return n < 2 ? 2 : n > 512 ? 512 : n;
+}
+
+static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_count,
+                        double copy_gbs, const bn_cublas *api, cublasHandle_t handle,
+                        cudaStream_t s)
+{
+    bn_cuda_layout l;
+    bn_cuda_layout_init(&l, n, k);
+    int8_t *codes = malloc((size_t)(n * k));
+    uint8_t *packed = malloc(l.bytes);
+    uint16_t *bf16 = malloc((size_t)(n * k) * 2);
+    if (!codes || !packed || !bf16) {
+        free(codes);
+        free(packed);
+        free(bf16);
+        fprintf(stderr, "bitnet bench: no host memory for %lldx%lld\n", (long long)n,
+                (long long)k);
+        return false;
+    }
+    for (int64_t i = 0; i < n * k; i++) {
+        codes[i] = (int8_t)(next_rand() % 3) - 1;
+        bf16[i] = (uint16_t)(0x3c00 + (next_rand() & 0xff)); /* small positive bf16 values */
+    }
+    bn_cuda_layout_pack(&l, codes, packed);
+    free(codes);
+
+    w2a8_side w = {0};
+    cublas_side c = {api, handle, NULL, 0, NULL, NULL, n, k, 0};
+    w.n_copies = upload_copies(packed, l.bytes, copies_for(l.bytes, o->rotate_mib * 1048576.0),
+                               &w.copies);
+    c.n_copies = upload_copies(bf16, (size_t)(n * k) * 2,
+                               copies_for((size_t)(n * k) * 2, o->rotate_mib * 1048576.0),
+                               &c.copies);
+    free(packed);
+    free(bf16);
+    if (w.n_copies < 1 || c.n_copies < 1) {
+        free_copies(w.copies, w.n_copies);
+        free_copies(c.copies, c.n_copies);
+        printf("| %lldx%lld | - | out of GPU memory | | | | | | |\n", (long long)n, (long long)k);
+        return true;
+    }
+
+    for (int mi = 0; mi < o->n_ms; mi++) {
+        const int64_t m = o->ms[mi];
+        int8_t *d_x = NULL;
+        float *d_xf = NULL, *d_scale = NULL, *d_y = NULL;
+        int32_t *d_sum = NULL;
+        void *d_xb = NULL, *d_yb = NULL;
+        CK(cudaMalloc((void **)&d_x, (size_t)(m * l.k_padded)));
+        CK(cudaMalloc((void **)&d_xf, (size_t)(m * k) * sizeof(float)));
+        CK(cudaMalloc((void **)&d_scale, (size_t)m * sizeof(float)));
+        CK(cudaMalloc((void **)&d_sum, (size_t)m * sizeof(int32_t)));
+        CK(cudaMalloc((void **)&d_y, (size_t)(m * n) * sizeof(float)));
+        CK(cudaMalloc(&d_xb, (size_t)(m * k) * 2));
+        CK(cudaMalloc(&d_yb, (size_t)(m * n) * 2));
+        CK(cudaMemset(d_xf, 0x3f, (size_t)(m * k) * sizeof(float))); /* ~0.75: real values */
+        CK(cudaMemset(d_xb, 0x3f, (size_t)(m * k) * 2));
+
+        /* Quantize once for real inputs, and time it on its own. */
+        quant_side q = {d_xf, m, k, l.k_padded, d_x, d_scale, d_sum};
+        bool graph_q;
+        const double quant_us = time_calls(launch_quant, &q, s, o->launches, o->reps, &graph_q);
+
+        w.args = (bn_w2a8_cuda_args){NULL, n, l.tiles, l.groups, 0.02f, d_x, m, l.k_padded,
+                                     d_scale, d_sum, d_y, n};
+        w.split = bn_w2a8_cuda_gemv_split(l.tiles, l.groups, sm_count);
+        c.x = d_xb;
+        c.y = d_yb;
+        c.m = m;
+        bool graph_w, graph_c;
+        const double w_us = time_calls(launch_w2a8, &w, s, o->launches, o->reps, &graph_w);
+        const double c_us = time_calls(launch_cublas, &c, s, o->launches, o->reps, &graph_c);
+
+        /* Bytes that must move: packed weights, int8 activations and their
+         * scales/sums in, float outputs out. */
+        const double bytes =
+            (double)l.bytes + (double)(m * l.k_padded) + 8.0 * (double)m + 4.0 * (double)(m * n);
+        if (w_us > 0) {
+            const double gbs = bytes / (w_us * 1e-6) / 1e9;
+            printf("| %lldx%lld | %lld | %.1f | %.2f | %.0f | %.0f%% | %.2f | %.2fx | %.2f |%s\n",
+                   (long long)n, (long long)k, (long long)m, (double)l.bytes / 1048576.0, w_us,
+                   gbs, 100.0 * gbs / copy_gbs, c_us, c_us > 0 ? c_us / w_us : 0.0, quant_us,
+                   graph_w && graph_c ? "" : " (not graphed)");
+        } else {
+            printf("| %lldx%lld | %lld | W2A8 launch failed | | | | | | |\n", (long long)n,
+                   (long long)k, (long long)m);
+        }
+        cudaFree(d_x);
+        cudaFree(d_xf);
+        cudaFree(d_scale);
+        cudaFree(d_sum);
+        cudaFree(d_y);
+        cudaFree(d_xb);
+        cudaFree(d_yb);
+    }
+    free_copies(w.copies, w.n_copies);
+    free_copies(c.copies, c.n_copies);
+    return true;
+}
+
+static bool parse_int_list(const char *text, int64_t *out, int *count)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", text);
+    *count = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t && *count < MAX_LIST;
+         t = strtok_r(NULL, ",", &save)) {
+        char *end;
+        long long v = strtoll(t, &end, 10);
+        if (*end || v <= 0 || v > 65536)
+            return false;
+        out[(*count)++] = v;
+    }
+    return *count > 0;
+}
+
+static bool parse_shape_list(const char *text, cuda_bench_opts *o)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", text);
+    o->n_shapes = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t && o->n_shapes < MAX_LIST;
+         t = strtok_r(NULL, ",", &save)) {
+        long long n, k;
+        char tail;
+        if (sscanf(t, "%lldx%lld%c", &n, &k, &tail) != 2 || n <= 0 || k <= 0 || n > (1 << 20) ||
+            k > (1 << 22))
+            return false;
+        o->shapes[o->n_shapes][0] = n;
+        o->shapes[o->n_shapes][1] = k;
+        o->n_shapes++;
+    }
+    return o->n_shapes > 0;
+}
+
+int bench_kernels_cuda(int argc, char **argv);
+int bench_kernels_cuda(int argc, char **argv)
+{
+    cuda_bench_opts o = {.shapes = {{2560, 2560},
+                                    {3840, 2560},
+                                    {13824, 2560},
+                                    {2560, 6912},
+                                    {20480, 3200},
+                                    {5120, 27648},
+                                    {55296, 5120}},
+                         .n_shapes = 7,
+                         .ms = {1, 16, 512},
+                         .n_ms = 3,
+                         .rotate_mib = 1024,
+                         .launches = 50,
+                         .reps = 10};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = v != NULL;
+        if (strcmp(a, "--device") == 0) {
+            /* handled by the caller */
+        } else if (ok && strcmp(a, "--shapes") == 0) {
+            ok = parse_shape_list(v, &o);
+        } else if (ok && strcmp(a, "--m") == 0) {
+            ok = parse_int_list(v, o.ms, &o.n_ms);
+        } else if (ok && strcmp(a, "--rotate-mib") == 0) {
+            o.rotate_mib = atof(v);
+            ok = o.rotate_mib >= 0 && o.rotate_mib <= 65536;
+        } else {
+            fprintf(stderr, "bitnet bench kernels --device cuda: error: bad option '%s'\n", a);
+            return BN_EXIT_USAGE;
+        }
+        if (!ok) {
+            fprintf(stderr, "bitnet bench kernels: error: bad or missing value for %s\n", a);
+            return BN_EXIT_USAGE;
+        }
+        i++;
+    }
+
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        fprintf(stderr, "bitnet bench: error: no usable CUDA device ('bitnet devices' says why)\n");
+        return BN_EXIT_DEVICE;
+    }
+    struct cudaDeviceProp p;
+    cudaGetDeviceProperties(&p, 0);
+    const bn_cublas *api = NULL;
+    bn_error err;
+    if (bn_cublas_get(&api, &err) != BN_OK)
+        return cli_fail(&err);
+    cudaStream_t s;
+    cublasHandle_t handle;
+    void *workspace = NULL;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
+        api->create(&handle) != CUBLAS_STATUS_SUCCESS ||
+        cudaMalloc(&workspace, 64u << 20) != cudaSuccess ||
+        api->set_workspace(handle, workspace, 64u << 20) != CUBLAS_STATUS_SUCCESS ||
+        api->set_stream(handle, s) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "bitnet bench: error: could not set up CUDA stream and cuBLAS\n");
+        return BN_EXIT_FAILURE;
+    }
+    const double copy_gbs = copy_bandwidth_gbs(s);
+    printf("# bitnet bench kernels --device cuda\n\n"
+           "device: %s (compute %d.%d, %d SMs, L2 %.0f MiB); cuBLAS: %s\n"
+           "device-to-device copy: %.0f GB/s (read + write)\n\n",
+           p.name, p.major, p.minor, p.multiProcessorCount, (double)p.l2CacheSize / 1048576.0,
+           api->library, copy_gbs);
+    printf("| N x K | M | packed MB | W2A8 us | GB/s | %% of copy | cuBLAS BF16 us | speedup | "
+           "quantize us |\n|---|---|---|---|---|---|---|---|---|\n");
+    fflush(stdout);
+    int rc = BN_EXIT_OK;
+    for (int si = 0; si < o.n_shapes; si++) {
+        if (!bench_shape(&o, o.shapes[si][0], o.shapes[si][1], p.multiProcessorCount, copy_gbs,
+                         api, handle, s))
+            rc = BN_EXIT_FAILURE;
+        fflush(stdout);
+    }
+    printf("\nW2A8: GEMV kernel for M = 1, int8 tensor-core GEMM for M > 1; GB/s counts packed "
+           "weights + int8\nactivations + float outputs once per call; speedup = cuBLAS time / "
+           "W2A8 time; 'quantize' is\nthe activation quantization of the M rows (not included in "
+           "W2A8 us). Weights rotated over\n>= %.0f MiB of copies; times per call from replayed "
+           "CUDA graphs of %d calls x %d.\n",
+           o.rotate_mib, o.launches, o.reps);
+    api->destroy(handle);
+    cudaFree(workspace);
+    cudaStreamDestroy(s);
+    return rc;
+}
