@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine: builds a snapshot of the tree (a tar of a commit,
+# or the tree itself), then the gpu-labelled tests, the CPU suite, the CUDA
+# provider through the generic kernel test, `bitnet devices` and the CUDA
+# kernel benchmark. Logs go to $OUT (or ./gpu-out).
+#
+# usage: scripts/gpu-check.sh [SNAPSHOT.tar] [--sanitize] [--no-bench]
+set -uo pipefail
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+src=$PWD
+sanitize=0
+bench=1
+for a in "$@"; do
+    case "$a" in
+    --sanitize) sanitize=1 ;;
+    --no-bench) bench=0 ;;
+    *.tar) src=$(mktemp -d) && tar -xf "$a" -C "$src" ;;
+    esac
+done
+build=$src/build-gpu
+jobs=$(nproc)
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+    cmake -S "$src" -B "$build" -DCUDA_ARCH=sm_90 -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+        cmake --build "$build" -j"$jobs" 2>&1 | grep -E "warning|error|Error" | head -40
+} 2>&1 | tee "$out/build.log"
+[ -x "$build/bitnet" ] || { echo "build failed"; exit 1; }
+
+"$build/bitnet" devices 2>&1 | tee "$out/devices.txt"
+"$build/bitnet" devices --json | python3 -m json.tool >/dev/null && echo "devices --json: valid JSON"
+ctest --test-dir "$build" --output-on-failure -j4 2>&1 | tee "$out/ctest.log" | tail -25
+echo "== test_kernels with BITNET_KERNEL=cuda"
+BITNET_KERNEL=cuda "$build/tests/test_kernels" 2>&1 | tail -3 | tee -a "$out/ctest.log"
+if [ $sanitize -eq 1 ]; then
+    for tool in memcheck racecheck; do
+        echo "== compute-sanitizer --tool $tool test_cuda_kernels"
+        BN_TEST_QUICK=1 compute-sanitizer --tool $tool --error-exitcode 9 \
+            "$build/tests/test_cuda_kernels" >"$out/sanitizer-$tool.log" 2>&1
+        echo "exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer-$tool.log" | tail -1)"
+    done
+fi
+if [ $bench -eq 1 ]; then
+    "$build/bitnet" bench kernels --device cuda 2>&1 | tee "$out/bench_cuda.md"
+fi
