@@ -4,25 +4,35 @@
 # provider through the generic kernel test, `bitnet devices` and the CUDA
 # kernel benchmark. Logs go to $OUT (or ./gpu-out).
 #
-# usage: scripts/gpu-check.sh [SNAPSHOT.tar] [--sanitize] [--no-bench]
+# usage: scripts/gpu-check.sh [SNAPSHOT.tar] [--deps PREFIX] [--sanitize] [--no-bench]
+#   --deps PREFIX: where cJSON and PCRE2 headers/libraries are (a machine
+#   without Debian's -dev packages gets them carried in).
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 src=$PWD
 sanitize=0
 bench=1
-for a in "$@"; do
+deps=""
+while [ $# -gt 0 ]; do
+    a=$1
+    shift
     case "$a" in
+    --deps) deps=$(cd "$1" && pwd) && shift ;;
     --sanitize) sanitize=1 ;;
     --no-bench) bench=0 ;;
     *.tar) src=$(mktemp -d) && tar -xf "$a" -C "$src" ;;
     esac
 done
+if [ -n "$deps" ]; then
+    export LD_LIBRARY_PATH="$deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 build=$src/build-gpu
 jobs=$(nproc)
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
-    cmake -S "$src" -B "$build" -DCUDA_ARCH=sm_90 -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+    cmake -S "$src" -B "$build" -DCUDA_ARCH=sm_90 -DCMAKE_BUILD_TYPE=Release \
+        ${deps:+-DBITNET_DEPS_PREFIX="$deps"} >/dev/null &&
         cmake --build "$build" -j"$jobs" 2>&1 | grep -E "warning|error|Error" | head -40
 } 2>&1 | tee "$out/build.log"
 [ -x "$build/bitnet" ] || { echo "build failed"; exit 1; }
