@@ -28,4 +28,5 @@ target_include_directories(bitnet_pcre2 INTERFACE ${BITNET_PCRE2_INCLUDE})
 target_compile_definitions(bitnet_pcre2 INTERFACE PCRE2_CODE_UNIT_WIDTH=8)
 target_link_libraries(bitnet_pcre2 INTERFACE ${BITNET_PCRE2_LIB})
 
-set(BITNET_DEPS_PC_LIBS "-lcjson ${BITNET_PCRE2_LIB}")
+# Full paths: a prefix given with BITNET_DEPS_PREFIX is not on the linker path.
+set(BITNET_DEPS_PC_LIBS "${BITNET_CJSON_LIB} ${BITNET_PCRE2_LIB}")

@@ -58,7 +58,7 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     void *d_w;
     int8_t *d_x;
     float *d_scale, *d_y;
-    int32_t *d_sum;
+    int32_t *d_sum, *d_ws;
     CUDA_OK(cudaMalloc(&d_w, l.bytes));
     CUDA_OK(cudaMemcpy(d_w, packed, l.bytes, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMalloc((void **)&d_x, (size_t)(m * l.k_padded)));
@@ -70,18 +70,25 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     CUDA_OK(cudaMemcpy(d_scale, xq.scale, sizeof(float) * (size_t)m, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_sum, xq.sum, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMalloc((void **)&d_y, sizeof(float) * (size_t)(m * n)));
+    CUDA_OK(cudaMalloc((void **)&d_ws, sizeof(int32_t) * (size_t)(m * n)));
     float *y = malloc(sizeof(float) * (size_t)(m * n));
 
     bn_w2a8_cuda_args a = {d_w, n, l.tiles, l.groups, ws, d_x, m, l.k_padded, d_scale, d_sum,
-                           d_y, n};
+                           d_y, n, d_ws, sm_count};
+    /* Every GEMV variant x split for M = 1; every GEMM variant, with and
+     * without the split-K workspace, for any M (M = 1 included). */
     const int splits[] = {1, 2, 4, 8};
-    const int variants = m == 1 ? 5 : 1; /* gemv x 4 splits, and gemm */
+    const int gemv_runs = m == 1 ? BN_W2A8_GEMV_VARIANTS * 4 : 0;
+    const int variants = gemv_runs + BN_W2A8_GEMM_VARIANTS * 2;
     for (int v = 0; v < variants; v++) {
+        const bool gemv = v < gemv_runs;
+        const int gemm_variant = (v - gemv_runs) / 2;
+        a.workspace = gemv || (v - gemv_runs) % 2 == 0 ? d_ws : NULL;
         CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n))); /* NaN poison */
-        if (m == 1 && v < 4)
-            CUDA_OK(bn_w2a8_cuda_gemv(&a, splits[v], 0));
+        if (gemv)
+            CUDA_OK(bn_w2a8_cuda_gemv_variant(&a, splits[v % 4], v / 4, 0));
         else
-            CUDA_OK(bn_w2a8_cuda_gemm(&a, 0));
+            CUDA_OK(bn_w2a8_cuda_gemm_variant(&a, gemm_variant, 0));
         CUDA_OK(cudaDeviceSynchronize());
         CUDA_OK(cudaMemcpy(y, d_y, sizeof(float) * (size_t)(m * n), cudaMemcpyDeviceToHost));
         int64_t diff = 0, first = -1;
@@ -89,8 +96,10 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
             if (!same_bits(y[i], ref[i]) && diff++ == 0)
                 first = i;
         CHECK_MSG(diff == 0,
-                  "%s n=%lld k=%lld m=%lld: %lld of %lld differ (first at %lld: %g vs %g)",
-                  m == 1 && v < 4 ? "gemv" : "gemm", (long long)n, (long long)k, (long long)m,
+                  "%s variant %d (split %d, workspace %s) n=%lld k=%lld m=%lld: %lld of %lld "
+                  "differ (first at %lld: %g vs %g)",
+                  gemv ? "gemv" : "gemm", gemv ? v / 4 : gemm_variant, gemv ? splits[v % 4] : 0,
+                  a.workspace ? "yes" : "no", (long long)n, (long long)k, (long long)m,
                   (long long)diff, (long long)(m * n), (long long)first,
                   first >= 0 ? y[first] : 0.0, first >= 0 ? ref[first] : 0.0);
     }
@@ -100,6 +109,7 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     cudaFree(d_scale);
     cudaFree(d_sum);
     cudaFree(d_y);
+    cudaFree(d_ws);
     free(y);
     free(packed);
     free(ref);

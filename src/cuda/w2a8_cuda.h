@@ -24,14 +24,35 @@ typedef struct bn_w2a8_cuda_args {
     const int32_t *act_sum;   /* m sums of the int8 values                 */
     float *y;                 /* y[row * ldy + col]                        */
     int64_t ldy;
+    int32_t *workspace;       /* m * n int32 for split-K GEMM, or NULL     */
+    int sm_count;             /* the device's SMs (sizes split-K)          */
 } bn_w2a8_cuda_args;
 
 /* Split-K factor (1, 2, 4 or 8) that fills a GPU of sm_count SMs. */
 int bn_w2a8_cuda_gemv_split(int64_t tiles, int64_t groups, int sm_count);
 /* M = 1. */
 cudaError_t bn_w2a8_cuda_gemv(const bn_w2a8_cuda_args *a, int split, cudaStream_t stream);
+
+/* GEMV implementation variants, for tests and the benchmark:
+ *   0: 2 chunk-groups in flight per warp, activations through L1
+ *   1: 4 in flight, activations through L1
+ *   2: 4 in flight, activations staged in shared memory
+ *   3: 8 in flight, activations through L1 */
+#define BN_W2A8_GEMV_VARIANTS 4
+#define BN_W2A8_GEMV_DEFAULT_VARIANT 1
+cudaError_t bn_w2a8_cuda_gemv_variant(const bn_w2a8_cuda_args *a, int split, int variant,
+                                      cudaStream_t stream);
 /* M >= 1 on int8 tensor cores (requires compute capability 8.0). */
 cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
+
+/* GEMM variants: 0 tiled 64 x 64 with weights expanded in shared memory;
+ * 1 "skinny": weights straight into tensor-core fragments, activations in
+ * 16- or 32-row slices, K split over blocks when a workspace is given.
+ * bn_w2a8_cuda_gemm uses 1 up to BN_W2A8_SKINNY_MAX_M rows. */
+#define BN_W2A8_GEMM_VARIANTS 2
+#define BN_W2A8_SKINNY_MAX_M 64
+cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int variant,
+                                      cudaStream_t stream);
 
 /* Per-row absmax int8 quantization of m rows of k floats (stride ldx)
  * into q (stride ldq >= k, zero-filled from k to ldq), with scales and

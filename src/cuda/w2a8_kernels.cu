@@ -40,6 +40,17 @@ __device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_
     return __fmul_rn(__fdiv_rn((float)acc, act_scale), w_scale);
 }
 
+/* Weights are read exactly once: load them without allocating in L1, which
+ * then keeps the activations every warp re-reads. */
+__device__ __forceinline__ uint4 load_stream(const uint4 *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
 /* dot of one 16-byte entry (64 codes) with 64 activations. */
 __device__ __forceinline__ int entry_dot(uint4 w, const int8_t *x, int acc)
 {
@@ -47,7 +58,7 @@ __device__ __forceinline__ int entry_dot(uint4 w, const int8_t *x, int acc)
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const int4 a = __ldg(xv + i); /* activations 16i .. 16i + 15 */
+        const int4 a = xv[i]; /* activations 16i .. 16i + 15 */
         const uint32_t wd = words[i];
         acc = __dp4a((int)(wd & 0x03030303u), a.x, acc);
         acc = __dp4a((int)((wd >> 2) & 0x03030303u), a.y, acc);
@@ -57,13 +68,17 @@ __device__ __forceinline__ int entry_dot(uint4 w, const int8_t *x, int acc)
     return acc;
 }
 
-/* One block: TILES tiles of 8 rows, WARPS warps per tile splitting K. */
-template <int WARPS, int TILES>
+/* One block: TILES tiles of 8 rows, WARPS warps per tile splitting K.
+ * UNROLL chunk-groups are loaded before any is used (bytes in flight).
+ * X_SMEM stages the activation row in shared memory (dynamic, k_padded
+ * bytes) instead of reading it through L1. */
+template <int WARPS, int TILES, int UNROLL, bool X_SMEM>
 __global__ void __launch_bounds__(32 * WARPS * TILES)
     gemv_kernel(const uint4 *__restrict__ w, const int8_t *__restrict__ x, int64_t n,
                 int64_t groups, int64_t tiles, const float *__restrict__ act_scale,
                 const int32_t *__restrict__ act_sum, float w_scale, float *__restrict__ y)
 {
+    extern __shared__ __align__(16) int8_t x_shared[];
     __shared__ int partial[TILES][WARPS][kTileRows];
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -71,22 +86,32 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
     const int split = warp % WARPS;
     const int64_t tile = (int64_t)blockIdx.x * TILES + tile_in_block;
 
+    const int8_t *xs = x;
+    if (X_SMEM) {
+        const int64_t words = groups * kGroup / 16;
+        for (int64_t i = threadIdx.x; i < words; i += blockDim.x)
+            reinterpret_cast<int4 *>(x_shared)[i] = __ldg(reinterpret_cast<const int4 *>(x) + i);
+        __syncthreads();
+        xs = x_shared;
+    }
+
     int acc = 0;
     if (tile < tiles) {
         const int quarter = lane >> 3;
         const uint4 *blocks = w + tile * groups * (kBlockBytes / 16) + lane;
-        const int8_t *xq = x + quarter * 64;
+        const int8_t *xq = xs + quarter * 64;
         int64_t g = split;
-        /* Two blocks per iteration: both loads are issued before either is
-         * used, doubling the bytes in flight per warp. */
-        for (; g + WARPS < groups; g += 2 * WARPS) {
-            const uint4 a = __ldg(blocks + g * (kBlockBytes / 16));
-            const uint4 b = __ldg(blocks + (g + WARPS) * (kBlockBytes / 16));
-            acc = entry_dot(a, xq + g * kGroup, acc);
-            acc = entry_dot(b, xq + (g + WARPS) * kGroup, acc);
+        for (; g + (UNROLL - 1) * WARPS < groups; g += UNROLL * WARPS) {
+            uint4 v[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++)
+                v[u] = load_stream(blocks + (g + u * WARPS) * (kBlockBytes / 16));
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++)
+                acc = entry_dot(v[u], xq + (g + u * WARPS) * kGroup, acc);
         }
-        if (g < groups)
-            acc = entry_dot(__ldg(blocks + g * (kBlockBytes / 16)), xq + g * kGroup, acc);
+        for (; g < groups; g += WARPS)
+            acc = entry_dot(load_stream(blocks + g * (kBlockBytes / 16)), xq + g * kGroup, acc);
     }
     /* Lanes r, r+8, r+16, r+24 hold the four quarters of row r. */
     acc += __shfl_xor_sync(0xffffffffu, acc, 8);
@@ -107,14 +132,34 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
     }
 }
 
-template <int WARPS, int TILES>
+template <int WARPS, int TILES, int UNROLL, bool X_SMEM>
 cudaError_t launch_gemv(const bn_w2a8_cuda_args *a, cudaStream_t stream)
 {
     const int64_t blocks = (a->tiles + TILES - 1) / TILES;
-    gemv_kernel<WARPS, TILES><<<(unsigned)blocks, 32 * WARPS * TILES, 0, stream>>>(
+    const size_t smem = X_SMEM ? (size_t)(a->groups * kGroup) : 0;
+    auto kernel = gemv_kernel<WARPS, TILES, UNROLL, X_SMEM>;
+    if (X_SMEM && smem > 48 * 1024) {
+        cudaError_t rc =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (rc != cudaSuccess)
+            return rc;
+    }
+    kernel<<<(unsigned)blocks, 32 * WARPS * TILES, smem, stream>>>(
         reinterpret_cast<const uint4 *>(a->weights), a->x, a->n, a->groups, a->tiles,
         a->act_scale, a->act_sum, a->weight_scale, a->y);
     return cudaGetLastError();
+}
+
+template <int UNROLL, bool X_SMEM>
+cudaError_t launch_gemv_split(const bn_w2a8_cuda_args *a, int split, cudaStream_t stream)
+{
+    switch (split) {
+    case 1: return launch_gemv<1, 4, UNROLL, X_SMEM>(a, stream);
+    case 2: return launch_gemv<2, 2, UNROLL, X_SMEM>(a, stream);
+    case 4: return launch_gemv<4, 1, UNROLL, X_SMEM>(a, stream);
+    case 8: return launch_gemv<8, 1, UNROLL, X_SMEM>(a, stream);
+    default: return cudaErrorInvalidValue;
+    }
 }
 
 /* ---- GEMM on int8 tensor cores -------------------------------------------- */
@@ -238,6 +283,129 @@ __global__ void __launch_bounds__(128)
     }
 }
 
+/* ---- small M on tensor cores, B fragments straight from the packed weights ---
+ *
+ * For a few activation rows the weights dominate: each weight is used M
+ * times only, so expanding it through shared memory costs more than the
+ * multiply. Here a thread builds its mma B fragment directly from the
+ * packed layout: for m16n8k32 the thread (gid, tig) needs the codes of row
+ * gid at k = 4 tig .. 4 tig + 3 (b0) and 16 + 4 tig .. (b1) of a 32-wide
+ * k-step, which are field tig of words 2s and 2s + 1 of its row's 16-byte
+ * entry (cuda_layout.h): one shift and one mask each. The activation tile
+ * (16 x 256 per chunk-group) is staged in shared memory. K is split over
+ * blockIdx.y when the row blocks alone would not fill the GPU; the int32
+ * partial sums then meet in a workspace (exact, order-free) and a second
+ * kernel applies the epilogue. */
+
+constexpr int kSkinnyWarps = 4;
+constexpr int kSkinnyTilesPerWarp = 4; /* 4 x 8 = 32 weight rows per warp */
+constexpr int kSkinnyRows = kSkinnyWarps * kSkinnyTilesPerWarp * kTileRows; /* 128 */
+constexpr int kSkinnyStride = kGroup + 16;
+
+template <int MT>
+__global__ void __launch_bounds__(32 * kSkinnyWarps)
+    skinny_kernel(const uint4 *__restrict__ w, const int8_t *__restrict__ x, int64_t ldx,
+                  int64_t m, int64_t n, int64_t groups, int64_t tiles, int groups_per_split,
+                  const float *__restrict__ act_scale, const int32_t *__restrict__ act_sum,
+                  float w_scale, float *__restrict__ y, int64_t ldy, int32_t *__restrict__ ws)
+{
+    __shared__ __align__(16) int8_t xs[16 * MT * kSkinnyStride];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int64_t m0 = (int64_t)blockIdx.z * 16 * MT;
+    const int64_t tile0 = (int64_t)blockIdx.x * (kSkinnyRows / kTileRows) +
+                          warp * kSkinnyTilesPerWarp;
+    const int64_t g_begin = (int64_t)blockIdx.y * groups_per_split;
+    const int64_t g_end = min(groups, g_begin + groups_per_split);
+
+    int32_t acc[MT][kSkinnyTilesPerWarp][4] = {};
+    for (int64_t g = g_begin; g < g_end; g++) {
+        /* Stage activations rows m0 .. m0 + 16 MT, columns of chunk-group g. */
+        for (int i = tid; i < 16 * MT * (kGroup / 16); i += 32 * kSkinnyWarps) {
+            const int r = i / (kGroup / 16), c16 = i % (kGroup / 16);
+            int4 v = make_int4(0, 0, 0, 0);
+            if (m0 + r < m)
+                v = __ldg(reinterpret_cast<const int4 *>(x + (m0 + r) * ldx + g * kGroup) + c16);
+            *reinterpret_cast<int4 *>(&xs[r * kSkinnyStride + c16 * 16]) = v;
+        }
+        __syncthreads();
+        /* All B entries of this chunk-group first: 16 loads in flight. */
+        uint4 bw[4][kSkinnyTilesPerWarp];
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+#pragma unroll
+            for (int t = 0; t < kSkinnyTilesPerWarp; t++) {
+                const int64_t tile = tile0 + t;
+                bw[q][t] = tile < tiles ? load_stream(w + (tile * groups + g) * (kBlockBytes / 16) +
+                                                      q * 8 + gid)
+                                        : make_uint4(0x55555555u, 0x55555555u, 0x55555555u,
+                                                     0x55555555u);
+            }
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+                const int kk = q * 64 + s * 32;
+                uint32_t af[MT][4];
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    const int8_t *base = &xs[(16 * i + gid) * kSkinnyStride + kk + tig * 4];
+                    af[i][0] = *reinterpret_cast<const uint32_t *>(base);
+                    af[i][1] = *reinterpret_cast<const uint32_t *>(base + 8 * kSkinnyStride);
+                    af[i][2] = *reinterpret_cast<const uint32_t *>(base + 16);
+                    af[i][3] = *reinterpret_cast<const uint32_t *>(base + 8 * kSkinnyStride + 16);
+                }
+#pragma unroll
+                for (int t = 0; t < kSkinnyTilesPerWarp; t++) {
+                    const uint32_t lo = s ? bw[q][t].z : bw[q][t].x;
+                    const uint32_t hi = s ? bw[q][t].w : bw[q][t].y;
+                    const uint32_t bf[2] = {(lo >> (2 * tig)) & 0x03030303u,
+                                            (hi >> (2 * tig)) & 0x03030303u};
+#pragma unroll
+                    for (int i = 0; i < MT; i++)
+                        mma_s8(acc[i][t], af[i], bf);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    const bool split = gridDim.y > 1;
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int64_t row = m0 + 16 * i + gid + 8 * half;
+            if (row >= m)
+                continue;
+#pragma unroll
+            for (int t = 0; t < kSkinnyTilesPerWarp; t++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int64_t col = (tile0 + t) * kTileRows + 2 * tig + c;
+                    if (col >= n)
+                        continue;
+                    const int32_t v = acc[i][t][2 * half + c];
+                    if (split)
+                        atomicAdd(&ws[row * n + col], v);
+                    else
+                        y[row * ldy + col] = epilogue(v - act_sum[row], act_scale[row], w_scale);
+                }
+        }
+}
+
+__global__ void skinny_epilogue(const int32_t *__restrict__ ws, int64_t m, int64_t n,
+                                const float *__restrict__ act_scale,
+                                const int32_t *__restrict__ act_sum, float w_scale,
+                                float *__restrict__ y, int64_t ldy)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= m * n)
+        return;
+    const int64_t row = i / n, col = i % n;
+    y[row * ldy + col] = epilogue(ws[i] - act_sum[row], act_scale[row], w_scale);
+}
+
 /* ---- activation quantization ---------------------------------------------- */
 
 /* One block per row: absmax (NaN ignored), s = 127 / max(absmax, 1e-5),
@@ -304,25 +472,86 @@ extern "C" int bn_w2a8_cuda_gemv_split(int64_t tiles, int64_t groups, int sm_cou
     return split;
 }
 
-extern "C" cudaError_t bn_w2a8_cuda_gemv(const bn_w2a8_cuda_args *a, int split,
-                                         cudaStream_t stream)
+extern "C" cudaError_t bn_w2a8_cuda_gemv_variant(const bn_w2a8_cuda_args *a, int split,
+                                                 int variant, cudaStream_t stream)
 {
-    switch (split) {
-    case 1: return launch_gemv<1, 4>(a, stream);
-    case 2: return launch_gemv<2, 2>(a, stream);
-    case 4: return launch_gemv<4, 1>(a, stream);
-    case 8: return launch_gemv<8, 1>(a, stream);
+    switch (variant) {
+    case 0: return launch_gemv_split<2, false>(a, split, stream);
+    case 1: return launch_gemv_split<4, false>(a, split, stream);
+    case 2: return launch_gemv_split<4, true>(a, split, stream);
+    case 3: return launch_gemv_split<8, false>(a, split, stream);
     default: return cudaErrorInvalidValue;
     }
 }
 
-extern "C" cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream)
+extern "C" cudaError_t bn_w2a8_cuda_gemv(const bn_w2a8_cuda_args *a, int split,
+                                         cudaStream_t stream)
+{
+    return bn_w2a8_cuda_gemv_variant(a, split, BN_W2A8_GEMV_DEFAULT_VARIANT, stream);
+}
+
+static cudaError_t launch_tiled(const bn_w2a8_cuda_args *a, cudaStream_t stream)
 {
     const dim3 grid((unsigned)((a->n + kBN - 1) / kBN), (unsigned)((a->m + kBM - 1) / kBM));
     gemm_kernel<<<grid, 128, 0, stream>>>(reinterpret_cast<const uint4 *>(a->weights), a->x,
                                           a->ldx, a->m, a->n, a->groups, a->act_scale,
                                           a->act_sum, a->weight_scale, a->y, a->ldy);
     return cudaGetLastError();
+}
+
+static cudaError_t launch_skinny(const bn_w2a8_cuda_args *a, cudaStream_t stream)
+{
+    const int mt = a->m <= 16 ? 1 : 2;
+    const int64_t row_blocks = (a->tiles * kTileRows + kSkinnyRows - 1) / kSkinnyRows;
+    const int64_t m_blocks = (a->m + 16 * mt - 1) / (16 * mt);
+    /* Split K until about two blocks per SM exist (needs the workspace). */
+    int64_t splits = 1;
+    if (a->workspace) {
+        const int64_t want = 2 * (int64_t)(a->sm_count > 0 ? a->sm_count : 132);
+        splits = (want + row_blocks * m_blocks - 1) / (row_blocks * m_blocks);
+        splits = splits < 1 ? 1 : splits > a->groups ? a->groups : splits;
+    }
+    const int64_t per_split = (a->groups + splits - 1) / splits;
+    splits = (a->groups + per_split - 1) / per_split;
+    if (splits > 1) {
+        cudaError_t rc =
+            cudaMemsetAsync(a->workspace, 0, (size_t)(a->m * a->n) * sizeof(int32_t), stream);
+        if (rc != cudaSuccess)
+            return rc;
+    }
+    const dim3 grid((unsigned)row_blocks, (unsigned)splits, (unsigned)m_blocks);
+    if (mt == 1)
+        skinny_kernel<1><<<grid, 32 * kSkinnyWarps, 0, stream>>>(
+            reinterpret_cast<const uint4 *>(a->weights), a->x, a->ldx, a->m, a->n, a->groups,
+            a->tiles, (int)per_split, a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy,
+            a->workspace);
+    else
+        skinny_kernel<2><<<grid, 32 * kSkinnyWarps, 0, stream>>>(
+            reinterpret_cast<const uint4 *>(a->weights), a->x, a->ldx, a->m, a->n, a->groups,
+            a->tiles, (int)per_split, a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy,
+            a->workspace);
+    cudaError_t rc = cudaGetLastError();
+    if (rc != cudaSuccess || splits == 1)
+        return rc;
+    const int64_t total = a->m * a->n;
+    skinny_epilogue<<<(unsigned)((total + 255) / 256), 256, 0, stream>>>(
+        a->workspace, a->m, a->n, a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int variant,
+                                                 cudaStream_t stream)
+{
+    switch (variant) {
+    case 0: return launch_tiled(a, stream);
+    case 1: return launch_skinny(a, stream);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+extern "C" cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream)
+{
+    return bn_w2a8_cuda_gemm_variant(a, a->m <= BN_W2A8_SKINNY_MAX_M ? 1 : 0, stream);
 }
 
 extern "C" cudaError_t bn_cuda_quantize_rows(const float *x, int64_t m, int64_t k, int64_t ldx,

@@ -38,6 +38,7 @@ typedef struct cuda_bench_opts {
     int n_ms;
     double rotate_mib;
     int launches, reps;
+    bool variants; /* time every kernel variant, not just the default */
 } cuda_bench_opts;
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -111,6 +112,7 @@ typedef struct w2a8_side {
     int n_copies;
     bn_w2a8_cuda_args args;
     int split;
+    int variant; /* -1: the default kernel */
 } w2a8_side;
 
 static bool launch_w2a8(void *p, int i, cudaStream_t s)
@@ -118,8 +120,14 @@ static bool launch_w2a8(void *p, int i, cudaStream_t s)
     w2a8_side *w = p;
     bn_w2a8_cuda_args a = w->args;
     a.weights = w->copies[i % w->n_copies];
-    return (a.m == 1 ? bn_w2a8_cuda_gemv(&a, w->split, s) : bn_w2a8_cuda_gemm(&a, s)) ==
-           cudaSuccess;
+    cudaError_t rc;
+    if (a.m == 1)
+        rc = w->variant < 0 ? bn_w2a8_cuda_gemv(&a, w->split, s)
+                            : bn_w2a8_cuda_gemv_variant(&a, w->split, w->variant, s);
+    else
+        rc = w->variant < 0 ? bn_w2a8_cuda_gemm(&a, s)
+                            : bn_w2a8_cuda_gemm_variant(&a, w->variant, s);
+    return rc == cudaSuccess;
 }
 
 typedef struct quant_side {
@@ -256,7 +264,8 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
     if (w.n_copies < 1 || c.n_copies < 1) {
         free_copies(w.copies, w.n_copies);
         free_copies(c.copies, c.n_copies);
-        printf("| %lldx%lld | - | out of GPU memory | | | | | | |\n", (long long)n, (long long)k);
+        printf("| %lldx%lld | - | - | out of GPU memory | | | | | | |\n", (long long)n,
+               (long long)k);
         return true;
     }
 
@@ -264,13 +273,14 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
         const int64_t m = o->ms[mi];
         int8_t *d_x = NULL;
         float *d_xf = NULL, *d_scale = NULL, *d_y = NULL;
-        int32_t *d_sum = NULL;
+        int32_t *d_sum = NULL, *d_ws = NULL;
         void *d_xb = NULL, *d_yb = NULL;
         CK(cudaMalloc((void **)&d_x, (size_t)(m * l.k_padded)));
         CK(cudaMalloc((void **)&d_xf, (size_t)(m * k) * sizeof(float)));
         CK(cudaMalloc((void **)&d_scale, (size_t)m * sizeof(float)));
         CK(cudaMalloc((void **)&d_sum, (size_t)m * sizeof(int32_t)));
         CK(cudaMalloc((void **)&d_y, (size_t)(m * n) * sizeof(float)));
+        CK(cudaMalloc((void **)&d_ws, (size_t)(m * n) * sizeof(int32_t)));
         CK(cudaMalloc(&d_xb, (size_t)(m * k) * 2));
         CK(cudaMalloc(&d_yb, (size_t)(m * n) * 2));
         CK(cudaMemset(d_xf, 0x3f, (size_t)(m * k) * sizeof(float))); /* ~0.75: real values */
@@ -281,35 +291,53 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
         bool graph_q;
         const double quant_us = time_calls(launch_quant, &q, s, o->launches, o->reps, &graph_q);
 
-        w.args = (bn_w2a8_cuda_args){NULL, n, l.tiles, l.groups, 0.02f, d_x, m, l.k_padded,
-                                     d_scale, d_sum, d_y, n};
+        w.args = (bn_w2a8_cuda_args){NULL,  n,       l.tiles, l.groups, 0.02f,    d_x, m,
+                                     l.k_padded, d_scale, d_sum, d_y,   n,  d_ws,  sm_count};
         w.split = bn_w2a8_cuda_gemv_split(l.tiles, l.groups, sm_count);
         c.x = d_xb;
         c.y = d_yb;
         c.m = m;
-        bool graph_w, graph_c;
-        const double w_us = time_calls(launch_w2a8, &w, s, o->launches, o->reps, &graph_w);
+        bool graph_c;
         const double c_us = time_calls(launch_cublas, &c, s, o->launches, o->reps, &graph_c);
 
         /* Bytes that must move: packed weights, int8 activations and their
          * scales/sums in, float outputs out. */
         const double bytes =
             (double)l.bytes + (double)(m * l.k_padded) + 8.0 * (double)m + 4.0 * (double)(m * n);
-        if (w_us > 0) {
-            const double gbs = bytes / (w_us * 1e-6) / 1e9;
-            printf("| %lldx%lld | %lld | %.1f | %.2f | %.0f | %.0f%% | %.2f | %.2fx | %.2f |%s\n",
-                   (long long)n, (long long)k, (long long)m, (double)l.bytes / 1048576.0, w_us,
-                   gbs, 100.0 * gbs / copy_gbs, c_us, c_us > 0 ? c_us / w_us : 0.0, quant_us,
-                   graph_w && graph_c ? "" : " (not graphed)");
-        } else {
-            printf("| %lldx%lld | %lld | W2A8 launch failed | | | | | | |\n", (long long)n,
-                   (long long)k, (long long)m);
+        const int n_variants = !o->variants ? 1
+                               : m == 1     ? BN_W2A8_GEMV_VARIANTS
+                                            : BN_W2A8_GEMM_VARIANTS;
+        for (int v = 0; v < n_variants; v++) {
+            w.variant = o->variants ? v : -1;
+            char kernel[32];
+            if (m == 1)
+                snprintf(kernel, sizeof kernel, "gemv v%d split %d",
+                         o->variants ? v : BN_W2A8_GEMV_DEFAULT_VARIANT, w.split);
+            else
+                snprintf(kernel, sizeof kernel, "gemm %s",
+                         (o->variants ? v : m <= BN_W2A8_SKINNY_MAX_M) ? "skinny" : "tiled");
+            bool graph_w;
+            const double w_us = time_calls(launch_w2a8, &w, s, o->launches, o->reps, &graph_w);
+            if (w_us > 0) {
+                const double gbs = bytes / (w_us * 1e-6) / 1e9;
+                printf("| %lldx%lld | %lld | %s | %.1f | %.2f | %.0f | %.0f%% | %.2f | %.2fx | "
+                       "%.2f |%s\n",
+                       (long long)n, (long long)k, (long long)m, kernel,
+                       (double)l.bytes / 1048576.0, w_us, gbs, 100.0 * gbs / copy_gbs, c_us,
+                       c_us > 0 ? c_us / w_us : 0.0, quant_us,
+                       graph_w && graph_c ? "" : " (not graphed)");
+            } else {
+                printf("| %lldx%lld | %lld | %s | launch failed | | | | | | |\n", (long long)n,
+                       (long long)k, (long long)m, kernel);
+            }
+            fflush(stdout);
         }
         cudaFree(d_x);
         cudaFree(d_xf);
         cudaFree(d_scale);
         cudaFree(d_sum);
         cudaFree(d_y);
+        cudaFree(d_ws);
         cudaFree(d_xb);
         cudaFree(d_yb);
     }
@@ -374,7 +402,10 @@ int bench_kernels_cuda(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
-        if (strcmp(a, "--device") == 0) {
+        if (strcmp(a, "--variants") == 0) {
+            o.variants = true;
+            continue;
+        } else if (strcmp(a, "--device") == 0) {
             /* handled by the caller */
         } else if (ok && strcmp(a, "--shapes") == 0) {
             ok = parse_shape_list(v, &o);
@@ -422,8 +453,8 @@ int bench_kernels_cuda(int argc, char **argv)
            "device-to-device copy: %.0f GB/s (read + write)\n\n",
            p.name, p.major, p.minor, p.multiProcessorCount, (double)p.l2CacheSize / 1048576.0,
            api->library, copy_gbs);
-    printf("| N x K | M | packed MB | W2A8 us | GB/s | %% of copy | cuBLAS BF16 us | speedup | "
-           "quantize us |\n|---|---|---|---|---|---|---|---|---|\n");
+    printf("| N x K | M | kernel | packed MB | W2A8 us | GB/s | %% of copy | cuBLAS BF16 us | "
+           "speedup | quantize us |\n|---|---|---|---|---|---|---|---|---|---|\n");
     fflush(stdout);
     int rc = BN_EXIT_OK;
     for (int si = 0; si < o.n_shapes; si++) {
@@ -432,7 +463,8 @@ int bench_kernels_cuda(int argc, char **argv)
             rc = BN_EXIT_FAILURE;
         fflush(stdout);
     }
-    printf("\nW2A8: GEMV kernel for M = 1, int8 tensor-core GEMM for M > 1; GB/s counts packed "
+    printf("\nW2A8: GEMV kernel for M = 1, int8 tensor-core GEMM for M > 1 (--variants: each "
+           "variant,\nsee w2a8_cuda.h); GB/s counts packed "
            "weights + int8\nactivations + float outputs once per call; speedup = cuBLAS time / "
            "W2A8 time; 'quantize' is\nthe activation quantization of the M rows (not included in "
            "W2A8 us). Weights rotated over\n>= %.0f MiB of copies; times per call from replayed "
