@@ -39,7 +39,7 @@ cudaError_t bn_w2a8_cuda_gemv(const bn_w2a8_cuda_args *a, int split, cudaStream_
  *   2: 4 in flight, activations staged in shared memory
  *   3: 8 in flight, activations through L1 */
 #define BN_W2A8_GEMV_VARIANTS 4
-#define BN_W2A8_GEMV_DEFAULT_VARIANT 1
+#define BN_W2A8_GEMV_DEFAULT_VARIANT 2
 cudaError_t bn_w2a8_cuda_gemv_variant(const bn_w2a8_cuda_args *a, int split, int variant,
                                       cudaStream_t stream);
 /* M >= 1 on int8 tensor cores (requires compute capability 8.0). */
@@ -50,7 +50,7 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * 16- or 32-row slices, K split over blocks when a workspace is given.
  * bn_w2a8_cuda_gemm uses 1 up to BN_W2A8_SKINNY_MAX_M rows. */
 #define BN_W2A8_GEMM_VARIANTS 2
-#define BN_W2A8_SKINNY_MAX_M 64
+#define BN_W2A8_SKINNY_MAX_M 32
 cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int variant,
                                       cudaStream_t stream);
 

@@ -410,12 +410,12 @@ __global__ void skinny_epilogue(const int32_t *__restrict__ ws, int64_t m, int64
 
 /* One block per row: absmax (NaN ignored), s = 127 / max(absmax, 1e-5),
  * round half to even, NaN -> 0, clamp, exact sum; zero padding to ldq. */
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(1024)
     quantize_kernel(const float *__restrict__ x, int64_t k, int64_t ldx, int8_t *__restrict__ q,
                     int64_t ldq, float *__restrict__ scale, int32_t *__restrict__ sum)
 {
-    __shared__ float red_f[8];
-    __shared__ int red_i[8];
+    __shared__ float red_f[32];
+    __shared__ int red_i[32];
     const float *row = x + blockIdx.x * ldx;
     int8_t *out = q + blockIdx.x * ldq;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -487,7 +487,11 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_variant(const bn_w2a8_cuda_args *a, int
 extern "C" cudaError_t bn_w2a8_cuda_gemv(const bn_w2a8_cuda_args *a, int split,
                                          cudaStream_t stream)
 {
-    return bn_w2a8_cuda_gemv_variant(a, split, BN_W2A8_GEMV_DEFAULT_VARIANT, stream);
+    /* Activations staged in shared memory measured fastest on every shape
+     * (docs/PERFORMANCE.md); rows longer than the shared memory a block can
+     * comfortably take read them through L1 instead. */
+    const bool fits = a->groups * kGroup <= 160 * 1024;
+    return bn_w2a8_cuda_gemv_variant(a, split, fits ? BN_W2A8_GEMV_DEFAULT_VARIANT : 1, stream);
 }
 
 static cudaError_t launch_tiled(const bn_w2a8_cuda_args *a, cudaStream_t stream)
@@ -560,6 +564,9 @@ extern "C" cudaError_t bn_cuda_quantize_rows(const float *x, int64_t m, int64_t 
 {
     if (m <= 0)
         return cudaSuccess;
-    quantize_kernel<<<(unsigned)m, 256, 0, stream>>>(x, k, ldx, q, ldq, scale, sum);
+    /* One block per row; few rows (decode) get wide blocks so one row is not
+     * walked by a handful of warps. */
+    const unsigned threads = m < 64 ? 1024 : 256;
+    quantize_kernel<<<(unsigned)m, threads, 0, stream>>>(x, k, ldx, q, ldq, scale, sum);
     return cudaGetLastError();
 }
