@@ -37,8 +37,9 @@ cudaError_t bn_w2a8_cuda_gemv(const bn_w2a8_cuda_args *a, int split, cudaStream_
  *   0: 2 chunk-groups in flight per warp, activations through L1
  *   1: 4 in flight, activations through L1
  *   2: 4 in flight, activations staged in shared memory
- *   3: 8 in flight, activations through L1 */
-#define BN_W2A8_GEMV_VARIANTS 4
+ *   3: 8 in flight, activations through L1
+ *   4: as 2, with 2-bit fields masked in place (one logic op per field) */
+#define BN_W2A8_GEMV_VARIANTS 5
 #define BN_W2A8_GEMV_DEFAULT_VARIANT 2
 cudaError_t bn_w2a8_cuda_gemv_variant(const bn_w2a8_cuda_args *a, int split, int variant,
                                       cudaStream_t stream);

@@ -68,11 +68,39 @@ __device__ __forceinline__ int entry_dot(uint4 w, const int8_t *x, int acc)
     return acc;
 }
 
+/* u8 x s8 dot of four byte pairs (PTX dp4a.u32.s32), for fields kept in
+ * place (values up to 192, so they must be unsigned). */
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c)
+{
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* As entry_dot, but each 2-bit field is masked in place instead of shifted
+ * down: field j then holds code * 4^j, accumulated separately and divided
+ * out at the end (exactly: every term is a multiple of 4^j). One logic op
+ * per field instead of two. */
+__device__ __forceinline__ void entry_dot_fields(uint4 w, const int8_t *x, int acc[4])
+{
+    const int4 *xv = reinterpret_cast<const int4 *>(x);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int4 a = xv[i];
+        const uint32_t wd = words[i];
+        acc[0] = dp4a_us(wd & 0x03030303u, a.x, acc[0]);
+        acc[1] = dp4a_us(wd & 0x0c0c0c0cu, a.y, acc[1]);
+        acc[2] = dp4a_us(wd & 0x30303030u, a.z, acc[2]);
+        acc[3] = dp4a_us(wd & 0xc0c0c0c0u, a.w, acc[3]);
+    }
+}
+
 /* One block: TILES tiles of 8 rows, WARPS warps per tile splitting K.
  * UNROLL chunk-groups are loaded before any is used (bytes in flight).
  * X_SMEM stages the activation row in shared memory (dynamic, k_padded
  * bytes) instead of reading it through L1. */
-template <int WARPS, int TILES, int UNROLL, bool X_SMEM>
+template <int WARPS, int TILES, int UNROLL, bool X_SMEM, bool FIELDS = false>
 __global__ void __launch_bounds__(32 * WARPS * TILES)
     gemv_kernel(const uint4 *__restrict__ w, const int8_t *__restrict__ x, int64_t n,
                 int64_t groups, int64_t tiles, const float *__restrict__ act_scale,
@@ -96,6 +124,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
     }
 
     int acc = 0;
+    int fields[4] = {0, 0, 0, 0};
     if (tile < tiles) {
         const int quarter = lane >> 3;
         const uint4 *blocks = w + tile * groups * (kBlockBytes / 16) + lane;
@@ -107,12 +136,24 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
             for (int u = 0; u < UNROLL; u++)
                 v[u] = load_stream(blocks + (g + u * WARPS) * (kBlockBytes / 16));
 #pragma unroll
-            for (int u = 0; u < UNROLL; u++)
-                acc = entry_dot(v[u], xq + (g + u * WARPS) * kGroup, acc);
+            for (int u = 0; u < UNROLL; u++) {
+                if (FIELDS)
+                    entry_dot_fields(v[u], xq + (g + u * WARPS) * kGroup, fields);
+                else
+                    acc = entry_dot(v[u], xq + (g + u * WARPS) * kGroup, acc);
+            }
         }
-        for (; g < groups; g += WARPS)
-            acc = entry_dot(load_stream(blocks + g * (kBlockBytes / 16)), xq + g * kGroup, acc);
+        for (; g < groups; g += WARPS) {
+            if (FIELDS)
+                entry_dot_fields(load_stream(blocks + g * (kBlockBytes / 16)), xq + g * kGroup,
+                                 fields);
+            else
+                acc = entry_dot(load_stream(blocks + g * (kBlockBytes / 16)), xq + g * kGroup,
+                                acc);
+        }
     }
+    if (FIELDS)
+        acc = fields[0] + (fields[1] >> 2) + (fields[2] >> 4) + (fields[3] >> 6);
     /* Lanes r, r+8, r+16, r+24 hold the four quarters of row r. */
     acc += __shfl_xor_sync(0xffffffffu, acc, 8);
     acc += __shfl_xor_sync(0xffffffffu, acc, 16);
@@ -132,12 +173,12 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
     }
 }
 
-template <int WARPS, int TILES, int UNROLL, bool X_SMEM>
+template <int WARPS, int TILES, int UNROLL, bool X_SMEM, bool FIELDS>
 cudaError_t launch_gemv(const bn_w2a8_cuda_args *a, cudaStream_t stream)
 {
     const int64_t blocks = (a->tiles + TILES - 1) / TILES;
     const size_t smem = X_SMEM ? (size_t)(a->groups * kGroup) : 0;
-    auto kernel = gemv_kernel<WARPS, TILES, UNROLL, X_SMEM>;
+    auto kernel = gemv_kernel<WARPS, TILES, UNROLL, X_SMEM, FIELDS>;
     if (X_SMEM && smem > 48 * 1024) {
         cudaError_t rc =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -150,14 +191,14 @@ cudaError_t launch_gemv(const bn_w2a8_cuda_args *a, cudaStream_t stream)
     return cudaGetLastError();
 }
 
-template <int UNROLL, bool X_SMEM>
+template <int UNROLL, bool X_SMEM, bool FIELDS = false>
 cudaError_t launch_gemv_split(const bn_w2a8_cuda_args *a, int split, cudaStream_t stream)
 {
     switch (split) {
-    case 1: return launch_gemv<1, 4, UNROLL, X_SMEM>(a, stream);
-    case 2: return launch_gemv<2, 2, UNROLL, X_SMEM>(a, stream);
-    case 4: return launch_gemv<4, 1, UNROLL, X_SMEM>(a, stream);
-    case 8: return launch_gemv<8, 1, UNROLL, X_SMEM>(a, stream);
+    case 1: return launch_gemv<1, 4, UNROLL, X_SMEM, FIELDS>(a, stream);
+    case 2: return launch_gemv<2, 2, UNROLL, X_SMEM, FIELDS>(a, stream);
+    case 4: return launch_gemv<4, 1, UNROLL, X_SMEM, FIELDS>(a, stream);
+    case 8: return launch_gemv<8, 1, UNROLL, X_SMEM, FIELDS>(a, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -480,6 +521,7 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_variant(const bn_w2a8_cuda_args *a, int
     case 1: return launch_gemv_split<4, false>(a, split, stream);
     case 2: return launch_gemv_split<4, true>(a, split, stream);
     case 3: return launch_gemv_split<8, false>(a, split, stream);
+    case 4: return launch_gemv_split<4, true, true>(a, split, stream);
     default: return cudaErrorInvalidValue;
     }
 }
