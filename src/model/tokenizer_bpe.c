@@ -1,0 +1,219 @@
+/*
+ * tokenizer_bpe.c - byte-level BPE encoding (GPT-2 / LLaMA-3).
+ *
+ * 1. Pre-tokenization: the regex splits the text into pieces; text between
+ *    matches (none with LLaMA-3's regex, which matches everything) becomes
+ *    a piece of its own, as Hugging Face's Split with "Isolated" does.
+ * 2. Each piece is read as bytes; byte b starts as the token of GPT-2's
+ *    character for b.
+ * 3. ignore_merges: a piece whose whole byte-level text is a token is that
+ *    token (llama-bpe; Meta's tiktoken encoder behaves the same way).
+ * 4. Otherwise adjacent symbols merge, lowest merge rank first and the
+ *    leftmost pair among equal ranks, until no adjacent pair has a merge.
+ *    A min-heap of candidate pairs keeps this O(n log n) in the piece
+ *    length; entries made stale by earlier merges are skipped when popped.
+ */
+#include "tokenizer_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef PCRE2_CODE_UNIT_WIDTH
+#define PCRE2_CODE_UNIT_WIDTH 8 /* CMake sets it too */
+#endif
+#include <pcre2.h>
+
+/* Split regexes, verified against Llama 3's tokenizer.json and llama.cpp's
+ * llama-vocab.cpp. llama.cpp spells the contractions as '[sS]|'[tT]|...
+ * because its own regex engine lacks (?i:); the two differ only where
+ * Unicode case folding makes 's' match U+017F (long s): Hugging Face and
+ * tiktoken split "'ſt" as "'ſ" + "t", as this form does under PCRE2. */
+const char bn_tok_llama3_regex[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+const char bn_tok_gpt2_regex[] =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+/* A candidate merge: the pair starting at symbol pos. */
+typedef struct pair {
+    int32_t rank;
+    int32_t pos;
+    int32_t left, right; /* the ids it was found for, to spot stale entries */
+    int32_t result;
+} pair;
+
+static bool pair_before(const pair *a, const pair *b)
+{
+    return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
+}
+
+static bool heap_push(bn_tok_scratch *s, pair p)
+{
+    pair *h = bn_tok_grow(s->heap, &s->heap_cap, s->heap_n + 1, sizeof *h);
+    if (!h)
+        return false;
+    s->heap = h;
+    size_t i = s->heap_n++;
+    while (i > 0 && pair_before(&p, &h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = p;
+    return true;
+}
+
+static pair heap_pop(bn_tok_scratch *s)
+{
+    pair *h = s->heap;
+    pair top = h[0], last = h[--s->heap_n];
+    size_t i = 0, n = s->heap_n;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && pair_before(&h[c + 1], &h[c]))
+            c++;
+        if (!pair_before(&h[c], &last))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (n > 0)
+        h[i] = last;
+    return top;
+}
+
+/* Queues the pair (pos, its next symbol) if the two have a merge. */
+static bool push_pair(const bn_tokenizer *t, bn_tok_scratch *s, int32_t pos)
+{
+    if (pos < 0 || s->sym[pos].next < 0)
+        return true;
+    int32_t l = s->sym[pos].id, r = s->sym[s->sym[pos].next].id;
+    const bn_tok_merge *m = bn_tok_merge_find(t, l, r);
+    if (!m)
+        return true;
+    return heap_push(s, (pair){m->rank, pos, l, r, m->result});
+}
+
+/* Runs the merges over the symbols s->sym[0..n). */
+static bool merge_symbols(const bn_tokenizer *t, bn_tok_scratch *s, int32_t n)
+{
+    s->heap_n = 0;
+    for (int32_t i = 0; i + 1 < n; i++)
+        if (!push_pair(t, s, i))
+            return false;
+    while (s->heap_n > 0) {
+        pair p = heap_pop(s);
+        bn_tok_sym *a = &s->sym[p.pos];
+        if (a->id < 0 || a->next < 0)
+            continue;
+        bn_tok_sym *b = &s->sym[a->next];
+        if (a->id != p.left || b->id != p.right)
+            continue; /* one side merged since this pair was queued */
+        a->id = p.result;
+        b->id = -1;
+        a->next = b->next;
+        if (b->next >= 0)
+            s->sym[b->next].prev = p.pos;
+        if (!push_pair(t, s, a->prev) || !push_pair(t, s, p.pos))
+            return false;
+    }
+    return true;
+}
+
+static bn_status oom(bn_error *err)
+{
+    return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "out of memory while tokenizing");
+}
+
+/* Encodes one pre-token. */
+static bn_status encode_piece(const bn_tokenizer *t, bn_tok_scratch *s, const unsigned char *p,
+                              size_t len, bn_tok_vec *out, bn_error *err)
+{
+    if (t->ignore_merges) {
+        /* The piece's byte-level text: at most 2 bytes per byte. */
+        char *buf = bn_tok_grow(s->buf, &s->buf_cap, 2 * len, 1);
+        if (!buf)
+            return oom(err);
+        s->buf = buf;
+        size_t n = 0;
+        bool complete = true;
+        for (size_t i = 0; i < len && complete; i++) {
+            int32_t id = t->byte_token[p[i]];
+            size_t k = 0;
+            const char *c = id >= 0 ? bn_tok_text(t, id, &k) : NULL;
+            complete = c != NULL; /* a byte without a token: merges decide */
+            if (complete) {
+                memcpy(s->buf + n, c, k);
+                n += k;
+            }
+        }
+        int32_t whole = complete ? bn_tok_lookup(t, s->buf, n) : -1;
+        if (whole >= 0) {
+            bool ok = bn_tok_vec_push(out, whole);
+            return ok ? BN_OK : oom(err);
+        }
+    }
+    bn_tok_sym *sym = bn_tok_grow(s->sym, &s->sym_cap, len, sizeof *sym);
+    if (!sym)
+        return oom(err);
+    s->sym = sym;
+    int32_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        int32_t id = t->byte_token[p[i]];
+        if (id < 0)
+            continue; /* like Hugging Face without an unknown token: dropped */
+        s->sym[n] = (bn_tok_sym){id, n - 1, n + 1, 0, 0};
+        n++;
+    }
+    if (n == 0)
+        return BN_OK;
+    s->sym[n - 1].next = -1;
+    if (n > 1 && !merge_symbols(t, s, n))
+        return oom(err);
+    for (int32_t i = 0; i >= 0; i = s->sym[i].next)
+        if (!bn_tok_vec_push(out, s->sym[i].id))
+            return oom(err);
+    return BN_OK;
+}
+
+bn_status bn_bpe_encode(const bn_tokenizer *t, bn_tok_scratch *s, const char *text, size_t len,
+                        bn_tok_vec *out, bn_error *err)
+{
+    const pcre2_code *re = t->regex;
+    pcre2_match_data *md = s->match;
+    const unsigned char *u = (const unsigned char *)text;
+    size_t done = 0, at = 0; /* emitted up to done; search from at */
+    uint32_t opts = 0;
+    bn_status st = BN_OK;
+    while (at < len && st == BN_OK) {
+        int rc = pcre2_match(re, u, len, at, opts, md, NULL);
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !(opts & PCRE2_NO_JIT)) {
+            opts |= PCRE2_NO_JIT; /* the interpreter has no such limit */
+            continue;
+        }
+        if (rc == PCRE2_ERROR_NOMATCH)
+            break;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[128];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return bn_error_set(err, BN_ERR_INTERNAL, NULL, "pre-tokenizer regex failed: %s",
+                                (const char *)msg);
+        }
+        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        size_t a = ov[0], b = ov[1];
+        if (b == a) { /* an empty match: move on by one character */
+            at = a + bn_utf8_len(u[a]);
+            continue;
+        }
+        if (a > done)
+            st = encode_piece(t, s, u + done, a - done, out, err);
+        if (st == BN_OK)
+            st = encode_piece(t, s, u + a, b - a, out, err);
+        done = at = b;
+    }
+    if (st == BN_OK && done < len)
+        st = encode_piece(t, s, u + done, len - done, out, err);
+    return st;
+}
