@@ -84,6 +84,9 @@ static void test_hf_vector(void)
         }
     /* Row 0 col 0: rows 0,2,4,6 -> values -1,+1,0,-1 -> codes 0,2,1,0 */
     CHECK(expected[0] == (0 | 2 << 2 | 1 << 4 | 0 << 6));
+    size_t hf_bytes = 0;
+    CHECK(bn_qtype_tensor_size(BN_QTYPE_HF_PACKED, 8, 3, &hf_bytes, NULL) == BN_OK &&
+          hf_bytes == 6);
     uint8_t got[6];
     memset(got, 0xee, sizeof got);
     CHECK(bn_pack_hf_packed(codes, 1.0f, 8, 3, got, NULL) == BN_OK);

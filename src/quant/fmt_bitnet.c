@@ -147,6 +147,11 @@ bool bn_hf_packed_shape_ok(int64_t rows, int64_t cols, bn_error *err)
     return true;
 }
 
+size_t bn_hf_packed_tensor_bytes(int64_t rows, int64_t cols)
+{
+    return (size_t)(rows / 4 * cols);
+}
+
 bn_status bn_unpack_hf_packed(const void *src, size_t src_bytes, int64_t rows, int64_t cols,
                               int8_t *codes, float *scale, bn_error *err)
 {

@@ -16,6 +16,7 @@ bn_status bn_pack_i2s(const int8_t *codes, float scale, int64_t rows, int64_t co
 /* The HF tensor holds no scale (weight_scale is a separate tensor): unpack
  * returns scale 1 and pack ignores it. */
 bool bn_hf_packed_shape_ok(int64_t rows, int64_t cols, bn_error *err);
+size_t bn_hf_packed_tensor_bytes(int64_t rows, int64_t cols); /* rows/4 x cols */
 bn_status bn_unpack_hf_packed(const void *src, size_t src_bytes, int64_t rows, int64_t cols,
                               int8_t *codes, float *scale, bn_error *err);
 bn_status bn_pack_hf_packed(const int8_t *codes, float scale, int64_t rows, int64_t cols,

@@ -33,7 +33,7 @@ static const bn_qtype_info infos[] = {
     {BN_QTYPE_TL2, "tl2", 1, 1, true, NULL, NULL, bn_unpack_tl2, bn_pack_tl2, bn_tl2_tensor_bytes,
      bn_tl2_shape_ok},
     {BN_QTYPE_HF_PACKED, "hf_packed", 1, 1, true, NULL, NULL, bn_unpack_hf_packed,
-     bn_pack_hf_packed, NULL, bn_hf_packed_shape_ok},
+     bn_pack_hf_packed, bn_hf_packed_tensor_bytes, bn_hf_packed_shape_ok},
     {BN_QTYPE_BITNET32_F16, "bitnet32_f16", 32, 10, true, bn_dequantize_row_bitnet32,
      bn_quantize_row_bitnet32, bn_unpack_bitnet32, bn_pack_bitnet32, NULL, NULL},
 };

@@ -1,0 +1,81 @@
+/*
+ * cpu_backend.h - the Level-2 CPU backend: a whole BitNet b1.58 forward pass
+ * (FORMATS.md section 1) on the CPU, through the Level-1 kernel provider the
+ * kernel manager selects.
+ *
+ * create() unpacks every projection of the model once, repacks it for the
+ * provider (the codes are freed right after), allocates the float32 KV cache
+ * and the scratch buffers. forward() then runs tokens at positions
+ * pos, pos+1, ... and writes logits:
+ *
+ *   x = embedding(token)
+ *   per layer:  n1 = attn_norm(x)        -> int8 once, shared by q, k, v
+ *                                           (absmax per token, exact codes)
+ *               q, k, v = W2A8 products; RoPE (rotate-half) on q and k
+ *               a = causal GQA attention over the KV cache (fp32 softmax)
+ *               x += Wo(int8(attn_sub_norm(a)))
+ *               n2 = ffn_norm(x)         -> int8 once, shared by gate, up
+ *               h = relu(gate)^2 * up    (fp32)
+ *               x += Wdown(int8(ffn_sub_norm(h)))
+ *   logits = lm_head(output_norm(x))
+ *
+ * Prefill runs whole chunks of tokens through each matmul (M = tokens in the
+ * chunk); decode is M = 1. Every output element is computed by one thread in
+ * a fixed order, so logits are bit-identical for any thread count, and a
+ * prefill of n tokens equals n single-token steps bit for bit.
+ */
+#ifndef BN_CPU_BACKEND_H
+#define BN_CPU_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bitnet.h"
+#include "model.h"
+
+typedef struct bn_cpu_backend bn_cpu_backend;
+
+/* Which logits forward() writes. */
+typedef enum bn_logits_mode {
+    BN_LOGITS_LAST, /* vocab floats: the last token's                     */
+    BN_LOGITS_ALL   /* n_tokens * vocab floats: every token's, in order   */
+} bn_logits_mode;
+
+/* Memory the backend owns, in bytes. */
+typedef struct bn_cpu_memory {
+    uint64_t weights;   /* projections in the provider's layout           */
+    uint64_t kv_cache;  /* keys and values, float32                        */
+    uint64_t scratch;   /* activations for one chunk, per-thread buffers   */
+    uint64_t total;
+    uint64_t model_mapped; /* the model's own tensors (mapped or owned),  */
+                           /* read in place: embeddings and LM head       */
+} bn_cpu_memory;
+
+/* kv_len: positions the KV cache holds (0 = the model's training context;
+ * more than that is BN_ERR_INVALID_ARGUMENT). n_threads: 0 = BITNET_NUM_THREADS
+ * or all cores. The model must outlive the backend (embeddings, the LM head
+ * and norms are read from it). */
+bn_status bn_cpu_backend_create(const bn_model *model, int64_t kv_len, int n_threads,
+                                bn_cpu_backend **out, bn_error *err);
+void bn_cpu_backend_free(bn_cpu_backend *b);
+
+/* Runs n_tokens tokens at positions pos .. pos + n_tokens - 1 and writes
+ * logits per `mode`. Positions before pos must have been computed (pos may
+ * go back to rewind); pos + n_tokens beyond kv_len is BN_ERR_INVALID_ARGUMENT
+ * with nothing computed. */
+bn_status bn_cpu_backend_forward(bn_cpu_backend *b, const int32_t *tokens, int64_t n_tokens,
+                                 int64_t pos, bn_logits_mode mode, float *logits, bn_error *err);
+
+/* Positions the KV cache holds, and how many are filled. */
+int64_t bn_cpu_backend_kv_len(const bn_cpu_backend *b);
+int64_t bn_cpu_backend_kv_filled(const bn_cpu_backend *b);
+/* Forget the cached positions (a new conversation). */
+void bn_cpu_backend_reset(bn_cpu_backend *b);
+
+void bn_cpu_backend_memory(const bn_cpu_backend *b, bn_cpu_memory *out);
+/* Name of the kernel provider computing ("avx2", ...). */
+const char *bn_cpu_backend_kernel_name(const bn_cpu_backend *b);
+int bn_cpu_backend_threads(const bn_cpu_backend *b);
+
+#endif
