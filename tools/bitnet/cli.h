@@ -23,8 +23,20 @@ int cli_fail(const bn_error *err);
 /* Exit code for a status. */
 int cli_exit_code(bn_status status);
 
+/* Option values. Each prints "bitnet CMD: error: ..." itself and returns
+ * NULL / false on a missing or malformed value (exit code 2). */
+const char *cli_value(int argc, char **argv, int *i, const char *cmd);
+bool cli_parse_i64(const char *cmd, const char *opt, const char *text, long long lo, long long hi,
+                   long long *out);
+bool cli_parse_u64(const char *cmd, const char *opt, const char *text, uint64_t *out);
+bool cli_parse_float(const char *cmd, const char *opt, const char *text, double lo, double hi,
+                     float *out);
+
 /* Subcommands: argv[0] is the subcommand's name. */
 int cmd_devices(int argc, char **argv, const bn_config *cfg);
 int cmd_bench(int argc, char **argv, const bn_config *cfg);
+int cmd_run(int argc, char **argv, const bn_config *cfg);
+int cmd_inspect(int argc, char **argv, const bn_config *cfg);
+int cmd_convert(int argc, char **argv, const bn_config *cfg);
 
 #endif

@@ -5,6 +5,7 @@
 #include "cli.h"
 
 int bench_kernels(int argc, char **argv);
+int bench_e2e(int argc, char **argv, const bn_config *cfg);
 
 static void usage(FILE *out)
 {
@@ -13,19 +14,22 @@ static void usage(FILE *out)
                  "benchmarks:\n"
                  "  kernels   W2A8 CPU kernels of every provider on the 2B-4T shapes, with the\n"
                  "            machine's streaming-read bandwidth and an F32 matvec as ceilings\n"
+                 "  e2e       a whole model of the 2B-4T shape (random ternary weights, no file):\n"
+                 "            prefill and decode tokens/s, memory\n"
                  "\n"
                  "'bitnet bench <benchmark> --help' lists its options.\n");
 }
 
 int cmd_bench(int argc, char **argv, const bn_config *cfg)
 {
-    (void)cfg;
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? BN_EXIT_USAGE : BN_EXIT_OK;
     }
     if (strcmp(argv[1], "kernels") == 0)
         return bench_kernels(argc - 1, argv + 1);
+    if (strcmp(argv[1], "e2e") == 0)
+        return bench_e2e(argc - 1, argv + 1, cfg);
     fprintf(stderr, "bitnet bench: error: unknown benchmark '%s'\n", argv[1]);
     usage(stderr);
     return BN_EXIT_USAGE;

@@ -1,6 +1,9 @@
 /* bitnet - command-line entry point: global options, environment
  * configuration, and dispatch to one subcommand per file. */
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -11,7 +14,11 @@ static const struct command {
     int (*run)(int argc, char **argv, const bn_config *cfg);
 } commands[] = {
     {"devices", "show GPU backends, CUDA devices, CPU features and memory", cmd_devices},
-    {"bench", "benchmarks: kernel throughput against this machine's ceilings", cmd_bench},
+    {"run", "generate text from a prompt with a model file or directory", cmd_run},
+    {"inspect", "show a GGUF file's or Hugging Face directory's metadata and tensors", cmd_inspect},
+    {"convert", "convert a Hugging Face BitNet directory to GGUF (i2_s, tq2_0, tq1_0, f16)",
+     cmd_convert},
+    {"bench", "benchmarks: kernels against this machine's ceilings, end-to-end tok/s", cmd_bench},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
@@ -64,6 +71,62 @@ int cli_fail(const bn_error *err)
     if (err->hint[0])
         fprintf(stderr, "bitnet: hint: %s\n", err->hint);
     return cli_exit_code(err->status);
+}
+
+/* ---- option values shared by the subcommands ------------------------------ */
+
+const char *cli_value(int argc, char **argv, int *i, const char *cmd)
+{
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "bitnet %s: error: %s needs a value\n", cmd, argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+bool cli_parse_i64(const char *cmd, const char *opt, const char *text, long long lo, long long hi,
+                   long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (end == text || *end || errno == ERANGE || v < lo || v > hi) {
+        fprintf(stderr, "bitnet %s: error: %s must be an integer from %lld to %lld, not '%s'\n",
+                cmd, opt, lo, hi, text);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_parse_u64(const char *cmd, const char *opt, const char *text, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    /* strtoull accepts "-1" as a huge number: refuse signs outright. */
+    if (end == text || *end || errno == ERANGE || text[0] == '-' || text[0] == '+') {
+        fprintf(stderr, "bitnet %s: error: %s must be an integer from 0 to 2^64-1, not '%s'\n",
+                cmd, opt, text);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_parse_float(const char *cmd, const char *opt, const char *text, double lo, double hi,
+                     float *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (end == text || *end || errno == ERANGE || !isfinite(v) || v < lo || v > hi) {
+        fprintf(stderr, "bitnet %s: error: %s must be a number from %g to %g, not '%s'\n", cmd,
+                opt, lo, hi, text);
+        return false;
+    }
+    *out = (float)v;
+    return true;
 }
 
 int main(int argc, char **argv)

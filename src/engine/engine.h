@@ -1,0 +1,154 @@
+/*
+ * engine.h - what the CLI (and later the server) drives: open a model on a
+ * backend chosen from the request, generate text token by token, and
+ * describe the run in a receipt.
+ *
+ * Backend selection (DESIGN.md, "Engine"). The request comes from the
+ * caller's flag, else BITNET_DEVICE, else "auto":
+ *
+ *   cpu             the CPU backend
+ *   auto            a GPU backend when one is built and a real GPU is
+ *                   usable, else the CPU. Today only the CPU backend exists:
+ *                   with a usable CUDA GPU the engine says so at info level
+ *                   and uses the CPU. This is not a failure, so
+ *                   BITNET_STRICT_MODE=1 does not turn it into one.
+ *   gpu, cuda[:N]   BN_ERR_UNSUPPORTED until the CUDA backend exists.
+ *
+ * Fake GPUs (BITNET_GPU_FAKE) are never used to compute and never appear in
+ * the "detected" list. The selection is summarised in one startup line,
+ *
+ *   requested=auto detected=[cuda,avx512,scalar] selected=cpu (avx512, 2 threads)
+ *
+ * where detected lists the GPU backends that are really usable followed by
+ * the CPU kernel providers this CPU can run, best first. The library never
+ * prints it: callers print bn_engine_startup_line() where they want it.
+ *
+ * Generation: tokenize (optionally in the 2B-4T chat format), run the whole
+ * prompt as one prefill batch, then one token per step with the sampler
+ * until n_predict tokens or an end-of-generation token. Text is streamed
+ * through a callback in whole UTF-8 characters.
+ */
+#ifndef BN_ENGINE_H
+#define BN_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "bitnet.h"
+#include "model.h"
+#include "sampler.h"
+
+typedef struct bn_engine bn_engine;
+
+typedef struct bn_engine_options {
+    /* A GGUF file or Hugging Face directory; ignored when random_shape is
+     * set. */
+    const char *model_path;
+    /* Instead of a file: a model of this shape with random ternary weights
+     * (bn_model_create_random with random_seed), for benchmarks. It is
+     * built after the backend is chosen, so a device error costs nothing. */
+    const bn_hparams *random_shape;
+    uint64_t random_seed;
+    /* "auto", "cpu", "gpu", "cuda", "cuda:N"; NULL = cfg->device. */
+    const char *device;
+    /* CPU threads; 0 = BITNET_NUM_THREADS, else every core. */
+    int n_threads;
+    /* KV cache positions; 0 = the model's training context. */
+    int64_t n_ctx;
+} bn_engine_options;
+
+/* Chooses the backend, loads the model and builds the backend. cfg carries
+ * BITNET_DEVICE, BITNET_NUM_THREADS, fake-GPU and strict settings (NULL =
+ * read the environment). Device errors come before the model is read. */
+bn_status bn_engine_open(const bn_config *cfg, const bn_engine_options *opt, bn_engine **out,
+                         bn_error *err);
+void bn_engine_free(bn_engine *e);
+
+const bn_model *bn_engine_model(const bn_engine *e);
+/* The startup line (no newline). */
+const char *bn_engine_startup_line(const bn_engine *e);
+/* Positions of the KV cache. */
+int64_t bn_engine_n_ctx(const bn_engine *e);
+
+/* Receives generated text in whole UTF-8 characters (not NUL-terminated). */
+typedef void (*bn_engine_text_fn)(void *ctx, const char *text, size_t len);
+
+typedef struct bn_generate_request {
+    const char *prompt;    /* the text; with chat, the user's message      */
+    bool chat;             /* wrap in the BitNet b1.58 2B-4T chat format    */
+    const char *system;    /* chat system message; NULL or "" = none       */
+    /* Token ids to use instead of prompt (nothing is added to them). */
+    const int32_t *prompt_tokens;
+    size_t n_prompt_tokens;
+    int n_predict;         /* tokens to generate at most (>= 1)            */
+    bool ignore_eog;       /* keep going past end-of-generation (benchmarks) */
+    bn_sampler_params sampling;
+    bn_engine_text_fn on_text; /* may be NULL */
+    void *ctx;
+    /* When not NULL: vocab floats, the logits after the prompt (before any
+     * sampling changes them). */
+    float *prompt_logits;
+} bn_generate_request;
+
+typedef struct bn_generation {
+    int32_t *prompt_tokens;  /* malloc'ed                                   */
+    size_t n_prompt;
+    int32_t *tokens;         /* generated ids (malloc'ed), EOG not included */
+    size_t n_tokens;
+    char *text;              /* generated text, NUL-terminated (malloc'ed)  */
+    size_t text_len;
+    bool stopped_at_eog;     /* else stopped at n_predict                   */
+    int32_t eog_token;       /* the EOG token when stopped_at_eog, else -1  */
+    double prompt_seconds;   /* prefill forward pass                        */
+    double gen_seconds;      /* from the end of prefill to the last token   */
+    int64_t decode_steps;    /* single-token forward passes run             */
+    double decode_seconds;   /* time inside those forward passes            */
+} bn_generation;
+
+/* Runs one request from position 0 (the KV cache is reset first). On
+ * failure *g is left empty. A request whose prompt plus n_predict does not
+ * fit the context is BN_ERR_INVALID_ARGUMENT before any forward pass. */
+bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_generation *g,
+                             bn_error *err);
+void bn_generation_free(bn_generation *g);
+
+/* The sampling seed for a run: the caller's when given, else BITNET_SEED,
+ * else BN_ENGINE_DETERMINISTIC_SEED under BITNET_DETERMINISTIC=1, else a
+ * fresh random one. *fixed says whether it was fixed (not random). */
+#define BN_ENGINE_DETERMINISTIC_SEED 0u
+uint64_t bn_engine_choose_seed(const bn_config *cfg, bool have_seed, uint64_t seed, bool *fixed);
+
+/* What the receipt records about a run beyond the engine's own state. */
+typedef struct bn_receipt_info {
+    const char *command;           /* e.g. "run"                          */
+    const bn_generate_request *req;
+    const bn_generation *gen;
+    bool seed_fixed;
+} bn_receipt_info;
+
+/* Writes the JSON receipt of a run (fields: docs/CLI.md). */
+bn_status bn_engine_write_receipt(const bn_engine *e, const bn_receipt_info *info, FILE *out,
+                                  bn_error *err);
+
+/* ---- what the receipt and reports read ------------------------------------ */
+
+typedef struct bn_engine_info {
+    const char *model_path;     /* "" for in-memory models                 */
+    const char *requested;      /* "auto", "cuda:1", ...                    */
+    const char *requested_from; /* "flag", "BITNET_DEVICE" or "default"    */
+    const char *detected;       /* "cuda,avx512,scalar"                     */
+    const char *selected;       /* "cpu"                                    */
+    const char *kernel;         /* CPU kernel provider, e.g. "avx512"       */
+    const char *fallback;       /* why auto did not take a GPU; "" if none  */
+    int threads;
+    int64_t n_ctx;
+    double load_seconds;        /* model load + backend build              */
+    uint64_t model_weight_bytes;
+    uint64_t backend_weight_bytes, backend_kv_bytes, backend_scratch_bytes, backend_total_bytes;
+} bn_engine_info;
+
+void bn_engine_get_info(const bn_engine *e, bn_engine_info *info);
+
+#endif

@@ -1,0 +1,455 @@
+#!/usr/bin/env bash
+# The model commands as a user meets them, on the committed fixtures
+# (tests/data/models, written by scripts/gen_model_fixtures.py with the
+# reference outputs of Hugging Face transformers):
+#   - run: greedy decoding reproduces transformers' greedy tokens for every
+#     file flavour, the logits after the prompt match transformers', the
+#     receipt is valid JSON with the documented fields, the startup line,
+#     streaming text, chat, seeds, context overflow, device requests;
+#   - inspect on GGUF files, HF directories and a GGUF bitnet cannot run;
+#   - convert of both HF fixtures to every --type, then run on the result
+#     gives the HF source's greedy tokens and logits;
+#   - bad arguments and missing files give the documented exit codes;
+#   - bench e2e --shape tiny runs.
+# usage: test_cli_model.sh /path/to/bitnet /path/to/tests/data
+set -u
+BITNET=${1:?usage: test_cli_model.sh BITNET DATA}
+DATA=${2:?usage: test_cli_model.sh BITNET DATA}
+M=$DATA/models
+fails=0
+checks=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+if ! command -v python3 >/dev/null; then
+    echo "FAIL: python3 is needed to read receipts and reference files"
+    exit 1
+fi
+for f in expect_packed.txt expect_bf16.txt hf_packed hf_bf16 i2s.gguf tq2_0.gguf tq1_0.gguf; do
+    if [ ! -e "$M/$f" ]; then
+        echo "FAIL: fixture $M/$f is missing (scripts/gen_model_fixtures.py writes it)"
+        exit 1
+    fi
+done
+
+# Run with a clean BITNET_* environment plus the given assignments.
+run() {
+    env $(env | sed -n 's/^\(BITNET_[A-Z_]*\)=.*/-u \1/p') "$@" >"$tmp/out" 2>"$tmp/err"
+    echo $? >"$tmp/rc"
+}
+rc() { cat "$tmp/rc"; }
+fail() {
+    echo "FAIL: $1"
+    fails=$((fails + 1))
+}
+expect_rc() {
+    checks=$((checks + 1))
+    if [ "$(rc)" != "$1" ]; then
+        fail "$2: exit code $(rc), expected $1"
+        sed 's/^/  err: /' "$tmp/err" | head -20
+    fi
+}
+expect_in() { # file pattern what
+    checks=$((checks + 1))
+    if ! grep -qE -- "$2" "$tmp/$1"; then
+        fail "$3: '$2' not in $1"
+        sed 's/^/  /' "$tmp/$1" | head -30
+    fi
+}
+expect_not_in() {
+    checks=$((checks + 1))
+    if grep -qE -- "$2" "$tmp/$1"; then
+        fail "$3: '$2' found in $1"
+        sed 's/^/  /' "$tmp/$1" | head -30
+    fi
+}
+# expect_py WHAT SCRIPT ARGS...: a Python check that prints a reason and
+# exits non-zero on failure.
+expect_py() {
+    local what=$1
+    shift
+    checks=$((checks + 1))
+    if ! python3 - "$@" >"$tmp/py" 2>&1; then
+        fail "$what"
+        sed 's/^/  /' "$tmp/py" | head -20
+    fi
+}
+
+# ---- the reference ------------------------------------------------------------
+# "prompt N id..." and "greedy N id..." lines of an expect file.
+ids_of() { # file key -> comma-separated ids
+    awk -v k="$2" '$1 == k { s = $3; for (i = 4; i <= NF; i++) s = s "," $i; print s }' "$1"
+}
+PACKED_PROMPT=$(ids_of "$M/expect_packed.txt" prompt)
+PACKED_GREEDY=$(ids_of "$M/expect_packed.txt" greedy)
+BF16_PROMPT=$(ids_of "$M/expect_bf16.txt" prompt)
+BF16_GREEDY=$(ids_of "$M/expect_bf16.txt" greedy)
+N_GREEDY=$(awk '$1 == "greedy" { print $2 }' "$M/expect_packed.txt")
+N_GREEDY_BF16=$(awk '$1 == "greedy" { print $2 }' "$M/expect_bf16.txt")
+
+# Greedy tokens of a run (from its receipt) must equal the reference.
+check_greedy() { # model prompt-ids expected-ids n what
+    run "$BITNET" run -m "$1" --prompt-ids "$2" -n "$4" --temp 0 --receipt "$tmp/r.json" \
+        --dump-logits "$tmp/logits.txt"
+    expect_rc 0 "$5: run"
+    expect_py "$5: greedy tokens equal the transformers reference" "$tmp/r.json" "$3" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+got = r["generation"]["token_ids"]
+want = [int(x) for x in sys.argv[2].split(",")]
+if got != want:
+    print("got  ", got); print("want ", want); sys.exit(1)
+EOF
+}
+
+# The logits after the prompt (--dump-logits) against the last prompt row of
+# transformers' logits, within tol x max|logit|.
+check_logits() { # expect-file tol what
+    expect_py "$3: logits after the prompt match the reference" "$1" "$tmp/logits.txt" "$2" <<'EOF'
+import sys
+lines = open(sys.argv[1]).read().split("\n")
+i = next(k for k, l in enumerate(lines) if l.startswith("logits "))
+rows = int(lines[i].split()[1])
+ref = [float(x) for x in lines[i + rows].split()]
+got = [float(x) for x in open(sys.argv[2])]
+if len(got) != len(ref):
+    print("got", len(got), "logits, want", len(ref)); sys.exit(1)
+scale = max(abs(x) for x in ref)
+d = max(abs(a - b) for a, b in zip(ref, got))
+if d > float(sys.argv[3]) * scale:
+    print("max |difference| %g > %g x max|logit| %g" % (d, float(sys.argv[3]), scale)); sys.exit(1)
+EOF
+}
+
+# ---- run: every fixture flavour reproduces transformers --------------------------
+for f in hf_packed i2s.gguf tq2_0.gguf tq1_0.gguf; do
+    check_greedy "$M/$f" "$PACKED_PROMPT" "$PACKED_GREEDY" "$N_GREEDY" "$f"
+    check_logits "$M/expect_packed.txt" 1e-4 "$f"
+done
+check_greedy "$M/hf_bf16" "$BF16_PROMPT" "$BF16_GREEDY" "$N_GREEDY_BF16" "hf_bf16"
+check_logits "$M/expect_bf16.txt" 1e-4 "hf_bf16"
+
+# ---- run: the startup line, streaming text, the receipt --------------------------
+run "$BITNET" run -m "$M/i2s.gguf" --prompt-ids "$PACKED_PROMPT" -n "$N_GREEDY" --temp 0 \
+    --receipt "$tmp/r.json"
+expect_rc 0 "run with a receipt"
+expect_in err "^requested=auto detected=\[[a-z0-9,]*scalar\] selected=cpu \([a-z0-9]+, [0-9]+ threads?\)$" \
+    "one startup line on stderr"
+checks=$((checks + 1))
+[ "$(grep -c '^requested=' "$tmp/err")" = 1 ] || fail "exactly one startup line"
+expect_in err "^prompt +[0-9]+ tokens in .* tok/s" "prompt timing on stderr"
+expect_in err "^generation +[0-9]+ tokens in .* tok/s" "generation timing on stderr"
+expect_not_in out "requested=|tok/s" "stdout holds only the generated text"
+checks=$((checks + 1))
+python3 -m json.tool "$tmp/r.json" >/dev/null 2>&1 || fail "the receipt is not valid JSON"
+expect_py "receipt fields" "$tmp/r.json" "$tmp/out" "$M/i2s.gguf" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+need = {
+    "": ["bitnet_version", "command", "compute_path", "startup_line", "model", "backend",
+         "prompt", "generation", "sampling", "timings", "memory"],
+    "model": ["path", "architecture", "flavour", "projection_type", "hparams"],
+    "model.hparams": ["vocab", "dim", "ffn", "n_layer", "n_head", "n_head_kv", "n_ctx_train"],
+    "backend": ["requested", "requested_from", "detected", "selected", "kernel_provider",
+                "threads", "n_ctx"],
+    "prompt": ["tokens", "token_ids"],
+    "generation": ["tokens", "token_ids", "text", "stop_reason"],
+    "sampling": ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "greedy"],
+    "timings": ["load_seconds", "prompt_seconds", "prompt_tokens_per_second",
+                "generation_seconds", "generation_tokens_per_second"],
+    "memory": ["model_weight_bytes", "backend", "process_resident_bytes"],
+}
+bad = []
+for path, keys in need.items():
+    o = r
+    for p in filter(None, path.split(".")):
+        o = o[p]
+    bad += [path + "." + k for k in keys if k not in o]
+if bad:
+    print("missing:", bad); sys.exit(1)
+checks = [
+    (r["compute_path"] == "real", "compute_path is real"),
+    (r["command"] == "run", "command"),
+    (r["model"]["path"] == sys.argv[3], "model path"),
+    (r["model"]["architecture"] == "bitnet-25", "architecture"),
+    (r["model"]["projection_type"] == "i2_s", "projection type"),
+    (r["backend"]["selected"] == "cpu", "selected"),
+    (r["backend"]["requested"] == "auto", "requested"),
+    ("scalar" in r["backend"]["detected"], "detected lists the CPU providers"),
+    (r["startup_line"].startswith("requested=auto"), "startup line"),
+    (r["sampling"]["greedy"] is True, "greedy"),
+    (r["prompt"]["tokens"] == len(r["prompt"]["token_ids"]), "prompt count"),
+    (r["generation"]["tokens"] == len(r["generation"]["token_ids"]), "generation count"),
+    (r["timings"]["prompt_tokens_per_second"] > 0, "prompt tok/s"),
+    (r["memory"]["model_weight_bytes"] > 0 and r["memory"]["process_resident_bytes"] > 0,
+     "memory"),
+    # What streamed to stdout is exactly the text the receipt recorded.
+    (open(sys.argv[2], "rb").read() == r["generation"]["text"].encode("utf-8"),
+     "stdout equals the receipt text"),
+]
+wrong = [what for ok, what in checks if not ok]
+if wrong:
+    print("wrong:", wrong); sys.exit(1)
+EOF
+
+# A text prompt is tokenized as the reference tokenizer does (special token
+# text included), and the model continues it.
+# The GGUF files ask for BOS (add_bos_token); the HF tokenizer.json has no
+# post-processor, so there the text names <|begin_of_text|> itself.
+TEXT=$(sed -n 's/^text //p' "$M/expect_packed.txt")
+TOKENIZED=$(ids_of "$M/expect_packed.txt" tokenized)
+for case in "tq2_0.gguf|$TEXT" "hf_packed|<|begin_of_text|>$TEXT"; do
+    run "$BITNET" run -m "$M/${case%%|*}" -p "${case#*|}" -n 4 --temp 0 --receipt "$tmp/r.json"
+    expect_rc 0 "run ${case%%|*} with a text prompt"
+    expect_py "${case%%|*}: text prompt tokenized like the reference" "$tmp/r.json" "$TOKENIZED" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+want = [297] + [int(x) for x in sys.argv[2].split(",")]
+if r["prompt"]["token_ids"] != want:
+    print("got ", r["prompt"]["token_ids"]); print("want", want); sys.exit(1)
+EOF
+done
+
+# Chat format: <|begin_of_text|>System: ...<|eot_id|>User: ...<|eot_id|>Assistant:
+run "$BITNET" run -m "$M/hf_packed" --chat --system "be brief" -p "hello" -n 3 --temp 0 \
+    --receipt "$tmp/r.json"
+expect_rc 0 "run --chat"
+expect_py "chat prompt starts with BOS and holds two <|eot_id|>" "$tmp/r.json" <<'EOF'
+import json, sys
+ids = json.load(open(sys.argv[1]))["prompt"]["token_ids"]
+if ids[0] != 297 or ids.count(299) != 2:
+    print(ids); sys.exit(1)
+EOF
+
+# Seeds: sampling is reproducible with --seed, BITNET_SEED or
+# BITNET_DETERMINISTIC=1 (seed 0), and the receipt says so.
+gen_ids() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["generation"]["token_ids"])' "$1"; }
+run "$BITNET" run -m "$M/hf_packed" --prompt-ids "$PACKED_PROMPT" -n 16 --temp 1.5 --top-k 0 \
+    --top-p 1 --min-p 0 --seed 7 --receipt "$tmp/s1.json"
+expect_rc 0 "sampling with --seed"
+run "$BITNET" run -m "$M/hf_packed" --prompt-ids "$PACKED_PROMPT" -n 16 --temp 1.5 --top-k 0 \
+    --top-p 1 --min-p 0 --seed 7 --receipt "$tmp/s2.json"
+checks=$((checks + 1))
+[ "$(gen_ids "$tmp/s1.json")" = "$(gen_ids "$tmp/s2.json")" ] || fail "--seed 7 twice gives the same tokens"
+run env BITNET_DETERMINISTIC=1 "$BITNET" run -m "$M/hf_packed" --prompt-ids "$PACKED_PROMPT" \
+    -n 16 --temp 1.5 --receipt "$tmp/d1.json"
+expect_rc 0 "BITNET_DETERMINISTIC=1"
+run env BITNET_DETERMINISTIC=1 "$BITNET" run -m "$M/hf_packed" --prompt-ids "$PACKED_PROMPT" \
+    -n 16 --temp 1.5 --receipt "$tmp/d2.json"
+checks=$((checks + 1))
+[ "$(gen_ids "$tmp/d1.json")" = "$(gen_ids "$tmp/d2.json")" ] || fail "BITNET_DETERMINISTIC=1 is reproducible"
+expect_py "deterministic seed recorded" "$tmp/d1.json" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))["sampling"]
+if s["seed"] != 0 or s["seed_fixed"] is not True:
+    print(s); sys.exit(1)
+EOF
+run env BITNET_SEED=99 "$BITNET" run -m "$M/hf_packed" --prompt-ids "$PACKED_PROMPT" -n 2 \
+    --receipt "$tmp/e.json"
+expect_py "BITNET_SEED recorded" "$tmp/e.json" <<'EOF'
+import json, sys
+if json.load(open(sys.argv[1]))["sampling"]["seed"] != 99: sys.exit(1)
+EOF
+
+# ---- run: context, devices, arguments ------------------------------------------------
+run "$BITNET" run -m "$M/hf_packed" --prompt-ids "$PACKED_PROMPT" -n 32 --ctx 16 --temp 0
+expect_rc 2 "prompt + -n beyond --ctx"
+expect_in err "more than the context of 16" "context overflow message"
+expect_not_in out "." "nothing generated before a context error"
+run "$BITNET" run -m "$M/hf_packed" --prompt-ids "$PACKED_PROMPT" -n 1000 --temp 0
+expect_rc 2 "prompt + -n beyond the training context"
+run "$BITNET" run -m "$M/hf_packed" -p hi --ctx 100000
+expect_rc 2 "--ctx beyond the training context"
+expect_in err "trained for" "--ctx message"
+
+run "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --device cuda
+expect_rc 4 "--device cuda"
+expect_in err "CUDA inference backend is not available in this build yet; use --device cpu" \
+    "--device cuda message"
+run "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --device gpu
+expect_rc 4 "--device gpu"
+run env BITNET_DEVICE=cuda:0 "$BITNET" run -m "$M/hf_packed" -p hi -n 2
+expect_rc 4 "BITNET_DEVICE=cuda:0"
+expect_in err "BITNET_DEVICE" "the hint names BITNET_DEVICE"
+run env BITNET_DEVICE=cuda "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --device cpu
+expect_rc 0 "--device cpu wins over BITNET_DEVICE"
+expect_in err "^requested=cpu " "requested=cpu"
+run env BITNET_GPU_FAKE=cuda "$BITNET" run -m "$M/hf_packed" -p hi -n 2
+expect_rc 0 "auto with a fake CUDA GPU computes on the CPU"
+expect_in err "selected=cpu" "fake GPU: cpu selected"
+expect_not_in err "detected=\[cuda" "fakes are never listed as detected"
+run env BITNET_GPU_FAKE=cuda BITNET_STRICT_NO_FAKE_GPU=1 "$BITNET" run -m "$M/hf_packed" -p hi
+expect_rc 4 "strict no-fake refuses a configured fake"
+run "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --device tpu
+expect_rc 2 "--device tpu"
+run "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --threads 1 --receipt "$tmp/t.json"
+expect_rc 0 "--threads 1"
+expect_in err "\(.*, 1 thread\)$" "startup line shows 1 thread"
+
+run "$BITNET" run --help
+expect_rc 0 "run --help"
+expect_in out "default 0.8" "--help states the temperature default"
+expect_in out "default 40" "--help states the top-k default"
+expect_in out "default 128" "--help states the -n default"
+run "$BITNET" run -p hi
+expect_rc 2 "run without -m"
+run "$BITNET" run -m "$M/hf_packed"
+expect_rc 2 "run without -p"
+run "$BITNET" run -m "$M/hf_packed" -p hi --bogus
+expect_rc 2 "run with an unknown option"
+run "$BITNET" run -m "$M/hf_packed" -p hi -n
+expect_rc 2 "-n without a value"
+for bad in "-n 0" "-n x" "-n 12abc" "--temp -1" "--temp nan" "--top-p 1.5" "--min-p -0.1" \
+    "--top-k -3" "--seed -1" "--threads 0" "--ctx 0" "--repeat-penalty 0" "--prompt-ids 1,,2"; do
+    # shellcheck disable=SC2086
+    run "$BITNET" run -m "$M/hf_packed" -p hi $bad
+    expect_rc 2 "run $bad"
+done
+run "$BITNET" run -m "$M/hf_packed" --prompt-ids 1,100000 -n 1
+expect_rc 2 "--prompt-ids outside the vocabulary"
+run "$BITNET" run -m "$tmp/no-such-model.gguf" -p hi
+expect_rc 5 "missing model file"
+printf 'GGUF\003\000\000\000garbage' >"$tmp/bad.gguf"
+run "$BITNET" run -m "$tmp/bad.gguf" -p hi
+expect_rc 5 "malformed model file"
+run "$BITNET" run -m "$DATA/gguf/fixture.gguf" -p hi
+checks=$((checks + 1))
+[ "$(rc)" != 0 ] || fail "a GGUF that is not BitNet does not run"
+expect_in err "not a BitNet" "why a foreign GGUF does not run"
+
+# ---- inspect ------------------------------------------------------------------------
+run "$BITNET" inspect "$M/i2s.gguf"
+expect_rc 0 "inspect GGUF"
+expect_in out "general.architecture +\"bitnet-25\"" "inspect shows metadata"
+expect_in out "tokenizer.ggml.tokens +\[300 strings\]" "long arrays summarised"
+expect_in out "blk.0.attn_q.weight +\[256, 256\] +i2_s" "tensor table"
+expect_in out "runnable +yes" "runnable verdict"
+expect_in out "flavour +GGUF bitnet-25" "flavour"
+run "$BITNET" inspect "$M/tq1_0.gguf" --json
+expect_rc 0 "inspect --json GGUF"
+expect_py "inspect --json GGUF" "$tmp/out" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["format"] == "gguf", j["format"]
+assert j["metadata"]["general.architecture"] == "bitnet"
+assert j["metadata"]["tokenizer.ggml.tokens"] == "[300 strings]"
+assert any(t["name"] == "blk.0.attn_q.weight" and t["type"] == "tq1_0" for t in j["tensors"])
+assert j["bitnet"]["runnable"] is True and j["bitnet"]["hparams"]["n_layer"] == 2
+EOF
+for d in hf_packed hf_bf16; do
+    run "$BITNET" inspect "$M/$d"
+    expect_rc 0 "inspect $d"
+    expect_in out "hidden_size +[0-9]+" "inspect $d shows the config"
+    expect_in out "model.layers.0.self_attn.q_proj.weight" "inspect $d lists tensors"
+    expect_in out "runnable +yes" "inspect $d verdict"
+    run "$BITNET" inspect "$M/$d" --json
+    expect_rc 0 "inspect $d --json"
+    checks=$((checks + 1))
+    python3 -m json.tool "$tmp/out" >/dev/null 2>&1 || fail "inspect $d --json is not valid JSON"
+done
+run "$BITNET" inspect "$DATA/gguf/fixture.gguf"
+expect_rc 0 "inspect a GGUF bitnet cannot run"
+expect_in out "runnable +no: .*not a BitNet" "inspect says why it cannot run"
+expect_in out "t.arr_u64 +\[1, 18000000000000000000\]" "inspect shows u64 arrays"
+run "$BITNET" inspect "$DATA/gguf/fixture.gguf" --json
+expect_rc 0 "inspect --json a GGUF bitnet cannot run"
+checks=$((checks + 1))
+python3 -m json.tool "$tmp/out" >/dev/null 2>&1 || fail "inspect --json of a foreign GGUF is not valid JSON"
+run "$BITNET" inspect "$M/hf_packed/model.safetensors"
+expect_rc 0 "inspect a .safetensors file"
+run "$BITNET" inspect "$tmp/none.gguf"
+expect_rc 5 "inspect a missing file"
+run "$BITNET" inspect "$tmp/bad.gguf"
+expect_rc 5 "inspect a malformed file"
+run "$BITNET" inspect
+expect_rc 2 "inspect without a path"
+run "$BITNET" inspect "$M/i2s.gguf" --bogus
+expect_rc 2 "inspect with an unknown option"
+
+# ---- convert, then run the result ----------------------------------------------------
+for t in i2_s tq2_0 tq1_0 f16; do
+    out=$tmp/packed_$t.gguf
+    run "$BITNET" convert "$M/hf_packed" -o "$out" --type "$t"
+    expect_rc 0 "convert hf_packed --type $t"
+    expect_in out "^wrote " "convert reports what it wrote"
+    expect_not_in err "\[#" "no progress bar when stderr is not a terminal"
+    check_greedy "$out" "$PACKED_PROMPT" "$PACKED_GREEDY" "$N_GREEDY" "converted hf_packed $t"
+    # Packed scales are bf16, exact in fp16: the file computes exactly.
+    check_logits "$M/expect_packed.txt" 1e-4 "converted hf_packed $t"
+    run "$BITNET" inspect "$out" --json
+    expect_rc 0 "inspect converted $t"
+    expect_py "converted $t conventions" "$tmp/out" "$t" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1])); t = sys.argv[2]; m = j["metadata"]
+arch = "bitnet-25" if t == "i2_s" else "bitnet"
+ftype = {"i2_s": 40, "tq1_0": 36, "tq2_0": 37, "f16": 1}[t]
+tensors = {x["name"]: x for x in j["tensors"]}
+want = {
+    "architecture": m["general.architecture"] == arch,
+    "file_type": m["general.file_type"] == ftype,
+    "tokenizer model": m["tokenizer.ggml.model"] == "gpt2",
+    "pre": ("tokenizer.ggml.pre" in m) == (t != "i2_s"),
+    "merges": m["tokenizer.ggml.merges"].startswith("["),
+    "eos": "tokenizer.ggml.eos_token_id" in m,
+    "projection type": tensors["blk.0.attn_q.weight"]["type"] == t,
+    "token_embd f16": tensors["token_embd.weight"]["type"] == "f16",
+    "norms f32": tensors["blk.1.ffn_sub_norm.weight"]["type"] == "f32",
+    "no .scale tensors": not any(n.endswith(".scale") for n in tensors),
+    "tied: no output.weight": "output.weight" not in tensors,
+    "runnable": j["bitnet"]["runnable"],
+}
+bad = [k for k, ok in want.items() if not ok]
+if bad:
+    print(bad); sys.exit(1)
+EOF
+done
+for t in i2_s tq2_0 tq1_0 f16; do
+    out=$tmp/bf16_$t.gguf
+    run "$BITNET" convert "$M/hf_bf16" -o "$out" --type "$t"
+    expect_rc 0 "convert hf_bf16 --type $t"
+    [ "$t" = f16 ] || expect_in out "written as F16" \
+        "convert reports F16 fallbacks (rows of 64 do not fit $t blocks)"
+    check_greedy "$out" "$BF16_PROMPT" "$BF16_GREEDY" "$N_GREEDY_BF16" "converted hf_bf16 $t"
+    # absmean scales are rounded to fp16 in F16/TQ tensors (as upstream does).
+    check_logits "$M/expect_bf16.txt" 1e-2 "converted hf_bf16 $t"
+done
+
+run "$BITNET" convert "$M/hf_packed" -o "$tmp/x.gguf" --type q4_0
+expect_rc 2 "convert --type q4_0"
+run "$BITNET" convert "$M/hf_packed"
+expect_rc 2 "convert without -o"
+run "$BITNET" convert -o "$tmp/x.gguf"
+expect_rc 2 "convert without input"
+run "$BITNET" convert "$tmp/no-such-dir" -o "$tmp/x.gguf"
+expect_rc 5 "convert a missing directory"
+run "$BITNET" convert "$M/i2s.gguf" -o "$tmp/x.gguf"
+expect_rc 2 "convert a file instead of a directory"
+mkdir -p "$tmp/atomic"
+run "$BITNET" convert "$DATA/hf/bad/dir_bad_config" -o "$tmp/atomic/x.gguf"
+checks=$((checks + 1))
+[ "$(rc)" != 0 ] || fail "convert of a broken directory fails"
+checks=$((checks + 1))
+[ -z "$(ls -A "$tmp/atomic")" ] || fail "a failed convert leaves no file behind: $(ls -A "$tmp/atomic")"
+run "$BITNET" convert --help
+expect_rc 0 "convert --help"
+expect_in out "tq1_0" "convert --help lists the types"
+
+# ---- bench e2e ----------------------------------------------------------------------
+run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16
+expect_rc 0 "bench e2e --shape tiny"
+expect_in out "^prefill .* tok/s" "bench e2e prints prefill tok/s"
+expect_in out "^decode .* tok/s" "bench e2e prints decode tok/s"
+expect_in out "^memory .*KV cache.*RSS" "bench e2e prints memory"
+expect_in out "selected=cpu" "bench e2e prints the startup line"
+run "$BITNET" bench e2e --shape tiny --device cuda
+expect_rc 4 "bench e2e --device cuda"
+expect_in err "not available in this build yet" "bench e2e --device cuda message"
+run "$BITNET" bench e2e --shape huge
+expect_rc 2 "bench e2e --shape huge"
+run "$BITNET" bench e2e --shape tiny --prompt 4000 --gen 200
+expect_rc 2 "bench e2e beyond the context"
+run "$BITNET" bench --help
+expect_in out "e2e" "bench --help lists e2e"
+
+echo "$checks checks, $fails failed"
+[ "$fails" = 0 ]
