@@ -6,6 +6,9 @@
 #include "cli.h"
 #include "json_writer.h"
 #include "kernel_manager.h"
+#ifdef BITNET_HAVE_CUDA
+#include "cuda_kernels_list.h"
+#endif
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define MIB (1024.0 * 1024.0)
@@ -125,12 +128,22 @@ static void print_text(const report *r)
     const bn_kernel_provider *chosen = NULL;
     bn_error kerr;
     const bool selected = bn_kernel_select(&chosen, &kerr) == BN_OK;
-    for (int i = 0; i < n; i++)
-        printf("  %-11s %s%s\n", list[i]->name,
-               list[i]->is_available() ? "available" : "not supported by this CPU",
-               selected && list[i] == chosen ? " (selected)" : "");
+    for (int i = 0; i < n; i++) {
+        const char *state = list[i]->is_available() ? "available"
+                            : list[i]->runs_on_device ? "no usable GPU"
+                                                      : "not supported by this CPU";
+        printf("  %-11s %s%s%s\n", list[i]->name, state,
+               selected && list[i] == chosen ? " (selected)" : "",
+               list[i]->runs_on_device ? " (device provider: used when BITNET_KERNEL names it)"
+                                       : "");
+    }
     if (!selected)
         printf("  selection failed: %s\n", kerr.message);
+#ifdef BITNET_HAVE_CUDA
+    printf("\nCUDA kernels (compiled in)\n");
+    for (const char *const *k = bn_cuda_kernel_list; *k; k++)
+        printf("  %s\n", *k);
+#endif
 
     printf("\nHost memory\n");
     if (r->host_ok)
@@ -260,6 +273,13 @@ static void print_json(const report *r)
         bn_json_kv_bool(&j, "selected", selected && list[i] == chosen);
         bn_json_end_object(&j);
     }
+    bn_json_end_array(&j);
+    bn_json_key(&j, "cuda_kernels");
+    bn_json_begin_array(&j);
+#ifdef BITNET_HAVE_CUDA
+    for (const char *const *k = bn_cuda_kernel_list; *k; k++)
+        bn_json_string(&j, *k);
+#endif
     bn_json_end_array(&j);
 
     bn_json_key(&j, "host_memory");
