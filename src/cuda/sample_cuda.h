@@ -1,0 +1,81 @@
+/*
+ * sample_cuda.h - choosing the next token on the GPU (sample_kernels.cu),
+ * for one row of vocab logits, with the CPU sampler's semantics
+ * (src/model/sampler.h) minus the repetition penalty:
+ *
+ *   - NaN logits are never chosen; if any logit is +inf, the +inf tokens
+ *     share all the probability equally; when every logit is -inf or NaN
+ *     the token is 0;
+ *   - temperature <= 0: argmax, lowest index on ties;
+ *   - otherwise top-k (best first: higher logit, then lower index),
+ *     w = exp((logit - max) / T) rounded to float, z = sum of w (double),
+ *     min-p (keep w >= min(min_p, 1), w > 0), top-p (shortest best-first
+ *     prefix whose weight reaches top_p * z), then the inverse-CDF draw:
+ *     the first kept token, in that order, whose cumulative weight
+ *     (double) exceeds u * total.
+ *
+ * Given the same logits, parameters and uniform number u, the token equals
+ * bn_sampler_sample's (the CPU sampler draws u itself; here the caller
+ * supplies it). The one source of difference is exp: the GPU rounds a
+ * double-precision exp to float, the CPU calls libm's expf; both are
+ * within about half an ulp of exact, so a draw can differ only when u
+ * lands within ~1e-7 (relative) of a boundary between two tokens.
+ *
+ * The top-k set is limited to BN_CUDA_SAMPLE_MAX_K tokens. Top-k "off"
+ * (top_k <= 0 or >= vocab) is accepted only for vocabularies of at most
+ * BN_CUDA_SAMPLE_MAX_K tokens; otherwise the launcher returns
+ * cudaErrorInvalidValue and the caller samples on the CPU.
+ *
+ * Everything the kernels read or write is device memory (logits, u,
+ * workspace, token), so the launches can be captured in a CUDA graph; the
+ * optional host copy (h_token, which should be pinned) is an async copy on
+ * the same stream. Launches are asynchronous and return the launch error.
+ */
+#ifndef BN_SAMPLE_CUDA_H
+#define BN_SAMPLE_CUDA_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BN_CUDA_SAMPLE_MAX_K 64
+/* Largest vocabulary the two-pass selection handles. */
+#define BN_CUDA_SAMPLE_MAX_VOCAB (1 << 20)
+
+typedef struct bn_cuda_sample_params {
+    float temperature; /* <= 0: greedy                               */
+    int top_k;         /* 1 .. BN_CUDA_SAMPLE_MAX_K (see above)       */
+    float top_p;       /* >= 1: off                                   */
+    float min_p;       /* <= 0: off                                   */
+} bn_cuda_sample_params;
+
+/* Device workspace for any of the launchers below, for any vocabulary up
+ * to `vocab` (32 KiB for 2B-4T's 128256). */
+size_t bn_cuda_sample_workspace_bytes(int32_t vocab);
+
+/* Greedy: *d_token = argmax (lowest index on ties, NaN never chosen, 0
+ * when every logit is -inf or NaN); also copied to h_token when not NULL. */
+cudaError_t bn_cuda_sample_greedy(const float *logits, int32_t vocab, void *workspace,
+                                  int32_t *d_token, int32_t *h_token, cudaStream_t stream);
+
+/* The full sampler (greedy when p->temperature <= 0). d_uniform: one
+ * double in [0, 1) in device memory (a float value converts exactly). */
+cudaError_t bn_cuda_sample(const float *logits, int32_t vocab, const bn_cuda_sample_params *p,
+                           const double *d_uniform, void *workspace, int32_t *d_token,
+                           int32_t *h_token, cudaStream_t stream);
+
+/* The k (1 .. BN_CUDA_SAMPLE_MAX_K) best tokens, best first (higher
+ * logit, then lower index; NaN as -inf), into ids[k] and vals[k]; slots
+ * past the tokens above -inf get id -1 and -inf. For tests and tools. */
+cudaError_t bn_cuda_top_k(const float *logits, int32_t vocab, int k, void *workspace,
+                          int32_t *ids, float *vals, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,460 @@
+/*
+ * sample_kernels.cu - greedy and top-k / top-p sampling on the GPU
+ * (semantics: sample_cuda.h).
+ *
+ * Every token becomes one 64-bit key whose unsigned order is the CPU
+ * sampler's order of preference:
+ *
+ *     key = ordered(logit) << 32 | (0xffffffff - id)
+ *
+ * ordered() maps a float to a uint32 with the same order (NaN is first
+ * turned into -inf and -0 into +0, which the CPU compares as equal), and
+ * the low half makes a lower id win a tie. Keys are unique, so "the best
+ * k" has exactly one answer, and key 0 (below every real key) pads.
+ *
+ * Greedy is a max over keys: one pass of blocks, each writing its best
+ * key, and one block reducing those.
+ *
+ * Top-k (k <= 64) is two passes as well. Pass 1: each block takes a slice
+ * of the vocabulary into shared memory and keeps its 64 best keys with a
+ * bitonic top-k: every 64-key run is sorted descending, then pairs of
+ * runs A, B are folded into max(A[j], B[63 - j]) - a bitonic sequence
+ * holding the 64 best of both - and re-sorted with a bitonic merge, until
+ * one run is left. Pass 2: one block does the same over the blocks' runs,
+ * then one thread walks the (at most 64) candidates exactly as the CPU
+ * sampler does: weights, z, min-p, top-p, draw, all in the same order and
+ * precision.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "sample_cuda.h"
+
+namespace {
+
+constexpr int kTopK = BN_CUDA_SAMPLE_MAX_K; /* run length, 64 */
+constexpr int kMaxBlocks = 64;              /* pass-1 blocks (top-k) */
+constexpr int kMinSlice = 2048;             /* pass-1 keys per block, at least */
+constexpr int kSelectThreads = 512;
+constexpr int kGreedySlice = 1024;
+constexpr int kGreedyThreads = 256;
+
+__device__ __forceinline__ uint32_t ordered(float f)
+{
+    if (f != f)
+        f = -INFINITY;
+    if (f == 0.0f)
+        f = 0.0f; /* -0 -> +0 */
+    const uint32_t b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
+}
+
+__device__ __forceinline__ float unordered(uint32_t u)
+{
+    return __uint_as_float((u & 0x80000000u) ? u & 0x7fffffffu : ~u);
+}
+
+__device__ __forceinline__ uint64_t make_key(float logit, int32_t id)
+{
+    return ((uint64_t)ordered(logit) << 32) | (uint64_t)(0xffffffffu - (uint32_t)id);
+}
+
+__device__ __forceinline__ float key_logit(uint64_t key) { return unordered((uint32_t)(key >> 32)); }
+__device__ __forceinline__ int32_t key_id(uint64_t key)
+{
+    return (int32_t)(0xffffffffu - (uint32_t)key);
+}
+
+/* A real candidate: not padding, not -inf (which the CPU never keeps). */
+__device__ __forceinline__ bool key_live(uint64_t key)
+{
+    return (uint32_t)(key >> 32) > ordered(-INFINITY);
+}
+
+/* ---- greedy --------------------------------------------------------------- */
+
+__device__ __forceinline__ uint64_t block_max_key(uint64_t v)
+{
+    __shared__ uint64_t warp_best[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const uint64_t other = __shfl_xor_sync(0xffffffffu, v, o);
+        v = other > v ? other : v;
+    }
+    if (lane == 0)
+        warp_best[warp] = v;
+    __syncthreads();
+    v = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+        v = warp_best[w] > v ? warp_best[w] : v;
+    return v;
+}
+
+__global__ void __launch_bounds__(kGreedyThreads)
+    greedy_partial(const float *__restrict__ logits, int32_t vocab, uint64_t *__restrict__ ws)
+{
+    const int32_t begin = blockIdx.x * kGreedySlice;
+    const int32_t end = min(vocab, begin + kGreedySlice);
+    uint64_t best = 0;
+    for (int32_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        const uint64_t key = make_key(logits[i], i);
+        best = key > best ? key : best;
+    }
+    best = block_max_key(best);
+    if (threadIdx.x == 0)
+        ws[blockIdx.x] = best;
+}
+
+__global__ void __launch_bounds__(1024)
+    greedy_final(const uint64_t *__restrict__ ws, int blocks, int32_t *__restrict__ token)
+{
+    uint64_t best = 0;
+    for (int i = threadIdx.x; i < blocks; i += blockDim.x)
+        best = ws[i] > best ? ws[i] : best;
+    best = block_max_key(best);
+    /* Every logit -inf or NaN still gives a key (-inf, lowest id) above the
+     * padding, so best is never 0 and its id is the CPU's fallback 0. */
+    if (threadIdx.x == 0)
+        *token = key_id(best);
+}
+
+/* ---- top-k ---------------------------------------------------------------- */
+
+/* The 64 largest of keys[0, n) (n a power of two >= 64), sorted
+ * descending, into keys[0, 64); the rest of keys is scratch. runs_sorted:
+ * every 64-run is already sorted descending (pass 1's output). All
+ * threads of the block must call it. */
+__device__ void block_top64(uint64_t *keys, int n, bool runs_sorted)
+{
+    const int nt = blockDim.x;
+    /* Phase 1: bitonic sort of every 64-run, descending. The direction of a
+     * size-k stage alternates between k-blocks; at k = 64 (the run itself)
+     * it is descending for every run. */
+    for (int k = 2; k <= kTopK && !runs_sorted; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int t = threadIdx.x; t < n / 2; t += nt) {
+                const int i = 2 * j * (t / j) + t % j, p = i + j;
+                const bool desc = ((i & (kTopK - 1)) & k) == 0;
+                const uint64_t a = keys[i], b = keys[p];
+                if (desc ? a < b : a > b) {
+                    keys[i] = b;
+                    keys[p] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    /* Phase 2: fold pairs of runs (at distance `span`) and re-sort. The run
+     * A at r * 2 span keeps max(A[j], B[63 - j]): only the thread for j
+     * reads or writes A[j], and B is only read, so no barrier is needed
+     * between the reads and the writes. */
+    for (int span = kTopK; span < n; span <<= 1) {
+        const int pairs = n / (2 * span);
+        for (int t = threadIdx.x; t < pairs * kTopK; t += nt) {
+            const int base = (t / kTopK) * 2 * span, jj = t % kTopK;
+            const uint64_t a = keys[base + jj], b = keys[base + span + kTopK - 1 - jj];
+            keys[base + jj] = a > b ? a : b;
+        }
+        __syncthreads();
+        for (int j = kTopK / 2; j > 0; j >>= 1) {
+            for (int t = threadIdx.x; t < pairs * (kTopK / 2); t += nt) {
+                const int w = t % (kTopK / 2);
+                const int i = (t / (kTopK / 2)) * 2 * span + 2 * j * (w / j) + w % j;
+                const uint64_t a = keys[i], b = keys[i + j];
+                if (a < b) {
+                    keys[i] = b;
+                    keys[i + j] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+/* Pass 1: block b keeps the 64 best keys of logits[b * slice, + slice). */
+__global__ void __launch_bounds__(kSelectThreads)
+    topk_partial(const float *__restrict__ logits, int32_t vocab, int slice,
+                 uint64_t *__restrict__ ws)
+{
+    extern __shared__ uint64_t keys[];
+    const int64_t begin = (int64_t)blockIdx.x * slice;
+    for (int t = threadIdx.x; t < slice; t += blockDim.x) {
+        const int64_t i = begin + t;
+        keys[t] = i < vocab ? make_key(logits[i], (int32_t)i) : 0;
+    }
+    __syncthreads();
+    block_top64(keys, slice, false);
+    if (threadIdx.x < kTopK)
+        ws[blockIdx.x * kTopK + threadIdx.x] = keys[threadIdx.x];
+}
+
+struct walk_params {
+    int32_t vocab;
+    int top_k;
+    float temperature, top_p, min_p;
+};
+
+struct cand {
+    float logit, w;
+    int32_t id;
+};
+
+/* The CPU sampler's draw over the candidates c[0, n), best first, in
+ * three steps (the comments name the step of bn_sampler_sample each
+ * mirrors): walk_prepare and walk_finish run on one thread, the weights
+ * in between on one thread per candidate. */
+
+/* +inf handling and the working order; returns the max logit, or NaN
+ * when there is nothing to draw from (n == 0). */
+__device__ float walk_prepare(cand *c, int *n_io, const walk_params &p)
+{
+    int n = *n_io;
+    if (n == 0)
+        return NAN; /* nothing above -inf: token 0 */
+    /* +inf tokens share everything: they sort first, by id. */
+    if (c[0].logit == INFINITY) {
+        int m = 0;
+        while (m < n && c[m].logit == INFINITY)
+            c[m++].logit = 0.0f;
+        n = m;
+    }
+    /* Without top-k the CPU's working set is in index order. */
+    if (!(p.top_k > 0 && p.top_k < p.vocab)) {
+        for (int i = 1; i < n; i++)
+            for (int j = i; j > 0 && c[j - 1].id > c[j].id; j--) {
+                const cand t = c[j];
+                c[j] = c[j - 1];
+                c[j - 1] = t;
+            }
+    }
+    float max = c[0].logit;
+    for (int i = 1; i < n; i++)
+        max = c[i].logit > max ? c[i].logit : max;
+    *n_io = n;
+    return max;
+}
+
+/* Temperature and softmax: w in float, as the CPU's expf, from a double
+ * exp (about 1 ulp in double, so the float rounding is all but always the
+ * correctly rounded value glibc's expf also returns). */
+__device__ __forceinline__ float walk_weight(float logit, float max, float T)
+{
+    return (float)exp((double)__fdiv_rn(__fsub_rn(logit, max), T));
+}
+
+__device__ int32_t walk_finish(cand *c, int n, const walk_params &p, double u)
+{
+    const bool sorted = p.top_k > 0 && p.top_k < p.vocab;
+    double z = 0.0;
+    for (int i = 0; i < n; i++)
+        z += c[i].w;
+    /* Min-p (before top-p, same result as the documented order). */
+    const float thr = p.min_p < 1.0f ? p.min_p : 1.0f;
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (c[i].w > 0.0f && c[i].w >= thr)
+            c[m++] = c[i];
+    n = m;
+    /* Top-p over the best-first order (the CPU's heap pops it in that
+     * order when the set is not sorted already). */
+    if (p.top_p < 1.0f && n > 1) {
+        if (!sorted) {
+            for (int i = 1; i < n; i++)
+                for (int j = i; j > 0; j--) {
+                    const bool worse = c[j - 1].logit < c[j].logit ||
+                                       (c[j - 1].logit == c[j].logit && c[j - 1].id > c[j].id);
+                    if (!worse)
+                        break;
+                    const cand t = c[j];
+                    c[j] = c[j - 1];
+                    c[j - 1] = t;
+                }
+        }
+        const double target = (double)p.top_p * z;
+        double cum = 0.0;
+        int keep = 0;
+        while (keep < n) {
+            cum += c[keep++].w;
+            if (cum >= target)
+                break;
+        }
+        n = keep;
+    }
+    /* Draw. */
+    double total = 0.0;
+    for (int i = 0; i < n; i++)
+        total += c[i].w;
+    const double target = u * total;
+    double cum = 0.0;
+    for (int i = 0; i < n; i++) {
+        cum += c[i].w;
+        if (target < cum)
+            return c[i].id;
+    }
+    return c[n - 1].id;
+}
+
+/* Pass 2: the 64 best of the blocks' runs, then either the draw (token)
+ * or the list itself (ids, vals). ws holds `count` keys; n is count
+ * rounded up to a power of two. */
+__global__ void __launch_bounds__(kSelectThreads)
+    topk_final(const uint64_t *__restrict__ ws, int count, int n, walk_params p,
+               const double *__restrict__ uniform, int32_t *__restrict__ token,
+               int32_t *__restrict__ ids, float *__restrict__ vals)
+{
+    __shared__ uint64_t keys[kMaxBlocks * kTopK];
+    __shared__ cand c[kTopK];
+    for (int t = threadIdx.x; t < n; t += blockDim.x)
+        keys[t] = t < count ? ws[t] : 0;
+    __syncthreads();
+    block_top64(keys, n, true);
+    const int k = p.top_k > 0 && p.top_k < kTopK ? p.top_k : kTopK;
+    if (ids) {
+        if (threadIdx.x < k) {
+            const uint64_t key = keys[threadIdx.x];
+            const bool live = key_live(key);
+            ids[threadIdx.x] = live ? key_id(key) : -1;
+            vals[threadIdx.x] = live ? key_logit(key) : -INFINITY;
+        }
+        return;
+    }
+    __shared__ int n_cand;
+    __shared__ float max_logit;
+    if (threadIdx.x == 0) {
+        int m = 0;
+        while (m < k && key_live(keys[m])) {
+            c[m].logit = key_logit(keys[m]);
+            c[m].w = 0.0f;
+            c[m].id = key_id(keys[m]);
+            m++;
+        }
+        max_logit = walk_prepare(c, &m, p);
+        n_cand = m;
+    }
+    __syncthreads();
+    const int m = n_cand;
+    if (threadIdx.x < m)
+        c[threadIdx.x].w = walk_weight(c[threadIdx.x].logit, max_logit, p.temperature);
+    __syncthreads();
+    if (threadIdx.x == 0)
+        *token = m == 0 ? 0 : walk_finish(c, m, p, *uniform);
+}
+
+int next_pow2(int64_t x)
+{
+    int64_t p = 1;
+    while (p < x)
+        p <<= 1;
+    return (int)p;
+}
+
+/* Pass-1 slice: at least kMinSlice keys, few enough blocks for pass 2. */
+int topk_slice(int32_t vocab)
+{
+    const int64_t need = (vocab + kMaxBlocks - 1) / kMaxBlocks;
+    return next_pow2(need > kMinSlice ? need : kMinSlice);
+}
+
+cudaError_t copy_out(const int32_t *d_token, int32_t *h_token, cudaStream_t stream)
+{
+    if (!h_token)
+        return cudaSuccess;
+    return cudaMemcpyAsync(h_token, d_token, sizeof *h_token, cudaMemcpyDeviceToHost, stream);
+}
+
+/* Pass 1 of top-k; returns the number of keys it leaves in ws. */
+cudaError_t launch_topk_partial(const float *logits, int32_t vocab, uint64_t *ws,
+                                cudaStream_t stream, int *count)
+{
+    const int slice = topk_slice(vocab);
+    const int blocks = (int)((vocab + slice - 1) / slice);
+    const size_t smem = (size_t)slice * sizeof(uint64_t);
+    if (smem > 48 * 1024) {
+        const cudaError_t rc = cudaFuncSetAttribute(
+            topk_partial, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (rc != cudaSuccess)
+            return rc;
+    }
+    topk_partial<<<blocks, kSelectThreads, smem, stream>>>(logits, vocab, slice, ws);
+    *count = blocks * kTopK;
+    return cudaGetLastError();
+}
+
+} // namespace
+
+extern "C" size_t bn_cuda_sample_workspace_bytes(int32_t vocab)
+{
+    if (vocab < 1)
+        return 0;
+    /* Enough for every vocabulary up to this one: pass 1 of top-k never
+     * has more than kMaxBlocks blocks (a smaller vocabulary can have more
+     * blocks than a larger one, with smaller slices), greedy has one key
+     * per kGreedySlice logits. */
+    const int64_t greedy = (vocab + kGreedySlice - 1) / kGreedySlice;
+    const int64_t topk = (int64_t)kMaxBlocks * kTopK;
+    return (size_t)(greedy > topk ? greedy : topk) * sizeof(uint64_t);
+}
+
+extern "C" cudaError_t bn_cuda_sample_greedy(const float *logits, int32_t vocab, void *workspace,
+                                             int32_t *d_token, int32_t *h_token,
+                                             cudaStream_t stream)
+{
+    if (vocab < 1 || vocab > BN_CUDA_SAMPLE_MAX_VOCAB || !logits || !workspace || !d_token)
+        return cudaErrorInvalidValue;
+    const int blocks = (vocab + kGreedySlice - 1) / kGreedySlice;
+    uint64_t *ws = static_cast<uint64_t *>(workspace);
+    greedy_partial<<<blocks, kGreedyThreads, 0, stream>>>(logits, vocab, ws);
+    cudaError_t rc = cudaGetLastError();
+    if (rc != cudaSuccess)
+        return rc;
+    greedy_final<<<1, 1024, 0, stream>>>(ws, blocks, d_token);
+    rc = cudaGetLastError();
+    return rc != cudaSuccess ? rc : copy_out(d_token, h_token, stream);
+}
+
+extern "C" cudaError_t bn_cuda_sample(const float *logits, int32_t vocab,
+                                      const bn_cuda_sample_params *p, const double *d_uniform,
+                                      void *workspace, int32_t *d_token, int32_t *h_token,
+                                      cudaStream_t stream)
+{
+    if (!p || isnan(p->temperature) || p->temperature == INFINITY || isnan(p->top_p) ||
+        isnan(p->min_p))
+        return cudaErrorInvalidValue;
+    if (!(p->temperature > 0.0f))
+        return bn_cuda_sample_greedy(logits, vocab, workspace, d_token, h_token, stream);
+    if (vocab < 1 || vocab > BN_CUDA_SAMPLE_MAX_VOCAB || !logits || !workspace || !d_token ||
+        !d_uniform)
+        return cudaErrorInvalidValue;
+    const bool top_k_on = p->top_k > 0 && p->top_k < vocab;
+    if (top_k_on ? p->top_k > kTopK : vocab > kTopK)
+        return cudaErrorInvalidValue; /* the CPU sampler's job */
+    uint64_t *ws = static_cast<uint64_t *>(workspace);
+    int count = 0;
+    cudaError_t rc = launch_topk_partial(logits, vocab, ws, stream, &count);
+    if (rc != cudaSuccess)
+        return rc;
+    const walk_params wp = {vocab, p->top_k, p->temperature, p->top_p, p->min_p};
+    topk_final<<<1, kSelectThreads, 0, stream>>>(ws, count, next_pow2(count), wp, d_uniform,
+                                                  d_token, nullptr, nullptr);
+    rc = cudaGetLastError();
+    return rc != cudaSuccess ? rc : copy_out(d_token, h_token, stream);
+}
+
+extern "C" cudaError_t bn_cuda_top_k(const float *logits, int32_t vocab, int k, void *workspace,
+                                     int32_t *ids, float *vals, cudaStream_t stream)
+{
+    if (vocab < 1 || vocab > BN_CUDA_SAMPLE_MAX_VOCAB || k < 1 || k > kTopK || !logits ||
+        !workspace || !ids || !vals)
+        return cudaErrorInvalidValue;
+    uint64_t *ws = static_cast<uint64_t *>(workspace);
+    int count = 0;
+    cudaError_t rc = launch_topk_partial(logits, vocab, ws, stream, &count);
+    if (rc != cudaSuccess)
+        return rc;
+    const walk_params wp = {vocab, k, 1.0f, 1.0f, 0.0f};
+    topk_final<<<1, kSelectThreads, 0, stream>>>(ws, count, next_pow2(count), wp, nullptr,
+                                                  nullptr, ids, vals);
+    return cudaGetLastError();
+}

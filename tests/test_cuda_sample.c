@@ -1,0 +1,581 @@
+/* GPU test: greedy, top-k and top-k / temperature / top-p / min-p sampling
+ * on the device against (a) a CPU reference written here (full sort, the
+ * same inverse-CDF walk) and (b) the CPU sampler itself (bn_sampler), fed
+ * the same uniform numbers: the test reproduces the sampler's documented
+ * generator (splitmix64-seeded xoshiro256**, u = top 53 bits * 2^-53) so
+ * that both sides draw with the same u. Ragged vocabularies up to beyond
+ * 2B-4T's 128256, ties, NaN, +-inf, -0; a poisoned token slot; graph
+ * capture. Exits 77 without a usable GPU.
+ *
+ * Tolerance: greedy and top-k selection must match exactly. A draw must
+ * match exactly unless it is ambiguous: the weights are exp rounded to
+ * float on both sides, by different exp implementations (within about an
+ * ulp of each other), so a draw whose target u * total lies within 1e-6
+ * (relative) of a cumulative boundary - or whose top-p cut does - may
+ * legitimately differ; such draws are counted and reported, not failed
+ * (with random u they are a few in a million; the edge value u = 0.5 on
+ * all-equal logits lands exactly on one and is counted too). */
+#include <cuda_runtime_api.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "sample_cuda.h"
+#include "sampler.h"
+#include "test_util.h"
+
+#define CUDA_OK(call)                                                                        \
+    do {                                                                                     \
+        cudaError_t rc_ = (call);                                                            \
+        if (rc_ != cudaSuccess) {                                                            \
+            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
+                    cudaGetErrorString(rc_));                                                \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+/* ---- the CPU sampler's generator (sampler.c documents it) ------------------ */
+
+typedef struct xoshiro {
+    uint64_t s[4];
+} xoshiro;
+
+static uint64_t splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void xo_seed(xoshiro *r, uint64_t seed)
+{
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix(&seed);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static double xo_uniform(xoshiro *r)
+{
+    uint64_t *s = r->s;
+    const uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return (double)(out >> 11) * 0x1.0p-53;
+}
+
+/* ---- reference ------------------------------------------------------------- */
+
+typedef struct rcand {
+    float logit, w;
+    int32_t id;
+} rcand;
+
+static int better_first(const void *pa, const void *pb)
+{
+    const rcand *a = pa, *b = pb;
+    if (a->logit != b->logit)
+        return a->logit > b->logit ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+/* NaN -> -inf; +inf tokens -> 0 and everything else -inf when any exists. */
+static float *clean(const float *logits, int32_t V)
+{
+    float *l = malloc(sizeof(float) * (size_t)V);
+    int pinf = 0;
+    for (int32_t i = 0; i < V; i++) {
+        l[i] = isnan(logits[i]) ? -INFINITY : logits[i];
+        pinf += l[i] == INFINITY;
+    }
+    if (pinf)
+        for (int32_t i = 0; i < V; i++)
+            l[i] = l[i] == INFINITY ? 0.0f : -INFINITY;
+    return l;
+}
+
+static int32_t ref_argmax(const float *logits, int32_t V)
+{
+    float *l = clean(logits, V);
+    int32_t best = 0;
+    for (int32_t i = 1; i < V; i++)
+        if (l[i] > l[best])
+            best = i;
+    free(l);
+    return best;
+}
+
+/* Every token above -inf, best first. */
+static int32_t ref_sorted(const float *l, int32_t V, rcand *c)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < V; i++)
+        if (l[i] > -INFINITY)
+            c[n++] = (rcand){l[i], 0.0f, i};
+    qsort(c, (size_t)n, sizeof *c, better_first);
+    return n;
+}
+
+static bool near(double a, double b, double scale) { return fabs(a - b) <= 1e-6 * scale; }
+
+/* The sampler's walk with a full sort; *ambiguous when a cut or the draw
+ * lands within 1e-6 of a boundary. */
+static int32_t ref_sample(const float *logits, int32_t V, const bn_cuda_sample_params *p,
+                          double u, bool *ambiguous)
+{
+    *ambiguous = false;
+    if (!(p->temperature > 0.0f))
+        return ref_argmax(logits, V);
+    float *l = clean(logits, V);
+    rcand *c = malloc(sizeof(rcand) * (size_t)V);
+    int32_t n;
+    const bool sorted = p->top_k > 0 && p->top_k < V;
+    if (sorted) {
+        n = ref_sorted(l, V, c);
+        n = n < p->top_k ? n : p->top_k;
+    } else {
+        n = 0;
+        for (int32_t i = 0; i < V; i++)
+            if (l[i] > -INFINITY)
+                c[n++] = (rcand){l[i], 0.0f, i};
+    }
+    free(l);
+    if (n == 0) {
+        free(c);
+        return 0;
+    }
+    float max = c[0].logit;
+    for (int32_t i = 1; i < n; i++)
+        max = c[i].logit > max ? c[i].logit : max;
+    double z = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        c[i].w = expf((c[i].logit - max) / p->temperature);
+        z += c[i].w;
+    }
+    const float thr = p->min_p < 1.0f ? p->min_p : 1.0f;
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (c[i].w > 0.0f && near(c[i].w, thr, 1.0) && thr > 0.0f)
+            *ambiguous = true;
+        if (c[i].w > 0.0f && c[i].w >= thr)
+            c[m++] = c[i];
+    }
+    n = m;
+    if (p->top_p < 1.0f && n > 1) {
+        if (!sorted)
+            qsort(c, (size_t)n, sizeof *c, better_first);
+        const double target = (double)p->top_p * z;
+        double cum = 0.0;
+        int32_t keep = 0;
+        while (keep < n) {
+            cum += c[keep++].w;
+            if (near(cum, target, z))
+                *ambiguous = true;
+            if (cum >= target)
+                break;
+        }
+        n = keep;
+    }
+    double total = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        total += c[i].w;
+    const double target = u * total;
+    double cum = 0.0;
+    int32_t tok = c[n - 1].id;
+    for (int32_t i = 0; i < n; i++) {
+        cum += c[i].w;
+        /* The last boundary is the total itself, the same sum on both
+         * sides: u < 1 always falls before it, whatever exp returned. */
+        if (i < n - 1 && near(cum, target, total))
+            *ambiguous = true;
+        if (target < cum) {
+            tok = c[i].id;
+            break;
+        }
+    }
+    free(c);
+    return tok;
+}
+
+/* ---- device helpers ---------------------------------------------------------- */
+
+typedef struct dev {
+    float *logits;
+    double *u;
+    void *ws;
+    int32_t *token;
+    int32_t *h_token; /* pinned */
+    int32_t *ids;
+    float *vals;
+    int32_t cap;
+} dev;
+
+static void dev_init(dev *d, int32_t cap)
+{
+    d->cap = cap;
+    CUDA_OK(cudaMalloc((void **)&d->logits, sizeof(float) * (size_t)cap));
+    CUDA_OK(cudaMalloc((void **)&d->u, sizeof(double)));
+    CUDA_OK(cudaMalloc(&d->ws, bn_cuda_sample_workspace_bytes(cap)));
+    CUDA_OK(cudaMalloc((void **)&d->token, sizeof(int32_t)));
+    CUDA_OK(cudaMallocHost((void **)&d->h_token, sizeof(int32_t)));
+    CUDA_OK(cudaMalloc((void **)&d->ids, sizeof(int32_t) * BN_CUDA_SAMPLE_MAX_K));
+    CUDA_OK(cudaMalloc((void **)&d->vals, sizeof(float) * BN_CUDA_SAMPLE_MAX_K));
+}
+
+static void dev_free(dev *d)
+{
+    cudaFree(d->logits);
+    cudaFree(d->u);
+    cudaFree(d->ws);
+    cudaFree(d->token);
+    cudaFreeHost(d->h_token);
+    cudaFree(d->ids);
+    cudaFree(d->vals);
+}
+
+/* Runs the device sampler; returns the token, checking that the device
+ * slot and the host copy agree. */
+static int32_t dev_sample(dev *d, const float *logits, int32_t V, const bn_cuda_sample_params *p,
+                          double u)
+{
+    CUDA_OK(cudaMemcpy(d->logits, logits, sizeof(float) * (size_t)V, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d->u, &u, sizeof u, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(d->token, 0xa5, sizeof(int32_t))); /* poison */
+    *d->h_token = -7;
+    CUDA_OK(bn_cuda_sample(d->logits, V, p, d->u, d->ws, d->token, d->h_token, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+    int32_t tok;
+    CUDA_OK(cudaMemcpy(&tok, d->token, sizeof tok, cudaMemcpyDeviceToHost));
+    CHECK_MSG(tok == *d->h_token, "device token %d, host copy %d", tok, *d->h_token);
+    CHECK_MSG(tok >= 0 && tok < V, "token %d outside the vocabulary of %d", tok, V);
+    return tok;
+}
+
+/* ---- logits ------------------------------------------------------------------ */
+
+static float rand_normal(void)
+{
+    const double u1 = ((double)(test_rand_u64() >> 11) + 0.5) * 0x1.0p-53;
+    const double u2 = (double)(test_rand_u64() >> 11) * 0x1.0p-53;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* Kinds: 0 normal, 1 normal with a few strong peaks, 2 heavy ties (small
+ * integers), 3 all equal, 4 normal with NaN / -inf sprinkled, 5 with +inf. */
+static void make_logits(float *l, int32_t V, int kind)
+{
+    const float sigma = test_rand_float(0.5f, 8.0f);
+    for (int32_t i = 0; i < V; i++) {
+        switch (kind) {
+        case 2: l[i] = (float)test_rand_range(-3, 3); break;
+        case 3: l[i] = 1.25f; break;
+        default: l[i] = sigma * rand_normal(); break;
+        }
+    }
+    if (kind == 1)
+        for (int i = 0; i < 5; i++)
+            l[test_rand_range(0, V - 1)] = 6.0f * sigma + test_rand_float(0.0f, 3.0f);
+    if (kind == 4)
+        for (int i = 0; i < 1 + V / 50; i++) {
+            l[test_rand_range(0, V - 1)] = NAN;
+            l[test_rand_range(0, V - 1)] = -INFINITY;
+        }
+    if (kind == 5) {
+        const int n = (int)test_rand_range(1, 4);
+        for (int i = 0; i < n; i++)
+            l[test_rand_range(0, V - 1)] = INFINITY;
+        l[test_rand_range(0, V - 1)] = NAN;
+    }
+}
+
+/* ---- tests --------------------------------------------------------------------- */
+
+static void check_greedy_one(dev *d, const float *l, int32_t V, const char *what)
+{
+    const bn_cuda_sample_params p = {0.0f, 0, 1.0f, 0.0f};
+    const int32_t got = dev_sample(d, l, V, &p, 0.5);
+    const int32_t want = ref_argmax(l, V);
+    /* The CPU sampler itself, greedy. */
+    bn_sampler_params sp;
+    bn_sampler_params_default(&sp);
+    bn_sampler *s = NULL;
+    bn_error err;
+    CHECK(bn_sampler_create(&sp, V, &s, &err) == BN_OK);
+    float *copy = malloc(sizeof(float) * (size_t)V);
+    memcpy(copy, l, sizeof(float) * (size_t)V);
+    const int32_t cpu = s ? bn_sampler_sample(s, copy, NULL, 0) : -1;
+    bn_sampler_free(s);
+    free(copy);
+    CHECK_MSG(got == want && got == cpu, "greedy %s V=%d: device %d, reference %d, sampler %d",
+              what, V, got, want, cpu);
+}
+
+static void check_greedy(dev *d, int32_t V)
+{
+    float *l = malloc(sizeof(float) * (size_t)V);
+    for (int kind = 0; kind < 6; kind++) {
+        make_logits(l, V, kind);
+        check_greedy_one(d, l, V, "random");
+    }
+    /* Ties at the maximum: the lowest index wins, wherever the copies are. */
+    make_logits(l, V, 0);
+    const int32_t a = (int32_t)test_rand_range(0, V - 1), b = (int32_t)test_rand_range(0, V - 1);
+    l[a] = l[b] = 100.0f;
+    check_greedy_one(d, l, V, "tie");
+    /* NaN is never chosen, even where the maximum would be. */
+    l[a < b ? a : b] = NAN;
+    check_greedy_one(d, l, V, "NaN at max");
+    /* All -inf / NaN: token 0. */
+    for (int32_t i = 0; i < V; i++)
+        l[i] = (i & 1) ? NAN : -INFINITY;
+    check_greedy_one(d, l, V, "all masked");
+    for (int32_t i = 0; i < V; i++)
+        l[i] = NAN;
+    check_greedy_one(d, l, V, "all NaN");
+    /* -0 and +0 compare equal: the lower index wins, whichever sign. */
+    for (int32_t i = 0; i < V; i++)
+        l[i] = -1.0f - (float)(i % 7);
+    l[b] = -0.0f;
+    l[a] = 0.0f;
+    check_greedy_one(d, l, V, "signed zeros");
+    free(l);
+}
+
+static void check_top_k(dev *d, int32_t V)
+{
+    float *l = malloc(sizeof(float) * (size_t)V);
+    rcand *c = malloc(sizeof(rcand) * (size_t)V);
+    int32_t ids[BN_CUDA_SAMPLE_MAX_K];
+    float vals[BN_CUDA_SAMPLE_MAX_K];
+    for (int kind = 0; kind < 6; kind++) {
+        make_logits(l, V, kind);
+        if (kind == 5) /* top_k reports raw logits: +inf first, by id */
+            for (int32_t i = 0; i < V; i++)
+                l[i] = isnan(l[i]) ? -1.0f : l[i];
+        const int k = (int)test_rand_range(1, BN_CUDA_SAMPLE_MAX_K);
+        CUDA_OK(cudaMemcpy(d->logits, l, sizeof(float) * (size_t)V, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemset(d->ids, 0x5a, sizeof ids));
+        CUDA_OK(bn_cuda_top_k(d->logits, V, k, d->ws, d->ids, d->vals, 0));
+        CUDA_OK(cudaMemcpy(ids, d->ids, sizeof(int32_t) * (size_t)k, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(vals, d->vals, sizeof(float) * (size_t)k, cudaMemcpyDeviceToHost));
+        float *cl = malloc(sizeof(float) * (size_t)V);
+        for (int32_t i = 0; i < V; i++)
+            cl[i] = isnan(l[i]) ? -INFINITY : l[i];
+        const int32_t n = ref_sorted(cl, V, c);
+        free(cl);
+        int bad = 0;
+        for (int i = 0; i < k; i++) {
+            const int32_t want_id = i < n ? c[i].id : -1;
+            const float want_val = i < n ? c[i].logit : -INFINITY;
+            bad += ids[i] != want_id || vals[i] != want_val;
+        }
+        CHECK_MSG(bad == 0, "top_k V=%d k=%d kind %d: %d of %d entries differ (first: %d %g)", V,
+                  k, kind, bad, k, ids[0], (double)vals[0]);
+    }
+    free(l);
+    free(c);
+}
+
+static int ambiguous_draws, total_draws;
+
+static void check_draws(dev *d, int32_t V, int cases)
+{
+    float *l = malloc(sizeof(float) * (size_t)V), *copy = malloc(sizeof(float) * (size_t)V);
+    for (int cs = 0; cs < cases; cs++) {
+        const int kind = (int)test_rand_range(0, 5);
+        make_logits(l, V, kind);
+        bn_cuda_sample_params p;
+        p.temperature = test_rand_float(0.05f, 2.5f);
+        p.top_k = (int)test_rand_range(1, BN_CUDA_SAMPLE_MAX_K);
+        if (V <= BN_CUDA_SAMPLE_MAX_K && test_rand_range(0, 1))
+            p.top_k = 0; /* off: the index-order walk */
+        p.top_p = test_rand_range(0, 2) ? test_rand_float(0.05f, 0.999f) : 1.0f;
+        p.min_p = test_rand_range(0, 2) ? 0.0f : test_rand_float(0.0f, 0.4f);
+
+        bn_sampler_params sp;
+        bn_sampler_params_default(&sp);
+        sp.temperature = p.temperature;
+        sp.top_k = p.top_k;
+        sp.top_p = p.top_p;
+        sp.min_p = p.min_p;
+        sp.seed = test_rand_u64();
+        bn_sampler *s = NULL;
+        bn_error err;
+        CHECK(bn_sampler_create(&sp, V, &s, &err) == BN_OK);
+        xoshiro rng;
+        xo_seed(&rng, sp.seed);
+        for (int draw = 0; draw < 8; draw++) {
+            const double u = xo_uniform(&rng); /* the sampler's next u */
+            bool amb;
+            const int32_t want = ref_sample(l, V, &p, u, &amb);
+            const int32_t got = dev_sample(d, l, V, &p, u);
+            memcpy(copy, l, sizeof(float) * (size_t)V);
+            const int32_t cpu = s ? bn_sampler_sample(s, copy, NULL, 0) : -1;
+            total_draws++;
+            if (amb) {
+                ambiguous_draws++;
+                continue;
+            }
+            CHECK_MSG(got == want && got == cpu,
+                      "draw V=%d kind %d T=%g k=%d top_p=%g min_p=%g u=%.17g: device %d, "
+                      "reference %d, sampler %d",
+                      V, kind, (double)p.temperature, p.top_k, (double)p.top_p,
+                      (double)p.min_p, u, got, want, cpu);
+        }
+        bn_sampler_free(s);
+        /* The extremes of u against the reference. */
+        const double edges[] = {0.0, 1.0 - 0x1.0p-53, 0.5};
+        for (int e = 0; e < 3; e++) {
+            bool amb;
+            const int32_t want = ref_sample(l, V, &p, edges[e], &amb);
+            const int32_t got = dev_sample(d, l, V, &p, edges[e]);
+            total_draws++;
+            if (amb) {
+                ambiguous_draws++;
+                continue;
+            }
+            CHECK_MSG(got == want, "draw V=%d u=%.17g: device %d, reference %d", V, edges[e],
+                      got, want);
+        }
+    }
+    free(l);
+    free(copy);
+}
+
+static void check_invalid(dev *d)
+{
+    const int32_t V = 1000;
+    bn_cuda_sample_params p = {1.0f, 0, 1.0f, 0.0f};
+    CHECK(bn_cuda_sample(d->logits, V, &p, d->u, d->ws, d->token, NULL, 0) ==
+          cudaErrorInvalidValue); /* top-k off over 64 tokens */
+    p.top_k = BN_CUDA_SAMPLE_MAX_K + 1;
+    CHECK(bn_cuda_sample(d->logits, V, &p, d->u, d->ws, d->token, NULL, 0) ==
+          cudaErrorInvalidValue);
+    p.top_k = 10;
+    p.temperature = NAN;
+    CHECK(bn_cuda_sample(d->logits, V, &p, d->u, d->ws, d->token, NULL, 0) ==
+          cudaErrorInvalidValue);
+    CHECK(bn_cuda_top_k(d->logits, V, 0, d->ws, d->ids, d->vals, 0) == cudaErrorInvalidValue);
+    CHECK(bn_cuda_sample_workspace_bytes(0) == 0);
+    CHECK(bn_cuda_sample_workspace_bytes(128256) > 0);
+}
+
+/* Capture once, replay with new logits and u: the graph reads both from
+ * device memory and leaves the token in d->token and pinned h_token. */
+static void check_graph(dev *d, int32_t V)
+{
+    const bn_cuda_sample_params p = {0.8f, 40, 0.95f, 0.05f};
+    cudaStream_t st;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t g;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    CUDA_OK(bn_cuda_sample(d->logits, V, &p, d->u, d->ws, d->token, d->h_token, st));
+    CUDA_OK(cudaStreamEndCapture(st, &g));
+    CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
+    float *l = malloc(sizeof(float) * (size_t)V);
+    int bad = 0, amb_n = 0;
+    for (int i = 0; i < 20; i++) {
+        make_logits(l, V, (int)test_rand_range(0, 2));
+        const double u = (double)(test_rand_u64() >> 11) * 0x1.0p-53;
+        CUDA_OK(cudaMemcpyAsync(d->logits, l, sizeof(float) * (size_t)V, cudaMemcpyHostToDevice,
+                                st));
+        CUDA_OK(cudaMemcpyAsync(d->u, &u, sizeof u, cudaMemcpyHostToDevice, st));
+        CUDA_OK(cudaGraphLaunch(exec, st));
+        CUDA_OK(cudaStreamSynchronize(st));
+        bool amb;
+        const int32_t want = ref_sample(l, V, &p, u, &amb);
+        amb_n += amb;
+        bad += !amb && *d->h_token != want;
+    }
+    CHECK_MSG(bad == 0, "graph replays: %d of 20 tokens differ (%d ambiguous)", bad, amb_n);
+    free(l);
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(g));
+    CUDA_OK(cudaStreamDestroy(st));
+}
+
+static void time_sampling(dev *d, int32_t V)
+{
+    float *l = malloc(sizeof(float) * (size_t)V);
+    make_logits(l, V, 0);
+    CUDA_OK(cudaMemcpy(d->logits, l, sizeof(float) * (size_t)V, cudaMemcpyHostToDevice));
+    const double u = 0.3;
+    CUDA_OK(cudaMemcpy(d->u, &u, sizeof u, cudaMemcpyHostToDevice));
+    cudaEvent_t e0, e1;
+    CUDA_OK(cudaEventCreate(&e0));
+    CUDA_OK(cudaEventCreate(&e1));
+    const bn_cuda_sample_params ps[2] = {{0.0f, 0, 1.0f, 0.0f}, {0.8f, 64, 0.95f, 0.05f}};
+    for (int i = 0; i < 2; i++) {
+        for (int r = 0; r < 10; r++)
+            CUDA_OK(bn_cuda_sample(d->logits, V, &ps[i], d->u, d->ws, d->token, NULL, 0));
+        CUDA_OK(cudaEventRecord(e0, 0));
+        for (int r = 0; r < 200; r++)
+            CUDA_OK(bn_cuda_sample(d->logits, V, &ps[i], d->u, d->ws, d->token, NULL, 0));
+        CUDA_OK(cudaEventRecord(e1, 0));
+        CUDA_OK(cudaEventSynchronize(e1));
+        float ms;
+        CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+        printf("time: %s over %d logits: %.2f us per token\n",
+               i ? "top-k 64 / top-p sampling" : "greedy", V, ms * 1000.0f / 200);
+    }
+    /* The selection alone (no draw), for the split of the cost. */
+    for (int r = 0; r < 10; r++)
+        CUDA_OK(bn_cuda_top_k(d->logits, V, 64, d->ws, d->ids, d->vals, 0));
+    CUDA_OK(cudaEventRecord(e0, 0));
+    for (int r = 0; r < 200; r++)
+        CUDA_OK(bn_cuda_top_k(d->logits, V, 64, d->ws, d->ids, d->vals, 0));
+    CUDA_OK(cudaEventRecord(e1, 0));
+    CUDA_OK(cudaEventSynchronize(e1));
+    float ms;
+    CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+    printf("time: top-k 64 selection alone over %d logits: %.2f us\n", V, ms * 1000.0f / 200);
+    CUDA_OK(cudaEventDestroy(e0));
+    CUDA_OK(cudaEventDestroy(e1));
+    free(l);
+}
+
+int main(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+        TEST_SKIP("no usable CUDA device (see 'bitnet devices')");
+    struct cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    test_seed_init();
+    printf("device: %s\n", prop.name);
+    const bool quick = getenv("BN_TEST_QUICK") != NULL;
+
+    const int32_t big = 300000; /* beyond 2B-4T's vocabulary: larger pass-1 slices */
+    dev d;
+    dev_init(&d, big);
+    check_invalid(&d);
+
+    const int32_t vocabs[] = {1, 2, 5, 63, 64, 65, 1000, 2048, 2049, 4097, 50000, 128256, 151936,
+                              big};
+    for (size_t i = 0; i < sizeof vocabs / sizeof vocabs[0]; i++) {
+        check_greedy(&d, vocabs[i]);
+        check_top_k(&d, vocabs[i]);
+        check_draws(&d, vocabs[i], quick ? 4 : 25);
+    }
+    for (int i = 0; i < (quick ? 5 : 30); i++) {
+        const int32_t V = (int32_t)test_rand_range(1, 200000);
+        check_greedy(&d, V);
+        check_top_k(&d, V);
+        check_draws(&d, V, 3);
+    }
+    check_graph(&d, 128256);
+    printf("draws: %d, ambiguous (not compared): %d\n", total_draws, ambiguous_draws);
+    /* Mostly exact ties (all-equal logits with u = 0.5 hit a boundary
+     * exactly, and both sides then agree anyway); random u almost never. */
+    CHECK_MSG(ambiguous_draws * 20 <= total_draws, "too many ambiguous draws: %d of %d",
+              ambiguous_draws, total_draws);
+    if (!quick)
+        time_sampling(&d, 128256);
+    dev_free(&d);
+    TEST_EXIT();
+}
