@@ -43,11 +43,21 @@ ctest --test-dir "$build" --output-on-failure -j4 2>&1 | tee "$out/ctest.log" | 
 echo "== test_kernels with BITNET_KERNEL=cuda"
 BITNET_KERNEL=cuda "$build/tests/test_kernels" 2>&1 | tail -3 | tee -a "$out/ctest.log"
 if [ $sanitize -eq 1 ]; then
-    for tool in memcheck racecheck; do
-        echo "== compute-sanitizer --tool $tool test_cuda_kernels"
-        BN_TEST_QUICK=1 compute-sanitizer --tool $tool --error-exitcode 9 \
-            "$build/tests/test_cuda_kernels" >"$out/sanitizer-$tool.log" 2>&1
-        echo "exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer-$tool.log" | tail -1)"
+    # Every gpu-labelled test under memcheck and racecheck, in quick mode
+    # where a test has one. CUDA API errors are not counted: several tests
+    # provoke them on purpose (impossible allocations, bad PTX).
+    mapfile -t gpu_tests < <(ctest --test-dir "$build" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p')
+    for t in "${gpu_tests[@]}"; do
+        exe=$(find "$build/tests" -maxdepth 1 -name "$t" -type f | head -1)
+        [ -n "$exe" ] || continue
+        for tool in memcheck racecheck; do
+            log="$out/sanitize-$tool-$t.log"
+            BN_TEST_QUICK=1 timeout 300 compute-sanitizer --tool $tool --report-api-errors no \
+                --error-exitcode 9 "$exe" >"$log" 2>&1
+            rc=$?
+            summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)
+            echo "sanitize $tool $t: exit $rc ${summary#========= }" | tee -a "$out/sanitize.log"
+        done
     done
 fi
 if [ $bench -eq 1 ]; then
