@@ -4,7 +4,7 @@
 # provider through the generic kernel test, `bitnet devices` and the CUDA
 # kernel benchmark. Logs go to $OUT (or ./gpu-out).
 #
-# usage: scripts/gpu-check.sh [SNAPSHOT.tar] [--deps PREFIX] [--sanitize] [--no-bench]
+# usage: scripts/gpu-check.sh [SNAPSHOT.tar] [--deps PREFIX] [--sanitize] [--no-bench] [--no-tests]
 #   --deps PREFIX: where cJSON and PCRE2 headers/libraries are (a machine
 #   without Debian's -dev packages gets them carried in).
 set -uo pipefail
@@ -13,6 +13,7 @@ mkdir -p "$out"
 src=$PWD
 sanitize=0
 bench=1
+tests=1
 deps=""
 while [ $# -gt 0 ]; do
     a=$1
@@ -21,6 +22,7 @@ while [ $# -gt 0 ]; do
     --deps) deps=$(cd "$1" && pwd) && shift ;;
     --sanitize) sanitize=1 ;;
     --no-bench) bench=0 ;;
+    --no-tests) tests=0 ;;
     *.tar) src=$(mktemp -d) && tar -xf "$a" -C "$src" ;;
     esac
 done
@@ -37,11 +39,13 @@ jobs=$(nproc)
 } 2>&1 | tee "$out/build.log"
 [ -x "$build/bitnet" ] || { echo "build failed"; exit 1; }
 
-"$build/bitnet" devices 2>&1 | tee "$out/devices.txt"
-"$build/bitnet" devices --json | python3 -m json.tool >/dev/null && echo "devices --json: valid JSON"
-ctest --test-dir "$build" --output-on-failure -j4 2>&1 | tee "$out/ctest.log" | tail -25
-echo "== test_kernels with BITNET_KERNEL=cuda"
-BITNET_KERNEL=cuda "$build/tests/test_kernels" 2>&1 | tail -3 | tee -a "$out/ctest.log"
+if [ $tests -eq 1 ]; then
+    "$build/bitnet" devices 2>&1 | tee "$out/devices.txt"
+    "$build/bitnet" devices --json | python3 -m json.tool >/dev/null && echo "devices --json: valid JSON"
+    ctest --test-dir "$build" --output-on-failure -j4 2>&1 | tee "$out/ctest.log" | tail -25
+    echo "== test_kernels with BITNET_KERNEL=cuda"
+    BITNET_KERNEL=cuda "$build/tests/test_kernels" 2>&1 | tail -3 | tee -a "$out/ctest.log"
+fi
 if [ $sanitize -eq 1 ]; then
     # Every gpu-labelled test under memcheck and racecheck, in quick mode
     # where a test has one. CUDA API errors are not counted: several tests

@@ -40,5 +40,5 @@ $cc -std=c11 "$prefix/hello.c" -o "$prefix/hello_static" $(pkg-config --cflags b
 # Shared.
 $cc -std=c11 "$prefix/hello.c" -o "$prefix/hello_shared" $(pkg-config --cflags --libs bitnet) ||
     fail "cannot link against the shared library"
-LD_LIBRARY_PATH="$libdir" "$prefix/hello_shared" || fail "shared program failed"
+LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$prefix/hello_shared" || fail "shared program failed"
 echo "ok: install layout, pkg-config, static and shared linking"
