@@ -16,15 +16,19 @@ missing=()
 for cmd in "${!need[@]}"; do
     command -v "$cmd" >/dev/null 2>&1 || missing+=("${need[$cmd]}")
 done
-# Libraries (cJSON for JSON, PCRE2 for the tokenizer), and the aarch64 cross
-# build that test_neon_qemu runs under qemu: no command to look for, so ask
-# dpkg.
+# Libraries (cJSON for JSON, PCRE2 for the tokenizer), the aarch64 cross
+# build that test_neon_qemu runs under qemu, and clang with its sanitizer
+# and libFuzzer runtimes for test_sanitizers (Debian 12 names; clang only
+# recommends the runtimes, and recommends are not installed): no command
+# to look for, so ask dpkg.
 pkg_need=(
     libcjson-dev
     libpcre2-dev
     gcc-aarch64-linux-gnu
     libc6-dev-arm64-cross
     qemu-user
+    clang
+    libclang-rt-14-dev
 )
 for pkg in "${pkg_need[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' ||

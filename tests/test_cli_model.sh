@@ -451,5 +451,18 @@ expect_rc 2 "bench e2e beyond the context"
 run "$BITNET" bench --help
 expect_in out "e2e" "bench --help lists e2e"
 
+# ---- malformed models found by the fuzzers (fuzz/crashes) ------------------------
+# Metadata claiming a huge model in a tiny file: refused before anything
+# sized by the metadata is allocated (quickly, in little memory).
+crashes=$DATA/../../fuzz/crashes
+for bad in "$crashes/model_gguf/hparams-alloc-1gb.gguf" "$crashes/hf_dir/hparams-alloc-1gb"; do
+    run "$BITNET" run -m "$bad" -p hi -n 1
+    expect_rc 5 "run on $(basename "$bad")"
+    expect_in err "needs at least" "$(basename "$bad") is refused as too small"
+    run "$BITNET" inspect "$bad"
+    expect_rc 0 "inspect describes $(basename "$bad")"
+    expect_in out "runnable +no: .*needs at least" "inspect says why $(basename "$bad") cannot run"
+done
+
 echo "$checks checks, $fails failed"
 [ "$fails" = 0 ]

@@ -143,6 +143,28 @@ static int64_t norms_per_layer(const bn_hparams *hp)
     return total;
 }
 
+bn_status bn_model_check_fits(const bn_hparams *hp, uint64_t source_bytes, const char *source,
+                              bn_error *err)
+{
+    bn_status st = bn_hparams_validate(hp, err);
+    if (st != BN_OK)
+        return st;
+    /* The smallest encodings a file can use: 1.6875 bits per ternary weight
+     * (TQ1_0) and 2 bytes per norm weight (F16/BF16). A file smaller than
+     * that cannot hold the model its metadata describes; saying so here
+     * keeps a tiny malformed file from making the loader allocate and fill
+     * tables sized by its claims. */
+    const double ternary = (double)bn_hparams_ternary_count(hp) * 54.0 / 256.0;
+    const double norms = 2.0 * (double)(norms_per_layer(hp) * hp->n_layer + hp->dim);
+    if ((double)source_bytes < ternary + norms)
+        return bn_error_set(err, BN_ERR_FORMAT, "the file is truncated or its metadata is wrong",
+                            "%s holds %llu bytes, but the model it describes (%d layers, dim %d, "
+                            "ffn %d) needs at least %.0f",
+                            source, (unsigned long long)source_bytes, hp->n_layer, hp->dim,
+                            hp->ffn, ternary + norms);
+    return BN_OK;
+}
+
 bn_status bn_model_alloc(const bn_hparams *hp, bn_model **out, bn_error *err)
 {
     *out = NULL;

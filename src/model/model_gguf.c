@@ -308,6 +308,8 @@ bn_status bn_model_load_gguf(const char *path, bn_model **out, bn_error *err)
     hp.tied_embeddings = output == NULL;
     bn_model *m = NULL;
     if (st == BN_OK)
+        st = bn_model_check_fits(&hp, bn_gguf_file_size(g), "the GGUF file", err);
+    if (st == BN_OK)
         st = bn_model_alloc(&hp, &m, err);
     if (st != BN_OK) {
         bn_gguf_close(g);

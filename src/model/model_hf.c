@@ -245,8 +245,13 @@ bn_status bn_model_load_hf_dir(const char *dir, bn_model **out, bn_error *err)
     hp.tied_embeddings = c->tie_word_embeddings;
     snprintf(hp.arch, sizeof hp.arch, "%.31s", c->architecture);
 
+    uint64_t tensor_bytes = 0;
+    for (size_t i = 0; i < bn_hf_dir_tensor_count(d); i++)
+        tensor_bytes += bn_hf_dir_tensor_at(d, i)->bytes;
     bn_model *m = NULL;
-    st = bn_model_alloc(&hp, &m, err);
+    st = bn_model_check_fits(&hp, tensor_bytes, "the directory's safetensors", err);
+    if (st == BN_OK)
+        st = bn_model_alloc(&hp, &m, err);
     if (st != BN_OK) {
         bn_hf_dir_close(d);
         return st;

@@ -51,6 +51,10 @@ struct bn_model {
 
 /* Allocates a model for hp (validated) with empty projections and norms. */
 bn_status bn_model_alloc(const bn_hparams *hp, bn_model **out, bn_error *err);
+/* Refuses a source too small for the model its metadata describes (before
+ * any table sized by that metadata is allocated). */
+bn_status bn_model_check_fits(const bn_hparams *hp, uint64_t source_bytes, const char *source,
+                              bn_error *err);
 
 bn_proj_tensor *bn_model_proj_slot(bn_model *m, int layer, bn_proj which);
 float *bn_model_norm_slot(bn_model *m, int layer, bn_norm which);

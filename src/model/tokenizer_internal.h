@@ -76,6 +76,20 @@ static inline size_t bn_utf8_len(unsigned char c)
     return 1;
 }
 
+/* Bytes of the character at p (avail bytes left): the lead byte's length
+ * when that many continuation bytes really follow, else 1, so a truncated
+ * sequence never swallows the bytes after it. */
+static inline size_t bn_utf8_char_len(const unsigned char *p, size_t avail)
+{
+    size_t k = bn_utf8_len(p[0]);
+    if (k > avail)
+        return 1;
+    for (size_t j = 1; j < k; j++)
+        if ((p[j] & 0xC0) != 0x80)
+            return 1;
+    return k;
+}
+
 /* Writes code point cp as UTF-8 into out (4 bytes of room); returns the
  * number of bytes. */
 static inline size_t bn_utf8_put(uint32_t cp, char *out)

@@ -155,9 +155,7 @@ bn_status bn_spm_encode(const bn_tokenizer *t, bn_tok_scratch *s, const char *te
     }
     int32_t count = 0;
     for (size_t i = 0; i < n; count++) {
-        size_t k = bn_utf8_len((unsigned char)s->buf[i]);
-        if (k > n - i)
-            k = n - i;
+        size_t k = bn_utf8_char_len((const unsigned char *)s->buf + i, n - i);
         s->sym[count] = (bn_tok_sym){-1, count - 1, count + 1, (uint32_t)i, (uint32_t)k};
         i += k;
     }
