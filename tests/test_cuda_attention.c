@@ -28,16 +28,7 @@
 
 #include "attention_cuda.h"
 #include "test_util.h"
-
-#define CUDA_OK(call)                                                                        \
-    do {                                                                                     \
-        cudaError_t rc_ = (call);                                                            \
-        if (rc_ != cudaSuccess) {                                                            \
-            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
-                    cudaGetErrorString(rc_));                                                \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "test_util_cuda.h"
 
 static int sm_count;
 

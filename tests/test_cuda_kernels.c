@@ -8,18 +8,9 @@
 #include "kernel_manager.h"
 #include "quant_rules.h"
 #include "test_util.h"
+#include "test_util_cuda.h"
 #include "w2a8.h"
 #include "w2a8_cuda.h"
-
-#define CUDA_OK(call)                                                                        \
-    do {                                                                                     \
-        cudaError_t rc_ = (call);                                                            \
-        if (rc_ != cudaSuccess) {                                                            \
-            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
-                    cudaGetErrorString(rc_));                                                \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
 
 static int sm_count;
 

@@ -24,16 +24,7 @@
 
 #include "lm_head_cuda.h"
 #include "test_util.h"
-
-#define CUDA_OK(call)                                                                        \
-    do {                                                                                     \
-        cudaError_t rc_ = (call);                                                            \
-        if (rc_ != cudaSuccess) {                                                            \
-            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
-                    cudaGetErrorString(rc_));                                                \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "test_util_cuda.h"
 
 /* ---- fp16 / bf16 on the host ---------------------------------------------- */
 

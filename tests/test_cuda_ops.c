@@ -26,17 +26,8 @@
 #include "ops_cuda.h"
 #include "quant_rules.h"
 #include "test_util.h"
+#include "test_util_cuda.h"
 #include "w2a8_cuda.h"
-
-#define CUDA_OK(call)                                                                        \
-    do {                                                                                     \
-        cudaError_t rc_ = (call);                                                            \
-        if (rc_ != cudaSuccess) {                                                            \
-            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
-                    cudaGetErrorString(rc_));                                                \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
 
 #define POISON_BYTE 0xff          /* every float becomes a NaN (0xffffffff) */
 #define SUM_POISON 0x7f7f7f7f     /* far beyond any |sum| of int8 rows here */

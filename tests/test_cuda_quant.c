@@ -24,17 +24,8 @@
 #include "quant_cuda.h"
 #include "quant_rules.h"
 #include "test_util.h"
+#include "test_util_cuda.h"
 #include "w2a8.h"
-
-#define CUDA_OK(call)                                                                        \
-    do {                                                                                     \
-        cudaError_t rc_ = (call);                                                            \
-        if (rc_ != cudaSuccess) {                                                            \
-            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
-                    cudaGetErrorString(rc_));                                                \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
 
 static int scale_differences; /* GPU means rounded differently from the CPU's */
 

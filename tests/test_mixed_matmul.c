@@ -14,16 +14,7 @@
 #include "perf_stats.h"
 #include "precision_select.h"
 #include "test_util.h"
-
-#define CUDA_OK(call)                                                                        \
-    do {                                                                                     \
-        cudaError_t rc_ = (call);                                                            \
-        if (rc_ != cudaSuccess) {                                                            \
-            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
-                    cudaGetErrorString(rc_));                                                \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "test_util_cuda.h"
 
 static uint32_t bits_of(float f)
 {

@@ -11,6 +11,7 @@
  * lm_head.weight).
  */
 #include "safetensors.h"
+#include "path_util.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -51,20 +52,6 @@ struct bn_hf_dir {
 
 /* ---- small helpers ----------------------------------------------------------- */
 
-static const char *base_name(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    return slash ? slash + 1 : path;
-}
-
-static char *dup_string(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *p = malloc(n);
-    if (p)
-        memcpy(p, s, n);
-    return p;
-}
 
 static const char *json_type_name(const cJSON *item)
 {
@@ -103,7 +90,7 @@ static bn_status join_path(char *buf, size_t size, const char *dir, const char *
 static bn_status read_json_file(const char *path, cJSON **out, bn_error *err)
 {
     *out = NULL;
-    const char *label = base_name(path);
+    const char *label = bn_path_base(path);
     struct stat sb;
     /* fopen succeeds on a directory, and its "size" is then meaningless */
     if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
@@ -456,7 +443,7 @@ bn_status bn_hf_config_load(const char *path, bn_hf_config *cfg, bn_error *err)
     bn_status s = read_json_file(path, &root, err);
     if (s != BN_OK)
         return s;
-    const field_ctx c = {base_name(path), "", err};
+    const field_ctx c = {bn_path_base(path), "", err};
     s = read_config(&c, root, cfg);
     cJSON_Delete(root);
     return s;
@@ -499,7 +486,7 @@ static bn_status add_shard_names(bn_hf_dir *d, const char **names, size_t n, bn_
     for (size_t i = 0; i < n; i++) {
         if (d->n_shards && strcmp(d->shard_names[d->n_shards - 1], names[i]) == 0)
             continue; /* each shard is opened once however many tensors it holds */
-        if (!(d->shard_names[d->n_shards] = dup_string(names[i])))
+        if (!(d->shard_names[d->n_shards] = strdup(names[i])))
             return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "out of memory listing shards");
         d->n_shards++;
     }
@@ -543,7 +530,7 @@ static bn_status check_weight_map(const bn_hf_dir *d, const cJSON *map, const ch
 
 static bn_status open_index(bn_hf_dir *d, const char *dir, const char *index_path, bn_error *err)
 {
-    const char *label = base_name(index_path);
+    const char *label = bn_path_base(index_path);
     cJSON *root;
     bn_status s = read_json_file(index_path, &root, err);
     if (s != BN_OK)
@@ -627,7 +614,7 @@ static bn_status read_generation_config(bn_hf_dir *d, const char *path, bn_error
     bn_status s = read_json_file(path, &root, err);
     if (s != BN_OK)
         return s;
-    const field_ctx c = {base_name(path), "", err};
+    const field_ctx c = {bn_path_base(path), "", err};
     s = read_token_ids(&c, root, "eos_token_id", d->gen_eos, HF_MAX_EOS, &d->n_gen_eos);
     d->has_gen_eos = s == BN_OK && d->n_gen_eos > 0;
     cJSON_Delete(root);
@@ -681,7 +668,7 @@ static bn_status open_dir(bn_hf_dir *d, const char *dir, bn_error *err)
 
     if (s == BN_OK)
         s = join_path(path, sizeof path, dir, "tokenizer.json", err);
-    if (s == BN_OK && is_regular_file(path) && !(d->tokenizer_path = dup_string(path)))
+    if (s == BN_OK && is_regular_file(path) && !(d->tokenizer_path = strdup(path)))
         s = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "out of memory");
 
     if (s == BN_OK)

@@ -11,6 +11,7 @@
  * metadata strings point into it, so nothing is copied twice.
  */
 #include "safetensors.h"
+#include "path_util.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -100,20 +101,6 @@ static bool dtype_known_unsupported(const char *name)
 
 /* ---- small helpers ----------------------------------------------------------- */
 
-static const char *base_name(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    return slash ? slash + 1 : path;
-}
-
-static char *dup_string(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *p = malloc(n);
-    if (p)
-        memcpy(p, s, n);
-    return p;
-}
 
 /* A JSON number that is a non-negative integer a double holds exactly. */
 static bool json_to_u64(const cJSON *item, uint64_t *out)
@@ -487,7 +474,7 @@ bn_status bn_safetensors_open(const char *path, bn_safetensors **out, bn_error *
                             "bn_safetensors_open: path and out must not be NULL");
 
     bn_safetensors *st = calloc(1, sizeof *st);
-    if (!st || !(st->label = dup_string(base_name(path)))) {
+    if (!st || !(st->label = strdup(bn_path_base(path)))) {
         free(st);
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "out of memory opening %s", path);
     }

@@ -88,6 +88,47 @@ void *bn_tok_grow(void *p, size_t *cap, size_t need, size_t elem)
     return q;
 }
 
+static bool merge_before(const bn_tok_candidate *a, const bn_tok_candidate *b)
+{
+    return a->key < b->key || (a->key == b->key && a->pos < b->pos);
+}
+
+bool bn_tok_heap_push(bn_tok_scratch *s, bn_tok_candidate m)
+{
+    bn_tok_candidate *h = bn_tok_grow(s->heap, &s->heap_cap, s->heap_n + 1, sizeof *h);
+    if (!h)
+        return false;
+    s->heap = h;
+    size_t i = s->heap_n++;
+    while (i > 0 && merge_before(&m, &h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = m;
+    return true;
+}
+
+bn_tok_candidate bn_tok_heap_pop(bn_tok_scratch *s)
+{
+    bn_tok_candidate *h = s->heap;
+    bn_tok_candidate top = h[0], last = h[--s->heap_n];
+    size_t i = 0, n = s->heap_n;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && merge_before(&h[c + 1], &h[c]))
+            c++;
+        if (!merge_before(&h[c], &last))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (n > 0)
+        h[i] = last;
+    return top;
+}
+
 bool bn_tok_split_merge(const char *s, size_t len, bn_tok_str *left, bn_tok_str *right)
 {
     for (size_t i = 1; i < len; i++) {

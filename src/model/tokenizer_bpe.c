@@ -35,55 +35,6 @@ const char bn_tok_llama3_regex[] =
 const char bn_tok_gpt2_regex[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-/* A candidate merge: the pair starting at symbol pos. */
-typedef struct pair {
-    int32_t rank;
-    int32_t pos;
-    int32_t left, right; /* the ids it was found for, to spot stale entries */
-    int32_t result;
-} pair;
-
-static bool pair_before(const pair *a, const pair *b)
-{
-    return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
-}
-
-static bool heap_push(bn_tok_scratch *s, pair p)
-{
-    pair *h = bn_tok_grow(s->heap, &s->heap_cap, s->heap_n + 1, sizeof *h);
-    if (!h)
-        return false;
-    s->heap = h;
-    size_t i = s->heap_n++;
-    while (i > 0 && pair_before(&p, &h[(i - 1) / 2])) {
-        h[i] = h[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    h[i] = p;
-    return true;
-}
-
-static pair heap_pop(bn_tok_scratch *s)
-{
-    pair *h = s->heap;
-    pair top = h[0], last = h[--s->heap_n];
-    size_t i = 0, n = s->heap_n;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && pair_before(&h[c + 1], &h[c]))
-            c++;
-        if (!pair_before(&h[c], &last))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (n > 0)
-        h[i] = last;
-    return top;
-}
-
 /* Queues the pair (pos, its next symbol) if the two have a merge. */
 static bool push_pair(const bn_tokenizer *t, bn_tok_scratch *s, int32_t pos)
 {
@@ -93,7 +44,8 @@ static bool push_pair(const bn_tokenizer *t, bn_tok_scratch *s, int32_t pos)
     const bn_tok_merge *m = bn_tok_merge_find(t, l, r);
     if (!m)
         return true;
-    return heap_push(s, (pair){m->rank, pos, l, r, m->result});
+    /* Ranks are below 2^24, so the float key holds them exactly. */
+    return bn_tok_heap_push(s, (bn_tok_candidate){(float)m->rank, pos, l, r, m->result, 0});
 }
 
 /* Runs the merges over the symbols s->sym[0..n). */
@@ -104,7 +56,7 @@ static bool merge_symbols(const bn_tokenizer *t, bn_tok_scratch *s, int32_t n)
         if (!push_pair(t, s, i))
             return false;
     while (s->heap_n > 0) {
-        pair p = heap_pop(s);
+        bn_tok_candidate p = bn_tok_heap_pop(s);
         bn_tok_sym *a = &s->sym[p.pos];
         if (a->id < 0 || a->next < 0)
             continue;

@@ -198,13 +198,25 @@ typedef struct bn_tok_sym {
     uint32_t start, len; /* SPM: the symbol's bytes in the word */
 } bn_tok_sym;
 
+/* A candidate merge in the BPE and SPM merge queues. The queue pops the
+ * lowest key first (BPE: the merge's rank; SPM: minus the merged token's
+ * score), then the leftmost position. left/right/result/size let the
+ * encoder spot entries made stale by an earlier merge. */
+typedef struct bn_tok_candidate {
+    float key;
+    int32_t pos;
+    int32_t left, right;
+    int32_t result;
+    uint32_t size;
+} bn_tok_candidate;
+
 /* Scratch memory one bn_tokenize call reuses from piece to piece. */
 typedef struct bn_tok_scratch {
     char *buf; /* mapped text of the current piece */
     size_t buf_cap;
     bn_tok_sym *sym;
     size_t sym_cap;
-    void *heap; /* entries of the encoder's own type */
+    bn_tok_candidate *heap; /* the merge queue, a binary min-heap */
     size_t heap_n, heap_cap;
     void *match; /* pcre2_match_data */
 } bn_tok_scratch;
@@ -212,6 +224,10 @@ typedef struct bn_tok_scratch {
 /* Grows array p (of *cap elements of elem bytes) to hold need elements:
  * returns the array, moved or not, or NULL (p untouched) without memory. */
 void *bn_tok_grow(void *p, size_t *cap, size_t need, size_t elem);
+
+/* The merge queue: push (false without memory) and pop (heap_n > 0). */
+bool bn_tok_heap_push(bn_tok_scratch *s, bn_tok_candidate m);
+bn_tok_candidate bn_tok_heap_pop(bn_tok_scratch *s);
 
 /* Encodes one fragment of ordinary text (no special tokens in it). */
 bn_status bn_bpe_encode(const bn_tokenizer *t, bn_tok_scratch *s, const char *text, size_t len,

@@ -20,54 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A candidate merge of symbols left and right into a token of this score. */
-typedef struct bigram {
-    float score;
-    int32_t left, right;
-    uint32_t size; /* bytes of the merged text, to spot stale entries */
-} bigram;
-
-static bool bigram_before(const bigram *a, const bigram *b)
-{
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-static bool heap_push(bn_tok_scratch *s, bigram g)
-{
-    bigram *h = bn_tok_grow(s->heap, &s->heap_cap, s->heap_n + 1, sizeof *h);
-    if (!h)
-        return false;
-    s->heap = h;
-    size_t i = s->heap_n++;
-    while (i > 0 && bigram_before(&g, &h[(i - 1) / 2])) {
-        h[i] = h[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    h[i] = g;
-    return true;
-}
-
-static bigram heap_pop(bn_tok_scratch *s)
-{
-    bigram *h = s->heap;
-    bigram top = h[0], last = h[--s->heap_n];
-    size_t i = 0, n = s->heap_n;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && bigram_before(&h[c + 1], &h[c]))
-            c++;
-        if (!bigram_before(&h[c], &last))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (n > 0)
-        h[i] = last;
-    return top;
-}
-
 /* A token that merging may produce. */
 static int32_t mergeable(const bn_tokenizer *t, const char *s, size_t len)
 {
@@ -86,7 +38,9 @@ static bool try_bigram(const bn_tokenizer *t, bn_tok_scratch *s, int32_t left, i
     int32_t id = mergeable(t, s->buf + a->start, a->len + b->len);
     if (id < 0)
         return true;
-    return heap_push(s, (bigram){t->score[id], left, right, a->len + b->len});
+    /* Highest score first: the queue pops the lowest key. */
+    return bn_tok_heap_push(s, (bn_tok_candidate){-t->score[id], left, left, right, id,
+                                               a->len + b->len});
 }
 
 static bool merge_all(const bn_tokenizer *t, bn_tok_scratch *s, int32_t n)
@@ -96,7 +50,7 @@ static bool merge_all(const bn_tokenizer *t, bn_tok_scratch *s, int32_t n)
         if (!try_bigram(t, s, i - 1, i))
             return false;
     while (s->heap_n > 0) {
-        bigram g = heap_pop(s);
+        bn_tok_candidate g = bn_tok_heap_pop(s);
         bn_tok_sym *a = &s->sym[g.left], *b = &s->sym[g.right];
         if (a->len == 0 || b->len == 0 || a->next != g.right || a->len + b->len != g.size)
             continue; /* stale: one side has merged since */
