@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: builds a snapshot of the tree (a tar of a commit,
 # or the tree itself), then the gpu-labelled tests, the CPU suite, the CUDA
-# provider through the generic kernel test, `bitnet devices` and the CUDA
-# kernel benchmark. Logs go to $OUT (or ./gpu-out).
+# provider through the generic kernel test, `bitnet devices`, the CUDA
+# kernel benchmark and the GPU end-to-end benchmark. Logs go to $OUT (or
+# ./gpu-out).
 #
 # usage: scripts/gpu-check.sh [SNAPSHOT.tar] [--deps PREFIX] [--sanitize] [--no-bench] [--no-tests]
 #   --deps PREFIX: where cJSON and PCRE2 headers/libraries are (a machine
@@ -66,4 +67,7 @@ if [ $sanitize -eq 1 ]; then
 fi
 if [ $bench -eq 1 ]; then
     "$build/bitnet" bench kernels --device cuda 2>&1 | tee "$out/bench_cuda.md"
+    # The whole model on the GPU: prefill/decode tok/s, the step split by
+    # kernel, memory and the byte floor (docs/PERFORMANCE.md).
+    "$build/bitnet" bench e2e --shape 2b4t --device cuda 2>&1 | tee "$out/bench_e2e.md"
 fi

@@ -11,6 +11,13 @@
 #     gives the HF source's greedy tokens and logits;
 #   - bad arguments and missing files give the documented exit codes;
 #   - bench e2e --shape tiny runs.
+# The transformers checks run with --device cpu (the numerical reference).
+# Device selection is checked for the machine at hand: without a usable
+# CUDA GPU, cuda requests fail with exit code 4 naming why and auto (strict
+# or not) computes on the CPU; with one (and a CUDA build), --device cuda
+# reproduces the same greedy tokens and text as the CPU, auto picks it, and
+# an impossible BITNET_MEMORY_LIMIT falls back to the CPU (an error under
+# BITNET_STRICT_MODE=1 or --device cuda).
 # usage: test_cli_model.sh /path/to/bitnet /path/to/tests/data
 set -u
 BITNET=${1:?usage: test_cli_model.sh BITNET DATA}
@@ -31,6 +38,15 @@ for f in expect_packed.txt expect_bf16.txt hf_packed hf_bf16 i2s.gguf tq2_0.gguf
         exit 1
     fi
 done
+
+# A usable CUDA GPU that this build can compute on: 'bitnet devices' says
+# "available" only for a real device that answered a CUDA build's query.
+if "$BITNET" devices 2>/dev/null | grep -qE '^  cuda +available'; then
+    HAVE_GPU=1
+else
+    HAVE_GPU=0
+fi
+echo "usable CUDA GPU: $([ $HAVE_GPU = 1 ] && echo yes || echo no)"
 
 # Run with a clean BITNET_* environment plus the given assignments.
 run() {
@@ -88,9 +104,9 @@ N_GREEDY=$(awk '$1 == "greedy" { print $2 }' "$M/expect_packed.txt")
 N_GREEDY_BF16=$(awk '$1 == "greedy" { print $2 }' "$M/expect_bf16.txt")
 
 # Greedy tokens of a run (from its receipt) must equal the reference.
-check_greedy() { # model prompt-ids expected-ids n what
+check_greedy() { # model prompt-ids expected-ids n what [device]
     run "$BITNET" run -m "$1" --prompt-ids "$2" -n "$4" --temp 0 --receipt "$tmp/r.json" \
-        --dump-logits "$tmp/logits.txt"
+        --dump-logits "$tmp/logits.txt" --device "${6:-cpu}"
     expect_rc 0 "$5: run"
     expect_py "$5: greedy tokens equal the transformers reference" "$tmp/r.json" "$3" <<'EOF'
 import json, sys
@@ -133,8 +149,15 @@ check_logits "$M/expect_bf16.txt" 1e-4 "hf_bf16"
 run "$BITNET" run -m "$M/i2s.gguf" --prompt-ids "$PACKED_PROMPT" -n "$N_GREEDY" --temp 0 \
     --receipt "$tmp/r.json"
 expect_rc 0 "run with a receipt"
-expect_in err "^requested=auto detected=\[[a-z0-9,]*scalar\] selected=cpu \([a-z0-9]+, [0-9]+ threads?\)$" \
-    "one startup line on stderr"
+if [ $HAVE_GPU = 1 ]; then
+    expect_in err "^requested=auto detected=\[cuda,[a-z0-9,]*scalar\] selected=cuda:[0-9]+ \(.*, (graphs|no graphs), kv f32\)$" \
+        "one startup line on stderr"
+    SELECTED=cuda
+else
+    expect_in err "^requested=auto detected=\[[a-z0-9,]*scalar\] selected=cpu \([a-z0-9]+, [0-9]+ threads?\)$" \
+        "one startup line on stderr"
+    SELECTED=cpu
+fi
 checks=$((checks + 1))
 [ "$(grep -c '^requested=' "$tmp/err")" = 1 ] || fail "exactly one startup line"
 expect_in err "^prompt +[0-9]+ tokens in .* tok/s" "prompt timing on stderr"
@@ -142,7 +165,7 @@ expect_in err "^generation +[0-9]+ tokens in .* tok/s" "generation timing on std
 expect_not_in out "requested=|tok/s" "stdout holds only the generated text"
 checks=$((checks + 1))
 python3 -m json.tool "$tmp/r.json" >/dev/null 2>&1 || fail "the receipt is not valid JSON"
-expect_py "receipt fields" "$tmp/r.json" "$tmp/out" "$M/i2s.gguf" <<'EOF'
+expect_py "receipt fields" "$tmp/r.json" "$tmp/out" "$M/i2s.gguf" "$SELECTED" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 need = {
@@ -151,7 +174,7 @@ need = {
     "model": ["path", "architecture", "flavour", "projection_type", "hparams"],
     "model.hparams": ["vocab", "dim", "ffn", "n_layer", "n_head", "n_head_kv", "n_ctx_train"],
     "backend": ["requested", "requested_from", "detected", "selected", "kernel_provider",
-                "threads", "n_ctx"],
+                "threads", "n_ctx", "kernels"],
     "prompt": ["tokens", "token_ids"],
     "generation": ["tokens", "token_ids", "text", "stop_reason"],
     "sampling": ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "greedy"],
@@ -173,7 +196,9 @@ checks = [
     (r["model"]["path"] == sys.argv[3], "model path"),
     (r["model"]["architecture"] == "bitnet-25", "architecture"),
     (r["model"]["projection_type"] == "i2_s", "projection type"),
-    (r["backend"]["selected"] == "cpu", "selected"),
+    (r["backend"]["selected"].startswith(sys.argv[4]), "selected"),
+    (len(r["backend"]["kernels"]) > 0, "kernels that ran"),
+    (("gpu" in r["memory"]) == (sys.argv[4] == "cuda"), "gpu memory iff on the GPU"),
     (r["backend"]["requested"] == "auto", "requested"),
     ("scalar" in r["backend"]["detected"], "detected lists the CPU providers"),
     (r["startup_line"].startswith("requested=auto"), "startup line"),
@@ -262,15 +287,38 @@ run "$BITNET" run -m "$M/hf_packed" -p hi --ctx 100000
 expect_rc 2 "--ctx beyond the training context"
 expect_in err "trained for" "--ctx message"
 
-run "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --device cuda
-expect_rc 4 "--device cuda"
-expect_in err "CUDA inference backend is not available in this build yet; use --device cpu" \
-    "--device cuda message"
-run "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --device gpu
-expect_rc 4 "--device gpu"
-run env BITNET_DEVICE=cuda:0 "$BITNET" run -m "$M/hf_packed" -p hi -n 2
-expect_rc 4 "BITNET_DEVICE=cuda:0"
-expect_in err "BITNET_DEVICE" "the hint names BITNET_DEVICE"
+if [ $HAVE_GPU = 0 ]; then
+    # No usable GPU: a cuda request is an error naming why (exit 4); auto,
+    # strict or not, computes on the CPU (no GPU means no fallback).
+    run "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --device cuda
+    expect_rc 4 "--device cuda"
+    expect_in err "CUDA is not usable \(requested cuda\): .+|no CUDA support" \
+        "--device cuda says why CUDA is not usable"
+    expect_in err "hint: .*--device cpu" "--device cuda hint"
+    expect_not_in out "." "nothing generated after a device error"
+    run "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --device gpu
+    expect_rc 4 "--device gpu"
+    run "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --device cuda:1
+    expect_rc 4 "--device cuda:1"
+    run env BITNET_DEVICE=cuda:0 "$BITNET" run -m "$M/hf_packed" -p hi -n 2
+    expect_rc 4 "BITNET_DEVICE=cuda:0"
+    expect_in err "BITNET_DEVICE" "the hint names BITNET_DEVICE"
+    run env BITNET_STRICT_MODE=1 "$BITNET" run -m "$M/hf_packed" --prompt-ids "$PACKED_PROMPT" \
+        -n 4 --temp 0 --receipt "$tmp/strict.json"
+    expect_rc 0 "BITNET_STRICT_MODE=1 with auto and no GPU computes on the CPU"
+    expect_in err "selected=cpu" "strict auto without a GPU: cpu"
+    expect_py "strict auto without a GPU: no fallback recorded" "$tmp/strict.json" <<'EOF'
+import json, sys
+b = json.load(open(sys.argv[1]))["backend"]
+if b["selected"] != "cpu" or b["fallback_reason"] != "":
+    print(b); sys.exit(1)
+EOF
+    run env BITNET_STRICT_MODE=1 "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --device cuda
+    expect_rc 4 "BITNET_STRICT_MODE=1 --device cuda without a GPU"
+    run env BITNET_GPU_FAKE=cuda "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --device cuda
+    expect_rc 4 "--device cuda with only a fake GPU"
+    expect_in err "fake GPUs never compute|no CUDA support" "a fake GPU never computes"
+fi
 run env BITNET_DEVICE=cuda "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --device cpu
 expect_rc 0 "--device cpu wins over BITNET_DEVICE"
 expect_in err "^requested=cpu " "requested=cpu"
@@ -280,9 +328,59 @@ expect_in err "selected=cpu" "fake GPU: cpu selected"
 expect_not_in err "detected=\[cuda" "fakes are never listed as detected"
 run env BITNET_GPU_FAKE=cuda BITNET_STRICT_NO_FAKE_GPU=1 "$BITNET" run -m "$M/hf_packed" -p hi
 expect_rc 4 "strict no-fake refuses a configured fake"
+
+if [ $HAVE_GPU = 1 ]; then
+    # The GPU streams what the CPU streams: tokens (every flavour) and text.
+    for f in hf_packed i2s.gguf tq2_0.gguf tq1_0.gguf; do
+        check_greedy "$M/$f" "$PACKED_PROMPT" "$PACKED_GREEDY" "$N_GREEDY" "cuda $f" cuda
+        check_logits "$M/expect_packed.txt" 1e-3 "cuda $f"
+    done
+    check_greedy "$M/hf_bf16" "$BF16_PROMPT" "$BF16_GREEDY" "$N_GREEDY_BF16" "cuda hf_bf16" cuda
+    check_logits "$M/expect_bf16.txt" 1e-3 "cuda hf_bf16"
+    TEXT=$(sed -n 's/^text //p' "$M/expect_packed.txt")
+    run "$BITNET" run -m "$M/tq2_0.gguf" -p "$TEXT" -n 24 --temp 0 --device cpu
+    cp "$tmp/out" "$tmp/text_cpu"
+    run "$BITNET" run -m "$M/tq2_0.gguf" -p "$TEXT" -n 24 --temp 0 --device cuda --verbose \
+        --receipt "$tmp/g.json"
+    expect_rc 0 "run --device cuda --verbose"
+    checks=$((checks + 1))
+    cmp -s "$tmp/out" "$tmp/text_cpu" || fail "--device cuda streams other text than --device cpu"
+    expect_in err "^gpu memory: cuda:[0-9]+ .*KV cache" "--verbose reports the GPU footprint"
+    expect_in err "^kernels +.*w2a8_gemv" "--verbose lists the kernels that ran"
+    expect_py "receipt of a GPU run" "$tmp/g.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+g = r["memory"]["gpu"]
+ok = (r["backend"]["selected"].startswith("cuda:") and g["total_bytes"] > 0
+      and g["kv_cache_bytes"] > 0 and "w2a8_gemv" in r["backend"]["kernels"])
+if not ok:
+    print(r["backend"], g); sys.exit(1)
+EOF
+    # An impossible memory limit: auto falls back (the reason logged and in
+    # the receipt); strict mode and an explicit request fail (exit 6).
+    run env BITNET_MEMORY_LIMIT=1MB "$BITNET" run -m "$M/hf_packed" --prompt-ids "$PACKED_PROMPT" \
+        -n "$N_GREEDY" --temp 0 --receipt "$tmp/fb.json"
+    expect_rc 0 "auto with BITNET_MEMORY_LIMIT=1MB falls back to the CPU"
+    expect_in err "CUDA initialisation failed.*computing on the CPU" "the fallback is logged"
+    expect_py "fallback recorded, same tokens" "$tmp/fb.json" "$PACKED_GREEDY" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+b = r["backend"]
+want = [int(x) for x in sys.argv[2].split(",")]
+if b["selected"] != "cpu" or "BITNET_MEMORY_LIMIT" not in b["fallback_reason"] \
+        or r["generation"]["token_ids"] != want:
+    print(b, r["generation"]["token_ids"]); sys.exit(1)
+EOF
+    run env BITNET_MEMORY_LIMIT=1MB BITNET_STRICT_MODE=1 "$BITNET" run -m "$M/hf_packed" -p hi -n 2
+    expect_rc 6 "strict mode turns the fallback into an error"
+    expect_in err "BITNET_STRICT_MODE" "the strict error names BITNET_STRICT_MODE"
+    run env BITNET_MEMORY_LIMIT=1MB "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --device cuda
+    expect_rc 6 "--device cuda never falls back"
+    expect_in err "hint: .*(--ctx|model alone)" "the out-of-memory hint says what to reduce"
+fi
 run "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --device tpu
 expect_rc 2 "--device tpu"
-run "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --threads 1 --receipt "$tmp/t.json"
+run "$BITNET" run -m "$M/hf_packed" -p hi -n 2 --threads 1 --device cpu --receipt "$tmp/t.json"
 expect_rc 0 "--threads 1"
 expect_in err "\(.*, 1 thread\)$" "startup line shows 1 thread"
 
@@ -435,15 +533,28 @@ expect_rc 0 "convert --help"
 expect_in out "tq1_0" "convert --help lists the types"
 
 # ---- bench e2e ----------------------------------------------------------------------
-run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16
+run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cpu
 expect_rc 0 "bench e2e --shape tiny"
 expect_in out "^prefill .* tok/s" "bench e2e prints prefill tok/s"
 expect_in out "^decode .* tok/s" "bench e2e prints decode tok/s"
 expect_in out "^memory .*KV cache.*RSS" "bench e2e prints memory"
 expect_in out "selected=cpu" "bench e2e prints the startup line"
-run "$BITNET" bench e2e --shape tiny --device cuda
-expect_rc 4 "bench e2e --device cuda"
-expect_in err "not available in this build yet" "bench e2e --device cuda message"
+run "$BITNET" bench e2e --shape tiny --kv f8
+expect_rc 2 "bench e2e --kv f8"
+if [ $HAVE_GPU = 1 ]; then
+    run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda
+    expect_rc 0 "bench e2e --device cuda"
+    expect_in out "selected=cuda:" "bench e2e on the GPU"
+    expect_in out "^prefill .* tok/s" "bench e2e cuda prints prefill tok/s"
+    expect_in out "^step .* us" "bench e2e cuda prints the decode step time"
+    expect_in out "LM head" "bench e2e cuda prints the per-kernel split"
+    expect_in out "^memory +GPU .*peak" "bench e2e cuda prints GPU memory"
+    expect_in out "^floor .*GB/s" "bench e2e cuda prints the byte floor"
+else
+    run "$BITNET" bench e2e --shape tiny --device cuda
+    expect_rc 4 "bench e2e --device cuda"
+    expect_in err "CUDA is not usable|no CUDA support" "bench e2e --device cuda message"
+fi
 run "$BITNET" bench e2e --shape huge
 expect_rc 2 "bench e2e --shape huge"
 run "$BITNET" bench e2e --shape tiny --prompt 4000 --gen 200

@@ -15,10 +15,16 @@
 #include "cpu_backend.h"
 #include "kernel_manager.h"
 #include "tokenizer.h"
+#if defined(BITNET_HAVE_CUDA)
+#include "cuda_backend.h"
+#endif
 
 struct bn_engine {
     bn_model *model;
-    bn_cpu_backend *cpu;
+    bn_cpu_backend *cpu;      /* exactly one of cpu and cuda computes */
+#if defined(BITNET_HAVE_CUDA)
+    bn_cuda_backend *cuda;
+#endif
     float *logits;            /* vocab floats, reused every step */
     char model_path[1024];
     char requested[32];
@@ -26,10 +32,18 @@ struct bn_engine {
     char detected[256];
     char selected[32];
     char kernel[32];
-    char fallback[256];
+    char fallback[BN_ERROR_MESSAGE_MAX + 64];
     char startup[512];
+    char cuda_kernels[512];   /* what ran on the GPU before a fallback */
     int threads;
+    int threads_req;          /* for a CPU backend built after a fallback */
+    int64_t n_ctx;            /* KV positions of the backend computing */
     double load_seconds;
+    /* Selection. */
+    bool want_cuda;           /* try the CUDA backend                      */
+    int cuda_index;           /* -1: the best device                       */
+    bool auto_request;        /* requested auto (a fallback is possible)    */
+    bool strict;              /* BITNET_STRICT_MODE: a fallback is an error */
 };
 
 /* ---- backend selection ------------------------------------------------------ */
@@ -56,10 +70,18 @@ static void append_name(char *buf, size_t size, const char *name)
         snprintf(buf + used, size - used, "%s%s", used ? "," : "", name);
 }
 
+/* What detection says about CUDA. */
+typedef struct cuda_state {
+    bool usable;              /* a real CUDA device answered                */
+    int device_count;
+    bn_status status;         /* why not, as a status (when !usable)        */
+    char reason[BN_ERROR_MESSAGE_MAX];
+    char hint[BN_ERROR_HINT_MAX];
+} cuda_state;
+
 /* Real GPU backends first (fakes never compute, so they are not listed),
- * then the CPU kernel providers this CPU can run, best first. Sets
- * *cuda_usable when a real CUDA device answered. */
-static bn_status detect(const bn_config *cfg, char *buf, size_t size, bool *cuda_usable,
+ * then the CPU kernel providers this CPU can run, best first. */
+static bn_status detect(const bn_config *cfg, char *buf, size_t size, cuda_state *cuda,
                         bn_error *err)
 {
     bn_gpu_info *gpu = calloc(1, sizeof *gpu); /* large: keep it off the stack */
@@ -71,14 +93,29 @@ static bn_status detect(const bn_config *cfg, char *buf, size_t size, bool *cuda
         return st;
     }
     buf[0] = '\0';
-    *cuda_usable = false;
+    memset(cuda, 0, sizeof *cuda);
     for (int b = 0; b < BN_GPU_BACKEND_COUNT; b++) {
         const bn_gpu_backend_info *bi = &gpu->backends[b];
         if (!bi->available || bi->fake)
             continue;
         append_name(buf, size, bn_gpu_backend_name((bn_gpu_backend)b));
-        if (b == BN_GPU_CUDA)
-            *cuda_usable = true;
+        if (b == BN_GPU_CUDA) {
+            cuda->usable = true;
+            cuda->device_count = bi->device_count;
+        }
+    }
+    if (!cuda->usable) {
+        if (gpu->fake_override) {
+            cuda->status = BN_ERR_NO_DEVICE;
+            snprintf(cuda->reason, sizeof cuda->reason,
+                     "BITNET_GPU_FAKE replaces GPU detection, and fake GPUs never compute");
+            snprintf(cuda->hint, sizeof cuda->hint, "unset BITNET_GPU_FAKE to use a real GPU");
+        } else {
+            cuda->status = gpu->cuda.status != BN_OK ? gpu->cuda.status : BN_ERR_NO_DEVICE;
+            snprintf(cuda->reason, sizeof cuda->reason, "%s",
+                     gpu->cuda.reason[0] ? gpu->cuda.reason : "no CUDA device found");
+            snprintf(cuda->hint, sizeof cuda->hint, "%s", gpu->cuda.hint);
+        }
     }
     if (gpu->fake_override)
         bn_log(BN_LOG_INFO, "BITNET_GPU_FAKE is set: fake GPUs are reported by 'bitnet devices' "
@@ -94,7 +131,7 @@ static bn_status detect(const bn_config *cfg, char *buf, size_t size, bool *cuda
 }
 
 /* Decides the backend before anything heavy is read, so that a request the
- * build cannot serve fails at once. */
+ * build or the machine cannot serve fails at once. */
 static bn_status select_backend(bn_engine *e, const bn_config *cfg, const char *device,
                                 bn_error *err)
 {
@@ -110,35 +147,147 @@ static bn_status select_backend(bn_engine *e, const bn_config *cfg, const char *
         e->requested_from = "flag";
     }
     device_text(&req, e->requested, sizeof e->requested);
+    e->strict = cfg->strict_mode;
+    e->auto_request = req.kind == BN_DEVICE_AUTO;
+    e->cuda_index = -1;
 
-    bool cuda_usable = false;
-    bn_status st = detect(cfg, e->detected, sizeof e->detected, &cuda_usable, err);
+    cuda_state cuda;
+    bn_status st = detect(cfg, e->detected, sizeof e->detected, &cuda, err);
     if (st != BN_OK)
         return st;
+    const bool from_env = strcmp(e->requested_from, "BITNET_DEVICE") == 0;
 
     switch (req.kind) {
     case BN_DEVICE_CPU:
         break;
     case BN_DEVICE_AUTO:
-        if (cuda_usable) {
-            snprintf(e->fallback, sizeof e->fallback,
-                     "a CUDA GPU is usable but the CUDA inference backend is not built yet");
-            bn_log(BN_LOG_INFO, "%s; computing on the CPU", e->fallback);
-        }
+        if (!cuda.usable)
+            break; /* the CPU is the plan, not a fallback */
+#if defined(BITNET_HAVE_CUDA)
+        e->want_cuda = true;
+#else
+        if (e->strict)
+            return bn_error_set(err, BN_ERR_UNSUPPORTED,
+                                "rebuild with the CUDA toolkit, or unset BITNET_STRICT_MODE",
+                                "a CUDA GPU is usable but this build has no CUDA support, and "
+                                "BITNET_STRICT_MODE=1 forbids computing on the CPU instead");
+        snprintf(e->fallback, sizeof e->fallback,
+                 "a CUDA GPU is usable but this build has no CUDA support");
+        bn_log(BN_LOG_WARN, "%s; computing on the CPU", e->fallback);
+#endif
         break;
     case BN_DEVICE_GPU:
     case BN_DEVICE_CUDA:
+#if defined(BITNET_HAVE_CUDA)
+        if (!cuda.usable) {
+            char hint[BN_ERROR_HINT_MAX];
+            snprintf(hint, sizeof hint, "%.150s%s%s", cuda.hint, cuda.hint[0] ? "; or " : "",
+                     from_env ? "unset BITNET_DEVICE or set it to cpu or auto"
+                              : "use --device cpu or auto");
+            return bn_error_set(err, cuda.status, hint,
+                                "CUDA is not usable (requested %s): %s", e->requested,
+                                cuda.reason);
+        }
+        if (req.kind == BN_DEVICE_CUDA && req.index >= cuda.device_count)
+            return bn_error_set(err, BN_ERR_NO_DEVICE, "'bitnet devices' lists the devices",
+                                "%s requested, but there %s only %d CUDA device%s",
+                                e->requested, cuda.device_count == 1 ? "is" : "are",
+                                cuda.device_count, cuda.device_count == 1 ? "" : "s");
+        e->want_cuda = true;
+        e->cuda_index = req.kind == BN_DEVICE_CUDA ? req.index : -1;
+#else
         return bn_error_set(err, BN_ERR_UNSUPPORTED,
-                            strcmp(e->requested_from, "BITNET_DEVICE") == 0
-                                ? "unset BITNET_DEVICE or set it to cpu or auto"
-                                : "--device auto also falls back to the CPU",
-                            "the CUDA inference backend is not available in this build yet; use "
-                            "--device cpu (requested %s)",
+                            from_env ? "unset BITNET_DEVICE or set it to cpu or auto"
+                                     : "rebuild with the CUDA toolkit, or use --device cpu",
+                            "this build of bitnet has no CUDA support (requested %s)",
                             e->requested);
+#endif
+        break;
     }
     snprintf(e->selected, sizeof e->selected, "cpu");
     return BN_OK;
 }
+
+/* ---- backends --------------------------------------------------------------- */
+
+static bn_status open_cpu(bn_engine *e, bn_error *err)
+{
+    bn_status st = bn_cpu_backend_create(e->model, e->n_ctx, e->threads_req, &e->cpu, err);
+    if (st != BN_OK)
+        return st;
+    e->threads = bn_cpu_backend_threads(e->cpu);
+    e->n_ctx = bn_cpu_backend_kv_len(e->cpu);
+    snprintf(e->selected, sizeof e->selected, "cpu");
+    snprintf(e->kernel, sizeof e->kernel, "%s", bn_cpu_backend_kernel_name(e->cpu));
+    return BN_OK;
+}
+
+#if defined(BITNET_HAVE_CUDA)
+/* A CUDA failure where the CPU may take over: allowed under auto without
+ * strict mode (the reason is logged and kept for the receipt), an error
+ * otherwise (under strict auto, saying that strict mode made it one). */
+static bn_status cuda_fallback_allowed(bn_engine *e, const char *what, const bn_error *cerr,
+                                       bn_error *err)
+{
+    if (!e->auto_request) {
+        if (err)
+            *err = *cerr;
+        return cerr->status;
+    }
+    if (e->strict)
+        return bn_error_set(err, cerr->status,
+                            "unset BITNET_STRICT_MODE to let auto fall back to the CPU",
+                            "%s and BITNET_STRICT_MODE=1 forbids falling back to the CPU: %.380s",
+                            what, cerr->message);
+    snprintf(e->fallback, sizeof e->fallback, "%.100s: %.440s", what, cerr->message);
+    bn_log(BN_LOG_WARN, "%s; computing on the CPU", e->fallback);
+    return BN_OK;
+}
+
+static bn_status open_cuda(bn_engine *e, const bn_config *cfg, const bn_engine_options *opt,
+                           bn_error *err)
+{
+    bn_cuda_backend_options o;
+    bn_cuda_backend_options_default(&o);
+    o.device = e->cuda_index;
+    o.kv_len = opt->n_ctx;
+    o.memory_limit = cfg->memory_limit_bytes;
+    o.kv_type = opt->kv_f16 ? BN_CUDA_KV_F16 : BN_CUDA_KV_F32;
+    o.threads = e->threads_req;
+    bn_status st = bn_cuda_backend_create(e->model, &o, &e->cuda, err);
+    if (st != BN_OK)
+        return st;
+    bn_cuda_backend_fail_at(e->cuda, opt->test_cuda_fail_call);
+    e->n_ctx = bn_cuda_backend_kv_len(e->cuda);
+    e->threads = 0;
+    snprintf(e->selected, sizeof e->selected, "cuda:%d", bn_cuda_backend_device(e->cuda));
+    snprintf(e->kernel, sizeof e->kernel, "cuda");
+    return BN_OK;
+}
+
+/* A CUDA step failed at a point where positions [0, n_positions) of
+ * `history` were being computed: when the CPU may take over, build it and
+ * recompute those positions there, leaving the logits of the last one in
+ * e->logits. */
+static bn_status cuda_step_failed(bn_engine *e, const bn_error *cerr, const int32_t *history,
+                                  int64_t n_positions, bn_error *err)
+{
+    char what[96];
+    snprintf(what, sizeof what, "a CUDA step failed at position %lld",
+             (long long)(n_positions - 1));
+    bn_status st = cuda_fallback_allowed(e, what, cerr, err);
+    if (st != BN_OK)
+        return st;
+    bn_cuda_backend_kernels(e->cuda, e->cuda_kernels, sizeof e->cuda_kernels);
+    bn_cuda_backend_free(e->cuda);
+    e->cuda = NULL;
+    st = open_cpu(e, err);
+    if (st != BN_OK)
+        return st;
+    return bn_cpu_backend_forward(e->cpu, history, n_positions, 0, BN_LOGITS_LAST, e->logits,
+                                  err);
+}
+#endif
 
 /* ---- open / free ------------------------------------------------------------ */
 
@@ -190,8 +339,23 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
         bn_engine_free(e);
         return BN_ERR_INVALID_ARGUMENT;
     }
-    const int threads = opt->n_threads > 0 ? opt->n_threads : cfg->num_threads;
-    st = bn_cpu_backend_create(e->model, opt->n_ctx, threads, &e->cpu, err);
+    e->threads_req = opt->n_threads > 0 ? opt->n_threads : cfg->num_threads;
+    e->n_ctx = opt->n_ctx;
+#if defined(BITNET_HAVE_CUDA)
+    if (e->want_cuda) {
+        bn_error cerr;
+        bn_error_clear(&cerr);
+        st = open_cuda(e, cfg, opt, &cerr);
+        if (st != BN_OK)
+            st = cuda_fallback_allowed(e, "CUDA initialisation failed", &cerr, err);
+        if (st != BN_OK) {
+            bn_engine_free(e);
+            return st;
+        }
+    }
+    if (!e->cuda)
+#endif
+        st = open_cpu(e, err);
     if (st != BN_OK) {
         bn_engine_free(e);
         return st;
@@ -203,8 +367,17 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
                             (int)hp->vocab);
     }
     e->load_seconds = bn_time_seconds() - t0;
-    e->threads = bn_cpu_backend_threads(e->cpu);
-    snprintf(e->kernel, sizeof e->kernel, "%s", bn_cpu_backend_kernel_name(e->cpu));
+#if defined(BITNET_HAVE_CUDA)
+    if (e->cuda) {
+        snprintf(e->startup, sizeof e->startup,
+                 "requested=%s detected=[%s] selected=%s (%s, %s, kv %s)",
+                 e->requested, e->detected, e->selected, bn_cuda_backend_device_name(e->cuda),
+                 bn_cuda_backend_graphs(e->cuda) ? "graphs" : "no graphs",
+                 bn_cuda_backend_kv_type(e->cuda) == BN_CUDA_KV_F16 ? "f16" : "f32");
+        *out = e;
+        return BN_OK;
+    }
+#endif
     snprintf(e->startup, sizeof e->startup, "requested=%s detected=[%s] selected=%s (%s, %d %s)",
              e->requested, e->detected, e->selected, e->kernel, e->threads,
              e->threads == 1 ? "thread" : "threads");
@@ -217,6 +390,9 @@ void bn_engine_free(bn_engine *e)
     if (!e)
         return;
     bn_cpu_backend_free(e->cpu);
+#if defined(BITNET_HAVE_CUDA)
+    bn_cuda_backend_free(e->cuda);
+#endif
     bn_model_free(e->model);
     free(e->logits);
     free(e);
@@ -224,7 +400,17 @@ void bn_engine_free(bn_engine *e)
 
 const bn_model *bn_engine_model(const bn_engine *e) { return e->model; }
 const char *bn_engine_startup_line(const bn_engine *e) { return e->startup; }
-int64_t bn_engine_n_ctx(const bn_engine *e) { return bn_cpu_backend_kv_len(e->cpu); }
+int64_t bn_engine_n_ctx(const bn_engine *e) { return e->n_ctx; }
+
+struct bn_cuda_backend *bn_engine_cuda(bn_engine *e)
+{
+#if defined(BITNET_HAVE_CUDA)
+    return e->cuda;
+#else
+    (void)e;
+    return NULL;
+#endif
+}
 
 void bn_engine_get_info(const bn_engine *e, bn_engine_info *info)
 {
@@ -237,15 +423,49 @@ void bn_engine_get_info(const bn_engine *e, bn_engine_info *info)
     info->kernel = e->kernel;
     info->fallback = e->fallback;
     info->threads = e->threads;
-    info->n_ctx = bn_cpu_backend_kv_len(e->cpu);
+    info->n_ctx = e->n_ctx;
     info->load_seconds = e->load_seconds;
     info->model_weight_bytes = bn_model_weight_bytes(e->model);
+    info->kv_type = "f32";
+    snprintf(info->kernels, sizeof info->kernels, "%s", e->cuda_kernels);
+#if defined(BITNET_HAVE_CUDA)
+    if (e->cuda) {
+        bn_cuda_memory mem;
+        bn_cuda_backend_memory(e->cuda, &mem);
+        info->gpu = true;
+        info->gpu_device = bn_cuda_backend_device(e->cuda);
+        info->gpu_name = bn_cuda_backend_device_name(e->cuda);
+        info->cuda_graphs = bn_cuda_backend_graphs(e->cuda);
+        info->kv_type = bn_cuda_backend_kv_type(e->cuda) == BN_CUDA_KV_F16 ? "f16" : "f32";
+        info->gpu_weights_bytes = mem.weights;
+        info->gpu_embedding_bytes = mem.embedding;
+        info->gpu_lm_head_bytes = mem.lm_head;
+        info->gpu_norms_bytes = mem.norms;
+        info->gpu_kv_bytes = mem.kv_cache;
+        info->gpu_scratch_bytes = mem.scratch;
+        info->gpu_total_bytes = mem.total;
+        info->gpu_peak_bytes = mem.peak;
+        info->gpu_device_total_bytes = mem.device_total;
+        info->gpu_device_free_bytes = mem.device_free;
+        /* What the backend computes with: its weights are everything on
+         * the device but the KV cache and the scratch. */
+        info->backend_weight_bytes = mem.weights + mem.embedding + mem.lm_head + mem.norms;
+        info->backend_kv_bytes = mem.kv_cache;
+        info->backend_scratch_bytes = mem.scratch;
+        info->backend_total_bytes = mem.total;
+        bn_cuda_backend_kernels(e->cuda, info->kernels, sizeof info->kernels);
+        return;
+    }
+#endif
     bn_cpu_memory mem;
     bn_cpu_backend_memory(e->cpu, &mem);
     info->backend_weight_bytes = mem.weights;
     info->backend_kv_bytes = mem.kv_cache;
     info->backend_scratch_bytes = mem.scratch;
     info->backend_total_bytes = mem.total;
+    const size_t used = strlen(info->kernels);
+    snprintf(info->kernels + used, sizeof info->kernels - used, "%sw2a8_%s", used ? "," : "",
+             e->kernel);
 }
 
 /* ---- seeds ------------------------------------------------------------------ */
@@ -385,6 +605,47 @@ static bn_status prompt_tokens(const bn_engine *e, const bn_generate_request *re
     return st;
 }
 
+/* Greedy decoding the device can finish itself: the CPU sampler's argmax
+ * with no repetition penalty changing the logits first. */
+static bool device_greedy_rule(const bn_sampler_params *p)
+{
+    return !(p->temperature > 0.0f) && (p->repeat_penalty == 1.0f || p->repeat_last_n == 0);
+}
+
+/* Runs `n` tokens at `pos` on the backend computing; history holds the
+ * tokens of positions [0, pos + n), for a CPU fallback to recompute. With
+ * want_next on the CUDA backend only the greedy token comes back (*have_next
+ * true); otherwise the logits are in e->logits. */
+static bn_status engine_forward(bn_engine *e, const int32_t *history, const int32_t *tokens,
+                                int64_t n, int64_t pos, bool want_next, int32_t *next,
+                                bool *have_next, bn_error *err)
+{
+    *have_next = false;
+#if defined(BITNET_HAVE_CUDA)
+    if (e->cuda) {
+        bn_error cerr;
+        bn_error_clear(&cerr);
+        const bn_status st =
+            want_next ? bn_cuda_backend_forward_greedy(e->cuda, tokens, n, pos, next, &cerr)
+                      : bn_cuda_backend_forward(e->cuda, tokens, n, pos, e->logits, &cerr);
+        if (st == BN_OK) {
+            *have_next = want_next;
+            return BN_OK;
+        }
+        if (st == BN_ERR_INVALID_ARGUMENT) { /* the request, not the device */
+            if (err)
+                *err = cerr;
+            return st;
+        }
+        return cuda_step_failed(e, &cerr, history, pos + n, err);
+    }
+#endif
+    (void)history;
+    (void)want_next;
+    (void)next;
+    return bn_cpu_backend_forward(e->cpu, tokens, n, pos, BN_LOGITS_LAST, e->logits, err);
+}
+
 void bn_generation_free(bn_generation *g)
 {
     if (!g)
@@ -414,7 +675,7 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
                             "the prompt is empty (and the vocabulary has no BOS token to start "
                             "from)");
     }
-    const int64_t n_ctx = bn_cpu_backend_kv_len(e->cpu);
+    const int64_t n_ctx = e->n_ctx;
     if ((int64_t)g->n_prompt + req->n_predict > n_ctx) {
         const int64_t n_prompt = (int64_t)g->n_prompt;
         bn_generation_free(g);
@@ -447,10 +708,18 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
     memcpy(history, g->prompt_tokens, g->n_prompt * sizeof(int32_t));
     size_t n_history = g->n_prompt;
 
-    bn_cpu_backend_reset(e->cpu);
+    if (e->cpu)
+        bn_cpu_backend_reset(e->cpu);
+#if defined(BITNET_HAVE_CUDA)
+    if (e->cuda)
+        bn_cuda_backend_reset(e->cuda);
+#endif
+    const bool dev_greedy = device_greedy_rule(&req->sampling);
+    bool have_next = false;
+    int32_t next = -1;
     double t0 = bn_time_seconds();
-    st = bn_cpu_backend_forward(e->cpu, g->prompt_tokens, (int64_t)g->n_prompt, 0, BN_LOGITS_LAST,
-                                e->logits, err);
+    st = engine_forward(e, history, g->prompt_tokens, (int64_t)g->n_prompt, 0,
+                        dev_greedy && !req->prompt_logits, &next, &have_next, err);
     if (st != BN_OK)
         goto done;
     const double t1 = bn_time_seconds();
@@ -460,7 +729,8 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
 
     int64_t pos = (int64_t)g->n_prompt;
     for (int i = 0; i < req->n_predict; i++) {
-        const int32_t id = bn_sampler_sample(sampler, e->logits, history, n_history);
+        const int32_t id = have_next ? next : bn_sampler_sample(sampler, e->logits, history,
+                                                                n_history);
         history[n_history++] = id;
         if (tok && !req->ignore_eog && bn_tokenizer_is_eog(tok, id)) {
             g->stopped_at_eog = true;
@@ -468,17 +738,59 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
             break;
         }
         g->tokens[g->n_tokens++] = id;
+        const bool more = i + 1 < req->n_predict; /* the last token needs no forward pass */
+        const double f0 = bn_time_seconds();
+        /* On the GPU the next step is queued before this token's text is
+         * streamed, so detokenizing and the caller's callback overlap it. */
+        bool submitted = false, recomputed = false;
+#if defined(BITNET_HAVE_CUDA)
+        if (more && e->cuda && dev_greedy) {
+            bn_error cerr;
+            bn_error_clear(&cerr);
+            if (bn_cuda_backend_submit_greedy(e->cuda, id, pos, &cerr) == BN_OK) {
+                submitted = true;
+            } else {
+                if (cerr.status == BN_ERR_INVALID_ARGUMENT) { /* the request */
+                    if (err)
+                        *err = cerr;
+                    st = cerr.status;
+                } else {
+                    st = cuda_step_failed(e, &cerr, history, pos + 1, err);
+                }
+                if (st != BN_OK)
+                    goto done;
+                recomputed = true;
+            }
+        }
+#endif
         if (tok) {
             st = stream_token(&s, id, false, err);
             if (st != BN_OK)
+                goto done; /* a submitted step is drained by the next reset */
+        }
+        if (!more)
+            break;
+        have_next = false;
+#if defined(BITNET_HAVE_CUDA)
+        if (submitted) {
+            bn_error cerr;
+            bn_error_clear(&cerr);
+            if (bn_cuda_backend_wait_greedy(e->cuda, &next, &cerr) == BN_OK) {
+                have_next = true;
+            } else {
+                st = cuda_step_failed(e, &cerr, history, pos + 1, err);
+                if (st != BN_OK)
+                    goto done;
+            }
+            recomputed = true;
+        }
+#endif
+        if (!recomputed) {
+            st = engine_forward(e, history, &id, 1, pos, dev_greedy, &next, &have_next, err);
+            if (st != BN_OK)
                 goto done;
         }
-        if (i + 1 == req->n_predict)
-            break; /* the last token needs no forward pass */
-        const double f0 = bn_time_seconds();
-        st = bn_cpu_backend_forward(e->cpu, &id, 1, pos, BN_LOGITS_LAST, e->logits, err);
-        if (st != BN_OK)
-            goto done;
+        (void)submitted;
         g->decode_seconds += bn_time_seconds() - f0;
         g->decode_steps++;
         pos++;

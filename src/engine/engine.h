@@ -7,17 +7,26 @@
  * caller's flag, else BITNET_DEVICE, else "auto":
  *
  *   cpu             the CPU backend
- *   auto            a GPU backend when one is built and a real GPU is
- *                   usable, else the CPU. Today only the CPU backend exists:
- *                   with a usable CUDA GPU the engine says so at info level
- *                   and uses the CPU. This is not a failure, so
- *                   BITNET_STRICT_MODE=1 does not turn it into one.
- *   gpu, cuda[:N]   BN_ERR_UNSUPPORTED until the CUDA backend exists.
+ *   auto            the CUDA backend (src/cuda/cuda_backend.h) on the best
+ *                   device when a real CUDA GPU is usable and the build has
+ *                   CUDA, else the CPU. When the CUDA backend cannot start
+ *                   (out of memory, a kernel that does not run, ...) or a
+ *                   CUDA step fails during generation, the engine logs the
+ *                   reason (warn), records it in the receipt and continues
+ *                   on the CPU (a failed step: the positions so far are
+ *                   recomputed there). BITNET_STRICT_MODE=1 turns any such
+ *                   fallback - also a usable GPU in a build without CUDA -
+ *                   into an error.
+ *   gpu, cuda[:N]   the CUDA backend on the best device / device N, never a
+ *                   fallback: an unusable device or a failure is an error
+ *                   (BN_ERR_NO_DEVICE / BN_ERR_DRIVER naming why, exit code 4;
+ *                   BN_ERR_UNSUPPORTED in a build without CUDA).
  *
  * Fake GPUs (BITNET_GPU_FAKE) are never used to compute and never appear in
  * the "detected" list. The selection is summarised in one startup line,
  *
- *   requested=auto detected=[cuda,avx512,scalar] selected=cpu (avx512, 2 threads)
+ *   requested=auto detected=[cuda,avx512,scalar] selected=cuda:0 (NVIDIA H200, graphs, kv f32)
+ *   requested=auto detected=[avx512,scalar] selected=cpu (avx512, 2 threads)
  *
  * where detected lists the GPU backends that are really usable followed by
  * the CPU kernel providers this CPU can run, best first. The library never
@@ -26,7 +35,10 @@
  * Generation: tokenize (optionally in the 2B-4T chat format), run the whole
  * prompt as one prefill batch, then one token per step with the sampler
  * until n_predict tokens or an end-of-generation token. Text is streamed
- * through a callback in whole UTF-8 characters.
+ * through a callback in whole UTF-8 characters. On the CUDA backend, greedy
+ * decoding without a repetition penalty picks the token on the device (the
+ * CPU sampler's argmax rule) and streams the previous token's text while
+ * the GPU computes the next step.
  */
 #ifndef BN_ENGINE_H
 #define BN_ENGINE_H
@@ -57,6 +69,13 @@ typedef struct bn_engine_options {
     int n_threads;
     /* KV cache positions; 0 = the model's training context. */
     int64_t n_ctx;
+    /* CUDA backend: an fp16 KV cache instead of fp32 (half the memory and
+     * attention bandwidth; logits within ~3e-2 x max|logit| of the CPU's,
+     * so greedy tokens may differ where two are that close). */
+    bool kv_f16;
+    /* Tests: the CUDA backend's forward call number N (1-based) fails, as a
+     * failed kernel would; 0 = never. */
+    int test_cuda_fail_call;
 } bn_engine_options;
 
 /* Chooses the backend, loads the model and builds the backend. cfg carries
@@ -67,6 +86,9 @@ bn_status bn_engine_open(const bn_config *cfg, const bn_engine_options *opt, bn_
 void bn_engine_free(bn_engine *e);
 
 const bn_model *bn_engine_model(const bn_engine *e);
+/* The CUDA backend computing, or NULL (CPU, or a build without CUDA). */
+struct bn_cuda_backend;
+struct bn_cuda_backend *bn_engine_cuda(bn_engine *e);
 /* The startup line (no newline). */
 const char *bn_engine_startup_line(const bn_engine *e);
 /* Positions of the KV cache. */
@@ -139,14 +161,26 @@ typedef struct bn_engine_info {
     const char *requested;      /* "auto", "cuda:1", ...                    */
     const char *requested_from; /* "flag", "BITNET_DEVICE" or "default"    */
     const char *detected;       /* "cuda,avx512,scalar"                     */
-    const char *selected;       /* "cpu"                                    */
-    const char *kernel;         /* CPU kernel provider, e.g. "avx512"       */
+    const char *selected;       /* "cpu", "cuda:0"                          */
+    const char *kernel;         /* CPU kernel provider ("avx512"), or "cuda" */
     const char *fallback;       /* why auto did not take a GPU; "" if none  */
     int threads;
     int64_t n_ctx;
     double load_seconds;        /* model load + backend build              */
     uint64_t model_weight_bytes;
     uint64_t backend_weight_bytes, backend_kv_bytes, backend_scratch_bytes, backend_total_bytes;
+    /* The kernels that ran, comma-separated (CUDA: kernel families; CPU:
+     * the provider; after a fallback both). */
+    char kernels[512];
+    /* On a GPU (gpu true): the device and its memory. */
+    bool gpu;
+    int gpu_device;
+    const char *gpu_name;
+    bool cuda_graphs;           /* decode steps replay a CUDA graph        */
+    const char *kv_type;        /* "f32" or "f16"                          */
+    uint64_t gpu_weights_bytes, gpu_embedding_bytes, gpu_lm_head_bytes, gpu_norms_bytes,
+        gpu_kv_bytes, gpu_scratch_bytes, gpu_total_bytes, gpu_peak_bytes;
+    uint64_t gpu_device_total_bytes, gpu_device_free_bytes;
 } bn_engine_info;
 
 void bn_engine_get_info(const bn_engine *e, bn_engine_info *info);

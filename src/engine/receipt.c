@@ -44,7 +44,7 @@ static void name_list(bn_json *j, const char *key, const char *csv)
 {
     bn_json_key(j, key);
     bn_json_begin_array(j);
-    char buf[256];
+    char buf[512];
     snprintf(buf, sizeof buf, "%s", csv);
     char *save = NULL;
     for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
@@ -118,6 +118,13 @@ bn_status bn_engine_write_receipt(const bn_engine *e, const bn_receipt_info *ri,
     bn_json_kv_int(&j, "threads", info.threads);
     bn_json_kv_string(&j, "fallback_reason", info.fallback);
     bn_json_kv_int(&j, "n_ctx", info.n_ctx);
+    name_list(&j, "kernels", info.kernels);
+    if (info.gpu) {
+        bn_json_kv_int(&j, "gpu_device", info.gpu_device);
+        bn_json_kv_string(&j, "gpu_name", info.gpu_name);
+        bn_json_kv_bool(&j, "cuda_graphs", info.cuda_graphs);
+        bn_json_kv_string(&j, "kv_cache_type", info.kv_type);
+    }
     bn_json_end_object(&j);
 
     bn_json_key(&j, "prompt");
@@ -178,6 +185,22 @@ bn_status bn_engine_write_receipt(const bn_engine *e, const bn_receipt_info *ri,
     bn_json_kv_uint(&j, "scratch_bytes", info.backend_scratch_bytes);
     bn_json_kv_uint(&j, "total_bytes", info.backend_total_bytes);
     bn_json_end_object(&j);
+    if (info.gpu) {
+        /* The device footprint, part by part (docs/CLI.md). */
+        bn_json_key(&j, "gpu");
+        bn_json_begin_object(&j);
+        bn_json_kv_uint(&j, "weights_bytes", info.gpu_weights_bytes);
+        bn_json_kv_uint(&j, "embedding_bytes", info.gpu_embedding_bytes);
+        bn_json_kv_uint(&j, "lm_head_bytes", info.gpu_lm_head_bytes);
+        bn_json_kv_uint(&j, "norms_bytes", info.gpu_norms_bytes);
+        bn_json_kv_uint(&j, "kv_cache_bytes", info.gpu_kv_bytes);
+        bn_json_kv_uint(&j, "scratch_bytes", info.gpu_scratch_bytes);
+        bn_json_kv_uint(&j, "total_bytes", info.gpu_total_bytes);
+        bn_json_kv_uint(&j, "peak_bytes", info.gpu_peak_bytes);
+        bn_json_kv_uint(&j, "device_total_bytes", info.gpu_device_total_bytes);
+        bn_json_kv_uint(&j, "device_free_bytes", info.gpu_device_free_bytes);
+        bn_json_end_object(&j);
+    }
     bn_host_memory host;
     if (bn_host_memory_query(&host, NULL) == BN_OK) {
         bn_json_kv_uint(&j, "process_resident_bytes", host.process_resident_bytes);

@@ -6,7 +6,12 @@
  * the same work whatever the codes are.
  *
  * Prefill is timed as one forward pass over the whole prompt; decode as the
- * single-token forward passes that follow. Nothing passes or fails.
+ * single-token forward passes that follow. On the CUDA backend the same
+ * output also holds the time of one decode step (graph replay and eager),
+ * its split by kernel (CUDA events around each stage of an instrumented
+ * step), the GPU memory, and the byte floor: the bytes a decode step must
+ * move divided by the device-to-device copy bandwidth measured in the same
+ * run. Nothing passes or fails.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +19,9 @@
 
 #include "cli.h"
 #include "engine.h"
+#if defined(BITNET_HAVE_CUDA)
+#include "cuda_backend.h"
+#endif
 
 #define CMD "bench e2e"
 
@@ -24,13 +32,16 @@ static void usage(FILE *out)
             "\n"
             "Builds a model of the BitNet b1.58 2B-4T shape (30 layers, dim 2560, ffn 6912,\n"
             "vocab 128256) with random ternary weights in memory, then times a prefill of\n"
-            "--prompt tokens and --gen generated tokens (greedy) through the engine.\n"
+            "--prompt tokens and --gen generated tokens (greedy) through the engine. On the\n"
+            "GPU it also prints the time of one decode step (graph and eager), its split by\n"
+            "kernel, the GPU memory and the byte floor (bytes per token / copy bandwidth).\n"
             "\n"
             "  --shape S         2b4t (default) or tiny (2 layers, dim 256: a quick check)\n"
             "  --device D        auto, cpu, gpu, cuda, cuda:N (default: BITNET_DEVICE, else auto)\n"
             "  --prompt N        prompt tokens (default 512)\n"
             "  --gen N           tokens to generate (default 128)\n"
             "  --threads N       CPU threads (default: BITNET_NUM_THREADS, else every core)\n"
+            "  --kv f32|f16      CUDA KV cache precision (default f32, the CPU's)\n"
             "  --seed S          seed of the random weights and prompt (default 1)\n"
             "  --help\n");
 }
@@ -66,9 +77,92 @@ static const char *size_text(uint64_t bytes, char *buf, size_t size)
 
 static double rate(double count, double seconds) { return seconds > 0.0 ? count / seconds : 0.0; }
 
+#if defined(BITNET_HAVE_CUDA)
+/* The GPU part of the report: step time, per-kernel split, memory, byte
+ * floor. The measurements rerun the last decode step (the last generated
+ * token at the next position). */
+static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t token,
+                       long long n_prompt, long long n_gen)
+{
+    const double mib = 1024.0 * 1024.0;
+    bn_error err;
+    bn_error_clear(&err);
+    int64_t pos = bn_cuda_backend_kv_filled(cb);
+    if (pos >= bn_cuda_backend_kv_len(cb))
+        pos = bn_cuda_backend_kv_len(cb) - 1;
+    const int reps = 50;
+
+    double graph_us = 0.0, eager_us = 0.0;
+    const bool graphs = bn_cuda_backend_graphs(cb);
+    bn_status st = bn_cuda_backend_time_decode(cb, token, pos, reps, &graph_us, &err);
+    if (st == BN_OK) {
+        bn_cuda_backend_set_graphs(cb, false);
+        st = bn_cuda_backend_time_decode(cb, token, pos, reps, &eager_us, &err);
+        bn_cuda_backend_set_graphs(cb, true);
+    }
+    bn_cuda_stage_times t;
+    if (st == BN_OK)
+        st = bn_cuda_backend_profile_decode(cb, token, pos, 20, &t, &err);
+    double copy_gbs = 0.0;
+    if (st == BN_OK)
+        st = bn_cuda_backend_copy_bandwidth(cb, (uint64_t)1 << 30, &copy_gbs, &err);
+    if (st != BN_OK)
+        return cli_fail(&err);
+
+    printf("gpu       cuda:%d %s, KV cache %s, decode %s\n", info->gpu_device, info->gpu_name,
+           info->kv_type, graphs ? "replays a CUDA graph" : "launches kernels one by one");
+    printf("step      %8.1f us    one greedy decode step at position %lld, %s (wall time: "
+           "token upload, step, argmax, token download)\n",
+           graphs ? graph_us : eager_us, (long long)pos, graphs ? "graph replay" : "eager");
+    if (graphs)
+        printf("          %8.1f us    the same step with eager kernel launches\n", eager_us);
+    printf("\nper-stage time of an instrumented eager decode step (CUDA events around each "
+           "stage, 20 steps averaged):\n");
+    printf("  %-36s %9s %7s %9s\n", "stage", "us/step", "share", "launches");
+    for (int s = 0; s < BN_CUDA_STAGE_COUNT; s++)
+        printf("  %-36s %9.1f %6.1f%% %9d\n", bn_cuda_stage_name((bn_cuda_stage)s),
+               t.ms[s] * 1000.0, t.total_ms > 0.0 ? 100.0 * t.ms[s] / t.total_ms : 0.0,
+               t.launches[s]);
+    int launches = 0;
+    for (int s = 0; s < BN_CUDA_STAGE_COUNT; s++)
+        launches += t.launches[s];
+    printf("  %-36s %9.1f %7s %9d\n\n", "total (instrumented)", t.total_ms * 1000.0, "",
+           launches);
+
+    printf("memory    GPU %.1f MiB: ternary weights %.1f, embedding %.1f, LM head %.1f%s, norms "
+           "%.2f, KV cache %.1f (%s, %lld positions), scratch %.1f; peak %.1f MiB (with the "
+           "bandwidth test's buffers); %.1f of %.1f GiB free after loading\n",
+           (double)info->gpu_total_bytes / mib, (double)info->gpu_weights_bytes / mib,
+           (double)info->gpu_embedding_bytes / mib, (double)info->gpu_lm_head_bytes / mib,
+           info->gpu_lm_head_bytes ? "" : " (tied: the embedding)",
+           (double)info->gpu_norms_bytes / mib, (double)info->gpu_kv_bytes / mib, info->kv_type,
+           (long long)info->n_ctx, (double)info->gpu_scratch_bytes / mib,
+           (double)info->gpu_peak_bytes / mib, (double)info->gpu_device_free_bytes / (1024.0 * mib),
+           (double)info->gpu_device_total_bytes / (1024.0 * mib));
+
+    /* The floor at the mean decode context. */
+    const int64_t ctx_mean = (int64_t)(n_prompt + n_gen / 2);
+    const uint64_t bytes = bn_cuda_backend_bytes_per_token(cb, ctx_mean);
+    const uint64_t kv = bytes - bn_cuda_backend_bytes_per_token(cb, 0);
+    const double floor_us = copy_gbs > 0.0 ? (double)bytes / (copy_gbs * 1e3) : 0.0;
+    const double step_us = graphs ? graph_us : eager_us;
+    printf("floor     %.1f MB per token at context %lld (KV cache %.1f MB of it) / device copy "
+           "bandwidth %.0f GB/s (read + write, measured now) = %.1f us per token, %.0f tok/s "
+           "ceiling; the step above is %.1f us (%.0f%% of the floor's speed)\n",
+           (double)bytes / 1e6, (long long)ctx_mean, (double)kv / 1e6, copy_gbs, floor_us,
+           floor_us > 0.0 ? 1e6 / floor_us : 0.0, step_us,
+           step_us > 0.0 ? 100.0 * floor_us / step_us : 0.0);
+    char kernels[512];
+    bn_cuda_backend_kernels(cb, kernels, sizeof kernels);
+    printf("kernels   %s\n", kernels);
+    return BN_EXIT_OK;
+}
+#endif
+
 int bench_e2e(int argc, char **argv, const bn_config *cfg)
 {
     const char *shape = "2b4t", *device = NULL;
+    bool kv_f16 = false;
     long long n_prompt = 512, n_gen = 128, threads = 0;
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
@@ -86,6 +180,14 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                 return BN_EXIT_USAGE;
             }
             shape = v;
+        } else if (strcmp(a, "--kv") == 0) {
+            if (!(v = cli_value(argc, argv, &i, CMD)))
+                return BN_EXIT_USAGE;
+            if (strcmp(v, "f32") != 0 && strcmp(v, "f16") != 0) {
+                fprintf(stderr, "bitnet bench e2e: error: --kv must be f32 or f16, not '%s'\n", v);
+                return BN_EXIT_USAGE;
+            }
+            kv_f16 = strcmp(v, "f16") == 0;
         } else if (strcmp(a, "--device") == 0) {
             if (!(device = cli_value(argc, argv, &i, CMD)))
                 return BN_EXIT_USAGE;
@@ -131,7 +233,8 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                             .random_seed = seed,
                             .device = device,
                             .n_threads = (int)threads,
-                            .n_ctx = n_prompt + n_gen};
+                            .n_ctx = n_prompt + n_gen,
+                            .kv_f16 = kv_f16};
     bn_engine *e = NULL;
     if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK)
         return cli_fail(&err);
@@ -182,6 +285,15 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
     else
         printf("decode    (one token generated: no decode step to time)\n");
     char a[32], b[32], c[32], d[32], f[32];
+#if defined(BITNET_HAVE_CUDA)
+    if (bn_engine_cuda(e)) {
+        const int32_t last = g.n_tokens > 0 ? g.tokens[g.n_tokens - 1] : 0;
+        const int rc = cuda_report(bn_engine_cuda(e), &info, last, n_prompt, n_gen);
+        bn_generation_free(&g);
+        bn_engine_free(e);
+        return rc;
+    }
+#endif
     printf("memory    weights %s (packed ternary %s + embedding %s), KV cache %s (%lld "
            "positions), scratch %s",
            size_text(info.backend_weight_bytes + info.model_weight_bytes, a, sizeof a),

@@ -15,7 +15,8 @@ static void usage(FILE *out)
                  "  kernels   W2A8 CPU kernels of every provider on the 2B-4T shapes, with the\n"
                  "            machine's streaming-read bandwidth and an F32 matvec as ceilings\n"
                  "  e2e       a whole model of the 2B-4T shape (random ternary weights, no file):\n"
-                 "            prefill and decode tokens/s, memory\n"
+                 "            prefill and decode tokens/s, memory; on the GPU also the decode\n"
+                 "            step split by kernel and the byte floor\n"
                  "\n"
                  "'bitnet bench <benchmark> --help' lists its options.\n");
 }

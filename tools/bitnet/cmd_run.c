@@ -47,7 +47,9 @@ static void usage(FILE *out)
             "\n"
             "engine:\n"
             "      --device D         auto, cpu, gpu, cuda, cuda:N (default: BITNET_DEVICE, else\n"
-            "                         auto; only the CPU backend exists so far)\n"
+            "                         auto: the GPU when CUDA is usable, else the CPU; a GPU\n"
+            "                         failure under auto falls back to the CPU unless\n"
+            "                         BITNET_STRICT_MODE=1)\n"
             "      --threads N        CPU threads (default: BITNET_NUM_THREADS, else every core)\n"
             "      --ctx N            context (KV cache) positions (default: the model's training\n"
             "                         context); prompt + -n must fit\n"
@@ -253,6 +255,19 @@ static void print_verbose(const bn_engine *e)
             (double)info.model_weight_bytes / mib, (double)info.backend_total_bytes / mib,
             (double)info.backend_weight_bytes / mib, (double)info.backend_kv_bytes / mib,
             (double)info.backend_scratch_bytes / mib);
+    if (info.gpu)
+        fprintf(stderr,
+                "gpu memory: cuda:%d %s: %.1f MiB (ternary weights %.1f, embedding %.1f, "
+                "LM head %.1f, norms %.2f, KV cache %.1f (%s, %lld positions), scratch %.1f); "
+                "peak %.1f MiB; %.1f of %.1f GiB free after loading; decode %s\n",
+                info.gpu_device, info.gpu_name, (double)info.gpu_total_bytes / mib,
+                (double)info.gpu_weights_bytes / mib, (double)info.gpu_embedding_bytes / mib,
+                (double)info.gpu_lm_head_bytes / mib, (double)info.gpu_norms_bytes / mib,
+                (double)info.gpu_kv_bytes / mib, info.kv_type, (long long)info.n_ctx,
+                (double)info.gpu_scratch_bytes / mib, (double)info.gpu_peak_bytes / mib,
+                (double)info.gpu_device_free_bytes / (1024.0 * mib),
+                (double)info.gpu_device_total_bytes / (1024.0 * mib),
+                info.cuda_graphs ? "replays a CUDA graph" : "launches kernels one by one");
     if (info.fallback[0])
         fprintf(stderr, "note: %s; computing on the CPU\n", info.fallback);
 }
@@ -359,6 +374,11 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
                 (long long)g.decode_steps, g.decode_seconds,
                 rate((double)g.decode_steps, g.decode_seconds), (unsigned long long)o.sp.seed,
                 seed_fixed ? "" : " (random)");
+    if (o.verbose) {
+        fprintf(stderr, "kernels     %s\n", info.kernels);
+        if (info.fallback[0]) /* a step may have failed during generation */
+            fprintf(stderr, "note: %s; computed on the CPU\n", info.fallback);
+    }
 
     rc = BN_EXIT_OK;
     if (o.dump_logits)

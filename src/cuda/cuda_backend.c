@@ -1,0 +1,1519 @@
+/*
+ * cuda_backend.c - the whole forward pass on one GPU (design and contracts
+ * in cuda_backend.h; the kernels it adds in cuda_backend_kernels.h).
+ *
+ * Device buffers, one prefill chunk of R rows (row-major, one row per token):
+ *
+ *   x    [R][dim]      residual stream          qkv [R][q_dim + 2 kv_dim]  raw q|k|v
+ *   q    [R][q_dim]    roped, scaled queries    att [R][q_dim]             attention out
+ *   out  [R][dim]      Wo / Wdown output        gu  [R][2 ffn]             raw gate|up
+ *   xq   [R][ldq]      int8 activations (ldq: the widest padded input), with act_scale,
+ *                      act_sum [R]
+ *   normed [dim], logits [vocab]                the last row through output_norm, LM head
+ *   K, V [n_layer][kv_len][kv_dim]              fp32 or fp16
+ *
+ * Weight scales. q|k|v and gate|up run as one GEMV each with weight scale 1,
+ * which yields acc / act_scale exactly (x * 1 is exact); the kernel after
+ * multiplies each part by its own scale, which is the CPU epilogue's
+ * ((float)acc / act_scale) * scale, bit for bit. Wo and Wdown carry their
+ * scale in the GEMV itself.
+ */
+#include "cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention_cuda.h"
+#include "cuda_backend_kernels.h"
+#include "cuda_context.h"
+#include "cuda_layout.h"
+#include "fp16.h"
+#include "ops_cuda.h"
+#include "qtype.h"
+#include "sample_cuda.h"
+#include "threadpool.h"
+#include "w2a8_cuda.h"
+
+#define DEFAULT_CHUNK 512
+/* A converted LM head is stored as F32 (exact, like the CPU) up to this
+ * size, as F16 above it. */
+#define HEAD_F32_MAX ((uint64_t)256 << 20)
+/* Left free on the device for the CUDA context's own needs (graph,
+ * module loading, fragmentation). */
+#define DEVICE_RESERVE ((uint64_t)64 << 20)
+#define MAX_ALLOCS 40
+#define MAX_UPLOAD_SLOTS 8
+#define MIB (1024.0 * 1024.0)
+
+/* The four products of a layer; q|k|v and gate|up are fused. */
+enum { G_QKV, G_O, G_GU, G_DOWN, G_COUNT };
+
+typedef struct seg {
+    int64_t n;         /* rows (outputs)                                */
+    int64_t col;       /* first column in the group's output            */
+    size_t off;        /* byte offset in the weight arena               */
+    bn_cuda_layout l;
+    float scale;
+    int split;         /* GEMV split-K when launched alone              */
+} seg;
+
+typedef struct group {
+    int n_seg;
+    seg s[3];
+    int64_t n, k;      /* the whole group                               */
+    bn_cuda_layout fused;
+    bool fused_ok;     /* one launch over all segments                  */
+    int split;
+} group;
+
+/* Kernel families, for the receipt's list of what ran. */
+enum {
+    K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
+    K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
+    K_COUNT
+};
+static const char *const kernel_names[K_COUNT] = {
+    "embed_rows", "norm_quantize", "residual_norm_quantize", "relu2_norm_quantize",
+    "w2a8_gemv", "w2a8_gemm", "qkv_rope_kv_store", "attention_decode_f32",
+    "attention_prefill_f32", "attention_decode_f16", "attention_prefill_f16",
+    "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay"};
+
+/* Events of an instrumented step (profile_decode). */
+typedef struct prof {
+    cudaEvent_t *ev;
+    int *stage;
+    int n, cap;
+    int launches[BN_CUDA_STAGE_COUNT];
+} prof;
+
+typedef struct dev_alloc {
+    void *p;
+    size_t bytes;
+} dev_alloc;
+
+struct bn_cuda_backend {
+    const bn_model *model;
+    bn_hparams hp;
+    bn_cuda_backend_options opt;
+    int64_t q_dim, kv_dim, qkv_n, gu_n, max_n, ldq, kv_len, kv_filled, chunk;
+    bool kv_f16;
+    size_t kv_elem;
+
+    bn_cuda_context *ctx;
+    cudaStream_t cs, copy;
+    int device, sm;
+    char name[256];
+
+    group *groups;             /* [n_layer][G_COUNT] */
+    uint8_t *d_w;
+    uint64_t w_bytes;
+    float *d_norms;            /* per layer: attn, attn_sub, ffn, ffn_sub; then output */
+    int64_t norm_off[BN_NORM_COUNT], layer_norms, out_norm_off;
+    uint64_t norms_bytes;
+    void *d_embed;
+    bn_qtype embed_type;
+    size_t embed_row_bytes;
+    uint64_t embed_bytes;
+    void *d_head;
+    int head_type;             /* BN_CB_HEAD_* */
+    bool head_shared;          /* d_head is d_embed */
+    uint64_t head_bytes;
+    void *d_k, *d_v;
+    uint64_t kv_bytes;
+
+    float *x, *qkv, *q, *att, *out, *gu, *normed, *logits, *act_scale;
+    int8_t *xq;
+    int32_t *act_sum, *ws_gemm, *d_tokens, *d_pos, *d_dec, *d_next;
+    void *ws_attn, *ws_sample;
+    int attn_splits;
+    uint64_t scratch_bytes;
+
+    int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], dec[3], next */
+    float *h_logits;           /* pinned: vocab */
+    bn_rope_freqs freqs;
+
+    cudaGraphExec_t graph;
+    bool use_graphs;
+    bool pending;              /* a submitted greedy step not yet waited for */
+    int64_t pending_pos;
+    unsigned ran;              /* bit K_* set when the family was launched */
+    unsigned graph_kernels;    /* the families the decode graph launches   */
+    int64_t calls, fail_at;
+    prof *prof;
+
+    dev_alloc allocs[MAX_ALLOCS];
+    int n_allocs;
+    uint64_t device_total, device_free;
+};
+
+/* ---- small helpers ---------------------------------------------------------- */
+
+void bn_cuda_backend_options_default(bn_cuda_backend_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->device = -1;
+    o->kv_type = BN_CUDA_KV_F32;
+}
+
+static int32_t *h_tokens(bn_cuda_backend *b) { return b->h_io; }
+static int32_t *h_positions(bn_cuda_backend *b) { return b->h_io + b->kv_len; }
+static int32_t *h_dec(bn_cuda_backend *b) { return b->h_io + 2 * b->kv_len; }
+static int32_t *h_next(bn_cuda_backend *b) { return b->h_io + 2 * b->kv_len + 3; }
+
+static const float *norm_ptr(const bn_cuda_backend *b, int layer, bn_norm which)
+{
+    return b->d_norms + (int64_t)layer * b->layer_norms + b->norm_off[which];
+}
+
+static size_t head_elem_bytes(int type) { return type == BN_CB_HEAD_F32 ? 4 : 2; }
+
+static const char *head_type_name(int type)
+{
+    return type == BN_CB_HEAD_F32 ? "f32" : type == BN_CB_HEAD_F16 ? "f16" : "bf16";
+}
+
+static bn_status dalloc(bn_cuda_backend *b, size_t bytes, void **out, bn_error *err)
+{
+    *out = NULL;
+    if (b->n_allocs == MAX_ALLOCS)
+        return bn_error_set(err, BN_ERR_INTERNAL, NULL, "cuda backend: too many device buffers");
+    if (bytes < 256)
+        bytes = 256; /* never ask for 0; cudaMalloc rounds to 256 anyway */
+    bn_status st = bn_cuda_context_alloc(b->ctx, bytes, out, err);
+    if (st != BN_OK)
+        return st;
+    b->allocs[b->n_allocs].p = *out;
+    b->allocs[b->n_allocs].bytes = bytes;
+    b->n_allocs++;
+    return BN_OK;
+}
+
+static bn_status mark(bn_cuda_backend *b, bn_cuda_stage stage, int launches, bn_error *err)
+{
+    prof *p = b->prof;
+    if (!p)
+        return BN_OK;
+    if (p->n >= p->cap)
+        return bn_error_set(err, BN_ERR_INTERNAL, NULL, "cuda backend: profile event overflow");
+    BN_CUDA_TRY(err, cudaEventRecord(p->ev[p->n], b->cs));
+    p->stage[p->n++] = (int)stage;
+    p->launches[stage] += launches;
+    return BN_OK;
+}
+
+/* ---- the product groups ------------------------------------------------------ */
+
+static void setup_groups(bn_cuda_backend *b)
+{
+    const bn_hparams *hp = &b->hp;
+    static const bn_proj members[G_COUNT][3] = {
+        {BN_PROJ_Q, BN_PROJ_K, BN_PROJ_V},
+        {BN_PROJ_O, BN_PROJ_COUNT, BN_PROJ_COUNT},
+        {BN_PROJ_GATE, BN_PROJ_UP, BN_PROJ_COUNT},
+        {BN_PROJ_DOWN, BN_PROJ_COUNT, BN_PROJ_COUNT}};
+    size_t off = 0;
+    b->max_n = 0;
+    b->ldq = 0;
+    for (int l = 0; l < hp->n_layer; l++) {
+        for (int gi = 0; gi < G_COUNT; gi++) {
+            group *g = &b->groups[l * G_COUNT + gi];
+            memset(g, 0, sizeof *g);
+            for (int i = 0; i < 3 && members[gi][i] != BN_PROJ_COUNT; i++) {
+                seg *s = &g->s[g->n_seg++];
+                int64_t n, k;
+                bn_hparams_proj_shape(hp, members[gi][i], &n, &k);
+                s->n = n;
+                s->col = g->n;
+                s->off = off;
+                bn_cuda_layout_init(&s->l, n, k);
+                s->split = bn_w2a8_cuda_gemv_split(s->l.tiles, s->l.groups, b->sm);
+                s->scale = 1.0f;
+                off += s->l.bytes;
+                g->n += n;
+                g->k = k;
+            }
+            /* Segments packed one after the other form the packing of the
+             * stacked matrix exactly when every segment but the last fills
+             * whole 8-row tiles. */
+            g->fused_ok = true;
+            for (int i = 0; i + 1 < g->n_seg; i++)
+                if (g->s[i].n % BN_CUDA_TILE_ROWS != 0)
+                    g->fused_ok = false;
+            bn_cuda_layout_init(&g->fused, g->n, g->k);
+            g->split = bn_w2a8_cuda_gemv_split(g->fused.tiles, g->fused.groups, b->sm);
+            if (g->n > b->max_n)
+                b->max_n = g->n;
+            if (g->fused.k_padded > b->ldq)
+                b->ldq = g->fused.k_padded;
+        }
+    }
+    b->w_bytes = off;
+}
+
+static seg *seg_of(bn_cuda_backend *b, int layer, bn_proj p)
+{
+    group *g = &b->groups[layer * G_COUNT];
+    switch (p) {
+    case BN_PROJ_Q: return &g[G_QKV].s[0];
+    case BN_PROJ_K: return &g[G_QKV].s[1];
+    case BN_PROJ_V: return &g[G_QKV].s[2];
+    case BN_PROJ_O: return &g[G_O].s[0];
+    case BN_PROJ_GATE: return &g[G_GU].s[0];
+    case BN_PROJ_UP: return &g[G_GU].s[1];
+    default: return &g[G_DOWN].s[0];
+    }
+}
+
+/* y = W x for M rows of b->xq: one launch for a fused group, one per
+ * segment otherwise (each writing its columns of the same output). Groups
+ * of one segment apply their scale in the GEMV; fused groups use scale 1
+ * (see the top of the file). Returns the number of launches. */
+static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y, int *launches,
+                        bn_error *err)
+{
+    bn_w2a8_cuda_args a;
+    memset(&a, 0, sizeof a);
+    a.x = b->xq;
+    a.m = M;
+    a.ldx = b->ldq;
+    a.act_scale = b->act_scale;
+    a.act_sum = b->act_sum;
+    a.ldy = g->n;
+    a.sm_count = b->sm;
+    a.workspace = M > 1 && M <= BN_W2A8_SKINNY_MAX_M ? b->ws_gemm : NULL;
+    a.weight_scale = g->n_seg == 1 ? g->s[0].scale : 1.0f;
+    b->ran |= 1u << (M == 1 ? K_GEMV : K_GEMM);
+    *launches = 0;
+    const int parts = g->fused_ok ? 1 : g->n_seg;
+    for (int i = 0; i < parts; i++) {
+        const seg *s = &g->s[i];
+        const bn_cuda_layout *l = g->fused_ok ? &g->fused : &s->l;
+        a.weights = b->d_w + s->off;
+        a.n = l->n;
+        a.tiles = l->tiles;
+        a.groups = l->groups;
+        a.y = y + s->col;
+        const int split = g->fused_ok ? g->split : s->split;
+        BN_CUDA_TRY(err, M == 1 ? bn_w2a8_cuda_gemv(&a, split, b->cs)
+                                : bn_w2a8_cuda_gemm(&a, b->cs));
+        (*launches)++;
+    }
+    return BN_OK;
+}
+
+/* ---- one pass over M rows ---------------------------------------------------- */
+
+/* Queues the forward pass of M rows (tokens d_tok at positions d_pos, both
+ * device arrays) on the compute stream, ending with the last row's logits
+ * in b->logits. d_kvlen (a device int) selects the decode path (M == 1,
+ * attention over [0, *d_kvlen)); NULL is a prefill chunk. Nothing here
+ * synchronises or touches host memory, so it can be captured in a graph. */
+static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
+                              const int32_t *d_pos, const int32_t *d_kvlen, bn_error *err)
+{
+    const bn_hparams *hp = &b->hp;
+    const cudaStream_t s = b->cs;
+    const int64_t dim = hp->dim, ffn = hp->ffn, q_dim = b->q_dim;
+    const float eps = hp->rms_eps;
+    const bool decode = d_kvlen != NULL;
+    const size_t layer_kv_bytes = (size_t)b->kv_len * (size_t)b->kv_dim * b->kv_elem;
+    bn_status st;
+    int n;
+
+    BN_CUDA_TRY(err, bn_cuda_embed_rows(b->d_embed, b->embed_type, hp->vocab, dim, d_tok, M, b->x,
+                                        dim, s));
+    b->ran |= 1u << K_EMBED;
+    if ((st = mark(b, BN_CUDA_STAGE_EMBED, 1, err)) != BN_OK)
+        return st;
+    BN_CUDA_TRY(err, bn_cb_norm_quantize(b->x, dim, M, dim, norm_ptr(b, 0, BN_NORM_ATTN), eps,
+                                         b->xq, b->ldq, b->act_scale, b->act_sum, s));
+    b->ran |= 1u << K_NORM_Q;
+    if ((st = mark(b, BN_CUDA_STAGE_ATTN_NORM, 1, err)) != BN_OK)
+        return st;
+
+    for (int l = 0; l < hp->n_layer; l++) {
+        const group *g = &b->groups[l * G_COUNT];
+        void *kl = (char *)b->d_k + (size_t)l * layer_kv_bytes;
+        void *vl = (char *)b->d_v + (size_t)l * layer_kv_bytes;
+
+        if ((st = matmul(b, &g[G_QKV], M, b->qkv, &n, err)) != BN_OK ||
+            (st = mark(b, BN_CUDA_STAGE_QKV, n, err)) != BN_OK)
+            return st;
+        const bn_cb_qkv_shape qs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len,
+                                    g[G_QKV].s[0].scale, g[G_QKV].s[1].scale,
+                                    g[G_QKV].s[2].scale};
+        BN_CUDA_TRY(err, bn_cb_qkv_post(b->qkv, b->qkv_n, M, &qs, &b->freqs, d_pos, b->q, q_dim,
+                                        kl, vl, b->kv_f16, s));
+        b->ran |= 1u << K_QKV_POST;
+        if ((st = mark(b, BN_CUDA_STAGE_ROPE_KV, 1, err)) != BN_OK)
+            return st;
+
+        if (!b->kv_f16) {
+            const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
+            if (decode) {
+                BN_CUDA_TRY(err, bn_cb_attn_decode(&as, b->q, kl, vl, d_kvlen, b->attn_splits,
+                                                   b->ws_attn, b->att, s));
+                b->ran |= 1u << K_ATTN_DEC_F32;
+            } else {
+                BN_CUDA_TRY(err, bn_cb_attn_prefill(&as, b->q, q_dim, (int)M, d_pos, kl, vl,
+                                                    b->att, q_dim, s));
+                b->ran |= 1u << K_ATTN_PRE_F32;
+            }
+        } else {
+            const bn_attn_shape fs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len,
+                                      BN_KV_F16, 0.0f};
+            if (decode) {
+                const bn_attn_decode_args da = {b->q, q_dim, kl, vl, 0, d_kvlen, 1,
+                                                b->att, q_dim, b->attn_splits, b->ws_attn};
+                BN_CUDA_TRY(err, bn_attn_decode(&fs, &da, s));
+                b->ran |= 1u << K_ATTN_DEC_F16;
+            } else {
+                /* Positions are consecutive: the chunk's first is pos0. */
+                BN_CUDA_TRY(err, bn_attn_prefill(&fs, b->q, q_dim, (int)M, d_pos, kl, vl, b->att,
+                                                 q_dim, s));
+                b->ran |= 1u << K_ATTN_PRE_F16;
+            }
+        }
+        /* f32 decode is always two kernels (ranges, merge); the f16 one
+         * merges only when it splits. */
+        const int attn_launches = !decode ? 1 : !b->kv_f16 || b->attn_splits > 1 ? 2 : 1;
+        if ((st = mark(b, BN_CUDA_STAGE_ATTENTION, attn_launches, err)) != BN_OK)
+            return st;
+
+        BN_CUDA_TRY(err, bn_cb_norm_quantize(b->att, q_dim, M, q_dim,
+                                             norm_ptr(b, l, BN_NORM_ATTN_SUB), eps, b->xq, b->ldq,
+                                             b->act_scale, b->act_sum, s));
+        if ((st = mark(b, BN_CUDA_STAGE_SUB_NORM, 1, err)) != BN_OK)
+            return st;
+        if ((st = matmul(b, &g[G_O], M, b->out, &n, err)) != BN_OK ||
+            (st = mark(b, BN_CUDA_STAGE_O, n, err)) != BN_OK)
+            return st;
+        BN_CUDA_TRY(err, bn_cb_add_norm_quantize(b->x, dim, b->out, dim, M, dim,
+                                                 norm_ptr(b, l, BN_NORM_FFN), eps, b->xq, b->ldq,
+                                                 b->act_scale, b->act_sum, s));
+        b->ran |= 1u << K_ADD_NORM_Q;
+        if ((st = mark(b, BN_CUDA_STAGE_FFN_NORM, 1, err)) != BN_OK)
+            return st;
+        if ((st = matmul(b, &g[G_GU], M, b->gu, &n, err)) != BN_OK ||
+            (st = mark(b, BN_CUDA_STAGE_GATE_UP, n, err)) != BN_OK)
+            return st;
+        BN_CUDA_TRY(err, bn_cb_relu2_norm_quantize(b->gu, b->gu + ffn, b->gu_n,
+                                                   g[G_GU].s[0].scale, g[G_GU].s[1].scale, M, ffn,
+                                                   norm_ptr(b, l, BN_NORM_FFN_SUB), eps, b->xq,
+                                                   b->ldq, b->act_scale, b->act_sum, s));
+        b->ran |= 1u << K_RELU2_Q;
+        if ((st = mark(b, BN_CUDA_STAGE_RELU2, 1, err)) != BN_OK)
+            return st;
+        if ((st = matmul(b, &g[G_DOWN], M, b->out, &n, err)) != BN_OK ||
+            (st = mark(b, BN_CUDA_STAGE_DOWN, n, err)) != BN_OK)
+            return st;
+
+        if (l + 1 < hp->n_layer) {
+            /* The residual add fused with the next layer's attn_norm. */
+            BN_CUDA_TRY(err, bn_cb_add_norm_quantize(b->x, dim, b->out, dim, M, dim,
+                                                     norm_ptr(b, l + 1, BN_NORM_ATTN), eps, b->xq,
+                                                     b->ldq, b->act_scale, b->act_sum, s));
+            if ((st = mark(b, BN_CUDA_STAGE_ATTN_NORM, 1, err)) != BN_OK)
+                return st;
+        }
+    }
+
+    /* Only the last row's logits are wanted: its residual and output norm. */
+    const int64_t last = (M - 1) * dim;
+    BN_CUDA_TRY(err, bn_cb_add_rmsnorm(b->x + last, dim, b->out + last, dim, 1, dim,
+                                       b->d_norms + b->out_norm_off, eps, b->normed, dim, s));
+    b->ran |= 1u << K_OUT_NORM;
+    if ((st = mark(b, BN_CUDA_STAGE_OUT_NORM, 1, err)) != BN_OK)
+        return st;
+    BN_CUDA_TRY(err, bn_cb_head_gemv(b->d_head, b->head_type, hp->vocab, dim, b->normed,
+                                     b->logits, b->sm, s));
+    b->ran |= 1u << K_HEAD;
+    return mark(b, BN_CUDA_STAGE_LM_HEAD, 1, err);
+}
+
+/* ---- requests ---------------------------------------------------------------- */
+
+static bn_status check_request(const bn_cuda_backend *b, const int32_t *tokens, int64_t n,
+                               int64_t pos, bn_error *err)
+{
+    if (!tokens || n <= 0 || pos < 0)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "cuda forward: need tokens, n_tokens > 0 and pos >= 0");
+    if (b->pending)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "call bn_cuda_backend_wait_greedy first",
+                            "cuda forward: a submitted step has not been waited for");
+    if (n > b->kv_len - pos)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                            "start a new context or create the backend with a longer kv_len",
+                            "positions %lld..%lld do not fit a KV cache of %lld positions",
+                            (long long)pos, (long long)(pos + n - 1), (long long)b->kv_len);
+    if (pos > b->kv_filled)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "run the earlier positions first",
+                            "position %lld would skip positions: only %lld are computed",
+                            (long long)pos, (long long)b->kv_filled);
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= b->hp.vocab)
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                                "token ids must come from this model's vocabulary",
+                                "token %lld is %d, outside the vocabulary (0..%d)", (long long)i,
+                                (int)tokens[i], (int)b->hp.vocab - 1);
+    return BN_OK;
+}
+
+/* Counts the call, applies the test failure hook and binds the device to
+ * this thread. */
+static bn_status begin_call(bn_cuda_backend *b, bn_error *err)
+{
+    b->calls++;
+    if (b->fail_at > 0 && b->calls == b->fail_at)
+        return bn_error_set(err, BN_ERR_GPU, "this failure was injected by a test",
+                            "CUDA forward failed (injected failure at call %lld)",
+                            (long long)b->calls);
+    return bn_cuda_context_use(b->ctx, err);
+}
+
+/* Uploads the inputs and queues the pass: the decode step (graph or eager)
+ * for one token, prefill chunks otherwise. */
+static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
+                            bn_error *err)
+{
+    if (n == 1) {
+        int32_t *dec = h_dec(b);
+        dec[0] = tokens[0];
+        dec[1] = (int32_t)pos;
+        dec[2] = (int32_t)(pos + 1);
+        BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_dec, dec, 3 * sizeof(int32_t),
+                                         cudaMemcpyHostToDevice, b->cs));
+        if (b->graph && b->use_graphs && !b->prof) {
+            BN_CUDA_TRY(err, cudaGraphLaunch(b->graph, b->cs));
+            b->ran |= b->graph_kernels | 1u << K_GRAPH;
+            return BN_OK;
+        }
+        return enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, err);
+    }
+    int32_t *ht = h_tokens(b), *hpos = h_positions(b);
+    for (int64_t i = 0; i < n; i++) {
+        ht[i] = tokens[i];
+        hpos[i] = (int32_t)(pos + i);
+    }
+    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_tokens, ht, (size_t)n * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, b->cs));
+    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_pos, hpos, (size_t)n * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, b->cs));
+    for (int64_t c = 0; c < n; c += b->chunk) {
+        const int64_t M = n - c < b->chunk ? n - c : b->chunk;
+        bn_status st = enqueue_rows(b, M, b->d_tokens + c, b->d_pos + c, NULL, err);
+        if (st != BN_OK)
+            return st;
+    }
+    return BN_OK;
+}
+
+static bn_status queue_argmax(bn_cuda_backend *b, bn_error *err)
+{
+    BN_CUDA_TRY(err, bn_cuda_sample_greedy(b->logits, b->hp.vocab, b->ws_sample, b->d_next,
+                                           h_next(b), b->cs));
+    b->ran |= 1u << K_ARGMAX;
+    return BN_OK;
+}
+
+/* After a failure: let queued work drain and forget the positions it may
+ * have half written (the CPU backend's rule). */
+static bn_status fail_pass(bn_cuda_backend *b, int64_t pos, bn_status st)
+{
+    (void)cudaStreamSynchronize(b->cs);
+    (void)cudaGetLastError();
+    if (b->kv_filled > pos)
+        b->kv_filled = pos;
+    b->pending = false;
+    return st;
+}
+
+bn_status bn_cuda_backend_forward(bn_cuda_backend *b, const int32_t *tokens, int64_t n_tokens,
+                                  int64_t pos, float *logits, bn_error *err)
+{
+    if (!b || !logits)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cuda forward: NULL argument");
+    bn_status st = check_request(b, tokens, n_tokens, pos, err);
+    if (st == BN_OK)
+        st = begin_call(b, err);
+    if (st != BN_OK)
+        return st;
+    st = queue_pass(b, tokens, n_tokens, pos, err);
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaMemcpyAsync(b->h_logits, b->logits,
+                                                 (size_t)b->hp.vocab * sizeof(float),
+                                                 cudaMemcpyDeviceToHost, b->cs));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
+    if (st != BN_OK)
+        return fail_pass(b, pos, st);
+    memcpy(logits, b->h_logits, (size_t)b->hp.vocab * sizeof(float));
+    b->kv_filled = pos + n_tokens;
+    return BN_OK;
+}
+
+bn_status bn_cuda_backend_forward_greedy(bn_cuda_backend *b, const int32_t *tokens,
+                                         int64_t n_tokens, int64_t pos, int32_t *next,
+                                         bn_error *err)
+{
+    if (!b || !next)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cuda forward: NULL argument");
+    bn_status st = check_request(b, tokens, n_tokens, pos, err);
+    if (st == BN_OK)
+        st = begin_call(b, err);
+    if (st != BN_OK)
+        return st;
+    st = queue_pass(b, tokens, n_tokens, pos, err);
+    if (st == BN_OK)
+        st = queue_argmax(b, err);
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
+    if (st != BN_OK)
+        return fail_pass(b, pos, st);
+    *next = *h_next(b);
+    b->kv_filled = pos + n_tokens;
+    return BN_OK;
+}
+
+bn_status bn_cuda_backend_submit_greedy(bn_cuda_backend *b, int32_t token, int64_t pos,
+                                        bn_error *err)
+{
+    if (!b)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cuda submit: NULL backend");
+    bn_status st = check_request(b, &token, 1, pos, err);
+    if (st == BN_OK)
+        st = begin_call(b, err);
+    if (st != BN_OK)
+        return st;
+    st = queue_pass(b, &token, 1, pos, err);
+    if (st == BN_OK)
+        st = queue_argmax(b, err);
+    if (st != BN_OK)
+        return fail_pass(b, pos, st);
+    b->pending = true;
+    b->pending_pos = pos;
+    return BN_OK;
+}
+
+bn_status bn_cuda_backend_wait_greedy(bn_cuda_backend *b, int32_t *next, bn_error *err)
+{
+    if (!b || !next || !b->pending)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "cuda wait: no submitted step to wait for");
+    const int64_t pos = b->pending_pos;
+    bn_status st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
+    b->pending = false;
+    if (st != BN_OK)
+        return fail_pass(b, pos, st);
+    *next = *h_next(b);
+    b->kv_filled = pos + 1;
+    return BN_OK;
+}
+
+/* ---- creation: planning ------------------------------------------------------- */
+
+static bn_status check_shape(const bn_cuda_backend *b, bn_error *err)
+{
+    const bn_hparams *hp = &b->hp;
+    const char *hint = "use --device cpu for this model";
+    if (b->kv_f16) {
+        const bn_attn_shape fs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len, BN_KV_F16,
+                                  0.0f};
+        if (bn_attn_check_shape(&fs) != cudaSuccess)
+            return bn_error_set(err, BN_ERR_UNSUPPORTED, "use the fp32 KV cache or --device cpu",
+                                "the fp16 KV cache attention kernels need head_dim 64, 128 or 256 "
+                                "(this model: %d)",
+                                hp->head_dim);
+    } else if (hp->head_dim % 4 != 0 || hp->head_dim > 256) {
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, hint,
+                            "the CUDA attention kernels need head_dim a multiple of 4 up to 256 "
+                            "(this model: %d)",
+                            hp->head_dim);
+    }
+    if (hp->n_head > 65535 || hp->n_head % hp->n_head_kv != 0)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, hint, "%d query heads over %d kv heads",
+                            hp->n_head, hp->n_head_kv);
+    if (hp->rope_dim != 0 && (hp->rope_dim < 2 || hp->rope_dim % 2 != 0 ||
+                              hp->rope_dim > BN_ROPE_MAX_DIM || hp->rope_dim > hp->head_dim))
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, hint,
+                            "RoPE over %d dimensions (the CUDA kernels take an even count up to "
+                            "%d and head_dim)",
+                            hp->rope_dim, BN_ROPE_MAX_DIM);
+    if (hp->vocab > BN_CUDA_SAMPLE_MAX_VOCAB || hp->dim > 56 * 1024)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, hint,
+                            "vocabulary %d / dim %d beyond the CUDA kernels' limits", hp->vocab,
+                            hp->dim);
+    if (b->kv_len > INT32_MAX / 2)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, "use a shorter context",
+                            "a KV cache of %lld positions", (long long)b->kv_len);
+    return BN_OK;
+}
+
+/* How the embedding and the LM head will sit on the device. */
+static bn_status plan_tables(bn_cuda_backend *b, bn_error *err)
+{
+    const bn_hparams *hp = &b->hp;
+    const bn_dense_matrix *emb = bn_model_embedding(b->model);
+    const bn_dense_matrix *head = bn_model_lm_head(b->model);
+    const bn_qtype_info *ei = bn_qtype_get(emb->type);
+    if (!ei)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL, "unknown embedding type %d",
+                            (int)emb->type);
+    const bool native = bn_cuda_embed_supports(emb->type) && hp->dim % ei->block_elems == 0 &&
+                        emb->row_bytes ==
+                            (size_t)(hp->dim / ei->block_elems) * (size_t)ei->block_bytes;
+    if (native) {
+        b->embed_type = emb->type;
+        b->embed_row_bytes = emb->row_bytes;
+    } else {
+        /* Not readable on the device as stored: dequantized rows, exact in
+         * F32 when that is affordable. */
+        const bool f32 = (uint64_t)hp->vocab * (uint64_t)hp->dim * 4 <= HEAD_F32_MAX;
+        b->embed_type = f32 ? BN_QTYPE_F32 : BN_QTYPE_F16;
+        b->embed_row_bytes = (size_t)hp->dim * (f32 ? 4 : 2);
+    }
+    b->embed_bytes = (uint64_t)hp->vocab * b->embed_row_bytes;
+
+    int ht = -1;
+    switch (head->type) {
+    case BN_QTYPE_F32: ht = BN_CB_HEAD_F32; break;
+    case BN_QTYPE_F16: ht = BN_CB_HEAD_F16; break;
+    case BN_QTYPE_BF16: ht = BN_CB_HEAD_BF16; break;
+    default: break;
+    }
+    const bool tied = head->data == emb->data && head->type == emb->type;
+    if (ht >= 0 && tied && native) {
+        b->head_type = ht;
+        b->head_shared = true;
+        b->head_bytes = 0;
+        return BN_OK;
+    }
+    b->head_shared = false;
+    if (ht >= 0 && head->row_bytes == (size_t)hp->dim * head_elem_bytes(ht)) {
+        b->head_type = ht;
+    } else {
+        if (!bn_qtype_get(head->type) || !bn_qtype_get(head->type)->dequantize_row)
+            return bn_error_set(err, BN_ERR_UNSUPPORTED, "use --device cpu",
+                                "the LM head's encoding cannot be read row by row");
+        b->head_type = (uint64_t)hp->vocab * (uint64_t)hp->dim * 4 <= HEAD_F32_MAX
+                           ? BN_CB_HEAD_F32
+                           : BN_CB_HEAD_F16;
+    }
+    b->head_bytes = (uint64_t)hp->vocab * (uint64_t)hp->dim * head_elem_bytes(b->head_type);
+    return BN_OK;
+}
+
+typedef struct scratch_spec {
+    void **ptr;
+    size_t bytes;
+} scratch_spec;
+
+/* Every scratch buffer and its size (R = chunk rows); returns the count. */
+static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
+{
+    const bn_hparams *hp = &b->hp;
+    const size_t R = (size_t)b->chunk, f = sizeof(float);
+    int n = 0;
+#define ADD(p_, size_) (list[n].ptr = (void **)(p_), list[n].bytes = (size_t)(size_), n++)
+    ADD(&b->x, R * (size_t)hp->dim * f);
+    ADD(&b->qkv, R * (size_t)b->qkv_n * f);
+    ADD(&b->q, R * (size_t)b->q_dim * f);
+    ADD(&b->att, R * (size_t)b->q_dim * f);
+    ADD(&b->out, R * (size_t)hp->dim * f);
+    ADD(&b->gu, R * (size_t)b->gu_n * f);
+    ADD(&b->xq, R * (size_t)b->ldq);
+    ADD(&b->act_scale, R * f);
+    ADD(&b->act_sum, R * sizeof(int32_t));
+    const size_t skinny_rows = R < BN_W2A8_SKINNY_MAX_M ? R : BN_W2A8_SKINNY_MAX_M;
+    ADD(&b->ws_gemm, skinny_rows * (size_t)b->max_n * sizeof(int32_t));
+    size_t ws_attn;
+    if (b->kv_f16) {
+        const bn_attn_shape fs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len, BN_KV_F16,
+                                  0.0f};
+        b->attn_splits = bn_attn_decode_splits(&fs, 1, b->kv_len, b->sm);
+        ws_attn = bn_attn_decode_workspace_bytes(&fs, 1, b->attn_splits);
+    } else {
+        const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
+        b->attn_splits = bn_cb_attn_decode_splits(b->kv_len);
+        ws_attn = bn_cb_attn_decode_workspace_bytes(&as, b->attn_splits);
+    }
+    ADD(&b->ws_attn, ws_attn);
+    ADD(&b->normed, (size_t)hp->dim * f);
+    ADD(&b->logits, (size_t)hp->vocab * f);
+    ADD(&b->ws_sample, bn_cuda_sample_workspace_bytes(hp->vocab));
+    ADD(&b->d_next, sizeof(int32_t));
+    ADD(&b->d_tokens, (size_t)b->kv_len * sizeof(int32_t));
+    ADD(&b->d_pos, (size_t)b->kv_len * sizeof(int32_t));
+    ADD(&b->d_dec, 4 * sizeof(int32_t));
+#undef ADD
+    return n;
+}
+
+static uint64_t round_alloc(size_t bytes)
+{
+    return bytes < 256 ? 256 : ((uint64_t)bytes + 255) / 256 * 256;
+}
+
+/* Fails with BN_ERR_GPU_OUT_OF_MEMORY when `total` exceeds `budget`, saying
+ * what takes the memory and what to reduce. */
+static bn_status check_budget(const bn_cuda_backend *b, uint64_t total, uint64_t budget,
+                              const char *budget_name, bn_error *err)
+{
+    if (total <= budget)
+        return BN_OK;
+    const uint64_t fixed = total - b->kv_bytes;
+    const double per_1k = (double)b->kv_bytes / (double)b->kv_len * 1024.0 / MIB;
+    char hint[BN_ERROR_HINT_MAX];
+    if (fixed >= budget) {
+        snprintf(hint, sizeof hint,
+                 "the model alone needs %.1f MiB: use a GPU with more memory, raise or unset "
+                 "BITNET_MEMORY_LIMIT, or use --device cpu",
+                 (double)fixed / MIB);
+    } else {
+        const long long fit = (long long)((budget - fixed) / (b->kv_bytes / (uint64_t)b->kv_len));
+        snprintf(hint, sizeof hint,
+                 "reduce the context: --ctx %lld or less fits (the KV cache takes %.2f MiB per "
+                 "1024 positions); or raise BITNET_MEMORY_LIMIT",
+                 fit, per_1k);
+    }
+    return bn_error_set(err, BN_ERR_GPU_OUT_OF_MEMORY, hint,
+                        "the model needs %.1f MiB of GPU memory (ternary weights %.1f, embedding "
+                        "%.1f, LM head %.1f, KV cache %.1f for %lld positions, scratch %.1f for "
+                        "%lld-token prefill batches), more than %s (%.1f MiB)",
+                        (double)total / MIB, (double)b->w_bytes / MIB,
+                        (double)b->embed_bytes / MIB, (double)b->head_bytes / MIB,
+                        (double)b->kv_bytes / MIB, (long long)b->kv_len,
+                        (double)b->scratch_bytes / MIB, (long long)b->chunk, budget_name,
+                        (double)budget / MIB);
+}
+
+/* ---- creation: uploads -------------------------------------------------------- */
+
+typedef struct upload_job {
+    bn_cuda_backend *b;
+    int n_slots;
+    int8_t *codes[MAX_UPLOAD_SLOTS];
+    uint8_t *stage[MAX_UPLOAD_SLOTS][2];
+    cudaEvent_t ev[MAX_UPLOAD_SLOTS][2];
+    bool ev_live[MAX_UPLOAD_SLOTS][2];
+    bn_status status[MAX_UPLOAD_SLOTS];
+    bn_error errors[MAX_UPLOAD_SLOTS];
+} upload_job;
+
+/* Slot s unpacks projections s, s + n_slots, ... into its codes buffer,
+ * packs each into one of its two pinned staging buffers and queues the
+ * copy on the copy stream; before reusing a staging buffer it waits for the
+ * copy that last read it, so packing overlaps the transfer. */
+static void upload_one_slot(upload_job *job, int slot)
+{
+    bn_cuda_backend *b = job->b;
+    bn_error *err = &job->errors[slot];
+    bn_status st = bn_cuda_context_use(b->ctx, err);
+    const int64_t count = (int64_t)b->hp.n_layer * BN_PROJ_COUNT;
+    int buf = 0;
+    for (int64_t i = slot; i < count && st == BN_OK; i += job->n_slots) {
+        const int layer = (int)(i / BN_PROJ_COUNT);
+        const bn_proj p = (bn_proj)(i % BN_PROJ_COUNT);
+        seg *s = seg_of(b, layer, p);
+        st = bn_model_projection_codes(b->model, layer, p, job->codes[slot], &s->scale, err);
+        if (st == BN_OK && job->ev_live[slot][buf])
+            st = BN_CUDA_STATUS(err, cudaEventSynchronize(job->ev[slot][buf]));
+        if (st != BN_OK)
+            break;
+        bn_cuda_layout_pack(&s->l, job->codes[slot], job->stage[slot][buf]);
+        st = BN_CUDA_STATUS(err, cudaMemcpyAsync(b->d_w + s->off, job->stage[slot][buf],
+                                                 s->l.bytes, cudaMemcpyHostToDevice, b->copy));
+        if (st == BN_OK)
+            st = BN_CUDA_STATUS(err, cudaEventRecord(job->ev[slot][buf], b->copy));
+        job->ev_live[slot][buf] = st == BN_OK;
+        buf ^= 1;
+    }
+    job->status[slot] = st;
+}
+
+static void upload_slots(void *ctx, int64_t begin, int64_t end)
+{
+    for (int64_t s = begin; s < end; s++)
+        upload_one_slot(ctx, (int)s);
+}
+
+static bn_status upload_weights(bn_cuda_backend *b, bn_error *err)
+{
+    const bn_hparams *hp = &b->hp;
+    int64_t max_codes = 0;
+    size_t max_bytes = 0;
+    for (int p = 0; p < BN_PROJ_COUNT; p++) {
+        int64_t n, k;
+        bn_hparams_proj_shape(hp, (bn_proj)p, &n, &k);
+        max_codes = n * k > max_codes ? n * k : max_codes;
+        const seg *s = seg_of(b, 0, (bn_proj)p);
+        max_bytes = s->l.bytes > max_bytes ? s->l.bytes : max_bytes;
+    }
+    const int64_t count = (int64_t)hp->n_layer * BN_PROJ_COUNT;
+    int slots = b->opt.threads > 0 ? b->opt.threads : bn_default_thread_count();
+    slots = slots > MAX_UPLOAD_SLOTS ? MAX_UPLOAD_SLOTS : slots < 1 ? 1 : slots;
+    slots = slots > count ? (int)count : slots;
+
+    upload_job *job = calloc(1, sizeof *job);
+    if (!job)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory to upload weights");
+    job->b = b;
+    job->n_slots = slots;
+    bn_status st = BN_OK;
+    for (int s = 0; s < slots && st == BN_OK; s++) {
+        if (!(job->codes[s] = malloc((size_t)max_codes)))
+            st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, "use fewer threads (BITNET_NUM_THREADS)",
+                              "no memory to unpack projections (%d x %lld bytes)", slots,
+                              (long long)max_codes);
+        for (int k = 0; k < 2 && st == BN_OK; k++) {
+            void *stage = NULL;
+            st = BN_CUDA_STATUS(err, cudaMallocHost(&stage, max_bytes));
+            if (st == BN_OK) {
+                job->stage[s][k] = stage;
+                st = BN_CUDA_STATUS(err, cudaEventCreateWithFlags(&job->ev[s][k],
+                                                                  cudaEventDisableTiming));
+            }
+        }
+    }
+    bn_threadpool *pool = NULL;
+    if (st == BN_OK)
+        st = bn_threadpool_create(slots, &pool, err);
+    if (st == BN_OK) {
+        for (int s = 0; s < slots; s++)
+            job->status[s] = BN_ERR_INTERNAL;
+        bn_threadpool_run(pool, slots, 1, upload_slots, job);
+        for (int s = 0; s < slots && st == BN_OK; s++)
+            if (job->status[s] != BN_OK) {
+                st = job->status[s];
+                if (err)
+                    *err = job->errors[s];
+            }
+    }
+    bn_threadpool_destroy(pool);
+    /* Whatever happened, no copy may still read the staging buffers. */
+    bn_status sync = BN_CUDA_STATUS(st == BN_OK ? err : NULL, cudaStreamSynchronize(b->copy));
+    if (st == BN_OK)
+        st = sync;
+    for (int s = 0; s < slots; s++) {
+        free(job->codes[s]);
+        for (int k = 0; k < 2; k++) {
+            if (job->stage[s][k])
+                cudaFreeHost(job->stage[s][k]);
+            if (job->ev[s][k])
+                cudaEventDestroy(job->ev[s][k]);
+        }
+    }
+    free(job);
+    return st;
+}
+
+/* A dense table as rows of `type` (F32 or F16) on the host, from the
+ * model's rows of any encoding. */
+static void *convert_rows(const bn_dense_matrix *m, bn_qtype type, bn_error *err)
+{
+    const size_t esz = type == BN_QTYPE_F32 ? 4 : 2;
+    uint8_t *out = malloc((size_t)m->rows * (size_t)m->cols * esz);
+    float *row = malloc((size_t)m->cols * sizeof(float));
+    const bn_qtype_info *info = bn_qtype_get(m->type);
+    if (!out || !row || !info || !info->dequantize_row) {
+        free(out);
+        free(row);
+        bn_error_set(err, out && row ? BN_ERR_UNSUPPORTED : BN_ERR_OUT_OF_MEMORY, NULL,
+                     "cannot convert a %lld x %lld table for the GPU", (long long)m->rows,
+                     (long long)m->cols);
+        return NULL;
+    }
+    for (int64_t r = 0; r < m->rows; r++) {
+        info->dequantize_row((const uint8_t *)m->data + (size_t)r * m->row_bytes, row, m->cols);
+        uint8_t *dst = out + (size_t)r * (size_t)m->cols * esz;
+        if (type == BN_QTYPE_F32) {
+            memcpy(dst, row, (size_t)m->cols * sizeof(float));
+        } else {
+            uint16_t *h = (uint16_t *)dst;
+            for (int64_t i = 0; i < m->cols; i++)
+                h[i] = bn_fp32_to_fp16(row[i]);
+        }
+    }
+    free(row);
+    return out;
+}
+
+/* Copies the host table into dst on the copy stream and waits (the source
+ * may be a file mapping or a buffer freed right after). */
+static bn_status upload_table(bn_cuda_backend *b, void *dst, const void *src, uint64_t bytes,
+                              bn_error *err)
+{
+    BN_CUDA_TRY(err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, b->copy));
+    BN_CUDA_TRY(err, cudaStreamSynchronize(b->copy));
+    return BN_OK;
+}
+
+static bn_status upload_tables(bn_cuda_backend *b, bn_error *err)
+{
+    const bn_dense_matrix *emb = bn_model_embedding(b->model);
+    const bn_dense_matrix *head = bn_model_lm_head(b->model);
+    bn_status st;
+    if (b->embed_type == emb->type) {
+        st = upload_table(b, b->d_embed, emb->data, b->embed_bytes, err);
+    } else {
+        void *rows = convert_rows(emb, b->embed_type, err);
+        if (!rows)
+            return err ? err->status : BN_ERR_OUT_OF_MEMORY;
+        st = upload_table(b, b->d_embed, rows, b->embed_bytes, err);
+        free(rows);
+    }
+    if (st != BN_OK || b->head_shared)
+        return st;
+    const bn_qtype want = b->head_type == BN_CB_HEAD_F32   ? BN_QTYPE_F32
+                          : b->head_type == BN_CB_HEAD_F16 ? BN_QTYPE_F16
+                                                           : BN_QTYPE_BF16;
+    if (head->type == want)
+        return upload_table(b, b->d_head, head->data, b->head_bytes, err);
+    void *rows = convert_rows(head, want, err);
+    if (!rows)
+        return err ? err->status : BN_ERR_OUT_OF_MEMORY;
+    st = upload_table(b, b->d_head, rows, b->head_bytes, err);
+    free(rows);
+    return st;
+}
+
+static bn_status upload_norms(bn_cuda_backend *b, bn_error *err)
+{
+    const bn_hparams *hp = &b->hp;
+    const size_t count = b->norms_bytes / sizeof(float);
+    float *host = malloc(b->norms_bytes);
+    if (!host)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the norm weights");
+    for (int l = 0; l < hp->n_layer; l++)
+        for (int w = 0; w < BN_NORM_COUNT; w++)
+            memcpy(host + (int64_t)l * b->layer_norms + b->norm_off[w],
+                   bn_model_norm(b->model, l, (bn_norm)w),
+                   (size_t)bn_hparams_norm_size(hp, (bn_norm)w) * sizeof(float));
+    memcpy(host + b->out_norm_off, bn_model_output_norm(b->model), (size_t)hp->dim * sizeof(float));
+    bn_status st = upload_table(b, b->d_norms, host, count * sizeof(float), err);
+    free(host);
+    return st;
+}
+
+/* ---- creation: graph ------------------------------------------------------------ */
+
+/* Records the decode step once. A failure is not fatal: decode then
+ * launches eagerly, which computes the same thing. */
+static void capture_graph(bn_cuda_backend *b)
+{
+    bn_error cerr;
+    bn_error_clear(&cerr);
+    cudaGraph_t graph = NULL;
+    cudaError_t rc = cudaStreamBeginCapture(b->cs, cudaStreamCaptureModeRelaxed);
+    bn_status st = BN_ERR_GPU;
+    const unsigned before = b->ran;
+    if (rc == cudaSuccess) {
+        b->ran = 0;
+        st = enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, &cerr);
+        b->graph_kernels = b->ran;
+        b->ran = before;
+        const cudaError_t end = cudaStreamEndCapture(b->cs, &graph);
+        if (end != cudaSuccess && st == BN_OK) {
+            st = BN_ERR_GPU;
+            rc = end;
+        }
+    }
+    if (st == BN_OK && graph) {
+        rc = cudaGraphInstantiate(&b->graph, graph, 0);
+        if (rc != cudaSuccess) {
+            b->graph = NULL;
+            st = BN_ERR_GPU;
+        }
+    }
+    if (graph)
+        cudaGraphDestroy(graph);
+    if (st != BN_OK || !b->graph) {
+        b->graph = NULL;
+        (void)cudaGetLastError();
+        bn_log(BN_LOG_WARN, "cuda backend: decode graph capture failed (%s); decode steps launch "
+                            "their kernels one by one",
+               cerr.message[0] ? cerr.message : cudaGetErrorString(rc));
+    }
+}
+
+/* Runs two short prefills (40 tokens for the tiled GEMM, 2 for the skinny
+ * one) and one decode step, all of token 0 from position 0, so that every
+ * kernel is loaded and known to run on this device before the engine
+ * commits to the GPU, before graph capture (which must not be a kernel's
+ * first launch) and before anything is timed. The cache positions written
+ * are forgotten. */
+static bn_status warm_up(bn_cuda_backend *b, bn_error *err)
+{
+    int32_t zeros[40];
+    memset(zeros, 0, sizeof zeros);
+    const int64_t n = b->kv_len < 40 ? b->kv_len : 40;
+    const bool graphs = b->use_graphs;
+    b->use_graphs = false;
+    int32_t next;
+    bn_status st = BN_OK;
+    if (n >= 2)
+        st = bn_cuda_backend_forward_greedy(b, zeros, n, 0, &next, err);
+    if (st == BN_OK && n >= 2) /* two rows: the skinny GEMM */
+        st = bn_cuda_backend_forward_greedy(b, zeros, 2, 0, &next, err);
+    if (st == BN_OK)
+        st = bn_cuda_backend_forward_greedy(b, zeros, 1, 0, &next, err);
+    b->use_graphs = graphs;
+    b->kv_filled = 0;
+    b->calls = 0;
+    return st;
+}
+
+/* ---- create / free ------------------------------------------------------------------ */
+
+static bn_status pick_device(int requested, int *device, bn_error *err)
+{
+    if (requested >= 0) {
+        *device = requested;
+        return BN_OK;
+    }
+    bn_cuda_report *r = calloc(1, sizeof *r);
+    if (!r)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory to query CUDA devices");
+    bn_cuda_query(r);
+    bn_status st = r->status;
+    if (st != BN_OK)
+        bn_error_set(err, st, r->hint[0] ? r->hint : NULL, "%s", r->reason);
+    else
+        *device = r->devices[bn_cuda_best_device(r->devices, r->device_count)].id;
+    free(r);
+    return st;
+}
+
+bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_options *opt_in,
+                                 bn_cuda_backend **out, bn_error *err)
+{
+    if (!out)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cuda backend: NULL output");
+    *out = NULL;
+    if (!model)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cuda backend: NULL model");
+    bn_cuda_backend_options opt;
+    if (opt_in)
+        opt = *opt_in;
+    else
+        bn_cuda_backend_options_default(&opt);
+    const bn_hparams *hp = bn_model_hparams(model);
+    int64_t kv_len = opt.kv_len == 0 ? hp->n_ctx_train : opt.kv_len;
+    if (kv_len < 1 || kv_len > hp->n_ctx_train)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                            "ask for at most the model's training context",
+                            "KV cache of %lld positions requested; the model's context is %d",
+                            (long long)kv_len, (int)hp->n_ctx_train);
+    if (opt.kv_type != BN_CUDA_KV_F32 && opt.kv_type != BN_CUDA_KV_F16)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "unknown KV cache type %d",
+                            (int)opt.kv_type);
+    if (opt.prefill_chunk < 0)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "negative prefill chunk");
+
+    bn_cuda_backend *b = calloc(1, sizeof *b);
+    if (!b)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a CUDA backend");
+    b->model = model;
+    b->hp = *hp;
+    b->opt = opt;
+    b->kv_len = kv_len;
+    b->kv_f16 = opt.kv_type == BN_CUDA_KV_F16;
+    b->kv_elem = b->kv_f16 ? 2 : 4;
+    b->q_dim = (int64_t)hp->n_head * hp->head_dim;
+    b->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    b->qkv_n = b->q_dim + 2 * b->kv_dim;
+    b->gu_n = 2 * (int64_t)hp->ffn;
+    b->chunk = opt.prefill_chunk > 0 ? opt.prefill_chunk : DEFAULT_CHUNK;
+    if (b->chunk > kv_len)
+        b->chunk = kv_len;
+    b->use_graphs = !opt.no_graphs;
+
+    bn_status st = check_shape(b, err);
+    if (st == BN_OK)
+        st = pick_device(opt.device, &b->device, err);
+    if (st == BN_OK)
+        st = bn_cuda_context_create(b->device, &b->ctx, err);
+    if (st != BN_OK) {
+        bn_cuda_backend_free(b);
+        return st;
+    }
+    const bn_cuda_device *dev = bn_cuda_context_device(b->ctx);
+    b->sm = dev->sm_count > 0 ? dev->sm_count : 1;
+    snprintf(b->name, sizeof b->name, "%s", dev->name);
+    b->cs = bn_cuda_context_compute_stream(b->ctx);
+    b->copy = bn_cuda_context_copy_stream(b->ctx);
+
+    /* The plan: every size before any allocation. */
+    b->groups = calloc((size_t)hp->n_layer * G_COUNT, sizeof *b->groups);
+    if (!b->groups) {
+        bn_cuda_backend_free(b);
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for weight tables");
+    }
+    setup_groups(b);
+    int64_t off = 0;
+    for (int w = 0; w < BN_NORM_COUNT; w++) {
+        b->norm_off[w] = off;
+        off += bn_hparams_norm_size(hp, (bn_norm)w);
+    }
+    b->layer_norms = off;
+    b->out_norm_off = off * hp->n_layer;
+    b->norms_bytes = (uint64_t)(b->out_norm_off + hp->dim) * sizeof(float);
+    b->kv_bytes = 2 * (uint64_t)hp->n_layer * (uint64_t)kv_len * (uint64_t)b->kv_dim * b->kv_elem;
+    st = plan_tables(b, err);
+    if (st != BN_OK) {
+        bn_cuda_backend_free(b);
+        return st;
+    }
+    scratch_spec scratch[32];
+    const int n_scratch = scratch_list(b, scratch);
+    /* scratch_bytes is what is allocated (dalloc's 256-byte minimum); the
+     * budget also counts cudaMalloc's rounding to 256 bytes. */
+    b->scratch_bytes = 0;
+    uint64_t total = round_alloc(b->w_bytes) + round_alloc(b->embed_bytes) +
+                     (b->head_shared ? 0 : round_alloc(b->head_bytes)) +
+                     round_alloc(b->norms_bytes) + 2 * round_alloc(b->kv_bytes / 2);
+    for (int i = 0; i < n_scratch; i++) {
+        b->scratch_bytes += scratch[i].bytes < 256 ? 256 : scratch[i].bytes;
+        total += round_alloc(scratch[i].bytes);
+    }
+
+    size_t free_bytes = 0, total_bytes = 0;
+    st = BN_CUDA_STATUS(err, cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (st == BN_OK && opt.memory_limit > 0)
+        st = check_budget(b, total, opt.memory_limit, "the memory limit (BITNET_MEMORY_LIMIT)",
+                          err);
+    if (st == BN_OK) {
+        char what[320];
+        snprintf(what, sizeof what, "the free memory of cuda:%d (%s)", b->device, b->name);
+        const uint64_t usable = free_bytes > DEVICE_RESERVE ? free_bytes - DEVICE_RESERVE : 0;
+        st = check_budget(b, total, usable, what, err);
+    }
+
+    /* Allocation, then the uploads. */
+    if (st == BN_OK)
+        st = dalloc(b, b->w_bytes, (void **)&b->d_w, err);
+    if (st == BN_OK)
+        st = dalloc(b, b->embed_bytes, &b->d_embed, err);
+    if (st == BN_OK) {
+        if (b->head_shared)
+            b->d_head = b->d_embed;
+        else
+            st = dalloc(b, b->head_bytes, &b->d_head, err);
+    }
+    if (st == BN_OK)
+        st = dalloc(b, b->norms_bytes, (void **)&b->d_norms, err);
+    if (st == BN_OK)
+        st = dalloc(b, b->kv_bytes / 2, &b->d_k, err);
+    if (st == BN_OK)
+        st = dalloc(b, b->kv_bytes / 2, &b->d_v, err);
+    for (int i = 0; i < n_scratch && st == BN_OK; i++)
+        st = dalloc(b, scratch[i].bytes, scratch[i].ptr, err);
+    void *pinned = NULL;
+    if (st == BN_OK &&
+        (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)(2 * kv_len + 4) *
+                                                              sizeof(int32_t)))) == BN_OK)
+        b->h_io = pinned;
+    pinned = NULL;
+    if (st == BN_OK &&
+        (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)hp->vocab * sizeof(float)))) ==
+            BN_OK)
+        b->h_logits = pinned;
+    /* Never-written cache positions are never read; zeros keep a stray read
+     * (a bug) visible as zeros rather than garbage. */
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->d_k, 0, b->kv_bytes / 2, b->copy));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->d_v, 0, b->kv_bytes / 2, b->copy));
+    if (st == BN_OK) {
+        if (hp->rope_dim > 0) {
+            if (bn_rope_freqs_init(&b->freqs, hp->rope_theta, hp->rope_dim) != cudaSuccess)
+                st = bn_error_set(err, BN_ERR_UNSUPPORTED, NULL, "RoPE theta %g, dim %d",
+                                  (double)hp->rope_theta, hp->rope_dim);
+        } else {
+            memset(&b->freqs, 0, sizeof b->freqs);
+        }
+    }
+    const double t0 = bn_time_seconds();
+    if (st == BN_OK)
+        st = upload_norms(b, err);
+    if (st == BN_OK)
+        st = upload_tables(b, err);
+    if (st == BN_OK)
+        st = upload_weights(b, err);
+    const double t1 = bn_time_seconds();
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->copy));
+    if (st == BN_OK && !b->kv_f16)
+        st = BN_CUDA_STATUS(err, bn_cb_attn_prefill_prepare(hp->head_dim));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, bn_cb_head_prepare(b->head_type, hp->dim));
+    if (st == BN_OK)
+        st = warm_up(b, err);
+    if (st == BN_OK && b->use_graphs)
+        capture_graph(b);
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (st != BN_OK) {
+        bn_cuda_backend_free(b);
+        return st;
+    }
+    b->device_total = total_bytes;
+    b->device_free = free_bytes;
+    b->ran = 0; /* the warm-up does not count as running */
+    bn_log(BN_LOG_INFO,
+           "cuda backend: cuda:%d %s, %d SMs; weights %.1f MiB packed in %.2f s, embedding %.1f "
+           "MiB, LM head %s %.1f MiB%s, KV cache %s %.1f MiB (%lld positions), scratch %.1f MiB "
+           "(%lld-token prefill), decode graph %s",
+           b->device, b->name, b->sm, (double)b->w_bytes / MIB, t1 - t0,
+           (double)b->embed_bytes / MIB, head_type_name(b->head_type),
+           (double)(b->head_shared ? (uint64_t)hp->vocab * hp->dim * head_elem_bytes(b->head_type)
+                                   : b->head_bytes) / MIB,
+           b->head_shared ? " (the embedding)" : "", b->kv_f16 ? "f16" : "f32",
+           (double)b->kv_bytes / MIB, (long long)kv_len, (double)b->scratch_bytes / MIB,
+           (long long)b->chunk, b->graph ? "captured" : "off");
+    *out = b;
+    return BN_OK;
+}
+
+void bn_cuda_backend_free(bn_cuda_backend *b)
+{
+    if (!b)
+        return;
+    if (b->ctx) {
+        (void)bn_cuda_context_use(b->ctx, NULL);
+        (void)cudaStreamSynchronize(b->cs);
+        if (b->graph)
+            cudaGraphExecDestroy(b->graph);
+        for (int i = 0; i < b->n_allocs; i++)
+            bn_cuda_context_free(b->ctx, b->allocs[i].p, b->allocs[i].bytes);
+        if (b->h_io)
+            cudaFreeHost(b->h_io);
+        if (b->h_logits)
+            cudaFreeHost(b->h_logits);
+        (void)cudaGetLastError();
+        bn_cuda_context_destroy(b->ctx);
+    }
+    free(b->groups);
+    free(b);
+}
+
+/* ---- queries ------------------------------------------------------------------------ */
+
+int64_t bn_cuda_backend_kv_len(const bn_cuda_backend *b) { return b->kv_len; }
+int64_t bn_cuda_backend_kv_filled(const bn_cuda_backend *b) { return b->kv_filled; }
+void bn_cuda_backend_reset(bn_cuda_backend *b)
+{
+    if (b->pending) { /* a submitted step nobody waited for */
+        (void)cudaStreamSynchronize(b->cs);
+        (void)cudaGetLastError();
+        b->pending = false;
+    }
+    b->kv_filled = 0;
+}
+int bn_cuda_backend_device(const bn_cuda_backend *b) { return b->device; }
+const char *bn_cuda_backend_device_name(const bn_cuda_backend *b) { return b->name; }
+bn_cuda_kv_type bn_cuda_backend_kv_type(const bn_cuda_backend *b)
+{
+    return b->kv_f16 ? BN_CUDA_KV_F16 : BN_CUDA_KV_F32;
+}
+bool bn_cuda_backend_graphs(const bn_cuda_backend *b) { return b->graph && b->use_graphs; }
+void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on) { b->use_graphs = on; }
+void bn_cuda_backend_fail_at(bn_cuda_backend *b, int64_t call) { b->fail_at = call; }
+
+void bn_cuda_backend_memory(const bn_cuda_backend *b, bn_cuda_memory *out)
+{
+    memset(out, 0, sizeof *out);
+    out->weights = b->w_bytes;
+    out->embedding = b->embed_bytes;
+    out->lm_head = b->head_shared ? 0 : b->head_bytes;
+    out->norms = b->norms_bytes;
+    out->kv_cache = b->kv_bytes;
+    out->scratch = b->scratch_bytes;
+    out->total = out->weights + out->embedding + out->lm_head + out->norms + out->kv_cache +
+                 out->scratch;
+    uint64_t current = 0, peak = 0;
+    bn_cuda_context_memory(b->ctx, &current, &peak);
+    out->peak = peak;
+    out->device_total = b->device_total;
+    out->device_free = b->device_free;
+}
+
+void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size)
+{
+    if (!size)
+        return;
+    buf[0] = '\0';
+    for (int k = 0; k < K_COUNT; k++) {
+        if (!(b->ran & (1u << k)))
+            continue;
+        const size_t used = strlen(buf);
+        if (k == K_HEAD)
+            snprintf(buf + used, size - used, "%slm_head_gemv_%s", used ? "," : "",
+                     head_type_name(b->head_type));
+        else
+            snprintf(buf + used, size - used, "%s%s", used ? "," : "", kernel_names[k]);
+    }
+}
+
+/* ---- measurement -------------------------------------------------------------------- */
+
+const char *bn_cuda_stage_name(bn_cuda_stage s)
+{
+    static const char *const names[BN_CUDA_STAGE_COUNT] = {
+        "embedding", "residual + attn_norm + int8", "q|k|v GEMV", "scale + RoPE + KV store",
+        "attention", "attn_sub_norm + int8", "Wo GEMV", "residual + ffn_norm + int8",
+        "gate|up GEMV", "relu^2 * up + ffn_sub_norm + int8", "down GEMV",
+        "residual + output_norm", "LM head", "argmax"};
+    return (int)s >= 0 && s < BN_CUDA_STAGE_COUNT ? names[s] : "?";
+}
+
+bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int64_t pos,
+                                         int reps, bn_cuda_stage_times *out, bn_error *err)
+{
+    if (!b || !out || reps < 1)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "profile: bad arguments");
+    memset(out, 0, sizeof *out);
+    bn_status st = check_request(b, &token, 1, pos, err);
+    if (st == BN_OK)
+        st = bn_cuda_context_use(b->ctx, err);
+    if (st != BN_OK)
+        return st;
+    prof p;
+    memset(&p, 0, sizeof p);
+    p.cap = 8 + b->hp.n_layer * 16;
+    p.ev = calloc((size_t)p.cap, sizeof *p.ev);
+    p.stage = calloc((size_t)p.cap, sizeof *p.stage);
+    if (!p.ev || !p.stage)
+        st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for profiling events");
+    int created = 0;
+    for (; st == BN_OK && created < p.cap; created++)
+        st = BN_CUDA_STATUS(err, cudaEventCreate(&p.ev[created]));
+    for (int r = 0; r < reps && st == BN_OK; r++) {
+        p.n = 0;
+        memset(p.launches, 0, sizeof p.launches);
+        int32_t *dec = h_dec(b);
+        dec[0] = token;
+        dec[1] = (int32_t)pos;
+        dec[2] = (int32_t)(pos + 1);
+        st = BN_CUDA_STATUS(err, cudaMemcpyAsync(b->d_dec, dec, 3 * sizeof(int32_t),
+                                                 cudaMemcpyHostToDevice, b->cs));
+        b->prof = &p;
+        if (st == BN_OK)
+            st = BN_CUDA_STATUS(err, cudaEventRecord(p.ev[p.n], b->cs));
+        if (st == BN_OK)
+            p.stage[p.n++] = -1; /* the start */
+        if (st == BN_OK)
+            st = enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, err);
+        if (st == BN_OK)
+            st = queue_argmax(b, err);
+        if (st == BN_OK)
+            st = mark(b, BN_CUDA_STAGE_ARGMAX, 2, err);
+        b->prof = NULL;
+        if (st == BN_OK)
+            st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
+        for (int k = 1; k < p.n && st == BN_OK; k++) {
+            float ms = 0.0f;
+            st = BN_CUDA_STATUS(err, cudaEventElapsedTime(&ms, p.ev[k - 1], p.ev[k]));
+            out->ms[p.stage[k]] += ms / reps;
+        }
+        float total = 0.0f;
+        if (st == BN_OK && p.n > 1)
+            st = BN_CUDA_STATUS(err, cudaEventElapsedTime(&total, p.ev[0], p.ev[p.n - 1]));
+        out->total_ms += total / reps;
+    }
+    b->prof = NULL;
+    memcpy(out->launches, p.launches, sizeof out->launches);
+    for (int i = 0; i < created; i++)
+        cudaEventDestroy(p.ev[i]);
+    free(p.ev);
+    free(p.stage);
+    if (st != BN_OK)
+        return fail_pass(b, pos, st);
+    b->kv_filled = pos + 1;
+    return BN_OK;
+}
+
+bn_status bn_cuda_backend_time_decode(bn_cuda_backend *b, int32_t token, int64_t pos, int reps,
+                                      double *us_per_step, bn_error *err)
+{
+    if (!b || !us_per_step || reps < 1)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "time_decode: bad arguments");
+    int32_t next;
+    bn_status st = BN_OK;
+    double t0 = 0.0;
+    for (int r = -2; r < reps && st == BN_OK; r++) { /* two warm-up steps */
+        if (r == 0)
+            t0 = bn_time_seconds();
+        st = bn_cuda_backend_submit_greedy(b, token, pos, err);
+        if (st == BN_OK)
+            st = bn_cuda_backend_wait_greedy(b, &next, err);
+    }
+    *us_per_step = st == BN_OK ? (bn_time_seconds() - t0) * 1e6 / reps : 0.0;
+    return st;
+}
+
+bn_status bn_cuda_backend_copy_bandwidth(bn_cuda_backend *b, uint64_t bytes, double *gbs,
+                                         bn_error *err)
+{
+    if (!b || !gbs)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "copy_bandwidth: bad arguments");
+    *gbs = 0.0;
+    bn_status st = bn_cuda_context_use(b->ctx, err);
+    if (st != BN_OK)
+        return st;
+    void *src = NULL, *dst = NULL;
+    for (; bytes >= ((uint64_t)16 << 20); bytes /= 2) {
+        if (bn_cuda_context_alloc(b->ctx, bytes, &src, NULL) != BN_OK) {
+            src = NULL;
+            continue;
+        }
+        if (bn_cuda_context_alloc(b->ctx, bytes, &dst, NULL) == BN_OK)
+            break;
+        bn_cuda_context_free(b->ctx, src, bytes);
+        src = dst = NULL;
+    }
+    if (!src || !dst)
+        return bn_error_set(err, BN_ERR_GPU_OUT_OF_MEMORY, NULL,
+                            "no room for the copy-bandwidth buffers");
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    const int reps = 10;
+    st = BN_CUDA_STATUS(err, cudaEventCreate(&e0));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaEventCreate(&e1));
+    if (st == BN_OK) /* warm-up */
+        st = BN_CUDA_STATUS(err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, b->cs));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaEventRecord(e0, b->cs));
+    for (int r = 0; r < reps && st == BN_OK; r++)
+        st = BN_CUDA_STATUS(err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, b->cs));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaEventRecord(e1, b->cs));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaEventElapsedTime(&ms, e0, e1));
+    if (st == BN_OK && ms > 0.0f)
+        *gbs = 2.0 * (double)bytes * reps / (ms * 1e-3) / 1e9;
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    (void)cudaStreamSynchronize(b->cs);
+    bn_cuda_context_free(b->ctx, src, bytes);
+    bn_cuda_context_free(b->ctx, dst, bytes);
+    return st;
+}
+
+uint64_t bn_cuda_backend_bytes_per_token(const bn_cuda_backend *b, int64_t positions)
+{
+    const bn_hparams *hp = &b->hp;
+    const uint64_t head = (uint64_t)hp->vocab * (uint64_t)hp->dim * head_elem_bytes(b->head_type);
+    const uint64_t kv = 2 * (uint64_t)hp->n_layer * (uint64_t)positions * (uint64_t)b->kv_dim *
+                        b->kv_elem;
+    return b->w_bytes + head + b->embed_row_bytes + b->norms_bytes + kv;
+}

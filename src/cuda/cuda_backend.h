@@ -1,0 +1,209 @@
+/*
+ * cuda_backend.h - the Level-2 CUDA backend: a whole BitNet b1.58 forward
+ * pass (FORMATS.md section 1) on one NVIDIA GPU, numerically the CPU
+ * backend's (src/cpu/cpu_backend.h) up to fp32 summation order. Plain C:
+ * callers need no CUDA headers. Built only with CUDA (BITNET_HAVE_CUDA).
+ *
+ * create() uploads everything once:
+ *   - every projection, unpacked on the host (bn_model_projection_codes,
+ *     one projection per host thread at a time) and packed into the tile
+ *     layout of src/kernels/cuda_layout.h; q|k|v and gate|up of a layer
+ *     sit back to back so that each pair or triple is one GEMV;
+ *   - the token embedding in its file encoding (bn_cuda_embed_rows reads
+ *     F32/F16/BF16/Q8_0/Q4_K/Q6_K/TQ2_0 rows), the LM head as F16/BF16/F32
+ *     rows (the embedding buffer itself when tied and 16/32-bit; other
+ *     encodings are converted: to F32 when that takes at most 256 MiB, which
+ *     keeps the logits exact, else to F16), the RMSNorm weights;
+ *   - the KV cache (fp32 by default, the CPU's; fp16 on request) and the
+ *     scratch of one prefill chunk.
+ *
+ * forward() runs on the device with no host round trip inside a step:
+ *
+ *   embed -> per layer: rmsnorm+int8 -> q|k|v GEMV/GEMM -> scale+RoPE+KV
+ *   store -> attention -> attn_sub_norm+int8 -> Wo -> residual+ffn_norm+int8
+ *   -> gate|up -> relu^2*up+ffn_sub_norm+int8 -> down -> residual+next
+ *   norm+int8 (last layer: residual+output_norm) -> LM head [-> argmax]
+ *
+ * Prefill runs chunks of up to `prefill_chunk` tokens through int8 tensor-
+ * core GEMMs; decode (one token) is captured once as a CUDA graph at
+ * create() and replayed every step: the token, its position and the
+ * attention length live in device memory, uploaded (12 bytes) before each
+ * replay.
+ *
+ * Streams (the context's two): `compute` runs every step, including the
+ * tiny H2D of the step's token/position and the D2H of logits or the next
+ * token, which must be ordered with the kernels anyway; `copy` carries the
+ * weight uploads at create(), so that while one projection crosses PCIe
+ * the host threads unpack and pack the next ones (two pinned staging
+ * buffers per thread, an event per buffer). During generation the host's
+ * own work (detokenizing, streaming text) overlaps the next step through
+ * submit_greedy()/wait_greedy().
+ *
+ * Memory: every device buffer comes from the context's tracked allocations
+ * (bn_cuda_context_alloc), one buffer per purpose, sized exactly once at
+ * create(): nothing is freed and re-requested while the backend lives, so a
+ * caching pool would only add its size-class rounding (up to 1 MiB per
+ * weight buffer). The plan is computed before any allocation and checked
+ * against the memory limit and the device's free memory; a request that
+ * does not fit is BN_ERR_GPU_OUT_OF_MEMORY naming the parts and what to
+ * reduce, and leaves the device as it found it.
+ */
+#ifndef BN_CUDA_BACKEND_H
+#define BN_CUDA_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bitnet.h"
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct bn_cuda_backend bn_cuda_backend;
+
+typedef enum bn_cuda_kv_type {
+    BN_CUDA_KV_F32 = 0, /* the CPU's precision: greedy tokens equal the CPU's         */
+    BN_CUDA_KV_F16 = 1  /* half the memory and bandwidth; logits within ~3e-2 x max  */
+} bn_cuda_kv_type;
+
+typedef struct bn_cuda_backend_options {
+    int device;            /* CUDA ordinal; -1: the best device (most memory)         */
+    int64_t kv_len;        /* KV positions; 0: the model's training context           */
+    uint64_t memory_limit; /* device bytes the backend may use; 0: no limit           */
+    bn_cuda_kv_type kv_type;
+    int prefill_chunk;     /* tokens per prefill pass; 0: 512                         */
+    bool no_graphs;        /* decode eagerly instead of replaying a CUDA graph        */
+    int threads;           /* host threads unpacking weights; 0: BITNET_NUM_THREADS   */
+} bn_cuda_backend_options;
+
+void bn_cuda_backend_options_default(bn_cuda_backend_options *o);
+
+/* Device memory the backend holds, in bytes. */
+typedef struct bn_cuda_memory {
+    uint64_t weights;      /* packed ternary projections                       */
+    uint64_t embedding;    /* token embedding table                            */
+    uint64_t lm_head;      /* a separate LM head (0 when it is the embedding)  */
+    uint64_t norms;
+    uint64_t kv_cache;
+    uint64_t scratch;      /* activations, workspaces, logits                  */
+    uint64_t total;        /* the sum of the above                             */
+    uint64_t peak;         /* the context's high-water mark (incl. transients) */
+    uint64_t device_total; /* the GPU's memory, and what was free after create */
+    uint64_t device_free;
+} bn_cuda_memory;
+
+/* Opens the device and uploads the model (see the top of this file). The
+ * model must outlive the backend. Failures: the device's (BN_ERR_NO_DEVICE,
+ * BN_ERR_DRIVER, ...), BN_ERR_UNSUPPORTED for a shape the kernels do not
+ * handle (head_dim, rope_dim), BN_ERR_GPU_OUT_OF_MEMORY when the plan does
+ * not fit, BN_ERR_INVALID_ARGUMENT for kv_len beyond the training context. */
+bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_options *opt,
+                                 bn_cuda_backend **out, bn_error *err);
+void bn_cuda_backend_free(bn_cuda_backend *b);
+
+/* Runs n_tokens tokens at positions pos .. pos + n_tokens - 1 and writes the
+ * last token's vocab logits to host memory. The same rules as the CPU
+ * backend: positions before pos must have been computed (pos may go back),
+ * pos + n_tokens must fit the KV cache, tokens must be in the vocabulary;
+ * on failure the positions from pos on are forgotten. */
+bn_status bn_cuda_backend_forward(bn_cuda_backend *b, const int32_t *tokens, int64_t n_tokens,
+                                  int64_t pos, float *logits, bn_error *err);
+
+/* The same pass, then the argmax of the logits on the device (lowest index
+ * on ties, NaN never chosen: the CPU sampler's greedy rule); only the token
+ * comes back. */
+bn_status bn_cuda_backend_forward_greedy(bn_cuda_backend *b, const int32_t *tokens,
+                                         int64_t n_tokens, int64_t pos, int32_t *next,
+                                         bn_error *err);
+
+/* One greedy decode step in two halves, so the caller can work while the
+ * GPU computes: submit queues the step for `token` at `pos` and returns;
+ * wait blocks until its token is known. Exactly one wait per submit. */
+bn_status bn_cuda_backend_submit_greedy(bn_cuda_backend *b, int32_t token, int64_t pos,
+                                        bn_error *err);
+bn_status bn_cuda_backend_wait_greedy(bn_cuda_backend *b, int32_t *next, bn_error *err);
+
+int64_t bn_cuda_backend_kv_len(const bn_cuda_backend *b);
+int64_t bn_cuda_backend_kv_filled(const bn_cuda_backend *b);
+void bn_cuda_backend_reset(bn_cuda_backend *b);
+
+void bn_cuda_backend_memory(const bn_cuda_backend *b, bn_cuda_memory *out);
+/* "cuda:0" and the device's name ("NVIDIA H200"). */
+int bn_cuda_backend_device(const bn_cuda_backend *b);
+const char *bn_cuda_backend_device_name(const bn_cuda_backend *b);
+bn_cuda_kv_type bn_cuda_backend_kv_type(const bn_cuda_backend *b);
+
+/* Whether decode steps replay the captured graph (false when capture failed
+ * or was turned off); set_graphs(false) switches to eager launches, true
+ * back to the graph when one was captured. */
+bool bn_cuda_backend_graphs(const bn_cuda_backend *b);
+void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on);
+
+/* The kernels that have run so far, comma-separated ("embed_rows,
+ * norm_quantize,w2a8_gemv,..."), into buf. */
+void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size);
+
+/* Tests: forward call number `call` (1-based, counting every forward,
+ * forward_greedy and submit_greedy) fails with BN_ERR_GPU before doing
+ * anything, as a failed kernel would. 0 turns it off. */
+void bn_cuda_backend_fail_at(bn_cuda_backend *b, int64_t call);
+
+/* ---- measurement (bitnet bench e2e) -------------------------------------------- */
+
+typedef enum bn_cuda_stage {
+    BN_CUDA_STAGE_EMBED,
+    BN_CUDA_STAGE_ATTN_NORM, /* residual + attn_norm + int8 (layer 0: norm + int8)  */
+    BN_CUDA_STAGE_QKV,       /* q|k|v GEMV                                         */
+    BN_CUDA_STAGE_ROPE_KV,   /* scales, RoPE, KV store                             */
+    BN_CUDA_STAGE_ATTENTION,
+    BN_CUDA_STAGE_SUB_NORM,  /* attn_sub_norm + int8                               */
+    BN_CUDA_STAGE_O,         /* Wo GEMV                                            */
+    BN_CUDA_STAGE_FFN_NORM,  /* residual + ffn_norm + int8                         */
+    BN_CUDA_STAGE_GATE_UP,   /* gate|up GEMV                                       */
+    BN_CUDA_STAGE_RELU2,     /* relu^2 * up + ffn_sub_norm + int8                  */
+    BN_CUDA_STAGE_DOWN,      /* down GEMV                                          */
+    BN_CUDA_STAGE_OUT_NORM,  /* residual + output_norm                             */
+    BN_CUDA_STAGE_LM_HEAD,
+    BN_CUDA_STAGE_ARGMAX,
+    BN_CUDA_STAGE_COUNT
+} bn_cuda_stage;
+
+const char *bn_cuda_stage_name(bn_cuda_stage s);
+
+typedef struct bn_cuda_stage_times {
+    double ms[BN_CUDA_STAGE_COUNT]; /* per step, summed over layers           */
+    int launches[BN_CUDA_STAGE_COUNT]; /* kernel launches per step            */
+    double total_ms;                /* the instrumented step, first to last   */
+} bn_cuda_stage_times;
+
+/* Times `reps` eager decode steps of `token` at `pos` (pos <= kv_filled,
+ * pos < kv_len; it writes the KV cache at pos) with CUDA events around each
+ * stage, averaged per step. Events add small gaps, so total_ms is a little
+ * above a graph replay's time; the split is what it is for. */
+bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int64_t pos,
+                                         int reps, bn_cuda_stage_times *out, bn_error *err);
+
+/* Wall time per greedy decode step (the way generation runs it: upload,
+ * graph replay or eager launches, argmax, token download, wait), averaged
+ * over reps steps of `token` at `pos`. */
+bn_status bn_cuda_backend_time_decode(bn_cuda_backend *b, int32_t token, int64_t pos, int reps,
+                                      double *us_per_step, bn_error *err);
+
+/* Device-to-device copy bandwidth in GB/s (bytes read + bytes written per
+ * second), measured with a `bytes` copy (halved until it fits). */
+bn_status bn_cuda_backend_copy_bandwidth(bn_cuda_backend *b, uint64_t bytes, double *gbs,
+                                         bn_error *err);
+
+/* Bytes one decode step must move at a context of `positions`: every packed
+ * projection, the LM head, one embedding row, the norms and the KV cache
+ * read by attention. */
+uint64_t bn_cuda_backend_bytes_per_token(const bn_cuda_backend *b, int64_t positions);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,156 @@
+/*
+ * cuda_backend_kernels.h - the kernels the CUDA backend adds to the shared
+ * ones (ops_cuda.h, attention_cuda.h, w2a8_cuda.h): the glue between the
+ * W2A8 products, written so that the GPU forward pass makes the same int8
+ * rounding decisions as the CPU backend (src/cpu/cpu_backend.c), an fp32
+ * KV cache with its attention, and an LM head that keeps x in fp32.
+ *
+ * All pointers are device pointers; launches are asynchronous on `stream`
+ * and return cudaGetLastError() (cudaSuccess when queued), or
+ * cudaErrorInvalidValue for arguments the kernels cannot honour. Strides
+ * (ld*) count elements.
+ *
+ * Numerical contract against the CPU backend:
+ *
+ *   int8 codes        bit-identical: code_i = rint(127 * (w_i x_i) / max|w x|)
+ *                     evaluated in double, where every product of two floats
+ *                     is exact and the maximum does not depend on order, so
+ *                     the codes are what exact arithmetic gives - the CPU's
+ *                     rule (norm_quantize_row). Rows whose normed maximum is
+ *                     below 1e-5 or not finite take the plain fp32 rule, as
+ *                     on the CPU.
+ *   scales            127 / max|w * (x * inv)| in fp32 with inv =
+ *                     1 / sqrtf((float)(sum x^2 / n) + eps) and the sum of
+ *                     squares in double. Each square is exact in double;
+ *                     only the order of the additions differs from the CPU,
+ *                     which moves the double sum by ~1e-12 relative and the
+ *                     fp32 scale in perhaps one row in 10^5 by one ulp.
+ *   residual, gate    bit-identical ((g * g) * u, x + r as single fp32 ops).
+ *   RoPE              cos and sin of the fp32 angle (float)pos * inv_freq[j]
+ *                     in double, rounded to float: equal to glibc's cosf/sinf
+ *                     except where those are off by an ulp.
+ *   attention (f32)   fp32 throughout, in a different summation order:
+ *                     relative differences of a few 1e-7.
+ *   LM head           fp32 x times F16/BF16/F32 rows, fp32 accumulation in
+ *                     another order: relative differences of ~1e-6.
+ */
+#ifndef BN_CUDA_BACKEND_KERNELS_H
+#define BN_CUDA_BACKEND_KERNELS_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "ops_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- RMSNorm + int8 quantization, three row sources --------------------------
+ *
+ * Every variant writes, per row r < m: q[r * ldq + i] for i < ldq (zeros from
+ * k to ldq), scale[r] = the activation scale and sum[r] = sum of the codes.
+ * One block per row. */
+
+/* v = x. */
+cudaError_t bn_cb_norm_quantize(const float *x, int64_t ldx, int64_t m, int64_t k,
+                                const float *w, float eps, int8_t *q, int64_t ldq, float *scale,
+                                int32_t *sum, cudaStream_t stream);
+
+/* x += r first (written back to x), then v = x: the residual add fused with
+ * the next norm. */
+cudaError_t bn_cb_add_norm_quantize(float *x, int64_t ldx, const float *r, int64_t ldr,
+                                    int64_t m, int64_t k, const float *w, float eps, int8_t *q,
+                                    int64_t ldq, float *scale, int32_t *sum, cudaStream_t stream);
+
+/* v = relu(g * sg)^2 * (u * su): the raw gate and up products (computed with
+ * weight scale 1, i.e. acc / act_scale) scaled here, as the CPU's epilogue
+ * would have, then the squared-ReLU gate, the ffn_sub_norm and the
+ * quantization. g and u rows are ldgu apart. */
+cudaError_t bn_cb_relu2_norm_quantize(const float *g, const float *u, int64_t ldgu, float sg,
+                                      float su, int64_t m, int64_t k, const float *w, float eps,
+                                      int8_t *q, int64_t ldq, float *scale, int32_t *sum,
+                                      cudaStream_t stream);
+
+/* x += r (r may be NULL: no add), then y = w * (x * inv) with the CPU's
+ * rmsnorm arithmetic (double sum of squares). m rows. */
+cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr, int64_t m,
+                              int64_t k, const float *w, float eps, float *y, int64_t ldy,
+                              cudaStream_t stream);
+
+/* ---- q, k, v: scale, RoPE, KV cache ---------------------------------------------
+ *
+ * raw holds m rows of the fused q|k|v product computed with weight scale 1
+ * ([n_heads*hd | n_kv*hd | n_kv*hd], ldraw apart). Per row t at position
+ * pos[t]: q = raw_q * sq and k = raw_k * sk turned by rotate-half RoPE (the
+ * first rope_dim values of each head), v = raw_v * sv. q goes to
+ * q_out[t * ldq ...]; k and v to position pos[t] of the layer's cache
+ * ([capacity][n_kv*hd], fp32 when kv_f16 == 0, else IEEE half rounded to
+ * nearest even), skipped when the position is outside [0, capacity). */
+typedef struct bn_cb_qkv_shape {
+    int n_heads, n_kv_heads, head_dim;
+    int64_t capacity;
+    float scale_q, scale_k, scale_v;
+} bn_cb_qkv_shape;
+
+cudaError_t bn_cb_qkv_post(const float *raw, int64_t ldraw, int64_t m,
+                           const bn_cb_qkv_shape *s, const bn_rope_freqs *freqs,
+                           const int32_t *pos, float *q_out, int64_t ldq, void *k_cache,
+                           void *v_cache, int kv_f16, cudaStream_t stream);
+
+/* ---- attention over an fp32 cache --------------------------------------------
+ *
+ * Cache layout: one layer is [capacity][n_kv_heads][head_dim] fp32 (the CPU
+ * backend's layout); query head h reads kv head h / (n_heads / n_kv_heads).
+ * Scores are (q . k) * scale, scale = head_dim^-0.5, softmax in fp32 with
+ * the running maximum subtracted. head_dim must be a multiple of 4, at most
+ * 256. */
+typedef struct bn_cb_attn_shape {
+    int n_heads, n_kv_heads, head_dim;
+    int64_t capacity;
+} bn_cb_attn_shape;
+
+/* Workspace floats for `splits` ranges; splits from bn_cb_attn_decode_splits. */
+int bn_cb_attn_decode_splits(int64_t capacity);
+size_t bn_cb_attn_decode_workspace_bytes(const bn_cb_attn_shape *s, int splits);
+
+/* One query row q (n_heads * head_dim) against positions [0, *kv_len) (a
+ * device int, clamped to [0, capacity]; 0 gives zeros) into out. The
+ * length is cut into `splits` ranges of max(ceil(len / splits), 32)
+ * positions, so one launch configuration serves every length (CUDA
+ * graphs); a second kernel merges the ranges. */
+cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s, const float *q, const float *k_cache,
+                              const float *v_cache, const int32_t *kv_len, int splits,
+                              float *workspace, float *out, cudaStream_t stream);
+
+/* n query rows (q rows ldq apart, row i at position pos[i], a device array)
+ * against cache positions [0, pos[i]] (causal; the k and v of the rows
+ * themselves already appended). out rows ldo apart. */
+cudaError_t bn_cb_attn_prefill(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n,
+                               const int32_t *pos, const float *k_cache, const float *v_cache,
+                               float *out, int64_t ldo, cudaStream_t stream);
+
+/* Allows the dynamic shared memory the prefill kernel needs for head_dim
+ * (above 48 KiB for head_dim 256). Call once, outside graph capture. */
+cudaError_t bn_cb_attn_prefill_prepare(int head_dim);
+
+/* ---- LM head ---------------------------------------------------------------------
+ *
+ * logits[r] = sum_i W[r][i] x[i] for r < rows, W row-major [rows][dim] of
+ * `type` (BN_CB_HEAD_F32, _F16 or _BF16), x fp32 in device memory; fp32
+ * products and sums. */
+#define BN_CB_HEAD_F32 0
+#define BN_CB_HEAD_F16 1
+#define BN_CB_HEAD_BF16 2
+
+/* Allows the dynamic shared memory (dim floats) the head kernel needs;
+ * call once, outside graph capture. */
+cudaError_t bn_cb_head_prepare(int type, int64_t dim);
+cudaError_t bn_cb_head_gemv(const void *w, int type, int64_t rows, int64_t dim, const float *x,
+                            float *logits, int sm_count, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,695 @@
+/*
+ * test_cuda_backend.c - the CUDA backend (src/cuda/cuda_backend.h) against
+ * the CPU backend, the numerical reference, and the engine's device
+ * selection and fallback. Label gpu: exits 77 without a usable CUDA device.
+ *
+ * usage: test_cuda_backend [DIR]   (DIR = tests/data/models, the default)
+ * BN_TEST_QUICK=1 (the compute-sanitizer runs of scripts/gpu-check.sh) checks
+ * two fixtures and skips the 2B-4T model.
+ *
+ * For every fixture (hf_packed, hf_bf16, i2s.gguf, tq2_0.gguf, tq1_0.gguf):
+ *   - CPU greedy run of 32 tokens after an 8-token prompt: the reference
+ *     tokens, the logits of every step and the smallest top-2 gap;
+ *   - GPU, eager launches, fed the CPU's tokens: every step's logits within
+ *     TOL_F32 x max(1, max|logit|) of the CPU's, and the same argmax;
+ *   - GPU, decode graph replayed, same feed: logits bit-identical to eager;
+ *   - GPU greedy on the device (graph, submit/wait), free-running: the same
+ *     32 tokens as the CPU; and eagerly: the same tokens again;
+ *   - fp16 KV cache: logits within TOL_F16 (tokens reported, not required).
+ * Then: prefill in chunks of 3 equals one chunk; a ragged random model (no
+ * fused products, head_dim 36, untied F16 head of odd width); a random
+ * 2B-4T-shaped model for a few decode steps; request errors and out of
+ * memory (the process stays usable; the hint's --ctx fits); the engine:
+ * GPU selection and receipt, fallback to the CPU on an impossible memory
+ * limit and on a failing step under auto, errors under strict mode and
+ * explicit cuda requests.
+ *
+ * Tolerances. With the fp32 KV cache the GPU makes the CPU's int8 rounding
+ * decisions (cuda_backend_kernels.h); logits differ by fp32 summation order
+ * only, ~1e-6 relative, unless an activation sits within that distance of a
+ * rounding boundary, which moves a logit by ~1e-3 relative. TOL_F32 = 1e-2
+ * still catches any structural error (those are O(1)). The fp16 cache
+ * rounds every key and value (2^-11 relative); on these tiny models that
+ * moves logits by up to ~2.5% of max|logit| (measured on the CPU by
+ * rounding its cache), so TOL_F16 = 6e-2.
+ *
+ * Every check prints what it measured, so one run on the GPU machine is
+ * enough to diagnose a failure.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_backend.h"
+#include "cuda_backend.h"
+#include "engine.h"
+#include "model.h"
+#include "test_util.h"
+
+#define TOL_F32 1e-2
+#define TOL_F16 6e-2
+#define N_STEPS 32
+#define PROMPT_LEN 8
+
+static const int32_t PROMPT[PROMPT_LEN] = {297, 33, 264, 45, 281, 220, 265, 64};
+static const char *const FIXTURES[] = {"hf_packed", "hf_bf16", "i2s.gguf", "tq2_0.gguf",
+                                       "tq1_0.gguf"};
+
+static const char *data_dir;
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static bool gpu_usable(char *why, size_t size)
+{
+    bn_cuda_report *r = calloc(1, sizeof *r);
+    if (!r)
+        return false;
+    bn_cuda_query(r);
+    const bool ok = r->status == BN_OK && r->device_count > 0;
+    snprintf(why, size, "%s", ok ? "" : r->reason);
+    free(r);
+    return ok;
+}
+
+static int32_t argmax(const float *l, int32_t n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (l[i] > l[best])
+            best = i;
+    return best;
+}
+
+static double max_abs(const float *a, int64_t n)
+{
+    double m = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        m = fmax(m, fabs(a[i]));
+    return m;
+}
+
+static double max_diff(const float *a, const float *b, int64_t n)
+{
+    double m = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - b[i]);
+        m = d > m || d != d ? d : m; /* a NaN shows as NaN */
+    }
+    return m;
+}
+
+/* max|a - b| / max(1, max|a|). */
+static double rel_diff(const float *ref, const float *got, int64_t n)
+{
+    return max_diff(ref, got, n) / fmax(1.0, max_abs(ref, n));
+}
+
+static double top2_gap(const float *l, int32_t n)
+{
+    const int32_t t = argmax(l, n);
+    double second = -INFINITY;
+    for (int32_t i = 0; i < n; i++)
+        if (i != t && l[i] > second)
+            second = l[i];
+    return l[t] - second;
+}
+
+static void print_tokens(const char *what, const int32_t *t, int n)
+{
+    printf("    %-6s", what);
+    for (int i = 0; i < n; i++)
+        printf(" %d", t[i]);
+    printf("\n");
+}
+
+static bn_model *load_fixture(const char *name)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", data_dir, name);
+    bn_model *m = NULL;
+    bn_error err;
+    bn_error_clear(&err);
+    CHECK_MSG(bn_model_load(path, &m, &err) == BN_OK, "load %s: %s", path, err.message);
+    return m;
+}
+
+static bn_cuda_backend *make_cuda(const bn_model *m, int64_t kv_len, bn_cuda_kv_type kv,
+                                  int chunk)
+{
+    bn_cuda_backend_options o;
+    bn_cuda_backend_options_default(&o);
+    o.kv_len = kv_len;
+    o.kv_type = kv;
+    o.prefill_chunk = chunk;
+    bn_cuda_backend *b = NULL;
+    bn_error err;
+    bn_error_clear(&err);
+    CHECK_MSG(bn_cuda_backend_create(m, &o, &b, &err) == BN_OK, "cuda create: %s (%s)",
+              err.message, err.hint);
+    return b;
+}
+
+/* The CPU's greedy run: tokens[N_STEPS], logits[N_STEPS][V] (row s: the
+ * logits that chose token s). */
+static bool cpu_greedy(const bn_model *m, const int32_t *prompt, int n_prompt, int32_t *tokens,
+                       float *logits)
+{
+    const int32_t V = bn_model_hparams(m)->vocab;
+    bn_cpu_backend *c = NULL;
+    bn_error err;
+    bn_error_clear(&err);
+    CHECK_MSG(bn_cpu_backend_create(m, 0, 0, &c, &err) == BN_OK, "cpu create: %s", err.message);
+    if (!c)
+        return false;
+    bool ok = bn_cpu_backend_forward(c, prompt, n_prompt, 0, BN_LOGITS_LAST, logits, &err) ==
+              BN_OK;
+    for (int s = 0; ok && s < N_STEPS; s++) {
+        tokens[s] = argmax(logits + (int64_t)s * V, V);
+        if (s + 1 < N_STEPS)
+            ok = bn_cpu_backend_forward(c, &tokens[s], 1, n_prompt + s, BN_LOGITS_LAST,
+                                        logits + (int64_t)(s + 1) * V, &err) == BN_OK;
+    }
+    CHECK_MSG(ok, "cpu forward: %s", err.message);
+    bn_cpu_backend_free(c);
+    return ok;
+}
+
+/* ---- per fixture -------------------------------------------------------------- */
+
+static void check_fixture(const char *name)
+{
+    bn_model *m = load_fixture(name);
+    if (!m)
+        return;
+    const int32_t V = bn_model_hparams(m)->vocab;
+    const size_t row = (size_t)V * sizeof(float);
+    float *ref = malloc(N_STEPS * row), *eager = malloc(N_STEPS * row),
+          *graph = malloc(N_STEPS * row), *half = malloc(N_STEPS * row);
+    int32_t ref_tok[N_STEPS], gpu_tok[N_STEPS], eager_tok[N_STEPS];
+    bn_error err;
+    bn_error_clear(&err);
+    if (!cpu_greedy(m, PROMPT, PROMPT_LEN, ref_tok, ref)) {
+        bn_model_free(m);
+        free(ref), free(eager), free(graph), free(half);
+        return;
+    }
+    double min_gap = INFINITY;
+    for (int s = 0; s < N_STEPS; s++)
+        min_gap = fmin(min_gap, top2_gap(ref + (size_t)s * V, V));
+
+    bn_cuda_backend *b = make_cuda(m, 0, BN_CUDA_KV_F32, 0);
+    if (!b) {
+        bn_model_free(m);
+        free(ref), free(eager), free(graph), free(half);
+        return;
+    }
+    /* Teacher-forced logits, eager then graph. */
+    float *outs[2] = {eager, graph};
+    for (int pass = 0; pass < 2; pass++) {
+        bn_cuda_backend_set_graphs(b, pass == 1);
+        bn_cuda_backend_reset(b);
+        bool ok = bn_cuda_backend_forward(b, PROMPT, PROMPT_LEN, 0, outs[pass], &err) == BN_OK;
+        for (int s = 1; ok && s < N_STEPS; s++)
+            ok = bn_cuda_backend_forward(b, &ref_tok[s - 1], 1, PROMPT_LEN + s - 1,
+                                         outs[pass] + (size_t)s * V, &err) == BN_OK;
+        CHECK_MSG(ok, "%s: gpu forward (%s): %s", name, pass ? "graph" : "eager", err.message);
+        if (!ok)
+            goto out;
+    }
+    CHECK_MSG(bn_cuda_backend_graphs(b), "%s: the decode graph was not captured", name);
+
+    double prefill_rel = rel_diff(ref, eager, V), worst_rel = 0.0;
+    int worst_step = 0, argmax_diff = 0;
+    for (int s = 0; s < N_STEPS; s++) {
+        const double r = rel_diff(ref + (size_t)s * V, eager + (size_t)s * V, V);
+        if (r > worst_rel || r != r) {
+            worst_rel = r;
+            worst_step = s;
+        }
+        if (argmax(eager + (size_t)s * V, V) != ref_tok[s])
+            argmax_diff++;
+    }
+    const double graph_vs_eager = max_diff(eager, graph, (int64_t)N_STEPS * V);
+
+    /* Free-running greedy on the device: graph (submit/wait), then eager. */
+    int32_t *runs[2] = {gpu_tok, eager_tok};
+    for (int pass = 0; pass < 2; pass++) {
+        bn_cuda_backend_set_graphs(b, pass == 0);
+        bn_cuda_backend_reset(b);
+        int32_t next;
+        bool ok = bn_cuda_backend_forward_greedy(b, PROMPT, PROMPT_LEN, 0, &next, &err) == BN_OK;
+        for (int s = 0; ok && s < N_STEPS; s++) {
+            runs[pass][s] = next;
+            if (s + 1 < N_STEPS) {
+                if (pass == 0)
+                    ok = bn_cuda_backend_submit_greedy(b, next, PROMPT_LEN + s, &err) == BN_OK &&
+                         bn_cuda_backend_wait_greedy(b, &next, &err) == BN_OK;
+                else
+                    ok = bn_cuda_backend_forward_greedy(b, &runs[pass][s], 1, PROMPT_LEN + s,
+                                                        &next, &err) == BN_OK;
+            }
+        }
+        CHECK_MSG(ok, "%s: gpu greedy (%s): %s", name, pass ? "eager" : "graph", err.message);
+        if (!ok)
+            goto out;
+    }
+    int first_diff = -1;
+    for (int s = 0; s < N_STEPS && first_diff < 0; s++)
+        if (gpu_tok[s] != ref_tok[s])
+            first_diff = s;
+    const bool eager_same = memcmp(gpu_tok, eager_tok, sizeof gpu_tok) == 0;
+
+    char kernels[512];
+    bn_cuda_backend_kernels(b, kernels, sizeof kernels);
+    bn_cuda_backend_free(b);
+    b = NULL;
+
+    /* The fp16 KV cache, fed the CPU's tokens. */
+    double half_rel = NAN;
+    int half_argmax_diff = -1;
+    bn_cuda_backend *h = make_cuda(m, 0, BN_CUDA_KV_F16, 0);
+    if (h) {
+        bool ok = bn_cuda_backend_forward(h, PROMPT, PROMPT_LEN, 0, half, &err) == BN_OK;
+        for (int s = 1; ok && s < N_STEPS; s++)
+            ok = bn_cuda_backend_forward(h, &ref_tok[s - 1], 1, PROMPT_LEN + s - 1,
+                                         half + (size_t)s * V, &err) == BN_OK;
+        CHECK_MSG(ok, "%s: gpu forward (fp16 KV): %s", name, err.message);
+        if (ok) {
+            half_rel = 0.0;
+            half_argmax_diff = 0;
+            for (int s = 0; s < N_STEPS; s++) {
+                half_rel = fmax(half_rel, rel_diff(ref + (size_t)s * V, half + (size_t)s * V, V));
+                half_argmax_diff += argmax(half + (size_t)s * V, V) != ref_tok[s];
+            }
+        }
+        bn_cuda_backend_free(h);
+    }
+
+    printf("%-11s prefill rel %.2e | %d steps: worst rel %.2e (step %d), argmax differs at %d | "
+           "graph-eager max|d| %g | greedy gpu==cpu %s, eager==graph %s | cpu min top-2 gap "
+           "%.4f | fp16 KV: rel %.2e, argmax differs at %d\n",
+           name, prefill_rel, N_STEPS, worst_rel, worst_step, argmax_diff, graph_vs_eager,
+           first_diff < 0 ? "yes" : "NO", eager_same ? "yes" : "NO", min_gap, half_rel,
+           half_argmax_diff);
+    CHECK_MSG(worst_rel <= TOL_F32, "%s: logits differ from the CPU by %.3g x max|logit| at step "
+                                    "%d (tolerance %g)",
+              name, worst_rel, worst_step, TOL_F32);
+    CHECK_MSG(argmax_diff == 0, "%s: the GPU's argmax differs from the CPU's at %d steps", name,
+              argmax_diff);
+    CHECK_MSG(graph_vs_eager == 0.0, "%s: graph replay logits differ from eager by %g", name,
+              graph_vs_eager);
+    CHECK_MSG(first_diff < 0, "%s: greedy tokens differ from step %d (cpu top-2 gap there %.4g)",
+              name, first_diff,
+              first_diff >= 0 ? top2_gap(ref + (size_t)first_diff * V, V) : 0.0);
+    CHECK_MSG(eager_same, "%s: eager greedy tokens differ from the graph's", name);
+    if (first_diff >= 0 || !eager_same) {
+        print_tokens("cpu", ref_tok, N_STEPS);
+        print_tokens("graph", gpu_tok, N_STEPS);
+        print_tokens("eager", eager_tok, N_STEPS);
+    }
+    CHECK_MSG(half_rel <= TOL_F16, "%s: fp16-KV logits differ from the CPU by %.3g x max|logit| "
+                                   "(tolerance %g)",
+              name, half_rel, TOL_F16);
+    CHECK_STR_CONTAINS(kernels, "w2a8_gemv");
+    CHECK_STR_CONTAINS(kernels, "w2a8_gemm");
+    CHECK_STR_CONTAINS(kernels, "attention_decode_f32");
+    CHECK_STR_CONTAINS(kernels, "attention_prefill_f32");
+    CHECK_STR_CONTAINS(kernels, "cuda_graph_replay");
+    CHECK_STR_CONTAINS(kernels, "argmax");
+out:
+    bn_cuda_backend_free(b);
+    bn_model_free(m);
+    free(ref), free(eager), free(graph), free(half);
+}
+
+/* ---- other shapes and paths ------------------------------------------------------ */
+
+/* Logits after a prompt of n tokens and `steps` forced decode steps, GPU vs
+ * CPU; returns the worst relative difference. */
+static double compare_run(const char *what, const bn_model *m, bn_cuda_backend *b,
+                          const int32_t *tokens, int n_prompt, int steps, int *argmax_diff)
+{
+    const int32_t V = bn_model_hparams(m)->vocab;
+    float *a = malloc((size_t)V * sizeof(float)), *g = malloc((size_t)V * sizeof(float));
+    bn_cpu_backend *c = NULL;
+    bn_error err;
+    bn_error_clear(&err);
+    double worst = -1.0;
+    *argmax_diff = 0;
+    CHECK_MSG(bn_cpu_backend_create(m, bn_cuda_backend_kv_len(b), 0, &c, &err) == BN_OK,
+              "%s: cpu create: %s", what, err.message);
+    bn_cuda_backend_reset(b);
+    for (int s = 0; c && s <= steps; s++) {
+        const int32_t *t = s == 0 ? tokens : tokens + n_prompt + s - 1;
+        const int64_t n = s == 0 ? n_prompt : 1, pos = s == 0 ? 0 : n_prompt + s - 1;
+        const bool ok = bn_cpu_backend_forward(c, t, n, pos, BN_LOGITS_LAST, a, &err) == BN_OK &&
+                        bn_cuda_backend_forward(b, t, n, pos, g, &err) == BN_OK;
+        CHECK_MSG(ok, "%s: forward at %lld: %s", what, (long long)pos, err.message);
+        if (!ok)
+            break;
+        worst = fmax(worst, rel_diff(a, g, V));
+        *argmax_diff += argmax(a, V) != argmax(g, V);
+    }
+    bn_cpu_backend_free(c);
+    free(a);
+    free(g);
+    return worst;
+}
+
+/* Prefill in chunks of 3 against one chunk, and both against the CPU, on a
+ * prompt long enough to cross several chunk boundaries. */
+static void check_chunks(void)
+{
+    bn_model *m = load_fixture("hf_packed");
+    if (!m)
+        return;
+    const int32_t V = bn_model_hparams(m)->vocab;
+    int32_t tokens[48];
+    for (int i = 0; i < 48; i++)
+        tokens[i] = (int32_t)((i * 37 + 11) % V);
+    bn_cuda_backend *one = make_cuda(m, 64, BN_CUDA_KV_F32, 0);
+    bn_cuda_backend *three = make_cuda(m, 64, BN_CUDA_KV_F32, 3);
+    float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+    bn_error err;
+    if (one && three) {
+        CHECK(bn_cuda_backend_forward(one, tokens, 40, 0, a, &err) == BN_OK);
+        CHECK(bn_cuda_backend_forward(three, tokens, 40, 0, b, &err) == BN_OK);
+        const double d = rel_diff(a, b, V);
+        int ad;
+        const double vs_cpu = compare_run("chunks of 3", m, three, tokens, 40, 6, &ad);
+        printf("prefill chunks: 40 tokens in chunks of 3 vs one chunk rel %.2e; chunked run vs "
+               "cpu (prompt + 6 steps) worst rel %.2e, argmax differs at %d\n",
+               d, vs_cpu, ad);
+        CHECK_MSG(d <= TOL_F32, "chunked prefill differs by %.3g", d);
+        CHECK_MSG(vs_cpu >= 0.0 && vs_cpu <= TOL_F32, "chunked run vs cpu %.3g", vs_cpu);
+    }
+    bn_cuda_backend_free(one);
+    bn_cuda_backend_free(three);
+    free(a);
+    free(b);
+    bn_model_free(m);
+}
+
+/* A shape where nothing fuses (q_dim 108, ffn 90: not whole 8-row tiles),
+ * head_dim 36, RoPE over part of the head, an untied F16 head of width 100
+ * (no 16-byte rows). */
+static void check_ragged(void)
+{
+    bn_hparams hp;
+    memset(&hp, 0, sizeof hp);
+    hp.vocab = 301;
+    hp.dim = 100;
+    hp.ffn = 90;
+    hp.n_layer = 2;
+    hp.n_head = 3;
+    hp.n_head_kv = 1;
+    hp.head_dim = 36;
+    hp.n_ctx_train = 96;
+    hp.rope_dim = 20;
+    hp.rms_eps = 1e-5f;
+    hp.rope_theta = 10000.0f;
+    hp.tied_embeddings = false;
+    snprintf(hp.arch, sizeof hp.arch, "bitnet-b1.58");
+    bn_model *m = NULL;
+    bn_error err;
+    CHECK_MSG(bn_model_create_random(&hp, 1234, &m, &err) == BN_OK, "random model: %s",
+              err.message);
+    if (!m)
+        return;
+    int32_t tokens[64];
+    for (int i = 0; i < 64; i++)
+        tokens[i] = (int32_t)((i * 53 + 7) % hp.vocab);
+    bn_cuda_backend *b = make_cuda(m, 0, BN_CUDA_KV_F32, 16);
+    if (b) {
+        int ad;
+        const double w = compare_run("ragged", m, b, tokens, 37, 20, &ad);
+        printf("ragged shape (dim 100, ffn 90, heads 3/1 x 36, rope 20, untied): prompt 37 + 20 "
+               "steps, worst rel %.2e, argmax differs at %d\n",
+               w, ad);
+        CHECK_MSG(w >= 0.0 && w <= TOL_F32, "ragged shape: logits differ by %.3g", w);
+        bn_cuda_backend_free(b);
+    }
+    bn_model_free(m);
+}
+
+/* The real 2B-4T shape with random weights: a few decode steps. */
+static void check_2b4t(void)
+{
+    bn_hparams hp;
+    bn_hparams_2b4t(&hp);
+    bn_model *m = NULL;
+    bn_error err;
+    const double t0 = bn_time_seconds();
+    CHECK_MSG(bn_model_create_random(&hp, 1, &m, &err) == BN_OK, "2b4t model: %s", err.message);
+    if (!m)
+        return;
+    bn_cuda_backend *b = make_cuda(m, 64, BN_CUDA_KV_F32, 0);
+    const double t1 = bn_time_seconds();
+    if (b) {
+        int32_t tokens[16];
+        for (int i = 0; i < 16; i++)
+            tokens[i] = (int32_t)((i * 7919 + 128000) % hp.vocab);
+        int ad;
+        const double w = compare_run("2b4t", m, b, tokens, 8, 4, &ad);
+        bn_cuda_memory mem;
+        bn_cuda_backend_memory(b, &mem);
+        printf("2B-4T shape (random weights): cuda backend built in %.1f s (%.0f MiB on %s); "
+               "prompt 8 + 4 steps vs cpu worst rel %.2e, argmax differs at %d\n",
+               t1 - t0, (double)mem.total / 1048576.0, bn_cuda_backend_device_name(b), w, ad);
+        CHECK_MSG(w >= 0.0 && w <= TOL_F32, "2b4t: logits differ by %.3g", w);
+        bn_cuda_backend_free(b);
+    }
+    bn_model_free(m);
+}
+
+/* ---- errors and memory ------------------------------------------------------------ */
+
+static void check_errors(void)
+{
+    bn_model *m = load_fixture("i2s.gguf");
+    if (!m)
+        return;
+    const int32_t V = bn_model_hparams(m)->vocab;
+    float *logits = malloc((size_t)V * sizeof(float));
+    bn_error err;
+    bn_cuda_backend_options o;
+    bn_cuda_backend *b = NULL;
+
+    bn_cuda_backend_options_default(&o);
+    o.kv_len = bn_model_hparams(m)->n_ctx_train + 1;
+    CHECK(bn_cuda_backend_create(m, &o, &b, &err) == BN_ERR_INVALID_ARGUMENT && !b);
+
+    /* An impossible limit: out of memory, named, and the device still works. */
+    bn_cuda_backend_options_default(&o);
+    o.memory_limit = 1 << 20;
+    const bn_status st = bn_cuda_backend_create(m, &o, &b, &err);
+    printf("1 MiB limit: %s: %s | hint: %s\n", bn_status_str(st), err.message, err.hint);
+    CHECK(st == BN_ERR_GPU_OUT_OF_MEMORY && !b);
+    CHECK_STR_CONTAINS(err.message, "BITNET_MEMORY_LIMIT");
+    CHECK_STR_CONTAINS(err.message, "KV cache");
+
+    b = make_cuda(m, 0, BN_CUDA_KV_F32, 0);
+    if (!b)
+        goto out;
+    bn_cuda_memory mem;
+    bn_cuda_backend_memory(b, &mem);
+    CHECK(mem.total > mem.kv_cache && mem.kv_cache > 0 && mem.peak >= mem.total);
+    /* A limit that needs a shorter context: the hint says which fits. */
+    const uint64_t limit = mem.total - mem.kv_cache / 2;
+    const int64_t kv_len = bn_cuda_backend_kv_len(b);
+    CHECK(bn_cuda_backend_forward(b, PROMPT, PROMPT_LEN, 0, logits, &err) == BN_OK);
+    /* Misuse is refused with nothing computed. */
+    CHECK(bn_cuda_backend_forward(b, PROMPT, 1, PROMPT_LEN + 1, logits, &err) ==
+          BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(err.message, "skip");
+    const int32_t bad = V;
+    CHECK(bn_cuda_backend_forward(b, &bad, 1, 0, logits, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_cuda_backend_forward(b, PROMPT, PROMPT_LEN, kv_len - 4, logits, &err) ==
+          BN_ERR_INVALID_ARGUMENT);
+    int32_t next;
+    CHECK(bn_cuda_backend_wait_greedy(b, &next, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_cuda_backend_submit_greedy(b, 5, PROMPT_LEN, &err) == BN_OK);
+    CHECK(bn_cuda_backend_forward(b, PROMPT, 1, 0, logits, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_cuda_backend_wait_greedy(b, &next, &err) == BN_OK && next >= 0 && next < V);
+    CHECK(bn_cuda_backend_kv_filled(b) == PROMPT_LEN + 1);
+    bn_cuda_backend_free(b);
+    b = NULL;
+
+    bn_cuda_backend_options_default(&o);
+    o.memory_limit = limit;
+    CHECK(bn_cuda_backend_create(m, &o, &b, &err) == BN_ERR_GPU_OUT_OF_MEMORY);
+    printf("limit of %.2f MiB: %s | hint: %s\n", (double)limit / 1048576.0, err.message, err.hint);
+    const char *ctx = strstr(err.hint, "--ctx ");
+    CHECK_MSG(ctx != NULL, "the hint names --ctx: %s", err.hint);
+    if (ctx) {
+        o.kv_len = atoll(ctx + 6);
+        CHECK_MSG(o.kv_len > 0 && o.kv_len < kv_len, "suggested context %lld", (long long)o.kv_len);
+        const bn_status fit = bn_cuda_backend_create(m, &o, &b, &err);
+        CHECK_MSG(fit == BN_OK, "the suggested --ctx %lld does not fit: %s", (long long)o.kv_len,
+                  err.message);
+        if (b)
+            CHECK(bn_cuda_backend_forward(b, PROMPT, PROMPT_LEN, 0, logits, &err) == BN_OK);
+    }
+out:
+    bn_cuda_backend_free(b);
+    free(logits);
+    bn_model_free(m);
+}
+
+/* ---- the engine ------------------------------------------------------------------- */
+
+typedef struct engine_run {
+    bn_status open, gen;
+    bn_error err;
+    int32_t tokens[N_STEPS];
+    size_t n_tokens;
+    bn_engine_info info;
+    char startup[512];
+    char receipt[16384];
+} engine_run;
+
+static void run_engine(const char *fixture, const char *device, bool strict, uint64_t limit,
+                       int fail_call, engine_run *r)
+{
+    memset(r, 0, sizeof *r);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", data_dir, fixture);
+    bn_config cfg;
+    bn_config_defaults(&cfg);
+    cfg.strict_mode = strict;
+    cfg.memory_limit_bytes = limit;
+    bn_engine_options eo = {.model_path = path, .device = device,
+                            .test_cuda_fail_call = fail_call};
+    bn_engine *e = NULL;
+    r->open = bn_engine_open(&cfg, &eo, &e, &r->err);
+    r->gen = BN_ERR_INTERNAL;
+    if (r->open != BN_OK)
+        return;
+    snprintf(r->startup, sizeof r->startup, "%s", bn_engine_startup_line(e));
+    bn_generate_request req = {.prompt_tokens = PROMPT,
+                               .n_prompt_tokens = PROMPT_LEN,
+                               .n_predict = N_STEPS,
+                               .ignore_eog = true};
+    bn_sampler_params_default(&req.sampling); /* greedy */
+    bn_generation g;
+    r->gen = bn_engine_generate(e, &req, &g, &r->err);
+    if (r->gen == BN_OK) {
+        r->n_tokens = g.n_tokens < N_STEPS ? g.n_tokens : N_STEPS;
+        memcpy(r->tokens, g.tokens, r->n_tokens * sizeof(int32_t));
+        FILE *f = tmpfile();
+        if (f) {
+            bn_receipt_info ri = {.command = "test", .req = &req, .gen = &g};
+            CHECK(bn_engine_write_receipt(e, &ri, f, NULL) == BN_OK);
+            rewind(f);
+            const size_t n = fread(r->receipt, 1, sizeof r->receipt - 1, f);
+            r->receipt[n] = '\0';
+            fclose(f);
+        }
+        bn_generation_free(&g);
+    }
+    bn_engine_get_info(e, &r->info);
+    bn_engine_free(e);
+}
+
+static void check_engine(void)
+{
+    const char *fx = "i2s.gguf";
+    engine_run *cpu = calloc(1, sizeof *cpu), *r = calloc(1, sizeof *r);
+    run_engine(fx, "cpu", false, 0, 0, cpu);
+    CHECK_MSG(cpu->gen == BN_OK && cpu->n_tokens == N_STEPS, "cpu engine: %s", cpu->err.message);
+
+    /* auto on a usable GPU: CUDA, the CPU's tokens, the receipt says so. */
+    run_engine(fx, NULL, false, 0, 0, r);
+    printf("engine auto: %s\n", r->startup);
+    CHECK_MSG(r->gen == BN_OK, "auto engine: %s", r->err.message);
+    CHECK_STR_CONTAINS(r->startup, "selected=cuda:");
+    CHECK(r->info.gpu && strncmp(r->info.selected, "cuda:", 5) == 0 && !r->info.fallback[0]);
+    CHECK(r->info.gpu_total_bytes > 0 && r->info.gpu_kv_bytes > 0);
+    CHECK_MSG(r->n_tokens == cpu->n_tokens &&
+                  memcmp(r->tokens, cpu->tokens, r->n_tokens * sizeof(int32_t)) == 0,
+              "engine on the GPU generates other tokens than on the CPU");
+    CHECK_STR_CONTAINS(r->receipt, "\"selected\": \"cuda:");
+    CHECK_STR_CONTAINS(r->receipt, "\"gpu\": {");
+    CHECK_STR_CONTAINS(r->receipt, "cuda_graph_replay");
+    CHECK_STR_CONTAINS(r->receipt, "w2a8_gemv");
+    printf("engine kernels: %s\n", r->info.kernels);
+
+    /* An impossible memory limit under auto: the CPU, with the reason. */
+    run_engine(fx, "auto", false, 1 << 20, 0, r);
+    printf("auto, 1 MiB limit: %s | fallback: %s\n", r->startup, r->info.fallback);
+    CHECK_MSG(r->open == BN_OK && r->gen == BN_OK, "auto with a 1 MiB limit: %s",
+              r->err.message);
+    CHECK(strcmp(r->info.selected, "cpu") == 0 && !r->info.gpu);
+    CHECK_STR_CONTAINS(r->info.fallback, "CUDA initialisation failed");
+    CHECK_STR_CONTAINS(r->info.fallback, "BITNET_MEMORY_LIMIT");
+    CHECK_STR_CONTAINS(r->receipt, "\"fallback_reason\": \"CUDA initialisation failed");
+    CHECK(r->n_tokens == cpu->n_tokens &&
+          memcmp(r->tokens, cpu->tokens, r->n_tokens * sizeof(int32_t)) == 0);
+
+    /* ... an error under strict mode, and for an explicit cuda request. */
+    run_engine(fx, "auto", true, 1 << 20, 0, r);
+    printf("strict auto, 1 MiB limit: %s: %s\n", bn_status_str(r->open), r->err.message);
+    CHECK(r->open == BN_ERR_GPU_OUT_OF_MEMORY);
+    CHECK_STR_CONTAINS(r->err.message, "BITNET_STRICT_MODE");
+    run_engine(fx, "cuda", false, 1 << 20, 0, r);
+    CHECK(r->open == BN_ERR_GPU_OUT_OF_MEMORY);
+    run_engine(fx, "cuda:99", false, 0, 0, r);
+    CHECK(r->open == BN_ERR_NO_DEVICE);
+
+    /* A step failing mid-generation (call 3: the second decode step) under
+     * auto: the CPU recomputes and finishes, with the same tokens. */
+    run_engine(fx, "auto", false, 0, 3, r);
+    printf("auto, failing step: gen %s | fallback: %s\n", bn_status_str(r->gen), r->info.fallback);
+    CHECK_MSG(r->gen == BN_OK, "generation after a failed step: %s", r->err.message);
+    CHECK_STR_CONTAINS(r->info.fallback, "CUDA step failed");
+    CHECK(strcmp(r->info.selected, "cpu") == 0);
+    CHECK_MSG(r->n_tokens == cpu->n_tokens &&
+                  memcmp(r->tokens, cpu->tokens, r->n_tokens * sizeof(int32_t)) == 0,
+              "tokens after the fallback differ from the CPU's");
+    CHECK_STR_CONTAINS(r->receipt, "CUDA step failed");
+    CHECK_STR_CONTAINS(r->info.kernels, "w2a8_gemv"); /* the GPU's part is remembered */
+    /* ... and under strict mode, an error. */
+    run_engine(fx, "auto", true, 0, 3, r);
+    printf("strict auto, failing step: %s: %s\n", bn_status_str(r->gen), r->err.message);
+    CHECK(r->open == BN_OK && r->gen == BN_ERR_GPU);
+    CHECK_STR_CONTAINS(r->err.message, "BITNET_STRICT_MODE");
+    /* ... and for an explicit request. */
+    run_engine(fx, "cuda", false, 0, 1, r);
+    CHECK(r->open == BN_OK && r->gen == BN_ERR_GPU);
+    free(cpu);
+    free(r);
+}
+
+int main(int argc, char **argv)
+{
+    /* scripts/gpu-check.sh runs gpu tests without arguments (under
+     * compute-sanitizer): the build knows where the fixtures are. */
+#if defined(BN_TEST_MODELS_DIR)
+    data_dir = argc >= 2 ? argv[1] : BN_TEST_MODELS_DIR;
+#else
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_cuda_backend DIR (tests/data/models)\n");
+        return 2;
+    }
+    data_dir = argv[1];
+#endif
+    char why[BN_ERROR_MESSAGE_MAX];
+    if (!gpu_usable(why, sizeof why))
+        TEST_SKIP("no usable CUDA device: %s", why);
+    /* BN_TEST_QUICK=1 (the sanitizer runs): two fixtures (a packed HF
+     * directory and a Q8_0-embedding GGUF) and no 2B-4T model. */
+    const bool quick = getenv("BN_TEST_QUICK") && strcmp(getenv("BN_TEST_QUICK"), "0") != 0;
+    for (size_t i = 0; i < sizeof FIXTURES / sizeof FIXTURES[0]; i++)
+        if (!quick || strcmp(FIXTURES[i], "hf_packed") == 0 ||
+            strcmp(FIXTURES[i], "tq2_0.gguf") == 0)
+            check_fixture(FIXTURES[i]);
+    check_chunks();
+    check_ragged();
+    check_errors();
+    check_engine();
+    if (!quick)
+        check_2b4t();
+    TEST_EXIT();
+}
