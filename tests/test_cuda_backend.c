@@ -18,7 +18,9 @@
  *   - fp16 KV cache: logits within TOL_F16 (tokens reported, not required).
  * Then: prefill in chunks of 3 equals one chunk; a ragged random model (no
  * fused products, head_dim 36, untied F16 head of odd width); a random
- * 2B-4T-shaped model for a few decode steps; request errors and out of
+ * 2B-4T-shaped model for a few decode steps (same tokens; logits within 10x
+ * of the CPU's own change for a 1-ulp input change: the untrained deep model
+ * amplifies rounding); request errors and out of
  * memory (the process stays usable; the hint's --ctx fits); the engine:
  * GPU selection and receipt, fallback to the CPU on an impossible memory
  * limit and on a failing step under auto, errors under strict mode and
@@ -449,6 +451,51 @@ static void check_ragged(void)
     bn_model_free(m);
 }
 
+/* How far the CPU's own logits move when one embedding value changes by
+ * its last bit (the same prompt and steps as compare_run): the scale of
+ * rounding noise after the model has amplified it. An untrained 30-layer
+ * model amplifies a 1-ulp change to percent-level logit changes (seen: 0.25 %
+ * at once, 1.8 % three steps later), so fixed fp32 tolerances do not apply to
+ * it; its GPU deviation is judged against this measured sensitivity. */
+static double cpu_sensitivity(bn_model *m, const int32_t *tokens, int n_prompt, int steps)
+{
+    const int32_t V = bn_model_hparams(m)->vocab;
+    float *a = malloc((size_t)V * (size_t)(steps + 1) * sizeof(float));
+    float *b = malloc((size_t)V * (size_t)(steps + 1) * sizeof(float));
+    double worst = -1.0;
+    bn_error err;
+    for (int pass = 0; pass < 2; pass++) {
+        /* Flip the lowest bit of one value of the first prompt token's
+         * embedding row (restored below). */
+        const bn_dense_matrix *e = bn_model_embedding(m);
+        unsigned char *row = (unsigned char *)e->data + (size_t)tokens[0] * e->row_bytes;
+        if (pass == 1)
+            row[10] ^= 1;
+        bn_cpu_backend *c = NULL;
+        bn_error_clear(&err);
+        bool ok = bn_cpu_backend_create(m, 64, 0, &c, &err) == BN_OK;
+        float *out = pass ? b : a;
+        for (int s = 0; ok && s <= steps; s++) {
+            const int32_t *t = s == 0 ? tokens : tokens + n_prompt + s - 1;
+            const int64_t n = s == 0 ? n_prompt : 1, pos = s == 0 ? 0 : n_prompt + s - 1;
+            ok = bn_cpu_backend_forward(c, t, n, pos, BN_LOGITS_LAST, out + (size_t)s * V,
+                                        &err) == BN_OK;
+        }
+        CHECK_MSG(ok, "cpu sensitivity run: %s", err.message);
+        bn_cpu_backend_free(c);
+        if (pass == 1)
+            row[10] ^= 1;
+        if (!ok)
+            break;
+        if (pass == 1)
+            for (int s = 0; s <= steps; s++)
+                worst = fmax(worst, rel_diff(a + (size_t)s * V, b + (size_t)s * V, V));
+    }
+    free(a);
+    free(b);
+    return worst;
+}
+
 /* The real 2B-4T shape with random weights: a few decode steps. */
 static void check_2b4t(void)
 {
@@ -470,10 +517,19 @@ static void check_2b4t(void)
         const double w = compare_run("2b4t", m, b, tokens, 8, 4, &ad);
         bn_cuda_memory mem;
         bn_cuda_backend_memory(b, &mem);
+        const double sens = cpu_sensitivity(m, tokens, 8, 4);
         printf("2B-4T shape (random weights): cuda backend built in %.1f s (%.0f MiB on %s); "
-               "prompt 8 + 4 steps vs cpu worst rel %.2e, argmax differs at %d\n",
-               t1 - t0, (double)mem.total / 1048576.0, bn_cuda_backend_device_name(b), w, ad);
-        CHECK_MSG(w >= 0.0 && w <= TOL_F32, "2b4t: logits differ by %.3g", w);
+               "prompt 8 + 4 steps vs cpu worst rel %.2e, argmax differs at %d steps; the cpu's "
+               "own change for a 1-ulp input change: %.2e\n",
+               t1 - t0, (double)mem.total / 1048576.0, bn_cuda_backend_device_name(b), w, ad,
+               sens);
+        /* Exact: the same token at every step. Bounded: the deviation is of
+         * the size rounding noise reaches in this (chaotic, untrained) model,
+         * within 10x of what one last-bit input change does on the CPU. */
+        CHECK_MSG(ad == 0, "2b4t: the gpu's argmax differs from the cpu's at %d steps", ad);
+        CHECK_MSG(w >= 0.0 && sens > 0.0 && w <= 10.0 * sens,
+                  "2b4t: logits differ by %.3g, more than 10x the cpu's 1-ulp sensitivity %.3g",
+                  w, sens);
         bn_cuda_backend_free(b);
     }
     bn_model_free(m);
