@@ -46,9 +46,10 @@ static void usage(FILE *out)
             "  --help\n");
 }
 
+/* The 2B-4T block at a toy size: quick runs and tests. */
 static void tiny_shape(bn_hparams *hp)
 {
-    memset(hp, 0, sizeof *hp);
+    bn_hparams_2b4t(hp);
     hp->vocab = 1024;
     hp->dim = 256;
     hp->ffn = 512;
@@ -56,11 +57,7 @@ static void tiny_shape(bn_hparams *hp)
     hp->n_head = 4;
     hp->n_head_kv = 2;
     hp->head_dim = 64;
-    hp->n_ctx_train = 4096;
     hp->rope_dim = 64;
-    hp->rms_eps = 1e-5f;
-    hp->rope_theta = 500000.0f;
-    hp->tied_embeddings = true;
     snprintf(hp->arch, sizeof hp->arch, "bitnet-b1.58");
 }
 
