@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "attention_cuda.h"
+#include "fp16.h"
 #include "test_util.h"
 #include "test_util_cuda.h"
 
@@ -34,65 +35,14 @@ static int sm_count;
 
 /* ---- fp16 / bf16 on the host ---------------------------------------------- */
 
-static uint16_t f32_to_f16(float f)
+static uint16_t to_kv(float f, bn_kv_type t)
 {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u)
-        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
-    if (ax >= 0x477ff000u) /* >= 65520 rounds to inf */
-        return (uint16_t)(sign | 0x7c00u);
-    if (ax <= 0x33000000u) /* <= 2^-25: rounds to (even) zero */
-        return (uint16_t)sign;
-    const int e = (int)(ax >> 23) - 127;
-    const uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
-    const int shift = e < -14 ? -1 - e : 13; /* subnormal: units of 2^-24 */
-    uint32_t q = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u)))
-        q++;
-    if (e < -14)
-        return (uint16_t)(sign | q); /* q == 1024 carries into the exponent */
-    return (uint16_t)(sign | (((uint32_t)(e + 15) << 10) + (q - 1024u)));
+    return t == BN_KV_F16 ? bn_fp32_to_fp16(f) : bn_fp32_to_bf16(f);
 }
-
-static float f16_to_f32(uint16_t h)
+static float from_kv(uint16_t b, bn_kv_type t)
 {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    float v;
-    if (e == 0)
-        v = ldexpf((float)m, -24);
-    else if (e == 31)
-        v = m ? NAN : INFINITY;
-    else
-        v = ldexpf((float)(m | 0x400u), (int)e - 25);
-    uint32_t b;
-    memcpy(&b, &v, 4);
-    b |= sign;
-    memcpy(&v, &b, 4);
-    return v;
+    return t == BN_KV_F16 ? bn_fp16_to_fp32(b) : bn_bf16_to_fp32(b);
 }
-
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40u);
-    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
-static float bf16_to_f32(uint16_t b)
-{
-    const uint32_t x = (uint32_t)b << 16;
-    float v;
-    memcpy(&v, &x, 4);
-    return v;
-}
-
-static uint16_t to_kv(float f, bn_kv_type t) { return t == BN_KV_F16 ? f32_to_f16(f) : f32_to_bf16(f); }
-static float from_kv(uint16_t b, bn_kv_type t) { return t == BN_KV_F16 ? f16_to_f32(b) : bf16_to_f32(b); }
 
 /* ---- problem data ----------------------------------------------------------- */
 
@@ -665,18 +615,7 @@ static void time_2b4t(bn_kv_type type)
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-        TEST_SKIP("no usable CUDA device (see 'bitnet devices')");
-    struct cudaDeviceProp p;
-    CUDA_OK(cudaGetDeviceProperties(&p, 0));
-    if (p.major < 8)
-        TEST_SKIP("the attention kernels are built for compute capability 8.0+; this GPU is "
-                  "%d.%d",
-                  p.major, p.minor);
-    sm_count = p.multiProcessorCount;
-    test_seed_init();
-    printf("device: %s, %d SMs\n", p.name, sm_count);
+    sm_count = test_require_cuda(8, "the attention kernels").multiProcessorCount;
     const bool quick = getenv("BN_TEST_QUICK") != NULL;
 
     /* Shape checks. */

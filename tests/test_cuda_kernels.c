@@ -160,17 +160,7 @@ static void check_quantize(int64_t m, int64_t k)
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-        TEST_SKIP("no usable CUDA device (see 'bitnet devices')");
-    struct cudaDeviceProp p;
-    CUDA_OK(cudaGetDeviceProperties(&p, 0));
-    if (p.major < 8)
-        TEST_SKIP("the W2A8 GEMM needs compute capability 8.0; this GPU is %d.%d", p.major,
-                  p.minor);
-    sm_count = p.multiProcessorCount;
-    test_seed_init();
-    printf("device: %s, %d SMs\n", p.name, sm_count);
+    sm_count = test_require_cuda(8, "the W2A8 GEMM").multiProcessorCount;
 
     /* The packer against its own definition, on one small case. */
     {

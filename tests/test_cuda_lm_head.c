@@ -23,59 +23,11 @@
 #include <stdint.h>
 
 #include "lm_head_cuda.h"
+#include "fp16.h"
 #include "test_util.h"
 #include "test_util_cuda.h"
 
 /* ---- fp16 / bf16 on the host ---------------------------------------------- */
-
-static uint16_t f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u)
-        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
-    if (ax >= 0x477ff000u)
-        return (uint16_t)(sign | 0x7c00u);
-    if (ax <= 0x33000000u)
-        return (uint16_t)sign;
-    const int e = (int)(ax >> 23) - 127;
-    const uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
-    const int shift = e < -14 ? -1 - e : 13;
-    uint32_t q = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u)))
-        q++;
-    if (e < -14)
-        return (uint16_t)(sign | q);
-    return (uint16_t)(sign | (((uint32_t)(e + 15) << 10) + (q - 1024u)));
-}
-
-static float f16_to_f32(uint16_t h)
-{
-    const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    float v = e == 0 ? ldexpf((float)m, -24)
-              : e == 31 ? (m ? NAN : INFINITY)
-                        : ldexpf((float)(m | 0x400u), (int)e - 25);
-    return (h & 0x8000u) ? -v : v;
-}
-
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40u);
-    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
-static float bf16_to_f32(uint16_t b)
-{
-    const uint32_t x = (uint32_t)b << 16;
-    float v;
-    memcpy(&v, &x, 4);
-    return v;
-}
 
 static float rand_normal(void)
 {
@@ -109,8 +61,8 @@ static void problem_init(problem *p, int64_t vocab, int64_t dim, int64_t m, bool
     const float sigma = test_rand_float(0.005f, 0.2f);
     for (size_t i = 0; i < nw; i++) {
         const float v = sigma * rand_normal();
-        p->w[i] = bf16 ? f32_to_bf16(v) : f32_to_f16(v);
-        p->wf[i] = bf16 ? bf16_to_f32(p->w[i]) : f16_to_f32(p->w[i]);
+        p->w[i] = bf16 ? bn_fp32_to_bf16(v) : bn_fp32_to_fp16(v);
+        p->wf[i] = bf16 ? bn_bf16_to_fp32(p->w[i]) : bn_fp16_to_fp32(p->w[i]);
     }
     /* Activations ~ N(0, 1) with a few outliers, like a normed hidden
      * state; one row with tiny values (fp16 subnormals). */
@@ -310,16 +262,7 @@ static void time_head(const problem *p, bn_lm_head_type type, int64_t m)
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-        TEST_SKIP("no usable CUDA device (see 'bitnet devices')");
-    struct cudaDeviceProp prop;
-    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-    if (prop.major < 8)
-        TEST_SKIP("BF16 GEMM needs compute capability 8.0; this GPU is %d.%d", prop.major,
-                  prop.minor);
-    test_seed_init();
-    printf("device: %s\n", prop.name);
+    test_require_cuda(8, "BF16 GEMM");
     const bool quick = getenv("BN_TEST_QUICK") != NULL;
 
     /* Argument checks. */

@@ -690,16 +690,7 @@ static void check_invalid_arguments(void)
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-        TEST_SKIP("no usable CUDA device (see 'bitnet devices')");
-    struct cudaDeviceProp p;
-    CUDA_OK(cudaGetDeviceProperties(&p, 0));
-    if (p.major < 8)
-        TEST_SKIP("this build's kernels need compute capability 8.0; this GPU is %d.%d", p.major,
-                  p.minor);
-    test_seed_init();
-    printf("device: %s\n", p.name);
+    test_require_cuda(8, "this build's kernels");
 
     check_invalid_arguments();
     for (int iter = 0; iter < 30; iter++)

@@ -532,13 +532,7 @@ static void time_sampling(dev *d, int32_t V)
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-        TEST_SKIP("no usable CUDA device (see 'bitnet devices')");
-    struct cudaDeviceProp prop;
-    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-    test_seed_init();
-    printf("device: %s\n", prop.name);
+    test_require_cuda(0, "sampling");
     const bool quick = getenv("BN_TEST_QUICK") != NULL;
 
     const int32_t big = 300000; /* beyond 2B-4T's vocabulary: larger pass-1 slices */

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "test_util.h"
+
 #define CUDA_OK(call)                                                                        \
     do {                                                                                     \
         cudaError_t rc_ = (call);                                                            \
@@ -16,5 +18,23 @@
             exit(1);                                                                         \
         }                                                                                    \
     } while (0)
+
+/* Device 0's properties, or exit 77 (skipped) with the reason when there
+ * is no usable CUDA device or it is older than min_major.0 (why_major says
+ * what needs it). Seeds the test's randomness and prints the device. */
+static inline struct cudaDeviceProp test_require_cuda(int min_major, const char *why_major)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+        TEST_SKIP("no usable CUDA device (see 'bitnet devices')");
+    struct cudaDeviceProp p;
+    CUDA_OK(cudaGetDeviceProperties(&p, 0));
+    if (p.major < min_major)
+        TEST_SKIP("%s needs compute capability %d.0; this GPU is %d.%d", why_major, min_major,
+                  p.major, p.minor);
+    test_seed_init();
+    printf("device: %s, %d SMs\n", p.name, p.multiProcessorCount);
+    return p;
+}
 
 #endif
