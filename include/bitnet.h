@@ -134,6 +134,7 @@ typedef struct bn_config {
     int cleanup_interval_secs;       /* BITNET_CLEANUP_INTERVAL_SECS (30)    */
     int leak_threshold_secs;         /* BITNET_LEAK_THRESHOLD_SECS (300)     */
     char kernel[16];                 /* BITNET_KERNEL ("" = best available)  */
+    char model[1024];                /* BITNET_MODEL ("" = the default model) */
 } bn_config;
 
 /* Defaults, as if no BITNET_* variable were set. */

@@ -389,10 +389,9 @@ expect_rc 0 "run --help"
 expect_in out "default 0.8" "--help states the temperature default"
 expect_in out "default 40" "--help states the top-k default"
 expect_in out "default 128" "--help states the -n default"
-run "$BITNET" run -p hi
-expect_rc 2 "run without -m"
 run "$BITNET" run -m "$M/hf_packed"
 expect_rc 2 "run without -p"
+expect_in err "no prompt" "run without -p says so"
 run "$BITNET" run -m "$M/hf_packed" -p hi --bogus
 expect_rc 2 "run with an unknown option"
 run "$BITNET" run -m "$M/hf_packed" -p hi -n
@@ -574,6 +573,55 @@ for bad in "$crashes/model_gguf/hparams-alloc-1gb.gguf" "$crashes/hf_dir/hparams
     expect_rc 0 "inspect describes $(basename "$bad")"
     expect_in out "runnable +no: .*needs at least" "inspect says why $(basename "$bad") cannot run"
 done
+
+# ---- the default model and perplexity ---------------------------------------------
+# run without -m uses the shipped model (found from the binary's location);
+# BITNET_MODEL overrides it; perplexity's arguments and errors.
+DM=$DATA/../../models/bitnet-kjv-7m
+run "$BITNET" run -p "And it came to pass" -n 16 --temp 0 --device cpu --verbose
+expect_rc 0 "run without -m"
+expect_in err "bitnet-kjv-7m-i2_s.gguf" "run without -m loads the default model"
+expect_in out "[a-z]+ [a-z]+" "the default model writes words"
+cp "$tmp/out" "$tmp/default_out"
+run BITNET_MODEL="$DM/bitnet-kjv-7m-tq2_0.gguf" "$BITNET" run -p "And it came to pass" -n 16 \
+    --temp 0 --device cpu --verbose
+expect_rc 0 "run with BITNET_MODEL"
+expect_in err "bitnet-kjv-7m-tq2_0.gguf" "BITNET_MODEL names the model"
+checks=$((checks + 1))
+cmp -s "$tmp/out" "$tmp/default_out" || fail "TQ2_0 and I2_S files give different greedy text"
+run BITNET_MODEL="$tmp/none.gguf" "$BITNET" run -p hi -n 1
+expect_rc 5 "BITNET_MODEL naming a missing file"
+run BITNET_MODEL= "$BITNET" run -p hi -n 1
+expect_rc 3 "an empty BITNET_MODEL"
+expect_in err "BITNET_MODEL" "the error names BITNET_MODEL"
+head -c 3000 "$DM/test.txt" >"$tmp/text.txt"
+run "$BITNET" perplexity -f "$tmp/text.txt" --ctx 128 --device cpu --json
+expect_rc 0 "perplexity on the default model"
+expect_py "perplexity --json" "$tmp/out" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["ctx"] == 128 and r["chunks"] >= 2, r
+assert r["predicted_tokens"] == r["text_tokens"] > 0, r
+assert 1.0 < r["perplexity"] < 1000.0, r
+EOF
+expect_in err "^\[[0-9]+/[0-9]+\] .*perplexity so far" "perplexity reports progress on stderr"
+run "$BITNET" perplexity -m "$DM/bitnet-kjv-7m-i2_s.gguf" -f - --ctx 64 --device cpu <"$tmp/text.txt"
+expect_rc 0 "perplexity reading stdin"
+expect_in out "^perplexity [0-9.]+ \(mean negative log-likelihood" "perplexity's result line"
+run "$BITNET" perplexity
+expect_rc 2 "perplexity without -f"
+run "$BITNET" perplexity -f "$tmp/missing.txt"
+expect_rc 5 "perplexity on a missing file"
+run "$BITNET" perplexity -f "$tmp/text.txt" --ctx 1
+expect_rc 2 "perplexity --ctx 1"
+run "$BITNET" perplexity -f "$tmp/text.txt" --ctx 100000 --device cpu
+expect_rc 2 "perplexity --ctx beyond the training context"
+: >"$tmp/empty.txt"
+run "$BITNET" perplexity -f "$tmp/empty.txt" --device cpu
+expect_rc 2 "perplexity on an empty text"
+expect_in err "too few to score" "an empty text is explained"
+run "$BITNET" perplexity --help
+expect_in out "usage: bitnet perplexity" "perplexity --help"
 
 echo "$checks checks, $fails failed"
 [ "$fails" = 0 ]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `cmake --install` puts the header, both libraries, the pkg-config file and
-# the CLI under a prefix, and a program built from them alone runs.
+# `cmake --install` puts the header, both libraries, the pkg-config file,
+# the CLI and the default model under a prefix; the CLI finds the model
+# there and a program built from the libraries alone runs.
 # usage: test_install.sh BUILD_DIR
 set -euo pipefail
 build=${1:?usage: test_install.sh BUILD_DIR}
@@ -16,6 +17,12 @@ libdir=$(dirname "$(find "$prefix" -name bitnet.pc | head -1)")/..
 [ -f "$libdir/libbitnet.a" ] || fail "static library not installed"
 ls "$libdir"/libbitnet.so* >/dev/null 2>&1 || fail "shared library not installed"
 "$prefix/bin/bitnet" --version | grep -q '^bitnet ' || fail "installed CLI does not run"
+# The default model is installed and the installed CLI finds it there.
+model="$(realpath "$prefix")/share/bitnet/models/bitnet-kjv-7m/bitnet-kjv-7m-i2_s.gguf"
+[ -f "$model" ] || fail "default model not installed"
+"$prefix/bin/bitnet" run -p "And it came to pass" -n 4 --temp 0 --device cpu --verbose \
+    2>"$prefix/run.err" >/dev/null || fail "installed CLI cannot run the default model"
+grep -qF "$model" "$prefix/run.err" || fail "installed CLI does not use the installed model"
 
 cat >"$prefix/hello.c" <<'C'
 #include <bitnet.h>
@@ -41,4 +48,4 @@ $cc -std=c11 "$prefix/hello.c" -o "$prefix/hello_static" $(pkg-config --cflags b
 $cc -std=c11 "$prefix/hello.c" -o "$prefix/hello_shared" $(pkg-config --cflags --libs bitnet) ||
     fail "cannot link against the shared library"
 LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$prefix/hello_shared" || fail "shared program failed"
-echo "ok: install layout, pkg-config, static and shared linking"
+echo "ok: install layout, default model, pkg-config, static and shared linking"

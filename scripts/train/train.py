@@ -123,7 +123,8 @@ def split_corpus(chapters):
 # ---- tokenizer -------------------------------------------------------------------
 
 def train_tokenizer(text):
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers,
+                            processors, trainers)
 
     tok = Tokenizer(models.BPE(ignore_merges=True))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -135,6 +136,11 @@ def train_tokenizer(text):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(text.split("\n\n"), trainer=trainer)
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+    # As LLaMA-3's tokenizer.json: a text starts with BOS (the model is
+    # trained on BOS-led sequences), which also tells runtimes to add it.
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{SPECIALS[0]} $A", pair=f"{SPECIALS[0]} $A {SPECIALS[0]} $B",
+        special_tokens=[(SPECIALS[0], tok.token_to_id(SPECIALS[0]))])
     if tok.get_vocab_size() != VOCAB:
         sys.exit(f"train: tokenizer has {tok.get_vocab_size()} tokens, expected {VOCAB}")
     return tok
@@ -295,7 +301,7 @@ def mean_nll(s, p, pieces, mode, device, dtype):
 # ---- export --------------------------------------------------------------------------
 
 def bf16(t):
-    return t.detach().float().to(torch.bfloat16)
+    return t.detach().float().cpu().to(torch.bfloat16)
 
 
 def export_tensors(s, p):
@@ -305,7 +311,7 @@ def export_tensors(s, p):
         for n in NORM_HF:
             e[f"{layer}.{n}"] = bf16(p[f"{layer}.{n}"])
         for n in PROJS:
-            codes, scale = ternary(p[f"{layer}.{n}"].detach().float())
+            codes, scale = ternary(p[f"{layer}.{n}"].detach().float().cpu())
             e[f"{layer}.{n}.codes"] = codes.to(torch.int8)
             e[f"{layer}.{n}.scale"] = bf16(scale.reshape(1))
     return e
@@ -431,11 +437,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--corpus", required=True, help="fetch_corpus.sh's output")
     ap.add_argument("--out", required=True, help="folder for the model files")
-    ap.add_argument("--steps", type=int, default=3000, help="training steps at most")
+    ap.add_argument("--steps", type=int, default=1200, help="training steps at most")
     ap.add_argument("--minutes", type=float, default=6.0, help="training time at most")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--dropout", type=float, default=0.2)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--quick", action="store_true", help="a tiny smoke run (CPU is fine)")
     args = ap.parse_args()
@@ -459,8 +465,9 @@ def main():
             f.write(body)
     tok = train_tokenizer(text["train"])
     bos = tok.token_to_id(SPECIALS[0])
-    streams = {k: torch.tensor(tok.encode(v).ids, dtype=torch.long) for k, v in text.items()}
-    log(f"corpus: " + ", ".join(f"{k} {len(text[k])} bytes / {len(v)} tokens"
+    streams = {k: torch.tensor(tok.encode(v, add_special_tokens=False).ids, dtype=torch.long)
+               for k, v in text.items()}
+    log("corpus: " + ", ".join(f"{k} {len(text[k])} bytes / {len(v)} tokens"
                                  for k, v in streams.items()) + f" ({time.time() - t0:.1f} s)")
 
     gen = torch.Generator().manual_seed(SEED)
@@ -539,7 +546,7 @@ def main():
         log(f"held-out perplexity (ctx {ctx}, {count} tokens, float64 forward): {math.exp(nll):.4f}")
     ref["greedy"] = []
     for prompt in PROMPTS:
-        ids = [bos] + tok.encode(prompt).ids
+        ids = tok.encode(prompt).ids  # BOS + the prompt
         cont, gap = greedy(s, pe, ids, 8 if args.quick else GREEDY_STEPS, device)
         text_out = tok.decode(cont)
         log(f"greedy {prompt!r} -> {text_out!r} (smallest gap {gap:.4f})")

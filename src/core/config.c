@@ -229,6 +229,14 @@ static bool set_log(bn_config *c, const char *v)
     return false;
 }
 static bool set_device(bn_config *c, const char *v) { return bn_parse_device_request(v, &c->device); }
+static bool set_model(bn_config *c, const char *v)
+{
+    const size_t n = strlen(v);
+    if (n == 0 || n >= sizeof c->model)
+        return false;
+    memcpy(c->model, v, n + 1);
+    return true;
+}
 static bool set_gpu_fake(bn_config *c, const char *v)
 {
     if (!parse_backend_list(v, &c->gpu_fake_mask))
@@ -316,6 +324,8 @@ static const struct variable {
      set_cleanup},
     {"BITNET_LEAK_THRESHOLD_SECS", "a whole number of seconds from 1 to 31536000", set_leak},
     {"BITNET_KERNEL", "one of scalar, avx2, avx512, avx512vnni, neon, neondot, cuda", set_kernel},
+    {"BITNET_MODEL", "a path (1 to 1023 bytes) to a GGUF file or Hugging Face model directory",
+     set_model},
 };
 #define N_VARIABLES (sizeof variables / sizeof variables[0])
 

@@ -646,6 +646,35 @@ static bn_status engine_forward(bn_engine *e, const int32_t *history, const int3
     return bn_cpu_backend_forward(e->cpu, tokens, n, pos, BN_LOGITS_LAST, e->logits, err);
 }
 
+bn_status bn_engine_forward_logits(bn_engine *e, const int32_t *history, int64_t pos, int64_t n,
+                                   float *logits, bn_error *err)
+{
+    if (!e || !history || !logits || pos < 0 || n < 1)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "forward_logits needs tokens, a position >= 0 and n >= 1");
+#if defined(BITNET_HAVE_CUDA)
+    const int64_t vocab = bn_model_hparams(e->model)->vocab;
+    /* The CUDA backend returns the last row's logits only: one pass per
+     * token (each a decode step; a failure falls back as in generation,
+     * after which the rest runs on the CPU below). */
+    int64_t i = 0;
+    for (; i < n && e->cuda; i++) {
+        bool have_next;
+        bn_status st = engine_forward(e, history, history + pos + i, 1, pos + i, false, NULL,
+                                      &have_next, err);
+        if (st != BN_OK)
+            return st;
+        memcpy(logits + i * vocab, e->logits, (size_t)vocab * sizeof(float));
+    }
+    if (i == n)
+        return BN_OK;
+    pos += i;
+    logits += i * vocab;
+    n -= i;
+#endif
+    return bn_cpu_backend_forward(e->cpu, history + pos, n, pos, BN_LOGITS_ALL, logits, err);
+}
+
 void bn_generation_free(bn_generation *g)
 {
     if (!g)

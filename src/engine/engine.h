@@ -136,6 +136,37 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
                              bn_error *err);
 void bn_generation_free(bn_generation *g);
 
+/* The logits of positions pos .. pos + n - 1 (n * vocab floats, in order),
+ * running history[pos .. pos + n) there; history holds the tokens of every
+ * position from 0 (positions before pos must have been computed by the
+ * previous call, or pos is 0). The CPU backend runs the tokens as one
+ * batch; the CUDA backend, which returns the last row's logits only, runs
+ * them one decode step each. */
+bn_status bn_engine_forward_logits(bn_engine *e, const int32_t *history, int64_t pos, int64_t n,
+                                   float *logits, bn_error *err);
+
+/* Perplexity of a text (bitnet perplexity). The text is tokenized as a
+ * whole (no BOS) and cut into consecutive pieces of ctx - 1 tokens (the
+ * last may be shorter); each piece runs from position 0 as [BOS] + piece
+ * and every token of it is predicted. A vocabulary without BOS uses pieces
+ * of ctx tokens whose first token is context only. perplexity =
+ * exp(mean negative log-likelihood), the log-softmax taken in double. */
+typedef struct bn_perplexity_result {
+    double perplexity;
+    double mean_nll;       /* nats per predicted token                       */
+    int64_t n_predicted;   /* tokens scored                                  */
+    int64_t n_text_tokens; /* tokens of the whole text                       */
+    int64_t n_chunks;
+    int64_t ctx;
+    double seconds;        /* forward passes and scoring                     */
+} bn_perplexity_result;
+/* Called after each chunk with the running result (tokens so far). */
+typedef void (*bn_perplexity_progress_fn)(void *ctx, int64_t chunk, int64_t n_chunks,
+                                          const bn_perplexity_result *so_far);
+bn_status bn_engine_perplexity(bn_engine *e, const char *text, size_t len, int64_t ctx,
+                               bn_perplexity_progress_fn progress, void *progress_ctx,
+                               bn_perplexity_result *out, bn_error *err);
+
 /* The sampling seed for a run: the caller's when given, else BITNET_SEED,
  * else BN_ENGINE_DETERMINISTIC_SEED under BITNET_DETERMINISTIC=1, else a
  * fresh random one. *fixed says whether it was fixed (not random). */

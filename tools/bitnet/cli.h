@@ -32,11 +32,17 @@ bool cli_parse_u64(const char *cmd, const char *opt, const char *text, uint64_t 
 bool cli_parse_float(const char *cmd, const char *opt, const char *text, double lo, double hi,
                      float *out);
 
+/* The model to use when no -m is given (BITNET_MODEL, else the shipped
+ * default model) written to buf; NULL after printing an error naming the
+ * places looked at. */
+const char *cli_default_model(const bn_config *cfg, char *buf, size_t size, const char *cmd);
+
 /* Subcommands: argv[0] is the subcommand's name. */
 int cmd_devices(int argc, char **argv, const bn_config *cfg);
 int cmd_bench(int argc, char **argv, const bn_config *cfg);
 int cmd_run(int argc, char **argv, const bn_config *cfg);
 int cmd_inspect(int argc, char **argv, const bn_config *cfg);
 int cmd_convert(int argc, char **argv, const bn_config *cfg);
+int cmd_perplexity(int argc, char **argv, const bn_config *cfg);
 
 #endif

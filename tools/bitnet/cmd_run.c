@@ -14,13 +14,15 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: bitnet run -m MODEL (-p PROMPT | --prompt-ids LIST) [options]\n"
+            "usage: bitnet run [-m MODEL] (-p PROMPT | --prompt-ids LIST) [options]\n"
             "\n"
             "Generates text with a BitNet b1.58 model: a GGUF file (bitnet.cpp's I2_S,\n"
             "llama.cpp's TQ1_0/TQ2_0, ...) or a Hugging Face directory. Only the generated text\n"
             "is printed, to stdout, as it is produced; the startup line and timings go to stderr.\n"
             "\n"
-            "  -m, --model MODEL      GGUF file or Hugging Face model directory (required)\n"
+            "  -m, --model MODEL      GGUF file or Hugging Face model directory (default:\n"
+            "                         BITNET_MODEL, else the small model shipped with bitnet,\n"
+            "                         bitnet-kjv-7m, trained on the King James Bible)\n"
             "  -p, --prompt TEXT      the prompt; special tokens such as <|eot_id|> written in\n"
             "                         it are read as those tokens; BOS is added when the\n"
             "                         tokenizer asks for it\n"
@@ -208,9 +210,8 @@ static int parse(int argc, char **argv, run_opts *o)
         }
 #undef VALUE
     }
-    if (!o->model || (!o->prompt && !o->ids)) {
-        fprintf(stderr, "bitnet run: error: %s\n",
-                !o->model ? "no model: give -m MODEL" : "no prompt: give -p PROMPT");
+    if (!o->prompt && !o->ids) {
+        fprintf(stderr, "bitnet run: error: no prompt: give -p PROMPT\n");
         fprintf(stderr, "bitnet: hint: 'bitnet run --help' lists the options\n");
         return BN_EXIT_USAGE;
     }
@@ -314,6 +315,11 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
     if (o.verbose && bn_log_get_level() < BN_LOG_INFO)
         bn_log_set_level(BN_LOG_INFO);
 
+    char default_model[4096];
+    if (!o.model && !(o.model = cli_default_model(cfg, default_model, sizeof default_model, CMD))) {
+        free(o.ids);
+        return BN_EXIT_INPUT;
+    }
     bn_error err;
     bn_error_clear(&err);
     bn_engine_options eo = {.model_path = o.model,

@@ -18,6 +18,7 @@ static const struct command {
     {"inspect", "show a GGUF file's or Hugging Face directory's metadata and tensors", cmd_inspect},
     {"convert", "convert a Hugging Face BitNet directory to GGUF (i2_s, tq2_0, tq1_0, f16)",
      cmd_convert},
+    {"perplexity", "perplexity of a model over a text file", cmd_perplexity},
     {"bench", "benchmarks: kernels against this machine's ceilings, end-to-end tok/s", cmd_bench},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
@@ -32,7 +33,7 @@ static void print_help(FILE *out)
             "commands:\n",
             bn_version());
     for (size_t i = 0; i < N_COMMANDS; i++)
-        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+        fprintf(out, "  %-11s %s\n", commands[i].name, commands[i].summary);
     fprintf(out, "\n'bitnet <command> --help' describes a command's options.\n"
                  "\nenvironment variables (a malformed value is an error, exit code 3):\n");
     for (const char *const *n = bn_config_variable_names(); *n; n++)

@@ -1,0 +1,231 @@
+/* bitnet perplexity: how well a model predicts a text. The result goes to
+ * stdout; the startup line and progress go to stderr. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "engine.h"
+#include "json_writer.h"
+
+#define CMD "perplexity"
+#define DEFAULT_CTX 512
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: bitnet perplexity [-m MODEL] -f TEXT [options]\n"
+            "\n"
+            "Perplexity of a model over a text file: the text is tokenized as a whole and cut\n"
+            "into consecutive chunks; each chunk runs from position 0 as BOS + ctx - 1 tokens\n"
+            "and every token of it is predicted. perplexity = exp(mean negative log-likelihood\n"
+            "per token). The result goes to stdout, progress to stderr.\n"
+            "\n"
+            "  -m, --model MODEL   GGUF file or Hugging Face model directory (default:\n"
+            "                      BITNET_MODEL, else the shipped default model)\n"
+            "  -f, --file TEXT     the text file ('-' reads stdin)\n"
+            "      --ctx N         positions per chunk, BOS included (default 512, or the\n"
+            "                      model's training context if smaller)\n"
+            "      --device D      auto, cpu, gpu, cuda, cuda:N (default: BITNET_DEVICE, else\n"
+            "                      auto)\n"
+            "      --threads N     CPU threads (default: BITNET_NUM_THREADS, else every core)\n"
+            "      --json          print the result as one JSON object\n"
+            "      --help          show this help\n"
+            "\n"
+            "exit codes: 2 bad command line or a text too short, 4 device unusable, 5 unreadable\n"
+            "or malformed model or text file, 6 out of memory.\n");
+}
+
+typedef struct ppl_opts {
+    const char *model, *file, *device;
+    long long ctx, threads;
+    bool json;
+} ppl_opts;
+
+/* 0 = parsed, -1 = --help, otherwise the exit code. */
+static int parse(int argc, char **argv, ppl_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = NULL;
+#define VALUE()                                                                                    \
+    do {                                                                                           \
+        if (!(v = cli_value(argc, argv, &i, CMD)))                                                 \
+            return BN_EXIT_USAGE;                                                                  \
+    } while (0)
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return -1;
+        } else if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) {
+            VALUE();
+            o->model = v;
+        } else if (strcmp(a, "-f") == 0 || strcmp(a, "--file") == 0) {
+            VALUE();
+            o->file = v;
+        } else if (strcmp(a, "--ctx") == 0 || strcmp(a, "-c") == 0) {
+            VALUE();
+            if (!cli_parse_i64(CMD, a, v, 2, 1 << 24, &o->ctx))
+                return BN_EXIT_USAGE;
+        } else if (strcmp(a, "--device") == 0) {
+            VALUE();
+            bn_device_request req;
+            if (!bn_parse_device_request(v, &req)) {
+                fprintf(stderr, "bitnet perplexity: error: --device must be auto, cpu, gpu, "
+                                "cuda or cuda:N, not '%s'\n", v);
+                return BN_EXIT_USAGE;
+            }
+            o->device = v;
+        } else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) {
+            VALUE();
+            if (!cli_parse_i64(CMD, a, v, 1, 4096, &o->threads))
+                return BN_EXIT_USAGE;
+        } else if (strcmp(a, "--json") == 0) {
+            o->json = true;
+        } else {
+            fprintf(stderr, "bitnet perplexity: error: unknown option '%s'\n", a);
+            usage(stderr);
+            return BN_EXIT_USAGE;
+        }
+#undef VALUE
+    }
+    if (!o->file) {
+        fprintf(stderr, "bitnet perplexity: error: no text: give -f FILE\n"
+                        "bitnet: hint: 'bitnet perplexity --help' lists the options\n");
+        return BN_EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* The whole file (or stdin) in memory, NUL-terminated. */
+static char *read_text(const char *path, size_t *len, bn_error *err)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) {
+        bn_error_set(err, BN_ERR_IO, "check the path", "cannot open the text file %s", path);
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) {
+            bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the text %s", path);
+            break;
+        }
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n < cap - 1)
+            break;
+        char *bigger = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+        if (!bigger) {
+            free(buf);
+            buf = NULL;
+            continue; /* reports the out-of-memory above */
+        }
+        buf = bigger;
+        cap *= 2;
+    }
+    const bool failed = buf && ferror(f);
+    if (f != stdin)
+        fclose(f);
+    if (failed) {
+        free(buf);
+        bn_error_set(err, BN_ERR_IO, NULL, "could not read the text file %s", path);
+        return NULL;
+    }
+    if (buf) {
+        buf[n] = '\0';
+        *len = n;
+    }
+    return buf;
+}
+
+typedef struct progress_state {
+    bool tty;
+    int last_tenth;
+} progress_state;
+
+/* On a terminal one line rewritten after each chunk; otherwise a line at
+ * every tenth of the chunks. */
+static void on_progress(void *ctx, int64_t chunk, int64_t n_chunks, const bn_perplexity_result *r)
+{
+    progress_state *p = ctx;
+    const int tenth = (int)(chunk * 10 / n_chunks);
+    if (!p->tty && tenth == p->last_tenth && chunk != n_chunks)
+        return;
+    p->last_tenth = tenth;
+    fprintf(stderr, "%s[%lld/%lld] %lld tokens, perplexity so far %.4f, %.0f tok/s%s",
+            p->tty ? "\r" : "", (long long)chunk, (long long)n_chunks,
+            (long long)r->n_predicted, r->perplexity,
+            r->seconds > 0 ? (double)r->n_predicted / r->seconds : 0.0,
+            p->tty && chunk != n_chunks ? "" : "\n");
+}
+
+int cmd_perplexity(int argc, char **argv, const bn_config *cfg)
+{
+    ppl_opts o;
+    int rc = parse(argc, argv, &o);
+    if (rc != 0)
+        return rc < 0 ? BN_EXIT_OK : rc;
+    char default_model[4096];
+    if (!o.model && !(o.model = cli_default_model(cfg, default_model, sizeof default_model, CMD)))
+        return BN_EXIT_INPUT;
+
+    bn_error err;
+    bn_error_clear(&err);
+    size_t len = 0;
+    char *text = read_text(o.file, &len, &err);
+    if (!text)
+        return cli_fail(&err);
+
+    bn_engine_options eo = {.model_path = o.model,
+                            .device = o.device,
+                            .n_threads = (int)o.threads,
+                            .n_ctx = o.ctx};
+    bn_engine *e = NULL;
+    if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK) {
+        free(text);
+        return cli_fail(&err);
+    }
+    fprintf(stderr, "%s\n", bn_engine_startup_line(e));
+    int64_t ctx = o.ctx;
+    if (ctx == 0)
+        ctx = bn_engine_n_ctx(e) < DEFAULT_CTX ? bn_engine_n_ctx(e) : DEFAULT_CTX;
+
+    progress_state ps = {.tty = isatty(STDERR_FILENO) != 0, .last_tenth = 0};
+    bn_perplexity_result r;
+    const bn_status st = bn_engine_perplexity(e, text, len, ctx, on_progress, &ps, &r, &err);
+    free(text);
+    if (st != BN_OK) {
+        bn_engine_free(e);
+        return cli_fail(&err);
+    }
+    bn_engine_info info;
+    bn_engine_get_info(e, &info);
+    if (o.json) {
+        bn_json j;
+        bn_json_init(&j, stdout);
+        bn_json_begin_object(&j);
+        bn_json_kv_string(&j, "model", info.model_path);
+        bn_json_kv_string(&j, "file", o.file);
+        bn_json_kv_string(&j, "device", info.selected);
+        bn_json_kv_int(&j, "ctx", r.ctx);
+        bn_json_kv_int(&j, "chunks", r.n_chunks);
+        bn_json_kv_int(&j, "text_tokens", r.n_text_tokens);
+        bn_json_kv_int(&j, "predicted_tokens", r.n_predicted);
+        bn_json_kv_double(&j, "mean_nll", r.mean_nll);
+        bn_json_kv_double(&j, "perplexity", r.perplexity);
+        bn_json_kv_double(&j, "seconds", r.seconds);
+        bn_json_end_object(&j);
+        fputc('\n', stdout);
+    } else {
+        printf("perplexity %.4f (mean negative log-likelihood %.6f nats over %lld tokens; %lld "
+               "chunks of %lld positions; %s)\n",
+               r.perplexity, r.mean_nll, (long long)r.n_predicted, (long long)r.n_chunks,
+               (long long)r.ctx, info.selected);
+    }
+    if (info.fallback[0])
+        fprintf(stderr, "note: %s; computed on the CPU\n", info.fallback);
+    bn_engine_free(e);
+    return BN_EXIT_OK;
+}
