@@ -622,6 +622,11 @@ expect_rc 2 "perplexity on an empty text"
 expect_in err "too few to score" "an empty text is explained"
 run "$BITNET" perplexity --help
 expect_in out "usage: bitnet perplexity" "perplexity --help"
+run "$BITNET" run -p hi -n 2 --kv f8
+expect_rc 2 "run --kv f8"
+expect_in err "--kv must be f32 or f16" "run --kv names its values"
+run "$BITNET" run -p hi -n 2 --kv f16 --device cpu
+expect_rc 0 "run --kv f16 on the CPU (its cache stays f32)"
 
 echo "$checks checks, $fails failed"
 [ "$fails" = 0 ]

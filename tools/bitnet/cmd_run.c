@@ -55,6 +55,9 @@ static void usage(FILE *out)
             "      --threads N        CPU threads (default: BITNET_NUM_THREADS, else every core)\n"
             "      --ctx N            context (KV cache) positions (default: the model's training\n"
             "                         context); prompt + -n must fit\n"
+            "      --kv f32|f16       CUDA KV cache precision (default f32: the CPU's numbers;\n"
+            "                         f16 halves its memory and bandwidth, and logits may then\n"
+            "                         differ from the CPU's by ~1e-2 of their range)\n"
             "\n"
             "output:\n"
             "      --receipt FILE     write a JSON receipt of the run (see docs/CLI.md)\n"
@@ -71,7 +74,7 @@ typedef struct run_opts {
     int32_t *ids; /* --prompt-ids */
     size_t n_ids;
     long long n_predict, threads, ctx;
-    bool chat, verbose, have_seed;
+    bool chat, verbose, have_seed, kv_f16;
     uint64_t seed;
     bn_sampler_params sp;
 } run_opts;
@@ -195,6 +198,13 @@ static int parse(int argc, char **argv, run_opts *o)
             VALUE();
             if (!cli_parse_i64(CMD, a, v, 1, 1 << 24, &o->ctx))
                 return BN_EXIT_USAGE;
+        } else if (strcmp(a, "--kv") == 0) {
+            VALUE();
+            if (strcmp(v, "f32") != 0 && strcmp(v, "f16") != 0) {
+                fprintf(stderr, "bitnet run: error: --kv must be f32 or f16, not '%s'\n", v);
+                return BN_EXIT_USAGE;
+            }
+            o->kv_f16 = strcmp(v, "f16") == 0;
         } else if (strcmp(a, "--receipt") == 0) {
             VALUE();
             o->receipt = v;
@@ -325,7 +335,8 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
     bn_engine_options eo = {.model_path = o.model,
                             .device = o.device,
                             .n_threads = (int)o.threads,
-                            .n_ctx = o.ctx};
+                            .n_ctx = o.ctx,
+                            .kv_f16 = o.kv_f16};
     bn_engine *e = NULL;
     if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK) {
         free(o.ids);
