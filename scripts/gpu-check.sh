@@ -6,8 +6,12 @@
 # ./gpu-out).
 #
 # usage: scripts/gpu-check.sh [SNAPSHOT.tar] [--deps PREFIX] [--sanitize] [--no-bench] [--no-tests]
+#                             [--label L] [--sanitize-only T1,T2] [--variants]
 #   --deps PREFIX: where cJSON and PCRE2 headers/libraries are (a machine
 #   without Debian's -dev packages gets them carried in).
+#   --label L: run only the ctest tests labelled L (e.g. gpu).
+#   --sanitize-only: the sanitizers over these gpu tests only.
+#   --variants: the kernel benchmark times every kernel variant.
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -16,6 +20,9 @@ sanitize=0
 bench=1
 tests=1
 deps=""
+label=""
+sanitize_only=""
+variants=""
 while [ $# -gt 0 ]; do
     a=$1
     shift
@@ -24,6 +31,9 @@ while [ $# -gt 0 ]; do
     --sanitize) sanitize=1 ;;
     --no-bench) bench=0 ;;
     --no-tests) tests=0 ;;
+    --label) label=$1 && shift ;;
+    --sanitize-only) sanitize=1 && sanitize_only=$1 && shift ;;
+    --variants) variants=--variants ;;
     *.tar) src=$(mktemp -d) && tar -xf "$a" -C "$src" ;;
     esac
 done
@@ -43,7 +53,8 @@ jobs=$(nproc)
 if [ $tests -eq 1 ]; then
     "$build/bitnet" devices 2>&1 | tee "$out/devices.txt"
     "$build/bitnet" devices --json | python3 -m json.tool >/dev/null && echo "devices --json: valid JSON"
-    ctest --test-dir "$build" --output-on-failure -j4 2>&1 | tee "$out/ctest.log" | tail -25
+    ctest --test-dir "$build" --output-on-failure -j4 ${label:+-L "$label"} 2>&1 |
+        tee "$out/ctest.log" | tail -25
     echo "== test_kernels with BITNET_KERNEL=cuda"
     BITNET_KERNEL=cuda "$build/tests/test_kernels" 2>&1 | tail -3 | tee -a "$out/ctest.log"
 fi
@@ -53,6 +64,9 @@ if [ $sanitize -eq 1 ]; then
     # provoke them on purpose (impossible allocations, bad PTX).
     mapfile -t gpu_tests < <(ctest --test-dir "$build" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p')
     for t in "${gpu_tests[@]}"; do
+        if [ -n "$sanitize_only" ] && [[ ",$sanitize_only," != *",$t,"* ]]; then
+            continue
+        fi
         exe=$(find "$build/tests" -maxdepth 1 -name "$t" -type f | head -1)
         [ -n "$exe" ] || continue
         for tool in memcheck racecheck; do
@@ -66,7 +80,7 @@ if [ $sanitize -eq 1 ]; then
     done
 fi
 if [ $bench -eq 1 ]; then
-    "$build/bitnet" bench kernels --device cuda 2>&1 | tee "$out/bench_cuda.md"
+    "$build/bitnet" bench kernels --device cuda $variants 2>&1 | tee "$out/bench_cuda.md"
     # The whole model on the GPU: prefill/decode tok/s, the step split by
     # kernel, memory and the byte floor (docs/PERFORMANCE.md).
     "$build/bitnet" bench e2e --shape 2b4t --device cuda 2>&1 | tee "$out/bench_e2e.md"
