@@ -335,9 +335,11 @@ static void check_decode(const bn_attn_shape *s, int n_seq, const int32_t *lens,
     const int modes[] = {1, auto_splits, 3, 256};
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
         float *out = run_decode(&c, q, lens, modes[m]);
-        char what[64];
-        snprintf(what, sizeof what, "decode splits=%d n_seq=%d max_len=%d", modes[m], n_seq,
-                 (int)max_len);
+        char what[160];
+        int used = snprintf(what, sizeof what, "decode splits=%d n_seq=%d max_len=%d cap=%lld lens",
+                            modes[m], n_seq, (int)max_len, (long long)s->capacity);
+        for (int i = 0; i < n_seq && used > 0 && used < (int)sizeof what - 12; i++)
+            used += snprintf(what + used, sizeof what - (size_t)used, " %d", (int)lens[i]);
         compare(what, &c, out, ref, (int64_t)n_seq * qrow, tolerance(&c));
         free(out);
     }

@@ -1,7 +1,7 @@
-/* GPU test: the CUDA W2A8 GEMV (every split-K variant), GEMM (M > 1) and
- * activation quantization, against the CPU reference, bit for bit, on fresh
- * random ragged shapes with poisoned outputs. Exits 77 without a usable
- * GPU. */
+/* GPU test: the CUDA W2A8 GEMV (every split-K variant), GEMM (M > 1; every
+ * variant, and the pipelined GEMM at every split-K factor) and activation
+ * quantization, against the CPU reference, bit for bit, on fresh random
+ * ragged shapes with poisoned outputs. Exits 77 without a usable GPU. */
 #include <cuda_runtime_api.h>
 
 #include "cuda_layout.h"
@@ -21,6 +21,21 @@ static void random_activations(float *x, int64_t n)
     const float range = test_rand_float(0.05f, 20.0f);
     for (int64_t i = 0; i < n; i++)
         x[i] = test_rand_float(-range, range);
+}
+
+/* Counts the outputs of d_y (m x n) whose bits differ from ref; the first
+ * differing index goes to *first. */
+static int64_t count_diff(const float *d_y, const float *ref, int64_t m, int64_t n, float *y,
+                          int64_t *first)
+{
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(y, d_y, sizeof(float) * (size_t)(m * n), cudaMemcpyDeviceToHost));
+    int64_t diff = 0;
+    *first = -1;
+    for (int64_t i = 0; i < m * n; i++)
+        if (!same_bits(y[i], ref[i]) && diff++ == 0)
+            *first = i;
+    return diff;
 }
 
 /* One problem: n x k weights, m activation rows; checks GEMV (m == 1, all
@@ -80,12 +95,8 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
             CUDA_OK(bn_w2a8_cuda_gemv_variant(&a, splits[v % 4], v / 4, 0));
         else
             CUDA_OK(bn_w2a8_cuda_gemm_variant(&a, gemm_variant, 0));
-        CUDA_OK(cudaDeviceSynchronize());
-        CUDA_OK(cudaMemcpy(y, d_y, sizeof(float) * (size_t)(m * n), cudaMemcpyDeviceToHost));
-        int64_t diff = 0, first = -1;
-        for (int64_t i = 0; i < m * n; i++)
-            if (!same_bits(y[i], ref[i]) && diff++ == 0)
-                first = i;
+        int64_t first;
+        const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
         CHECK_MSG(diff == 0,
                   "%s variant %d (split %d, workspace %s) n=%lld k=%lld m=%lld: %lld of %lld "
                   "differ (first at %lld: %g vs %g)",
@@ -93,6 +104,26 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
                   a.workspace ? "yes" : "no", (long long)n, (long long)k, (long long)m,
                   (long long)diff, (long long)(m * n), (long long)first,
                   first >= 0 ? y[first] : 0.0, first >= 0 ? ref[first] : 0.0);
+    }
+    /* The pipelined GEMM at every split-K factor (the variants above run
+     * only the split chosen for the shape), with no workspace: split-K
+     * reduces through a cluster (where clusters cannot run, every split
+     * runs as 1). */
+    a.workspace = NULL;
+    for (int config = 0; config < BN_W2A8_PIPE_CONFIGS; config++) {
+        for (int split = 1; split <= BN_W2A8_PIPE_MAX_SPLIT; split++) {
+            CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n)));
+            CUDA_OK(bn_w2a8_cuda_gemm_pipelined(&a, config, split, 0));
+            int64_t first;
+            const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
+            CHECK_MSG(diff == 0,
+                      "pipelined gemm config %d split %d (runs as %d) n=%lld k=%lld m=%lld: %lld "
+                      "of %lld differ (first at %lld: %g vs %g)",
+                      config, split, bn_w2a8_cuda_gemm_pipelined_split(&a, config, split),
+                      (long long)n, (long long)k, (long long)m, (long long)diff,
+                      (long long)(m * n), (long long)first, first >= 0 ? y[first] : 0.0,
+                      first >= 0 ? ref[first] : 0.0);
+        }
     }
 
     cudaFree(d_w);
@@ -161,6 +192,16 @@ static void check_quantize(int64_t m, int64_t k)
 int main(void)
 {
     sm_count = test_require_cuda(8, "the W2A8 GEMM").multiProcessorCount;
+    {
+        /* Whether the split-K tests below reach the cluster path (compute
+         * capability 9.0 and a build for it) or all run as split 1. */
+        const bn_w2a8_cuda_args probe = {.n = 256, .tiles = 32, .groups = 4, .m = 64,
+                                         .sm_count = sm_count};
+        printf("pipelined GEMM split-K: %s\n",
+               bn_w2a8_cuda_gemm_pipelined_split(&probe, BN_W2A8_PIPE_64X256, 2) == 2
+                   ? "thread-block clusters"
+                   : "unavailable here (every split runs as 1)");
+    }
 
     /* The packer against its own definition, on one small case. */
     {
@@ -188,6 +229,16 @@ int main(void)
         check_problem(test_rand_range(1, 700), test_rand_range(1, 3000), 1);
     for (int iter = 0; iter < 12; iter++)
         check_problem(test_rand_range(1, 300), test_rand_range(1, 1500), test_rand_range(2, 140));
+    /* Prefill-sized M for the pipelined GEMM (64- and 128-row blocks, 256
+     * output columns, k-tiles of 128): M around its block edges, N not a
+     * multiple of 8 or 256 and exactly 256, K not a multiple of 128 or 256
+     * and exactly 128. */
+    const int64_t pipe_ms[] = {17, 33, 63, 64, 65, 100, 127, 128, 129, 512};
+    for (size_t i = 0; i < sizeof pipe_ms / sizeof pipe_ms[0]; i++)
+        check_problem(test_rand_range(1, 600), test_rand_range(1, 1500), pipe_ms[i]);
+    check_problem(256, 128, 64);
+    check_problem(255, 129, 65);
+    check_problem(257, 1000, 33);
     /* Real shapes: the 2B-4T projections, decode and a prefill batch
      * (skipped with BN_TEST_QUICK=1, for runs under compute-sanitizer). */
     if (getenv("BN_TEST_QUICK"))
@@ -197,6 +248,7 @@ int main(void)
     check_problem(2560, 6912, 1);
     check_problem(640, 2560, 77);
     check_problem(2560, 2560, 300);
+    check_problem(777, 2560 + 17, 512);
 
     for (int iter = 0; iter < 30; iter++)
         check_quantize(test_rand_range(1, 6), test_rand_range(1, 9000));

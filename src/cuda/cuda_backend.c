@@ -11,6 +11,7 @@
  *                      act_sum [R]
  *   normed [dim], logits [vocab]                the last row through output_norm, LM head
  *   K, V [n_layer][kv_len][kv_dim]              fp32 or fp16
+ *   rope [kv_len][rope_dim / 2][2]              cos, sin of every position (bn_cb_rope_table)
  *
  * Weight scales. q|k|v and gate|up run as one GEMV each with weight scale 1,
  * which yields acc / act_scale exactly (x * 1 is exact); the kernel after
@@ -124,10 +125,11 @@ struct bn_cuda_backend {
     void *d_k, *d_v;
     uint64_t kv_bytes;
 
-    float *x, *qkv, *q, *att, *out, *gu, *normed, *logits, *act_scale;
+    float *x, *qkv, *q, *att, *out, *gu, *normed, *logits, *act_scale, *rope;
     int8_t *xq;
     int32_t *act_sum, *ws_gemm, *d_tokens, *d_pos, *d_dec, *d_next;
     void *ws_attn, *ws_sample;
+    unsigned int *attn_counters; /* fp32 decode attention: one per head, kept at 0 */
     int attn_splits;
     uint64_t scratch_bytes;
 
@@ -137,6 +139,7 @@ struct bn_cuda_backend {
 
     cudaGraphExec_t graph;
     bool use_graphs;
+    bool pdl;                  /* decode kernels use programmatic dependent launch */
     bool pending;              /* a submitted greedy step not yet waited for */
     int64_t pending_pos;
     unsigned ran;              /* bit K_* set when the family was launched */
@@ -271,8 +274,8 @@ static seg *seg_of(bn_cuda_backend *b, int layer, bn_proj p)
  * segment otherwise (each writing its columns of the same output). Groups
  * of one segment apply their scale in the GEMV; fused groups use scale 1
  * (see the top of the file). Returns the number of launches. */
-static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y, int *launches,
-                        bn_error *err)
+static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y, int pdl,
+                        int *launches, bn_error *err)
 {
     bn_w2a8_cuda_args a;
     memset(&a, 0, sizeof a);
@@ -297,7 +300,7 @@ static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y,
         a.groups = l->groups;
         a.y = y + s->col;
         const int split = g->fused_ok ? g->split : s->split;
-        BN_CUDA_TRY(err, M == 1 ? bn_w2a8_cuda_gemv(&a, split, b->cs)
+        BN_CUDA_TRY(err, M == 1 ? bn_w2a8_cuda_gemv_pdl(&a, split, pdl, b->cs)
                                 : bn_w2a8_cuda_gemm(&a, b->cs));
         (*launches)++;
     }
@@ -309,8 +312,17 @@ static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y,
 /* Queues the forward pass of M rows (tokens d_tok at positions d_pos, both
  * device arrays) on the compute stream, ending with the last row's logits
  * in b->logits. d_kvlen (a device int) selects the decode path (M == 1,
- * attention over [0, *d_kvlen)); NULL is a prefill chunk. Nothing here
- * synchronises or touches host memory, so it can be captured in a graph. */
+ * attention over [0, *d_kvlen) = [0, *d_pos]); NULL is a prefill chunk.
+ * Nothing here synchronises or touches host memory, so it can be captured
+ * in a graph.
+ *
+ * The decode path launches the kernels between the embedding and the output
+ * norm with programmatic dependent launch when b->pdl (not while profiling:
+ * the events between stages would time overlapping kernels). Before their
+ * wait those kernels read only weights, norm vectors, the RoPE table, the
+ * step's position and cache rows of earlier steps; the embedding kernel
+ * before them is launched plainly, so all of that (and the upload of the
+ * step's inputs) is complete when the first of them starts. */
 static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
                               const int32_t *d_pos, const int32_t *d_kvlen, bn_error *err)
 {
@@ -319,7 +331,12 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
     const int64_t dim = hp->dim, ffn = hp->ffn, q_dim = b->q_dim;
     const float eps = hp->rms_eps;
     const bool decode = d_kvlen != NULL;
+    const int pdl = decode && b->pdl && !b->prof;
+    /* fp32-cache decode: scales, RoPE and the KV store run inside the
+     * attention kernel, which takes the raw q|k|v row. */
+    const bool fused = decode && !b->kv_f16;
     const size_t layer_kv_bytes = (size_t)b->kv_len * (size_t)b->kv_dim * b->kv_elem;
+    const float *rope = hp->rope_dim > 0 ? b->rope : NULL;
     bn_status st;
     int n;
 
@@ -329,7 +346,7 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
     if ((st = mark(b, BN_CUDA_STAGE_EMBED, 1, err)) != BN_OK)
         return st;
     BN_CUDA_TRY(err, bn_cb_norm_quantize(b->x, dim, M, dim, norm_ptr(b, 0, BN_NORM_ATTN), eps,
-                                         b->xq, b->ldq, b->act_scale, b->act_sum, s));
+                                         b->xq, b->ldq, b->act_scale, b->act_sum, pdl, s));
     b->ran |= 1u << K_NORM_Q;
     if ((st = mark(b, BN_CUDA_STAGE_ATTN_NORM, 1, err)) != BN_OK)
         return st;
@@ -338,24 +355,30 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         const group *g = &b->groups[l * G_COUNT];
         void *kl = (char *)b->d_k + (size_t)l * layer_kv_bytes;
         void *vl = (char *)b->d_v + (size_t)l * layer_kv_bytes;
+        const float sq = g[G_QKV].s[0].scale, sk = g[G_QKV].s[1].scale,
+                    sv = g[G_QKV].s[2].scale;
 
-        if ((st = matmul(b, &g[G_QKV], M, b->qkv, &n, err)) != BN_OK ||
+        if ((st = matmul(b, &g[G_QKV], M, b->qkv, pdl, &n, err)) != BN_OK ||
             (st = mark(b, BN_CUDA_STAGE_QKV, n, err)) != BN_OK)
             return st;
-        const bn_cb_qkv_shape qs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len,
-                                    g[G_QKV].s[0].scale, g[G_QKV].s[1].scale,
-                                    g[G_QKV].s[2].scale};
-        BN_CUDA_TRY(err, bn_cb_qkv_post(b->qkv, b->qkv_n, M, &qs, &b->freqs, d_pos, b->q, q_dim,
-                                        kl, vl, b->kv_f16, s));
-        b->ran |= 1u << K_QKV_POST;
-        if ((st = mark(b, BN_CUDA_STAGE_ROPE_KV, 1, err)) != BN_OK)
-            return st;
+        if (!fused) {
+            const bn_cb_qkv_shape qs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len,
+                                        sq, sk, sv};
+            BN_CUDA_TRY(err, bn_cb_qkv_post(b->qkv, b->qkv_n, M, &qs, &b->freqs, rope,
+                                            rope ? b->kv_len : 0, d_pos, b->q, q_dim, kl, vl,
+                                            b->kv_f16, pdl, s));
+            b->ran |= 1u << K_QKV_POST;
+            if ((st = mark(b, BN_CUDA_STAGE_ROPE_KV, 1, err)) != BN_OK)
+                return st;
+        }
 
         if (!b->kv_f16) {
             const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
             if (decode) {
-                BN_CUDA_TRY(err, bn_cb_attn_decode(&as, b->q, kl, vl, d_kvlen, b->attn_splits,
-                                                   b->ws_attn, b->att, s));
+                const bn_cb_attn_decode_args da = {b->qkv, sq, sk, sv, rope, hp->rope_dim,
+                                                   d_pos, kl, vl, b->attn_splits, b->ws_attn,
+                                                   b->attn_counters, b->att};
+                BN_CUDA_TRY(err, bn_cb_attn_decode(&as, &da, pdl, s));
                 b->ran |= 1u << K_ATTN_DEC_F32;
             } else {
                 BN_CUDA_TRY(err, bn_cb_attn_prefill(&as, b->q, q_dim, (int)M, d_pos, kl, vl,
@@ -377,37 +400,37 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
                 b->ran |= 1u << K_ATTN_PRE_F16;
             }
         }
-        /* f32 decode is always two kernels (ranges, merge); the f16 one
-         * merges only when it splits. */
-        const int attn_launches = !decode ? 1 : !b->kv_f16 || b->attn_splits > 1 ? 2 : 1;
+        /* fp32 decode is one kernel (its ranges merged by the last block of
+         * each head); the f16 one merges in a second kernel when it splits. */
+        const int attn_launches = decode && b->kv_f16 && b->attn_splits > 1 ? 2 : 1;
         if ((st = mark(b, BN_CUDA_STAGE_ATTENTION, attn_launches, err)) != BN_OK)
             return st;
 
         BN_CUDA_TRY(err, bn_cb_norm_quantize(b->att, q_dim, M, q_dim,
                                              norm_ptr(b, l, BN_NORM_ATTN_SUB), eps, b->xq, b->ldq,
-                                             b->act_scale, b->act_sum, s));
+                                             b->act_scale, b->act_sum, pdl, s));
         if ((st = mark(b, BN_CUDA_STAGE_SUB_NORM, 1, err)) != BN_OK)
             return st;
-        if ((st = matmul(b, &g[G_O], M, b->out, &n, err)) != BN_OK ||
+        if ((st = matmul(b, &g[G_O], M, b->out, pdl, &n, err)) != BN_OK ||
             (st = mark(b, BN_CUDA_STAGE_O, n, err)) != BN_OK)
             return st;
         BN_CUDA_TRY(err, bn_cb_add_norm_quantize(b->x, dim, b->out, dim, M, dim,
                                                  norm_ptr(b, l, BN_NORM_FFN), eps, b->xq, b->ldq,
-                                                 b->act_scale, b->act_sum, s));
+                                                 b->act_scale, b->act_sum, pdl, s));
         b->ran |= 1u << K_ADD_NORM_Q;
         if ((st = mark(b, BN_CUDA_STAGE_FFN_NORM, 1, err)) != BN_OK)
             return st;
-        if ((st = matmul(b, &g[G_GU], M, b->gu, &n, err)) != BN_OK ||
+        if ((st = matmul(b, &g[G_GU], M, b->gu, pdl, &n, err)) != BN_OK ||
             (st = mark(b, BN_CUDA_STAGE_GATE_UP, n, err)) != BN_OK)
             return st;
         BN_CUDA_TRY(err, bn_cb_relu2_norm_quantize(b->gu, b->gu + ffn, b->gu_n,
                                                    g[G_GU].s[0].scale, g[G_GU].s[1].scale, M, ffn,
                                                    norm_ptr(b, l, BN_NORM_FFN_SUB), eps, b->xq,
-                                                   b->ldq, b->act_scale, b->act_sum, s));
+                                                   b->ldq, b->act_scale, b->act_sum, pdl, s));
         b->ran |= 1u << K_RELU2_Q;
         if ((st = mark(b, BN_CUDA_STAGE_RELU2, 1, err)) != BN_OK)
             return st;
-        if ((st = matmul(b, &g[G_DOWN], M, b->out, &n, err)) != BN_OK ||
+        if ((st = matmul(b, &g[G_DOWN], M, b->out, pdl, &n, err)) != BN_OK ||
             (st = mark(b, BN_CUDA_STAGE_DOWN, n, err)) != BN_OK)
             return st;
 
@@ -415,13 +438,14 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
             /* The residual add fused with the next layer's attn_norm. */
             BN_CUDA_TRY(err, bn_cb_add_norm_quantize(b->x, dim, b->out, dim, M, dim,
                                                      norm_ptr(b, l + 1, BN_NORM_ATTN), eps, b->xq,
-                                                     b->ldq, b->act_scale, b->act_sum, s));
+                                                     b->ldq, b->act_scale, b->act_sum, pdl, s));
             if ((st = mark(b, BN_CUDA_STAGE_ATTN_NORM, 1, err)) != BN_OK)
                 return st;
         }
     }
 
-    /* Only the last row's logits are wanted: its residual and output norm. */
+    /* Only the last row's logits are wanted: its residual and output norm
+     * (launched plainly: it waits for everything before it). */
     const int64_t last = (M - 1) * dim;
     BN_CUDA_TRY(err, bn_cb_add_rmsnorm(b->x + last, dim, b->out + last, dim, 1, dim,
                                        b->d_norms + b->out_norm_off, eps, b->normed, dim, s));
@@ -742,6 +766,9 @@ static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
         ws_attn = bn_cb_attn_decode_workspace_bytes(&as, b->attn_splits);
     }
     ADD(&b->ws_attn, ws_attn);
+    ADD(&b->attn_counters, (size_t)hp->n_head * sizeof(unsigned int));
+    /* cos and sin of every position the cache holds (none without RoPE). */
+    ADD(&b->rope, (size_t)b->kv_len * (size_t)(hp->rope_dim / 2) * 2 * f);
     ADD(&b->normed, (size_t)hp->dim * f);
     ADD(&b->logits, (size_t)hp->vocab * f);
     ADD(&b->ws_sample, bn_cuda_sample_workspace_bytes(hp->vocab));
@@ -1002,8 +1029,24 @@ static bn_status upload_norms(bn_cuda_backend *b, bn_error *err)
 /* ---- creation: graph ------------------------------------------------------------ */
 
 /* Records the decode step once. A failure is not fatal: decode then
- * launches eagerly, which computes the same thing. */
+ * launches eagerly, which computes the same thing. A capture with
+ * programmatic dependent launch that fails (a driver that cannot put it in
+ * a graph) is retried without it. */
+static bool capture_graph_once(bn_cuda_backend *b, bool log_failure);
+
 static void capture_graph(bn_cuda_backend *b)
+{
+    if (capture_graph_once(b, !b->pdl))
+        return;
+    if (b->pdl) {
+        bn_log(BN_LOG_WARN, "cuda backend: capturing the decode step with programmatic dependent "
+                            "launch failed; capturing it without");
+        b->pdl = false;
+        (void)capture_graph_once(b, true);
+    }
+}
+
+static bool capture_graph_once(bn_cuda_backend *b, bool log_failure)
 {
     bn_error cerr;
     bn_error_clear(&cerr);
@@ -1034,10 +1077,13 @@ static void capture_graph(bn_cuda_backend *b)
     if (st != BN_OK || !b->graph) {
         b->graph = NULL;
         (void)cudaGetLastError();
-        bn_log(BN_LOG_WARN, "cuda backend: decode graph capture failed (%s); decode steps launch "
-                            "their kernels one by one",
-               cerr.message[0] ? cerr.message : cudaGetErrorString(rc));
+        if (log_failure)
+            bn_log(BN_LOG_WARN, "cuda backend: decode graph capture failed (%s); decode steps "
+                                "launch their kernels one by one",
+                   cerr.message[0] ? cerr.message : cudaGetErrorString(rc));
+        return false;
     }
+    return true;
 }
 
 /* Runs two short prefills (40 tokens for the tiled GEMM, 2 for the skinny
@@ -1045,7 +1091,8 @@ static void capture_graph(bn_cuda_backend *b)
  * kernel is loaded and known to run on this device before the engine
  * commits to the GPU, before graph capture (which must not be a kernel's
  * first launch) and before anything is timed. The cache positions written
- * are forgotten. */
+ * are forgotten. A decode step that fails with programmatic dependent
+ * launch (a driver that rejects the launch attribute) is retried without. */
 static bn_status warm_up(bn_cuda_backend *b, bn_error *err)
 {
     int32_t zeros[40];
@@ -1059,7 +1106,17 @@ static bn_status warm_up(bn_cuda_backend *b, bn_error *err)
         st = bn_cuda_backend_forward_greedy(b, zeros, n, 0, &next, err);
     if (st == BN_OK && n >= 2) /* two rows: the skinny GEMM */
         st = bn_cuda_backend_forward_greedy(b, zeros, 2, 0, &next, err);
-    if (st == BN_OK)
+    if (st == BN_OK && b->pdl) {
+        bn_error perr;
+        bn_error_clear(&perr);
+        if (bn_cuda_backend_forward_greedy(b, zeros, 1, 0, &next, &perr) != BN_OK) {
+            bn_log(BN_LOG_WARN, "cuda backend: a decode step with programmatic dependent launch "
+                                "failed (%s); decoding without it",
+                   perr.message);
+            b->pdl = false;
+        }
+    }
+    if (st == BN_OK && !b->pdl)
         st = bn_cuda_backend_forward_greedy(b, zeros, 1, 0, &next, err);
     b->use_graphs = graphs;
     b->kv_filled = 0;
@@ -1228,11 +1285,20 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->d_k, 0, b->kv_bytes / 2, b->copy));
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->d_v, 0, b->kv_bytes / 2, b->copy));
+    /* The decode attention's counters start at 0 and every launch leaves
+     * them there. */
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->attn_counters, 0,
+                                                 (size_t)hp->n_head * sizeof(unsigned int),
+                                                 b->copy));
     if (st == BN_OK) {
         if (hp->rope_dim > 0) {
             if (bn_rope_freqs_init(&b->freqs, hp->rope_theta, hp->rope_dim) != cudaSuccess)
                 st = bn_error_set(err, BN_ERR_UNSUPPORTED, NULL, "RoPE theta %g, dim %d",
                                   (double)hp->rope_theta, hp->rope_dim);
+            else /* on the copy stream, which is drained before the first pass */
+                st = BN_CUDA_STATUS(err, bn_cb_rope_table(&b->freqs, b->kv_len, b->rope,
+                                                          b->copy));
         } else {
             memset(&b->freqs, 0, sizeof b->freqs);
         }
@@ -1252,6 +1318,8 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, bn_cb_head_prepare(b->head_type, hp->dim));
     if (st == BN_OK)
+        b->pdl = !opt.no_pdl && bn_cb_pdl_supported(b->device);
+    if (st == BN_OK)
         st = warm_up(b, err);
     if (st == BN_OK && b->use_graphs)
         capture_graph(b);
@@ -1267,14 +1335,14 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
     bn_log(BN_LOG_INFO,
            "cuda backend: cuda:%d %s, %d SMs; weights %.1f MiB packed in %.2f s, embedding %.1f "
            "MiB, LM head %s %.1f MiB%s, KV cache %s %.1f MiB (%lld positions), scratch %.1f MiB "
-           "(%lld-token prefill), decode graph %s",
+           "(%lld-token prefill), decode graph %s, programmatic dependent launch %s",
            b->device, b->name, b->sm, (double)b->w_bytes / MIB, t1 - t0,
            (double)b->embed_bytes / MIB, head_type_name(b->head_type),
            (double)(b->head_shared ? (uint64_t)hp->vocab * hp->dim * head_elem_bytes(b->head_type)
                                    : b->head_bytes) / MIB,
            b->head_shared ? " (the embedding)" : "", b->kv_f16 ? "f16" : "f32",
            (double)b->kv_bytes / MIB, (long long)kv_len, (double)b->scratch_bytes / MIB,
-           (long long)b->chunk, b->graph ? "captured" : "off");
+           (long long)b->chunk, b->graph ? "captured" : "off", b->pdl ? "on" : "off");
     *out = b;
     return BN_OK;
 }
@@ -1365,9 +1433,9 @@ const char *bn_cuda_stage_name(bn_cuda_stage s)
 {
     static const char *const names[BN_CUDA_STAGE_COUNT] = {
         "embedding", "residual + attn_norm + int8", "q|k|v GEMV", "scale + RoPE + KV store",
-        "attention", "attn_sub_norm + int8", "Wo GEMV", "residual + ffn_norm + int8",
-        "gate|up GEMV", "relu^2 * up + ffn_sub_norm + int8", "down GEMV",
-        "residual + output_norm", "LM head", "argmax"};
+        "attention (f32: + RoPE, KV store)", "attn_sub_norm + int8", "Wo GEMV",
+        "residual + ffn_norm + int8", "gate|up GEMV", "relu^2 * up + ffn_sub_norm + int8",
+        "down GEMV", "residual + output_norm", "LM head", "argmax"};
     return (int)s >= 0 && s < BN_CUDA_STAGE_COUNT ? names[s] : "?";
 }
 

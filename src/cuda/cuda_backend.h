@@ -28,7 +28,11 @@
  * core GEMMs; decode (one token) is captured once as a CUDA graph at
  * create() and replayed every step: the token, its position and the
  * attention length live in device memory, uploaded (12 bytes) before each
- * replay.
+ * replay. With the fp32 cache the decode step's scale + RoPE + KV store
+ * runs inside its attention kernel (9 kernels per layer), and on compute
+ * capability 9.0+ its kernels use programmatic dependent launch: each one
+ * starts loading what does not depend on its predecessor (weights, norm
+ * vectors, old KV rows) while the predecessor still runs.
  *
  * Streams (the context's two): `compute` runs every step, including the
  * tiny H2D of the step's token/position and the D2H of logits or the next
@@ -76,6 +80,8 @@ typedef struct bn_cuda_backend_options {
     bn_cuda_kv_type kv_type;
     int prefill_chunk;     /* tokens per prefill pass; 0: 512                         */
     bool no_graphs;        /* decode eagerly instead of replaying a CUDA graph        */
+    bool no_pdl;           /* decode without programmatic dependent launch (sm_90+:
+                              a kernel's weight loads overlap the previous kernel)    */
     int threads;           /* host threads unpacking weights; 0: BITNET_NUM_THREADS   */
 } bn_cuda_backend_options;
 
@@ -157,8 +163,9 @@ typedef enum bn_cuda_stage {
     BN_CUDA_STAGE_EMBED,
     BN_CUDA_STAGE_ATTN_NORM, /* residual + attn_norm + int8 (layer 0: norm + int8)  */
     BN_CUDA_STAGE_QKV,       /* q|k|v GEMV                                         */
-    BN_CUDA_STAGE_ROPE_KV,   /* scales, RoPE, KV store                             */
-    BN_CUDA_STAGE_ATTENTION,
+    BN_CUDA_STAGE_ROPE_KV,   /* scales, RoPE, KV store (fp16 cache; with the fp32
+                                cache they run inside the attention kernel)        */
+    BN_CUDA_STAGE_ATTENTION, /* attention (fp32 cache: with scales, RoPE, KV store) */
     BN_CUDA_STAGE_SUB_NORM,  /* attn_sub_norm + int8                               */
     BN_CUDA_STAGE_O,         /* Wo GEMV                                            */
     BN_CUDA_STAGE_FFN_NORM,  /* residual + ffn_norm + int8                         */

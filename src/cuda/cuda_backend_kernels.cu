@@ -2,14 +2,21 @@
  * cuda_backend_kernels.cu - the CUDA backend's own kernels: RMSNorm +
  * quantization with the CPU backend's exact rounding rule (three row
  * sources), the final RMSNorm, the q/k/v epilogue with RoPE and the KV
- * cache store, attention over an fp32 cache (decode and prefill), and the
- * LM head with fp32 activations. Contracts: cuda_backend_kernels.h.
+ * cache store, attention over an fp32 cache (decode, with that epilogue
+ * fused, and prefill), and the LM head with fp32 activations. Contracts:
+ * cuda_backend_kernels.h.
  *
  * As in ops_kernels.cu, every fp32 operation the CPU performs separately
  * is written with an __f*_rn intrinsic, because nvcc would otherwise fuse
  * a multiply and an add into one FMA with a single rounding, and the codes
  * of the next quantization would then differ from the CPU's. Double
  * operations use __d*_rn for the same reason.
+ *
+ * The decode step is latency-bound (one token: a few KB per kernel), so its
+ * kernels are written for latency: a row is loaded once, with every load in
+ * flight at once, into registers; reductions take one barrier pair each;
+ * what does not depend on the previous kernel is loaded before waiting for
+ * it (programmatic dependent launch, pdl.cuh).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -18,11 +25,16 @@
 #include <stdint.h>
 
 #include "cuda_backend_kernels.h"
+#include "pdl.cuh"
+#include "w2a8_cuda.h"
 
 namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kNormThreads = 512;
+constexpr int kRowThreads = 1024;  /* the register-held row kernels: at most  */
+constexpr int kRowMaxPer = 8;      /* values per thread, so rows up to 8192   */
+constexpr int kRowMaxM = 256;      /* rows; more go to the streaming kernel   */
 constexpr float kQuantEps = 1e-5f; /* BN_QUANT_EPS */
 
 /* ---- block reductions (every thread gets the result) ------------------------- */
@@ -64,11 +76,17 @@ template <typename T, typename Op> __device__ T block_reduce(T v, Op op, T *red)
 
 /* The sum of ss and the maximum of umax over the block in one round (one
  * barrier pair instead of two: the norm kernels are latency-bound on a
- * single row). fmax returns the other operand for a NaN, as the CPU's
- * `u > umax` skips it. red: 64 shared slots. */
+ * single row). Both levels are xor butterflies, after which every lane holds
+ * the same value (each step adds the same two operands in both partners),
+ * so all threads leave with identical results; the second level is 5
+ * shuffles instead of a chain of up to 32 dependent adds. The padding
+ * lanes add 0, which changes neither (ss >= 0, umax >= 0). fmax returns the
+ * other operand for a NaN, as the CPU's `u > umax` skips it. red: 64 shared
+ * slots; any multiple of 32 threads up to 1024. */
 __device__ void block_sum_max(double &ss, double &umax, double *red)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warps = (int)(blockDim.x >> 5);
     for (int o = 16; o > 0; o >>= 1) {
         ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
         umax = fmax(umax, __shfl_xor_sync(kFull, umax, o));
@@ -78,11 +96,35 @@ __device__ void block_sum_max(double &ss, double &umax, double *red)
         red[32 + warp] = umax;
     }
     __syncthreads();
-    ss = red[0];
-    umax = red[32];
-    for (int i = 1; i < (int)(blockDim.x >> 5); i++) {
-        ss = __dadd_rn(ss, red[i]);
-        umax = fmax(umax, red[32 + i]);
+    ss = lane < warps ? red[lane] : 0.0;
+    umax = lane < warps ? red[32 + lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) {
+        ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
+        umax = fmax(umax, __shfl_xor_sync(kFull, umax, o));
+    }
+    __syncthreads();
+}
+
+/* The same for the normed maximum (fp32, >= 0) and the sum of the codes.
+ * red_f, red_i: 32 shared slots each. */
+__device__ void block_max_sum(float &amax, int &total, float *red_f, int *red_i)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warps = (int)(blockDim.x >> 5);
+    for (int o = 16; o > 0; o >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
+        total += __shfl_xor_sync(kFull, total, o);
+    }
+    if (lane == 0) {
+        red_f[warp] = amax;
+        red_i[warp] = total;
+    }
+    __syncthreads();
+    amax = lane < warps ? red_f[lane] : 0.0f;
+    total = lane < warps ? red_i[lane] : 0;
+    for (int o = 16; o > 0; o >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
+        total += __shfl_xor_sync(kFull, total, o);
     }
     __syncthreads();
 }
@@ -110,25 +152,29 @@ struct NormQuantArgs {
 
 /* Value i of row `row` for the first pass (which, for kSrcAdd, performs the
  * add and stores it) and for the later passes (which read it back: the
- * same thread wrote it, so no barrier is needed). */
+ * same thread wrote it, so no barrier is needed).
+ *
+ * Rows come from the previous kernel, which under programmatic dependent
+ * launch may have run alongside this one: they are read through L2
+ * (__ldcg), never from a possibly stale L1 line or the read-only path. */
 template <int kSrc>
 __device__ __forceinline__ float source_value(const NormQuantArgs &a, int64_t row, int64_t i,
                                               bool first)
 {
     if (kSrc == kSrcPlain)
-        return a.x[row * a.ldx + i];
+        return __ldcg(a.x + row * a.ldx + i);
     if (kSrc == kSrcAdd) {
         float *p = a.x + row * a.ldx + i;
         if (!first)
-            return *p;
-        const float v = __fadd_rn(*p, a.r[row * a.ldr + i]);
+            return __ldcg(p);
+        const float v = __fadd_rn(__ldcg(p), __ldcg(a.r + row * a.ldr + i));
         *p = v;
         return v;
     }
     /* relu(gate)^2 * up with gate = g * sg and up = u * su, each one fp32
      * rounding as in the CPU's epilogue; a NaN gate counts as 0. */
-    const float gate = __fmul_rn(a.g[row * a.ldgu + i], a.sg);
-    const float up = __fmul_rn(a.u[row * a.ldgu + i], a.su);
+    const float gate = __fmul_rn(__ldcg(a.g + row * a.ldgu + i), a.sg);
+    const float up = __fmul_rn(__ldcg(a.u + row * a.ldgu + i), a.su);
     const float rg = gate > 0.0f ? gate : 0.0f;
     return __fmul_rn(__fmul_rn(rg, rg), up);
 }
@@ -140,6 +186,70 @@ __device__ __forceinline__ float inv_rms(double ss, int64_t n, float eps)
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
 }
 
+/* ---- the exact code without a division per value ----------------------------------
+ *
+ * The CPU's code of value i is rint(D) with D = fl64(127 * fl64(P / M)),
+ * P = w_i x_i and M = max|w x| (both exact in double: a product of two
+ * floats has at most 48 significant bits and an exponent in [-298, 256]).
+ * A double division per value is slow on the GPU (a software sequence), so
+ * an fp32 estimate
+ *
+ *     t = fl32(fl32(w_i * x_i) * r),   r = fl32(127 / fl32(M))
+ *
+ * decides the code n = rint(t) whenever |t - n| < 1/2 - 2^-12; otherwise the
+ * double expression itself is evaluated. Why that is the same integer:
+ *
+ *  - with 2^-100 <= M <= 2^100 (else every value takes the double path),
+ *    fl32(M) and r are normal floats, |P| <= M so nothing overflows, and
+ *    |t| <= ~127. Each of the four roundings is relative, at most u = 2^-24,
+ *    where its result is a normal float, so t = e (1 + d) with
+ *    e = 127 P / M and |d| <= (1 + u)^3 / (1 - u) - 1 < 4.0001 u, i.e.
+ *    |t - e| <= 127 * 4.0001 * 2^-24 < 3.03e-5. Where fl32(P) or t is
+ *    subnormal the rounding is absolute instead: at most 2^-150 * r <=
+ *    2^-150 * 127 * 2^100 (1 + u)^2 < 2^-42, resp. 2^-150: negligible.
+ *  - D = e (1 + d1)(1 + d2) with |d1|, |d2| <= 2^-53 (P / M is a normal
+ *    double or 0), so |D - e| <= 127 * 2.0001 * 2^-53 < 2.9e-14.
+ *  - Hence |D - n| <= |t - n| + |t - D| < 1/2 - 2^-12 + 3.1e-5 < 1/2: D is
+ *    nearer to n than to any other integer and rint(D) = n.
+ *
+ * Only values within 2^-12 of a half-integer (and NaN products, for which
+ * the comparison fails) pay for the division. */
+constexpr float kTieGuard = 0.5f - 0x1p-12f;
+
+struct ExactCoder {
+    double umax;
+    float r;
+    bool fast;
+
+    __device__ explicit ExactCoder(double m) : umax(m), r(0.0f), fast(m >= 0x1p-100 && m <= 0x1p100)
+    {
+        if (fast)
+            r = __fdiv_rn(127.0f, __double2float_rn(m));
+    }
+
+    __device__ __forceinline__ int code(float w, float v) const
+    {
+        if (fast) {
+            const float t = __fmul_rn(__fmul_rn(w, v), r);
+            const float n = rintf(t);
+            if (fabsf(__fsub_rn(t, n)) < kTieGuard)
+                return (int)n;
+        }
+        const double ratio = __ddiv_rn(__dmul_rn((double)w, (double)v), umax);
+        return (int)rint(__dmul_rn(127.0, ratio));
+    }
+};
+
+/* The plain rule for tiny or non-finite rows: the normed value times the
+ * fp32 scale, rounded half to even, NaN to 0, clamped. */
+__device__ __forceinline__ int plain_code(float w, float v, float inv, float s)
+{
+    const float t = rintf(__fmul_rn(__fmul_rn(w, __fmul_rn(v, inv)), s));
+    return t != t ? 0 : t > 127.0f ? 127 : t < -128.0f ? -128 : (int)t;
+}
+
+/* Long rows (more than kRowThreads * kRowMaxPer values) and many rows: one
+ * block of kNormThreads per row, three passes over the row. */
 template <int kSrc>
 __global__ void __launch_bounds__(kNormThreads) norm_quantize_kernel(NormQuantArgs a)
 {
@@ -149,13 +259,15 @@ __global__ void __launch_bounds__(kNormThreads) norm_quantize_kernel(NormQuantAr
     const int64_t row = blockIdx.x;
     const int64_t k = a.k;
     const float *w = a.w;
+    pdl_trigger();
+    pdl_wait();
 
     /* Pass 1: sum of squares and max |w x|, both exact per element in
-     * double. */
+     * double (x^2 is exact, so the fma is the add of the CPU's sum). */
     double ss = 0.0, umax = 0.0;
     for (int64_t i = threadIdx.x; i < k; i += kNormThreads) {
         const float v = source_value<kSrc>(a, row, i, true);
-        ss = __dadd_rn(ss, __dmul_rn((double)v, (double)v));
+        ss = __fma_rn((double)v, (double)v, ss);
         umax = fmax(umax, fabs(__dmul_rn((double)w[i], (double)v)));
     }
     block_sum_max(ss, umax, red_d);
@@ -174,19 +286,14 @@ __global__ void __launch_bounds__(kNormThreads) norm_quantize_kernel(NormQuantAr
     const bool exact = amax >= kQuantEps && umax > 0.0 && isfinite(umax);
     const float s = exact ? __fdiv_rn(127.0f, amax)
                           : __fdiv_rn(127.0f, amax >= kQuantEps ? amax : kQuantEps);
+    const ExactCoder coder(umax);
     int8_t *out = a.q + row * a.ldq;
     int total = 0;
     for (int64_t i = threadIdx.x; i < a.ldq; i += kNormThreads) {
         int val = 0;
         if (i < k) {
             const float v = source_value<kSrc>(a, row, i, false);
-            if (exact) {
-                const double ratio = __ddiv_rn(__dmul_rn((double)w[i], (double)v), umax);
-                val = (int)rint(__dmul_rn(127.0, ratio));
-            } else {
-                const float t = rintf(__fmul_rn(__fmul_rn(w[i], __fmul_rn(v, inv)), s));
-                val = t != t ? 0 : t > 127.0f ? 127 : t < -128.0f ? -128 : (int)t;
-            }
+            val = exact ? coder.code(w[i], v) : plain_code(w[i], v, inv, s);
         }
         out[i] = (int8_t)val;
         total += val;
@@ -198,15 +305,174 @@ __global__ void __launch_bounds__(kNormThreads) norm_quantize_kernel(NormQuantAr
     }
 }
 
-template <int kSrc> cudaError_t launch_norm_quantize(const NormQuantArgs &a, int64_t m,
+/* Rows of at most blockDim.x * kPer values (the decode step's): value
+ * i = threadIdx.x + j * blockDim.x of the row lives in register j of its
+ * thread, loaded once with all loads in flight, so the kernel is one
+ * round trip to memory and two block reductions:
+ *
+ *   1. sum of squares and max|w x| (double, exact per element);
+ *   2. the normed maximum (fp32) and the codes under the exact rule, with
+ *      the sum of those codes;
+ *   3. only for rows the exact rule does not apply to (tiny or non-finite,
+ *      block-uniform): the plain-rule codes and their sum.
+ *
+ * The results are those of norm_quantize_kernel: the same expressions,
+ * and integer sums and maxima do not depend on order (the double sum of
+ * squares does, within the contract). */
+template <int kSrc, int kPer>
+__global__ void __launch_bounds__(kRowThreads, 1) norm_quantize_row_kernel(NormQuantArgs a)
+{
+    __shared__ double red_d[64];
+    __shared__ float red_f[32];
+    __shared__ int red_i[32];
+    const int64_t row = blockIdx.x;
+    const int k = (int)a.k, T = (int)blockDim.x, tid = (int)threadIdx.x;
+
+    /* The norm weights never change: read them while the kernel that
+     * produces the row may still be running. The row itself is read after
+     * the wait, through L2 (see source_value). */
+    float w[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; j++) {
+        const int i = tid + j * T;
+        w[j] = i < k ? a.w[i] : 0.0f;
+    }
+    pdl_trigger();
+    pdl_wait();
+
+    float v[kPer];
+    if (kSrc == kSrcPlain) {
+        const float *x = a.x + row * a.ldx;
+#pragma unroll
+        for (int j = 0; j < kPer; j++) {
+            const int i = tid + j * T;
+            v[j] = i < k ? __ldcg(x + i) : 0.0f;
+        }
+    } else if (kSrc == kSrcAdd) {
+        float *x = a.x + row * a.ldx;
+        const float *r = a.r + row * a.ldr;
+        float rv[kPer];
+#pragma unroll
+        for (int j = 0; j < kPer; j++) {
+            const int i = tid + j * T;
+            v[j] = i < k ? __ldcg(x + i) : 0.0f;
+            rv[j] = i < k ? __ldcg(r + i) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kPer; j++) {
+            const int i = tid + j * T;
+            v[j] = __fadd_rn(v[j], rv[j]);
+            if (i < k)
+                x[i] = v[j];
+        }
+    } else {
+        const float *g = a.g + row * a.ldgu, *u = a.u + row * a.ldgu;
+        float gv[kPer], uv[kPer];
+#pragma unroll
+        for (int j = 0; j < kPer; j++) {
+            const int i = tid + j * T;
+            gv[j] = i < k ? __ldcg(g + i) : 0.0f;
+            uv[j] = i < k ? __ldcg(u + i) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kPer; j++) {
+            /* As source_value: one fp32 rounding per step, NaN gate -> 0. */
+            const float gate = __fmul_rn(gv[j], a.sg);
+            const float up = __fmul_rn(uv[j], a.su);
+            const float rg = gate > 0.0f ? gate : 0.0f;
+            v[j] = __fmul_rn(__fmul_rn(rg, rg), up);
+        }
+    }
+
+    double ss = 0.0, umax = 0.0;
+#pragma unroll
+    for (int j = 0; j < kPer; j++) {
+        if (tid + j * T < k) {
+            ss = __fma_rn((double)v[j], (double)v[j], ss);
+            umax = fmax(umax, fabs(__dmul_rn((double)w[j], (double)v[j])));
+        }
+    }
+    block_sum_max(ss, umax, red_d);
+    const float inv = inv_rms(ss, k, a.eps);
+    const bool usable = umax > 0.0 && isfinite(umax);
+    const ExactCoder coder(umax);
+
+    float amax = 0.0f;
+    int code[kPer];
+    int total = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; j++) {
+        code[j] = 0;
+        if (tid + j * T < k) {
+            amax = fmaxf(amax, fabsf(__fmul_rn(w[j], __fmul_rn(v[j], inv))));
+            if (usable)
+                code[j] = coder.code(w[j], v[j]);
+        }
+        total += code[j];
+    }
+    block_max_sum(amax, total, red_f, red_i);
+
+    const bool exact = amax >= kQuantEps && usable;
+    float s;
+    if (exact) {
+        s = __fdiv_rn(127.0f, amax);
+    } else {
+        s = __fdiv_rn(127.0f, amax >= kQuantEps ? amax : kQuantEps);
+        total = 0;
+#pragma unroll
+        for (int j = 0; j < kPer; j++) {
+            code[j] = tid + j * T < k ? plain_code(w[j], v[j], inv, s) : 0;
+            total += code[j];
+        }
+        float unused = 0.0f;
+        block_max_sum(unused, total, red_f, red_i);
+    }
+
+    int8_t *out = a.q + row * a.ldq;
+#pragma unroll
+    for (int j = 0; j < kPer; j++) {
+        const int i = tid + j * T;
+        if (i < k)
+            out[i] = (int8_t)code[j];
+    }
+    for (int64_t i = k + tid; i < a.ldq; i += T)
+        out[i] = 0;
+    if (tid == 0) {
+        a.scale[row] = s;
+        a.sum[row] = total;
+    }
+}
+
+template <int kSrc, int kPer>
+cudaError_t launch_row_kernel(const NormQuantArgs &a, int64_t m, int threads, int pdl,
+                              cudaStream_t stream)
+{
+    return pdl_launch(norm_quantize_row_kernel<kSrc, kPer>, dim3((unsigned)m), dim3(threads), 0,
+                      stream, pdl, a);
+}
+
+template <int kSrc> cudaError_t launch_norm_quantize(const NormQuantArgs &a, int64_t m, int pdl,
                                                      cudaStream_t stream)
 {
     if (m < 0 || m > INT32_MAX || a.k <= 0 || a.ldq < a.k || !a.w || !a.q || !a.scale || !a.sum)
         return cudaErrorInvalidValue;
     if (m == 0)
         return cudaSuccess;
-    norm_quantize_kernel<kSrc><<<(unsigned)m, kNormThreads, 0, stream>>>(a);
-    return cudaGetLastError();
+    if (m <= kRowMaxM && a.k <= (int64_t)kRowThreads * kRowMaxPer) {
+        /* The fewest values per thread that fit 1024 threads, and just
+         * enough warps for the row (2560 values: 640 threads of 4). */
+        const int per = a.k <= kRowThreads ? 1 : a.k <= 2 * kRowThreads ? 2
+                        : a.k <= 4 * kRowThreads ? 4 : 8;
+        const int threads = (int)(((a.k + per - 1) / per + 31) / 32 * 32);
+        switch (per) {
+        case 1: return launch_row_kernel<kSrc, 1>(a, m, threads, pdl, stream);
+        case 2: return launch_row_kernel<kSrc, 2>(a, m, threads, pdl, stream);
+        case 4: return launch_row_kernel<kSrc, 4>(a, m, threads, pdl, stream);
+        default: return launch_row_kernel<kSrc, kRowMaxPer>(a, m, threads, pdl, stream);
+        }
+    }
+    return pdl_launch(norm_quantize_kernel<kSrc>, dim3((unsigned)m), dim3(kNormThreads), 0, stream,
+                      pdl, a);
 }
 
 /* x += r (when r), then y = w * (x * inv). */
@@ -232,7 +498,53 @@ __global__ void __launch_bounds__(kNormThreads)
         yr[i] = __fmul_rn(w[i], __fmul_rn(xr[i], inv));
 }
 
-/* ---- q, k, v epilogue --------------------------------------------------------------- */
+/* ---- RoPE and the q, k, v epilogue ----------------------------------------------------- */
+
+/* cos and sin of the CPU's angle, (float)pos * inv_freq in fp32, computed
+ * in double and rounded once to float (cosf/sinf of the same float). The
+ * table kernel and the on-the-fly fallback both call this, so a tabulated
+ * value is the computed one bit for bit. */
+__device__ __forceinline__ float2 rope_cos_sin(int pos, float inv_freq)
+{
+    const float angle = __fmul_rn((float)pos, inv_freq);
+    double sn, cs;
+    sincos((double)angle, &sn, &cs);
+    return make_float2(__double2float_rn(cs), __double2float_rn(sn));
+}
+
+__global__ void __launch_bounds__(256)
+    rope_table_kernel(bn_rope_freqs freqs, int64_t n_pos, float2 *__restrict__ table)
+{
+    const int half = freqs.rope_dim / 2;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n_pos * half)
+        table[i] = rope_cos_sin((int)(i / half), freqs.inv_freq[(int)(i % half)]);
+}
+
+/* Value d of one head after its scale and rotate-half RoPE, from the head's
+ * raw values: the CPU's fp32 operations (rope_heads in cpu_backend.c):
+ *
+ *   d < half:          x0 c - x1 s   with x0 = raw[d] sc,        x1 = raw[d + half] sc
+ *   half <= d < 2 half: x1 c + x0 s   with x0 = raw[d - half] sc, x1 = raw[d] sc
+ *   beyond:            raw[d] sc
+ *
+ * cs is the (cos, sin) of pair d mod half (ignored beyond 2 half). The raw
+ * values come from the previous kernel: read through L2 (see source_value). */
+__device__ __forceinline__ float rope_value(const float *head, int d, float sc, int half,
+                                            float2 cs)
+{
+    if (d < half) {
+        const float x0 = __fmul_rn(__ldcg(head + d), sc);
+        const float x1 = __fmul_rn(__ldcg(head + d + half), sc);
+        return __fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y));
+    }
+    if (d < 2 * half) {
+        const float x0 = __fmul_rn(__ldcg(head + d - half), sc);
+        const float x1 = __fmul_rn(__ldcg(head + d), sc);
+        return __fadd_rn(__fmul_rn(x1, cs.x), __fmul_rn(x0, cs.y));
+    }
+    return __fmul_rn(__ldcg(head + d), sc);
+}
 
 template <bool kHalf> __device__ __forceinline__ void store_kv(void *cache, int64_t i, float v)
 {
@@ -242,85 +554,64 @@ template <bool kHalf> __device__ __forceinline__ void store_kv(void *cache, int6
         static_cast<float *>(cache)[i] = v;
 }
 
-/* One block per token row: the row's cos/sin table, then every value of
- * q, k and v. A RoPE pair (j, j + half) is handled by the thread of j. */
+/* grid (m, ceil(values / 256)): one thread per value of q, k and v (a RoPE
+ * pair's two threads each read both raw values), so a single token spreads
+ * over many blocks. */
 template <bool kHalf>
 __global__ void __launch_bounds__(256)
-    qkv_post_kernel(const float *__restrict__ raw, int64_t ldraw, bn_cb_qkv_shape s,
-                    bn_rope_freqs freqs, const int32_t *__restrict__ pos, float *q_out,
-                    int64_t ldq, void *k_cache, void *v_cache)
+    qkv_post_kernel(const float *raw, int64_t ldraw, bn_cb_qkv_shape s, bn_rope_freqs freqs,
+                    const float2 *__restrict__ table, int64_t table_len, const int32_t *pos,
+                    float *q_out, int64_t ldq, void *k_cache, void *v_cache)
 {
-    __shared__ float table[BN_ROPE_MAX_DIM]; /* cos [0, half), sin [half, 2 half) */
+    pdl_trigger();
+    pdl_wait();
     const int64_t t = blockIdx.x;
-    const int p = pos[t];
-    const int half = freqs.rope_dim / 2;
-    for (int j = threadIdx.x; j < half; j += blockDim.x) {
-        /* The CPU's angle, (float)pos * inv_freq[j] in fp32; cos and sin in
-         * double, rounded once to float (cosf/sinf of the same float). */
-        const float angle = __fmul_rn((float)p, freqs.inv_freq[j]);
-        double sn, cs;
-        sincos((double)angle, &sn, &cs);
-        table[j] = __double2float_rn(cs);
-        table[half + j] = __double2float_rn(sn);
-    }
-    __syncthreads();
-
     const int hd = s.head_dim;
     const int64_t q_dim = (int64_t)s.n_heads * hd, kv_dim = (int64_t)s.n_kv_heads * hd;
-    const int64_t total = q_dim + 2 * kv_dim;
-    const bool store = p >= 0 && (int64_t)p < s.capacity;
-    const float *row = raw + t * ldraw;
-    float *qrow = q_out + t * ldq;
-    const int64_t cache_row = (int64_t)p * kv_dim;
-
-    for (int64_t idx = threadIdx.x; idx < total; idx += blockDim.x) {
-        int region; /* 0 q, 1 k, 2 v */
-        int64_t local;
-        if (idx < q_dim) {
-            region = 0;
-            local = idx;
-        } else if (idx < q_dim + kv_dim) {
-            region = 1;
-            local = idx - q_dim;
-        } else {
-            region = 2;
-            local = idx - q_dim - kv_dim;
-        }
-        const float sc = region == 0 ? s.scale_q : region == 1 ? s.scale_k : s.scale_v;
-        const int d = (int)(local % hd);
-        const int64_t head_base = local - d;
-        const float *src = row + (idx - local); /* start of the region */
-        if (region != 2 && d < freqs.rope_dim) {
-            if (d >= half)
-                continue; /* the partner (d - half) writes this one */
-            const float x0 = __fmul_rn(src[head_base + d], sc);
-            const float x1 = __fmul_rn(src[head_base + d + half], sc);
-            const float c = table[d], sn = table[half + d];
-            const float o0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
-            const float o1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, sn));
-            if (region == 0) {
-                qrow[head_base + d] = o0;
-                qrow[head_base + d + half] = o1;
-            } else if (store) {
-                store_kv<kHalf>(k_cache, cache_row + head_base + d, o0);
-                store_kv<kHalf>(k_cache, cache_row + head_base + d + half, o1);
-            }
-        } else {
-            const float v = __fmul_rn(src[local], sc);
-            if (region == 0)
-                qrow[local] = v;
-            else if (store)
-                store_kv<kHalf>(region == 1 ? k_cache : v_cache, cache_row + local, v);
-        }
+    const int64_t idx = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (idx >= q_dim + 2 * kv_dim)
+        return;
+    const int p = __ldcg(pos + t);
+    const int half = freqs.rope_dim / 2;
+    int region; /* 0 q, 1 k, 2 v */
+    int64_t local;
+    if (idx < q_dim) {
+        region = 0;
+        local = idx;
+    } else if (idx < q_dim + kv_dim) {
+        region = 1;
+        local = idx - q_dim;
+    } else {
+        region = 2;
+        local = idx - q_dim - kv_dim;
+    }
+    const float sc = region == 0 ? s.scale_q : region == 1 ? s.scale_k : s.scale_v;
+    const int d = (int)(local % hd);
+    const float *head = raw + t * ldraw + (idx - local) + (local - d);
+    float v;
+    if (region != 2 && d < 2 * half) {
+        const int j = d < half ? d : d - half;
+        const float2 cs = p >= 0 && (int64_t)p < table_len ? table[(int64_t)p * half + j]
+                                                          : rope_cos_sin(p, freqs.inv_freq[j]);
+        v = rope_value(head, d, sc, half, cs);
+    } else {
+        v = __fmul_rn(__ldcg(head + d), sc);
+    }
+    if (region == 0) {
+        q_out[t * ldq + local] = v;
+    } else if (p >= 0 && (int64_t)p < s.capacity) {
+        store_kv<kHalf>(region == 1 ? k_cache : v_cache, (int64_t)p * kv_dim + local, v);
     }
 }
 
 /* ---- attention over an fp32 cache ------------------------------------------------- */
 
 constexpr int kAttnWarps = 4;
-constexpr int kMinRange = 32;
-constexpr int kMaxSplits = 64;
 constexpr int kMaxChunks = 2; /* float4 chunks per lane: head_dim <= 256 */
+constexpr int kDecPos = 8;    /* decode: positions per warp per tile      */
+constexpr int kDecTile = kAttnWarps * kDecPos;
+constexpr int kMinRange = kDecTile;
+constexpr int kMaxSplits = 64;
 
 __device__ __forceinline__ float4 f4_scale(float4 a, float c)
 {
@@ -341,136 +632,278 @@ __device__ __forceinline__ float f4_dot(float4 a, float4 b, float acc)
     return fmaf(a.w, b.w, acc);
 }
 
-/* The range of positions of split `split` for a length len. */
-__device__ __forceinline__ void split_range(int len, int splits, int split, int *begin, int *end)
+/* Positions per range for a length len cut into `splits` ranges. */
+__host__ __device__ __forceinline__ int split_chunk(int len, int splits)
 {
-    int chunk = (len + splits - 1) / splits;
-    chunk = chunk < kMinRange ? kMinRange : chunk;
-    const int64_t b = (int64_t)split * chunk;
-    *begin = b < len ? (int)b : len;
-    *end = (int64_t)*begin + chunk < len ? *begin + chunk : len;
+    const int chunk = (len + splits - 1) / splits;
+    return chunk < kMinRange ? kMinRange : chunk;
 }
 
-/* grid (n_heads, splits), kAttnWarps warps. Each warp walks the positions
- * begin + warp, + kAttnWarps, ... with its own online softmax; the warps
- * then merge in shared memory and the block writes (max, sum, acc) of its
- * range to the workspace. Lane l owns the float4 chunks l and l + 32 of the
- * head. */
-__global__ void __launch_bounds__(32 * kAttnWarps)
-    attn_decode_kernel(bn_cb_attn_shape s, const float *__restrict__ q,
-                       const float *__restrict__ kc, const float *__restrict__ vc,
-                       const int32_t *__restrict__ kv_len, int splits, float scale,
-                       float *__restrict__ ws_ml, float *__restrict__ ws_acc)
+/* Values 4 ch .. 4 ch + 3 of a head after scale and RoPE (rope_value); cs is
+ * the position's (cos, sin) table row. */
+__device__ __forceinline__ float4 rope_chunk(const float *head, int ch, float sc, int half,
+                                             const float2 *cs)
+{
+    float r[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const int d = 4 * ch + e;
+        const float2 c = d < 2 * half ? cs[d < half ? d : d - half] : make_float2(0.0f, 0.0f);
+        r[e] = rope_value(head, d, sc, half, c);
+    }
+    return make_float4(r[0], r[1], r[2], r[3]);
+}
+
+struct DecodeArgs {
+    bn_cb_attn_shape s;
+    const float *qkv;
+    float sq, sk, sv;
+    const float2 *rope;
+    int half;
+    const int32_t *pos;
+    float *kc, *vc;
+    int splits;
+    float scale;
+    float *ws_acc, *ws_ml;
+    unsigned *counters;
+    float *out;
+};
+
+/* Cache rows t0 + warp * kDecPos + i (i < kDecPos) of kv head `head_off`
+ * into registers, lane l holding float4 chunks l and l + 32: rows at or past
+ * `stop` (the range's end, or the token's own position, which is not in the
+ * cache yet) read as zeros. */
+template <int KC>
+__device__ __forceinline__ void load_rows(float4 (&kr)[kDecPos][KC], float4 (&vr)[kDecPos][KC],
+                                          const DecodeArgs &a, int t0, int stop, int64_t head_off)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nc = a.s.head_dim / 4;
+    const int64_t kv_dim = (int64_t)a.s.n_kv_heads * a.s.head_dim;
+#pragma unroll
+    for (int i = 0; i < kDecPos; i++) {
+        const int t = t0 + warp * kDecPos + i;
+#pragma unroll
+        for (int c = 0; c < KC; c++) {
+            const int ch = lane + 32 * c;
+            kr[i][c] = make_float4(0.f, 0.f, 0.f, 0.f);
+            vr[i][c] = kr[i][c];
+            if (t < stop && ch < nc) {
+                const int64_t off = (int64_t)t * kv_dim + head_off;
+                kr[i][c] = __ldg(reinterpret_cast<const float4 *>(a.kc + off) + ch);
+                vr[i][c] = __ldg(reinterpret_cast<const float4 *>(a.vc + off) + ch);
+            }
+        }
+    }
+}
+
+/* Decode, grid (n_heads, splits), kAttnWarps warps: block (h, split) takes
+ * query head h over its range of positions in tiles of kDecTile, warp w
+ * the tile's positions w * kDecPos .. + kDecPos - 1, all loaded at once.
+ *
+ *   1. Before waiting for the q|k|v product (pdl.cuh): the range's first
+ *      tile of cached rows (earlier tokens: final since the last step).
+ *   2. q of head h (scale + RoPE) from the raw product; the warp holding
+ *      the token's own position computes its k and v the same way
+ *      (bit-identical to bn_cb_qkv_post) and uses them from registers; the
+ *      group's first query head stores them to the cache.
+ *   3. Per warp and tile: scores (lane-partial dots, butterfly sums),
+ *      softmax update, p . V; the warps merge in shared memory and the block
+ *      writes (max, sum, acc) of its range to the workspace.
+ *   4. The block that completes a head's last range (a counter per head)
+ *      merges the ranges into out, in range order, and resets the counter.
+ *
+ * Ranges past the length (short contexts) have nothing to do; range 0
+ * always takes part, so a head is merged (to zeros) even at length 0. */
+template <int KC>
+__global__ void __launch_bounds__(32 * kAttnWarps) attn_decode_kernel(DecodeArgs a)
 {
     __shared__ float sm_m[kAttnWarps], sm_l[kAttnWarps];
-    __shared__ float4 sm_acc[kAttnWarps][64];
+    __shared__ float4 sm_acc[kAttnWarps][32 * KC];
+    __shared__ float sm_wm[kMaxSplits], sm_wl[kMaxSplits];
+    __shared__ bool sm_last;
     const int h = blockIdx.x, split = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int hd = s.head_dim, nc = hd / 4;
-    const int group = s.n_heads / s.n_kv_heads;
-    const int64_t kv_dim = (int64_t)s.n_kv_heads * hd;
+    const int hd = a.s.head_dim, nc = hd / 4;
+    const int group = a.s.n_heads / a.s.n_kv_heads;
+    const int64_t q_dim = (int64_t)a.s.n_heads * hd, kv_dim = (int64_t)a.s.n_kv_heads * hd;
     const int64_t head_off = (int64_t)(h / group) * hd;
-    int len = *kv_len;
-    len = len < 0 ? 0 : (int64_t)len > s.capacity ? (int)s.capacity : len;
-    int begin, end;
-    split_range(len, splits, split, &begin, &end);
 
-    float4 qv[kMaxChunks], acc[kMaxChunks];
+    /* The position is one of the step's inputs, uploaded before the step's
+     * first kernel (which is launched without programmatic serialization),
+     * so it is final before the wait (read through L2 all the same). */
+    const int p = __ldcg(a.pos);
+    const int len = p >= 0 && (int64_t)p < a.s.capacity ? p + 1 : 0;
+    const int chunk = split_chunk(len, a.splits);
+    const int active = len > 0 ? (len + chunk - 1) / chunk : 1;
+    const int begin = (int)min((int64_t)split * chunk, (int64_t)len);
+    const int end = (int)min((int64_t)begin + chunk, (int64_t)len);
+
+    float4 kr[kDecPos][KC], vr[kDecPos][KC];
+    if (split < active)
+        load_rows<KC>(kr, vr, a, begin, p < end ? p : end, head_off);
+    pdl_trigger();
+    pdl_wait();
+    if (split >= active)
+        return;
+
+    /* (At length 0 there is no valid position, no table row and no tile.) */
+    const float2 *cs = a.half > 0 && len > 0 ? a.rope + (int64_t)p * a.half : nullptr;
+    float4 qv[KC], acc[KC];
 #pragma unroll
-    for (int c = 0; c < kMaxChunks; c++) {
+    for (int c = 0; c < KC; c++) {
         const int ch = lane + 32 * c;
-        qv[c] = ch < nc ? reinterpret_cast<const float4 *>(q + (int64_t)h * hd)[ch]
-                        : make_float4(0.f, 0.f, 0.f, 0.f);
+        qv[c] = ch < nc && len > 0 ? rope_chunk(a.qkv + (int64_t)h * hd, ch, a.sq, a.half, cs)
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
         acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
     float m = -INFINITY, l = 0.0f;
-    for (int t = begin + warp; t < end; t += kAttnWarps) {
-        const float4 *krow = reinterpret_cast<const float4 *>(kc + (int64_t)t * kv_dim + head_off);
-        const float4 *vrow = reinterpret_cast<const float4 *>(vc + (int64_t)t * kv_dim + head_off);
-        float4 kv[kMaxChunks], vv[kMaxChunks];
-        float part = 0.0f;
+    for (int t0 = begin; t0 < end; t0 += kDecTile) {
+        if (t0 != begin)
+            load_rows<KC>(kr, vr, a, t0, p < end ? p : end, head_off);
+        const int tw = t0 + warp * kDecPos; /* this warp's first position */
+        if (p >= tw && p < tw + kDecPos && p < end) {
+            /* The token itself: k and v from the product. */
+            const float *kraw = a.qkv + q_dim + head_off;
+            const float *vraw = a.qkv + q_dim + kv_dim + head_off;
+            float4 kn[KC], vn[KC];
 #pragma unroll
-        for (int c = 0; c < kMaxChunks; c++) {
-            const int ch = lane + 32 * c;
-            kv[c] = ch < nc ? krow[ch] : make_float4(0.f, 0.f, 0.f, 0.f);
-            vv[c] = ch < nc ? vrow[ch] : make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int c = 0; c < KC; c++) {
+                const int ch = lane + 32 * c;
+                kn[c] = vn[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (ch < nc) {
+                    kn[c] = rope_chunk(kraw, ch, a.sk, a.half, cs);
+                    const float4 r = __ldcg(reinterpret_cast<const float4 *>(vraw) + ch);
+                    vn[c] = make_float4(__fmul_rn(r.x, a.sv), __fmul_rn(r.y, a.sv),
+                                        __fmul_rn(r.z, a.sv), __fmul_rn(r.w, a.sv));
+                    if (h % group == 0) {
+                        const int64_t off = (int64_t)p * kv_dim + head_off;
+                        reinterpret_cast<float4 *>(a.kc + off)[ch] = kn[c];
+                        reinterpret_cast<float4 *>(a.vc + off)[ch] = vn[c];
+                    }
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < kDecPos; i++)
+                if (tw + i == p)
+#pragma unroll
+                    for (int c = 0; c < KC; c++) {
+                        kr[i][c] = kn[c];
+                        vr[i][c] = vn[c];
+                    }
         }
+        float score[kDecPos];
+        float mt = -INFINITY;
 #pragma unroll
-        for (int c = 0; c < kMaxChunks; c++)
-            part = f4_dot(qv[c], kv[c], part);
-        const float score = warp_reduce(part, SumF()) * scale;
-        const float m_new = fmaxf(m, score);
-        const float corr = expf(m - m_new); /* m == -inf: 0 */
-        const float p = expf(score - m_new);
-        l = fmaf(l, corr, p);
+        for (int i = 0; i < kDecPos; i++) {
+            float part = 0.0f;
 #pragma unroll
-        for (int c = 0; c < kMaxChunks; c++)
-            acc[c] = f4_axpy(p, vv[c], f4_scale(acc[c], corr));
-        m = m_new;
+            for (int c = 0; c < KC; c++)
+                part = f4_dot(qv[c], kr[i][c], part);
+            /* Every lane takes part in the sum; rows past the end score
+             * -inf (weight 0). */
+            const float sc = __fmul_rn(warp_reduce(part, SumF()), a.scale);
+            score[i] = tw + i < end ? sc : -INFINITY;
+            mt = fmaxf(mt, score[i]);
+        }
+        if (mt != -INFINITY) { /* warp-uniform: the warp has positions */
+            const float m_new = fmaxf(m, mt);
+            const float corr = expf(m - m_new); /* m == -inf: 0 */
+            l *= corr;
+#pragma unroll
+            for (int c = 0; c < KC; c++)
+                acc[c] = f4_scale(acc[c], corr);
+#pragma unroll
+            for (int i = 0; i < kDecPos; i++) {
+                const float pi = expf(score[i] - m_new);
+                l += pi;
+#pragma unroll
+                for (int c = 0; c < KC; c++)
+                    acc[c] = f4_axpy(pi, vr[i][c], acc[c]);
+            }
+            m = m_new;
+        }
     }
+
+    /* The warps' (max, sum, acc) into one for the range. */
     if (lane == 0) {
         sm_m[warp] = m;
         sm_l[warp] = l;
     }
 #pragma unroll
-    for (int c = 0; c < kMaxChunks; c++)
+    for (int c = 0; c < KC; c++)
         if (lane + 32 * c < nc)
             sm_acc[warp][lane + 32 * c] = acc[c];
     __syncthreads();
-
     float mx = -INFINITY;
     for (int w = 0; w < kAttnWarps; w++)
         mx = fmaxf(mx, sm_m[w]);
-    const int64_t slot = (int64_t)h * splits + split;
+    const int64_t slot = (int64_t)h * a.splits + split;
     if (threadIdx.x == 0) {
         float total = 0.0f;
         if (mx != -INFINITY)
             for (int w = 0; w < kAttnWarps; w++)
                 total += sm_l[w] * expf(sm_m[w] - mx);
-        ws_ml[2 * slot] = mx;
-        ws_ml[2 * slot + 1] = total;
+        a.ws_ml[2 * slot] = mx;
+        a.ws_ml[2 * slot + 1] = total;
     }
     for (int ch = threadIdx.x; ch < nc; ch += blockDim.x) {
-        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
         if (mx != -INFINITY)
             for (int w = 0; w < kAttnWarps; w++)
-                a = f4_axpy(expf(sm_m[w] - mx), sm_acc[w][ch], a);
-        reinterpret_cast<float4 *>(ws_acc + slot * hd)[ch] = a;
+                r = f4_axpy(expf(sm_m[w] - mx), sm_acc[w][ch], r);
+        reinterpret_cast<float4 *>(a.ws_acc + slot * hd)[ch] = r;
+    }
+
+    /* Last block of head h? (The fence makes this block's workspace writes
+     * visible before its ticket; the last block's fence orders its reads
+     * after every ticket.) */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        sm_last = atomicAdd(&a.counters[h], 1u) == (unsigned)active - 1;
+    __syncthreads();
+    if (!sm_last)
+        return;
+    __threadfence();
+    if (threadIdx.x == 0)
+        a.counters[h] = 0; /* every range has counted: ready for the next launch */
+
+    /* Merge the ranges in order: the weights of a range are exp(m_s - M)
+     * over the ranges that saw any position (sum > 0). */
+    const float *ml = a.ws_ml + 2 * (int64_t)h * a.splits;
+    for (int sp = threadIdx.x; sp < active; sp += blockDim.x) {
+        sm_wm[sp] = __ldcg(ml + 2 * sp);
+        sm_wl[sp] = __ldcg(ml + 2 * sp + 1);
+    }
+    __syncthreads();
+    float big = -INFINITY;
+    for (int sp = 0; sp < active; sp++)
+        if (sm_wl[sp] > 0.0f)
+            big = fmaxf(big, sm_wm[sp]);
+    float total = 0.0f;
+    if (big != -INFINITY)
+        for (int sp = 0; sp < active; sp++)
+            if (sm_wl[sp] > 0.0f)
+                total += sm_wl[sp] * expf(sm_wm[sp] - big);
+    __syncthreads(); /* every thread has read sm_wm before it is overwritten */
+    for (int sp = threadIdx.x; sp < active; sp += blockDim.x)
+        sm_wm[sp] = sm_wl[sp] > 0.0f && big != -INFINITY ? expf(sm_wm[sp] - big) : 0.0f;
+    __syncthreads();
+    const float *wacc = a.ws_acc + (int64_t)h * a.splits * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float r = 0.0f;
+        if (total > 0.0f) {
+#pragma unroll 8
+            for (int sp = 0; sp < active; sp++)
+                if (sm_wl[sp] > 0.0f)
+                    r = fmaf(sm_wm[sp], __ldcg(wacc + (int64_t)sp * hd + d), r);
+            r = r / total;
+        }
+        a.out[(int64_t)h * hd + d] = r;
     }
 }
 
-/* One block per head: merges the ranges. */
-__global__ void __launch_bounds__(128)
-    attn_combine_kernel(int hd, int splits, const float *__restrict__ ws_ml,
-                        const float *__restrict__ ws_acc, float *__restrict__ out)
-{
-    const int h = blockIdx.x;
-    float mx = -INFINITY;
-    for (int sp = 0; sp < splits; sp++) {
-        const int64_t slot = (int64_t)h * splits + sp;
-        if (ws_ml[2 * slot + 1] > 0.0f)
-            mx = fmaxf(mx, ws_ml[2 * slot]);
-    }
-    float total = 0.0f;
-    if (mx != -INFINITY)
-        for (int sp = 0; sp < splits; sp++) {
-            const int64_t slot = (int64_t)h * splits + sp;
-            if (ws_ml[2 * slot + 1] > 0.0f)
-                total += ws_ml[2 * slot + 1] * expf(ws_ml[2 * slot] - mx);
-        }
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float a = 0.0f;
-        if (total > 0.0f) {
-            for (int sp = 0; sp < splits; sp++) {
-                const int64_t slot = (int64_t)h * splits + sp;
-                if (ws_ml[2 * slot + 1] > 0.0f)
-                    a = fmaf(expf(ws_ml[2 * slot] - mx), ws_acc[slot * hd + d], a);
-            }
-            a = a / total;
-        }
-        out[(int64_t)h * hd + d] = a;
-    }
-}
 
 /* Prefill: grid (ceil(n / 16), n_heads), kAttnWarps warps, each warp owning
  * 4 query rows. Keys and values go through shared memory in tiles of 32
@@ -740,9 +1173,23 @@ template <int kType> cudaError_t set_head_smem(int64_t dim)
 
 /* ---- launchers ------------------------------------------------------------------------ */
 
+extern "C" int bn_cb_pdl_supported(int device)
+{
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    /* Every kernel launched with the attribute must contain the wait; one
+     * kernel per file stands for its file (all are compiled alike). */
+    return major >= 9 && pdl_compiled(norm_quantize_row_kernel<kSrcAdd, 4>) &&
+           pdl_compiled(attn_decode_kernel<1>) && bn_w2a8_cuda_gemv_pdl_compiled();
+}
+
 extern "C" cudaError_t bn_cb_norm_quantize(const float *x, int64_t ldx, int64_t m, int64_t k,
                                            const float *w, float eps, int8_t *q, int64_t ldq,
-                                           float *scale, int32_t *sum, cudaStream_t stream)
+                                           float *scale, int32_t *sum, int pdl,
+                                           cudaStream_t stream)
 {
     if (!x || ldx < k)
         return cudaErrorInvalidValue;
@@ -756,13 +1203,13 @@ extern "C" cudaError_t bn_cb_norm_quantize(const float *x, int64_t ldx, int64_t 
     a.ldq = ldq;
     a.scale = scale;
     a.sum = sum;
-    return launch_norm_quantize<kSrcPlain>(a, m, stream);
+    return launch_norm_quantize<kSrcPlain>(a, m, pdl, stream);
 }
 
 extern "C" cudaError_t bn_cb_add_norm_quantize(float *x, int64_t ldx, const float *r, int64_t ldr,
                                                int64_t m, int64_t k, const float *w, float eps,
                                                int8_t *q, int64_t ldq, float *scale, int32_t *sum,
-                                               cudaStream_t stream)
+                                               int pdl, cudaStream_t stream)
 {
     if (!x || !r || ldx < k || ldr < k)
         return cudaErrorInvalidValue;
@@ -778,13 +1225,13 @@ extern "C" cudaError_t bn_cb_add_norm_quantize(float *x, int64_t ldx, const floa
     a.ldq = ldq;
     a.scale = scale;
     a.sum = sum;
-    return launch_norm_quantize<kSrcAdd>(a, m, stream);
+    return launch_norm_quantize<kSrcAdd>(a, m, pdl, stream);
 }
 
 extern "C" cudaError_t bn_cb_relu2_norm_quantize(const float *g, const float *u, int64_t ldgu,
                                                  float sg, float su, int64_t m, int64_t k,
                                                  const float *w, float eps, int8_t *q,
-                                                 int64_t ldq, float *scale, int32_t *sum,
+                                                 int64_t ldq, float *scale, int32_t *sum, int pdl,
                                                  cudaStream_t stream)
 {
     if (!g || !u || ldgu < k)
@@ -802,7 +1249,7 @@ extern "C" cudaError_t bn_cb_relu2_norm_quantize(const float *g, const float *u,
     a.ldq = ldq;
     a.scale = scale;
     a.sum = sum;
-    return launch_norm_quantize<kSrcRelu2>(a, m, stream);
+    return launch_norm_quantize<kSrcRelu2>(a, m, pdl, stream);
 }
 
 extern "C" cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr,
@@ -819,28 +1266,45 @@ extern "C" cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, 
     return cudaGetLastError();
 }
 
+extern "C" cudaError_t bn_cb_rope_table(const bn_rope_freqs *freqs, int64_t n_pos, float *table,
+                                        cudaStream_t stream)
+{
+    if (!freqs || !table || n_pos < 0 || n_pos > INT32_MAX || freqs->rope_dim < 2 ||
+        freqs->rope_dim % 2 != 0 || freqs->rope_dim > BN_ROPE_MAX_DIM)
+        return cudaErrorInvalidValue;
+    const int64_t total = n_pos * (freqs->rope_dim / 2);
+    if (total == 0)
+        return cudaSuccess;
+    rope_table_kernel<<<(unsigned)((total + 255) / 256), 256, 0, stream>>>(
+        *freqs, n_pos, reinterpret_cast<float2 *>(table));
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t bn_cb_qkv_post(const float *raw, int64_t ldraw, int64_t m,
                                       const bn_cb_qkv_shape *s, const bn_rope_freqs *freqs,
-                                      const int32_t *pos, float *q_out, int64_t ldq,
-                                      void *k_cache, void *v_cache, int kv_f16,
-                                      cudaStream_t stream)
+                                      const float *table, int64_t table_len, const int32_t *pos,
+                                      float *q_out, int64_t ldq, void *k_cache, void *v_cache,
+                                      int kv_f16, int pdl, cudaStream_t stream)
 {
     if (!raw || !s || !freqs || !pos || !q_out || !k_cache || !v_cache || m < 0 ||
         m > INT32_MAX || s->head_dim <= 0 || s->n_heads <= 0 || s->n_kv_heads <= 0 ||
         freqs->rope_dim < 0 || freqs->rope_dim % 2 != 0 || freqs->rope_dim > s->head_dim ||
-        freqs->rope_dim > BN_ROPE_MAX_DIM ||
+        freqs->rope_dim > BN_ROPE_MAX_DIM || table_len < 0 || (table_len > 0 && !table) ||
         ldraw < (int64_t)(s->n_heads + 2 * s->n_kv_heads) * s->head_dim ||
         ldq < (int64_t)s->n_heads * s->head_dim)
         return cudaErrorInvalidValue;
     if (m == 0)
         return cudaSuccess;
+    const int64_t values = (int64_t)(s->n_heads + 2 * s->n_kv_heads) * s->head_dim;
+    if ((values + 255) / 256 > 65535)
+        return cudaErrorInvalidValue;
+    const dim3 grid((unsigned)m, (unsigned)((values + 255) / 256));
+    const float2 *t = reinterpret_cast<const float2 *>(table);
     if (kv_f16)
-        qkv_post_kernel<true><<<(unsigned)m, 256, 0, stream>>>(raw, ldraw, *s, *freqs, pos, q_out,
-                                                               ldq, k_cache, v_cache);
-    else
-        qkv_post_kernel<false><<<(unsigned)m, 256, 0, stream>>>(raw, ldraw, *s, *freqs, pos,
-                                                                q_out, ldq, k_cache, v_cache);
-    return cudaGetLastError();
+        return pdl_launch(qkv_post_kernel<true>, grid, dim3(256), 0, stream, pdl, raw, ldraw, *s,
+                          *freqs, t, table_len, pos, q_out, ldq, k_cache, v_cache);
+    return pdl_launch(qkv_post_kernel<false>, grid, dim3(256), 0, stream, pdl, raw, ldraw, *s,
+                      *freqs, t, table_len, pos, q_out, ldq, k_cache, v_cache);
 }
 
 static bool attn_shape_ok(const bn_cb_attn_shape *s)
@@ -852,9 +1316,10 @@ static bool attn_shape_ok(const bn_cb_attn_shape *s)
 
 extern "C" int bn_cb_attn_decode_splits(int64_t capacity)
 {
-    /* About 64 positions per range at the full length; at shorter lengths
-     * the ranges keep at least kMinRange positions and the rest stay empty. */
-    int64_t splits = (capacity + 63) / 64;
+    /* One tile (32 positions) per range at the full length, as many ranges
+     * as that takes up to kMaxSplits; at shorter lengths the ranges keep at
+     * least kMinRange positions and the rest stay empty. */
+    const int64_t splits = (capacity + kMinRange - 1) / kMinRange;
     return (int)(splits < 1 ? 1 : splits > kMaxSplits ? kMaxSplits : splits);
 }
 
@@ -865,26 +1330,39 @@ extern "C" size_t bn_cb_attn_decode_workspace_bytes(const bn_cb_attn_shape *s, i
     return sizeof(float) * (size_t)s->n_heads * (size_t)splits * (2 + (size_t)s->head_dim);
 }
 
-extern "C" cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s, const float *q,
-                                         const float *k_cache, const float *v_cache,
-                                         const int32_t *kv_len, int splits, float *workspace,
-                                         float *out, cudaStream_t stream)
+extern "C" cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s,
+                                         const bn_cb_attn_decode_args *a, int pdl,
+                                         cudaStream_t stream)
 {
-    if (!attn_shape_ok(s) || !q || !k_cache || !v_cache || !kv_len || !workspace || !out ||
-        splits < 1 || splits > kMaxSplits || s->n_heads > 65535)
+    if (!attn_shape_ok(s) || !a || !a->qkv || !a->pos || !a->k_cache || !a->v_cache ||
+        !a->workspace || !a->counters || !a->out || a->splits < 1 || a->splits > kMaxSplits ||
+        a->rope_dim < 0 || a->rope_dim % 2 != 0 || a->rope_dim > s->head_dim ||
+        (a->rope_dim > 0 && !a->rope) || ((uintptr_t)a->qkv & 15) != 0 ||
+        ((uintptr_t)a->k_cache & 15) != 0 || ((uintptr_t)a->v_cache & 15) != 0 ||
+        ((uintptr_t)a->workspace & 15) != 0)
         return cudaErrorInvalidValue;
-    const float scale = (float)(1.0 / sqrt((double)s->head_dim));
+    DecodeArgs d;
+    d.s = *s;
+    d.qkv = a->qkv;
+    d.sq = a->scale_q;
+    d.sk = a->scale_k;
+    d.sv = a->scale_v;
+    d.rope = reinterpret_cast<const float2 *>(a->rope);
+    d.half = a->rope_dim / 2;
+    d.pos = a->pos;
+    d.kc = a->k_cache;
+    d.vc = a->v_cache;
+    d.splits = a->splits;
+    d.scale = (float)(1.0 / sqrt((double)s->head_dim));
     /* Accumulators first: every slot's float4 row stays 16-byte aligned. */
-    float *ws_acc = workspace;
-    float *ws_ml = workspace + (size_t)s->n_heads * (size_t)splits * (size_t)s->head_dim;
-    attn_decode_kernel<<<dim3((unsigned)s->n_heads, (unsigned)splits), 32 * kAttnWarps, 0,
-                         stream>>>(*s, q, k_cache, v_cache, kv_len, splits, scale, ws_ml, ws_acc);
-    cudaError_t rc = cudaGetLastError();
-    if (rc != cudaSuccess)
-        return rc;
-    attn_combine_kernel<<<(unsigned)s->n_heads, 128, 0, stream>>>(s->head_dim, splits, ws_ml,
-                                                                  ws_acc, out);
-    return cudaGetLastError();
+    d.ws_acc = a->workspace;
+    d.ws_ml = a->workspace + (size_t)s->n_heads * (size_t)a->splits * (size_t)s->head_dim;
+    d.counters = a->counters;
+    d.out = a->out;
+    const dim3 grid((unsigned)s->n_heads, (unsigned)a->splits);
+    if (s->head_dim <= 32 * 4)
+        return pdl_launch(attn_decode_kernel<1>, grid, dim3(32 * kAttnWarps), 0, stream, pdl, d);
+    return pdl_launch(attn_decode_kernel<2>, grid, dim3(32 * kAttnWarps), 0, stream, pdl, d);
 }
 
 extern "C" cudaError_t bn_cb_attn_prefill_prepare(int head_dim)

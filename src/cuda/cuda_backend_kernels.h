@@ -6,19 +6,26 @@
  * KV cache with its attention, and an LM head that keeps x in fp32.
  *
  * All pointers are device pointers; launches are asynchronous on `stream`
- * and return cudaGetLastError() (cudaSuccess when queued), or
+ * and return the launch's error (cudaSuccess when queued), or
  * cudaErrorInvalidValue for arguments the kernels cannot honour. Strides
- * (ld*) count elements.
+ * (ld*) count elements. Launchers with a `pdl` argument launch with
+ * programmatic stream serialization when it is non-zero (src/cuda/pdl.cuh:
+ * the kernel may start while the previous one runs and waits for it before
+ * touching its results); only where bn_cb_pdl_supported() says so.
  *
  * Numerical contract against the CPU backend:
  *
  *   int8 codes        bit-identical: code_i = rint(127 * (w_i x_i) / max|w x|)
- *                     evaluated in double, where every product of two floats
- *                     is exact and the maximum does not depend on order, so
- *                     the codes are what exact arithmetic gives - the CPU's
- *                     rule (norm_quantize_row). Rows whose normed maximum is
- *                     below 1e-5 or not finite take the plain fp32 rule, as
- *                     on the CPU.
+ *                     as evaluated in double, where every product of two
+ *                     floats is exact and the maximum does not depend on
+ *                     order, so the codes are what exact arithmetic gives -
+ *                     the CPU's rule (norm_quantize_row). An fp32 estimate
+ *                     decides every code that is not within 2^-12 of a
+ *                     rounding boundary (its error is below 3.1e-5, so it
+ *                     cannot decide otherwise: the proof is at exact_code in
+ *                     the .cu); the others take the double division. Rows
+ *                     whose normed maximum is below 1e-5 or not finite take
+ *                     the plain fp32 rule, as on the CPU.
  *   scales            127 / max|w * (x * inv)| in fp32 with inv =
  *                     1 / sqrtf((float)(sum x^2 / n) + eps) and the sum of
  *                     squares in double. Each square is exact in double;
@@ -28,7 +35,8 @@
  *   residual, gate    bit-identical ((g * g) * u, x + r as single fp32 ops).
  *   RoPE              cos and sin of the fp32 angle (float)pos * inv_freq[j]
  *                     in double, rounded to float: equal to glibc's cosf/sinf
- *                     except where those are off by an ulp.
+ *                     except where those are off by an ulp. Tabulated once
+ *                     per position (bn_cb_rope_table) by the same code.
  *   attention (f32)   fp32 throughout, in a different summation order:
  *                     relative differences of a few 1e-7.
  *   LM head           fp32 x times F16/BF16/F32 rows, fp32 accumulation in
@@ -46,22 +54,29 @@
 extern "C" {
 #endif
 
+/* Whether the decode kernels can run with programmatic dependent launch on
+ * this device: compute capability 9.0 or newer and the kernels (these and
+ * the W2A8 GEMV) compiled with the instructions it needs (PTX 9.0+). */
+int bn_cb_pdl_supported(int device);
+
 /* ---- RMSNorm + int8 quantization, three row sources --------------------------
  *
  * Every variant writes, per row r < m: q[r * ldq + i] for i < ldq (zeros from
  * k to ldq), scale[r] = the activation scale and sum[r] = sum of the codes.
- * One block per row. */
+ * One block per row: rows up to 8192 values are held in registers (up to
+ * 1024 threads, one pass over memory), longer ones are streamed. */
 
 /* v = x. */
 cudaError_t bn_cb_norm_quantize(const float *x, int64_t ldx, int64_t m, int64_t k,
                                 const float *w, float eps, int8_t *q, int64_t ldq, float *scale,
-                                int32_t *sum, cudaStream_t stream);
+                                int32_t *sum, int pdl, cudaStream_t stream);
 
 /* x += r first (written back to x), then v = x: the residual add fused with
  * the next norm. */
 cudaError_t bn_cb_add_norm_quantize(float *x, int64_t ldx, const float *r, int64_t ldr,
                                     int64_t m, int64_t k, const float *w, float eps, int8_t *q,
-                                    int64_t ldq, float *scale, int32_t *sum, cudaStream_t stream);
+                                    int64_t ldq, float *scale, int32_t *sum, int pdl,
+                                    cudaStream_t stream);
 
 /* v = relu(g * sg)^2 * (u * su): the raw gate and up products (computed with
  * weight scale 1, i.e. acc / act_scale) scaled here, as the CPU's epilogue
@@ -69,7 +84,7 @@ cudaError_t bn_cb_add_norm_quantize(float *x, int64_t ldx, const float *r, int64
  * quantization. g and u rows are ldgu apart. */
 cudaError_t bn_cb_relu2_norm_quantize(const float *g, const float *u, int64_t ldgu, float sg,
                                       float su, int64_t m, int64_t k, const float *w, float eps,
-                                      int8_t *q, int64_t ldq, float *scale, int32_t *sum,
+                                      int8_t *q, int64_t ldq, float *scale, int32_t *sum, int pdl,
                                       cudaStream_t stream);
 
 /* x += r (r may be NULL: no add), then y = w * (x * inv) with the CPU's
@@ -77,6 +92,15 @@ cudaError_t bn_cb_relu2_norm_quantize(const float *g, const float *u, int64_t ld
 cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr, int64_t m,
                               int64_t k, const float *w, float eps, float *y, int64_t ldy,
                               cudaStream_t stream);
+
+/* ---- RoPE table --------------------------------------------------------------------
+ *
+ * table[p][j] = (cos, sin) of the angle (float)p * inv_freq[j] for p < n_pos,
+ * j < rope_dim / 2, as interleaved floats ([n_pos][rope_dim / 2][2]): what the
+ * q|k|v kernels below would compute for position p, bit for bit (the same
+ * device code), computed once at load instead of in every layer. */
+cudaError_t bn_cb_rope_table(const bn_rope_freqs *freqs, int64_t n_pos, float *table,
+                             cudaStream_t stream);
 
 /* ---- q, k, v: scale, RoPE, KV cache ---------------------------------------------
  *
@@ -86,7 +110,9 @@ cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr
  * first rope_dim values of each head), v = raw_v * sv. q goes to
  * q_out[t * ldq ...]; k and v to position pos[t] of the layer's cache
  * ([capacity][n_kv*hd], fp32 when kv_f16 == 0, else IEEE half rounded to
- * nearest even), skipped when the position is outside [0, capacity). */
+ * nearest even), skipped when the position is outside [0, capacity). cos and
+ * sin come from `table` (bn_cb_rope_table, table_len positions; may be NULL
+ * with table_len 0) and are computed the same way for positions outside it. */
 typedef struct bn_cb_qkv_shape {
     int n_heads, n_kv_heads, head_dim;
     int64_t capacity;
@@ -95,8 +121,9 @@ typedef struct bn_cb_qkv_shape {
 
 cudaError_t bn_cb_qkv_post(const float *raw, int64_t ldraw, int64_t m,
                            const bn_cb_qkv_shape *s, const bn_rope_freqs *freqs,
-                           const int32_t *pos, float *q_out, int64_t ldq, void *k_cache,
-                           void *v_cache, int kv_f16, cudaStream_t stream);
+                           const float *table, int64_t table_len, const int32_t *pos,
+                           float *q_out, int64_t ldq, void *k_cache, void *v_cache, int kv_f16,
+                           int pdl, cudaStream_t stream);
 
 /* ---- attention over an fp32 cache --------------------------------------------
  *
@@ -110,18 +137,39 @@ typedef struct bn_cb_attn_shape {
     int64_t capacity;
 } bn_cb_attn_shape;
 
-/* Workspace floats for `splits` ranges; splits from bn_cb_attn_decode_splits. */
+/* Ranges for a cache of `capacity` positions (32 positions each at the full
+ * length, at most 64), and the workspace they need. */
 int bn_cb_attn_decode_splits(int64_t capacity);
 size_t bn_cb_attn_decode_workspace_bytes(const bn_cb_attn_shape *s, int splits);
 
-/* One query row q (n_heads * head_dim) against positions [0, *kv_len) (a
- * device int, clamped to [0, capacity]; 0 gives zeros) into out. The
- * length is cut into `splits` ranges of max(ceil(len / splits), 32)
- * positions, so one launch configuration serves every length (CUDA
- * graphs); a second kernel merges the ranges. */
-cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s, const float *q, const float *k_cache,
-                              const float *v_cache, const int32_t *kv_len, int splits,
-                              float *workspace, float *out, cudaStream_t stream);
+/* Decode: one token, its q|k|v epilogue fused with its attention. */
+typedef struct bn_cb_attn_decode_args {
+    const float *qkv;        /* the raw q|k|v row (weight scale 1), as bn_cb_qkv_post's  */
+    float scale_q, scale_k, scale_v;
+    const float *rope;       /* bn_cb_rope_table of >= capacity positions; NULL when
+                                rope_dim == 0                                             */
+    int rope_dim;
+    const int32_t *pos;      /* device int: the token's position p                        */
+    float *k_cache, *v_cache;
+    int splits;              /* from bn_cb_attn_decode_splits                             */
+    float *workspace;        /* bn_cb_attn_decode_workspace_bytes                         */
+    unsigned int *counters;  /* n_heads, zero before the first launch; left zero after   */
+    float *out;              /* n_heads * head_dim                                        */
+} bn_cb_attn_decode_args;
+
+/* The token at position p (0 <= p < capacity; otherwise out is zeros and
+ * nothing is stored): q, k and v from its raw product exactly as
+ * bn_cb_qkv_post computes them; k and v stored at position p of the cache;
+ * q against positions [0, p] (p's own k and v taken from registers) into
+ * out. Positions before p must hold earlier tokens' k and v: they may be
+ * read before the previous kernel completes (with pdl), so nothing in the
+ * same step may write them. The length is cut into `splits` ranges of
+ * max(ceil((p + 1) / splits), 32) positions, so one launch configuration
+ * serves every position (CUDA graphs); the block that finishes a head's
+ * ranges last merges them (in range order: the result does not depend on
+ * which block that is). */
+cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s, const bn_cb_attn_decode_args *a,
+                              int pdl, cudaStream_t stream);
 
 /* n query rows (q rows ldq apart, row i at position pos[i], a device array)
  * against cache positions [0, pos[i]] (causal; the k and v of the rows

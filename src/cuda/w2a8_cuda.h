@@ -7,6 +7,7 @@
 #define BN_W2A8_CUDA_H
 
 #include <cuda_runtime_api.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -24,7 +25,7 @@ typedef struct bn_w2a8_cuda_args {
     const int32_t *act_sum;   /* m sums of the int8 values                 */
     float *y;                 /* y[row * ldy + col]                        */
     int64_t ldy;
-    int32_t *workspace;       /* m * n int32 for split-K GEMM, or NULL     */
+    int32_t *workspace;       /* m * n int32 for the skinny GEMM's split-K */
     int sm_count;             /* the device's SMs (sizes split-K)          */
 } bn_w2a8_cuda_args;
 
@@ -33,13 +34,26 @@ int bn_w2a8_cuda_gemv_split(int64_t tiles, int64_t groups, int sm_count);
 /* M = 1. */
 cudaError_t bn_w2a8_cuda_gemv(const bn_w2a8_cuda_args *a, int split, cudaStream_t stream);
 
+/* The decode step's GEMV: as bn_w2a8_cuda_gemv (bit for bit), but each warp
+ * loads its first weight entries before waiting for the kernel that wrote
+ * the activations (src/cuda/pdl.cuh), and with pdl non-zero it is launched
+ * with programmatic stream serialization, so the weight stream starts while
+ * that kernel still runs. pdl needs compute capability 9.0 and
+ * bn_w2a8_cuda_gemv_pdl_compiled(). */
+cudaError_t bn_w2a8_cuda_gemv_pdl(const bn_w2a8_cuda_args *a, int split, int pdl,
+                                  cudaStream_t stream);
+/* Whether that kernel was compiled with the instructions pdl needs. */
+int bn_w2a8_cuda_gemv_pdl_compiled(void);
+
 /* GEMV implementation variants, for tests and the benchmark:
  *   0: 2 chunk-groups in flight per warp, activations through L1
  *   1: 4 in flight, activations through L1
  *   2: 4 in flight, activations staged in shared memory
  *   3: 8 in flight, activations through L1
- *   4: as 2, with 2-bit fields masked in place (one logic op per field) */
-#define BN_W2A8_GEMV_VARIANTS 5
+ *   4: as 2, with 2-bit fields masked in place (one logic op per field)
+ *   5: bn_w2a8_cuda_gemv_pdl without pdl: as 2, each warp's first 8 (split
+ *      8: 4) weight entries loaded before the activations are staged */
+#define BN_W2A8_GEMV_VARIANTS 6
 #define BN_W2A8_GEMV_DEFAULT_VARIANT 2
 cudaError_t bn_w2a8_cuda_gemv_variant(const bn_w2a8_cuda_args *a, int split, int variant,
                                       cudaStream_t stream);
@@ -48,12 +62,34 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
 
 /* GEMM variants: 0 tiled 64 x 64 with weights expanded in shared memory;
  * 1 "skinny": weights straight into tensor-core fragments, activations in
- * 16- or 32-row slices, K split over blocks when a workspace is given.
- * bn_w2a8_cuda_gemm uses 1 up to BN_W2A8_SKINNY_MAX_M rows. */
-#define BN_W2A8_GEMM_VARIANTS 2
+ * 16- or 32-row slices, K split over blocks when a workspace is given;
+ * 2 pipelined 64 x 256 (w2a8_gemm_pipelined.cu), split-K chosen for the
+ * shape; 3 the same without split-K; 4 pipelined 128 x 256, split-K chosen.
+ * bn_w2a8_cuda_gemm uses 1 up to BN_W2A8_SKINNY_MAX_M rows; above, 3 when
+ * the 64 x 256 tiles number at least BN_W2A8_PIPE_MIN_TILES, else 2 for
+ * rows of at least BN_W2A8_PIPE_SPLIT_MIN_K, else 0 (measured, H200). */
+#define BN_W2A8_GEMM_VARIANTS 5
 #define BN_W2A8_SKINNY_MAX_M 32
+#define BN_W2A8_PIPE_MIN_TILES 256
+#define BN_W2A8_PIPE_SPLIT_MIN_K 8192
 cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int variant,
                                       cudaStream_t stream);
+/* The variant bn_w2a8_cuda_gemm runs for m rows, and a short name of a
+ * variant with the split-K factor it would use for a (for the benchmark). */
+int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k);
+void bn_w2a8_cuda_gemm_describe(const bn_w2a8_cuda_args *a, int variant, char *buf, size_t size);
+
+/* The pipelined GEMM (w2a8_gemm_pipelined.cu): tile configuration and
+ * split-K factor. split 0 = chosen for the shape and the device; otherwise
+ * clamped to 1..BN_W2A8_PIPE_MAX_SPLIT and to the k-tiles (128 each) there
+ * are. Split-K runs as a thread-block cluster (compute capability 9.0 and
+ * code built for it); elsewhere the split is 1. Needs no workspace. */
+enum { BN_W2A8_PIPE_64X256 = 0, BN_W2A8_PIPE_128X256 = 1, BN_W2A8_PIPE_CONFIGS = 2 };
+#define BN_W2A8_PIPE_MAX_SPLIT 8
+cudaError_t bn_w2a8_cuda_gemm_pipelined(const bn_w2a8_cuda_args *a, int config, int split,
+                                        cudaStream_t stream);
+/* The split the call above would use. */
+int bn_w2a8_cuda_gemm_pipelined_split(const bn_w2a8_cuda_args *a, int config, int split);
 
 /* Per-row absmax int8 quantization of m rows of k floats (stride ldx)
  * into q (stride ldq >= k, zero-filled from k to ldq), with scales and

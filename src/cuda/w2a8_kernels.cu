@@ -26,6 +26,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "cuda_layout.h"
+#include "pdl.cuh"
 #include "w2a8_cuda.h"
 
 namespace {
@@ -199,6 +201,131 @@ cudaError_t launch_gemv_split(const bn_w2a8_cuda_args *a, int split, cudaStream_
     case 2: return launch_gemv<2, 2, UNROLL, X_SMEM, FIELDS>(a, stream);
     case 4: return launch_gemv<4, 1, UNROLL, X_SMEM, FIELDS>(a, stream);
     case 8: return launch_gemv<8, 1, UNROLL, X_SMEM, FIELDS>(a, stream);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+/* ---- GEMV of the decode step (programmatic dependent launch) ---------------
+ *
+ * gemv_kernel's work split (WARPS warps per tile splitting K, TILES tiles
+ * per block, activations staged in shared memory when X_SMEM), with the
+ * order of its loads changed for latency: each warp first loads up to 8 (4 at
+ * split 8) of its chunk-groups' weight entries into registers (all in flight at
+ * once), and only then waits for the kernel that wrote the activations
+ * (pdl.cuh) and stages them. Weights never change, so this is allowed
+ * before the wait; launched with programmatic serialization, the weight
+ * stream overlaps the previous kernel. The int32 sums are exact, so the
+ * output is gemv_kernel's bit for bit. */
+template <int WARPS, int TILES, bool X_SMEM>
+__global__ void __launch_bounds__(32 * WARPS * TILES)
+    gemv_pdl_kernel(const uint4 *__restrict__ w, const int8_t *x, int64_t n, int64_t groups,
+                    int64_t tiles, const float *act_scale, const int32_t *act_sum, float w_scale,
+                    float *__restrict__ y)
+{
+    extern __shared__ __align__(16) int8_t x_shared[];
+    __shared__ int partial[TILES][WARPS][kTileRows];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int tile_in_block = warp / WARPS;
+    const int split = warp % WARPS;
+    const int64_t tile = (int64_t)blockIdx.x * TILES + tile_in_block;
+    const bool live = tile < tiles;
+    const uint4 *blocks = w + (live ? tile : 0) * groups * (kBlockBytes / 16) + lane;
+    /* Eight entries per warp cover every chunk-group of a 2560-wide row at
+     * split 1 or 2; at split 8, four cover rows up to 8192 (down: 6912). */
+    constexpr int kPre = WARPS >= 8 ? 4 : 8;
+
+    uint4 v[kPre];
+#pragma unroll
+    for (int u = 0; u < kPre; u++) {
+        const int64_t g = split + (int64_t)u * WARPS;
+        v[u] = live && g < groups ? load_stream(blocks + g * (kBlockBytes / 16))
+                                  : make_uint4(0, 0, 0, 0);
+    }
+    pdl_trigger();
+    pdl_wait();
+
+    /* The activations (and their scale and sum) were written by the kernel
+     * waited for, which may have run alongside this one: they are read
+     * through L2 (__ldcg), never through the read-only path. */
+    const int8_t *xs = x;
+    if (X_SMEM) {
+        const int64_t words = groups * kGroup / 16;
+        for (int64_t i = threadIdx.x; i < words; i += blockDim.x)
+            reinterpret_cast<int4 *>(x_shared)[i] = __ldcg(reinterpret_cast<const int4 *>(x) + i);
+        __syncthreads();
+        xs = x_shared;
+    }
+
+    int acc = 0;
+    if (live) {
+        const int8_t *xq = xs + (lane >> 3) * 64;
+#pragma unroll
+        for (int u = 0; u < kPre; u++) {
+            const int64_t g = split + (int64_t)u * WARPS;
+            if (g < groups)
+                acc = entry_dot(v[u], xq + g * kGroup, acc);
+        }
+        /* Rows longer than the prefetch: four entries in flight at a time,
+         * as gemv_kernel does. */
+        int64_t g = split + (int64_t)kPre * WARPS;
+        for (; g + 3 * WARPS < groups; g += 4 * WARPS) {
+            uint4 r[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                r[u] = load_stream(blocks + (g + u * WARPS) * (kBlockBytes / 16));
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                acc = entry_dot(r[u], xq + (g + u * WARPS) * kGroup, acc);
+        }
+        for (; g < groups; g += WARPS)
+            acc = entry_dot(load_stream(blocks + g * (kBlockBytes / 16)), xq + g * kGroup, acc);
+    }
+    /* Lanes r, r+8, r+16, r+24 hold the four quarters of row r. */
+    acc += __shfl_xor_sync(0xffffffffu, acc, 8);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 16);
+    if (lane < kTileRows)
+        partial[tile_in_block][split][lane] = acc;
+    __syncthreads();
+    if (threadIdx.x < TILES * kTileRows) {
+        const int t = threadIdx.x / kTileRows, r = threadIdx.x % kTileRows;
+        const int64_t out_row = ((int64_t)blockIdx.x * TILES + t) * kTileRows + r;
+        if (out_row < n) {
+            int total = 0;
+#pragma unroll
+            for (int s = 0; s < WARPS; s++)
+                total += partial[t][s][r];
+            y[out_row] = epilogue(total - __ldcg(act_sum), __ldcg(act_scale), w_scale);
+        }
+    }
+}
+
+template <int WARPS, int TILES, bool X_SMEM>
+cudaError_t launch_gemv_pdl(const bn_w2a8_cuda_args *a, int pdl, cudaStream_t stream)
+{
+    const int64_t blocks = (a->tiles + TILES - 1) / TILES;
+    const size_t smem = X_SMEM ? (size_t)(a->groups * kGroup) : 0;
+    auto kernel = gemv_pdl_kernel<WARPS, TILES, X_SMEM>;
+    if (X_SMEM && smem > 48 * 1024) {
+        cudaError_t rc =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (rc != cudaSuccess)
+            return rc;
+    }
+    return pdl_launch(kernel, dim3((unsigned)blocks), dim3(32 * WARPS * TILES), smem, stream, pdl,
+                      reinterpret_cast<const uint4 *>(a->weights), a->x, a->n, a->groups,
+                      a->tiles, a->act_scale, a->act_sum, a->weight_scale, a->y);
+}
+
+template <bool X_SMEM>
+cudaError_t launch_gemv_pdl_split(const bn_w2a8_cuda_args *a, int split, int pdl,
+                                  cudaStream_t stream)
+{
+    switch (split) {
+    case 1: return launch_gemv_pdl<1, 4, X_SMEM>(a, pdl, stream);
+    case 2: return launch_gemv_pdl<2, 2, X_SMEM>(a, pdl, stream);
+    case 4: return launch_gemv_pdl<4, 1, X_SMEM>(a, pdl, stream);
+    case 8: return launch_gemv_pdl<8, 1, X_SMEM>(a, pdl, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -522,6 +649,7 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_variant(const bn_w2a8_cuda_args *a, int
     case 2: return launch_gemv_split<4, true>(a, split, stream);
     case 3: return launch_gemv_split<8, false>(a, split, stream);
     case 4: return launch_gemv_split<4, true, true>(a, split, stream);
+    case 5: return bn_w2a8_cuda_gemv_pdl(a, split, 0, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -534,6 +662,21 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv(const bn_w2a8_cuda_args *a, int split,
      * comfortably take read them through L1 instead. */
     const bool fits = a->groups * kGroup <= 160 * 1024;
     return bn_w2a8_cuda_gemv_variant(a, split, fits ? BN_W2A8_GEMV_DEFAULT_VARIANT : 1, stream);
+}
+
+extern "C" cudaError_t bn_w2a8_cuda_gemv_pdl(const bn_w2a8_cuda_args *a, int split, int pdl,
+                                             cudaStream_t stream)
+{
+    /* The same choice as bn_w2a8_cuda_gemv: activations in shared memory
+     * when they fit comfortably. */
+    if (a->groups * kGroup <= 160 * 1024)
+        return launch_gemv_pdl_split<true>(a, split, pdl, stream);
+    return launch_gemv_pdl_split<false>(a, split, pdl, stream);
+}
+
+extern "C" int bn_w2a8_cuda_gemv_pdl_compiled(void)
+{
+    return pdl_compiled(gemv_pdl_kernel<1, 4, true>) && pdl_compiled(gemv_pdl_kernel<8, 1, true>);
 }
 
 static cudaError_t launch_tiled(const bn_w2a8_cuda_args *a, cudaStream_t stream)
@@ -591,13 +734,31 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int
     switch (variant) {
     case 0: return launch_tiled(a, stream);
     case 1: return launch_skinny(a, stream);
+    case 2: return bn_w2a8_cuda_gemm_pipelined(a, BN_W2A8_PIPE_64X256, 0, stream);
+    case 3: return bn_w2a8_cuda_gemm_pipelined(a, BN_W2A8_PIPE_64X256, 1, stream);
+    case 4: return bn_w2a8_cuda_gemm_pipelined(a, BN_W2A8_PIPE_128X256, 0, stream);
     default: return cudaErrorInvalidValue;
     }
 }
 
+/* Measured on an H200 at M = 512 (docs/PERFORMANCE.md): the pipelined
+ * 64 x 256 kernel wins once its tiles fill every SM about twice; with fewer
+ * tiles, split-K pays for long rows only, and the 64 x 64 tiled kernel wins
+ * on short ones (the 2B-4T attention and down shapes). */
+extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k)
+{
+    if (m <= BN_W2A8_SKINNY_MAX_M)
+        return 1;
+    const int64_t tiles = ((m + 63) / 64) * ((n + 255) / 256);
+    if (tiles >= BN_W2A8_PIPE_MIN_TILES)
+        return 3;
+    return k >= BN_W2A8_PIPE_SPLIT_MIN_K ? 2 : 0;
+}
+
 extern "C" cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream)
 {
-    return bn_w2a8_cuda_gemm_variant(a, a->m <= BN_W2A8_SKINNY_MAX_M ? 1 : 0, stream);
+    const int64_t k = a->groups * BN_CUDA_GROUP; /* the padded row length */
+    return bn_w2a8_cuda_gemm_variant(a, bn_w2a8_cuda_gemm_default_variant(a->m, a->n, k), stream);
 }
 
 extern "C" cudaError_t bn_cuda_quantize_rows(const float *x, int64_t m, int64_t k, int64_t ldx,

@@ -313,9 +313,12 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
             if (m == 1)
                 snprintf(kernel, sizeof kernel, "gemv v%d split %d",
                          o->variants ? v : BN_W2A8_GEMV_DEFAULT_VARIANT, w.split);
-            else
-                snprintf(kernel, sizeof kernel, "gemm %s",
-                         (o->variants ? v : m <= BN_W2A8_SKINNY_MAX_M) ? "skinny" : "tiled");
+            else {
+                char name[24];
+                const int gemm = o->variants ? v : bn_w2a8_cuda_gemm_default_variant(m, n, l.k);
+                bn_w2a8_cuda_gemm_describe(&w.args, gemm, name, sizeof name);
+                snprintf(kernel, sizeof kernel, "gemm %s", name);
+            }
             bool graph_w;
             const double w_us = time_calls(launch_w2a8, &w, s, o->launches, o->reps, &graph_w);
             if (w_us > 0) {
