@@ -328,7 +328,13 @@ static void check_decode(const bn_attn_shape *s, int n_seq, const int32_t *lens,
     double *ref = malloc(sizeof(double) * (size_t)(n_seq * qrow));
     int32_t max_len = 1;
     for (int i = 0; i < n_seq; i++) {
-        ref_attention(&c, i, q + (size_t)i * qrow, lens[i], ref + (size_t)i * qrow);
+        /* The kernels clamp a length to the capacity (attention_cuda.h), and
+         * so must the reference: lens[1] (2..70) exceeds a capacity below 70
+         * now and then, and positions >= capacity of sequence i are not in
+         * the cache - the host record's rows there belong to sequence i + 1
+         * (or lie past the array for the last sequence). */
+        const int len = lens[i] > s->capacity ? (int)s->capacity : lens[i];
+        ref_attention(&c, i, q + (size_t)i * qrow, len, ref + (size_t)i * qrow);
         max_len = lens[i] > max_len ? lens[i] : max_len;
     }
     const int auto_splits = bn_attn_decode_splits(s, n_seq, s->capacity, sm_count);

@@ -268,6 +268,35 @@ static void check_fixture(const char *name)
     bn_cuda_backend_free(b);
     b = NULL;
 
+    /* The decode step with norm + int8 computed in each GEMV block (the
+     * fused_norm option, norm_quantize_w2a8_gemv): the same logits as the
+     * separate kernels of the default, bit for bit. */
+    double unfused_vs_fused = NAN;
+    {
+        bn_cuda_backend_options o;
+        bn_cuda_backend_options_default(&o);
+        o.fused_norm = true;
+        o.no_graphs = true;
+        bn_cuda_backend *u = NULL;
+        CHECK_MSG(bn_cuda_backend_create(m, &o, &u, &err) == BN_OK, "%s: cuda create: %s", name,
+                  err.message);
+        if (u) {
+            float *sep = malloc(N_STEPS * row);
+            bool ok = bn_cuda_backend_forward(u, PROMPT, PROMPT_LEN, 0, sep, &err) == BN_OK;
+            for (int s = 1; ok && s < N_STEPS; s++)
+                ok = bn_cuda_backend_forward(u, &ref_tok[s - 1], 1, PROMPT_LEN + s - 1,
+                                             sep + (size_t)s * V, &err) == BN_OK;
+            CHECK_MSG(ok, "%s: gpu forward (fused norms): %s", name, err.message);
+            if (ok)
+                unfused_vs_fused = max_diff(eager, sep, (int64_t)N_STEPS * V);
+            free(sep);
+            bn_cuda_backend_free(u);
+        }
+    }
+    CHECK_MSG(unfused_vs_fused == 0.0,
+              "%s: logits with fused norm GEMVs differ from the separate kernels' by %g", name,
+              unfused_vs_fused);
+
     /* The fp16 KV cache, fed the CPU's tokens. Its attention kernels take
      * head_dim 64, 128 or 256; other models must be refused clearly. */
     double half_rel = NAN;

@@ -74,13 +74,14 @@ typedef struct group {
 enum {
     K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
     K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
-    K_COUNT
+    K_NORM_GEMV, K_COUNT
 };
 static const char *const kernel_names[K_COUNT] = {
     "embed_rows", "norm_quantize", "residual_norm_quantize", "relu2_norm_quantize",
     "w2a8_gemv", "w2a8_gemm", "qkv_rope_kv_store", "attention_decode_f32",
     "attention_prefill_f32", "attention_decode_f16", "attention_prefill_f16",
-    "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay"};
+    "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay",
+    "norm_quantize_w2a8_gemv"};
 
 /* Events of an instrumented step (profile_decode). */
 typedef struct prof {
@@ -125,7 +126,7 @@ struct bn_cuda_backend {
     void *d_k, *d_v;
     uint64_t kv_bytes;
 
-    float *x, *qkv, *q, *att, *out, *gu, *normed, *logits, *act_scale, *rope;
+    float *x, *x2, *qkv, *q, *att, *out, *gu, *normed, *logits, *act_scale, *rope;
     int8_t *xq;
     int32_t *act_sum, *ws_gemm, *d_tokens, *d_pos, *d_dec, *d_next;
     void *ws_attn, *ws_sample;
@@ -140,6 +141,7 @@ struct bn_cuda_backend {
     cudaGraphExec_t graph;
     bool use_graphs;
     bool pdl;                  /* decode kernels use programmatic dependent launch */
+    bool fuse_norm;            /* decode: norms + int8 inside the GEMVs (norm_gemv) */
     bool pending;              /* a submitted greedy step not yet waited for */
     int64_t pending_pos;
     unsigned ran;              /* bit K_* set when the family was launched */
@@ -307,6 +309,40 @@ static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y,
     return BN_OK;
 }
 
+/* The decode step's y = W q(v) for one row with the norm + int8 of the
+ * source inside the GEMV (bn_cb_norm_gemv: the codes, scale and sum of the
+ * separate kernels, bit for bit). b->fuse_norm says every group is one
+ * launch and every row fits. */
+static bn_status norm_matmul(bn_cuda_backend *b, const group *g, bn_cb_norm_gemv_args *na,
+                             float *y, int pdl, bn_error *err)
+{
+    na->weights = b->d_w + g->s[0].off;
+    na->n = g->fused.n;
+    na->tiles = g->fused.tiles;
+    na->groups = g->fused.groups;
+    na->k = g->k;
+    na->weight_scale = g->n_seg == 1 ? g->s[0].scale : 1.0f;
+    na->y = y;
+    na->split = g->split;
+    b->ran |= 1u << K_NORM_GEMV;
+    BN_CUDA_TRY(err, bn_cb_norm_gemv(na, pdl, b->cs));
+    return BN_OK;
+}
+
+static bn_cb_norm_gemv_args norm_src(int src, const float *x, const float *r, float *x_out,
+                                     const float *w, float eps)
+{
+    bn_cb_norm_gemv_args a;
+    memset(&a, 0, sizeof a);
+    a.src = src;
+    a.x = x;
+    a.r = r;
+    a.x_out = x_out;
+    a.w = w;
+    a.eps = eps;
+    return a;
+}
+
 /* ---- one pass over M rows ---------------------------------------------------- */
 
 /* Queues the forward pass of M rows (tokens d_tok at positions d_pos, both
@@ -337,6 +373,12 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
     const bool fused = decode && !b->kv_f16;
     const size_t layer_kv_bytes = (size_t)b->kv_len * (size_t)b->kv_dim * b->kv_elem;
     const float *rope = hp->rope_dim > 0 ? b->rope : NULL;
+    /* Decode with the norms inside the GEMVs: 5 kernels per layer instead
+     * of 9. Every block of such a GEMV reads the residual stream, so a
+     * residual add writes its sum to the other of two buffers (block 0
+     * does) instead of in place; xr is the current one. */
+    const bool fn = decode && b->fuse_norm;
+    float *xr = b->x;
     bn_status st;
     int n;
 
@@ -345,11 +387,14 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
     b->ran |= 1u << K_EMBED;
     if ((st = mark(b, BN_CUDA_STAGE_EMBED, 1, err)) != BN_OK)
         return st;
-    BN_CUDA_TRY(err, bn_cb_norm_quantize(b->x, dim, M, dim, norm_ptr(b, 0, BN_NORM_ATTN), eps,
-                                         b->xq, b->ldq, b->act_scale, b->act_sum, pdl, s));
-    b->ran |= 1u << K_NORM_Q;
-    if ((st = mark(b, BN_CUDA_STAGE_ATTN_NORM, 1, err)) != BN_OK)
-        return st;
+    if (!fn) {
+        BN_CUDA_TRY(err, bn_cb_norm_quantize(b->x, dim, M, dim, norm_ptr(b, 0, BN_NORM_ATTN),
+                                             eps, b->xq, b->ldq, b->act_scale, b->act_sum, pdl,
+                                             s));
+        b->ran |= 1u << K_NORM_Q;
+        if ((st = mark(b, BN_CUDA_STAGE_ATTN_NORM, 1, err)) != BN_OK)
+            return st;
+    }
 
     for (int l = 0; l < hp->n_layer; l++) {
         const group *g = &b->groups[l * G_COUNT];
@@ -358,8 +403,22 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         const float sq = g[G_QKV].s[0].scale, sk = g[G_QKV].s[1].scale,
                     sv = g[G_QKV].s[2].scale;
 
-        if ((st = matmul(b, &g[G_QKV], M, b->qkv, pdl, &n, err)) != BN_OK ||
-            (st = mark(b, BN_CUDA_STAGE_QKV, n, err)) != BN_OK)
+        if (fn) {
+            /* Layer 0: attn_norm of the embedding; later layers: the
+             * previous layer's residual add first. */
+            float *xn = xr == b->x ? b->x2 : b->x;
+            bn_cb_norm_gemv_args na =
+                norm_src(l == 0 ? BN_CB_SRC_PLAIN : BN_CB_SRC_ADD, xr, b->out, xn,
+                         norm_ptr(b, l, BN_NORM_ATTN), eps);
+            if ((st = norm_matmul(b, &g[G_QKV], &na, b->qkv, pdl, err)) != BN_OK)
+                return st;
+            if (l > 0)
+                xr = xn;
+            n = 1;
+        } else if ((st = matmul(b, &g[G_QKV], M, b->qkv, pdl, &n, err)) != BN_OK) {
+            return st;
+        }
+        if ((st = mark(b, BN_CUDA_STAGE_QKV, n, err)) != BN_OK)
             return st;
         if (!fused) {
             const bn_cb_qkv_shape qs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len,
@@ -406,6 +465,29 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         if ((st = mark(b, BN_CUDA_STAGE_ATTENTION, attn_launches, err)) != BN_OK)
             return st;
 
+        if (fn) {
+            bn_cb_norm_gemv_args na = norm_src(BN_CB_SRC_PLAIN, b->att, NULL, NULL,
+                                               norm_ptr(b, l, BN_NORM_ATTN_SUB), eps);
+            if ((st = norm_matmul(b, &g[G_O], &na, b->out, pdl, err)) != BN_OK ||
+                (st = mark(b, BN_CUDA_STAGE_O, 1, err)) != BN_OK)
+                return st;
+            float *xn = xr == b->x ? b->x2 : b->x;
+            na = norm_src(BN_CB_SRC_ADD, xr, b->out, xn, norm_ptr(b, l, BN_NORM_FFN), eps);
+            if ((st = norm_matmul(b, &g[G_GU], &na, b->gu, pdl, err)) != BN_OK ||
+                (st = mark(b, BN_CUDA_STAGE_GATE_UP, 1, err)) != BN_OK)
+                return st;
+            xr = xn;
+            na = norm_src(BN_CB_SRC_RELU2, NULL, NULL, NULL, norm_ptr(b, l, BN_NORM_FFN_SUB),
+                          eps);
+            na.g = b->gu;
+            na.u = b->gu + ffn;
+            na.sg = g[G_GU].s[0].scale;
+            na.su = g[G_GU].s[1].scale;
+            if ((st = norm_matmul(b, &g[G_DOWN], &na, b->out, pdl, err)) != BN_OK ||
+                (st = mark(b, BN_CUDA_STAGE_DOWN, 1, err)) != BN_OK)
+                return st;
+            continue; /* the next layer's q|k|v GEMV adds the residual */
+        }
         BN_CUDA_TRY(err, bn_cb_norm_quantize(b->att, q_dim, M, q_dim,
                                              norm_ptr(b, l, BN_NORM_ATTN_SUB), eps, b->xq, b->ldq,
                                              b->act_scale, b->act_sum, pdl, s));
@@ -447,7 +529,7 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
     /* Only the last row's logits are wanted: its residual and output norm
      * (launched plainly: it waits for everything before it). */
     const int64_t last = (M - 1) * dim;
-    BN_CUDA_TRY(err, bn_cb_add_rmsnorm(b->x + last, dim, b->out + last, dim, 1, dim,
+    BN_CUDA_TRY(err, bn_cb_add_rmsnorm(xr + last, dim, b->out + last, dim, 1, dim,
                                        b->d_norms + b->out_norm_off, eps, b->normed, dim, s));
     b->ran |= 1u << K_OUT_NORM;
     if ((st = mark(b, BN_CUDA_STAGE_OUT_NORM, 1, err)) != BN_OK)
@@ -744,6 +826,7 @@ static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
     int n = 0;
 #define ADD(p_, size_) (list[n].ptr = (void **)(p_), list[n].bytes = (size_t)(size_), n++)
     ADD(&b->x, R * (size_t)hp->dim * f);
+    ADD(&b->x2, (size_t)hp->dim * f); /* the fused decode's second residual buffer */
     ADD(&b->qkv, R * (size_t)b->qkv_n * f);
     ADD(&b->q, R * (size_t)b->q_dim * f);
     ADD(&b->att, R * (size_t)b->q_dim * f);
@@ -1319,6 +1402,15 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         st = BN_CUDA_STATUS(err, bn_cb_head_prepare(b->head_type, hp->dim));
     if (st == BN_OK)
         b->pdl = !opt.no_pdl && bn_cb_pdl_supported(b->device);
+    if (st == BN_OK) {
+        /* The fused decode norms need every group in one launch and every
+         * source row within the fused kernel's limit. */
+        b->fuse_norm = opt.fused_norm;
+        for (int i = 0; i < hp->n_layer * G_COUNT && b->fuse_norm; i++) {
+            const group *g = &b->groups[i];
+            b->fuse_norm = g->fused_ok && bn_cb_norm_gemv_fits(g->k, g->fused.groups);
+        }
+    }
     if (st == BN_OK)
         st = warm_up(b, err);
     if (st == BN_OK && b->use_graphs)
@@ -1432,10 +1524,11 @@ void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size)
 const char *bn_cuda_stage_name(bn_cuda_stage s)
 {
     static const char *const names[BN_CUDA_STAGE_COUNT] = {
-        "embedding", "residual + attn_norm + int8", "q|k|v GEMV", "scale + RoPE + KV store",
-        "attention (f32: + RoPE, KV store)", "attn_sub_norm + int8", "Wo GEMV",
-        "residual + ffn_norm + int8", "gate|up GEMV", "relu^2 * up + ffn_sub_norm + int8",
-        "down GEMV", "residual + output_norm", "LM head", "argmax"};
+        "embedding", "residual + attn_norm + int8", "[norm +] q|k|v GEMV",
+        "scale + RoPE + KV store", "attention (f32: + RoPE, KV store)", "attn_sub_norm + int8",
+        "[norm +] Wo GEMV", "residual + ffn_norm + int8", "[norm +] gate|up GEMV",
+        "relu^2 * up + ffn_sub_norm + int8", "[relu^2, norm +] down GEMV",
+        "residual + output_norm", "LM head", "argmax"};
     return (int)s >= 0 && s < BN_CUDA_STAGE_COUNT ? names[s] : "?";
 }
 

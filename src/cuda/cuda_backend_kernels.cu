@@ -37,6 +37,20 @@ constexpr int kRowMaxPer = 8;      /* values per thread, so rows up to 8192   */
 constexpr int kRowMaxM = 256;      /* rows; more go to the streaming kernel   */
 constexpr float kQuantEps = 1e-5f; /* BN_QUANT_EPS */
 
+/* The register-held row kernel's shape for a row of k values (k <= 8192):
+ * values per thread and threads. launch_norm_quantize and the fused GEMV
+ * both take it from here, so the fused kernel emulates exactly the
+ * threads whose partial sums the separate kernel adds. */
+__host__ __device__ __forceinline__ int row_per(int64_t k)
+{
+    return k <= kRowThreads ? 1 : k <= 2 * kRowThreads ? 2 : k <= 4 * kRowThreads ? 4 : 8;
+}
+__host__ __device__ __forceinline__ int row_threads(int64_t k)
+{
+    const int per = row_per(k);
+    return (int)(((k + per - 1) / per + 31) / 32 * 32);
+}
+
 /* ---- block reductions (every thread gets the result) ------------------------- */
 
 struct SumD {
@@ -461,9 +475,8 @@ template <int kSrc> cudaError_t launch_norm_quantize(const NormQuantArgs &a, int
     if (m <= kRowMaxM && a.k <= (int64_t)kRowThreads * kRowMaxPer) {
         /* The fewest values per thread that fit 1024 threads, and just
          * enough warps for the row (2560 values: 640 threads of 4). */
-        const int per = a.k <= kRowThreads ? 1 : a.k <= 2 * kRowThreads ? 2
-                        : a.k <= 4 * kRowThreads ? 4 : 8;
-        const int threads = (int)(((a.k + per - 1) / per + 31) / 32 * 32);
+        const int per = row_per(a.k);
+        const int threads = row_threads(a.k);
         switch (per) {
         case 1: return launch_row_kernel<kSrc, 1>(a, m, threads, pdl, stream);
         case 2: return launch_row_kernel<kSrc, 2>(a, m, threads, pdl, stream);
@@ -496,6 +509,301 @@ __global__ void __launch_bounds__(kNormThreads)
     float *yr = y + (int64_t)blockIdx.x * ldy;
     for (int64_t i = threadIdx.x; i < k; i += kNormThreads)
         yr[i] = __fmul_rn(w[i], __fmul_rn(xr[i], inv));
+}
+
+/* ---- RMSNorm + quantization fused into the decode GEMV ------------------------------ */
+
+constexpr int kFusedMaxK = kRowThreads * kRowMaxPer;
+constexpr int kTileRowsG = 8;     /* w2a8_kernels.cu: rows per tile           */
+constexpr int kGroupG = 256;      /* weights per chunk-group                  */
+constexpr int kBlockBytesG = 512; /* bytes per chunk-group of a tile          */
+constexpr int kFusedBatch = 8;    /* row values loaded per thread before use  */
+
+/* Copies of w2a8_kernels.cu's GEMV helpers (same instructions: the int32
+ * sums are exact whatever the order, so the product is the GEMV's). */
+__device__ __forceinline__ uint4 gemv_load_stream(const uint4 *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ int gemv_entry_dot(uint4 w, const int8_t *x, int acc)
+{
+    const int4 *xv = reinterpret_cast<const int4 *>(x);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int4 a = xv[i];
+        const uint32_t wd = words[i];
+        acc = __dp4a((int)(wd & 0x03030303u), a.x, acc);
+        acc = __dp4a((int)((wd >> 2) & 0x03030303u), a.y, acc);
+        acc = __dp4a((int)((wd >> 4) & 0x03030303u), a.z, acc);
+        acc = __dp4a((int)((wd >> 6) & 0x03030303u), a.w, acc);
+    }
+    return acc;
+}
+
+struct NormGemvArgs {
+    const float *x, *r;
+    float *x_out;
+    const float *g, *u;
+    float sg, su;
+    int k;
+    const float *w;
+    float eps;
+    const uint4 *weights;
+    int64_t n, tiles, groups;
+    float w_scale;
+    float *y;
+    int vt, vper; /* the separate kernel's threads and values per thread */
+    int8_t *q;
+    int64_t ldq;
+    float *scale;
+    int32_t *sum;
+};
+
+/* Block: TILES tiles of 8 rows, WARPS warps per tile splitting K, as
+ * gemv_pdl_kernel. Dynamic shared memory: the codes (groups * 256 bytes),
+ * then the norm weights and the row values (k floats each).
+ *
+ *   1. Before the wait: the warp's first weight entries (gemv_pdl_kernel's
+ *      prefetch) and the norm weights (constant).
+ *   2. The row values v (norm_quantize_row_kernel<kSrc>'s expressions); for
+ *      kSrcAdd block 0 stores x + r to x_out.
+ *   3. Sum of squares and max|w v| in double: warp w of this block plays
+ *      the separate kernel's warps w, w + W, ...; each of its lanes sums
+ *      that thread's values in the same order, then the same butterflies
+ *      (block_sum_max's two levels) give the same double bits.
+ *   4. Codes, normed maximum and code sum: per value, order-free; scale
+ *      and the plain-rule fallback as the separate kernel.
+ *   5. The product from the shared codes, epilogue with (scale, sum) from
+ *      registers. */
+template <int kSrc, int WARPS, int TILES>
+__global__ void __launch_bounds__(32 * WARPS * TILES) norm_gemv_kernel(NormGemvArgs a)
+{
+    extern __shared__ __align__(16) unsigned char fused_smem[];
+    __shared__ double red_d[64];
+    __shared__ float red_f[32];
+    __shared__ int red_i[32];
+    __shared__ int partial[TILES][WARPS][kTileRowsG];
+    const int k = a.k, B = (int)blockDim.x, tid = (int)threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int64_t kpad = a.groups * kGroupG;
+    int8_t *xs = reinterpret_cast<int8_t *>(fused_smem);
+    float *nw = reinterpret_cast<float *>(fused_smem + kpad);
+    float *sv = nw + k;
+
+    /* 1. Weights (gemv_pdl_kernel's prefetch) and norm weights. */
+    const int tile_in_block = warp / WARPS, split = warp % WARPS;
+    const int64_t tile = (int64_t)blockIdx.x * TILES + tile_in_block;
+    const bool live = tile < a.tiles;
+    const uint4 *blocks =
+        a.weights + (live ? tile : 0) * a.groups * (kBlockBytesG / 16) + lane;
+    constexpr int kPre = WARPS >= 8 ? 4 : 8;
+    uint4 wv[kPre];
+#pragma unroll
+    for (int u = 0; u < kPre; u++) {
+        const int64_t g = split + (int64_t)u * WARPS;
+        wv[u] = live && g < a.groups ? gemv_load_stream(blocks + g * (kBlockBytesG / 16))
+                                     : make_uint4(0, 0, 0, 0);
+    }
+    for (int i = tid; i < k; i += B)
+        nw[i] = __ldg(a.w + i);
+    pdl_trigger();
+    pdl_wait();
+
+    /* 2. The row, kFusedBatch loads per thread in flight (through L2: written
+     * by the previous kernel, see source_value). */
+    for (int i0 = tid; i0 < k; i0 += kFusedBatch * B) {
+        float p0[kFusedBatch], p1[kFusedBatch];
+#pragma unroll
+        for (int j = 0; j < kFusedBatch; j++) {
+            const int i = i0 + j * B;
+            p0[j] = p1[j] = 0.0f;
+            if (i < k) {
+                if (kSrc == kSrcPlain) {
+                    p0[j] = __ldcg(a.x + i);
+                } else if (kSrc == kSrcAdd) {
+                    p0[j] = __ldcg(a.x + i);
+                    p1[j] = __ldcg(a.r + i);
+                } else {
+                    p0[j] = __ldcg(a.g + i);
+                    p1[j] = __ldcg(a.u + i);
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < kFusedBatch; j++) {
+            const int i = i0 + j * B;
+            if (i >= k)
+                continue;
+            float v;
+            if (kSrc == kSrcPlain) {
+                v = p0[j];
+            } else if (kSrc == kSrcAdd) {
+                v = __fadd_rn(p0[j], p1[j]);
+                if (blockIdx.x == 0)
+                    a.x_out[i] = v;
+            } else {
+                const float gate = __fmul_rn(p0[j], a.sg);
+                const float up = __fmul_rn(p1[j], a.su);
+                const float rg = gate > 0.0f ? gate : 0.0f;
+                v = __fmul_rn(__fmul_rn(rg, rg), up);
+            }
+            sv[i] = v;
+        }
+    }
+    __syncthreads();
+
+    /* 3. The separate kernel's per-thread sums and first butterfly, one of
+     * its warps at a time, then its second level (every warp, same bits). */
+    const int vwarps = a.vt / 32;
+    for (int vw = warp; vw < vwarps; vw += B / 32) {
+        const int vt = vw * 32 + lane;
+        double ss = 0.0, umax = 0.0;
+        for (int j = 0; j < a.vper; j++) {
+            const int i = vt + j * a.vt;
+            if (i < k) {
+                const float v = sv[i];
+                ss = __fma_rn((double)v, (double)v, ss);
+                umax = fmax(umax, fabs(__dmul_rn((double)nw[i], (double)v)));
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
+            umax = fmax(umax, __shfl_xor_sync(kFull, umax, o));
+        }
+        if (lane == 0) {
+            red_d[vw] = ss;
+            red_d[32 + vw] = umax;
+        }
+    }
+    __syncthreads();
+    double ss = lane < vwarps ? red_d[lane] : 0.0;
+    double umax = lane < vwarps ? red_d[32 + lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) {
+        ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
+        umax = fmax(umax, __shfl_xor_sync(kFull, umax, o));
+    }
+
+    /* 4. As norm_quantize_row_kernel. */
+    const float inv = inv_rms(ss, k, a.eps);
+    const bool usable = umax > 0.0 && isfinite(umax);
+    const ExactCoder coder(umax);
+    float amax = 0.0f;
+    int total = 0;
+    for (int i = tid; i < k; i += B) {
+        const float v = sv[i], wi = nw[i];
+        amax = fmaxf(amax, fabsf(__fmul_rn(wi, __fmul_rn(v, inv))));
+        const int c = usable ? coder.code(wi, v) : 0;
+        xs[i] = (int8_t)c;
+        total += c;
+    }
+    block_max_sum(amax, total, red_f, red_i);
+    const bool exact = amax >= kQuantEps && usable;
+    float s;
+    if (exact) {
+        s = __fdiv_rn(127.0f, amax);
+    } else {
+        s = __fdiv_rn(127.0f, amax >= kQuantEps ? amax : kQuantEps);
+        total = 0;
+        for (int i = tid; i < k; i += B) {
+            const int c = plain_code(nw[i], sv[i], inv, s);
+            xs[i] = (int8_t)c;
+            total += c;
+        }
+        float unused = 0.0f;
+        block_max_sum(unused, total, red_f, red_i);
+    }
+    for (int64_t i = k + tid; i < kpad; i += B)
+        xs[i] = 0;
+    __syncthreads();
+    if (a.q && blockIdx.x == 0) {
+        for (int64_t i = tid; i < a.ldq; i += B)
+            a.q[i] = i < kpad ? xs[i] : (int8_t)0;
+        if (tid == 0) {
+            a.scale[0] = s;
+            a.sum[0] = total;
+        }
+    }
+
+    /* 5. The product (gemv_pdl_kernel's loop over the shared codes). */
+    int acc = 0;
+    if (live) {
+        const int8_t *xq = xs + (lane >> 3) * 64;
+#pragma unroll
+        for (int u = 0; u < kPre; u++) {
+            const int64_t g = split + (int64_t)u * WARPS;
+            if (g < a.groups)
+                acc = gemv_entry_dot(wv[u], xq + g * kGroupG, acc);
+        }
+        int64_t g = split + (int64_t)kPre * WARPS;
+        for (; g + 3 * WARPS < a.groups; g += 4 * WARPS) {
+            uint4 r4[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                r4[u] = gemv_load_stream(blocks + (g + u * WARPS) * (kBlockBytesG / 16));
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                acc = gemv_entry_dot(r4[u], xq + (g + u * WARPS) * kGroupG, acc);
+        }
+        for (; g < a.groups; g += WARPS)
+            acc = gemv_entry_dot(gemv_load_stream(blocks + g * (kBlockBytesG / 16)),
+                                 xq + g * kGroupG, acc);
+    }
+    acc += __shfl_xor_sync(kFull, acc, 8);
+    acc += __shfl_xor_sync(kFull, acc, 16);
+    if (lane < kTileRowsG)
+        partial[tile_in_block][split][lane] = acc;
+    __syncthreads();
+    if (tid < TILES * kTileRowsG) {
+        const int t = tid / kTileRowsG, r = tid % kTileRowsG;
+        const int64_t out_row = ((int64_t)blockIdx.x * TILES + t) * kTileRowsG + r;
+        if (out_row < a.n) {
+            int sum_acc = 0;
+#pragma unroll
+            for (int sp = 0; sp < WARPS; sp++)
+                sum_acc += partial[t][sp][r];
+            /* w2a8_kernels.cu's epilogue: IEEE division, then multiply. */
+            a.y[out_row] = __fmul_rn(__fdiv_rn((float)(sum_acc - total), s), a.w_scale);
+        }
+    }
+}
+
+size_t norm_gemv_smem(int64_t k, int64_t groups)
+{
+    return (size_t)groups * kGroupG + 2 * sizeof(float) * (size_t)k;
+}
+
+template <int kSrc, int WARPS, int TILES>
+cudaError_t launch_norm_gemv_t(const NormGemvArgs &a, int pdl, cudaStream_t stream)
+{
+    const int64_t blocks = (a.tiles + TILES - 1) / TILES;
+    const size_t smem = norm_gemv_smem(a.k, a.groups);
+    auto kernel = norm_gemv_kernel<kSrc, WARPS, TILES>;
+    if (smem > 48 * 1024) {
+        const cudaError_t rc =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (rc != cudaSuccess)
+            return rc;
+    }
+    return pdl_launch(kernel, dim3((unsigned)blocks), dim3(32 * WARPS * TILES), smem, stream, pdl,
+                      a);
+}
+
+template <int kSrc>
+cudaError_t launch_norm_gemv(const NormGemvArgs &a, int split, int pdl, cudaStream_t stream)
+{
+    switch (split) { /* gemv_pdl_kernel's shapes */
+    case 1: return launch_norm_gemv_t<kSrc, 1, 4>(a, pdl, stream);
+    case 2: return launch_norm_gemv_t<kSrc, 2, 2>(a, pdl, stream);
+    case 4: return launch_norm_gemv_t<kSrc, 4, 1>(a, pdl, stream);
+    case 8: return launch_norm_gemv_t<kSrc, 8, 1>(a, pdl, stream);
+    default: return cudaErrorInvalidValue;
+    }
 }
 
 /* ---- RoPE and the q, k, v epilogue ----------------------------------------------------- */
@@ -1250,6 +1558,65 @@ extern "C" cudaError_t bn_cb_relu2_norm_quantize(const float *g, const float *u,
     a.scale = scale;
     a.sum = sum;
     return launch_norm_quantize<kSrcRelu2>(a, m, pdl, stream);
+}
+
+extern "C" int bn_cb_norm_gemv_fits(int64_t k, int64_t groups)
+{
+    return k > 0 && k <= kFusedMaxK && groups > 0 && groups * kGroupG >= k &&
+           norm_gemv_smem(k, groups) <= 160 * 1024;
+}
+
+extern "C" cudaError_t bn_cb_norm_gemv(const bn_cb_norm_gemv_args *a, int pdl,
+                                       cudaStream_t stream)
+{
+    if (!a || !bn_cb_norm_gemv_fits(a->k, a->groups) || !a->w || !a->weights || !a->y ||
+        a->n <= 0 || a->tiles != (a->n + kTileRowsG - 1) / kTileRowsG ||
+        (a->q && (!a->scale || !a->sum || a->ldq < a->k)) ||
+        ((uintptr_t)a->weights & 15) != 0)
+        return cudaErrorInvalidValue;
+    NormGemvArgs d = {};
+    d.k = (int)a->k;
+    d.w = a->w;
+    d.eps = a->eps;
+    d.weights = static_cast<const uint4 *>(a->weights);
+    d.n = a->n;
+    d.tiles = a->tiles;
+    d.groups = a->groups;
+    d.w_scale = a->weight_scale;
+    d.y = a->y;
+    d.vt = row_threads(a->k);
+    d.vper = row_per(a->k);
+    d.q = a->q;
+    d.ldq = a->ldq;
+    d.scale = a->scale;
+    d.sum = a->sum;
+    switch (a->src) {
+    case BN_CB_SRC_PLAIN:
+        if (!a->x)
+            return cudaErrorInvalidValue;
+        d.x = a->x;
+        return launch_norm_gemv<kSrcPlain>(d, a->split, pdl, stream);
+    case BN_CB_SRC_ADD: {
+        /* x_out must not overlap x or r (every block reads them). */
+        const float *xo = a->x_out;
+        if (!a->x || !a->r || !xo || (xo < a->x + a->k && a->x < xo + a->k) ||
+            (xo < a->r + a->k && a->r < xo + a->k))
+            return cudaErrorInvalidValue;
+        d.x = a->x;
+        d.r = a->r;
+        d.x_out = a->x_out;
+        return launch_norm_gemv<kSrcAdd>(d, a->split, pdl, stream);
+    }
+    case BN_CB_SRC_RELU2:
+        if (!a->g || !a->u)
+            return cudaErrorInvalidValue;
+        d.g = a->g;
+        d.u = a->u;
+        d.sg = a->sg;
+        d.su = a->su;
+        return launch_norm_gemv<kSrcRelu2>(d, a->split, pdl, stream);
+    default: return cudaErrorInvalidValue;
+    }
 }
 
 extern "C" cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr,

@@ -93,6 +93,55 @@ cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr
                               int64_t k, const float *w, float eps, float *y, int64_t ldy,
                               cudaStream_t stream);
 
+/* ---- RMSNorm + int8 quantization fused into the decode GEMV ------------------
+ *
+ * One row (M = 1): y = W q with q, scale and sum what the bn_cb_*norm_quantize
+ * launcher of the same source would write for that row, bit for bit, and the
+ * product what bn_w2a8_cuda_gemv_pdl would compute from them, bit for bit
+ * (its int32 sums are exact). Every block of the GEMV computes the norm and
+ * the codes of the row itself, into shared memory, after loading its first
+ * weight entries (before the wait under pdl): one kernel instead of two.
+ *
+ * The double sum of squares is evaluated in the order the separate kernel
+ * uses for a row of k values (its threads and values per thread are
+ * emulated by the block's warps), so even the one value whose result
+ * depends on order is the same.
+ *
+ * src: BN_CB_SRC_PLAIN  v = x
+ *      BN_CB_SRC_ADD    v = x + r, written to x_out by block 0 (x_out must
+ *                       not overlap x or r: every block reads x and r, so
+ *                       the sum goes to a second residual buffer)
+ *      BN_CB_SRC_RELU2  v = relu(g * sg)^2 * (u * su)
+ * q, scale, sum: may be NULL; else block 0 also writes the codes (ldq bytes,
+ * zeros from k), the scale and the sum there. bn_cb_norm_gemv_fits says
+ * whether a row of k values fits (k <= 8192); others take the two kernels. */
+#define BN_CB_SRC_PLAIN 0
+#define BN_CB_SRC_ADD 1
+#define BN_CB_SRC_RELU2 2
+
+typedef struct bn_cb_norm_gemv_args {
+    int src;
+    const float *x, *r;
+    float *x_out;
+    const float *g, *u;
+    float sg, su;
+    int64_t k;
+    const float *w;          /* the norm's weights, k                              */
+    float eps;
+    const void *weights;     /* cuda_layout.h packing, as bn_w2a8_cuda_args         */
+    int64_t n, tiles, groups;
+    float weight_scale;
+    float *y;                /* n                                                  */
+    int split;               /* bn_w2a8_cuda_gemv_split: 1, 2, 4 or 8              */
+    int8_t *q;               /* optional, see above                                */
+    int64_t ldq;
+    float *scale;
+    int32_t *sum;
+} bn_cb_norm_gemv_args;
+
+int bn_cb_norm_gemv_fits(int64_t k, int64_t groups);
+cudaError_t bn_cb_norm_gemv(const bn_cb_norm_gemv_args *a, int pdl, cudaStream_t stream);
+
 /* ---- RoPE table --------------------------------------------------------------------
  *
  * table[p][j] = (cos, sin) of the angle (float)p * inv_freq[j] for p < n_pos,

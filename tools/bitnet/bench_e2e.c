@@ -117,9 +117,10 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
            "stage, 20 steps averaged):\n");
     printf("  %-36s %9s %7s %9s\n", "stage", "us/step", "share", "launches");
     for (int s = 0; s < BN_CUDA_STAGE_COUNT; s++)
-        printf("  %-36s %9.1f %6.1f%% %9d\n", bn_cuda_stage_name((bn_cuda_stage)s),
-               t.ms[s] * 1000.0, t.total_ms > 0.0 ? 100.0 * t.ms[s] / t.total_ms : 0.0,
-               t.launches[s]);
+        if (t.launches[s] > 0) /* fused norms: their stages launch nothing */
+            printf("  %-36s %9.1f %6.1f%% %9d\n", bn_cuda_stage_name((bn_cuda_stage)s),
+                   t.ms[s] * 1000.0, t.total_ms > 0.0 ? 100.0 * t.ms[s] / t.total_ms : 0.0,
+                   t.launches[s]);
     int launches = 0;
     for (int s = 0; s < BN_CUDA_STAGE_COUNT; s++)
         launches += t.launches[s];

@@ -3,7 +3,7 @@
  * found next to the executable (build/bitnet in a source tree), under its
  * install prefix (bin/bitnet -> share/bitnet/models), or in the source tree
  * the binary was built from. */
-#define _DEFAULT_SOURCE /* realpath, readlink */
+#define _DEFAULT_SOURCE /* readlink */
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
@@ -22,8 +22,11 @@ static bool is_file(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* The folder holding the running executable ("" if unknown). */
-static void exe_dir(char *buf, size_t size)
+/* The parent of the folder holding the running executable ("" if unknown):
+ * the build tree's top for build/bitnet, the prefix for PREFIX/bin/bitnet.
+ * /proc/self/exe is already a resolved path, so stripping two components
+ * gives a clean one. */
+static void exe_parent(char *buf, size_t size)
 {
     buf[0] = '\0';
     char path[PATH_MAX];
@@ -31,11 +34,13 @@ static void exe_dir(char *buf, size_t size)
     if (n <= 0)
         return;
     path[n] = '\0';
-    char *slash = strrchr(path, '/');
-    if (!slash)
-        return;
-    *slash = '\0';
-    snprintf(buf, size, "%s", path);
+    for (int i = 0; i < 2; i++) {
+        char *slash = strrchr(path, '/');
+        if (!slash)
+            return;
+        *slash = '\0';
+    }
+    snprintf(buf, size, "%s", path[0] ? path : "/");
 }
 
 const char *cli_default_model(const bn_config *cfg, char *buf, size_t size, const char *cmd)
@@ -44,21 +49,20 @@ const char *cli_default_model(const bn_config *cfg, char *buf, size_t size, cons
         snprintf(buf, size, "%s", cfg->model);
         return buf;
     }
-    char dir[PATH_MAX];
-    exe_dir(dir, sizeof dir);
+    char parent[PATH_MAX];
+    exe_parent(parent, sizeof parent);
     char tried[3][PATH_MAX + 64];
     int n = 0;
-    if (dir[0]) {
-        snprintf(tried[n++], sizeof tried[0], "%s/../models/%s", dir, REL_PATH);
-        snprintf(tried[n++], sizeof tried[0], "%s/../share/bitnet/models/%s", dir, REL_PATH);
+    if (parent[0]) {
+        snprintf(tried[n++], sizeof tried[0], "%s/models/%s", parent, REL_PATH);
+        snprintf(tried[n++], sizeof tried[0], "%s/share/bitnet/models/%s", parent, REL_PATH);
     }
 #ifdef BITNET_SOURCE_DIR
     snprintf(tried[n++], sizeof tried[0], "%s/models/%s", BITNET_SOURCE_DIR, REL_PATH);
 #endif
     for (int i = 0; i < n; i++) {
         if (is_file(tried[i])) {
-            char real[PATH_MAX];
-            snprintf(buf, size, "%s", realpath(tried[i], real) ? real : tried[i]);
+            snprintf(buf, size, "%s", tried[i]);
             return buf;
         }
     }
