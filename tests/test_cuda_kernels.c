@@ -13,6 +13,7 @@
 #include "w2a8_cuda.h"
 
 static int sm_count;
+static bool wgmma_usable; /* compute capability 9.0 and this build has sm_90a code */
 
 static bool same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
 
@@ -91,10 +92,16 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
         const int gemm_variant = (v - gemv_runs) / 2;
         a.workspace = gemv || (v - gemv_runs) % 2 == 0 ? d_ws : NULL;
         CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n))); /* NaN poison */
-        if (gemv)
+        if (gemv) {
             CUDA_OK(bn_w2a8_cuda_gemv_variant(&a, splits[v % 4], v / 4, 0));
-        else
-            CUDA_OK(bn_w2a8_cuda_gemm_variant(&a, gemm_variant, 0));
+        } else {
+            const cudaError_t rc = bn_w2a8_cuda_gemm_variant(&a, gemm_variant, 0);
+            /* The wgmma variants need compute capability 9.0 and an sm_90a
+             * build; elsewhere they decline without launching. */
+            if (rc == cudaErrorNotSupported && gemm_variant >= 5 && !wgmma_usable)
+                continue;
+            CUDA_OK(rc);
+        }
         int64_t first;
         const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
         CHECK_MSG(diff == 0,
@@ -201,6 +208,19 @@ int main(void)
                bn_w2a8_cuda_gemm_pipelined_split(&probe, BN_W2A8_PIPE_64X256, 2) == 2
                    ? "thread-block clusters"
                    : "unavailable here (every split runs as 1)");
+    }
+
+    {
+        int dev = 0, major = 0, minor = 0;
+        CUDA_OK(cudaGetDevice(&dev));
+        CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        wgmma_usable = major == 9 && minor == 0 && bn_w2a8_cuda_gemm_wgmma_compiled();
+        printf("wgmma GEMM (variants 5-7): %s\n",
+               wgmma_usable ? "checked"
+               : bn_w2a8_cuda_gemm_wgmma_compiled()
+                   ? "skipped (needs compute capability 9.0)"
+                   : "skipped (this build has no sm_90a code: 90 not among the architectures)");
     }
 
     /* The packer against its own definition, on one small case. */

@@ -64,19 +64,31 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * 1 "skinny": weights straight into tensor-core fragments, activations in
  * 16- or 32-row slices, K split over blocks when a workspace is given;
  * 2 pipelined 64 x 256 (w2a8_gemm_pipelined.cu), split-K chosen for the
- * shape; 3 the same without split-K; 4 pipelined 128 x 256, split-K chosen.
- * bn_w2a8_cuda_gemm uses 1 up to BN_W2A8_SKINNY_MAX_M rows; above, 3 when
- * the 64 x 256 tiles number at least BN_W2A8_PIPE_MIN_TILES, else 2 for
- * rows of at least BN_W2A8_PIPE_SPLIT_MIN_K, else 0 (measured, H200). */
-#define BN_W2A8_GEMM_VARIANTS 5
+ * shape; 3 the same without split-K; 4 pipelined 128 x 256, split-K chosen;
+ * 5, 6, 7 wgmma (w2a8_gemm_wgmma.cu; weight rows x activation rows)
+ * 256 x 128, 128 x 128 with one warpgroup, 128 x 128 with two: compute
+ * capability 9.0 and an sm_90a build only, else cudaErrorNotSupported.
+ * bn_w2a8_cuda_gemm uses 1 up to BN_W2A8_SKINNY_MAX_M rows; above, where
+ * wgmma is usable, 7 from BN_W2A8_WGMMA_MIN_M rows when its 128 x 128 tiles
+ * number at least BN_W2A8_WGMMA_MIN_TILES or rows have at least
+ * BN_W2A8_WGMMA_SHORT_K values; otherwise 3 when the 64 x 256 tiles number
+ * at least BN_W2A8_PIPE_MIN_TILES, else 2 for rows of at least
+ * BN_W2A8_PIPE_SPLIT_MIN_K, else 0 (bn_w2a8_cuda_gemm_default_variant;
+ * measured on an H200). */
+#define BN_W2A8_GEMM_VARIANTS 8
 #define BN_W2A8_SKINNY_MAX_M 32
+#define BN_W2A8_WGMMA_MIN_M 128
+#define BN_W2A8_WGMMA_MIN_TILES 100
+#define BN_W2A8_WGMMA_SHORT_K 4096
 #define BN_W2A8_PIPE_MIN_TILES 256
 #define BN_W2A8_PIPE_SPLIT_MIN_K 8192
 cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int variant,
                                       cudaStream_t stream);
 /* The variant bn_w2a8_cuda_gemm runs for m rows, and a short name of a
  * variant with the split-K factor it would use for a (for the benchmark). */
-int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k);
+int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma);
+/* Whether the wgmma variants (5-7) can run on the current device. */
+int bn_w2a8_cuda_gemm_wgmma_usable(void);
 void bn_w2a8_cuda_gemm_describe(const bn_w2a8_cuda_args *a, int variant, char *buf, size_t size);
 
 /* The pipelined GEMM (w2a8_gemm_pipelined.cu): tile configuration and
@@ -90,6 +102,21 @@ cudaError_t bn_w2a8_cuda_gemm_pipelined(const bn_w2a8_cuda_args *a, int config, 
                                         cudaStream_t stream);
 /* The split the call above would use. */
 int bn_w2a8_cuda_gemm_pipelined_split(const bn_w2a8_cuda_args *a, int config, int split);
+
+/* The wgmma GEMM (w2a8_gemm_wgmma.cu): Hopper warpgroup tensor cores,
+ * weights expanded from 2 bits straight into the A registers, activations
+ * as the shared-memory B operand. Configurations name weight rows x
+ * activation rows per block. Needs compute capability 9.0 and this file
+ * built for sm_90a (bn_w2a8_cuda_gemm_wgmma_compiled()); otherwise it
+ * returns cudaErrorNotSupported and launches nothing. Needs no workspace. */
+enum {
+    BN_W2A8_WGMMA_256X128 = 0,     /* 2 warpgroups, 1 block per SM  */
+    BN_W2A8_WGMMA_128X128_1WG = 1, /* 1 warpgroup, 2 blocks per SM  */
+    BN_W2A8_WGMMA_128X128 = 2,     /* 2 warpgroups, 2 blocks per SM */
+    BN_W2A8_WGMMA_CONFIGS = 3
+};
+cudaError_t bn_w2a8_cuda_gemm_wgmma(const bn_w2a8_cuda_args *a, int config, cudaStream_t stream);
+int bn_w2a8_cuda_gemm_wgmma_compiled(void);
 
 /* Per-row absmax int8 quantization of m rows of k floats (stride ldx)
  * into q (stride ldq >= k, zero-filled from k to ldq), with scales and

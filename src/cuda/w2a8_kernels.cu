@@ -737,28 +737,52 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int
     case 2: return bn_w2a8_cuda_gemm_pipelined(a, BN_W2A8_PIPE_64X256, 0, stream);
     case 3: return bn_w2a8_cuda_gemm_pipelined(a, BN_W2A8_PIPE_64X256, 1, stream);
     case 4: return bn_w2a8_cuda_gemm_pipelined(a, BN_W2A8_PIPE_128X256, 0, stream);
+    case 5: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_256X128, stream);
+    case 6: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_1WG, stream);
+    case 7: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128, stream);
     default: return cudaErrorInvalidValue;
     }
 }
 
-/* Measured on an H200 at M = 512 (docs/PERFORMANCE.md): the pipelined
- * 64 x 256 kernel wins once its tiles fill every SM about twice; with fewer
- * tiles, split-K pays for long rows only, and the 64 x 64 tiled kernel wins
- * on short ones (the 2B-4T attention and down shapes). */
-extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k)
+/* Measured on an H200 at M = 512 (docs/PERFORMANCE.md). With Hopper's
+ * wgmma available (sm_90a code, a 9.0 device) its 128 x 128 kernel wins on
+ * every shape except short rows with few tiles (2560 x 2560). Without it:
+ * the pipelined 64 x 256 kernel once its tiles fill every SM about twice;
+ * with fewer tiles, split-K for long rows, else the 64 x 64 tiled kernel. */
+extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma)
 {
     if (m <= BN_W2A8_SKINNY_MAX_M)
         return 1;
+    const int64_t wg_tiles = ((m + 127) / 128) * ((n + 127) / 128);
+    if (wgmma && m >= BN_W2A8_WGMMA_MIN_M &&
+        (wg_tiles >= BN_W2A8_WGMMA_MIN_TILES || k >= BN_W2A8_WGMMA_SHORT_K))
+        return 7;
     const int64_t tiles = ((m + 63) / 64) * ((n + 255) / 256);
     if (tiles >= BN_W2A8_PIPE_MIN_TILES)
         return 3;
     return k >= BN_W2A8_PIPE_SPLIT_MIN_K ? 2 : 0;
 }
 
+/* Whether the wgmma kernel can run on the current device: compiled for
+ * sm_90a and a compute capability 9.0 device. */
+extern "C" int bn_w2a8_cuda_gemm_wgmma_usable(void)
+{
+    if (!bn_w2a8_cuda_gemm_wgmma_compiled())
+        return 0;
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+        return 0;
+    return major == 9 && minor == 0;
+}
+
 extern "C" cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream)
 {
     const int64_t k = a->groups * BN_CUDA_GROUP; /* the padded row length */
-    return bn_w2a8_cuda_gemm_variant(a, bn_w2a8_cuda_gemm_default_variant(a->m, a->n, k), stream);
+    const int v = bn_w2a8_cuda_gemm_default_variant(a->m, a->n, k,
+                                                    bn_w2a8_cuda_gemm_wgmma_usable());
+    return bn_w2a8_cuda_gemm_variant(a, v, stream);
 }
 
 extern "C" cudaError_t bn_cuda_quantize_rows(const float *x, int64_t m, int64_t k, int64_t ldx,

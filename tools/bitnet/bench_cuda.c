@@ -315,7 +315,9 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
                          o->variants ? v : BN_W2A8_GEMV_DEFAULT_VARIANT, w.split);
             else {
                 char name[24];
-                const int gemm = o->variants ? v : bn_w2a8_cuda_gemm_default_variant(m, n, l.k);
+                const int gemm = o->variants ? v
+                                               : bn_w2a8_cuda_gemm_default_variant(
+                                                     m, n, l.k, bn_w2a8_cuda_gemm_wgmma_usable());
                 bn_w2a8_cuda_gemm_describe(&w.args, gemm, name, sizeof name);
                 snprintf(kernel, sizeof kernel, "gemm %s", name);
             }

@@ -1,0 +1,520 @@
+/*
+ * w2a8_gemm_wgmma.cu - the W2A8 GEMM on Hopper's warpgroup tensor-core
+ * instruction (wgmma.mma_async m64nNk32 .s32.s8.s8), for prefill-sized M.
+ *
+ * Same contract as every W2A8 kernel (w2a8_kernels.cu): weights in the
+ * cuda_layout.h tile layout, activations int8 rows of ldx bytes, zero from
+ * k to k_padded, and
+ *
+ *     acc = sum code * x      (exact int32; code = weight + 1)
+ *     y   = ((float)(acc - act_sum) / act_scale) * weight_scale
+ *
+ * so the output is bit-identical to the CPU reference.
+ *
+ * ---- Operands: the product is computed transposed -------------------------
+ *
+ * wgmma takes its A operand (M x K) from registers or shared memory and its
+ * B operand (N x K) from shared memory only. The weights are the A operand
+ * here (wgmma's M = weight rows = output columns) and the activations the B
+ * operand (wgmma's N = activation rows), D = W . X^T, stored transposed.
+ * That way the 2-bit codes are expanded straight into A registers, exactly
+ * as the mma.sync kernel (w2a8_gemm_pipelined.cu) builds its B fragments:
+ * the register layout of an m64nNk32 s8 A fragment is, per warp w of the
+ * warpgroup, that of mma.m16n8k32's A for rows 16w .. 16w + 15 (CUTLASS
+ * ALayout_64x32: m = 16 w + gid + 8 (r & 1), k = 4 tig + byte + 16 (r >> 1)
+ * for register r of lane 4 gid + tig), so register r of thread (gid, tig)
+ * for k step s is 2-bit field tig of word 2 (s & 1) + (r >> 1) of row
+ * gid + 8 (r & 1)'s 16-byte entry, quarter s / 2 (cuda_layout.h): one shift
+ * and one mask. Expanded weights never touch shared memory, and shared
+ * memory carries only the activations (read by wgmma) and the packed
+ * weights (read once per thread).
+ *
+ * ---- Shared memory: activations K-major with 128-byte swizzle ---------------
+ *
+ * A stage holds k = BK (128 or 256) of the activation tile: per 128 k, BA
+ * rows of 128 bytes, row r at r * 128 with its 16-byte chunk c at chunk
+ * c ^ (r & 7); every such BA x 128 tile 1024-byte aligned. That is the
+ * canonical K-major 128B-swizzle layout of wgmma (PTX ISA "Shared Memory
+ * Matrix Layout": Swizzle<3,4,3> o ((8,m),(T,2k)):((8T,SBO),(1,T)), T = 16
+ * bytes): rows 128 bytes apart, 8-row groups SBO = 1024 apart, address
+ * bits 4-6 XORed with bits 7-9. The descriptor of k step s (32 bytes)
+ * starts 32 (s % 4) bytes into 128-k tile s / 4 (the swizzle works on
+ * absolute address bits, so the pattern still starts at the 1024-aligned
+ * base: base offset 0):
+ *
+ *     bits  0-13  start address >> 4        (tile + 32 (s % 4)) >> 4
+ *     bits 16-29  leading byte offset >> 4  1 (unused for swizzled K-major)
+ *     bits 32-45  stride byte offset >> 4   1024 >> 4
+ *     bits 49-51  base offset               0
+ *     bits 62-63  swizzle mode              1 (128-byte)
+ *
+ * After the activations, the stage holds the weight tiles' packed k-tiles
+ * (BW / 8 tiles x 8 rows x BK / 4 bytes, contiguous in the layout).
+ *
+ * ---- Tiles and pipeline -----------------------------------------------------
+ *
+ * A block is WG warpgroups; warpgroup g owns MI slices of 64 weight rows
+ * and all BA activation rows: MI x (BA / 2) int32 accumulators per thread.
+ * Configurations (BN_W2A8_WGMMA_*; weight rows x activation rows):
+ *
+ *   256x128:     2 warpgroups x 2 slices, BK 128, 24 KB per stage, 6 stages,
+ *                1 block per SM, 128 accumulators (BK 256 spills: 64
+ *                fragment registers).
+ *   128x128 1wg: 1 warpgroup x 2 slices, BK 128, 20 KB per stage, 4 stages,
+ *                2 blocks per SM, 128 accumulators.
+ *   128x128:     2 warpgroups x 1 slice, BK 128, 20 KB per stage, 4 stages,
+ *                2 blocks per SM, 64 accumulators.
+ *
+ * Per k, 256x128 moves 256 / 4 + 128 = 192 bytes into shared memory for
+ * 32768 multiply-adds (5.9e-3 B per multiply-add, the 64x256 mma.sync
+ * kernel 7.8e-3), the 128x128 ones 9.8e-3. wgmma reads the activations from
+ * shared memory (1/64 byte per multiply-add); the packed weights are read
+ * once per thread.
+ *
+ * Every thread copies (cp.async, zero-filled past M and past the weight
+ * tiles) and every warpgroup computes. Iteration it:
+ *
+ *     cp.async.wait (k-tile it landed) ; fence.proxy.async ; __syncthreads
+ *     cp.async k-tile it + S - 1 into the slot of k-tile it - 1
+ *     load + expand the A fragments of k-tile it
+ *     wgmma.fence ; BK / 32 k steps x MI wgmma ; commit ; wgmma.wait_group 0
+ *
+ * wait_group 0, not 1: ptxas serializes every wgmma of a kernel in which A
+ * registers are defined while an older wgmma group is in flight (C7513),
+ * so a warpgroup cannot overlap its own expansion with its own wgmma; the
+ * tensor cores are kept busy by the other warpgroup of the block and, for
+ * the 128x128 configurations, by the second block on the SM. After the
+ * barrier every warpgroup has retired k-tile it - 1, so its slot may be
+ * refilled (prefetch distance S - 1). fence.proxy.async makes the
+ * generic-proxy cp.async writes visible to wgmma (async proxy).
+ *
+ * ---- Build ------------------------------------------------------------------
+ *
+ * wgmma needs sm_90a code: CMake compiles this file alone for
+ * compute_90a/sm_90a when 90 is among the architectures (and defines
+ * BN_W2A8_WGMMA_SM90A); elsewhere the kernel body is empty and the launcher
+ * answers cudaErrorNotSupported, as it does on any device other than 9.0,
+ * so callers fall back to the other kernels.
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "w2a8_cuda.h"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define BN_WGMMA_DEVICE 1
+#else
+#define BN_WGMMA_DEVICE 0
+#endif
+
+#ifndef BN_W2A8_WGMMA_SM90A
+#define BN_W2A8_WGMMA_SM90A 0
+#endif
+
+namespace bn_wgmma {
+
+constexpr int kTileRows = 8;     /* weight rows per layout tile               */
+constexpr int kBlockBytes = 512; /* one tile's chunk-group (cuda_layout.h)    */
+
+template <int WG, int MI, int BA, int BK, int STAGES, int MIN_BLOCKS>
+struct Cfg {
+    static constexpr int kThreads = 128 * WG;
+    static constexpr int kBW = 64 * MI * WG; /* weight rows per block */
+    static constexpr int kWTiles = kBW / kTileRows;
+    static constexpr int kSteps = BK / 32;          /* wgmma k steps per stage    */
+    static constexpr int kWTileBytes = 2 * BK;      /* one tile (8 rows) packed k-tile */
+    static constexpr int kActBytes = BA * BK;
+    static constexpr int kWBytes = kWTiles * kWTileBytes;
+    static constexpr int kStageBytes = kActBytes + kWBytes;
+    /* + 1024: the dynamic shared memory base is rounded up to 1024. */
+    static constexpr int kSmemBytes = STAGES * kStageBytes + 1024;
+    static constexpr int kActChunks = BA * BK / 16;
+    static constexpr int kWChunks = kWBytes / 16;
+    static constexpr int kAcc = BA / 2; /* accumulators per slice */
+    static_assert(BK == 128 || BK == 256, "a stage is half or all of a chunk-group");
+    static_assert(BA == 128, "wgmma n of the wrapper below (m64n128k32)");
+    static_assert(kActChunks % kThreads == 0 && kWChunks % kThreads == 0, "even copy split");
+    static_assert(kStageBytes % 1024 == 0 && kActBytes % 1024 == 0,
+                  "stages and their activation tiles keep the 1024-byte swizzle alignment");
+    static_assert(STAGES >= 2, "prefetch distance STAGES - 1");
+};
+
+/* ---- Index maps shared with the host-side emulator (kept __host__) ------- */
+
+/* Byte offset in a stage of 16-byte chunk `chunk` (0 .. BK / 16 - 1) of
+ * activation row `row`: k-half chunk / 8 is its own BA x 128-byte
+ * 128B-swizzled tile. */
+template <int BA>
+__host__ __device__ __forceinline__ uint32_t act_offset(int row, int chunk)
+{
+    return (uint32_t)((chunk >> 3) * BA * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+/* Byte offset in a stage of the start of wgmma k step s (32 k). */
+template <int BA>
+__host__ __device__ __forceinline__ uint32_t act_step_offset(int s)
+{
+    return (uint32_t)((s >> 2) * BA * 128 + 32 * (s & 3));
+}
+
+/* The wgmma descriptor of a K-major, 128B-swizzled operand at shared
+ * address `addr` (8-row groups 1024 bytes apart). */
+__host__ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr)
+{
+    return ((uint64_t)1 << 62) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 16) |
+           (uint64_t)((addr & 0x3FFFF) >> 4);
+}
+
+/* Layout tile (within the block) of the low 8 rows of warp wq's 16-row
+ * piece of slice i of warpgroup g; the high 8 rows are the next tile. */
+template <int MI>
+__host__ __device__ __forceinline__ int frag_tile(int g, int i, int wq)
+{
+    return 8 * (MI * g + i) + 2 * wq;
+}
+
+/* A-fragment register r (0..3) of k step s from the two rows' 16-byte
+ * entries of quarter s / 2 of the stage: lo = row gid, hi = row gid + 8. */
+__host__ __device__ __forceinline__ uint32_t frag_reg(const uint32_t lo[4], const uint32_t hi[4],
+                                                      int s, int r, int tig)
+{
+    const uint32_t word = (r & 1) ? hi[2 * (s & 1) + (r >> 1)] : lo[2 * (s & 1) + (r >> 1)];
+    return (word >> (2 * tig)) & 0x03030303u;
+}
+
+} // namespace bn_wgmma
+
+namespace bn_wgmma {
+namespace {
+
+#if BN_WGMMA_DEVICE
+
+__device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_scale)
+{
+    /* Written exactly as bn_w2a8_epilogue: IEEE division and multiply. */
+    return __fmul_rn(__fdiv_rn((float)acc, act_scale), w_scale);
+}
+
+/* 16 bytes global -> shared (.cg); with ok == false nothing is read and the
+ * 16 bytes are zero-filled (src-size 0). */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(ok ? 16 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Generic-proxy writes (cp.async) -> visible to the async proxy (wgmma). */
+__device__ __forceinline__ void fence_proxy_async()
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence()
+{
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit()
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+/* Pins a register's value at this point of the (volatile) asm order, so the
+ * compiler neither computes an A fragment after wgmma.fence nor touches an
+ * accumulator between a wgmma and its wait. */
+__device__ __forceinline__ void pin(int32_t &r)
+{
+    asm volatile("" : "+r"(r)::"memory");
+}
+
+__device__ __forceinline__ void pin(uint32_t &r)
+{
+    asm volatile("" : "+r"(r)::"memory");
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_rs(int32_t (&d)[N / 2], const uint32_t (&a)[4],
+                                         uint64_t desc);
+
+template <>
+__device__ __forceinline__ void wgmma_rs<128>(int32_t (&d)[64], const uint32_t (&a)[4],
+                                              uint64_t desc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, {%64, %65, %66, %67}, %68, p;\n}\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+                 "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+                 "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+                 "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+                 "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+                 "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+                 "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+                 "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+                 : "memory");
+}
+#endif /* BN_WGMMA_DEVICE */
+
+/*
+ * Grid: x = activation block (BA rows; the blocks sharing a weight tile are
+ * adjacent, so the weights come from DRAM once and from L2 for the others),
+ * y = weight block (BW rows).
+ */
+template <int WG, int MI, int BA, int BK, int STAGES, int MIN_BLOCKS>
+__global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
+    wgmma_kernel(const uint8_t *__restrict__ w, const int8_t *__restrict__ x, int64_t ldx,
+                 int64_t m, int64_t n, int64_t tiles, int64_t groups,
+                 const float *__restrict__ act_scale, const int32_t *__restrict__ act_sum,
+                 float w_scale, float *__restrict__ y, int64_t ldy)
+{
+#if BN_WGMMA_DEVICE
+    using C = Cfg<WG, MI, BA, BK, STAGES, MIN_BLOCKS>;
+    constexpr int S = STAGES;
+    constexpr int kSteps = C::kSteps;
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+    const uint32_t sbase = (raw + 1023u) & ~1023u;
+    const uint8_t *const sptr = smem_raw + (sbase - raw);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = warp >> 2, wq = warp & 3;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int64_t m0 = (int64_t)blockIdx.x * BA;
+    const int64_t tile0 = (int64_t)blockIdx.y * C::kWTiles;
+    /* k-tiles of BK; k_padded (256 groups) is a multiple of BK. */
+    const int n_kt = (int)(groups * (256 / BK));
+
+    /* Queues the copies of k-tile kt into slot `slot`. */
+    auto load_stage = [&](int slot, int kt) {
+        const uint32_t as = sbase + (uint32_t)(slot * C::kStageBytes);
+        const uint32_t ws = as + C::kActBytes;
+#pragma unroll
+        for (int p = 0; p < C::kActChunks / C::kThreads; p++) {
+            const int c = p * C::kThreads + tid;
+            const int row = c / (BK / 16), chunk = c % (BK / 16);
+            const bool ok = m0 + row < m;
+            const int8_t *src = ok ? x + (m0 + row) * ldx + (int64_t)kt * BK + chunk * 16 : x;
+            cp_async16(as + act_offset<BA>(row, chunk), src, ok);
+        }
+#pragma unroll
+        for (int p = 0; p < C::kWChunks / C::kThreads; p++) {
+            const int c = p * C::kThreads + tid;
+            const int t = c / (C::kWTileBytes / 16), e = c % (C::kWTileBytes / 16);
+            const bool ok = tile0 + t < tiles;
+            /* Tile t's blocks are contiguous, (t G + g) 512: k-tile kt is
+             * the 2 BK bytes from kt * 2 BK on. */
+            const uint8_t *src = ok ? w + (tile0 + t) * groups * kBlockBytes +
+                                          (int64_t)kt * C::kWTileBytes + e * 16
+                                    : w;
+            cp_async16(ws + (uint32_t)(t * C::kWTileBytes + e * 16), src, ok);
+        }
+    };
+
+    int32_t acc[MI][C::kAcc];
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int v = 0; v < C::kAcc; v++)
+            acc[i][v] = 0;
+
+    /* Prologue: k-tiles 0 .. S - 2 in flight; a group is committed even when
+     * empty so the group count stays uniform. */
+#pragma unroll
+    for (int st = 0; st < S - 1; st++) {
+        if (st < n_kt)
+            load_stage(st, st);
+        cp_async_commit();
+    }
+
+    for (int it = 0; it < n_kt; it++) {
+        /* k-tile it has landed (this thread's copies; after the barrier,
+         * everyone's). Every warpgroup finished k-tile it - 1 (wait_group 0)
+         * before the barrier, so its slot is free for k-tile it + S - 1. */
+        cp_async_wait<S - 2>();
+        fence_proxy_async();
+        __syncthreads();
+        const int pre = it + S - 1;
+        if (pre < n_kt)
+            load_stage(pre % S, pre);
+        cp_async_commit();
+
+        const int slot = it % S;
+        const uint8_t *wsp = sptr + slot * C::kStageBytes + C::kActBytes;
+        uint32_t frag[MI][kSteps][4];
+#pragma unroll
+        for (int i = 0; i < MI; i++) {
+            const int t = frag_tile<MI>(g, i, wq);
+#pragma unroll
+            for (int q = 0; q < BK / 64; q++) {
+                const uint4 lo4 = *reinterpret_cast<const uint4 *>(
+                    wsp + t * C::kWTileBytes + q * 128 + gid * 16);
+                const uint4 hi4 = *reinterpret_cast<const uint4 *>(
+                    wsp + (t + 1) * C::kWTileBytes + q * 128 + gid * 16);
+                const uint32_t lo[4] = {lo4.x, lo4.y, lo4.z, lo4.w};
+                const uint32_t hi[4] = {hi4.x, hi4.y, hi4.z, hi4.w};
+#pragma unroll
+                for (int s = 2 * q; s < 2 * q + 2; s++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++)
+                        frag[i][s][r] = frag_reg(lo, hi, s, r, tig);
+            }
+        }
+        /* All fragment and accumulator registers are final before the fence. */
+#pragma unroll
+        for (int i = 0; i < MI; i++) {
+#pragma unroll
+            for (int s = 0; s < kSteps; s++)
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    pin(frag[i][s][r]);
+#pragma unroll
+            for (int v = 0; v < C::kAcc; v++)
+                pin(acc[i][v]);
+        }
+        wgmma_fence();
+        const uint32_t stage_addr = sbase + (uint32_t)(slot * C::kStageBytes);
+#pragma unroll
+        for (int s = 0; s < kSteps; s++) {
+            const uint64_t desc = sw128_desc(stage_addr + act_step_offset<BA>(s));
+#pragma unroll
+            for (int i = 0; i < MI; i++)
+                wgmma_rs<BA>(acc[i], frag[i][s], desc);
+        }
+        wgmma_commit();
+        /* Retire the whole group: the fragments are rewritten next k-tile
+         * (ptxas serializes wgmma whose A registers are redefined while an
+         * older group is in flight), and the slot is refilled. */
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int v = 0; v < C::kAcc; v++)
+                pin(acc[i][v]);
+    }
+    cp_async_wait<0>();
+
+    /* Epilogue (CUTLASS CLayout_64xN): accumulator 4 j + v of slice i is
+     * weight row 16 wq + gid + 8 (v >> 1) of the slice, activation row
+     * 8 j + 2 tig + (v & 1); stored transposed, y[act row][weight row]. */
+    const int64_t col0 = tile0 * kTileRows + 16 * wq + gid;
+#pragma unroll
+    for (int j = 0; j < BA / 8; j++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t row = m0 + 8 * j + 2 * tig + h;
+            if (row >= m)
+                continue;
+            const float sc = act_scale[row];
+            const int32_t sum = act_sum[row];
+            float *yrow = y + row * ldy;
+#pragma unroll
+            for (int i = 0; i < MI; i++) {
+#pragma unroll
+                for (int half = 0; half < 2; half++) {
+                    const int64_t col = col0 + 64 * (MI * g + i) + 8 * half;
+                    if (col < n)
+                        yrow[col] = epilogue(acc[i][4 * j + 2 * half + h] - sum, sc, w_scale);
+                }
+            }
+        }
+    }
+#else
+    (void)w, (void)x, (void)ldx, (void)m, (void)n, (void)tiles, (void)groups, (void)act_scale;
+    (void)act_sum, (void)w_scale, (void)y, (void)ldy;
+#endif
+}
+
+template <int WG, int MI, int BA, int BK, int STAGES, int MIN_BLOCKS>
+struct Launch {
+    using C = Cfg<WG, MI, BA, BK, STAGES, MIN_BLOCKS>;
+
+    static cudaError_t run(const bn_w2a8_cuda_args *a, cudaStream_t stream)
+    {
+        if (!BN_W2A8_WGMMA_SM90A)
+            return cudaErrorNotSupported; /* not built with sm_90a code */
+        int dev = 0, major = 0, minor = 0;
+        cudaError_t rc = cudaGetDevice(&dev);
+        if (rc == cudaSuccess)
+            rc = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        if (rc == cudaSuccess)
+            rc = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        if (rc != cudaSuccess)
+            return rc;
+        /* sm_90a code runs on compute capability 9.0 only. */
+        if (major != 9 || minor != 0)
+            return cudaErrorNotSupported;
+        if (a->m <= 0 || a->n <= 0)
+            return cudaSuccess;
+        /* cp.async moves aligned 16-byte chunks. */
+        if ((a->ldx & 15) != 0 || (reinterpret_cast<uintptr_t>(a->x) & 15) != 0 ||
+            (reinterpret_cast<uintptr_t>(a->weights) & 15) != 0)
+            return cudaErrorMisalignedAddress;
+        const int64_t m_blocks = (a->m + BA - 1) / BA;
+        const int64_t n_blocks = (a->tiles + C::kWTiles - 1) / C::kWTiles;
+        if (n_blocks > 65535 || m_blocks > 0x7fffffff || 2 * a->groups > 0x7fffffff)
+            return cudaErrorInvalidConfiguration;
+        auto kernel = wgmma_kernel<WG, MI, BA, BK, STAGES, MIN_BLOCKS>;
+        cudaFuncAttributes fa;
+        rc = cudaFuncGetAttributes(&fa, kernel);
+        if (rc != cudaSuccess) {
+            cudaGetLastError(); /* no sm_90a image for this device: not this stream's error */
+            return cudaErrorNotSupported;
+        }
+        rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  C::kSmemBytes);
+        if (rc == cudaSuccess)
+            rc = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      (int)cudaSharedmemCarveoutMaxShared);
+        if (rc != cudaSuccess)
+            return rc;
+        const dim3 grid((unsigned)m_blocks, (unsigned)n_blocks);
+        kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(
+            static_cast<const uint8_t *>(a->weights), a->x, a->ldx, a->m, a->n, a->tiles,
+            a->groups, a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy);
+        return cudaGetLastError();
+    }
+};
+
+} // namespace
+} // namespace bn_wgmma
+
+extern "C" int bn_w2a8_cuda_gemm_wgmma_compiled(void)
+{
+    return BN_W2A8_WGMMA_SM90A;
+}
+
+extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma(const bn_w2a8_cuda_args *a, int config,
+                                               cudaStream_t stream)
+{
+    using namespace bn_wgmma;
+    switch (config) {
+    /*                                  WG MI  BA   BK  S  blocks/SM */
+    case BN_W2A8_WGMMA_256X128: return Launch<2, 2, 128, 128, 6, 1>::run(a, stream);
+    case BN_W2A8_WGMMA_128X128_1WG: return Launch<1, 2, 128, 128, 4, 2>::run(a, stream);
+    case BN_W2A8_WGMMA_128X128: return Launch<2, 1, 128, 128, 4, 2>::run(a, stream);
+    default: return cudaErrorInvalidValue;
+    }
+}
