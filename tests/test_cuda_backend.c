@@ -18,7 +18,8 @@
  *   - fp16 KV cache: logits within TOL_F16 (tokens reported, not required).
  * Then: prefill in chunks of 3 equals one chunk; a ragged random model (no
  * fused products, head_dim 36, untied F16 head of odd width); a random
- * 2B-4T-shaped model for a few decode steps (same tokens; logits within 10x
+ * 2B-4T-shaped model for a few decode steps after a short and a long prompt
+ * (same tokens; long: graph equals eager bit for bit; logits within 10x
  * of the CPU's own change for a 1-ulp input change: the untrained deep model
  * amplifies rounding); request errors and out of
  * memory (the process stays usable; the hint's --ctx fits); the engine:
@@ -502,7 +503,8 @@ static double cpu_sensitivity(bn_model *m, const int32_t *tokens, int n_prompt, 
             row[10] ^= 1;
         bn_cpu_backend *c = NULL;
         bn_error_clear(&err);
-        bool ok = bn_cpu_backend_create(m, 64, 0, &c, &err) == BN_OK;
+        const int64_t kv = n_prompt + steps + 1 > 64 ? n_prompt + steps + 1 : 64;
+        bool ok = bn_cpu_backend_create(m, kv, 0, &c, &err) == BN_OK;
         float *out = pass ? b : a;
         for (int s = 0; ok && s <= steps; s++) {
             const int32_t *t = s == 0 ? tokens : tokens + n_prompt + s - 1;
@@ -525,7 +527,10 @@ static double cpu_sensitivity(bn_model *m, const int32_t *tokens, int n_prompt, 
     return worst;
 }
 
-/* The real 2B-4T shape with random weights: a few decode steps. */
+/* The real 2B-4T shape with random weights: a few decode steps, after a
+ * short prompt (one attention range) and after a long one (several ranges
+ * of 32 positions, merged by the last block: 4 query heads per block), the
+ * long one also graph against eager, bit for bit. */
 static void check_2b4t(void)
 {
     bn_hparams hp;
@@ -536,29 +541,60 @@ static void check_2b4t(void)
     CHECK_MSG(bn_model_create_random(&hp, 1, &m, &err) == BN_OK, "2b4t model: %s", err.message);
     if (!m)
         return;
-    bn_cuda_backend *b = make_cuda(m, 64, BN_CUDA_KV_F32, 0);
+    bn_cuda_backend *b = make_cuda(m, 128, BN_CUDA_KV_F32, 0);
     const double t1 = bn_time_seconds();
     if (b) {
-        int32_t tokens[16];
-        for (int i = 0; i < 16; i++)
+        enum { LONG_PROMPT = 72, LONG_STEPS = 3 };
+        int32_t tokens[LONG_PROMPT + LONG_STEPS];
+        for (int i = 0; i < LONG_PROMPT + LONG_STEPS; i++)
             tokens[i] = (int32_t)((i * 7919 + 128000) % hp.vocab);
-        int ad;
-        const double w = compare_run("2b4t", m, b, tokens, 8, 4, &ad);
-        bn_cuda_memory mem;
-        bn_cuda_backend_memory(b, &mem);
-        const double sens = cpu_sensitivity(m, tokens, 8, 4);
-        printf("2B-4T shape (random weights): cuda backend built in %.1f s (%.0f MiB on %s); "
-               "prompt 8 + 4 steps vs cpu worst rel %.2e, argmax differs at %d steps; the cpu's "
-               "own change for a 1-ulp input change: %.2e\n",
-               t1 - t0, (double)mem.total / 1048576.0, bn_cuda_backend_device_name(b), w, ad,
-               sens);
-        /* Exact: the same token at every step. Bounded: the deviation is of
-         * the size rounding noise reaches in this (chaotic, untrained) model,
-         * within 10x of what one last-bit input change does on the CPU. */
-        CHECK_MSG(ad == 0, "2b4t: the gpu's argmax differs from the cpu's at %d steps", ad);
-        CHECK_MSG(w >= 0.0 && sens > 0.0 && w <= 10.0 * sens,
-                  "2b4t: logits differ by %.3g, more than 10x the cpu's 1-ulp sensitivity %.3g",
-                  w, sens);
+        const int runs[2][2] = {{8, 4}, {LONG_PROMPT, LONG_STEPS}};
+        for (int r = 0; r < 2; r++) {
+            const int np = runs[r][0], ns = runs[r][1];
+            int ad;
+            const double w = compare_run("2b4t", m, b, tokens, np, ns, &ad);
+            const double sens = cpu_sensitivity(m, tokens, np, ns);
+            if (r == 0) {
+                bn_cuda_memory mem;
+                bn_cuda_backend_memory(b, &mem);
+                printf("2B-4T shape (random weights): cuda backend built in %.1f s (%.0f MiB on "
+                       "%s)\n",
+                       t1 - t0, (double)mem.total / 1048576.0, bn_cuda_backend_device_name(b));
+            }
+            printf("2B-4T: prompt %d + %d steps vs cpu worst rel %.2e, argmax differs at %d "
+                   "steps; the cpu's own change for a 1-ulp input change: %.2e\n",
+                   np, ns, w, ad, sens);
+            /* Exact: the same token at every step. Bounded: the deviation is
+             * of the size rounding noise reaches in this (chaotic, untrained)
+             * model, within 10x of what one last-bit input change does on the
+             * CPU. */
+            CHECK_MSG(ad == 0, "2b4t: the gpu's argmax differs from the cpu's at %d steps", ad);
+            CHECK_MSG(w >= 0.0 && sens > 0.0 && w <= 10.0 * sens,
+                      "2b4t: logits differ by %.3g, more than 10x the cpu's 1-ulp sensitivity "
+                      "%.3g",
+                      w, sens);
+        }
+        /* Graph against eager after the long prompt: the ranges' merge does
+         * not depend on which block finishes last. */
+        float *out[2];
+        for (int pass = 0; pass < 2; pass++)
+            out[pass] = malloc((size_t)hp.vocab * sizeof(float));
+        for (int pass = 0; pass < 2 && out[0] && out[1]; pass++) {
+            bn_cuda_backend_set_graphs(b, pass == 0);
+            bn_cuda_backend_reset(b);
+            bool ok = bn_cuda_backend_forward(b, tokens, LONG_PROMPT, 0, out[pass], &err) == BN_OK;
+            for (int s = 0; ok && s < LONG_STEPS; s++)
+                ok = bn_cuda_backend_forward(b, tokens + LONG_PROMPT + s, 1, LONG_PROMPT + s,
+                                             out[pass], &err) == BN_OK;
+            CHECK_MSG(ok, "2b4t: gpu forward (%s): %s", pass ? "eager" : "graph", err.message);
+        }
+        bn_cuda_backend_set_graphs(b, true);
+        if (out[0] && out[1])
+            CHECK_MSG(memcmp(out[0], out[1], (size_t)hp.vocab * sizeof(float)) == 0,
+                      "2b4t: graph and eager logits differ after %d positions",
+                      LONG_PROMPT + LONG_STEPS);
+        free(out[0]);
+        free(out[1]);
         bn_cuda_backend_free(b);
     }
     bn_model_free(m);

@@ -460,7 +460,7 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
             }
         }
         /* fp32 decode is one kernel (its ranges merged by the last block of
-         * each head); the f16 one merges in a second kernel when it splits. */
+         * each block column); the f16 one merges in a second kernel when it splits. */
         const int attn_launches = decode && b->kv_f16 && b->attn_splits > 1 ? 2 : 1;
         if ((st = mark(b, BN_CUDA_STAGE_ATTENTION, attn_launches, err)) != BN_OK)
             return st;

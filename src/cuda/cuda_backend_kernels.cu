@@ -914,12 +914,15 @@ __global__ void __launch_bounds__(256)
 
 /* ---- attention over an fp32 cache ------------------------------------------------- */
 
-constexpr int kAttnWarps = 4;
+constexpr int kAttnWarps = 4; /* prefill */
 constexpr int kMaxChunks = 2; /* float4 chunks per lane: head_dim <= 256 */
-constexpr int kDecPos = 8;    /* decode: positions per warp per tile      */
-constexpr int kDecTile = kAttnWarps * kDecPos;
+constexpr int kDecWarps = 8;  /* decode: warps per block                  */
+constexpr int kDecRows = 4;   /* decode: positions per warp per tile      */
+constexpr int kDecTile = kDecWarps * kDecRows;
 constexpr int kMinRange = kDecTile;
 constexpr int kMaxSplits = 64;
+constexpr int kMergeBatch = 16; /* ranges a merging thread loads at once */
+constexpr int kMergeParts = 8;  /* at most this many threads per output  */
 
 __device__ __forceinline__ float4 f4_scale(float4 a, float c)
 {
@@ -940,6 +943,11 @@ __device__ __forceinline__ float f4_dot(float4 a, float4 b, float acc)
     return fmaf(a.w, b.w, acc);
 }
 
+__device__ __forceinline__ float4 f4_div(float4 a, float d)
+{
+    return make_float4(a.x / d, a.y / d, a.z / d, a.w / d);
+}
+
 /* Positions per range for a length len cut into `splits` ranges. */
 __host__ __device__ __forceinline__ int split_chunk(int len, int splits)
 {
@@ -947,19 +955,113 @@ __host__ __device__ __forceinline__ int split_chunk(int len, int splits)
     return chunk < kMinRange ? kMinRange : chunk;
 }
 
-/* Values 4 ch .. 4 ch + 3 of a head after scale and RoPE (rope_value); cs is
- * the position's (cos, sin) table row. */
-__device__ __forceinline__ float4 rope_chunk(const float *head, int ch, float sc, int half,
-                                             const float2 *cs)
+/* The (cos, sin) of values 4 ch .. 4 ch + 3 of a head from the position's
+ * table row (zeros beyond the rotated dimensions, or without a row). The
+ * table is written once at create(): it may be read before the wait. vec:
+ * half % 4 == 0 and the table 16-byte aligned, so a chunk lies in one half
+ * and its four pairs are two float4 loads. */
+__device__ __forceinline__ void rope_cs(float2 (&c)[4], const float2 *row, int ch, int half,
+                                        bool vec)
 {
-    float r[4];
+    const int d0 = 4 * ch;
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        c[e] = make_float2(0.0f, 0.0f);
+    if (!row || d0 >= 2 * half)
+        return;
+    if (vec) {
+        const float4 *r4 = reinterpret_cast<const float4 *>(row + (d0 < half ? d0 : d0 - half));
+        const float4 x = __ldg(r4), y = __ldg(r4 + 1);
+        c[0] = make_float2(x.x, x.y);
+        c[1] = make_float2(x.z, x.w);
+        c[2] = make_float2(y.x, y.y);
+        c[3] = make_float2(y.z, y.w);
+        return;
+    }
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-        const int d = 4 * ch + e;
-        const float2 c = d < 2 * half ? cs[d < half ? d : d - half] : make_float2(0.0f, 0.0f);
-        r[e] = rope_value(head, d, sc, half, c);
+        const int d = d0 + e;
+        if (d < 2 * half)
+            c[e] = __ldg(row + (d < half ? d : d - half));
+    }
+}
+
+/* Values 4 ch .. 4 ch + 3 of a head after scale and RoPE: rope_value's
+ * operations (so bn_cb_qkv_post's values bit for bit), with the head's raw
+ * values loaded as float4 (the chunk and, rotated, its partner chunk) when
+ * vec (see rope_cs). */
+__device__ __forceinline__ float4 rope4(const float *head, int ch, float sc, int half,
+                                        const float2 (&c)[4], bool vec)
+{
+    const int d0 = 4 * ch;
+    const float4 *h4 = reinterpret_cast<const float4 *>(head);
+    if (d0 >= 2 * half) {
+        const float4 r = __ldcg(h4 + ch);
+        return make_float4(__fmul_rn(r.x, sc), __fmul_rn(r.y, sc), __fmul_rn(r.z, sc),
+                           __fmul_rn(r.w, sc));
+    }
+    float r[4];
+    if (vec) {
+        const bool lo = d0 < half;
+        const float4 own = __ldcg(h4 + ch);
+        const float4 oth = __ldcg(h4 + (lo ? ch + half / 4 : ch - half / 4));
+        const float o[4] = {own.x, own.y, own.z, own.w}, t[4] = {oth.x, oth.y, oth.z, oth.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            if (lo) { /* x0 = own, x1 = partner: x0 c - x1 s */
+                const float x0 = __fmul_rn(o[e], sc), x1 = __fmul_rn(t[e], sc);
+                r[e] = __fsub_rn(__fmul_rn(x0, c[e].x), __fmul_rn(x1, c[e].y));
+            } else { /* x0 = partner, x1 = own: x1 c + x0 s */
+                const float x0 = __fmul_rn(t[e], sc), x1 = __fmul_rn(o[e], sc);
+                r[e] = __fadd_rn(__fmul_rn(x1, c[e].x), __fmul_rn(x0, c[e].y));
+            }
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            r[e] = rope_value(head, d0 + e, sc, half, c[e]);
     }
     return make_float4(r[0], r[1], r[2], r[3]);
+}
+
+/* v[g] holds a lane's partial sum for query head g; on return every lane
+ * holds the warp's sums. G = 1: the butterfly. G = 2, 4: a reduce-scatter
+ * first (at xor 16 each lane keeps half the heads and sends the other half,
+ * at xor 8 (G = 4) half again), so the lanes of each 32/G-lane group sum one
+ * head with the remaining xor steps, then broadcast: 8 (G = 2) or 10
+ * (G = 4) shuffles instead of 5 G. Each step adds the same two operands in
+ * both partners, so every lane of a group holds the same value and the sums
+ * do not depend on the lane. */
+template <int G> __device__ __forceinline__ void reduce_heads(float (&v)[G], int lane)
+{
+    if constexpr (G == 1) {
+        v[0] = warp_reduce(v[0], SumF());
+    } else if constexpr (G == 2) {
+        const bool b16 = (lane & 16) != 0;
+        float k = b16 ? v[1] : v[0];
+        k += __shfl_xor_sync(kFull, b16 ? v[0] : v[1], 16);
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1)
+            k += __shfl_xor_sync(kFull, k, o);
+        v[0] = __shfl_sync(kFull, k, 0);
+        v[1] = __shfl_sync(kFull, k, 16);
+    } else {
+        static_assert(G == 4, "G is 1, 2 or 4");
+        const bool b16 = (lane & 16) != 0, b8 = (lane & 8) != 0;
+        float k0 = b16 ? v[2] : v[0], k1 = b16 ? v[3] : v[1];
+        k0 += __shfl_xor_sync(kFull, b16 ? v[0] : v[2], 16);
+        k1 += __shfl_xor_sync(kFull, b16 ? v[1] : v[3], 16);
+        /* lanes with b16 hold heads 2, 3, the others 0, 1 */
+        float k = b8 ? k1 : k0;
+        k += __shfl_xor_sync(kFull, b8 ? k0 : k1, 8);
+        /* lane holds head (lane >> 3) & 3 */
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1)
+            k += __shfl_xor_sync(kFull, k, o);
+#pragma unroll
+        for (int g = 0; g < 4; g++)
+            v[g] = __shfl_sync(kFull, k, 8 * g);
+    }
 }
 
 struct DecodeArgs {
@@ -968,29 +1070,31 @@ struct DecodeArgs {
     float sq, sk, sv;
     const float2 *rope;
     int half;
+    int rope_vec; /* rope_cs's vec */
     const int32_t *pos;
     float *kc, *vc;
     int splits;
+    int subgroups; /* group / G: blocks per kv head and range */
     float scale;
     float *ws_acc, *ws_ml;
     unsigned *counters;
     float *out;
 };
 
-/* Cache rows t0 + warp * kDecPos + i (i < kDecPos) of kv head `head_off`
+/* Cache rows t0 + warp * kDecRows + i (i < kDecRows) of kv head `head_off`
  * into registers, lane l holding float4 chunks l and l + 32: rows at or past
  * `stop` (the range's end, or the token's own position, which is not in the
  * cache yet) read as zeros. */
 template <int KC>
-__device__ __forceinline__ void load_rows(float4 (&kr)[kDecPos][KC], float4 (&vr)[kDecPos][KC],
+__device__ __forceinline__ void load_rows(float4 (&kr)[kDecRows][KC], float4 (&vr)[kDecRows][KC],
                                           const DecodeArgs &a, int t0, int stop, int64_t head_off)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nc = a.s.head_dim / 4;
     const int64_t kv_dim = (int64_t)a.s.n_kv_heads * a.s.head_dim;
 #pragma unroll
-    for (int i = 0; i < kDecPos; i++) {
-        const int t = t0 + warp * kDecPos + i;
+    for (int i = 0; i < kDecRows; i++) {
+        const int t = t0 + warp * kDecRows + i;
 #pragma unroll
         for (int c = 0; c < KC; c++) {
             const int ch = lane + 32 * c;
@@ -1005,37 +1109,50 @@ __device__ __forceinline__ void load_rows(float4 (&kr)[kDecPos][KC], float4 (&vr
     }
 }
 
-/* Decode, grid (n_heads, splits), kAttnWarps warps: block (h, split) takes
- * query head h over its range of positions in tiles of kDecTile, warp w
- * the tile's positions w * kDecPos .. + kDecPos - 1, all loaded at once.
+/* Decode, grid (n_heads / G, splits), kDecWarps warps. Block (x, split)
+ * takes G query heads of one kv head (kv head x / subgroups, its heads
+ * (x % subgroups) G .. + G - 1), so each cache row it reads serves G heads,
+ * over its range of positions in tiles of kDecTile; warp w takes the tile's
+ * positions w * kDecRows .. + kDecRows - 1, all loaded at once.
  *
  *   1. Before waiting for the q|k|v product (pdl.cuh): the range's first
- *      tile of cached rows (earlier tokens: final since the last step).
- *   2. q of head h (scale + RoPE) from the raw product; the warp holding
- *      the token's own position computes its k and v the same way
+ *      tile of cached rows (earlier tokens: final since the last step) and
+ *      the position's RoPE table entries (written at create()).
+ *   2. q of the G heads (scale + RoPE) from the raw product; the warp
+ *      holding the token's own position computes its k and v the same way
  *      (bit-identical to bn_cb_qkv_post) and uses them from registers; the
- *      group's first query head stores them to the cache.
- *   3. Per warp and tile: scores (lane-partial dots, butterfly sums),
- *      softmax update, p . V; the warps merge in shared memory and the block
- *      writes (max, sum, acc) of its range to the workspace.
- *   4. The block that completes a head's last range (a counter per head)
- *      merges the ranges into out, in range order, and resets the counter.
+ *      kv head's first block column (subgroup 0) stores them to the cache,
+ *      one lane per float4.
+ *   3. Per warp and tile: the G heads' scores (lane-partial dots,
+ *      reduce_heads), softmax update, p . V; the warps merge in shared
+ *      memory in warp order.
+ *   4. A length that fits one range (active == 1) is written to out
+ *      directly. Otherwise each block writes (max, sum, acc) of its range
+ *      and heads to the workspace, and the block that completes the column's
+ *      last range (a counter per column, reset by it) merges the ranges:
+ *      up to kMergeParts threads per output value, each over a fixed subset
+ *      of the ranges in a fixed order (ranges part, part + parts, ...;
+ *      kMergeBatch loads in flight), then the parts in part order. The
+ *      order depends on the length only, never on which block is last.
  *
  * Ranges past the length (short contexts) have nothing to do; range 0
- * always takes part, so a head is merged (to zeros) even at length 0. */
-template <int KC>
-__global__ void __launch_bounds__(32 * kAttnWarps) attn_decode_kernel(DecodeArgs a)
+ * always takes part, so a head is written (zeros) even at length 0. */
+template <int KC, int G>
+__global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_kernel(DecodeArgs a)
 {
-    __shared__ float sm_m[kAttnWarps], sm_l[kAttnWarps];
-    __shared__ float4 sm_acc[kAttnWarps][32 * KC];
-    __shared__ float sm_wm[kMaxSplits], sm_wl[kMaxSplits];
+    constexpr int kSlots = G * 32 * KC; /* (head, chunk) slots of a block */
+    __shared__ float sm_m[kDecWarps][G], sm_l[kDecWarps][G];
+    __shared__ float4 sm_acc[kDecWarps * kSlots];
+    __shared__ float sm_pm[32 * kDecWarps], sm_pl[32 * kDecWarps];
     __shared__ bool sm_last;
-    const int h = blockIdx.x, split = blockIdx.y;
+    const int col = blockIdx.x, split = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int hd = a.s.head_dim, nc = hd / 4;
     const int group = a.s.n_heads / a.s.n_kv_heads;
+    const int kvh = col / a.subgroups, sub = col % a.subgroups;
+    const int h0 = kvh * group + sub * G;
     const int64_t q_dim = (int64_t)a.s.n_heads * hd, kv_dim = (int64_t)a.s.n_kv_heads * hd;
-    const int64_t head_off = (int64_t)(h / group) * hd;
+    const int64_t head_off = (int64_t)kvh * hd;
 
     /* The position is one of the step's inputs, uploaded before the step's
      * first kernel (which is launched without programmatic serialization),
@@ -1046,45 +1163,57 @@ __global__ void __launch_bounds__(32 * kAttnWarps) attn_decode_kernel(DecodeArgs
     const int active = len > 0 ? (len + chunk - 1) / chunk : 1;
     const int begin = (int)min((int64_t)split * chunk, (int64_t)len);
     const int end = (int)min((int64_t)begin + chunk, (int64_t)len);
+    const bool vec = a.rope_vec != 0;
 
-    float4 kr[kDecPos][KC], vr[kDecPos][KC];
-    if (split < active)
+    float4 kr[kDecRows][KC], vr[kDecRows][KC];
+    float2 cs[KC][4];
+    if (split < active) {
         load_rows<KC>(kr, vr, a, begin, p < end ? p : end, head_off);
+        /* (At length 0 there is no valid position and no table row.) */
+        const float2 *row = a.half > 0 && len > 0 ? a.rope + (int64_t)p * a.half : nullptr;
+#pragma unroll
+        for (int c = 0; c < KC; c++)
+            rope_cs(cs[c], lane + 32 * c < nc ? row : nullptr, lane + 32 * c, a.half, vec);
+    }
     pdl_trigger();
     pdl_wait();
     if (split >= active)
         return;
 
-    /* (At length 0 there is no valid position, no table row and no tile.) */
-    const float2 *cs = a.half > 0 && len > 0 ? a.rope + (int64_t)p * a.half : nullptr;
-    float4 qv[KC], acc[KC];
+    float4 qv[G][KC], acc[G][KC];
+    float m[G], l[G];
 #pragma unroll
-    for (int c = 0; c < KC; c++) {
-        const int ch = lane + 32 * c;
-        qv[c] = ch < nc && len > 0 ? rope_chunk(a.qkv + (int64_t)h * hd, ch, a.sq, a.half, cs)
-                                   : make_float4(0.f, 0.f, 0.f, 0.f);
-        acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int g = 0; g < G; g++) {
+#pragma unroll
+        for (int c = 0; c < KC; c++) {
+            const int ch = lane + 32 * c;
+            qv[g][c] = ch < nc && len > 0
+                           ? rope4(a.qkv + (int64_t)(h0 + g) * hd, ch, a.sq, a.half, cs[c], vec)
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+            acc[g][c] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
     }
-    float m = -INFINITY, l = 0.0f;
     for (int t0 = begin; t0 < end; t0 += kDecTile) {
         if (t0 != begin)
             load_rows<KC>(kr, vr, a, t0, p < end ? p : end, head_off);
-        const int tw = t0 + warp * kDecPos; /* this warp's first position */
-        if (p >= tw && p < tw + kDecPos && p < end) {
+        const int tw = t0 + warp * kDecRows; /* this warp's first position */
+        if (p >= tw && p < tw + kDecRows && p < end) {
             /* The token itself: k and v from the product. */
             const float *kraw = a.qkv + q_dim + head_off;
-            const float *vraw = a.qkv + q_dim + kv_dim + head_off;
+            const float4 *vraw = reinterpret_cast<const float4 *>(a.qkv + q_dim + kv_dim + head_off);
             float4 kn[KC], vn[KC];
 #pragma unroll
             for (int c = 0; c < KC; c++) {
                 const int ch = lane + 32 * c;
                 kn[c] = vn[c] = make_float4(0.f, 0.f, 0.f, 0.f);
                 if (ch < nc) {
-                    kn[c] = rope_chunk(kraw, ch, a.sk, a.half, cs);
-                    const float4 r = __ldcg(reinterpret_cast<const float4 *>(vraw) + ch);
+                    kn[c] = rope4(kraw, ch, a.sk, a.half, cs[c], vec);
+                    const float4 r = __ldcg(vraw + ch);
                     vn[c] = make_float4(__fmul_rn(r.x, a.sv), __fmul_rn(r.y, a.sv),
                                         __fmul_rn(r.z, a.sv), __fmul_rn(r.w, a.sv));
-                    if (h % group == 0) {
+                    if (sub == 0) {
                         const int64_t off = (int64_t)p * kv_dim + head_off;
                         reinterpret_cast<float4 *>(a.kc + off)[ch] = kn[c];
                         reinterpret_cast<float4 *>(a.vc + off)[ch] = vn[c];
@@ -1092,7 +1221,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps) attn_decode_kernel(DecodeArgs
                 }
             }
 #pragma unroll
-            for (int i = 0; i < kDecPos; i++)
+            for (int i = 0; i < kDecRows; i++)
                 if (tw + i == p)
 #pragma unroll
                     for (int c = 0; c < KC; c++) {
@@ -1100,115 +1229,187 @@ __global__ void __launch_bounds__(32 * kAttnWarps) attn_decode_kernel(DecodeArgs
                         vr[i][c] = vn[c];
                     }
         }
-        float score[kDecPos];
-        float mt = -INFINITY;
+        if (tw >= end)
+            continue; /* warp-uniform: no position of this warp in the tile */
+        float score[kDecRows][G];
 #pragma unroll
-        for (int i = 0; i < kDecPos; i++) {
-            float part = 0.0f;
+        for (int i = 0; i < kDecRows; i++) {
+            float part[G];
 #pragma unroll
-            for (int c = 0; c < KC; c++)
-                part = f4_dot(qv[c], kr[i][c], part);
-            /* Every lane takes part in the sum; rows past the end score
-             * -inf (weight 0). */
-            const float sc = __fmul_rn(warp_reduce(part, SumF()), a.scale);
-            score[i] = tw + i < end ? sc : -INFINITY;
-            mt = fmaxf(mt, score[i]);
-        }
-        if (mt != -INFINITY) { /* warp-uniform: the warp has positions */
-            const float m_new = fmaxf(m, mt);
-            const float corr = expf(m - m_new); /* m == -inf: 0 */
-            l *= corr;
-#pragma unroll
-            for (int c = 0; c < KC; c++)
-                acc[c] = f4_scale(acc[c], corr);
-#pragma unroll
-            for (int i = 0; i < kDecPos; i++) {
-                const float pi = expf(score[i] - m_new);
-                l += pi;
+            for (int g = 0; g < G; g++) {
+                part[g] = 0.0f;
 #pragma unroll
                 for (int c = 0; c < KC; c++)
-                    acc[c] = f4_axpy(pi, vr[i][c], acc[c]);
+                    part[g] = f4_dot(qv[g][c], kr[i][c], part[g]);
             }
-            m = m_new;
+            /* Every lane takes part in the sums; rows past the end score
+             * -inf (weight 0). */
+            reduce_heads<G>(part, lane);
+#pragma unroll
+            for (int g = 0; g < G; g++)
+                score[i][g] = tw + i < end ? __fmul_rn(part[g], a.scale) : -INFINITY;
+        }
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float mt = score[0][g];
+#pragma unroll
+            for (int i = 1; i < kDecRows; i++)
+                mt = fmaxf(mt, score[i][g]);
+            const float m_new = fmaxf(m[g], mt);
+            if (m_new == -INFINITY)
+                continue;
+            const float corr = expf(m[g] - m_new); /* m == -inf: 0 */
+            l[g] *= corr;
+#pragma unroll
+            for (int c = 0; c < KC; c++)
+                acc[g][c] = f4_scale(acc[g][c], corr);
+#pragma unroll
+            for (int i = 0; i < kDecRows; i++) {
+                const float pi = expf(score[i][g] - m_new);
+                l[g] += pi;
+#pragma unroll
+                for (int c = 0; c < KC; c++)
+                    acc[g][c] = f4_axpy(pi, vr[i][c], acc[g][c]);
+            }
+            m[g] = m_new;
         }
     }
 
-    /* The warps' (max, sum, acc) into one for the range. */
-    if (lane == 0) {
-        sm_m[warp] = m;
-        sm_l[warp] = l;
-    }
+    /* The warps' (max, sum, acc) into one per head for the range, in warp
+     * order. */
+    if (lane == 0)
 #pragma unroll
-    for (int c = 0; c < KC; c++)
-        if (lane + 32 * c < nc)
-            sm_acc[warp][lane + 32 * c] = acc[c];
+        for (int g = 0; g < G; g++) {
+            sm_m[warp][g] = m[g];
+            sm_l[warp][g] = l[g];
+        }
+#pragma unroll
+    for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int c = 0; c < KC; c++)
+            if (lane + 32 * c < nc)
+                sm_acc[warp * kSlots + g * 32 * KC + lane + 32 * c] = acc[g][c];
     __syncthreads();
-    float mx = -INFINITY;
-    for (int w = 0; w < kAttnWarps; w++)
-        mx = fmaxf(mx, sm_m[w]);
-    const int64_t slot = (int64_t)h * a.splits + split;
-    if (threadIdx.x == 0) {
+    float4 *out4 = reinterpret_cast<float4 *>(a.out);
+    for (int o = threadIdx.x; o < kSlots; o += blockDim.x) {
+        const int g = o / (32 * KC), ch = o % (32 * KC);
+        if (ch >= nc)
+            continue;
+        float mx = -INFINITY;
+        for (int w = 0; w < kDecWarps; w++)
+            mx = fmaxf(mx, sm_m[w][g]);
         float total = 0.0f;
-        if (mx != -INFINITY)
-            for (int w = 0; w < kAttnWarps; w++)
-                total += sm_l[w] * expf(sm_m[w] - mx);
-        a.ws_ml[2 * slot] = mx;
-        a.ws_ml[2 * slot + 1] = total;
-    }
-    for (int ch = threadIdx.x; ch < nc; ch += blockDim.x) {
         float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
         if (mx != -INFINITY)
-            for (int w = 0; w < kAttnWarps; w++)
-                r = f4_axpy(expf(sm_m[w] - mx), sm_acc[w][ch], r);
-        reinterpret_cast<float4 *>(a.ws_acc + slot * hd)[ch] = r;
+            for (int w = 0; w < kDecWarps; w++) {
+                const float e = expf(sm_m[w][g] - mx);
+                total += sm_l[w][g] * e;
+                r = f4_axpy(e, sm_acc[w * kSlots + o], r);
+            }
+        const int h = h0 + g;
+        if (active == 1) {
+            out4[(int64_t)h * nc + ch] =
+                total > 0.0f ? f4_div(r, total) : make_float4(0.f, 0.f, 0.f, 0.f);
+        } else {
+            const int64_t slot = (int64_t)h * a.splits + split;
+            reinterpret_cast<float4 *>(a.ws_acc)[slot * nc + ch] = r;
+            if (ch == 0) {
+                a.ws_ml[2 * slot] = mx;
+                a.ws_ml[2 * slot + 1] = total;
+            }
+        }
     }
+    if (active == 1) /* block-uniform: the only range, written above */
+        return;
 
-    /* Last block of head h? (The fence makes this block's workspace writes
-     * visible before its ticket; the last block's fence orders its reads
-     * after every ticket.) */
+    /* Last block of the column? (The fence makes this block's workspace
+     * writes visible before its ticket; the last block's fence orders its
+     * reads after every ticket.) */
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0)
-        sm_last = atomicAdd(&a.counters[h], 1u) == (unsigned)active - 1;
+        sm_last = atomicAdd(&a.counters[col], 1u) == (unsigned)active - 1;
     __syncthreads();
     if (!sm_last)
         return;
     __threadfence();
     if (threadIdx.x == 0)
-        a.counters[h] = 0; /* every range has counted: ready for the next launch */
+        a.counters[col] = 0; /* every range has counted: ready for the next launch */
 
-    /* Merge the ranges in order: the weights of a range are exp(m_s - M)
-     * over the ranges that saw any position (sum > 0). */
-    const float *ml = a.ws_ml + 2 * (int64_t)h * a.splits;
-    for (int sp = threadIdx.x; sp < active; sp += blockDim.x) {
-        sm_wm[sp] = __ldcg(ml + 2 * sp);
-        sm_wl[sp] = __ldcg(ml + 2 * sp + 1);
+    /* Merge the ranges: a range's weight is exp(m_s - M) over the ranges
+     * that saw any position (sum > 0). Thread (part, o) takes output float4
+     * o (head g, chunk ch) over ranges part, part + parts, ... in order,
+     * kMergeBatch loads at a time, with a running maximum. */
+    const int nq = G * nc;
+    int parts = (int)blockDim.x / nq;
+    parts = parts < 1 ? 1 : parts > kMergeParts ? kMergeParts : parts;
+    const int t = threadIdx.x;
+    float M = -INFINITY, L = 0.0f;
+    float4 R = make_float4(0.f, 0.f, 0.f, 0.f);
+    const bool merger = t < parts * nq;
+    if (merger) {
+        const int o = t % nq, part = t / nq;
+        const int g = o / nc, ch = o % nc, h = h0 + g;
+        const float2 *ml = reinterpret_cast<const float2 *>(a.ws_ml) + (int64_t)h * a.splits;
+        const float4 *wa =
+            reinterpret_cast<const float4 *>(a.ws_acc) + (int64_t)h * a.splits * nc + ch;
+        for (int b0 = part; b0 < active; b0 += parts * kMergeBatch) {
+            float2 mlv[kMergeBatch];
+            float4 av[kMergeBatch];
+#pragma unroll
+            for (int j = 0; j < kMergeBatch; j++) {
+                const int sp = b0 + j * parts;
+                mlv[j] = make_float2(-INFINITY, 0.0f);
+                av[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (sp < active) {
+                    mlv[j] = __ldcg(ml + sp);
+                    av[j] = __ldcg(wa + (int64_t)sp * nc);
+                }
+            }
+            float mb = M;
+#pragma unroll
+            for (int j = 0; j < kMergeBatch; j++)
+                if (mlv[j].y > 0.0f)
+                    mb = fmaxf(mb, mlv[j].x);
+            if (mb == -INFINITY)
+                continue;
+            const float c = expf(M - mb); /* M == -inf: 0 */
+            L *= c;
+            R = f4_scale(R, c);
+#pragma unroll
+            for (int j = 0; j < kMergeBatch; j++)
+                if (mlv[j].y > 0.0f) {
+                    const float w = expf(mlv[j].x - mb);
+                    L += mlv[j].y * w;
+                    R = f4_axpy(w, av[j], R);
+                }
+            M = mb;
+        }
+    }
+    /* The parts of each output, in part order. */
+    if (merger) {
+        sm_pm[t] = M;
+        sm_pl[t] = L;
+        sm_acc[t] = R;
     }
     __syncthreads();
-    float big = -INFINITY;
-    for (int sp = 0; sp < active; sp++)
-        if (sm_wl[sp] > 0.0f)
-            big = fmaxf(big, sm_wm[sp]);
-    float total = 0.0f;
-    if (big != -INFINITY)
-        for (int sp = 0; sp < active; sp++)
-            if (sm_wl[sp] > 0.0f)
-                total += sm_wl[sp] * expf(sm_wm[sp] - big);
-    __syncthreads(); /* every thread has read sm_wm before it is overwritten */
-    for (int sp = threadIdx.x; sp < active; sp += blockDim.x)
-        sm_wm[sp] = sm_wl[sp] > 0.0f && big != -INFINITY ? expf(sm_wm[sp] - big) : 0.0f;
-    __syncthreads();
-    const float *wacc = a.ws_acc + (int64_t)h * a.splits * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float r = 0.0f;
-        if (total > 0.0f) {
-#pragma unroll 8
-            for (int sp = 0; sp < active; sp++)
-                if (sm_wl[sp] > 0.0f)
-                    r = fmaf(sm_wm[sp], __ldcg(wacc + (int64_t)sp * hd + d), r);
-            r = r / total;
-        }
-        a.out[(int64_t)h * hd + d] = r;
+    if (t < nq) {
+        const int g = t / nc, ch = t % nc;
+        float mx = -INFINITY;
+        for (int q = 0; q < parts; q++)
+            if (sm_pl[q * nq + t] > 0.0f)
+                mx = fmaxf(mx, sm_pm[q * nq + t]);
+        float total = 0.0f;
+        float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (mx != -INFINITY)
+            for (int q = 0; q < parts; q++)
+                if (sm_pl[q * nq + t] > 0.0f) {
+                    const float e = expf(sm_pm[q * nq + t] - mx);
+                    total += sm_pl[q * nq + t] * e;
+                    r = f4_axpy(e, sm_acc[q * nq + t], r);
+                }
+        out4[(int64_t)(h0 + g) * nc + ch] =
+            total > 0.0f ? f4_div(r, total) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 }
 
@@ -1491,7 +1692,7 @@ extern "C" int bn_cb_pdl_supported(int device)
     /* Every kernel launched with the attribute must contain the wait; one
      * kernel per file stands for its file (all are compiled alike). */
     return major >= 9 && pdl_compiled(norm_quantize_row_kernel<kSrcAdd, 4>) &&
-           pdl_compiled(attn_decode_kernel<1>) && bn_w2a8_cuda_gemv_pdl_compiled();
+           pdl_compiled(attn_decode_kernel<1, 4>) && bn_w2a8_cuda_gemv_pdl_compiled();
 }
 
 extern "C" cudaError_t bn_cb_norm_quantize(const float *x, int64_t ldx, int64_t m, int64_t k,
@@ -1716,20 +1917,37 @@ extern "C" cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s,
     d.sv = a->scale_v;
     d.rope = reinterpret_cast<const float2 *>(a->rope);
     d.half = a->rope_dim / 2;
+    d.rope_vec = d.half > 0 && d.half % 4 == 0 && ((uintptr_t)a->rope & 15) == 0;
     d.pos = a->pos;
     d.kc = a->k_cache;
     d.vc = a->v_cache;
     d.splits = a->splits;
     d.scale = (float)(1.0 / sqrt((double)s->head_dim));
-    /* Accumulators first: every slot's float4 row stays 16-byte aligned. */
+    /* Accumulators first: every slot's float4 row stays 16-byte aligned
+     * (and the (max, sum) pairs 8-byte aligned). */
     d.ws_acc = a->workspace;
     d.ws_ml = a->workspace + (size_t)s->n_heads * (size_t)a->splits * (size_t)s->head_dim;
     d.counters = a->counters;
     d.out = a->out;
-    const dim3 grid((unsigned)s->n_heads, (unsigned)a->splits);
-    if (s->head_dim <= 32 * 4)
-        return pdl_launch(attn_decode_kernel<1>, grid, dim3(32 * kAttnWarps), 0, stream, pdl, d);
-    return pdl_launch(attn_decode_kernel<2>, grid, dim3(32 * kAttnWarps), 0, stream, pdl, d);
+    /* G query heads of a kv head per block (each cache row read once for
+     * them): 4 where the group allows (2 with head_dim > 128, for the
+     * registers), else 2, else 1. */
+    const int group = s->n_heads / s->n_kv_heads;
+    const bool wide = s->head_dim > 32 * 4;
+    const int g = !wide && group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+    d.subgroups = group / g;
+    const dim3 grid((unsigned)(s->n_heads / g), (unsigned)a->splits);
+    const dim3 block(32 * kDecWarps);
+    if (!wide) {
+        if (g == 4)
+            return pdl_launch(attn_decode_kernel<1, 4>, grid, block, 0, stream, pdl, d);
+        if (g == 2)
+            return pdl_launch(attn_decode_kernel<1, 2>, grid, block, 0, stream, pdl, d);
+        return pdl_launch(attn_decode_kernel<1, 1>, grid, block, 0, stream, pdl, d);
+    }
+    if (g == 2)
+        return pdl_launch(attn_decode_kernel<2, 2>, grid, block, 0, stream, pdl, d);
+    return pdl_launch(attn_decode_kernel<2, 1>, grid, block, 0, stream, pdl, d);
 }
 
 extern "C" cudaError_t bn_cb_attn_prefill_prepare(int head_dim)

@@ -214,9 +214,11 @@ typedef struct bn_cb_attn_decode_args {
  * read before the previous kernel completes (with pdl), so nothing in the
  * same step may write them. The length is cut into `splits` ranges of
  * max(ceil((p + 1) / splits), 32) positions, so one launch configuration
- * serves every position (CUDA graphs); the block that finishes a head's
- * ranges last merges them (in range order: the result does not depend on
- * which block that is). */
+ * serves every position (CUDA graphs); a block takes up to 4 query heads
+ * of one kv head over one range (each cache row read once for them). A
+ * length of one range is written directly; otherwise the block that
+ * finishes a column's ranges last merges them (in an order fixed by the
+ * length: the result does not depend on which block that is). */
 cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s, const bn_cb_attn_decode_args *a,
                               int pdl, cudaStream_t stream);
 
