@@ -298,6 +298,42 @@ static void check_fixture(const char *name)
               "%s: logits with fused norm GEMVs differ from the separate kernels' by %g", name,
               unfused_vs_fused);
 
+    /* With tail_norm the decode step computes the residual add + norm + int8
+     * after the Wo and down GEMVs in their last block (w2a8_gemv_residual_
+     * norm_quantize); the default runs separate kernels: the same logits,
+     * bit for bit. */
+    double tail_vs_separate = NAN;
+    CHECK_MSG(strstr(kernels, "w2a8_gemv_residual_norm_quantize") == NULL,
+              "%s: the default decode step ran the GEMV tails (%s)", name, kernels);
+    {
+        bn_cuda_backend_options o;
+        bn_cuda_backend_options_default(&o);
+        o.tail_norm = true;
+        o.no_graphs = true;
+        bn_cuda_backend *u = NULL;
+        CHECK_MSG(bn_cuda_backend_create(m, &o, &u, &err) == BN_OK, "%s: cuda create: %s", name,
+                  err.message);
+        if (u) {
+            float *sep = malloc(N_STEPS * row);
+            bool ok = bn_cuda_backend_forward(u, PROMPT, PROMPT_LEN, 0, sep, &err) == BN_OK;
+            for (int s = 1; ok && s < N_STEPS; s++)
+                ok = bn_cuda_backend_forward(u, &ref_tok[s - 1], 1, PROMPT_LEN + s - 1,
+                                             sep + (size_t)s * V, &err) == BN_OK;
+            CHECK_MSG(ok, "%s: gpu forward (tail norms): %s", name, err.message);
+            if (ok)
+                tail_vs_separate = max_diff(eager, sep, (int64_t)N_STEPS * V);
+            char ks[512];
+            bn_cuda_backend_kernels(u, ks, sizeof ks);
+            CHECK_MSG(strstr(ks, "w2a8_gemv_residual_norm_quantize") != NULL,
+                      "%s: tail_norm did not run the GEMV tails (%s)", name, ks);
+            free(sep);
+            bn_cuda_backend_free(u);
+        }
+    }
+    CHECK_MSG(tail_vs_separate == 0.0,
+              "%s: logits with the GEMV tail norms differ from the separate kernels' by %g",
+              name, tail_vs_separate);
+
     /* The fp16 KV cache, fed the CPU's tokens. Its attention kernels take
      * head_dim 64, 128 or 256; other models must be refused clearly. */
     double half_rel = NAN;

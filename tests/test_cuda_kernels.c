@@ -133,6 +133,22 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
         }
     }
 
+    /* The wgmma GEMM with cluster split-K (variant 8) at every split factor
+     * (the variant runs only the split chosen for the shape). */
+    for (int split = 1; wgmma_usable && split <= BN_W2A8_WGMMA_MAX_SPLIT; split++) {
+        CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n)));
+        CUDA_OK(bn_w2a8_cuda_gemm_wgmma_split(&a, BN_W2A8_WGMMA_128X128_SPLITK, split, 0));
+        int64_t first;
+        const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
+        CHECK_MSG(diff == 0,
+                  "wgmma split-K split %d (runs as %d) n=%lld k=%lld m=%lld: %lld of %lld differ "
+                  "(first at %lld: %g vs %g)",
+                  split,
+                  bn_w2a8_cuda_gemm_wgmma_split_factor(&a, BN_W2A8_WGMMA_128X128_SPLITK, split),
+                  (long long)n, (long long)k, (long long)m, (long long)diff, (long long)(m * n),
+                  (long long)first, first >= 0 ? y[first] : 0.0, first >= 0 ? ref[first] : 0.0);
+    }
+
     cudaFree(d_w);
     cudaFree(d_x);
     cudaFree(d_scale);
@@ -216,7 +232,7 @@ int main(void)
         CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
         wgmma_usable = major == 9 && minor == 0 && bn_w2a8_cuda_gemm_wgmma_compiled();
-        printf("wgmma GEMM (variants 5-7): %s\n",
+        printf("wgmma GEMM (variants 5-8): %s\n",
                wgmma_usable ? "checked"
                : bn_w2a8_cuda_gemm_wgmma_compiled()
                    ? "skipped (needs compute capability 9.0)"

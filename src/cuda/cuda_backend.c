@@ -74,14 +74,14 @@ typedef struct group {
 enum {
     K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
     K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
-    K_NORM_GEMV, K_COUNT
+    K_NORM_GEMV, K_GEMV_TAIL, K_COUNT
 };
 static const char *const kernel_names[K_COUNT] = {
     "embed_rows", "norm_quantize", "residual_norm_quantize", "relu2_norm_quantize",
     "w2a8_gemv", "w2a8_gemm", "qkv_rope_kv_store", "attention_decode_f32",
     "attention_prefill_f32", "attention_decode_f16", "attention_prefill_f16",
     "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay",
-    "norm_quantize_w2a8_gemv"};
+    "norm_quantize_w2a8_gemv", "w2a8_gemv_residual_norm_quantize"};
 
 /* Events of an instrumented step (profile_decode). */
 typedef struct prof {
@@ -130,7 +130,8 @@ struct bn_cuda_backend {
     int8_t *xq;
     int32_t *act_sum, *ws_gemm, *d_tokens, *d_pos, *d_dec, *d_next;
     void *ws_attn, *ws_sample;
-    unsigned int *attn_counters; /* fp32 decode attention: one per head, kept at 0 */
+    unsigned int *attn_counters; /* fp32 decode attention: one per head, kept at 0;
+                                    then the GEMV tails' two (Wo, down)           */
     int attn_splits;
     uint64_t scratch_bytes;
 
@@ -142,6 +143,8 @@ struct bn_cuda_backend {
     bool use_graphs;
     bool pdl;                  /* decode kernels use programmatic dependent launch */
     bool fuse_norm;            /* decode: norms + int8 inside the GEMVs (norm_gemv) */
+    bool tail_norm;            /* decode: residual + norm + int8 in the Wo and down
+                                  GEMVs' last block (gemv_add_norm)                 */
     bool pending;              /* a submitted greedy step not yet waited for */
     int64_t pending_pos;
     unsigned ran;              /* bit K_* set when the family was launched */
@@ -329,6 +332,39 @@ static bn_status norm_matmul(bn_cuda_backend *b, const group *g, bn_cb_norm_gemv
     return BN_OK;
 }
 
+/* The decode step's y = W q for the Wo or down group (one segment, output
+ * width dim) with the residual add + norm + int8 after it in the GEMV's
+ * last block (bn_cb_gemv_add_norm): b->x += y, then the codes, scale and
+ * sum of `norm` into b->xq, b->act_scale, b->act_sum, as
+ * bn_cb_add_norm_quantize would write them, bit for bit. */
+static bn_status matmul_add_norm(bn_cuda_backend *b, const group *g, const float *norm,
+                                 unsigned int *counter, int pdl, bn_error *err)
+{
+    bn_cb_gemv_add_norm_args a;
+    memset(&a, 0, sizeof a);
+    a.weights = b->d_w + g->s[0].off;
+    a.n = g->fused.n;
+    a.tiles = g->fused.tiles;
+    a.groups = g->fused.groups;
+    a.weight_scale = g->s[0].scale;
+    a.split = g->split;
+    a.xq = b->xq;
+    a.act_scale = b->act_scale;
+    a.act_sum = b->act_sum;
+    a.y = b->out;
+    a.x = b->x;
+    a.w = norm;
+    a.eps = b->hp.rms_eps;
+    a.q = b->xq;
+    a.ldq = b->ldq;
+    a.scale = b->act_scale;
+    a.sum = b->act_sum;
+    a.counter = counter;
+    b->ran |= 1u << K_GEMV_TAIL;
+    BN_CUDA_TRY(err, bn_cb_gemv_add_norm(&a, pdl, b->cs));
+    return BN_OK;
+}
+
 static bn_cb_norm_gemv_args norm_src(int src, const float *x, const float *r, float *x_out,
                                      const float *w, float eps)
 {
@@ -378,6 +414,10 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
      * residual add writes its sum to the other of two buffers (block 0
      * does) instead of in place; xr is the current one. */
     const bool fn = decode && b->fuse_norm;
+    /* Decode with the residual + norm + int8 after Wo and down in those
+     * GEMVs' last block: 7 kernels per layer instead of 9 (fp32 cache). */
+    const bool tail = decode && !fn && b->tail_norm && M == 1;
+    unsigned int *tail_counters = b->attn_counters + hp->n_head;
     float *xr = b->x;
     bn_status st;
     int n;
@@ -493,15 +533,23 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
                                              b->act_scale, b->act_sum, pdl, s));
         if ((st = mark(b, BN_CUDA_STAGE_SUB_NORM, 1, err)) != BN_OK)
             return st;
-        if ((st = matmul(b, &g[G_O], M, b->out, pdl, &n, err)) != BN_OK ||
-            (st = mark(b, BN_CUDA_STAGE_O, n, err)) != BN_OK)
-            return st;
-        BN_CUDA_TRY(err, bn_cb_add_norm_quantize(b->x, dim, b->out, dim, M, dim,
-                                                 norm_ptr(b, l, BN_NORM_FFN), eps, b->xq, b->ldq,
-                                                 b->act_scale, b->act_sum, pdl, s));
-        b->ran |= 1u << K_ADD_NORM_Q;
-        if ((st = mark(b, BN_CUDA_STAGE_FFN_NORM, 1, err)) != BN_OK)
-            return st;
+        if (tail) {
+            /* Wo with the residual + ffn_norm + int8 in its last block. */
+            if ((st = matmul_add_norm(b, &g[G_O], norm_ptr(b, l, BN_NORM_FFN), tail_counters,
+                                      pdl, err)) != BN_OK ||
+                (st = mark(b, BN_CUDA_STAGE_O, 1, err)) != BN_OK)
+                return st;
+        } else {
+            if ((st = matmul(b, &g[G_O], M, b->out, pdl, &n, err)) != BN_OK ||
+                (st = mark(b, BN_CUDA_STAGE_O, n, err)) != BN_OK)
+                return st;
+            BN_CUDA_TRY(err, bn_cb_add_norm_quantize(b->x, dim, b->out, dim, M, dim,
+                                                     norm_ptr(b, l, BN_NORM_FFN), eps, b->xq,
+                                                     b->ldq, b->act_scale, b->act_sum, pdl, s));
+            b->ran |= 1u << K_ADD_NORM_Q;
+            if ((st = mark(b, BN_CUDA_STAGE_FFN_NORM, 1, err)) != BN_OK)
+                return st;
+        }
         if ((st = matmul(b, &g[G_GU], M, b->gu, pdl, &n, err)) != BN_OK ||
             (st = mark(b, BN_CUDA_STAGE_GATE_UP, n, err)) != BN_OK)
             return st;
@@ -512,6 +560,16 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         b->ran |= 1u << K_RELU2_Q;
         if ((st = mark(b, BN_CUDA_STAGE_RELU2, 1, err)) != BN_OK)
             return st;
+        if (tail && l + 1 < hp->n_layer) {
+            /* down with the residual + the next layer's attn_norm + int8 in
+             * its last block (the last layer's residual goes to the output
+             * norm below). */
+            if ((st = matmul_add_norm(b, &g[G_DOWN], norm_ptr(b, l + 1, BN_NORM_ATTN),
+                                      tail_counters + 1, pdl, err)) != BN_OK ||
+                (st = mark(b, BN_CUDA_STAGE_DOWN, 1, err)) != BN_OK)
+                return st;
+            continue;
+        }
         if ((st = matmul(b, &g[G_DOWN], M, b->out, pdl, &n, err)) != BN_OK ||
             (st = mark(b, BN_CUDA_STAGE_DOWN, n, err)) != BN_OK)
             return st;
@@ -849,7 +907,7 @@ static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
         ws_attn = bn_cb_attn_decode_workspace_bytes(&as, b->attn_splits);
     }
     ADD(&b->ws_attn, ws_attn);
-    ADD(&b->attn_counters, (size_t)hp->n_head * sizeof(unsigned int));
+    ADD(&b->attn_counters, (size_t)(hp->n_head + 2) * sizeof(unsigned int));
     /* cos and sin of every position the cache holds (none without RoPE). */
     ADD(&b->rope, (size_t)b->kv_len * (size_t)(hp->rope_dim / 2) * 2 * f);
     ADD(&b->normed, (size_t)hp->dim * f);
@@ -1368,11 +1426,11 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->d_k, 0, b->kv_bytes / 2, b->copy));
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->d_v, 0, b->kv_bytes / 2, b->copy));
-    /* The decode attention's counters start at 0 and every launch leaves
-     * them there. */
+    /* The decode attention's and the GEMV tails' counters start at 0 and
+     * every launch leaves them there. */
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->attn_counters, 0,
-                                                 (size_t)hp->n_head * sizeof(unsigned int),
+                                                 (size_t)(hp->n_head + 2) * sizeof(unsigned int),
                                                  b->copy));
     if (st == BN_OK) {
         if (hp->rope_dim > 0) {
@@ -1409,6 +1467,16 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         for (int i = 0; i < hp->n_layer * G_COUNT && b->fuse_norm; i++) {
             const group *g = &b->groups[i];
             b->fuse_norm = g->fused_ok && bn_cb_norm_gemv_fits(g->k, g->fused.groups);
+        }
+        /* The GEMV tails need the Wo and down products in one launch each,
+         * writing a row of the residual's width that fits the tail. */
+        b->tail_norm = opt.tail_norm && !b->fuse_norm;
+        for (int l = 0; l < hp->n_layer && b->tail_norm; l++) {
+            for (int gi = G_O; gi <= G_DOWN && b->tail_norm; gi += G_DOWN - G_O) {
+                const group *g = &b->groups[l * G_COUNT + gi];
+                b->tail_norm = g->n_seg == 1 && g->fused_ok && g->n == hp->dim &&
+                               bn_cb_gemv_add_norm_fits(g->n, g->fused.groups);
+            }
         }
     }
     if (st == BN_OK)
@@ -1521,13 +1589,17 @@ void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size)
 
 /* ---- measurement -------------------------------------------------------------------- */
 
+/* With the fused_norm / tail_norm options the norm + int8 work is timed
+ * inside the GEMV stages that do it (docs/CUDA.md); the names are the
+ * default step's. */
 const char *bn_cuda_stage_name(bn_cuda_stage s)
 {
     static const char *const names[BN_CUDA_STAGE_COUNT] = {
-        "embedding", "residual + attn_norm + int8", "[norm +] q|k|v GEMV",
+        "embedding", "residual + attn_norm + int8", "q|k|v GEMV",
         "scale + RoPE + KV store", "attention (f32: + RoPE, KV store)", "attn_sub_norm + int8",
-        "[norm +] Wo GEMV", "residual + ffn_norm + int8", "[norm +] gate|up GEMV",
-        "relu^2 * up + ffn_sub_norm + int8", "[relu^2, norm +] down GEMV",
+        "Wo GEMV", "residual + ffn_norm + int8",
+        "gate|up GEMV", "relu^2 * up + ffn_sub_norm + int8",
+        "down GEMV",
         "residual + output_norm", "LM head", "argmax"};
     return (int)s >= 0 && s < BN_CUDA_STAGE_COUNT ? names[s] : "?";
 }

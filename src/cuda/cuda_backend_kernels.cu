@@ -546,6 +546,92 @@ __device__ __forceinline__ int gemv_entry_dot(uint4 w, const int8_t *x, int acc)
     return acc;
 }
 
+/* The norm + int8 of one row held in shared memory (sv: the k values, nw:
+ * the norm weights, both written and synchronised by the caller), by a
+ * block of any multiple of 32 threads, with the results of
+ * norm_quantize_row_kernel for that row run with vt threads of vper values
+ * (row_threads(k), row_per(k)), bit for bit:
+ *
+ *   3. Sum of squares and max|w v| in double: warp w of this block plays
+ *      the separate kernel's warps w, w + W, ...; each of its lanes sums
+ *      that thread's values in the same order, then the same butterflies
+ *      (block_sum_max's two levels) give the same double bits.
+ *   4. Codes, normed maximum and code sum: per value, order-free; scale
+ *      and the plain-rule fallback as the separate kernel.
+ *
+ * Writes the codes to out[i], i < k (shared or global memory); every
+ * thread leaves with the scale s and the code sum total. */
+__device__ __forceinline__ void emulated_row_codes(const float *sv, const float *nw, int k, float eps,
+                                                int vt, int vper, double *red_d, float *red_f,
+                                                int *red_i, int8_t *out, float &s_out,
+                                                int &total_out)
+{
+    const int B = (int)blockDim.x, tid = (int)threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    /* The separate kernel's per-thread sums and first butterfly, one of
+     * its warps at a time, then its second level (every warp, same bits). */
+    const int vwarps = vt / 32;
+    for (int vw = warp; vw < vwarps; vw += B / 32) {
+        const int t = vw * 32 + lane; /* the separate kernel's thread */
+        double ss = 0.0, umax = 0.0;
+        for (int j = 0; j < vper; j++) {
+            const int i = t + j * vt;
+            if (i < k) {
+                const float v = sv[i];
+                ss = __fma_rn((double)v, (double)v, ss);
+                umax = fmax(umax, fabs(__dmul_rn((double)nw[i], (double)v)));
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
+            umax = fmax(umax, __shfl_xor_sync(kFull, umax, o));
+        }
+        if (lane == 0) {
+            red_d[vw] = ss;
+            red_d[32 + vw] = umax;
+        }
+    }
+    __syncthreads();
+    double ss = lane < vwarps ? red_d[lane] : 0.0;
+    double umax = lane < vwarps ? red_d[32 + lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) {
+        ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
+        umax = fmax(umax, __shfl_xor_sync(kFull, umax, o));
+    }
+
+    /* As norm_quantize_row_kernel. */
+    const float inv = inv_rms(ss, k, eps);
+    const bool usable = umax > 0.0 && isfinite(umax);
+    const ExactCoder coder(umax);
+    float amax = 0.0f;
+    int total = 0;
+    for (int i = tid; i < k; i += B) {
+        const float v = sv[i], wi = nw[i];
+        amax = fmaxf(amax, fabsf(__fmul_rn(wi, __fmul_rn(v, inv))));
+        const int c = usable ? coder.code(wi, v) : 0;
+        out[i] = (int8_t)c;
+        total += c;
+    }
+    block_max_sum(amax, total, red_f, red_i);
+    const bool exact = amax >= kQuantEps && usable;
+    float s;
+    if (exact) {
+        s = __fdiv_rn(127.0f, amax);
+    } else {
+        s = __fdiv_rn(127.0f, amax >= kQuantEps ? amax : kQuantEps);
+        total = 0;
+        for (int i = tid; i < k; i += B) {
+            const int c = plain_code(nw[i], sv[i], inv, s);
+            out[i] = (int8_t)c;
+            total += c;
+        }
+        float unused = 0.0f;
+        block_max_sum(unused, total, red_f, red_i);
+    }
+    s_out = s;
+    total_out = total;
+}
+
 struct NormGemvArgs {
     const float *x, *r;
     float *x_out;
@@ -573,12 +659,7 @@ struct NormGemvArgs {
  *      prefetch) and the norm weights (constant).
  *   2. The row values v (norm_quantize_row_kernel<kSrc>'s expressions); for
  *      kSrcAdd block 0 stores x + r to x_out.
- *   3. Sum of squares and max|w v| in double: warp w of this block plays
- *      the separate kernel's warps w, w + W, ...; each of its lanes sums
- *      that thread's values in the same order, then the same butterflies
- *      (block_sum_max's two levels) give the same double bits.
- *   4. Codes, normed maximum and code sum: per value, order-free; scale
- *      and the plain-rule fallback as the separate kernel.
+ *   3., 4. The norm and the codes (emulated_row_codes).
  *   5. The product from the shared codes, epilogue with (scale, sum) from
  *      registers. */
 template <int kSrc, int WARPS, int TILES>
@@ -658,66 +739,10 @@ __global__ void __launch_bounds__(32 * WARPS * TILES) norm_gemv_kernel(NormGemvA
     }
     __syncthreads();
 
-    /* 3. The separate kernel's per-thread sums and first butterfly, one of
-     * its warps at a time, then its second level (every warp, same bits). */
-    const int vwarps = a.vt / 32;
-    for (int vw = warp; vw < vwarps; vw += B / 32) {
-        const int vt = vw * 32 + lane;
-        double ss = 0.0, umax = 0.0;
-        for (int j = 0; j < a.vper; j++) {
-            const int i = vt + j * a.vt;
-            if (i < k) {
-                const float v = sv[i];
-                ss = __fma_rn((double)v, (double)v, ss);
-                umax = fmax(umax, fabs(__dmul_rn((double)nw[i], (double)v)));
-            }
-        }
-        for (int o = 16; o > 0; o >>= 1) {
-            ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
-            umax = fmax(umax, __shfl_xor_sync(kFull, umax, o));
-        }
-        if (lane == 0) {
-            red_d[vw] = ss;
-            red_d[32 + vw] = umax;
-        }
-    }
-    __syncthreads();
-    double ss = lane < vwarps ? red_d[lane] : 0.0;
-    double umax = lane < vwarps ? red_d[32 + lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1) {
-        ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
-        umax = fmax(umax, __shfl_xor_sync(kFull, umax, o));
-    }
-
-    /* 4. As norm_quantize_row_kernel. */
-    const float inv = inv_rms(ss, k, a.eps);
-    const bool usable = umax > 0.0 && isfinite(umax);
-    const ExactCoder coder(umax);
-    float amax = 0.0f;
-    int total = 0;
-    for (int i = tid; i < k; i += B) {
-        const float v = sv[i], wi = nw[i];
-        amax = fmaxf(amax, fabsf(__fmul_rn(wi, __fmul_rn(v, inv))));
-        const int c = usable ? coder.code(wi, v) : 0;
-        xs[i] = (int8_t)c;
-        total += c;
-    }
-    block_max_sum(amax, total, red_f, red_i);
-    const bool exact = amax >= kQuantEps && usable;
+    /* 3. and 4. */
     float s;
-    if (exact) {
-        s = __fdiv_rn(127.0f, amax);
-    } else {
-        s = __fdiv_rn(127.0f, amax >= kQuantEps ? amax : kQuantEps);
-        total = 0;
-        for (int i = tid; i < k; i += B) {
-            const int c = plain_code(nw[i], sv[i], inv, s);
-            xs[i] = (int8_t)c;
-            total += c;
-        }
-        float unused = 0.0f;
-        block_max_sum(unused, total, red_f, red_i);
-    }
+    int total;
+    emulated_row_codes(sv, nw, k, a.eps, a.vt, a.vper, red_d, red_f, red_i, xs, s, total);
     for (int64_t i = k + tid; i < kpad; i += B)
         xs[i] = 0;
     __syncthreads();
@@ -802,6 +827,211 @@ cudaError_t launch_norm_gemv(const NormGemvArgs &a, int split, int pdl, cudaStre
     case 2: return launch_norm_gemv_t<kSrc, 2, 2>(a, pdl, stream);
     case 4: return launch_norm_gemv_t<kSrc, 4, 1>(a, pdl, stream);
     case 8: return launch_norm_gemv_t<kSrc, 8, 1>(a, pdl, stream);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+/* ---- W2A8 GEMV with the residual add + norm + int8 as its tail ------------------- */
+
+struct GemvTailArgs {
+    const uint4 *weights;
+    int64_t n, tiles, groups;
+    float w_scale;
+    const int8_t *xq;        /* the activations (may be q: see the kernel)    */
+    const float *act_scale;
+    const int32_t *act_sum;
+    float *y;                /* n outputs, also the residual r of the tail    */
+    float *x;                /* the residual stream, n values, += y in place  */
+    const float *w;          /* the norm's weights, n                         */
+    float eps;
+    int vt, vper;            /* the separate kernel's threads and values each */
+    int8_t *q;
+    int64_t ldq;
+    float *scale;
+    int32_t *sum;
+    unsigned int *counter;   /* 0 before the launch; left 0                   */
+};
+
+/* gemv_pdl_kernel (the same prefetch, wait, staging, product and epilogue:
+ * y bit for bit), then the block that finishes last (a ticket counter, as
+ * the attention merge) computes x += y and the norm + int8 of x as
+ * norm_quantize_row_kernel<kSrcAdd> would for that row: the same
+ * expressions, its double sum of squares in its order (emulated_row_codes).
+ *
+ * q, scale and sum may be the buffers the product reads (xq, act_scale,
+ * act_sum): every block has read them (staging, epilogue) before it takes
+ * its ticket, and only the last block writes, after every ticket. The
+ * kernel after this one reads q, scale, sum and x only after its own wait,
+ * i.e. after this grid completes, tail included. Dynamic shared memory:
+ * the staged activations during the product, reused by the tail for the
+ * row and the norm weights (2 * n floats). */
+template <int WARPS, int TILES, bool X_SMEM>
+__global__ void __launch_bounds__(32 * WARPS * TILES) gemv_add_norm_kernel(GemvTailArgs a)
+{
+    extern __shared__ __align__(16) unsigned char tail_smem[];
+    __shared__ double red_d[64];
+    __shared__ float red_f[32];
+    __shared__ int red_i[32];
+    __shared__ int partial[TILES][WARPS][kTileRowsG];
+    __shared__ bool sm_last;
+    const int B = (int)blockDim.x, tid = (int)threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int tile_in_block = warp / WARPS, split = warp % WARPS;
+    const int64_t tile = (int64_t)blockIdx.x * TILES + tile_in_block;
+    const bool live = tile < a.tiles;
+    const uint4 *blocks =
+        a.weights + (live ? tile : 0) * a.groups * (kBlockBytesG / 16) + lane;
+    constexpr int kPre = WARPS >= 8 ? 4 : 8;
+
+    uint4 wv[kPre];
+#pragma unroll
+    for (int u = 0; u < kPre; u++) {
+        const int64_t g = split + (int64_t)u * WARPS;
+        wv[u] = live && g < a.groups ? gemv_load_stream(blocks + g * (kBlockBytesG / 16))
+                                     : make_uint4(0, 0, 0, 0);
+    }
+    pdl_trigger();
+    pdl_wait();
+
+    const int8_t *xs = a.xq;
+    if (X_SMEM) {
+        const int64_t words = a.groups * kGroupG / 16;
+        for (int64_t i = tid; i < words; i += B)
+            reinterpret_cast<int4 *>(tail_smem)[i] =
+                __ldcg(reinterpret_cast<const int4 *>(a.xq) + i);
+        __syncthreads();
+        xs = reinterpret_cast<const int8_t *>(tail_smem);
+    }
+
+    int acc = 0;
+    if (live) {
+        const int8_t *xq = xs + (lane >> 3) * 64;
+#pragma unroll
+        for (int u = 0; u < kPre; u++) {
+            const int64_t g = split + (int64_t)u * WARPS;
+            if (g < a.groups)
+                acc = gemv_entry_dot(wv[u], xq + g * kGroupG, acc);
+        }
+        int64_t g = split + (int64_t)kPre * WARPS;
+        for (; g + 3 * WARPS < a.groups; g += 4 * WARPS) {
+            uint4 r4[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                r4[u] = gemv_load_stream(blocks + (g + u * WARPS) * (kBlockBytesG / 16));
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                acc = gemv_entry_dot(r4[u], xq + (g + u * WARPS) * kGroupG, acc);
+        }
+        for (; g < a.groups; g += WARPS)
+            acc = gemv_entry_dot(gemv_load_stream(blocks + g * (kBlockBytesG / 16)),
+                                 xq + g * kGroupG, acc);
+    }
+    acc += __shfl_xor_sync(kFull, acc, 8);
+    acc += __shfl_xor_sync(kFull, acc, 16);
+    if (lane < kTileRowsG)
+        partial[tile_in_block][split][lane] = acc;
+    __syncthreads();
+    if (tid < TILES * kTileRowsG) {
+        const int t = tid / kTileRowsG, r = tid % kTileRowsG;
+        const int64_t out_row = ((int64_t)blockIdx.x * TILES + t) * kTileRowsG + r;
+        if (out_row < a.n) {
+            int sum_acc = 0;
+#pragma unroll
+            for (int sp = 0; sp < WARPS; sp++)
+                sum_acc += partial[t][sp][r];
+            /* w2a8_kernels.cu's epilogue: IEEE division, then multiply. */
+            a.y[out_row] = __fmul_rn(__fdiv_rn((float)(sum_acc - __ldcg(a.act_sum)),
+                                               __ldcg(a.act_scale)),
+                                     a.w_scale);
+        }
+    }
+
+    /* Last block? (Each thread's fence makes its y writes visible before
+     * the ticket; the last block's fence orders its reads after every
+     * ticket.) The barrier also ends every use of the staged activations. */
+    __threadfence();
+    __syncthreads();
+    if (tid == 0)
+        sm_last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!sm_last)
+        return;
+    __threadfence();
+    if (tid == 0)
+        *a.counter = 0; /* every block has counted: ready for the next launch */
+
+    /* x += y over the whole row (other blocks' outputs through L2), as
+     * norm_quantize_row_kernel<kSrcAdd>: one fp32 add, stored back. */
+    const int k = (int)a.n;
+    float *sv = reinterpret_cast<float *>(tail_smem);
+    float *nw = sv + k;
+    for (int i0 = tid; i0 < k; i0 += kFusedBatch * B) {
+        float p0[kFusedBatch], p1[kFusedBatch], p2[kFusedBatch];
+#pragma unroll
+        for (int j = 0; j < kFusedBatch; j++) {
+            const int i = i0 + j * B;
+            p0[j] = p1[j] = p2[j] = 0.0f;
+            if (i < k) {
+                p0[j] = __ldcg(a.x + i);
+                p1[j] = __ldcg(a.y + i);
+                p2[j] = __ldg(a.w + i);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < kFusedBatch; j++) {
+            const int i = i0 + j * B;
+            if (i < k) {
+                const float v = __fadd_rn(p0[j], p1[j]);
+                a.x[i] = v;
+                sv[i] = v;
+                nw[i] = p2[j];
+            }
+        }
+    }
+    __syncthreads();
+
+    float s;
+    int total;
+    emulated_row_codes(sv, nw, k, a.eps, a.vt, a.vper, red_d, red_f, red_i, a.q, s, total);
+    for (int64_t i = k + tid; i < a.ldq; i += B)
+        a.q[i] = 0;
+    if (tid == 0) {
+        a.scale[0] = s;
+        a.sum[0] = total;
+    }
+}
+
+size_t gemv_tail_smem(int64_t n, int64_t groups, bool x_smem)
+{
+    const size_t act = x_smem ? (size_t)groups * kGroupG : 0;
+    const size_t row = 2 * sizeof(float) * (size_t)n;
+    return act > row ? act : row;
+}
+
+template <int WARPS, int TILES, bool X_SMEM>
+cudaError_t launch_gemv_tail_t(const GemvTailArgs &a, int pdl, cudaStream_t stream)
+{
+    const int64_t blocks = (a.tiles + TILES - 1) / TILES;
+    const size_t smem = gemv_tail_smem(a.n, a.groups, X_SMEM);
+    auto kernel = gemv_add_norm_kernel<WARPS, TILES, X_SMEM>;
+    if (smem > 48 * 1024) {
+        const cudaError_t rc =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (rc != cudaSuccess)
+            return rc;
+    }
+    return pdl_launch(kernel, dim3((unsigned)blocks), dim3(32 * WARPS * TILES), smem, stream, pdl,
+                      a);
+}
+
+template <bool X_SMEM>
+cudaError_t launch_gemv_tail(const GemvTailArgs &a, int split, int pdl, cudaStream_t stream)
+{
+    switch (split) { /* gemv_pdl_kernel's shapes */
+    case 1: return launch_gemv_tail_t<1, 4, X_SMEM>(a, pdl, stream);
+    case 2: return launch_gemv_tail_t<2, 2, X_SMEM>(a, pdl, stream);
+    case 4: return launch_gemv_tail_t<4, 1, X_SMEM>(a, pdl, stream);
+    case 8: return launch_gemv_tail_t<8, 1, X_SMEM>(a, pdl, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -1692,7 +1922,8 @@ extern "C" int bn_cb_pdl_supported(int device)
     /* Every kernel launched with the attribute must contain the wait; one
      * kernel per file stands for its file (all are compiled alike). */
     return major >= 9 && pdl_compiled(norm_quantize_row_kernel<kSrcAdd, 4>) &&
-           pdl_compiled(attn_decode_kernel<1, 4>) && bn_w2a8_cuda_gemv_pdl_compiled();
+           pdl_compiled(attn_decode_kernel<1, 4>) && pdl_compiled(gemv_add_norm_kernel<8, 1, true>) &&
+           bn_w2a8_cuda_gemv_pdl_compiled();
 }
 
 extern "C" cudaError_t bn_cb_norm_quantize(const float *x, int64_t ldx, int64_t m, int64_t k,
@@ -1818,6 +2049,47 @@ extern "C" cudaError_t bn_cb_norm_gemv(const bn_cb_norm_gemv_args *a, int pdl,
         return launch_norm_gemv<kSrcRelu2>(d, a->split, pdl, stream);
     default: return cudaErrorInvalidValue;
     }
+}
+
+extern "C" int bn_cb_gemv_add_norm_fits(int64_t n, int64_t groups)
+{
+    /* Rows whose activations bn_w2a8_cuda_gemv_pdl stages in shared
+     * memory (the tail kernel has only that variant). */
+    return n > 0 && n <= kFusedMaxK && groups > 0 && groups * kGroupG <= 160 * 1024;
+}
+
+extern "C" cudaError_t bn_cb_gemv_add_norm(const bn_cb_gemv_add_norm_args *a, int pdl,
+                                           cudaStream_t stream)
+{
+    if (!a || !bn_cb_gemv_add_norm_fits(a->n, a->groups) || !a->weights || !a->xq ||
+        !a->act_scale || !a->act_sum || !a->y || !a->x || !a->w || !a->q || !a->scale ||
+        !a->sum || !a->counter || a->ldq < a->n ||
+        a->tiles != (a->n + kTileRowsG - 1) / kTileRowsG || ((uintptr_t)a->weights & 15) != 0 ||
+        ((uintptr_t)a->xq & 15) != 0 || (a->y < a->x + a->n && a->x < a->y + a->n))
+        return cudaErrorInvalidValue;
+    GemvTailArgs d = {};
+    d.weights = static_cast<const uint4 *>(a->weights);
+    d.n = a->n;
+    d.tiles = a->tiles;
+    d.groups = a->groups;
+    d.w_scale = a->weight_scale;
+    d.xq = a->xq;
+    d.act_scale = a->act_scale;
+    d.act_sum = a->act_sum;
+    d.y = a->y;
+    d.x = a->x;
+    d.w = a->w;
+    d.eps = a->eps;
+    d.vt = row_threads(a->n);
+    d.vper = row_per(a->n);
+    d.q = a->q;
+    d.ldq = a->ldq;
+    d.scale = a->scale;
+    d.sum = a->sum;
+    d.counter = a->counter;
+    /* Activations in shared memory, as bn_w2a8_cuda_gemv_pdl stages them
+     * for every row that fits (the only rows taken here). */
+    return launch_gemv_tail<true>(d, a->split, pdl, stream);
 }
 
 extern "C" cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr,

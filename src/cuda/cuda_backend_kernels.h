@@ -142,6 +142,44 @@ typedef struct bn_cb_norm_gemv_args {
 int bn_cb_norm_gemv_fits(int64_t k, int64_t groups);
 cudaError_t bn_cb_norm_gemv(const bn_cb_norm_gemv_args *a, int pdl, cudaStream_t stream);
 
+/* ---- W2A8 GEMV with the next residual add + norm + int8 as its tail ----------
+ *
+ * One row (M = 1) of a square-in-output product whose result is added to
+ * the residual stream (Wo, down): y = W xq as bn_w2a8_cuda_gemv_pdl computes
+ * it (same work split, same epilogue: bit for bit); then the block that
+ * finishes last (a ticket counter, reset by it) computes x += y over the
+ * whole row and writes q, scale and sum as bn_cb_add_norm_quantize(x, n,
+ * y, n, 1, n, w, eps, q, ldq, scale, sum) would, bit for bit: the same
+ * expressions, and the double sum of squares added in that kernel's order
+ * (its threads and values per thread emulated by the block's warps). One
+ * kernel instead of two, and the norm runs once, not in every block.
+ *
+ * q, scale and sum may be xq, act_scale and act_sum (the decode step
+ * reuses one activation buffer): every block reads those before it takes
+ * its ticket. y and x must not overlap. bn_cb_gemv_add_norm_fits says
+ * whether a row of n values fits (n <= 8192). */
+typedef struct bn_cb_gemv_add_norm_args {
+    const void *weights;     /* cuda_layout.h packing of the n x k matrix       */
+    int64_t n, tiles, groups;
+    float weight_scale;
+    int split;               /* bn_w2a8_cuda_gemv_split: 1, 2, 4 or 8            */
+    const int8_t *xq;        /* k_padded codes, zero past k                      */
+    const float *act_scale;
+    const int32_t *act_sum;
+    float *y;                /* n                                                */
+    float *x;                /* the residual stream, n: x += y                   */
+    const float *w;          /* the norm's weights, n                            */
+    float eps;
+    int8_t *q;               /* ldq >= n bytes, zeros from n                     */
+    int64_t ldq;
+    float *scale;
+    int32_t *sum;
+    unsigned int *counter;   /* zero before the first launch; left zero after    */
+} bn_cb_gemv_add_norm_args;
+
+int bn_cb_gemv_add_norm_fits(int64_t n, int64_t groups);
+cudaError_t bn_cb_gemv_add_norm(const bn_cb_gemv_add_norm_args *a, int pdl, cudaStream_t stream);
+
 /* ---- RoPE table --------------------------------------------------------------------
  *
  * table[p][j] = (cos, sin) of the angle (float)p * inv_freq[j] for p < n_pos,

@@ -66,8 +66,10 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * 2 pipelined 64 x 256 (w2a8_gemm_pipelined.cu), split-K chosen for the
  * shape; 3 the same without split-K; 4 pipelined 128 x 256, split-K chosen;
  * 5, 6, 7 wgmma (w2a8_gemm_wgmma.cu; weight rows x activation rows)
- * 256 x 128, 128 x 128 with one warpgroup, 128 x 128 with two: compute
- * capability 9.0 and an sm_90a build only, else cudaErrorNotSupported.
+ * 256 x 128, 128 x 128 with one warpgroup, 128 x 128 with two; 8 as 7
+ * with split-K over a thread-block cluster chosen for the shape
+ * (bn_w2a8_cuda_gemm_wgmma_split_factor): 5-8 need compute capability 9.0
+ * and an sm_90a build, else cudaErrorNotSupported.
  * bn_w2a8_cuda_gemm uses 1 up to BN_W2A8_SKINNY_MAX_M rows; above, where
  * wgmma is usable, 7 from BN_W2A8_WGMMA_MIN_M rows when its 128 x 128 tiles
  * number at least BN_W2A8_WGMMA_MIN_TILES or rows have at least
@@ -75,7 +77,7 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * at least BN_W2A8_PIPE_MIN_TILES, else 2 for rows of at least
  * BN_W2A8_PIPE_SPLIT_MIN_K, else 0 (bn_w2a8_cuda_gemm_default_variant;
  * measured on an H200). */
-#define BN_W2A8_GEMM_VARIANTS 8
+#define BN_W2A8_GEMM_VARIANTS 9
 #define BN_W2A8_SKINNY_MAX_M 32
 #define BN_W2A8_WGMMA_MIN_M 128
 #define BN_W2A8_WGMMA_MIN_TILES 100
@@ -87,7 +89,7 @@ cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int variant,
 /* The variant bn_w2a8_cuda_gemm runs for m rows, and a short name of a
  * variant with the split-K factor it would use for a (for the benchmark). */
 int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma);
-/* Whether the wgmma variants (5-7) can run on the current device. */
+/* Whether the wgmma variants (5-8) can run on the current device. */
 int bn_w2a8_cuda_gemm_wgmma_usable(void);
 void bn_w2a8_cuda_gemm_describe(const bn_w2a8_cuda_args *a, int variant, char *buf, size_t size);
 
@@ -113,9 +115,21 @@ enum {
     BN_W2A8_WGMMA_256X128 = 0,     /* 2 warpgroups, 1 block per SM  */
     BN_W2A8_WGMMA_128X128_1WG = 1, /* 1 warpgroup, 2 blocks per SM  */
     BN_W2A8_WGMMA_128X128 = 2,     /* 2 warpgroups, 2 blocks per SM */
-    BN_W2A8_WGMMA_CONFIGS = 3
+    /* As 128X128, with K split over the blocks of a thread-block cluster
+     * (partials summed through distributed shared memory; no workspace). */
+    BN_W2A8_WGMMA_128X128_SPLITK = 3,
+    BN_W2A8_WGMMA_CONFIGS = 4
 };
+#define BN_W2A8_WGMMA_MAX_SPLIT 8
+/* Split 0 (or the call without split): chosen for the shape and
+ * a->sm_count; otherwise clamped to 1..BN_W2A8_WGMMA_MAX_SPLIT and to the
+ * k-tiles (128 each), every slice non-empty. Configurations other than
+ * 128X128_SPLITK ignore split. */
 cudaError_t bn_w2a8_cuda_gemm_wgmma(const bn_w2a8_cuda_args *a, int config, cudaStream_t stream);
+cudaError_t bn_w2a8_cuda_gemm_wgmma_split(const bn_w2a8_cuda_args *a, int config, int split,
+                                          cudaStream_t stream);
+/* The split the call above would use (1 for the configurations without). */
+int bn_w2a8_cuda_gemm_wgmma_split_factor(const bn_w2a8_cuda_args *a, int config, int split);
 int bn_w2a8_cuda_gemm_wgmma_compiled(void);
 
 /* Per-row absmax int8 quantization of m rows of k floats (stride ldx)

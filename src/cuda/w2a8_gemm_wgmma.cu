@@ -99,6 +99,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <cooperative_groups.h>
+
 #include "w2a8_cuda.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -180,6 +182,34 @@ __host__ __device__ __forceinline__ uint32_t frag_reg(const uint32_t lo[4], cons
 {
     const uint32_t word = (r & 1) ? hi[2 * (s & 1) + (r >> 1)] : lo[2 * (s & 1) + (r >> 1)];
     return (word >> (2 * tig)) & 0x03030303u;
+}
+
+/* ---- Split-K over a thread-block cluster (configuration 128x128 k/split) --
+ *
+ * The `split` blocks of one output tile are one cluster (x = m block *
+ * split + rank). n_kt k-tiles are cut into slices of ceil(n_kt / split);
+ * the launcher passes a split for which every slice is non-empty. */
+__host__ __device__ __forceinline__ void split_range(int n_kt, int split, int rank, int &kt0,
+                                                     int &count)
+{
+    const int per = (n_kt + split - 1) / split;
+    kt0 = rank * per;
+    count = n_kt - kt0 < per ? n_kt - kt0 : per;
+}
+
+/* Block `rank` sums and stores accumulator group j (accumulators 4 j ..
+ * 4 j + 3 of every slice: activation rows 8 j .. 8 j + 7 of the tile). */
+__host__ __device__ __forceinline__ bool split_owns(int j, int split, int rank)
+{
+    return j % split == rank;
+}
+
+/* int4 index of accumulator group j of slice i of thread tid in the
+ * reduction buffer (the pipeline's shared memory, reused). */
+template <int MI, int BA, int THREADS>
+__host__ __device__ __forceinline__ int red_index(int i, int j, int tid)
+{
+    return (i * (BA / 8) + j) * THREADS + tid;
 }
 
 } // namespace bn_wgmma
@@ -283,10 +313,10 @@ __device__ __forceinline__ void wgmma_rs<128>(int32_t (&d)[64], const uint32_t (
  * adjacent, so the weights come from DRAM once and from L2 for the others),
  * y = weight block (BW rows).
  */
-template <int WG, int MI, int BA, int BK, int STAGES, int MIN_BLOCKS>
+template <int WG, int MI, int BA, int BK, int STAGES, int MIN_BLOCKS, bool SPLITK>
 __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
     wgmma_kernel(const uint8_t *__restrict__ w, const int8_t *__restrict__ x, int64_t ldx,
-                 int64_t m, int64_t n, int64_t tiles, int64_t groups,
+                 int64_t m, int64_t n, int64_t tiles, int64_t groups, int split,
                  const float *__restrict__ act_scale, const int32_t *__restrict__ act_sum,
                  float w_scale, float *__restrict__ y, int64_t ldy)
 {
@@ -302,10 +332,20 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = warp >> 2, wq = warp & 3;
     const int gid = lane >> 2, tig = lane & 3;
-    const int64_t m0 = (int64_t)blockIdx.x * BA;
     const int64_t tile0 = (int64_t)blockIdx.y * C::kWTiles;
-    /* k-tiles of BK; k_padded (256 groups) is a multiple of BK. */
-    const int n_kt = (int)(groups * (256 / BK));
+    /* k-tiles of BK; k_padded (256 groups) is a multiple of BK. Without
+     * split-K the block runs all of them (kt0 = 0); with it, its slice. */
+    int n_kt = (int)(groups * (256 / BK));
+    int kt0 = 0, rank = 0;
+    int64_t m_block = blockIdx.x;
+    if constexpr (SPLITK) {
+        if (split > 1) {
+            rank = (int)cooperative_groups::this_cluster().block_rank();
+            m_block = blockIdx.x / (unsigned)split;
+            split_range(n_kt, split, rank, kt0, n_kt);
+        }
+    }
+    const int64_t m0 = m_block * BA;
 
     /* Queues the copies of k-tile kt into slot `slot`. */
     auto load_stage = [&](int slot, int kt) {
@@ -316,7 +356,8 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
             const int c = p * C::kThreads + tid;
             const int row = c / (BK / 16), chunk = c % (BK / 16);
             const bool ok = m0 + row < m;
-            const int8_t *src = ok ? x + (m0 + row) * ldx + (int64_t)kt * BK + chunk * 16 : x;
+            const int8_t *src =
+                ok ? x + (m0 + row) * ldx + (int64_t)(kt0 + kt) * BK + chunk * 16 : x;
             cp_async16(as + act_offset<BA>(row, chunk), src, ok);
         }
 #pragma unroll
@@ -327,7 +368,7 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
             /* Tile t's blocks are contiguous, (t G + g) 512: k-tile kt is
              * the 2 BK bytes from kt * 2 BK on. */
             const uint8_t *src = ok ? w + (tile0 + t) * groups * kBlockBytes +
-                                          (int64_t)kt * C::kWTileBytes + e * 16
+                                          (int64_t)(kt0 + kt) * C::kWTileBytes + e * 16
                                     : w;
             cp_async16(ws + (uint32_t)(t * C::kWTileBytes + e * 16), src, ok);
         }
@@ -416,12 +457,60 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
     }
     cp_async_wait<0>();
 
+    if constexpr (SPLITK) {
+        if (split > 1) {
+            /* Every block parks its partial accumulators in its own shared
+             * memory; after a cluster barrier block `rank` sums the groups j
+             * it owns from all blocks, in rank order (distributed shared
+             * memory), and stores them; a second barrier keeps the partials
+             * alive until every block has read them. */
+            namespace cg = cooperative_groups;
+            cg::cluster_group cluster = cg::this_cluster();
+            int4 *red = reinterpret_cast<int4 *>(smem_raw + (sbase - raw));
+            static_assert((size_t)MI * C::kAcc * C::kThreads * 4 <= (size_t)STAGES * C::kStageBytes,
+                          "the partials fit in the pipeline buffers");
+            __syncthreads(); /* every warpgroup retired its wgmma (wait_group 0) */
+#pragma unroll
+            for (int i = 0; i < MI; i++)
+#pragma unroll
+                for (int j = 0; j < BA / 8; j++)
+                    red[red_index<MI, BA, C::kThreads>(i, j, tid)] =
+                        make_int4(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2],
+                                  acc[i][4 * j + 3]);
+            cluster.sync(); /* release/acquire: the partials are visible cluster-wide */
+#pragma unroll
+            for (int j = 0; j < BA / 8; j++) {
+                if (!split_owns(j, split, rank))
+                    continue;
+#pragma unroll
+                for (int i = 0; i < MI; i++) {
+                    const int idx = red_index<MI, BA, C::kThreads>(i, j, tid);
+                    int4 t = make_int4(0, 0, 0, 0);
+                    for (int q = 0; q < split; q++) {
+                        const int4 v = cluster.map_shared_rank(red, q)[idx];
+                        t.x += v.x;
+                        t.y += v.y;
+                        t.z += v.z;
+                        t.w += v.w;
+                    }
+                    acc[i][4 * j] = t.x;
+                    acc[i][4 * j + 1] = t.y;
+                    acc[i][4 * j + 2] = t.z;
+                    acc[i][4 * j + 3] = t.w;
+                }
+            }
+            cluster.sync(); /* no block leaves while another still reads its partials */
+        }
+    }
+
     /* Epilogue (CUTLASS CLayout_64xN): accumulator 4 j + v of slice i is
      * weight row 16 wq + gid + 8 (v >> 1) of the slice, activation row
      * 8 j + 2 tig + (v & 1); stored transposed, y[act row][weight row]. */
     const int64_t col0 = tile0 * kTileRows + 16 * wq + gid;
 #pragma unroll
     for (int j = 0; j < BA / 8; j++) {
+        if (SPLITK && split > 1 && !split_owns(j, split, rank))
+            continue; /* another block of the cluster stores it */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int64_t row = m0 + 8 * j + 2 * tig + h;
@@ -442,16 +531,78 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
         }
     }
 #else
-    (void)w, (void)x, (void)ldx, (void)m, (void)n, (void)tiles, (void)groups, (void)act_scale;
+    (void)w, (void)x, (void)ldx, (void)m, (void)n, (void)tiles, (void)groups, (void)split;
+    (void)act_scale;
     (void)act_sum, (void)w_scale, (void)y, (void)ldy;
 #endif
 }
 
-template <int WG, int MI, int BA, int BK, int STAGES, int MIN_BLOCKS>
+} // namespace
+
+/*
+ * The split-K factor (1-8) that minimises a model of the busiest SM, in
+ * units of one k-tile of a block alone on its SM (H200, variant 7 at
+ * M = 512: about 0.7 us; two blocks sharing an SM take about 1.8 units per
+ * k-tile each). `blocks` output tiles x split slices are spread over `sms`
+ * SMs, two at a time; each sequential pair also pays a fixed 3 units
+ * (pipeline fill and epilogue) and a split one more (the cluster
+ * exchange). Only splits whose every slice is non-empty count, and a split
+ * is taken only when it gains at least 3 % over the best smaller one.
+ * Host-only, shared with the emulator.
+ */
+inline int choose_split(int64_t blocks, int64_t n_kt, int sms)
+{
+    int best = 1;
+    double best_cost = 0.0;
+    for (int s = 1; s <= BN_W2A8_WGMMA_MAX_SPLIT && s <= n_kt; s++) {
+        const int64_t per = (n_kt + s - 1) / s;
+        if ((n_kt + per - 1) / per != s)
+            continue;
+        const int64_t c = (blocks * s + sms - 1) / sms; /* blocks on the busiest SM */
+        const double cost = (double)(c / 2 * 1.8 + (double)(c % 2)) * (double)per +
+                            3.0 * (double)((c + 1) / 2) + (s > 1 ? 1.0 : 0.0);
+        if (s == 1 || cost < 0.97 * best_cost) {
+            best = s;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+/* split <= 0: chosen for the shape; otherwise clamped to 1..MAX_SPLIT and
+ * to the k-tiles, then reduced so every slice is non-empty. */
+inline int effective_split(int64_t m, int64_t tiles, int64_t groups, int sm_count, int ba,
+                           int w_tiles, int bk, int split)
+{
+    const int64_t n_kt = groups * (256 / bk);
+    if (split <= 0) {
+        const int64_t blocks = ((m + ba - 1) / ba) * ((tiles + w_tiles - 1) / w_tiles);
+        split = choose_split(blocks, n_kt, sm_count > 0 ? sm_count : 132);
+    }
+    if (split > BN_W2A8_WGMMA_MAX_SPLIT)
+        split = BN_W2A8_WGMMA_MAX_SPLIT;
+    if (split > n_kt)
+        split = (int)n_kt;
+    if (split <= 1)
+        return 1;
+    const int64_t per = (n_kt + split - 1) / split;
+    return (int)((n_kt + per - 1) / per);
+}
+
+namespace {
+
+template <int WG, int MI, int BA, int BK, int STAGES, int MIN_BLOCKS, bool SPLITK>
 struct Launch {
     using C = Cfg<WG, MI, BA, BK, STAGES, MIN_BLOCKS>;
 
-    static cudaError_t run(const bn_w2a8_cuda_args *a, cudaStream_t stream)
+    static int split_for(const bn_w2a8_cuda_args *a, int split)
+    {
+        if (!SPLITK)
+            return 1;
+        return effective_split(a->m, a->tiles, a->groups, a->sm_count, BA, C::kWTiles, BK, split);
+    }
+
+    static cudaError_t run(const bn_w2a8_cuda_args *a, int split, cudaStream_t stream)
     {
         if (!BN_W2A8_WGMMA_SM90A)
             return cudaErrorNotSupported; /* not built with sm_90a code */
@@ -472,11 +623,12 @@ struct Launch {
         if ((a->ldx & 15) != 0 || (reinterpret_cast<uintptr_t>(a->x) & 15) != 0 ||
             (reinterpret_cast<uintptr_t>(a->weights) & 15) != 0)
             return cudaErrorMisalignedAddress;
+        split = split_for(a, split);
         const int64_t m_blocks = (a->m + BA - 1) / BA;
         const int64_t n_blocks = (a->tiles + C::kWTiles - 1) / C::kWTiles;
-        if (n_blocks > 65535 || m_blocks > 0x7fffffff || 2 * a->groups > 0x7fffffff)
+        if (n_blocks > 65535 || m_blocks * split > 0x7fffffff || 2 * a->groups > 0x7fffffff)
             return cudaErrorInvalidConfiguration;
-        auto kernel = wgmma_kernel<WG, MI, BA, BK, STAGES, MIN_BLOCKS>;
+        auto kernel = wgmma_kernel<WG, MI, BA, BK, STAGES, MIN_BLOCKS, SPLITK>;
         cudaFuncAttributes fa;
         rc = cudaFuncGetAttributes(&fa, kernel);
         if (rc != cudaSuccess) {
@@ -490,11 +642,30 @@ struct Launch {
                                       (int)cudaSharedmemCarveoutMaxShared);
         if (rc != cudaSuccess)
             return rc;
-        const dim3 grid((unsigned)m_blocks, (unsigned)n_blocks);
-        kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(
-            static_cast<const uint8_t *>(a->weights), a->x, a->ldx, a->m, a->n, a->tiles,
-            a->groups, a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy);
-        return cudaGetLastError();
+        const dim3 grid((unsigned)(m_blocks * split), (unsigned)n_blocks);
+        const uint8_t *w = static_cast<const uint8_t *>(a->weights);
+        if (split == 1) {
+            kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(
+                w, a->x, a->ldx, a->m, a->n, a->tiles, a->groups, 1, a->act_scale, a->act_sum,
+                a->weight_scale, a->y, a->ldy);
+            return cudaGetLastError();
+        }
+        /* The split blocks of one output tile: one cluster along x. */
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(C::kThreads);
+        cfg.dynamicSmemBytes = C::kSmemBytes;
+        cfg.stream = stream;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = (unsigned)split;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        return cudaLaunchKernelEx(&cfg, kernel, w, a->x, a->ldx, a->m, a->n, a->tiles, a->groups,
+                                  split, a->act_scale, a->act_sum, a->weight_scale, a->y,
+                                  a->ldy);
     }
 };
 
@@ -506,15 +677,32 @@ extern "C" int bn_w2a8_cuda_gemm_wgmma_compiled(void)
     return BN_W2A8_WGMMA_SM90A;
 }
 
-extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma(const bn_w2a8_cuda_args *a, int config,
-                                               cudaStream_t stream)
+extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma_split(const bn_w2a8_cuda_args *a, int config,
+                                                     int split, cudaStream_t stream)
 {
     using namespace bn_wgmma;
     switch (config) {
-    /*                                  WG MI  BA   BK  S  blocks/SM */
-    case BN_W2A8_WGMMA_256X128: return Launch<2, 2, 128, 128, 6, 1>::run(a, stream);
-    case BN_W2A8_WGMMA_128X128_1WG: return Launch<1, 2, 128, 128, 4, 2>::run(a, stream);
-    case BN_W2A8_WGMMA_128X128: return Launch<2, 1, 128, 128, 4, 2>::run(a, stream);
+    /*                                  WG MI  BA   BK  S  blocks/SM split-K */
+    case BN_W2A8_WGMMA_256X128: return Launch<2, 2, 128, 128, 6, 1, false>::run(a, 1, stream);
+    case BN_W2A8_WGMMA_128X128_1WG: return Launch<1, 2, 128, 128, 4, 2, false>::run(a, 1, stream);
+    case BN_W2A8_WGMMA_128X128: return Launch<2, 1, 128, 128, 4, 2, false>::run(a, 1, stream);
+    case BN_W2A8_WGMMA_128X128_SPLITK:
+        return Launch<2, 1, 128, 128, 4, 2, true>::run(a, split, stream);
     default: return cudaErrorInvalidValue;
     }
+}
+
+extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma(const bn_w2a8_cuda_args *a, int config,
+                                               cudaStream_t stream)
+{
+    return bn_w2a8_cuda_gemm_wgmma_split(a, config, 0, stream);
+}
+
+extern "C" int bn_w2a8_cuda_gemm_wgmma_split_factor(const bn_w2a8_cuda_args *a, int config,
+                                                    int split)
+{
+    using namespace bn_wgmma;
+    if (config != BN_W2A8_WGMMA_128X128_SPLITK)
+        return 1;
+    return Launch<2, 1, 128, 128, 4, 2, true>::split_for(a, split);
 }

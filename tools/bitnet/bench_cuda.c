@@ -309,12 +309,12 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
                                             : BN_W2A8_GEMM_VARIANTS;
         for (int v = 0; v < n_variants; v++) {
             w.variant = o->variants ? v : -1;
-            char kernel[32];
+            char kernel[48];
             if (m == 1)
                 snprintf(kernel, sizeof kernel, "gemv v%d split %d",
                          o->variants ? v : BN_W2A8_GEMV_DEFAULT_VARIANT, w.split);
             else {
-                char name[24];
+                char name[40];
                 const int gemm = o->variants ? v
                                                : bn_w2a8_cuda_gemm_default_variant(
                                                      m, n, l.k, bn_w2a8_cuda_gemm_wgmma_usable());
