@@ -269,70 +269,45 @@ static void check_fixture(const char *name)
     bn_cuda_backend_free(b);
     b = NULL;
 
-    /* The decode step with norm + int8 computed in each GEMV block (the
-     * fused_norm option, norm_quantize_w2a8_gemv): the same logits as the
-     * separate kernels of the default, bit for bit. */
-    double unfused_vs_fused = NAN;
-    {
+    /* Two options move norm + int8 work into other kernels; both must give
+     * the default's logits bit for bit and run their own kernel, which the
+     * default must not: fused_norm computes it in each GEMV block
+     * (norm_quantize_w2a8_gemv), tail_norm does the residual add + norm +
+     * int8 in the last block of the Wo and down GEMVs
+     * (w2a8_gemv_residual_norm_quantize). */
+    for (int opt = 0; opt < 2; opt++) {
+        const char *what = opt ? "tail_norm" : "fused_norm";
+        const char *kernel = opt ? "w2a8_gemv_residual_norm_quantize" : "norm_quantize_w2a8_gemv";
+        CHECK_MSG(strstr(kernels, kernel) == NULL, "%s: the default decode step ran %s (%s)",
+                  name, kernel, kernels);
         bn_cuda_backend_options o;
         bn_cuda_backend_options_default(&o);
-        o.fused_norm = true;
+        o.fused_norm = opt == 0;
+        o.tail_norm = opt == 1;
         o.no_graphs = true;
+        double vs_default = NAN;
         bn_cuda_backend *u = NULL;
-        CHECK_MSG(bn_cuda_backend_create(m, &o, &u, &err) == BN_OK, "%s: cuda create: %s", name,
-                  err.message);
+        CHECK_MSG(bn_cuda_backend_create(m, &o, &u, &err) == BN_OK, "%s: cuda create (%s): %s",
+                  name, what, err.message);
         if (u) {
-            float *sep = malloc(N_STEPS * row);
-            bool ok = bn_cuda_backend_forward(u, PROMPT, PROMPT_LEN, 0, sep, &err) == BN_OK;
+            float *alt = malloc(N_STEPS * row);
+            bool ok = alt && bn_cuda_backend_forward(u, PROMPT, PROMPT_LEN, 0, alt, &err) == BN_OK;
             for (int s = 1; ok && s < N_STEPS; s++)
                 ok = bn_cuda_backend_forward(u, &ref_tok[s - 1], 1, PROMPT_LEN + s - 1,
-                                             sep + (size_t)s * V, &err) == BN_OK;
-            CHECK_MSG(ok, "%s: gpu forward (fused norms): %s", name, err.message);
+                                             alt + (size_t)s * V, &err) == BN_OK;
+            CHECK_MSG(ok, "%s: gpu forward (%s): %s", name, what, err.message);
             if (ok)
-                unfused_vs_fused = max_diff(eager, sep, (int64_t)N_STEPS * V);
-            free(sep);
-            bn_cuda_backend_free(u);
-        }
-    }
-    CHECK_MSG(unfused_vs_fused == 0.0,
-              "%s: logits with fused norm GEMVs differ from the separate kernels' by %g", name,
-              unfused_vs_fused);
-
-    /* With tail_norm the decode step computes the residual add + norm + int8
-     * after the Wo and down GEMVs in their last block (w2a8_gemv_residual_
-     * norm_quantize); the default runs separate kernels: the same logits,
-     * bit for bit. */
-    double tail_vs_separate = NAN;
-    CHECK_MSG(strstr(kernels, "w2a8_gemv_residual_norm_quantize") == NULL,
-              "%s: the default decode step ran the GEMV tails (%s)", name, kernels);
-    {
-        bn_cuda_backend_options o;
-        bn_cuda_backend_options_default(&o);
-        o.tail_norm = true;
-        o.no_graphs = true;
-        bn_cuda_backend *u = NULL;
-        CHECK_MSG(bn_cuda_backend_create(m, &o, &u, &err) == BN_OK, "%s: cuda create: %s", name,
-                  err.message);
-        if (u) {
-            float *sep = malloc(N_STEPS * row);
-            bool ok = bn_cuda_backend_forward(u, PROMPT, PROMPT_LEN, 0, sep, &err) == BN_OK;
-            for (int s = 1; ok && s < N_STEPS; s++)
-                ok = bn_cuda_backend_forward(u, &ref_tok[s - 1], 1, PROMPT_LEN + s - 1,
-                                             sep + (size_t)s * V, &err) == BN_OK;
-            CHECK_MSG(ok, "%s: gpu forward (tail norms): %s", name, err.message);
-            if (ok)
-                tail_vs_separate = max_diff(eager, sep, (int64_t)N_STEPS * V);
+                vs_default = max_diff(eager, alt, (int64_t)N_STEPS * V);
             char ks[512];
             bn_cuda_backend_kernels(u, ks, sizeof ks);
-            CHECK_MSG(strstr(ks, "w2a8_gemv_residual_norm_quantize") != NULL,
-                      "%s: tail_norm did not run the GEMV tails (%s)", name, ks);
-            free(sep);
+            CHECK_MSG(strstr(ks, kernel) != NULL, "%s: %s did not run %s (%s)", name, what,
+                      kernel, ks);
+            free(alt);
             bn_cuda_backend_free(u);
         }
+        CHECK_MSG(vs_default == 0.0, "%s: logits with %s differ from the default's by %g", name,
+                  what, vs_default);
     }
-    CHECK_MSG(tail_vs_separate == 0.0,
-              "%s: logits with the GEMV tail norms differ from the separate kernels' by %g",
-              name, tail_vs_separate);
 
     /* The fp16 KV cache, fed the CPU's tokens. Its attention kernels take
      * head_dim 64, 128 or 256; other models must be refused clearly. */

@@ -70,12 +70,8 @@ static int parse(int argc, char **argv, ppl_opts *o)
                 return BN_EXIT_USAGE;
         } else if (strcmp(a, "--device") == 0) {
             VALUE();
-            bn_device_request req;
-            if (!bn_parse_device_request(v, &req)) {
-                fprintf(stderr, "bitnet perplexity: error: --device must be auto, cpu, gpu, "
-                                "cuda or cuda:N, not '%s'\n", v);
+            if (!cli_check_device(CMD, v))
                 return BN_EXIT_USAGE;
-            }
             o->device = v;
         } else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) {
             VALUE();

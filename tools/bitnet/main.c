@@ -115,6 +115,16 @@ bool cli_parse_u64(const char *cmd, const char *opt, const char *text, uint64_t 
     return true;
 }
 
+bool cli_check_device(const char *cmd, const char *text)
+{
+    bn_device_request req;
+    if (bn_parse_device_request(text, &req))
+        return true;
+    fprintf(stderr, "bitnet %s: error: --device must be auto, cpu, gpu, cuda or cuda:N, not '%s'\n",
+            cmd, text);
+    return false;
+}
+
 bool cli_parse_float(const char *cmd, const char *opt, const char *text, double lo, double hi,
                      float *out)
 {
