@@ -68,8 +68,10 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * 5, 6, 7 wgmma (w2a8_gemm_wgmma.cu; weight rows x activation rows)
  * 256 x 128, 128 x 128 with one warpgroup, 128 x 128 with two; 8 as 7
  * with split-K over a thread-block cluster chosen for the shape
- * (bn_w2a8_cuda_gemm_wgmma_split_factor): 5-8 need compute capability 9.0
- * and an sm_90a build, else cudaErrorNotSupported.
+ * (bn_w2a8_cuda_gemm_wgmma_split_factor); 9 as 7 with both wgmma operands
+ * in shared memory (weights expanded to int8 there, 1 block per SM): 5-9
+ * need compute capability 9.0 and an sm_90a build, else
+ * cudaErrorNotSupported.
  * bn_w2a8_cuda_gemm uses 1 up to BN_W2A8_SKINNY_MAX_M rows; above, where
  * wgmma is usable, 7 from BN_W2A8_WGMMA_MIN_M rows when its 128 x 128 tiles
  * number at least BN_W2A8_WGMMA_MIN_TILES or rows have at least
@@ -77,7 +79,7 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * at least BN_W2A8_PIPE_MIN_TILES, else 2 for rows of at least
  * BN_W2A8_PIPE_SPLIT_MIN_K, else 0 (bn_w2a8_cuda_gemm_default_variant;
  * measured on an H200). */
-#define BN_W2A8_GEMM_VARIANTS 9
+#define BN_W2A8_GEMM_VARIANTS 10
 #define BN_W2A8_SKINNY_MAX_M 32
 #define BN_W2A8_WGMMA_MIN_M 128
 #define BN_W2A8_WGMMA_MIN_TILES 100
@@ -89,7 +91,7 @@ cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int variant,
 /* The variant bn_w2a8_cuda_gemm runs for m rows, and a short name of a
  * variant with the split-K factor it would use for a (for the benchmark). */
 int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma);
-/* Whether the wgmma variants (5-8) can run on the current device. */
+/* Whether the wgmma variants (5-9) can run on the current device. */
 int bn_w2a8_cuda_gemm_wgmma_usable(void);
 void bn_w2a8_cuda_gemm_describe(const bn_w2a8_cuda_args *a, int variant, char *buf, size_t size);
 
@@ -118,7 +120,11 @@ enum {
     /* As 128X128, with K split over the blocks of a thread-block cluster
      * (partials summed through distributed shared memory; no workspace). */
     BN_W2A8_WGMMA_128X128_SPLITK = 3,
-    BN_W2A8_WGMMA_CONFIGS = 4
+    /* 128 x 128, 2 warpgroups, 1 block per SM, both operands in shared
+     * memory: the weights expanded into a swizzled int8 tile there, one
+     * wgmma group kept in flight while the next k-tile is expanded. */
+    BN_W2A8_WGMMA_128X128_SS = 4,
+    BN_W2A8_WGMMA_CONFIGS = 5
 };
 #define BN_W2A8_WGMMA_MAX_SPLIT 8
 /* Split 0 (or the call without split): chosen for the shape and

@@ -64,6 +64,9 @@
  *                2 blocks per SM, 128 accumulators.
  *   128x128:     2 warpgroups x 1 slice, BK 128, 20 KB per stage, 4 stages,
  *                2 blocks per SM, 64 accumulators.
+ *   128x128 ss:  as 128x128 with both operands in shared memory (weights
+ *                expanded there; wgmma_ss_kernel, below): 6 stages + 3
+ *                expanded 16 KB slots, 169 KB, 1 block per SM.
  *
  * Per k, 256x128 moves 256 / 4 + 128 = 192 bytes into shared memory for
  * 32768 multiply-adds (5.9e-3 B per multiply-add, the 64x256 mma.sync
@@ -212,6 +215,52 @@ __host__ __device__ __forceinline__ int red_index(int i, int j, int tid)
     return (i * (BA / 8) + j) * THREADS + tid;
 }
 
+/* ---- Both operands from shared memory (configuration 128x128 ss) ---------
+ *
+ * Besides the STAGES stages, ASLOTS expanded-weight slots of kBW rows x BK
+ * int8, laid out exactly like the activation tile (K-major, 128-byte
+ * swizzle, act_offset<kBW>), so the A descriptor is built like B's. */
+template <int WG, int MI, int BA, int BK, int STAGES, int MIN_BLOCKS, int ASLOTS>
+struct CfgSS : Cfg<WG, MI, BA, BK, STAGES, MIN_BLOCKS> {
+    using Base = Cfg<WG, MI, BA, BK, STAGES, MIN_BLOCKS>;
+    static constexpr int kASlotBytes = Base::kBW * BK;
+    static constexpr int kARing = STAGES * Base::kStageBytes; /* offset from the 1024-aligned base */
+    static constexpr int kSmemBytes = kARing + ASLOTS * kASlotBytes + 1024;
+    static_assert(ASLOTS >= 3, "a slot is rewritten only once every warpgroup retired its group");
+    static_assert(STAGES >= 3, "prefetch distance STAGES - 2");
+    static_assert(kSmemBytes <= 227 * 1024, "fits one block's shared memory (and 18-bit descriptors)");
+    static_assert(kASlotBytes % 1024 == 0 && (64 * 128) % 1024 == 0,
+                  "slots and 64-row slices keep the 1024-byte swizzle alignment");
+};
+
+/* The 16 int8 codes of k offsets 16 i + 4 j .. + 3 (j = 0..3) of a layout
+ * entry's word i: expanded chunk i of the entry's 64 k is
+ * {expand(w, 0), expand(w, 1), expand(w, 2), expand(w, 3)}. */
+__host__ __device__ __forceinline__ uint32_t expand_codes(uint32_t word, int j)
+{
+    return (word >> (2 * j)) & 0x03030303u;
+}
+
+/* Packed chunk c (0 .. kWChunks - 1) of a stage: layout tile t = c / (2 BK
+ * / 16) of the block, entry e = c % (2 BK / 16) of the k-tile, i.e. row
+ * 8 t + e % 8, k offsets 64 (e / 8) .. + 63 of the k-tile; its expanded
+ * 16-byte chunk i (0..3) is chunk 4 (e / 8) + i of that row. */
+template <int BK>
+__host__ __device__ __forceinline__ void ss_entry(int c, int &row, int &chunk0)
+{
+    const int t = c / (2 * BK / 16), e = c % (2 * BK / 16);
+    row = 8 * t + (e & 7);
+    chunk0 = 4 * (e >> 3);
+}
+
+/* Byte offset in an expanded slot of the start of wgmma k step s of the
+ * 64-row slice `slice`. */
+template <int BW>
+__host__ __device__ __forceinline__ uint32_t ss_a_step_offset(int slice, int s)
+{
+    return act_step_offset<BW>(s) + (uint32_t)(slice * 64 * 128);
+}
+
 } // namespace bn_wgmma
 
 namespace bn_wgmma {
@@ -304,6 +353,35 @@ __device__ __forceinline__ void wgmma_rs<128>(int32_t (&d)[64], const uint32_t (
                  "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
                  "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+                 : "memory");
+}
+
+/* Both operands from shared memory: PTX ISA integer form
+ * wgmma.mma_async.sync.aligned.shape.s32.atype.btype d, a-desc, b-desc,
+ * scale-d (no scale/transpose immediates for integer types; A and B are
+ * both K-major). */
+template <int N>
+__device__ __forceinline__ void wgmma_ss(int32_t (&d)[N / 2], uint64_t adesc, uint64_t bdesc);
+
+template <>
+__device__ __forceinline__ void wgmma_ss<128>(int32_t (&d)[64], uint64_t adesc, uint64_t bdesc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p;\n}\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+                 "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+                 "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+                 "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+                 "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+                 "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+                 "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+                 "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+                 : "l"(adesc), "l"(bdesc), "r"(1)
                  : "memory");
 }
 #endif /* BN_WGMMA_DEVICE */
@@ -537,6 +615,175 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
 #endif
 }
 
+/*
+ * Configuration 128x128 ss: both wgmma operands from shared memory. The
+ * threads expand each stage's packed weights into an int8 slot laid out as
+ * the activation tile (K-major, 128-byte swizzle), so A is a descriptor
+ * like B and no A register is defined between wgmmas: a warpgroup keeps
+ * one wgmma group in flight (wait_group 1) while the block expands the
+ * next k-tile. Iteration it:
+ *
+ *     cp.async.wait (this thread's copies of k-tile it landed)
+ *     expand the packed chunks this thread copied -> slot it % ASLOTS
+ *     fence.proxy.async ; __syncthreads
+ *     cp.async k-tile it + S - 2 into the slot of k-tile it - 2
+ *     wgmma.fence ; BK / 32 x MI wgmma (A, B descriptors) ; commit ;
+ *     wgmma.wait_group 1
+ *
+ * Each thread expands exactly the packed chunks it copied itself, so no
+ * barrier is needed between its cp.async.wait and its expansion.
+ * Reuse: a thread passing the barrier of iteration it - 1 knows that every
+ * thread finished iteration it - 2, whose wait_group 1 retired group
+ * it - 3: groups it - 2 and it - 1 may still read their expanded slots, so
+ * slot it % ASLOTS is free when ASLOTS >= 3. After the barrier of
+ * iteration it, every thread finished iteration it - 1 (group it - 2
+ * retired), so the stage of k-tile it - 2 may be refilled (prefetch
+ * distance S - 2; group it - 1 still reads stage it - 1).
+ */
+template <int WG, int MI, int BA, int BK, int STAGES, int MIN_BLOCKS, int ASLOTS>
+__global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
+    wgmma_ss_kernel(const uint8_t *__restrict__ w, const int8_t *__restrict__ x, int64_t ldx,
+                    int64_t m, int64_t n, int64_t tiles, int64_t groups, int split,
+                    const float *__restrict__ act_scale, const int32_t *__restrict__ act_sum,
+                    float w_scale, float *__restrict__ y, int64_t ldy)
+{
+#if BN_WGMMA_DEVICE
+    using C = CfgSS<WG, MI, BA, BK, STAGES, MIN_BLOCKS, ASLOTS>;
+    constexpr int S = STAGES;
+    constexpr int kSteps = C::kSteps;
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+    const uint32_t sbase = (raw + 1023u) & ~1023u;
+    uint8_t *const sptr = smem_raw + (sbase - raw);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = warp >> 2, wq = warp & 3;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int64_t tile0 = (int64_t)blockIdx.y * C::kWTiles;
+    const int n_kt = (int)(groups * (256 / BK));
+    const int64_t m0 = (int64_t)blockIdx.x * BA;
+    (void)split;
+
+    /* Queues the copies of k-tile kt into slot `slot` (as wgmma_kernel). */
+    auto load_stage = [&](int slot, int kt) {
+        const uint32_t as = sbase + (uint32_t)(slot * C::kStageBytes);
+        const uint32_t ws = as + C::kActBytes;
+#pragma unroll
+        for (int p = 0; p < C::kActChunks / C::kThreads; p++) {
+            const int c = p * C::kThreads + tid;
+            const int row = c / (BK / 16), chunk = c % (BK / 16);
+            const bool ok = m0 + row < m;
+            const int8_t *src = ok ? x + (m0 + row) * ldx + (int64_t)kt * BK + chunk * 16 : x;
+            cp_async16(as + act_offset<BA>(row, chunk), src, ok);
+        }
+#pragma unroll
+        for (int p = 0; p < C::kWChunks / C::kThreads; p++) {
+            const int c = p * C::kThreads + tid;
+            const int t = c / (C::kWTileBytes / 16), e = c % (C::kWTileBytes / 16);
+            const bool ok = tile0 + t < tiles;
+            const uint8_t *src = ok ? w + (tile0 + t) * groups * kBlockBytes +
+                                          (int64_t)kt * C::kWTileBytes + e * 16
+                                    : w;
+            cp_async16(ws + (uint32_t)(c * 16), src, ok);
+        }
+    };
+
+    int32_t acc[MI][C::kAcc];
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int v = 0; v < C::kAcc; v++)
+            acc[i][v] = 0;
+
+    /* Prologue: k-tiles 0 .. S - 3 in flight (one group each, even empty). */
+#pragma unroll
+    for (int st = 0; st < S - 2; st++) {
+        if (st < n_kt)
+            load_stage(st, st);
+        cp_async_commit();
+    }
+
+    for (int it = 0; it < n_kt; it++) {
+        const int slot = it % S, aslot = it % ASLOTS;
+        cp_async_wait<S - 3>(); /* this thread's copies of k-tile it */
+        {
+            const uint8_t *wsp = sptr + slot * C::kStageBytes + C::kActBytes;
+            uint8_t *ap = sptr + C::kARing + aslot * C::kASlotBytes;
+#pragma unroll
+            for (int p = 0; p < C::kWChunks / C::kThreads; p++) {
+                const int c = p * C::kThreads + tid;
+                const uint4 v = *reinterpret_cast<const uint4 *>(wsp + c * 16);
+                const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+                int row, chunk0;
+                ss_entry<BK>(c, row, chunk0);
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    *reinterpret_cast<uint4 *>(ap + act_offset<C::kBW>(row, chunk0 + i)) =
+                        make_uint4(expand_codes(wd[i], 0), expand_codes(wd[i], 1),
+                                   expand_codes(wd[i], 2), expand_codes(wd[i], 3));
+            }
+        }
+        /* This thread's cp.async and expanded writes -> async proxy; after
+         * the barrier, everyone's. */
+        fence_proxy_async();
+        __syncthreads();
+        const int pre = it + S - 2;
+        if (pre < n_kt)
+            load_stage(pre % S, pre);
+        cp_async_commit();
+
+        wgmma_fence();
+        const uint32_t stage_addr = sbase + (uint32_t)(slot * C::kStageBytes);
+        const uint32_t a_addr = sbase + (uint32_t)(C::kARing + aslot * C::kASlotBytes);
+#pragma unroll
+        for (int s = 0; s < kSteps; s++) {
+            const uint64_t bdesc = sw128_desc(stage_addr + act_step_offset<BA>(s));
+#pragma unroll
+            for (int i = 0; i < MI; i++)
+                wgmma_ss<BA>(acc[i], sw128_desc(a_addr + ss_a_step_offset<C::kBW>(MI * g + i, s)),
+                             bdesc);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int v = 0; v < C::kAcc; v++)
+            pin(acc[i][v]);
+    cp_async_wait<0>();
+
+    /* Epilogue: as wgmma_kernel's. */
+    const int64_t col0 = tile0 * kTileRows + 16 * wq + gid;
+#pragma unroll
+    for (int j = 0; j < BA / 8; j++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t row = m0 + 8 * j + 2 * tig + h;
+            if (row >= m)
+                continue;
+            const float sc = act_scale[row];
+            const int32_t sum = act_sum[row];
+            float *yrow = y + row * ldy;
+#pragma unroll
+            for (int i = 0; i < MI; i++) {
+#pragma unroll
+                for (int half = 0; half < 2; half++) {
+                    const int64_t col = col0 + 64 * (MI * g + i) + 8 * half;
+                    if (col < n)
+                        yrow[col] = epilogue(acc[i][4 * j + 2 * half + h] - sum, sc, w_scale);
+                }
+            }
+        }
+    }
+#else
+    (void)w, (void)x, (void)ldx, (void)m, (void)n, (void)tiles, (void)groups, (void)split;
+    (void)act_scale;
+    (void)act_sum, (void)w_scale, (void)y, (void)ldy;
+#endif
+}
+
 } // namespace
 
 /*
@@ -591,9 +838,28 @@ inline int effective_split(int64_t m, int64_t tiles, int64_t groups, int sm_coun
 
 namespace {
 
-template <int WG, int MI, int BA, int BK, int STAGES, int MIN_BLOCKS, bool SPLITK>
+/* ASLOTS 0: wgmma_kernel; otherwise wgmma_ss_kernel with that many
+ * expanded-weight slots (no split-K). */
+template <int WG, int MI, int BA, int BK, int STAGES, int MIN_BLOCKS, bool SPLITK, int ASLOTS = 0>
 struct Launch {
     using C = Cfg<WG, MI, BA, BK, STAGES, MIN_BLOCKS>;
+    static_assert(!(SPLITK && ASLOTS), "the ss kernel has no split-K");
+
+    static constexpr int smem_bytes()
+    {
+        if constexpr (ASLOTS > 0)
+            return CfgSS<WG, MI, BA, BK, STAGES, MIN_BLOCKS, ASLOTS>::kSmemBytes;
+        else
+            return C::kSmemBytes;
+    }
+
+    static auto kernel_fn()
+    {
+        if constexpr (ASLOTS > 0)
+            return wgmma_ss_kernel<WG, MI, BA, BK, STAGES, MIN_BLOCKS, ASLOTS>;
+        else
+            return wgmma_kernel<WG, MI, BA, BK, STAGES, MIN_BLOCKS, SPLITK>;
+    }
 
     static int split_for(const bn_w2a8_cuda_args *a, int split)
     {
@@ -628,7 +894,8 @@ struct Launch {
         const int64_t n_blocks = (a->tiles + C::kWTiles - 1) / C::kWTiles;
         if (n_blocks > 65535 || m_blocks * split > 0x7fffffff || 2 * a->groups > 0x7fffffff)
             return cudaErrorInvalidConfiguration;
-        auto kernel = wgmma_kernel<WG, MI, BA, BK, STAGES, MIN_BLOCKS, SPLITK>;
+        auto kernel = kernel_fn();
+        constexpr int kSmemBytes = smem_bytes();
         cudaFuncAttributes fa;
         rc = cudaFuncGetAttributes(&fa, kernel);
         if (rc != cudaSuccess) {
@@ -636,7 +903,7 @@ struct Launch {
             return cudaErrorNotSupported;
         }
         rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  C::kSmemBytes);
+                                  kSmemBytes);
         if (rc == cudaSuccess)
             rc = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                       (int)cudaSharedmemCarveoutMaxShared);
@@ -645,7 +912,7 @@ struct Launch {
         const dim3 grid((unsigned)(m_blocks * split), (unsigned)n_blocks);
         const uint8_t *w = static_cast<const uint8_t *>(a->weights);
         if (split == 1) {
-            kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(
+            kernel<<<grid, C::kThreads, kSmemBytes, stream>>>(
                 w, a->x, a->ldx, a->m, a->n, a->tiles, a->groups, 1, a->act_scale, a->act_sum,
                 a->weight_scale, a->y, a->ldy);
             return cudaGetLastError();
@@ -654,7 +921,7 @@ struct Launch {
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = grid;
         cfg.blockDim = dim3(C::kThreads);
-        cfg.dynamicSmemBytes = C::kSmemBytes;
+        cfg.dynamicSmemBytes = kSmemBytes;
         cfg.stream = stream;
         cudaLaunchAttribute attr[1];
         attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -688,6 +955,8 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma_split(const bn_w2a8_cuda_args *a,
     case BN_W2A8_WGMMA_128X128: return Launch<2, 1, 128, 128, 4, 2, false>::run(a, 1, stream);
     case BN_W2A8_WGMMA_128X128_SPLITK:
         return Launch<2, 1, 128, 128, 4, 2, true>::run(a, split, stream);
+    case BN_W2A8_WGMMA_128X128_SS:
+        return Launch<2, 1, 128, 128, 6, 1, false, 3>::run(a, 1, stream);
     default: return cudaErrorInvalidValue;
     }
 }

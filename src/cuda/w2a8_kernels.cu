@@ -741,6 +741,7 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int
     case 6: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_1WG, stream);
     case 7: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128, stream);
     case 8: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_SPLITK, stream);
+    case 9: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_SS, stream);
     default: return cudaErrorInvalidValue;
     }
 }
