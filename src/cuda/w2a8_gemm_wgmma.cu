@@ -144,7 +144,7 @@ struct Cfg {
     static_assert(STAGES >= 2, "prefetch distance STAGES - 1");
 };
 
-/* ---- Index maps shared with the host-side emulator (kept __host__) ------- */
+/* ---- Index maps (also __host__, so host code can check them) ------------ */
 
 /* Byte offset in a stage of 16-byte chunk `chunk` (0 .. BK / 16 - 1) of
  * activation row `row`: k-half chunk / 8 is its own BA x 128-byte
@@ -795,7 +795,7 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
  * (pipeline fill and epilogue) and a split one more (the cluster
  * exchange). Only splits whose every slice is non-empty count, and a split
  * is taken only when it gains at least 3 % over the best smaller one.
- * Host-only, shared with the emulator.
+ * Host-only.
  */
 inline int choose_split(int64_t blocks, int64_t n_kt, int sms)
 {
