@@ -26,6 +26,7 @@
 
 #include "cuda_backend_kernels.h"
 #include "pdl.cuh"
+#include "w2a8_gemv.cuh"
 #include "w2a8_cuda.h"
 
 namespace {
@@ -519,31 +520,75 @@ constexpr int kGroupG = 256;      /* weights per chunk-group                  */
 constexpr int kBlockBytesG = 512; /* bytes per chunk-group of a tile          */
 constexpr int kFusedBatch = 8;    /* row values loaded per thread before use  */
 
-/* Copies of w2a8_kernels.cu's GEMV helpers (same instructions: the int32
- * sums are exact whatever the order, so the product is the GEMV's). */
-__device__ __forceinline__ uint4 gemv_load_stream(const uint4 *p)
+/* gemv_pdl_kernel's pieces, shared by the two decode GEMVs below. A warp
+ * streams chunk-groups split, split + WARPS, ... of its tile; the first
+ * kPre are loaded before the PDL wait. */
+template <int WARPS, int kPre>
+__device__ __forceinline__ void gemv_prefetch(uint4 (&wv)[kPre], const uint4 *blocks, int split,
+                                              bool live, int64_t groups)
 {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
+#pragma unroll
+    for (int u = 0; u < kPre; u++) {
+        const int64_t g = split + (int64_t)u * WARPS;
+        wv[u] = live && g < groups ? gemv_load_stream(blocks + g * (kBlockBytesG / 16))
+                                   : make_uint4(0, 0, 0, 0);
+    }
 }
 
-__device__ __forceinline__ int gemv_entry_dot(uint4 w, const int8_t *x, int acc)
+/* The warp's int32 sum over its chunk-groups: the prefetched entries, then
+ * the rest four at a time. xq: the activations this lane's entries meet. */
+template <int WARPS, int kPre>
+__device__ __forceinline__ int gemv_warp_product(const uint4 (&wv)[kPre], const uint4 *blocks,
+                                                 const int8_t *xq, int split, int64_t groups)
 {
-    const int4 *xv = reinterpret_cast<const int4 *>(x);
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+    int acc = 0;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int4 a = xv[i];
-        const uint32_t wd = words[i];
-        acc = __dp4a((int)(wd & 0x03030303u), a.x, acc);
-        acc = __dp4a((int)((wd >> 2) & 0x03030303u), a.y, acc);
-        acc = __dp4a((int)((wd >> 4) & 0x03030303u), a.z, acc);
-        acc = __dp4a((int)((wd >> 6) & 0x03030303u), a.w, acc);
+    for (int u = 0; u < kPre; u++) {
+        const int64_t g = split + (int64_t)u * WARPS;
+        if (g < groups)
+            acc = gemv_entry_dot(wv[u], xq + g * kGroupG, acc);
     }
+    int64_t g = split + (int64_t)kPre * WARPS;
+    for (; g + 3 * WARPS < groups; g += 4 * WARPS) {
+        uint4 r4[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            r4[u] = gemv_load_stream(blocks + (g + u * WARPS) * (kBlockBytesG / 16));
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            acc = gemv_entry_dot(r4[u], xq + (g + u * WARPS) * kGroupG, acc);
+    }
+    for (; g < groups; g += WARPS)
+        acc = gemv_entry_dot(gemv_load_stream(blocks + g * (kBlockBytesG / 16)),
+                             xq + g * kGroupG, acc);
     return acc;
+}
+
+/* Every warp's sum into its rows (lanes of one row, then the split warps
+ * of one tile through shared memory), then w2a8_kernels.cu's epilogue:
+ * IEEE division by the activation scale s after removing the code sum
+ * total, then the weight scale. Called by every thread of the block. */
+template <int WARPS, int TILES>
+__device__ __forceinline__ void
+gemv_tile_epilogue(int acc, int (&partial)[TILES][WARPS][kTileRowsG], int tile_in_block, int split,
+                   int lane, int tid, int64_t n, int total, float s, float w_scale, float *y)
+{
+    acc += __shfl_xor_sync(kFull, acc, 8);
+    acc += __shfl_xor_sync(kFull, acc, 16);
+    if (lane < kTileRowsG)
+        partial[tile_in_block][split][lane] = acc;
+    __syncthreads();
+    if (tid < TILES * kTileRowsG) {
+        const int t = tid / kTileRowsG, r = tid % kTileRowsG;
+        const int64_t out_row = ((int64_t)blockIdx.x * TILES + t) * kTileRowsG + r;
+        if (out_row < n) {
+            int sum_acc = 0;
+#pragma unroll
+            for (int sp = 0; sp < WARPS; sp++)
+                sum_acc += partial[t][sp][r];
+            y[out_row] = __fmul_rn(__fdiv_rn((float)(sum_acc - total), s), w_scale);
+        }
+    }
 }
 
 /* The norm + int8 of one row held in shared memory (sv: the k values, nw:
@@ -685,12 +730,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES) norm_gemv_kernel(NormGemvA
         a.weights + (live ? tile : 0) * a.groups * (kBlockBytesG / 16) + lane;
     constexpr int kPre = WARPS >= 8 ? 4 : 8;
     uint4 wv[kPre];
-#pragma unroll
-    for (int u = 0; u < kPre; u++) {
-        const int64_t g = split + (int64_t)u * WARPS;
-        wv[u] = live && g < a.groups ? gemv_load_stream(blocks + g * (kBlockBytesG / 16))
-                                     : make_uint4(0, 0, 0, 0);
-    }
+    gemv_prefetch<WARPS>(wv, blocks, split, live, a.groups);
     for (int i = tid; i < k; i += B)
         nw[i] = __ldg(a.w + i);
     pdl_trigger();
@@ -756,46 +796,11 @@ __global__ void __launch_bounds__(32 * WARPS * TILES) norm_gemv_kernel(NormGemvA
     }
 
     /* 5. The product (gemv_pdl_kernel's loop over the shared codes). */
-    int acc = 0;
-    if (live) {
-        const int8_t *xq = xs + (lane >> 3) * 64;
-#pragma unroll
-        for (int u = 0; u < kPre; u++) {
-            const int64_t g = split + (int64_t)u * WARPS;
-            if (g < a.groups)
-                acc = gemv_entry_dot(wv[u], xq + g * kGroupG, acc);
-        }
-        int64_t g = split + (int64_t)kPre * WARPS;
-        for (; g + 3 * WARPS < a.groups; g += 4 * WARPS) {
-            uint4 r4[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                r4[u] = gemv_load_stream(blocks + (g + u * WARPS) * (kBlockBytesG / 16));
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                acc = gemv_entry_dot(r4[u], xq + (g + u * WARPS) * kGroupG, acc);
-        }
-        for (; g < a.groups; g += WARPS)
-            acc = gemv_entry_dot(gemv_load_stream(blocks + g * (kBlockBytesG / 16)),
-                                 xq + g * kGroupG, acc);
-    }
-    acc += __shfl_xor_sync(kFull, acc, 8);
-    acc += __shfl_xor_sync(kFull, acc, 16);
-    if (lane < kTileRowsG)
-        partial[tile_in_block][split][lane] = acc;
-    __syncthreads();
-    if (tid < TILES * kTileRowsG) {
-        const int t = tid / kTileRowsG, r = tid % kTileRowsG;
-        const int64_t out_row = ((int64_t)blockIdx.x * TILES + t) * kTileRowsG + r;
-        if (out_row < a.n) {
-            int sum_acc = 0;
-#pragma unroll
-            for (int sp = 0; sp < WARPS; sp++)
-                sum_acc += partial[t][sp][r];
-            /* w2a8_kernels.cu's epilogue: IEEE division, then multiply. */
-            a.y[out_row] = __fmul_rn(__fdiv_rn((float)(sum_acc - total), s), a.w_scale);
-        }
-    }
+    const int acc = live ? gemv_warp_product<WARPS>(wv, blocks, xs + (lane >> 3) * 64, split,
+                                                   a.groups)
+                         : 0;
+    gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, tid, a.n, total, s,
+                                     a.w_scale, a.y);
 }
 
 size_t norm_gemv_smem(int64_t k, int64_t groups)
@@ -882,14 +887,8 @@ __global__ void __launch_bounds__(32 * WARPS * TILES) gemv_add_norm_kernel(GemvT
     const uint4 *blocks =
         a.weights + (live ? tile : 0) * a.groups * (kBlockBytesG / 16) + lane;
     constexpr int kPre = WARPS >= 8 ? 4 : 8;
-
     uint4 wv[kPre];
-#pragma unroll
-    for (int u = 0; u < kPre; u++) {
-        const int64_t g = split + (int64_t)u * WARPS;
-        wv[u] = live && g < a.groups ? gemv_load_stream(blocks + g * (kBlockBytesG / 16))
-                                     : make_uint4(0, 0, 0, 0);
-    }
+    gemv_prefetch<WARPS>(wv, blocks, split, live, a.groups);
     pdl_trigger();
     pdl_wait();
 
@@ -903,48 +902,11 @@ __global__ void __launch_bounds__(32 * WARPS * TILES) gemv_add_norm_kernel(GemvT
         xs = reinterpret_cast<const int8_t *>(tail_smem);
     }
 
-    int acc = 0;
-    if (live) {
-        const int8_t *xq = xs + (lane >> 3) * 64;
-#pragma unroll
-        for (int u = 0; u < kPre; u++) {
-            const int64_t g = split + (int64_t)u * WARPS;
-            if (g < a.groups)
-                acc = gemv_entry_dot(wv[u], xq + g * kGroupG, acc);
-        }
-        int64_t g = split + (int64_t)kPre * WARPS;
-        for (; g + 3 * WARPS < a.groups; g += 4 * WARPS) {
-            uint4 r4[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                r4[u] = gemv_load_stream(blocks + (g + u * WARPS) * (kBlockBytesG / 16));
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                acc = gemv_entry_dot(r4[u], xq + (g + u * WARPS) * kGroupG, acc);
-        }
-        for (; g < a.groups; g += WARPS)
-            acc = gemv_entry_dot(gemv_load_stream(blocks + g * (kBlockBytesG / 16)),
-                                 xq + g * kGroupG, acc);
-    }
-    acc += __shfl_xor_sync(kFull, acc, 8);
-    acc += __shfl_xor_sync(kFull, acc, 16);
-    if (lane < kTileRowsG)
-        partial[tile_in_block][split][lane] = acc;
-    __syncthreads();
-    if (tid < TILES * kTileRowsG) {
-        const int t = tid / kTileRowsG, r = tid % kTileRowsG;
-        const int64_t out_row = ((int64_t)blockIdx.x * TILES + t) * kTileRowsG + r;
-        if (out_row < a.n) {
-            int sum_acc = 0;
-#pragma unroll
-            for (int sp = 0; sp < WARPS; sp++)
-                sum_acc += partial[t][sp][r];
-            /* w2a8_kernels.cu's epilogue: IEEE division, then multiply. */
-            a.y[out_row] = __fmul_rn(__fdiv_rn((float)(sum_acc - __ldcg(a.act_sum)),
-                                               __ldcg(a.act_scale)),
-                                     a.w_scale);
-        }
-    }
+    const int acc = live ? gemv_warp_product<WARPS>(wv, blocks, xs + (lane >> 3) * 64, split,
+                                                   a.groups)
+                         : 0;
+    gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, tid, a.n,
+                                     __ldcg(a.act_sum), __ldcg(a.act_scale), a.w_scale, a.y);
 
     /* Last block? (Each thread's fence makes its y writes visible before
      * the ticket; the last block's fence orders its reads after every

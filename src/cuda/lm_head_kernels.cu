@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "lm_head_cuda.h"
+#include "w2a8_gemv.cuh"
 
 namespace {
 
@@ -79,15 +80,6 @@ constexpr int kRowsPerWarp = 4;
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
 constexpr int kUnroll = 4;
 
-__device__ __forceinline__ uint4 load_stream(const uint4 *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 __device__ __forceinline__ int dot16(uint4 w, int4 x, int acc)
 {
     acc = __dp4a((int)w.x, x.x, acc);
@@ -127,7 +119,7 @@ __global__ void __launch_bounds__(32 * kWarps, 2)
             uint4 wv[kUnroll];
 #pragma unroll
             for (int u = 0; u < kUnroll; u++)
-                wv[u] = load_stream(wrow + v + 32 * u);
+                wv[u] = gemv_load_stream(wrow + v + 32 * u);
 #pragma unroll
             for (int u = 0; u < kUnroll; u++)
 #pragma unroll
@@ -135,7 +127,7 @@ __global__ void __launch_bounds__(32 * kWarps, 2)
                     acc[i] = dot16(wv[u], xs[i * vecs + v + 32 * u], acc[i]);
         }
         for (; v < vecs; v += 32) {
-            const uint4 wv = load_stream(wrow + v);
+            const uint4 wv = gemv_load_stream(wrow + v);
 #pragma unroll
             for (int i = 0; i < MT; i++)
                 acc[i] = dot16(wv, xs[i * vecs + v], acc[i]);

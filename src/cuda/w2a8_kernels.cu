@@ -28,6 +28,7 @@
 
 #include "cuda_layout.h"
 #include "pdl.cuh"
+#include "w2a8_gemv.cuh"
 #include "w2a8_cuda.h"
 
 namespace {
@@ -42,34 +43,6 @@ __device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_
     return __fmul_rn(__fdiv_rn((float)acc, act_scale), w_scale);
 }
 
-/* Weights are read exactly once: load them without allocating in L1, which
- * then keeps the activations every warp re-reads. */
-__device__ __forceinline__ uint4 load_stream(const uint4 *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-/* dot of one 16-byte entry (64 codes) with 64 activations. */
-__device__ __forceinline__ int entry_dot(uint4 w, const int8_t *x, int acc)
-{
-    const int4 *xv = reinterpret_cast<const int4 *>(x);
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int4 a = xv[i]; /* activations 16i .. 16i + 15 */
-        const uint32_t wd = words[i];
-        acc = __dp4a((int)(wd & 0x03030303u), a.x, acc);
-        acc = __dp4a((int)((wd >> 2) & 0x03030303u), a.y, acc);
-        acc = __dp4a((int)((wd >> 4) & 0x03030303u), a.z, acc);
-        acc = __dp4a((int)((wd >> 6) & 0x03030303u), a.w, acc);
-    }
-    return acc;
-}
-
 /* u8 x s8 dot of four byte pairs (PTX dp4a.u32.s32), for fields kept in
  * place (values up to 192, so they must be unsigned). */
 __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c)
@@ -79,7 +52,7 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c)
     return d;
 }
 
-/* As entry_dot, but each 2-bit field is masked in place instead of shifted
+/* As gemv_entry_dot, but each 2-bit field is masked in place instead of shifted
  * down: field j then holds code * 4^j, accumulated separately and divided
  * out at the end (exactly: every term is a multiple of 4^j). One logic op
  * per field instead of two. */
@@ -136,22 +109,22 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
             uint4 v[UNROLL];
 #pragma unroll
             for (int u = 0; u < UNROLL; u++)
-                v[u] = load_stream(blocks + (g + u * WARPS) * (kBlockBytes / 16));
+                v[u] = gemv_load_stream(blocks + (g + u * WARPS) * (kBlockBytes / 16));
 #pragma unroll
             for (int u = 0; u < UNROLL; u++) {
                 if (FIELDS)
                     entry_dot_fields(v[u], xq + (g + u * WARPS) * kGroup, fields);
                 else
-                    acc = entry_dot(v[u], xq + (g + u * WARPS) * kGroup, acc);
+                    acc = gemv_entry_dot(v[u], xq + (g + u * WARPS) * kGroup, acc);
             }
         }
         for (; g < groups; g += WARPS) {
             if (FIELDS)
-                entry_dot_fields(load_stream(blocks + g * (kBlockBytes / 16)), xq + g * kGroup,
+                entry_dot_fields(gemv_load_stream(blocks + g * (kBlockBytes / 16)), xq + g * kGroup,
                                  fields);
             else
-                acc = entry_dot(load_stream(blocks + g * (kBlockBytes / 16)), xq + g * kGroup,
-                                acc);
+                acc = gemv_entry_dot(gemv_load_stream(blocks + g * (kBlockBytes / 16)),
+                                     xq + g * kGroup, acc);
         }
     }
     if (FIELDS)
@@ -239,7 +212,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
 #pragma unroll
     for (int u = 0; u < kPre; u++) {
         const int64_t g = split + (int64_t)u * WARPS;
-        v[u] = live && g < groups ? load_stream(blocks + g * (kBlockBytes / 16))
+        v[u] = live && g < groups ? gemv_load_stream(blocks + g * (kBlockBytes / 16))
                                   : make_uint4(0, 0, 0, 0);
     }
     pdl_trigger();
@@ -264,7 +237,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
         for (int u = 0; u < kPre; u++) {
             const int64_t g = split + (int64_t)u * WARPS;
             if (g < groups)
-                acc = entry_dot(v[u], xq + g * kGroup, acc);
+                acc = gemv_entry_dot(v[u], xq + g * kGroup, acc);
         }
         /* Rows longer than the prefetch: four entries in flight at a time,
          * as gemv_kernel does. */
@@ -273,13 +246,14 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
             uint4 r[4];
 #pragma unroll
             for (int u = 0; u < 4; u++)
-                r[u] = load_stream(blocks + (g + u * WARPS) * (kBlockBytes / 16));
+                r[u] = gemv_load_stream(blocks + (g + u * WARPS) * (kBlockBytes / 16));
 #pragma unroll
             for (int u = 0; u < 4; u++)
-                acc = entry_dot(r[u], xq + (g + u * WARPS) * kGroup, acc);
+                acc = gemv_entry_dot(r[u], xq + (g + u * WARPS) * kGroup, acc);
         }
         for (; g < groups; g += WARPS)
-            acc = entry_dot(load_stream(blocks + g * (kBlockBytes / 16)), xq + g * kGroup, acc);
+            acc = gemv_entry_dot(gemv_load_stream(blocks + g * (kBlockBytes / 16)), xq + g * kGroup,
+                                 acc);
     }
     /* Lanes r, r+8, r+16, r+24 hold the four quarters of row r. */
     acc += __shfl_xor_sync(0xffffffffu, acc, 8);
@@ -504,8 +478,9 @@ __global__ void __launch_bounds__(32 * kSkinnyWarps)
 #pragma unroll
             for (int t = 0; t < kSkinnyTilesPerWarp; t++) {
                 const int64_t tile = tile0 + t;
-                bw[q][t] = tile < tiles ? load_stream(w + (tile * groups + g) * (kBlockBytes / 16) +
-                                                      q * 8 + gid)
+                bw[q][t] = tile < tiles ? gemv_load_stream(w + (tile * groups + g) *
+                                                                   (kBlockBytes / 16) +
+                                                           q * 8 + gid)
                                         : make_uint4(0x55555555u, 0x55555555u, 0x55555555u,
                                                      0x55555555u);
             }
