@@ -74,14 +74,14 @@ typedef struct group {
 enum {
     K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
     K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
-    K_NORM_GEMV, K_GEMV_TAIL, K_COUNT
+    K_NORM_GEMV, K_GEMV_RES, K_COUNT
 };
 static const char *const kernel_names[K_COUNT] = {
     "embed_rows", "norm_quantize", "residual_norm_quantize", "relu2_norm_quantize",
     "w2a8_gemv", "w2a8_gemm", "qkv_rope_kv_store", "attention_decode_f32",
     "attention_prefill_f32", "attention_decode_f16", "attention_prefill_f16",
     "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay",
-    "norm_quantize_w2a8_gemv", "w2a8_gemv_residual_norm_quantize"};
+    "norm_quantize_w2a8_gemv", "w2a8_gemv_residual"};
 
 /* Events of an instrumented step (profile_decode). */
 typedef struct prof {
@@ -126,12 +126,11 @@ struct bn_cuda_backend {
     void *d_k, *d_v;
     uint64_t kv_bytes;
 
-    float *x, *x2, *qkv, *q, *att, *out, *gu, *normed, *logits, *act_scale, *rope;
+    float *x, *qkv, *q, *att, *out, *gu, *normed, *logits, *act_scale, *rope;
     int8_t *xq;
     int32_t *act_sum, *ws_gemm, *d_tokens, *d_pos, *d_dec, *d_next;
     void *ws_attn, *ws_sample;
-    unsigned int *attn_counters; /* fp32 decode attention: one per head, kept at 0;
-                                    then the GEMV tails' two (Wo, down)           */
+    unsigned int *attn_counters; /* fp32 decode attention: one per head, kept at 0 */
     int attn_splits;
     uint64_t scratch_bytes;
 
@@ -142,9 +141,8 @@ struct bn_cuda_backend {
     cudaGraphExec_t graph;
     bool use_graphs;
     bool pdl;                  /* decode kernels use programmatic dependent launch */
-    bool fuse_norm;            /* decode: norms + int8 inside the GEMVs (norm_gemv) */
-    bool tail_norm;            /* decode: residual + norm + int8 in the Wo and down
-                                  GEMVs' last block (gemv_add_norm)                 */
+    bn_cuda_fusion fusion;     /* how the decode step's norms meet the GEMVs (never
+                                  AUTO once created)                                */
     bool pending;              /* a submitted greedy step not yet waited for */
     int64_t pending_pos;
     unsigned ran;              /* bit K_* set when the family was launched */
@@ -158,6 +156,17 @@ struct bn_cuda_backend {
 };
 
 /* ---- small helpers ---------------------------------------------------------- */
+
+const char *bn_cuda_fusion_name(bn_cuda_fusion f)
+{
+    switch (f) {
+    case BN_CUDA_FUSION_AUTO: return "auto";
+    case BN_CUDA_FUSION_SEPARATE: return "separate";
+    case BN_CUDA_FUSION_NORMS: return "norms";
+    case BN_CUDA_FUSION_ALL: return "all";
+    default: return "?";
+    }
+}
 
 void bn_cuda_backend_options_default(bn_cuda_backend_options *o)
 {
@@ -312,12 +321,12 @@ static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y,
     return BN_OK;
 }
 
-/* The decode step's y = W q(v) for one row with the norm + int8 of the
- * source inside the GEMV (bn_cb_norm_gemv: the codes, scale and sum of the
- * separate kernels, bit for bit). b->fuse_norm says every group is one
- * launch and every row fits. */
-static bn_status norm_matmul(bn_cuda_backend *b, const group *g, bn_cb_norm_gemv_args *na,
-                             float *y, int pdl, bn_error *err)
+/* The decode step's y = W q(v) [+ res] for one row through
+ * bn_cb_decode_gemv (one launch over the whole group): na carries the
+ * source (src and its fields); res NULL or the residual (b->x, with y =
+ * b->x: the residual stream updated in place). */
+static bn_status decode_matmul(bn_cuda_backend *b, const group *g, bn_cb_decode_gemv_args *na,
+                               const float *res, float *y, int pdl, bn_error *err)
 {
     na->weights = b->d_w + g->s[0].off;
     na->n = g->fused.n;
@@ -325,57 +334,23 @@ static bn_status norm_matmul(bn_cuda_backend *b, const group *g, bn_cb_norm_gemv
     na->groups = g->fused.groups;
     na->k = g->k;
     na->weight_scale = g->n_seg == 1 ? g->s[0].scale : 1.0f;
+    na->sm_count = b->sm;
+    na->eps = b->hp.rms_eps;
+    na->res = res;
     na->y = y;
-    na->split = g->split;
-    b->ran |= 1u << K_NORM_GEMV;
-    BN_CUDA_TRY(err, bn_cb_norm_gemv(na, pdl, b->cs));
+    b->ran |= 1u << (na->src == BN_CB_SRC_CODES ? K_GEMV_RES : K_NORM_GEMV);
+    BN_CUDA_TRY(err, bn_cb_decode_gemv(na, pdl, b->cs));
     return BN_OK;
 }
 
-/* The decode step's y = W q for the Wo or down group (one segment, output
- * width dim) with the residual add + norm + int8 after it in the GEMV's
- * last block (bn_cb_gemv_add_norm): b->x += y, then the codes, scale and
- * sum of `norm` into b->xq, b->act_scale, b->act_sum, as
- * bn_cb_add_norm_quantize would write them, bit for bit. */
-static bn_status matmul_add_norm(bn_cuda_backend *b, const group *g, const float *norm,
-                                 unsigned int *counter, int pdl, bn_error *err)
+/* A decode GEMV's source: the norm (weights w) of the row x. */
+static bn_cb_decode_gemv_args norm_source(const float *x, const float *w)
 {
-    bn_cb_gemv_add_norm_args a;
+    bn_cb_decode_gemv_args a;
     memset(&a, 0, sizeof a);
-    a.weights = b->d_w + g->s[0].off;
-    a.n = g->fused.n;
-    a.tiles = g->fused.tiles;
-    a.groups = g->fused.groups;
-    a.weight_scale = g->s[0].scale;
-    a.split = g->split;
-    a.xq = b->xq;
-    a.act_scale = b->act_scale;
-    a.act_sum = b->act_sum;
-    a.y = b->out;
-    a.x = b->x;
-    a.w = norm;
-    a.eps = b->hp.rms_eps;
-    a.q = b->xq;
-    a.ldq = b->ldq;
-    a.scale = b->act_scale;
-    a.sum = b->act_sum;
-    a.counter = counter;
-    b->ran |= 1u << K_GEMV_TAIL;
-    BN_CUDA_TRY(err, bn_cb_gemv_add_norm(&a, pdl, b->cs));
-    return BN_OK;
-}
-
-static bn_cb_norm_gemv_args norm_src(int src, const float *x, const float *r, float *x_out,
-                                     const float *w, float eps)
-{
-    bn_cb_norm_gemv_args a;
-    memset(&a, 0, sizeof a);
-    a.src = src;
+    a.src = BN_CB_SRC_NORM;
     a.x = x;
-    a.r = r;
-    a.x_out = x_out;
     a.w = w;
-    a.eps = eps;
     return a;
 }
 
@@ -409,16 +384,13 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
     const bool fused = decode && !b->kv_f16;
     const size_t layer_kv_bytes = (size_t)b->kv_len * (size_t)b->kv_dim * b->kv_elem;
     const float *rope = hp->rope_dim > 0 ? b->rope : NULL;
-    /* Decode with the norms inside the GEMVs: 5 kernels per layer instead
-     * of 9. Every block of such a GEMV reads the residual stream, so a
-     * residual add writes its sum to the other of two buffers (block 0
-     * does) instead of in place; xr is the current one. */
-    const bool fn = decode && b->fuse_norm;
-    /* Decode with the residual + norm + int8 after Wo and down in those
-     * GEMVs' last block: 7 kernels per layer instead of 9 (fp32 cache). */
-    const bool tail = decode && !fn && b->tail_norm && M == 1;
-    unsigned int *tail_counters = b->attn_counters + hp->n_head;
-    float *xr = b->x;
+    /* Decode runs 9 kernels per layer (fp32 cache) with separate norm
+     * kernels (the default); with b->fusion NORMS each norm + int8 runs
+     * inside the GEMV that consumes it and the residual adds inside the Wo
+     * and down GEMVs (6 kernels), with ALL relu^2 * up + ffn_sub_norm runs
+     * inside the down GEMV too (5). docs/CUDA.md. */
+    const bool fold = decode && b->fusion != BN_CUDA_FUSION_SEPARATE;
+    const bool fold_relu2 = decode && b->fusion == BN_CUDA_FUSION_ALL;
     bn_status st;
     int n;
 
@@ -427,7 +399,7 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
     b->ran |= 1u << K_EMBED;
     if ((st = mark(b, BN_CUDA_STAGE_EMBED, 1, err)) != BN_OK)
         return st;
-    if (!fn) {
+    if (!fold) {
         BN_CUDA_TRY(err, bn_cb_norm_quantize(b->x, dim, M, dim, norm_ptr(b, 0, BN_NORM_ATTN),
                                              eps, b->xq, b->ldq, b->act_scale, b->act_sum, pdl,
                                              s));
@@ -443,17 +415,10 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         const float sq = g[G_QKV].s[0].scale, sk = g[G_QKV].s[1].scale,
                     sv = g[G_QKV].s[2].scale;
 
-        if (fn) {
-            /* Layer 0: attn_norm of the embedding; later layers: the
-             * previous layer's residual add first. */
-            float *xn = xr == b->x ? b->x2 : b->x;
-            bn_cb_norm_gemv_args na =
-                norm_src(l == 0 ? BN_CB_SRC_PLAIN : BN_CB_SRC_ADD, xr, b->out, xn,
-                         norm_ptr(b, l, BN_NORM_ATTN), eps);
-            if ((st = norm_matmul(b, &g[G_QKV], &na, b->qkv, pdl, err)) != BN_OK)
+        if (fold) {
+            bn_cb_decode_gemv_args na = norm_source(b->x, norm_ptr(b, l, BN_NORM_ATTN));
+            if ((st = decode_matmul(b, &g[G_QKV], &na, NULL, b->qkv, pdl, err)) != BN_OK)
                 return st;
-            if (l > 0)
-                xr = xn;
             n = 1;
         } else if ((st = matmul(b, &g[G_QKV], M, b->qkv, pdl, &n, err)) != BN_OK) {
             return st;
@@ -505,41 +470,22 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         if ((st = mark(b, BN_CUDA_STAGE_ATTENTION, attn_launches, err)) != BN_OK)
             return st;
 
-        if (fn) {
-            bn_cb_norm_gemv_args na = norm_src(BN_CB_SRC_PLAIN, b->att, NULL, NULL,
-                                               norm_ptr(b, l, BN_NORM_ATTN_SUB), eps);
-            if ((st = norm_matmul(b, &g[G_O], &na, b->out, pdl, err)) != BN_OK ||
+        if (fold) {
+            /* x += Wo q(attn_sub_norm(att)), then gate|up of ffn_norm(x). */
+            bn_cb_decode_gemv_args na = norm_source(b->att, norm_ptr(b, l, BN_NORM_ATTN_SUB));
+            if ((st = decode_matmul(b, &g[G_O], &na, b->x, b->x, pdl, err)) != BN_OK ||
                 (st = mark(b, BN_CUDA_STAGE_O, 1, err)) != BN_OK)
                 return st;
-            float *xn = xr == b->x ? b->x2 : b->x;
-            na = norm_src(BN_CB_SRC_ADD, xr, b->out, xn, norm_ptr(b, l, BN_NORM_FFN), eps);
-            if ((st = norm_matmul(b, &g[G_GU], &na, b->gu, pdl, err)) != BN_OK ||
+            na = norm_source(b->x, norm_ptr(b, l, BN_NORM_FFN));
+            if ((st = decode_matmul(b, &g[G_GU], &na, NULL, b->gu, pdl, err)) != BN_OK ||
                 (st = mark(b, BN_CUDA_STAGE_GATE_UP, 1, err)) != BN_OK)
                 return st;
-            xr = xn;
-            na = norm_src(BN_CB_SRC_RELU2, NULL, NULL, NULL, norm_ptr(b, l, BN_NORM_FFN_SUB),
-                          eps);
-            na.g = b->gu;
-            na.u = b->gu + ffn;
-            na.sg = g[G_GU].s[0].scale;
-            na.su = g[G_GU].s[1].scale;
-            if ((st = norm_matmul(b, &g[G_DOWN], &na, b->out, pdl, err)) != BN_OK ||
-                (st = mark(b, BN_CUDA_STAGE_DOWN, 1, err)) != BN_OK)
-                return st;
-            continue; /* the next layer's q|k|v GEMV adds the residual */
-        }
-        BN_CUDA_TRY(err, bn_cb_norm_quantize(b->att, q_dim, M, q_dim,
-                                             norm_ptr(b, l, BN_NORM_ATTN_SUB), eps, b->xq, b->ldq,
-                                             b->act_scale, b->act_sum, pdl, s));
-        if ((st = mark(b, BN_CUDA_STAGE_SUB_NORM, 1, err)) != BN_OK)
-            return st;
-        if (tail) {
-            /* Wo with the residual + ffn_norm + int8 in its last block. */
-            if ((st = matmul_add_norm(b, &g[G_O], norm_ptr(b, l, BN_NORM_FFN), tail_counters,
-                                      pdl, err)) != BN_OK ||
-                (st = mark(b, BN_CUDA_STAGE_O, 1, err)) != BN_OK)
-                return st;
         } else {
+            BN_CUDA_TRY(err, bn_cb_norm_quantize(b->att, q_dim, M, q_dim,
+                                                 norm_ptr(b, l, BN_NORM_ATTN_SUB), eps, b->xq,
+                                                 b->ldq, b->act_scale, b->act_sum, pdl, s));
+            if ((st = mark(b, BN_CUDA_STAGE_SUB_NORM, 1, err)) != BN_OK)
+                return st;
             if ((st = matmul(b, &g[G_O], M, b->out, pdl, &n, err)) != BN_OK ||
                 (st = mark(b, BN_CUDA_STAGE_O, n, err)) != BN_OK)
                 return st;
@@ -549,10 +495,24 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
             b->ran |= 1u << K_ADD_NORM_Q;
             if ((st = mark(b, BN_CUDA_STAGE_FFN_NORM, 1, err)) != BN_OK)
                 return st;
+            if ((st = matmul(b, &g[G_GU], M, b->gu, pdl, &n, err)) != BN_OK ||
+                (st = mark(b, BN_CUDA_STAGE_GATE_UP, n, err)) != BN_OK)
+                return st;
         }
-        if ((st = matmul(b, &g[G_GU], M, b->gu, pdl, &n, err)) != BN_OK ||
-            (st = mark(b, BN_CUDA_STAGE_GATE_UP, n, err)) != BN_OK)
-            return st;
+
+        if (fold_relu2) {
+            /* x += down q(ffn_sub_norm(relu^2(gate) * up)). */
+            bn_cb_decode_gemv_args na = norm_source(NULL, norm_ptr(b, l, BN_NORM_FFN_SUB));
+            na.src = BN_CB_SRC_RELU2;
+            na.g = b->gu;
+            na.u = b->gu + ffn;
+            na.sg = g[G_GU].s[0].scale;
+            na.su = g[G_GU].s[1].scale;
+            if ((st = decode_matmul(b, &g[G_DOWN], &na, b->x, b->x, pdl, err)) != BN_OK ||
+                (st = mark(b, BN_CUDA_STAGE_DOWN, 1, err)) != BN_OK)
+                return st;
+            continue;
+        }
         BN_CUDA_TRY(err, bn_cb_relu2_norm_quantize(b->gu, b->gu + ffn, b->gu_n,
                                                    g[G_GU].s[0].scale, g[G_GU].s[1].scale, M, ffn,
                                                    norm_ptr(b, l, BN_NORM_FFN_SUB), eps, b->xq,
@@ -560,12 +520,15 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         b->ran |= 1u << K_RELU2_Q;
         if ((st = mark(b, BN_CUDA_STAGE_RELU2, 1, err)) != BN_OK)
             return st;
-        if (tail && l + 1 < hp->n_layer) {
-            /* down with the residual + the next layer's attn_norm + int8 in
-             * its last block (the last layer's residual goes to the output
-             * norm below). */
-            if ((st = matmul_add_norm(b, &g[G_DOWN], norm_ptr(b, l + 1, BN_NORM_ATTN),
-                                      tail_counters + 1, pdl, err)) != BN_OK ||
+        if (fold) {
+            /* x += down q, the codes from the kernel above. */
+            bn_cb_decode_gemv_args na;
+            memset(&na, 0, sizeof na);
+            na.src = BN_CB_SRC_CODES;
+            na.xq = b->xq;
+            na.act_scale = b->act_scale;
+            na.act_sum = b->act_sum;
+            if ((st = decode_matmul(b, &g[G_DOWN], &na, b->x, b->x, pdl, err)) != BN_OK ||
                 (st = mark(b, BN_CUDA_STAGE_DOWN, 1, err)) != BN_OK)
                 return st;
             continue;
@@ -584,10 +547,11 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         }
     }
 
-    /* Only the last row's logits are wanted: its residual and output norm
-     * (launched plainly: it waits for everything before it). */
+    /* Only the last row's logits are wanted: its residual (unless the down
+     * GEMV added it) and output norm (launched plainly: it waits for
+     * everything before it). */
     const int64_t last = (M - 1) * dim;
-    BN_CUDA_TRY(err, bn_cb_add_rmsnorm(xr + last, dim, b->out + last, dim, 1, dim,
+    BN_CUDA_TRY(err, bn_cb_add_rmsnorm(b->x + last, dim, fold ? NULL : b->out + last, dim, 1, dim,
                                        b->d_norms + b->out_norm_off, eps, b->normed, dim, s));
     b->ran |= 1u << K_OUT_NORM;
     if ((st = mark(b, BN_CUDA_STAGE_OUT_NORM, 1, err)) != BN_OK)
@@ -884,7 +848,6 @@ static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
     int n = 0;
 #define ADD(p_, size_) (list[n].ptr = (void **)(p_), list[n].bytes = (size_t)(size_), n++)
     ADD(&b->x, R * (size_t)hp->dim * f);
-    ADD(&b->x2, (size_t)hp->dim * f); /* the fused decode's second residual buffer */
     ADD(&b->qkv, R * (size_t)b->qkv_n * f);
     ADD(&b->q, R * (size_t)b->q_dim * f);
     ADD(&b->att, R * (size_t)b->q_dim * f);
@@ -907,7 +870,7 @@ static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
         ws_attn = bn_cb_attn_decode_workspace_bytes(&as, b->attn_splits);
     }
     ADD(&b->ws_attn, ws_attn);
-    ADD(&b->attn_counters, (size_t)(hp->n_head + 2) * sizeof(unsigned int));
+    ADD(&b->attn_counters, (size_t)hp->n_head * sizeof(unsigned int));
     /* cos and sin of every position the cache holds (none without RoPE). */
     ADD(&b->rope, (size_t)b->kv_len * (size_t)(hp->rope_dim / 2) * 2 * f);
     ADD(&b->normed, (size_t)hp->dim * f);
@@ -1426,11 +1389,11 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->d_k, 0, b->kv_bytes / 2, b->copy));
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->d_v, 0, b->kv_bytes / 2, b->copy));
-    /* The decode attention's and the GEMV tails' counters start at 0 and
-     * every launch leaves them there. */
+    /* The decode attention's counters start at 0 and every launch leaves
+     * them there. */
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->attn_counters, 0,
-                                                 (size_t)(hp->n_head + 2) * sizeof(unsigned int),
+                                                 (size_t)hp->n_head * sizeof(unsigned int),
                                                  b->copy));
     if (st == BN_OK) {
         if (hp->rope_dim > 0) {
@@ -1461,21 +1424,20 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
     if (st == BN_OK)
         b->pdl = !opt.no_pdl && bn_cb_pdl_supported(b->device);
     if (st == BN_OK) {
-        /* The fused decode norms need every group in one launch and every
-         * source row within the fused kernel's limit. */
-        b->fuse_norm = opt.fused_norm;
-        for (int i = 0; i < hp->n_layer * G_COUNT && b->fuse_norm; i++) {
+        /* Folding needs every group in one launch and every source row
+         * within the decode GEMV's limits; otherwise separate kernels. */
+        b->fusion = opt.fusion == BN_CUDA_FUSION_AUTO ? BN_CUDA_FUSION_SEPARATE : opt.fusion;
+        for (int i = 0; i < hp->n_layer * G_COUNT && b->fusion != BN_CUDA_FUSION_SEPARATE;
+             i++) {
             const group *g = &b->groups[i];
-            b->fuse_norm = g->fused_ok && bn_cb_norm_gemv_fits(g->k, g->fused.groups);
-        }
-        /* The GEMV tails need the Wo and down products in one launch each,
-         * writing a row of the residual's width that fits the tail. */
-        b->tail_norm = opt.tail_norm && !b->fuse_norm;
-        for (int l = 0; l < hp->n_layer && b->tail_norm; l++) {
-            for (int gi = G_O; gi <= G_DOWN && b->tail_norm; gi += G_DOWN - G_O) {
-                const group *g = &b->groups[l * G_COUNT + gi];
-                b->tail_norm = g->n_seg == 1 && g->fused_ok && g->n == hp->dim &&
-                               bn_cb_gemv_add_norm_fits(g->n, g->fused.groups);
+            const int src = i % G_COUNT != G_DOWN                 ? BN_CB_SRC_NORM
+                            : b->fusion == BN_CUDA_FUSION_ALL ? BN_CB_SRC_RELU2
+                                                              : BN_CB_SRC_CODES;
+            if (!g->fused_ok || !bn_cb_decode_gemv_fits(src, g->k, g->fused.groups)) {
+                bn_log(BN_LOG_INFO, "cuda backend: fusion %s not possible (a %lld-wide row "
+                                    "does not fit the decode GEMV): separate norm kernels",
+                       bn_cuda_fusion_name(b->fusion), (long long)g->k);
+                b->fusion = BN_CUDA_FUSION_SEPARATE;
             }
         }
     }
@@ -1495,14 +1457,15 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
     bn_log(BN_LOG_INFO,
            "cuda backend: cuda:%d %s, %d SMs; weights %.1f MiB packed in %.2f s, embedding %.1f "
            "MiB, LM head %s %.1f MiB%s, KV cache %s %.1f MiB (%lld positions), scratch %.1f MiB "
-           "(%lld-token prefill), decode graph %s, programmatic dependent launch %s",
+           "(%lld-token prefill), decode graph %s, programmatic dependent launch %s, norms %s",
            b->device, b->name, b->sm, (double)b->w_bytes / MIB, t1 - t0,
            (double)b->embed_bytes / MIB, head_type_name(b->head_type),
            (double)(b->head_shared ? (uint64_t)hp->vocab * hp->dim * head_elem_bytes(b->head_type)
                                    : b->head_bytes) / MIB,
            b->head_shared ? " (the embedding)" : "", b->kv_f16 ? "f16" : "f32",
            (double)b->kv_bytes / MIB, (long long)kv_len, (double)b->scratch_bytes / MIB,
-           (long long)b->chunk, b->graph ? "captured" : "off", b->pdl ? "on" : "off");
+           (long long)b->chunk, b->graph ? "captured" : "off", b->pdl ? "on" : "off",
+           bn_cuda_fusion_name(b->fusion));
     *out = b;
     return BN_OK;
 }
@@ -1548,6 +1511,8 @@ bn_cuda_kv_type bn_cuda_backend_kv_type(const bn_cuda_backend *b)
 {
     return b->kv_f16 ? BN_CUDA_KV_F16 : BN_CUDA_KV_F32;
 }
+bn_cuda_fusion bn_cuda_backend_fusion(const bn_cuda_backend *b) { return b->fusion; }
+
 bool bn_cuda_backend_graphs(const bn_cuda_backend *b) { return b->graph && b->use_graphs; }
 void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on) { b->use_graphs = on; }
 void bn_cuda_backend_fail_at(bn_cuda_backend *b, int64_t call) { b->fail_at = call; }
@@ -1589,9 +1554,8 @@ void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size)
 
 /* ---- measurement -------------------------------------------------------------------- */
 
-/* With the fused_norm / tail_norm options the norm + int8 work is timed
- * inside the GEMV stages that do it (docs/CUDA.md); the names are the
- * default step's. */
+/* With the norms folded into the GEMVs (b->fusion) their work is timed
+ * inside the GEMV stages that do it, and the norm stages run no kernel. */
 const char *bn_cuda_stage_name(bn_cuda_stage s)
 {
     static const char *const names[BN_CUDA_STAGE_COUNT] = {

@@ -73,6 +73,23 @@ typedef enum bn_cuda_kv_type {
     BN_CUDA_KV_F16 = 1  /* half the memory and bandwidth; logits within ~3e-2 x max  */
 } bn_cuda_kv_type;
 
+/* The decode step's kernels per layer (fp32 cache). Every choice computes
+ * the same int8 codes; the activation scales may differ in the last bit of
+ * their double sum of squares (its order), within the contract against the
+ * CPU backend. SEPARATE is the default because it measured fastest on an
+ * H200 (docs/PERFORMANCE.md): with programmatic dependent launch a separate
+ * one-block norm kernel overlaps the GEMV before it, while inside a GEMV
+ * every block pays for the norm before its product. */
+typedef enum bn_cuda_fusion {
+    BN_CUDA_FUSION_AUTO = 0,     /* the default: SEPARATE                                */
+    BN_CUDA_FUSION_SEPARATE = 1, /* each norm + int8 and residual add a kernel: 9        */
+    BN_CUDA_FUSION_NORMS = 2,    /* norm + int8 inside the GEMV that consumes it, residual
+                                    adds in the Wo and down GEMVs: 6                     */
+    BN_CUDA_FUSION_ALL = 3       /* NORMS, and relu^2 * up + ffn_sub_norm inside down: 5 */
+} bn_cuda_fusion;
+
+const char *bn_cuda_fusion_name(bn_cuda_fusion f);
+
 typedef struct bn_cuda_backend_options {
     int device;            /* CUDA ordinal; -1: the best device (most memory)         */
     int64_t kv_len;        /* KV positions; 0: the model's training context           */
@@ -82,16 +99,8 @@ typedef struct bn_cuda_backend_options {
     bool no_graphs;        /* decode eagerly instead of replaying a CUDA graph        */
     bool no_pdl;           /* decode without programmatic dependent launch (sm_90+:
                               a kernel's weight loads overlap the previous kernel)    */
-    bool fused_norm;       /* decode computing norm + int8 in each GEMV block instead
-                              of separate kernels (same results, bit for bit). Off by
-                              default: on an H200 the 2B-4T step took 2.27 ms with it
-                              against 1.45 ms without (every block repeats the norm) */
-    bool tail_norm;        /* decode computing the residual add + norm + int8 after
-                              the Wo and down GEMVs in the GEMV's last block instead
-                              of separate kernels (same results, bit for bit). Off
-                              by default: on an H200 the 2B-4T step took 1550 us with
-                              it against 1312 us without (the tail runs on one block
-                              while PDL already hides the separate kernels' launch) */
+    bn_cuda_fusion fusion; /* how the decode step's norms meet its GEMVs; AUTO: the
+                              default (docs/CUDA.md, "decode step")                  */
     int threads;           /* host threads unpacking weights; 0: BITNET_NUM_THREADS   */
 } bn_cuda_backend_options;
 
@@ -156,6 +165,8 @@ bn_cuda_kv_type bn_cuda_backend_kv_type(const bn_cuda_backend *b);
  * or was turned off); set_graphs(false) switches to eager launches, true
  * back to the graph when one was captured. */
 bool bn_cuda_backend_graphs(const bn_cuda_backend *b);
+/* The decode step's layout in use (never AUTO). */
+bn_cuda_fusion bn_cuda_backend_fusion(const bn_cuda_backend *b);
 void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on);
 
 /* The kernels that have run so far, comma-separated ("embed_rows,

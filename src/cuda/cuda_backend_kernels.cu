@@ -39,9 +39,7 @@ constexpr int kRowMaxM = 256;      /* rows; more go to the streaming kernel   */
 constexpr float kQuantEps = 1e-5f; /* BN_QUANT_EPS */
 
 /* The register-held row kernel's shape for a row of k values (k <= 8192):
- * values per thread and threads. launch_norm_quantize and the fused GEMV
- * both take it from here, so the fused kernel emulates exactly the
- * threads whose partial sums the separate kernel adds. */
+ * values per thread and threads. */
 __host__ __device__ __forceinline__ int row_per(int64_t k)
 {
     return k <= kRowThreads ? 1 : k <= 2 * kRowThreads ? 2 : k <= 4 * kRowThreads ? 4 : 8;
@@ -512,15 +510,13 @@ __global__ void __launch_bounds__(kNormThreads)
         yr[i] = __fmul_rn(w[i], __fmul_rn(xr[i], inv));
 }
 
-/* ---- RMSNorm + quantization fused into the decode GEMV ------------------------------ */
+/* ---- pieces of the W2A8 GEMV (w2a8_kernels.cu's gemv_pdl_kernel) ------------------ */
 
-constexpr int kFusedMaxK = kRowThreads * kRowMaxPer;
 constexpr int kTileRowsG = 8;     /* w2a8_kernels.cu: rows per tile           */
 constexpr int kGroupG = 256;      /* weights per chunk-group                  */
 constexpr int kBlockBytesG = 512; /* bytes per chunk-group of a tile          */
-constexpr int kFusedBatch = 8;    /* row values loaded per thread before use  */
 
-/* gemv_pdl_kernel's pieces, shared by the two decode GEMVs below. A warp
+/* gemv_pdl_kernel's pieces, for the decode GEMV below. A warp
  * streams chunk-groups split, split + WARPS, ... of its tile; the first
  * kPre are loaded before the PDL wait. */
 template <int WARPS, int kPre>
@@ -567,11 +563,13 @@ __device__ __forceinline__ int gemv_warp_product(const uint4 (&wv)[kPre], const 
 /* Every warp's sum into its rows (lanes of one row, then the split warps
  * of one tile through shared memory), then w2a8_kernels.cu's epilogue:
  * IEEE division by the activation scale s after removing the code sum
- * total, then the weight scale. Called by every thread of the block. */
+ * total, then the weight scale, then (res not NULL) the residual add.
+ * Called by every thread of the block. */
 template <int WARPS, int TILES>
 __device__ __forceinline__ void
 gemv_tile_epilogue(int acc, int (&partial)[TILES][WARPS][kTileRowsG], int tile_in_block, int split,
-                   int lane, int tid, int64_t n, int total, float s, float w_scale, float *y)
+                   int lane, int tid, int64_t n, int total, float s, float w_scale,
+                   const float *res, float *y)
 {
     acc += __shfl_xor_sync(kFull, acc, 8);
     acc += __shfl_xor_sync(kFull, acc, 16);
@@ -586,414 +584,281 @@ gemv_tile_epilogue(int acc, int (&partial)[TILES][WARPS][kTileRowsG], int tile_i
 #pragma unroll
             for (int sp = 0; sp < WARPS; sp++)
                 sum_acc += partial[t][sp][r];
-            y[out_row] = __fmul_rn(__fdiv_rn((float)(sum_acc - total), s), w_scale);
+            float v = __fmul_rn(__fdiv_rn((float)(sum_acc - total), s), w_scale);
+            if (res) /* the CPU's residual add: one fp32 add (may be y's own value) */
+                v = __fadd_rn(__ldcg(res + out_row), v);
+            y[out_row] = v;
         }
     }
 }
 
-/* The norm + int8 of one row held in shared memory (sv: the k values, nw:
- * the norm weights, both written and synchronised by the caller), by a
- * block of any multiple of 32 threads, with the results of
- * norm_quantize_row_kernel for that row run with vt threads of vper values
- * (row_threads(k), row_per(k)), bit for bit:
+/* ---- the decode step's GEMV with its input's norm + int8 and the residual add ----
  *
- *   3. Sum of squares and max|w v| in double: warp w of this block plays
- *      the separate kernel's warps w, w + W, ...; each of its lanes sums
- *      that thread's values in the same order, then the same butterflies
- *      (block_sum_max's two levels) give the same double bits.
- *   4. Codes, normed maximum and code sum: per value, order-free; scale
- *      and the plain-rule fallback as the separate kernel.
+ * One row (M = 1): y = W q(v), or y = res + W q(v). Every block needs all k
+ * codes of its input row, and computing them takes one pass over a row of
+ * at most a few KB that L2 holds, so each block computes them itself (into
+ * shared memory) instead of a separate one-block kernel doing it between
+ * two GEMVs: the decode step loses a kernel, its launch gap and a serial
+ * one-block stage per norm. Thread t of a block of B threads holds float4
+ * t, t + B, ... of the row in registers (all loads in flight at once):
  *
- * Writes the codes to out[i], i < k (shared or global memory); every
- * thread leaves with the scale s and the code sum total. */
-__device__ __forceinline__ void emulated_row_codes(const float *sv, const float *nw, int k, float eps,
-                                                int vt, int vper, double *red_d, float *red_f,
-                                                int *red_i, int8_t *out, float &s_out,
-                                                int &total_out)
-{
-    const int B = (int)blockDim.x, tid = (int)threadIdx.x;
-    const int lane = tid & 31, warp = tid >> 5;
-    /* The separate kernel's per-thread sums and first butterfly, one of
-     * its warps at a time, then its second level (every warp, same bits). */
-    const int vwarps = vt / 32;
-    for (int vw = warp; vw < vwarps; vw += B / 32) {
-        const int t = vw * 32 + lane; /* the separate kernel's thread */
-        double ss = 0.0, umax = 0.0;
-        for (int j = 0; j < vper; j++) {
-            const int i = t + j * vt;
-            if (i < k) {
-                const float v = sv[i];
-                ss = __fma_rn((double)v, (double)v, ss);
-                umax = fmax(umax, fabs(__dmul_rn((double)nw[i], (double)v)));
-            }
-        }
-        for (int o = 16; o > 0; o >>= 1) {
-            ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
-            umax = fmax(umax, __shfl_xor_sync(kFull, umax, o));
-        }
-        if (lane == 0) {
-            red_d[vw] = ss;
-            red_d[32 + vw] = umax;
-        }
-    }
-    __syncthreads();
-    double ss = lane < vwarps ? red_d[lane] : 0.0;
-    double umax = lane < vwarps ? red_d[32 + lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1) {
-        ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
-        umax = fmax(umax, __shfl_xor_sync(kFull, umax, o));
-    }
+ *   1. before the PDL wait: the warp's first weight entries (as
+ *      gemv_pdl_kernel) and the norm weights;
+ *   2. the row: v = x, or v = relu(g * sg)^2 * (u * su) (source_value's
+ *      expressions);
+ *   3. one block reduction: the double sum of squares and max|w v|;
+ *   4. the codes (ExactCoder: they depend on max|w v| alone, so on no
+ *      summation order) with the normed maximum and the code sum in a second
+ *      reduction; rows the exact rule does not apply to (tiny or non-finite,
+ *      uniform over the grid) take the plain rule, as the separate kernels;
+ *   5. the product from the shared codes and gemv_pdl_kernel's epilogue,
+ *      plus the residual when res is given.
+ *
+ * Every block runs the same reduction tree on the same values, so all
+ * blocks (and every replay) get the same scale. That tree is not the
+ * separate norm kernel's, so the double sum of squares may differ from it
+ * in the last bits, as it may from the CPU's (within the contract at the
+ * top of cuda_backend_kernels.h). With kSrc == kSrcCodes the block stages
+ * given codes instead (a GEMV that only adds the residual). */
+constexpr int kSrcCodes = 3;
+constexpr int kDecThreads = 256; /* threads per block of decode_gemv_kernel */
 
-    /* As norm_quantize_row_kernel. */
-    const float inv = inv_rms(ss, k, eps);
-    const bool usable = umax > 0.0 && isfinite(umax);
-    const ExactCoder coder(umax);
-    float amax = 0.0f;
-    int total = 0;
-    for (int i = tid; i < k; i += B) {
-        const float v = sv[i], wi = nw[i];
-        amax = fmaxf(amax, fabsf(__fmul_rn(wi, __fmul_rn(v, inv))));
-        const int c = usable ? coder.code(wi, v) : 0;
-        out[i] = (int8_t)c;
-        total += c;
-    }
-    block_max_sum(amax, total, red_f, red_i);
-    const bool exact = amax >= kQuantEps && usable;
-    float s;
-    if (exact) {
-        s = __fdiv_rn(127.0f, amax);
-    } else {
-        s = __fdiv_rn(127.0f, amax >= kQuantEps ? amax : kQuantEps);
-        total = 0;
-        for (int i = tid; i < k; i += B) {
-            const int c = plain_code(nw[i], sv[i], inv, s);
-            out[i] = (int8_t)c;
-            total += c;
-        }
-        float unused = 0.0f;
-        block_max_sum(unused, total, red_f, red_i);
-    }
-    s_out = s;
-    total_out = total;
-}
-
-struct NormGemvArgs {
-    const float *x, *r;
-    float *x_out;
-    const float *g, *u;
+struct DecodeGemvArgs {
+    const int8_t *xq;          /* kSrcCodes: codes, their scale and sum       */
+    const float *act_scale;
+    const int32_t *act_sum;
+    const float *x;            /* kSrcPlain: the row                           */
+    const float *g, *u;        /* kSrcRelu2: raw gate and up                   */
     float sg, su;
     int k;
-    const float *w;
+    const float *w;            /* the norm's weights                           */
     float eps;
     const uint4 *weights;
     int64_t n, tiles, groups;
     float w_scale;
+    const float *res;          /* NULL or the residual (may be y)              */
     float *y;
-    int vt, vper; /* the separate kernel's threads and values per thread */
-    int8_t *q;
-    int64_t ldq;
-    float *scale;
-    int32_t *sum;
 };
 
-/* Block: TILES tiles of 8 rows, WARPS warps per tile splitting K, as
- * gemv_pdl_kernel. Dynamic shared memory: the codes (groups * 256 bytes),
- * then the norm weights and the row values (k floats each).
- *
- *   1. Before the wait: the warp's first weight entries (gemv_pdl_kernel's
- *      prefetch) and the norm weights (constant).
- *   2. The row values v (norm_quantize_row_kernel<kSrc>'s expressions); for
- *      kSrcAdd block 0 stores x + r to x_out.
- *   3., 4. The norm and the codes (emulated_row_codes).
- *   5. The product from the shared codes, epilogue with (scale, sum) from
- *      registers. */
-template <int kSrc, int WARPS, int TILES>
-__global__ void __launch_bounds__(32 * WARPS * TILES) norm_gemv_kernel(NormGemvArgs a)
+/* Blocks per SM the grid is sized for, and the register budget (128 a
+ * thread): the launcher gives each block enough tiles (up to 8) that the
+ * grid is at most this many blocks per SM: one wave, so no block waits for
+ * another's prologue. (One block per SM, leaving half the register file to
+ * the next kernel of the step, measured slower: 1400 against 1341 us for
+ * the 2B-4T step on an H200.) */
+constexpr int kDecBlocksPerSM = 2;
+
+template <int kSrc, int WARPS, int TILES, int KV4>
+__global__ void __launch_bounds__(32 * WARPS * TILES, kDecBlocksPerSM)
+    decode_gemv_kernel(DecodeGemvArgs a)
 {
-    extern __shared__ __align__(16) unsigned char fused_smem[];
+    extern __shared__ __align__(16) unsigned char dec_smem[]; /* codes, norm weights */
     __shared__ double red_d[64];
     __shared__ float red_f[32];
     __shared__ int red_i[32];
     __shared__ int partial[TILES][WARPS][kTileRowsG];
-    const int k = a.k, B = (int)blockDim.x, tid = (int)threadIdx.x;
-    const int lane = tid & 31, warp = tid >> 5;
-    const int64_t kpad = a.groups * kGroupG;
-    int8_t *xs = reinterpret_cast<int8_t *>(fused_smem);
-    float *nw = reinterpret_cast<float *>(fused_smem + kpad);
-    float *sv = nw + k;
-
-    /* 1. Weights (gemv_pdl_kernel's prefetch) and norm weights. */
+    constexpr int B = 32 * WARPS * TILES;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tile_in_block = warp / WARPS, split = warp % WARPS;
     const int64_t tile = (int64_t)blockIdx.x * TILES + tile_in_block;
     const bool live = tile < a.tiles;
     const uint4 *blocks =
         a.weights + (live ? tile : 0) * a.groups * (kBlockBytesG / 16) + lane;
-    constexpr int kPre = WARPS >= 8 ? 4 : 8;
+    const int64_t kpad = a.groups * kGroupG;
+    int8_t *xs = reinterpret_cast<int8_t *>(dec_smem);
+
+    /* 1. (Entries per warp: a tile's chunk-groups / WARPS, so a 3072-wide
+     * row at split 1, 4096 at 2, 8192 at 4 or 8; longer rows stream the
+     * rest after the wait.) The norm weights go to shared memory, so they
+     * hold no registers while the row is worked on. */
+    constexpr int kPre = WARPS == 1 ? 12 : WARPS == 8 ? 4 : 8;
     uint4 wv[kPre];
     gemv_prefetch<WARPS>(wv, blocks, split, live, a.groups);
-    for (int i = tid; i < k; i += B)
-        nw[i] = __ldg(a.w + i);
+    const int k4 = a.k / 4;
+    float4 *nws = reinterpret_cast<float4 *>(dec_smem + kpad);
+    if (kSrc != kSrcCodes)
+        for (int i = tid; i < k4; i += B)
+            nws[i] = __ldg(reinterpret_cast<const float4 *>(a.w) + i);
     pdl_trigger();
     pdl_wait();
 
-    /* 2. The row, kFusedBatch loads per thread in flight (through L2: written
-     * by the previous kernel, see source_value). */
-    for (int i0 = tid; i0 < k; i0 += kFusedBatch * B) {
-        float p0[kFusedBatch], p1[kFusedBatch];
+    float s;
+    int total;
+    if (kSrc == kSrcCodes) {
+        for (int64_t i = tid; i < kpad / 16; i += B)
+            reinterpret_cast<int4 *>(xs)[i] = __ldcg(reinterpret_cast<const int4 *>(a.xq) + i);
+        s = __ldcg(a.act_scale);
+        total = __ldcg(a.act_sum);
+        __syncthreads();
+    } else {
+        /* 2. Written by the previous kernel: through L2 (see source_value). */
+        float4 v[KV4];
+        if (kSrc == kSrcPlain) {
 #pragma unroll
-        for (int j = 0; j < kFusedBatch; j++) {
-            const int i = i0 + j * B;
-            p0[j] = p1[j] = 0.0f;
-            if (i < k) {
-                if (kSrc == kSrcPlain) {
-                    p0[j] = __ldcg(a.x + i);
-                } else if (kSrc == kSrcAdd) {
-                    p0[j] = __ldcg(a.x + i);
-                    p1[j] = __ldcg(a.r + i);
-                } else {
-                    p0[j] = __ldcg(a.g + i);
-                    p1[j] = __ldcg(a.u + i);
+            for (int j = 0; j < KV4; j++) {
+                const int i = tid + j * B;
+                v[j] = i < k4 ? __ldcg(reinterpret_cast<const float4 *>(a.x) + i)
+                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        } else {
+            float4 gv[KV4], uv[KV4];
+#pragma unroll
+            for (int j = 0; j < KV4; j++) {
+                const int i = tid + j * B;
+                const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                gv[j] = i < k4 ? __ldcg(reinterpret_cast<const float4 *>(a.g) + i) : z;
+                uv[j] = i < k4 ? __ldcg(reinterpret_cast<const float4 *>(a.u) + i) : z;
+            }
+#pragma unroll
+            for (int j = 0; j < KV4; j++) {
+                const float *gp = &gv[j].x, *up = &uv[j].x;
+                float *vp = &v[j].x;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float gate = __fmul_rn(gp[e], a.sg);
+                    const float upv = __fmul_rn(up[e], a.su);
+                    const float rg = gate > 0.0f ? gate : 0.0f;
+                    vp[e] = __fmul_rn(__fmul_rn(rg, rg), upv);
                 }
             }
         }
+
+        /* 3. (Padding values are 0: they add nothing to either.) */
+        __syncthreads(); /* nws */
+        double ss = 0.0, umax = 0.0;
 #pragma unroll
-        for (int j = 0; j < kFusedBatch; j++) {
-            const int i = i0 + j * B;
-            if (i >= k)
-                continue;
-            float v;
-            if (kSrc == kSrcPlain) {
-                v = p0[j];
-            } else if (kSrc == kSrcAdd) {
-                v = __fadd_rn(p0[j], p1[j]);
-                if (blockIdx.x == 0)
-                    a.x_out[i] = v;
-            } else {
-                const float gate = __fmul_rn(p0[j], a.sg);
-                const float up = __fmul_rn(p1[j], a.su);
-                const float rg = gate > 0.0f ? gate : 0.0f;
-                v = __fmul_rn(__fmul_rn(rg, rg), up);
+        for (int j = 0; j < KV4; j++) {
+            const int i = tid + j * B;
+            const float4 w4 = i < k4 ? nws[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const float *vp = &v[j].x, *wp = &w4.x;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                ss = __fma_rn((double)vp[e], (double)vp[e], ss);
+                umax = fmax(umax, fabs(__dmul_rn((double)wp[e], (double)vp[e])));
             }
-            sv[i] = v;
+        }
+        block_sum_max(ss, umax, red_d);
+        const float inv = inv_rms(ss, a.k, a.eps);
+        const bool usable = umax > 0.0 && isfinite(umax);
+        const ExactCoder coder(umax);
+
+        /* 4. */
+        float amax = 0.0f;
+        total = 0;
+#pragma unroll
+        for (int j = 0; j < KV4; j++) {
+            const int i = tid + j * B;
+            if (i < k4) {
+                const float4 w4 = nws[i];
+                const float *vp = &v[j].x, *wp = &w4.x;
+                int c[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    amax = fmaxf(amax, fabsf(__fmul_rn(wp[e], __fmul_rn(vp[e], inv))));
+                    c[e] = usable ? coder.code(wp[e], vp[e]) : 0;
+                    total += c[e];
+                }
+                reinterpret_cast<char4 *>(xs)[i] =
+                    make_char4((signed char)c[0], (signed char)c[1], (signed char)c[2],
+                               (signed char)c[3]);
+            }
+        }
+        for (int64_t i = a.k + tid; i < kpad; i += B)
+            xs[i] = 0;
+        block_max_sum(amax, total, red_f, red_i); /* its barriers publish xs */
+        if (amax >= kQuantEps && usable) {
+            s = __fdiv_rn(127.0f, amax);
+        } else {
+            s = __fdiv_rn(127.0f, amax >= kQuantEps ? amax : kQuantEps);
+            total = 0;
+#pragma unroll
+            for (int j = 0; j < KV4; j++) {
+                const int i = tid + j * B;
+                if (i < k4) {
+                    const float4 w4 = nws[i];
+                    const float *vp = &v[j].x, *wp = &w4.x;
+                    int c[4];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        c[e] = plain_code(wp[e], vp[e], inv, s);
+                        total += c[e];
+                    }
+                    reinterpret_cast<char4 *>(xs)[i] =
+                        make_char4((signed char)c[0], (signed char)c[1], (signed char)c[2],
+                                   (signed char)c[3]);
+                }
+            }
+            float unused = 0.0f;
+            block_max_sum(unused, total, red_f, red_i);
         }
     }
-    __syncthreads();
 
-    /* 3. and 4. */
-    float s;
-    int total;
-    emulated_row_codes(sv, nw, k, a.eps, a.vt, a.vper, red_d, red_f, red_i, xs, s, total);
-    for (int64_t i = k + tid; i < kpad; i += B)
-        xs[i] = 0;
-    __syncthreads();
-    if (a.q && blockIdx.x == 0) {
-        for (int64_t i = tid; i < a.ldq; i += B)
-            a.q[i] = i < kpad ? xs[i] : (int8_t)0;
-        if (tid == 0) {
-            a.scale[0] = s;
-            a.sum[0] = total;
-        }
-    }
-
-    /* 5. The product (gemv_pdl_kernel's loop over the shared codes). */
+    /* 5. */
     const int acc = live ? gemv_warp_product<WARPS>(wv, blocks, xs + (lane >> 3) * 64, split,
                                                    a.groups)
                          : 0;
     gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, tid, a.n, total, s,
-                                     a.w_scale, a.y);
+                                     a.w_scale, a.res, a.y);
 }
 
-size_t norm_gemv_smem(int64_t k, int64_t groups)
+/* float4 per thread for a row of k values (0: too long). */
+int decode_gemv_kv4(int64_t k)
 {
-    return (size_t)groups * kGroupG + 2 * sizeof(float) * (size_t)k;
+    const int64_t per = (k / 4 + kDecThreads - 1) / kDecThreads;
+    return per <= 2 ? 2 : per <= 3 ? 3 : per <= 4 ? 4 : per <= 8 ? 8 : 0;
 }
 
-template <int kSrc, int WARPS, int TILES>
-cudaError_t launch_norm_gemv_t(const NormGemvArgs &a, int pdl, cudaStream_t stream)
+template <int kSrc, int WARPS, int KV4>
+cudaError_t launch_decode_gemv_t(const DecodeGemvArgs &a, int pdl, cudaStream_t stream)
 {
+    constexpr int TILES = kDecThreads / 32 / WARPS;
     const int64_t blocks = (a.tiles + TILES - 1) / TILES;
-    const size_t smem = norm_gemv_smem(a.k, a.groups);
-    auto kernel = norm_gemv_kernel<kSrc, WARPS, TILES>;
+    const size_t smem = (size_t)a.groups * kGroupG + (kSrc == kSrcCodes ? 0 : sizeof(float) * a.k);
+    auto kernel = decode_gemv_kernel<kSrc, WARPS, TILES, KV4>;
     if (smem > 48 * 1024) {
         const cudaError_t rc =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (rc != cudaSuccess)
             return rc;
     }
-    return pdl_launch(kernel, dim3((unsigned)blocks), dim3(32 * WARPS * TILES), smem, stream, pdl,
-                      a);
+    return pdl_launch(kernel, dim3((unsigned)blocks), dim3(kDecThreads), smem, stream, pdl, a);
 }
 
-template <int kSrc>
-cudaError_t launch_norm_gemv(const NormGemvArgs &a, int split, int pdl, cudaStream_t stream)
+/* The K split of a 256-thread block with 8 / split tiles: the fewest
+ * blocks (most tiles per block, up to 8) that still need no more than
+ * kDecBlocksPerSM blocks per SM, so the prologue is repeated as few times as
+ * possible and the grid is one wave. */
+int decode_gemv_split(int64_t tiles, int sm_count)
 {
-    switch (split) { /* gemv_pdl_kernel's shapes */
-    case 1: return launch_norm_gemv_t<kSrc, 1, 4>(a, pdl, stream);
-    case 2: return launch_norm_gemv_t<kSrc, 2, 2>(a, pdl, stream);
-    case 4: return launch_norm_gemv_t<kSrc, 4, 1>(a, pdl, stream);
-    case 8: return launch_norm_gemv_t<kSrc, 8, 1>(a, pdl, stream);
+    const int64_t slots = (int64_t)(sm_count > 0 ? sm_count : 1) * kDecBlocksPerSM;
+    int t = 1;
+    while (t < 8 && (tiles + t - 1) / t > slots)
+        t *= 2;
+    return 8 / t;
+}
+
+template <int kSrc, int KV4>
+cudaError_t launch_decode_gemv_w(const DecodeGemvArgs &a, int split, int pdl, cudaStream_t stream)
+{
+    switch (split) { /* tiles fill the block: 8 / split of them */
+    case 1: return launch_decode_gemv_t<kSrc, 1, KV4>(a, pdl, stream);
+    case 2: return launch_decode_gemv_t<kSrc, 2, KV4>(a, pdl, stream);
+    case 4: return launch_decode_gemv_t<kSrc, 4, KV4>(a, pdl, stream);
+    case 8: return launch_decode_gemv_t<kSrc, 8, KV4>(a, pdl, stream);
     default: return cudaErrorInvalidValue;
     }
 }
 
-/* ---- W2A8 GEMV with the residual add + norm + int8 as its tail ------------------- */
-
-struct GemvTailArgs {
-    const uint4 *weights;
-    int64_t n, tiles, groups;
-    float w_scale;
-    const int8_t *xq;        /* the activations (may be q: see the kernel)    */
-    const float *act_scale;
-    const int32_t *act_sum;
-    float *y;                /* n outputs, also the residual r of the tail    */
-    float *x;                /* the residual stream, n values, += y in place  */
-    const float *w;          /* the norm's weights, n                         */
-    float eps;
-    int vt, vper;            /* the separate kernel's threads and values each */
-    int8_t *q;
-    int64_t ldq;
-    float *scale;
-    int32_t *sum;
-    unsigned int *counter;   /* 0 before the launch; left 0                   */
-};
-
-/* gemv_pdl_kernel (the same prefetch, wait, staging, product and epilogue:
- * y bit for bit), then the block that finishes last (a ticket counter, as
- * the attention merge) computes x += y and the norm + int8 of x as
- * norm_quantize_row_kernel<kSrcAdd> would for that row: the same
- * expressions, its double sum of squares in its order (emulated_row_codes).
- *
- * q, scale and sum may be the buffers the product reads (xq, act_scale,
- * act_sum): every block has read them (staging, epilogue) before it takes
- * its ticket, and only the last block writes, after every ticket. The
- * kernel after this one reads q, scale, sum and x only after its own wait,
- * i.e. after this grid completes, tail included. Dynamic shared memory:
- * the staged activations during the product, reused by the tail for the
- * row and the norm weights (2 * n floats). */
-template <int WARPS, int TILES, bool X_SMEM>
-__global__ void __launch_bounds__(32 * WARPS * TILES) gemv_add_norm_kernel(GemvTailArgs a)
+template <int kSrc>
+cudaError_t launch_decode_gemv(const DecodeGemvArgs &a, int split, int pdl, cudaStream_t stream)
 {
-    extern __shared__ __align__(16) unsigned char tail_smem[];
-    __shared__ double red_d[64];
-    __shared__ float red_f[32];
-    __shared__ int red_i[32];
-    __shared__ int partial[TILES][WARPS][kTileRowsG];
-    __shared__ bool sm_last;
-    const int B = (int)blockDim.x, tid = (int)threadIdx.x;
-    const int lane = tid & 31, warp = tid >> 5;
-    const int tile_in_block = warp / WARPS, split = warp % WARPS;
-    const int64_t tile = (int64_t)blockIdx.x * TILES + tile_in_block;
-    const bool live = tile < a.tiles;
-    const uint4 *blocks =
-        a.weights + (live ? tile : 0) * a.groups * (kBlockBytesG / 16) + lane;
-    constexpr int kPre = WARPS >= 8 ? 4 : 8;
-    uint4 wv[kPre];
-    gemv_prefetch<WARPS>(wv, blocks, split, live, a.groups);
-    pdl_trigger();
-    pdl_wait();
-
-    const int8_t *xs = a.xq;
-    if (X_SMEM) {
-        const int64_t words = a.groups * kGroupG / 16;
-        for (int64_t i = tid; i < words; i += B)
-            reinterpret_cast<int4 *>(tail_smem)[i] =
-                __ldcg(reinterpret_cast<const int4 *>(a.xq) + i);
-        __syncthreads();
-        xs = reinterpret_cast<const int8_t *>(tail_smem);
-    }
-
-    const int acc = live ? gemv_warp_product<WARPS>(wv, blocks, xs + (lane >> 3) * 64, split,
-                                                   a.groups)
-                         : 0;
-    gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, tid, a.n,
-                                     __ldcg(a.act_sum), __ldcg(a.act_scale), a.w_scale, a.y);
-
-    /* Last block? (Each thread's fence makes its y writes visible before
-     * the ticket; the last block's fence orders its reads after every
-     * ticket.) The barrier also ends every use of the staged activations. */
-    __threadfence();
-    __syncthreads();
-    if (tid == 0)
-        sm_last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!sm_last)
-        return;
-    __threadfence();
-    if (tid == 0)
-        *a.counter = 0; /* every block has counted: ready for the next launch */
-
-    /* x += y over the whole row (other blocks' outputs through L2), as
-     * norm_quantize_row_kernel<kSrcAdd>: one fp32 add, stored back. */
-    const int k = (int)a.n;
-    float *sv = reinterpret_cast<float *>(tail_smem);
-    float *nw = sv + k;
-    for (int i0 = tid; i0 < k; i0 += kFusedBatch * B) {
-        float p0[kFusedBatch], p1[kFusedBatch], p2[kFusedBatch];
-#pragma unroll
-        for (int j = 0; j < kFusedBatch; j++) {
-            const int i = i0 + j * B;
-            p0[j] = p1[j] = p2[j] = 0.0f;
-            if (i < k) {
-                p0[j] = __ldcg(a.x + i);
-                p1[j] = __ldcg(a.y + i);
-                p2[j] = __ldg(a.w + i);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < kFusedBatch; j++) {
-            const int i = i0 + j * B;
-            if (i < k) {
-                const float v = __fadd_rn(p0[j], p1[j]);
-                a.x[i] = v;
-                sv[i] = v;
-                nw[i] = p2[j];
-            }
-        }
-    }
-    __syncthreads();
-
-    float s;
-    int total;
-    emulated_row_codes(sv, nw, k, a.eps, a.vt, a.vper, red_d, red_f, red_i, a.q, s, total);
-    for (int64_t i = k + tid; i < a.ldq; i += B)
-        a.q[i] = 0;
-    if (tid == 0) {
-        a.scale[0] = s;
-        a.sum[0] = total;
-    }
-}
-
-size_t gemv_tail_smem(int64_t n, int64_t groups, bool x_smem)
-{
-    const size_t act = x_smem ? (size_t)groups * kGroupG : 0;
-    const size_t row = 2 * sizeof(float) * (size_t)n;
-    return act > row ? act : row;
-}
-
-template <int WARPS, int TILES, bool X_SMEM>
-cudaError_t launch_gemv_tail_t(const GemvTailArgs &a, int pdl, cudaStream_t stream)
-{
-    const int64_t blocks = (a.tiles + TILES - 1) / TILES;
-    const size_t smem = gemv_tail_smem(a.n, a.groups, X_SMEM);
-    auto kernel = gemv_add_norm_kernel<WARPS, TILES, X_SMEM>;
-    if (smem > 48 * 1024) {
-        const cudaError_t rc =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (rc != cudaSuccess)
-            return rc;
-    }
-    return pdl_launch(kernel, dim3((unsigned)blocks), dim3(32 * WARPS * TILES), smem, stream, pdl,
-                      a);
-}
-
-template <bool X_SMEM>
-cudaError_t launch_gemv_tail(const GemvTailArgs &a, int split, int pdl, cudaStream_t stream)
-{
-    switch (split) { /* gemv_pdl_kernel's shapes */
-    case 1: return launch_gemv_tail_t<1, 4, X_SMEM>(a, pdl, stream);
-    case 2: return launch_gemv_tail_t<2, 2, X_SMEM>(a, pdl, stream);
-    case 4: return launch_gemv_tail_t<4, 1, X_SMEM>(a, pdl, stream);
-    case 8: return launch_gemv_tail_t<8, 1, X_SMEM>(a, pdl, stream);
+    if (kSrc == kSrcCodes)
+        return launch_decode_gemv_w<kSrc, 1>(a, split, pdl, stream);
+    switch (decode_gemv_kv4(a.k)) {
+    case 2: return launch_decode_gemv_w<kSrc, 2>(a, split, pdl, stream);
+    case 3: return launch_decode_gemv_w<kSrc, 3>(a, split, pdl, stream);
+    case 4: return launch_decode_gemv_w<kSrc, 4>(a, split, pdl, stream);
+    case 8: return launch_decode_gemv_w<kSrc, 8>(a, split, pdl, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -1884,7 +1749,7 @@ extern "C" int bn_cb_pdl_supported(int device)
     /* Every kernel launched with the attribute must contain the wait; one
      * kernel per file stands for its file (all are compiled alike). */
     return major >= 9 && pdl_compiled(norm_quantize_row_kernel<kSrcAdd, 4>) &&
-           pdl_compiled(attn_decode_kernel<1, 4>) && pdl_compiled(gemv_add_norm_kernel<8, 1, true>) &&
+           pdl_compiled(attn_decode_kernel<1, 4>) && pdl_compiled(decode_gemv_kernel<kSrcPlain, 8, 1, 4>) &&
            bn_w2a8_cuda_gemv_pdl_compiled();
 }
 
@@ -1954,21 +1819,28 @@ extern "C" cudaError_t bn_cb_relu2_norm_quantize(const float *g, const float *u,
     return launch_norm_quantize<kSrcRelu2>(a, m, pdl, stream);
 }
 
-extern "C" int bn_cb_norm_gemv_fits(int64_t k, int64_t groups)
+extern "C" int bn_cb_decode_gemv_fits(int src, int64_t k, int64_t groups)
 {
-    return k > 0 && k <= kFusedMaxK && groups > 0 && groups * kGroupG >= k &&
-           norm_gemv_smem(k, groups) <= 160 * 1024;
+    if (k <= 0 || groups <= 0 || groups * kGroupG < k || groups * kGroupG > 160 * 1024)
+        return 0;
+    if (src == BN_CB_SRC_CODES)
+        return 1;
+    return k % 4 == 0 && decode_gemv_kv4(k) != 0;
 }
 
-extern "C" cudaError_t bn_cb_norm_gemv(const bn_cb_norm_gemv_args *a, int pdl,
-                                       cudaStream_t stream)
+extern "C" cudaError_t bn_cb_decode_gemv(const bn_cb_decode_gemv_args *a, int pdl,
+                                         cudaStream_t stream)
 {
-    if (!a || !bn_cb_norm_gemv_fits(a->k, a->groups) || !a->w || !a->weights || !a->y ||
+    if (!a || !bn_cb_decode_gemv_fits(a->src, a->k, a->groups) || !a->weights || !a->y ||
         a->n <= 0 || a->tiles != (a->n + kTileRowsG - 1) / kTileRowsG ||
-        (a->q && (!a->scale || !a->sum || a->ldq < a->k)) ||
         ((uintptr_t)a->weights & 15) != 0)
         return cudaErrorInvalidValue;
-    NormGemvArgs d = {};
+    /* The residual may be y itself (each value is read and written by one
+     * thread) but must not overlap it otherwise. */
+    if (a->res && a->res != a->y && a->res < a->y + a->n && a->y < a->res + a->n)
+        return cudaErrorInvalidValue;
+    const int split = decode_gemv_split(a->tiles, a->sm_count);
+    DecodeGemvArgs d = {};
     d.k = (int)a->k;
     d.w = a->w;
     d.eps = a->eps;
@@ -1977,81 +1849,33 @@ extern "C" cudaError_t bn_cb_norm_gemv(const bn_cb_norm_gemv_args *a, int pdl,
     d.tiles = a->tiles;
     d.groups = a->groups;
     d.w_scale = a->weight_scale;
+    d.res = a->res;
     d.y = a->y;
-    d.vt = row_threads(a->k);
-    d.vper = row_per(a->k);
-    d.q = a->q;
-    d.ldq = a->ldq;
-    d.scale = a->scale;
-    d.sum = a->sum;
+    const bool aligned = ((uintptr_t)a->x | (uintptr_t)a->g | (uintptr_t)a->u |
+                          (uintptr_t)a->w) % 16 == 0;
     switch (a->src) {
-    case BN_CB_SRC_PLAIN:
-        if (!a->x)
+    case BN_CB_SRC_CODES:
+        if (!a->xq || !a->act_scale || !a->act_sum || ((uintptr_t)a->xq & 15) != 0)
+            return cudaErrorInvalidValue;
+        d.xq = a->xq;
+        d.act_scale = a->act_scale;
+        d.act_sum = a->act_sum;
+        return launch_decode_gemv<kSrcCodes>(d, split, pdl, stream);
+    case BN_CB_SRC_NORM:
+        if (!a->x || !a->w || !aligned)
             return cudaErrorInvalidValue;
         d.x = a->x;
-        return launch_norm_gemv<kSrcPlain>(d, a->split, pdl, stream);
-    case BN_CB_SRC_ADD: {
-        /* x_out must not overlap x or r (every block reads them). */
-        const float *xo = a->x_out;
-        if (!a->x || !a->r || !xo || (xo < a->x + a->k && a->x < xo + a->k) ||
-            (xo < a->r + a->k && a->r < xo + a->k))
-            return cudaErrorInvalidValue;
-        d.x = a->x;
-        d.r = a->r;
-        d.x_out = a->x_out;
-        return launch_norm_gemv<kSrcAdd>(d, a->split, pdl, stream);
-    }
+        return launch_decode_gemv<kSrcPlain>(d, split, pdl, stream);
     case BN_CB_SRC_RELU2:
-        if (!a->g || !a->u)
+        if (!a->g || !a->u || !a->w || !aligned)
             return cudaErrorInvalidValue;
         d.g = a->g;
         d.u = a->u;
         d.sg = a->sg;
         d.su = a->su;
-        return launch_norm_gemv<kSrcRelu2>(d, a->split, pdl, stream);
+        return launch_decode_gemv<kSrcRelu2>(d, split, pdl, stream);
     default: return cudaErrorInvalidValue;
     }
-}
-
-extern "C" int bn_cb_gemv_add_norm_fits(int64_t n, int64_t groups)
-{
-    /* Rows whose activations bn_w2a8_cuda_gemv_pdl stages in shared
-     * memory (the tail kernel has only that variant). */
-    return n > 0 && n <= kFusedMaxK && groups > 0 && groups * kGroupG <= 160 * 1024;
-}
-
-extern "C" cudaError_t bn_cb_gemv_add_norm(const bn_cb_gemv_add_norm_args *a, int pdl,
-                                           cudaStream_t stream)
-{
-    if (!a || !bn_cb_gemv_add_norm_fits(a->n, a->groups) || !a->weights || !a->xq ||
-        !a->act_scale || !a->act_sum || !a->y || !a->x || !a->w || !a->q || !a->scale ||
-        !a->sum || !a->counter || a->ldq < a->n ||
-        a->tiles != (a->n + kTileRowsG - 1) / kTileRowsG || ((uintptr_t)a->weights & 15) != 0 ||
-        ((uintptr_t)a->xq & 15) != 0 || (a->y < a->x + a->n && a->x < a->y + a->n))
-        return cudaErrorInvalidValue;
-    GemvTailArgs d = {};
-    d.weights = static_cast<const uint4 *>(a->weights);
-    d.n = a->n;
-    d.tiles = a->tiles;
-    d.groups = a->groups;
-    d.w_scale = a->weight_scale;
-    d.xq = a->xq;
-    d.act_scale = a->act_scale;
-    d.act_sum = a->act_sum;
-    d.y = a->y;
-    d.x = a->x;
-    d.w = a->w;
-    d.eps = a->eps;
-    d.vt = row_threads(a->n);
-    d.vper = row_per(a->n);
-    d.q = a->q;
-    d.ldq = a->ldq;
-    d.scale = a->scale;
-    d.sum = a->sum;
-    d.counter = a->counter;
-    /* Activations in shared memory, as bn_w2a8_cuda_gemv_pdl stages them
-     * for every row that fits (the only rows taken here). */
-    return launch_gemv_tail<true>(d, a->split, pdl, stream);
 }
 
 extern "C" cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr,

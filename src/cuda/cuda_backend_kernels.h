@@ -93,92 +93,51 @@ cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr
                               int64_t k, const float *w, float eps, float *y, int64_t ldy,
                               cudaStream_t stream);
 
-/* ---- RMSNorm + int8 quantization fused into the decode GEMV ------------------
+/* ---- the decode step's W2A8 GEMV: input norm + int8 inside, residual after ----
  *
- * One row (M = 1): y = W q with q, scale and sum what the bn_cb_*norm_quantize
- * launcher of the same source would write for that row, bit for bit, and the
- * product what bn_w2a8_cuda_gemv_pdl would compute from them, bit for bit
- * (its int32 sums are exact). Every block of the GEMV computes the norm and
- * the codes of the row itself, into shared memory, after loading its first
- * weight entries (before the wait under pdl): one kernel instead of two.
+ * One row (M = 1): y = W q(v) (res NULL) or y = res + W q(v), with the
+ * product and its epilogue as bn_w2a8_cuda_gemv_pdl computes them (exact
+ * int32 sums, the CPU's epilogue) and the residual added as one fp32 add.
+ * Launched in the decode step instead of a norm + int8 kernel and a GEMV:
  *
- * The double sum of squares is evaluated in the order the separate kernel
- * uses for a row of k values (its threads and values per thread are
- * emulated by the block's warps), so even the one value whose result
- * depends on order is the same.
+ * src: BN_CB_SRC_CODES  q, scale and sum given (xq, act_scale, act_sum):
+ *                       the GEMV alone, with the residual add
+ *      BN_CB_SRC_NORM   v = x, normed with w and quantized by every block
+ *                       of the GEMV itself (the row is a few KB in L2)
+ *      BN_CB_SRC_RELU2  v = relu(g * sg)^2 * (u * su), then as NORM
  *
- * src: BN_CB_SRC_PLAIN  v = x
- *      BN_CB_SRC_ADD    v = x + r, written to x_out by block 0 (x_out must
- *                       not overlap x or r: every block reads x and r, so
- *                       the sum goes to a second residual buffer)
- *      BN_CB_SRC_RELU2  v = relu(g * sg)^2 * (u * su)
- * q, scale, sum: may be NULL; else block 0 also writes the codes (ldq bytes,
- * zeros from k), the scale and the sum there. bn_cb_norm_gemv_fits says
- * whether a row of k values fits (k <= 8192); others take the two kernels. */
-#define BN_CB_SRC_PLAIN 0
-#define BN_CB_SRC_ADD 1
+ * The codes follow the CPU's exact rule (the contract above: they depend on
+ * max|w v| only); the scale's double sum of squares is added in this
+ * kernel's own fixed order, the same in every block and every launch.
+ * res may be y itself (the residual stream updated in place) but must not
+ * overlap it otherwise. x, g, u and w 16-byte aligned.
+ * bn_cb_decode_gemv_fits says whether a row of k values fits (NORM and
+ * RELU2: k a multiple of 4, at most 8192). */
+#define BN_CB_SRC_CODES 0
+#define BN_CB_SRC_NORM 1
 #define BN_CB_SRC_RELU2 2
 
-typedef struct bn_cb_norm_gemv_args {
+typedef struct bn_cb_decode_gemv_args {
     int src;
-    const float *x, *r;
-    float *x_out;
-    const float *g, *u;
-    float sg, su;
-    int64_t k;
-    const float *w;          /* the norm's weights, k                              */
-    float eps;
-    const void *weights;     /* cuda_layout.h packing, as bn_w2a8_cuda_args         */
-    int64_t n, tiles, groups;
-    float weight_scale;
-    float *y;                /* n                                                  */
-    int split;               /* bn_w2a8_cuda_gemv_split: 1, 2, 4 or 8              */
-    int8_t *q;               /* optional, see above                                */
-    int64_t ldq;
-    float *scale;
-    int32_t *sum;
-} bn_cb_norm_gemv_args;
-
-int bn_cb_norm_gemv_fits(int64_t k, int64_t groups);
-cudaError_t bn_cb_norm_gemv(const bn_cb_norm_gemv_args *a, int pdl, cudaStream_t stream);
-
-/* ---- W2A8 GEMV with the next residual add + norm + int8 as its tail ----------
- *
- * One row (M = 1) of a square-in-output product whose result is added to
- * the residual stream (Wo, down): y = W xq as bn_w2a8_cuda_gemv_pdl computes
- * it (same work split, same epilogue: bit for bit); then the block that
- * finishes last (a ticket counter, reset by it) computes x += y over the
- * whole row and writes q, scale and sum as bn_cb_add_norm_quantize(x, n,
- * y, n, 1, n, w, eps, q, ldq, scale, sum) would, bit for bit: the same
- * expressions, and the double sum of squares added in that kernel's order
- * (its threads and values per thread emulated by the block's warps). One
- * kernel instead of two, and the norm runs once, not in every block.
- *
- * q, scale and sum may be xq, act_scale and act_sum (the decode step
- * reuses one activation buffer): every block reads those before it takes
- * its ticket. y and x must not overlap. bn_cb_gemv_add_norm_fits says
- * whether a row of n values fits (n <= 8192). */
-typedef struct bn_cb_gemv_add_norm_args {
-    const void *weights;     /* cuda_layout.h packing of the n x k matrix       */
-    int64_t n, tiles, groups;
-    float weight_scale;
-    int split;               /* bn_w2a8_cuda_gemv_split: 1, 2, 4 or 8            */
-    const int8_t *xq;        /* k_padded codes, zero past k                      */
+    const int8_t *xq;        /* CODES: k_padded codes, zero past k               */
     const float *act_scale;
     const int32_t *act_sum;
-    float *y;                /* n                                                */
-    float *x;                /* the residual stream, n: x += y                   */
-    const float *w;          /* the norm's weights, n                            */
+    const float *x;          /* NORM                                             */
+    const float *g, *u;      /* RELU2                                            */
+    float sg, su;
+    int64_t k;
+    const float *w;          /* NORM, RELU2: the norm's weights, k               */
     float eps;
-    int8_t *q;               /* ldq >= n bytes, zeros from n                     */
-    int64_t ldq;
-    float *scale;
-    int32_t *sum;
-    unsigned int *counter;   /* zero before the first launch; left zero after    */
-} bn_cb_gemv_add_norm_args;
+    const void *weights;     /* cuda_layout.h packing, as bn_w2a8_cuda_args      */
+    int64_t n, tiles, groups;
+    float weight_scale;
+    int sm_count;            /* the device's SMs (the grid is sized to them)     */
+    const float *res;        /* NULL, or the residual added to the product       */
+    float *y;                /* n                                                */
+} bn_cb_decode_gemv_args;
 
-int bn_cb_gemv_add_norm_fits(int64_t n, int64_t groups);
-cudaError_t bn_cb_gemv_add_norm(const bn_cb_gemv_add_norm_args *a, int pdl, cudaStream_t stream);
+int bn_cb_decode_gemv_fits(int src, int64_t k, int64_t groups);
+cudaError_t bn_cb_decode_gemv(const bn_cb_decode_gemv_args *a, int pdl, cudaStream_t stream);
 
 /* ---- RoPE table --------------------------------------------------------------------
  *

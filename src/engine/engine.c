@@ -253,6 +253,7 @@ static bn_status open_cuda(bn_engine *e, const bn_config *cfg, const bn_engine_o
     o.kv_len = opt->n_ctx;
     o.memory_limit = cfg->memory_limit_bytes;
     o.kv_type = opt->kv_f16 ? BN_CUDA_KV_F16 : BN_CUDA_KV_F32;
+    o.fusion = (bn_cuda_fusion)opt->cuda_fusion;
     o.threads = e->threads_req;
     bn_status st = bn_cuda_backend_create(e->model, &o, &e->cuda, err);
     if (st != BN_OK)
@@ -370,10 +371,11 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
 #if defined(BITNET_HAVE_CUDA)
     if (e->cuda) {
         snprintf(e->startup, sizeof e->startup,
-                 "requested=%s detected=[%s] selected=%s (%s, %s, kv %s)",
+                 "requested=%s detected=[%s] selected=%s (%s, %s, kv %s, fusion %s)",
                  e->requested, e->detected, e->selected, bn_cuda_backend_device_name(e->cuda),
                  bn_cuda_backend_graphs(e->cuda) ? "graphs" : "no graphs",
-                 bn_cuda_backend_kv_type(e->cuda) == BN_CUDA_KV_F16 ? "f16" : "f32");
+                 bn_cuda_backend_kv_type(e->cuda) == BN_CUDA_KV_F16 ? "f16" : "f32",
+                 bn_cuda_fusion_name(bn_cuda_backend_fusion(e->cuda)));
         *out = e;
         return BN_OK;
     }

@@ -25,7 +25,8 @@
  * Fake GPUs (BITNET_GPU_FAKE) are never used to compute and never appear in
  * the "detected" list. The selection is summarised in one startup line,
  *
- *   requested=auto detected=[cuda,avx512,scalar] selected=cuda:0 (NVIDIA H200, graphs, kv f32)
+ *   requested=auto detected=[cuda,avx512,scalar] selected=cuda:0 (NVIDIA H200, graphs, kv f32,
+ *   fusion norms)
  *   requested=auto detected=[avx512,scalar] selected=cpu (avx512, 2 threads)
  *
  * where detected lists the GPU backends that are really usable followed by
@@ -73,6 +74,9 @@ typedef struct bn_engine_options {
      * attention bandwidth; logits within ~3e-2 x max|logit| of the CPU's,
      * so greedy tokens may differ where two are that close). */
     bool kv_f16;
+    /* CUDA backend: how the decode step's norms meet its GEMVs, a
+     * bn_cuda_fusion value (0 = the default; cuda_backend.h). */
+    int cuda_fusion;
     /* Tests: the CUDA backend's forward call number N (1-based) fails, as a
      * failed kernel would; 0 = never. */
     int test_cuda_fail_call;

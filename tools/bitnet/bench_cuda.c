@@ -112,7 +112,7 @@ typedef struct w2a8_side {
     int n_copies;
     bn_w2a8_cuda_args args;
     int split;
-    int variant; /* -1: the default kernel */
+    int variant; /* -1: the default kernel; -2: the PDL GEMV chained (below) */
 } w2a8_side;
 
 static bool launch_w2a8(void *p, int i, cudaStream_t s)
@@ -121,7 +121,9 @@ static bool launch_w2a8(void *p, int i, cudaStream_t s)
     bn_w2a8_cuda_args a = w->args;
     a.weights = w->copies[i % w->n_copies];
     cudaError_t rc;
-    if (a.m == 1)
+    if (a.m == 1 && w->variant == -2)
+        rc = bn_w2a8_cuda_gemv_pdl(&a, w->split, 1, s);
+    else if (a.m == 1)
         rc = w->variant < 0 ? bn_w2a8_cuda_gemv(&a, w->split, s)
                             : bn_w2a8_cuda_gemv_variant(&a, w->split, w->variant, s);
     else
@@ -228,7 +230,7 @@ static int copies_for(size_t bytes, double rotate_bytes)
     return n < 2 ? 2 : n > 512 ? 512 : n;
 }
 
-static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_count,
+static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_count, bool pdl,
                         double copy_gbs, const bn_cublas *api, cublasHandle_t handle,
                         cudaStream_t s)
 {
@@ -304,13 +306,25 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
          * scales/sums in, float outputs out. */
         const double bytes =
             (double)l.bytes + (double)(m * l.k_padded) + 8.0 * (double)m + 4.0 * (double)(m * n);
-        const int n_variants = !o->variants ? 1
-                               : m == 1     ? BN_W2A8_GEMV_VARIANTS
-                                            : BN_W2A8_GEMM_VARIANTS;
+        /* For M = 1 also the decode step's way of running the GEMV: v5
+         * launched with programmatic dependent launch, so in the replayed
+         * sequence each call's weight loads start while the previous call
+         * finishes (the calls still complete in order). */
+        const int base = !o->variants ? 1
+                         : m == 1     ? BN_W2A8_GEMV_VARIANTS
+                                      : BN_W2A8_GEMM_VARIANTS;
+        const int default_split = w.split;
+        /* --variants: the chained GEMV at every split (1, 2, 4, 8) */
+        const int n_chained = m == 1 && pdl ? (o->variants ? 4 : 1) : 0;
+        const int n_variants = base + n_chained;
         for (int v = 0; v < n_variants; v++) {
-            w.variant = o->variants ? v : -1;
+            const bool chained = v >= base;
+            w.variant = chained ? -2 : o->variants ? v : -1;
+            w.split = !chained ? default_split : o->variants ? 1 << (v - base) : default_split;
             char kernel[48];
-            if (m == 1)
+            if (chained)
+                snprintf(kernel, sizeof kernel, "gemv v5 PDL-chained split %d", w.split);
+            else if (m == 1)
                 snprintf(kernel, sizeof kernel, "gemv v%d split %d",
                          o->variants ? v : BN_W2A8_GEMV_DEFAULT_VARIANT, w.split);
             else {
@@ -453,6 +467,7 @@ int bench_kernels_cuda(int argc, char **argv)
         return BN_EXIT_FAILURE;
     }
     const double copy_gbs = copy_bandwidth_gbs(s);
+    const bool pdl = p.major >= 9 && bn_w2a8_cuda_gemv_pdl_compiled();
     printf("# bitnet bench kernels --device cuda\n\n"
            "device: %s (compute %d.%d, %d SMs, L2 %.0f MiB); cuBLAS: %s\n"
            "device-to-device copy: %.0f GB/s (read + write)\n\n",
@@ -463,13 +478,15 @@ int bench_kernels_cuda(int argc, char **argv)
     fflush(stdout);
     int rc = BN_EXIT_OK;
     for (int si = 0; si < o.n_shapes; si++) {
-        if (!bench_shape(&o, o.shapes[si][0], o.shapes[si][1], p.multiProcessorCount, copy_gbs,
-                         api, handle, s))
+        if (!bench_shape(&o, o.shapes[si][0], o.shapes[si][1], p.multiProcessorCount, pdl,
+                         copy_gbs, api, handle, s))
             rc = BN_EXIT_FAILURE;
         fflush(stdout);
     }
     printf("\nW2A8: GEMV kernel for M = 1, int8 tensor-core GEMM for M > 1 (--variants: each "
-           "variant,\nsee w2a8_cuda.h); GB/s counts packed "
+           "variant,\nsee w2a8_cuda.h; 'PDL-chained': v5 with programmatic dependent launch, "
+           "each call\nstarting while the one before it finishes, as in the decode step); GB/s "
+           "counts packed "
            "weights + int8\nactivations + float outputs once per call; speedup = cuBLAS time / "
            "W2A8 time; 'quantize' is\nthe activation quantization of the M rows (not included in "
            "W2A8 us). Weights rotated over\n>= %.0f MiB of copies; times per call from replayed "

@@ -42,6 +42,9 @@ static void usage(FILE *out)
             "  --gen N           tokens to generate (default 128)\n"
             "  --threads N       CPU threads (default: BITNET_NUM_THREADS, else every core)\n"
             "  --kv f32|f16      CUDA KV cache precision (default f32, the CPU's)\n"
+            "  --fusion F        CUDA decode step: norms (default: each norm + int8 inside the\n"
+            "                    GEMV after it), all (also relu^2 * up inside down) or\n"
+            "                    separate (a kernel per norm)\n"
             "  --seed S          seed of the random weights and prompt (default 1)\n"
             "  --help\n");
 }
@@ -161,6 +164,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
 {
     const char *shape = "2b4t", *device = NULL;
     bool kv_f16 = false;
+    int fusion = 0;
     long long n_prompt = 512, n_gen = 128, threads = 0;
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
@@ -186,6 +190,19 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                 return BN_EXIT_USAGE;
             }
             kv_f16 = strcmp(v, "f16") == 0;
+        } else if (strcmp(a, "--fusion") == 0) {
+            static const char *const names[] = {"auto", "separate", "norms", "all"};
+            if (!(v = cli_value(argc, argv, &i, CMD)))
+                return BN_EXIT_USAGE;
+            fusion = -1;
+            for (int f = 0; f < 4; f++)
+                if (strcmp(v, names[f]) == 0)
+                    fusion = f;
+            if (fusion < 0) {
+                fprintf(stderr, "bitnet bench e2e: error: --fusion must be auto, norms, all or "
+                                "separate, not '%s'\n", v);
+                return BN_EXIT_USAGE;
+            }
         } else if (strcmp(a, "--device") == 0) {
             if (!(device = cli_value(argc, argv, &i, CMD)))
                 return BN_EXIT_USAGE;
@@ -232,7 +249,8 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                             .device = device,
                             .n_threads = (int)threads,
                             .n_ctx = n_prompt + n_gen,
-                            .kv_f16 = kv_f16};
+                            .kv_f16 = kv_f16,
+                            .cuda_fusion = fusion};
     bn_engine *e = NULL;
     if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK)
         return cli_fail(&err);
