@@ -1,0 +1,242 @@
+/*
+ * test_cuda_norm.c - the CUDA backend's RMSNorm + int8 kernels
+ * (bn_cb_norm_quantize, bn_cb_add_norm_quantize, bn_cb_relu2_norm_quantize)
+ * against the CPU backend's rule, row by row, on rows chosen to reach every
+ * path of the exact rule:
+ *
+ *   - smooth random rows (the fp32 estimate decides almost every code);
+ *   - few-bit rows whose codes are exact ties (127 * u / max|u| = n + 1/2),
+ *     which the estimate must leave to the double path;
+ *   - rows whose products underflow fp32 (1e-25 * 1e-25) or overflow it
+ *     (1e20 * 1e20), where the fp32 maximum is 0 or inf and the exact one
+ *     is found among the candidates;
+ *   - a zero row, rows with a NaN or an infinity (the plain rule).
+ *
+ * Codes and code sums must be identical; the scale may differ by one ulp
+ * (the double sum of squares is added in another order). Widths: the
+ * decode step's (2560, 6912), a small one (100), an odd one (90, which
+ * the register-held kernel takes), up to 256 rows at once, and a row
+ * longer than 8192 (the streaming kernel). Outputs are poisoned first.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backend_kernels.h"
+#include "quant_rules.h"
+#include "test_util.h"
+#include "test_util_cuda.h"
+
+/* The CPU backend's norm_quantize_row (src/cpu/cpu_backend.c). */
+static void ref_row(const float *x, const float *w, int64_t n, float eps, int8_t *q, float *scale,
+                    int32_t *sum)
+{
+    double ss = 0.0, umax = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        ss += (double)x[i] * (double)x[i];
+        const double u = fabs((double)w[i] * (double)x[i]);
+        umax = u > umax ? u : umax;
+    }
+    const float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const float a = fabsf(w[i] * (x[i] * inv));
+        amax = a > amax ? a : amax;
+    }
+    int32_t total = 0;
+    if (amax >= BN_QUANT_EPS && umax > 0.0 && isfinite(umax)) {
+        for (int64_t i = 0; i < n; i++) {
+            const double r = rint(127.0 * (((double)w[i] * (double)x[i]) / umax));
+            const int v = r == r ? (int)r : 0; /* NaN: 0, as the GPU converts it */
+            q[i] = (int8_t)v;
+            total += v;
+        }
+        *scale = 127.0f / amax;
+    } else {
+        const float s = 127.0f / (amax >= BN_QUANT_EPS ? amax : BN_QUANT_EPS);
+        for (int64_t i = 0; i < n; i++) {
+            const int v = bn_round_clamp(w[i] * (x[i] * inv) * s, -128, 127);
+            q[i] = (int8_t)v;
+            total += v;
+        }
+        *scale = s;
+    }
+    *sum = total;
+}
+
+enum { ROW_SMOOTH, ROW_FEWBIT, ROW_TINY, ROW_HUGE, ROW_ZERO, ROW_NAN, ROW_INF, ROW_KINDS };
+static const char *const kind_name[ROW_KINDS] = {"smooth", "few-bit", "tiny", "huge",
+                                                 "zero",   "nan",     "inf"};
+
+/* Row values and norm weights of one kind. */
+static void fill_row(int kind, float *x, float *w, int64_t k)
+{
+    for (int64_t i = 0; i < k; i++) {
+        switch (kind) {
+        case ROW_FEWBIT:
+            /* Multiples of 1/8 up to 8 with weights 1 or 2: max|u| = 16 and
+             * many u = n/8, so 127 * u / 16 hits exact halves. */
+            x[i] = (float)test_rand_range(-64, 64) / 8.0f;
+            w[i] = (float)test_rand_range(1, 2);
+            break;
+        case ROW_TINY:
+            x[i] = test_rand_float(-1.0f, 1.0f) * 1e-25f;
+            w[i] = test_rand_float(0.5f, 1.5f) * 1e-25f;
+            break;
+        case ROW_HUGE:
+            x[i] = test_rand_float(-1.0f, 1.0f) * 1e20f;
+            w[i] = test_rand_float(0.5f, 1.5f) * 1e20f;
+            break;
+        case ROW_ZERO:
+            x[i] = 0.0f;
+            w[i] = 1.0f;
+            break;
+        default:
+            x[i] = test_rand_float(-3.0f, 3.0f);
+            w[i] = test_rand_float(0.8f, 1.2f);
+            break;
+        }
+    }
+    if (kind == ROW_FEWBIT) /* make sure the maximum is there */
+        x[test_rand_range(0, k - 1)] = 8.0f, w[0] = 2.0f, x[0] = -8.0f;
+    if (kind == ROW_NAN)
+        x[test_rand_range(0, k - 1)] = NAN;
+    if (kind == ROW_INF)
+        x[test_rand_range(0, k - 1)] = INFINITY;
+}
+
+static bool ulp_close(float a, float b)
+{
+    if (a == b)
+        return true;
+    int32_t ia, ib;
+    memcpy(&ia, &a, 4);
+    memcpy(&ib, &b, 4);
+    return isfinite(a) && isfinite(b) && (ia > ib ? ia - ib : ib - ia) <= 1;
+}
+
+enum { SRC_PLAIN, SRC_ADD, SRC_RELU2 };
+static const char *const src_name[] = {"norm", "add+norm", "relu2+norm"};
+
+/* m rows of width k (row r of kind r % ROW_KINDS) normed with weights of
+ * kind wkind, through one launcher, against ref_row. */
+static void check_rows(int src, int wkind, int64_t m, int64_t k)
+{
+    const int64_t ldx = k + 4, ldq = (k + 15) / 16 * 16 + 16;
+    const size_t nv = (size_t)(m * ldx);
+    float *x = calloc(nv, sizeof(float)), *r = calloc(nv, sizeof(float));
+    float *w = calloc((size_t)k, sizeof(float)), *unused = calloc((size_t)k, sizeof(float));
+    float *xout = calloc(nv, sizeof(float));
+    int8_t *q = malloc((size_t)(m * ldq)), *ref_q = malloc((size_t)k);
+    float *scale = malloc((size_t)m * sizeof(float));
+    int32_t *sum = malloc((size_t)m * sizeof(int32_t));
+    float *xs = calloc((size_t)(m * k), sizeof(float)); /* the rows as normed */
+    const float sg = 0.75f, su = 1.25f;
+    fill_row(wkind, unused, w, k);
+    for (int64_t row = 0; row < m; row++) {
+        fill_row((int)(row % ROW_KINDS), xs + row * k, unused, k);
+        for (int64_t i = 0; i < k; i++) {
+            const float t = xs[row * k + i];
+            if (src == SRC_PLAIN) {
+                x[row * ldx + i] = t;
+            } else if (src == SRC_ADD) {
+                /* the kernel normalises x + r */
+                const float a = (float)test_rand_range(-4, 4);
+                x[row * ldx + i] = a;
+                r[row * ldx + i] = t - a;
+                xs[row * k + i] = a + r[row * ldx + i];
+            } else {
+                /* relu(g sg)^2 (u su) with u = the row's value */
+                x[row * ldx + i] = test_rand_float(-1.0f, 2.0f);
+                r[row * ldx + i] = t;
+                const float gate = x[row * ldx + i] * sg;
+                const float rg = gate > 0.0f ? gate : 0.0f;
+                xs[row * k + i] = (rg * rg) * (t * su);
+            }
+        }
+    }
+    float *wk = w;
+
+    float *d_x, *d_r, *d_w, *d_scale;
+    int8_t *d_q;
+    int32_t *d_sum;
+    CUDA_OK(cudaMalloc((void **)&d_x, nv * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&d_r, nv * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&d_w, (size_t)k * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&d_q, (size_t)(m * ldq)));
+    CUDA_OK(cudaMalloc((void **)&d_scale, (size_t)m * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&d_sum, (size_t)m * sizeof(int32_t)));
+    CUDA_OK(cudaMemcpy(d_x, x, nv * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_r, r, nv * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_w, wk, (size_t)k * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(d_q, 0x5a, (size_t)(m * ldq)));
+    CUDA_OK(cudaMemset(d_scale, 0xff, (size_t)m * sizeof(float)));
+    CUDA_OK(cudaMemset(d_sum, 0x7f, (size_t)m * sizeof(int32_t)));
+
+    cudaError_t rc;
+    if (src == SRC_PLAIN)
+        rc = bn_cb_norm_quantize(d_x, ldx, m, k, d_w, 1e-5f, d_q, ldq, d_scale, d_sum, 0, 0);
+    else if (src == SRC_ADD)
+        rc = bn_cb_add_norm_quantize(d_x, ldx, d_r, ldx, m, k, d_w, 1e-5f, d_q, ldq, d_scale,
+                                     d_sum, 0, 0);
+    else
+        rc = bn_cb_relu2_norm_quantize(d_x, d_r, ldx, sg, su, m, k, d_w, 1e-5f, d_q, ldq,
+                                       d_scale, d_sum, 0, 0);
+    CUDA_OK(rc);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(q, d_q, (size_t)(m * ldq), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(scale, d_scale, (size_t)m * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(sum, d_sum, (size_t)m * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(xout, d_x, nv * sizeof(float), cudaMemcpyDeviceToHost));
+
+    int bad_rows = 0;
+    for (int64_t row = 0; row < m; row++) {
+        float ref_scale;
+        int32_t ref_sum;
+        ref_row(xs + row * k, wk, k, 1e-5f, ref_q, &ref_scale, &ref_sum);
+        int64_t first = -1;
+        for (int64_t i = 0; i < ldq && first < 0; i++)
+            if (q[row * ldq + i] != (i < k ? ref_q[i] : 0))
+                first = i;
+        bool add_ok = true;
+        if (src == SRC_ADD)
+            for (int64_t i = 0; i < k; i++)
+                add_ok = add_ok && (memcmp(&xout[row * ldx + i], &xs[row * k + i], 4) == 0 ||
+                                    (isnan(xout[row * ldx + i]) && isnan(xs[row * k + i])));
+        const bool ok = first < 0 && sum[row] == ref_sum && ulp_close(scale[row], ref_scale) &&
+                        add_ok;
+        if (!ok && bad_rows++ < 3)
+            CHECK_MSG(false,
+                      "%s k=%lld, %s weights, row %lld (%s): first differing code at %lld (gpu "
+                      "%d, cpu %d), sum %d vs %d, scale %.9g vs %.9g, residual written %s",
+                      src_name[src], (long long)k, kind_name[wkind], (long long)row,
+                      kind_name[row % ROW_KINDS],
+                      (long long)first, first >= 0 ? q[row * ldq + first] : 0,
+                      first >= 0 && first < k ? ref_q[first] : 0, sum[row], ref_sum, scale[row],
+                      ref_scale, add_ok ? "ok" : "WRONG");
+    }
+    CHECK_MSG(bad_rows == 0, "%s k=%lld, %s weights: %d of %lld rows differ", src_name[src],
+              (long long)k, kind_name[wkind], bad_rows, (long long)m);
+    printf("%-10s k=%-5lld m=%-3lld %-7s weights: %s\n", src_name[src], (long long)k,
+           (long long)m, kind_name[wkind], bad_rows ? "DIFFERS" : "codes and sums equal the CPU's");
+
+    cudaFree(d_x), cudaFree(d_r), cudaFree(d_w), cudaFree(d_q), cudaFree(d_scale),
+        cudaFree(d_sum);
+    free(x), free(r), free(w), free(unused), free(xout), free(q), free(ref_q), free(scale),
+        free(sum), free(xs);
+}
+
+int main(void)
+{
+    test_require_cuda(0, "");
+    static const int64_t widths[] = {2560, 6912, 100, 90, 8200};
+    for (int src = SRC_PLAIN; src <= SRC_RELU2; src++)
+        for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
+            for (int wkind = ROW_SMOOTH; wkind <= ROW_HUGE; wkind++)
+                check_rows(src, wkind, widths[i] == 8200 ? 7 : 21, widths[i]);
+    check_rows(SRC_PLAIN, ROW_FEWBIT, 256, 2560); /* the most rows one launch holds in registers */
+    TEST_EXIT();
+}
