@@ -1,7 +1,7 @@
 /*
  * test_cuda_norm.c - the CUDA backend's RMSNorm + int8 kernels
  * (bn_cb_norm_quantize, bn_cb_add_norm_quantize, bn_cb_relu2_norm_quantize)
- * against the CPU backend's rule, row by row, on rows chosen to reach every
+ * against the CPU backend's (bn_cpu_norm_quantize_row), row by row, on rows chosen to reach every
  * path of the exact rule:
  *
  *   - smooth random rows (the fp32 estimate decides almost every code);
@@ -25,47 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_backend.h"
 #include "cuda_backend_kernels.h"
-#include "quant_rules.h"
 #include "test_util.h"
 #include "test_util_cuda.h"
-
-/* The CPU backend's norm_quantize_row (src/cpu/cpu_backend.c). */
-static void ref_row(const float *x, const float *w, int64_t n, float eps, int8_t *q, float *scale,
-                    int32_t *sum)
-{
-    double ss = 0.0, umax = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        ss += (double)x[i] * (double)x[i];
-        const double u = fabs((double)w[i] * (double)x[i]);
-        umax = u > umax ? u : umax;
-    }
-    const float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
-    float amax = 0.0f;
-    for (int64_t i = 0; i < n; i++) {
-        const float a = fabsf(w[i] * (x[i] * inv));
-        amax = a > amax ? a : amax;
-    }
-    int32_t total = 0;
-    if (amax >= BN_QUANT_EPS && umax > 0.0 && isfinite(umax)) {
-        for (int64_t i = 0; i < n; i++) {
-            const double r = rint(127.0 * (((double)w[i] * (double)x[i]) / umax));
-            const int v = r == r ? (int)r : 0; /* NaN: 0, as the GPU converts it */
-            q[i] = (int8_t)v;
-            total += v;
-        }
-        *scale = 127.0f / amax;
-    } else {
-        const float s = 127.0f / (amax >= BN_QUANT_EPS ? amax : BN_QUANT_EPS);
-        for (int64_t i = 0; i < n; i++) {
-            const int v = bn_round_clamp(w[i] * (x[i] * inv) * s, -128, 127);
-            q[i] = (int8_t)v;
-            total += v;
-        }
-        *scale = s;
-    }
-    *sum = total;
-}
 
 enum { ROW_SMOOTH, ROW_FEWBIT, ROW_TINY, ROW_HUGE, ROW_ZERO, ROW_NAN, ROW_INF, ROW_KINDS };
 static const char *const kind_name[ROW_KINDS] = {"smooth", "few-bit", "tiny", "huge",
@@ -196,7 +159,7 @@ static void check_rows(int src, int wkind, int64_t m, int64_t k)
     for (int64_t row = 0; row < m; row++) {
         float ref_scale;
         int32_t ref_sum;
-        ref_row(xs + row * k, wk, k, 1e-5f, ref_q, &ref_scale, &ref_sum);
+        bn_cpu_norm_quantize_row(xs + row * k, wk, k, 1e-5f, ref_q, &ref_scale, &ref_sum);
         int64_t first = -1;
         for (int64_t i = 0; i < ldq && first < 0; i++)
             if (q[row * ldq + i] != (i < k ? ref_q[i] : 0))

@@ -22,10 +22,10 @@
  *
  * Arithmetic order, fixed so that results are reproducible (and mirrored by
  * tests/test_cpu_forward.c's reference): RMSNorm sums squares in double and
- * scales in fp32 (norm_quantize_row, rmsnorm); int8 codes of a normed row
- * come from exact ratios (norm_quantize_row explains why); dot products use
- * eight interleaved fp32 lanes summed pairwise (dot_f32); softmax multiplies
- * by 1/sum; RoPE angles are (float)pos * inv_freq[j].
+ * scales in fp32 (bn_cpu_norm_quantize_row, rmsnorm); int8 codes of a normed
+ * row come from exact ratios (bn_cpu_norm_quantize_row explains why); dot
+ * products use eight interleaved fp32 lanes summed pairwise (dot_f32);
+ * softmax multiplies by 1/sum; RoPE angles are (float)pos * inv_freq[j].
  */
 #include "cpu_backend.h"
 
@@ -407,7 +407,7 @@ void bn_cpu_backend_memory(const bn_cpu_backend *b, bn_cpu_memory *out)
  * exactly half the largest one (code 63.5, a tie rounded to even) is
  * common, and fp32 rounding of the normed value would push it either way.
  * The scale is 127 / max|normed x| in fp32, as the reference computes it. */
-static void norm_quantize_row(const float *x, const float *w, int64_t n, float eps, int8_t *q,
+void bn_cpu_norm_quantize_row(const float *x, const float *w, int64_t n, float eps, int8_t *q,
                               float *scale, int32_t *sum)
 {
     double ss = 0.0, umax = 0.0;
@@ -425,7 +425,9 @@ static void norm_quantize_row(const float *x, const float *w, int64_t n, float e
     int32_t total = 0;
     if (amax >= BN_QUANT_EPS && umax > 0.0 && isfinite(umax)) {
         for (int64_t i = 0; i < n; i++) {
-            const int v = (int)rint(127.0 * (((double)w[i] * (double)x[i]) / umax));
+            /* A NaN value's code is 0 (converting NaN to int is undefined). */
+            const double r = rint(127.0 * (((double)w[i] * (double)x[i]) / umax));
+            const int v = r == r ? (int)r : 0;
             q[i] = (int8_t)v;
             total += v;
         }
@@ -451,7 +453,7 @@ static bn_q8_rows norm_quantize(bn_cpu_backend *b, const float *rows, int64_t m,
     view.m = m;
     view.k = n;
     for (int64_t i = 0; i < m; i++)
-        norm_quantize_row(rows + i * n, w, n, b->hp.rms_eps, view.q + i * view.lda,
+        bn_cpu_norm_quantize_row(rows + i * n, w, n, b->hp.rms_eps, view.q + i * view.lda,
                           &view.scale[i], &view.sum[i]);
     return view;
 }

@@ -456,6 +456,29 @@ __global__ void __launch_bounds__(kRowThreads, 1) norm_quantize_row_kernel(NormQ
     }
 }
 
+/* Four codes as the four bytes of one char4 store. */
+__device__ __forceinline__ char4 pack_codes4(const int (&c)[4])
+{
+    return make_char4((signed char)c[0], (signed char)c[1], (signed char)c[2], (signed char)c[3]);
+}
+
+/* relu(g * sg)^2 * (u * su) of four values, with source_value's
+ * expressions (one fp32 rounding per step, a NaN gate counts as 0). */
+__device__ __forceinline__ float4 relu2_gate4(float4 g, float4 u, float sg, float su)
+{
+    const float *gp = &g.x, *up = &u.x;
+    float4 v;
+    float *vp = &v.x;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float gate = __fmul_rn(gp[e], sg);
+        const float upv = __fmul_rn(up[e], su);
+        const float rg = gate > 0.0f ? gate : 0.0f;
+        vp[e] = __fmul_rn(__fmul_rn(rg, rg), upv);
+    }
+    return v;
+}
+
 /* ---- the lean row kernel: rows of 4-aligned values, fewer instructions ----------
  *
  * The decode step runs four norm + int8 rows per layer, each as one block on
@@ -493,6 +516,25 @@ struct LeanRed {
     float f[32];
     int i[2][32];
 };
+
+/* The sum of v over the block, the same in every thread: a butterfly in
+ * each warp, then the same butterfly over the warps' sums in every warp.
+ * slots: 32 shared ints, free once every thread has passed the first
+ * barrier. */
+__device__ __forceinline__ int lean_block_sum(int v, int *slots)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(kFull, v, o);
+    __syncthreads();
+    if (lane == 0)
+        slots[warp] = v;
+    __syncthreads();
+    v = lane < W ? slots[lane] : 0;
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(kFull, v, o);
+    return v;
+}
 
 template <int kSrc, int KV4>
 __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQuantArgs a)
@@ -548,17 +590,8 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
             uv[j] = in ? __ldcg(u + tid + j * T) : z4;
         }
 #pragma unroll
-        for (int j = 0; j < KV4; j++) {
-            const float *gp = &gv[j].x, *up = &uv[j].x;
-            float *vp = &v[j].x;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float gate = __fmul_rn(gp[e], a.sg);
-                const float upv = __fmul_rn(up[e], a.su);
-                const float rg = gate > 0.0f ? gate : 0.0f;
-                vp[e] = __fmul_rn(__fmul_rn(rg, rg), upv);
-            }
-        }
+        for (int j = 0; j < KV4; j++)
+            v[j] = relu2_gate4(gv[j], uv[j], a.sg, a.su);
     }
 
     /* Pass 1: sum of squares (double, exact squares) and FM. Padding values
@@ -665,16 +698,7 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
                     }
                 }
             }
-            for (int o = 16; o > 0; o >>= 1)
-                extra += __shfl_xor_sync(kFull, extra, o);
-            __syncthreads();
-            if (lane == 0)
-                red.i[0][warp] = extra;
-            __syncthreads();
-            extra = lane < W ? red.i[0][lane] : 0;
-            for (int o = 16; o > 0; o >>= 1)
-                extra += __shfl_xor_sync(kFull, extra, o);
-            total += extra;
+            total += lean_block_sum(extra, red.i[0]);
         }
     } else {
         /* Tiny or non-finite rows: the plain rule, as on the CPU. */
@@ -689,23 +713,14 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
                 total += code[j][e];
             }
         }
-        for (int o = 16; o > 0; o >>= 1)
-            total += __shfl_xor_sync(kFull, total, o);
-        __syncthreads();
-        if (lane == 0)
-            red.i[0][warp] = total;
-        __syncthreads();
-        total = lane < W ? red.i[0][lane] : 0;
-        for (int o = 16; o > 0; o >>= 1)
-            total += __shfl_xor_sync(kFull, total, o);
+        total = lean_block_sum(total, red.i[0]);
     }
 
     char4 *out = reinterpret_cast<char4 *>(a.q + row * a.ldq);
 #pragma unroll
     for (int j = 0; j < KV4; j++)
         if (tid + j * T < k4)
-            out[tid + j * T] = make_char4((signed char)code[j][0], (signed char)code[j][1],
-                                          (signed char)code[j][2], (signed char)code[j][3]);
+            out[tid + j * T] = pack_codes4(code[j]);
     for (int64_t i = a.k + tid; i < a.ldq; i += T)
         a.q[row * a.ldq + i] = 0;
     if (tid == 0) {
@@ -998,17 +1013,8 @@ __global__ void __launch_bounds__(32 * WARPS * TILES, kDecBlocksPerSM)
                 uv[j] = i < k4 ? __ldcg(reinterpret_cast<const float4 *>(a.u) + i) : z;
             }
 #pragma unroll
-            for (int j = 0; j < KV4; j++) {
-                const float *gp = &gv[j].x, *up = &uv[j].x;
-                float *vp = &v[j].x;
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float gate = __fmul_rn(gp[e], a.sg);
-                    const float upv = __fmul_rn(up[e], a.su);
-                    const float rg = gate > 0.0f ? gate : 0.0f;
-                    vp[e] = __fmul_rn(__fmul_rn(rg, rg), upv);
-                }
-            }
+            for (int j = 0; j < KV4; j++)
+                v[j] = relu2_gate4(gv[j], uv[j], a.sg, a.su);
         }
 
         /* 3. (Padding values are 0: they add nothing to either.) */
@@ -1046,9 +1052,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES, kDecBlocksPerSM)
                     c[e] = usable ? coder.code(wp[e], vp[e]) : 0;
                     total += c[e];
                 }
-                reinterpret_cast<char4 *>(xs)[i] =
-                    make_char4((signed char)c[0], (signed char)c[1], (signed char)c[2],
-                               (signed char)c[3]);
+                reinterpret_cast<char4 *>(xs)[i] = pack_codes4(c);
             }
         }
         for (int64_t i = a.k + tid; i < kpad; i += B)
@@ -1071,9 +1075,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES, kDecBlocksPerSM)
                         c[e] = plain_code(wp[e], vp[e], inv, s);
                         total += c[e];
                     }
-                    reinterpret_cast<char4 *>(xs)[i] =
-                        make_char4((signed char)c[0], (signed char)c[1], (signed char)c[2],
-                                   (signed char)c[3]);
+                    reinterpret_cast<char4 *>(xs)[i] = pack_codes4(c);
                 }
             }
             float unused = 0.0f;
