@@ -644,6 +644,10 @@ static void check_errors(void)
     bn_cuda_backend_options_default(&o);
     o.kv_len = bn_model_hparams(m)->n_ctx_train + 1;
     CHECK(bn_cuda_backend_create(m, &o, &b, &err) == BN_ERR_INVALID_ARGUMENT && !b);
+    bn_cuda_backend_options_default(&o);
+    o.fusion = (bn_cuda_fusion)7;
+    CHECK(bn_cuda_backend_create(m, &o, &b, &err) == BN_ERR_INVALID_ARGUMENT && !b);
+    CHECK_STR_CONTAINS(err.message, "fusion");
 
     /* An impossible limit: out of memory, named, and the device still works. */
     bn_cuda_backend_options_default(&o);

@@ -1272,6 +1272,10 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
     if (opt.kv_type != BN_CUDA_KV_F32 && opt.kv_type != BN_CUDA_KV_F16)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "unknown KV cache type %d",
                             (int)opt.kv_type);
+    if ((int)opt.fusion < BN_CUDA_FUSION_AUTO || (int)opt.fusion > BN_CUDA_FUSION_ALL)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "cuda backend: fusion must be auto, separate, norms or all (got %d)",
+                            (int)opt.fusion);
     if (opt.prefill_chunk < 0)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "negative prefill chunk");
 
