@@ -1461,7 +1461,7 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
     bn_log(BN_LOG_INFO,
            "cuda backend: cuda:%d %s, %d SMs; weights %.1f MiB packed in %.2f s, embedding %.1f "
            "MiB, LM head %s %.1f MiB%s, KV cache %s %.1f MiB (%lld positions), scratch %.1f MiB "
-           "(%lld-token prefill), decode graph %s, programmatic dependent launch %s, norms %s",
+           "(%lld-token prefill), decode graph %s, programmatic dependent launch %s, fusion %s",
            b->device, b->name, b->sm, (double)b->w_bytes / MIB, t1 - t0,
            (double)b->embed_bytes / MIB, head_type_name(b->head_type),
            (double)(b->head_shared ? (uint64_t)hp->vocab * hp->dim * head_elem_bytes(b->head_type)

@@ -26,7 +26,7 @@
  * the "detected" list. The selection is summarised in one startup line,
  *
  *   requested=auto detected=[cuda,avx512,scalar] selected=cuda:0 (NVIDIA H200, graphs, kv f32,
- *   fusion norms)
+ *   fusion separate)
  *   requested=auto detected=[avx512,scalar] selected=cpu (avx512, 2 threads)
  *
  * where detected lists the GPU backends that are really usable followed by
