@@ -813,88 +813,6 @@ __global__ void __launch_bounds__(kNormThreads)
         yr[i] = __fmul_rn(w[i], __fmul_rn(xr[i], inv));
 }
 
-/* ---- pieces of the W2A8 GEMV (w2a8_kernels.cu's gemv_pdl_kernel) ------------------ */
-
-constexpr int kTileRowsG = 8;     /* w2a8_kernels.cu: rows per tile           */
-constexpr int kGroupG = 256;      /* weights per chunk-group                  */
-constexpr int kBlockBytesG = 512; /* bytes per chunk-group of a tile          */
-
-/* gemv_pdl_kernel's pieces, for the decode GEMV below. A warp
- * streams chunk-groups split, split + WARPS, ... of its tile; the first
- * kPre are loaded before the PDL wait. */
-template <int WARPS, int kPre>
-__device__ __forceinline__ void gemv_prefetch(uint4 (&wv)[kPre], const uint4 *blocks, int split,
-                                              bool live, int64_t groups)
-{
-#pragma unroll
-    for (int u = 0; u < kPre; u++) {
-        const int64_t g = split + (int64_t)u * WARPS;
-        wv[u] = live && g < groups ? gemv_load_stream(blocks + g * (kBlockBytesG / 16))
-                                   : make_uint4(0, 0, 0, 0);
-    }
-}
-
-/* The warp's int32 sum over its chunk-groups: the prefetched entries, then
- * the rest four at a time. xq: the activations this lane's entries meet. */
-template <int WARPS, int kPre>
-__device__ __forceinline__ int gemv_warp_product(const uint4 (&wv)[kPre], const uint4 *blocks,
-                                                 const int8_t *xq, int split, int64_t groups)
-{
-    int acc = 0;
-#pragma unroll
-    for (int u = 0; u < kPre; u++) {
-        const int64_t g = split + (int64_t)u * WARPS;
-        if (g < groups)
-            acc = gemv_entry_dot(wv[u], xq + g * kGroupG, acc);
-    }
-    int64_t g = split + (int64_t)kPre * WARPS;
-    for (; g + 3 * WARPS < groups; g += 4 * WARPS) {
-        uint4 r4[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-            r4[u] = gemv_load_stream(blocks + (g + u * WARPS) * (kBlockBytesG / 16));
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-            acc = gemv_entry_dot(r4[u], xq + (g + u * WARPS) * kGroupG, acc);
-    }
-    for (; g < groups; g += WARPS)
-        acc = gemv_entry_dot(gemv_load_stream(blocks + g * (kBlockBytesG / 16)),
-                             xq + g * kGroupG, acc);
-    return acc;
-}
-
-/* Every warp's sum into its rows (lanes of one row, then the split warps
- * of one tile through shared memory), then w2a8_kernels.cu's epilogue:
- * IEEE division by the activation scale s after removing the code sum
- * total, then the weight scale, then (res not NULL) the residual add.
- * Called by every thread of the block. */
-template <int WARPS, int TILES>
-__device__ __forceinline__ void
-gemv_tile_epilogue(int acc, int (&partial)[TILES][WARPS][kTileRowsG], int tile_in_block, int split,
-                   int lane, int tid, int64_t n, int total, float s, float w_scale,
-                   const float *res, float *y)
-{
-    acc += __shfl_xor_sync(kFull, acc, 8);
-    acc += __shfl_xor_sync(kFull, acc, 16);
-    if (lane < kTileRowsG)
-        partial[tile_in_block][split][lane] = acc;
-    __syncthreads();
-    if (tid < TILES * kTileRowsG) {
-        const int t = tid / kTileRowsG, r = tid % kTileRowsG;
-        const int64_t out_row = ((int64_t)blockIdx.x * TILES + t) * kTileRowsG + r;
-        if (out_row < n) {
-            int sum_acc = 0;
-#pragma unroll
-            for (int sp = 0; sp < WARPS; sp++)
-                sum_acc += partial[t][sp][r];
-            float v = __fmul_rn(__fdiv_rn((float)(sum_acc - total), s), w_scale);
-            if (res) /* the CPU's residual add: one fp32 add (may be y's own value) */
-                v = __fadd_rn(__ldcg(res + out_row), v);
-            y[out_row] = v;
-        }
-    }
-}
-
 /* ---- the decode step's GEMV with its input's norm + int8 and the residual add ----
  *
  * One row (M = 1): y = W q(v), or y = res + W q(v). Every block needs all k
@@ -959,15 +877,15 @@ __global__ void __launch_bounds__(32 * WARPS * TILES, kDecBlocksPerSM)
     __shared__ double red_d[64];
     __shared__ float red_f[32];
     __shared__ int red_i[32];
-    __shared__ int partial[TILES][WARPS][kTileRowsG];
+    __shared__ int partial[TILES][WARPS][kGemvTileRows];
     constexpr int B = 32 * WARPS * TILES;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tile_in_block = warp / WARPS, split = warp % WARPS;
     const int64_t tile = (int64_t)blockIdx.x * TILES + tile_in_block;
     const bool live = tile < a.tiles;
     const uint4 *blocks =
-        a.weights + (live ? tile : 0) * a.groups * (kBlockBytesG / 16) + lane;
-    const int64_t kpad = a.groups * kGroupG;
+        a.weights + (live ? tile : 0) * a.groups * (kGemvBlockBytes / 16) + lane;
+    const int64_t kpad = a.groups * kGemvGroup;
     int8_t *xs = reinterpret_cast<int8_t *>(dec_smem);
 
     /* 1. (Entries per warp: a tile's chunk-groups / WARPS, so a 3072-wide
@@ -1087,8 +1005,21 @@ __global__ void __launch_bounds__(32 * WARPS * TILES, kDecBlocksPerSM)
     const int acc = live ? gemv_warp_product<WARPS>(wv, blocks, xs + (lane >> 3) * 64, split,
                                                    a.groups)
                          : 0;
-    gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, tid, a.n, total, s,
-                                     a.w_scale, a.res, a.y);
+    const int64_t n = a.n;
+    const float w_scale = a.w_scale;
+    const float *res = a.res;
+    float *y = a.y;
+    gemv_tile_epilogue<WARPS, TILES>(
+        acc, partial, tile_in_block, split, lane, tid, n, [&](int64_t out_row, int sum) {
+            /* w2a8_kernels.cu's epilogue: IEEE division by the activation
+             * scale s after removing the code sum total, then the weight
+             * scale; then the CPU's residual add, one fp32 add (res may be
+             * y itself). */
+            float v = __fmul_rn(__fdiv_rn((float)(sum - total), s), w_scale);
+            if (res)
+                v = __fadd_rn(__ldcg(res + out_row), v);
+            y[out_row] = v;
+        });
 }
 
 /* float4 per thread for a row of k values (0: too long). */
@@ -1103,7 +1034,8 @@ cudaError_t launch_decode_gemv_t(const DecodeGemvArgs &a, int pdl, cudaStream_t 
 {
     constexpr int TILES = kDecThreads / 32 / WARPS;
     const int64_t blocks = (a.tiles + TILES - 1) / TILES;
-    const size_t smem = (size_t)a.groups * kGroupG + (kSrc == kSrcCodes ? 0 : sizeof(float) * a.k);
+    const size_t smem =
+        (size_t)a.groups * kGemvGroup + (kSrc == kSrcCodes ? 0 : sizeof(float) * a.k);
     auto kernel = decode_gemv_kernel<kSrc, WARPS, TILES, KV4>;
     if (smem > 48 * 1024) {
         const cudaError_t rc =
@@ -2111,7 +2043,7 @@ extern "C" cudaError_t bn_cb_relu2_norm_quantize(const float *g, const float *u,
 
 extern "C" int bn_cb_decode_gemv_fits(int src, int64_t k, int64_t groups)
 {
-    if (k <= 0 || groups <= 0 || groups * kGroupG < k || groups * kGroupG > 160 * 1024)
+    if (k <= 0 || groups <= 0 || groups * kGemvGroup < k || groups * kGemvGroup > 160 * 1024)
         return 0;
     if (src == BN_CB_SRC_CODES)
         return 1;
@@ -2122,7 +2054,7 @@ extern "C" cudaError_t bn_cb_decode_gemv(const bn_cb_decode_gemv_args *a, int pd
                                          cudaStream_t stream)
 {
     if (!a || !bn_cb_decode_gemv_fits(a->src, a->k, a->groups) || !a->weights || !a->y ||
-        a->n <= 0 || a->tiles != (a->n + kTileRowsG - 1) / kTileRowsG ||
+        a->n <= 0 || a->tiles != (a->n + kGemvTileRows - 1) / kGemvTileRows ||
         ((uintptr_t)a->weights & 15) != 0)
         return cudaErrorInvalidValue;
     /* The residual may be y itself (each value is read and written by one

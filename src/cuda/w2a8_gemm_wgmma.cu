@@ -67,6 +67,9 @@
  *   128x128 ss:  as 128x128 with both operands in shared memory (weights
  *                expanded there; wgmma_ss_kernel, below): 6 stages + 3
  *                expanded 16 KB slots, 169 KB, 1 block per SM.
+ *   128x128 ws, ws2: warp-specialized, one or two producer warpgroups
+ *                copying and expanding for two consumer warpgroups
+ *                (wgmma_ws_kernel, below): 6 stages of 36 KB, 1 block per SM.
  *
  * Per k, 256x128 moves 256 / 4 + 128 = 192 bytes into shared memory for
  * 32768 multiply-adds (5.9e-3 B per multiply-add, the 64x256 mma.sync
@@ -261,6 +264,66 @@ __host__ __device__ __forceinline__ uint32_t ss_a_step_offset(int slice, int s)
     return act_step_offset<BW>(s) + (uint32_t)(slice * 64 * 128);
 }
 
+/* ---- Warp-specialized (configurations 128x128 ws, 128x128 ws2) ----------
+ *
+ * A block is PW producer warpgroups (1 or 2) and two consumer warpgroups.
+ * Stage s of the STAGES-deep ring holds one k-tile (BK = 128): the
+ * activation tile (128 rows) and the packed weights of the block's 128 rows
+ * (both copied by cp.async), and those weights expanded to int8.
+ * Activations and expanded weights are K-major with the 128-byte swizzle
+ * (act_offset<rows>), so every wgmma reads both operands from shared
+ * memory and no register is defined between a consumer's wgmmas: a
+ * consumer keeps a wgmma group in flight, which the kernels above cannot.
+ *
+ * Producer thread, step kt: cp.async.wait_group AHEAD - 1 (its copies of
+ * k-tile kt landed); expand the packed entries it copied itself;
+ * fence.proxy.async (its generic writes, the copies and the expanded
+ * weights, become visible to wgmma's async proxy); arrive on mbarrier full
+ * of the stage (one arrival per producer thread completes it). Then it
+ * queues the copies of k-tile kt + AHEAD, once the consumers released that
+ * stage (mbarrier empty, from k-tile S on): publishing kt never waits for
+ * a release. Every address but the k offset is computed once per thread.
+ *
+ * Consumer warpgroup g (weight rows 64 g .. 64 g + 63 of the block), k-tile
+ * kt: wait on full; BK / 32 wgmma m64n128k32; commit; wait_group 1 (k-tile
+ * kt - 1 retired), then release stage (kt - 1) % S (256 arrivals complete
+ * empty).
+ *
+ * No deadlock when AHEAD <= STAGES - 1: the producer's wait at step kt for
+ * the release of k-tile kt + AHEAD - S needs full of k-tile
+ * kt + AHEAD - S + 1 (the consumers release a stage one k-tile late),
+ * published at producer step kt + AHEAD - S + 1 <= kt.
+ *
+ * Measured (docs/PERFORMANCE.md): the producer bounds it; its cp.async
+ * issue and expansion take longer per k-tile than the consumers' wgmma, a
+ * second producer warpgroup gains ~11 %, and neither beats the register-A
+ * kernel except on 2560 x 2560. Copying with the tensor memory accelerator
+ * (one instruction per tile) is the next step. */
+template <int STAGES, int AHEAD, int PW>
+struct CfgWS {
+    static constexpr int kBW = 128;      /* weight rows: two consumer warpgroups x 64 */
+    static constexpr int kBA = 128;      /* activation rows */
+    static constexpr int kBK = 128;
+    static constexpr int kProducers = 128 * PW; /* producer threads */
+    static constexpr int kThreads = kProducers + 256;
+    static constexpr int kSteps = kBK / 32;
+    static constexpr int kActBytes = kBA * kBK;
+    static constexpr int kWBytes = kBW * kBK; /* expanded to int8 */
+    static constexpr int kPackedBytes = kBW * kBK / 4; /* 2 bits per weight */
+    static constexpr int kStageBytes = kActBytes + kWBytes + kPackedBytes;
+    static constexpr int kSmemBytes = STAGES * kStageBytes + 1024;
+    static constexpr int kActPerThread = kBA * kBK / 16 / kProducers; /* 16-byte copies */
+    static constexpr int kPackedPerThread = kBW / 8 * 2 * kBK / 16 / kProducers; /* entries */
+    static constexpr int kAcc = 64;      /* m64n128 accumulators per thread */
+    static_assert(AHEAD >= 1 && AHEAD <= STAGES - 1, "copies in flight (see above)");
+    static_assert(PW == 1 || PW == 2, "one or two producer warpgroups");
+    static_assert(kPackedPerThread * kProducers == 256, "16 layout tiles x 16 entries per k-tile");
+    static_assert(kActPerThread <= 32, "in-range bits of the activation copies");
+    static_assert(kPackedBytes == 16 * 256, "16 layout tiles x 256 bytes per k-tile");
+    static_assert(kStageBytes % 1024 == 0 && kActBytes % 1024 == 0, "swizzle alignment");
+    static_assert(kSmemBytes <= 227 * 1024, "fits one block's shared memory");
+};
+
 } // namespace bn_wgmma
 
 namespace bn_wgmma {
@@ -272,6 +335,38 @@ __device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_
 {
     /* Written exactly as bn_w2a8_epilogue: IEEE division and multiply. */
     return __fmul_rn(__fdiv_rn((float)acc, act_scale), w_scale);
+}
+
+/* Stores accumulator group j (activation rows 8 j .. 8 j + 7 of the tile)
+ * of a warpgroup's MI slices (CUTLASS CLayout_64xN): accumulator 4 j + v of
+ * slice i is weight row 16 wq + gid + 8 (v >> 1) of slice slice0 + i,
+ * activation row 8 j + 2 tig + (v & 1); stored transposed, y[act row][weight
+ * row]. col0 = the block's first weight row + 16 wq + gid. */
+template <int MI, int ACC>
+__device__ __forceinline__ void store_group(const int32_t (&acc)[MI][ACC], int j, int64_t m0,
+                                            int64_t m, int64_t n, int64_t col0, int slice0,
+                                            int tig, const float *act_scale,
+                                            const int32_t *act_sum, float w_scale, float *y,
+                                            int64_t ldy)
+{
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t row = m0 + 8 * j + 2 * tig + h;
+        if (row >= m)
+            continue;
+        const float sc = act_scale[row];
+        const int32_t sum = act_sum[row];
+        float *yrow = y + row * ldy;
+#pragma unroll
+        for (int i = 0; i < MI; i++) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int64_t col = col0 + 64 * (slice0 + i) + 8 * half;
+                if (col < n)
+                    yrow[col] = epilogue(acc[i][4 * j + 2 * half + h] - sum, sc, w_scale);
+            }
+        }
+    }
 }
 
 /* 16 bytes global -> shared (.cg); with ok == false nothing is read and the
@@ -384,6 +479,30 @@ __device__ __forceinline__ void wgmma_ss<128>(int32_t (&d)[64], uint64_t adesc, 
                  : "l"(adesc), "l"(bdesc), "r"(1)
                  : "memory");
 }
+
+/* mbarriers of the warp-specialized kernel (shared::cta addresses). An
+ * arrival releases this thread's earlier writes; a completed wait acquires
+ * those of every arrival of the phase. */
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+/* Returns once the phase of parity `parity` has completed. */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred done;\nWAIT_AGAIN:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT_AGAIN;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+
 #endif /* BN_WGMMA_DEVICE */
 
 /*
@@ -581,32 +700,13 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
         }
     }
 
-    /* Epilogue (CUTLASS CLayout_64xN): accumulator 4 j + v of slice i is
-     * weight row 16 wq + gid + 8 (v >> 1) of the slice, activation row
-     * 8 j + 2 tig + (v & 1); stored transposed, y[act row][weight row]. */
+    /* Epilogue (store_group). */
     const int64_t col0 = tile0 * kTileRows + 16 * wq + gid;
 #pragma unroll
     for (int j = 0; j < BA / 8; j++) {
         if (SPLITK && split > 1 && !split_owns(j, split, rank))
             continue; /* another block of the cluster stores it */
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int64_t row = m0 + 8 * j + 2 * tig + h;
-            if (row >= m)
-                continue;
-            const float sc = act_scale[row];
-            const int32_t sum = act_sum[row];
-            float *yrow = y + row * ldy;
-#pragma unroll
-            for (int i = 0; i < MI; i++) {
-#pragma unroll
-                for (int half = 0; half < 2; half++) {
-                    const int64_t col = col0 + 64 * (MI * g + i) + 8 * half;
-                    if (col < n)
-                        yrow[col] = epilogue(acc[i][4 * j + 2 * half + h] - sum, sc, w_scale);
-                }
-            }
-        }
+        store_group<MI>(acc, j, m0, m, n, col0, MI * g, tig, act_scale, act_sum, w_scale, y, ldy);
     }
 #else
     (void)w, (void)x, (void)ldx, (void)m, (void)n, (void)tiles, (void)groups, (void)split;
@@ -754,29 +854,171 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
             pin(acc[i][v]);
     cp_async_wait<0>();
 
-    /* Epilogue: as wgmma_kernel's. */
+    /* Epilogue (store_group). */
     const int64_t col0 = tile0 * kTileRows + 16 * wq + gid;
 #pragma unroll
-    for (int j = 0; j < BA / 8; j++) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int64_t row = m0 + 8 * j + 2 * tig + h;
-            if (row >= m)
-                continue;
-            const float sc = act_scale[row];
-            const int32_t sum = act_sum[row];
-            float *yrow = y + row * ldy;
-#pragma unroll
-            for (int i = 0; i < MI; i++) {
-#pragma unroll
-                for (int half = 0; half < 2; half++) {
-                    const int64_t col = col0 + 64 * (MI * g + i) + 8 * half;
-                    if (col < n)
-                        yrow[col] = epilogue(acc[i][4 * j + 2 * half + h] - sum, sc, w_scale);
-                }
-            }
+    for (int j = 0; j < BA / 8; j++)
+        store_group<MI>(acc, j, m0, m, n, col0, MI * g, tig, act_scale, act_sum, w_scale, y, ldy);
+#else
+    (void)w, (void)x, (void)ldx, (void)m, (void)n, (void)tiles, (void)groups, (void)split;
+    (void)act_scale;
+    (void)act_sum, (void)w_scale, (void)y, (void)ldy;
+#endif
+}
+
+template <int STAGES, int AHEAD, int PW>
+__global__ void __launch_bounds__(128 * PW + 256, 1)
+    wgmma_ws_kernel(const uint8_t *__restrict__ w, const int8_t *__restrict__ x, int64_t ldx,
+                    int64_t m, int64_t n, int64_t tiles, int64_t groups, int split,
+                    const float *__restrict__ act_scale, const int32_t *__restrict__ act_sum,
+                    float w_scale, float *__restrict__ y, int64_t ldy)
+{
+#if BN_WGMMA_DEVICE
+    using C = CfgWS<STAGES, AHEAD, PW>;
+    constexpr int S = STAGES;
+    constexpr int BK = C::kBK;
+    extern __shared__ uint8_t smem_raw[];
+    __shared__ __align__(8) uint64_t full_bar[S], empty_bar[S];
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+    const uint32_t sbase = (raw + 1023u) & ~1023u;
+    uint8_t *const sptr = smem_raw + (sbase - raw);
+    const uint32_t full0 = (uint32_t)__cvta_generic_to_shared(full_bar);
+    const uint32_t empty0 = (uint32_t)__cvta_generic_to_shared(empty_bar);
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int64_t tile0 = (int64_t)blockIdx.y * (C::kBW / kTileRows);
+    const int n_kt = (int)(groups * (256 / BK));
+    const int64_t m0 = (int64_t)blockIdx.x * C::kBA;
+    (void)split;
+
+    if (tid == 0) {
+        for (int st = 0; st < S; st++) {
+            mbar_init(full0 + 8 * st, C::kProducers);
+            mbar_init(empty0 + 8 * st, 256);
         }
     }
+    __syncthreads();
+
+    if (warp < 4 * PW) {
+        /* ---- producer warpgroup ---- */
+        const int p = tid;
+        /* Everything but the k offset is fixed per thread, so the addresses
+         * are computed once (the producer's instruction count per k-tile
+         * bounds how fast it feeds the consumers).
+         *
+         * Activations: copy q (0 .. kActPerThread - 1) is row 16 q + p / 8,
+         * 16-byte chunk p % 8 of the k-tile (act_offset: its swizzle term
+         * depends on row % 8 = (p / 8) % 8 only). */
+        constexpr int kRowsPerCopy = C::kProducers / 8;  /* activation rows per copy q */
+        constexpr int kTilesPerCopy = C::kProducers / 16; /* layout tiles per entry q */
+        const int arow = p >> 3, achunk = p & 7;
+        const uint32_t a_dst = (uint32_t)(arow * 128 + ((achunk ^ (arow & 7)) << 4));
+        const int8_t *a_src = x + (m0 + arow) * ldx + achunk * 16;
+        const int64_t a_step = kRowsPerCopy * ldx;
+        /* Packed weights: entries c = q kProducers + p of the k-tile, layout
+         * tile c / 16 = q kTilesPerCopy + p / 16, entry p % 16 (ss_entry):
+         * row 8 (c / 16) + p % 8 of the block, k chunks 4 ((p % 16) / 8)
+         * .. + 3, whose swizzle term depends on p % 8 only. */
+        const int wtile = p >> 4, went = p & 15;
+        const uint8_t *w_src = w + (tile0 + wtile) * groups * kBlockBytes + went * 16;
+        const int64_t w_step = kTilesPerCopy * groups * kBlockBytes;
+        const int wrow = 8 * wtile + (went & 7), wchunk0 = 4 * (went >> 3);
+        unsigned a_ok = 0, w_ok = 0; /* bit q: copy q is in range */
+#pragma unroll
+        for (int q = 0; q < C::kActPerThread; q++)
+            a_ok |= (m0 + arow + kRowsPerCopy * q < m ? 1u : 0u) << q;
+#pragma unroll
+        for (int q = 0; q < C::kPackedPerThread; q++)
+            w_ok |= (tile0 + wtile + kTilesPerCopy * q < tiles ? 1u : 0u) << q;
+
+        auto copy_stage = [&](int kt) {
+            const uint32_t as = sbase + (uint32_t)((kt % S) * C::kStageBytes);
+            const int8_t *src = a_src + (int64_t)kt * BK;
+#pragma unroll
+            for (int q = 0; q < C::kActPerThread; q++) {
+                const bool ok = (a_ok >> q) & 1u;
+                cp_async16(as + a_dst + (uint32_t)(q * kRowsPerCopy * 128), ok ? src + q * a_step : x,
+                           ok);
+            }
+            const uint8_t *wsrc = w_src + (int64_t)kt * (2 * BK);
+#pragma unroll
+            for (int q = 0; q < C::kPackedPerThread; q++) {
+                const bool ok = (w_ok >> q) & 1u;
+                cp_async16(as + (uint32_t)(C::kActBytes + C::kWBytes + (q * C::kProducers + p) * 16),
+                           ok ? wsrc + q * w_step : w, ok);
+            }
+        };
+#pragma unroll
+        for (int kt = 0; kt < AHEAD; kt++) {
+            if (kt < n_kt)
+                copy_stage(kt);
+            cp_async_commit();
+        }
+        for (int kt = 0; kt < n_kt; kt++) {
+            cp_async_wait<AHEAD - 1>(); /* this thread's copies of k-tile kt */
+            const int slot = kt % S;
+            const uint8_t *pk = sptr + slot * C::kStageBytes + C::kActBytes + C::kWBytes;
+            uint8_t *ap = sptr + slot * C::kStageBytes + C::kActBytes;
+#pragma unroll
+            for (int q = 0; q < C::kPackedPerThread; q++) {
+                const uint4 v = *reinterpret_cast<const uint4 *>(pk + (q * C::kProducers + p) * 16);
+                const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+                uint8_t *rowp = ap + (8 * kTilesPerCopy * q + wrow) * 128;
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    *reinterpret_cast<uint4 *>(rowp + (((wchunk0 + i) ^ (wrow & 7)) << 4)) =
+                        make_uint4(expand_codes(wd[i], 0), expand_codes(wd[i], 1),
+                                   expand_codes(wd[i], 2), expand_codes(wd[i], 3));
+            }
+            fence_proxy_async();
+            mbar_arrive(full0 + 8 * slot);
+            /* Then the copies of k-tile kt + AHEAD, once its stage is free
+             * (after publishing kt, so that waiting here never holds back
+             * a k-tile the consumers could already run). */
+            const int pre = kt + AHEAD;
+            if (pre < n_kt) {
+                if (pre >= S)
+                    mbar_wait(empty0 + 8 * (pre % S), (uint32_t)((pre / S - 1) & 1));
+                copy_stage(pre);
+            }
+            cp_async_commit();
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+    /* ---- consumer warpgroups ---- */
+    const int g = (warp >> 2) - PW, wq = warp & 3;
+    const int gid = lane >> 2, tig = lane & 3;
+    int32_t acc[1][C::kAcc];
+#pragma unroll
+    for (int v = 0; v < C::kAcc; v++)
+        acc[0][v] = 0;
+    for (int kt = 0; kt < n_kt; kt++) {
+        const int slot = kt % S;
+        mbar_wait(full0 + 8 * slot, (uint32_t)((kt / S) & 1));
+        wgmma_fence();
+        const uint32_t stage_addr = sbase + (uint32_t)(slot * C::kStageBytes);
+        const uint32_t a_addr = stage_addr + C::kActBytes;
+#pragma unroll
+        for (int st = 0; st < C::kSteps; st++)
+            wgmma_ss<128>(acc[0], sw128_desc(a_addr + ss_a_step_offset<C::kBW>(g, st)),
+                          sw128_desc(stage_addr + act_step_offset<C::kBA>(st)));
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0)
+            mbar_arrive(empty0 + 8 * ((kt - 1) % S));
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int v = 0; v < C::kAcc; v++)
+        pin(acc[0][v]);
+
+    /* Epilogue (store_group): consumer g is slice g. */
+    const int64_t col0 = tile0 * kTileRows + 16 * wq + gid;
+#pragma unroll
+    for (int j = 0; j < C::kBA / 8; j++)
+        store_group<1>(acc, j, m0, m, n, col0, g, tig, act_scale, act_sum, w_scale, y, ldy);
 #else
     (void)w, (void)x, (void)ldx, (void)m, (void)n, (void)tiles, (void)groups, (void)split;
     (void)act_scale;
@@ -838,6 +1080,48 @@ inline int effective_split(int64_t m, int64_t tiles, int64_t groups, int sm_coun
 
 namespace {
 
+/* The checks and function attributes every wgmma launch needs: sm_90a code
+ * on a 9.0 device (else cudaErrorNotSupported), 16-byte aligned operands
+ * (cp.async), the kernel's dynamic shared memory. *nothing: an empty
+ * product, no launch needed. */
+template <typename Kernel>
+cudaError_t prepare(const bn_w2a8_cuda_args *a, Kernel kernel, int smem, bool *nothing)
+{
+    *nothing = false;
+    if (!BN_W2A8_WGMMA_SM90A)
+        return cudaErrorNotSupported; /* not built with sm_90a code */
+    int dev = 0, major = 0, minor = 0;
+    cudaError_t rc = cudaGetDevice(&dev);
+    if (rc == cudaSuccess)
+        rc = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (rc == cudaSuccess)
+        rc = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (rc != cudaSuccess)
+        return rc;
+    /* sm_90a code runs on compute capability 9.0 only. */
+    if (major != 9 || minor != 0)
+        return cudaErrorNotSupported;
+    if (a->m <= 0 || a->n <= 0) {
+        *nothing = true;
+        return cudaSuccess;
+    }
+    /* cp.async moves aligned 16-byte chunks. */
+    if ((a->ldx & 15) != 0 || (reinterpret_cast<uintptr_t>(a->x) & 15) != 0 ||
+        (reinterpret_cast<uintptr_t>(a->weights) & 15) != 0)
+        return cudaErrorMisalignedAddress;
+    cudaFuncAttributes fa;
+    rc = cudaFuncGetAttributes(&fa, kernel);
+    if (rc != cudaSuccess) {
+        cudaGetLastError(); /* no sm_90a image for this device: not this stream's error */
+        return cudaErrorNotSupported;
+    }
+    rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (rc == cudaSuccess)
+        rc = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  (int)cudaSharedmemCarveoutMaxShared);
+    return rc;
+}
+
 /* ASLOTS 0: wgmma_kernel; otherwise wgmma_ss_kernel with that many
  * expanded-weight slots (no split-K). */
 template <int WG, int MI, int BA, int BK, int STAGES, int MIN_BLOCKS, bool SPLITK, int ASLOTS = 0>
@@ -870,25 +1154,10 @@ struct Launch {
 
     static cudaError_t run(const bn_w2a8_cuda_args *a, int split, cudaStream_t stream)
     {
-        if (!BN_W2A8_WGMMA_SM90A)
-            return cudaErrorNotSupported; /* not built with sm_90a code */
-        int dev = 0, major = 0, minor = 0;
-        cudaError_t rc = cudaGetDevice(&dev);
-        if (rc == cudaSuccess)
-            rc = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        if (rc == cudaSuccess)
-            rc = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        if (rc != cudaSuccess)
+        bool nothing = false;
+        cudaError_t rc = prepare(a, kernel_fn(), smem_bytes(), &nothing);
+        if (rc != cudaSuccess || nothing)
             return rc;
-        /* sm_90a code runs on compute capability 9.0 only. */
-        if (major != 9 || minor != 0)
-            return cudaErrorNotSupported;
-        if (a->m <= 0 || a->n <= 0)
-            return cudaSuccess;
-        /* cp.async moves aligned 16-byte chunks. */
-        if ((a->ldx & 15) != 0 || (reinterpret_cast<uintptr_t>(a->x) & 15) != 0 ||
-            (reinterpret_cast<uintptr_t>(a->weights) & 15) != 0)
-            return cudaErrorMisalignedAddress;
         split = split_for(a, split);
         const int64_t m_blocks = (a->m + BA - 1) / BA;
         const int64_t n_blocks = (a->tiles + C::kWTiles - 1) / C::kWTiles;
@@ -896,19 +1165,6 @@ struct Launch {
             return cudaErrorInvalidConfiguration;
         auto kernel = kernel_fn();
         constexpr int kSmemBytes = smem_bytes();
-        cudaFuncAttributes fa;
-        rc = cudaFuncGetAttributes(&fa, kernel);
-        if (rc != cudaSuccess) {
-            cudaGetLastError(); /* no sm_90a image for this device: not this stream's error */
-            return cudaErrorNotSupported;
-        }
-        rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  kSmemBytes);
-        if (rc == cudaSuccess)
-            rc = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      (int)cudaSharedmemCarveoutMaxShared);
-        if (rc != cudaSuccess)
-            return rc;
         const dim3 grid((unsigned)(m_blocks * split), (unsigned)n_blocks);
         const uint8_t *w = static_cast<const uint8_t *>(a->weights);
         if (split == 1) {
@@ -936,6 +1192,31 @@ struct Launch {
     }
 };
 
+/* The warp-specialized kernel: 128 weight rows x 128 activation rows per
+ * block, PW producer warpgroups, no split-K. */
+template <int STAGES, int AHEAD, int PW>
+struct LaunchWS {
+    using C = CfgWS<STAGES, AHEAD, PW>;
+
+    static cudaError_t run(const bn_w2a8_cuda_args *a, cudaStream_t stream)
+    {
+        auto kernel = wgmma_ws_kernel<STAGES, AHEAD, PW>;
+        bool nothing = false;
+        cudaError_t rc = prepare(a, kernel, C::kSmemBytes, &nothing);
+        if (rc != cudaSuccess || nothing)
+            return rc;
+        const int64_t m_blocks = (a->m + C::kBA - 1) / C::kBA;
+        const int64_t n_blocks = (a->tiles + C::kBW / kTileRows - 1) / (C::kBW / kTileRows);
+        if (n_blocks > 65535 || m_blocks > 0x7fffffff || 2 * a->groups > 0x7fffffff)
+            return cudaErrorInvalidConfiguration;
+        kernel<<<dim3((unsigned)m_blocks, (unsigned)n_blocks), C::kThreads, C::kSmemBytes,
+                 stream>>>(static_cast<const uint8_t *>(a->weights), a->x, a->ldx, a->m, a->n,
+                           a->tiles, a->groups, 1, a->act_scale, a->act_sum, a->weight_scale,
+                           a->y, a->ldy);
+        return cudaGetLastError();
+    }
+};
+
 } // namespace
 } // namespace bn_wgmma
 
@@ -957,6 +1238,9 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma_split(const bn_w2a8_cuda_args *a,
         return Launch<2, 1, 128, 128, 4, 2, true>::run(a, split, stream);
     case BN_W2A8_WGMMA_128X128_SS:
         return Launch<2, 1, 128, 128, 6, 1, false, 3>::run(a, 1, stream);
+    /*                                         S AHEAD producer warpgroups */
+    case BN_W2A8_WGMMA_128X128_WS: return LaunchWS<6, 3, 1>::run(a, stream);
+    case BN_W2A8_WGMMA_128X128_WS2: return LaunchWS<6, 3, 2>::run(a, stream);
     default: return cudaErrorInvalidValue;
     }
 }

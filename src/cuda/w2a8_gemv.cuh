@@ -7,6 +7,11 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+/* cuda_layout.h's tile layout. */
+constexpr int kGemvTileRows = 8;     /* rows per tile                        */
+constexpr int kGemvGroup = 256;      /* weights per row in one chunk-group   */
+constexpr int kGemvBlockBytes = 512; /* one tile's chunk-group               */
+
 /* Weights are read exactly once: load them without allocating in L1, which
  * then keeps the activations every warp re-reads. */
 __device__ __forceinline__ uint4 gemv_load_stream(const uint4 *p)
@@ -33,6 +38,91 @@ __device__ __forceinline__ int gemv_entry_dot(uint4 w, const int8_t *x, int acc)
         acc = __dp4a((int)((wd >> 6) & 0x03030303u), a.w, acc);
     }
     return acc;
+}
+
+/* ---- the pieces of the decode GEMVs -----------------------------------------
+ *
+ * Shared by w2a8_kernels.cu's gemv_pdl_kernel and cuda_backend_kernels.cu's
+ * decode_gemv_kernel. A block holds TILES tiles with WARPS warps each; warp
+ * `split` of a tile streams the tile's chunk-groups split, split + WARPS,
+ * ... (blocks: the tile's first entry of this lane). The first kPre of them
+ * are loaded before the PDL wait (pdl.cuh): weights never change, so their
+ * loads may overlap the kernel that writes the activations. */
+template <int WARPS, int kPre>
+__device__ __forceinline__ void gemv_prefetch(uint4 (&wv)[kPre], const uint4 *blocks, int split,
+                                              bool live, int64_t groups)
+{
+#pragma unroll
+    for (int u = 0; u < kPre; u++) {
+        const int64_t g = split + (int64_t)u * WARPS;
+        wv[u] = live && g < groups ? gemv_load_stream(blocks + g * (kGemvBlockBytes / 16))
+                                   : make_uint4(0, 0, 0, 0);
+    }
+}
+
+/* The warp's int32 sum over its chunk-groups: the prefetched entries, then
+ * the rest four in flight at a time (as w2a8_kernels.cu's gemv_kernel).
+ * xq: the activations this lane's entries meet (its quarter of the row). */
+template <int WARPS, int kPre>
+__device__ __forceinline__ int gemv_warp_product(const uint4 (&wv)[kPre], const uint4 *blocks,
+                                                 const int8_t *xq, int split, int64_t groups)
+{
+    int acc = 0;
+#pragma unroll
+    for (int u = 0; u < kPre; u++) {
+        const int64_t g = split + (int64_t)u * WARPS;
+        if (g < groups)
+            acc = gemv_entry_dot(wv[u], xq + g * kGemvGroup, acc);
+    }
+    int64_t g = split + (int64_t)kPre * WARPS;
+    for (; g + 3 * WARPS < groups; g += 4 * WARPS) {
+        uint4 r4[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            r4[u] = gemv_load_stream(blocks + (g + u * WARPS) * (kGemvBlockBytes / 16));
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            acc = gemv_entry_dot(r4[u], xq + (g + u * WARPS) * kGemvGroup, acc);
+    }
+    for (; g < groups; g += WARPS)
+        acc = gemv_entry_dot(gemv_load_stream(blocks + g * (kGemvBlockBytes / 16)),
+                             xq + g * kGemvGroup, acc);
+    return acc;
+}
+
+/* Every warp's sum into its rows: the lanes of one row (r, r + 8, r + 16,
+ * r + 24 hold its four quarters), then the split warps of one tile through
+ * shared memory. Thread tid < TILES * 8 then owns output row out_row of the
+ * block and, when out_row < n, calls write(out_row, sum) with the row's
+ * int32 sum. The callers' epilogues differ in where the activation scale
+ * and code sum come from (read there from global memory, or already in
+ * registers) and in the residual add, so the float epilogue is theirs.
+ * tid is the thread's index in the block as the caller holds it (int, or
+ * threadIdx.x itself): the row index is computed in that type, so each
+ * caller keeps the instructions it had with its own copy of this code.
+ * Called by every thread of the block. */
+template <int WARPS, int TILES, class Tid, class Write>
+__device__ __forceinline__ void gemv_tile_epilogue(int acc,
+                                                   int (&partial)[TILES][WARPS][kGemvTileRows],
+                                                   int tile_in_block, int split, int lane, Tid tid,
+                                                   int64_t n, Write write)
+{
+    acc += __shfl_xor_sync(0xffffffffu, acc, 8);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 16);
+    if (lane < kGemvTileRows)
+        partial[tile_in_block][split][lane] = acc;
+    __syncthreads();
+    if (tid < TILES * kGemvTileRows) {
+        const int t = tid / kGemvTileRows, r = tid % kGemvTileRows;
+        const int64_t out_row = ((int64_t)blockIdx.x * TILES + t) * kGemvTileRows + r;
+        if (out_row < n) {
+            int sum = 0;
+#pragma unroll
+            for (int s = 0; s < WARPS; s++)
+                sum += partial[t][s][r];
+            write(out_row, sum);
+        }
+    }
 }
 
 #endif

@@ -33,9 +33,9 @@
 
 namespace {
 
-constexpr int kTileRows = 8;
-constexpr int kGroup = 256;
-constexpr int kBlockBytes = 512;
+constexpr int kTileRows = kGemvTileRows;
+constexpr int kGroup = kGemvGroup;
+constexpr int kBlockBytes = kGemvBlockBytes;
 
 __device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_scale)
 {
@@ -209,12 +209,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
     constexpr int kPre = WARPS >= 8 ? 4 : 8;
 
     uint4 v[kPre];
-#pragma unroll
-    for (int u = 0; u < kPre; u++) {
-        const int64_t g = split + (int64_t)u * WARPS;
-        v[u] = live && g < groups ? gemv_load_stream(blocks + g * (kBlockBytes / 16))
-                                  : make_uint4(0, 0, 0, 0);
-    }
+    gemv_prefetch<WARPS>(v, blocks, split, live, groups);
     pdl_trigger();
     pdl_wait();
 
@@ -230,48 +225,16 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
         xs = x_shared;
     }
 
-    int acc = 0;
-    if (live) {
-        const int8_t *xq = xs + (lane >> 3) * 64;
-#pragma unroll
-        for (int u = 0; u < kPre; u++) {
-            const int64_t g = split + (int64_t)u * WARPS;
-            if (g < groups)
-                acc = gemv_entry_dot(v[u], xq + g * kGroup, acc);
-        }
-        /* Rows longer than the prefetch: four entries in flight at a time,
-         * as gemv_kernel does. */
-        int64_t g = split + (int64_t)kPre * WARPS;
-        for (; g + 3 * WARPS < groups; g += 4 * WARPS) {
-            uint4 r[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                r[u] = gemv_load_stream(blocks + (g + u * WARPS) * (kBlockBytes / 16));
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                acc = gemv_entry_dot(r[u], xq + (g + u * WARPS) * kGroup, acc);
-        }
-        for (; g < groups; g += WARPS)
-            acc = gemv_entry_dot(gemv_load_stream(blocks + g * (kBlockBytes / 16)), xq + g * kGroup,
-                                 acc);
-    }
-    /* Lanes r, r+8, r+16, r+24 hold the four quarters of row r. */
-    acc += __shfl_xor_sync(0xffffffffu, acc, 8);
-    acc += __shfl_xor_sync(0xffffffffu, acc, 16);
-    if (lane < kTileRows)
-        partial[tile_in_block][split][lane] = acc;
-    __syncthreads();
-    if (threadIdx.x < TILES * kTileRows) {
-        const int t = threadIdx.x / kTileRows, r = threadIdx.x % kTileRows;
-        const int64_t out_row = ((int64_t)blockIdx.x * TILES + t) * kTileRows + r;
-        if (out_row < n) {
-            int total = 0;
-#pragma unroll
-            for (int s = 0; s < WARPS; s++)
-                total += partial[t][s][r];
-            y[out_row] = epilogue(total - __ldcg(act_sum), __ldcg(act_scale), w_scale);
-        }
-    }
+    /* Rows longer than the prefetch stream the rest after the wait. */
+    const int acc =
+        live ? gemv_warp_product<WARPS>(v, blocks, xs + (lane >> 3) * 64, split, groups) : 0;
+    /* The scale and sum are read only by the threads that write a row, after
+     * the block's reduction. */
+    gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, threadIdx.x, n,
+                                     [&](int64_t out_row, int total) {
+                                         y[out_row] = epilogue(total - __ldcg(act_sum),
+                                                               __ldcg(act_scale), w_scale);
+                                     });
 }
 
 template <int WARPS, int TILES, bool X_SMEM>
@@ -717,13 +680,17 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int
     case 7: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128, stream);
     case 8: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_SPLITK, stream);
     case 9: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_SS, stream);
+    case 10: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_WS, stream);
+    case 11: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_WS2, stream);
     default: return cudaErrorInvalidValue;
     }
 }
 
 /* Measured on an H200 at M = 512 (docs/PERFORMANCE.md). With Hopper's
- * wgmma available (sm_90a code, a 9.0 device) its 128 x 128 kernel wins on
- * every shape except short rows with few tiles (2560 x 2560). Without it:
+ * wgmma available (sm_90a code, a 9.0 device) its 128 x 128 kernels win on
+ * every shape except short rows with few tiles (2560 x 2560): the
+ * warp-specialized one (11, one block per SM) while the tiles fit one wave
+ * (3840 x 2560, 2560 x 6912), the two-blocks-per-SM one (7) beyond. Without it:
  * the pipelined 64 x 256 kernel once its tiles fill every SM about twice;
  * with fewer tiles, split-K for long rows, else the 64 x 64 tiled kernel. */
 extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma)
@@ -733,7 +700,7 @@ extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k
     const int64_t wg_tiles = ((m + 127) / 128) * ((n + 127) / 128);
     if (wgmma && m >= BN_W2A8_WGMMA_MIN_M &&
         (wg_tiles >= BN_W2A8_WGMMA_MIN_TILES || k >= BN_W2A8_WGMMA_SHORT_K))
-        return 7;
+        return wg_tiles <= BN_W2A8_WGMMA_WS_MAX_TILES ? 11 : 7;
     const int64_t tiles = ((m + 63) / 64) * ((n + 255) / 256);
     if (tiles >= BN_W2A8_PIPE_MIN_TILES)
         return 3;
