@@ -232,7 +232,7 @@ int main(void)
         CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
         wgmma_usable = major == 9 && minor == 0 && bn_w2a8_cuda_gemm_wgmma_compiled();
-        printf("wgmma GEMM (variants 5-11): %s\n",
+        printf("wgmma GEMM (variants 5-10): %s\n",
                wgmma_usable ? "checked"
                : bn_w2a8_cuda_gemm_wgmma_compiled()
                    ? "skipped (needs compute capability 9.0)"

@@ -69,25 +69,27 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * 256 x 128, 128 x 128 with one warpgroup, 128 x 128 with two; 8 as 7
  * with split-K over a thread-block cluster chosen for the shape
  * (bn_w2a8_cuda_gemm_wgmma_split_factor); 9 as 7 with both wgmma operands
- * in shared memory (weights expanded to int8 there, 1 block per SM); 10, 11
- * warp-specialized 128 x 128 with one and two producer warpgroups
- * (BN_W2A8_WGMMA_128X128_WS, _WS2): 5-11
+ * in shared memory (weights expanded to int8 there, 1 block per SM); 10
+ * warp-specialized and persistent, tensor-memory-accelerator copies
+ * (BN_W2A8_WGMMA_128X128_TMA): 5-10
  * need compute capability 9.0 and an sm_90a build, else
  * cudaErrorNotSupported.
  * bn_w2a8_cuda_gemm uses 1 up to BN_W2A8_SKINNY_MAX_M rows; above, where
- * wgmma is usable, from BN_W2A8_WGMMA_MIN_M rows when its 128 x 128 tiles
- * number at least BN_W2A8_WGMMA_MIN_TILES or rows have at least
- * BN_W2A8_WGMMA_SHORT_K values: 11 up to BN_W2A8_WGMMA_WS_MAX_TILES tiles
- * (one wave of one block per SM), 7 above; otherwise 3 when the 64 x 256 tiles number
+ * wgmma is usable, from BN_W2A8_WGMMA_MIN_M rows: 10 when its 128 x 128
+ * tiles number BN_W2A8_WGMMA_WS_MIN_TILES to BN_W2A8_WGMMA_WS_MAX_TILES (or
+ * fewer, with rows of at least BN_W2A8_WGMMA_SHORT_K values), 7 when they
+ * number more and at least BN_W2A8_WGMMA_MIN_TILES (10 falls back to 7 where
+ * it cannot run); otherwise 3 when the 64 x 256 tiles number
  * at least BN_W2A8_PIPE_MIN_TILES, else 2 for rows of at least
  * BN_W2A8_PIPE_SPLIT_MIN_K, else 0 (bn_w2a8_cuda_gemm_default_variant;
  * measured on an H200). */
-#define BN_W2A8_GEMM_VARIANTS 12
+#define BN_W2A8_GEMM_VARIANTS 11
 #define BN_W2A8_SKINNY_MAX_M 32
 #define BN_W2A8_WGMMA_MIN_M 128
 #define BN_W2A8_WGMMA_MIN_TILES 100
 #define BN_W2A8_WGMMA_SHORT_K 4096
-#define BN_W2A8_WGMMA_WS_MAX_TILES 132
+#define BN_W2A8_WGMMA_WS_MIN_TILES 64
+#define BN_W2A8_WGMMA_WS_MAX_TILES 264
 #define BN_W2A8_PIPE_MIN_TILES 256
 #define BN_W2A8_PIPE_SPLIT_MIN_K 8192
 cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int variant,
@@ -95,7 +97,7 @@ cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int variant,
 /* The variant bn_w2a8_cuda_gemm runs for m rows, and a short name of a
  * variant with the split-K factor it would use for a (for the benchmark). */
 int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma);
-/* Whether the wgmma variants (5-11) can run on the current device. */
+/* Whether the wgmma variants (5-10) can run on the current device. */
 int bn_w2a8_cuda_gemm_wgmma_usable(void);
 void bn_w2a8_cuda_gemm_describe(const bn_w2a8_cuda_args *a, int variant, char *buf, size_t size);
 
@@ -128,13 +130,14 @@ enum {
      * memory: the weights expanded into a swizzled int8 tile there, one
      * wgmma group kept in flight while the next k-tile is expanded. */
     BN_W2A8_WGMMA_128X128_SS = 4,
-    /* Warp-specialized 128 x 128: one producer warpgroup (WS2: two) copies
-     * the activations and the packed weights and expands the weights into
-     * a ring of shared-memory stages, two consumer warpgroups issue wgmma
-     * from it (mbarriers between them), 1 block per SM. */
-    BN_W2A8_WGMMA_128X128_WS = 5,
-    BN_W2A8_WGMMA_128X128_WS2 = 6,
-    BN_W2A8_WGMMA_CONFIGS = 7
+    /* Warp-specialized and persistent, 128 x 128 tiles: one warp issues
+     * tensor-memory-accelerator copies (a tensor map of each operand), two
+     * warpgroups expand the weights, two issue wgmma, all through a ring of
+     * shared-memory stages (mbarriers between them); 1 block per SM looping
+     * over the output tiles. cudaErrorNotSupported as well when the driver
+     * cannot encode tensor maps. */
+    BN_W2A8_WGMMA_128X128_TMA = 5,
+    BN_W2A8_WGMMA_CONFIGS = 6
 };
 #define BN_W2A8_WGMMA_MAX_SPLIT 8
 /* Split 0 (or the call without split): chosen for the shape and

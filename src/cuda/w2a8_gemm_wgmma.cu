@@ -67,9 +67,10 @@
  *   128x128 ss:  as 128x128 with both operands in shared memory (weights
  *                expanded there; wgmma_ss_kernel, below): 6 stages + 3
  *                expanded 16 KB slots, 169 KB, 1 block per SM.
- *   128x128 ws, ws2: warp-specialized, one or two producer warpgroups
- *                copying and expanding for two consumer warpgroups
- *                (wgmma_ws_kernel, below): 6 stages of 36 KB, 1 block per SM.
+ *   128x128 tma: warp-specialized and persistent: a copy-issuing warp
+ *                (tensor memory accelerator), two expanding warpgroups, two
+ *                consuming warpgroups (wgmma_ws_kernel, below): 6 stages of
+ *                36 KB, 1 block per SM looping over output tiles.
  *
  * Per k, 256x128 moves 256 / 4 + 128 = 192 bytes into shared memory for
  * 32768 multiply-adds (5.9e-3 B per multiply-add, the 64x256 mma.sync
@@ -102,8 +103,10 @@
  * answers cudaErrorNotSupported, as it does on any device other than 9.0,
  * so callers fall back to the other kernels.
  */
+#include <cuda.h> /* CUtensorMap (types only: the encoder comes from the runtime) */
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <cooperative_groups.h>
 
@@ -264,61 +267,66 @@ __host__ __device__ __forceinline__ uint32_t ss_a_step_offset(int slice, int s)
     return act_step_offset<BW>(s) + (uint32_t)(slice * 64 * 128);
 }
 
-/* ---- Warp-specialized (configurations 128x128 ws, 128x128 ws2) ----------
+/* ---- Warp-specialized, persistent (configuration 128x128 tma) ------------
  *
- * A block is PW producer warpgroups (1 or 2) and two consumer warpgroups.
- * Stage s of the STAGES-deep ring holds one k-tile (BK = 128): the
- * activation tile (128 rows) and the packed weights of the block's 128 rows
- * (both copied by cp.async), and those weights expanded to int8.
- * Activations and expanded weights are K-major with the 128-byte swizzle
- * (act_offset<rows>), so every wgmma reads both operands from shared
- * memory and no register is defined between a consumer's wgmmas: a
- * consumer keeps a wgmma group in flight, which the kernels above cannot.
+ * One block per SM loops over output tiles (128 weight rows x 128
+ * activation rows; tile t = blockIdx.x + i gridDim.x, activation blocks
+ * fastest so the blocks sharing a weight tile run side by side). Its warps:
  *
- * Producer thread, step kt: cp.async.wait_group AHEAD - 1 (its copies of
- * k-tile kt landed); expand the packed entries it copied itself;
- * fence.proxy.async (its generic writes, the copies and the expanded
- * weights, become visible to wgmma's async proxy); arrive on mbarrier full
- * of the stage (one arrival per producer thread completes it). Then it
- * queues the copies of k-tile kt + AHEAD, once the consumers released that
- * stage (mbarrier empty, from k-tile S on): publishing kt never waits for
- * a release. Every address but the k offset is computed once per thread.
+ *   warps 0 .. 4 PW - 1   expanders (PW warpgroups)
+ *   warps 4 PW .. +7      two consumer warpgroups (64 weight rows each)
+ *   warp 4 PW + 8         the copy issuer (lane 0)
  *
- * Consumer warpgroup g (weight rows 64 g .. 64 g + 63 of the block), k-tile
- * kt: wait on full; BK / 32 wgmma m64n128k32; commit; wait_group 1 (k-tile
- * kt - 1 retired), then release stage (kt - 1) % S (256 arrivals complete
- * empty).
+ * Stage s of a STAGES-deep ring holds one k-tile (BK = 128): the activation
+ * tile (16 KB), the block's packed weights (4 KB) and those weights expanded
+ * to int8 (16 KB). Activations and expanded weights are K-major with the
+ * 128-byte swizzle (act_offset), so every wgmma reads both operands from
+ * shared memory and no register is defined between a consumer's wgmmas: a
+ * consumer keeps a wgmma group in flight.
  *
- * No deadlock when AHEAD <= STAGES - 1: the producer's wait at step kt for
- * the release of k-tile kt + AHEAD - S needs full of k-tile
- * kt + AHEAD - S + 1 (the consumers release a stage one k-tile late),
- * published at producer step kt + AHEAD - S + 1 <= kt.
+ * The k-tiles of all the block's tiles form one sequence (g = i n_kt + kt);
+ * stage g % S, mbarrier phase (g / S) % 2. Per k-tile g:
  *
- * Measured (docs/PERFORMANCE.md): the producer bounds it; its cp.async
- * issue and expansion take longer per k-tile than the consumers' wgmma, a
- * second producer warpgroup gains ~11 %, and neither beats the register-A
- * kernel except on 2560 x 2560. Copying with the tensor memory accelerator
- * (one instruction per tile) is the next step. */
-template <int STAGES, int AHEAD, int PW>
+ *   issuer     wait empty (consumers released g - S); expect_tx copied;
+ *              two tensor-memory-accelerator copies (the activation box of
+ *              act_map, swizzled by the copy engine exactly as act_offset,
+ *              and the 16 x 256-byte box of packed weights of w_map), which
+ *              complete copied;
+ *   expanders  wait copied; expand the packed entries (each thread its
+ *              own); fence.proxy.async (their generic writes become visible
+ *              to wgmma's async proxy); arrive on full (one arrival per
+ *              expander completes it);
+ *   consumers  wait full (and copied, observing the copy engine's writes
+ *              directly); BK / 32 wgmma m64n128k32; commit; wait_group 1;
+ *              release k-tile g - 1 of the same tile (arrive on empty, 256
+ *              arrivals complete it). After a tile's last k-tile:
+ *              wait_group 0, release it, then the epilogue, while the
+ *              issuer and expanders already fill the next tile's stages.
+ *              A tile's first wgmma overwrites the accumulators (scale-d
+ *              false) instead of zeroing them: instructions defining
+ *              accumulators between wgmmas make ptxas serialize every wgmma
+ *              of the kernel (C7515), which cost this kernel 20-30 %.
+ *
+ * Each role waits only on the one before it in the pipeline (the issuer on
+ * releases of k-tiles S back), so no role can hold back one it feeds. */
+template <int STAGES, int PW>
 struct CfgWS {
-    static constexpr int kBW = 128;      /* weight rows: two consumer warpgroups x 64 */
-    static constexpr int kBA = 128;      /* activation rows */
+    static constexpr int kBW = 128; /* weight rows: two consumer warpgroups x 64 */
+    static constexpr int kBA = 128; /* activation rows */
     static constexpr int kBK = 128;
-    static constexpr int kProducers = 128 * PW; /* producer threads */
-    static constexpr int kThreads = kProducers + 256;
+    static constexpr int kExpanders = 128 * PW;
+    static constexpr int kIssuerWarp = 4 * PW + 8;
+    static constexpr int kThreads = kExpanders + 256 + 32;
     static constexpr int kSteps = kBK / 32;
     static constexpr int kActBytes = kBA * kBK;
-    static constexpr int kWBytes = kBW * kBK; /* expanded to int8 */
+    static constexpr int kWBytes = kBW * kBK;          /* expanded to int8 */
     static constexpr int kPackedBytes = kBW * kBK / 4; /* 2 bits per weight */
     static constexpr int kStageBytes = kActBytes + kWBytes + kPackedBytes;
     static constexpr int kSmemBytes = STAGES * kStageBytes + 1024;
-    static constexpr int kActPerThread = kBA * kBK / 16 / kProducers; /* 16-byte copies */
-    static constexpr int kPackedPerThread = kBW / 8 * 2 * kBK / 16 / kProducers; /* entries */
-    static constexpr int kAcc = 64;      /* m64n128 accumulators per thread */
-    static_assert(AHEAD >= 1 && AHEAD <= STAGES - 1, "copies in flight (see above)");
-    static_assert(PW == 1 || PW == 2, "one or two producer warpgroups");
-    static_assert(kPackedPerThread * kProducers == 256, "16 layout tiles x 16 entries per k-tile");
-    static_assert(kActPerThread <= 32, "in-range bits of the activation copies");
+    static constexpr int kPackedPerThread = kPackedBytes / 16 / kExpanders; /* entries */
+    static constexpr int kAcc = 64; /* m64n128 accumulators per thread */
+    static_assert(PW == 1 || PW == 2, "one or two expander warpgroups");
+    static_assert(kPackedPerThread * kExpanders * 16 == kPackedBytes, "even expansion split");
     static_assert(kPackedBytes == 16 * 256, "16 layout tiles x 256 bytes per k-tile");
     static_assert(kStageBytes % 1024 == 0 && kActBytes % 1024 == 0, "swizzle alignment");
     static_assert(kSmemBytes <= 227 * 1024, "fits one block's shared memory");
@@ -456,10 +464,15 @@ __device__ __forceinline__ void wgmma_rs<128>(int32_t (&d)[64], const uint32_t (
  * scale-d (no scale/transpose immediates for integer types; A and B are
  * both K-major). */
 template <int N>
-__device__ __forceinline__ void wgmma_ss(int32_t (&d)[N / 2], uint64_t adesc, uint64_t bdesc);
+__device__ __forceinline__ void wgmma_ss(int32_t (&d)[N / 2], uint64_t adesc, uint64_t bdesc,
+                                         int accumulate = 1);
 
+/* accumulate 0: d = A B, the old d ignored (scale-d false), so a new tile
+ * needs no zeroing instructions between wgmmas (ptxas serializes wgmma
+ * whose accumulators other instructions define, C7515). */
 template <>
-__device__ __forceinline__ void wgmma_ss<128>(int32_t (&d)[64], uint64_t adesc, uint64_t bdesc)
+__device__ __forceinline__ void wgmma_ss<128>(int32_t (&d)[64], uint64_t adesc, uint64_t bdesc,
+                                              int accumulate)
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
@@ -476,7 +489,7 @@ __device__ __forceinline__ void wgmma_ss<128>(int32_t (&d)[64], uint64_t adesc, 
                  "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
                  "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
                  "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
-                 : "l"(adesc), "l"(bdesc), "r"(1)
+                 : "l"(adesc), "l"(bdesc), "r"(accumulate)
                  : "memory");
 }
 
@@ -491,6 +504,26 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
 __device__ __forceinline__ void mbar_arrive(uint32_t bar)
 {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+/* One arrival that also expects `bytes` of asynchronous copies (the
+ * phase completes when both are in). */
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
+/* Tensor memory accelerator: the box at (c0, c1) of the 2-D tensor `map`
+ * (a __grid_constant__ kernel parameter) into shared memory at dst,
+ * completing `bar` with its byte count. */
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1,
+                                            uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
 }
 
 /* Returns once the phase of parity `parity` has completed. */
@@ -866,163 +899,163 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
 #endif
 }
 
-template <int STAGES, int AHEAD, int PW>
-__global__ void __launch_bounds__(128 * PW + 256, 1)
-    wgmma_ws_kernel(const uint8_t *__restrict__ w, const int8_t *__restrict__ x, int64_t ldx,
-                    int64_t m, int64_t n, int64_t tiles, int64_t groups, int split,
-                    const float *__restrict__ act_scale, const int32_t *__restrict__ act_sum,
-                    float w_scale, float *__restrict__ y, int64_t ldy)
+template <int STAGES, int PW>
+__global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
+    wgmma_ws_kernel(int64_t m, int64_t n, int64_t tiles, int64_t groups, int64_t m_blocks,
+                    int64_t n_tiles, const float *__restrict__ act_scale,
+                    const int32_t *__restrict__ act_sum, float w_scale, float *__restrict__ y,
+                    int64_t ldy, const __grid_constant__ CUtensorMap act_map,
+                    const __grid_constant__ CUtensorMap w_map)
 {
 #if BN_WGMMA_DEVICE
-    using C = CfgWS<STAGES, AHEAD, PW>;
+    using C = CfgWS<STAGES, PW>;
     constexpr int S = STAGES;
     constexpr int BK = C::kBK;
     extern __shared__ uint8_t smem_raw[];
-    __shared__ __align__(8) uint64_t full_bar[S], empty_bar[S];
+    __shared__ __align__(8) uint64_t full_bar[S], empty_bar[S], copied_bar[S];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     const uint32_t sbase = (raw + 1023u) & ~1023u;
     uint8_t *const sptr = smem_raw + (sbase - raw);
     const uint32_t full0 = (uint32_t)__cvta_generic_to_shared(full_bar);
     const uint32_t empty0 = (uint32_t)__cvta_generic_to_shared(empty_bar);
+    const uint32_t copied0 = (uint32_t)__cvta_generic_to_shared(copied_bar);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int64_t tile0 = (int64_t)blockIdx.y * (C::kBW / kTileRows);
     const int n_kt = (int)(groups * (256 / BK));
-    const int64_t m0 = (int64_t)blockIdx.x * C::kBA;
-    (void)split;
+    /* The output tiles of this block: i-th is blockIdx.x + i gridDim.x. */
+    const int64_t my_tiles =
+        n_tiles > (int64_t)blockIdx.x ? (n_tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    auto tile_origin = [&](int64_t i, int64_t &m0, int64_t &tile0) {
+        const int64_t t = (int64_t)blockIdx.x + i * gridDim.x;
+        m0 = (t % m_blocks) * C::kBA;
+        tile0 = (t / m_blocks) * (C::kBW / kTileRows);
+    };
 
     if (tid == 0) {
         for (int st = 0; st < S; st++) {
-            mbar_init(full0 + 8 * st, C::kProducers);
+            mbar_init(full0 + 8 * st, C::kExpanders);
             mbar_init(empty0 + 8 * st, 256);
+            mbar_init(copied0 + 8 * st, 1); /* one expect_tx arrival + the bytes */
         }
     }
     __syncthreads();
 
-    if (warp < 4 * PW) {
-        /* ---- producer warpgroup ---- */
-        const int p = tid;
-        /* Everything but the k offset is fixed per thread, so the addresses
-         * are computed once (the producer's instruction count per k-tile
-         * bounds how fast it feeds the consumers).
-         *
-         * Activations: copy q (0 .. kActPerThread - 1) is row 16 q + p / 8,
-         * 16-byte chunk p % 8 of the k-tile (act_offset: its swizzle term
-         * depends on row % 8 = (p / 8) % 8 only). */
-        constexpr int kRowsPerCopy = C::kProducers / 8;  /* activation rows per copy q */
-        constexpr int kTilesPerCopy = C::kProducers / 16; /* layout tiles per entry q */
-        const int arow = p >> 3, achunk = p & 7;
-        const uint32_t a_dst = (uint32_t)(arow * 128 + ((achunk ^ (arow & 7)) << 4));
-        const int8_t *a_src = x + (m0 + arow) * ldx + achunk * 16;
-        const int64_t a_step = kRowsPerCopy * ldx;
-        /* Packed weights: entries c = q kProducers + p of the k-tile, layout
-         * tile c / 16 = q kTilesPerCopy + p / 16, entry p % 16 (ss_entry):
-         * row 8 (c / 16) + p % 8 of the block, k chunks 4 ((p % 16) / 8)
-         * .. + 3, whose swizzle term depends on p % 8 only. */
-        const int wtile = p >> 4, went = p & 15;
-        const uint8_t *w_src = w + (tile0 + wtile) * groups * kBlockBytes + went * 16;
-        const int64_t w_step = kTilesPerCopy * groups * kBlockBytes;
-        const int wrow = 8 * wtile + (went & 7), wchunk0 = 4 * (went >> 3);
-        unsigned a_ok = 0, w_ok = 0; /* bit q: copy q is in range */
-#pragma unroll
-        for (int q = 0; q < C::kActPerThread; q++)
-            a_ok |= (m0 + arow + kRowsPerCopy * q < m ? 1u : 0u) << q;
-#pragma unroll
-        for (int q = 0; q < C::kPackedPerThread; q++)
-            w_ok |= (tile0 + wtile + kTilesPerCopy * q < tiles ? 1u : 0u) << q;
-
-        auto copy_stage = [&](int kt) {
-            const uint32_t as = sbase + (uint32_t)((kt % S) * C::kStageBytes);
-            const int8_t *src = a_src + (int64_t)kt * BK;
-#pragma unroll
-            for (int q = 0; q < C::kActPerThread; q++) {
-                const bool ok = (a_ok >> q) & 1u;
-                cp_async16(as + a_dst + (uint32_t)(q * kRowsPerCopy * 128), ok ? src + q * a_step : x,
-                           ok);
+    if (warp == C::kIssuerWarp) {
+        /* ---- copy issuer ---- */
+        if (lane == 0) {
+            /* Stage and phase of k-tile g, advanced by one per k-tile. */
+            int slot = 0;
+            uint32_t phase = 0;
+            bool reuse = false; /* the stage held an earlier k-tile */
+            for (int64_t i = 0; i < my_tiles; i++) {
+                int64_t m0, tile0;
+                tile_origin(i, m0, tile0);
+                for (int kt = 0; kt < n_kt; kt++) {
+                    if (reuse)
+                        mbar_wait(empty0 + 8 * slot, phase ^ 1u);
+                    const uint32_t as = sbase + (uint32_t)(slot * C::kStageBytes);
+                    mbar_expect_tx(copied0 + 8 * slot, C::kActBytes + C::kPackedBytes);
+                    tma_load_2d(as, &act_map, kt * BK, (int)m0, copied0 + 8 * slot);
+                    tma_load_2d(as + C::kActBytes + C::kWBytes, &w_map, kt * 2 * BK, (int)tile0,
+                                copied0 + 8 * slot);
+                    if (++slot == S) {
+                        slot = 0;
+                        phase ^= 1u;
+                        reuse = true;
+                    }
+                }
             }
-            const uint8_t *wsrc = w_src + (int64_t)kt * (2 * BK);
-#pragma unroll
-            for (int q = 0; q < C::kPackedPerThread; q++) {
-                const bool ok = (w_ok >> q) & 1u;
-                cp_async16(as + (uint32_t)(C::kActBytes + C::kWBytes + (q * C::kProducers + p) * 16),
-                           ok ? wsrc + q * w_step : w, ok);
-            }
-        };
-#pragma unroll
-        for (int kt = 0; kt < AHEAD; kt++) {
-            if (kt < n_kt)
-                copy_stage(kt);
-            cp_async_commit();
         }
-        for (int kt = 0; kt < n_kt; kt++) {
-            cp_async_wait<AHEAD - 1>(); /* this thread's copies of k-tile kt */
-            const int slot = kt % S;
+        return;
+    }
+
+    if (warp < 4 * PW) {
+        /* ---- expanders ----
+         * Packed entry c = q kExpanders + tid of a k-tile: layout tile c / 16,
+         * entry c % 16 (ss_entry), i.e. row 8 (c / 16) + c % 8 of the block, k
+         * chunks 4 ((c % 16) / 8) .. + 3, whose swizzle term depends on
+         * c % 8 = tid % 8 only: the addresses are fixed per thread. */
+        const int went = tid & 15;
+        const int wrow = 8 * (tid >> 4) + (went & 7), wchunk0 = 4 * (went >> 3);
+        const int64_t total = my_tiles * n_kt;
+        int slot = 0;
+        uint32_t phase = 0;
+        for (int64_t g = 0; g < total; g++) {
+            mbar_wait(copied0 + 8 * slot, phase);
             const uint8_t *pk = sptr + slot * C::kStageBytes + C::kActBytes + C::kWBytes;
             uint8_t *ap = sptr + slot * C::kStageBytes + C::kActBytes;
 #pragma unroll
             for (int q = 0; q < C::kPackedPerThread; q++) {
-                const uint4 v = *reinterpret_cast<const uint4 *>(pk + (q * C::kProducers + p) * 16);
+                const uint4 v =
+                    *reinterpret_cast<const uint4 *>(pk + (q * C::kExpanders + tid) * 16);
                 const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
-                uint8_t *rowp = ap + (8 * kTilesPerCopy * q + wrow) * 128;
+                uint8_t *rowp = ap + (q * (C::kExpanders / 2) + wrow) * 128;
 #pragma unroll
-                for (int i = 0; i < 4; i++)
-                    *reinterpret_cast<uint4 *>(rowp + (((wchunk0 + i) ^ (wrow & 7)) << 4)) =
-                        make_uint4(expand_codes(wd[i], 0), expand_codes(wd[i], 1),
-                                   expand_codes(wd[i], 2), expand_codes(wd[i], 3));
+                for (int j = 0; j < 4; j++)
+                    *reinterpret_cast<uint4 *>(rowp + (((wchunk0 + j) ^ (wrow & 7)) << 4)) =
+                        make_uint4(expand_codes(wd[j], 0), expand_codes(wd[j], 1),
+                                   expand_codes(wd[j], 2), expand_codes(wd[j], 3));
             }
             fence_proxy_async();
             mbar_arrive(full0 + 8 * slot);
-            /* Then the copies of k-tile kt + AHEAD, once its stage is free
-             * (after publishing kt, so that waiting here never holds back
-             * a k-tile the consumers could already run). */
-            const int pre = kt + AHEAD;
-            if (pre < n_kt) {
-                if (pre >= S)
-                    mbar_wait(empty0 + 8 * (pre % S), (uint32_t)((pre / S - 1) & 1));
-                copy_stage(pre);
+            if (++slot == S) {
+                slot = 0;
+                phase ^= 1u;
             }
-            cp_async_commit();
         }
-        cp_async_wait<0>();
         return;
     }
 
     /* ---- consumer warpgroups ---- */
-    const int g = (warp >> 2) - PW, wq = warp & 3;
+    const int cg = (warp >> 2) - PW, wq = warp & 3;
     const int gid = lane >> 2, tig = lane & 3;
+    int slot = 0, prev = 0; /* stage of this k-tile and of the one before */
+    uint32_t phase = 0;
+    /* Each tile's first wgmma overwrites the accumulators (accumulate 0). */
     int32_t acc[1][C::kAcc];
 #pragma unroll
     for (int v = 0; v < C::kAcc; v++)
         acc[0][v] = 0;
-    for (int kt = 0; kt < n_kt; kt++) {
-        const int slot = kt % S;
-        mbar_wait(full0 + 8 * slot, (uint32_t)((kt / S) & 1));
-        wgmma_fence();
-        const uint32_t stage_addr = sbase + (uint32_t)(slot * C::kStageBytes);
-        const uint32_t a_addr = stage_addr + C::kActBytes;
+    for (int64_t i = 0; i < my_tiles; i++) {
+        int64_t m0, tile0;
+        tile_origin(i, m0, tile0);
+        for (int kt = 0; kt < n_kt; kt++) {
+            mbar_wait(full0 + 8 * slot, phase);
+            mbar_wait(copied0 + 8 * slot, phase);
+            wgmma_fence();
+            const uint32_t stage_addr = sbase + (uint32_t)(slot * C::kStageBytes);
+            const uint32_t a_addr = stage_addr + C::kActBytes;
 #pragma unroll
-        for (int st = 0; st < C::kSteps; st++)
-            wgmma_ss<128>(acc[0], sw128_desc(a_addr + ss_a_step_offset<C::kBW>(g, st)),
-                          sw128_desc(stage_addr + act_step_offset<C::kBA>(st)));
-        wgmma_commit();
-        wgmma_wait<1>();
-        if (kt > 0)
-            mbar_arrive(empty0 + 8 * ((kt - 1) % S));
-    }
-    wgmma_wait<0>();
+            for (int st = 0; st < C::kSteps; st++)
+                wgmma_ss<128>(acc[0], sw128_desc(a_addr + ss_a_step_offset<C::kBW>(cg, st)),
+                              sw128_desc(stage_addr + act_step_offset<C::kBA>(st)),
+                              kt > 0 || st > 0);
+            wgmma_commit();
+            wgmma_wait<1>();
+            if (kt > 0)
+                mbar_arrive(empty0 + 8 * prev);
+            prev = slot;
+            if (++slot == S) {
+                slot = 0;
+                phase ^= 1u;
+            }
+        }
+        wgmma_wait<0>();
+        mbar_arrive(empty0 + 8 * prev);
 #pragma unroll
-    for (int v = 0; v < C::kAcc; v++)
-        pin(acc[0][v]);
+        for (int v = 0; v < C::kAcc; v++)
+            pin(acc[0][v]);
 
-    /* Epilogue (store_group): consumer g is slice g. */
-    const int64_t col0 = tile0 * kTileRows + 16 * wq + gid;
+        /* Epilogue (store_group): consumer cg is slice cg. */
+        const int64_t col0 = tile0 * kTileRows + 16 * wq + gid;
 #pragma unroll
-    for (int j = 0; j < C::kBA / 8; j++)
-        store_group<1>(acc, j, m0, m, n, col0, g, tig, act_scale, act_sum, w_scale, y, ldy);
+        for (int j = 0; j < C::kBA / 8; j++)
+            store_group<1>(acc, j, m0, m, n, col0, cg, tig, act_scale, act_sum, w_scale, y, ldy);
+    }
 #else
-    (void)w, (void)x, (void)ldx, (void)m, (void)n, (void)tiles, (void)groups, (void)split;
-    (void)act_scale;
-    (void)act_sum, (void)w_scale, (void)y, (void)ldy;
+    (void)m, (void)n, (void)tiles, (void)groups, (void)m_blocks, (void)n_tiles;
+    (void)act_scale, (void)act_sum, (void)w_scale, (void)y, (void)ldy, (void)act_map;
+    (void)w_map;
 #endif
 }
 
@@ -1192,27 +1225,84 @@ struct Launch {
     }
 };
 
-/* The warp-specialized kernel: 128 weight rows x 128 activation rows per
- * block, PW producer warpgroups, no split-K. */
-template <int STAGES, int AHEAD, int PW>
+/* cuTensorMapEncodeTiled from the driver, through the runtime (no link to
+ * libcuda); NULL when the driver does not have it. */
+typedef CUresult (*EncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiled encode_tiled()
+{
+    static EncodeTiled fn = [] {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult found;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                             &found) != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess) {
+            cudaGetLastError();
+            p = nullptr;
+        }
+        return reinterpret_cast<EncodeTiled>(p);
+    }();
+    return fn;
+}
+
+/* A 2-D byte tensor of `rows` rows of `cols` bytes, `stride` bytes apart,
+ * read in boxes of box_rows x box_cols bytes (rows past the end read as
+ * zeros). */
+cudaError_t byte_map(CUtensorMap *map, const void *base, uint64_t cols, uint64_t rows,
+                     uint64_t stride, uint32_t box_cols, uint32_t box_rows, bool swizzle128)
+{
+    const EncodeTiled encode = encode_tiled();
+    if (!encode)
+        return cudaErrorNotSupported;
+    const cuuint64_t dims[2] = {cols, rows};
+    const cuuint64_t strides[1] = {stride};
+    const cuuint32_t box[2] = {box_cols, box_rows};
+    const cuuint32_t elem[2] = {1, 1};
+    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(base),
+                              dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              swizzle128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+/* The warp-specialized persistent kernel: one block per SM (at most one per
+ * output tile), copies through tensor maps of both operands. */
+template <int STAGES, int PW>
 struct LaunchWS {
-    using C = CfgWS<STAGES, AHEAD, PW>;
+    using C = CfgWS<STAGES, PW>;
 
     static cudaError_t run(const bn_w2a8_cuda_args *a, cudaStream_t stream)
     {
-        auto kernel = wgmma_ws_kernel<STAGES, AHEAD, PW>;
+        auto kernel = wgmma_ws_kernel<STAGES, PW>;
         bool nothing = false;
         cudaError_t rc = prepare(a, kernel, C::kSmemBytes, &nothing);
         if (rc != cudaSuccess || nothing)
             return rc;
         const int64_t m_blocks = (a->m + C::kBA - 1) / C::kBA;
         const int64_t n_blocks = (a->tiles + C::kBW / kTileRows - 1) / (C::kBW / kTileRows);
-        if (n_blocks > 65535 || m_blocks > 0x7fffffff || 2 * a->groups > 0x7fffffff)
+        /* Box coordinates are int32: the k offset (bytes of a packed row),
+         * the activation row and the layout tile. */
+        if (a->groups * kBlockBytes > 0x7fffffff || a->m > 0x7fffffff || a->tiles > 0x7fffffff)
             return cudaErrorInvalidConfiguration;
-        kernel<<<dim3((unsigned)m_blocks, (unsigned)n_blocks), C::kThreads, C::kSmemBytes,
-                 stream>>>(static_cast<const uint8_t *>(a->weights), a->x, a->ldx, a->m, a->n,
-                           a->tiles, a->groups, 1, a->act_scale, a->act_sum, a->weight_scale,
-                           a->y, a->ldy);
+        CUtensorMap act_map, w_map;
+        rc = byte_map(&act_map, a->x, (uint64_t)(a->groups * 256), (uint64_t)a->m,
+                      (uint64_t)a->ldx, C::kBK, C::kBA, true);
+        if (rc == cudaSuccess)
+            rc = byte_map(&w_map, a->weights, (uint64_t)(a->groups * kBlockBytes),
+                          (uint64_t)a->tiles, (uint64_t)(a->groups * kBlockBytes), 2 * C::kBK,
+                          C::kBW / kTileRows, false);
+        if (rc != cudaSuccess)
+            return rc;
+        const int64_t n_tiles = m_blocks * n_blocks;
+        const int sms = a->sm_count > 0 ? a->sm_count : 132;
+        const unsigned grid = (unsigned)(n_tiles < sms ? n_tiles : sms);
+        kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(
+            a->m, a->n, a->tiles, a->groups, m_blocks, n_tiles, a->act_scale, a->act_sum,
+            a->weight_scale, a->y, a->ldy, act_map, w_map);
         return cudaGetLastError();
     }
 };
@@ -1238,9 +1328,8 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma_split(const bn_w2a8_cuda_args *a,
         return Launch<2, 1, 128, 128, 4, 2, true>::run(a, split, stream);
     case BN_W2A8_WGMMA_128X128_SS:
         return Launch<2, 1, 128, 128, 6, 1, false, 3>::run(a, 1, stream);
-    /*                                         S AHEAD producer warpgroups */
-    case BN_W2A8_WGMMA_128X128_WS: return LaunchWS<6, 3, 1>::run(a, stream);
-    case BN_W2A8_WGMMA_128X128_WS2: return LaunchWS<6, 3, 2>::run(a, stream);
+    /*                                         S  expander warpgroups */
+    case BN_W2A8_WGMMA_128X128_TMA: return LaunchWS<6, 2>::run(a, stream);
     default: return cudaErrorInvalidValue;
     }
 }

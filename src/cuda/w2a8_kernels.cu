@@ -680,17 +680,16 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int
     case 7: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128, stream);
     case 8: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_SPLITK, stream);
     case 9: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_SS, stream);
-    case 10: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_WS, stream);
-    case 11: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_WS2, stream);
+    case 10: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_TMA, stream);
     default: return cudaErrorInvalidValue;
     }
 }
 
 /* Measured on an H200 at M = 512 (docs/PERFORMANCE.md). With Hopper's
  * wgmma available (sm_90a code, a 9.0 device) its 128 x 128 kernels win on
- * every shape except short rows with few tiles (2560 x 2560): the
- * warp-specialized one (11, one block per SM) while the tiles fit one wave
- * (3840 x 2560, 2560 x 6912), the two-blocks-per-SM one (7) beyond. Without it:
+ * every shape: the warp-specialized persistent one (10) up to about two
+ * tiles per SM (2560 x 2560, 3840 x 2560, 2560 x 6912, 5120 x 27648), the
+ * two-blocks-per-SM one (7) beyond (13824 x 2560 and up). Without it:
  * the pipelined 64 x 256 kernel once its tiles fill every SM about twice;
  * with fewer tiles, split-K for long rows, else the 64 x 64 tiled kernel. */
 extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma)
@@ -698,9 +697,14 @@ extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k
     if (m <= BN_W2A8_SKINNY_MAX_M)
         return 1;
     const int64_t wg_tiles = ((m + 127) / 128) * ((n + 127) / 128);
-    if (wgmma && m >= BN_W2A8_WGMMA_MIN_M &&
-        (wg_tiles >= BN_W2A8_WGMMA_MIN_TILES || k >= BN_W2A8_WGMMA_SHORT_K))
-        return wg_tiles <= BN_W2A8_WGMMA_WS_MAX_TILES ? 11 : 7;
+    if (wgmma && m >= BN_W2A8_WGMMA_MIN_M) {
+        const bool long_k = k >= BN_W2A8_WGMMA_SHORT_K;
+        if (wg_tiles <= BN_W2A8_WGMMA_WS_MAX_TILES &&
+            (wg_tiles >= BN_W2A8_WGMMA_WS_MIN_TILES || long_k))
+            return 10;
+        if (wg_tiles >= BN_W2A8_WGMMA_MIN_TILES || long_k)
+            return 7;
+    }
     const int64_t tiles = ((m + 63) / 64) * ((n + 255) / 256);
     if (tiles >= BN_W2A8_PIPE_MIN_TILES)
         return 3;
@@ -726,7 +730,12 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_
     const int64_t k = a->groups * BN_CUDA_GROUP; /* the padded row length */
     const int v = bn_w2a8_cuda_gemm_default_variant(a->m, a->n, k,
                                                     bn_w2a8_cuda_gemm_wgmma_usable());
-    return bn_w2a8_cuda_gemm_variant(a, v, stream);
+    const cudaError_t rc = bn_w2a8_cuda_gemm_variant(a, v, stream);
+    /* The warp-specialized kernel also needs the driver's tensor-map
+     * encoder; without it, the other wgmma kernel (nothing was launched). */
+    if (rc == cudaErrorNotSupported && v == 10)
+        return bn_w2a8_cuda_gemm_variant(a, 7, stream);
+    return rc;
 }
 
 extern "C" cudaError_t bn_cuda_quantize_rows(const float *x, int64_t m, int64_t k, int64_t ldx,
