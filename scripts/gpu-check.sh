@@ -60,24 +60,37 @@ if [ $tests -eq 1 ]; then
 fi
 if [ $sanitize -eq 1 ]; then
     # Every gpu-labelled test under memcheck and racecheck, in quick mode
-    # where a test has one. CUDA API errors are not counted: several tests
+    # (BN_TEST_QUICK=1) where a test has one, with the command line ctest
+    # runs (arguments included), SAN_JOBS runs at a time (default 8), each
+    # within SAN_TIMEOUT seconds (default 600; a timeout is reported as
+    # such, not as a pass). CUDA API errors are not counted: several tests
     # provoke them on purpose (impossible allocations, bad PTX).
-    mapfile -t gpu_tests < <(ctest --test-dir "$build" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p')
-    for t in "${gpu_tests[@]}"; do
-        if [ -n "$sanitize_only" ] && [[ ",$sanitize_only," != *",$t,"* ]]; then
-            continue
-        fi
-        exe=$(find "$build/tests" -maxdepth 1 -name "$t" -type f | head -1)
-        [ -n "$exe" ] || continue
-        for tool in memcheck racecheck; do
-            log="$out/sanitize-$tool-$t.log"
-            BN_TEST_QUICK=1 timeout 300 compute-sanitizer --tool $tool --report-api-errors no \
-                --error-exitcode 9 "$exe" >"$log" 2>&1
-            rc=$?
-            summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)
-            echo "sanitize $tool $t: exit $rc ${summary#========= }" | tee -a "$out/sanitize.log"
-        done
-    done
+    ctest --test-dir "$build" -N -L gpu --show-only=json-v1 >"$out/gpu-tests.json"
+    python3 - "$out/gpu-tests.json" "$sanitize_only" >"$out/sanitize-runs.txt" <<'PY'
+import json, shlex, sys
+only = [t for t in sys.argv[2].split(",") if t]
+for t in json.load(open(sys.argv[1]))["tests"]:
+    if only and t["name"] not in only:
+        continue
+    for tool in ("memcheck", "racecheck"):
+        print(tool, t["name"], " ".join(shlex.quote(c) for c in t["command"]))
+PY
+    run_sanitizer() { # tool name command...
+        local tool=$1 name=$2
+        shift 2
+        local log="$out/sanitize-$tool-$name.log"
+        BN_TEST_QUICK=1 timeout "${SAN_TIMEOUT:-600}" compute-sanitizer --tool "$tool" \
+            --report-api-errors no --error-exitcode 9 "$@" >"$log" 2>&1
+        local rc=$?
+        local summary
+        summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)
+        [ $rc -eq 124 ] && summary="timed out after ${SAN_TIMEOUT:-600} s (no verdict)"
+        echo "sanitize $tool $name: exit $rc ${summary#========= }"
+    }
+    export -f run_sanitizer
+    export out SAN_TIMEOUT
+    xargs -P "${SAN_JOBS:-8}" -L 1 bash -c 'run_sanitizer "$@"' _ <"$out/sanitize-runs.txt" |
+        sort | tee -a "$out/sanitize.log"
 fi
 if [ $bench -eq 1 ]; then
     "$build/bitnet" bench kernels --device cuda $variants 2>&1 | tee "$out/bench_cuda.md"

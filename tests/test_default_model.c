@@ -153,12 +153,18 @@ int main(int argc, char **argv)
     const double want_ppl = cJSON_GetNumberValue(cJSON_GetObjectItem(ref, "test_ppl_ctx512"));
     CHECK(ref && cJSON_GetArraySize(greedy) >= 3 && want_ppl > 1.0);
 
+    /* BN_TEST_QUICK=1 (the compute-sanitizer runs of scripts/gpu-check.sh):
+     * the greedy checks on the first file only; the held-out perplexity
+     * (hundreds of chunks) is left to the full run. */
+    const bool quick = getenv("BN_TEST_QUICK") && strcmp(getenv("BN_TEST_QUICK"), "0") != 0;
     const char *files[] = {"bitnet-kjv-7m-i2_s.gguf", "bitnet-kjv-7m-tq2_0.gguf", "hf"};
     double ppl[2] = {0, 0};
     for (int f = 0; f < 3; f++) {
         const bool hf = strcmp(files[f], "hf") == 0;
         if (hf && strcmp(device, "cpu") != 0)
             continue; /* the same numbers as the files; the CPU run covers the reader */
+        if (quick && f > 0)
+            continue;
         snprintf(path, sizeof path, "%s/%s", dir, files[f]);
         bool skip = false;
         bn_engine *e = open_engine(path, device, &skip);
@@ -173,12 +179,13 @@ int main(int argc, char **argv)
         char what[256];
         snprintf(what, sizeof what, "%s on %s", files[f], bn_engine_startup_line(e));
         check_greedy(e, what, greedy);
-        if (!hf)
+        if (!hf && !quick)
             ppl[f] = check_perplexity(e, what, text, text_len, want_ppl);
         bn_engine_free(e);
     }
     /* The two files hold the same codes and scales: the same arithmetic. */
-    CHECK_MSG(ppl[0] == ppl[1], "I2_S %.9g vs TQ2_0 %.9g", ppl[0], ppl[1]);
+    if (!quick)
+        CHECK_MSG(ppl[0] == ppl[1], "I2_S %.9g vs TQ2_0 %.9g", ppl[0], ppl[1]);
 
     cJSON_Delete(ref);
     free(json);
