@@ -18,8 +18,9 @@
  * smallest piece of work a GEMV or norm stage does after its inputs are
  * ready). Per-stage time = replay time / stages.
  *
- * Build: nvcc -O3 -arch=sm_90 -o step_sync bench/step_sync.cu
- * Run:   ./step_sync [stages]   (default 270, the 2B-4T decode step's count) */
+ * Build: with the CUDA backend (build/step_sync), or
+ *        nvcc -O3 -arch=sm_90 -o step_sync bench/step_sync.cu
+ * Run:   step_sync [stages]   (default 270, the 2B-4T decode step's count) */
 #include <cuda_runtime.h>
 
 #include <stdio.h>
@@ -37,10 +38,19 @@
 
 enum { kThreads = 256, kDim = 2560 };
 
-__device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+/* Programmatic dependent launch (compute capability 9.0; on older devices
+ * the launches simply run one after another). */
+__device__ __forceinline__ void pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 __device__ __forceinline__ void pdl_trigger(void)
 {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 /* One stage's work: read all of `in` through L2, sum it over the block,
