@@ -129,23 +129,11 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
     }
     if (FIELDS)
         acc = fields[0] + (fields[1] >> 2) + (fields[2] >> 4) + (fields[3] >> 6);
-    /* Lanes r, r+8, r+16, r+24 hold the four quarters of row r. */
-    acc += __shfl_xor_sync(0xffffffffu, acc, 8);
-    acc += __shfl_xor_sync(0xffffffffu, acc, 16);
-    if (lane < kTileRows)
-        partial[tile_in_block][split][lane] = acc;
-    __syncthreads();
-    if (threadIdx.x < TILES * kTileRows) {
-        const int t = threadIdx.x / kTileRows, r = threadIdx.x % kTileRows;
-        const int64_t out_row = ((int64_t)blockIdx.x * TILES + t) * kTileRows + r;
-        if (out_row < n) {
-            int total = 0;
-#pragma unroll
-            for (int s = 0; s < WARPS; s++)
-                total += partial[t][s][r];
-            y[out_row] = epilogue(total - act_sum[0], act_scale[0], w_scale);
-        }
-    }
+    gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, threadIdx.x, n,
+                                     [&](int64_t out_row, int total) {
+                                         y[out_row] =
+                                             epilogue(total - act_sum[0], act_scale[0], w_scale);
+                                     });
 }
 
 template <int WARPS, int TILES, int UNROLL, bool X_SMEM, bool FIELDS>
