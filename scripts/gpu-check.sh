@@ -12,6 +12,8 @@
 #   --label L: run only the ctest tests labelled L (e.g. gpu).
 #   --sanitize-only: the sanitizers over these gpu tests only.
 #   --variants: the kernel benchmark times every kernel variant.
+# environment: SAN_JOBS (sanitizer runs at a time, 8), SAN_TIMEOUT (seconds
+#   per run, 600), SAN_PARTS (processes for racecheck of test_cuda_kernels, 8).
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -66,20 +68,32 @@ if [ $sanitize -eq 1 ]; then
     # such, not as a pass). CUDA API errors are not counted: several tests
     # provoke them on purpose (impossible allocations, bad PTX).
     ctest --test-dir "$build" -N -L gpu --show-only=json-v1 >"$out/gpu-tests.json"
-    python3 - "$out/gpu-tests.json" "$sanitize_only" >"$out/sanitize-runs.txt" <<'PY'
-import json, shlex, sys
+    # test_cuda_kernels under racecheck takes longer than one run may: it
+    # runs as SAN_PARTS processes (default 8) with BN_TEST_PART=i/n and one
+    # seed, which together check the problems of one run.
+    python3 - "$out/gpu-tests.json" "$sanitize_only" "${SAN_PARTS:-8}" >"$out/sanitize-runs.txt" <<'PY'
+import json, random, shlex, sys
 only = [t for t in sys.argv[2].split(",") if t]
+parts = int(sys.argv[3])
+seed = random.randrange(1, 2**48)
 for t in json.load(open(sys.argv[1]))["tests"]:
     if only and t["name"] not in only:
         continue
+    command = " ".join(shlex.quote(c) for c in t["command"])
     for tool in ("memcheck", "racecheck"):
-        print(tool, t["name"], " ".join(shlex.quote(c) for c in t["command"]))
+        if tool == "racecheck" and t["name"] == "test_cuda_kernels" and parts > 1:
+            for i in range(parts):
+                print(tool, f"{t['name']}.part{i}", f"BN_TEST_PART={i}/{parts},BN_TEST_SEED={seed}",
+                      command)
+        else:
+            print(tool, t["name"], "-", command)
 PY
-    run_sanitizer() { # tool name command...
-        local tool=$1 name=$2
-        shift 2
+    run_sanitizer() { # tool name env(VAR=value,... or -) command...
+        local tool=$1 name=$2 vars=$3
+        shift 3
         local log="$out/sanitize-$tool-$name.log"
-        BN_TEST_QUICK=1 timeout "${SAN_TIMEOUT:-600}" compute-sanitizer --tool "$tool" \
+        [ "$vars" = - ] && vars=""
+        env ${vars//,/ } BN_TEST_QUICK=1 timeout "${SAN_TIMEOUT:-600}" compute-sanitizer --tool "$tool" \
             --report-api-errors no --error-exitcode 9 "$@" >"$log" 2>&1
         local rc=$?
         local summary

@@ -13,6 +13,11 @@
 #include "w2a8_cuda.h"
 
 static int sm_count;
+/* BN_TEST_PART=i/n: only every n-th problem, starting at the i-th, reaches
+ * the GPU (the others still draw their random data, so with one
+ * BN_TEST_SEED the n parts together check exactly the problems one run
+ * does). Lets a slow tool (racecheck) run the test as n processes. */
+static int part_index, part_count = 1, problem_counter;
 static bool wgmma_usable; /* compute capability 9.0 and this build has sm_90a code */
 
 static bool same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
@@ -49,6 +54,11 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     float *x = malloc(sizeof(float) * (size_t)(m * k));
     random_activations(x, m * k);
     const float ws = test_rand_float(0.01f, 2.0f);
+    if (problem_counter++ % part_count != part_index) {
+        free(codes);
+        free(x);
+        return;
+    }
 
     bn_q8_rows xq;
     CHECK(bn_q8_rows_alloc(&xq, m, k, NULL) == BN_OK);
@@ -214,6 +224,17 @@ static void check_quantize(int64_t m, int64_t k)
 
 int main(void)
 {
+    const char *part = getenv("BN_TEST_PART");
+    if (part) {
+        char end = 0;
+        if (sscanf(part, "%d/%d%c", &part_index, &part_count, &end) != 2 || part_count < 1 ||
+            part_index < 0 || part_index >= part_count) {
+            fprintf(stderr, "BN_TEST_PART=%s: expected i/n with 0 <= i < n\n", part);
+            return 2;
+        }
+        printf("part %d of %d: GEMV/GEMM problems %d, %d, %d, ...\n", part_index, part_count,
+               part_index, part_index + part_count, part_index + 2 * part_count);
+    }
     sm_count = test_require_cuda(8, "the W2A8 GEMM").multiProcessorCount;
     {
         /* Whether the split-K tests below reach the cluster path (compute
