@@ -139,6 +139,13 @@ struct bn_cuda_backend {
     bn_rope_freqs freqs;
 
     cudaGraphExec_t graph;
+    cudaGraph_t graph_src;         /* what `graph` was instantiated from        */
+    cudaGraphNode_t *graph_nodes;  /* its kernel nodes in launch order          */
+    unsigned char *graph_node_stage; /* the bn_cuda_stage of each               */
+    int n_graph_nodes;             /* 0: no stage map (then no skip timing)     */
+    const char *stage_map_why;     /* why there is none                         */
+    int *capture_stages;           /* while capturing: stage, launches, ...     */
+    int n_capture, cap_capture;
     bool use_graphs;
     bool pdl;                  /* decode kernels use programmatic dependent launch */
     bn_cuda_fusion fusion;     /* how the decode step's norms meet the GEMVs (never
@@ -210,6 +217,10 @@ static bn_status dalloc(bn_cuda_backend *b, size_t bytes, void **out, bn_error *
 
 static bn_status mark(bn_cuda_backend *b, bn_cuda_stage stage, int launches, bn_error *err)
 {
+    if (b->capture_stages && b->n_capture + 2 <= b->cap_capture) {
+        b->capture_stages[b->n_capture++] = (int)stage;
+        b->capture_stages[b->n_capture++] = launches;
+    }
     prof *p = b->prof;
     if (!p)
         return BN_OK;
@@ -1138,6 +1149,78 @@ static bn_status upload_norms(bn_cuda_backend *b, bn_error *err)
  * a graph) is retried without it. */
 static bool capture_graph_once(bn_cuda_backend *b, bool log_failure);
 
+static void free_stage_map(bn_cuda_backend *b)
+{
+    free(b->graph_nodes);
+    free(b->graph_node_stage);
+    b->graph_nodes = NULL;
+    b->graph_node_stage = NULL;
+    b->n_graph_nodes = 0;
+    if (b->graph_src)
+        cudaGraphDestroy(b->graph_src);
+    b->graph_src = NULL;
+}
+
+/* Names the stage of every kernel node of the captured decode graph: the
+ * capture is one chain, so walking it from its root meets the kernels in
+ * launch order, and mark() logged how many each stage launched. False (no
+ * map, nothing kept) when the graph is not such a chain or the counts
+ * disagree: only the skip timing needs the map. */
+static bool map_graph_stages(bn_cuda_backend *b, cudaGraph_t graph)
+{
+    free_stage_map(b);
+    int total = 0;
+    for (int i = 1; i < b->n_capture; i += 2)
+        total += b->capture_stages[i];
+    if (!b->capture_stages || total <= 0)
+        return false;
+    b->graph_nodes = calloc((size_t)total, sizeof *b->graph_nodes);
+    b->graph_node_stage = calloc((size_t)total, 1);
+    if (!b->graph_nodes || !b->graph_node_stage) {
+        free_stage_map(b);
+        return false;
+    }
+    cudaGraphNode_t node = NULL;
+    size_t n = 1;
+    bool ok = cudaGraphGetRootNodes(graph, &node, &n) == cudaSuccess && n == 1;
+    int found = 0, entry = 0, left = b->n_capture > 1 ? b->capture_stages[1] : 0;
+    while (ok && node) {
+        enum cudaGraphNodeType type;
+        ok = cudaGraphNodeGetType(node, &type) == cudaSuccess;
+        if (ok && type == cudaGraphNodeTypeKernel) {
+            while (left == 0 && entry + 3 < b->n_capture) {
+                entry += 2;
+                left = b->capture_stages[entry + 1];
+            }
+            ok = found < total && left > 0;
+            if (ok) {
+                b->graph_nodes[found] = node;
+                b->graph_node_stage[found++] = (unsigned char)b->capture_stages[entry];
+                left--;
+            }
+        }
+        /* With edge data: programmatic (PDL) edges carry some, and a query
+         * without it fails as lossy. */
+        cudaGraphNode_t next[2];
+        cudaGraphEdgeData edges[2];
+        n = 2;
+        ok = ok && cudaGraphNodeGetDependentNodes(node, next, edges, &n) == cudaSuccess && n <= 1;
+        node = ok && n == 1 ? next[0] : NULL;
+    }
+    (void)cudaGetLastError();
+    b->stage_map_why = !ok ? "the decode graph is not one chain of kernels in launch order"
+                           : "the decode graph's kernels and the stages' launches differ in number";
+    if (!ok || found != total) {
+        free(b->graph_nodes);
+        free(b->graph_node_stage);
+        b->graph_nodes = NULL;
+        b->graph_node_stage = NULL;
+        return false;
+    }
+    b->n_graph_nodes = found;
+    return true;
+}
+
 static void capture_graph(bn_cuda_backend *b)
 {
     if (capture_graph_once(b, !b->pdl))
@@ -1158,6 +1241,10 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure)
     cudaError_t rc = cudaStreamBeginCapture(b->cs, cudaStreamCaptureModeRelaxed);
     bn_status st = BN_ERR_GPU;
     const unsigned before = b->ran;
+    /* The stages in launch order, for bn_cuda_backend_time_decode_without. */
+    b->cap_capture = 4 * (b->hp.n_layer * 16 + 8);
+    b->capture_stages = calloc((size_t)b->cap_capture, sizeof *b->capture_stages);
+    b->n_capture = 0;
     if (rc == cudaSuccess) {
         b->ran = 0;
         st = enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, &cerr);
@@ -1176,6 +1263,12 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure)
             st = BN_ERR_GPU;
         }
     }
+    if (st == BN_OK && b->graph && map_graph_stages(b, graph)) {
+        b->graph_src = graph; /* kept: its nodes name the exec graph's nodes */
+        graph = NULL;
+    }
+    free(b->capture_stages);
+    b->capture_stages = NULL;
     if (graph)
         cudaGraphDestroy(graph);
     if (st != BN_OK || !b->graph) {
@@ -1483,6 +1576,7 @@ void bn_cuda_backend_free(bn_cuda_backend *b)
         (void)cudaStreamSynchronize(b->cs);
         if (b->graph)
             cudaGraphExecDestroy(b->graph);
+        free_stage_map(b);
         for (int i = 0; i < b->n_allocs; i++)
             bn_cuda_context_free(b->ctx, b->allocs[i].p, b->allocs[i].bytes);
         if (b->h_io)
@@ -1655,6 +1749,110 @@ bn_status bn_cuda_backend_time_decode(bn_cuda_backend *b, int32_t token, int64_t
     }
     *us_per_step = st == BN_OK ? (bn_time_seconds() - t0) * 1e6 / reps : 0.0;
     return st;
+}
+
+bn_status bn_cuda_backend_time_decode_without(bn_cuda_backend *b, unsigned stages, int32_t token,
+                                              int64_t pos, int reps, double *us_per_step,
+                                              int *disabled, bn_error *err)
+{
+    if (!b || !us_per_step || !disabled || reps < 1)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "time_decode_without: bad arguments");
+    *disabled = 0;
+    *us_per_step = 0.0;
+    if (!b->graph || !b->use_graphs || b->n_graph_nodes == 0)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
+                            "time_decode_without: no decode graph with a stage map (%s)",
+                            !b->graph || !b->use_graphs ? "no graph"
+                            : b->stage_map_why          ? b->stage_map_why
+                                                        : "not mapped");
+    bn_status st = bn_cuda_context_use(b->ctx, err);
+    for (int i = 0; i < b->n_graph_nodes && st == BN_OK; i++)
+        if (stages >> b->graph_node_stage[i] & 1u) {
+            st = BN_CUDA_STATUS(err, cudaGraphNodeSetEnabled(b->graph, b->graph_nodes[i], 0));
+            *disabled += st == BN_OK;
+        }
+    if (st == BN_OK)
+        st = bn_cuda_backend_time_decode(b, token, pos, reps, us_per_step, err);
+    /* Every node back on, whatever happened above. */
+    for (int i = 0; i < b->n_graph_nodes; i++)
+        if (stages >> b->graph_node_stage[i] & 1u)
+            (void)cudaGraphNodeSetEnabled(b->graph, b->graph_nodes[i], 1);
+    (void)cudaGetLastError();
+    return st;
+}
+
+#ifdef BN_DECODE_TRACE
+cudaError_t bn_cb_trace_attach(void *recs, unsigned *count, unsigned cap);
+cudaError_t bn_w2a8_trace_attach(void *recs, unsigned *count, unsigned cap);
+#endif
+
+bn_status bn_cuda_backend_trace_decode(bn_cuda_backend *b, int32_t token, int64_t pos,
+                                       const char *path, int *records, bn_error *err)
+{
+    if (!b || !path || !records)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "trace_decode: bad arguments");
+    *records = 0;
+#ifndef BN_DECODE_TRACE
+    (void)token;
+    (void)pos;
+    return bn_error_set(err, BN_ERR_UNSUPPORTED, "configure with -DBITNET_DECODE_TRACE=ON",
+                        "this build does not trace the decode kernels");
+#else
+    /* One record per block: 32 bytes (pdl.cuh's bn_trace_rec). */
+    enum { kRecBytes = 32 };
+    const unsigned cap = 1u << 18;
+    void *recs = NULL;
+    unsigned *count = NULL;
+    bn_status st = bn_cuda_context_use(b->ctx, err);
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaMalloc(&recs, (size_t)cap * kRecBytes));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaMalloc((void **)&count, sizeof *count));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaMemset(count, 0, sizeof *count));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, bn_cb_trace_attach(recs, count, cap));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, bn_w2a8_trace_attach(recs, count, cap));
+    int32_t next;
+    if (st == BN_OK)
+        st = bn_cuda_backend_submit_greedy(b, token, pos, err);
+    if (st == BN_OK)
+        st = bn_cuda_backend_wait_greedy(b, &next, err);
+    unsigned n = 0;
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaMemcpy(&n, count, sizeof n, cudaMemcpyDeviceToHost));
+    n = n < cap ? n : cap;
+    unsigned char *host = st == BN_OK ? malloc((size_t)n * kRecBytes + 1) : NULL;
+    if (st == BN_OK && !host)
+        st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the trace");
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaMemcpy(host, recs, (size_t)n * kRecBytes,
+                                            cudaMemcpyDeviceToHost));
+    (void)bn_cb_trace_attach(NULL, NULL, 0);
+    (void)bn_w2a8_trace_attach(NULL, NULL, 0);
+    cudaFree(recs);
+    cudaFree(count);
+    FILE *f = st == BN_OK ? fopen(path, "w") : NULL;
+    if (st == BN_OK && !f)
+        st = bn_error_set(err, BN_ERR_IO, NULL, "cannot write %s", path);
+    if (f) {
+        fprintf(f, "t_run_ns,t_ready_ns,grid,threads,block,sm\n");
+        for (unsigned i = 0; i < n; i++) {
+            unsigned long long t[2];
+            unsigned u[4];
+            memcpy(t, host + (size_t)i * kRecBytes, sizeof t);
+            memcpy(u, host + (size_t)i * kRecBytes + sizeof t, sizeof u);
+            fprintf(f, "%llu,%llu,%u,%u,%u,%u\n", t[0], t[1], u[0], u[1], u[2], u[3]);
+        }
+        if (fclose(f) != 0)
+            st = bn_error_set(err, BN_ERR_IO, NULL, "cannot write %s", path);
+    }
+    free(host);
+    *records = (int)n;
+    return st;
+#endif
 }
 
 bn_status bn_cuda_backend_copy_bandwidth(bn_cuda_backend *b, uint64_t bytes, double *gbs,

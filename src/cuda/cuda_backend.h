@@ -225,6 +225,25 @@ bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int6
 bn_status bn_cuda_backend_time_decode(bn_cuda_backend *b, int32_t token, int64_t pos, int reps,
                                       double *us_per_step, bn_error *err);
 
+/* What each stage costs the graph-replayed step: the same timing as
+ * time_decode with the decode graph's kernels of the stages in the bit mask
+ * `stages` (1 << bn_cuda_stage) disabled (empty nodes; the rest of the
+ * chain unchanged). The step's results are meaningless while they are off,
+ * and the KV cache at `pos` is left with them: run a normal step at `pos`
+ * afterwards. *disabled: the kernel nodes turned off. BN_ERR_UNSUPPORTED
+ * without a captured graph whose kernels could be matched to stages. */
+bn_status bn_cuda_backend_time_decode_without(bn_cuda_backend *b, unsigned stages, int32_t token,
+                                              int64_t pos, int reps, double *us_per_step,
+                                              int *disabled, bn_error *err);
+
+/* One greedy decode step of `token` at `pos` (graph replay when in use)
+ * with every traced kernel's blocks noting when they ran and when their
+ * inputs were ready (pdl.cuh), written to `path` as CSV; *records: the
+ * blocks noted. BN_ERR_UNSUPPORTED unless built with
+ * -DBITNET_DECODE_TRACE=ON. scripts/decode_trace.py reads the file. */
+bn_status bn_cuda_backend_trace_decode(bn_cuda_backend *b, int32_t token, int64_t pos,
+                                       const char *path, int *records, bn_error *err);
+
 /* Device-to-device copy bandwidth in GB/s (bytes read + bytes written per
  * second), measured with a `bytes` copy (halved until it fits). */
 bn_status bn_cuda_backend_copy_bandwidth(bn_cuda_backend *b, uint64_t bytes, double *gbs,

@@ -2293,3 +2293,7 @@ extern "C" cudaError_t bn_cb_head_gemv(const void *w, int type, int64_t rows, in
         return cudaErrorInvalidValue;
     }
 }
+
+#ifdef BN_DECODE_TRACE
+BN_TRACE_ATTACH(bn_cb_trace_attach)
+#endif

@@ -30,15 +30,72 @@
 
 #include <utility>
 
+/* Decode tracing (a build with -DBITNET_DECODE_TRACE=ON, for measurement
+ * only): thread 0 of every block notes the global timer at pdl_trigger()
+ * (the block runs) and after pdl_wait() (its inputs are ready) into a
+ * device buffer that the host attaches per .cu file (BN_TRACE_ATTACH).
+ * docs/PERFORMANCE.md says how the step is read from them. */
+#ifdef BN_DECODE_TRACE
+struct bn_trace_rec {
+    unsigned long long t_run, t_ready; /* ns, %globaltimer               */
+    unsigned grid, threads, block, sm;
+};
+static __device__ bn_trace_rec *bn_trace_recs;
+static __device__ unsigned *bn_trace_count;
+static __device__ unsigned bn_trace_cap;
+
+__device__ __forceinline__ unsigned long long bn_trace_now()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ unsigned long long &bn_trace_run_time()
+{
+    __shared__ unsigned long long t_run;
+    return t_run;
+}
+
+/* Defines the host function that points this file's kernels at a buffer. */
+#define BN_TRACE_ATTACH(name)                                                                   \
+    extern "C" cudaError_t name(void *recs, unsigned *count, unsigned cap)                       \
+    {                                                                                            \
+        bn_trace_rec *r = static_cast<bn_trace_rec *>(recs);                                     \
+        cudaError_t rc = cudaMemcpyToSymbol(bn_trace_recs, &r, sizeof r);                        \
+        if (rc == cudaSuccess)                                                                   \
+            rc = cudaMemcpyToSymbol(bn_trace_count, &count, sizeof count);                       \
+        return rc == cudaSuccess ? cudaMemcpyToSymbol(bn_trace_cap, &cap, sizeof cap) : rc;      \
+    }
+#endif
+
 __device__ __forceinline__ void pdl_wait()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+#ifdef BN_DECODE_TRACE
+    if (threadIdx.x == 0 && threadIdx.y == 0 && bn_trace_recs) {
+        const unsigned i = atomicAdd(bn_trace_count, 1u);
+        if (i < bn_trace_cap) {
+            unsigned sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            bn_trace_rec r = {bn_trace_run_time(), bn_trace_now(),
+                              gridDim.x * gridDim.y * gridDim.z,
+                              blockDim.x * blockDim.y * blockDim.z,
+                              blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), sm};
+            bn_trace_recs[i] = r;
+        }
+    }
+#endif
 }
 
 __device__ __forceinline__ void pdl_trigger()
 {
+#ifdef BN_DECODE_TRACE
+    if (threadIdx.x == 0 && threadIdx.y == 0)
+        bn_trace_run_time() = bn_trace_now();
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif

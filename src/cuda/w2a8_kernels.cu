@@ -738,3 +738,7 @@ extern "C" cudaError_t bn_cuda_quantize_rows(const float *x, int64_t m, int64_t 
     quantize_kernel<<<(unsigned)m, threads, 0, stream>>>(x, k, ldx, q, ldq, scale, sum);
     return cudaGetLastError();
 }
+
+#ifdef BN_DECODE_TRACE
+BN_TRACE_ATTACH(bn_w2a8_trace_attach)
+#endif

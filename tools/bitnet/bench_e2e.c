@@ -130,6 +130,66 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
     printf("  %-36s %9.1f %7s %9d\n\n", "total (instrumented)", t.total_ms * 1000.0, "",
            launches);
 
+    if (graphs && graph_us > 0.0) {
+        /* What each stage costs the replayed chain: the step with that
+         * stage's kernels disabled (empty graph nodes), same position. */
+        const unsigned norms = 1u << BN_CUDA_STAGE_ATTN_NORM | 1u << BN_CUDA_STAGE_SUB_NORM |
+                               1u << BN_CUDA_STAGE_FFN_NORM | 1u << BN_CUDA_STAGE_RELU2;
+        const unsigned gemvs = 1u << BN_CUDA_STAGE_QKV | 1u << BN_CUDA_STAGE_O |
+                               1u << BN_CUDA_STAGE_GATE_UP | 1u << BN_CUDA_STAGE_DOWN;
+        struct {
+            unsigned mask;
+            const char *name;
+        } sets[BN_CUDA_STAGE_COUNT + 2];
+        int n_sets = 0;
+        for (int s = 0; s < BN_CUDA_STAGE_ARGMAX; s++)
+            if (t.launches[s] > 0) {
+                sets[n_sets].mask = 1u << s;
+                sets[n_sets++].name = bn_cuda_stage_name((bn_cuda_stage)s);
+            }
+        sets[n_sets].mask = norms;
+        sets[n_sets++].name = "all norm + int8 stages";
+        sets[n_sets].mask = gemvs;
+        sets[n_sets++].name = "all ternary GEMVs";
+        bool header = false;
+        for (int i = 0; i < n_sets; i++) {
+            double us = 0.0;
+            int off = 0;
+            bn_error serr;
+            bn_error_clear(&serr);
+            if (bn_cuda_backend_time_decode_without(cb, sets[i].mask, token, pos, reps, &us, &off,
+                                                    &serr) != BN_OK) {
+                printf("\nstage cost in the graph: not measured (%s)\n", serr.message);
+                break;
+            }
+            if (!header) {
+                printf("what each stage costs the graph-replayed step (the step timed again with "
+                       "that stage's kernels disabled, results meaningless):\n");
+                printf("  %-36s %9s %9s %9s\n", "without", "step us", "saved us", "nodes");
+                header = true;
+            }
+            printf("  %-36s %9.1f %9.1f %9d\n", sets[i].name, us, graph_us - us, off);
+        }
+        if (header)
+            printf("\n");
+        /* A normal step at pos again: the KV cache there as it should be. */
+        double again = 0.0;
+        if (bn_cuda_backend_time_decode(cb, token, pos, 1, &again, &err) != BN_OK)
+            return cli_fail(&err);
+    }
+    const char *trace = getenv("BITNET_DECODE_TRACE");
+    if (trace && *trace) {
+        int records = 0;
+        bn_error terr;
+        bn_error_clear(&terr);
+        if (bn_cuda_backend_trace_decode(cb, token, pos, trace, &records, &terr) == BN_OK)
+            printf("trace     %d block records of one decode step written to %s "
+                   "(scripts/decode_trace.py reads them)\n\n",
+                   records, trace);
+        else
+            printf("trace     not written: %s\n\n", terr.message);
+    }
+
     printf("memory    GPU %.1f MiB: ternary weights %.1f, embedding %.1f, LM head %.1f%s, norms "
            "%.2f, KV cache %.1f (%s, %lld positions), scratch %.1f; peak %.1f MiB (with the "
            "bandwidth test's buffers); %.1f of %.1f GiB free after loading\n",
