@@ -12,6 +12,10 @@ per kernel of the chain and averaged over the layers:
           (positive: those blocks ran only after the inputs were ready, so
           they prefetched nothing before the wait)
   spread  last block past the wait minus the first
+  m0..m3  the latest block at each point pdl_mark(k) of the kernel, against
+          its ready time (- where the kernel has no such point)
+  hand    the next kernel's ready time against this kernel's latest mark:
+          completion and hand-over, after the last marked point
 
 usage: decode_trace.py TRACE.csv
 """
@@ -35,6 +39,7 @@ def kernels(rows):
             "grid": g, "threads": t, "blocks": len(blk),
             "run0": min(r["t_run_ns"] for r in blk), "run1": max(r["t_run_ns"] for r in blk),
             "rdy0": min(r["t_ready_ns"] for r in blk), "rdy1": max(r["t_ready_ns"] for r in blk),
+            "marks": [max((r.get(f"m{j}", 0) for r in blk), default=0) for j in range(4)],
         })
         i += len(blk)
     return out
@@ -66,6 +71,10 @@ def main():
     for k in ks:
         k["late"] = (k["run1"] - k["rdy0"]) / 1e3
         k["spread"] = (k["rdy1"] - k["rdy0"]) / 1e3
+        k["m"] = [(m - k["rdy0"]) / 1e3 if m else None for m in k["marks"]]
+    for a, b in zip(ks, ks[1:]):
+        last = max(m for m in a["marks"]) if any(a["marks"]) else 0
+        a["hand"] = (b["rdy0"] - last) / 1e3 if last else None
     first, last = ks[0]["rdy0"], ks[-1]["rdy0"]
     print(f"{len(ks)} kernels traced; first ready to last ready {(last - first) / 1e3:.1f} us")
     p = period(ks)
@@ -77,16 +86,22 @@ def main():
               f"{k.get('early', 0):7.2f} {k['late']:7.2f} {k['spread']:7.2f}")
     if p:
         print(f"\naveraged over the layers (position in the layer's {p} kernels; chain is the "
-              "cost of the kernel BEFORE this one)")
-        print(f"{'pos':>4} {'grid':>6} {'thr':>5} {'chain':>7} {'early':>7} {'late':>7} {'spread':>7}")
+              "cost of the kernel BEFORE this one; m0..m3 and hand are this kernel's)")
+        print(f"{'pos':>4} {'grid':>6} {'thr':>5} {'chain':>7} {'early':>7} {'late':>7} "
+              f"{'spread':>7} {'m0':>6} {'m1':>6} {'m2':>6} {'m3':>6} {'hand':>6}")
         for j in range(p):
             sel = [k for i, k in enumerate(ks) if i >= 1 and (i - 1) % p == j and "chain" in k]
             if not sel:
                 continue
             avg = lambda key: sum(k[key] for k in sel) / len(sel)
-            print(f"{j:>4} {sel[0]['grid']:>6} {sel[0]['threads']:>5} {avg('chain'):7.2f} "
-                  f"{avg('early'):7.2f} {avg('late'):7.2f} {avg('spread'):7.2f}")
 
+            def avg_opt(get):
+                vals = [get(k) for k in sel if get(k) is not None]
+                return f"{sum(vals) / len(vals):6.2f}" if vals else f"{'-':>6}"
+            marks = " ".join(avg_opt(lambda k, q=q: k["m"][q]) for q in range(4))
+            print(f"{j:>4} {sel[0]['grid']:>6} {sel[0]['threads']:>5} {avg('chain'):7.2f} "
+                  f"{avg('early'):7.2f} {avg('late'):7.2f} {avg('spread'):7.2f} {marks} "
+                  f"{avg_opt(lambda k: k.get('hand'))}")
 
 if __name__ == "__main__":
     main()

@@ -1799,8 +1799,8 @@ bn_status bn_cuda_backend_trace_decode(bn_cuda_backend *b, int32_t token, int64_
     return bn_error_set(err, BN_ERR_UNSUPPORTED, "configure with -DBITNET_DECODE_TRACE=ON",
                         "this build does not trace the decode kernels");
 #else
-    /* One record per block: 32 bytes (pdl.cuh's bn_trace_rec). */
-    enum { kRecBytes = 32 };
+    /* One record per block: 64 bytes (pdl.cuh's bn_trace_rec). */
+    enum { kRecBytes = 64 };
     const unsigned cap = 1u << 18;
     void *recs = NULL;
     unsigned *count = NULL;
@@ -1838,13 +1838,15 @@ bn_status bn_cuda_backend_trace_decode(bn_cuda_backend *b, int32_t token, int64_
     if (st == BN_OK && !f)
         st = bn_error_set(err, BN_ERR_IO, NULL, "cannot write %s", path);
     if (f) {
-        fprintf(f, "t_run_ns,t_ready_ns,grid,threads,block,sm\n");
+        fprintf(f, "t_run_ns,t_ready_ns,grid,threads,block,sm,m0,m1,m2,m3\n");
         for (unsigned i = 0; i < n; i++) {
-            unsigned long long t[2];
+            unsigned long long t[2], mk[4];
             unsigned u[4];
             memcpy(t, host + (size_t)i * kRecBytes, sizeof t);
             memcpy(u, host + (size_t)i * kRecBytes + sizeof t, sizeof u);
-            fprintf(f, "%llu,%llu,%u,%u,%u,%u\n", t[0], t[1], u[0], u[1], u[2], u[3]);
+            memcpy(mk, host + (size_t)i * kRecBytes + sizeof t + sizeof u, sizeof mk);
+            fprintf(f, "%llu,%llu,%u,%u,%u,%u,%llu,%llu,%llu,%llu\n", t[0], t[1], u[0], u[1],
+                    u[2], u[3], mk[0], mk[1], mk[2], mk[3]);
         }
         if (fclose(f) != 0)
             st = bn_error_set(err, BN_ERR_IO, NULL, "cannot write %s", path);

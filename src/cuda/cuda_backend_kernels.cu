@@ -482,7 +482,7 @@ __device__ __forceinline__ float4 relu2_gate4(float4 g, float4 u, float sg, floa
 /* ---- the lean row kernel: rows of 4-aligned values, fewer instructions ----------
  *
  * The decode step runs four norm + int8 rows per layer, each as one block on
- * one SM, so its time is the block's instruction count (Nsight Compute: the
+ * one SM, so its time is the block's critical path (Nsight Compute: the
  * register-held kernel above issues ~750 instructions per warp over 20 warps
  * for a 2560-value row, 3.4 us of issue). This kernel computes the same
  * codes, scale and sum with about a third of the work per value:
@@ -490,31 +490,27 @@ __device__ __forceinline__ float4 relu2_gate4(float4 g, float4 u, float sg, floa
  *   - float4 loads and char4 stores (one or two per thread, so each
  *     thread's chain of dependent instructions stays short: the block is
  *     latency-bound, not issue-bound, with fewer values per thread);
- *   - the exact rule's maximum M = max|w v| is found in fp32 first: the
- *     fp32 product fl(w v) is the correctly rounded exact product and
- *     rounding is monotone, so FM = max fl(|w v|) equals fl32(M), which is
- *     all the fp32 estimate of ExactCoder needs (r = 127 / fl32(M)). The
- *     exact M is the largest exact |w v| among the values with fl(|w v|) =
- *     FM (the one attaining M is among them); only those few evaluate the
- *     double product. NaN products are skipped by both maxima, as fmax does;
- *   - the estimate t = fl(fl(w v) r) reuses the product of the first pass.
- *     Values whose t is within 2^-12 of a tie (or NaN, or every value when FM
- *     is outside [2^-100, 2^100]) are counted in the second reduction and
- *     coded in double after it, when M is known; that third step (and its
- *     reduction of their code sum) runs only for rows that have such values.
+ *   - the exact rule's maximum M = max|w v| comes out of the first pass and
+ *     reduction (a double product per value); fl32(M) is the largest fp32
+ *     product, all the fp32 estimate of ExactCoder needs (r = 127 / fl32(M));
+ *   - the estimate t = fl(fl(w v) r) reuses the first pass's product. Values
+ *     whose t is within 2^-12 of a tie (or NaN, or every value when fl32(M)
+ *     is outside [2^-100, 2^100]) are coded with the double expression in
+ *     the same pass: M is known by then, so no third step is needed (the
+ *     decode trace showed that step, run for most rows of 2560 values,
+ *     costing about as much as a reduction).
  *
- * Reductions: (1) the double sum of squares and FM; (2) the normed maximum,
- * the estimated codes' sum, M and the count of values left to the double
- * path. Each is a butterfly within the warps, then the same butterfly over
- * the warps' partials in every warp, so all threads hold the same values.
- * The double sum of squares is added in this kernel's order (within the
- * contract). */
+ * Reductions: (1) the double sum of squares and M; (2) the normed maximum
+ * and the codes' sum. Each is a butterfly within the warps, then the same
+ * butterfly over the warps' partials in every warp, so all threads hold the
+ * same values. The double sum of squares is added in this kernel's order
+ * (within the contract). */
 constexpr int kLeanThreads = 1024; /* at most; one float4 per thread up to 4096 values */
 
 struct LeanRed {
     double d[2][32];
     float f[32];
-    int i[2][32];
+    int i[32];
 };
 
 /* The sum of v over the block, the same in every thread: a butterfly in
@@ -594,11 +590,12 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
             v[j] = relu2_gate4(gv[j], uv[j], a.sg, a.su);
     }
 
-    /* Pass 1: sum of squares (double, exact squares) and FM. Padding values
-     * are 0 and add nothing to either. */
+    /* Pass 1: sum of squares (double, exact squares) and the exact maximum
+     * M = max|w v| (double products: a product of two floats is exact in
+     * double). Padding values are 0 and add nothing to either; NaN products
+     * are skipped by fmax. */
     float p[KV4][4]; /* fl(w v), signed */
-    double ss = 0.0;
-    float fm = 0.0f;
+    double ss = 0.0, mx = 0.0;
 #pragma unroll
     for (int j = 0; j < KV4; j++) {
         const float *vp = &v[j].x, *wp = &w[j].x;
@@ -606,100 +603,84 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
         for (int e = 0; e < 4; e++) {
             ss = __fma_rn((double)vp[e], (double)vp[e], ss);
             p[j][e] = __fmul_rn(wp[e], vp[e]);
-            fm = fmaxf(fm, fabsf(p[j][e]));
+            mx = fmax(mx, fabs(__dmul_rn((double)wp[e], (double)vp[e])));
         }
     }
     for (int o = 16; o > 0; o >>= 1) {
         ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
-        fm = fmaxf(fm, __shfl_xor_sync(kFull, fm, o));
+        mx = fmax(mx, __shfl_xor_sync(kFull, mx, o));
     }
+    pdl_mark(0);
     if (lane == 0) {
         red.d[0][warp] = ss;
-        red.f[warp] = fm;
+        red.d[1][warp] = mx;
     }
     __syncthreads();
     /* Second level: every warp runs the same butterfly over the warps'
      * partials (0 past the last warp), so all threads get the same bits. */
     ss = lane < W ? red.d[0][lane] : 0.0;
-    fm = lane < W ? red.f[lane] : 0.0f;
+    mx = lane < W ? red.d[1][lane] : 0.0;
     for (int o = 16; o > 0; o >>= 1) {
         ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
-        fm = fmaxf(fm, __shfl_xor_sync(kFull, fm, o));
+        mx = fmax(mx, __shfl_xor_sync(kFull, mx, o));
     }
     const float inv = inv_rms(ss, a.k, a.eps);
+    /* fl32(M) is the largest fp32 product (rounding is monotone): all the
+     * estimate needs. */
+    const float fm = __double2float_rn(mx);
     const bool fast = fm >= 0x1p-100f && fm <= 0x1p100f;
     const float rr = fast ? __fdiv_rn(127.0f, fm) : 0.0f;
+    const bool usable = mx > 0.0 && isfinite(mx);
+    pdl_mark(1);
 
-    /* Pass 2: normed maximum, exact M among the candidates, estimated codes. */
+    /* Pass 2: normed maximum and the codes: the estimate, or the double
+     * expression for the values it leaves open (rare: within 2^-12 of a
+     * tie, NaN, or all of a row outside the estimate's range). */
     float amax = 0.0f;
-    double mx = 0.0;
     int code[KV4][4];
-    int total = 0, slow = 0;
+    int total = 0;
 #pragma unroll
     for (int j = 0; j < KV4; j++) {
         const float *vp = &v[j].x, *wp = &w[j].x;
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             amax = fmaxf(amax, fabsf(__fmul_rn(wp[e], __fmul_rn(vp[e], inv))));
-            if (fabsf(p[j][e]) == fm)
-                mx = fmax(mx, fabs(__dmul_rn((double)wp[e], (double)vp[e])));
             const float t = __fmul_rn(p[j][e], rr);
             const float n = rintf(t);
-            const bool ok = fast && fabsf(__fsub_rn(t, n)) < kTieGuard;
-            code[j][e] = ok ? (int)n : 0;
-            total += code[j][e];
-            slow += ok || tid + j * T >= k4 ? 0 : 1;
+            int c = (int)n;
+            if (!(fast && fabsf(__fsub_rn(t, n)) < kTieGuard)) {
+                c = 0;
+                if (usable && tid + j * T < k4) {
+                    const double ratio = __ddiv_rn(__dmul_rn((double)wp[e], (double)vp[e]), mx);
+                    c = (int)rint(__dmul_rn(127.0, ratio));
+                }
+            }
+            code[j][e] = c;
+            total += c;
         }
     }
     for (int o = 16; o > 0; o >>= 1) {
         amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
-        mx = fmax(mx, __shfl_xor_sync(kFull, mx, o));
         total += __shfl_xor_sync(kFull, total, o);
-        slow += __shfl_xor_sync(kFull, slow, o);
     }
-    __syncthreads(); /* everyone has read pass 1's partials */
+    /* (Pass 1's partials are in red.d: no barrier needed before these.) */
     if (lane == 0) {
         red.f[warp] = amax;
-        red.d[1][warp] = mx;
-        red.i[0][warp] = total;
-        red.i[1][warp] = slow;
+        red.i[warp] = total;
     }
     __syncthreads();
     amax = lane < W ? red.f[lane] : 0.0f;
-    mx = lane < W ? red.d[1][lane] : 0.0;
-    total = lane < W ? red.i[0][lane] : 0;
-    slow = lane < W ? red.i[1][lane] : 0;
+    total = lane < W ? red.i[lane] : 0;
     for (int o = 16; o > 0; o >>= 1) {
         amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
-        mx = fmax(mx, __shfl_xor_sync(kFull, mx, o));
         total += __shfl_xor_sync(kFull, total, o);
-        slow += __shfl_xor_sync(kFull, slow, o);
     }
+    pdl_mark(2);
 
-    const bool usable = mx > 0.0 && isfinite(mx);
     const bool exact = amax >= kQuantEps && usable;
     float s;
     if (exact) {
         s = __fdiv_rn(127.0f, amax);
-        if (slow > 0) { /* block-uniform: the values the estimate left open */
-            int extra = 0;
-#pragma unroll
-            for (int j = 0; j < KV4; j++) {
-                const float *vp = &v[j].x, *wp = &w[j].x;
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float t = __fmul_rn(p[j][e], rr);
-                    const bool ok = fast && fabsf(__fsub_rn(t, rintf(t))) < kTieGuard;
-                    if (!ok && tid + j * T < k4) {
-                        const double ratio =
-                            __ddiv_rn(__dmul_rn((double)wp[e], (double)vp[e]), mx);
-                        code[j][e] = (int)rint(__dmul_rn(127.0, ratio));
-                        extra += code[j][e];
-                    }
-                }
-            }
-            total += lean_block_sum(extra, red.i[0]);
-        }
     } else {
         /* Tiny or non-finite rows: the plain rule, as on the CPU. */
         s = __fdiv_rn(127.0f, amax >= kQuantEps ? amax : kQuantEps);
@@ -713,7 +694,7 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
                 total += code[j][e];
             }
         }
-        total = lean_block_sum(total, red.i[0]);
+        total = lean_block_sum(total, red.i);
     }
 
     char4 *out = reinterpret_cast<char4 *>(a.q + row * a.ldq);
@@ -727,6 +708,7 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
         a.scale[row] = s;
         a.sum[row] = total;
     }
+    pdl_mark(3);
 }
 
 /* Whether the lean kernel takes rows of k values: 4-aligned rows and
@@ -950,6 +932,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES, kDecBlocksPerSM)
             }
         }
         block_sum_max(ss, umax, red_d);
+        pdl_mark(0);
         const float inv = inv_rms(ss, a.k, a.eps);
         const bool usable = umax > 0.0 && isfinite(umax);
         const ExactCoder coder(umax);
@@ -976,6 +959,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES, kDecBlocksPerSM)
         for (int64_t i = a.k + tid; i < kpad; i += B)
             xs[i] = 0;
         block_max_sum(amax, total, red_f, red_i); /* its barriers publish xs */
+        pdl_mark(1);
         if (amax >= kQuantEps && usable) {
             s = __fdiv_rn(127.0f, amax);
         } else {
@@ -1005,6 +989,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES, kDecBlocksPerSM)
     const int acc = live ? gemv_warp_product<WARPS>(wv, blocks, xs + (lane >> 3) * 64, split,
                                                    a.groups)
                          : 0;
+    pdl_mark(2);
     const int64_t n = a.n;
     const float w_scale = a.w_scale;
     const float *res = a.res;
@@ -1020,6 +1005,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES, kDecBlocksPerSM)
                 v = __fadd_rn(__ldcg(res + out_row), v);
             y[out_row] = v;
         });
+    pdl_mark(3);
 }
 
 /* float4 per thread for a row of k values (0: too long). */
@@ -1474,6 +1460,7 @@ __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_k
         m[g] = -INFINITY;
         l[g] = 0.0f;
     }
+    pdl_mark(0);
     for (int t0 = begin; t0 < end; t0 += kDecTile) {
         if (t0 != begin)
             load_rows<KC>(kr, vr, a, t0, p < end ? p : end, head_off);
@@ -1569,6 +1556,7 @@ __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_k
             if (lane + 32 * c < nc)
                 sm_acc[warp * kSlots + g * 32 * KC + lane + 32 * c] = acc[g][c];
     __syncthreads();
+    pdl_mark(1);
     float4 *out4 = reinterpret_cast<float4 *>(a.out);
     for (int o = threadIdx.x; o < kSlots; o += blockDim.x) {
         const int g = o / (32 * KC), ch = o % (32 * KC);
@@ -1601,19 +1589,27 @@ __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_k
     if (active == 1) /* block-uniform: the only range, written above */
         return;
 
-    /* Last block of the column? (The fence makes this block's workspace
-     * writes visible before its ticket; the last block's fence orders its
-     * reads after every ticket.) */
-    __threadfence();
+    /* Last block of the column? The barrier orders the block's workspace
+     * writes before thread 0's release fence and ticket, so they are
+     * visible to whoever sees the ticket; the last block's thread 0
+     * acquires after every ticket, and the barrier after it orders the
+     * block's reads (through L2) behind that. Only thread 0 fences
+     * (acquire-release at GPU scope, not the sequentially consistent
+     * __threadfence of every thread). */
     __syncthreads();
-    if (threadIdx.x == 0)
-        sm_last = atomicAdd(&a.counters[col], 1u) == (unsigned)active - 1;
+    if (threadIdx.x == 0) {
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        const bool last = atomicAdd(&a.counters[col], 1u) == (unsigned)active - 1;
+        if (last) {
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
+            a.counters[col] = 0; /* every range has counted: ready for the next launch */
+        }
+        sm_last = last;
+    }
     __syncthreads();
+    pdl_mark(2);
     if (!sm_last)
         return;
-    __threadfence();
-    if (threadIdx.x == 0)
-        a.counters[col] = 0; /* every range has counted: ready for the next launch */
 
     /* Merge the ranges: a range's weight is exp(m_s - M) over the ranges
      * that saw any position (sum > 0). Thread (part, o) takes output float4
@@ -1690,6 +1686,7 @@ __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_k
         out4[(int64_t)(h0 + g) * nc + ch] =
             total > 0.0f ? f4_div(r, total) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+    pdl_mark(3);
 }
 
 

@@ -36,9 +36,11 @@
  * device buffer that the host attaches per .cu file (BN_TRACE_ATTACH).
  * docs/PERFORMANCE.md says how the step is read from them. */
 #ifdef BN_DECODE_TRACE
+constexpr int kTraceMarks = 4;
 struct bn_trace_rec {
     unsigned long long t_run, t_ready; /* ns, %globaltimer               */
     unsigned grid, threads, block, sm;
+    unsigned long long mark[kTraceMarks]; /* pdl_mark(k), 0 if not reached */
 };
 static __device__ bn_trace_rec *bn_trace_recs;
 static __device__ unsigned *bn_trace_count;
@@ -55,6 +57,12 @@ __device__ __forceinline__ unsigned long long &bn_trace_run_time()
 {
     __shared__ unsigned long long t_run;
     return t_run;
+}
+
+__device__ __forceinline__ unsigned &bn_trace_slot()
+{
+    __shared__ unsigned slot;
+    return slot;
 }
 
 /* Defines the host function that points this file's kernels at a buffer. */
@@ -83,10 +91,24 @@ __device__ __forceinline__ void pdl_wait()
             bn_trace_rec r = {bn_trace_run_time(), bn_trace_now(),
                               gridDim.x * gridDim.y * gridDim.z,
                               blockDim.x * blockDim.y * blockDim.z,
-                              blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), sm};
+                              blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), sm,
+                              {0, 0, 0, 0}};
             bn_trace_recs[i] = r;
         }
+        bn_trace_slot() = i;
     }
+#endif
+}
+
+/* Trace builds: thread 0 notes the time it reaches point k (< 4) of the
+ * kernel into its block's record (after pdl_wait only); no-op otherwise. */
+__device__ __forceinline__ void pdl_mark(int k)
+{
+#ifdef BN_DECODE_TRACE
+    if (threadIdx.x == 0 && threadIdx.y == 0 && bn_trace_recs && bn_trace_slot() < bn_trace_cap)
+        bn_trace_recs[bn_trace_slot()].mark[k] = bn_trace_now();
+#else
+    (void)k;
 #endif
 }
 

@@ -212,10 +212,12 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
         __syncthreads();
         xs = x_shared;
     }
+    pdl_mark(0);
 
     /* Rows longer than the prefetch stream the rest after the wait. */
     const int acc =
         live ? gemv_warp_product<WARPS>(v, blocks, xs + (lane >> 3) * 64, split, groups) : 0;
+    pdl_mark(1);
     /* The scale and sum are read only by the threads that write a row, after
      * the block's reduction. */
     gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, threadIdx.x, n,
@@ -223,6 +225,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
                                          y[out_row] = epilogue(total - __ldcg(act_sum),
                                                                __ldcg(act_scale), w_scale);
                                      });
+    pdl_mark(2);
 }
 
 template <int WARPS, int TILES, bool X_SMEM>
