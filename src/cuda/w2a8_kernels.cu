@@ -203,7 +203,13 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
 
     /* The activations (and their scale and sum) were written by the kernel
      * waited for, which may have run alongside this one: they are read
-     * through L2 (__ldcg), never through the read-only path. */
+     * through L2 (__ldcg), never through the read-only path. The scale and
+     * sum are loaded first, by the threads that write rows, so they arrive
+     * while the activations are staged and multiplied (loaded after the
+     * reduction, they were one more L2 round trip on the critical path). */
+    const bool writer = threadIdx.x < TILES * kTileRows;
+    const int32_t x_sum = writer ? __ldcg(act_sum) : 0;
+    const float x_scale = writer ? __ldcg(act_scale) : 1.0f;
     const int8_t *xs = x;
     if (X_SMEM) {
         const int64_t words = groups * kGroup / 16;
@@ -218,12 +224,10 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
     const int acc =
         live ? gemv_warp_product<WARPS>(v, blocks, xs + (lane >> 3) * 64, split, groups) : 0;
     pdl_mark(1);
-    /* The scale and sum are read only by the threads that write a row, after
-     * the block's reduction. */
     gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, threadIdx.x, n,
                                      [&](int64_t out_row, int total) {
-                                         y[out_row] = epilogue(total - __ldcg(act_sum),
-                                                               __ldcg(act_scale), w_scale);
+                                         y[out_row] = epilogue(total - x_sum, x_scale,
+                                                               w_scale);
                                      });
     pdl_mark(2);
 }
