@@ -258,6 +258,30 @@ static void check_fixture(const char *name)
         if (!ok)
             goto out;
     }
+    /* The stage-cost timing (bench e2e) disables graph nodes and enables
+     * them again: a graph greedy run from the prompt afterwards gives the
+     * same tokens as before it. */
+    bn_cuda_backend_set_graphs(b, true);
+    if (bn_cuda_backend_graphs(b)) {
+        double us = 0.0;
+        int off = 0;
+        bool ok = bn_cuda_backend_time_decode_without(b, ~0u, gpu_tok[0], PROMPT_LEN, 2, &us,
+                                                      &off, &err) == BN_OK;
+        CHECK_MSG(ok && off > 0 && us > 0.0, "%s: time_decode_without: %s (%d nodes off, %g us)",
+                  name, ok ? "ok" : err.message, off, us);
+        bn_cuda_backend_reset(b);
+        int32_t next, again[N_STEPS];
+        ok = ok && bn_cuda_backend_forward_greedy(b, PROMPT, PROMPT_LEN, 0, &next, &err) == BN_OK;
+        for (int s = 0; ok && s < N_STEPS; s++) {
+            again[s] = next;
+            if (s + 1 < N_STEPS)
+                ok = bn_cuda_backend_submit_greedy(b, next, PROMPT_LEN + s, &err) == BN_OK &&
+                     bn_cuda_backend_wait_greedy(b, &next, &err) == BN_OK;
+        }
+        CHECK_MSG(ok && memcmp(again, gpu_tok, sizeof again) == 0,
+                  "%s: graph greedy after the stage-cost timing differs (%s)", name,
+                  ok ? "tokens" : err.message);
+    }
     int first_diff = -1;
     for (int s = 0; s < N_STEPS && first_diff < 0; s++)
         if (gpu_tok[s] != ref_tok[s])
