@@ -262,7 +262,9 @@ static void check_fixture(const char *name)
      * them again: a graph greedy run from the prompt afterwards gives the
      * same tokens as before it. */
     bn_cuda_backend_set_graphs(b, true);
+    CHECK_MSG(bn_cuda_backend_graphs(b), "%s: no decode graph was captured", name);
     if (bn_cuda_backend_graphs(b)) {
+        printf("%s: stage-cost timing then graph greedy: checked\n", name);
         double us = 0.0;
         int off = 0;
         bool ok = bn_cuda_backend_time_decode_without(b, ~0u, gpu_tok[0], PROMPT_LEN, 2, &us,
