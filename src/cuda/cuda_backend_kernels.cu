@@ -1975,16 +1975,12 @@ extern "C" int bn_cb_pdl_supported(int device)
            bn_w2a8_cuda_gemv_pdl_compiled();
 }
 
-extern "C" cudaError_t bn_cb_norm_quantize(const float *x, int64_t ldx, int64_t m, int64_t k,
-                                           const float *w, float eps, int8_t *q, int64_t ldq,
-                                           float *scale, int32_t *sum, int pdl,
-                                           cudaStream_t stream)
+/* The fields every row source shares: the row width, the norm and where
+ * the codes, scale and sum go. */
+static NormQuantArgs norm_args(int64_t k, const float *w, float eps, int8_t *q, int64_t ldq,
+                               float *scale, int32_t *sum)
 {
-    if (!x || ldx < k)
-        return cudaErrorInvalidValue;
     NormQuantArgs a = {};
-    a.x = const_cast<float *>(x); /* the plain source only reads */
-    a.ldx = ldx;
     a.k = k;
     a.w = w;
     a.eps = eps;
@@ -1992,6 +1988,19 @@ extern "C" cudaError_t bn_cb_norm_quantize(const float *x, int64_t ldx, int64_t 
     a.ldq = ldq;
     a.scale = scale;
     a.sum = sum;
+    return a;
+}
+
+extern "C" cudaError_t bn_cb_norm_quantize(const float *x, int64_t ldx, int64_t m, int64_t k,
+                                           const float *w, float eps, int8_t *q, int64_t ldq,
+                                           float *scale, int32_t *sum, int pdl,
+                                           cudaStream_t stream)
+{
+    if (!x || ldx < k)
+        return cudaErrorInvalidValue;
+    NormQuantArgs a = norm_args(k, w, eps, q, ldq, scale, sum);
+    a.x = const_cast<float *>(x); /* the plain source only reads */
+    a.ldx = ldx;
     return launch_norm_quantize<kSrcPlain>(a, m, pdl, stream);
 }
 
@@ -2002,18 +2011,11 @@ extern "C" cudaError_t bn_cb_add_norm_quantize(float *x, int64_t ldx, const floa
 {
     if (!x || !r || ldx < k || ldr < k)
         return cudaErrorInvalidValue;
-    NormQuantArgs a = {};
+    NormQuantArgs a = norm_args(k, w, eps, q, ldq, scale, sum);
     a.x = x;
     a.ldx = ldx;
     a.r = r;
     a.ldr = ldr;
-    a.k = k;
-    a.w = w;
-    a.eps = eps;
-    a.q = q;
-    a.ldq = ldq;
-    a.scale = scale;
-    a.sum = sum;
     return launch_norm_quantize<kSrcAdd>(a, m, pdl, stream);
 }
 
@@ -2025,19 +2027,12 @@ extern "C" cudaError_t bn_cb_relu2_norm_quantize(const float *g, const float *u,
 {
     if (!g || !u || ldgu < k)
         return cudaErrorInvalidValue;
-    NormQuantArgs a = {};
+    NormQuantArgs a = norm_args(k, w, eps, q, ldq, scale, sum);
     a.g = g;
     a.u = u;
     a.ldgu = ldgu;
     a.sg = sg;
     a.su = su;
-    a.k = k;
-    a.w = w;
-    a.eps = eps;
-    a.q = q;
-    a.ldq = ldq;
-    a.scale = scale;
-    a.sum = sum;
     return launch_norm_quantize<kSrcRelu2>(a, m, pdl, stream);
 }
 
