@@ -181,6 +181,28 @@ static bool cpu_greedy(const bn_model *m, const int32_t *prompt, int n_prompt, i
 
 /* ---- per fixture -------------------------------------------------------------- */
 
+/* N_STEPS greedy tokens on the device from PROMPT at position 0 (the
+ * cache reset first): graph replay through submit/wait, or eager steps. */
+static bool device_greedy(bn_cuda_backend *b, bool graph, int32_t *tokens, bn_error *err)
+{
+    bn_cuda_backend_set_graphs(b, graph);
+    bn_cuda_backend_reset(b);
+    int32_t next;
+    bool ok = bn_cuda_backend_forward_greedy(b, PROMPT, PROMPT_LEN, 0, &next, err) == BN_OK;
+    for (int s = 0; ok && s < N_STEPS; s++) {
+        tokens[s] = next;
+        if (s + 1 == N_STEPS)
+            break;
+        if (graph)
+            ok = bn_cuda_backend_submit_greedy(b, next, PROMPT_LEN + s, err) == BN_OK &&
+                 bn_cuda_backend_wait_greedy(b, &next, err) == BN_OK;
+        else
+            ok = bn_cuda_backend_forward_greedy(b, &tokens[s], 1, PROMPT_LEN + s, &next, err) ==
+                 BN_OK;
+    }
+    return ok;
+}
+
 static void check_fixture(const char *name)
 {
     bn_model *m = load_fixture(name);
@@ -239,21 +261,7 @@ static void check_fixture(const char *name)
     /* Free-running greedy on the device: graph (submit/wait), then eager. */
     int32_t *runs[2] = {gpu_tok, eager_tok};
     for (int pass = 0; pass < 2; pass++) {
-        bn_cuda_backend_set_graphs(b, pass == 0);
-        bn_cuda_backend_reset(b);
-        int32_t next;
-        bool ok = bn_cuda_backend_forward_greedy(b, PROMPT, PROMPT_LEN, 0, &next, &err) == BN_OK;
-        for (int s = 0; ok && s < N_STEPS; s++) {
-            runs[pass][s] = next;
-            if (s + 1 < N_STEPS) {
-                if (pass == 0)
-                    ok = bn_cuda_backend_submit_greedy(b, next, PROMPT_LEN + s, &err) == BN_OK &&
-                         bn_cuda_backend_wait_greedy(b, &next, &err) == BN_OK;
-                else
-                    ok = bn_cuda_backend_forward_greedy(b, &runs[pass][s], 1, PROMPT_LEN + s,
-                                                        &next, &err) == BN_OK;
-            }
-        }
+        const bool ok = device_greedy(b, pass == 0, runs[pass], &err);
         CHECK_MSG(ok, "%s: gpu greedy (%s): %s", name, pass ? "eager" : "graph", err.message);
         if (!ok)
             goto out;
@@ -271,15 +279,8 @@ static void check_fixture(const char *name)
                                                       &off, &err) == BN_OK;
         CHECK_MSG(ok && off > 0 && us > 0.0, "%s: time_decode_without: %s (%d nodes off, %g us)",
                   name, ok ? "ok" : err.message, off, us);
-        bn_cuda_backend_reset(b);
-        int32_t next, again[N_STEPS];
-        ok = ok && bn_cuda_backend_forward_greedy(b, PROMPT, PROMPT_LEN, 0, &next, &err) == BN_OK;
-        for (int s = 0; ok && s < N_STEPS; s++) {
-            again[s] = next;
-            if (s + 1 < N_STEPS)
-                ok = bn_cuda_backend_submit_greedy(b, next, PROMPT_LEN + s, &err) == BN_OK &&
-                     bn_cuda_backend_wait_greedy(b, &next, &err) == BN_OK;
-        }
+        int32_t again[N_STEPS];
+        ok = ok && device_greedy(b, true, again, &err);
         CHECK_MSG(ok && memcmp(again, gpu_tok, sizeof again) == 0,
                   "%s: graph greedy after the stage-cost timing differs (%s)", name,
                   ok ? "tokens" : err.message);

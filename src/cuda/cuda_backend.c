@@ -1211,10 +1211,7 @@ static bool map_graph_stages(bn_cuda_backend *b, cudaGraph_t graph)
     b->stage_map_why = !ok ? "the decode graph is not one chain of kernels in launch order"
                            : "the decode graph's kernels and the stages' launches differ in number";
     if (!ok || found != total) {
-        free(b->graph_nodes);
-        free(b->graph_node_stage);
-        b->graph_nodes = NULL;
-        b->graph_node_stage = NULL;
+        free_stage_map(b);
         return false;
     }
     b->n_graph_nodes = found;
