@@ -150,7 +150,7 @@ run "$BITNET" run -m "$M/i2s.gguf" --prompt-ids "$PACKED_PROMPT" -n "$N_GREEDY" 
     --receipt "$tmp/r.json"
 expect_rc 0 "run with a receipt"
 if [ $HAVE_GPU = 1 ]; then
-    expect_in err "^requested=auto detected=\[cuda,[a-z0-9,]*scalar\] selected=cuda:[0-9]+ \(.*, (graphs|no graphs), kv f32, fusion (norms|all|separate)\)$" \
+    expect_in err "^requested=auto detected=\[cuda,[a-z0-9,]*scalar\] selected=cuda:[0-9]+ \(.*, (graphs|no graphs), kv f32, fusion (norms|all|separate), attention merge (ticket|cluster (2|4|8|16))\)$" \
         "one startup line on stderr"
     SELECTED=cuda
 else

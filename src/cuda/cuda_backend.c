@@ -74,14 +74,14 @@ typedef struct group {
 enum {
     K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
     K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
-    K_NORM_GEMV, K_GEMV_RES, K_COUNT
+    K_NORM_GEMV, K_GEMV_RES, K_ATTN_DEC_F32_CLUSTER, K_COUNT
 };
 static const char *const kernel_names[K_COUNT] = {
     "embed_rows", "norm_quantize", "residual_norm_quantize", "relu2_norm_quantize",
     "w2a8_gemv", "w2a8_gemm", "qkv_rope_kv_store", "attention_decode_f32",
     "attention_prefill_f32", "attention_decode_f16", "attention_prefill_f16",
     "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay",
-    "norm_quantize_w2a8_gemv", "w2a8_gemv_residual"};
+    "norm_quantize_w2a8_gemv", "w2a8_gemv_residual", "attention_decode_f32_cluster"};
 
 /* Events of an instrumented step (profile_decode). */
 typedef struct prof {
@@ -132,6 +132,7 @@ struct bn_cuda_backend {
     void *ws_attn, *ws_sample;
     unsigned int *attn_counters; /* fp32 decode attention: one per head, kept at 0 */
     int attn_splits;
+    int attn_cluster; /* fp32 decode attention's cluster size (0: ranges merged by a ticket) */
     uint64_t scratch_bytes;
 
     int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], dec[3], next */
@@ -423,6 +424,10 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         const group *g = &b->groups[l * G_COUNT];
         void *kl = (char *)b->d_k + (size_t)l * layer_kv_bytes;
         void *vl = (char *)b->d_v + (size_t)l * layer_kv_bytes;
+        /* The next layer's cache, which the decode attention prefetches. */
+        const float *next_k = l + 1 < hp->n_layer ? (const float *)((char *)kl + layer_kv_bytes)
+                                                  : NULL;
+        const float *next_v = next_k ? (const float *)((char *)vl + layer_kv_bytes) : NULL;
         const float sq = g[G_QKV].s[0].scale, sk = g[G_QKV].s[1].scale,
                     sv = g[G_QKV].s[2].scale;
 
@@ -452,9 +457,10 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
             if (decode) {
                 const bn_cb_attn_decode_args da = {b->qkv, sq, sk, sv, rope, hp->rope_dim,
                                                    d_pos, kl, vl, b->attn_splits, b->ws_attn,
-                                                   b->attn_counters, b->att};
+                                                   b->attn_counters, b->att, b->attn_cluster,
+                                                   next_k, next_v};
                 BN_CUDA_TRY(err, bn_cb_attn_decode(&as, &da, pdl, s));
-                b->ran |= 1u << K_ATTN_DEC_F32;
+                b->ran |= 1u << (b->attn_cluster ? K_ATTN_DEC_F32_CLUSTER : K_ATTN_DEC_F32);
             } else {
                 BN_CUDA_TRY(err, bn_cb_attn_prefill(&as, b->q, q_dim, (int)M, d_pos, kl, vl,
                                                     b->att, q_dim, s));
@@ -1511,8 +1517,13 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
     const double t1 = bn_time_seconds();
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->copy));
-    if (st == BN_OK && !b->kv_f16)
+    if (st == BN_OK && !b->kv_f16) {
         st = BN_CUDA_STATUS(err, bn_cb_attn_prefill_prepare(hp->head_dim));
+        const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
+        b->attn_cluster = opt.attn_cluster < 0 ? 0 : bn_cb_attn_decode_cluster(&as);
+        while (opt.attn_cluster > 0 && b->attn_cluster > opt.attn_cluster)
+            b->attn_cluster /= 2;
+    }
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, bn_cb_head_prepare(b->head_type, hp->dim));
     if (st == BN_OK)
@@ -1607,6 +1618,7 @@ bn_cuda_kv_type bn_cuda_backend_kv_type(const bn_cuda_backend *b)
     return b->kv_f16 ? BN_CUDA_KV_F16 : BN_CUDA_KV_F32;
 }
 bn_cuda_fusion bn_cuda_backend_fusion(const bn_cuda_backend *b) { return b->fusion; }
+int bn_cuda_backend_attn_cluster(const bn_cuda_backend *b) { return b->attn_cluster; }
 
 bool bn_cuda_backend_graphs(const bn_cuda_backend *b) { return b->graph && b->use_graphs; }
 void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on) { b->use_graphs = on; }
@@ -1766,7 +1778,15 @@ bn_status bn_cuda_backend_time_decode_without(bn_cuda_backend *b, unsigned stage
     bn_status st = bn_cuda_context_use(b->ctx, err);
     for (int i = 0; i < b->n_graph_nodes && st == BN_OK; i++)
         if (stages >> b->graph_node_stage[i] & 1u) {
-            st = BN_CUDA_STATUS(err, cudaGraphNodeSetEnabled(b->graph, b->graph_nodes[i], 0));
+            const cudaError_t rc = cudaGraphNodeSetEnabled(b->graph, b->graph_nodes[i], 0);
+            if (rc == cudaErrorInvalidClusterSize) /* non-portable cluster sizes: refused */
+                st = bn_error_set(err, BN_ERR_UNSUPPORTED, "bench e2e --attn-merge cluster8 "
+                                  "times the attention with clusters the driver can disable",
+                                  "the driver cannot disable the attention's graph nodes "
+                                  "(thread-block clusters of %d blocks: %s)",
+                                  b->attn_cluster, cudaGetErrorString(rc));
+            else
+                st = BN_CUDA_STATUS(err, rc);
             *disabled += st == BN_OK;
         }
     if (st == BN_OK)

@@ -99,6 +99,10 @@ typedef struct bn_cuda_backend_options {
     bool no_graphs;        /* decode eagerly instead of replaying a CUDA graph        */
     bool no_pdl;           /* decode without programmatic dependent launch (sm_90+:
                               a kernel's weight loads overlap the previous kernel)    */
+    int attn_cluster;      /* fp32 decode attention's merge: 0 the default (the largest
+                              cluster of <= 16 blocks the device keeps resident, else
+                              the ticket); -1 the ticket and a last block; 2, 4, 8, 16:
+                              clusters of at most that many blocks                    */
     bn_cuda_fusion fusion; /* how the decode step's norms meet its GEMVs; AUTO: the
                               default (docs/CUDA.md, "decode step")                  */
     int threads;           /* host threads unpacking weights; 0: BITNET_NUM_THREADS   */
@@ -167,6 +171,8 @@ bn_cuda_kv_type bn_cuda_backend_kv_type(const bn_cuda_backend *b);
 bool bn_cuda_backend_graphs(const bn_cuda_backend *b);
 /* The decode step's layout in use (never AUTO). */
 bn_cuda_fusion bn_cuda_backend_fusion(const bn_cuda_backend *b);
+/* The fp32 decode attention's cluster size (0: merged through the ticket). */
+int bn_cuda_backend_attn_cluster(const bn_cuda_backend *b);
 void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on);
 
 /* The kernels that have run so far, comma-separated ("embed_rows,
@@ -231,7 +237,10 @@ bn_status bn_cuda_backend_time_decode(bn_cuda_backend *b, int32_t token, int64_t
  * chain unchanged). The step's results are meaningless while they are off,
  * and the KV cache at `pos` is left with them: run a normal step at `pos`
  * afterwards. *disabled: the kernel nodes turned off. BN_ERR_UNSUPPORTED
- * without a captured graph whose kernels could be matched to stages. */
+ * without a captured graph whose kernels could be matched to stages, and
+ * where the driver refuses to disable a node launched in thread-block
+ * clusters of more than 8 blocks (the fp32 decode attention with clusters of
+ * 16: cudaErrorInvalidClusterSize; every node is left enabled). */
 bn_status bn_cuda_backend_time_decode_without(bn_cuda_backend *b, unsigned stages, int32_t token,
                                               int64_t pos, int reps, double *us_per_step,
                                               int *disabled, bn_error *err);

@@ -22,6 +22,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <cooperative_groups.h>
 #include <stdint.h>
 
 #include "cuda_backend_kernels.h"
@@ -248,7 +249,14 @@ struct ExactCoder {
             if (fabsf(__fsub_rn(t, n)) < kTieGuard)
                 return (int)n;
         }
-        const double ratio = __ddiv_rn(__dmul_rn((double)w, (double)v), umax);
+        return exact(w, v, umax);
+    }
+
+    /* The double expression itself: rint(127 (w v / M)), w v exact in
+     * double. */
+    __device__ __forceinline__ static int exact(float w, float v, double m)
+    {
+        const double ratio = __ddiv_rn(__dmul_rn((double)w, (double)v), m);
         return (int)rint(__dmul_rn(127.0, ratio));
     }
 };
@@ -648,13 +656,8 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
             const float t = __fmul_rn(p[j][e], rr);
             const float n = rintf(t);
             int c = (int)n;
-            if (!(fast && fabsf(__fsub_rn(t, n)) < kTieGuard)) {
-                c = 0;
-                if (usable && tid + j * T < k4) {
-                    const double ratio = __ddiv_rn(__dmul_rn((double)wp[e], (double)vp[e]), mx);
-                    c = (int)rint(__dmul_rn(127.0, ratio));
-                }
-            }
+            if (!(fast && fabsf(__fsub_rn(t, n)) < kTieGuard))
+                c = usable && tid + j * T < k4 ? ExactCoder::exact(wp[e], vp[e], mx) : 0;
             code[j][e] = c;
             total += c;
         }
@@ -1347,7 +1350,37 @@ struct DecodeArgs {
     float *ws_acc, *ws_ml;
     unsigned *counters;
     float *out;
+    const float *pf_k, *pf_v; /* the next layer's cache, or NULL */
 };
+
+/* Rows [0, p) of the next layer's cache into L2, this block's share of them
+ * (one bulk prefetch per cache, issued by thread 0 without waiting): they
+ * are final since the last step, and the next layer's attention, a layer's
+ * worth of weights later, then reads them from L2 instead of from memory
+ * behind the weight traffic of the kernels in flight. */
+__device__ __forceinline__ void prefetch_next_layer(const DecodeArgs &a, int p, int block,
+                                                    int blocks)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x != 0 || !a.pf_k || p <= 0 || (int64_t)p > a.s.capacity)
+        return;
+    /* 16-byte units: a row is a multiple of 16 bytes (head_dim % 4 == 0). */
+    const int64_t units = (int64_t)p * a.s.n_kv_heads * a.s.head_dim / 4;
+    const int64_t per = (units + blocks - 1) / blocks;
+    const int64_t begin = (int64_t)block * per;
+    if (begin >= units)
+        return;
+    const unsigned bytes = (unsigned)(16 * (units - begin < per ? units - begin : per));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.pf_k + 4 * begin),
+                 "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.pf_v + 4 * begin),
+                 "r"(bytes)
+                 : "memory");
+#else
+    (void)a, (void)p, (void)block, (void)blocks;
+#endif
+}
 
 /* Cache rows t0 + warp * kDecRows + i (i < kDecRows) of kv head `head_off`
  * into registers, lane l holding float4 chunks l and l + 32: rows at or past
@@ -1377,99 +1410,82 @@ __device__ __forceinline__ void load_rows(float4 (&kr)[kDecRows][KC], float4 (&v
     }
 }
 
-/* Decode, grid (n_heads / G, splits), kDecWarps warps. Block (x, split)
- * takes G query heads of one kv head (kv head x / subgroups, its heads
- * (x % subgroups) G .. + G - 1), so each cache row it reads serves G heads,
- * over its range of positions in tiles of kDecTile; warp w takes the tile's
- * positions w * kDecRows .. + kDecRows - 1, all loaded at once.
- *
- *   1. Before waiting for the q|k|v product (pdl.cuh): the range's first
- *      tile of cached rows (earlier tokens: final since the last step) and
- *      the position's RoPE table entries (written at create()).
- *   2. q of the G heads (scale + RoPE) from the raw product; the warp
- *      holding the token's own position computes its k and v the same way
- *      (bit-identical to bn_cb_qkv_post) and uses them from registers; the
- *      kv head's first block column (subgroup 0) stores them to the cache,
- *      one lane per float4.
- *   3. Per warp and tile: the G heads' scores (lane-partial dots,
- *      reduce_heads), softmax update, p . V; the warps merge in shared
- *      memory in warp order.
- *   4. A length that fits one range (active == 1) is written to out
- *      directly. Otherwise each block writes (max, sum, acc) of its range
- *      and heads to the workspace, and the block that completes the column's
- *      last range (a counter per column, reset by it) merges the ranges:
- *      up to kMergeParts threads per output value, each over a fixed subset
- *      of the ranges in a fixed order (ranges part, part + parts, ...;
- *      kMergeBatch loads in flight), then the parts in part order. The
- *      order depends on the length only, never on which block is last.
- *
- * Ranges past the length (short contexts) have nothing to do; range 0
- * always takes part, so a head is written (zeros) even at length 0. */
-template <int KC, int G>
-__global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_kernel(DecodeArgs a)
-{
-    constexpr int kSlots = G * 32 * KC; /* (head, chunk) slots of a block */
-    __shared__ float sm_m[kDecWarps][G], sm_l[kDecWarps][G];
-    __shared__ float4 sm_acc[kDecWarps * kSlots];
-    __shared__ float sm_pm[32 * kDecWarps], sm_pl[32 * kDecWarps];
-    __shared__ bool sm_last;
-    const int col = blockIdx.x, split = blockIdx.y;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int hd = a.s.head_dim, nc = hd / 4;
-    const int group = a.s.n_heads / a.s.n_kv_heads;
-    const int kvh = col / a.subgroups, sub = col % a.subgroups;
-    const int h0 = kvh * group + sub * G;
-    const int64_t q_dim = (int64_t)a.s.n_heads * hd, kv_dim = (int64_t)a.s.n_kv_heads * hd;
-    const int64_t head_off = (int64_t)kvh * hd;
+/* What one block of the decode attention works with: its place (kv head,
+ * its G query heads, the token's position and length) and, per warp, q of
+ * the G heads and their online softmax (running max m, sum l, p . V). */
+template <int KC, int G> struct DecodeBlock {
+    int kvh, sub, h0, p, len, nc;
+    int64_t head_off;
+    bool vec;
+    float2 cs[KC][4]; /* the position's (cos, sin), per chunk */
+    float4 q[G][KC], acc[G][KC];
+    float m[G], l[G];
 
-    /* The position is one of the step's inputs, uploaded before the step's
-     * first kernel (which is launched without programmatic serialization),
-     * so it is final before the wait (read through L2 all the same). */
-    const int p = __ldcg(a.pos);
-    const int len = p >= 0 && (int64_t)p < a.s.capacity ? p + 1 : 0;
-    const int chunk = split_chunk(len, a.splits);
-    const int active = len > 0 ? (len + chunk - 1) / chunk : 1;
-    const int begin = (int)min((int64_t)split * chunk, (int64_t)len);
-    const int end = (int)min((int64_t)begin + chunk, (int64_t)len);
-    const bool vec = a.rope_vec != 0;
+    __device__ DecodeBlock(const DecodeArgs &a, int col)
+    {
+        const int group = a.s.n_heads / a.s.n_kv_heads;
+        kvh = col / a.subgroups;
+        sub = col % a.subgroups;
+        h0 = kvh * group + sub * G;
+        nc = a.s.head_dim / 4;
+        head_off = (int64_t)kvh * a.s.head_dim;
+        vec = a.rope_vec != 0;
+        /* The position is one of the step's inputs, uploaded before the
+         * step's first kernel (which is launched without programmatic
+         * serialization), so it is final before the wait (read through L2
+         * all the same). */
+        p = __ldcg(a.pos);
+        len = p >= 0 && (int64_t)p < a.s.capacity ? p + 1 : 0;
+    }
 
-    float4 kr[kDecRows][KC], vr[kDecRows][KC];
-    float2 cs[KC][4];
-    if (split < active) {
-        load_rows<KC>(kr, vr, a, begin, p < end ? p : end, head_off);
+    /* The position's RoPE table entries (written at create(): may be read
+     * before the wait). */
+    __device__ __forceinline__ void load_rope(const DecodeArgs &a)
+    {
+        const int lane = threadIdx.x & 31;
         /* (At length 0 there is no valid position and no table row.) */
         const float2 *row = a.half > 0 && len > 0 ? a.rope + (int64_t)p * a.half : nullptr;
 #pragma unroll
         for (int c = 0; c < KC; c++)
             rope_cs(cs[c], lane + 32 * c < nc ? row : nullptr, lane + 32 * c, a.half, vec);
     }
-    pdl_trigger();
-    pdl_wait();
-    if (split >= active)
-        return;
 
-    float4 qv[G][KC], acc[G][KC];
-    float m[G], l[G];
+    /* q of the G heads (scale + RoPE) from the raw product, and an empty
+     * softmax. After the wait. */
+    __device__ __forceinline__ void start(const DecodeArgs &a)
+    {
+        const int lane = threadIdx.x & 31;
+        const int hd = a.s.head_dim;
 #pragma unroll
-    for (int g = 0; g < G; g++) {
+        for (int g = 0; g < G; g++) {
 #pragma unroll
-        for (int c = 0; c < KC; c++) {
-            const int ch = lane + 32 * c;
-            qv[g][c] = ch < nc && len > 0
-                           ? rope4(a.qkv + (int64_t)(h0 + g) * hd, ch, a.sq, a.half, cs[c], vec)
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
-            acc[g][c] = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int c = 0; c < KC; c++) {
+                const int ch = lane + 32 * c;
+                q[g][c] = ch < nc && len > 0
+                              ? rope4(a.qkv + (int64_t)(h0 + g) * hd, ch, a.sq, a.half, cs[c], vec)
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
+                acc[g][c] = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            m[g] = -INFINITY;
+            l[g] = 0.0f;
         }
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
     }
-    pdl_mark(0);
-    for (int t0 = begin; t0 < end; t0 += kDecTile) {
-        if (t0 != begin)
-            load_rows<KC>(kr, vr, a, t0, p < end ? p : end, head_off);
+
+    /* One tile of positions t0 .. t0 + kDecTile - 1 (those before `end`),
+     * its cached rows in kr, vr (loaded with stop <= p). The warp holding
+     * the token's own position computes its k and v the same way as
+     * bn_cb_qkv_post (bit for bit) and uses them from registers; the kv
+     * head's first block column (subgroup 0) stores them to the cache, one
+     * lane per float4. Then per warp: the G heads' scores (lane-partial
+     * dots, reduce_heads), the softmax update and p . V. */
+    __device__ __forceinline__ void tile(const DecodeArgs &a, float4 (&kr)[kDecRows][KC],
+                                         float4 (&vr)[kDecRows][KC], int t0, int end)
+    {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        const int64_t q_dim = (int64_t)a.s.n_heads * a.s.head_dim;
+        const int64_t kv_dim = (int64_t)a.s.n_kv_heads * a.s.head_dim;
         const int tw = t0 + warp * kDecRows; /* this warp's first position */
         if (p >= tw && p < tw + kDecRows && p < end) {
-            /* The token itself: k and v from the product. */
             const float *kraw = a.qkv + q_dim + head_off;
             const float4 *vraw = reinterpret_cast<const float4 *>(a.qkv + q_dim + kv_dim + head_off);
             float4 kn[KC], vn[KC];
@@ -1499,7 +1515,7 @@ __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_k
                     }
         }
         if (tw >= end)
-            continue; /* warp-uniform: no position of this warp in the tile */
+            return; /* warp-uniform: no position of this warp in the tile */
         float score[kDecRows][G];
 #pragma unroll
         for (int i = 0; i < kDecRows; i++) {
@@ -1509,7 +1525,7 @@ __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_k
                 part[g] = 0.0f;
 #pragma unroll
                 for (int c = 0; c < KC; c++)
-                    part[g] = f4_dot(qv[g][c], kr[i][c], part[g]);
+                    part[g] = f4_dot(q[g][c], kr[i][c], part[g]);
             }
             /* Every lane takes part in the sums; rows past the end score
              * -inf (weight 0). */
@@ -1543,21 +1559,112 @@ __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_k
             m[g] = m_new;
         }
     }
+};
 
-    /* The warps' (max, sum, acc) into one per head for the range, in warp
-     * order. */
-    if (lane == 0)
+/* The warps' partial results of a block, in shared memory, and their merge
+ * into one (max, sum, acc) per head and chunk, in warp order. */
+template <int KC, int G> struct WarpParts {
+    static constexpr int kSlots = G * 32 * KC; /* (head, chunk) slots of a block */
+    float m[kDecWarps][G], l[kDecWarps][G];
+    float4 acc[kDecWarps * kSlots];
+
+    __device__ __forceinline__ void put(const DecodeBlock<KC, G> &b)
+    {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        if (lane == 0)
 #pragma unroll
-        for (int g = 0; g < G; g++) {
-            sm_m[warp][g] = m[g];
-            sm_l[warp][g] = l[g];
-        }
+            for (int g = 0; g < G; g++) {
+                m[warp][g] = b.m[g];
+                l[warp][g] = b.l[g];
+            }
 #pragma unroll
-    for (int g = 0; g < G; g++)
+        for (int g = 0; g < G; g++)
 #pragma unroll
-        for (int c = 0; c < KC; c++)
-            if (lane + 32 * c < nc)
-                sm_acc[warp * kSlots + g * 32 * KC + lane + 32 * c] = acc[g][c];
+            for (int c = 0; c < KC; c++)
+                if (lane + 32 * c < b.nc)
+                    acc[warp * kSlots + g * 32 * KC + lane + 32 * c] = b.acc[g][c];
+    }
+
+    /* Slot o (head g = o / (32 KC)) over the warps: its max, sum and
+     * weighted acc. After a barrier that follows every warp's put(). */
+    __device__ __forceinline__ float4 merge(int o, int g, float &mx, float &total) const
+    {
+        mx = -INFINITY;
+        for (int w = 0; w < kDecWarps; w++)
+            mx = fmaxf(mx, m[w][g]);
+        total = 0.0f;
+        float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (mx != -INFINITY)
+            for (int w = 0; w < kDecWarps; w++) {
+                const float e = expf(m[w][g] - mx);
+                total += l[w][g] * e;
+                r = f4_axpy(e, acc[w * kSlots + o], r);
+            }
+        return r;
+    }
+};
+
+/* Decode through a ticket, grid (n_heads / G, splits), kDecWarps warps.
+ * Block (x, split) takes G query heads of one kv head (kv head
+ * x / subgroups, its heads (x % subgroups) G .. + G - 1), so each cache row
+ * it reads serves G heads, over its range of positions in tiles of
+ * kDecTile; warp w takes the tile's positions w * kDecRows .. + kDecRows - 1,
+ * all loaded at once.
+ *
+ *   1. Before waiting for the q|k|v product (pdl.cuh): the range's first
+ *      tile of cached rows (earlier tokens: final since the last step) and
+ *      the position's RoPE table entries (written at create()).
+ *   2. q of the G heads; the tiles (DecodeBlock::tile); the warps merge in
+ *      shared memory in warp order.
+ *   3. A length that fits one range (active == 1) is written to out
+ *      directly. Otherwise each block writes (max, sum, acc) of its range
+ *      and heads to the workspace, and the block that completes the column's
+ *      last range (a counter per column, reset by it) merges the ranges:
+ *      up to kMergeParts threads per output value, each over a fixed subset
+ *      of the ranges in a fixed order (ranges part, part + parts, ...;
+ *      kMergeBatch loads in flight), then the parts in part order. The
+ *      order depends on the length only, never on which block is last.
+ *
+ * Ranges past the length (short contexts) have nothing to do; range 0
+ * always takes part, so a head is written (zeros) even at length 0. The
+ * cluster kernel below does without the workspace and the ticket where the
+ * device has thread-block clusters. */
+template <int KC, int G>
+__global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_kernel(DecodeArgs a)
+{
+    constexpr int kSlots = WarpParts<KC, G>::kSlots;
+    __shared__ WarpParts<KC, G> parts_sm;
+    __shared__ float sm_pm[32 * kDecWarps], sm_pl[32 * kDecWarps];
+    __shared__ bool sm_last;
+    const int col = blockIdx.x, split = blockIdx.y;
+    DecodeBlock<KC, G> b(a, col);
+    const int nc = b.nc, p = b.p, len = b.len, h0 = b.h0;
+    const int chunk = split_chunk(len, a.splits);
+    const int active = len > 0 ? (len + chunk - 1) / chunk : 1;
+    const int begin = (int)min((int64_t)split * chunk, (int64_t)len);
+    const int end = (int)min((int64_t)begin + chunk, (int64_t)len);
+
+    float4 kr[kDecRows][KC], vr[kDecRows][KC];
+    if (split < active) {
+        load_rows<KC>(kr, vr, a, begin, p < end ? p : end, b.head_off);
+        b.load_rope(a);
+    }
+    prefetch_next_layer(a, p, col + gridDim.x * split, gridDim.x * gridDim.y);
+    pdl_trigger();
+    pdl_wait();
+    if (split >= active)
+        return;
+
+    b.start(a);
+    pdl_mark(0);
+    for (int t0 = begin; t0 < end; t0 += kDecTile) {
+        if (t0 != begin)
+            load_rows<KC>(kr, vr, a, t0, p < end ? p : end, b.head_off);
+        b.tile(a, kr, vr, t0, end);
+    }
+
+    /* The warps' (max, sum, acc) into one per head for the range. */
+    parts_sm.put(b);
     __syncthreads();
     pdl_mark(1);
     float4 *out4 = reinterpret_cast<float4 *>(a.out);
@@ -1565,17 +1672,8 @@ __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_k
         const int g = o / (32 * KC), ch = o % (32 * KC);
         if (ch >= nc)
             continue;
-        float mx = -INFINITY;
-        for (int w = 0; w < kDecWarps; w++)
-            mx = fmaxf(mx, sm_m[w][g]);
-        float total = 0.0f;
-        float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (mx != -INFINITY)
-            for (int w = 0; w < kDecWarps; w++) {
-                const float e = expf(sm_m[w][g] - mx);
-                total += sm_l[w][g] * e;
-                r = f4_axpy(e, sm_acc[w * kSlots + o], r);
-            }
+        float mx, total;
+        const float4 r = parts_sm.merge(o, g, mx, total);
         const int h = h0 + g;
         if (active == 1) {
             out4[(int64_t)h * nc + ch] =
@@ -1668,7 +1766,7 @@ __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_k
     if (merger) {
         sm_pm[t] = M;
         sm_pl[t] = L;
-        sm_acc[t] = R;
+        parts_sm.acc[t] = R;
     }
     __syncthreads();
     if (t < nq) {
@@ -1684,7 +1782,7 @@ __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_k
                 if (sm_pl[q * nq + t] > 0.0f) {
                     const float e = expf(sm_pm[q * nq + t] - mx);
                     total += sm_pl[q * nq + t] * e;
-                    r = f4_axpy(e, sm_acc[q * nq + t], r);
+                    r = f4_axpy(e, parts_sm.acc[q * nq + t], r);
                 }
         out4[(int64_t)(h0 + g) * nc + ch] =
             total > 0.0f ? f4_div(r, total) : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -1692,6 +1790,134 @@ __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_k
     pdl_mark(3);
 }
 
+/* Decode through a thread-block cluster (sm_90), grid (n_heads / G, C) in
+ * clusters of (1, C): the C blocks of a column form one cluster. Block r
+ * of the cluster takes the tiles r, r + C, r + 2 C, ... of the length (the
+ * tiles dealt out in turn, so the blocks' loads differ by at most a tile),
+ * its first two tiles loaded before the wait (one for head_dim > 128, for
+ * the registers): up to 2 C tiles of positions are in registers when q is
+ * ready.
+ *
+ * The merge: output slot o (head g, chunk ch: o = g nc + ch) belongs to
+ * block o % C. After its own warp merge each block stores its (max, sum,
+ * acc) of every slot straight into the owning block's shared memory
+ * (distributed shared memory: remote stores, nothing waits for them),
+ * in the row of its rank; one cluster barrier (release / acquire) makes
+ * them visible and keeps every block alive until the stores into it are
+ * done. Then the owner's thread (j, s), s < C, takes block s's values of
+ * slot j C + r from its own shared memory, and the C threads (consecutive
+ * lanes of one warp) combine them with a butterfly over the lanes: the
+ * result depends on the length and C only. No workspace, no counters, no
+ * last block, no L2 round trip of the partial results. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define BN_CB_HAS_CLUSTERS 1
+#else
+#define BN_CB_HAS_CLUSTERS 0
+#endif
+constexpr int kMaxCluster = 16;
+
+template <int KC, int G>
+__global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(DecodeArgs a)
+{
+#if BN_CB_HAS_CLUSTERS
+    namespace cg = cooperative_groups;
+    constexpr int kOut = G * 32 * KC; /* at most this many output slots (G nc) */
+    static_assert(kOut + kMaxCluster <= 32 * kDecWarps, "one merge pass: a thread per (slot, block)");
+    __shared__ WarpParts<KC, G> parts_sm;
+    /* What the cluster's blocks send this one: block s's (max, sum) of head
+     * g at [s][g], its acc of this block's j-th slot at [s * per + j]. */
+    __shared__ float in_m[kMaxCluster][G], in_l[kMaxCluster][G];
+    __shared__ float4 in_acc[kOut + kMaxCluster];
+    cg::cluster_group cluster = cg::this_cluster();
+    const int C = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+    DecodeBlock<KC, G> b(a, blockIdx.x);
+    const int nc = b.nc, p = b.p, len = b.len;
+    const int nq = G * nc, per = (nq + C - 1) / C; /* slots, and slots per block */
+    const int step = C * kDecTile;
+    const int first = rank * kDecTile;
+
+    /* Rows before p only: p's own k and v come from the product. */
+    float4 kA[kDecRows][KC], vA[kDecRows][KC], kB[kDecRows][KC], vB[kDecRows][KC];
+    if (first < len) {
+        load_rows<KC>(kA, vA, a, first, p, b.head_off);
+        if constexpr (KC == 1)
+            load_rows<KC>(kB, vB, a, first + step, p, b.head_off);
+    }
+    b.load_rope(a);
+    prefetch_next_layer(a, p, blockIdx.x + gridDim.x * rank, gridDim.x * C);
+    pdl_trigger();
+    pdl_wait();
+
+    b.start(a);
+    pdl_mark(0);
+    int t0 = first;
+    if (t0 < len) {
+        b.tile(a, kA, vA, t0, len);
+        t0 += step;
+    }
+    if constexpr (KC == 1) {
+        if (t0 < len) {
+            b.tile(a, kB, vB, t0, len);
+            t0 += step;
+        }
+    }
+    for (; t0 < len; t0 += step) {
+        load_rows<KC>(kA, vA, a, t0, p, b.head_off);
+        b.tile(a, kA, vA, t0, len);
+    }
+
+    /* The block's (max, sum, acc) per slot, sent to the slot's owner. */
+    parts_sm.put(b);
+    __syncthreads();
+    for (int o = threadIdx.x; o < nq; o += blockDim.x) {
+        const int g = o / nc, ch = o % nc;
+        float mx, total;
+        const float4 r = parts_sm.merge(g * 32 * KC + ch, g, mx, total);
+        cluster.map_shared_rank(in_acc, o % C)[rank * per + o / C] = r;
+        if (ch == 0)
+            for (int q = 0; q < C; q++) {
+                cluster.map_shared_rank(&in_m[0][0], q)[rank * G + g] = mx;
+                cluster.map_shared_rank(&in_l[0][0], q)[rank * G + g] = total;
+            }
+    }
+    pdl_mark(1);
+    cluster.sync(); /* release / acquire: every block's values are where they go */
+    pdl_mark(2);
+
+    const int s = threadIdx.x % C, j = threadIdx.x / C, o = j * C + rank;
+    const bool mine = o < nq;
+    float ms = -INFINITY, ls = 0.0f;
+    float4 rs = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (mine) {
+        ms = in_m[s][o / nc];
+        ls = in_l[s][o / nc];
+        rs = in_acc[s * per + j];
+    }
+    /* Blocks that saw no position (sum 0) weigh 0. */
+    float M = ls > 0.0f ? ms : -INFINITY;
+    for (int x = 1; x < C; x <<= 1)
+        M = fmaxf(M, __shfl_xor_sync(kFull, M, x));
+    const float e = ls > 0.0f ? expf(ms - M) : 0.0f;
+    float L = ls * e;
+    float4 R = f4_scale(rs, e);
+    for (int x = 1; x < C; x <<= 1) {
+        L += __shfl_xor_sync(kFull, L, x);
+        R.x += __shfl_xor_sync(kFull, R.x, x);
+        R.y += __shfl_xor_sync(kFull, R.y, x);
+        R.z += __shfl_xor_sync(kFull, R.z, x);
+        R.w += __shfl_xor_sync(kFull, R.w, x);
+    }
+    if (mine && s == 0) {
+        const int g = o / nc, ch = o % nc;
+        reinterpret_cast<float4 *>(a.out)[(int64_t)(b.h0 + g) * nc + ch] =
+            L > 0.0f ? f4_div(R, L) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    pdl_mark(3);
+#else
+    (void)a;
+    __trap(); /* the launcher uses clusters only where this code was compiled */
+#endif
+}
 
 /* Prefill: grid (ceil(n / 16), n_heads), kAttnWarps warps, each warp owning
  * 4 query rows. Keys and values go through shared memory in tiles of 32
@@ -2173,16 +2399,93 @@ extern "C" size_t bn_cb_attn_decode_workspace_bytes(const bn_cb_attn_shape *s, i
     return sizeof(float) * (size_t)s->n_heads * (size_t)splits * (2 + (size_t)s->head_dim);
 }
 
+/* The decode kernels of a shape. G query heads of a kv head per block (each
+ * cache row read once for them): 4 where the group allows (2 with head_dim
+ * > 128, for the registers), else 2, else 1. */
+struct DecodeKernels {
+    void (*ticket)(DecodeArgs);
+    void (*cluster)(DecodeArgs);
+    int g;
+};
+
+static DecodeKernels decode_kernels(const bn_cb_attn_shape *s)
+{
+    const int group = s->n_heads / s->n_kv_heads;
+    const bool wide = s->head_dim > 32 * 4;
+    const int g = !wide && group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+    if (!wide) {
+        if (g == 4)
+            return {attn_decode_kernel<1, 4>, attn_decode_cluster_kernel<1, 4>, 4};
+        if (g == 2)
+            return {attn_decode_kernel<1, 2>, attn_decode_cluster_kernel<1, 2>, 2};
+        return {attn_decode_kernel<1, 1>, attn_decode_cluster_kernel<1, 1>, 1};
+    }
+    if (g == 2)
+        return {attn_decode_kernel<2, 2>, attn_decode_cluster_kernel<2, 2>, 2};
+    return {attn_decode_kernel<2, 1>, attn_decode_cluster_kernel<2, 1>, 1};
+}
+
+static bool decode_cluster_size_ok(int c)
+{
+    return c == 2 || c == 4 || c == 8 || c == kMaxCluster;
+}
+
+extern "C" int bn_cb_attn_decode_cluster(const bn_cb_attn_shape *s)
+{
+    if (!attn_shape_ok(s))
+        return 0;
+    const DecodeKernels k = decode_kernels(s);
+    /* Clusters need a device that launches them and the kernel compiled for
+     * sm_90 or later (a JIT of sm_80 PTX has the trap instead). */
+    int dev = 0, launch = 0;
+    cudaFuncAttributes fa;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&launch, cudaDevAttrClusterLaunch, dev) != cudaSuccess ||
+        cudaFuncGetAttributes(&fa, k.cluster) != cudaSuccess || launch == 0 ||
+        fa.ptxVersion < 90 ||
+        cudaFuncSetAttribute(k.cluster, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+            cudaSuccess) {
+        (void)cudaGetLastError(); /* a failed query is nobody's launch error */
+        return 0;
+    }
+    /* The largest size of which every column's cluster can be resident at
+     * once. */
+    const int cols = s->n_heads / k.g;
+    for (int c = kMaxCluster; c >= 2; c /= 2) {
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = 1;
+        attr.val.clusterDim.y = (unsigned)c;
+        attr.val.clusterDim.z = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)cols, (unsigned)c);
+        cfg.blockDim = dim3(32 * kDecWarps);
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, k.cluster, &cfg) != cudaSuccess) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        if (n >= cols)
+            return c;
+    }
+    return 0;
+}
+
 extern "C" cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s,
                                          const bn_cb_attn_decode_args *a, int pdl,
                                          cudaStream_t stream)
 {
     if (!attn_shape_ok(s) || !a || !a->qkv || !a->pos || !a->k_cache || !a->v_cache ||
-        !a->workspace || !a->counters || !a->out || a->splits < 1 || a->splits > kMaxSplits ||
-        a->rope_dim < 0 || a->rope_dim % 2 != 0 || a->rope_dim > s->head_dim ||
+        !a->out || a->rope_dim < 0 || a->rope_dim % 2 != 0 || a->rope_dim > s->head_dim ||
         (a->rope_dim > 0 && !a->rope) || ((uintptr_t)a->qkv & 15) != 0 ||
         ((uintptr_t)a->k_cache & 15) != 0 || ((uintptr_t)a->v_cache & 15) != 0 ||
-        ((uintptr_t)a->workspace & 15) != 0)
+        (a->cluster != 0 && !decode_cluster_size_ok(a->cluster)))
+        return cudaErrorInvalidValue;
+    /* The ticket's merge needs the workspace and counters. */
+    if (a->cluster == 0 && (!a->workspace || !a->counters || a->splits < 1 ||
+                            a->splits > kMaxSplits || ((uintptr_t)a->workspace & 15) != 0))
         return cudaErrorInvalidValue;
     DecodeArgs d;
     d.s = *s;
@@ -2196,33 +2499,25 @@ extern "C" cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s,
     d.pos = a->pos;
     d.kc = a->k_cache;
     d.vc = a->v_cache;
-    d.splits = a->splits;
+    d.splits = a->cluster != 0 ? a->cluster : a->splits;
     d.scale = (float)(1.0 / sqrt((double)s->head_dim));
     /* Accumulators first: every slot's float4 row stays 16-byte aligned
      * (and the (max, sum) pairs 8-byte aligned). */
-    d.ws_acc = a->workspace;
-    d.ws_ml = a->workspace + (size_t)s->n_heads * (size_t)a->splits * (size_t)s->head_dim;
-    d.counters = a->counters;
+    d.ws_acc = a->cluster != 0 ? nullptr : a->workspace;
+    d.ws_ml = a->cluster != 0 ? nullptr
+                              : a->workspace + (size_t)s->n_heads * (size_t)a->splits *
+                                                   (size_t)s->head_dim;
+    d.counters = a->cluster != 0 ? nullptr : a->counters;
     d.out = a->out;
-    /* G query heads of a kv head per block (each cache row read once for
-     * them): 4 where the group allows (2 with head_dim > 128, for the
-     * registers), else 2, else 1. */
-    const int group = s->n_heads / s->n_kv_heads;
-    const bool wide = s->head_dim > 32 * 4;
-    const int g = !wide && group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
-    d.subgroups = group / g;
-    const dim3 grid((unsigned)(s->n_heads / g), (unsigned)a->splits);
+    d.pf_k = a->next_k_cache && a->next_v_cache ? a->next_k_cache : nullptr;
+    d.pf_v = d.pf_k ? a->next_v_cache : nullptr;
+    const DecodeKernels k = decode_kernels(s);
+    d.subgroups = s->n_heads / s->n_kv_heads / k.g;
+    const dim3 grid((unsigned)(s->n_heads / k.g), (unsigned)d.splits);
     const dim3 block(32 * kDecWarps);
-    if (!wide) {
-        if (g == 4)
-            return pdl_launch(attn_decode_kernel<1, 4>, grid, block, 0, stream, pdl, d);
-        if (g == 2)
-            return pdl_launch(attn_decode_kernel<1, 2>, grid, block, 0, stream, pdl, d);
-        return pdl_launch(attn_decode_kernel<1, 1>, grid, block, 0, stream, pdl, d);
-    }
-    if (g == 2)
-        return pdl_launch(attn_decode_kernel<2, 2>, grid, block, 0, stream, pdl, d);
-    return pdl_launch(attn_decode_kernel<2, 1>, grid, block, 0, stream, pdl, d);
+    if (a->cluster != 0)
+        return pdl_launch_clustered(k.cluster, grid, block, 0, a->cluster, stream, pdl, d);
+    return pdl_launch(k.ticket, grid, block, 0, stream, pdl, d);
 }
 
 extern "C" cudaError_t bn_cb_attn_prefill_prepare(int head_dim)

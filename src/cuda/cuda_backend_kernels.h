@@ -201,6 +201,12 @@ typedef struct bn_cb_attn_decode_args {
     float *workspace;        /* bn_cb_attn_decode_workspace_bytes                         */
     unsigned int *counters;  /* n_heads, zero before the first launch; left zero after   */
     float *out;              /* n_heads * head_dim                                        */
+    int cluster;             /* 0: ranges merged through workspace and counters; 2, 4, 8
+                                or 16: clusters of that many blocks (see below; splits,
+                                workspace and counters unused)                            */
+    const float *next_k_cache, *next_v_cache; /* NULL, or the next layer's cache: its
+                                rows before p are prefetched into L2 (sm_90), so that
+                                the next layer's attention finds them there           */
 } bn_cb_attn_decode_args;
 
 /* The token at position p (0 <= p < capacity; otherwise out is zeros and
@@ -215,9 +221,22 @@ typedef struct bn_cb_attn_decode_args {
  * of one kv head over one range (each cache row read once for them). A
  * length of one range is written directly; otherwise the block that
  * finishes a column's ranges last merges them (in an order fixed by the
- * length: the result does not depend on which block that is). */
+ * length: the result does not depend on which block that is). With
+ * a->cluster set, the ranges are a cluster's tiles instead (below). */
 cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s, const bn_cb_attn_decode_args *a,
                               int pdl, cudaStream_t stream);
+
+/* The cluster size for bn_cb_attn_decode on the current device: the largest
+ * of 16, 8, 4, 2 at which every block column's cluster can be resident at
+ * once, or 0 where the device or the build has no thread-block clusters
+ * (compute capability 9.0 and sm_90 code). Host only; call outside graph
+ * capture (it sets the kernel's non-portable cluster attribute).
+ *
+ * With a cluster size C the C blocks of a column form one cluster: block r
+ * takes the 32-position tiles r, r + C, ... of the length and the blocks
+ * merge through distributed shared memory after a cluster barrier, in an
+ * order fixed by C (no workspace, no counters, no last block). */
+int bn_cb_attn_decode_cluster(const bn_cb_attn_shape *s);
 
 /* n query rows (q rows ldq apart, row i at position pos[i], a device array)
  * against cache positions [0, pos[i]] (causal; the k and v of the rows

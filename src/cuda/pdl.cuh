@@ -124,23 +124,44 @@ __device__ __forceinline__ void pdl_trigger()
 }
 
 /* Launches kernel<<<grid, block, smem, stream>>>(args...), with
- * programmatic stream serialization when pdl is non-zero. Returns the
- * launch's error. */
+ * programmatic stream serialization when pdl is non-zero, in thread-block
+ * clusters of cluster_y blocks along y when cluster_y > 1 (sm_90). Returns
+ * the launch's error. */
 template <typename... KArgs, typename... Args>
-static inline cudaError_t pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                                     cudaStream_t stream, int pdl, Args &&...args)
+static inline cudaError_t pdl_launch_clustered(void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                               size_t smem, int cluster_y, cudaStream_t stream,
+                                               int pdl, Args &&...args)
 {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    int n = 0;
+    if (pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
+    if (cluster_y > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = 1;
+        attr[n].val.clusterDim.y = (unsigned)cluster_y;
+        attr[n].val.clusterDim.z = 1;
+        n++;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cfg.attrs = pdl ? attr : nullptr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.attrs = n ? attr : nullptr;
+    cfg.numAttrs = (unsigned)n;
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... KArgs, typename... Args>
+static inline cudaError_t pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                     cudaStream_t stream, int pdl, Args &&...args)
+{
+    return pdl_launch_clustered(kernel, grid, block, smem, 1, stream, pdl,
+                                std::forward<Args>(args)...);
 }
 
 /* Whether `kernel` was compiled with the PDL instructions. */

@@ -254,6 +254,7 @@ static bn_status open_cuda(bn_engine *e, const bn_config *cfg, const bn_engine_o
     o.memory_limit = cfg->memory_limit_bytes;
     o.kv_type = opt->kv_f16 ? BN_CUDA_KV_F16 : BN_CUDA_KV_F32;
     o.fusion = (bn_cuda_fusion)opt->cuda_fusion;
+    o.attn_cluster = opt->cuda_attn_cluster;
     o.threads = e->threads_req;
     bn_status st = bn_cuda_backend_create(e->model, &o, &e->cuda, err);
     if (st != BN_OK)
@@ -370,12 +371,21 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
     e->load_seconds = bn_time_seconds() - t0;
 #if defined(BITNET_HAVE_CUDA)
     if (e->cuda) {
+        /* The fp16 cache's attention merges its ranges in a second kernel. */
+        char merge[32];
+        if (bn_cuda_backend_kv_type(e->cuda) == BN_CUDA_KV_F16)
+            snprintf(merge, sizeof merge, "kernel");
+        else if (bn_cuda_backend_attn_cluster(e->cuda) > 0)
+            snprintf(merge, sizeof merge, "cluster %d", bn_cuda_backend_attn_cluster(e->cuda));
+        else
+            snprintf(merge, sizeof merge, "ticket");
         snprintf(e->startup, sizeof e->startup,
-                 "requested=%s detected=[%s] selected=%s (%s, %s, kv %s, fusion %s)",
+                 "requested=%s detected=[%s] selected=%s (%s, %s, kv %s, fusion %s, "
+                 "attention merge %s)",
                  e->requested, e->detected, e->selected, bn_cuda_backend_device_name(e->cuda),
                  bn_cuda_backend_graphs(e->cuda) ? "graphs" : "no graphs",
                  bn_cuda_backend_kv_type(e->cuda) == BN_CUDA_KV_F16 ? "f16" : "f32",
-                 bn_cuda_fusion_name(bn_cuda_backend_fusion(e->cuda)));
+                 bn_cuda_fusion_name(bn_cuda_backend_fusion(e->cuda)), merge);
         *out = e;
         return BN_OK;
     }

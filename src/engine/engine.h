@@ -77,6 +77,9 @@ typedef struct bn_engine_options {
     /* CUDA backend: how the decode step's norms meet its GEMVs, a
      * bn_cuda_fusion value (0 = the default; cuda_backend.h). */
     int cuda_fusion;
+    /* CUDA backend: the fp32 decode attention's merge (bn_cuda_backend_options
+     * attn_cluster: 0 the default, -1 the ticket, 2..16 a cluster size cap). */
+    int cuda_attn_cluster;
     /* Tests: the CUDA backend's forward call number N (1-based) fails, as a
      * failed kernel would; 0 = never. */
     int test_cuda_fail_call;

@@ -1,0 +1,515 @@
+/* GPU test: the CUDA backend's decode attention over an fp32 cache
+ * (bn_cb_attn_decode, q|k|v epilogue fused), both ways of merging its
+ * ranges - through a ticket and a last block (every split count it may be
+ * given) and through a thread-block cluster (every cluster size, where the
+ * device has clusters) - against a double-precision CPU reference:
+ *
+ *   - q, k and v of the token come from bn_cb_qkv_post on the same raw row
+ *     (the contract: the same values bit for bit), so the reference
+ *     attention uses exactly the GPU's q and k, v;
+ *   - k and v stored at the token's position must equal bn_cb_qkv_post's
+ *     bit for bit, and no other cache position may change;
+ *   - the output (poisoned with NaN first) within 2e-5 * max|v| + 1e-6 of
+ *     the reference: the output is a convex combination of value rows, so
+ *     a weight error moves it by at most (error) * max|v|; the fp32 dots,
+ *     expf and rescaling make weight errors of ~1e-6 (the test prints the
+ *     worst seen);
+ *   - the ticket's counters back at zero after every launch;
+ *   - positions 0, 1, tile edges (31, 32, 33), long ones, the last slot,
+ *     and positions outside the cache (zeros out, nothing stored);
+ *   - shapes: the 2B-4T heads (20 / 5 x 128: 4 heads per block), groups of
+ *     2 and 1, head_dim 256 (two chunks per lane), head_dim 36 (a partial
+ *     lane, RoPE halves not a multiple of 4), partial RoPE and none; q
+ *     scaled small and large (flat and peaked softmax);
+ *   - a captured CUDA graph replayed for several positions (the position
+ *     read from device memory), for each merge, and with its node disabled
+ *     and enabled again (bench e2e's stage costs);
+ *   - the L2 prefetch of another cache's rows (the next layer's) on or off.
+ *
+ * Also prints the time of one launch at the 2B-4T shape per merge
+ * (information, not a check). Exits 77 without a usable GPU. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backend_kernels.h"
+#include "ops_cuda.h"
+#include "test_util.h"
+#include "test_util_cuda.h"
+
+typedef struct shape {
+    int n_heads, n_kv, hd, rope_dim;
+    int64_t capacity;
+} shape;
+
+/* One problem on the device: the raw q|k|v row, the cache (and a copy as
+ * bn_cb_qkv_post leaves it), the RoPE table, the ticket's workspace. */
+typedef struct problem {
+    shape s;
+    int64_t q_dim, kv_dim, row, cache_elems;
+    float *raw, *kc, *vc;      /* host: the raw row; the cache before the step */
+    float *d_raw, *d_kc, *d_vc, *d_kc2, *d_vc2, *d_q, *d_table, *d_out, *d_ws;
+    unsigned *d_counters;
+    int32_t *d_pos;
+    bn_rope_freqs freqs;
+    float sq, sk, sv;
+    float vmax;
+} problem;
+
+static double worst_rel = 0.0;
+
+static void problem_init(problem *pr, const shape *s, float qrange)
+{
+    memset(pr, 0, sizeof *pr);
+    pr->s = *s;
+    pr->q_dim = (int64_t)s->n_heads * s->hd;
+    pr->kv_dim = (int64_t)s->n_kv * s->hd;
+    pr->row = pr->q_dim + 2 * pr->kv_dim;
+    pr->cache_elems = s->capacity * pr->kv_dim;
+    pr->sq = qrange;
+    pr->sk = 1.25f;
+    pr->sv = 0.75f;
+    pr->raw = malloc((size_t)pr->row * sizeof(float));
+    pr->kc = malloc((size_t)pr->cache_elems * sizeof(float));
+    pr->vc = malloc((size_t)pr->cache_elems * sizeof(float));
+    for (int64_t i = 0; i < pr->row; i++)
+        pr->raw[i] = test_rand_float(-1.0f, 1.0f);
+    pr->vmax = 0.0f;
+    for (int64_t i = 0; i < pr->cache_elems; i++) {
+        pr->kc[i] = test_rand_float(-1.0f, 1.0f);
+        pr->vc[i] = test_rand_float(-1.0f, 1.0f);
+        pr->vmax = fmaxf(pr->vmax, fabsf(pr->vc[i]));
+    }
+    for (int64_t i = 0; i < pr->kv_dim; i++) /* the token's own v */
+        pr->vmax = fmaxf(pr->vmax, fabsf(pr->raw[pr->q_dim + pr->kv_dim + i] * pr->sv));
+    const size_t cb = (size_t)pr->cache_elems * sizeof(float);
+    CUDA_OK(cudaMalloc((void **)&pr->d_raw, (size_t)pr->row * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&pr->d_kc, cb));
+    CUDA_OK(cudaMalloc((void **)&pr->d_vc, cb));
+    CUDA_OK(cudaMalloc((void **)&pr->d_kc2, cb));
+    CUDA_OK(cudaMalloc((void **)&pr->d_vc2, cb));
+    CUDA_OK(cudaMalloc((void **)&pr->d_q, (size_t)pr->q_dim * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&pr->d_out, (size_t)pr->q_dim * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&pr->d_pos, sizeof(int32_t)));
+    const bn_cb_attn_shape as = {s->n_heads, s->n_kv, s->hd, s->capacity};
+    const int splits = bn_cb_attn_decode_splits(s->capacity);
+    /* room for any split count the test passes (up to 64) */
+    CUDA_OK(cudaMalloc((void **)&pr->d_ws, bn_cb_attn_decode_workspace_bytes(&as, 64)));
+    CHECK(splits >= 1 && splits <= 64);
+    CUDA_OK(cudaMalloc((void **)&pr->d_counters, (size_t)s->n_heads * sizeof(unsigned)));
+    CUDA_OK(cudaMemset(pr->d_counters, 0, (size_t)s->n_heads * sizeof(unsigned)));
+    CUDA_OK(cudaMemcpy(pr->d_raw, pr->raw, (size_t)pr->row * sizeof(float),
+                       cudaMemcpyHostToDevice));
+    if (s->rope_dim > 0) {
+        CUDA_OK(bn_rope_freqs_init(&pr->freqs, 10000.0f, s->rope_dim));
+        const size_t tb = (size_t)s->capacity * (size_t)(s->rope_dim / 2) * 2 * sizeof(float);
+        CUDA_OK(cudaMalloc((void **)&pr->d_table, tb));
+        CUDA_OK(bn_cb_rope_table(&pr->freqs, s->capacity, pr->d_table, 0));
+    } else {
+        pr->freqs.rope_dim = 0;
+    }
+}
+
+static void problem_free(problem *pr)
+{
+    cudaFree(pr->d_raw), cudaFree(pr->d_kc), cudaFree(pr->d_vc), cudaFree(pr->d_kc2),
+        cudaFree(pr->d_vc2), cudaFree(pr->d_q), cudaFree(pr->d_table), cudaFree(pr->d_out),
+        cudaFree(pr->d_ws), cudaFree(pr->d_counters), cudaFree(pr->d_pos);
+    free(pr->raw), free(pr->kc), free(pr->vc);
+}
+
+/* The cache as before the step, on the device (both copies), and p. */
+static void reset_cache(problem *pr, int p)
+{
+    const size_t cb = (size_t)pr->cache_elems * sizeof(float);
+    CUDA_OK(cudaMemcpy(pr->d_kc, pr->kc, cb, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(pr->d_vc, pr->vc, cb, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(pr->d_kc2, pr->kc, cb, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(pr->d_vc2, pr->vc, cb, cudaMemcpyHostToDevice));
+    const int32_t pos = p;
+    CUDA_OK(cudaMemcpy(pr->d_pos, &pos, sizeof pos, cudaMemcpyHostToDevice));
+}
+
+static bn_cb_attn_decode_args decode_args(const problem *pr, int splits, int cluster)
+{
+    bn_cb_attn_decode_args a;
+    memset(&a, 0, sizeof a);
+    a.qkv = pr->d_raw;
+    a.scale_q = pr->sq;
+    a.scale_k = pr->sk;
+    a.scale_v = pr->sv;
+    a.rope = pr->s.rope_dim > 0 ? pr->d_table : NULL;
+    a.rope_dim = pr->s.rope_dim;
+    a.pos = pr->d_pos;
+    a.k_cache = pr->d_kc;
+    a.v_cache = pr->d_vc;
+    a.splits = splits;
+    a.workspace = pr->d_ws;
+    a.counters = pr->d_counters;
+    a.out = pr->d_out;
+    a.cluster = cluster;
+    /* The L2 prefetch of a "next layer" (the reference's cache copy: any
+     * cache of the shape), except with one range (NULL: none). */
+    a.next_k_cache = splits == 1 ? NULL : pr->d_kc2;
+    a.next_v_cache = splits == 1 ? NULL : pr->d_vc2;
+    return a;
+}
+
+/* The reference for position p: q and the token's k, v from bn_cb_qkv_post
+ * (into the second cache copy), the attention in double. ref: q_dim
+ * values; k_new, v_new: the kv_dim values qkv_post stored (or NULL for a
+ * position outside the cache: ref is zeros). */
+static void reference(problem *pr, int p, double *ref, float *k_new, float *v_new)
+{
+    const shape *s = &pr->s;
+    const bool valid = p >= 0 && p < s->capacity;
+    memset(ref, 0, (size_t)pr->q_dim * sizeof(double));
+    const bn_cb_qkv_shape qs = {s->n_heads, s->n_kv, s->hd, s->capacity, pr->sq, pr->sk, pr->sv};
+    CUDA_OK(bn_cb_qkv_post(pr->d_raw, pr->row, 1, &qs, &pr->freqs,
+                           s->rope_dim > 0 ? pr->d_table : NULL, s->rope_dim > 0 ? s->capacity : 0,
+                           pr->d_pos, pr->d_q, pr->q_dim, pr->d_kc2, pr->d_vc2, 0, 0, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+    if (!valid)
+        return;
+    float *q = malloc((size_t)pr->q_dim * sizeof(float));
+    CUDA_OK(cudaMemcpy(q, pr->d_q, (size_t)pr->q_dim * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(k_new, pr->d_kc2 + (int64_t)p * pr->kv_dim,
+                       (size_t)pr->kv_dim * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(v_new, pr->d_vc2 + (int64_t)p * pr->kv_dim,
+                       (size_t)pr->kv_dim * sizeof(float), cudaMemcpyDeviceToHost));
+    const int group = s->n_heads / s->n_kv;
+    const double scale = (double)(float)(1.0 / sqrt((double)s->hd));
+    double *w = malloc((size_t)(p + 1) * sizeof(double));
+    for (int h = 0; h < s->n_heads; h++) {
+        const int64_t kvo = (int64_t)(h / group) * s->hd;
+        double mx = -INFINITY;
+        for (int t = 0; t <= p; t++) {
+            const float *k = t == p ? k_new + kvo : pr->kc + (int64_t)t * pr->kv_dim + kvo;
+            double d = 0.0;
+            for (int i = 0; i < s->hd; i++)
+                d += (double)q[(int64_t)h * s->hd + i] * (double)k[i];
+            w[t] = d * scale;
+            mx = fmax(mx, w[t]);
+        }
+        double sum = 0.0;
+        for (int t = 0; t <= p; t++) {
+            w[t] = exp(w[t] - mx);
+            sum += w[t];
+        }
+        for (int t = 0; t <= p; t++) {
+            const float *v = t == p ? v_new + kvo : pr->vc + (int64_t)t * pr->kv_dim + kvo;
+            for (int i = 0; i < s->hd; i++)
+                ref[(int64_t)h * s->hd + i] += w[t] / sum * (double)v[i];
+        }
+    }
+    free(w), free(q);
+}
+
+/* The outputs and the cache after one launch, against the reference.
+ * Returns whether everything held. */
+static bool verify(problem *pr, int p, const double *ref, const float *k_new, const float *v_new,
+                   const char *what)
+{
+    const shape *s = &pr->s;
+    const bool valid = p >= 0 && p < s->capacity;
+    float *out = malloc((size_t)pr->q_dim * sizeof(float));
+    float *kc = malloc((size_t)pr->cache_elems * sizeof(float));
+    float *vc = malloc((size_t)pr->cache_elems * sizeof(float));
+    unsigned *cnt = malloc((size_t)s->n_heads * sizeof(unsigned));
+    CUDA_OK(cudaMemcpy(out, pr->d_out, (size_t)pr->q_dim * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(kc, pr->d_kc, (size_t)pr->cache_elems * sizeof(float),
+                       cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(vc, pr->d_vc, (size_t)pr->cache_elems * sizeof(float),
+                       cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(cnt, pr->d_counters, (size_t)s->n_heads * sizeof(unsigned),
+                       cudaMemcpyDeviceToHost));
+    const double tol = 2e-5 * pr->vmax + 1e-6;
+    int64_t bad = 0, at = -1;
+    double worst = 0.0;
+    for (int64_t i = 0; i < pr->q_dim; i++) {
+        const double e = fabs((double)out[i] - ref[i]);
+        if (!(e <= tol)) {
+            if (bad++ == 0)
+                at = i;
+        } else if (e > worst) {
+            worst = e;
+        }
+    }
+    if (pr->vmax > 0.0f && worst / pr->vmax > worst_rel)
+        worst_rel = worst / pr->vmax;
+    /* The cache: position p holds qkv_post's k and v, the rest is as before. */
+    int64_t cache_bad = 0, cache_at = -1;
+    for (int64_t i = 0; i < pr->cache_elems; i++) {
+        const int64_t t = i / pr->kv_dim, j = i % pr->kv_dim;
+        const bool own = valid && t == p;
+        const float ek = own ? k_new[j] : pr->kc[i], ev = own ? v_new[j] : pr->vc[i];
+        if (memcmp(&kc[i], &ek, 4) != 0 || memcmp(&vc[i], &ev, 4) != 0) {
+            if (cache_bad++ == 0)
+                cache_at = i;
+        }
+    }
+    int counters_bad = 0;
+    for (int h = 0; h < s->n_heads; h++)
+        counters_bad += cnt[h] != 0;
+    CHECK_MSG(bad == 0, "%s: %lld of %lld outputs off (first at %lld: gpu %.9g ref %.9g, tol %.3g)",
+              what, (long long)bad, (long long)pr->q_dim, (long long)at,
+              at >= 0 ? out[at] : 0.0, at >= 0 ? ref[at] : 0.0, tol);
+    CHECK_MSG(cache_bad == 0, "%s: %lld cache values wrong (first at position %lld, value %lld)",
+              what, (long long)cache_bad, (long long)(cache_at >= 0 ? cache_at / pr->kv_dim : -1),
+              (long long)(cache_at >= 0 ? cache_at % pr->kv_dim : -1));
+    CHECK_MSG(counters_bad == 0, "%s: %d counters not back at zero", what, counters_bad);
+    free(out), free(kc), free(vc), free(cnt);
+    return bad == 0 && cache_bad == 0 && counters_bad == 0;
+}
+
+/* The merges to check: the ticket with the backend's split count, one
+ * range, an odd count and the most; then each cluster size up to what the
+ * device allows. */
+typedef struct merge {
+    int splits, cluster;
+} merge;
+
+static int merges_for(const problem *pr, int max_cluster, merge *m)
+{
+    int n = 0;
+    m[n++] = (merge){bn_cb_attn_decode_splits(pr->s.capacity), 0};
+    m[n++] = (merge){1, 0};
+    m[n++] = (merge){3, 0};
+    m[n++] = (merge){64, 0};
+    for (int c = 2; c <= max_cluster; c *= 2)
+        m[n++] = (merge){0, c};
+    return n;
+}
+
+static void merge_name(const merge *m, char *buf, size_t size)
+{
+    if (m->cluster)
+        snprintf(buf, size, "cluster %d", m->cluster);
+    else
+        snprintf(buf, size, "ticket, %d splits", m->splits);
+}
+
+static void check_shape(const shape *s, float qrange, int max_cluster)
+{
+    problem pr;
+    problem_init(&pr, s, qrange);
+    const int cap = (int)s->capacity;
+    const int positions[] = {0, 1, 31, 32, 33, 100, 255, 511, 639, cap - 1, cap, -1};
+    merge m[16];
+    const int nm = merges_for(&pr, max_cluster, m);
+    const bn_cb_attn_shape as = {s->n_heads, s->n_kv, s->hd, s->capacity};
+    double *ref = malloc((size_t)pr.q_dim * sizeof(double));
+    float *k_new = malloc((size_t)pr.kv_dim * sizeof(float));
+    float *v_new = malloc((size_t)pr.kv_dim * sizeof(float));
+    int failed = 0, runs = 0;
+    for (size_t i = 0; i < sizeof positions / sizeof positions[0]; i++) {
+        const int p = positions[i];
+        if (p > cap)
+            continue; /* beyond a small cache: cap itself is the outside case */
+        reset_cache(&pr, p);
+        reference(&pr, p, ref, k_new, v_new);
+        for (int j = 0; j < nm; j++) {
+            reset_cache(&pr, p);
+            CUDA_OK(cudaMemset(pr.d_out, 0xff, (size_t)pr.q_dim * sizeof(float))); /* NaN */
+            const bn_cb_attn_decode_args a = decode_args(&pr, m[j].splits, m[j].cluster);
+            CUDA_OK(bn_cb_attn_decode(&as, &a, j % 2, 0)); /* with and without pdl */
+            CUDA_OK(cudaDeviceSynchronize());
+            char name[64], what[256];
+            merge_name(&m[j], name, sizeof name);
+            snprintf(what, sizeof what, "%d/%d heads x %d, rope %d, cap %lld, q x%g, p %d, %s",
+                     s->n_heads, s->n_kv, s->hd, s->rope_dim, (long long)s->capacity,
+                     (double)qrange, p, name);
+            failed += !verify(&pr, p, ref, k_new, v_new, what);
+            runs++;
+        }
+    }
+    printf("%2d/%d heads x %3d, rope %3d, cap %4lld, q x%-3g: %d launches over %d merges: %s\n",
+           s->n_heads, s->n_kv, s->hd, s->rope_dim, (long long)s->capacity, (double)qrange, runs,
+           nm, failed ? "FAILED" : "outputs, cache and counters as the reference");
+    free(ref), free(k_new), free(v_new);
+    problem_free(&pr);
+}
+
+/* One graph per merge, replayed for a sequence of positions (written to
+ * device memory between replays): each replay must match the reference. */
+static void check_graph(const shape *s, int max_cluster)
+{
+    problem pr;
+    problem_init(&pr, s, 1.0f);
+    merge m[16];
+    const int nm = merges_for(&pr, max_cluster, m);
+    const bn_cb_attn_shape as = {s->n_heads, s->n_kv, s->hd, s->capacity};
+    double *ref = malloc((size_t)pr.q_dim * sizeof(double));
+    float *k_new = malloc((size_t)pr.kv_dim * sizeof(float));
+    float *v_new = malloc((size_t)pr.kv_dim * sizeof(float));
+    const int steps[] = {5, 40, 300, 700};
+    cudaStream_t st;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (int j = 0; j < nm; j++) {
+        if (j == 1 || j == 2)
+            continue; /* the ticket's split counts: one is enough here */
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        const bn_cb_attn_decode_args a = decode_args(&pr, m[j].splits, m[j].cluster);
+        CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        CUDA_OK(bn_cb_attn_decode(&as, &a, 0, st));
+        CUDA_OK(cudaStreamEndCapture(st, &g));
+        CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+        char name[64];
+        merge_name(&m[j], name, sizeof name);
+        int failed = 0;
+        for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+            const int p = steps[i];
+            reset_cache(&pr, p);
+            reference(&pr, p, ref, k_new, v_new);
+            reset_cache(&pr, p);
+            CUDA_OK(cudaMemset(pr.d_out, 0xff, (size_t)pr.q_dim * sizeof(float)));
+            CUDA_OK(cudaGraphLaunch(ge, st));
+            CUDA_OK(cudaStreamSynchronize(st));
+            char what[160];
+            snprintf(what, sizeof what, "graph (%s), replay at p %d", name, p);
+            failed += !verify(&pr, p, ref, k_new, v_new, what);
+        }
+        /* The node disabled (bench e2e's stage costs do this) and enabled
+         * again: disabled, the replay leaves out alone; enabled, as before. */
+        cudaGraphNode_t node;
+        size_t n_nodes = 1;
+        CUDA_OK(cudaGraphGetNodes(g, &node, &n_nodes));
+        CHECK(n_nodes == 1);
+        const int p = 77;
+        reset_cache(&pr, p);
+        reference(&pr, p, ref, k_new, v_new);
+        reset_cache(&pr, p);
+        CUDA_OK(cudaMemset(pr.d_out, 0xff, (size_t)pr.q_dim * sizeof(float)));
+        const cudaError_t off = cudaGraphNodeSetEnabled(ge, node, 0);
+        /* Drivers refuse it for non-portable cluster sizes (above 8); the
+         * backend's stage-cost timing says so (cuda_backend.h). */
+        const bool refused = off == cudaErrorInvalidClusterSize && m[j].cluster > 8;
+        CHECK_MSG(off == cudaSuccess || refused, "graph (%s): disabling the node: %s", name,
+                  cudaGetErrorString(off));
+        (void)cudaGetLastError();
+        if (off == cudaSuccess) {
+            CUDA_OK(cudaGraphLaunch(ge, st));
+            CUDA_OK(cudaStreamSynchronize(st));
+            uint32_t first = 0;
+            CUDA_OK(cudaMemcpy(&first, pr.d_out, sizeof first, cudaMemcpyDeviceToHost));
+            CHECK_MSG(first == 0xffffffffu, "graph (%s): the disabled node ran", name);
+            CUDA_OK(cudaGraphNodeSetEnabled(ge, node, 1));
+            CUDA_OK(cudaGraphLaunch(ge, st));
+            CUDA_OK(cudaStreamSynchronize(st));
+            char what[160];
+            snprintf(what, sizeof what, "graph (%s), enabled again, p %d", name, p);
+            failed += !verify(&pr, p, ref, k_new, v_new, what);
+        }
+        printf("graph %-18s: %zu replays as the reference%s; node disabled and enabled: %s\n",
+               name, sizeof steps / sizeof steps[0], failed ? " (NOT ALL)" : "",
+               refused ? "refused by the driver (cudaErrorInvalidClusterSize)"
+               : off != cudaSuccess ? "FAILED"
+                                    : "as the reference");
+        cudaGraphExecDestroy(ge);
+        cudaGraphDestroy(g);
+    }
+    cudaStreamDestroy(st);
+    free(ref), free(k_new), free(v_new);
+    problem_free(&pr);
+}
+
+/* Bad arguments are refused, not launched. */
+static void check_errors(void)
+{
+    const shape s = {20, 5, 128, 128, 64};
+    problem pr;
+    problem_init(&pr, &s, 1.0f);
+    const bn_cb_attn_shape as = {s.n_heads, s.n_kv, s.hd, s.capacity};
+    bn_cb_attn_decode_args a = decode_args(&pr, 2, 3); /* not a power of two */
+    CHECK(bn_cb_attn_decode(&as, &a, 0, 0) == cudaErrorInvalidValue);
+    a = decode_args(&pr, 2, 32); /* above 16 */
+    CHECK(bn_cb_attn_decode(&as, &a, 0, 0) == cudaErrorInvalidValue);
+    a = decode_args(&pr, 0, 0); /* the ticket without ranges */
+    CHECK(bn_cb_attn_decode(&as, &a, 0, 0) == cudaErrorInvalidValue);
+    a = decode_args(&pr, 2, 0);
+    a.counters = NULL;
+    CHECK(bn_cb_attn_decode(&as, &a, 0, 0) == cudaErrorInvalidValue);
+    const bn_cb_attn_shape odd = {20, 5, 130, 64}; /* head_dim not a multiple of 4 */
+    a = decode_args(&pr, 2, 0);
+    CHECK(bn_cb_attn_decode(&odd, &a, 0, 0) == cudaErrorInvalidValue);
+    CHECK(bn_cb_attn_decode_cluster(&odd) == 0);
+    CHECK(bn_cb_attn_decode_cluster(NULL) == 0);
+    CHECK(cudaGetLastError() == cudaSuccess); /* nothing left behind */
+    problem_free(&pr);
+}
+
+/* One launch at the 2B-4T shape, p = 639, per merge: information. */
+static void time_2b4t(int max_cluster)
+{
+    const shape s = {20, 5, 128, 128, 4096};
+    problem pr;
+    problem_init(&pr, &s, 1.0f);
+    merge m[16];
+    const int nm = merges_for(&pr, max_cluster, m);
+    const bn_cb_attn_shape as = {s.n_heads, s.n_kv, s.hd, s.capacity};
+    cudaEvent_t e0, e1;
+    CUDA_OK(cudaEventCreate(&e0));
+    CUDA_OK(cudaEventCreate(&e1));
+    for (int p = 127; p < 4096; p = p * 4 + 3) {
+        reset_cache(&pr, p);
+        printf("time: 20/5 x 128, p %4d:", p);
+        for (int j = 0; j < nm; j++) {
+            if (j == 1 || j == 2)
+                continue;
+            const bn_cb_attn_decode_args a = decode_args(&pr, m[j].splits, m[j].cluster);
+            for (int w = 0; w < 20; w++)
+                CUDA_OK(bn_cb_attn_decode(&as, &a, 0, 0));
+            CUDA_OK(cudaEventRecord(e0, 0));
+            for (int r = 0; r < 200; r++)
+                CUDA_OK(bn_cb_attn_decode(&as, &a, 0, 0));
+            CUDA_OK(cudaEventRecord(e1, 0));
+            CUDA_OK(cudaEventSynchronize(e1));
+            float ms = 0.0f;
+            CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+            char name[64];
+            merge_name(&m[j], name, sizeof name);
+            printf(" | %s %.2f us", name, ms * 1000.0f / 200);
+        }
+        printf("\n");
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    problem_free(&pr);
+}
+
+int main(void)
+{
+    test_require_cuda(0, "");
+    const shape s2b = {20, 5, 128, 128, 700};
+    const bn_cb_attn_shape as2b = {s2b.n_heads, s2b.n_kv, s2b.hd, s2b.capacity};
+    const int max_cluster = bn_cb_attn_decode_cluster(&as2b);
+    CUDA_OK(cudaGetLastError());
+    printf("cluster size for the 2B-4T heads: %d%s\n", max_cluster,
+           max_cluster ? "" : " (no thread-block clusters: the ticket merge only)");
+    const shape shapes[] = {
+        {20, 5, 128, 128, 700}, /* 2B-4T heads: 4 per block */
+        {8, 4, 128, 64, 300},   /* groups of 2, partial RoPE */
+        {6, 6, 64, 0, 200},     /* no grouping, no RoPE */
+        {8, 2, 256, 256, 130},  /* two chunks per lane, 2 heads per block */
+        {3, 3, 256, 128, 90},   /* two chunks, one head per block */
+        {4, 2, 36, 36, 70},     /* a partial lane; RoPE halves of 18 */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const bn_cb_attn_shape as = {shapes[i].n_heads, shapes[i].n_kv, shapes[i].hd,
+                                     shapes[i].capacity};
+        const int mc = bn_cb_attn_decode_cluster(&as);
+        for (int qi = 0; qi < 2; qi++)
+            check_shape(&shapes[i], qi ? 8.0f : 1.0f, mc);
+    }
+    check_graph(&s2b, max_cluster);
+    check_errors();
+    printf("worst |gpu - ref| / max|v|: %.2e\n", worst_rel);
+    if (!getenv("BN_TEST_QUICK"))
+        time_2b4t(max_cluster);
+    TEST_EXIT();
+}
