@@ -2056,7 +2056,11 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
 /* ---- LM head ---------------------------------------------------------------------- */
 
 constexpr int kHeadThreads = 256;
-constexpr int kHeadUnroll = 4;
+/* 16-byte loads per lane in flight: a 2560-wide fp16 / bf16 row is 320 of
+ * them, so a warp issues its whole row at once (one memory round trip per
+ * row). H200, 2B-4T head (656 MB): 182 us with 4 in flight, 147 us (4.5 TB/s)
+ * with 10. */
+constexpr int kHeadUnroll = 10;
 
 template <int kType> struct HeadElem;
 template <> struct HeadElem<BN_CB_HEAD_F32> {

@@ -23,14 +23,17 @@ __device__ __forceinline__ uint4 gemv_load_stream(const uint4 *p)
     return v;
 }
 
-/* dot of one 16-byte entry (64 codes) with 64 activations. */
+/* dot of one 16-byte entry (64 codes) with 64 activations; kL2: the
+ * activations read through L2 (__ldcg: written by a kernel that may have run
+ * alongside this one), else plain loads (shared memory, or final data). */
+template <bool kL2 = false>
 __device__ __forceinline__ int gemv_entry_dot(uint4 w, const int8_t *x, int acc)
 {
     const int4 *xv = reinterpret_cast<const int4 *>(x);
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const int4 a = xv[i]; /* activations 16i .. 16i + 15 */
+        const int4 a = kL2 ? __ldcg(xv + i) : xv[i]; /* activations 16i .. 16i + 15 */
         const uint32_t wd = words[i];
         acc = __dp4a((int)(wd & 0x03030303u), a.x, acc);
         acc = __dp4a((int)((wd >> 2) & 0x03030303u), a.y, acc);
@@ -63,7 +66,7 @@ __device__ __forceinline__ void gemv_prefetch(uint4 (&wv)[kPre], const uint4 *bl
 /* The warp's int32 sum over its chunk-groups: the prefetched entries, then
  * the rest four in flight at a time (as w2a8_kernels.cu's gemv_kernel).
  * xq: the activations this lane's entries meet (its quarter of the row). */
-template <int WARPS, int kPre>
+template <int WARPS, int kPre, bool kL2 = false>
 __device__ __forceinline__ int gemv_warp_product(const uint4 (&wv)[kPre], const uint4 *blocks,
                                                  const int8_t *xq, int split, int64_t groups)
 {
@@ -72,7 +75,7 @@ __device__ __forceinline__ int gemv_warp_product(const uint4 (&wv)[kPre], const 
     for (int u = 0; u < kPre; u++) {
         const int64_t g = split + (int64_t)u * WARPS;
         if (g < groups)
-            acc = gemv_entry_dot(wv[u], xq + g * kGemvGroup, acc);
+            acc = gemv_entry_dot<kL2>(wv[u], xq + g * kGemvGroup, acc);
     }
     int64_t g = split + (int64_t)kPre * WARPS;
     for (; g + 3 * WARPS < groups; g += 4 * WARPS) {
@@ -82,10 +85,10 @@ __device__ __forceinline__ int gemv_warp_product(const uint4 (&wv)[kPre], const 
             r4[u] = gemv_load_stream(blocks + (g + u * WARPS) * (kGemvBlockBytes / 16));
 #pragma unroll
         for (int u = 0; u < 4; u++)
-            acc = gemv_entry_dot(r4[u], xq + (g + u * WARPS) * kGemvGroup, acc);
+            acc = gemv_entry_dot<kL2>(r4[u], xq + (g + u * WARPS) * kGemvGroup, acc);
     }
     for (; g < groups; g += WARPS)
-        acc = gemv_entry_dot(gemv_load_stream(blocks + g * (kGemvBlockBytes / 16)),
+        acc = gemv_entry_dot<kL2>(gemv_load_stream(blocks + g * (kGemvBlockBytes / 16)),
                              xq + g * kGemvGroup, acc);
     return acc;
 }

@@ -222,7 +222,9 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
 
     /* Rows longer than the prefetch stream the rest after the wait. */
     const int acc =
-        live ? gemv_warp_product<WARPS>(v, blocks, xs + (lane >> 3) * 64, split, groups) : 0;
+        live ? gemv_warp_product<WARPS, kPre, !X_SMEM>(v, blocks, xs + (lane >> 3) * 64, split,
+                                                       groups)
+             : 0;
     pdl_mark(1);
     gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, threadIdx.x, n,
                                      [&](int64_t out_row, int total) {
