@@ -1802,9 +1802,10 @@ __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_k
  * block o % C. After its own warp merge each block stores its (max, sum,
  * acc) of every slot straight into the owning block's shared memory
  * (distributed shared memory: remote stores, nothing waits for them),
- * in the row of its rank; one cluster barrier (release / acquire) makes
- * them visible and keeps every block alive until the stores into it are
- * done. Then the owner's thread (j, s), s < C, takes block s's values of
+ * in the row of its rank, once every block of the cluster has started (a
+ * first barrier phase, arrived at on entry); one cluster barrier (release /
+ * acquire) makes them visible and keeps every block alive until the
+ * stores into it are done. Then the owner's thread (j, s), s < C, takes block s's values of
  * slot j C + r from its own shared memory, and the C threads (consecutive
  * lanes of one warp) combine them with a butterfly over the lanes: the
  * result depends on the length and C only. No workspace, no counters, no
@@ -1830,6 +1831,11 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(
     __shared__ float4 in_acc[kOut + kMaxCluster];
     cg::cluster_group cluster = cg::this_cluster();
     const int C = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+    /* Distributed shared memory may be written only once every block of
+     * the cluster has started: each block says so here, and waits for the
+     * others just before its first remote store (by then long since true,
+     * so the wait costs nothing). */
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
     DecodeBlock<KC, G> b(a, blockIdx.x);
     const int nc = b.nc, p = b.p, len = b.len;
     const int nq = G * nc, per = (nq + C - 1) / C; /* slots, and slots per block */
@@ -1869,6 +1875,7 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(
     /* The block's (max, sum, acc) per slot, sent to the slot's owner. */
     parts_sm.put(b);
     __syncthreads();
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); /* every block has started */
     for (int o = threadIdx.x; o < nq; o += blockDim.x) {
         const int g = o / nc, ch = o % nc;
         float mx, total;
