@@ -236,6 +236,15 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
 }
 #endif
 
+/* The index of v among names[0 .. n), or -1. */
+static int name_index(const char *v, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, names[i]) == 0)
+            return i;
+    return -1;
+}
+
 int bench_e2e(int argc, char **argv, const bn_config *cfg)
 {
     const char *shape = "2b4t", *device = NULL;
@@ -270,11 +279,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
             static const char *const names[] = {"auto", "separate", "norms", "all"};
             if (!(v = cli_value(argc, argv, &i, CMD)))
                 return BN_EXIT_USAGE;
-            fusion = -1;
-            for (int f = 0; f < 4; f++)
-                if (strcmp(v, names[f]) == 0)
-                    fusion = f;
-            if (fusion < 0) {
+            if ((fusion = name_index(v, names, 4)) < 0) {
                 fprintf(stderr, "bitnet bench e2e: error: --fusion must be auto, norms, all or "
                                 "separate, not '%s'\n", v);
                 return BN_EXIT_USAGE;
@@ -285,10 +290,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
             static const int values[] = {0, -1, 2, 4, 8, 16};
             if (!(v = cli_value(argc, argv, &i, CMD)))
                 return BN_EXIT_USAGE;
-            int found = -1;
-            for (int m = 0; m < 6; m++)
-                if (strcmp(v, names[m]) == 0)
-                    found = m;
+            const int found = name_index(v, names, 6);
             if (found < 0) {
                 fprintf(stderr, "bitnet bench e2e: error: --attn-merge must be auto, ticket, "
                                 "cluster2, cluster4, cluster8 or cluster16, not '%s'\n", v);
