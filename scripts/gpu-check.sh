@@ -68,9 +68,11 @@ if [ $sanitize -eq 1 ]; then
     # such, not as a pass). CUDA API errors are not counted: several tests
     # provoke them on purpose (impossible allocations, bad PTX).
     ctest --test-dir "$build" -N -L gpu --show-only=json-v1 >"$out/gpu-tests.json"
-    # test_cuda_kernels under racecheck takes longer than one run may: it
-    # runs as SAN_PARTS processes (default 8) with BN_TEST_PART=i/n and one
-    # seed, which together check the problems of one run.
+    # Under racecheck the longest tests take longer than one run may: they
+    # run as several processes with BN_TEST_PART=i/n (and one seed), which
+    # together check what one run does: test_cuda_kernels as SAN_PARTS
+    # (default 8), test_cuda_backend as 6 (one per check of its quick
+    # mode), test_default_model_cuda as 5 (one per greedy prompt).
     python3 - "$out/gpu-tests.json" "$sanitize_only" "${SAN_PARTS:-8}" >"$out/sanitize-runs.txt" <<'PY'
 import json, random, shlex, sys
 only = [t for t in sys.argv[2].split(",") if t]
@@ -81,9 +83,11 @@ for t in json.load(open(sys.argv[1]))["tests"]:
         continue
     command = " ".join(shlex.quote(c) for c in t["command"])
     for tool in ("memcheck", "racecheck"):
-        if tool == "racecheck" and t["name"] == "test_cuda_kernels" and parts > 1:
-            for i in range(parts):
-                print(tool, f"{t['name']}.part{i}", f"BN_TEST_PART={i}/{parts},BN_TEST_SEED={seed}",
+        n = {"test_cuda_kernels": parts, "test_cuda_backend": 6,
+             "test_default_model_cuda": 5}.get(t["name"], 1)
+        if tool == "racecheck" and n > 1:
+            for i in range(n):
+                print(tool, f"{t['name']}.part{i}", f"BN_TEST_PART={i}/{n},BN_TEST_SEED={seed}",
                       command)
         else:
             print(tool, t["name"], "-", command)

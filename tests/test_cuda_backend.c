@@ -449,7 +449,7 @@ static void check_fixture(const char *name)
      * has them (bn_cb_attn_decode_cluster), else through its ticket. */
     const bn_hparams *hp = bn_model_hparams(m);
     const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, 64};
-    const char *attn = bn_cb_attn_decode_cluster(&as) ? "attention_decode_f32_cluster"
+    const char *attn = bn_cb_attn_decode_cluster(&as, 0) ? "attention_decode_f32_cluster"
                                                       : "attention_decode_f32";
     CHECK_MSG(has_kernel(kernels, attn), "%s: %s did not run (%s)", name, attn, kernels);
     CHECK_STR_CONTAINS(kernels, "attention_prefill_f32");
@@ -910,17 +910,20 @@ int main(int argc, char **argv)
     if (!gpu_usable(why, sizeof why))
         TEST_SKIP("no usable CUDA device: %s", why);
     /* BN_TEST_QUICK=1 (the sanitizer runs): two fixtures (a packed HF
-     * directory and a Q8_0-embedding GGUF) and no 2B-4T model. */
+     * directory and a Q8_0-embedding GGUF) and no 2B-4T model.
+     * BN_TEST_PART=i/n: every n-th of the checks below (racecheck runs them
+     * as separate processes). */
     const bool quick = getenv("BN_TEST_QUICK") && strcmp(getenv("BN_TEST_QUICK"), "0") != 0;
+    int unit = 0;
     for (size_t i = 0; i < sizeof FIXTURES / sizeof FIXTURES[0]; i++)
         if (!quick || strcmp(FIXTURES[i], "hf_packed") == 0 ||
             strcmp(FIXTURES[i], "tq2_0.gguf") == 0)
-            check_fixture(FIXTURES[i]);
-    check_chunks();
-    check_ragged();
-    check_errors();
-    check_engine();
-    if (!quick)
-        check_2b4t();
+            if (test_in_part(unit++))
+                check_fixture(FIXTURES[i]);
+    void (*const checks[])(void) = {check_chunks, check_ragged, check_errors, check_engine,
+                                    check_2b4t};
+    for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
+        if ((!quick || checks[i] != check_2b4t) && test_in_part(unit++))
+            checks[i]();
     TEST_EXIT();
 }

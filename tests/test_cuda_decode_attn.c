@@ -52,6 +52,8 @@ typedef struct problem {
     shape s;
     int64_t q_dim, kv_dim, row, cache_elems;
     float *raw, *kc, *vc;      /* host: the raw row; the cache before the step */
+    double *ref;               /* host: the reference outputs (q_dim)             */
+    float *k_new, *v_new;      /* host: the token's k and v qkv_post stored       */
     float *d_raw, *d_kc, *d_vc, *d_kc2, *d_vc2, *d_q, *d_table, *d_out, *d_ws;
     unsigned *d_counters;
     int32_t *d_pos;
@@ -76,6 +78,9 @@ static void problem_init(problem *pr, const shape *s, float qrange)
     pr->raw = malloc((size_t)pr->row * sizeof(float));
     pr->kc = malloc((size_t)pr->cache_elems * sizeof(float));
     pr->vc = malloc((size_t)pr->cache_elems * sizeof(float));
+    pr->ref = malloc((size_t)pr->q_dim * sizeof(double));
+    pr->k_new = malloc((size_t)pr->kv_dim * sizeof(float));
+    pr->v_new = malloc((size_t)pr->kv_dim * sizeof(float));
     for (int64_t i = 0; i < pr->row; i++)
         pr->raw[i] = test_rand_float(-1.0f, 1.0f);
     pr->vmax = 0.0f;
@@ -119,7 +124,7 @@ static void problem_free(problem *pr)
     cudaFree(pr->d_raw), cudaFree(pr->d_kc), cudaFree(pr->d_vc), cudaFree(pr->d_kc2),
         cudaFree(pr->d_vc2), cudaFree(pr->d_q), cudaFree(pr->d_table), cudaFree(pr->d_out),
         cudaFree(pr->d_ws), cudaFree(pr->d_counters), cudaFree(pr->d_pos);
-    free(pr->raw), free(pr->kc), free(pr->vc);
+    free(pr->raw), free(pr->kc), free(pr->vc), free(pr->ref), free(pr->k_new), free(pr->v_new);
 }
 
 /* The cache as before the step, on the device (both copies), and p. */
@@ -160,11 +165,13 @@ static bn_cb_attn_decode_args decode_args(const problem *pr, int splits, int clu
 }
 
 /* The reference for position p: q and the token's k, v from bn_cb_qkv_post
- * (into the second cache copy), the attention in double. ref: q_dim
- * values; k_new, v_new: the kv_dim values qkv_post stored (or NULL for a
- * position outside the cache: ref is zeros). */
-static void reference(problem *pr, int p, double *ref, float *k_new, float *v_new)
+ * (into the second cache copy), the attention in double, into pr->ref (q_dim
+ * values; zeros for a position outside the cache) and pr->k_new, v_new (the
+ * kv_dim values qkv_post stored). */
+static void reference(problem *pr, int p)
 {
+    double *ref = pr->ref;
+    float *k_new = pr->k_new, *v_new = pr->v_new;
     const shape *s = &pr->s;
     const bool valid = p >= 0 && p < s->capacity;
     memset(ref, 0, (size_t)pr->q_dim * sizeof(double));
@@ -211,9 +218,10 @@ static void reference(problem *pr, int p, double *ref, float *k_new, float *v_ne
 
 /* The outputs and the cache after one launch, against the reference.
  * Returns whether everything held. */
-static bool verify(problem *pr, int p, const double *ref, const float *k_new, const float *v_new,
-                   const char *what)
+static bool verify(problem *pr, int p, const char *what)
 {
+    const double *ref = pr->ref;
+    const float *k_new = pr->k_new, *v_new = pr->v_new;
     const shape *s = &pr->s;
     const bool valid = p >= 0 && p < s->capacity;
     float *out = malloc((size_t)pr->q_dim * sizeof(float));
@@ -302,16 +310,13 @@ static void check_shape(const shape *s, float qrange, int max_cluster)
     merge m[16];
     const int nm = merges_for(&pr, max_cluster, m);
     const bn_cb_attn_shape as = {s->n_heads, s->n_kv, s->hd, s->capacity};
-    double *ref = malloc((size_t)pr.q_dim * sizeof(double));
-    float *k_new = malloc((size_t)pr.kv_dim * sizeof(float));
-    float *v_new = malloc((size_t)pr.kv_dim * sizeof(float));
     int failed = 0, runs = 0;
     for (size_t i = 0; i < sizeof positions / sizeof positions[0]; i++) {
         const int p = positions[i];
         if (p > cap)
             continue; /* beyond a small cache: cap itself is the outside case */
         reset_cache(&pr, p);
-        reference(&pr, p, ref, k_new, v_new);
+        reference(&pr, p);
         for (int j = 0; j < nm; j++) {
             reset_cache(&pr, p);
             CUDA_OK(cudaMemset(pr.d_out, 0xff, (size_t)pr.q_dim * sizeof(float))); /* NaN */
@@ -323,14 +328,13 @@ static void check_shape(const shape *s, float qrange, int max_cluster)
             snprintf(what, sizeof what, "%d/%d heads x %d, rope %d, cap %lld, q x%g, p %d, %s",
                      s->n_heads, s->n_kv, s->hd, s->rope_dim, (long long)s->capacity,
                      (double)qrange, p, name);
-            failed += !verify(&pr, p, ref, k_new, v_new, what);
+            failed += !verify(&pr, p, what);
             runs++;
         }
     }
     printf("%2d/%d heads x %3d, rope %3d, cap %4lld, q x%-3g: %d launches over %d merges: %s\n",
            s->n_heads, s->n_kv, s->hd, s->rope_dim, (long long)s->capacity, (double)qrange, runs,
            nm, failed ? "FAILED" : "outputs, cache and counters as the reference");
-    free(ref), free(k_new), free(v_new);
     problem_free(&pr);
 }
 
@@ -343,9 +347,6 @@ static void check_graph(const shape *s, int max_cluster)
     merge m[16];
     const int nm = merges_for(&pr, max_cluster, m);
     const bn_cb_attn_shape as = {s->n_heads, s->n_kv, s->hd, s->capacity};
-    double *ref = malloc((size_t)pr.q_dim * sizeof(double));
-    float *k_new = malloc((size_t)pr.kv_dim * sizeof(float));
-    float *v_new = malloc((size_t)pr.kv_dim * sizeof(float));
     const int steps[] = {5, 40, 300, 700};
     cudaStream_t st;
     CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -365,14 +366,14 @@ static void check_graph(const shape *s, int max_cluster)
         for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
             const int p = steps[i];
             reset_cache(&pr, p);
-            reference(&pr, p, ref, k_new, v_new);
+            reference(&pr, p);
             reset_cache(&pr, p);
             CUDA_OK(cudaMemset(pr.d_out, 0xff, (size_t)pr.q_dim * sizeof(float)));
             CUDA_OK(cudaGraphLaunch(ge, st));
             CUDA_OK(cudaStreamSynchronize(st));
             char what[160];
             snprintf(what, sizeof what, "graph (%s), replay at p %d", name, p);
-            failed += !verify(&pr, p, ref, k_new, v_new, what);
+            failed += !verify(&pr, p, what);
         }
         /* The node disabled (bench e2e's stage costs do this) and enabled
          * again: disabled, the replay leaves out alone; enabled, as before. */
@@ -382,7 +383,7 @@ static void check_graph(const shape *s, int max_cluster)
         CHECK(n_nodes == 1);
         const int p = 77;
         reset_cache(&pr, p);
-        reference(&pr, p, ref, k_new, v_new);
+        reference(&pr, p);
         reset_cache(&pr, p);
         CUDA_OK(cudaMemset(pr.d_out, 0xff, (size_t)pr.q_dim * sizeof(float)));
         const cudaError_t off = cudaGraphNodeSetEnabled(ge, node, 0);
@@ -403,7 +404,7 @@ static void check_graph(const shape *s, int max_cluster)
             CUDA_OK(cudaStreamSynchronize(st));
             char what[160];
             snprintf(what, sizeof what, "graph (%s), enabled again, p %d", name, p);
-            failed += !verify(&pr, p, ref, k_new, v_new, what);
+            failed += !verify(&pr, p, what);
         }
         printf("graph %-18s: %zu replays as the reference%s; node disabled and enabled: %s\n",
                name, sizeof steps / sizeof steps[0], failed ? " (NOT ALL)" : "",
@@ -414,7 +415,6 @@ static void check_graph(const shape *s, int max_cluster)
         cudaGraphDestroy(g);
     }
     cudaStreamDestroy(st);
-    free(ref), free(k_new), free(v_new);
     problem_free(&pr);
 }
 
@@ -437,8 +437,8 @@ static void check_errors(void)
     const bn_cb_attn_shape odd = {20, 5, 130, 64}; /* head_dim not a multiple of 4 */
     a = decode_args(&pr, 2, 0);
     CHECK(bn_cb_attn_decode(&odd, &a, 0, 0) == cudaErrorInvalidValue);
-    CHECK(bn_cb_attn_decode_cluster(&odd) == 0);
-    CHECK(bn_cb_attn_decode_cluster(NULL) == 0);
+    CHECK(bn_cb_attn_decode_cluster(&odd, 0) == 0);
+    CHECK(bn_cb_attn_decode_cluster(NULL, 0) == 0);
     CHECK(cudaGetLastError() == cudaSuccess); /* nothing left behind */
     problem_free(&pr);
 }
@@ -487,8 +487,18 @@ int main(void)
     test_require_cuda(0, "");
     const shape s2b = {20, 5, 128, 128, 700};
     const bn_cb_attn_shape as2b = {s2b.n_heads, s2b.n_kv, s2b.hd, s2b.capacity};
-    const int max_cluster = bn_cb_attn_decode_cluster(&as2b);
+    const int max_cluster = bn_cb_attn_decode_cluster(&as2b, 0);
     CUDA_OK(cudaGetLastError());
+    /* A cap gives the largest allowed size no larger than it. */
+    for (int cap = 1; cap <= 20; cap++) {
+        int want = max_cluster;
+        while (want > cap)
+            want /= 2;
+        if (want < 2)
+            want = 0;
+        const int got = bn_cb_attn_decode_cluster(&as2b, cap);
+        CHECK_MSG(got == want, "cluster size with cap %d: %d, expected %d", cap, got, want);
+    }
     printf("cluster size for the 2B-4T heads: %d%s\n", max_cluster,
            max_cluster ? "" : " (no thread-block clusters: the ticket merge only)");
     const shape shapes[] = {
@@ -502,7 +512,7 @@ int main(void)
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const bn_cb_attn_shape as = {shapes[i].n_heads, shapes[i].n_kv, shapes[i].hd,
                                      shapes[i].capacity};
-        const int mc = bn_cb_attn_decode_cluster(&as);
+        const int mc = bn_cb_attn_decode_cluster(&as, 0);
         for (int qi = 0; qi < 2; qi++)
             check_shape(&shapes[i], qi ? 8.0f : 1.0f, mc);
     }

@@ -17,7 +17,7 @@ static int sm_count;
  * the GPU (the others still draw their random data, so with one
  * BN_TEST_SEED the n parts together check exactly the problems one run
  * does). Lets a slow tool (racecheck) run the test as n processes. */
-static int part_index, part_count = 1, problem_counter;
+static int problem_counter;
 static bool wgmma_usable; /* compute capability 9.0 and this build has sm_90a code */
 
 static bool same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
@@ -54,7 +54,7 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     float *x = malloc(sizeof(float) * (size_t)(m * k));
     random_activations(x, m * k);
     const float ws = test_rand_float(0.01f, 2.0f);
-    if (problem_counter++ % part_count != part_index) {
+    if (!test_in_part(problem_counter++)) {
         free(codes);
         free(x);
         return;
@@ -224,17 +224,11 @@ static void check_quantize(int64_t m, int64_t k)
 
 int main(void)
 {
-    const char *part = getenv("BN_TEST_PART");
-    if (part) {
-        char end = 0;
-        if (sscanf(part, "%d/%d%c", &part_index, &part_count, &end) != 2 || part_count < 1 ||
-            part_index < 0 || part_index >= part_count) {
-            fprintf(stderr, "BN_TEST_PART=%s: expected i/n with 0 <= i < n\n", part);
-            return 2;
-        }
-        printf("part %d of %d: GEMV/GEMM problems %d, %d, %d, ...\n", part_index, part_count,
-               part_index, part_index + part_count, part_index + 2 * part_count);
-    }
+    int part_index, part_count;
+    test_part(&part_index, &part_count);
+    if (part_count > 1)
+        printf("GEMV/GEMM problems %d, %d, %d, ...\n", part_index, part_index + part_count,
+               part_index + 2 * part_count);
     sm_count = test_require_cuda(8, "the W2A8 GEMM").multiProcessorCount;
     {
         /* Whether the split-K tests below reach the cluster path (compute

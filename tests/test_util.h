@@ -97,4 +97,35 @@ static inline uint64_t test_seed_init(void)
     return seed;
 }
 
+/* BN_TEST_PART=i/n: a long test split over n processes (the racecheck runs
+ * of scripts/gpu-check.sh) does in this process only the units of work
+ * numbered i, i + n, i + 2n, ... test_in_part(k) says whether unit k is one
+ * of them; without the variable every unit is. A malformed value ends the
+ * test with exit code 2. */
+static inline void test_part(int *index, int *count)
+{
+    static int part_index = -1, part_count = 1;
+    if (part_index < 0) {
+        part_index = 0;
+        const char *part = getenv("BN_TEST_PART");
+        char end = 0;
+        if (part && (sscanf(part, "%d/%d%c", &part_index, &part_count, &end) != 2 ||
+                     part_count < 1 || part_index < 0 || part_index >= part_count)) {
+            fprintf(stderr, "BN_TEST_PART=%s: expected i/n with 0 <= i < n\n", part);
+            exit(2);
+        }
+        if (part)
+            printf("part %d of %d\n", part_index, part_count);
+    }
+    *index = part_index;
+    *count = part_count;
+}
+
+static inline int test_in_part(int k)
+{
+    int index, count;
+    test_part(&index, &count);
+    return k % count == index;
+}
+
 #endif

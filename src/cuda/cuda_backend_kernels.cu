@@ -1810,17 +1810,12 @@ __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_k
  * lanes of one warp) combine them with a butterfly over the lanes: the
  * result depends on the length and C only. No workspace, no counters, no
  * last block, no L2 round trip of the partial results. */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define BN_CB_HAS_CLUSTERS 1
-#else
-#define BN_CB_HAS_CLUSTERS 0
-#endif
 constexpr int kMaxCluster = 16;
 
 template <int KC, int G>
 __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(DecodeArgs a)
 {
-#if BN_CB_HAS_CLUSTERS
+#if BN_HAS_CLUSTERS
     namespace cg = cooperative_groups;
     constexpr int kOut = G * 32 * KC; /* at most this many output slots (G nc) */
     static_assert(kOut + kMaxCluster <= 32 * kDecWarps, "one merge pass: a thread per (slot, block)");
@@ -2441,28 +2436,24 @@ static bool decode_cluster_size_ok(int c)
     return c == 2 || c == 4 || c == 8 || c == kMaxCluster;
 }
 
-extern "C" int bn_cb_attn_decode_cluster(const bn_cb_attn_shape *s)
+extern "C" int bn_cb_attn_decode_cluster(const bn_cb_attn_shape *s, int cap)
 {
     if (!attn_shape_ok(s))
         return 0;
     const DecodeKernels k = decode_kernels(s);
-    /* Clusters need a device that launches them and the kernel compiled for
-     * sm_90 or later (a JIT of sm_80 PTX has the trap instead). */
-    int dev = 0, launch = 0;
-    cudaFuncAttributes fa;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&launch, cudaDevAttrClusterLaunch, dev) != cudaSuccess ||
-        cudaFuncGetAttributes(&fa, k.cluster) != cudaSuccess || launch == 0 ||
-        fa.ptxVersion < 90 ||
+    if (!clusters_usable(k.cluster) ||
         cudaFuncSetAttribute(k.cluster, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
             cudaSuccess) {
         (void)cudaGetLastError(); /* a failed query is nobody's launch error */
         return 0;
     }
-    /* The largest size of which every column's cluster can be resident at
-     * once. */
+    /* The largest size up to the cap of which every column's cluster can be
+     * resident at once. */
     const int cols = s->n_heads / k.g;
-    for (int c = kMaxCluster; c >= 2; c /= 2) {
+    int largest = kMaxCluster;
+    while (cap > 0 && largest > cap)
+        largest /= 2;
+    for (int c = largest; c >= 2; c /= 2) {
         cudaLaunchAttribute attr;
         attr.id = cudaLaunchAttributeClusterDimension;
         attr.val.clusterDim.x = 1;

@@ -227,8 +227,8 @@ cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s, const bn_cb_attn_decode
                               int pdl, cudaStream_t stream);
 
 /* The cluster size for bn_cb_attn_decode on the current device: the largest
- * of 16, 8, 4, 2 at which every block column's cluster can be resident at
- * once, or 0 where the device or the build has no thread-block clusters
+ * of 16, 8, 4, 2, no larger than cap where cap > 0, at which every block
+ * column's cluster can be resident at once, or 0 where the device or the build has no thread-block clusters
  * (compute capability 9.0 and sm_90 code). Host only; call outside graph
  * capture (it sets the kernel's non-portable cluster attribute).
  *
@@ -236,7 +236,7 @@ cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s, const bn_cb_attn_decode
  * takes the 32-position tiles r, r + C, ... of the length and the blocks
  * merge through distributed shared memory after a cluster barrier, in an
  * order fixed by C (no workspace, no counters, no last block). */
-int bn_cb_attn_decode_cluster(const bn_cb_attn_shape *s);
+int bn_cb_attn_decode_cluster(const bn_cb_attn_shape *s, int cap);
 
 /* n query rows (q rows ldq apart, row i at position pos[i], a device array)
  * against cache positions [0, pos[i]] (causal; the k and v of the rows

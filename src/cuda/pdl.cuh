@@ -164,6 +164,31 @@ static inline cudaError_t pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 b
                                 std::forward<Args>(args)...);
 }
 
+/* Thread-block clusters: device code compiled for sm_90 or later may use
+ * them; the host pass and older architectures compile that code out. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define BN_HAS_CLUSTERS 1
+#else
+#define BN_HAS_CLUSTERS 0
+#endif
+
+/* Whether `kernel` may be launched in clusters: the current device
+ * launches them and the kernel was compiled for sm_90 or later (a JIT of
+ * sm_80 PTX has no cluster code). A failed query answers false and leaves
+ * no error behind for the next launch to report. */
+template <typename... KArgs> static inline bool clusters_usable(void (*kernel)(KArgs...))
+{
+    int dev = 0, launch = 0;
+    cudaFuncAttributes fa;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&launch, cudaDevAttrClusterLaunch, dev) != cudaSuccess ||
+        cudaFuncGetAttributes(&fa, (const void *)kernel) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return launch != 0 && fa.ptxVersion >= 90;
+}
+
 /* Whether `kernel` was compiled with the PDL instructions. */
 template <typename... KArgs> static inline bool pdl_compiled(void (*kernel)(KArgs...))
 {

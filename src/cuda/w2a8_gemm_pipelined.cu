@@ -90,15 +90,9 @@
 
 #include <cooperative_groups.h>
 
+#include "pdl.cuh"
 #include "w2a8_cuda.h"
 
-/* Device code for sm_90 and later may use clusters (the host pass and
- * older architectures compile the split-K path out). */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define BN_PIPE_HAS_CLUSTERS 1
-#else
-#define BN_PIPE_HAS_CLUSTERS 0
-#endif
 
 namespace {
 
@@ -305,7 +299,7 @@ __global__ void __launch_bounds__(Cfg<BM, BN>::kThreads, Cfg<BM, BN>::kMinBlocks
     cp_async_wait<0>();
 
     if (split > 1) {
-#if BN_PIPE_HAS_CLUSTERS
+#if BN_HAS_CLUSTERS
         namespace cg = cooperative_groups;
         cg::cluster_group cluster = cg::this_cluster();
         int4 *red = reinterpret_cast<int4 *>(smem);
@@ -413,21 +407,6 @@ struct Launch {
         return ((a->m + BM - 1) / BM) * ((a->tiles * kTileRows + BN - 1) / BN);
     }
 
-    /* Clusters need a device that launches them and this kernel compiled
-     * for sm_90 or later (a JIT of sm_80 PTX has no cluster code). */
-    static bool clusters_usable()
-    {
-        int dev = 0, cluster_launch = 0;
-        cudaFuncAttributes fa;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, dev) != cudaSuccess ||
-            cudaFuncGetAttributes(&fa, pipelined_kernel<BM, BN>) != cudaSuccess) {
-            cudaGetLastError(); /* a failed query is not this launch's error */
-            return false;
-        }
-        return cluster_launch != 0 && fa.ptxVersion >= 90;
-    }
-
     /* split <= 0: chosen for the shape; otherwise clamped to what K and
      * the device allow. Every k-slice gets at least one k-tile. */
     static int effective_split(const bn_w2a8_cuda_args *a, int split)
@@ -442,7 +421,7 @@ struct Launch {
             split = BN_W2A8_PIPE_MAX_SPLIT;
         if (split > k_tiles)
             split = (int)k_tiles;
-        if (split <= 1 || !clusters_usable())
+        if (split <= 1 || !clusters_usable(pipelined_kernel<BM, BN>))
             return 1;
         const int64_t per = (k_tiles + split - 1) / split;
         return (int)((k_tiles + per - 1) / per);
