@@ -54,7 +54,11 @@
 
 #define TOL_F32 1e-2
 #define TOL_F16 6e-2
-#define N_STEPS 32
+#define N_STEPS 32 /* greedy steps compared (the arrays' size) */
+/* Steps a run compares: N_STEPS, or 8 with BN_TEST_QUICK=1 (the sanitizer
+ * runs, where each kernel launch costs far more and 8 steps launch every
+ * kernel the 32 do). */
+static int n_steps = N_STEPS;
 #define PROMPT_LEN 8
 
 static const int32_t PROMPT[PROMPT_LEN] = {297, 33, 264, 45, 281, 220, 265, 64};
@@ -179,9 +183,9 @@ static bool cpu_greedy(const bn_model *m, const int32_t *prompt, int n_prompt, i
         return false;
     bool ok = bn_cpu_backend_forward(c, prompt, n_prompt, 0, BN_LOGITS_LAST, logits, &err) ==
               BN_OK;
-    for (int s = 0; ok && s < N_STEPS; s++) {
+    for (int s = 0; ok && s < n_steps; s++) {
         tokens[s] = argmax(logits + (int64_t)s * V, V);
-        if (s + 1 < N_STEPS)
+        if (s + 1 < n_steps)
             ok = bn_cpu_backend_forward(c, &tokens[s], 1, n_prompt + s, BN_LOGITS_LAST,
                                         logits + (int64_t)(s + 1) * V, &err) == BN_OK;
     }
@@ -192,7 +196,7 @@ static bool cpu_greedy(const bn_model *m, const int32_t *prompt, int n_prompt, i
 
 /* ---- per fixture -------------------------------------------------------------- */
 
-/* N_STEPS greedy tokens on the device from PROMPT at position 0 (the
+/* n_steps greedy tokens on the device from PROMPT at position 0 (the
  * cache reset first): graph replay through submit/wait, or eager steps. */
 static bool device_greedy(bn_cuda_backend *b, bool graph, int32_t *tokens, bn_error *err)
 {
@@ -200,9 +204,9 @@ static bool device_greedy(bn_cuda_backend *b, bool graph, int32_t *tokens, bn_er
     bn_cuda_backend_reset(b);
     int32_t next;
     bool ok = bn_cuda_backend_forward_greedy(b, PROMPT, PROMPT_LEN, 0, &next, err) == BN_OK;
-    for (int s = 0; ok && s < N_STEPS; s++) {
+    for (int s = 0; ok && s < n_steps; s++) {
         tokens[s] = next;
-        if (s + 1 == N_STEPS)
+        if (s + 1 == n_steps)
             break;
         if (graph)
             ok = bn_cuda_backend_submit_greedy(b, next, PROMPT_LEN + s, err) == BN_OK &&
@@ -232,7 +236,7 @@ static void check_fixture(const char *name)
         return;
     }
     double min_gap = INFINITY;
-    for (int s = 0; s < N_STEPS; s++)
+    for (int s = 0; s < n_steps; s++)
         min_gap = fmin(min_gap, top2_gap(ref + (size_t)s * V, V));
 
     bn_cuda_backend *b = make_cuda(m, 0, BN_CUDA_KV_F32, 0);
@@ -247,7 +251,7 @@ static void check_fixture(const char *name)
         bn_cuda_backend_set_graphs(b, pass == 1);
         bn_cuda_backend_reset(b);
         bool ok = bn_cuda_backend_forward(b, PROMPT, PROMPT_LEN, 0, outs[pass], &err) == BN_OK;
-        for (int s = 1; ok && s < N_STEPS; s++)
+        for (int s = 1; ok && s < n_steps; s++)
             ok = bn_cuda_backend_forward(b, &ref_tok[s - 1], 1, PROMPT_LEN + s - 1,
                                          outs[pass] + (size_t)s * V, &err) == BN_OK;
         CHECK_MSG(ok, "%s: gpu forward (%s): %s", name, pass ? "graph" : "eager", err.message);
@@ -258,7 +262,7 @@ static void check_fixture(const char *name)
 
     double prefill_rel = rel_diff(ref, eager, V), worst_rel = 0.0;
     int worst_step = 0, argmax_diff = 0;
-    for (int s = 0; s < N_STEPS; s++) {
+    for (int s = 0; s < n_steps; s++) {
         const double r = rel_diff(ref + (size_t)s * V, eager + (size_t)s * V, V);
         if (r > worst_rel || r != r) {
             worst_rel = r;
@@ -267,7 +271,7 @@ static void check_fixture(const char *name)
         if (argmax(eager + (size_t)s * V, V) != ref_tok[s])
             argmax_diff++;
     }
-    const double graph_vs_eager = max_diff(eager, graph, (int64_t)N_STEPS * V);
+    const double graph_vs_eager = max_diff(eager, graph, (int64_t)n_steps * V);
 
     /* Free-running greedy on the device: graph (submit/wait), then eager. */
     int32_t *runs[2] = {gpu_tok, eager_tok};
@@ -309,7 +313,7 @@ static void check_fixture(const char *name)
                   ok ? "tokens" : err.message);
     }
     int first_diff = -1;
-    for (int s = 0; s < N_STEPS && first_diff < 0; s++)
+    for (int s = 0; s < n_steps && first_diff < 0; s++)
         if (gpu_tok[s] != ref_tok[s])
             first_diff = s;
     const bool eager_same = memcmp(gpu_tok, eager_tok, sizeof gpu_tok) == 0;
@@ -349,14 +353,14 @@ static void check_fixture(const char *name)
         if (u) {
             float *alt = malloc(N_STEPS * row);
             bool ok = alt && bn_cuda_backend_forward(u, PROMPT, PROMPT_LEN, 0, alt, &err) == BN_OK;
-            for (int s = 1; ok && s < N_STEPS; s++)
+            for (int s = 1; ok && s < n_steps; s++)
                 ok = bn_cuda_backend_forward(u, &ref_tok[s - 1], 1, PROMPT_LEN + s - 1,
                                              alt + (size_t)s * V, &err) == BN_OK;
             CHECK_MSG(ok, "%s: gpu forward (%s): %s", name, what, err.message);
             if (ok) {
                 rel = 0.0;
                 alt_argmax_diff = 0;
-                for (int s = 0; s < N_STEPS; s++) {
+                for (int s = 0; s < n_steps; s++) {
                     rel = fmax(rel, rel_diff(ref + (size_t)s * V, alt + (size_t)s * V, V));
                     alt_argmax_diff += argmax(alt + (size_t)s * V, V) != ref_tok[s];
                 }
@@ -403,14 +407,14 @@ static void check_fixture(const char *name)
     }
     if (h) {
         bool ok = bn_cuda_backend_forward(h, PROMPT, PROMPT_LEN, 0, half, &err) == BN_OK;
-        for (int s = 1; ok && s < N_STEPS; s++)
+        for (int s = 1; ok && s < n_steps; s++)
             ok = bn_cuda_backend_forward(h, &ref_tok[s - 1], 1, PROMPT_LEN + s - 1,
                                          half + (size_t)s * V, &err) == BN_OK;
         CHECK_MSG(ok, "%s: gpu forward (fp16 KV): %s", name, err.message);
         if (ok) {
             half_rel = 0.0;
             half_argmax_diff = 0;
-            for (int s = 0; s < N_STEPS; s++) {
+            for (int s = 0; s < n_steps; s++) {
                 half_rel = fmax(half_rel, rel_diff(ref + (size_t)s * V, half + (size_t)s * V, V));
                 half_argmax_diff += argmax(half + (size_t)s * V, V) != ref_tok[s];
             }
@@ -421,7 +425,7 @@ static void check_fixture(const char *name)
     printf("%-11s prefill rel %.2e | %d steps: worst rel %.2e (step %d), argmax differs at %d | "
            "graph-eager max|d| %g | greedy gpu==cpu %s, eager==graph %s | cpu min top-2 gap "
            "%.4f | fp16 KV: rel %.2e, argmax differs at %d\n",
-           name, prefill_rel, N_STEPS, worst_rel, worst_step, argmax_diff, graph_vs_eager,
+           name, prefill_rel, n_steps, worst_rel, worst_step, argmax_diff, graph_vs_eager,
            first_diff < 0 ? "yes" : "NO", eager_same ? "yes" : "NO", min_gap, half_rel,
            half_argmax_diff);
     CHECK_MSG(worst_rel <= TOL_F32, "%s: logits differ from the CPU by %.3g x max|logit| at step "
@@ -436,9 +440,9 @@ static void check_fixture(const char *name)
               first_diff >= 0 ? top2_gap(ref + (size_t)first_diff * V, V) : 0.0);
     CHECK_MSG(eager_same, "%s: eager greedy tokens differ from the graph's", name);
     if (first_diff >= 0 || !eager_same) {
-        print_tokens("cpu", ref_tok, N_STEPS);
-        print_tokens("graph", gpu_tok, N_STEPS);
-        print_tokens("eager", eager_tok, N_STEPS);
+        print_tokens("cpu", ref_tok, n_steps);
+        print_tokens("graph", gpu_tok, n_steps);
+        print_tokens("eager", eager_tok, n_steps);
     }
     CHECK_MSG(half_rel <= TOL_F16, "%s: fp16-KV logits differ from the CPU by %.3g x max|logit| "
                                    "(tolerance %g)",
@@ -800,13 +804,13 @@ static void run_engine(const char *fixture, const char *device, bool strict, uin
     snprintf(r->startup, sizeof r->startup, "%s", bn_engine_startup_line(e));
     bn_generate_request req = {.prompt_tokens = PROMPT,
                                .n_prompt_tokens = PROMPT_LEN,
-                               .n_predict = N_STEPS,
+                               .n_predict = (size_t)n_steps,
                                .ignore_eog = true};
     bn_sampler_params_default(&req.sampling); /* greedy */
     bn_generation g;
     r->gen = bn_engine_generate(e, &req, &g, &r->err);
     if (r->gen == BN_OK) {
-        r->n_tokens = g.n_tokens < N_STEPS ? g.n_tokens : N_STEPS;
+        r->n_tokens = g.n_tokens < (size_t)n_steps ? g.n_tokens : (size_t)n_steps;
         memcpy(r->tokens, g.tokens, r->n_tokens * sizeof(int32_t));
         FILE *f = tmpfile();
         if (f) {
@@ -828,7 +832,8 @@ static void check_engine(void)
     const char *fx = "i2s.gguf";
     engine_run *cpu = calloc(1, sizeof *cpu), *r = calloc(1, sizeof *r);
     run_engine(fx, "cpu", false, 0, 0, cpu);
-    CHECK_MSG(cpu->gen == BN_OK && cpu->n_tokens == N_STEPS, "cpu engine: %s", cpu->err.message);
+    CHECK_MSG(cpu->gen == BN_OK && cpu->n_tokens == (size_t)n_steps, "cpu engine: %s",
+              cpu->err.message);
 
     /* auto on a usable GPU: CUDA, the CPU's tokens, the receipt says so. */
     run_engine(fx, NULL, false, 0, 0, r);
@@ -895,6 +900,7 @@ static void check_engine(void)
 
 int main(int argc, char **argv)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* progress shows in a log cut short by a timeout */
     /* scripts/gpu-check.sh runs gpu tests without arguments (under
      * compute-sanitizer): the build knows where the fixtures are. */
 #if defined(BN_TEST_MODELS_DIR)
@@ -914,6 +920,8 @@ int main(int argc, char **argv)
      * BN_TEST_PART=i/n: every n-th of the checks below (racecheck runs them
      * as separate processes). */
     const bool quick = getenv("BN_TEST_QUICK") && strcmp(getenv("BN_TEST_QUICK"), "0") != 0;
+    if (quick)
+        n_steps = 8;
     int unit = 0;
     for (size_t i = 0; i < sizeof FIXTURES / sizeof FIXTURES[0]; i++)
         if (!quick || strcmp(FIXTURES[i], "hf_packed") == 0 ||

@@ -1520,7 +1520,8 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
     if (st == BN_OK && !b->kv_f16) {
         st = BN_CUDA_STATUS(err, bn_cb_attn_prefill_prepare(hp->head_dim));
         const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
-        b->attn_cluster = opt.attn_cluster < 0 ? 0 : bn_cb_attn_decode_cluster(&as, opt.attn_cluster);
+        b->attn_cluster =
+            opt.attn_cluster < 0 ? 0 : bn_cb_attn_decode_cluster(&as, opt.attn_cluster);
     }
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, bn_cb_head_prepare(b->head_type, hp->dim));
