@@ -150,7 +150,7 @@ run "$BITNET" run -m "$M/i2s.gguf" --prompt-ids "$PACKED_PROMPT" -n "$N_GREEDY" 
     --receipt "$tmp/r.json"
 expect_rc 0 "run with a receipt"
 if [ $HAVE_GPU = 1 ]; then
-    expect_in err "^requested=auto detected=\[cuda,[a-z0-9,]*scalar\] selected=cuda:[0-9]+ \(.*, (graphs|no graphs), kv f32, fusion (norms|all|separate), attention merge (ticket|cluster (2|4|8|16))\)$" \
+    expect_in err "^requested=auto detected=\[cuda,[a-z0-9,]*scalar\] selected=cuda:[0-9]+ \(.*, (graphs|no graphs), kv f32, fusion (norms|all|separate), attention merge (ticket|cluster (2|4|8|16)), gemv stage (block|cluster (2|4|8))\)$" \
         "one startup line on stderr"
     SELECTED=cuda
 else
@@ -540,10 +540,18 @@ expect_in out "^memory .*KV cache.*RSS" "bench e2e prints memory"
 expect_in out "selected=cpu" "bench e2e prints the startup line"
 run "$BITNET" bench e2e --shape tiny --kv f8
 expect_rc 2 "bench e2e --kv f8"
+run "$BITNET" bench e2e --shape tiny --gemv-stage cluster16
+expect_rc 2 "bench e2e --gemv-stage cluster16"
+expect_in err "gemv-stage must be auto, block, cluster2, cluster4 or cluster8" \
+    "bench e2e --gemv-stage names its values"
 if [ $HAVE_GPU = 1 ]; then
     run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda
     expect_rc 0 "bench e2e --device cuda"
     expect_in out "selected=cuda:" "bench e2e on the GPU"
+    expect_in out "gemv stage block\)" "bench e2e: the GEMVs stage per block by default"
+    run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda --gemv-stage cluster8
+    expect_rc 0 "bench e2e --gemv-stage cluster8"
+    expect_in out "gemv stage (cluster 8|block)\)" "bench e2e --gemv-stage cluster8 on the GPU"
     expect_in out "^prefill .* tok/s" "bench e2e cuda prints prefill tok/s"
     expect_in out "^step .* us" "bench e2e cuda prints the decode step time"
     expect_in out "LM head" "bench e2e cuda prints the per-kernel split"

@@ -51,6 +51,7 @@
 #include "engine.h"
 #include "model.h"
 #include "test_util.h"
+#include "w2a8_cuda.h"
 
 #define TOL_F32 1e-2
 #define TOL_F16 6e-2
@@ -308,7 +309,7 @@ static void check_fixture(const char *name)
                   name, ok ? "ok" : err.message, off, us);
         int32_t again[N_STEPS];
         ok = ok && device_greedy(b, true, again, &err);
-        CHECK_MSG(ok && memcmp(again, gpu_tok, sizeof again) == 0,
+        CHECK_MSG(ok && memcmp(again, gpu_tok, (size_t)n_steps * sizeof *again) == 0,
                   "%s: graph greedy after the stage-cost timing differs (%s)", name,
                   ok ? "tokens" : err.message);
     }
@@ -316,7 +317,7 @@ static void check_fixture(const char *name)
     for (int s = 0; s < n_steps && first_diff < 0; s++)
         if (gpu_tok[s] != ref_tok[s])
             first_diff = s;
-    const bool eager_same = memcmp(gpu_tok, eager_tok, sizeof gpu_tok) == 0;
+    const bool eager_same = memcmp(gpu_tok, eager_tok, (size_t)n_steps * sizeof *gpu_tok) == 0;
 
     char kernels[512];
     bn_cuda_backend_kernels(b, kernels, sizeof kernels);
@@ -384,6 +385,40 @@ static void check_fixture(const char *name)
         CHECK_MSG(alt_argmax_diff == 0, "%s: argmax with norms %s differs from the CPU's at %d "
                                         "steps",
                   name, what, alt_argmax_diff);
+    }
+
+    /* Who stages the decode GEMVs' activations changes no bit of the
+     * logits (the products are integer sums): every block from L2, and
+     * clusters of 8 for all four GEMVs, against the default's eager run. */
+    for (int opt = 0; opt < 2; opt++) {
+        bn_cuda_backend_options o;
+        bn_cuda_backend_options_default(&o);
+        o.no_graphs = true;
+        o.gemv_cluster = opt ? 8 : -1;
+        bn_cuda_backend *u = NULL;
+        CHECK_MSG(bn_cuda_backend_create(m, &o, &u, &err) == BN_OK,
+                  "%s: cuda create (gemv_cluster %d): %s", name, o.gemv_cluster, err.message);
+        if (!u)
+            continue;
+        const int cluster = bn_cuda_backend_gemv_cluster(u);
+        CHECK_MSG(cluster == (opt == 1 && bn_w2a8_cuda_gemv_cluster_usable() ? 8 : 0),
+                  "%s: gemv_cluster %d: staged per cluster of %d", name, o.gemv_cluster, cluster);
+        const char *stage = cluster ? "cluster 8" : "block";
+        float *alt = malloc(N_STEPS * row);
+        bool ok = alt && bn_cuda_backend_forward(u, PROMPT, PROMPT_LEN, 0, alt, &err) == BN_OK;
+        for (int s = 1; ok && s < n_steps; s++)
+            ok = bn_cuda_backend_forward(u, &ref_tok[s - 1], 1, PROMPT_LEN + s - 1,
+                                         alt + (size_t)s * V, &err) == BN_OK;
+        CHECK_MSG(ok, "%s: gpu forward (gemv stage %s): %s", name, stage, err.message);
+        if (ok) {
+            const bool same = memcmp(alt, eager, (size_t)n_steps * row) == 0;
+            CHECK_MSG(same, "%s: logits with gemv stage %s differ from the default's", name,
+                      stage);
+            printf("%-11s gemv stage %-9s: %d steps of logits bit for bit as the default's%s\n",
+                   name, stage, n_steps, same ? "" : " (NOT)");
+        }
+        free(alt);
+        bn_cuda_backend_free(u);
     }
 
     /* The fp16 KV cache, fed the CPU's tokens. Its attention kernels take

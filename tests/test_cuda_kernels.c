@@ -91,7 +91,7 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     float *y = malloc(sizeof(float) * (size_t)(m * n));
 
     bn_w2a8_cuda_args a = {d_w, n, l.tiles, l.groups, ws, d_x, m, l.k_padded, d_scale, d_sum,
-                           d_y, n, d_ws, sm_count};
+                           d_y, n, d_ws, sm_count, 0};
     /* Every GEMV variant x split for M = 1; every GEMM variant, with and
      * without the split-K workspace, for any M (M = 1 included). */
     const int splits[] = {1, 2, 4, 8};

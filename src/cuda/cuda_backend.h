@@ -103,6 +103,10 @@ typedef struct bn_cuda_backend_options {
                               cluster of <= 16 blocks the device keeps resident, else
                               the ticket); -1 the ticket and a last block; 2, 4, 8, 16:
                               clusters of at most that many blocks                    */
+    int gemv_cluster;      /* decode GEMVs (fusion separate): 0 the default (every
+                              block), -1 every block stages its activations from
+                              L2, 2, 4, 8: staged once per cluster of that many
+                              blocks (sm_90; docs/CUDA.md)                           */
     bn_cuda_fusion fusion; /* how the decode step's norms meet its GEMVs; AUTO: the
                               default (docs/CUDA.md, "decode step")                  */
     int threads;           /* host threads unpacking weights; 0: BITNET_NUM_THREADS   */
@@ -173,6 +177,9 @@ bool bn_cuda_backend_graphs(const bn_cuda_backend *b);
 bn_cuda_fusion bn_cuda_backend_fusion(const bn_cuda_backend *b);
 /* The fp32 decode attention's cluster size (0: merged through the ticket). */
 int bn_cuda_backend_attn_cluster(const bn_cuda_backend *b);
+/* The decode GEMVs' cluster size for staging their activations (0: every
+ * block stages its own). */
+int bn_cuda_backend_gemv_cluster(const bn_cuda_backend *b);
 void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on);
 
 /* The kernels that have run so far, comma-separated ("embed_rows,

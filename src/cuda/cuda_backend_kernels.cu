@@ -2518,7 +2518,8 @@ extern "C" cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s,
     const dim3 grid((unsigned)(s->n_heads / k.g), (unsigned)d.splits);
     const dim3 block(32 * kDecWarps);
     if (a->cluster != 0)
-        return pdl_launch_clustered(k.cluster, grid, block, 0, a->cluster, stream, pdl, d);
+        return pdl_launch_clustered(k.cluster, grid, block, 0, dim3(1, (unsigned)a->cluster, 1),
+                                    stream, pdl, d);
     return pdl_launch(k.ticket, grid, block, 0, stream, pdl, d);
 }
 

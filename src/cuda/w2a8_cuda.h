@@ -27,6 +27,9 @@ typedef struct bn_w2a8_cuda_args {
     int64_t ldy;
     int32_t *workspace;       /* m * n int32 for the skinny GEMM's split-K */
     int sm_count;             /* the device's SMs (sizes split-K)          */
+    int cluster;              /* bn_w2a8_cuda_gemv_pdl: 2, 4 or 8 stages the
+                                 activations once per cluster of that many
+                                 blocks; 0 or 1 in every block             */
 } bn_w2a8_cuda_args;
 
 /* Split-K factor (1, 2, 4 or 8) that fills a GPU of sm_count SMs. */
@@ -44,6 +47,11 @@ cudaError_t bn_w2a8_cuda_gemv_pdl(const bn_w2a8_cuda_args *a, int split, int pdl
                                   cudaStream_t stream);
 /* Whether that kernel was compiled with the instructions pdl needs. */
 int bn_w2a8_cuda_gemv_pdl_compiled(void);
+/* Whether its cluster staging (args.cluster > 1) can run here: a device
+ * that launches clusters and the kernel compiled for sm_90. Where it
+ * cannot, bn_w2a8_cuda_gemv_pdl stages in every block. Per device of the
+ * first call. */
+int bn_w2a8_cuda_gemv_cluster_usable(void);
 
 /* GEMV implementation variants, for tests and the benchmark:
  *   0: 2 chunk-groups in flight per warp, activations through L1
@@ -52,8 +60,10 @@ int bn_w2a8_cuda_gemv_pdl_compiled(void);
  *   3: 8 in flight, activations through L1
  *   4: as 2, with 2-bit fields masked in place (one logic op per field)
  *   5: bn_w2a8_cuda_gemv_pdl without pdl: as 2, each warp's first 8 (split
- *      8: 4) weight entries loaded before the activations are staged */
-#define BN_W2A8_GEMV_VARIANTS 6
+ *      8: 4) weight entries loaded before the activations are staged
+ *   6, 7, 8: 5 with the activations staged once per cluster of 2, 4, 8
+ *      blocks (args.cluster; where clusters are not usable, as 5) */
+#define BN_W2A8_GEMV_VARIANTS 9
 #define BN_W2A8_GEMV_DEFAULT_VARIANT 2
 cudaError_t bn_w2a8_cuda_gemv_variant(const bn_w2a8_cuda_args *a, int split, int variant,
                                       cudaStream_t stream);

@@ -176,15 +176,21 @@ cudaError_t launch_gemv_split(const bn_w2a8_cuda_args *a, int split, cudaStream_
  * (pdl.cuh) and stages them. Weights never change, so this is allowed
  * before the wait; launched with programmatic serialization, the weight
  * stream overlaps the previous kernel. The int32 sums are exact, so the
- * output is gemv_kernel's bit for bit. */
-template <int WARPS, int TILES, bool X_SMEM>
+ * output is gemv_kernel's bit for bit.
+ *
+ * CL > 1 (with X_SMEM; launched in clusters of CL blocks along x): the
+ * activations are staged once per cluster by the tensor memory accelerator
+ * (pdl.cuh's row_multicast) instead of by every block from L2. */
+template <int WARPS, int TILES, bool X_SMEM, int CL = 1>
 __global__ void __launch_bounds__(32 * WARPS * TILES)
     gemv_pdl_kernel(const uint4 *__restrict__ w, const int8_t *x, int64_t n, int64_t groups,
                     int64_t tiles, const float *act_scale, const int32_t *act_sum, float w_scale,
                     float *__restrict__ y)
 {
+    static_assert(CL == 1 || X_SMEM, "the cluster stages into shared memory");
     extern __shared__ __align__(16) int8_t x_shared[];
     __shared__ int partial[TILES][WARPS][kTileRows];
+    __shared__ unsigned long long row_bar; /* CL > 1: the staged row's bytes */
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int tile_in_block = warp / WARPS;
@@ -198,6 +204,9 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
 
     uint4 v[kPre];
     gemv_prefetch<WARPS>(v, blocks, split, live, groups);
+    const unsigned row_bytes = (unsigned)(groups * kGroup);
+    if (CL > 1)
+        row_multicast_arm(&row_bar, row_bytes);
     pdl_trigger();
     pdl_wait();
 
@@ -211,7 +220,10 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
     const int32_t x_sum = writer ? __ldcg(act_sum) : 0;
     const float x_scale = writer ? __ldcg(act_scale) : 1.0f;
     const int8_t *xs = x;
-    if (X_SMEM) {
+    if (CL > 1) {
+        row_multicast(x_shared, x, row_bytes, &row_bar, CL);
+        xs = x_shared;
+    } else if (X_SMEM) {
         const int64_t words = groups * kGroup / 16;
         for (int64_t i = threadIdx.x; i < words; i += blockDim.x)
             reinterpret_cast<int4 *>(x_shared)[i] = __ldcg(reinterpret_cast<const int4 *>(x) + i);
@@ -234,32 +246,36 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
     pdl_mark(2);
 }
 
-template <int WARPS, int TILES, bool X_SMEM>
+template <int WARPS, int TILES, bool X_SMEM, int CL>
 cudaError_t launch_gemv_pdl(const bn_w2a8_cuda_args *a, int pdl, cudaStream_t stream)
 {
-    const int64_t blocks = (a->tiles + TILES - 1) / TILES;
+    /* In clusters the grid is a whole number of them (the extra blocks
+     * have no tile: they stage the row and write nothing). */
+    const int64_t blocks = ((a->tiles + TILES - 1) / TILES + CL - 1) / CL * CL;
     const size_t smem = X_SMEM ? (size_t)(a->groups * kGroup) : 0;
-    auto kernel = gemv_pdl_kernel<WARPS, TILES, X_SMEM>;
+    auto kernel = gemv_pdl_kernel<WARPS, TILES, X_SMEM, CL>;
     if (X_SMEM && smem > 48 * 1024) {
         cudaError_t rc =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (rc != cudaSuccess)
             return rc;
     }
-    return pdl_launch(kernel, dim3((unsigned)blocks), dim3(32 * WARPS * TILES), smem, stream, pdl,
-                      reinterpret_cast<const uint4 *>(a->weights), a->x, a->n, a->groups,
-                      a->tiles, a->act_scale, a->act_sum, a->weight_scale, a->y);
+    return pdl_launch_clustered(kernel, dim3((unsigned)blocks), dim3(32 * WARPS * TILES), smem,
+                                dim3(CL, 1, 1), stream, pdl,
+                                reinterpret_cast<const uint4 *>(a->weights), a->x, a->n,
+                                a->groups, a->tiles, a->act_scale, a->act_sum, a->weight_scale,
+                                a->y);
 }
 
-template <bool X_SMEM>
+template <bool X_SMEM, int CL = 1>
 cudaError_t launch_gemv_pdl_split(const bn_w2a8_cuda_args *a, int split, int pdl,
                                   cudaStream_t stream)
 {
     switch (split) {
-    case 1: return launch_gemv_pdl<1, 4, X_SMEM>(a, pdl, stream);
-    case 2: return launch_gemv_pdl<2, 2, X_SMEM>(a, pdl, stream);
-    case 4: return launch_gemv_pdl<4, 1, X_SMEM>(a, pdl, stream);
-    case 8: return launch_gemv_pdl<8, 1, X_SMEM>(a, pdl, stream);
+    case 1: return launch_gemv_pdl<1, 4, X_SMEM, CL>(a, pdl, stream);
+    case 2: return launch_gemv_pdl<2, 2, X_SMEM, CL>(a, pdl, stream);
+    case 4: return launch_gemv_pdl<4, 1, X_SMEM, CL>(a, pdl, stream);
+    case 8: return launch_gemv_pdl<8, 1, X_SMEM, CL>(a, pdl, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -585,6 +601,13 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_variant(const bn_w2a8_cuda_args *a, int
     case 3: return launch_gemv_split<8, false>(a, split, stream);
     case 4: return launch_gemv_split<4, true, true>(a, split, stream);
     case 5: return bn_w2a8_cuda_gemv_pdl(a, split, 0, stream);
+    case 6:
+    case 7:
+    case 8: {
+        bn_w2a8_cuda_args c = *a;
+        c.cluster = 1 << (variant - 5);
+        return bn_w2a8_cuda_gemv_pdl(&c, split, 0, stream);
+    }
     default: return cudaErrorInvalidValue;
     }
 }
@@ -603,10 +626,30 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_pdl(const bn_w2a8_cuda_args *a, int spl
                                              cudaStream_t stream)
 {
     /* The same choice as bn_w2a8_cuda_gemv: activations in shared memory
-     * when they fit comfortably. */
-    if (a->groups * kGroup <= 160 * 1024)
+     * when they fit comfortably; staged once per cluster when asked for and
+     * the device and the build have clusters. */
+    if (a->groups * kGroup > 160 * 1024)
+        return launch_gemv_pdl_split<false>(a, split, pdl, stream);
+    if (a->cluster > 1 && !bn_w2a8_cuda_gemv_cluster_usable())
         return launch_gemv_pdl_split<true>(a, split, pdl, stream);
-    return launch_gemv_pdl_split<false>(a, split, pdl, stream);
+    switch (a->cluster) {
+    case 0:
+    case 1: return launch_gemv_pdl_split<true>(a, split, pdl, stream);
+    case 2: return launch_gemv_pdl_split<true, 2>(a, split, pdl, stream);
+    case 4: return launch_gemv_pdl_split<true, 4>(a, split, pdl, stream);
+    case 8: return launch_gemv_pdl_split<true, 8>(a, split, pdl, stream);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+extern "C" int bn_w2a8_cuda_gemv_cluster_usable(void)
+{
+    /* Asked once per process: the answer is the device's and the build's. */
+    static int usable = -1;
+    if (usable < 0)
+        usable = clusters_usable(gemv_pdl_kernel<8, 1, true, 8>) &&
+                 clusters_usable(gemv_pdl_kernel<1, 4, true, 2>);
+    return usable;
 }
 
 extern "C" int bn_w2a8_cuda_gemv_pdl_compiled(void)

@@ -255,6 +255,7 @@ static bn_status open_cuda(bn_engine *e, const bn_config *cfg, const bn_engine_o
     o.kv_type = opt->kv_f16 ? BN_CUDA_KV_F16 : BN_CUDA_KV_F32;
     o.fusion = (bn_cuda_fusion)opt->cuda_fusion;
     o.attn_cluster = opt->cuda_attn_cluster;
+    o.gemv_cluster = opt->cuda_gemv_cluster;
     o.threads = e->threads_req;
     bn_status st = bn_cuda_backend_create(e->model, &o, &e->cuda, err);
     if (st != BN_OK)
@@ -379,13 +380,19 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
             snprintf(merge, sizeof merge, "cluster %d", bn_cuda_backend_attn_cluster(e->cuda));
         else
             snprintf(merge, sizeof merge, "ticket");
+        /* Who stages the decode GEMVs' activations. */
+        char stage[32];
+        if (bn_cuda_backend_gemv_cluster(e->cuda) > 0)
+            snprintf(stage, sizeof stage, "cluster %d", bn_cuda_backend_gemv_cluster(e->cuda));
+        else
+            snprintf(stage, sizeof stage, "block");
         snprintf(e->startup, sizeof e->startup,
                  "requested=%s detected=[%s] selected=%s (%s, %s, kv %s, fusion %s, "
-                 "attention merge %s)",
+                 "attention merge %s, gemv stage %s)",
                  e->requested, e->detected, e->selected, bn_cuda_backend_device_name(e->cuda),
                  bn_cuda_backend_graphs(e->cuda) ? "graphs" : "no graphs",
                  bn_cuda_backend_kv_type(e->cuda) == BN_CUDA_KV_F16 ? "f16" : "f32",
-                 bn_cuda_fusion_name(bn_cuda_backend_fusion(e->cuda)), merge);
+                 bn_cuda_fusion_name(bn_cuda_backend_fusion(e->cuda)), merge, stage);
         *out = e;
         return BN_OK;
     }

@@ -80,6 +80,9 @@ typedef struct bn_engine_options {
     /* CUDA backend: the fp32 decode attention's merge (bn_cuda_backend_options
      * attn_cluster: 0 the default, -1 the ticket, 2..16 a cluster size cap). */
     int cuda_attn_cluster;
+    /* CUDA backend: the decode GEMVs' activation staging (bn_cuda_backend_options
+     * gemv_cluster: 0 the default, -1 every block, 2, 4, 8 per cluster). */
+    int cuda_gemv_cluster;
     /* Tests: the CUDA backend's forward call number N (1-based) fails, as a
      * failed kernel would; 0 = never. */
     int test_cuda_fail_call;

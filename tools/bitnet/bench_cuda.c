@@ -112,7 +112,8 @@ typedef struct w2a8_side {
     int n_copies;
     bn_w2a8_cuda_args args;
     int split;
-    int variant; /* -1: the default kernel; -2: the PDL GEMV chained (below) */
+    int variant; /* -1: the default kernel; -2: the PDL GEMV chained (below), its
+                    activations staged per cluster of args.cluster blocks if > 1 */
 } w2a8_side;
 
 static bool launch_w2a8(void *p, int i, cudaStream_t s)
@@ -294,7 +295,7 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
         const double quant_us = time_calls(launch_quant, &q, s, o->launches, o->reps, &graph_q);
 
         w.args = (bn_w2a8_cuda_args){NULL,  n,       l.tiles, l.groups, 0.02f,    d_x, m,
-                                     l.k_padded, d_scale, d_sum, d_y,   n,  d_ws,  sm_count};
+                                     l.k_padded, d_scale, d_sum, d_y,   n,  d_ws,  sm_count, 0};
         w.split = bn_w2a8_cuda_gemv_split(l.tiles, l.groups, sm_count);
         c.x = d_xb;
         c.y = d_yb;
@@ -314,15 +315,23 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
                          : m == 1     ? BN_W2A8_GEMV_VARIANTS
                                       : BN_W2A8_GEMM_VARIANTS;
         const int default_split = w.split;
-        /* --variants: the chained GEMV at every split (1, 2, 4, 8) */
-        const int n_chained = m == 1 && pdl ? (o->variants ? 4 : 1) : 0;
+        /* --variants: the chained GEMV at every split (1, 2, 4, 8); each
+         * also with its activations staged per cluster of 8 where the
+         * device has clusters */
+        const int stagings = bn_w2a8_cuda_gemv_cluster_usable() ? 2 : 1;
+        const int n_chained = m == 1 && pdl ? (o->variants ? 4 : 1) * stagings : 0;
         const int n_variants = base + n_chained;
         for (int v = 0; v < n_variants; v++) {
             const bool chained = v >= base;
             w.variant = chained ? -2 : o->variants ? v : -1;
-            w.split = !chained ? default_split : o->variants ? 1 << (v - base) : default_split;
-            char kernel[48];
-            if (chained)
+            const int chain = chained ? (v - base) / stagings : 0;
+            w.split = !chained ? default_split : o->variants ? 1 << chain : default_split;
+            w.args.cluster = chained && (v - base) % stagings == 1 ? 8 : 0;
+            char kernel[64];
+            if (chained && w.args.cluster)
+                snprintf(kernel, sizeof kernel, "gemv v5 PDL-chained cluster-staged split %d",
+                         w.split);
+            else if (chained)
                 snprintf(kernel, sizeof kernel, "gemv v5 PDL-chained split %d", w.split);
             else if (m == 1)
                 snprintf(kernel, sizeof kernel, "gemv v%d split %d",

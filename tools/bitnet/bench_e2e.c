@@ -49,6 +49,9 @@ static void usage(FILE *out)
             "                    (default: a thread-block cluster where the GPU has them),\n"
             "                    ticket (the last block), or cluster2|4|8|16 (at most that\n"
             "                    many blocks per cluster)\n"
+            "  --gemv-stage S    CUDA decode GEMVs: who stages the activations in shared\n"
+            "                    memory: auto (default: block), block (every block from\n"
+            "                    L2) or cluster2|4|8 (once per cluster of that many blocks)\n"
             "  --seed S          seed of the random weights and prompt (default 1)\n"
             "  --help\n");
 }
@@ -249,7 +252,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
 {
     const char *shape = "2b4t", *device = NULL;
     bool kv_f16 = false;
-    int fusion = 0, attn_cluster = 0;
+    int fusion = 0, attn_cluster = 0, gemv_cluster = 0;
     long long n_prompt = 512, n_gen = 128, threads = 0;
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
@@ -297,6 +300,19 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                 return BN_EXIT_USAGE;
             }
             attn_cluster = values[found];
+        } else if (strcmp(a, "--gemv-stage") == 0) {
+            static const char *const names[] = {"auto", "block", "cluster2", "cluster4",
+                                                "cluster8"};
+            static const int values[] = {0, -1, 2, 4, 8};
+            if (!(v = cli_value(argc, argv, &i, CMD)))
+                return BN_EXIT_USAGE;
+            const int found = name_index(v, names, 5);
+            if (found < 0) {
+                fprintf(stderr, "bitnet bench e2e: error: --gemv-stage must be auto, block, "
+                                "cluster2, cluster4 or cluster8, not '%s'\n", v);
+                return BN_EXIT_USAGE;
+            }
+            gemv_cluster = values[found];
         } else if (strcmp(a, "--device") == 0) {
             if (!(device = cli_value(argc, argv, &i, CMD)))
                 return BN_EXIT_USAGE;
@@ -345,7 +361,8 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                             .n_ctx = n_prompt + n_gen,
                             .kv_f16 = kv_f16,
                             .cuda_fusion = fusion,
-                            .cuda_attn_cluster = attn_cluster};
+                            .cuda_attn_cluster = attn_cluster,
+                            .cuda_gemv_cluster = gemv_cluster};
     bn_engine *e = NULL;
     if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK)
         return cli_fail(&err);
