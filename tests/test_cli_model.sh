@@ -548,7 +548,7 @@ if [ $HAVE_GPU = 1 ]; then
     run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda
     expect_rc 0 "bench e2e --device cuda"
     expect_in out "selected=cuda:" "bench e2e on the GPU"
-    expect_in out "gemv stage block\)" "bench e2e: the GEMVs stage per block by default"
+    expect_in out "gemv stage (cluster 8|block)\)" "bench e2e: the GEMVs' default staging"
     run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda --gemv-stage cluster8
     expect_rc 0 "bench e2e --gemv-stage cluster8"
     expect_in out "gemv stage (cluster 8|block)\)" "bench e2e --gemv-stage cluster8 on the GPU"

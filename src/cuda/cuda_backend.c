@@ -39,13 +39,12 @@
 #include "w2a8_cuda.h"
 
 #define DEFAULT_CHUNK 512
-/* Cluster size of the decode GEMVs' activation staging by default; 0: every
- * block stages its own from L2. Clusters of 8 (--gemv-stage cluster8)
- * measured ~20 us shorter for the 2B-4T step on an H200 (~1058 against
- * ~1078 us), but racecheck reports warnings at their transaction-barrier
- * wait that are not yet understood, so the default stays with every block
- * (docs/CUDA.md). */
-#define DEFAULT_GEMV_CLUSTER 0
+/* Cluster size of the decode GEMVs' activation staging by default (where
+ * the device has clusters; else every block stages its own from L2).
+ * Clusters of 8 measured ~20 us shorter for the 2B-4T step on an H200
+ * (~1060 against ~1080 us, alternated runs); 2 and 4 gained nothing
+ * (docs/PERFORMANCE.md). */
+#define DEFAULT_GEMV_CLUSTER 8
 /* A converted LM head is stored as F32 (exact, like the CPU) up to this
  * size, as F16 above it. */
 #define HEAD_F32_MAX ((uint64_t)256 << 20)

@@ -103,10 +103,10 @@ typedef struct bn_cuda_backend_options {
                               cluster of <= 16 blocks the device keeps resident, else
                               the ticket); -1 the ticket and a last block; 2, 4, 8, 16:
                               clusters of at most that many blocks                    */
-    int gemv_cluster;      /* decode GEMVs (fusion separate): 0 the default (every
-                              block), -1 every block stages its activations from
-                              L2, 2, 4, 8: staged once per cluster of that many
-                              blocks (sm_90; docs/CUDA.md)                           */
+    int gemv_cluster;      /* decode GEMVs (fusion separate): 0 the default (clusters
+                              of 8 where the device has clusters), -1 every block
+                              stages its activations from L2, 2, 4, 8: staged once
+                              per cluster of that many blocks (sm_90; docs/CUDA.md) */
     bn_cuda_fusion fusion; /* how the decode step's norms meet its GEMVs; AUTO: the
                               default (docs/CUDA.md, "decode step")                  */
     int threads;           /* host threads unpacking weights; 0: BITNET_NUM_THREADS   */

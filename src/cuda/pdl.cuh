@@ -217,9 +217,15 @@ __device__ __forceinline__ void row_multicast_arm(unsigned long long *bar, unsig
     if (threadIdx.x == 0) {
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    /* The compiler initialises the barrier on the warp's uniform datapath,
+     * which racecheck counts as a write by every lane of warp 0; the block
+     * barrier orders it before the arming for the tool too (before the PDL
+     * wait: off the critical path). */
+    __syncthreads();
+    if (threadIdx.x == 0)
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes)
                      : "memory");
-    }
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 #endif
 }

@@ -50,8 +50,9 @@ static void usage(FILE *out)
             "                    ticket (the last block), or cluster2|4|8|16 (at most that\n"
             "                    many blocks per cluster)\n"
             "  --gemv-stage S    CUDA decode GEMVs: who stages the activations in shared\n"
-            "                    memory: auto (default: block), block (every block from\n"
-            "                    L2) or cluster2|4|8 (once per cluster of that many blocks)\n"
+            "                    memory: auto (default: cluster8 where the GPU has\n"
+            "                    clusters), block (every block from L2) or cluster2|4|8\n"
+            "                    (once per cluster of that many blocks)\n"
             "  --seed S          seed of the random weights and prompt (default 1)\n"
             "  --help\n");
 }
