@@ -240,12 +240,17 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
 }
 #endif
 
-/* The index of v among names[0 .. n), or -1. */
-static int name_index(const char *v, const char *const *names, int n)
+/* The index of v among names[0 .. n); otherwise an error naming the values
+ * the option takes, and -1. */
+static int choice(const char *option, const char *v, const char *const *names, int n)
 {
     for (int i = 0; i < n; i++)
         if (strcmp(v, names[i]) == 0)
             return i;
+    fprintf(stderr, "bitnet bench e2e: error: %s must be ", option);
+    for (int i = 0; i < n; i++)
+        fprintf(stderr, "%s%s", names[i], i + 2 < n ? ", " : i + 1 < n ? " or " : "");
+    fprintf(stderr, ", not '%s'\n", v);
     return -1;
 }
 
@@ -281,39 +286,24 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
             kv_f16 = strcmp(v, "f16") == 0;
         } else if (strcmp(a, "--fusion") == 0) {
             static const char *const names[] = {"auto", "separate", "norms", "all"};
-            if (!(v = cli_value(argc, argv, &i, CMD)))
+            if (!(v = cli_value(argc, argv, &i, CMD)) || (fusion = choice(a, v, names, 4)) < 0)
                 return BN_EXIT_USAGE;
-            if ((fusion = name_index(v, names, 4)) < 0) {
-                fprintf(stderr, "bitnet bench e2e: error: --fusion must be auto, norms, all or "
-                                "separate, not '%s'\n", v);
-                return BN_EXIT_USAGE;
-            }
         } else if (strcmp(a, "--attn-merge") == 0) {
             static const char *const names[] = {"auto", "ticket", "cluster2", "cluster4",
                                                 "cluster8", "cluster16"};
             static const int values[] = {0, -1, 2, 4, 8, 16};
-            if (!(v = cli_value(argc, argv, &i, CMD)))
+            int k = -1;
+            if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 6)) < 0)
                 return BN_EXIT_USAGE;
-            const int found = name_index(v, names, 6);
-            if (found < 0) {
-                fprintf(stderr, "bitnet bench e2e: error: --attn-merge must be auto, ticket, "
-                                "cluster2, cluster4, cluster8 or cluster16, not '%s'\n", v);
-                return BN_EXIT_USAGE;
-            }
-            attn_cluster = values[found];
+            attn_cluster = values[k];
         } else if (strcmp(a, "--gemv-stage") == 0) {
             static const char *const names[] = {"auto", "block", "cluster2", "cluster4",
                                                 "cluster8"};
             static const int values[] = {0, -1, 2, 4, 8};
-            if (!(v = cli_value(argc, argv, &i, CMD)))
+            int k = -1;
+            if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 5)) < 0)
                 return BN_EXIT_USAGE;
-            const int found = name_index(v, names, 5);
-            if (found < 0) {
-                fprintf(stderr, "bitnet bench e2e: error: --gemv-stage must be auto, block, "
-                                "cluster2, cluster4 or cluster8, not '%s'\n", v);
-                return BN_EXIT_USAGE;
-            }
-            gemv_cluster = values[found];
+            gemv_cluster = values[k];
         } else if (strcmp(a, "--device") == 0) {
             if (!(device = cli_value(argc, argv, &i, CMD)))
                 return BN_EXIT_USAGE;
