@@ -219,6 +219,18 @@ static bool device_greedy(bn_cuda_backend *b, bool graph, int32_t *tokens, bn_er
     return ok;
 }
 
+/* The prompt, then n_steps - 1 single-token steps fed the CPU's greedy
+ * tokens (teacher forcing): n_steps rows of V logits into out. */
+static bool teacher_forced(bn_cuda_backend *b, const int32_t *tokens, int32_t V, float *out,
+                           bn_error *err)
+{
+    bool ok = out && bn_cuda_backend_forward(b, PROMPT, PROMPT_LEN, 0, out, err) == BN_OK;
+    for (int s = 1; ok && s < n_steps; s++)
+        ok = bn_cuda_backend_forward(b, &tokens[s - 1], 1, PROMPT_LEN + s - 1,
+                                     out + (size_t)s * V, err) == BN_OK;
+    return ok;
+}
+
 static void check_fixture(const char *name)
 {
     bn_model *m = load_fixture(name);
@@ -251,10 +263,7 @@ static void check_fixture(const char *name)
     for (int pass = 0; pass < 2; pass++) {
         bn_cuda_backend_set_graphs(b, pass == 1);
         bn_cuda_backend_reset(b);
-        bool ok = bn_cuda_backend_forward(b, PROMPT, PROMPT_LEN, 0, outs[pass], &err) == BN_OK;
-        for (int s = 1; ok && s < n_steps; s++)
-            ok = bn_cuda_backend_forward(b, &ref_tok[s - 1], 1, PROMPT_LEN + s - 1,
-                                         outs[pass] + (size_t)s * V, &err) == BN_OK;
+        const bool ok = teacher_forced(b, ref_tok, V, outs[pass], &err);
         CHECK_MSG(ok, "%s: gpu forward (%s): %s", name, pass ? "graph" : "eager", err.message);
         if (!ok)
             goto out;
@@ -353,10 +362,7 @@ static void check_fixture(const char *name)
                   name, what, err.message);
         if (u) {
             float *alt = malloc(N_STEPS * row);
-            bool ok = alt && bn_cuda_backend_forward(u, PROMPT, PROMPT_LEN, 0, alt, &err) == BN_OK;
-            for (int s = 1; ok && s < n_steps; s++)
-                ok = bn_cuda_backend_forward(u, &ref_tok[s - 1], 1, PROMPT_LEN + s - 1,
-                                             alt + (size_t)s * V, &err) == BN_OK;
+            const bool ok = teacher_forced(u, ref_tok, V, alt, &err);
             CHECK_MSG(ok, "%s: gpu forward (%s): %s", name, what, err.message);
             if (ok) {
                 rel = 0.0;
@@ -405,10 +411,7 @@ static void check_fixture(const char *name)
                   "%s: gemv_cluster %d: staged per cluster of %d", name, o.gemv_cluster, cluster);
         const char *stage = cluster ? "cluster 8" : "block";
         float *alt = malloc(N_STEPS * row);
-        bool ok = alt && bn_cuda_backend_forward(u, PROMPT, PROMPT_LEN, 0, alt, &err) == BN_OK;
-        for (int s = 1; ok && s < n_steps; s++)
-            ok = bn_cuda_backend_forward(u, &ref_tok[s - 1], 1, PROMPT_LEN + s - 1,
-                                         alt + (size_t)s * V, &err) == BN_OK;
+        const bool ok = teacher_forced(u, ref_tok, V, alt, &err);
         CHECK_MSG(ok, "%s: gpu forward (gemv stage %s): %s", name, stage, err.message);
         if (ok) {
             const bool same = memcmp(alt, eager, (size_t)n_steps * row) == 0;
@@ -441,10 +444,7 @@ static void check_fixture(const char *name)
         half_rel = 0.0; /* nothing to compare: refused as it should be */
     }
     if (h) {
-        bool ok = bn_cuda_backend_forward(h, PROMPT, PROMPT_LEN, 0, half, &err) == BN_OK;
-        for (int s = 1; ok && s < n_steps; s++)
-            ok = bn_cuda_backend_forward(h, &ref_tok[s - 1], 1, PROMPT_LEN + s - 1,
-                                         half + (size_t)s * V, &err) == BN_OK;
+        const bool ok = teacher_forced(h, ref_tok, V, half, &err);
         CHECK_MSG(ok, "%s: gpu forward (fp16 KV): %s", name, err.message);
         if (ok) {
             half_rel = 0.0;
