@@ -369,6 +369,10 @@ static void check_graph(const shape *s, int max_cluster)
             reference(&pr, p);
             reset_cache(&pr, p);
             CUDA_OK(cudaMemset(pr.d_out, 0xff, (size_t)pr.q_dim * sizeof(float)));
+            /* The copies and the memset run on the legacy stream, which a
+             * non-blocking stream does not wait for: without this the
+             * poison could land after the replay's outputs. */
+            CUDA_OK(cudaDeviceSynchronize());
             CUDA_OK(cudaGraphLaunch(ge, st));
             CUDA_OK(cudaStreamSynchronize(st));
             char what[160];
@@ -386,6 +390,7 @@ static void check_graph(const shape *s, int max_cluster)
         reference(&pr, p);
         reset_cache(&pr, p);
         CUDA_OK(cudaMemset(pr.d_out, 0xff, (size_t)pr.q_dim * sizeof(float)));
+        CUDA_OK(cudaDeviceSynchronize()); /* as above */
         const cudaError_t off = cudaGraphNodeSetEnabled(ge, node, 0);
         /* Drivers refuse it for non-portable cluster sizes (above 8); the
          * backend's stage-cost timing says so (cuda_backend.h). */

@@ -363,6 +363,16 @@ static bn_status decode_matmul(bn_cuda_backend *b, const group *g, bn_cb_decode_
     return BN_OK;
 }
 
+/* Where a norm kernel's codes of width k end (the stride of b->xq it
+ * writes): one row is read by a GEMV only up to k rounded up to whole
+ * chunk-groups, so that is all the norm zero-fills (a 2560-wide row used
+ * to be padded with zeros to the widest GEMV input, 6912, on the decode
+ * step's critical path); more rows keep the GEMM's stride. */
+static int64_t codes_ld(const bn_cuda_backend *b, int64_t k, int64_t M)
+{
+    return M == 1 ? (k + BN_CUDA_GROUP - 1) / BN_CUDA_GROUP * BN_CUDA_GROUP : b->ldq;
+}
+
 /* A decode GEMV's source: the norm (weights w) of the row x. */
 static bn_cb_decode_gemv_args norm_source(const float *x, const float *w)
 {
@@ -421,8 +431,8 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         return st;
     if (!fold) {
         BN_CUDA_TRY(err, bn_cb_norm_quantize(b->x, dim, M, dim, norm_ptr(b, 0, BN_NORM_ATTN),
-                                             eps, b->xq, b->ldq, b->act_scale, b->act_sum, pdl,
-                                             s));
+                                             eps, b->xq, codes_ld(b, dim, M), b->act_scale,
+                                             b->act_sum, pdl, s));
         b->ran |= 1u << K_NORM_Q;
         if ((st = mark(b, BN_CUDA_STAGE_ATTN_NORM, 1, err)) != BN_OK)
             return st;
@@ -508,7 +518,8 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         } else {
             BN_CUDA_TRY(err, bn_cb_norm_quantize(b->att, q_dim, M, q_dim,
                                                  norm_ptr(b, l, BN_NORM_ATTN_SUB), eps, b->xq,
-                                                 b->ldq, b->act_scale, b->act_sum, pdl, s));
+                                                 codes_ld(b, q_dim, M), b->act_scale,
+                                                 b->act_sum, pdl, s));
             if ((st = mark(b, BN_CUDA_STAGE_SUB_NORM, 1, err)) != BN_OK)
                 return st;
             if ((st = matmul(b, &g[G_O], M, b->out, pdl, &n, err)) != BN_OK ||
@@ -516,7 +527,8 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
                 return st;
             BN_CUDA_TRY(err, bn_cb_add_norm_quantize(b->x, dim, b->out, dim, M, dim,
                                                      norm_ptr(b, l, BN_NORM_FFN), eps, b->xq,
-                                                     b->ldq, b->act_scale, b->act_sum, pdl, s));
+                                                     codes_ld(b, dim, M), b->act_scale,
+                                                     b->act_sum, pdl, s));
             b->ran |= 1u << K_ADD_NORM_Q;
             if ((st = mark(b, BN_CUDA_STAGE_FFN_NORM, 1, err)) != BN_OK)
                 return st;
@@ -541,7 +553,8 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         BN_CUDA_TRY(err, bn_cb_relu2_norm_quantize(b->gu, b->gu + ffn, b->gu_n,
                                                    g[G_GU].s[0].scale, g[G_GU].s[1].scale, M, ffn,
                                                    norm_ptr(b, l, BN_NORM_FFN_SUB), eps, b->xq,
-                                                   b->ldq, b->act_scale, b->act_sum, pdl, s));
+                                                   codes_ld(b, ffn, M), b->act_scale, b->act_sum,
+                                                   pdl, s));
         b->ran |= 1u << K_RELU2_Q;
         if ((st = mark(b, BN_CUDA_STAGE_RELU2, 1, err)) != BN_OK)
             return st;
@@ -566,7 +579,8 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
             /* The residual add fused with the next layer's attn_norm. */
             BN_CUDA_TRY(err, bn_cb_add_norm_quantize(b->x, dim, b->out, dim, M, dim,
                                                      norm_ptr(b, l + 1, BN_NORM_ATTN), eps, b->xq,
-                                                     b->ldq, b->act_scale, b->act_sum, pdl, s));
+                                                     codes_ld(b, dim, M), b->act_scale,
+                                                     b->act_sum, pdl, s));
             if ((st = mark(b, BN_CUDA_STAGE_ATTN_NORM, 1, err)) != BN_OK)
                 return st;
         }
