@@ -2406,29 +2406,40 @@ extern "C" size_t bn_cb_attn_decode_workspace_bytes(const bn_cb_attn_shape *s, i
 }
 
 /* The decode kernels of a shape. G query heads of a kv head per block (each
- * cache row read once for them): 4 where the group allows (2 with head_dim
- * > 128, for the registers), else 2, else 1. */
+ * cache row read once for them). The ticket kernel: 4 where the group
+ * allows (2 with head_dim > 128, for the registers), else 2, else 1. The
+ * cluster kernel: 2 where the group is even, else 1; measured on the 2B-4T
+ * shape (H200, 20 query / 5 kv heads), 2 heads a block in clusters of 8 (80
+ * blocks of 80 positions at context 640) made the decode step 1005-1015 us
+ * against 1034-1049 us with 4 in clusters of 16 (80 blocks of 40
+ * positions), alternated in one run; 1 head a block was no better than 2. */
 struct DecodeKernels {
     void (*ticket)(DecodeArgs);
     void (*cluster)(DecodeArgs);
-    int g;
+    int g_ticket, g_cluster;
+
+    int g(bool clustered) const { return clustered ? g_cluster : g_ticket; }
 };
 
 static DecodeKernels decode_kernels(const bn_cb_attn_shape *s)
 {
     const int group = s->n_heads / s->n_kv_heads;
     const bool wide = s->head_dim > 32 * 4;
-    const int g = !wide && group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+    const int gc = group % 2 == 0 ? 2 : 1;
+    DecodeKernels k;
+    k.g_cluster = gc;
     if (!wide) {
-        if (g == 4)
-            return {attn_decode_kernel<1, 4>, attn_decode_cluster_kernel<1, 4>, 4};
-        if (g == 2)
-            return {attn_decode_kernel<1, 2>, attn_decode_cluster_kernel<1, 2>, 2};
-        return {attn_decode_kernel<1, 1>, attn_decode_cluster_kernel<1, 1>, 1};
+        k.cluster = gc == 2 ? attn_decode_cluster_kernel<1, 2> : attn_decode_cluster_kernel<1, 1>;
+        k.g_ticket = group % 4 == 0 ? 4 : gc;
+        k.ticket = k.g_ticket == 4   ? attn_decode_kernel<1, 4>
+                   : k.g_ticket == 2 ? attn_decode_kernel<1, 2>
+                                     : attn_decode_kernel<1, 1>;
+    } else {
+        k.cluster = gc == 2 ? attn_decode_cluster_kernel<2, 2> : attn_decode_cluster_kernel<2, 1>;
+        k.g_ticket = gc;
+        k.ticket = gc == 2 ? attn_decode_kernel<2, 2> : attn_decode_kernel<2, 1>;
     }
-    if (g == 2)
-        return {attn_decode_kernel<2, 2>, attn_decode_cluster_kernel<2, 2>, 2};
-    return {attn_decode_kernel<2, 1>, attn_decode_cluster_kernel<2, 1>, 1};
+    return k;
 }
 
 static bool decode_cluster_size_ok(int c)
@@ -2449,7 +2460,7 @@ extern "C" int bn_cb_attn_decode_cluster(const bn_cb_attn_shape *s, int cap)
     }
     /* The largest size up to the cap of which every column's cluster can be
      * resident at once. */
-    const int cols = s->n_heads / k.g;
+    const int cols = s->n_heads / k.g(true);
     int largest = kMaxCluster;
     while (cap > 0 && largest > cap)
         largest /= 2;
@@ -2514,8 +2525,9 @@ extern "C" cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s,
     d.pf_k = a->next_k_cache && a->next_v_cache ? a->next_k_cache : nullptr;
     d.pf_v = d.pf_k ? a->next_v_cache : nullptr;
     const DecodeKernels k = decode_kernels(s);
-    d.subgroups = s->n_heads / s->n_kv_heads / k.g;
-    const dim3 grid((unsigned)(s->n_heads / k.g), (unsigned)d.splits);
+    const int g = k.g(a->cluster != 0);
+    d.subgroups = s->n_heads / s->n_kv_heads / g;
+    const dim3 grid((unsigned)(s->n_heads / g), (unsigned)d.splits);
     const dim3 block(32 * kDecWarps);
     if (a->cluster != 0)
         return pdl_launch_clustered(k.cluster, grid, block, 0, dim3(1, (unsigned)a->cluster, 1),
