@@ -1188,7 +1188,12 @@ __global__ void __launch_bounds__(256)
 constexpr int kAttnWarps = 4; /* prefill */
 constexpr int kMaxChunks = 2; /* float4 chunks per lane: head_dim <= 256 */
 constexpr int kDecWarps = 8;  /* decode: warps per block                  */
-constexpr int kDecRows = 4;   /* decode: positions per warp per tile      */
+/* Decode: positions per warp per tile. A cluster block loads its first two
+ * tiles before the PDL wait; with 5 (tiles of 40 positions) a 2B-4T block
+ * of a cluster of 8 has all of its 80 positions at context 640 in flight
+ * before the wait, where 4 left a third tile to load after it: the H200
+ * step 985-992 against 1001-1008 us (6: 995-1004), alternated in one run. */
+constexpr int kDecRows = 5;
 constexpr int kDecTile = kDecWarps * kDecRows;
 constexpr int kMinRange = kDecTile;
 constexpr int kMaxSplits = 64;
