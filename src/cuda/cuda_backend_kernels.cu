@@ -2396,7 +2396,7 @@ static bool attn_shape_ok(const bn_cb_attn_shape *s)
 
 extern "C" int bn_cb_attn_decode_splits(int64_t capacity)
 {
-    /* One tile (32 positions) per range at the full length, as many ranges
+    /* One tile (kDecTile positions) per range at the full length, as many ranges
      * as that takes up to kMaxSplits; at shorter lengths the ranges keep at
      * least kMinRange positions and the rest stay empty. */
     const int64_t splits = (capacity + kMinRange - 1) / kMinRange;

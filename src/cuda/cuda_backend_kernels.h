@@ -183,8 +183,8 @@ typedef struct bn_cb_attn_shape {
     int64_t capacity;
 } bn_cb_attn_shape;
 
-/* Ranges for a cache of `capacity` positions (32 positions each at the full
- * length, at most 64), and the workspace they need. */
+/* Ranges for a cache of `capacity` positions (one 40-position tile each at
+ * the full length, at most 64), and the workspace they need. */
 int bn_cb_attn_decode_splits(int64_t capacity);
 size_t bn_cb_attn_decode_workspace_bytes(const bn_cb_attn_shape *s, int splits);
 
@@ -228,12 +228,13 @@ cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s, const bn_cb_attn_decode
 
 /* The cluster size for bn_cb_attn_decode on the current device: the largest
  * of 16, 8, 4, 2, no larger than cap where cap > 0, at which every block
- * column's cluster can be resident at once, or 0 where the device or the build has no thread-block clusters
- * (compute capability 9.0 and sm_90 code). Host only; call outside graph
- * capture (it sets the kernel's non-portable cluster attribute).
+ * column's cluster can be resident at once, or 0 where the device or the
+ * build has no thread-block clusters (compute capability 9.0 and sm_90
+ * code). Host only; call outside graph capture (it sets the kernel's
+ * non-portable cluster attribute).
  *
  * With a cluster size C the C blocks of a column form one cluster: block r
- * takes the 32-position tiles r, r + C, ... of the length and the blocks
+ * takes the 40-position tiles r, r + C, ... of the length and the blocks
  * merge through distributed shared memory after a cluster barrier, in an
  * order fixed by C (no workspace, no counters, no last block). */
 int bn_cb_attn_decode_cluster(const bn_cb_attn_shape *s, int cap);

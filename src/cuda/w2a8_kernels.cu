@@ -628,13 +628,14 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_pdl(const bn_w2a8_cuda_args *a, int spl
     /* The same choice as bn_w2a8_cuda_gemv: activations in shared memory
      * when they fit comfortably; staged once per cluster when asked for and
      * the device and the build have clusters. */
+    if (a->cluster != 0 && a->cluster != 1 && a->cluster != 2 && a->cluster != 4 &&
+        a->cluster != 8)
+        return cudaErrorInvalidValue;
     if (a->groups * kGroup > 160 * 1024)
         return launch_gemv_pdl_split<false>(a, split, pdl, stream);
-    if (a->cluster > 1 && !bn_w2a8_cuda_gemv_cluster_usable())
+    if (a->cluster <= 1 || !bn_w2a8_cuda_gemv_cluster_usable())
         return launch_gemv_pdl_split<true>(a, split, pdl, stream);
     switch (a->cluster) {
-    case 0:
-    case 1: return launch_gemv_pdl_split<true>(a, split, pdl, stream);
     case 2: return launch_gemv_pdl_split<true, 2>(a, split, pdl, stream);
     case 4: return launch_gemv_pdl_split<true, 4>(a, split, pdl, stream);
     case 8: return launch_gemv_pdl_split<true, 8>(a, split, pdl, stream);

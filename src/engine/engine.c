@@ -294,6 +294,18 @@ static bn_status cuda_step_failed(bn_engine *e, const bn_error *cerr, const int3
 
 /* ---- open / free ------------------------------------------------------------ */
 
+#if defined(BITNET_HAVE_CUDA)
+/* The startup line's name of a cluster choice: "cluster N", or `none`
+ * where n is 0. */
+static void cluster_or(char *buf, size_t size, int n, const char *none)
+{
+    if (n > 0)
+        snprintf(buf, size, "cluster %d", n);
+    else
+        snprintf(buf, size, "%s", none);
+}
+#endif
+
 bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, bn_engine **out,
                          bn_error *err)
 {
@@ -373,25 +385,19 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
 #if defined(BITNET_HAVE_CUDA)
     if (e->cuda) {
         /* The fp16 cache's attention merges its ranges in a second kernel. */
+        const bool f16 = bn_cuda_backend_kv_type(e->cuda) == BN_CUDA_KV_F16;
         char merge[32];
-        if (bn_cuda_backend_kv_type(e->cuda) == BN_CUDA_KV_F16)
-            snprintf(merge, sizeof merge, "kernel");
-        else if (bn_cuda_backend_attn_cluster(e->cuda) > 0)
-            snprintf(merge, sizeof merge, "cluster %d", bn_cuda_backend_attn_cluster(e->cuda));
-        else
-            snprintf(merge, sizeof merge, "ticket");
+        cluster_or(merge, sizeof merge, f16 ? 0 : bn_cuda_backend_attn_cluster(e->cuda),
+                   f16 ? "kernel" : "ticket");
         /* Who stages the decode GEMVs' activations. */
         char stage[32];
-        if (bn_cuda_backend_gemv_cluster(e->cuda) > 0)
-            snprintf(stage, sizeof stage, "cluster %d", bn_cuda_backend_gemv_cluster(e->cuda));
-        else
-            snprintf(stage, sizeof stage, "block");
+        cluster_or(stage, sizeof stage, bn_cuda_backend_gemv_cluster(e->cuda), "block");
         snprintf(e->startup, sizeof e->startup,
                  "requested=%s detected=[%s] selected=%s (%s, %s, kv %s, fusion %s, "
                  "attention merge %s, gemv stage %s)",
                  e->requested, e->detected, e->selected, bn_cuda_backend_device_name(e->cuda),
                  bn_cuda_backend_graphs(e->cuda) ? "graphs" : "no graphs",
-                 bn_cuda_backend_kv_type(e->cuda) == BN_CUDA_KV_F16 ? "f16" : "f32",
+                 f16 ? "f16" : "f32",
                  bn_cuda_fusion_name(bn_cuda_backend_fusion(e->cuda)), merge, stage);
         *out = e;
         return BN_OK;
