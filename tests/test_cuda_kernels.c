@@ -122,6 +122,18 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
                   (long long)diff, (long long)(m * n), (long long)first,
                   first >= 0 ? y[first] : 0.0, first >= 0 ? ref[first] : 0.0);
     }
+    /* The bulk-copy GEMV launched as the decode step would chain it
+     * (programmatic dependent launch), where it runs. */
+    if (m == 1 && bn_w2a8_cuda_gemv_bulk_usable(&a)) {
+        for (int si = 0; si < 4; si++) {
+            CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)n));
+            CUDA_OK(bn_w2a8_cuda_gemv_bulk(&a, splits[si], 1, 0));
+            int64_t first;
+            const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
+            CHECK_MSG(diff == 0, "bulk gemv chained (split %d) n=%lld k=%lld: %lld differ",
+                      splits[si], (long long)n, (long long)k, (long long)diff);
+        }
+    }
     /* The pipelined GEMM at every split-K factor (the variants above run
      * only the split chosen for the shape), with no workspace: split-K
      * reduces through a cluster (where clusters cannot run, every split

@@ -265,6 +265,66 @@ __device__ __forceinline__ void row_multicast(void *dst, const void *src, unsign
 #endif
 }
 
+/* One block's bulk copies from global to its own shared memory by the
+ * tensor memory accelerator, each completing on a transaction barrier:
+ *
+ *   bulk_bar_init(bar)              thread 0, then a block barrier before
+ *                                   any other thread waits on bar;
+ *   bulk_copy(dst, src, bytes, bar) thread 0: arms bar for the bytes and
+ *                                   issues the copy (one copy per barrier
+ *                                   phase);
+ *   bulk_wait(bar)                  every thread: returns once the bytes
+ *                                   have landed (phase 0).
+ *
+ * dst shared and src global, both 16-byte aligned, bytes a multiple of 16
+ * and below 2^20. sm_90 only: elsewhere they compile to nothing and the
+ * host must not launch a kernel that relies on them. */
+__device__ __forceinline__ void bulk_bar_init(unsigned long long *bar)
+{
+#if BN_HAS_CLUSTERS
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(
+                     (unsigned)__cvta_generic_to_shared(bar))
+                 : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+    (void)bar;
+#endif
+}
+
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes,
+                                          unsigned long long *bar)
+{
+#if BN_HAS_CLUSTERS
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1], %2, [%3];" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(bytes), "r"(b)
+                 : "memory");
+#else
+    (void)dst, (void)src, (void)bytes, (void)bar;
+#endif
+}
+
+__device__ __forceinline__ void bulk_wait(unsigned long long *bar)
+{
+#if BN_HAS_CLUSTERS
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    unsigned done = 0;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(b)
+                     : "memory");
+    } while (!done);
+#else
+    (void)bar;
+#endif
+}
+
 /* Whether `kernel` was compiled with the PDL instructions. */
 template <typename... KArgs> static inline bool pdl_compiled(void (*kernel)(KArgs...))
 {

@@ -47,6 +47,17 @@ cudaError_t bn_w2a8_cuda_gemv_pdl(const bn_w2a8_cuda_args *a, int split, int pdl
                                   cudaStream_t stream);
 /* Whether that kernel was compiled with the instructions pdl needs. */
 int bn_w2a8_cuda_gemv_pdl_compiled(void);
+/* As bn_w2a8_cuda_gemv_pdl (bit for bit), with one tile of 8 rows per
+ * block and split warps over its K: the tile's packed weights and the
+ * activation row reach shared memory as two bulk copies by the tensor
+ * memory accelerator (the weights' before the PDL wait). Needs compute
+ * capability 9.0, code built for it and rows of at most
+ * BN_W2A8_GEMV_BULK_MAX_SMEM / 768 values (bn_w2a8_cuda_gemv_bulk_usable);
+ * otherwise returns cudaErrorNotSupported and launches nothing. */
+#define BN_W2A8_GEMV_BULK_MAX_SMEM (96 * 1024)
+cudaError_t bn_w2a8_cuda_gemv_bulk(const bn_w2a8_cuda_args *a, int split, int pdl,
+                                   cudaStream_t stream);
+int bn_w2a8_cuda_gemv_bulk_usable(const bn_w2a8_cuda_args *a);
 /* Whether its cluster staging (args.cluster > 1) can run here: a device
  * that launches clusters and the kernel compiled for sm_90. Where it
  * cannot, bn_w2a8_cuda_gemv_pdl stages in every block. Per device of the
@@ -62,8 +73,9 @@ int bn_w2a8_cuda_gemv_cluster_usable(void);
  *   5: bn_w2a8_cuda_gemv_pdl without pdl: as 2, each warp's first 8 (split
  *      8: 4) weight entries loaded before the activations are staged
  *   6, 7, 8: 5 with the activations staged once per cluster of 2, 4, 8
- *      blocks (args.cluster; where clusters are not usable, as 5) */
-#define BN_W2A8_GEMV_VARIANTS 9
+ *      blocks (args.cluster; where clusters are not usable, as 5)
+ *   9: bn_w2a8_cuda_gemv_bulk without pdl (where it cannot run, as 5) */
+#define BN_W2A8_GEMV_VARIANTS 10
 #define BN_W2A8_GEMV_DEFAULT_VARIANT 2
 cudaError_t bn_w2a8_cuda_gemv_variant(const bn_w2a8_cuda_args *a, int split, int variant,
                                       cudaStream_t stream);

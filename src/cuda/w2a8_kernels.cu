@@ -280,6 +280,100 @@ cudaError_t launch_gemv_pdl_split(const bn_w2a8_cuda_args *a, int split, int pdl
     }
 }
 
+/* ---- GEMV with every operand copied in bulk ---------------------------------
+ *
+ * One tile (8 rows) per block, WARPS warps splitting its K as gemv_kernel
+ * does. Thread 0 copies the tile's packed weights (groups x 512 bytes,
+ * contiguous in the layout) into shared memory with one bulk copy by the
+ * tensor memory accelerator before the PDL wait, and the activation row
+ * (groups x 256 bytes) after it. Every byte a block needs is requested at
+ * once and no registers are held for loads in flight, so a GPU full of
+ * blocks has the matrix in flight from the start (a register-prefetching
+ * warp has at most 8 entries out), and a chained kernel's waiting blocks
+ * hold only shared memory. The int32 sums are exact, so the output is
+ * gemv_kernel's bit for bit. sm_90 only (bn_w2a8_cuda_gemv_bulk says where
+ * it runs). */
+template <int WARPS>
+__global__ void __launch_bounds__(32 * WARPS)
+    gemv_bulk_kernel(const uint4 *__restrict__ w, const int8_t *x, int64_t n, int64_t groups,
+                     const float *act_scale, const int32_t *act_sum, float w_scale,
+                     float *__restrict__ y)
+{
+    extern __shared__ __align__(128) int8_t bulk_smem[];
+    __shared__ int partial[1][WARPS][kTileRows];
+    __shared__ unsigned long long bars[2]; /* weights, activations */
+    const int lane = threadIdx.x & 31;
+    const int split = threadIdx.x >> 5;
+    const unsigned w_bytes = (unsigned)(groups * kBlockBytes);
+    const uint4 *ws = reinterpret_cast<const uint4 *>(bulk_smem);
+    const int8_t *xs = bulk_smem + w_bytes;
+    if (threadIdx.x == 0) {
+        bulk_bar_init(&bars[0]);
+        bulk_bar_init(&bars[1]);
+        bulk_copy(bulk_smem, w + (int64_t)blockIdx.x * groups * (kBlockBytes / 16), w_bytes,
+                  &bars[0]);
+    }
+    __syncthreads(); /* the barriers are initialised before anyone waits */
+    pdl_trigger();
+    pdl_wait();
+    if (threadIdx.x == 0)
+        bulk_copy(bulk_smem + w_bytes, x, (unsigned)(groups * kGroup), &bars[1]);
+    const bool writer = threadIdx.x < kTileRows;
+    const int32_t x_sum = writer ? __ldcg(act_sum) : 0;
+    const float x_scale = writer ? __ldcg(act_scale) : 1.0f;
+    bulk_wait(&bars[0]);
+    bulk_wait(&bars[1]);
+    pdl_mark(0);
+    int acc = 0;
+    const int8_t *xq = xs + (lane >> 3) * 64;
+    for (int64_t g = split; g < groups; g += WARPS)
+        acc = gemv_entry_dot<false>(ws[g * (kBlockBytes / 16) + lane], xq + g * kGroup, acc);
+    gemv_tile_epilogue<WARPS, 1>(acc, partial, 0, split, lane, threadIdx.x, n,
+                                 [&](int64_t out_row, int total) {
+                                     y[out_row] = epilogue(total - x_sum, x_scale, w_scale);
+                                 });
+}
+
+template <int WARPS>
+cudaError_t launch_gemv_bulk(const bn_w2a8_cuda_args *a, int pdl, cudaStream_t stream)
+{
+    const size_t smem = (size_t)(a->groups * (kBlockBytes + kGroup));
+    auto kernel = gemv_bulk_kernel<WARPS>;
+    if (smem > 48 * 1024) {
+        cudaError_t rc =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (rc != cudaSuccess)
+            return rc;
+    }
+    return pdl_launch(kernel, dim3((unsigned)a->tiles), dim3(32 * WARPS), smem, stream, pdl,
+                      reinterpret_cast<const uint4 *>(a->weights), a->x, a->n, a->groups,
+                      a->act_scale, a->act_sum, a->weight_scale, a->y);
+}
+
+extern "C" int bn_w2a8_cuda_gemv_bulk_usable(const bn_w2a8_cuda_args *a)
+{
+    /* Asked once per process: bulk copies need sm_90 code and a device that
+     * runs it (the same condition as clusters). */
+    static int usable = -1;
+    if (usable < 0)
+        usable = clusters_usable(gemv_bulk_kernel<4>);
+    return usable && a->groups * (kBlockBytes + kGroup) <= BN_W2A8_GEMV_BULK_MAX_SMEM;
+}
+
+extern "C" cudaError_t bn_w2a8_cuda_gemv_bulk(const bn_w2a8_cuda_args *a, int split, int pdl,
+                                              cudaStream_t stream)
+{
+    if (!bn_w2a8_cuda_gemv_bulk_usable(a))
+        return cudaErrorNotSupported;
+    switch (split) {
+    case 1: return launch_gemv_bulk<1>(a, pdl, stream);
+    case 2: return launch_gemv_bulk<2>(a, pdl, stream);
+    case 4: return launch_gemv_bulk<4>(a, pdl, stream);
+    case 8: return launch_gemv_bulk<8>(a, pdl, stream);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
 /* ---- GEMM on int8 tensor cores -------------------------------------------- */
 
 constexpr int kBM = 64, kBN = 64, kBK = 256;
@@ -583,10 +677,13 @@ __global__ void __launch_bounds__(1024)
 extern "C" int bn_w2a8_cuda_gemv_split(int64_t tiles, int64_t groups, int sm_count)
 {
     /* Enough warps to keep ~16 per SM busy, but no more splits than
-     * chunk-groups (each split needs at least one). */
+     * chunk-groups (each split needs at least one); and long rows split
+     * until a warp has at most 24 chunk-groups: its loads are then spread
+     * over more warps and in flight sooner (5120 x 27648 on an H200: split
+     * 8 72 % of copy bandwidth, split 4 59 %). */
     const int64_t want = (int64_t)sm_count * 16;
     int split = 1;
-    while (split < 8 && tiles * split < want && groups >= 2 * split)
+    while (split < 8 && groups >= 2 * split && (tiles * split < want || groups > 24 * split))
         split *= 2;
     return split;
 }
@@ -607,6 +704,12 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_variant(const bn_w2a8_cuda_args *a, int
         bn_w2a8_cuda_args c = *a;
         c.cluster = 1 << (variant - 5);
         return bn_w2a8_cuda_gemv_pdl(&c, split, 0, stream);
+    }
+    case 9: {
+        /* Where bulk copies cannot run (or the row is too long for them),
+         * variant 5. */
+        const cudaError_t rc = bn_w2a8_cuda_gemv_bulk(a, split, 0, stream);
+        return rc == cudaErrorNotSupported ? bn_w2a8_cuda_gemv_pdl(a, split, 0, stream) : rc;
     }
     default: return cudaErrorInvalidValue;
     }

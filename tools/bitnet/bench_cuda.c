@@ -39,6 +39,8 @@ typedef struct cuda_bench_opts {
     double rotate_mib;
     int launches, reps;
     bool variants; /* time every kernel variant, not just the default */
+    int only_variant; /* >= 0: time this variant only (--variant; for profiling) */
+    int split;        /* > 0: the GEMV's K split for the unchained rows (--split) */
 } cuda_bench_opts;
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -113,7 +115,8 @@ typedef struct w2a8_side {
     bn_w2a8_cuda_args args;
     int split;
     int variant; /* -1: the default kernel; -2: the PDL GEMV chained (below), its
-                    activations staged per cluster of args.cluster blocks if > 1 */
+                    activations staged per cluster of args.cluster blocks if > 1;
+                    -3: the bulk-copy GEMV chained the same way */
 } w2a8_side;
 
 static bool launch_w2a8(void *p, int i, cudaStream_t s)
@@ -124,6 +127,8 @@ static bool launch_w2a8(void *p, int i, cudaStream_t s)
     cudaError_t rc;
     if (a.m == 1 && w->variant == -2)
         rc = bn_w2a8_cuda_gemv_pdl(&a, w->split, 1, s);
+    else if (a.m == 1 && w->variant == -3)
+        rc = bn_w2a8_cuda_gemv_bulk(&a, w->split, 1, s);
     else if (a.m == 1)
         rc = w->variant < 0 ? bn_w2a8_cuda_gemv(&a, w->split, s)
                             : bn_w2a8_cuda_gemv_variant(&a, w->split, w->variant, s);
@@ -317,18 +322,30 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
         const int default_split = w.split;
         /* --variants: the chained GEMV at every split (1, 2, 4, 8); each
          * also with its activations staged per cluster of 8 where the
-         * device has clusters */
-        const int stagings = bn_w2a8_cuda_gemv_cluster_usable() ? 2 : 1;
+         * device has clusters, and the bulk-copy GEMV where it runs */
+        const bool bulk = bn_w2a8_cuda_gemv_bulk_usable(&w.args);
+        const int stagings = bn_w2a8_cuda_gemv_cluster_usable() ? 2 + bulk : 1;
         const int n_chained = m == 1 && pdl ? (o->variants ? 4 : 1) * stagings : 0;
         const int n_variants = base + n_chained;
+        if (o->only_variant >= base)
+            printf("| %lldx%lld | %lld | variant %d | no such variant for M = %lld | | | | | | "
+                   "|\n",
+                   (long long)n, (long long)k, (long long)m, o->only_variant, (long long)m);
         for (int v = 0; v < n_variants; v++) {
             const bool chained = v >= base;
-            w.variant = chained ? -2 : o->variants ? v : -1;
+            if (o->only_variant >= 0 && (chained || v != o->only_variant))
+                continue;
+            const int staging = chained ? (v - base) % stagings : 0;
+            w.variant = !chained ? (o->variants ? v : -1) : staging == 2 ? -3 : -2;
             const int chain = chained ? (v - base) / stagings : 0;
-            w.split = !chained ? default_split : o->variants ? 1 << chain : default_split;
-            w.args.cluster = chained && (v - base) % stagings == 1 ? 8 : 0;
+            w.split = chained && o->variants ? 1 << chain
+                      : o->split > 0         ? o->split
+                                             : default_split;
+            w.args.cluster = staging == 1 ? 8 : 0;
             char kernel[64];
-            if (chained && w.args.cluster)
+            if (w.variant == -3)
+                snprintf(kernel, sizeof kernel, "gemv v9 PDL-chained split %d", w.split);
+            else if (chained && w.args.cluster)
                 snprintf(kernel, sizeof kernel, "gemv v5 PDL-chained cluster-staged split %d",
                          w.split);
             else if (chained)
@@ -426,7 +443,8 @@ int bench_kernels_cuda(int argc, char **argv)
                          .n_ms = 3,
                          .rotate_mib = 1024,
                          .launches = 50,
-                         .reps = 10};
+                         .reps = 10,
+                         .only_variant = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
@@ -439,6 +457,18 @@ int bench_kernels_cuda(int argc, char **argv)
             ok = parse_shape_list(v, &o);
         } else if (ok && strcmp(a, "--m") == 0) {
             ok = parse_int_list(v, o.ms, &o.n_ms);
+        } else if (ok && strcmp(a, "--variant") == 0) {
+            char *end;
+            const long pick = strtol(v, &end, 10);
+            const int most = BN_W2A8_GEMV_VARIANTS > BN_W2A8_GEMM_VARIANTS
+                                 ? BN_W2A8_GEMV_VARIANTS
+                                 : BN_W2A8_GEMM_VARIANTS;
+            ok = *end == '\0' && end != v && pick >= 0 && pick < most;
+            o.only_variant = (int)pick;
+            o.variants = true;
+        } else if (ok && strcmp(a, "--split") == 0) {
+            o.split = atoi(v);
+            ok = o.split == 1 || o.split == 2 || o.split == 4 || o.split == 8;
         } else if (ok && strcmp(a, "--rotate-mib") == 0) {
             o.rotate_mib = atof(v);
             ok = o.rotate_mib >= 0 && o.rotate_mib <= 65536;

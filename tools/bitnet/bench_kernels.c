@@ -48,7 +48,9 @@ static void usage(FILE *out)
             "  --rotate-mib MIB     weight copies rotated per measurement (default 512)\n"
             "  --scalar-max-m M     skip the scalar reference above this M (default 8)\n"
             "  --device cpu|cuda    cuda: the GPU kernels against copy bandwidth and cuBLAS BF16\n"
-            "                       (options there: --shapes, --m, --rotate-mib)\n"
+            "                       (options there: --shapes, --m, --rotate-mib, --variants:\n"
+            "                       every kernel variant, --variant N: variant N only,\n"
+            "                       --split 1|2|4|8: the GEMV's K split)\n"
             "  --help\n");
 }
 
