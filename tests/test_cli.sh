@@ -83,6 +83,15 @@ expect_rc 0 "bench --help"
 expect_in out "kernels" "bench lists kernels"
 run "$BITNET" bench kernels --m 0
 expect_rc 2 "bench kernels bad --m"
+# The GPU benchmark's options are checked before any device is looked for
+# (a build without CUDA says so instead).
+for bad in "--variant 99" "--variant x" "--split 3"; do
+    run "$BITNET" bench kernels --device cuda $bad
+    if ! grep -q "no CUDA support" "$tmp/err"; then
+        expect_rc 2 "bench kernels --device cuda $bad"
+        expect_in err "bad or missing value for ${bad%% *}" "bench kernels $bad names the option"
+    fi
+done
 run "$BITNET" bench kernels --shapes 64x256 --m 1,3 --threads 1 --min-time 0.01 --rotate-mib 0
 expect_rc 0 "tiny bench run"
 expect_in out "^\| scalar \| 64x256 \| 3 \|" "bench prints the scalar row"
