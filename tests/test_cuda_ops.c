@@ -25,6 +25,7 @@
 #include "fp16.h"
 #include "ops_cuda.h"
 #include "quant_rules.h"
+#include "read_stream.h"
 #include "test_util.h"
 #include "test_util_cuda.h"
 #include "w2a8_cuda.h"
@@ -661,6 +662,37 @@ static void check_embed(const embed_type *t)
     free(ref);
 }
 
+/* ---- the read-only kernel of the benchmark's floor --------------------------------- */
+
+/* Every 32-bit word of the buffer is folded into the sink by XOR, so the
+ * XOR of the sink's words is the XOR of the buffer's: a check that each
+ * 16-byte chunk was read exactly once (a chunk read twice or skipped
+ * changes it unless its words XOR to zero; random data makes that
+ * unlikely). */
+static void check_read_stream(size_t bytes, int blocks, int pdl)
+{
+    uint32_t *host = malloc(bytes);
+    uint32_t want = 0;
+    for (size_t i = 0; i < bytes / 4; i++) {
+        host[i] = (uint32_t)test_rand_range(0, 0x7fffffff) * 2654435761u + (uint32_t)i;
+        want ^= host[i];
+    }
+    void *d_buf = dev_upload(host, bytes);
+    uint32_t *d_sink = dev_alloc(BN_READ_STREAM_SINK_WORDS * sizeof(uint32_t));
+    CUDA_OK(cudaMemset(d_sink, 0, BN_READ_STREAM_SINK_WORDS * sizeof(uint32_t)));
+    CUDA_OK(bn_cuda_read_stream(d_buf, bytes, blocks, pdl, d_sink, 0));
+    uint32_t *sink = host_download(d_sink, BN_READ_STREAM_SINK_WORDS * sizeof(uint32_t));
+    uint32_t got = 0;
+    for (int i = 0; i < BN_READ_STREAM_SINK_WORDS; i++)
+        got ^= sink[i];
+    CHECK_MSG(got == want, "read_stream %zu bytes, %d blocks, pdl %d: fold %08x, want %08x",
+              bytes, blocks, pdl, got, want);
+    CUDA_OK(cudaFree(d_buf));
+    CUDA_OK(cudaFree(d_sink));
+    free(host);
+    free(sink);
+}
+
 /* ---- argument checks ------------------------------------------------------------ */
 
 static void check_invalid_arguments(void)
@@ -680,6 +712,8 @@ static void check_invalid_arguments(void)
     CHECK(bn_cuda_embed_rows(d, BN_QTYPE_I2_S, 1, 128, NULL, 1, d, 128, 0) ==
           cudaErrorInvalidValue);
     CHECK(bn_cuda_store_rows(d, 1, 4, 4, BN_QTYPE_Q8_0, d, 4, NULL, 0) == cudaErrorInvalidValue);
+    CHECK(bn_cuda_read_stream(d, 4008, 1, 0, (uint32_t *)d, 0) == cudaErrorInvalidValue);
+    CHECK(bn_cuda_read_stream(d, 4096, 0, 0, (uint32_t *)d, 0) == cudaErrorInvalidValue);
     /* Nothing to do is not an error. */
     CHECK(bn_cuda_rmsnorm_rows(d, 0, 10, 10, d, 1e-5f, d, 10, 0) == cudaSuccess);
     CHECK(bn_cuda_add_rows(d, 4, d, 4, 0, 4, 0) == cudaSuccess);
@@ -690,7 +724,7 @@ static void check_invalid_arguments(void)
 
 int main(void)
 {
-    test_require_cuda(8, "this build's kernels");
+    const int major = test_require_cuda(8, "this build's kernels").major;
 
     check_invalid_arguments();
     for (int iter = 0; iter < 30; iter++)
@@ -708,6 +742,16 @@ int main(void)
     }
     for (int iter = 0; iter < 25; iter++)
         check_rope();
+    {
+        /* Sizes around the 4-load groups of a grid's stride, one to many
+         * blocks, and PDL where this build and device have it. */
+        const int pdl = bn_cuda_read_stream_pdl_compiled() && major >= 9;
+        for (int iter = 0; iter < 12; iter++)
+            check_read_stream(16 * (size_t)test_rand_range(1, 200000), test_rand_range(1, 300),
+                              iter % 2 ? pdl : 0);
+        check_read_stream(16, 1, 0);
+        check_read_stream((size_t)16 * 512 * 4 * 3, 3, pdl); /* exactly whole groups */
+    }
     for (int iter = 0; iter < 6; iter++)
         for (size_t t = 0; t < sizeof embed_types / sizeof embed_types[0]; t++)
             check_embed(&embed_types[t]);

@@ -18,6 +18,7 @@
 #include "cli.h"
 #include "cublas_loader.h"
 #include "cuda_layout.h"
+#include "read_stream.h"
 #include "w2a8_cuda.h"
 
 #define MAX_LIST 16
@@ -176,6 +177,21 @@ static bool launch_cublas(void *p, int i, cudaStream_t s)
                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
 }
 
+typedef struct read_side {
+    void **copies;
+    int n_copies;
+    size_t bytes;
+    int blocks, pdl;
+    uint32_t *sink;
+} read_side;
+
+static bool launch_read(void *p, int i, cudaStream_t s)
+{
+    read_side *r = p;
+    return bn_cuda_read_stream(r->copies[i % r->n_copies], r->bytes, r->blocks, r->pdl, r->sink,
+                               s) == cudaSuccess;
+}
+
 /* ---- measurements ---------------------------------------------------------- */
 
 static double copy_bandwidth_gbs(cudaStream_t s)
@@ -238,7 +254,7 @@ static int copies_for(size_t bytes, double rotate_bytes)
 
 static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_count, bool pdl,
                         double copy_gbs, const bn_cublas *api, cublasHandle_t handle,
-                        cudaStream_t s)
+                        uint32_t *d_floor_sink, cudaStream_t s)
 {
     bn_cuda_layout l;
     bn_cuda_layout_init(&l, n, k);
@@ -312,6 +328,38 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
          * scales/sums in, float outputs out. */
         const double bytes =
             (double)l.bytes + (double)(m * l.k_padded) + 8.0 * (double)m + 4.0 * (double)(m * n);
+        /* For M = 1 first the floor: a kernel that only reads the packed
+         * weights (read_stream.h; the better of one and two blocks per
+         * SM), alone and chained like the GEMVs below. */
+        if (m == 1 && o->only_variant < 0 && d_floor_sink) {
+            read_side r = {w.copies, w.n_copies, l.bytes, 0, 0, d_floor_sink};
+            const bool read_pdl = pdl && bn_cuda_read_stream_pdl_compiled();
+            for (int chained = 0; chained <= (read_pdl ? 1 : 0); chained++) {
+                double best = -1.0;
+                bool graph_r = true;
+                r.pdl = chained;
+                for (int per_sm = 1; per_sm <= 2; per_sm++) {
+                    r.blocks = sm_count * per_sm;
+                    bool graphed;
+                    const double us =
+                        time_calls(launch_read, &r, s, o->launches, o->reps, &graphed);
+                    if (us > 0 && (best < 0 || us < best)) {
+                        best = us;
+                        graph_r = graphed;
+                    }
+                }
+                const char *name = chained ? "read only (floor), PDL-chained" : "read only (floor)";
+                if (best > 0) {
+                    const double gbs = (double)l.bytes / (best * 1e-6) / 1e9;
+                    printf("| %lldx%lld | 1 | %s | %.1f | %.2f | %.0f | %.0f%% | %.2f | - | - |%s\n",
+                           (long long)n, (long long)k, name, (double)l.bytes / 1048576.0, best,
+                           gbs, 100.0 * gbs / copy_gbs, c_us, graph_r ? "" : " (not graphed)");
+                } else {
+                    printf("| %lldx%lld | 1 | %s | launch failed | | | | | | |\n", (long long)n,
+                           (long long)k, name);
+                }
+            }
+        }
         /* For M = 1 also the decode step's way of running the GEMV: v5
          * launched with programmatic dependent launch, so in the replayed
          * sequence each call's weight loads start while the previous call
@@ -506,6 +554,12 @@ int bench_kernels_cuda(int argc, char **argv)
         return BN_EXIT_FAILURE;
     }
     const double copy_gbs = copy_bandwidth_gbs(s);
+    uint32_t *floor_sink = NULL; /* without it the floor rows are left out */
+    if (cudaMalloc((void **)&floor_sink, BN_READ_STREAM_SINK_WORDS * sizeof(uint32_t)) !=
+        cudaSuccess) {
+        cudaGetLastError();
+        floor_sink = NULL;
+    }
     const bool pdl = p.major >= 9 && bn_w2a8_cuda_gemv_pdl_compiled();
     printf("# bitnet bench kernels --device cuda\n\n"
            "device: %s (compute %d.%d, %d SMs, L2 %.0f MiB); cuBLAS: %s\n"
@@ -518,20 +572,24 @@ int bench_kernels_cuda(int argc, char **argv)
     int rc = BN_EXIT_OK;
     for (int si = 0; si < o.n_shapes; si++) {
         if (!bench_shape(&o, o.shapes[si][0], o.shapes[si][1], p.multiProcessorCount, pdl,
-                         copy_gbs, api, handle, s))
+                         copy_gbs, api, handle, floor_sink, s))
             rc = BN_EXIT_FAILURE;
         fflush(stdout);
     }
     printf("\nW2A8: GEMV kernel for M = 1, int8 tensor-core GEMM for M > 1 (--variants: each "
-           "variant,\nsee w2a8_cuda.h; 'PDL-chained': v5 with programmatic dependent launch, "
-           "each call\nstarting while the one before it finishes, as in the decode step); GB/s "
+           "variant,\nsee w2a8_cuda.h; 'PDL-chained': v5 or v9 with programmatic dependent "
+           "launch, each call\nstarting while the one before it finishes, as in the decode "
+           "step); GB/s "
            "counts packed "
            "weights + int8\nactivations + float outputs once per call; speedup = cuBLAS time / "
            "W2A8 time; 'quantize' is\nthe activation quantization of the M rows (not included in "
-           "W2A8 us). Weights rotated over\n>= %.0f MiB of copies; times per call from replayed "
-           "CUDA graphs of %d calls x %d.\n",
+           "W2A8 us). 'read only (floor)': a kernel that only reads the packed weights,\nthe "
+           "least time any kernel streaming them once takes (its GB/s over those bytes).\n"
+           "Weights rotated over >= %.0f MiB of copies; times per call from replayed CUDA graphs "
+           "of %d calls x %d.\n",
            o.rotate_mib, o.launches, o.reps);
     api->destroy(handle);
+    cudaFree(floor_sink);
     cudaFree(workspace);
     cudaStreamDestroy(s);
     return rc;
