@@ -189,82 +189,6 @@ template <typename... KArgs> static inline bool clusters_usable(void (*kernel)(K
     return launch != 0 && fa.ptxVersion >= 90;
 }
 
-/* ---- one row staged into every block of a cluster ------------------------
- *
- * Many blocks of a decode kernel each copy the same short row (a GEMV's int8
- * activations) from L2 into their shared memory right after the PDL wait,
- * every copy a request for the same few cache lines. In a cluster of C
- * blocks the tensor memory accelerator can do it once per cluster: block r
- * copies the r-th of C slices of the row into the same offset of every
- * block's shared memory (multicast), and each block waits on a transaction
- * barrier of its own until all of the row's bytes have arrived.
- *
- *   row_multicast_arm(bar, bytes)    before pdl_wait (all threads): arms the
- *                                    block's barrier for `bytes`, arrives
- *                                    at the cluster barrier;
- *   row_multicast(dst, src, bytes, bar, C) after pdl_wait (all threads):
- *                                    waits for every block's barrier to be
- *                                    armed, issues this block's slice,
- *                                    waits for the whole row.
- *
- * dst: shared memory, 16-byte aligned, the same offset in every block;
- * src: global, 16-byte aligned; bytes a multiple of 16. sm_90 only (the
- * host launches such a kernel in clusters only where clusters_usable). */
-__device__ __forceinline__ void row_multicast_arm(unsigned long long *bar, unsigned bytes)
-{
-#if BN_HAS_CLUSTERS
-    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
-    if (threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    /* The compiler initialises the barrier on the warp's uniform datapath,
-     * which racecheck counts as a write by every lane of warp 0; the block
-     * barrier orders it before the arming for the tool too (before the PDL
-     * wait: off the critical path). */
-    __syncthreads();
-    if (threadIdx.x == 0)
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes)
-                     : "memory");
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void row_multicast(void *dst, const void *src, unsigned bytes,
-                                              unsigned long long *bar, int C)
-{
-#if BN_HAS_CLUSTERS
-    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-    if (threadIdx.x == 0) {
-        unsigned rank;
-        asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-        const unsigned per = (bytes / 16 + (unsigned)C - 1) / (unsigned)C * 16;
-        const unsigned off = rank * per;
-        if (off < bytes) {
-            const unsigned len = bytes - off < per ? bytes - off : per;
-            const unsigned short mask = (unsigned short)((1u << C) - 1);
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                         ".multicast::cluster [%0], [%1], %2, [%3], %4;" ::"r"(
-                             (unsigned)__cvta_generic_to_shared(static_cast<char *>(dst) + off)),
-                         "l"(static_cast<const char *>(src) + off), "r"(len), "r"(b), "h"(mask)
-                         : "memory");
-        }
-    }
-    unsigned done = 0;
-    do {
-        asm volatile("{\n\t.reg .pred p;\n\t"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done)
-                     : "r"(b)
-                     : "memory");
-    } while (!done);
-#else
-    (void)dst, (void)src, (void)bytes, (void)bar, (void)C;
-#endif
-}
-
 /* One block's bulk copies from global to its own shared memory by the
  * tensor memory accelerator, each completing on a transaction barrier:
  *
@@ -322,6 +246,72 @@ __device__ __forceinline__ void bulk_wait(unsigned long long *bar)
     } while (!done);
 #else
     (void)bar;
+#endif
+}
+
+/* ---- one row staged into every block of a cluster ------------------------
+ *
+ * Many blocks of a decode kernel each copy the same short row (a GEMV's int8
+ * activations) from L2 into their shared memory right after the PDL wait,
+ * every copy a request for the same few cache lines. In a cluster of C
+ * blocks the tensor memory accelerator can do it once per cluster: block r
+ * copies the r-th of C slices of the row into the same offset of every
+ * block's shared memory (multicast), and each block waits on a transaction
+ * barrier of its own until all of the row's bytes have arrived.
+ *
+ *   row_multicast_arm(bar, bytes)    before pdl_wait (all threads): arms the
+ *                                    block's barrier for `bytes`, arrives
+ *                                    at the cluster barrier;
+ *   row_multicast(dst, src, bytes, bar, C) after pdl_wait (all threads):
+ *                                    waits for every block's barrier to be
+ *                                    armed, issues this block's slice,
+ *                                    waits for the whole row.
+ *
+ * dst: shared memory, 16-byte aligned, the same offset in every block;
+ * src: global, 16-byte aligned; bytes a multiple of 16. sm_90 only (the
+ * host launches such a kernel in clusters only where clusters_usable). */
+__device__ __forceinline__ void row_multicast_arm(unsigned long long *bar, unsigned bytes)
+{
+#if BN_HAS_CLUSTERS
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    if (threadIdx.x == 0)
+        bulk_bar_init(bar);
+    /* The compiler initialises the barrier on the warp's uniform datapath,
+     * which racecheck counts as a write by every lane of warp 0; the block
+     * barrier orders it before the arming for the tool too (before the PDL
+     * wait: off the critical path). */
+    __syncthreads();
+    if (threadIdx.x == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes)
+                     : "memory");
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void row_multicast(void *dst, const void *src, unsigned bytes,
+                                              unsigned long long *bar, int C)
+{
+#if BN_HAS_CLUSTERS
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    if (threadIdx.x == 0) {
+        unsigned rank;
+        asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+        const unsigned per = (bytes / 16 + (unsigned)C - 1) / (unsigned)C * 16;
+        const unsigned off = rank * per;
+        if (off < bytes) {
+            const unsigned len = bytes - off < per ? bytes - off : per;
+            const unsigned short mask = (unsigned short)((1u << C) - 1);
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                         ".multicast::cluster [%0], [%1], %2, [%3], %4;" ::"r"(
+                             (unsigned)__cvta_generic_to_shared(static_cast<char *>(dst) + off)),
+                         "l"(static_cast<const char *>(src) + off), "r"(len), "r"(b), "h"(mask)
+                         : "memory");
+        }
+    }
+    bulk_wait(bar);
+#else
+    (void)dst, (void)src, (void)bytes, (void)bar, (void)C;
 #endif
 }
 

@@ -13,20 +13,12 @@
 
 #include "pdl.cuh"
 #include "read_stream.h"
+#include "w2a8_gemv.cuh" /* gemv_load_stream: the GEMV's own weight load */
 
 namespace {
 
 constexpr int kThreads = 512;
 constexpr int kLoads = 4; /* 16-byte loads in flight per thread */
-
-__device__ __forceinline__ uint4 load_stream(const uint4 *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
 
 __global__ void __launch_bounds__(kThreads)
     read_stream_kernel(const uint4 *__restrict__ buf, size_t n16, uint32_t *sink)
@@ -39,13 +31,13 @@ __global__ void __launch_bounds__(kThreads)
         uint4 v[kLoads];
 #pragma unroll
         for (int u = 0; u < kLoads; u++)
-            v[u] = load_stream(buf + i + u * stride);
+            v[u] = gemv_load_stream(buf + i + u * stride);
 #pragma unroll
         for (int u = 0; u < kLoads; u++)
             acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
     }
     for (; i < n16; i += stride) {
-        const uint4 v = load_stream(buf + i);
+        const uint4 v = gemv_load_stream(buf + i);
         acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
     for (int o = 16; o > 0; o >>= 1)

@@ -1,6 +1,6 @@
 /* Device helpers of the W2A8 GEMV (cuda_layout.h's tile layout), shared by
  * w2a8_kernels.cu, the decode GEMVs of cuda_backend_kernels.cu and (the
- * streaming load) the LM head. */
+ * streaming load) the LM head and the benchmark's read floor. */
 #ifndef BN_W2A8_GEMV_CUH
 #define BN_W2A8_GEMV_CUH
 
