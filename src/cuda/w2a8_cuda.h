@@ -52,8 +52,11 @@ int bn_w2a8_cuda_gemv_pdl_compiled(void);
  * activation row reach shared memory as two bulk copies by the tensor
  * memory accelerator (the weights' before the PDL wait). Needs compute
  * capability 9.0, code built for it and rows of at most
- * BN_W2A8_GEMV_BULK_MAX_SMEM / 768 values (bn_w2a8_cuda_gemv_bulk_usable);
- * otherwise returns cudaErrorNotSupported and launches nothing. */
+ * BN_W2A8_GEMV_BULK_MAX_SMEM / 3 values (a block holds 3 bytes a column:
+ * 8 rows of 2-bit codes and the activation byte; 32768 values);
+ * otherwise returns cudaErrorNotSupported and launches nothing.
+ * bn_w2a8_cuda_gemv_bulk_usable says which, for the device of the first
+ * call (asked once per process) and a's row length. */
 #define BN_W2A8_GEMV_BULK_MAX_SMEM (96 * 1024)
 cudaError_t bn_w2a8_cuda_gemv_bulk(const bn_w2a8_cuda_args *a, int split, int pdl,
                                    cudaStream_t stream);
