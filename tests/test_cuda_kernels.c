@@ -88,10 +88,16 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     CUDA_OK(cudaMemcpy(d_sum, xq.sum, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMalloc((void **)&d_y, sizeof(float) * (size_t)(m * n)));
     CUDA_OK(cudaMalloc((void **)&d_ws, sizeof(int32_t) * (size_t)(m * n)));
+    /* The stream-K workspace, for up to streamk_sms blocks; zeroed once. */
+    const int streamk_sms = sm_count > 64 ? sm_count : 64;
+    const size_t streamk_bytes = bn_w2a8_cuda_gemm_streamk_bytes(streamk_sms);
+    int32_t *d_streamk;
+    CUDA_OK(cudaMalloc((void **)&d_streamk, streamk_bytes));
+    CUDA_OK(cudaMemset(d_streamk, 0, streamk_bytes));
     float *y = malloc(sizeof(float) * (size_t)(m * n));
 
     bn_w2a8_cuda_args a = {d_w, n, l.tiles, l.groups, ws, d_x, m, l.k_padded, d_scale, d_sum,
-                           d_y, n, d_ws, sm_count, 0};
+                           d_y, n, d_ws, sm_count, 0, d_streamk};
     /* Every GEMV variant x split for M = 1; every GEMM variant, with and
      * without the split-K workspace, for any M (M = 1 included). */
     const int splits[] = {1, 2, 4, 8};
@@ -101,6 +107,7 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
         const bool gemv = v < gemv_runs;
         const int gemm_variant = (v - gemv_runs) / 2;
         a.workspace = gemv || (v - gemv_runs) % 2 == 0 ? d_ws : NULL;
+        a.streamk = a.workspace ? d_streamk : NULL;
         CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n))); /* NaN poison */
         if (gemv) {
             CUDA_OK(bn_w2a8_cuda_gemv_variant(&a, splits[v % 4], v / 4, 0));
@@ -110,6 +117,12 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
              * build; elsewhere they decline without launching. */
             if (rc == cudaErrorNotSupported && gemm_variant >= 5 && !wgmma_usable)
                 continue;
+            /* Stream-K (11) declines without its workspace. */
+            if (gemm_variant == 11 && !a.streamk) {
+                CHECK_MSG(rc == cudaErrorInvalidValue, "stream-K without a workspace: %s",
+                          cudaGetErrorString(rc));
+                continue;
+            }
             CUDA_OK(rc);
         }
         int64_t first;
@@ -171,12 +184,40 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
                   (long long)first, first >= 0 ? y[first] : 0.0, first >= 0 ? ref[first] : 0.0);
     }
 
+    /* Stream-K over grids of several sizes, so tiles are cut at many
+     * places (one block per k-tile where the grid outnumbers them); every
+     * call must leave the workspace's counters at zero. */
+    const int grids[] = {1, 2, 3, 7, 13, 64, sm_count};
+    a.streamk = d_streamk;
+    for (int gi = 0; wgmma_usable && gi < (int)(sizeof grids / sizeof grids[0]); gi++) {
+        a.sm_count = grids[gi] < streamk_sms ? grids[gi] : streamk_sms;
+        CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n)));
+        CUDA_OK(bn_w2a8_cuda_gemm_wgmma(&a, BN_W2A8_WGMMA_128X128_TMA_STREAMK, 0));
+        int64_t first;
+        const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
+        CHECK_MSG(diff == 0,
+                  "wgmma stream-K over %d blocks n=%lld k=%lld m=%lld: %lld of %lld differ "
+                  "(first at %lld: %g vs %g)",
+                  a.sm_count, (long long)n, (long long)k, (long long)m, (long long)diff,
+                  (long long)(m * n), (long long)first, first >= 0 ? y[first] : 0.0,
+                  first >= 0 ? ref[first] : 0.0);
+    }
+    a.sm_count = sm_count;
+    if (wgmma_usable) {
+        /* The counters open the workspace (at most 1024 of them). */
+        int counters[1024];
+        CUDA_OK(cudaMemcpy(counters, d_streamk, sizeof counters, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < 1024; i++)
+            CHECK_MSG(counters[i] == 0, "stream-K counter %d left at %d", i, counters[i]);
+    }
+
     cudaFree(d_w);
     cudaFree(d_x);
     cudaFree(d_scale);
     cudaFree(d_sum);
     cudaFree(d_y);
     cudaFree(d_ws);
+    cudaFree(d_streamk);
     free(y);
     free(packed);
     free(ref);
@@ -259,11 +300,28 @@ int main(void)
         CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
         wgmma_usable = major == 9 && minor == 0 && bn_w2a8_cuda_gemm_wgmma_compiled();
-        printf("wgmma GEMM (variants 5-10): %s\n",
+        printf("wgmma GEMM (variants 5-11): %s\n",
                wgmma_usable ? "checked"
                : bn_w2a8_cuda_gemm_wgmma_compiled()
                    ? "skipped (needs compute capability 9.0)"
                    : "skipped (this build has no sm_90a code: 90 not among the architectures)");
+    }
+
+    /* The wgmma epilogue's division (a row's reciprocal once, three
+     * instructions a value) against __fdiv_rn on 2^28 random pairs (2^24
+     * in quick mode), a fresh seed each run. */
+    if (wgmma_usable) {
+        unsigned long long *d_bad, bad = 0;
+        const int64_t pairs = getenv("BN_TEST_QUICK") ? (int64_t)1 << 24 : (int64_t)1 << 28;
+        const uint64_t seed = ((uint64_t)test_rand_range(0, 0x7fffffff) << 31) ^
+                              (uint64_t)test_rand_range(0, 0x7fffffff);
+        CUDA_OK(cudaMalloc((void **)&d_bad, sizeof bad));
+        CUDA_OK(cudaMemset(d_bad, 0, sizeof bad));
+        CUDA_OK(bn_w2a8_cuda_division_check(pairs, seed, d_bad, 0));
+        CUDA_OK(cudaMemcpy(&bad, d_bad, sizeof bad, cudaMemcpyDeviceToHost));
+        CHECK_MSG(bad == 0, "epilogue division: %llu of %lld pairs differ from __fdiv_rn", bad,
+                  (long long)pairs);
+        cudaFree(d_bad);
     }
 
     /* The packer against its own definition, on one small case. */

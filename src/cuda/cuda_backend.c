@@ -134,7 +134,8 @@ struct bn_cuda_backend {
 
     float *x, *qkv, *q, *att, *out, *gu, *normed, *logits, *act_scale, *rope;
     int8_t *xq;
-    int32_t *act_sum, *ws_gemm, *d_tokens, *d_pos, *d_dec, *d_next;
+    int32_t *act_sum, *ws_gemm, *ws_streamk, *d_tokens, *d_pos, *d_dec, *d_next;
+    bool streamk; /* some prefill GEMM takes stream-K: ws_streamk is its workspace */
     void *ws_attn, *ws_sample;
     unsigned int *attn_counters; /* fp32 decode attention: one per head, kept at 0 */
     int attn_splits;
@@ -320,6 +321,7 @@ static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y,
     a.ldy = g->n;
     a.sm_count = b->sm;
     a.workspace = M > 1 && M <= BN_W2A8_SKINNY_MAX_M ? b->ws_gemm : NULL;
+    a.streamk = b->streamk ? b->ws_streamk : NULL;
     a.weight_scale = g->n_seg == 1 ? g->s[0].scale : 1.0f;
     a.cluster = b->gemv_cluster;
     b->ran |= 1u << (M == 1 ? K_GEMV : K_GEMM);
@@ -879,6 +881,24 @@ typedef struct scratch_spec {
     size_t bytes;
 } scratch_spec;
 
+/* Whether a prefill chunk's GEMM of some projection group would run the
+ * stream-K kernel (bn_w2a8_cuda_gemm_default_variant), so the backend needs
+ * its workspace. Every layer has the first layer's shapes. */
+static bool prefill_needs_streamk(const bn_cuda_backend *b)
+{
+    const int wgmma = bn_w2a8_cuda_gemm_wgmma_usable();
+    for (int gi = 0; gi < G_COUNT; gi++) {
+        const group *g = &b->groups[gi];
+        for (int i = 0; i < (g->fused_ok ? 1 : g->n_seg); i++) {
+            const bn_cuda_layout *l = g->fused_ok ? &g->fused : &g->s[i].l;
+            if (bn_w2a8_cuda_gemm_default_variant(b->chunk, l->n, l->k_padded, wgmma, b->sm) ==
+                11)
+                return true;
+        }
+    }
+    return false;
+}
+
 /* Every scratch buffer and its size (R = chunk rows); returns the count. */
 static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
 {
@@ -897,6 +917,8 @@ static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
     ADD(&b->act_sum, R * sizeof(int32_t));
     const size_t skinny_rows = R < BN_W2A8_SKINNY_MAX_M ? R : BN_W2A8_SKINNY_MAX_M;
     ADD(&b->ws_gemm, skinny_rows * (size_t)b->max_n * sizeof(int32_t));
+    b->streamk = prefill_needs_streamk(b);
+    ADD(&b->ws_streamk, b->streamk ? bn_w2a8_cuda_gemm_streamk_bytes(b->sm) : 0);
     size_t ws_attn;
     if (b->kv_f16) {
         const bn_attn_shape fs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len, BN_KV_F16,
@@ -1516,6 +1538,10 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->d_k, 0, b->kv_bytes / 2, b->copy));
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->d_v, 0, b->kv_bytes / 2, b->copy));
+    /* The stream-K GEMM's counters start at 0 and every call leaves them there. */
+    if (st == BN_OK && b->streamk)
+        st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->ws_streamk, 0,
+                                                 bn_w2a8_cuda_gemm_streamk_bytes(b->sm), b->copy));
     /* The decode attention's counters start at 0 and every launch leaves
      * them there. */
     if (st == BN_OK)

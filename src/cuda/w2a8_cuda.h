@@ -30,6 +30,9 @@ typedef struct bn_w2a8_cuda_args {
     int cluster;              /* bn_w2a8_cuda_gemv_pdl: 2, 4 or 8 stages the
                                  activations once per cluster of that many
                                  blocks; 0 or 1 in every block             */
+    int32_t *streamk;         /* bn_w2a8_cuda_gemm_streamk_bytes(sm_count),
+                                 zeroed once at allocation (every call
+                                 leaves it so); NULL: no stream-K GEMM     */
 } bn_w2a8_cuda_args;
 
 /* Split-K factor (1, 2, 4 or 8) that fills a GPU of sm_count SMs. */
@@ -96,32 +99,33 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * (bn_w2a8_cuda_gemm_wgmma_split_factor); 9 as 7 with both wgmma operands
  * in shared memory (weights expanded to int8 there, 1 block per SM); 10
  * warp-specialized and persistent, tensor-memory-accelerator copies
- * (BN_W2A8_WGMMA_128X128_TMA): 5-10
- * need compute capability 9.0 and an sm_90a build, else
- * cudaErrorNotSupported.
+ * (BN_W2A8_WGMMA_128X128_TMA); 11 as 10 with stream-K (needs a->streamk,
+ * else cudaErrorInvalidValue): 5-11 need compute capability 9.0 and an
+ * sm_90a build, else cudaErrorNotSupported.
  * bn_w2a8_cuda_gemm uses 1 up to BN_W2A8_SKINNY_MAX_M rows; above, where
  * wgmma is usable, from BN_W2A8_WGMMA_MIN_M rows: 10 when its 128 x 128
- * tiles number BN_W2A8_WGMMA_WS_MIN_TILES to BN_W2A8_WGMMA_WS_MAX_TILES (or
- * fewer, with rows of at least BN_W2A8_WGMMA_SHORT_K values), 7 when they
- * number more and at least BN_W2A8_WGMMA_MIN_TILES (10 falls back to 7 where
- * it cannot run); otherwise 3 when the 64 x 256 tiles number
- * at least BN_W2A8_PIPE_MIN_TILES, else 2 for rows of at least
+ * tiles number at least BN_W2A8_WGMMA_WS_MIN_TILES or the rows hold at
+ * least BN_W2A8_WGMMA_SHORT_K values, 11 instead when a->streamk is given
+ * and stream-K spares the busiest SM at least BN_W2A8_STREAMK_MIN_SAVED
+ * k-tiles of 128 (10 and 11 fall back to 7 where they cannot run);
+ * otherwise 3 when the 64 x 256 tiles number at least
+ * BN_W2A8_PIPE_MIN_TILES, else 2 for rows of at least
  * BN_W2A8_PIPE_SPLIT_MIN_K, else 0 (bn_w2a8_cuda_gemm_default_variant;
  * measured on an H200). */
-#define BN_W2A8_GEMM_VARIANTS 11
+#define BN_W2A8_GEMM_VARIANTS 12
 #define BN_W2A8_SKINNY_MAX_M 32
 #define BN_W2A8_WGMMA_MIN_M 128
-#define BN_W2A8_WGMMA_MIN_TILES 100
 #define BN_W2A8_WGMMA_SHORT_K 4096
 #define BN_W2A8_WGMMA_WS_MIN_TILES 64
-#define BN_W2A8_WGMMA_WS_MAX_TILES 264
+#define BN_W2A8_STREAMK_MIN_SAVED 64
 #define BN_W2A8_PIPE_MIN_TILES 256
 #define BN_W2A8_PIPE_SPLIT_MIN_K 8192
 cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int variant,
                                       cudaStream_t stream);
-/* The variant bn_w2a8_cuda_gemm runs for m rows, and a short name of a
- * variant with the split-K factor it would use for a (for the benchmark). */
-int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma);
+/* The variant bn_w2a8_cuda_gemm runs for m rows on a device of sm_count
+ * SMs (11 only with a stream-K workspace), and a short name of a variant
+ * with the split-K factor it would use for a (for the benchmark). */
+int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma, int sm_count);
 /* Whether the wgmma variants (5-10) can run on the current device. */
 int bn_w2a8_cuda_gemm_wgmma_usable(void);
 void bn_w2a8_cuda_gemm_describe(const bn_w2a8_cuda_args *a, int variant, char *buf, size_t size);
@@ -162,7 +166,12 @@ enum {
      * over the output tiles. cudaErrorNotSupported as well when the driver
      * cannot encode tensor maps. */
     BN_W2A8_WGMMA_128X128_TMA = 5,
-    BN_W2A8_WGMMA_CONFIGS = 6
+    /* As 128X128_TMA, with the k-tiles of all output tiles shared evenly by
+     * one block per SM (stream-K): a tile cut between blocks is summed
+     * through a->streamk (int32 partials and a counter per tile; the block
+     * completing the count stores it). cudaErrorInvalidValue without it. */
+    BN_W2A8_WGMMA_128X128_TMA_STREAMK = 6,
+    BN_W2A8_WGMMA_CONFIGS = 7
 };
 #define BN_W2A8_WGMMA_MAX_SPLIT 8
 /* Split 0 (or the call without split): chosen for the shape and
@@ -172,6 +181,15 @@ enum {
 cudaError_t bn_w2a8_cuda_gemm_wgmma(const bn_w2a8_cuda_args *a, int config, cudaStream_t stream);
 cudaError_t bn_w2a8_cuda_gemm_wgmma_split(const bn_w2a8_cuda_args *a, int config, int split,
                                           cudaStream_t stream);
+/* Bytes of the stream-K workspace (a->streamk) for up to sm_count SMs
+ * (a->sm_count; 0: 132). */
+size_t bn_w2a8_cuda_gemm_streamk_bytes(int sm_count);
+/* Checks the wgmma GEMMs' epilogue division (a row's reciprocal computed
+ * once, three instructions a value) against __fdiv_rn on `pairs` random
+ * (integer, scale) pairs drawn from seed: adds the pairs that differ to
+ * *mismatches (device memory). cudaErrorNotSupported without sm_90a code. */
+cudaError_t bn_w2a8_cuda_division_check(int64_t pairs, uint64_t seed,
+                                        unsigned long long *mismatches, cudaStream_t stream);
 /* The split the call above would use (1 for the configurations without). */
 int bn_w2a8_cuda_gemm_wgmma_split_factor(const bn_w2a8_cuda_args *a, int config, int split);
 int bn_w2a8_cuda_gemm_wgmma_compiled(void);

@@ -332,6 +332,85 @@ struct CfgWS {
     static_assert(kSmemBytes <= 227 * 1024, "fits one block's shared memory");
 };
 
+/* ---- Stream-K for the warp-specialized kernel ------------------------------
+ *
+ * The grid's G blocks share the k-tiles of all output tiles, T = tiles x
+ * n_kt in tile order, evenly: block b runs [b T / G, (b + 1) T / G). Its
+ * range cuts into segments, one per output tile it touches; a segment that
+ * is a whole tile is stored as usual. A partial one writes its int32
+ * partial sums to a slot of the workspace (the block's first segment to
+ * slot b, its last to slot G + b), and adds its k-tile count to the tile's
+ * counter; the segment that completes the count adds the other segments'
+ * slots to its own accumulators and stores the tile. int32 addition is
+ * exact in any order, so the result is the whole-tile kernel's bit for bit
+ * whichever block finishes last. The completing block resets the counter,
+ * so every call leaves the workspace's counters at zero (the caller zeroes
+ * them once, at allocation).
+ *
+ * Counters: one per partial tile, indexed by the block that runs the
+ * tile's last k-tile (distinct for distinct partial tiles: a block that
+ * ran the ends of two tiles ran the second whole). Layout of the
+ * workspace: kStreamkMaxBlocks counters (at fixed places, so calls with
+ * different grids share one workspace), then 2 G slots of 128 x 128 int32
+ * (value v of consumer thread c at v 256 + c, so a warp's stores are
+ * contiguous). Ordering: a segment's threads store their slot values, meet
+ * at the consumers' barrier, and one thread adds to the counter after a
+ * release fence; the completing one's acquire fence and a second barrier
+ * make every counted segment's values visible to its threads. */
+constexpr int kSlotInts = 128 * 128;
+constexpr int kStreamkMaxBlocks = 1024;
+
+__host__ __device__ __forceinline__ int64_t streamk_begin(int64_t b, int64_t total, int64_t grid)
+{
+    return b * total / grid;
+}
+
+/* The block whose range holds k-tile g. */
+__host__ __device__ __forceinline__ int64_t streamk_owner(int64_t g, int64_t total, int64_t grid)
+{
+    return ((g + 1) * grid - 1) / total;
+}
+
+/* The segments a block runs: whole tiles b, b + G, ... (no workspace), or
+ * its stream-K range cut at tile boundaries. */
+struct Segments {
+    int64_t n_kt, n_tiles, grid, next, end;
+    bool streamk;
+
+    __host__ __device__ Segments(int64_t b, int64_t grid_, int64_t n_tiles_, int64_t n_kt_,
+                                 bool streamk_)
+        : n_kt(n_kt_), n_tiles(n_tiles_), grid(grid_), streamk(streamk_)
+    {
+        if (streamk) {
+            next = streamk_begin(b, n_tiles * n_kt, grid);
+            end = streamk_begin(b + 1, n_tiles * n_kt, grid);
+        } else {
+            next = b;
+            end = n_tiles;
+        }
+    }
+
+    /* The next segment: k-tiles [kt0, kt1) of output tile `tile`. */
+    __host__ __device__ bool take(int64_t &tile, int &kt0, int &kt1)
+    {
+        if (next >= end)
+            return false;
+        if (!streamk) {
+            tile = next;
+            kt0 = 0;
+            kt1 = (int)n_kt;
+            next += grid;
+            return true;
+        }
+        tile = next / n_kt;
+        kt0 = (int)(next - tile * n_kt);
+        const int64_t left = end - next;
+        kt1 = left < n_kt - kt0 ? kt0 + (int)left : (int)n_kt;
+        next += kt1 - kt0;
+        return true;
+    }
+};
+
 } // namespace bn_wgmma
 
 namespace bn_wgmma {
@@ -345,33 +424,81 @@ __device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_
     return __fmul_rn(__fdiv_rn((float)acc, act_scale), w_scale);
 }
 
+/* ---- The epilogue's division, a row at a time ----------------------------
+ *
+ * __fdiv_rn(a, d) compiles to a range check of a and d (FCHK) and, where it
+ * passes, the reciprocal of d refined by one Newton step, the quotient, its
+ * residual and one correction (five FFMA and a MUFU.RCP); elsewhere a long
+ * software path. Per value that is ~15 instructions, and the branch around
+ * the slow path keeps the compiler from interleaving values, so a tile's
+ * epilogue (64 values a thread) ran as one long dependent chain. Here the
+ * reciprocal is computed once per row and the quotient takes three
+ * instructions, the same operations in the same order as that fast path,
+ * where a is an integer-valued float of magnitude at most 2^31 and d lies in
+ * [2^-90, 2^100] (quotients far from overflow and underflow, where the range
+ * check passes); other rows divide with __fdiv_rn. bn_w2a8_cuda_division_check
+ * compares the two on random pairs (test_cuda_kernels). */
+__device__ __forceinline__ bool row_div_fast(float d)
+{
+    return d >= 0x1p-90f && d <= 0x1p100f;
+}
+
+__device__ __forceinline__ float row_reciprocal(float d)
+{
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+    return __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
+}
+
+__device__ __forceinline__ float row_div(float a, float d, float r)
+{
+    const float q = __fmul_rn(a, r);
+    return __fmaf_rn(r, __fmaf_rn(-d, q, a), q);
+}
+
 /* Stores accumulator group j (activation rows 8 j .. 8 j + 7 of the tile)
  * of a warpgroup's MI slices (CUTLASS CLayout_64xN): accumulator 4 j + v of
  * slice i is weight row 16 wq + gid + 8 (v >> 1) of slice slice0 + i,
  * activation row 8 j + 2 tig + (v & 1); stored transposed, y[act row][weight
- * row]. col0 = the block's first weight row + 16 wq + gid. */
+ * row]. col0 = the block's first weight row + 16 wq + gid; tile_scale and
+ * tile_sum hold the scales and sums of the tile's activation rows (m0 on). */
 template <int MI, int ACC>
 __device__ __forceinline__ void store_group(const int32_t (&acc)[MI][ACC], int j, int64_t m0,
                                             int64_t m, int64_t n, int64_t col0, int slice0,
-                                            int tig, const float *act_scale,
-                                            const int32_t *act_sum, float w_scale, float *y,
+                                            int tig, const float *tile_scale,
+                                            const int32_t *tile_sum, float w_scale, float *y,
                                             int64_t ldy)
 {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        const int64_t row = m0 + 8 * j + 2 * tig + h;
+        const int r = 8 * j + 2 * tig + h; /* row of the tile */
+        const int64_t row = m0 + r;
         if (row >= m)
             continue;
-        const float sc = act_scale[row];
-        const int32_t sum = act_sum[row];
+        const float sc = tile_scale[r];
+        const int32_t sum = tile_sum[r];
         float *yrow = y + row * ldy;
+        if (row_div_fast(sc)) {
+            const float rc = row_reciprocal(sc);
 #pragma unroll
-        for (int i = 0; i < MI; i++) {
+            for (int i = 0; i < MI; i++) {
 #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int64_t col = col0 + 64 * (slice0 + i) + 8 * half;
-                if (col < n)
-                    yrow[col] = epilogue(acc[i][4 * j + 2 * half + h] - sum, sc, w_scale);
+                for (int half = 0; half < 2; half++) {
+                    const int64_t col = col0 + 64 * (slice0 + i) + 8 * half;
+                    const float a = (float)(acc[i][4 * j + 2 * half + h] - sum);
+                    if (col < n)
+                        yrow[col] = __fmul_rn(row_div(a, sc, rc), w_scale);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < MI; i++) {
+#pragma unroll
+                for (int half = 0; half < 2; half++) {
+                    const int64_t col = col0 + 64 * (slice0 + i) + 8 * half;
+                    if (col < n)
+                        yrow[col] = epilogue(acc[i][4 * j + 2 * half + h] - sum, sc, w_scale);
+                }
             }
         }
     }
@@ -739,7 +866,8 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
     for (int j = 0; j < BA / 8; j++) {
         if (SPLITK && split > 1 && !split_owns(j, split, rank))
             continue; /* another block of the cluster stores it */
-        store_group<MI>(acc, j, m0, m, n, col0, MI * g, tig, act_scale, act_sum, w_scale, y, ldy);
+        store_group<MI>(acc, j, m0, m, n, col0, MI * g, tig, act_scale + m0, act_sum + m0,
+                        w_scale, y, ldy);
     }
 #else
     (void)w, (void)x, (void)ldx, (void)m, (void)n, (void)tiles, (void)groups, (void)split;
@@ -891,7 +1019,8 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
     const int64_t col0 = tile0 * kTileRows + 16 * wq + gid;
 #pragma unroll
     for (int j = 0; j < BA / 8; j++)
-        store_group<MI>(acc, j, m0, m, n, col0, MI * g, tig, act_scale, act_sum, w_scale, y, ldy);
+        store_group<MI>(acc, j, m0, m, n, col0, MI * g, tig, act_scale + m0, act_sum + m0,
+                        w_scale, y, ldy);
 #else
     (void)w, (void)x, (void)ldx, (void)m, (void)n, (void)tiles, (void)groups, (void)split;
     (void)act_scale;
@@ -899,12 +1028,73 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
 #endif
 }
 
+#if BN_WGMMA_DEVICE
+
+/* 4 bytes global -> shared (.ca); ok == false zero-fills them. */
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(ok ? 4 : 0)
+                 : "memory");
+}
+
+/* The two consumer warpgroups' barrier (named barrier 1, 256 threads). */
+__device__ __forceinline__ void consumer_sync()
+{
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+}
+
+/* A partial segment's turn (consumer thread c of 256, accumulators final):
+ * returns true when this segment completed the tile, its accumulators now
+ * holding the whole tile's sums. *last is shared memory. */
+template <int ACC>
+__device__ bool streamk_fixup(int32_t (&acc)[ACC], int32_t *ws, int64_t b, int64_t grid,
+                              int64_t n_tiles, int64_t n_kt, int64_t tile, int kt0, int kt1, int c,
+                              int *last)
+{
+    const int64_t total = n_tiles * n_kt, t0 = tile * n_kt;
+    int *const counters = reinterpret_cast<int *>(ws);
+    int32_t *const slots = ws + kStreamkMaxBlocks;
+    const bool first = t0 + kt0 == streamk_begin(b, total, grid);
+    int32_t *mine = slots + (first ? b : grid + b) * kSlotInts + c;
+#pragma unroll
+    for (int v = 0; v < ACC; v++)
+        __stcg(mine + v * 256, acc[v]);
+    consumer_sync();
+    const int64_t lo = streamk_owner(t0, total, grid), hi = streamk_owner(t0 + n_kt - 1, total, grid);
+    if (c == 0) {
+        const int got = kt1 - kt0;
+        asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); /* release the slot */
+        *last = atomicAdd(counters + hi, got) + got == (int)n_kt;
+        if (*last)
+            asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); /* acquire the others' */
+    }
+    consumer_sync();
+    if (!*last)
+        return false;
+    for (int64_t o = lo; o <= hi; o++) {
+        if (o == b)
+            continue;
+        const int64_t slot = streamk_begin(o, total, grid) >= t0 ? o : grid + o;
+        const int32_t *theirs = slots + slot * kSlotInts + c;
+#pragma unroll
+        for (int v = 0; v < ACC; v++)
+            acc[v] += __ldcg(theirs + v * 256);
+    }
+    if (c == 0)
+        counters[hi] = 0; /* every other segment has counted */
+    return true;
+}
+
+#endif /* BN_WGMMA_DEVICE */
+
 template <int STAGES, int PW>
 __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
     wgmma_ws_kernel(int64_t m, int64_t n, int64_t tiles, int64_t groups, int64_t m_blocks,
                     int64_t n_tiles, const float *__restrict__ act_scale,
                     const int32_t *__restrict__ act_sum, float w_scale, float *__restrict__ y,
-                    int64_t ldy, const __grid_constant__ CUtensorMap act_map,
+                    int64_t ldy, int32_t *__restrict__ streamk,
+                    const __grid_constant__ CUtensorMap act_map,
                     const __grid_constant__ CUtensorMap w_map)
 {
 #if BN_WGMMA_DEVICE
@@ -913,6 +1103,11 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
     constexpr int BK = C::kBK;
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t full_bar[S], empty_bar[S], copied_bar[S];
+    /* The epilogue's scales and sums of a segment's tile, copied while its
+     * k-tiles run (two buffers: segments alternate). */
+    __shared__ __align__(16) float tile_scale[2][C::kBA];
+    __shared__ __align__(16) int32_t tile_sum[2][C::kBA];
+    __shared__ int last_segment;
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     const uint32_t sbase = (raw + 1023u) & ~1023u;
     uint8_t *const sptr = smem_raw + (sbase - raw);
@@ -922,11 +1117,8 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n_kt = (int)(groups * (256 / BK));
-    /* The output tiles of this block: i-th is blockIdx.x + i gridDim.x. */
-    const int64_t my_tiles =
-        n_tiles > (int64_t)blockIdx.x ? (n_tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-    auto tile_origin = [&](int64_t i, int64_t &m0, int64_t &tile0) {
-        const int64_t t = (int64_t)blockIdx.x + i * gridDim.x;
+    const int64_t b = blockIdx.x, grid = gridDim.x;
+    auto tile_origin = [&](int64_t t, int64_t &m0, int64_t &tile0) {
         m0 = (t % m_blocks) * C::kBA;
         tile0 = (t / m_blocks) * (C::kBW / kTileRows);
     };
@@ -940,6 +1132,10 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
     }
     __syncthreads();
 
+    Segments segs(b, grid, n_tiles, n_kt, streamk != nullptr);
+    int64_t tile;
+    int kt0, kt1;
+
     if (warp == C::kIssuerWarp) {
         /* ---- copy issuer ---- */
         if (lane == 0) {
@@ -947,10 +1143,10 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
             int slot = 0;
             uint32_t phase = 0;
             bool reuse = false; /* the stage held an earlier k-tile */
-            for (int64_t i = 0; i < my_tiles; i++) {
+            while (segs.take(tile, kt0, kt1)) {
                 int64_t m0, tile0;
-                tile_origin(i, m0, tile0);
-                for (int kt = 0; kt < n_kt; kt++) {
+                tile_origin(tile, m0, tile0);
+                for (int kt = kt0; kt < kt1; kt++) {
                     if (reuse)
                         mbar_wait(empty0 + 8 * slot, phase ^ 1u);
                     const uint32_t as = sbase + (uint32_t)(slot * C::kStageBytes);
@@ -977,49 +1173,66 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
          * c % 8 = tid % 8 only: the addresses are fixed per thread. */
         const int went = tid & 15;
         const int wrow = 8 * (tid >> 4) + (went & 7), wchunk0 = 4 * (went >> 3);
-        const int64_t total = my_tiles * n_kt;
         int slot = 0;
         uint32_t phase = 0;
-        for (int64_t g = 0; g < total; g++) {
-            mbar_wait(copied0 + 8 * slot, phase);
-            const uint8_t *pk = sptr + slot * C::kStageBytes + C::kActBytes + C::kWBytes;
-            uint8_t *ap = sptr + slot * C::kStageBytes + C::kActBytes;
+        while (segs.take(tile, kt0, kt1)) {
+            for (int kt = kt0; kt < kt1; kt++) {
+                mbar_wait(copied0 + 8 * slot, phase);
+                const uint8_t *pk = sptr + slot * C::kStageBytes + C::kActBytes + C::kWBytes;
+                uint8_t *ap = sptr + slot * C::kStageBytes + C::kActBytes;
 #pragma unroll
-            for (int q = 0; q < C::kPackedPerThread; q++) {
-                const uint4 v =
-                    *reinterpret_cast<const uint4 *>(pk + (q * C::kExpanders + tid) * 16);
-                const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
-                uint8_t *rowp = ap + (q * (C::kExpanders / 2) + wrow) * 128;
+                for (int q = 0; q < C::kPackedPerThread; q++) {
+                    const uint4 v =
+                        *reinterpret_cast<const uint4 *>(pk + (q * C::kExpanders + tid) * 16);
+                    const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+                    uint8_t *rowp = ap + (q * (C::kExpanders / 2) + wrow) * 128;
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    *reinterpret_cast<uint4 *>(rowp + (((wchunk0 + j) ^ (wrow & 7)) << 4)) =
-                        make_uint4(expand_codes(wd[j], 0), expand_codes(wd[j], 1),
-                                   expand_codes(wd[j], 2), expand_codes(wd[j], 3));
-            }
-            fence_proxy_async();
-            mbar_arrive(full0 + 8 * slot);
-            if (++slot == S) {
-                slot = 0;
-                phase ^= 1u;
+                    for (int j = 0; j < 4; j++)
+                        *reinterpret_cast<uint4 *>(rowp + (((wchunk0 + j) ^ (wrow & 7)) << 4)) =
+                            make_uint4(expand_codes(wd[j], 0), expand_codes(wd[j], 1),
+                                       expand_codes(wd[j], 2), expand_codes(wd[j], 3));
+                }
+                fence_proxy_async();
+                mbar_arrive(full0 + 8 * slot);
+                if (++slot == S) {
+                    slot = 0;
+                    phase ^= 1u;
+                }
             }
         }
         return;
     }
 
     /* ---- consumer warpgroups ---- */
+    const int ctid = tid - C::kExpanders; /* 0 .. 255 */
     const int cg = (warp >> 2) - PW, wq = warp & 3;
     const int gid = lane >> 2, tig = lane & 3;
     int slot = 0, prev = 0; /* stage of this k-tile and of the one before */
     uint32_t phase = 0;
-    /* Each tile's first wgmma overwrites the accumulators (accumulate 0). */
+    /* A segment's first wgmma overwrites the accumulators (accumulate 0). */
     int32_t acc[1][C::kAcc];
 #pragma unroll
     for (int v = 0; v < C::kAcc; v++)
         acc[0][v] = 0;
-    for (int64_t i = 0; i < my_tiles; i++) {
+    for (int seg = 0; segs.take(tile, kt0, kt1); seg++) {
         int64_t m0, tile0;
-        tile_origin(i, m0, tile0);
-        for (int kt = 0; kt < n_kt; kt++) {
+        tile_origin(tile, m0, tile0);
+        /* The tile's scales (threads 0-127) and sums (128-255), in flight
+         * while the k-tiles run; rows past m read as zero and are not
+         * stored. Buffer seg % 2 was last read in segment seg - 2's
+         * epilogue, before segment seg - 1's closing barrier. */
+        {
+            const int r = ctid & (C::kBA - 1);
+            const bool ok = m0 + r < m;
+            if (ctid < C::kBA)
+                cp_async4((uint32_t)__cvta_generic_to_shared(&tile_scale[seg & 1][r]),
+                          act_scale + (ok ? m0 + r : 0), ok);
+            else
+                cp_async4((uint32_t)__cvta_generic_to_shared(&tile_sum[seg & 1][r]),
+                          act_sum + (ok ? m0 + r : 0), ok);
+            cp_async_commit();
+        }
+        for (int kt = kt0; kt < kt1; kt++) {
             mbar_wait(full0 + 8 * slot, phase);
             mbar_wait(copied0 + 8 * slot, phase);
             wgmma_fence();
@@ -1029,10 +1242,10 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
             for (int st = 0; st < C::kSteps; st++)
                 wgmma_ss<128>(acc[0], sw128_desc(a_addr + ss_a_step_offset<C::kBW>(cg, st)),
                               sw128_desc(stage_addr + act_step_offset<C::kBA>(st)),
-                              kt > 0 || st > 0);
+                              kt > kt0 || st > 0);
             wgmma_commit();
             wgmma_wait<1>();
-            if (kt > 0)
+            if (kt > kt0)
                 mbar_arrive(empty0 + 8 * prev);
             prev = slot;
             if (++slot == S) {
@@ -1046,16 +1259,24 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
         for (int v = 0; v < C::kAcc; v++)
             pin(acc[0][v]);
 
-        /* Epilogue (store_group): consumer cg is slice cg. */
-        const int64_t col0 = tile0 * kTileRows + 16 * wq + gid;
+        const bool whole = kt0 == 0 && kt1 == n_kt;
+        const bool store = whole || streamk_fixup(acc[0], streamk, b, grid, n_tiles, n_kt, tile,
+                                                  kt0, kt1, ctid, &last_segment);
+        cp_async_wait<0>();
+        consumer_sync(); /* every consumer's scales and sums landed */
+        if (store) {
+            /* Epilogue (store_group): consumer cg is slice cg. */
+            const int64_t col0 = tile0 * kTileRows + 16 * wq + gid;
 #pragma unroll
-        for (int j = 0; j < C::kBA / 8; j++)
-            store_group<1>(acc, j, m0, m, n, col0, cg, tig, act_scale, act_sum, w_scale, y, ldy);
+            for (int j = 0; j < C::kBA / 8; j++)
+                store_group<1>(acc, j, m0, m, n, col0, cg, tig, tile_scale[seg & 1],
+                               tile_sum[seg & 1], w_scale, y, ldy);
+        }
     }
 #else
     (void)m, (void)n, (void)tiles, (void)groups, (void)m_blocks, (void)n_tiles;
-    (void)act_scale, (void)act_sum, (void)w_scale, (void)y, (void)ldy, (void)act_map;
-    (void)w_map;
+    (void)act_scale, (void)act_sum, (void)w_scale, (void)y, (void)ldy, (void)streamk;
+    (void)act_map, (void)w_map;
 #endif
 }
 
@@ -1270,14 +1491,18 @@ cudaError_t byte_map(CUtensorMap *map, const void *base, uint64_t cols, uint64_t
 }
 
 /* The warp-specialized persistent kernel: one block per SM (at most one per
- * output tile), copies through tensor maps of both operands. */
+ * output tile, or per k-tile with stream-K), copies through tensor maps of
+ * both operands; with `streamk`, the blocks share the k-tiles evenly
+ * through a->streamk. */
 template <int STAGES, int PW>
 struct LaunchWS {
     using C = CfgWS<STAGES, PW>;
 
-    static cudaError_t run(const bn_w2a8_cuda_args *a, cudaStream_t stream)
+    static cudaError_t run(const bn_w2a8_cuda_args *a, bool streamk, cudaStream_t stream)
     {
         auto kernel = wgmma_ws_kernel<STAGES, PW>;
+        if (streamk && (!a->streamk || (reinterpret_cast<uintptr_t>(a->streamk) & 15) != 0))
+            return cudaErrorInvalidValue;
         bool nothing = false;
         cudaError_t rc = prepare(a, kernel, C::kSmemBytes, &nothing);
         if (rc != cudaSuccess || nothing)
@@ -1298,11 +1523,15 @@ struct LaunchWS {
         if (rc != cudaSuccess)
             return rc;
         const int64_t n_tiles = m_blocks * n_blocks;
-        const int sms = a->sm_count > 0 ? a->sm_count : 132;
-        const unsigned grid = (unsigned)(n_tiles < sms ? n_tiles : sms);
+        int sms = a->sm_count > 0 ? a->sm_count : 132;
+        if (streamk && sms > kStreamkMaxBlocks)
+            sms = kStreamkMaxBlocks;
+        /* Stream-K shares k-tiles (the workspace is sized for sms blocks). */
+        const int64_t units = streamk ? n_tiles * a->groups * (256 / C::kBK) : n_tiles;
+        const unsigned grid = (unsigned)(units < sms ? units : sms);
         kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(
             a->m, a->n, a->tiles, a->groups, m_blocks, n_tiles, a->act_scale, a->act_sum,
-            a->weight_scale, a->y, a->ldy, act_map, w_map);
+            a->weight_scale, a->y, a->ldy, streamk ? a->streamk : nullptr, act_map, w_map);
         return cudaGetLastError();
     }
 };
@@ -1329,7 +1558,8 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma_split(const bn_w2a8_cuda_args *a,
     case BN_W2A8_WGMMA_128X128_SS:
         return Launch<2, 1, 128, 128, 6, 1, false, 3>::run(a, 1, stream);
     /*                                         S  expander warpgroups */
-    case BN_W2A8_WGMMA_128X128_TMA: return LaunchWS<6, 2>::run(a, stream);
+    case BN_W2A8_WGMMA_128X128_TMA: return LaunchWS<6, 2>::run(a, false, stream);
+    case BN_W2A8_WGMMA_128X128_TMA_STREAMK: return LaunchWS<6, 2>::run(a, true, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -1338,6 +1568,66 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma(const bn_w2a8_cuda_args *a, int c
                                                cudaStream_t stream)
 {
     return bn_w2a8_cuda_gemm_wgmma_split(a, config, 0, stream);
+}
+
+namespace bn_wgmma {
+namespace {
+
+/* Pair i of the division check: a an integer of 1 to 31 bits (either
+ * sign), d a float in [2^-90, 2^100] with a random mantissa (splitmix64 of
+ * seed + i). Counts the pairs where row_div differs from __fdiv_rn. */
+__global__ void division_check_kernel(int64_t pairs, uint64_t seed,
+                                      unsigned long long *mismatches)
+{
+#if BN_WGMMA_DEVICE
+    unsigned long long bad = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < pairs;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t z = seed + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        const int bits = 1 + (int)(z % 31);
+        int32_t ai = (int32_t)((z >> 8) & ((1ull << bits) - 1));
+        if (z & 0x80)
+            ai = -ai;
+        const int e = -90 + (int)((z >> 40) % 190);
+        const float d = __uint_as_float(((uint32_t)(e + 127) << 23) | (uint32_t)(z >> 41 & 0x7FFFFF));
+        const float a = (float)ai;
+        const float ref = __fdiv_rn(a, d);
+        const float got = row_div(a, d, row_reciprocal(d));
+        if (!row_div_fast(d) || __float_as_uint(ref) != __float_as_uint(got))
+            bad++;
+    }
+    if (bad)
+        atomicAdd(mismatches, bad);
+#else
+    (void)pairs, (void)seed, (void)mismatches;
+#endif
+}
+
+} // namespace
+} // namespace bn_wgmma
+
+extern "C" cudaError_t bn_w2a8_cuda_division_check(int64_t pairs, uint64_t seed,
+                                                   unsigned long long *mismatches,
+                                                   cudaStream_t stream)
+{
+    if (!BN_W2A8_WGMMA_SM90A)
+        return cudaErrorNotSupported;
+    if (pairs <= 0 || !mismatches)
+        return cudaErrorInvalidValue;
+    bn_wgmma::division_check_kernel<<<1024, 256, 0, stream>>>(pairs, seed, mismatches);
+    return cudaGetLastError();
+}
+
+extern "C" size_t bn_w2a8_cuda_gemm_streamk_bytes(int sm_count)
+{
+    using namespace bn_wgmma;
+    size_t g = (size_t)(sm_count > 0 ? sm_count : 132);
+    if (g > (size_t)kStreamkMaxBlocks)
+        g = kStreamkMaxBlocks;
+    return (kStreamkMaxBlocks + 2 * g * kSlotInts) * sizeof(int32_t);
 }
 
 extern "C" int bn_w2a8_cuda_gemm_wgmma_split_factor(const bn_w2a8_cuda_args *a, int config,

@@ -825,30 +825,43 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int
     case 8: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_SPLITK, stream);
     case 9: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_SS, stream);
     case 10: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_TMA, stream);
+    case 11: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_TMA_STREAMK, stream);
     default: return cudaErrorInvalidValue;
     }
 }
 
+/* Whether stream-K (variant 11) saves the warp-specialized kernel's busiest
+ * SM at least BN_W2A8_STREAMK_MIN_SAVED k-tiles: whole tiles put
+ * ceil(tiles / G) tiles on it, stream-K an even share of all k-tiles. */
+static bool streamk_pays(int64_t wg_tiles, int64_t k, int sm_count)
+{
+    const int64_t n_kt = (k + 127) / 128, total = wg_tiles * n_kt;
+    const int64_t grid = sm_count > 0 ? sm_count : 132;
+    if (grid <= 1 || total <= 0)
+        return false;
+    const int64_t whole = (wg_tiles + grid - 1) / grid * n_kt;
+    const int64_t even = (total + grid - 1) / grid;
+    return whole - even >= BN_W2A8_STREAMK_MIN_SAVED;
+}
+
 /* Measured on an H200 at M = 512 (docs/PERFORMANCE.md). With Hopper's
- * wgmma available (sm_90a code, a 9.0 device) its 128 x 128 kernels win on
- * every shape: the warp-specialized persistent one (10) up to about two
- * tiles per SM (2560 x 2560, 3840 x 2560, 2560 x 6912, 5120 x 27648), the
- * two-blocks-per-SM one (7) beyond (13824 x 2560 and up). Without it:
- * the pipelined 64 x 256 kernel once its tiles fill every SM about twice;
- * with fewer tiles, split-K for long rows, else the 64 x 64 tiled kernel. */
-extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma)
+ * wgmma available (sm_90a code, a 9.0 device) the warp-specialized
+ * persistent kernel (10) wins on every measured shape (its per-row
+ * division epilogue took each tile's fixed cost from ~7 to ~2 us), with
+ * stream-K (11) where whole tiles leave the busiest SM far behind the
+ * others (5120 x 27648: 160 tiles of 216 k-tiles on 132 SMs). Without
+ * wgmma: the pipelined 64 x 256 kernel once its tiles fill every SM about
+ * twice; with fewer tiles, split-K for long rows, else the 64 x 64 tiled
+ * kernel. */
+extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma,
+                                                 int sm_count)
 {
     if (m <= BN_W2A8_SKINNY_MAX_M)
         return 1;
     const int64_t wg_tiles = ((m + 127) / 128) * ((n + 127) / 128);
-    if (wgmma && m >= BN_W2A8_WGMMA_MIN_M) {
-        const bool long_k = k >= BN_W2A8_WGMMA_SHORT_K;
-        if (wg_tiles <= BN_W2A8_WGMMA_WS_MAX_TILES &&
-            (wg_tiles >= BN_W2A8_WGMMA_WS_MIN_TILES || long_k))
-            return 10;
-        if (wg_tiles >= BN_W2A8_WGMMA_MIN_TILES || long_k)
-            return 7;
-    }
+    if (wgmma && m >= BN_W2A8_WGMMA_MIN_M &&
+        (wg_tiles >= BN_W2A8_WGMMA_WS_MIN_TILES || k >= BN_W2A8_WGMMA_SHORT_K))
+        return streamk_pays(wg_tiles, k, sm_count) ? 11 : 10;
     const int64_t tiles = ((m + 63) / 64) * ((n + 255) / 256);
     if (tiles >= BN_W2A8_PIPE_MIN_TILES)
         return 3;
@@ -872,12 +885,14 @@ extern "C" int bn_w2a8_cuda_gemm_wgmma_usable(void)
 extern "C" cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream)
 {
     const int64_t k = a->groups * BN_CUDA_GROUP; /* the padded row length */
-    const int v = bn_w2a8_cuda_gemm_default_variant(a->m, a->n, k,
-                                                    bn_w2a8_cuda_gemm_wgmma_usable());
+    int v = bn_w2a8_cuda_gemm_default_variant(a->m, a->n, k, bn_w2a8_cuda_gemm_wgmma_usable(),
+                                              a->sm_count);
+    if (v == 11 && !a->streamk)
+        v = 10; /* no stream-K workspace: whole tiles */
     const cudaError_t rc = bn_w2a8_cuda_gemm_variant(a, v, stream);
     /* The warp-specialized kernel also needs the driver's tensor-map
      * encoder; without it, the other wgmma kernel (nothing was launched). */
-    if (rc == cudaErrorNotSupported && v == 10)
+    if (rc == cudaErrorNotSupported && (v == 10 || v == 11))
         return bn_w2a8_cuda_gemm_variant(a, 7, stream);
     return rc;
 }

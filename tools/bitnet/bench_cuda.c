@@ -297,7 +297,7 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
         const int64_t m = o->ms[mi];
         int8_t *d_x = NULL;
         float *d_xf = NULL, *d_scale = NULL, *d_y = NULL;
-        int32_t *d_sum = NULL, *d_ws = NULL;
+        int32_t *d_sum = NULL, *d_ws = NULL, *d_streamk = NULL;
         void *d_xb = NULL, *d_yb = NULL;
         CK(cudaMalloc((void **)&d_x, (size_t)(m * l.k_padded)));
         CK(cudaMalloc((void **)&d_xf, (size_t)(m * k) * sizeof(float)));
@@ -305,6 +305,9 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
         CK(cudaMalloc((void **)&d_sum, (size_t)m * sizeof(int32_t)));
         CK(cudaMalloc((void **)&d_y, (size_t)(m * n) * sizeof(float)));
         CK(cudaMalloc((void **)&d_ws, (size_t)(m * n) * sizeof(int32_t)));
+        const size_t streamk_bytes = bn_w2a8_cuda_gemm_streamk_bytes(sm_count);
+        CK(cudaMalloc((void **)&d_streamk, streamk_bytes));
+        CK(cudaMemset(d_streamk, 0, streamk_bytes));
         CK(cudaMalloc(&d_xb, (size_t)(m * k) * 2));
         CK(cudaMalloc(&d_yb, (size_t)(m * n) * 2));
         CK(cudaMemset(d_xf, 0x3f, (size_t)(m * k) * sizeof(float))); /* ~0.75: real values */
@@ -316,7 +319,8 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
         const double quant_us = time_calls(launch_quant, &q, s, o->launches, o->reps, &graph_q);
 
         w.args = (bn_w2a8_cuda_args){NULL,  n,       l.tiles, l.groups, 0.02f,    d_x, m,
-                                     l.k_padded, d_scale, d_sum, d_y,   n,  d_ws,  sm_count, 0};
+                                     l.k_padded, d_scale, d_sum, d_y,   n,  d_ws,  sm_count, 0,
+                                     d_streamk};
         w.split = bn_w2a8_cuda_gemv_split(l.tiles, l.groups, sm_count);
         c.x = d_xb;
         c.y = d_yb;
@@ -404,8 +408,9 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
             else {
                 char name[40];
                 const int gemm = o->variants ? v
-                                               : bn_w2a8_cuda_gemm_default_variant(
-                                                     m, n, l.k, bn_w2a8_cuda_gemm_wgmma_usable());
+                                             : bn_w2a8_cuda_gemm_default_variant(
+                                                   m, n, l.k_padded,
+                                                   bn_w2a8_cuda_gemm_wgmma_usable(), sm_count);
                 bn_w2a8_cuda_gemm_describe(&w.args, gemm, name, sizeof name);
                 snprintf(kernel, sizeof kernel, "gemm %s", name);
             }
@@ -431,6 +436,7 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
         cudaFree(d_sum);
         cudaFree(d_y);
         cudaFree(d_ws);
+        cudaFree(d_streamk);
         cudaFree(d_xb);
         cudaFree(d_yb);
     }
