@@ -147,7 +147,8 @@ int bn_w2a8_cuda_gemm_pipelined_split(const bn_w2a8_cuda_args *a, int config, in
  * as the shared-memory B operand. Configurations name weight rows x
  * activation rows per block. Needs compute capability 9.0 and this file
  * built for sm_90a (bn_w2a8_cuda_gemm_wgmma_compiled()); otherwise it
- * returns cudaErrorNotSupported and launches nothing. Needs no workspace. */
+ * returns cudaErrorNotSupported and launches nothing. Needs no workspace
+ * but for stream-K (a->streamk). */
 enum {
     BN_W2A8_WGMMA_256X128 = 0,     /* 2 warpgroups, 1 block per SM  */
     BN_W2A8_WGMMA_128X128_1WG = 1, /* 1 warpgroup, 2 blocks per SM  */

@@ -71,6 +71,8 @@
  *                (tensor memory accelerator), two expanding warpgroups, two
  *                consuming warpgroups (wgmma_ws_kernel, below): 6 stages of
  *                36 KB, 1 block per SM looping over output tiles.
+ *   128x128 tma stream-K: the same kernel with the k-tiles of all output
+ *                tiles shared evenly by the blocks (Segments, below).
  *
  * Per k, 256x128 moves 256 / 4 + 128 = 192 bytes into shared memory for
  * 32768 multiply-adds (5.9e-3 B per multiply-add, the 64x256 mma.sync
