@@ -117,7 +117,7 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
 #define BN_W2A8_WGMMA_MIN_M 128
 #define BN_W2A8_WGMMA_SHORT_K 4096
 #define BN_W2A8_WGMMA_WS_MIN_TILES 64
-#define BN_W2A8_STREAMK_MIN_SAVED 64
+#define BN_W2A8_STREAMK_MIN_SAVED 20
 #define BN_W2A8_PIPE_MIN_TILES 256
 #define BN_W2A8_PIPE_SPLIT_MIN_K 8192
 cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int variant,

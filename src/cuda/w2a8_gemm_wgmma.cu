@@ -354,11 +354,13 @@ struct CfgWS {
  * ran the ends of two tiles ran the second whole). Layout of the
  * workspace: kStreamkMaxBlocks counters (at fixed places, so calls with
  * different grids share one workspace), then 2 G slots of 128 x 128 int32
- * (value v of consumer thread c at v 256 + c, so a warp's stores are
- * contiguous). Ordering: a segment's threads store their slot values, meet
- * at the consumers' barrier, and one thread adds to the counter after a
- * release fence; the completing one's acquire fence and a second barrier
- * make every counted segment's values visible to its threads. */
+ * (values 4 q .. 4 q + 3 of consumer thread c as the int4 at q 256 + c, so a
+ * warp's stores are contiguous). Ordering: a segment's threads store their
+ * slot values, meet at the consumers' barrier, and one thread adds to the
+ * counter after a release fence; the completing one's acquire fence and a
+ * second barrier make every counted segment's values visible to its
+ * threads. A segment that finds (acquire load) every other one counted
+ * completes the tile without storing its own. */
 constexpr int kSlotInts = 128 * 128;
 constexpr int kStreamkMaxBlocks = 1024;
 
@@ -506,13 +508,21 @@ __device__ __forceinline__ void store_group(const int32_t (&acc)[MI][ACC], int j
     }
 }
 
-/* 16 bytes global -> shared (.cg); with ok == false nothing is read and the
- * 16 bytes are zero-filled (src-size 0). */
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok)
+/* BYTES (4, 8 or 16) global -> shared; with ok == false nothing is read and
+ * they are zero-filled (src-size 0). 16 bytes bypass L1 (.cg); smaller
+ * copies can only go through it (.ca). */
+template <int BYTES>
+__device__ __forceinline__ void cp_async(uint32_t dst, const void *src, bool ok)
 {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(ok ? 16 : 0)
-                 : "memory");
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async sizes");
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                     "r"(ok ? 16 : 0)
+                     : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src),
+                     "n"(BYTES), "r"(ok ? BYTES : 0)
+                     : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit()
@@ -717,7 +727,7 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
             const bool ok = m0 + row < m;
             const int8_t *src =
                 ok ? x + (m0 + row) * ldx + (int64_t)(kt0 + kt) * BK + chunk * 16 : x;
-            cp_async16(as + act_offset<BA>(row, chunk), src, ok);
+            cp_async<16>(as + act_offset<BA>(row, chunk), src, ok);
         }
 #pragma unroll
         for (int p = 0; p < C::kWChunks / C::kThreads; p++) {
@@ -729,7 +739,7 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
             const uint8_t *src = ok ? w + (tile0 + t) * groups * kBlockBytes +
                                           (int64_t)(kt0 + kt) * C::kWTileBytes + e * 16
                                     : w;
-            cp_async16(ws + (uint32_t)(t * C::kWTileBytes + e * 16), src, ok);
+            cp_async<16>(ws + (uint32_t)(t * C::kWTileBytes + e * 16), src, ok);
         }
     };
 
@@ -937,7 +947,7 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
             const int row = c / (BK / 16), chunk = c % (BK / 16);
             const bool ok = m0 + row < m;
             const int8_t *src = ok ? x + (m0 + row) * ldx + (int64_t)kt * BK + chunk * 16 : x;
-            cp_async16(as + act_offset<BA>(row, chunk), src, ok);
+            cp_async<16>(as + act_offset<BA>(row, chunk), src, ok);
         }
 #pragma unroll
         for (int p = 0; p < C::kWChunks / C::kThreads; p++) {
@@ -947,7 +957,7 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
             const uint8_t *src = ok ? w + (tile0 + t) * groups * kBlockBytes +
                                           (int64_t)kt * C::kWTileBytes + e * 16
                                     : w;
-            cp_async16(ws + (uint32_t)(c * 16), src, ok);
+            cp_async<16>(ws + (uint32_t)(c * 16), src, ok);
         }
     };
 
@@ -1032,14 +1042,6 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
 
 #if BN_WGMMA_DEVICE
 
-/* 4 bytes global -> shared (.ca); ok == false zero-fills them. */
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, bool ok)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(ok ? 4 : 0)
-                 : "memory");
-}
-
 /* The two consumer warpgroups' barrier (named barrier 1, 256 threads). */
 __device__ __forceinline__ void consumer_sync()
 {
@@ -1054,34 +1056,51 @@ __device__ bool streamk_fixup(int32_t (&acc)[ACC], int32_t *ws, int64_t b, int64
                               int64_t n_tiles, int64_t n_kt, int64_t tile, int kt0, int kt1, int c,
                               int *last)
 {
+    static_assert(ACC % 4 == 0, "slots hold int4s");
     const int64_t total = n_tiles * n_kt, t0 = tile * n_kt;
     int *const counters = reinterpret_cast<int *>(ws);
-    int32_t *const slots = ws + kStreamkMaxBlocks;
-    const bool first = t0 + kt0 == streamk_begin(b, total, grid);
-    int32_t *mine = slots + (first ? b : grid + b) * kSlotInts + c;
-#pragma unroll
-    for (int v = 0; v < ACC; v++)
-        __stcg(mine + v * 256, acc[v]);
-    consumer_sync();
+    int4 *const slots = reinterpret_cast<int4 *>(ws + kStreamkMaxBlocks);
     const int64_t lo = streamk_owner(t0, total, grid), hi = streamk_owner(t0 + n_kt - 1, total, grid);
+    const int got = kt1 - kt0;
+    /* Every other segment already counted: this one completes the tile and
+     * need not store its partial sums (the usual case for the segment that
+     * a block runs last, the others having run at their blocks' starts). */
     if (c == 0) {
-        const int got = kt1 - kt0;
-        asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); /* release the slot */
-        *last = atomicAdd(counters + hi, got) + got == (int)n_kt;
-        if (*last)
-            asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); /* acquire the others' */
+        int seen;
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counters + hi) : "memory");
+        *last = seen + got == (int)n_kt;
     }
     consumer_sync();
-    if (!*last)
-        return false;
+    if (!*last) {
+        const bool first = t0 + kt0 == streamk_begin(b, total, grid);
+        int4 *mine = slots + (first ? b : grid + b) * (kSlotInts / 4) + c;
+#pragma unroll
+        for (int q = 0; q < ACC / 4; q++)
+            __stcg(mine + q * 256, make_int4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
+        consumer_sync();
+        if (c == 0) {
+            asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); /* release the slot */
+            *last = atomicAdd(counters + hi, got) + got == (int)n_kt;
+            if (*last)
+                asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); /* acquire the others' */
+        }
+        consumer_sync();
+        if (!*last)
+            return false;
+    }
     for (int64_t o = lo; o <= hi; o++) {
         if (o == b)
             continue;
         const int64_t slot = streamk_begin(o, total, grid) >= t0 ? o : grid + o;
-        const int32_t *theirs = slots + slot * kSlotInts + c;
+        const int4 *theirs = slots + slot * (kSlotInts / 4) + c;
 #pragma unroll
-        for (int v = 0; v < ACC; v++)
-            acc[v] += __ldcg(theirs + v * 256);
+        for (int q = 0; q < ACC / 4; q++) {
+            const int4 p = __ldcg(theirs + q * 256);
+            acc[4 * q] += p.x;
+            acc[4 * q + 1] += p.y;
+            acc[4 * q + 2] += p.z;
+            acc[4 * q + 3] += p.w;
+        }
     }
     if (c == 0)
         counters[hi] = 0; /* every other segment has counted */
@@ -1227,10 +1246,10 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
             const int r = ctid & (C::kBA - 1);
             const bool ok = m0 + r < m;
             if (ctid < C::kBA)
-                cp_async4((uint32_t)__cvta_generic_to_shared(&tile_scale[seg & 1][r]),
+                cp_async<4>((uint32_t)__cvta_generic_to_shared(&tile_scale[seg & 1][r]),
                           act_scale + (ok ? m0 + r : 0), ok);
             else
-                cp_async4((uint32_t)__cvta_generic_to_shared(&tile_sum[seg & 1][r]),
+                cp_async<4>((uint32_t)__cvta_generic_to_shared(&tile_sum[seg & 1][r]),
                           act_sum + (ok ? m0 + r : 0), ok);
             cp_async_commit();
         }
