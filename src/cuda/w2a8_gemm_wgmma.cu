@@ -68,7 +68,7 @@
  *                expanded there; wgmma_ss_kernel, below): 6 stages + 3
  *                expanded 16 KB slots, 169 KB, 1 block per SM.
  *   128x128 tma: warp-specialized and persistent: a copy-issuing warp
- *                (tensor memory accelerator), two expanding warpgroups, two
+ *                (tensor memory accelerator), one expanding warpgroup, two
  *                consuming warpgroups (wgmma_ws_kernel, below): 6 stages of
  *                36 KB, 1 block per SM looping over output tiles.
  *   128x128 tma stream-K: the same kernel with the k-tiles of all output
@@ -1579,8 +1579,8 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma_split(const bn_w2a8_cuda_args *a,
     case BN_W2A8_WGMMA_128X128_SS:
         return Launch<2, 1, 128, 128, 6, 1, false, 3>::run(a, 1, stream);
     /*                                         S  expander warpgroups */
-    case BN_W2A8_WGMMA_128X128_TMA: return LaunchWS<6, 2>::run(a, false, stream);
-    case BN_W2A8_WGMMA_128X128_TMA_STREAMK: return LaunchWS<6, 2>::run(a, true, stream);
+    case BN_W2A8_WGMMA_128X128_TMA: return LaunchWS<6, 1>::run(a, false, stream);
+    case BN_W2A8_WGMMA_128X128_TMA_STREAMK: return LaunchWS<6, 1>::run(a, true, stream);
     default: return cudaErrorInvalidValue;
     }
 }
