@@ -273,7 +273,9 @@ __host__ __device__ __forceinline__ uint32_t ss_a_step_offset(int slice, int s)
  *
  * One block per SM loops over output tiles (128 weight rows x 128
  * activation rows; tile t = blockIdx.x + i gridDim.x, activation blocks
- * fastest so the blocks sharing a weight tile run side by side). Its warps:
+ * fastest so the blocks sharing a weight tile run side by side), or with
+ * stream-K over its share of all tiles' k-tiles (Segments, below). Its
+ * warps:
  *
  *   warps 0 .. 4 PW - 1   expanders (PW warpgroups)
  *   warps 4 PW .. +7      two consumer warpgroups (64 weight rows each)
@@ -286,8 +288,8 @@ __host__ __device__ __forceinline__ uint32_t ss_a_step_offset(int slice, int s)
  * shared memory and no register is defined between a consumer's wgmmas: a
  * consumer keeps a wgmma group in flight.
  *
- * The k-tiles of all the block's tiles form one sequence (g = i n_kt + kt);
- * stage g % S, mbarrier phase (g / S) % 2. Per k-tile g:
+ * The k-tiles of all the block's segments form one sequence (g counts
+ * them); stage g % S, mbarrier phase (g / S) % 2. Per k-tile g:
  *
  *   issuer     wait empty (consumers released g - S); expect_tx copied;
  *              two tensor-memory-accelerator copies (the activation box of
@@ -300,11 +302,12 @@ __host__ __device__ __forceinline__ uint32_t ss_a_step_offset(int slice, int s)
  *              expander completes it);
  *   consumers  wait full (and copied, observing the copy engine's writes
  *              directly); BK / 32 wgmma m64n128k32; commit; wait_group 1;
- *              release k-tile g - 1 of the same tile (arrive on empty, 256
- *              arrivals complete it). After a tile's last k-tile:
- *              wait_group 0, release it, then the epilogue, while the
- *              issuer and expanders already fill the next tile's stages.
- *              A tile's first wgmma overwrites the accumulators (scale-d
+ *              release k-tile g - 1 of the same segment (arrive on empty,
+ *              256 arrivals complete it). After a segment's last k-tile:
+ *              wait_group 0, release it, then the epilogue (or stream-K's
+ *              fixup), while the issuer and expanders already fill the
+ *              next segment's stages.
+ *              A segment's first wgmma overwrites the accumulators (scale-d
  *              false) instead of zeroing them: instructions defining
  *              accumulators between wgmmas make ptxas serialize every wgmma
  *              of the kernel (C7515), which cost this kernel 20-30 %.
