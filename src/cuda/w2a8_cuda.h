@@ -185,6 +185,13 @@ cudaError_t bn_w2a8_cuda_gemm_wgmma_split(const bn_w2a8_cuda_args *a, int config
 /* Bytes of the stream-K workspace (a->streamk) for up to sm_count SMs
  * (a->sm_count; 0: 132). */
 size_t bn_w2a8_cuda_gemm_streamk_bytes(int sm_count);
+/* Walks the stream-K plan (variant 11) of n_tiles output tiles of n_kt
+ * k-tiles over grid blocks with the kernel's own partition code and checks
+ * what its fixup relies on: every k-tile run once, each block's segments
+ * contiguous, every tile counted to n_kt, partial tiles' counters and slots
+ * distinct. Host-only; returns 1, or 0 with the reason in why. */
+int bn_w2a8_cuda_streamk_plan_check(int64_t n_tiles, int64_t n_kt, int64_t grid, char *why,
+                                    size_t size);
 /* Checks the wgmma GEMMs' epilogue division (a row's reciprocal computed
  * once, three instructions a value) against __fdiv_rn on `pairs` random
  * (integer, scale) pairs drawn from seed: adds the pairs that differ to

@@ -108,6 +108,8 @@
 #include <cuda.h> /* CUtensorMap (types only: the encoder comes from the runtime) */
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cooperative_groups.h>
@@ -1643,6 +1645,96 @@ extern "C" cudaError_t bn_w2a8_cuda_division_check(int64_t pairs, uint64_t seed,
         return cudaErrorInvalidValue;
     bn_wgmma::division_check_kernel<<<1024, 256, 0, stream>>>(pairs, seed, mismatches);
     return cudaGetLastError();
+}
+
+/* Walks the stream-K plan of n_tiles x n_kt k-tiles over `grid` blocks
+ * with the kernel's own Segments, streamk_begin and streamk_owner, and
+ * checks what the fixup relies on. Host-only (test_w2a8_streamk). */
+extern "C" int bn_w2a8_cuda_streamk_plan_check(int64_t n_tiles, int64_t n_kt, int64_t grid,
+                                               char *why, size_t size)
+{
+    using namespace bn_wgmma;
+    const int64_t total = n_tiles * n_kt;
+    if (n_tiles <= 0 || n_kt <= 0 || grid <= 0 || grid > kStreamkMaxBlocks || grid > total ||
+        total > (int64_t)1 << 24) {
+        snprintf(why, size, "plan %lld x %lld over %lld blocks: outside the checked range",
+                 (long long)n_tiles, (long long)n_kt, (long long)grid);
+        return 0;
+    }
+    int *covered = (int *)calloc((size_t)total, sizeof(int));
+    int *tile_sum = (int *)calloc((size_t)n_tiles, sizeof(int));
+    int *counter_of = (int *)malloc((size_t)grid * sizeof(int));
+    unsigned char *slot_used = (unsigned char *)calloc((size_t)(2 * grid), 1);
+    int ok = covered && tile_sum && counter_of && slot_used;
+    if (!ok)
+        snprintf(why, size, "out of host memory");
+    for (int64_t i = 0; ok && i < grid; i++)
+        counter_of[i] = -1;
+    for (int64_t b = 0; ok && b < grid; b++) {
+        Segments segs(b, grid, n_tiles, n_kt, true);
+        int64_t tile, next = streamk_begin(b, total, grid);
+        int kt0, kt1;
+        while (ok && segs.take(tile, kt0, kt1)) {
+            const int64_t t0 = tile * n_kt;
+            /* Segments are contiguous, in order, inside one tile. */
+            if (tile < 0 || tile >= n_tiles || kt0 < 0 || kt1 > n_kt || kt0 >= kt1 ||
+                t0 + kt0 != next) {
+                snprintf(why, size, "block %lld: segment tile %lld [%d, %d) out of order",
+                         (long long)b, (long long)tile, kt0, kt1);
+                ok = 0;
+                break;
+            }
+            next = t0 + kt1;
+            for (int kt = kt0; kt < kt1; kt++)
+                covered[t0 + kt]++;
+            tile_sum[tile] += kt1 - kt0;
+            if (kt1 - kt0 == n_kt)
+                continue;
+            /* A partial segment: its block lies between the tile's first and
+             * last owners, the tile's counter (the last owner) is no other
+             * partial tile's, and its slot (first segment b, last grid + b)
+             * is written once. */
+            const int64_t lo = streamk_owner(t0, total, grid);
+            const int64_t hi = streamk_owner(t0 + n_kt - 1, total, grid);
+            const bool first = t0 + kt0 == streamk_begin(b, total, grid);
+            const int64_t slot = first ? b : grid + b;
+            const int64_t read_as = streamk_begin(b, total, grid) >= t0 ? b : grid + b;
+            if (b < lo || b > hi || hi >= grid || (counter_of[hi] >= 0 && counter_of[hi] != tile) ||
+                slot_used[slot] || slot != read_as) {
+                snprintf(why, size,
+                         "block %lld, tile %lld [%d, %d): owners %lld..%lld, counter of %d, slot "
+                         "%lld (read as %lld)%s",
+                         (long long)b, (long long)tile, kt0, kt1, (long long)lo, (long long)hi,
+                         counter_of[hi < grid ? hi : 0], (long long)slot, (long long)read_as,
+                         slot_used[slot] ? " written twice" : "");
+                ok = 0;
+                break;
+            }
+            counter_of[hi] = (int)tile;
+            slot_used[slot] = 1;
+        }
+        if (ok && next != streamk_begin(b + 1, total, grid)) {
+            snprintf(why, size, "block %lld stops at %lld, not at the next block's start",
+                     (long long)b, (long long)next);
+            ok = 0;
+        }
+    }
+    for (int64_t g = 0; ok && g < total; g++)
+        if (covered[g] != 1) {
+            snprintf(why, size, "k-tile %lld run %d times", (long long)g, covered[g]);
+            ok = 0;
+        }
+    for (int64_t t = 0; ok && t < n_tiles; t++)
+        if (tile_sum[t] != n_kt) {
+            snprintf(why, size, "tile %lld counts %d of %lld k-tiles", (long long)t, tile_sum[t],
+                     (long long)n_kt);
+            ok = 0;
+        }
+    free(covered);
+    free(tile_sum);
+    free(counter_of);
+    free(slot_used);
+    return ok;
 }
 
 extern "C" size_t bn_w2a8_cuda_gemm_streamk_bytes(int sm_count)

@@ -1,0 +1,65 @@
+/* CPU test: the stream-K plan of the warp-specialized wgmma GEMM (variant
+ * 11), walked on the host with the kernel's own partition code
+ * (bn_w2a8_cuda_streamk_plan_check), over many tile counts, tile lengths
+ * and grids; the GEMM's default-variant rule on the measured shapes; the
+ * workspace size. The GPU side (bit-exact results over several grids) is
+ * test_cuda_kernels. */
+#include "test_util.h"
+#include "w2a8_cuda.h"
+
+static void check_plan(int64_t n_tiles, int64_t n_kt, int64_t grid)
+{
+    if (grid > n_tiles * n_kt)
+        grid = n_tiles * n_kt; /* the launcher never runs more blocks than k-tiles */
+    char why[256] = "";
+    const int ok = bn_w2a8_cuda_streamk_plan_check(n_tiles, n_kt, grid, why, sizeof why);
+    CHECK_MSG(ok, "%lld tiles x %lld k-tiles over %lld blocks: %s", (long long)n_tiles,
+              (long long)n_kt, (long long)grid, why);
+}
+
+int main(void)
+{
+    /* Every small plan, then the measured shapes' (M = 512, 128 x 128 tiles,
+     * 128-k tiles) over grids of several sizes. */
+    for (int64_t tiles = 1; tiles <= 24; tiles++)
+        for (int64_t kts = 1; kts <= 24; kts++)
+            for (int64_t grid = 1; grid <= 40; grid++)
+                check_plan(tiles, kts, grid);
+    const int64_t shapes[][2] = {{80, 20},  {120, 20}, {432, 20},  {80, 54},
+                                 {640, 25}, {160, 216}, {1728, 40}, {1, 1}};
+    const int64_t grids[] = {1, 2, 3, 7, 13, 64, 114, 132, 1024};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t g = 0; g < sizeof grids / sizeof grids[0]; g++)
+            check_plan(shapes[s][0], shapes[s][1], grids[g]);
+
+    /* A plan the check refuses is reported, not passed. */
+    char why[128] = "";
+    CHECK(!bn_w2a8_cuda_streamk_plan_check(4, 4, 0, why, sizeof why) && why[0] != '\0');
+
+    /* The default variant at M = 512 on an H200's 132 SMs with wgmma
+     * (docs/PERFORMANCE.md): stream-K (11) where it spares the busiest SM
+     * >= BN_W2A8_STREAMK_MIN_SAVED k-tiles, else the warp-specialized
+     * kernel (10); the skinny kernel (1) up to 32 rows; without wgmma the
+     * mma.sync kernels (0, 2, 3). k is the padded row length. */
+    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 2560, 2560, 1, 132) == 10);
+    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 3840, 2560, 1, 132) == 10);
+    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 13824, 2560, 1, 132) == 10);
+    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 20480, 3328, 1, 132) == 10);
+    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 2560, 6912, 1, 132) == 11);
+    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 5120, 27648, 1, 132) == 11);
+    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 55296, 5120, 1, 132) == 11);
+    CHECK(bn_w2a8_cuda_gemm_default_variant(16, 2560, 2560, 1, 132) == 1);
+    CHECK(bn_w2a8_cuda_gemm_default_variant(32, 2560, 2560, 0, 132) == 1);
+    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 2560, 2560, 0, 132) == 0);
+    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 2560, 27648, 0, 132) == 2);
+    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 13824, 2560, 0, 132) == 3);
+    /* One SM: nothing to even out. */
+    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 5120, 27648, 1, 1) == 10);
+
+    /* Workspace: 1024 counters, then two 128 x 128 int32 slots per block
+     * (0 SMs counts as 132; more than 1024 as 1024). */
+    CHECK(bn_w2a8_cuda_gemm_streamk_bytes(132) == (1024 + 2 * 132 * 16384) * sizeof(int32_t));
+    CHECK(bn_w2a8_cuda_gemm_streamk_bytes(0) == bn_w2a8_cuda_gemm_streamk_bytes(132));
+    CHECK(bn_w2a8_cuda_gemm_streamk_bytes(5000) == bn_w2a8_cuda_gemm_streamk_bytes(1024));
+    TEST_EXIT();
+}
