@@ -41,20 +41,26 @@ int main(void)
      * >= BN_W2A8_STREAMK_MIN_SAVED k-tiles, else the warp-specialized
      * kernel (10); the skinny kernel (1) up to 32 rows; without wgmma the
      * mma.sync kernels (0, 2, 3). k is the padded row length. */
-    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 2560, 2560, 1, 132) == 10);
-    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 3840, 2560, 1, 132) == 10);
-    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 13824, 2560, 1, 132) == 10);
-    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 20480, 3328, 1, 132) == 10);
-    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 2560, 6912, 1, 132) == 11);
-    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 5120, 27648, 1, 132) == 11);
-    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 55296, 5120, 1, 132) == 11);
-    CHECK(bn_w2a8_cuda_gemm_default_variant(16, 2560, 2560, 1, 132) == 1);
-    CHECK(bn_w2a8_cuda_gemm_default_variant(32, 2560, 2560, 0, 132) == 1);
-    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 2560, 2560, 0, 132) == 0);
-    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 2560, 27648, 0, 132) == 2);
-    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 13824, 2560, 0, 132) == 3);
-    /* One SM: nothing to even out. */
-    CHECK(bn_w2a8_cuda_gemm_default_variant(512, 5120, 27648, 1, 1) == 10);
+    static const struct {
+        int64_t m, n, k;
+        int wgmma, sms, want;
+    } picks[] = {
+        {512, 2560, 2560, 1, 132, 10},   {512, 3840, 2560, 1, 132, 10},
+        {512, 13824, 2560, 1, 132, 10},  {512, 20480, 3328, 1, 132, 10},
+        {512, 2560, 6912, 1, 132, 11},   {512, 5120, 27648, 1, 132, 11},
+        {512, 55296, 5120, 1, 132, 11},  {16, 2560, 2560, 1, 132, 1},
+        {32, 2560, 2560, 0, 132, 1},     {512, 2560, 2560, 0, 132, 0},
+        {512, 2560, 27648, 0, 132, 2},   {512, 13824, 2560, 0, 132, 3},
+        {512, 5120, 27648, 1, 1, 10}, /* one SM: nothing to even out */
+    };
+    for (size_t i = 0; i < sizeof picks / sizeof picks[0]; i++) {
+        const int got = bn_w2a8_cuda_gemm_default_variant(picks[i].m, picks[i].n, picks[i].k,
+                                                          picks[i].wgmma, picks[i].sms);
+        CHECK_MSG(got == picks[i].want,
+                  "m %lld n %lld k %lld wgmma %d on %d SMs: variant %d, want %d",
+                  (long long)picks[i].m, (long long)picks[i].n, (long long)picks[i].k,
+                  picks[i].wgmma, picks[i].sms, got, picks[i].want);
+    }
 
     /* Workspace: 1024 counters, then two 128 x 128 int32 slots per block
      * (0 SMs counts as 132; more than 1024 as 1024). */

@@ -848,9 +848,9 @@ static bool streamk_pays(int64_t wg_tiles, int64_t k, int sm_count)
  * wgmma available (sm_90a code, a 9.0 device) the warp-specialized
  * persistent kernel (10) wins on every measured shape (its per-row
  * division epilogue shortened each tile by ~7 us: 2560 x 2560 24.3 ->
- * 16.8 us), with
- * stream-K (11) where whole tiles leave the busiest SM far behind the
- * others (5120 x 27648: 160 tiles of 216 k-tiles on 132 SMs). Without
+ * 16.8 us), with stream-K (11) where whole tiles leave the busiest SM far
+ * behind the others (5120 x 27648: 160 tiles of 216 k-tiles on 132 SMs).
+ * Without
  * wgmma: the pipelined 64 x 256 kernel once its tiles fill every SM about
  * twice; with fewer tiles, split-K for long rows, else the 64 x 64 tiled
  * kernel. */
