@@ -117,8 +117,8 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
              * build; elsewhere they decline without launching. */
             if (rc == cudaErrorNotSupported && gemm_variant >= 5 && !wgmma_usable)
                 continue;
-            /* Stream-K (11) declines without its workspace. */
-            if (gemm_variant == 11 && !a.streamk) {
+            /* Stream-K (11, 13) declines without its workspace. */
+            if ((gemm_variant == 11 || gemm_variant == 13) && !a.streamk) {
                 CHECK_MSG(rc == cudaErrorInvalidValue, "stream-K without a workspace: %s",
                           cudaGetErrorString(rc));
                 continue;
@@ -188,17 +188,20 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
      * places (one block per k-tile where the grid outnumbers them); every
      * call must leave the workspace's counters at zero. */
     const int grids[] = {1, 2, 3, 7, 13, 64, sm_count};
+    const int streamk_configs[] = {BN_W2A8_WGMMA_128X128_TMA_STREAMK,
+                                   BN_W2A8_WGMMA_128X128_TMA_RS_STREAMK};
     a.streamk = d_streamk;
-    for (int gi = 0; wgmma_usable && gi < (int)(sizeof grids / sizeof grids[0]); gi++) {
+    for (int run = 0; wgmma_usable && run < 2 * (int)(sizeof grids / sizeof grids[0]); run++) {
+        const int config = streamk_configs[run % 2], gi = run / 2;
         a.sm_count = grids[gi] < streamk_sms ? grids[gi] : streamk_sms;
         CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n)));
-        CUDA_OK(bn_w2a8_cuda_gemm_wgmma(&a, BN_W2A8_WGMMA_128X128_TMA_STREAMK, 0));
+        CUDA_OK(bn_w2a8_cuda_gemm_wgmma(&a, config, 0));
         int64_t first;
         const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
         CHECK_MSG(diff == 0,
-                  "wgmma stream-K over %d blocks n=%lld k=%lld m=%lld: %lld of %lld differ "
-                  "(first at %lld: %g vs %g)",
-                  a.sm_count, (long long)n, (long long)k, (long long)m, (long long)diff,
+                  "wgmma stream-K (config %d) over %d blocks n=%lld k=%lld m=%lld: %lld of %lld "
+                  "differ (first at %lld: %g vs %g)",
+                  config, a.sm_count, (long long)n, (long long)k, (long long)m, (long long)diff,
                   (long long)(m * n), (long long)first, first >= 0 ? y[first] : 0.0,
                   first >= 0 ? ref[first] : 0.0);
     }

@@ -1,5 +1,5 @@
-/* CPU test: the stream-K plan of the warp-specialized wgmma GEMM (variant
- * 11), walked on the host with the kernel's own partition code
+/* CPU test: the stream-K plan of the warp-specialized wgmma GEMM (variants
+ * 11 and 13), walked on the host with the kernel's own partition code
  * (bn_w2a8_cuda_streamk_plan_check), over many tile counts, tile lengths
  * and grids; the GEMM's default-variant rule on the measured shapes; the
  * workspace size. The GPU side (bit-exact results over several grids) is
@@ -37,21 +37,21 @@ int main(void)
     CHECK(!bn_w2a8_cuda_streamk_plan_check(4, 4, 0, why, sizeof why) && why[0] != '\0');
 
     /* The default variant at M = 512 on an H200's 132 SMs with wgmma
-     * (docs/PERFORMANCE.md): stream-K (11) where it spares the busiest SM
+     * (docs/PERFORMANCE.md): stream-K (13) where it spares the busiest SM
      * >= BN_W2A8_STREAMK_MIN_SAVED k-tiles, else the warp-specialized
-     * kernel (10); the skinny kernel (1) up to 32 rows; without wgmma the
+     * kernel (12); the skinny kernel (1) up to 32 rows; without wgmma the
      * mma.sync kernels (0, 2, 3). k is the padded row length. */
     static const struct {
         int64_t m, n, k;
         int wgmma, sms, want;
     } picks[] = {
-        {512, 2560, 2560, 1, 132, 10},   {512, 3840, 2560, 1, 132, 10},
-        {512, 13824, 2560, 1, 132, 10},  {512, 20480, 3328, 1, 132, 10},
-        {512, 2560, 6912, 1, 132, 11},   {512, 5120, 27648, 1, 132, 11},
-        {512, 55296, 5120, 1, 132, 11},  {16, 2560, 2560, 1, 132, 1},
+        {512, 2560, 2560, 1, 132, 12},   {512, 3840, 2560, 1, 132, 12},
+        {512, 13824, 2560, 1, 132, 12},  {512, 20480, 3328, 1, 132, 12},
+        {512, 2560, 6912, 1, 132, 13},   {512, 5120, 27648, 1, 132, 13},
+        {512, 55296, 5120, 1, 132, 13},  {16, 2560, 2560, 1, 132, 1},
         {32, 2560, 2560, 0, 132, 1},     {512, 2560, 2560, 0, 132, 0},
         {512, 2560, 27648, 0, 132, 2},   {512, 13824, 2560, 0, 132, 3},
-        {512, 5120, 27648, 1, 1, 10}, /* one SM: nothing to even out */
+        {512, 5120, 27648, 1, 1, 12}, /* one SM: nothing to even out */
     };
     for (size_t i = 0; i < sizeof picks / sizeof picks[0]; i++) {
         const int got = bn_w2a8_cuda_gemm_default_variant(picks[i].m, picks[i].n, picks[i].k,

@@ -891,8 +891,9 @@ static bool prefill_needs_streamk(const bn_cuda_backend *b)
         const group *g = &b->groups[gi];
         for (int i = 0; i < (g->fused_ok ? 1 : g->n_seg); i++) {
             const bn_cuda_layout *l = g->fused_ok ? &g->fused : &g->s[i].l;
-            if (bn_w2a8_cuda_gemm_default_variant(b->chunk, l->n, l->k_padded, wgmma, b->sm) ==
-                11)
+            const int v = bn_w2a8_cuda_gemm_default_variant(b->chunk, l->n, l->k_padded, wgmma,
+                                                            b->sm);
+            if (v == 11 || v == 13)
                 return true;
         }
     }

@@ -100,19 +100,21 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * in shared memory (weights expanded to int8 there, 1 block per SM); 10
  * warp-specialized and persistent, tensor-memory-accelerator copies
  * (BN_W2A8_WGMMA_128X128_TMA); 11 as 10 with stream-K (needs a->streamk,
- * else cudaErrorInvalidValue): 5-11 need compute capability 9.0 and an
+ * else cudaErrorInvalidValue); 12 and 13 as 10 and 11 with the weights
+ * expanded by the consumers straight into wgmma's A registers
+ * (BN_W2A8_WGMMA_128X128_TMA_RS): 5-13 need compute capability 9.0 and an
  * sm_90a build, else cudaErrorNotSupported.
  * bn_w2a8_cuda_gemm uses 1 up to BN_W2A8_SKINNY_MAX_M rows; above, where
- * wgmma is usable, from BN_W2A8_WGMMA_MIN_M rows: 10 when its 128 x 128
+ * wgmma is usable, from BN_W2A8_WGMMA_MIN_M rows: 12 when its 128 x 128
  * tiles number at least BN_W2A8_WGMMA_WS_MIN_TILES or the rows hold at
- * least BN_W2A8_WGMMA_SHORT_K values, 11 instead when a->streamk is given
+ * least BN_W2A8_WGMMA_SHORT_K values, 13 instead when a->streamk is given
  * and stream-K spares the busiest SM at least BN_W2A8_STREAMK_MIN_SAVED
- * k-tiles of 128 (10 and 11 fall back to 7 where they cannot run);
+ * k-tiles of 128 (12 and 13 fall back to 7 where they cannot run);
  * otherwise 3 when the 64 x 256 tiles number at least
  * BN_W2A8_PIPE_MIN_TILES, else 2 for rows of at least
  * BN_W2A8_PIPE_SPLIT_MIN_K, else 0 (bn_w2a8_cuda_gemm_default_variant;
  * measured on an H200). */
-#define BN_W2A8_GEMM_VARIANTS 12
+#define BN_W2A8_GEMM_VARIANTS 14
 #define BN_W2A8_SKINNY_MAX_M 32
 #define BN_W2A8_WGMMA_MIN_M 128
 #define BN_W2A8_WGMMA_SHORT_K 4096
@@ -123,10 +125,10 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
 cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int variant,
                                       cudaStream_t stream);
 /* The variant bn_w2a8_cuda_gemm runs for m rows on a device of sm_count
- * SMs (11 only with a stream-K workspace), and a short name of a variant
+ * SMs (13 only with a stream-K workspace), and a short name of a variant
  * with the split-K factor it would use for a (for the benchmark). */
 int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma, int sm_count);
-/* Whether the wgmma variants (5-10) can run on the current device. */
+/* Whether the wgmma variants (5-13) can run on the current device. */
 int bn_w2a8_cuda_gemm_wgmma_usable(void);
 void bn_w2a8_cuda_gemm_describe(const bn_w2a8_cuda_args *a, int variant, char *buf, size_t size);
 
@@ -172,7 +174,12 @@ enum {
      * through a->streamk (int32 partials and a counter per tile; the block
      * completing the count stores it). cudaErrorInvalidValue without it. */
     BN_W2A8_WGMMA_128X128_TMA_STREAMK = 6,
-    BN_W2A8_WGMMA_CONFIGS = 7
+    /* As 128X128_TMA and 128X128_TMA_STREAMK without the expanders: each
+     * consumer warpgroup expands its packed weights straight into wgmma's
+     * A registers (8 stages of 20 KB, 288 threads). */
+    BN_W2A8_WGMMA_128X128_TMA_RS = 7,
+    BN_W2A8_WGMMA_128X128_TMA_RS_STREAMK = 8,
+    BN_W2A8_WGMMA_CONFIGS = 9
 };
 #define BN_W2A8_WGMMA_MAX_SPLIT 8
 /* Split 0 (or the call without split): chosen for the shape and

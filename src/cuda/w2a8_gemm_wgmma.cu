@@ -73,6 +73,9 @@
  *                36 KB, 1 block per SM looping over output tiles.
  *   128x128 tma stream-K: the same kernel with the k-tiles of all output
  *                tiles shared evenly by the blocks (Segments, below).
+ *   128x128 tma rs (and stream-K): the same kernel without expanders, the
+ *                consumers expanding into wgmma's A registers; 8 stages of
+ *                20 KB.
  *
  * Per k, 256x128 moves 256 / 4 + 128 = 192 bytes into shared memory for
  * 32768 multiply-adds (5.9e-3 B per multiply-add, the 64x256 mma.sync
@@ -279,9 +282,16 @@ __host__ __device__ __forceinline__ uint32_t ss_a_step_offset(int slice, int s)
  * stream-K over its share of all tiles' k-tiles (Segments, below). Its
  * warps:
  *
- *   warps 0 .. 4 PW - 1   expanders (PW warpgroups)
+ *   warps 0 .. 4 PW - 1   expanders (PW warpgroups; none with PW = 0)
  *   warps 4 PW .. +7      two consumer warpgroups (64 weight rows each)
  *   warp 4 PW + 8         the copy issuer (lane 0)
+ *
+ * PW = 0 (configurations 128x128 tma rs): no expanders and no expanded
+ * tile; each consumer builds its A fragments from the stage's packed box
+ * (as wgmma_kernel does from its stage) and runs register-A wgmma, so a
+ * k-tile moves 16 KB fewer bytes into and 16 KB fewer out of shared memory,
+ * and a stage is 20 KB instead of 36 (8 stages). A consumer holds two
+ * fragment sets and defines the one not used by its group in flight.
  *
  * Stage s of a STAGES-deep ring holds one k-tile (BK = 128): the activation
  * tile (16 KB), the block's packed weights (4 KB) and those weights expanded
@@ -326,14 +336,16 @@ struct CfgWS {
     static constexpr int kThreads = kExpanders + 256 + 32;
     static constexpr int kSteps = kBK / 32;
     static constexpr int kActBytes = kBA * kBK;
-    static constexpr int kWBytes = kBW * kBK;          /* expanded to int8 */
-    static constexpr int kPackedBytes = kBW * kBK / 4; /* 2 bits per weight */
+    static constexpr int kWBytes = PW > 0 ? kBW * kBK : 0; /* expanded to int8 */
+    static constexpr int kPackedBytes = kBW * kBK / 4;     /* 2 bits per weight */
     static constexpr int kStageBytes = kActBytes + kWBytes + kPackedBytes;
     static constexpr int kSmemBytes = STAGES * kStageBytes + 1024;
-    static constexpr int kPackedPerThread = kPackedBytes / 16 / kExpanders; /* entries */
+    static constexpr int kPackedPerThread =
+        PW > 0 ? kPackedBytes / 16 / (kExpanders > 0 ? kExpanders : 1) : 0; /* entries */
     static constexpr int kAcc = 64; /* m64n128 accumulators per thread */
-    static_assert(PW == 1 || PW == 2, "one or two expander warpgroups");
-    static_assert(kPackedPerThread * kExpanders * 16 == kPackedBytes, "even expansion split");
+    static_assert(PW >= 0 && PW <= 2, "consumers expanding, or one or two expander warpgroups");
+    static_assert(PW == 0 || kPackedPerThread * kExpanders * 16 == kPackedBytes,
+                  "even expansion split");
     static_assert(kPackedBytes == 16 * 256, "16 layout tiles x 256 bytes per k-tile");
     static_assert(kStageBytes % 1024 == 0 && kActBytes % 1024 == 0, "swizzle alignment");
     static_assert(kSmemBytes <= 227 * 1024, "fits one block's shared memory");
@@ -576,13 +588,14 @@ __device__ __forceinline__ void pin(uint32_t &r)
     asm volatile("" : "+r"(r)::"memory");
 }
 
+/* accumulate 0: d = A B (scale-d false), as wgmma_ss below. */
 template <int N>
 __device__ __forceinline__ void wgmma_rs(int32_t (&d)[N / 2], const uint32_t (&a)[4],
-                                         uint64_t desc);
+                                         uint64_t desc, int accumulate = 1);
 
 template <>
 __device__ __forceinline__ void wgmma_rs<128>(int32_t (&d)[64], const uint32_t (&a)[4],
-                                              uint64_t desc)
+                                              uint64_t desc, int accumulate)
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
@@ -599,7 +612,7 @@ __device__ __forceinline__ void wgmma_rs<128>(int32_t (&d)[64], const uint32_t (
                  "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
                  "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
                  "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate)
                  : "memory");
 }
 
@@ -1151,7 +1164,8 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
 
     if (tid == 0) {
         for (int st = 0; st < S; st++) {
-            mbar_init(full0 + 8 * st, C::kExpanders);
+            if (PW > 0)
+                mbar_init(full0 + 8 * st, C::kExpanders);
             mbar_init(empty0 + 8 * st, 256);
             mbar_init(copied0 + 8 * st, 1); /* one expect_tx arrival + the bytes */
         }
@@ -1191,7 +1205,7 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
         return;
     }
 
-    if (warp < 4 * PW) {
+    if (PW > 0 && warp < 4 * PW) {
         /* ---- expanders ----
          * Packed entry c = q kExpanders + tid of a k-tile: layout tile c / 16,
          * entry c % 16 (ss_entry), i.e. row 8 (c / 16) + c % 8 of the block, k
@@ -1258,17 +1272,9 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
                           act_sum + (ok ? m0 + r : 0), ok);
             cp_async_commit();
         }
-        for (int kt = kt0; kt < kt1; kt++) {
-            mbar_wait(full0 + 8 * slot, phase);
-            mbar_wait(copied0 + 8 * slot, phase);
-            wgmma_fence();
-            const uint32_t stage_addr = sbase + (uint32_t)(slot * C::kStageBytes);
-            const uint32_t a_addr = stage_addr + C::kActBytes;
-#pragma unroll
-            for (int st = 0; st < C::kSteps; st++)
-                wgmma_ss<128>(acc[0], sw128_desc(a_addr + ss_a_step_offset<C::kBW>(cg, st)),
-                              sw128_desc(stage_addr + act_step_offset<C::kBA>(st)),
-                              kt > kt0 || st > 0);
+        /* After k-tile kt's wgmma group is committed: retire the one before
+         * (wait_group 1), release its stage, step to the next stage. */
+        auto retire_previous = [&](int kt) {
             wgmma_commit();
             wgmma_wait<1>();
             if (kt > kt0)
@@ -1278,6 +1284,68 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
                 slot = 0;
                 phase ^= 1u;
             }
+        };
+        if constexpr (PW > 0) {
+            for (int kt = kt0; kt < kt1; kt++) {
+                mbar_wait(full0 + 8 * slot, phase);
+                mbar_wait(copied0 + 8 * slot, phase);
+                wgmma_fence();
+                const uint32_t stage_addr = sbase + (uint32_t)(slot * C::kStageBytes);
+                const uint32_t a_addr = stage_addr + C::kActBytes;
+#pragma unroll
+                for (int st = 0; st < C::kSteps; st++)
+                    wgmma_ss<128>(acc[0], sw128_desc(a_addr + ss_a_step_offset<C::kBW>(cg, st)),
+                                  sw128_desc(stage_addr + act_step_offset<C::kBA>(st)),
+                                  kt > kt0 || st > 0);
+                retire_previous(kt);
+            }
+        } else {
+            /* The consumer expands its own 64 weight rows straight into A
+             * fragments (as wgmma_kernel; frag_tile, frag_reg) from the
+             * stage's packed box, laid out as wgmma_kernel's stage. Two
+             * fragment sets, alternating by k-tile: the set being defined
+             * is never that of the group still in flight, so ptxas keeps
+             * the wgmmas asynchronous (C7513 otherwise). */
+            const int ft = frag_tile<1>(cg, 0, wq);
+            auto run_ktile = [&](uint32_t(&frag)[C::kSteps][4], int kt) {
+                mbar_wait(copied0 + 8 * slot, phase);
+                const uint32_t stage_addr = sbase + (uint32_t)(slot * C::kStageBytes);
+                const uint8_t *wsp = sptr + slot * C::kStageBytes + C::kActBytes;
+#pragma unroll
+                for (int q = 0; q < BK / 64; q++) {
+                    const uint4 lo4 =
+                        *reinterpret_cast<const uint4 *>(wsp + ft * 2 * BK + q * 128 + gid * 16);
+                    const uint4 hi4 = *reinterpret_cast<const uint4 *>(wsp + (ft + 1) * 2 * BK +
+                                                                       q * 128 + gid * 16);
+                    const uint32_t lo[4] = {lo4.x, lo4.y, lo4.z, lo4.w};
+                    const uint32_t hi[4] = {hi4.x, hi4.y, hi4.z, hi4.w};
+#pragma unroll
+                    for (int st = 2 * q; st < 2 * q + 2; st++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++)
+                            frag[st][r] = frag_reg(lo, hi, st, r, tig);
+                }
+#pragma unroll
+                for (int st = 0; st < C::kSteps; st++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++)
+                        pin(frag[st][r]);
+                wgmma_fence();
+#pragma unroll
+                for (int st = 0; st < C::kSteps; st++)
+                    wgmma_rs<128>(acc[0], frag[st],
+                                  sw128_desc(stage_addr + act_step_offset<C::kBA>(st)),
+                                  kt > kt0 || st > 0);
+                retire_previous(kt);
+            };
+            uint32_t frag_a[C::kSteps][4], frag_b[C::kSteps][4];
+            int kt = kt0;
+            for (; kt + 1 < kt1; kt += 2) {
+                run_ktile(frag_a, kt);
+                run_ktile(frag_b, kt + 1);
+            }
+            if (kt < kt1)
+                run_ktile(frag_a, kt);
         }
         wgmma_wait<0>();
         mbar_arrive(empty0 + 8 * prev);
@@ -1586,6 +1654,8 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma_split(const bn_w2a8_cuda_args *a,
     /*                                         S  expander warpgroups */
     case BN_W2A8_WGMMA_128X128_TMA: return LaunchWS<6, 1>::run(a, false, stream);
     case BN_W2A8_WGMMA_128X128_TMA_STREAMK: return LaunchWS<6, 1>::run(a, true, stream);
+    case BN_W2A8_WGMMA_128X128_TMA_RS: return LaunchWS<8, 0>::run(a, false, stream);
+    case BN_W2A8_WGMMA_128X128_TMA_RS_STREAMK: return LaunchWS<8, 0>::run(a, true, stream);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -826,6 +826,8 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int
     case 9: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_SS, stream);
     case 10: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_TMA, stream);
     case 11: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_TMA_STREAMK, stream);
+    case 12: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_TMA_RS, stream);
+    case 13: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_TMA_RS_STREAMK, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -846,11 +848,11 @@ static bool streamk_pays(int64_t wg_tiles, int64_t k, int sm_count)
 
 /* Measured on an H200 at M = 512 (docs/PERFORMANCE.md). With Hopper's
  * wgmma available (sm_90a code, a 9.0 device) the warp-specialized
- * persistent kernel (10) wins on every measured shape (its per-row
- * division epilogue shortened each tile by ~7 us: 2560 x 2560 24.3 ->
- * 16.8 us), with stream-K (11) where whole tiles leave the busiest SM far
- * behind the others (5120 x 27648: 160 tiles of 216 k-tiles on 132 SMs).
- * Without
+ * persistent kernel with the weights expanded into wgmma's A registers (12)
+ * wins on every measured shape (2560 x 2560: 17.3 us with the weights
+ * expanded in shared memory (10), 14.4 with 12), with stream-K (13) where
+ * whole tiles leave the busiest SM far behind the others (5120 x 27648:
+ * 160 tiles of 216 k-tiles on 132 SMs: 167 -> 117 us). Without
  * wgmma: the pipelined 64 x 256 kernel once its tiles fill every SM about
  * twice; with fewer tiles, split-K for long rows, else the 64 x 64 tiled
  * kernel. */
@@ -862,7 +864,7 @@ extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k
     const int64_t wg_tiles = ((m + 127) / 128) * ((n + 127) / 128);
     if (wgmma && m >= BN_W2A8_WGMMA_MIN_M &&
         (wg_tiles >= BN_W2A8_WGMMA_WS_MIN_TILES || k >= BN_W2A8_WGMMA_SHORT_K))
-        return streamk_pays(wg_tiles, k, sm_count) ? 11 : 10;
+        return streamk_pays(wg_tiles, k, sm_count) ? 13 : 12;
     const int64_t tiles = ((m + 63) / 64) * ((n + 255) / 256);
     if (tiles >= BN_W2A8_PIPE_MIN_TILES)
         return 3;
@@ -888,12 +890,12 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_
     const int64_t k = a->groups * BN_CUDA_GROUP; /* the padded row length */
     int v = bn_w2a8_cuda_gemm_default_variant(a->m, a->n, k, bn_w2a8_cuda_gemm_wgmma_usable(),
                                               a->sm_count);
-    if (v == 11 && !a->streamk)
-        v = 10; /* no stream-K workspace: whole tiles */
+    if ((v == 11 || v == 13) && !a->streamk)
+        v -= 1; /* no stream-K workspace: whole tiles */
     const cudaError_t rc = bn_w2a8_cuda_gemm_variant(a, v, stream);
-    /* The warp-specialized kernel also needs the driver's tensor-map
+    /* The warp-specialized kernels also need the driver's tensor-map
      * encoder; without it, the other wgmma kernel (nothing was launched). */
-    if (rc == cudaErrorNotSupported && (v == 10 || v == 11))
+    if (rc == cudaErrorNotSupported && v >= 10 && v <= 13)
         return bn_w2a8_cuda_gemm_variant(a, 7, stream);
     return rc;
 }
