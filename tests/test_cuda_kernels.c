@@ -117,8 +117,8 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
              * build; elsewhere they decline without launching. */
             if (rc == cudaErrorNotSupported && gemm_variant >= 5 && !wgmma_usable)
                 continue;
-            /* Stream-K (11, 13) declines without its workspace. */
-            if ((gemm_variant == 11 || gemm_variant == 13) && !a.streamk) {
+            /* Stream-K (11, 13, 15) declines without its workspace. */
+            if (bn_w2a8_cuda_gemm_variant_streamk(gemm_variant) && !a.streamk) {
                 CHECK_MSG(rc == cudaErrorInvalidValue, "stream-K without a workspace: %s",
                           cudaGetErrorString(rc));
                 continue;
@@ -189,10 +189,11 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
      * call must leave the workspace's counters at zero. */
     const int grids[] = {1, 2, 3, 7, 13, 64, sm_count};
     const int streamk_configs[] = {BN_W2A8_WGMMA_128X128_TMA_STREAMK,
-                                   BN_W2A8_WGMMA_128X128_TMA_RS_STREAMK};
+                                   BN_W2A8_WGMMA_128X128_TMA_RS_STREAMK,
+                                   BN_W2A8_WGMMA_192X128_TMA_RS_STREAMK};
     a.streamk = d_streamk;
-    for (int run = 0; wgmma_usable && run < 2 * (int)(sizeof grids / sizeof grids[0]); run++) {
-        const int config = streamk_configs[run % 2], gi = run / 2;
+    for (int run = 0; wgmma_usable && run < 3 * (int)(sizeof grids / sizeof grids[0]); run++) {
+        const int config = streamk_configs[run % 3], gi = run / 3;
         a.sm_count = grids[gi] < streamk_sms ? grids[gi] : streamk_sms;
         CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n)));
         CUDA_OK(bn_w2a8_cuda_gemm_wgmma(&a, config, 0));

@@ -893,7 +893,7 @@ static bool prefill_needs_streamk(const bn_cuda_backend *b)
             const bn_cuda_layout *l = g->fused_ok ? &g->fused : &g->s[i].l;
             const int v = bn_w2a8_cuda_gemm_default_variant(b->chunk, l->n, l->k_padded, wgmma,
                                                             b->sm);
-            if (v == 11 || v == 13)
+            if (bn_w2a8_cuda_gemm_variant_streamk(v))
                 return true;
         }
     }

@@ -102,33 +102,40 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * (BN_W2A8_WGMMA_128X128_TMA); 11 as 10 with stream-K (needs a->streamk,
  * else cudaErrorInvalidValue); 12 and 13 as 10 and 11 with the weights
  * expanded by the consumers straight into wgmma's A registers
- * (BN_W2A8_WGMMA_128X128_TMA_RS): 5-13 need compute capability 9.0 and an
- * sm_90a build, else cudaErrorNotSupported.
+ * (BN_W2A8_WGMMA_128X128_TMA_RS); 14 and 15 as 12 and 13 with 192 weight
+ * rows a block: 5-15 need compute capability 9.0 and an sm_90a build, else
+ * cudaErrorNotSupported.
  * bn_w2a8_cuda_gemm uses 1 up to BN_W2A8_SKINNY_MAX_M rows; above, where
- * wgmma is usable, from BN_W2A8_WGMMA_MIN_M rows: 12 when its 128 x 128
- * tiles number at least BN_W2A8_WGMMA_WS_MIN_TILES or the rows hold at
- * least BN_W2A8_WGMMA_SHORT_K values, 13 instead when a->streamk is given
+ * wgmma is usable, from BN_W2A8_WGMMA_MIN_M rows: 14 when its 192 x 128
+ * tiles number at least the SMs or the rows hold at least
+ * BN_W2A8_WGMMA_LONG_K values, else 12 when its 128 x 128 tiles number at
+ * least BN_W2A8_WGMMA_WS_MIN_TILES or the rows hold at least
+ * BN_W2A8_WGMMA_SHORT_K values; 15 and 13 instead when a->streamk is given
  * and stream-K spares the busiest SM at least BN_W2A8_STREAMK_MIN_SAVED
- * k-tiles of 128 (12 and 13 fall back to 7 where they cannot run);
+ * k-tiles of 128 (12-15 fall back to 7 where they cannot run);
  * otherwise 3 when the 64 x 256 tiles number at least
  * BN_W2A8_PIPE_MIN_TILES, else 2 for rows of at least
  * BN_W2A8_PIPE_SPLIT_MIN_K, else 0 (bn_w2a8_cuda_gemm_default_variant;
  * measured on an H200). */
-#define BN_W2A8_GEMM_VARIANTS 14
+#define BN_W2A8_GEMM_VARIANTS 16
 #define BN_W2A8_SKINNY_MAX_M 32
 #define BN_W2A8_WGMMA_MIN_M 128
 #define BN_W2A8_WGMMA_SHORT_K 4096
+#define BN_W2A8_WGMMA_LONG_K 16384
 #define BN_W2A8_WGMMA_WS_MIN_TILES 64
 #define BN_W2A8_STREAMK_MIN_SAVED 20
 #define BN_W2A8_PIPE_MIN_TILES 256
 #define BN_W2A8_PIPE_SPLIT_MIN_K 8192
 cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int variant,
                                       cudaStream_t stream);
+/* Whether a GEMM variant is a stream-K one (needs a->streamk; 11, 13, 15).
+ * Each runs as the variant before it without the workspace. */
+int bn_w2a8_cuda_gemm_variant_streamk(int variant);
 /* The variant bn_w2a8_cuda_gemm runs for m rows on a device of sm_count
- * SMs (13 only with a stream-K workspace), and a short name of a variant
+ * SMs (13 and 15 only with a stream-K workspace), and a short name of a variant
  * with the split-K factor it would use for a (for the benchmark). */
 int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma, int sm_count);
-/* Whether the wgmma variants (5-13) can run on the current device. */
+/* Whether the wgmma variants (5-15) can run on the current device. */
 int bn_w2a8_cuda_gemm_wgmma_usable(void);
 void bn_w2a8_cuda_gemm_describe(const bn_w2a8_cuda_args *a, int variant, char *buf, size_t size);
 
@@ -179,7 +186,11 @@ enum {
      * A registers (8 stages of 20 KB, 288 threads). */
     BN_W2A8_WGMMA_128X128_TMA_RS = 7,
     BN_W2A8_WGMMA_128X128_TMA_RS_STREAMK = 8,
-    BN_W2A8_WGMMA_CONFIGS = 9
+    /* As 128X128_TMA_RS and its stream-K with three consumer warpgroups
+     * (192 weight rows a block). */
+    BN_W2A8_WGMMA_192X128_TMA_RS = 9,
+    BN_W2A8_WGMMA_192X128_TMA_RS_STREAMK = 10,
+    BN_W2A8_WGMMA_CONFIGS = 11
 };
 #define BN_W2A8_WGMMA_MAX_SPLIT 8
 /* Split 0 (or the call without split): chosen for the shape and

@@ -326,27 +326,51 @@ __host__ __device__ __forceinline__ uint32_t ss_a_step_offset(int slice, int s)
  *
  * Each role waits only on the one before it in the pipeline (the issuer on
  * releases of k-tiles S back), so no role can hold back one it feeds. */
-template <int STAGES, int PW>
+/* The per-warp epilogue staging area of the register-A warp-specialized
+ * kernels: 32 activation rows x 16 weight rows of int32, rows kEpiStride
+ * words apart (the transposed writes hit 32 distinct banks; rows stay
+ * 16-byte aligned for the reads). */
+constexpr int kEpiRows = 32;
+constexpr int kEpiStride = 20;
+constexpr int kEpiWarpBytes = kEpiRows * kEpiStride * 4;
+
+template <int STAGES, int PW, int CW = 2>
 struct CfgWS {
-    static constexpr int kBW = 128; /* weight rows: two consumer warpgroups x 64 */
-    static constexpr int kBA = 128; /* activation rows */
+    static constexpr int kBW = 64 * CW; /* weight rows: CW consumer warpgroups x 64 */
+    static constexpr int kBA = 128;     /* activation rows */
     static constexpr int kBK = 128;
     static constexpr int kExpanders = 128 * PW;
-    static constexpr int kIssuerWarp = 4 * PW + 8;
-    static constexpr int kThreads = kExpanders + 256 + 32;
+    static constexpr int kConsumers = 128 * CW;
+    static constexpr int kIssuerWarp = 4 * PW + 4 * CW;
+    /* More than two consumer warpgroups: the issuer is a whole warpgroup
+     * that hands its registers to the consumers (setmaxnreg), since the
+     * default split of the register file (by the warps each scheduler
+     * holds) would leave a consumer thread 128 and serialize its wgmma. */
+    static constexpr int kIssuerWarps = CW > 2 ? 4 : 1;
+    static constexpr int kIssuerRegs = 40;
+    static constexpr int kConsumerRegs = CW == 3 ? 152 : 0;
+    static constexpr int kThreads = kExpanders + kConsumers + 32 * kIssuerWarps;
     static constexpr int kSteps = kBK / 32;
     static constexpr int kActBytes = kBA * kBK;
     static constexpr int kWBytes = PW > 0 ? kBW * kBK : 0; /* expanded to int8 */
     static constexpr int kPackedBytes = kBW * kBK / 4;     /* 2 bits per weight */
     static constexpr int kStageBytes = kActBytes + kWBytes + kPackedBytes;
-    static constexpr int kSmemBytes = STAGES * kStageBytes + 1024;
+    /* PW = 0 with two consumer warpgroups: each consumer warp's epilogue
+     * staging area (store_warp_staged) after the stages. (With three, the
+     * staged epilogue measured slower than store_group: H200, M = 512,
+     * 13824 x 2560 45.6 -> 46.6-48.1 us.) */
+    static constexpr bool kStagedEpilogue = PW == 0 && CW == 2;
+    static constexpr int kEpilogueBytes = kStagedEpilogue ? kConsumers / 32 * kEpiWarpBytes : 0;
+    static constexpr int kSmemBytes = STAGES * kStageBytes + kEpilogueBytes + 1024;
     static constexpr int kPackedPerThread =
         PW > 0 ? kPackedBytes / 16 / (kExpanders > 0 ? kExpanders : 1) : 0; /* entries */
     static constexpr int kAcc = 64; /* m64n128 accumulators per thread */
     static_assert(PW >= 0 && PW <= 2, "consumers expanding, or one or two expander warpgroups");
+    static_assert(CW == 2 || (PW == 0 && CW == 3),
+                  "the expanders are laid out for two consumer warpgroups");
     static_assert(PW == 0 || kPackedPerThread * kExpanders * 16 == kPackedBytes,
                   "even expansion split");
-    static_assert(kPackedBytes == 16 * 256, "16 layout tiles x 256 bytes per k-tile");
+    static_assert(kPackedBytes == kBW / kTileRows * 256, "layout tiles x 256 bytes per k-tile");
     static_assert(kStageBytes % 1024 == 0 && kActBytes % 1024 == 0, "swizzle alignment");
     static_assert(kSmemBytes <= 227 * 1024, "fits one block's shared memory");
 };
@@ -370,15 +394,15 @@ struct CfgWS {
  * tile's last k-tile (distinct for distinct partial tiles: a block that
  * ran the ends of two tiles ran the second whole). Layout of the
  * workspace: kStreamkMaxBlocks counters (at fixed places, so calls with
- * different grids share one workspace), then 2 G slots of 128 x 128 int32
- * (values 4 q .. 4 q + 3 of consumer thread c as the int4 at q 256 + c, so a
- * warp's stores are contiguous). Ordering: a segment's threads store their
+ * different grids share one workspace), then 2 G slots of 192 x 128 int32
+ * (the largest tile; values 4 q .. 4 q + 3 of consumer thread c of T as the
+ * int4 at q T + c, so a warp's stores are contiguous). Ordering: a segment's threads store their
  * slot values, meet at the consumers' barrier, and one thread adds to the
  * counter after a release fence; the completing one's acquire fence and a
  * second barrier make every counted segment's values visible to its
  * threads. A segment that finds (acquire load) every other one counted
  * completes the tile without storing its own. */
-constexpr int kSlotInts = 128 * 128;
+constexpr int kSlotInts = 192 * 128; /* the largest tile (three consumer warpgroups) */
 constexpr int kStreamkMaxBlocks = 1024;
 
 __host__ __device__ __forceinline__ int64_t streamk_begin(int64_t b, int64_t total, int64_t grid)
@@ -525,6 +549,73 @@ __device__ __forceinline__ void store_group(const int32_t (&acc)[MI][ACC], int j
     }
 }
 
+/* Stores a consumer warp's piece of the tile (16 weight rows from col_w, the
+ * tile's 128 activation rows; accumulators as store_group's) through its
+ * staging area `stage`: in four rounds of 32 activation rows the warp writes
+ * its accumulators there transposed, then each lane reads back four
+ * consecutive weight rows of one activation row and stores them as one
+ * 16-byte value (vec_ok: y 16-byte aligned and ldy a multiple of 4; else,
+ * and at the right edge, one value at a time). A tile's epilogue runs once
+ * per tile, cold in the instruction cache: as a small loop with 16 wide
+ * stores a thread it costs less than store_group's 64 unrolled scattered
+ * ones (H200, M = 512, 2560 x 2560: 14.3 -> 13.2 us). The arithmetic is
+ * store_group's, bit for bit. */
+__device__ __forceinline__ void store_warp_staged(const int32_t (&acc)[64], int32_t *stage,
+                                                  int lane, int64_t m0, int64_t m, int64_t n,
+                                                  int64_t col_w, const float *tile_scale,
+                                                  const int32_t *tile_sum, float w_scale, float *y,
+                                                  int64_t ldy, bool vec_ok)
+{
+    const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int round = 0; round < 4; round++) {
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++)
+#pragma unroll
+            for (int v = 0; v < 4; v++)
+                stage[(8 * jj + 2 * tig + (v & 1)) * kEpiStride + gid + 8 * (v >> 1)] =
+                    acc[4 * (4 * round + jj) + v];
+        __syncwarp();
+        /* Rolled: unrolled, this loop measured slower (H200, M = 512,
+         * 2560 x 2560 13.2 -> 14.7 us): the epilogue's code is fetched cold
+         * once per tile. */
+#pragma unroll 1
+        for (int it = 0; it < kEpiRows / 8; it++) {
+            const int rl = 8 * it + (lane >> 2), c4 = lane & 3;
+            const int tr = kEpiRows * round + rl; /* row of the tile */
+            const int64_t row = m0 + tr;
+            if (row >= m)
+                continue;
+            const int4 q = *reinterpret_cast<const int4 *>(stage + rl * kEpiStride + 4 * c4);
+            const int32_t qa[4] = {q.x, q.y, q.z, q.w};
+            const float sc = tile_scale[tr];
+            const int32_t sum = tile_sum[tr];
+            float o[4];
+            if (row_div_fast(sc)) {
+                const float rc = row_reciprocal(sc);
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    o[e] = __fmul_rn(row_div((float)(qa[e] - sum), sc, rc), w_scale);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    o[e] = epilogue(qa[e] - sum, sc, w_scale);
+            }
+            const int64_t col = col_w + 4 * c4;
+            float *dst = y + row * ldy + col;
+            if (vec_ok && col + 3 < n) {
+                *reinterpret_cast<float4 *>(dst) = make_float4(o[0], o[1], o[2], o[3]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (col + e < n)
+                        dst[e] = o[e];
+            }
+        }
+        __syncwarp(); /* the reads are done before the next round's writes */
+    }
+}
+
 /* BYTES (4, 8 or 16) global -> shared; with ok == false nothing is read and
  * they are zero-filled (src-size 0). 16 bytes bypass L1 (.cg); smaller
  * copies can only go through it (.ca). */
@@ -648,6 +739,20 @@ __device__ __forceinline__ void wgmma_ss<128>(int32_t (&d)[64], uint64_t adesc, 
                  "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
                  : "l"(adesc), "l"(bdesc), "r"(accumulate)
                  : "memory");
+}
+
+/* A warpgroup's registers per thread from here on (all its warps execute
+ * it): fewer for the copy issuer, more for the consumers. */
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_dec()
+{
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_inc()
+{
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
 }
 
 /* mbarriers of the warp-specialized kernel (shared::cta addresses). An
@@ -1060,21 +1165,23 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
 
 #if BN_WGMMA_DEVICE
 
-/* The two consumer warpgroups' barrier (named barrier 1, 256 threads). */
+/* The consumer warpgroups' barrier (named barrier 1, THREADS threads). */
+template <int THREADS = 256>
 __device__ __forceinline__ void consumer_sync()
 {
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
 }
 
 /* A partial segment's turn (consumer thread c of 256, accumulators final):
  * returns true when this segment completed the tile, its accumulators now
  * holding the whole tile's sums. *last is shared memory. */
-template <int ACC>
+template <int ACC, int THREADS>
 __device__ bool streamk_fixup(int32_t (&acc)[ACC], int32_t *ws, int64_t b, int64_t grid,
                               int64_t n_tiles, int64_t n_kt, int64_t tile, int kt0, int kt1, int c,
                               int *last)
 {
     static_assert(ACC % 4 == 0, "slots hold int4s");
+    static_assert(ACC * THREADS <= kSlotInts, "a tile fits its slot");
     const int64_t total = n_tiles * n_kt, t0 = tile * n_kt;
     int *const counters = reinterpret_cast<int *>(ws);
     int4 *const slots = reinterpret_cast<int4 *>(ws + kStreamkMaxBlocks);
@@ -1088,21 +1195,22 @@ __device__ bool streamk_fixup(int32_t (&acc)[ACC], int32_t *ws, int64_t b, int64
         asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counters + hi) : "memory");
         *last = seen + got == (int)n_kt;
     }
-    consumer_sync();
+    consumer_sync<THREADS>();
     if (!*last) {
         const bool first = t0 + kt0 == streamk_begin(b, total, grid);
         int4 *mine = slots + (first ? b : grid + b) * (kSlotInts / 4) + c;
 #pragma unroll
         for (int q = 0; q < ACC / 4; q++)
-            __stcg(mine + q * 256, make_int4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
-        consumer_sync();
+            __stcg(mine + q * THREADS,
+                   make_int4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
+        consumer_sync<THREADS>();
         if (c == 0) {
             asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); /* release the slot */
             *last = atomicAdd(counters + hi, got) + got == (int)n_kt;
             if (*last)
                 asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); /* acquire the others' */
         }
-        consumer_sync();
+        consumer_sync<THREADS>();
         if (!*last)
             return false;
     }
@@ -1113,7 +1221,7 @@ __device__ bool streamk_fixup(int32_t (&acc)[ACC], int32_t *ws, int64_t b, int64
         const int4 *theirs = slots + slot * (kSlotInts / 4) + c;
 #pragma unroll
         for (int q = 0; q < ACC / 4; q++) {
-            const int4 p = __ldcg(theirs + q * 256);
+            const int4 p = __ldcg(theirs + q * THREADS);
             acc[4 * q] += p.x;
             acc[4 * q + 1] += p.y;
             acc[4 * q + 2] += p.z;
@@ -1127,8 +1235,8 @@ __device__ bool streamk_fixup(int32_t (&acc)[ACC], int32_t *ws, int64_t b, int64
 
 #endif /* BN_WGMMA_DEVICE */
 
-template <int STAGES, int PW>
-__global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
+template <int STAGES, int PW, int CW>
+__global__ void __launch_bounds__(CfgWS<STAGES, PW, CW>::kThreads, 1)
     wgmma_ws_kernel(int64_t m, int64_t n, int64_t tiles, int64_t groups, int64_t m_blocks,
                     int64_t n_tiles, const float *__restrict__ act_scale,
                     const int32_t *__restrict__ act_sum, float w_scale, float *__restrict__ y,
@@ -1137,7 +1245,7 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
                     const __grid_constant__ CUtensorMap w_map)
 {
 #if BN_WGMMA_DEVICE
-    using C = CfgWS<STAGES, PW>;
+    using C = CfgWS<STAGES, PW, CW>;
     constexpr int S = STAGES;
     constexpr int BK = C::kBK;
     extern __shared__ uint8_t smem_raw[];
@@ -1166,7 +1274,7 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
         for (int st = 0; st < S; st++) {
             if (PW > 0)
                 mbar_init(full0 + 8 * st, C::kExpanders);
-            mbar_init(empty0 + 8 * st, 256);
+            mbar_init(empty0 + 8 * st, C::kConsumers);
             mbar_init(copied0 + 8 * st, 1); /* one expect_tx arrival + the bytes */
         }
     }
@@ -1176,9 +1284,11 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
     int64_t tile;
     int kt0, kt1;
 
-    if (warp == C::kIssuerWarp) {
+    if (warp >= C::kIssuerWarp) {
         /* ---- copy issuer ---- */
-        if (lane == 0) {
+        if constexpr (C::kIssuerWarps == 4)
+            setmaxnreg_dec<C::kIssuerRegs>();
+        if (warp == C::kIssuerWarp && lane == 0) {
             /* Stage and phase of k-tile g, advanced by one per k-tile. */
             int slot = 0;
             uint32_t phase = 0;
@@ -1244,7 +1354,9 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
     }
 
     /* ---- consumer warpgroups ---- */
-    const int ctid = tid - C::kExpanders; /* 0 .. 255 */
+    if constexpr (C::kIssuerWarps == 4)
+        setmaxnreg_inc<C::kConsumerRegs>();
+    const int ctid = tid - C::kExpanders; /* 0 .. kConsumers - 1 */
     const int cg = (warp >> 2) - PW, wq = warp & 3;
     const int gid = lane >> 2, tig = lane & 3;
     int slot = 0, prev = 0; /* stage of this k-tile and of the one before */
@@ -1267,7 +1379,7 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
             if (ctid < C::kBA)
                 cp_async<4>((uint32_t)__cvta_generic_to_shared(&tile_scale[seg & 1][r]),
                           act_scale + (ok ? m0 + r : 0), ok);
-            else
+            else if (ctid < 2 * C::kBA)
                 cp_async<4>((uint32_t)__cvta_generic_to_shared(&tile_sum[seg & 1][r]),
                           act_sum + (ok ? m0 + r : 0), ok);
             cp_async_commit();
@@ -1354,11 +1466,21 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW>::kThreads, 1)
             pin(acc[0][v]);
 
         const bool whole = kt0 == 0 && kt1 == n_kt;
-        const bool store = whole || streamk_fixup(acc[0], streamk, b, grid, n_tiles, n_kt, tile,
-                                                  kt0, kt1, ctid, &last_segment);
+        const bool store =
+            whole || streamk_fixup<C::kAcc, C::kConsumers>(acc[0], streamk, b, grid, n_tiles, n_kt,
+                                                           tile, kt0, kt1, ctid, &last_segment);
         cp_async_wait<0>();
-        consumer_sync(); /* every consumer's scales and sums landed */
-        if (store) {
+        consumer_sync<C::kConsumers>(); /* every consumer's scales and sums landed */
+        if (store && C::kStagedEpilogue) {
+            /* Epilogue through the warp's staging area: consumer cg is
+             * weight rows 64 cg .. of the tile, its warp wq 16 of them. */
+            int32_t *stage = reinterpret_cast<int32_t *>(sptr + S * C::kStageBytes +
+                                                         (ctid >> 5) * kEpiWarpBytes);
+            const bool vec_ok = (reinterpret_cast<uintptr_t>(y) & 15) == 0 && (ldy & 3) == 0;
+            store_warp_staged(acc[0], stage, lane, m0, m, n,
+                              tile0 * kTileRows + 64 * cg + 16 * wq, tile_scale[seg & 1],
+                              tile_sum[seg & 1], w_scale, y, ldy, vec_ok);
+        } else if (store) {
             /* Epilogue (store_group): consumer cg is slice cg. */
             const int64_t col0 = tile0 * kTileRows + 16 * wq + gid;
 #pragma unroll
@@ -1588,13 +1710,13 @@ cudaError_t byte_map(CUtensorMap *map, const void *base, uint64_t cols, uint64_t
  * output tile, or per k-tile with stream-K), copies through tensor maps of
  * both operands; with `streamk`, the blocks share the k-tiles evenly
  * through a->streamk. */
-template <int STAGES, int PW>
+template <int STAGES, int PW, int CW = 2>
 struct LaunchWS {
-    using C = CfgWS<STAGES, PW>;
+    using C = CfgWS<STAGES, PW, CW>;
 
     static cudaError_t run(const bn_w2a8_cuda_args *a, bool streamk, cudaStream_t stream)
     {
-        auto kernel = wgmma_ws_kernel<STAGES, PW>;
+        auto kernel = wgmma_ws_kernel<STAGES, PW, CW>;
         if (streamk && (!a->streamk || (reinterpret_cast<uintptr_t>(a->streamk) & 15) != 0))
             return cudaErrorInvalidValue;
         bool nothing = false;
@@ -1656,6 +1778,9 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma_split(const bn_w2a8_cuda_args *a,
     case BN_W2A8_WGMMA_128X128_TMA_STREAMK: return LaunchWS<6, 1>::run(a, true, stream);
     case BN_W2A8_WGMMA_128X128_TMA_RS: return LaunchWS<8, 0>::run(a, false, stream);
     case BN_W2A8_WGMMA_128X128_TMA_RS_STREAMK: return LaunchWS<8, 0>::run(a, true, stream);
+    /*                                         S  expanders  consumer warpgroups */
+    case BN_W2A8_WGMMA_192X128_TMA_RS: return LaunchWS<8, 0, 3>::run(a, false, stream);
+    case BN_W2A8_WGMMA_192X128_TMA_RS_STREAMK: return LaunchWS<8, 0, 3>::run(a, true, stream);
     default: return cudaErrorInvalidValue;
     }
 }

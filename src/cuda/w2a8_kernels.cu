@@ -828,8 +828,15 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int
     case 11: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_TMA_STREAMK, stream);
     case 12: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_TMA_RS, stream);
     case 13: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_TMA_RS_STREAMK, stream);
+    case 14: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_192X128_TMA_RS, stream);
+    case 15: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_192X128_TMA_RS_STREAMK, stream);
     default: return cudaErrorInvalidValue;
     }
+}
+
+extern "C" int bn_w2a8_cuda_gemm_variant_streamk(int variant)
+{
+    return variant == 11 || variant == 13 || variant == 15;
 }
 
 /* Whether stream-K (variant 11) saves the warp-specialized kernel's busiest
@@ -847,12 +854,15 @@ static bool streamk_pays(int64_t wg_tiles, int64_t k, int sm_count)
 }
 
 /* Measured on an H200 at M = 512 (docs/PERFORMANCE.md). With Hopper's
- * wgmma available (sm_90a code, a 9.0 device) the warp-specialized
- * persistent kernel with the weights expanded into wgmma's A registers (12)
- * wins on every measured shape (2560 x 2560: 17.3 us with the weights
- * expanded in shared memory (10), 14.4 with 12), with stream-K (13) where
- * whole tiles leave the busiest SM far behind the others (5120 x 27648:
- * 160 tiles of 216 k-tiles on 132 SMs: 167 -> 117 us). Without
+ * wgmma available (sm_90a code, a 9.0 device): the warp-specialized
+ * persistent kernels with the weights expanded into wgmma's A registers.
+ * 192 weight rows a block (14; 15 with stream-K) once those tiles fill
+ * every SM or the rows are long (BN_W2A8_WGMMA_LONG_K): per multiply-add
+ * they move fewer activation bytes (55296 x 5120: 264 us with 128 rows,
+ * 218 with 192; 5120 x 27648: 114 -> 100 with stream-K). Otherwise 128 rows
+ * (12; 13 with stream-K), whose smaller tiles spread the short shapes over
+ * more SMs (2560 x 2560: 13.2 us against 17.6 with 192). Stream-K where
+ * whole tiles leave the busiest SM far behind the others. Without
  * wgmma: the pipelined 64 x 256 kernel once its tiles fill every SM about
  * twice; with fewer tiles, split-K for long rows, else the 64 x 64 tiled
  * kernel. */
@@ -862,6 +872,10 @@ extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k
     if (m <= BN_W2A8_SKINNY_MAX_M)
         return 1;
     const int64_t wg_tiles = ((m + 127) / 128) * ((n + 127) / 128);
+    const int64_t wide_tiles = ((m + 127) / 128) * ((n + 191) / 192);
+    if (wgmma && m >= BN_W2A8_WGMMA_MIN_M &&
+        (wide_tiles >= (sm_count > 0 ? sm_count : 132) || k >= BN_W2A8_WGMMA_LONG_K))
+        return streamk_pays(wide_tiles, k, sm_count) ? 15 : 14;
     if (wgmma && m >= BN_W2A8_WGMMA_MIN_M &&
         (wg_tiles >= BN_W2A8_WGMMA_WS_MIN_TILES || k >= BN_W2A8_WGMMA_SHORT_K))
         return streamk_pays(wg_tiles, k, sm_count) ? 13 : 12;
@@ -890,12 +904,12 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_
     const int64_t k = a->groups * BN_CUDA_GROUP; /* the padded row length */
     int v = bn_w2a8_cuda_gemm_default_variant(a->m, a->n, k, bn_w2a8_cuda_gemm_wgmma_usable(),
                                               a->sm_count);
-    if ((v == 11 || v == 13) && !a->streamk)
+    if (bn_w2a8_cuda_gemm_variant_streamk(v) && !a->streamk)
         v -= 1; /* no stream-K workspace: whole tiles */
     const cudaError_t rc = bn_w2a8_cuda_gemm_variant(a, v, stream);
     /* The warp-specialized kernels also need the driver's tensor-map
      * encoder; without it, the other wgmma kernel (nothing was launched). */
-    if (rc == cudaErrorNotSupported && v >= 10 && v <= 13)
+    if (rc == cudaErrorNotSupported && v >= 10 && v <= 15)
         return bn_w2a8_cuda_gemm_variant(a, 7, stream);
     return rc;
 }
