@@ -416,8 +416,20 @@ __host__ __device__ __forceinline__ int64_t streamk_owner(int64_t g, int64_t tot
     return ((g + 1) * grid - 1) / total;
 }
 
+/* The slot of block o's partial segment of the tile whose first k-tile is
+ * t0: its first segment (its range starts in this tile) writes slot o, its
+ * last (the range started in an earlier tile) slot G + o. The writer and
+ * the completing reader both use this. */
+__host__ __device__ __forceinline__ int64_t streamk_slot(int64_t o, int64_t t0, int64_t total,
+                                                          int64_t grid)
+{
+    return streamk_begin(o, total, grid) >= t0 ? o : grid + o;
+}
+
 /* The segments a block runs: whole tiles b, b + G, ... (no workspace), or
- * its stream-K range cut at tile boundaries. */
+ * its stream-K range cut at tile boundaries. (A form that ran every full
+ * wave of G tiles whole and shared only the remaining tiles measured slower:
+ * docs/KERNELS.md.) */
 struct Segments {
     int64_t n_kt, n_tiles, grid, next, end;
     bool streamk;
@@ -1172,7 +1184,8 @@ __device__ __forceinline__ void consumer_sync()
     asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
 }
 
-/* A partial segment's turn (consumer thread c of 256, accumulators final):
+/* A partial segment's turn (consumer thread c of THREADS, accumulators
+ * final):
  * returns true when this segment completed the tile, its accumulators now
  * holding the whole tile's sums. *last is shared memory. */
 template <int ACC, int THREADS>
@@ -1197,8 +1210,7 @@ __device__ bool streamk_fixup(int32_t (&acc)[ACC], int32_t *ws, int64_t b, int64
     }
     consumer_sync<THREADS>();
     if (!*last) {
-        const bool first = t0 + kt0 == streamk_begin(b, total, grid);
-        int4 *mine = slots + (first ? b : grid + b) * (kSlotInts / 4) + c;
+        int4 *mine = slots + streamk_slot(b, t0, total, grid) * (kSlotInts / 4) + c;
 #pragma unroll
         for (int q = 0; q < ACC / 4; q++)
             __stcg(mine + q * THREADS,
@@ -1217,8 +1229,7 @@ __device__ bool streamk_fixup(int32_t (&acc)[ACC], int32_t *ws, int64_t b, int64
     for (int64_t o = lo; o <= hi; o++) {
         if (o == b)
             continue;
-        const int64_t slot = streamk_begin(o, total, grid) >= t0 ? o : grid + o;
-        const int4 *theirs = slots + slot * (kSlotInts / 4) + c;
+        const int4 *theirs = slots + streamk_slot(o, t0, total, grid) * (kSlotInts / 4) + c;
 #pragma unroll
         for (int q = 0; q < ACC / 4; q++) {
             const int4 p = __ldcg(theirs + q * THREADS);
@@ -1843,8 +1854,14 @@ extern "C" cudaError_t bn_w2a8_cuda_division_check(int64_t pairs, uint64_t seed,
 }
 
 /* Walks the stream-K plan of n_tiles x n_kt k-tiles over `grid` blocks
- * with the kernel's own Segments, streamk_begin and streamk_owner, and
- * checks what the fixup relies on. Host-only (test_w2a8_streamk). */
+ * with the kernel's own Segments, streamk_begin, streamk_owner and
+ * streamk_slot, and checks what the fixup relies on: every k-tile run once;
+ * each block's segments contiguous from its range's start to the next
+ * block's; a partial tile's counter (its last owner) used by no other
+ * partial tile; every slot written at most once; and the slots a
+ * completing segment reads (the owners between the tile's first and last
+ * but itself) exactly the other segments' slots. Host-only
+ * (test_w2a8_streamk). */
 extern "C" int bn_w2a8_cuda_streamk_plan_check(int64_t n_tiles, int64_t n_kt, int64_t grid,
                                                char *why, size_t size)
 {
@@ -1857,10 +1874,11 @@ extern "C" int bn_w2a8_cuda_streamk_plan_check(int64_t n_tiles, int64_t n_kt, in
         return 0;
     }
     int *covered = (int *)calloc((size_t)total, sizeof(int));
-    int *tile_sum = (int *)calloc((size_t)n_tiles, sizeof(int));
     int *counter_of = (int *)malloc((size_t)grid * sizeof(int));
     unsigned char *slot_used = (unsigned char *)calloc((size_t)(2 * grid), 1);
-    int ok = covered && tile_sum && counter_of && slot_used;
+    /* Per tile: the slots its partial segments wrote (2 grid flags). */
+    unsigned char *written = (unsigned char *)calloc((size_t)n_tiles * 2 * grid, 1);
+    int ok = covered && counter_of && slot_used && written;
     if (!ok)
         snprintf(why, size, "out of host memory");
     for (int64_t i = 0; ok && i < grid; i++)
@@ -1882,31 +1900,28 @@ extern "C" int bn_w2a8_cuda_streamk_plan_check(int64_t n_tiles, int64_t n_kt, in
             next = t0 + kt1;
             for (int kt = kt0; kt < kt1; kt++)
                 covered[t0 + kt]++;
-            tile_sum[tile] += kt1 - kt0;
             if (kt1 - kt0 == n_kt)
                 continue;
             /* A partial segment: its block lies between the tile's first and
-             * last owners, the tile's counter (the last owner) is no other
-             * partial tile's, and its slot (first segment b, last grid + b)
-             * is written once. */
+             * last owners, the tile's counter is no other partial tile's,
+             * and its slot is written once. */
             const int64_t lo = streamk_owner(t0, total, grid);
             const int64_t hi = streamk_owner(t0 + n_kt - 1, total, grid);
-            const bool first = t0 + kt0 == streamk_begin(b, total, grid);
-            const int64_t slot = first ? b : grid + b;
-            const int64_t read_as = streamk_begin(b, total, grid) >= t0 ? b : grid + b;
-            if (b < lo || b > hi || hi >= grid || (counter_of[hi] >= 0 && counter_of[hi] != tile) ||
-                slot_used[slot] || slot != read_as) {
+            const int64_t slot = streamk_slot(b, t0, total, grid);
+            if (b < lo || b > hi || hi >= grid ||
+                (counter_of[hi] >= 0 && counter_of[hi] != tile) || slot_used[slot]) {
                 snprintf(why, size,
                          "block %lld, tile %lld [%d, %d): owners %lld..%lld, counter of %d, slot "
-                         "%lld (read as %lld)%s",
+                         "%lld%s",
                          (long long)b, (long long)tile, kt0, kt1, (long long)lo, (long long)hi,
-                         counter_of[hi < grid ? hi : 0], (long long)slot, (long long)read_as,
+                         counter_of[hi < grid ? hi : 0], (long long)slot,
                          slot_used[slot] ? " written twice" : "");
                 ok = 0;
                 break;
             }
             counter_of[hi] = (int)tile;
             slot_used[slot] = 1;
+            written[tile * 2 * grid + slot] = 1;
         }
         if (ok && next != streamk_begin(b + 1, total, grid)) {
             snprintf(why, size, "block %lld stops at %lld, not at the next block's start",
@@ -1919,16 +1934,41 @@ extern "C" int bn_w2a8_cuda_streamk_plan_check(int64_t n_tiles, int64_t n_kt, in
             snprintf(why, size, "k-tile %lld run %d times", (long long)g, covered[g]);
             ok = 0;
         }
-    for (int64_t t = 0; ok && t < n_tiles; t++)
-        if (tile_sum[t] != n_kt) {
-            snprintf(why, size, "tile %lld counts %d of %lld k-tiles", (long long)t, tile_sum[t],
-                     (long long)n_kt);
-            ok = 0;
+    /* Whichever segment completes a partial tile, what it reads is what
+     * the others wrote. */
+    for (int64_t t = 0; ok && t < n_tiles; t++) {
+        const int64_t t0 = t * n_kt;
+        const int64_t lo = streamk_owner(t0, total, grid);
+        const int64_t hi = streamk_owner(t0 + n_kt - 1, total, grid);
+        if (lo == hi)
+            continue; /* one block ran it whole */
+        int writes = 0;
+        for (int64_t sl = 0; sl < 2 * grid; sl++)
+            writes += written[t * 2 * grid + sl];
+        for (int64_t c = lo; ok && c <= hi; c++) {
+            int reads = 0;
+            for (int64_t o = lo; ok && o <= hi; o++) {
+                if (o == c)
+                    continue;
+                const int64_t slot = streamk_slot(o, t0, total, grid);
+                reads++;
+                if (!written[t * 2 * grid + slot]) {
+                    snprintf(why, size, "tile %lld: block %lld would read slot %lld, not written",
+                             (long long)t, (long long)c, (long long)slot);
+                    ok = 0;
+                }
+            }
+            if (ok && reads != writes - 1) {
+                snprintf(why, size, "tile %lld: block %lld reads %d slots of %d others",
+                         (long long)t, (long long)c, reads, writes - 1);
+                ok = 0;
+            }
         }
+    }
     free(covered);
-    free(tile_sum);
     free(counter_of);
     free(slot_used);
+    free(written);
     return ok;
 }
 
