@@ -37,9 +37,9 @@ int main(void)
     CHECK(!bn_w2a8_cuda_streamk_plan_check(4, 4, 0, why, sizeof why) && why[0] != '\0');
 
     /* The default variant at M = 512 on an H200's 132 SMs with wgmma
-     * (docs/PERFORMANCE.md): 192-row tiles (14, stream-K 15) once they
-     * fill the SMs or the rows are long, else 128-row tiles (12, stream-K
-     * 13); stream-K where it spares the busiest SM >=
+     * (docs/PERFORMANCE.md): 256-row tiles (16) once they fill the SMs,
+     * else 192-row tiles (14, stream-K 15) once they do or the rows are
+     * long, else 128-row tiles (12, stream-K 13); stream-K where it spares the busiest SM >=
      * BN_W2A8_STREAMK_MIN_SAVED k-tiles; the skinny kernel (1) up to 32 rows; without wgmma the
      * mma.sync kernels (0, 2, 3). k is the padded row length. */
     static const struct {
@@ -47,12 +47,13 @@ int main(void)
         int wgmma, sms, want;
     } picks[] = {
         {512, 2560, 2560, 1, 132, 12},   {512, 3840, 2560, 1, 132, 12},
-        {512, 13824, 2560, 1, 132, 14},  {512, 20480, 3328, 1, 132, 14},
+        {512, 13824, 2560, 1, 132, 16},  {512, 20480, 3328, 1, 132, 16},
         {512, 2560, 6912, 1, 132, 13},   {512, 5120, 27648, 1, 132, 15},
-        {512, 55296, 5120, 1, 132, 14},  {16, 2560, 2560, 1, 132, 1},
+        {512, 55296, 5120, 1, 132, 16},  {16, 2560, 2560, 1, 132, 1},
+        {512, 8192, 2560, 1, 132, 14}, /* 192-row tiles fill the SMs, 256-row ones not */
         {32, 2560, 2560, 0, 132, 1},     {512, 2560, 2560, 0, 132, 0},
         {512, 2560, 27648, 0, 132, 2},   {512, 13824, 2560, 0, 132, 3},
-        {512, 5120, 27648, 1, 1, 14}, /* one SM: nothing to even out */
+        {512, 5120, 27648, 1, 1, 16}, /* one SM: the widest tiles fill it */
     };
     for (size_t i = 0; i < sizeof picks / sizeof picks[0]; i++) {
         const int got = bn_w2a8_cuda_gemm_default_variant(picks[i].m, picks[i].n, picks[i].k,

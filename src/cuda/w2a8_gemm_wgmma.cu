@@ -334,21 +334,23 @@ constexpr int kEpiRows = 32;
 constexpr int kEpiStride = 20;
 constexpr int kEpiWarpBytes = kEpiRows * kEpiStride * 4;
 
-template <int STAGES, int PW, int CW = 2>
+template <int STAGES, int PW, int CW = 2, int MI = 1>
 struct CfgWS {
-    static constexpr int kBW = 64 * CW; /* weight rows: CW consumer warpgroups x 64 */
+    /* weight rows: CW consumer warpgroups x MI slices of 64 */
+    static constexpr int kBW = 64 * CW * MI;
     static constexpr int kBA = 128;     /* activation rows */
     static constexpr int kBK = 128;
     static constexpr int kExpanders = 128 * PW;
     static constexpr int kConsumers = 128 * CW;
     static constexpr int kIssuerWarp = 4 * PW + 4 * CW;
-    /* More than two consumer warpgroups: the issuer is a whole warpgroup
-     * that hands its registers to the consumers (setmaxnreg), since the
-     * default split of the register file (by the warps each scheduler
-     * holds) would leave a consumer thread 128 and serialize its wgmma. */
-    static constexpr int kIssuerWarps = CW > 2 ? 4 : 1;
+    /* More than two consumer warpgroups, or two slices each: the issuer is
+     * a whole warpgroup that hands its registers to the consumers
+     * (setmaxnreg), since the default split of the register file (by the
+     * warps each scheduler holds) would leave a consumer thread too few and
+     * serialize its wgmma (C7511/C7512). */
+    static constexpr int kIssuerWarps = CW > 2 || MI > 1 ? 4 : 1;
     static constexpr int kIssuerRegs = 40;
-    static constexpr int kConsumerRegs = CW == 3 ? 152 : 0;
+    static constexpr int kConsumerRegs = CW == 3 ? 152 : MI == 2 ? 232 : 0;
     static constexpr int kThreads = kExpanders + kConsumers + 32 * kIssuerWarps;
     static constexpr int kSteps = kBK / 32;
     static constexpr int kActBytes = kBA * kBK;
@@ -359,15 +361,16 @@ struct CfgWS {
      * staging area (store_warp_staged) after the stages. (With three, the
      * staged epilogue measured slower than store_group: H200, M = 512,
      * 13824 x 2560 45.6 -> 46.6-48.1 us.) */
-    static constexpr bool kStagedEpilogue = PW == 0 && CW == 2;
+    static constexpr bool kStagedEpilogue = PW == 0 && CW == 2 && MI == 1;
     static constexpr int kEpilogueBytes = kStagedEpilogue ? kConsumers / 32 * kEpiWarpBytes : 0;
     static constexpr int kSmemBytes = STAGES * kStageBytes + kEpilogueBytes + 1024;
     static constexpr int kPackedPerThread =
         PW > 0 ? kPackedBytes / 16 / (kExpanders > 0 ? kExpanders : 1) : 0; /* entries */
     static constexpr int kAcc = 64; /* m64n128 accumulators per thread */
     static_assert(PW >= 0 && PW <= 2, "consumers expanding, or one or two expander warpgroups");
-    static_assert(CW == 2 || (PW == 0 && CW == 3),
-                  "the expanders are laid out for two consumer warpgroups");
+    static_assert((CW == 2 && MI == 1) || (PW == 0 && CW == 3 && MI == 1) ||
+                      (PW == 0 && CW == 2 && MI == 2),
+                  "the expanders are laid out for two consumer warpgroups of one slice");
     static_assert(PW == 0 || kPackedPerThread * kExpanders * 16 == kPackedBytes,
                   "even expansion split");
     static_assert(kPackedBytes == kBW / kTileRows * 256, "layout tiles x 256 bytes per k-tile");
@@ -1246,8 +1249,8 @@ __device__ bool streamk_fixup(int32_t (&acc)[ACC], int32_t *ws, int64_t b, int64
 
 #endif /* BN_WGMMA_DEVICE */
 
-template <int STAGES, int PW, int CW>
-__global__ void __launch_bounds__(CfgWS<STAGES, PW, CW>::kThreads, 1)
+template <int STAGES, int PW, int CW, int MI>
+__global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI>::kThreads, 1)
     wgmma_ws_kernel(int64_t m, int64_t n, int64_t tiles, int64_t groups, int64_t m_blocks,
                     int64_t n_tiles, const float *__restrict__ act_scale,
                     const int32_t *__restrict__ act_sum, float w_scale, float *__restrict__ y,
@@ -1256,7 +1259,7 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW>::kThreads, 1)
                     const __grid_constant__ CUtensorMap w_map)
 {
 #if BN_WGMMA_DEVICE
-    using C = CfgWS<STAGES, PW, CW>;
+    using C = CfgWS<STAGES, PW, CW, MI>;
     constexpr int S = STAGES;
     constexpr int BK = C::kBK;
     extern __shared__ uint8_t smem_raw[];
@@ -1373,10 +1376,12 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW>::kThreads, 1)
     int slot = 0, prev = 0; /* stage of this k-tile and of the one before */
     uint32_t phase = 0;
     /* A segment's first wgmma overwrites the accumulators (accumulate 0). */
-    int32_t acc[1][C::kAcc];
+    int32_t acc[MI][C::kAcc];
 #pragma unroll
-    for (int v = 0; v < C::kAcc; v++)
-        acc[0][v] = 0;
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int v = 0; v < C::kAcc; v++)
+            acc[i][v] = 0;
     for (int seg = 0; segs.take(tile, kt0, kt1); seg++) {
         int64_t m0, tile0;
         tile_origin(tile, m0, tile0);
@@ -1422,20 +1427,19 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW>::kThreads, 1)
                                   kt > kt0 || st > 0);
                 retire_previous(kt);
             }
-        } else {
-            /* The consumer expands its own 64 weight rows straight into A
-             * fragments (as wgmma_kernel; frag_tile, frag_reg) from the
-             * stage's packed box, laid out as wgmma_kernel's stage. Two
-             * fragment sets, alternating by k-tile: the set being defined
-             * is never that of the group still in flight, so ptxas keeps
-             * the wgmmas asynchronous (C7513 otherwise). */
-            const int ft = frag_tile<1>(cg, 0, wq);
-            auto run_ktile = [&](uint32_t(&frag)[C::kSteps][4], int kt) {
-                mbar_wait(copied0 + 8 * slot, phase);
+        } else if constexpr (MI == 2) {
+            /* Two slices a consumer: 128 accumulators a thread leave room
+             * for two half-k-tile fragment sets, not two whole ones (ptxas
+             * serializes the wgmmas otherwise, C7512). Each k-tile is two
+             * wgmma groups, steps 0-1 from set x and 2-3 from set y; a set
+             * is redefined only once the group that read it retired. */
+            uint32_t frag_x[MI][2][4], frag_y[MI][2][4];
+            auto run_half = [&](uint32_t(&frag)[MI][2][4], int q, int kt) {
                 const uint32_t stage_addr = sbase + (uint32_t)(slot * C::kStageBytes);
                 const uint8_t *wsp = sptr + slot * C::kStageBytes + C::kActBytes;
 #pragma unroll
-                for (int q = 0; q < BK / 64; q++) {
+                for (int i = 0; i < MI; i++) {
+                    const int ft = frag_tile<MI>(cg, i, wq);
                     const uint4 lo4 =
                         *reinterpret_cast<const uint4 *>(wsp + ft * 2 * BK + q * 128 + gid * 16);
                     const uint4 hi4 = *reinterpret_cast<const uint4 *>(wsp + (ft + 1) * 2 * BK +
@@ -1443,25 +1447,84 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW>::kThreads, 1)
                     const uint32_t lo[4] = {lo4.x, lo4.y, lo4.z, lo4.w};
                     const uint32_t hi[4] = {hi4.x, hi4.y, hi4.z, hi4.w};
 #pragma unroll
-                    for (int st = 2 * q; st < 2 * q + 2; st++)
+                    for (int s = 0; s < 2; s++)
 #pragma unroll
-                        for (int r = 0; r < 4; r++)
-                            frag[st][r] = frag_reg(lo, hi, st, r, tig);
+                        for (int r = 0; r < 4; r++) {
+                            frag[i][s][r] = frag_reg(lo, hi, 2 * q + s, r, tig);
+                            pin(frag[i][s][r]);
+                        }
+                }
+                wgmma_fence();
+#pragma unroll
+                for (int s = 0; s < 2; s++)
+#pragma unroll
+                    for (int i = 0; i < MI; i++)
+                        wgmma_rs<128>(acc[i], frag[i][s],
+                                      sw128_desc(stage_addr + act_step_offset<C::kBA>(2 * q + s)),
+                                      kt > kt0 || q > 0 || s > 0);
+                wgmma_commit();
+                wgmma_wait<1>();
+            };
+            for (int kt = kt0; kt < kt1; kt++) {
+                mbar_wait(copied0 + 8 * slot, phase);
+                run_half(frag_x, 0, kt);
+                /* The group before (k-tile kt - 1's second half) retired. */
+                if (kt > kt0)
+                    mbar_arrive(empty0 + 8 * prev);
+                run_half(frag_y, 1, kt);
+                prev = slot;
+                if (++slot == S) {
+                    slot = 0;
+                    phase ^= 1u;
+                }
+            }
+        } else {
+            /* The consumer expands its own MI x 64 weight rows straight
+             * into A fragments (as wgmma_kernel; frag_tile, frag_reg) from
+             * the stage's packed box, laid out as wgmma_kernel's stage. Two
+             * fragment sets, alternating by k-tile: the set being defined
+             * is never that of the group still in flight, so ptxas keeps
+             * the wgmmas asynchronous (C7513 otherwise). */
+            auto run_ktile = [&](uint32_t(&frag)[MI][C::kSteps][4], int kt) {
+                mbar_wait(copied0 + 8 * slot, phase);
+                const uint32_t stage_addr = sbase + (uint32_t)(slot * C::kStageBytes);
+                const uint8_t *wsp = sptr + slot * C::kStageBytes + C::kActBytes;
+#pragma unroll
+                for (int i = 0; i < MI; i++) {
+                    const int ft = frag_tile<MI>(cg, i, wq);
+#pragma unroll
+                    for (int q = 0; q < BK / 64; q++) {
+                        const uint4 lo4 = *reinterpret_cast<const uint4 *>(wsp + ft * 2 * BK +
+                                                                           q * 128 + gid * 16);
+                        const uint4 hi4 = *reinterpret_cast<const uint4 *>(
+                            wsp + (ft + 1) * 2 * BK + q * 128 + gid * 16);
+                        const uint32_t lo[4] = {lo4.x, lo4.y, lo4.z, lo4.w};
+                        const uint32_t hi[4] = {hi4.x, hi4.y, hi4.z, hi4.w};
+#pragma unroll
+                        for (int st = 2 * q; st < 2 * q + 2; st++)
+#pragma unroll
+                            for (int r = 0; r < 4; r++)
+                                frag[i][st][r] = frag_reg(lo, hi, st, r, tig);
+                    }
                 }
 #pragma unroll
-                for (int st = 0; st < C::kSteps; st++)
+                for (int i = 0; i < MI; i++)
 #pragma unroll
-                    for (int r = 0; r < 4; r++)
-                        pin(frag[st][r]);
+                    for (int st = 0; st < C::kSteps; st++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++)
+                            pin(frag[i][st][r]);
                 wgmma_fence();
 #pragma unroll
                 for (int st = 0; st < C::kSteps; st++)
-                    wgmma_rs<128>(acc[0], frag[st],
-                                  sw128_desc(stage_addr + act_step_offset<C::kBA>(st)),
-                                  kt > kt0 || st > 0);
+#pragma unroll
+                    for (int i = 0; i < MI; i++)
+                        wgmma_rs<128>(acc[i], frag[i][st],
+                                      sw128_desc(stage_addr + act_step_offset<C::kBA>(st)),
+                                      kt > kt0 || st > 0);
                 retire_previous(kt);
             };
-            uint32_t frag_a[C::kSteps][4], frag_b[C::kSteps][4];
+            uint32_t frag_a[MI][C::kSteps][4], frag_b[MI][C::kSteps][4];
             int kt = kt0;
             for (; kt + 1 < kt1; kt += 2) {
                 run_ktile(frag_a, kt);
@@ -1473,13 +1536,16 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW>::kThreads, 1)
         wgmma_wait<0>();
         mbar_arrive(empty0 + 8 * prev);
 #pragma unroll
-        for (int v = 0; v < C::kAcc; v++)
-            pin(acc[0][v]);
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int v = 0; v < C::kAcc; v++)
+                pin(acc[i][v]);
 
-        const bool whole = kt0 == 0 && kt1 == n_kt;
-        const bool store =
-            whole || streamk_fixup<C::kAcc, C::kConsumers>(acc[0], streamk, b, grid, n_tiles, n_kt,
-                                                           tile, kt0, kt1, ctid, &last_segment);
+        bool store = kt0 == 0 && kt1 == n_kt; /* a whole tile */
+        if constexpr (MI == 1) /* stream-K: one slice a warpgroup (LaunchWS) */
+            store = store || streamk_fixup<C::kAcc, C::kConsumers>(acc[0], streamk, b, grid,
+                                                                   n_tiles, n_kt, tile, kt0, kt1,
+                                                                   ctid, &last_segment);
         cp_async_wait<0>();
         consumer_sync<C::kConsumers>(); /* every consumer's scales and sums landed */
         if (store && C::kStagedEpilogue) {
@@ -1492,12 +1558,12 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW>::kThreads, 1)
                               tile0 * kTileRows + 64 * cg + 16 * wq, tile_scale[seg & 1],
                               tile_sum[seg & 1], w_scale, y, ldy, vec_ok);
         } else if (store) {
-            /* Epilogue (store_group): consumer cg is slice cg. */
+            /* Epilogue (store_group): consumer cg is slices MI cg .. */
             const int64_t col0 = tile0 * kTileRows + 16 * wq + gid;
 #pragma unroll
             for (int j = 0; j < C::kBA / 8; j++)
-                store_group<1>(acc, j, m0, m, n, col0, cg, tig, tile_scale[seg & 1],
-                               tile_sum[seg & 1], w_scale, y, ldy);
+                store_group<MI>(acc, j, m0, m, n, col0, MI * cg, tig, tile_scale[seg & 1],
+                                tile_sum[seg & 1], w_scale, y, ldy);
         }
     }
 #else
@@ -1721,13 +1787,15 @@ cudaError_t byte_map(CUtensorMap *map, const void *base, uint64_t cols, uint64_t
  * output tile, or per k-tile with stream-K), copies through tensor maps of
  * both operands; with `streamk`, the blocks share the k-tiles evenly
  * through a->streamk. */
-template <int STAGES, int PW, int CW = 2>
+template <int STAGES, int PW, int CW = 2, int MI = 1>
 struct LaunchWS {
-    using C = CfgWS<STAGES, PW, CW>;
+    using C = CfgWS<STAGES, PW, CW, MI>;
 
     static cudaError_t run(const bn_w2a8_cuda_args *a, bool streamk, cudaStream_t stream)
     {
-        auto kernel = wgmma_ws_kernel<STAGES, PW, CW>;
+        auto kernel = wgmma_ws_kernel<STAGES, PW, CW, MI>;
+        if (streamk && MI != 1)
+            return cudaErrorInvalidValue; /* stream-K slots hold one slice a warpgroup */
         if (streamk && (!a->streamk || (reinterpret_cast<uintptr_t>(a->streamk) & 15) != 0))
             return cudaErrorInvalidValue;
         bool nothing = false;
@@ -1792,6 +1860,8 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma_split(const bn_w2a8_cuda_args *a,
     /*                                         S  expanders  consumer warpgroups */
     case BN_W2A8_WGMMA_192X128_TMA_RS: return LaunchWS<8, 0, 3>::run(a, false, stream);
     case BN_W2A8_WGMMA_192X128_TMA_RS_STREAMK: return LaunchWS<8, 0, 3>::run(a, true, stream);
+    /*                                         S  expanders  consumers  slices each */
+    case BN_W2A8_WGMMA_256X128_TMA_RS: return LaunchWS<8, 0, 2, 2>::run(a, false, stream);
     default: return cudaErrorInvalidValue;
     }
 }

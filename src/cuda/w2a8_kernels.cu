@@ -830,6 +830,7 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int
     case 13: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_128X128_TMA_RS_STREAMK, stream);
     case 14: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_192X128_TMA_RS, stream);
     case 15: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_192X128_TMA_RS_STREAMK, stream);
+    case 16: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_256X128_TMA_RS, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -855,14 +856,16 @@ static bool streamk_pays(int64_t wg_tiles, int64_t k, int sm_count)
 
 /* Measured on an H200 at M = 512 (docs/PERFORMANCE.md). With Hopper's
  * wgmma available (sm_90a code, a 9.0 device): the warp-specialized
- * persistent kernels with the weights expanded into wgmma's A registers.
- * 192 weight rows a block (14; 15 with stream-K) once those tiles fill
- * every SM or the rows are long (BN_W2A8_WGMMA_LONG_K): per multiply-add
- * they move fewer activation bytes (55296 x 5120: 264 us with 128 rows,
- * 218 with 192; 5120 x 27648: 114 -> 100 with stream-K). Otherwise 128 rows
- * (12; 13 with stream-K), whose smaller tiles spread the short shapes over
- * more SMs (2560 x 2560: 13.2 us against 17.6 with 192). Stream-K where
- * whole tiles leave the busiest SM far behind the others. Without
+ * persistent kernels with the weights expanded into wgmma's A registers,
+ * the widest tiles that still fill every SM, since per multiply-add they
+ * move fewer activation bytes: 256 weight rows a block (16) once those
+ * tiles fill every SM (13824 x 2560: 50 us with 128 rows, 45-48 with 192,
+ * 38-41 with 256); else 192 (14; 15 with stream-K) once those do or the
+ * rows are long (BN_W2A8_WGMMA_LONG_K; 5120 x 27648: 167 us with 128 rows,
+ * 100 with 192 and stream-K); else 128 (12; 13 with stream-K), whose
+ * smaller tiles spread the short shapes over more SMs (2560 x 2560: 13.2 us
+ * against 16.2 with 192). Stream-K where whole tiles leave the busiest SM
+ * far behind the others. Without
  * wgmma: the pipelined 64 x 256 kernel once its tiles fill every SM about
  * twice; with fewer tiles, split-K for long rows, else the 64 x 64 tiled
  * kernel. */
@@ -873,8 +876,11 @@ extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k
         return 1;
     const int64_t wg_tiles = ((m + 127) / 128) * ((n + 127) / 128);
     const int64_t wide_tiles = ((m + 127) / 128) * ((n + 191) / 192);
-    if (wgmma && m >= BN_W2A8_WGMMA_MIN_M &&
-        (wide_tiles >= (sm_count > 0 ? sm_count : 132) || k >= BN_W2A8_WGMMA_LONG_K))
+    const int64_t widest_tiles = ((m + 127) / 128) * ((n + 255) / 256);
+    const int64_t sms = sm_count > 0 ? sm_count : 132;
+    if (wgmma && m >= BN_W2A8_WGMMA_MIN_M && widest_tiles >= sms)
+        return 16;
+    if (wgmma && m >= BN_W2A8_WGMMA_MIN_M && (wide_tiles >= sms || k >= BN_W2A8_WGMMA_LONG_K))
         return streamk_pays(wide_tiles, k, sm_count) ? 15 : 14;
     if (wgmma && m >= BN_W2A8_WGMMA_MIN_M &&
         (wg_tiles >= BN_W2A8_WGMMA_WS_MIN_TILES || k >= BN_W2A8_WGMMA_SHORT_K))
@@ -909,7 +915,7 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_
     const cudaError_t rc = bn_w2a8_cuda_gemm_variant(a, v, stream);
     /* The warp-specialized kernels also need the driver's tensor-map
      * encoder; without it, the other wgmma kernel (nothing was launched). */
-    if (rc == cudaErrorNotSupported && v >= 10 && v <= 15)
+    if (rc == cudaErrorNotSupported && v >= 10 && v <= 16)
         return bn_w2a8_cuda_gemm_variant(a, 7, stream);
     return rc;
 }
