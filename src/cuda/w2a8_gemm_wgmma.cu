@@ -1303,6 +1303,9 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI>::kThreads, 1)
         if constexpr (C::kIssuerWarps == 4)
             setmaxnreg_dec<C::kIssuerRegs>();
         if (warp == C::kIssuerWarp && lane == 0) {
+            /* Fetch both tensor maps while the consumers start up. */
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"(&act_map) : "memory");
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"(&w_map) : "memory");
             /* Stage and phase of k-tile g, advanced by one per k-tile. */
             int slot = 0;
             uint32_t phase = 0;
