@@ -200,6 +200,29 @@ __host__ __device__ __forceinline__ uint32_t frag_reg(const uint32_t lo[4], cons
     return (word >> (2 * tig)) & 0x03030303u;
 }
 
+#if BN_WGMMA_DEVICE
+/* The A fragments of k steps 2 q and 2 q + 1 (quarter q of a stage's packed
+ * k-tile) of the 16 weight rows at layout tiles t and t + 1, tiles
+ * tile_bytes apart, into f[s0] and f[s0 + 1]. */
+template <int STEPS>
+__device__ __forceinline__ void packed_to_frags(const uint8_t *packed, int t, int tile_bytes,
+                                                int q, int gid, int tig, uint32_t (&f)[STEPS][4],
+                                                int s0)
+{
+    const uint4 lo4 =
+        *reinterpret_cast<const uint4 *>(packed + t * tile_bytes + q * 128 + gid * 16);
+    const uint4 hi4 =
+        *reinterpret_cast<const uint4 *>(packed + (t + 1) * tile_bytes + q * 128 + gid * 16);
+    const uint32_t lo[4] = {lo4.x, lo4.y, lo4.z, lo4.w};
+    const uint32_t hi[4] = {hi4.x, hi4.y, hi4.z, hi4.w};
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+            f[s0 + s][r] = frag_reg(lo, hi, 2 * q + s, r, tig);
+}
+#endif
+
 /* ---- Split-K over a thread-block cluster (configuration 128x128 k/split) --
  *
  * The `split` blocks of one output tile are one cluster (x = m block *
@@ -916,19 +939,8 @@ __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS)
         for (int i = 0; i < MI; i++) {
             const int t = frag_tile<MI>(g, i, wq);
 #pragma unroll
-            for (int q = 0; q < BK / 64; q++) {
-                const uint4 lo4 = *reinterpret_cast<const uint4 *>(
-                    wsp + t * C::kWTileBytes + q * 128 + gid * 16);
-                const uint4 hi4 = *reinterpret_cast<const uint4 *>(
-                    wsp + (t + 1) * C::kWTileBytes + q * 128 + gid * 16);
-                const uint32_t lo[4] = {lo4.x, lo4.y, lo4.z, lo4.w};
-                const uint32_t hi[4] = {hi4.x, hi4.y, hi4.z, hi4.w};
-#pragma unroll
-                for (int s = 2 * q; s < 2 * q + 2; s++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++)
-                        frag[i][s][r] = frag_reg(lo, hi, s, r, tig);
-            }
+            for (int q = 0; q < BK / 64; q++)
+                packed_to_frags(wsp, t, C::kWTileBytes, q, gid, tig, frag[i], 2 * q);
         }
         /* All fragment and accumulator registers are final before the fence. */
 #pragma unroll
@@ -1442,20 +1454,13 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI>::kThreads, 1)
                 const uint8_t *wsp = sptr + slot * C::kStageBytes + C::kActBytes;
 #pragma unroll
                 for (int i = 0; i < MI; i++) {
-                    const int ft = frag_tile<MI>(cg, i, wq);
-                    const uint4 lo4 =
-                        *reinterpret_cast<const uint4 *>(wsp + ft * 2 * BK + q * 128 + gid * 16);
-                    const uint4 hi4 = *reinterpret_cast<const uint4 *>(wsp + (ft + 1) * 2 * BK +
-                                                                       q * 128 + gid * 16);
-                    const uint32_t lo[4] = {lo4.x, lo4.y, lo4.z, lo4.w};
-                    const uint32_t hi[4] = {hi4.x, hi4.y, hi4.z, hi4.w};
+                    packed_to_frags(wsp, frag_tile<MI>(cg, i, wq), 2 * BK, q, gid, tig, frag[i],
+                                    0);
 #pragma unroll
                     for (int s = 0; s < 2; s++)
 #pragma unroll
-                        for (int r = 0; r < 4; r++) {
-                            frag[i][s][r] = frag_reg(lo, hi, 2 * q + s, r, tig);
+                        for (int r = 0; r < 4; r++)
                             pin(frag[i][s][r]);
-                        }
                 }
                 wgmma_fence();
 #pragma unroll
@@ -1493,23 +1498,11 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI>::kThreads, 1)
                 const uint32_t stage_addr = sbase + (uint32_t)(slot * C::kStageBytes);
                 const uint8_t *wsp = sptr + slot * C::kStageBytes + C::kActBytes;
 #pragma unroll
-                for (int i = 0; i < MI; i++) {
-                    const int ft = frag_tile<MI>(cg, i, wq);
+                for (int i = 0; i < MI; i++)
 #pragma unroll
-                    for (int q = 0; q < BK / 64; q++) {
-                        const uint4 lo4 = *reinterpret_cast<const uint4 *>(wsp + ft * 2 * BK +
-                                                                           q * 128 + gid * 16);
-                        const uint4 hi4 = *reinterpret_cast<const uint4 *>(
-                            wsp + (ft + 1) * 2 * BK + q * 128 + gid * 16);
-                        const uint32_t lo[4] = {lo4.x, lo4.y, lo4.z, lo4.w};
-                        const uint32_t hi[4] = {hi4.x, hi4.y, hi4.z, hi4.w};
-#pragma unroll
-                        for (int st = 2 * q; st < 2 * q + 2; st++)
-#pragma unroll
-                            for (int r = 0; r < 4; r++)
-                                frag[i][st][r] = frag_reg(lo, hi, st, r, tig);
-                    }
-                }
+                    for (int q = 0; q < BK / 64; q++)
+                        packed_to_frags(wsp, frag_tile<MI>(cg, i, wq), 2 * BK, q, gid, tig,
+                                        frag[i], 2 * q);
 #pragma unroll
                 for (int i = 0; i < MI; i++)
 #pragma unroll
