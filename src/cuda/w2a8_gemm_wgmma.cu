@@ -299,26 +299,32 @@ __host__ __device__ __forceinline__ uint32_t ss_a_step_offset(int slice, int s)
 
 /* ---- Warp-specialized, persistent (configuration 128x128 tma) ------------
  *
- * One block per SM loops over output tiles (128 weight rows x 128
+ * One block per SM loops over output tiles (64 CW MI weight rows x 128
  * activation rows; tile t = blockIdx.x + i gridDim.x, activation blocks
  * fastest so the blocks sharing a weight tile run side by side), or with
  * stream-K over its share of all tiles' k-tiles (Segments, below). Its
  * warps:
  *
- *   warps 0 .. 4 PW - 1   expanders (PW warpgroups; none with PW = 0)
- *   warps 4 PW .. +7      two consumer warpgroups (64 weight rows each)
- *   warp 4 PW + 8         the copy issuer (lane 0)
+ *   warps 0 .. 4 PW - 1      expanders (PW warpgroups; none with PW = 0)
+ *   warps 4 PW .. +4 CW - 1  CW consumer warpgroups (MI slices of 64 weight
+ *                            rows each)
+ *   then                     the copy issuer (lane 0 of its first warp): one
+ *                            warp, or with CW = 3 or MI = 2 a whole
+ *                            warpgroup that hands its registers to the
+ *                            consumers (setmaxnreg)
  *
- * PW = 0 (configurations 128x128 tma rs): no expanders and no expanded
- * tile; each consumer builds its A fragments from the stage's packed box
- * (as wgmma_kernel does from its stage) and runs register-A wgmma, so a
- * k-tile moves 16 KB fewer bytes into and 16 KB fewer out of shared memory,
- * and a stage is 20 KB instead of 36 (8 stages). A consumer holds two
- * fragment sets and defines the one not used by its group in flight.
+ * PW = 0 (configurations tma rs): no expanders and no expanded tile; each
+ * consumer builds its A fragments from the stage's packed box (as
+ * wgmma_kernel does from its stage) and runs register-A wgmma, so a k-tile
+ * moves 16 KB fewer bytes into and 16 KB fewer out of shared memory, and a
+ * stage is 20-24 KB instead of 36 (8 stages). A consumer holds two fragment
+ * sets and defines the one not used by its group in flight (with MI = 2,
+ * half-k-tile sets and two groups a k-tile).
  *
  * Stage s of a STAGES-deep ring holds one k-tile (BK = 128): the activation
- * tile (16 KB), the block's packed weights (4 KB) and those weights expanded
- * to int8 (16 KB). Activations and expanded weights are K-major with the
+ * tile (16 KB), the block's packed weights (4 KB for 128 rows) and, with
+ * expanders, those weights expanded to int8 (16 KB). Activations and
+ * expanded weights are K-major with the
  * 128-byte swizzle (act_offset), so every wgmma reads both operands from
  * shared memory and no register is defined between a consumer's wgmmas: a
  * consumer keeps a wgmma group in flight.
@@ -349,6 +355,7 @@ __host__ __device__ __forceinline__ uint32_t ss_a_step_offset(int slice, int s)
  *
  * Each role waits only on the one before it in the pipeline (the issuer on
  * releases of k-tiles S back), so no role can hold back one it feeds. */
+
 /* The per-warp epilogue staging area of the register-A warp-specialized
  * kernels: 32 activation rows x 16 weight rows of int32, rows kEpiStride
  * words apart (the transposed writes hit 32 distinct banks; rows stay
