@@ -840,8 +840,9 @@ extern "C" int bn_w2a8_cuda_gemm_variant_streamk(int variant)
     return variant == 11 || variant == 13 || variant == 15;
 }
 
-/* Whether stream-K (variant 11) saves the warp-specialized kernel's busiest
- * SM at least BN_W2A8_STREAMK_MIN_SAVED k-tiles: whole tiles put
+/* Whether stream-K (variants 11, 13, 15) saves the warp-specialized kernel's
+ * busiest SM at least BN_W2A8_STREAMK_MIN_SAVED k-tiles (of its wg_tiles
+ * output tiles of k / 128 k-tiles each): whole tiles put
  * ceil(tiles / G) tiles on it, stream-K an even share of all k-tiles. */
 static bool streamk_pays(int64_t wg_tiles, int64_t k, int sm_count)
 {
