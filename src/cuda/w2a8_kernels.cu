@@ -875,18 +875,21 @@ extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k
 {
     if (m <= BN_W2A8_SKINNY_MAX_M)
         return 1;
-    const int64_t wg_tiles = ((m + 127) / 128) * ((n + 127) / 128);
-    const int64_t wide_tiles = ((m + 127) / 128) * ((n + 191) / 192);
-    const int64_t widest_tiles = ((m + 127) / 128) * ((n + 255) / 256);
-    const int64_t sms = sm_count > 0 ? sm_count : 132;
-    if (wgmma && m >= BN_W2A8_WGMMA_MIN_M && widest_tiles >= sms)
-        return 16;
-    if (wgmma && m >= BN_W2A8_WGMMA_MIN_M && (wide_tiles >= sms || k >= BN_W2A8_WGMMA_LONG_K))
-        return streamk_pays(wide_tiles, k, sm_count) ? 15 : 14;
-    if (wgmma && m >= BN_W2A8_WGMMA_MIN_M &&
-        (wg_tiles >= BN_W2A8_WGMMA_WS_MIN_TILES || k >= BN_W2A8_WGMMA_SHORT_K))
-        return streamk_pays(wg_tiles, k, sm_count) ? 13 : 12;
-    const int64_t tiles = ((m + 63) / 64) * ((n + 255) / 256);
+    /* Output tiles of `rows` weight rows x `acts` activation rows. */
+    auto tiles_of = [m, n](int64_t rows, int64_t acts) {
+        return ((m + acts - 1) / acts) * ((n + rows - 1) / rows);
+    };
+    if (wgmma && m >= BN_W2A8_WGMMA_MIN_M) {
+        const int64_t sms = sm_count > 0 ? sm_count : 132;
+        const int64_t t128 = tiles_of(128, 128), t192 = tiles_of(192, 128);
+        if (tiles_of(256, 128) >= sms)
+            return 16;
+        if (t192 >= sms || k >= BN_W2A8_WGMMA_LONG_K)
+            return streamk_pays(t192, k, sm_count) ? 15 : 14;
+        if (t128 >= BN_W2A8_WGMMA_WS_MIN_TILES || k >= BN_W2A8_WGMMA_SHORT_K)
+            return streamk_pays(t128, k, sm_count) ? 13 : 12;
+    }
+    const int64_t tiles = tiles_of(256, 64);
     if (tiles >= BN_W2A8_PIPE_MIN_TILES)
         return 3;
     return k >= BN_W2A8_PIPE_SPLIT_MIN_K ? 2 : 0;
