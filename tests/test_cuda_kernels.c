@@ -304,7 +304,7 @@ int main(void)
         CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
         wgmma_usable = major == 9 && minor == 0 && bn_w2a8_cuda_gemm_wgmma_compiled();
-        printf("wgmma GEMM (variants 5-11): %s\n",
+        printf("wgmma GEMM (variants 5-%d): %s\n", BN_W2A8_GEMM_VARIANTS - 1,
                wgmma_usable ? "checked"
                : bn_w2a8_cuda_gemm_wgmma_compiled()
                    ? "skipped (needs compute capability 9.0)"
@@ -358,11 +358,11 @@ int main(void)
         check_problem(test_rand_range(1, 700), test_rand_range(1, 3000), 1);
     for (int iter = 0; iter < (quick ? 3 : 12); iter++)
         check_problem(test_rand_range(1, 300), test_rand_range(1, 1500), test_rand_range(2, 140));
-    /* Prefill-sized M for the pipelined GEMM (64- and 128-row blocks, 256
-     * output columns, k-tiles of 128): M around its block edges, N not a
-     * multiple of 8 or 256 and exactly 256, K not a multiple of 128 or 256
-     * and exactly 128. */
-    const int64_t pipe_ms[] = {17, 33, 63, 64, 65, 100, 127, 128, 129, 512};
+    /* Prefill-sized M for the pipelined and wgmma GEMMs (blocks of 64 and
+     * 128 activation rows, k-tiles of 128): M around the block edges,
+     * N not a multiple of 8 or 256 and exactly 256, K not a multiple of 128
+     * or 256 and exactly 128. */
+    const int64_t pipe_ms[] = {17, 33, 63, 64, 65, 100, 127, 128, 129, 191, 192, 193, 512};
     for (size_t i = 0; i < sizeof pipe_ms / sizeof pipe_ms[0]; i++)
         check_problem(test_rand_range(1, 600), test_rand_range(1, 1500), pipe_ms[i]);
     check_problem(256, 128, 64);

@@ -39,18 +39,20 @@ int main(void)
     /* The default variant at M = 512 on an H200's 132 SMs with wgmma
      * (docs/PERFORMANCE.md): 256-row tiles (16) once they fill the SMs,
      * else 192-row tiles (14, stream-K 15) once they do or the rows are
-     * long, else 128-row tiles (12, stream-K 13); stream-K where it spares the busiest SM >=
+     * long, else 128-row tiles (12, stream-K 13) or, where its tiles fit one wave, 192 x 64
+     * (17); stream-K where it spares the busiest SM >=
      * BN_W2A8_STREAMK_MIN_SAVED k-tiles; the skinny kernel (1) up to 32 rows; without wgmma the
      * mma.sync kernels (0, 2, 3). k is the padded row length. */
     static const struct {
         int64_t m, n, k;
         int wgmma, sms, want;
     } picks[] = {
-        {512, 2560, 2560, 1, 132, 12},   {512, 3840, 2560, 1, 132, 12},
+        {512, 2560, 2560, 1, 132, 17},   {512, 3840, 2560, 1, 132, 12},
         {512, 13824, 2560, 1, 132, 16},  {512, 20480, 3328, 1, 132, 16},
-        {512, 2560, 6912, 1, 132, 13},   {512, 5120, 27648, 1, 132, 15},
+        {512, 2560, 6912, 1, 132, 17},   {512, 5120, 27648, 1, 132, 15},
         {512, 55296, 5120, 1, 132, 16},  {16, 2560, 2560, 1, 132, 1},
         {512, 8192, 2560, 1, 132, 14}, /* 192-row tiles fill the SMs, 256-row ones not */
+        {512, 4608, 6912, 1, 132, 13}, /* 192 x 64 tiles over one wave; stream-K pays */
         {32, 2560, 2560, 0, 132, 1},     {512, 2560, 2560, 0, 132, 0},
         {512, 2560, 27648, 0, 132, 2},   {512, 13824, 2560, 0, 132, 3},
         {512, 5120, 27648, 1, 1, 16}, /* one SM: the widest tiles fill it */

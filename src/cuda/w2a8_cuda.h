@@ -103,22 +103,24 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * else cudaErrorInvalidValue); 12 and 13 as 10 and 11 with the weights
  * expanded by the consumers straight into wgmma's A registers
  * (BN_W2A8_WGMMA_128X128_TMA_RS); 14 and 15 as 12 and 13 with 192 weight
- * rows a block; 16 as 12 with 256: 5-16 need compute capability 9.0 and an
- * sm_90a build, else cudaErrorNotSupported.
+ * rows a block; 16 as 12 with 256; 17 as 14 with 64 activation rows a block:
+ * 5-17 need compute capability 9.0 and an sm_90a build, else
+ * cudaErrorNotSupported.
  * bn_w2a8_cuda_gemm uses 1 up to BN_W2A8_SKINNY_MAX_M rows; above, where
  * wgmma is usable, from BN_W2A8_WGMMA_MIN_M rows: 16 when its 256 x 128
  * tiles number at least the SMs, else 14 when its 192 x 128 tiles do or the
  * rows hold at least BN_W2A8_WGMMA_LONG_K values, else 12 when its 128 x
  * 128 tiles number at least BN_W2A8_WGMMA_WS_MIN_TILES or the rows hold at
- * least BN_W2A8_WGMMA_SHORT_K values; 15 and 13 instead of 14 and 12 when
+ * least BN_W2A8_WGMMA_SHORT_K values, 17 instead of 12 there when its 192 x
+ * 64 tiles number at most the SMs; 15 and 13 instead of 14 and 12 when
  * a->streamk is given and stream-K spares the busiest SM at least
- * BN_W2A8_STREAMK_MIN_SAVED k-tiles of 128 (12-16 fall back to 7 where they
+ * BN_W2A8_STREAMK_MIN_SAVED k-tiles of 128 (12-17 fall back to 7 where they
  * cannot run);
  * otherwise 3 when the 64 x 256 tiles number at least
  * BN_W2A8_PIPE_MIN_TILES, else 2 for rows of at least
  * BN_W2A8_PIPE_SPLIT_MIN_K, else 0 (bn_w2a8_cuda_gemm_default_variant;
  * measured on an H200). */
-#define BN_W2A8_GEMM_VARIANTS 17
+#define BN_W2A8_GEMM_VARIANTS 18
 #define BN_W2A8_SKINNY_MAX_M 32
 #define BN_W2A8_WGMMA_MIN_M 128
 #define BN_W2A8_WGMMA_SHORT_K 4096
@@ -136,7 +138,7 @@ int bn_w2a8_cuda_gemm_variant_streamk(int variant);
  * SMs (13 and 15 only with a stream-K workspace), and a short name of a variant
  * with the split-K factor it would use for a (for the benchmark). */
 int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma, int sm_count);
-/* Whether the wgmma variants (5-16) can run on the current device. */
+/* Whether the wgmma variants (5-17) can run on the current device. */
 int bn_w2a8_cuda_gemm_wgmma_usable(void);
 void bn_w2a8_cuda_gemm_describe(const bn_w2a8_cuda_args *a, int variant, char *buf, size_t size);
 
@@ -194,7 +196,11 @@ enum {
     /* As 128X128_TMA_RS with two 64-row slices per consumer warpgroup (256
      * weight rows a block; whole tiles only). */
     BN_W2A8_WGMMA_256X128_TMA_RS = 11,
-    BN_W2A8_WGMMA_CONFIGS = 12
+    /* As 192X128_TMA_RS with 64 activation rows a block (wgmma n = 64):
+     * more, smaller tiles for the shapes whose 128 x 128 tiles leave SMs
+     * idle. Whole tiles only. */
+    BN_W2A8_WGMMA_192X64_TMA_RS = 12,
+    BN_W2A8_WGMMA_CONFIGS = 13
 };
 #define BN_W2A8_WGMMA_MAX_SPLIT 8
 /* Split 0 (or the call without split): chosen for the shape and

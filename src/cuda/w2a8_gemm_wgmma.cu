@@ -364,11 +364,11 @@ constexpr int kEpiRows = 32;
 constexpr int kEpiStride = 20;
 constexpr int kEpiWarpBytes = kEpiRows * kEpiStride * 4;
 
-template <int STAGES, int PW, int CW = 2, int MI = 1>
+template <int STAGES, int PW, int CW = 2, int MI = 1, int BA = 128>
 struct CfgWS {
     /* weight rows: CW consumer warpgroups x MI slices of 64 */
     static constexpr int kBW = 64 * CW * MI;
-    static constexpr int kBA = 128;     /* activation rows */
+    static constexpr int kBA = BA; /* activation rows: wgmma's n */
     static constexpr int kBK = 128;
     static constexpr int kExpanders = 128 * PW;
     static constexpr int kConsumers = 128 * CW;
@@ -396,7 +396,12 @@ struct CfgWS {
     static constexpr int kSmemBytes = STAGES * kStageBytes + kEpilogueBytes + 1024;
     static constexpr int kPackedPerThread =
         PW > 0 ? kPackedBytes / 16 / (kExpanders > 0 ? kExpanders : 1) : 0; /* entries */
-    static constexpr int kAcc = 64; /* m64n128 accumulators per thread */
+    static constexpr int kAcc = BA / 2; /* m64nBA accumulators per thread */
+    /* wgmma groups a consumer keeps in flight: two where the accumulators
+     * leave registers for a third fragment set (64 activation rows; H200,
+     * M = 512, 2560 x 6912: 21.3 -> 21.0 us); with 128 rows ptxas would
+     * serialize the wgmmas (C7512). */
+    static constexpr int kDepth = PW == 0 && MI == 1 && BA == 64 ? 2 : 1;
     static_assert(PW >= 0 && PW <= 2, "consumers expanding, or one or two expander warpgroups");
     static_assert((CW == 2 && MI == 1) || (PW == 0 && CW == 3 && MI == 1) ||
                       (PW == 0 && CW == 2 && MI == 2),
@@ -406,6 +411,10 @@ struct CfgWS {
     static_assert(kPackedBytes == kBW / kTileRows * 256, "layout tiles x 256 bytes per k-tile");
     static_assert(kStageBytes % 1024 == 0 && kActBytes % 1024 == 0, "swizzle alignment");
     static_assert(kSmemBytes <= 227 * 1024, "fits one block's shared memory");
+    static_assert(BA == 128 || BA == 64, "wgmma_rs's widths");
+    static_assert(PW == 0 || BA == 128, "the expander path issues wgmma_ss<128>");
+    static_assert(2 * BA <= kConsumers, "the consumers copy a tile's scales and sums at once");
+    static_assert(BA % 32 == 0, "store_warp_staged's rounds of 32 activation rows");
 };
 
 /* ---- Stream-K for the warp-specialized kernel ------------------------------
@@ -595,8 +604,8 @@ __device__ __forceinline__ void store_group(const int32_t (&acc)[MI][ACC], int j
 }
 
 /* Stores a consumer warp's piece of the tile (16 weight rows from col_w, the
- * tile's 128 activation rows; accumulators as store_group's) through its
- * staging area `stage`: in four rounds of 32 activation rows the warp writes
+ * tile's BA activation rows; accumulators as store_group's) through its
+ * staging area `stage`: in BA / 32 rounds of 32 activation rows the warp writes
  * its accumulators there transposed, then each lane reads back four
  * consecutive weight rows of one activation row and stores them as one
  * 16-byte value (vec_ok: y 16-byte aligned and ldy a multiple of 4; else,
@@ -605,7 +614,8 @@ __device__ __forceinline__ void store_group(const int32_t (&acc)[MI][ACC], int j
  * stores a thread it costs less than store_group's 64 unrolled scattered
  * ones (H200, M = 512, 2560 x 2560: 14.3 -> 13.2 us). The arithmetic is
  * store_group's, bit for bit. */
-__device__ __forceinline__ void store_warp_staged(const int32_t (&acc)[64], int32_t *stage,
+template <int BA>
+__device__ __forceinline__ void store_warp_staged(const int32_t (&acc)[BA / 2], int32_t *stage,
                                                   int lane, int64_t m0, int64_t m, int64_t n,
                                                   int64_t col_w, const float *tile_scale,
                                                   const int32_t *tile_sum, float w_scale, float *y,
@@ -613,7 +623,7 @@ __device__ __forceinline__ void store_warp_staged(const int32_t (&acc)[64], int3
 {
     const int gid = lane >> 2, tig = lane & 3;
 #pragma unroll
-    for (int round = 0; round < 4; round++) {
+    for (int round = 0; round < BA / kEpiRows; round++) {
 #pragma unroll
         for (int jj = 0; jj < 4; jj++)
 #pragma unroll
@@ -748,6 +758,23 @@ __device__ __forceinline__ void wgmma_rs<128>(int32_t (&d)[64], const uint32_t (
                  "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
                  "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
                  "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate)
+                 : "memory");
+}
+
+template <>
+__device__ __forceinline__ void wgmma_rs<64>(int32_t (&d)[32], const uint32_t (&a)[4],
+                                             uint64_t desc, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p;\n}\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+                 "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+                 "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+                 "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate)
                  : "memory");
 }
@@ -1268,8 +1295,8 @@ __device__ bool streamk_fixup(int32_t (&acc)[ACC], int32_t *ws, int64_t b, int64
 
 #endif /* BN_WGMMA_DEVICE */
 
-template <int STAGES, int PW, int CW, int MI>
-__global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI>::kThreads, 1)
+template <int STAGES, int PW, int CW, int MI, int BA>
+__global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI, BA>::kThreads, 1)
     wgmma_ws_kernel(int64_t m, int64_t n, int64_t tiles, int64_t groups, int64_t m_blocks,
                     int64_t n_tiles, const float *__restrict__ act_scale,
                     const int32_t *__restrict__ act_sum, float w_scale, float *__restrict__ y,
@@ -1278,7 +1305,7 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI>::kThreads, 1)
                     const __grid_constant__ CUtensorMap w_map)
 {
 #if BN_WGMMA_DEVICE
-    using C = CfgWS<STAGES, PW, CW, MI>;
+    using C = CfgWS<STAGES, PW, CW, MI, BA>;
     constexpr int S = STAGES;
     constexpr int BK = C::kBK;
     extern __shared__ uint8_t smem_raw[];
@@ -1395,7 +1422,8 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI>::kThreads, 1)
     const int ctid = tid - C::kExpanders; /* 0 .. kConsumers - 1 */
     const int cg = (warp >> 2) - PW, wq = warp & 3;
     const int gid = lane >> 2, tig = lane & 3;
-    int slot = 0, prev = 0; /* stage of this k-tile and of the one before */
+    /* Stage of this k-tile and of the one and two before. */
+    int slot = 0, prev = 0, prev2 = 0;
     uint32_t phase = 0;
     /* A segment's first wgmma overwrites the accumulators (accumulate 0). */
     int32_t acc[MI][C::kAcc];
@@ -1407,12 +1435,12 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI>::kThreads, 1)
     for (int seg = 0; segs.take(tile, kt0, kt1); seg++) {
         int64_t m0, tile0;
         tile_origin(tile, m0, tile0);
-        /* The tile's scales (threads 0-127) and sums (128-255), in flight
+        /* The tile's scales (threads 0 .. BA - 1) and sums (BA .. 2 BA - 1), in flight
          * while the k-tiles run; rows past m read as zero and are not
          * stored. Buffer seg % 2 was last read in segment seg - 2's
          * epilogue, before segment seg - 1's closing barrier. */
         {
-            const int r = ctid & (C::kBA - 1);
+            const int r = ctid % C::kBA;
             const bool ok = m0 + r < m;
             if (ctid < C::kBA)
                 cp_async<4>((uint32_t)__cvta_generic_to_shared(&tile_scale[seg & 1][r]),
@@ -1429,6 +1457,20 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI>::kThreads, 1)
             wgmma_wait<1>();
             if (kt > kt0)
                 mbar_arrive(empty0 + 8 * prev);
+            prev = slot;
+            if (++slot == S) {
+                slot = 0;
+                phase ^= 1u;
+            }
+        };
+        /* As retire_previous with two groups kept in flight (wait_group 2):
+         * k-tile kt - 2's stage is released. */
+        auto retire_second = [&](int kt) {
+            wgmma_commit();
+            wgmma_wait<2>();
+            if (kt > kt0 + 1)
+                mbar_arrive(empty0 + 8 * prev2);
+            prev2 = prev;
             prev = slot;
             if (++slot == S) {
                 slot = 0;
@@ -1474,7 +1516,7 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI>::kThreads, 1)
                 for (int s = 0; s < 2; s++)
 #pragma unroll
                     for (int i = 0; i < MI; i++)
-                        wgmma_rs<128>(acc[i], frag[i][s],
+                        wgmma_rs<BA>(acc[i], frag[i][s],
                                       sw128_desc(stage_addr + act_step_offset<C::kBA>(2 * q + s)),
                                       kt > kt0 || q > 0 || s > 0);
                 wgmma_commit();
@@ -1496,10 +1538,10 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI>::kThreads, 1)
         } else {
             /* The consumer expands its own MI x 64 weight rows straight
              * into A fragments (as wgmma_kernel; frag_tile, frag_reg) from
-             * the stage's packed box, laid out as wgmma_kernel's stage. Two
-             * fragment sets, alternating by k-tile: the set being defined
-             * is never that of the group still in flight, so ptxas keeps
-             * the wgmmas asynchronous (C7513 otherwise). */
+             * the stage's packed box, laid out as wgmma_kernel's stage.
+             * kDepth + 1 fragment sets, taken in turn by k-tile: the set
+             * being defined is never that of a group still in flight, so
+             * ptxas keeps the wgmmas asynchronous (C7513 otherwise). */
             auto run_ktile = [&](uint32_t(&frag)[MI][C::kSteps][4], int kt) {
                 mbar_wait(copied0 + 8 * slot, phase);
                 const uint32_t stage_addr = sbase + (uint32_t)(slot * C::kStageBytes);
@@ -1522,21 +1564,39 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI>::kThreads, 1)
                 for (int st = 0; st < C::kSteps; st++)
 #pragma unroll
                     for (int i = 0; i < MI; i++)
-                        wgmma_rs<128>(acc[i], frag[i][st],
+                        wgmma_rs<BA>(acc[i], frag[i][st],
                                       sw128_desc(stage_addr + act_step_offset<C::kBA>(st)),
                                       kt > kt0 || st > 0);
-                retire_previous(kt);
+                if constexpr (C::kDepth == 2)
+                    retire_second(kt);
+                else
+                    retire_previous(kt);
             };
             uint32_t frag_a[MI][C::kSteps][4], frag_b[MI][C::kSteps][4];
             int kt = kt0;
-            for (; kt + 1 < kt1; kt += 2) {
-                run_ktile(frag_a, kt);
-                run_ktile(frag_b, kt + 1);
+            if constexpr (C::kDepth == 2) {
+                uint32_t frag_c[MI][C::kSteps][4];
+                for (; kt + 2 < kt1; kt += 3) {
+                    run_ktile(frag_a, kt);
+                    run_ktile(frag_b, kt + 1);
+                    run_ktile(frag_c, kt + 2);
+                }
+                if (kt < kt1)
+                    run_ktile(frag_a, kt);
+                if (kt + 1 < kt1)
+                    run_ktile(frag_b, kt + 1);
+            } else {
+                for (; kt + 1 < kt1; kt += 2) {
+                    run_ktile(frag_a, kt);
+                    run_ktile(frag_b, kt + 1);
+                }
+                if (kt < kt1)
+                    run_ktile(frag_a, kt);
             }
-            if (kt < kt1)
-                run_ktile(frag_a, kt);
         }
         wgmma_wait<0>();
+        if (C::kDepth == 2 && kt1 - kt0 >= 2)
+            mbar_arrive(empty0 + 8 * prev2);
         mbar_arrive(empty0 + 8 * prev);
 #pragma unroll
         for (int i = 0; i < MI; i++)
@@ -1557,7 +1617,7 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI>::kThreads, 1)
             int32_t *stage = reinterpret_cast<int32_t *>(sptr + S * C::kStageBytes +
                                                          (ctid >> 5) * kEpiWarpBytes);
             const bool vec_ok = (reinterpret_cast<uintptr_t>(y) & 15) == 0 && (ldy & 3) == 0;
-            store_warp_staged(acc[0], stage, lane, m0, m, n,
+            store_warp_staged<BA>(acc[0], stage, lane, m0, m, n,
                               tile0 * kTileRows + 64 * cg + 16 * wq, tile_scale[seg & 1],
                               tile_sum[seg & 1], w_scale, y, ldy, vec_ok);
         } else if (store) {
@@ -1790,13 +1850,13 @@ cudaError_t byte_map(CUtensorMap *map, const void *base, uint64_t cols, uint64_t
  * output tile, or per k-tile with stream-K), copies through tensor maps of
  * both operands; with `streamk`, the blocks share the k-tiles evenly
  * through a->streamk. */
-template <int STAGES, int PW, int CW = 2, int MI = 1>
+template <int STAGES, int PW, int CW = 2, int MI = 1, int BA = 128>
 struct LaunchWS {
-    using C = CfgWS<STAGES, PW, CW, MI>;
+    using C = CfgWS<STAGES, PW, CW, MI, BA>;
 
     static cudaError_t run(const bn_w2a8_cuda_args *a, bool streamk, cudaStream_t stream)
     {
-        auto kernel = wgmma_ws_kernel<STAGES, PW, CW, MI>;
+        auto kernel = wgmma_ws_kernel<STAGES, PW, CW, MI, BA>;
         if (streamk && MI != 1)
             return cudaErrorInvalidValue; /* stream-K slots hold one slice a warpgroup */
         if (streamk && (!a->streamk || (reinterpret_cast<uintptr_t>(a->streamk) & 15) != 0))
@@ -1865,6 +1925,8 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma_split(const bn_w2a8_cuda_args *a,
     case BN_W2A8_WGMMA_192X128_TMA_RS_STREAMK: return LaunchWS<8, 0, 3>::run(a, true, stream);
     /*                                         S  expanders  consumers  slices each */
     case BN_W2A8_WGMMA_256X128_TMA_RS: return LaunchWS<8, 0, 2, 2>::run(a, false, stream);
+    /*                                       S  expanders  consumers  slices  act rows */
+    case BN_W2A8_WGMMA_192X64_TMA_RS: return LaunchWS<8, 0, 3, 1, 64>::run(a, false, stream);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -831,6 +831,7 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int
     case 14: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_192X128_TMA_RS, stream);
     case 15: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_192X128_TMA_RS_STREAMK, stream);
     case 16: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_256X128_TMA_RS, stream);
+    case 17: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_192X64_TMA_RS, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -865,8 +866,11 @@ static bool streamk_pays(int64_t wg_tiles, int64_t k, int sm_count)
  * rows are long (BN_W2A8_WGMMA_LONG_K; 5120 x 27648: 167 us with 128 rows,
  * 100 with 192 and stream-K); else 128 (12; 13 with stream-K), whose
  * smaller tiles spread the short shapes over more SMs (2560 x 2560: 13.2 us
- * against 16.2 with 192). Stream-K where whole tiles leave the busiest SM
- * far behind the others. Without
+ * against 16.2 with 192), and among those 192 x 64 (17) where its tiles
+ * still fit one wave: three quarters of the work a tile on more SMs (2560 x
+ * 2560: 11.0 us; 2560 x 6912: 21.2 against 23.8-24.1 with 128 x 128 and
+ * stream-K). Stream-K where whole tiles leave the busiest SM far behind
+ * the others. Without
  * wgmma: the pipelined 64 x 256 kernel once its tiles fill every SM about
  * twice; with fewer tiles, split-K for long rows, else the 64 x 64 tiled
  * kernel. */
@@ -886,8 +890,11 @@ extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k
             return 16;
         if (t192 >= sms || k >= BN_W2A8_WGMMA_LONG_K)
             return streamk_pays(t192, k, sm_count) ? 15 : 14;
-        if (t128 >= BN_W2A8_WGMMA_WS_MIN_TILES || k >= BN_W2A8_WGMMA_SHORT_K)
+        if (t128 >= BN_W2A8_WGMMA_WS_MIN_TILES || k >= BN_W2A8_WGMMA_SHORT_K) {
+            if (tiles_of(192, 64) <= sms)
+                return 17;
             return streamk_pays(t128, k, sm_count) ? 13 : 12;
+        }
     }
     const int64_t tiles = tiles_of(256, 64);
     if (tiles >= BN_W2A8_PIPE_MIN_TILES)
@@ -919,7 +926,7 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_
     const cudaError_t rc = bn_w2a8_cuda_gemm_variant(a, v, stream);
     /* The warp-specialized kernels also need the driver's tensor-map
      * encoder; without it, the other wgmma kernel (nothing was launched). */
-    if (rc == cudaErrorNotSupported && v >= 10 && v <= 16)
+    if (rc == cudaErrorNotSupported && v >= 10 && v < BN_W2A8_GEMM_VARIANTS)
         return bn_w2a8_cuda_gemm_variant(a, 7, stream);
     return rc;
 }
