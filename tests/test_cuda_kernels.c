@@ -385,6 +385,12 @@ int main(void)
     for (int iter = 0; iter < 30; iter++)
         check_quantize(test_rand_range(1, 6), test_rand_range(1, 9000));
     check_quantize(3, 2560);
+    /* k a multiple of 4 (four values a load) and not, with the wide blocks
+     * of few rows and the 256 threads of 64 rows and more; a long row. */
+    check_quantize(2, 4 * test_rand_range(1, 2500));
+    check_quantize(70, 4 * test_rand_range(1, 2500));
+    check_quantize(70, 4 * test_rand_range(1, 2500) + test_rand_range(1, 3));
+    check_quantize(65, 27648);
 
     /* The provider table on the GPU: exercised through bn_w2a8_matmul. */
     CHECK(bn_provider_cuda.is_available());
