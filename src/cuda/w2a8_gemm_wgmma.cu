@@ -1450,26 +1450,14 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI, BA>::kThreads, 1)
                           act_sum + (ok ? m0 + r : 0), ok);
             cp_async_commit();
         }
-        /* After k-tile kt's wgmma group is committed: retire the one before
-         * (wait_group 1), release its stage, step to the next stage. */
-        auto retire_previous = [&](int kt) {
+        /* After k-tile kt's wgmma group is committed: keep kDepth groups in
+         * flight (wait_group), release the stage of the one that retired
+         * (k-tile kt - kDepth), step to the next stage. */
+        auto retire = [&](int kt) {
             wgmma_commit();
-            wgmma_wait<1>();
-            if (kt > kt0)
-                mbar_arrive(empty0 + 8 * prev);
-            prev = slot;
-            if (++slot == S) {
-                slot = 0;
-                phase ^= 1u;
-            }
-        };
-        /* As retire_previous with two groups kept in flight (wait_group 2):
-         * k-tile kt - 2's stage is released. */
-        auto retire_second = [&](int kt) {
-            wgmma_commit();
-            wgmma_wait<2>();
-            if (kt > kt0 + 1)
-                mbar_arrive(empty0 + 8 * prev2);
+            wgmma_wait<C::kDepth>();
+            if (kt > kt0 + C::kDepth - 1)
+                mbar_arrive(empty0 + 8 * (C::kDepth == 2 ? prev2 : prev));
             prev2 = prev;
             prev = slot;
             if (++slot == S) {
@@ -1489,7 +1477,7 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI, BA>::kThreads, 1)
                     wgmma_ss<128>(acc[0], sw128_desc(a_addr + ss_a_step_offset<C::kBW>(cg, st)),
                                   sw128_desc(stage_addr + act_step_offset<C::kBA>(st)),
                                   kt > kt0 || st > 0);
-                retire_previous(kt);
+                retire(kt);
             }
         } else if constexpr (MI == 2) {
             /* Two slices a consumer: 128 accumulators a thread leave room
@@ -1567,10 +1555,7 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI, BA>::kThreads, 1)
                         wgmma_rs<BA>(acc[i], frag[i][st],
                                       sw128_desc(stage_addr + act_step_offset<C::kBA>(st)),
                                       kt > kt0 || st > 0);
-                if constexpr (C::kDepth == 2)
-                    retire_second(kt);
-                else
-                    retire_previous(kt);
+                retire(kt);
             };
             uint32_t frag_a[MI][C::kSteps][4], frag_b[MI][C::kSteps][4];
             int kt = kt0;
