@@ -376,6 +376,9 @@ int main(void)
      * at split 8 (4 x 8 chunk-groups): the rest streams after it. */
     check_problem(test_rand_range(1, 100), 8193 + test_rand_range(0, 4000), 1);
     check_problem(2560, 2560, 1);
+    /* 533 tiles: at least four per SM (132 SMs or fewer), so the split-8
+     * PDL GEMV runs several tiles a block, the last block partly empty. */
+    check_problem(4257, 700, 1);
     check_problem(6912, 2560, 1);
     check_problem(2560, 6912, 1);
     check_problem(640, 2560, 77);
