@@ -76,6 +76,12 @@
  *   128x128 tma rs (and stream-K): the same kernel without expanders, the
  *                consumers expanding into wgmma's A registers; 8 stages of
  *                20 KB.
+ *   192x128 tma rs (and stream-K): three consuming warpgroups, the copy
+ *                issuer a whole warpgroup (setmaxnreg); 8 stages of 22 KB.
+ *   256x128 tma rs: two consuming warpgroups of two slices; 8 stages of
+ *                24 KB.
+ *   192x64 tma rs: as 192x128 tma rs with 64 activation rows (wgmma n =
+ *                64), two wgmma groups in flight; 8 stages of 14 KB.
  *
  * Per k, 256x128 moves 256 / 4 + 128 = 192 bytes into shared memory for
  * 32768 multiply-adds (5.9e-3 B per multiply-add, the 64x256 mma.sync
