@@ -372,6 +372,12 @@ int main(void)
      * PDL GEMV runs two tiles a block, the last block half empty (small
      * enough for the sanitizers' quick mode). */
     check_problem(4257, 700, 1);
+    /* The activation quantization with k a multiple of 4 (four values a
+     * load) and not, with the wide blocks of few rows and the 256 threads
+     * of 64 rows and more. */
+    check_quantize(2, 4 * test_rand_range(1, 2500));
+    check_quantize(70, 4 * test_rand_range(1, 2500));
+    check_quantize(70, 4 * test_rand_range(1, 2500) + test_rand_range(1, 3));
     /* Real shapes: the 2B-4T projections, decode and a prefill batch
      * (skipped with BN_TEST_QUICK=1). */
     if (quick)
@@ -389,12 +395,7 @@ int main(void)
     for (int iter = 0; iter < 30; iter++)
         check_quantize(test_rand_range(1, 6), test_rand_range(1, 9000));
     check_quantize(3, 2560);
-    /* k a multiple of 4 (four values a load) and not, with the wide blocks
-     * of few rows and the 256 threads of 64 rows and more; a long row. */
-    check_quantize(2, 4 * test_rand_range(1, 2500));
-    check_quantize(70, 4 * test_rand_range(1, 2500));
-    check_quantize(70, 4 * test_rand_range(1, 2500) + test_rand_range(1, 3));
-    check_quantize(65, 27648);
+    check_quantize(65, 27648); /* a long row, four values a load */
 
     /* The provider table on the GPU: exercised through bn_w2a8_matmul. */
     CHECK(bn_provider_cuda.is_available());
