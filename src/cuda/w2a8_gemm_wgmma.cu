@@ -1456,6 +1456,15 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI, BA>::kThreads, 1)
                           act_sum + (ok ? m0 + r : 0), ok);
             cp_async_commit();
         }
+        /* This k-tile's stage becomes the one before; step to the next. */
+        auto next_stage = [&] {
+            prev2 = prev;
+            prev = slot;
+            if (++slot == S) {
+                slot = 0;
+                phase ^= 1u;
+            }
+        };
         /* After k-tile kt's wgmma group is committed: keep kDepth groups in
          * flight (wait_group), release the stage of the one that retired
          * (k-tile kt - kDepth), step to the next stage. */
@@ -1464,12 +1473,7 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI, BA>::kThreads, 1)
             wgmma_wait<C::kDepth>();
             if (kt > kt0 + C::kDepth - 1)
                 mbar_arrive(empty0 + 8 * (C::kDepth == 2 ? prev2 : prev));
-            prev2 = prev;
-            prev = slot;
-            if (++slot == S) {
-                slot = 0;
-                phase ^= 1u;
-            }
+            next_stage();
         };
         if constexpr (PW > 0) {
             for (int kt = kt0; kt < kt1; kt++) {
@@ -1523,11 +1527,7 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI, BA>::kThreads, 1)
                 if (kt > kt0)
                     mbar_arrive(empty0 + 8 * prev);
                 run_half(frag_y, 1, kt);
-                prev = slot;
-                if (++slot == S) {
-                    slot = 0;
-                    phase ^= 1u;
-                }
+                next_stage();
             }
         } else {
             /* The consumer expands its own MI x 64 weight rows straight
