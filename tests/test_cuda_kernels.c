@@ -191,9 +191,11 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     const int streamk_configs[] = {BN_W2A8_WGMMA_128X128_TMA_STREAMK,
                                    BN_W2A8_WGMMA_128X128_TMA_RS_STREAMK,
                                    BN_W2A8_WGMMA_192X128_TMA_RS_STREAMK};
+    const int n_configs = (int)(sizeof streamk_configs / sizeof streamk_configs[0]);
     a.streamk = d_streamk;
-    for (int run = 0; wgmma_usable && run < 3 * (int)(sizeof grids / sizeof grids[0]); run++) {
-        const int config = streamk_configs[run % 3], gi = run / 3;
+    for (int run = 0; wgmma_usable && run < n_configs * (int)(sizeof grids / sizeof grids[0]);
+         run++) {
+        const int config = streamk_configs[run % n_configs], gi = run / n_configs;
         a.sm_count = grids[gi] < streamk_sms ? grids[gi] : streamk_sms;
         CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n)));
         CUDA_OK(bn_w2a8_cuda_gemm_wgmma(&a, config, 0));

@@ -1,5 +1,5 @@
 /* CPU test: the stream-K plan of the warp-specialized wgmma GEMM (variants
- * 11 and 13), walked on the host with the kernel's own partition code
+ * 11, 13 and 15), walked on the host with the kernel's own partition code
  * (bn_w2a8_cuda_streamk_plan_check), over many tile counts, tile lengths
  * and grids; the GEMM's default-variant rule on the measured shapes; the
  * workspace size. The GPU side (bit-exact results over several grids) is
