@@ -894,10 +894,9 @@ __global__ void __launch_bounds__(32 * WARPS * TILES, kDecBlocksPerSM)
     float s;
     int total;
     if (kSrc == kSrcCodes) {
-        for (int64_t i = tid; i < kpad / 16; i += B)
-            reinterpret_cast<int4 *>(xs)[i] = __ldcg(reinterpret_cast<const int4 *>(a.xq) + i);
         s = __ldcg(a.act_scale);
         total = __ldcg(a.act_sum);
+        gemv_stage_row(xs, a.xq, kpad / 16, tid, B);
         __syncthreads();
     } else {
         /* 2. Written by the previous kernel: through L2 (see source_value). */

@@ -43,6 +43,26 @@ __device__ __forceinline__ int gemv_entry_dot(uint4 w, const int8_t *x, int acc)
     return acc;
 }
 
+/* Stages `words` 16-byte words of src (16-byte aligned) in shared memory at
+ * dst: thread tid of nthreads copies words tid, tid + nthreads, ... with
+ * cp.async, so all of a thread's copies are in flight at once (a load-store
+ * loop waits one L2 round trip per word: a 27648-wide row over 512 threads
+ * was four of them in a row). The copies go through L2 only (.cg): the row
+ * may have been written by the kernel this one waited for (PDL). Returns
+ * once this thread's copies landed; the caller's __syncthreads then
+ * publishes the whole row. */
+__device__ __forceinline__ void gemv_stage_row(void *dst, const void *src, int64_t words, int tid,
+                                               int nthreads)
+{
+    const uint32_t base = (uint32_t)__cvta_generic_to_shared(dst);
+    const char *from = static_cast<const char *>(src);
+    for (int64_t i = tid; i < words; i += nthreads)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + (uint32_t)(16 * i)),
+                     "l"(from + 16 * i)
+                     : "memory");
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 /* ---- the pieces of the decode GEMVs -----------------------------------------
  *
  * Shared by w2a8_kernels.cu's gemv_pdl_kernel and cuda_backend_kernels.cu's

@@ -92,8 +92,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
     const int8_t *xs = x;
     if (X_SMEM) {
         const int64_t words = groups * kGroup / 16;
-        for (int64_t i = threadIdx.x; i < words; i += blockDim.x)
-            reinterpret_cast<int4 *>(x_shared)[i] = __ldg(reinterpret_cast<const int4 *>(x) + i);
+        gemv_stage_row(x_shared, x, words, (int)threadIdx.x, (int)blockDim.x);
         __syncthreads();
         xs = x_shared;
     }
@@ -166,6 +165,18 @@ cudaError_t launch_gemv_split(const bn_w2a8_cuda_args *a, int split, cudaStream_
     }
 }
 
+/* Blocks of 512 threads (split 8, two tiles) must fit three to an SM, so
+ * that a whole grid of them is resident at once (at 44 registers a thread
+ * only two fit: 5120 x 27648 chained 10.7 -> 13.3 us on an H200). Others
+ * leave ptxas its own choice (0: as if no minimum were given; a minimum of
+ * 1 let it take 11-60 more registers a thread, and the decode step, whose
+ * GEMVs share SMs with the kernels around them, went 980 -> 1030 us). */
+template <int WARPS, int TILES>
+constexpr int gemv_pdl_min_blocks()
+{
+    return WARPS * TILES == 16 ? 3 : 0;
+}
+
 /* ---- GEMV of the decode step (programmatic dependent launch) ---------------
  *
  * gemv_kernel's work split (WARPS warps per tile splitting K, TILES tiles
@@ -182,7 +193,7 @@ cudaError_t launch_gemv_split(const bn_w2a8_cuda_args *a, int split, cudaStream_
  * activations are staged once per cluster by the tensor memory accelerator
  * (pdl.cuh's row_multicast) instead of by every block from L2. */
 template <int WARPS, int TILES, bool X_SMEM, int CL = 1>
-__global__ void __launch_bounds__(32 * WARPS * TILES)
+__global__ void __launch_bounds__(32 * WARPS * TILES, (gemv_pdl_min_blocks<WARPS, TILES>()))
     gemv_pdl_kernel(const uint4 *__restrict__ w, const int8_t *x, int64_t n, int64_t groups,
                     int64_t tiles, const float *act_scale, const int32_t *act_sum, float w_scale,
                     float *__restrict__ y)
@@ -225,8 +236,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
         xs = x_shared;
     } else if (X_SMEM) {
         const int64_t words = groups * kGroup / 16;
-        for (int64_t i = threadIdx.x; i < words; i += blockDim.x)
-            reinterpret_cast<int4 *>(x_shared)[i] = __ldcg(reinterpret_cast<const int4 *>(x) + i);
+        gemv_stage_row(x_shared, x, words, (int)threadIdx.x, (int)blockDim.x);
         __syncthreads();
         xs = x_shared;
     }
