@@ -97,7 +97,7 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     float *y = malloc(sizeof(float) * (size_t)(m * n));
 
     bn_w2a8_cuda_args a = {d_w, n, l.tiles, l.groups, ws, d_x, m, l.k_padded, d_scale, d_sum,
-                           d_y, n, d_ws, sm_count, 0, d_streamk};
+                           d_y, n, d_ws, sm_count, 0, d_streamk, 0};
     /* Every GEMV variant x split for M = 1; every GEMM variant, with and
      * without the split-K workspace, for any M (M = 1 included). */
     const int splits[] = {1, 2, 4, 8};
@@ -146,6 +146,39 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
             CHECK_MSG(diff == 0, "bulk gemv chained (split %d) n=%lld k=%lld: %lld differ",
                       splits[si], (long long)n, (long long)k, (long long)diff);
         }
+    }
+    /* The warp-specialized GEMMs launched with programmatic dependent
+     * launch right after the kernel that writes their activations (the
+     * quantization, over poisoned codes, scales and sums): their weight
+     * copies may start early, everything else must wait for it. */
+    if (wgmma_usable) {
+        float *d_xf;
+        CUDA_OK(cudaMalloc((void **)&d_xf, sizeof(float) * (size_t)(m * k)));
+        CUDA_OK(cudaMemcpy(d_xf, x, sizeof(float) * (size_t)(m * k), cudaMemcpyHostToDevice));
+        a.workspace = d_ws;
+        a.streamk = d_streamk;
+        for (int v = 0; v < BN_W2A8_GEMM_VARIANTS; v++) {
+            if (!bn_w2a8_cuda_gemm_variant_pdl(v))
+                continue;
+            CUDA_OK(cudaMemset(d_x, 0x55, (size_t)(m * l.k_padded)));
+            CUDA_OK(cudaMemset(d_scale, 0x55, sizeof(float) * (size_t)m));
+            CUDA_OK(cudaMemset(d_sum, 0x55, sizeof(int32_t) * (size_t)m));
+            CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n)));
+            CUDA_OK(bn_cuda_quantize_rows(d_xf, m, k, k, d_x, l.k_padded, d_scale, d_sum, 0));
+            a.pdl = 1;
+            const cudaError_t rc = bn_w2a8_cuda_gemm_variant(&a, v, 0);
+            a.pdl = 0;
+            CUDA_OK(rc);
+            int64_t first;
+            const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
+            CHECK_MSG(diff == 0,
+                      "gemm variant %d chained after the quantization (PDL) n=%lld k=%lld "
+                      "m=%lld: %lld of %lld differ (first at %lld: %g vs %g)",
+                      v, (long long)n, (long long)k, (long long)m, (long long)diff,
+                      (long long)(m * n), (long long)first, first >= 0 ? y[first] : 0.0,
+                      first >= 0 ? ref[first] : 0.0);
+        }
+        cudaFree(d_xf);
     }
     /* The pipelined GEMM at every split-K factor (the variants above run
      * only the split chosen for the shape), with no workspace: split-K

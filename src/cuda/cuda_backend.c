@@ -324,6 +324,10 @@ static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y,
     a.streamk = b->streamk ? b->ws_streamk : NULL;
     a.weight_scale = g->n_seg == 1 ? g->s[0].scale : 1.0f;
     a.cluster = b->gemv_cluster;
+    /* Prefill's GEMMs: programmatic dependent launch lets the weight copies
+     * of the warp-specialized kernels start while the kernel before runs
+     * (they wait for it before anything else; not while profiling). */
+    a.pdl = M > 1 && b->pdl && !b->prof;
     b->ran |= 1u << (M == 1 ? K_GEMV : K_GEMM);
     *launches = 0;
     const int parts = g->fused_ok ? 1 : g->n_seg;

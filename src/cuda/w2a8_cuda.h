@@ -33,6 +33,12 @@ typedef struct bn_w2a8_cuda_args {
     int32_t *streamk;         /* bn_w2a8_cuda_gemm_streamk_bytes(sm_count),
                                  zeroed once at allocation (every call
                                  leaves it so); NULL: no stream-K GEMM     */
+    int pdl;                  /* non-zero: the warp-specialized wgmma GEMMs
+                                 (BN_W2A8_WGMMA_*_TMA*) are launched with
+                                 programmatic stream serialization, their
+                                 first weight copies issued before waiting
+                                 for the kernel before (pdl.cuh); others
+                                 ignore it                                 */
 } bn_w2a8_cuda_args;
 
 /* Split-K factor (1, 2, 4 or 8) that fills a GPU of sm_count SMs. */
@@ -134,6 +140,8 @@ cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int variant,
 /* Whether a GEMM variant is a stream-K one (needs a->streamk; 11, 13, 15).
  * Each runs as the variant before it without the workspace. */
 int bn_w2a8_cuda_gemm_variant_streamk(int variant);
+/* Whether a GEMM variant honours a->pdl (the warp-specialized ones, 10-17). */
+int bn_w2a8_cuda_gemm_variant_pdl(int variant);
 /* The variant bn_w2a8_cuda_gemm runs for m rows on a device of sm_count
  * SMs (13 and 15 only with a stream-K workspace), and a short name of a variant
  * with the split-K factor it would use for a (for the benchmark). */

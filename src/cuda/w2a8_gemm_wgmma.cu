@@ -83,6 +83,14 @@
  *   192x64 tma rs: as 192x128 tma rs with 64 activation rows (wgmma n =
  *                64), two wgmma groups in flight; 8 stages of 14 KB.
  *
+ * The warp-specialized kernels (tma) may be launched with programmatic
+ * dependent launch (a->pdl, pdl.cuh; a kernel of its own): the copy issuer
+ * sends the weight copies of the first two stages, then waits for the
+ * kernel that wrote the activations, then copies those; every other thread
+ * waits before its first global access. Weights never change, so their
+ * copies may overlap the kernel before, and the block's launch and set-up
+ * overlap that kernel's last blocks.
+ *
  * Per k, 256x128 moves 256 / 4 + 128 = 192 bytes into shared memory for
  * 32768 multiply-adds (5.9e-3 B per multiply-add, the 64x256 mma.sync
  * kernel 7.8e-3), the 128x128 ones 9.8e-3. wgmma reads the activations from
@@ -123,6 +131,7 @@
 
 #include <cooperative_groups.h>
 
+#include "pdl.cuh"
 #include "w2a8_cuda.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -421,6 +430,7 @@ struct CfgWS {
     static_assert(PW == 0 || BA == 128, "the expander path issues wgmma_ss<128>");
     static_assert(2 * BA <= kConsumers, "the consumers copy a tile's scales and sums at once");
     static_assert(BA % 32 == 0, "store_warp_staged's rounds of 32 activation rows");
+    static_assert(STAGES > 2, "kPdlEarly (2) stages copied before the PDL wait fit");
 };
 
 /* ---- Stream-K for the warp-specialized kernel ------------------------------
@@ -452,6 +462,10 @@ struct CfgWS {
  * completes the tile without storing its own. */
 constexpr int kSlotInts = 192 * 128; /* the largest tile (three consumer warpgroups) */
 constexpr int kStreamkMaxBlocks = 1024;
+
+/* Launched with PDL, the warp-specialized kernel copies the weights of this
+ * many stages before it waits (wgmma_ws_kernel). */
+constexpr int kPdlEarly = 2;
 
 __host__ __device__ __forceinline__ int64_t streamk_begin(int64_t b, int64_t total, int64_t grid)
 {
@@ -1301,7 +1315,9 @@ __device__ bool streamk_fixup(int32_t (&acc)[ACC], int32_t *ws, int64_t b, int64
 
 #endif /* BN_WGMMA_DEVICE */
 
-template <int STAGES, int PW, int CW, int MI, int BA>
+/* PDL: launched with programmatic stream serialization (its own
+ * instantiation, so the kernel without it keeps its code as it was). */
+template <int STAGES, int PW, int CW, int MI, int BA, bool PDL>
 __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI, BA>::kThreads, 1)
     wgmma_ws_kernel(int64_t m, int64_t n, int64_t tiles, int64_t groups, int64_t m_blocks,
                     int64_t n_tiles, const float *__restrict__ act_scale,
@@ -1345,6 +1361,8 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI, BA>::kThreads, 1)
         }
     }
     __syncthreads();
+    if constexpr (PDL)
+        pdl_trigger();
 
     Segments segs(b, grid, n_tiles, n_kt, streamk != nullptr);
     int64_t tile;
@@ -1362,10 +1380,33 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI, BA>::kThreads, 1)
             int slot = 0;
             uint32_t phase = 0;
             bool reuse = false; /* the stage held an earlier k-tile */
+            bool waited = !PDL;
             while (segs.take(tile, kt0, kt1)) {
                 int64_t m0, tile0;
                 tile_origin(tile, m0, tile0);
-                for (int kt = kt0; kt < kt1; kt++) {
+                int kt = kt0;
+                if (PDL && !waited) {
+                    /* The weights of the first segment's first kPdlEarly
+                     * stages, before the wait for the activations' writer;
+                     * more queue the first stage's activations behind
+                     * them (H200, M = 512, 2560 x 2560 chained: 2 stages
+                     * 10.57 us, 4 10.65, 8 10.91). */
+                    const int pre = kt1 - kt0 < kPdlEarly ? kt1 - kt0 : kPdlEarly;
+                    for (int st = 0; st < pre; st++) {
+                        mbar_expect_tx(copied0 + 8 * st, C::kActBytes + C::kPackedBytes);
+                        tma_load_2d(sbase + (uint32_t)(st * C::kStageBytes) + C::kActBytes +
+                                        C::kWBytes,
+                                    &w_map, (kt0 + st) * 2 * BK, (int)tile0, copied0 + 8 * st);
+                    }
+                    pdl_wait();
+                    waited = true;
+                    for (int st = 0; st < pre; st++)
+                        tma_load_2d(sbase + (uint32_t)(st * C::kStageBytes), &act_map,
+                                    (kt0 + st) * BK, (int)m0, copied0 + 8 * st);
+                    kt = kt0 + pre;
+                    slot = pre;
+                }
+                for (; kt < kt1; kt++) {
                     if (reuse)
                         mbar_wait(empty0 + 8 * slot, phase ^ 1u);
                     const uint32_t as = sbase + (uint32_t)(slot * C::kStageBytes);
@@ -1380,6 +1421,10 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI, BA>::kThreads, 1)
                     }
                 }
             }
+            if (!waited)
+                pdl_wait(); /* no segment: still every thread waits (pdl.cuh) */
+        } else if constexpr (PDL) {
+            pdl_wait();
         }
         return;
     }
@@ -1392,6 +1437,8 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI, BA>::kThreads, 1)
          * c % 8 = tid % 8 only: the addresses are fixed per thread. */
         const int went = tid & 15;
         const int wrow = 8 * (tid >> 4) + (went & 7), wchunk0 = 4 * (went >> 3);
+        if constexpr (PDL)
+            pdl_wait(); /* (shared memory only; every thread waits, pdl.cuh) */
         int slot = 0;
         uint32_t phase = 0;
         while (segs.take(tile, kt0, kt1)) {
@@ -1438,6 +1485,8 @@ __global__ void __launch_bounds__(CfgWS<STAGES, PW, CW, MI, BA>::kThreads, 1)
 #pragma unroll
         for (int v = 0; v < C::kAcc; v++)
             acc[i][v] = 0;
+    if constexpr (PDL)
+        pdl_wait(); /* before the scales, sums, stream-K workspace and y */
     for (int seg = 0; segs.take(tile, kt0, kt1); seg++) {
         int64_t m0, tile0;
         tile_origin(tile, m0, tile0);
@@ -1847,7 +1896,8 @@ struct LaunchWS {
 
     static cudaError_t run(const bn_w2a8_cuda_args *a, bool streamk, cudaStream_t stream)
     {
-        auto kernel = wgmma_ws_kernel<STAGES, PW, CW, MI, BA>;
+        auto kernel = a->pdl ? wgmma_ws_kernel<STAGES, PW, CW, MI, BA, true>
+                             : wgmma_ws_kernel<STAGES, PW, CW, MI, BA, false>;
         if (streamk && MI != 1)
             return cudaErrorInvalidValue; /* stream-K slots hold one slice a warpgroup */
         if (streamk && (!a->streamk || (reinterpret_cast<uintptr_t>(a->streamk) & 15) != 0))
@@ -1878,10 +1928,10 @@ struct LaunchWS {
         /* Stream-K shares k-tiles (the workspace is sized for sms blocks). */
         const int64_t units = streamk ? n_tiles * a->groups * (256 / C::kBK) : n_tiles;
         const unsigned grid = (unsigned)(units < sms ? units : sms);
-        kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(
-            a->m, a->n, a->tiles, a->groups, m_blocks, n_tiles, a->act_scale, a->act_sum,
-            a->weight_scale, a->y, a->ldy, streamk ? a->streamk : nullptr, act_map, w_map);
-        return cudaGetLastError();
+        return pdl_launch(kernel, dim3(grid), dim3(C::kThreads), (size_t)C::kSmemBytes, stream,
+                          a->pdl, a->m, a->n, a->tiles, a->groups, m_blocks, n_tiles,
+                          a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy,
+                          streamk ? a->streamk : nullptr, act_map, w_map);
     }
 };
 

@@ -887,6 +887,11 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int
     }
 }
 
+extern "C" int bn_w2a8_cuda_gemm_variant_pdl(int variant)
+{
+    return variant >= 10 && variant <= 17;
+}
+
 extern "C" int bn_w2a8_cuda_gemm_variant_streamk(int variant)
 {
     return variant == 11 || variant == 13 || variant == 15;

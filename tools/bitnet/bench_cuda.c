@@ -117,7 +117,8 @@ typedef struct w2a8_side {
     int split;
     int variant; /* -1: the default kernel; -2: the PDL GEMV chained (below), its
                     activations staged per cluster of args.cluster blocks if > 1;
-                    -3: the bulk-copy GEMV chained the same way */
+                    -3: the bulk-copy GEMV chained the same way; M > 1, -4: the
+                    default GEMM launched with programmatic dependent launch */
 } w2a8_side;
 
 static bool launch_w2a8(void *p, int i, cudaStream_t s)
@@ -133,9 +134,11 @@ static bool launch_w2a8(void *p, int i, cudaStream_t s)
     else if (a.m == 1)
         rc = w->variant < 0 ? bn_w2a8_cuda_gemv(&a, w->split, s)
                             : bn_w2a8_cuda_gemv_variant(&a, w->split, w->variant, s);
-    else
+    else {
+        a.pdl = w->variant == -4;
         rc = w->variant < 0 ? bn_w2a8_cuda_gemm(&a, s)
                             : bn_w2a8_cuda_gemm_variant(&a, w->variant, s);
+    }
     return rc == cudaSuccess;
 }
 
@@ -320,7 +323,7 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
 
         w.args = (bn_w2a8_cuda_args){NULL,  n,       l.tiles, l.groups, 0.02f,    d_x, m,
                                      l.k_padded, d_scale, d_sum, d_y,   n,  d_ws,  sm_count, 0,
-                                     d_streamk};
+                                     d_streamk, 0};
         w.split = bn_w2a8_cuda_gemv_split(l.tiles, l.groups, sm_count);
         c.x = d_xb;
         c.y = d_yb;
@@ -377,7 +380,15 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
          * device has clusters, and the bulk-copy GEMV where it runs */
         const bool bulk = bn_w2a8_cuda_gemv_bulk_usable(&w.args);
         const int stagings = bn_w2a8_cuda_gemv_cluster_usable() ? 2 + bulk : 1;
-        const int n_chained = m == 1 && pdl ? (o->variants ? 4 : 1) * stagings : 0;
+        /* M > 1: the default GEMM chained the same way where it is a
+         * warp-specialized one (its weight copies start before the wait) */
+        const int gemm_default =
+            m > 1 ? bn_w2a8_cuda_gemm_default_variant(m, n, l.k_padded,
+                                                      bn_w2a8_cuda_gemm_wgmma_usable(), sm_count)
+                  : -1;
+        const int n_chained = m == 1 && pdl ? (o->variants ? 4 : 1) * stagings
+                              : m > 1 && pdl && bn_w2a8_cuda_gemm_variant_pdl(gemm_default) ? 1
+                                                                                           : 0;
         const int n_variants = base + n_chained;
         if (o->only_variant >= base)
             printf("| %lldx%lld | %lld | variant %d | no such variant for M = %lld | | | | | | "
@@ -387,33 +398,32 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
             const bool chained = v >= base;
             if (o->only_variant >= 0 && (chained || v != o->only_variant))
                 continue;
-            const int staging = chained ? (v - base) % stagings : 0;
-            w.variant = !chained ? (o->variants ? v : -1) : staging == 2 ? -3 : -2;
-            const int chain = chained ? (v - base) / stagings : 0;
+            const int staging = chained && m == 1 ? (v - base) % stagings : 0;
+            w.variant = !chained ? (o->variants ? v : -1)
+                        : m > 1  ? -4
+                        : staging == 2 ? -3
+                                       : -2;
+            const int chain = chained && m == 1 ? (v - base) / stagings : 0;
             w.split = chained && o->variants ? 1 << chain
                       : o->split > 0         ? o->split
                                              : default_split;
             w.args.cluster = staging == 1 ? 8 : 0;
             char kernel[64];
-            if (w.variant == -3)
+            if (m > 1) {
+                char name[40];
+                const int gemm = o->variants && !chained ? v : gemm_default;
+                bn_w2a8_cuda_gemm_describe(&w.args, gemm, name, sizeof name);
+                snprintf(kernel, sizeof kernel, "gemm %s%s", name, chained ? " PDL-chained" : "");
+            } else if (w.variant == -3)
                 snprintf(kernel, sizeof kernel, "gemv v9 PDL-chained split %d", w.split);
             else if (chained && w.args.cluster)
                 snprintf(kernel, sizeof kernel, "gemv v5 PDL-chained cluster-staged split %d",
                          w.split);
             else if (chained)
                 snprintf(kernel, sizeof kernel, "gemv v5 PDL-chained split %d", w.split);
-            else if (m == 1)
+            else
                 snprintf(kernel, sizeof kernel, "gemv v%d split %d",
                          o->variants ? v : BN_W2A8_GEMV_DEFAULT_VARIANT, w.split);
-            else {
-                char name[40];
-                const int gemm = o->variants ? v
-                                             : bn_w2a8_cuda_gemm_default_variant(
-                                                   m, n, l.k_padded,
-                                                   bn_w2a8_cuda_gemm_wgmma_usable(), sm_count);
-                bn_w2a8_cuda_gemm_describe(&w.args, gemm, name, sizeof name);
-                snprintf(kernel, sizeof kernel, "gemm %s", name);
-            }
             bool graph_w;
             const double w_us = time_calls(launch_w2a8, &w, s, o->launches, o->reps, &graph_w);
             if (w_us > 0) {
