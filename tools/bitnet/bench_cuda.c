@@ -593,9 +593,9 @@ int bench_kernels_cuda(int argc, char **argv)
         fflush(stdout);
     }
     printf("\nW2A8: GEMV kernel for M = 1, int8 tensor-core GEMM for M > 1 (--variants: each "
-           "variant,\nsee w2a8_cuda.h; 'PDL-chained': v5 or v9 with programmatic dependent "
-           "launch, each call\nstarting while the one before it finishes, as in the decode "
-           "step); GB/s "
+           "variant,\nsee w2a8_cuda.h; 'PDL-chained': the GEMV v5 or v9, or the default GEMM, "
+           "with programmatic dependent\nlaunch, each call starting while the one before it "
+           "finishes, as the decode step and the\nprefill chain their kernels); GB/s "
            "counts packed "
            "weights + int8\nactivations + float outputs once per call; speedup = cuBLAS time / "
            "W2A8 time; 'quantize' is\nthe activation quantization of the M rows (not included in "
