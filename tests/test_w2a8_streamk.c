@@ -41,7 +41,8 @@ int main(void)
      * else 192-row tiles (14, stream-K 15) once they do or the rows are
      * long, else 128-row tiles (12, stream-K 13) or, where its tiles fit one wave, 192 x 64
      * (17); stream-K where it spares the busiest SM >=
-     * BN_W2A8_STREAMK_MIN_SAVED k-tiles; the skinny kernel (1) up to 32 rows; without wgmma the
+     * BN_W2A8_STREAMK_MIN_SAVED k-tiles; the skinny kernel (1) up to 32 rows, the GEMV over
+     * rows (18) below 5 rows, below 9 for matrices of at most 40 Mi weights; without wgmma the
      * mma.sync kernels (0, 2, 3). k is the padded row length. */
     static const struct {
         int64_t m, n, k;
@@ -56,6 +57,9 @@ int main(void)
         {32, 2560, 2560, 0, 132, 1},     {512, 2560, 2560, 0, 132, 0},
         {512, 2560, 27648, 0, 132, 2},   {512, 13824, 2560, 0, 132, 3},
         {512, 5120, 27648, 1, 1, 16}, /* one SM: the widest tiles fill it */
+        {2, 55296, 5120, 1, 132, 18},    {4, 55296, 5120, 0, 132, 18},
+        {8, 13824, 2560, 1, 132, 18},    {8, 20480, 3328, 1, 132, 1},
+        {5, 2560, 2560, 1, 132, 18},     {9, 2560, 2560, 1, 132, 1},
     };
     for (size_t i = 0; i < sizeof picks / sizeof picks[0]; i++) {
         const int got = bn_w2a8_cuda_gemm_default_variant(picks[i].m, picks[i].n, picks[i].k,

@@ -111,8 +111,12 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * (BN_W2A8_WGMMA_128X128_TMA_RS); 14 and 15 as 12 and 13 with 192 weight
  * rows a block; 16 as 12 with 256; 17 as 14 with 64 activation rows a block:
  * 5-17 need compute capability 9.0 and an sm_90a build, else
- * cudaErrorNotSupported.
- * bn_w2a8_cuda_gemm uses 1 up to BN_W2A8_SKINNY_MAX_M rows; above, where
+ * cudaErrorNotSupported. 18 the GEMV's weight stream with each entry
+ * dotted with up to 8 activation rows (dp4a; any M, 8 rows a grid row).
+ * bn_w2a8_cuda_gemm uses 18 up to BN_W2A8_ROWS_MAX_M rows, and up to
+ * BN_W2A8_ROWS_SMALL_MAX_M rows for matrices of at most
+ * BN_W2A8_ROWS_SMALL_WEIGHTS weights (beyond, its dp4a work outgrows the
+ * weight stream); then 1 up to BN_W2A8_SKINNY_MAX_M rows; above, where
  * wgmma is usable, from BN_W2A8_WGMMA_MIN_M rows: 16 when its 256 x 128
  * tiles number at least the SMs, else 14 when its 192 x 128 tiles do or the
  * rows hold at least BN_W2A8_WGMMA_LONG_K values, else 12 when its 128 x
@@ -126,8 +130,11 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * BN_W2A8_PIPE_MIN_TILES, else 2 for rows of at least
  * BN_W2A8_PIPE_SPLIT_MIN_K, else 0 (bn_w2a8_cuda_gemm_default_variant;
  * measured on an H200). */
-#define BN_W2A8_GEMM_VARIANTS 18
+#define BN_W2A8_GEMM_VARIANTS 19
 #define BN_W2A8_SKINNY_MAX_M 32
+#define BN_W2A8_ROWS_MAX_M 4
+#define BN_W2A8_ROWS_SMALL_MAX_M 8
+#define BN_W2A8_ROWS_SMALL_WEIGHTS (40ll << 20)
 #define BN_W2A8_WGMMA_MIN_M 128
 #define BN_W2A8_WGMMA_SHORT_K 4096
 #define BN_W2A8_WGMMA_LONG_K 16384

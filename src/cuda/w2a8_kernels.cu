@@ -637,6 +637,117 @@ __global__ void skinny_epilogue(const int32_t *__restrict__ ws, int64_t m, int64
     y[row * ldy + col] = epilogue(ws[i] - act_sum[row], act_scale[row], w_scale);
 }
 
+/* ---- a few rows: the GEMV's stream, each weight entry met by R rows --------
+ *
+ * For M of a few rows (batched decode, short prompts) the weights still
+ * dominate. rows_kernel streams them as gemv_kernel does (a warp reads a
+ * tile's 512-byte chunk-group, 16 bytes a lane, WARPS warps splitting K) and
+ * multiplies every entry with up to R activation rows (blockIdx.y picks rows
+ * m0 .. m0 + R - 1): the 2-bit fields are masked out once per entry and
+ * dotted with each row's 64 bytes (read through L1: the eight lanes of a
+ * quarter read the same bytes). The int32 sums are exact, so the results
+ * are the other kernels' bit for bit. */
+constexpr int kRowsR = 8;
+
+template <int WARPS, int TILES>
+__global__ void __launch_bounds__(32 * WARPS * TILES)
+    rows_kernel(const uint4 *__restrict__ w, const int8_t *__restrict__ x, int64_t ldx, int64_t m,
+                int64_t n, int64_t groups, int64_t tiles, const float *__restrict__ act_scale,
+                const int32_t *__restrict__ act_sum, float w_scale, float *__restrict__ y,
+                int64_t ldy)
+{
+    __shared__ int partial[kRowsR][TILES][WARPS][kTileRows];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int tile_in_block = warp / WARPS, split = warp % WARPS;
+    const int64_t tile = (int64_t)blockIdx.x * TILES + tile_in_block;
+    const int64_t m0 = (int64_t)blockIdx.y * kRowsR;
+    const int rows = m - m0 < kRowsR ? (int)(m - m0) : kRowsR;
+    int acc[kRowsR];
+#pragma unroll
+    for (int r = 0; r < kRowsR; r++)
+        acc[r] = 0;
+    if (tile < tiles) {
+        const uint4 *blocks = w + tile * groups * (kBlockBytes / 16) + lane;
+        const int8_t *xq = x + m0 * ldx + (lane >> 3) * 64;
+        for (int64_t g = split; g < groups; g += WARPS) {
+            const uint4 v = gemv_load_stream(blocks + g * (kBlockBytes / 16));
+            const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+            int f[4][4]; /* field j of word i: the codes meeting bytes 16 i + 4 j .. */
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    f[i][j] = (int)((wd[i] >> (2 * j)) & 0x03030303u);
+#pragma unroll
+            for (int r = 0; r < kRowsR; r++) {
+                if (r >= rows)
+                    break;
+                const int4 *xv = reinterpret_cast<const int4 *>(xq + r * ldx + g * kGroup);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int4 a = __ldg(xv + i);
+                    acc[r] = __dp4a(f[i][0], a.x, acc[r]);
+                    acc[r] = __dp4a(f[i][1], a.y, acc[r]);
+                    acc[r] = __dp4a(f[i][2], a.z, acc[r]);
+                    acc[r] = __dp4a(f[i][3], a.w, acc[r]);
+                }
+            }
+        }
+    }
+    /* The four quarters of a tile row (lanes r, r + 8, r + 16, r + 24),
+     * then the split warps of a tile through shared memory. */
+#pragma unroll
+    for (int r = 0; r < kRowsR; r++) {
+        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 8);
+        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 16);
+        if (lane < kTileRows)
+            partial[r][tile_in_block][split][lane] = acc[r];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < kRowsR * TILES * kTileRows; i += blockDim.x) {
+        const int r = i / (TILES * kTileRows), t = (i / kTileRows) % TILES, o = i % kTileRows;
+        const int64_t out_row = ((int64_t)blockIdx.x * TILES + t) * kTileRows + o;
+        if (r >= rows || out_row >= n)
+            continue;
+        int total = 0;
+#pragma unroll
+        for (int s = 0; s < WARPS; s++)
+            total += partial[r][t][s][o];
+        y[(m0 + r) * ldy + out_row] =
+            epilogue(total - act_sum[m0 + r], act_scale[m0 + r], w_scale);
+    }
+}
+
+template <int WARPS, int TILES>
+static cudaError_t launch_rows_t(const bn_w2a8_cuda_args *a, cudaStream_t stream)
+{
+    const int64_t blocks = (a->tiles + TILES - 1) / TILES;
+    const int64_t row_blocks = (a->m + kRowsR - 1) / kRowsR;
+    if (row_blocks > 65535)
+        return cudaErrorInvalidConfiguration;
+    rows_kernel<WARPS, TILES><<<dim3((unsigned)blocks, (unsigned)row_blocks),
+                                32 * WARPS * TILES, 0, stream>>>(
+        reinterpret_cast<const uint4 *>(a->weights), a->x, a->ldx, a->m, a->n, a->groups,
+        a->tiles, a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy);
+    return cudaGetLastError();
+}
+
+/* The K split the GEMV would take for this matrix (one row). */
+static cudaError_t launch_rows(const bn_w2a8_cuda_args *a, cudaStream_t stream)
+{
+    if (a->m <= 0 || a->n <= 0)
+        return cudaSuccess;
+    /* 16-byte activation loads. */
+    if ((a->ldx & 15) != 0 || (reinterpret_cast<uintptr_t>(a->x) & 15) != 0)
+        return cudaErrorMisalignedAddress;
+    switch (bn_w2a8_cuda_gemv_split(a->tiles, a->groups, a->sm_count)) {
+    case 1: return launch_rows_t<1, 4>(a, stream);
+    case 2: return launch_rows_t<2, 2>(a, stream);
+    case 4: return launch_rows_t<4, 1>(a, stream);
+    default: return launch_rows_t<8, 1>(a, stream);
+    }
+}
+
 /* ---- activation quantization ---------------------------------------------- */
 
 /* The int8 code of x at scale s: round half to even, NaN -> 0, clamped. */
@@ -883,6 +994,7 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int
     case 15: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_192X128_TMA_RS_STREAMK, stream);
     case 16: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_256X128_TMA_RS, stream);
     case 17: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_192X64_TMA_RS, stream);
+    case 18: return launch_rows(a, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -933,6 +1045,12 @@ static bool streamk_pays(int64_t wg_tiles, int64_t k, int sm_count)
 extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma,
                                                  int sm_count)
 {
+    /* H200: 2560 x 2560 at M = 2 / 4 / 8 3.2 / 4.0 / 5.8 us against the
+     * skinny kernel's 6.7 / 6.7 / 7.6; 20480 x 3200 at M = 8 27.6 against
+     * 25.5 (docs/PERFORMANCE.md). */
+    if (m <= BN_W2A8_ROWS_MAX_M ||
+        (m <= BN_W2A8_ROWS_SMALL_MAX_M && n * k <= BN_W2A8_ROWS_SMALL_WEIGHTS))
+        return 18;
     if (m <= BN_W2A8_SKINNY_MAX_M)
         return 1;
     /* Output tiles of `rows` weight rows x `acts` activation rows. */
