@@ -379,6 +379,10 @@ constexpr int kEpiRows = 32;
 constexpr int kEpiStride = 20;
 constexpr int kEpiWarpBytes = kEpiRows * kEpiStride * 4;
 
+/* Launched with PDL, the warp-specialized kernel copies the weights of this
+ * many stages before it waits (wgmma_ws_kernel). */
+constexpr int kPdlEarly = 2;
+
 template <int STAGES, int PW, int CW = 2, int MI = 1, int BA = 128>
 struct CfgWS {
     /* weight rows: CW consumer warpgroups x MI slices of 64 */
@@ -430,7 +434,7 @@ struct CfgWS {
     static_assert(PW == 0 || BA == 128, "the expander path issues wgmma_ss<128>");
     static_assert(2 * BA <= kConsumers, "the consumers copy a tile's scales and sums at once");
     static_assert(BA % 32 == 0, "store_warp_staged's rounds of 32 activation rows");
-    static_assert(STAGES > 2, "kPdlEarly (2) stages copied before the PDL wait fit");
+    static_assert(STAGES > kPdlEarly, "the stages copied before the PDL wait fit the ring");
 };
 
 /* ---- Stream-K for the warp-specialized kernel ------------------------------
@@ -462,10 +466,6 @@ struct CfgWS {
  * completes the tile without storing its own. */
 constexpr int kSlotInts = 192 * 128; /* the largest tile (three consumer warpgroups) */
 constexpr int kStreamkMaxBlocks = 1024;
-
-/* Launched with PDL, the warp-specialized kernel copies the weights of this
- * many stages before it waits (wgmma_ws_kernel). */
-constexpr int kPdlEarly = 2;
 
 __host__ __device__ __forceinline__ int64_t streamk_begin(int64_t b, int64_t total, int64_t grid)
 {

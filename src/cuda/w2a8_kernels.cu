@@ -732,7 +732,7 @@ static cudaError_t launch_rows_t(const bn_w2a8_cuda_args *a, cudaStream_t stream
     return cudaGetLastError();
 }
 
-/* The K split the GEMV would take for this matrix (one row). */
+/* Variant 18, at the K split the GEMV takes for this matrix. */
 static cudaError_t launch_rows(const bn_w2a8_cuda_args *a, cudaStream_t stream)
 {
     if (a->m <= 0 || a->n <= 0)
