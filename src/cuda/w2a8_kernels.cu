@@ -999,9 +999,15 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int
     }
 }
 
-extern "C" int bn_w2a8_cuda_gemm_variant_pdl(int variant)
+/* Variants 10-17: the warp-specialized wgmma kernels (tensor maps, PDL). */
+static bool warp_specialized(int variant)
 {
     return variant >= 10 && variant <= 17;
+}
+
+extern "C" int bn_w2a8_cuda_gemm_variant_pdl(int variant)
+{
+    return warp_specialized(variant);
 }
 
 extern "C" int bn_w2a8_cuda_gemm_variant_streamk(int variant)
@@ -1100,7 +1106,7 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_
     const cudaError_t rc = bn_w2a8_cuda_gemm_variant(a, v, stream);
     /* The warp-specialized kernels also need the driver's tensor-map
      * encoder; without it, the other wgmma kernel (nothing was launched). */
-    if (rc == cudaErrorNotSupported && v >= 10 && v < BN_W2A8_GEMM_VARIANTS)
+    if (rc == cudaErrorNotSupported && warp_specialized(v))
         return bn_w2a8_cuda_gemm_variant(a, 7, stream);
     return rc;
 }
