@@ -53,11 +53,47 @@ static uint64_t next_rand(void)
     return rng;
 }
 
+/* The programmatic edges of a captured graph (a kernel launched with
+ * programmatic dependent launch after another one of the capture): their
+ * number; with `strip`, each is replaced by a full dependency, so the
+ * downstream kernel starts only once the upstream one has completed. This
+ * lets the bench report whether a library (cuBLAS) chains its own calls that
+ * way, and time it both ways. -1 if the graph cannot be read or changed. */
+static int programmatic_edges(cudaGraph_t g, bool strip)
+{
+    size_t n = 0;
+    if (cudaGraphGetEdges(g, NULL, NULL, NULL, &n) != cudaSuccess)
+        return -1;
+    if (n == 0)
+        return 0;
+    cudaGraphNode_t *from = malloc(n * sizeof *from), *to = malloc(n * sizeof *to);
+    cudaGraphEdgeData *data = malloc(n * sizeof *data);
+    int count = -1;
+    if (from && to && data && cudaGraphGetEdges(g, from, to, data, &n) == cudaSuccess) {
+        count = 0;
+        for (size_t i = 0; i < n && count >= 0; i++) {
+            if (data[i].type != cudaGraphDependencyTypeProgrammatic)
+                continue;
+            count++;
+            if (strip && (cudaGraphRemoveDependencies(g, &from[i], &to[i], &data[i], 1) !=
+                              cudaSuccess ||
+                          cudaGraphAddDependencies(g, &from[i], &to[i], NULL, 1) != cudaSuccess))
+                count = -1;
+        }
+    }
+    free(from);
+    free(to);
+    free(data);
+    return count;
+}
+
 /* Times `launches` calls of fn (call index i) per replay, best effort as a
- * graph; returns microseconds per call, or < 0 on failure. */
+ * graph; returns microseconds per call, or < 0 on failure. edges: if not
+ * NULL, receives the captured graph's programmatic edges (-1: unknown, or
+ * not graphed); strip: replace them by full dependencies before timing. */
 typedef bool (*launch_fn)(void *ctx, int i, cudaStream_t s);
-static double time_calls(launch_fn fn, void *ctx, cudaStream_t s, int launches, int reps,
-                         bool *used_graph)
+static double time_calls_edges(launch_fn fn, void *ctx, cudaStream_t s, int launches, int reps,
+                               bool *used_graph, int *edges, bool strip)
 {
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
@@ -68,6 +104,15 @@ static double time_calls(launch_fn fn, void *ctx, cudaStream_t s, int launches, 
         graph_ok = cudaStreamEndCapture(s, &graph) == cudaSuccess && graph;
     else {
         cudaStreamEndCapture(s, &graph); /* abandon a broken capture */
+    }
+    if (edges)
+        *edges = graph_ok ? programmatic_edges(graph, strip) : -1;
+    if (strip && (!edges || *edges < 0)) { /* cannot be timed as asked */
+        if (graph)
+            cudaGraphDestroy(graph);
+        cudaGetLastError();
+        *used_graph = false;
+        return -1.0;
     }
     if (graph_ok)
         graph_ok = cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
@@ -106,6 +151,12 @@ static double time_calls(launch_fn fn, void *ctx, cudaStream_t s, int launches, 
     if (!ok || cudaGetLastError() != cudaSuccess)
         return -1.0;
     return (double)ms * 1e3 / ((double)launches * reps);
+}
+
+static double time_calls(launch_fn fn, void *ctx, cudaStream_t s, int launches, int reps,
+                         bool *used_graph)
+{
+    return time_calls_edges(fn, ctx, s, launches, reps, used_graph, NULL, false);
 }
 
 /* ---- the two sides of a comparison ---------------------------------------- */
@@ -255,6 +306,10 @@ static int copies_for(size_t bytes, double rotate_bytes)
     return n < 2 ? 2 : n > 512 ? 512 : n;
 }
 
+/* cuBLAS's captured graphs: [0] edges unknown, [1] no programmatic edge,
+ * [2] some (reported in the footer). */
+static int cublas_graphs[3];
+
 static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_count, bool pdl,
                         double copy_gbs, const bn_cublas *api, cublasHandle_t handle,
                         uint32_t *d_floor_sink, cudaStream_t s)
@@ -329,7 +384,23 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
         c.y = d_yb;
         c.m = m;
         bool graph_c;
-        const double c_us = time_calls(launch_cublas, &c, s, o->launches, o->reps, &graph_c);
+        int c_edges = -1;
+        const double c_us = time_calls_edges(launch_cublas, &c, s, o->launches, o->reps, &graph_c,
+                                             &c_edges, false);
+        cublas_graphs[c_edges > 0 ? 2 : c_edges == 0 ? 1 : 0]++;
+        if (c_edges > 0 && o->only_variant < 0) {
+            /* cuBLAS chained its calls by programmatic dependent launch: its
+             * time with each call waiting for the one before to complete,
+             * as the W2A8 rows without "PDL-chained" run. */
+            bool graph_a;
+            int edges_a = -1;
+            const double a_us = time_calls_edges(launch_cublas, &c, s, o->launches, o->reps,
+                                                 &graph_a, &edges_a, true);
+            if (a_us > 0)
+                printf("| %lldx%lld | %lld | cublas bf16, its %d PDL edges made full "
+                       "dependencies | | | | | %.2f | | |\n",
+                       (long long)n, (long long)k, (long long)m, c_edges, a_us);
+        }
 
         /* Bytes that must move: packed weights, int8 activations and their
          * scales/sums in, float outputs out. */
@@ -601,9 +672,17 @@ int bench_kernels_cuda(int argc, char **argv)
            "W2A8 time; 'quantize' is\nthe activation quantization of the M rows (not included in "
            "W2A8 us). 'read only (floor)': a kernel that only reads the packed weights,\nthe "
            "least time any kernel streaming them once takes (its GB/s over those bytes).\n"
+           "'cublas bf16, its N PDL edges made full dependencies': where cuBLAS's own captured "
+           "calls\nare chained by programmatic dependent launch, its time with each call "
+           "waiting for the one\nbefore to complete (the speedup column uses cuBLAS as "
+           "captured).\n"
            "Weights rotated over >= %.0f MiB of copies; times per call from replayed CUDA graphs "
            "of %d calls x %d.\n",
            o.rotate_mib, o.launches, o.reps);
+    printf("cuBLAS's captured calls chained by programmatic dependent launch: in %d of %d "
+           "timings (not: %d, unknown: %d).\n",
+           cublas_graphs[2], cublas_graphs[0] + cublas_graphs[1] + cublas_graphs[2],
+           cublas_graphs[1], cublas_graphs[0]);
     api->destroy(handle);
     cudaFree(floor_sink);
     cudaFree(workspace);
