@@ -36,14 +36,16 @@ int main(void)
     char why[128] = "";
     CHECK(!bn_w2a8_cuda_streamk_plan_check(4, 4, 0, why, sizeof why) && why[0] != '\0');
 
-    /* The default variant at M = 512 on an H200's 132 SMs with wgmma
-     * (docs/PERFORMANCE.md): 256-row tiles (16) once they fill the SMs,
-     * else 192-row tiles (14, stream-K 15) once they do or the rows are
-     * long, else 128-row tiles (12, stream-K 13) or, where its tiles fit one wave, 192 x 64
-     * (17); stream-K where it spares the busiest SM >=
-     * BN_W2A8_STREAMK_MIN_SAVED k-tiles; the skinny kernel (1) up to 32 rows, the GEMV over
-     * rows (18) below 5 rows, below 9 for matrices of at most 40 Mi weights; without wgmma the
-     * mma.sync kernels (0, 2, 3). k is the padded row length. */
+    /* The default variant on an H200's 132 SMs with wgmma
+     * (docs/PERFORMANCE.md), from 65 rows: 256-row tiles (16) once they fill
+     * the SMs, else 192-row tiles (14, stream-K 15) once they do or the
+     * rows are long, else 192 x 64 (17) where its tiles fit one wave, else
+     * 128-row tiles (12, stream-K 13); stream-K where it spares the busiest
+     * SM >= BN_W2A8_STREAMK_MIN_SAVED k-tiles; 33-64 rows 192 x 64 (17), or
+     * skinny for few tiles over long rows; the skinny kernel (1) up to 32
+     * rows, the GEMV over rows (18) below 5 rows, below 9 for matrices of at
+     * most 40 Mi weights; without wgmma the mma.sync kernels (0, 2, 3). k is
+     * the padded row length. */
     static const struct {
         int64_t m, n, k;
         int wgmma, sms, want;
@@ -60,6 +62,13 @@ int main(void)
         {2, 55296, 5120, 1, 132, 18},    {4, 55296, 5120, 0, 132, 18},
         {8, 13824, 2560, 1, 132, 18},    {8, 20480, 3328, 1, 132, 1},
         {5, 2560, 2560, 1, 132, 18},     {9, 2560, 2560, 1, 132, 1},
+        /* 33-64 rows: 192 x 64 tiles however many, skinny for few tiles
+         * over long rows; 65 and up as at M = 512 */
+        {33, 13824, 2560, 1, 132, 17},   {48, 2560, 2560, 1, 132, 17},
+        {64, 2560, 6912, 1, 132, 1},     {64, 55296, 5120, 1, 132, 17},
+        {96, 13824, 2560, 1, 132, 12},   {96, 2560, 6912, 1, 132, 17},
+        {128, 2560, 2560, 1, 132, 17},   {128, 55296, 5120, 1, 132, 16},
+        {256, 2560, 2560, 1, 132, 17},   {48, 2560, 2560, 0, 132, 0},
     };
     for (size_t i = 0; i < sizeof picks / sizeof picks[0]; i++) {
         const int got = bn_w2a8_cuda_gemm_default_variant(picks[i].m, picks[i].n, picks[i].k,

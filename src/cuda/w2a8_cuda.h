@@ -117,12 +117,14 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * BN_W2A8_ROWS_SMALL_MAX_M rows for matrices of at most
  * BN_W2A8_ROWS_SMALL_WEIGHTS weights (beyond, its dp4a work outgrows the
  * weight stream); then 1 up to BN_W2A8_SKINNY_MAX_M rows; above, where
- * wgmma is usable, from BN_W2A8_WGMMA_MIN_M rows: 16 when its 256 x 128
- * tiles number at least the SMs, else 14 when its 192 x 128 tiles do or the
- * rows hold at least BN_W2A8_WGMMA_LONG_K values, else 12 when its 128 x
- * 128 tiles number at least BN_W2A8_WGMMA_WS_MIN_TILES or the rows hold at
- * least BN_W2A8_WGMMA_SHORT_K values, 17 instead of 12 there when its 192 x
- * 64 tiles number at most the SMs; 15 and 13 instead of 14 and 12 when
+ * wgmma is usable: up to BN_W2A8_NARROW_MAX_M rows 17, or 1 where its 192 x
+ * 64 tiles number at most a quarter of the SMs and the rows hold at least
+ * BN_W2A8_WGMMA_SHORT_K values; beyond, 16 when its 256 x 128 tiles number
+ * at least the SMs, else 14 when its 192 x 128 tiles do or the rows hold at
+ * least BN_W2A8_WGMMA_LONG_K values, else 17 when its 192 x 64 tiles number
+ * at most the SMs, else 12 when its 128 x 128 tiles number at least
+ * BN_W2A8_WGMMA_WS_MIN_TILES or the rows hold at least
+ * BN_W2A8_WGMMA_SHORT_K values; 15 and 13 instead of 14 and 12 when
  * a->streamk is given and stream-K spares the busiest SM at least
  * BN_W2A8_STREAMK_MIN_SAVED k-tiles of 128 (12-17 fall back to 7 where they
  * cannot run);
@@ -135,7 +137,7 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
 #define BN_W2A8_ROWS_MAX_M 4
 #define BN_W2A8_ROWS_SMALL_MAX_M 8
 #define BN_W2A8_ROWS_SMALL_WEIGHTS (40ll << 20)
-#define BN_W2A8_WGMMA_MIN_M 128
+#define BN_W2A8_NARROW_MAX_M 64
 #define BN_W2A8_WGMMA_SHORT_K 4096
 #define BN_W2A8_WGMMA_LONG_K 16384
 #define BN_W2A8_WGMMA_WS_MIN_TILES 64

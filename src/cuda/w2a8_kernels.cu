@@ -1030,24 +1030,24 @@ static bool streamk_pays(int64_t wg_tiles, int64_t k, int sm_count)
     return whole - even >= BN_W2A8_STREAMK_MIN_SAVED;
 }
 
-/* Measured on an H200 at M = 512 (docs/PERFORMANCE.md). With Hopper's
- * wgmma available (sm_90a code, a 9.0 device): the warp-specialized
- * persistent kernels with the weights expanded into wgmma's A registers,
- * the widest tiles that still fill every SM, since per multiply-add they
- * move fewer activation bytes: 256 weight rows a block (16) once those
- * tiles fill every SM (13824 x 2560: 50 us with 128 rows, 45-48 with 192,
- * 38-41 with 256); else 192 (14; 15 with stream-K) once those do or the
- * rows are long (BN_W2A8_WGMMA_LONG_K; 5120 x 27648: 167 us with 128 rows,
- * 100 with 192 and stream-K); else 128 (12; 13 with stream-K), whose
- * smaller tiles spread the short shapes over more SMs (2560 x 2560: 13.2 us
- * against 16.2 with 192), and among those 192 x 64 (17) where its tiles
- * still fit one wave: three quarters of the work a tile on more SMs (2560 x
- * 2560: 11.0 us; 2560 x 6912: 21.2 against 23.8-24.1 with 128 x 128 and
- * stream-K). Stream-K where whole tiles leave the busiest SM far behind
- * the others. Without
- * wgmma: the pipelined 64 x 256 kernel once its tiles fill every SM about
- * twice; with fewer tiles, split-K for long rows, else the 64 x 64 tiled
- * kernel. */
+/* Measured on an H200 (docs/PERFORMANCE.md). With Hopper's wgmma available
+ * (sm_90a code, a 9.0 device): the warp-specialized persistent kernels with
+ * the weights expanded into wgmma's A registers. Up to 64 rows, 192 x 64
+ * tiles (17) whatever their number (M = 33-128: 2560 x 2560 10.1-10.7 us
+ * against 20-22 for the tiled kernel, 11-18 for skinny), or skinny for few
+ * tiles over long rows. Above, the widest tiles that still fill every SM,
+ * since per multiply-add they move fewer activation bytes: 256 weight rows
+ * a block (16) once those tiles fill every SM (13824 x 2560 at M = 512: 50
+ * us with 128 rows, 45-48 with 192, 38-41 with 256); else 192 (14; 15 with
+ * stream-K) once those do or the rows are long (BN_W2A8_WGMMA_LONG_K; 5120
+ * x 27648: 167 us with 128 rows, 100 with 192 and stream-K); else 192 x 64
+ * (17) where those tiles fit one wave: three quarters of a 128 x 128 tile's
+ * work on more SMs (2560 x 2560: 10.5-11.0 us against 13.2; 2560 x 6912:
+ * 20.7-21.2 against 23.8-24.1 with 128 x 128 and stream-K); else 128 (12;
+ * 13 with stream-K). Stream-K where whole tiles leave the busiest SM far
+ * behind the others. Without wgmma: the pipelined 64 x 256 kernel once its
+ * tiles fill every SM about twice; with fewer tiles, split-K for long rows,
+ * else the 64 x 64 tiled kernel. */
 extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma,
                                                  int sm_count)
 {
@@ -1063,18 +1063,28 @@ extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k
     auto tiles_of = [m, n](int64_t rows, int64_t acts) {
         return ((m + acts - 1) / acts) * ((n + rows - 1) / rows);
     };
-    if (wgmma && m >= BN_W2A8_WGMMA_MIN_M) {
+    if (wgmma) {
         const int64_t sms = sm_count > 0 ? sm_count : 132;
         const int64_t t128 = tiles_of(128, 128), t192 = tiles_of(192, 128);
+        const int64_t t192x64 = tiles_of(192, 64);
+        if (m <= BN_W2A8_NARROW_MAX_M) {
+            /* One 64-row activation tile: 192 x 64 tiles however many (a
+             * 128-row tile would be half empty), except few tiles over long
+             * rows, where the skinny kernel's split K keeps more SMs busy
+             * (H200, M = 33-64: 2560 x 6912 17.6-19.7 us against 20.1-20.4;
+             * 55296 x 5120 43.6-46.1 with 17 against 63-66 with 16). */
+            if (t192x64 * 4 <= sms && k >= BN_W2A8_WGMMA_SHORT_K)
+                return 1;
+            return 17;
+        }
         if (tiles_of(256, 128) >= sms)
             return 16;
         if (t192 >= sms || k >= BN_W2A8_WGMMA_LONG_K)
             return streamk_pays(t192, k, sm_count) ? 15 : 14;
-        if (t128 >= BN_W2A8_WGMMA_WS_MIN_TILES || k >= BN_W2A8_WGMMA_SHORT_K) {
-            if (tiles_of(192, 64) <= sms)
-                return 17;
+        if (t192x64 <= sms)
+            return 17;
+        if (t128 >= BN_W2A8_WGMMA_WS_MIN_TILES || k >= BN_W2A8_WGMMA_SHORT_K)
             return streamk_pays(t128, k, sm_count) ? 13 : 12;
-        }
     }
     const int64_t tiles = tiles_of(256, 64);
     if (tiles >= BN_W2A8_PIPE_MIN_TILES)
