@@ -320,7 +320,9 @@ static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y,
     a.act_sum = b->act_sum;
     a.ldy = g->n;
     a.sm_count = b->sm;
-    a.workspace = M > 1 && M <= BN_W2A8_SKINNY_MAX_M ? b->ws_gemm : NULL;
+    /* The skinny GEMM's split-K workspace (it runs up to 64 rows: 33-64
+     * where its tiles are few and the rows long, w2a8_cuda.h). */
+    a.workspace = M > 1 && M <= BN_W2A8_NARROW_MAX_M ? b->ws_gemm : NULL;
     a.streamk = b->streamk ? b->ws_streamk : NULL;
     a.weight_scale = g->n_seg == 1 ? g->s[0].scale : 1.0f;
     a.cluster = b->gemv_cluster;
@@ -920,7 +922,7 @@ static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
     ADD(&b->xq, R * (size_t)b->ldq);
     ADD(&b->act_scale, R * f);
     ADD(&b->act_sum, R * sizeof(int32_t));
-    const size_t skinny_rows = R < BN_W2A8_SKINNY_MAX_M ? R : BN_W2A8_SKINNY_MAX_M;
+    const size_t skinny_rows = R < BN_W2A8_NARROW_MAX_M ? R : BN_W2A8_NARROW_MAX_M;
     ADD(&b->ws_gemm, skinny_rows * (size_t)b->max_n * sizeof(int32_t));
     b->streamk = prefill_needs_streamk(b);
     ADD(&b->ws_streamk, b->streamk ? bn_w2a8_cuda_gemm_streamk_bytes(b->sm) : 0);

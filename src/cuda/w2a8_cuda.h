@@ -127,7 +127,7 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * BN_W2A8_WGMMA_SHORT_K values; 15 and 13 instead of 14 and 12 when
  * a->streamk is given and stream-K spares the busiest SM at least
  * BN_W2A8_STREAMK_MIN_SAVED k-tiles of 128 (12-17 fall back to 7 where they
- * cannot run);
+ * cannot run; 1 above BN_W2A8_SKINNY_MAX_M rows runs as 17 without a->workspace);
  * otherwise 3 when the 64 x 256 tiles number at least
  * BN_W2A8_PIPE_MIN_TILES, else 2 for rows of at least
  * BN_W2A8_PIPE_SPLIT_MIN_K, else 0 (bn_w2a8_cuda_gemm_default_variant;

@@ -1113,6 +1113,8 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_
                                               a->sm_count);
     if (bn_w2a8_cuda_gemm_variant_streamk(v) && !a->streamk)
         v -= 1; /* no stream-K workspace: whole tiles */
+    if (v == 1 && a->m > BN_W2A8_SKINNY_MAX_M && !a->workspace)
+        v = 17; /* beyond 32 rows skinny pays only with its split K (a workspace) */
     const cudaError_t rc = bn_w2a8_cuda_gemm_variant(a, v, stream);
     /* The warp-specialized kernels also need the driver's tensor-map
      * encoder; without it, the other wgmma kernel (nothing was launched). */
