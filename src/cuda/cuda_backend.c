@@ -1337,13 +1337,15 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure)
     return true;
 }
 
-/* Runs two short prefills (40 tokens for the tiled GEMM, 2 for the skinny
- * one) and one decode step, all of token 0 from position 0, so that every
- * kernel is loaded and known to run on this device before the engine
- * commits to the GPU, before graph capture (which must not be a kernel's
- * first launch) and before anything is timed. The cache positions written
- * are forgotten. A decode step that fails with programmatic dependent
- * launch (a driver that rejects the launch attribute) is retried without. */
+/* Runs two short prefills (40 tokens: the 192 x 64 wgmma GEMM on Hopper, or
+ * the skinny one for few tiles over long rows, the tiled kernel elsewhere;
+ * 2 tokens: the GEMV over rows) and one decode step, all of token 0 from
+ * position 0, so that every kernel is loaded and known to run on this
+ * device before the engine commits to the GPU, before graph capture (which
+ * must not be a kernel's first launch) and before anything is timed. The
+ * cache positions written are forgotten. A decode step that fails with
+ * programmatic dependent launch (a driver that rejects the launch
+ * attribute) is retried without. */
 static bn_status warm_up(bn_cuda_backend *b, bn_error *err)
 {
     int32_t zeros[40];
@@ -1355,7 +1357,7 @@ static bn_status warm_up(bn_cuda_backend *b, bn_error *err)
     bn_status st = BN_OK;
     if (n >= 2)
         st = bn_cuda_backend_forward_greedy(b, zeros, n, 0, &next, err);
-    if (st == BN_OK && n >= 2) /* two rows: the skinny GEMM */
+    if (st == BN_OK && n >= 2) /* two rows: the GEMV over rows */
         st = bn_cuda_backend_forward_greedy(b, zeros, 2, 0, &next, err);
     if (st == BN_OK && b->pdl) {
         bn_error perr;
