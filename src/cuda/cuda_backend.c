@@ -1828,6 +1828,53 @@ bn_status bn_cuda_backend_time_decode(bn_cuda_backend *b, int32_t token, int64_t
     return st;
 }
 
+bn_status bn_cuda_backend_time_decode_device(bn_cuda_backend *b, int32_t token, int64_t pos,
+                                             int reps, double *us_per_step, bn_error *err)
+{
+    if (!b || !us_per_step || reps < 1)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "time_decode_device: bad arguments");
+    *us_per_step = 0.0;
+    if (!b->graph || !b->use_graphs || b->prof)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL, "time_decode_device: no decode graph");
+    bn_status st = check_request(b, &token, 1, pos, err);
+    if (st == BN_OK)
+        st = bn_cuda_context_use(b->ctx, err);
+    if (st != BN_OK)
+        return st;
+    cudaEvent_t ev[2] = {NULL, NULL};
+    st = BN_CUDA_STATUS(err, cudaEventCreate(&ev[0]));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaEventCreate(&ev[1]));
+    if (st == BN_OK)
+        st = queue_pass(b, &token, 1, pos, err); /* uploads the inputs; a warm-up step */
+    if (st == BN_OK)
+        st = queue_argmax(b, err);
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaEventRecord(ev[0], b->cs));
+    for (int r = 0; r < reps && st == BN_OK; r++) {
+        st = BN_CUDA_STATUS(err, cudaGraphLaunch(b->graph, b->cs));
+        if (st == BN_OK)
+            st = queue_argmax(b, err);
+    }
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaEventRecord(ev[1], b->cs));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaEventSynchronize(ev[1]));
+    float ms = 0.0f;
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaEventElapsedTime(&ms, ev[0], ev[1]));
+    if (st != BN_OK)
+        (void)fail_pass(b, pos, st);
+    else if (b->kv_filled < pos + 1)
+        b->kv_filled = pos + 1;
+    for (int i = 0; i < 2; i++)
+        if (ev[i])
+            cudaEventDestroy(ev[i]);
+    *us_per_step = st == BN_OK ? (double)ms * 1000.0 / reps : 0.0;
+    return st;
+}
+
 bn_status bn_cuda_backend_time_decode_without(bn_cuda_backend *b, unsigned stages, int32_t token,
                                               int64_t pos, int reps, double *us_per_step,
                                               int *disabled, bn_error *err)

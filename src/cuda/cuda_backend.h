@@ -238,6 +238,15 @@ bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int6
 bn_status bn_cuda_backend_time_decode(bn_cuda_backend *b, int32_t token, int64_t pos, int reps,
                                       double *us_per_step, bn_error *err);
 
+/* Device time per greedy decode step: the decode graph and its argmax
+ * queued reps times back to back (the inputs of `token` at `pos` uploaded
+ * once) between two CUDA events, so no host round trip falls between the
+ * steps. time_decode's wall time minus this is what a step spends outside
+ * the GPU's queue (the wait, the token's copies, the next launch).
+ * BN_ERR_UNSUPPORTED without a captured graph in use. */
+bn_status bn_cuda_backend_time_decode_device(bn_cuda_backend *b, int32_t token, int64_t pos,
+                                             int reps, double *us_per_step, bn_error *err);
+
 /* What each stage costs the graph-replayed step: the same timing as
  * time_decode with the decode graph's kernels of the stages in the bit mask
  * `stages` (1 << bn_cuda_stage) disabled (empty nodes; the rest of the

@@ -100,9 +100,11 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
         pos = bn_cuda_backend_kv_len(cb) - 1;
     const int reps = 50;
 
-    double graph_us = 0.0, eager_us = 0.0;
+    double graph_us = 0.0, eager_us = 0.0, device_us = 0.0;
     const bool graphs = bn_cuda_backend_graphs(cb);
     bn_status st = bn_cuda_backend_time_decode(cb, token, pos, reps, &graph_us, &err);
+    if (st == BN_OK && graphs)
+        st = bn_cuda_backend_time_decode_device(cb, token, pos, reps, &device_us, &err);
     if (st == BN_OK) {
         bn_cuda_backend_set_graphs(cb, false);
         st = bn_cuda_backend_time_decode(cb, token, pos, reps, &eager_us, &err);
@@ -122,8 +124,12 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
     printf("step      %8.1f us    one greedy decode step at position %lld, %s (wall time: "
            "token upload, step, argmax, token download)\n",
            graphs ? graph_us : eager_us, (long long)pos, graphs ? "graph replay" : "eager");
-    if (graphs)
+    if (graphs) {
         printf("          %8.1f us    the same step with eager kernel launches\n", eager_us);
+        printf("          %8.1f us    device time: graph + argmax replayed back to back (no host "
+               "round trip between steps)\n",
+               device_us);
+    }
     printf("\nper-stage time of an instrumented eager decode step (CUDA events around each "
            "stage, 20 steps averaged):\n");
     printf("  %-36s %9s %7s %9s\n", "stage", "us/step", "share", "launches");
