@@ -316,10 +316,21 @@ static void check_fixture(const char *name)
         bool ok = st == BN_OK;
         CHECK_MSG(ok && off > 0 && us > 0.0, "%s: time_decode_without: %s (%d nodes off, %g us)",
                   name, ok ? "ok" : err.message, off, us);
+        /* The device-time timing replays the graph back to back (bench e2e);
+         * without graphs it says so, and a greedy run afterwards is as before. */
+        double dev_us = 0.0;
+        st = bn_cuda_backend_time_decode_device(b, gpu_tok[0], PROMPT_LEN, 3, &dev_us, &err);
+        CHECK_MSG(st == BN_OK && dev_us > 0.0, "%s: time_decode_device: %s (%g us)", name,
+                  st == BN_OK ? "ok" : err.message, dev_us);
+        bn_cuda_backend_set_graphs(b, false);
+        st = bn_cuda_backend_time_decode_device(b, gpu_tok[0], PROMPT_LEN, 3, &dev_us, &err);
+        CHECK_MSG(st == BN_ERR_UNSUPPORTED, "%s: time_decode_device without graphs: %s", name,
+                  bn_status_str(st));
+        bn_cuda_backend_set_graphs(b, true);
         int32_t again[N_STEPS];
         ok = ok && device_greedy(b, true, again, &err);
         CHECK_MSG(ok && memcmp(again, gpu_tok, (size_t)n_steps * sizeof *again) == 0,
-                  "%s: graph greedy after the stage-cost timing differs (%s)", name,
+                  "%s: graph greedy after the stage-cost and device timings differs (%s)", name,
                   ok ? "tokens" : err.message);
     }
     int first_diff = -1;
