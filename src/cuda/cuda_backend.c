@@ -1864,9 +1864,11 @@ bn_status bn_cuda_backend_time_decode_device(bn_cuda_backend *b, int32_t token, 
     float ms = 0.0f;
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaEventElapsedTime(&ms, ev[0], ev[1]));
+    /* As wait_greedy: the cache now holds `token` at pos, so later
+     * positions (computed from what was there) are forgotten. */
     if (st != BN_OK)
         (void)fail_pass(b, pos, st);
-    else if (b->kv_filled < pos + 1)
+    else
         b->kv_filled = pos + 1;
     for (int i = 0; i < 2; i++)
         if (ev[i])
