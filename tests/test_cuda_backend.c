@@ -435,6 +435,52 @@ static void check_fixture(const char *name)
         bn_cuda_backend_free(u);
     }
 
+    /* The screened LM head (forced on: these heads are below the default's
+     * size): greedy tokens, graph and eager, are the default's, which are
+     * the CPU's; steps that return logits use the full head, bit for bit
+     * the default's. */
+    {
+        bn_cuda_backend_options o;
+        bn_cuda_backend_options_default(&o);
+        o.head_screen = 1;
+        bn_cuda_backend *u = NULL;
+        CHECK_MSG(bn_cuda_backend_create(m, &o, &u, &err) == BN_OK,
+                  "%s: cuda create (head_screen): %s", name, err.message);
+        if (u) {
+            CHECK_MSG(bn_cuda_backend_head_screen(u), "%s: head_screen 1 did not screen", name);
+            int32_t scr[2][N_STEPS];
+            bool ok = true;
+            for (int pass = 0; pass < 2 && ok; pass++) {
+                ok = device_greedy(u, pass == 0, scr[pass], &err);
+                CHECK_MSG(ok, "%s: screened greedy (%s): %s", name, pass ? "eager" : "graph",
+                          err.message);
+            }
+            int64_t kept = -1;
+            if (ok)
+                CHECK(bn_cuda_backend_head_kept(u, &kept, &err) == BN_OK);
+            const bool same = ok && memcmp(scr[0], gpu_tok, (size_t)n_steps * 4) == 0 &&
+                              memcmp(scr[1], gpu_tok, (size_t)n_steps * 4) == 0;
+            CHECK_MSG(same, "%s: greedy tokens with the screened head differ", name);
+            float *alt = malloc(N_STEPS * row);
+            bn_cuda_backend_set_graphs(u, true);
+            bn_cuda_backend_reset(u);
+            ok = alt && teacher_forced(u, ref_tok, V, alt, &err);
+            CHECK_MSG(ok, "%s: gpu forward (head_screen): %s", name, err.message);
+            if (ok)
+                CHECK_MSG(memcmp(alt, graph, (size_t)n_steps * row) == 0,
+                          "%s: logits with head_screen differ from the default's", name);
+            char ks[512];
+            bn_cuda_backend_kernels(u, ks, sizeof ks);
+            CHECK_MSG(strstr(ks, "lm_head_screen_int8") && strstr(ks, "lm_head_gemv"),
+                      "%s: the screened backend ran %s", name, ks);
+            printf("%-11s screened head : %d greedy tokens %s the default's (graph, eager), "
+                   "last step kept %lld of %d rows; logits bit for bit\n",
+                   name, n_steps, same ? "as" : "NOT as", (long long)kept, (int)V);
+            free(alt);
+            bn_cuda_backend_free(u);
+        }
+    }
+
     /* The fp16 KV cache, fed the CPU's tokens. Its attention kernels take
      * head_dim 64, 128 or 256; other models must be refused clearly. */
     double half_rel = NAN;
@@ -735,6 +781,44 @@ static void check_2b4t(void)
                       LONG_PROMPT + LONG_STEPS);
         free(out[0]);
         free(out[1]);
+        /* The default screens this head (656 MB): greedy steps from the
+         * long prompt give the tokens of the full head's argmax. */
+        CHECK_MSG(bn_cuda_backend_head_screen(b), "2b4t: the default does not screen the head");
+        enum { GREEDY_STEPS = 16 };
+        int32_t scr[GREEDY_STEPS], full[GREEDY_STEPS];
+        int64_t kept_max = 0;
+        bn_cuda_backend_reset(b);
+        bool ok = bn_cuda_backend_forward_greedy(b, tokens, LONG_PROMPT, 0, &scr[0], &err) ==
+                  BN_OK;
+        for (int s = 1; ok && s < GREEDY_STEPS; s++) {
+            int64_t kept = 0;
+            ok = bn_cuda_backend_head_kept(b, &kept, &err) == BN_OK &&
+                 bn_cuda_backend_submit_greedy(b, scr[s - 1], LONG_PROMPT + s - 1, &err) ==
+                     BN_OK &&
+                 bn_cuda_backend_wait_greedy(b, &scr[s], &err) == BN_OK;
+            kept_max = kept > kept_max ? kept : kept_max;
+        }
+        CHECK_MSG(ok, "2b4t: screened greedy: %s", err.message);
+        /* The full head's argmax over the same positions, fed the same tokens. */
+        float *l = malloc((size_t)hp.vocab * sizeof(float));
+        bn_cuda_backend_reset(b);
+        ok = ok && l && bn_cuda_backend_forward(b, tokens, LONG_PROMPT, 0, l, &err) == BN_OK;
+        if (ok)
+            full[0] = argmax(l, hp.vocab);
+        for (int s = 1; ok && s < GREEDY_STEPS; s++) {
+            ok = bn_cuda_backend_forward(b, &scr[s - 1], 1, LONG_PROMPT + s - 1, l, &err) == BN_OK;
+            if (ok)
+                full[s] = argmax(l, hp.vocab);
+        }
+        CHECK_MSG(ok, "2b4t: full-head steps: %s", err.message);
+        if (ok)
+            CHECK_MSG(memcmp(scr, full, sizeof scr) == 0,
+                      "2b4t: greedy tokens with the screened head differ from the full head's");
+        printf("2B-4T: %d greedy steps with the screened head: %s the full head's argmax; at "
+               "most %lld of %d rows computed in full\n",
+               GREEDY_STEPS, ok && memcmp(scr, full, sizeof scr) == 0 ? "as" : "NOT as",
+               (long long)kept_max, (int)hp.vocab);
+        free(l);
         bn_cuda_backend_free(b);
     }
     bn_model_free(m);
@@ -760,6 +844,10 @@ static void check_errors(void)
     o.fusion = (bn_cuda_fusion)7;
     CHECK(bn_cuda_backend_create(m, &o, &b, &err) == BN_ERR_INVALID_ARGUMENT && !b);
     CHECK_STR_CONTAINS(err.message, "fusion");
+    bn_cuda_backend_options_default(&o);
+    o.head_screen = 2;
+    CHECK(bn_cuda_backend_create(m, &o, &b, &err) == BN_ERR_INVALID_ARGUMENT && !b);
+    CHECK_STR_CONTAINS(err.message, "head_screen");
 
     /* An impossible limit: out of memory, named, and the device still works. */
     bn_cuda_backend_options_default(&o);

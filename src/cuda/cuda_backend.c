@@ -48,6 +48,10 @@
 /* A converted LM head is stored as F32 (exact, like the CPU) up to this
  * size, as F16 above it. */
 #define HEAD_F32_MAX ((uint64_t)256 << 20)
+/* Greedy steps screen the LM head through its int8 copy by default from
+ * this size of head up (below it the two extra kernels cost about what
+ * they save). */
+#define HEAD_SCREEN_MIN ((uint64_t)64 << 20)
 /* Left free on the device for the CUDA context's own needs (graph,
  * module loading, fragmentation). */
 #define DEVICE_RESERVE ((uint64_t)64 << 20)
@@ -80,14 +84,15 @@ typedef struct group {
 enum {
     K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
     K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
-    K_NORM_GEMV, K_GEMV_RES, K_ATTN_DEC_F32_CLUSTER, K_COUNT
+    K_NORM_GEMV, K_GEMV_RES, K_ATTN_DEC_F32_CLUSTER, K_HEAD_SCREEN, K_COUNT
 };
 static const char *const kernel_names[K_COUNT] = {
     "embed_rows", "norm_quantize", "residual_norm_quantize", "relu2_norm_quantize",
     "w2a8_gemv", "w2a8_gemm", "qkv_rope_kv_store", "attention_decode_f32",
     "attention_prefill_f32", "attention_decode_f16", "attention_prefill_f16",
     "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay",
-    "norm_quantize_w2a8_gemv", "w2a8_gemv_residual", "attention_decode_f32_cluster"};
+    "norm_quantize_w2a8_gemv", "w2a8_gemv_residual", "attention_decode_f32_cluster",
+    "lm_head_screen_int8"};
 
 /* Events of an instrumented step (profile_decode). */
 typedef struct prof {
@@ -129,6 +134,14 @@ struct bn_cuda_backend {
     int head_type;             /* BN_CB_HEAD_* */
     bool head_shared;          /* d_head is d_embed */
     uint64_t head_bytes;
+    /* Greedy steps' screened head (head_screen.cu): the int8 copy, its
+     * per-row (scale, bound factor), the rows' upper ends and the blocks'
+     * largest lower ends. */
+    bool head_screen;
+    int8_t *d_head_q;
+    float *d_head_se, *head_upper, *head_part;
+    int head_parts;
+    uint64_t head_screen_bytes;
     void *d_k, *d_v;
     uint64_t kv_bytes;
 
@@ -147,7 +160,9 @@ struct bn_cuda_backend {
     float *h_logits;           /* pinned: vocab */
     bn_rope_freqs freqs;
 
-    cudaGraphExec_t graph;
+    cudaGraphExec_t graph;         /* the decode step as greedy steps run it   */
+    cudaGraphExec_t graph_logits;  /* with head_screen: the step with the full
+                                      head, for forward() (else `graph`)       */
     cudaGraph_t graph_src;         /* what `graph` was instantiated from        */
     cudaGraphNode_t *graph_nodes;  /* its kernel nodes in launch order          */
     unsigned char *graph_node_stage; /* the bn_cuda_stage of each               */
@@ -163,6 +178,7 @@ struct bn_cuda_backend {
     int64_t pending_pos;
     unsigned ran;              /* bit K_* set when the family was launched */
     unsigned graph_kernels;    /* the families the decode graph launches   */
+    unsigned graph_logits_kernels; /* ... and graph_logits                   */
     int64_t calls, fail_at;
     prof *prof;
 
@@ -398,6 +414,8 @@ static bn_cb_decode_gemv_args norm_source(const float *x, const float *w)
  * device arrays) on the compute stream, ending with the last row's logits
  * in b->logits. d_kvlen (a device int) selects the decode path (M == 1,
  * attention over [0, *d_kvlen) = [0, *d_pos]); NULL is a prefill chunk.
+ * screen: the LM head is screened (b->head_screen): logits hold -inf for
+ * rows that cannot be the argmax, so only a greedy step may ask for it.
  * Nothing here synchronises or touches host memory, so it can be captured
  * in a graph.
  *
@@ -409,7 +427,8 @@ static bn_cb_decode_gemv_args norm_source(const float *x, const float *w)
  * before them is launched plainly, so all of that (and the upload of the
  * step's inputs) is complete when the first of them starts. */
 static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
-                              const int32_t *d_pos, const int32_t *d_kvlen, bn_error *err)
+                              const int32_t *d_pos, const int32_t *d_kvlen, bool screen,
+                              bn_error *err)
 {
     const bn_hparams *hp = &b->hp;
     const cudaStream_t s = b->cs;
@@ -603,6 +622,15 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
     b->ran |= 1u << K_OUT_NORM;
     if ((st = mark(b, BN_CUDA_STAGE_OUT_NORM, 1, err)) != BN_OK)
         return st;
+    if (screen) {
+        BN_CUDA_TRY(err, bn_cb_head_screen(b->d_head_q, b->d_head_se, hp->vocab, dim, b->normed,
+                                           b->head_upper, b->head_part, b->sm, s));
+        BN_CUDA_TRY(err, bn_cb_head_exact(b->d_head, b->head_type, hp->vocab, dim, b->normed,
+                                          b->head_upper, b->head_part, b->head_parts, b->logits,
+                                          b->sm, s));
+        b->ran |= 1u << K_HEAD_SCREEN;
+        return mark(b, BN_CUDA_STAGE_LM_HEAD, 2, err);
+    }
     BN_CUDA_TRY(err, bn_cb_head_gemv(b->d_head, b->head_type, hp->vocab, dim, b->normed,
                                      b->logits, b->sm, s));
     b->ran |= 1u << K_HEAD;
@@ -651,10 +679,12 @@ static bn_status begin_call(bn_cuda_backend *b, bn_error *err)
 }
 
 /* Uploads the inputs and queues the pass: the decode step (graph or eager)
- * for one token, prefill chunks otherwise. */
+ * for one token, prefill chunks otherwise. greedy: only the argmax of the
+ * logits will be read (the head may be screened). */
 static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
-                            bn_error *err)
+                            bool greedy, bn_error *err)
 {
+    const bool screen = greedy && b->head_screen;
     if (n == 1) {
         int32_t *dec = h_dec(b);
         dec[0] = tokens[0];
@@ -662,12 +692,16 @@ static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n
         dec[2] = (int32_t)(pos + 1);
         BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_dec, dec, 3 * sizeof(int32_t),
                                          cudaMemcpyHostToDevice, b->cs));
-        if (b->graph && b->use_graphs && !b->prof) {
-            BN_CUDA_TRY(err, cudaGraphLaunch(b->graph, b->cs));
-            b->ran |= b->graph_kernels | 1u << K_GRAPH;
+        /* With a screened head, steps that return logits have a graph of
+         * their own. */
+        const cudaGraphExec_t g = b->head_screen && !greedy ? b->graph_logits : b->graph;
+        if (g && b->use_graphs && !b->prof) {
+            BN_CUDA_TRY(err, cudaGraphLaunch(g, b->cs));
+            b->ran |= (g == b->graph ? b->graph_kernels : b->graph_logits_kernels) |
+                      1u << K_GRAPH;
             return BN_OK;
         }
-        return enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, err);
+        return enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, screen, err);
     }
     int32_t *ht = h_tokens(b), *hpos = h_positions(b);
     for (int64_t i = 0; i < n; i++) {
@@ -680,7 +714,7 @@ static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n
                                      cudaMemcpyHostToDevice, b->cs));
     for (int64_t c = 0; c < n; c += b->chunk) {
         const int64_t M = n - c < b->chunk ? n - c : b->chunk;
-        bn_status st = enqueue_rows(b, M, b->d_tokens + c, b->d_pos + c, NULL, err);
+        bn_status st = enqueue_rows(b, M, b->d_tokens + c, b->d_pos + c, NULL, screen, err);
         if (st != BN_OK)
             return st;
     }
@@ -717,7 +751,7 @@ bn_status bn_cuda_backend_forward(bn_cuda_backend *b, const int32_t *tokens, int
         st = begin_call(b, err);
     if (st != BN_OK)
         return st;
-    st = queue_pass(b, tokens, n_tokens, pos, err);
+    st = queue_pass(b, tokens, n_tokens, pos, false, err);
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaMemcpyAsync(b->h_logits, b->logits,
                                                  (size_t)b->hp.vocab * sizeof(float),
@@ -742,7 +776,7 @@ bn_status bn_cuda_backend_forward_greedy(bn_cuda_backend *b, const int32_t *toke
         st = begin_call(b, err);
     if (st != BN_OK)
         return st;
-    st = queue_pass(b, tokens, n_tokens, pos, err);
+    st = queue_pass(b, tokens, n_tokens, pos, true, err);
     if (st == BN_OK)
         st = queue_argmax(b, err);
     if (st == BN_OK)
@@ -764,7 +798,7 @@ bn_status bn_cuda_backend_submit_greedy(bn_cuda_backend *b, int32_t token, int64
         st = begin_call(b, err);
     if (st != BN_OK)
         return st;
-    st = queue_pass(b, &token, 1, pos, err);
+    st = queue_pass(b, &token, 1, pos, true, err);
     if (st == BN_OK)
         st = queue_argmax(b, err);
     if (st != BN_OK)
@@ -818,7 +852,7 @@ static bn_status check_shape(const bn_cuda_backend *b, bn_error *err)
                             "RoPE over %d dimensions (the CUDA kernels take an even count up to "
                             "%d and head_dim)",
                             hp->rope_dim, BN_ROPE_MAX_DIM);
-    if (hp->vocab > BN_CUDA_SAMPLE_MAX_VOCAB || hp->dim > 56 * 1024)
+    if (hp->vocab > BN_CUDA_SAMPLE_MAX_VOCAB || hp->dim > BN_CB_HEAD_MAX_DIM)
         return bn_error_set(err, BN_ERR_UNSUPPORTED, hint,
                             "vocabulary %d / dim %d beyond the CUDA kernels' limits", hp->vocab,
                             hp->dim);
@@ -981,10 +1015,12 @@ static bn_status check_budget(const bn_cuda_backend *b, uint64_t total, uint64_t
     }
     return bn_error_set(err, BN_ERR_GPU_OUT_OF_MEMORY, hint,
                         "the model needs %.1f MiB of GPU memory (ternary weights %.1f, embedding "
-                        "%.1f, LM head %.1f, KV cache %.1f for %lld positions, scratch %.1f for "
-                        "%lld-token prefill batches), more than %s (%.1f MiB)",
+                        "%.1f, LM head %.1f + %.1f for its int8 copy, KV cache %.1f for %lld "
+                        "positions, scratch %.1f for %lld-token prefill batches), more than %s "
+                        "(%.1f MiB)",
                         (double)total / MIB, (double)b->w_bytes / MIB,
                         (double)b->embed_bytes / MIB, (double)b->head_bytes / MIB,
+                        (double)b->head_screen_bytes / MIB,
                         (double)b->kv_bytes / MIB, (long long)b->kv_len,
                         (double)b->scratch_bytes / MIB, (long long)b->chunk, budget_name,
                         (double)budget / MIB);
@@ -1204,7 +1240,7 @@ static bn_status upload_norms(bn_cuda_backend *b, bn_error *err)
  * launches eagerly, which computes the same thing. A capture with
  * programmatic dependent launch that fails (a driver that cannot put it in
  * a graph) is retried without it. */
-static bool capture_graph_once(bn_cuda_backend *b, bool log_failure);
+static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, bool logits);
 
 static void free_stage_map(bn_cuda_backend *b)
 {
@@ -1275,20 +1311,26 @@ static bool map_graph_stages(bn_cuda_backend *b, cudaGraph_t graph)
     return true;
 }
 
+/* The greedy step's graph (with the stage map), then, when the head is
+ * screened, the graph of a step that returns logits. */
 static void capture_graph(bn_cuda_backend *b)
 {
-    if (capture_graph_once(b, !b->pdl))
-        return;
-    if (b->pdl) {
+    if (!capture_graph_once(b, !b->pdl, false) && b->pdl) {
         bn_log(BN_LOG_WARN, "cuda backend: capturing the decode step with programmatic dependent "
                             "launch failed; capturing it without");
         b->pdl = false;
-        (void)capture_graph_once(b, true);
+        (void)capture_graph_once(b, true, false);
     }
+    if (b->graph && b->head_screen)
+        (void)capture_graph_once(b, true, true);
 }
 
-static bool capture_graph_once(bn_cuda_backend *b, bool log_failure)
+/* logits: capture the step with the full LM head into b->graph_logits (no
+ * stage map); else the greedy step (screened head when b->head_screen)
+ * into b->graph. */
+static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, bool logits)
 {
+    cudaGraphExec_t *exec = logits ? &b->graph_logits : &b->graph;
     bn_error cerr;
     bn_error_clear(&cerr);
     cudaGraph_t graph = NULL;
@@ -1301,8 +1343,9 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure)
     b->n_capture = 0;
     if (rc == cudaSuccess) {
         b->ran = 0;
-        st = enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, &cerr);
-        b->graph_kernels = b->ran;
+        st = enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2,
+                          b->head_screen && !logits, &cerr);
+        *(logits ? &b->graph_logits_kernels : &b->graph_kernels) = b->ran;
         b->ran = before;
         const cudaError_t end = cudaStreamEndCapture(b->cs, &graph);
         if (end != cudaSuccess && st == BN_OK) {
@@ -1311,13 +1354,13 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure)
         }
     }
     if (st == BN_OK && graph) {
-        rc = cudaGraphInstantiate(&b->graph, graph, 0);
+        rc = cudaGraphInstantiate(exec, graph, 0);
         if (rc != cudaSuccess) {
-            b->graph = NULL;
+            *exec = NULL;
             st = BN_ERR_GPU;
         }
     }
-    if (st == BN_OK && b->graph && map_graph_stages(b, graph)) {
+    if (st == BN_OK && !logits && b->graph && map_graph_stages(b, graph)) {
         b->graph_src = graph; /* kept: its nodes name the exec graph's nodes */
         graph = NULL;
     }
@@ -1325,13 +1368,15 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure)
     b->capture_stages = NULL;
     if (graph)
         cudaGraphDestroy(graph);
-    if (st != BN_OK || !b->graph) {
-        b->graph = NULL;
+    if (st != BN_OK || !*exec) {
+        *exec = NULL;
         (void)cudaGetLastError();
         if (log_failure)
-            bn_log(BN_LOG_WARN, "cuda backend: decode graph capture failed (%s); decode steps "
-                                "launch their kernels one by one",
-                   cerr.message[0] ? cerr.message : cudaGetErrorString(rc));
+            bn_log(BN_LOG_WARN, "cuda backend: %s graph capture failed (%s); %s steps launch "
+                                "their kernels one by one",
+                   logits ? "the full-head decode" : "decode",
+                   cerr.message[0] ? cerr.message : cudaGetErrorString(rc),
+                   logits ? "decode steps that return logits" : "decode");
         return false;
     }
     return true;
@@ -1371,6 +1416,12 @@ static bn_status warm_up(bn_cuda_backend *b, bn_error *err)
     }
     if (st == BN_OK && !b->pdl)
         st = bn_cuda_backend_forward_greedy(b, zeros, 1, 0, &next, err);
+    if (st == BN_OK && b->head_screen) { /* greedy steps screened; the full head once too */
+        st = BN_CUDA_STATUS(err, bn_cb_head_gemv(b->d_head, b->head_type, b->hp.vocab, b->hp.dim,
+                                                 b->normed, b->logits, b->sm, b->cs));
+        if (st == BN_OK)
+            st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
+    }
     b->use_graphs = graphs;
     b->kv_filled = 0;
     b->calls = 0;
@@ -1427,6 +1478,10 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
                             (int)opt.fusion);
     if (opt.prefill_chunk < 0)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "negative prefill chunk");
+    if (opt.head_screen < -1 || opt.head_screen > 1)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "cuda backend: head_screen must be -1, 0 or 1 (got %d)",
+                            opt.head_screen);
     if (opt.gemv_cluster != -1 && opt.gemv_cluster != 0 && opt.gemv_cluster != 2 &&
         opt.gemv_cluster != 4 && opt.gemv_cluster != 8)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
@@ -1487,6 +1542,17 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         bn_cuda_backend_free(b);
         return st;
     }
+    /* The screened head of greedy steps: its int8 copy and per-row data. */
+    const uint64_t head_full = (uint64_t)hp->vocab * (uint64_t)hp->dim *
+                               head_elem_bytes(b->head_type);
+    const bool screen_auto = opt.head_screen == 0;
+    b->head_screen = opt.head_screen > 0 || (screen_auto && head_full >= HEAD_SCREEN_MIN);
+    b->head_parts = bn_cb_head_screen_blocks(hp->vocab, b->sm);
+    const uint64_t screen_bytes =
+        round_alloc((size_t)hp->vocab * (size_t)hp->dim) +
+        round_alloc((size_t)hp->vocab * 2 * sizeof(float)) +
+        round_alloc((size_t)hp->vocab * sizeof(float)) +
+        round_alloc((size_t)b->head_parts * sizeof(float));
     scratch_spec scratch[32];
     const int n_scratch = scratch_list(b, scratch);
     /* scratch_bytes is what is allocated (dalloc's 256-byte minimum); the
@@ -1502,13 +1568,26 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
 
     size_t free_bytes = 0, total_bytes = 0;
     st = BN_CUDA_STATUS(err, cudaMemGetInfo(&free_bytes, &total_bytes));
+    const uint64_t usable = free_bytes > DEVICE_RESERVE ? free_bytes - DEVICE_RESERVE : 0;
+    if (st == BN_OK && b->head_screen) {
+        const uint64_t budget =
+            opt.memory_limit > 0 && opt.memory_limit < usable ? opt.memory_limit : usable;
+        if (screen_auto && total + screen_bytes > budget && total <= budget) {
+            bn_log(BN_LOG_INFO, "cuda backend: no room for the LM head's int8 copy (%.1f MiB): "
+                                "greedy steps read the whole head",
+                   (double)screen_bytes / MIB);
+            b->head_screen = false;
+        } else {
+            b->head_screen_bytes = screen_bytes;
+            total += screen_bytes;
+        }
+    }
     if (st == BN_OK && opt.memory_limit > 0)
         st = check_budget(b, total, opt.memory_limit, "the memory limit (BITNET_MEMORY_LIMIT)",
                           err);
     if (st == BN_OK) {
         char what[320];
         snprintf(what, sizeof what, "the free memory of cuda:%d (%s)", b->device, b->name);
-        const uint64_t usable = free_bytes > DEVICE_RESERVE ? free_bytes - DEVICE_RESERVE : 0;
         st = check_budget(b, total, usable, what, err);
     }
 
@@ -1522,6 +1601,15 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
             b->d_head = b->d_embed;
         else
             st = dalloc(b, b->head_bytes, &b->d_head, err);
+    }
+    if (st == BN_OK && b->head_screen) {
+        st = dalloc(b, (size_t)hp->vocab * (size_t)hp->dim, (void **)&b->d_head_q, err);
+        if (st == BN_OK)
+            st = dalloc(b, (size_t)hp->vocab * 2 * sizeof(float), (void **)&b->d_head_se, err);
+        if (st == BN_OK)
+            st = dalloc(b, (size_t)hp->vocab * sizeof(float), (void **)&b->head_upper, err);
+        if (st == BN_OK)
+            st = dalloc(b, (size_t)b->head_parts * sizeof(float), (void **)&b->head_part, err);
     }
     if (st == BN_OK)
         st = dalloc(b, b->norms_bytes, (void **)&b->d_norms, err);
@@ -1593,6 +1681,13 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
     }
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, bn_cb_head_prepare(b->head_type, hp->dim));
+    if (st == BN_OK && b->head_screen) {
+        st = BN_CUDA_STATUS(err, bn_cb_head_screen_prepare(b->head_type, hp->dim));
+        if (st == BN_OK)
+            st = BN_CUDA_STATUS(err, bn_cb_head_quantize(b->d_head, b->head_type, hp->vocab,
+                                                         hp->dim, b->d_head_q, b->d_head_se,
+                                                         b->cs));
+    }
     if (st == BN_OK)
         b->pdl = !opt.no_pdl && bn_cb_pdl_supported(b->device);
     if (st == BN_OK) {
@@ -1628,13 +1723,15 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
     b->ran = 0; /* the warm-up does not count as running */
     bn_log(BN_LOG_INFO,
            "cuda backend: cuda:%d %s, %d SMs; weights %.1f MiB packed in %.2f s, embedding %.1f "
-           "MiB, LM head %s %.1f MiB%s, KV cache %s %.1f MiB (%lld positions), scratch %.1f MiB "
+           "MiB, LM head %s %.1f MiB%s%s, KV cache %s %.1f MiB (%lld positions), scratch %.1f MiB "
            "(%lld-token prefill), decode graph %s, programmatic dependent launch %s, fusion %s",
            b->device, b->name, b->sm, (double)b->w_bytes / MIB, t1 - t0,
            (double)b->embed_bytes / MIB, head_type_name(b->head_type),
            (double)(b->head_shared ? (uint64_t)hp->vocab * hp->dim * head_elem_bytes(b->head_type)
                                    : b->head_bytes) / MIB,
-           b->head_shared ? " (the embedding)" : "", b->kv_f16 ? "f16" : "f32",
+           b->head_shared ? " (the embedding)" : "",
+           b->head_screen ? " + its int8 copy (greedy steps screen the head)" : "",
+           b->kv_f16 ? "f16" : "f32",
            (double)b->kv_bytes / MIB, (long long)kv_len, (double)b->scratch_bytes / MIB,
            (long long)b->chunk, b->graph ? "captured" : "off", b->pdl ? "on" : "off",
            bn_cuda_fusion_name(b->fusion));
@@ -1651,6 +1748,8 @@ void bn_cuda_backend_free(bn_cuda_backend *b)
         (void)cudaStreamSynchronize(b->cs);
         if (b->graph)
             cudaGraphExecDestroy(b->graph);
+        if (b->graph_logits)
+            cudaGraphExecDestroy(b->graph_logits);
         free_stage_map(b);
         for (int i = 0; i < b->n_allocs; i++)
             bn_cuda_context_free(b->ctx, b->allocs[i].p, b->allocs[i].bytes);
@@ -1687,6 +1786,7 @@ bn_cuda_kv_type bn_cuda_backend_kv_type(const bn_cuda_backend *b)
 bn_cuda_fusion bn_cuda_backend_fusion(const bn_cuda_backend *b) { return b->fusion; }
 int bn_cuda_backend_attn_cluster(const bn_cuda_backend *b) { return b->attn_cluster; }
 int bn_cuda_backend_gemv_cluster(const bn_cuda_backend *b) { return b->gemv_cluster; }
+bool bn_cuda_backend_head_screen(const bn_cuda_backend *b) { return b->head_screen; }
 
 bool bn_cuda_backend_graphs(const bn_cuda_backend *b) { return b->graph && b->use_graphs; }
 void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on) { b->use_graphs = on; }
@@ -1698,11 +1798,12 @@ void bn_cuda_backend_memory(const bn_cuda_backend *b, bn_cuda_memory *out)
     out->weights = b->w_bytes;
     out->embedding = b->embed_bytes;
     out->lm_head = b->head_shared ? 0 : b->head_bytes;
+    out->lm_head_screen = b->head_screen_bytes;
     out->norms = b->norms_bytes;
     out->kv_cache = b->kv_bytes;
     out->scratch = b->scratch_bytes;
-    out->total = out->weights + out->embedding + out->lm_head + out->norms + out->kv_cache +
-                 out->scratch;
+    out->total = out->weights + out->embedding + out->lm_head + out->lm_head_screen + out->norms +
+                 out->kv_cache + out->scratch;
     uint64_t current = 0, peak = 0;
     bn_cuda_context_memory(b->ctx, &current, &peak);
     out->peak = peak;
@@ -1719,8 +1820,9 @@ void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size)
         if (!(b->ran & (1u << k)))
             continue;
         const size_t used = strlen(buf);
-        if (k == K_HEAD)
-            snprintf(buf + used, size - used, "%slm_head_gemv_%s", used ? "," : "",
+        if (k == K_HEAD || k == K_HEAD_SCREEN)
+            snprintf(buf + used, size - used, "%s%s_%s", used ? "," : "",
+                     k == K_HEAD ? "lm_head_gemv" : "lm_head_screen_int8",
                      head_type_name(b->head_type));
         else
             snprintf(buf + used, size - used, "%s%s", used ? "," : "", kernel_names[k]);
@@ -1779,7 +1881,7 @@ bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int6
         if (st == BN_OK)
             p.stage[p.n++] = -1; /* the start */
         if (st == BN_OK)
-            st = enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, err);
+            st = enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, b->head_screen, err);
         if (st == BN_OK)
             st = queue_argmax(b, err);
         if (st == BN_OK)
@@ -1806,6 +1908,29 @@ bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int6
     if (st != BN_OK)
         return fail_pass(b, pos, st);
     b->kv_filled = pos + 1;
+    return BN_OK;
+}
+
+bn_status bn_cuda_backend_head_kept(bn_cuda_backend *b, int64_t *kept, bn_error *err)
+{
+    if (!b || !kept)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "head_kept: bad arguments");
+    *kept = b->hp.vocab;
+    if (!b->head_screen)
+        return BN_OK;
+    bn_status st = bn_cuda_context_use(b->ctx, err);
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaMemcpyAsync(b->h_logits, b->logits,
+                                                 (size_t)b->hp.vocab * sizeof(float),
+                                                 cudaMemcpyDeviceToHost, b->cs));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
+    if (st != BN_OK)
+        return st;
+    int64_t n = 0;
+    for (int64_t r = 0; r < b->hp.vocab; r++)
+        n += b->h_logits[r] != -INFINITY;
+    *kept = n;
     return BN_OK;
 }
 
@@ -1847,7 +1972,7 @@ bn_status bn_cuda_backend_time_decode_device(bn_cuda_backend *b, int32_t token, 
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaEventCreate(&ev[1]));
     if (st == BN_OK)
-        st = queue_pass(b, &token, 1, pos, err); /* uploads the inputs; a warm-up step */
+        st = queue_pass(b, &token, 1, pos, true, err); /* uploads the inputs; a warm-up step */
     if (st == BN_OK)
         st = queue_argmax(b, err);
     if (st == BN_OK)
@@ -2047,7 +2172,14 @@ bn_status bn_cuda_backend_copy_bandwidth(bn_cuda_backend *b, uint64_t bytes, dou
 uint64_t bn_cuda_backend_bytes_per_token(const bn_cuda_backend *b, int64_t positions)
 {
     const bn_hparams *hp = &b->hp;
-    const uint64_t head = (uint64_t)hp->vocab * (uint64_t)hp->dim * head_elem_bytes(b->head_type);
+    /* A screened head reads its int8 copy and (scale, bound) per row, and
+     * writes and reads back each row's upper end; the full rows of the few
+     * rows it keeps are not counted. */
+    const uint64_t head = b->head_screen
+                              ? (uint64_t)hp->vocab * ((uint64_t)hp->dim + 2 * sizeof(float) +
+                                                       2 * sizeof(float))
+                              : (uint64_t)hp->vocab * (uint64_t)hp->dim *
+                                    head_elem_bytes(b->head_type);
     const uint64_t kv = 2 * (uint64_t)hp->n_layer * (uint64_t)positions * (uint64_t)b->kv_dim *
                         b->kv_elem;
     return b->w_bytes + head + b->embed_row_bytes + b->norms_bytes + kv;

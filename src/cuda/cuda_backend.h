@@ -109,6 +109,10 @@ typedef struct bn_cuda_backend_options {
                               per cluster of that many blocks (sm_90; docs/CUDA.md) */
     bn_cuda_fusion fusion; /* how the decode step's norms meet its GEMVs; AUTO: the
                               default (docs/CUDA.md, "decode step")                  */
+    int head_screen;       /* greedy steps' LM head: 0 the default (screened through
+                              an int8 copy when the head takes at least 64 MiB and
+                              the copy fits), 1 always screened, -1 never; the token
+                              is the full head's either way (docs/CUDA.md)           */
     int threads;           /* host threads unpacking weights; 0: BITNET_NUM_THREADS   */
 } bn_cuda_backend_options;
 
@@ -119,6 +123,7 @@ typedef struct bn_cuda_memory {
     uint64_t weights;      /* packed ternary projections                       */
     uint64_t embedding;    /* token embedding table                            */
     uint64_t lm_head;      /* a separate LM head (0 when it is the embedding)  */
+    uint64_t lm_head_screen; /* its int8 copy for greedy steps (0: not screened) */
     uint64_t norms;
     uint64_t kv_cache;
     uint64_t scratch;      /* activations, workspaces, logits                  */
@@ -180,6 +185,8 @@ int bn_cuda_backend_attn_cluster(const bn_cuda_backend *b);
 /* The decode GEMVs' cluster size for staging their activations (0: every
  * block stages its own). */
 int bn_cuda_backend_gemv_cluster(const bn_cuda_backend *b);
+/* Whether greedy steps screen the LM head through its int8 copy. */
+bool bn_cuda_backend_head_screen(const bn_cuda_backend *b);
 void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on);
 
 /* The kernels that have run so far, comma-separated ("embed_rows,
@@ -192,6 +199,11 @@ void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size);
 void bn_cuda_backend_fail_at(bn_cuda_backend *b, int64_t call);
 
 /* ---- measurement (bitnet bench e2e) -------------------------------------------- */
+
+/* How many rows of the LM head the last greedy step computed in full: with
+ * a screened head, the rows that could be the argmax (their logits are
+ * the ones left above -inf); else every row. */
+bn_status bn_cuda_backend_head_kept(bn_cuda_backend *b, int64_t *kept, bn_error *err);
 
 /* With the fused decode norm (the default where it fits), the four norm
  * stages launch nothing (0 launches, ~0 us): their work is timed in the
@@ -274,9 +286,10 @@ bn_status bn_cuda_backend_trace_decode(bn_cuda_backend *b, int32_t token, int64_
 bn_status bn_cuda_backend_copy_bandwidth(bn_cuda_backend *b, uint64_t bytes, double *gbs,
                                          bn_error *err);
 
-/* Bytes one decode step must move at a context of `positions`: every packed
- * projection, the LM head, one embedding row, the norms and the KV cache
- * read by attention. */
+/* Bytes one greedy decode step must move at a context of `positions`: every
+ * packed projection, the LM head (a screened head: its int8 copy, 8 bytes a
+ * row of scale and bound, the rows' upper ends written and read back), one
+ * embedding row, the norms and the KV cache read by attention. */
 uint64_t bn_cuda_backend_bytes_per_token(const bn_cuda_backend *b, int64_t positions);
 
 #ifdef __cplusplus

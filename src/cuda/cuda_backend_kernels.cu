@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "cuda_backend_kernels.h"
+#include "head_row.cuh"
 #include "pdl.cuh"
 #include "w2a8_gemv.cuh"
 #include "w2a8_cuda.h"
@@ -2062,75 +2063,16 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
 /* ---- LM head ---------------------------------------------------------------------- */
 
 constexpr int kHeadThreads = 256;
-/* 16-byte loads per lane in flight: a 2560-wide fp16 / bf16 row is 320 of
- * them, so a warp issues its whole row at once (one memory round trip per
- * row). H200, 2B-4T head (656 MB): 182 us with 4 in flight, 147 us (4.5 TB/s)
- * with 10. */
-constexpr int kHeadUnroll = 10;
 
-template <int kType> struct HeadElem;
-template <> struct HeadElem<BN_CB_HEAD_F32> {
-    static constexpr int kPer16 = 4;
-    __device__ static float at(const void *row, int64_t i)
-    {
-        return static_cast<const float *>(row)[i];
-    }
-    __device__ static float dot16(uint4 w, const float *x, float acc)
-    {
-        acc = fmaf(__uint_as_float(w.x), x[0], acc);
-        acc = fmaf(__uint_as_float(w.y), x[1], acc);
-        acc = fmaf(__uint_as_float(w.z), x[2], acc);
-        return fmaf(__uint_as_float(w.w), x[3], acc);
-    }
-};
-template <> struct HeadElem<BN_CB_HEAD_F16> {
-    static constexpr int kPer16 = 8;
-    __device__ static float at(const void *row, int64_t i)
-    {
-        return __half2float(static_cast<const __half *>(row)[i]);
-    }
-    __device__ static float dot16(uint4 w, const float *x, float acc)
-    {
-        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&words[i]));
-            acc = fmaf(f.x, x[2 * i], acc);
-            acc = fmaf(f.y, x[2 * i + 1], acc);
-        }
-        return acc;
-    }
-};
-template <> struct HeadElem<BN_CB_HEAD_BF16> {
-    static constexpr int kPer16 = 8;
-    __device__ static float at(const void *row, int64_t i)
-    {
-        return __uint_as_float((uint32_t)static_cast<const uint16_t *>(row)[i] << 16);
-    }
-    __device__ static float dot16(uint4 w, const float *x, float acc)
-    {
-        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            acc = fmaf(__uint_as_float(words[i] << 16), x[2 * i], acc);
-            acc = fmaf(__uint_as_float(words[i] & 0xffff0000u), x[2 * i + 1], acc);
-        }
-        return acc;
-    }
-};
-
-/* x is staged in shared memory; each warp takes whole rows (grid-stride)
- * and reads them 16 bytes per lane, kHeadUnroll loads in flight, with the
- * streaming cache hint (every row is read once per token). kVec needs
- * dim a multiple of 16 bytes' worth of elements. */
+/* x is staged in shared memory; each warp takes whole rows (grid-stride),
+ * each one head_row_dot (head_row.cuh). */
 template <int kType, bool kVec>
 __global__ void __launch_bounds__(kHeadThreads)
     head_kernel(const uint8_t *__restrict__ w, int64_t rows, int64_t dim,
                 const float *__restrict__ x, float *__restrict__ logits)
 {
     extern __shared__ __align__(16) float xs[];
-    using E = HeadElem<kType>;
-    const int64_t row_bytes = dim * (kType == BN_CB_HEAD_F32 ? 4 : 2);
+    const int64_t row_bytes = dim * HeadElem<kType>::kBytes;
     for (int64_t i = threadIdx.x; i < dim; i += kHeadThreads)
         xs[i] = x[i];
     __syncthreads();
@@ -2138,30 +2080,7 @@ __global__ void __launch_bounds__(kHeadThreads)
     const int64_t warps = (int64_t)gridDim.x * (kHeadThreads / 32);
     for (int64_t r = (int64_t)blockIdx.x * (kHeadThreads / 32) + (threadIdx.x >> 5); r < rows;
          r += warps) {
-        const uint8_t *row = w + r * row_bytes;
-        float acc = 0.0f;
-        if (kVec) {
-            const uint4 *v = reinterpret_cast<const uint4 *>(row);
-            const int64_t chunks = dim / E::kPer16;
-            for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kHeadUnroll) {
-                uint4 buf[kHeadUnroll];
-#pragma unroll
-                for (int u = 0; u < kHeadUnroll; u++) {
-                    const int64_t c = c0 + 32 * u;
-                    buf[u] = c < chunks ? __ldcs(v + c) : make_uint4(0, 0, 0, 0);
-                }
-#pragma unroll
-                for (int u = 0; u < kHeadUnroll; u++) {
-                    const int64_t c = c0 + 32 * u;
-                    if (c < chunks)
-                        acc = E::dot16(buf[u], xs + c * E::kPer16, acc);
-                }
-            }
-        } else {
-            for (int64_t i = lane; i < dim; i += 32)
-                acc = fmaf(E::at(row, i), xs[i], acc);
-        }
-        acc = warp_reduce(acc, SumF());
+        const float acc = head_row_dot<kType, kVec>(w + r * row_bytes, xs, dim, lane);
         if (lane == 0)
             logits[r] = acc;
     }
@@ -2570,7 +2489,7 @@ extern "C" cudaError_t bn_cb_attn_prefill(const bn_cb_attn_shape *s, const float
 
 extern "C" cudaError_t bn_cb_head_prepare(int type, int64_t dim)
 {
-    if (dim <= 0 || dim > 56 * 1024)
+    if (dim <= 0 || dim > BN_CB_HEAD_MAX_DIM)
         return cudaErrorInvalidValue;
     switch (type) {
     case BN_CB_HEAD_F32: return set_head_smem<BN_CB_HEAD_F32>(dim);
@@ -2584,7 +2503,7 @@ extern "C" cudaError_t bn_cb_head_gemv(const void *w, int type, int64_t rows, in
                                        const float *x, float *logits, int sm_count,
                                        cudaStream_t stream)
 {
-    if (!w || !x || !logits || rows <= 0 || dim <= 0 || dim > 56 * 1024)
+    if (!w || !x || !logits || rows <= 0 || dim <= 0 || dim > BN_CB_HEAD_MAX_DIM)
         return cudaErrorInvalidValue;
     /* 16-byte loads need rows of a whole number of 16-byte chunks. */
     const int s = sm_count;

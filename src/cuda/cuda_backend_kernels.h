@@ -258,12 +258,52 @@ cudaError_t bn_cb_attn_prefill_prepare(int head_dim);
 #define BN_CB_HEAD_F32 0
 #define BN_CB_HEAD_F16 1
 #define BN_CB_HEAD_BF16 2
+/* Widest row: x is kept in shared memory. */
+#define BN_CB_HEAD_MAX_DIM (56 * 1024)
 
 /* Allows the dynamic shared memory (dim floats) the head kernel needs;
  * call once, outside graph capture. */
 cudaError_t bn_cb_head_prepare(int type, int64_t dim);
 cudaError_t bn_cb_head_gemv(const void *w, int type, int64_t rows, int64_t dim, const float *x,
                             float *logits, int sm_count, cudaStream_t stream);
+
+/* ---- screened LM head (greedy decoding; head_screen.cu, docs/CUDA.md) -------------
+ *
+ * The token that argmax over bn_cb_head_gemv's logits would choose, reading
+ * an int8 copy of the head (one scale per row) and the full rows of only
+ * those few tokens that could be the argmax:
+ *
+ *   bn_cb_head_quantize   once, at load: q [rows][dim] int8 codes and
+ *                         se [rows][2] (scale, bound factor) from the head
+ *                         rows w of `type`;
+ *   bn_cb_head_screen     per step: for every row an estimate and a bound
+ *                         that certainly holds the head kernel's logit;
+ *                         upper [rows] the upper ends, partial
+ *                         [bn_cb_head_screen_blocks(rows, sm_count)] the
+ *                         largest lower end of each block;
+ *   bn_cb_head_exact      per step: logits[r] = -inf where the upper end is
+ *                         below the largest lower end T (such a row is
+ *                         below another row's logit), else exactly what
+ *                         bn_cb_head_gemv writes (the same code).
+ *
+ * So bn_cuda_sample_greedy over these logits returns bn_cuda_sample_greedy's
+ * token over the full ones, ties, NaN and inf included; other samplers need
+ * the full logits. dim as bn_cb_head_gemv; the vector paths need dim % 16
+ * == 0 (screen) and the head kernel's condition (exact). Rows whose bound
+ * cannot be trusted (non-finite values, tiny or huge magnitudes) are always
+ * computed exactly. */
+int bn_cb_head_screen_blocks(int64_t rows, int sm_count);
+/* The dynamic shared memory (dim floats) of the screen and exact kernels;
+ * call once, outside graph capture. */
+cudaError_t bn_cb_head_screen_prepare(int type, int64_t dim);
+cudaError_t bn_cb_head_quantize(const void *w, int type, int64_t rows, int64_t dim, int8_t *q,
+                                float *se, cudaStream_t stream);
+cudaError_t bn_cb_head_screen(const int8_t *q, const float *se, int64_t rows, int64_t dim,
+                              const float *x, float *upper, float *partial, int sm_count,
+                              cudaStream_t stream);
+cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, int64_t dim, const float *x,
+                             const float *upper, const float *partial, int n_partial,
+                             float *logits, int sm_count, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

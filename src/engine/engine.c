@@ -256,6 +256,7 @@ static bn_status open_cuda(bn_engine *e, const bn_config *cfg, const bn_engine_o
     o.fusion = (bn_cuda_fusion)opt->cuda_fusion;
     o.attn_cluster = opt->cuda_attn_cluster;
     o.gemv_cluster = opt->cuda_gemv_cluster;
+    o.head_screen = opt->cuda_head_screen;
     o.threads = e->threads_req;
     bn_status st = bn_cuda_backend_create(e->model, &o, &e->cuda, err);
     if (st != BN_OK)
@@ -394,11 +395,12 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
         cluster_or(stage, sizeof stage, bn_cuda_backend_gemv_cluster(e->cuda), "block");
         snprintf(e->startup, sizeof e->startup,
                  "requested=%s detected=[%s] selected=%s (%s, %s, kv %s, fusion %s, "
-                 "attention merge %s, gemv stage %s)",
+                 "attention merge %s, gemv stage %s, greedy head %s)",
                  e->requested, e->detected, e->selected, bn_cuda_backend_device_name(e->cuda),
                  bn_cuda_backend_graphs(e->cuda) ? "graphs" : "no graphs",
                  f16 ? "f16" : "f32",
-                 bn_cuda_fusion_name(bn_cuda_backend_fusion(e->cuda)), merge, stage);
+                 bn_cuda_fusion_name(bn_cuda_backend_fusion(e->cuda)), merge, stage,
+                 bn_cuda_backend_head_screen(e->cuda) ? "screened" : "full");
         *out = e;
         return BN_OK;
     }
@@ -465,6 +467,7 @@ void bn_engine_get_info(const bn_engine *e, bn_engine_info *info)
         info->gpu_weights_bytes = mem.weights;
         info->gpu_embedding_bytes = mem.embedding;
         info->gpu_lm_head_bytes = mem.lm_head;
+        info->gpu_lm_head_screen_bytes = mem.lm_head_screen;
         info->gpu_norms_bytes = mem.norms;
         info->gpu_kv_bytes = mem.kv_cache;
         info->gpu_scratch_bytes = mem.scratch;
@@ -474,7 +477,8 @@ void bn_engine_get_info(const bn_engine *e, bn_engine_info *info)
         info->gpu_device_free_bytes = mem.device_free;
         /* What the backend computes with: its weights are everything on
          * the device but the KV cache and the scratch. */
-        info->backend_weight_bytes = mem.weights + mem.embedding + mem.lm_head + mem.norms;
+        info->backend_weight_bytes =
+            mem.weights + mem.embedding + mem.lm_head + mem.lm_head_screen + mem.norms;
         info->backend_kv_bytes = mem.kv_cache;
         info->backend_scratch_bytes = mem.scratch;
         info->backend_total_bytes = mem.total;

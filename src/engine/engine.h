@@ -83,6 +83,9 @@ typedef struct bn_engine_options {
     /* CUDA backend: the decode GEMVs' activation staging (bn_cuda_backend_options
      * gemv_cluster: 0 the default, -1 every block, 2, 4, 8 per cluster). */
     int cuda_gemv_cluster;
+    /* CUDA backend: greedy steps' LM head (bn_cuda_backend_options head_screen:
+     * 0 the default, 1 always screened through an int8 copy, -1 never). */
+    int cuda_head_screen;
     /* Tests: the CUDA backend's forward call number N (1-based) fails, as a
      * failed kernel would; 0 = never. */
     int test_cuda_fail_call;
@@ -221,6 +224,8 @@ typedef struct bn_engine_info {
     const char *kv_type;        /* "f32" or "f16"                          */
     uint64_t gpu_weights_bytes, gpu_embedding_bytes, gpu_lm_head_bytes, gpu_norms_bytes,
         gpu_kv_bytes, gpu_scratch_bytes, gpu_total_bytes, gpu_peak_bytes;
+    /* The LM head's int8 copy that greedy steps screen (0: not screened). */
+    uint64_t gpu_lm_head_screen_bytes;
     uint64_t gpu_device_total_bytes, gpu_device_free_bytes;
 } bn_engine_info;
 

@@ -192,6 +192,7 @@ bn_status bn_engine_write_receipt(const bn_engine *e, const bn_receipt_info *ri,
         bn_json_kv_uint(&j, "weights_bytes", info.gpu_weights_bytes);
         bn_json_kv_uint(&j, "embedding_bytes", info.gpu_embedding_bytes);
         bn_json_kv_uint(&j, "lm_head_bytes", info.gpu_lm_head_bytes);
+        bn_json_kv_uint(&j, "lm_head_screen_bytes", info.gpu_lm_head_screen_bytes);
         bn_json_kv_uint(&j, "norms_bytes", info.gpu_norms_bytes);
         bn_json_kv_uint(&j, "kv_cache_bytes", info.gpu_kv_bytes);
         bn_json_kv_uint(&j, "scratch_bytes", info.gpu_scratch_bytes);

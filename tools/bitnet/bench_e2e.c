@@ -53,6 +53,9 @@ static void usage(FILE *out)
             "                    memory: auto (default: cluster8 where the GPU has\n"
             "                    clusters), block (every block from L2) or cluster2|4|8\n"
             "                    (once per cluster of that many blocks)\n"
+            "  --head-screen H   CUDA greedy steps' LM head: auto (default: screened through\n"
+            "                    an int8 copy when the head takes 64 MiB or more), on, or\n"
+            "                    off (the whole head every step); the token is the same\n"
             "  --seed S          seed of the random weights and prompt (default 1)\n"
             "  --help\n");
 }
@@ -89,8 +92,8 @@ static double rate(double count, double seconds) { return seconds > 0.0 ? count 
 /* The GPU part of the report: step time, per-kernel split, memory, byte
  * floor. The measurements rerun the last decode step (the last generated
  * token at the next position). */
-static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t token,
-                       long long n_prompt, long long n_gen)
+static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t vocab,
+                       int32_t token, long long n_prompt, long long n_gen)
 {
     const double mib = 1024.0 * 1024.0;
     bn_error err;
@@ -103,6 +106,9 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
     double graph_us = 0.0, eager_us = 0.0, device_us = 0.0;
     const bool graphs = bn_cuda_backend_graphs(cb);
     bn_status st = bn_cuda_backend_time_decode(cb, token, pos, reps, &graph_us, &err);
+    int64_t kept = 0;
+    if (st == BN_OK)
+        st = bn_cuda_backend_head_kept(cb, &kept, &err);
     if (st == BN_OK && graphs)
         st = bn_cuda_backend_time_decode_device(cb, token, pos, reps, &device_us, &err);
     if (st == BN_OK) {
@@ -121,6 +127,12 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
 
     printf("gpu       cuda:%d %s, KV cache %s, decode %s\n", info->gpu_device, info->gpu_name,
            info->kv_type, graphs ? "replays a CUDA graph" : "launches kernels one by one");
+    if (bn_cuda_backend_head_screen(cb))
+        printf("head      greedy steps screen the LM head through its int8 copy: the step "
+               "below computed %lld of %d rows in full\n",
+               (long long)kept, (int)vocab);
+    else
+        printf("head      greedy steps read the whole LM head\n");
     printf("step      %8.1f us    one greedy decode step at position %lld, %s (wall time: "
            "token upload, step, argmax, token download)\n",
            graphs ? graph_us : eager_us, (long long)pos, graphs ? "graph replay" : "eager");
@@ -216,12 +228,14 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
             printf("trace     not written: %s\n\n", terr.message);
     }
 
-    printf("memory    GPU %.1f MiB: ternary weights %.1f, embedding %.1f, LM head %.1f%s, norms "
+    printf("memory    GPU %.1f MiB: ternary weights %.1f, embedding %.1f, LM head %.1f%s, its "
+           "int8 copy %.1f, norms "
            "%.2f, KV cache %.1f (%s, %lld positions), scratch %.1f; peak %.1f MiB (with the "
            "bandwidth test's buffers); %.1f of %.1f GiB free after loading\n",
            (double)info->gpu_total_bytes / mib, (double)info->gpu_weights_bytes / mib,
            (double)info->gpu_embedding_bytes / mib, (double)info->gpu_lm_head_bytes / mib,
            info->gpu_lm_head_bytes ? "" : " (tied: the embedding)",
+           (double)info->gpu_lm_head_screen_bytes / mib,
            (double)info->gpu_norms_bytes / mib, (double)info->gpu_kv_bytes / mib, info->kv_type,
            (long long)info->n_ctx, (double)info->gpu_scratch_bytes / mib,
            (double)info->gpu_peak_bytes / mib, (double)info->gpu_device_free_bytes / (1024.0 * mib),
@@ -264,7 +278,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
 {
     const char *shape = "2b4t", *device = NULL;
     bool kv_f16 = false;
-    int fusion = 0, attn_cluster = 0, gemv_cluster = 0;
+    int fusion = 0, attn_cluster = 0, gemv_cluster = 0, head_screen = 0;
     long long n_prompt = 512, n_gen = 128, threads = 0;
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
@@ -310,6 +324,13 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
             if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 5)) < 0)
                 return BN_EXIT_USAGE;
             gemv_cluster = values[k];
+        } else if (strcmp(a, "--head-screen") == 0) {
+            static const char *const names[] = {"auto", "on", "off"};
+            static const int values[] = {0, 1, -1};
+            int k = -1;
+            if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 3)) < 0)
+                return BN_EXIT_USAGE;
+            head_screen = values[k];
         } else if (strcmp(a, "--device") == 0) {
             if (!(device = cli_value(argc, argv, &i, CMD)))
                 return BN_EXIT_USAGE;
@@ -359,7 +380,8 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                             .kv_f16 = kv_f16,
                             .cuda_fusion = fusion,
                             .cuda_attn_cluster = attn_cluster,
-                            .cuda_gemv_cluster = gemv_cluster};
+                            .cuda_gemv_cluster = gemv_cluster,
+                            .cuda_head_screen = head_screen};
     bn_engine *e = NULL;
     if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK)
         return cli_fail(&err);
@@ -413,7 +435,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
 #if defined(BITNET_HAVE_CUDA)
     if (bn_engine_cuda(e)) {
         const int32_t last = g.n_tokens > 0 ? g.tokens[g.n_tokens - 1] : 0;
-        const int rc = cuda_report(bn_engine_cuda(e), &info, last, n_prompt, n_gen);
+        const int rc = cuda_report(bn_engine_cuda(e), &info, hp.vocab, last, n_prompt, n_gen);
         bn_generation_free(&g);
         bn_engine_free(e);
         return rc;

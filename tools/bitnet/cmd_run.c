@@ -265,11 +265,13 @@ static void print_verbose(const bn_engine *e)
     if (info.gpu)
         fprintf(stderr,
                 "gpu memory: cuda:%d %s: %.1f MiB (ternary weights %.1f, embedding %.1f, "
-                "LM head %.1f, norms %.2f, KV cache %.1f (%s, %lld positions), scratch %.1f); "
+                "LM head %.1f, its int8 copy %.1f, norms %.2f, KV cache %.1f (%s, %lld "
+                "positions), scratch %.1f); "
                 "peak %.1f MiB; %.1f of %.1f GiB free after loading; decode %s\n",
                 info.gpu_device, info.gpu_name, (double)info.gpu_total_bytes / mib,
                 (double)info.gpu_weights_bytes / mib, (double)info.gpu_embedding_bytes / mib,
-                (double)info.gpu_lm_head_bytes / mib, (double)info.gpu_norms_bytes / mib,
+                (double)info.gpu_lm_head_bytes / mib,
+                (double)info.gpu_lm_head_screen_bytes / mib, (double)info.gpu_norms_bytes / mib,
                 (double)info.gpu_kv_bytes / mib, info.kv_type, (long long)info.n_ctx,
                 (double)info.gpu_scratch_bytes / mib, (double)info.gpu_peak_bytes / mib,
                 (double)info.gpu_device_free_bytes / (1024.0 * mib),

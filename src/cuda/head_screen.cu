@@ -1,0 +1,474 @@
+/*
+ * head_screen.cu - the screened LM head of greedy decoding: the token the
+ * full head + argmax would choose, reading half the head's bytes.
+ * Contracts in cuda_backend_kernels.h; design in docs/CUDA.md ("Screened
+ * LM head").
+ *
+ * A greedy step needs only the argmax of the logits, not the logits. An
+ * int8 copy of the head (one scale per row) gives every row r an estimate
+ * a_r and a bound b_r with |logit_r - a_r| <= b_r, where logit_r is what
+ * the head kernel computes (head_row.cuh) in fp32. With T the largest
+ * lower end a_r - b_r, a row whose upper end a_r + b_r is below T is below
+ * some other row's logit, so it cannot be the argmax, nor tie with it. The
+ * exact pass computes the logit of every other row with the head kernel's
+ * own code (the same value bit for bit) and writes -inf for the rest, and
+ * the usual argmax then chooses exactly the token it would have chosen
+ * from the full logits, ties and NaN rules included (sample_cuda.h).
+ *
+ * The bound, per row (m = max |w_i|, s = fl(m / 127), q_i = rint(w_i / s)
+ * clamped to [-127, 127], L >= sum |x_i|, n = dim, u = 2^-24, g = (n + 8) u
+ * / (1 - (n + 8) u)); the estimate meets x as two int8 codes per value,
+ * x ~ y = sx (128 h + l) (screen_codes):
+ *   - quantization: |w_i - s q_i| <= s (1/2 + 128 u) <= 0.501 s, so
+ *     |sum x_i w_i - s sum x_i q_i| <= 0.501 s L;
+ *   - the head kernel's fp32 sum of n products (any order, fmaf or not)
+ *     errs by at most g sum |x_i w_i| <= g m L;
+ *   - x's codes: |s sum q_i (x_i - y_i)| <= 127 s ex, ex = sum |x_i - y_i|
+ *     (summed exactly in double, rounded up);
+ *   - the estimate's integer sums are exact; converting them and the two
+ *     products round by at most 5 u 127 s sum |y_i| <= g 127 s L.
+ * So b_r = L e_r + 127 s ex with e_r = 1.01 (0.501 s + g (m + 127 s)),
+ * each part rounded up, and the ends a_r +- b_r are rounded outwards
+ * (__fadd_ru, __fsub_rd). L is summed with upward rounding, so it is at
+ * least the exact sum. Rows
+ * for which the reasoning may not hold are always recomputed: a row with
+ * a non-finite or tiny (< 2^-100) largest weight, an estimate or end that
+ * is not finite, or a bound of 2^92 or more (where the exact sum could
+ * overflow); x with NaN or inf makes every bound non-finite, so every row
+ * is recomputed then, and the result is the full head's.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda_backend_kernels.h"
+#include "head_row.cuh"
+
+namespace {
+
+constexpr int kScreenThreads = 256;
+constexpr int kScreenWarps = kScreenThreads / 32;
+/* A warp reads kScreenRows rows at once, kScreenUnroll 16-byte loads per
+ * lane of each in flight: a 2560-wide int8 row is 160 of them, five per
+ * lane, so two rows take one round trip. */
+constexpr int kScreenRows = 2;
+constexpr int kScreenBlocksPerSm = 3;
+constexpr int kScreenUnroll = 5;
+/* Bounds at or above this are not trusted (the exact sum could overflow). */
+constexpr float kMaxBound = 0x1p92f;
+
+/* Upward-rounded sum over the block (every thread gets it). red: 32 slots. */
+__device__ float block_sum_up(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = __fadd_ru(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int i = 1; i < (int)(blockDim.x >> 5); i++)
+        r = __fadd_ru(r, red[i]);
+    __syncthreads();
+    return r;
+}
+
+/* Largest value over the block (every thread gets it; NaN never wins). */
+__device__ float block_max(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int i = 1; i < (int)(blockDim.x >> 5); i++)
+        r = fmaxf(r, red[i]);
+    __syncthreads();
+    return r;
+}
+
+/* One warp per row: the scale, the bound factor and the int8 codes. */
+template <int kType>
+__global__ void __launch_bounds__(kScreenThreads)
+    quantize_head_kernel(const uint8_t *__restrict__ w, int64_t rows, int64_t dim,
+                         int8_t *__restrict__ q, float2 *__restrict__ se)
+{
+    using E = HeadElem<kType>;
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * kScreenWarps + (threadIdx.x >> 5);
+    if (r >= rows)
+        return;
+    const uint8_t *row = w + r * dim * E::kBytes;
+    float m = 0.0f;
+    bool bad = false;
+    for (int64_t i = lane; i < dim; i += 32) {
+        const float v = E::at(row, i);
+        bad |= !isfinite(v);
+        m = fmaxf(m, fabsf(v));
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    bad = __any_sync(0xffffffffu, bad) || (m > 0.0f && m < 0x1p-100f);
+    const float s = bad ? __int_as_float(0x7fc00000) : __fdiv_rn(m, 127.0f);
+    int8_t *qr = q + r * dim;
+    for (int64_t i = lane; i < dim; i += 32) {
+        float c = 0.0f;
+        if (!bad && m > 0.0f)
+            c = fminf(fmaxf(rintf(__fdiv_rn(E::at(row, i), s)), -127.0f), 127.0f);
+        qr[i] = (int8_t)(int)c;
+    }
+    if (lane == 0) {
+        float e = s; /* NaN for a bad row, 0 for a zero row */
+        if (!bad && m > 0.0f) {
+            double g = (double)(dim + 8) * 0x1p-24;
+            g = g / (1.0 - g);
+            const double sd = s, md = m;
+            e = __double2float_ru(1.01 * (0.501 * sd + g * (md + 127.0 * sd)));
+        }
+        se[r] = make_float2(s, e);
+    }
+}
+
+/* x as two int8 codes per value, x ~ sx (128 h + l): what the int8 rows
+ * meet in dp4a (int32 sums, so no int-to-float conversion per weight, which
+ * the GPU issues at a quarter of the fp32 rate). Computed by every block in
+ * the same way (the same sx, codes and sums in all of them):
+ *   sx = max|x| / 16383, h = rint(x / (128 sx)), l = rint(x / sx - 128 h),
+ * so |l| <= 64 + 1 and |x - sx (128 h + l)| is about sx / 2. The bound
+ * takes the exact sum of those differences, ex (below), rather than a
+ * worst case. */
+struct ScreenX {
+    float L;   /* >= sum |x_i|; +inf or NaN when x is not finite or is tiny  */
+    float sx;  /* the codes' scale                                          */
+    float e127; /* >= 127 sum |x_i - sx (128 h_i + l_i)|                     */
+};
+
+/* Block-wide: x's codes into xh, xl (dim bytes each, shared memory) and
+ * the sums above, identical in every thread. red: 32 slots. */
+__device__ ScreenX screen_codes(const float *__restrict__ x, int64_t dim, int8_t *xh, int8_t *xl,
+                                float *red)
+{
+    float l1 = 0.0f, mx = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += kScreenThreads) {
+        const float v = x[i];
+        l1 = __fadd_ru(l1, fabsf(v));
+        mx = fmaxf(mx, fabsf(v));
+    }
+    ScreenX sx;
+    sx.L = block_sum_up(l1, red);
+    mx = block_max(mx, red);
+    /* Tiny x (codes would underflow) is treated like a non-finite one:
+     * every row recomputed. */
+    if (mx > 0.0f && mx < 0x1p-100f)
+        sx.L = INFINITY;
+    const bool ok = isfinite(sx.L) && mx > 0.0f;
+    sx.sx = ok ? __fdiv_rn(mx, 16383.0f) : 0.0f;
+    double ex = 0.0;
+    for (int64_t i = threadIdx.x; i < dim; i += kScreenThreads) {
+        float h = 0.0f, l = 0.0f;
+        if (ok) {
+            const float v = x[i];
+            h = fminf(fmaxf(rintf(__fdiv_rn(v, __fmul_rn(128.0f, sx.sx))), -127.0f), 127.0f);
+            l = fminf(fmaxf(rintf(__fsub_rn(__fdiv_rn(v, sx.sx), __fmul_rn(128.0f, h))), -127.0f),
+                      127.0f);
+            /* sx (128 h + l) is exact in double (24 + 15 bits). */
+            ex = __dadd_ru(ex, fabs((double)v - (double)sx.sx * (128.0 * h + l)));
+        }
+        xh[i] = (int8_t)(int)h;
+        xl[i] = (int8_t)(int)l;
+    }
+    /* The double sum, rounded up, over the block (sums of non-negative
+     * values rounded up are at least the exact sum). */
+    for (int o = 16; o > 0; o >>= 1)
+        ex = __dadd_ru(ex, __shfl_xor_sync(0xffffffffu, ex, o));
+    __shared__ double dred[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0)
+        dred[warp] = ex;
+    __syncthreads();
+    double tot = dred[0];
+    for (int i = 1; i < (int)(blockDim.x >> 5); i++)
+        tot = __dadd_ru(tot, dred[i]);
+    sx.e127 = __double2float_ru(__dmul_ru(127.0, tot));
+    __syncthreads(); /* also publishes xh, xl */
+    return sx;
+}
+
+/* sum q_i h_i and sum q_i l_i over 16 bytes of a row. */
+__device__ __forceinline__ void dot_codes16(uint4 w, uint4 h, uint4 l, int &acc_h, int &acc_l)
+{
+    acc_h = __dp4a((int)w.x, (int)h.x, acc_h);
+    acc_h = __dp4a((int)w.y, (int)h.y, acc_h);
+    acc_h = __dp4a((int)w.z, (int)h.z, acc_h);
+    acc_h = __dp4a((int)w.w, (int)h.w, acc_h);
+    acc_l = __dp4a((int)w.x, (int)l.x, acc_l);
+    acc_l = __dp4a((int)w.y, (int)l.y, acc_l);
+    acc_l = __dp4a((int)w.z, (int)l.z, acc_l);
+    acc_l = __dp4a((int)w.w, (int)l.w, acc_l);
+}
+
+/* Each warp takes kScreenRows whole rows at a time (grid-stride): the
+ * estimate a = s sx (128 sum q h + sum q l), its bound L e + 127 s ex
+ * (e per row from bn_cb_head_quantize: the weights' quantization and both
+ * sums' rounding; 127 s ex: x's codes), the row's upper end (+inf for a
+ * row that is always recomputed) into upper[r], and the block's largest
+ * trusted lower end into partial[blockIdx.x]. kVec: dim % 16 == 0
+ * (16-byte loads). The integer sums are exact (|q h| <= 127^2, 2^31 /
+ * 127^2 > 2^17 values); only their conversion and the products round,
+ * within the g 127 s L part of e. */
+template <bool kVec>
+__global__ void __launch_bounds__(kScreenThreads, kScreenBlocksPerSm)
+    screen_kernel(const int8_t *__restrict__ q, const float2 *__restrict__ se, int64_t rows,
+                  int64_t dim, const float *__restrict__ x, float *__restrict__ upper,
+                  float *__restrict__ partial)
+{
+    extern __shared__ __align__(16) int8_t xcodes[]; /* h [dim], then l [dim] */
+    __shared__ float red[32];
+    int8_t *xh = xcodes, *xl = xcodes + dim;
+    const ScreenX X = screen_codes(x, dim, xh, xl, red);
+    const int64_t chunks = dim / 16;
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * kScreenWarps;
+    float best_lower = -INFINITY;
+    for (int64_t r0 = ((int64_t)blockIdx.x * kScreenWarps + (threadIdx.x >> 5)) * kScreenRows;
+         r0 < rows; r0 += warps * kScreenRows) {
+        int acc_h[kScreenRows], acc_l[kScreenRows];
+#pragma unroll
+        for (int k = 0; k < kScreenRows; k++)
+            acc_h[k] = acc_l[k] = 0;
+        if (kVec) {
+            const uint4 *h4 = reinterpret_cast<const uint4 *>(xh);
+            const uint4 *l4 = reinterpret_cast<const uint4 *>(xl);
+            for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kScreenUnroll) {
+                uint4 buf[kScreenRows][kScreenUnroll];
+#pragma unroll
+                for (int k = 0; k < kScreenRows; k++) {
+                    const uint4 *v = reinterpret_cast<const uint4 *>(q + (r0 + k) * dim);
+#pragma unroll
+                    for (int u = 0; u < kScreenUnroll; u++) {
+                        const int64_t c = c0 + 32 * u;
+                        buf[k][u] = c < chunks && r0 + k < rows ? __ldcs(v + c)
+                                                                : make_uint4(0, 0, 0, 0);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < kScreenUnroll; u++) {
+                    const int64_t c = c0 + 32 * u;
+                    if (c < chunks) {
+                        const uint4 hv = h4[c], lv = l4[c];
+#pragma unroll
+                        for (int k = 0; k < kScreenRows; k++)
+                            dot_codes16(buf[k][u], hv, lv, acc_h[k], acc_l[k]);
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < kScreenRows; k++)
+                if (r0 + k < rows)
+                    for (int64_t i = lane; i < dim; i += 32) {
+                        const int w = q[(r0 + k) * dim + i];
+                        acc_h[k] += w * xh[i];
+                        acc_l[k] += w * xl[i];
+                    }
+        }
+#pragma unroll
+        for (int k = 0; k < kScreenRows; k++) {
+            const int64_t r = r0 + k;
+            int ah = acc_h[k], al = acc_l[k];
+            for (int o = 16; o > 0; o >>= 1) {
+                ah += __shfl_xor_sync(0xffffffffu, ah, o);
+                al += __shfl_xor_sync(0xffffffffu, al, o);
+            }
+            if (r >= rows)
+                break;
+            const float2 p = se[r];
+            const float t = __fmaf_rn(128.0f, (float)ah, (float)al);
+            const float a = __fmul_rn(__fmul_rn(p.x, X.sx), t);
+            const float b = __fadd_ru(__fmul_ru(X.L, p.y), __fmul_ru(X.e127, p.x));
+            const float hi = __fadd_ru(a, b), lo = __fsub_rd(a, b);
+            const bool trusted = b < kMaxBound && isfinite(a) && isfinite(hi) && isfinite(lo);
+            if (lane == 0)
+                upper[r] = trusted ? hi : INFINITY;
+            if (trusted)
+                best_lower = fmaxf(best_lower, lo);
+        }
+    }
+    best_lower = block_max(best_lower, red);
+    if (threadIdx.x == 0)
+        partial[blockIdx.x] = best_lower;
+}
+
+/* T = the largest lower end; then per group of 32 rows, one lane a row:
+ * a row whose upper end is below T gets -inf, every other row its exact
+ * logit from head_row_dot, one row at a time by the whole warp. */
+template <int kType, bool kVec>
+__global__ void __launch_bounds__(kScreenThreads)
+    exact_kernel(const uint8_t *__restrict__ w, int64_t rows, int64_t dim,
+                 const float *__restrict__ x, const float *__restrict__ upper,
+                 const float *__restrict__ partial, int n_partial, float *__restrict__ logits)
+{
+    extern __shared__ __align__(16) float xs[];
+    __shared__ float red[32];
+    for (int64_t i = threadIdx.x; i < dim; i += kScreenThreads)
+        xs[i] = x[i];
+    float t = -INFINITY;
+    for (int i = threadIdx.x; i < n_partial; i += kScreenThreads)
+        t = fmaxf(t, partial[i]);
+    const float T = block_max(t, red); /* its barriers also publish xs */
+    const int lane = threadIdx.x & 31;
+    const int64_t row_bytes = dim * HeadElem<kType>::kBytes;
+    const int64_t groups = (rows + 31) / 32;
+    const int64_t warps = (int64_t)gridDim.x * kScreenWarps;
+    for (int64_t g = (int64_t)blockIdx.x * kScreenWarps + (threadIdx.x >> 5); g < groups;
+         g += warps) {
+        const int64_t r = g * 32 + lane;
+        const bool in = r < rows;
+        const bool keep = in && !(upper[r] < T); /* NaN: kept */
+        if (in && !keep)
+            logits[r] = -INFINITY;
+        unsigned m = __ballot_sync(0xffffffffu, keep);
+        while (m) {
+            const int j = __ffs(m) - 1;
+            m &= m - 1;
+            const int64_t R = g * 32 + j;
+            const float v = head_row_dot<kType, kVec>(w + R * row_bytes, xs, dim, lane);
+            if (lane == 0)
+                logits[R] = v;
+        }
+    }
+}
+
+template <int kType> cudaError_t prepare_exact(size_t smem)
+{
+    cudaError_t rc = cudaFuncSetAttribute(exact_kernel<kType, true>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (rc == cudaSuccess)
+        rc = cudaFuncSetAttribute(exact_kernel<kType, false>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    return rc;
+}
+
+template <int kType, bool kVec>
+cudaError_t launch_exact(const void *w, int64_t rows, int64_t dim, const float *x,
+                         const float *upper, const float *partial, int n_partial, float *logits,
+                         unsigned blocks, cudaStream_t stream)
+{
+    exact_kernel<kType, kVec><<<blocks, kScreenThreads, sizeof(float) * (size_t)dim, stream>>>(
+        static_cast<const uint8_t *>(w), rows, dim, x, upper, partial, n_partial, logits);
+    return cudaGetLastError();
+}
+
+bool head_args_ok(int type, int64_t rows, int64_t dim)
+{
+    return rows > 0 && dim > 0 && dim <= BN_CB_HEAD_MAX_DIM &&
+           (type == BN_CB_HEAD_F32 || type == BN_CB_HEAD_F16 || type == BN_CB_HEAD_BF16);
+}
+
+} // namespace
+
+extern "C" int bn_cb_head_screen_blocks(int64_t rows, int sm_count)
+{
+    /* One wave: the blocks an SM the launch bounds guarantee, each paying
+     * the codes' prologue once. */
+    const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 132) * kScreenBlocksPerSm;
+    const int64_t per_block = (int64_t)kScreenWarps * kScreenRows;
+    const int64_t need = rows > 0 ? (rows + per_block - 1) / per_block : 1;
+    return (int)(need < cap ? need : cap);
+}
+
+extern "C" cudaError_t bn_cb_head_screen_prepare(int type, int64_t dim)
+{
+    if (!head_args_ok(type, 1, dim))
+        return cudaErrorInvalidValue;
+    const size_t smem = sizeof(float) * (size_t)dim;
+    if (smem <= 48 * 1024)
+        return cudaSuccess;
+    cudaError_t rc = cudaFuncSetAttribute(screen_kernel<true>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (rc == cudaSuccess)
+        rc = cudaFuncSetAttribute(screen_kernel<false>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (rc == cudaSuccess)
+        rc = type == BN_CB_HEAD_F32   ? prepare_exact<BN_CB_HEAD_F32>(smem)
+             : type == BN_CB_HEAD_F16 ? prepare_exact<BN_CB_HEAD_F16>(smem)
+                                      : prepare_exact<BN_CB_HEAD_BF16>(smem);
+    return rc;
+}
+
+extern "C" cudaError_t bn_cb_head_quantize(const void *w, int type, int64_t rows, int64_t dim,
+                                           int8_t *q, float *se, cudaStream_t stream)
+{
+    if (!w || !q || !se || !head_args_ok(type, rows, dim))
+        return cudaErrorInvalidValue;
+    const unsigned blocks = (unsigned)((rows + kScreenWarps - 1) / kScreenWarps);
+    const uint8_t *wb = static_cast<const uint8_t *>(w);
+    float2 *se2 = reinterpret_cast<float2 *>(se);
+    if (type == BN_CB_HEAD_F32)
+        quantize_head_kernel<BN_CB_HEAD_F32><<<blocks, kScreenThreads, 0, stream>>>(wb, rows, dim,
+                                                                                   q, se2);
+    else if (type == BN_CB_HEAD_F16)
+        quantize_head_kernel<BN_CB_HEAD_F16><<<blocks, kScreenThreads, 0, stream>>>(wb, rows, dim,
+                                                                                   q, se2);
+    else
+        quantize_head_kernel<BN_CB_HEAD_BF16><<<blocks, kScreenThreads, 0, stream>>>(wb, rows, dim,
+                                                                                    q, se2);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t bn_cb_head_screen(const int8_t *q, const float *se, int64_t rows,
+                                         int64_t dim, const float *x, float *upper,
+                                         float *partial, int sm_count, cudaStream_t stream)
+{
+    if (!q || !se || !x || !upper || !partial || !head_args_ok(BN_CB_HEAD_F32, rows, dim))
+        return cudaErrorInvalidValue;
+    const unsigned blocks = (unsigned)bn_cb_head_screen_blocks(rows, sm_count);
+    const size_t smem = 2 * (size_t)dim; /* x's two int8 codes */
+    const float2 *se2 = reinterpret_cast<const float2 *>(se);
+    if (dim % 16 == 0)
+        screen_kernel<true><<<blocks, kScreenThreads, smem, stream>>>(q, se2, rows, dim, x, upper,
+                                                                       partial);
+    else
+        screen_kernel<false><<<blocks, kScreenThreads, smem, stream>>>(q, se2, rows, dim, x,
+                                                                        upper, partial);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, int64_t dim,
+                                        const float *x, const float *upper, const float *partial,
+                                        int n_partial, float *logits, int sm_count,
+                                        cudaStream_t stream)
+{
+    if (!w || !x || !upper || !partial || !logits || n_partial < 1 ||
+        !head_args_ok(type, rows, dim))
+        return cudaErrorInvalidValue;
+    const int64_t groups = (rows + 31) / 32;
+    const int64_t per_block = kScreenWarps;
+    int64_t blocks = (groups + per_block - 1) / per_block;
+    const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 132) * 4;
+    const unsigned n = (unsigned)(blocks < cap ? blocks : cap);
+    /* The vector path's condition is the head kernel's (bn_cb_head_gemv),
+     * so a kept row's value is the one that kernel computes. */
+    switch (type) {
+    case BN_CB_HEAD_F32:
+        return dim % 4 == 0
+                   ? launch_exact<BN_CB_HEAD_F32, true>(w, rows, dim, x, upper, partial,
+                                                        n_partial, logits, n, stream)
+                   : launch_exact<BN_CB_HEAD_F32, false>(w, rows, dim, x, upper, partial,
+                                                         n_partial, logits, n, stream);
+    case BN_CB_HEAD_F16:
+        return dim % 8 == 0
+                   ? launch_exact<BN_CB_HEAD_F16, true>(w, rows, dim, x, upper, partial,
+                                                        n_partial, logits, n, stream)
+                   : launch_exact<BN_CB_HEAD_F16, false>(w, rows, dim, x, upper, partial,
+                                                         n_partial, logits, n, stream);
+    default:
+        return dim % 8 == 0
+                   ? launch_exact<BN_CB_HEAD_BF16, true>(w, rows, dim, x, upper, partial,
+                                                         n_partial, logits, n, stream)
+                   : launch_exact<BN_CB_HEAD_BF16, false>(w, rows, dim, x, upper, partial,
+                                                          n_partial, logits, n, stream);
+    }
+}
