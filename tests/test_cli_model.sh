@@ -150,7 +150,7 @@ run "$BITNET" run -m "$M/i2s.gguf" --prompt-ids "$PACKED_PROMPT" -n "$N_GREEDY" 
     --receipt "$tmp/r.json"
 expect_rc 0 "run with a receipt"
 if [ $HAVE_GPU = 1 ]; then
-    expect_in err "^requested=auto detected=\[cuda,[a-z0-9,]*scalar\] selected=cuda:[0-9]+ \(.*, (graphs|no graphs), kv f32, fusion (norms|all|separate), attention merge (ticket|cluster (2|4|8|16)), gemv stage (block|cluster (2|4|8))\)$" \
+    expect_in err "^requested=auto detected=\[cuda,[a-z0-9,]*scalar\] selected=cuda:[0-9]+ \(.*, (graphs|no graphs), kv f32, fusion (norms|all|separate), attention merge (ticket|cluster (2|4|8|16))( with q\|k\|v)?, gemv stage (block|cluster (2|4|8)), greedy head (screened|full)\)$" \
         "one startup line on stderr"
     SELECTED=cuda
 else
@@ -544,14 +544,25 @@ run "$BITNET" bench e2e --shape tiny --gemv-stage cluster16
 expect_rc 2 "bench e2e --gemv-stage cluster16"
 expect_in err "gemv-stage must be auto, block, cluster2, cluster4 or cluster8" \
     "bench e2e --gemv-stage names its values"
+run "$BITNET" bench e2e --shape tiny --head-screen maybe
+expect_rc 2 "bench e2e --head-screen maybe"
+expect_in err "head-screen must be auto, on or off" "bench e2e --head-screen names its values"
+run "$BITNET" bench e2e --shape tiny --qkv inside
+expect_rc 2 "bench e2e --qkv inside"
+expect_in err "qkv must be auto or gemv" "bench e2e --qkv names its values"
 if [ $HAVE_GPU = 1 ]; then
     run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda
     expect_rc 0 "bench e2e --device cuda"
     expect_in out "selected=cuda:" "bench e2e on the GPU"
-    expect_in out "gemv stage (cluster 8|block)\)" "bench e2e: the GEMVs' default staging"
+    expect_in out "gemv stage (cluster 8|block), greedy head full\)" "bench e2e: the GEMVs' default staging (a tiny head: not screened)"
+    expect_in out "^head +greedy steps read the whole LM head" "bench e2e: the head line"
     run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda --gemv-stage cluster8
     expect_rc 0 "bench e2e --gemv-stage cluster8"
-    expect_in out "gemv stage (cluster 8|block)\)" "bench e2e --gemv-stage cluster8 on the GPU"
+    expect_in out "gemv stage (cluster 8|block), greedy head full\)" "bench e2e --gemv-stage cluster8 on the GPU"
+    run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda --head-screen on --qkv gemv
+    expect_rc 0 "bench e2e --head-screen on --qkv gemv"
+    expect_in out "attention merge (ticket|cluster (2|4|8|16)), gemv stage .*, greedy head screened\)" "bench e2e --head-screen on --qkv gemv: the startup line"
+    expect_in out "^head +greedy steps screen the LM head through its int8 copy: the step below computed [0-9]+ of 1024 rows" "bench e2e --head-screen on: the head line"
     expect_in out "^prefill .* tok/s" "bench e2e cuda prints prefill tok/s"
     expect_in out "^step .* us" "bench e2e cuda prints the decode step time"
     expect_in out "LM head" "bench e2e cuda prints the per-kernel split"

@@ -341,6 +341,10 @@ static void check_fixture(const char *name)
 
     char kernels[512];
     bn_cuda_backend_kernels(b, kernels, sizeof kernels);
+    const bool default_qkv_inside = bn_cuda_backend_attn_qkv(b);
+    CHECK_MSG(default_qkv_inside == has_kernel(kernels, "attention_decode_f32_cluster_qkv"),
+              "%s: attn_qkv says %d, the kernels that ran: %s", name, (int)default_qkv_inside,
+              kernels);
     bn_cuda_backend_free(b);
     b = NULL;
 
@@ -433,6 +437,36 @@ static void check_fixture(const char *name)
         }
         free(alt);
         bn_cuda_backend_free(u);
+    }
+
+    /* The q|k|v product inside the decode attention (the default where the
+     * device has clusters) against a GEMV before it: the same raw values,
+     * so the logits bit for bit. */
+    {
+        bn_cuda_backend_options o;
+        bn_cuda_backend_options_default(&o);
+        o.no_graphs = true;
+        o.attn_qkv = -1;
+        bn_cuda_backend *u = NULL;
+        CHECK_MSG(bn_cuda_backend_create(m, &o, &u, &err) == BN_OK,
+                  "%s: cuda create (attn_qkv -1): %s", name, err.message);
+        if (u) {
+            CHECK_MSG(!bn_cuda_backend_attn_qkv(u), "%s: attn_qkv -1 still inside", name);
+            float *alt = malloc(N_STEPS * row);
+            const bool ok = alt && teacher_forced(u, ref_tok, V, alt, &err);
+            CHECK_MSG(ok, "%s: gpu forward (attn_qkv -1): %s", name, err.message);
+            const bool same = ok && memcmp(alt, eager, (size_t)n_steps * row) == 0;
+            CHECK_MSG(same, "%s: logits with the q|k|v GEMV differ from the default's", name);
+            char ks[512];
+            bn_cuda_backend_kernels(u, ks, sizeof ks);
+            CHECK_MSG(!has_kernel(ks, "attention_decode_f32_cluster_qkv"),
+                      "%s: attn_qkv -1 ran %s", name, ks);
+            printf("%-11s q|k|v GEMV     : %d steps of logits %s the default's (q|k|v %s)\n",
+                   name, n_steps, same ? "bit for bit as" : "NOT as",
+                   default_qkv_inside ? "inside the attention" : "a GEMV there too");
+            free(alt);
+            bn_cuda_backend_free(u);
+        }
     }
 
     /* The screened LM head (forced on: these heads are below the default's
@@ -545,8 +579,9 @@ static void check_fixture(const char *name)
      * has them (bn_cb_attn_decode_cluster), else through its ticket. */
     const bn_hparams *hp = bn_model_hparams(m);
     const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, 64};
-    const char *attn = bn_cb_attn_decode_cluster(&as, 0) ? "attention_decode_f32_cluster"
-                                                      : "attention_decode_f32";
+    const char *attn = !bn_cb_attn_decode_cluster(&as, 0) ? "attention_decode_f32"
+                       : default_qkv_inside            ? "attention_decode_f32_cluster_qkv"
+                                                       : "attention_decode_f32_cluster";
     CHECK_MSG(has_kernel(kernels, attn), "%s: %s did not run (%s)", name, attn, kernels);
     CHECK_STR_CONTAINS(kernels, "attention_prefill_f32");
     CHECK_STR_CONTAINS(kernels, "cuda_graph_replay");
@@ -848,6 +883,10 @@ static void check_errors(void)
     o.head_screen = 2;
     CHECK(bn_cuda_backend_create(m, &o, &b, &err) == BN_ERR_INVALID_ARGUMENT && !b);
     CHECK_STR_CONTAINS(err.message, "head_screen");
+    bn_cuda_backend_options_default(&o);
+    o.attn_qkv = 1;
+    CHECK(bn_cuda_backend_create(m, &o, &b, &err) == BN_ERR_INVALID_ARGUMENT && !b);
+    CHECK_STR_CONTAINS(err.message, "attn_qkv");
 
     /* An impossible limit: out of memory, named, and the device still works. */
     bn_cuda_backend_options_default(&o);

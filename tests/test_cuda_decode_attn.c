@@ -24,7 +24,13 @@
  *   - a captured CUDA graph replayed for several positions (the position
  *     read from device memory), for each merge, and with its node disabled
  *     and enabled again (bench e2e's stage costs);
- *   - the L2 prefetch of another cache's rows (the next layer's) on or off.
+ *   - the L2 prefetch of another cache's rows (the next layer's) on or off;
+ *   - the cluster kernel computing the q|k|v product itself (w_qkv): random
+ *     ternary weights and int8 codes, the raw row made by the W2A8 GEMV
+ *     (weight scale 1) for the reference; outputs as the reference, the
+ *     cache bit for bit, and outputs bit for bit those of the kernel fed the
+ *     GEMV's raw row, at every cluster size, with and without pdl, for row
+ *     lengths of whole and partial chunk-groups.
  *
  * Also prints the time of one launch at the 2B-4T shape per merge
  * (information, not a check). Exits 77 without a usable GPU. */
@@ -37,9 +43,11 @@
 #include <string.h>
 
 #include "cuda_backend_kernels.h"
+#include "cuda_layout.h"
 #include "ops_cuda.h"
 #include "test_util.h"
 #include "test_util_cuda.h"
+#include "w2a8_cuda.h"
 
 typedef struct shape {
     int n_heads, n_kv, hd, rope_dim;
@@ -423,6 +431,113 @@ static void check_graph(const shape *s, int max_cluster)
     problem_free(&pr);
 }
 
+/* The q|k|v product inside the cluster kernel (a->w_qkv), row length k. */
+static void check_qkv_inside(const shape *s, int64_t k, int max_cluster)
+{
+    problem pr;
+    problem_init(&pr, s, 1.0f);
+    const bn_cb_attn_shape as = {s->n_heads, s->n_kv, s->hd, s->capacity};
+    bn_cuda_layout l;
+    bn_cuda_layout_init(&l, pr.row, k);
+    int8_t *codes = malloc((size_t)(pr.row * k));
+    uint8_t *packed = malloc(l.bytes);
+    int8_t *xq = calloc((size_t)l.k_padded, 1);
+    for (int64_t i = 0; i < pr.row * k; i++)
+        codes[i] = (int8_t)test_rand_range(-1, 1);
+    bn_cuda_layout_pack(&l, codes, packed);
+    int32_t sum = 0;
+    for (int64_t i = 0; i < k; i++) {
+        xq[i] = (int8_t)test_rand_range(-127, 127);
+        sum += xq[i];
+    }
+    const float scale = 1500.0f;
+    uint8_t *d_w;
+    int8_t *d_xq;
+    float *d_scale, *d_out2;
+    int32_t *d_sum;
+    CUDA_OK(cudaMalloc((void **)&d_w, l.bytes));
+    CUDA_OK(cudaMalloc((void **)&d_xq, (size_t)l.k_padded));
+    CUDA_OK(cudaMalloc((void **)&d_scale, sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&d_sum, sizeof(int32_t)));
+    CUDA_OK(cudaMalloc((void **)&d_out2, (size_t)pr.q_dim * sizeof(float)));
+    CUDA_OK(cudaMemcpy(d_w, packed, l.bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_xq, xq, (size_t)l.k_padded, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_scale, &scale, sizeof scale, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_sum, &sum, sizeof sum, cudaMemcpyHostToDevice));
+    /* The raw row as the backend's GEMV makes it: the reference's input. */
+    bn_w2a8_cuda_args g;
+    memset(&g, 0, sizeof g);
+    g.weights = d_w;
+    g.n = l.n;
+    g.tiles = l.tiles;
+    g.groups = l.groups;
+    g.weight_scale = 1.0f;
+    g.x = d_xq;
+    g.m = 1;
+    g.ldx = l.k_padded;
+    g.act_scale = d_scale;
+    g.act_sum = d_sum;
+    g.y = pr.d_raw;
+    g.ldy = l.n;
+    CUDA_OK(bn_w2a8_cuda_gemv(&g, bn_w2a8_cuda_gemv_split(l.tiles, l.groups, 132), 0));
+    CUDA_OK(cudaMemcpy(pr.raw, pr.d_raw, (size_t)pr.row * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int64_t i = 0; i < pr.kv_dim; i++)
+        pr.vmax = fmaxf(pr.vmax, fabsf(pr.raw[pr.q_dim + pr.kv_dim + i] * pr.sv));
+    const int positions[] = {0, 33, 100, (int)s->capacity - 1};
+    int failed = 0, runs = 0, prepared = 0;
+    for (int c = 2; c <= max_cluster; c *= 2) {
+        const cudaError_t prep = bn_cb_attn_decode_qkv_prepare(&as, c, k);
+        if (prep != cudaSuccess) {
+            CHECK_MSG(prep == cudaErrorNotSupported, "qkv prepare, cluster %d: %s", c,
+                      cudaGetErrorString(prep));
+            continue;
+        }
+        prepared++;
+        for (size_t i = 0; i < sizeof positions / sizeof positions[0]; i++) {
+            const int p = positions[i];
+            reset_cache(&pr, p);
+            reference(&pr, p);
+            /* The kernel fed the GEMV's raw row, for the bit-for-bit check. */
+            bn_cb_attn_decode_args a = decode_args(&pr, 0, c);
+            reset_cache(&pr, p);
+            CUDA_OK(bn_cb_attn_decode(&as, &a, 0, 0));
+            CUDA_OK(cudaMemcpy(d_out2, pr.d_out, (size_t)pr.q_dim * sizeof(float),
+                               cudaMemcpyDeviceToDevice));
+            reset_cache(&pr, p);
+            CUDA_OK(cudaMemset(pr.d_out, 0xff, (size_t)pr.q_dim * sizeof(float))); /* NaN */
+            a.qkv = NULL;
+            a.w_qkv = d_w;
+            a.w_k = k;
+            a.xq = d_xq;
+            a.act_scale = d_scale;
+            a.act_sum = d_sum;
+            CUDA_OK(bn_cb_attn_decode(&as, &a, (int)(i % 2), 0));
+            CUDA_OK(cudaDeviceSynchronize());
+            char what[200];
+            snprintf(what, sizeof what, "%d/%d heads x %d, k %lld, q|k|v inside, cluster %d, p %d",
+                     s->n_heads, s->n_kv, s->hd, (long long)k, c, p);
+            bool ok = verify(&pr, p, what);
+            float *o1 = malloc((size_t)pr.q_dim * sizeof(float));
+            float *o2 = malloc((size_t)pr.q_dim * sizeof(float));
+            CUDA_OK(cudaMemcpy(o1, pr.d_out, (size_t)pr.q_dim * sizeof(float),
+                               cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(o2, d_out2, (size_t)pr.q_dim * sizeof(float),
+                               cudaMemcpyDeviceToHost));
+            const bool same = memcmp(o1, o2, (size_t)pr.q_dim * sizeof(float)) == 0;
+            CHECK_MSG(same, "%s: outputs differ from the kernel fed the GEMV's row", what);
+            failed += !ok || !same;
+            runs++;
+            free(o1), free(o2);
+        }
+    }
+    printf("%2d/%d heads x %3d, k %5lld, q|k|v inside: %d launches over %d cluster sizes: %s\n",
+           s->n_heads, s->n_kv, s->hd, (long long)k, runs, prepared,
+           failed ? "FAILED" : "as the reference, bit for bit as the GEMV-fed kernel");
+    cudaFree(d_w), cudaFree(d_xq), cudaFree(d_scale), cudaFree(d_sum), cudaFree(d_out2);
+    free(codes), free(packed), free(xq);
+    problem_free(&pr);
+}
+
 /* Bad arguments are refused, not launched. */
 static void check_errors(void)
 {
@@ -522,6 +637,13 @@ int main(void)
             check_shape(&shapes[i], qi ? 8.0f : 1.0f, mc);
     }
     check_graph(&s2b, max_cluster);
+    if (max_cluster > 0) {
+        check_qkv_inside(&s2b, 2560, max_cluster); /* 2B-4T: whole chunk-groups */
+        const shape s8 = {8, 4, 128, 64, 300};
+        check_qkv_inside(&s8, 1000, max_cluster); /* a partial last chunk-group */
+        const shape s6 = {6, 6, 64, 0, 200};
+        check_qkv_inside(&s6, 512, max_cluster); /* one head a block, no RoPE */
+    }
     check_errors();
     printf("worst |gpu - ref| / max|v|: %.2e\n", worst_rel);
     if (!getenv("BN_TEST_QUICK"))

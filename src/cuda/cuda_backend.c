@@ -84,7 +84,7 @@ typedef struct group {
 enum {
     K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
     K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
-    K_NORM_GEMV, K_GEMV_RES, K_ATTN_DEC_F32_CLUSTER, K_HEAD_SCREEN, K_COUNT
+    K_NORM_GEMV, K_GEMV_RES, K_ATTN_DEC_F32_CLUSTER, K_HEAD_SCREEN, K_ATTN_DEC_F32_QKV, K_COUNT
 };
 static const char *const kernel_names[K_COUNT] = {
     "embed_rows", "norm_quantize", "residual_norm_quantize", "relu2_norm_quantize",
@@ -92,7 +92,7 @@ static const char *const kernel_names[K_COUNT] = {
     "attention_prefill_f32", "attention_decode_f16", "attention_prefill_f16",
     "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay",
     "norm_quantize_w2a8_gemv", "w2a8_gemv_residual", "attention_decode_f32_cluster",
-    "lm_head_screen_int8"};
+    "lm_head_screen_int8", "attention_decode_f32_cluster_qkv"};
 
 /* Events of an instrumented step (profile_decode). */
 typedef struct prof {
@@ -154,6 +154,7 @@ struct bn_cuda_backend {
     int attn_splits;
     int attn_cluster; /* fp32 decode attention's cluster size (0: ranges merged by a ticket) */
     int gemv_cluster; /* decode GEMVs: activations staged per cluster of this many (0: none) */
+    bool attn_qkv;    /* the decode attention computes the q|k|v product (no GEMV) */
     uint64_t scratch_bytes;
 
     int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], dec[3], next */
@@ -476,7 +477,11 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         const float sq = g[G_QKV].s[0].scale, sk = g[G_QKV].s[1].scale,
                     sv = g[G_QKV].s[2].scale;
 
-        if (fold) {
+        /* With b->attn_qkv the decode attention computes q|k|v itself. */
+        const bool qkv_inside = decode && b->attn_qkv;
+        if (qkv_inside) {
+            n = 0;
+        } else if (fold) {
             bn_cb_decode_gemv_args na = norm_source(b->x, norm_ptr(b, l, BN_NORM_ATTN));
             if ((st = decode_matmul(b, &g[G_QKV], &na, NULL, b->qkv, pdl, err)) != BN_OK)
                 return st;
@@ -500,12 +505,21 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         if (!b->kv_f16) {
             const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
             if (decode) {
-                const bn_cb_attn_decode_args da = {b->qkv, sq, sk, sv, rope, hp->rope_dim,
-                                                   d_pos, kl, vl, b->attn_splits, b->ws_attn,
-                                                   b->attn_counters, b->att, b->attn_cluster,
-                                                   next_k, next_v};
+                bn_cb_attn_decode_args da = {b->qkv, sq, sk, sv, rope, hp->rope_dim,
+                                             d_pos, kl, vl, b->attn_splits, b->ws_attn,
+                                             b->attn_counters, b->att, b->attn_cluster,
+                                             next_k, next_v, NULL, 0, NULL, NULL, NULL};
+                if (qkv_inside) {
+                    da.w_qkv = b->d_w + g[G_QKV].s[0].off;
+                    da.w_k = g[G_QKV].k;
+                    da.xq = b->xq;
+                    da.act_scale = b->act_scale;
+                    da.act_sum = b->act_sum;
+                }
                 BN_CUDA_TRY(err, bn_cb_attn_decode(&as, &da, pdl, s));
-                b->ran |= 1u << (b->attn_cluster ? K_ATTN_DEC_F32_CLUSTER : K_ATTN_DEC_F32);
+                b->ran |= 1u << (qkv_inside         ? K_ATTN_DEC_F32_QKV
+                                 : b->attn_cluster ? K_ATTN_DEC_F32_CLUSTER
+                                                   : K_ATTN_DEC_F32);
             } else {
                 BN_CUDA_TRY(err, bn_cb_attn_prefill(&as, b->q, q_dim, (int)M, d_pos, kl, vl,
                                                     b->att, q_dim, s));
@@ -1013,14 +1027,16 @@ static bn_status check_budget(const bn_cuda_backend *b, uint64_t total, uint64_t
                  "1024 positions); or raise BITNET_MEMORY_LIMIT",
                  fit, per_1k);
     }
+    char copy[64] = "";
+    if (b->head_screen_bytes)
+        snprintf(copy, sizeof copy, " + %.1f for its int8 copy",
+                 (double)b->head_screen_bytes / MIB);
     return bn_error_set(err, BN_ERR_GPU_OUT_OF_MEMORY, hint,
                         "the model needs %.1f MiB of GPU memory (ternary weights %.1f, embedding "
-                        "%.1f, LM head %.1f + %.1f for its int8 copy, KV cache %.1f for %lld "
-                        "positions, scratch %.1f for %lld-token prefill batches), more than %s "
-                        "(%.1f MiB)",
+                        "%.1f, LM head %.1f%s, KV cache %.1f for %lld positions, scratch %.1f for "
+                        "%lld-token prefill batches), more than %s (%.1f MiB)",
                         (double)total / MIB, (double)b->w_bytes / MIB,
-                        (double)b->embed_bytes / MIB, (double)b->head_bytes / MIB,
-                        (double)b->head_screen_bytes / MIB,
+                        (double)b->embed_bytes / MIB, (double)b->head_bytes / MIB, copy,
                         (double)b->kv_bytes / MIB, (long long)b->kv_len,
                         (double)b->scratch_bytes / MIB, (long long)b->chunk, budget_name,
                         (double)budget / MIB);
@@ -1478,6 +1494,9 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
                             (int)opt.fusion);
     if (opt.prefill_chunk < 0)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "negative prefill chunk");
+    if (opt.attn_qkv < -1 || opt.attn_qkv > 0)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "cuda backend: attn_qkv must be -1 or 0 (got %d)", opt.attn_qkv);
     if (opt.head_screen < -1 || opt.head_screen > 1)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "cuda backend: head_screen must be -1, 0 or 1 (got %d)",
@@ -1572,10 +1591,13 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
     if (st == BN_OK && b->head_screen) {
         const uint64_t budget =
             opt.memory_limit > 0 && opt.memory_limit < usable ? opt.memory_limit : usable;
-        if (screen_auto && total + screen_bytes > budget && total <= budget) {
-            bn_log(BN_LOG_INFO, "cuda backend: no room for the LM head's int8 copy (%.1f MiB): "
-                                "greedy steps read the whole head",
-                   (double)screen_bytes / MIB);
+        if (screen_auto && total + screen_bytes > budget) {
+            /* Without room the copy is left out (and a plan that does not fit
+             * anyway is reported without it). */
+            if (total <= budget)
+                bn_log(BN_LOG_INFO, "cuda backend: no room for the LM head's int8 copy (%.1f "
+                                    "MiB): greedy steps read the whole head",
+                       (double)screen_bytes / MIB);
             b->head_screen = false;
         } else {
             b->head_screen_bytes = screen_bytes;
@@ -1708,6 +1730,16 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
             }
         }
     }
+    if (st == BN_OK && opt.attn_qkv == 0 && !b->kv_f16 && b->attn_cluster > 0 &&
+        b->fusion == BN_CUDA_FUSION_SEPARATE) {
+        /* The decode attention computes q|k|v itself where its clusters can
+         * hold their share of the weights (every layer has layer 0's shapes). */
+        const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
+        b->attn_qkv = b->groups[G_QKV].fused_ok &&
+                      bn_cb_attn_decode_qkv_prepare(&as, b->attn_cluster,
+                                                    b->groups[G_QKV].k) == cudaSuccess;
+        (void)cudaGetLastError();
+    }
     if (st == BN_OK)
         st = warm_up(b, err);
     if (st == BN_OK && b->use_graphs)
@@ -1787,6 +1819,7 @@ bn_cuda_fusion bn_cuda_backend_fusion(const bn_cuda_backend *b) { return b->fusi
 int bn_cuda_backend_attn_cluster(const bn_cuda_backend *b) { return b->attn_cluster; }
 int bn_cuda_backend_gemv_cluster(const bn_cuda_backend *b) { return b->gemv_cluster; }
 bool bn_cuda_backend_head_screen(const bn_cuda_backend *b) { return b->head_screen; }
+bool bn_cuda_backend_attn_qkv(const bn_cuda_backend *b) { return b->attn_qkv; }
 
 bool bn_cuda_backend_graphs(const bn_cuda_backend *b) { return b->graph && b->use_graphs; }
 void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on) { b->use_graphs = on; }

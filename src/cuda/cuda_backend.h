@@ -109,6 +109,9 @@ typedef struct bn_cuda_backend_options {
                               per cluster of that many blocks (sm_90; docs/CUDA.md) */
     bn_cuda_fusion fusion; /* how the decode step's norms meet its GEMVs; AUTO: the
                               default (docs/CUDA.md, "decode step")                  */
+    int attn_qkv;          /* fp32-cache decode in clusters (fusion separate): 0 the
+                              default (the q|k|v product inside the attention kernel
+                              where it fits), -1 a GEMV before it (docs/CUDA.md)    */
     int head_screen;       /* greedy steps' LM head: 0 the default (screened through
                               an int8 copy when the head takes at least 64 MiB and
                               the copy fits), 1 always screened, -1 never; the token
@@ -185,6 +188,8 @@ int bn_cuda_backend_attn_cluster(const bn_cuda_backend *b);
 /* The decode GEMVs' cluster size for staging their activations (0: every
  * block stages its own). */
 int bn_cuda_backend_gemv_cluster(const bn_cuda_backend *b);
+/* Whether the decode attention computes the q|k|v product itself. */
+bool bn_cuda_backend_attn_qkv(const bn_cuda_backend *b);
 /* Whether greedy steps screen the LM head through its int8 copy. */
 bool bn_cuda_backend_head_screen(const bn_cuda_backend *b);
 void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on);

@@ -24,6 +24,7 @@
 #include <math.h>
 #include <cooperative_groups.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cuda_backend_kernels.h"
 #include "head_row.cuh"
@@ -1109,20 +1110,31 @@ __global__ void __launch_bounds__(256)
  *
  * cs is the (cos, sin) of pair d mod half (ignored beyond 2 half). The raw
  * values come from the previous kernel: read through L2 (see source_value). */
+/* A raw q|k|v value: through L2 from global memory (written by the kernel
+ * before), or, kSm, from shared memory (the attention's own product). */
+template <bool kSm, typename T> __device__ __forceinline__ T raw_ld(const T *p)
+{
+    if constexpr (kSm)
+        return *p;
+    else
+        return __ldcg(p);
+}
+
+template <bool kSm = false>
 __device__ __forceinline__ float rope_value(const float *head, int d, float sc, int half,
                                             float2 cs)
 {
     if (d < half) {
-        const float x0 = __fmul_rn(__ldcg(head + d), sc);
-        const float x1 = __fmul_rn(__ldcg(head + d + half), sc);
+        const float x0 = __fmul_rn(raw_ld<kSm>(head + d), sc);
+        const float x1 = __fmul_rn(raw_ld<kSm>(head + d + half), sc);
         return __fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y));
     }
     if (d < 2 * half) {
-        const float x0 = __fmul_rn(__ldcg(head + d - half), sc);
-        const float x1 = __fmul_rn(__ldcg(head + d), sc);
+        const float x0 = __fmul_rn(raw_ld<kSm>(head + d - half), sc);
+        const float x1 = __fmul_rn(raw_ld<kSm>(head + d), sc);
         return __fadd_rn(__fmul_rn(x1, cs.x), __fmul_rn(x0, cs.y));
     }
-    return __fmul_rn(__ldcg(head + d), sc);
+    return __fmul_rn(raw_ld<kSm>(head + d), sc);
 }
 
 template <bool kHalf> __device__ __forceinline__ void store_kv(void *cache, int64_t i, float v)
@@ -1266,21 +1278,22 @@ __device__ __forceinline__ void rope_cs(float2 (&c)[4], const float2 *row, int c
  * operations (so bn_cb_qkv_post's values bit for bit), with the head's raw
  * values loaded as float4 (the chunk and, rotated, its partner chunk) when
  * vec (see rope_cs). */
+template <bool kSm = false>
 __device__ __forceinline__ float4 rope4(const float *head, int ch, float sc, int half,
                                         const float2 (&c)[4], bool vec)
 {
     const int d0 = 4 * ch;
     const float4 *h4 = reinterpret_cast<const float4 *>(head);
     if (d0 >= 2 * half) {
-        const float4 r = __ldcg(h4 + ch);
+        const float4 r = raw_ld<kSm>(h4 + ch);
         return make_float4(__fmul_rn(r.x, sc), __fmul_rn(r.y, sc), __fmul_rn(r.z, sc),
                            __fmul_rn(r.w, sc));
     }
     float r[4];
     if (vec) {
         const bool lo = d0 < half;
-        const float4 own = __ldcg(h4 + ch);
-        const float4 oth = __ldcg(h4 + (lo ? ch + half / 4 : ch - half / 4));
+        const float4 own = raw_ld<kSm>(h4 + ch);
+        const float4 oth = raw_ld<kSm>(h4 + (lo ? ch + half / 4 : ch - half / 4));
         const float o[4] = {own.x, own.y, own.z, own.w}, t[4] = {oth.x, oth.y, oth.z, oth.w};
 #pragma unroll
         for (int e = 0; e < 4; e++) {
@@ -1295,7 +1308,7 @@ __device__ __forceinline__ float4 rope4(const float *head, int ch, float sc, int
     } else {
 #pragma unroll
         for (int e = 0; e < 4; e++)
-            r[e] = rope_value(head, d0 + e, sc, half, c[e]);
+            r[e] = rope_value<kSm>(head, d0 + e, sc, half, c[e]);
     }
     return make_float4(r[0], r[1], r[2], r[3]);
 }
@@ -1356,6 +1369,18 @@ struct DecodeArgs {
     unsigned *counters;
     float *out;
     const float *pf_k, *pf_v; /* the next layer's cache, or NULL */
+    /* The q|k|v product inside the cluster kernel (attn_decode_cluster_kernel
+     * with kQkv): the fused weights (tile layout, rows q | k | v), the
+     * normed row's int8 codes (k_padded bytes) with their scale and sum,
+     * and the block's share of the column's tiles. */
+    const uint8_t *w_qkv;
+    const int8_t *xq;
+    const float *act_scale;
+    const int32_t *act_sum;
+    int groups;          /* chunk-groups per weight row (k_padded / 256)     */
+    int q_tiles, kv_tiles; /* tiles of q (n_heads hd / 8) and of k, of v   */
+    int col_tiles;       /* tiles of a block column: (G + 2) hd / 8        */
+    int block_tiles;     /* a cluster block's share: ceil(col_tiles / C)   */
 };
 
 /* Rows [0, p) of the next layer's cache into L2, this block's share of them
@@ -1418,10 +1443,14 @@ __device__ __forceinline__ void load_rows(float4 (&kr)[kDecRows][KC], float4 (&v
 /* What one block of the decode attention works with: its place (kv head,
  * its G query heads, the token's position and length) and, per warp, q of
  * the G heads and their online softmax (running max m, sum l, p . V). */
-template <int KC, int G> struct DecodeBlock {
+template <int KC, int G, bool kSm = false> struct DecodeBlock {
     int kvh, sub, h0, p, len, nc;
     int64_t head_off;
     bool vec;
+    /* The raw q of head h0, k and v of the kv head: the q|k|v row in
+     * global memory, or (kSm) the cluster kernel's own product in shared
+     * memory, which sets them. */
+    const float *src_q, *src_k, *src_v;
     float2 cs[KC][4]; /* the position's (cos, sin), per chunk */
     float4 q[G][KC], acc[G][KC];
     float m[G], l[G];
@@ -1441,6 +1470,11 @@ template <int KC, int G> struct DecodeBlock {
          * all the same). */
         p = __ldcg(a.pos);
         len = p >= 0 && (int64_t)p < a.s.capacity ? p + 1 : 0;
+        const int64_t q_dim = (int64_t)a.s.n_heads * a.s.head_dim;
+        const int64_t kv_dim = (int64_t)a.s.n_kv_heads * a.s.head_dim;
+        src_q = a.qkv ? a.qkv + (int64_t)h0 * a.s.head_dim : nullptr;
+        src_k = a.qkv ? a.qkv + q_dim + head_off : nullptr;
+        src_v = a.qkv ? a.qkv + q_dim + kv_dim + head_off : nullptr;
     }
 
     /* The position's RoPE table entries (written at create(): may be read
@@ -1467,7 +1501,7 @@ template <int KC, int G> struct DecodeBlock {
             for (int c = 0; c < KC; c++) {
                 const int ch = lane + 32 * c;
                 q[g][c] = ch < nc && len > 0
-                              ? rope4(a.qkv + (int64_t)(h0 + g) * hd, ch, a.sq, a.half, cs[c], vec)
+                              ? rope4<kSm>(src_q + (int64_t)g * hd, ch, a.sq, a.half, cs[c], vec)
                               : make_float4(0.f, 0.f, 0.f, 0.f);
                 acc[g][c] = make_float4(0.f, 0.f, 0.f, 0.f);
             }
@@ -1487,20 +1521,19 @@ template <int KC, int G> struct DecodeBlock {
                                          float4 (&vr)[kDecRows][KC], int t0, int end)
     {
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-        const int64_t q_dim = (int64_t)a.s.n_heads * a.s.head_dim;
         const int64_t kv_dim = (int64_t)a.s.n_kv_heads * a.s.head_dim;
         const int tw = t0 + warp * kDecRows; /* this warp's first position */
         if (p >= tw && p < tw + kDecRows && p < end) {
-            const float *kraw = a.qkv + q_dim + head_off;
-            const float4 *vraw = reinterpret_cast<const float4 *>(a.qkv + q_dim + kv_dim + head_off);
+            const float *kraw = src_k;
+            const float4 *vraw = reinterpret_cast<const float4 *>(src_v);
             float4 kn[KC], vn[KC];
 #pragma unroll
             for (int c = 0; c < KC; c++) {
                 const int ch = lane + 32 * c;
                 kn[c] = vn[c] = make_float4(0.f, 0.f, 0.f, 0.f);
                 if (ch < nc) {
-                    kn[c] = rope4(kraw, ch, a.sk, a.half, cs[c], vec);
-                    const float4 r = __ldcg(vraw + ch);
+                    kn[c] = rope4<kSm>(kraw, ch, a.sk, a.half, cs[c], vec);
+                    const float4 r = raw_ld<kSm>(vraw + ch);
                     vn[c] = make_float4(__fmul_rn(r.x, a.sv), __fmul_rn(r.y, a.sv),
                                         __fmul_rn(r.z, a.sv), __fmul_rn(r.w, a.sv));
                     if (sub == 0) {
@@ -1573,7 +1606,7 @@ template <int KC, int G> struct WarpParts {
     float m[kDecWarps][G], l[kDecWarps][G];
     float4 acc[kDecWarps * kSlots];
 
-    __device__ __forceinline__ void put(const DecodeBlock<KC, G> &b)
+    template <class Block> __device__ __forceinline__ void put(const Block &b)
     {
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
         if (lane == 0)
@@ -1817,7 +1850,46 @@ __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_k
  * last block, no L2 round trip of the partial results. */
 constexpr int kMaxCluster = 16;
 
-template <int KC, int G>
+/* The kQkv kernel's dynamic shared memory: the codes row (k_padded bytes),
+ * the column's raw q|k|v ((G + 2) hd floats), the block's weight tiles. */
+__host__ __device__ __forceinline__ size_t qkv_raw_offset(const DecodeArgs &a)
+{
+    return (size_t)a.groups * kGemvGroup;
+}
+__host__ __device__ __forceinline__ size_t qkv_tiles_offset(const DecodeArgs &a)
+{
+    return qkv_raw_offset(a) + (size_t)a.col_tiles * kGemvTileRows * sizeof(float);
+}
+__host__ __device__ __forceinline__ size_t qkv_smem(const DecodeArgs &a)
+{
+    return qkv_tiles_offset(a) + (size_t)a.block_tiles * a.groups * kGemvBlockBytes;
+}
+
+/* Column tile j (of (G + 2) hd / 8: q of the column's G heads, then k,
+ * then v of its kv head) as a tile of the fused q|k|v weights. */
+__device__ __forceinline__ int64_t qkv_tile(const DecodeArgs &a, int h0, int kvh, int G, int j)
+{
+    const int ht = a.s.head_dim / kGemvTileRows; /* tiles per head */
+    if (j < G * ht)
+        return (int64_t)h0 * ht + j;
+    if (j < (G + 1) * ht)
+        return (int64_t)a.q_tiles + (int64_t)kvh * ht + (j - G * ht);
+    return (int64_t)a.q_tiles + a.kv_tiles + (int64_t)kvh * ht + (j - (G + 1) * ht);
+}
+
+/* kQkv: the q|k|v product is computed here instead of by a GEMV before.
+ * Before the PDL wait each block bulk-copies its share of the column's
+ * weight tiles (block_tiles of 8 rows: the 2B-4T shape's 64 rows, 40 KB)
+ * into shared memory and arms the codes row's multicast; after it the
+ * cluster stages the codes row once (row_multicast), each warp multiplies
+ * whole tiles (the GEMV's entry dot and epilogue with weight scale 1, so
+ * the raw values are the GEMV's bit for bit), every value goes to every
+ * block's copy of the column's raw q|k|v, and one cluster barrier publishes
+ * them. The blocks of such a kernel start right after the one-block norm
+ * kernel (the GPU is free), so the copies and the cache rows are in flight
+ * early, where a cluster after the q|k|v GEMV's grid starts only as it
+ * drains. */
+template <int KC, int G, bool kQkv>
 __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(DecodeArgs a)
 {
 #if BN_HAS_CLUSTERS
@@ -1831,12 +1903,42 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(
     __shared__ float4 in_acc[kOut + kMaxCluster];
     cg::cluster_group cluster = cg::this_cluster();
     const int C = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+    DecodeBlock<KC, G, kQkv> b(a, blockIdx.x);
+    extern __shared__ __align__(128) unsigned char qkv_sm[];
+    __shared__ unsigned long long qkv_bars[2]; /* the codes row, the weight tiles */
+    int8_t *xs = reinterpret_cast<int8_t *>(qkv_sm);
+    float *raw = reinterpret_cast<float *>(qkv_sm + qkv_raw_offset(a));
+    const unsigned char *wsm = qkv_sm + qkv_tiles_offset(a);
+    const int j0 = rank * a.block_tiles;
+    const int nt = kQkv ? min(a.block_tiles, a.col_tiles - j0) : 0;
+    const unsigned tile_bytes = (unsigned)a.groups * kGemvBlockBytes;
     /* Distributed shared memory may be written only once every block of
      * the cluster has started: each block says so here, and waits for the
      * others just before its first remote store (by then long since true,
-     * so the wait costs nothing). */
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-    DecodeBlock<KC, G> b(a, blockIdx.x);
+     * so the wait costs nothing). With kQkv the codes row's multicast arms
+     * and arrives (it waits at the row, the first remote writes). */
+    if constexpr (kQkv) {
+        if (threadIdx.x == 0) {
+            bulk_bar_init(&qkv_bars[1]);
+            if (nt > 0) {
+                const unsigned bar = (unsigned)__cvta_generic_to_shared(&qkv_bars[1]);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                             "r"((unsigned)nt * tile_bytes)
+                             : "memory");
+                for (int j = 0; j < nt; j++) {
+                    const int64_t t = qkv_tile(a, b.h0, b.kvh, G, j0 + j);
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                                 " [%0], [%1], %2, [%3];" ::"r"((unsigned)__cvta_generic_to_shared(
+                                     wsm + (size_t)j * tile_bytes)),
+                                 "l"(a.w_qkv + t * tile_bytes), "r"(tile_bytes), "r"(bar)
+                                 : "memory");
+                }
+            }
+        }
+        row_multicast_arm(&qkv_bars[0], (unsigned)(a.groups * kGemvGroup));
+    } else {
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    }
     const int nc = b.nc, p = b.p, len = b.len;
     const int nq = G * nc, per = (nq + C - 1) / C; /* slots, and slots per block */
     const int step = C * kDecTile;
@@ -1854,8 +1956,42 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(
     pdl_trigger();
     pdl_wait();
 
+    if constexpr (kQkv) {
+        /* The scale and sum first: their L2 round trip overlaps the row's. */
+        const float x_scale = __ldcg(a.act_scale);
+        const int32_t x_sum = __ldcg(a.act_sum);
+        row_multicast(xs, a.xq, (unsigned)(a.groups * kGemvGroup), &qkv_bars[0], C);
+        pdl_mark(0); /* (kQkv's marks: the codes row, the product, raw published, stored) */
+        if (nt > 0)
+            bulk_wait(&qkv_bars[1]);
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        for (int j = warp; j < nt; j += kDecWarps) {
+            const uint4 *tw = reinterpret_cast<const uint4 *>(wsm + (size_t)j * tile_bytes);
+            const int8_t *xl = xs + (lane / 8) * (kGemvGroup / 4);
+            int acc4[4] = {0, 0, 0, 0};
+            for (int g = 0; g < a.groups; g++)
+                gemv_entry_dot4(tw[g * 32 + lane], xl + g * kGemvGroup, acc4);
+            int acc = (acc4[0] + acc4[1]) + (acc4[2] + acc4[3]);
+            acc += __shfl_xor_sync(kFull, acc, 8);
+            acc += __shfl_xor_sync(kFull, acc, 16);
+            /* Lanes r, r + 8, r + 16, r + 24 all hold row r's sum: each
+             * sends it to a quarter of the blocks. The GEMV's epilogue with
+             * weight scale 1 (x 1 is exact). */
+            const float v = __fdiv_rn((float)(acc - x_sum), x_scale);
+            const int idx = (j0 + j) * kGemvTileRows + lane % kGemvTileRows;
+            for (int q = lane / kGemvTileRows; q < C; q += 32 / kGemvTileRows)
+                cluster.map_shared_rank(raw, q)[idx] = v;
+        }
+        pdl_mark(1);
+        cluster.sync(); /* every block's raw q|k|v complete */
+        pdl_mark(2);
+        b.src_q = raw;
+        b.src_k = raw + G * a.s.head_dim;
+        b.src_v = raw + (G + 1) * a.s.head_dim;
+    }
     b.start(a);
-    pdl_mark(0);
+    if constexpr (!kQkv)
+        pdl_mark(0);
     int t0 = first;
     if (t0 < len) {
         b.tile(a, kA, vA, t0, len);
@@ -1875,7 +2011,8 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(
     /* The block's (max, sum, acc) per slot, sent to the slot's owner. */
     parts_sm.put(b);
     __syncthreads();
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); /* every block has started */
+    if constexpr (!kQkv) /* (kQkv: waited at the codes row) */
+        asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); /* every block has started */
     for (int o = threadIdx.x; o < nq; o += blockDim.x) {
         const int g = o / nc, ch = o % nc;
         float mx, total;
@@ -1887,9 +2024,11 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(
                 cluster.map_shared_rank(&in_l[0][0], q)[rank * G + g] = total;
             }
     }
-    pdl_mark(1);
+    if constexpr (!kQkv)
+        pdl_mark(1);
     cluster.sync(); /* release / acquire: every block's values are where they go */
-    pdl_mark(2);
+    if constexpr (!kQkv)
+        pdl_mark(2);
 
     const int s = threadIdx.x % C, j = threadIdx.x / C, o = j * C + rank;
     const bool mine = o < nq;
@@ -2339,6 +2478,7 @@ extern "C" size_t bn_cb_attn_decode_workspace_bytes(const bn_cb_attn_shape *s, i
 struct DecodeKernels {
     void (*ticket)(DecodeArgs);
     void (*cluster)(DecodeArgs);
+    void (*cluster_qkv)(DecodeArgs); /* with the q|k|v product inside */
     int g_ticket, g_cluster;
 
     int g(bool clustered) const { return clustered ? g_cluster : g_ticket; }
@@ -2352,13 +2492,19 @@ static DecodeKernels decode_kernels(const bn_cb_attn_shape *s)
     DecodeKernels k;
     k.g_cluster = gc;
     if (!wide) {
-        k.cluster = gc == 2 ? attn_decode_cluster_kernel<1, 2> : attn_decode_cluster_kernel<1, 1>;
+        k.cluster = gc == 2 ? attn_decode_cluster_kernel<1, 2, false>
+                            : attn_decode_cluster_kernel<1, 1, false>;
+        k.cluster_qkv = gc == 2 ? attn_decode_cluster_kernel<1, 2, true>
+                                : attn_decode_cluster_kernel<1, 1, true>;
         k.g_ticket = group % 4 == 0 ? 4 : gc;
         k.ticket = k.g_ticket == 4   ? attn_decode_kernel<1, 4>
                    : k.g_ticket == 2 ? attn_decode_kernel<1, 2>
                                      : attn_decode_kernel<1, 1>;
     } else {
-        k.cluster = gc == 2 ? attn_decode_cluster_kernel<2, 2> : attn_decode_cluster_kernel<2, 1>;
+        k.cluster = gc == 2 ? attn_decode_cluster_kernel<2, 2, false>
+                            : attn_decode_cluster_kernel<2, 1, false>;
+        k.cluster_qkv = gc == 2 ? attn_decode_cluster_kernel<2, 2, true>
+                                : attn_decode_cluster_kernel<2, 1, true>;
         k.g_ticket = gc;
         k.ticket = gc == 2 ? attn_decode_kernel<2, 2> : attn_decode_kernel<2, 1>;
     }
@@ -2409,11 +2555,73 @@ extern "C" int bn_cb_attn_decode_cluster(const bn_cb_attn_shape *s, int cap)
     return 0;
 }
 
+/* The kQkv kernel's share of a column's tiles per block and its shared
+ * memory, for cluster size C and rows of k weights; false where the shape
+ * does not allow the product inside (head_dim % 8, the dynamic shared
+ * memory). */
+static bool qkv_plan(const bn_cb_attn_shape *s, int g, int C, int64_t k, DecodeArgs *d)
+{
+    if (s->head_dim % kGemvTileRows != 0 || k <= 0 || C < 2)
+        return false;
+    d->groups = (int)((k + kGemvGroup - 1) / kGemvGroup);
+    d->q_tiles = s->n_heads * s->head_dim / kGemvTileRows;
+    d->kv_tiles = s->n_kv_heads * s->head_dim / kGemvTileRows;
+    d->col_tiles = (g + 2) * s->head_dim / kGemvTileRows;
+    d->block_tiles = (d->col_tiles + C - 1) / C;
+    return qkv_smem(*d) <= 160 * 1024;
+}
+
+extern "C" cudaError_t bn_cb_attn_decode_qkv_prepare(const bn_cb_attn_shape *s, int cluster,
+                                                     int64_t k)
+{
+    if (!attn_shape_ok(s) || !decode_cluster_size_ok(cluster))
+        return cudaErrorInvalidValue;
+    const DecodeKernels kd = decode_kernels(s);
+    DecodeArgs d;
+    memset(&d, 0, sizeof d);
+    d.s = *s;
+    if (!qkv_plan(s, kd.g_cluster, cluster, k, &d))
+        return cudaErrorNotSupported;
+    const size_t smem = qkv_smem(d);
+    cudaError_t rc = cudaFuncSetAttribute(kd.cluster_qkv,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (rc == cudaSuccess && cluster > 8)
+        rc = cudaFuncSetAttribute(kd.cluster_qkv,
+                                  cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        return rc;
+    }
+    /* Every column's cluster resident at once, as the kernel without. */
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = (unsigned)cluster;
+    attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(s->n_heads / kd.g_cluster), (unsigned)cluster);
+    cfg.blockDim = dim3(32 * kDecWarps);
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    rc = cudaOccupancyMaxActiveClusters(&n, kd.cluster_qkv, &cfg);
+    if (rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        return rc;
+    }
+    return n >= s->n_heads / kd.g_cluster ? cudaSuccess : cudaErrorNotSupported;
+}
+
 extern "C" cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s,
                                          const bn_cb_attn_decode_args *a, int pdl,
                                          cudaStream_t stream)
 {
-    if (!attn_shape_ok(s) || !a || !a->qkv || !a->pos || !a->k_cache || !a->v_cache ||
+    const bool inside = a && a->w_qkv;
+    if (inside && (a->cluster == 0 || !a->xq || !a->act_scale || !a->act_sum || a->w_k <= 0 ||
+                   ((uintptr_t)a->w_qkv & 15) != 0 || ((uintptr_t)a->xq & 15) != 0))
+        return cudaErrorInvalidValue;
+    if (!attn_shape_ok(s) || !a || (!inside && !a->qkv) || !a->pos || !a->k_cache || !a->v_cache ||
         !a->out || a->rope_dim < 0 || a->rope_dim % 2 != 0 || a->rope_dim > s->head_dim ||
         (a->rope_dim > 0 && !a->rope) || ((uintptr_t)a->qkv & 15) != 0 ||
         ((uintptr_t)a->k_cache & 15) != 0 || ((uintptr_t)a->v_cache & 15) != 0 ||
@@ -2424,8 +2632,9 @@ extern "C" cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s,
                             a->splits > kMaxSplits || ((uintptr_t)a->workspace & 15) != 0))
         return cudaErrorInvalidValue;
     DecodeArgs d;
+    memset(&d, 0, sizeof d);
     d.s = *s;
-    d.qkv = a->qkv;
+    d.qkv = inside ? nullptr : a->qkv;
     d.sq = a->scale_q;
     d.sk = a->scale_k;
     d.sv = a->scale_v;
@@ -2452,6 +2661,16 @@ extern "C" cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s,
     d.subgroups = s->n_heads / s->n_kv_heads / g;
     const dim3 grid((unsigned)(s->n_heads / g), (unsigned)d.splits);
     const dim3 block(32 * kDecWarps);
+    if (inside) {
+        if (!qkv_plan(s, g, a->cluster, a->w_k, &d))
+            return cudaErrorInvalidValue;
+        d.w_qkv = a->w_qkv;
+        d.xq = a->xq;
+        d.act_scale = a->act_scale;
+        d.act_sum = a->act_sum;
+        return pdl_launch_clustered(k.cluster_qkv, grid, block, qkv_smem(d),
+                                    dim3(1, (unsigned)a->cluster, 1), stream, pdl, d);
+    }
     if (a->cluster != 0)
         return pdl_launch_clustered(k.cluster, grid, block, 0, dim3(1, (unsigned)a->cluster, 1),
                                     stream, pdl, d);

@@ -207,6 +207,18 @@ typedef struct bn_cb_attn_decode_args {
     const float *next_k_cache, *next_v_cache; /* NULL, or the next layer's cache: its
                                 rows before p are prefetched into L2 (sm_90), so that
                                 the next layer's attention finds them there           */
+    /* Optional, clusters only (after bn_cb_attn_decode_qkv_prepare succeeded for
+     * this shape, cluster size and w_k): the q|k|v product inside the kernel.
+     * w_qkv: the q, k and v weights stacked in cuda_layout.h's tile layout
+     * (rows n_heads hd + 2 n_kv_heads hd, w_k columns); xq, act_scale, act_sum:
+     * the normed row's int8 codes (w_k padded to 256, zeros past w_k), scale and
+     * code sum. The raw values are what the W2A8 GEMV with weight scale 1
+     * writes, bit for bit; qkv is then unused. */
+    const uint8_t *w_qkv;
+    int64_t w_k;
+    const int8_t *xq;
+    const float *act_scale;
+    const int32_t *act_sum;
 } bn_cb_attn_decode_args;
 
 /* The token at position p (0 <= p < capacity; otherwise out is zeros and
@@ -238,6 +250,14 @@ cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s, const bn_cb_attn_decode
  * merge through distributed shared memory after a cluster barrier, in an
  * order fixed by C (no workspace, no counters, no last block). */
 int bn_cb_attn_decode_cluster(const bn_cb_attn_shape *s, int cap);
+
+/* Whether the cluster kernel can compute the q|k|v product itself for this
+ * shape, cluster size and w_k (head_dim % 8 == 0, its shared memory: the
+ * block's weight tiles, 40 KB for the 2B-4T shape in clusters of 8, and
+ * every column's cluster resident at once): cudaSuccess, else
+ * cudaErrorNotSupported (or the error of a query). Sets the kernel's
+ * shared-memory attribute: host only, outside graph capture. */
+cudaError_t bn_cb_attn_decode_qkv_prepare(const bn_cb_attn_shape *s, int cluster, int64_t w_k);
 
 /* n query rows (q rows ldq apart, row i at position pos[i], a device array)
  * against cache positions [0, pos[i]] (causal; the k and v of the rows

@@ -43,6 +43,25 @@ __device__ __forceinline__ int gemv_entry_dot(uint4 w, const int8_t *x, int acc)
     return acc;
 }
 
+/* gemv_entry_dot into four sums, one per 32-bit word of the entry (shared
+ * memory or final activations): four dp4a chains a quarter as long, for a
+ * warp that runs many entries back to back with little else in flight. The
+ * caller adds the four (integers: any order gives the same sum). */
+__device__ __forceinline__ void gemv_entry_dot4(uint4 w, const int8_t *x, int (&acc)[4])
+{
+    const int4 *xv = reinterpret_cast<const int4 *>(x);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int4 a = xv[i];
+        const uint32_t wd = words[i];
+        acc[i] = __dp4a((int)(wd & 0x03030303u), a.x, acc[i]);
+        acc[i] = __dp4a((int)((wd >> 2) & 0x03030303u), a.y, acc[i]);
+        acc[i] = __dp4a((int)((wd >> 4) & 0x03030303u), a.z, acc[i]);
+        acc[i] = __dp4a((int)((wd >> 6) & 0x03030303u), a.w, acc[i]);
+    }
+}
+
 /* Stages `words` 16-byte words of src (16-byte aligned) in shared memory at
  * dst: thread tid of nthreads copies words tid, tid + nthreads, ... with
  * cp.async, so all of a thread's copies are in flight at once (a load-store

@@ -257,6 +257,7 @@ static bn_status open_cuda(bn_engine *e, const bn_config *cfg, const bn_engine_o
     o.attn_cluster = opt->cuda_attn_cluster;
     o.gemv_cluster = opt->cuda_gemv_cluster;
     o.head_screen = opt->cuda_head_screen;
+    o.attn_qkv = opt->cuda_attn_qkv;
     o.threads = e->threads_req;
     bn_status st = bn_cuda_backend_create(e->model, &o, &e->cuda, err);
     if (st != BN_OK)
@@ -395,11 +396,12 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
         cluster_or(stage, sizeof stage, bn_cuda_backend_gemv_cluster(e->cuda), "block");
         snprintf(e->startup, sizeof e->startup,
                  "requested=%s detected=[%s] selected=%s (%s, %s, kv %s, fusion %s, "
-                 "attention merge %s, gemv stage %s, greedy head %s)",
+                 "attention merge %s%s, gemv stage %s, greedy head %s)",
                  e->requested, e->detected, e->selected, bn_cuda_backend_device_name(e->cuda),
                  bn_cuda_backend_graphs(e->cuda) ? "graphs" : "no graphs",
                  f16 ? "f16" : "f32",
-                 bn_cuda_fusion_name(bn_cuda_backend_fusion(e->cuda)), merge, stage,
+                 bn_cuda_fusion_name(bn_cuda_backend_fusion(e->cuda)), merge,
+                 bn_cuda_backend_attn_qkv(e->cuda) ? " with q|k|v" : "", stage,
                  bn_cuda_backend_head_screen(e->cuda) ? "screened" : "full");
         *out = e;
         return BN_OK;

@@ -86,6 +86,9 @@ typedef struct bn_engine_options {
     /* CUDA backend: greedy steps' LM head (bn_cuda_backend_options head_screen:
      * 0 the default, 1 always screened through an int8 copy, -1 never). */
     int cuda_head_screen;
+    /* CUDA backend: the decode q|k|v product (bn_cuda_backend_options attn_qkv:
+     * 0 the default, inside the attention where it fits; -1 a GEMV). */
+    int cuda_attn_qkv;
     /* Tests: the CUDA backend's forward call number N (1-based) fails, as a
      * failed kernel would; 0 = never. */
     int test_cuda_fail_call;

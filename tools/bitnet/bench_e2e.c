@@ -53,6 +53,9 @@ static void usage(FILE *out)
             "                    memory: auto (default: cluster8 where the GPU has\n"
             "                    clusters), block (every block from L2) or cluster2|4|8\n"
             "                    (once per cluster of that many blocks)\n"
+            "  --qkv Q           CUDA decode q|k|v product: auto (default: inside the\n"
+            "                    attention kernel where its clusters hold the weights) or\n"
+            "                    gemv (a GEMV before the attention); the same results\n"
             "  --head-screen H   CUDA greedy steps' LM head: auto (default: screened through\n"
             "                    an int8 copy when the head takes 64 MiB or more), on, or\n"
             "                    off (the whole head every step); the token is the same\n"
@@ -278,7 +281,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
 {
     const char *shape = "2b4t", *device = NULL;
     bool kv_f16 = false;
-    int fusion = 0, attn_cluster = 0, gemv_cluster = 0, head_screen = 0;
+    int fusion = 0, attn_cluster = 0, gemv_cluster = 0, head_screen = 0, attn_qkv = 0;
     long long n_prompt = 512, n_gen = 128, threads = 0;
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
@@ -324,6 +327,13 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
             if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 5)) < 0)
                 return BN_EXIT_USAGE;
             gemv_cluster = values[k];
+        } else if (strcmp(a, "--qkv") == 0) {
+            static const char *const names[] = {"auto", "gemv"};
+            static const int values[] = {0, -1};
+            int k = -1;
+            if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 2)) < 0)
+                return BN_EXIT_USAGE;
+            attn_qkv = values[k];
         } else if (strcmp(a, "--head-screen") == 0) {
             static const char *const names[] = {"auto", "on", "off"};
             static const int values[] = {0, 1, -1};
@@ -381,7 +391,8 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                             .cuda_fusion = fusion,
                             .cuda_attn_cluster = attn_cluster,
                             .cuda_gemv_cluster = gemv_cluster,
-                            .cuda_head_screen = head_screen};
+                            .cuda_head_screen = head_screen,
+                            .cuda_attn_qkv = attn_qkv};
     bn_engine *e = NULL;
     if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK)
         return cli_fail(&err);
