@@ -249,6 +249,71 @@ __device__ __forceinline__ void bulk_wait(unsigned long long *bar)
 #endif
 }
 
+/* ---- stores into another block of the cluster, counted on its barrier ----
+ *
+ * st_async_to(local, v, bar, rank): stores v at the shared-memory offset of
+ * `local` in block `rank` of the cluster, asynchronously, and counts its
+ * bytes (4 or 16) on the transaction barrier at the offset of `bar` in that
+ * block. The receiving block arms its barrier for every byte it will get
+ * (mbarrier.arrive.expect_tx, before any sender can start: e.g. before the
+ * cluster barrier every sender waits at) and waits on it (bulk_wait); no
+ * cluster-wide barrier is needed, and the sender never waits. The receiver
+ * must have started (a cluster barrier phase) before the first store. sm_90
+ * only. */
+__device__ __forceinline__ unsigned cluster_addr(const void *local, unsigned rank)
+{
+    unsigned r = 0;
+#if BN_HAS_CLUSTERS
+    asm("mapa.shared::cluster.u32 %0, %1, %2;"
+        : "=r"(r)
+        : "r"((unsigned)__cvta_generic_to_shared(local)), "r"(rank));
+#else
+    (void)local, (void)rank;
+#endif
+    return r;
+}
+
+__device__ __forceinline__ void st_async_to(const float *local, float v, unsigned long long *bar,
+                                            unsigned rank)
+{
+#if BN_HAS_CLUSTERS
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(
+                     cluster_addr(local, rank)),
+                 "r"(__float_as_uint(v)), "r"(cluster_addr(bar, rank))
+                 : "memory");
+#else
+    (void)local, (void)v, (void)bar, (void)rank;
+#endif
+}
+
+__device__ __forceinline__ void st_async_to(const float4 *local, float4 v,
+                                            unsigned long long *bar, unsigned rank)
+{
+#if BN_HAS_CLUSTERS
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, "
+                 "%4}, [%5];" ::"r"(cluster_addr(local, rank)),
+                 "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)),
+                 "r"(__float_as_uint(v.w)), "r"(cluster_addr(bar, rank))
+                 : "memory");
+#else
+    (void)local, (void)v, (void)bar, (void)rank;
+#endif
+}
+
+/* Arms the calling block's barrier for `bytes` more (one arrival: the
+ * barrier's count must be 1, as bulk_bar_init makes it). */
+__device__ __forceinline__ void bar_expect(unsigned long long *bar, unsigned bytes)
+{
+#if BN_HAS_CLUSTERS
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                     (unsigned)__cvta_generic_to_shared(bar)),
+                 "r"(bytes)
+                 : "memory");
+#else
+    (void)bar, (void)bytes;
+#endif
+}
+
 /* ---- one row staged into every block of a cluster ------------------------
  *
  * Many blocks of a decode kernel each copy the same short row (a GEMV's int8
