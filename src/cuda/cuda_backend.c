@@ -755,6 +755,15 @@ static bn_status fail_pass(bn_cuda_backend *b, int64_t pos, bn_status st)
     return st;
 }
 
+/* The last pass's logits into the pinned host buffer (and the stream
+ * drained). */
+static bn_status download_logits(bn_cuda_backend *b, bn_error *err)
+{
+    BN_CUDA_TRY(err, cudaMemcpyAsync(b->h_logits, b->logits, (size_t)b->hp.vocab * sizeof(float),
+                                     cudaMemcpyDeviceToHost, b->cs));
+    return BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
+}
+
 bn_status bn_cuda_backend_forward(bn_cuda_backend *b, const int32_t *tokens, int64_t n_tokens,
                                   int64_t pos, float *logits, bn_error *err)
 {
@@ -767,11 +776,7 @@ bn_status bn_cuda_backend_forward(bn_cuda_backend *b, const int32_t *tokens, int
         return st;
     st = queue_pass(b, tokens, n_tokens, pos, false, err);
     if (st == BN_OK)
-        st = BN_CUDA_STATUS(err, cudaMemcpyAsync(b->h_logits, b->logits,
-                                                 (size_t)b->hp.vocab * sizeof(float),
-                                                 cudaMemcpyDeviceToHost, b->cs));
-    if (st == BN_OK)
-        st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
+        st = download_logits(b, err);
     if (st != BN_OK)
         return fail_pass(b, pos, st);
     memcpy(logits, b->h_logits, (size_t)b->hp.vocab * sizeof(float));
@@ -1953,11 +1958,7 @@ bn_status bn_cuda_backend_head_kept(bn_cuda_backend *b, int64_t *kept, bn_error 
         return BN_OK;
     bn_status st = bn_cuda_context_use(b->ctx, err);
     if (st == BN_OK)
-        st = BN_CUDA_STATUS(err, cudaMemcpyAsync(b->h_logits, b->logits,
-                                                 (size_t)b->hp.vocab * sizeof(float),
-                                                 cudaMemcpyDeviceToHost, b->cs));
-    if (st == BN_OK)
-        st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
+        st = download_logits(b, err);
     if (st != BN_OK)
         return st;
     int64_t n = 0;

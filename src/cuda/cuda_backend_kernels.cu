@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "block_reduce.cuh"
 #include "cuda_backend_kernels.h"
 #include "head_row.cuh"
 #include "pdl.cuh"
@@ -53,7 +54,7 @@ __host__ __device__ __forceinline__ int row_threads(int64_t k)
     return (int)(((k + per - 1) / per + 31) / 32 * 32);
 }
 
-/* ---- block reductions (every thread gets the result) ------------------------- */
+/* ---- block reductions (every thread gets the result; block_reduce.cuh) -------- */
 
 struct SumD {
     __device__ double operator()(double a, double b) const { return __dadd_rn(a, b); }
@@ -67,28 +68,6 @@ struct SumI {
 struct SumF {
     __device__ float operator()(float a, float b) const { return a + b; }
 };
-
-template <typename T, typename Op> __device__ T warp_reduce(T v, Op op)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v = op(v, __shfl_xor_sync(kFull, v, o));
-    return v;
-}
-
-/* red: 32 shared slots. The trailing barrier lets the caller reuse them. */
-template <typename T, typename Op> __device__ T block_reduce(T v, Op op, T *red)
-{
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_reduce(v, op);
-    if (lane == 0)
-        red[warp] = v;
-    __syncthreads();
-    T r = red[0];
-    for (int i = 1; i < (int)(blockDim.x >> 5); i++)
-        r = op(r, red[i]);
-    __syncthreads();
-    return r;
-}
 
 /* The sum of ss and the maximum of umax over the block in one round (one
  * barrier pair instead of two: the norm kernels are latency-bound on a
@@ -2539,6 +2518,31 @@ static bool decode_cluster_size_ok(int c)
     return c == 2 || c == 4 || c == 8 || c == kMaxCluster;
 }
 
+/* Whether `cols` clusters of c blocks of the decode kernel (with smem bytes
+ * of dynamic shared memory) can be resident at once: cudaSuccess, else
+ * cudaErrorNotSupported or the query's error (cleared). */
+static cudaError_t clusters_resident(void (*kernel)(DecodeArgs), int cols, int c, size_t smem)
+{
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = (unsigned)c;
+    attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)cols, (unsigned)c);
+    cfg.blockDim = dim3(32 * kDecWarps);
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    const cudaError_t rc = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
+    if (rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        return rc;
+    }
+    return n >= cols ? cudaSuccess : cudaErrorNotSupported;
+}
+
 extern "C" int bn_cb_attn_decode_cluster(const bn_cb_attn_shape *s, int cap)
 {
     if (!attn_shape_ok(s))
@@ -2556,25 +2560,9 @@ extern "C" int bn_cb_attn_decode_cluster(const bn_cb_attn_shape *s, int cap)
     int largest = kMaxCluster;
     while (cap > 0 && largest > cap)
         largest /= 2;
-    for (int c = largest; c >= 2; c /= 2) {
-        cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = 1;
-        attr.val.clusterDim.y = (unsigned)c;
-        attr.val.clusterDim.z = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3((unsigned)cols, (unsigned)c);
-        cfg.blockDim = dim3(32 * kDecWarps);
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, k.cluster, &cfg) != cudaSuccess) {
-            (void)cudaGetLastError();
-            continue;
-        }
-        if (n >= cols)
+    for (int c = largest; c >= 2; c /= 2)
+        if (clusters_resident(k.cluster, cols, c, 0) == cudaSuccess)
             return c;
-    }
     return 0;
 }
 
@@ -2616,24 +2604,7 @@ extern "C" cudaError_t bn_cb_attn_decode_qkv_prepare(const bn_cb_attn_shape *s, 
         return rc;
     }
     /* Every column's cluster resident at once, as the kernel without. */
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = (unsigned)cluster;
-    attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(s->n_heads / kd.g_cluster), (unsigned)cluster);
-    cfg.blockDim = dim3(32 * kDecWarps);
-    cfg.dynamicSmemBytes = smem;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    int n = 0;
-    rc = cudaOccupancyMaxActiveClusters(&n, kd.cluster_qkv, &cfg);
-    if (rc != cudaSuccess) {
-        (void)cudaGetLastError();
-        return rc;
-    }
-    return n >= s->n_heads / kd.g_cluster ? cudaSuccess : cudaErrorNotSupported;
+    return clusters_resident(kd.cluster_qkv, s->n_heads / kd.g_cluster, cluster, smem);
 }
 
 extern "C" cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s,

@@ -41,6 +41,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "block_reduce.cuh"
 #include "cuda_backend_kernels.h"
 #include "head_row.cuh"
 
@@ -57,37 +58,18 @@ constexpr int kScreenUnroll = 5;
 /* Bounds at or above this are not trusted (the exact sum could overflow). */
 constexpr float kMaxBound = 0x1p92f;
 
-/* Upward-rounded sum over the block (every thread gets it). red: 32 slots. */
-__device__ float block_sum_up(float v, float *red)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v = __fadd_ru(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0)
-        red[warp] = v;
-    __syncthreads();
-    float r = red[0];
-    for (int i = 1; i < (int)(blockDim.x >> 5); i++)
-        r = __fadd_ru(r, red[i]);
-    __syncthreads();
-    return r;
-}
-
-/* Largest value over the block (every thread gets it; NaN never wins). */
-__device__ float block_max(float v, float *red)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0)
-        red[warp] = v;
-    __syncthreads();
-    float r = red[0];
-    for (int i = 1; i < (int)(blockDim.x >> 5); i++)
-        r = fmaxf(r, red[i]);
-    __syncthreads();
-    return r;
-}
+/* The reductions' operations (block_reduce.cuh): an upward-rounded sum
+ * (never below the exact sum of non-negative values) and a maximum (NaN
+ * never wins). */
+struct SumUp {
+    __device__ float operator()(float a, float b) const { return __fadd_ru(a, b); }
+};
+struct SumUpD {
+    __device__ double operator()(double a, double b) const { return __dadd_ru(a, b); }
+};
+struct Max {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
 
 /* One warp per row: the scale, the bound factor and the int8 codes. */
 template <int kType>
@@ -157,8 +139,8 @@ __device__ ScreenX screen_codes(const float *__restrict__ x, int64_t dim, int8_t
         mx = fmaxf(mx, fabsf(v));
     }
     ScreenX sx;
-    sx.L = block_sum_up(l1, red);
-    mx = block_max(mx, red);
+    sx.L = block_reduce(l1, SumUp(), red);
+    mx = block_reduce(mx, Max(), red);
     /* Tiny x (codes would underflow) is treated like a non-finite one:
      * every row recomputed. */
     if (mx > 0.0f && mx < 0x1p-100f)
@@ -180,19 +162,11 @@ __device__ ScreenX screen_codes(const float *__restrict__ x, int64_t dim, int8_t
         xl[i] = (int8_t)(int)l;
     }
     /* The double sum, rounded up, over the block (sums of non-negative
-     * values rounded up are at least the exact sum). */
-    for (int o = 16; o > 0; o >>= 1)
-        ex = __dadd_ru(ex, __shfl_xor_sync(0xffffffffu, ex, o));
+     * values rounded up are at least the exact sum); its barriers also
+     * publish xh, xl. */
     __shared__ double dred[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0)
-        dred[warp] = ex;
-    __syncthreads();
-    double tot = dred[0];
-    for (int i = 1; i < (int)(blockDim.x >> 5); i++)
-        tot = __dadd_ru(tot, dred[i]);
+    const double tot = block_reduce(ex, SumUpD(), dred);
     sx.e127 = __double2float_ru(__dmul_ru(127.0, tot));
-    __syncthreads(); /* also publishes xh, xl */
     return sx;
 }
 
@@ -296,7 +270,7 @@ __global__ void __launch_bounds__(kScreenThreads, kScreenBlocksPerSm)
                 best_lower = fmaxf(best_lower, lo);
         }
     }
-    best_lower = block_max(best_lower, red);
+    best_lower = block_reduce(best_lower, Max(), red);
     if (threadIdx.x == 0)
         partial[blockIdx.x] = best_lower;
 }
@@ -317,7 +291,7 @@ __global__ void __launch_bounds__(kScreenThreads)
     float t = -INFINITY;
     for (int i = threadIdx.x; i < n_partial; i += kScreenThreads)
         t = fmaxf(t, partial[i]);
-    const float T = block_max(t, red); /* its barriers also publish xs */
+    const float T = block_reduce(t, Max(), red); /* its barriers also publish xs */
     const int lane = threadIdx.x & 31;
     const int64_t row_bytes = dim * HeadElem<kType>::kBytes;
     const int64_t groups = (rows + 31) / 32;

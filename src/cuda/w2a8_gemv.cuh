@@ -23,11 +23,13 @@ __device__ __forceinline__ uint4 gemv_load_stream(const uint4 *p)
     return v;
 }
 
-/* dot of one 16-byte entry (64 codes) with 64 activations; kL2: the
- * activations read through L2 (__ldcg: written by a kernel that may have run
- * alongside this one), else plain loads (shared memory, or final data). */
-template <bool kL2 = false>
-__device__ __forceinline__ int gemv_entry_dot(uint4 w, const int8_t *x, int acc)
+/* dot of one 16-byte entry (64 codes) with 64 activations into N sums (word
+ * i of the entry into acc[i % N]); kL2: the activations read through L2
+ * (__ldcg: written by a kernel that may have run alongside this one), else
+ * plain loads (shared memory, or final data). The sums are integers: how
+ * they are split does not change their total. */
+template <bool kL2, int N>
+__device__ __forceinline__ void gemv_entry_dot_n(uint4 w, const int8_t *x, int (&acc)[N])
 {
     const int4 *xv = reinterpret_cast<const int4 *>(x);
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
@@ -35,31 +37,29 @@ __device__ __forceinline__ int gemv_entry_dot(uint4 w, const int8_t *x, int acc)
     for (int i = 0; i < 4; i++) {
         const int4 a = kL2 ? __ldcg(xv + i) : xv[i]; /* activations 16i .. 16i + 15 */
         const uint32_t wd = words[i];
-        acc = __dp4a((int)(wd & 0x03030303u), a.x, acc);
-        acc = __dp4a((int)((wd >> 2) & 0x03030303u), a.y, acc);
-        acc = __dp4a((int)((wd >> 4) & 0x03030303u), a.z, acc);
-        acc = __dp4a((int)((wd >> 6) & 0x03030303u), a.w, acc);
+        int &s = acc[i % N];
+        s = __dp4a((int)(wd & 0x03030303u), a.x, s);
+        s = __dp4a((int)((wd >> 2) & 0x03030303u), a.y, s);
+        s = __dp4a((int)((wd >> 4) & 0x03030303u), a.z, s);
+        s = __dp4a((int)((wd >> 6) & 0x03030303u), a.w, s);
     }
-    return acc;
 }
 
-/* gemv_entry_dot into four sums, one per 32-bit word of the entry (shared
- * memory or final activations): four dp4a chains a quarter as long, for a
- * warp that runs many entries back to back with little else in flight. The
- * caller adds the four (integers: any order gives the same sum). */
+/* One sum: the streaming GEMVs, whose loads in flight hide the chain. */
+template <bool kL2 = false>
+__device__ __forceinline__ int gemv_entry_dot(uint4 w, const int8_t *x, int acc)
+{
+    int s[1] = {acc};
+    gemv_entry_dot_n<kL2, 1>(w, x, s);
+    return s[0];
+}
+
+/* Four sums, chains a quarter as long: a warp running many entries from
+ * shared memory back to back with little else in flight (the attention's
+ * q|k|v product). The caller adds the four. */
 __device__ __forceinline__ void gemv_entry_dot4(uint4 w, const int8_t *x, int (&acc)[4])
 {
-    const int4 *xv = reinterpret_cast<const int4 *>(x);
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int4 a = xv[i];
-        const uint32_t wd = words[i];
-        acc[i] = __dp4a((int)(wd & 0x03030303u), a.x, acc[i]);
-        acc[i] = __dp4a((int)((wd >> 2) & 0x03030303u), a.y, acc[i]);
-        acc[i] = __dp4a((int)((wd >> 4) & 0x03030303u), a.z, acc[i]);
-        acc[i] = __dp4a((int)((wd >> 6) & 0x03030303u), a.w, acc[i]);
-    }
+    gemv_entry_dot_n<false, 4>(w, x, acc);
 }
 
 /* Stages `words` 16-byte words of src (16-byte aligned) in shared memory at
