@@ -443,7 +443,8 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
     const size_t layer_kv_bytes = (size_t)b->kv_len * (size_t)b->kv_dim * b->kv_elem;
     const float *rope = hp->rope_dim > 0 ? b->rope : NULL;
     /* Decode runs 9 kernels per layer (fp32 cache) with separate norm
-     * kernels (the default); with b->fusion NORMS each norm + int8 runs
+     * kernels (the default), 8 when the attention computes q|k|v itself
+     * (b->attn_qkv); with b->fusion NORMS each norm + int8 runs
      * inside the GEMV that consumes it and the residual adds inside the Wo
      * and down GEMVs (6 kernels), with ALL relu^2 * up + ffn_sub_norm runs
      * inside the down GEMV too (5). docs/CUDA.md. */

@@ -29,7 +29,8 @@
  * create() and replayed every step: the token, its position and the
  * attention length live in device memory, uploaded (12 bytes) before each
  * replay. With the fp32 cache the decode step's scale + RoPE + KV store
- * runs inside its attention kernel (9 kernels per layer), and on compute
+ * runs inside its attention kernel (9 kernels per layer; 8 where its
+ * thread-block clusters compute the q|k|v product too), and on compute
  * capability 9.0+ its kernels use programmatic dependent launch: each one
  * starts loading what does not depend on its predecessor (weights, norm
  * vectors, old KV rows) while the predecessor still runs.
