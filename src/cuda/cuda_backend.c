@@ -220,6 +220,12 @@ static const float *norm_ptr(const bn_cuda_backend *b, int layer, bn_norm which)
 
 static size_t head_elem_bytes(int type) { return type == BN_CB_HEAD_F32 ? 4 : 2; }
 
+/* The LM head's rows on the device (also when they are the embedding's). */
+static uint64_t head_table_bytes(const bn_cuda_backend *b)
+{
+    return (uint64_t)b->hp.vocab * (uint64_t)b->hp.dim * head_elem_bytes(b->head_type);
+}
+
 static const char *head_type_name(int type)
 {
     return type == BN_CB_HEAD_F32 ? "f32" : type == BN_CB_HEAD_F16 ? "f16" : "bf16";
@@ -932,7 +938,7 @@ static bn_status plan_tables(bn_cuda_backend *b, bn_error *err)
                            ? BN_CB_HEAD_F32
                            : BN_CB_HEAD_F16;
     }
-    b->head_bytes = (uint64_t)hp->vocab * (uint64_t)hp->dim * head_elem_bytes(b->head_type);
+    b->head_bytes = head_table_bytes(b);
     return BN_OK;
 }
 
@@ -1004,6 +1010,20 @@ static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
     ADD(&b->d_dec, 4 * sizeof(int32_t));
 #undef ADD
     return n;
+}
+
+/* The screened head's buffers: the int8 copy [vocab][dim], (scale, bound
+ * factor) per row, the rows' upper ends and the screen blocks' largest
+ * lower ends. Sets b->head_parts. */
+enum { HEAD_SCREEN_BUFFERS = 4 };
+static void head_screen_list(bn_cuda_backend *b, scratch_spec *list)
+{
+    const size_t rows = (size_t)b->hp.vocab;
+    b->head_parts = bn_cb_head_screen_blocks(b->hp.vocab, b->sm);
+    list[0] = (scratch_spec){(void **)&b->d_head_q, rows * (size_t)b->hp.dim};
+    list[1] = (scratch_spec){(void **)&b->d_head_se, rows * 2 * sizeof(float)};
+    list[2] = (scratch_spec){(void **)&b->head_upper, rows * sizeof(float)};
+    list[3] = (scratch_spec){(void **)&b->head_part, (size_t)b->head_parts * sizeof(float)};
 }
 
 static uint64_t round_alloc(size_t bytes)
@@ -1568,16 +1588,14 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         return st;
     }
     /* The screened head of greedy steps: its int8 copy and per-row data. */
-    const uint64_t head_full = (uint64_t)hp->vocab * (uint64_t)hp->dim *
-                               head_elem_bytes(b->head_type);
     const bool screen_auto = opt.head_screen == 0;
-    b->head_screen = opt.head_screen > 0 || (screen_auto && head_full >= HEAD_SCREEN_MIN);
-    b->head_parts = bn_cb_head_screen_blocks(hp->vocab, b->sm);
-    const uint64_t screen_bytes =
-        round_alloc((size_t)hp->vocab * (size_t)hp->dim) +
-        round_alloc((size_t)hp->vocab * 2 * sizeof(float)) +
-        round_alloc((size_t)hp->vocab * sizeof(float)) +
-        round_alloc((size_t)b->head_parts * sizeof(float));
+    b->head_screen =
+        opt.head_screen > 0 || (screen_auto && head_table_bytes(b) >= HEAD_SCREEN_MIN);
+    scratch_spec screen[HEAD_SCREEN_BUFFERS];
+    head_screen_list(b, screen);
+    uint64_t screen_bytes = 0;
+    for (int i = 0; i < HEAD_SCREEN_BUFFERS; i++)
+        screen_bytes += round_alloc(screen[i].bytes);
     scratch_spec scratch[32];
     const int n_scratch = scratch_list(b, scratch);
     /* scratch_bytes is what is allocated (dalloc's 256-byte minimum); the
@@ -1630,15 +1648,8 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         else
             st = dalloc(b, b->head_bytes, &b->d_head, err);
     }
-    if (st == BN_OK && b->head_screen) {
-        st = dalloc(b, (size_t)hp->vocab * (size_t)hp->dim, (void **)&b->d_head_q, err);
-        if (st == BN_OK)
-            st = dalloc(b, (size_t)hp->vocab * 2 * sizeof(float), (void **)&b->d_head_se, err);
-        if (st == BN_OK)
-            st = dalloc(b, (size_t)hp->vocab * sizeof(float), (void **)&b->head_upper, err);
-        if (st == BN_OK)
-            st = dalloc(b, (size_t)b->head_parts * sizeof(float), (void **)&b->head_part, err);
-    }
+    for (int i = 0; i < HEAD_SCREEN_BUFFERS && st == BN_OK && b->head_screen; i++)
+        st = dalloc(b, screen[i].bytes, screen[i].ptr, err);
     if (st == BN_OK)
         st = dalloc(b, b->norms_bytes, (void **)&b->d_norms, err);
     if (st == BN_OK)
@@ -1765,8 +1776,7 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
            "(%lld-token prefill), decode graph %s, programmatic dependent launch %s, fusion %s",
            b->device, b->name, b->sm, (double)b->w_bytes / MIB, t1 - t0,
            (double)b->embed_bytes / MIB, head_type_name(b->head_type),
-           (double)(b->head_shared ? (uint64_t)hp->vocab * hp->dim * head_elem_bytes(b->head_type)
-                                   : b->head_bytes) / MIB,
+           (double)head_table_bytes(b) / MIB,
            b->head_shared ? " (the embedding)" : "",
            b->head_screen ? " + its int8 copy (greedy steps screen the head)" : "",
            b->kv_f16 ? "f16" : "f32",
@@ -2213,8 +2223,7 @@ uint64_t bn_cuda_backend_bytes_per_token(const bn_cuda_backend *b, int64_t posit
     const uint64_t head = b->head_screen
                               ? (uint64_t)hp->vocab * ((uint64_t)hp->dim + 2 * sizeof(float) +
                                                        2 * sizeof(float))
-                              : (uint64_t)hp->vocab * (uint64_t)hp->dim *
-                                    head_elem_bytes(b->head_type);
+                              : head_table_bytes(b);
     const uint64_t kv = 2 * (uint64_t)hp->n_layer * (uint64_t)positions * (uint64_t)b->kv_dim *
                         b->kv_elem;
     return b->w_bytes + head + b->embed_row_bytes + b->norms_bytes + kv;

@@ -1080,15 +1080,6 @@ __global__ void __launch_bounds__(256)
         table[i] = rope_cos_sin((int)(i / half), freqs.inv_freq[(int)(i % half)]);
 }
 
-/* Value d of one head after its scale and rotate-half RoPE, from the head's
- * raw values: the CPU's fp32 operations (rope_heads in cpu_backend.c):
- *
- *   d < half:          x0 c - x1 s   with x0 = raw[d] sc,        x1 = raw[d + half] sc
- *   half <= d < 2 half: x1 c + x0 s   with x0 = raw[d - half] sc, x1 = raw[d] sc
- *   beyond:            raw[d] sc
- *
- * cs is the (cos, sin) of pair d mod half (ignored beyond 2 half). The raw
- * values come from the previous kernel: read through L2 (see source_value). */
 /* A raw q|k|v value: through L2 from global memory (written by the kernel
  * before), or, kSm, from shared memory (the attention's own product). */
 template <bool kSm, typename T> __device__ __forceinline__ T raw_ld(const T *p)
@@ -1099,6 +1090,16 @@ template <bool kSm, typename T> __device__ __forceinline__ T raw_ld(const T *p)
         return __ldcg(p);
 }
 
+/* Value d of one head after its scale and rotate-half RoPE, from the head's
+ * raw values: the CPU's fp32 operations (rope_heads in cpu_backend.c):
+ *
+ *   d < half:          x0 c - x1 s   with x0 = raw[d] sc,        x1 = raw[d + half] sc
+ *   half <= d < 2 half: x1 c + x0 s   with x0 = raw[d - half] sc, x1 = raw[d] sc
+ *   beyond:            raw[d] sc
+ *
+ * cs is the (cos, sin) of pair d mod half (ignored beyond 2 half). The raw
+ * values come from the previous kernel, read through L2 (see source_value),
+ * or (kSm) from shared memory (raw_ld). */
 template <bool kSm = false>
 __device__ __forceinline__ float rope_value(const float *head, int d, float sc, int half,
                                             float2 cs)
@@ -1871,10 +1872,10 @@ __device__ __forceinline__ int64_t qkv_tile(const DecodeArgs &a, int h0, int kvh
  * store (st.async) that counts its bytes on that block's transaction
  * barrier, armed at the start for the whole column: a block goes on once
  * all of its column's values have landed, with no cluster-wide barrier
- * (one measured ~0.8 us here). The blocks of such a kernel start right after the one-block norm
- * kernel (the GPU is free), so the copies and the cache rows are in flight
- * early, where a cluster after the q|k|v GEMV's grid starts only as it
- * drains. */
+ * (one measured ~0.8 us here). The blocks of such a kernel start right
+ * after the one-block norm kernel (the GPU is free), so the copies and the
+ * cache rows are in flight early, where a cluster after the q|k|v GEMV's
+ * grid starts only as it drains. */
 template <int KC, int G, bool kQkv>
 __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(DecodeArgs a)
 {
@@ -1896,10 +1897,11 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(
     __shared__ unsigned long long qkv_bars[3];
     int8_t *xs = reinterpret_cast<int8_t *>(qkv_sm);
     float *raw = reinterpret_cast<float *>(qkv_sm + qkv_raw_offset(a));
-    const unsigned char *wsm = qkv_sm + qkv_tiles_offset(a);
+    unsigned char *wsm = qkv_sm + qkv_tiles_offset(a);
     const int j0 = rank * a.block_tiles;
     const int nt = kQkv ? min(a.block_tiles, a.col_tiles - j0) : 0;
     const unsigned tile_bytes = (unsigned)a.groups * kGemvBlockBytes;
+    const unsigned row_bytes = (unsigned)qkv_raw_offset(a); /* the codes row */
     /* The blocks' partial results reach their owners by asynchronous remote
      * stores counted on this barrier, armed here for what this block will
      * receive: from each block its slots o = rank, rank + C, ... of the nq
@@ -1925,19 +1927,14 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(
             bar_expect(&qkv_bars[2], (unsigned)(a.col_tiles * kGemvTileRows * sizeof(float)));
             bulk_bar_init(&qkv_bars[1]);
             if (nt > 0) {
-                const unsigned bar = (unsigned)__cvta_generic_to_shared(&qkv_bars[1]);
                 bar_expect(&qkv_bars[1], (unsigned)nt * tile_bytes);
-                for (int j = 0; j < nt; j++) {
-                    const int64_t t = qkv_tile(a, b.h0, b.kvh, G, j0 + j);
-                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                                 " [%0], [%1], %2, [%3];" ::"r"((unsigned)__cvta_generic_to_shared(
-                                     wsm + (size_t)j * tile_bytes)),
-                                 "l"(a.w_qkv + t * tile_bytes), "r"(tile_bytes), "r"(bar)
-                                 : "memory");
-                }
+                for (int j = 0; j < nt; j++)
+                    bulk_issue(wsm + (size_t)j * tile_bytes,
+                               a.w_qkv + qkv_tile(a, b.h0, b.kvh, G, j0 + j) * tile_bytes,
+                               tile_bytes, &qkv_bars[1]);
             }
         }
-        row_multicast_arm(&qkv_bars[0], (unsigned)(a.groups * kGemvGroup));
+        row_multicast_arm(&qkv_bars[0], row_bytes);
     } else {
         asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
     }
@@ -1962,7 +1959,7 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(
         /* The scale and sum first: their L2 round trip overlaps the row's. */
         const float x_scale = __ldcg(a.act_scale);
         const int32_t x_sum = __ldcg(a.act_sum);
-        row_multicast(xs, a.xq, (unsigned)(a.groups * kGemvGroup), &qkv_bars[0], C);
+        row_multicast(xs, a.xq, row_bytes, &qkv_bars[0], C);
         pdl_mark(0); /* (kQkv's marks: the codes row, the product, raw published, stored) */
         if (nt > 0)
             bulk_wait(&qkv_bars[1]);
@@ -2227,7 +2224,7 @@ __global__ void __launch_bounds__(kHeadThreads)
     }
 }
 
-template <int kType, bool kVec>
+template <int kType>
 cudaError_t launch_head(const void *w, int64_t rows, int64_t dim, const float *x, float *logits,
                         int sm_count, cudaStream_t stream)
 {
@@ -2235,8 +2232,10 @@ cudaError_t launch_head(const void *w, int64_t rows, int64_t dim, const float *x
     int64_t blocks = (rows + per_block - 1) / per_block;
     const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 132) * 8;
     blocks = blocks < cap ? blocks : cap;
-    head_kernel<kType, kVec><<<(unsigned)blocks, kHeadThreads, sizeof(float) * (size_t)dim,
-                               stream>>>(static_cast<const uint8_t *>(w), rows, dim, x, logits);
+    const auto kernel = head_row_vec<kType>(dim) ? head_kernel<kType, true>
+                                                 : head_kernel<kType, false>;
+    kernel<<<(unsigned)blocks, kHeadThreads, sizeof(float) * (size_t)dim, stream>>>(
+        static_cast<const uint8_t *>(w), rows, dim, x, logits);
     return cudaGetLastError();
 }
 
@@ -2718,20 +2717,12 @@ extern "C" cudaError_t bn_cb_head_gemv(const void *w, int type, int64_t rows, in
 {
     if (!w || !x || !logits || rows <= 0 || dim <= 0 || dim > BN_CB_HEAD_MAX_DIM)
         return cudaErrorInvalidValue;
-    /* 16-byte loads need rows of a whole number of 16-byte chunks. */
     const int s = sm_count;
     switch (type) {
-    case BN_CB_HEAD_F32:
-        return dim % 4 == 0 ? launch_head<BN_CB_HEAD_F32, true>(w, rows, dim, x, logits, s, stream)
-                            : launch_head<BN_CB_HEAD_F32, false>(w, rows, dim, x, logits, s, stream);
-    case BN_CB_HEAD_F16:
-        return dim % 8 == 0 ? launch_head<BN_CB_HEAD_F16, true>(w, rows, dim, x, logits, s, stream)
-                            : launch_head<BN_CB_HEAD_F16, false>(w, rows, dim, x, logits, s, stream);
-    case BN_CB_HEAD_BF16:
-        return dim % 8 == 0 ? launch_head<BN_CB_HEAD_BF16, true>(w, rows, dim, x, logits, s, stream)
-                            : launch_head<BN_CB_HEAD_BF16, false>(w, rows, dim, x, logits, s, stream);
-    default:
-        return cudaErrorInvalidValue;
+    case BN_CB_HEAD_F32: return launch_head<BN_CB_HEAD_F32>(w, rows, dim, x, logits, s, stream);
+    case BN_CB_HEAD_F16: return launch_head<BN_CB_HEAD_F16>(w, rows, dim, x, logits, s, stream);
+    case BN_CB_HEAD_BF16: return launch_head<BN_CB_HEAD_BF16>(w, rows, dim, x, logits, s, stream);
+    default: return cudaErrorInvalidValue;
     }
 }
 

@@ -76,6 +76,14 @@ template <> struct HeadElem<BN_CB_HEAD_BF16> {
     }
 };
 
+/* Whether head_row_dot's vector path takes rows of dim elements (a whole
+ * number of 16-byte chunks). Every caller decides by this, so the head
+ * kernel and the screened head's exact pass compute a row alike. */
+template <int kType> __host__ __device__ constexpr bool head_row_vec(int64_t dim)
+{
+    return dim % HeadElem<kType>::kPer16 == 0;
+}
+
 /* sum_i row[i] xs[i], returned to every lane of the calling warp (all 32
  * lanes must call it). kVec: 16 bytes per lane, kHeadUnroll loads in flight,
  * with the streaming cache hint (every row is read once per token); it

@@ -315,22 +315,31 @@ __global__ void __launch_bounds__(kScreenThreads)
     }
 }
 
-template <int kType> cudaError_t prepare_exact(size_t smem)
+/* Lets `kernel` take `bytes` of dynamic shared memory (the attribute is
+ * needed above the default 48 KiB only). */
+template <typename... Args> cudaError_t allow_smem(void (*kernel)(Args...), size_t bytes)
 {
-    cudaError_t rc = cudaFuncSetAttribute(exact_kernel<kType, true>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (rc == cudaSuccess)
-        rc = cudaFuncSetAttribute(exact_kernel<kType, false>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    return rc;
+    if (bytes <= 48 * 1024)
+        return cudaSuccess;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
-template <int kType, bool kVec>
+template <int kType> cudaError_t allow_exact_smem(size_t bytes)
+{
+    const cudaError_t rc = allow_smem(exact_kernel<kType, true>, bytes);
+    return rc == cudaSuccess ? allow_smem(exact_kernel<kType, false>, bytes) : rc;
+}
+
+/* The vector path by the head kernel's rule (head_row_vec), so a kept
+ * row's value is the one bn_cb_head_gemv computes. */
+template <int kType>
 cudaError_t launch_exact(const void *w, int64_t rows, int64_t dim, const float *x,
                          const float *upper, const float *partial, int n_partial, float *logits,
                          unsigned blocks, cudaStream_t stream)
 {
-    exact_kernel<kType, kVec><<<blocks, kScreenThreads, sizeof(float) * (size_t)dim, stream>>>(
+    const auto kernel = head_row_vec<kType>(dim) ? exact_kernel<kType, true>
+                                                 : exact_kernel<kType, false>;
+    kernel<<<blocks, kScreenThreads, sizeof(float) * (size_t)dim, stream>>>(
         static_cast<const uint8_t *>(w), rows, dim, x, upper, partial, n_partial, logits);
     return cudaGetLastError();
 }
@@ -357,19 +366,15 @@ extern "C" cudaError_t bn_cb_head_screen_prepare(int type, int64_t dim)
 {
     if (!head_args_ok(type, 1, dim))
         return cudaErrorInvalidValue;
-    const size_t smem = sizeof(float) * (size_t)dim;
-    if (smem <= 48 * 1024)
-        return cudaSuccess;
-    cudaError_t rc = cudaFuncSetAttribute(screen_kernel<true>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    /* The screen keeps x's two int8 codes (2 dim bytes), the exact pass x
+     * itself (4 dim): only above 48 KiB does a kernel need the attribute. */
+    cudaError_t rc = allow_smem(screen_kernel<true>, 2 * (size_t)dim);
     if (rc == cudaSuccess)
-        rc = cudaFuncSetAttribute(screen_kernel<false>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (rc == cudaSuccess)
-        rc = type == BN_CB_HEAD_F32   ? prepare_exact<BN_CB_HEAD_F32>(smem)
-             : type == BN_CB_HEAD_F16 ? prepare_exact<BN_CB_HEAD_F16>(smem)
-                                      : prepare_exact<BN_CB_HEAD_BF16>(smem);
-    return rc;
+        rc = allow_smem(screen_kernel<false>, 2 * (size_t)dim);
+    const auto allow = type == BN_CB_HEAD_F32   ? allow_exact_smem<BN_CB_HEAD_F32>
+                       : type == BN_CB_HEAD_F16 ? allow_exact_smem<BN_CB_HEAD_F16>
+                                                : allow_exact_smem<BN_CB_HEAD_BF16>;
+    return rc == cudaSuccess ? allow(sizeof(float) * (size_t)dim) : rc;
 }
 
 extern "C" cudaError_t bn_cb_head_quantize(const void *w, int type, int64_t rows, int64_t dim,
@@ -423,26 +428,8 @@ extern "C" cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, i
     int64_t blocks = (groups + per_block - 1) / per_block;
     const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 132) * 4;
     const unsigned n = (unsigned)(blocks < cap ? blocks : cap);
-    /* The vector path's condition is the head kernel's (bn_cb_head_gemv),
-     * so a kept row's value is the one that kernel computes. */
-    switch (type) {
-    case BN_CB_HEAD_F32:
-        return dim % 4 == 0
-                   ? launch_exact<BN_CB_HEAD_F32, true>(w, rows, dim, x, upper, partial,
-                                                        n_partial, logits, n, stream)
-                   : launch_exact<BN_CB_HEAD_F32, false>(w, rows, dim, x, upper, partial,
-                                                         n_partial, logits, n, stream);
-    case BN_CB_HEAD_F16:
-        return dim % 8 == 0
-                   ? launch_exact<BN_CB_HEAD_F16, true>(w, rows, dim, x, upper, partial,
-                                                        n_partial, logits, n, stream)
-                   : launch_exact<BN_CB_HEAD_F16, false>(w, rows, dim, x, upper, partial,
-                                                         n_partial, logits, n, stream);
-    default:
-        return dim % 8 == 0
-                   ? launch_exact<BN_CB_HEAD_BF16, true>(w, rows, dim, x, upper, partial,
-                                                         n_partial, logits, n, stream)
-                   : launch_exact<BN_CB_HEAD_BF16, false>(w, rows, dim, x, upper, partial,
-                                                          n_partial, logits, n, stream);
-    }
+    const auto launch = type == BN_CB_HEAD_F32   ? launch_exact<BN_CB_HEAD_F32>
+                        : type == BN_CB_HEAD_F16 ? launch_exact<BN_CB_HEAD_F16>
+                                                 : launch_exact<BN_CB_HEAD_BF16>;
+    return launch(w, rows, dim, x, upper, partial, n_partial, logits, n, stream);
 }

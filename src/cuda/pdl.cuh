@@ -215,20 +215,40 @@ __device__ __forceinline__ void bulk_bar_init(unsigned long long *bar)
 #endif
 }
 
-__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes,
-                                          unsigned long long *bar)
+/* The copy alone, its bytes counted on bar: for several copies on one
+ * barrier phase, armed once for all of them (bar_expect, below). */
+__device__ __forceinline__ void bulk_issue(void *dst, const void *src, unsigned bytes,
+                                           unsigned long long *bar)
 {
 #if BN_HAS_CLUSTERS
-    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes)
-                 : "memory");
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
                  " [%0], [%1], %2, [%3];" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-                 "l"(src), "r"(bytes), "r"(b)
+                 "l"(src), "r"(bytes), "r"((unsigned)__cvta_generic_to_shared(bar))
                  : "memory");
 #else
     (void)dst, (void)src, (void)bytes, (void)bar;
 #endif
+}
+
+/* Arms the calling block's barrier for `bytes` more (one arrival: the
+ * barrier's count must be 1, as bulk_bar_init makes it). */
+__device__ __forceinline__ void bar_expect(unsigned long long *bar, unsigned bytes)
+{
+#if BN_HAS_CLUSTERS
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                     (unsigned)__cvta_generic_to_shared(bar)),
+                 "r"(bytes)
+                 : "memory");
+#else
+    (void)bar, (void)bytes;
+#endif
+}
+
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes,
+                                          unsigned long long *bar)
+{
+    bar_expect(bar, bytes);
+    bulk_issue(dst, src, bytes, bar);
 }
 
 __device__ __forceinline__ void bulk_wait(unsigned long long *bar)
@@ -257,7 +277,8 @@ __device__ __forceinline__ void bulk_wait(unsigned long long *bar)
  * block. The receiving block arms its barrier for every byte it will get
  * (mbarrier.arrive.expect_tx, before any sender can start: e.g. before the
  * cluster barrier every sender waits at) and waits on it (bulk_wait); no
- * cluster-wide barrier is needed, and the sender never waits. The receiver
+ * cluster-wide barrier is needed, and the sender never waits (bar_expect
+ * is above). The receiver
  * must have started (a cluster barrier phase) before the first store. sm_90
  * only. */
 __device__ __forceinline__ unsigned cluster_addr(const void *local, unsigned rank)
@@ -297,20 +318,6 @@ __device__ __forceinline__ void st_async_to(const float4 *local, float4 v,
                  : "memory");
 #else
     (void)local, (void)v, (void)bar, (void)rank;
-#endif
-}
-
-/* Arms the calling block's barrier for `bytes` more (one arrival: the
- * barrier's count must be 1, as bulk_bar_init makes it). */
-__device__ __forceinline__ void bar_expect(unsigned long long *bar, unsigned bytes)
-{
-#if BN_HAS_CLUSTERS
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                     (unsigned)__cvta_generic_to_shared(bar)),
-                 "r"(bytes)
-                 : "memory");
-#else
-    (void)bar, (void)bytes;
 #endif
 }
 
