@@ -342,6 +342,11 @@ static void check_fixture(const char *name)
     char kernels[512];
     bn_cuda_backend_kernels(b, kernels, sizeof kernels);
     const bool default_qkv_inside = bn_cuda_backend_attn_qkv(b);
+    /* Every fixture's ffn is whole tiles: the default runs gate|up in pairs. */
+    const bool default_pair = bn_cuda_backend_gate_up_pair(b);
+    CHECK_MSG(default_pair == has_kernel(kernels, "w2a8_gemv_gate_up_relu2") && default_pair,
+              "%s: gate_up_pair says %d, the kernels that ran: %s", name, (int)default_pair,
+              kernels);
     CHECK_MSG(default_qkv_inside == has_kernel(kernels, "attention_decode_f32_cluster_qkv"),
               "%s: attn_qkv says %d, the kernels that ran: %s", name, (int)default_qkv_inside,
               kernels);
@@ -464,6 +469,39 @@ static void check_fixture(const char *name)
             printf("%-11s q|k|v GEMV     : %d steps of logits %s the default's (q|k|v %s)\n",
                    name, n_steps, same ? "bit for bit as" : "NOT as",
                    default_qkv_inside ? "inside the attention" : "a GEMV there too");
+            free(alt);
+            bn_cuda_backend_free(u);
+        }
+    }
+
+    /* The gate|up GEMV writing relu(gate)^2 * up (the default where the
+     * shapes allow) against the raw gate and up values with the squared
+     * ReLU in the norm kernel: the same fp32 operations on the same
+     * values, so the logits bit for bit. */
+    {
+        bn_cuda_backend_options o;
+        bn_cuda_backend_options_default(&o);
+        o.no_graphs = true;
+        o.gate_up_pair = -1;
+        bn_cuda_backend *u = NULL;
+        CHECK_MSG(bn_cuda_backend_create(m, &o, &u, &err) == BN_OK,
+                  "%s: cuda create (gate_up_pair -1): %s", name, err.message);
+        if (u) {
+            CHECK_MSG(!bn_cuda_backend_gate_up_pair(u), "%s: gate_up_pair -1 still in pairs",
+                      name);
+            float *alt = malloc(N_STEPS * row);
+            const bool ok = alt && teacher_forced(u, ref_tok, V, alt, &err);
+            CHECK_MSG(ok, "%s: gpu forward (gate_up_pair -1): %s", name, err.message);
+            const bool same = ok && memcmp(alt, eager, (size_t)n_steps * row) == 0;
+            CHECK_MSG(same, "%s: logits with the raw gate|up values differ from the default's",
+                      name);
+            char ks[512];
+            bn_cuda_backend_kernels(u, ks, sizeof ks);
+            CHECK_MSG(!has_kernel(ks, "w2a8_gemv_gate_up_relu2"), "%s: gate_up_pair -1 ran %s",
+                      name, ks);
+            printf("%-11s gate|up raw    : %d steps of logits %s the default's (gate|up %s)\n",
+                   name, n_steps, same ? "bit for bit as" : "NOT as",
+                   default_pair ? "in pairs" : "raw there too");
             free(alt);
             bn_cuda_backend_free(u);
         }

@@ -44,6 +44,61 @@ static int64_t count_diff(const float *d_y, const float *ref, int64_t m, int64_t
     return diff;
 }
 
+/* The decode step's gate|up GEMV in pairs (relu2_pair): a's n x k matrix
+ * (codes) taken as [gate; up] of f = n / 2 rows each. Every split, with the
+ * activations staged by every block and once per cluster of 2 and 8, must
+ * give the CPU's products with weight scale 1 turned into relu(g sg)^2
+ * (u su) bit for bit, and write nothing past y[f - 1] (poison kept). */
+static void check_gate_up_pair(const bn_w2a8_cuda_args *base, const int8_t *codes,
+                               const bn_q8_rows *xq, float *y)
+{
+    const int64_t n = base->n, f = n / 2, k = (int64_t)xq->k;
+    bn_w2a8_weights w1;
+    CHECK(bn_w2a8_pack(&bn_provider_scalar, codes, n, k, 1.0f, &w1, NULL) == BN_OK);
+    float *raw = malloc(sizeof(float) * (size_t)n), *ref = malloc(sizeof(float) * (size_t)n);
+    CHECK(bn_w2a8_matmul(&w1, xq, raw, n, NULL, NULL) == BN_OK);
+    const float sg = test_rand_float(0.01f, 2.0f), su = test_rand_float(0.01f, 2.0f);
+    uint32_t poison = 0xffffffffu;
+    for (int64_t i = 0; i < n; i++) {
+        if (i < f) {
+            const float gate = raw[i] * sg, up = raw[f + i] * su;
+            const float rg = gate > 0.0f ? gate : 0.0f;
+            ref[i] = (rg * rg) * up;
+        } else {
+            memcpy(&ref[i], &poison, sizeof poison);
+        }
+    }
+    const int splits[] = {1, 2, 4, 8}, clusters[] = {0, 2, 8};
+    for (int c = 0; c < 3; c++)
+        for (int si = 0; si < 4; si++) {
+            bn_w2a8_cuda_args a = *base;
+            a.relu2_pair = 1;
+            a.relu2_sg = sg;
+            a.relu2_su = su;
+            a.weight_scale = -1.0f; /* unused in pairs */
+            a.cluster = clusters[c];
+            CUDA_OK(cudaMemset(a.y, 0xff, sizeof(float) * (size_t)n));
+            CUDA_OK(bn_w2a8_cuda_gemv_pdl(&a, splits[si], 0, 0));
+            int64_t first;
+            const int64_t diff = count_diff(a.y, ref, 1, n, y, &first);
+            CHECK_MSG(diff == 0,
+                      "gate|up pair gemv (split %d, cluster %d) f=%lld k=%lld: %lld of %lld "
+                      "differ (first at %lld: %g vs %g)",
+                      splits[si], clusters[c], (long long)f, (long long)k, (long long)diff,
+                      (long long)n, (long long)first, first >= 0 ? y[first] : 0.0,
+                      first >= 0 ? ref[first] : 0.0);
+        }
+    /* Shapes it does not take: an odd number of tiles a part. */
+    bn_w2a8_cuda_args bad = *base;
+    bad.relu2_pair = 1;
+    bad.n = n - 8;
+    bad.tiles = base->tiles - 1;
+    CHECK(bn_w2a8_cuda_gemv_pdl(&bad, 1, 0, 0) == cudaErrorInvalidValue);
+    free(raw);
+    free(ref);
+    bn_w2a8_weights_free(&w1);
+}
+
 /* One problem: n x k weights, m activation rows; checks GEMV (m == 1, all
  * splits) or GEMM against the scalar provider. */
 static void check_problem(int64_t n, int64_t k, int64_t m)
@@ -97,7 +152,7 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     float *y = malloc(sizeof(float) * (size_t)(m * n));
 
     bn_w2a8_cuda_args a = {d_w, n, l.tiles, l.groups, ws, d_x, m, l.k_padded, d_scale, d_sum,
-                           d_y, n, d_ws, sm_count, 0, d_streamk, 0};
+                           d_y, n, d_ws, sm_count, 0, d_streamk, 0, 0, 0.0f, 0.0f};
     /* Every GEMV variant x split for M = 1; every GEMM variant, with and
      * without the split-K workspace, for any M (M = 1 included). */
     const int splits[] = {1, 2, 4, 8};
@@ -242,6 +297,8 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
                   first >= 0 ? ref[first] : 0.0);
     }
     a.sm_count = sm_count;
+    if (m == 1 && n % 16 == 0)
+        check_gate_up_pair(&a, codes, &xq, y);
     if (wgmma_usable) {
         /* The counters open the workspace (at most 1024 of them). */
         int counters[1024];
@@ -423,6 +480,8 @@ int main(void)
     check_problem(2560, 2560, 1);
     check_problem(6912, 2560, 1);
     check_problem(2560, 6912, 1);
+    check_problem(13824, 2560, 1); /* gate|up of the 2B-4T shape (pairs) */
+    check_problem(96, 300, 1);     /* pairs of 6 tiles, a ragged row */
     check_problem(640, 2560, 77);
     check_problem(2560, 2560, 300);
     check_problem(777, 2560 + 17, 512);

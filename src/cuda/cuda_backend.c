@@ -84,7 +84,8 @@ typedef struct group {
 enum {
     K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
     K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
-    K_NORM_GEMV, K_GEMV_RES, K_ATTN_DEC_F32_CLUSTER, K_HEAD_SCREEN, K_ATTN_DEC_F32_QKV, K_COUNT
+    K_NORM_GEMV, K_GEMV_RES, K_ATTN_DEC_F32_CLUSTER, K_HEAD_SCREEN, K_ATTN_DEC_F32_QKV,
+    K_GEMV_PAIR, K_COUNT
 };
 static const char *const kernel_names[K_COUNT] = {
     "embed_rows", "norm_quantize", "residual_norm_quantize", "relu2_norm_quantize",
@@ -92,7 +93,7 @@ static const char *const kernel_names[K_COUNT] = {
     "attention_prefill_f32", "attention_decode_f16", "attention_prefill_f16",
     "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay",
     "norm_quantize_w2a8_gemv", "w2a8_gemv_residual", "attention_decode_f32_cluster",
-    "lm_head_screen_int8", "attention_decode_f32_cluster_qkv"};
+    "lm_head_screen_int8", "attention_decode_f32_cluster_qkv", "w2a8_gemv_gate_up_relu2"};
 
 /* Events of an instrumented step (profile_decode). */
 typedef struct prof {
@@ -155,6 +156,7 @@ struct bn_cuda_backend {
     int attn_cluster; /* fp32 decode attention's cluster size (0: ranges merged by a ticket) */
     int gemv_cluster; /* decode GEMVs: activations staged per cluster of this many (0: none) */
     bool attn_qkv;    /* the decode attention computes the q|k|v product (no GEMV) */
+    bool gu_pair;     /* the decode gate|up GEMV writes relu(gate)^2 * up */
     uint64_t scratch_bytes;
 
     int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], dec[3], next */
@@ -394,6 +396,36 @@ static bn_status decode_matmul(bn_cuda_backend *b, const group *g, bn_cb_decode_
     return BN_OK;
 }
 
+/* The decode step's gate|up GEMV in pairs (b->gu_pair): h = relu(gate)^2 *
+ * up of b->xq into b->gu (ffn values), the squared ReLU done in the GEMV's
+ * epilogue with the segments' scales, so the norm kernel after it reads one
+ * row instead of two. */
+static bn_status gate_up_pair(bn_cuda_backend *b, const group *g, int pdl, bn_error *err)
+{
+    bn_w2a8_cuda_args a;
+    memset(&a, 0, sizeof a);
+    a.weights = b->d_w + g->s[0].off;
+    a.n = g->fused.n;
+    a.tiles = g->fused.tiles;
+    a.groups = g->fused.groups;
+    a.weight_scale = 1.0f;
+    a.x = b->xq;
+    a.m = 1;
+    a.ldx = b->ldq;
+    a.act_scale = b->act_scale;
+    a.act_sum = b->act_sum;
+    a.y = b->gu;
+    a.ldy = g->n / 2;
+    a.sm_count = b->sm;
+    a.cluster = b->gemv_cluster;
+    a.relu2_pair = 1;
+    a.relu2_sg = g->s[0].scale;
+    a.relu2_su = g->s[1].scale;
+    BN_CUDA_TRY(err, bn_w2a8_cuda_gemv_pdl(&a, g->split, pdl, b->cs));
+    b->ran |= 1u << K_GEMV_PAIR;
+    return BN_OK;
+}
+
 /* Where a norm kernel's codes of width k end (the stride of b->xq it
  * writes): one row is read by a GEMV only up to k rounded up to whole
  * chunk-groups, so that is all the norm zero-fills (a 2560-wide row used
@@ -580,8 +612,11 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
             b->ran |= 1u << K_ADD_NORM_Q;
             if ((st = mark(b, BN_CUDA_STAGE_FFN_NORM, 1, err)) != BN_OK)
                 return st;
-            if ((st = matmul(b, &g[G_GU], M, b->gu, pdl, &n, err)) != BN_OK ||
-                (st = mark(b, BN_CUDA_STAGE_GATE_UP, n, err)) != BN_OK)
+            if (decode && b->gu_pair)
+                n = 1, st = gate_up_pair(b, &g[G_GU], pdl, err);
+            else
+                st = matmul(b, &g[G_GU], M, b->gu, pdl, &n, err);
+            if (st != BN_OK || (st = mark(b, BN_CUDA_STAGE_GATE_UP, n, err)) != BN_OK)
                 return st;
         }
 
@@ -598,12 +633,21 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
                 return st;
             continue;
         }
-        BN_CUDA_TRY(err, bn_cb_relu2_norm_quantize(b->gu, b->gu + ffn, b->gu_n,
-                                                   g[G_GU].s[0].scale, g[G_GU].s[1].scale, M, ffn,
-                                                   norm_ptr(b, l, BN_NORM_FFN_SUB), eps, b->xq,
-                                                   codes_ld(b, ffn, M), b->act_scale, b->act_sum,
-                                                   pdl, s));
-        b->ran |= 1u << K_RELU2_Q;
+        if (decode && b->gu_pair) {
+            /* relu^2 * up is already in b->gu: the norm + int8 of that row. */
+            BN_CUDA_TRY(err, bn_cb_norm_quantize(b->gu, ffn, M, ffn,
+                                                 norm_ptr(b, l, BN_NORM_FFN_SUB), eps, b->xq,
+                                                 codes_ld(b, ffn, M), b->act_scale, b->act_sum,
+                                                 pdl, s));
+            b->ran |= 1u << K_NORM_Q;
+        } else {
+            BN_CUDA_TRY(err, bn_cb_relu2_norm_quantize(b->gu, b->gu + ffn, b->gu_n,
+                                                       g[G_GU].s[0].scale, g[G_GU].s[1].scale, M,
+                                                       ffn, norm_ptr(b, l, BN_NORM_FFN_SUB), eps,
+                                                       b->xq, codes_ld(b, ffn, M), b->act_scale,
+                                                       b->act_sum, pdl, s));
+            b->ran |= 1u << K_RELU2_Q;
+        }
         if ((st = mark(b, BN_CUDA_STAGE_RELU2, 1, err)) != BN_OK)
             return st;
         if (fold) {
@@ -1523,6 +1567,10 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
     if (opt.attn_qkv < -1 || opt.attn_qkv > 0)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "cuda backend: attn_qkv must be -1 or 0 (got %d)", opt.attn_qkv);
+    if (opt.gate_up_pair < -1 || opt.gate_up_pair > 0)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "cuda backend: gate_up_pair must be -1 or 0 (got %d)",
+                            opt.gate_up_pair);
     if (opt.head_screen < -1 || opt.head_screen > 1)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "cuda backend: head_screen must be -1, 0 or 1 (got %d)",
@@ -1747,6 +1795,14 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
             }
         }
     }
+    if (st == BN_OK && opt.gate_up_pair == 0 && b->fusion == BN_CUDA_FUSION_SEPARATE) {
+        /* The pair GEMV needs gate and up in one launch, whole tiles of
+         * each and its activations in shared memory (every layer has layer
+         * 0's shapes). */
+        const group *g = &b->groups[G_GU];
+        b->gu_pair = g->fused_ok && g->n_seg == 2 && g->s[0].n % BN_CUDA_TILE_ROWS == 0 &&
+                     g->fused.groups * BN_CUDA_GROUP <= 160 * 1024;
+    }
     if (st == BN_OK && opt.attn_qkv == 0 && !b->kv_f16 && b->attn_cluster > 0 &&
         b->fusion == BN_CUDA_FUSION_SEPARATE) {
         /* The decode attention computes q|k|v itself where its clusters can
@@ -1836,6 +1892,7 @@ int bn_cuda_backend_attn_cluster(const bn_cuda_backend *b) { return b->attn_clus
 int bn_cuda_backend_gemv_cluster(const bn_cuda_backend *b) { return b->gemv_cluster; }
 bool bn_cuda_backend_head_screen(const bn_cuda_backend *b) { return b->head_screen; }
 bool bn_cuda_backend_attn_qkv(const bn_cuda_backend *b) { return b->attn_qkv; }
+bool bn_cuda_backend_gate_up_pair(const bn_cuda_backend *b) { return b->gu_pair; }
 
 bool bn_cuda_backend_graphs(const bn_cuda_backend *b) { return b->graph && b->use_graphs; }
 void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on) { b->use_graphs = on; }

@@ -113,6 +113,11 @@ typedef struct bn_cuda_backend_options {
     int attn_qkv;          /* fp32-cache decode in clusters (fusion separate): 0 the
                               default (the q|k|v product inside the attention kernel
                               where it fits), -1 a GEMV before it (docs/CUDA.md)    */
+    int gate_up_pair;      /* decode gate|up (fusion separate): 0 the default (each
+                              GEMV block multiplies a gate tile and the up tile of
+                              the same rows and writes relu(gate)^2 * up, where the
+                              shapes allow), -1 the raw gate and up values and the
+                              squared ReLU in the norm kernel after (docs/CUDA.md) */
     int head_screen;       /* greedy steps' LM head: 0 the default (screened through
                               an int8 copy when the head takes at least 64 MiB and
                               the copy fits), 1 always screened, -1 never; the token
@@ -191,6 +196,8 @@ int bn_cuda_backend_attn_cluster(const bn_cuda_backend *b);
 int bn_cuda_backend_gemv_cluster(const bn_cuda_backend *b);
 /* Whether the decode attention computes the q|k|v product itself. */
 bool bn_cuda_backend_attn_qkv(const bn_cuda_backend *b);
+/* Whether the decode gate|up GEMV writes relu(gate)^2 * up (gate_up_pair). */
+bool bn_cuda_backend_gate_up_pair(const bn_cuda_backend *b);
 /* Whether greedy steps screen the LM head through its int8 copy. */
 bool bn_cuda_backend_head_screen(const bn_cuda_backend *b);
 void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on);

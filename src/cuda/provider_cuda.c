@@ -160,7 +160,7 @@ static cudaError_t run(const bn_w2a8_weights *w, const int8_t *xq, int64_t lda, 
     bn_w2a8_cuda_args a = {w->data,      w->n,       l.tiles,  l.groups, w->scale,
                            cuda.d_x,     m,          l.k_padded, cuda.d_scale, cuda.d_sum,
                            cuda.d_y,     w->n,       cuda.d_ws, cuda.sm_count, 0,
-                           NULL,         0};
+                           NULL,         0,          0,        0.0f,     0.0f};
     rc = m == 1 ? bn_w2a8_cuda_gemv(&a, bn_w2a8_cuda_gemv_split(l.tiles, l.groups, cuda.sm_count),
                                     cuda.stream)
                 : bn_w2a8_cuda_gemm(&a, cuda.stream);

@@ -39,6 +39,15 @@ typedef struct bn_w2a8_cuda_args {
                                  first weight copies issued before waiting
                                  for the kernel before (pdl.cuh); others
                                  ignore it                                 */
+    int relu2_pair;           /* bn_w2a8_cuda_gemv_pdl only (M = 1): the
+                                 matrix is [gate; up], f rows each with f a
+                                 multiple of 8 (n = 2 f); y receives the f
+                                 values relu(g_i relu2_sg)^2 (u_i relu2_su),
+                                 g and u the products with weight scale 1
+                                 (weight_scale unused), each step one fp32
+                                 rounding as on the CPU; the activations must
+                                 fit shared memory (k_pad <= 160 KiB)      */
+    float relu2_sg, relu2_su;
 } bn_w2a8_cuda_args;
 
 /* Split-K factor (1, 2, 4 or 8) that fills a GPU of sm_count SMs. */

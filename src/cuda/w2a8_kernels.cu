@@ -191,14 +191,22 @@ constexpr int gemv_pdl_min_blocks()
  *
  * CL > 1 (with X_SMEM; launched in clusters of CL blocks along x): the
  * activations are staged once per cluster by the tensor memory accelerator
- * (pdl.cuh's row_multicast) instead of by every block from L2. */
-template <int WARPS, int TILES, bool X_SMEM, int CL = 1>
+ * (pdl.cuh's row_multicast) instead of by every block from L2.
+ *
+ * PAIR (w2a8_cuda.h's relu2_pair): the matrix is [gate; up], tiles / 2 tiles
+ * each; a block's first TILES / 2 tiles are gate tiles and the others the up
+ * tiles of the same rows, so each output row meets its gate and up products
+ * in one block and the block writes relu(g sg)^2 (u su) (g and u with weight
+ * scale 1, as the separate relu^2 kernel would scale them) instead of the
+ * two raw values. */
+template <int WARPS, int TILES, bool X_SMEM, int CL = 1, bool PAIR = false>
 __global__ void __launch_bounds__(32 * WARPS * TILES, (gemv_pdl_min_blocks<WARPS, TILES>()))
     gemv_pdl_kernel(const uint4 *__restrict__ w, const int8_t *x, int64_t n, int64_t groups,
                     int64_t tiles, const float *act_scale, const int32_t *act_sum, float w_scale,
-                    float *__restrict__ y)
+                    float *__restrict__ y, float sg, float su)
 {
     static_assert(CL == 1 || X_SMEM, "the cluster stages into shared memory");
+    static_assert(!PAIR || TILES % 2 == 0, "a pair block holds gate and up tiles");
     extern __shared__ __align__(16) int8_t x_shared[];
     __shared__ int partial[TILES][WARPS][kTileRows];
     __shared__ unsigned long long row_bar; /* CL > 1: the staged row's bytes */
@@ -206,8 +214,12 @@ __global__ void __launch_bounds__(32 * WARPS * TILES, (gemv_pdl_min_blocks<WARPS
     const int warp = threadIdx.x >> 5;
     const int tile_in_block = warp / WARPS;
     const int split = warp % WARPS;
-    const int64_t tile = (int64_t)blockIdx.x * TILES + tile_in_block;
-    const bool live = tile < tiles;
+    constexpr int kPairs = PAIR ? TILES / 2 : 1;
+    const int64_t pair = (int64_t)blockIdx.x * kPairs + tile_in_block % kPairs;
+    const int64_t tile = !PAIR                    ? (int64_t)blockIdx.x * TILES + tile_in_block
+                         : tile_in_block < kPairs ? pair
+                                                  : tiles / 2 + pair;
+    const bool live = PAIR ? pair < tiles / 2 : tile < tiles;
     const uint4 *blocks = w + (live ? tile : 0) * groups * (kBlockBytes / 16) + lane;
     /* Eight entries per warp cover every chunk-group of a 2560-wide row at
      * split 1 or 2; at split 8, four cover rows up to 8192 (down: 6912). */
@@ -248,22 +260,51 @@ __global__ void __launch_bounds__(32 * WARPS * TILES, (gemv_pdl_min_blocks<WARPS
                                                        groups)
              : 0;
     pdl_mark(1);
-    gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, threadIdx.x, n,
-                                     [&](int64_t out_row, int total) {
-                                         y[out_row] = epilogue(total - x_sum, x_scale,
-                                                               w_scale);
-                                     });
+    if constexpr (PAIR) {
+        /* gemv_tile_epilogue's sums, gate tile t and up tile t + kPairs. */
+        int a = acc + __shfl_xor_sync(0xffffffffu, acc, 8);
+        a += __shfl_xor_sync(0xffffffffu, a, 16);
+        if (lane < kTileRows)
+            partial[tile_in_block][split][lane] = a;
+        __syncthreads();
+        if (threadIdx.x < kPairs * kTileRows) {
+            const int t = threadIdx.x / kTileRows, r = threadIdx.x % kTileRows;
+            const int64_t out = ((int64_t)blockIdx.x * kPairs + t) * kTileRows + r;
+            if (out < n / 2) {
+                int gs = 0, us = 0;
+#pragma unroll
+                for (int s = 0; s < WARPS; s++) {
+                    gs += partial[t][s][r];
+                    us += partial[t + kPairs][s][r];
+                }
+                /* The CPU's expressions: each product's epilogue with weight
+                 * scale 1, then relu(g sg)^2 (u su), one rounding a step. */
+                const float gate = __fmul_rn(epilogue(gs - x_sum, x_scale, 1.0f), sg);
+                const float up = __fmul_rn(epilogue(us - x_sum, x_scale, 1.0f), su);
+                const float rg = gate > 0.0f ? gate : 0.0f;
+                y[out] = __fmul_rn(__fmul_rn(rg, rg), up);
+            }
+        }
+    } else {
+        gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, threadIdx.x,
+                                         n, [&](int64_t out_row, int total) {
+                                             y[out_row] = epilogue(total - x_sum, x_scale,
+                                                                   w_scale);
+                                         });
+    }
     pdl_mark(2);
 }
 
-template <int WARPS, int TILES, bool X_SMEM, int CL>
+template <int WARPS, int TILES, bool X_SMEM, int CL, bool PAIR = false>
 cudaError_t launch_gemv_pdl(const bn_w2a8_cuda_args *a, int pdl, cudaStream_t stream)
 {
     /* In clusters the grid is a whole number of them (the extra blocks
      * have no tile: they stage the row and write nothing). */
-    const int64_t blocks = ((a->tiles + TILES - 1) / TILES + CL - 1) / CL * CL;
+    const int64_t per_block = PAIR ? TILES / 2 : TILES;
+    const int64_t units = PAIR ? a->tiles / 2 : a->tiles;
+    const int64_t blocks = ((units + per_block - 1) / per_block + CL - 1) / CL * CL;
     const size_t smem = X_SMEM ? (size_t)(a->groups * kGroup) : 0;
-    auto kernel = gemv_pdl_kernel<WARPS, TILES, X_SMEM, CL>;
+    auto kernel = gemv_pdl_kernel<WARPS, TILES, X_SMEM, CL, PAIR>;
     if (X_SMEM && smem > 48 * 1024) {
         cudaError_t rc =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -274,7 +315,21 @@ cudaError_t launch_gemv_pdl(const bn_w2a8_cuda_args *a, int pdl, cudaStream_t st
                                 dim3(CL, 1, 1), stream, pdl,
                                 reinterpret_cast<const uint4 *>(a->weights), a->x, a->n,
                                 a->groups, a->tiles, a->act_scale, a->act_sum, a->weight_scale,
-                                a->y);
+                                a->y, a->relu2_sg, a->relu2_su);
+}
+
+/* The relu2_pair GEMV: every split with two tiles (one pair) a block, four
+ * (two pairs) at split 1. */
+template <int CL>
+cudaError_t launch_gemv_pair(const bn_w2a8_cuda_args *a, int split, int pdl, cudaStream_t stream)
+{
+    switch (split) {
+    case 1: return launch_gemv_pdl<1, 4, true, CL, true>(a, pdl, stream);
+    case 2: return launch_gemv_pdl<2, 2, true, CL, true>(a, pdl, stream);
+    case 4: return launch_gemv_pdl<4, 2, true, CL, true>(a, pdl, stream);
+    case 8: return launch_gemv_pdl<8, 2, true, CL, true>(a, pdl, stream);
+    default: return cudaErrorInvalidValue;
+    }
 }
 
 template <bool X_SMEM, int CL = 1>
@@ -896,6 +951,19 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_pdl(const bn_w2a8_cuda_args *a, int spl
     if (a->cluster != 0 && a->cluster != 1 && a->cluster != 2 && a->cluster != 4 &&
         a->cluster != 8)
         return cudaErrorInvalidValue;
+    if (a->relu2_pair) {
+        /* [gate; up] of f rows each, f a multiple of 8 (so up's tiles start
+         * at tiles / 2), activations in shared memory. */
+        if (a->n % 16 != 0 || a->tiles != a->n / kTileRows || a->groups * kGroup > 160 * 1024)
+            return cudaErrorInvalidValue;
+        if (a->cluster <= 1 || !bn_w2a8_cuda_gemv_cluster_usable())
+            return launch_gemv_pair<1>(a, split, pdl, stream);
+        switch (a->cluster) {
+        case 2: return launch_gemv_pair<2>(a, split, pdl, stream);
+        case 4: return launch_gemv_pair<4>(a, split, pdl, stream);
+        default: return launch_gemv_pair<8>(a, split, pdl, stream);
+        }
+    }
     if (a->groups * kGroup > 160 * 1024)
         return launch_gemv_pdl_split<false>(a, split, pdl, stream);
     if (a->cluster <= 1 || !bn_w2a8_cuda_gemv_cluster_usable())

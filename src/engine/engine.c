@@ -258,6 +258,7 @@ static bn_status open_cuda(bn_engine *e, const bn_config *cfg, const bn_engine_o
     o.gemv_cluster = opt->cuda_gemv_cluster;
     o.head_screen = opt->cuda_head_screen;
     o.attn_qkv = opt->cuda_attn_qkv;
+    o.gate_up_pair = opt->cuda_gate_up_pair;
     o.threads = e->threads_req;
     bn_status st = bn_cuda_backend_create(e->model, &o, &e->cuda, err);
     if (st != BN_OK)

@@ -89,6 +89,10 @@ typedef struct bn_engine_options {
     /* CUDA backend: the decode q|k|v product (bn_cuda_backend_options attn_qkv:
      * 0 the default, inside the attention where it fits; -1 a GEMV). */
     int cuda_attn_qkv;
+    /* CUDA backend: the decode gate|up GEMV (bn_cuda_backend_options
+     * gate_up_pair: 0 the default, relu(gate)^2 * up in its epilogue where the
+     * shapes allow; -1 the raw values and the squared ReLU in the norm after). */
+    int cuda_gate_up_pair;
     /* Tests: the CUDA backend's forward call number N (1-based) fails, as a
      * failed kernel would; 0 = never. */
     int test_cuda_fail_call;

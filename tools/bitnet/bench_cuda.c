@@ -378,7 +378,7 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
 
         w.args = (bn_w2a8_cuda_args){NULL,  n,       l.tiles, l.groups, 0.02f,    d_x, m,
                                      l.k_padded, d_scale, d_sum, d_y,   n,  d_ws,  sm_count, 0,
-                                     d_streamk, 0};
+                                     d_streamk, 0, 0, 0.0f, 0.0f};
         w.split = bn_w2a8_cuda_gemv_split(l.tiles, l.groups, sm_count);
         c.x = d_xb;
         c.y = d_yb;

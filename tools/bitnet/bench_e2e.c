@@ -56,6 +56,10 @@ static void usage(FILE *out)
             "  --qkv Q           CUDA decode q|k|v product: auto (default: inside the\n"
             "                    attention kernel where its clusters hold the weights) or\n"
             "                    gemv (a GEMV before the attention); the same results\n"
+            "  --gate-up G       CUDA decode gate|up GEMV: auto (default: it writes\n"
+            "                    relu(gate)^2 * up where the shapes allow) or split (the raw\n"
+            "                    gate and up values, squared ReLU in the norm kernel after);\n"
+            "                    the same results\n"
             "  --head-screen H   CUDA greedy steps' LM head: auto (default: screened through\n"
             "                    an int8 copy when the head takes 64 MiB or more), on, or\n"
             "                    off (the whole head every step); the token is the same\n"
@@ -282,6 +286,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
     const char *shape = "2b4t", *device = NULL;
     bool kv_f16 = false;
     int fusion = 0, attn_cluster = 0, gemv_cluster = 0, head_screen = 0, attn_qkv = 0;
+    int gate_up_pair = 0;
     long long n_prompt = 512, n_gen = 128, threads = 0;
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
@@ -334,6 +339,13 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
             if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 2)) < 0)
                 return BN_EXIT_USAGE;
             attn_qkv = values[k];
+        } else if (strcmp(a, "--gate-up") == 0) {
+            static const char *const names[] = {"auto", "split"};
+            static const int values[] = {0, -1};
+            int k = -1;
+            if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 2)) < 0)
+                return BN_EXIT_USAGE;
+            gate_up_pair = values[k];
         } else if (strcmp(a, "--head-screen") == 0) {
             static const char *const names[] = {"auto", "on", "off"};
             static const int values[] = {0, 1, -1};
@@ -392,7 +404,8 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                             .cuda_attn_cluster = attn_cluster,
                             .cuda_gemv_cluster = gemv_cluster,
                             .cuda_head_screen = head_screen,
-                            .cuda_attn_qkv = attn_qkv};
+                            .cuda_attn_qkv = attn_qkv,
+                            .cuda_gate_up_pair = gate_up_pair};
     bn_engine *e = NULL;
     if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK)
         return cli_fail(&err);
