@@ -112,7 +112,10 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
     float *d_x, *d_full, *d_scr, *d_se, *d_upper, *d_part;
     int8_t *d_q;
     int32_t *d_tok;
+    unsigned long long *d_best;
     CUDA_OK(cudaMalloc(&d_w, wbytes));
+    CUDA_OK(cudaMalloc((void **)&d_best, sizeof *d_best));
+    CUDA_OK(cudaMemset(d_best, 0x55, sizeof *d_best)); /* poison: the screen sets it */
     CUDA_OK(cudaMalloc((void **)&d_x, (size_t)dim * sizeof(float)));
     CUDA_OK(cudaMalloc((void **)&d_full, (size_t)(rows + 1) * sizeof(float)));
     CUDA_OK(cudaMalloc((void **)&d_scr, (size_t)(rows + 1) * sizeof(float)));
@@ -135,13 +138,22 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
     CUDA_OK(bn_cb_head_gemv(d_w, type, rows, dim, d_x, d_full, sm_count, 0));
     CUDA_OK(bn_cuda_sample_greedy(d_full, (int32_t)rows, d_ws, d_tok, NULL, 0));
     CUDA_OK(bn_cb_head_quantize(d_w, type, rows, dim, d_q, d_se, 0));
-    CUDA_OK(bn_cb_head_screen(d_q, d_se, rows, dim, d_x, d_upper, d_part, sm_count, 0));
-    CUDA_OK(bn_cb_head_exact(d_w, type, rows, dim, d_x, d_upper, d_part, n_part, d_scr,
+    CUDA_OK(bn_cb_head_screen(d_q, d_se, rows, dim, d_x, d_upper, d_part, d_best, sm_count, 0));
+    CUDA_OK(bn_cb_head_exact(d_w, type, rows, dim, d_x, d_upper, d_part, n_part, d_scr, d_best,
                              sm_count, 0));
     CUDA_OK(bn_cuda_sample_greedy(d_scr, (int32_t)rows, d_ws, d_tok + 1, NULL, 0));
     CUDA_OK(cudaDeviceSynchronize());
     int32_t tok[2];
     CUDA_OK(cudaMemcpy(tok, d_tok, sizeof tok, cudaMemcpyDeviceToHost));
+    unsigned long long key;
+    CUDA_OK(cudaMemcpy(&key, d_best, sizeof key, cudaMemcpyDeviceToHost));
+    /* The two kernels' own argmax (the key) is the sampler's over the full
+     * logits too. */
+    CHECK_MSG(bn_cuda_key_token(key) == tok[0],
+              "%s %lld x %lld %s: the screened head's key gives token %d, the full head's "
+              "argmax %d",
+              type_names[type], (long long)rows, (long long)dim, what, bn_cuda_key_token(key),
+              tok[0]);
     CUDA_OK(cudaMemcpy(full, d_full, (size_t)rows * sizeof(float), cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(scr, d_scr, (size_t)(rows + 1) * sizeof(float),
                        cudaMemcpyDeviceToHost));
@@ -177,6 +189,7 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
            (long long)rows);
     cudaFree(d_w), cudaFree(d_x), cudaFree(d_full), cudaFree(d_scr), cudaFree(d_q);
     cudaFree(d_se), cudaFree(d_upper), cudaFree(d_part), cudaFree(d_ws), cudaFree(d_tok);
+    cudaFree(d_best);
     free(w), free(x), free(full), free(scr);
 }
 
@@ -218,8 +231,8 @@ int main(void)
     CHECK(bn_cb_head_quantize(d, BN_CB_HEAD_F16, 0, 8, (int8_t *)d, d, 0) ==
           cudaErrorInvalidValue);
     CHECK(bn_cb_head_quantize(d, 7, 1, 8, (int8_t *)d, d, 0) == cudaErrorInvalidValue);
-    CHECK(bn_cb_head_screen(NULL, d, 1, 8, d, d, d, 1, 0) == cudaErrorInvalidValue);
-    CHECK(bn_cb_head_exact(d, BN_CB_HEAD_F16, 1, 8, d, d, d, 0, d, 1, 0) ==
+    CHECK(bn_cb_head_screen(NULL, d, 1, 8, d, d, d, NULL, 1, 0) == cudaErrorInvalidValue);
+    CHECK(bn_cb_head_exact(d, BN_CB_HEAD_F16, 1, 8, d, d, d, 0, d, NULL, 1, 0) ==
           cudaErrorInvalidValue);
     CHECK(bn_cb_head_screen_prepare(BN_CB_HEAD_F16, 0) == cudaErrorInvalidValue);
     cudaFree(d);

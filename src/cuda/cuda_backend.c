@@ -152,6 +152,7 @@ struct bn_cuda_backend {
     bool streamk; /* some prefill GEMM takes stream-K: ws_streamk is its workspace */
     void *ws_attn, *ws_sample;
     unsigned int *attn_counters; /* fp32 decode attention: one per head, kept at 0 */
+    unsigned long long *d_best;  /* the screened head's greedy token key */
     int attn_splits;
     int attn_cluster; /* fp32 decode attention's cluster size (0: ranges merged by a ticket) */
     int gemv_cluster; /* decode GEMVs: activations staged per cluster of this many (0: none) */
@@ -159,7 +160,8 @@ struct bn_cuda_backend {
     bool gu_pair;     /* the decode gate|up GEMV writes relu(gate)^2 * up */
     uint64_t scratch_bytes;
 
-    int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], dec[3], next */
+    int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], dec[3], next, then
+                                  the screened head's token key (8-byte aligned) */
     float *h_logits;           /* pinned: vocab */
     bn_rope_freqs freqs;
 
@@ -214,6 +216,10 @@ static int32_t *h_tokens(bn_cuda_backend *b) { return b->h_io; }
 static int32_t *h_positions(bn_cuda_backend *b) { return b->h_io + b->kv_len; }
 static int32_t *h_dec(bn_cuda_backend *b) { return b->h_io + 2 * b->kv_len; }
 static int32_t *h_next(bn_cuda_backend *b) { return b->h_io + 2 * b->kv_len + 3; }
+static unsigned long long *h_key(bn_cuda_backend *b)
+{
+    return (unsigned long long *)(void *)(b->h_io + 2 * b->kv_len + 4);
+}
 
 static const float *norm_ptr(const bn_cuda_backend *b, int layer, bn_norm which)
 {
@@ -688,11 +694,12 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
     if ((st = mark(b, BN_CUDA_STAGE_OUT_NORM, 1, err)) != BN_OK)
         return st;
     if (screen) {
+        /* The greedy token comes out of the two as a key (d_best). */
         BN_CUDA_TRY(err, bn_cb_head_screen(b->d_head_q, b->d_head_se, hp->vocab, dim, b->normed,
-                                           b->head_upper, b->head_part, b->sm, s));
+                                           b->head_upper, b->head_part, b->d_best, b->sm, s));
         BN_CUDA_TRY(err, bn_cb_head_exact(b->d_head, b->head_type, hp->vocab, dim, b->normed,
                                           b->head_upper, b->head_part, b->head_parts, b->logits,
-                                          b->sm, s));
+                                          b->d_best, b->sm, s));
         b->ran |= 1u << K_HEAD_SCREEN;
         return mark(b, BN_CUDA_STAGE_LM_HEAD, 2, err);
     }
@@ -786,12 +793,26 @@ static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n
     return BN_OK;
 }
 
+/* The greedy token of the pass just queued, on its way to the host: with
+ * the screened head (every greedy pass when b->head_screen) the key its
+ * kernels computed, else the device argmax over the logits. greedy_token
+ * reads it once the stream has reached it. */
 static bn_status queue_argmax(bn_cuda_backend *b, bn_error *err)
 {
+    if (b->head_screen) {
+        BN_CUDA_TRY(err, cudaMemcpyAsync(h_key(b), b->d_best, sizeof *b->d_best,
+                                         cudaMemcpyDeviceToHost, b->cs));
+        return BN_OK;
+    }
     BN_CUDA_TRY(err, bn_cuda_sample_greedy(b->logits, b->hp.vocab, b->ws_sample, b->d_next,
                                            h_next(b), b->cs));
     b->ran |= 1u << K_ARGMAX;
     return BN_OK;
+}
+
+static int32_t greedy_token(bn_cuda_backend *b)
+{
+    return b->head_screen ? bn_cuda_key_token(*h_key(b)) : *h_next(b);
 }
 
 /* After a failure: let queued work drain and forget the positions it may
@@ -853,7 +874,7 @@ bn_status bn_cuda_backend_forward_greedy(bn_cuda_backend *b, const int32_t *toke
         st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
     if (st != BN_OK)
         return fail_pass(b, pos, st);
-    *next = *h_next(b);
+    *next = greedy_token(b);
     b->kv_filled = pos + n_tokens;
     return BN_OK;
 }
@@ -888,7 +909,7 @@ bn_status bn_cuda_backend_wait_greedy(bn_cuda_backend *b, int32_t *next, bn_erro
     b->pending = false;
     if (st != BN_OK)
         return fail_pass(b, pos, st);
-    *next = *h_next(b);
+    *next = greedy_token(b);
     b->kv_filled = pos + 1;
     return BN_OK;
 }
@@ -1043,6 +1064,7 @@ static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
     }
     ADD(&b->ws_attn, ws_attn);
     ADD(&b->attn_counters, (size_t)hp->n_head * sizeof(unsigned int));
+    ADD(&b->d_best, sizeof(unsigned long long));
     /* cos and sin of every position the cache holds (none without RoPE). */
     ADD(&b->rope, (size_t)b->kv_len * (size_t)(hp->rope_dim / 2) * 2 * f);
     ADD(&b->normed, (size_t)hp->dim * f);
@@ -1708,7 +1730,7 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         st = dalloc(b, scratch[i].bytes, scratch[i].ptr, err);
     void *pinned = NULL;
     if (st == BN_OK &&
-        (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)(2 * kv_len + 4) *
+        (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)(2 * kv_len + 6) *
                                                               sizeof(int32_t)))) == BN_OK)
         b->h_io = pinned;
     pinned = NULL;
@@ -1991,7 +2013,7 @@ bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int6
         if (st == BN_OK)
             st = queue_argmax(b, err);
         if (st == BN_OK)
-            st = mark(b, BN_CUDA_STAGE_ARGMAX, 2, err);
+            st = mark(b, BN_CUDA_STAGE_ARGMAX, b->head_screen ? 0 : 2, err);
         b->prof = NULL;
         if (st == BN_OK)
             st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));

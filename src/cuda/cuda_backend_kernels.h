@@ -308,7 +308,12 @@ cudaError_t bn_cb_head_gemv(const void *w, int type, int64_t rows, int64_t dim, 
  *
  * So bn_cuda_sample_greedy over these logits returns bn_cuda_sample_greedy's
  * token over the full ones, ties, NaN and inf included; other samplers need
- * the full logits. dim as bn_cb_head_gemv; the vector paths need dim % 16
+ * the full logits. With `best` (one 64-bit word, the same in both calls)
+ * the two also compute that token themselves: the screen sets *best to
+ * (-inf, token 0) and the exact pass raises it to the largest key
+ * (sample_key.cuh) of the rows it computes, so bn_cuda_key_token(*best) is
+ * the greedy token without a sampler pass over the logits; NULL: logits
+ * only. dim as bn_cb_head_gemv; the vector paths need dim % 16
  * == 0 (screen) and the head kernel's condition (exact). Rows whose bound
  * cannot be trusted (non-finite values, tiny or huge magnitudes) are always
  * computed exactly. */
@@ -319,11 +324,18 @@ cudaError_t bn_cb_head_screen_prepare(int type, int64_t dim);
 cudaError_t bn_cb_head_quantize(const void *w, int type, int64_t rows, int64_t dim, int8_t *q,
                                 float *se, cudaStream_t stream);
 cudaError_t bn_cb_head_screen(const int8_t *q, const float *se, int64_t rows, int64_t dim,
-                              const float *x, float *upper, float *partial, int sm_count,
-                              cudaStream_t stream);
+                              const float *x, float *upper, float *partial,
+                              unsigned long long *best, int sm_count, cudaStream_t stream);
 cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, int64_t dim, const float *x,
                              const float *upper, const float *partial, int n_partial,
-                             float *logits, int sm_count, cudaStream_t stream);
+                             float *logits, unsigned long long *best, int sm_count,
+                             cudaStream_t stream);
+
+/* The token of a key of sample_key.cuh (ordered(logit) << 32 | 0xffffffff - id). */
+static inline int32_t bn_cuda_key_token(unsigned long long key)
+{
+    return (int32_t)(0xffffffffu - (uint32_t)key);
+}
 
 #ifdef __cplusplus
 }

@@ -44,6 +44,7 @@
 #include "block_reduce.cuh"
 #include "cuda_backend_kernels.h"
 #include "head_row.cuh"
+#include "sample_key.cuh"
 
 namespace {
 
@@ -196,8 +197,13 @@ template <bool kVec>
 __global__ void __launch_bounds__(kScreenThreads, kScreenBlocksPerSm)
     screen_kernel(const int8_t *__restrict__ q, const float2 *__restrict__ se, int64_t rows,
                   int64_t dim, const float *__restrict__ x, float *__restrict__ upper,
-                  float *__restrict__ partial)
+                  float *__restrict__ partial, unsigned long long *__restrict__ best)
 {
+    /* The exact pass's argmax starts from (-inf, token 0): the answer when
+     * no kept row is above -inf, as the greedy sampler gives it over logits
+     * that are -inf (or NaN) everywhere. */
+    if (best && blockIdx.x == 0 && threadIdx.x == 0)
+        *best = make_key(-INFINITY, 0);
     extern __shared__ __align__(16) int8_t xcodes[]; /* h [dim], then l [dim] */
     __shared__ float red[32];
     int8_t *xh = xcodes, *xl = xcodes + dim;
@@ -282,7 +288,8 @@ template <int kType, bool kVec>
 __global__ void __launch_bounds__(kScreenThreads)
     exact_kernel(const uint8_t *__restrict__ w, int64_t rows, int64_t dim,
                  const float *__restrict__ x, const float *__restrict__ upper,
-                 const float *__restrict__ partial, int n_partial, float *__restrict__ logits)
+                 const float *__restrict__ partial, int n_partial, float *__restrict__ logits,
+                 unsigned long long *__restrict__ best)
 {
     extern __shared__ __align__(16) float xs[];
     __shared__ float red[32];
@@ -309,8 +316,13 @@ __global__ void __launch_bounds__(kScreenThreads)
             m &= m - 1;
             const int64_t R = g * 32 + j;
             const float v = head_row_dot<kType, kVec>(w + R * row_bytes, xs, dim, lane);
-            if (lane == 0)
+            if (lane == 0) {
                 logits[R] = v;
+                /* The greedy token: the largest key (sample_key.cuh) of the
+                 * kept rows; the others are -inf and below (-inf, 0). */
+                if (best)
+                    atomicMax(best, (unsigned long long)make_key(v, (int32_t)R));
+            }
         }
     }
 }
@@ -335,12 +347,12 @@ template <int kType> cudaError_t allow_exact_smem(size_t bytes)
 template <int kType>
 cudaError_t launch_exact(const void *w, int64_t rows, int64_t dim, const float *x,
                          const float *upper, const float *partial, int n_partial, float *logits,
-                         unsigned blocks, cudaStream_t stream)
+                         unsigned long long *best, unsigned blocks, cudaStream_t stream)
 {
     const auto kernel = head_row_vec<kType>(dim) ? exact_kernel<kType, true>
                                                  : exact_kernel<kType, false>;
     kernel<<<blocks, kScreenThreads, sizeof(float) * (size_t)dim, stream>>>(
-        static_cast<const uint8_t *>(w), rows, dim, x, upper, partial, n_partial, logits);
+        static_cast<const uint8_t *>(w), rows, dim, x, upper, partial, n_partial, logits, best);
     return cudaGetLastError();
 }
 
@@ -399,7 +411,8 @@ extern "C" cudaError_t bn_cb_head_quantize(const void *w, int type, int64_t rows
 
 extern "C" cudaError_t bn_cb_head_screen(const int8_t *q, const float *se, int64_t rows,
                                          int64_t dim, const float *x, float *upper,
-                                         float *partial, int sm_count, cudaStream_t stream)
+                                         float *partial, unsigned long long *best, int sm_count,
+                                         cudaStream_t stream)
 {
     if (!q || !se || !x || !upper || !partial || !head_args_ok(BN_CB_HEAD_F32, rows, dim))
         return cudaErrorInvalidValue;
@@ -408,17 +421,17 @@ extern "C" cudaError_t bn_cb_head_screen(const int8_t *q, const float *se, int64
     const float2 *se2 = reinterpret_cast<const float2 *>(se);
     if (dim % 16 == 0)
         screen_kernel<true><<<blocks, kScreenThreads, smem, stream>>>(q, se2, rows, dim, x, upper,
-                                                                       partial);
+                                                                       partial, best);
     else
         screen_kernel<false><<<blocks, kScreenThreads, smem, stream>>>(q, se2, rows, dim, x,
-                                                                        upper, partial);
+                                                                        upper, partial, best);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, int64_t dim,
                                         const float *x, const float *upper, const float *partial,
-                                        int n_partial, float *logits, int sm_count,
-                                        cudaStream_t stream)
+                                        int n_partial, float *logits, unsigned long long *best,
+                                        int sm_count, cudaStream_t stream)
 {
     if (!w || !x || !upper || !partial || !logits || n_partial < 1 ||
         !head_args_ok(type, rows, dim))
@@ -431,5 +444,5 @@ extern "C" cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, i
     const auto launch = type == BN_CB_HEAD_F32   ? launch_exact<BN_CB_HEAD_F32>
                         : type == BN_CB_HEAD_F16 ? launch_exact<BN_CB_HEAD_F16>
                                                  : launch_exact<BN_CB_HEAD_BF16>;
-    return launch(w, rows, dim, x, upper, partial, n_partial, logits, n, stream);
+    return launch(w, rows, dim, x, upper, partial, n_partial, logits, best, n, stream);
 }

@@ -29,6 +29,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "sample_key.cuh"
+
 #include "sample_cuda.h"
 
 namespace {
@@ -39,32 +41,6 @@ constexpr int kMinSlice = 2048;             /* pass-1 keys per block, at least *
 constexpr int kSelectThreads = 512;
 constexpr int kGreedySlice = 1024;
 constexpr int kGreedyThreads = 256;
-
-__device__ __forceinline__ uint32_t ordered(float f)
-{
-    if (f != f)
-        f = -INFINITY;
-    if (f == 0.0f)
-        f = 0.0f; /* -0 -> +0 */
-    const uint32_t b = __float_as_uint(f);
-    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
-}
-
-__device__ __forceinline__ float unordered(uint32_t u)
-{
-    return __uint_as_float((u & 0x80000000u) ? u & 0x7fffffffu : ~u);
-}
-
-__device__ __forceinline__ uint64_t make_key(float logit, int32_t id)
-{
-    return ((uint64_t)ordered(logit) << 32) | (uint64_t)(0xffffffffu - (uint32_t)id);
-}
-
-__device__ __forceinline__ float key_logit(uint64_t key) { return unordered((uint32_t)(key >> 32)); }
-__device__ __forceinline__ int32_t key_id(uint64_t key)
-{
-    return (int32_t)(0xffffffffu - (uint32_t)key);
-}
 
 /* A real candidate: not padding, not -inf (which the CPU never keeps). */
 __device__ __forceinline__ bool key_live(uint64_t key)
