@@ -335,12 +335,9 @@ static seg *seg_of(bn_cuda_backend *b, int layer, bn_proj p)
     }
 }
 
-/* y = W x for M rows of b->xq: one launch for a fused group, one per
- * segment otherwise (each writing its columns of the same output). Groups
- * of one segment apply their scale in the GEMV; fused groups use scale 1
- * (see the top of the file). Returns the number of launches. */
-static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y, int pdl,
-                        int *launches, bn_error *err)
+/* The W2A8 arguments of a product of group g over M rows of b->xq, but
+ * for the weights and the output (matmul sets those per segment). */
+static bn_w2a8_cuda_args w2a8_args(const bn_cuda_backend *b, const group *g, int64_t M)
 {
     bn_w2a8_cuda_args a;
     memset(&a, 0, sizeof a);
@@ -361,6 +358,17 @@ static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y,
      * of the warp-specialized kernels start while the kernel before runs
      * (they wait for it before anything else; not while profiling). */
     a.pdl = M > 1 && b->pdl && !b->prof;
+    return a;
+}
+
+/* y = W x for M rows of b->xq: one launch for a fused group, one per
+ * segment otherwise (each writing its columns of the same output). Groups
+ * of one segment apply their scale in the GEMV; fused groups use scale 1
+ * (see the top of the file). Returns the number of launches. */
+static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y, int pdl,
+                        int *launches, bn_error *err)
+{
+    bn_w2a8_cuda_args a = w2a8_args(b, g, M);
     b->ran |= 1u << (M == 1 ? K_GEMV : K_GEMM);
     *launches = 0;
     const int parts = g->fused_ok ? 1 : g->n_seg;
@@ -408,22 +416,13 @@ static bn_status decode_matmul(bn_cuda_backend *b, const group *g, bn_cb_decode_
  * row instead of two. */
 static bn_status gate_up_pair(bn_cuda_backend *b, const group *g, int pdl, bn_error *err)
 {
-    bn_w2a8_cuda_args a;
-    memset(&a, 0, sizeof a);
+    bn_w2a8_cuda_args a = w2a8_args(b, g, 1);
     a.weights = b->d_w + g->s[0].off;
     a.n = g->fused.n;
     a.tiles = g->fused.tiles;
     a.groups = g->fused.groups;
-    a.weight_scale = 1.0f;
-    a.x = b->xq;
-    a.m = 1;
-    a.ldx = b->ldq;
-    a.act_scale = b->act_scale;
-    a.act_sum = b->act_sum;
     a.y = b->gu;
     a.ldy = g->n / 2;
-    a.sm_count = b->sm;
-    a.cluster = b->gemv_cluster;
     a.relu2_pair = 1;
     a.relu2_sg = g->s[0].scale;
     a.relu2_su = g->s[1].scale;
@@ -1818,12 +1817,11 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         }
     }
     if (st == BN_OK && opt.gate_up_pair == 0 && b->fusion == BN_CUDA_FUSION_SEPARATE) {
-        /* The pair GEMV needs gate and up in one launch, whole tiles of
-         * each and its activations in shared memory (every layer has layer
-         * 0's shapes). */
+        /* The pair GEMV needs gate and up in one launch, each of whole
+         * tiles (every layer has layer 0's shapes). */
         const group *g = &b->groups[G_GU];
-        b->gu_pair = g->fused_ok && g->n_seg == 2 && g->s[0].n % BN_CUDA_TILE_ROWS == 0 &&
-                     g->fused.groups * BN_CUDA_GROUP <= 160 * 1024;
+        b->gu_pair = g->fused_ok && g->n_seg == 2 && g->s[0].n == g->s[1].n &&
+                     bn_w2a8_cuda_gemv_pair_fits(g->fused.n, g->fused.tiles, g->fused.groups);
     }
     if (st == BN_OK && opt.attn_qkv == 0 && !b->kv_f16 && b->attn_cluster > 0 &&
         b->fusion == BN_CUDA_FUSION_SEPARATE) {

@@ -63,6 +63,9 @@ cudaError_t bn_w2a8_cuda_gemv(const bn_w2a8_cuda_args *a, int split, cudaStream_
  * bn_w2a8_cuda_gemv_pdl_compiled(). */
 cudaError_t bn_w2a8_cuda_gemv_pdl(const bn_w2a8_cuda_args *a, int split, int pdl,
                                   cudaStream_t stream);
+/* Whether bn_w2a8_cuda_gemv_pdl takes a relu2_pair matrix of n rows in
+ * `tiles` tiles of `groups` chunk-groups (w2a8_cuda_args' relu2_pair). */
+int bn_w2a8_cuda_gemv_pair_fits(int64_t n, int64_t tiles, int64_t groups);
 /* Whether that kernel was compiled with the instructions pdl needs. */
 int bn_w2a8_cuda_gemv_pdl_compiled(void);
 /* As bn_w2a8_cuda_gemv_pdl (bit for bit), with one tile of 8 rows per

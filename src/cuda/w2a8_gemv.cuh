@@ -142,18 +142,27 @@ __device__ __forceinline__ int gemv_warp_product(const uint4 (&wv)[kPre], const 
  * tid is the thread's index in the block as the caller holds it (int, or
  * threadIdx.x itself): the row index is computed in that type, so each
  * caller keeps the instructions it had with its own copy of this code.
- * Called by every thread of the block. */
-template <int WARPS, int TILES, class Tid, class Write>
-__device__ __forceinline__ void gemv_tile_epilogue(int acc,
+ * Called by every thread of the block. gemv_tile_partials is its first
+ * half: each warp's row sums into partial[tile][split][row], published. */
+template <int WARPS, int TILES>
+__device__ __forceinline__ void gemv_tile_partials(int acc,
                                                    int (&partial)[TILES][WARPS][kGemvTileRows],
-                                                   int tile_in_block, int split, int lane, Tid tid,
-                                                   int64_t n, Write write)
+                                                   int tile_in_block, int split, int lane)
 {
     acc += __shfl_xor_sync(0xffffffffu, acc, 8);
     acc += __shfl_xor_sync(0xffffffffu, acc, 16);
     if (lane < kGemvTileRows)
         partial[tile_in_block][split][lane] = acc;
     __syncthreads();
+}
+
+template <int WARPS, int TILES, class Tid, class Write>
+__device__ __forceinline__ void gemv_tile_epilogue(int acc,
+                                                   int (&partial)[TILES][WARPS][kGemvTileRows],
+                                                   int tile_in_block, int split, int lane, Tid tid,
+                                                   int64_t n, Write write)
+{
+    gemv_tile_partials<WARPS, TILES>(acc, partial, tile_in_block, split, lane);
     if (tid < TILES * kGemvTileRows) {
         const int t = tid / kGemvTileRows, r = tid % kGemvTileRows;
         const int64_t out_row = ((int64_t)blockIdx.x * TILES + t) * kGemvTileRows + r;

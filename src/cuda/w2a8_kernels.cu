@@ -36,6 +36,9 @@ namespace {
 constexpr int kTileRows = kGemvTileRows;
 constexpr int kGroup = kGemvGroup;
 constexpr int kBlockBytes = kGemvBlockBytes;
+/* The longest activation row the GEMVs stage in shared memory (bytes);
+ * longer rows are read through L1. */
+constexpr int64_t kRowSmemMax = 160 * 1024;
 
 __device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_scale)
 {
@@ -262,11 +265,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES, (gemv_pdl_min_blocks<WARPS
     pdl_mark(1);
     if constexpr (PAIR) {
         /* gemv_tile_epilogue's sums, gate tile t and up tile t + kPairs. */
-        int a = acc + __shfl_xor_sync(0xffffffffu, acc, 8);
-        a += __shfl_xor_sync(0xffffffffu, a, 16);
-        if (lane < kTileRows)
-            partial[tile_in_block][split][lane] = a;
-        __syncthreads();
+        gemv_tile_partials<WARPS, TILES>(acc, partial, tile_in_block, split, lane);
         if (threadIdx.x < kPairs * kTileRows) {
             const int t = threadIdx.x / kTileRows, r = threadIdx.x % kTileRows;
             const int64_t out = ((int64_t)blockIdx.x * kPairs + t) * kTileRows + r;
@@ -938,7 +937,7 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv(const bn_w2a8_cuda_args *a, int split,
     /* Activations staged in shared memory measured fastest on every shape
      * (docs/PERFORMANCE.md); rows longer than the shared memory a block can
      * comfortably take read them through L1 instead. */
-    const bool fits = a->groups * kGroup <= 160 * 1024;
+    const bool fits = a->groups * kGroup <= kRowSmemMax;
     return bn_w2a8_cuda_gemv_variant(a, split, fits ? BN_W2A8_GEMV_DEFAULT_VARIANT : 1, stream);
 }
 
@@ -952,9 +951,7 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_pdl(const bn_w2a8_cuda_args *a, int spl
         a->cluster != 8)
         return cudaErrorInvalidValue;
     if (a->relu2_pair) {
-        /* [gate; up] of f rows each, f a multiple of 8 (so up's tiles start
-         * at tiles / 2), activations in shared memory. */
-        if (a->n % 16 != 0 || a->tiles != a->n / kTileRows || a->groups * kGroup > 160 * 1024)
+        if (!bn_w2a8_cuda_gemv_pair_fits(a->n, a->tiles, a->groups))
             return cudaErrorInvalidValue;
         if (a->cluster <= 1 || !bn_w2a8_cuda_gemv_cluster_usable())
             return launch_gemv_pair<1>(a, split, pdl, stream);
@@ -964,7 +961,7 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_pdl(const bn_w2a8_cuda_args *a, int spl
         default: return launch_gemv_pair<8>(a, split, pdl, stream);
         }
     }
-    if (a->groups * kGroup > 160 * 1024)
+    if (a->groups * kGroup > kRowSmemMax)
         return launch_gemv_pdl_split<false>(a, split, pdl, stream);
     if (a->cluster <= 1 || !bn_w2a8_cuda_gemv_cluster_usable())
         return launch_gemv_pdl_split<true>(a, split, pdl, stream);
@@ -974,6 +971,13 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_pdl(const bn_w2a8_cuda_args *a, int spl
     case 8: return launch_gemv_pdl_split<true, 8>(a, split, pdl, stream);
     default: return cudaErrorInvalidValue;
     }
+}
+
+extern "C" int bn_w2a8_cuda_gemv_pair_fits(int64_t n, int64_t tiles, int64_t groups)
+{
+    /* [gate; up] of f rows each, f a multiple of 8 (so up's tiles start at
+     * tiles / 2), activations in shared memory. */
+    return n > 0 && n % 16 == 0 && tiles == n / kTileRows && groups * kGroup <= kRowSmemMax;
 }
 
 extern "C" int bn_w2a8_cuda_gemv_cluster_usable(void)
