@@ -1180,11 +1180,11 @@ __global__ void __launch_bounds__(256)
 constexpr int kAttnWarps = 4; /* prefill */
 constexpr int kMaxChunks = 2; /* float4 chunks per lane: head_dim <= 256 */
 constexpr int kDecWarps = 8;  /* decode: warps per block                  */
-/* Decode: positions per warp per tile. A cluster block loads its first two
- * tiles before the PDL wait; with 5 (tiles of 40 positions) a 2B-4T block
- * of a cluster of 8 has all of its 80 positions at context 640 in flight
- * before the wait, where 4 left a third tile to load after it: the H200
- * step 985-992 against 1001-1008 us (6: 995-1004), alternated in one run. */
+/* Decode: positions per warp per tile. With 5 a 2B-4T block of a cluster
+ * of 8 has all of its 80 positions at context 640 in flight before the PDL
+ * wait (then as two tiles of 8 warps, now one of 16: cluster_warps), where
+ * 4 left a third tile to load after it: the H200 step 985-992 against
+ * 1001-1008 us (6: 995-1004), alternated in one run. */
 constexpr int kDecRows = 5;
 constexpr int kDecTile = kDecWarps * kDecRows;
 constexpr int kMinRange = kDecTile;
@@ -1490,7 +1490,7 @@ template <int KC, int G, bool kSm = false> struct DecodeBlock {
         }
     }
 
-    /* One tile of positions t0 .. t0 + kDecTile - 1 (those before `end`),
+    /* One tile of positions t0 .. t0 + (warps) kDecRows - 1 (those before `end`),
      * its cached rows in kr, vr (loaded with stop <= p). The warp holding
      * the token's own position computes its k and v the same way as
      * bn_cb_qkv_post (bit for bit) and uses them from registers; the kv
@@ -1581,10 +1581,10 @@ template <int KC, int G, bool kSm = false> struct DecodeBlock {
 
 /* The warps' partial results of a block, in shared memory, and their merge
  * into one (max, sum, acc) per head and chunk, in warp order. */
-template <int KC, int G> struct WarpParts {
+template <int KC, int G, int W = kDecWarps> struct WarpParts {
     static constexpr int kSlots = G * 32 * KC; /* (head, chunk) slots of a block */
-    float m[kDecWarps][G], l[kDecWarps][G];
-    float4 acc[kDecWarps * kSlots];
+    float m[W][G], l[W][G];
+    float4 acc[W * kSlots];
 
     template <class Block> __device__ __forceinline__ void put(const Block &b)
     {
@@ -1608,12 +1608,12 @@ template <int KC, int G> struct WarpParts {
     __device__ __forceinline__ float4 merge(int o, int g, float &mx, float &total) const
     {
         mx = -INFINITY;
-        for (int w = 0; w < kDecWarps; w++)
+        for (int w = 0; w < W; w++)
             mx = fmaxf(mx, m[w][g]);
         total = 0.0f;
         float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
         if (mx != -INFINITY)
-            for (int w = 0; w < kDecWarps; w++) {
+            for (int w = 0; w < W; w++) {
                 const float e = expf(m[w][g] - mx);
                 total += l[w][g] * e;
                 r = f4_axpy(e, acc[w * kSlots + o], r);
@@ -1811,10 +1811,10 @@ __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_k
 /* Decode through a thread-block cluster (sm_90), grid (n_heads / G, C) in
  * clusters of (1, C): the C blocks of a column form one cluster. Block r
  * of the cluster takes the tiles r, r + C, r + 2 C, ... of the length (the
- * tiles dealt out in turn, so the blocks' loads differ by at most a tile),
- * its first two tiles loaded before the wait (one for head_dim > 128, for
- * the registers): up to 2 C tiles of positions are in registers when q is
- * ready.
+ * tiles dealt out in turn, so the blocks' loads differ by at most a tile;
+ * a tile is kDecRows positions per warp, cluster_warps warps), its first
+ * tile loaded before the wait: C tiles of positions are in registers when
+ * q is ready.
  *
  * The merge: output slot o (head g, chunk ch: o = g nc + ch) belongs to
  * block o % C. After its own warp merge each block stores its (max, sum,
@@ -1833,6 +1833,15 @@ __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_k
  * result depends on the length and C only. No workspace, no counters, no
  * last block, no L2 round trip of the partial results. */
 constexpr int kMaxCluster = 16;
+
+/* Warps of a cluster decode block: 16 where a lane holds one float4 chunk
+ * of a head (head_dim <= 128), so a block's 80 positions at the 2B-4T
+ * shape's context 640 are one tile, scored by 16 warps at once instead of
+ * two tiles one after the other on 8; then only that one tile is loaded
+ * before the wait, which keeps a thread within the 128 registers that 512
+ * threads an SM allow (two tiles in registers took 156). Two chunks a lane
+ * keep 8 warps and one tile. */
+template <int KC> __host__ __device__ constexpr int cluster_warps() { return KC == 1 ? 16 : 8; }
 
 /* The kQkv kernel's dynamic shared memory: the codes row (k_padded bytes),
  * the column's raw q|k|v ((G + 2) hd floats), the block's weight tiles. */
@@ -1877,13 +1886,16 @@ __device__ __forceinline__ int64_t qkv_tile(const DecodeArgs &a, int h0, int kvh
  * cache rows are in flight early, where a cluster after the q|k|v GEMV's
  * grid starts only as it drains. */
 template <int KC, int G, bool kQkv>
-__global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(DecodeArgs a)
+__global__ void __launch_bounds__(32 * cluster_warps<KC>(), 1)
+    attn_decode_cluster_kernel(DecodeArgs a)
 {
 #if BN_HAS_CLUSTERS
     namespace cg = cooperative_groups;
+    constexpr int W = cluster_warps<KC>();
+    constexpr int kTile = W * kDecRows; /* positions of a block's tile */
     constexpr int kOut = G * 32 * KC; /* at most this many output slots (G nc) */
-    static_assert(kOut + kMaxCluster <= 32 * kDecWarps, "one merge pass: a thread per (slot, block)");
-    __shared__ WarpParts<KC, G> parts_sm;
+    static_assert(kOut + kMaxCluster <= 32 * W, "one merge pass: a thread per (slot, block)");
+    __shared__ WarpParts<KC, G, W> parts_sm;
     /* What the cluster's blocks send this one: block s's (max, sum) of head
      * g at [s][g], its acc of this block's j-th slot at [s * per + j]. */
     __shared__ float in_m[kMaxCluster][G], in_l[kMaxCluster][G];
@@ -1940,16 +1952,13 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(
     }
     const int nc = b.nc, p = b.p, len = b.len;
     const int nq = G * nc, per = (nq + C - 1) / C; /* slots, and slots per block */
-    const int step = C * kDecTile;
-    const int first = rank * kDecTile;
+    const int step = C * kTile;
+    const int first = rank * kTile;
 
     /* Rows before p only: p's own k and v come from the product. */
-    float4 kA[kDecRows][KC], vA[kDecRows][KC], kB[kDecRows][KC], vB[kDecRows][KC];
-    if (first < len) {
+    float4 kA[kDecRows][KC], vA[kDecRows][KC];
+    if (first < len)
         load_rows<KC>(kA, vA, a, first, p, b.head_off);
-        if constexpr (KC == 1)
-            load_rows<KC>(kB, vB, a, first + step, p, b.head_off);
-    }
     b.load_rope(a);
     prefetch_next_layer(a, p, blockIdx.x + gridDim.x * rank, gridDim.x * C);
     pdl_trigger();
@@ -1964,7 +1973,7 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(
         if (nt > 0)
             bulk_wait(&qkv_bars[1]);
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-        for (int j = warp; j < nt; j += kDecWarps) {
+        for (int j = warp; j < nt; j += W) {
             const uint4 *tw = reinterpret_cast<const uint4 *>(wsm + (size_t)j * tile_bytes);
             const int8_t *xl = xs + (lane / 8) * (kGemvGroup / 4);
             int acc4[4] = {0, 0, 0, 0};
@@ -1995,12 +2004,6 @@ __global__ void __launch_bounds__(32 * kDecWarps, 1) attn_decode_cluster_kernel(
     if (t0 < len) {
         b.tile(a, kA, vA, t0, len);
         t0 += step;
-    }
-    if constexpr (KC == 1) {
-        if (t0 < len) {
-            b.tile(a, kB, vB, t0, len);
-            t0 += step;
-        }
     }
     for (; t0 < len; t0 += step) {
         load_rows<KC>(kA, vA, a, t0, p, b.head_off);
@@ -2481,6 +2484,7 @@ struct DecodeKernels {
     void (*cluster)(DecodeArgs);
     void (*cluster_qkv)(DecodeArgs); /* with the q|k|v product inside */
     int g_ticket, g_cluster;
+    int cluster_threads; /* a block of the cluster kernels */
 
     int g(bool clustered) const { return clustered ? g_cluster : g_ticket; }
 };
@@ -2492,6 +2496,7 @@ static DecodeKernels decode_kernels(const bn_cb_attn_shape *s)
     const int gc = group % 2 == 0 ? 2 : 1;
     DecodeKernels k;
     k.g_cluster = gc;
+    k.cluster_threads = 32 * (wide ? cluster_warps<2>() : cluster_warps<1>());
     if (!wide) {
         k.cluster = gc == 2 ? attn_decode_cluster_kernel<1, 2, false>
                             : attn_decode_cluster_kernel<1, 1, false>;
@@ -2520,7 +2525,8 @@ static bool decode_cluster_size_ok(int c)
 /* Whether `cols` clusters of c blocks of the decode kernel (with smem bytes
  * of dynamic shared memory) can be resident at once: cudaSuccess, else
  * cudaErrorNotSupported or the query's error (cleared). */
-static cudaError_t clusters_resident(void (*kernel)(DecodeArgs), int cols, int c, size_t smem)
+static cudaError_t clusters_resident(void (*kernel)(DecodeArgs), int threads, int cols, int c,
+                                     size_t smem)
 {
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeClusterDimension;
@@ -2529,7 +2535,7 @@ static cudaError_t clusters_resident(void (*kernel)(DecodeArgs), int cols, int c
     attr.val.clusterDim.z = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)cols, (unsigned)c);
-    cfg.blockDim = dim3(32 * kDecWarps);
+    cfg.blockDim = dim3((unsigned)threads);
     cfg.dynamicSmemBytes = smem;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
@@ -2560,7 +2566,7 @@ extern "C" int bn_cb_attn_decode_cluster(const bn_cb_attn_shape *s, int cap)
     while (cap > 0 && largest > cap)
         largest /= 2;
     for (int c = largest; c >= 2; c /= 2)
-        if (clusters_resident(k.cluster, cols, c, 0) == cudaSuccess)
+        if (clusters_resident(k.cluster, k.cluster_threads, cols, c, 0) == cudaSuccess)
             return c;
     return 0;
 }
@@ -2603,7 +2609,8 @@ extern "C" cudaError_t bn_cb_attn_decode_qkv_prepare(const bn_cb_attn_shape *s, 
         return rc;
     }
     /* Every column's cluster resident at once, as the kernel without. */
-    return clusters_resident(kd.cluster_qkv, s->n_heads / kd.g_cluster, cluster, smem);
+    return clusters_resident(kd.cluster_qkv, kd.cluster_threads, s->n_heads / kd.g_cluster,
+                             cluster, smem);
 }
 
 extern "C" cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s,
@@ -2653,7 +2660,7 @@ extern "C" cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s,
     const int g = k.g(a->cluster != 0);
     d.subgroups = s->n_heads / s->n_kv_heads / g;
     const dim3 grid((unsigned)(s->n_heads / g), (unsigned)d.splits);
-    const dim3 block(32 * kDecWarps);
+    const dim3 block(a->cluster != 0 ? k.cluster_threads : 32 * kDecWarps);
     if (inside) {
         if (!qkv_plan(s, g, a->cluster, a->w_k, &d))
             return cudaErrorInvalidValue;
