@@ -71,8 +71,9 @@ if [ $sanitize -eq 1 ]; then
     # Under racecheck the longest tests take longer than one run may: they
     # run as several processes with BN_TEST_PART=i/n (and one seed), which
     # together check what one run does: test_cuda_kernels as SAN_PARTS
-    # (default 8), test_cuda_backend as 6 (one per check of its quick
-    # mode), test_default_model_cuda as 5 (one per greedy prompt).
+    # (default 8), test_cuda_backend as 12 (its quick mode's units: four
+    # per fixture, one per other check), test_default_model_cuda as 5 (one
+    # per greedy prompt).
     python3 - "$out/gpu-tests.json" "$sanitize_only" "${SAN_PARTS:-8}" >"$out/sanitize-runs.txt" <<'PY'
 import json, random, shlex, sys
 only = [t for t in sys.argv[2].split(",") if t]
@@ -83,7 +84,7 @@ for t in json.load(open(sys.argv[1]))["tests"]:
         continue
     command = " ".join(shlex.quote(c) for c in t["command"])
     for tool in ("memcheck", "racecheck"):
-        n = {"test_cuda_kernels": parts, "test_cuda_backend": 6,
+        n = {"test_cuda_kernels": parts, "test_cuda_backend": 12,
              "test_default_model_cuda": 5}.get(t["name"], 1)
         if tool == "racecheck" and n > 1:
             for i in range(n):

@@ -231,8 +231,20 @@ static bool teacher_forced(bn_cuda_backend *b, const int32_t *tokens, int32_t V,
     return ok;
 }
 
-static void check_fixture(const char *name)
+/* The units of work of a fixture (BN_TEST_PART): each runs the CPU
+ * reference and the default backend's teacher-forced logits, which the
+ * others compare against, then its own share: (0) the default's greedy
+ * runs, stage-cost timing, fp16 KV cache and summary; (1) the folded decode
+ * layouts; (2) who stages the GEMVs' activations and the q|k|v GEMV; (3)
+ * the raw gate|up values and the screened LM head. */
+enum { FIXTURE_UNITS = 4 };
+
+static void check_fixture(const char *name, int unit)
 {
+    const bool part_default = test_in_part(unit), part_layouts = test_in_part(unit + 1),
+               part_staging = test_in_part(unit + 2), part_head = test_in_part(unit + 3);
+    if (!part_default && !part_layouts && !part_staging && !part_head)
+        return;
     bn_model *m = load_fixture(name);
     if (!m)
         return;
@@ -241,6 +253,8 @@ static void check_fixture(const char *name)
     float *ref = malloc(N_STEPS * row), *eager = malloc(N_STEPS * row),
           *graph = malloc(N_STEPS * row), *half = malloc(N_STEPS * row);
     int32_t ref_tok[N_STEPS], gpu_tok[N_STEPS], eager_tok[N_STEPS];
+    memset(gpu_tok, 0, sizeof gpu_tok);
+    memset(eager_tok, 0, sizeof eager_tok);
     bn_error err;
     bn_error_clear(&err);
     if (!cpu_greedy(m, PROMPT, PROMPT_LEN, ref_tok, ref)) {
@@ -283,9 +297,10 @@ static void check_fixture(const char *name)
     }
     const double graph_vs_eager = max_diff(eager, graph, (int64_t)n_steps * V);
 
-    /* Free-running greedy on the device: graph (submit/wait), then eager. */
+    /* Free-running greedy on the device: graph (submit/wait), then eager
+     * (for the units that use the tokens). */
     int32_t *runs[2] = {gpu_tok, eager_tok};
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0; pass < 2 && (part_default || part_head); pass++) {
         const bool ok = device_greedy(b, pass == 0, runs[pass], &err);
         CHECK_MSG(ok, "%s: gpu greedy (%s): %s", name, pass ? "eager" : "graph", err.message);
         if (!ok)
@@ -296,7 +311,7 @@ static void check_fixture(const char *name)
      * same tokens as before it. */
     bn_cuda_backend_set_graphs(b, true);
     CHECK_MSG(bn_cuda_backend_graphs(b), "%s: no decode graph was captured", name);
-    if (bn_cuda_backend_graphs(b)) {
+    if (part_default && bn_cuda_backend_graphs(b)) {
         printf("%s: stage-cost timing then graph greedy: checked\n", name);
         double us = 0.0;
         int off = 0;
@@ -365,7 +380,7 @@ static void check_fixture(const char *name)
     CHECK_MSG(strstr(kernels, "norm_quantize_w2a8_gemv") == NULL &&
                   strstr(kernels, "w2a8_gemv_residual") == NULL,
               "%s: the default decode step ran a folded GEMV (%s)", name, kernels);
-    for (int opt = 0; opt < 2; opt++) {
+    for (int opt = 0; opt < 2 && part_layouts; opt++) {
         const bn_cuda_fusion f = opt ? BN_CUDA_FUSION_ALL : BN_CUDA_FUSION_NORMS;
         const char *what = bn_cuda_fusion_name(f);
         bn_cuda_backend_options o;
@@ -416,7 +431,7 @@ static void check_fixture(const char *name)
     /* Who stages the decode GEMVs' activations changes no bit of the
      * logits (the products are integer sums): every block from L2, and
      * clusters of 8 for all four GEMVs, against the default's eager run. */
-    for (int opt = 0; opt < 2; opt++) {
+    for (int opt = 0; opt < 2 && part_staging; opt++) {
         bn_cuda_backend_options o;
         bn_cuda_backend_options_default(&o);
         o.no_graphs = true;
@@ -447,7 +462,7 @@ static void check_fixture(const char *name)
     /* The q|k|v product inside the decode attention (the default where the
      * device has clusters) against a GEMV before it: the same raw values,
      * so the logits bit for bit. */
-    {
+    if (part_staging) {
         bn_cuda_backend_options o;
         bn_cuda_backend_options_default(&o);
         o.no_graphs = true;
@@ -478,7 +493,7 @@ static void check_fixture(const char *name)
      * shapes allow) against the raw gate and up values with the squared
      * ReLU in the norm kernel: the same fp32 operations on the same
      * values, so the logits bit for bit. */
-    {
+    if (part_head) {
         bn_cuda_backend_options o;
         bn_cuda_backend_options_default(&o);
         o.no_graphs = true;
@@ -511,7 +526,7 @@ static void check_fixture(const char *name)
      * size): greedy tokens, graph and eager, are the default's, which are
      * the CPU's; steps that return logits use the full head, bit for bit
      * the default's. */
-    {
+    if (part_head) {
         bn_cuda_backend_options o;
         bn_cuda_backend_options_default(&o);
         o.head_screen = 1;
@@ -553,6 +568,8 @@ static void check_fixture(const char *name)
         }
     }
 
+    if (!part_default)
+        goto out; /* the rest is unit 0's */
     /* The fp16 KV cache, fed the CPU's tokens. Its attention kernels take
      * head_dim 64, 128 or 256; other models must be refused clearly. */
     double half_rel = NAN;
@@ -1128,17 +1145,18 @@ int main(int argc, char **argv)
         TEST_SKIP("no usable CUDA device: %s", why);
     /* BN_TEST_QUICK=1 (the sanitizer runs): two fixtures (a packed HF
      * directory and a Q8_0-embedding GGUF) and no 2B-4T model.
-     * BN_TEST_PART=i/n: every n-th of the checks below (racecheck runs them
-     * as separate processes). */
+     * BN_TEST_PART=i/n: every n-th of the units below (racecheck runs them
+     * as separate processes; a fixture is FIXTURE_UNITS of them). */
     const bool quick = getenv("BN_TEST_QUICK") && strcmp(getenv("BN_TEST_QUICK"), "0") != 0;
     if (quick)
         n_steps = 8;
     int unit = 0;
     for (size_t i = 0; i < sizeof FIXTURES / sizeof FIXTURES[0]; i++)
         if (!quick || strcmp(FIXTURES[i], "hf_packed") == 0 ||
-            strcmp(FIXTURES[i], "tq2_0.gguf") == 0)
-            if (test_in_part(unit++))
-                check_fixture(FIXTURES[i]);
+            strcmp(FIXTURES[i], "tq2_0.gguf") == 0) {
+            check_fixture(FIXTURES[i], unit);
+            unit += FIXTURE_UNITS;
+        }
     void (*const checks[])(void) = {check_chunks, check_ragged, check_errors, check_engine,
                                     check_2b4t};
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
