@@ -521,6 +521,14 @@ __device__ __forceinline__ int lean_block_sum(int v, int *slots)
     return v;
 }
 
+/* The maximum of a warp's non-negative, non-NaN floats in one instruction
+ * (redux.sync): such floats order as their bit patterns do, so the
+ * unsigned maximum is the float maximum, bit for bit fmaxf's. */
+__device__ __forceinline__ float warp_max_nonneg(float v)
+{
+    return __uint_as_float(__reduce_max_sync(kFull, __float_as_uint(v)));
+}
+
 template <int kSrc, int KV4>
 __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQuantArgs a)
 {
@@ -643,22 +651,19 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
             total += c;
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
-        total += __shfl_xor_sync(kFull, total, o);
-    }
+    /* Both by redux.sync (one instruction each instead of five shuffle
+     * steps): amax is >= +0 and never NaN (fmaxf from 0 drops NaN), and the
+     * integer sum is exact in any order. */
+    amax = warp_max_nonneg(amax);
+    total = __reduce_add_sync(kFull, total);
     /* (Pass 1's partials are in red.d: no barrier needed before these.) */
     if (lane == 0) {
         red.f[warp] = amax;
         red.i[warp] = total;
     }
     __syncthreads();
-    amax = lane < W ? red.f[lane] : 0.0f;
-    total = lane < W ? red.i[lane] : 0;
-    for (int o = 16; o > 0; o >>= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
-        total += __shfl_xor_sync(kFull, total, o);
-    }
+    amax = warp_max_nonneg(lane < W ? red.f[lane] : 0.0f);
+    total = __reduce_add_sync(kFull, lane < W ? red.i[lane] : 0);
     pdl_mark(2);
 
     const bool exact = amax >= kQuantEps && usable;
