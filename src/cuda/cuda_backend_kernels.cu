@@ -529,6 +529,16 @@ __device__ __forceinline__ float warp_max_nonneg(float v)
     return __uint_as_float(__reduce_max_sync(kFull, __float_as_uint(v)));
 }
 
+/* The same for non-negative, non-NaN doubles: the largest high word, then
+ * the largest low word among the lanes holding it (two redux.sync). */
+__device__ __forceinline__ double warp_max_nonneg(double v)
+{
+    const unsigned long long b = (unsigned long long)__double_as_longlong(v);
+    const unsigned hi = __reduce_max_sync(kFull, (unsigned)(b >> 32));
+    const unsigned lo = __reduce_max_sync(kFull, (unsigned)(b >> 32) == hi ? (unsigned)b : 0u);
+    return __longlong_as_double((long long)(((unsigned long long)hi << 32) | lo));
+}
+
 template <int kSrc, int KV4>
 __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQuantArgs a)
 {
@@ -603,10 +613,9 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
             mx = fmax(mx, fabs(__dmul_rn((double)wp[e], (double)vp[e])));
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
+    for (int o = 16; o > 0; o >>= 1)
         ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
-        mx = fmax(mx, __shfl_xor_sync(kFull, mx, o));
-    }
+    mx = warp_max_nonneg(mx);
     pdl_mark(0);
     if (lane == 0) {
         red.d[0][warp] = ss;
@@ -616,11 +625,9 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
     /* Second level: every warp runs the same butterfly over the warps'
      * partials (0 past the last warp), so all threads get the same bits. */
     ss = lane < W ? red.d[0][lane] : 0.0;
-    mx = lane < W ? red.d[1][lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1) {
+    mx = warp_max_nonneg(lane < W ? red.d[1][lane] : 0.0);
+    for (int o = 16; o > 0; o >>= 1)
         ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
-        mx = fmax(mx, __shfl_xor_sync(kFull, mx, o));
-    }
     const float inv = inv_rms(ss, a.k, a.eps);
     /* fl32(M) is the largest fp32 product (rounding is monotone): all the
      * estimate needs. */
