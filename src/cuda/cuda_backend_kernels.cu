@@ -521,24 +521,6 @@ __device__ __forceinline__ int lean_block_sum(int v, int *slots)
     return v;
 }
 
-/* The maximum of a warp's non-negative, non-NaN floats in one instruction
- * (redux.sync): such floats order as their bit patterns do, so the
- * unsigned maximum is the float maximum, bit for bit fmaxf's. */
-__device__ __forceinline__ float warp_max_nonneg(float v)
-{
-    return __uint_as_float(__reduce_max_sync(kFull, __float_as_uint(v)));
-}
-
-/* The same for non-negative, non-NaN doubles: the largest high word, then
- * the largest low word among the lanes holding it (two redux.sync). */
-__device__ __forceinline__ double warp_max_nonneg(double v)
-{
-    const unsigned long long b = (unsigned long long)__double_as_longlong(v);
-    const unsigned hi = __reduce_max_sync(kFull, (unsigned)(b >> 32));
-    const unsigned lo = __reduce_max_sync(kFull, (unsigned)(b >> 32) == hi ? (unsigned)b : 0u);
-    return __longlong_as_double((long long)(((unsigned long long)hi << 32) | lo));
-}
-
 template <int kSrc, int KV4>
 __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQuantArgs a)
 {
