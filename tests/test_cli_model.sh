@@ -150,7 +150,7 @@ run "$BITNET" run -m "$M/i2s.gguf" --prompt-ids "$PACKED_PROMPT" -n "$N_GREEDY" 
     --receipt "$tmp/r.json"
 expect_rc 0 "run with a receipt"
 if [ $HAVE_GPU = 1 ]; then
-    expect_in err "^requested=auto detected=\[cuda,[a-z0-9,]*scalar\] selected=cuda:[0-9]+ \(.*, (graphs|no graphs), kv f32, fusion (norms|all|separate), attention merge (ticket|cluster (2|4|8|16))( with q\|k\|v)?, gemv stage (block|cluster (2|4|8)), greedy head (screened|full)\)$" \
+    expect_in err "^requested=auto detected=\[cuda,[a-z0-9,]*scalar\] selected=cuda:[0-9]+ \(.*, (graphs|no graphs), kv f32, fusion (norms|all|separate), attention merge (ticket|cluster (2|4|8|16))( with q\|k\|v)?, gemv stage (block|cluster (2|4|8))( \(gate\|up cluster 16\))?, greedy head (screened|full)\)$" \
         "one startup line on stderr"
     SELECTED=cuda
 else
@@ -550,15 +550,19 @@ expect_in err "head-screen must be auto, on or off" "bench e2e --head-screen nam
 run "$BITNET" bench e2e --shape tiny --qkv inside
 expect_rc 2 "bench e2e --qkv inside"
 expect_in err "qkv must be auto or gemv" "bench e2e --qkv names its values"
+run "$BITNET" bench e2e --shape tiny --gate-up-stage cluster8
+expect_rc 2 "bench e2e --gate-up-stage cluster8"
+expect_in err "gate-up-stage must be auto, gemv or cluster16" \
+    "bench e2e --gate-up-stage names its values"
 if [ $HAVE_GPU = 1 ]; then
     run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda
     expect_rc 0 "bench e2e --device cuda"
     expect_in out "selected=cuda:" "bench e2e on the GPU"
-    expect_in out "gemv stage (cluster 8|block), greedy head full\)" "bench e2e: the GEMVs' default staging (a tiny head: not screened)"
+    expect_in out "gemv stage (cluster 8|block)( \(gate\|up cluster 16\))?, greedy head full\)" "bench e2e: the GEMVs' default staging (a tiny head: not screened)"
     expect_in out "^head +greedy steps read the whole LM head" "bench e2e: the head line"
-    run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda --gemv-stage cluster8
-    expect_rc 0 "bench e2e --gemv-stage cluster8"
-    expect_in out "gemv stage (cluster 8|block), greedy head full\)" "bench e2e --gemv-stage cluster8 on the GPU"
+    run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda --gemv-stage cluster8 --gate-up-stage gemv
+    expect_rc 0 "bench e2e --gemv-stage cluster8 --gate-up-stage gemv"
+    expect_in out "gemv stage (cluster 8|block), greedy head full\)" "bench e2e --gemv-stage cluster8 --gate-up-stage gemv on the GPU: one staging for all"
     run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda --head-screen on --qkv gemv
     expect_rc 0 "bench e2e --head-screen on --qkv gemv"
     expect_in out "attention merge (ticket|cluster (2|4|8|16)), gemv stage .*, greedy head screened\)" "bench e2e --head-screen on --qkv gemv: the startup line"

@@ -318,13 +318,15 @@ static void check_fixture(const char *name, int unit)
         unsigned mask = ~0u;
         bn_status st = bn_cuda_backend_time_decode_without(b, mask, gpu_tok[0], PROMPT_LEN, 2,
                                                            &us, &off, &err);
-        if (st != BN_OK && bn_cuda_backend_attn_cluster(b) > 8) {
-            /* Clusters of 16: the driver refuses to disable the attention's
-             * nodes, which must be said as such; the other stages still time. */
+        const unsigned fixed = bn_cuda_backend_fixed_stages(b);
+        if (st != BN_OK && fixed != 0) {
+            /* Clusters of 16 (the attention's, the gate|up GEMV's): the
+             * driver refuses to disable their nodes, which must be said as
+             * such; the other stages still time. */
             CHECK_MSG(st == BN_ERR_UNSUPPORTED && strstr(err.message, "clusters of") != NULL,
-                      "%s: time_decode_without with clusters of %d: %s", name,
-                      bn_cuda_backend_attn_cluster(b), err.message);
-            mask &= ~(1u << BN_CUDA_STAGE_ATTENTION);
+                      "%s: time_decode_without with stages %#x in clusters of 16: %s", name,
+                      fixed, err.message);
+            mask &= ~fixed;
             st = bn_cuda_backend_time_decode_without(b, mask, gpu_tok[0], PROMPT_LEN, 2, &us,
                                                      &off, &err);
         }
@@ -429,22 +431,35 @@ static void check_fixture(const char *name, int unit)
     }
 
     /* Who stages the decode GEMVs' activations changes no bit of the
-     * logits (the products are integer sums): every block from L2, and
-     * clusters of 8 for all four GEMVs, against the default's eager run. */
-    for (int opt = 0; opt < 2 && part_staging; opt++) {
+     * logits (the products are integer sums): every block from L2, clusters
+     * of 8 for the GEMVs with the gate|up pair's default (clusters of 16
+     * where the device holds them), and clusters of 8 for all four, against
+     * the default's eager run. */
+    for (int opt = 0; opt < 3 && part_staging; opt++) {
         bn_cuda_backend_options o;
         bn_cuda_backend_options_default(&o);
         o.no_graphs = true;
         o.gemv_cluster = opt ? 8 : -1;
+        o.gate_up_cluster = opt == 2 ? -1 : 0;
         bn_cuda_backend *u = NULL;
         CHECK_MSG(bn_cuda_backend_create(m, &o, &u, &err) == BN_OK,
                   "%s: cuda create (gemv_cluster %d): %s", name, o.gemv_cluster, err.message);
         if (!u)
             continue;
         const int cluster = bn_cuda_backend_gemv_cluster(u);
-        CHECK_MSG(cluster == (opt == 1 && bn_w2a8_cuda_gemv_cluster_usable() ? 8 : 0),
+        CHECK_MSG(cluster == (opt > 0 && bn_w2a8_cuda_gemv_cluster_usable() ? 8 : 0),
                   "%s: gemv_cluster %d: staged per cluster of %d", name, o.gemv_cluster, cluster);
-        const char *stage = cluster ? "cluster 8" : "block";
+        /* The pair GEMV: clusters of 16 only by default over clusters of 8
+         * (where they fit), otherwise the other GEMVs' staging. */
+        const int gu = bn_cuda_backend_gate_up_cluster(u);
+        const bool may16 = opt == 1 && cluster == 8 && bn_cuda_backend_gate_up_pair(u);
+        CHECK_MSG(gu == cluster || (may16 && gu == 16),
+                  "%s: gemv_cluster %d, gate_up_cluster %d: gate|up staged per cluster of %d",
+                  name, o.gemv_cluster, o.gate_up_cluster, gu);
+        CHECK_MSG(((bn_cuda_backend_fixed_stages(u) >> BN_CUDA_STAGE_GATE_UP) & 1u) == (gu > 8),
+                  "%s: gate|up in clusters of %d, fixed stages %#x", name, gu,
+                  bn_cuda_backend_fixed_stages(u));
+        const char *stage = !cluster ? "block" : gu == 16 ? "cluster 8/16" : "cluster 8";
         float *alt = malloc(N_STEPS * row);
         const bool ok = teacher_forced(u, ref_tok, V, alt, &err);
         CHECK_MSG(ok, "%s: gpu forward (gemv stage %s): %s", name, stage, err.message);

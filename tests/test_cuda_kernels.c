@@ -46,7 +46,9 @@ static int64_t count_diff(const float *d_y, const float *ref, int64_t m, int64_t
 
 /* The decode step's gate|up GEMV in pairs (relu2_pair): a's n x k matrix
  * (codes) taken as [gate; up] of f = n / 2 rows each. Every split, with the
- * activations staged by every block and once per cluster of 2 and 8, must
+ * activations staged by every block and once per cluster of 2, 8 and 16
+ * (where the device holds clusters of 16 of its blocks: on a device with
+ * clusters, at least one split must), must
  * give the CPU's products with weight scale 1 turned into relu(g sg)^2
  * (u su) bit for bit, and write nothing past y[f - 1] (poison kept). */
 static void check_gate_up_pair(const bn_w2a8_cuda_args *base, const int8_t *codes,
@@ -68,8 +70,9 @@ static void check_gate_up_pair(const bn_w2a8_cuda_args *base, const int8_t *code
             memcpy(&ref[i], &poison, sizeof poison);
         }
     }
-    const int splits[] = {1, 2, 4, 8}, clusters[] = {0, 2, 8};
-    for (int c = 0; c < 3; c++)
+    const int splits[] = {1, 2, 4, 8}, clusters[] = {0, 2, 8, 16};
+    int ran16 = 0;
+    for (int c = 0; c < 4; c++)
         for (int si = 0; si < 4; si++) {
             bn_w2a8_cuda_args a = *base;
             a.relu2_pair = 1;
@@ -77,6 +80,11 @@ static void check_gate_up_pair(const bn_w2a8_cuda_args *base, const int8_t *code
             a.relu2_su = su;
             a.weight_scale = -1.0f; /* unused in pairs */
             a.cluster = clusters[c];
+            if (clusters[c] == 16) {
+                if (!bn_w2a8_cuda_gemv_pair_cluster16(&a, splits[si]))
+                    continue;
+                ran16++;
+            }
             CUDA_OK(cudaMemset(a.y, 0xff, sizeof(float) * (size_t)n));
             CUDA_OK(bn_w2a8_cuda_gemv_pdl(&a, splits[si], 0, 0));
             int64_t first;
@@ -88,6 +96,9 @@ static void check_gate_up_pair(const bn_w2a8_cuda_args *base, const int8_t *code
                       (long long)n, (long long)first, first >= 0 ? y[first] : 0.0,
                       first >= 0 ? ref[first] : 0.0);
         }
+    CHECK_MSG(ran16 > 0 || !bn_w2a8_cuda_gemv_cluster_usable(),
+              "gate|up pair gemv f=%lld k=%lld: clusters of 16 fit at no split", (long long)f,
+              (long long)k);
     /* Shapes it does not take: an odd number of tiles a part. */
     bn_w2a8_cuda_args bad = *base;
     bad.relu2_pair = 1;

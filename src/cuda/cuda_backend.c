@@ -158,6 +158,7 @@ struct bn_cuda_backend {
     int gemv_cluster; /* decode GEMVs: activations staged per cluster of this many (0: none) */
     bool attn_qkv;    /* the decode attention computes the q|k|v product (no GEMV) */
     bool gu_pair;     /* the decode gate|up GEMV writes relu(gate)^2 * up */
+    int gu_cluster;   /* its activations staged per cluster of this many (0: none) */
     uint64_t scratch_bytes;
 
     int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], dec[3], next, then
@@ -414,7 +415,7 @@ static bn_status decode_matmul(bn_cuda_backend *b, const group *g, bn_cb_decode_
  * up of b->xq into b->gu (ffn values), the squared ReLU done in the GEMV's
  * epilogue with the segments' scales, so the norm kernel after it reads one
  * row instead of two. */
-static bn_status gate_up_pair(bn_cuda_backend *b, const group *g, int pdl, bn_error *err)
+static bn_w2a8_cuda_args pair_args(const bn_cuda_backend *b, const group *g)
 {
     bn_w2a8_cuda_args a = w2a8_args(b, g, 1);
     a.weights = b->d_w + g->s[0].off;
@@ -426,6 +427,13 @@ static bn_status gate_up_pair(bn_cuda_backend *b, const group *g, int pdl, bn_er
     a.relu2_pair = 1;
     a.relu2_sg = g->s[0].scale;
     a.relu2_su = g->s[1].scale;
+    a.cluster = b->gu_cluster;
+    return a;
+}
+
+static bn_status gate_up_pair(bn_cuda_backend *b, const group *g, int pdl, bn_error *err)
+{
+    const bn_w2a8_cuda_args a = pair_args(b, g);
     BN_CUDA_TRY(err, bn_w2a8_cuda_gemv_pdl(&a, g->split, pdl, b->cs));
     b->ran |= 1u << K_GEMV_PAIR;
     return BN_OK;
@@ -1596,6 +1604,10 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "cuda backend: head_screen must be -1, 0 or 1 (got %d)",
                             opt.head_screen);
+    if (opt.gate_up_cluster != -1 && opt.gate_up_cluster != 0 && opt.gate_up_cluster != 16)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "cuda backend: gate_up_cluster must be -1, 0 or 16 (got %d)",
+                            opt.gate_up_cluster);
     if (opt.gemv_cluster != -1 && opt.gemv_cluster != 0 && opt.gemv_cluster != 2 &&
         opt.gemv_cluster != 4 && opt.gemv_cluster != 8)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
@@ -1823,6 +1835,19 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         b->gu_pair = g->fused_ok && g->n_seg == 2 && g->s[0].n == g->s[1].n &&
                      bn_w2a8_cuda_gemv_pair_fits(g->fused.n, g->fused.tiles, g->fused.groups);
     }
+    if (st == BN_OK) {
+        /* The pair GEMV's staging: clusters of 16 halve the clusters asking
+         * L2 for the same row (docs/CUDA.md), where the device holds them. */
+        b->gu_cluster = b->gemv_cluster;
+        const bool want16 = opt.gate_up_cluster == 16 ||
+                            (opt.gate_up_cluster == 0 && b->gemv_cluster > 1);
+        if (b->gu_pair && want16) {
+            b->gu_cluster = 16;
+            const bn_w2a8_cuda_args a = pair_args(b, &b->groups[G_GU]);
+            if (!bn_w2a8_cuda_gemv_pair_cluster16(&a, b->groups[G_GU].split))
+                b->gu_cluster = b->gemv_cluster;
+        }
+    }
     if (st == BN_OK && opt.attn_qkv == 0 && !b->kv_f16 && b->attn_cluster > 0 &&
         b->fusion == BN_CUDA_FUSION_SEPARATE) {
         /* The decode attention computes q|k|v itself where its clusters can
@@ -1910,6 +1935,20 @@ bn_cuda_kv_type bn_cuda_backend_kv_type(const bn_cuda_backend *b)
 bn_cuda_fusion bn_cuda_backend_fusion(const bn_cuda_backend *b) { return b->fusion; }
 int bn_cuda_backend_attn_cluster(const bn_cuda_backend *b) { return b->attn_cluster; }
 int bn_cuda_backend_gemv_cluster(const bn_cuda_backend *b) { return b->gemv_cluster; }
+int bn_cuda_backend_gate_up_cluster(const bn_cuda_backend *b)
+{
+    return b->gu_pair ? b->gu_cluster : b->gemv_cluster;
+}
+
+unsigned bn_cuda_backend_fixed_stages(const bn_cuda_backend *b)
+{
+    unsigned m = 0;
+    if (!b->kv_f16 && b->attn_cluster > 8)
+        m |= 1u << BN_CUDA_STAGE_ATTENTION;
+    if (b->fusion == BN_CUDA_FUSION_SEPARATE && b->gu_pair && b->gu_cluster > 8)
+        m |= 1u << BN_CUDA_STAGE_GATE_UP;
+    return m;
+}
 bool bn_cuda_backend_head_screen(const bn_cuda_backend *b) { return b->head_screen; }
 bool bn_cuda_backend_attn_qkv(const bn_cuda_backend *b) { return b->attn_qkv; }
 bool bn_cuda_backend_gate_up_pair(const bn_cuda_backend *b) { return b->gu_pair; }
@@ -2143,12 +2182,18 @@ bn_status bn_cuda_backend_time_decode_without(bn_cuda_backend *b, unsigned stage
     for (int i = 0; i < b->n_graph_nodes && st == BN_OK; i++)
         if (stages >> b->graph_node_stage[i] & 1u) {
             const cudaError_t rc = cudaGraphNodeSetEnabled(b->graph, b->graph_nodes[i], 0);
+            const bool attn = b->graph_node_stage[i] == BN_CUDA_STAGE_ATTENTION;
             if (rc == cudaErrorInvalidClusterSize) /* non-portable cluster sizes: refused */
-                st = bn_error_set(err, BN_ERR_UNSUPPORTED, "bench e2e --attn-merge cluster8 "
-                                  "times the attention with clusters the driver can disable",
-                                  "the driver cannot disable the attention's graph nodes "
+                st = bn_error_set(err, BN_ERR_UNSUPPORTED,
+                                  attn ? "bench e2e --attn-merge cluster8 times the attention "
+                                         "with clusters the driver can disable"
+                                       : "bench e2e --gate-up-stage gemv times the gate|up GEMV "
+                                         "with clusters the driver can disable",
+                                  "the driver cannot disable the %s's graph nodes "
                                   "(thread-block clusters of %d blocks: %s)",
-                                  b->attn_cluster, cudaGetErrorString(rc));
+                                  attn ? "attention" : "gate|up GEMV",
+                                  attn ? b->attn_cluster : b->gu_cluster,
+                                  cudaGetErrorString(rc));
             else
                 st = BN_CUDA_STATUS(err, rc);
             *disabled += st == BN_OK;

@@ -118,6 +118,11 @@ typedef struct bn_cuda_backend_options {
                               the same rows and writes relu(gate)^2 * up, where the
                               shapes allow), -1 the raw gate and up values and the
                               squared ReLU in the norm kernel after (docs/CUDA.md) */
+    int gate_up_cluster;   /* decode gate|up in pairs: 0 the default (its activations
+                              staged per cluster of 16 blocks where the decode GEMVs
+                              stage per cluster and the device holds clusters of 16
+                              of its blocks), 16 the same whatever the other GEMVs
+                              do, -1 as the other decode GEMVs (docs/CUDA.md)       */
     int head_screen;       /* greedy steps' LM head: 0 the default (screened through
                               an int8 copy when the head takes at least 64 MiB and
                               the copy fits), 1 always screened, -1 never; the token
@@ -194,6 +199,13 @@ int bn_cuda_backend_attn_cluster(const bn_cuda_backend *b);
 /* The decode GEMVs' cluster size for staging their activations (0: every
  * block stages its own). */
 int bn_cuda_backend_gemv_cluster(const bn_cuda_backend *b);
+/* The decode gate|up GEMV's cluster size for staging its activations
+ * (gate_up_cluster; 0: every block stages its own). */
+int bn_cuda_backend_gate_up_cluster(const bn_cuda_backend *b);
+/* The stages (bit mask, 1 << bn_cuda_stage) of the decode graph whose kernels
+ * run in thread-block clusters of more than 8 blocks, which the driver
+ * refuses to disable (time_decode_without). */
+unsigned bn_cuda_backend_fixed_stages(const bn_cuda_backend *b);
 /* Whether the decode attention computes the q|k|v product itself. */
 bool bn_cuda_backend_attn_qkv(const bn_cuda_backend *b);
 /* Whether the decode gate|up GEMV writes relu(gate)^2 * up (gate_up_pair). */
@@ -280,8 +292,9 @@ bn_status bn_cuda_backend_time_decode_device(bn_cuda_backend *b, int32_t token, 
  * afterwards. *disabled: the kernel nodes turned off. BN_ERR_UNSUPPORTED
  * without a captured graph whose kernels could be matched to stages, and
  * where the driver refuses to disable a node launched in thread-block
- * clusters of more than 8 blocks (the fp32 decode attention with clusters of
- * 16: cudaErrorInvalidClusterSize; every node is left enabled). */
+ * clusters of more than 8 blocks (cudaErrorInvalidClusterSize: the fp32
+ * decode attention or the gate|up GEMV in clusters of 16, the stages of
+ * bn_cuda_backend_fixed_stages; every node is left enabled). */
 bn_status bn_cuda_backend_time_decode_without(bn_cuda_backend *b, unsigned stages, int32_t token,
                                               int64_t pos, int reps, double *us_per_step,
                                               int *disabled, bn_error *err);

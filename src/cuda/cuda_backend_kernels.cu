@@ -1994,13 +1994,9 @@ __global__ void __launch_bounds__(32 * cluster_warps<KC>(), 1)
     b.start(a);
     if constexpr (!kQkv)
         pdl_mark(0);
-    int t0 = first;
-    if (t0 < len) {
-        b.tile(a, kA, vA, t0, len);
-        t0 += step;
-    }
-    for (; t0 < len; t0 += step) {
-        load_rows<KC>(kA, vA, a, t0, p, b.head_off);
+    for (int t0 = first; t0 < len; t0 += step) {
+        if (t0 != first) /* the first tile was loaded before the wait */
+            load_rows<KC>(kA, vA, a, t0, p, b.head_off);
         b.tile(a, kA, vA, t0, len);
     }
 

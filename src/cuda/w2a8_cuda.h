@@ -27,9 +27,12 @@ typedef struct bn_w2a8_cuda_args {
     int64_t ldy;
     int32_t *workspace;       /* m * n int32 for the skinny GEMM's split-K */
     int sm_count;             /* the device's SMs (sizes split-K)          */
-    int cluster;              /* bn_w2a8_cuda_gemv_pdl: 2, 4 or 8 stages the
-                                 activations once per cluster of that many
-                                 blocks; 0 or 1 in every block             */
+    int cluster;              /* bn_w2a8_cuda_gemv_pdl: 2, 4, 8 or 16 stages
+                                 the activations once per cluster of that
+                                 many blocks (16, a non-portable size: where
+                                 the device holds such clusters, e.g.
+                                 bn_w2a8_cuda_gemv_pair_cluster16); 0 or 1
+                                 in every block                            */
     int32_t *streamk;         /* bn_w2a8_cuda_gemm_streamk_bytes(sm_count),
                                  zeroed once at allocation (every call
                                  leaves it so); NULL: no stream-K GEMM     */
@@ -66,6 +69,10 @@ cudaError_t bn_w2a8_cuda_gemv_pdl(const bn_w2a8_cuda_args *a, int split, int pdl
 /* Whether bn_w2a8_cuda_gemv_pdl takes a relu2_pair matrix of n rows in
  * `tiles` tiles of `groups` chunk-groups (w2a8_cuda_args' relu2_pair). */
 int bn_w2a8_cuda_gemv_pair_fits(int64_t n, int64_t tiles, int64_t groups);
+/* Whether the device can hold that relu2_pair GEMV (a's shape, this split)
+ * in clusters of 16 blocks: cluster staging usable and at least one such
+ * cluster resident at a time. */
+int bn_w2a8_cuda_gemv_pair_cluster16(const bn_w2a8_cuda_args *a, int split);
 /* Whether that kernel was compiled with the instructions pdl needs. */
 int bn_w2a8_cuda_gemv_pdl_compiled(void);
 /* As bn_w2a8_cuda_gemv_pdl (bit for bit), with one tile of 8 rows per

@@ -294,8 +294,12 @@ __global__ void __launch_bounds__(32 * WARPS * TILES, (gemv_pdl_min_blocks<WARPS
     pdl_mark(2);
 }
 
+/* Launches gemv_pdl_kernel for a; or, with `resident` non-NULL, launches
+ * nothing and stores how many of its clusters the device can hold at once
+ * (0: a cluster of CL of its blocks does not fit). */
 template <int WARPS, int TILES, bool X_SMEM, int CL, bool PAIR = false>
-cudaError_t launch_gemv_pdl(const bn_w2a8_cuda_args *a, int pdl, cudaStream_t stream)
+cudaError_t launch_gemv_pdl(const bn_w2a8_cuda_args *a, int pdl, cudaStream_t stream,
+                            int *resident = nullptr)
 {
     /* In clusters the grid is a whole number of them (the extra blocks
      * have no tile: they stage the row and write nothing). */
@@ -304,11 +308,32 @@ cudaError_t launch_gemv_pdl(const bn_w2a8_cuda_args *a, int pdl, cudaStream_t st
     const int64_t blocks = ((units + per_block - 1) / per_block + CL - 1) / CL * CL;
     const size_t smem = X_SMEM ? (size_t)(a->groups * kGroup) : 0;
     auto kernel = gemv_pdl_kernel<WARPS, TILES, X_SMEM, CL, PAIR>;
+    if (CL > 8) { /* clusters of 16: a size the device must be told to allow */
+        cudaError_t rc =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        if (rc != cudaSuccess)
+            return rc;
+    }
     if (X_SMEM && smem > 48 * 1024) {
         cudaError_t rc =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (rc != cudaSuccess)
             return rc;
+    }
+    if (resident) {
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = CL;
+        attr.val.clusterDim.y = 1;
+        attr.val.clusterDim.z = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)blocks);
+        cfg.blockDim = dim3(32 * WARPS * TILES);
+        cfg.dynamicSmemBytes = smem;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        *resident = 0;
+        return cudaOccupancyMaxActiveClusters(resident, kernel, &cfg);
     }
     return pdl_launch_clustered(kernel, dim3((unsigned)blocks), dim3(32 * WARPS * TILES), smem,
                                 dim3(CL, 1, 1), stream, pdl,
@@ -318,15 +343,16 @@ cudaError_t launch_gemv_pdl(const bn_w2a8_cuda_args *a, int pdl, cudaStream_t st
 }
 
 /* The relu2_pair GEMV: every split with two tiles (one pair) a block, four
- * (two pairs) at split 1. */
+ * (two pairs) at split 1. resident: as launch_gemv_pdl's. */
 template <int CL>
-cudaError_t launch_gemv_pair(const bn_w2a8_cuda_args *a, int split, int pdl, cudaStream_t stream)
+cudaError_t launch_gemv_pair(const bn_w2a8_cuda_args *a, int split, int pdl, cudaStream_t stream,
+                             int *resident = nullptr)
 {
     switch (split) {
-    case 1: return launch_gemv_pdl<1, 4, true, CL, true>(a, pdl, stream);
-    case 2: return launch_gemv_pdl<2, 2, true, CL, true>(a, pdl, stream);
-    case 4: return launch_gemv_pdl<4, 2, true, CL, true>(a, pdl, stream);
-    case 8: return launch_gemv_pdl<8, 2, true, CL, true>(a, pdl, stream);
+    case 1: return launch_gemv_pdl<1, 4, true, CL, true>(a, pdl, stream, resident);
+    case 2: return launch_gemv_pdl<2, 2, true, CL, true>(a, pdl, stream, resident);
+    case 4: return launch_gemv_pdl<4, 2, true, CL, true>(a, pdl, stream, resident);
+    case 8: return launch_gemv_pdl<8, 2, true, CL, true>(a, pdl, stream, resident);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -948,7 +974,7 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_pdl(const bn_w2a8_cuda_args *a, int spl
      * when they fit comfortably; staged once per cluster when asked for and
      * the device and the build have clusters. */
     if (a->cluster != 0 && a->cluster != 1 && a->cluster != 2 && a->cluster != 4 &&
-        a->cluster != 8)
+        a->cluster != 8 && a->cluster != 16)
         return cudaErrorInvalidValue;
     if (a->relu2_pair) {
         if (!bn_w2a8_cuda_gemv_pair_fits(a->n, a->tiles, a->groups))
@@ -958,7 +984,8 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_pdl(const bn_w2a8_cuda_args *a, int spl
         switch (a->cluster) {
         case 2: return launch_gemv_pair<2>(a, split, pdl, stream);
         case 4: return launch_gemv_pair<4>(a, split, pdl, stream);
-        default: return launch_gemv_pair<8>(a, split, pdl, stream);
+        case 8: return launch_gemv_pair<8>(a, split, pdl, stream);
+        default: return launch_gemv_pair<16>(a, split, pdl, stream);
         }
     }
     if (a->groups * kGroup > kRowSmemMax)
@@ -969,8 +996,23 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_pdl(const bn_w2a8_cuda_args *a, int spl
     case 2: return launch_gemv_pdl_split<true, 2>(a, split, pdl, stream);
     case 4: return launch_gemv_pdl_split<true, 4>(a, split, pdl, stream);
     case 8: return launch_gemv_pdl_split<true, 8>(a, split, pdl, stream);
+    case 16: return launch_gemv_pdl_split<true, 16>(a, split, pdl, stream);
     default: return cudaErrorInvalidValue;
     }
+}
+
+extern "C" int bn_w2a8_cuda_gemv_pair_cluster16(const bn_w2a8_cuda_args *a, int split)
+{
+    if (!a->relu2_pair || !bn_w2a8_cuda_gemv_pair_fits(a->n, a->tiles, a->groups) ||
+        !bn_w2a8_cuda_gemv_cluster_usable())
+        return 0;
+    int resident = 0;
+    const cudaError_t rc = launch_gemv_pair<16>(a, split, 0, nullptr, &resident);
+    if (rc != cudaSuccess) { /* a device that refuses the size: not an error to keep */
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return resident > 0;
 }
 
 extern "C" int bn_w2a8_cuda_gemv_pair_fits(int64_t n, int64_t tiles, int64_t groups)

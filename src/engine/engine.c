@@ -259,6 +259,7 @@ static bn_status open_cuda(bn_engine *e, const bn_config *cfg, const bn_engine_o
     o.head_screen = opt->cuda_head_screen;
     o.attn_qkv = opt->cuda_attn_qkv;
     o.gate_up_pair = opt->cuda_gate_up_pair;
+    o.gate_up_cluster = opt->cuda_gate_up_cluster;
     o.threads = e->threads_req;
     bn_status st = bn_cuda_backend_create(e->model, &o, &e->cuda, err);
     if (st != BN_OK)
@@ -393,8 +394,15 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
         cluster_or(merge, sizeof merge, f16 ? 0 : bn_cuda_backend_attn_cluster(e->cuda),
                    f16 ? "kernel" : "ticket");
         /* Who stages the decode GEMVs' activations. */
-        char stage[32];
+        char stage[64];
         cluster_or(stage, sizeof stage, bn_cuda_backend_gemv_cluster(e->cuda), "block");
+        const int gu = bn_cuda_backend_gate_up_cluster(e->cuda);
+        if (gu != bn_cuda_backend_gemv_cluster(e->cuda)) { /* the gate|up GEMV's own */
+            char gu_stage[32];
+            cluster_or(gu_stage, sizeof gu_stage, gu, "block");
+            const size_t used = strlen(stage);
+            snprintf(stage + used, sizeof stage - used, " (gate|up %s)", gu_stage);
+        }
         snprintf(e->startup, sizeof e->startup,
                  "requested=%s detected=[%s] selected=%s (%s, %s, kv %s, fusion %s, "
                  "attention merge %s%s, gemv stage %s, greedy head %s)",

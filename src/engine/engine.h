@@ -93,6 +93,10 @@ typedef struct bn_engine_options {
      * gate_up_pair: 0 the default, relu(gate)^2 * up in its epilogue where the
      * shapes allow; -1 the raw values and the squared ReLU in the norm after). */
     int cuda_gate_up_pair;
+    /* CUDA backend: the decode gate|up GEMV's activation staging
+     * (bn_cuda_backend_options gate_up_cluster: 0 the default, clusters of 16
+     * where the device holds them; -1 as the other GEMVs; 16). */
+    int cuda_gate_up_cluster;
     /* Tests: the CUDA backend's forward call number N (1-based) fails, as a
      * failed kernel would; 0 = never. */
     int test_cuda_fail_call;

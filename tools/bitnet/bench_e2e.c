@@ -60,6 +60,10 @@ static void usage(FILE *out)
             "                    relu(gate)^2 * up where the shapes allow) or split (the raw\n"
             "                    gate and up values, squared ReLU in the norm kernel after);\n"
             "                    the same results\n"
+            "  --gate-up-stage S CUDA decode gate|up GEMV in pairs: auto (default: its\n"
+            "                    activations staged per cluster of 16 blocks where the GPU\n"
+            "                    holds them and the GEMVs stage per cluster), gemv (as\n"
+            "                    --gemv-stage) or cluster16; the same results\n"
             "  --head-screen H   CUDA greedy steps' LM head: auto (default: screened through\n"
             "                    an int8 copy when the head takes 64 MiB or more), on, or\n"
             "                    off (the whole head every step); the token is the same\n"
@@ -188,8 +192,11 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
             sets[n_sets].mask = norms;
             sets[n_sets++].name = "all norm + int8 stages";
         }
-        sets[n_sets].mask = gemvs;
-        sets[n_sets++].name = "all ternary GEMVs";
+        /* Nodes in clusters of 16 cannot be disabled: the group leaves
+         * them out (their own row says so). */
+        const bool gu_fixed = bn_cuda_backend_fixed_stages(cb) >> BN_CUDA_STAGE_GATE_UP & 1u;
+        sets[n_sets].mask = gu_fixed ? gemvs & ~(1u << BN_CUDA_STAGE_GATE_UP) : gemvs;
+        sets[n_sets++].name = gu_fixed ? "ternary GEMVs but gate|up" : "all ternary GEMVs";
         bool header = false;
         for (int i = 0; i < n_sets; i++) {
             double us = 0.0;
@@ -286,7 +293,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
     const char *shape = "2b4t", *device = NULL;
     bool kv_f16 = false;
     int fusion = 0, attn_cluster = 0, gemv_cluster = 0, head_screen = 0, attn_qkv = 0;
-    int gate_up_pair = 0;
+    int gate_up_pair = 0, gate_up_cluster = 0;
     long long n_prompt = 512, n_gen = 128, threads = 0;
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
@@ -346,6 +353,13 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
             if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 2)) < 0)
                 return BN_EXIT_USAGE;
             gate_up_pair = values[k];
+        } else if (strcmp(a, "--gate-up-stage") == 0) {
+            static const char *const names[] = {"auto", "gemv", "cluster16"};
+            static const int values[] = {0, -1, 16};
+            int k = -1;
+            if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 3)) < 0)
+                return BN_EXIT_USAGE;
+            gate_up_cluster = values[k];
         } else if (strcmp(a, "--head-screen") == 0) {
             static const char *const names[] = {"auto", "on", "off"};
             static const int values[] = {0, 1, -1};
@@ -405,7 +419,8 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                             .cuda_gemv_cluster = gemv_cluster,
                             .cuda_head_screen = head_screen,
                             .cuda_attn_qkv = attn_qkv,
-                            .cuda_gate_up_pair = gate_up_pair};
+                            .cuda_gate_up_pair = gate_up_pair,
+                            .cuda_gate_up_cluster = gate_up_cluster};
     bn_engine *e = NULL;
     if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK)
         return cli_fail(&err);
