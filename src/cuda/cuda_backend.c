@@ -158,7 +158,7 @@ struct bn_cuda_backend {
     int gemv_cluster; /* decode GEMVs: activations staged per cluster of this many (0: none) */
     bool attn_qkv;    /* the decode attention computes the q|k|v product (no GEMV) */
     bool gu_pair;     /* the decode gate|up GEMV writes relu(gate)^2 * up */
-    int gu_cluster;   /* its activations staged per cluster of this many (0: none) */
+    int gu_cluster;   /* the gate|up GEMV: staged per cluster of this many (0: none) */
     uint64_t scratch_bytes;
 
     int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], dec[3], next, then
@@ -1838,15 +1838,13 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
     if (st == BN_OK) {
         /* The pair GEMV's staging: clusters of 16 halve the clusters asking
          * L2 for the same row (docs/CUDA.md), where the device holds them. */
-        b->gu_cluster = b->gemv_cluster;
         const bool want16 = opt.gate_up_cluster == 16 ||
                             (opt.gate_up_cluster == 0 && b->gemv_cluster > 1);
-        if (b->gu_pair && want16) {
-            b->gu_cluster = 16;
-            const bn_w2a8_cuda_args a = pair_args(b, &b->groups[G_GU]);
-            if (!bn_w2a8_cuda_gemv_pair_cluster16(&a, b->groups[G_GU].split))
-                b->gu_cluster = b->gemv_cluster;
-        }
+        const bn_w2a8_cuda_args a = pair_args(b, &b->groups[G_GU]);
+        b->gu_cluster = b->gu_pair && want16 &&
+                                bn_w2a8_cuda_gemv_pair_cluster16(&a, b->groups[G_GU].split)
+                            ? 16
+                            : b->gemv_cluster;
     }
     if (st == BN_OK && opt.attn_qkv == 0 && !b->kv_f16 && b->attn_cluster > 0 &&
         b->fusion == BN_CUDA_FUSION_SEPARATE) {
@@ -1935,17 +1933,14 @@ bn_cuda_kv_type bn_cuda_backend_kv_type(const bn_cuda_backend *b)
 bn_cuda_fusion bn_cuda_backend_fusion(const bn_cuda_backend *b) { return b->fusion; }
 int bn_cuda_backend_attn_cluster(const bn_cuda_backend *b) { return b->attn_cluster; }
 int bn_cuda_backend_gemv_cluster(const bn_cuda_backend *b) { return b->gemv_cluster; }
-int bn_cuda_backend_gate_up_cluster(const bn_cuda_backend *b)
-{
-    return b->gu_pair ? b->gu_cluster : b->gemv_cluster;
-}
+int bn_cuda_backend_gate_up_cluster(const bn_cuda_backend *b) { return b->gu_cluster; }
 
 unsigned bn_cuda_backend_fixed_stages(const bn_cuda_backend *b)
 {
     unsigned m = 0;
     if (!b->kv_f16 && b->attn_cluster > 8)
         m |= 1u << BN_CUDA_STAGE_ATTENTION;
-    if (b->fusion == BN_CUDA_FUSION_SEPARATE && b->gu_pair && b->gu_cluster > 8)
+    if (b->gu_cluster > 8) /* (only the pair GEMV of the separate layout takes 16) */
         m |= 1u << BN_CUDA_STAGE_GATE_UP;
     return m;
 }

@@ -2518,23 +2518,12 @@ static bool decode_cluster_size_ok(int c)
 static cudaError_t clusters_resident(void (*kernel)(DecodeArgs), int threads, int cols, int c,
                                      size_t smem)
 {
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = (unsigned)c;
-    attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)cols, (unsigned)c);
-    cfg.blockDim = dim3((unsigned)threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
     int n = 0;
-    const cudaError_t rc = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
-    if (rc != cudaSuccess) {
-        (void)cudaGetLastError();
+    const cudaError_t rc = resident_clusters(kernel, dim3((unsigned)cols, (unsigned)c),
+                                             dim3((unsigned)threads), smem,
+                                             dim3(1, (unsigned)c, 1), &n);
+    if (rc != cudaSuccess)
         return rc;
-    }
     return n >= cols ? cudaSuccess : cudaErrorNotSupported;
 }
 

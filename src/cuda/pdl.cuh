@@ -189,6 +189,35 @@ template <typename... KArgs> static inline bool clusters_usable(void (*kernel)(K
     return launch != 0 && fa.ptxVersion >= 90;
 }
 
+/* How many clusters of `cluster` blocks of `kernel`, launched as grid x
+ * block with smem bytes of dynamic shared memory, the device can hold at
+ * once (cudaOccupancyMaxActiveClusters). The kernel's attributes (its
+ * dynamic shared memory limit, a non-portable cluster size) must be set
+ * first. A failed query leaves *count 0 and returns its error, cleared. */
+template <typename... KArgs>
+static inline cudaError_t resident_clusters(void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                            size_t smem, dim3 cluster, int *count)
+{
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = cluster.x;
+    attr.val.clusterDim.y = cluster.y;
+    attr.val.clusterDim.z = cluster.z;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    *count = 0;
+    const cudaError_t rc = cudaOccupancyMaxActiveClusters(count, kernel, &cfg);
+    if (rc != cudaSuccess) {
+        *count = 0;
+        (void)cudaGetLastError();
+    }
+    return rc;
+}
+
 /* One block's bulk copies from global to its own shared memory by the
  * tensor memory accelerator, each completing on a transaction barrier:
  *

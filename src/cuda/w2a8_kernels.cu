@@ -320,21 +320,9 @@ cudaError_t launch_gemv_pdl(const bn_w2a8_cuda_args *a, int pdl, cudaStream_t st
         if (rc != cudaSuccess)
             return rc;
     }
-    if (resident) {
-        cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = CL;
-        attr.val.clusterDim.y = 1;
-        attr.val.clusterDim.z = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3((unsigned)blocks);
-        cfg.blockDim = dim3(32 * WARPS * TILES);
-        cfg.dynamicSmemBytes = smem;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
-        *resident = 0;
-        return cudaOccupancyMaxActiveClusters(resident, kernel, &cfg);
-    }
+    if (resident)
+        return resident_clusters(kernel, dim3((unsigned)blocks), dim3(32 * WARPS * TILES), smem,
+                                 dim3(CL, 1, 1), resident);
     return pdl_launch_clustered(kernel, dim3((unsigned)blocks), dim3(32 * WARPS * TILES), smem,
                                 dim3(CL, 1, 1), stream, pdl,
                                 reinterpret_cast<const uint4 *>(a->weights), a->x, a->n,
@@ -1007,9 +995,8 @@ extern "C" int bn_w2a8_cuda_gemv_pair_cluster16(const bn_w2a8_cuda_args *a, int 
         !bn_w2a8_cuda_gemv_cluster_usable())
         return 0;
     int resident = 0;
-    const cudaError_t rc = launch_gemv_pair<16>(a, split, 0, nullptr, &resident);
-    if (rc != cudaSuccess) { /* a device that refuses the size: not an error to keep */
-        (void)cudaGetLastError();
+    if (launch_gemv_pair<16>(a, split, 0, nullptr, &resident) != cudaSuccess) {
+        (void)cudaGetLastError(); /* a device that refuses the size: not an error to keep */
         return 0;
     }
     return resident > 0;
