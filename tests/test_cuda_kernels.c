@@ -213,6 +213,31 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
                       splits[si], (long long)n, (long long)k, (long long)diff);
         }
     }
+    /* The bulk-copy GEMV of several tiles a block, chained (PDL), also
+     * with the SM count understated so that a block takes many tiles and
+     * the last block fewer than the others. */
+    if (m == 1 && bn_w2a8_cuda_gemv_bulk_tiles_per_block(&a, 8) > 0) {
+        const int sms[] = {sm_count, 1, 3, 7};
+        for (int si = 0; si < 4; si++) {
+            for (int bps = 1; bps <= 2; bps++) {
+                bn_w2a8_cuda_args b = a;
+                b.sm_count = sms[si];
+                const int per_block = bn_w2a8_cuda_gemv_bulk_tiles_per_block(&b, bps);
+                if (per_block == 0) { /* the share does not fit: declines */
+                    CHECK(bn_w2a8_cuda_gemv_bulk_tiles(&b, bps, 1, 0) == cudaErrorNotSupported);
+                    continue;
+                }
+                CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)n));
+                CUDA_OK(bn_w2a8_cuda_gemv_bulk_tiles(&b, bps, 1, 0));
+                int64_t first;
+                const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
+                CHECK_MSG(diff == 0,
+                          "bulk gemv of %d tiles a block chained (%d SMs, %d a SM) n=%lld "
+                          "k=%lld: %lld differ",
+                          per_block, sms[si], bps, (long long)n, (long long)k, (long long)diff);
+            }
+        }
+    }
     /* The warp-specialized GEMMs launched with programmatic dependent
      * launch right after the kernel that writes their activations (the
      * quantization, over poisoned codes, scales and sums): their weight

@@ -89,6 +89,19 @@ int bn_w2a8_cuda_gemv_pdl_compiled(void);
 cudaError_t bn_w2a8_cuda_gemv_bulk(const bn_w2a8_cuda_args *a, int split, int pdl,
                                    cudaStream_t stream);
 int bn_w2a8_cuda_gemv_bulk_usable(const bn_w2a8_cuda_args *a);
+/* As bn_w2a8_cuda_gemv_bulk (bit for bit), with several consecutive tiles
+ * a block: the grid is about blocks_per_sm blocks per SM (a->sm_count),
+ * each copying its tiles by bulk copies (one a tile) before the PDL wait
+ * and the activation row once after it. Needs what the bulk GEMV needs and
+ * a block's share (at most 32 tiles, their packed bytes plus the row) in
+ * BN_W2A8_GEMV_BULK_TILES_MAX_SMEM bytes; otherwise returns
+ * cudaErrorNotSupported and launches nothing.
+ * bn_w2a8_cuda_gemv_bulk_tiles_per_block gives the tiles a block would
+ * take, 0 where it cannot run. */
+#define BN_W2A8_GEMV_BULK_TILES_MAX_SMEM (220 * 1024)
+cudaError_t bn_w2a8_cuda_gemv_bulk_tiles(const bn_w2a8_cuda_args *a, int blocks_per_sm, int pdl,
+                                         cudaStream_t stream);
+int bn_w2a8_cuda_gemv_bulk_tiles_per_block(const bn_w2a8_cuda_args *a, int blocks_per_sm);
 /* Whether its cluster staging (args.cluster > 1) can run here: a device
  * that launches clusters and the kernel compiled for sm_90. Where it
  * cannot, bn_w2a8_cuda_gemv_pdl stages in every block. Per device of the
@@ -105,8 +118,10 @@ int bn_w2a8_cuda_gemv_cluster_usable(void);
  *      8: 4) weight entries loaded before the activations are staged
  *   6, 7, 8: 5 with the activations staged once per cluster of 2, 4, 8
  *      blocks (args.cluster; where clusters are not usable, as 5)
- *   9: bn_w2a8_cuda_gemv_bulk without pdl (where it cannot run, as 5) */
-#define BN_W2A8_GEMV_VARIANTS 10
+ *   9: bn_w2a8_cuda_gemv_bulk without pdl (where it cannot run, as 5)
+ *  10: bn_w2a8_cuda_gemv_bulk_tiles without pdl, `split` blocks an SM
+ *      (where it cannot run, as 5) */
+#define BN_W2A8_GEMV_VARIANTS 11
 #define BN_W2A8_GEMV_DEFAULT_VARIANT 2
 cudaError_t bn_w2a8_cuda_gemv_variant(const bn_w2a8_cuda_args *a, int split, int variant,
                                       cudaStream_t stream);

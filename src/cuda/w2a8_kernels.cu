@@ -460,6 +460,141 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_bulk(const bn_w2a8_cuda_args *a, int sp
     }
 }
 
+/* ---- GEMV with a block's whole share of the matrix copied in bulk -----------
+ *
+ * As gemv_bulk_kernel, but a block takes `per_block` consecutive tiles (up
+ * to kBulkTilesMax; the layout keeps them contiguous), each copied into
+ * shared memory by one bulk copy on a barrier of its own, all issued before
+ * the PDL wait; the activation row is copied once per block after it. The
+ * host sizes per_block so that the grid is a few blocks per SM: every
+ * weight byte is then requested before the kernel's inputs are ready, and
+ * an SM stages the row a few times instead of once per tile (variant 9
+ * stages it ~19 times per SM on 20480 x 3200, 8.5 MB of L2 reads after the
+ * wait for 17 MB of weights). Each warp takes a contiguous range of the
+ * block's (tile, chunk-group) entries, waits for a tile's copy only when it
+ * reaches it, masks the 2-bit fields in place (entry_dot_fields: one logic
+ * op a field) and adds its sum into the tile's rows in shared memory with
+ * integer atomics, exact in any order: the output is gemv_kernel's bit for
+ * bit. sm_90 only (bn_w2a8_cuda_gemv_bulk_tiles says where it runs). */
+constexpr int kBulkTilesMax = 32;
+constexpr int kBulkTilesWarps = 8;
+
+__global__ void __launch_bounds__(32 * kBulkTilesWarps)
+    gemv_bulk_tiles_kernel(const uint4 *__restrict__ w, const int8_t *x, int64_t n, int groups,
+                           int64_t tiles, int per_block, const float *act_scale,
+                           const int32_t *act_sum, float w_scale, float *__restrict__ y)
+{
+    extern __shared__ __align__(128) int8_t bulk_smem[];
+    __shared__ int row_sums[kBulkTilesMax][kTileRows];
+    __shared__ unsigned long long bars[kBulkTilesMax + 1]; /* tiles, then the row */
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int64_t first = (int64_t)blockIdx.x * per_block;
+    const int here = (int)(tiles - first < per_block ? tiles - first : per_block);
+    const unsigned tile_bytes = (unsigned)groups * kBlockBytes;
+    const uint4 *ws = reinterpret_cast<const uint4 *>(bulk_smem);
+    const int8_t *xs = bulk_smem + (size_t)per_block * tile_bytes;
+    if (threadIdx.x == 0) {
+        for (int t = 0; t <= here; t++)
+            bulk_bar_init(&bars[t == here ? kBulkTilesMax : t]);
+        const uint4 *src = w + first * groups * (kBlockBytes / 16);
+        for (int t = 0; t < here; t++)
+            bulk_copy(bulk_smem + (size_t)t * tile_bytes,
+                      src + (int64_t)t * groups * (kBlockBytes / 16), tile_bytes, &bars[t]);
+    }
+    for (int i = threadIdx.x; i < here * kTileRows; i += blockDim.x)
+        row_sums[i / kTileRows][i % kTileRows] = 0;
+    __syncthreads(); /* barriers initialised, sums zeroed */
+    pdl_trigger();
+    pdl_wait();
+    if (threadIdx.x == 0)
+        bulk_copy(bulk_smem + (size_t)per_block * tile_bytes, x, (unsigned)groups * kGroup,
+                  &bars[kBulkTilesMax]);
+    const bool writer = threadIdx.x < here * kTileRows;
+    const int32_t x_sum = writer ? __ldcg(act_sum) : 0;
+    const float x_scale = writer ? __ldcg(act_scale) : 1.0f;
+    bulk_wait(&bars[kBulkTilesMax]);
+    pdl_mark(0);
+
+    const int entries = here * groups;
+    const int begin = warp * entries / kBulkTilesWarps;
+    const int end = (warp + 1) * entries / kBulkTilesWarps;
+    const int8_t *xq = xs + (lane >> 3) * 64;
+    int t = begin / groups, g = begin - t * groups;
+    for (int e = begin; e < end;) {
+        /* The entries of tile t in this warp's range: one barrier wait,
+         * then the products, then one add per row. */
+        const int stop = min(end - e, groups - g);
+        bulk_wait(&bars[t]);
+        int fields[4] = {0, 0, 0, 0};
+        const uint4 *tw = ws + (int64_t)t * groups * (kBlockBytes / 16) + lane;
+        for (int i = 0; i < stop; i++)
+            entry_dot_fields(tw[(g + i) * (kBlockBytes / 16)], xq + (g + i) * kGroup, fields);
+        int acc = fields[0] + (fields[1] >> 2) + (fields[2] >> 4) + (fields[3] >> 6);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 8);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 16);
+        if (lane < kTileRows)
+            atomicAdd(&row_sums[t][lane], acc);
+        e += stop;
+        t++;
+        g = 0;
+    }
+    pdl_mark(1);
+    __syncthreads();
+    if (writer) {
+        const int64_t row = first * kTileRows + threadIdx.x;
+        if (row < n)
+            y[row] = epilogue(row_sums[threadIdx.x / kTileRows][threadIdx.x % kTileRows] - x_sum,
+                              x_scale, w_scale);
+    }
+}
+
+} // namespace
+
+extern "C" int bn_w2a8_cuda_gemv_bulk_tiles_per_block(const bn_w2a8_cuda_args *a,
+                                                      int blocks_per_sm)
+{
+    /* Asked once per process: bulk copies need sm_90 code and a device
+     * that runs it; then the share of the matrix a block would hold must
+     * fit the barriers and the shared memory of one block. */
+    static int usable = -1;
+    if (usable < 0)
+        usable = clusters_usable(gemv_bulk_tiles_kernel);
+    if (!usable || blocks_per_sm < 1 || a->tiles < 1 || a->groups < 1 || a->groups > (1 << 20))
+        return 0;
+    const int64_t sms = a->sm_count > 0 ? a->sm_count : 132;
+    const int64_t per_block = (a->tiles + sms * blocks_per_sm - 1) / (sms * blocks_per_sm);
+    const int64_t smem = per_block * a->groups * kBlockBytes + a->groups * kGroup;
+    return per_block <= kBulkTilesMax && smem <= BN_W2A8_GEMV_BULK_TILES_MAX_SMEM
+               ? (int)per_block
+               : 0;
+}
+
+extern "C" cudaError_t bn_w2a8_cuda_gemv_bulk_tiles(const bn_w2a8_cuda_args *a,
+                                                    int blocks_per_sm, int pdl,
+                                                    cudaStream_t stream)
+{
+    const int per_block = bn_w2a8_cuda_gemv_bulk_tiles_per_block(a, blocks_per_sm);
+    if (per_block == 0)
+        return cudaErrorNotSupported;
+    const size_t smem = (size_t)per_block * (size_t)(a->groups * kBlockBytes) +
+                        (size_t)(a->groups * kGroup);
+    if (smem > 48 * 1024) {
+        cudaError_t rc = cudaFuncSetAttribute(gemv_bulk_tiles_kernel,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              (int)smem);
+        if (rc != cudaSuccess)
+            return rc;
+    }
+    const int64_t blocks = (a->tiles + per_block - 1) / per_block;
+    return pdl_launch(gemv_bulk_tiles_kernel, dim3((unsigned)blocks), dim3(32 * kBulkTilesWarps),
+                      smem, stream, pdl, reinterpret_cast<const uint4 *>(a->weights), a->x, a->n,
+                      (int)a->groups, a->tiles, per_block, a->act_scale, a->act_sum,
+                      a->weight_scale, a->y);
+}
+
+namespace {
+
 /* ---- GEMM on int8 tensor cores -------------------------------------------- */
 
 constexpr int kBM = 64, kBN = 64, kBK = 256;
@@ -939,6 +1074,11 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_variant(const bn_w2a8_cuda_args *a, int
         /* Where bulk copies cannot run (or the row is too long for them),
          * variant 5. */
         const cudaError_t rc = bn_w2a8_cuda_gemv_bulk(a, split, 0, stream);
+        return rc == cudaErrorNotSupported ? bn_w2a8_cuda_gemv_pdl(a, split, 0, stream) : rc;
+    }
+    case 10: {
+        /* split: blocks an SM. Where it cannot run, variant 5. */
+        const cudaError_t rc = bn_w2a8_cuda_gemv_bulk_tiles(a, split, 0, stream);
         return rc == cudaErrorNotSupported ? bn_w2a8_cuda_gemv_pdl(a, split, 0, stream) : rc;
     }
     default: return cudaErrorInvalidValue;

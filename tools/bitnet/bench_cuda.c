@@ -168,8 +168,10 @@ typedef struct w2a8_side {
     int split;
     int variant; /* -1: the default kernel; -2: the PDL GEMV chained (below), its
                     activations staged per cluster of args.cluster blocks if > 1;
-                    -3: the bulk-copy GEMV chained the same way; M > 1, -4: the
-                    default GEMM launched with programmatic dependent launch */
+                    -3: the bulk-copy GEMV chained the same way; -5: the bulk-copy
+                    GEMV of several tiles a block (split: blocks an SM) chained
+                    the same way; M > 1, -4: the default GEMM launched with
+                    programmatic dependent launch */
 } w2a8_side;
 
 static bool launch_w2a8(void *p, int i, cudaStream_t s)
@@ -182,6 +184,8 @@ static bool launch_w2a8(void *p, int i, cudaStream_t s)
         rc = bn_w2a8_cuda_gemv_pdl(&a, w->split, 1, s);
     else if (a.m == 1 && w->variant == -3)
         rc = bn_w2a8_cuda_gemv_bulk(&a, w->split, 1, s);
+    else if (a.m == 1 && w->variant == -5)
+        rc = bn_w2a8_cuda_gemv_bulk_tiles(&a, w->split, 1, s);
     else if (a.m == 1)
         rc = w->variant < 0 ? bn_w2a8_cuda_gemv(&a, w->split, s)
                             : bn_w2a8_cuda_gemv_variant(&a, w->split, w->variant, s);
@@ -448,9 +452,23 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
         const int default_split = w.split;
         /* --variants: the chained GEMV at every split (1, 2, 4, 8); each
          * also with its activations staged per cluster of 8 where the
-         * device has clusters, and the bulk-copy GEMV where it runs */
-        const bool bulk = bn_w2a8_cuda_gemv_bulk_usable(&w.args);
-        const int stagings = bn_w2a8_cuda_gemv_cluster_usable() ? 2 + bulk : 1;
+         * device has clusters, the bulk-copy GEMV where it runs, and the
+         * bulk-copy GEMV of several tiles a block at 1, 2, 4, 8 blocks an
+         * SM (without --variants at 2 and 4, the two that measured fastest
+         * on the large shapes) where it runs */
+        enum { V5, V5_CLUSTER, V9, V10 };
+        int staging_kind[5], staging_bps[5] = {0}, stagings = 0;
+        staging_kind[stagings++] = V5;
+        if (bn_w2a8_cuda_gemv_cluster_usable()) {
+            staging_kind[stagings++] = V5_CLUSTER;
+            if (bn_w2a8_cuda_gemv_bulk_usable(&w.args))
+                staging_kind[stagings++] = V9;
+            for (int bps = 2; bps <= (o->variants ? 2 : 4); bps *= 2)
+                if (bn_w2a8_cuda_gemv_bulk_tiles_per_block(&w.args, 8) > 0) {
+                    staging_bps[stagings] = bps;
+                    staging_kind[stagings++] = V10;
+                }
+        }
         /* M > 1: the default GEMM chained the same way where it is a
          * warp-specialized one (its weight copies start before the wait) */
         const int gemm_default =
@@ -469,16 +487,21 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
             const bool chained = v >= base;
             if (o->only_variant >= 0 && (chained || v != o->only_variant))
                 continue;
-            const int staging = chained && m == 1 ? (v - base) % stagings : 0;
-            w.variant = !chained ? (o->variants ? v : -1)
-                        : m > 1  ? -4
-                        : staging == 2 ? -3
-                                       : -2;
+            const int staging_index = chained && m == 1 ? (v - base) % stagings : 0;
+            const int staging = staging_kind[staging_index];
+            w.variant = !chained           ? (o->variants ? v : -1)
+                        : m > 1            ? -4
+                        : staging == V9    ? -3
+                        : staging == V10   ? -5
+                                           : -2;
             const int chain = chained && m == 1 ? (v - base) / stagings : 0;
             w.split = chained && o->variants ? 1 << chain
+                      : staging == V10       ? staging_bps[staging_index]
                       : o->split > 0         ? o->split
                                              : default_split;
-            w.args.cluster = staging == 1 ? 8 : 0;
+            w.args.cluster = staging == V5_CLUSTER ? 8 : 0;
+            if (w.variant == -5 && bn_w2a8_cuda_gemv_bulk_tiles_per_block(&w.args, w.split) == 0)
+                continue; /* a block's share of the matrix does not fit */
             char kernel[64];
             if (m > 1) {
                 char name[40];
@@ -487,11 +510,16 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
                 snprintf(kernel, sizeof kernel, "gemm %s%s", name, chained ? " PDL-chained" : "");
             } else if (w.variant == -3)
                 snprintf(kernel, sizeof kernel, "gemv v9 PDL-chained split %d", w.split);
+            else if (w.variant == -5)
+                snprintf(kernel, sizeof kernel, "gemv v10 PDL-chained %d blocks/SM x %d tiles",
+                         w.split, bn_w2a8_cuda_gemv_bulk_tiles_per_block(&w.args, w.split));
             else if (chained && w.args.cluster)
                 snprintf(kernel, sizeof kernel, "gemv v5 PDL-chained cluster-staged split %d",
                          w.split);
             else if (chained)
                 snprintf(kernel, sizeof kernel, "gemv v5 PDL-chained split %d", w.split);
+            else if (o->variants && v == 10)
+                snprintf(kernel, sizeof kernel, "gemv v10 %d blocks/SM", w.split);
             else
                 snprintf(kernel, sizeof kernel, "gemv v%d split %d",
                          o->variants ? v : BN_W2A8_GEMV_DEFAULT_VARIANT, w.split);
@@ -664,9 +692,10 @@ int bench_kernels_cuda(int argc, char **argv)
         fflush(stdout);
     }
     printf("\nW2A8: GEMV kernel for M = 1, int8 tensor-core GEMM for M > 1 (--variants: each "
-           "variant,\nsee w2a8_cuda.h; 'PDL-chained': the GEMV v5 or v9, or the default GEMM, "
-           "with programmatic dependent\nlaunch, each call starting while the one before it "
-           "finishes, as the decode step and the\nprefill chain their kernels); GB/s "
+           "variant,\nsee w2a8_cuda.h; 'PDL-chained': the GEMV v5, v9 or v10 (its blocks an SM and "
+           "tiles a block named),\nor the default GEMM, with programmatic dependent "
+           "launch, each call starting while the one\nbefore it finishes, as the decode step "
+           "and the prefill chain their kernels); GB/s "
            "counts packed "
            "weights + int8\nactivations + float outputs once per call; speedup = cuBLAS time / "
            "W2A8 time; 'quantize' is\nthe activation quantization of the M rows (not included in "
