@@ -463,8 +463,9 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
             staging_kind[stagings++] = V5_CLUSTER;
             if (bn_w2a8_cuda_gemv_bulk_usable(&w.args))
                 staging_kind[stagings++] = V9;
-            for (int bps = 2; bps <= (o->variants ? 2 : 4); bps *= 2)
-                if (bn_w2a8_cuda_gemv_bulk_tiles_per_block(&w.args, 8) > 0) {
+            /* (8 blocks an SM: the smallest share, so it runs at some count) */
+            if (bn_w2a8_cuda_gemv_bulk_tiles_per_block(&w.args, 8) > 0)
+                for (int bps = 2; bps <= (o->variants ? 2 : 4); bps *= 2) {
                     staging_bps[stagings] = bps;
                     staging_kind[stagings++] = V10;
                 }
