@@ -228,7 +228,14 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
                     continue;
                 }
                 CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)n));
-                CUDA_OK(bn_w2a8_cuda_gemv_bulk_tiles(&b, bps, 1, 0));
+                const cudaError_t rc = bn_w2a8_cuda_gemv_bulk_tiles(&b, bps, 1, 0);
+                CHECK_MSG(rc == cudaSuccess,
+                          "bulk gemv of %d tiles a block chained (%d SMs, %d a SM) n=%lld "
+                          "k=%lld: %s",
+                          per_block, sms[si], bps, (long long)n, (long long)k,
+                          cudaGetErrorString(rc));
+                if (rc != cudaSuccess)
+                    continue;
                 int64_t first;
                 const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
                 CHECK_MSG(diff == 0,
@@ -473,6 +480,13 @@ int main(void)
         free(buf);
     }
 
+    /* First, before any launch has raised a kernel's shared-memory
+     * attribute: launches whose dynamic bytes stay under 48 KiB while their
+     * static arrays take the total over it (smem_opt_in.cuh). 3 tiles of
+     * K = 6912 on one SM: the several-tiles bulk GEMV takes 48 384 dynamic
+     * bytes; K = 16384: the bulk GEMV 49 152. */
+    check_problem(24, 6912, 1);
+    check_problem(8, 16384, 1);
     const int64_t ks[] = {1, 4, 63, 64, 65, 255, 256, 257, 640, 1000, 2560, 6912};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
         check_problem(test_rand_range(1, 100), ks[i], 1);

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "attention_cuda.h"
+#include "smem_opt_in.cuh"
 
 namespace {
 
@@ -813,12 +814,9 @@ cudaError_t launch_prefill_t(const bn_attn_shape *s, const float *q, int64_t ldq
     }
     const size_t smem = prefill_smem_bytes(HD);
     auto kernel = prefill_kernel<T, HD>;
-    if (smem > 48 * 1024) {
-        const cudaError_t rc =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (rc != cudaSuccess)
-            return rc;
-    }
+    const cudaError_t rc = allow_dynamic_smem(kernel, smem);
+    if (rc != cudaSuccess)
+        return rc;
     const dim3 grid((unsigned)((n + kBQ - 1) / kBQ), (unsigned)s->n_heads);
     kernel<<<grid, kPrefillThreads, smem, stream>>>(q, ldq, n, pos0, k, v, s->n_kv_heads, group,
                                                     s->capacity, qscale, out, ldo);

@@ -30,6 +30,7 @@
 #include "cuda_backend_kernels.h"
 #include "head_row.cuh"
 #include "pdl.cuh"
+#include "smem_opt_in.cuh"
 #include "w2a8_gemv.cuh"
 #include "w2a8_cuda.h"
 
@@ -1003,12 +1004,9 @@ cudaError_t launch_decode_gemv_t(const DecodeGemvArgs &a, int pdl, cudaStream_t 
     const size_t smem =
         (size_t)a.groups * kGemvGroup + (kSrc == kSrcCodes ? 0 : sizeof(float) * a.k);
     auto kernel = decode_gemv_kernel<kSrc, WARPS, TILES, KV4>;
-    if (smem > 48 * 1024) {
-        const cudaError_t rc =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (rc != cudaSuccess)
-            return rc;
-    }
+    const cudaError_t rc = allow_dynamic_smem(kernel, smem);
+    if (rc != cudaSuccess)
+        return rc;
     return pdl_launch(kernel, dim3((unsigned)blocks), dim3(kDecThreads), smem, stream, pdl, a);
 }
 
@@ -2235,14 +2233,8 @@ cudaError_t launch_head(const void *w, int64_t rows, int64_t dim, const float *x
 template <int kType> cudaError_t set_head_smem(int64_t dim)
 {
     const size_t smem = sizeof(float) * (size_t)dim;
-    if (smem <= 48 * 1024)
-        return cudaSuccess;
-    cudaError_t rc = cudaFuncSetAttribute(head_kernel<kType, true>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (rc == cudaSuccess)
-        rc = cudaFuncSetAttribute(head_kernel<kType, false>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    return rc;
+    const cudaError_t rc = allow_dynamic_smem(head_kernel<kType, true>, smem);
+    return rc == cudaSuccess ? allow_dynamic_smem(head_kernel<kType, false>, smem) : rc;
 }
 
 } // namespace
@@ -2660,11 +2652,7 @@ extern "C" cudaError_t bn_cb_attn_prefill_prepare(int head_dim)
 {
     if (head_dim <= 0 || head_dim % 4 != 0 || head_dim > 32 * 4 * kMaxChunks)
         return cudaErrorInvalidValue;
-    const size_t smem = prefill_smem(head_dim);
-    if (smem <= 48 * 1024)
-        return cudaSuccess;
-    return cudaFuncSetAttribute(attn_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)smem);
+    return allow_dynamic_smem(attn_prefill_kernel, prefill_smem(head_dim));
 }
 
 extern "C" cudaError_t bn_cb_attn_prefill(const bn_cb_attn_shape *s, const float *q, int64_t ldq,

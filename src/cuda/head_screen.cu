@@ -45,6 +45,7 @@
 #include "cuda_backend_kernels.h"
 #include "head_row.cuh"
 #include "sample_key.cuh"
+#include "smem_opt_in.cuh"
 
 namespace {
 
@@ -327,19 +328,10 @@ __global__ void __launch_bounds__(kScreenThreads)
     }
 }
 
-/* Lets `kernel` take `bytes` of dynamic shared memory (the attribute is
- * needed above the default 48 KiB only). */
-template <typename... Args> cudaError_t allow_smem(void (*kernel)(Args...), size_t bytes)
-{
-    if (bytes <= 48 * 1024)
-        return cudaSuccess;
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-}
-
 template <int kType> cudaError_t allow_exact_smem(size_t bytes)
 {
-    const cudaError_t rc = allow_smem(exact_kernel<kType, true>, bytes);
-    return rc == cudaSuccess ? allow_smem(exact_kernel<kType, false>, bytes) : rc;
+    const cudaError_t rc = allow_dynamic_smem(exact_kernel<kType, true>, bytes);
+    return rc == cudaSuccess ? allow_dynamic_smem(exact_kernel<kType, false>, bytes) : rc;
 }
 
 /* The vector path by the head kernel's rule (head_row_vec), so a kept
@@ -379,10 +371,11 @@ extern "C" cudaError_t bn_cb_head_screen_prepare(int type, int64_t dim)
     if (!head_args_ok(type, 1, dim))
         return cudaErrorInvalidValue;
     /* The screen keeps x's two int8 codes (2 dim bytes), the exact pass x
-     * itself (4 dim): only above 48 KiB does a kernel need the attribute. */
-    cudaError_t rc = allow_smem(screen_kernel<true>, 2 * (size_t)dim);
+     * itself (4 dim); smem_opt_in.cuh says when a kernel needs the
+     * attribute. */
+    cudaError_t rc = allow_dynamic_smem(screen_kernel<true>, 2 * (size_t)dim);
     if (rc == cudaSuccess)
-        rc = allow_smem(screen_kernel<false>, 2 * (size_t)dim);
+        rc = allow_dynamic_smem(screen_kernel<false>, 2 * (size_t)dim);
     const auto allow = type == BN_CB_HEAD_F32   ? allow_exact_smem<BN_CB_HEAD_F32>
                        : type == BN_CB_HEAD_F16 ? allow_exact_smem<BN_CB_HEAD_F16>
                                                 : allow_exact_smem<BN_CB_HEAD_BF16>;

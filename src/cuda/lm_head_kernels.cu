@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "lm_head_cuda.h"
+#include "smem_opt_in.cuh"
 #include "w2a8_gemv.cuh"
 
 namespace {
@@ -151,12 +152,9 @@ cudaError_t launch_int8_gemv(const int8_t *wq, const float *w_scale, int64_t n, 
 {
     const size_t smem = (size_t)MT * (size_t)ldq;
     auto kernel = int8_gemv_kernel<MT>;
-    if (smem > 48 * 1024) {
-        const cudaError_t rc =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (rc != cudaSuccess)
-            return rc;
-    }
+    const cudaError_t rc = allow_dynamic_smem(kernel, smem);
+    if (rc != cudaSuccess)
+        return rc;
     const int64_t blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
     kernel<<<(unsigned)blocks, 32 * kWarps, smem, stream>>>(wq, w_scale, n, xq, x_scale, ldq, y,
                                                             ldy);

@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "sample_key.cuh"
+#include "smem_opt_in.cuh"
 
 #include "sample_cuda.h"
 
@@ -347,12 +348,9 @@ cudaError_t launch_topk_partial(const float *logits, int32_t vocab, uint64_t *ws
     const int slice = topk_slice(vocab);
     const int blocks = (int)((vocab + slice - 1) / slice);
     const size_t smem = (size_t)slice * sizeof(uint64_t);
-    if (smem > 48 * 1024) {
-        const cudaError_t rc = cudaFuncSetAttribute(
-            topk_partial, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (rc != cudaSuccess)
-            return rc;
-    }
+    const cudaError_t rc = allow_dynamic_smem(topk_partial, smem);
+    if (rc != cudaSuccess)
+        return rc;
     topk_partial<<<blocks, kSelectThreads, smem, stream>>>(logits, vocab, slice, ws);
     *count = blocks * kTopK;
     return cudaGetLastError();

@@ -28,6 +28,7 @@
 
 #include "cuda_layout.h"
 #include "pdl.cuh"
+#include "smem_opt_in.cuh"
 #include "w2a8_gemv.cuh"
 #include "w2a8_cuda.h"
 
@@ -144,12 +145,9 @@ cudaError_t launch_gemv(const bn_w2a8_cuda_args *a, cudaStream_t stream)
     const int64_t blocks = (a->tiles + TILES - 1) / TILES;
     const size_t smem = X_SMEM ? (size_t)(a->groups * kGroup) : 0;
     auto kernel = gemv_kernel<WARPS, TILES, UNROLL, X_SMEM, FIELDS>;
-    if (X_SMEM && smem > 48 * 1024) {
-        cudaError_t rc =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (rc != cudaSuccess)
-            return rc;
-    }
+    const cudaError_t rc = allow_dynamic_smem(kernel, smem);
+    if (rc != cudaSuccess)
+        return rc;
     kernel<<<(unsigned)blocks, 32 * WARPS * TILES, smem, stream>>>(
         reinterpret_cast<const uint4 *>(a->weights), a->x, a->n, a->groups, a->tiles,
         a->act_scale, a->act_sum, a->weight_scale, a->y);
@@ -314,9 +312,8 @@ cudaError_t launch_gemv_pdl(const bn_w2a8_cuda_args *a, int pdl, cudaStream_t st
         if (rc != cudaSuccess)
             return rc;
     }
-    if (X_SMEM && smem > 48 * 1024) {
-        cudaError_t rc =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    {
+        const cudaError_t rc = allow_dynamic_smem(kernel, smem);
         if (rc != cudaSuccess)
             return rc;
     }
@@ -425,12 +422,9 @@ cudaError_t launch_gemv_bulk(const bn_w2a8_cuda_args *a, int pdl, cudaStream_t s
 {
     const size_t smem = (size_t)(a->groups * (kBlockBytes + kGroup));
     auto kernel = gemv_bulk_kernel<WARPS>;
-    if (smem > 48 * 1024) {
-        cudaError_t rc =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (rc != cudaSuccess)
-            return rc;
-    }
+    const cudaError_t rc = allow_dynamic_smem(kernel, smem);
+    if (rc != cudaSuccess)
+        return rc;
     return pdl_launch(kernel, dim3((unsigned)a->tiles), dim3(32 * WARPS), smem, stream, pdl,
                       reinterpret_cast<const uint4 *>(a->weights), a->x, a->n, a->groups,
                       a->act_scale, a->act_sum, a->weight_scale, a->y);
@@ -579,13 +573,9 @@ extern "C" cudaError_t bn_w2a8_cuda_gemv_bulk_tiles(const bn_w2a8_cuda_args *a,
         return cudaErrorNotSupported;
     const size_t smem = (size_t)per_block * (size_t)(a->groups * kBlockBytes) +
                         (size_t)(a->groups * kGroup);
-    if (smem > 48 * 1024) {
-        cudaError_t rc = cudaFuncSetAttribute(gemv_bulk_tiles_kernel,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              (int)smem);
-        if (rc != cudaSuccess)
-            return rc;
-    }
+    const cudaError_t rc = allow_dynamic_smem(gemv_bulk_tiles_kernel, smem);
+    if (rc != cudaSuccess)
+        return rc;
     const int64_t blocks = (a->tiles + per_block - 1) / per_block;
     return pdl_launch(gemv_bulk_tiles_kernel, dim3((unsigned)blocks), dim3(32 * kBulkTilesWarps),
                       smem, stream, pdl, reinterpret_cast<const uint4 *>(a->weights), a->x, a->n,
