@@ -41,11 +41,12 @@ int main(void)
      * the SMs, else 192-row tiles (14, stream-K 15) once they do or the
      * rows are long, else 192 x 64 (17) where its tiles fit one wave, else
      * 128-row tiles (12, stream-K 13); stream-K where it spares the busiest
-     * SM >= BN_W2A8_STREAMK_MIN_SAVED k-tiles; 33-64 rows 192 x 64 (17), or
-     * skinny for few tiles over long rows; the skinny kernel (1) up to 32
-     * rows, the GEMV over rows (18) below 5 rows, below 9 for matrices of at
-     * most 40 Mi weights; without wgmma the mma.sync kernels (0, 2, 3). k is
-     * the padded row length. */
+     * SM >= BN_W2A8_STREAMK_MIN_SAVED k-tiles; up to 3 rows on matrices of
+     * at most 40 Mi weights the GEMV over rows (18); up to 64 rows the
+     * mma-rows kernel (19, or 20 where columns of two tiles number at least
+     * 8 an SM), except above 16 rows where the 192 x 64 tiles (17) fill half
+     * the SMs; without wgmma above 64 rows the mma.sync kernels (0, 2, 3). k
+     * is the padded row length. */
     static const struct {
         int64_t m, n, k;
         int wgmma, sms, want;
@@ -53,22 +54,30 @@ int main(void)
         {512, 2560, 2560, 1, 132, 17},   {512, 3840, 2560, 1, 132, 12},
         {512, 13824, 2560, 1, 132, 16},  {512, 20480, 3328, 1, 132, 16},
         {512, 2560, 6912, 1, 132, 17},   {512, 5120, 27648, 1, 132, 15},
-        {512, 55296, 5120, 1, 132, 16},  {16, 2560, 2560, 1, 132, 1},
+        {512, 55296, 5120, 1, 132, 16},  {16, 2560, 2560, 1, 132, 19},
         {512, 8192, 2560, 1, 132, 14}, /* 192-row tiles fill the SMs, 256-row ones not */
         {512, 4608, 6912, 1, 132, 13}, /* 192 x 64 tiles over one wave; stream-K pays */
-        {32, 2560, 2560, 0, 132, 1},     {512, 2560, 2560, 0, 132, 0},
+        {32, 2560, 2560, 0, 132, 19},    {512, 2560, 2560, 0, 132, 0},
         {512, 2560, 27648, 0, 132, 2},   {512, 13824, 2560, 0, 132, 3},
         {512, 5120, 27648, 1, 1, 16}, /* one SM: the widest tiles fill it */
-        {2, 55296, 5120, 1, 132, 18},    {4, 55296, 5120, 0, 132, 18},
-        {8, 13824, 2560, 1, 132, 18},    {8, 20480, 3328, 1, 132, 1},
-        {5, 2560, 2560, 1, 132, 18},     {9, 2560, 2560, 1, 132, 1},
-        /* 33-64 rows: 192 x 64 tiles however many, skinny for few tiles
-         * over long rows; 65 and up as at M = 512 */
-        {33, 13824, 2560, 1, 132, 17},   {48, 2560, 2560, 1, 132, 17},
-        {64, 2560, 6912, 1, 132, 1},     {64, 55296, 5120, 1, 132, 17},
+        {16, 2560, 2560, 1, 1, 20},   /* one SM: 160 columns of two tiles */
+        /* up to 3 rows: the GEMV over rows on matrices of at most 40 Mi
+         * weights */
+        {2, 2560, 2560, 1, 132, 18},     {3, 13824, 2560, 0, 132, 18},
+        {2, 55296, 5120, 1, 132, 20},    {3, 20480, 3328, 1, 132, 20},
+        {4, 2560, 2560, 1, 132, 19},     {4, 55296, 5120, 0, 132, 20},
+        {8, 13824, 2560, 1, 132, 19},    {8, 20480, 3328, 1, 132, 20},
+        {16, 5120, 27648, 1, 132, 19},   {16, 55296, 5120, 1, 132, 20},
+        /* 17-64 rows: the wgmma 192 x 64 tiles where they fill half the
+         * SMs; 65 and up as at M = 512 */
+        {17, 13824, 2560, 1, 132, 17},   {24, 20480, 3328, 1, 132, 17},
+        {24, 20480, 3328, 0, 132, 20},   {33, 13824, 2560, 1, 132, 17},
+        {48, 2560, 2560, 1, 132, 19},    {64, 2560, 6912, 1, 132, 19},
+        {64, 5120, 27648, 1, 132, 19},   {64, 55296, 5120, 1, 132, 17},
         {96, 13824, 2560, 1, 132, 12},   {96, 2560, 6912, 1, 132, 17},
         {128, 2560, 2560, 1, 132, 17},   {128, 55296, 5120, 1, 132, 16},
-        {256, 2560, 2560, 1, 132, 17},   {48, 2560, 2560, 0, 132, 0},
+        {256, 2560, 2560, 1, 132, 17},   {48, 2560, 2560, 0, 132, 19},
+        {65, 2560, 2560, 0, 132, 0},
     };
     for (size_t i = 0; i < sizeof picks / sizeof picks[0]; i++) {
         const int got = bn_w2a8_cuda_gemm_default_variant(picks[i].m, picks[i].n, picks[i].k,

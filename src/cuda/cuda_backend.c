@@ -112,7 +112,7 @@ struct bn_cuda_backend {
     const bn_model *model;
     bn_hparams hp;
     bn_cuda_backend_options opt;
-    int64_t q_dim, kv_dim, qkv_n, gu_n, max_n, ldq, kv_len, kv_filled, chunk;
+    int64_t q_dim, kv_dim, qkv_n, gu_n, ldq, kv_len, kv_filled, chunk;
     bool kv_f16;
     size_t kv_elem;
 
@@ -148,7 +148,7 @@ struct bn_cuda_backend {
 
     float *x, *qkv, *q, *att, *out, *gu, *normed, *logits, *act_scale, *rope;
     int8_t *xq;
-    int32_t *act_sum, *ws_gemm, *ws_streamk, *d_tokens, *d_pos, *d_dec, *d_next;
+    int32_t *act_sum, *ws_streamk, *d_tokens, *d_pos, *d_dec, *d_next;
     bool streamk; /* some prefill GEMM takes stream-K: ws_streamk is its workspace */
     void *ws_attn, *ws_sample;
     unsigned int *attn_counters; /* fp32 decode attention: one per head, kept at 0 */
@@ -284,7 +284,6 @@ static void setup_groups(bn_cuda_backend *b)
         {BN_PROJ_GATE, BN_PROJ_UP, BN_PROJ_COUNT},
         {BN_PROJ_DOWN, BN_PROJ_COUNT, BN_PROJ_COUNT}};
     size_t off = 0;
-    b->max_n = 0;
     b->ldq = 0;
     for (int l = 0; l < hp->n_layer; l++) {
         for (int gi = 0; gi < G_COUNT; gi++) {
@@ -313,8 +312,6 @@ static void setup_groups(bn_cuda_backend *b)
                     g->fused_ok = false;
             bn_cuda_layout_init(&g->fused, g->n, g->k);
             g->split = bn_w2a8_cuda_gemv_split(g->fused.tiles, g->fused.groups, b->sm);
-            if (g->n > b->max_n)
-                b->max_n = g->n;
             if (g->fused.k_padded > b->ldq)
                 b->ldq = g->fused.k_padded;
         }
@@ -349,9 +346,8 @@ static bn_w2a8_cuda_args w2a8_args(const bn_cuda_backend *b, const group *g, int
     a.act_sum = b->act_sum;
     a.ldy = g->n;
     a.sm_count = b->sm;
-    /* The skinny GEMM's split-K workspace (it runs up to 64 rows: 33-64
-     * where its tiles are few and the rows long, w2a8_cuda.h). */
-    a.workspace = M > 1 && M <= BN_W2A8_NARROW_MAX_M ? b->ws_gemm : NULL;
+    /* No split-K workspace: the default GEMMs need none (w2a8_cuda.h). */
+    a.workspace = NULL;
     a.streamk = b->streamk ? b->ws_streamk : NULL;
     a.weight_scale = g->n_seg == 1 ? g->s[0].scale : 1.0f;
     a.cluster = b->gemv_cluster;
@@ -1054,8 +1050,6 @@ static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
     ADD(&b->xq, R * (size_t)b->ldq);
     ADD(&b->act_scale, R * f);
     ADD(&b->act_sum, R * sizeof(int32_t));
-    const size_t skinny_rows = R < BN_W2A8_NARROW_MAX_M ? R : BN_W2A8_NARROW_MAX_M;
-    ADD(&b->ws_gemm, skinny_rows * (size_t)b->max_n * sizeof(int32_t));
     b->streamk = prefill_needs_streamk(b);
     ADD(&b->ws_streamk, b->streamk ? bn_w2a8_cuda_gemm_streamk_bytes(b->sm) : 0);
     size_t ws_attn;
@@ -1497,9 +1491,9 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, bool logits
     return true;
 }
 
-/* Runs two short prefills (40 tokens: the 192 x 64 wgmma GEMM on Hopper, or
- * the skinny one for few tiles over long rows, the tiled kernel elsewhere;
- * 2 tokens: the GEMV over rows) and one decode step, all of token 0 from
+/* Runs two short prefills (40 tokens: the mma-rows GEMM, or the 192 x 64
+ * wgmma GEMM on Hopper for matrices of many rows; 2 tokens: the GEMV over
+ * rows) and one decode step, all of token 0 from
  * position 0, so that every kernel is loaded and known to run on this
  * device before the engine commits to the GPU, before graph capture (which
  * must not be a kernel's first launch) and before anything is timed. The

@@ -6,7 +6,8 @@
 
 static const char *const bn_cuda_kernel_list[] = {
     "w2a8_gemv: ternary x int8 matvec, split-K, 5 variants (w2a8_kernels.cu)",
-    "w2a8_gemm_skinny: int8 tensor cores, fragments from packed weights, M <= 32",
+    "w2a8_gemm_mma_rows: the GEMV's weight stream into int8 mma fragments, M <= 64",
+    "w2a8_gemm_skinny: int8 tensor cores, fragments from packed weights (tests, bench)",
     "w2a8_gemm_tiled: int8 tensor cores, 64x64 tiles, M > 32",
     "quantize_rows: per-row absmax int8 activations",
     "rmsnorm, rmsnorm_quantize: RMSNorm, fused with int8 quantization (ops_kernels.cu)",

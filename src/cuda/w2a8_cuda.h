@@ -147,29 +147,29 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * 5-17 need compute capability 9.0 and an sm_90a build, else
  * cudaErrorNotSupported. 18 the GEMV's weight stream with each entry
  * dotted with up to 8 activation rows (dp4a; any M, 8 rows a grid row).
- * bn_w2a8_cuda_gemm uses 18 up to BN_W2A8_ROWS_MAX_M rows, and up to
- * BN_W2A8_ROWS_SMALL_MAX_M rows for matrices of at most
- * BN_W2A8_ROWS_SMALL_WEIGHTS weights (beyond, its dp4a work outgrows the
- * weight stream); then 1 up to BN_W2A8_SKINNY_MAX_M rows; above, where
- * wgmma is usable: up to BN_W2A8_NARROW_MAX_M rows 17, or 1 where its 192 x
- * 64 tiles number at most a quarter of the SMs and the rows hold at least
- * BN_W2A8_WGMMA_SHORT_K values; beyond, 16 when its 256 x 128 tiles number
- * at least the SMs, else 14 when its 192 x 128 tiles do or the rows hold at
- * least BN_W2A8_WGMMA_LONG_K values, else 17 when its 192 x 64 tiles number
- * at most the SMs, else 12 when its 128 x 128 tiles number at least
+ * 19 and 20 the GEMV's weight stream into mma m16n8k32 fragments, 16
+ * activation rows a block (any M), 2 (19) or 4 (20) tiles a warp.
+ * bn_w2a8_cuda_gemm uses 18 up to BN_W2A8_ROWS_MAX_M rows for matrices of
+ * at most BN_W2A8_ROWS_SMALL_WEIGHTS weights; up to BN_W2A8_NARROW_MAX_M
+ * rows 19, or 20 where columns of two tiles number at least 8 an SM, except
+ * above BN_W2A8_MMA_ROWS_MAX_M rows where wgmma is usable and its 192 x 64
+ * tiles number at least half the SMs: there 17; beyond, where wgmma is
+ * usable, 16 when its 256 x 128 tiles number at least the SMs, else 14
+ * when its 192 x 128 tiles do or the rows hold at least
+ * BN_W2A8_WGMMA_LONG_K values, else 17 when its 192 x 64 tiles number at
+ * most the SMs, else 12 when its 128 x 128 tiles number at least
  * BN_W2A8_WGMMA_WS_MIN_TILES or the rows hold at least
  * BN_W2A8_WGMMA_SHORT_K values; 15 and 13 instead of 14 and 12 when
  * a->streamk is given and stream-K spares the busiest SM at least
  * BN_W2A8_STREAMK_MIN_SAVED k-tiles of 128 (12-17 fall back to 7 where they
- * cannot run; 1 above BN_W2A8_SKINNY_MAX_M rows runs as 17 without a->workspace);
- * otherwise 3 when the 64 x 256 tiles number at least
+ * cannot run); otherwise 3 when the 64 x 256 tiles number at least
  * BN_W2A8_PIPE_MIN_TILES, else 2 for rows of at least
  * BN_W2A8_PIPE_SPLIT_MIN_K, else 0 (bn_w2a8_cuda_gemm_default_variant;
- * measured on an H200). */
-#define BN_W2A8_GEMM_VARIANTS 19
-#define BN_W2A8_SKINNY_MAX_M 32
-#define BN_W2A8_ROWS_MAX_M 4
-#define BN_W2A8_ROWS_SMALL_MAX_M 8
+ * measured on an H200 and an H100). No default uses the skinny kernel (1)
+ * or a->workspace. */
+#define BN_W2A8_GEMM_VARIANTS 21
+#define BN_W2A8_ROWS_MAX_M 3
+#define BN_W2A8_MMA_ROWS_MAX_M 16
 #define BN_W2A8_ROWS_SMALL_WEIGHTS (40ll << 20)
 #define BN_W2A8_NARROW_MAX_M 64
 #define BN_W2A8_WGMMA_SHORT_K 4096

@@ -513,10 +513,10 @@ extern "C" void bn_w2a8_cuda_gemm_describe(const bn_w2a8_cuda_args *a, int varia
         "wgmma 128x128 splitk", "wgmma 128x128 ss", "wgmma 128x128 tma",
         "wgmma 128x128 tma stream-k", "wgmma 128x128 tma rs", "wgmma 128x128 tma rs stream-k",
         "wgmma 192x128 tma rs", "wgmma 192x128 tma rs stream-k", "wgmma 256x128 tma rs",
-        "wgmma 192x64 tma rs", "gemv rows"};
+        "wgmma 192x64 tma rs", "gemv rows", "mma rows x2", "mma rows x4"};
     static const int configs[BN_W2A8_GEMM_VARIANTS] = {
         -1, -1, BN_W2A8_PIPE_64X256, BN_W2A8_PIPE_64X256, BN_W2A8_PIPE_128X256, -1, -1, -1, -1,
-        -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+        -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
     if (variant < 0 || variant >= BN_W2A8_GEMM_VARIANTS) {
         snprintf(buf, size, "variant %d?", variant);
         return;

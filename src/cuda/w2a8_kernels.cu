@@ -26,6 +26,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <atomic>
+
 #include "cuda_layout.h"
 #include "pdl.cuh"
 #include "smem_opt_in.cuh"
@@ -941,6 +943,254 @@ static cudaError_t launch_rows(const bn_w2a8_cuda_args *a, cudaStream_t stream)
     }
 }
 
+/* ---- a few rows on tensor cores: the GEMV's stream into mma fragments ------
+ *
+ * For a few activation rows (short prompts, small batches) variant 18's
+ * dp4a work grows with the rows, and the skinny kernel's per-chunk-group
+ * staging (a barrier and a round trip each) leaves the weight stream idle.
+ * Here a warp streams its TW tiles' chunk-groups (split, split + WARPS, ...)
+ * as the GEMV does and multiplies them on the tensor cores (mma m16n8k32:
+ * 16 activation rows as m, the 8 rows of a tile as n), with no shared
+ * memory in the loop: the activations are read straight from global memory
+ * (they stay in L1, which the weight loads bypass).
+ *
+ * Which k a fragment slot stands for is free, as long as A and B agree. A
+ * chunk-group's 256 k are taken as four quarters u (64u ..), each in two
+ * steps h; lane (gid, tig) holds, in step (u, h), the k
+ *
+ *     64 u + 16 tig + 8 h + 0..3  (slots 4 tig ..,      b0 / a0, a1)
+ *     64 u + 16 tig + 8 h + 4..7  (slots 16 + 4 tig .., b1 / a2, a3)
+ *
+ * In the tile layout these are fields 2h and 2h + 1 of word tig of the
+ * entry (quarter u, row gid), so a lane loads that one word per quarter
+ * (the warp's load of a quarter reads its 128 bytes once), and the 16 bytes
+ * 64 u + 16 tig .. of activation rows gid and gid + 8 serve both steps.
+ *
+ * More than 16 rows take more blocks, each of 16 rows; the blocks of one
+ * weight column are consecutive, so they run together and all but the
+ * first find its weights in L2. The int32 sums are exact, so the results
+ * are the other kernels' bit for bit. */
+constexpr int kMmaRows = 16;
+
+/* Word tig of the entries (u, gid), u = 0..3, of one tile's chunk-group. */
+__device__ __forceinline__ void mma_rows_load_b(uint32_t (&b)[4], const uint32_t *entry_words,
+                                                bool live)
+{
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        uint32_t v = 0;
+        if (live)
+            asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];"
+                         : "=r"(v)
+                         : "l"(entry_words + u * 8 * 4));
+        b[u] = v;
+    }
+}
+
+/* One chunk-group of TW tiles: 8 steps x TW mma. xlo, xhi: this lane's
+ * bytes 16 tig .. of activation rows gid and gid + 8 (null: past m). */
+template <int TW>
+__device__ __forceinline__ void mma_rows_group(int32_t (&acc)[TW][4], const uint32_t (&b)[TW][4],
+                                               const int8_t *xlo, const int8_t *xhi, int64_t koff)
+{
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const uint4 lo = xlo ? __ldg(reinterpret_cast<const uint4 *>(xlo + koff + 64 * u))
+                             : make_uint4(0, 0, 0, 0);
+        const uint4 hi = xhi ? __ldg(reinterpret_cast<const uint4 *>(xhi + koff + 64 * u))
+                             : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t af[4] = {h ? lo.z : lo.x, h ? hi.z : hi.x, h ? lo.w : lo.y,
+                                    h ? hi.w : hi.y};
+#pragma unroll
+            for (int t = 0; t < TW; t++) {
+                const uint32_t bf[2] = {(b[t][u] >> (4 * h)) & 0x03030303u,
+                                        (b[t][u] >> (4 * h + 2)) & 0x03030303u};
+                mma_s8(acc[t], af, bf);
+            }
+        }
+    }
+}
+
+/* Block: COLS columns of WARPS warps; column c of weight block wb owns
+ * tiles (wb COLS + c) TW .. + TW - 1, its warps splitting K. Block b is
+ * row block b % row_blocks (activation rows 16 (b % row_blocks) ..) of
+ * weight block b / row_blocks. */
+template <int WARPS, int COLS, int TW>
+__global__ void __launch_bounds__(32 * WARPS * COLS)
+    mma_rows_kernel(const uint4 *__restrict__ w, const int8_t *__restrict__ x, int64_t ldx,
+                    int64_t m, int64_t n, int64_t groups, int64_t tiles, int64_t row_blocks,
+                    const float *__restrict__ act_scale, const int32_t *__restrict__ act_sum,
+                    float w_scale, float *__restrict__ y, int64_t ldy)
+{
+    constexpr int kCols = TW * kTileRows;
+    /* Loads of kBatch chunk-groups in flight: 32 registers of weight words. */
+    constexpr int kBatch = 8 / TW;
+    __shared__ int32_t partial[COLS][WARPS][kMmaRows][kCols];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int col = warp / WARPS, split = warp % WARPS;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int64_t wb = (int64_t)blockIdx.x / row_blocks;
+    const int64_t m0 = ((int64_t)blockIdx.x % row_blocks) * kMmaRows;
+    const int64_t tile0 = (wb * COLS + col) * TW;
+
+    const int8_t *xlo = m0 + gid < m ? x + (m0 + gid) * ldx + 16 * tig : nullptr;
+    const int8_t *xhi = m0 + gid + 8 < m ? x + (m0 + gid + 8) * ldx + 16 * tig : nullptr;
+    /* Word tig of entry (0, gid) of tile t's chunk-group g: words + t stride
+     * + g * 128 (a chunk-group is 512 bytes). */
+    const uint32_t *words = reinterpret_cast<const uint32_t *>(w) +
+                            (tile0 * groups) * (kBlockBytes / 4) + gid * 4 + tig;
+    bool live[TW];
+#pragma unroll
+    for (int t = 0; t < TW; t++)
+        live[t] = tile0 + t < tiles;
+
+    int32_t acc[TW][4];
+#pragma unroll
+    for (int t = 0; t < TW; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[t][e] = 0;
+
+    int64_t g = split;
+    for (; g + (kBatch - 1) * WARPS < groups; g += kBatch * WARPS) {
+        uint32_t b[kBatch][TW][4];
+#pragma unroll
+        for (int j = 0; j < kBatch; j++)
+#pragma unroll
+            for (int t = 0; t < TW; t++)
+                mma_rows_load_b(b[j][t],
+                                words + ((int64_t)t * groups + g + j * WARPS) * (kBlockBytes / 4),
+                                live[t]);
+#pragma unroll
+        for (int j = 0; j < kBatch; j++)
+            mma_rows_group<TW>(acc, b[j], xlo, xhi, (g + j * WARPS) * kGroup);
+    }
+    for (; g < groups; g += WARPS) {
+        uint32_t b[TW][4];
+#pragma unroll
+        for (int t = 0; t < TW; t++)
+            mma_rows_load_b(b[t], words + ((int64_t)t * groups + g) * (kBlockBytes / 4), live[t]);
+        mma_rows_group<TW>(acc, b, xlo, xhi, g * kGroup);
+    }
+
+    /* c0, c1: activation row gid, tile rows 2 tig, 2 tig + 1; c2, c3: row
+     * gid + 8. The split warps of a column meet in shared memory. */
+#pragma unroll
+    for (int t = 0; t < TW; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            partial[col][split][gid + 8 * (e >> 1)][t * kTileRows + 2 * tig + (e & 1)] =
+                acc[t][e];
+    __syncthreads();
+    for (int o = threadIdx.x; o < COLS * kMmaRows * kCols; o += blockDim.x) {
+        const int c = o / (kMmaRows * kCols), r = (o / kCols) % kMmaRows, j = o % kCols;
+        const int64_t row = m0 + r;
+        const int64_t out = (wb * COLS + c) * kCols + j;
+        if (row >= m || out >= n)
+            continue;
+        int total = 0;
+#pragma unroll
+        for (int s = 0; s < WARPS; s++)
+            total += partial[c][s][r][j];
+        y[row * ldy + out] = epilogue(total - act_sum[row], act_scale[row], w_scale);
+    }
+}
+
+/* Blocks of mma_rows_kernel<WARPS, COLS, TW> resident on one SM of the
+ * current device (0 if unknown), asked of the runtime once per device. */
+constexpr int kMmaRowsMaxDevices = 64;
+
+template <int WARPS, int COLS, int TW> static int mma_rows_resident()
+{
+    static std::atomic<int> cache[kMmaRowsMaxDevices]; /* 0: not asked yet, -1: unknown */
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMmaRowsMaxDevices)
+        return 0;
+    int v = cache[dev].load(std::memory_order_relaxed);
+    if (v == 0) {
+        int blocks = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &blocks, mma_rows_kernel<WARPS, COLS, TW>, 32 * WARPS * COLS, 0) != cudaSuccess ||
+            blocks <= 0) {
+            (void)cudaGetLastError();
+            blocks = -1;
+        }
+        cache[dev].store(blocks, std::memory_order_relaxed);
+        v = blocks;
+    }
+    return v > 0 ? v : 0;
+}
+
+/* Block shapes by K split: COLS columns so that a block has 4 warps or
+ * more. */
+template <int S> struct MmaRowsShape {
+    static constexpr int kCols = S >= 4 ? 1 : 4 / S;
+};
+
+template <int S, int TW> static bool mma_rows_one_wave(int64_t columns, int64_t row_blocks, int sms)
+{
+    constexpr int C = MmaRowsShape<S>::kCols;
+    const int64_t resident = mma_rows_resident<S, C, TW>();
+    return resident > 0 && (columns + C - 1) / C * row_blocks <= resident * sms;
+}
+
+/* The K split of mma_rows_kernel: the largest (at most 8, at most the
+ * chunk-groups) whose grid runs as one wave, then, for long rows, larger
+ * until a warp has at most 24 chunk-groups (as the GEMV: more loads in
+ * flight sooner). H200, M = 24 on 3840 x 2560: 5.7 us at one wave (split
+ * 4) against 7.2 at 1.2 waves (split 8); 20480 x 3200 at M <= 16: split 2
+ * (one wave of 4-warp blocks) 10.4 us against 22.8 at split 1. */
+template <int TW>
+static int mma_rows_split(int64_t columns, int64_t row_blocks, int64_t groups, int sm_count)
+{
+    const int sms = sm_count > 0 ? sm_count : 132;
+    int split = 1;
+    if (groups >= 8 && mma_rows_one_wave<8, TW>(columns, row_blocks, sms))
+        split = 8;
+    else if (groups >= 4 && mma_rows_one_wave<4, TW>(columns, row_blocks, sms))
+        split = 4;
+    else if (groups >= 2 && mma_rows_one_wave<2, TW>(columns, row_blocks, sms))
+        split = 2;
+    while (split < 8 && groups > 24 * split)
+        split *= 2;
+    return split;
+}
+
+template <int WARPS, int TW>
+static cudaError_t launch_mma_rows_t(const bn_w2a8_cuda_args *a, cudaStream_t stream)
+{
+    constexpr int COLS = MmaRowsShape<WARPS>::kCols;
+    const int64_t columns = (a->tiles + TW - 1) / TW;
+    const int64_t row_blocks = (a->m + kMmaRows - 1) / kMmaRows;
+    const int64_t blocks = (columns + COLS - 1) / COLS * row_blocks;
+    if (blocks > 0x7fffffff)
+        return cudaErrorInvalidConfiguration;
+    mma_rows_kernel<WARPS, COLS, TW><<<(unsigned)blocks, 32 * WARPS * COLS, 0, stream>>>(
+        reinterpret_cast<const uint4 *>(a->weights), a->x, a->ldx, a->m, a->n, a->groups,
+        a->tiles, row_blocks, a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy);
+    return cudaGetLastError();
+}
+
+/* Variants 19 (TW = 2) and 20 (TW = 4). */
+template <int TW> static cudaError_t launch_mma_rows(const bn_w2a8_cuda_args *a, cudaStream_t stream)
+{
+    if (a->m <= 0 || a->n <= 0)
+        return cudaSuccess;
+    /* 16-byte activation loads. */
+    if ((a->ldx & 15) != 0 || (reinterpret_cast<uintptr_t>(a->x) & 15) != 0)
+        return cudaErrorMisalignedAddress;
+    const int64_t columns = (a->tiles + TW - 1) / TW;
+    const int64_t row_blocks = (a->m + kMmaRows - 1) / kMmaRows;
+    switch (mma_rows_split<TW>(columns, row_blocks, a->groups, a->sm_count)) {
+    case 1: return launch_mma_rows_t<1, TW>(a, stream);
+    case 2: return launch_mma_rows_t<2, TW>(a, stream);
+    case 4: return launch_mma_rows_t<4, TW>(a, stream);
+    default: return launch_mma_rows_t<8, TW>(a, stream);
+    }
+}
+
 /* ---- activation quantization ---------------------------------------------- */
 
 /* The int8 code of x at scale s: round half to even, NaN -> 0, clamped. */
@@ -1226,6 +1476,8 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_variant(const bn_w2a8_cuda_args *a, int
     case 16: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_256X128_TMA_RS, stream);
     case 17: return bn_w2a8_cuda_gemm_wgmma(a, BN_W2A8_WGMMA_192X64_TMA_RS, stream);
     case 18: return launch_rows(a, stream);
+    case 19: return launch_mma_rows<2>(a, stream);
+    case 20: return launch_mma_rows<4>(a, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -1261,53 +1513,53 @@ static bool streamk_pays(int64_t wg_tiles, int64_t k, int sm_count)
     return whole - even >= BN_W2A8_STREAMK_MIN_SAVED;
 }
 
-/* Measured on an H200 (docs/PERFORMANCE.md). With Hopper's wgmma available
- * (sm_90a code, a 9.0 device): the warp-specialized persistent kernels with
- * the weights expanded into wgmma's A registers. Up to 64 rows, 192 x 64
- * tiles (17) whatever their number (M = 33-128: 2560 x 2560 10.1-10.7 us
- * against 20-22 for the tiled kernel, 11-18 for skinny), or skinny for few
- * tiles over long rows. Above, the widest tiles that still fill every SM,
- * since per multiply-add they move fewer activation bytes: 256 weight rows
- * a block (16) once those tiles fill every SM (13824 x 2560 at M = 512: 50
- * us with 128 rows, 45-48 with 192, 38-41 with 256); else 192 (14; 15 with
- * stream-K) once those do or the rows are long (BN_W2A8_WGMMA_LONG_K; 5120
- * x 27648: 167 us with 128 rows, 100 with 192 and stream-K); else 192 x 64
- * (17) where those tiles fit one wave: three quarters of a 128 x 128 tile's
- * work on more SMs (2560 x 2560: 10.5-11.0 us against 13.2; 2560 x 6912:
- * 20.7-21.2 against 23.8-24.1 with 128 x 128 and stream-K); else 128 (12;
- * 13 with stream-K). Stream-K where whole tiles leave the busiest SM far
- * behind the others. Without wgmma: the pipelined 64 x 256 kernel once its
- * tiles fill every SM about twice; with fewer tiles, split-K for long rows,
- * else the 64 x 64 tiled kernel. */
+/* Measured on an H200 and an H100 (docs/PERFORMANCE.md). Up to 3 rows on
+ * matrices of at most BN_W2A8_ROWS_SMALL_WEIGHTS weights, the GEMV's
+ * stream dotted with each row (18: 2560 x 2560 at M = 2 3.2 us against 4.1
+ * for 19). Up to 64 rows the same stream into mma fragments (19, 20), except
+ * above 16 rows where the 192 x 64 wgmma tiles fill half the SMs or more
+ * (17: 13824 x 2560 at M = 48 11.3 us against 19.7; 20480 x 3200 at M = 24
+ * 12.5 against 23.9): H200, M = 16, 1.5-3.7x cuBLAS BF16 on the seven
+ * benchmark shapes, where the skinny kernel (1) was 0.8-2.2x. Four tiles a
+ * warp (20) where columns of two would number at least 8 an SM (55296 x
+ * 5120 at M = 16 37.3 us against 38.8 with two; 13824 x 2560 8.3 against
+ * 8.2: level). With Hopper's wgmma available (sm_90a code, a 9.0 device)
+ * and more rows: the warp-specialized persistent kernels with the weights
+ * expanded into wgmma's A registers. The widest tiles that still fill every
+ * SM, since per multiply-add they move fewer activation bytes: 256 weight
+ * rows a block (16) once those tiles fill every SM (13824 x 2560 at M = 512:
+ * 50 us with 128 rows, 45-48 with 192, 38-41 with 256); else 192 (14; 15
+ * with stream-K) once those do or the rows are long (BN_W2A8_WGMMA_LONG_K;
+ * 5120 x 27648: 167 us with 128 rows, 100 with 192 and stream-K); else 192
+ * x 64 (17) where those tiles fit one wave: three quarters of a 128 x 128
+ * tile's work on more SMs (2560 x 2560: 10.5-11.0 us against 13.2; 2560 x
+ * 6912: 20.7-21.2 against 23.8-24.1 with 128 x 128 and stream-K); else 128
+ * (12; 13 with stream-K). Stream-K where whole tiles leave the busiest SM
+ * far behind the others. Without wgmma: the pipelined 64 x 256 kernel once
+ * its tiles fill every SM about twice; with fewer tiles, split-K for long
+ * rows, else the 64 x 64 tiled kernel. */
 extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma,
                                                  int sm_count)
 {
-    /* H200: 2560 x 2560 at M = 2 / 4 / 8 3.2 / 4.0 / 5.8 us against the
-     * skinny kernel's 6.7 / 6.7 / 7.6; 20480 x 3200 at M = 8 27.6 against
-     * 25.5 (docs/PERFORMANCE.md). */
-    if (m <= BN_W2A8_ROWS_MAX_M ||
-        (m <= BN_W2A8_ROWS_SMALL_MAX_M && n * k <= BN_W2A8_ROWS_SMALL_WEIGHTS))
+    const int64_t sms = sm_count > 0 ? sm_count : 132;
+    if (m <= BN_W2A8_ROWS_MAX_M && n * k <= BN_W2A8_ROWS_SMALL_WEIGHTS)
         return 18;
-    if (m <= BN_W2A8_SKINNY_MAX_M)
-        return 1;
     /* Output tiles of `rows` weight rows x `acts` activation rows. */
     auto tiles_of = [m, n](int64_t rows, int64_t acts) {
         return ((m + acts - 1) / acts) * ((n + rows - 1) / rows);
     };
+    if (m <= BN_W2A8_NARROW_MAX_M) {
+        /* Up to 16 rows, and up to 64 where the 192 x 64 tiles of the wgmma
+         * kernel cannot fill half the SMs: the weight stream into mma
+         * fragments, four tiles a warp where columns of two would number at
+         * least 8 an SM (H100 / H200, docs/PERFORMANCE.md). */
+        if (m > BN_W2A8_MMA_ROWS_MAX_M && wgmma && tiles_of(192, 64) * 2 >= sms)
+            return 17;
+        return (n + 15) / 16 >= 8 * sms ? 20 : 19;
+    }
     if (wgmma) {
-        const int64_t sms = sm_count > 0 ? sm_count : 132;
         const int64_t t128 = tiles_of(128, 128), t192 = tiles_of(192, 128);
         const int64_t t192x64 = tiles_of(192, 64);
-        if (m <= BN_W2A8_NARROW_MAX_M) {
-            /* One 64-row activation tile: 192 x 64 tiles however many (a
-             * 128-row tile would be half empty), except few tiles over long
-             * rows, where the skinny kernel's split K keeps more SMs busy
-             * (H200, M = 33-64: 2560 x 6912 17.6-19.7 us against 20.1-20.4;
-             * 55296 x 5120 43.6-46.1 with 17 against 63-66 with 16). */
-            if (t192x64 * 4 <= sms && k >= BN_W2A8_WGMMA_SHORT_K)
-                return 1;
-            return 17;
-        }
         if (tiles_of(256, 128) >= sms)
             return 16;
         if (t192 >= sms || k >= BN_W2A8_WGMMA_LONG_K)
@@ -1344,8 +1596,6 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_
                                               a->sm_count);
     if (bn_w2a8_cuda_gemm_variant_streamk(v) && !a->streamk)
         v -= 1; /* no stream-K workspace: whole tiles */
-    if (v == 1 && a->m > BN_W2A8_SKINNY_MAX_M && !a->workspace)
-        v = 17; /* beyond 32 rows skinny pays only with its split K (a workspace) */
     const cudaError_t rc = bn_w2a8_cuda_gemm_variant(a, v, stream);
     /* The warp-specialized kernels also need the driver's tensor-map
      * encoder; without it, the other wgmma kernel (nothing was launched). */
