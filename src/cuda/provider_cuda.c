@@ -34,10 +34,10 @@ static struct {
     /* Scratch, grown on demand. */
     int8_t *d_x;
     float *d_scale, *d_y;
-    int32_t *d_sum, *d_ws;
+    int32_t *d_sum;
     size_t x_bytes, y_bytes, m_cap;
 } cuda = {PTHREAD_ONCE_INIT, false, 0, PTHREAD_MUTEX_INITIALIZER, NULL, NULL, NULL, NULL, NULL,
-          NULL, 0, 0, 0};
+          0, 0, 0};
 
 static void probe(void)
 {
@@ -112,14 +112,10 @@ static cudaError_t reserve(int64_t m, int64_t k_padded, int64_t n)
         cuda.x_bytes = x_bytes;
     }
     if (y_bytes > cuda.y_bytes) {
-        /* The split-K workspace has one int32 per output, like y. */
         cudaFree(cuda.d_y);
-        cudaFree(cuda.d_ws);
         cuda.d_y = NULL;
-        cuda.d_ws = NULL;
         cuda.y_bytes = 0;
-        if ((rc = cudaMalloc((void **)&cuda.d_y, y_bytes)) != cudaSuccess ||
-            (rc = cudaMalloc((void **)&cuda.d_ws, y_bytes)) != cudaSuccess)
+        if ((rc = cudaMalloc((void **)&cuda.d_y, y_bytes)) != cudaSuccess)
             return rc;
         cuda.y_bytes = y_bytes;
     }
@@ -159,7 +155,7 @@ static cudaError_t run(const bn_w2a8_weights *w, const int8_t *xq, int64_t lda, 
         return rc;
     bn_w2a8_cuda_args a = {w->data,      w->n,       l.tiles,  l.groups, w->scale,
                            cuda.d_x,     m,          l.k_padded, cuda.d_scale, cuda.d_sum,
-                           cuda.d_y,     w->n,       cuda.d_ws, cuda.sm_count, 0,
+                           cuda.d_y,     w->n,       NULL,     cuda.sm_count, 0,
                            NULL,         0,          0,        0.0f,     0.0f};
     rc = m == 1 ? bn_w2a8_cuda_gemv(&a, bn_w2a8_cuda_gemv_split(l.tiles, l.groups, cuda.sm_count),
                                     cuda.stream)

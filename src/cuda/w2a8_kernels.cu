@@ -1098,15 +1098,14 @@ __global__ void __launch_bounds__(32 * WARPS * COLS)
     }
 }
 
-/* Blocks of mma_rows_kernel<WARPS, COLS, TW> resident on one SM of the
- * current device (0 if unknown), asked of the runtime once per device. */
+/* Blocks of mma_rows_kernel<WARPS, COLS, TW> resident on one SM of device
+ * dev (0 if unknown), asked of the runtime once per device. */
 constexpr int kMmaRowsMaxDevices = 64;
 
-template <int WARPS, int COLS, int TW> static int mma_rows_resident()
+template <int WARPS, int COLS, int TW> static int mma_rows_resident(int dev)
 {
     static std::atomic<int> cache[kMmaRowsMaxDevices]; /* 0: not asked yet, -1: unknown */
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMmaRowsMaxDevices)
+    if (dev < 0 || dev >= kMmaRowsMaxDevices)
         return 0;
     int v = cache[dev].load(std::memory_order_relaxed);
     if (v == 0) {
@@ -1129,11 +1128,21 @@ template <int S> struct MmaRowsShape {
     static constexpr int kCols = S >= 4 ? 1 : 4 / S;
 };
 
-template <int S, int TW> static bool mma_rows_one_wave(int64_t columns, int64_t row_blocks, int sms)
+/* The grid of mma_rows_kernel: columns of TW tiles, rows of 16. */
+struct MmaRowsGrid {
+    int64_t columns, row_blocks;
+};
+
+template <int S> static int64_t mma_rows_blocks(const MmaRowsGrid &g)
 {
     constexpr int C = MmaRowsShape<S>::kCols;
-    const int64_t resident = mma_rows_resident<S, C, TW>();
-    return resident > 0 && (columns + C - 1) / C * row_blocks <= resident * sms;
+    return (g.columns + C - 1) / C * g.row_blocks;
+}
+
+template <int S, int TW> static bool mma_rows_one_wave(const MmaRowsGrid &g, int dev, int sms)
+{
+    const int64_t resident = mma_rows_resident<S, MmaRowsShape<S>::kCols, TW>(dev);
+    return resident > 0 && mma_rows_blocks<S>(g) <= resident * sms;
 }
 
 /* The K split of mma_rows_kernel: the largest (at most 8, at most the
@@ -1142,16 +1151,20 @@ template <int S, int TW> static bool mma_rows_one_wave(int64_t columns, int64_t 
  * flight sooner). H200, M = 24 on 3840 x 2560: 5.7 us at one wave (split
  * 4) against 7.2 at 1.2 waves (split 8); 20480 x 3200 at M <= 16: split 2
  * (one wave of 4-warp blocks) 10.4 us against 22.8 at split 1. */
-template <int TW>
-static int mma_rows_split(int64_t columns, int64_t row_blocks, int64_t groups, int sm_count)
+template <int TW> static int mma_rows_split(const MmaRowsGrid &g, int64_t groups, int sm_count)
 {
     const int sms = sm_count > 0 ? sm_count : 132;
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        dev = -1; /* occupancy unknown: split 1, then the long-row rule */
+    }
     int split = 1;
-    if (groups >= 8 && mma_rows_one_wave<8, TW>(columns, row_blocks, sms))
+    if (groups >= 8 && mma_rows_one_wave<8, TW>(g, dev, sms))
         split = 8;
-    else if (groups >= 4 && mma_rows_one_wave<4, TW>(columns, row_blocks, sms))
+    else if (groups >= 4 && mma_rows_one_wave<4, TW>(g, dev, sms))
         split = 4;
-    else if (groups >= 2 && mma_rows_one_wave<2, TW>(columns, row_blocks, sms))
+    else if (groups >= 2 && mma_rows_one_wave<2, TW>(g, dev, sms))
         split = 2;
     while (split < 8 && groups > 24 * split)
         split *= 2;
@@ -1159,17 +1172,16 @@ static int mma_rows_split(int64_t columns, int64_t row_blocks, int64_t groups, i
 }
 
 template <int WARPS, int TW>
-static cudaError_t launch_mma_rows_t(const bn_w2a8_cuda_args *a, cudaStream_t stream)
+static cudaError_t launch_mma_rows_t(const bn_w2a8_cuda_args *a, const MmaRowsGrid &g,
+                                     cudaStream_t stream)
 {
     constexpr int COLS = MmaRowsShape<WARPS>::kCols;
-    const int64_t columns = (a->tiles + TW - 1) / TW;
-    const int64_t row_blocks = (a->m + kMmaRows - 1) / kMmaRows;
-    const int64_t blocks = (columns + COLS - 1) / COLS * row_blocks;
+    const int64_t blocks = mma_rows_blocks<WARPS>(g);
     if (blocks > 0x7fffffff)
         return cudaErrorInvalidConfiguration;
     mma_rows_kernel<WARPS, COLS, TW><<<(unsigned)blocks, 32 * WARPS * COLS, 0, stream>>>(
         reinterpret_cast<const uint4 *>(a->weights), a->x, a->ldx, a->m, a->n, a->groups,
-        a->tiles, row_blocks, a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy);
+        a->tiles, g.row_blocks, a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy);
     return cudaGetLastError();
 }
 
@@ -1181,13 +1193,12 @@ template <int TW> static cudaError_t launch_mma_rows(const bn_w2a8_cuda_args *a,
     /* 16-byte activation loads. */
     if ((a->ldx & 15) != 0 || (reinterpret_cast<uintptr_t>(a->x) & 15) != 0)
         return cudaErrorMisalignedAddress;
-    const int64_t columns = (a->tiles + TW - 1) / TW;
-    const int64_t row_blocks = (a->m + kMmaRows - 1) / kMmaRows;
-    switch (mma_rows_split<TW>(columns, row_blocks, a->groups, a->sm_count)) {
-    case 1: return launch_mma_rows_t<1, TW>(a, stream);
-    case 2: return launch_mma_rows_t<2, TW>(a, stream);
-    case 4: return launch_mma_rows_t<4, TW>(a, stream);
-    default: return launch_mma_rows_t<8, TW>(a, stream);
+    const MmaRowsGrid g = {(a->tiles + TW - 1) / TW, (a->m + kMmaRows - 1) / kMmaRows};
+    switch (mma_rows_split<TW>(g, a->groups, a->sm_count)) {
+    case 1: return launch_mma_rows_t<1, TW>(a, g, stream);
+    case 2: return launch_mma_rows_t<2, TW>(a, g, stream);
+    case 4: return launch_mma_rows_t<4, TW>(a, g, stream);
+    default: return launch_mma_rows_t<8, TW>(a, g, stream);
     }
 }
 
