@@ -153,7 +153,9 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
  * at most BN_W2A8_ROWS_SMALL_WEIGHTS weights; up to BN_W2A8_NARROW_MAX_M
  * rows 19, or 20 where columns of two tiles number at least 8 an SM, except
  * above BN_W2A8_MMA_ROWS_MAX_M rows where wgmma is usable and its 192 x 64
- * tiles number at least half the SMs: there 17; beyond, where wgmma is
+ * tiles number at least half the SMs: there 17; 20 again above
+ * BN_W2A8_MMA_ROWS_WIDE_M rows when the rows hold at least
+ * BN_W2A8_MMA_ROWS_LONG_K weights and 17 did not apply; beyond, where wgmma is
  * usable, 16 when its 256 x 128 tiles number at least the SMs, else 14
  * when its 192 x 128 tiles do or the rows hold at least
  * BN_W2A8_WGMMA_LONG_K values, else 17 when its 192 x 64 tiles number at
@@ -172,6 +174,8 @@ cudaError_t bn_w2a8_cuda_gemm(const bn_w2a8_cuda_args *a, cudaStream_t stream);
 #define BN_W2A8_MMA_ROWS_MAX_M 16
 #define BN_W2A8_ROWS_SMALL_WEIGHTS (40ll << 20)
 #define BN_W2A8_NARROW_MAX_M 64
+#define BN_W2A8_MMA_ROWS_WIDE_M 32
+#define BN_W2A8_MMA_ROWS_LONG_K 16384
 #define BN_W2A8_WGMMA_SHORT_K 4096
 #define BN_W2A8_WGMMA_LONG_K 16384
 #define BN_W2A8_WGMMA_WS_MIN_TILES 64

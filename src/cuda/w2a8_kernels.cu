@@ -1566,6 +1566,12 @@ extern "C" int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k
          * least 8 an SM (H100 / H200, docs/PERFORMANCE.md). */
         if (m > BN_W2A8_MMA_ROWS_MAX_M && wgmma && tiles_of(192, 64) * 2 >= sms)
             return 17;
+        /* Three or four 16-row blocks over long rows: four tiles a warp
+         * read each activation fragment half as often (5120 x 27648 at
+         * M = 48 / 64: 45.5 / 65.5 us against 60.3 / 79.1 with two, H100;
+         * 45.4 / 65.2 against 57.3 / 75.9, H200). */
+        if (m > BN_W2A8_MMA_ROWS_WIDE_M && k >= BN_W2A8_MMA_ROWS_LONG_K)
+            return 20;
         return (n + 15) / 16 >= 8 * sms ? 20 : 19;
     }
     if (wgmma) {
