@@ -2655,18 +2655,43 @@ extern "C" cudaError_t bn_cb_attn_prefill_prepare(int head_dim)
     return allow_dynamic_smem(attn_prefill_kernel, prefill_smem(head_dim));
 }
 
+static bool prefill_args_ok(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n,
+                            const int32_t *pos, const float *k_cache, const float *v_cache,
+                            const float *out, int64_t ldo)
+{
+    return attn_shape_ok(s) && q && pos && k_cache && v_cache && out && n >= 0 &&
+           s->n_heads <= 65535 && ldq >= (int64_t)s->n_heads * s->head_dim &&
+           ldo >= (int64_t)s->n_heads * s->head_dim && ldq % 4 == 0 && ldo % 4 == 0;
+}
+
+static float prefill_scale(const bn_cb_attn_shape *s)
+{
+    return (float)(1.0 / sqrt((double)s->head_dim));
+}
+
 extern "C" cudaError_t bn_cb_attn_prefill(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
                                           int n, const int32_t *pos, const float *k_cache,
                                           const float *v_cache, float *out, int64_t ldo,
                                           cudaStream_t stream)
 {
-    if (!attn_shape_ok(s) || !q || !pos || !k_cache || !v_cache || !out || n < 0 ||
-        s->n_heads > 65535 || ldq < (int64_t)s->n_heads * s->head_dim ||
-        ldo < (int64_t)s->n_heads * s->head_dim || ldq % 4 != 0 || ldo % 4 != 0)
+    if (!prefill_args_ok(s, q, ldq, n, pos, k_cache, v_cache, out, ldo))
+        return cudaErrorInvalidValue;
+    if (bn_cb_attn_prefill_tiled_supports(s, q, ldq, k_cache, v_cache, out, ldo))
+        return bn_cb_attn_prefill_tiled(s, q, ldq, n, pos, k_cache, v_cache, prefill_scale(s),
+                                        out, ldo, stream);
+    return bn_cb_attn_prefill_rowwise(s, q, ldq, n, pos, k_cache, v_cache, out, ldo, stream);
+}
+
+extern "C" cudaError_t bn_cb_attn_prefill_rowwise(const bn_cb_attn_shape *s, const float *q,
+                                                  int64_t ldq, int n, const int32_t *pos,
+                                                  const float *k_cache, const float *v_cache,
+                                                  float *out, int64_t ldo, cudaStream_t stream)
+{
+    if (!prefill_args_ok(s, q, ldq, n, pos, k_cache, v_cache, out, ldo))
         return cudaErrorInvalidValue;
     if (n == 0)
         return cudaSuccess;
-    const float scale = (float)(1.0 / sqrt((double)s->head_dim));
+    const float scale = prefill_scale(s);
     const dim3 grid((unsigned)((n + kPrefillRows - 1) / kPrefillRows), (unsigned)s->n_heads);
     attn_prefill_kernel<<<grid, 32 * kAttnWarps, prefill_smem(s->head_dim), stream>>>(
         *s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo);

@@ -261,10 +261,31 @@ cudaError_t bn_cb_attn_decode_qkv_prepare(const bn_cb_attn_shape *s, int cluster
 
 /* n query rows (q rows ldq apart, row i at position pos[i], a device array)
  * against cache positions [0, pos[i]] (causal; the k and v of the rows
- * themselves already appended). out rows ldo apart. */
+ * themselves already appended). out rows ldo apart; rows whose position is
+ * negative or outside the cache are not written. Runs the register-tiled
+ * kernel (attn_prefill_tiled.cu) where it supports the shape, else the
+ * warp-per-row kernel. */
 cudaError_t bn_cb_attn_prefill(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n,
                                const int32_t *pos, const float *k_cache, const float *v_cache,
                                float *out, int64_t ldo, cudaStream_t stream);
+
+/* The two kernels behind bn_cb_attn_prefill, for tests and benchmarks:
+ * the warp-per-row kernel (any head_dim % 4 == 0 up to 256), and the
+ * register-tiled one (head_dim 64 or 128, every pointer 16-byte aligned,
+ * ldq and ldo multiples of 4: bn_cb_attn_prefill_tiled_supports; else
+ * cudaErrorNotSupported). scale: the scores' factor, 1 / sqrt(head_dim) in
+ * the model. */
+cudaError_t bn_cb_attn_prefill_rowwise(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
+                                       int n, const int32_t *pos, const float *k_cache,
+                                       const float *v_cache, float *out, int64_t ldo,
+                                       cudaStream_t stream);
+int bn_cb_attn_prefill_tiled_supports(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
+                                      const float *k_cache, const float *v_cache,
+                                      const float *out, int64_t ldo);
+cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
+                                     int n, const int32_t *pos, const float *k_cache,
+                                     const float *v_cache, float scale, float *out, int64_t ldo,
+                                     cudaStream_t stream);
 
 /* Allows the dynamic shared memory the prefill kernel needs for head_dim
  * (above 48 KiB for head_dim 256). Call once, outside graph capture. */

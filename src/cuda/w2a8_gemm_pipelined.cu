@@ -90,6 +90,7 @@
 
 #include <cooperative_groups.h>
 
+#include "cp_async.cuh"
 #include "pdl.cuh"
 #include "w2a8_cuda.h"
 
@@ -128,26 +129,6 @@ __device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_
 {
     /* Written exactly as bn_w2a8_epilogue: IEEE division and multiply. */
     return __fmul_rn(__fdiv_rn((float)acc, act_scale), w_scale);
-}
-
-/* 16 bytes global -> shared, bypassing L1 (.cg); with ok == false nothing
- * is read and the 16 bytes are zero-filled (src-size 0). */
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(ok ? 16 : 0)
-                 : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr)

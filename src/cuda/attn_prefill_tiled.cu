@@ -1,0 +1,332 @@
+/*
+ * attn_prefill_tiled.cu - causal prefill attention over the fp32 KV cache,
+ * register-tiled on the CUDA cores (head_dim 64 and 128).
+ *
+ * The warp-per-row kernel in cuda_backend_kernels.cu reads a shared-memory
+ * value for every one or two multiply-adds, and a 512-token prefill of the
+ * 2B-4T shape spent about half its time there. This kernel is laid out
+ * like a small SGEMM instead: a block takes 64 query rows of one head and
+ * walks the cache in tiles of 64 positions; each of its 256 threads
+ * (16 x 16: ty, tx) owns
+ *
+ *   - a 4 x 4 block of the tile's scores: rows 4 ty .. 4 ty + 3 against
+ *     positions tx, tx + 16, tx + 32, tx + 48, i.e. 16 multiply-adds per
+ *     pair of 16-byte shared loads (one q chunk, one k chunk per row and
+ *     position, over head_dim / 4 chunks);
+ *   - the same 4 rows of the output, head_dim / 16 columns of each, i.e.
+ *     4 x (head_dim / 16) multiply-adds per position of p . V.
+ *
+ * A row's 64 scores of a tile live in the 16 threads of one half-warp, so
+ * its maximum is four shuffles, and its probabilities go to the half-warp's
+ * own slots of shared memory (no block barrier between writing and reading
+ * them). The softmax is online, as in the other kernels: per tile the new
+ * maximum, the old sums rescaled by exp(m_old - m_new); each thread keeps
+ * its own share of a row's sum, added across the half-warp at the end.
+ *
+ * The cache tiles arrive by cp.async into one k and one v buffer: the next
+ * tile's k while this tile's softmax and p . V run, the next v while the
+ * next scores run. Positions past the block's last visible one are
+ * zero-filled (their weight is 0 and 0 * v must not be NaN).
+ *
+ * Shared memory (floats): q 64 x hd, k 64 x hd, v 64 x hd, p 64 x 64 (112
+ * KiB for head_dim 128: two blocks an SM). Bank conflicts are avoided by
+ * XOR swizzles on 16-byte chunks, not padding (padding would not leave room
+ * for two blocks): k chunk c of position t at c ^ (t & 7), the
+ * probabilities of rows 4 ty .. 4 ty + 3 at position t in slot ty ^ (t & 7).
+ *
+ * Results are fp32 throughout: the dot products add in the same order as
+ * the warp-per-row kernel's; the online softmax's tiles are 64 positions
+ * instead of 32, so outputs differ from it in the last bits only.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "cp_async.cuh"
+#include "cuda_backend_kernels.h"
+#include "smem_opt_in.cuh"
+
+namespace {
+
+constexpr int kRows = 64;     /* query rows a block               */
+constexpr int kKeys = 64;     /* cache positions a tile           */
+constexpr int kThreads = 256; /* 16 x 16                          */
+constexpr int kSlots = kRows / 4; /* float4 slots of a probability row */
+constexpr unsigned kFull = 0xffffffffu;
+
+template <int HD> struct Tiled {
+    static constexpr int kChunks = HD / 4; /* float4 per row */
+    static constexpr int kOut = kChunks / 16; /* output float4 per thread per row */
+    static constexpr size_t kFloats = (size_t)kRows * HD + 2 * (size_t)kKeys * HD +
+                                      (size_t)kKeys * kRows;
+    static constexpr size_t kSmem = kFloats * sizeof(float) + kRows * sizeof(int);
+};
+
+/* One 16-byte chunk into shared memory (zero-filled when !ok). */
+__device__ __forceinline__ void copy16(float4 *dst, const float4 *src, bool ok)
+{
+    cp_async16((uint32_t)__cvta_generic_to_shared(dst), src, ok);
+}
+
+/* Copies cache positions [t0, t0 + 64) of one head into buf (chunk c of
+ * position t at slot c ^ (t & 7) when swizzled), zero past last. */
+template <int HD, bool kSwizzle>
+__device__ __forceinline__ void load_tile(float4 *buf, const float *cache, int64_t kv_dim,
+                                          int64_t head_off, int t0, int last)
+{
+    constexpr int C = Tiled<HD>::kChunks;
+    for (int i = threadIdx.x; i < kKeys * C; i += kThreads) {
+        const int r = i / C, c = i % C;
+        const int t = t0 + r;
+        const bool ok = t <= last;
+        const float4 *src =
+            reinterpret_cast<const float4 *>(cache + (int64_t)(ok ? t : 0) * kv_dim + head_off) +
+            c;
+        copy16(buf + r * C + (kSwizzle ? c ^ (r & 7) : c), src, ok);
+    }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads, 2)
+    attn_prefill_tiled_kernel(bn_cb_attn_shape s, const float *__restrict__ q, int64_t ldq, int n,
+                              const int32_t *__restrict__ pos, const float *__restrict__ kc,
+                              const float *__restrict__ vc, float scale, float *__restrict__ out,
+                              int64_t ldo)
+{
+    using T = Tiled<HD>;
+    constexpr int C = T::kChunks, NO = T::kOut;
+    extern __shared__ __align__(16) float4 smem4[];
+    float4 *qs = smem4;                /* [64][C]                  */
+    float4 *ks = qs + kRows * C;       /* [64][C], swizzled        */
+    float4 *vs = ks + kKeys * C;       /* [64][C]                  */
+    float4 *ps = vs + kKeys * C;       /* [64 positions][16 slots] */
+    int *qpos = reinterpret_cast<int *>(ps + kKeys * kSlots);
+
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    /* Blocks in order of decreasing work: all heads' last row block (the
+     * most tiles), then the one before, ... The scheduler hands out blocks
+     * in this order, so the longest ones start first on SMs of their own
+     * and the short ones fill in. */
+    const int h = (int)(blockIdx.x % (unsigned)s.n_heads);
+    const int row_blocks = (n + kRows - 1) / kRows;
+    const int row0 = (row_blocks - 1 - (int)(blockIdx.x / (unsigned)s.n_heads)) * kRows;
+    const int group = s.n_heads / s.n_kv_heads;
+    const int64_t kv_dim = (int64_t)s.n_kv_heads * HD;
+    const int64_t head_off = (int64_t)(h / group) * HD;
+
+    if (tid < kRows) {
+        const int r = row0 + tid;
+        int p = r < n ? pos[r] : -1;
+        if (p < 0 || (int64_t)p >= s.capacity)
+            p = -1; /* nothing there to attend to: the row is not written */
+        qpos[tid] = p;
+    }
+    for (int i = tid; i < kRows * C; i += kThreads) {
+        const int r = i / C, c = i % C;
+        const bool ok = row0 + r < n;
+        copy16(qs + i,
+                   reinterpret_cast<const float4 *>(q + (int64_t)(ok ? row0 + r : 0) * ldq +
+                                                    (int64_t)h * HD) +
+                       c,
+                   ok);
+    }
+    __syncthreads();
+    int max_pos = -1;
+    for (int r = 0; r < kRows; r++)
+        max_pos = max(max_pos, qpos[r]);
+    int my_pos[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        my_pos[i] = qpos[4 * ty + i];
+
+    load_tile<HD, true>(ks, kc, kv_dim, head_off, 0, max_pos);
+    cp_async_commit(); /* q and the first k */
+    load_tile<HD, false>(vs, vc, kv_dim, head_off, 0, max_pos);
+    cp_async_commit();
+
+    float m[4], l[4];
+    float4 acc[4][NO];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int o = 0; o < NO; o++)
+            acc[i][o] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+
+    for (int t0 = 0; t0 <= max_pos; t0 += kKeys) {
+        const bool more = t0 + kKeys <= max_pos;
+        cp_async_wait<1>(); /* this tile's k (and q) */
+        __syncthreads();
+
+        /* Scores of rows 4 ty + i against positions t0 + tx + 16 j. */
+        float sc[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                sc[i][j] = 0.0f;
+        const int swz = tx & 7; /* (tx + 16 j) & 7 */
+#pragma unroll 4
+        for (int c = 0; c < C; c++) {
+            float4 qa[4], kb[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                qa[i] = qs[(4 * ty + i) * C + c];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                kb[j] = ks[(tx + 16 * j) * C + (c ^ swz)];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float d = sc[i][j];
+                    d = fmaf(qa[i].x, kb[j].x, d);
+                    d = fmaf(qa[i].y, kb[j].y, d);
+                    d = fmaf(qa[i].z, kb[j].z, d);
+                    d = fmaf(qa[i].w, kb[j].w, d);
+                    sc[i][j] = d;
+                }
+        }
+        __syncthreads(); /* every thread is done with this k tile */
+        if (more)
+            load_tile<HD, true>(ks, kc, kv_dim, head_off, t0 + kKeys, max_pos);
+        cp_async_commit();
+
+        /* Online softmax, a row's 64 scores over its half-warp. */
+        float p[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float tile_max = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const bool visible = t0 + tx + 16 * j <= my_pos[i];
+                sc[i][j] = visible ? sc[i][j] * scale : -INFINITY;
+                tile_max = fmaxf(tile_max, sc[i][j]);
+            }
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1)
+                tile_max = fmaxf(tile_max, __shfl_xor_sync(kFull, tile_max, o));
+            const float m_new = fmaxf(m[i], tile_max);
+            const float corr = m_new == -INFINITY ? 1.0f : expf(m[i] - m_new);
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                p[i][j] = sc[i][j] == -INFINITY ? 0.0f : expf(sc[i][j] - m_new);
+                sum += p[i][j];
+            }
+            l[i] = fmaf(l[i], corr, sum);
+            m[i] = m_new;
+#pragma unroll
+            for (int o = 0; o < NO; o++) {
+                acc[i][o].x *= corr;
+                acc[i][o].y *= corr;
+                acc[i][o].z *= corr;
+                acc[i][o].w *= corr;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            ps[(tx + 16 * j) * kSlots + (ty ^ swz)] = make_float4(p[0][j], p[1][j], p[2][j], p[3][j]);
+
+        cp_async_wait<1>(); /* this tile's v */
+        __syncthreads();     /* v and every half-warp's probabilities visible */
+
+        const int keys = min(kKeys, max_pos - t0 + 1);
+        for (int t = 0; t < keys; t++) {
+            const float4 pt = ps[t * kSlots + (ty ^ (t & 7))];
+#pragma unroll
+            for (int o = 0; o < NO; o++) {
+                const float4 v = vs[t * C + tx + 16 * o];
+                acc[0][o].x = fmaf(pt.x, v.x, acc[0][o].x);
+                acc[0][o].y = fmaf(pt.x, v.y, acc[0][o].y);
+                acc[0][o].z = fmaf(pt.x, v.z, acc[0][o].z);
+                acc[0][o].w = fmaf(pt.x, v.w, acc[0][o].w);
+                acc[1][o].x = fmaf(pt.y, v.x, acc[1][o].x);
+                acc[1][o].y = fmaf(pt.y, v.y, acc[1][o].y);
+                acc[1][o].z = fmaf(pt.y, v.z, acc[1][o].z);
+                acc[1][o].w = fmaf(pt.y, v.w, acc[1][o].w);
+                acc[2][o].x = fmaf(pt.z, v.x, acc[2][o].x);
+                acc[2][o].y = fmaf(pt.z, v.y, acc[2][o].y);
+                acc[2][o].z = fmaf(pt.z, v.z, acc[2][o].z);
+                acc[2][o].w = fmaf(pt.z, v.w, acc[2][o].w);
+                acc[3][o].x = fmaf(pt.w, v.x, acc[3][o].x);
+                acc[3][o].y = fmaf(pt.w, v.y, acc[3][o].y);
+                acc[3][o].z = fmaf(pt.w, v.z, acc[3][o].z);
+                acc[3][o].w = fmaf(pt.w, v.w, acc[3][o].w);
+            }
+        }
+        __syncthreads(); /* every thread is done with this v tile and p */
+        if (more)
+            load_tile<HD, false>(vs, vc, kv_dim, head_off, t0 + kKeys, max_pos);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float sum = l[i];
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1)
+            sum += __shfl_xor_sync(kFull, sum, o);
+        if (my_pos[i] < 0)
+            continue;
+        const float inv = 1.0f / sum;
+        float4 *dst =
+            reinterpret_cast<float4 *>(out + (int64_t)(row0 + 4 * ty + i) * ldo + (int64_t)h * HD);
+#pragma unroll
+        for (int o = 0; o < NO; o++)
+            dst[tx + 16 * o] = make_float4(acc[i][o].x * inv, acc[i][o].y * inv,
+                                           acc[i][o].z * inv, acc[i][o].w * inv);
+    }
+}
+
+template <int HD>
+cudaError_t launch_tiled(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n,
+                         const int32_t *pos, const float *k_cache, const float *v_cache,
+                         float scale, float *out, int64_t ldo, cudaStream_t stream)
+{
+    auto kernel = attn_prefill_tiled_kernel<HD>;
+    const cudaError_t rc = allow_dynamic_smem(kernel, Tiled<HD>::kSmem);
+    if (rc != cudaSuccess)
+        return rc;
+    const int64_t blocks = (int64_t)((n + kRows - 1) / kRows) * s->n_heads;
+    if (blocks > 0x7fffffff)
+        return cudaErrorInvalidConfiguration;
+    const dim3 grid((unsigned)blocks);
+    kernel<<<grid, kThreads, Tiled<HD>::kSmem, stream>>>(*s, q, ldq, n, pos, k_cache, v_cache,
+                                                         scale, out, ldo);
+    return cudaGetLastError();
+}
+
+bool aligned16(const void *p)
+{
+    return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+} // namespace
+
+extern "C" int bn_cb_attn_prefill_tiled_supports(const bn_cb_attn_shape *s, const float *q,
+                                                 int64_t ldq, const float *k_cache,
+                                                 const float *v_cache, const float *out,
+                                                 int64_t ldo)
+{
+    return (s->head_dim == 64 || s->head_dim == 128) && aligned16(q) && aligned16(k_cache) &&
+           aligned16(v_cache) && aligned16(out) && ldq % 4 == 0 && ldo % 4 == 0;
+}
+
+extern "C" cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const float *q,
+                                                int64_t ldq, int n, const int32_t *pos,
+                                                const float *k_cache, const float *v_cache,
+                                                float scale, float *out, int64_t ldo,
+                                                cudaStream_t stream)
+{
+    if (!bn_cb_attn_prefill_tiled_supports(s, q, ldq, k_cache, v_cache, out, ldo))
+        return cudaErrorNotSupported;
+    if (n <= 0)
+        return cudaSuccess;
+    if (s->head_dim == 64)
+        return launch_tiled<64>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, stream);
+    return launch_tiled<128>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, stream);
+}

@@ -1,0 +1,303 @@
+/* GPU test: the CUDA backend's causal prefill attention over an fp32 cache
+ * (bn_cb_attn_prefill, and each of its two kernels: the warp-per-row one
+ * and the register-tiled one) against a double-precision CPU reference:
+ *
+ *   - random q, k, v (q scaled small, 1 and large: flat and peaked
+ *     softmax); every row attends to cache positions [0, pos[i]];
+ *   - the output is poisoned with NaN first; a row with a position inside
+ *     the cache must come within tol of the reference, where tol bounds
+ *     the fp32 error: the output is a convex combination of value rows, so
+ *     weights off by w move it by at most 2 w max|v|, and a score's fp32
+ *     dot product is off by at most hd 2^-24 sum|q_i k_i| (plus the
+ *     exponentials' and rescalings' few ulps, 1e-5 relative); the test
+ *     prints the worst error seen as a share of tol;
+ *   - a row whose position is negative or outside the cache is not written
+ *     (stays NaN), and neither are the columns between rows (ld > width);
+ *   - positions: consecutive from 0 (a first chunk) and from mid-cache (a
+ *     later chunk), tile edges (n = 1, 63, 64, 65, 127), the cache full to
+ *     its last slot, rows past the end, and random positions in any order;
+ *   - shapes: the 2B-4T heads (20 / 5 x 128), groups of 2 and 1, head_dim
+ *     64 (both kernels), 36 and 256 (the warp-per-row kernel only: the
+ *     tiled one answers cudaErrorNotSupported and bn_cb_attn_prefill takes
+ *     the other).
+ *
+ * Also prints both kernels' time for a 512-token prefill at the 2B-4T
+ * shape (information, not a check). Exits 77 without a usable GPU. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backend_kernels.h"
+#include "test_util.h"
+#include "test_util_cuda.h"
+
+typedef enum { POS_RUN, POS_PAST_END, POS_RANDOM } pos_mode;
+
+typedef struct pcase {
+    int n_heads, n_kv, hd;
+    int64_t capacity;
+    int n, pos0;  /* rows; the first row's position (POS_RUN, POS_PAST_END) */
+    int ld_extra; /* floats between rows beyond n_heads * hd (a multiple of 4) */
+    float q_scale;
+    pos_mode mode;
+} pcase;
+
+typedef enum { K_DISPATCH, K_ROWWISE, K_TILED } which_kernel;
+static const char *const kernel_names[] = {"bn_cb_attn_prefill", "warp-per-row", "tiled"};
+
+static double worst_share = 0.0; /* largest |error| / tol seen */
+
+static void reference_row(const pcase *c, const float *q, int64_t ldq, int row, int pos,
+                          const float *k, const float *v, double *out /* n_heads * hd */)
+{
+    const int group = c->n_heads / c->n_kv, hd = c->hd;
+    const int64_t kv_dim = (int64_t)c->n_kv * hd;
+    const double scale = 1.0 / sqrt((double)hd);
+    double *s = malloc(sizeof(double) * (size_t)(pos + 1));
+    for (int h = 0; h < c->n_heads; h++) {
+        const float *qr = q + (int64_t)row * ldq + (int64_t)h * hd;
+        const int64_t off = (int64_t)(h / group) * hd;
+        double mx = -INFINITY;
+        for (int t = 0; t <= pos; t++) {
+            double d = 0.0;
+            for (int i = 0; i < hd; i++)
+                d += (double)qr[i] * k[t * kv_dim + off + i];
+            s[t] = d * scale;
+            mx = fmax(mx, s[t]);
+        }
+        double sum = 0.0;
+        for (int t = 0; t <= pos; t++) {
+            s[t] = exp(s[t] - mx);
+            sum += s[t];
+        }
+        for (int i = 0; i < hd; i++) {
+            double o = 0.0;
+            for (int t = 0; t <= pos; t++)
+                o += s[t] * v[t * kv_dim + off + i];
+            out[(int64_t)h * hd + i] = o / sum;
+        }
+    }
+    free(s);
+}
+
+/* The fp32 error bound of one row (see the header). */
+static double row_tol(const pcase *c, const float *q, int64_t ldq, int row, int pos,
+                      const float *k, double vmax)
+{
+    const int group = c->n_heads / c->n_kv, hd = c->hd;
+    const int64_t kv_dim = (int64_t)c->n_kv * hd;
+    double terms = 0.0; /* the largest sum |q_i k_i| / sqrt(hd) of the row */
+    for (int h = 0; h < c->n_heads; h++) {
+        const float *qr = q + (int64_t)row * ldq + (int64_t)h * hd;
+        const int64_t off = (int64_t)(h / group) * hd;
+        for (int t = 0; t <= pos; t++) {
+            double a = 0.0;
+            for (int i = 0; i < hd; i++)
+                a += fabs((double)qr[i] * k[t * kv_dim + off + i]);
+            terms = fmax(terms, a / sqrt((double)hd));
+        }
+    }
+    const double score_err = (hd + 2) * ldexp(1.0, -24) * terms;
+    return vmax * (1e-5 + 4.0 * score_err) + 1e-6;
+}
+
+static cudaError_t run_kernel(which_kernel w, const bn_cb_attn_shape *s, const float *dq,
+                              int64_t ld, int n, const int32_t *dpos, const float *dk,
+                              const float *dv, float *dout)
+{
+    switch (w) {
+    case K_ROWWISE: return bn_cb_attn_prefill_rowwise(s, dq, ld, n, dpos, dk, dv, dout, ld, 0);
+    case K_TILED:
+        return bn_cb_attn_prefill_tiled(s, dq, ld, n, dpos, dk, dv,
+                                        (float)(1.0 / sqrt((double)s->head_dim)), dout, ld, 0);
+    default: return bn_cb_attn_prefill(s, dq, ld, n, dpos, dk, dv, dout, ld, 0);
+    }
+}
+
+static void run_case(const pcase *c)
+{
+    const int hd = c->hd, width = c->n_heads * hd;
+    const int64_t ld = width + c->ld_extra, kv_dim = (int64_t)c->n_kv * hd;
+    const int n = c->n;
+    float *q = malloc(sizeof(float) * (size_t)(n * ld));
+    float *k = malloc(sizeof(float) * (size_t)(c->capacity * kv_dim));
+    float *v = malloc(sizeof(float) * (size_t)(c->capacity * kv_dim));
+    float *got = malloc(sizeof(float) * (size_t)(n * ld));
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
+    double *ref = malloc(sizeof(double) * (size_t)width);
+    for (int64_t i = 0; i < n * ld; i++)
+        q[i] = c->q_scale * test_rand_float(-1.0f, 1.0f);
+    double vmax = 0.0;
+    for (int64_t i = 0; i < c->capacity * kv_dim; i++) {
+        k[i] = test_rand_float(-1.0f, 1.0f);
+        v[i] = test_rand_float(-1.0f, 1.0f);
+        vmax = fmax(vmax, fabs(v[i]));
+    }
+    for (int i = 0; i < n; i++) {
+        if (c->mode == POS_RANDOM)
+            pos[i] = (int32_t)test_rand_range(-2, c->capacity + 2);
+        else
+            pos[i] = c->pos0 + i;
+    }
+    if (c->mode == POS_PAST_END && n > 2)
+        pos[n / 2] = -1; /* a negative position, too */
+
+    bn_cb_attn_shape s = {c->n_heads, c->n_kv, hd, c->capacity};
+    float *dq, *dk, *dv, *dout;
+    int32_t *dpos;
+    CUDA_OK(cudaMalloc((void **)&dq, sizeof(float) * (size_t)(n * ld)));
+    CUDA_OK(cudaMalloc((void **)&dk, sizeof(float) * (size_t)(c->capacity * kv_dim)));
+    CUDA_OK(cudaMalloc((void **)&dv, sizeof(float) * (size_t)(c->capacity * kv_dim)));
+    CUDA_OK(cudaMalloc((void **)&dout, sizeof(float) * (size_t)(n * ld)));
+    CUDA_OK(cudaMalloc((void **)&dpos, sizeof(int32_t) * (size_t)n));
+    CUDA_OK(cudaMemcpy(dq, q, sizeof(float) * (size_t)(n * ld), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dk, k, sizeof(float) * (size_t)(c->capacity * kv_dim),
+                       cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dv, v, sizeof(float) * (size_t)(c->capacity * kv_dim),
+                       cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dpos, pos, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice));
+
+    const bool tiled_ok = bn_cb_attn_prefill_tiled_supports(&s, dq, ld, dk, dv, dout, ld);
+    CHECK_MSG(tiled_ok == (hd == 64 || hd == 128), "tiled kernel support for head_dim %d: %d", hd,
+              tiled_ok);
+    for (int w = K_DISPATCH; w <= K_TILED; w++) {
+        CUDA_OK(cudaMemset(dout, 0xff, sizeof(float) * (size_t)(n * ld))); /* NaN */
+        const cudaError_t rc = run_kernel((which_kernel)w, &s, dq, ld, n, dpos, dk, dv, dout);
+        if (w == K_TILED && !tiled_ok) {
+            CHECK_MSG(rc == cudaErrorNotSupported, "tiled kernel on head_dim %d: %s", hd,
+                      cudaGetErrorString(rc));
+            (void)cudaGetLastError();
+            continue;
+        }
+        CUDA_OK(rc);
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(got, dout, sizeof(float) * (size_t)(n * ld), cudaMemcpyDeviceToHost));
+        int bad = 0, unwritten_bad = 0;
+        double worst = 0.0;
+        for (int i = 0; i < n; i++) {
+            const float *row = got + (int64_t)i * ld;
+            for (int64_t j = width; j < ld; j++)
+                unwritten_bad += !isnan(row[j]);
+            if (pos[i] < 0 || pos[i] >= c->capacity) {
+                for (int j = 0; j < width; j++)
+                    unwritten_bad += !isnan(row[j]);
+                continue;
+            }
+            /* The reference of every row is costly at n = 512: check
+             * every row of small cases, a sample of the large ones (the
+             * first and last rows always). */
+            if (n > 96 && i > 2 && i < n - 3 && test_rand_range(0, 7) != 0)
+                continue;
+            reference_row(c, q, ld, i, pos[i], k, v, ref);
+            const double tol = row_tol(c, q, ld, i, pos[i], k, vmax);
+            for (int j = 0; j < width; j++) {
+                const double e = fabs((double)row[j] - ref[j]);
+                if (!(e <= tol)) {
+                    if (bad++ < 3)
+                        fprintf(stderr, "  %s: row %d (pos %d) col %d: %.9g, ref %.9g, tol %.3g\n",
+                                kernel_names[w], i, pos[i], j, row[j], ref[j], tol);
+                }
+                if (e / tol > worst)
+                    worst = e / tol;
+            }
+        }
+        CHECK_MSG(bad == 0,
+                  "%s: %d values off, heads %d/%d hd %d capacity %lld n %d pos0 %d mode %d "
+                  "q scale %g",
+                  kernel_names[w], bad, c->n_heads, c->n_kv, hd, (long long)c->capacity, n,
+                  c->pos0, (int)c->mode, c->q_scale);
+        CHECK_MSG(unwritten_bad == 0, "%s: %d values written that must not be", kernel_names[w],
+                  unwritten_bad);
+        if (worst > worst_share)
+            worst_share = worst;
+    }
+    cudaFree(dq);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(dout);
+    cudaFree(dpos);
+    free(q);
+    free(k);
+    free(v);
+    free(got);
+    free(pos);
+    free(ref);
+}
+
+/* Both kernels' time at the 2B-4T shape, a 512-token first chunk. */
+static void time_2b4t(void)
+{
+    const int n = 512, hd = 128, heads = 20, kv = 5;
+    const int64_t cap = 640, ld = heads * hd, kv_dim = kv * hd;
+    bn_cb_attn_shape s = {heads, kv, hd, cap};
+    float *dq, *dk, *dv, *dout;
+    int32_t *dpos;
+    CUDA_OK(cudaMalloc((void **)&dq, sizeof(float) * (size_t)(n * ld)));
+    CUDA_OK(cudaMalloc((void **)&dk, sizeof(float) * (size_t)(cap * kv_dim)));
+    CUDA_OK(cudaMalloc((void **)&dv, sizeof(float) * (size_t)(cap * kv_dim)));
+    CUDA_OK(cudaMalloc((void **)&dout, sizeof(float) * (size_t)(n * ld)));
+    CUDA_OK(cudaMalloc((void **)&dpos, sizeof(int32_t) * (size_t)n));
+    CUDA_OK(cudaMemset(dq, 0, sizeof(float) * (size_t)(n * ld)));
+    CUDA_OK(cudaMemset(dk, 0, sizeof(float) * (size_t)(cap * kv_dim)));
+    CUDA_OK(cudaMemset(dv, 0, sizeof(float) * (size_t)(cap * kv_dim)));
+    int32_t pos[512];
+    for (int i = 0; i < n; i++)
+        pos[i] = i;
+    CUDA_OK(cudaMemcpy(dpos, pos, sizeof pos, cudaMemcpyHostToDevice));
+    cudaEvent_t a, b;
+    CUDA_OK(cudaEventCreate(&a));
+    CUDA_OK(cudaEventCreate(&b));
+    for (int w = K_ROWWISE; w <= K_TILED; w++) {
+        const int reps = 20;
+        CUDA_OK(run_kernel((which_kernel)w, &s, dq, ld, n, dpos, dk, dv, dout));
+        CUDA_OK(cudaEventRecord(a, 0));
+        for (int r = 0; r < reps; r++)
+            CUDA_OK(run_kernel((which_kernel)w, &s, dq, ld, n, dpos, dk, dv, dout));
+        CUDA_OK(cudaEventRecord(b, 0));
+        CUDA_OK(cudaEventSynchronize(b));
+        float ms = 0.0f;
+        CUDA_OK(cudaEventElapsedTime(&ms, a, b));
+        printf("2B-4T heads, 512-token prefill, %s kernel: %.1f us a layer\n", kernel_names[w],
+               1000.0 * ms / reps);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaFree(dq);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(dout);
+    cudaFree(dpos);
+}
+
+int main(void)
+{
+    test_require_cuda(8, "the prefill attention's asynchronous copies");
+    CUDA_OK(bn_cb_attn_prefill_prepare(256)); /* the warp-per-row kernel at head_dim 256 */
+    const pcase cases[] = {
+        {20, 5, 128, 640, 512, 0, 0, 1.0f, POS_RUN},     /* the 2B-4T bench's prefill */
+        {20, 5, 128, 300, 77, 100, 12, 1.0f, POS_RUN},   /* a later chunk, padded rows */
+        {8, 8, 64, 200, 130, 0, 0, 1.0f, POS_RUN},       /* no grouping, head_dim 64 */
+        {4, 2, 128, 200, 1, 63, 0, 1.0f, POS_RUN},       /* one row at a tile's end */
+        {4, 2, 128, 200, 63, 0, 4, 1.0f, POS_RUN},       /* tile edges */
+        {4, 2, 128, 200, 64, 0, 0, 8.0f, POS_RUN},       /* peaked softmax */
+        {4, 2, 128, 200, 65, 0, 0, 0.01f, POS_RUN},      /* flat softmax */
+        {4, 2, 64, 200, 127, 1, 0, 4.0f, POS_RUN},
+        {4, 1, 64, 128, 64, 64, 0, 1.0f, POS_RUN},       /* the cache full to its last slot */
+        {4, 2, 128, 50, 40, 30, 0, 1.0f, POS_PAST_END},  /* rows past the cache's end */
+        {6, 3, 128, 150, 100, 0, 8, 1.0f, POS_RANDOM},   /* positions in any order */
+        {2, 2, 64, 90, 70, 0, 0, 2.0f, POS_RANDOM},
+        {4, 2, 36, 100, 70, 10, 0, 1.0f, POS_RUN},       /* the warp-per-row kernel only */
+        {4, 2, 256, 100, 40, 20, 0, 1.0f, POS_PAST_END}, /* two chunks a lane */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (test_in_part((int)i))
+            run_case(&cases[i]);
+    printf("worst error: %.3f of the tolerance\n", worst_share);
+    if (!getenv("BN_TEST_QUICK"))
+        time_2b4t();
+    TEST_EXIT();
+}
