@@ -1,7 +1,12 @@
 /* GPU test: the CUDA backend's causal prefill attention over an fp32 cache
  * (bn_cb_attn_prefill, and each of its two kernels: the warp-per-row one
- * and the register-tiled one) against a double-precision CPU reference:
+ * and the register-tiled one in 1, 2, 3 and 8 parts, their partial
+ * softmaxes merged) against a double-precision CPU reference:
  *
+ *   - the tiled kernel's workspace size and its refusal of bad part counts
+ *     and workspaces (missing, short, misaligned);
+ *   - the workspace is poisoned with NaN before every run, so a merge that
+ *     read a slot no part wrote would show;
  *   - random q, k, v (q scaled small, 1 and large: flat and peaked
  *     softmax); every row attends to cache positions [0, pos[i]];
  *   - the output is poisoned with NaN first; a row with a position inside
@@ -21,8 +26,9 @@
  *     tiled one answers cudaErrorNotSupported and bn_cb_attn_prefill takes
  *     the other).
  *
- * Also prints both kernels' time for a 512-token prefill at the 2B-4T
- * shape (information, not a check). Exits 77 without a usable GPU. */
+ * Also prints the kernels' times at the 2B-4T heads for a first 512-token
+ * chunk, a later one and a short later one (information, not a check).
+ * Exits 77 without a usable GPU. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdbool.h>
@@ -46,8 +52,24 @@ typedef struct pcase {
     pos_mode mode;
 } pcase;
 
+/* What one run launches: bn_cb_attn_prefill (with its workspace or none),
+ * the warp-per-row kernel, or the tiled kernel in `parts` parts. */
 typedef enum { K_DISPATCH, K_ROWWISE, K_TILED } which_kernel;
-static const char *const kernel_names[] = {"bn_cb_attn_prefill", "warp-per-row", "tiled"};
+typedef struct run_spec {
+    which_kernel kernel;
+    int parts; /* K_TILED */
+} run_spec;
+static const run_spec runs[] = {{K_DISPATCH, 0}, {K_ROWWISE, 0}, {K_TILED, 1},
+                                {K_TILED, 2},    {K_TILED, 3},   {K_TILED, 8}};
+
+static const char *run_name(const run_spec *r, char *buf, size_t size)
+{
+    switch (r->kernel) {
+    case K_DISPATCH: return "bn_cb_attn_prefill";
+    case K_ROWWISE: return "warp-per-row";
+    default: snprintf(buf, size, "tiled in %d part%s", r->parts, r->parts > 1 ? "s" : ""); return buf;
+    }
+}
 
 static double worst_share = 0.0; /* largest |error| / tol seen */
 
@@ -105,17 +127,30 @@ static double row_tol(const pcase *c, const float *q, int64_t ldq, int row, int 
     return vmax * (1e-5 + 4.0 * score_err) + 1e-6;
 }
 
-static cudaError_t run_kernel(which_kernel w, const bn_cb_attn_shape *s, const float *dq,
+static cudaError_t run_kernel(const run_spec *r, const bn_cb_attn_shape *s, const float *dq,
                               int64_t ld, int n, const int32_t *dpos, const float *dk,
-                              const float *dv, float *dout)
+                              const float *dv, float *dout, void *ws, size_t ws_bytes)
 {
-    switch (w) {
+    switch (r->kernel) {
     case K_ROWWISE: return bn_cb_attn_prefill_rowwise(s, dq, ld, n, dpos, dk, dv, dout, ld, 0);
     case K_TILED:
         return bn_cb_attn_prefill_tiled(s, dq, ld, n, dpos, dk, dv,
-                                        (float)(1.0 / sqrt((double)s->head_dim)), dout, ld, 0);
+                                        (float)(1.0 / sqrt((double)s->head_dim)), dout, ld,
+                                        r->parts, ws, ws_bytes, 0);
     default: return bn_cb_attn_prefill(s, dq, ld, n, dpos, dk, dv, dout, ld, 0);
     }
+}
+
+/* A workspace for every part count the runs use. */
+static size_t workspace_for(const bn_cb_attn_shape *s, int n)
+{
+    size_t bytes = 0;
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        const size_t b = bn_cb_attn_prefill_workspace_bytes(s, n, runs[i].parts);
+        if (b > bytes)
+            bytes = b;
+    }
+    return bytes;
 }
 
 static void run_case(const pcase *c)
@@ -128,7 +163,8 @@ static void run_case(const pcase *c)
     float *v = malloc(sizeof(float) * (size_t)(c->capacity * kv_dim));
     float *got = malloc(sizeof(float) * (size_t)(n * ld));
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
-    double *ref = malloc(sizeof(double) * (size_t)width);
+    double *ref = malloc(sizeof(double) * (size_t)(n * width));
+    double *tol = malloc(sizeof(double) * (size_t)n); /* < 0: the row is not checked */
     for (int64_t i = 0; i < n * ld; i++)
         q[i] = c->q_scale * test_rand_float(-1.0f, 1.0f);
     double vmax = 0.0;
@@ -161,13 +197,35 @@ static void run_case(const pcase *c)
                        cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dpos, pos, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice));
 
+    const size_t ws_bytes = workspace_for(&s, n);
+    void *ws = NULL;
+    if (ws_bytes)
+        CUDA_OK(cudaMalloc(&ws, ws_bytes));
+
+    /* The reference of every row is costly at n = 512: every row of small
+     * cases, a sample of the large ones (the first and last rows always). */
+    for (int i = 0; i < n; i++) {
+        tol[i] = -1.0;
+        if (pos[i] < 0 || pos[i] >= c->capacity)
+            continue;
+        if (n > 96 && i > 2 && i < n - 3 && test_rand_range(0, 7) != 0)
+            continue;
+        reference_row(c, q, ld, i, pos[i], k, v, ref + (int64_t)i * width);
+        tol[i] = row_tol(c, q, ld, i, pos[i], k, vmax);
+    }
+
     const bool tiled_ok = bn_cb_attn_prefill_tiled_supports(&s, dq, ld, dk, dv, dout, ld);
     CHECK_MSG(tiled_ok == (hd == 64 || hd == 128), "tiled kernel support for head_dim %d: %d", hd,
               tiled_ok);
-    for (int w = K_DISPATCH; w <= K_TILED; w++) {
+    for (size_t w = 0; w < sizeof runs / sizeof runs[0]; w++) {
+        char name_buf[64];
+        const char *name = run_name(&runs[w], name_buf, sizeof name_buf);
         CUDA_OK(cudaMemset(dout, 0xff, sizeof(float) * (size_t)(n * ld))); /* NaN */
-        const cudaError_t rc = run_kernel((which_kernel)w, &s, dq, ld, n, dpos, dk, dv, dout);
-        if (w == K_TILED && !tiled_ok) {
+        if (ws)
+            CUDA_OK(cudaMemset(ws, 0xff, ws_bytes)); /* a slot read unwritten gives NaN */
+        const cudaError_t rc =
+            run_kernel(&runs[w], &s, dq, ld, n, dpos, dk, dv, dout, ws, ws_bytes);
+        if (runs[w].kernel == K_TILED && !tiled_ok) {
             CHECK_MSG(rc == cudaErrorNotSupported, "tiled kernel on head_dim %d: %s", hd,
                       cudaGetErrorString(rc));
             (void)cudaGetLastError();
@@ -187,39 +245,37 @@ static void run_case(const pcase *c)
                     unwritten_bad += !isnan(row[j]);
                 continue;
             }
-            /* The reference of every row is costly at n = 512: check
-             * every row of small cases, a sample of the large ones (the
-             * first and last rows always). */
-            if (n > 96 && i > 2 && i < n - 3 && test_rand_range(0, 7) != 0)
+            if (tol[i] < 0)
                 continue;
-            reference_row(c, q, ld, i, pos[i], k, v, ref);
-            const double tol = row_tol(c, q, ld, i, pos[i], k, vmax);
+            const double *rr = ref + (int64_t)i * width;
             for (int j = 0; j < width; j++) {
-                const double e = fabs((double)row[j] - ref[j]);
-                if (!(e <= tol)) {
+                const double e = fabs((double)row[j] - rr[j]);
+                if (!(e <= tol[i])) {
                     if (bad++ < 3)
                         fprintf(stderr, "  %s: row %d (pos %d) col %d: %.9g, ref %.9g, tol %.3g\n",
-                                kernel_names[w], i, pos[i], j, row[j], ref[j], tol);
+                                name, i, pos[i], j, row[j], rr[j], tol[i]);
                 }
-                if (e / tol > worst)
-                    worst = e / tol;
+                if (e / tol[i] > worst)
+                    worst = e / tol[i];
             }
         }
         CHECK_MSG(bad == 0,
                   "%s: %d values off, heads %d/%d hd %d capacity %lld n %d pos0 %d mode %d "
                   "q scale %g",
-                  kernel_names[w], bad, c->n_heads, c->n_kv, hd, (long long)c->capacity, n,
+                  name, bad, c->n_heads, c->n_kv, hd, (long long)c->capacity, n,
                   c->pos0, (int)c->mode, c->q_scale);
-        CHECK_MSG(unwritten_bad == 0, "%s: %d values written that must not be", kernel_names[w],
+        CHECK_MSG(unwritten_bad == 0, "%s: %d values written that must not be", name,
                   unwritten_bad);
         if (worst > worst_share)
             worst_share = worst;
     }
+    cudaFree(ws);
     cudaFree(dq);
     cudaFree(dk);
     cudaFree(dv);
     cudaFree(dout);
     cudaFree(dpos);
+    free(tol);
     free(q);
     free(k);
     free(v);
@@ -228,55 +284,108 @@ static void run_case(const pcase *c)
     free(ref);
 }
 
-/* Both kernels' time at the 2B-4T shape, a 512-token first chunk. */
+/* The kernels' time at the 2B-4T heads: a 512-token first chunk (the
+ * bench's), a 512-token chunk after 1536 positions, 32 tokens after 1000. */
 static void time_2b4t(void)
 {
-    const int n = 512, hd = 128, heads = 20, kv = 5;
-    const int64_t cap = 640, ld = heads * hd, kv_dim = kv * hd;
-    bn_cb_attn_shape s = {heads, kv, hd, cap};
-    float *dq, *dk, *dv, *dout;
-    int32_t *dpos;
-    CUDA_OK(cudaMalloc((void **)&dq, sizeof(float) * (size_t)(n * ld)));
-    CUDA_OK(cudaMalloc((void **)&dk, sizeof(float) * (size_t)(cap * kv_dim)));
-    CUDA_OK(cudaMalloc((void **)&dv, sizeof(float) * (size_t)(cap * kv_dim)));
-    CUDA_OK(cudaMalloc((void **)&dout, sizeof(float) * (size_t)(n * ld)));
-    CUDA_OK(cudaMalloc((void **)&dpos, sizeof(int32_t) * (size_t)n));
-    CUDA_OK(cudaMemset(dq, 0, sizeof(float) * (size_t)(n * ld)));
-    CUDA_OK(cudaMemset(dk, 0, sizeof(float) * (size_t)(cap * kv_dim)));
-    CUDA_OK(cudaMemset(dv, 0, sizeof(float) * (size_t)(cap * kv_dim)));
-    int32_t pos[512];
-    for (int i = 0; i < n; i++)
-        pos[i] = i;
-    CUDA_OK(cudaMemcpy(dpos, pos, sizeof pos, cudaMemcpyHostToDevice));
-    cudaEvent_t a, b;
-    CUDA_OK(cudaEventCreate(&a));
-    CUDA_OK(cudaEventCreate(&b));
-    for (int w = K_ROWWISE; w <= K_TILED; w++) {
-        const int reps = 20;
-        CUDA_OK(run_kernel((which_kernel)w, &s, dq, ld, n, dpos, dk, dv, dout));
-        CUDA_OK(cudaEventRecord(a, 0));
-        for (int r = 0; r < reps; r++)
-            CUDA_OK(run_kernel((which_kernel)w, &s, dq, ld, n, dpos, dk, dv, dout));
-        CUDA_OK(cudaEventRecord(b, 0));
-        CUDA_OK(cudaEventSynchronize(b));
-        float ms = 0.0f;
-        CUDA_OK(cudaEventElapsedTime(&ms, a, b));
-        printf("2B-4T heads, 512-token prefill, %s kernel: %.1f us a layer\n", kernel_names[w],
-               1000.0 * ms / reps);
+    const struct {
+        int n, pos0;
+        int64_t cap;
+        const char *what;
+    } shapes[] = {{512, 0, 640, "512 tokens from position 0"},
+                  {512, 1536, 2048, "512 tokens from position 1536"},
+                  {32, 1000, 1100, "32 tokens from position 1000"}};
+    const int hd = 128, heads = 20, kv = 5;
+    const int64_t ld = heads * hd, kv_dim = kv * hd;
+    const run_spec timed[] = {{K_ROWWISE, 0}, {K_TILED, 1}, {K_TILED, 2}, {K_TILED, 4},
+                              {K_TILED, 8}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int n = shapes[si].n;
+        const int64_t cap = shapes[si].cap;
+        bn_cb_attn_shape s = {heads, kv, hd, cap};
+        float *dq, *dk, *dv, *dout;
+        int32_t *dpos;
+        void *ws;
+        const size_t ws_bytes = bn_cb_attn_prefill_workspace_bytes(&s, n, 8);
+        CUDA_OK(cudaMalloc((void **)&dq, sizeof(float) * (size_t)(n * ld)));
+        CUDA_OK(cudaMalloc((void **)&dk, sizeof(float) * (size_t)(cap * kv_dim)));
+        CUDA_OK(cudaMalloc((void **)&dv, sizeof(float) * (size_t)(cap * kv_dim)));
+        CUDA_OK(cudaMalloc((void **)&dout, sizeof(float) * (size_t)(n * ld)));
+        CUDA_OK(cudaMalloc((void **)&dpos, sizeof(int32_t) * (size_t)n));
+        CUDA_OK(cudaMalloc(&ws, ws_bytes));
+        CUDA_OK(cudaMemset(dq, 0, sizeof(float) * (size_t)(n * ld)));
+        CUDA_OK(cudaMemset(dk, 0, sizeof(float) * (size_t)(cap * kv_dim)));
+        CUDA_OK(cudaMemset(dv, 0, sizeof(float) * (size_t)(cap * kv_dim)));
+        int32_t pos[512];
+        for (int i = 0; i < n; i++)
+            pos[i] = shapes[si].pos0 + i;
+        CUDA_OK(cudaMemcpy(dpos, pos, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice));
+        cudaEvent_t a, b;
+        CUDA_OK(cudaEventCreate(&a));
+        CUDA_OK(cudaEventCreate(&b));
+        printf("2B-4T heads, %s, us a layer:", shapes[si].what);
+        for (size_t w = 0; w < sizeof timed / sizeof timed[0]; w++) {
+            const int reps = 20;
+            char buf[64];
+            CUDA_OK(run_kernel(&timed[w], &s, dq, ld, n, dpos, dk, dv, dout, ws, ws_bytes));
+            CUDA_OK(cudaEventRecord(a, 0));
+            for (int r = 0; r < reps; r++)
+                CUDA_OK(run_kernel(&timed[w], &s, dq, ld, n, dpos, dk, dv, dout, ws, ws_bytes));
+            CUDA_OK(cudaEventRecord(b, 0));
+            CUDA_OK(cudaEventSynchronize(b));
+            float ms = 0.0f;
+            CUDA_OK(cudaEventElapsedTime(&ms, a, b));
+            printf(" %s%s %.1f", w ? ";" : "", run_name(&timed[w], buf, sizeof buf),
+                   1000.0 * ms / reps);
+        }
+        printf("\n");
+        cudaEventDestroy(a);
+        cudaEventDestroy(b);
+        cudaFree(ws);
+        cudaFree(dq);
+        cudaFree(dk);
+        cudaFree(dv);
+        cudaFree(dout);
+        cudaFree(dpos);
     }
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    cudaFree(dq);
-    cudaFree(dk);
-    cudaFree(dv);
-    cudaFree(dout);
-    cudaFree(dpos);
+}
+
+/* The tiled kernel's workspace size and its refusals of bad part counts
+ * and workspaces. */
+static void check_parts(void)
+{
+    const bn_cb_attn_shape s2b = {20, 5, 128, 640}, odd = {4, 2, 36, 640};
+    CHECK(bn_cb_attn_prefill_workspace_bytes(&s2b, 512, 1) == 0);
+    CHECK(bn_cb_attn_prefill_workspace_bytes(&s2b, 512, 4) == 4ull * 512 * 20 * (128 * 4 + 8));
+
+    float *buf;
+    const size_t bytes = bn_cb_attn_prefill_workspace_bytes(&s2b, 64, 2);
+    CUDA_OK(cudaMalloc((void **)&buf, bytes + 64 * 2560 * sizeof(float) * 2 + 4096));
+    float *q = buf, *out = buf + 64 * 2560, *kv = buf; /* not launched on: refused first */
+    void *ws = out + 64 * 2560;
+    const int32_t *pos = (const int32_t *)buf;
+    const float sc = 0.0883883f;
+    CHECK(bn_cb_attn_prefill_tiled(&s2b, q, 2560, 64, pos, kv, kv, sc, out, 2560, 0, NULL, 0, 0) ==
+          cudaErrorInvalidValue);
+    CHECK(bn_cb_attn_prefill_tiled(&s2b, q, 2560, 64, pos, kv, kv, sc, out, 2560, 9, ws, bytes,
+                                   0) == cudaErrorInvalidValue);
+    CHECK(bn_cb_attn_prefill_tiled(&s2b, q, 2560, 64, pos, kv, kv, sc, out, 2560, 2, NULL, bytes,
+                                   0) == cudaErrorInvalidValue);
+    CHECK(bn_cb_attn_prefill_tiled(&s2b, q, 2560, 64, pos, kv, kv, sc, out, 2560, 2, ws,
+                                   bytes - 1, 0) == cudaErrorInvalidValue);
+    CHECK(bn_cb_attn_prefill_tiled(&s2b, q, 2560, 64, pos, kv, kv, sc, out, 2560, 2,
+                                   (char *)ws + 8, bytes, 0) == cudaErrorInvalidValue);
+    CHECK(bn_cb_attn_prefill_tiled(&odd, q, 2560, 64, pos, kv, kv, sc, out, 2560, 1, NULL, 0, 0) ==
+          cudaErrorNotSupported);
+    CUDA_OK(cudaGetLastError());
+    cudaFree(buf);
 }
 
 int main(void)
 {
     test_require_cuda(8, "the prefill attention's asynchronous copies");
     CUDA_OK(bn_cb_attn_prefill_prepare(256)); /* the warp-per-row kernel at head_dim 256 */
+    check_parts();
     const pcase cases[] = {
         {20, 5, 128, 640, 512, 0, 0, 1.0f, POS_RUN},     /* the 2B-4T bench's prefill */
         {20, 5, 128, 300, 77, 100, 12, 1.0f, POS_RUN},   /* a later chunk, padded rows */

@@ -34,6 +34,17 @@
  * for two blocks): k chunk c of position t at c ^ (t & 7), the
  * probabilities of rows 4 ty .. 4 ty + 3 at position t in slot ty ^ (t & 7).
  *
+ * Parts: a launch may split each row block's positions into up to
+ * BN_CB_PREFILL_MAX_PARTS even ranges of tiles, one block each; a part
+ * leaves its unnormalized output, maximum and sum in a workspace and a
+ * second kernel merges them (out = sum_p e^(m_p - M) o_p / sum_p e^(m_p - M)
+ * l_p), so that the last row blocks of a first chunk, which see every
+ * position, no longer set the time alone. Measured faster (H100, 2B-4T
+ * heads: a first 512-token chunk 70-72 us a layer in 2 or 4 parts against
+ * 94 in one; 512 tokens after 1536 positions 333 against 490; 32 tokens
+ * after 1000 positions 50 in 8 parts against 164), but the backend keeps
+ * one part for now: docs/CUDA.md, "Prefill attention over the fp32 cache".
+ *
  * Results are fp32 throughout: the dot products add in the same order as
  * the warp-per-row kernel's; the online softmax's tiles are 64 positions
  * instead of 32, so outputs differ from it in the last bits only.
@@ -86,12 +97,64 @@ __device__ __forceinline__ void load_tile(float4 *buf, const float *cache, int64
     }
 }
 
+/* Where the parts of a row block's positions leave their partial results
+ * when there is more than one: part p of row r, head h at slot
+ * (p * rows + r) * n_heads + h, head_dim floats of output in o and (maximum,
+ * sum) in ml. */
+struct Split {
+    int parts;
+    int rows; /* the row count the slots are laid out for (>= n) */
+    float *o;
+    float2 *ml;
+};
+
+/* Combines the parts: a warp per (row, head), a lane per 16-byte chunk of
+ * the output. out = sum_p e^(m_p - M) o_p / sum_p e^(m_p - M) l_p. */
+__global__ void __launch_bounds__(256)
+    attn_prefill_merge_kernel(bn_cb_attn_shape s, int n, const int32_t *__restrict__ pos,
+                              Split split, float *__restrict__ out, int64_t ldo)
+{
+    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (warp >= (int64_t)n * s.n_heads)
+        return;
+    const int row = (int)(warp / s.n_heads), h = (int)(warp % s.n_heads);
+    const int p = pos[row];
+    if (p < 0 || (int64_t)p >= s.capacity)
+        return; /* not written, as by the one-part kernel */
+    const int chunks = s.head_dim / 4;
+    float mx = -INFINITY;
+    for (int q = 0; q < split.parts; q++)
+        mx = fmaxf(mx, split.ml[((int64_t)q * split.rows + row) * s.n_heads + h].x);
+    float total = 0.0f;
+    for (int c = lane; c < chunks; c += 32) {
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        total = 0.0f;
+        for (int q = 0; q < split.parts; q++) {
+            const int64_t slot = ((int64_t)q * split.rows + row) * s.n_heads + h;
+            const float2 ml = split.ml[slot];
+            if (ml.x == -INFINITY)
+                continue; /* no visible position in this part */
+            const float w = expf(ml.x - mx);
+            const float4 o = reinterpret_cast<const float4 *>(split.o + slot * s.head_dim)[c];
+            acc.x = fmaf(w, o.x, acc.x);
+            acc.y = fmaf(w, o.y, acc.y);
+            acc.z = fmaf(w, o.z, acc.z);
+            acc.w = fmaf(w, o.w, acc.w);
+            total = fmaf(w, ml.y, total);
+        }
+        const float inv = 1.0f / total;
+        reinterpret_cast<float4 *>(out + (int64_t)row * ldo + (int64_t)h * s.head_dim)[c] =
+            make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    }
+}
+
 template <int HD>
 __global__ void __launch_bounds__(kThreads, 2)
     attn_prefill_tiled_kernel(bn_cb_attn_shape s, const float *__restrict__ q, int64_t ldq, int n,
                               const int32_t *__restrict__ pos, const float *__restrict__ kc,
                               const float *__restrict__ vc, float scale, float *__restrict__ out,
-                              int64_t ldo)
+                              int64_t ldo, Split split)
 {
     using T = Tiled<HD>;
     constexpr int C = T::kChunks, NO = T::kOut;
@@ -103,13 +166,15 @@ __global__ void __launch_bounds__(kThreads, 2)
     int *qpos = reinterpret_cast<int *>(ps + kKeys * kSlots);
 
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-    /* Blocks in order of decreasing work: all heads' last row block (the
-     * most tiles), then the one before, ... The scheduler hands out blocks
-     * in this order, so the longest ones start first on SMs of their own
-     * and the short ones fill in. */
-    const int h = (int)(blockIdx.x % (unsigned)s.n_heads);
+    /* Blocks in order of decreasing work: all heads' and parts' last row
+     * block (the most tiles), then the one before, ... The scheduler hands
+     * out blocks in this order, so the longest ones start first on SMs of
+     * their own and the short ones fill in. */
+    const unsigned per_row_block = (unsigned)s.n_heads * (unsigned)split.parts;
+    const int h = (int)(blockIdx.x % per_row_block) / split.parts;
+    const int part = (int)(blockIdx.x % per_row_block) % split.parts;
     const int row_blocks = (n + kRows - 1) / kRows;
-    const int row0 = (row_blocks - 1 - (int)(blockIdx.x / (unsigned)s.n_heads)) * kRows;
+    const int row0 = (row_blocks - 1 - (int)(blockIdx.x / per_row_block)) * kRows;
     const int group = s.n_heads / s.n_kv_heads;
     const int64_t kv_dim = (int64_t)s.n_kv_heads * HD;
     const int64_t head_off = (int64_t)(h / group) * HD;
@@ -138,10 +203,14 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int i = 0; i < 4; i++)
         my_pos[i] = qpos[4 * ty + i];
+    /* This part's tiles: an even share of the row block's. */
+    const int tiles = max_pos < 0 ? 0 : max_pos / kKeys + 1;
+    const int t_begin = (int)((int64_t)tiles * part / split.parts) * kKeys;
+    const int t_end = (int)((int64_t)tiles * (part + 1) / split.parts) * kKeys;
 
-    load_tile<HD, true>(ks, kc, kv_dim, head_off, 0, max_pos);
+    load_tile<HD, true>(ks, kc, kv_dim, head_off, t_begin, max_pos);
     cp_async_commit(); /* q and the first k */
-    load_tile<HD, false>(vs, vc, kv_dim, head_off, 0, max_pos);
+    load_tile<HD, false>(vs, vc, kv_dim, head_off, t_begin, max_pos);
     cp_async_commit();
 
     float m[4], l[4];
@@ -155,8 +224,8 @@ __global__ void __launch_bounds__(kThreads, 2)
             acc[i][o] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 
-    for (int t0 = 0; t0 <= max_pos; t0 += kKeys) {
-        const bool more = t0 + kKeys <= max_pos;
+    for (int t0 = t_begin; t0 < t_end; t0 += kKeys) {
+        const bool more = t0 + kKeys < t_end;
         cp_async_wait<1>(); /* this tile's k (and q) */
         __syncthreads();
 
@@ -272,9 +341,22 @@ __global__ void __launch_bounds__(kThreads, 2)
             sum += __shfl_xor_sync(kFull, sum, o);
         if (my_pos[i] < 0)
             continue;
+        const int64_t row = row0 + 4 * ty + i;
+        if (split.parts > 1) {
+            /* A part's unnormalized output, its maximum and sum; the merge
+             * weighs the parts (a part with no visible position has
+             * maximum -inf and is skipped there). */
+            const int64_t slot = ((int64_t)part * split.rows + row) * s.n_heads + h;
+            float4 *dst = reinterpret_cast<float4 *>(split.o + slot * HD);
+#pragma unroll
+            for (int o = 0; o < NO; o++)
+                dst[tx + 16 * o] = acc[i][o];
+            if (tx == 0)
+                split.ml[slot] = make_float2(m[i], sum);
+            continue;
+        }
         const float inv = 1.0f / sum;
-        float4 *dst =
-            reinterpret_cast<float4 *>(out + (int64_t)(row0 + 4 * ty + i) * ldo + (int64_t)h * HD);
+        float4 *dst = reinterpret_cast<float4 *>(out + row * ldo + (int64_t)h * HD);
 #pragma unroll
         for (int o = 0; o < NO; o++)
             dst[tx + 16 * o] = make_float4(acc[i][o].x * inv, acc[i][o].y * inv,
@@ -285,18 +367,24 @@ __global__ void __launch_bounds__(kThreads, 2)
 template <int HD>
 cudaError_t launch_tiled(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n,
                          const int32_t *pos, const float *k_cache, const float *v_cache,
-                         float scale, float *out, int64_t ldo, cudaStream_t stream)
+                         float scale, float *out, int64_t ldo, const Split &split,
+                         cudaStream_t stream)
 {
     auto kernel = attn_prefill_tiled_kernel<HD>;
     const cudaError_t rc = allow_dynamic_smem(kernel, Tiled<HD>::kSmem);
     if (rc != cudaSuccess)
         return rc;
-    const int64_t blocks = (int64_t)((n + kRows - 1) / kRows) * s->n_heads;
+    const int64_t blocks = (int64_t)((n + kRows - 1) / kRows) * s->n_heads * split.parts;
     if (blocks > 0x7fffffff)
         return cudaErrorInvalidConfiguration;
-    const dim3 grid((unsigned)blocks);
-    kernel<<<grid, kThreads, Tiled<HD>::kSmem, stream>>>(*s, q, ldq, n, pos, k_cache, v_cache,
-                                                         scale, out, ldo);
+    kernel<<<(unsigned)blocks, kThreads, Tiled<HD>::kSmem, stream>>>(
+        *s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, split);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess || split.parts == 1)
+        return err;
+    const int64_t threads = (int64_t)n * s->n_heads * 32;
+    attn_prefill_merge_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, stream>>>(
+        *s, n, pos, split, out, ldo);
     return cudaGetLastError();
 }
 
@@ -316,17 +404,41 @@ extern "C" int bn_cb_attn_prefill_tiled_supports(const bn_cb_attn_shape *s, cons
            aligned16(v_cache) && aligned16(out) && ldq % 4 == 0 && ldo % 4 == 0;
 }
 
+/* Bytes of a part's slots for n rows: outputs, then (maximum, sum). */
+static size_t part_bytes(const bn_cb_attn_shape *s, int n)
+{
+    return (size_t)n * (size_t)s->n_heads * ((size_t)s->head_dim * sizeof(float) + sizeof(float2));
+}
+
+extern "C" size_t bn_cb_attn_prefill_workspace_bytes(const bn_cb_attn_shape *s, int n, int parts)
+{
+    return parts > 1 && n > 0 ? (size_t)parts * part_bytes(s, n) : 0;
+}
+
 extern "C" cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const float *q,
                                                 int64_t ldq, int n, const int32_t *pos,
                                                 const float *k_cache, const float *v_cache,
-                                                float scale, float *out, int64_t ldo,
-                                                cudaStream_t stream)
+                                                float scale, float *out, int64_t ldo, int parts,
+                                                void *ws, size_t ws_bytes, cudaStream_t stream)
 {
     if (!bn_cb_attn_prefill_tiled_supports(s, q, ldq, k_cache, v_cache, out, ldo))
         return cudaErrorNotSupported;
+    if (parts < 1 || parts > BN_CB_PREFILL_MAX_PARTS ||
+        (parts > 1 && (!ws || !aligned16(ws) ||
+                       ws_bytes < bn_cb_attn_prefill_workspace_bytes(s, n, parts))))
+        return cudaErrorInvalidValue;
     if (n <= 0)
         return cudaSuccess;
+    Split split = {parts, n, NULL, NULL};
+    if (parts > 1) {
+        split.o = static_cast<float *>(ws);
+        split.ml = reinterpret_cast<float2 *>(static_cast<char *>(ws) +
+                                              (size_t)parts * n * s->n_heads * s->head_dim *
+                                                  sizeof(float));
+    }
     if (s->head_dim == 64)
-        return launch_tiled<64>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, stream);
-    return launch_tiled<128>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, stream);
+        return launch_tiled<64>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, split,
+                                stream);
+    return launch_tiled<128>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, split,
+                             stream);
 }

@@ -2678,7 +2678,7 @@ extern "C" cudaError_t bn_cb_attn_prefill(const bn_cb_attn_shape *s, const float
         return cudaErrorInvalidValue;
     if (bn_cb_attn_prefill_tiled_supports(s, q, ldq, k_cache, v_cache, out, ldo))
         return bn_cb_attn_prefill_tiled(s, q, ldq, n, pos, k_cache, v_cache, prefill_scale(s),
-                                        out, ldo, stream);
+                                        out, ldo, 1, NULL, 0, stream);
     return bn_cb_attn_prefill_rowwise(s, q, ldq, n, pos, k_cache, v_cache, out, ldo, stream);
 }
 

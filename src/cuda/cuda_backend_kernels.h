@@ -263,17 +263,28 @@ cudaError_t bn_cb_attn_decode_qkv_prepare(const bn_cb_attn_shape *s, int cluster
  * against cache positions [0, pos[i]] (causal; the k and v of the rows
  * themselves already appended). out rows ldo apart; rows whose position is
  * negative or outside the cache are not written. Runs the register-tiled
- * kernel (attn_prefill_tiled.cu) where it supports the shape, else the
- * warp-per-row kernel. */
+ * kernel (attn_prefill_tiled.cu, one part) where it supports the shape,
+ * else the warp-per-row kernel. */
 cudaError_t bn_cb_attn_prefill(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n,
                                const int32_t *pos, const float *k_cache, const float *v_cache,
                                float *out, int64_t ldo, cudaStream_t stream);
+
+/* The tiled kernel can split each row block's cache positions into up to
+ * BN_CB_PREFILL_MAX_PARTS ranges, one block each, whose partial softmaxes
+ * a second kernel merges, so that the row blocks that see the most
+ * positions (the last ones of a first chunk) do not set the time alone.
+ * The workspace that takes: 16-byte aligned, this many bytes (0 for one
+ * part). bn_cb_attn_prefill does not split yet (docs/CUDA.md says why). */
+#define BN_CB_PREFILL_MAX_PARTS 8
+size_t bn_cb_attn_prefill_workspace_bytes(const bn_cb_attn_shape *s, int n, int parts);
 
 /* The two kernels behind bn_cb_attn_prefill, for tests and benchmarks:
  * the warp-per-row kernel (any head_dim % 4 == 0 up to 256), and the
  * register-tiled one (head_dim 64 or 128, every pointer 16-byte aligned,
  * ldq and ldo multiples of 4: bn_cb_attn_prefill_tiled_supports; else
- * cudaErrorNotSupported). scale: the scores' factor, 1 / sqrt(head_dim) in
+ * cudaErrorNotSupported) in `parts` parts (1 to BN_CB_PREFILL_MAX_PARTS;
+ * above 1 with a workspace of bn_cb_attn_prefill_workspace_bytes, else
+ * cudaErrorInvalidValue). scale: the scores' factor, 1 / sqrt(head_dim) in
  * the model. */
 cudaError_t bn_cb_attn_prefill_rowwise(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
                                        int n, const int32_t *pos, const float *k_cache,
@@ -285,7 +296,7 @@ int bn_cb_attn_prefill_tiled_supports(const bn_cb_attn_shape *s, const float *q,
 cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
                                      int n, const int32_t *pos, const float *k_cache,
                                      const float *v_cache, float scale, float *out, int64_t ldo,
-                                     cudaStream_t stream);
+                                     int parts, void *ws, size_t ws_bytes, cudaStream_t stream);
 
 /* Allows the dynamic shared memory the prefill kernel needs for head_dim
  * (above 48 KiB for head_dim 256). Call once, outside graph capture. */
