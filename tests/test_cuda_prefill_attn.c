@@ -127,6 +127,13 @@ static double row_tol(const pcase *c, const float *q, int64_t ldq, int row, int 
     return vmax * (1e-5 + 4.0 * score_err) + 1e-6;
 }
 
+/* Frees the device buffers of a case (NULL entries are skipped). */
+static void free_device(void *const *bufs, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        cudaFree(bufs[i]);
+}
+
 static cudaError_t run_kernel(const run_spec *r, const bn_cb_attn_shape *s, const float *dq,
                               int64_t ld, int n, const int32_t *dpos, const float *dk,
                               const float *dv, float *dout, void *ws, size_t ws_bytes)
@@ -269,12 +276,8 @@ static void run_case(const pcase *c)
         if (worst > worst_share)
             worst_share = worst;
     }
-    cudaFree(ws);
-    cudaFree(dq);
-    cudaFree(dk);
-    cudaFree(dv);
-    cudaFree(dout);
-    cudaFree(dpos);
+    void *const bufs[] = {ws, dq, dk, dv, dout, dpos};
+    free_device(bufs, sizeof bufs / sizeof bufs[0]);
     free(tol);
     free(q);
     free(k);
@@ -341,12 +344,8 @@ static void time_2b4t(void)
         printf("\n");
         cudaEventDestroy(a);
         cudaEventDestroy(b);
-        cudaFree(ws);
-        cudaFree(dq);
-        cudaFree(dk);
-        cudaFree(dv);
-        cudaFree(dout);
-        cudaFree(dpos);
+        void *const bufs[] = {ws, dq, dk, dv, dout, dpos};
+        free_device(bufs, sizeof bufs / sizeof bufs[0]);
     }
 }
 

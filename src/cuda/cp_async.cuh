@@ -4,14 +4,27 @@
 
 #include <stdint.h>
 
-/* 16 bytes global -> shared, bypassing L1 (.cg); with ok == false nothing
- * is read and the 16 bytes are zero-filled (src-size 0). dst: a shared
- * address (__cvta_generic_to_shared). */
+/* BYTES (4, 8 or 16) global -> shared; with ok == false nothing is read and
+ * they are zero-filled (src-size 0). 16 bytes bypass L1 (.cg); smaller
+ * copies can only go through it (.ca). dst: a shared address
+ * (__cvta_generic_to_shared). */
+template <int BYTES>
+__device__ __forceinline__ void cp_async(uint32_t dst, const void *src, bool ok)
+{
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async sizes");
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                     "r"(ok ? 16 : 0)
+                     : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src),
+                     "n"(BYTES), "r"(ok ? BYTES : 0)
+                     : "memory");
+}
+
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok)
 {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(ok ? 16 : 0)
-                 : "memory");
+    cp_async<16>(dst, src, ok);
 }
 
 /* Closes the group of copies this thread issued since the last commit. */

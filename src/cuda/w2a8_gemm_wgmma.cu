@@ -131,6 +131,7 @@
 
 #include <cooperative_groups.h>
 
+#include "cp_async.cuh"
 #include "pdl.cuh"
 #include "w2a8_cuda.h"
 
@@ -740,34 +741,6 @@ __device__ __forceinline__ void store_warp_staged(const int32_t (&acc)[BA / 2], 
         }
         __syncwarp(); /* the reads are done before the next round's writes */
     }
-}
-
-/* BYTES (4, 8 or 16) global -> shared; with ok == false nothing is read and
- * they are zero-filled (src-size 0). 16 bytes bypass L1 (.cg); smaller
- * copies can only go through it (.ca). */
-template <int BYTES>
-__device__ __forceinline__ void cp_async(uint32_t dst, const void *src, bool ok)
-{
-    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async sizes");
-    if constexpr (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                     "r"(ok ? 16 : 0)
-                     : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src),
-                     "n"(BYTES), "r"(ok ? BYTES : 0)
-                     : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 /* Generic-proxy writes (cp.async) -> visible to the async proxy (wgmma). */
