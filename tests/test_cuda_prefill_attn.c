@@ -52,8 +52,8 @@ typedef struct pcase {
     pos_mode mode;
 } pcase;
 
-/* What one run launches: bn_cb_attn_prefill (with its workspace or none),
- * the warp-per-row kernel, or the tiled kernel in `parts` parts. */
+/* What one run launches: bn_cb_attn_prefill, the warp-per-row kernel, or
+ * the tiled kernel in `parts` parts. */
 typedef enum { K_DISPATCH, K_ROWWISE, K_TILED } which_kernel;
 typedef struct run_spec {
     which_kernel kernel;
@@ -73,23 +73,30 @@ static const char *run_name(const run_spec *r, char *buf, size_t size)
 
 static double worst_share = 0.0; /* largest |error| / tol seen */
 
-static void reference_row(const pcase *c, const float *q, int64_t ldq, int row, int pos,
-                          const float *k, const float *v, double *out /* n_heads * hd */)
+/* The reference output of one row (out: n_heads * hd values); returns the
+ * fp32 error bound of the row (see the header). */
+static double reference_row(const pcase *c, const float *q, int64_t ldq, int row, int pos,
+                            const float *k, const float *v, double vmax, double *out)
 {
     const int group = c->n_heads / c->n_kv, hd = c->hd;
     const int64_t kv_dim = (int64_t)c->n_kv * hd;
     const double scale = 1.0 / sqrt((double)hd);
+    double terms = 0.0; /* the largest sum |q_i k_i| / sqrt(hd) of the row */
     double *s = malloc(sizeof(double) * (size_t)(pos + 1));
     for (int h = 0; h < c->n_heads; h++) {
         const float *qr = q + (int64_t)row * ldq + (int64_t)h * hd;
         const int64_t off = (int64_t)(h / group) * hd;
         double mx = -INFINITY;
         for (int t = 0; t <= pos; t++) {
-            double d = 0.0;
-            for (int i = 0; i < hd; i++)
-                d += (double)qr[i] * k[t * kv_dim + off + i];
+            double d = 0.0, a = 0.0;
+            for (int i = 0; i < hd; i++) {
+                const double p = (double)qr[i] * k[t * kv_dim + off + i];
+                d += p;
+                a += fabs(p);
+            }
             s[t] = d * scale;
             mx = fmax(mx, s[t]);
+            terms = fmax(terms, a * scale);
         }
         double sum = 0.0;
         for (int t = 0; t <= pos; t++) {
@@ -104,25 +111,6 @@ static void reference_row(const pcase *c, const float *q, int64_t ldq, int row, 
         }
     }
     free(s);
-}
-
-/* The fp32 error bound of one row (see the header). */
-static double row_tol(const pcase *c, const float *q, int64_t ldq, int row, int pos,
-                      const float *k, double vmax)
-{
-    const int group = c->n_heads / c->n_kv, hd = c->hd;
-    const int64_t kv_dim = (int64_t)c->n_kv * hd;
-    double terms = 0.0; /* the largest sum |q_i k_i| / sqrt(hd) of the row */
-    for (int h = 0; h < c->n_heads; h++) {
-        const float *qr = q + (int64_t)row * ldq + (int64_t)h * hd;
-        const int64_t off = (int64_t)(h / group) * hd;
-        for (int t = 0; t <= pos; t++) {
-            double a = 0.0;
-            for (int i = 0; i < hd; i++)
-                a += fabs((double)qr[i] * k[t * kv_dim + off + i]);
-            terms = fmax(terms, a / sqrt((double)hd));
-        }
-    }
     const double score_err = (hd + 2) * ldexp(1.0, -24) * terms;
     return vmax * (1e-5 + 4.0 * score_err) + 1e-6;
 }
@@ -217,8 +205,7 @@ static void run_case(const pcase *c)
             continue;
         if (n > 96 && i > 2 && i < n - 3 && test_rand_range(0, 7) != 0)
             continue;
-        reference_row(c, q, ld, i, pos[i], k, v, ref + (int64_t)i * width);
-        tol[i] = row_tol(c, q, ld, i, pos[i], k, vmax);
+        tol[i] = reference_row(c, q, ld, i, pos[i], k, v, vmax, ref + (int64_t)i * width);
     }
 
     const bool tiled_ok = bn_cb_attn_prefill_tiled_supports(&s, dq, ld, dk, dv, dout, ld);

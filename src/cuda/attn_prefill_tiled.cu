@@ -98,12 +98,11 @@ __device__ __forceinline__ void load_tile(float4 *buf, const float *cache, int64
 }
 
 /* Where the parts of a row block's positions leave their partial results
- * when there is more than one: part p of row r, head h at slot
- * (p * rows + r) * n_heads + h, head_dim floats of output in o and (maximum,
+ * when there is more than one: part p of row r (of n), head h at slot
+ * (p * n + r) * n_heads + h, head_dim floats of output in o and (maximum,
  * sum) in ml. */
 struct Split {
     int parts;
-    int rows; /* the row count the slots are laid out for (>= n) */
     float *o;
     float2 *ml;
 };
@@ -125,13 +124,12 @@ __global__ void __launch_bounds__(256)
     const int chunks = s.head_dim / 4;
     float mx = -INFINITY;
     for (int q = 0; q < split.parts; q++)
-        mx = fmaxf(mx, split.ml[((int64_t)q * split.rows + row) * s.n_heads + h].x);
-    float total = 0.0f;
+        mx = fmaxf(mx, split.ml[((int64_t)q * n + row) * s.n_heads + h].x);
     for (int c = lane; c < chunks; c += 32) {
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        total = 0.0f;
+        float total = 0.0f;
         for (int q = 0; q < split.parts; q++) {
-            const int64_t slot = ((int64_t)q * split.rows + row) * s.n_heads + h;
+            const int64_t slot = ((int64_t)q * n + row) * s.n_heads + h;
             const float2 ml = split.ml[slot];
             if (ml.x == -INFINITY)
                 continue; /* no visible position in this part */
@@ -189,11 +187,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int i = tid; i < kRows * C; i += kThreads) {
         const int r = i / C, c = i % C;
         const bool ok = row0 + r < n;
-        copy16(qs + i,
-                   reinterpret_cast<const float4 *>(q + (int64_t)(ok ? row0 + r : 0) * ldq +
-                                                    (int64_t)h * HD) +
-                       c,
-                   ok);
+        const float *row = q + (int64_t)(ok ? row0 + r : 0) * ldq + (int64_t)h * HD;
+        copy16(qs + i, reinterpret_cast<const float4 *>(row) + c, ok);
     }
     __syncthreads();
     int max_pos = -1;
@@ -346,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             /* A part's unnormalized output, its maximum and sum; the merge
              * weighs the parts (a part with no visible position has
              * maximum -inf and is skipped there). */
-            const int64_t slot = ((int64_t)part * split.rows + row) * s.n_heads + h;
+            const int64_t slot = ((int64_t)part * n + row) * s.n_heads + h;
             float4 *dst = reinterpret_cast<float4 *>(split.o + slot * HD);
 #pragma unroll
             for (int o = 0; o < NO; o++)
@@ -429,7 +424,7 @@ extern "C" cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const
         return cudaErrorInvalidValue;
     if (n <= 0)
         return cudaSuccess;
-    Split split = {parts, n, NULL, NULL};
+    Split split = {parts, NULL, NULL};
     if (parts > 1) {
         split.o = static_cast<float *>(ws);
         split.ml = reinterpret_cast<float2 *>(static_cast<char *>(ws) +

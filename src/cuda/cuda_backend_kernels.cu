@@ -2669,6 +2669,20 @@ static float prefill_scale(const bn_cb_attn_shape *s)
     return (float)(1.0 / sqrt((double)s->head_dim));
 }
 
+/* The warp-per-row kernel on arguments already checked. */
+static cudaError_t launch_prefill_rowwise(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
+                                          int n, const int32_t *pos, const float *k_cache,
+                                          const float *v_cache, float *out, int64_t ldo,
+                                          cudaStream_t stream)
+{
+    if (n == 0)
+        return cudaSuccess;
+    const dim3 grid((unsigned)((n + kPrefillRows - 1) / kPrefillRows), (unsigned)s->n_heads);
+    attn_prefill_kernel<<<grid, 32 * kAttnWarps, prefill_smem(s->head_dim), stream>>>(
+        *s, q, ldq, n, pos, k_cache, v_cache, prefill_scale(s), out, ldo);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t bn_cb_attn_prefill(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
                                           int n, const int32_t *pos, const float *k_cache,
                                           const float *v_cache, float *out, int64_t ldo,
@@ -2679,7 +2693,7 @@ extern "C" cudaError_t bn_cb_attn_prefill(const bn_cb_attn_shape *s, const float
     if (bn_cb_attn_prefill_tiled_supports(s, q, ldq, k_cache, v_cache, out, ldo))
         return bn_cb_attn_prefill_tiled(s, q, ldq, n, pos, k_cache, v_cache, prefill_scale(s),
                                         out, ldo, 1, NULL, 0, stream);
-    return bn_cb_attn_prefill_rowwise(s, q, ldq, n, pos, k_cache, v_cache, out, ldo, stream);
+    return launch_prefill_rowwise(s, q, ldq, n, pos, k_cache, v_cache, out, ldo, stream);
 }
 
 extern "C" cudaError_t bn_cb_attn_prefill_rowwise(const bn_cb_attn_shape *s, const float *q,
@@ -2689,13 +2703,7 @@ extern "C" cudaError_t bn_cb_attn_prefill_rowwise(const bn_cb_attn_shape *s, con
 {
     if (!prefill_args_ok(s, q, ldq, n, pos, k_cache, v_cache, out, ldo))
         return cudaErrorInvalidValue;
-    if (n == 0)
-        return cudaSuccess;
-    const float scale = prefill_scale(s);
-    const dim3 grid((unsigned)((n + kPrefillRows - 1) / kPrefillRows), (unsigned)s->n_heads);
-    attn_prefill_kernel<<<grid, 32 * kAttnWarps, prefill_smem(s->head_dim), stream>>>(
-        *s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo);
-    return cudaGetLastError();
+    return launch_prefill_rowwise(s, q, ldq, n, pos, k_cache, v_cache, out, ldo, stream);
 }
 
 extern "C" cudaError_t bn_cb_head_prepare(int type, int64_t dim)
