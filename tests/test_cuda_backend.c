@@ -19,9 +19,10 @@
  * Then: prefill in chunks of 3 equals one chunk; a ragged random model (no
  * fused products, head_dim 36, untied F16 head of odd width); a random
  * 2B-4T-shaped model for a few decode steps after a short and a long prompt
- * (same tokens; long: graph equals eager bit for bit; logits within 10x
- * of the CPU's own change for a 1-ulp input change: the untrained deep model
- * amplifies rounding); request errors and out of
+ * (long: graph equals eager bit for bit; logits within 10x of the CPU's own
+ * change for a 1-ulp input change: the untrained deep model amplifies
+ * rounding; the same tokens, except where the CPU's top logit leads the
+ * GPU's choice by less than that change); request errors and out of
  * memory (the process stays usable; the hint's --ctx fits); the engine:
  * GPU selection and receipt, fallback to the CPU on an impossible memory
  * limit and on a failing step under auto, errors under strict mode and
@@ -666,8 +667,14 @@ out:
 
 /* Logits after a prompt of n tokens and `steps` forced decode steps, GPU vs
  * CPU; returns the worst relative difference. */
+/* The CPU and the GPU over the same prompt and forced steps: returns the
+ * worst relative logit difference (rel_diff), counts the steps whose
+ * argmaxes differ, and (swap_margin, may be NULL) the largest gap, relative
+ * as in rel_diff, between the CPU's best logit and the CPU's logit of the
+ * GPU's choice at those steps (-1 where none differs). */
 static double compare_run(const char *what, const bn_model *m, bn_cuda_backend *b,
-                          const int32_t *tokens, int n_prompt, int steps, int *argmax_diff)
+                          const int32_t *tokens, int n_prompt, int steps, int *argmax_diff,
+                          double *swap_margin)
 {
     const int32_t V = bn_model_hparams(m)->vocab;
     float *a = malloc((size_t)V * sizeof(float)), *g = malloc((size_t)V * sizeof(float));
@@ -676,6 +683,8 @@ static double compare_run(const char *what, const bn_model *m, bn_cuda_backend *
     bn_error_clear(&err);
     double worst = -1.0;
     *argmax_diff = 0;
+    if (swap_margin)
+        *swap_margin = -1.0;
     CHECK_MSG(bn_cpu_backend_create(m, bn_cuda_backend_kv_len(b), 0, &c, &err) == BN_OK,
               "%s: cpu create: %s", what, err.message);
     bn_cuda_backend_reset(b);
@@ -688,7 +697,12 @@ static double compare_run(const char *what, const bn_model *m, bn_cuda_backend *
         if (!ok)
             break;
         worst = fmax(worst, rel_diff(a, g, V));
-        *argmax_diff += argmax(a, V) != argmax(g, V);
+        const int32_t ta = argmax(a, V), tg = argmax(g, V);
+        if (ta != tg) {
+            ++*argmax_diff;
+            if (swap_margin)
+                *swap_margin = fmax(*swap_margin, (a[ta] - a[tg]) / fmax(1.0, max_abs(a, V)));
+        }
     }
     bn_cpu_backend_free(c);
     free(a);
@@ -716,7 +730,7 @@ static void check_chunks(void)
         CHECK(bn_cuda_backend_forward(three, tokens, 40, 0, b, &err) == BN_OK);
         const double d = rel_diff(a, b, V);
         int ad;
-        const double vs_cpu = compare_run("chunks of 3", m, three, tokens, 40, 6, &ad);
+        const double vs_cpu = compare_run("chunks of 3", m, three, tokens, 40, 6, &ad, NULL);
         printf("prefill chunks: 40 tokens in chunks of 3 vs one chunk rel %.2e; chunked run vs "
                "cpu (prompt + 6 steps) worst rel %.2e, argmax differs at %d\n",
                d, vs_cpu, ad);
@@ -762,7 +776,7 @@ static void check_ragged(void)
     bn_cuda_backend *b = make_cuda(m, 0, BN_CUDA_KV_F32, 16);
     if (b) {
         int ad;
-        const double w = compare_run("ragged", m, b, tokens, 37, 20, &ad);
+        const double w = compare_run("ragged", m, b, tokens, 37, 20, &ad, NULL);
         printf("ragged shape (dim 100, ffn 90, heads 3/1 x 36, rope 20, untied): prompt 37 + 20 "
                "steps, worst rel %.2e, argmax differs at %d\n",
                w, ad);
@@ -819,9 +833,11 @@ static double cpu_sensitivity(bn_model *m, const int32_t *tokens, int n_prompt, 
 }
 
 /* The real 2B-4T shape with random weights: a few decode steps, after a
- * short prompt (one attention range) and after a long one (several ranges
- * of 32 positions, merged by the last block: 4 query heads per block), the
- * long one also graph against eager, bit for bit. */
+ * short prompt (one attention range; the prefill attention in one part),
+ * after a long one (several ranges of 32 positions, merged by the last
+ * block: 4 query heads per block; the prefill attention in two parts), the
+ * long one also graph against eager, bit for bit, and after a longer one
+ * (the prefill attention in four parts). */
 static void check_2b4t(void)
 {
     bn_hparams hp;
@@ -832,18 +848,19 @@ static void check_2b4t(void)
     CHECK_MSG(bn_model_create_random(&hp, 1, &m, &err) == BN_OK, "2b4t model: %s", err.message);
     if (!m)
         return;
-    bn_cuda_backend *b = make_cuda(m, 128, BN_CUDA_KV_F32, 0);
+    bn_cuda_backend *b = make_cuda(m, 256, BN_CUDA_KV_F32, 0);
     const double t1 = bn_time_seconds();
     if (b) {
-        enum { LONG_PROMPT = 72, LONG_STEPS = 3 };
-        int32_t tokens[LONG_PROMPT + LONG_STEPS];
-        for (int i = 0; i < LONG_PROMPT + LONG_STEPS; i++)
+        enum { LONG_PROMPT = 72, LONG_STEPS = 3, LONGER_PROMPT = 200 };
+        int32_t tokens[LONGER_PROMPT + LONG_STEPS];
+        for (int i = 0; i < LONGER_PROMPT + LONG_STEPS; i++)
             tokens[i] = (int32_t)((i * 7919 + 128000) % hp.vocab);
-        const int runs[2][2] = {{8, 4}, {LONG_PROMPT, LONG_STEPS}};
-        for (int r = 0; r < 2; r++) {
+        const int runs[3][2] = {{8, 4}, {LONG_PROMPT, LONG_STEPS}, {LONGER_PROMPT, 2}};
+        for (int r = 0; r < 3; r++) {
             const int np = runs[r][0], ns = runs[r][1];
             int ad;
-            const double w = compare_run("2b4t", m, b, tokens, np, ns, &ad);
+            double margin;
+            const double w = compare_run("2b4t", m, b, tokens, np, ns, &ad, &margin);
             const double sens = cpu_sensitivity(m, tokens, np, ns);
             if (r == 0) {
                 bn_cuda_memory mem;
@@ -853,13 +870,20 @@ static void check_2b4t(void)
                        t1 - t0, (double)mem.total / 1048576.0, bn_cuda_backend_device_name(b));
             }
             printf("2B-4T: prompt %d + %d steps vs cpu worst rel %.2e, argmax differs at %d "
-                   "steps; the cpu's own change for a 1-ulp input change: %.2e\n",
-                   np, ns, w, ad, sens);
-            /* Exact: the same token at every step. Bounded: the deviation is
-             * of the size rounding noise reaches in this (chaotic, untrained)
-             * model, within 10x of what one last-bit input change does on the
-             * CPU. */
-            CHECK_MSG(ad == 0, "2b4t: the gpu's argmax differs from the cpu's at %d steps", ad);
+                   "steps (the cpu's margin over the gpu's choice there: %.2e); the cpu's own "
+                   "change for a 1-ulp input change: %.2e\n",
+                   np, ns, w, ad, margin, sens);
+            /* Bounded: the deviation is of the size rounding noise reaches
+             * in this (chaotic, untrained) model, within 10x of what one
+             * last-bit input change does on the CPU. The same token at every
+             * step, but for a near tie: the GPU may pick another token only
+             * where the CPU's own logits rank the two closer than a last-bit
+             * change of its input moves them. */
+            CHECK_MSG(ad == 0 || (margin >= 0.0 && margin <= sens),
+                      "2b4t: the gpu's argmax differs from the cpu's at %d steps, where the "
+                      "cpu's best logit leads the gpu's choice by %.3g (relative), more than "
+                      "the cpu's 1-ulp sensitivity %.3g",
+                      ad, margin, sens);
             CHECK_MSG(w >= 0.0 && sens > 0.0 && w <= 10.0 * sens,
                       "2b4t: logits differ by %.3g, more than 10x the cpu's 1-ulp sensitivity "
                       "%.3g",

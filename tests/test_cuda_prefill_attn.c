@@ -1,7 +1,8 @@
 /* GPU test: the CUDA backend's causal prefill attention over an fp32 cache
- * (bn_cb_attn_prefill, and each of its two kernels: the warp-per-row one
- * and the register-tiled one in 1, 2, 3 and 8 parts, their partial
- * softmaxes merged) against a double-precision CPU reference:
+ * (bn_cb_attn_prefill in the parts bn_cb_attn_prefill_parts picks, and
+ * each of its two kernels: the warp-per-row one and the register-tiled one
+ * in 1, 2, 3 and 8 parts, their partial softmaxes merged) against a
+ * double-precision CPU reference:
  *
  *   - the tiled kernel's workspace size and its refusal of bad part counts
  *     and workspaces (missing, short, misaligned);
@@ -52,7 +53,8 @@ typedef struct pcase {
     pos_mode mode;
 } pcase;
 
-/* What one run launches: bn_cb_attn_prefill, the warp-per-row kernel, or
+/* What one run launches: bn_cb_attn_prefill (in the parts that
+ * bn_cb_attn_prefill_parts picks for the case), the warp-per-row kernel, or
  * the tiled kernel in `parts` parts. */
 typedef enum { K_DISPATCH, K_ROWWISE, K_TILED } which_kernel;
 typedef struct run_spec {
@@ -65,7 +67,9 @@ static const run_spec runs[] = {{K_DISPATCH, 0}, {K_ROWWISE, 0}, {K_TILED, 1},
 static const char *run_name(const run_spec *r, char *buf, size_t size)
 {
     switch (r->kernel) {
-    case K_DISPATCH: return "bn_cb_attn_prefill";
+    case K_DISPATCH:
+        snprintf(buf, size, "bn_cb_attn_prefill in %d part%s", r->parts, r->parts > 1 ? "s" : "");
+        return buf;
     case K_ROWWISE: return "warp-per-row";
     default: snprintf(buf, size, "tiled in %d part%s", r->parts, r->parts > 1 ? "s" : ""); return buf;
     }
@@ -132,7 +136,8 @@ static cudaError_t run_kernel(const run_spec *r, const bn_cb_attn_shape *s, cons
         return bn_cb_attn_prefill_tiled(s, dq, ld, n, dpos, dk, dv,
                                         (float)(1.0 / sqrt((double)s->head_dim)), dout, ld,
                                         r->parts, ws, ws_bytes, 0);
-    default: return bn_cb_attn_prefill(s, dq, ld, n, dpos, dk, dv, dout, ld, 0);
+    default:
+        return bn_cb_attn_prefill(s, dq, ld, n, dpos, dk, dv, dout, ld, r->parts, ws, ws_bytes, 0);
     }
 }
 
@@ -208,17 +213,30 @@ static void run_case(const pcase *c)
         tol[i] = reference_row(c, q, ld, i, pos[i], k, v, vmax, ref + (int64_t)i * width);
     }
 
+    /* The parts the backend would take: the last row sees every position up
+     * to the largest (the cache's size at most). */
+    int sm = 0, visible = 0;
+    CUDA_OK(cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, 0));
+    for (int i = 0; i < n; i++)
+        if (pos[i] + 1 > visible)
+            visible = pos[i] + 1;
+    if (visible > c->capacity)
+        visible = (int)c->capacity;
+    const int dispatch_parts = bn_cb_attn_prefill_parts(&s, n, visible, sm, ws_bytes);
     const bool tiled_ok = bn_cb_attn_prefill_tiled_supports(&s, dq, ld, dk, dv, dout, ld);
     CHECK_MSG(tiled_ok == (hd == 64 || hd == 128), "tiled kernel support for head_dim %d: %d", hd,
               tiled_ok);
     for (size_t w = 0; w < sizeof runs / sizeof runs[0]; w++) {
+        run_spec run = runs[w];
+        if (run.kernel == K_DISPATCH)
+            run.parts = dispatch_parts;
         char name_buf[64];
-        const char *name = run_name(&runs[w], name_buf, sizeof name_buf);
+        const char *name = run_name(&run, name_buf, sizeof name_buf);
         CUDA_OK(cudaMemset(dout, 0xff, sizeof(float) * (size_t)(n * ld))); /* NaN */
         if (ws)
             CUDA_OK(cudaMemset(ws, 0xff, ws_bytes)); /* a slot read unwritten gives NaN */
         const cudaError_t rc =
-            run_kernel(&runs[w], &s, dq, ld, n, dpos, dk, dv, dout, ws, ws_bytes);
+            run_kernel(&run, &s, dq, ld, n, dpos, dk, dv, dout, ws, ws_bytes);
         if (runs[w].kernel == K_TILED && !tiled_ok) {
             CHECK_MSG(rc == cudaErrorNotSupported, "tiled kernel on head_dim %d: %s", hd,
                       cudaGetErrorString(rc));

@@ -42,8 +42,8 @@
  * position, no longer set the time alone. Measured faster (H100, 2B-4T
  * heads: a first 512-token chunk 70-72 us a layer in 2 or 4 parts against
  * 94 in one; 512 tokens after 1536 positions 333 against 490; 32 tokens
- * after 1000 positions 50 in 8 parts against 164), but the backend keeps
- * one part for now: docs/CUDA.md, "Prefill attention over the fp32 cache".
+ * after 1000 positions 50 in 8 parts against 164);
+ * bn_cb_attn_prefill_parts picks the count for a chunk.
  *
  * Results are fp32 throughout: the dot products add in the same order as
  * the warp-per-row kernel's; the online softmax's tiles are 64 positions
@@ -408,6 +408,31 @@ static size_t part_bytes(const bn_cb_attn_shape *s, int n)
 extern "C" size_t bn_cb_attn_prefill_workspace_bytes(const bn_cb_attn_shape *s, int n, int parts)
 {
     return parts > 1 && n > 0 ? (size_t)parts * part_bytes(s, n) : 0;
+}
+
+/* Parts: as many as halve the longest row block's scan (the last one's,
+ * which sees `visible` positions) while each part keeps at least one tile,
+ * the grid stays within four waves of two blocks an SM and the workspace
+ * holds them. Measured on an H100 (2B-4T heads, us a layer in 1/2/4/8
+ * parts): a first 512-token chunk 94/70/72/91 (8 parts is 1280 blocks of
+ * one tile each: over the cap, 4 taken), 512 tokens after 1536 positions
+ * 491/375/333/348 (4 taken), 32 tokens after 1000 positions 164/91/53/50
+ * (8 taken). */
+extern "C" int bn_cb_attn_prefill_parts(const bn_cb_attn_shape *s, int n, int64_t visible,
+                                        int sm_count, size_t ws_bytes)
+{
+    if (!s || n <= 0 || visible <= 0 || sm_count <= 0 || s->n_heads <= 0 ||
+        (s->head_dim != 64 && s->head_dim != 128))
+        return 1;
+    const int64_t tiles = (visible + kKeys - 1) / kKeys;
+    const int64_t row_blocks = (n + kRows - 1) / kRows;
+    const int64_t max_blocks = 4 * 2 * (int64_t)sm_count;
+    int parts = 1;
+    while (2 * parts <= BN_CB_PREFILL_MAX_PARTS && 2 * parts <= tiles &&
+           row_blocks * s->n_heads * 2 * parts <= max_blocks &&
+           bn_cb_attn_prefill_workspace_bytes(s, n, 2 * parts) <= ws_bytes)
+        parts *= 2;
+    return parts;
 }
 
 extern "C" cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const float *q,

@@ -461,7 +461,9 @@ static bn_cb_decode_gemv_args norm_source(const float *x, const float *w)
 /* Queues the forward pass of M rows (tokens d_tok at positions d_pos, both
  * device arrays) on the compute stream, ending with the last row's logits
  * in b->logits. d_kvlen (a device int) selects the decode path (M == 1,
- * attention over [0, *d_kvlen) = [0, *d_pos]); NULL is a prefill chunk.
+ * attention over [0, *d_kvlen) = [0, *d_pos]); NULL is a prefill chunk,
+ * whose last row sees `visible` positions (the host's count, which sizes
+ * the attention's split; 0 on the decode path).
  * screen: the LM head is screened (b->head_screen): logits hold -inf for
  * rows that cannot be the argmax, so only a greedy step may ask for it.
  * Nothing here synchronises or touches host memory, so it can be captured
@@ -475,8 +477,8 @@ static bn_cb_decode_gemv_args norm_source(const float *x, const float *w)
  * before them is launched plainly, so all of that (and the upload of the
  * step's inputs) is complete when the first of them starts. */
 static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
-                              const int32_t *d_pos, const int32_t *d_kvlen, bool screen,
-                              bn_error *err)
+                              const int32_t *d_pos, const int32_t *d_kvlen, int64_t visible,
+                              bool screen, bn_error *err)
 {
     const bn_hparams *hp = &b->hp;
     const cudaStream_t s = b->cs;
@@ -569,8 +571,12 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
                                  : b->attn_cluster ? K_ATTN_DEC_F32_CLUSTER
                                                    : K_ATTN_DEC_F32);
             } else {
+                /* The parts' workspace is the gate|up output, unused until
+                 * the FFN. */
+                const size_t ws_bytes = (size_t)b->chunk * (size_t)b->gu_n * sizeof(float);
+                const int parts = bn_cb_attn_prefill_parts(&as, (int)M, visible, b->sm, ws_bytes);
                 BN_CUDA_TRY(err, bn_cb_attn_prefill(&as, b->q, q_dim, (int)M, d_pos, kl, vl,
-                                                    b->att, q_dim, s));
+                                                    b->att, q_dim, parts, b->gu, ws_bytes, s));
                 b->ran |= 1u << K_ATTN_PRE_F32;
             }
         } else {
@@ -776,7 +782,7 @@ static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n
                       1u << K_GRAPH;
             return BN_OK;
         }
-        return enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, screen, err);
+        return enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, 0, screen, err);
     }
     int32_t *ht = h_tokens(b), *hpos = h_positions(b);
     for (int64_t i = 0; i < n; i++) {
@@ -789,7 +795,8 @@ static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n
                                      cudaMemcpyHostToDevice, b->cs));
     for (int64_t c = 0; c < n; c += b->chunk) {
         const int64_t M = n - c < b->chunk ? n - c : b->chunk;
-        bn_status st = enqueue_rows(b, M, b->d_tokens + c, b->d_pos + c, NULL, screen, err);
+        bn_status st = enqueue_rows(b, M, b->d_tokens + c, b->d_pos + c, NULL, pos + c + M,
+                                      screen, err);
         if (st != BN_OK)
             return st;
     }
@@ -1452,7 +1459,7 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, bool logits
     b->n_capture = 0;
     if (rc == cudaSuccess) {
         b->ran = 0;
-        st = enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2,
+        st = enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, 0,
                           b->head_screen && !logits, &cerr);
         *(logits ? &b->graph_logits_kernels : &b->graph_kernels) = b->ran;
         b->ran = before;
@@ -1491,10 +1498,10 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, bool logits
     return true;
 }
 
-/* Runs two short prefills (40 tokens: the mma-rows GEMM, or the 192 x 64
- * wgmma GEMM on Hopper for matrices of many rows; 2 tokens: the GEMV over
- * rows) and one decode step, all of token 0 from
- * position 0, so that every kernel is loaded and known to run on this
+/* Runs short prefills (40 tokens: the mma-rows GEMM, or the 192 x 64
+ * wgmma GEMM on Hopper for matrices of many rows; 40 more after them: the
+ * prefill attention in parts and its merge; 2 tokens: the GEMV over rows)
+ * and one decode step, all of token 0 from position 0 on, so that every kernel is loaded and known to run on this
  * device before the engine commits to the GPU, before graph capture (which
  * must not be a kernel's first launch) and before anything is timed. The
  * cache positions written are forgotten. A decode step that fails with
@@ -1511,6 +1518,8 @@ static bn_status warm_up(bn_cuda_backend *b, bn_error *err)
     bn_status st = BN_OK;
     if (n >= 2)
         st = bn_cuda_backend_forward_greedy(b, zeros, n, 0, &next, err);
+    if (st == BN_OK && n == 40 && b->kv_len >= 80) /* 80 positions: two tiles */
+        st = bn_cuda_backend_forward_greedy(b, zeros, n, n, &next, err);
     if (st == BN_OK && n >= 2) /* two rows: the GEMV over rows */
         st = bn_cuda_backend_forward_greedy(b, zeros, 2, 0, &next, err);
     if (st == BN_OK && b->pdl) {
@@ -2035,7 +2044,8 @@ bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int6
         if (st == BN_OK)
             p.stage[p.n++] = -1; /* the start */
         if (st == BN_OK)
-            st = enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, b->head_screen, err);
+            st = enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, 0, b->head_screen,
+                              err);
         if (st == BN_OK)
             st = queue_argmax(b, err);
         if (st == BN_OK)

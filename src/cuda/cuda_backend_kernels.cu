@@ -2686,13 +2686,14 @@ static cudaError_t launch_prefill_rowwise(const bn_cb_attn_shape *s, const float
 extern "C" cudaError_t bn_cb_attn_prefill(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
                                           int n, const int32_t *pos, const float *k_cache,
                                           const float *v_cache, float *out, int64_t ldo,
+                                          int parts, void *ws, size_t ws_bytes,
                                           cudaStream_t stream)
 {
     if (!prefill_args_ok(s, q, ldq, n, pos, k_cache, v_cache, out, ldo))
         return cudaErrorInvalidValue;
     if (bn_cb_attn_prefill_tiled_supports(s, q, ldq, k_cache, v_cache, out, ldo))
         return bn_cb_attn_prefill_tiled(s, q, ldq, n, pos, k_cache, v_cache, prefill_scale(s),
-                                        out, ldo, 1, NULL, 0, stream);
+                                        out, ldo, parts, ws, ws_bytes, stream);
     return launch_prefill_rowwise(s, q, ldq, n, pos, k_cache, v_cache, out, ldo, stream);
 }
 

@@ -259,24 +259,33 @@ int bn_cb_attn_decode_cluster(const bn_cb_attn_shape *s, int cap);
  * shared-memory attribute: host only, outside graph capture. */
 cudaError_t bn_cb_attn_decode_qkv_prepare(const bn_cb_attn_shape *s, int cluster, int64_t w_k);
 
+/* The tiled kernel (below) can split each row block's cache positions into
+ * up to BN_CB_PREFILL_MAX_PARTS ranges, one block each, whose partial
+ * softmaxes a second kernel merges, so that the row blocks that see the
+ * most positions (the last ones of a first chunk, every one of a short
+ * chunk after a long context) do not set the time alone. The workspace that
+ * takes: 16-byte aligned, this many bytes (0 for one part). */
+#define BN_CB_PREFILL_MAX_PARTS 8
+size_t bn_cb_attn_prefill_workspace_bytes(const bn_cb_attn_shape *s, int n, int parts);
+
+/* The parts bn_cb_attn_prefill should use for n rows whose last row sees
+ * `visible` cache positions, on a GPU of sm_count SMs, with ws_bytes of
+ * workspace at hand: 1, 2, 4 or 8 (1 where the tiled kernel does not take
+ * the head size). Host only. */
+int bn_cb_attn_prefill_parts(const bn_cb_attn_shape *s, int n, int64_t visible, int sm_count,
+                             size_t ws_bytes);
+
 /* n query rows (q rows ldq apart, row i at position pos[i], a device array)
  * against cache positions [0, pos[i]] (causal; the k and v of the rows
  * themselves already appended). out rows ldo apart; rows whose position is
  * negative or outside the cache are not written. Runs the register-tiled
- * kernel (attn_prefill_tiled.cu, one part) where it supports the shape,
- * else the warp-per-row kernel. */
+ * kernel (attn_prefill_tiled.cu) in `parts` parts (with ws, ws_bytes as for
+ * bn_cb_attn_prefill_tiled) where it supports the shape, else the
+ * warp-per-row kernel (which ignores parts and ws). */
 cudaError_t bn_cb_attn_prefill(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n,
                                const int32_t *pos, const float *k_cache, const float *v_cache,
-                               float *out, int64_t ldo, cudaStream_t stream);
-
-/* The tiled kernel can split each row block's cache positions into up to
- * BN_CB_PREFILL_MAX_PARTS ranges, one block each, whose partial softmaxes
- * a second kernel merges, so that the row blocks that see the most
- * positions (the last ones of a first chunk) do not set the time alone.
- * The workspace that takes: 16-byte aligned, this many bytes (0 for one
- * part). bn_cb_attn_prefill does not split yet (docs/CUDA.md says why). */
-#define BN_CB_PREFILL_MAX_PARTS 8
-size_t bn_cb_attn_prefill_workspace_bytes(const bn_cb_attn_shape *s, int n, int parts);
+                               float *out, int64_t ldo, int parts, void *ws, size_t ws_bytes,
+                               cudaStream_t stream);
 
 /* The two kernels behind bn_cb_attn_prefill, for tests and benchmarks:
  * the warp-per-row kernel (any head_dim % 4 == 0 up to 256), and the
