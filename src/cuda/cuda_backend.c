@@ -1498,25 +1498,34 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, bool logits
     return true;
 }
 
-/* Runs short prefills (40 tokens: the mma-rows GEMM, or the 192 x 64
- * wgmma GEMM on Hopper for matrices of many rows; 40 more after them: the
- * prefill attention in parts and its merge; 2 tokens: the GEMV over rows)
- * and one decode step, all of token 0 from position 0 on, so that every kernel is loaded and known to run on this
- * device before the engine commits to the GPU, before graph capture (which
- * must not be a kernel's first launch) and before anything is timed. The
- * cache positions written are forgotten. A decode step that fails with
- * programmatic dependent launch (a driver that rejects the launch
- * attribute) is retried without. */
+/* Runs prefills of a whole chunk (the GEMMs the backend takes for its
+ * largest prefill batches, the prefill attention in parts and its merge),
+ * of 40 tokens (the mma-rows GEMM, or the 192 x 64 wgmma GEMM on Hopper
+ * for matrices of many rows) and 40 more after them (the attention in
+ * parts whatever the chunk), of 2 tokens (the GEMV over rows) and one
+ * decode step, all of token 0 from position 0 on, so that the kernels are
+ * loaded and known to run on this device before the engine commits to the
+ * GPU, before graph capture (which must not be a kernel's first launch) and
+ * before anything is timed (a kernel's first launch loads it: without the
+ * whole chunk, the first long prompt paid that). The cache positions
+ * written are forgotten. A decode step that fails with programmatic
+ * dependent launch (a driver that rejects the launch attribute) is retried
+ * without. */
 static bn_status warm_up(bn_cuda_backend *b, bn_error *err)
 {
-    int32_t zeros[40];
-    memset(zeros, 0, sizeof zeros);
+    const int64_t whole = b->chunk < b->kv_len ? b->chunk : b->kv_len;
+    int32_t *zeros = calloc((size_t)(whole > 40 ? whole : 40), sizeof *zeros);
+    if (!zeros)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
+                            "no host memory for the CUDA backend's warm-up");
     const int64_t n = b->kv_len < 40 ? b->kv_len : 40;
     const bool graphs = b->use_graphs;
     b->use_graphs = false;
     int32_t next;
     bn_status st = BN_OK;
-    if (n >= 2)
+    if (whole > 40)
+        st = bn_cuda_backend_forward_greedy(b, zeros, whole, 0, &next, err);
+    if (st == BN_OK && n >= 2)
         st = bn_cuda_backend_forward_greedy(b, zeros, n, 0, &next, err);
     if (st == BN_OK && n == 40 && b->kv_len >= 80) /* 80 positions: two tiles */
         st = bn_cuda_backend_forward_greedy(b, zeros, n, n, &next, err);
@@ -1540,6 +1549,7 @@ static bn_status warm_up(bn_cuda_backend *b, bn_error *err)
         if (st == BN_OK)
             st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
     }
+    free(zeros);
     b->use_graphs = graphs;
     b->kv_filled = 0;
     b->calls = 0;
