@@ -16,7 +16,9 @@
  *   - GPU greedy on the device (graph, submit/wait), free-running: the same
  *     32 tokens as the CPU; and eagerly: the same tokens again;
  *   - fp16 KV cache: logits within TOL_F16 (tokens reported, not required).
- * Then: prefill in chunks of 3 equals one chunk; a ragged random model (no
+ * Then: prefill in chunks of 3 equals one chunk; the stage profiles of a
+ * prefill chunk and a decode step (the next step bit for bit a plain run's;
+ * bad requests refused); a ragged random model (no
  * fused products, head_dim 36, untied F16 head of odd width); a random
  * 2B-4T-shaped model for a few decode steps after a short and a long prompt
  * (long: graph equals eager bit for bit; logits within 10x of the CPU's own
@@ -744,6 +746,74 @@ static void check_chunks(void)
     bn_model_free(m);
 }
 
+/* The stage profiles bench e2e prints: a prefill chunk and a decode step,
+ * each with CUDA events around its stages, leave the backend as the same
+ * passes run plainly would (the next step's logits bit for bit), and
+ * refuse what is not one chunk or not a reachable position. */
+static void check_profile(void)
+{
+    bn_model *m = load_fixture("hf_packed");
+    if (!m)
+        return;
+    const int32_t V = bn_model_hparams(m)->vocab;
+    int32_t tokens[42];
+    for (int i = 0; i < 42; i++)
+        tokens[i] = (int32_t)((i * 53 + 7) % V);
+    bn_cuda_backend *b = make_cuda(m, 64, BN_CUDA_KV_F32, 0);
+    float *ref = malloc((size_t)V * sizeof(float)), *got = malloc((size_t)V * sizeof(float));
+    bn_error err;
+    bn_error_clear(&err);
+    if (b && ref && got) {
+        bool ok = bn_cuda_backend_forward(b, tokens, 40, 0, ref, &err) == BN_OK &&
+                  bn_cuda_backend_forward(b, tokens + 40, 1, 40, ref, &err) == BN_OK &&
+                  bn_cuda_backend_forward(b, tokens + 41, 1, 41, ref, &err) == BN_OK;
+        CHECK_MSG(ok, "profile: plain run: %s", err.message);
+        bn_cuda_backend_reset(b);
+        bn_cuda_stage_times pt, dt;
+        ok = ok && bn_cuda_backend_forward(b, tokens, 40, 0, got, &err) == BN_OK &&
+             bn_cuda_backend_profile_prefill(b, tokens, 40, 0, 3, &pt, &err) == BN_OK &&
+             bn_cuda_backend_forward(b, tokens + 40, 1, 40, got, &err) == BN_OK &&
+             bn_cuda_backend_profile_decode(b, tokens[41], 41, 3, &dt, &err) == BN_OK;
+        CHECK_MSG(ok, "profile: %s", err.message);
+        if (ok) {
+            CHECK(bn_cuda_backend_kv_filled(b) == 42);
+            CHECK(bn_cuda_backend_forward(b, tokens + 41, 1, 41, got, &err) == BN_OK);
+            CHECK_MSG(memcmp(ref, got, (size_t)V * sizeof(float)) == 0,
+                      "profile: the step after the profiles differs from a plain run's");
+            const bn_cuda_stage_times *t[2] = {&pt, &dt};
+            for (int k = 0; k < 2; k++) {
+                double sum = 0.0;
+                for (int s = 0; s < BN_CUDA_STAGE_COUNT; s++) {
+                    CHECK(t[k]->ms[s] >= 0.0 && t[k]->launches[s] >= 0);
+                    sum += t[k]->ms[s];
+                }
+                const int layers = bn_model_hparams(m)->n_layer;
+                printf("profile (%s): %.1f us, stages summed %.1f us, attention launches %d\n",
+                       k ? "decode step" : "prefill chunk of 40", 1000.0 * t[k]->total_ms,
+                       1000.0 * sum, t[k]->launches[BN_CUDA_STAGE_ATTENTION]);
+                CHECK(t[k]->total_ms > 0.0 && sum <= t[k]->total_ms * 1.001 + 1e-6);
+                CHECK(t[k]->launches[BN_CUDA_STAGE_EMBED] == 1);
+                CHECK(t[k]->launches[BN_CUDA_STAGE_ATTENTION] >= layers);
+                CHECK(t[k]->launches[BN_CUDA_STAGE_DOWN] >= layers);
+            }
+        }
+        /* Not one chunk (1 token, more than the chunk), a skipped position. */
+        bn_cuda_stage_times t;
+        CHECK(bn_cuda_backend_profile_prefill(b, tokens, 1, 0, 1, &t, &err) ==
+              BN_ERR_INVALID_ARGUMENT);
+        CHECK(bn_cuda_backend_profile_prefill(b, tokens, 65, 0, 1, &t, &err) ==
+              BN_ERR_INVALID_ARGUMENT);
+        CHECK(bn_cuda_backend_profile_prefill(b, tokens, 2, 50, 1, &t, &err) ==
+              BN_ERR_INVALID_ARGUMENT);
+        CHECK(bn_cuda_backend_profile_prefill(b, tokens, 2, 0, 0, &t, &err) ==
+              BN_ERR_INVALID_ARGUMENT);
+    }
+    bn_cuda_backend_free(b);
+    free(ref);
+    free(got);
+    bn_model_free(m);
+}
+
 /* A shape where nothing fuses (q_dim 108, ffn 90: not whole 8-row tiles),
  * head_dim 36, RoPE over part of the head, an untied F16 head of width 100
  * (no 16-byte rows). */
@@ -1196,8 +1266,8 @@ int main(int argc, char **argv)
             check_fixture(FIXTURES[i], unit);
             unit += FIXTURE_UNITS;
         }
-    void (*const checks[])(void) = {check_chunks, check_ragged, check_errors, check_engine,
-                                    check_2b4t};
+    void (*const checks[])(void) = {check_chunks, check_ragged, check_profile, check_errors,
+                                    check_engine, check_2b4t};
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
         if ((!quick || checks[i] != check_2b4t) && test_in_part(unit++))
             checks[i]();

@@ -15,8 +15,9 @@
  * Codes and code sums must be identical; the scale may differ by one ulp
  * (the double sum of squares is added in another order). Widths: the
  * decode step's (2560, 6912), a small one (100), an odd one (90, which
- * the register-held kernel takes), up to 256 rows at once, and a row
- * longer than 8192 (the streaming kernel). Outputs are poisoned first.
+ * the register-held kernel takes), up to 256 rows at once, prefill chunks
+ * of 257-512 rows (the batch kernel), and a row longer than 8192 (the
+ * streaming kernel). Outputs are poisoned first.
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -201,5 +202,13 @@ int main(void)
             for (int wkind = ROW_SMOOTH; wkind <= ROW_HUGE; wkind++)
                 check_rows(src, wkind, widths[i] == 8200 ? 7 : 21, widths[i]);
     check_rows(SRC_PLAIN, ROW_FEWBIT, 256, 2560); /* the most rows one launch holds in registers */
+    /* Prefill chunks (more than 256 rows): the batch kernel, rows of at
+     * most 8192 values; longer ones the streaming kernel. */
+    for (int src = SRC_PLAIN; src <= SRC_RELU2; src++) {
+        check_rows(src, ROW_SMOOTH, 512, 2560);
+        check_rows(src, ROW_FEWBIT, 300, 6912);
+        check_rows(src, ROW_HUGE, 257, 100);
+    }
+    check_rows(SRC_RELU2, ROW_SMOOTH, 260, 8200);
     TEST_EXIT();
 }

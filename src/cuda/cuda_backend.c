@@ -1928,6 +1928,7 @@ void bn_cuda_backend_free(bn_cuda_backend *b)
 
 int64_t bn_cuda_backend_kv_len(const bn_cuda_backend *b) { return b->kv_len; }
 int64_t bn_cuda_backend_kv_filled(const bn_cuda_backend *b) { return b->kv_filled; }
+int64_t bn_cuda_backend_prefill_chunk(const bn_cuda_backend *b) { return b->chunk; }
 void bn_cuda_backend_reset(bn_cuda_backend *b)
 {
     if (b->pending) { /* a submitted step nobody waited for */
@@ -2018,17 +2019,15 @@ const char *bn_cuda_stage_name(bn_cuda_stage s)
     return (int)s >= 0 && s < BN_CUDA_STAGE_COUNT ? names[s] : "?";
 }
 
-bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int64_t pos,
-                                         int reps, bn_cuda_stage_times *out, bn_error *err)
+/* Queues one pass of M rows (as enqueue_rows; the inputs already on the
+ * device) reps times with CUDA events around each stage and averages the
+ * stages' times per pass into out. argmax: the decode step's device argmax
+ * (or screened head's key) is part of the pass. */
+static bn_status profile_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
+                              const int32_t *d_pos, const int32_t *d_kvlen, int64_t visible,
+                              bool argmax, int reps, bn_cuda_stage_times *out, bn_error *err)
 {
-    if (!b || !out || reps < 1)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "profile: bad arguments");
-    memset(out, 0, sizeof *out);
-    bn_status st = check_request(b, &token, 1, pos, err);
-    if (st == BN_OK)
-        st = bn_cuda_context_use(b->ctx, err);
-    if (st != BN_OK)
-        return st;
+    bn_status st = BN_OK;
     prof p;
     memset(&p, 0, sizeof p);
     p.cap = 8 + b->hp.n_layer * 16;
@@ -2042,23 +2041,16 @@ bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int6
     for (int r = 0; r < reps && st == BN_OK; r++) {
         p.n = 0;
         memset(p.launches, 0, sizeof p.launches);
-        int32_t *dec = h_dec(b);
-        dec[0] = token;
-        dec[1] = (int32_t)pos;
-        dec[2] = (int32_t)(pos + 1);
-        st = BN_CUDA_STATUS(err, cudaMemcpyAsync(b->d_dec, dec, 3 * sizeof(int32_t),
-                                                 cudaMemcpyHostToDevice, b->cs));
         b->prof = &p;
-        if (st == BN_OK)
-            st = BN_CUDA_STATUS(err, cudaEventRecord(p.ev[p.n], b->cs));
+        st = BN_CUDA_STATUS(err, cudaEventRecord(p.ev[p.n], b->cs));
         if (st == BN_OK)
             p.stage[p.n++] = -1; /* the start */
         if (st == BN_OK)
-            st = enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, 0, b->head_screen,
+            st = enqueue_rows(b, M, d_tok, d_pos, d_kvlen, visible, argmax && b->head_screen,
                               err);
-        if (st == BN_OK)
+        if (st == BN_OK && argmax)
             st = queue_argmax(b, err);
-        if (st == BN_OK)
+        if (st == BN_OK && argmax)
             st = mark(b, BN_CUDA_STAGE_ARGMAX, b->head_screen ? 0 : 2, err);
         b->prof = NULL;
         if (st == BN_OK)
@@ -2079,9 +2071,65 @@ bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int6
         cudaEventDestroy(p.ev[i]);
     free(p.ev);
     free(p.stage);
+    return st;
+}
+
+bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int64_t pos,
+                                         int reps, bn_cuda_stage_times *out, bn_error *err)
+{
+    if (!b || !out || reps < 1)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "profile: bad arguments");
+    memset(out, 0, sizeof *out);
+    bn_status st = check_request(b, &token, 1, pos, err);
+    if (st == BN_OK)
+        st = bn_cuda_context_use(b->ctx, err);
+    if (st != BN_OK)
+        return st;
+    int32_t *dec = h_dec(b);
+    dec[0] = token;
+    dec[1] = (int32_t)pos;
+    dec[2] = (int32_t)(pos + 1);
+    st = BN_CUDA_STATUS(err, cudaMemcpyAsync(b->d_dec, dec, 3 * sizeof(int32_t),
+                                             cudaMemcpyHostToDevice, b->cs));
+    if (st == BN_OK)
+        st = profile_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, 0, true, reps, out, err);
     if (st != BN_OK)
         return fail_pass(b, pos, st);
     b->kv_filled = pos + 1;
+    return BN_OK;
+}
+
+bn_status bn_cuda_backend_profile_prefill(bn_cuda_backend *b, const int32_t *tokens, int64_t n,
+                                          int64_t pos, int reps, bn_cuda_stage_times *out,
+                                          bn_error *err)
+{
+    if (!b || !out || reps < 1)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "profile: bad arguments");
+    memset(out, 0, sizeof *out);
+    if (n < 2 || n > b->chunk)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "profile one prefill chunk",
+                            "profile: %lld tokens, where a prefill chunk is 2 to %lld",
+                            (long long)n, (long long)b->chunk);
+    bn_status st = check_request(b, tokens, n, pos, err);
+    if (st == BN_OK)
+        st = bn_cuda_context_use(b->ctx, err);
+    if (st != BN_OK)
+        return st;
+    int32_t *ht = h_tokens(b), *hpos = h_positions(b);
+    for (int64_t i = 0; i < n; i++) {
+        ht[i] = tokens[i];
+        hpos[i] = (int32_t)(pos + i);
+    }
+    st = BN_CUDA_STATUS(err, cudaMemcpyAsync(b->d_tokens, ht, (size_t)n * sizeof(int32_t),
+                                             cudaMemcpyHostToDevice, b->cs));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaMemcpyAsync(b->d_pos, hpos, (size_t)n * sizeof(int32_t),
+                                                 cudaMemcpyHostToDevice, b->cs));
+    if (st == BN_OK)
+        st = profile_rows(b, n, b->d_tokens, b->d_pos, NULL, pos + n, true, reps, out, err);
+    if (st != BN_OK)
+        return fail_pass(b, pos, st);
+    b->kv_filled = pos + n;
     return BN_OK;
 }
 

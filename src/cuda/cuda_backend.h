@@ -180,6 +180,8 @@ bn_status bn_cuda_backend_wait_greedy(bn_cuda_backend *b, int32_t *next, bn_erro
 
 int64_t bn_cuda_backend_kv_len(const bn_cuda_backend *b);
 int64_t bn_cuda_backend_kv_filled(const bn_cuda_backend *b);
+/* The most rows one prefill pass takes (longer prompts run in chunks). */
+int64_t bn_cuda_backend_prefill_chunk(const bn_cuda_backend *b);
 void bn_cuda_backend_reset(bn_cuda_backend *b);
 
 void bn_cuda_backend_memory(const bn_cuda_backend *b, bn_cuda_memory *out);
@@ -268,6 +270,16 @@ typedef struct bn_cuda_stage_times {
  * above a graph replay's time; the split is what it is for. */
 bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int64_t pos,
                                          int reps, bn_cuda_stage_times *out, bn_error *err);
+
+/* The same for one prefill chunk: n tokens (2 to the backend's chunk) at
+ * positions pos.. (pos <= the positions computed; it writes the KV cache
+ * there and forgets the positions after), eagerly, reps times, as a greedy
+ * pass (the screened head where greedy steps use it, and the argmax); out
+ * holds the stages' times per chunk (the GEMMs under the GEMV stages'
+ * names). */
+bn_status bn_cuda_backend_profile_prefill(bn_cuda_backend *b, const int32_t *tokens, int64_t n,
+                                          int64_t pos, int reps, bn_cuda_stage_times *out,
+                                          bn_error *err);
 
 /* Wall time per greedy decode step (the way generation runs it: upload,
  * graph replay or eager launches, argmax, token download, wait), averaged

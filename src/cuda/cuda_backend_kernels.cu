@@ -40,7 +40,7 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr int kNormThreads = 512;
 constexpr int kRowThreads = 1024;  /* the register-held row kernels: at most  */
 constexpr int kRowMaxPer = 8;      /* values per thread, so rows up to 8192   */
-constexpr int kRowMaxM = 256;      /* rows; more go to the streaming kernel   */
+constexpr int kRowMaxM = 256;      /* rows; more go to the batch kernel       */
 constexpr float kQuantEps = 1e-5f; /* BN_QUANT_EPS */
 
 /* The register-held row kernel's shape for a row of k values (k <= 8192):
@@ -522,27 +522,15 @@ __device__ __forceinline__ int lean_block_sum(int v, int *slots)
     return v;
 }
 
+/* Values tid + j T (j < KV4, in float4 units; 0 past the row) of row `row`
+ * as float4s, with source_value's expressions, through L2; kSrcAdd writes
+ * x + r back. */
 template <int kSrc, int KV4>
-__global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQuantArgs a)
+__device__ __forceinline__ void load_row4(const NormQuantArgs &a, int64_t row, int tid, int T,
+                                          float4 (&v)[KV4])
 {
-    __shared__ LeanRed red;
-    const int64_t row = blockIdx.x;
-    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int W = (int)(blockDim.x >> 5), T = (int)blockDim.x;
     const int k4 = (int)(a.k / 4);
     const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-
-    float4 w[KV4];
-#pragma unroll
-    for (int j = 0; j < KV4; j++) {
-        const int i = tid + j * T;
-        w[j] = i < k4 ? __ldg(reinterpret_cast<const float4 *>(a.w) + i) : z4;
-    }
-    pdl_trigger();
-    pdl_wait();
-
-    /* The row (source_value's expressions), through L2. */
-    float4 v[KV4];
     if (kSrc == kSrcPlain) {
         const float4 *x = reinterpret_cast<const float4 *>(a.x + row * a.ldx);
 #pragma unroll
@@ -579,6 +567,30 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
         for (int j = 0; j < KV4; j++)
             v[j] = relu2_gate4(gv[j], uv[j], a.sg, a.su);
     }
+}
+
+template <int kSrc, int KV4>
+__global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQuantArgs a)
+{
+    __shared__ LeanRed red;
+    const int64_t row = blockIdx.x;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int W = (int)(blockDim.x >> 5), T = (int)blockDim.x;
+    const int k4 = (int)(a.k / 4);
+    const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+    float4 w[KV4];
+#pragma unroll
+    for (int j = 0; j < KV4; j++) {
+        const int i = tid + j * T;
+        w[j] = i < k4 ? __ldg(reinterpret_cast<const float4 *>(a.w) + i) : z4;
+    }
+    pdl_trigger();
+    pdl_wait();
+
+    /* The row (source_value's expressions), through L2. */
+    float4 v[KV4];
+    load_row4<kSrc, KV4>(a, row, tid, T, v);
 
     /* Pass 1: sum of squares (double, exact squares) and the exact maximum
      * M = max|w v| (double products: a product of two floats is exact in
@@ -693,16 +705,157 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
     pdl_mark(3);
 }
 
-/* Whether the lean kernel takes rows of k values: 4-aligned rows and
- * buffers, at most 2 float4 per thread (8192 values). */
-bool lean_fits(const NormQuantArgs &a, int kSrc)
+/* ---- many rows at once (prefill chunks): the batch kernel ----------------------
+ *
+ * The lean kernel is shaped for one row's latency: just enough threads for
+ * the row, each holding its values, products and codes, so a 2560-value row
+ * takes a 640-thread block and few blocks fit an SM. A prefill chunk has
+ * hundreds of rows, where what counts is how many rows an SM works on at
+ * once. Here a block of ceil(k / 16) threads (rounded to a warp) takes a
+ * row, each thread four float4 of it: the values and the norm weights stay
+ * in registers (32), the products are recomputed, and the codes are stored
+ * as they are made. The same codes, scale and sum as the lean kernel (the
+ * same expressions; the double sum of squares in this block's order,
+ * within the contract). Rows of k % 4 == 0 values up to 8192 (512
+ * threads); lean_fits's alignment. */
+constexpr int kBatchV4 = 4;          /* float4 a thread                      */
+constexpr int kBatchMaxThreads = 512; /* rows up to 8192 values */
+
+template <int kSrc>
+__global__ void __launch_bounds__(kBatchMaxThreads) norm_quantize_batch_kernel(NormQuantArgs a)
+{
+    constexpr int KV4 = kBatchV4;
+    __shared__ LeanRed red;
+    const int64_t row = blockIdx.x;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int W = (int)(blockDim.x >> 5), T = (int)blockDim.x;
+    const int k4 = (int)(a.k / 4);
+
+    float4 w[KV4];
+#pragma unroll
+    for (int j = 0; j < KV4; j++)
+        w[j] = tid + j * T < k4 ? __ldg(reinterpret_cast<const float4 *>(a.w) + tid + j * T)
+                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    pdl_trigger();
+    pdl_wait();
+    float4 v[KV4];
+    load_row4<kSrc, KV4>(a, row, tid, T, v);
+
+    /* Pass 1: the double sum of squares and M = max|w v| (exact products). */
+    double ss = 0.0, mx = 0.0;
+#pragma unroll
+    for (int j = 0; j < KV4; j++) {
+        const float *vp = &v[j].x, *wp = &w[j].x;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            ss = __fma_rn((double)vp[e], (double)vp[e], ss);
+            mx = fmax(mx, fabs(__dmul_rn((double)wp[e], (double)vp[e])));
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
+    mx = warp_max_nonneg(mx);
+    if (lane == 0) {
+        red.d[0][warp] = ss;
+        red.d[1][warp] = mx;
+    }
+    __syncthreads();
+    ss = lane < W ? red.d[0][lane] : 0.0;
+    mx = warp_max_nonneg(lane < W ? red.d[1][lane] : 0.0);
+    for (int o = 16; o > 0; o >>= 1)
+        ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
+    const float inv = inv_rms(ss, a.k, a.eps);
+    const float fm = __double2float_rn(mx);
+    const bool fast = fm >= 0x1p-100f && fm <= 0x1p100f;
+    const float rr = fast ? __fdiv_rn(127.0f, fm) : 0.0f;
+    const bool usable = mx > 0.0 && isfinite(mx);
+
+    /* Pass 2: the normed maximum and the exact rule's codes, stored now (a
+     * row the rule does not apply to is recoded below). */
+    char4 *out = reinterpret_cast<char4 *>(a.q + row * a.ldq);
+    float amax = 0.0f;
+    int total = 0;
+#pragma unroll
+    for (int j = 0; j < KV4; j++) {
+        const float *vp = &v[j].x, *wp = &w[j].x;
+        int c[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            amax = fmaxf(amax, fabsf(__fmul_rn(wp[e], __fmul_rn(vp[e], inv))));
+            const float t = __fmul_rn(__fmul_rn(wp[e], vp[e]), rr);
+            const float n = rintf(t);
+            c[e] = (int)n;
+            if (!(fast && fabsf(__fsub_rn(t, n)) < kTieGuard))
+                c[e] = usable && tid + j * T < k4 ? ExactCoder::exact(wp[e], vp[e], mx) : 0;
+            total += c[e];
+        }
+        if (tid + j * T < k4)
+            out[tid + j * T] = pack_codes4(c);
+    }
+    amax = warp_max_nonneg(amax);
+    total = __reduce_add_sync(kFull, total);
+    if (lane == 0) {
+        red.f[warp] = amax;
+        red.i[warp] = total;
+    }
+    __syncthreads();
+    amax = warp_max_nonneg(lane < W ? red.f[lane] : 0.0f);
+    total = __reduce_add_sync(kFull, lane < W ? red.i[lane] : 0);
+
+    const bool exact = amax >= kQuantEps && usable;
+    float s;
+    if (exact) {
+        s = __fdiv_rn(127.0f, amax);
+    } else {
+        /* Tiny or non-finite rows (block-uniform): the plain rule. */
+        s = __fdiv_rn(127.0f, amax >= kQuantEps ? amax : kQuantEps);
+        total = 0;
+#pragma unroll
+        for (int j = 0; j < KV4; j++) {
+            const float *vp = &v[j].x, *wp = &w[j].x;
+            int c[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                c[e] = tid + j * T < k4 ? plain_code(wp[e], vp[e], inv, s) : 0;
+                total += c[e];
+            }
+            if (tid + j * T < k4)
+                out[tid + j * T] = pack_codes4(c);
+        }
+        total = lean_block_sum(total, red.i);
+    }
+    for (int64_t i = k4 + tid; i < a.ldq / 4; i += T)
+        out[i] = make_char4(0, 0, 0, 0);
+    if (tid == 0) {
+        a.scale[row] = s;
+        a.sum[row] = total;
+    }
+}
+
+/* Rows and buffers the float4 kernels (lean, batch) can read and write:
+ * k a multiple of 4, rows, weights and codes aligned for float4 and char4. */
+bool rows_aligned4(const NormQuantArgs &a, int kSrc)
 {
     const uintptr_t ptrs = kSrc == kSrcRelu2
                                ? ((uintptr_t)a.g | (uintptr_t)a.u | (uintptr_t)(a.ldgu * 4))
                                : ((uintptr_t)a.x | (uintptr_t)(a.ldx * 4) |
                                   (kSrc == kSrcAdd ? (uintptr_t)a.r | (uintptr_t)(a.ldr * 4) : 0));
-    return a.k % 4 == 0 && a.k <= 2 * 4 * kLeanThreads && a.ldq % 4 == 0 &&
-           ((ptrs | (uintptr_t)a.w) & 15) == 0 && ((uintptr_t)a.q & 3) == 0;
+    return a.k % 4 == 0 && a.ldq % 4 == 0 && ((ptrs | (uintptr_t)a.w) & 15) == 0 &&
+           ((uintptr_t)a.q & 3) == 0;
+}
+
+/* Whether the lean kernel takes rows of k values: at most 2 float4 per
+ * thread (8192 values). */
+bool lean_fits(const NormQuantArgs &a, int kSrc)
+{
+    return rows_aligned4(a, kSrc) && a.k <= 2 * 4 * kLeanThreads;
+}
+
+/* Whether the batch kernel does: up to kBatchV4 float4 a thread of
+ * kBatchMaxThreads (8192 values). */
+bool batch_fits(const NormQuantArgs &a, int kSrc)
+{
+    return rows_aligned4(a, kSrc) && a.k <= 4 * kBatchV4 * (int64_t)kBatchMaxThreads;
 }
 
 template <int kSrc, int KV4>
@@ -738,6 +891,11 @@ template <int kSrc> cudaError_t launch_norm_quantize(const NormQuantArgs &a, int
         return cudaSuccess;
     if (m <= kRowMaxM && lean_fits(a, kSrc))
         return launch_lean<kSrc>(a, m, pdl, stream);
+    if (m > kRowMaxM && batch_fits(a, kSrc)) {
+        const int64_t threads = (a.k / 4 + kBatchV4 - 1) / kBatchV4;
+        return pdl_launch(norm_quantize_batch_kernel<kSrc>, dim3((unsigned)m),
+                          dim3((unsigned)((threads + 31) / 32 * 32)), 0, stream, pdl, a);
+    }
     if (m <= kRowMaxM && a.k <= (int64_t)kRowThreads * kRowMaxPer) {
         /* The fewest values per thread that fit 1024 threads, and just
          * enough warps for the row (2560 values: 640 threads of 4). */
@@ -1128,16 +1286,19 @@ __global__ void __launch_bounds__(256)
 {
     pdl_trigger();
     pdl_wait();
+    /* Indices within a token's row in 32 bits (the launcher caps the row
+     * at 65535 blocks of 256 values): 64-bit divisions cost the prefill,
+     * which runs this over hundreds of rows, several microseconds a layer. */
     const int64_t t = blockIdx.x;
     const int hd = s.head_dim;
-    const int64_t q_dim = (int64_t)s.n_heads * hd, kv_dim = (int64_t)s.n_kv_heads * hd;
-    const int64_t idx = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+    const int q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd;
+    const int idx = (int)(blockIdx.y * blockDim.x + threadIdx.x);
     if (idx >= q_dim + 2 * kv_dim)
         return;
     const int p = __ldcg(pos + t);
     const int half = freqs.rope_dim / 2;
     int region; /* 0 q, 1 k, 2 v */
-    int64_t local;
+    int local;
     if (idx < q_dim) {
         region = 0;
         local = idx;
@@ -1149,8 +1310,8 @@ __global__ void __launch_bounds__(256)
         local = idx - q_dim - kv_dim;
     }
     const float sc = region == 0 ? s.scale_q : region == 1 ? s.scale_k : s.scale_v;
-    const int d = (int)(local % hd);
-    const float *head = raw + t * ldraw + (idx - local) + (local - d);
+    const int d = local % hd;
+    const float *head = raw + t * ldraw + (idx - d);
     float v;
     if (region != 2 && d < 2 * half) {
         const int j = d < half ? d : d - half;

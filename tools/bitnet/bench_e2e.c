@@ -34,7 +34,8 @@ static void usage(FILE *out)
             "vocab 128256) with random ternary weights in memory, then times a prefill of\n"
             "--prompt tokens and --gen generated tokens (greedy) through the engine. On the\n"
             "GPU it also prints the time of one decode step (graph and eager), its split by\n"
-            "kernel, the GPU memory and the byte floor (bytes per token / copy bandwidth).\n"
+            "kernel, a prefill chunk's split by stage, the GPU memory and the byte floor\n"
+            "(bytes per token / copy bandwidth).\n"
             "\n"
             "  --shape S         2b4t (default) or tiny (2 layers, dim 256: a quick check)\n"
             "  --device D        auto, cpu, gpu, cuda, cuda:N (default: BITNET_DEVICE, else auto)\n"
@@ -100,6 +101,60 @@ static const char *size_text(uint64_t bytes, char *buf, size_t size)
 static double rate(double count, double seconds) { return seconds > 0.0 ? count / seconds : 0.0; }
 
 #if defined(BITNET_HAVE_CUDA)
+/* A stage's name in the prefill's table: its products are GEMMs. */
+static const char *prefill_stage_name(bn_cuda_stage s, char *buf, size_t size)
+{
+    const char *name = bn_cuda_stage_name(s);
+    const char *gemv = strstr(name, "GEMV");
+    if (!gemv)
+        return name;
+    snprintf(buf, size, "%.*sGEMM%s", (int)(gemv - name), name, gemv + 4);
+    return buf;
+}
+
+/* The stages' split of one prefill chunk (the prompt's first, at most the
+ * backend's chunk of rows) from position 0, eagerly with CUDA events. It
+ * rewrites the KV cache from position 0. */
+static int print_prefill_stages(bn_cuda_backend *cb, int32_t vocab, long long n_prompt)
+{
+    const int64_t chunk = bn_cuda_backend_prefill_chunk(cb);
+    const int64_t n = n_prompt < chunk ? (int64_t)n_prompt : chunk;
+    if (n < 2)
+        return BN_EXIT_OK;
+    int32_t *tokens = malloc((size_t)n * sizeof *tokens);
+    if (!tokens) {
+        fprintf(stderr, "bitnet: error: out of memory\n");
+        return BN_EXIT_OUT_OF_MEMORY;
+    }
+    for (int64_t i = 0; i < n; i++)
+        tokens[i] = (int32_t)((i * 7919 + 1) % vocab);
+    const int reps = 5;
+    bn_cuda_stage_times t;
+    bn_error err;
+    bn_error_clear(&err);
+    const bn_status st = bn_cuda_backend_profile_prefill(cb, tokens, n, 0, reps, &t, &err);
+    free(tokens);
+    if (st != BN_OK)
+        return cli_fail(&err);
+    printf("per-stage time of an instrumented prefill chunk (%lld tokens from position 0, eager, "
+           "CUDA events around each stage, %d chunks averaged):\n",
+           (long long)n, reps);
+    printf("  %-36s %9s %7s %9s\n", "stage", "us/chunk", "share", "launches");
+    int launches = 0;
+    for (int s = 0; s < BN_CUDA_STAGE_COUNT; s++) {
+        if (t.launches[s] <= 0)
+            continue;
+        char buf[64];
+        printf("  %-36s %9.1f %6.1f%% %9d\n", prefill_stage_name((bn_cuda_stage)s, buf, sizeof buf),
+               t.ms[s] * 1000.0, t.total_ms > 0.0 ? 100.0 * t.ms[s] / t.total_ms : 0.0,
+               t.launches[s]);
+        launches += t.launches[s];
+    }
+    printf("  %-36s %9.1f %7s %9d (%.0f tok/s)\n\n", "total (instrumented)", t.total_ms * 1000.0,
+           "", launches, t.total_ms > 0.0 ? (double)n / (t.total_ms / 1000.0) : 0.0);
+    return BN_EXIT_OK;
+}
+
 /* The GPU part of the report: step time, per-kernel split, memory, byte
  * floor. The measurements rerun the last decode step (the last generated
  * token at the next position). */
@@ -241,6 +296,11 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
         else
             printf("trace     not written: %s\n\n", terr.message);
     }
+
+    /* Last of the GPU measurements: it rewrites the cache from position 0. */
+    const int prc = print_prefill_stages(cb, vocab, n_prompt);
+    if (prc != BN_EXIT_OK)
+        return prc;
 
     printf("memory    GPU %.1f MiB: ternary weights %.1f, embedding %.1f, LM head %.1f%s, its "
            "int8 copy %.1f, norms "
