@@ -16,7 +16,7 @@
  * (the double sum of squares is added in another order). Widths: the
  * decode step's (2560, 6912), a small one (100), an odd one (90, which
  * the register-held kernel takes), up to 256 rows at once, prefill chunks
- * of 257-512 rows (the batch kernel), and a row longer than 8192 (the
+ * of 257-512 rows (the batch kernel), and rows longer than 8192 (the
  * streaming kernel). Outputs are poisoned first.
  */
 #include <cuda_runtime_api.h>
@@ -201,7 +201,8 @@ int main(void)
         for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
             for (int wkind = ROW_SMOOTH; wkind <= ROW_HUGE; wkind++)
                 check_rows(src, wkind, widths[i] == 8200 ? 7 : 21, widths[i]);
-    check_rows(SRC_PLAIN, ROW_FEWBIT, 256, 2560); /* the most rows one launch holds in registers */
+    check_rows(SRC_PLAIN, ROW_FEWBIT, 256, 2560); /* the most rows the lean kernel takes */
+    check_rows(SRC_PLAIN, ROW_FEWBIT, 256, 90);   /* the most the register-held kernel does */
     /* Prefill chunks (more than 256 rows): the batch kernel, rows of at
      * most 8192 values; longer ones the streaming kernel. */
     for (int src = SRC_PLAIN; src <= SRC_RELU2; src++) {
