@@ -25,6 +25,9 @@
  *     read from device memory), for each merge, and with its node disabled
  *     and enabled again (bench e2e's stage costs);
  *   - the L2 prefetch of another cache's rows (the next layer's) on or off;
+ *   - bn_cb_qkv_post over many rows: its float4 kernel bit for bit its
+ *     scalar one (q and both caches, fp32 and fp16, positions past the
+ *     RoPE table and outside the cache);
  *   - the cluster kernel computing the q|k|v product itself (w_qkv): random
  *     ternary weights and int8 codes, the raw row made by the W2A8 GEMV
  *     (weight scale 1) for the reference; outputs as the reference, the
@@ -602,6 +605,86 @@ static void time_2b4t(int max_cluster)
     problem_free(&pr);
 }
 
+/* bn_cb_qkv_post over m rows: its float4 kernel (rows aligned, ldraw a
+ * multiple of 4) against its scalar one (the same rows ldraw + 1 apart),
+ * bit for bit: q, and the k and v cache (fp32 and fp16) including
+ * positions past the RoPE table (computed, not looked up) and outside the
+ * cache (q only). */
+static void check_qkv_post_rows(const shape *sh, int kv_f16)
+{
+    const int m = 37, hd = sh->hd;
+    const int q_dim = sh->n_heads * hd, kv_dim = sh->n_kv * hd, width = q_dim + 2 * kv_dim;
+    const int64_t cap = sh->capacity, table_len = cap / 2;
+    const size_t elem = kv_f16 ? 2 : 4, cache_bytes = (size_t)cap * (size_t)kv_dim * elem;
+    float *raw = malloc(sizeof(float) * (size_t)m * (size_t)(width + 1));
+    int32_t pos[37];
+    for (int i = 0; i < m * (width + 1); i++)
+        raw[i] = test_rand_float(-2.0f, 2.0f);
+    for (int t = 0; t < m; t++) /* distinct: in the table, past it, outside the cache */
+        pos[t] = t == m - 1 ? -1 : t == m - 2 ? (int32_t)cap : (int32_t)((t * 7919) % cap);
+    bn_rope_freqs freqs;
+    memset(&freqs, 0, sizeof freqs);
+    if (sh->rope_dim > 0)
+        CUDA_OK(bn_rope_freqs_init(&freqs, 10000.0f, sh->rope_dim));
+    float *d_raw4, *d_raw1, *d_table = NULL, *d_q[2];
+    void *d_k[2], *d_v[2];
+    int32_t *d_pos;
+    CUDA_OK(cudaMalloc((void **)&d_raw4, sizeof(float) * (size_t)m * (size_t)width));
+    CUDA_OK(cudaMalloc((void **)&d_raw1, sizeof(float) * (size_t)m * (size_t)(width + 1)));
+    CUDA_OK(cudaMalloc((void **)&d_pos, sizeof pos));
+    CUDA_OK(cudaMemcpy(d_pos, pos, sizeof pos, cudaMemcpyHostToDevice));
+    if (sh->rope_dim > 0) {
+        CUDA_OK(cudaMalloc((void **)&d_table, sizeof(float) * (size_t)table_len * sh->rope_dim));
+        CUDA_OK(bn_cb_rope_table(&freqs, table_len, d_table, 0));
+    }
+    CUDA_OK(cudaMemcpy(d_raw1, raw, sizeof(float) * (size_t)m * (size_t)(width + 1),
+                       cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy2D(d_raw4, sizeof(float) * (size_t)width, raw,
+                         sizeof(float) * (size_t)(width + 1), sizeof(float) * (size_t)width,
+                         (size_t)m, cudaMemcpyHostToDevice));
+    const bn_cb_qkv_shape qs = {sh->n_heads, sh->n_kv, hd, cap, 0.75f, 1.25f, 0.5f};
+    for (int w = 0; w < 2; w++) {
+        CUDA_OK(cudaMalloc((void **)&d_q[w], sizeof(float) * (size_t)m * (size_t)q_dim));
+        CUDA_OK(cudaMalloc(&d_k[w], cache_bytes));
+        CUDA_OK(cudaMalloc(&d_v[w], cache_bytes));
+        CUDA_OK(cudaMemset(d_q[w], 0xff, sizeof(float) * (size_t)m * (size_t)q_dim));
+        CUDA_OK(cudaMemset(d_k[w], 0x7f, cache_bytes));
+        CUDA_OK(cudaMemset(d_v[w], 0x7f, cache_bytes));
+        CUDA_OK(bn_cb_qkv_post(w ? d_raw1 : d_raw4, w ? width + 1 : width, m, &qs, &freqs,
+                               d_table, d_table ? table_len : 0, d_pos, d_q[w], q_dim, d_k[w],
+                               d_v[w], kv_f16, 0, 0));
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    const size_t qb = sizeof(float) * (size_t)m * (size_t)q_dim;
+    unsigned char *a = malloc(qb > cache_bytes ? qb : cache_bytes);
+    unsigned char *b = malloc(qb > cache_bytes ? qb : cache_bytes);
+    const void *bufs[3][2] = {{d_q[0], d_q[1]}, {d_k[0], d_k[1]}, {d_v[0], d_v[1]}};
+    const size_t sizes[3] = {qb, cache_bytes, cache_bytes};
+    static const char *const what[3] = {"q", "k cache", "v cache"};
+    for (int i = 0; i < 3; i++) {
+        CUDA_OK(cudaMemcpy(a, bufs[i][0], sizes[i], cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(b, bufs[i][1], sizes[i], cudaMemcpyDeviceToHost));
+        CHECK_MSG(memcmp(a, b, sizes[i]) == 0,
+                  "qkv_post %d/%d x %d rope %d %s: the float4 kernel's %s differs from the "
+                  "scalar kernel's",
+                  sh->n_heads, sh->n_kv, hd, sh->rope_dim, kv_f16 ? "f16" : "f32", what[i]);
+    }
+    printf("qkv_post %d/%d x %d, rope %d, %s cache, %d rows: float4 kernel = scalar kernel\n",
+           sh->n_heads, sh->n_kv, hd, sh->rope_dim, kv_f16 ? "f16" : "f32", m);
+    for (int w = 0; w < 2; w++) {
+        cudaFree(d_q[w]);
+        cudaFree(d_k[w]);
+        cudaFree(d_v[w]);
+    }
+    cudaFree(d_raw4);
+    cudaFree(d_raw1);
+    cudaFree(d_table);
+    cudaFree(d_pos);
+    free(raw);
+    free(a);
+    free(b);
+}
+
 int main(void)
 {
     test_require_cuda(0, "");
@@ -637,6 +720,11 @@ int main(void)
             check_shape(&shapes[i], qi ? 8.0f : 1.0f, mc);
     }
     check_graph(&s2b, max_cluster);
+    for (int f16 = 0; f16 < 2; f16++) {
+        check_qkv_post_rows(&s2b, f16);
+        check_qkv_post_rows(&shapes[1], f16); /* partial RoPE */
+        check_qkv_post_rows(&shapes[2], f16); /* none */
+    }
     if (max_cluster > 0) {
         check_qkv_inside(&s2b, 2560, max_cluster); /* 2B-4T: whole chunk-groups */
         const shape s8 = {8, 4, 128, 64, 300};

@@ -1328,6 +1328,89 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+/* The same with four consecutive values a thread (float4 loads and stores),
+ * where head_dim and the rotated half are multiples of 4 and every row and
+ * cache is aligned for them (qkv_post_vec_fits): the four share a region
+ * and a side of the rotation, so each takes rope_value's expressions on
+ * its own pair, bit for bit the scalar kernel's values. A prefill chunk is
+ * hundreds of rows of 3840 values (2B-4T): a quarter of the blocks. */
+template <bool kHalf>
+__global__ void __launch_bounds__(256)
+    qkv_post_vec_kernel(const float *raw, int64_t ldraw, bn_cb_qkv_shape s, bn_rope_freqs freqs,
+                        const float2 *__restrict__ table, int64_t table_len, const int32_t *pos,
+                        float *q_out, int64_t ldq, void *k_cache, void *v_cache)
+{
+    pdl_trigger();
+    pdl_wait();
+    const int64_t t = blockIdx.x;
+    const int hd = s.head_dim;
+    const int q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd;
+    const int idx = 4 * (int)(blockIdx.y * blockDim.x + threadIdx.x);
+    if (idx >= q_dim + 2 * kv_dim)
+        return;
+    const int p = __ldcg(pos + t);
+    const int half = freqs.rope_dim / 2;
+    const int region = idx < q_dim ? 0 : idx < q_dim + kv_dim ? 1 : 2;
+    const int local = region == 0 ? idx : region == 1 ? idx - q_dim : idx - q_dim - kv_dim;
+    const float sc = region == 0 ? s.scale_q : region == 1 ? s.scale_k : s.scale_v;
+    const int d = local % hd;
+    const float *head = raw + t * ldraw + (idx - d);
+    const float4 own = __ldcg(reinterpret_cast<const float4 *>(head + d));
+    float4 v;
+    if (region != 2 && d < 2 * half) {
+        const bool low = d < half;
+        const int j = low ? d : d - half;
+        const float4 other = __ldcg(reinterpret_cast<const float4 *>(head + (low ? d + half : d - half)));
+        float2 cs[4];
+        if (p >= 0 && (int64_t)p < table_len) {
+            const float4 *tp = reinterpret_cast<const float4 *>(table + (int64_t)p * half + j);
+            const float4 c01 = tp[0], c23 = tp[1];
+            cs[0] = make_float2(c01.x, c01.y), cs[1] = make_float2(c01.z, c01.w);
+            cs[2] = make_float2(c23.x, c23.y), cs[3] = make_float2(c23.z, c23.w);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                cs[e] = rope_cos_sin(p, freqs.inv_freq[j + e]);
+        }
+        const float *op = &own.x, *xp = &other.x;
+        float *vp = &v.x;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float mine = __fmul_rn(op[e], sc), partner = __fmul_rn(xp[e], sc);
+            /* low: x0 = mine, x1 = partner; high: x0 = partner, x1 = mine. */
+            vp[e] = low ? __fsub_rn(__fmul_rn(mine, cs[e].x), __fmul_rn(partner, cs[e].y))
+                        : __fadd_rn(__fmul_rn(mine, cs[e].x), __fmul_rn(partner, cs[e].y));
+        }
+    } else {
+        v = make_float4(__fmul_rn(own.x, sc), __fmul_rn(own.y, sc), __fmul_rn(own.z, sc),
+                        __fmul_rn(own.w, sc));
+    }
+    if (region == 0) {
+        *reinterpret_cast<float4 *>(q_out + t * ldq + local) = v;
+    } else if (p >= 0 && (int64_t)p < s.capacity) {
+        const int64_t at = (int64_t)p * kv_dim + local;
+        void *cache = region == 1 ? k_cache : v_cache;
+        if (kHalf) {
+            __half2 *h = reinterpret_cast<__half2 *>(static_cast<__half *>(cache) + at);
+            h[0] = __floats2half2_rn(v.x, v.y);
+            h[1] = __floats2half2_rn(v.z, v.w);
+        } else {
+            *reinterpret_cast<float4 *>(static_cast<float *>(cache) + at) = v;
+        }
+    }
+}
+
+/* Whether qkv_post_vec_kernel takes the arguments (see there). */
+static bool qkv_post_vec_fits(const float *raw, int64_t ldraw, const bn_cb_qkv_shape *s,
+                              const bn_rope_freqs *freqs, const float *table,
+                              const float *q_out, int64_t ldq, const void *k_cache,
+                              const void *v_cache)
+{
+    const uintptr_t a16 = (uintptr_t)raw | (uintptr_t)q_out | (uintptr_t)table;
+    return s->head_dim % 4 == 0 && (freqs->rope_dim / 2) % 4 == 0 && ldraw % 4 == 0 &&
+           ldq % 4 == 0 && (a16 & 15) == 0 && (((uintptr_t)k_cache | (uintptr_t)v_cache) & 15) == 0;
+}
+
 /* ---- attention over an fp32 cache ------------------------------------------------- */
 
 constexpr int kAttnWarps = 4; /* prefill */
@@ -2582,8 +2665,16 @@ extern "C" cudaError_t bn_cb_qkv_post(const float *raw, int64_t ldraw, int64_t m
     const int64_t values = (int64_t)(s->n_heads + 2 * s->n_kv_heads) * s->head_dim;
     if ((values + 255) / 256 > 65535)
         return cudaErrorInvalidValue;
-    const dim3 grid((unsigned)m, (unsigned)((values + 255) / 256));
     const float2 *t = reinterpret_cast<const float2 *>(table);
+    if (qkv_post_vec_fits(raw, ldraw, s, freqs, table, q_out, ldq, k_cache, v_cache)) {
+        const dim3 grid4((unsigned)m, (unsigned)((values / 4 + 255) / 256));
+        if (kv_f16)
+            return pdl_launch(qkv_post_vec_kernel<true>, grid4, dim3(256), 0, stream, pdl, raw,
+                              ldraw, *s, *freqs, t, table_len, pos, q_out, ldq, k_cache, v_cache);
+        return pdl_launch(qkv_post_vec_kernel<false>, grid4, dim3(256), 0, stream, pdl, raw, ldraw,
+                          *s, *freqs, t, table_len, pos, q_out, ldq, k_cache, v_cache);
+    }
+    const dim3 grid((unsigned)m, (unsigned)((values + 255) / 256));
     if (kv_f16)
         return pdl_launch(qkv_post_kernel<true>, grid, dim3(256), 0, stream, pdl, raw, ldraw, *s,
                           *freqs, t, table_len, pos, q_out, ldq, k_cache, v_cache);
