@@ -40,7 +40,8 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr int kNormThreads = 512;
 constexpr int kRowThreads = 1024;  /* the register-held row kernels: at most  */
 constexpr int kRowMaxPer = 8;      /* values per thread, so rows up to 8192   */
-constexpr int kRowMaxM = 256;      /* rows; more go to the batch kernel       */
+constexpr int kRowMaxM = 256;      /* rows; more go to the lean kernel's batch
+                                      form (or the streaming kernel)        */
 constexpr float kQuantEps = 1e-5f; /* BN_QUANT_EPS */
 
 /* The register-held row kernel's shape for a row of k values (k <= 8192):
@@ -569,8 +570,26 @@ __device__ __forceinline__ void load_row4(const NormQuantArgs &a, int64_t row, i
     }
 }
 
-template <int kSrc, int KV4>
-__global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQuantArgs a)
+/* ---- many rows at once (prefill chunks): the batch form -------------------------
+ *
+ * The lean kernel is shaped for one row's latency: just enough threads for
+ * the row, each holding its values, products and codes, so a 2560-value row
+ * takes a 640-thread block and few blocks fit an SM. A prefill chunk has
+ * hundreds of rows, where what counts is how many rows an SM works on at
+ * once. Its batch form (kBatch) gives a row a block of ceil(k / 16) threads
+ * (rounded to a warp), each four float4 of it: the values and the norm
+ * weights stay in registers (32), the products are recomputed in the
+ * second pass instead of kept, and the codes are stored as they are made
+ * (a row the exact rule does not apply to is recoded after). The same
+ * codes, scale and sum (the same expressions; the double sum of squares in
+ * this block's order, within the contract). Rows of k % 4 == 0 values up
+ * to 8192 (512 threads); the lean kernel's alignment. */
+constexpr int kBatchV4 = 4;           /* float4 a thread */
+constexpr int kBatchMaxThreads = 512; /* rows up to 8192 values */
+
+template <int kSrc, int KV4, bool kBatch = false>
+__global__ void __launch_bounds__(kBatch ? kBatchMaxThreads : kLeanThreads)
+    norm_quantize_lean_kernel(NormQuantArgs a)
 {
     __shared__ LeanRed red;
     const int64_t row = blockIdx.x;
@@ -595,8 +614,8 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
     /* Pass 1: sum of squares (double, exact squares) and the exact maximum
      * M = max|w v| (double products: a product of two floats is exact in
      * double). Padding values are 0 and add nothing to either; NaN products
-     * are skipped by fmax. */
-    float p[KV4][4]; /* fl(w v), signed */
+     * are skipped by fmax. The lean form keeps fl(w v) for pass 2. */
+    float p[kBatch ? 1 : KV4][4]; /* fl(w v), signed */
     double ss = 0.0, mx = 0.0;
 #pragma unroll
     for (int j = 0; j < KV4; j++) {
@@ -604,7 +623,8 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             ss = __fma_rn((double)vp[e], (double)vp[e], ss);
-            p[j][e] = __fmul_rn(wp[e], vp[e]);
+            if constexpr (!kBatch)
+                p[j][e] = __fmul_rn(wp[e], vp[e]);
             mx = fmax(mx, fabs(__dmul_rn((double)wp[e], (double)vp[e])));
         }
     }
@@ -634,24 +654,33 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
 
     /* Pass 2: normed maximum and the codes: the estimate, or the double
      * expression for the values it leaves open (rare: within 2^-12 of a
-     * tie, NaN, or all of a row outside the estimate's range). */
+     * tie, NaN, or all of a row outside the estimate's range). The batch
+     * form stores each float4's codes at once. */
     float amax = 0.0f;
-    int code[KV4][4];
+    int code[kBatch ? 1 : KV4][4];
     int total = 0;
 #pragma unroll
     for (int j = 0; j < KV4; j++) {
         const float *vp = &v[j].x, *wp = &w[j].x;
+        int *c = code[kBatch ? 0 : j];
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             amax = fmaxf(amax, fabsf(__fmul_rn(wp[e], __fmul_rn(vp[e], inv))));
-            const float t = __fmul_rn(p[j][e], rr);
+            float pe;
+            if constexpr (kBatch)
+                pe = __fmul_rn(wp[e], vp[e]);
+            else
+                pe = p[j][e];
+            const float t = __fmul_rn(pe, rr);
             const float n = rintf(t);
-            int c = (int)n;
+            int ce = (int)n;
             if (!(fast && fabsf(__fsub_rn(t, n)) < kTieGuard))
-                c = usable && tid + j * T < k4 ? ExactCoder::exact(wp[e], vp[e], mx) : 0;
-            code[j][e] = c;
-            total += c;
+                ce = usable && tid + j * T < k4 ? ExactCoder::exact(wp[e], vp[e], mx) : 0;
+            c[e] = ce;
+            total += ce;
         }
+        if (kBatch && tid + j * T < k4)
+            reinterpret_cast<char4 *>(a.q + row * a.ldq)[tid + j * T] = pack_codes4(code[0]);
     }
     /* Both by redux.sync (one instruction each instead of five shuffle
      * steps): amax is >= +0 and never NaN (fmaxf from 0 drops NaN), and the
@@ -679,20 +708,25 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
 #pragma unroll
         for (int j = 0; j < KV4; j++) {
             const float *vp = &v[j].x, *wp = &w[j].x;
+            int *c = code[kBatch ? 0 : j];
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                code[j][e] = tid + j * T < k4 ? plain_code(wp[e], vp[e], inv, s) : 0;
-                total += code[j][e];
+                c[e] = tid + j * T < k4 ? plain_code(wp[e], vp[e], inv, s) : 0;
+                total += c[e];
             }
+            if (kBatch && tid + j * T < k4)
+                reinterpret_cast<char4 *>(a.q + row * a.ldq)[tid + j * T] = pack_codes4(code[0]);
         }
         total = lean_block_sum(total, red.i);
     }
 
     char4 *out = reinterpret_cast<char4 *>(a.q + row * a.ldq);
+    if (!kBatch) {
 #pragma unroll
-    for (int j = 0; j < KV4; j++)
-        if (tid + j * T < k4)
-            out[tid + j * T] = pack_codes4(code[j]);
+        for (int j = 0; j < KV4; j++)
+            if (tid + j * T < k4)
+                out[tid + j * T] = pack_codes4(code[kBatch ? 0 : j]);
+    }
     /* The padding to ldq (k and ldq are multiples of 4 here): 4 bytes a
      * store (byte stores, ~7 a thread for a 2560-value row padded to 6912,
      * showed in the decode trace as ~0.4 us of the norm's critical path). */
@@ -703,133 +737,6 @@ __global__ void __launch_bounds__(kLeanThreads) norm_quantize_lean_kernel(NormQu
         a.sum[row] = total;
     }
     pdl_mark(3);
-}
-
-/* ---- many rows at once (prefill chunks): the batch kernel ----------------------
- *
- * The lean kernel is shaped for one row's latency: just enough threads for
- * the row, each holding its values, products and codes, so a 2560-value row
- * takes a 640-thread block and few blocks fit an SM. A prefill chunk has
- * hundreds of rows, where what counts is how many rows an SM works on at
- * once. Here a block of ceil(k / 16) threads (rounded to a warp) takes a
- * row, each thread four float4 of it: the values and the norm weights stay
- * in registers (32), the products are recomputed, and the codes are stored
- * as they are made. The same codes, scale and sum as the lean kernel (the
- * same expressions; the double sum of squares in this block's order,
- * within the contract). Rows of k % 4 == 0 values up to 8192 (512
- * threads); lean_fits's alignment. */
-constexpr int kBatchV4 = 4;          /* float4 a thread                      */
-constexpr int kBatchMaxThreads = 512; /* rows up to 8192 values */
-
-template <int kSrc>
-__global__ void __launch_bounds__(kBatchMaxThreads) norm_quantize_batch_kernel(NormQuantArgs a)
-{
-    constexpr int KV4 = kBatchV4;
-    __shared__ LeanRed red;
-    const int64_t row = blockIdx.x;
-    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int W = (int)(blockDim.x >> 5), T = (int)blockDim.x;
-    const int k4 = (int)(a.k / 4);
-
-    float4 w[KV4];
-#pragma unroll
-    for (int j = 0; j < KV4; j++)
-        w[j] = tid + j * T < k4 ? __ldg(reinterpret_cast<const float4 *>(a.w) + tid + j * T)
-                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    pdl_trigger();
-    pdl_wait();
-    float4 v[KV4];
-    load_row4<kSrc, KV4>(a, row, tid, T, v);
-
-    /* Pass 1: the double sum of squares and M = max|w v| (exact products). */
-    double ss = 0.0, mx = 0.0;
-#pragma unroll
-    for (int j = 0; j < KV4; j++) {
-        const float *vp = &v[j].x, *wp = &w[j].x;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            ss = __fma_rn((double)vp[e], (double)vp[e], ss);
-            mx = fmax(mx, fabs(__dmul_rn((double)wp[e], (double)vp[e])));
-        }
-    }
-    for (int o = 16; o > 0; o >>= 1)
-        ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
-    mx = warp_max_nonneg(mx);
-    if (lane == 0) {
-        red.d[0][warp] = ss;
-        red.d[1][warp] = mx;
-    }
-    __syncthreads();
-    ss = lane < W ? red.d[0][lane] : 0.0;
-    mx = warp_max_nonneg(lane < W ? red.d[1][lane] : 0.0);
-    for (int o = 16; o > 0; o >>= 1)
-        ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
-    const float inv = inv_rms(ss, a.k, a.eps);
-    const float fm = __double2float_rn(mx);
-    const bool fast = fm >= 0x1p-100f && fm <= 0x1p100f;
-    const float rr = fast ? __fdiv_rn(127.0f, fm) : 0.0f;
-    const bool usable = mx > 0.0 && isfinite(mx);
-
-    /* Pass 2: the normed maximum and the exact rule's codes, stored now (a
-     * row the rule does not apply to is recoded below). */
-    char4 *out = reinterpret_cast<char4 *>(a.q + row * a.ldq);
-    float amax = 0.0f;
-    int total = 0;
-#pragma unroll
-    for (int j = 0; j < KV4; j++) {
-        const float *vp = &v[j].x, *wp = &w[j].x;
-        int c[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            amax = fmaxf(amax, fabsf(__fmul_rn(wp[e], __fmul_rn(vp[e], inv))));
-            const float t = __fmul_rn(__fmul_rn(wp[e], vp[e]), rr);
-            const float n = rintf(t);
-            c[e] = (int)n;
-            if (!(fast && fabsf(__fsub_rn(t, n)) < kTieGuard))
-                c[e] = usable && tid + j * T < k4 ? ExactCoder::exact(wp[e], vp[e], mx) : 0;
-            total += c[e];
-        }
-        if (tid + j * T < k4)
-            out[tid + j * T] = pack_codes4(c);
-    }
-    amax = warp_max_nonneg(amax);
-    total = __reduce_add_sync(kFull, total);
-    if (lane == 0) {
-        red.f[warp] = amax;
-        red.i[warp] = total;
-    }
-    __syncthreads();
-    amax = warp_max_nonneg(lane < W ? red.f[lane] : 0.0f);
-    total = __reduce_add_sync(kFull, lane < W ? red.i[lane] : 0);
-
-    const bool exact = amax >= kQuantEps && usable;
-    float s;
-    if (exact) {
-        s = __fdiv_rn(127.0f, amax);
-    } else {
-        /* Tiny or non-finite rows (block-uniform): the plain rule. */
-        s = __fdiv_rn(127.0f, amax >= kQuantEps ? amax : kQuantEps);
-        total = 0;
-#pragma unroll
-        for (int j = 0; j < KV4; j++) {
-            const float *vp = &v[j].x, *wp = &w[j].x;
-            int c[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                c[e] = tid + j * T < k4 ? plain_code(wp[e], vp[e], inv, s) : 0;
-                total += c[e];
-            }
-            if (tid + j * T < k4)
-                out[tid + j * T] = pack_codes4(c);
-        }
-        total = lean_block_sum(total, red.i);
-    }
-    for (int64_t i = k4 + tid; i < a.ldq / 4; i += T)
-        out[i] = make_char4(0, 0, 0, 0);
-    if (tid == 0) {
-        a.scale[row] = s;
-        a.sum[row] = total;
-    }
 }
 
 /* Rows and buffers the float4 kernels (lean, batch) can read and write:
@@ -851,7 +758,7 @@ bool lean_fits(const NormQuantArgs &a, int kSrc)
     return rows_aligned4(a, kSrc) && a.k <= 2 * 4 * kLeanThreads;
 }
 
-/* Whether the batch kernel does: up to kBatchV4 float4 a thread of
+/* Whether the batch form does: up to kBatchV4 float4 a thread of
  * kBatchMaxThreads (8192 values). */
 bool batch_fits(const NormQuantArgs &a, int kSrc)
 {
@@ -893,7 +800,7 @@ template <int kSrc> cudaError_t launch_norm_quantize(const NormQuantArgs &a, int
         return launch_lean<kSrc>(a, m, pdl, stream);
     if (m > kRowMaxM && batch_fits(a, kSrc)) {
         const int64_t threads = (a.k / 4 + kBatchV4 - 1) / kBatchV4;
-        return pdl_launch(norm_quantize_batch_kernel<kSrc>, dim3((unsigned)m),
+        return pdl_launch(norm_quantize_lean_kernel<kSrc, kBatchV4, true>, dim3((unsigned)m),
                           dim3((unsigned)((threads + 31) / 32 * 32)), 0, stream, pdl, a);
     }
     if (m <= kRowMaxM && a.k <= (int64_t)kRowThreads * kRowMaxPer) {
@@ -1275,10 +1182,48 @@ template <bool kHalf> __device__ __forceinline__ void store_kv(void *cache, int6
         static_cast<float *>(cache)[i] = v;
 }
 
-/* grid (m, ceil(values / 256)): one thread per value of q, k and v (a RoPE
- * pair's two threads each read both raw values), so a single token spreads
- * over many blocks. */
-template <bool kHalf>
+/* Where value idx of a token's q|k|v row belongs: its region (0 q, 1 k,
+ * 2 v), its index within the region, its offset d within its head and
+ * the region's scale. Indices within a row fit 32 bits (bn_cb_qkv_post
+ * caps a row at 65535 blocks of 256 values). */
+struct QkvSlot {
+    int region, local, d;
+    float sc;
+};
+
+__device__ __forceinline__ QkvSlot qkv_slot(const bn_cb_qkv_shape &s, int idx)
+{
+    const int q_dim = s.n_heads * s.head_dim, kv_dim = s.n_kv_heads * s.head_dim;
+    QkvSlot a;
+    a.region = idx < q_dim ? 0 : idx < q_dim + kv_dim ? 1 : 2;
+    a.local = a.region == 0 ? idx : a.region == 1 ? idx - q_dim : idx - q_dim - kv_dim;
+    a.d = a.local % s.head_dim;
+    a.sc = a.region == 0 ? s.scale_q : a.region == 1 ? s.scale_k : s.scale_v;
+    return a;
+}
+
+/* grid (m, ceil(values / (256 kVec))): kVec consecutive values of q, k and
+ * v a thread (1, or 4 with float4 loads and stores where head_dim and the
+ * rotated half are multiples of 4 and every row and cache is aligned for
+ * them: qkv_post_vec_fits), so a single token spreads over many blocks.
+ * The kVec values share a region and a side of the rotation; each takes
+ * rope_value's expressions on its own pair (it and its partner half a
+ * rotation away), so both widths give the same bits. A prefill chunk is
+ * hundreds of rows of 3840 values (2B-4T): with kVec = 4 a quarter of the
+ * blocks (H100, a 512-token chunk: 424 -> 286 us). */
+template <int kVec> __device__ __forceinline__ void load_vals(const float *p, float (&v)[kVec])
+{
+    if constexpr (kVec == 4) {
+        const float4 x = __ldcg(reinterpret_cast<const float4 *>(p));
+        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < kVec; e++)
+            v[e] = __ldcg(p + e);
+    }
+}
+
+template <bool kHalf, int kVec>
 __global__ void __launch_bounds__(256)
     qkv_post_kernel(const float *raw, int64_t ldraw, bn_cb_qkv_shape s, bn_rope_freqs freqs,
                     const float2 *__restrict__ table, int64_t table_len, const int32_t *pos,
@@ -1286,121 +1231,76 @@ __global__ void __launch_bounds__(256)
 {
     pdl_trigger();
     pdl_wait();
-    /* Indices within a token's row in 32 bits (the launcher caps the row
-     * at 65535 blocks of 256 values): 64-bit divisions cost the prefill,
-     * which runs this over hundreds of rows, several microseconds a layer. */
     const int64_t t = blockIdx.x;
-    const int hd = s.head_dim;
-    const int q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd;
-    const int idx = (int)(blockIdx.y * blockDim.x + threadIdx.x);
-    if (idx >= q_dim + 2 * kv_dim)
+    const int kv_dim = s.n_kv_heads * s.head_dim;
+    const int idx = kVec * (int)(blockIdx.y * blockDim.x + threadIdx.x);
+    if (idx >= s.n_heads * s.head_dim + 2 * kv_dim)
         return;
     const int p = __ldcg(pos + t);
     const int half = freqs.rope_dim / 2;
-    int region; /* 0 q, 1 k, 2 v */
-    int local;
-    if (idx < q_dim) {
-        region = 0;
-        local = idx;
-    } else if (idx < q_dim + kv_dim) {
-        region = 1;
-        local = idx - q_dim;
-    } else {
-        region = 2;
-        local = idx - q_dim - kv_dim;
-    }
-    const float sc = region == 0 ? s.scale_q : region == 1 ? s.scale_k : s.scale_v;
-    const int d = local % hd;
-    const float *head = raw + t * ldraw + (idx - d);
-    float v;
-    if (region != 2 && d < 2 * half) {
-        const int j = d < half ? d : d - half;
-        const float2 cs = p >= 0 && (int64_t)p < table_len ? table[(int64_t)p * half + j]
-                                                          : rope_cos_sin(p, freqs.inv_freq[j]);
-        v = rope_value(head, d, sc, half, cs);
-    } else {
-        v = __fmul_rn(__ldcg(head + d), sc);
-    }
-    if (region == 0) {
-        q_out[t * ldq + local] = v;
-    } else if (p >= 0 && (int64_t)p < s.capacity) {
-        store_kv<kHalf>(region == 1 ? k_cache : v_cache, (int64_t)p * kv_dim + local, v);
-    }
-}
-
-/* The same with four consecutive values a thread (float4 loads and stores),
- * where head_dim and the rotated half are multiples of 4 and every row and
- * cache is aligned for them (qkv_post_vec_fits): the four share a region
- * and a side of the rotation, so each takes rope_value's expressions on
- * its own pair, bit for bit the scalar kernel's values. A prefill chunk is
- * hundreds of rows of 3840 values (2B-4T): a quarter of the blocks. */
-template <bool kHalf>
-__global__ void __launch_bounds__(256)
-    qkv_post_vec_kernel(const float *raw, int64_t ldraw, bn_cb_qkv_shape s, bn_rope_freqs freqs,
-                        const float2 *__restrict__ table, int64_t table_len, const int32_t *pos,
-                        float *q_out, int64_t ldq, void *k_cache, void *v_cache)
-{
-    pdl_trigger();
-    pdl_wait();
-    const int64_t t = blockIdx.x;
-    const int hd = s.head_dim;
-    const int q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd;
-    const int idx = 4 * (int)(blockIdx.y * blockDim.x + threadIdx.x);
-    if (idx >= q_dim + 2 * kv_dim)
-        return;
-    const int p = __ldcg(pos + t);
-    const int half = freqs.rope_dim / 2;
-    const int region = idx < q_dim ? 0 : idx < q_dim + kv_dim ? 1 : 2;
-    const int local = region == 0 ? idx : region == 1 ? idx - q_dim : idx - q_dim - kv_dim;
-    const float sc = region == 0 ? s.scale_q : region == 1 ? s.scale_k : s.scale_v;
-    const int d = local % hd;
-    const float *head = raw + t * ldraw + (idx - d);
-    const float4 own = __ldcg(reinterpret_cast<const float4 *>(head + d));
-    float4 v;
-    if (region != 2 && d < 2 * half) {
-        const bool low = d < half;
-        const int j = low ? d : d - half;
-        const float4 other = __ldcg(reinterpret_cast<const float4 *>(head + (low ? d + half : d - half)));
-        float2 cs[4];
+    const QkvSlot at = qkv_slot(s, idx);
+    const float *head = raw + t * ldraw + (idx - at.d);
+    float own[kVec], v[kVec];
+    load_vals<kVec>(head + at.d, own);
+    if (at.region != 2 && at.d < 2 * half) {
+        const bool low = at.d < half;
+        const int j = low ? at.d : at.d - half;
+        float other[kVec];
+        load_vals<kVec>(head + (low ? at.d + half : at.d - half), other);
+        float2 cs[kVec];
         if (p >= 0 && (int64_t)p < table_len) {
-            const float4 *tp = reinterpret_cast<const float4 *>(table + (int64_t)p * half + j);
-            const float4 c01 = tp[0], c23 = tp[1];
-            cs[0] = make_float2(c01.x, c01.y), cs[1] = make_float2(c01.z, c01.w);
-            cs[2] = make_float2(c23.x, c23.y), cs[3] = make_float2(c23.z, c23.w);
+            const float2 *tp = table + (int64_t)p * half + j;
+            if constexpr (kVec == 4) {
+                const float4 c01 = reinterpret_cast<const float4 *>(tp)[0];
+                const float4 c23 = reinterpret_cast<const float4 *>(tp)[1];
+                cs[0] = make_float2(c01.x, c01.y), cs[1] = make_float2(c01.z, c01.w);
+                cs[2] = make_float2(c23.x, c23.y), cs[3] = make_float2(c23.z, c23.w);
+            } else {
+#pragma unroll
+                for (int e = 0; e < kVec; e++)
+                    cs[e] = tp[e];
+            }
         } else {
 #pragma unroll
-            for (int e = 0; e < 4; e++)
+            for (int e = 0; e < kVec; e++)
                 cs[e] = rope_cos_sin(p, freqs.inv_freq[j + e]);
         }
-        const float *op = &own.x, *xp = &other.x;
-        float *vp = &v.x;
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const float mine = __fmul_rn(op[e], sc), partner = __fmul_rn(xp[e], sc);
-            /* low: x0 = mine, x1 = partner; high: x0 = partner, x1 = mine. */
-            vp[e] = low ? __fsub_rn(__fmul_rn(mine, cs[e].x), __fmul_rn(partner, cs[e].y))
-                        : __fadd_rn(__fmul_rn(mine, cs[e].x), __fmul_rn(partner, cs[e].y));
+        for (int e = 0; e < kVec; e++) {
+            /* rope_value: low, x0 = own and x1 = other (x0 c - x1 s); high,
+             * x0 = other and x1 = own (x1 c + x0 s). */
+            const float mine = __fmul_rn(own[e], at.sc), partner = __fmul_rn(other[e], at.sc);
+            v[e] = low ? __fsub_rn(__fmul_rn(mine, cs[e].x), __fmul_rn(partner, cs[e].y))
+                       : __fadd_rn(__fmul_rn(mine, cs[e].x), __fmul_rn(partner, cs[e].y));
         }
     } else {
-        v = make_float4(__fmul_rn(own.x, sc), __fmul_rn(own.y, sc), __fmul_rn(own.z, sc),
-                        __fmul_rn(own.w, sc));
+#pragma unroll
+        for (int e = 0; e < kVec; e++)
+            v[e] = __fmul_rn(own[e], at.sc);
     }
-    if (region == 0) {
-        *reinterpret_cast<float4 *>(q_out + t * ldq + local) = v;
+    if (at.region == 0) {
+        float *q = q_out + t * ldq + at.local;
+        if constexpr (kVec == 4)
+            *reinterpret_cast<float4 *>(q) = make_float4(v[0], v[1], v[2], v[3]);
+        else
+            q[0] = v[0];
     } else if (p >= 0 && (int64_t)p < s.capacity) {
-        const int64_t at = (int64_t)p * kv_dim + local;
-        void *cache = region == 1 ? k_cache : v_cache;
-        if (kHalf) {
-            __half2 *h = reinterpret_cast<__half2 *>(static_cast<__half *>(cache) + at);
-            h[0] = __floats2half2_rn(v.x, v.y);
-            h[1] = __floats2half2_rn(v.z, v.w);
+        const int64_t off = (int64_t)p * kv_dim + at.local;
+        void *cache = at.region == 1 ? k_cache : v_cache;
+        if constexpr (kHalf && kVec == 4) {
+            __half2 *h = reinterpret_cast<__half2 *>(static_cast<__half *>(cache) + off);
+            h[0] = __floats2half2_rn(v[0], v[1]);
+            h[1] = __floats2half2_rn(v[2], v[3]);
+        } else if constexpr (kVec == 4) {
+            *reinterpret_cast<float4 *>(static_cast<float *>(cache) + off) =
+                make_float4(v[0], v[1], v[2], v[3]);
         } else {
-            *reinterpret_cast<float4 *>(static_cast<float *>(cache) + at) = v;
+            store_kv<kHalf>(cache, off, v[0]);
         }
     }
 }
 
-/* Whether qkv_post_vec_kernel takes the arguments (see there). */
+/* Whether qkv_post_kernel can take four values a thread (see there). */
 static bool qkv_post_vec_fits(const float *raw, int64_t ldraw, const bn_cb_qkv_shape *s,
                               const bn_rope_freqs *freqs, const float *table,
                               const float *q_out, int64_t ldq, const void *k_cache,
@@ -2669,16 +2569,16 @@ extern "C" cudaError_t bn_cb_qkv_post(const float *raw, int64_t ldraw, int64_t m
     if (qkv_post_vec_fits(raw, ldraw, s, freqs, table, q_out, ldq, k_cache, v_cache)) {
         const dim3 grid4((unsigned)m, (unsigned)((values / 4 + 255) / 256));
         if (kv_f16)
-            return pdl_launch(qkv_post_vec_kernel<true>, grid4, dim3(256), 0, stream, pdl, raw,
+            return pdl_launch(qkv_post_kernel<true, 4>, grid4, dim3(256), 0, stream, pdl, raw,
                               ldraw, *s, *freqs, t, table_len, pos, q_out, ldq, k_cache, v_cache);
-        return pdl_launch(qkv_post_vec_kernel<false>, grid4, dim3(256), 0, stream, pdl, raw, ldraw,
+        return pdl_launch(qkv_post_kernel<false, 4>, grid4, dim3(256), 0, stream, pdl, raw, ldraw,
                           *s, *freqs, t, table_len, pos, q_out, ldq, k_cache, v_cache);
     }
     const dim3 grid((unsigned)m, (unsigned)((values + 255) / 256));
     if (kv_f16)
-        return pdl_launch(qkv_post_kernel<true>, grid, dim3(256), 0, stream, pdl, raw, ldraw, *s,
-                          *freqs, t, table_len, pos, q_out, ldq, k_cache, v_cache);
-    return pdl_launch(qkv_post_kernel<false>, grid, dim3(256), 0, stream, pdl, raw, ldraw, *s,
+        return pdl_launch(qkv_post_kernel<true, 1>, grid, dim3(256), 0, stream, pdl, raw, ldraw,
+                          *s, *freqs, t, table_len, pos, q_out, ldq, k_cache, v_cache);
+    return pdl_launch(qkv_post_kernel<false, 1>, grid, dim3(256), 0, stream, pdl, raw, ldraw, *s,
                       *freqs, t, table_len, pos, q_out, ldq, k_cache, v_cache);
 }
 
