@@ -2021,8 +2021,9 @@ const char *bn_cuda_stage_name(bn_cuda_stage s)
 
 /* Queues one pass of M rows (as enqueue_rows; the inputs already on the
  * device) reps times with CUDA events around each stage and averages the
- * stages' times per pass into out. argmax: the decode step's device argmax
- * (or screened head's key) is part of the pass. */
+ * stages' times per pass into out. argmax: the pass runs as a greedy one
+ * (the screened head where greedy passes use it, then the device argmax or
+ * the screen's token key). */
 static bn_status profile_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
                               const int32_t *d_pos, const int32_t *d_kvlen, int64_t visible,
                               bool argmax, int reps, bn_cuda_stage_times *out, bn_error *err)
