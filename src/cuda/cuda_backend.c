@@ -759,6 +759,23 @@ static bn_status begin_call(bn_cuda_backend *b, bn_error *err)
     return bn_cuda_context_use(b->ctx, err);
 }
 
+/* Copies n prompt tokens and their positions pos, pos + 1, ... through the
+ * pinned host buffers to b->d_tokens and b->d_pos, on the compute stream. */
+static bn_status upload_rows(bn_cuda_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
+                             bn_error *err)
+{
+    int32_t *ht = h_tokens(b), *hpos = h_positions(b);
+    for (int64_t i = 0; i < n; i++) {
+        ht[i] = tokens[i];
+        hpos[i] = (int32_t)(pos + i);
+    }
+    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_tokens, ht, (size_t)n * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, b->cs));
+    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_pos, hpos, (size_t)n * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, b->cs));
+    return BN_OK;
+}
+
 /* Uploads the inputs and queues the pass: the decode step (graph or eager)
  * for one token, prefill chunks otherwise. greedy: only the argmax of the
  * logits will be read (the head may be screened). */
@@ -784,15 +801,9 @@ static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n
         }
         return enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, 0, screen, err);
     }
-    int32_t *ht = h_tokens(b), *hpos = h_positions(b);
-    for (int64_t i = 0; i < n; i++) {
-        ht[i] = tokens[i];
-        hpos[i] = (int32_t)(pos + i);
-    }
-    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_tokens, ht, (size_t)n * sizeof(int32_t),
-                                     cudaMemcpyHostToDevice, b->cs));
-    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_pos, hpos, (size_t)n * sizeof(int32_t),
-                                     cudaMemcpyHostToDevice, b->cs));
+    const bn_status up = upload_rows(b, tokens, n, pos, err);
+    if (up != BN_OK)
+        return up;
     for (int64_t c = 0; c < n; c += b->chunk) {
         const int64_t M = n - c < b->chunk ? n - c : b->chunk;
         bn_status st = enqueue_rows(b, M, b->d_tokens + c, b->d_pos + c, NULL, pos + c + M,
@@ -2116,16 +2127,7 @@ bn_status bn_cuda_backend_profile_prefill(bn_cuda_backend *b, const int32_t *tok
         st = bn_cuda_context_use(b->ctx, err);
     if (st != BN_OK)
         return st;
-    int32_t *ht = h_tokens(b), *hpos = h_positions(b);
-    for (int64_t i = 0; i < n; i++) {
-        ht[i] = tokens[i];
-        hpos[i] = (int32_t)(pos + i);
-    }
-    st = BN_CUDA_STATUS(err, cudaMemcpyAsync(b->d_tokens, ht, (size_t)n * sizeof(int32_t),
-                                             cudaMemcpyHostToDevice, b->cs));
-    if (st == BN_OK)
-        st = BN_CUDA_STATUS(err, cudaMemcpyAsync(b->d_pos, hpos, (size_t)n * sizeof(int32_t),
-                                                 cudaMemcpyHostToDevice, b->cs));
+    st = upload_rows(b, tokens, n, pos, err);
     if (st == BN_OK)
         st = profile_rows(b, n, b->d_tokens, b->d_pos, NULL, pos + n, true, reps, out, err);
     if (st != BN_OK)

@@ -112,6 +112,27 @@ static const char *prefill_stage_name(bn_cuda_stage s, char *buf, size_t size)
     return buf;
 }
 
+/* The header and a row per stage that launched anything (fused norms'
+ * stages launch nothing) of a stage table, microseconds per pass (unit
+ * names it); the prefill's names its products GEMMs. Returns the launches
+ * of the pass. */
+static int print_stage_rows(const bn_cuda_stage_times *t, const char *unit, bool prefill)
+{
+    printf("  %-36s %9s %7s %9s\n", "stage", unit, "share", "launches");
+    int launches = 0;
+    for (int s = 0; s < BN_CUDA_STAGE_COUNT; s++) {
+        if (t->launches[s] <= 0)
+            continue;
+        char buf[64];
+        const char *name = prefill ? prefill_stage_name((bn_cuda_stage)s, buf, sizeof buf)
+                                   : bn_cuda_stage_name((bn_cuda_stage)s);
+        printf("  %-36s %9.1f %6.1f%% %9d\n", name, t->ms[s] * 1000.0,
+               t->total_ms > 0.0 ? 100.0 * t->ms[s] / t->total_ms : 0.0, t->launches[s]);
+        launches += t->launches[s];
+    }
+    return launches;
+}
+
 /* The stages' split of one prefill chunk (the prompt's first, at most the
  * backend's chunk of rows) from position 0, eagerly with CUDA events. It
  * rewrites the KV cache from position 0. */
@@ -139,17 +160,7 @@ static int print_prefill_stages(bn_cuda_backend *cb, int32_t vocab, long long n_
     printf("per-stage time of an instrumented prefill chunk (%lld tokens from position 0, eager, "
            "CUDA events around each stage, %d chunks averaged):\n",
            (long long)n, reps);
-    printf("  %-36s %9s %7s %9s\n", "stage", "us/chunk", "share", "launches");
-    int launches = 0;
-    for (int s = 0; s < BN_CUDA_STAGE_COUNT; s++) {
-        if (t.launches[s] <= 0)
-            continue;
-        char buf[64];
-        printf("  %-36s %9.1f %6.1f%% %9d\n", prefill_stage_name((bn_cuda_stage)s, buf, sizeof buf),
-               t.ms[s] * 1000.0, t.total_ms > 0.0 ? 100.0 * t.ms[s] / t.total_ms : 0.0,
-               t.launches[s]);
-        launches += t.launches[s];
-    }
+    const int launches = print_stage_rows(&t, "us/chunk", true);
     printf("  %-36s %9.1f %7s %9d (%.0f tok/s)\n\n", "total (instrumented)", t.total_ms * 1000.0,
            "", launches, t.total_ms > 0.0 ? (double)n / (t.total_ms / 1000.0) : 0.0);
     return BN_EXIT_OK;
@@ -210,15 +221,7 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
     }
     printf("\nper-stage time of an instrumented eager decode step (CUDA events around each "
            "stage, 20 steps averaged):\n");
-    printf("  %-36s %9s %7s %9s\n", "stage", "us/step", "share", "launches");
-    for (int s = 0; s < BN_CUDA_STAGE_COUNT; s++)
-        if (t.launches[s] > 0) /* fused norms: their stages launch nothing */
-            printf("  %-36s %9.1f %6.1f%% %9d\n", bn_cuda_stage_name((bn_cuda_stage)s),
-                   t.ms[s] * 1000.0, t.total_ms > 0.0 ? 100.0 * t.ms[s] / t.total_ms : 0.0,
-                   t.launches[s]);
-    int launches = 0;
-    for (int s = 0; s < BN_CUDA_STAGE_COUNT; s++)
-        launches += t.launches[s];
+    const int launches = print_stage_rows(&t, "us/step", false);
     printf("  %-36s %9.1f %7s %9d\n\n", "total (instrumented)", t.total_ms * 1000.0, "",
            launches);
 
