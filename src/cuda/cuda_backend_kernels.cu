@@ -721,11 +721,11 @@ __global__ void __launch_bounds__(kBatch ? kBatchMaxThreads : kLeanThreads)
     }
 
     char4 *out = reinterpret_cast<char4 *>(a.q + row * a.ldq);
-    if (!kBatch) {
+    if constexpr (!kBatch) {
 #pragma unroll
         for (int j = 0; j < KV4; j++)
             if (tid + j * T < k4)
-                out[tid + j * T] = pack_codes4(code[kBatch ? 0 : j]);
+                out[tid + j * T] = pack_codes4(code[j]);
     }
     /* The padding to ldq (k and ldq are multiples of 4 here): 4 bytes a
      * store (byte stores, ~7 a thread for a 2560-value row padded to 6912,
@@ -1147,29 +1147,34 @@ template <bool kSm, typename T> __device__ __forceinline__ T raw_ld(const T *p)
         return __ldcg(p);
 }
 
+/* One value of a rotate-half RoPE pair, both values already scaled: mine is
+ * the value being computed, partner the one half a rotation away, cs the
+ * pair's (cos, sin). The CPU's fp32 operations (rope_heads in
+ * cpu_backend.c), with x0 the low value and x1 the high one:
+ *
+ *   low side (d < half):          x0 c - x1 s   = mine c - partner s
+ *   high side (half <= d < 2 half): x1 c + x0 s = mine c + partner s
+ */
+__device__ __forceinline__ float rope_pair(float mine, float partner, bool low, float2 cs)
+{
+    const float a = __fmul_rn(mine, cs.x), b = __fmul_rn(partner, cs.y);
+    return low ? __fsub_rn(a, b) : __fadd_rn(a, b);
+}
+
 /* Value d of one head after its scale and rotate-half RoPE, from the head's
- * raw values: the CPU's fp32 operations (rope_heads in cpu_backend.c):
- *
- *   d < half:          x0 c - x1 s   with x0 = raw[d] sc,        x1 = raw[d + half] sc
- *   half <= d < 2 half: x1 c + x0 s   with x0 = raw[d - half] sc, x1 = raw[d] sc
- *   beyond:            raw[d] sc
- *
- * cs is the (cos, sin) of pair d mod half (ignored beyond 2 half). The raw
- * values come from the previous kernel, read through L2 (see source_value),
- * or (kSm) from shared memory (raw_ld). */
+ * raw values (values beyond 2 half are only scaled). cs is the (cos, sin)
+ * of pair d mod half (ignored beyond 2 half). The raw values come from the
+ * previous kernel, read through L2 (see source_value), or (kSm) from shared
+ * memory (raw_ld). */
 template <bool kSm = false>
 __device__ __forceinline__ float rope_value(const float *head, int d, float sc, int half,
                                             float2 cs)
 {
-    if (d < half) {
-        const float x0 = __fmul_rn(raw_ld<kSm>(head + d), sc);
-        const float x1 = __fmul_rn(raw_ld<kSm>(head + d + half), sc);
-        return __fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y));
-    }
     if (d < 2 * half) {
-        const float x0 = __fmul_rn(raw_ld<kSm>(head + d - half), sc);
-        const float x1 = __fmul_rn(raw_ld<kSm>(head + d), sc);
-        return __fadd_rn(__fmul_rn(x1, cs.x), __fmul_rn(x0, cs.y));
+        const bool low = d < half;
+        const float mine = __fmul_rn(raw_ld<kSm>(head + d), sc);
+        const float partner = __fmul_rn(raw_ld<kSm>(head + (low ? d + half : d - half)), sc);
+        return rope_pair(mine, partner, low, cs);
     }
     return __fmul_rn(raw_ld<kSm>(head + d), sc);
 }
@@ -1207,8 +1212,8 @@ __device__ __forceinline__ QkvSlot qkv_slot(const bn_cb_qkv_shape &s, int idx)
  * rotated half are multiples of 4 and every row and cache is aligned for
  * them: qkv_post_vec_fits), so a single token spreads over many blocks.
  * The kVec values share a region and a side of the rotation; each takes
- * rope_value's expressions on its own pair (it and its partner half a
- * rotation away), so both widths give the same bits. A prefill chunk is
+ * rope_pair on its own pair (it and its partner half a rotation away), as
+ * rope_value does, so both widths give the same bits. A prefill chunk is
  * hundreds of rows of 3840 values (2B-4T): with kVec = 4 a quarter of the
  * blocks (H100, a 512-token chunk: 424 -> 286 us). */
 template <int kVec> __device__ __forceinline__ void load_vals(const float *p, float (&v)[kVec])
@@ -1266,13 +1271,8 @@ __global__ void __launch_bounds__(256)
                 cs[e] = rope_cos_sin(p, freqs.inv_freq[j + e]);
         }
 #pragma unroll
-        for (int e = 0; e < kVec; e++) {
-            /* rope_value: low, x0 = own and x1 = other (x0 c - x1 s); high,
-             * x0 = other and x1 = own (x1 c + x0 s). */
-            const float mine = __fmul_rn(own[e], at.sc), partner = __fmul_rn(other[e], at.sc);
-            v[e] = low ? __fsub_rn(__fmul_rn(mine, cs[e].x), __fmul_rn(partner, cs[e].y))
-                       : __fadd_rn(__fmul_rn(mine, cs[e].x), __fmul_rn(partner, cs[e].y));
-        }
+        for (int e = 0; e < kVec; e++)
+            v[e] = rope_pair(__fmul_rn(own[e], at.sc), __fmul_rn(other[e], at.sc), low, cs[e]);
     } else {
 #pragma unroll
         for (int e = 0; e < kVec; e++)
@@ -1390,8 +1390,8 @@ __device__ __forceinline__ void rope_cs(float2 (&c)[4], const float2 *row, int c
     }
 }
 
-/* Values 4 ch .. 4 ch + 3 of a head after scale and RoPE: rope_value's
- * operations (so bn_cb_qkv_post's values bit for bit), with the head's raw
+/* Values 4 ch .. 4 ch + 3 of a head after scale and RoPE: rope_pair's
+ * operations, as in rope_value (so bn_cb_qkv_post's values bit for bit), with the head's raw
  * values loaded as float4 (the chunk and, rotated, its partner chunk) when
  * vec (see rope_cs). */
 template <bool kSm = false>
@@ -1412,15 +1412,8 @@ __device__ __forceinline__ float4 rope4(const float *head, int ch, float sc, int
         const float4 oth = raw_ld<kSm>(h4 + (lo ? ch + half / 4 : ch - half / 4));
         const float o[4] = {own.x, own.y, own.z, own.w}, t[4] = {oth.x, oth.y, oth.z, oth.w};
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            if (lo) { /* x0 = own, x1 = partner: x0 c - x1 s */
-                const float x0 = __fmul_rn(o[e], sc), x1 = __fmul_rn(t[e], sc);
-                r[e] = __fsub_rn(__fmul_rn(x0, c[e].x), __fmul_rn(x1, c[e].y));
-            } else { /* x0 = partner, x1 = own: x1 c + x0 s */
-                const float x0 = __fmul_rn(t[e], sc), x1 = __fmul_rn(o[e], sc);
-                r[e] = __fadd_rn(__fmul_rn(x1, c[e].x), __fmul_rn(x0, c[e].y));
-            }
-        }
+        for (int e = 0; e < 4; e++)
+            r[e] = rope_pair(__fmul_rn(o[e], sc), __fmul_rn(t[e], sc), lo, c[e]);
     } else {
 #pragma unroll
         for (int e = 0; e < 4; e++)
