@@ -13,7 +13,8 @@
 #   --sanitize-only: the sanitizers over these gpu tests only.
 #   --variants: the kernel benchmark times every kernel variant.
 # environment: SAN_JOBS (sanitizer runs at a time, 8), SAN_TIMEOUT (seconds
-#   per run, 600), SAN_PARTS (processes for racecheck of test_cuda_kernels, 8).
+#   per run, 600), SAN_PARTS (processes for racecheck of test_cuda_kernels, 8),
+#   SAN_TOOLS (the compute-sanitizer tools to run, "memcheck racecheck").
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -74,16 +75,21 @@ if [ $sanitize -eq 1 ]; then
     # (default 8), test_cuda_backend as 12 (its quick mode's units: four
     # per fixture, one per other check), test_default_model_cuda as 5 (one
     # per greedy prompt).
-    python3 - "$out/gpu-tests.json" "$sanitize_only" "${SAN_PARTS:-8}" >"$out/sanitize-runs.txt" <<'PY'
+    python3 - "$out/gpu-tests.json" "$sanitize_only" "${SAN_PARTS:-8}" \
+        "${SAN_TOOLS:-memcheck racecheck}" >"$out/sanitize-runs.txt" <<'PY'
 import json, random, shlex, sys
 only = [t for t in sys.argv[2].split(",") if t]
 parts = int(sys.argv[3])
+tools = sys.argv[4].split()
+unknown = [t for t in tools if t not in ("memcheck", "racecheck")]
+if unknown or not tools:
+    sys.exit(f"SAN_TOOLS: expected memcheck and/or racecheck, got {sys.argv[4]!r}")
 seed = random.randrange(1, 2**48)
 for t in json.load(open(sys.argv[1]))["tests"]:
     if only and t["name"] not in only:
         continue
     command = " ".join(shlex.quote(c) for c in t["command"])
-    for tool in ("memcheck", "racecheck"):
+    for tool in tools:
         n = {"test_cuda_kernels": parts, "test_cuda_backend": 12,
              "test_default_model_cuda": 5}.get(t["name"], 1)
         if tool == "racecheck" and n > 1:
