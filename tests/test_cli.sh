@@ -92,6 +92,13 @@ for bad in "--variant 99" "--variant x" "--split 3"; do
         expect_in err "bad or missing value for ${bad%% *}" "bench kernels $bad names the option"
     fi
 done
+run "$BITNET" bench kernels --device tpu
+expect_rc 2 "bench kernels --device tpu"
+expect_in err "must be cpu, cuda or cuda:N" "bench kernels names the devices it takes"
+# cuda:N past the devices there are: a device error (no GPU here, or too few),
+# or the build's missing CUDA support.
+run "$BITNET" bench kernels --device cuda:63
+expect_rc 4 "bench kernels --device cuda:63"
 run "$BITNET" bench kernels --shapes 64x256 --m 1,3 --threads 1 --min-time 0.01 --rotate-mib 0
 expect_rc 0 "tiny bench run"
 expect_in out "^\| scalar \| 64x256 \| 3 \|" "bench prints the scalar row"

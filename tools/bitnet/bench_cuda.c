@@ -592,8 +592,8 @@ static bool parse_shape_list(const char *text, cuda_bench_opts *o)
     return o->n_shapes > 0;
 }
 
-int bench_kernels_cuda(int argc, char **argv);
-int bench_kernels_cuda(int argc, char **argv)
+int bench_kernels_cuda(int argc, char **argv, int device);
+int bench_kernels_cuda(int argc, char **argv, int device)
 {
     cuda_bench_opts o = {.shapes = {{2560, 2560},
                                     {3840, 2560},
@@ -652,8 +652,18 @@ int bench_kernels_cuda(int argc, char **argv)
         fprintf(stderr, "bitnet bench: error: no usable CUDA device ('bitnet devices' says why)\n");
         return BN_EXIT_DEVICE;
     }
+    if (device >= count) {
+        fprintf(stderr, "bitnet bench: error: no device cuda:%d (%d CUDA device%s: cuda:0%s)\n",
+                device, count, count == 1 ? "" : "s", count == 1 ? "" : " and up");
+        return BN_EXIT_DEVICE;
+    }
     struct cudaDeviceProp p;
-    cudaGetDeviceProperties(&p, 0);
+    if (cudaSetDevice(device) != cudaSuccess ||
+        cudaGetDeviceProperties(&p, device) != cudaSuccess) {
+        fprintf(stderr, "bitnet bench: error: cannot use cuda:%d: %s\n", device,
+                cudaGetErrorString(cudaGetLastError()));
+        return BN_EXIT_DEVICE;
+    }
     const bn_cublas *api = NULL;
     bn_error err;
     if (bn_cublas_get(&api, &err) != BN_OK)
@@ -678,10 +688,10 @@ int bench_kernels_cuda(int argc, char **argv)
     }
     const bool pdl = p.major >= 9 && bn_w2a8_cuda_gemv_pdl_compiled();
     printf("# bitnet bench kernels --device cuda\n\n"
-           "device: %s (compute %d.%d, %d SMs, L2 %.0f MiB); cuBLAS: %s\n"
+           "device: cuda:%d %s (compute %d.%d, %d SMs, L2 %.0f MiB); cuBLAS: %s\n"
            "device-to-device copy: %.0f GB/s (read + write)\n\n",
-           p.name, p.major, p.minor, p.multiProcessorCount, (double)p.l2CacheSize / 1048576.0,
-           api->library, copy_gbs);
+           device, p.name, p.major, p.minor, p.multiProcessorCount,
+           (double)p.l2CacheSize / 1048576.0, api->library, copy_gbs);
     printf("| N x K | M | kernel | packed MB | W2A8 us | GB/s | %% of copy | cuBLAS BF16 us | "
            "speedup | quantize us |\n|---|---|---|---|---|---|---|---|---|---|\n");
     fflush(stdout);

@@ -47,7 +47,8 @@ static void usage(FILE *out)
             "  --min-time SECONDS   time spent per measurement (default 0.3)\n"
             "  --rotate-mib MIB     weight copies rotated per measurement (default 512)\n"
             "  --scalar-max-m M     skip the scalar reference above this M (default 8)\n"
-            "  --device cpu|cuda    cuda: the GPU kernels against copy bandwidth and cuBLAS BF16\n"
+            "  --device cpu|cuda[:N] cuda: the GPU kernels (device N, default 0) against copy\n"
+            "                       bandwidth and cuBLAS BF16\n"
             "                       (options there: --shapes, --m, --rotate-mib, --variants:\n"
             "                       every kernel variant, --variant N: variant N only,\n"
             "                       --split 1|2|4|8: the GEMV's K split)\n"
@@ -304,7 +305,7 @@ static bool wanted(const bench_opts *o, const char *name)
     return false;
 }
 
-int bench_kernels_cuda(int argc, char **argv);
+int bench_kernels_cuda(int argc, char **argv, int device);
 int bench_kernels(int argc, char **argv);
 int bench_kernels(int argc, char **argv)
 {
@@ -312,9 +313,10 @@ int bench_kernels(int argc, char **argv)
     for (int i = 1; i + 1 < argc; i++) {
         if (strcmp(argv[i], "--device") != 0)
             continue;
-        if (strcmp(argv[i + 1], "cuda") == 0) {
+        bn_device_request req;
+        if (bn_parse_device_request(argv[i + 1], &req) && req.kind == BN_DEVICE_CUDA) {
 #ifdef BITNET_HAVE_CUDA
-            return bench_kernels_cuda(argc, argv);
+            return bench_kernels_cuda(argc, argv, req.index < 0 ? 0 : req.index);
 #else
             fprintf(stderr, "bitnet bench kernels: error: this build has no CUDA support\n"
                             "bitnet: hint: rebuild with -DBITNET_CUDA=ON\n");
@@ -322,7 +324,7 @@ int bench_kernels(int argc, char **argv)
 #endif
         }
         if (strcmp(argv[i + 1], "cpu") != 0) {
-            fprintf(stderr, "bitnet bench kernels: error: --device must be cpu or cuda\n");
+            fprintf(stderr, "bitnet bench kernels: error: --device must be cpu, cuda or cuda:N\n");
             return BN_EXIT_USAGE;
         }
     }
