@@ -405,6 +405,15 @@ bn_status bn_config_from_env(bn_config *cfg, bn_error *err)
         if (st != BN_OK)
             return st;
     }
+    /* CUDA_MEMORY_POOL_SIZE is no bn_config field (the memory pool reads it
+     * itself: bn_memory_pool_config_from_env), but a malformed value is
+     * refused when a command starts, as for every variable bitnet reads. */
+    const char *pool = getenv("CUDA_MEMORY_POOL_SIZE");
+    uint64_t pool_bytes;
+    if (pool && !bn_parse_memory_size(pool, &pool_bytes))
+        return bn_error_set(err, BN_ERR_INVALID_CONFIG, "fix or unset the variable",
+                            "CUDA_MEMORY_POOL_SIZE='%.100s' is not valid: expected %s", pool,
+                            bn_config_variable_accepted("BITNET_MEMORY_LIMIT"));
     warn_unknown_variables();
     return BN_OK;
 }
