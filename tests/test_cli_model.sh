@@ -356,6 +356,16 @@ ok = (r["backend"]["selected"].startswith("cuda:") and g["total_bytes"] > 0
 if not ok:
     print(r["backend"], g); sys.exit(1)
 EOF
+    # The default sampling (T 0.8, top-k 40, top-p 0.95) picks on the GPU
+    # from the sampler's own stream: the same text as the CPU for a seed.
+    run "$BITNET" run -m "$M/tq2_0.gguf" -p "$TEXT" -n 24 --seed 7 --device cpu
+    cp "$tmp/out" "$tmp/sampled_cpu"
+    run "$BITNET" run -m "$M/tq2_0.gguf" -p "$TEXT" -n 24 --seed 7 --device cuda --verbose
+    expect_rc 0 "run --device cuda, sampled"
+    checks=$((checks + 1))
+    cmp -s "$tmp/out" "$tmp/sampled_cpu" ||
+        fail "--device cuda samples other text than --device cpu for the same seed"
+    expect_in err "^kernels +.*sample_top_k_top_p" "sampling picks on the device"
     # An impossible memory limit: auto falls back (the reason logged and in
     # the receipt); strict mode and an explicit request fail (exit 6).
     run env BITNET_MEMORY_LIMIT=1MB "$BITNET" run -m "$M/hf_packed" --prompt-ids "$PACKED_PROMPT" \
@@ -540,6 +550,12 @@ expect_in out "^memory .*KV cache.*RSS" "bench e2e prints memory"
 expect_in out "selected=cpu" "bench e2e prints the startup line"
 run "$BITNET" bench e2e --shape tiny --kv f8
 expect_rc 2 "bench e2e --kv f8"
+run "$BITNET" bench e2e --shape tiny --pick gpu
+expect_rc 2 "bench e2e --pick gpu"
+run "$BITNET" bench e2e --shape tiny --prompt 8 --gen 4 --device cpu --temp 0.8 --pick host
+expect_rc 0 "bench e2e --temp 0.8 on the CPU"
+expect_in out "^decode .*sampled: T 0.8, top-k 40, top-p 0.95, picked on the host" \
+    "bench e2e --temp on the CPU: the host picks"
 run "$BITNET" bench e2e --shape tiny --gemv-stage cluster16
 expect_rc 2 "bench e2e --gemv-stage cluster16"
 expect_in err "gemv-stage must be auto, block, cluster2, cluster4 or cluster8" \
@@ -572,6 +588,13 @@ if [ $HAVE_GPU = 1 ]; then
     expect_in out "LM head" "bench e2e cuda prints the per-kernel split"
     expect_in out "^memory +GPU .*peak" "bench e2e cuda prints GPU memory"
     expect_in out "^floor .*GB/s" "bench e2e cuda prints the byte floor"
+    run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda --temp 0.8
+    expect_rc 0 "bench e2e --temp 0.8 on the GPU"
+    expect_in out "^decode .*sampled: T 0.8, top-k 40, top-p 0.95, picked on the device" \
+        "bench e2e --temp: the device picks"
+    run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda --temp 0.8 --pick host
+    expect_rc 0 "bench e2e --pick host on the GPU"
+    expect_in out "^decode .*picked on the host" "bench e2e --pick host: the host picks"
 else
     run "$BITNET" bench e2e --shape tiny --device cuda
     expect_rc 4 "bench e2e --device cuda"

@@ -16,7 +16,10 @@
  *   - GPU greedy on the device (graph, submit/wait), free-running: the same
  *     32 tokens as the CPU; and eagerly: the same tokens again;
  *   - fp16 KV cache: logits within TOL_F16 (tokens reported, not required).
- * Then: prefill in chunks of 3 equals one chunk; the stage profiles of a
+ * Then: i2s.gguf rewritten in every other projection encoding (TQ2_0 with
+ * .scale tensors, F16 with a separate head, F32, TL1, TL2), each file's GPU
+ * logits and greedy tokens against the CPU's on that file; prefill in
+ * chunks of 3 equals one chunk; the stage profiles of a
  * prefill chunk and a decode step (the next step bit for bit a plain run's;
  * bad requests refused); a ragged random model (no
  * fused products, head_dim 36, untied F16 head of odd width); a random
@@ -42,17 +45,20 @@
  * Every check prints what it measured, so one run on the GPU machine is
  * enough to diagnose a failure.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu_backend.h"
 #include "cuda_backend.h"
 #include "cuda_backend_kernels.h"
 #include "engine.h"
 #include "model.h"
+#include "repack_gguf.h"
 #include "test_util.h"
 #include "w2a8_cuda.h"
 
@@ -712,6 +718,83 @@ static double compare_run(const char *what, const bn_model *m, bn_cuda_backend *
     return worst;
 }
 
+/* ---- every projection encoding -------------------------------------------------- */
+
+/* i2s.gguf rewritten in every other projection encoding the loader reads
+ * (repack_gguf.h: TQ2_0 with upstream .scale tensors, F16 with a separate
+ * output head and a rope_freqs tensor that must be ignored, F32, TL1, TL2),
+ * each run on the GPU against the CPU on the same file: teacher-forced
+ * logits within TOL_F32 with the same argmax, and the device's greedy
+ * tokens (graph replay) the CPU's. */
+static void check_encodings(void)
+{
+    char dir[512], src[1024], dst[1024];
+    snprintf(dir, sizeof dir, "%s/bitnet_test_cuda_enc_XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(dir)) {
+        CHECK_MSG(false, "mkdtemp %s: %s", dir, strerror(errno));
+        return;
+    }
+    snprintf(src, sizeof src, "%s/i2s.gguf", data_dir);
+    snprintf(dst, sizeof dst, "%s/repacked.gguf", dir);
+    printf("i2s.gguf re-encoded, the GPU against the CPU on the same file:\n");
+    for (int i = 0; i < test_encoding_count; i++) {
+        const test_encoding *enc = &test_encodings[i];
+        if (!test_write_repacked_gguf(src, dst, enc->type, enc->scale_suffix, enc->extras)) {
+            printf("  %-34s skipped (shape not supported by the format)\n", enc->label);
+            CHECK(enc->type == BN_QTYPE_TL1 || enc->type == BN_QTYPE_TL2);
+            unlink(dst);
+            continue;
+        }
+        bn_model *m = NULL;
+        bn_error err;
+        bn_error_clear(&err);
+        CHECK_MSG(bn_model_load(dst, &m, &err) == BN_OK, "%s: load: %s", enc->label,
+                  err.message);
+        const int32_t V = m ? bn_model_hparams(m)->vocab : 0;
+        float *ref = m ? malloc(N_STEPS * (size_t)V * sizeof(float)) : NULL;
+        float *gpu = m ? malloc(N_STEPS * (size_t)V * sizeof(float)) : NULL;
+        int32_t ref_tok[N_STEPS], dev_tok[N_STEPS];
+        memset(dev_tok, 0, sizeof dev_tok);
+        bn_cuda_backend *b = NULL;
+        if (ref && gpu && cpu_greedy(m, PROMPT, PROMPT_LEN, ref_tok, ref))
+            b = make_cuda(m, 0, BN_CUDA_KV_F32, 0);
+        if (b) {
+            bn_cuda_backend_set_graphs(b, false);
+            bn_cuda_backend_reset(b);
+            const bool forced = teacher_forced(b, ref_tok, V, gpu, &err);
+            CHECK_MSG(forced, "%s: gpu forward: %s", enc->label, err.message);
+            double worst = 0.0;
+            int argmax_diff = 0;
+            for (int s = 0; forced && s < n_steps; s++) {
+                const double r = rel_diff(ref + (size_t)s * V, gpu + (size_t)s * V, V);
+                worst = r > worst || r != r ? r : worst;
+                argmax_diff += argmax(gpu + (size_t)s * V, V) != ref_tok[s];
+            }
+            CHECK_MSG(worst <= TOL_F32, "%s: logits differ from the CPU's by %.3g x max|logit|",
+                      enc->label, worst);
+            CHECK_MSG(argmax_diff == 0, "%s: argmax differs from the CPU's at %d of %d steps",
+                      enc->label, argmax_diff, n_steps);
+            const bool greedy = device_greedy(b, true, dev_tok, &err);
+            CHECK_MSG(greedy, "%s: gpu greedy: %s", enc->label, err.message);
+            const bool same = greedy && memcmp(dev_tok, ref_tok, (size_t)n_steps * 4) == 0;
+            CHECK_MSG(same, "%s: the device's greedy tokens differ from the CPU's", enc->label);
+            if (!same) {
+                print_tokens("cpu", ref_tok, n_steps);
+                print_tokens("gpu", dev_tok, n_steps);
+            }
+            printf("  %-34s logits within %.2e x max|logit| of the CPU's, %d greedy tokens %s\n",
+                   enc->label, worst, n_steps, same ? "the CPU's" : "DIFFER");
+            bn_cuda_backend_free(b);
+        }
+        free(ref);
+        free(gpu);
+        bn_model_free(m);
+        unlink(dst);
+    }
+    rmdir(dir);
+}
+
 /* Prefill in chunks of 3 against one chunk, and both against the CPU, on a
  * prompt long enough to cross several chunk boundaries. */
 static void check_chunks(void)
@@ -1121,8 +1204,10 @@ typedef struct engine_run {
     char receipt[16384];
 } engine_run;
 
-static void run_engine(const char *fixture, const char *device, bool strict, uint64_t limit,
-                       int fail_call, engine_run *r)
+/* sampling NULL: greedy. */
+static void run_engine_sampled(const char *fixture, const char *device, bool strict,
+                               uint64_t limit, int fail_call, const bn_sampler_params *sampling,
+                               engine_run *r)
 {
     memset(r, 0, sizeof *r);
     char path[1024];
@@ -1144,6 +1229,8 @@ static void run_engine(const char *fixture, const char *device, bool strict, uin
                                .n_predict = (size_t)n_steps,
                                .ignore_eog = true};
     bn_sampler_params_default(&req.sampling); /* greedy */
+    if (sampling)
+        req.sampling = *sampling;
     bn_generation g;
     r->gen = bn_engine_generate(e, &req, &g, &r->err);
     if (r->gen == BN_OK) {
@@ -1162,6 +1249,173 @@ static void run_engine(const char *fixture, const char *device, bool strict, uin
     }
     bn_engine_get_info(e, &r->info);
     bn_engine_free(e);
+}
+
+static void run_engine(const char *fixture, const char *device, bool strict, uint64_t limit,
+                       int fail_call, engine_run *r)
+{
+    run_engine_sampled(fixture, device, strict, limit, fail_call, NULL, r);
+}
+
+/* ---- sampling on the device -------------------------------------------------- */
+
+/* The device's sampled token against the CPU sampler on the same logits
+ * (sample_cuda.h: equal given the same uniform number, unless it lands
+ * within ~1e-7 of a boundary between two tokens): at every step of a run
+ * the GPU's logits go to the CPU sampler, whose next uniform number the
+ * device's pick then gets, by forward_sample and by submit / wait (graph);
+ * unsupported requests are refused and leave the backend usable; the
+ * engine samples on the device (its receipt names the kernel) and gives
+ * the CPU run's tokens for the same seed. */
+static void check_sampling_on(bn_model *m, bool screened);
+static void check_sampling_engine(void);
+
+static void check_sampling(void)
+{
+    bn_model *m = load_fixture("i2s.gguf");
+    if (!m)
+        return;
+    check_sampling_on(m, false);
+    check_sampling_on(m, true);
+    bn_model_free(m);
+    check_sampling_engine();
+}
+
+/* screened: the LM head screened through its int8 copy (forced on: this
+ * head is below the default's size), its exact pass computing every row
+ * that can be among the top-k. */
+static void check_sampling_on(bn_model *m, bool screened)
+{
+    printf("sampling on the device (i2s.gguf, %s head):\n", screened ? "screened" : "full");
+    const int32_t V = bn_model_hparams(m)->vocab;
+    bn_cuda_backend_options o;
+    bn_cuda_backend_options_default(&o);
+    o.head_screen = screened ? 1 : -1;
+    bn_cuda_backend *b = NULL;
+    bn_error cerr;
+    bn_error_clear(&cerr);
+    CHECK_MSG(bn_cuda_backend_create(m, &o, &b, &cerr) == BN_OK, "cuda create: %s",
+              cerr.message);
+    CHECK(!b || bn_cuda_backend_head_screen(b) == screened);
+    float *logits = malloc((size_t)V * sizeof(float));
+    const struct {
+        float temperature, top_p, min_p;
+        int top_k;
+    } cases[] = {{0.8f, 0.95f, 0.0f, 40}, {1.5f, 1.0f, 0.05f, 64}, {0.6f, 0.5f, 0.0f, 8},
+                 {1.0f, 1.0f, 0.0f, 1}};
+    for (size_t c = 0; b && logits && c < sizeof cases / sizeof cases[0]; c++) {
+        bn_sampler_params sp;
+        bn_sampler_params_default(&sp);
+        sp.temperature = cases[c].temperature;
+        sp.top_k = cases[c].top_k;
+        sp.top_p = cases[c].top_p;
+        sp.min_p = cases[c].min_p;
+        sp.seed = 1000 + c;
+        const bn_cuda_sample_params cp = {sp.temperature, sp.top_k, sp.top_p, sp.min_p};
+        CHECK(bn_cuda_backend_sample_supported(b, &cp));
+        bn_sampler *s = NULL;
+        bn_error err;
+        bn_error_clear(&err);
+        CHECK(bn_sampler_create(&sp, V, &s, &err) == BN_OK);
+        int32_t cpu_tok[N_STEPS], dev_tok[N_STEPS], graph_tok[N_STEPS];
+        double us[N_STEPS];
+        int differ = 0, distinct = 0;
+        bool ok = s != NULL;
+        bn_cuda_backend_set_graphs(b, true);
+        bn_cuda_backend_reset(b);
+        for (int t = 0; ok && t < n_steps; t++) {
+            const int32_t *in = t == 0 ? PROMPT : &cpu_tok[t - 1];
+            const int64_t n = t == 0 ? PROMPT_LEN : 1, pos = t == 0 ? 0 : PROMPT_LEN + t - 1;
+            /* The same position twice: the logits, then the device's pick. */
+            ok = bn_cuda_backend_forward(b, in, n, pos, logits, &err) == BN_OK;
+            us[t] = bn_sampler_next_uniform(s);
+            cpu_tok[t] = ok ? bn_sampler_sample(s, logits, NULL, 0) : -1;
+            ok = ok && bn_cuda_backend_forward_sample(b, in, n, pos, &cp, us[t], &dev_tok[t],
+                                                      &err) == BN_OK;
+            differ += ok && dev_tok[t] != cpu_tok[t];
+            distinct += t > 0 && cpu_tok[t] != cpu_tok[t - 1];
+        }
+        CHECK_MSG(ok, "case %zu: %s", c, err.message);
+        /* The same picks through submit / wait (the decode graph). */
+        bn_cuda_backend_reset(b);
+        ok = ok && bn_cuda_backend_forward_sample(b, PROMPT, PROMPT_LEN, 0, &cp, us[0],
+                                                  &graph_tok[0], &err) == BN_OK;
+        for (int t = 1; ok && t < n_steps; t++)
+            ok = bn_cuda_backend_submit_sample(b, cpu_tok[t - 1], PROMPT_LEN + t - 1, &cp, us[t],
+                                               &err) == BN_OK &&
+                 bn_cuda_backend_wait_greedy(b, &graph_tok[t], &err) == BN_OK;
+        CHECK_MSG(ok, "case %zu, submit/wait: %s", c, err.message);
+        const bool same_graph = ok && memcmp(graph_tok, dev_tok, (size_t)n_steps * 4) == 0;
+        CHECK_MSG(differ == 0, "case %zu: %d of %d device picks differ from the CPU sampler's", c,
+                  differ, n_steps);
+        CHECK_MSG(same_graph, "case %zu: submit/wait picks differ from forward_sample's", c);
+        if (differ || !same_graph) {
+            print_tokens("cpu", cpu_tok, n_steps);
+            print_tokens("device", dev_tok, n_steps);
+            print_tokens("graph", graph_tok, n_steps);
+        }
+        printf("  T %.2g top-k %d top-p %.2g min-p %.2g: %d picks (%d changes of token) the "
+               "CPU sampler's: %s\n",
+               (double)sp.temperature, sp.top_k, (double)sp.top_p, (double)sp.min_p, n_steps,
+               distinct, differ == 0 && same_graph ? "yes" : "NO");
+        bn_sampler_free(s);
+    }
+
+    /* Requests the device cannot serve: refused, and the backend still works. */
+    if (b) {
+        bn_error err;
+        bn_error_clear(&err);
+        const bn_cuda_sample_params off = {0.8f, 0, 0.95f, 0.0f}; /* top-k off, 300 tokens */
+        CHECK(!bn_cuda_backend_sample_supported(b, &off));
+        int32_t tok = -7;
+        CHECK(bn_cuda_backend_forward_sample(b, PROMPT, PROMPT_LEN, 0, &off, 0.5, &tok, &err) ==
+              BN_ERR_INVALID_ARGUMENT);
+        CHECK_STR_CONTAINS(err.message, "top-k");
+        const bn_cuda_sample_params ok_p = {0.8f, 40, 0.95f, 0.0f};
+        CHECK(bn_cuda_backend_forward_sample(b, PROMPT, PROMPT_LEN, 0, &ok_p, 1.0, &tok, &err) ==
+              BN_ERR_INVALID_ARGUMENT);
+        CHECK(bn_cuda_backend_submit_sample(b, 5, 0, &ok_p, -0.25, &err) ==
+              BN_ERR_INVALID_ARGUMENT);
+        CHECK(bn_cuda_backend_forward_sample(b, PROMPT, PROMPT_LEN, 0, &ok_p, 0.25, &tok, &err) ==
+                  BN_OK &&
+              tok >= 0 && tok < V);
+    }
+    free(logits);
+    if (b)
+        bn_cuda_backend_free(b);
+}
+
+/* The engine: the default CLI sampling picks on the device, and the tokens
+ * are the CPU run's for the same seed. */
+static void check_sampling_engine(void)
+{
+    bn_sampler_params sp;
+    bn_sampler_params_default(&sp);
+    sp.temperature = 0.8f;
+    sp.top_k = 40;
+    sp.top_p = 0.95f;
+    sp.seed = 4242;
+    engine_run *gpu = calloc(1, sizeof *gpu), *cpu = calloc(1, sizeof *cpu);
+    if (gpu && cpu) {
+        run_engine_sampled("i2s.gguf", "cuda", false, 0, 0, &sp, gpu);
+        run_engine_sampled("i2s.gguf", "cpu", false, 0, 0, &sp, cpu);
+        CHECK_MSG(gpu->gen == BN_OK && cpu->gen == BN_OK, "sampled runs: %s / %s",
+                  gpu->err.message, cpu->err.message);
+        CHECK(gpu->n_tokens == (size_t)n_steps && cpu->n_tokens == (size_t)n_steps);
+        const bool same = memcmp(gpu->tokens, cpu->tokens, (size_t)n_steps * 4) == 0;
+        CHECK_MSG(same, "the engine's sampled tokens on the GPU differ from the CPU's");
+        if (!same) {
+            print_tokens("cpu", cpu->tokens, n_steps);
+            print_tokens("gpu", gpu->tokens, n_steps);
+        }
+        CHECK_MSG(strstr(gpu->receipt, "sample_top_k_top_p") != NULL,
+                  "the receipt does not name the device sampler");
+        printf("  engine, T 0.8 top-k 40 top-p 0.95 seed 4242: %d tokens on the GPU %s the "
+               "CPU's\n",
+               n_steps, same ? "equal" : "DIFFER FROM");
+    }
+    free(gpu);
+    free(cpu);
 }
 
 static void check_engine(void)
@@ -1266,7 +1520,8 @@ int main(int argc, char **argv)
             check_fixture(FIXTURES[i], unit);
             unit += FIXTURE_UNITS;
         }
-    void (*const checks[])(void) = {check_chunks, check_ragged, check_profile, check_errors,
+    void (*const checks[])(void) = {check_encodings, check_chunks, check_ragged,
+                                    check_profile, check_errors, check_sampling,
                                     check_engine, check_2b4t};
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
         if ((!quick || checks[i] != check_2b4t) && test_in_part(unit++))

@@ -63,8 +63,35 @@ static void nudge(void *w, int type, int64_t i)
     }
 }
 
+static int cmp_desc(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The k-th largest of n logits (NaN counting as -inf, as the samplers
+ * take it); -inf when n < k. */
+static float kth_largest(const float *v, int64_t n, int k)
+{
+    if (n < k)
+        return -INFINITY;
+    float *c = malloc((size_t)n * sizeof(float));
+    if (!c) {
+        fprintf(stderr, "FAIL: no host memory\n");
+        exit(1);
+    }
+    for (int64_t i = 0; i < n; i++)
+        c[i] = isnan(v[i]) ? -INFINITY : v[i];
+    qsort(c, (size_t)n, sizeof(float), cmp_desc);
+    const float t = c[k - 1];
+    free(c);
+    return t;
+}
+
+/* top_k: the exact pass computes every row that can be among the top_k
+ * largest logits (1: the argmax), read from device memory. */
 static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x_kind,
-                       const char *what)
+                       const char *what, int top_k)
 {
     const size_t esize = type == BN_CB_HEAD_F32 ? 4 : 2;
     const size_t wbytes = (size_t)rows * (size_t)dim * esize;
@@ -111,9 +138,13 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
     void *d_w, *d_ws;
     float *d_x, *d_full, *d_scr, *d_se, *d_upper, *d_part;
     int8_t *d_q;
-    int32_t *d_tok;
+    int32_t *d_tok, *d_k;
+    double *d_u;
     unsigned long long *d_best;
     CUDA_OK(cudaMalloc(&d_w, wbytes));
+    CUDA_OK(cudaMalloc((void **)&d_k, sizeof(int32_t)));
+    CUDA_OK(cudaMemcpy(d_k, &top_k, sizeof(int32_t), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&d_u, sizeof(double)));
     CUDA_OK(cudaMalloc((void **)&d_best, sizeof *d_best));
     CUDA_OK(cudaMemset(d_best, 0x55, sizeof *d_best)); /* poison: the screen sets it */
     CUDA_OK(cudaMalloc((void **)&d_x, (size_t)dim * sizeof(float)));
@@ -124,7 +155,7 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
     CUDA_OK(cudaMalloc((void **)&d_upper, (size_t)rows * sizeof(float)));
     CUDA_OK(cudaMalloc((void **)&d_part, (size_t)n_part * sizeof(float)));
     CUDA_OK(cudaMalloc(&d_ws, bn_cuda_sample_workspace_bytes((int32_t)rows)));
-    CUDA_OK(cudaMalloc((void **)&d_tok, 2 * sizeof(int32_t)));
+    CUDA_OK(cudaMalloc((void **)&d_tok, 8 * sizeof(int32_t)));
     CUDA_OK(cudaMemcpy(d_w, w, wbytes, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_x, x, (size_t)dim * sizeof(float), cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(d_full, 0xff, (size_t)rows * sizeof(float))); /* NaN */
@@ -139,12 +170,30 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
     CUDA_OK(bn_cuda_sample_greedy(d_full, (int32_t)rows, d_ws, d_tok, NULL, 0));
     CUDA_OK(bn_cb_head_quantize(d_w, type, rows, dim, d_q, d_se, 0));
     CUDA_OK(bn_cb_head_screen(d_q, d_se, rows, dim, d_x, d_upper, d_part, d_best, sm_count, 0));
-    CUDA_OK(bn_cb_head_exact(d_w, type, rows, dim, d_x, d_upper, d_part, n_part, d_scr, d_best,
-                             sm_count, 0));
+    CUDA_OK(bn_cb_head_exact(d_w, type, rows, dim, d_x, d_upper, d_part, n_part,
+                             top_k > 1 ? d_k : NULL, d_scr, d_best, sm_count, 0));
     CUDA_OK(bn_cuda_sample_greedy(d_scr, (int32_t)rows, d_ws, d_tok + 1, NULL, 0));
+    /* With a top-k, the sampler's pick over the screened logits is its
+     * pick over the full ones, for a few uniform numbers. */
+    const double us[3] = {0.05, 0.5, 0.97};
+    const bn_cuda_sample_params sp = {0.8f, top_k, 0.95f, 0.0f};
+    const bool sampled = top_k > 1 && top_k <= BN_CUDA_SAMPLE_MAX_K;
+    for (int i = 0; i < 3 && sampled; i++) {
+        CUDA_OK(cudaMemcpy(d_u, &us[i], sizeof(double), cudaMemcpyHostToDevice));
+        CUDA_OK(bn_cuda_sample(d_full, (int32_t)rows, &sp, d_u, d_ws, d_tok + 2 + 2 * i, NULL,
+                               0));
+        CUDA_OK(bn_cuda_sample(d_scr, (int32_t)rows, &sp, d_u, d_ws, d_tok + 3 + 2 * i, NULL,
+                               0));
+    }
     CUDA_OK(cudaDeviceSynchronize());
-    int32_t tok[2];
+    int32_t tok[8];
     CUDA_OK(cudaMemcpy(tok, d_tok, sizeof tok, cudaMemcpyDeviceToHost));
+    int sample_diff = 0;
+    for (int i = 0; i < 3 && sampled; i++)
+        sample_diff += tok[2 + 2 * i] != tok[3 + 2 * i];
+    CHECK_MSG(sample_diff == 0,
+              "%s %lld x %lld %s, top-k %d: %d of 3 sampled picks differ from the full head's",
+              type_names[type], (long long)rows, (long long)dim, what, top_k, sample_diff);
     unsigned long long key;
     CUDA_OK(cudaMemcpy(&key, d_best, sizeof key, cudaMemcpyDeviceToHost));
     /* The two kernels' own argmax (the key) is the sampler's over the full
@@ -158,11 +207,9 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
     CUDA_OK(cudaMemcpy(scr, d_scr, (size_t)(rows + 1) * sizeof(float),
                        cudaMemcpyDeviceToHost));
 
-    /* The largest full logit (NaN never counts), as the argmax sees it. */
-    float best = -INFINITY;
-    for (int64_t r = 0; r < rows; r++)
-        if (full[r] > best)
-            best = full[r];
+    /* The top_k-th largest full logit (NaN never counts; with top_k 1 the
+     * largest, as the argmax sees it): a dropped row must be below it. */
+    const float best = kth_largest(full, rows, top_k);
     int64_t kept = 0, bad = 0, first = -1;
     for (int64_t r = 0; r < rows; r++) {
         bool ok;
@@ -183,13 +230,13 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
               best);
     CHECK_MSG(scr[rows] == guard, "%s %lld x %lld %s: the value past the last row was written",
               type_names[type], (long long)rows, (long long)dim, what);
-    printf("%-4s %6lld x %-5lld %-22s token %6d: %s, %lld of %lld rows recomputed\n",
-           type_names[type], (long long)rows, (long long)dim, what, tok[1],
-           bad || tok[0] != tok[1] ? "FAILED" : "as the full head", (long long)kept,
-           (long long)rows);
+    printf("%-4s %6lld x %-5lld %-22s top-%-2d token %6d: %s, %lld of %lld rows recomputed\n",
+           type_names[type], (long long)rows, (long long)dim, what, top_k, tok[1],
+           bad || tok[0] != tok[1] || sample_diff ? "FAILED" : "as the full head",
+           (long long)kept, (long long)rows);
     cudaFree(d_w), cudaFree(d_x), cudaFree(d_full), cudaFree(d_scr), cudaFree(d_q);
     cudaFree(d_se), cudaFree(d_upper), cudaFree(d_part), cudaFree(d_ws), cudaFree(d_tok);
-    cudaFree(d_best);
+    cudaFree(d_best), cudaFree(d_k), cudaFree(d_u);
     free(w), free(x), free(full), free(scr);
 }
 
@@ -207,23 +254,37 @@ int main(void)
     for (int type = BN_CB_HEAD_F32; type <= BN_CB_HEAD_BF16; type++) {
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
             const int64_t rows = shapes[i][0], dim = shapes[i][1];
-            check_case(type, rows, dim, ROWS_RANDOM, X_RANDOM, "random");
-            check_case(type, rows, dim, ROWS_NEAR_TIES, X_RANDOM, "near ties");
-            check_case(type, rows, dim, ROWS_UNTRUSTED, X_RANDOM, "nan/inf/zero/tiny rows");
+            check_case(type, rows, dim, ROWS_RANDOM, X_RANDOM, "random", 1);
+            check_case(type, rows, dim, ROWS_NEAR_TIES, X_RANDOM, "near ties", 1);
+            check_case(type, rows, dim, ROWS_UNTRUSTED, X_RANDOM, "nan/inf/zero/tiny rows", 1);
         }
-        check_case(type, 1000, 2560, ROWS_RANDOM, X_NAN, "x with a NaN");
-        check_case(type, 1000, 2560, ROWS_RANDOM, X_INF, "x with an inf");
+        check_case(type, 1000, 2560, ROWS_RANDOM, X_NAN, "x with a NaN", 1);
+        check_case(type, 1000, 2560, ROWS_RANDOM, X_INF, "x with an inf", 1);
     }
     /* A vocabulary-sized head: more rows than the grids have warps (not in
      * the quick mode of the sanitizer runs: 20000 rows there). */
     const bool quick = getenv("BN_TEST_QUICK") && strcmp(getenv("BN_TEST_QUICK"), "0") != 0;
     const int64_t vocab = quick ? 20000 : 128256;
-    check_case(BN_CB_HEAD_F16, vocab, 2560, ROWS_RANDOM, X_RANDOM, "vocabulary, random");
-    check_case(BN_CB_HEAD_F16, vocab, 2560, ROWS_NEAR_TIES, X_RANDOM, "vocabulary, near ties");
+    check_case(BN_CB_HEAD_F16, vocab, 2560, ROWS_RANDOM, X_RANDOM, "vocabulary, random", 1);
+    check_case(BN_CB_HEAD_F16, vocab, 2560, ROWS_NEAR_TIES, X_RANDOM, "vocabulary, near ties", 1);
     /* Grids sized for one SM: every kernel loops over its rows. */
     sm_count = 1;
-    check_case(BN_CB_HEAD_BF16, 20000, 2560, ROWS_NEAR_TIES, X_RANDOM, "grids of one SM");
+    check_case(BN_CB_HEAD_BF16, 20000, 2560, ROWS_NEAR_TIES, X_RANDOM, "grids of one SM", 1);
+    /* ... and a top-k larger than its 3 screen blocks: every row computed. */
+    check_case(BN_CB_HEAD_BF16, 20000, 2560, ROWS_NEAR_TIES, X_RANDOM, "grids of one SM", 40);
     sm_count = prop.multiProcessorCount;
+
+    /* Top k > 1 (the device sampler's top-k): every row that can be among
+     * the k largest is computed, ties with the k-th included. */
+    static const int ks[] = {2, 8, 40, 64, 500};
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+        check_case(BN_CB_HEAD_F16, 1000, 2560, ROWS_RANDOM, X_RANDOM, "random", ks[i]);
+        check_case(BN_CB_HEAD_F32, 1000, 2560, ROWS_NEAR_TIES, X_RANDOM, "near ties", ks[i]);
+        check_case(BN_CB_HEAD_BF16, 513, 256, ROWS_UNTRUSTED, X_RANDOM, "nan/inf/zero/tiny rows",
+                   ks[i]);
+    }
+    check_case(BN_CB_HEAD_F16, vocab, 2560, ROWS_NEAR_TIES, X_RANDOM, "vocabulary, near ties", 40);
+    check_case(BN_CB_HEAD_F16, 1000, 2560, ROWS_RANDOM, X_NAN, "x with a NaN", 40);
 
     /* Bad arguments are refused. */
     float *d = NULL;
@@ -232,7 +293,7 @@ int main(void)
           cudaErrorInvalidValue);
     CHECK(bn_cb_head_quantize(d, 7, 1, 8, (int8_t *)d, d, 0) == cudaErrorInvalidValue);
     CHECK(bn_cb_head_screen(NULL, d, 1, 8, d, d, d, NULL, 1, 0) == cudaErrorInvalidValue);
-    CHECK(bn_cb_head_exact(d, BN_CB_HEAD_F16, 1, 8, d, d, d, 0, d, NULL, 1, 0) ==
+    CHECK(bn_cb_head_exact(d, BN_CB_HEAD_F16, 1, 8, d, d, d, 0, NULL, d, NULL, 1, 0) ==
           cudaErrorInvalidValue);
     CHECK(bn_cb_head_screen_prepare(BN_CB_HEAD_F16, 0) == cudaErrorInvalidValue);
     cudaFree(d);

@@ -766,6 +766,44 @@ static void test_vocab_one(void)
     }
 }
 
+/* next_uniform is the number the next sampled pick draws: with two equally
+ * likely tokens the pick is token 0 exactly when u < 1/2 (the first token
+ * whose cumulative weight, 1 of 2, exceeds u x 2). Peeking changes nothing;
+ * skip uses the number up as a pick would; greedy picks draw none. */
+static void test_next_uniform(void)
+{
+    bn_sampler *s = make(1.0f, 0, 1.0f, 0.0f, 77, 2);
+    bn_sampler *peeked = make(1.0f, 0, 1.0f, 0.0f, 77, 2);
+    bn_sampler *skipper = make(1.0f, 0, 1.0f, 0.0f, 77, 2);
+    int low = 0, mismatches = 0;
+    for (int i = 0; i < 256 && s && peeked && skipper; i++) {
+        const double u = bn_sampler_next_uniform(s);
+        CHECK(u >= 0.0 && u < 1.0);
+        CHECK(bn_sampler_next_uniform(s) == u); /* a peek does not move the stream */
+        CHECK(bn_sampler_next_uniform(skipper) == u);
+        float l[2] = {0.0f, 0.0f}, m[2] = {0.0f, 0.0f};
+        const int32_t t = bn_sampler_sample(s, l, NULL, 0);
+        (void)bn_sampler_next_uniform(peeked);
+        mismatches += bn_sampler_sample(peeked, m, NULL, 0) != t;
+        mismatches += t != (u < 0.5 ? 0 : 1);
+        low += u < 0.5;
+        bn_sampler_skip(skipper);
+    }
+    CHECK_MSG(mismatches == 0, "%d picks did not follow next_uniform", mismatches);
+    CHECK_MSG(low > 64 && low < 192, "%d of 256 numbers below 1/2", low);
+    bn_sampler_free(s);
+    bn_sampler_free(peeked);
+    bn_sampler_free(skipper);
+
+    /* A greedy pick draws nothing. */
+    bn_sampler *g = make(0.0f, 0, 1.0f, 0.0f, 5, 2);
+    const double before = bn_sampler_next_uniform(g);
+    float l[2] = {1.0f, 0.0f};
+    CHECK(bn_sampler_sample(g, l, NULL, 0) == 0);
+    CHECK(bn_sampler_next_uniform(g) == before);
+    bn_sampler_free(g);
+}
+
 /* The size of Llama 3's vocabulary (BitNet b1.58 2B4T uses it): every
  * configuration runs, returns a valid token, and respects its filter. */
 static void test_large_vocab(void)
@@ -887,6 +925,7 @@ int main(void)
     test_repetition_penalty();
     test_nan_inf();
     test_vocab_one();
+    test_next_uniform();
     test_large_vocab();
     TEST_EXIT();
 }

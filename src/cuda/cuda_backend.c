@@ -85,7 +85,7 @@ enum {
     K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
     K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
     K_NORM_GEMV, K_GEMV_RES, K_ATTN_DEC_F32_CLUSTER, K_HEAD_SCREEN, K_ATTN_DEC_F32_QKV,
-    K_GEMV_PAIR, K_COUNT
+    K_GEMV_PAIR, K_SAMPLE, K_COUNT
 };
 static const char *const kernel_names[K_COUNT] = {
     "embed_rows", "norm_quantize", "residual_norm_quantize", "relu2_norm_quantize",
@@ -93,7 +93,8 @@ static const char *const kernel_names[K_COUNT] = {
     "attention_prefill_f32", "attention_decode_f16", "attention_prefill_f16",
     "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay",
     "norm_quantize_w2a8_gemv", "w2a8_gemv_residual", "attention_decode_f32_cluster",
-    "lm_head_screen_int8", "attention_decode_f32_cluster_qkv", "w2a8_gemv_gate_up_relu2"};
+    "lm_head_screen_int8", "attention_decode_f32_cluster_qkv", "w2a8_gemv_gate_up_relu2",
+    "sample_top_k_top_p"};
 
 /* Events of an instrumented step (profile_decode). */
 typedef struct prof {
@@ -153,6 +154,7 @@ struct bn_cuda_backend {
     void *ws_attn, *ws_sample;
     unsigned int *attn_counters; /* fp32 decode attention: one per head, kept at 0 */
     unsigned long long *d_best;  /* the screened head's greedy token key */
+    double *d_uniform;           /* the sampler's uniform number for the step */
     int attn_splits;
     int attn_cluster; /* fp32 decode attention's cluster size (0: ranges merged by a ticket) */
     int gemv_cluster; /* decode GEMVs: activations staged per cluster of this many (0: none) */
@@ -162,7 +164,8 @@ struct bn_cuda_backend {
     uint64_t scratch_bytes;
 
     int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], dec[3], next, then
-                                  the screened head's token key (8-byte aligned) */
+                                  the screened head's token key and the sampler's uniform
+                                  number (8-byte aligned) */
     float *h_logits;           /* pinned: vocab */
     bn_rope_freqs freqs;
 
@@ -180,7 +183,8 @@ struct bn_cuda_backend {
     bool pdl;                  /* decode kernels use programmatic dependent launch */
     bn_cuda_fusion fusion;     /* how the decode step's norms meet the GEMVs (never
                                   AUTO once created)                                */
-    bool pending;              /* a submitted greedy step not yet waited for */
+    bool pending;              /* a submitted step not yet waited for */
+    bool pending_greedy;       /* ... whose token is the greedy one */
     int64_t pending_pos;
     unsigned ran;              /* bit K_* set when the family was launched */
     unsigned graph_kernels;    /* the families the decode graph launches   */
@@ -220,6 +224,10 @@ static int32_t *h_next(bn_cuda_backend *b) { return b->h_io + 2 * b->kv_len + 3;
 static unsigned long long *h_key(bn_cuda_backend *b)
 {
     return (unsigned long long *)(void *)(b->h_io + 2 * b->kv_len + 4);
+}
+static double *h_uniform(bn_cuda_backend *b)
+{
+    return (double *)(void *)(b->h_io + 2 * b->kv_len + 6);
 }
 
 static const float *norm_ptr(const bn_cuda_backend *b, int layer, bn_norm which)
@@ -703,12 +711,14 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
     if ((st = mark(b, BN_CUDA_STAGE_OUT_NORM, 1, err)) != BN_OK)
         return st;
     if (screen) {
-        /* The greedy token comes out of the two as a key (d_best). */
+        /* The greedy token comes out of the two as a key (d_best); the
+         * exact pass computes every row that can be among the top
+         * d_dec[3] (queue_pass). */
         BN_CUDA_TRY(err, bn_cb_head_screen(b->d_head_q, b->d_head_se, hp->vocab, dim, b->normed,
                                            b->head_upper, b->head_part, b->d_best, b->sm, s));
         BN_CUDA_TRY(err, bn_cb_head_exact(b->d_head, b->head_type, hp->vocab, dim, b->normed,
-                                          b->head_upper, b->head_part, b->head_parts, b->logits,
-                                          b->d_best, b->sm, s));
+                                          b->head_upper, b->head_part, b->head_parts,
+                                          b->d_dec + 3, b->logits, b->d_best, b->sm, s));
         b->ran |= 1u << K_HEAD_SCREEN;
         return mark(b, BN_CUDA_STAGE_LM_HEAD, 2, err);
     }
@@ -776,23 +786,37 @@ static bn_status upload_rows(bn_cuda_backend *b, const int32_t *tokens, int64_t 
     return BN_OK;
 }
 
-/* Uploads the inputs and queues the pass: the decode step (graph or eager)
- * for one token, prefill chunks otherwise. greedy: only the argmax of the
- * logits will be read (the head may be screened). */
-static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
-                            bool greedy, bn_error *err)
+/* The decode step's inputs in device memory (d_dec), which its graph reads:
+ * the token, its position, the KV length after it, and the top k that the
+ * screened LM head must compute exactly (bn_cb_head_exact's *d_k). */
+static bn_status upload_dec(bn_cuda_backend *b, int32_t token, int64_t pos, int top_k,
+                            bn_error *err)
 {
-    const bool screen = greedy && b->head_screen;
+    int32_t *dec = h_dec(b);
+    dec[0] = token;
+    dec[1] = (int32_t)pos;
+    dec[2] = (int32_t)(pos + 1);
+    dec[3] = top_k;
+    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_dec, dec, 4 * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                     b->cs));
+    return BN_OK;
+}
+
+/* Uploads the inputs and queues the pass: the decode step (graph or eager)
+ * for one token, prefill chunks otherwise. top_k > 0: only the top_k
+ * largest logits will be read (1: the argmax), so a screened head computes
+ * only the rows that can be among them; 0: every logit. */
+static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
+                            int top_k, bn_error *err)
+{
+    const bool screen = top_k > 0 && b->head_screen;
+    const bn_status up = upload_dec(b, tokens[n - 1], pos + n - 1, top_k > 0 ? top_k : 1, err);
+    if (up != BN_OK)
+        return up;
     if (n == 1) {
-        int32_t *dec = h_dec(b);
-        dec[0] = tokens[0];
-        dec[1] = (int32_t)pos;
-        dec[2] = (int32_t)(pos + 1);
-        BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_dec, dec, 3 * sizeof(int32_t),
-                                         cudaMemcpyHostToDevice, b->cs));
         /* With a screened head, steps that return logits have a graph of
          * their own. */
-        const cudaGraphExec_t g = b->head_screen && !greedy ? b->graph_logits : b->graph;
+        const cudaGraphExec_t g = b->head_screen && !screen ? b->graph_logits : b->graph;
         if (g && b->use_graphs && !b->prof) {
             BN_CUDA_TRY(err, cudaGraphLaunch(g, b->cs));
             b->ran |= (g == b->graph ? b->graph_kernels : b->graph_logits_kernels) |
@@ -801,9 +825,9 @@ static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n
         }
         return enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, 0, screen, err);
     }
-    const bn_status up = upload_rows(b, tokens, n, pos, err);
-    if (up != BN_OK)
-        return up;
+    const bn_status rows = upload_rows(b, tokens, n, pos, err);
+    if (rows != BN_OK)
+        return rows;
     for (int64_t c = 0; c < n; c += b->chunk) {
         const int64_t M = n - c < b->chunk ? n - c : b->chunk;
         bn_status st = enqueue_rows(b, M, b->d_tokens + c, b->d_pos + c, NULL, pos + c + M,
@@ -834,6 +858,70 @@ static bn_status queue_argmax(bn_cuda_backend *b, bn_error *err)
 static int32_t greedy_token(bn_cuda_backend *b)
 {
     return b->head_screen ? bn_cuda_key_token(*h_key(b)) : *h_next(b);
+}
+
+/* Whether a choice is the greedy one (NULL: greedy). */
+static bool choice_greedy(const bn_cuda_sample_params *p) { return !p || !(p->temperature > 0.0f); }
+
+/* The token of the pass just queued, chosen by p with the uniform number
+ * u (greedy: queue_argmax), on its way to the host; chosen_token reads it
+ * once the stream has reached it. */
+static bn_status queue_choice(bn_cuda_backend *b, const bn_cuda_sample_params *p, double u,
+                              bn_error *err)
+{
+    if (choice_greedy(p))
+        return queue_argmax(b, err);
+    *h_uniform(b) = u;
+    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_uniform, h_uniform(b), sizeof(double),
+                                     cudaMemcpyHostToDevice, b->cs));
+    BN_CUDA_TRY(err, bn_cuda_sample(b->logits, b->hp.vocab, p, b->d_uniform, b->ws_sample,
+                                    b->d_next, h_next(b), b->cs));
+    b->ran |= 1u << K_SAMPLE;
+    return BN_OK;
+}
+
+/* The logits a choice reads (queue_pass's top_k): greedy the largest; the
+ * sampler its top-k (every token when top-k is off, which the device
+ * allows only for a vocabulary of at most BN_CUDA_SAMPLE_MAX_K). */
+static int choice_top_k(const bn_cuda_backend *b, const bn_cuda_sample_params *p)
+{
+    if (choice_greedy(p))
+        return 1;
+    return p->top_k >= 1 && p->top_k < b->hp.vocab ? p->top_k : (int)b->hp.vocab;
+}
+
+static int32_t chosen_token(bn_cuda_backend *b, bool greedy)
+{
+    return greedy ? greedy_token(b) : *h_next(b);
+}
+
+bool bn_cuda_backend_sample_supported(const bn_cuda_backend *b, const bn_cuda_sample_params *p)
+{
+    if (!b || choice_greedy(p))
+        return b != NULL;
+    /* sample_cuda.h: top-k of at most BN_CUDA_SAMPLE_MAX_K tokens, or off
+     * only for a vocabulary that small. */
+    const int32_t V = b->hp.vocab;
+    return (p->top_k >= 1 && p->top_k <= BN_CUDA_SAMPLE_MAX_K) || V <= BN_CUDA_SAMPLE_MAX_K;
+}
+
+/* A sampling request the device can serve, with u in [0, 1). */
+_Static_assert(BN_CUDA_SAMPLE_MAX_K == 64, "check_choice's hint names the limit");
+static bn_status check_choice(const bn_cuda_backend *b, const bn_cuda_sample_params *p, double u,
+                              bn_error *err)
+{
+    if (choice_greedy(p))
+        return BN_OK;
+    if (!bn_cuda_backend_sample_supported(b, p))
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                            "use a top-k of 1 to 64, or sample on the host",
+                            "the device sampler needs a top-k of 1 to %d for a vocabulary of %d "
+                            "(top-k %d asked)",
+                            BN_CUDA_SAMPLE_MAX_K, (int)b->hp.vocab, p->top_k);
+    if (!(u >= 0.0 && u < 1.0))
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "the sampler's uniform number must be in [0, 1) (got %g)", u);
+    return BN_OK;
 }
 
 /* After a failure: let queued work drain and forget the positions it may
@@ -867,7 +955,7 @@ bn_status bn_cuda_backend_forward(bn_cuda_backend *b, const int32_t *tokens, int
         st = begin_call(b, err);
     if (st != BN_OK)
         return st;
-    st = queue_pass(b, tokens, n_tokens, pos, false, err);
+    st = queue_pass(b, tokens, n_tokens, pos, 0, err);
     if (st == BN_OK)
         st = download_logits(b, err);
     if (st != BN_OK)
@@ -877,47 +965,68 @@ bn_status bn_cuda_backend_forward(bn_cuda_backend *b, const int32_t *tokens, int
     return BN_OK;
 }
 
-bn_status bn_cuda_backend_forward_greedy(bn_cuda_backend *b, const int32_t *tokens,
-                                         int64_t n_tokens, int64_t pos, int32_t *next,
+bn_status bn_cuda_backend_forward_sample(bn_cuda_backend *b, const int32_t *tokens,
+                                         int64_t n_tokens, int64_t pos,
+                                         const bn_cuda_sample_params *p, double u, int32_t *next,
                                          bn_error *err)
 {
     if (!b || !next)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cuda forward: NULL argument");
+    const bool greedy = choice_greedy(p);
     bn_status st = check_request(b, tokens, n_tokens, pos, err);
+    if (st == BN_OK)
+        st = check_choice(b, p, u, err);
     if (st == BN_OK)
         st = begin_call(b, err);
     if (st != BN_OK)
         return st;
-    st = queue_pass(b, tokens, n_tokens, pos, true, err);
+    st = queue_pass(b, tokens, n_tokens, pos, choice_top_k(b, p), err);
     if (st == BN_OK)
-        st = queue_argmax(b, err);
+        st = queue_choice(b, p, u, err);
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
     if (st != BN_OK)
         return fail_pass(b, pos, st);
-    *next = greedy_token(b);
+    *next = chosen_token(b, greedy);
     b->kv_filled = pos + n_tokens;
+    return BN_OK;
+}
+
+bn_status bn_cuda_backend_forward_greedy(bn_cuda_backend *b, const int32_t *tokens,
+                                         int64_t n_tokens, int64_t pos, int32_t *next,
+                                         bn_error *err)
+{
+    return bn_cuda_backend_forward_sample(b, tokens, n_tokens, pos, NULL, 0.0, next, err);
+}
+
+bn_status bn_cuda_backend_submit_sample(bn_cuda_backend *b, int32_t token, int64_t pos,
+                                        const bn_cuda_sample_params *p, double u, bn_error *err)
+{
+    if (!b)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cuda submit: NULL backend");
+    const bool greedy = choice_greedy(p);
+    bn_status st = check_request(b, &token, 1, pos, err);
+    if (st == BN_OK)
+        st = check_choice(b, p, u, err);
+    if (st == BN_OK)
+        st = begin_call(b, err);
+    if (st != BN_OK)
+        return st;
+    st = queue_pass(b, &token, 1, pos, choice_top_k(b, p), err);
+    if (st == BN_OK)
+        st = queue_choice(b, p, u, err);
+    if (st != BN_OK)
+        return fail_pass(b, pos, st);
+    b->pending = true;
+    b->pending_greedy = greedy;
+    b->pending_pos = pos;
     return BN_OK;
 }
 
 bn_status bn_cuda_backend_submit_greedy(bn_cuda_backend *b, int32_t token, int64_t pos,
                                         bn_error *err)
 {
-    if (!b)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cuda submit: NULL backend");
-    bn_status st = check_request(b, &token, 1, pos, err);
-    if (st == BN_OK)
-        st = begin_call(b, err);
-    if (st != BN_OK)
-        return st;
-    st = queue_pass(b, &token, 1, pos, true, err);
-    if (st == BN_OK)
-        st = queue_argmax(b, err);
-    if (st != BN_OK)
-        return fail_pass(b, pos, st);
-    b->pending = true;
-    b->pending_pos = pos;
-    return BN_OK;
+    return bn_cuda_backend_submit_sample(b, token, pos, NULL, 0.0, err);
 }
 
 bn_status bn_cuda_backend_wait_greedy(bn_cuda_backend *b, int32_t *next, bn_error *err)
@@ -930,7 +1039,7 @@ bn_status bn_cuda_backend_wait_greedy(bn_cuda_backend *b, int32_t *next, bn_erro
     b->pending = false;
     if (st != BN_OK)
         return fail_pass(b, pos, st);
-    *next = greedy_token(b);
+    *next = chosen_token(b, b->pending_greedy);
     b->kv_filled = pos + 1;
     return BN_OK;
 }
@@ -1090,6 +1199,7 @@ static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
     ADD(&b->logits, (size_t)hp->vocab * f);
     ADD(&b->ws_sample, bn_cuda_sample_workspace_bytes(hp->vocab));
     ADD(&b->d_next, sizeof(int32_t));
+    ADD(&b->d_uniform, sizeof(double));
     ADD(&b->d_tokens, (size_t)b->kv_len * sizeof(int32_t));
     ADD(&b->d_pos, (size_t)b->kv_len * sizeof(int32_t));
     ADD(&b->d_dec, 4 * sizeof(int32_t));
@@ -1765,7 +1875,7 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         st = dalloc(b, scratch[i].bytes, scratch[i].ptr, err);
     void *pinned = NULL;
     if (st == BN_OK &&
-        (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)(2 * kv_len + 6) *
+        (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)(2 * kv_len + 8) *
                                                               sizeof(int32_t)))) == BN_OK)
         b->h_io = pinned;
     pinned = NULL;
@@ -2097,12 +2207,7 @@ bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int6
         st = bn_cuda_context_use(b->ctx, err);
     if (st != BN_OK)
         return st;
-    int32_t *dec = h_dec(b);
-    dec[0] = token;
-    dec[1] = (int32_t)pos;
-    dec[2] = (int32_t)(pos + 1);
-    st = BN_CUDA_STATUS(err, cudaMemcpyAsync(b->d_dec, dec, 3 * sizeof(int32_t),
-                                             cudaMemcpyHostToDevice, b->cs));
+    st = upload_dec(b, token, pos, 1, err);
     if (st == BN_OK)
         st = profile_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, 0, true, reps, out, err);
     if (st != BN_OK)
@@ -2193,7 +2298,7 @@ bn_status bn_cuda_backend_time_decode_device(bn_cuda_backend *b, int32_t token, 
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaEventCreate(&ev[1]));
     if (st == BN_OK)
-        st = queue_pass(b, &token, 1, pos, true, err); /* uploads the inputs; a warm-up step */
+        st = queue_pass(b, &token, 1, pos, 1, err); /* uploads the inputs; a warm-up step */
     if (st == BN_OK)
         st = queue_argmax(b, err);
     if (st == BN_OK)

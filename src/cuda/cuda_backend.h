@@ -62,6 +62,7 @@
 
 #include "bitnet.h"
 #include "model.h"
+#include "sample_cuda.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -123,10 +124,11 @@ typedef struct bn_cuda_backend_options {
                               stage per cluster and the device holds clusters of 16
                               of its blocks), 16 the same whatever the other GEMVs
                               do, -1 as the other decode GEMVs (docs/CUDA.md)       */
-    int head_screen;       /* greedy steps' LM head: 0 the default (screened through
-                              an int8 copy when the head takes at least 64 MiB and
-                              the copy fits), 1 always screened, -1 never; the token
-                              is the full head's either way (docs/CUDA.md)           */
+    int head_screen;       /* the LM head of steps that pick on the device (greedy,
+                              or sampling with a top-k): 0 the default (screened
+                              through an int8 copy when the head takes at least 64
+                              MiB and the copy fits), 1 always screened, -1 never;
+                              the token is the full head's either way (docs/CUDA.md) */
     int threads;           /* host threads unpacking weights; 0: BITNET_NUM_THREADS   */
 } bn_cuda_backend_options;
 
@@ -171,11 +173,31 @@ bn_status bn_cuda_backend_forward_greedy(bn_cuda_backend *b, const int32_t *toke
                                          int64_t n_tokens, int64_t pos, int32_t *next,
                                          bn_error *err);
 
-/* One greedy decode step in two halves, so the caller can work while the
- * GPU computes: submit queues the step for `token` at `pos` and returns;
- * wait blocks until its token is known. Exactly one wait per submit. */
+/* The same pass, then the next token chosen on the device by the sampler
+ * of sample_cuda.h: greedy when p is NULL or p->temperature <= 0 (as
+ * forward_greedy), else top-k, temperature, top-p and min-p with the
+ * uniform number u in [0, 1), which the caller draws from its own stream
+ * (bn_sampler_next_uniform: the token is then the CPU sampler's on the same
+ * logits). Only the token comes back: no logits cross to the host. A
+ * sampling request the device cannot serve (bn_cuda_backend_sample_supported)
+ * is BN_ERR_INVALID_ARGUMENT. */
+bn_status bn_cuda_backend_forward_sample(bn_cuda_backend *b, const int32_t *tokens,
+                                         int64_t n_tokens, int64_t pos,
+                                         const bn_cuda_sample_params *p, double u, int32_t *next,
+                                         bn_error *err);
+/* Whether the device can choose tokens by p: greedy always; sampling with a
+ * top-k of 1 to BN_CUDA_SAMPLE_MAX_K, or any top-k for a vocabulary that
+ * small. (The repetition penalty is the caller's: it changes the logits.) */
+bool bn_cuda_backend_sample_supported(const bn_cuda_backend *b, const bn_cuda_sample_params *p);
+
+/* One decode step in two halves, so the caller can work while the GPU
+ * computes: submit queues the step for `token` at `pos` and returns; wait
+ * blocks until its token is known (greedy, or chosen by p with u as in
+ * forward_sample). Exactly one wait per submit. */
 bn_status bn_cuda_backend_submit_greedy(bn_cuda_backend *b, int32_t token, int64_t pos,
                                         bn_error *err);
+bn_status bn_cuda_backend_submit_sample(bn_cuda_backend *b, int32_t token, int64_t pos,
+                                        const bn_cuda_sample_params *p, double u, bn_error *err);
 bn_status bn_cuda_backend_wait_greedy(bn_cuda_backend *b, int32_t *next, bn_error *err);
 
 int64_t bn_cuda_backend_kv_len(const bn_cuda_backend *b);
@@ -221,7 +243,7 @@ void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on);
 void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size);
 
 /* Tests: forward call number `call` (1-based, counting every forward,
- * forward_greedy and submit_greedy) fails with BN_ERR_GPU before doing
+ * forward_greedy / forward_sample and submit_greedy / submit_sample) fails with BN_ERR_GPU before doing
  * anything, as a failed kernel would. 0 turns it off. */
 void bn_cuda_backend_fail_at(bn_cuda_backend *b, int64_t call);
 

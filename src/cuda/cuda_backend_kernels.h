@@ -343,13 +343,22 @@ cudaError_t bn_cb_head_gemv(const void *w, int type, int64_t rows, int64_t dim, 
  *                         [bn_cb_head_screen_blocks(rows, sm_count)] the
  *                         largest lower end of each block;
  *   bn_cb_head_exact      per step: logits[r] = -inf where the upper end is
- *                         below the largest lower end T (such a row is
- *                         below another row's logit), else exactly what
- *                         bn_cb_head_gemv writes (the same code).
+ *                         below T, else exactly what bn_cb_head_gemv
+ *                         writes (the same code). T is the k-th largest
+ *                         of the blocks' largest lower ends, k = *d_k in
+ *                         device memory (1 when d_k is NULL or *d_k < 1;
+ *                         read when the kernel runs, so a captured graph
+ *                         serves every k): k rows, one from each of k
+ *                         blocks, are at least T, so a row below T is
+ *                         below k logits, neither in the top k nor tied
+ *                         with its last (-inf when fewer than k blocks
+ *                         have a trusted row: every row is computed).
  *
  * So bn_cuda_sample_greedy over these logits returns bn_cuda_sample_greedy's
- * token over the full ones, ties, NaN and inf included; other samplers need
- * the full logits. With `best` (one 64-bit word, the same in both calls)
+ * token over the full ones, ties, NaN and inf included, and with k >= the
+ * sampler's top-k (1 to BN_CUDA_SAMPLE_MAX_K) bn_cuda_sample keeps the same
+ * top-k tokens with the same logits, so it picks what it would over the
+ * full logits; samplers without a top-k need the full logits. With `best` (one 64-bit word, the same in both calls)
  * the two also compute that token themselves: the screen sets *best to
  * (-inf, token 0) and the exact pass raises it to the largest key
  * (sample_key.cuh) of the rows it computes, so bn_cuda_key_token(*best) is
@@ -369,8 +378,8 @@ cudaError_t bn_cb_head_screen(const int8_t *q, const float *se, int64_t rows, in
                               unsigned long long *best, int sm_count, cudaStream_t stream);
 cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, int64_t dim, const float *x,
                              const float *upper, const float *partial, int n_partial,
-                             float *logits, unsigned long long *best, int sm_count,
-                             cudaStream_t stream);
+                             const int32_t *d_k, float *logits, unsigned long long *best,
+                             int sm_count, cudaStream_t stream);
 
 /* The token of a key of sample_key.cuh (ordered(logit) << 32 | 0xffffffff - id). */
 static inline int32_t bn_cuda_key_token(unsigned long long key)

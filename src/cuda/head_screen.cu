@@ -282,24 +282,72 @@ __global__ void __launch_bounds__(kScreenThreads, kScreenBlocksPerSm)
         partial[blockIdx.x] = best_lower;
 }
 
-/* T = the largest lower end; then per group of 32 rows, one lane a row:
- * a row whose upper end is below T gets -inf, every other row its exact
- * logit from head_row_dot, one row at a time by the whole warp. */
+/* Partials compared a chunk at a time in shared memory (kth_partial). */
+constexpr int kRankChunk = 1024;
+
+/* The k-th largest of p[0, n) (ties: the lower index first), -inf when n <
+ * k: each thread ranks its own values against all n, read from shared
+ * memory a chunk at a time (every thread the same word: a broadcast); the
+ * ranks are a permutation of 0 .. n - 1, so exactly one value has rank
+ * k - 1. Called by the whole block; its barriers also publish what the
+ * threads stored in shared memory before it. */
+__device__ float kth_partial(const float *__restrict__ p, int n, int k)
+{
+    __shared__ float chunk[kRankChunk];
+    __shared__ float kth;
+    if (threadIdx.x == 0)
+        kth = -INFINITY;
+    for (int i0 = 0; i0 < n; i0 += kScreenThreads) {
+        const int i = i0 + (int)threadIdx.x;
+        const float v = i < n ? p[i] : -INFINITY;
+        int rank = 0;
+        for (int c0 = 0; c0 < n; c0 += kRankChunk) {
+            const int m = n - c0 < kRankChunk ? n - c0 : kRankChunk;
+            __syncthreads();
+            for (int j = threadIdx.x; j < m; j += kScreenThreads)
+                chunk[j] = p[c0 + j];
+            __syncthreads();
+            for (int j = 0; j < m; j++) {
+                const float u = chunk[j];
+                rank += u > v || (u == v && c0 + j < i);
+            }
+        }
+        if (i < n && rank == k - 1)
+            kth = v;
+    }
+    __syncthreads();
+    return kth;
+}
+
+/* T = the k-th largest lower end among the blocks' largest (k = *d_k, 1
+ * when d_k is NULL or *d_k < 1; the largest when k = 1): k rows, one from
+ * each of k blocks, have logits of at least T, so a row whose upper end is
+ * below T has k logits above it and is neither in the top k nor tied with
+ * its last. Per group of 32 rows, one lane a row: such a row gets -inf,
+ * every other row its exact logit from head_row_dot, one row at a time by
+ * the whole warp. */
 template <int kType, bool kVec>
 __global__ void __launch_bounds__(kScreenThreads)
     exact_kernel(const uint8_t *__restrict__ w, int64_t rows, int64_t dim,
                  const float *__restrict__ x, const float *__restrict__ upper,
-                 const float *__restrict__ partial, int n_partial, float *__restrict__ logits,
+                 const float *__restrict__ partial, int n_partial,
+                 const int32_t *__restrict__ d_k, float *__restrict__ logits,
                  unsigned long long *__restrict__ best)
 {
     extern __shared__ __align__(16) float xs[];
     __shared__ float red[32];
     for (int64_t i = threadIdx.x; i < dim; i += kScreenThreads)
         xs[i] = x[i];
-    float t = -INFINITY;
-    for (int i = threadIdx.x; i < n_partial; i += kScreenThreads)
-        t = fmaxf(t, partial[i]);
-    const float T = block_reduce(t, Max(), red); /* its barriers also publish xs */
+    const int k = d_k && *d_k > 1 ? *d_k : 1;
+    float T;
+    if (k == 1) {
+        float t = -INFINITY;
+        for (int i = threadIdx.x; i < n_partial; i += kScreenThreads)
+            t = fmaxf(t, partial[i]);
+        T = block_reduce(t, Max(), red); /* its barriers also publish xs */
+    } else {
+        T = kth_partial(partial, n_partial, k); /* likewise */
+    }
     const int lane = threadIdx.x & 31;
     const int64_t row_bytes = dim * HeadElem<kType>::kBytes;
     const int64_t groups = (rows + 31) / 32;
@@ -338,13 +386,15 @@ template <int kType> cudaError_t allow_exact_smem(size_t bytes)
  * row's value is the one bn_cb_head_gemv computes. */
 template <int kType>
 cudaError_t launch_exact(const void *w, int64_t rows, int64_t dim, const float *x,
-                         const float *upper, const float *partial, int n_partial, float *logits,
-                         unsigned long long *best, unsigned blocks, cudaStream_t stream)
+                         const float *upper, const float *partial, int n_partial,
+                         const int32_t *d_k, float *logits, unsigned long long *best,
+                         unsigned blocks, cudaStream_t stream)
 {
     const auto kernel = head_row_vec<kType>(dim) ? exact_kernel<kType, true>
                                                  : exact_kernel<kType, false>;
     kernel<<<blocks, kScreenThreads, sizeof(float) * (size_t)dim, stream>>>(
-        static_cast<const uint8_t *>(w), rows, dim, x, upper, partial, n_partial, logits, best);
+        static_cast<const uint8_t *>(w), rows, dim, x, upper, partial, n_partial, d_k, logits,
+        best);
     return cudaGetLastError();
 }
 
@@ -423,8 +473,9 @@ extern "C" cudaError_t bn_cb_head_screen(const int8_t *q, const float *se, int64
 
 extern "C" cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, int64_t dim,
                                         const float *x, const float *upper, const float *partial,
-                                        int n_partial, float *logits, unsigned long long *best,
-                                        int sm_count, cudaStream_t stream)
+                                        int n_partial, const int32_t *d_k, float *logits,
+                                        unsigned long long *best, int sm_count,
+                                        cudaStream_t stream)
 {
     if (!w || !x || !upper || !partial || !logits || n_partial < 1 ||
         !head_args_ok(type, rows, dim))
@@ -437,5 +488,5 @@ extern "C" cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, i
     const auto launch = type == BN_CB_HEAD_F32   ? launch_exact<BN_CB_HEAD_F32>
                         : type == BN_CB_HEAD_F16 ? launch_exact<BN_CB_HEAD_F16>
                                                  : launch_exact<BN_CB_HEAD_BF16>;
-    return launch(w, rows, dim, x, upper, partial, n_partial, logits, best, n, stream);
+    return launch(w, rows, dim, x, upper, partial, n_partial, d_k, logits, best, n, stream);
 }

@@ -44,6 +44,7 @@ struct bn_engine {
     int cuda_index;           /* -1: the best device                       */
     bool auto_request;        /* requested auto (a fallback is possible)    */
     bool strict;              /* BITNET_STRICT_MODE: a fallback is an error */
+    bool host_picks;          /* bn_engine_options host_picks */
 };
 
 /* ---- backend selection ------------------------------------------------------ */
@@ -332,6 +333,7 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
     bn_engine *e = calloc(1, sizeof *e);
     if (!e)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the engine");
+    e->host_picks = opt->host_picks;
     bn_status st = select_backend(e, cfg, opt->device, err);
     if (st != BN_OK) {
         bn_engine_free(e);
@@ -645,19 +647,76 @@ static bn_status prompt_tokens(const bn_engine *e, const bn_generate_request *re
     return st;
 }
 
-/* Greedy decoding the device can finish itself: the CPU sampler's argmax
- * with no repetition penalty changing the logits first. */
-static bool device_greedy_rule(const bn_sampler_params *p)
+/* The next token as the CUDA backend picks it on the device (engine_forward,
+ * bn_cuda_backend_forward_sample): the request's sampling and its sampler,
+ * whose stream supplies each sampled pick's uniform number, so the device
+ * picks what the CPU sampler would from the same logits. */
+typedef struct device_pick {
+    const bn_sampler_params *sp;
+    bn_sampler *sampler;
+} device_pick;
+
+#if defined(BITNET_HAVE_CUDA)
+static bn_cuda_sample_params cuda_pick_params(const bn_sampler_params *sp)
 {
-    return !(p->temperature > 0.0f) && (p->repeat_penalty == 1.0f || p->repeat_last_n == 0);
+    return (bn_cuda_sample_params){.temperature = sp->temperature,
+                                   .top_k = sp->top_k,
+                                   .top_p = sp->top_p,
+                                   .min_p = sp->min_p};
 }
+#endif
+
+/* Whether the device can pick the tokens itself: greedy or a sampler it
+ * supports (a top-k of at most 64 for a large vocabulary), with no
+ * repetition penalty changing the logits first (that needs the history on
+ * the host). Only the token then crosses to the host, and the next step is
+ * queued before the token is streamed. */
+static bool device_pick_rule(const bn_engine *e, const bn_sampler_params *p)
+{
+    if (e->host_picks || !(p->repeat_penalty == 1.0f || p->repeat_last_n == 0))
+        return false;
+    if (!(p->temperature > 0.0f))
+        return true;
+#if defined(BITNET_HAVE_CUDA)
+    const bn_cuda_sample_params cp = cuda_pick_params(p);
+    return e->cuda && bn_cuda_backend_sample_supported(e->cuda, &cp);
+#else
+    (void)e;
+    return false;
+#endif
+}
+
+bool bn_engine_picks_on_device(const bn_engine *e, const bn_sampler_params *p)
+{
+#if defined(BITNET_HAVE_CUDA)
+    return e && p && e->cuda && device_pick_rule(e, p);
+#else
+    (void)e;
+    (void)p;
+    return false;
+#endif
+}
+
+#if defined(BITNET_HAVE_CUDA)
+/* The uniform number of the device's next pick (0 for greedy, which draws
+ * none), and its use once the device's token is in. */
+static double pick_uniform(const device_pick *pick)
+{
+    return pick->sp->temperature > 0.0f ? bn_sampler_next_uniform(pick->sampler) : 0.0;
+}
+static void pick_used(const device_pick *pick)
+{
+    if (pick->sp->temperature > 0.0f)
+        bn_sampler_skip(pick->sampler);
+}
+#endif
 
 /* Runs `n` tokens at `pos` on the backend computing; history holds the
  * tokens of positions [0, pos + n), for a CPU fallback to recompute. With
- * want_next on the CUDA backend only the greedy token comes back (*have_next
- * true); otherwise the logits are in e->logits. */
+ * `pick` on the CUDA backend only the token the device picks comes back
+ * (*have_next true); otherwise the logits are in e->logits. */
 static bn_status engine_forward(bn_engine *e, const int32_t *history, const int32_t *tokens,
-                                int64_t n, int64_t pos, bool want_next, int32_t *next,
+                                int64_t n, int64_t pos, const device_pick *pick, int32_t *next,
                                 bool *have_next, bn_error *err)
 {
     *have_next = false;
@@ -665,11 +724,18 @@ static bn_status engine_forward(bn_engine *e, const int32_t *history, const int3
     if (e->cuda) {
         bn_error cerr;
         bn_error_clear(&cerr);
-        const bn_status st =
-            want_next ? bn_cuda_backend_forward_greedy(e->cuda, tokens, n, pos, next, &cerr)
-                      : bn_cuda_backend_forward(e->cuda, tokens, n, pos, e->logits, &cerr);
+        bn_status st;
+        if (pick) {
+            const bn_cuda_sample_params cp = cuda_pick_params(pick->sp);
+            st = bn_cuda_backend_forward_sample(e->cuda, tokens, n, pos, &cp, pick_uniform(pick),
+                                                next, &cerr);
+        } else {
+            st = bn_cuda_backend_forward(e->cuda, tokens, n, pos, e->logits, &cerr);
+        }
         if (st == BN_OK) {
-            *have_next = want_next;
+            if (pick)
+                pick_used(pick);
+            *have_next = pick != NULL;
             return BN_OK;
         }
         if (st == BN_ERR_INVALID_ARGUMENT) { /* the request, not the device */
@@ -681,7 +747,7 @@ static bn_status engine_forward(bn_engine *e, const int32_t *history, const int3
     }
 #endif
     (void)history;
-    (void)want_next;
+    (void)pick;
     (void)next;
     return bn_cpu_backend_forward(e->cpu, tokens, n, pos, BN_LOGITS_LAST, e->logits, err);
 }
@@ -700,7 +766,7 @@ bn_status bn_engine_forward_logits(bn_engine *e, const int32_t *history, int64_t
     int64_t i = 0;
     for (; i < n && e->cuda; i++) {
         bool have_next;
-        bn_status st = engine_forward(e, history, history + pos + i, 1, pos + i, false, NULL,
+        bn_status st = engine_forward(e, history, history + pos + i, 1, pos + i, NULL, NULL,
                                       &have_next, err);
         if (st != BN_OK)
             return st;
@@ -783,12 +849,13 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
     if (e->cuda)
         bn_cuda_backend_reset(e->cuda);
 #endif
-    const bool dev_greedy = device_greedy_rule(&req->sampling);
+    const device_pick pick_spec = {.sp = &req->sampling, .sampler = sampler};
+    const device_pick *pick = device_pick_rule(e, &req->sampling) ? &pick_spec : NULL;
     bool have_next = false;
     int32_t next = -1;
     double t0 = bn_time_seconds();
     st = engine_forward(e, history, g->prompt_tokens, (int64_t)g->n_prompt, 0,
-                        dev_greedy && !req->prompt_logits, &next, &have_next, err);
+                        req->prompt_logits ? NULL : pick, &next, &have_next, err);
     if (st != BN_OK)
         goto done;
     const double t1 = bn_time_seconds();
@@ -813,10 +880,12 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
          * streamed, so detokenizing and the caller's callback overlap it. */
         bool submitted = false, recomputed = false;
 #if defined(BITNET_HAVE_CUDA)
-        if (more && e->cuda && dev_greedy) {
+        if (more && e->cuda && pick) {
             bn_error cerr;
             bn_error_clear(&cerr);
-            if (bn_cuda_backend_submit_greedy(e->cuda, id, pos, &cerr) == BN_OK) {
+            const bn_cuda_sample_params cp = cuda_pick_params(pick->sp);
+            if (bn_cuda_backend_submit_sample(e->cuda, id, pos, &cp, pick_uniform(pick), &cerr) ==
+                BN_OK) {
                 submitted = true;
             } else {
                 if (cerr.status == BN_ERR_INVALID_ARGUMENT) { /* the request */
@@ -845,6 +914,7 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
             bn_error cerr;
             bn_error_clear(&cerr);
             if (bn_cuda_backend_wait_greedy(e->cuda, &next, &cerr) == BN_OK) {
+                pick_used(pick);
                 have_next = true;
             } else {
                 st = cuda_step_failed(e, &cerr, history, pos + 1, err);
@@ -855,7 +925,7 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
         }
 #endif
         if (!recomputed) {
-            st = engine_forward(e, history, &id, 1, pos, dev_greedy, &next, &have_next, err);
+            st = engine_forward(e, history, &id, 1, pos, pick, &next, &have_next, err);
             if (st != BN_OK)
                 goto done;
         }

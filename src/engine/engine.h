@@ -97,6 +97,10 @@ typedef struct bn_engine_options {
      * (bn_cuda_backend_options gate_up_cluster: 0 the default, clusters of 16
      * where the device holds them; -1 as the other GEMVs; 16). */
     int cuda_gate_up_cluster;
+    /* Pick every next token on the host from downloaded logits, even where
+     * the CUDA backend could pick it itself (greedy, or sampling with a
+     * top-k of at most 64); for comparisons (bench e2e --pick host). */
+    bool host_picks;
     /* Tests: the CUDA backend's forward call number N (1-based) fails, as a
      * failed kernel would; 0 = never. */
     int test_cuda_fail_call;
@@ -108,6 +112,13 @@ typedef struct bn_engine_options {
 bn_status bn_engine_open(const bn_config *cfg, const bn_engine_options *opt, bn_engine **out,
                          bn_error *err);
 void bn_engine_free(bn_engine *e);
+
+/* Whether generation with these sampling settings has the next token picked
+ * on the device (the CUDA backend computing, the settings ones it can pick:
+ * greedy or a top-k of 1 to 64, no repetition penalty, and not
+ * host_picks); otherwise the logits come back every step and the host's
+ * sampler picks. */
+bool bn_engine_picks_on_device(const bn_engine *e, const bn_sampler_params *p);
 
 const bn_model *bn_engine_model(const bn_engine *e);
 /* The CUDA backend computing, or NULL (CPU, or a build without CUDA). */

@@ -190,6 +190,21 @@ void bn_sampler_reset(bn_sampler *s, uint64_t seed)
     rng_seed(s->rng, seed);
 }
 
+double bn_sampler_next_uniform(const bn_sampler *s)
+{
+    if (!s)
+        return 0.0;
+    uint64_t copy[4];
+    memcpy(copy, s->rng, sizeof copy);
+    return rng_uniform(copy);
+}
+
+void bn_sampler_skip(bn_sampler *s)
+{
+    if (s)
+        (void)rng_uniform(s->rng);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Steps                                                                     */
 /* ------------------------------------------------------------------------ */

@@ -43,5 +43,12 @@ void bn_sampler_free(bn_sampler *s);
 int32_t bn_sampler_sample(bn_sampler *s, float *logits, const int32_t *history, size_t n_history);
 /* Re-seeds (for a new request). */
 void bn_sampler_reset(bn_sampler *s, uint64_t seed);
+/* For a device that samples itself (cuda_backend.h, forward_sample): the
+ * uniform number in [0, 1) the next sampled pick would draw, leaving the
+ * stream as it is; bn_sampler_skip then uses it up, as that pick would. A
+ * sampled pick (temperature > 0) draws exactly one number; a greedy pick
+ * draws none. */
+double bn_sampler_next_uniform(const bn_sampler *s);
+void bn_sampler_skip(bn_sampler *s);
 
 #endif

@@ -32,10 +32,10 @@ static void usage(FILE *out)
             "\n"
             "Builds a model of the BitNet b1.58 2B-4T shape (30 layers, dim 2560, ffn 6912,\n"
             "vocab 128256) with random ternary weights in memory, then times a prefill of\n"
-            "--prompt tokens and --gen generated tokens (greedy) through the engine. On the\n"
-            "GPU it also prints the time of one decode step (graph and eager), its split by\n"
-            "kernel, a prefill chunk's split by stage, the GPU memory and the byte floor\n"
-            "(bytes per token / copy bandwidth).\n"
+            "--prompt tokens and --gen generated tokens (greedy unless --temp) through the\n"
+            "engine. On the GPU it also prints the time of one decode step (graph and\n"
+            "eager), its split by kernel, a prefill chunk's split by stage, the GPU memory\n"
+            "and the byte floor (bytes per token / copy bandwidth).\n"
             "\n"
             "  --shape S         2b4t (default) or tiny (2 layers, dim 256: a quick check)\n"
             "  --device D        auto, cpu, gpu, cuda, cuda:N (default: BITNET_DEVICE, else auto)\n"
@@ -68,7 +68,12 @@ static void usage(FILE *out)
             "  --head-screen H   CUDA greedy steps' LM head: auto (default: screened through\n"
             "                    an int8 copy when the head takes 64 MiB or more), on, or\n"
             "                    off (the whole head every step); the token is the same\n"
-            "  --seed S          seed of the random weights and prompt (default 1)\n"
+            "  --temp T          sample the generated tokens at temperature T (default 0:\n"
+            "                    greedy), with --top-k K (default 40) and --top-p P (0.95)\n"
+            "  --pick P          who picks each token: device (default: the CUDA backend\n"
+            "                    where it can: greedy, or a top-k of 1 to 64) or host (from\n"
+            "                    logits copied back every step)\n"
+            "  --seed S          seed of the random weights, prompt and sampling (default 1)\n"
             "  --help\n");
 }
 
@@ -354,7 +359,9 @@ static int choice(const char *option, const char *v, const char *const *names, i
 int bench_e2e(int argc, char **argv, const bn_config *cfg)
 {
     const char *shape = "2b4t", *device = NULL;
-    bool kv_f16 = false;
+    bool kv_f16 = false, host_picks = false;
+    float temperature = 0.0f, top_p = 0.95f;
+    long long top_k = 40;
     int fusion = 0, attn_cluster = 0, gemv_cluster = 0, head_screen = 0, attn_qkv = 0;
     int gate_up_pair = 0, gate_up_cluster = 0;
     long long n_prompt = 512, n_gen = 128, threads = 0;
@@ -430,6 +437,24 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
             if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 3)) < 0)
                 return BN_EXIT_USAGE;
             head_screen = values[k];
+        } else if (strcmp(a, "--temp") == 0) {
+            if (!(v = cli_value(argc, argv, &i, CMD)) ||
+                !cli_parse_float(CMD, a, v, 0.0, 100.0, &temperature))
+                return BN_EXIT_USAGE;
+        } else if (strcmp(a, "--top-k") == 0) {
+            if (!(v = cli_value(argc, argv, &i, CMD)) ||
+                !cli_parse_i64(CMD, a, v, 0, 1 << 24, &top_k))
+                return BN_EXIT_USAGE;
+        } else if (strcmp(a, "--top-p") == 0) {
+            if (!(v = cli_value(argc, argv, &i, CMD)) ||
+                !cli_parse_float(CMD, a, v, 0.0, 1.0, &top_p))
+                return BN_EXIT_USAGE;
+        } else if (strcmp(a, "--pick") == 0) {
+            static const char *const names[] = {"device", "host"};
+            int k = -1;
+            if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 2)) < 0)
+                return BN_EXIT_USAGE;
+            host_picks = k == 1;
         } else if (strcmp(a, "--device") == 0) {
             if (!(device = cli_value(argc, argv, &i, CMD)))
                 return BN_EXIT_USAGE;
@@ -483,7 +508,8 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                             .cuda_head_screen = head_screen,
                             .cuda_attn_qkv = attn_qkv,
                             .cuda_gate_up_pair = gate_up_pair,
-                            .cuda_gate_up_cluster = gate_up_cluster};
+                            .cuda_gate_up_cluster = gate_up_cluster,
+                            .host_picks = host_picks};
     bn_engine *e = NULL;
     if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK)
         return cli_fail(&err);
@@ -504,7 +530,11 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                                .n_prompt_tokens = (size_t)n_prompt,
                                .n_predict = (int)n_gen,
                                .ignore_eog = true};
-    bn_sampler_params_default(&req.sampling); /* greedy */
+    bn_sampler_params_default(&req.sampling); /* greedy unless --temp */
+    req.sampling.temperature = temperature;
+    req.sampling.top_k = (int)top_k;
+    req.sampling.top_p = top_p;
+    req.sampling.seed = seed;
     bn_generation g;
     const bn_status st = bn_engine_generate(e, &req, &g, &err);
     free(prompt);
@@ -526,11 +556,19 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
            build_seconds);
     printf("prefill   %8.2f s      %lld tokens, %.1f tok/s\n", g.prompt_seconds, n_prompt,
            rate((double)n_prompt, g.prompt_seconds));
+    char picks[96];
+    if (temperature > 0.0f)
+        snprintf(picks, sizeof picks, "sampled: T %.2g, top-k %lld, top-p %.2g", (double)temperature,
+                 top_k, (double)top_p);
+    else
+        snprintf(picks, sizeof picks, "greedy");
     if (g.decode_steps > 0)
-        printf("decode    %8.2f s      %lld tokens, %.1f tok/s (%.2f ms per token)\n",
+        printf("decode    %8.2f s      %lld tokens, %.1f tok/s (%.2f ms per token; %s, picked on "
+               "the %s)\n",
                g.decode_seconds, (long long)g.decode_steps,
                rate((double)g.decode_steps, g.decode_seconds),
-               1000.0 * g.decode_seconds / (double)g.decode_steps);
+               1000.0 * g.decode_seconds / (double)g.decode_steps, picks,
+               bn_engine_picks_on_device(e, &req.sampling) ? "device" : "host");
     else
         printf("decode    (one token generated: no decode step to time)\n");
     char a[32], b[32], c[32], d[32], f[32];
