@@ -19,7 +19,7 @@ static int device_of(void *ctx) { return (int)(intptr_t)ctx; }
 static bn_status cuda_alloc(void *ctx, uint64_t bytes, void **ptr, bn_error *err)
 {
     *ptr = NULL;
-    BN_CUDA_CHECK(err, cudaSetDevice(device_of(ctx)));
+    BN_CUDA_TRY(err, cudaSetDevice(device_of(ctx)));
     if (bytes > (uint64_t)SIZE_MAX)
         return bn_error_set(err, BN_ERR_GPU_OUT_OF_MEMORY, "reduce batch size or context length",
                             "cannot allocate %llu bytes on device %d",
@@ -57,13 +57,13 @@ bn_status bn_cuda_allocator_init(int device_id, bn_pool_allocator *out, bn_error
     if (!out)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cuda allocator: NULL output");
     int count = 0;
-    BN_CUDA_CHECK(err, cudaGetDeviceCount(&count));
+    BN_CUDA_TRY(err, cudaGetDeviceCount(&count));
     if (device_id < 0 || device_id >= count)
         return bn_error_set(err, BN_ERR_NO_DEVICE,
                             "the device index is out of range: 'bitnet devices' lists the valid ones",
                             "cuda allocator: device %d does not exist (%d visible)", device_id,
                             count);
-    BN_CUDA_CHECK(err, cudaSetDevice(device_id));
+    BN_CUDA_TRY(err, cudaSetDevice(device_id));
     *out = (bn_pool_allocator){
         .name = "cuda",
         .alloc = cuda_alloc,

@@ -11,74 +11,6 @@
 /* The checking path                                                         */
 /* ------------------------------------------------------------------------ */
 
-static void version_text(int v, char *buf, size_t size)
-{
-    snprintf(buf, size, "%d.%d", v / 1000, v % 1000 / 10);
-}
-
-void bn_cuda_versions_describe(char *buf, size_t size)
-{
-    int driver = 0, runtime = 0;
-    /* Both answer without a GPU; the driver version is 0 without a driver. */
-    if (cudaDriverGetVersion(&driver) != cudaSuccess)
-        driver = 0;
-    if (cudaRuntimeGetVersion(&runtime) != cudaSuccess)
-        runtime = 0;
-    char d[16], r[16];
-    version_text(driver, d, sizeof d);
-    version_text(runtime, r, sizeof r);
-    if (driver == 0)
-        snprintf(buf, size, "no NVIDIA driver found, runtime is %s", r);
-    else
-        snprintf(buf, size, "driver supports CUDA %s, runtime is %s", d, r);
-}
-
-/* Appends " [extra]" to err->message, keeping it NUL-terminated. */
-static void append_detail(bn_error *err, const char *extra)
-{
-    if (!err)
-        return;
-    const size_t used = strlen(err->message);
-    snprintf(err->message + used, sizeof err->message - used, " [%s]", extra);
-}
-
-bn_status bn_cuda_fail(bn_error *err, cudaError_t code, const char *call, const char *file,
-                       int line)
-{
-    (void)cudaGetLastError();
-    const bn_status st = bn_cuda_error(err, code, call, file, line);
-    const char *hint = NULL;
-    switch (code) {
-    case cudaErrorInsufficientDriver:
-        break; /* bn_cuda_error's hint says what to do */
-    case cudaErrorCallRequiresNewerDriver:
-        hint = "this call needs a newer NVIDIA driver than the one installed: update the driver";
-        break;
-    case cudaErrorSystemDriverMismatch:
-        hint = "the loaded NVIDIA kernel module and libcuda.so differ in version: reboot after "
-               "a driver update, or reinstall the driver";
-        break;
-    case cudaErrorCompatNotSupportedOnDevice:
-        hint = "CUDA forward compatibility is not supported on this GPU: install a driver that "
-               "supports this CUDA version natively";
-        break;
-    case cudaErrorUnsupportedPtxVersion:
-        hint = "the PTX is newer than the driver's JIT compiler: update the driver or rebuild "
-               "for this GPU's architecture (CUDA_ARCH)";
-        break;
-    default:
-        return st;
-    }
-    if (err) {
-        char versions[128];
-        bn_cuda_versions_describe(versions, sizeof versions);
-        append_detail(err, versions);
-        if (hint)
-            snprintf(err->hint, sizeof err->hint, "%s", hint);
-    }
-    return st;
-}
-
 static const char *cublas_status_name(cublasStatus_t s)
 {
     switch (s) {
@@ -139,7 +71,7 @@ bn_status bn_cublas_fail(bn_error *err, cublasStatus_t status, const char *call,
     if (versions && err) {
         char text[128];
         bn_cuda_versions_describe(text, sizeof text);
-        append_detail(err, text);
+        bn_cuda_append_detail(err, text);
     }
     return st;
 }
@@ -489,7 +421,7 @@ bn_status bn_cuda_context_alloc(bn_cuda_context *ctx, size_t bytes, void **out, 
                 snprintf(detail, sizeof detail, "asked for %.1f MiB on device %d",
                          (double)bytes / 1048576.0, ctx->device_id);
             (void)cudaGetLastError();
-            append_detail(err, detail);
+            bn_cuda_append_detail(err, detail);
         }
         return st;
     }

@@ -50,20 +50,6 @@ extern "C" {
 /* The checking path                                                         */
 /* ------------------------------------------------------------------------ */
 
-/* A failed CUDA runtime call as a bn_status: bn_cuda_error's mapping and
- * hint (out of memory -> reduce the batch or the context; invalid
- * configuration -> the launch parameters; no kernel image -> CUDA_ARCH),
- * plus:
- *   - driver/runtime mismatches (insufficient driver, newer driver needed,
- *     kernel module vs libcuda mismatch, unsupported PTX version) name the
- *     versions found: "driver supports CUDA 12.4, runtime is 13.0";
- *   - the thread's "last error" is cleared, so the next launch check
- *     (cudaGetLastError) does not report this failure again for a kernel that
- *     did nothing wrong. Sticky errors (a kernel fault) cannot be cleared and
- *     keep failing every later call, as they must. */
-bn_status bn_cuda_fail(bn_error *err, cudaError_t code, const char *call, const char *file,
-                       int line);
-
 /* A failed cuBLAS or cuBLASLt call (both return cublasStatus_t) as a
  * bn_status with a hint: allocation failure -> BN_ERR_GPU_OUT_OF_MEMORY
  * (reduce batch or context); not initialised -> the versions found (usually a
@@ -73,15 +59,6 @@ bn_status bn_cuda_fail(bn_error *err, cudaError_t code, const char *call, const 
 bn_status bn_cublas_fail(bn_error *err, cublasStatus_t status, const char *call, const char *file,
                          int line);
 
-/* "driver supports CUDA 12.4, runtime is 13.0" (or "no NVIDIA driver found,
- * runtime is 13.0"). */
-void bn_cuda_versions_describe(char *buf, size_t size);
-
-static inline bn_status bn_cuda_status_of(bn_error *err, cudaError_t code, const char *call,
-                                          const char *file, int line)
-{
-    return code == cudaSuccess ? BN_OK : bn_cuda_fail(err, code, call, file, line);
-}
 
 static inline bn_status bn_cublas_status_of(bn_error *err, cublasStatus_t status,
                                             const char *call, const char *file, int line)
@@ -90,14 +67,7 @@ static inline bn_status bn_cublas_status_of(bn_error *err, cublasStatus_t status
                                            : bn_cublas_fail(err, status, call, file, line);
 }
 
-/* Return from the enclosing function on failure: */
-#define BN_CUDA_TRY(err, call)                                                         \
-    do {                                                                               \
-        cudaError_t bn_try_rc_ = (call);                                               \
-        if (bn_try_rc_ != cudaSuccess)                                                 \
-            return bn_cuda_fail((err), bn_try_rc_, #call, __FILE__, __LINE__);         \
-    } while (0)
-
+/* cuBLAS's counterparts of cuda_check.h's BN_CUDA_TRY and BN_CUDA_STATUS: */
 #define BN_CUBLAS_TRY(err, call)                                                       \
     do {                                                                               \
         cublasStatus_t bn_try_st_ = (call);                                            \
@@ -105,9 +75,6 @@ static inline bn_status bn_cublas_status_of(bn_error *err, cublasStatus_t status
             return bn_cublas_fail((err), bn_try_st_, #call, __FILE__, __LINE__);       \
     } while (0)
 
-/* ... or as a value, where the caller has resources to release first:
- *     if ((st = BN_CUDA_STATUS(err, cudaEventRecord(ev, s))) != BN_OK) goto done; */
-#define BN_CUDA_STATUS(err, call) bn_cuda_status_of((err), (call), #call, __FILE__, __LINE__)
 #define BN_CUBLAS_STATUS(err, call) \
     bn_cublas_status_of((err), (call), #call, __FILE__, __LINE__)
 

@@ -32,7 +32,7 @@ static bool visible_devices_hidden(void)
 static bn_status query_one(int id, bn_cuda_device *d, bn_error *err)
 {
     struct cudaDeviceProp p;
-    BN_CUDA_CHECK(err, cudaGetDeviceProperties(&p, id));
+    BN_CUDA_TRY(err, cudaGetDeviceProperties(&p, id));
     memset(d, 0, sizeof *d);
     d->id = id;
     snprintf(d->name, sizeof d->name, "%s", p.name);
@@ -51,7 +51,7 @@ static bn_status query_one(int id, bn_cuda_device *d, bn_error *err)
 
     /* cudaDeviceProp lost memoryClockRate in CUDA 13; the attribute stays. */
     int clock_khz = 0;
-    BN_CUDA_CHECK(err, cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, id));
+    BN_CUDA_TRY(err, cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, id));
     d->memory_clock_khz = clock_khz;
     d->memory_bandwidth_gbs = bn_cuda_memory_bandwidth_gbs(clock_khz, p.memoryBusWidth);
 
@@ -62,8 +62,8 @@ static bn_status query_one(int id, bn_cuda_device *d, bn_error *err)
     /* Free memory needs a context on the device; the primary context is
      * kept, since the backend would create it again moments later. */
     size_t free_b = 0, total_b = 0;
-    BN_CUDA_CHECK(err, cudaSetDevice(id));
-    BN_CUDA_CHECK(err, cudaMemGetInfo(&free_b, &total_b));
+    BN_CUDA_TRY(err, cudaSetDevice(id));
+    BN_CUDA_TRY(err, cudaMemGetInfo(&free_b, &total_b));
     d->free_memory_bytes = free_b;
     d->total_memory_bytes = total_b;
     bn_cuda_device_derive_caps(d);

@@ -41,9 +41,9 @@ static bn_status init_blas(bn_lm_head *h, bn_error *err)
         return bn_cublas_error(err, cs, "cublasCreate");
     }
     h->blas_workspace_bytes = LM_HEAD_BLAS_WORKSPACE;
-    BN_CUDA_CHECK(err, cudaMalloc(&h->blas_workspace, h->blas_workspace_bytes));
+    BN_CUDA_TRY(err, cudaMalloc(&h->blas_workspace, h->blas_workspace_bytes));
     const size_t elem = 2; /* fp16 and bf16 */
-    BN_CUDA_CHECK(err, cudaMalloc(&h->x_half, (size_t)(h->max_rows * h->dim) * elem));
+    BN_CUDA_TRY(err, cudaMalloc(&h->x_half, (size_t)(h->max_rows * h->dim) * elem));
     return BN_OK;
 }
 
@@ -51,16 +51,16 @@ static bn_status init_int8(bn_lm_head *h, const void *weight, bn_lm_head_type we
                            cudaStream_t stream, bn_error *err)
 {
     h->ldq = (h->dim + 15) / 16 * 16;
-    BN_CUDA_CHECK(err, cudaMalloc((void **)&h->wq, (size_t)(h->vocab * h->ldq)));
-    BN_CUDA_CHECK(err, cudaMalloc((void **)&h->w_scale, sizeof(float) * (size_t)h->vocab));
-    BN_CUDA_CHECK(err, cudaMalloc((void **)&h->xq, (size_t)(h->max_rows * h->ldq)));
-    BN_CUDA_CHECK(err, cudaMalloc((void **)&h->x_scale, sizeof(float) * (size_t)h->max_rows));
-    BN_CUDA_CHECK(err, cudaMalloc((void **)&h->x_sum, sizeof(int32_t) * (size_t)h->max_rows));
-    BN_CUDA_CHECK(err, bn_cuda_quantize_weight_rows(weight, weight_type == BN_LM_HEAD_BF16,
+    BN_CUDA_TRY(err, cudaMalloc((void **)&h->wq, (size_t)(h->vocab * h->ldq)));
+    BN_CUDA_TRY(err, cudaMalloc((void **)&h->w_scale, sizeof(float) * (size_t)h->vocab));
+    BN_CUDA_TRY(err, cudaMalloc((void **)&h->xq, (size_t)(h->max_rows * h->ldq)));
+    BN_CUDA_TRY(err, cudaMalloc((void **)&h->x_scale, sizeof(float) * (size_t)h->max_rows));
+    BN_CUDA_TRY(err, cudaMalloc((void **)&h->x_sum, sizeof(int32_t) * (size_t)h->max_rows));
+    BN_CUDA_TRY(err, bn_cuda_quantize_weight_rows(weight, weight_type == BN_LM_HEAD_BF16,
                                                     h->vocab, h->dim, h->wq, h->ldq, h->w_scale,
                                                     stream));
     /* The caller may free the weights once this returns. */
-    BN_CUDA_CHECK(err, cudaStreamSynchronize(stream));
+    BN_CUDA_TRY(err, cudaStreamSynchronize(stream));
     return BN_OK;
 }
 
@@ -114,15 +114,15 @@ bn_status bn_lm_head_forward(bn_lm_head *h, const float *x, int64_t ldx, int64_t
     if (m == 0)
         return BN_OK;
     if (h->type == BN_LM_HEAD_INT8) {
-        BN_CUDA_CHECK(err, bn_cuda_quantize_rows(x, m, h->dim, ldx, h->xq, h->ldq, h->x_scale,
+        BN_CUDA_TRY(err, bn_cuda_quantize_rows(x, m, h->dim, ldx, h->xq, h->ldq, h->x_scale,
                                                  h->x_sum, stream));
-        BN_CUDA_CHECK(err, bn_cuda_int8_gemv(h->wq, h->w_scale, h->vocab, h->xq, h->x_scale, m,
+        BN_CUDA_TRY(err, bn_cuda_int8_gemv(h->wq, h->w_scale, h->vocab, h->xq, h->x_scale, m,
                                              h->ldq, logits, ldl, stream));
         return BN_OK;
     }
 
     const bool bf16 = h->type == BN_LM_HEAD_BF16;
-    BN_CUDA_CHECK(err, bn_cuda_rows_to_half(x, m, h->dim, ldx, h->x_half, h->dim, bf16, stream));
+    BN_CUDA_TRY(err, bn_cuda_rows_to_half(x, m, h->dim, ldx, h->x_half, h->dim, bf16, stream));
     /* SetStream resets the workspace to cuBLAS's own pool: set it after. */
     cublasStatus_t cs = h->blas->set_stream(h->handle, stream);
     if (cs == CUBLAS_STATUS_SUCCESS)
