@@ -347,12 +347,17 @@ if [ $HAVE_GPU = 1 ]; then
     cmp -s "$tmp/out" "$tmp/text_cpu" || fail "--device cuda streams other text than --device cpu"
     expect_in err "^gpu memory: cuda:[0-9]+ .*KV cache" "--verbose reports the GPU footprint"
     expect_in err "^kernels +.*w2a8_gemv" "--verbose lists the kernels that ran"
+    expect_in err "^gpu work +[1-9][0-9]* kernel launches; host to device" \
+        "--verbose counts the GPU's work"
     expect_py "receipt of a GPU run" "$tmp/g.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 g = r["memory"]["gpu"]
+w = r["backend"]["gpu_work"]
 ok = (r["backend"]["selected"].startswith("cuda:") and g["total_bytes"] > 0
-      and g["kv_cache_bytes"] > 0 and "w2a8_gemv" in r["backend"]["kernels"])
+      and g["kv_cache_bytes"] > 0 and "w2a8_gemv" in r["backend"]["kernels"]
+      and w["kernel_launches"] > 0 and w["h2d_bytes"] >= g["weights_bytes"]
+      and w["d2h_transfers"] > 0)
 if not ok:
     print(r["backend"], g); sys.exit(1)
 EOF

@@ -718,6 +718,64 @@ static double compare_run(const char *what, const bn_model *m, bn_cuda_backend *
     return worst;
 }
 
+/* ---- the backend's work counters --------------------------------------------- */
+
+/* bn_cuda_backend_work: the uploads at creation are counted (at least the
+ * weights, embedding and norms), a pass that returns logits copies exactly
+ * the vocabulary's floats back, a greedy pass a token, and a decode step
+ * counts the same kernels replayed from the graph as launched eagerly. */
+static void check_work(void)
+{
+    bn_model *m = load_fixture("hf_packed");
+    if (!m)
+        return;
+    const int32_t V = bn_model_hparams(m)->vocab;
+    bn_cuda_backend *b = make_cuda(m, 0, BN_CUDA_KV_F32, 0);
+    float *logits = malloc((size_t)V * sizeof(float));
+    if (b && logits) {
+        bn_error err;
+        bn_error_clear(&err);
+        bn_cuda_memory mem;
+        bn_cuda_backend_memory(b, &mem);
+        bn_cuda_work w0, w1, w2, w3;
+        bn_cuda_backend_work(b, &w0);
+        CHECK_MSG(w0.h2d_bytes >= mem.weights + mem.embedding + mem.norms &&
+                      w0.kernel_launches > 0,
+                  "uploads at creation: %llu bytes counted for %llu of weights, embedding and "
+                  "norms; %llu launches",
+                  (unsigned long long)w0.h2d_bytes,
+                  (unsigned long long)(mem.weights + mem.embedding + mem.norms),
+                  (unsigned long long)w0.kernel_launches);
+        bn_cuda_backend_reset(b);
+        CHECK(bn_cuda_backend_forward(b, PROMPT, PROMPT_LEN, 0, logits, &err) == BN_OK);
+        bn_cuda_backend_work(b, &w1);
+        CHECK(w1.d2h_transfers == w0.d2h_transfers + 1 &&
+              w1.d2h_bytes == w0.d2h_bytes + (uint64_t)V * sizeof(float));
+        CHECK(w1.kernel_launches > w0.kernel_launches && w1.h2d_bytes > w0.h2d_bytes);
+        /* One decode step eagerly, the same step from the graph. */
+        int32_t next = -1;
+        bn_cuda_backend_set_graphs(b, false);
+        CHECK(bn_cuda_backend_forward_greedy(b, PROMPT, 1, PROMPT_LEN, &next, &err) == BN_OK);
+        bn_cuda_backend_work(b, &w2);
+        bn_cuda_backend_set_graphs(b, true);
+        CHECK(bn_cuda_backend_forward_greedy(b, PROMPT, 1, PROMPT_LEN, &next, &err) == BN_OK);
+        bn_cuda_backend_work(b, &w3);
+        const uint64_t eager = w2.kernel_launches - w1.kernel_launches,
+                       graph = w3.kernel_launches - w2.kernel_launches;
+        CHECK_MSG(bn_cuda_backend_graphs(b) && eager == graph && eager > 0,
+                  "a decode step counted %llu launches eagerly, %llu from the graph",
+                  (unsigned long long)eager, (unsigned long long)graph);
+        CHECK(w3.d2h_transfers == w2.d2h_transfers + 1 && w3.d2h_bytes - w2.d2h_bytes <= 8);
+        printf("work counters: uploads %.1f KiB at creation; a decode step %llu kernels "
+               "(eager and graph alike)\n",
+               (double)w0.h2d_bytes / 1024.0, (unsigned long long)eager);
+    }
+    free(logits);
+    if (b)
+        bn_cuda_backend_free(b);
+    bn_model_free(m);
+}
+
 /* ---- every projection encoding -------------------------------------------------- */
 
 /* i2s.gguf rewritten in every other projection encoding the loader reads
@@ -1521,8 +1579,8 @@ int main(int argc, char **argv)
             unit += FIXTURE_UNITS;
         }
     void (*const checks[])(void) = {check_encodings, check_chunks, check_ragged,
-                                    check_profile, check_errors, check_sampling,
-                                    check_engine, check_2b4t};
+                                    check_profile, check_work, check_errors,
+                                    check_sampling, check_engine, check_2b4t};
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
         if ((!quick || checks[i] != check_2b4t) && test_in_part(unit++))
             checks[i]();

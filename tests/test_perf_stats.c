@@ -41,6 +41,17 @@ int main(void)
     bn_perf_record_kernel(s, 1500000);
     bn_perf_record_kernel(s, 500000);
     bn_perf_record_kernel(s, 0); /* time unknown: still a launch */
+    bn_perf_record_kernels(s, 0);
+    bn_perf_record_kernels(NULL, 5); /* no statistics: nothing happens */
+    bn_perf_stats_snapshot(s, &snap);
+    CHECK(snap.kernel_launches == 3);
+    bn_perf_record_kernels(s, 240); /* a graph replay: launches, no time */
+    bn_perf_stats_snapshot(s, &snap);
+    CHECK(snap.kernel_launches == 243 && snap.kernel_time_ns == 2000000);
+    bn_perf_stats_reset(s);
+    bn_perf_record_kernel(s, 1500000);
+    bn_perf_record_kernel(s, 500000);
+    bn_perf_record_kernel(s, 0);
     bn_perf_record_h2d(s, 12 << 20);
     bn_perf_record_h2d(s, 0);
     bn_perf_record_d2h(s, 1536);

@@ -178,6 +178,8 @@ struct bn_cuda_backend {
     int n_graph_nodes;             /* 0: no stage map (then no skip timing)     */
     const char *stage_map_why;     /* why there is none                         */
     int *capture_stages;           /* while capturing: stage, launches, ...     */
+    int capture_launches;          /* while capturing: the kernels captured     */
+    int graph_launches, graph_logits_launches; /* the kernels each graph runs   */
     int n_capture, cap_capture;
     bool use_graphs;
     bool pdl;                  /* decode kernels use programmatic dependent launch */
@@ -264,11 +266,32 @@ static bn_status dalloc(bn_cuda_backend *b, size_t bytes, void **out, bn_error *
     return BN_OK;
 }
 
+/* The context's statistics (cuda_context.h), fed by every pass: kernel
+ * launches (eager ones as mark() counts them, a graph replay as the kernels
+ * its capture counted) and host-device copies with their bytes. */
+static void count_launches(bn_cuda_backend *b, int n)
+{
+    bn_perf_record_kernels(bn_cuda_context_stats(b->ctx), (uint64_t)n);
+}
+static void count_h2d(bn_cuda_backend *b, uint64_t bytes)
+{
+    bn_perf_record_h2d(bn_cuda_context_stats(b->ctx), bytes);
+}
+static void count_d2h(bn_cuda_backend *b, uint64_t bytes)
+{
+    bn_perf_record_d2h(bn_cuda_context_stats(b->ctx), bytes);
+}
+
 static bn_status mark(bn_cuda_backend *b, bn_cuda_stage stage, int launches, bn_error *err)
 {
-    if (b->capture_stages && b->n_capture + 2 <= b->cap_capture) {
-        b->capture_stages[b->n_capture++] = (int)stage;
-        b->capture_stages[b->n_capture++] = launches;
+    if (b->capture_stages) {
+        b->capture_launches += launches;
+        if (b->n_capture + 2 <= b->cap_capture) {
+            b->capture_stages[b->n_capture++] = (int)stage;
+            b->capture_stages[b->n_capture++] = launches;
+        }
+    } else {
+        count_launches(b, launches);
     }
     prof *p = b->prof;
     if (!p)
@@ -783,6 +806,8 @@ static bn_status upload_rows(bn_cuda_backend *b, const int32_t *tokens, int64_t 
                                      cudaMemcpyHostToDevice, b->cs));
     BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_pos, hpos, (size_t)n * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, b->cs));
+    count_h2d(b, (uint64_t)n * sizeof(int32_t));
+    count_h2d(b, (uint64_t)n * sizeof(int32_t));
     return BN_OK;
 }
 
@@ -799,6 +824,7 @@ static bn_status upload_dec(bn_cuda_backend *b, int32_t token, int64_t pos, int 
     dec[3] = top_k;
     BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_dec, dec, 4 * sizeof(int32_t), cudaMemcpyHostToDevice,
                                      b->cs));
+    count_h2d(b, 4 * sizeof(int32_t));
     return BN_OK;
 }
 
@@ -819,6 +845,7 @@ static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n
         const cudaGraphExec_t g = b->head_screen && !screen ? b->graph_logits : b->graph;
         if (g && b->use_graphs && !b->prof) {
             BN_CUDA_TRY(err, cudaGraphLaunch(g, b->cs));
+            count_launches(b, g == b->graph ? b->graph_launches : b->graph_logits_launches);
             b->ran |= (g == b->graph ? b->graph_kernels : b->graph_logits_kernels) |
                       1u << K_GRAPH;
             return BN_OK;
@@ -847,11 +874,14 @@ static bn_status queue_argmax(bn_cuda_backend *b, bn_error *err)
     if (b->head_screen) {
         BN_CUDA_TRY(err, cudaMemcpyAsync(h_key(b), b->d_best, sizeof *b->d_best,
                                          cudaMemcpyDeviceToHost, b->cs));
+        count_d2h(b, sizeof *b->d_best);
         return BN_OK;
     }
     BN_CUDA_TRY(err, bn_cuda_sample_greedy(b->logits, b->hp.vocab, b->ws_sample, b->d_next,
                                            h_next(b), b->cs));
     b->ran |= 1u << K_ARGMAX;
+    count_launches(b, 2); /* sample_kernels.cu: a partial pass and a final one */
+    count_d2h(b, sizeof(int32_t));
     return BN_OK;
 }
 
@@ -877,6 +907,9 @@ static bn_status queue_choice(bn_cuda_backend *b, const bn_cuda_sample_params *p
     BN_CUDA_TRY(err, bn_cuda_sample(b->logits, b->hp.vocab, p, b->d_uniform, b->ws_sample,
                                     b->d_next, h_next(b), b->cs));
     b->ran |= 1u << K_SAMPLE;
+    count_h2d(b, sizeof(double));
+    count_launches(b, 2); /* sample_kernels.cu: a partial pass and a final one */
+    count_d2h(b, sizeof(int32_t));
     return BN_OK;
 }
 
@@ -942,6 +975,7 @@ static bn_status download_logits(bn_cuda_backend *b, bn_error *err)
 {
     BN_CUDA_TRY(err, cudaMemcpyAsync(b->h_logits, b->logits, (size_t)b->hp.vocab * sizeof(float),
                                      cudaMemcpyDeviceToHost, b->cs));
+    count_d2h(b, (uint64_t)b->hp.vocab * sizeof(float));
     return BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
 }
 
@@ -1300,6 +1334,8 @@ static void upload_one_slot(upload_job *job, int slot)
         st = BN_CUDA_STATUS(err, cudaMemcpyAsync(b->d_w + s->off, job->stage[slot][buf],
                                                  s->l.bytes, cudaMemcpyHostToDevice, b->copy));
         if (st == BN_OK)
+            count_h2d(b, s->l.bytes);
+        if (st == BN_OK)
             st = BN_CUDA_STATUS(err, cudaEventRecord(job->ev[slot][buf], b->copy));
         job->ev_live[slot][buf] = st == BN_OK;
         buf ^= 1;
@@ -1420,6 +1456,7 @@ static bn_status upload_table(bn_cuda_backend *b, void *dst, const void *src, ui
                               bn_error *err)
 {
     BN_CUDA_TRY(err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, b->copy));
+    count_h2d(b, bytes);
     BN_CUDA_TRY(err, cudaStreamSynchronize(b->copy));
     return BN_OK;
 }
@@ -1578,11 +1615,13 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, bool logits
     b->cap_capture = 4 * (b->hp.n_layer * 16 + 8);
     b->capture_stages = calloc((size_t)b->cap_capture, sizeof *b->capture_stages);
     b->n_capture = 0;
+    b->capture_launches = 0;
     if (rc == cudaSuccess) {
         b->ran = 0;
         st = enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, 0,
                           b->head_screen && !logits, &cerr);
         *(logits ? &b->graph_logits_kernels : &b->graph_kernels) = b->ran;
+        *(logits ? &b->graph_logits_launches : &b->graph_launches) = b->capture_launches;
         b->ran = before;
         const cudaError_t end = cudaStreamEndCapture(b->cs, &graph);
         if (end != cudaSuccess && st == BN_OK) {
@@ -2104,6 +2143,20 @@ void bn_cuda_backend_memory(const bn_cuda_backend *b, bn_cuda_memory *out)
     out->peak = peak;
     out->device_total = b->device_total;
     out->device_free = b->device_free;
+}
+
+void bn_cuda_backend_work(const bn_cuda_backend *b, bn_cuda_work *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!b)
+        return;
+    bn_perf_snapshot snap;
+    bn_perf_stats_snapshot(bn_cuda_context_stats(b->ctx), &snap);
+    out->kernel_launches = snap.kernel_launches;
+    out->h2d_transfers = snap.h2d_transfers;
+    out->h2d_bytes = snap.h2d_bytes;
+    out->d2h_transfers = snap.d2h_transfers;
+    out->d2h_bytes = snap.d2h_bytes;
 }
 
 void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size)

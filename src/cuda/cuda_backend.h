@@ -242,6 +242,17 @@ void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on);
  * norm_quantize,w2a8_gemv,..."), into buf. */
 void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size);
 
+/* What the backend has asked of the GPU since it was created (its context's
+ * statistics, cuda_context.h): kernel launches (a graph replay counts the
+ * kernels it runs) and host-device copies with their bytes, the uploads at
+ * creation included. */
+typedef struct bn_cuda_work {
+    uint64_t kernel_launches;
+    uint64_t h2d_transfers, h2d_bytes;
+    uint64_t d2h_transfers, d2h_bytes;
+} bn_cuda_work;
+void bn_cuda_backend_work(const bn_cuda_backend *b, bn_cuda_work *out);
+
 /* Tests: forward call number `call` (1-based, counting every forward,
  * forward_greedy / forward_sample and submit_greedy / submit_sample) fails with BN_ERR_GPU before doing
  * anything, as a failed kernel would. 0 turns it off. */

@@ -56,6 +56,13 @@ void bn_perf_record_kernel(bn_perf_stats *stats, uint64_t elapsed_ns)
     add(&stats->kernel_time_ns, elapsed_ns);
 }
 
+void bn_perf_record_kernels(bn_perf_stats *stats, uint64_t count)
+{
+    if (!stats)
+        return;
+    add(&stats->kernel_launches, count);
+}
+
 void bn_perf_record_h2d(bn_perf_stats *stats, uint64_t bytes)
 {
     if (!stats)

@@ -39,6 +39,8 @@ void bn_perf_stats_destroy(bn_perf_stats *stats);
  * test. Kernel time is what the caller measured (e.g. between two CUDA
  * events); a launch whose time is unknown records 0. */
 void bn_perf_record_kernel(bn_perf_stats *stats, uint64_t elapsed_ns);
+/* `count` launches whose time is not measured (a pass or a graph replay). */
+void bn_perf_record_kernels(bn_perf_stats *stats, uint64_t count);
 void bn_perf_record_h2d(bn_perf_stats *stats, uint64_t bytes);
 void bn_perf_record_d2h(bn_perf_stats *stats, uint64_t bytes);
 

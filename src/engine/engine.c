@@ -488,6 +488,13 @@ void bn_engine_get_info(const bn_engine *e, bn_engine_info *info)
         info->gpu_peak_bytes = mem.peak;
         info->gpu_device_total_bytes = mem.device_total;
         info->gpu_device_free_bytes = mem.device_free;
+        bn_cuda_work work;
+        bn_cuda_backend_work(e->cuda, &work);
+        info->gpu_kernel_launches = work.kernel_launches;
+        info->gpu_h2d_transfers = work.h2d_transfers;
+        info->gpu_h2d_bytes = work.h2d_bytes;
+        info->gpu_d2h_transfers = work.d2h_transfers;
+        info->gpu_d2h_bytes = work.d2h_bytes;
         /* What the backend computes with: its weights are everything on
          * the device but the KV cache and the scratch. */
         info->backend_weight_bytes =

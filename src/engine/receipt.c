@@ -124,6 +124,14 @@ bn_status bn_engine_write_receipt(const bn_engine *e, const bn_receipt_info *ri,
         bn_json_kv_string(&j, "gpu_name", info.gpu_name);
         bn_json_kv_bool(&j, "cuda_graphs", info.cuda_graphs);
         bn_json_kv_string(&j, "kv_cache_type", info.kv_type);
+        bn_json_key(&j, "gpu_work");
+        bn_json_begin_object(&j);
+        bn_json_kv_uint(&j, "kernel_launches", info.gpu_kernel_launches);
+        bn_json_kv_uint(&j, "h2d_transfers", info.gpu_h2d_transfers);
+        bn_json_kv_uint(&j, "h2d_bytes", info.gpu_h2d_bytes);
+        bn_json_kv_uint(&j, "d2h_transfers", info.gpu_d2h_transfers);
+        bn_json_kv_uint(&j, "d2h_bytes", info.gpu_d2h_bytes);
+        bn_json_end_object(&j);
     }
     bn_json_end_object(&j);
 

@@ -391,6 +391,15 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
                 seed_fixed ? "" : " (random)");
     if (o.verbose) {
         fprintf(stderr, "kernels     %s\n", info.kernels);
+        if (info.gpu)
+            fprintf(stderr,
+                    "gpu work    %llu kernel launches; host to device %llu copies, %.1f MiB; "
+                    "device to host %llu copies, %.1f KiB (since loading)\n",
+                    (unsigned long long)info.gpu_kernel_launches,
+                    (unsigned long long)info.gpu_h2d_transfers,
+                    (double)info.gpu_h2d_bytes / (1024.0 * 1024.0),
+                    (unsigned long long)info.gpu_d2h_transfers,
+                    (double)info.gpu_d2h_bytes / 1024.0);
         if (info.fallback[0]) /* a step may have failed during generation */
             fprintf(stderr, "note: %s; computed on the CPU\n", info.fallback);
     }
