@@ -2313,8 +2313,9 @@ bn_status bn_cuda_backend_head_kept(bn_cuda_backend *b, int64_t *kept, bn_error 
     return BN_OK;
 }
 
-bn_status bn_cuda_backend_time_decode(bn_cuda_backend *b, int32_t token, int64_t pos, int reps,
-                                      double *us_per_step, bn_error *err)
+bn_status bn_cuda_backend_time_decode_sample(bn_cuda_backend *b, int32_t token, int64_t pos,
+                                             int reps, const bn_cuda_sample_params *p, double u,
+                                             double *us_per_step, bn_error *err)
 {
     if (!b || !us_per_step || reps < 1)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "time_decode: bad arguments");
@@ -2324,12 +2325,18 @@ bn_status bn_cuda_backend_time_decode(bn_cuda_backend *b, int32_t token, int64_t
     for (int r = -2; r < reps && st == BN_OK; r++) { /* two warm-up steps */
         if (r == 0)
             t0 = bn_time_seconds();
-        st = bn_cuda_backend_submit_greedy(b, token, pos, err);
+        st = bn_cuda_backend_submit_sample(b, token, pos, p, u, err);
         if (st == BN_OK)
             st = bn_cuda_backend_wait_greedy(b, &next, err);
     }
     *us_per_step = st == BN_OK ? (bn_time_seconds() - t0) * 1e6 / reps : 0.0;
     return st;
+}
+
+bn_status bn_cuda_backend_time_decode(bn_cuda_backend *b, int32_t token, int64_t pos, int reps,
+                                      double *us_per_step, bn_error *err)
+{
+    return bn_cuda_backend_time_decode_sample(b, token, pos, reps, NULL, 0.0, us_per_step, err);
 }
 
 bn_status bn_cuda_backend_time_decode_device(bn_cuda_backend *b, int32_t token, int64_t pos,

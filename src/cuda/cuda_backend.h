@@ -319,6 +319,11 @@ bn_status bn_cuda_backend_profile_prefill(bn_cuda_backend *b, const int32_t *tok
  * over reps steps of `token` at `pos`. */
 bn_status bn_cuda_backend_time_decode(bn_cuda_backend *b, int32_t token, int64_t pos, int reps,
                                       double *us_per_step, bn_error *err);
+/* The same with the token chosen by p and u (forward_sample's rules): a
+ * sampled step as generation runs it. */
+bn_status bn_cuda_backend_time_decode_sample(bn_cuda_backend *b, int32_t token, int64_t pos,
+                                             int reps, const bn_cuda_sample_params *p, double u,
+                                             double *us_per_step, bn_error *err);
 
 /* Device time per greedy decode step: the decode graph and its argmax
  * queued reps times back to back (the inputs of `token` at `pos` uploaded

@@ -191,6 +191,17 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
     int64_t kept = 0;
     if (st == BN_OK)
         st = bn_cuda_backend_head_kept(cb, &kept, &err);
+    /* A sampled step with the CLI's defaults, as generation runs it where
+     * the device picks (its head screened for the top 40 where greedy
+     * steps are screened). */
+    const bn_cuda_sample_params sampling = {0.8f, 40, 0.95f, 0.0f};
+    double sampled_us = 0.0;
+    int64_t kept_sampled = 0;
+    if (st == BN_OK)
+        st = bn_cuda_backend_time_decode_sample(cb, token, pos, reps, &sampling, 0.5,
+                                                &sampled_us, &err);
+    if (st == BN_OK)
+        st = bn_cuda_backend_head_kept(cb, &kept_sampled, &err);
     if (st == BN_OK && graphs)
         st = bn_cuda_backend_time_decode_device(cb, token, pos, reps, &device_us, &err);
     if (st == BN_OK) {
@@ -211,13 +222,16 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
            info->kv_type, graphs ? "replays a CUDA graph" : "launches kernels one by one");
     if (bn_cuda_backend_head_screen(cb))
         printf("head      greedy steps screen the LM head through its int8 copy: the step "
-               "below computed %lld of %d rows in full\n",
-               (long long)kept, (int)vocab);
+               "below computed %lld of %d rows in full (a sampled step, top-k 40: %lld)\n",
+               (long long)kept, (int)vocab, (long long)kept_sampled);
     else
         printf("head      greedy steps read the whole LM head\n");
     printf("step      %8.1f us    one greedy decode step at position %lld, %s (wall time: "
            "token upload, step, argmax, token download)\n",
            graphs ? graph_us : eager_us, (long long)pos, graphs ? "graph replay" : "eager");
+    printf("          %8.1f us    the same step sampled on the device (T 0.8, top-k 40, top-p "
+           "0.95: uniform number upload, step, sampler, token download)\n",
+           sampled_us);
     if (graphs) {
         printf("          %8.1f us    the same step with eager kernel launches\n", eager_us);
         printf("          %8.1f us    device time: graph + argmax replayed back to back (no host "
