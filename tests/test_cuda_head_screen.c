@@ -140,6 +140,11 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
     int8_t *d_q;
     int32_t *d_tok, *d_k;
     double *d_u;
+    uint64_t *d_cand;
+    unsigned *d_cand_n;
+    CUDA_OK(cudaMalloc((void **)&d_cand, BN_CUDA_SAMPLE_MAX_CAND * sizeof(uint64_t)));
+    CUDA_OK(cudaMalloc((void **)&d_cand_n, sizeof(unsigned)));
+    CUDA_OK(cudaMemset(d_cand_n, 0x55, sizeof(unsigned))); /* poison: the screen empties it */
     unsigned long long *d_best;
     CUDA_OK(cudaMalloc(&d_w, wbytes));
     CUDA_OK(cudaMalloc((void **)&d_k, sizeof(int32_t)));
@@ -155,7 +160,7 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
     CUDA_OK(cudaMalloc((void **)&d_upper, (size_t)rows * sizeof(float)));
     CUDA_OK(cudaMalloc((void **)&d_part, (size_t)n_part * sizeof(float)));
     CUDA_OK(cudaMalloc(&d_ws, bn_cuda_sample_workspace_bytes((int32_t)rows)));
-    CUDA_OK(cudaMalloc((void **)&d_tok, 8 * sizeof(int32_t)));
+    CUDA_OK(cudaMalloc((void **)&d_tok, 14 * sizeof(int32_t)));
     CUDA_OK(cudaMemcpy(d_w, w, wbytes, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_x, x, (size_t)dim * sizeof(float), cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(d_full, 0xff, (size_t)rows * sizeof(float))); /* NaN */
@@ -169,30 +174,40 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
     CUDA_OK(bn_cb_head_gemv(d_w, type, rows, dim, d_x, d_full, sm_count, 0));
     CUDA_OK(bn_cuda_sample_greedy(d_full, (int32_t)rows, d_ws, d_tok, NULL, 0));
     CUDA_OK(bn_cb_head_quantize(d_w, type, rows, dim, d_q, d_se, 0));
-    CUDA_OK(bn_cb_head_screen(d_q, d_se, rows, dim, d_x, d_upper, d_part, d_best, sm_count, 0));
+    CUDA_OK(bn_cb_head_screen(d_q, d_se, rows, dim, d_x, d_upper, d_part, d_best, d_cand_n,
+                              sm_count, 0));
     CUDA_OK(bn_cb_head_exact(d_w, type, rows, dim, d_x, d_upper, d_part, n_part,
-                             top_k > 1 ? d_k : NULL, d_scr, d_best, sm_count, 0));
+                             top_k > 1 ? d_k : NULL, d_scr, d_best, d_cand, d_cand_n,
+                             BN_CUDA_SAMPLE_MAX_CAND, sm_count, 0));
     CUDA_OK(bn_cuda_sample_greedy(d_scr, (int32_t)rows, d_ws, d_tok + 1, NULL, 0));
     /* With a top-k, the sampler's pick over the screened logits is its
-     * pick over the full ones, for a few uniform numbers. */
+     * pick over the full ones, for a few uniform numbers: over the logits,
+     * over the exact pass's candidate list, and over the logits again when
+     * the list is taken to have overflowed (a cap of 1). */
     const double us[3] = {0.05, 0.5, 0.97};
     const bn_cuda_sample_params sp = {0.8f, top_k, 0.95f, 0.0f};
     const bool sampled = top_k > 1 && top_k <= BN_CUDA_SAMPLE_MAX_K;
     for (int i = 0; i < 3 && sampled; i++) {
+        int32_t *t = d_tok + 2 + 4 * i;
         CUDA_OK(cudaMemcpy(d_u, &us[i], sizeof(double), cudaMemcpyHostToDevice));
-        CUDA_OK(bn_cuda_sample(d_full, (int32_t)rows, &sp, d_u, d_ws, d_tok + 2 + 2 * i, NULL,
-                               0));
-        CUDA_OK(bn_cuda_sample(d_scr, (int32_t)rows, &sp, d_u, d_ws, d_tok + 3 + 2 * i, NULL,
-                               0));
+        CUDA_OK(bn_cuda_sample(d_full, (int32_t)rows, &sp, d_u, d_ws, t, NULL, 0));
+        CUDA_OK(bn_cuda_sample(d_scr, (int32_t)rows, &sp, d_u, d_ws, t + 1, NULL, 0));
+        CUDA_OK(bn_cuda_sample_cand(d_scr, (int32_t)rows, d_cand, d_cand_n,
+                                    BN_CUDA_SAMPLE_MAX_CAND, &sp, d_u, d_ws, t + 2, NULL, 0));
+        CUDA_OK(bn_cuda_sample_cand(d_scr, (int32_t)rows, d_cand, d_cand_n, 1, &sp, d_u, d_ws,
+                                    t + 3, NULL, 0));
     }
     CUDA_OK(cudaDeviceSynchronize());
-    int32_t tok[8];
+    int32_t tok[14];
     CUDA_OK(cudaMemcpy(tok, d_tok, sizeof tok, cudaMemcpyDeviceToHost));
+    unsigned listed = 0;
+    CUDA_OK(cudaMemcpy(&listed, d_cand_n, sizeof listed, cudaMemcpyDeviceToHost));
     int sample_diff = 0;
     for (int i = 0; i < 3 && sampled; i++)
-        sample_diff += tok[2 + 2 * i] != tok[3 + 2 * i];
+        for (int j = 1; j < 4; j++)
+            sample_diff += tok[2 + 4 * i] != tok[2 + 4 * i + j];
     CHECK_MSG(sample_diff == 0,
-              "%s %lld x %lld %s, top-k %d: %d of 3 sampled picks differ from the full head's",
+              "%s %lld x %lld %s, top-k %d: %d of 9 sampled picks differ from the full head's",
               type_names[type], (long long)rows, (long long)dim, what, top_k, sample_diff);
     unsigned long long key;
     CUDA_OK(cudaMemcpy(&key, d_best, sizeof key, cudaMemcpyDeviceToHost));
@@ -230,13 +245,22 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
               best);
     CHECK_MSG(scr[rows] == guard, "%s %lld x %lld %s: the value past the last row was written",
               type_names[type], (long long)rows, (long long)dim, what);
-    printf("%-4s %6lld x %-5lld %-22s top-%-2d token %6d: %s, %lld of %lld rows recomputed\n",
+    /* The candidate list counts every row the exact pass computed: at
+     * least the rows left above -inf, at most every row. */
+    int64_t live = 0;
+    for (int64_t r = 0; r < rows; r++)
+        live += scr[r] > -INFINITY;
+    CHECK_MSG((int64_t)listed >= live && (int64_t)listed <= rows,
+              "%s %lld x %lld %s: %u candidates listed for %lld rows above -inf",
+              type_names[type], (long long)rows, (long long)dim, what, listed, (long long)live);
+    printf("%-4s %6lld x %-5lld %-22s top-%-2d token %6d: %s, %lld of %lld rows recomputed, "
+           "%u listed\n",
            type_names[type], (long long)rows, (long long)dim, what, top_k, tok[1],
            bad || tok[0] != tok[1] || sample_diff ? "FAILED" : "as the full head",
-           (long long)kept, (long long)rows);
+           (long long)kept, (long long)rows, listed);
     cudaFree(d_w), cudaFree(d_x), cudaFree(d_full), cudaFree(d_scr), cudaFree(d_q);
     cudaFree(d_se), cudaFree(d_upper), cudaFree(d_part), cudaFree(d_ws), cudaFree(d_tok);
-    cudaFree(d_best), cudaFree(d_k), cudaFree(d_u);
+    cudaFree(d_best), cudaFree(d_k), cudaFree(d_u), cudaFree(d_cand), cudaFree(d_cand_n);
     free(w), free(x), free(full), free(scr);
 }
 
@@ -292,9 +316,14 @@ int main(void)
     CHECK(bn_cb_head_quantize(d, BN_CB_HEAD_F16, 0, 8, (int8_t *)d, d, 0) ==
           cudaErrorInvalidValue);
     CHECK(bn_cb_head_quantize(d, 7, 1, 8, (int8_t *)d, d, 0) == cudaErrorInvalidValue);
-    CHECK(bn_cb_head_screen(NULL, d, 1, 8, d, d, d, NULL, 1, 0) == cudaErrorInvalidValue);
-    CHECK(bn_cb_head_exact(d, BN_CB_HEAD_F16, 1, 8, d, d, d, 0, NULL, d, NULL, 1, 0) ==
-          cudaErrorInvalidValue);
+    CHECK(bn_cb_head_screen(NULL, d, 1, 8, d, d, d, NULL, NULL, 1, 0) == cudaErrorInvalidValue);
+    CHECK(bn_cb_head_exact(d, BN_CB_HEAD_F16, 1, 8, d, d, d, 0, NULL, d, NULL, NULL, NULL, 0, 1,
+                           0) == cudaErrorInvalidValue);
+    CHECK(bn_cb_head_exact(d, BN_CB_HEAD_F16, 1, 8, d, d, d, 1, NULL, d, NULL, NULL,
+                           (unsigned *)d, 4, 1, 0) == cudaErrorInvalidValue); /* no list */
+    const bn_cuda_sample_params sp = {0.8f, 4, 0.95f, 0.0f};
+    CHECK(bn_cuda_sample_cand(d, 8, (uint64_t *)d, (unsigned *)d, BN_CUDA_SAMPLE_MAX_CAND + 1, &sp,
+                              (double *)d, d, (int32_t *)d, NULL, 0) == cudaErrorInvalidValue);
     CHECK(bn_cb_head_screen_prepare(BN_CB_HEAD_F16, 0) == cudaErrorInvalidValue);
     cudaFree(d);
     TEST_EXIT();

@@ -155,6 +155,8 @@ struct bn_cuda_backend {
     unsigned int *attn_counters; /* fp32 decode attention: one per head, kept at 0 */
     unsigned long long *d_best;  /* the screened head's greedy token key */
     double *d_uniform;           /* the sampler's uniform number for the step */
+    uint64_t *d_cand;            /* the screened head's candidate keys ...   */
+    unsigned *d_cand_n;          /* ... and their count (sample_cuda.h)       */
     int attn_splits;
     int attn_cluster; /* fp32 decode attention's cluster size (0: ranges merged by a ticket) */
     int gemv_cluster; /* decode GEMVs: activations staged per cluster of this many (0: none) */
@@ -738,10 +740,12 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
          * exact pass computes every row that can be among the top
          * d_dec[3] (queue_pass). */
         BN_CUDA_TRY(err, bn_cb_head_screen(b->d_head_q, b->d_head_se, hp->vocab, dim, b->normed,
-                                           b->head_upper, b->head_part, b->d_best, b->sm, s));
+                                           b->head_upper, b->head_part, b->d_best, b->d_cand_n,
+                                           b->sm, s));
         BN_CUDA_TRY(err, bn_cb_head_exact(b->d_head, b->head_type, hp->vocab, dim, b->normed,
                                           b->head_upper, b->head_part, b->head_parts,
-                                          b->d_dec + 3, b->logits, b->d_best, b->sm, s));
+                                          b->d_dec + 3, b->logits, b->d_best, b->d_cand,
+                                          b->d_cand_n, BN_CUDA_SAMPLE_MAX_CAND, b->sm, s));
         b->ran |= 1u << K_HEAD_SCREEN;
         return mark(b, BN_CUDA_STAGE_LM_HEAD, 2, err);
     }
@@ -904,8 +908,13 @@ static bn_status queue_choice(bn_cuda_backend *b, const bn_cuda_sample_params *p
     *h_uniform(b) = u;
     BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_uniform, h_uniform(b), sizeof(double),
                                      cudaMemcpyHostToDevice, b->cs));
-    BN_CUDA_TRY(err, bn_cuda_sample(b->logits, b->hp.vocab, p, b->d_uniform, b->ws_sample,
-                                    b->d_next, h_next(b), b->cs));
+    /* A screened head (every sampled pass screens where the backend does:
+     * queue_pass) leaves the candidate list its exact pass wrote. */
+    const bool listed = b->head_screen;
+    BN_CUDA_TRY(err, bn_cuda_sample_cand(b->logits, b->hp.vocab, listed ? b->d_cand : NULL,
+                                         listed ? b->d_cand_n : NULL, BN_CUDA_SAMPLE_MAX_CAND, p,
+                                         b->d_uniform, b->ws_sample, b->d_next, h_next(b),
+                                         b->cs));
     b->ran |= 1u << K_SAMPLE;
     count_h2d(b, sizeof(double));
     count_launches(b, 2); /* sample_kernels.cu: a partial pass and a final one */
@@ -1234,6 +1243,8 @@ static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
     ADD(&b->ws_sample, bn_cuda_sample_workspace_bytes(hp->vocab));
     ADD(&b->d_next, sizeof(int32_t));
     ADD(&b->d_uniform, sizeof(double));
+    ADD(&b->d_cand, BN_CUDA_SAMPLE_MAX_CAND * sizeof(uint64_t));
+    ADD(&b->d_cand_n, sizeof(unsigned));
     ADD(&b->d_tokens, (size_t)b->kv_len * sizeof(int32_t));
     ADD(&b->d_pos, (size_t)b->kv_len * sizeof(int32_t));
     ADD(&b->d_dec, 4 * sizeof(int32_t));

@@ -198,13 +198,16 @@ template <bool kVec>
 __global__ void __launch_bounds__(kScreenThreads, kScreenBlocksPerSm)
     screen_kernel(const int8_t *__restrict__ q, const float2 *__restrict__ se, int64_t rows,
                   int64_t dim, const float *__restrict__ x, float *__restrict__ upper,
-                  float *__restrict__ partial, unsigned long long *__restrict__ best)
+                  float *__restrict__ partial, unsigned long long *__restrict__ best,
+                  unsigned *__restrict__ cand_n)
 {
     /* The exact pass's argmax starts from (-inf, token 0): the answer when
      * no kept row is above -inf, as the greedy sampler gives it over logits
-     * that are -inf (or NaN) everywhere. */
+     * that are -inf (or NaN) everywhere; its candidate list starts empty. */
     if (best && blockIdx.x == 0 && threadIdx.x == 0)
         *best = make_key(-INFINITY, 0);
+    if (cand_n && blockIdx.x == 0 && threadIdx.x == 0)
+        *cand_n = 0;
     extern __shared__ __align__(16) int8_t xcodes[]; /* h [dim], then l [dim] */
     __shared__ float red[32];
     int8_t *xh = xcodes, *xl = xcodes + dim;
@@ -332,7 +335,8 @@ __global__ void __launch_bounds__(kScreenThreads)
                  const float *__restrict__ x, const float *__restrict__ upper,
                  const float *__restrict__ partial, int n_partial,
                  const int32_t *__restrict__ d_k, float *__restrict__ logits,
-                 unsigned long long *__restrict__ best)
+                 unsigned long long *__restrict__ best, uint64_t *__restrict__ cand,
+                 unsigned *__restrict__ cand_n, int cand_cap)
 {
     extern __shared__ __align__(16) float xs[];
     __shared__ float red[32];
@@ -371,6 +375,13 @@ __global__ void __launch_bounds__(kScreenThreads)
                  * kept rows; the others are -inf and below (-inf, 0). */
                 if (best)
                     atomicMax(best, (unsigned long long)make_key(v, (int32_t)R));
+                /* The candidate list of the sampler's top-k (its count
+                 * keeps growing past cand_cap: an overflow it can see). */
+                if (cand_n) {
+                    const unsigned i = atomicAdd(cand_n, 1u);
+                    if (i < (unsigned)cand_cap)
+                        cand[i] = make_key(v, (int32_t)R);
+                }
             }
         }
     }
@@ -388,13 +399,14 @@ template <int kType>
 cudaError_t launch_exact(const void *w, int64_t rows, int64_t dim, const float *x,
                          const float *upper, const float *partial, int n_partial,
                          const int32_t *d_k, float *logits, unsigned long long *best,
-                         unsigned blocks, cudaStream_t stream)
+                         uint64_t *cand, unsigned *cand_n, int cand_cap, unsigned blocks,
+                         cudaStream_t stream)
 {
     const auto kernel = head_row_vec<kType>(dim) ? exact_kernel<kType, true>
                                                  : exact_kernel<kType, false>;
     kernel<<<blocks, kScreenThreads, sizeof(float) * (size_t)dim, stream>>>(
         static_cast<const uint8_t *>(w), rows, dim, x, upper, partial, n_partial, d_k, logits,
-        best);
+        best, cand, cand_n, cand_cap);
     return cudaGetLastError();
 }
 
@@ -454,8 +466,8 @@ extern "C" cudaError_t bn_cb_head_quantize(const void *w, int type, int64_t rows
 
 extern "C" cudaError_t bn_cb_head_screen(const int8_t *q, const float *se, int64_t rows,
                                          int64_t dim, const float *x, float *upper,
-                                         float *partial, unsigned long long *best, int sm_count,
-                                         cudaStream_t stream)
+                                         float *partial, unsigned long long *best,
+                                         unsigned *cand_n, int sm_count, cudaStream_t stream)
 {
     if (!q || !se || !x || !upper || !partial || !head_args_ok(BN_CB_HEAD_F32, rows, dim))
         return cudaErrorInvalidValue;
@@ -464,21 +476,23 @@ extern "C" cudaError_t bn_cb_head_screen(const int8_t *q, const float *se, int64
     const float2 *se2 = reinterpret_cast<const float2 *>(se);
     if (dim % 16 == 0)
         screen_kernel<true><<<blocks, kScreenThreads, smem, stream>>>(q, se2, rows, dim, x, upper,
-                                                                       partial, best);
+                                                                       partial, best, cand_n);
     else
         screen_kernel<false><<<blocks, kScreenThreads, smem, stream>>>(q, se2, rows, dim, x,
-                                                                        upper, partial, best);
+                                                                        upper, partial, best,
+                                                                        cand_n);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, int64_t dim,
                                         const float *x, const float *upper, const float *partial,
                                         int n_partial, const int32_t *d_k, float *logits,
-                                        unsigned long long *best, int sm_count,
+                                        unsigned long long *best, uint64_t *cand,
+                                        unsigned *cand_n, int cand_cap, int sm_count,
                                         cudaStream_t stream)
 {
     if (!w || !x || !upper || !partial || !logits || n_partial < 1 ||
-        !head_args_ok(type, rows, dim))
+        !head_args_ok(type, rows, dim) || (cand_n && (!cand || cand_cap < 0)))
         return cudaErrorInvalidValue;
     const int64_t groups = (rows + 31) / 32;
     const int64_t per_block = kScreenWarps;
@@ -488,5 +502,6 @@ extern "C" cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, i
     const auto launch = type == BN_CB_HEAD_F32   ? launch_exact<BN_CB_HEAD_F32>
                         : type == BN_CB_HEAD_F16 ? launch_exact<BN_CB_HEAD_F16>
                                                  : launch_exact<BN_CB_HEAD_BF16>;
-    return launch(w, rows, dim, x, upper, partial, n_partial, d_k, logits, best, n, stream);
+    return launch(w, rows, dim, x, upper, partial, n_partial, d_k, logits, best, cand, cand_n,
+                  cand_cap, n, stream);
 }

@@ -43,6 +43,8 @@ extern "C" {
 #endif
 
 #define BN_CUDA_SAMPLE_MAX_K 64
+/* The longest candidate list bn_cuda_sample_cand reads. */
+#define BN_CUDA_SAMPLE_MAX_CAND 4096
 /* Largest vocabulary the two-pass selection handles. */
 #define BN_CUDA_SAMPLE_MAX_VOCAB (1 << 20)
 
@@ -67,6 +69,21 @@ cudaError_t bn_cuda_sample_greedy(const float *logits, int32_t vocab, void *work
 cudaError_t bn_cuda_sample(const float *logits, int32_t vocab, const bn_cuda_sample_params *p,
                            const double *d_uniform, void *workspace, int32_t *d_token,
                            int32_t *h_token, cudaStream_t stream);
+
+/* bn_cuda_sample with a candidate list: cand_n (device memory) keys of
+ * sample_key.cuh in cand that hold every token that can be among the top-k
+ * (the others' logits are below all of them, e.g. -inf from the screened
+ * LM head, whose exact pass writes the list: cuda_backend_kernels.h). When
+ * *cand_n <= cand_cap (at most BN_CUDA_SAMPLE_MAX_CAND) the sampler's
+ * top-k reads only the list, one block over a few hundred keys instead of
+ * a pass over the vocabulary; else (the list overflowed) it reads the
+ * logits as bn_cuda_sample does. The token is the same either way. cand_n
+ * NULL: bn_cuda_sample. */
+cudaError_t bn_cuda_sample_cand(const float *logits, int32_t vocab, const uint64_t *cand,
+                                const unsigned *cand_n, int cand_cap,
+                                const bn_cuda_sample_params *p, const double *d_uniform,
+                                void *workspace, int32_t *d_token, int32_t *h_token,
+                                cudaStream_t stream);
 
 /* The k (1 .. BN_CUDA_SAMPLE_MAX_K) best tokens, best first (higher
  * logit, then lower index; NaN as -inf), into ids[k] and vals[k]; slots

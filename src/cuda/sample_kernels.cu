@@ -40,6 +40,8 @@ constexpr int kTopK = BN_CUDA_SAMPLE_MAX_K; /* run length, 64 */
 constexpr int kMaxBlocks = 64;              /* pass-1 blocks (top-k) */
 constexpr int kMinSlice = 2048;             /* pass-1 keys per block, at least */
 constexpr int kSelectThreads = 512;
+static_assert(BN_CUDA_SAMPLE_MAX_CAND <= kMaxBlocks * kTopK,
+              "a candidate list fits pass 2's shared keys");
 constexpr int kGreedySlice = 1024;
 constexpr int kGreedyThreads = 256;
 
@@ -150,11 +152,15 @@ __device__ void block_top64(uint64_t *keys, int n, bool runs_sorted)
     }
 }
 
-/* Pass 1: block b keeps the 64 best keys of logits[b * slice, + slice). */
+/* Pass 1: block b keeps the 64 best keys of logits[b * slice, + slice).
+ * With a candidate list that fits (cand_n, cap: bn_cuda_sample_cand) pass
+ * 2 reads the list instead, and this pass does nothing. */
 __global__ void __launch_bounds__(kSelectThreads)
     topk_partial(const float *__restrict__ logits, int32_t vocab, int slice,
-                 uint64_t *__restrict__ ws)
+                 uint64_t *__restrict__ ws, const unsigned *__restrict__ cand_n, int cap)
 {
+    if (cand_n && *cand_n <= (unsigned)cap)
+        return;
     extern __shared__ uint64_t keys[];
     const int64_t begin = (int64_t)blockIdx.x * slice;
     for (int t = threadIdx.x; t < slice; t += blockDim.x) {
@@ -275,18 +281,32 @@ __device__ int32_t walk_finish(cand *c, int n, const walk_params &p, double u)
 
 /* Pass 2: the 64 best of the blocks' runs, then either the draw (token)
  * or the list itself (ids, vals). ws holds `count` keys; n is count
- * rounded up to a power of two. */
+ * rounded up to a power of two. With a candidate list that fits (at most
+ * cap <= kMaxBlocks * kTopK keys, *cand_n of them in list), the 64 best of
+ * the list instead: it holds every key that can be among them (bn_cuda_sample_cand). */
 __global__ void __launch_bounds__(kSelectThreads)
     topk_final(const uint64_t *__restrict__ ws, int count, int n, walk_params p,
                const double *__restrict__ uniform, int32_t *__restrict__ token,
-               int32_t *__restrict__ ids, float *__restrict__ vals)
+               int32_t *__restrict__ ids, float *__restrict__ vals,
+               const uint64_t *__restrict__ list, const unsigned *__restrict__ cand_n, int cap)
 {
     __shared__ uint64_t keys[kMaxBlocks * kTopK];
     __shared__ cand c[kTopK];
-    for (int t = threadIdx.x; t < n; t += blockDim.x)
-        keys[t] = t < count ? ws[t] : 0;
-    __syncthreads();
-    block_top64(keys, n, true);
+    const unsigned listed = cand_n ? *cand_n : 0;
+    if (cand_n && listed <= (unsigned)cap) {
+        int m = kTopK; /* a power of two >= 64 holding the list */
+        while (m < (int)listed)
+            m <<= 1;
+        for (int t = threadIdx.x; t < m; t += blockDim.x)
+            keys[t] = t < (int)listed ? list[t] : 0;
+        __syncthreads();
+        block_top64(keys, m, false);
+    } else {
+        for (int t = threadIdx.x; t < n; t += blockDim.x)
+            keys[t] = t < count ? ws[t] : 0;
+        __syncthreads();
+        block_top64(keys, n, true);
+    }
     const int k = p.top_k > 0 && p.top_k < kTopK ? p.top_k : kTopK;
     if (ids) {
         if (threadIdx.x < k) {
@@ -343,7 +363,7 @@ cudaError_t copy_out(const int32_t *d_token, int32_t *h_token, cudaStream_t stre
 
 /* Pass 1 of top-k; returns the number of keys it leaves in ws. */
 cudaError_t launch_topk_partial(const float *logits, int32_t vocab, uint64_t *ws,
-                                cudaStream_t stream, int *count)
+                                const unsigned *cand_n, int cap, cudaStream_t stream, int *count)
 {
     const int slice = topk_slice(vocab);
     const int blocks = (int)((vocab + slice - 1) / slice);
@@ -351,7 +371,8 @@ cudaError_t launch_topk_partial(const float *logits, int32_t vocab, uint64_t *ws
     const cudaError_t rc = allow_dynamic_smem(topk_partial, smem);
     if (rc != cudaSuccess)
         return rc;
-    topk_partial<<<blocks, kSelectThreads, smem, stream>>>(logits, vocab, slice, ws);
+    topk_partial<<<blocks, kSelectThreads, smem, stream>>>(logits, vocab, slice, ws, cand_n,
+                                                           cap);
     *count = blocks * kTopK;
     return cudaGetLastError();
 }
@@ -388,11 +409,15 @@ extern "C" cudaError_t bn_cuda_sample_greedy(const float *logits, int32_t vocab,
     return rc != cudaSuccess ? rc : copy_out(d_token, h_token, stream);
 }
 
-extern "C" cudaError_t bn_cuda_sample(const float *logits, int32_t vocab,
-                                      const bn_cuda_sample_params *p, const double *d_uniform,
-                                      void *workspace, int32_t *d_token, int32_t *h_token,
-                                      cudaStream_t stream)
+extern "C" cudaError_t bn_cuda_sample_cand(const float *logits, int32_t vocab,
+                                           const uint64_t *cand, const unsigned *cand_n,
+                                           int cand_cap, const bn_cuda_sample_params *p,
+                                           const double *d_uniform, void *workspace,
+                                           int32_t *d_token, int32_t *h_token,
+                                           cudaStream_t stream)
 {
+    if (cand_n && (!cand || cand_cap < 0 || cand_cap > BN_CUDA_SAMPLE_MAX_CAND))
+        return cudaErrorInvalidValue;
     if (!p || isnan(p->temperature) || p->temperature == INFINITY || isnan(p->top_p) ||
         isnan(p->min_p))
         return cudaErrorInvalidValue;
@@ -406,14 +431,24 @@ extern "C" cudaError_t bn_cuda_sample(const float *logits, int32_t vocab,
         return cudaErrorInvalidValue; /* the CPU sampler's job */
     uint64_t *ws = static_cast<uint64_t *>(workspace);
     int count = 0;
-    cudaError_t rc = launch_topk_partial(logits, vocab, ws, stream, &count);
+    cudaError_t rc = launch_topk_partial(logits, vocab, ws, cand_n, cand_cap, stream, &count);
     if (rc != cudaSuccess)
         return rc;
     const walk_params wp = {vocab, p->top_k, p->temperature, p->top_p, p->min_p};
     topk_final<<<1, kSelectThreads, 0, stream>>>(ws, count, next_pow2(count), wp, d_uniform,
-                                                  d_token, nullptr, nullptr);
+                                                  d_token, nullptr, nullptr, cand, cand_n,
+                                                  cand_cap);
     rc = cudaGetLastError();
     return rc != cudaSuccess ? rc : copy_out(d_token, h_token, stream);
+}
+
+extern "C" cudaError_t bn_cuda_sample(const float *logits, int32_t vocab,
+                                      const bn_cuda_sample_params *p, const double *d_uniform,
+                                      void *workspace, int32_t *d_token, int32_t *h_token,
+                                      cudaStream_t stream)
+{
+    return bn_cuda_sample_cand(logits, vocab, nullptr, nullptr, 0, p, d_uniform, workspace,
+                               d_token, h_token, stream);
 }
 
 extern "C" cudaError_t bn_cuda_top_k(const float *logits, int32_t vocab, int k, void *workspace,
@@ -424,11 +459,11 @@ extern "C" cudaError_t bn_cuda_top_k(const float *logits, int32_t vocab, int k, 
         return cudaErrorInvalidValue;
     uint64_t *ws = static_cast<uint64_t *>(workspace);
     int count = 0;
-    cudaError_t rc = launch_topk_partial(logits, vocab, ws, stream, &count);
+    cudaError_t rc = launch_topk_partial(logits, vocab, ws, nullptr, 0, stream, &count);
     if (rc != cudaSuccess)
         return rc;
     const walk_params wp = {vocab, k, 1.0f, 1.0f, 0.0f};
     topk_final<<<1, kSelectThreads, 0, stream>>>(ws, count, next_pow2(count), wp, nullptr,
-                                                  nullptr, ids, vals);
+                                                  nullptr, ids, vals, nullptr, nullptr, 0);
     return cudaGetLastError();
 }
