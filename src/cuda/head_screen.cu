@@ -1,6 +1,7 @@
 /*
- * head_screen.cu - the screened LM head of greedy decoding: the token the
- * full head + argmax would choose, reading half the head's bytes.
+ * head_screen.cu - the screened LM head of steps that pick their token on
+ * the device: the token the full head + argmax (or + a top-k sampler) would
+ * choose, reading half the head's bytes.
  * Contracts in cuda_backend_kernels.h; design in docs/CUDA.md ("Screened
  * LM head").
  *
@@ -13,7 +14,11 @@
  * exact pass computes the logit of every other row with the head kernel's
  * own code (the same value bit for bit) and writes -inf for the rest, and
  * the usual argmax then chooses exactly the token it would have chosen
- * from the full logits, ties and NaN rules included (sample_cuda.h).
+ * from the full logits, ties and NaN rules included (sample_cuda.h). For a
+ * top-k sampler T is instead the k-th largest of the blocks' largest lower
+ * ends (exact_kernel), which keeps every row that can be among the top k;
+ * the exact pass also lists the rows it computed, so the sampler can rank
+ * just those (bn_cuda_sample_cand).
  *
  * The bound, per row (m = max |w_i|, s = fl(m / 127), q_i = rint(w_i / s)
  * clamped to [-127, 127], L >= sum |x_i|, n = dim, u = 2^-24, g = (n + 8) u
