@@ -165,9 +165,9 @@ struct bn_cuda_backend {
     int gu_cluster;   /* the gate|up GEMV: staged per cluster of this many (0: none) */
     uint64_t scratch_bytes;
 
-    int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], dec[3], next, then
-                                  the screened head's token key and the sampler's uniform
-                                  number (8-byte aligned) */
+    int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], dec[4], next, a
+                                  spare int, then the screened head's token key and the
+                                  sampler's uniform number (8-byte aligned) */
     float *h_logits;           /* pinned: vocab */
     bn_rope_freqs freqs;
 
@@ -224,14 +224,14 @@ void bn_cuda_backend_options_default(bn_cuda_backend_options *o)
 static int32_t *h_tokens(bn_cuda_backend *b) { return b->h_io; }
 static int32_t *h_positions(bn_cuda_backend *b) { return b->h_io + b->kv_len; }
 static int32_t *h_dec(bn_cuda_backend *b) { return b->h_io + 2 * b->kv_len; }
-static int32_t *h_next(bn_cuda_backend *b) { return b->h_io + 2 * b->kv_len + 3; }
+static int32_t *h_next(bn_cuda_backend *b) { return b->h_io + 2 * b->kv_len + 4; }
 static unsigned long long *h_key(bn_cuda_backend *b)
 {
-    return (unsigned long long *)(void *)(b->h_io + 2 * b->kv_len + 4);
+    return (unsigned long long *)(void *)(b->h_io + 2 * b->kv_len + 6);
 }
 static double *h_uniform(bn_cuda_backend *b)
 {
-    return (double *)(void *)(b->h_io + 2 * b->kv_len + 6);
+    return (double *)(void *)(b->h_io + 2 * b->kv_len + 8);
 }
 
 static const float *norm_ptr(const bn_cuda_backend *b, int layer, bn_norm which)
@@ -498,7 +498,8 @@ static bn_cb_decode_gemv_args norm_source(const float *x, const float *w)
  * whose last row sees `visible` positions (the host's count, which sizes
  * the attention's split; 0 on the decode path).
  * screen: the LM head is screened (b->head_screen): logits hold -inf for
- * rows that cannot be the argmax, so only a greedy step may ask for it.
+ * rows that cannot be among the top d_dec[3] (queue_pass), so only a step
+ * that reads no more than those (greedy, or a top-k sampler) may ask for it.
  * Nothing here synchronises or touches host memory, so it can be captured
  * in a graph.
  *
@@ -1925,7 +1926,7 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         st = dalloc(b, scratch[i].bytes, scratch[i].ptr, err);
     void *pinned = NULL;
     if (st == BN_OK &&
-        (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)(2 * kv_len + 8) *
+        (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)(2 * kv_len + 10) *
                                                               sizeof(int32_t)))) == BN_OK)
         b->h_io = pinned;
     pinned = NULL;
