@@ -348,6 +348,19 @@ static void check_fixture(const char *name, int unit)
         st = bn_cuda_backend_time_decode_device(b, gpu_tok[0], PROMPT_LEN, 3, &dev_us, &err);
         CHECK_MSG(st == BN_OK && dev_us > 0.0, "%s: time_decode_device: %s (%g us)", name,
                   st == BN_OK ? "ok" : err.message, dev_us);
+        /* ... and a sampled step's, whole and in parts; a bad part is refused. */
+        const bn_cuda_sample_params sp = {0.8f, 8, 0.95f, 0.05f};
+        for (int part = BN_CUDA_TIME_STEP; part <= BN_CUDA_TIME_CHOICE; part++) {
+            st = bn_cuda_backend_time_decode_device_sample(
+                b, gpu_tok[0], PROMPT_LEN, 3, &sp, 0.25, (bn_cuda_time_part)part, &dev_us, &err);
+            CHECK_MSG(st == BN_OK && dev_us > 0.0,
+                      "%s: time_decode_device_sample part %d: %s (%g us)", name, part,
+                      st == BN_OK ? "ok" : err.message, dev_us);
+        }
+        st = bn_cuda_backend_time_decode_device_sample(b, gpu_tok[0], PROMPT_LEN, 3, &sp, 0.25,
+                                                       (bn_cuda_time_part)7, &dev_us, &err);
+        CHECK_MSG(st == BN_ERR_INVALID_ARGUMENT, "%s: time_decode_device_sample, bad part: %s",
+                  name, bn_status_str(st));
         bn_cuda_backend_set_graphs(b, false);
         st = bn_cuda_backend_time_decode_device(b, gpu_tok[0], PROMPT_LEN, 3, &dev_us, &err);
         CHECK_MSG(st == BN_ERR_UNSUPPORTED, "%s: time_decode_device without graphs: %s", name,

@@ -2351,16 +2351,22 @@ bn_status bn_cuda_backend_time_decode(bn_cuda_backend *b, int32_t token, int64_t
     return bn_cuda_backend_time_decode_sample(b, token, pos, reps, NULL, 0.0, us_per_step, err);
 }
 
-bn_status bn_cuda_backend_time_decode_device(bn_cuda_backend *b, int32_t token, int64_t pos,
-                                             int reps, double *us_per_step, bn_error *err)
+bn_status bn_cuda_backend_time_decode_device_sample(bn_cuda_backend *b, int32_t token,
+                                                    int64_t pos, int reps,
+                                                    const bn_cuda_sample_params *p, double u,
+                                                    bn_cuda_time_part part, double *us_per_step,
+                                                    bn_error *err)
 {
-    if (!b || !us_per_step || reps < 1)
+    if (!b || !us_per_step || reps < 1 ||
+        (part != BN_CUDA_TIME_STEP && part != BN_CUDA_TIME_PASS && part != BN_CUDA_TIME_CHOICE))
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "time_decode_device: bad arguments");
     *us_per_step = 0.0;
     if (!b->graph || !b->use_graphs || b->prof)
         return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL, "time_decode_device: no decode graph");
     bn_status st = check_request(b, &token, 1, pos, err);
+    if (st == BN_OK)
+        st = check_choice(b, p, u, err);
     if (st == BN_OK)
         st = bn_cuda_context_use(b->ctx, err);
     if (st != BN_OK)
@@ -2369,16 +2375,18 @@ bn_status bn_cuda_backend_time_decode_device(bn_cuda_backend *b, int32_t token, 
     st = BN_CUDA_STATUS(err, cudaEventCreate(&ev[0]));
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaEventCreate(&ev[1]));
+    /* A warm-up step, which also uploads the inputs every replay reads. */
     if (st == BN_OK)
-        st = queue_pass(b, &token, 1, pos, 1, err); /* uploads the inputs; a warm-up step */
+        st = queue_pass(b, &token, 1, pos, choice_top_k(b, p), err);
     if (st == BN_OK)
-        st = queue_argmax(b, err);
+        st = queue_choice(b, p, u, err);
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaEventRecord(ev[0], b->cs));
     for (int r = 0; r < reps && st == BN_OK; r++) {
-        st = BN_CUDA_STATUS(err, cudaGraphLaunch(b->graph, b->cs));
-        if (st == BN_OK)
-            st = queue_argmax(b, err);
+        if (part != BN_CUDA_TIME_CHOICE)
+            st = BN_CUDA_STATUS(err, cudaGraphLaunch(b->graph, b->cs));
+        if (st == BN_OK && part != BN_CUDA_TIME_PASS)
+            st = queue_choice(b, p, u, err);
     }
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaEventRecord(ev[1], b->cs));
@@ -2398,6 +2406,13 @@ bn_status bn_cuda_backend_time_decode_device(bn_cuda_backend *b, int32_t token, 
             cudaEventDestroy(ev[i]);
     *us_per_step = st == BN_OK ? (double)ms * 1000.0 / reps : 0.0;
     return st;
+}
+
+bn_status bn_cuda_backend_time_decode_device(bn_cuda_backend *b, int32_t token, int64_t pos,
+                                             int reps, double *us_per_step, bn_error *err)
+{
+    return bn_cuda_backend_time_decode_device_sample(b, token, pos, reps, NULL, 0.0,
+                                                     BN_CUDA_TIME_STEP, us_per_step, err);
 }
 
 bn_status bn_cuda_backend_time_decode_without(bn_cuda_backend *b, unsigned stages, int32_t token,

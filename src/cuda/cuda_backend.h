@@ -333,6 +333,20 @@ bn_status bn_cuda_backend_time_decode_sample(bn_cuda_backend *b, int32_t token, 
  * BN_ERR_UNSUPPORTED without a captured graph in use. */
 bn_status bn_cuda_backend_time_decode_device(bn_cuda_backend *b, int32_t token, int64_t pos,
                                              int reps, double *us_per_step, bn_error *err);
+/* Which part of a step time_decode_device_sample queues each time. */
+typedef enum {
+    BN_CUDA_TIME_STEP,  /* the decode graph and the token's choice         */
+    BN_CUDA_TIME_PASS,  /* the graph alone (its head screened for the top k) */
+    BN_CUDA_TIME_CHOICE /* the choice alone, over the last pass's output    */
+} bn_cuda_time_part;
+/* time_decode_device with the token chosen by p and u (NULL p: greedy),
+ * or only one part of that step: the split of a sampled step's device
+ * time. */
+bn_status bn_cuda_backend_time_decode_device_sample(bn_cuda_backend *b, int32_t token,
+                                                    int64_t pos, int reps,
+                                                    const bn_cuda_sample_params *p, double u,
+                                                    bn_cuda_time_part part, double *us_per_step,
+                                                    bn_error *err);
 
 /* What each stage costs the graph-replayed step: the same timing as
  * time_decode with the decode graph's kernels of the stages in the bit mask

@@ -204,6 +204,13 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
         st = bn_cuda_backend_head_kept(cb, &kept_sampled, &err);
     if (st == BN_OK && graphs)
         st = bn_cuda_backend_time_decode_device(cb, token, pos, reps, &device_us, &err);
+    /* The sampled step's device time, whole and in its two parts. */
+    double sampled_dev[3] = {0.0, 0.0, 0.0};
+    const bn_cuda_time_part parts[3] = {BN_CUDA_TIME_STEP, BN_CUDA_TIME_PASS,
+                                        BN_CUDA_TIME_CHOICE};
+    for (int i = 0; i < 3 && st == BN_OK && graphs; i++)
+        st = bn_cuda_backend_time_decode_device_sample(cb, token, pos, reps, &sampling, 0.5,
+                                                       parts[i], &sampled_dev[i], &err);
     if (st == BN_OK) {
         bn_cuda_backend_set_graphs(cb, false);
         st = bn_cuda_backend_time_decode(cb, token, pos, reps, &eager_us, &err);
@@ -237,6 +244,9 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
         printf("          %8.1f us    device time: graph + argmax replayed back to back (no host "
                "round trip between steps)\n",
                device_us);
+        printf("          %8.1f us    device time of the sampled step: %.1f us the graph (its head "
+               "screened for the top 40), %.1f us the sampler (each timed alone, back to back)\n",
+               sampled_dev[0], sampled_dev[1], sampled_dev[2]);
     }
     printf("\nper-stage time of an instrumented eager decode step (CUDA events around each "
            "stage, 20 steps averaged):\n");
