@@ -142,6 +142,9 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
     double *d_u;
     uint64_t *d_cand;
     unsigned *d_cand_n;
+    float *d_floor;
+    CUDA_OK(cudaMalloc((void **)&d_floor, sizeof(float)));
+    CUDA_OK(cudaMemset(d_floor, 0xff, sizeof(float))); /* poison (NaN): the exact pass sets it */
     CUDA_OK(cudaMalloc((void **)&d_cand, BN_CUDA_SAMPLE_MAX_CAND * sizeof(uint64_t)));
     CUDA_OK(cudaMalloc((void **)&d_cand_n, sizeof(unsigned)));
     CUDA_OK(cudaMemset(d_cand_n, 0x55, sizeof(unsigned))); /* poison: the screen empties it */
@@ -160,7 +163,8 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
     CUDA_OK(cudaMalloc((void **)&d_upper, (size_t)rows * sizeof(float)));
     CUDA_OK(cudaMalloc((void **)&d_part, (size_t)n_part * sizeof(float)));
     CUDA_OK(cudaMalloc(&d_ws, bn_cuda_sample_workspace_bytes((int32_t)rows)));
-    CUDA_OK(cudaMalloc((void **)&d_tok, 14 * sizeof(int32_t)));
+    CUDA_OK(cudaMemset(d_ws, 0, bn_cuda_sample_workspace_bytes((int32_t)rows)));
+    CUDA_OK(cudaMalloc((void **)&d_tok, 17 * sizeof(int32_t)));
     CUDA_OK(cudaMemcpy(d_w, w, wbytes, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_x, x, (size_t)dim * sizeof(float), cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(d_full, 0xff, (size_t)rows * sizeof(float))); /* NaN */
@@ -178,36 +182,41 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
                               sm_count, 0));
     CUDA_OK(bn_cb_head_exact(d_w, type, rows, dim, d_x, d_upper, d_part, n_part,
                              top_k > 1 ? d_k : NULL, d_scr, d_best, d_cand, d_cand_n,
-                             BN_CUDA_SAMPLE_MAX_CAND, sm_count, 0));
+                             BN_CUDA_SAMPLE_MAX_CAND, d_floor, sm_count, 0));
     CUDA_OK(bn_cuda_sample_greedy(d_scr, (int32_t)rows, d_ws, d_tok + 1, NULL, 0));
     /* With a top-k, the sampler's pick over the screened logits is its
      * pick over the full ones, for a few uniform numbers: over the logits,
-     * over the exact pass's candidate list, and over the logits again when
-     * the list is taken to have overflowed (a cap of 1). */
+     * over the exact pass's candidate list (all of it, and only its keys at
+     * or above the exact pass's floor), and over the logits again when the
+     * list is taken to have overflowed (a cap of 1). */
     const double us[3] = {0.05, 0.5, 0.97};
     const bn_cuda_sample_params sp = {0.8f, top_k, 0.95f, 0.0f};
     const bool sampled = top_k > 1 && top_k <= BN_CUDA_SAMPLE_MAX_K;
     for (int i = 0; i < 3 && sampled; i++) {
-        int32_t *t = d_tok + 2 + 4 * i;
+        int32_t *t = d_tok + 2 + 5 * i;
         CUDA_OK(cudaMemcpy(d_u, &us[i], sizeof(double), cudaMemcpyHostToDevice));
         CUDA_OK(bn_cuda_sample(d_full, (int32_t)rows, &sp, d_u, d_ws, t, NULL, 0));
         CUDA_OK(bn_cuda_sample(d_scr, (int32_t)rows, &sp, d_u, d_ws, t + 1, NULL, 0));
         CUDA_OK(bn_cuda_sample_cand(d_scr, (int32_t)rows, d_cand, d_cand_n,
-                                    BN_CUDA_SAMPLE_MAX_CAND, &sp, d_u, d_ws, t + 2, NULL, 0));
-        CUDA_OK(bn_cuda_sample_cand(d_scr, (int32_t)rows, d_cand, d_cand_n, 1, &sp, d_u, d_ws,
-                                    t + 3, NULL, 0));
+                                    BN_CUDA_SAMPLE_MAX_CAND, NULL, &sp, d_u, d_ws, t + 2, NULL,
+                                    0));
+        CUDA_OK(bn_cuda_sample_cand(d_scr, (int32_t)rows, d_cand, d_cand_n,
+                                    BN_CUDA_SAMPLE_MAX_CAND, d_floor, &sp, d_u, d_ws, t + 3,
+                                    NULL, 0));
+        CUDA_OK(bn_cuda_sample_cand(d_scr, (int32_t)rows, d_cand, d_cand_n, 1, d_floor, &sp, d_u,
+                                    d_ws, t + 4, NULL, 0));
     }
     CUDA_OK(cudaDeviceSynchronize());
-    int32_t tok[14];
+    int32_t tok[17];
     CUDA_OK(cudaMemcpy(tok, d_tok, sizeof tok, cudaMemcpyDeviceToHost));
     unsigned listed = 0;
     CUDA_OK(cudaMemcpy(&listed, d_cand_n, sizeof listed, cudaMemcpyDeviceToHost));
     int sample_diff = 0;
     for (int i = 0; i < 3 && sampled; i++)
-        for (int j = 1; j < 4; j++)
-            sample_diff += tok[2 + 4 * i] != tok[2 + 4 * i + j];
+        for (int j = 1; j < 5; j++)
+            sample_diff += tok[2 + 5 * i] != tok[2 + 5 * i + j];
     CHECK_MSG(sample_diff == 0,
-              "%s %lld x %lld %s, top-k %d: %d of 9 sampled picks differ from the full head's",
+              "%s %lld x %lld %s, top-k %d: %d of 12 sampled picks differ from the full head's",
               type_names[type], (long long)rows, (long long)dim, what, top_k, sample_diff);
     unsigned long long key;
     CUDA_OK(cudaMemcpy(&key, d_best, sizeof key, cudaMemcpyDeviceToHost));
@@ -225,6 +234,13 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
     /* The top_k-th largest full logit (NaN never counts; with top_k 1 the
      * largest, as the argmax sees it): a dropped row must be below it. */
     const float best = kth_largest(full, rows, top_k);
+    /* The floor the exact pass leaves: the top k's logits all reach it. */
+    float floor_v;
+    CUDA_OK(cudaMemcpy(&floor_v, d_floor, sizeof floor_v, cudaMemcpyDeviceToHost));
+    CHECK_MSG(!isnan(floor_v) && floor_v <= best,
+              "%s %lld x %lld %s, top-k %d: floor %g above the k-th largest logit %g",
+              type_names[type], (long long)rows, (long long)dim, what, top_k, (double)floor_v,
+              (double)best);
     int64_t kept = 0, bad = 0, first = -1;
     for (int64_t r = 0; r < rows; r++) {
         bool ok;
@@ -261,6 +277,7 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
     cudaFree(d_w), cudaFree(d_x), cudaFree(d_full), cudaFree(d_scr), cudaFree(d_q);
     cudaFree(d_se), cudaFree(d_upper), cudaFree(d_part), cudaFree(d_ws), cudaFree(d_tok);
     cudaFree(d_best), cudaFree(d_k), cudaFree(d_u), cudaFree(d_cand), cudaFree(d_cand_n);
+    cudaFree(d_floor);
     free(w), free(x), free(full), free(scr);
 }
 
@@ -317,13 +334,14 @@ int main(void)
           cudaErrorInvalidValue);
     CHECK(bn_cb_head_quantize(d, 7, 1, 8, (int8_t *)d, d, 0) == cudaErrorInvalidValue);
     CHECK(bn_cb_head_screen(NULL, d, 1, 8, d, d, d, NULL, NULL, 1, 0) == cudaErrorInvalidValue);
-    CHECK(bn_cb_head_exact(d, BN_CB_HEAD_F16, 1, 8, d, d, d, 0, NULL, d, NULL, NULL, NULL, 0, 1,
-                           0) == cudaErrorInvalidValue);
+    CHECK(bn_cb_head_exact(d, BN_CB_HEAD_F16, 1, 8, d, d, d, 0, NULL, d, NULL, NULL, NULL, 0,
+                           NULL, 1, 0) == cudaErrorInvalidValue);
     CHECK(bn_cb_head_exact(d, BN_CB_HEAD_F16, 1, 8, d, d, d, 1, NULL, d, NULL, NULL,
-                           (unsigned *)d, 4, 1, 0) == cudaErrorInvalidValue); /* no list */
+                           (unsigned *)d, 4, NULL, 1, 0) == cudaErrorInvalidValue); /* no list */
     const bn_cuda_sample_params sp = {0.8f, 4, 0.95f, 0.0f};
-    CHECK(bn_cuda_sample_cand(d, 8, (uint64_t *)d, (unsigned *)d, BN_CUDA_SAMPLE_MAX_CAND + 1, &sp,
-                              (double *)d, d, (int32_t *)d, NULL, 0) == cudaErrorInvalidValue);
+    CHECK(bn_cuda_sample_cand(d, 8, (uint64_t *)d, (unsigned *)d, BN_CUDA_SAMPLE_MAX_CAND + 1,
+                              NULL, &sp, (double *)d, d, (int32_t *)d, NULL,
+                              0) == cudaErrorInvalidValue);
     CHECK(bn_cb_head_screen_prepare(BN_CB_HEAD_F16, 0) == cudaErrorInvalidValue);
     cudaFree(d);
     TEST_EXIT();

@@ -211,6 +211,7 @@ static void dev_init(dev *d, int32_t cap)
     CUDA_OK(cudaMalloc((void **)&d->logits, sizeof(float) * (size_t)cap));
     CUDA_OK(cudaMalloc((void **)&d->u, sizeof(double)));
     CUDA_OK(cudaMalloc(&d->ws, bn_cuda_sample_workspace_bytes(cap)));
+    CUDA_OK(cudaMemset(d->ws, 0, bn_cuda_sample_workspace_bytes(cap)));
     CUDA_OK(cudaMalloc((void **)&d->token, sizeof(int32_t)));
     CUDA_OK(cudaMallocHost((void **)&d->h_token, sizeof(int32_t)));
     CUDA_OK(cudaMalloc((void **)&d->ids, sizeof(int32_t) * BN_CUDA_SAMPLE_MAX_K));
@@ -437,6 +438,109 @@ static void check_draws(dev *d, int32_t V, int cases)
     free(copy);
 }
 
+/* ---- candidate lists (bn_cuda_sample_cand) --------------------------------------- */
+
+/* sample_key.cuh's key on the host: ordered(logit) << 32 | (0xffffffff - id). */
+static uint64_t host_key(float logit, int32_t id)
+{
+    if (logit != logit)
+        logit = -INFINITY;
+    if (logit == 0.0f)
+        logit = 0.0f;
+    uint32_t b;
+    memcpy(&b, &logit, sizeof b);
+    const uint32_t o = (b & 0x80000000u) ? ~b : b | 0x80000000u;
+    return (uint64_t)o << 32 | (0xffffffffu - (uint32_t)id);
+}
+
+static int key_desc(const void *pa, const void *pb)
+{
+    const uint64_t a = *(const uint64_t *)pa, b = *(const uint64_t *)pb;
+    return a > b ? -1 : a < b;
+}
+
+/* A list of the n best keys (in shuffled order) holds every token of the
+ * top k, so the draw over it is the draw over the logits: with no floor,
+ * with the k-th best logit as floor, a lower one, -inf and NaN (no floor),
+ * and with a cap below n (the list taken to have overflowed: the logits
+ * are read instead). n from k to BN_CUDA_SAMPLE_MAX_CAND covers the
+ * one-key-a-thread ranking and the bitonic one. */
+static void check_lists(dev *d, int32_t V)
+{
+    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)V);
+    float *l = malloc(sizeof(float) * (size_t)V);
+    uint64_t *d_list;
+    unsigned *d_n;
+    float *d_floor;
+    int32_t *d_tok;
+    CUDA_OK(cudaMalloc((void **)&d_list, BN_CUDA_SAMPLE_MAX_CAND * sizeof(uint64_t)));
+    CUDA_OK(cudaMalloc((void **)&d_n, sizeof(unsigned)));
+    CUDA_OK(cudaMalloc((void **)&d_floor, sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&d_tok, 7 * sizeof(int32_t)));
+    const int sizes[] = {0, 63, 64, 65, 200, 512, 513, 2000, BN_CUDA_SAMPLE_MAX_CAND};
+    int compared = 0;
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        const int kind = (int)test_rand_range(0, 5);
+        make_logits(l, V, kind);
+        bn_cuda_sample_params p = {test_rand_float(0.3f, 1.5f),
+                                   (int)test_rand_range(1, BN_CUDA_SAMPLE_MAX_K), 0.95f, 0.05f};
+        if (p.top_k >= V)
+            p.top_k = V - 1 > 0 ? V - 1 : 1;
+        int n = sizes[si] < p.top_k ? p.top_k : sizes[si];
+        if (n > V)
+            n = V;
+        for (int32_t i = 0; i < V; i++)
+            keys[i] = host_key(l[i], i);
+        qsort(keys, (size_t)V, sizeof *keys, key_desc);
+        /* The k-th best logit, -inf when it is not a real one. */
+        const uint64_t kth = keys[p.top_k - 1];
+        uint32_t o = (uint32_t)(kth >> 32);
+        const uint32_t bits = (o & 0x80000000u) ? o & 0x7fffffffu : ~o;
+        float kth_logit;
+        memcpy(&kth_logit, &bits, sizeof kth_logit);
+        for (int i = n - 1; i > 0; i--) { /* shuffle the n best */
+            const int j = (int)test_rand_range(0, i);
+            const uint64_t t = keys[i];
+            keys[i] = keys[j];
+            keys[j] = t;
+        }
+        const unsigned un = (unsigned)n;
+        CUDA_OK(cudaMemcpy(d_list, keys, (size_t)n * sizeof(uint64_t), cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(d_n, &un, sizeof un, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(d->logits, l, sizeof(float) * (size_t)V, cudaMemcpyHostToDevice));
+        const double u = test_rand_float(0.0f, 0.999f);
+        CUDA_OK(cudaMemcpy(d->u, &u, sizeof u, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemset(d_tok, 0xa5, 7 * sizeof(int32_t))); /* poison */
+        CUDA_OK(bn_cuda_sample(d->logits, V, &p, d->u, d->ws, d_tok, NULL, 0));
+        const float floors[4] = {kth_logit, kth_logit - 1.0f, -INFINITY, NAN};
+        CUDA_OK(bn_cuda_sample_cand(d->logits, V, d_list, d_n, BN_CUDA_SAMPLE_MAX_CAND, NULL, &p,
+                                    d->u, d->ws, d_tok + 1, NULL, 0));
+        for (int f = 0; f < 4; f++) {
+            CUDA_OK(cudaMemcpy(d_floor, &floors[f], sizeof(float), cudaMemcpyHostToDevice));
+            CUDA_OK(bn_cuda_sample_cand(d->logits, V, d_list, d_n, BN_CUDA_SAMPLE_MAX_CAND,
+                                        d_floor, &p, d->u, d->ws, d_tok + 2 + f, NULL, 0));
+        }
+        CUDA_OK(bn_cuda_sample_cand(d->logits, V, d_list, d_n, n - 1, d_floor, &p, d->u, d->ws,
+                                    d_tok + 6, NULL, 0)); /* overflowed */
+        int32_t tok[7];
+        CUDA_OK(cudaMemcpy(tok, d_tok, sizeof tok, cudaMemcpyDeviceToHost));
+        for (int i = 1; i < 7; i++) {
+            compared++;
+            CHECK_MSG(tok[i] == tok[0],
+                      "list V=%d n=%d kind %d k=%d u=%.9g, variant %d: token %d, over the "
+                      "logits %d",
+                      V, n, kind, p.top_k, u, i, tok[i], tok[0]);
+        }
+    }
+    CHECK(compared > 0);
+    cudaFree(d_list);
+    cudaFree(d_n);
+    cudaFree(d_floor);
+    cudaFree(d_tok);
+    free(keys);
+    free(l);
+}
+
 static void check_invalid(dev *d)
 {
     const int32_t V = 1000;
@@ -555,6 +659,9 @@ int main(void)
         check_top_k(&d, V);
         check_draws(&d, V, 3);
     }
+    const int32_t list_vocabs[] = {1, 64, 1000, 128256};
+    for (size_t i = 0; i < sizeof list_vocabs / sizeof list_vocabs[0]; i++)
+        check_lists(&d, list_vocabs[i]);
     check_graph(&d, 128256);
     printf("draws: %d, ambiguous (not compared): %d\n", total_draws, ambiguous_draws);
     /* Mostly exact ties (all-equal logits with u = 0.5 hit a boundary

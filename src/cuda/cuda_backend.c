@@ -149,14 +149,16 @@ struct bn_cuda_backend {
 
     float *x, *qkv, *q, *att, *out, *gu, *normed, *logits, *act_scale, *rope;
     int8_t *xq;
-    int32_t *act_sum, *ws_streamk, *d_tokens, *d_pos, *d_dec, *d_next;
+    int32_t *act_sum, *ws_streamk, *d_tokens, *d_pos, *d_next;
+    int32_t *d_dec; /* the decode step's inputs (upload_dec): four ints and, at
+                       d_dec + 4 (8-byte aligned), the sampler's uniform number */
     bool streamk; /* some prefill GEMM takes stream-K: ws_streamk is its workspace */
     void *ws_attn, *ws_sample;
     unsigned int *attn_counters; /* fp32 decode attention: one per head, kept at 0 */
     unsigned long long *d_best;  /* the screened head's greedy token key */
-    double *d_uniform;           /* the sampler's uniform number for the step */
     uint64_t *d_cand;            /* the screened head's candidate keys ...   */
     unsigned *d_cand_n;          /* ... and their count (sample_cuda.h)       */
+    float *d_cand_floor;         /* ... and the logit the top k all reach      */
     int attn_splits;
     int attn_cluster; /* fp32 decode attention's cluster size (0: ranges merged by a ticket) */
     int gemv_cluster; /* decode GEMVs: activations staged per cluster of this many (0: none) */
@@ -165,9 +167,10 @@ struct bn_cuda_backend {
     int gu_cluster;   /* the gate|up GEMV: staged per cluster of this many (0: none) */
     uint64_t scratch_bytes;
 
-    int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], dec[4], next, a
-                                  spare int, then the screened head's token key and the
-                                  sampler's uniform number (8-byte aligned) */
+    int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], then d_dec's image
+                                  (four ints and the uniform number, a double), next, a
+                                  spare int and the screened head's token key (8-byte
+                                  aligned) */
     float *h_logits;           /* pinned: vocab */
     bn_rope_freqs freqs;
 
@@ -224,15 +227,17 @@ void bn_cuda_backend_options_default(bn_cuda_backend_options *o)
 static int32_t *h_tokens(bn_cuda_backend *b) { return b->h_io; }
 static int32_t *h_positions(bn_cuda_backend *b) { return b->h_io + b->kv_len; }
 static int32_t *h_dec(bn_cuda_backend *b) { return b->h_io + 2 * b->kv_len; }
-static int32_t *h_next(bn_cuda_backend *b) { return b->h_io + 2 * b->kv_len + 4; }
-static unsigned long long *h_key(bn_cuda_backend *b)
-{
-    return (unsigned long long *)(void *)(b->h_io + 2 * b->kv_len + 6);
-}
 static double *h_uniform(bn_cuda_backend *b)
 {
-    return (double *)(void *)(b->h_io + 2 * b->kv_len + 8);
+    return (double *)(void *)(b->h_io + 2 * b->kv_len + 4);
 }
+static int32_t *h_next(bn_cuda_backend *b) { return b->h_io + 2 * b->kv_len + 6; }
+static unsigned long long *h_key(bn_cuda_backend *b)
+{
+    return (unsigned long long *)(void *)(b->h_io + 2 * b->kv_len + 8);
+}
+/* The sampler's uniform number in device memory: it rides in d_dec. */
+static double *d_uniform(bn_cuda_backend *b) { return (double *)(void *)(b->d_dec + 4); }
 
 static const float *norm_ptr(const bn_cuda_backend *b, int layer, bn_norm which)
 {
@@ -746,7 +751,8 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         BN_CUDA_TRY(err, bn_cb_head_exact(b->d_head, b->head_type, hp->vocab, dim, b->normed,
                                           b->head_upper, b->head_part, b->head_parts,
                                           b->d_dec + 3, b->logits, b->d_best, b->d_cand,
-                                          b->d_cand_n, BN_CUDA_SAMPLE_MAX_CAND, b->sm, s));
+                                          b->d_cand_n, BN_CUDA_SAMPLE_MAX_CAND,
+                                          b->d_cand_floor, b->sm, s));
         b->ran |= 1u << K_HEAD_SCREEN;
         return mark(b, BN_CUDA_STAGE_LM_HEAD, 2, err);
     }
@@ -818,8 +824,11 @@ static bn_status upload_rows(bn_cuda_backend *b, const int32_t *tokens, int64_t 
 
 /* The decode step's inputs in device memory (d_dec), which its graph reads:
  * the token, its position, the KV length after it, and the top k that the
- * screened LM head must compute exactly (bn_cb_head_exact's *d_k). */
-static bn_status upload_dec(bn_cuda_backend *b, int32_t token, int64_t pos, int top_k,
+ * screened LM head must compute exactly (bn_cb_head_exact's *d_k); then
+ * the uniform number a sampled step's sampler draws with, so that a step
+ * needs one upload, not two. */
+enum { DEC_BYTES = 4 * sizeof(int32_t) + sizeof(double) };
+static bn_status upload_dec(bn_cuda_backend *b, int32_t token, int64_t pos, int top_k, double u,
                             bn_error *err)
 {
     int32_t *dec = h_dec(b);
@@ -827,21 +836,23 @@ static bn_status upload_dec(bn_cuda_backend *b, int32_t token, int64_t pos, int 
     dec[1] = (int32_t)pos;
     dec[2] = (int32_t)(pos + 1);
     dec[3] = top_k;
-    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_dec, dec, 4 * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                     b->cs));
-    count_h2d(b, 4 * sizeof(int32_t));
+    *h_uniform(b) = u;
+    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_dec, dec, DEC_BYTES, cudaMemcpyHostToDevice, b->cs));
+    count_h2d(b, DEC_BYTES);
     return BN_OK;
 }
 
 /* Uploads the inputs and queues the pass: the decode step (graph or eager)
  * for one token, prefill chunks otherwise. top_k > 0: only the top_k
  * largest logits will be read (1: the argmax), so a screened head computes
- * only the rows that can be among them; 0: every logit. */
+ * only the rows that can be among them; 0: every logit. u: the uniform
+ * number queue_choice's sampler will draw with (any value for greedy). */
 static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
-                            int top_k, bn_error *err)
+                            int top_k, double u, bn_error *err)
 {
     const bool screen = top_k > 0 && b->head_screen;
-    const bn_status up = upload_dec(b, tokens[n - 1], pos + n - 1, top_k > 0 ? top_k : 1, err);
+    const bn_status up =
+        upload_dec(b, tokens[n - 1], pos + n - 1, top_k > 0 ? top_k : 1, u, err);
     if (up != BN_OK)
         return up;
     if (n == 1) {
@@ -899,26 +910,22 @@ static int32_t greedy_token(bn_cuda_backend *b)
 static bool choice_greedy(const bn_cuda_sample_params *p) { return !p || !(p->temperature > 0.0f); }
 
 /* The token of the pass just queued, chosen by p with the uniform number
- * u (greedy: queue_argmax), on its way to the host; chosen_token reads it
- * once the stream has reached it. */
-static bn_status queue_choice(bn_cuda_backend *b, const bn_cuda_sample_params *p, double u,
-                              bn_error *err)
+ * queue_pass uploaded (greedy: queue_argmax), on its way to the host;
+ * chosen_token reads it once the stream has reached it. */
+static bn_status queue_choice(bn_cuda_backend *b, const bn_cuda_sample_params *p, bn_error *err)
 {
     if (choice_greedy(p))
         return queue_argmax(b, err);
-    *h_uniform(b) = u;
-    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_uniform, h_uniform(b), sizeof(double),
-                                     cudaMemcpyHostToDevice, b->cs));
     /* A screened head (every sampled pass screens where the backend does:
-     * queue_pass) leaves the candidate list its exact pass wrote. */
+     * queue_pass) leaves the candidate list its exact pass wrote, and the
+     * floor its top k reach. */
     const bool listed = b->head_screen;
     BN_CUDA_TRY(err, bn_cuda_sample_cand(b->logits, b->hp.vocab, listed ? b->d_cand : NULL,
-                                         listed ? b->d_cand_n : NULL, BN_CUDA_SAMPLE_MAX_CAND, p,
-                                         b->d_uniform, b->ws_sample, b->d_next, h_next(b),
-                                         b->cs));
+                                         listed ? b->d_cand_n : NULL, BN_CUDA_SAMPLE_MAX_CAND,
+                                         listed ? b->d_cand_floor : NULL, p, d_uniform(b),
+                                         b->ws_sample, b->d_next, h_next(b), b->cs));
     b->ran |= 1u << K_SAMPLE;
-    count_h2d(b, sizeof(double));
-    count_launches(b, 2); /* sample_kernels.cu: a partial pass and a final one */
+    count_launches(b, 1); /* sample_kernels.cu: one top-k launch */
     count_d2h(b, sizeof(int32_t));
     return BN_OK;
 }
@@ -999,7 +1006,7 @@ bn_status bn_cuda_backend_forward(bn_cuda_backend *b, const int32_t *tokens, int
         st = begin_call(b, err);
     if (st != BN_OK)
         return st;
-    st = queue_pass(b, tokens, n_tokens, pos, 0, err);
+    st = queue_pass(b, tokens, n_tokens, pos, 0, 0.0, err);
     if (st == BN_OK)
         st = download_logits(b, err);
     if (st != BN_OK)
@@ -1024,9 +1031,9 @@ bn_status bn_cuda_backend_forward_sample(bn_cuda_backend *b, const int32_t *toke
         st = begin_call(b, err);
     if (st != BN_OK)
         return st;
-    st = queue_pass(b, tokens, n_tokens, pos, choice_top_k(b, p), err);
+    st = queue_pass(b, tokens, n_tokens, pos, choice_top_k(b, p), u, err);
     if (st == BN_OK)
-        st = queue_choice(b, p, u, err);
+        st = queue_choice(b, p, err);
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
     if (st != BN_OK)
@@ -1056,9 +1063,9 @@ bn_status bn_cuda_backend_submit_sample(bn_cuda_backend *b, int32_t token, int64
         st = begin_call(b, err);
     if (st != BN_OK)
         return st;
-    st = queue_pass(b, &token, 1, pos, choice_top_k(b, p), err);
+    st = queue_pass(b, &token, 1, pos, choice_top_k(b, p), u, err);
     if (st == BN_OK)
-        st = queue_choice(b, p, u, err);
+        st = queue_choice(b, p, err);
     if (st != BN_OK)
         return fail_pass(b, pos, st);
     b->pending = true;
@@ -1243,12 +1250,12 @@ static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
     ADD(&b->logits, (size_t)hp->vocab * f);
     ADD(&b->ws_sample, bn_cuda_sample_workspace_bytes(hp->vocab));
     ADD(&b->d_next, sizeof(int32_t));
-    ADD(&b->d_uniform, sizeof(double));
     ADD(&b->d_cand, BN_CUDA_SAMPLE_MAX_CAND * sizeof(uint64_t));
     ADD(&b->d_cand_n, sizeof(unsigned));
+    ADD(&b->d_cand_floor, sizeof(float));
     ADD(&b->d_tokens, (size_t)b->kv_len * sizeof(int32_t));
     ADD(&b->d_pos, (size_t)b->kv_len * sizeof(int32_t));
-    ADD(&b->d_dec, 4 * sizeof(int32_t));
+    ADD(&b->d_dec, DEC_BYTES);
 #undef ADD
     return n;
 }
@@ -1950,6 +1957,11 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->attn_counters, 0,
                                                  (size_t)hp->n_head * sizeof(unsigned int),
                                                  b->copy));
+    /* So is the sampler's ticket, the workspace's last word (sample_cuda.h). */
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->ws_sample, 0,
+                                                 bn_cuda_sample_workspace_bytes(hp->vocab),
+                                                 b->copy));
     if (st == BN_OK) {
         if (hp->rope_dim > 0) {
             if (bn_rope_freqs_init(&b->freqs, hp->rope_theta, hp->rope_dim) != cudaSuccess)
@@ -2272,7 +2284,7 @@ bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int6
         st = bn_cuda_context_use(b->ctx, err);
     if (st != BN_OK)
         return st;
-    st = upload_dec(b, token, pos, 1, err);
+    st = upload_dec(b, token, pos, 1, 0.0, err);
     if (st == BN_OK)
         st = profile_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, 0, true, reps, out, err);
     if (st != BN_OK)
@@ -2377,16 +2389,16 @@ bn_status bn_cuda_backend_time_decode_device_sample(bn_cuda_backend *b, int32_t 
         st = BN_CUDA_STATUS(err, cudaEventCreate(&ev[1]));
     /* A warm-up step, which also uploads the inputs every replay reads. */
     if (st == BN_OK)
-        st = queue_pass(b, &token, 1, pos, choice_top_k(b, p), err);
+        st = queue_pass(b, &token, 1, pos, choice_top_k(b, p), u, err);
     if (st == BN_OK)
-        st = queue_choice(b, p, u, err);
+        st = queue_choice(b, p, err);
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaEventRecord(ev[0], b->cs));
     for (int r = 0; r < reps && st == BN_OK; r++) {
         if (part != BN_CUDA_TIME_CHOICE)
             st = BN_CUDA_STATUS(err, cudaGraphLaunch(b->graph, b->cs));
         if (st == BN_OK && part != BN_CUDA_TIME_PASS)
-            st = queue_choice(b, p, u, err);
+            st = queue_choice(b, p, err);
     }
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaEventRecord(ev[1], b->cs));

@@ -366,8 +366,11 @@ cudaError_t bn_cb_head_gemv(const void *w, int type, int64_t rows, int64_t dim, 
  * only. With cand_n (one counter, the same in both calls) the screen empties
  * a candidate list and the exact pass appends the key of every row it
  * computes to cand (at most cand_cap keys; the count goes on past it), which
- * bn_cuda_sample_cand reads instead of the vocabulary's logits. dim as bn_cb_head_gemv; the vector paths need dim % 16
- * == 0 (screen) and the head kernel's condition (exact). Rows whose bound
+ * bn_cuda_sample_cand reads instead of the vocabulary's logits; with
+ * cand_floor (one float) the exact pass also stores T there, which the top
+ * k's logits all reach (k rows have logits >= T), so the sampler ranks only
+ * the listed keys at or above it. dim as bn_cb_head_gemv; the vector paths
+ * need dim % 16 == 0 (screen) and the head kernel's condition (exact). Rows whose bound
  * cannot be trusted (non-finite values, tiny or huge magnitudes) are always
  * computed exactly. */
 int bn_cb_head_screen_blocks(int64_t rows, int sm_count);
@@ -383,8 +386,8 @@ cudaError_t bn_cb_head_screen(const int8_t *q, const float *se, int64_t rows, in
 cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, int64_t dim, const float *x,
                              const float *upper, const float *partial, int n_partial,
                              const int32_t *d_k, float *logits, unsigned long long *best,
-                             uint64_t *cand, unsigned *cand_n, int cand_cap, int sm_count,
-                             cudaStream_t stream);
+                             uint64_t *cand, unsigned *cand_n, int cand_cap, float *cand_floor,
+                             int sm_count, cudaStream_t stream);
 
 /* The token of a key of sample_key.cuh (ordered(logit) << 32 | 0xffffffff - id). */
 static inline int32_t bn_cuda_key_token(unsigned long long key)

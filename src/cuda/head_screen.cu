@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(kScreenThreads)
                  const float *__restrict__ partial, int n_partial,
                  const int32_t *__restrict__ d_k, float *__restrict__ logits,
                  unsigned long long *__restrict__ best, uint64_t *__restrict__ cand,
-                 unsigned *__restrict__ cand_n, int cand_cap)
+                 unsigned *__restrict__ cand_n, int cand_cap, float *__restrict__ cand_floor)
 {
     extern __shared__ __align__(16) float xs[];
     __shared__ float red[32];
@@ -357,6 +357,8 @@ __global__ void __launch_bounds__(kScreenThreads)
     } else {
         T = kth_partial(partial, n_partial, k); /* likewise */
     }
+    if (cand_floor && blockIdx.x == 0 && threadIdx.x == 0)
+        *cand_floor = T; /* the top k's logits are all at least T */
     const int lane = threadIdx.x & 31;
     const int64_t row_bytes = dim * HeadElem<kType>::kBytes;
     const int64_t groups = (rows + 31) / 32;
@@ -404,14 +406,14 @@ template <int kType>
 cudaError_t launch_exact(const void *w, int64_t rows, int64_t dim, const float *x,
                          const float *upper, const float *partial, int n_partial,
                          const int32_t *d_k, float *logits, unsigned long long *best,
-                         uint64_t *cand, unsigned *cand_n, int cand_cap, unsigned blocks,
-                         cudaStream_t stream)
+                         uint64_t *cand, unsigned *cand_n, int cand_cap, float *cand_floor,
+                         unsigned blocks, cudaStream_t stream)
 {
     const auto kernel = head_row_vec<kType>(dim) ? exact_kernel<kType, true>
                                                  : exact_kernel<kType, false>;
     kernel<<<blocks, kScreenThreads, sizeof(float) * (size_t)dim, stream>>>(
         static_cast<const uint8_t *>(w), rows, dim, x, upper, partial, n_partial, d_k, logits,
-        best, cand, cand_n, cand_cap);
+        best, cand, cand_n, cand_cap, cand_floor);
     return cudaGetLastError();
 }
 
@@ -493,8 +495,8 @@ extern "C" cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, i
                                         const float *x, const float *upper, const float *partial,
                                         int n_partial, const int32_t *d_k, float *logits,
                                         unsigned long long *best, uint64_t *cand,
-                                        unsigned *cand_n, int cand_cap, int sm_count,
-                                        cudaStream_t stream)
+                                        unsigned *cand_n, int cand_cap, float *cand_floor,
+                                        int sm_count, cudaStream_t stream)
 {
     if (!w || !x || !upper || !partial || !logits || n_partial < 1 ||
         !head_args_ok(type, rows, dim) || (cand_n && (!cand || cand_cap < 0)))
@@ -508,5 +510,5 @@ extern "C" cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, i
                         : type == BN_CB_HEAD_F16 ? launch_exact<BN_CB_HEAD_F16>
                                                  : launch_exact<BN_CB_HEAD_BF16>;
     return launch(w, rows, dim, x, upper, partial, n_partial, d_k, logits, best, cand, cand_n,
-                  cand_cap, n, stream);
+                  cand_cap, cand_floor, n, stream);
 }

@@ -45,7 +45,7 @@ extern "C" {
 #define BN_CUDA_SAMPLE_MAX_K 64
 /* The longest candidate list bn_cuda_sample_cand reads. */
 #define BN_CUDA_SAMPLE_MAX_CAND 4096
-/* Largest vocabulary the two-pass selection handles. */
+/* Largest vocabulary the selection handles. */
 #define BN_CUDA_SAMPLE_MAX_VOCAB (1 << 20)
 
 typedef struct bn_cuda_sample_params {
@@ -56,7 +56,10 @@ typedef struct bn_cuda_sample_params {
 } bn_cuda_sample_params;
 
 /* Device workspace for any of the launchers below, for any vocabulary up
- * to `vocab` (32 KiB for 2B-4T's 128256). */
+ * to `vocab` (32 KiB). Zero it once (cudaMemset) before its first use: its
+ * last word is a counter the top-k launch's blocks count themselves on,
+ * which the launch leaves at zero again. One launch at a time may use a
+ * workspace. */
 size_t bn_cuda_sample_workspace_bytes(int32_t vocab);
 
 /* Greedy: *d_token = argmax (lowest index on ties, NaN never chosen, 0
@@ -78,9 +81,11 @@ cudaError_t bn_cuda_sample(const float *logits, int32_t vocab, const bn_cuda_sam
  * top-k reads only the list, one block over a few hundred keys instead of
  * a pass over the vocabulary; else (the list overflowed) it reads the
  * logits as bn_cuda_sample does. The token is the same either way. cand_n
- * NULL: bn_cuda_sample. */
+ * NULL: bn_cuda_sample. cand_floor (device memory, may be NULL): a value
+ * that the top-k's logits all reach (the exact pass's threshold), so that
+ * only listed keys at or above it are ranked. */
 cudaError_t bn_cuda_sample_cand(const float *logits, int32_t vocab, const uint64_t *cand,
-                                const unsigned *cand_n, int cand_cap,
+                                const unsigned *cand_n, int cand_cap, const float *cand_floor,
                                 const bn_cuda_sample_params *p, const double *d_uniform,
                                 void *workspace, int32_t *d_token, int32_t *h_token,
                                 cudaStream_t stream);

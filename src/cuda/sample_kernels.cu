@@ -15,15 +15,17 @@
  * Greedy is a max over keys: one pass of blocks, each writing its best
  * key, and one block reducing those.
  *
- * Top-k (k <= 64) is two passes as well. Pass 1: each block takes a slice
- * of the vocabulary into shared memory and keeps its 64 best keys with a
- * bitonic top-k: every 64-key run is sorted descending, then pairs of
- * runs A, B are folded into max(A[j], B[63 - j]) - a bitonic sequence
- * holding the 64 best of both - and re-sorted with a bitonic merge, until
- * one run is left. Pass 2: one block does the same over the blocks' runs,
- * then one thread walks the (at most 64) candidates exactly as the CPU
- * sampler does: weights, z, min-p, top-p, draw, all in the same order and
- * precision.
+ * Top-k (k <= 64) is one launch. Over the vocabulary, each block takes a
+ * slice into shared memory and keeps its 64 best keys with a bitonic
+ * top-k: every 64-key run is sorted descending, then pairs of runs A, B
+ * are folded into max(A[j], B[63 - j]) - a bitonic sequence holding the
+ * 64 best of both - and re-sorted with a bitonic merge, until one run is
+ * left; the last block to finish (a ticket in the workspace) does the same
+ * over the blocks' runs. Over a candidate list (the screened LM head's:
+ * a few hundred keys), block 0 alone ranks the list, the keys below the
+ * list's floor left out. Then one thread walks the (at most 64)
+ * candidates exactly as the CPU sampler does: weights, z, min-p, top-p,
+ * draw, all in the same order and precision.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -152,27 +154,6 @@ __device__ void block_top64(uint64_t *keys, int n, bool runs_sorted)
     }
 }
 
-/* Pass 1: block b keeps the 64 best keys of logits[b * slice, + slice).
- * With a candidate list that fits (cand_n, cap: bn_cuda_sample_cand) pass
- * 2 reads the list instead, and this pass does nothing. */
-__global__ void __launch_bounds__(kSelectThreads)
-    topk_partial(const float *__restrict__ logits, int32_t vocab, int slice,
-                 uint64_t *__restrict__ ws, const unsigned *__restrict__ cand_n, int cap)
-{
-    if (cand_n && *cand_n <= (unsigned)cap)
-        return;
-    extern __shared__ uint64_t keys[];
-    const int64_t begin = (int64_t)blockIdx.x * slice;
-    for (int t = threadIdx.x; t < slice; t += blockDim.x) {
-        const int64_t i = begin + t;
-        keys[t] = i < vocab ? make_key(logits[i], (int32_t)i) : 0;
-    }
-    __syncthreads();
-    block_top64(keys, slice, false);
-    if (threadIdx.x < kTopK)
-        ws[blockIdx.x * kTopK + threadIdx.x] = keys[threadIdx.x];
-}
-
 struct walk_params {
     int32_t vocab;
     int top_k;
@@ -279,33 +260,115 @@ __device__ int32_t walk_finish(cand *c, int n, const walk_params &p, double u)
     return c[n - 1].id;
 }
 
-/* Pass 2: the 64 best of the blocks' runs, then either the draw (token)
- * or the list itself (ids, vals). ws holds `count` keys; n is count
- * rounded up to a power of two. With a candidate list that fits (at most
- * cap <= kMaxBlocks * kTopK keys, *cand_n of them in list), the 64 best of
- * the list instead: it holds every key that can be among them (bn_cuda_sample_cand). */
-__global__ void __launch_bounds__(kSelectThreads)
-    topk_final(const uint64_t *__restrict__ ws, int count, int n, walk_params p,
-               const double *__restrict__ uniform, int32_t *__restrict__ token,
-               int32_t *__restrict__ ids, float *__restrict__ vals,
-               const uint64_t *__restrict__ list, const unsigned *__restrict__ cand_n, int cap)
+/* The 64 best keys of a candidate list (listed keys in list, every key
+ * that can be among the top k: bn_cuda_sample_cand) sorted descending into
+ * keys[0, 64), padded with 0. Only keys whose logit is at least *floor
+ * (when given) are ranked: the top k are among them. Up to one key a
+ * thread is left, each key's rank is the count of larger keys (keys are
+ * unique: their low half is the id), else a bitonic top-64. keys holds
+ * kMaxBlocks * kTopK >= listed keys. All threads of the block call it. */
+__device__ void list_top64(uint64_t *keys, const uint64_t *__restrict__ list, unsigned listed,
+                           const float *__restrict__ floor)
 {
-    __shared__ uint64_t keys[kMaxBlocks * kTopK];
+    __shared__ unsigned kept;
+    const float f = floor ? *floor : -INFINITY;
+    const uint32_t bar = f == f ? ordered(f) : 0u; /* NaN: no floor */
+    if (threadIdx.x == 0)
+        kept = 0;
+    __syncthreads();
+    for (unsigned t = threadIdx.x; t < listed; t += blockDim.x) {
+        const uint64_t key = list[t];
+        if ((uint32_t)(key >> 32) >= bar)
+            keys[atomicAdd(&kept, 1u)] = key;
+    }
+    __syncthreads();
+    const int n = (int)kept;
+    if (n <= (int)blockDim.x) {
+        const uint64_t mine = (int)threadIdx.x < n ? keys[threadIdx.x] : 0;
+        int rank = 0;
+        for (int j = 0; j < n; j++)
+            rank += keys[j] > mine;
+        __syncthreads();
+        if (threadIdx.x < kTopK)
+            keys[threadIdx.x] = 0;
+        __syncthreads();
+        if ((int)threadIdx.x < n && rank < kTopK)
+            keys[rank] = mine;
+        __syncthreads();
+        return;
+    }
+    int m = kTopK; /* a power of two >= 64 holding the kept keys */
+    while (m < n)
+        m <<= 1;
+    for (int t = n + (int)threadIdx.x; t < m; t += blockDim.x)
+        keys[t] = 0;
+    __syncthreads();
+    block_top64(keys, m, false);
+}
+
+/* The 64 best keys of the whole vocabulary sorted descending into
+ * keys[0, 64), by every block of the grid: block b keeps the 64 best of
+ * logits[b * slice, + slice) in ws, and the last block to finish (a
+ * ticket, reset to 0 by that block) merges the runs. Returns whether this
+ * block is that last one (the others are done). keys holds slice and
+ * kMaxBlocks * kTopK keys. */
+__device__ bool vocab_top64(uint64_t *keys, const float *__restrict__ logits, int32_t vocab,
+                            int slice, uint64_t *ws, unsigned *ticket)
+{
+    const int64_t begin = (int64_t)blockIdx.x * slice;
+    for (int t = threadIdx.x; t < slice; t += blockDim.x) {
+        const int64_t i = begin + t;
+        keys[t] = i < vocab ? make_key(logits[i], (int32_t)i) : 0;
+    }
+    __syncthreads();
+    block_top64(keys, slice, false);
+    if (threadIdx.x < kTopK) {
+        ws[blockIdx.x * kTopK + threadIdx.x] = keys[threadIdx.x];
+        __threadfence(); /* the run is visible before the ticket counts it */
+    }
+    __syncthreads();
+    __shared__ bool last;
+    if (threadIdx.x == 0)
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last)
+        return false;
+    __threadfence();
+    const int count = (int)gridDim.x * kTopK;
+    int n = kTopK;
+    while (n < count)
+        n <<= 1;
+    for (int t = threadIdx.x; t < n; t += blockDim.x)
+        keys[t] = t < count ? __ldcg(ws + t) : 0;
+    if (threadIdx.x == 0)
+        *ticket = 0; /* every block has counted itself */
+    __syncthreads();
+    block_top64(keys, n, true);
+    return true;
+}
+
+/* Top-k and the draw in one launch: the 64 best keys, from the candidate
+ * list when one is given and fits (*cand_n <= cap, cap <= kMaxBlocks *
+ * kTopK: block 0 alone, the other blocks return at once) or else from the
+ * whole vocabulary (vocab_top64), then either the draw (token) or the
+ * best k themselves (ids, vals). */
+__global__ void __launch_bounds__(kSelectThreads)
+    topk_select(const float *__restrict__ logits, int32_t vocab, int slice,
+                uint64_t *__restrict__ ws, unsigned *__restrict__ ticket, walk_params p,
+                const double *__restrict__ uniform, int32_t *__restrict__ token,
+                int32_t *__restrict__ ids, float *__restrict__ vals,
+                const uint64_t *__restrict__ list, const unsigned *__restrict__ cand_n, int cap,
+                const float *__restrict__ floor)
+{
+    extern __shared__ uint64_t keys[];
     __shared__ cand c[kTopK];
     const unsigned listed = cand_n ? *cand_n : 0;
     if (cand_n && listed <= (unsigned)cap) {
-        int m = kTopK; /* a power of two >= 64 holding the list */
-        while (m < (int)listed)
-            m <<= 1;
-        for (int t = threadIdx.x; t < m; t += blockDim.x)
-            keys[t] = t < (int)listed ? list[t] : 0;
-        __syncthreads();
-        block_top64(keys, m, false);
-    } else {
-        for (int t = threadIdx.x; t < n; t += blockDim.x)
-            keys[t] = t < count ? ws[t] : 0;
-        __syncthreads();
-        block_top64(keys, n, true);
+        if (blockIdx.x != 0)
+            return;
+        list_top64(keys, list, listed, floor);
+    } else if (!vocab_top64(keys, logits, vocab, slice, ws, ticket)) {
+        return;
     }
     const int k = p.top_k > 0 && p.top_k < kTopK ? p.top_k : kTopK;
     if (ids) {
@@ -361,19 +424,29 @@ cudaError_t copy_out(const int32_t *d_token, int32_t *h_token, cudaStream_t stre
     return cudaMemcpyAsync(h_token, d_token, sizeof *h_token, cudaMemcpyDeviceToHost, stream);
 }
 
-/* Pass 1 of top-k; returns the number of keys it leaves in ws. */
-cudaError_t launch_topk_partial(const float *logits, int32_t vocab, uint64_t *ws,
-                                const unsigned *cand_n, int cap, cudaStream_t stream, int *count)
+/* The ticket vocab_top64's blocks count themselves on: after the runs in
+ * the workspace (bn_cuda_sample_workspace_bytes). */
+unsigned *topk_ticket(void *workspace)
+{
+    return reinterpret_cast<unsigned *>(static_cast<uint64_t *>(workspace) + kMaxBlocks * kTopK);
+}
+
+cudaError_t launch_topk_select(const float *logits, int32_t vocab, void *workspace,
+                               const walk_params &wp, const double *uniform, int32_t *token,
+                               int32_t *ids, float *vals, const uint64_t *list,
+                               const unsigned *cand_n, int cap, const float *floor,
+                               cudaStream_t stream)
 {
     const int slice = topk_slice(vocab);
     const int blocks = (int)((vocab + slice - 1) / slice);
-    const size_t smem = (size_t)slice * sizeof(uint64_t);
-    const cudaError_t rc = allow_dynamic_smem(topk_partial, smem);
+    const int held = slice > kMaxBlocks * kTopK ? slice : kMaxBlocks * kTopK;
+    const size_t smem = (size_t)held * sizeof(uint64_t);
+    const cudaError_t rc = allow_dynamic_smem(topk_select, smem);
     if (rc != cudaSuccess)
         return rc;
-    topk_partial<<<blocks, kSelectThreads, smem, stream>>>(logits, vocab, slice, ws, cand_n,
-                                                           cap);
-    *count = blocks * kTopK;
+    topk_select<<<blocks, kSelectThreads, smem, stream>>>(
+        logits, vocab, slice, static_cast<uint64_t *>(workspace), topk_ticket(workspace), wp,
+        uniform, token, ids, vals, list, cand_n, cap, floor);
     return cudaGetLastError();
 }
 
@@ -383,13 +456,15 @@ extern "C" size_t bn_cuda_sample_workspace_bytes(int32_t vocab)
 {
     if (vocab < 1)
         return 0;
-    /* Enough for every vocabulary up to this one: pass 1 of top-k never
-     * has more than kMaxBlocks blocks (a smaller vocabulary can have more
-     * blocks than a larger one, with smaller slices), greedy has one key
-     * per kGreedySlice logits. */
-    const int64_t greedy = (vocab + kGreedySlice - 1) / kGreedySlice;
-    const int64_t topk = (int64_t)kMaxBlocks * kTopK;
-    return (size_t)(greedy > topk ? greedy : topk) * sizeof(uint64_t);
+    /* Enough for every vocabulary up to this one: top-k's vocabulary pass
+     * never has more than kMaxBlocks blocks (a smaller vocabulary can have
+     * more blocks than a larger one, with smaller slices), greedy has one
+     * key per kGreedySlice logits (at most 1024 < kMaxBlocks * kTopK); then
+     * the ticket (topk_ticket), padded to a key. */
+    static_assert((BN_CUDA_SAMPLE_MAX_VOCAB + kGreedySlice - 1) / kGreedySlice <=
+                      kMaxBlocks * kTopK,
+                  "greedy's keys fit before the ticket");
+    return ((size_t)kMaxBlocks * kTopK + 1) * sizeof(uint64_t);
 }
 
 extern "C" cudaError_t bn_cuda_sample_greedy(const float *logits, int32_t vocab, void *workspace,
@@ -411,7 +486,8 @@ extern "C" cudaError_t bn_cuda_sample_greedy(const float *logits, int32_t vocab,
 
 extern "C" cudaError_t bn_cuda_sample_cand(const float *logits, int32_t vocab,
                                            const uint64_t *cand, const unsigned *cand_n,
-                                           int cand_cap, const bn_cuda_sample_params *p,
+                                           int cand_cap, const float *cand_floor,
+                                           const bn_cuda_sample_params *p,
                                            const double *d_uniform, void *workspace,
                                            int32_t *d_token, int32_t *h_token,
                                            cudaStream_t stream)
@@ -429,16 +505,10 @@ extern "C" cudaError_t bn_cuda_sample_cand(const float *logits, int32_t vocab,
     const bool top_k_on = p->top_k > 0 && p->top_k < vocab;
     if (top_k_on ? p->top_k > kTopK : vocab > kTopK)
         return cudaErrorInvalidValue; /* the CPU sampler's job */
-    uint64_t *ws = static_cast<uint64_t *>(workspace);
-    int count = 0;
-    cudaError_t rc = launch_topk_partial(logits, vocab, ws, cand_n, cand_cap, stream, &count);
-    if (rc != cudaSuccess)
-        return rc;
     const walk_params wp = {vocab, p->top_k, p->temperature, p->top_p, p->min_p};
-    topk_final<<<1, kSelectThreads, 0, stream>>>(ws, count, next_pow2(count), wp, d_uniform,
-                                                  d_token, nullptr, nullptr, cand, cand_n,
-                                                  cand_cap);
-    rc = cudaGetLastError();
+    const cudaError_t rc = launch_topk_select(logits, vocab, workspace, wp, d_uniform, d_token,
+                                              nullptr, nullptr, cand, cand_n, cand_cap,
+                                              cand_floor, stream);
     return rc != cudaSuccess ? rc : copy_out(d_token, h_token, stream);
 }
 
@@ -447,8 +517,8 @@ extern "C" cudaError_t bn_cuda_sample(const float *logits, int32_t vocab,
                                       void *workspace, int32_t *d_token, int32_t *h_token,
                                       cudaStream_t stream)
 {
-    return bn_cuda_sample_cand(logits, vocab, nullptr, nullptr, 0, p, d_uniform, workspace,
-                               d_token, h_token, stream);
+    return bn_cuda_sample_cand(logits, vocab, nullptr, nullptr, 0, nullptr, p, d_uniform,
+                               workspace, d_token, h_token, stream);
 }
 
 extern "C" cudaError_t bn_cuda_top_k(const float *logits, int32_t vocab, int k, void *workspace,
@@ -457,13 +527,7 @@ extern "C" cudaError_t bn_cuda_top_k(const float *logits, int32_t vocab, int k, 
     if (vocab < 1 || vocab > BN_CUDA_SAMPLE_MAX_VOCAB || k < 1 || k > kTopK || !logits ||
         !workspace || !ids || !vals)
         return cudaErrorInvalidValue;
-    uint64_t *ws = static_cast<uint64_t *>(workspace);
-    int count = 0;
-    cudaError_t rc = launch_topk_partial(logits, vocab, ws, nullptr, 0, stream, &count);
-    if (rc != cudaSuccess)
-        return rc;
     const walk_params wp = {vocab, k, 1.0f, 1.0f, 0.0f};
-    topk_final<<<1, kSelectThreads, 0, stream>>>(ws, count, next_pow2(count), wp, nullptr,
-                                                  nullptr, ids, vals, nullptr, nullptr, 0);
-    return cudaGetLastError();
+    return launch_topk_select(logits, vocab, workspace, wp, nullptr, nullptr, ids, vals, nullptr,
+                              nullptr, 0, nullptr, stream);
 }

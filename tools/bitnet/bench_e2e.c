@@ -237,7 +237,7 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
            "token upload, step, argmax, token download)\n",
            graphs ? graph_us : eager_us, (long long)pos, graphs ? "graph replay" : "eager");
     printf("          %8.1f us    the same step sampled on the device (T 0.8, top-k 40, top-p "
-           "0.95: uniform number upload, step, sampler, token download)\n",
+           "0.95: inputs upload, step, sampler, token download)\n",
            sampled_us);
     if (graphs) {
         printf("          %8.1f us    the same step with eager kernel launches\n", eager_us);
