@@ -326,6 +326,11 @@ int main(void)
     }
     check_case(BN_CB_HEAD_F16, vocab, 2560, ROWS_NEAR_TIES, X_RANDOM, "vocabulary, near ties", 40);
     check_case(BN_CB_HEAD_F16, 1000, 2560, ROWS_RANDOM, X_NAN, "x with a NaN", 40);
+    /* Grids sized for 400 SMs: 1200 screen blocks, more partials than the
+     * exact pass sorts (it ranks them instead). */
+    sm_count = 400;
+    check_case(BN_CB_HEAD_F16, vocab, 2560, ROWS_NEAR_TIES, X_RANDOM, "1200 partials", 40);
+    sm_count = prop.multiProcessorCount;
 
     /* Bad arguments are refused. */
     float *d = NULL;

@@ -290,16 +290,18 @@ __global__ void __launch_bounds__(kScreenThreads, kScreenBlocksPerSm)
         partial[blockIdx.x] = best_lower;
 }
 
-/* Partials compared a chunk at a time in shared memory (kth_partial). */
+/* Partials compared a chunk at a time in shared memory (kth_ranked). */
 constexpr int kRankChunk = 1024;
+/* Up to this many partials are sorted instead (kth_sorted): every screen
+ * launch on a GPU of up to 170 SMs (kScreenBlocksPerSm a SM). */
+constexpr int kSortMax = 2 * kScreenThreads;
 
 /* The k-th largest of p[0, n) (ties: the lower index first), -inf when n <
  * k: each thread ranks its own values against all n, read from shared
  * memory a chunk at a time (every thread the same word: a broadcast); the
  * ranks are a permutation of 0 .. n - 1, so exactly one value has rank
- * k - 1. Called by the whole block; its barriers also publish what the
- * threads stored in shared memory before it. */
-__device__ float kth_partial(const float *__restrict__ p, int n, int k)
+ * k - 1. n^2 / threads comparisons a thread: only for n > kSortMax. */
+__device__ float kth_ranked(const float *__restrict__ p, int n, int k)
 {
     __shared__ float chunk[kRankChunk];
     __shared__ float kth;
@@ -325,6 +327,47 @@ __device__ float kth_partial(const float *__restrict__ p, int n, int k)
     }
     __syncthreads();
     return kth;
+}
+
+/* The same value for 1 <= k <= n <= kSortMax: the partials as ordered
+ * integers (sample_key.cuh; padding 0 is below them all), sorted
+ * descending by a bitonic network of one compare-exchange a thread a
+ * stage, 45 stages for 512. The ranking above costs every thread about n
+ * compare steps, and each of the exact pass's blocks pays it: on an H200
+ * (396 partials, four blocks an SM) it was most of what a top-40 step's
+ * exact pass took beyond a greedy one's. */
+__device__ float kth_sorted(const float *__restrict__ p, int n, int k)
+{
+    __shared__ uint32_t v[kSortMax];
+    int m = 2;
+    while (m < n)
+        m <<= 1;
+    for (int i = threadIdx.x; i < m; i += kScreenThreads)
+        v[i] = i < n ? ordered(p[i]) : 0u;
+    __syncthreads();
+    for (int size = 2; size <= m; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int t = threadIdx.x; t < m / 2; t += kScreenThreads) {
+                const int i = 2 * stride * (t / stride) + t % stride, j = i + stride;
+                const uint32_t a = v[i], b = v[j];
+                if ((i & size) == 0 ? a < b : a > b) { /* descending runs first */
+                    v[i] = b;
+                    v[j] = a;
+                }
+            }
+            __syncthreads();
+        }
+    return unordered(v[k - 1]);
+}
+
+/* The k-th largest of the n partials (-inf when n < k). Called by the
+ * whole block; its barriers also publish what the threads stored in shared
+ * memory before it. */
+__device__ float kth_partial(const float *__restrict__ p, int n, int k)
+{
+    if (k <= n && n <= kSortMax)
+        return kth_sorted(p, n, k);
+    return kth_ranked(p, n, k);
 }
 
 /* T = the k-th largest lower end among the blocks' largest (k = *d_k, 1
