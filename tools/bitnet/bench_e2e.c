@@ -69,7 +69,9 @@ static void usage(FILE *out)
             "                    an int8 copy when the head takes 64 MiB or more), on, or\n"
             "                    off (the whole head every step); the token is the same\n"
             "  --temp T          sample the generated tokens at temperature T (default 0:\n"
-            "                    greedy), with --top-k K (default 40) and --top-p P (0.95)\n"
+            "                    greedy), with --top-k K (default 40) and --top-p P (0.95);\n"
+            "                    the CUDA report's sampled step uses them too (else T 0.8,\n"
+            "                    top-k 40, top-p 0.95)\n"
             "  --pick P          who picks each token: device (default: the CUDA backend\n"
             "                    where it can: greedy, or a top-k of 1 to 64) or host (from\n"
             "                    logits copied back every step)\n"
@@ -175,7 +177,8 @@ static int print_prefill_stages(bn_cuda_backend *cb, int32_t vocab, long long n_
  * floor. The measurements rerun the last decode step (the last generated
  * token at the next position). */
 static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t vocab,
-                       int32_t token, long long n_prompt, long long n_gen)
+                       int32_t token, long long n_prompt, long long n_gen,
+                       const bn_cuda_sample_params *asked)
 {
     const double mib = 1024.0 * 1024.0;
     bn_error err;
@@ -191,10 +194,14 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
     int64_t kept = 0;
     if (st == BN_OK)
         st = bn_cuda_backend_head_kept(cb, &kept, &err);
-    /* A sampled step with the CLI's defaults, as generation runs it where
-     * the device picks (its head screened for the top 40 where greedy
-     * steps are screened). */
-    const bn_cuda_sample_params sampling = {0.8f, 40, 0.95f, 0.0f};
+    /* A sampled step as generation runs it where the device picks (its
+     * head screened for the top k where greedy steps are screened): with
+     * --temp's sampling where the device serves it, else the CLI's
+     * defaults. */
+    const bn_cuda_sample_params sampling =
+        asked->temperature > 0.0f && bn_cuda_backend_sample_supported(cb, asked)
+            ? *asked
+            : (bn_cuda_sample_params){0.8f, 40, 0.95f, 0.0f};
     double sampled_us = 0.0;
     int64_t kept_sampled = 0;
     if (st == BN_OK)
@@ -229,24 +236,24 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
            info->kv_type, graphs ? "replays a CUDA graph" : "launches kernels one by one");
     if (bn_cuda_backend_head_screen(cb))
         printf("head      greedy steps screen the LM head through its int8 copy: the step "
-               "below computed %lld of %d rows in full (a sampled step, top-k 40: %lld)\n",
-               (long long)kept, (int)vocab, (long long)kept_sampled);
+               "below computed %lld of %d rows in full (a sampled step, top-k %d: %lld)\n",
+               (long long)kept, (int)vocab, sampling.top_k, (long long)kept_sampled);
     else
         printf("head      greedy steps read the whole LM head\n");
     printf("step      %8.1f us    one greedy decode step at position %lld, %s (wall time: "
            "token upload, step, argmax, token download)\n",
            graphs ? graph_us : eager_us, (long long)pos, graphs ? "graph replay" : "eager");
-    printf("          %8.1f us    the same step sampled on the device (T 0.8, top-k 40, top-p "
-           "0.95: inputs upload, step, sampler, token download)\n",
-           sampled_us);
+    printf("          %8.1f us    the same step sampled on the device (T %.2g, top-k %d, top-p "
+           "%.2g: inputs upload, step, sampler, token download)\n",
+           sampled_us, (double)sampling.temperature, sampling.top_k, (double)sampling.top_p);
     if (graphs) {
         printf("          %8.1f us    the same step with eager kernel launches\n", eager_us);
         printf("          %8.1f us    device time: graph + argmax replayed back to back (no host "
                "round trip between steps)\n",
                device_us);
         printf("          %8.1f us    device time of the sampled step: %.1f us the graph (its head "
-               "screened for the top 40), %.1f us the sampler (each timed alone, back to back)\n",
-               sampled_dev[0], sampled_dev[1], sampled_dev[2]);
+               "screened for the top %d), %.1f us the sampler (each timed alone, back to back)\n",
+               sampled_dev[0], sampled_dev[1], sampling.top_k, sampled_dev[2]);
     }
     printf("\nper-stage time of an instrumented eager decode step (CUDA events around each "
            "stage, 20 steps averaged):\n");
@@ -599,7 +606,10 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
 #if defined(BITNET_HAVE_CUDA)
     if (bn_engine_cuda(e)) {
         const int32_t last = g.n_tokens > 0 ? g.tokens[g.n_tokens - 1] : 0;
-        const int rc = cuda_report(bn_engine_cuda(e), &info, hp.vocab, last, n_prompt, n_gen);
+        const bn_cuda_sample_params asked = {req.sampling.temperature, req.sampling.top_k,
+                                             req.sampling.top_p, req.sampling.min_p};
+        const int rc =
+            cuda_report(bn_engine_cuda(e), &info, hp.vocab, last, n_prompt, n_gen, &asked);
         bn_generation_free(&g);
         bn_engine_free(e);
         return rc;
