@@ -292,15 +292,15 @@ __global__ void __launch_bounds__(kScreenThreads, kScreenBlocksPerSm)
 
 /* Partials compared a chunk at a time in shared memory (kth_ranked). */
 constexpr int kRankChunk = 1024;
-/* Up to this many partials are sorted instead (kth_sorted): every screen
+/* Up to this many partials are counted instead (kth_counted): every screen
  * launch on a GPU of up to 170 SMs (kScreenBlocksPerSm a SM). */
-constexpr int kSortMax = 2 * kScreenThreads;
+constexpr int kCountMax = 2 * kScreenThreads;
 
 /* The k-th largest of p[0, n) (ties: the lower index first), -inf when n <
  * k: each thread ranks its own values against all n, read from shared
  * memory a chunk at a time (every thread the same word: a broadcast); the
  * ranks are a permutation of 0 .. n - 1, so exactly one value has rank
- * k - 1. n^2 / threads comparisons a thread: only for n > kSortMax. */
+ * k - 1. n^2 / threads comparisons a thread: only for n > kCountMax. */
 __device__ float kth_ranked(const float *__restrict__ p, int n, int k)
 {
     __shared__ float chunk[kRankChunk];
@@ -329,35 +329,31 @@ __device__ float kth_ranked(const float *__restrict__ p, int n, int k)
     return kth;
 }
 
-/* The same value for 1 <= k <= n <= kSortMax: the partials as ordered
- * integers (sample_key.cuh; padding 0 is below them all), sorted
- * descending by a bitonic network of one compare-exchange a thread a
- * stage, 45 stages for 512. The ranking above costs every thread about n
- * compare steps, and each of the exact pass's blocks pays it: on an H200
- * (396 partials, four blocks an SM) it was most of what a top-40 step's
- * exact pass took beyond a greedy one's. */
-__device__ float kth_sorted(const float *__restrict__ p, int n, int k)
+/* The same value for n <= kCountMax, bit by bit: T, the k-th largest as
+ * an ordered integer (sample_key.cuh), is the largest x with at least k
+ * partials >= x, so from the top bit down a bit stays set when enough
+ * partials reach the prefix with it. Each bit is one or two block-wide
+ * counts (__syncthreads_count), 32 to 64 barriers in all, and no shared
+ * memory. Every one of the exact pass's blocks pays this: ranking every
+ * partial against all (kth_ranked), and then a bitonic sort of them (45
+ * compare-exchange stages for 512), took most of what a top-k step's exact
+ * pass costs beyond a greedy one's on an H200 (396 partials, four blocks an
+ * SM). With k > n no x qualifies: T = 0, which reads back as -inf. */
+__device__ float kth_counted(const float *__restrict__ p, int n, int k)
 {
-    __shared__ uint32_t v[kSortMax];
-    int m = 2;
-    while (m < n)
-        m <<= 1;
-    for (int i = threadIdx.x; i < m; i += kScreenThreads)
-        v[i] = i < n ? ordered(p[i]) : 0u;
-    __syncthreads();
-    for (int size = 2; size <= m; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int t = threadIdx.x; t < m / 2; t += kScreenThreads) {
-                const int i = 2 * stride * (t / stride) + t % stride, j = i + stride;
-                const uint32_t a = v[i], b = v[j];
-                if ((i & size) == 0 ? a < b : a > b) { /* descending runs first */
-                    v[i] = b;
-                    v[j] = a;
-                }
-            }
-            __syncthreads();
-        }
-    return unordered(v[k - 1]);
+    const int i0 = threadIdx.x, i1 = threadIdx.x + kScreenThreads;
+    const uint32_t v0 = i0 < n ? ordered(p[i0]) : 0u; /* 0: below every value */
+    const uint32_t v1 = i1 < n ? ordered(p[i1]) : 0u;
+    uint32_t t = 0;
+    for (int bit = 31; bit >= 0; bit--) {
+        const uint32_t x = t | 1u << bit;
+        int count = __syncthreads_count(v0 >= x);
+        if (n > kScreenThreads)
+            count += __syncthreads_count(v1 >= x);
+        if (count >= k)
+            t = x;
+    }
+    return t == 0 ? -INFINITY : unordered(t);
 }
 
 /* The k-th largest of the n partials (-inf when n < k). Called by the
@@ -365,9 +361,7 @@ __device__ float kth_sorted(const float *__restrict__ p, int n, int k)
  * memory before it. */
 __device__ float kth_partial(const float *__restrict__ p, int n, int k)
 {
-    if (k <= n && n <= kSortMax)
-        return kth_sorted(p, n, k);
-    return kth_ranked(p, n, k);
+    return n <= kCountMax ? kth_counted(p, n, k) : kth_ranked(p, n, k);
 }
 
 /* T = the k-th largest lower end among the blocks' largest (k = *d_k, 1
