@@ -260,6 +260,112 @@ __device__ int32_t walk_finish(cand *c, int n, const walk_params &p, double u)
     return c[n - 1].id;
 }
 
+/* walk_prepare + walk_finish for a top-k set (best first), by one warp:
+ * the same token from the same numbers, in far fewer dependent steps. The
+ * per-candidate steps (+inf, weights, min-p, the cuts' and the draw's
+ * searches) take a lane per candidate (two for k > 32); what must stay in
+ * order are the double sums, and one lane does those, twice: z over the
+ * candidates, then the running sums cum[i] over the ones min-p keeps. The
+ * CPU's top-p sum and its draw's total and running sum are those same
+ * running sums (the same weights added in the same order from 0), so
+ * top-p keeps up to the first i with cum[i] >= top_p z, the total is the
+ * last kept cum, and the draw is the first kept i with u total < cum[i].
+ * keys[0, k): the top k (k <= 64), live ones first. Lane 0's result. */
+__device__ int32_t draw_sorted(const uint64_t *keys, int k, const walk_params &p, double u)
+{
+    __shared__ float w_s[kTopK];
+    __shared__ double cum_s[kTopK];
+    __shared__ int32_t id_s[kTopK];
+    const unsigned all = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    const unsigned below = (1u << lane) - 1u; /* lanes before this one */
+    uint64_t key[2];
+    float logit[2];
+    bool live[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int i = lane + 32 * j;
+        key[j] = i < k ? keys[i] : 0;
+        live[j] = key_live(key[j]);
+        logit[j] = key_logit(key[j]);
+    }
+    /* Live keys are a prefix (sorted, -inf and padding last). */
+    int n = __popc(__ballot_sync(all, live[0])) + __popc(__ballot_sync(all, live[1]));
+    if (n == 0)
+        return 0; /* nothing above -inf: token 0 */
+    /* +inf tokens share everything: they are the prefix, weight 1 each. */
+    if (__shfl_sync(all, logit[0], 0) == INFINITY) {
+        n = __popc(__ballot_sync(all, live[0] && logit[0] == INFINITY)) +
+            __popc(__ballot_sync(all, live[1] && logit[1] == INFINITY));
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            if (logit[j] == INFINITY)
+                logit[j] = 0.0f;
+    }
+    const float max = __shfl_sync(all, logit[0], 0); /* best first */
+    float w[2];
+    bool in[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        in[j] = lane + 32 * j < n;
+        w[j] = in[j] ? walk_weight(logit[j], max, p.temperature) : 0.0f;
+        if (in[j])
+            w_s[lane + 32 * j] = w[j];
+    }
+    __syncwarp();
+    double z = 0.0;
+    if (lane == 0)
+        for (int i = 0; i < n; i++)
+            z += w_s[i];
+    z = __shfl_sync(all, z, 0);
+    /* Min-p, order kept: a kept candidate's place is the count of kept
+     * ones before it. */
+    const float thr = p.min_p < 1.0f ? p.min_p : 1.0f;
+    bool keep[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+        keep[j] = in[j] && w[j] > 0.0f && w[j] >= thr;
+    const unsigned k0 = __ballot_sync(all, keep[0]), k1 = __ballot_sync(all, keep[1]);
+    const int m = __popc(k0) + __popc(k1);
+    __syncwarp(); /* lane 0 has read w_s */
+    if (keep[0]) {
+        w_s[__popc(k0 & below)] = w[0];
+        id_s[__popc(k0 & below)] = key_id(key[0]);
+    }
+    if (keep[1]) {
+        w_s[__popc(k0) + __popc(k1 & below)] = w[1];
+        id_s[__popc(k0) + __popc(k1 & below)] = key_id(key[1]);
+    }
+    __syncwarp();
+    if (lane == 0) {
+        double cum = 0.0;
+        for (int i = 0; i < m; i++) {
+            cum += w_s[i];
+            cum_s[i] = cum;
+        }
+    }
+    __syncwarp();
+    /* The first i in [0, m) with pred(cum[i]), m when none. */
+    auto first = [&](double bar, bool at_least) {
+        bool hit[2];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int i = lane + 32 * j;
+            hit[j] = i < m && (at_least ? cum_s[i] >= bar : bar < cum_s[i]);
+        }
+        const unsigned h0 = __ballot_sync(all, hit[0]), h1 = __ballot_sync(all, hit[1]);
+        return h0 ? __ffs(h0) - 1 : h1 ? 32 + __ffs(h1) - 1 : m;
+    };
+    int kept = m;
+    if (p.top_p < 1.0f && m > 1) {
+        const int f = first((double)p.top_p * z, true);
+        kept = f < m ? f + 1 : m;
+    }
+    const double total = cum_s[kept - 1];
+    const int d = first(u * total, false);
+    return id_s[d < kept ? d : kept - 1];
+}
+
 /* The 64 best keys of a candidate list (listed keys in list, every key
  * that can be among the top k: bn_cuda_sample_cand) sorted descending into
  * keys[0, 64), padded with 0. Only keys whose logit is at least *floor
@@ -377,6 +483,15 @@ __global__ void __launch_bounds__(kSelectThreads)
             const bool live = key_live(key);
             ids[threadIdx.x] = live ? key_id(key) : -1;
             vals[threadIdx.x] = live ? key_logit(key) : -INFINITY;
+        }
+        return;
+    }
+    /* A top-k set is sorted: one warp draws (draw_sorted). */
+    if (p.top_k > 0 && p.top_k < p.vocab) {
+        if (threadIdx.x < 32) {
+            const int32_t t = draw_sorted(keys, k, p, *uniform);
+            if (threadIdx.x == 0)
+                *token = t;
         }
         return;
     }
