@@ -23,9 +23,11 @@
  * left; the last block to finish (a ticket in the workspace) does the same
  * over the blocks' runs. Over a candidate list (the screened LM head's:
  * a few hundred keys), block 0 alone ranks the list, the keys below the
- * list's floor left out. Then one thread walks the (at most 64)
- * candidates exactly as the CPU sampler does: weights, z, min-p, top-p,
- * draw, all in the same order and precision.
+ * list's floor left out. Then the (at most 64) candidates are walked
+ * exactly as the CPU sampler does: weights, z, min-p, top-p, draw, all in
+ * the same order and precision; by one warp for a top-k set, which is
+ * sorted best first (draw_sorted), by one thread when top-k is off (a
+ * vocabulary of at most 64, walked in index order).
  */
 #include <cuda_runtime.h>
 #include <math.h>
