@@ -167,14 +167,16 @@ struct cand {
     int32_t id;
 };
 
-/* The CPU sampler's draw over the candidates c[0, n), best first, in
- * three steps (the comments name the step of bn_sampler_sample each
+/* The CPU sampler's draw without a top-k (a vocabulary of at most 64;
+ * a top-k set is draw_sorted's) over the candidates c[0, n), best first,
+ * in three steps (the comments name the step of bn_sampler_sample each
  * mirrors): walk_prepare and walk_finish run on one thread, the weights
  * in between on one thread per candidate. */
 
-/* +inf handling and the working order; returns the max logit, or NaN
- * when there is nothing to draw from (n == 0). */
-__device__ float walk_prepare(cand *c, int *n_io, const walk_params &p)
+/* +inf handling and the working order (the CPU's, without top-k: index
+ * order); returns the max logit, or NaN when there is nothing to draw
+ * from (n == 0). */
+__device__ float walk_prepare(cand *c, int *n_io)
 {
     int n = *n_io;
     if (n == 0)
@@ -186,15 +188,12 @@ __device__ float walk_prepare(cand *c, int *n_io, const walk_params &p)
             c[m++].logit = 0.0f;
         n = m;
     }
-    /* Without top-k the CPU's working set is in index order. */
-    if (!(p.top_k > 0 && p.top_k < p.vocab)) {
-        for (int i = 1; i < n; i++)
-            for (int j = i; j > 0 && c[j - 1].id > c[j].id; j--) {
-                const cand t = c[j];
-                c[j] = c[j - 1];
-                c[j - 1] = t;
-            }
-    }
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && c[j - 1].id > c[j].id; j--) {
+            const cand t = c[j];
+            c[j] = c[j - 1];
+            c[j - 1] = t;
+        }
     float max = c[0].logit;
     for (int i = 1; i < n; i++)
         max = c[i].logit > max ? c[i].logit : max;
@@ -212,7 +211,6 @@ __device__ __forceinline__ float walk_weight(float logit, float max, float T)
 
 __device__ int32_t walk_finish(cand *c, int n, const walk_params &p, double u)
 {
-    const bool sorted = p.top_k > 0 && p.top_k < p.vocab;
     double z = 0.0;
     for (int i = 0; i < n; i++)
         z += c[i].w;
@@ -224,20 +222,18 @@ __device__ int32_t walk_finish(cand *c, int n, const walk_params &p, double u)
             c[m++] = c[i];
     n = m;
     /* Top-p over the best-first order (the CPU's heap pops it in that
-     * order when the set is not sorted already). */
+     * order from the index-ordered set). */
     if (p.top_p < 1.0f && n > 1) {
-        if (!sorted) {
-            for (int i = 1; i < n; i++)
-                for (int j = i; j > 0; j--) {
-                    const bool worse = c[j - 1].logit < c[j].logit ||
-                                       (c[j - 1].logit == c[j].logit && c[j - 1].id > c[j].id);
-                    if (!worse)
-                        break;
-                    const cand t = c[j];
-                    c[j] = c[j - 1];
-                    c[j - 1] = t;
-                }
-        }
+        for (int i = 1; i < n; i++)
+            for (int j = i; j > 0; j--) {
+                const bool worse = c[j - 1].logit < c[j].logit ||
+                                   (c[j - 1].logit == c[j].logit && c[j - 1].id > c[j].id);
+                if (!worse)
+                    break;
+                const cand t = c[j];
+                c[j] = c[j - 1];
+                c[j - 1] = t;
+            }
         const double target = (double)p.top_p * z;
         double cum = 0.0;
         int keep = 0;
@@ -262,8 +258,9 @@ __device__ int32_t walk_finish(cand *c, int n, const walk_params &p, double u)
     return c[n - 1].id;
 }
 
-/* walk_prepare + walk_finish for a top-k set (best first), by one warp:
- * the same token from the same numbers, in far fewer dependent steps. The
+/* The CPU sampler's draw over a top-k set (best first) by one warp, in
+ * the steps walk_prepare and walk_finish take for the set without top-k
+ * but in far fewer dependent ones: the same token from the same numbers. The
  * per-candidate steps (+inf, weights, min-p, the cuts' and the draw's
  * searches) take a lane per candidate (two for k > 32); what must stay in
  * order are the double sums, and one lane does those, twice: z over the
@@ -507,7 +504,7 @@ __global__ void __launch_bounds__(kSelectThreads)
             c[m].id = key_id(keys[m]);
             m++;
         }
-        max_logit = walk_prepare(c, &m, p);
+        max_logit = walk_prepare(c, &m);
         n_cand = m;
     }
     __syncthreads();
