@@ -1388,7 +1388,7 @@ static void check_sampling_on(bn_model *m, bool screened)
         bn_error err;
         bn_error_clear(&err);
         CHECK(bn_sampler_create(&sp, V, &s, &err) == BN_OK);
-        int32_t cpu_tok[N_STEPS], dev_tok[N_STEPS], graph_tok[N_STEPS];
+        int32_t cpu_tok[N_STEPS], dev_tok[N_STEPS], graph_tok[N_STEPS], eager_tok[N_STEPS];
         double us[N_STEPS];
         int differ = 0, distinct = 0;
         bool ok = s != NULL;
@@ -1416,6 +1416,22 @@ static void check_sampling_on(bn_model *m, bool screened)
                                                &err) == BN_OK &&
                  bn_cuda_backend_wait_greedy(b, &graph_tok[t], &err) == BN_OK;
         CHECK_MSG(ok, "case %zu, submit/wait: %s", c, err.message);
+        /* The graph's steps draw inside the replay (bn_cuda_backend_sample_graph);
+         * launched one by one, the sampler follows the step: the same picks. */
+        CHECK_MSG(bn_cuda_backend_sample_graph(b), "case %zu: no sampled decode graph", c);
+        bn_cuda_backend_set_graphs(b, false);
+        CHECK(!bn_cuda_backend_sample_graph(b));
+        bn_cuda_backend_reset(b);
+        ok = ok && bn_cuda_backend_forward_sample(b, PROMPT, PROMPT_LEN, 0, &cp, us[0],
+                                                  &eager_tok[0], &err) == BN_OK;
+        for (int t = 1; ok && t < n_steps; t++)
+            ok = bn_cuda_backend_submit_sample(b, cpu_tok[t - 1], PROMPT_LEN + t - 1, &cp, us[t],
+                                               &err) == BN_OK &&
+                 bn_cuda_backend_wait_greedy(b, &eager_tok[t], &err) == BN_OK;
+        bn_cuda_backend_set_graphs(b, true);
+        CHECK_MSG(ok, "case %zu, eager submit/wait: %s", c, err.message);
+        const bool same_eager = ok && memcmp(eager_tok, dev_tok, (size_t)n_steps * 4) == 0;
+        CHECK_MSG(same_eager, "case %zu: eager picks differ from the graph's", c);
         const bool same_graph = ok && memcmp(graph_tok, dev_tok, (size_t)n_steps * 4) == 0;
         CHECK_MSG(differ == 0, "case %zu: %d of %d device picks differ from the CPU sampler's", c,
                   differ, n_steps);
@@ -1425,10 +1441,12 @@ static void check_sampling_on(bn_model *m, bool screened)
             print_tokens("device", dev_tok, n_steps);
             print_tokens("graph", graph_tok, n_steps);
         }
+        if (!same_eager)
+            print_tokens("eager", eager_tok, n_steps);
         printf("  T %.2g top-k %d top-p %.2g min-p %.2g: %d picks (%d changes of token) the "
                "CPU sampler's: %s\n",
                (double)sp.temperature, sp.top_k, (double)sp.top_p, (double)sp.min_p, n_steps,
-               distinct, differ == 0 && same_graph ? "yes" : "NO");
+               distinct, differ == 0 && same_graph && same_eager ? "yes" : "NO");
         bn_sampler_free(s);
     }
 

@@ -202,6 +202,8 @@ typedef struct dev {
     int32_t *h_token; /* pinned */
     int32_t *ids;
     float *vals;
+    bn_cuda_sample_params *params; /* bn_cuda_sample_cand_dev's */
+    int32_t *token_dev;            /* ... and its token */
     int32_t cap;
 } dev;
 
@@ -216,6 +218,8 @@ static void dev_init(dev *d, int32_t cap)
     CUDA_OK(cudaMallocHost((void **)&d->h_token, sizeof(int32_t)));
     CUDA_OK(cudaMalloc((void **)&d->ids, sizeof(int32_t) * BN_CUDA_SAMPLE_MAX_K));
     CUDA_OK(cudaMalloc((void **)&d->vals, sizeof(float) * BN_CUDA_SAMPLE_MAX_K));
+    CUDA_OK(cudaMalloc((void **)&d->params, sizeof *d->params));
+    CUDA_OK(cudaMalloc((void **)&d->token_dev, sizeof(int32_t)));
 }
 
 static void dev_free(dev *d)
@@ -227,6 +231,23 @@ static void dev_free(dev *d)
     cudaFreeHost(d->h_token);
     cudaFree(d->ids);
     cudaFree(d->vals);
+    cudaFree(d->params);
+    cudaFree(d->token_dev);
+}
+
+/* bn_cuda_sample_cand_dev over d->logits (and a list when given) with p
+ * written to device memory: the token it leaves. */
+static int32_t dev_sample_params(dev *d, int32_t V, const bn_cuda_sample_params *p,
+                                 const uint64_t *list, const unsigned *n, int cap,
+                                 const float *floor)
+{
+    CUDA_OK(cudaMemcpy(d->params, p, sizeof *p, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(d->token_dev, 0xa5, sizeof(int32_t))); /* poison */
+    CUDA_OK(bn_cuda_sample_cand_dev(d->logits, V, list, n, cap, floor, d->params, d->u, d->ws,
+                                    d->token_dev, 0));
+    int32_t tok;
+    CUDA_OK(cudaMemcpy(&tok, d->token_dev, sizeof tok, cudaMemcpyDeviceToHost));
+    return tok;
 }
 
 /* Runs the device sampler; returns the token, checking that the device
@@ -244,6 +265,12 @@ static int32_t dev_sample(dev *d, const float *logits, int32_t V, const bn_cuda_
     CUDA_OK(cudaMemcpy(&tok, d->token, sizeof tok, cudaMemcpyDeviceToHost));
     CHECK_MSG(tok == *d->h_token, "device token %d, host copy %d", tok, *d->h_token);
     CHECK_MSG(tok >= 0 && tok < V, "token %d outside the vocabulary of %d", tok, V);
+    /* The same draw with the parameters read on the device (greedy is not
+     * its job: -1). */
+    const int32_t from_dev = dev_sample_params(d, V, p, NULL, NULL, 0, NULL);
+    const int32_t want = p->temperature > 0.0f ? tok : -1;
+    CHECK_MSG(from_dev == want, "V=%d T=%g k=%d: parameters in device memory give %d, not %d", V,
+              (double)p->temperature, p->top_k, from_dev, want);
     return tok;
 }
 
@@ -522,9 +549,12 @@ static void check_lists(dev *d, int32_t V)
         }
         CUDA_OK(bn_cuda_sample_cand(d->logits, V, d_list, d_n, n - 1, d_floor, &p, d->u, d->ws,
                                     d_tok + 6, NULL, 0)); /* overflowed */
-        int32_t tok[7];
-        CUDA_OK(cudaMemcpy(tok, d_tok, sizeof tok, cudaMemcpyDeviceToHost));
-        for (int i = 1; i < 7; i++) {
+        int32_t tok[8];
+        CUDA_OK(cudaMemcpy(tok, d_tok, 7 * sizeof(int32_t), cudaMemcpyDeviceToHost));
+        /* The list and the k-th best as floor, the parameters on the device. */
+        CUDA_OK(cudaMemcpy(d_floor, &floors[0], sizeof(float), cudaMemcpyHostToDevice));
+        tok[7] = dev_sample_params(d, V, &p, d_list, d_n, BN_CUDA_SAMPLE_MAX_CAND, d_floor);
+        for (int i = 1; i < 8; i++) {
             compared++;
             CHECK_MSG(tok[i] == tok[0],
                       "list V=%d n=%d kind %d k=%d u=%.9g, variant %d: token %d, over the "
@@ -555,6 +585,27 @@ static void check_invalid(dev *d)
     CHECK(bn_cuda_sample(d->logits, V, &p, d->u, d->ws, d->token, NULL, 0) ==
           cudaErrorInvalidValue);
     CHECK(bn_cuda_top_k(d->logits, V, 0, d->ws, d->ids, d->vals, 0) == cudaErrorInvalidValue);
+    /* Parameters in device memory: what the host launcher refuses, and
+     * greedy, draw -1; no parameters at all is refused at the launch. */
+    const bn_cuda_sample_params refused[] = {{1.0f, 0, 1.0f, 0.0f},
+                                             {1.0f, BN_CUDA_SAMPLE_MAX_K + 1, 1.0f, 0.0f},
+                                             {NAN, 10, 1.0f, 0.0f},
+                                             {INFINITY, 10, 1.0f, 0.0f},
+                                             {1.0f, 10, NAN, 0.0f},
+                                             {1.0f, 10, 1.0f, NAN},
+                                             {0.0f, 10, 1.0f, 0.0f},
+                                             {-1.0f, 10, 1.0f, 0.0f}};
+    float *l = malloc(sizeof(float) * (size_t)V);
+    make_logits(l, V, 0);
+    CUDA_OK(cudaMemcpy(d->logits, l, sizeof(float) * (size_t)V, cudaMemcpyHostToDevice));
+    free(l);
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        const int32_t tok = dev_sample_params(d, V, &refused[i], NULL, NULL, 0, NULL);
+        CHECK_MSG(tok == -1, "device parameters %zu (T %g, k %d): token %d, not -1", i,
+                  (double)refused[i].temperature, refused[i].top_k, tok);
+    }
+    CHECK(bn_cuda_sample_cand_dev(d->logits, V, NULL, NULL, 0, NULL, NULL, d->u, d->ws,
+                                  d->token_dev, 0) == cudaErrorInvalidValue);
     CHECK(bn_cuda_sample_workspace_bytes(0) == 0);
     CHECK(bn_cuda_sample_workspace_bytes(128256) > 0);
 }
@@ -588,6 +639,40 @@ static void check_graph(dev *d, int32_t V)
         bad += !amb && *d->h_token != want;
     }
     CHECK_MSG(bad == 0, "graph replays: %d of 20 tokens differ (%d ambiguous)", bad, amb_n);
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(g));
+
+    /* One capture of the launch that reads its parameters from device
+     * memory serves requests that differ at every replay. */
+    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    CUDA_OK(bn_cuda_sample_cand_dev(d->logits, V, NULL, NULL, 0, NULL, d->params, d->u, d->ws,
+                                    d->token_dev, st));
+    CUDA_OK(cudaStreamEndCapture(st, &g));
+    CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
+    bad = amb_n = 0;
+    for (int i = 0; i < 20; i++) {
+        make_logits(l, V, (int)test_rand_range(0, 2));
+        const double u = (double)(test_rand_u64() >> 11) * 0x1.0p-53;
+        const bn_cuda_sample_params q = {test_rand_float(0.2f, 2.0f),
+                                         (int)test_rand_range(1, BN_CUDA_SAMPLE_MAX_K),
+                                         test_rand_range(0, 1) ? 0.9f : 1.0f,
+                                         test_rand_range(0, 1) ? 0.05f : 0.0f};
+        CUDA_OK(cudaMemcpyAsync(d->logits, l, sizeof(float) * (size_t)V, cudaMemcpyHostToDevice,
+                                st));
+        CUDA_OK(cudaMemcpyAsync(d->u, &u, sizeof u, cudaMemcpyHostToDevice, st));
+        CUDA_OK(cudaMemcpyAsync(d->params, &q, sizeof q, cudaMemcpyHostToDevice, st));
+        CUDA_OK(cudaGraphLaunch(exec, st));
+        int32_t tok;
+        CUDA_OK(cudaMemcpyAsync(&tok, d->token_dev, sizeof tok, cudaMemcpyDeviceToHost, st));
+        CUDA_OK(cudaStreamSynchronize(st));
+        bool amb;
+        const int32_t want = ref_sample(l, V, &q, u, &amb);
+        amb_n += amb;
+        bad += !amb && tok != want;
+    }
+    CHECK_MSG(bad == 0, "graph replays, parameters on the device: %d of 20 tokens differ (%d "
+                        "ambiguous)",
+              bad, amb_n);
     free(l);
     CUDA_OK(cudaGraphExecDestroy(exec));
     CUDA_OK(cudaGraphDestroy(g));

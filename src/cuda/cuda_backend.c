@@ -109,6 +109,22 @@ typedef struct dev_alloc {
     size_t bytes;
 } dev_alloc;
 
+/* A captured decode step: what it replays, the kernel families it launches
+ * (bits K_*) and how many kernels. */
+typedef struct step_graph {
+    cudaGraphExec_t exec; /* NULL: not captured */
+    unsigned kernels;
+    int launches;
+} step_graph;
+
+/* The decode step's inputs in device memory (d_dec), uploaded before every
+ * step (upload_dec): four ints (token, position, KV length after it, the
+ * top k the screened head computes exactly), the sampler's uniform number
+ * (a double, at int 4) and its parameters (at int 6). */
+enum { DEC_UNIFORM = 4, DEC_PARAMS = 6, DEC_INTS = DEC_PARAMS + 4 };
+_Static_assert(sizeof(bn_cuda_sample_params) == 4 * sizeof(int32_t),
+               "the sampling parameters take four ints of d_dec");
+
 struct bn_cuda_backend {
     const bn_model *model;
     bn_hparams hp;
@@ -150,8 +166,9 @@ struct bn_cuda_backend {
     float *x, *qkv, *q, *att, *out, *gu, *normed, *logits, *act_scale, *rope;
     int8_t *xq;
     int32_t *act_sum, *ws_streamk, *d_tokens, *d_pos, *d_next;
-    int32_t *d_dec; /* the decode step's inputs (upload_dec): four ints and, at
-                       d_dec + 4 (8-byte aligned), the sampler's uniform number */
+    int32_t *d_dec; /* the decode step's inputs (upload_dec): four ints, at d_dec + 4
+                       (8-byte aligned) the sampler's uniform number, at d_dec + 6
+                       its parameters */
     bool streamk; /* some prefill GEMM takes stream-K: ws_streamk is its workspace */
     void *ws_attn, *ws_sample;
     unsigned int *attn_counters; /* fp32 decode attention: one per head, kept at 0 */
@@ -168,15 +185,18 @@ struct bn_cuda_backend {
     uint64_t scratch_bytes;
 
     int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], then d_dec's image
-                                  (four ints and the uniform number, a double), next, a
-                                  spare int and the screened head's token key (8-byte
-                                  aligned) */
+                                  (DEC_INTS ints: upload_dec), next, a spare int and the
+                                  screened head's token key (8-byte aligned) */
     float *h_logits;           /* pinned: vocab */
     bn_rope_freqs freqs;
 
-    cudaGraphExec_t graph;         /* the decode step as greedy steps run it   */
-    cudaGraphExec_t graph_logits;  /* with head_screen: the step with the full
+    step_graph graph;              /* the decode step as greedy steps run it   */
+    step_graph graph_logits;       /* with head_screen: the step with the full
                                       head, for forward() (else `graph`)       */
+    step_graph graph_sample;       /* the step of a sampled token: `graph` (its
+                                      head screened for the top k) and the
+                                      sampler, its parameters read from d_dec  */
+    bool sampled_in_pass;          /* the pass just queued ran graph_sample    */
     cudaGraph_t graph_src;         /* what `graph` was instantiated from        */
     cudaGraphNode_t *graph_nodes;  /* its kernel nodes in launch order          */
     unsigned char *graph_node_stage; /* the bn_cuda_stage of each               */
@@ -184,7 +204,6 @@ struct bn_cuda_backend {
     const char *stage_map_why;     /* why there is none                         */
     int *capture_stages;           /* while capturing: stage, launches, ...     */
     int capture_launches;          /* while capturing: the kernels captured     */
-    int graph_launches, graph_logits_launches; /* the kernels each graph runs   */
     int n_capture, cap_capture;
     bool use_graphs;
     bool pdl;                  /* decode kernels use programmatic dependent launch */
@@ -194,8 +213,6 @@ struct bn_cuda_backend {
     bool pending_greedy;       /* ... whose token is the greedy one */
     int64_t pending_pos;
     unsigned ran;              /* bit K_* set when the family was launched */
-    unsigned graph_kernels;    /* the families the decode graph launches   */
-    unsigned graph_logits_kernels; /* ... and graph_logits                   */
     int64_t calls, fail_at;
     prof *prof;
 
@@ -226,18 +243,27 @@ void bn_cuda_backend_options_default(bn_cuda_backend_options *o)
 
 static int32_t *h_tokens(bn_cuda_backend *b) { return b->h_io; }
 static int32_t *h_positions(bn_cuda_backend *b) { return b->h_io + b->kv_len; }
+/* The pinned buffer's tail after the tokens and positions: d_dec's image,
+ * the token fetched (next), a spare int and the head's key. */
+enum { H_NEXT = DEC_INTS, H_KEY = DEC_INTS + 2, H_TAIL = H_KEY + 2 };
 static int32_t *h_dec(bn_cuda_backend *b) { return b->h_io + 2 * b->kv_len; }
-static double *h_uniform(bn_cuda_backend *b)
+static double *h_uniform(bn_cuda_backend *b) { return (double *)(void *)(h_dec(b) + DEC_UNIFORM); }
+static bn_cuda_sample_params *h_params(bn_cuda_backend *b)
 {
-    return (double *)(void *)(b->h_io + 2 * b->kv_len + 4);
+    return (bn_cuda_sample_params *)(void *)(h_dec(b) + DEC_PARAMS);
 }
-static int32_t *h_next(bn_cuda_backend *b) { return b->h_io + 2 * b->kv_len + 6; }
+static int32_t *h_next(bn_cuda_backend *b) { return h_dec(b) + H_NEXT; }
 static unsigned long long *h_key(bn_cuda_backend *b)
 {
-    return (unsigned long long *)(void *)(b->h_io + 2 * b->kv_len + 8);
+    return (unsigned long long *)(void *)(h_dec(b) + H_KEY);
 }
-/* The sampler's uniform number in device memory: it rides in d_dec. */
-static double *d_uniform(bn_cuda_backend *b) { return (double *)(void *)(b->d_dec + 4); }
+/* The sampler's uniform number and parameters in device memory: they ride
+ * in d_dec. */
+static double *d_uniform(bn_cuda_backend *b) { return (double *)(void *)(b->d_dec + DEC_UNIFORM); }
+static bn_cuda_sample_params *d_params(bn_cuda_backend *b)
+{
+    return (bn_cuda_sample_params *)(void *)(b->d_dec + DEC_PARAMS);
+}
 
 static const float *norm_ptr(const bn_cuda_backend *b, int layer, bn_norm which)
 {
@@ -822,14 +848,14 @@ static bn_status upload_rows(bn_cuda_backend *b, const int32_t *tokens, int64_t 
     return BN_OK;
 }
 
-/* The decode step's inputs in device memory (d_dec), which its graph reads:
- * the token, its position, the KV length after it, and the top k that the
- * screened LM head must compute exactly (bn_cb_head_exact's *d_k); then
- * the uniform number a sampled step's sampler draws with, so that a step
- * needs one upload, not two. */
-enum { DEC_BYTES = 4 * sizeof(int32_t) + sizeof(double) };
+/* The decode step's inputs (d_dec, which its graphs read): the token, its
+ * position, the KV length after it, the top k that the screened LM head
+ * must compute exactly (bn_cb_head_exact's *d_k), then the uniform number
+ * and the parameters a sampled step's sampler draws with (zeros when p is
+ * NULL), so that a step needs one upload. */
+enum { DEC_BYTES = DEC_INTS * sizeof(int32_t) };
 static bn_status upload_dec(bn_cuda_backend *b, int32_t token, int64_t pos, int top_k, double u,
-                            bn_error *err)
+                            const bn_cuda_sample_params *p, bn_error *err)
 {
     int32_t *dec = h_dec(b);
     dec[0] = token;
@@ -837,34 +863,50 @@ static bn_status upload_dec(bn_cuda_backend *b, int32_t token, int64_t pos, int 
     dec[2] = (int32_t)(pos + 1);
     dec[3] = top_k;
     *h_uniform(b) = u;
+    if (p)
+        *h_params(b) = *p;
+    else
+        memset(h_params(b), 0, sizeof *h_params(b));
     BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_dec, dec, DEC_BYTES, cudaMemcpyHostToDevice, b->cs));
     count_h2d(b, DEC_BYTES);
+    return BN_OK;
+}
+
+/* Queues a captured step (the inputs uploaded). */
+static bn_status replay(bn_cuda_backend *b, const step_graph *g, bn_error *err)
+{
+    BN_CUDA_TRY(err, cudaGraphLaunch(g->exec, b->cs));
+    count_launches(b, g->launches);
+    b->ran |= g->kernels | 1u << K_GRAPH;
     return BN_OK;
 }
 
 /* Uploads the inputs and queues the pass: the decode step (graph or eager)
  * for one token, prefill chunks otherwise. top_k > 0: only the top_k
  * largest logits will be read (1: the argmax), so a screened head computes
- * only the rows that can be among them; 0: every logit. u: the uniform
- * number queue_choice's sampler will draw with (any value for greedy). */
+ * only the rows that can be among them; 0: every logit. u and sample: the
+ * uniform number and the parameters of queue_choice's draw (sample NULL:
+ * greedy, or logits); a decode step with them replays graph_sample, whose
+ * last kernel is that draw (b->sampled_in_pass). */
 static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
-                            int top_k, double u, bn_error *err)
+                            int top_k, double u, const bn_cuda_sample_params *sample,
+                            bn_error *err)
 {
     const bool screen = top_k > 0 && b->head_screen;
+    b->sampled_in_pass = false;
     const bn_status up =
-        upload_dec(b, tokens[n - 1], pos + n - 1, top_k > 0 ? top_k : 1, u, err);
+        upload_dec(b, tokens[n - 1], pos + n - 1, top_k > 0 ? top_k : 1, u, sample, err);
     if (up != BN_OK)
         return up;
     if (n == 1) {
         /* With a screened head, steps that return logits have a graph of
-         * their own. */
-        const cudaGraphExec_t g = b->head_screen && !screen ? b->graph_logits : b->graph;
-        if (g && b->use_graphs && !b->prof) {
-            BN_CUDA_TRY(err, cudaGraphLaunch(g, b->cs));
-            count_launches(b, g == b->graph ? b->graph_launches : b->graph_logits_launches);
-            b->ran |= (g == b->graph ? b->graph_kernels : b->graph_logits_kernels) |
-                      1u << K_GRAPH;
-            return BN_OK;
+         * their own; so do sampled steps. */
+        const step_graph *g = sample && b->graph_sample.exec     ? &b->graph_sample
+                              : b->head_screen && !screen ? &b->graph_logits
+                                                          : &b->graph;
+        if (g->exec && b->use_graphs && !b->prof) {
+            b->sampled_in_pass = g == &b->graph_sample;
+            return replay(b, g, err);
         }
         return enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, 0, screen, err);
     }
@@ -910,12 +952,19 @@ static int32_t greedy_token(bn_cuda_backend *b)
 static bool choice_greedy(const bn_cuda_sample_params *p) { return !p || !(p->temperature > 0.0f); }
 
 /* The token of the pass just queued, chosen by p with the uniform number
- * queue_pass uploaded (greedy: queue_argmax), on its way to the host;
- * chosen_token reads it once the stream has reached it. */
+ * queue_pass uploaded (greedy: queue_argmax; drawn already when the pass
+ * was graph_sample), on its way to the host; chosen_token reads it once
+ * the stream has reached it. */
 static bn_status queue_choice(bn_cuda_backend *b, const bn_cuda_sample_params *p, bn_error *err)
 {
     if (choice_greedy(p))
         return queue_argmax(b, err);
+    if (b->sampled_in_pass) {
+        BN_CUDA_TRY(err, cudaMemcpyAsync(h_next(b), b->d_next, sizeof *b->d_next,
+                                         cudaMemcpyDeviceToHost, b->cs));
+        count_d2h(b, sizeof(int32_t));
+        return BN_OK;
+    }
     /* A screened head (every sampled pass screens where the backend does:
      * queue_pass) leaves the candidate list its exact pass wrote, and the
      * floor its top k reach. */
@@ -927,6 +976,22 @@ static bn_status queue_choice(bn_cuda_backend *b, const bn_cuda_sample_params *p
     b->ran |= 1u << K_SAMPLE;
     count_launches(b, 1); /* sample_kernels.cu: one top-k launch */
     count_d2h(b, sizeof(int32_t));
+    return BN_OK;
+}
+
+/* The sampler as graph_sample's last kernel (captured: capture_graph_once):
+ * its parameters and uniform number read from d_dec when it runs, the
+ * token left in d_next. */
+static bn_status queue_sampler(bn_cuda_backend *b, bn_error *err)
+{
+    const bool listed = b->head_screen;
+    BN_CUDA_TRY(err, bn_cuda_sample_cand_dev(b->logits, b->hp.vocab, listed ? b->d_cand : NULL,
+                                             listed ? b->d_cand_n : NULL,
+                                             BN_CUDA_SAMPLE_MAX_CAND,
+                                             listed ? b->d_cand_floor : NULL, d_params(b),
+                                             d_uniform(b), b->ws_sample, b->d_next, b->cs));
+    b->ran |= 1u << K_SAMPLE;
+    b->capture_launches += 1;
     return BN_OK;
 }
 
@@ -943,6 +1008,15 @@ static int choice_top_k(const bn_cuda_backend *b, const bn_cuda_sample_params *p
 static int32_t chosen_token(bn_cuda_backend *b, bool greedy)
 {
     return greedy ? greedy_token(b) : *h_next(b);
+}
+
+/* The pass and the choice of its token by p (NULL: greedy) and u. */
+static bn_status queue_step(bn_cuda_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
+                            const bn_cuda_sample_params *p, double u, bn_error *err)
+{
+    const bn_status st = queue_pass(b, tokens, n, pos, choice_top_k(b, p), u,
+                                    choice_greedy(p) ? NULL : p, err);
+    return st == BN_OK ? queue_choice(b, p, err) : st;
 }
 
 bool bn_cuda_backend_sample_supported(const bn_cuda_backend *b, const bn_cuda_sample_params *p)
@@ -1006,7 +1080,7 @@ bn_status bn_cuda_backend_forward(bn_cuda_backend *b, const int32_t *tokens, int
         st = begin_call(b, err);
     if (st != BN_OK)
         return st;
-    st = queue_pass(b, tokens, n_tokens, pos, 0, 0.0, err);
+    st = queue_pass(b, tokens, n_tokens, pos, 0, 0.0, NULL, err);
     if (st == BN_OK)
         st = download_logits(b, err);
     if (st != BN_OK)
@@ -1031,9 +1105,7 @@ bn_status bn_cuda_backend_forward_sample(bn_cuda_backend *b, const int32_t *toke
         st = begin_call(b, err);
     if (st != BN_OK)
         return st;
-    st = queue_pass(b, tokens, n_tokens, pos, choice_top_k(b, p), u, err);
-    if (st == BN_OK)
-        st = queue_choice(b, p, err);
+    st = queue_step(b, tokens, n_tokens, pos, p, u, err);
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
     if (st != BN_OK)
@@ -1063,9 +1135,7 @@ bn_status bn_cuda_backend_submit_sample(bn_cuda_backend *b, int32_t token, int64
         st = begin_call(b, err);
     if (st != BN_OK)
         return st;
-    st = queue_pass(b, &token, 1, pos, choice_top_k(b, p), u, err);
-    if (st == BN_OK)
-        st = queue_choice(b, p, err);
+    st = queue_step(b, &token, 1, pos, p, u, err);
     if (st != BN_OK)
         return fail_pass(b, pos, st);
     b->pending = true;
@@ -1533,7 +1603,8 @@ static bn_status upload_norms(bn_cuda_backend *b, bn_error *err)
  * launches eagerly, which computes the same thing. A capture with
  * programmatic dependent launch that fails (a driver that cannot put it in
  * a graph) is retried without it. */
-static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, bool logits);
+typedef enum { STEP_GREEDY, STEP_LOGITS, STEP_SAMPLED } step_kind;
+static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, step_kind kind);
 
 static void free_stage_map(bn_cuda_backend *b)
 {
@@ -1605,25 +1676,34 @@ static bool map_graph_stages(bn_cuda_backend *b, cudaGraph_t graph)
 }
 
 /* The greedy step's graph (with the stage map), then, when the head is
- * screened, the graph of a step that returns logits. */
+ * screened, the graph of a step that returns logits, and the sampled
+ * step's. */
 static void capture_graph(bn_cuda_backend *b)
 {
-    if (!capture_graph_once(b, !b->pdl, false) && b->pdl) {
+    if (!capture_graph_once(b, !b->pdl, STEP_GREEDY) && b->pdl) {
         bn_log(BN_LOG_WARN, "cuda backend: capturing the decode step with programmatic dependent "
                             "launch failed; capturing it without");
         b->pdl = false;
-        (void)capture_graph_once(b, true, false);
+        (void)capture_graph_once(b, true, STEP_GREEDY);
     }
-    if (b->graph && b->head_screen)
-        (void)capture_graph_once(b, true, true);
+    if (b->graph.exec && b->head_screen)
+        (void)capture_graph_once(b, true, STEP_LOGITS);
+    if (b->graph.exec)
+        (void)capture_graph_once(b, true, STEP_SAMPLED);
 }
 
-/* logits: capture the step with the full LM head into b->graph_logits (no
- * stage map); else the greedy step (screened head when b->head_screen)
- * into b->graph. */
-static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, bool logits)
+/* The step of `kind` into its graph: the greedy step (screened head when
+ * b->head_screen) into b->graph, with the stage map; the step with the
+ * full LM head into b->graph_logits; the greedy step's kernels and then
+ * the sampler, which reads its parameters and uniform number from d_dec,
+ * into b->graph_sample. */
+static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, step_kind kind)
 {
-    cudaGraphExec_t *exec = logits ? &b->graph_logits : &b->graph;
+    const bool logits = kind == STEP_LOGITS;
+    step_graph *g = kind == STEP_GREEDY ? &b->graph
+                    : logits            ? &b->graph_logits
+                                        : &b->graph_sample;
+    cudaGraphExec_t *exec = &g->exec;
     bn_error cerr;
     bn_error_clear(&cerr);
     cudaGraph_t graph = NULL;
@@ -1639,8 +1719,10 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, bool logits
         b->ran = 0;
         st = enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, 0,
                           b->head_screen && !logits, &cerr);
-        *(logits ? &b->graph_logits_kernels : &b->graph_kernels) = b->ran;
-        *(logits ? &b->graph_logits_launches : &b->graph_launches) = b->capture_launches;
+        if (st == BN_OK && kind == STEP_SAMPLED)
+            st = queue_sampler(b, &cerr);
+        g->kernels = b->ran;
+        g->launches = b->capture_launches;
         b->ran = before;
         const cudaError_t end = cudaStreamEndCapture(b->cs, &graph);
         if (end != cudaSuccess && st == BN_OK) {
@@ -1655,7 +1737,7 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, bool logits
             st = BN_ERR_GPU;
         }
     }
-    if (st == BN_OK && !logits && b->graph && map_graph_stages(b, graph)) {
+    if (st == BN_OK && kind == STEP_GREEDY && map_graph_stages(b, graph)) {
         b->graph_src = graph; /* kept: its nodes name the exec graph's nodes */
         graph = NULL;
     }
@@ -1666,12 +1748,15 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, bool logits
     if (st != BN_OK || !*exec) {
         *exec = NULL;
         (void)cudaGetLastError();
+        static const char *const what[] = {"decode", "the full-head decode",
+                                           "the sampled decode"};
+        static const char *const steps[] = {"decode steps", "decode steps that return logits",
+                                            "sampled decode steps"};
         if (log_failure)
-            bn_log(BN_LOG_WARN, "cuda backend: %s graph capture failed (%s); %s steps launch "
+            bn_log(BN_LOG_WARN, "cuda backend: %s graph capture failed (%s); %s launch "
                                 "their kernels one by one",
-                   logits ? "the full-head decode" : "decode",
-                   cerr.message[0] ? cerr.message : cudaGetErrorString(rc),
-                   logits ? "decode steps that return logits" : "decode");
+                   what[kind], cerr.message[0] ? cerr.message : cudaGetErrorString(rc),
+                   steps[kind]);
         return false;
     }
     return true;
@@ -1722,6 +1807,11 @@ static bn_status warm_up(bn_cuda_backend *b, bn_error *err)
     }
     if (st == BN_OK && !b->pdl)
         st = bn_cuda_backend_forward_greedy(b, zeros, 1, 0, &next, err);
+    /* A sampled step: the sampler's first launch, before graph_sample's
+     * capture. */
+    const bn_cuda_sample_params one = {1.0f, 1, 1.0f, 0.0f};
+    if (st == BN_OK && bn_cuda_backend_sample_supported(b, &one))
+        st = bn_cuda_backend_forward_sample(b, zeros, 1, 0, &one, 0.5, &next, err);
     if (st == BN_OK && b->head_screen) { /* greedy steps screened; the full head once too */
         st = BN_CUDA_STATUS(err, bn_cb_head_gemv(b->d_head, b->head_type, b->hp.vocab, b->hp.dim,
                                                  b->normed, b->logits, b->sm, b->cs));
@@ -1933,7 +2023,7 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         st = dalloc(b, scratch[i].bytes, scratch[i].ptr, err);
     void *pinned = NULL;
     if (st == BN_OK &&
-        (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)(2 * kv_len + 10) *
+        (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)(2 * kv_len + H_TAIL) *
                                                               sizeof(int32_t)))) == BN_OK)
         b->h_io = pinned;
     pinned = NULL;
@@ -2077,7 +2167,7 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
            b->head_screen ? " + its int8 copy (greedy steps screen the head)" : "",
            b->kv_f16 ? "f16" : "f32",
            (double)b->kv_bytes / MIB, (long long)kv_len, (double)b->scratch_bytes / MIB,
-           (long long)b->chunk, b->graph ? "captured" : "off", b->pdl ? "on" : "off",
+           (long long)b->chunk, b->graph.exec ? "captured" : "off", b->pdl ? "on" : "off",
            bn_cuda_fusion_name(b->fusion));
     *out = b;
     return BN_OK;
@@ -2090,10 +2180,10 @@ void bn_cuda_backend_free(bn_cuda_backend *b)
     if (b->ctx) {
         (void)bn_cuda_context_use(b->ctx, NULL);
         (void)cudaStreamSynchronize(b->cs);
-        if (b->graph)
-            cudaGraphExecDestroy(b->graph);
-        if (b->graph_logits)
-            cudaGraphExecDestroy(b->graph_logits);
+        step_graph *graphs[] = {&b->graph, &b->graph_logits, &b->graph_sample};
+        for (size_t i = 0; i < sizeof graphs / sizeof graphs[0]; i++)
+            if (graphs[i]->exec)
+                cudaGraphExecDestroy(graphs[i]->exec);
         free_stage_map(b);
         for (int i = 0; i < b->n_allocs; i++)
             bn_cuda_context_free(b->ctx, b->allocs[i].p, b->allocs[i].bytes);
@@ -2146,7 +2236,12 @@ bool bn_cuda_backend_head_screen(const bn_cuda_backend *b) { return b->head_scre
 bool bn_cuda_backend_attn_qkv(const bn_cuda_backend *b) { return b->attn_qkv; }
 bool bn_cuda_backend_gate_up_pair(const bn_cuda_backend *b) { return b->gu_pair; }
 
-bool bn_cuda_backend_graphs(const bn_cuda_backend *b) { return b->graph && b->use_graphs; }
+bool bn_cuda_backend_graphs(const bn_cuda_backend *b) { return b->graph.exec && b->use_graphs; }
+
+bool bn_cuda_backend_sample_graph(const bn_cuda_backend *b)
+{
+    return b->graph_sample.exec && b->use_graphs;
+}
 void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on) { b->use_graphs = on; }
 void bn_cuda_backend_fail_at(bn_cuda_backend *b, int64_t call) { b->fail_at = call; }
 
@@ -2284,7 +2379,7 @@ bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int6
         st = bn_cuda_context_use(b->ctx, err);
     if (st != BN_OK)
         return st;
-    st = upload_dec(b, token, pos, 1, 0.0, err);
+    st = upload_dec(b, token, pos, 1, 0.0, NULL, err);
     if (st == BN_OK)
         st = profile_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, 0, true, reps, out, err);
     if (st != BN_OK)
@@ -2374,7 +2469,7 @@ bn_status bn_cuda_backend_time_decode_device_sample(bn_cuda_backend *b, int32_t 
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "time_decode_device: bad arguments");
     *us_per_step = 0.0;
-    if (!b->graph || !b->use_graphs || b->prof)
+    if (!b->graph.exec || !b->use_graphs || b->prof)
         return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL, "time_decode_device: no decode graph");
     bn_status st = check_request(b, &token, 1, pos, err);
     if (st == BN_OK)
@@ -2389,17 +2484,23 @@ bn_status bn_cuda_backend_time_decode_device_sample(bn_cuda_backend *b, int32_t 
         st = BN_CUDA_STATUS(err, cudaEventCreate(&ev[1]));
     /* A warm-up step, which also uploads the inputs every replay reads. */
     if (st == BN_OK)
-        st = queue_pass(b, &token, 1, pos, choice_top_k(b, p), u, err);
-    if (st == BN_OK)
-        st = queue_choice(b, p, err);
+        st = queue_step(b, &token, 1, pos, p, u, err);
+    /* The step as queue_step runs it (a sampled one in graph_sample, when
+     * captured); the pass is `graph` (screened for the top k) without the
+     * sampler, and the choice the sampler launched by itself. */
+    const bool in_graph = b->sampled_in_pass;
+    const cudaGraphExec_t step = in_graph ? b->graph_sample.exec : b->graph.exec;
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaEventRecord(ev[0], b->cs));
     for (int r = 0; r < reps && st == BN_OK; r++) {
         if (part != BN_CUDA_TIME_CHOICE)
-            st = BN_CUDA_STATUS(err, cudaGraphLaunch(b->graph, b->cs));
+            st = BN_CUDA_STATUS(
+                err, cudaGraphLaunch(part == BN_CUDA_TIME_STEP ? step : b->graph.exec, b->cs));
+        b->sampled_in_pass = part == BN_CUDA_TIME_STEP && in_graph;
         if (st == BN_OK && part != BN_CUDA_TIME_PASS)
             st = queue_choice(b, p, err);
     }
+    b->sampled_in_pass = false;
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaEventRecord(ev[1], b->cs));
     if (st == BN_OK)
@@ -2436,16 +2537,16 @@ bn_status bn_cuda_backend_time_decode_without(bn_cuda_backend *b, unsigned stage
                             "time_decode_without: bad arguments");
     *disabled = 0;
     *us_per_step = 0.0;
-    if (!b->graph || !b->use_graphs || b->n_graph_nodes == 0)
+    if (!b->graph.exec || !b->use_graphs || b->n_graph_nodes == 0)
         return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
                             "time_decode_without: no decode graph with a stage map (%s)",
-                            !b->graph || !b->use_graphs ? "no graph"
+                            !b->graph.exec || !b->use_graphs ? "no graph"
                             : b->stage_map_why          ? b->stage_map_why
                                                         : "not mapped");
     bn_status st = bn_cuda_context_use(b->ctx, err);
     for (int i = 0; i < b->n_graph_nodes && st == BN_OK; i++)
         if (stages >> b->graph_node_stage[i] & 1u) {
-            const cudaError_t rc = cudaGraphNodeSetEnabled(b->graph, b->graph_nodes[i], 0);
+            const cudaError_t rc = cudaGraphNodeSetEnabled(b->graph.exec, b->graph_nodes[i], 0);
             const bool attn = b->graph_node_stage[i] == BN_CUDA_STAGE_ATTENTION;
             if (rc == cudaErrorInvalidClusterSize) /* non-portable cluster sizes: refused */
                 st = bn_error_set(err, BN_ERR_UNSUPPORTED,
@@ -2467,7 +2568,7 @@ bn_status bn_cuda_backend_time_decode_without(bn_cuda_backend *b, unsigned stage
     /* Every node back on, whatever happened above. */
     for (int i = 0; i < b->n_graph_nodes; i++)
         if (stages >> b->graph_node_stage[i] & 1u)
-            (void)cudaGraphNodeSetEnabled(b->graph, b->graph_nodes[i], 1);
+            (void)cudaGraphNodeSetEnabled(b->graph.exec, b->graph_nodes[i], 1);
     (void)cudaGetLastError();
     return st;
 }

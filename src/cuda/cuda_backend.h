@@ -216,6 +216,11 @@ bn_cuda_kv_type bn_cuda_backend_kv_type(const bn_cuda_backend *b);
  * or was turned off); set_graphs(false) switches to eager launches, true
  * back to the graph when one was captured. */
 bool bn_cuda_backend_graphs(const bn_cuda_backend *b);
+/* Whether sampled decode steps (forward_sample / submit_sample of one token
+ * with a temperature) replay a graph whose last kernel draws the token:
+ * the sampler's parameters ride in the step's upload, so no launch follows
+ * the replay. Otherwise the sampler is launched after the step. */
+bool bn_cuda_backend_sample_graph(const bn_cuda_backend *b);
 /* The decode step's layout in use (never AUTO). */
 bn_cuda_fusion bn_cuda_backend_fusion(const bn_cuda_backend *b);
 /* The fp32 decode attention's cluster size (0: merged through the ticket). */
@@ -335,9 +340,13 @@ bn_status bn_cuda_backend_time_decode_device(bn_cuda_backend *b, int32_t token, 
                                              int reps, double *us_per_step, bn_error *err);
 /* Which part of a step time_decode_device_sample queues each time. */
 typedef enum {
-    BN_CUDA_TIME_STEP,  /* the decode graph and the token's choice         */
-    BN_CUDA_TIME_PASS,  /* the graph alone (its head screened for the top k) */
-    BN_CUDA_TIME_CHOICE /* the choice alone, over the last pass's output    */
+    BN_CUDA_TIME_STEP,  /* the step as decoding runs it (a sampled one in its
+                           own graph, bn_cuda_backend_sample_graph), token copy
+                           included */
+    BN_CUDA_TIME_PASS,  /* the greedy step's graph alone (its head screened
+                           for the top k)                                  */
+    BN_CUDA_TIME_CHOICE /* the choice alone, over the last pass's output (a
+                           sampled one launched by itself)                 */
 } bn_cuda_time_part;
 /* time_decode_device with the token chosen by p and u (NULL p: greedy),
  * or only one part of that step: the split of a sampled step's device

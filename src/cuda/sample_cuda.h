@@ -90,6 +90,20 @@ cudaError_t bn_cuda_sample_cand(const float *logits, int32_t vocab, const uint64
                                 void *workspace, int32_t *d_token, int32_t *h_token,
                                 cudaStream_t stream);
 
+/* bn_cuda_sample_cand with the parameters read on the device, from d_p
+ * (device memory) when the kernel runs, so that one captured launch serves
+ * every request: a graph replays it with whatever the caller wrote there
+ * last. The caller checks them as bn_cuda_sample_cand would: temperature
+ * > 0 and finite, top_p and min_p not NaN, top-k within the limits above.
+ * Parameters outside them give *d_token = -1 (temperature <= 0 included:
+ * greedy is bn_cuda_sample_greedy's). No host copy: the caller copies
+ * d_token. */
+cudaError_t bn_cuda_sample_cand_dev(const float *logits, int32_t vocab, const uint64_t *cand,
+                                    const unsigned *cand_n, int cand_cap,
+                                    const float *cand_floor, const bn_cuda_sample_params *d_p,
+                                    const double *d_uniform, void *workspace, int32_t *d_token,
+                                    cudaStream_t stream);
+
 /* The k (1 .. BN_CUDA_SAMPLE_MAX_K) best tokens, best first (higher
  * logit, then lower index; NaN as -inf), into ids[k] and vals[k]; slots
  * past the tokens above -inf get id -1 and -inf. For tests and tools. */

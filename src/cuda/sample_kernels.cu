@@ -27,7 +27,9 @@
  * exactly as the CPU sampler does: weights, z, min-p, top-p, draw, all in
  * the same order and precision; by one warp for a top-k set, which is
  * sorted best first (draw_sorted), by one thread when top-k is off (a
- * vocabulary of at most 64, walked in index order).
+ * vocabulary of at most 64, walked in index order). The parameters come
+ * with the launch, or from device memory when the launch is one a graph
+ * replays for every request (bn_cuda_sample_cand_dev).
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -161,6 +163,21 @@ struct walk_params {
     int top_k;
     float temperature, top_p, min_p;
 };
+
+/* What a request asks of the sampler (sample_cuda.h): a draw, the argmax
+ * (temperature <= 0), or nothing it serves (NaN or infinite parameters, a
+ * top-k above 64, top-k off over more than 64 tokens). The host launchers
+ * and the kernel reading its parameters from device memory judge alike. */
+enum sample_verdict { SAMPLE_DRAW, SAMPLE_GREEDY, SAMPLE_REFUSED };
+__host__ __device__ sample_verdict judge(const walk_params &p)
+{
+    if (isnan(p.temperature) || p.temperature == INFINITY || isnan(p.top_p) || isnan(p.min_p))
+        return SAMPLE_REFUSED;
+    if (!(p.temperature > 0.0f))
+        return SAMPLE_GREEDY;
+    const bool top_k_on = p.top_k > 0 && p.top_k < p.vocab;
+    return (top_k_on ? p.top_k <= kTopK : p.vocab <= kTopK) ? SAMPLE_DRAW : SAMPLE_REFUSED;
+}
 
 struct cand {
     float logit, w;
@@ -367,16 +384,15 @@ __device__ int32_t draw_sorted(const uint64_t *keys, int k, const walk_params &p
 
 /* The 64 best keys of a candidate list (listed keys in list, every key
  * that can be among the top k: bn_cuda_sample_cand) sorted descending into
- * keys[0, 64), padded with 0. Only keys whose logit is at least *floor
- * (when given) are ranked: the top k are among them. Up to one key a
+ * keys[0, 64), padded with 0. Only keys whose logit is at least f
+ * (NaN: no floor) are ranked: the top k are among them. Up to one key a
  * thread is left, each key's rank is the count of larger keys (keys are
  * unique: their low half is the id), else a bitonic top-64. keys holds
  * kMaxBlocks * kTopK >= listed keys. All threads of the block call it. */
 __device__ void list_top64(uint64_t *keys, const uint64_t *__restrict__ list, unsigned listed,
-                           const float *__restrict__ floor)
+                           float f)
 {
     __shared__ unsigned kept;
-    const float f = floor ? *floor : -INFINITY;
     const uint32_t bar = f == f ? ordered(f) : 0u; /* NaN: no floor */
     if (threadIdx.x == 0)
         kept = 0;
@@ -456,23 +472,41 @@ __device__ bool vocab_top64(uint64_t *keys, const float *__restrict__ logits, in
  * list when one is given and fits (*cand_n <= cap, cap <= kMaxBlocks *
  * kTopK: block 0 alone, the other blocks return at once) or else from the
  * whole vocabulary (vocab_top64), then either the draw (token) or the
- * best k themselves (ids, vals). */
+ * best k themselves (ids, vals). dp (device memory), when given, replaces
+ * p's parameters but the vocabulary; what judge() refuses or calls greedy
+ * then draws token -1. */
 __global__ void __launch_bounds__(kSelectThreads)
     topk_select(const float *__restrict__ logits, int32_t vocab, int slice,
                 uint64_t *__restrict__ ws, unsigned *__restrict__ ticket, walk_params p,
-                const double *__restrict__ uniform, int32_t *__restrict__ token,
-                int32_t *__restrict__ ids, float *__restrict__ vals,
+                const bn_cuda_sample_params *__restrict__ dp, const double *__restrict__ uniform,
+                int32_t *__restrict__ token, int32_t *__restrict__ ids, float *__restrict__ vals,
                 const uint64_t *__restrict__ list, const unsigned *__restrict__ cand_n, int cap,
                 const float *__restrict__ floor)
 {
     extern __shared__ uint64_t keys[];
     __shared__ cand c[kTopK];
+    /* Every small input first, all loads in flight at once: each is a trip
+     * to L2, and one after another they would add up. */
     const unsigned listed = cand_n ? *cand_n : 0;
+    const float f = floor ? *floor : -INFINITY;
+    const double u = uniform ? *uniform : 0.0;
+    if (dp) {
+        const bn_cuda_sample_params q = *dp;
+        p.top_k = q.top_k;
+        p.temperature = q.temperature;
+        p.top_p = q.top_p;
+        p.min_p = q.min_p;
+    }
     if (cand_n && listed <= (unsigned)cap) {
         if (blockIdx.x != 0)
             return;
-        list_top64(keys, list, listed, floor);
+        list_top64(keys, list, listed, f);
     } else if (!vocab_top64(keys, logits, vocab, slice, ws, ticket)) {
+        return;
+    }
+    if (dp && judge(p) != SAMPLE_DRAW) {
+        if (threadIdx.x == 0)
+            *token = -1;
         return;
     }
     const int k = p.top_k > 0 && p.top_k < kTopK ? p.top_k : kTopK;
@@ -488,7 +522,7 @@ __global__ void __launch_bounds__(kSelectThreads)
     /* A top-k set is sorted: one warp draws (draw_sorted). */
     if (p.top_k > 0 && p.top_k < p.vocab) {
         if (threadIdx.x < 32) {
-            const int32_t t = draw_sorted(keys, k, p, *uniform);
+            const int32_t t = draw_sorted(keys, k, p, u);
             if (threadIdx.x == 0)
                 *token = t;
         }
@@ -513,7 +547,7 @@ __global__ void __launch_bounds__(kSelectThreads)
         c[threadIdx.x].w = walk_weight(c[threadIdx.x].logit, max_logit, p.temperature);
     __syncthreads();
     if (threadIdx.x == 0)
-        *token = m == 0 ? 0 : walk_finish(c, m, p, *uniform);
+        *token = m == 0 ? 0 : walk_finish(c, m, p, u);
 }
 
 int next_pow2(int64_t x)
@@ -546,7 +580,8 @@ unsigned *topk_ticket(void *workspace)
 }
 
 cudaError_t launch_topk_select(const float *logits, int32_t vocab, void *workspace,
-                               const walk_params &wp, const double *uniform, int32_t *token,
+                               const walk_params &wp, const bn_cuda_sample_params *dp,
+                               const double *uniform, int32_t *token,
                                int32_t *ids, float *vals, const uint64_t *list,
                                const unsigned *cand_n, int cap, const float *floor,
                                cudaStream_t stream)
@@ -559,7 +594,7 @@ cudaError_t launch_topk_select(const float *logits, int32_t vocab, void *workspa
     if (rc != cudaSuccess)
         return rc;
     topk_select<<<blocks, kSelectThreads, smem, stream>>>(
-        logits, vocab, slice, static_cast<uint64_t *>(workspace), topk_ticket(workspace), wp,
+        logits, vocab, slice, static_cast<uint64_t *>(workspace), topk_ticket(workspace), wp, dp,
         uniform, token, ids, vals, list, cand_n, cap, floor);
     return cudaGetLastError();
 }
@@ -608,22 +643,37 @@ extern "C" cudaError_t bn_cuda_sample_cand(const float *logits, int32_t vocab,
 {
     if (cand_n && (!cand || cand_cap < 0 || cand_cap > BN_CUDA_SAMPLE_MAX_CAND))
         return cudaErrorInvalidValue;
-    if (!p || isnan(p->temperature) || p->temperature == INFINITY || isnan(p->top_p) ||
-        isnan(p->min_p))
+    if (!p)
         return cudaErrorInvalidValue;
-    if (!(p->temperature > 0.0f))
-        return bn_cuda_sample_greedy(logits, vocab, workspace, d_token, h_token, stream);
-    if (vocab < 1 || vocab > BN_CUDA_SAMPLE_MAX_VOCAB || !logits || !workspace || !d_token ||
-        !d_uniform)
-        return cudaErrorInvalidValue;
-    const bool top_k_on = p->top_k > 0 && p->top_k < vocab;
-    if (top_k_on ? p->top_k > kTopK : vocab > kTopK)
-        return cudaErrorInvalidValue; /* the CPU sampler's job */
     const walk_params wp = {vocab, p->top_k, p->temperature, p->top_p, p->min_p};
-    const cudaError_t rc = launch_topk_select(logits, vocab, workspace, wp, d_uniform, d_token,
-                                              nullptr, nullptr, cand, cand_n, cand_cap,
+    const sample_verdict v = judge(wp);
+    if (v == SAMPLE_GREEDY)
+        return bn_cuda_sample_greedy(logits, vocab, workspace, d_token, h_token, stream);
+    /* Refused: NaN or infinite parameters, or a top-k for the CPU sampler. */
+    if (v == SAMPLE_REFUSED || vocab < 1 || vocab > BN_CUDA_SAMPLE_MAX_VOCAB || !logits ||
+        !workspace || !d_token || !d_uniform)
+        return cudaErrorInvalidValue;
+    const cudaError_t rc = launch_topk_select(logits, vocab, workspace, wp, nullptr, d_uniform,
+                                              d_token, nullptr, nullptr, cand, cand_n, cand_cap,
                                               cand_floor, stream);
     return rc != cudaSuccess ? rc : copy_out(d_token, h_token, stream);
+}
+
+extern "C" cudaError_t bn_cuda_sample_cand_dev(const float *logits, int32_t vocab,
+                                               const uint64_t *cand, const unsigned *cand_n,
+                                               int cand_cap, const float *cand_floor,
+                                               const bn_cuda_sample_params *d_p,
+                                               const double *d_uniform, void *workspace,
+                                               int32_t *d_token, cudaStream_t stream)
+{
+    if (cand_n && (!cand || cand_cap < 0 || cand_cap > BN_CUDA_SAMPLE_MAX_CAND))
+        return cudaErrorInvalidValue;
+    if (vocab < 1 || vocab > BN_CUDA_SAMPLE_MAX_VOCAB || !logits || !workspace || !d_token ||
+        !d_uniform || !d_p)
+        return cudaErrorInvalidValue;
+    const walk_params wp = {vocab, 0, 0.0f, 0.0f, 0.0f}; /* all but vocab from d_p */
+    return launch_topk_select(logits, vocab, workspace, wp, d_p, d_uniform, d_token, nullptr,
+                              nullptr, cand, cand_n, cand_cap, cand_floor, stream);
 }
 
 extern "C" cudaError_t bn_cuda_sample(const float *logits, int32_t vocab,
@@ -642,6 +692,6 @@ extern "C" cudaError_t bn_cuda_top_k(const float *logits, int32_t vocab, int k, 
         !workspace || !ids || !vals)
         return cudaErrorInvalidValue;
     const walk_params wp = {vocab, k, 1.0f, 1.0f, 0.0f};
-    return launch_topk_select(logits, vocab, workspace, wp, nullptr, nullptr, ids, vals, nullptr,
-                              nullptr, 0, nullptr, stream);
+    return launch_topk_select(logits, vocab, workspace, wp, nullptr, nullptr, nullptr, ids, vals,
+                              nullptr, nullptr, 0, nullptr, stream);
 }

@@ -251,9 +251,12 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
         printf("          %8.1f us    device time: graph + argmax replayed back to back (no host "
                "round trip between steps)\n",
                device_us);
-        printf("          %8.1f us    device time of the sampled step: %.1f us the graph (its head "
-               "screened for the top %d), %.1f us the sampler (each timed alone, back to back)\n",
-               sampled_dev[0], sampled_dev[1], sampling.top_k, sampled_dev[2]);
+        printf("          %8.1f us    device time of the sampled step%s; alone: %.1f us the "
+               "greedy step's graph (its head screened for the top %d), %.1f us the sampler "
+               "launched by itself (each back to back)\n",
+               sampled_dev[0],
+               bn_cuda_backend_sample_graph(cb) ? " (one graph: the pass, then the sampler)" : "",
+               sampled_dev[1], sampling.top_k, sampled_dev[2]);
     }
     printf("\nper-stage time of an instrumented eager decode step (CUDA events around each "
            "stage, 20 steps averaged):\n");
