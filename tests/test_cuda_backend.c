@@ -1338,7 +1338,7 @@ static void run_engine(const char *fixture, const char *device, bool strict, uin
  * unsupported requests are refused and leave the backend usable; the
  * engine samples on the device (its receipt names the kernel) and gives
  * the CPU run's tokens for the same seed. */
-static void check_sampling_on(bn_model *m, bool screened);
+static void check_sampling_on(bn_model *m, bool screened, bool copy_tokens);
 static void check_sampling_engine(void);
 
 static void check_sampling(void)
@@ -1346,22 +1346,28 @@ static void check_sampling(void)
     bn_model *m = load_fixture("i2s.gguf");
     if (!m)
         return;
-    check_sampling_on(m, false);
-    check_sampling_on(m, true);
+    check_sampling_on(m, false, false);
+    check_sampling_on(m, true, false);
+    check_sampling_on(m, false, true);
+    check_sampling_on(m, true, true);
     bn_model_free(m);
     check_sampling_engine();
 }
 
 /* screened: the LM head screened through its int8 copy (forced on: this
  * head is below the default's size), its exact pass computing every row
- * that can be among the top-k. */
-static void check_sampling_on(bn_model *m, bool screened)
+ * that can be among the top-k. copy_tokens: the tokens reach the host by
+ * copies instead of the kernels' stores into mapped pinned memory. Greedy
+ * picks are checked too, against the argmax of the step's logits. */
+static void check_sampling_on(bn_model *m, bool screened, bool copy_tokens)
 {
-    printf("sampling on the device (i2s.gguf, %s head):\n", screened ? "screened" : "full");
+    printf("sampling on the device (i2s.gguf, %s head, tokens %s):\n",
+           screened ? "screened" : "full", copy_tokens ? "copied" : "stored by the kernels");
     const int32_t V = bn_model_hparams(m)->vocab;
     bn_cuda_backend_options o;
     bn_cuda_backend_options_default(&o);
     o.head_screen = screened ? 1 : -1;
+    o.copy_tokens = copy_tokens;
     bn_cuda_backend *b = NULL;
     bn_error cerr;
     bn_error_clear(&cerr);
@@ -1369,6 +1375,29 @@ static void check_sampling_on(bn_model *m, bool screened)
               cerr.message);
     CHECK(!b || bn_cuda_backend_head_screen(b) == screened);
     float *logits = malloc((size_t)V * sizeof(float));
+    /* Greedy: eager and graph steps against the logits' argmax. */
+    for (int graphs = 0; b && logits && graphs < 2; graphs++) {
+        bn_error err;
+        bn_error_clear(&err);
+        bn_cuda_backend_set_graphs(b, graphs == 1);
+        bn_cuda_backend_reset(b);
+        int32_t tok = -1, want = -1;
+        int bad = 0;
+        bool ok = bn_cuda_backend_forward(b, PROMPT, PROMPT_LEN, 0, logits, &err) == BN_OK &&
+                  bn_cuda_backend_forward_greedy(b, PROMPT, PROMPT_LEN, 0, &tok, &err) == BN_OK;
+        for (int t = 0; ok && t < 8; t++) {
+            want = argmax(logits, V);
+            bad += tok != want;
+            const int64_t pos = PROMPT_LEN + t;
+            ok = bn_cuda_backend_forward(b, &want, 1, pos, logits, &err) == BN_OK &&
+                 bn_cuda_backend_submit_greedy(b, want, pos, &err) == BN_OK &&
+                 bn_cuda_backend_wait_greedy(b, &tok, &err) == BN_OK;
+        }
+        CHECK_MSG(ok && bad == 0, "greedy picks (%s): %d differ from the argmax; %s",
+                  graphs ? "graph" : "eager", bad, err.message);
+    }
+    if (b)
+        bn_cuda_backend_set_graphs(b, true);
     const struct {
         float temperature, top_p, min_p;
         int top_k;

@@ -187,6 +187,9 @@ struct bn_cuda_backend {
     int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], then d_dec's image
                                   (DEC_INTS ints: upload_dec), next, a spare int and the
                                   screened head's token key (8-byte aligned) */
+    char *h_io_dev;            /* h_io as the device addresses it (pinned memory is
+                                  mapped), where the step's kernels store the token
+                                  for the host (publish); NULL: copied instead     */
     float *h_logits;           /* pinned: vocab */
     bn_rope_freqs freqs;
 
@@ -257,6 +260,14 @@ static unsigned long long *h_key(bn_cuda_backend *b)
 {
     return (unsigned long long *)(void *)(h_dec(b) + H_KEY);
 }
+/* Where a kernel stores a result for the host: `host` (inside h_io) as the
+ * device addresses it, or NULL where pinned memory is not mapped (the
+ * result is then copied: publish_token). */
+static void *dev_alias(bn_cuda_backend *b, void *host)
+{
+    return b->h_io_dev ? b->h_io_dev + ((char *)host - (char *)b->h_io) : NULL;
+}
+
 /* The sampler's uniform number and parameters in device memory: they ride
  * in d_dec. */
 static double *d_uniform(bn_cuda_backend *b) { return (double *)(void *)(b->d_dec + DEC_UNIFORM); }
@@ -779,8 +790,12 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
                                           b->d_dec + 3, b->logits, b->d_best, b->d_cand,
                                           b->d_cand_n, BN_CUDA_SAMPLE_MAX_CAND,
                                           b->d_cand_floor, b->sm, s));
+        /* The key goes to the host from here where pinned memory is mapped
+         * (queue_argmax copies it otherwise). */
+        if (b->h_io_dev)
+            BN_CUDA_TRY(err, bn_cuda_publish(b->d_best, dev_alias(b, h_key(b)), 2, s));
         b->ran |= 1u << K_HEAD_SCREEN;
-        return mark(b, BN_CUDA_STAGE_LM_HEAD, 2, err);
+        return mark(b, BN_CUDA_STAGE_LM_HEAD, b->h_io_dev ? 3 : 2, err);
     }
     BN_CUDA_TRY(err, bn_cb_head_gemv(b->d_head, b->head_type, hp->vocab, dim, b->normed,
                                      b->logits, b->sm, s));
@@ -923,24 +938,41 @@ static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n
     return BN_OK;
 }
 
+/* The device slot a kernel writes the chosen token to: h_next itself when
+ * pinned memory is mapped (nothing left to copy), else d_next. */
+static int32_t *token_slot(bn_cuda_backend *b)
+{
+    return b->h_io_dev ? (int32_t *)dev_alias(b, h_next(b)) : b->d_next;
+}
+
+/* The token in token_slot (or the key in d_best, key) on its way to the
+ * host: stored there already where pinned memory is mapped, else copied.
+ * Either way one transfer of its bytes for the statistics. */
+static bn_status publish_token(bn_cuda_backend *b, bool key, bn_error *err)
+{
+    const size_t bytes = key ? sizeof *b->d_best : sizeof(int32_t);
+    if (!b->h_io_dev)
+        BN_CUDA_TRY(err, cudaMemcpyAsync(key ? (void *)h_key(b) : (void *)h_next(b),
+                                         key ? (const void *)b->d_best : (const void *)b->d_next,
+                                         bytes, cudaMemcpyDeviceToHost, b->cs));
+    count_d2h(b, bytes);
+    return BN_OK;
+}
+
 /* The greedy token of the pass just queued, on its way to the host: with
  * the screened head (every greedy pass when b->head_screen) the key its
- * kernels computed, else the device argmax over the logits. greedy_token
- * reads it once the stream has reached it. */
+ * kernels computed (and stored for the host: enqueue_rows), else the
+ * device argmax over the logits. greedy_token reads it once the stream has
+ * reached it. */
 static bn_status queue_argmax(bn_cuda_backend *b, bn_error *err)
 {
-    if (b->head_screen) {
-        BN_CUDA_TRY(err, cudaMemcpyAsync(h_key(b), b->d_best, sizeof *b->d_best,
-                                         cudaMemcpyDeviceToHost, b->cs));
-        count_d2h(b, sizeof *b->d_best);
-        return BN_OK;
-    }
-    BN_CUDA_TRY(err, bn_cuda_sample_greedy(b->logits, b->hp.vocab, b->ws_sample, b->d_next,
-                                           h_next(b), b->cs));
+    if (b->head_screen)
+        return publish_token(b, true, err);
+    BN_CUDA_TRY(err, bn_cuda_sample_greedy(b->logits, b->hp.vocab, b->ws_sample, token_slot(b),
+                                           NULL, b->cs));
     b->ran |= 1u << K_ARGMAX;
     count_launches(b, 2); /* sample_kernels.cu: a partial pass and a final one */
-    count_d2h(b, sizeof(int32_t));
-    return BN_OK;
+    return publish_token(b, false, err);
 }
 
 static int32_t greedy_token(bn_cuda_backend *b)
@@ -959,12 +991,8 @@ static bn_status queue_choice(bn_cuda_backend *b, const bn_cuda_sample_params *p
 {
     if (choice_greedy(p))
         return queue_argmax(b, err);
-    if (b->sampled_in_pass) {
-        BN_CUDA_TRY(err, cudaMemcpyAsync(h_next(b), b->d_next, sizeof *b->d_next,
-                                         cudaMemcpyDeviceToHost, b->cs));
-        count_d2h(b, sizeof(int32_t));
-        return BN_OK;
-    }
+    if (b->sampled_in_pass)
+        return publish_token(b, false, err);
     /* A screened head (every sampled pass screens where the backend does:
      * queue_pass) leaves the candidate list its exact pass wrote, and the
      * floor its top k reach. */
@@ -972,16 +1000,15 @@ static bn_status queue_choice(bn_cuda_backend *b, const bn_cuda_sample_params *p
     BN_CUDA_TRY(err, bn_cuda_sample_cand(b->logits, b->hp.vocab, listed ? b->d_cand : NULL,
                                          listed ? b->d_cand_n : NULL, BN_CUDA_SAMPLE_MAX_CAND,
                                          listed ? b->d_cand_floor : NULL, p, d_uniform(b),
-                                         b->ws_sample, b->d_next, h_next(b), b->cs));
+                                         b->ws_sample, token_slot(b), NULL, b->cs));
     b->ran |= 1u << K_SAMPLE;
     count_launches(b, 1); /* sample_kernels.cu: one top-k launch */
-    count_d2h(b, sizeof(int32_t));
-    return BN_OK;
+    return publish_token(b, false, err);
 }
 
 /* The sampler as graph_sample's last kernel (captured: capture_graph_once):
  * its parameters and uniform number read from d_dec when it runs, the
- * token left in d_next. */
+ * token left in token_slot. */
 static bn_status queue_sampler(bn_cuda_backend *b, bn_error *err)
 {
     const bool listed = b->head_screen;
@@ -989,7 +1016,7 @@ static bn_status queue_sampler(bn_cuda_backend *b, bn_error *err)
                                              listed ? b->d_cand_n : NULL,
                                              BN_CUDA_SAMPLE_MAX_CAND,
                                              listed ? b->d_cand_floor : NULL, d_params(b),
-                                             d_uniform(b), b->ws_sample, b->d_next, b->cs));
+                                             d_uniform(b), b->ws_sample, token_slot(b), b->cs));
     b->ran |= 1u << K_SAMPLE;
     b->capture_launches += 1;
     return BN_OK;
@@ -2026,6 +2053,12 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)(2 * kv_len + H_TAIL) *
                                                               sizeof(int32_t)))) == BN_OK)
         b->h_io = pinned;
+    /* Pinned memory is mapped wherever the device has unified addressing
+     * (every 64-bit platform CUDA supports); without, tokens are copied. */
+    void *alias = NULL;
+    if (b->h_io && !opt.copy_tokens && cudaHostGetDevicePointer(&alias, b->h_io, 0) == cudaSuccess)
+        b->h_io_dev = alias;
+    (void)cudaGetLastError();
     pinned = NULL;
     if (st == BN_OK &&
         (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)hp->vocab * sizeof(float)))) ==

@@ -130,6 +130,11 @@ typedef struct bn_cuda_backend_options {
                               MiB and the copy fits), 1 always screened, -1 never;
                               the token is the full head's either way (docs/CUDA.md) */
     int threads;           /* host threads unpacking weights; 0: BITNET_NUM_THREADS   */
+    bool copy_tokens;      /* the chosen token reaches the host by a device-to-host
+                              copy after the step, not stored by the step's last
+                              kernel into mapped pinned memory (the default where
+                              pinned memory is mapped: the copy costs ~10 us of
+                              the stream's time a step); the same tokens          */
 } bn_cuda_backend_options;
 
 void bn_cuda_backend_options_default(bn_cuda_backend_options *o);
