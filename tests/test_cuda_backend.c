@@ -1354,6 +1354,22 @@ static void check_sampling(void)
     check_sampling_engine();
 }
 
+/* The picks of a run from the prompt, fed the CPU's tokens, through
+ * submit / wait, with the uniform numbers us: into out[n]. */
+static bool picks_by_submit(bn_cuda_backend *b, const bn_cuda_sample_params *cp,
+                            const double *us, const int32_t *cpu_tok, int32_t *out, int n,
+                            bn_error *err)
+{
+    bn_cuda_backend_reset(b);
+    bool ok =
+        bn_cuda_backend_forward_sample(b, PROMPT, PROMPT_LEN, 0, cp, us[0], &out[0], err) == BN_OK;
+    for (int t = 1; ok && t < n; t++)
+        ok = bn_cuda_backend_submit_sample(b, cpu_tok[t - 1], PROMPT_LEN + t - 1, cp, us[t],
+                                           err) == BN_OK &&
+             bn_cuda_backend_wait_greedy(b, &out[t], err) == BN_OK;
+    return ok;
+}
+
 /* screened: the LM head screened through its int8 copy (forced on: this
  * head is below the default's size), its exact pass computing every row
  * that can be among the top-k. copy_tokens: the tokens reach the host by
@@ -1437,26 +1453,14 @@ static void check_sampling_on(bn_model *m, bool screened, bool copy_tokens)
         }
         CHECK_MSG(ok, "case %zu: %s", c, err.message);
         /* The same picks through submit / wait (the decode graph). */
-        bn_cuda_backend_reset(b);
-        ok = ok && bn_cuda_backend_forward_sample(b, PROMPT, PROMPT_LEN, 0, &cp, us[0],
-                                                  &graph_tok[0], &err) == BN_OK;
-        for (int t = 1; ok && t < n_steps; t++)
-            ok = bn_cuda_backend_submit_sample(b, cpu_tok[t - 1], PROMPT_LEN + t - 1, &cp, us[t],
-                                               &err) == BN_OK &&
-                 bn_cuda_backend_wait_greedy(b, &graph_tok[t], &err) == BN_OK;
+        ok = ok && picks_by_submit(b, &cp, us, cpu_tok, graph_tok, n_steps, &err);
         CHECK_MSG(ok, "case %zu, submit/wait: %s", c, err.message);
         /* The graph's steps draw inside the replay (bn_cuda_backend_sample_graph);
          * launched one by one, the sampler follows the step: the same picks. */
         CHECK_MSG(bn_cuda_backend_sample_graph(b), "case %zu: no sampled decode graph", c);
         bn_cuda_backend_set_graphs(b, false);
         CHECK(!bn_cuda_backend_sample_graph(b));
-        bn_cuda_backend_reset(b);
-        ok = ok && bn_cuda_backend_forward_sample(b, PROMPT, PROMPT_LEN, 0, &cp, us[0],
-                                                  &eager_tok[0], &err) == BN_OK;
-        for (int t = 1; ok && t < n_steps; t++)
-            ok = bn_cuda_backend_submit_sample(b, cpu_tok[t - 1], PROMPT_LEN + t - 1, &cp, us[t],
-                                               &err) == BN_OK &&
-                 bn_cuda_backend_wait_greedy(b, &eager_tok[t], &err) == BN_OK;
+        ok = ok && picks_by_submit(b, &cp, us, cpu_tok, eager_tok, n_steps, &err);
         bn_cuda_backend_set_graphs(b, true);
         CHECK_MSG(ok, "case %zu, eager submit/wait: %s", c, err.message);
         const bool same_eager = ok && memcmp(eager_tok, dev_tok, (size_t)n_steps * 4) == 0;
