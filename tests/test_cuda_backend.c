@@ -1235,10 +1235,44 @@ static void check_errors(void)
           BN_ERR_INVALID_ARGUMENT);
     int32_t next;
     CHECK(bn_cuda_backend_wait_greedy(b, &next, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_cuda_backend_submit_chained(b, NULL, 0.0, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(err.message, "submitted step");
     CHECK(bn_cuda_backend_submit_greedy(b, 5, PROMPT_LEN, &err) == BN_OK);
     CHECK(bn_cuda_backend_forward(b, PROMPT, 1, 0, logits, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_cuda_backend_submit_greedy(b, 5, PROMPT_LEN + 1, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_cuda_backend_submit_chained(b, NULL, 0.0, &err) == BN_OK);
+    CHECK(bn_cuda_backend_submit_chained(b, NULL, 0.0, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_cuda_backend_pending(b) == 2);
     CHECK(bn_cuda_backend_wait_greedy(b, &next, &err) == BN_OK && next >= 0 && next < V);
     CHECK(bn_cuda_backend_kv_filled(b) == PROMPT_LEN + 1);
+    CHECK(bn_cuda_backend_wait_greedy(b, &next, &err) == BN_OK && next >= 0 && next < V);
+    CHECK(bn_cuda_backend_kv_filled(b) == PROMPT_LEN + 2);
+    /* A chained step past the cache: refused, the step before it kept. */
+    {
+        int32_t *fill = calloc((size_t)kv_len, sizeof *fill);
+        CHECK(fill && bn_cuda_backend_forward(b, fill, kv_len - 1, 0, logits, &err) == BN_OK);
+        CHECK(bn_cuda_backend_submit_greedy(b, 5, kv_len - 1, &err) == BN_OK);
+        CHECK(bn_cuda_backend_submit_chained(b, NULL, 0.0, &err) == BN_ERR_INVALID_ARGUMENT);
+        CHECK_STR_CONTAINS(err.message, "KV cache");
+        CHECK(bn_cuda_backend_pending(b) == 1);
+        CHECK(bn_cuda_backend_wait_greedy(b, &next, &err) == BN_OK && next >= 0 && next < V);
+        CHECK(bn_cuda_backend_kv_filled(b) == kv_len);
+        free(fill);
+    }
+    bn_cuda_backend_free(b);
+    /* A chained step that fails (the third call of a fresh backend): both
+     * steps' positions forgotten, and the backend goes on. */
+    b = make_cuda(m, 0, BN_CUDA_KV_F32, 0);
+    if (!b)
+        goto out;
+    bn_cuda_backend_fail_at(b, 3);
+    CHECK(bn_cuda_backend_forward(b, PROMPT, PROMPT_LEN, 0, logits, &err) == BN_OK);
+    CHECK(bn_cuda_backend_submit_greedy(b, 5, PROMPT_LEN, &err) == BN_OK);
+    CHECK(bn_cuda_backend_submit_chained(b, NULL, 0.0, &err) == BN_ERR_GPU);
+    CHECK(bn_cuda_backend_pending(b) == 0 && bn_cuda_backend_kv_filled(b) == PROMPT_LEN);
+    CHECK(bn_cuda_backend_wait_greedy(b, &next, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_cuda_backend_submit_greedy(b, 5, PROMPT_LEN, &err) == BN_OK);
+    CHECK(bn_cuda_backend_wait_greedy(b, &next, &err) == BN_OK && next >= 0 && next < V);
     bn_cuda_backend_free(b);
     b = NULL;
 
@@ -1370,6 +1404,75 @@ static bool picks_by_submit(bn_cuda_backend *b, const bn_cuda_sample_params *cp,
     return ok;
 }
 
+/* The picks of a free-running run from the prompt into out[n], each step
+ * fed the token the step before picked, chosen by cp (NULL: greedy) with
+ * the uniform numbers us. chained: every step after the first decode step
+ * is queued by submit_chained before the host has the token it reads (two
+ * steps in flight); else submit / wait with the host's token. */
+static bool picks_self_fed(bn_cuda_backend *b, const bn_cuda_sample_params *cp,
+                           const double *us, bool chained, int32_t *out, int n, bn_error *err)
+{
+    bn_cuda_backend_reset(b);
+    bool ok =
+        bn_cuda_backend_forward_sample(b, PROMPT, PROMPT_LEN, 0, cp, us[0], &out[0], err) == BN_OK;
+    if (!chained) {
+        for (int t = 1; ok && t < n; t++)
+            ok = bn_cuda_backend_submit_sample(b, out[t - 1], PROMPT_LEN + t - 1, cp, us[t],
+                                               err) == BN_OK &&
+                 bn_cuda_backend_wait_greedy(b, &out[t], err) == BN_OK;
+        return ok;
+    }
+    ok = ok && (n < 2 || bn_cuda_backend_submit_sample(b, out[0], PROMPT_LEN, cp, us[1], err) ==
+                             BN_OK);
+    for (int t = 1; ok && t < n; t++) {
+        if (t + 1 < n)
+            ok = bn_cuda_backend_submit_chained(b, cp, us[t + 1], err) == BN_OK &&
+                 bn_cuda_backend_pending(b) == 2;
+        ok = ok && bn_cuda_backend_wait_greedy(b, &out[t], err) == BN_OK;
+    }
+    CHECK(!ok || (bn_cuda_backend_pending(b) == 0 &&
+                  bn_cuda_backend_kv_filled(b) == PROMPT_LEN + n - 1));
+    return ok;
+}
+
+/* Chained steps pick what submit / wait picks (greedy: cp NULL), graph or
+ * eager as set; what: the case, for the messages. */
+static void check_chained(bn_cuda_backend *b, const bn_cuda_sample_params *cp, const double *us,
+                          const char *what)
+{
+    int32_t plain[N_STEPS], chain[N_STEPS];
+    bn_error err;
+    bn_error_clear(&err);
+    bool ok = picks_self_fed(b, cp, us, false, plain, n_steps, &err);
+    CHECK_MSG(ok, "%s, submit/wait: %s", what, err.message);
+    ok = ok && picks_self_fed(b, cp, us, true, chain, n_steps, &err);
+    CHECK_MSG(ok, "%s, chained: %s", what, err.message);
+    const bool same = ok && memcmp(plain, chain, (size_t)n_steps * sizeof(int32_t)) == 0;
+    CHECK_MSG(same, "%s: chained picks differ from submit/wait's", what);
+    if (ok && !same) {
+        print_tokens("submit/wait", plain, n_steps);
+        print_tokens("chained", chain, n_steps);
+    }
+    /* A chained step dropped when the token before it ends the run: its
+     * position is forgotten and decoding goes on from there. */
+    int32_t t1 = -1, t2 = -1;
+    bn_cuda_backend_reset(b);
+    ok = ok && bn_cuda_backend_forward_sample(b, PROMPT, PROMPT_LEN, 0, cp, us[0], &t1, &err) ==
+                   BN_OK;
+    ok = ok && bn_cuda_backend_submit_sample(b, t1, PROMPT_LEN, cp, us[1], &err) == BN_OK &&
+         bn_cuda_backend_submit_chained(b, cp, us[2], &err) == BN_OK &&
+         bn_cuda_backend_wait_greedy(b, &t1, &err) == BN_OK && bn_cuda_backend_pending(b) == 1 &&
+         bn_cuda_backend_drop_pending(b, &err) == BN_OK && bn_cuda_backend_pending(b) == 0 &&
+         bn_cuda_backend_kv_filled(b) == PROMPT_LEN + 1;
+    ok = ok && bn_cuda_backend_submit_sample(b, t1, PROMPT_LEN + 1, cp, us[2], &err) == BN_OK &&
+         bn_cuda_backend_wait_greedy(b, &t2, &err) == BN_OK;
+    CHECK_MSG(ok && t1 == plain[1] && t2 == plain[2],
+              "%s, a dropped chained step: tokens %d %d, want %d %d; %s", what, t1, t2, plain[1],
+              plain[2], err.message);
+    printf("  %s: %d chained picks %s submit/wait's; a dropped step %s\n", what, n_steps,
+           same ? "equal" : "DIFFER FROM", ok && t2 == plain[2] ? "forgotten" : "NOT forgotten");
+}
+
 /* screened: the LM head screened through its int8 copy (forced on: this
  * head is below the default's size), its exact pass computing every row
  * that can be among the top-k. copy_tokens: the tokens reach the host by
@@ -1411,6 +1514,8 @@ static void check_sampling_on(bn_model *m, bool screened, bool copy_tokens)
         }
         CHECK_MSG(ok && bad == 0, "greedy picks (%s): %d differ from the argmax; %s",
                   graphs ? "graph" : "eager", bad, err.message);
+        const double zeros[N_STEPS] = {0};
+        check_chained(b, NULL, zeros, graphs ? "greedy, graph" : "greedy, eager");
     }
     if (b)
         bn_cuda_backend_set_graphs(b, true);
@@ -1463,6 +1568,12 @@ static void check_sampling_on(bn_model *m, bool screened, bool copy_tokens)
         ok = ok && picks_by_submit(b, &cp, us, cpu_tok, eager_tok, n_steps, &err);
         bn_cuda_backend_set_graphs(b, true);
         CHECK_MSG(ok, "case %zu, eager submit/wait: %s", c, err.message);
+        char what[64];
+        snprintf(what, sizeof what, "case %zu, eager", c);
+        check_chained(b, &cp, us, what);
+        bn_cuda_backend_set_graphs(b, true);
+        snprintf(what, sizeof what, "case %zu, graph", c);
+        check_chained(b, &cp, us, what);
         const bool same_eager = ok && memcmp(eager_tok, dev_tok, (size_t)n_steps * 4) == 0;
         CHECK_MSG(same_eager, "case %zu: eager picks differ from the graph's", c);
         const bool same_graph = ok && memcmp(graph_tok, dev_tok, (size_t)n_steps * 4) == 0;

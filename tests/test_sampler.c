@@ -776,11 +776,19 @@ static void test_next_uniform(void)
     bn_sampler *peeked = make(1.0f, 0, 1.0f, 0.0f, 77, 2);
     bn_sampler *skipper = make(1.0f, 0, 1.0f, 0.0f, 77, 2);
     int low = 0, mismatches = 0;
+    /* said[j][a - 1]: what uniform_ahead(s, a) said, a picks before pick j. */
+    static double said[256 + 3][3];
     for (int i = 0; i < 256 && s && peeked && skipper; i++) {
         const double u = bn_sampler_next_uniform(s);
         CHECK(u >= 0.0 && u < 1.0);
         CHECK(bn_sampler_next_uniform(s) == u); /* a peek does not move the stream */
         CHECK(bn_sampler_next_uniform(skipper) == u);
+        CHECK(bn_sampler_uniform_ahead(s, 0) == u);
+        for (int a = 1; a <= 3; a++) {
+            mismatches += i >= a && said[i][a - 1] != u;
+            said[i + a][a - 1] = bn_sampler_uniform_ahead(s, a);
+        }
+        CHECK(bn_sampler_next_uniform(s) == u);
         float l[2] = {0.0f, 0.0f}, m[2] = {0.0f, 0.0f};
         const int32_t t = bn_sampler_sample(s, l, NULL, 0);
         (void)bn_sampler_next_uniform(peeked);

@@ -85,7 +85,7 @@ enum {
     K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
     K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
     K_NORM_GEMV, K_GEMV_RES, K_ATTN_DEC_F32_CLUSTER, K_HEAD_SCREEN, K_ATTN_DEC_F32_QKV,
-    K_GEMV_PAIR, K_SAMPLE, K_COUNT
+    K_GEMV_PAIR, K_SAMPLE, K_HANDOFF, K_COUNT
 };
 static const char *const kernel_names[K_COUNT] = {
     "embed_rows", "norm_quantize", "residual_norm_quantize", "relu2_norm_quantize",
@@ -94,7 +94,7 @@ static const char *const kernel_names[K_COUNT] = {
     "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay",
     "norm_quantize_w2a8_gemv", "w2a8_gemv_residual", "attention_decode_f32_cluster",
     "lm_head_screen_int8", "attention_decode_f32_cluster_qkv", "w2a8_gemv_gate_up_relu2",
-    "sample_top_k_top_p"};
+    "sample_top_k_top_p", "decode_handoff"};
 
 /* Events of an instrumented step (profile_decode). */
 typedef struct prof {
@@ -120,8 +120,11 @@ typedef struct step_graph {
 /* The decode step's inputs in device memory (d_dec), uploaded before every
  * step (upload_dec): four ints (token, position, KV length after it, the
  * top k the screened head computes exactly), the sampler's uniform number
- * (a double, at int 4) and its parameters (at int 6). */
-enum { DEC_UNIFORM = 4, DEC_PARAMS = 6, DEC_INTS = DEC_PARAMS + 4 };
+ * (a double, at int 4) and its parameters (at int 6). Two images, DEC_STRIDE
+ * ints apart: a step reads one (its parity) and its last kernel writes the
+ * token, position and length of the step after it into the other, so that
+ * a chained step (bn_cuda_backend_submit_chained) needs no upload of them. */
+enum { DEC_UNIFORM = 4, DEC_PARAMS = 6, DEC_INTS = DEC_PARAMS + 4, DEC_STRIDE = 16 };
 _Static_assert(sizeof(bn_cuda_sample_params) == 4 * sizeof(int32_t),
                "the sampling parameters take four ints of d_dec");
 
@@ -166,9 +169,9 @@ struct bn_cuda_backend {
     float *x, *qkv, *q, *att, *out, *gu, *normed, *logits, *act_scale, *rope;
     int8_t *xq;
     int32_t *act_sum, *ws_streamk, *d_tokens, *d_pos, *d_next;
-    int32_t *d_dec; /* the decode step's inputs (upload_dec): four ints, at d_dec + 4
-                       (8-byte aligned) the sampler's uniform number, at d_dec + 6
-                       its parameters */
+    int32_t *d_dec; /* the decode step's inputs (upload_dec), two images DEC_STRIDE
+                       ints apart (dec_dev): four ints, at + 4 (8-byte aligned) the
+                       sampler's uniform number, at + 6 its parameters */
     bool streamk; /* some prefill GEMM takes stream-K: ws_streamk is its workspace */
     void *ws_attn, *ws_sample;
     unsigned int *attn_counters; /* fp32 decode attention: one per head, kept at 0 */
@@ -184,9 +187,10 @@ struct bn_cuda_backend {
     int gu_cluster;   /* the gate|up GEMV: staged per cluster of this many (0: none) */
     uint64_t scratch_bytes;
 
-    int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], then d_dec's image
-                                  (DEC_INTS ints: upload_dec), next, a spare int and the
-                                  screened head's token key (8-byte aligned) */
+    int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], then per parity
+                                  (H_TAIL ints each) d_dec's image (DEC_INTS ints:
+                                  upload_dec), next, a spare int and the screened
+                                  head's token key (8-byte aligned) */
     char *h_io_dev;            /* h_io as the device addresses it (pinned memory is
                                   mapped), where the step's kernels store the token
                                   for the host (publish); NULL: copied instead     */
@@ -199,7 +203,11 @@ struct bn_cuda_backend {
     step_graph graph_sample;       /* the step of a sampled token: `graph` (its
                                       head screened for the top k) and the
                                       sampler, its parameters read from d_dec  */
-    bool sampled_in_pass;          /* the pass just queued ran graph_sample    */
+    step_graph graph1, graph_sample1; /* `graph` and `graph_sample` reading the
+                                      second image of d_dec (parity 1), for
+                                      chained steps                            */
+    bool choice_in_pass;           /* the pass just queued replayed a graph that
+                                      ends with the choice and its hand-off    */
     cudaGraph_t graph_src;         /* what `graph` was instantiated from        */
     cudaGraphNode_t *graph_nodes;  /* its kernel nodes in launch order          */
     unsigned char *graph_node_stage; /* the bn_cuda_stage of each               */
@@ -212,9 +220,18 @@ struct bn_cuda_backend {
     bool pdl;                  /* decode kernels use programmatic dependent launch */
     bn_cuda_fusion fusion;     /* how the decode step's norms meet the GEMVs (never
                                   AUTO once created)                                */
-    bool pending;              /* a submitted step not yet waited for */
-    bool pending_greedy;       /* ... whose token is the greedy one */
-    int64_t pending_pos;
+    int par;                   /* the d_dec image (0, 1) the step being queued reads */
+    /* Submitted steps not yet waited for, oldest first: a step and at most
+     * one chained after it. */
+    struct pending_step {
+        int64_t pos;
+        bool greedy;           /* its token is the greedy one */
+        int par;
+    } pend[2];
+    int n_pending;
+    cudaEvent_t step_done[2];  /* per parity: recorded after a submitted step */
+    int32_t dec_sent[2][DEC_INTS]; /* per image: what was last uploaded to it ...  */
+    bool dec_valid[2];             /* ... when known (ints 3.. are what matter)     */
     unsigned ran;              /* bit K_* set when the family was launched */
     int64_t calls, fail_at;
     prof *prof;
@@ -246,19 +263,26 @@ void bn_cuda_backend_options_default(bn_cuda_backend_options *o)
 
 static int32_t *h_tokens(bn_cuda_backend *b) { return b->h_io; }
 static int32_t *h_positions(bn_cuda_backend *b) { return b->h_io + b->kv_len; }
-/* The pinned buffer's tail after the tokens and positions: d_dec's image,
- * the token fetched (next), a spare int and the head's key. */
+/* The pinned buffer's tail after the tokens and positions, one per parity
+ * (the d_dec image a step reads): d_dec's image, the token fetched (next),
+ * a spare int and the head's key. A step's results go to its parity's
+ * tail, so the host can read one step's token while the step chained after
+ * it stores its own. */
 enum { H_NEXT = DEC_INTS, H_KEY = DEC_INTS + 2, H_TAIL = H_KEY + 2 };
-static int32_t *h_dec(bn_cuda_backend *b) { return b->h_io + 2 * b->kv_len; }
+static int32_t *h_tail(bn_cuda_backend *b, int par)
+{
+    return b->h_io + 2 * b->kv_len + par * H_TAIL;
+}
+static int32_t *h_dec(bn_cuda_backend *b) { return h_tail(b, b->par); }
 static double *h_uniform(bn_cuda_backend *b) { return (double *)(void *)(h_dec(b) + DEC_UNIFORM); }
 static bn_cuda_sample_params *h_params(bn_cuda_backend *b)
 {
     return (bn_cuda_sample_params *)(void *)(h_dec(b) + DEC_PARAMS);
 }
-static int32_t *h_next(bn_cuda_backend *b) { return h_dec(b) + H_NEXT; }
-static unsigned long long *h_key(bn_cuda_backend *b)
+static int32_t *h_next_at(bn_cuda_backend *b, int par) { return h_tail(b, par) + H_NEXT; }
+static unsigned long long *h_key_at(bn_cuda_backend *b, int par)
 {
-    return (unsigned long long *)(void *)(h_dec(b) + H_KEY);
+    return (unsigned long long *)(void *)(h_tail(b, par) + H_KEY);
 }
 /* Where a kernel stores a result for the host: `host` (inside h_io) as the
  * device addresses it, or NULL where pinned memory is not mapped (the
@@ -268,12 +292,13 @@ static void *dev_alias(bn_cuda_backend *b, void *host)
     return b->h_io_dev ? b->h_io_dev + ((char *)host - (char *)b->h_io) : NULL;
 }
 
-/* The sampler's uniform number and parameters in device memory: they ride
- * in d_dec. */
-static double *d_uniform(bn_cuda_backend *b) { return (double *)(void *)(b->d_dec + DEC_UNIFORM); }
+/* The decode inputs the step being queued reads (its parity's image), and
+ * the sampler's uniform number and parameters in them. */
+static int32_t *dec_dev(bn_cuda_backend *b) { return b->d_dec + b->par * DEC_STRIDE; }
+static double *d_uniform(bn_cuda_backend *b) { return (double *)(void *)(dec_dev(b) + DEC_UNIFORM); }
 static bn_cuda_sample_params *d_params(bn_cuda_backend *b)
 {
-    return (bn_cuda_sample_params *)(void *)(b->d_dec + DEC_PARAMS);
+    return (bn_cuda_sample_params *)(void *)(dec_dev(b) + DEC_PARAMS);
 }
 
 static const float *norm_ptr(const bn_cuda_backend *b, int layer, bn_norm which)
@@ -787,15 +812,11 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
                                            b->sm, s));
         BN_CUDA_TRY(err, bn_cb_head_exact(b->d_head, b->head_type, hp->vocab, dim, b->normed,
                                           b->head_upper, b->head_part, b->head_parts,
-                                          b->d_dec + 3, b->logits, b->d_best, b->d_cand,
+                                          dec_dev(b) + 3, b->logits, b->d_best, b->d_cand,
                                           b->d_cand_n, BN_CUDA_SAMPLE_MAX_CAND,
                                           b->d_cand_floor, b->sm, s));
-        /* The key goes to the host from here where pinned memory is mapped
-         * (queue_argmax copies it otherwise). */
-        if (b->h_io_dev)
-            BN_CUDA_TRY(err, bn_cuda_publish(b->d_best, dev_alias(b, h_key(b)), 2, s));
         b->ran |= 1u << K_HEAD_SCREEN;
-        return mark(b, BN_CUDA_STAGE_LM_HEAD, b->h_io_dev ? 3 : 2, err);
+        return mark(b, BN_CUDA_STAGE_LM_HEAD, 2, err);
     }
     BN_CUDA_TRY(err, bn_cb_head_gemv(b->d_head, b->head_type, hp->vocab, dim, b->normed,
                                      b->logits, b->sm, s));
@@ -811,8 +832,9 @@ static bn_status check_request(const bn_cuda_backend *b, const int32_t *tokens, 
     if (!tokens || n <= 0 || pos < 0)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "cuda forward: need tokens, n_tokens > 0 and pos >= 0");
-    if (b->pending)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "call bn_cuda_backend_wait_greedy first",
+    if (b->n_pending)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                            "call bn_cuda_backend_wait_greedy (or drop_pending) first",
                             "cuda forward: a submitted step has not been waited for");
     if (n > b->kv_len - pos)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
@@ -863,14 +885,17 @@ static bn_status upload_rows(bn_cuda_backend *b, const int32_t *tokens, int64_t 
     return BN_OK;
 }
 
-/* The decode step's inputs (d_dec, which its graphs read): the token, its
- * position, the KV length after it, the top k that the screened LM head
- * must compute exactly (bn_cb_head_exact's *d_k), then the uniform number
- * and the parameters a sampled step's sampler draws with (zeros when p is
- * NULL), so that a step needs one upload. */
+/* The decode step's inputs (its parity's d_dec image, which its graphs
+ * read): the token, its position, the KV length after it, the top k that
+ * the screened LM head must compute exactly (bn_cb_head_exact's *d_k), then
+ * the uniform number and the parameters a sampled step's sampler draws
+ * with (zeros when p is NULL), so that a step needs one upload. A chained
+ * step's token, position and length are on the device already (the step
+ * before wrote them: queue_handoff), and the rest is uploaded only when it
+ * differs from what that image holds (a greedy chain uploads nothing). */
 enum { DEC_BYTES = DEC_INTS * sizeof(int32_t) };
 static bn_status upload_dec(bn_cuda_backend *b, int32_t token, int64_t pos, int top_k, double u,
-                            const bn_cuda_sample_params *p, bn_error *err)
+                            const bn_cuda_sample_params *p, bool chained, bn_error *err)
 {
     int32_t *dec = h_dec(b);
     dec[0] = token;
@@ -882,8 +907,17 @@ static bn_status upload_dec(bn_cuda_backend *b, int32_t token, int64_t pos, int 
         *h_params(b) = *p;
     else
         memset(h_params(b), 0, sizeof *h_params(b));
-    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_dec, dec, DEC_BYTES, cudaMemcpyHostToDevice, b->cs));
-    count_h2d(b, DEC_BYTES);
+    const int first = chained ? 3 : 0;
+    const size_t rest = (size_t)(DEC_INTS - 3) * sizeof(int32_t);
+    int32_t *sent = b->dec_sent[b->par];
+    if (chained && b->dec_valid[b->par] && memcmp(sent + 3, dec + 3, rest) == 0)
+        return BN_OK;
+    const size_t bytes = (size_t)(DEC_INTS - first) * sizeof(int32_t);
+    BN_CUDA_TRY(err, cudaMemcpyAsync(dec_dev(b) + first, dec + first, bytes,
+                                     cudaMemcpyHostToDevice, b->cs));
+    count_h2d(b, bytes);
+    memcpy(sent, dec, DEC_BYTES);
+    b->dec_valid[b->par] = true;
     return BN_OK;
 }
 
@@ -896,34 +930,50 @@ static bn_status replay(bn_cuda_backend *b, const step_graph *g, bn_error *err)
     return BN_OK;
 }
 
+/* The captured decode step that serves a pass: with a screened head, steps
+ * that return logits (top_k 0) have a graph of their own, and so do sampled
+ * steps; the greedy and sampled ones come in two copies, one per d_dec
+ * image (steps that return logits are never chained: parity 0). */
+static const step_graph *pass_graph(const bn_cuda_backend *b, bool screen,
+                                    const bn_cuda_sample_params *sample)
+{
+    const bool odd = b->par == 1;
+    if (sample && b->graph_sample.exec)
+        return odd ? &b->graph_sample1 : &b->graph_sample;
+    if (b->head_screen && !screen)
+        return &b->graph_logits;
+    return odd ? &b->graph1 : &b->graph;
+}
+
 /* Uploads the inputs and queues the pass: the decode step (graph or eager)
  * for one token, prefill chunks otherwise. top_k > 0: only the top_k
  * largest logits will be read (1: the argmax), so a screened head computes
  * only the rows that can be among them; 0: every logit. u and sample: the
  * uniform number and the parameters of queue_choice's draw (sample NULL:
- * greedy, or logits); a decode step with them replays graph_sample, whose
- * last kernel is that draw (b->sampled_in_pass). */
+ * greedy, or logits). A greedy step with a screened head replays `graph`,
+ * and a sampled one graph_sample, each ending with the choice and its
+ * hand-off (b->choice_in_pass). chained: a decode step whose token is the
+ * one the step queued before it picks (tokens unused). */
 static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
                             int top_k, double u, const bn_cuda_sample_params *sample,
-                            bn_error *err)
+                            bool chained, bn_error *err)
 {
     const bool screen = top_k > 0 && b->head_screen;
-    b->sampled_in_pass = false;
-    const bn_status up =
-        upload_dec(b, tokens[n - 1], pos + n - 1, top_k > 0 ? top_k : 1, u, sample, err);
+    b->choice_in_pass = false;
+    const bn_status up = upload_dec(b, chained ? -1 : tokens[n - 1], pos + n - 1,
+                                    top_k > 0 ? top_k : 1, u, sample, chained, err);
     if (up != BN_OK)
         return up;
     if (n == 1) {
-        /* With a screened head, steps that return logits have a graph of
-         * their own; so do sampled steps. */
-        const step_graph *g = sample && b->graph_sample.exec     ? &b->graph_sample
-                              : b->head_screen && !screen ? &b->graph_logits
-                                                          : &b->graph;
+        const step_graph *g = pass_graph(b, screen, sample);
         if (g->exec && b->use_graphs && !b->prof) {
-            b->sampled_in_pass = g == &b->graph_sample;
+            const bool sampled = g == &b->graph_sample || g == &b->graph_sample1;
+            const bool greedy = g == &b->graph || g == &b->graph1;
+            b->choice_in_pass = sampled || (greedy && screen && !sample);
             return replay(b, g, err);
         }
-        return enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, 0, screen, err);
+        int32_t *dec = dec_dev(b);
+        return enqueue_rows(b, 1, dec, dec + 1, dec + 2, 0, screen, err);
     }
     const bn_status rows = upload_rows(b, tokens, n, pos, err);
     if (rows != BN_OK)
@@ -938,77 +988,81 @@ static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n
     return BN_OK;
 }
 
-/* The device slot a kernel writes the chosen token to: h_next itself when
- * pinned memory is mapped (nothing left to copy), else d_next. */
-static int32_t *token_slot(bn_cuda_backend *b)
+/* The step's chosen token, in d_best as a key (key) or in d_next, handed
+ * on by the step's last kernel: stored for the host in its parity's pinned
+ * tail where pinned memory is mapped (publish_token copies it otherwise),
+ * and as the token, position and length of a step chained after it in the
+ * other d_dec image. Launched eagerly, or captured as a graph's last node. */
+static bn_status queue_handoff(bn_cuda_backend *b, bool key, bn_error *err)
 {
-    return b->h_io_dev ? (int32_t *)dev_alias(b, h_next(b)) : b->d_next;
+    void *host = key ? (void *)h_key_at(b, b->par) : (void *)h_next_at(b, b->par);
+    int32_t *feed = b->d_dec + (b->par ^ 1) * DEC_STRIDE;
+    BN_CUDA_TRY(err, bn_cb_decode_handoff(key ? b->d_best : NULL, key ? NULL : b->d_next,
+                                          b->hp.vocab, dev_alias(b, host), dec_dev(b), feed,
+                                          b->cs));
+    b->ran |= 1u << K_HANDOFF;
+    if (b->capture_stages)
+        return mark(b, BN_CUDA_STAGE_ARGMAX, 1, err);
+    count_launches(b, 1);
+    return BN_OK;
 }
 
-/* The token in token_slot (or the key in d_best, key) on its way to the
- * host: stored there already where pinned memory is mapped, else copied.
- * Either way one transfer of its bytes for the statistics. */
+/* The token the step just queued handed off (the key in d_best, key) on its
+ * way to the host: stored there already where pinned memory is mapped,
+ * else copied. Either way one transfer of its bytes for the statistics. */
 static bn_status publish_token(bn_cuda_backend *b, bool key, bn_error *err)
 {
     const size_t bytes = key ? sizeof *b->d_best : sizeof(int32_t);
     if (!b->h_io_dev)
-        BN_CUDA_TRY(err, cudaMemcpyAsync(key ? (void *)h_key(b) : (void *)h_next(b),
+        BN_CUDA_TRY(err, cudaMemcpyAsync(key ? (void *)h_key_at(b, b->par)
+                                             : (void *)h_next_at(b, b->par),
                                          key ? (const void *)b->d_best : (const void *)b->d_next,
                                          bytes, cudaMemcpyDeviceToHost, b->cs));
     count_d2h(b, bytes);
     return BN_OK;
 }
 
-/* The greedy token of the pass just queued, on its way to the host: with
- * the screened head (every greedy pass when b->head_screen) the key its
- * kernels computed (and stored for the host: enqueue_rows), else the
- * device argmax over the logits. greedy_token reads it once the stream has
- * reached it. */
-static bn_status queue_argmax(bn_cuda_backend *b, bn_error *err)
-{
-    if (b->head_screen)
-        return publish_token(b, true, err);
-    BN_CUDA_TRY(err, bn_cuda_sample_greedy(b->logits, b->hp.vocab, b->ws_sample, token_slot(b),
-                                           NULL, b->cs));
-    b->ran |= 1u << K_ARGMAX;
-    count_launches(b, 2); /* sample_kernels.cu: a partial pass and a final one */
-    return publish_token(b, false, err);
-}
-
-static int32_t greedy_token(bn_cuda_backend *b)
-{
-    return b->head_screen ? bn_cuda_key_token(*h_key(b)) : *h_next(b);
-}
-
 /* Whether a choice is the greedy one (NULL: greedy). */
 static bool choice_greedy(const bn_cuda_sample_params *p) { return !p || !(p->temperature > 0.0f); }
 
-/* The token of the pass just queued, chosen by p with the uniform number
- * queue_pass uploaded (greedy: queue_argmax; drawn already when the pass
- * was graph_sample), on its way to the host; chosen_token reads it once
- * the stream has reached it. */
+/* The token of the pass just queued, chosen by p (NULL: greedy) with the
+ * uniform number queue_pass uploaded, handed off and on its way to the
+ * host; chosen_token reads it once the stream has reached it. Greedy: with
+ * the screened head (every greedy pass when b->head_screen) the key its
+ * kernels computed, else the device argmax over the logits. Nothing is
+ * launched when the pass's graph ended with the choice. */
 static bn_status queue_choice(bn_cuda_backend *b, const bn_cuda_sample_params *p, bn_error *err)
 {
-    if (choice_greedy(p))
-        return queue_argmax(b, err);
-    if (b->sampled_in_pass)
-        return publish_token(b, false, err);
-    /* A screened head (every sampled pass screens where the backend does:
-     * queue_pass) leaves the candidate list its exact pass wrote, and the
-     * floor its top k reach. */
-    const bool listed = b->head_screen;
-    BN_CUDA_TRY(err, bn_cuda_sample_cand(b->logits, b->hp.vocab, listed ? b->d_cand : NULL,
-                                         listed ? b->d_cand_n : NULL, BN_CUDA_SAMPLE_MAX_CAND,
-                                         listed ? b->d_cand_floor : NULL, p, d_uniform(b),
-                                         b->ws_sample, token_slot(b), NULL, b->cs));
-    b->ran |= 1u << K_SAMPLE;
-    count_launches(b, 1); /* sample_kernels.cu: one top-k launch */
-    return publish_token(b, false, err);
+    const bool key = choice_greedy(p) && b->head_screen;
+    if (!b->choice_in_pass) {
+        if (choice_greedy(p) && !b->head_screen) {
+            BN_CUDA_TRY(err, bn_cuda_sample_greedy(b->logits, b->hp.vocab, b->ws_sample,
+                                                   b->d_next, NULL, b->cs));
+            b->ran |= 1u << K_ARGMAX;
+            count_launches(b, 2); /* sample_kernels.cu: a partial pass and a final one */
+        } else if (!choice_greedy(p)) {
+            /* A screened head (every sampled pass screens where the backend
+             * does: queue_pass) leaves the candidate list its exact pass
+             * wrote, and the floor its top k reach. */
+            const bool listed = b->head_screen;
+            BN_CUDA_TRY(err, bn_cuda_sample_cand(b->logits, b->hp.vocab, listed ? b->d_cand : NULL,
+                                                 listed ? b->d_cand_n : NULL,
+                                                 BN_CUDA_SAMPLE_MAX_CAND,
+                                                 listed ? b->d_cand_floor : NULL, p, d_uniform(b),
+                                                 b->ws_sample, b->d_next, NULL, b->cs));
+            b->ran |= 1u << K_SAMPLE;
+            count_launches(b, 1); /* sample_kernels.cu: one top-k launch */
+        }
+        const bn_status st = queue_handoff(b, key, err);
+        if (st != BN_OK)
+            return st;
+    }
+    return publish_token(b, key, err);
 }
 
-/* The sampler as graph_sample's last kernel (captured: capture_graph_once):
- * its parameters and uniform number read from d_dec when it runs, the
- * token left in token_slot. */
+/* The sampler as graph_sample's kernel before the hand-off (captured:
+ * capture_graph_once): its parameters and uniform number read from d_dec
+ * when it runs, the token left in d_next. */
 static bn_status queue_sampler(bn_cuda_backend *b, bn_error *err)
 {
     const bool listed = b->head_screen;
@@ -1016,7 +1070,7 @@ static bn_status queue_sampler(bn_cuda_backend *b, bn_error *err)
                                              listed ? b->d_cand_n : NULL,
                                              BN_CUDA_SAMPLE_MAX_CAND,
                                              listed ? b->d_cand_floor : NULL, d_params(b),
-                                             d_uniform(b), b->ws_sample, token_slot(b), b->cs));
+                                             d_uniform(b), b->ws_sample, b->d_next, b->cs));
     b->ran |= 1u << K_SAMPLE;
     b->capture_launches += 1;
     return BN_OK;
@@ -1032,17 +1086,19 @@ static int choice_top_k(const bn_cuda_backend *b, const bn_cuda_sample_params *p
     return p->top_k >= 1 && p->top_k < b->hp.vocab ? p->top_k : (int)b->hp.vocab;
 }
 
-static int32_t chosen_token(bn_cuda_backend *b, bool greedy)
+/* The token a step of parity par chose, once the stream is past it. */
+static int32_t chosen_token(bn_cuda_backend *b, bool greedy, int par)
 {
-    return greedy ? greedy_token(b) : *h_next(b);
+    return greedy && b->head_screen ? bn_cuda_key_token(*h_key_at(b, par)) : *h_next_at(b, par);
 }
 
 /* The pass and the choice of its token by p (NULL: greedy) and u. */
 static bn_status queue_step(bn_cuda_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
-                            const bn_cuda_sample_params *p, double u, bn_error *err)
+                            const bn_cuda_sample_params *p, double u, bool chained,
+                            bn_error *err)
 {
     const bn_status st = queue_pass(b, tokens, n, pos, choice_top_k(b, p), u,
-                                    choice_greedy(p) ? NULL : p, err);
+                                    choice_greedy(p) ? NULL : p, chained, err);
     return st == BN_OK ? queue_choice(b, p, err) : st;
 }
 
@@ -1076,14 +1132,15 @@ static bn_status check_choice(const bn_cuda_backend *b, const bn_cuda_sample_par
 }
 
 /* After a failure: let queued work drain and forget the positions it may
- * have half written (the CPU backend's rule). */
+ * have half written (the CPU backend's rule), submitted steps included. */
 static bn_status fail_pass(bn_cuda_backend *b, int64_t pos, bn_status st)
 {
     (void)cudaStreamSynchronize(b->cs);
     (void)cudaGetLastError();
     if (b->kv_filled > pos)
         b->kv_filled = pos;
-    b->pending = false;
+    b->n_pending = 0;
+    b->par = 0;
     return st;
 }
 
@@ -1107,7 +1164,7 @@ bn_status bn_cuda_backend_forward(bn_cuda_backend *b, const int32_t *tokens, int
         st = begin_call(b, err);
     if (st != BN_OK)
         return st;
-    st = queue_pass(b, tokens, n_tokens, pos, 0, 0.0, NULL, err);
+    st = queue_pass(b, tokens, n_tokens, pos, 0, 0.0, NULL, false, err);
     if (st == BN_OK)
         st = download_logits(b, err);
     if (st != BN_OK)
@@ -1132,12 +1189,12 @@ bn_status bn_cuda_backend_forward_sample(bn_cuda_backend *b, const int32_t *toke
         st = begin_call(b, err);
     if (st != BN_OK)
         return st;
-    st = queue_step(b, tokens, n_tokens, pos, p, u, err);
+    st = queue_step(b, tokens, n_tokens, pos, p, u, false, err);
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
     if (st != BN_OK)
         return fail_pass(b, pos, st);
-    *next = chosen_token(b, greedy);
+    *next = chosen_token(b, greedy, 0);
     b->kv_filled = pos + n_tokens;
     return BN_OK;
 }
@@ -1149,12 +1206,28 @@ bn_status bn_cuda_backend_forward_greedy(bn_cuda_backend *b, const int32_t *toke
     return bn_cuda_backend_forward_sample(b, tokens, n_tokens, pos, NULL, 0.0, next, err);
 }
 
+/* Queues one decode step at pos (reading d_dec image b->par; chained: its
+ * token is the one the pending step picks) and notes it as pending. */
+static bn_status submit_step(bn_cuda_backend *b, int32_t token, int64_t pos,
+                             const bn_cuda_sample_params *p, double u, bool chained,
+                             bn_error *err)
+{
+    const int par = b->par;
+    bn_status st = queue_step(b, &token, 1, pos, p, u, chained, err);
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaEventRecord(b->step_done[par], b->cs));
+    b->par = 0;
+    if (st != BN_OK)
+        return fail_pass(b, b->n_pending ? b->pend[0].pos : pos, st);
+    b->pend[b->n_pending++] = (struct pending_step){pos, choice_greedy(p), par};
+    return BN_OK;
+}
+
 bn_status bn_cuda_backend_submit_sample(bn_cuda_backend *b, int32_t token, int64_t pos,
                                         const bn_cuda_sample_params *p, double u, bn_error *err)
 {
     if (!b)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cuda submit: NULL backend");
-    const bool greedy = choice_greedy(p);
     bn_status st = check_request(b, &token, 1, pos, err);
     if (st == BN_OK)
         st = check_choice(b, p, u, err);
@@ -1162,13 +1235,8 @@ bn_status bn_cuda_backend_submit_sample(bn_cuda_backend *b, int32_t token, int64
         st = begin_call(b, err);
     if (st != BN_OK)
         return st;
-    st = queue_step(b, &token, 1, pos, p, u, err);
-    if (st != BN_OK)
-        return fail_pass(b, pos, st);
-    b->pending = true;
-    b->pending_greedy = greedy;
-    b->pending_pos = pos;
-    return BN_OK;
+    b->par = 0;
+    return submit_step(b, token, pos, p, u, false, err);
 }
 
 bn_status bn_cuda_backend_submit_greedy(bn_cuda_backend *b, int32_t token, int64_t pos,
@@ -1177,19 +1245,64 @@ bn_status bn_cuda_backend_submit_greedy(bn_cuda_backend *b, int32_t token, int64
     return bn_cuda_backend_submit_sample(b, token, pos, NULL, 0.0, err);
 }
 
+bn_status bn_cuda_backend_submit_chained(bn_cuda_backend *b, const bn_cuda_sample_params *p,
+                                         double u, bn_error *err)
+{
+    if (!b)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cuda submit: NULL backend");
+    if (b->n_pending != 1)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                            b->n_pending ? "wait for the older step first"
+                                         : "submit a step with its token first",
+                            "cuda submit_chained: needs exactly one submitted step not yet "
+                            "waited for (there are %d)",
+                            b->n_pending);
+    const int64_t pos = b->pend[0].pos + 1;
+    if (pos >= b->kv_len)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                            "start a new context or create the backend with a longer kv_len",
+                            "position %lld does not fit a KV cache of %lld positions",
+                            (long long)pos, (long long)b->kv_len);
+    bn_status st = check_choice(b, p, u, err);
+    if (st != BN_OK)
+        return st; /* the request: the pending step is left as it is */
+    st = begin_call(b, err);
+    if (st != BN_OK) /* the device: nothing is left pending, as for a failed step */
+        return fail_pass(b, b->pend[0].pos, st);
+    b->par = b->pend[0].par ^ 1;
+    return submit_step(b, -1, pos, p, u, true, err);
+}
+
 bn_status bn_cuda_backend_wait_greedy(bn_cuda_backend *b, int32_t *next, bn_error *err)
 {
-    if (!b || !next || !b->pending)
+    if (!b || !next || !b->n_pending)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "cuda wait: no submitted step to wait for");
-    const int64_t pos = b->pending_pos;
-    bn_status st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
-    b->pending = false;
+    const struct pending_step step = b->pend[0];
+    bn_status st = BN_CUDA_STATUS(err, cudaEventSynchronize(b->step_done[step.par]));
     if (st != BN_OK)
-        return fail_pass(b, pos, st);
-    *next = chosen_token(b, b->pending_greedy);
-    b->kv_filled = pos + 1;
+        return fail_pass(b, step.pos, st);
+    b->pend[0] = b->pend[1];
+    b->n_pending--;
+    *next = chosen_token(b, step.greedy, step.par);
+    b->kv_filled = step.pos + 1;
     return BN_OK;
+}
+
+int bn_cuda_backend_pending(const bn_cuda_backend *b) { return b ? b->n_pending : 0; }
+
+bn_status bn_cuda_backend_drop_pending(bn_cuda_backend *b, bn_error *err)
+{
+    if (!b)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cuda drop: NULL backend");
+    if (!b->n_pending)
+        return BN_OK;
+    const int64_t pos = b->pend[0].pos;
+    const bn_status st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
+    /* The steps ran (or failed) but their tokens were never taken: their
+     * positions are forgotten either way. */
+    (void)fail_pass(b, pos, st);
+    return st;
 }
 
 /* ---- creation: planning ------------------------------------------------------- */
@@ -1352,7 +1465,7 @@ static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
     ADD(&b->d_cand_floor, sizeof(float));
     ADD(&b->d_tokens, (size_t)b->kv_len * sizeof(int32_t));
     ADD(&b->d_pos, (size_t)b->kv_len * sizeof(int32_t));
-    ADD(&b->d_dec, DEC_BYTES);
+    ADD(&b->d_dec, 2 * DEC_STRIDE * sizeof(int32_t));
 #undef ADD
     return n;
 }
@@ -1631,7 +1744,7 @@ static bn_status upload_norms(bn_cuda_backend *b, bn_error *err)
  * programmatic dependent launch that fails (a driver that cannot put it in
  * a graph) is retried without it. */
 typedef enum { STEP_GREEDY, STEP_LOGITS, STEP_SAMPLED } step_kind;
-static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, step_kind kind);
+static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, step_kind kind, int par);
 
 static void free_stage_map(bn_cuda_backend *b)
 {
@@ -1704,32 +1817,39 @@ static bool map_graph_stages(bn_cuda_backend *b, cudaGraph_t graph)
 
 /* The greedy step's graph (with the stage map), then, when the head is
  * screened, the graph of a step that returns logits, and the sampled
- * step's. */
+ * step's; the greedy and sampled ones again reading the second d_dec image
+ * (chained steps alternate between the two). */
 static void capture_graph(bn_cuda_backend *b)
 {
-    if (!capture_graph_once(b, !b->pdl, STEP_GREEDY) && b->pdl) {
+    if (!capture_graph_once(b, !b->pdl, STEP_GREEDY, 0) && b->pdl) {
         bn_log(BN_LOG_WARN, "cuda backend: capturing the decode step with programmatic dependent "
                             "launch failed; capturing it without");
         b->pdl = false;
-        (void)capture_graph_once(b, true, STEP_GREEDY);
+        (void)capture_graph_once(b, true, STEP_GREEDY, 0);
     }
     if (b->graph.exec && b->head_screen)
-        (void)capture_graph_once(b, true, STEP_LOGITS);
+        (void)capture_graph_once(b, true, STEP_LOGITS, 0);
     if (b->graph.exec)
-        (void)capture_graph_once(b, true, STEP_SAMPLED);
+        (void)capture_graph_once(b, true, STEP_SAMPLED, 0);
+    if (b->graph.exec)
+        (void)capture_graph_once(b, true, STEP_GREEDY, 1);
+    if (b->graph_sample.exec)
+        (void)capture_graph_once(b, true, STEP_SAMPLED, 1);
 }
 
 /* The step of `kind` into its graph: the greedy step (screened head when
- * b->head_screen) into b->graph, with the stage map; the step with the
- * full LM head into b->graph_logits; the greedy step's kernels and then
- * the sampler, which reads its parameters and uniform number from d_dec,
- * into b->graph_sample. */
-static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, step_kind kind)
+ * b->head_screen, then the hand-off of its key) into b->graph, with the
+ * stage map; the step with the full LM head into b->graph_logits; the
+ * greedy step's kernels, then the sampler, which reads its parameters and
+ * uniform number from d_dec, and the hand-off of its token into
+ * b->graph_sample. par 1: the same reading the second d_dec image, into
+ * graph1 / graph_sample1. */
+static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, step_kind kind, int par)
 {
     const bool logits = kind == STEP_LOGITS;
-    step_graph *g = kind == STEP_GREEDY ? &b->graph
+    step_graph *g = kind == STEP_GREEDY ? (par ? &b->graph1 : &b->graph)
                     : logits            ? &b->graph_logits
-                                        : &b->graph_sample;
+                                        : (par ? &b->graph_sample1 : &b->graph_sample);
     cudaGraphExec_t *exec = &g->exec;
     bn_error cerr;
     bn_error_clear(&cerr);
@@ -1744,10 +1864,15 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, step_kind k
     b->capture_launches = 0;
     if (rc == cudaSuccess) {
         b->ran = 0;
-        st = enqueue_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, 0,
-                          b->head_screen && !logits, &cerr);
+        b->par = par;
+        int32_t *dec = dec_dev(b);
+        st = enqueue_rows(b, 1, dec, dec + 1, dec + 2, 0, b->head_screen && !logits, &cerr);
         if (st == BN_OK && kind == STEP_SAMPLED)
             st = queue_sampler(b, &cerr);
+        /* The choice's hand-off, where the graph makes the choice. */
+        if (st == BN_OK && (kind == STEP_SAMPLED || (kind == STEP_GREEDY && b->head_screen)))
+            st = queue_handoff(b, kind == STEP_GREEDY, &cerr);
+        b->par = 0;
         g->kernels = b->ran;
         g->launches = b->capture_launches;
         b->ran = before;
@@ -1764,7 +1889,7 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, step_kind k
             st = BN_ERR_GPU;
         }
     }
-    if (st == BN_OK && kind == STEP_GREEDY && map_graph_stages(b, graph)) {
+    if (st == BN_OK && kind == STEP_GREEDY && par == 0 && map_graph_stages(b, graph)) {
         b->graph_src = graph; /* kept: its nodes name the exec graph's nodes */
         graph = NULL;
     }
@@ -1780,10 +1905,11 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, step_kind k
         static const char *const steps[] = {"decode steps", "decode steps that return logits",
                                             "sampled decode steps"};
         if (log_failure)
-            bn_log(BN_LOG_WARN, "cuda backend: %s graph capture failed (%s); %s launch "
+            bn_log(BN_LOG_WARN, "cuda backend: %s graph%s capture failed (%s); %s%s launch "
                                 "their kernels one by one",
-                   what[kind], cerr.message[0] ? cerr.message : cudaGetErrorString(rc),
-                   steps[kind]);
+                   what[kind], par ? " (second input image)" : "",
+                   cerr.message[0] ? cerr.message : cudaGetErrorString(rc), steps[kind],
+                   par ? " chained onto that image" : "");
         return false;
     }
     return true;
@@ -2050,7 +2176,7 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         st = dalloc(b, scratch[i].bytes, scratch[i].ptr, err);
     void *pinned = NULL;
     if (st == BN_OK &&
-        (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)(2 * kv_len + H_TAIL) *
+        (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)(2 * kv_len + 2 * H_TAIL) *
                                                               sizeof(int32_t)))) == BN_OK)
         b->h_io = pinned;
     /* Pinned memory is mapped wherever the device has unified addressing
@@ -2064,6 +2190,9 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)hp->vocab * sizeof(float)))) ==
             BN_OK)
         b->h_logits = pinned;
+    for (int i = 0; i < 2 && st == BN_OK; i++)
+        st = BN_CUDA_STATUS(err, cudaEventCreateWithFlags(&b->step_done[i],
+                                                          cudaEventDisableTiming));
     /* Never-written cache positions are never read; zeros keep a stray read
      * (a bug) visible as zeros rather than garbage. */
     if (st == BN_OK)
@@ -2213,10 +2342,14 @@ void bn_cuda_backend_free(bn_cuda_backend *b)
     if (b->ctx) {
         (void)bn_cuda_context_use(b->ctx, NULL);
         (void)cudaStreamSynchronize(b->cs);
-        step_graph *graphs[] = {&b->graph, &b->graph_logits, &b->graph_sample};
+        step_graph *graphs[] = {&b->graph, &b->graph_logits, &b->graph_sample, &b->graph1,
+                                &b->graph_sample1};
         for (size_t i = 0; i < sizeof graphs / sizeof graphs[0]; i++)
             if (graphs[i]->exec)
                 cudaGraphExecDestroy(graphs[i]->exec);
+        for (int i = 0; i < 2; i++)
+            if (b->step_done[i])
+                cudaEventDestroy(b->step_done[i]);
         free_stage_map(b);
         for (int i = 0; i < b->n_allocs; i++)
             bn_cuda_context_free(b->ctx, b->allocs[i].p, b->allocs[i].bytes);
@@ -2238,11 +2371,8 @@ int64_t bn_cuda_backend_kv_filled(const bn_cuda_backend *b) { return b->kv_fille
 int64_t bn_cuda_backend_prefill_chunk(const bn_cuda_backend *b) { return b->chunk; }
 void bn_cuda_backend_reset(bn_cuda_backend *b)
 {
-    if (b->pending) { /* a submitted step nobody waited for */
-        (void)cudaStreamSynchronize(b->cs);
-        (void)cudaGetLastError();
-        b->pending = false;
-    }
+    if (b->n_pending) /* submitted steps nobody waited for */
+        (void)fail_pass(b, 0, BN_OK);
     b->kv_filled = 0;
 }
 int bn_cuda_backend_device(const bn_cuda_backend *b) { return b->device; }
@@ -2375,10 +2505,11 @@ static bn_status profile_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         if (st == BN_OK)
             st = enqueue_rows(b, M, d_tok, d_pos, d_kvlen, visible, argmax && b->head_screen,
                               err);
+        b->choice_in_pass = false;
         if (st == BN_OK && argmax)
-            st = queue_argmax(b, err);
+            st = queue_choice(b, NULL, err); /* the argmax (unless screened) and hand-off */
         if (st == BN_OK && argmax)
-            st = mark(b, BN_CUDA_STAGE_ARGMAX, b->head_screen ? 0 : 2, err);
+            st = mark(b, BN_CUDA_STAGE_ARGMAX, b->head_screen ? 1 : 3, err);
         b->prof = NULL;
         if (st == BN_OK)
             st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
@@ -2412,9 +2543,10 @@ bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int6
         st = bn_cuda_context_use(b->ctx, err);
     if (st != BN_OK)
         return st;
-    st = upload_dec(b, token, pos, 1, 0.0, NULL, err);
+    st = upload_dec(b, token, pos, 1, 0.0, NULL, false, err);
     if (st == BN_OK)
-        st = profile_rows(b, 1, b->d_dec, b->d_dec + 1, b->d_dec + 2, 0, true, reps, out, err);
+        st = profile_rows(b, 1, dec_dev(b), dec_dev(b) + 1, dec_dev(b) + 2, 0, true, reps, out,
+                          err);
     if (st != BN_OK)
         return fail_pass(b, pos, st);
     b->kv_filled = pos + 1;
@@ -2485,6 +2617,36 @@ bn_status bn_cuda_backend_time_decode_sample(bn_cuda_backend *b, int32_t token, 
     return st;
 }
 
+bn_status bn_cuda_backend_time_decode_chained(bn_cuda_backend *b, int32_t token, int64_t pos,
+                                              int reps, const bn_cuda_sample_params *p,
+                                              double u, double *us_per_step, bn_error *err)
+{
+    if (!b || !us_per_step || reps < 1)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "time_decode_chained: bad arguments");
+    *us_per_step = 0.0;
+    if (pos < 0 || pos + reps + 3 > b->kv_len)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "time fewer steps or an earlier position",
+                            "time_decode_chained: positions %lld..%lld do not fit a KV cache of "
+                            "%lld positions",
+                            (long long)pos, (long long)(pos + reps + 2), (long long)b->kv_len);
+    int32_t next;
+    bn_status st = bn_cuda_backend_submit_sample(b, token, pos, p, u, err);
+    double t0 = 0.0;
+    for (int r = -2; r < reps && st == BN_OK; r++) { /* two warm-up steps */
+        if (r == 0)
+            t0 = bn_time_seconds();
+        st = bn_cuda_backend_submit_chained(b, p, u, err);
+        if (st == BN_OK)
+            st = bn_cuda_backend_wait_greedy(b, &next, err);
+    }
+    if (st == BN_OK)
+        *us_per_step = (bn_time_seconds() - t0) * 1e6 / reps;
+    /* The last chained step's token is not taken. */
+    const bn_status drop = bn_cuda_backend_drop_pending(b, st == BN_OK ? err : NULL);
+    return st == BN_OK ? drop : st;
+}
+
 bn_status bn_cuda_backend_time_decode(bn_cuda_backend *b, int32_t token, int64_t pos, int reps,
                                       double *us_per_step, bn_error *err)
 {
@@ -2517,23 +2679,24 @@ bn_status bn_cuda_backend_time_decode_device_sample(bn_cuda_backend *b, int32_t 
         st = BN_CUDA_STATUS(err, cudaEventCreate(&ev[1]));
     /* A warm-up step, which also uploads the inputs every replay reads. */
     if (st == BN_OK)
-        st = queue_step(b, &token, 1, pos, p, u, err);
+        st = queue_step(b, &token, 1, pos, p, u, false, err);
     /* The step as queue_step runs it (a sampled one in graph_sample, when
      * captured); the pass is `graph` (screened for the top k) without the
      * sampler, and the choice the sampler launched by itself. */
-    const bool in_graph = b->sampled_in_pass;
-    const cudaGraphExec_t step = in_graph ? b->graph_sample.exec : b->graph.exec;
+    const bool in_graph = b->choice_in_pass;
+    const cudaGraphExec_t step =
+        in_graph && !choice_greedy(p) ? b->graph_sample.exec : b->graph.exec;
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaEventRecord(ev[0], b->cs));
     for (int r = 0; r < reps && st == BN_OK; r++) {
         if (part != BN_CUDA_TIME_CHOICE)
             st = BN_CUDA_STATUS(
                 err, cudaGraphLaunch(part == BN_CUDA_TIME_STEP ? step : b->graph.exec, b->cs));
-        b->sampled_in_pass = part == BN_CUDA_TIME_STEP && in_graph;
+        b->choice_in_pass = part == BN_CUDA_TIME_STEP && in_graph;
         if (st == BN_OK && part != BN_CUDA_TIME_PASS)
             st = queue_choice(b, p, err);
     }
-    b->sampled_in_pass = false;
+    b->choice_in_pass = false;
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaEventRecord(ev[1], b->cs));
     if (st == BN_OK)

@@ -197,13 +197,35 @@ bool bn_cuda_backend_sample_supported(const bn_cuda_backend *b, const bn_cuda_sa
 
 /* One decode step in two halves, so the caller can work while the GPU
  * computes: submit queues the step for `token` at `pos` and returns; wait
- * blocks until its token is known (greedy, or chosen by p with u as in
- * forward_sample). Exactly one wait per submit. */
+ * blocks until the oldest submitted step's token is known (greedy, or
+ * chosen by p with u as in forward_sample) and takes it. Exactly one wait
+ * per submitted step, in order. */
 bn_status bn_cuda_backend_submit_greedy(bn_cuda_backend *b, int32_t token, int64_t pos,
                                         bn_error *err);
 bn_status bn_cuda_backend_submit_sample(bn_cuda_backend *b, int32_t token, int64_t pos,
                                         const bn_cuda_sample_params *p, double u, bn_error *err);
+/* A chained step: queues the decode step after the one submitted step not
+ * yet waited for (exactly one), at the next position, whose token is the
+ * one that step picks, read on the device: the host need not know it, so
+ * the GPU goes from one step to the next without waiting for the host
+ * (that step's last kernel writes the token, position and length this one
+ * reads). p and u choose this step's token, as for submit_sample. The
+ * caller waits for the older step first, then for this one; when the older
+ * token ends the generation, drop_pending discards this step. Errors: a
+ * request the device cannot serve (BN_ERR_INVALID_ARGUMENT, no pending step
+ * or two, a position past the cache, p or u refused) leaves the pending
+ * step as it was; a device failure drains both steps and forgets the older
+ * one's position on (nothing is left pending), as a failed step does. */
+bn_status bn_cuda_backend_submit_chained(bn_cuda_backend *b, const bn_cuda_sample_params *p,
+                                         double u, bn_error *err);
 bn_status bn_cuda_backend_wait_greedy(bn_cuda_backend *b, int32_t *next, bn_error *err);
+/* Submitted steps not yet waited for (0 to 2). */
+int bn_cuda_backend_pending(const bn_cuda_backend *b);
+/* Lets every submitted step finish and discards them: their positions are
+ * forgotten (kv_filled goes back to the oldest one's position at most),
+ * their tokens never read. An error a step met is returned (the steps are
+ * discarded either way). */
+bn_status bn_cuda_backend_drop_pending(bn_cuda_backend *b, bn_error *err);
 
 int64_t bn_cuda_backend_kv_len(const bn_cuda_backend *b);
 int64_t bn_cuda_backend_kv_filled(const bn_cuda_backend *b);
@@ -334,6 +356,16 @@ bn_status bn_cuda_backend_time_decode(bn_cuda_backend *b, int32_t token, int64_t
 bn_status bn_cuda_backend_time_decode_sample(bn_cuda_backend *b, int32_t token, int64_t pos,
                                              int reps, const bn_cuda_sample_params *p, double u,
                                              double *us_per_step, bn_error *err);
+/* Wall time per step of chained decode steps (submit_chained), as
+ * generation runs them: the step for `token` at pos submitted, then each
+ * later step chained onto the one before while the host waits for that
+ * one's token, reps steps timed after two more. The tokens are the ones the
+ * steps pick (chosen by p and u; NULL p: greedy), at positions pos,
+ * pos + 1, ...: pos + reps + 3 must fit the KV cache. The positions are
+ * left computed up to the last step waited for. */
+bn_status bn_cuda_backend_time_decode_chained(bn_cuda_backend *b, int32_t token, int64_t pos,
+                                              int reps, const bn_cuda_sample_params *p,
+                                              double u, double *us_per_step, bn_error *err);
 
 /* Device time per greedy decode step: the decode graph and its argmax
  * queued reps times back to back (the inputs of `token` at `pos` uploaded

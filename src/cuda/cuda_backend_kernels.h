@@ -389,6 +389,20 @@ cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, int64_t dim,
                              uint64_t *cand, unsigned *cand_n, int cand_cap, float *cand_floor,
                              int sm_count, cudaStream_t stream);
 
+/* The decode step's last kernel (one thread): its chosen token, read from
+ * *key (a key of sample_key.cuh: the screened head's) or else from *token
+ * (exactly one of the two), stored for the host at `host` (may be NULL;
+ * pinned memory the device maps, or device memory): the key itself (8 bytes,
+ * 8-byte aligned) when read from one, else the token; and, with `feed`, as
+ * the inputs of the step after it (the decode inputs' layout: token,
+ * position, KV length): feed[0] = the token (0 when outside [0, vocab),
+ * e.g. a refused draw's -1, so that the step fed by it reads a row of the
+ * embedding), feed[1] = step[1] + 1, feed[2] = step[2] + 1, where `step`
+ * holds this step's inputs. */
+cudaError_t bn_cb_decode_handoff(const unsigned long long *key, const int32_t *token,
+                                 int32_t vocab, void *host, const int32_t *step, int32_t *feed,
+                                 cudaStream_t stream);
+
 /* The token of a key of sample_key.cuh (ordered(logit) << 32 | 0xffffffff - id). */
 static inline int32_t bn_cuda_key_token(unsigned long long key)
 {

@@ -104,16 +104,6 @@ cudaError_t bn_cuda_sample_cand_dev(const float *logits, int32_t vocab, const ui
                                     const double *d_uniform, void *workspace, int32_t *d_token,
                                     cudaStream_t stream);
 
-/* Stores `words` (1 or 2) 32-bit words of device memory at src into dst
- * by one thread of one block: dst may be pinned host memory the device
- * maps (cudaHostGetDevicePointer), so that a step hands its token to the
- * host by a kernel in its stream or graph rather than by a copy-engine
- * transfer (on an H200 a 4-byte device-to-host cudaMemcpyAsync after a
- * decode step's graph costs ~10 us of the stream's time; this kernel ~1).
- * src and dst 4-byte aligned (8 for two words). The host reads dst once
- * the stream has passed the kernel. */
-cudaError_t bn_cuda_publish(const void *src, void *dst, int words, cudaStream_t stream);
-
 /* The k (1 .. BN_CUDA_SAMPLE_MAX_K) best tokens, best first (higher
  * logit, then lower index; NaN as -inf), into ids[k] and vals[k]; slots
  * past the tokens above -inf get id -1 and -inf. For tests and tools. */

@@ -550,15 +550,6 @@ __global__ void __launch_bounds__(kSelectThreads)
         *token = m == 0 ? 0 : walk_finish(c, m, p, u);
 }
 
-__global__ void publish_kernel(const uint32_t *__restrict__ src, uint32_t *dst, int words)
-{
-    if (words == 2) {
-        *reinterpret_cast<uint2 *>(dst) = *reinterpret_cast<const uint2 *>(src);
-    } else {
-        *dst = *src;
-    }
-}
-
 int next_pow2(int64_t x)
 {
     int64_t p = 1;
@@ -692,18 +683,6 @@ extern "C" cudaError_t bn_cuda_sample(const float *logits, int32_t vocab,
 {
     return bn_cuda_sample_cand(logits, vocab, nullptr, nullptr, 0, nullptr, p, d_uniform,
                                workspace, d_token, h_token, stream);
-}
-
-extern "C" cudaError_t bn_cuda_publish(const void *src, void *dst, int words,
-                                       cudaStream_t stream)
-{
-    const uintptr_t align = words == 2 ? 8 : 4;
-    if (!src || !dst || (words != 1 && words != 2) || (uintptr_t)src % align ||
-        (uintptr_t)dst % align)
-        return cudaErrorInvalidValue;
-    publish_kernel<<<1, 1, 0, stream>>>(static_cast<const uint32_t *>(src),
-                                        static_cast<uint32_t *>(dst), words);
-    return cudaGetLastError();
 }
 
 extern "C" cudaError_t bn_cuda_top_k(const float *logits, int32_t vocab, int k, void *workspace,

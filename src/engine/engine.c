@@ -45,6 +45,7 @@ struct bn_engine {
     bool auto_request;        /* requested auto (a fallback is possible)    */
     bool strict;              /* BITNET_STRICT_MODE: a fallback is an error */
     bool host_picks;          /* bn_engine_options host_picks */
+    bool no_chain;            /* bn_engine_options no_chain */
 };
 
 /* ---- backend selection ------------------------------------------------------ */
@@ -334,6 +335,7 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
     if (!e)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the engine");
     e->host_picks = opt->host_picks;
+    e->no_chain = opt->no_chain;
     bn_status st = select_backend(e, cfg, opt->device, err);
     if (st != BN_OK) {
         bn_engine_free(e);
@@ -711,6 +713,12 @@ static double pick_uniform(const device_pick *pick)
 {
     return pick->sp->temperature > 0.0f ? bn_sampler_next_uniform(pick->sampler) : 0.0;
 }
+/* The same for a pick queued while `ahead` earlier ones are still to be
+ * used. */
+static double pick_uniform_ahead(const device_pick *pick, int ahead)
+{
+    return pick->sp->temperature > 0.0f ? bn_sampler_uniform_ahead(pick->sampler, ahead) : 0.0;
+}
 static void pick_used(const device_pick *pick)
 {
     if (pick->sp->temperature > 0.0f)
@@ -871,6 +879,13 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
         memcpy(req->prompt_logits, e->logits, (size_t)hp->vocab * sizeof(float));
 
     int64_t pos = (int64_t)g->n_prompt;
+    /* On the GPU, with the device picking, the step after this token's is
+     * chained onto it (queued before its token is known: the device feeds
+     * it), so the GPU runs from step to step while the host streams text
+     * and waits; `in_flight`: this token's step was queued that way. */
+#if defined(BITNET_HAVE_CUDA)
+    bool in_flight = false;
+#endif
     for (int i = 0; i < req->n_predict; i++) {
         const int32_t id = have_next ? next : bn_sampler_sample(sampler, e->logits, history,
                                                                 n_history);
@@ -878,6 +893,10 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
         if (tok && !req->ignore_eog && bn_tokenizer_is_eog(tok, id)) {
             g->stopped_at_eog = true;
             g->eog_token = id;
+#if defined(BITNET_HAVE_CUDA)
+            if (in_flight) /* a step past the end: discarded, its position forgotten */
+                (void)bn_cuda_backend_drop_pending(e->cuda, NULL);
+#endif
             break;
         }
         g->tokens[g->n_tokens++] = id;
@@ -891,10 +910,20 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
             bn_error cerr;
             bn_error_clear(&cerr);
             const bn_cuda_sample_params cp = cuda_pick_params(pick->sp);
-            if (bn_cuda_backend_submit_sample(e->cuda, id, pos, &cp, pick_uniform(pick), &cerr) ==
-                BN_OK) {
+            bn_status cst = BN_OK;
+            if (!in_flight)
+                cst = bn_cuda_backend_submit_sample(e->cuda, id, pos, &cp, pick_uniform(pick),
+                                                    &cerr);
+            in_flight = false;
+            /* The step after it, chained: its pick is one ahead. */
+            if (cst == BN_OK && i + 2 < req->n_predict && !e->no_chain) {
+                cst = bn_cuda_backend_submit_chained(e->cuda, &cp, pick_uniform_ahead(pick, 1),
+                                                     &cerr);
+                in_flight = cst == BN_OK;
+            }
+            if (cst == BN_OK) {
                 submitted = true;
-            } else {
+            } else { /* nothing is left pending: the backend drained both */
                 if (cerr.status == BN_ERR_INVALID_ARGUMENT) { /* the request */
                     if (err)
                         *err = cerr;
@@ -911,7 +940,7 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
         if (tok) {
             st = stream_token(&s, id, false, err);
             if (st != BN_OK)
-                goto done; /* a submitted step is drained by the next reset */
+                goto done; /* submitted steps are drained by the next reset */
         }
         if (!more)
             break;
@@ -924,6 +953,7 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
                 pick_used(pick);
                 have_next = true;
             } else {
+                in_flight = false; /* dropped with it */
                 st = cuda_step_failed(e, &cerr, history, pos + 1, err);
                 if (st != BN_OK)
                     goto done;

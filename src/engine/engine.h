@@ -101,6 +101,12 @@ typedef struct bn_engine_options {
      * the CUDA backend could pick it itself (greedy, or sampling with a
      * top-k of at most 64); for comparisons (bench e2e --pick host). */
     bool host_picks;
+    /* Queue each GPU decode step only once the host has the token it reads
+     * (one step in flight), instead of chaining it onto the step before
+     * (bn_cuda_backend_submit_chained: the device feeds the token, and the
+     * GPU goes from step to step without a host round trip); the same
+     * tokens, for comparisons (bench e2e --chain off). */
+    bool no_chain;
     /* Tests: the CUDA backend's forward call number N (1-based) fails, as a
      * failed kernel would; 0 = never. */
     int test_cuda_fail_call;

@@ -190,12 +190,16 @@ void bn_sampler_reset(bn_sampler *s, uint64_t seed)
     rng_seed(s->rng, seed);
 }
 
-double bn_sampler_next_uniform(const bn_sampler *s)
+double bn_sampler_next_uniform(const bn_sampler *s) { return bn_sampler_uniform_ahead(s, 0); }
+
+double bn_sampler_uniform_ahead(const bn_sampler *s, int ahead)
 {
     if (!s)
         return 0.0;
     uint64_t copy[4];
     memcpy(copy, s->rng, sizeof copy);
+    for (int i = 0; i < ahead; i++)
+        (void)rng_uniform(copy);
     return rng_uniform(copy);
 }
 

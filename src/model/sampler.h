@@ -49,6 +49,10 @@ void bn_sampler_reset(bn_sampler *s, uint64_t seed);
  * sampled pick (temperature > 0) draws exactly one number; a greedy pick
  * draws none. */
 double bn_sampler_next_uniform(const bn_sampler *s);
+/* The number `ahead` draws after that one (0: bn_sampler_next_uniform), for
+ * a pick queued before the ones before it are used up; the stream is left
+ * as it is. */
+double bn_sampler_uniform_ahead(const bn_sampler *s, int ahead);
 void bn_sampler_skip(bn_sampler *s);
 
 #endif

@@ -75,6 +75,9 @@ static void usage(FILE *out)
             "  --pick P          who picks each token: device (default: the CUDA backend\n"
             "                    where it can: greedy, or a top-k of 1 to 64) or host (from\n"
             "                    logits copied back every step)\n"
+            "  --chain C         CUDA decode steps picked on the device: on (default: each\n"
+            "                    queued before the token it reads is known, the device\n"
+            "                    feeding it) or off (each queued once the host has it)\n"
             "  --seed S          seed of the random weights, prompt and sampling (default 1)\n"
             "  --help\n");
 }
@@ -223,6 +226,18 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
         st = bn_cuda_backend_time_decode(cb, token, pos, reps, &eager_us, &err);
         bn_cuda_backend_set_graphs(cb, true);
     }
+    /* Chained steps (each queued before the token it reads is known), as
+     * generation runs them: at the positions up to pos where those after
+     * it do not fit the cache; the cache is left computed up to pos. */
+    const int64_t kv_len = bn_cuda_backend_kv_len(cb);
+    const int64_t chain_pos = pos + reps + 3 <= kv_len ? pos : kv_len - reps - 3;
+    double chained_us = 0.0, chained_sampled_us = 0.0;
+    if (st == BN_OK && chain_pos >= 0)
+        st = bn_cuda_backend_time_decode_chained(cb, token, chain_pos, reps, NULL, 0.0,
+                                                 &chained_us, &err);
+    if (st == BN_OK && chain_pos >= 0)
+        st = bn_cuda_backend_time_decode_chained(cb, token, chain_pos, reps, &sampling, 0.5,
+                                                 &chained_sampled_us, &err);
     bn_cuda_stage_times t;
     if (st == BN_OK)
         st = bn_cuda_backend_profile_decode(cb, token, pos, 20, &t, &err);
@@ -246,6 +261,12 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
     printf("          %8.1f us    the same step sampled on the device (T %.2g, top-k %d, top-p "
            "%.2g: inputs upload, step, sampler, token download)\n",
            sampled_us, (double)sampling.temperature, sampling.top_k, (double)sampling.top_p);
+    if (chain_pos >= 0)
+        printf("          %8.1f us    chained greedy steps, %.1f us sampled: wall time per step "
+               "at positions %lld-%lld, each queued before the token it reads is known (the "
+               "device feeds it), as generation runs them\n",
+               chained_us, chained_sampled_us, (long long)chain_pos,
+               (long long)(chain_pos + reps + 2));
     if (graphs) {
         printf("          %8.1f us    the same step with eager kernel launches\n", eager_us);
         printf("          %8.1f us    device time: graph + argmax replayed back to back (no host "
@@ -393,7 +414,7 @@ static int choice(const char *option, const char *v, const char *const *names, i
 int bench_e2e(int argc, char **argv, const bn_config *cfg)
 {
     const char *shape = "2b4t", *device = NULL;
-    bool kv_f16 = false, host_picks = false;
+    bool kv_f16 = false, host_picks = false, no_chain = false;
     float temperature = 0.0f, top_p = 0.95f;
     long long top_k = 40;
     int fusion = 0, attn_cluster = 0, gemv_cluster = 0, head_screen = 0, attn_qkv = 0;
@@ -489,6 +510,12 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
             if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 2)) < 0)
                 return BN_EXIT_USAGE;
             host_picks = k == 1;
+        } else if (strcmp(a, "--chain") == 0) {
+            static const char *const names[] = {"on", "off"};
+            int k = -1;
+            if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 2)) < 0)
+                return BN_EXIT_USAGE;
+            no_chain = k == 1;
         } else if (strcmp(a, "--device") == 0) {
             if (!(device = cli_value(argc, argv, &i, CMD)))
                 return BN_EXIT_USAGE;
@@ -543,7 +570,8 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                             .cuda_attn_qkv = attn_qkv,
                             .cuda_gate_up_pair = gate_up_pair,
                             .cuda_gate_up_cluster = gate_up_cluster,
-                            .host_picks = host_picks};
+                            .host_picks = host_picks,
+                            .no_chain = no_chain};
     bn_engine *e = NULL;
     if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK)
         return cli_fail(&err);
@@ -598,11 +626,14 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
         snprintf(picks, sizeof picks, "greedy");
     if (g.decode_steps > 0)
         printf("decode    %8.2f s      %lld tokens, %.1f tok/s (%.2f ms per token; %s, picked on "
-               "the %s)\n",
+               "the %s%s)\n",
                g.decode_seconds, (long long)g.decode_steps,
                rate((double)g.decode_steps, g.decode_seconds),
                1000.0 * g.decode_seconds / (double)g.decode_steps, picks,
-               bn_engine_picks_on_device(e, &req.sampling) ? "device" : "host");
+               bn_engine_picks_on_device(e, &req.sampling) ? "device" : "host",
+               !bn_engine_picks_on_device(e, &req.sampling) ? ""
+               : no_chain                                    ? ", steps not chained"
+                                                             : ", steps chained");
     else
         printf("decode    (one token generated: no decode step to time)\n");
     char a[32], b[32], c[32], d[32], f[32];
