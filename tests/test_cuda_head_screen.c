@@ -178,8 +178,12 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
     CUDA_OK(bn_cb_head_gemv(d_w, type, rows, dim, d_x, d_full, sm_count, 0));
     CUDA_OK(bn_cuda_sample_greedy(d_full, (int32_t)rows, d_ws, d_tok, NULL, 0));
     CUDA_OK(bn_cb_head_quantize(d_w, type, rows, dim, d_q, d_se, 0));
+    /* Every second screen launched with PDL (as the decode step runs it):
+     * the same results. */
+    static int screens;
+    const int pdl = (screens++ & 1) && bn_cb_pdl_supported(0);
     CUDA_OK(bn_cb_head_screen(d_q, d_se, rows, dim, d_x, d_upper, d_part, d_best, d_cand_n,
-                              sm_count, 0));
+                              sm_count, pdl, 0));
     CUDA_OK(bn_cb_head_exact(d_w, type, rows, dim, d_x, d_upper, d_part, n_part,
                              top_k > 1 ? d_k : NULL, d_scr, d_best, d_cand, d_cand_n,
                              BN_CUDA_SAMPLE_MAX_CAND, d_floor, sm_count, 0));
@@ -338,7 +342,7 @@ int main(void)
     CHECK(bn_cb_head_quantize(d, BN_CB_HEAD_F16, 0, 8, (int8_t *)d, d, 0) ==
           cudaErrorInvalidValue);
     CHECK(bn_cb_head_quantize(d, 7, 1, 8, (int8_t *)d, d, 0) == cudaErrorInvalidValue);
-    CHECK(bn_cb_head_screen(NULL, d, 1, 8, d, d, d, NULL, NULL, 1, 0) == cudaErrorInvalidValue);
+    CHECK(bn_cb_head_screen(NULL, d, 1, 8, d, d, d, NULL, NULL, 1, 0, 0) == cudaErrorInvalidValue);
     CHECK(bn_cb_head_exact(d, BN_CB_HEAD_F16, 1, 8, d, d, d, 0, NULL, d, NULL, NULL, NULL, 0,
                            NULL, 1, 0) == cudaErrorInvalidValue);
     CHECK(bn_cb_head_exact(d, BN_CB_HEAD_F16, 1, 8, d, d, d, 1, NULL, d, NULL, NULL,

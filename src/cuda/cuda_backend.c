@@ -795,11 +795,13 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
     }
 
     /* Only the last row's logits are wanted: its residual (unless the down
-     * GEMV added it) and output norm (launched plainly: it waits for
-     * everything before it). */
+     * GEMV added it) and output norm (with PDL in decode, as the screened
+     * head's kernel after it: that one's blocks start streaming the head's
+     * first rows into L2 while the norm runs). */
     const int64_t last = (M - 1) * dim;
     BN_CUDA_TRY(err, bn_cb_add_rmsnorm(b->x + last, dim, fold ? NULL : b->out + last, dim, 1, dim,
-                                       b->d_norms + b->out_norm_off, eps, b->normed, dim, s));
+                                       b->d_norms + b->out_norm_off, eps, b->normed, dim, pdl,
+                                       s));
     b->ran |= 1u << K_OUT_NORM;
     if ((st = mark(b, BN_CUDA_STAGE_OUT_NORM, 1, err)) != BN_OK)
         return st;
@@ -809,7 +811,7 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
          * d_dec[3] (queue_pass). */
         BN_CUDA_TRY(err, bn_cb_head_screen(b->d_head_q, b->d_head_se, hp->vocab, dim, b->normed,
                                            b->head_upper, b->head_part, b->d_best, b->d_cand_n,
-                                           b->sm, s));
+                                           b->sm, pdl, s));
         BN_CUDA_TRY(err, bn_cb_head_exact(b->d_head, b->head_type, hp->vocab, dim, b->normed,
                                           b->head_upper, b->head_part, b->head_parts,
                                           dec_dev(b) + 3, b->logits, b->d_best, b->d_cand,

@@ -819,12 +819,15 @@ template <int kSrc> cudaError_t launch_norm_quantize(const NormQuantArgs &a, int
                       pdl, a);
 }
 
-/* x += r (when r), then y = w * (x * inv). */
+/* x += r (when r), then y = w * (x * inv). Launched with PDL (the decode
+ * step's output norm), it lets the screened head's kernel start at once. */
 __global__ void __launch_bounds__(kNormThreads)
     add_rmsnorm_kernel(float *x, int64_t ldx, const float *r, int64_t ldr, int64_t k,
                        const float *__restrict__ w, float eps, float *y, int64_t ldy)
 {
     __shared__ double red_d[32];
+    pdl_trigger();
+    pdl_wait();
     float *xr = x + (int64_t)blockIdx.x * ldx;
     double ss = 0.0;
     for (int64_t i = threadIdx.x; i < k; i += kNormThreads) {
@@ -2514,16 +2517,15 @@ extern "C" cudaError_t bn_cb_decode_gemv(const bn_cb_decode_gemv_args *a, int pd
 
 extern "C" cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr,
                                          int64_t m, int64_t k, const float *w, float eps, float *y,
-                                         int64_t ldy, cudaStream_t stream)
+                                         int64_t ldy, int pdl, cudaStream_t stream)
 {
     if (!x || !w || !y || k <= 0 || ldx < k || ldy < k || (r && ldr < k) || m < 0 ||
         m > INT32_MAX)
         return cudaErrorInvalidValue;
     if (m == 0)
         return cudaSuccess;
-    add_rmsnorm_kernel<<<(unsigned)m, kNormThreads, 0, stream>>>(x, ldx, r, ldr, k, w, eps, y,
-                                                                 ldy);
-    return cudaGetLastError();
+    return pdl_launch(add_rmsnorm_kernel, dim3((unsigned)m), dim3(kNormThreads), 0, stream, pdl, x,
+                      ldx, r, ldr, k, w, eps, y, ldy);
 }
 
 extern "C" cudaError_t bn_cb_rope_table(const bn_rope_freqs *freqs, int64_t n_pos, float *table,

@@ -90,7 +90,7 @@ cudaError_t bn_cb_relu2_norm_quantize(const float *g, const float *u, int64_t ld
 /* x += r (r may be NULL: no add), then y = w * (x * inv) with the CPU's
  * rmsnorm arithmetic (double sum of squares). m rows. */
 cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr, int64_t m,
-                              int64_t k, const float *w, float eps, float *y, int64_t ldy,
+                              int64_t k, const float *w, float eps, float *y, int64_t ldy, int pdl,
                               cudaStream_t stream);
 
 /* ---- the decode step's W2A8 GEMV: input norm + int8 inside, residual after ----
@@ -372,7 +372,9 @@ cudaError_t bn_cb_head_gemv(const void *w, int type, int64_t rows, int64_t dim, 
  * the listed keys at or above it. dim as bn_cb_head_gemv; the vector paths
  * need dim % 16 == 0 (screen) and the head kernel's condition (exact). Rows whose bound
  * cannot be trusted (non-finite values, tiny or huge magnitudes) are always
- * computed exactly. */
+ * computed exactly. The screen with pdl starts during the kernel before
+ * (which writes x): it initialises best and cand_n and asks L2 for its
+ * blocks' first rows of q before it waits for x. */
 int bn_cb_head_screen_blocks(int64_t rows, int sm_count);
 /* The dynamic shared memory (dim floats) of the screen and exact kernels;
  * call once, outside graph capture. */
@@ -382,7 +384,7 @@ cudaError_t bn_cb_head_quantize(const void *w, int type, int64_t rows, int64_t d
 cudaError_t bn_cb_head_screen(const int8_t *q, const float *se, int64_t rows, int64_t dim,
                               const float *x, float *upper, float *partial,
                               unsigned long long *best, unsigned *cand_n, int sm_count,
-                              cudaStream_t stream);
+                              int pdl, cudaStream_t stream);
 cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, int64_t dim, const float *x,
                              const float *upper, const float *partial, int n_partial,
                              const int32_t *d_k, float *logits, unsigned long long *best,

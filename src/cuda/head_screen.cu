@@ -49,6 +49,7 @@
 #include "block_reduce.cuh"
 #include "cuda_backend_kernels.h"
 #include "head_row.cuh"
+#include "pdl.cuh"
 #include "sample_key.cuh"
 #include "smem_opt_in.cuh"
 
@@ -208,11 +209,28 @@ __global__ void __launch_bounds__(kScreenThreads, kScreenBlocksPerSm)
 {
     /* The exact pass's argmax starts from (-inf, token 0): the answer when
      * no kept row is above -inf, as the greedy sampler gives it over logits
-     * that are -inf (or NaN) everywhere; its candidate list starts empty. */
+     * that are -inf (or NaN) everywhere; its candidate list starts empty.
+     * Nothing still running reads either (launched with PDL, the kernel
+     * starts during the output norm, after the step's earlier kernels). */
     if (best && blockIdx.x == 0 && threadIdx.x == 0)
         *best = make_key(-INFINITY, 0);
     if (cand_n && blockIdx.x == 0 && threadIdx.x == 0)
         *cand_n = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    /* The block's first rows (its warps' first kScreenRows each: one
+     * contiguous span) asked of L2 before x is ready, so that they stream in
+     * while the kernel before finishes and the codes below are computed,
+     * instead of the memory system idling through both. */
+    if (kVec && threadIdx.x == 0) {
+        const int64_t r0 = (int64_t)blockIdx.x * kScreenWarps * kScreenRows;
+        const int64_t n = rows - r0 < kScreenWarps * kScreenRows ? rows - r0
+                                                                  : kScreenWarps * kScreenRows;
+        if (n > 0)
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(q + r0 * dim),
+                         "r"((unsigned)(n * dim)));
+    }
+#endif
+    pdl_wait();
     extern __shared__ __align__(16) int8_t xcodes[]; /* h [dim], then l [dim] */
     __shared__ float red[32];
     int8_t *xh = xcodes, *xl = xcodes + dim;
@@ -511,7 +529,8 @@ extern "C" cudaError_t bn_cb_head_quantize(const void *w, int type, int64_t rows
 extern "C" cudaError_t bn_cb_head_screen(const int8_t *q, const float *se, int64_t rows,
                                          int64_t dim, const float *x, float *upper,
                                          float *partial, unsigned long long *best,
-                                         unsigned *cand_n, int sm_count, cudaStream_t stream)
+                                         unsigned *cand_n, int sm_count, int pdl,
+                                         cudaStream_t stream)
 {
     if (!q || !se || !x || !upper || !partial || !head_args_ok(BN_CB_HEAD_F32, rows, dim))
         return cudaErrorInvalidValue;
@@ -519,13 +538,10 @@ extern "C" cudaError_t bn_cb_head_screen(const int8_t *q, const float *se, int64
     const size_t smem = 2 * (size_t)dim; /* x's two int8 codes */
     const float2 *se2 = reinterpret_cast<const float2 *>(se);
     if (dim % 16 == 0)
-        screen_kernel<true><<<blocks, kScreenThreads, smem, stream>>>(q, se2, rows, dim, x, upper,
-                                                                       partial, best, cand_n);
-    else
-        screen_kernel<false><<<blocks, kScreenThreads, smem, stream>>>(q, se2, rows, dim, x,
-                                                                        upper, partial, best,
-                                                                        cand_n);
-    return cudaGetLastError();
+        return pdl_launch(screen_kernel<true>, dim3(blocks), dim3(kScreenThreads), smem, stream,
+                          pdl, q, se2, rows, dim, x, upper, partial, best, cand_n);
+    return pdl_launch(screen_kernel<false>, dim3(blocks), dim3(kScreenThreads), smem, stream, pdl,
+                      q, se2, rows, dim, x, upper, partial, best, cand_n);
 }
 
 extern "C" cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, int64_t dim,
