@@ -186,7 +186,7 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
                               sm_count, pdl, 0));
     CUDA_OK(bn_cb_head_exact(d_w, type, rows, dim, d_x, d_upper, d_part, n_part,
                              top_k > 1 ? d_k : NULL, d_scr, d_best, d_cand, d_cand_n,
-                             BN_CUDA_SAMPLE_MAX_CAND, d_floor, sm_count, 0));
+                             BN_CUDA_SAMPLE_MAX_CAND, d_floor, sm_count, pdl, 0));
     CUDA_OK(bn_cuda_sample_greedy(d_scr, (int32_t)rows, d_ws, d_tok + 1, NULL, 0));
     /* With a top-k, the sampler's pick over the screened logits is its
      * pick over the full ones, for a few uniform numbers: over the logits,
@@ -344,9 +344,9 @@ int main(void)
     CHECK(bn_cb_head_quantize(d, 7, 1, 8, (int8_t *)d, d, 0) == cudaErrorInvalidValue);
     CHECK(bn_cb_head_screen(NULL, d, 1, 8, d, d, d, NULL, NULL, 1, 0, 0) == cudaErrorInvalidValue);
     CHECK(bn_cb_head_exact(d, BN_CB_HEAD_F16, 1, 8, d, d, d, 0, NULL, d, NULL, NULL, NULL, 0,
-                           NULL, 1, 0) == cudaErrorInvalidValue);
+                           NULL, 1, 0, 0) == cudaErrorInvalidValue);
     CHECK(bn_cb_head_exact(d, BN_CB_HEAD_F16, 1, 8, d, d, d, 1, NULL, d, NULL, NULL,
-                           (unsigned *)d, 4, NULL, 1, 0) == cudaErrorInvalidValue); /* no list */
+                           (unsigned *)d, 4, NULL, 1, 0, 0) == cudaErrorInvalidValue); /* no list */
     const bn_cuda_sample_params sp = {0.8f, 4, 0.95f, 0.0f};
     CHECK(bn_cuda_sample_cand(d, 8, (uint64_t *)d, (unsigned *)d, BN_CUDA_SAMPLE_MAX_CAND + 1,
                               NULL, &sp, (double *)d, d, (int32_t *)d, NULL,

@@ -816,7 +816,7 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
                                           b->head_upper, b->head_part, b->head_parts,
                                           dec_dev(b) + 3, b->logits, b->d_best, b->d_cand,
                                           b->d_cand_n, BN_CUDA_SAMPLE_MAX_CAND,
-                                          b->d_cand_floor, b->sm, s));
+                                          b->d_cand_floor, b->sm, pdl, s));
         b->ran |= 1u << K_HEAD_SCREEN;
         return mark(b, BN_CUDA_STAGE_LM_HEAD, 2, err);
     }
@@ -1001,7 +1001,7 @@ static bn_status queue_handoff(bn_cuda_backend *b, bool key, bn_error *err)
     int32_t *feed = b->d_dec + (b->par ^ 1) * DEC_STRIDE;
     BN_CUDA_TRY(err, bn_cb_decode_handoff(key ? b->d_best : NULL, key ? NULL : b->d_next,
                                           b->hp.vocab, dev_alias(b, host), dec_dev(b), feed,
-                                          b->cs));
+                                          b->pdl && !b->prof, b->cs));
     b->ran |= 1u << K_HANDOFF;
     if (b->capture_stages)
         return mark(b, BN_CUDA_STAGE_ARGMAX, 1, err);

@@ -374,7 +374,9 @@ cudaError_t bn_cb_head_gemv(const void *w, int type, int64_t rows, int64_t dim, 
  * cannot be trusted (non-finite values, tiny or huge magnitudes) are always
  * computed exactly. The screen with pdl starts during the kernel before
  * (which writes x): it initialises best and cand_n and asks L2 for its
- * blocks' first rows of q before it waits for x. */
+ * blocks' first rows of q before it waits for x. The exact pass with pdl,
+ * launched right after the screen (with pdl or not), reads x and *d_k
+ * before it waits for the screen. */
 int bn_cb_head_screen_blocks(int64_t rows, int sm_count);
 /* The dynamic shared memory (dim floats) of the screen and exact kernels;
  * call once, outside graph capture. */
@@ -389,7 +391,7 @@ cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, int64_t dim,
                              const float *upper, const float *partial, int n_partial,
                              const int32_t *d_k, float *logits, unsigned long long *best,
                              uint64_t *cand, unsigned *cand_n, int cand_cap, float *cand_floor,
-                             int sm_count, cudaStream_t stream);
+                             int sm_count, int pdl, cudaStream_t stream);
 
 /* The decode step's last kernel (one thread): its chosen token, read from
  * *key (a key of sample_key.cuh: the screened head's) or else from *token
@@ -403,7 +405,7 @@ cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, int64_t dim,
  * holds this step's inputs. */
 cudaError_t bn_cb_decode_handoff(const unsigned long long *key, const int32_t *token,
                                  int32_t vocab, void *host, const int32_t *step, int32_t *feed,
-                                 cudaStream_t stream);
+                                 int pdl, cudaStream_t stream);
 
 /* The token of a key of sample_key.cuh (ordered(logit) << 32 | 0xffffffff - id). */
 static inline int32_t bn_cuda_key_token(unsigned long long key)

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "cuda_backend_kernels.h"
+#include "pdl.cuh"
 #include "sample_key.cuh"
 
 namespace {
@@ -21,6 +22,7 @@ __global__ void handoff_kernel(const unsigned long long *__restrict__ key,
                                const int32_t *__restrict__ token, int32_t vocab, void *host,
                                const int32_t *__restrict__ step, int32_t *feed)
 {
+    pdl_wait(); /* with PDL: everything it reads is the kernels' before it */
     const unsigned long long k = key ? *key : 0ull;
     const int32_t t = key ? key_id(k) : *token;
     if (host) {
@@ -43,11 +45,11 @@ __global__ void handoff_kernel(const unsigned long long *__restrict__ key,
 
 extern "C" cudaError_t bn_cb_decode_handoff(const unsigned long long *key, const int32_t *token,
                                             int32_t vocab, void *host, const int32_t *step,
-                                            int32_t *feed, cudaStream_t stream)
+                                            int32_t *feed, int pdl, cudaStream_t stream)
 {
     if ((!key) == (!token) || vocab < 1 || (feed && !step) ||
         (host && (uintptr_t)host % (key ? 8 : 4)))
         return cudaErrorInvalidValue;
-    handoff_kernel<<<1, 1, 0, stream>>>(key, token, vocab, host, step, feed);
-    return cudaGetLastError();
+    return pdl_launch(handoff_kernel, dim3(1), dim3(1), 0, stream, pdl, key, token, vocab, host,
+                      step, feed);
 }

@@ -231,6 +231,9 @@ __global__ void __launch_bounds__(kScreenThreads, kScreenBlocksPerSm)
     }
 #endif
     pdl_wait();
+    /* x is ready: the exact pass may start taking the room this kernel
+     * leaves (it reads x before its own wait). */
+    pdl_trigger();
     extern __shared__ __align__(16) int8_t xcodes[]; /* h [dim], then l [dim] */
     __shared__ float red[32];
     int8_t *xh = xcodes, *xl = xcodes + dim;
@@ -400,9 +403,13 @@ __global__ void __launch_bounds__(kScreenThreads)
 {
     extern __shared__ __align__(16) float xs[];
     __shared__ float red[32];
+    /* x and k are ready before the screen is (with PDL the screen let this
+     * kernel launch only once x was): read them before the wait. */
     for (int64_t i = threadIdx.x; i < dim; i += kScreenThreads)
         xs[i] = x[i];
     const int k = d_k && *d_k > 1 ? *d_k : 1;
+    pdl_wait();
+    pdl_trigger();
     float T;
     if (k == 1) {
         float t = -INFINITY;
@@ -462,14 +469,13 @@ cudaError_t launch_exact(const void *w, int64_t rows, int64_t dim, const float *
                          const float *upper, const float *partial, int n_partial,
                          const int32_t *d_k, float *logits, unsigned long long *best,
                          uint64_t *cand, unsigned *cand_n, int cand_cap, float *cand_floor,
-                         unsigned blocks, cudaStream_t stream)
+                         unsigned blocks, int pdl, cudaStream_t stream)
 {
     const auto kernel = head_row_vec<kType>(dim) ? exact_kernel<kType, true>
                                                  : exact_kernel<kType, false>;
-    kernel<<<blocks, kScreenThreads, sizeof(float) * (size_t)dim, stream>>>(
-        static_cast<const uint8_t *>(w), rows, dim, x, upper, partial, n_partial, d_k, logits,
-        best, cand, cand_n, cand_cap, cand_floor);
-    return cudaGetLastError();
+    return pdl_launch(kernel, dim3(blocks), dim3(kScreenThreads), sizeof(float) * (size_t)dim,
+                      stream, pdl, static_cast<const uint8_t *>(w), rows, dim, x, upper, partial,
+                      n_partial, d_k, logits, best, cand, cand_n, cand_cap, cand_floor);
 }
 
 bool head_args_ok(int type, int64_t rows, int64_t dim)
@@ -549,7 +555,7 @@ extern "C" cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, i
                                         int n_partial, const int32_t *d_k, float *logits,
                                         unsigned long long *best, uint64_t *cand,
                                         unsigned *cand_n, int cand_cap, float *cand_floor,
-                                        int sm_count, cudaStream_t stream)
+                                        int sm_count, int pdl, cudaStream_t stream)
 {
     if (!w || !x || !upper || !partial || !logits || n_partial < 1 ||
         !head_args_ok(type, rows, dim) || (cand_n && (!cand || cand_cap < 0)))
@@ -563,5 +569,5 @@ extern "C" cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, i
                         : type == BN_CB_HEAD_F16 ? launch_exact<BN_CB_HEAD_F16>
                                                  : launch_exact<BN_CB_HEAD_BF16>;
     return launch(w, rows, dim, x, upper, partial, n_partial, d_k, logits, best, cand, cand_n,
-                  cand_cap, cand_floor, n, stream);
+                  cand_cap, cand_floor, n, pdl, stream);
 }
