@@ -28,6 +28,9 @@
 
 #include "cpu_backend.h"
 #include "cuda_backend_kernels.h"
+#include "fp16.h"
+#include "ops_cuda.h"
+#include "qtype.h"
 #include "test_util.h"
 #include "test_util_cuda.h"
 
@@ -193,6 +196,100 @@ static void check_rows(int src, int wkind, int64_t m, int64_t k)
         free(sum), free(xs);
 }
 
+/* bn_cb_embed_norm_quantize: for rows of every kind stored as `type`
+ * (F32, F16, BF16), x is the row bn_cuda_embed_rows gives, and the codes,
+ * scale and sum are bn_cb_norm_quantize's of that row bit for bit (and the
+ * CPU's codes and sum); outputs poisoned before each call. */
+static void check_embed(int type, int64_t k)
+{
+    enum { ROWS = 2 * ROW_KINDS + 1 };
+    const size_t elem = type == BN_QTYPE_F32 ? 4 : 2;
+    const int64_t ldq = (k + 15) / 16 * 16 + 16;
+    float *vals = malloc((size_t)k * sizeof(float)), *w = malloc((size_t)k * sizeof(float));
+    float *unused = malloc((size_t)k * sizeof(float)), *row = malloc((size_t)k * sizeof(float));
+    unsigned char *table = malloc((size_t)(ROWS * k) * elem);
+    int8_t *q = malloc((size_t)ldq), *q_ref = malloc((size_t)ldq), *cpu_q = malloc((size_t)k);
+    fill_row(ROW_SMOOTH, unused, w, k);
+    for (int r = 0; r < ROWS; r++) {
+        fill_row(r % ROW_KINDS, vals, unused, k);
+        for (int64_t i = 0; i < k; i++) {
+            unsigned char *p = table + ((size_t)r * (size_t)k + (size_t)i) * elem;
+            if (type == BN_QTYPE_F32) {
+                memcpy(p, &vals[i], 4);
+            } else {
+                const uint16_t h =
+                    type == BN_QTYPE_F16 ? bn_fp32_to_fp16(vals[i]) : bn_fp32_to_bf16(vals[i]);
+                memcpy(p, &h, 2);
+            }
+        }
+    }
+    void *d_table;
+    float *d_x, *d_y, *d_w, *d_scale;
+    int8_t *d_q;
+    int32_t *d_sum, *d_tok;
+    CUDA_OK(cudaMalloc(&d_table, (size_t)(ROWS * k) * elem));
+    CUDA_OK(cudaMalloc((void **)&d_x, (size_t)k * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&d_y, (size_t)k * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&d_w, (size_t)k * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&d_q, (size_t)ldq));
+    CUDA_OK(cudaMalloc((void **)&d_scale, 2 * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&d_sum, 2 * sizeof(int32_t)));
+    CUDA_OK(cudaMalloc((void **)&d_tok, sizeof(int32_t)));
+    CUDA_OK(cudaMemcpy(d_table, table, (size_t)(ROWS * k) * elem, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_w, w, (size_t)k * sizeof(float), cudaMemcpyHostToDevice));
+    CHECK(bn_cb_embed_norm_fits(type, k, d_x, d_w, d_q, ldq));
+    int bad = 0;
+    for (int32_t t = 0; t < ROWS; t++) {
+        float scale[2];
+        int32_t sum[2];
+        CUDA_OK(cudaMemcpy(d_tok, &t, sizeof t, cudaMemcpyHostToDevice));
+        /* The separate kernels: the row, then its norm and codes. */
+        CUDA_OK(bn_cuda_embed_rows(d_table, (bn_qtype)type, ROWS, k, d_tok, 1, d_y, k, 0));
+        CUDA_OK(cudaMemset(d_q, 0x5a, (size_t)ldq));
+        CUDA_OK(bn_cb_norm_quantize(d_y, k, 1, k, d_w, 1e-5f, d_q, ldq, d_scale + 1, d_sum + 1,
+                                    0, 0));
+        CUDA_OK(cudaMemcpy(q_ref, d_q, (size_t)ldq, cudaMemcpyDeviceToHost));
+        /* The fused kernel, every output poisoned. */
+        CUDA_OK(cudaMemset(d_x, 0xff, (size_t)k * sizeof(float)));
+        CUDA_OK(cudaMemset(d_q, 0x5a, (size_t)ldq));
+        CUDA_OK(cudaMemset(d_scale, 0xff, sizeof(float)));
+        CUDA_OK(cudaMemset(d_sum, 0x7f, sizeof(int32_t)));
+        CUDA_OK(bn_cb_embed_norm_quantize(d_table, type, d_tok, d_x, k, d_w, 1e-5f, d_q, ldq,
+                                          d_scale, d_sum, t & 1, 0));
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(q, d_q, (size_t)ldq, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(scale, d_scale, sizeof scale, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(sum, d_sum, sizeof sum, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(row, d_x, (size_t)k * sizeof(float), cudaMemcpyDeviceToHost));
+        float *want = unused; /* the row bn_cuda_embed_rows gave */
+        CUDA_OK(cudaMemcpy(want, d_y, (size_t)k * sizeof(float), cudaMemcpyDeviceToHost));
+        float cpu_scale;
+        int32_t cpu_sum;
+        bn_cpu_norm_quantize_row(want, w, k, 1e-5f, cpu_q, &cpu_scale, &cpu_sum);
+        const bool same = memcmp(row, want, (size_t)k * sizeof(float)) == 0 &&
+                          memcmp(q, q_ref, (size_t)ldq) == 0 &&
+                          memcmp(&scale[0], &scale[1], sizeof(float)) == 0 && sum[0] == sum[1];
+        const bool cpu = memcmp(q, cpu_q, (size_t)k) == 0 && sum[0] == cpu_sum &&
+                         (ulp_close(scale[0], cpu_scale) ||
+                          (isnan(scale[0]) && isnan(cpu_scale)));
+        if (!(same && cpu) && bad++ < 3)
+            CHECK_MSG(false, "embed+norm type %d k=%lld, row %d (%s): %s the separate kernels, "
+                             "%s the CPU's codes",
+                      type, (long long)k, (int)t, kind_name[t % ROW_KINDS],
+                      same ? "equals" : "DIFFERS FROM", cpu ? "equals" : "DIFFERS FROM");
+    }
+    printf("embed+norm type %-2d k=%-5lld %d rows: %s\n", type, (long long)k, ROWS,
+           bad ? "DIFFER" : "x, codes, scale and sum equal the separate kernels'");
+    /* What it does not take: refused before any launch. */
+    CHECK(!bn_cb_embed_norm_fits(BN_QTYPE_Q8_0, k, d_x, d_w, d_q, ldq));
+    CHECK(!bn_cb_embed_norm_fits(type, k + 2, d_x, d_w, d_q, ldq + 16));
+    CHECK(bn_cb_embed_norm_quantize(d_table, BN_QTYPE_Q8_0, d_tok, d_x, k, d_w, 1e-5f, d_q, ldq,
+                                    d_scale, d_sum, 0, 0) == cudaErrorInvalidValue);
+    cudaFree(d_table), cudaFree(d_x), cudaFree(d_y), cudaFree(d_w), cudaFree(d_q),
+        cudaFree(d_scale), cudaFree(d_sum), cudaFree(d_tok);
+    free(vals), free(w), free(unused), free(row), free(table), free(q), free(q_ref), free(cpu_q);
+}
+
 int main(void)
 {
     test_require_cuda(0, "");
@@ -211,5 +308,10 @@ int main(void)
         check_rows(src, ROW_HUGE, 257, 100);
     }
     check_rows(SRC_RELU2, ROW_SMOOTH, 260, 8200);
+    check_embed(BN_QTYPE_F16, 2560);
+    check_embed(BN_QTYPE_BF16, 2560);
+    check_embed(BN_QTYPE_F32, 2560);
+    check_embed(BN_QTYPE_F16, 100);
+    check_embed(BN_QTYPE_BF16, 6912);
     TEST_EXIT();
 }

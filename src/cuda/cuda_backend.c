@@ -85,7 +85,7 @@ enum {
     K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
     K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
     K_NORM_GEMV, K_GEMV_RES, K_ATTN_DEC_F32_CLUSTER, K_HEAD_SCREEN, K_ATTN_DEC_F32_QKV,
-    K_GEMV_PAIR, K_SAMPLE, K_HANDOFF, K_COUNT
+    K_GEMV_PAIR, K_SAMPLE, K_HANDOFF, K_EMBED_NORM_Q, K_COUNT
 };
 static const char *const kernel_names[K_COUNT] = {
     "embed_rows", "norm_quantize", "residual_norm_quantize", "relu2_norm_quantize",
@@ -94,7 +94,7 @@ static const char *const kernel_names[K_COUNT] = {
     "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay",
     "norm_quantize_w2a8_gemv", "w2a8_gemv_residual", "attention_decode_f32_cluster",
     "lm_head_screen_int8", "attention_decode_f32_cluster_qkv", "w2a8_gemv_gate_up_relu2",
-    "sample_top_k_top_p", "decode_handoff"};
+    "sample_top_k_top_p", "decode_handoff", "embed_norm_quantize"};
 
 /* Events of an instrumented step (profile_decode). */
 typedef struct prof {
@@ -603,12 +603,31 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
     bn_status st;
     int n;
 
-    BN_CUDA_TRY(err, bn_cuda_embed_rows(b->d_embed, b->embed_type, hp->vocab, dim, d_tok, M, b->x,
-                                        dim, s));
-    b->ran |= 1u << K_EMBED;
-    if ((st = mark(b, BN_CUDA_STAGE_EMBED, 1, err)) != BN_OK)
-        return st;
-    if (!fold) {
+    /* A decode step's first norm reads its row from the embedding table
+     * itself where it can (F32 / F16 / BF16 rows of the lean kernel's
+     * widths): one kernel fewer, the same x and codes. It is the step's
+     * first kernel, launched plainly. */
+    const bool embed_norm = decode && !fold &&
+                            bn_cb_embed_norm_fits(b->embed_type, dim, b->x,
+                                                  norm_ptr(b, 0, BN_NORM_ATTN), b->xq,
+                                                  codes_ld(b, dim, M));
+    if (embed_norm) {
+        BN_CUDA_TRY(err, bn_cb_embed_norm_quantize(b->d_embed, b->embed_type, d_tok, b->x, dim,
+                                                   norm_ptr(b, 0, BN_NORM_ATTN), eps, b->xq,
+                                                   codes_ld(b, dim, M), b->act_scale, b->act_sum,
+                                                   0, s));
+        b->ran |= 1u << K_EMBED_NORM_Q;
+        if ((st = mark(b, BN_CUDA_STAGE_EMBED, 0, err)) != BN_OK ||
+            (st = mark(b, BN_CUDA_STAGE_ATTN_NORM, 1, err)) != BN_OK)
+            return st;
+    } else {
+        BN_CUDA_TRY(err, bn_cuda_embed_rows(b->d_embed, b->embed_type, hp->vocab, dim, d_tok, M,
+                                            b->x, dim, s));
+        b->ran |= 1u << K_EMBED;
+        if ((st = mark(b, BN_CUDA_STAGE_EMBED, 1, err)) != BN_OK)
+            return st;
+    }
+    if (!fold && !embed_norm) {
         BN_CUDA_TRY(err, bn_cb_norm_quantize(b->x, dim, M, dim, norm_ptr(b, 0, BN_NORM_ATTN),
                                              eps, b->xq, codes_ld(b, dim, M), b->act_scale,
                                              b->act_sum, pdl, s));

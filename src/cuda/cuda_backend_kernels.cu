@@ -28,8 +28,10 @@
 
 #include "block_reduce.cuh"
 #include "cuda_backend_kernels.h"
+#include "half_bits.cuh"
 #include "head_row.cuh"
 #include "pdl.cuh"
+#include "qtype.h"
 #include "smem_opt_in.cuh"
 #include "w2a8_gemv.cuh"
 #include "w2a8_cuda.h"
@@ -129,6 +131,9 @@ __device__ void block_max_sum(float &amax, int &total, float *red_f, int *red_i)
 /* ---- RMSNorm + quantization ----------------------------------------------------- */
 
 constexpr int kSrcPlain = 0, kSrcAdd = 1, kSrcRelu2 = 2;
+/* The decode step's first norm reading its row from the embedding table
+ * (the lean kernel only: bn_cb_embed_norm_quantize). */
+constexpr int kSrcEmbed = 4;
 
 struct NormQuantArgs {
     float *x;        /* plain / add: the row source (add writes x + r back) */
@@ -138,6 +143,9 @@ struct NormQuantArgs {
     const float *g, *u; /* relu2: raw gate and up rows                     */
     int64_t ldgu;
     float sg, su;
+    const void *embed;     /* embed: the table (F32 / F16 / BF16 rows of k)  */
+    int embed_type;        /* ... its bn_qtype                                */
+    const int32_t *token;  /* ... the row to read, in device memory           */
     int64_t k;
     const float *w;
     float eps;
@@ -553,6 +561,35 @@ __device__ __forceinline__ void load_row4(const NormQuantArgs &a, int64_t row, i
                                __fadd_rn(v[j].z, rv[j].z), __fadd_rn(v[j].w, rv[j].w));
             if (tid + j * T < k4)
                 x[tid + j * T] = v[j];
+        }
+    } else if (kSrc == kSrcEmbed) {
+        /* Row *token of the table, each value converted exactly (as
+         * bn_cuda_embed_rows does), stored to x as the residual stream. */
+        const int64_t id = __ldcg(a.token);
+        float4 *x = reinterpret_cast<float4 *>(a.x + row * a.ldx);
+#pragma unroll
+        for (int j = 0; j < KV4; j++) {
+            const int i = tid + j * T;
+            if (i >= k4) {
+                v[j] = z4;
+                continue;
+            }
+            if (a.embed_type == BN_QTYPE_F32) {
+                v[j] = __ldg(reinterpret_cast<const float4 *>(a.embed) + id * k4 + i);
+            } else {
+                const uint2 h = __ldg(reinterpret_cast<const uint2 *>(a.embed) + id * k4 + i);
+                const bool bf = a.embed_type == BN_QTYPE_BF16;
+                const unsigned short e[4] = {(unsigned short)(h.x & 0xffffu),
+                                             (unsigned short)(h.x >> 16),
+                                             (unsigned short)(h.y & 0xffffu),
+                                             (unsigned short)(h.y >> 16)};
+                float f[4];
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    f[c] = bf ? bf16_bits_to_f32(e[c]) : f16_bits_to_f32(e[c]);
+                v[j] = make_float4(f[0], f[1], f[2], f[3]);
+            }
+            x[i] = v[j];
         }
     } else {
         const float4 *g = reinterpret_cast<const float4 *>(a.g + row * a.ldgu);
@@ -2422,6 +2459,34 @@ extern "C" cudaError_t bn_cb_norm_quantize(const float *x, int64_t ldx, int64_t 
     a.x = const_cast<float *>(x); /* the plain source only reads */
     a.ldx = ldx;
     return launch_norm_quantize<kSrcPlain>(a, m, pdl, stream);
+}
+
+extern "C" int bn_cb_embed_norm_fits(int type, int64_t k, const float *x, const float *w,
+                                     const int8_t *q, int64_t ldq)
+{
+    NormQuantArgs a = norm_args(k, w, 0.0f, const_cast<int8_t *>(q), ldq, nullptr, nullptr);
+    a.x = const_cast<float *>(x);
+    a.ldx = k;
+    return (type == BN_QTYPE_F32 || type == BN_QTYPE_F16 || type == BN_QTYPE_BF16) && k > 0 &&
+           ldq >= k && lean_fits(a, kSrcPlain);
+}
+
+extern "C" cudaError_t bn_cb_embed_norm_quantize(const void *table, int type,
+                                                 const int32_t *token, float *x, int64_t k,
+                                                 const float *w, float eps, int8_t *q,
+                                                 int64_t ldq, float *scale, int32_t *sum,
+                                                 int pdl, cudaStream_t stream)
+{
+    NormQuantArgs a = norm_args(k, w, eps, q, ldq, scale, sum);
+    a.x = x;
+    a.ldx = k;
+    a.embed = table;
+    a.embed_type = type;
+    a.token = token;
+    if (!table || !token || !x || !w || !q || !scale || !sum ||
+        !bn_cb_embed_norm_fits(type, k, x, w, q, ldq) || ((uintptr_t)table & 15))
+        return cudaErrorInvalidValue;
+    return launch_lean<kSrcEmbed>(a, 1, pdl, stream);
 }
 
 extern "C" cudaError_t bn_cb_add_norm_quantize(float *x, int64_t ldx, const float *r, int64_t ldr,

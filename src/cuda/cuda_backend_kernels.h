@@ -71,6 +71,21 @@ cudaError_t bn_cb_norm_quantize(const float *x, int64_t ldx, int64_t m, int64_t 
                                 const float *w, float eps, int8_t *q, int64_t ldq, float *scale,
                                 int32_t *sum, int pdl, cudaStream_t stream);
 
+/* The decode step's first kernel: v = row *token (device memory) of the
+ * embedding table (F32, F16 or BF16 rows of k values, bn_qtype `type`),
+ * converted exactly as bn_cuda_embed_rows converts it and stored to x (the
+ * residual stream), then normed and coded as bn_cb_norm_quantize codes one
+ * row (the same kernel: the same codes, scale and sum): the embedding
+ * without a kernel of its own. The table 16-byte aligned; what
+ * bn_cb_embed_norm_fits accepts (those types, k % 4 == 0 up to 8192, the
+ * lean kernel's alignment of x, w, q and ldq). */
+int bn_cb_embed_norm_fits(int type, int64_t k, const float *x, const float *w, const int8_t *q,
+                          int64_t ldq);
+cudaError_t bn_cb_embed_norm_quantize(const void *table, int type, const int32_t *token,
+                                      float *x, int64_t k, const float *w, float eps, int8_t *q,
+                                      int64_t ldq, float *scale, int32_t *sum, int pdl,
+                                      cudaStream_t stream);
+
 /* x += r first (written back to x), then v = x: the residual add fused with
  * the next norm. */
 cudaError_t bn_cb_add_norm_quantize(float *x, int64_t ldx, const float *r, int64_t ldr,

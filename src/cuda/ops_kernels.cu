@@ -31,6 +31,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "half_bits.cuh"
 #include "ops_cuda.h"
 
 namespace {
@@ -255,15 +256,6 @@ __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f)
     return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
-/* IEEE half bits -> fp32, exact; NaN payloads kept (bn_fp16_to_fp32). */
-__device__ __forceinline__ float f16_bits_to_f32(uint16_t h)
-{
-    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0)
-        return __uint_as_float(((uint32_t)(h & 0x8000u) << 16) | 0x7f800000u |
-                               ((uint32_t)(h & 0x3ffu) << 13));
-    return __half2float(__ushort_as_half(h));
-}
-
 template <int kType> struct StoreOp {
     const float *x;
     void *dst;
@@ -333,7 +325,7 @@ template <int kType> __device__ __forceinline__ float dequant_element(const uint
     } else if (kType == BN_QTYPE_F16) {
         return f16_bits_to_f32(load_le16(row + 2 * e));
     } else if (kType == BN_QTYPE_BF16) {
-        return __uint_as_float((uint32_t)load_le16(row + 2 * e) << 16);
+        return bf16_bits_to_f32(load_le16(row + 2 * e));
     } else if (kType == BN_QTYPE_Q8_0) {
         const uint8_t *block = row + 34 * (e / 32);
         const float d = f16_bits_to_f32(load_le16(block));
