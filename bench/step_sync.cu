@@ -18,6 +18,14 @@
  * smallest piece of work a GEMV or norm stage does after its inputs are
  * ready). Per-stage time = replay time / stages.
  *
+ * A second table times the decode step's norm -> GEMV edge: a one-block
+ * "vector" stage (a norm) feeding a grid of blocks (a GEMV), then the next
+ * norm, all with programmatic dependent launch. The grid's blocks wait for
+ * the norm either in griddepcontrol.wait (the hardware's grid completion)
+ * or by polling a flag the norm's block sets, with release semantics, once
+ * its output is written; the norm always waits for the grid in
+ * griddepcontrol.wait. Per-pair time = replay time / pairs.
+ *
  * Build: with the CUDA backend (build/step_sync), or
  *        nvcc -O3 -arch=sm_90 -o step_sync bench/step_sync.cu
  * Run:   step_sync [stages]   (default 270, the 2B-4T decode step's count) */
@@ -85,6 +93,56 @@ __global__ void stage_kernel(const float *in, float *out, int work, int pdl)
         vector_stage(in, out, blockIdx.x, gridDim.x);
 }
 
+/* The norm -> GEMV pairs. The norm (one block) writes all of `out`, then,
+ * with flags, resets the flag of the edge before its own (its consumers, the
+ * grid it waited for, are done with it) and sets its own edge's flag: a
+ * release by thread 0 after the block barrier, so every thread's stores come
+ * before it. */
+__global__ void pair_norm_kernel(const float *in, float *out, unsigned *flags, int edge,
+                                 int flag_mode)
+{
+    pdl_trigger();
+    pdl_wait();
+    vector_stage(in, out, 0, 1);
+    if (flag_mode) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            if (edge > 0)
+                flags[edge - 1] = 0;
+            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flags + edge), "r"(1u)
+                         : "memory");
+        }
+    }
+}
+
+/* The GEMV: every block waits for the norm (its grid, or its edge's flag
+ * polled by thread 0 with acquire loads, then a block barrier), then reads
+ * the vector and writes its share. */
+__global__ void pair_gemv_kernel(const float *in, float *out, const unsigned *flags, int edge,
+                                 int flag_mode)
+{
+    pdl_trigger();
+    if (flag_mode) {
+        if (threadIdx.x == 0) {
+            unsigned seen;
+            for (;;) {
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
+                             : "=r"(seen)
+                             : "l"(flags + edge)
+                             : "memory");
+                if (seen)
+                    break;
+                if (flag_mode == 2) /* back off: fewer loads on the flag's line */
+                    __nanosleep(100);
+            }
+        }
+        __syncthreads();
+    } else {
+        pdl_wait();
+    }
+    vector_stage(in, out, blockIdx.x, gridDim.x);
+}
+
 /* Grid-wide barrier: every block adds one to a counter (release) and waits
  * until it reaches the stage's target (acquire). The counter only grows
  * within a launch, so no reset races with late readers. */
@@ -147,6 +205,53 @@ static cudaError_t launch_persistent(cudaStream_t st, int grid, float *b0, float
     attr.val.cooperative = 1;
     const cudaLaunchConfig_t cfg = launch_config(st, grid, &attr);
     return cudaLaunchKernelEx(&cfg, persistent_kernel, b0, b1, stages, work, counter);
+}
+
+/* A chain of `pairs` norm -> GEMV pairs and a last norm, captured and
+ * replayed; microseconds per pair. */
+static double time_pairs(int flag_mode, int grid, int pairs, float *b0, float *b1,
+                         unsigned *flags)
+{
+    cudaStream_t st;
+    CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CHECK(cudaMemset(flags, 0, (size_t)(pairs + 1) * sizeof(unsigned)));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int e = 0; e <= pairs; e++) {
+        const cudaLaunchConfig_t one = launch_config(st, 1, &attr);
+        CHECK(cudaLaunchKernelEx(&one, pair_norm_kernel, (const float *)b1, b0, flags, e,
+                                 flag_mode));
+        if (e == pairs)
+            break;
+        const cudaLaunchConfig_t many = launch_config(st, grid, &attr);
+        CHECK(cudaLaunchKernelEx(&many, pair_gemv_kernel, (const float *)b0, b1,
+                                 (const unsigned *)flags, e, flag_mode));
+    }
+    CHECK(cudaStreamEndCapture(st, &g));
+    CHECK(cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < 3; i++)
+        CHECK(cudaGraphLaunch(ge, st));
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    const int reps = 20;
+    CHECK(cudaEventRecord(e0, st));
+    for (int i = 0; i < reps; i++)
+        CHECK(cudaGraphLaunch(ge, st));
+    CHECK(cudaEventRecord(e1, st));
+    CHECK(cudaEventSynchronize(e1));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    CHECK(cudaGraphExecDestroy(ge));
+    CHECK(cudaGraphDestroy(g));
+    CHECK(cudaEventDestroy(e0));
+    CHECK(cudaEventDestroy(e1));
+    CHECK(cudaStreamDestroy(st));
+    return ms * 1000.0 / reps / pairs;
 }
 
 /* Capture one chain into a graph, replay it, return microseconds per stage. */
@@ -219,6 +324,21 @@ int main(int argc, char **argv)
             printf("%-12s %6d %12.3f %12.3f\n", names[mode], grid, e, v);
         }
     }
+    const int pairs = stages / 2 > 0 ? stages / 2 : 1;
+    unsigned *flags;
+    CHECK(cudaMalloc(&flags, (size_t)(pairs + 1) * sizeof(unsigned)));
+    printf("\nnorm -> GEMV edge: %d pairs of a one-block stage and a grid, with PDL\n", pairs);
+    printf("%6s %22s %22s %24s\n", "blocks", "grid waits: us/pair", "flag polled: us/pair",
+           "polled, 100 ns back-off");
+    const int grids[] = {p.multiProcessorCount, 2 * p.multiProcessorCount, 864};
+    for (int i = 0; i < 3; i++)
+        for (int r = 0; r < 2; r++) { /* twice, alternated */
+            const double wait = time_pairs(0, grids[i], pairs, b0, b1, flags);
+            const double poll = time_pairs(1, grids[i], pairs, b0, b1, flags);
+            const double back = time_pairs(2, grids[i], pairs, b0, b1, flags);
+            printf("%6d %22.3f %22.3f %24.3f\n", grids[i], wait, poll, back);
+        }
+    CHECK(cudaFree(flags));
     CHECK(cudaFree(b0));
     CHECK(cudaFree(b1));
     CHECK(cudaFree(counter));
