@@ -923,7 +923,9 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
             }
             if (cst == BN_OK) {
                 submitted = true;
-            } else { /* nothing is left pending: the backend drained both */
+            } else { /* a device failure leaves nothing pending (the backend drains
+                        both steps); a request error ends the generation, and the next
+                        reset drains what is left */
                 if (cerr.status == BN_ERR_INVALID_ARGUMENT) { /* the request */
                     if (err)
                         *err = cerr;
