@@ -26,23 +26,25 @@
  *
  * Prefill runs chunks of up to `prefill_chunk` tokens through int8 tensor-
  * core GEMMs; decode (one token) is captured once as a CUDA graph at
- * create() and replayed every step: the token, its position and the
- * attention length live in device memory, uploaded (12 bytes) before each
- * replay. With the fp32 cache the decode step's scale + RoPE + KV store
- * runs inside its attention kernel (9 kernels per layer; 8 where its
- * thread-block clusters compute the q|k|v product too), and on compute
- * capability 9.0+ its kernels use programmatic dependent launch: each one
- * starts loading what does not depend on its predecessor (weights, norm
- * vectors, old KV rows) while the predecessor still runs.
+ * create() and replayed every step: the token, its position, the attention
+ * length and the sampling inputs live in device memory, uploaded (40 bytes)
+ * before each replay, or, for a chained step (submit_chained), written by
+ * the step before it on the device. With the fp32 cache the decode step's
+ * scale + RoPE + KV store runs inside its attention kernel (9 kernels per
+ * layer; 8 where its thread-block clusters compute the q|k|v product too),
+ * and on compute capability 9.0+ its kernels use programmatic dependent
+ * launch: each one starts loading what does not depend on its predecessor
+ * (weights, norm vectors, old KV rows) while the predecessor still runs.
  *
  * Streams (the context's two): `compute` runs every step, including the
- * tiny H2D of the step's token/position and the D2H of logits or the next
- * token, which must be ordered with the kernels anyway; `copy` carries the
- * weight uploads at create(), so that while one projection crosses PCIe
- * the host threads unpack and pack the next ones (two pinned staging
- * buffers per thread, an event per buffer). During generation the host's
- * own work (detokenizing, streaming text) overlaps the next step through
- * submit_greedy()/wait_greedy().
+ * tiny H2D of the step's inputs and the D2H of logits, which must be
+ * ordered with the kernels anyway (the chosen token is stored by the step's
+ * last kernel into mapped pinned memory); `copy` carries the weight uploads
+ * at create(), so that while one projection crosses PCIe the host threads
+ * unpack and pack the next ones (two pinned staging buffers per thread, an
+ * event per buffer). During generation the host's own work (detokenizing,
+ * streaming text) overlaps the next steps through submit_greedy() /
+ * submit_chained() / wait_greedy().
  *
  * Memory: every device buffer comes from the context's tracked allocations
  * (bn_cuda_context_alloc), one buffer per purpose, sized exactly once at
