@@ -865,12 +865,13 @@ __global__ void __launch_bounds__(kNormThreads)
     __shared__ double red_d[32];
     pdl_trigger();
     pdl_wait();
+    /* x and r come from the kernels before (with PDL): read through L2. */
     float *xr = x + (int64_t)blockIdx.x * ldx;
     double ss = 0.0;
     for (int64_t i = threadIdx.x; i < k; i += kNormThreads) {
-        float v = xr[i];
+        float v = __ldcg(xr + i);
         if (r) {
-            v = __fadd_rn(v, r[(int64_t)blockIdx.x * ldr + i]);
+            v = __fadd_rn(v, __ldcg(r + (int64_t)blockIdx.x * ldr + i));
             xr[i] = v;
         }
         ss = __dadd_rn(ss, __dmul_rn((double)v, (double)v));
@@ -879,7 +880,7 @@ __global__ void __launch_bounds__(kNormThreads)
     const float inv = inv_rms(ss, k, eps);
     float *yr = y + (int64_t)blockIdx.x * ldy;
     for (int64_t i = threadIdx.x; i < k; i += kNormThreads)
-        yr[i] = __fmul_rn(w[i], __fmul_rn(xr[i], inv));
+        yr[i] = __fmul_rn(w[i], __fmul_rn(__ldcg(xr + i), inv));
 }
 
 /* ---- the decode step's GEMV with its input's norm + int8 and the residual add ----

@@ -22,9 +22,9 @@ __global__ void handoff_kernel(const unsigned long long *__restrict__ key,
                                const int32_t *__restrict__ token, int32_t vocab, void *host,
                                const int32_t *__restrict__ step, int32_t *feed)
 {
-    pdl_wait(); /* with PDL: everything it reads is the kernels' before it */
-    const unsigned long long k = key ? *key : 0ull;
-    const int32_t t = key ? key_id(k) : *token;
+    pdl_wait(); /* with PDL: everything it reads is the kernels' before it (through L2) */
+    const unsigned long long k = key ? __ldcg(key) : 0ull;
+    const int32_t t = key ? key_id(k) : __ldcg(token);
     if (host) {
         if (key)
             *static_cast<unsigned long long *>(host) = k;
@@ -36,8 +36,8 @@ __global__ void handoff_kernel(const unsigned long long *__restrict__ key,
          * to the host as it is; the step fed by it reads row 0 instead, so
          * that it stays in bounds until the host discards it. */
         feed[0] = t >= 0 && t < vocab ? t : 0;
-        feed[1] = step[1] + 1;
-        feed[2] = step[2] + 1;
+        feed[1] = __ldcg(step + 1) + 1;
+        feed[2] = __ldcg(step + 2) + 1;
     }
 }
 

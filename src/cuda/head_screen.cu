@@ -136,13 +136,14 @@ struct ScreenX {
 };
 
 /* Block-wide: x's codes into xh, xl (dim bytes each, shared memory) and
- * the sums above, identical in every thread. red: 32 slots. */
+ * the sums above, identical in every thread. red: 32 slots. x is the
+ * kernel before's output (the screen runs with PDL): read through L2. */
 __device__ ScreenX screen_codes(const float *__restrict__ x, int64_t dim, int8_t *xh, int8_t *xl,
                                 float *red)
 {
     float l1 = 0.0f, mx = 0.0f;
     for (int64_t i = threadIdx.x; i < dim; i += kScreenThreads) {
-        const float v = x[i];
+        const float v = __ldcg(x + i);
         l1 = __fadd_ru(l1, fabsf(v));
         mx = fmaxf(mx, fabsf(v));
     }
@@ -159,7 +160,7 @@ __device__ ScreenX screen_codes(const float *__restrict__ x, int64_t dim, int8_t
     for (int64_t i = threadIdx.x; i < dim; i += kScreenThreads) {
         float h = 0.0f, l = 0.0f;
         if (ok) {
-            const float v = x[i];
+            const float v = __ldcg(x + i);
             h = fminf(fmaxf(rintf(__fdiv_rn(v, __fmul_rn(128.0f, sx.sx))), -127.0f), 127.0f);
             l = fminf(fmaxf(rintf(__fsub_rn(__fdiv_rn(v, sx.sx), __fmul_rn(128.0f, h))), -127.0f),
                       127.0f);
@@ -330,13 +331,13 @@ __device__ float kth_ranked(const float *__restrict__ p, int n, int k)
         kth = -INFINITY;
     for (int i0 = 0; i0 < n; i0 += kScreenThreads) {
         const int i = i0 + (int)threadIdx.x;
-        const float v = i < n ? p[i] : -INFINITY;
+        const float v = i < n ? __ldcg(p + i) : -INFINITY;
         int rank = 0;
         for (int c0 = 0; c0 < n; c0 += kRankChunk) {
             const int m = n - c0 < kRankChunk ? n - c0 : kRankChunk;
             __syncthreads();
             for (int j = threadIdx.x; j < m; j += kScreenThreads)
-                chunk[j] = p[c0 + j];
+                chunk[j] = __ldcg(p + c0 + j);
             __syncthreads();
             for (int j = 0; j < m; j++) {
                 const float u = chunk[j];
@@ -363,8 +364,8 @@ __device__ float kth_ranked(const float *__restrict__ p, int n, int k)
 __device__ float kth_counted(const float *__restrict__ p, int n, int k)
 {
     const int i0 = threadIdx.x, i1 = threadIdx.x + kScreenThreads;
-    const uint32_t v0 = i0 < n ? ordered(p[i0]) : 0u; /* 0: below every value */
-    const uint32_t v1 = i1 < n ? ordered(p[i1]) : 0u;
+    const uint32_t v0 = i0 < n ? ordered(__ldcg(p + i0)) : 0u; /* 0: below every value */
+    const uint32_t v1 = i1 < n ? ordered(__ldcg(p + i1)) : 0u;
     uint32_t t = 0;
     for (int bit = 31; bit >= 0; bit--) {
         const uint32_t x = t | 1u << bit;
@@ -406,7 +407,7 @@ __global__ void __launch_bounds__(kScreenThreads)
     /* x and k are ready before the screen is (with PDL the screen let this
      * kernel launch only once x was): read them before the wait. */
     for (int64_t i = threadIdx.x; i < dim; i += kScreenThreads)
-        xs[i] = x[i];
+        xs[i] = __ldcg(x + i);
     const int k = d_k && *d_k > 1 ? *d_k : 1;
     pdl_wait();
     pdl_trigger();
@@ -414,7 +415,7 @@ __global__ void __launch_bounds__(kScreenThreads)
     if (k == 1) {
         float t = -INFINITY;
         for (int i = threadIdx.x; i < n_partial; i += kScreenThreads)
-            t = fmaxf(t, partial[i]);
+            t = fmaxf(t, __ldcg(partial + i));
         T = block_reduce(t, Max(), red); /* its barriers also publish xs */
     } else {
         T = kth_partial(partial, n_partial, k); /* likewise */
@@ -429,7 +430,8 @@ __global__ void __launch_bounds__(kScreenThreads)
          g += warps) {
         const int64_t r = g * 32 + lane;
         const bool in = r < rows;
-        const bool keep = in && !(upper[r] < T); /* NaN: kept */
+        /* The screen's outputs (with PDL, the kernel before): through L2. */
+        const bool keep = in && !(__ldcg(upper + r) < T); /* NaN: kept */
         if (in && !keep)
             logits[r] = -INFINITY;
         unsigned m = __ballot_sync(0xffffffffu, keep);
