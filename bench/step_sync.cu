@@ -207,6 +207,33 @@ static cudaError_t launch_persistent(cudaStream_t st, int grid, float *b0, float
     return cudaLaunchKernelEx(&cfg, persistent_kernel, b0, b1, stages, work, counter);
 }
 
+/* Instantiates a captured chain, replays it three times to warm up, then
+ * `reps` times between two events; milliseconds per replay. The graph and
+ * the stream are destroyed. */
+static double replay_ms(cudaStream_t st, cudaGraph_t g, int reps)
+{
+    cudaGraphExec_t ge;
+    CHECK(cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < 3; i++)
+        CHECK(cudaGraphLaunch(ge, st));
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    CHECK(cudaEventRecord(e0, st));
+    for (int i = 0; i < reps; i++)
+        CHECK(cudaGraphLaunch(ge, st));
+    CHECK(cudaEventRecord(e1, st));
+    CHECK(cudaEventSynchronize(e1));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    CHECK(cudaGraphExecDestroy(ge));
+    CHECK(cudaGraphDestroy(g));
+    CHECK(cudaEventDestroy(e0));
+    CHECK(cudaEventDestroy(e1));
+    CHECK(cudaStreamDestroy(st));
+    return ms / reps;
+}
+
 /* A chain of `pairs` norm -> GEMV pairs and a last norm, captured and
  * replayed; microseconds per pair. */
 static double time_pairs(int flag_mode, int grid, int pairs, float *b0, float *b1,
@@ -216,7 +243,6 @@ static double time_pairs(int flag_mode, int grid, int pairs, float *b0, float *b
     CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     CHECK(cudaMemset(flags, 0, (size_t)(pairs + 1) * sizeof(unsigned)));
     cudaGraph_t g;
-    cudaGraphExec_t ge;
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
@@ -232,26 +258,7 @@ static double time_pairs(int flag_mode, int grid, int pairs, float *b0, float *b
                                  (const unsigned *)flags, e, flag_mode));
     }
     CHECK(cudaStreamEndCapture(st, &g));
-    CHECK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 3; i++)
-        CHECK(cudaGraphLaunch(ge, st));
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    const int reps = 20;
-    CHECK(cudaEventRecord(e0, st));
-    for (int i = 0; i < reps; i++)
-        CHECK(cudaGraphLaunch(ge, st));
-    CHECK(cudaEventRecord(e1, st));
-    CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    CHECK(cudaGraphExecDestroy(ge));
-    CHECK(cudaGraphDestroy(g));
-    CHECK(cudaEventDestroy(e0));
-    CHECK(cudaEventDestroy(e1));
-    CHECK(cudaStreamDestroy(st));
-    return ms * 1000.0 / reps / pairs;
+    return replay_ms(st, g, 20) * 1000.0 / pairs;
 }
 
 /* Capture one chain into a graph, replay it, return microseconds per stage. */
@@ -261,7 +268,6 @@ static double time_chain(int mode, int grid, int stages, int work, float *b0, fl
     cudaStream_t st;
     CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaGraph_t g;
-    cudaGraphExec_t ge;
     CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     if (mode == 2) {
         CHECK(launch_persistent(st, grid, b0, b1, stages, work, counter));
@@ -270,26 +276,7 @@ static double time_chain(int mode, int grid, int stages, int work, float *b0, fl
             CHECK(launch_stage(st, grid, (s & 1) ? b1 : b0, (s & 1) ? b0 : b1, work, mode == 1));
     }
     CHECK(cudaStreamEndCapture(st, &g));
-    CHECK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 3; i++)
-        CHECK(cudaGraphLaunch(ge, st));
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    const int reps = 20;
-    CHECK(cudaEventRecord(e0, st));
-    for (int i = 0; i < reps; i++)
-        CHECK(cudaGraphLaunch(ge, st));
-    CHECK(cudaEventRecord(e1, st));
-    CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    CHECK(cudaGraphExecDestroy(ge));
-    CHECK(cudaGraphDestroy(g));
-    CHECK(cudaEventDestroy(e0));
-    CHECK(cudaEventDestroy(e1));
-    CHECK(cudaStreamDestroy(st));
-    return ms * 1000.0 / reps / stages;
+    return replay_ms(st, g, 20) * 1000.0 / stages;
 }
 
 int main(int argc, char **argv)

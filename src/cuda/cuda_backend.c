@@ -1043,6 +1043,22 @@ static bn_status publish_token(bn_cuda_backend *b, bool key, bn_error *err)
     return BN_OK;
 }
 
+/* The candidate list a sampler reads (sample_cuda.h): the one a screened
+ * head's exact pass wrote, with the floor its top k reach (every sampled
+ * pass screens where the backend does: queue_pass); none (the sampler
+ * reads the logits) without a screened head. */
+typedef struct cand_list {
+    const uint64_t *keys;
+    const unsigned *n;
+    const float *floor;
+} cand_list;
+static cand_list sampler_list(const bn_cuda_backend *b)
+{
+    const cand_list none = {NULL, NULL, NULL};
+    const cand_list listed = {b->d_cand, b->d_cand_n, b->d_cand_floor};
+    return b->head_screen ? listed : none;
+}
+
 /* Whether a choice is the greedy one (NULL: greedy). */
 static bool choice_greedy(const bn_cuda_sample_params *p) { return !p || !(p->temperature > 0.0f); }
 
@@ -1062,14 +1078,9 @@ static bn_status queue_choice(bn_cuda_backend *b, const bn_cuda_sample_params *p
             b->ran |= 1u << K_ARGMAX;
             count_launches(b, 2); /* sample_kernels.cu: a partial pass and a final one */
         } else if (!choice_greedy(p)) {
-            /* A screened head (every sampled pass screens where the backend
-             * does: queue_pass) leaves the candidate list its exact pass
-             * wrote, and the floor its top k reach. */
-            const bool listed = b->head_screen;
-            BN_CUDA_TRY(err, bn_cuda_sample_cand(b->logits, b->hp.vocab, listed ? b->d_cand : NULL,
-                                                 listed ? b->d_cand_n : NULL,
-                                                 BN_CUDA_SAMPLE_MAX_CAND,
-                                                 listed ? b->d_cand_floor : NULL, p, d_uniform(b),
+            const cand_list l = sampler_list(b);
+            BN_CUDA_TRY(err, bn_cuda_sample_cand(b->logits, b->hp.vocab, l.keys, l.n,
+                                                 BN_CUDA_SAMPLE_MAX_CAND, l.floor, p, d_uniform(b),
                                                  b->ws_sample, b->d_next, NULL, b->cs));
             b->ran |= 1u << K_SAMPLE;
             count_launches(b, 1); /* sample_kernels.cu: one top-k launch */
@@ -1086,11 +1097,9 @@ static bn_status queue_choice(bn_cuda_backend *b, const bn_cuda_sample_params *p
  * when it runs, the token left in d_next. */
 static bn_status queue_sampler(bn_cuda_backend *b, bn_error *err)
 {
-    const bool listed = b->head_screen;
-    BN_CUDA_TRY(err, bn_cuda_sample_cand_dev(b->logits, b->hp.vocab, listed ? b->d_cand : NULL,
-                                             listed ? b->d_cand_n : NULL,
-                                             BN_CUDA_SAMPLE_MAX_CAND,
-                                             listed ? b->d_cand_floor : NULL, d_params(b),
+    const cand_list l = sampler_list(b);
+    BN_CUDA_TRY(err, bn_cuda_sample_cand_dev(b->logits, b->hp.vocab, l.keys, l.n,
+                                             BN_CUDA_SAMPLE_MAX_CAND, l.floor, d_params(b),
                                              d_uniform(b), b->ws_sample, b->d_next, b->cs));
     b->ran |= 1u << K_SAMPLE;
     b->capture_launches += 1;
