@@ -276,6 +276,95 @@ import json, sys
 if json.load(open(sys.argv[1]))["sampling"]["seed"] != 99: sys.exit(1)
 EOF
 
+# ---- run: several prompts from a file ------------------------------------------------
+# --prompt-file runs each non-empty line as its own request with the same
+# options and seed: stdout is what `run -p LINE` prints for each line, each
+# followed by a newline; stderr has a line per request and a summary. (The
+# three prompts run their 8 tokens: no end-of-generation cuts them short,
+# so each has decode steps for the next prompt to be uploaded during.)
+PF_LINES=("hello world" "In the beginning" "And God said")
+printf '%s\n\n%s\r\n%s\n' "${PF_LINES[@]}" >"$tmp/prompts.txt"
+: >"$tmp/pf_expect"
+for line in "${PF_LINES[@]}"; do
+    run "$BITNET" run -m "$M/tq2_0.gguf" -p "$line" -n 8 --temp 0 --device cpu
+    expect_rc 0 "run -p '$line' (the reference for --prompt-file)"
+    expect_in err "^generation +8 tokens" "-p '$line' generates all 8 tokens"
+    cat "$tmp/out" >>"$tmp/pf_expect"
+    printf '\n' >>"$tmp/pf_expect"
+done
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" -n 8 --temp 0 --device cpu
+expect_rc 0 "run --prompt-file"
+checks=$((checks + 1))
+cmp -s "$tmp/out" "$tmp/pf_expect" ||
+    fail "--prompt-file prints other text than -p for each line, each followed by a newline"
+for i in 1 2 3; do
+    expect_in err "^request $i/3: prompt [0-9]+ tokens in [0-9.]+ s \([0-9.]+ tok/s\), generation 8 tokens in [0-9.]+ s \([0-9.]+ tok/s\)" \
+        "--prompt-file: the line of request $i"
+done
+checks=$((checks + 1))
+[ "$(grep -c '^request ' "$tmp/err")" = 3 ] || fail "--prompt-file: one line per request (the empty line skipped)"
+expect_in err "^requests +3 in [0-9.]+ s; next prompts tokenized during generation: [0-3] of 2 \(tokenizing took [0-9.]+ ms, waited [0-9.]+ ms\)$" \
+    "--prompt-file: the summary line"
+expect_not_in err "prompt uploaded ahead" "--prompt-file on the CPU uploads nothing ahead"
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file - -n 8 --temp 0 --device cpu <"$tmp/prompts.txt"
+expect_rc 0 "run --prompt-file - (stdin)"
+checks=$((checks + 1))
+cmp -s "$tmp/out" "$tmp/pf_expect" || fail "--prompt-file - reads the prompts from stdin"
+# Every request samples with the run's seed: a later line gives what it
+# gives alone.
+run "$BITNET" run -m "$M/tq2_0.gguf" -p "${PF_LINES[2]}" -n 8 --temp 1.5 --top-k 0 --seed 7 \
+    --device cpu
+expect_rc 0 "run -p, sampled (the reference for --prompt-file)"
+cp "$tmp/out" "$tmp/pf_sampled"
+printf '\n' >>"$tmp/pf_sampled"
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" -n 8 --temp 1.5 --top-k 0 \
+    --seed 7 --device cpu
+expect_rc 0 "run --prompt-file, sampled"
+checks=$((checks + 1))
+tail -c "$(wc -c <"$tmp/pf_sampled")" "$tmp/out" | cmp -s - "$tmp/pf_sampled" ||
+    fail "--prompt-file: the third request samples with the run's seed as -p does"
+# A request that fails stops the run with its exit code after the ones
+# before it; the error names the request and its line.
+printf 'hi\n%s\nhi\n' "In the beginning God created the heaven and the earth and the earth was without form" \
+    >"$tmp/prompts_long.txt"
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts_long.txt" -n 4 --ctx 16 --temp 0 \
+    --device cpu
+expect_rc 2 "--prompt-file with a prompt beyond the context"
+expect_in err "^request 1/3: " "the request before the failing one ran"
+expect_in err "request 2/3 \(line 2 of .*\): .*more than the context of 16" \
+    "the failing request and its line are named"
+expect_not_in err "^request 3/3" "nothing runs after the failing request"
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" -p hi
+expect_rc 2 "--prompt-file with -p"
+expect_in err "one of -p, --prompt-ids or --prompt-file" "--prompt-file with -p says why"
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" --prompt-ids 1,2
+expect_rc 2 "--prompt-file with --prompt-ids"
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/no-such-prompts.txt"
+expect_rc 5 "--prompt-file naming a missing file"
+expect_in err "cannot open the prompt file" "a missing prompt file is named"
+printf '\n\r\n\n' >"$tmp/prompts_empty.txt"
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts_empty.txt"
+expect_rc 2 "--prompt-file with only empty lines"
+expect_in err "holds no prompt" "a prompt file without prompts is explained"
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" --receipt "$tmp/pf.json"
+expect_rc 2 "--prompt-file with --receipt"
+expect_in err "--receipt describes one request" "--receipt with --prompt-file says why"
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" --dump-logits "$tmp/pf.txt"
+expect_rc 2 "--prompt-file with --dump-logits"
+if [ $HAVE_GPU = 1 ]; then
+    # The GPU gives the CPU's greedy text, and the next prompt's tokens go
+    # up on the copy stream during the request before (its decode steps).
+    run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" -n 8 --temp 0 \
+        --device cuda
+    expect_rc 0 "run --prompt-file --device cuda"
+    checks=$((checks + 1))
+    cmp -s "$tmp/out" "$tmp/pf_expect" || fail "--prompt-file on the GPU prints other text than the CPU"
+    expect_in err "^request [23]/3: .*, prompt uploaded ahead$" \
+        "--prompt-file on the GPU: a prompt was uploaded during the request before"
+    expect_not_in err "^request 1/3: .*prompt uploaded ahead" \
+        "--prompt-file on the GPU: the first prompt has no request before it"
+fi
+
 # ---- run: context, devices, arguments ------------------------------------------------
 run "$BITNET" run -m "$M/hf_packed" --prompt-ids "$PACKED_PROMPT" -n 32 --ctx 16 --temp 0
 expect_rc 2 "prompt + -n beyond --ctx"

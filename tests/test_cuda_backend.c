@@ -789,6 +789,182 @@ static void check_work(void)
     bn_model_free(m);
 }
 
+/* ---- the next request's prompt, uploaded ahead -------------------------------------- */
+
+/* A second prompt: PROMPT's tokens in another order, and longer. */
+enum { PROMPT_B_LEN = 12 };
+static const int32_t PROMPT_B[PROMPT_B_LEN] = {64, 265, 220, 281, 45, 264, 33, 297, 45, 281,
+                                               33, 220};
+
+static bool next_prompt_b(void *ctx, const int32_t **tokens, size_t *n)
+{
+    int *calls = ctx;
+    if (++*calls < 3) /* "still tokenizing": the engine must ask again */
+        return false;
+    *tokens = PROMPT_B;
+    *n = PROMPT_B_LEN;
+    return true;
+}
+
+/* bn_cuda_backend_stage_prompt: a prompt staged on the copy stream gives
+ * the prefill's logits bit for bit (chunks of 3 rows reading the staged
+ * copy at their offsets) without its token upload, is used once, is
+ * ignored by another prompt, survives a reset and is replaced by the next
+ * stage; staging while chained steps run changes none of their tokens;
+ * bad tokens are refused. Then the engine: a request's next_prompt is
+ * asked until it answers, its tokens go up during the request's steps and
+ * the next request's prefill reads them, with the tokens of a run without. */
+static void check_staged(void)
+{
+    bn_model *m = load_fixture("hf_packed");
+    if (!m)
+        return;
+    const int32_t V = bn_model_hparams(m)->vocab;
+    bn_cuda_backend *b = make_cuda(m, 0, BN_CUDA_KV_F32, 3);
+    float *ref = malloc((size_t)V * sizeof(float)), *got = malloc((size_t)V * sizeof(float));
+    float *ref_b = malloc((size_t)V * sizeof(float));
+    bn_error err;
+    bn_error_clear(&err);
+    if (!b || !ref || !got || !ref_b)
+        goto out;
+    bn_cuda_work w0, w1, w2;
+    bn_cuda_backend_reset(b);
+    CHECK(bn_cuda_backend_forward(b, PROMPT, PROMPT_LEN, 0, ref, &err) == BN_OK);
+    bn_cuda_backend_reset(b);
+    CHECK(bn_cuda_backend_forward(b, PROMPT_B, PROMPT_B_LEN, 0, ref_b, &err) == BN_OK);
+    /* An unstaged prefill's uploads, for the byte count below. */
+    bn_cuda_backend_reset(b);
+    bn_cuda_backend_work(b, &w0);
+    CHECK(bn_cuda_backend_forward(b, PROMPT, PROMPT_LEN, 0, got, &err) == BN_OK);
+    bn_cuda_backend_work(b, &w1);
+    const uint64_t plain_up = w1.h2d_bytes - w0.h2d_bytes;
+
+    CHECK(bn_cuda_backend_stage_prompt(b, PROMPT, PROMPT_LEN, &err) == BN_OK);
+    CHECK(bn_cuda_backend_staged(b) == PROMPT_LEN);
+    bn_cuda_backend_work(b, &w0);
+    CHECK(w0.staged_uploads == w1.staged_uploads + 1 &&
+          w0.h2d_bytes - w1.h2d_bytes == 2 * PROMPT_LEN * sizeof(int32_t));
+    bn_cuda_backend_reset(b); /* a new request: the staged copy stays */
+    for (int64_t i = 0; i < V; i++)
+        got[i] = NAN;
+    CHECK(bn_cuda_backend_forward(b, PROMPT, PROMPT_LEN, 0, got, &err) == BN_OK);
+    bn_cuda_backend_work(b, &w1);
+    CHECK_MSG(memcmp(got, ref, (size_t)V * sizeof(float)) == 0,
+              "logits from the staged prompt differ from the uploaded one's");
+    CHECK_MSG(w1.staged_prefills == w0.staged_prefills + 1 && bn_cuda_backend_staged(b) == 0,
+              "the staged prompt was not used (prefills %llu -> %llu, staged %lld)",
+              (unsigned long long)w0.staged_prefills, (unsigned long long)w1.staged_prefills,
+              (long long)bn_cuda_backend_staged(b));
+    const uint64_t staged_up = w1.h2d_bytes - w0.h2d_bytes;
+    CHECK_MSG(plain_up - staged_up == 2 * PROMPT_LEN * sizeof(int32_t),
+              "a staged prefill uploaded %llu bytes, an unstaged one %llu",
+              (unsigned long long)staged_up, (unsigned long long)plain_up);
+    /* Used once: the same prompt again uploads its tokens. */
+    bn_cuda_backend_reset(b);
+    CHECK(bn_cuda_backend_forward(b, PROMPT, PROMPT_LEN, 0, got, &err) == BN_OK);
+    bn_cuda_backend_work(b, &w2);
+    CHECK(w2.staged_prefills == w1.staged_prefills);
+
+    /* Another prompt ignores it (and leaves it staged); staging again
+     * replaces it. */
+    CHECK(bn_cuda_backend_stage_prompt(b, PROMPT_B, PROMPT_B_LEN, &err) == BN_OK);
+    bn_cuda_backend_reset(b);
+    CHECK(bn_cuda_backend_forward(b, PROMPT, PROMPT_LEN, 0, got, &err) == BN_OK);
+    CHECK(memcmp(got, ref, (size_t)V * sizeof(float)) == 0);
+    bn_cuda_backend_work(b, &w0);
+    CHECK(w0.staged_prefills == w2.staged_prefills && bn_cuda_backend_staged(b) == PROMPT_B_LEN);
+    CHECK(bn_cuda_backend_stage_prompt(b, PROMPT, PROMPT_LEN, &err) == BN_OK);
+    CHECK(bn_cuda_backend_staged(b) == PROMPT_LEN);
+
+    /* Staged while chained steps run: their tokens are a run's without. */
+    int32_t plain[3], during[3];
+    for (int pass = 0; pass < 2; pass++) {
+        int32_t *t = pass ? during : plain;
+        bn_cuda_backend_reset(b);
+        CHECK(bn_cuda_backend_forward_greedy(b, PROMPT, PROMPT_LEN, 0, &t[0], &err) == BN_OK);
+        CHECK(bn_cuda_backend_submit_greedy(b, t[0], PROMPT_LEN, &err) == BN_OK);
+        CHECK(bn_cuda_backend_submit_chained(b, NULL, 0.0, &err) == BN_OK);
+        if (pass)
+            CHECK(bn_cuda_backend_stage_prompt(b, PROMPT_B, PROMPT_B_LEN, &err) == BN_OK);
+        CHECK(bn_cuda_backend_wait_greedy(b, &t[1], &err) == BN_OK);
+        CHECK(bn_cuda_backend_wait_greedy(b, &t[2], &err) == BN_OK);
+    }
+    CHECK_MSG(memcmp(plain, during, sizeof plain) == 0,
+              "chained steps gave other tokens while a prompt was staged");
+    bn_cuda_backend_reset(b);
+    for (int64_t i = 0; i < V; i++)
+        got[i] = NAN;
+    bn_cuda_backend_work(b, &w0);
+    CHECK(bn_cuda_backend_forward(b, PROMPT_B, PROMPT_B_LEN, 0, got, &err) == BN_OK);
+    bn_cuda_backend_work(b, &w1);
+    CHECK(memcmp(got, ref_b, (size_t)V * sizeof(float)) == 0 &&
+          w1.staged_prefills == w0.staged_prefills + 1);
+
+    /* Refused: a token outside the vocabulary, more tokens than the cache;
+     * nothing is left staged. */
+    const int32_t bad[3] = {1, V, 2};
+    CHECK(bn_cuda_backend_stage_prompt(b, bad, 3, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_cuda_backend_stage_prompt(b, PROMPT, bn_cuda_backend_kv_len(b) + 1, &err) ==
+          BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_cuda_backend_staged(b) == 0);
+    printf("staged prompts: logits bit for bit, %llu bytes fewer uploaded on the compute "
+           "stream, chained steps unchanged\n",
+           (unsigned long long)(plain_up - staged_up));
+out:
+    free(ref);
+    free(got);
+    free(ref_b);
+    if (b)
+        bn_cuda_backend_free(b);
+    bn_model_free(m);
+
+    /* The engine: request A names B as its next prompt. */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", data_dir, "i2s.gguf");
+    bn_config cfg;
+    bn_config_defaults(&cfg);
+    bn_engine_options eo = {.model_path = path, .device = "cuda"};
+    bn_engine *e = NULL;
+    if (bn_engine_open(&cfg, &eo, &e, &err) != BN_OK) {
+        CHECK_MSG(false, "engine on cuda: %s", err.message);
+        return;
+    }
+    int calls = 0;
+    bn_generate_request a = {.prompt_tokens = PROMPT,
+                             .n_prompt_tokens = PROMPT_LEN,
+                             .n_predict = 8,
+                             .ignore_eog = true,
+                             .next_prompt = next_prompt_b,
+                             .ctx = &calls};
+    bn_sampler_params_default(&a.sampling);
+    bn_generate_request rb = a;
+    rb.prompt_tokens = PROMPT_B;
+    rb.n_prompt_tokens = PROMPT_B_LEN;
+    rb.next_prompt = NULL;
+    rb.ctx = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    CHECK(bn_engine_tokenize(e, &rb, &ids, &n_ids, &err) == BN_OK && n_ids == PROMPT_B_LEN &&
+          memcmp(ids, PROMPT_B, sizeof PROMPT_B) == 0);
+    free(ids);
+    bn_generation ga, gb, gplain;
+    CHECK(bn_engine_generate(e, &rb, &gplain, &err) == BN_OK && !gplain.prompt_staged);
+    CHECK(bn_engine_generate(e, &a, &ga, &err) == BN_OK);
+    CHECK(bn_engine_generate(e, &rb, &gb, &err) == BN_OK);
+    CHECK_MSG(calls == 3 && ga.next_staged && gb.prompt_staged,
+              "next_prompt asked %d times, staged %d, used %d", calls, ga.next_staged,
+              gb.prompt_staged);
+    CHECK_MSG(gb.n_tokens == gplain.n_tokens &&
+                  memcmp(gb.tokens, gplain.tokens, gb.n_tokens * sizeof(int32_t)) == 0,
+              "the request whose prompt was uploaded ahead generated other tokens");
+    printf("engine: the next prompt asked %d times, uploaded during the request, its tokens "
+           "a plain run's\n", calls);
+    bn_generation_free(&ga);
+    bn_generation_free(&gb);
+    bn_generation_free(&gplain);
+    bn_engine_free(e);
+}
+
 /* ---- every projection encoding -------------------------------------------------- */
 
 /* i2s.gguf rewritten in every other projection encoding the loader reads
@@ -1760,7 +1936,7 @@ int main(int argc, char **argv)
             unit += FIXTURE_UNITS;
         }
     void (*const checks[])(void) = {check_encodings, check_chunks, check_ragged,
-                                    check_profile, check_work, check_errors,
+                                    check_profile, check_work, check_staged, check_errors,
                                     check_sampling, check_engine, check_2b4t};
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
         if ((!quick || checks[i] != check_2b4t) && test_in_part(unit++))

@@ -232,6 +232,17 @@ struct bn_cuda_backend {
     cudaEvent_t step_done[2];  /* per parity: recorded after a submitted step */
     int32_t dec_sent[2][DEC_INTS]; /* per image: what was last uploaded to it ...  */
     bool dec_valid[2];             /* ... when known (ints 3.. are what matter)     */
+    /* A coming request's prompt, uploaded ahead on the copy stream while
+     * the compute stream runs the current request (stage_prompt): pinned
+     * h_stage and device d_stage hold its tokens, then its positions
+     * 0 .. stage_n - 1 (2 * kv_len ints each). stage_n 0: none staged. */
+    int32_t *h_stage, *d_stage;
+    int64_t stage_n;
+    cudaEvent_t stage_copied;  /* copy stream: the staged copy is done       */
+    cudaEvent_t stage_read;    /* compute stream: the last prefill that read
+                                  d_stage is done                            */
+    bool stage_copy_queued, stage_read_queued;
+    uint64_t staged_uploads, staged_prefills;
     unsigned ran;              /* bit K_* set when the family was launched */
     int64_t calls, fail_at;
     prof *prof;
@@ -966,6 +977,57 @@ static const step_graph *pass_graph(const bn_cuda_backend *b, bool screen,
     return odd ? &b->graph1 : &b->graph;
 }
 
+/* Whether a prompt pass of n tokens at pos can read the staged copy of
+ * them (stage_prompt): a prompt from position 0, exactly the staged tokens. */
+static bool staged_for(const bn_cuda_backend *b, const int32_t *tokens, int64_t n, int64_t pos)
+{
+    return pos == 0 && n > 1 && b->stage_n == n && !b->prof &&
+           memcmp(b->h_stage, tokens, (size_t)n * sizeof(int32_t)) == 0;
+}
+
+bn_status bn_cuda_backend_stage_prompt(bn_cuda_backend *b, const int32_t *tokens, int64_t n,
+                                       bn_error *err)
+{
+    if (!b || !tokens || n < 1)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "cuda stage_prompt: need a backend and at least one token");
+    if (n > b->kv_len)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "cuda stage_prompt: %lld tokens do not fit a KV cache of %lld "
+                            "positions", (long long)n, (long long)b->kv_len);
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= b->hp.vocab)
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                                "cuda stage_prompt: token %lld is %d, outside the vocabulary "
+                                "(0..%d)", (long long)i, (int)tokens[i], (int)b->hp.vocab - 1);
+    bn_status st = bn_cuda_context_use(b->ctx, err);
+    if (st != BN_OK)
+        return st;
+    b->stage_n = 0;
+    /* The pinned buffer may still be the source of the previous copy. */
+    if (b->stage_copy_queued)
+        BN_CUDA_TRY(err, cudaEventSynchronize(b->stage_copied));
+    b->stage_copy_queued = false;
+    for (int64_t i = 0; i < n; i++) {
+        b->h_stage[i] = tokens[i];
+        b->h_stage[n + i] = (int32_t)i;
+    }
+    /* d_stage may still be read by a prefill queued on the compute stream. */
+    if (b->stage_read_queued)
+        BN_CUDA_TRY(err, cudaStreamWaitEvent(b->copy, b->stage_read, 0));
+    const size_t bytes = 2 * (size_t)n * sizeof(int32_t);
+    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_stage, b->h_stage, bytes, cudaMemcpyHostToDevice,
+                                     b->copy));
+    count_h2d(b, bytes);
+    BN_CUDA_TRY(err, cudaEventRecord(b->stage_copied, b->copy));
+    b->stage_copy_queued = true;
+    b->stage_n = n;
+    b->staged_uploads++;
+    return BN_OK;
+}
+
+int64_t bn_cuda_backend_staged(const bn_cuda_backend *b) { return b ? b->stage_n : 0; }
+
 /* Uploads the inputs and queues the pass: the decode step (graph or eager)
  * for one token, prefill chunks otherwise. top_k > 0: only the top_k
  * largest logits will be read (1: the argmax), so a screened head computes
@@ -996,15 +1058,25 @@ static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n
         int32_t *dec = dec_dev(b);
         return enqueue_rows(b, 1, dec, dec + 1, dec + 2, 0, screen, err);
     }
-    const bn_status rows = upload_rows(b, tokens, n, pos, err);
+    const bool staged = staged_for(b, tokens, n, pos);
+    const int32_t *d_tok = staged ? b->d_stage : b->d_tokens;
+    const int32_t *d_pos = staged ? b->d_stage + n : b->d_pos;
+    const bn_status rows = staged ? BN_CUDA_STATUS(err, cudaStreamWaitEvent(b->cs,
+                                                                            b->stage_copied, 0))
+                                  : upload_rows(b, tokens, n, pos, err);
     if (rows != BN_OK)
         return rows;
     for (int64_t c = 0; c < n; c += b->chunk) {
         const int64_t M = n - c < b->chunk ? n - c : b->chunk;
-        bn_status st = enqueue_rows(b, M, b->d_tokens + c, b->d_pos + c, NULL, pos + c + M,
-                                      screen, err);
+        bn_status st = enqueue_rows(b, M, d_tok + c, d_pos + c, NULL, pos + c + M, screen, err);
         if (st != BN_OK)
             return st;
+    }
+    if (staged) { /* used once; the next stage_prompt's copy waits for this read */
+        b->stage_n = 0;
+        b->staged_prefills++;
+        BN_CUDA_TRY(err, cudaEventRecord(b->stage_read, b->cs));
+        b->stage_read_queued = true;
     }
     return BN_OK;
 }
@@ -1496,6 +1568,7 @@ static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
     ADD(&b->d_tokens, (size_t)b->kv_len * sizeof(int32_t));
     ADD(&b->d_pos, (size_t)b->kv_len * sizeof(int32_t));
     ADD(&b->d_dec, 2 * DEC_STRIDE * sizeof(int32_t));
+    ADD(&b->d_stage, 2 * (size_t)b->kv_len * sizeof(int32_t));
 #undef ADD
     return n;
 }
@@ -2220,8 +2293,19 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)hp->vocab * sizeof(float)))) ==
             BN_OK)
         b->h_logits = pinned;
+    pinned = NULL;
+    if (st == BN_OK && (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, 2 * (size_t)kv_len *
+                                                                             sizeof(int32_t)))) ==
+                           BN_OK)
+        b->h_stage = pinned;
     for (int i = 0; i < 2 && st == BN_OK; i++)
         st = BN_CUDA_STATUS(err, cudaEventCreateWithFlags(&b->step_done[i],
+                                                          cudaEventDisableTiming));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaEventCreateWithFlags(&b->stage_copied,
+                                                          cudaEventDisableTiming));
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaEventCreateWithFlags(&b->stage_read,
                                                           cudaEventDisableTiming));
     /* Never-written cache positions are never read; zeros keep a stray read
      * (a bug) visible as zeros rather than garbage. */
@@ -2372,6 +2456,7 @@ void bn_cuda_backend_free(bn_cuda_backend *b)
     if (b->ctx) {
         (void)bn_cuda_context_use(b->ctx, NULL);
         (void)cudaStreamSynchronize(b->cs);
+        (void)cudaStreamSynchronize(b->copy); /* a staged prompt's copy */
         step_graph *graphs[] = {&b->graph, &b->graph_logits, &b->graph_sample, &b->graph1,
                                 &b->graph_sample1};
         for (size_t i = 0; i < sizeof graphs / sizeof graphs[0]; i++)
@@ -2380,6 +2465,10 @@ void bn_cuda_backend_free(bn_cuda_backend *b)
         for (int i = 0; i < 2; i++)
             if (b->step_done[i])
                 cudaEventDestroy(b->step_done[i]);
+        if (b->stage_copied)
+            cudaEventDestroy(b->stage_copied);
+        if (b->stage_read)
+            cudaEventDestroy(b->stage_read);
         free_stage_map(b);
         for (int i = 0; i < b->n_allocs; i++)
             bn_cuda_context_free(b->ctx, b->allocs[i].p, b->allocs[i].bytes);
@@ -2387,6 +2476,8 @@ void bn_cuda_backend_free(bn_cuda_backend *b)
             cudaFreeHost(b->h_io);
         if (b->h_logits)
             cudaFreeHost(b->h_logits);
+        if (b->h_stage)
+            cudaFreeHost(b->h_stage);
         (void)cudaGetLastError();
         bn_cuda_context_destroy(b->ctx);
     }
@@ -2469,6 +2560,8 @@ void bn_cuda_backend_work(const bn_cuda_backend *b, bn_cuda_work *out)
     out->h2d_bytes = snap.h2d_bytes;
     out->d2h_transfers = snap.d2h_transfers;
     out->d2h_bytes = snap.d2h_bytes;
+    out->staged_uploads = b->staged_uploads;
+    out->staged_prefills = b->staged_prefills;
 }
 
 void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size)

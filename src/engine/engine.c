@@ -656,6 +656,47 @@ static bn_status prompt_tokens(const bn_engine *e, const bn_generate_request *re
     return st;
 }
 
+bn_status bn_engine_tokenize(const bn_engine *e, const bn_generate_request *req,
+                             int32_t **tokens, size_t *n, bn_error *err)
+{
+    *tokens = NULL;
+    *n = 0;
+    if (!e || !req)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "tokenize: NULL argument");
+    return prompt_tokens(e, req, tokens, n, err);
+}
+
+/* The next request's prompt, once the caller has it (next_prompt), uploaded
+ * to the GPU while this request's steps run: asked once per decode step
+ * until it comes. Staging only saves the next prefill its upload, so a
+ * failure to stage is logged and the next request uploads as usual. */
+static void stage_next(bn_engine *e, const bn_generate_request *req, bn_generation *g,
+                       bool *asked_done)
+{
+    if (*asked_done || !req->next_prompt)
+        return;
+    const int32_t *tokens = NULL;
+    size_t n = 0;
+    if (!req->next_prompt(req->ctx, &tokens, &n))
+        return;
+    *asked_done = true;
+#if defined(BITNET_HAVE_CUDA)
+    if (e->cuda && tokens && n > 1) {
+        bn_error cerr;
+        bn_error_clear(&cerr);
+        if (bn_cuda_backend_stage_prompt(e->cuda, tokens, (int64_t)n, &cerr) == BN_OK)
+            g->next_staged = true;
+        else
+            bn_log(BN_LOG_INFO, "the next prompt was not uploaded ahead: %s", cerr.message);
+    }
+#else
+    (void)e;
+    (void)g;
+    (void)tokens;
+    (void)n;
+#endif
+}
+
 /* The next token as the CUDA backend picks it on the device (engine_forward,
  * bn_cuda_backend_forward_sample): the request's sampling and its sampler,
  * whose stream supplies each sampled pick's uniform number, so the device
@@ -866,13 +907,24 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
 #endif
     const device_pick pick_spec = {.sp = &req->sampling, .sampler = sampler};
     const device_pick *pick = device_pick_rule(e, &req->sampling) ? &pick_spec : NULL;
-    bool have_next = false;
+    bool have_next = false, next_asked = false;
     int32_t next = -1;
+#if defined(BITNET_HAVE_CUDA)
+    bn_cuda_work w0;
+    bn_cuda_backend_work(e->cuda, &w0);
+#endif
     double t0 = bn_time_seconds();
     st = engine_forward(e, history, g->prompt_tokens, (int64_t)g->n_prompt, 0,
                         req->prompt_logits ? NULL : pick, &next, &have_next, err);
     if (st != BN_OK)
         goto done;
+#if defined(BITNET_HAVE_CUDA)
+    if (e->cuda) {
+        bn_cuda_work w1;
+        bn_cuda_backend_work(e->cuda, &w1);
+        g->prompt_staged = w1.staged_prefills > w0.staged_prefills;
+    }
+#endif
     const double t1 = bn_time_seconds();
     g->prompt_seconds = t1 - t0;
     if (req->prompt_logits)
@@ -946,6 +998,7 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
         }
         if (!more)
             break;
+        stage_next(e, req, g, &next_asked); /* while the queued step computes */
         have_next = false;
 #if defined(BITNET_HAVE_CUDA)
         if (submitted) {

@@ -1,6 +1,10 @@
-/* bitnet run: generate text from a prompt. The text goes to stdout as it is
- * produced; the startup line, timings and errors go to stderr, so stdout
- * holds nothing but the model's words. */
+/* bitnet run: generate text from a prompt, or from each line of a prompt
+ * file. The text goes to stdout as it is produced; the startup line,
+ * timings and errors go to stderr, so stdout holds nothing but the model's
+ * words. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +18,8 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: bitnet run [-m MODEL] (-p PROMPT | --prompt-ids LIST) [options]\n"
+            "usage: bitnet run [-m MODEL] (-p PROMPT | --prompt-ids LIST | --prompt-file FILE)\n"
+            "                  [options]\n"
             "\n"
             "Generates text with a BitNet b1.58 model: a GGUF file (bitnet.cpp's I2_S,\n"
             "llama.cpp's TQ1_0/TQ2_0, ...) or a Hugging Face directory. Only the generated text\n"
@@ -28,6 +33,15 @@ static void usage(FILE *out)
             "                         tokenizer asks for it\n"
             "      --prompt-ids LIST  the prompt as comma-separated token ids instead of -p, used\n"
             "                         exactly as given (nothing added; e.g. from a receipt)\n"
+            "      --prompt-file FILE one prompt per line ('-' reads stdin; empty lines are\n"
+            "                         skipped), each run as its own request with the same\n"
+            "                         options and seed (a line gives the text -p LINE gives);\n"
+            "                         each response is followed by a newline, and stderr gets a\n"
+            "                         'request i/N' line per request and a summary. The next\n"
+            "                         prompt is tokenized on a second thread while the current\n"
+            "                         one generates; on the GPU its tokens are uploaded during\n"
+            "                         the current request's decode steps. Not with --receipt or\n"
+            "                         --dump-logits, which describe one request\n"
             "  -n, --n-predict N      tokens to generate at most (default 128); generation also\n"
             "                         stops at an end-of-generation token\n"
             "      --chat             wrap the prompt in the BitNet b1.58 2B-4T chat format\n"
@@ -66,11 +80,11 @@ static void usage(FILE *out)
             "      --help             show this help\n"
             "\n"
             "exit codes: 2 bad command line or request (e.g. longer than the context), 4 device\n"
-            "unusable, 5 unreadable or malformed model, 6 out of memory.\n");
+            "unusable, 5 unreadable or malformed model or prompt file, 6 out of memory.\n");
 }
 
 typedef struct run_opts {
-    const char *model, *prompt, *system, *device, *receipt, *dump_logits;
+    const char *model, *prompt, *system, *device, *receipt, *dump_logits, *prompt_file;
     int32_t *ids; /* --prompt-ids */
     size_t n_ids;
     long long n_predict, threads, ctx;
@@ -141,6 +155,9 @@ static int parse(int argc, char **argv, run_opts *o)
             free(o->ids);
             if (!parse_ids(v, o))
                 return BN_EXIT_USAGE;
+        } else if (strcmp(a, "--prompt-file") == 0) {
+            VALUE();
+            o->prompt_file = v;
         } else if (strcmp(a, "-n") == 0 || strcmp(a, "--n-predict") == 0) {
             VALUE();
             if (!cli_parse_i64(CMD, a, v, 1, 1 << 24, &o->n_predict))
@@ -216,10 +233,22 @@ static int parse(int argc, char **argv, run_opts *o)
         }
 #undef VALUE
     }
-    if (!o->prompt && !o->ids) {
-        fprintf(stderr, "bitnet run: error: no prompt: give -p PROMPT\n");
+    if (!o->prompt && !o->ids && !o->prompt_file) {
+        fprintf(stderr, "bitnet run: error: no prompt: give -p PROMPT (or --prompt-file FILE)\n");
         fprintf(stderr, "bitnet: hint: 'bitnet run --help' lists the options\n");
         return BN_EXIT_USAGE;
+    }
+    if (o->prompt_file) {
+        if (o->prompt || o->ids) {
+            fprintf(stderr, "bitnet run: error: give one of -p, --prompt-ids or --prompt-file\n");
+            return BN_EXIT_USAGE;
+        }
+        if (o->receipt || o->dump_logits) {
+            fprintf(stderr, "bitnet run: error: %s describes one request; it does not apply to "
+                            "--prompt-file (run that prompt alone with -p)\n",
+                    o->receipt ? "--receipt" : "--dump-logits");
+            return BN_EXIT_USAGE;
+        }
     }
     if (o->prompt && o->ids) {
         fprintf(stderr, "bitnet run: error: give -p or --prompt-ids, not both\n");
@@ -312,6 +341,337 @@ static int write_receipt(const char *path, const bn_engine *e, const bn_receipt_
     return st == BN_OK ? BN_EXIT_OK : cli_fail(&err);
 }
 
+/* After the run (--verbose): the kernels that ran and the GPU's work. */
+static void print_verbose_work(const bn_engine_info *info)
+{
+    fprintf(stderr, "kernels     %s\n", info->kernels);
+    if (info->gpu)
+        fprintf(stderr,
+                "gpu work    %llu kernel launches; host to device %llu copies, %.1f MiB; "
+                "device to host %llu copies, %.1f KiB (since loading)\n",
+                (unsigned long long)info->gpu_kernel_launches,
+                (unsigned long long)info->gpu_h2d_transfers,
+                (double)info->gpu_h2d_bytes / (1024.0 * 1024.0),
+                (unsigned long long)info->gpu_d2h_transfers,
+                (double)info->gpu_d2h_bytes / 1024.0);
+    if (info->fallback[0]) /* a step may have failed during generation */
+        fprintf(stderr, "note: %s; computed on the CPU\n", info->fallback);
+}
+
+/* ---- --prompt-file ---------------------------------------------------------
+ * The prompts are read (and checked) before the model is loaded, so a bad
+ * file costs nothing. Request i + 1 is tokenized on a worker thread while
+ * request i generates on this one; the engine asks for its tokens between
+ * decode steps (next_prompt), and on the GPU uploads them on the copy
+ * stream then, so the next prefill starts from tokens already on the
+ * device. Tokenizing reads only the model, which the generating thread
+ * does not change. */
+
+typedef struct prompt_list {
+    char *buf;          /* the file; each prompt NUL-terminated in place */
+    const char **text;  /* the prompts, empty lines left out */
+    size_t *line;       /* each prompt's line number (from 1) */
+    size_t n;
+    const char *name;   /* the path, or "- (stdin)" */
+} prompt_list;
+
+static void prompt_list_free(prompt_list *pl)
+{
+    free(pl->buf);
+    free(pl->text);
+    free(pl->line);
+    memset(pl, 0, sizeof *pl);
+}
+
+/* The whole file (or stdin) into a NUL-terminated buffer; 0 or the exit
+ * code after an error printed. */
+static int read_file_all(const char *path, const char *name, char **out, size_t *len)
+{
+    const bool is_stdin = strcmp(path, "-") == 0;
+    FILE *f = is_stdin ? stdin : fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "bitnet run: error: cannot open the prompt file %s: %s\n", name,
+                strerror(errno));
+        return BN_EXIT_INPUT;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    bool oom = !buf;
+    while (!oom) {
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n < cap - 1)
+            break; /* end of file or an error, told apart below */
+        char *bigger = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+        if (!bigger)
+            oom = true;
+        else
+            buf = bigger, cap *= 2;
+    }
+    const bool failed = !oom && ferror(f);
+    const int read_errno = errno;
+    if (!is_stdin)
+        fclose(f);
+    if (oom) {
+        free(buf);
+        fprintf(stderr, "bitnet run: error: out of memory reading the prompt file %s\n", name);
+        return BN_EXIT_OUT_OF_MEMORY;
+    }
+    if (failed) {
+        free(buf);
+        fprintf(stderr, "bitnet run: error: cannot read the prompt file %s: %s\n", name,
+                strerror(read_errno));
+        return BN_EXIT_INPUT;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+/* One prompt per line: a trailing '\r' is dropped and empty lines are
+ * skipped. 0 or the exit code after an error printed. */
+static int read_prompts(const char *path, prompt_list *pl)
+{
+    memset(pl, 0, sizeof *pl);
+    pl->name = strcmp(path, "-") == 0 ? "- (stdin)" : path;
+    size_t len;
+    int rc = read_file_all(path, pl->name, &pl->buf, &len);
+    if (rc != 0)
+        return rc;
+    size_t max_lines = 1;
+    for (size_t i = 0; i < len; i++)
+        max_lines += pl->buf[i] == '\n';
+    pl->text = malloc(max_lines * sizeof *pl->text);
+    pl->line = malloc(max_lines * sizeof *pl->line);
+    if (!pl->text || !pl->line) {
+        fprintf(stderr, "bitnet run: error: out of memory reading the prompt file %s\n",
+                pl->name);
+        prompt_list_free(pl);
+        return BN_EXIT_OUT_OF_MEMORY;
+    }
+    size_t line = 0;
+    for (size_t start = 0; start < len;) {
+        line++;
+        const char *nl = memchr(pl->buf + start, '\n', len - start);
+        const size_t next = nl ? (size_t)(nl - pl->buf) + 1 : len;
+        size_t end = nl ? next - 1 : len;
+        if (end > start && pl->buf[end - 1] == '\r')
+            end--;
+        /* A prompt is a C string: a NUL inside would silently cut it. */
+        if (memchr(pl->buf + start, '\0', end - start)) {
+            fprintf(stderr, "bitnet run: error: line %zu of the prompt file %s holds a NUL "
+                            "byte; prompts are text\n", line, pl->name);
+            prompt_list_free(pl);
+            return BN_EXIT_INPUT;
+        }
+        if (end > start) {
+            pl->buf[end] = '\0';
+            pl->text[pl->n] = pl->buf + start;
+            pl->line[pl->n] = line;
+            pl->n++;
+        }
+        start = next;
+    }
+    if (pl->n == 0) {
+        fprintf(stderr, "bitnet run: error: the prompt file %s holds no prompt (one prompt per "
+                        "line; empty lines are skipped)\n", pl->name);
+        prompt_list_free(pl);
+        return BN_EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* The next request's tokens, written by the worker thread; `done` is set
+ * (release) once everything else is written, so the generating thread may
+ * read them as soon as it sees it (acquire). */
+typedef struct next_tokens {
+    const bn_engine *e;
+    bn_generate_request req; /* prompt, chat, system */
+    int32_t *tokens;
+    size_t n;
+    bn_status status;
+    bn_error err;
+    double seconds;
+    atomic_bool done;
+} next_tokens;
+
+static void tokenize_next(next_tokens *nt)
+{
+    bn_error_clear(&nt->err);
+    const double t0 = bn_time_seconds();
+    nt->status = bn_engine_tokenize(nt->e, &nt->req, &nt->tokens, &nt->n, &nt->err);
+    nt->seconds = bn_time_seconds() - t0;
+    atomic_store_explicit(&nt->done, true, memory_order_release);
+}
+
+static void *tokenize_worker(void *arg)
+{
+    tokenize_next(arg);
+    return NULL;
+}
+
+typedef struct batch_state {
+    next_tokens next;
+    bool has_next;    /* a next request is being tokenized */
+    size_t streamed;  /* bytes of the current response written */
+} batch_state;
+
+/* bn_generate_request.next_prompt: the next request's tokens once the
+ * worker has them; a tokenization error is not this request's concern (it
+ * is reported for the request it belongs to), so nothing is offered. */
+static bool offer_next_prompt(void *ctx, const int32_t **tokens, size_t *n)
+{
+    batch_state *b = ctx;
+    if (!b->has_next || !atomic_load_explicit(&b->next.done, memory_order_acquire) ||
+        b->next.status != BN_OK)
+        return false;
+    *tokens = b->next.tokens;
+    *n = b->next.n;
+    return true;
+}
+
+static void print_batch_text(void *ctx, const char *text, size_t len)
+{
+    batch_state *b = ctx;
+    b->streamed += len;
+    print_text(NULL, text, len);
+}
+
+/* A request's failure: which request and line, then the error as
+ * cli_fail prints it; returns its exit code. */
+static int request_fail(const prompt_list *pl, size_t i, const bn_error *err)
+{
+    fprintf(stderr, "bitnet: error: request %zu/%zu (line %zu of %s): %s\n", i + 1, pl->n,
+            pl->line[i], pl->name, err->message);
+    if (err->hint[0])
+        fprintf(stderr, "bitnet: hint: %s\n", err->hint);
+    return cli_exit_code(err->status);
+}
+
+/* Runs every prompt of pl in order, each from position 0 with o's options;
+ * stops at the first request that fails, with its exit code. */
+static int run_prompt_file(bn_engine *e, const run_opts *o, const prompt_list *pl)
+{
+    const double t_start = bn_time_seconds();
+    batch_state b;
+    memset(&b, 0, sizeof b);
+    b.next.e = e;
+    b.next.req.chat = o->chat;
+    b.next.req.system = o->system;
+
+    /* Request 1's tokens, here: there is nothing yet to overlap them with. */
+    b.next.req.prompt = pl->text[0];
+    atomic_init(&b.next.done, false);
+    tokenize_next(&b.next);
+    if (b.next.status != BN_OK)
+        return request_fail(pl, 0, &b.next.err);
+    int32_t *cur = b.next.tokens;
+    size_t n_cur = b.next.n;
+    b.next.tokens = NULL;
+
+    size_t overlapped = 0;
+    double tokenize_seconds = 0.0, waited_seconds = 0.0;
+    int rc = BN_EXIT_OK;
+    for (size_t i = 0; i < pl->n; i++) {
+        /* Request i + 1's tokens on the worker while request i generates. */
+        b.has_next = i + 1 < pl->n;
+        bool threaded = false;
+        pthread_t worker;
+        if (b.has_next) {
+            b.next.req.prompt = pl->text[i + 1];
+            b.next.tokens = NULL;
+            b.next.n = 0;
+            atomic_store(&b.next.done, false);
+            int err_no = pthread_create(&worker, NULL, tokenize_worker, &b.next);
+            threaded = err_no == 0;
+            if (!threaded) /* still correct, only not overlapped */
+                bn_log(BN_LOG_WARN, "could not start a thread to tokenize the next prompt "
+                                    "(%s); tokenizing it after this request", strerror(err_no));
+        }
+        bn_generate_request req = {.prompt = pl->text[i],
+                                   .chat = o->chat,
+                                   .system = o->system,
+                                   .prompt_tokens = cur,
+                                   .n_prompt_tokens = n_cur,
+                                   .n_predict = (int)o->n_predict,
+                                   .sampling = o->sp,
+                                   .on_text = print_batch_text,
+                                   .ctx = &b,
+                                   .next_prompt = b.has_next ? offer_next_prompt : NULL};
+        b.streamed = 0;
+        bn_generation g;
+        bn_error err;
+        bn_error_clear(&err);
+        const bn_status st = bn_engine_generate(e, &req, &g, &err);
+        free(cur);
+        cur = NULL;
+
+        if (b.has_next) {
+            const double t_wait = bn_time_seconds();
+            if (threaded) {
+                if (atomic_load_explicit(&b.next.done, memory_order_acquire))
+                    overlapped++;
+                pthread_join(worker, NULL);
+            } else {
+                tokenize_next(&b.next);
+            }
+            waited_seconds += bn_time_seconds() - t_wait;
+            tokenize_seconds += b.next.seconds;
+            b.has_next = false;
+        }
+
+        if (st != BN_OK) {
+            if (b.streamed > 0) /* keep the responses before it apart from the error */
+                fputc('\n', stdout);
+            fflush(stdout);
+            free(b.next.tokens);
+            return request_fail(pl, i, &err);
+        }
+        /* Always a newline, so the responses stay apart in a file or pipe. */
+        fputc('\n', stdout);
+        fflush(stdout);
+        fprintf(stderr,
+                "request %zu/%zu: prompt %zu tokens in %.3f s (%.1f tok/s), generation %zu "
+                "tokens in %.3f s (%.1f tok/s)%s%s\n",
+                i + 1, pl->n, g.n_prompt, g.prompt_seconds,
+                rate((double)g.n_prompt, g.prompt_seconds), g.n_tokens, g.gen_seconds,
+                rate((double)g.n_tokens, g.gen_seconds),
+                g.stopped_at_eog ? ", stopped at end of generation" : "",
+                g.prompt_staged ? ", prompt uploaded ahead" : "");
+        if (o->verbose && g.decode_steps > 0)
+            fprintf(stderr, "  decode %lld forward steps in %.3f s (%.1f tok/s)%s\n",
+                    (long long)g.decode_steps, g.decode_seconds,
+                    rate((double)g.decode_steps, g.decode_seconds),
+                    g.next_staged ? ", next prompt uploaded during them" : "");
+        bn_generation_free(&g);
+
+        if (i + 1 < pl->n) {
+            if (b.next.status != BN_OK) {
+                rc = request_fail(pl, i + 1, &b.next.err);
+                break;
+            }
+            cur = b.next.tokens;
+            n_cur = b.next.n;
+            b.next.tokens = NULL;
+        }
+    }
+    free(cur);
+    if (rc != BN_EXIT_OK)
+        return rc;
+
+    bn_engine_info info;
+    bn_engine_get_info(e, &info);
+    fprintf(stderr,
+            "load        %.3f s\n"
+            "requests    %zu in %.3f s; next prompts tokenized during generation: %zu of %zu "
+            "(tokenizing took %.3f ms, waited %.3f ms)\n",
+            info.load_seconds, pl->n, bn_time_seconds() - t_start, overlapped, pl->n - 1,
+            tokenize_seconds * 1e3, waited_seconds * 1e3);
+    if (o->verbose)
+        print_verbose_work(&info);
+    return BN_EXIT_OK;
+}
+
 int cmd_run(int argc, char **argv, const bn_config *cfg)
 {
     run_opts o;
@@ -323,9 +683,13 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
     if (o.verbose && bn_log_get_level() < BN_LOG_INFO)
         bn_log_set_level(BN_LOG_INFO);
 
+    prompt_list pl = {0};
+    if (o.prompt_file && (rc = read_prompts(o.prompt_file, &pl)) != 0)
+        return rc;
     char default_model[4096];
     if (!o.model && !(o.model = cli_default_model(cfg, default_model, sizeof default_model, CMD))) {
         free(o.ids);
+        prompt_list_free(&pl);
         return BN_EXIT_INPUT;
     }
     bn_error err;
@@ -338,6 +702,7 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
     bn_engine *e = NULL;
     if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK) {
         free(o.ids);
+        prompt_list_free(&pl);
         return cli_fail(&err);
     }
     fprintf(stderr, "%s\n", bn_engine_startup_line(e));
@@ -346,6 +711,15 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
 
     bool seed_fixed;
     o.sp.seed = bn_engine_choose_seed(cfg, o.have_seed, o.seed, &seed_fixed);
+    if (o.prompt_file) {
+        if (o.verbose)
+            fprintf(stderr, "seed        %llu%s, the same for every request\n",
+                    (unsigned long long)o.sp.seed, seed_fixed ? "" : " (random)");
+        rc = run_prompt_file(e, &o, &pl);
+        prompt_list_free(&pl);
+        bn_engine_free(e);
+        return rc;
+    }
     const int32_t vocab = bn_model_hparams(bn_engine_model(e))->vocab;
     float *logits = NULL;
     if (o.dump_logits && !(logits = malloc((size_t)vocab * sizeof *logits))) {
@@ -389,20 +763,8 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
                 (long long)g.decode_steps, g.decode_seconds,
                 rate((double)g.decode_steps, g.decode_seconds), (unsigned long long)o.sp.seed,
                 seed_fixed ? "" : " (random)");
-    if (o.verbose) {
-        fprintf(stderr, "kernels     %s\n", info.kernels);
-        if (info.gpu)
-            fprintf(stderr,
-                    "gpu work    %llu kernel launches; host to device %llu copies, %.1f MiB; "
-                    "device to host %llu copies, %.1f KiB (since loading)\n",
-                    (unsigned long long)info.gpu_kernel_launches,
-                    (unsigned long long)info.gpu_h2d_transfers,
-                    (double)info.gpu_h2d_bytes / (1024.0 * 1024.0),
-                    (unsigned long long)info.gpu_d2h_transfers,
-                    (double)info.gpu_d2h_bytes / 1024.0);
-        if (info.fallback[0]) /* a step may have failed during generation */
-            fprintf(stderr, "note: %s; computed on the CPU\n", info.fallback);
-    }
+    if (o.verbose)
+        print_verbose_work(&info);
 
     rc = BN_EXIT_OK;
     if (o.dump_logits)
