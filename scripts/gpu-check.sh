@@ -74,7 +74,8 @@ if [ $sanitize -eq 1 ]; then
     # together check what one run does: test_cuda_kernels as SAN_PARTS
     # (default 8), test_cuda_backend as 12 (its quick mode's units: four
     # per fixture, one per other check), test_default_model_cuda as 5 (one
-    # per greedy prompt).
+    # per greedy prompt), test_cuda_sample as 6 (a unit is a vocabulary's
+    # checks, a candidate-list size or the graph).
     python3 - "$out/gpu-tests.json" "$sanitize_only" "${SAN_PARTS:-8}" \
         "${SAN_TOOLS:-memcheck racecheck}" >"$out/sanitize-runs.txt" <<'PY'
 import json, random, shlex, sys
@@ -91,7 +92,7 @@ for t in json.load(open(sys.argv[1]))["tests"]:
     command = " ".join(shlex.quote(c) for c in t["command"])
     for tool in tools:
         n = {"test_cuda_kernels": parts, "test_cuda_backend": 12,
-             "test_default_model_cuda": 5}.get(t["name"], 1)
+             "test_default_model_cuda": 5, "test_cuda_sample": 6}.get(t["name"], 1)
         if tool == "racecheck" and n > 1:
             for i in range(n):
                 print(tool, f"{t['name']}.part{i}", f"BN_TEST_PART={i}/{n},BN_TEST_SEED={seed}",

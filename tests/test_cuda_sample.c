@@ -740,27 +740,50 @@ static void time_sampling(dev *d, int32_t V)
     free(l);
 }
 
+/* The test's units of work, numbered in order: with BN_TEST_PART=i/n (the
+ * racecheck runs split the test over processes) this process runs units
+ * i, i + n, ... Each unit draws from a random stream of its own (the run's
+ * seed and the unit's number), so a unit checks the same problems whichever
+ * part runs it, and the parts together check what one run does. */
+static uint64_t run_seed;
+static int next_unit;
+static bool unit_runs(void)
+{
+    const int k = next_unit++;
+    if (!test_in_part(k))
+        return false;
+    test_rng_state = run_seed ^ (0xd1b54a32d192ed03ull * (uint64_t)(k + 1));
+    return true;
+}
+
 int main(void)
 {
     test_require_cuda(0, "sampling");
+    run_seed = test_rng_state; /* test_require_cuda seeded it */
     const bool quick = getenv("BN_TEST_QUICK") != NULL;
 
     const int32_t big = 300000; /* beyond 2B-4T's vocabulary: larger pass-1 slices */
     dev d;
     dev_init(&d, big);
-    check_invalid(&d);
-    check_pinned_draw(&d);
+    if (unit_runs()) {
+        check_invalid(&d);
+        check_pinned_draw(&d);
+    }
 
     const int32_t vocabs[] = {1, 2, 5, 63, 64, 65, 1000, 2048, 2049, 4097, 50000, 128256, 151936,
                               big};
     /* Quick (compute-sanitizer) runs stop at 2B-4T's vocabulary. */
     const size_t n_vocabs = quick ? 12 : sizeof vocabs / sizeof vocabs[0];
     for (size_t i = 0; i < n_vocabs; i++) {
+        if (!unit_runs())
+            continue;
         check_greedy(&d, vocabs[i]);
         check_top_k(&d, vocabs[i]);
         check_draws(&d, vocabs[i], quick ? 4 : 25);
     }
     for (int i = 0; i < (quick ? 2 : 30); i++) {
+        if (!unit_runs())
+            continue;
         const int32_t V = (int32_t)test_rand_range(1, 200000);
         check_greedy(&d, V);
         check_top_k(&d, V);
@@ -768,14 +791,16 @@ int main(void)
     }
     const int32_t list_vocabs[] = {1, 64, 1000, 128256};
     for (size_t i = 0; i < sizeof list_vocabs / sizeof list_vocabs[0]; i++)
-        check_lists(&d, list_vocabs[i]);
-    check_graph(&d, 128256);
+        if (unit_runs())
+            check_lists(&d, list_vocabs[i]);
+    if (unit_runs())
+        check_graph(&d, 128256);
     printf("draws: %d, ambiguous (not compared): %d\n", total_draws, ambiguous_draws);
     /* Mostly exact ties (all-equal logits with u = 0.5 hit a boundary
      * exactly, and both sides then agree anyway); random u almost never. */
     CHECK_MSG(ambiguous_draws * 20 <= total_draws, "too many ambiguous draws: %d of %d",
               ambiguous_draws, total_draws);
-    if (!quick)
+    if (!quick && unit_runs())
         time_sampling(&d, 128256);
     dev_free(&d);
     TEST_EXIT();
