@@ -241,7 +241,6 @@ struct bn_cuda_backend {
     cudaEvent_t stage_copied;  /* copy stream: the staged copy is done       */
     cudaEvent_t stage_read;    /* compute stream: the last prefill that read
                                   d_stage is done                            */
-    bool stage_copy_queued, stage_read_queued;
     uint64_t staged_uploads, staged_prefills;
     unsigned ran;              /* bit K_* set when the family was launched */
     int64_t calls, fail_at;
@@ -858,6 +857,19 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
 
 /* ---- requests ---------------------------------------------------------------- */
 
+/* Every token inside the vocabulary. */
+static bn_status check_tokens(const bn_cuda_backend *b, const int32_t *tokens, int64_t n,
+                              bn_error *err)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= b->hp.vocab)
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                                "token ids must come from this model's vocabulary",
+                                "token %lld is %d, outside the vocabulary (0..%d)", (long long)i,
+                                (int)tokens[i], (int)b->hp.vocab - 1);
+    return BN_OK;
+}
+
 static bn_status check_request(const bn_cuda_backend *b, const int32_t *tokens, int64_t n,
                                int64_t pos, bn_error *err)
 {
@@ -877,13 +889,7 @@ static bn_status check_request(const bn_cuda_backend *b, const int32_t *tokens, 
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "run the earlier positions first",
                             "position %lld would skip positions: only %lld are computed",
                             (long long)pos, (long long)b->kv_filled);
-    for (int64_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= b->hp.vocab)
-            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
-                                "token ids must come from this model's vocabulary",
-                                "token %lld is %d, outside the vocabulary (0..%d)", (long long)i,
-                                (int)tokens[i], (int)b->hp.vocab - 1);
-    return BN_OK;
+    return check_tokens(b, tokens, n, err);
 }
 
 /* Counts the call, applies the test failure hook and binds the device to
@@ -995,32 +1001,27 @@ bn_status bn_cuda_backend_stage_prompt(bn_cuda_backend *b, const int32_t *tokens
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "cuda stage_prompt: %lld tokens do not fit a KV cache of %lld "
                             "positions", (long long)n, (long long)b->kv_len);
-    for (int64_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= b->hp.vocab)
-            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                                "cuda stage_prompt: token %lld is %d, outside the vocabulary "
-                                "(0..%d)", (long long)i, (int)tokens[i], (int)b->hp.vocab - 1);
-    bn_status st = bn_cuda_context_use(b->ctx, err);
+    bn_status st = check_tokens(b, tokens, n, err);
+    if (st == BN_OK)
+        st = bn_cuda_context_use(b->ctx, err);
     if (st != BN_OK)
         return st;
     b->stage_n = 0;
-    /* The pinned buffer may still be the source of the previous copy. */
-    if (b->stage_copy_queued)
-        BN_CUDA_TRY(err, cudaEventSynchronize(b->stage_copied));
-    b->stage_copy_queued = false;
+    /* The pinned buffer may still be the source of the previous copy, and
+     * d_stage still read by a prefill queued on the compute stream. (Before
+     * the first copy and the first such prefill, the events were never
+     * recorded: waiting for them returns at once.) */
+    BN_CUDA_TRY(err, cudaEventSynchronize(b->stage_copied));
     for (int64_t i = 0; i < n; i++) {
         b->h_stage[i] = tokens[i];
         b->h_stage[n + i] = (int32_t)i;
     }
-    /* d_stage may still be read by a prefill queued on the compute stream. */
-    if (b->stage_read_queued)
-        BN_CUDA_TRY(err, cudaStreamWaitEvent(b->copy, b->stage_read, 0));
+    BN_CUDA_TRY(err, cudaStreamWaitEvent(b->copy, b->stage_read, 0));
     const size_t bytes = 2 * (size_t)n * sizeof(int32_t);
     BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_stage, b->h_stage, bytes, cudaMemcpyHostToDevice,
                                      b->copy));
     count_h2d(b, bytes);
     BN_CUDA_TRY(err, cudaEventRecord(b->stage_copied, b->copy));
-    b->stage_copy_queued = true;
     b->stage_n = n;
     b->staged_uploads++;
     return BN_OK;
@@ -1076,7 +1077,6 @@ static bn_status queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n
         b->stage_n = 0;
         b->staged_prefills++;
         BN_CUDA_TRY(err, cudaEventRecord(b->stage_read, b->cs));
-        b->stage_read_queued = true;
     }
     return BN_OK;
 }
