@@ -12,7 +12,8 @@
 #   --label L: run only the ctest tests labelled L (e.g. gpu).
 #   --sanitize-only: the sanitizers over these gpu tests only.
 #   --variants: the kernel benchmark times every kernel variant.
-# environment: SAN_JOBS (sanitizer runs at a time, 8), SAN_TIMEOUT (seconds
+# environment: SAN_JOBS (sanitizer runs at a time: 8, or 6 a GPU on a host
+#   with several, the runs spread over its GPUs), SAN_TIMEOUT (seconds
 #   per run, 600), SAN_PARTS (processes for racecheck of test_cuda_kernels, 8),
 #   SAN_TOOLS (the compute-sanitizer tools to run, "memcheck racecheck").
 set -uo pipefail
@@ -72,8 +73,10 @@ if [ $sanitize -eq 1 ]; then
     # Under racecheck the longest tests take longer than one run may: they
     # run as several processes with BN_TEST_PART=i/n (and one seed), which
     # together check what one run does: test_cuda_kernels as SAN_PARTS
-    # (default 8), test_cuda_backend as 12 (its quick mode's units: four
-    # per fixture, one per other check), test_default_model_cuda as 5 (one
+    # (default 8), test_cuda_backend as 25 (its quick mode's units: four
+    # per fixture, one per encoding, sampling case and other check; the
+    # longest took ~450 s beside two other runs on an H200),
+    # test_default_model_cuda as 5 (one
     # per greedy prompt), test_cuda_sample as 6 (a unit is a vocabulary's
     # checks, a candidate-list size or the graph).
     python3 - "$out/gpu-tests.json" "$sanitize_only" "${SAN_PARTS:-8}" \
@@ -91,7 +94,7 @@ for t in json.load(open(sys.argv[1]))["tests"]:
         continue
     command = " ".join(shlex.quote(c) for c in t["command"])
     for tool in tools:
-        n = {"test_cuda_kernels": parts, "test_cuda_backend": 12,
+        n = {"test_cuda_kernels": parts, "test_cuda_backend": 25,
              "test_default_model_cuda": 5, "test_cuda_sample": 6}.get(t["name"], 1)
         if tool == "racecheck" and n > 1:
             for i in range(n):
@@ -100,11 +103,17 @@ for t in json.load(open(sys.argv[1]))["tests"]:
         else:
             print(tool, t["name"], "-", command)
 PY
+    # On a host with several GPUs each run gets one, by its xargs slot
+    # (CUDA_VISIBLE_DEVICES, unless the caller set it).
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    [ "$gpus" -ge 1 ] || gpus=1
+    [ -n "${CUDA_VISIBLE_DEVICES+set}" ] && gpus=1
     run_sanitizer() { # tool name env(VAR=value,... or -) command...
         local tool=$1 name=$2 vars=$3
         shift 3
         local log="$out/sanitize-$tool-$name.log"
         [ "$vars" = - ] && vars=""
+        [ "$gpus" -gt 1 ] && vars="$vars${vars:+,}CUDA_VISIBLE_DEVICES=$((SAN_SLOT % gpus))"
         env ${vars//,/ } BN_TEST_QUICK=1 timeout "${SAN_TIMEOUT:-600}" compute-sanitizer --tool "$tool" \
             --report-api-errors no --error-exitcode 9 "$@" >"$log" 2>&1
         local rc=$?
@@ -114,8 +123,9 @@ PY
         echo "sanitize $tool $name: exit $rc ${summary#========= }"
     }
     export -f run_sanitizer
-    export out SAN_TIMEOUT
-    xargs -P "${SAN_JOBS:-8}" -L 1 bash -c 'run_sanitizer "$@"' _ <"$out/sanitize-runs.txt" |
+    export out SAN_TIMEOUT gpus
+    xargs -P "${SAN_JOBS:-$((gpus > 1 ? 6 * gpus : 8))}" --process-slot-var=SAN_SLOT -L 1 \
+        bash -c 'run_sanitizer "$@"' _ <"$out/sanitize-runs.txt" |
         sort | tee -a "$out/sanitize.log"
 fi
 if [ $bench -eq 1 ]; then

@@ -967,13 +967,14 @@ out:
 
 /* ---- every projection encoding -------------------------------------------------- */
 
-/* i2s.gguf rewritten in every other projection encoding the loader reads
+/* i2s.gguf rewritten in another projection encoding the loader reads
  * (repack_gguf.h: TQ2_0 with upstream .scale tensors, F16 with a separate
- * output head and a rope_freqs tensor that must be ignored, F32, TL1, TL2),
- * each run on the GPU against the CPU on the same file: teacher-forced
- * logits within TOL_F32 with the same argmax, and the device's greedy
- * tokens (graph replay) the CPU's. */
-static void check_encodings(void)
+ * output head and a rope_freqs tensor that must be ignored, F32, TL1, TL2;
+ * index: which of test_encodings, one unit of BN_TEST_PART each), run on
+ * the GPU against the CPU on the same file: teacher-forced logits within
+ * TOL_F32 with the same argmax, and the device's greedy tokens (graph
+ * replay) the CPU's. */
+static void check_encoding(int index)
 {
     char dir[512], src[1024], dst[1024];
     snprintf(dir, sizeof dir, "%s/bitnet_test_cuda_enc_XXXXXX",
@@ -985,13 +986,13 @@ static void check_encodings(void)
     snprintf(src, sizeof src, "%s/i2s.gguf", data_dir);
     snprintf(dst, sizeof dst, "%s/repacked.gguf", dir);
     printf("i2s.gguf re-encoded, the GPU against the CPU on the same file:\n");
-    for (int i = 0; i < test_encoding_count; i++) {
-        const test_encoding *enc = &test_encodings[i];
+    do {
+        const test_encoding *enc = &test_encodings[index];
         if (!test_write_repacked_gguf(src, dst, enc->type, enc->scale_suffix, enc->extras)) {
             printf("  %-34s skipped (shape not supported by the format)\n", enc->label);
             CHECK(enc->type == BN_QTYPE_TL1 || enc->type == BN_QTYPE_TL2);
             unlink(dst);
-            continue;
+            break;
         }
         bn_model *m = NULL;
         bn_error err;
@@ -1038,7 +1039,7 @@ static void check_encodings(void)
         free(gpu);
         bn_model_free(m);
         unlink(dst);
-    }
+    } while (0);
     rmdir(dir);
 }
 
@@ -1557,17 +1558,22 @@ static void run_engine(const char *fixture, const char *device, bool strict, uin
 static void check_sampling_on(bn_model *m, bool screened, bool copy_tokens);
 static void check_sampling_engine(void);
 
-static void check_sampling(void)
+/* The sampling checks, one unit of BN_TEST_PART each: the backend with
+ * the full and the screened head, tokens stored by the kernels or copied
+ * (cases 0-3), then the engine (case 4). */
+enum { SAMPLING_CASES = 5 };
+
+static void check_sampling(int which)
 {
+    if (which == SAMPLING_CASES - 1) {
+        check_sampling_engine();
+        return;
+    }
     bn_model *m = load_fixture("i2s.gguf");
     if (!m)
         return;
-    check_sampling_on(m, false, false);
-    check_sampling_on(m, true, false);
-    check_sampling_on(m, false, true);
-    check_sampling_on(m, true, true);
+    check_sampling_on(m, (which & 1) != 0, (which & 2) != 0);
     bn_model_free(m);
-    check_sampling_engine();
 }
 
 /* The picks of a run from the prompt, fed the CPU's tokens, through
@@ -1924,7 +1930,8 @@ int main(int argc, char **argv)
     /* BN_TEST_QUICK=1 (the sanitizer runs): two fixtures (a packed HF
      * directory and a Q8_0-embedding GGUF) and no 2B-4T model.
      * BN_TEST_PART=i/n: every n-th of the units below (racecheck runs them
-     * as separate processes; a fixture is FIXTURE_UNITS of them). */
+     * as separate processes; a fixture is FIXTURE_UNITS of them, an
+     * encoding and a sampling case one each: 25 units in quick mode). */
     const bool quick = getenv("BN_TEST_QUICK") && strcmp(getenv("BN_TEST_QUICK"), "0") != 0;
     if (quick)
         n_steps = 8;
@@ -1935,11 +1942,20 @@ int main(int argc, char **argv)
             check_fixture(FIXTURES[i], unit);
             unit += FIXTURE_UNITS;
         }
-    void (*const checks[])(void) = {check_encodings, check_chunks, check_ragged,
-                                    check_profile, check_work, check_staged, check_errors,
-                                    check_sampling, check_engine, check_2b4t};
+    for (int i = 0; i < test_encoding_count; i++)
+        if (test_in_part(unit++))
+            check_encoding(i);
+    void (*const checks[])(void) = {check_chunks, check_ragged, check_profile,
+                                    check_work,   check_staged, check_errors};
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
-        if ((!quick || checks[i] != check_2b4t) && test_in_part(unit++))
+        if (test_in_part(unit++))
             checks[i]();
+    for (int i = 0; i < SAMPLING_CASES; i++)
+        if (test_in_part(unit++))
+            check_sampling(i);
+    if (test_in_part(unit++))
+        check_engine();
+    if (!quick && test_in_part(unit++))
+        check_2b4t();
     TEST_EXIT();
 }
