@@ -76,9 +76,9 @@ if [ $sanitize -eq 1 ]; then
     # (default 8), test_cuda_backend as 25 (its quick mode's units: four
     # per fixture, one per encoding, sampling case and other check; the
     # longest took ~450 s beside two other runs on an H200),
-    # test_default_model_cuda as 5 (one
-    # per greedy prompt), test_cuda_sample as 6 (a unit is a vocabulary's
-    # checks, a candidate-list size or the graph).
+    # test_default_model_cuda as 5 (one per greedy prompt), test_cuda_sample
+    # as 6 (a unit is a vocabulary's checks, a candidate-list size or the
+    # graph).
     python3 - "$out/gpu-tests.json" "$sanitize_only" "${SAN_PARTS:-8}" \
         "${SAN_TOOLS:-memcheck racecheck}" >"$out/sanitize-runs.txt" <<'PY'
 import json, random, shlex, sys

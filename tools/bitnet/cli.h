@@ -23,6 +23,12 @@ int cli_fail(const bn_error *err);
 /* Exit code for a status. */
 int cli_exit_code(bn_status status);
 
+/* The whole file at path ('-': stdin) in memory, NUL-terminated, its
+ * length in *len; what names it in errors ("the prompt file"). NULL after
+ * an error set in err: BN_ERR_IO (with the system's reason) or
+ * BN_ERR_OUT_OF_MEMORY. */
+char *cli_read_all(const char *path, const char *what, size_t *len, bn_error *err);
+
 /* Option values. Each prints "bitnet CMD: error: ..." itself and returns
  * NULL / false on a missing or malformed value (exit code 2). */
 const char *cli_value(int argc, char **argv, int *i, const char *cmd);

@@ -94,48 +94,6 @@ static int parse(int argc, char **argv, ppl_opts *o)
     return 0;
 }
 
-/* The whole file (or stdin) in memory, NUL-terminated. */
-static char *read_text(const char *path, size_t *len, bn_error *err)
-{
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    if (!f) {
-        bn_error_set(err, BN_ERR_IO, "check the path", "cannot open the text file %s", path);
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) {
-            bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the text %s", path);
-            break;
-        }
-        n += fread(buf + n, 1, cap - 1 - n, f);
-        if (n < cap - 1)
-            break;
-        char *bigger = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
-        if (!bigger) {
-            free(buf);
-            buf = NULL;
-            continue; /* reports the out-of-memory above */
-        }
-        buf = bigger;
-        cap *= 2;
-    }
-    const bool failed = buf && ferror(f);
-    if (f != stdin)
-        fclose(f);
-    if (failed) {
-        free(buf);
-        bn_error_set(err, BN_ERR_IO, NULL, "could not read the text file %s", path);
-        return NULL;
-    }
-    if (buf) {
-        buf[n] = '\0';
-        *len = n;
-    }
-    return buf;
-}
-
 typedef struct progress_state {
     bool tty;
     int last_tenth;
@@ -170,7 +128,7 @@ int cmd_perplexity(int argc, char **argv, const bn_config *cfg)
     bn_error err;
     bn_error_clear(&err);
     size_t len = 0;
-    char *text = read_text(o.file, &len, &err);
+    char *text = cli_read_all(o.file, "the text file", &len, &err);
     if (!text)
         return cli_fail(&err);
 

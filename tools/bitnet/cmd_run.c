@@ -2,7 +2,6 @@
  * file. The text goes to stdout as it is produced; the startup line,
  * timings and errors go to stderr, so stdout holds nothing but the model's
  * words. */
-#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -383,61 +382,17 @@ static void prompt_list_free(prompt_list *pl)
     memset(pl, 0, sizeof *pl);
 }
 
-/* The whole file (or stdin) into a NUL-terminated buffer; 0 or the exit
- * code after an error printed. */
-static int read_file_all(const char *path, const char *name, char **out, size_t *len)
-{
-    const bool is_stdin = strcmp(path, "-") == 0;
-    FILE *f = is_stdin ? stdin : fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "bitnet run: error: cannot open the prompt file %s: %s\n", name,
-                strerror(errno));
-        return BN_EXIT_INPUT;
-    }
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    bool oom = !buf;
-    while (!oom) {
-        n += fread(buf + n, 1, cap - 1 - n, f);
-        if (n < cap - 1)
-            break; /* end of file or an error, told apart below */
-        char *bigger = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
-        if (!bigger)
-            oom = true;
-        else
-            buf = bigger, cap *= 2;
-    }
-    const bool failed = !oom && ferror(f);
-    const int read_errno = errno;
-    if (!is_stdin)
-        fclose(f);
-    if (oom) {
-        free(buf);
-        fprintf(stderr, "bitnet run: error: out of memory reading the prompt file %s\n", name);
-        return BN_EXIT_OUT_OF_MEMORY;
-    }
-    if (failed) {
-        free(buf);
-        fprintf(stderr, "bitnet run: error: cannot read the prompt file %s: %s\n", name,
-                strerror(read_errno));
-        return BN_EXIT_INPUT;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
 /* One prompt per line: a trailing '\r' is dropped and empty lines are
  * skipped. 0 or the exit code after an error printed. */
 static int read_prompts(const char *path, prompt_list *pl)
 {
     memset(pl, 0, sizeof *pl);
     pl->name = strcmp(path, "-") == 0 ? "- (stdin)" : path;
-    size_t len;
-    int rc = read_file_all(path, pl->name, &pl->buf, &len);
-    if (rc != 0)
-        return rc;
+    size_t len = 0;
+    bn_error err;
+    bn_error_clear(&err);
+    if (!(pl->buf = cli_read_all(path, "the prompt file", &len, &err)))
+        return cli_fail(&err);
     size_t max_lines = 1;
     for (size_t i = 0; i < len; i++)
         max_lines += pl->buf[i] == '\n';

@@ -74,6 +74,47 @@ int cli_fail(const bn_error *err)
     return cli_exit_code(err->status);
 }
 
+char *cli_read_all(const char *path, const char *what, size_t *len, bn_error *err)
+{
+    const bool is_stdin = strcmp(path, "-") == 0;
+    const char *name = is_stdin ? "- (stdin)" : path;
+    FILE *f = is_stdin ? stdin : fopen(path, "rb");
+    if (!f) {
+        bn_error_set(err, BN_ERR_IO, "check the path", "cannot open %s %s: %s", what, name,
+                     strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n < cap - 1)
+            break; /* end of file or an error, told apart below */
+        char *bigger = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+        if (!bigger)
+            free(buf);
+        buf = bigger;
+        cap *= 2;
+    }
+    const bool failed = buf && ferror(f);
+    const int read_errno = errno;
+    if (!is_stdin)
+        fclose(f);
+    if (!buf) {
+        bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "out of memory reading %s %s", what, name);
+        return NULL;
+    }
+    if (failed) {
+        free(buf);
+        bn_error_set(err, BN_ERR_IO, NULL, "cannot read %s %s: %s", what, name,
+                     strerror(read_errno));
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
 /* ---- option values shared by the subcommands ------------------------------ */
 
 const char *cli_value(int argc, char **argv, int *i, const char *cmd)
