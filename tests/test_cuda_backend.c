@@ -1555,24 +1555,27 @@ static void run_engine(const char *fixture, const char *device, bool strict, uin
  * unsupported requests are refused and leave the backend usable; the
  * engine samples on the device (its receipt names the kernel) and gives
  * the CPU run's tokens for the same seed. */
-static void check_sampling_on(bn_model *m, bool screened, bool copy_tokens);
+static void check_sampling_on(bn_model *m, bool screened, bool copy_tokens, int piece);
 static void check_sampling_engine(void);
 
-/* The sampling checks, one unit of BN_TEST_PART each: the backend with
- * the full and the screened head, tokens stored by the kernels or copied
- * (cases 0-3), then the engine (case 4). */
-enum { SAMPLING_CASES = 5 };
+/* The sampling checks, one unit of BN_TEST_PART each (racecheck runs a
+ * unit in minutes): for each of the four backends - the full or the
+ * screened head, tokens stored by the kernels or copied - the greedy picks
+ * with the refused requests (piece 0), then each of the four settings of
+ * SAMPLE_SETTINGS (pieces 1-4); last, the engine's sampled run. */
+enum { SAMPLING_PIECES = 5, SAMPLING_UNITS = 4 * SAMPLING_PIECES + 1 };
 
-static void check_sampling(int which)
+static void check_sampling(int unit)
 {
-    if (which == SAMPLING_CASES - 1) {
+    if (unit == SAMPLING_UNITS - 1) {
         check_sampling_engine();
         return;
     }
     bn_model *m = load_fixture("i2s.gguf");
     if (!m)
         return;
-    check_sampling_on(m, (which & 1) != 0, (which & 2) != 0);
+    const int backend = unit / SAMPLING_PIECES;
+    check_sampling_on(m, (backend & 1) != 0, (backend & 2) != 0, unit % SAMPLING_PIECES);
     bn_model_free(m);
 }
 
@@ -1661,29 +1664,11 @@ static void check_chained(bn_cuda_backend *b, const bn_cuda_sample_params *cp, c
            same ? "equal" : "DIFFER FROM", ok && t2 == plain[2] ? "forgotten" : "NOT forgotten");
 }
 
-/* screened: the LM head screened through its int8 copy (forced on: this
- * head is below the default's size), its exact pass computing every row
- * that can be among the top-k. copy_tokens: the tokens reach the host by
- * copies instead of the kernels' stores into mapped pinned memory. Greedy
- * picks are checked too, against the argmax of the step's logits. */
-static void check_sampling_on(bn_model *m, bool screened, bool copy_tokens)
+/* Greedy picks, eager and from the graph, against the argmax of the
+ * step's logits, and chained greedy steps against submit / wait. */
+static void check_greedy_picks(bn_cuda_backend *b, int32_t V, float *logits)
 {
-    printf("sampling on the device (i2s.gguf, %s head, tokens %s):\n",
-           screened ? "screened" : "full", copy_tokens ? "copied" : "stored by the kernels");
-    const int32_t V = bn_model_hparams(m)->vocab;
-    bn_cuda_backend_options o;
-    bn_cuda_backend_options_default(&o);
-    o.head_screen = screened ? 1 : -1;
-    o.copy_tokens = copy_tokens;
-    bn_cuda_backend *b = NULL;
-    bn_error cerr;
-    bn_error_clear(&cerr);
-    CHECK_MSG(bn_cuda_backend_create(m, &o, &b, &cerr) == BN_OK, "cuda create: %s",
-              cerr.message);
-    CHECK(!b || bn_cuda_backend_head_screen(b) == screened);
-    float *logits = malloc((size_t)V * sizeof(float));
-    /* Greedy: eager and graph steps against the logits' argmax. */
-    for (int graphs = 0; b && logits && graphs < 2; graphs++) {
+    for (int graphs = 0; graphs < 2; graphs++) {
         bn_error err;
         bn_error_clear(&err);
         bn_cuda_backend_set_graphs(b, graphs == 1);
@@ -1705,101 +1690,145 @@ static void check_sampling_on(bn_model *m, bool screened, bool copy_tokens)
         const double zeros[N_STEPS] = {0};
         check_chained(b, NULL, zeros, graphs ? "greedy, graph" : "greedy, eager");
     }
-    if (b)
-        bn_cuda_backend_set_graphs(b, true);
-    const struct {
-        float temperature, top_p, min_p;
-        int top_k;
-    } cases[] = {{0.8f, 0.95f, 0.0f, 40}, {1.5f, 1.0f, 0.05f, 64}, {0.6f, 0.5f, 0.0f, 8},
-                 {1.0f, 1.0f, 0.0f, 1}};
-    for (size_t c = 0; b && logits && c < sizeof cases / sizeof cases[0]; c++) {
-        bn_sampler_params sp;
-        bn_sampler_params_default(&sp);
-        sp.temperature = cases[c].temperature;
-        sp.top_k = cases[c].top_k;
-        sp.top_p = cases[c].top_p;
-        sp.min_p = cases[c].min_p;
-        sp.seed = 1000 + c;
-        const bn_cuda_sample_params cp = {sp.temperature, sp.top_k, sp.top_p, sp.min_p};
-        CHECK(bn_cuda_backend_sample_supported(b, &cp));
-        bn_sampler *s = NULL;
-        bn_error err;
-        bn_error_clear(&err);
-        CHECK(bn_sampler_create(&sp, V, &s, &err) == BN_OK);
-        int32_t cpu_tok[N_STEPS], dev_tok[N_STEPS], graph_tok[N_STEPS], eager_tok[N_STEPS];
-        double us[N_STEPS];
-        int differ = 0, distinct = 0;
-        bool ok = s != NULL;
-        bn_cuda_backend_set_graphs(b, true);
-        bn_cuda_backend_reset(b);
-        for (int t = 0; ok && t < n_steps; t++) {
-            const int32_t *in = t == 0 ? PROMPT : &cpu_tok[t - 1];
-            const int64_t n = t == 0 ? PROMPT_LEN : 1, pos = t == 0 ? 0 : PROMPT_LEN + t - 1;
-            /* The same position twice: the logits, then the device's pick. */
-            ok = bn_cuda_backend_forward(b, in, n, pos, logits, &err) == BN_OK;
-            us[t] = bn_sampler_next_uniform(s);
-            cpu_tok[t] = ok ? bn_sampler_sample(s, logits, NULL, 0) : -1;
-            ok = ok && bn_cuda_backend_forward_sample(b, in, n, pos, &cp, us[t], &dev_tok[t],
-                                                      &err) == BN_OK;
-            differ += ok && dev_tok[t] != cpu_tok[t];
-            distinct += t > 0 && cpu_tok[t] != cpu_tok[t - 1];
-        }
-        CHECK_MSG(ok, "case %zu: %s", c, err.message);
-        /* The same picks through submit / wait (the decode graph). */
-        ok = ok && picks_by_submit(b, &cp, us, cpu_tok, graph_tok, n_steps, &err);
-        CHECK_MSG(ok, "case %zu, submit/wait: %s", c, err.message);
-        /* The graph's steps draw inside the replay (bn_cuda_backend_sample_graph);
-         * launched one by one, the sampler follows the step: the same picks. */
-        CHECK_MSG(bn_cuda_backend_sample_graph(b), "case %zu: no sampled decode graph", c);
-        bn_cuda_backend_set_graphs(b, false);
-        CHECK(!bn_cuda_backend_sample_graph(b));
-        ok = ok && picks_by_submit(b, &cp, us, cpu_tok, eager_tok, n_steps, &err);
-        bn_cuda_backend_set_graphs(b, true);
-        CHECK_MSG(ok, "case %zu, eager submit/wait: %s", c, err.message);
-        char what[64];
-        snprintf(what, sizeof what, "case %zu, eager", c);
-        check_chained(b, &cp, us, what);
-        bn_cuda_backend_set_graphs(b, true);
-        snprintf(what, sizeof what, "case %zu, graph", c);
-        check_chained(b, &cp, us, what);
-        const bool same_eager = ok && memcmp(eager_tok, dev_tok, (size_t)n_steps * 4) == 0;
-        CHECK_MSG(same_eager, "case %zu: eager picks differ from the graph's", c);
-        const bool same_graph = ok && memcmp(graph_tok, dev_tok, (size_t)n_steps * 4) == 0;
-        CHECK_MSG(differ == 0, "case %zu: %d of %d device picks differ from the CPU sampler's", c,
-                  differ, n_steps);
-        CHECK_MSG(same_graph, "case %zu: submit/wait picks differ from forward_sample's", c);
-        if (differ || !same_graph) {
-            print_tokens("cpu", cpu_tok, n_steps);
-            print_tokens("device", dev_tok, n_steps);
-            print_tokens("graph", graph_tok, n_steps);
-        }
-        if (!same_eager)
-            print_tokens("eager", eager_tok, n_steps);
-        printf("  T %.2g top-k %d top-p %.2g min-p %.2g: %d picks (%d changes of token) the "
-               "CPU sampler's: %s\n",
-               (double)sp.temperature, sp.top_k, (double)sp.top_p, (double)sp.min_p, n_steps,
-               distinct, differ == 0 && same_graph && same_eager ? "yes" : "NO");
-        bn_sampler_free(s);
-    }
+    bn_cuda_backend_set_graphs(b, true);
+}
 
-    /* Requests the device cannot serve: refused, and the backend still works. */
-    if (b) {
-        bn_error err;
-        bn_error_clear(&err);
-        const bn_cuda_sample_params off = {0.8f, 0, 0.95f, 0.0f}; /* top-k off, 300 tokens */
-        CHECK(!bn_cuda_backend_sample_supported(b, &off));
-        int32_t tok = -7;
-        CHECK(bn_cuda_backend_forward_sample(b, PROMPT, PROMPT_LEN, 0, &off, 0.5, &tok, &err) ==
-              BN_ERR_INVALID_ARGUMENT);
-        CHECK_STR_CONTAINS(err.message, "top-k");
-        const bn_cuda_sample_params ok_p = {0.8f, 40, 0.95f, 0.0f};
-        CHECK(bn_cuda_backend_forward_sample(b, PROMPT, PROMPT_LEN, 0, &ok_p, 1.0, &tok, &err) ==
-              BN_ERR_INVALID_ARGUMENT);
-        CHECK(bn_cuda_backend_submit_sample(b, 5, 0, &ok_p, -0.25, &err) ==
-              BN_ERR_INVALID_ARGUMENT);
-        CHECK(bn_cuda_backend_forward_sample(b, PROMPT, PROMPT_LEN, 0, &ok_p, 0.25, &tok, &err) ==
-                  BN_OK &&
-              tok >= 0 && tok < V);
+/* The settings the sampling checks draw with. */
+static const struct {
+    float temperature, top_p, min_p;
+    int top_k;
+} SAMPLE_SETTINGS[] = {{0.8f, 0.95f, 0.0f, 40},
+                       {1.5f, 1.0f, 0.05f, 64},
+                       {0.6f, 0.5f, 0.0f, 8},
+                       {1.0f, 1.0f, 0.0f, 1}};
+
+/* Setting c of SAMPLE_SETTINGS: at every step the device's pick, through
+ * forward_sample and through submit / wait (graph and eager), is the CPU
+ * sampler's on the GPU's logits with the same uniform number; chained
+ * steps pick what submit / wait picks. */
+static void check_sample_setting(bn_cuda_backend *b, int32_t V, float *logits, size_t c)
+{
+    bn_sampler_params sp;
+    bn_sampler_params_default(&sp);
+    sp.temperature = SAMPLE_SETTINGS[c].temperature;
+    sp.top_k = SAMPLE_SETTINGS[c].top_k;
+    sp.top_p = SAMPLE_SETTINGS[c].top_p;
+    sp.min_p = SAMPLE_SETTINGS[c].min_p;
+    sp.seed = 1000 + c;
+    const bn_cuda_sample_params cp = {sp.temperature, sp.top_k, sp.top_p, sp.min_p};
+    CHECK(bn_cuda_backend_sample_supported(b, &cp));
+    bn_sampler *s = NULL;
+    bn_error err;
+    bn_error_clear(&err);
+    CHECK(bn_sampler_create(&sp, V, &s, &err) == BN_OK);
+    int32_t cpu_tok[N_STEPS], dev_tok[N_STEPS], graph_tok[N_STEPS], eager_tok[N_STEPS];
+    double us[N_STEPS];
+    int differ = 0, distinct = 0;
+    bool ok = s != NULL;
+    bn_cuda_backend_set_graphs(b, true);
+    bn_cuda_backend_reset(b);
+    for (int t = 0; ok && t < n_steps; t++) {
+        const int32_t *in = t == 0 ? PROMPT : &cpu_tok[t - 1];
+        const int64_t n = t == 0 ? PROMPT_LEN : 1, pos = t == 0 ? 0 : PROMPT_LEN + t - 1;
+        /* The same position twice: the logits, then the device's pick. */
+        ok = bn_cuda_backend_forward(b, in, n, pos, logits, &err) == BN_OK;
+        us[t] = bn_sampler_next_uniform(s);
+        cpu_tok[t] = ok ? bn_sampler_sample(s, logits, NULL, 0) : -1;
+        ok = ok && bn_cuda_backend_forward_sample(b, in, n, pos, &cp, us[t], &dev_tok[t], &err) ==
+                       BN_OK;
+        differ += ok && dev_tok[t] != cpu_tok[t];
+        distinct += t > 0 && cpu_tok[t] != cpu_tok[t - 1];
+    }
+    CHECK_MSG(ok, "case %zu: %s", c, err.message);
+    /* The same picks through submit / wait (the decode graph). */
+    ok = ok && picks_by_submit(b, &cp, us, cpu_tok, graph_tok, n_steps, &err);
+    CHECK_MSG(ok, "case %zu, submit/wait: %s", c, err.message);
+    /* The graph's steps draw inside the replay (bn_cuda_backend_sample_graph);
+     * launched one by one, the sampler follows the step: the same picks. */
+    CHECK_MSG(bn_cuda_backend_sample_graph(b), "case %zu: no sampled decode graph", c);
+    bn_cuda_backend_set_graphs(b, false);
+    CHECK(!bn_cuda_backend_sample_graph(b));
+    ok = ok && picks_by_submit(b, &cp, us, cpu_tok, eager_tok, n_steps, &err);
+    bn_cuda_backend_set_graphs(b, true);
+    CHECK_MSG(ok, "case %zu, eager submit/wait: %s", c, err.message);
+    char what[64];
+    snprintf(what, sizeof what, "case %zu, eager", c);
+    bn_cuda_backend_set_graphs(b, false);
+    check_chained(b, &cp, us, what);
+    bn_cuda_backend_set_graphs(b, true);
+    snprintf(what, sizeof what, "case %zu, graph", c);
+    check_chained(b, &cp, us, what);
+    const bool same_eager = ok && memcmp(eager_tok, dev_tok, (size_t)n_steps * 4) == 0;
+    CHECK_MSG(same_eager, "case %zu: eager picks differ from the graph's", c);
+    const bool same_graph = ok && memcmp(graph_tok, dev_tok, (size_t)n_steps * 4) == 0;
+    CHECK_MSG(differ == 0, "case %zu: %d of %d device picks differ from the CPU sampler's", c,
+              differ, n_steps);
+    CHECK_MSG(same_graph, "case %zu: submit/wait picks differ from forward_sample's", c);
+    if (differ || !same_graph) {
+        print_tokens("cpu", cpu_tok, n_steps);
+        print_tokens("device", dev_tok, n_steps);
+        print_tokens("graph", graph_tok, n_steps);
+    }
+    if (!same_eager)
+        print_tokens("eager", eager_tok, n_steps);
+    printf("  T %.2g top-k %d top-p %.2g min-p %.2g: %d picks (%d changes of token) the "
+           "CPU sampler's: %s\n",
+           (double)sp.temperature, sp.top_k, (double)sp.top_p, (double)sp.min_p, n_steps,
+           distinct, differ == 0 && same_graph && same_eager ? "yes" : "NO");
+    bn_sampler_free(s);
+}
+
+/* Requests the device cannot serve: refused, and the backend still works. */
+static void check_sample_refusals(bn_cuda_backend *b, int32_t V)
+{
+    bn_error err;
+    bn_error_clear(&err);
+    const bn_cuda_sample_params off = {0.8f, 0, 0.95f, 0.0f}; /* top-k off, 300 tokens */
+    CHECK(!bn_cuda_backend_sample_supported(b, &off));
+    int32_t tok = -7;
+    CHECK(bn_cuda_backend_forward_sample(b, PROMPT, PROMPT_LEN, 0, &off, 0.5, &tok, &err) ==
+          BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(err.message, "top-k");
+    const bn_cuda_sample_params ok_p = {0.8f, 40, 0.95f, 0.0f};
+    CHECK(bn_cuda_backend_forward_sample(b, PROMPT, PROMPT_LEN, 0, &ok_p, 1.0, &tok, &err) ==
+          BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_cuda_backend_submit_sample(b, 5, 0, &ok_p, -0.25, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_cuda_backend_forward_sample(b, PROMPT, PROMPT_LEN, 0, &ok_p, 0.25, &tok, &err) ==
+              BN_OK &&
+          tok >= 0 && tok < V);
+}
+
+/* screened: the LM head screened through its int8 copy (forced on: this
+ * head is below the default's size), its exact pass computing every row
+ * that can be among the top-k. copy_tokens: the tokens reach the host by
+ * copies instead of the kernels' stores into mapped pinned memory. piece
+ * 0: the greedy picks (checked against the argmax of the step's logits)
+ * and the refused requests; piece 1 + c: setting c of SAMPLE_SETTINGS. */
+static void check_sampling_on(bn_model *m, bool screened, bool copy_tokens, int piece)
+{
+    printf("sampling on the device (i2s.gguf, %s head, tokens %s), %s:\n",
+           screened ? "screened" : "full", copy_tokens ? "copied" : "stored by the kernels",
+           piece == 0 ? "greedy and refusals" : "a sampling setting");
+    const int32_t V = bn_model_hparams(m)->vocab;
+    bn_cuda_backend_options o;
+    bn_cuda_backend_options_default(&o);
+    o.head_screen = screened ? 1 : -1;
+    o.copy_tokens = copy_tokens;
+    bn_cuda_backend *b = NULL;
+    bn_error cerr;
+    bn_error_clear(&cerr);
+    CHECK_MSG(bn_cuda_backend_create(m, &o, &b, &cerr) == BN_OK, "cuda create: %s",
+              cerr.message);
+    CHECK(!b || bn_cuda_backend_head_screen(b) == screened);
+    float *logits = malloc((size_t)V * sizeof(float));
+    CHECK(logits != NULL);
+    if (b && logits) {
+        if (piece == 0) {
+            check_greedy_picks(b, V, logits);
+            check_sample_refusals(b, V);
+        } else {
+            check_sample_setting(b, V, logits, (size_t)piece - 1);
+        }
     }
     free(logits);
     if (b)
@@ -1931,7 +1960,8 @@ int main(int argc, char **argv)
      * directory and a Q8_0-embedding GGUF) and no 2B-4T model.
      * BN_TEST_PART=i/n: every n-th of the units below (racecheck runs them
      * as separate processes; a fixture is FIXTURE_UNITS of them, an
-     * encoding and a sampling case one each: 25 units in quick mode). */
+     * encoding one, the sampling checks SAMPLING_UNITS: 41 units in quick
+     * mode). */
     const bool quick = getenv("BN_TEST_QUICK") && strcmp(getenv("BN_TEST_QUICK"), "0") != 0;
     if (quick)
         n_steps = 8;
@@ -1950,7 +1980,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
         if (test_in_part(unit++))
             checks[i]();
-    for (int i = 0; i < SAMPLING_CASES; i++)
+    for (int i = 0; i < SAMPLING_UNITS; i++)
         if (test_in_part(unit++))
             check_sampling(i);
     if (test_in_part(unit++))
