@@ -241,7 +241,7 @@ static double time_pairs(int flag_mode, int grid, int pairs, float *b0, float *b
 {
     cudaStream_t st;
     CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    CHECK(cudaMemset(flags, 0, (size_t)(pairs + 1) * sizeof(unsigned)));
+    CHECK(cudaMemsetAsync(flags, 0, (size_t)(pairs + 1) * sizeof(unsigned), st));
     cudaGraph_t g;
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -299,6 +299,7 @@ int main(int argc, char **argv)
     CHECK(cudaMalloc(&counter, sizeof(unsigned)));
     CHECK(cudaMemset(b0, 0, kDim * sizeof(float)));
     CHECK(cudaMemset(b1, 0, kDim * sizeof(float)));
+    CHECK(cudaDeviceSynchronize()); /* the chains run on non-blocking streams */
     static const char *names[] = {"kernels", "kernels+PDL", "persistent"};
     printf("%-12s %6s %12s %12s\n", "chain", "blocks", "empty us", "vector us");
     for (int mode = 0; mode < 3; mode++) {

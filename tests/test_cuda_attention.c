@@ -71,6 +71,10 @@ static void cache_init(cache *c, const bn_attn_shape *s, int n_seq, int n_layers
     /* 0xffff is NaN in fp16 and bf16: reading an unwritten slot shows. */
     CUDA_OK(cudaMemset(c->dk, 0xff, elems * 2));
     CUDA_OK(cudaMemset(c->dv, 0xff, elems * 2));
+    /* The memsets run on the legacy stream, which check_graph's non-blocking
+     * stream does not wait for: without this the poison can land after the
+     * first appends (seen on a busy H200: every step after the first NaN). */
+    CUDA_OK(cudaDeviceSynchronize());
     const size_t host = (size_t)n_seq * (size_t)s->capacity * (size_t)c->row;
     c->hk = malloc(host * sizeof(float));
     c->hv = malloc(host * sizeof(float));

@@ -2925,6 +2925,10 @@ bn_status bn_cuda_backend_trace_decode(bn_cuda_backend *b, int32_t token, int64_
         st = BN_CUDA_STATUS(err, bn_cb_trace_attach(recs, count, cap));
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, bn_w2a8_trace_attach(recs, count, cap));
+    /* The memset and the attach copies ran on the legacy stream, which the
+     * compute stream (non-blocking) does not wait for. */
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaStreamSynchronize(cudaStreamLegacy));
     int32_t next;
     if (st == BN_OK)
         st = bn_cuda_backend_submit_greedy(b, token, pos, err);

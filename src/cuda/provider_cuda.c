@@ -81,6 +81,11 @@ static bn_status cuda_pack(const int8_t *codes, int64_t n, int64_t k, float scal
     cudaError_t rc = cudaMalloc(&dev, l.bytes);
     if (rc == cudaSuccess)
         rc = cudaMemcpy(dev, host, l.bytes, cudaMemcpyHostToDevice);
+    /* From pageable memory cudaMemcpy may return before the data reaches the
+     * device, and the kernels run on a non-blocking stream, which does not
+     * wait for the legacy stream. */
+    if (rc == cudaSuccess)
+        rc = cudaStreamSynchronize(cudaStreamLegacy);
     free(host);
     if (rc != cudaSuccess) {
         cudaFree(dev);
