@@ -5,7 +5,8 @@
  *
  * usage: test_cuda_backend [DIR]   (DIR = tests/data/models, the default)
  * BN_TEST_QUICK=1 (the compute-sanitizer runs of scripts/gpu-check.sh) checks
- * two fixtures and skips the 2B-4T model.
+ * two fixtures and skips the 2B-4T model; BN_TEST_STEPS=n (3 to 32) sets the
+ * steps a run compares (32, or 8 in quick mode).
  *
  * For every fixture (hf_packed, hf_bf16, i2s.gguf, tq2_0.gguf, tq1_0.gguf):
  *   - CPU greedy run of 32 tokens after an 8-token prompt: the reference
@@ -67,7 +68,8 @@
 #define N_STEPS 32 /* greedy steps compared (the arrays' size) */
 /* Steps a run compares: N_STEPS, or 8 with BN_TEST_QUICK=1 (the sanitizer
  * runs, where each kernel launch costs far more and 8 steps launch every
- * kernel the 32 do). */
+ * kernel the 32 do); BN_TEST_STEPS=n sets it (3 to N_STEPS: the chained
+ * checks drop the third step), for a racecheck run that must be shorter. */
 static int n_steps = N_STEPS;
 #define PROMPT_LEN 8
 
@@ -1951,9 +1953,6 @@ int main(int argc, char **argv)
     }
     data_dir = argv[1];
 #endif
-    char why[BN_ERROR_MESSAGE_MAX];
-    if (!gpu_usable(why, sizeof why))
-        TEST_SKIP("no usable CUDA device: %s", why);
     /* BN_TEST_QUICK=1 (the sanitizer runs): two fixtures (a packed HF
      * directory and a Q8_0-embedding GGUF) and no 2B-4T model.
      * BN_TEST_PART=i/n: every n-th of the units below (racecheck runs them
@@ -1963,6 +1962,21 @@ int main(int argc, char **argv)
     const bool quick = getenv("BN_TEST_QUICK") && strcmp(getenv("BN_TEST_QUICK"), "0") != 0;
     if (quick)
         n_steps = 8;
+    const char *steps = getenv("BN_TEST_STEPS");
+    if (steps) {
+        char *end = NULL;
+        const long v = strtol(steps, &end, 10);
+        if (end == steps || *end || v < 3 || v > N_STEPS) {
+            fprintf(stderr, "BN_TEST_STEPS=%s: expected a whole number from 3 to %d\n", steps,
+                    N_STEPS);
+            return 2;
+        }
+        n_steps = (int)v;
+        printf("%d steps a run (BN_TEST_STEPS)\n", n_steps);
+    }
+    char why[BN_ERROR_MESSAGE_MAX];
+    if (!gpu_usable(why, sizeof why))
+        TEST_SKIP("no usable CUDA device: %s", why);
     int unit = 0;
     for (size_t i = 0; i < sizeof FIXTURES / sizeof FIXTURES[0]; i++)
         if (!quick || strcmp(FIXTURES[i], "hf_packed") == 0 ||
