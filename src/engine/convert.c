@@ -11,6 +11,7 @@
 #include "convert.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -430,6 +431,22 @@ static bn_status add_tensor(conv *c, const char *name, uint32_t type, uint32_t n
     return bn_gguf_writer_add_tensor(c->w, name, type, n_dims, ne, data, bytes, err);
 }
 
+/* F16 holds magnitudes up to 65504 (values from 65520 up round to
+ * infinity); the reader refuses non-finite elements, so a value F16 cannot
+ * hold is an error here rather than a file that does not load. */
+static bn_status f16_range_error(bn_error *err, const char *name, const char *what, float v)
+{
+    if (!isfinite(v))
+        return bn_error_set(err, BN_ERR_FORMAT, "the source checkpoint is corrupt",
+                            "%s: %s is not a finite number", name, what);
+    return bn_error_set(err, BN_ERR_FORMAT,
+                        "F16 holds magnitudes up to 65504; this checkpoint cannot be stored in "
+                        "this encoding (run it from its directory instead)",
+                        "%s: %s is %g, outside the F16 range", name, what, (double)v);
+}
+
+static bool f16_is_finite(uint16_t h) { return (h & 0x7c00u) != 0x7c00u; }
+
 /* rows x cols floats from a row source, as F16. */
 typedef bn_status (*row_fn)(const void *src, int64_t row, float *out, bn_error *err);
 
@@ -447,8 +464,16 @@ static bn_status add_f16_matrix(conv *c, const char *name, int64_t rows, int64_t
     bn_status st = BN_OK;
     for (int64_t r = 0; r < rows && st == BN_OK; r++) {
         st = fn(src, r, row, err);
-        for (int64_t k = 0; k < cols && st == BN_OK; k++)
-            h[(size_t)r * (size_t)cols + (size_t)k] = bn_fp32_to_fp16(row[k]);
+        for (int64_t k = 0; k < cols && st == BN_OK; k++) {
+            const uint16_t v = bn_fp32_to_fp16(row[k]);
+            if (!f16_is_finite(v)) {
+                char what[96];
+                snprintf(what, sizeof what, "the value at row %lld, column %lld", (long long)r,
+                         (long long)k);
+                st = f16_range_error(err, name, what, row[k]);
+            }
+            h[(size_t)r * (size_t)cols + (size_t)k] = v;
+        }
     }
     free(row);
     if (st != BN_OK)
@@ -502,6 +527,10 @@ static bn_status add_projection(conv *c, int layer, bn_proj p, int8_t *codes, bn
     if (st != BN_OK)
         return st;
     const int64_t ne[2] = {k, n};
+    /* Every encoding but I2_S (float32) stores the scale as F16: TQ1_0 and
+     * TQ2_0 as the block scale, F16 (and the fallback) as code x scale. */
+    if (c->type != BN_CONVERT_I2_S && !f16_is_finite(bn_fp32_to_fp16(scale)))
+        return f16_range_error(err, name, "the scale (absmean or weight_scale)", scale);
 
     const bn_qtype qt = ternary_qtype(c->type);
     if (qt != BN_QTYPE_F16) {
@@ -537,6 +566,8 @@ static bn_status add_projection(conv *c, int layer, bn_proj p, int8_t *codes, bn
         return oom(err, name);
     }
     const uint16_t plus = bn_fp32_to_fp16(scale);
+    if (!f16_is_finite(plus)) /* an I2_S fallback */
+        return f16_range_error(err, name, "the scale (absmean or weight_scale)", scale);
     const uint16_t minus = (uint16_t)(plus ^ 0x8000u);
     for (size_t i = 0; i < count; i++)
         h[i] = codes[i] > 0 ? plus : codes[i] < 0 ? minus : 0;
@@ -633,8 +664,13 @@ bn_status bn_convert_hf_to_gguf(const char *hf_dir, const char *out_path, bn_con
                             "*.safetensors, tokenizer.json)",
                             "%s is not a directory", hf_dir);
 
+    /* Refused before the work, and again by the writer at the end. */
+    bn_status st = bn_gguf_check_output_path(out_path, err);
+    if (st != BN_OK)
+        return st;
+
     conv c = {.type = type, .arch = type == BN_CONVERT_I2_S ? "bitnet-25" : "bitnet"};
-    bn_status st = bn_model_load_hf_dir(hf_dir, &c.model, err);
+    st = bn_model_load_hf_dir(hf_dir, &c.model, err);
     if (st == BN_OK)
         st = bn_hf_dir_open(hf_dir, &c.dir, err);
     if (st == BN_OK)

@@ -72,8 +72,14 @@ typedef struct bn_convert_report {
     uint64_t file_bytes;
 } bn_convert_report;
 
-/* Converts the directory and writes out_path atomically (a temporary file
- * renamed at the end). report may be NULL. */
+/* Converts the directory and writes out_path atomically through
+ * bn_gguf_writer_finish (a temporary file of its own, synced and renamed at
+ * the end; bn_gguf_writer_remove_temp_files removes it from a signal
+ * handler). report may be NULL. Errors: BN_ERR_IO when out_path exists and
+ * is not a regular file (checked before any work) or cannot be written;
+ * BN_ERR_FORMAT when a value the chosen encoding stores as F16 (embedding,
+ * output, any scale but I2_S's) is outside the F16 range, since the file
+ * would not load. */
 bn_status bn_convert_hf_to_gguf(const char *hf_dir, const char *out_path, bn_convert_type type,
                                 bn_convert_progress_fn progress, void *ctx,
                                 bn_convert_report *report, bn_error *err);

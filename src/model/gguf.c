@@ -33,11 +33,13 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "qtype.h"
@@ -1656,12 +1658,183 @@ static uint64_t metadata_bytes(const bn_gguf_writer *w)
     return n;
 }
 
+/* ---- the output file --------------------------------------------------------
+ *
+ * finish writes a temporary file created exclusively (O_CREAT | O_EXCL, so
+ * nothing already at that name, a symbolic link included, is ever opened)
+ * under a random name in the output's directory, syncs it, renames it over
+ * the output and syncs the directory. Writers never share a temporary file,
+ * so concurrent writers of one output each rename a complete file and the
+ * output is always one of them whole.
+ *
+ * The temporary files being written are listed in a fixed table that
+ * bn_gguf_writer_remove_temp_files reads from a signal handler: a slot is
+ * FREE, CLAIMED (its path being filled in) or ARMED (the path is complete
+ * and the file may exist). Slots are lock-free atomics, so claiming one is
+ * safe from any thread and reading them from a handler is
+ * async-signal-safe. A slot is armed before the file is created, so a
+ * signal delivered on return from open still finds it. */
+enum { TEMP_FREE, TEMP_CLAIMED, TEMP_ARMED, TEMP_SLOTS = 16, TEMP_PATH_MAX = 4096 };
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "temp-file slots must be lock-free for signal handlers");
+static atomic_int temp_state[TEMP_SLOTS];
+static char temp_paths[TEMP_SLOTS][TEMP_PATH_MAX];
+
+void bn_gguf_writer_remove_temp_files(void)
+{
+    for (int i = 0; i < TEMP_SLOTS; i++)
+        if (atomic_load(&temp_state[i]) == TEMP_ARMED)
+            unlink(temp_paths[i]);
+}
+
+/* Arms a slot for path; -1 when all are taken or the path is too long (the
+ * file is then written without signal cleanup). */
+static int temp_arm(const char *path)
+{
+    const size_t n = strlen(path);
+    if (n >= TEMP_PATH_MAX)
+        return -1;
+    for (int i = 0; i < TEMP_SLOTS; i++) {
+        int expected = TEMP_FREE;
+        if (atomic_compare_exchange_strong(&temp_state[i], &expected, TEMP_CLAIMED)) {
+            memcpy(temp_paths[i], path, n + 1);
+            atomic_store(&temp_state[i], TEMP_ARMED); /* publishes the path */
+            return i;
+        }
+    }
+    return -1;
+}
+
+static void temp_disarm(int slot)
+{
+    if (slot >= 0)
+        atomic_store(&temp_state[slot], TEMP_FREE);
+}
+
+static const char *file_kind(mode_t m)
+{
+    if (S_ISDIR(m))
+        return "a directory";
+    if (S_ISCHR(m))
+        return "a character device";
+    if (S_ISBLK(m))
+        return "a block device";
+    if (S_ISFIFO(m))
+        return "a FIFO";
+    if (S_ISLNK(m))
+        return "a symbolic link";
+    if (S_ISSOCK(m))
+        return "a socket";
+    return "not a regular file";
+}
+
+bn_status bn_gguf_check_output_path(const char *path, bn_error *err)
+{
+    if (!path || !*path)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "no output path given");
+    struct stat sb;
+    if (lstat(path, &sb) != 0) {
+        if (errno == ENOENT)
+            return BN_OK;
+        const int e = errno;
+        return bn_error_set(err, BN_ERR_IO, "check the path and its permissions",
+                            "cannot check the output %s: %s", path, strerror(e));
+    }
+    if (S_ISREG(sb.st_mode))
+        return BN_OK;
+    /* Replacing it would turn a device, FIFO or link into a regular file;
+     * writing through it would write somewhere else. */
+    return bn_error_set(err, BN_ERR_IO, "give the path of a regular file, or a new name",
+                        "refusing to replace %s: it is %s, not a regular file", path,
+                        file_kind(sb.st_mode));
+}
+
+/* Twelve characters from [a-z0-9_-]: time, pid, address and a counter,
+ * mixed (splitmix64). Only uniqueness matters: O_EXCL catches a clash. */
+static void temp_suffix(char out[13])
+{
+    static atomic_uint_fast64_t counter;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^
+                 ((uint64_t)getpid() << 42) ^ (uint64_t)(uintptr_t)out ^
+                 (atomic_fetch_add(&counter, 1) * UINT64_C(0x9e3779b97f4a7c15));
+    x = (x ^ (x >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+    x = (x ^ (x >> 27)) * UINT64_C(0x94d049bb133111eb);
+    x ^= x >> 31;
+    static const char digits[] = "abcdefghijklmnopqrstuvwxyz0123456789_-";
+    for (int i = 0; i < 12; i++, x /= 38)
+        out[i] = digits[x % 38];
+    out[12] = '\0';
+}
+
+/* Creates DIR/.NAME.tmp.XXXXXXXXXXXX beside path with mode 0666 less the
+ * umask, as fopen would create the output itself (mkstemp's 0600 would need
+ * a umask read that is not thread-safe). Returns the descriptor, with the
+ * name in tmp and its slot in *slot, or -1 with errno set. */
+static int create_temp(const char *path, char *tmp, size_t size, int *slot)
+{
+    const char *slash = strrchr(path, '/');
+    const int dir_len = slash ? (int)(slash - path + 1) : 0;
+    const char *base = slash ? slash + 1 : path;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        char suffix[13];
+        temp_suffix(suffix);
+        /* Keep the name within NAME_MAX (255) whatever the output's. */
+        const int n = snprintf(tmp, size, "%.*s.%.200s.tmp.%s", dir_len, path, base, suffix);
+        if (n < 0 || (size_t)n >= size) {
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        *slot = temp_arm(tmp);
+        const int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (fd >= 0)
+            return fd;
+        const int e = errno;
+        temp_disarm(*slot); /* the name is someone else's, or nothing was made */
+        *slot = -1;
+        if (e != EEXIST) {
+            errno = e;
+            return -1;
+        }
+    }
+    errno = EEXIST;
+    return -1;
+}
+
+/* Syncs the directory holding path, so the rename survives a crash. A
+ * directory that cannot be opened (write and search permission only) is
+ * skipped, as are file systems that cannot sync directories. */
+static int sync_dir_of(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char dir[TEMP_PATH_MAX];
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) < sizeof dir)
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else
+        return 0;
+    const int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    int e = 0;
+    if (fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP)
+        e = errno;
+    close(fd);
+    return e;
+}
+
 bn_status bn_gguf_writer_finish(bn_gguf_writer *w, const char *path, bn_gguf_progress_fn progress,
                                 void *ctx, bn_error *err)
 {
     if (!w || !path || !*path)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "bn_gguf_writer_finish: NULL writer or path");
+    bn_status st = bn_gguf_check_output_path(path, err);
+    if (st != BN_OK)
+        return st;
     /* Layout: tensors back to back in the order added, each padded. */
     uint64_t offset = 0;
     for (size_t i = 0; i < w->n_tensors; i++) {
@@ -1670,35 +1843,55 @@ bn_status bn_gguf_writer_finish(bn_gguf_writer *w, const char *path, bn_gguf_pro
     }
     const uint64_t total = align_up(metadata_bytes(w), w->alignment) + offset;
 
-    const size_t plen = strlen(path);
-    char *tmp = malloc(plen + 5);
+    const size_t size = strlen(path) + 32;
+    char *tmp = malloc(size);
     if (!tmp)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory to write %s", path);
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
-
-    out_file o = {.f = fopen(tmp, "wb"), .written = 0, .error = 0};
+    int slot = -1;
+    const int fd = create_temp(path, tmp, size, &slot);
+    out_file o = {.f = fd >= 0 ? fdopen(fd, "wb") : NULL, .written = 0, .error = 0};
     if (!o.f) {
         const int e = errno;
-        bn_status st = bn_error_set(err, BN_ERR_IO,
-                                    "check that the directory exists and is writable",
-                                    "cannot create %s: %s", tmp, strerror(e));
+        if (fd >= 0) {
+            close(fd);
+            unlink(tmp);
+        }
+        temp_disarm(slot);
+        st = bn_error_set(err, BN_ERR_IO, "check that the directory exists and is writable",
+                          "cannot create a temporary file beside %s: %s", path, strerror(e));
         free(tmp);
         return st;
     }
     write_file(w, &o, total, progress, ctx);
+    if (!o.error && fflush(o.f) != 0)
+        o.error = errno ? errno : EIO;
+    if (!o.error && fsync(fileno(o.f)) != 0 && errno != EINVAL && errno != ENOTSUP)
+        o.error = errno;
     if (fclose(o.f) != 0 && !o.error)
         o.error = errno ? errno : EIO;
     if (!o.error && o.written != total)
         o.error = EIO; /* our own size arithmetic disagrees: never rename */
+    /* Checked again: the output may have changed while this one was written. */
+    bn_error kind_err;
+    if (!o.error && bn_gguf_check_output_path(path, &kind_err) != BN_OK) {
+        unlink(tmp);
+        temp_disarm(slot);
+        free(tmp);
+        return bn_error_set(err, kind_err.status, kind_err.hint, "%s", kind_err.message);
+    }
     if (!o.error && rename(tmp, path) != 0)
         o.error = errno ? errno : EIO;
-    bn_status st = BN_OK;
     if (o.error) {
-        remove(tmp);
+        unlink(tmp);
         st = bn_error_set(err, BN_ERR_IO, "check free disk space and permissions",
                           "cannot write GGUF file %s: %s", path, strerror(o.error));
+    } else {
+        const int e = sync_dir_of(path);
+        if (e)
+            st = bn_error_set(err, BN_ERR_IO, "the file is complete but may not survive a crash",
+                              "wrote %s but cannot sync its directory: %s", path, strerror(e));
     }
+    temp_disarm(slot);
     free(tmp);
     return st;
 }

@@ -12,8 +12,10 @@
  *
  * The writer collects key/values and tensors (the caller keeps tensor data
  * alive until bn_gguf_writer_finish), then writes the file in one pass to
- * a temporary name and renames it, so a failed write never leaves a
- * truncated file behind.
+ * a temporary file of its own (created exclusively, under a random name in
+ * the output's directory), syncs it and renames it over the output, so a
+ * failed or interrupted write never leaves a truncated file behind and
+ * concurrent writers of one output never mix their bytes.
  */
 #ifndef BN_GGUF_H
 #define BN_GGUF_H
@@ -141,7 +143,22 @@ bn_status bn_gguf_writer_add_tensor(bn_gguf_writer *w, const char *name, uint32_
                                     uint64_t bytes, bn_error *err);
 /* Progress callback (may be NULL): bytes written so far of total. */
 typedef void (*bn_gguf_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+/* Writes path: a temporary file beside it (mode 0666 less the umask), synced,
+ * renamed over path, then the directory synced. The temporary file is
+ * removed on every failure. BN_ERR_IO when path exists and is not a regular
+ * file (device, FIFO, directory, symbolic link: never replaced or written
+ * through), or when creating, writing, syncing or renaming fails. */
 bn_status bn_gguf_writer_finish(bn_gguf_writer *w, const char *path, bn_gguf_progress_fn progress,
                                 void *ctx, bn_error *err);
+/* BN_OK when path does not exist or is a regular file; else the
+ * BN_ERR_IO refusal of bn_gguf_writer_finish, so a caller can refuse an
+ * output before spending time on its contents. */
+bn_status bn_gguf_check_output_path(const char *path, bn_error *err);
+/* Removes the temporary files that writers in this process are writing
+ * now. Async-signal-safe (lock-free atomics and unlink only): for a
+ * SIGINT/SIGTERM handler the program installs itself, which should then
+ * re-raise the signal with its default action. The library installs no
+ * signal handlers. */
+void bn_gguf_writer_remove_temp_files(void);
 
 #endif

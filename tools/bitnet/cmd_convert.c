@@ -1,12 +1,14 @@
 /* bitnet convert HF_DIR -o OUT.gguf --type T: a Hugging Face BitNet
  * directory as the GGUF file other runtimes expect (src/engine/convert.h
  * lists the conventions and where they come from). */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli.h"
 #include "convert.h"
+#include "gguf.h"
 
 static void usage(FILE *out)
 {
@@ -23,8 +25,11 @@ static void usage(FILE *out)
             "  f16     upstream llama.cpp: projections as F16 values (code x scale)\n"
             "\n"
             "Projections whose rows do not fit the block size (256 for TQ types) are written as\n"
-            "F16, as llama.cpp's converter does. The file is written to a temporary name and\n"
-            "renamed when complete, so OUT never holds a partial file.\n"
+            "F16, as llama.cpp's converter does. The file is written to a temporary file of its\n"
+            "own beside OUT, synced and renamed when complete, so OUT never holds a partial\n"
+            "file; an interrupted convert (SIGINT, SIGTERM, SIGHUP) removes it. An existing OUT\n"
+            "that is not a regular file (device, FIFO, directory, symbolic link) is refused.\n"
+            "A value the encoding stores as F16 but F16 cannot hold (above 65504) is an error.\n"
             "\n"
             "  -o, --output FILE   the GGUF file to write (required)\n"
             "  --type T            output encoding (default i2_s)\n"
@@ -55,6 +60,44 @@ static void on_progress(void *ctx, const char *stage, uint64_t done, uint64_t to
     cells[30] = '\0';
     fprintf(stderr, "\r%-8s [%s] %3d%%", stage, cells, percent);
     fflush(stderr);
+}
+
+/* The library installs no signal handlers; the command does, for the
+ * length of the conversion only. On SIGINT, SIGTERM or SIGHUP the handler
+ * removes the temporary file the writer is filling (the writer publishes it
+ * in a lock-free table; removal is async-signal-safe), then re-raises the
+ * signal, whose action SA_RESETHAND has already reset to the default, so the
+ * process ends as it would have without the handler. An existing OUT is
+ * never touched: it is only ever replaced by the final rename. */
+static const int cleanup_signals[] = {SIGINT, SIGTERM, SIGHUP};
+enum { N_CLEANUP_SIGNALS = sizeof cleanup_signals / sizeof cleanup_signals[0] };
+
+static void on_fatal_signal(int sig)
+{
+    bn_gguf_writer_remove_temp_files();
+    raise(sig); /* delivered when the handler returns */
+}
+
+static void set_cleanup_handlers(struct sigaction old[N_CLEANUP_SIGNALS])
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_fatal_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < N_CLEANUP_SIGNALS; i++) {
+        sigaction(cleanup_signals[i], NULL, &old[i]);
+        /* A signal the shell set to be ignored (nohup, background jobs)
+         * stays ignored. */
+        if (old[i].sa_handler != SIG_IGN)
+            sigaction(cleanup_signals[i], &sa, NULL);
+    }
+}
+
+static void restore_handlers(const struct sigaction old[N_CLEANUP_SIGNALS])
+{
+    for (int i = 0; i < N_CLEANUP_SIGNALS; i++)
+        sigaction(cleanup_signals[i], &old[i], NULL);
 }
 
 int cmd_convert(int argc, char **argv, const bn_config *cfg)
@@ -104,8 +147,11 @@ int cmd_convert(int argc, char **argv, const bn_config *cfg)
     bn_error err;
     bn_error_clear(&err);
     const double t0 = bn_time_seconds();
+    struct sigaction old[N_CLEANUP_SIGNALS];
+    set_cleanup_handlers(old);
     const bn_status st =
         bn_convert_hf_to_gguf(in, out, type, tty ? on_progress : NULL, &b, &rep, &err);
+    restore_handlers(old);
     if (tty && b.stage)
         fputc('\n', stderr);
     if (st != BN_OK)
