@@ -92,6 +92,14 @@ for bad in "--variant 99" "--variant x" "--split 3"; do
         expect_in err "bad or missing value for ${bad%% *}" "bench kernels $bad names the option"
     fi
 done
+# --providers names only providers this build has: a typo times nothing.
+run "$BITNET" bench kernels --providers bogus --min-time 0.01
+expect_rc 2 "bench kernels --providers bogus"
+expect_in err "no kernel provider 'bogus' \(this build has .*scalar" \
+    "bench kernels names the providers it has"
+expect_not_in out "\| bogus" "nothing benchmarked for an unknown provider"
+run "$BITNET" bench kernels --providers scalar,bogus --min-time 0.01
+expect_rc 2 "bench kernels --providers with one unknown name"
 run "$BITNET" bench kernels --device tpu
 expect_rc 2 "bench kernels --device tpu"
 expect_in err "must be cpu, cuda or cuda:N" "bench kernels names the devices it takes"

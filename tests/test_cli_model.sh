@@ -635,6 +635,76 @@ run "$BITNET" convert --help
 expect_rc 0 "convert --help"
 expect_in out "tq1_0" "convert --help lists the types"
 
+# ---- the pre-tokenizer: carried by convert, its cost bounded ---------------------------
+# with_regex SRC DST REGEX: a copy of HF directory SRC whose tokenizer.json
+# splits with REGEX.
+with_regex() {
+    cp -r "$1" "$2"
+    python3 - "$2/tokenizer.json" "$3" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1], encoding="utf-8"))
+j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = sys.argv[2]
+json.dump(j, open(sys.argv[1], "w", encoding="utf-8"), ensure_ascii=False)
+EOF
+}
+# A regex that matches no GGUF pre-tokenizer name: the file would split text
+# differently from the directory (\X: whole grapheme clusters), so convert
+# refuses it, naming the pattern, and writes nothing.
+with_regex "$M/hf_packed" "$tmp/hf_custom" '\X'
+mkdir -p "$tmp/custom_out"
+for t in i2_s tq2_0; do
+    run "$BITNET" convert "$tmp/hf_custom" -o "$tmp/custom_out/x.gguf" --type "$t"
+    expect_rc 5 "convert --type $t of a directory with a custom pre-tokenizer regex"
+    expect_in err 'pre-tokenizer regex "\\X"' "convert names the custom pre-tokenizer regex"
+done
+checks=$((checks + 1))
+[ -z "$(ls -A "$tmp/custom_out")" ] || fail "a refused convert leaves no file: $(ls -A "$tmp/custom_out")"
+# The shipped model's directory (LLaMA-3's regex) converts with pre
+# llama-bpe, for bitnet.cpp (i2_s) too, and every flavour tokenizes text as
+# the directory does: numbers, contractions, whitespace runs, non-ASCII.
+KJV=$DATA/../../models/bitnet-kjv-7m/hf
+if [ -d "$KJV" ]; then
+    for t in i2_s tq2_0; do
+        run "$BITNET" convert "$KJV" -o "$tmp/kjv_$t.gguf" --type "$t"
+        expect_rc 0 "convert the KJV directory --type $t"
+        run "$BITNET" inspect "$tmp/kjv_$t.gguf" --json
+        expect_py "converted KJV $t: tokenizer.ggml.pre is llama-bpe" "$tmp/out" <<'EOF'
+import json, sys
+pre = json.load(open(sys.argv[1]))["metadata"].get("tokenizer.ggml.pre")
+if pre != "llama-bpe":
+    print("tokenizer.ggml.pre =", pre); sys.exit(1)
+EOF
+    done
+    n=0
+    for p in "In 1611 the 12345 men said: I'll go, they're here, we'd've 3.14159" \
+        "$(printf 'a   b\n\n\n\tc  d    \r\n  e')" \
+        "Jérusalem — ʻokina 日本語 emoji 😀😀 ſt 'S'T ÀÉÎ" \
+        "   leading and trailing   " "x=1;y+=22//333*4444!!!??..."; do
+        n=$((n + 1))
+        for src in "$KJV" "$tmp/kjv_i2_s.gguf" "$tmp/kjv_tq2_0.gguf"; do
+            run "$BITNET" run -m "$src" -p "$p" -n 1 --temp 0 --device cpu --receipt "$tmp/tok_$n.json"
+            expect_rc 0 "run $(basename "$src") on prompt $n"
+            [ "$src" = "$KJV" ] && cp "$tmp/tok_$n.json" "$tmp/tok_${n}_dir.json"
+            expect_py "prompt $n: $(basename "$src") tokenizes as the directory" \
+                "$tmp/tok_$n.json" "$tmp/tok_${n}_dir.json" <<'EOF'
+import json, sys
+got, want = (json.load(open(f))["prompt"]["token_ids"] for f in sys.argv[1:3])
+if got != want:
+    print("got ", got); print("want", want); sys.exit(1)
+EOF
+        done
+    done
+else
+    fail "$KJV is missing"
+fi
+# A pre-tokenizer regex that backtracks catastrophically ((?:.?){21} tries
+# 2^21 ways before failing at each position) exhausts its work budget at
+# once: a malformed file (exit 5), not a minute of matching.
+with_regex "$M/hf_packed" "$tmp/hf_hostile" '(?:.?){21}\x{10FFFF}|.'
+run "$BITNET" run -m "$tmp/hf_hostile" -p "$(printf 'a%.0s' $(seq 1000))" -n 1 --device cpu
+expect_rc 5 "a costly pre-tokenizer regex on a 1000-byte prompt"
+expect_in err "pre-tokenizer regex .* is too costly" "the costly regex is named as the cause"
+
 # ---- bench e2e ----------------------------------------------------------------------
 run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cpu
 expect_rc 0 "bench e2e --shape tiny"
@@ -767,6 +837,111 @@ expect_rc 2 "run --kv f8"
 expect_in err "--kv must be f32 or f16" "run --kv names its values"
 run "$BITNET" run -p hi -n 2 --kv f16 --device cpu
 expect_rc 0 "run --kv f16 on the CPU (its cache stays f32)"
+
+# ---- exit codes: one rule for files ----------------------------------------------
+# A file that cannot be read or written, or whose content is malformed or
+# unsupported, is exit code 5 whichever command meets it; a device that
+# cannot run is 4 (above).
+cp "$M/i2s.gguf" "$tmp/v9.gguf"
+printf '\x09\x00\x00\x00' | dd of="$tmp/v9.gguf" bs=1 seek=4 conv=notrunc status=none
+for cmd in run inspect; do
+    if [ $cmd = run ]; then
+        run "$BITNET" run -m "$tmp/v9.gguf" -p hi -n 2 --device cpu
+    else
+        run "$BITNET" inspect "$tmp/v9.gguf"
+    fi
+    expect_rc 5 "$cmd on a GGUF of a newer version"
+    expect_in err "version 9" "$cmd names the version"
+done
+python3 - "$M/i2s.gguf" "$tmp/bert.gguf" <<'EOF_PY'
+import sys
+data = open(sys.argv[1], "rb").read()
+key = b"tokenizer.ggml.model"
+at = data.index(key) + len(key) + 4 + 8  # the key, the value's type, its length
+assert data[at:at + 4] == b"gpt2", data[at:at + 4]
+open(sys.argv[2], "wb").write(data[:at] + b"bert" + data[at + 4:])
+EOF_PY
+run "$BITNET" run -m "$tmp/bert.gguf" -p hi -n 2 --device cpu
+expect_rc 5 "run on a GGUF with an unsupported tokenizer model"
+expect_in err "bert" "the unsupported tokenizer model is named"
+run "$BITNET" run -m "$M/i2s.gguf" -p hi -n 2 --device cpu --receipt "$tmp/no/such/dir/r.json"
+expect_rc 5 "--receipt into a missing directory"
+expect_in err "cannot write the receipt .*No such file or directory" "the receipt error says why"
+if [ -w /dev/full ]; then
+    run "$BITNET" run -m "$M/i2s.gguf" -p hi -n 2 --device cpu --receipt /dev/full
+    expect_rc 5 "--receipt /dev/full"
+    run "$BITNET" run -m "$M/i2s.gguf" -p hi -n 2 --device cpu --dump-logits /dev/full
+    expect_rc 5 "--dump-logits /dev/full"
+fi
+run "$BITNET" run -m "$M/i2s.gguf" -p hi -n 2 --device cpu --dump-logits "$tmp/no/such/l.txt"
+expect_rc 5 "--dump-logits into a missing directory"
+
+# ---- input files are capped (--max-file-mib) ---------------------------------------
+# An endless or huge prompt file or text is refused once the limit is read,
+# before any model loads, instead of filling memory.
+for src in /dev/zero /dev/urandom; do
+    run "$BITNET" run -m "$M/i2s.gguf" --prompt-file "$src" -n 1 --device cpu
+    expect_rc 2 "--prompt-file $src"
+    expect_in err "the prompt file $src holds more than 64 MiB" "--prompt-file $src is refused"
+    expect_in err "hint: .*--max-file-mib" "the hint names --max-file-mib"
+    run "$BITNET" perplexity -m "$M/i2s.gguf" -f "$src" --device cpu
+    expect_rc 2 "perplexity -f $src"
+    expect_in err "the text file $src holds more than 64 MiB" "perplexity -f $src is refused"
+done
+head -c 1048577 /dev/zero | tr '\0' 'a' >"$tmp/big.txt"
+run "$BITNET" perplexity -m "$M/i2s.gguf" -f "$tmp/big.txt" --max-file-mib 1 --device cpu
+expect_rc 2 "a text one byte over --max-file-mib 1"
+expect_in err "holds more than 1 MiB" "the limit is named"
+run "$BITNET" run -m "$M/i2s.gguf" --prompt-file - --max-file-mib 1 -n 1 --device cpu \
+    <"$tmp/big.txt"
+expect_rc 2 "a prompt file on stdin one byte over --max-file-mib 1"
+for bad in 0 -1 65537 x; do
+    run "$BITNET" run -m "$M/i2s.gguf" --prompt-file "$tmp/big.txt" --max-file-mib "$bad"
+    expect_rc 2 "--max-file-mib $bad"
+done
+printf 'hi\nthere\n' >"$tmp/two.txt"
+run "$BITNET" run -m "$M/i2s.gguf" --prompt-file "$tmp/two.txt" --max-file-mib 1 -n 2 \
+    --device cpu --temp 0
+expect_rc 0 "a prompt file within --max-file-mib"
+
+# ---- a model whose logits are all NaN -------------------------------------------
+# output_norm (model.norm.weight) set to 3e38: finite, so the loader takes
+# it, but the final hidden state overflows and every logit is NaN. Every
+# command that samples stops with the same error perplexity gives, and
+# prints no token: greedy and sampled, the directory and its GGUF, and on a
+# usable GPU the device's picks (full head, screened head, sampler) too.
+cp -r "$M/hf_packed" "$tmp/hf_nan"
+python3 - "$tmp/hf_nan/model.safetensors" <<'EOF_PY'
+import json, struct, sys
+path = sys.argv[1]
+data = bytearray(open(path, "rb").read())
+n = struct.unpack("<Q", data[:8])[0]
+t = json.loads(data[8:8 + n])["model.norm.weight"]
+begin, end = (8 + n + o for o in t["data_offsets"])
+one = {"BF16": struct.pack("<f", 3e38)[2:], "F32": struct.pack("<f", 3e38)}[t["dtype"]]
+data[begin:end] = one * ((end - begin) // len(one))
+open(path, "wb").write(bytes(data))
+EOF_PY
+run "$BITNET" convert "$tmp/hf_nan" -o "$tmp/nan.gguf" --type i2_s
+expect_rc 0 "convert of the NaN-logit model (its weights are finite)"
+nan_devices="cpu"
+[ $HAVE_GPU = 1 ] && nan_devices="cpu cuda"
+for dev in $nan_devices; do
+    for model in "$tmp/hf_nan" "$tmp/nan.gguf"; do
+        for temp in 0 0.8; do
+            run "$BITNET" run -m "$model" -p "In the beginning" -n 4 --temp "$temp" --top-k 40 \
+                --device "$dev"
+            expect_rc 5 "run on NaN logits ($dev, ${model##*/}, --temp $temp)"
+            expect_in err "logits are not finite: every logit is NaN or -inf" \
+                "run on NaN logits says why ($dev, ${model##*/}, --temp $temp)"
+            expect_not_in out "." "run on NaN logits prints no token ($dev, --temp $temp)"
+        done
+    done
+    run "$BITNET" perplexity -m "$tmp/hf_nan" -f "$DM/test.txt" --ctx 32 --device "$dev" \
+        --max-file-mib 1
+    expect_rc 5 "perplexity on NaN logits ($dev)"
+    expect_in err "logits are not finite" "perplexity on NaN logits says why ($dev)"
+done
 
 echo "$checks checks, $fails failed"
 [ "$fails" = 0 ]

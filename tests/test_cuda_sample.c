@@ -96,6 +96,8 @@ static int32_t ref_argmax(const float *logits, int32_t V)
     for (int32_t i = 1; i < V; i++)
         if (l[i] > l[best])
             best = i;
+    if (!(l[best] > -INFINITY))
+        best = -1; /* every logit NaN or -inf: no token */
     free(l);
     return best;
 }
@@ -137,7 +139,7 @@ static int32_t ref_sample(const float *logits, int32_t V, const bn_cuda_sample_p
     free(l);
     if (n == 0) {
         free(c);
-        return 0;
+        return -1; /* nothing above -inf: no token */
     }
     float max = c[0].logit;
     for (int32_t i = 1; i < n; i++)
@@ -348,7 +350,7 @@ static void check_greedy(dev *d, int32_t V)
     /* NaN is never chosen, even where the maximum would be. */
     l[a < b ? a : b] = NAN;
     check_greedy_one(d, l, V, "NaN at max");
-    /* All -inf / NaN: token 0. */
+    /* All -inf / NaN: no token (-1). */
     for (int32_t i = 0; i < V; i++)
         l[i] = (i & 1) ? NAN : -INFINITY;
     check_greedy_one(d, l, V, "all masked");

@@ -1188,7 +1188,9 @@ static int choice_top_k(const bn_cuda_backend *b, const bn_cuda_sample_params *p
     return p->top_k >= 1 && p->top_k < b->hp.vocab ? p->top_k : (int)b->hp.vocab;
 }
 
-/* The token a step of parity par chose, once the stream is past it. */
+/* The token a step of parity par chose, once the stream is past it; -1
+ * when no token could be chosen (every logit NaN or -inf: the engine
+ * reports it). */
 static int32_t chosen_token(bn_cuda_backend *b, bool greedy, int par)
 {
     return greedy && b->head_screen ? bn_cuda_key_token(*h_key_at(b, par)) : *h_next_at(b, par);

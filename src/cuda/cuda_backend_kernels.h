@@ -422,9 +422,13 @@ cudaError_t bn_cb_decode_handoff(const unsigned long long *key, const int32_t *t
                                  int32_t vocab, void *host, const int32_t *step, int32_t *feed,
                                  int pdl, cudaStream_t stream);
 
-/* The token of a key of sample_key.cuh (ordered(logit) << 32 | 0xffffffff - id). */
+/* The token of a key of sample_key.cuh (ordered(logit) << 32 | 0xffffffff - id),
+ * or -1 when its logit is -inf or NaN (ordered(-inf) is 0x007fffff): the
+ * best key says every logit is, and no token can be chosen. */
 static inline int32_t bn_cuda_key_token(unsigned long long key)
 {
+    if ((uint32_t)(key >> 32) <= 0x007fffffu)
+        return -1;
     return (int32_t)(0xffffffffu - (uint32_t)key);
 }
 

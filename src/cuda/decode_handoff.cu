@@ -32,7 +32,8 @@ __global__ void handoff_kernel(const unsigned long long *__restrict__ key,
             *static_cast<int32_t *>(host) = t;
     }
     if (feed) {
-        /* A token outside the vocabulary (a refused draw: -1) is reported
+        /* A token outside the vocabulary (-1: a refused draw, or no token
+         * because every logit is NaN or -inf) is reported
          * to the host as it is; the step fed by it reads row 0 instead, so
          * that it stays in bounds until the host discards it. */
         feed[0] = t >= 0 && t < vocab ? t : 0;

@@ -5,7 +5,7 @@
  *
  *   - NaN logits are never chosen; if any logit is +inf, the +inf tokens
  *     share all the probability equally; when every logit is -inf or NaN
- *     the token is 0;
+ *     no token can be chosen: the token is -1;
  *   - temperature <= 0: argmax, lowest index on ties;
  *   - otherwise top-k (best first: higher logit, then lower index),
  *     w = exp((logit - max) / T) rounded to float, z = sum of w (double),
@@ -62,7 +62,7 @@ typedef struct bn_cuda_sample_params {
  * workspace. */
 size_t bn_cuda_sample_workspace_bytes(int32_t vocab);
 
-/* Greedy: *d_token = argmax (lowest index on ties, NaN never chosen, 0
+/* Greedy: *d_token = argmax (lowest index on ties, NaN never chosen, -1
  * when every logit is -inf or NaN); also copied to h_token when not NULL. */
 cudaError_t bn_cuda_sample_greedy(const float *logits, int32_t vocab, void *workspace,
                                   int32_t *d_token, int32_t *h_token, cudaStream_t stream);

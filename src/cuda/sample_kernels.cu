@@ -99,10 +99,10 @@ __global__ void __launch_bounds__(1024)
     for (int i = threadIdx.x; i < blocks; i += blockDim.x)
         best = ws[i] > best ? ws[i] : best;
     best = block_max_key(best);
-    /* Every logit -inf or NaN still gives a key (-inf, lowest id) above the
-     * padding, so best is never 0 and its id is the CPU's fallback 0. */
+    /* Every logit -inf or NaN: no token can be chosen (-1), as the CPU
+     * sampler says with BN_SAMPLER_NO_TOKEN. */
     if (threadIdx.x == 0)
-        *token = key_id(best);
+        *token = key_live(best) ? key_id(best) : -1;
 }
 
 /* ---- top-k ---------------------------------------------------------------- */
@@ -197,7 +197,7 @@ __device__ float walk_prepare(cand *c, int *n_io)
 {
     int n = *n_io;
     if (n == 0)
-        return NAN; /* nothing above -inf: token 0 */
+        return NAN; /* nothing above -inf: no token (-1) */
     /* +inf tokens share everything: they sort first, by id. */
     if (c[0].logit == INFINITY) {
         int m = 0;
@@ -308,7 +308,7 @@ __device__ int32_t draw_sorted(const uint64_t *keys, int k, const walk_params &p
     /* Live keys are a prefix (sorted, -inf and padding last). */
     int n = __popc(__ballot_sync(all, live[0])) + __popc(__ballot_sync(all, live[1]));
     if (n == 0)
-        return 0; /* nothing above -inf: token 0 */
+        return -1; /* nothing above -inf: no token can be chosen */
     /* +inf tokens share everything: they are the prefix, weight 1 each. */
     if (__shfl_sync(all, logit[0], 0) == INFINITY) {
         n = __popc(__ballot_sync(all, live[0] && logit[0] == INFINITY)) +
@@ -547,7 +547,7 @@ __global__ void __launch_bounds__(kSelectThreads)
         c[threadIdx.x].w = walk_weight(c[threadIdx.x].logit, max_logit, p.temperature);
     __syncthreads();
     if (threadIdx.x == 0)
-        *token = m == 0 ? 0 : walk_finish(c, m, p, u);
+        *token = m == 0 ? -1 : walk_finish(c, m, p, u);
 }
 
 int next_pow2(int64_t x)

@@ -169,7 +169,7 @@ static bn_status select_backend(bn_engine *e, const bn_config *cfg, const char *
         e->want_cuda = true;
 #else
         if (e->strict)
-            return bn_error_set(err, BN_ERR_UNSUPPORTED,
+            return bn_error_set(err, BN_ERR_NO_DEVICE,
                                 "rebuild with the CUDA toolkit, or unset BITNET_STRICT_MODE",
                                 "a CUDA GPU is usable but this build has no CUDA support, and "
                                 "BITNET_STRICT_MODE=1 forbids computing on the CPU instead");
@@ -198,7 +198,7 @@ static bn_status select_backend(bn_engine *e, const bn_config *cfg, const char *
         e->want_cuda = true;
         e->cuda_index = req.kind == BN_DEVICE_CUDA ? req.index : -1;
 #else
-        return bn_error_set(err, BN_ERR_UNSUPPORTED,
+        return bn_error_set(err, BN_ERR_NO_DEVICE,
                             from_env ? "unset BITNET_DEVICE or set it to cpu or auto"
                                      : "rebuild with the CUDA toolkit, or use --device cpu",
                             "this build of bitnet has no CUDA support (requested %s)",
@@ -231,13 +231,18 @@ static bn_status open_cpu(bn_engine *e, bn_error *err)
 static bn_status cuda_fallback_allowed(bn_engine *e, const char *what, const bn_error *cerr,
                                        bn_error *err)
 {
+    /* The model is fine (the CPU runs it); the requested device cannot:
+     * a device refusal, not an unsupported input. */
+    const bn_status status = cerr->status == BN_ERR_UNSUPPORTED ? BN_ERR_NO_DEVICE : cerr->status;
     if (!e->auto_request) {
-        if (err)
+        if (err) {
             *err = *cerr;
-        return cerr->status;
+            err->status = status;
+        }
+        return status;
     }
     if (e->strict)
-        return bn_error_set(err, cerr->status,
+        return bn_error_set(err, status,
                             "unset BITNET_STRICT_MODE to let auto fall back to the CPU",
                             "%s and BITNET_STRICT_MODE=1 forbids falling back to the CPU: %.380s",
                             what, cerr->message);
@@ -848,6 +853,19 @@ void bn_generation_free(bn_generation *g)
     g->eog_token = -1;
 }
 
+/* No token can be chosen for position pos: every logit is NaN or -inf
+ * (bn_sampler_sample's BN_SAMPLER_NO_TOKEN, or the device's pick saying
+ * the same). The same error on every backend and sampling path, and the
+ * same words perplexity uses: the model computes garbage, and a pick from
+ * it would be garbage too. */
+static bn_status logits_not_finite(int64_t pos, bn_error *err)
+{
+    return bn_error_set(err, BN_ERR_FORMAT, "the model's weights may hold values that overflow",
+                        "the model's logits are not finite: every logit is NaN or -inf, so no "
+                        "token can be chosen for position %lld",
+                        (long long)pos);
+}
+
 bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_generation *g,
                              bn_error *err)
 {
@@ -941,6 +959,10 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
     for (int i = 0; i < req->n_predict; i++) {
         const int32_t id = have_next ? next : bn_sampler_sample(sampler, e->logits, history,
                                                                 n_history);
+        if (id < 0 || id >= hp->vocab) {
+            st = logits_not_finite(pos, err);
+            goto done; /* a submitted step is drained by the next reset */
+        }
         history[n_history++] = id;
         if (tok && !req->ignore_eog && bn_tokenizer_is_eog(tok, id)) {
             g->stopped_at_eog = true;

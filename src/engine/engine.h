@@ -20,7 +20,8 @@
  *   gpu, cuda[:N]   the CUDA backend on the best device / device N, never a
  *                   fallback: an unusable device or a failure is an error
  *                   (BN_ERR_NO_DEVICE / BN_ERR_DRIVER naming why, exit code 4;
- *                   BN_ERR_UNSUPPORTED in a build without CUDA).
+ *                   BN_ERR_NO_DEVICE also in a build without CUDA and when
+ *                   the CUDA backend cannot run this model).
  *
  * Fake GPUs (BITNET_GPU_FAKE) are never used to compute and never appear in
  * the "detected" list. The selection is summarised in one startup line,

@@ -73,7 +73,7 @@ static void select_once(void)
             return;
         }
         if (!p->is_available()) {
-            bn_error_set(&selection.error, BN_ERR_UNSUPPORTED,
+            bn_error_set(&selection.error, BN_ERR_NO_DEVICE,
                          "pick a provider this CPU supports ('bitnet devices' lists them)",
                          "BITNET_KERNEL=%s: this CPU lacks the instructions it needs", cfg.kernel);
             return;

@@ -408,12 +408,12 @@ static size_t top_p_bucketed(bn_sampler *s, cand *c, size_t n, float max, double
 static int32_t argmax(const float *logits, int32_t n)
 {
     /* Strict > keeps the lowest index on ties; NaN was cleaned to -inf, and
-     * with every logit -inf nothing beats index 0: the documented fallback. */
+     * with every logit -inf there is nothing to choose. */
     int32_t best = 0;
     for (int32_t i = 1; i < n; i++)
         if (logits[i] > logits[best])
             best = i;
-    return best;
+    return logits[best] > -INFINITY ? best : BN_SAMPLER_NO_TOKEN;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -464,7 +464,7 @@ int32_t bn_sampler_sample(bn_sampler *s, float *logits, const int32_t *history, 
                 c[n++] = (cand){.logit = logits[i], .w = 0.0f, .id = i};
     }
     if (n == 0)
-        return 0;
+        return BN_SAMPLER_NO_TOKEN; /* every logit NaN or -inf */
 
     float max = c[0].logit;
     for (size_t i = 1; i < n; i++)

@@ -9,8 +9,8 @@
  * any machine and thread count). This is Hugging Face transformers' order;
  * llama.cpp's default chain differs in one place: it applies temperature
  * last, so its top-p and min-p see the temperature-1 distribution.
- * NaN logits are never chosen; when every logit is -inf or NaN the result
- * is token 0.
+ * NaN logits are never chosen; when every logit is -inf or NaN there is
+ * no result (BN_SAMPLER_NO_TOKEN).
  */
 #ifndef BN_SAMPLER_H
 #define BN_SAMPLER_H
@@ -34,12 +34,19 @@ void bn_sampler_params_default(bn_sampler_params *p); /* greedy, penalties off *
 
 typedef struct bn_sampler bn_sampler;
 
+/* bn_sampler_sample's answer when every logit is NaN or -inf (the GPU's
+ * samplers answer the same, sample_cuda.h). */
+#define BN_SAMPLER_NO_TOKEN (-1)
+
 bn_status bn_sampler_create(const bn_sampler_params *p, int32_t vocab_size, bn_sampler **out,
                             bn_error *err);
 void bn_sampler_free(bn_sampler *s);
 /* Picks a token. logits (vocab_size floats) may be modified. history holds
- * the tokens so far (prompt and generated), oldest first. Returns -1 only
- * when s or logits is NULL. */
+ * the tokens so far (prompt and generated), oldest first. NaN logits are
+ * never chosen. Returns BN_SAMPLER_NO_TOKEN when no token can be chosen
+ * (every logit NaN or -inf after the penalty: the model's numbers broke
+ * down, and any pick would be garbage; the caller reports it), and the
+ * same when s or logits is NULL. */
 int32_t bn_sampler_sample(bn_sampler *s, float *logits, const int32_t *history, size_t n_history);
 /* Re-seeds (for a new request). */
 void bn_sampler_reset(bn_sampler *s, uint64_t seed);

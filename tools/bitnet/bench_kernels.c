@@ -305,6 +305,34 @@ static bool wanted(const bench_opts *o, const char *name)
     return false;
 }
 
+/* --providers names only providers this build has and this CPU runs:
+ * a typo or a provider the CPU lacks would otherwise time nothing. */
+static int check_provider_names(const char *list)
+{
+    char buf[128];
+    if (strlen(list) >= sizeof buf || !list[0]) {
+        fprintf(stderr, "bitnet bench kernels: error: --providers takes a comma-separated list "
+                        "of provider names\n");
+        return BN_EXIT_USAGE;
+    }
+    snprintf(buf, sizeof buf, "%s", list);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        const bn_kernel_provider *p = bn_kernel_by_name(t);
+        if (!p) {
+            fprintf(stderr, "bitnet bench kernels: error: no kernel provider '%s' (this build has "
+                            "%s)\n", t, bn_kernel_compiled_names());
+            return BN_EXIT_USAGE;
+        }
+        if (!p->is_available()) {
+            fprintf(stderr, "bitnet bench kernels: error: kernel provider '%s' is not usable "
+                            "here\nbitnet: hint: 'bitnet devices' says why\n", t);
+            return BN_EXIT_DEVICE;
+        }
+    }
+    return BN_EXIT_OK;
+}
+
 int bench_kernels_cuda(int argc, char **argv, int device);
 int bench_kernels(int argc, char **argv);
 int bench_kernels(int argc, char **argv)
@@ -380,6 +408,12 @@ int bench_kernels(int argc, char **argv)
             return BN_EXIT_USAGE;
         }
         i++;
+    }
+
+    if (o.providers) {
+        const int rc = check_provider_names(o.providers);
+        if (rc != BN_EXIT_OK)
+            return rc;
     }
 
     const bn_cpu_features *cpu = bn_cpu_features_get();

@@ -24,10 +24,21 @@ int cli_fail(const bn_error *err);
 int cli_exit_code(bn_status status);
 
 /* The whole file at path ('-': stdin) in memory, NUL-terminated, its
- * length in *len; what names it in errors ("the prompt file"). NULL after
- * an error set in err: BN_ERR_IO (with the system's reason) or
- * BN_ERR_OUT_OF_MEMORY. */
-char *cli_read_all(const char *path, const char *what, size_t *len, bn_error *err);
+ * length in *len; what names it in errors ("the prompt file"). A file of
+ * more than max_bytes is refused as soon as that many have been read, so
+ * /dev/zero or a huge file costs at most max_bytes of memory. NULL after
+ * an error set in err: BN_ERR_IO (with the system's reason),
+ * BN_ERR_INVALID_ARGUMENT (over the limit: the hint names the option that
+ * raises it) or BN_ERR_OUT_OF_MEMORY. */
+char *cli_read_all(const char *path, const char *what, size_t max_bytes, size_t *len,
+                   bn_error *err);
+
+/* --max-file-mib: the default limit of cli_read_all for the text files of
+ * run --prompt-file and perplexity -f, and the largest value accepted. */
+#define CLI_MAX_FILE_MIB_DEFAULT 64
+#define CLI_MAX_FILE_MIB_MAX 65536
+/* "--max-file-mib N": N in MiB, else an error printed (exit code 2). */
+bool cli_parse_max_file_mib(const char *cmd, const char *text, size_t *bytes);
 
 /* Option values. Each prints "bitnet CMD: error: ..." itself and returns
  * NULL / false on a missing or malformed value (exit code 2). */

@@ -31,15 +31,19 @@ static void usage(FILE *out)
             "                      auto)\n"
             "      --threads N     CPU threads (default: BITNET_NUM_THREADS, else every core)\n"
             "      --json          print the result as one JSON object\n"
+            "      --max-file-mib N  refuse a text file of more than N MiB (default %d)\n"
             "      --help          show this help\n"
             "\n"
-            "exit codes: 2 bad command line or a text too short, 4 device unusable, 5 unreadable\n"
-            "or malformed model or text file, 6 out of memory.\n");
+            "exit codes: 2 bad command line, a text too short or over --max-file-mib, 4 device\n"
+            "unusable, 5 a model or text file that cannot be read, or a malformed or\n"
+            "unsupported one, 6 out of memory.\n",
+            CLI_MAX_FILE_MIB_DEFAULT);
 }
 
 typedef struct ppl_opts {
     const char *model, *file, *device;
     long long ctx, threads;
+    size_t max_file_bytes;
     bool json;
 } ppl_opts;
 
@@ -47,6 +51,7 @@ typedef struct ppl_opts {
 static int parse(int argc, char **argv, ppl_opts *o)
 {
     memset(o, 0, sizeof *o);
+    o->max_file_bytes = (size_t)CLI_MAX_FILE_MIB_DEFAULT << 20;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = NULL;
@@ -79,6 +84,10 @@ static int parse(int argc, char **argv, ppl_opts *o)
                 return BN_EXIT_USAGE;
         } else if (strcmp(a, "--json") == 0) {
             o->json = true;
+        } else if (strcmp(a, "--max-file-mib") == 0) {
+            VALUE();
+            if (!cli_parse_max_file_mib(CMD, v, &o->max_file_bytes))
+                return BN_EXIT_USAGE;
         } else {
             fprintf(stderr, "bitnet perplexity: error: unknown option '%s'\n", a);
             usage(stderr);
@@ -128,7 +137,7 @@ int cmd_perplexity(int argc, char **argv, const bn_config *cfg)
     bn_error err;
     bn_error_clear(&err);
     size_t len = 0;
-    char *text = cli_read_all(o.file, "the text file", &len, &err);
+    char *text = cli_read_all(o.file, "the text file", o.max_file_bytes, &len, &err);
     if (!text)
         return cli_fail(&err);
 

@@ -2,6 +2,7 @@
  * file. The text goes to stdout as it is produced; the startup line,
  * timings and errors go to stderr, so stdout holds nothing but the model's
  * words. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -41,6 +42,7 @@ static void usage(FILE *out)
             "                         one generates; on the GPU its tokens are uploaded during\n"
             "                         the current request's decode steps. Not with --receipt or\n"
             "                         --dump-logits, which describe one request\n"
+            "      --max-file-mib N   refuse a prompt file of more than N MiB (default %d)\n"
             "  -n, --n-predict N      tokens to generate at most (default 128); generation also\n"
             "                         stops at an end-of-generation token\n"
             "      --chat             wrap the prompt in the BitNet b1.58 2B-4T chat format\n"
@@ -78,8 +80,11 @@ static void usage(FILE *out)
             "      --verbose          model details, memory and info-level logs on stderr\n"
             "      --help             show this help\n"
             "\n"
-            "exit codes: 2 bad command line or request (e.g. longer than the context), 4 device\n"
-            "unusable, 5 unreadable or malformed model or prompt file, 6 out of memory.\n");
+            "exit codes: 2 bad command line or request (e.g. longer than the context, a prompt\n"
+            "file over --max-file-mib), 4 device unusable, 5 a model, prompt or output file\n"
+            "that cannot be read or written, or a malformed or unsupported one, 6 out of\n"
+            "memory.\n",
+            CLI_MAX_FILE_MIB_DEFAULT);
 }
 
 typedef struct run_opts {
@@ -87,6 +92,7 @@ typedef struct run_opts {
     int32_t *ids; /* --prompt-ids */
     size_t n_ids;
     long long n_predict, threads, ctx;
+    size_t max_file_bytes; /* --max-file-mib */
     bool chat, verbose, have_seed, kv_f16;
     uint64_t seed;
     bn_sampler_params sp;
@@ -123,6 +129,7 @@ static int parse(int argc, char **argv, run_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->n_predict = 128;
+    o->max_file_bytes = (size_t)CLI_MAX_FILE_MIB_DEFAULT << 20;
     bn_sampler_params_default(&o->sp);
     o->sp.temperature = 0.8f;
     o->sp.top_k = 40;
@@ -157,6 +164,10 @@ static int parse(int argc, char **argv, run_opts *o)
         } else if (strcmp(a, "--prompt-file") == 0) {
             VALUE();
             o->prompt_file = v;
+        } else if (strcmp(a, "--max-file-mib") == 0) {
+            VALUE();
+            if (!cli_parse_max_file_mib(CMD, v, &o->max_file_bytes))
+                return BN_EXIT_USAGE;
         } else if (strcmp(a, "-n") == 0 || strcmp(a, "--n-predict") == 0) {
             VALUE();
             if (!cli_parse_i64(CMD, a, v, 1, 1 << 24, &o->n_predict))
@@ -309,34 +320,39 @@ static void print_verbose(const bn_engine *e)
         fprintf(stderr, "note: %s; computing on the CPU\n", info.fallback);
 }
 
+/* An output file (--dump-logits, --receipt) that cannot be created or
+ * written: exit code 5, as for any file, whichever step failed. */
+static int output_failed(const char *what, const char *path, int errnum)
+{
+    bn_error err;
+    bn_error_set(&err, BN_ERR_IO, "check that the directory exists, is writable and has space",
+                 "cannot write the %s %s: %s", what, path, strerror(errnum ? errnum : EIO));
+    return cli_fail(&err);
+}
+
 static int write_logits(const char *path, const float *logits, int32_t n)
 {
     FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "bitnet run: error: cannot write %s\n", path);
-        return BN_EXIT_FAILURE;
-    }
+    if (!f)
+        return output_failed("logits", path, errno);
     for (int32_t i = 0; i < n; i++)
         fprintf(f, "%.9g\n", logits[i]);
-    if (fclose(f) != 0) {
-        fprintf(stderr, "bitnet run: error: cannot write %s\n", path);
-        return BN_EXIT_FAILURE;
-    }
+    const bool write_error = ferror(f) != 0;
+    if (fclose(f) != 0 || write_error)
+        return output_failed("logits", path, errno);
     return BN_EXIT_OK;
 }
 
 static int write_receipt(const char *path, const bn_engine *e, const bn_receipt_info *ri)
 {
     FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "bitnet run: error: cannot write the receipt %s\n", path);
-        return BN_EXIT_FAILURE;
-    }
+    if (!f)
+        return output_failed("receipt", path, errno);
     bn_error err;
     bn_error_clear(&err);
     bn_status st = bn_engine_write_receipt(e, ri, f, &err);
     if (fclose(f) != 0 && st == BN_OK)
-        st = bn_error_set(&err, BN_ERR_IO, NULL, "could not write the receipt %s", path);
+        return output_failed("receipt", path, errno);
     return st == BN_OK ? BN_EXIT_OK : cli_fail(&err);
 }
 
@@ -384,14 +400,14 @@ static void prompt_list_free(prompt_list *pl)
 
 /* One prompt per line: a trailing '\r' is dropped and empty lines are
  * skipped. 0 or the exit code after an error printed. */
-static int read_prompts(const char *path, prompt_list *pl)
+static int read_prompts(const char *path, size_t max_bytes, prompt_list *pl)
 {
     memset(pl, 0, sizeof *pl);
     pl->name = strcmp(path, "-") == 0 ? "- (stdin)" : path;
     size_t len = 0;
     bn_error err;
     bn_error_clear(&err);
-    if (!(pl->buf = cli_read_all(path, "the prompt file", &len, &err)))
+    if (!(pl->buf = cli_read_all(path, "the prompt file", max_bytes, &len, &err)))
         return cli_fail(&err);
     size_t max_lines = 1;
     for (size_t i = 0; i < len; i++)
@@ -639,7 +655,7 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
         bn_log_set_level(BN_LOG_INFO);
 
     prompt_list pl = {0};
-    if (o.prompt_file && (rc = read_prompts(o.prompt_file, &pl)) != 0)
+    if (o.prompt_file && (rc = read_prompts(o.prompt_file, o.max_file_bytes, &pl)) != 0)
         return rc;
     char default_model[4096];
     if (!o.model && !(o.model = cli_default_model(cfg, default_model, sizeof default_model, CMD))) {

@@ -44,7 +44,7 @@ static void print_help(FILE *out)
                  "  2  bad command line\n"
                  "  3  malformed BITNET_* environment variable\n"
                  "  4  requested device unusable (including strict-mode refusals)\n"
-                 "  5  unreadable or malformed input file\n"
+                 "  5  a file cannot be read or written, or is malformed or unsupported\n"
                  "  6  out of host or GPU memory\n");
 }
 
@@ -56,10 +56,13 @@ int cli_exit_code(bn_status status)
     case BN_ERR_INVALID_CONFIG: return BN_EXIT_CONFIG;
     case BN_ERR_NO_DEVICE:
     case BN_ERR_DRIVER:
-    case BN_ERR_FAKE_GPU:
-    case BN_ERR_UNSUPPORTED: return BN_EXIT_DEVICE;
+    case BN_ERR_FAKE_GPU: return BN_EXIT_DEVICE;
+    /* A file that cannot be read or written, or whose content is malformed
+     * or uses something this build does not support (a newer GGUF version,
+     * an unknown tensor type or tokenizer model). */
     case BN_ERR_IO:
-    case BN_ERR_FORMAT: return BN_EXIT_INPUT;
+    case BN_ERR_FORMAT:
+    case BN_ERR_UNSUPPORTED: return BN_EXIT_INPUT;
     case BN_ERR_OUT_OF_MEMORY:
     case BN_ERR_GPU_OUT_OF_MEMORY: return BN_EXIT_OUT_OF_MEMORY;
     default: return BN_EXIT_FAILURE;
@@ -74,7 +77,8 @@ int cli_fail(const bn_error *err)
     return cli_exit_code(err->status);
 }
 
-char *cli_read_all(const char *path, const char *what, size_t *len, bn_error *err)
+char *cli_read_all(const char *path, const char *what, size_t max_bytes, size_t *len,
+                   bn_error *err)
 {
     const bool is_stdin = strcmp(path, "-") == 0;
     const char *name = is_stdin ? "- (stdin)" : path;
@@ -84,17 +88,22 @@ char *cli_read_all(const char *path, const char *what, size_t *len, bn_error *er
                      strerror(errno));
         return NULL;
     }
+    /* Read at most max_bytes + 1: one byte more than the limit proves the
+     * file is over it without reading the rest. */
+    const size_t want = max_bytes < SIZE_MAX - 1 ? max_bytes + 1 : SIZE_MAX - 1;
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
     while (buf) {
         n += fread(buf + n, 1, cap - 1 - n, f);
-        if (n < cap - 1)
-            break; /* end of file or an error, told apart below */
-        char *bigger = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+        if (n < cap - 1 || n >= want)
+            break; /* end of file or an error (told apart below), or over the limit */
+        const size_t grown = cap <= SIZE_MAX / 2 ? cap * 2 : 0;
+        const size_t next = grown > want + 1 ? want + 1 : grown;
+        char *bigger = next ? realloc(buf, next) : NULL;
         if (!bigger)
             free(buf);
         buf = bigger;
-        cap *= 2;
+        cap = next;
     }
     const bool failed = buf && ferror(f);
     const int read_errno = errno;
@@ -110,9 +119,24 @@ char *cli_read_all(const char *path, const char *what, size_t *len, bn_error *er
                      strerror(read_errno));
         return NULL;
     }
+    if (n > max_bytes) {
+        free(buf);
+        bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "raise the limit with --max-file-mib N",
+                     "%s %s holds more than %zu MiB", what, name, max_bytes >> 20);
+        return NULL;
+    }
     buf[n] = '\0';
     *len = n;
     return buf;
+}
+
+bool cli_parse_max_file_mib(const char *cmd, const char *text, size_t *bytes)
+{
+    long long mib;
+    if (!cli_parse_i64(cmd, "--max-file-mib", text, 1, CLI_MAX_FILE_MIB_MAX, &mib))
+        return false;
+    *bytes = (size_t)mib << 20;
+    return true;
 }
 
 /* ---- option values shared by the subcommands ------------------------------ */
