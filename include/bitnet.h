@@ -6,6 +6,12 @@
  * caller passes a bn_error, fills it with a message and a hint saying what to
  * do about it. The library never exits, aborts or prints except through its
  * logger (BITNET_LOG).
+ *
+ * Arguments are validated: given a NULL pointer (other than an optional
+ * bn_error) or a value out of range, a function returning bn_status returns
+ * BN_ERR_INVALID_ARGUMENT with a message, a void function does nothing, and
+ * the other functions return what their comment says. None of them crashes
+ * or reads out of bounds on such arguments.
  */
 #ifndef BITNET_H
 #define BITNET_H
@@ -50,7 +56,8 @@ typedef struct bn_error {
     char hint[BN_ERROR_HINT_MAX];       /* what to do about it ("" if none)  */
 } bn_error;
 
-/* Short stable name of a status, e.g. "invalid-config". */
+/* Short stable name of a status, e.g. "invalid-config"; "unknown-status"
+ * for a value outside [BN_OK, BN_STATUS_COUNT). */
 const char *bn_status_str(bn_status status);
 
 /* Clears an error record (status BN_OK, empty strings). NULL is allowed. */
@@ -58,7 +65,9 @@ void bn_error_clear(bn_error *err);
 
 /* Fills err (if not NULL) and returns status, so callers can write
  * `return bn_error_set(err, BN_ERR_IO, "check the path", "cannot open %s", p);`
- * hint may be NULL. */
+ * hint may be NULL; a NULL fmt makes the message the status's name. status
+ * is stored and returned as given, even out of range. Message and hint are
+ * cut to BN_ERROR_MESSAGE_MAX / BN_ERROR_HINT_MAX bytes. */
 bn_status bn_error_set(bn_error *err, bn_status status, const char *hint,
                        const char *fmt, ...)
 #if defined(__GNUC__)
@@ -80,8 +89,12 @@ typedef enum bn_log_level {
     BN_LOG_DEBUG = 3
 } bn_log_level;
 
+/* A level outside [BN_LOG_ERROR, BN_LOG_DEBUG] is ignored: the current
+ * level stays. */
 void bn_log_set_level(bn_log_level level);
 bn_log_level bn_log_get_level(void);
+/* Prints one line when level is at most the current level; a level outside
+ * [BN_LOG_ERROR, BN_LOG_DEBUG] or a NULL fmt prints nothing. */
 void bn_log(bn_log_level level, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
@@ -114,7 +127,8 @@ typedef enum bn_gpu_backend {
     BN_GPU_BACKEND_COUNT
 } bn_gpu_backend;
 
-/* Name of a backend: "cuda", "rocm", "metal", "vulkan", "opencl". */
+/* Name of a backend: "cuda", "rocm", "metal", "vulkan", "opencl";
+ * "unknown" for a value outside [0, BN_GPU_BACKEND_COUNT). */
 const char *bn_gpu_backend_name(bn_gpu_backend backend);
 
 typedef struct bn_config {
@@ -137,31 +151,36 @@ typedef struct bn_config {
     char model[1024];                /* BITNET_MODEL ("" = the default model) */
 } bn_config;
 
-/* Defaults, as if no BITNET_* variable were set. */
+/* Defaults, as if no BITNET_* variable were set. cfg NULL does nothing. */
 void bn_config_defaults(bn_config *cfg);
 
 /* Reads and validates every BITNET_* variable. On a malformed value returns
  * BN_ERR_INVALID_CONFIG with a message naming the variable and the form it
- * accepts; cfg then holds the defaults plus the values parsed before it. */
+ * accepts; cfg then holds the defaults plus the values parsed before it.
+ * cfg NULL is BN_ERR_INVALID_ARGUMENT. */
 bn_status bn_config_from_env(bn_config *cfg, bn_error *err);
 
 /* Applies one NAME=value pair as if it came from the environment; the unit
  * of the parser, exposed for tests and for CLI flags that mirror variables.
- * An unknown BITNET_* name is BN_ERR_INVALID_CONFIG. */
+ * An unknown BITNET_* name is BN_ERR_INVALID_CONFIG; a NULL cfg, name or
+ * value is BN_ERR_INVALID_ARGUMENT. */
 bn_status bn_config_set(bn_config *cfg, const char *name, const char *value, bn_error *err);
 
 /* Names of every variable bn_config reads, NULL-terminated. */
 const char *const *bn_config_variable_names(void);
 
 /* The form a variable accepts, in words (as shown in error messages);
- * NULL for a name bn_config does not read. */
+ * NULL for NULL or a name bn_config does not read. */
 const char *bn_config_variable_accepted(const char *name);
 
 /* Parses "2GB", "512MB", "1.5GiB", "4096" (bytes). Units are binary:
- * KB = KiB = 1024 bytes. Returns false on anything else or on overflow. */
+ * KB = KiB = 1024 bytes. Returns false on anything else, on overflow, or
+ * when text or bytes is NULL; *bytes is then left as it was. */
 bool bn_parse_memory_size(const char *text, uint64_t *bytes);
 
-/* Parses "auto", "cpu", "gpu", "cuda" or "cuda:N". */
+/* Parses "auto", "cpu", "gpu", "cuda" or "cuda:N" (N below
+ * BN_CUDA_MAX_DEVICES). Returns false on anything else, or when text or req
+ * is NULL; *req is then left as it was. */
 bool bn_parse_device_request(const char *text, bn_device_request *req);
 
 /* ------------------------------------------------------------------------ */
@@ -169,8 +188,10 @@ bool bn_parse_device_request(const char *text, bn_device_request *req);
 /* ------------------------------------------------------------------------ */
 
 /* alignment must be a power of two and a multiple of sizeof(void *).
- * Returns NULL on failure or bad alignment; size 0 returns a valid pointer. */
+ * Returns NULL on failure, on bad alignment, and when size plus alignment
+ * would not fit a size_t; size 0 returns a valid pointer. */
 void *bn_aligned_alloc(size_t alignment, size_t size);
+/* Frees what bn_aligned_alloc returned; NULL does nothing. */
 void bn_aligned_free(void *ptr);
 
 /* Monotonic clock, never goes backwards. */
@@ -184,9 +205,14 @@ typedef struct bn_backtrace {
 } bn_backtrace;
 
 /* Captures the caller's stack in debug builds (BITNET_DEBUG); a no-op that
- * records depth 0 otherwise, so it is cheap to call on hot paths. */
+ * records depth 0 otherwise, so it is cheap to call on hot paths. skip
+ * drops that many innermost frames (negative = 0; more than the stack has
+ * leaves depth 0). bt NULL does nothing. */
 void bn_backtrace_capture(bn_backtrace *bt, int skip);
-/* Writes one frame per line ("  #0 symbol+off (module)") into buf. */
+/* Writes one frame per line ("  #0 symbol+off (module)") into buf, cut to
+ * size bytes and always NUL-terminated; buf NULL or size 0 does nothing.
+ * bt->depth is clamped to [0, BN_BACKTRACE_MAX]; bt NULL, depth 0 and builds
+ * without backtraces write a one-line "(no backtrace: ...)" note instead. */
 void bn_backtrace_format(const bn_backtrace *bt, char *buf, size_t size);
 
 /* ------------------------------------------------------------------------ */
@@ -200,6 +226,8 @@ typedef struct bn_host_memory {
     uint64_t system_available_bytes;
 } bn_host_memory;
 
+/* out NULL is BN_ERR_INVALID_ARGUMENT; BN_ERR_UNSUPPORTED where the system
+ * totals cannot be read. */
 bn_status bn_host_memory_query(bn_host_memory *out, bn_error *err);
 
 /* ------------------------------------------------------------------------ */
@@ -265,17 +293,22 @@ typedef struct bn_cuda_report {
 } bn_cuda_report;
 
 /* Queries every visible CUDA device. Never fails hard: a missing driver or
- * no device is reported in report->status and report->reason. */
+ * no device is reported in report->status and report->reason. report NULL
+ * does nothing. */
 void bn_cuda_query(bn_cuda_report *report);
 
-/* Fills the derived capability flags from cc_major/cc_minor. */
+/* Fills the derived capability flags from cc_major/cc_minor, compared as
+ * the pair (major, minor): 7.100 is below 8.0, 8.-1 is below 8.0. dev NULL
+ * does nothing. */
 void bn_cuda_device_derive_caps(bn_cuda_device *dev);
 
 /* Theoretical peak bandwidth in GB/s (1e9 bytes/s) of a double-data-rate
- * memory: 2 transfers per clock over the whole bus. */
+ * memory: 2 transfers per clock over the whole bus. 0 when either input is
+ * 0 or negative. */
 double bn_cuda_memory_bandwidth_gbs(int memory_clock_khz, int bus_width_bits);
 
-/* Index of the best device (most memory, then most SMs), -1 if n == 0. */
+/* Index of the best device (most memory, then most SMs); -1 when devs is
+ * NULL or n <= 0. */
 int bn_cuda_best_device(const bn_cuda_device *devs, int n);
 
 /* Kernel launch parameters.
@@ -289,6 +322,13 @@ int bn_cuda_best_device(const bn_cuda_device *devs, int n);
  *  4. grid = ceil(n_work / block);
  *  5. while grid < 4 blocks per SM and block > 64, halve block (and grow
  *     grid) so that small problems still spread over every SM.
+ *
+ * BN_ERR_INVALID_ARGUMENT when dev or out is NULL, n_work is 0, the device
+ * record has a warp_size, sm_count or max_threads_per_block of 0 or less
+ * (or fewer threads per block than a warp), one warp's shared memory does
+ * not fit (sums that would pass 2^64 included), or the grid would exceed
+ * 2^31 - 1 blocks (CUDA's grid.x limit; split the work). Any n_work up to
+ * UINT64_MAX is handled without overflow. out is written only on BN_OK.
  */
 typedef struct bn_launch_params {
     unsigned block;          /* threads per block            */
@@ -329,12 +369,14 @@ typedef struct bn_gpu_info {
 
 /* Detects every GPU backend under cfg (NULL = read the environment).
  * Returns BN_ERR_FAKE_GPU when BITNET_STRICT_NO_FAKE_GPU=1 and a fake is
- * configured, BN_ERR_INVALID_CONFIG on a malformed environment. Missing
- * drivers are not errors: they are reported in the info. */
+ * configured, BN_ERR_INVALID_CONFIG on a malformed environment,
+ * BN_ERR_INVALID_ARGUMENT when info is NULL. Bits of cfg->gpu_fake_mask
+ * beyond BN_GPU_BACKEND_COUNT are ignored. Missing drivers are not errors:
+ * they are reported in the info. */
 bn_status bn_gpu_detect(const bn_config *cfg, bn_gpu_info *info, bn_error *err);
 
 /* True when any GPU backend is available in info (fakes count unless
- * strict mode removed them). */
+ * strict mode removed them); false when info is NULL. */
 bool bn_gpu_info_available(const bn_gpu_info *info);
 
 /* Detects under the environment's configuration; false on any error. */

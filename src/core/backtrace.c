@@ -18,11 +18,17 @@ void bn_backtrace_capture(bn_backtrace *bt, int skip)
     bt->depth = 0;
 #ifdef BN_HAVE_BACKTRACE
     void *frames[BN_BACKTRACE_MAX + 8];
-    int want = BN_BACKTRACE_MAX + 1 + (skip > 0 ? skip : 0);
-    if (want > (int)(sizeof frames / sizeof frames[0]))
-        want = (int)(sizeof frames / sizeof frames[0]);
+    const int room = (int)(sizeof frames / sizeof frames[0]);
+    /* skip is clamped before any sum, so a huge one cannot overflow. */
+    if (skip < 0)
+        skip = 0;
+    if (skip > room)
+        skip = room;
+    int want = BN_BACKTRACE_MAX + 1 + skip;
+    if (want > room)
+        want = room;
     int n = backtrace(frames, want);
-    int first = 1 + (skip > 0 ? skip : 0); /* drop this function too */
+    int first = 1 + skip; /* drop this function too */
     for (int i = first; i < n && bt->depth < BN_BACKTRACE_MAX; i++)
         bt->frames[bt->depth++] = frames[i];
 #else
@@ -35,14 +41,23 @@ void bn_backtrace_format(const bn_backtrace *bt, char *buf, size_t size)
     if (!buf || size == 0)
         return;
     buf[0] = '\0';
-    if (!bt || bt->depth == 0) {
+    /* depth is clamped to [0, BN_BACKTRACE_MAX], never trusted. */
+    int depth = bt ? bt->depth : 0;
+    if (depth < 0)
+        depth = 0;
+    if (depth > BN_BACKTRACE_MAX)
+        depth = BN_BACKTRACE_MAX;
+#ifndef BN_HAVE_BACKTRACE
+    depth = 0; /* this build cannot name frames */
+#endif
+    if (depth == 0) {
         snprintf(buf, size, "  (no backtrace: build with -DCMAKE_BUILD_TYPE=Debug)\n");
         return;
     }
 #ifdef BN_HAVE_BACKTRACE
-    char **syms = backtrace_symbols(bt->frames, bt->depth);
+    char **syms = backtrace_symbols(bt->frames, depth);
     size_t used = 0;
-    for (int i = 0; i < bt->depth && used < size; i++) {
+    for (int i = 0; i < depth && used < size; i++) {
         int w = snprintf(buf + used, size - used, "  #%d %s\n", i,
                          syms ? syms[i] : "?");
         if (w < 0)

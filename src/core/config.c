@@ -349,6 +349,8 @@ const char *bn_config_variable_accepted(const char *name)
 
 void bn_config_defaults(bn_config *cfg)
 {
+    if (!cfg)
+        return;
     memset(cfg, 0, sizeof *cfg);
     cfg->log_level = BN_LOG_WARN;
     cfg->device.kind = BN_DEVICE_AUTO;

@@ -42,10 +42,14 @@ bn_status bn_error_set(bn_error *err, bn_status status, const char *hint, const 
     if (!err)
         return status;
     err->status = status;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
-    va_end(ap);
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+    } else {
+        snprintf(err->message, sizeof err->message, "%s", bn_status_str(status));
+    }
     snprintf(err->hint, sizeof err->hint, "%s", hint ? hint : "");
     return status;
 }

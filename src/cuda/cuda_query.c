@@ -72,6 +72,8 @@ static bn_status query_one(int id, bn_cuda_device *d, bn_error *err)
 
 void bn_cuda_query(bn_cuda_report *report)
 {
+    if (!report)
+        return;
     memset(report, 0, sizeof *report);
     report->compiled = true;
     cudaRuntimeGetVersion(&report->runtime_version);

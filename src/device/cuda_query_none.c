@@ -8,6 +8,8 @@
 
 void bn_cuda_query(bn_cuda_report *report)
 {
+    if (!report)
+        return;
     memset(report, 0, sizeof *report);
     char why[256];
     bool driver = bn_cuda_driver_probe(&report->driver_version, why, sizeof why);
