@@ -560,6 +560,45 @@ static void test_bad_hf(void)
     expect_hf_error("vocab size", "hf_packed", &vocab, BN_ERR_FORMAT,
                     (const char *[]){"model.embed_tokens.weight", "[300, 256]", "[301, 256]",
                                      NULL});
+
+    /* RoPE settings bitnet cannot apply are refused, not ignored. */
+    hf_edit yarn = {.config_from = "\"rope_theta\": 10000.0,",
+                    .config_to = "\"rope_theta\": 10000.0, \"rope_scaling\": {\"rope_type\": "
+                                 "\"yarn\", \"factor\": 4.0, "
+                                 "\"original_max_position_embeddings\": 32},"};
+    expect_hf_error("rope_scaling yarn", "hf_bf16", &yarn, BN_ERR_UNSUPPORTED,
+                    (const char *[]){"'rope_scaling.rope_type' is 'yarn'", "not supported", NULL});
+    hf_edit legacy = {.config_from = "\"rope_theta\": 10000.0,",
+                      .config_to = "\"rope_theta\": 10000.0, \"rope_scaling\": {\"type\": "
+                                   "\"dynamic\", \"factor\": 2.0},"};
+    expect_hf_error("rope_scaling type", "hf_bf16", &legacy, BN_ERR_UNSUPPORTED,
+                    (const char *[]){"'rope_scaling.type' is 'dynamic'", NULL});
+    hf_edit linear = {.config_from = "\"rope_theta\": 10000.0,",
+                      .config_to = "\"rope_parameters\": {\"rope_theta\": 10000.0, \"rope_type\": "
+                                   "\"linear\", \"factor\": 2.0},"};
+    expect_hf_error("rope_parameters linear", "hf_bf16", &linear, BN_ERR_UNSUPPORTED,
+                    (const char *[]){"'rope_parameters.rope_type' is 'linear'", "not supported",
+                                     NULL});
+    hf_edit conflict = {.config_from = "\"rope_theta\": 10000.0,",
+                        .config_to = "\"rope_theta\": 10000.0, \"rope_parameters\": "
+                                     "{\"rope_theta\": 500000.0, \"rope_type\": \"default\"},"};
+    expect_hf_error("two RoPE bases", "hf_bf16", &conflict, BN_ERR_FORMAT,
+                    (const char *[]){"'rope_theta' is 10000",
+                                     "'rope_parameters.rope_theta' is 500000", NULL});
+    hf_edit partial = {.config_from = "\"rope_theta\": 10000.0,",
+                       .config_to = "\"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.5,"};
+    expect_hf_error("partial rotary", "hf_bf16", &partial, BN_ERR_UNSUPPORTED,
+                    (const char *[]){"'partial_rotary_factor' is 0.5", NULL});
+    hf_edit bias = {.config_from = "\"rope_theta\": 10000.0,",
+                    .config_to = "\"rope_theta\": 10000.0, \"attention_bias\": true,"};
+    expect_hf_error("attention bias", "hf_bf16", &bias, BN_ERR_UNSUPPORTED,
+                    (const char *[]){"'attention_bias' is true", NULL});
+    /* An absent tie_word_embeddings means false (BitNetConfig), so the
+     * checkpoint needs its own LM head. */
+    hf_edit untied = {.drop = "lm_head.weight",
+                      .config_from = "\"tie_word_embeddings\": false,", .config_to = ""};
+    expect_hf_error("no lm_head, tie absent", "hf_bf16", &untied, BN_ERR_FORMAT,
+                    (const char *[]){"lm_head.weight is missing", "tie_word_embeddings", NULL});
 }
 
 /* ---- the bitlinear class divides by weight_scale -------------------------------- */
@@ -610,6 +649,109 @@ static void test_bitlinear_class(void)
     unlink(path_in(dir, "config.json"));
     unlink(path_in(dir, "model.safetensors"));
     rmdir(dir);
+}
+
+/* ---- config.json as transformers 4 and 5 write it ------------------------------ */
+
+/* hf_bf16's weights under the config.json that transformers 4.57.6 (top-level
+ * rope_theta) and 5.24.0 (rope_parameters, no rope_theta) write for the same
+ * hyper-parameters (hf_bf16_configs/, scripts/gen_hf_config_versions.py).
+ * The RoPE base is 10000, not BitNetConfig's default 500000, so a reader
+ * that misses either layout loads a different model: both must give the
+ * same hyper-parameters, bit-identical logits, and transformers' logits. */
+static void test_transformers_configs(void)
+{
+    printf("config.json written by transformers 4 and 5:\n");
+    expect e;
+    CHECK(load_expect(path_in(data_dir, "expect_bf16.txt"), &e));
+    if (!e.logits)
+        return;
+    static const char *const names[2] = {"transformers4.json", "transformers5.json"};
+    /* path_in's buffers rotate: keep the directories in our own. */
+    char configs[512], src[512], dir[512];
+    snprintf(configs, sizeof configs, "%s", path_in(data_dir, "hf_bf16_configs"));
+    snprintf(src, sizeof src, "%s", path_in(data_dir, "hf_bf16"));
+    snprintf(dir, sizeof dir, "%s", path_in(tmp_dir, "hf_transformers"));
+    const size_t n_logits = (size_t)e.rows * (size_t)e.vocab;
+    float *logits[2] = {calloc(n_logits, sizeof(float)), calloc(n_logits, sizeof(float))};
+    bool ran[2] = {false, false};
+    for (int i = 0; i < 2; i++) {
+        /* The parsed config: the base, and no warning about keys that
+         * transformers writes. */
+        bn_hf_config c;
+        bn_error err;
+        bn_status st = bn_hf_config_load(path_in(configs, names[i]), &c, &err);
+        CHECK_MSG(st == BN_OK, "%s: %s", names[i], err.message);
+        if (st == BN_OK) {
+            CHECK_MSG(c.rope_theta == 10000.0f && !c.rope_theta_default, "%s: rope_theta %g",
+                      names[i], (double)c.rope_theta);
+            CHECK(!c.tie_word_embeddings);
+            CHECK_MSG(c.unused_keys[0] == '\0', "%s: unused keys '%s'", names[i],
+                      c.unused_keys);
+        }
+
+        mkdir(dir, 0755);
+        bool ok = copy_binary(path_in(configs, names[i]), path_in(dir, "config.json")) &&
+                  copy_binary(path_in(src, "model.safetensors"), path_in(dir, "model.safetensors"));
+        CHECK_MSG(ok, "%s: cannot write the directory", names[i]);
+        bn_model *m = NULL;
+        st = bn_model_load(dir, &m, &err);
+        CHECK_MSG(st == BN_OK, "%s: %s", names[i], err.message);
+        bn_cpu_backend *b = NULL;
+        if (m) {
+            const bn_hparams *hp = bn_model_hparams(m);
+            CHECK(hp->vocab == e.vocab && hp->dim == 64 && hp->ffn == 160 && hp->n_layer == 2);
+            CHECK(hp->n_head == 4 && hp->n_head_kv == 2 && hp->head_dim == 16);
+            CHECK_MSG(hp->rope_theta == 10000.0f, "%s: rope_theta %g", names[i],
+                      (double)hp->rope_theta);
+            CHECK(hp->rms_eps == 1e-5f && !hp->tied_embeddings);
+            st = bn_cpu_backend_create(m, 0, 2, &b, &err);
+            CHECK_MSG(st == BN_OK, "%s: backend: %s", names[i], err.message);
+        }
+        if (b) {
+            st = bn_cpu_backend_forward(b, e.prompt, e.n_prompt, 0, BN_LOGITS_ALL, logits[i],
+                                        &err);
+            CHECK_MSG(st == BN_OK, "%s: forward: %s", names[i], err.message);
+            ran[i] = st == BN_OK;
+            double max_diff = 0.0;
+            for (size_t j = 0; j < n_logits; j++)
+                max_diff = fmax(max_diff, fabs((double)logits[i][j] - e.logits[j]));
+            CHECK_MSG(max_diff <= LOGIT_TOL, "%s: max |logit - transformers| = %.3g", names[i],
+                      max_diff);
+            printf("  %-20s rope_theta %g, %s LM head, max |logit - transformers| %.3g\n",
+                   names[i], (double)bn_model_hparams(m)->rope_theta,
+                   bn_model_hparams(m)->tied_embeddings ? "tied" : "separate", max_diff);
+            bn_cpu_backend_free(b);
+        }
+        bn_model_free(m);
+        unlink(path_in(dir, "config.json"));
+        unlink(path_in(dir, "model.safetensors"));
+        rmdir(dir);
+    }
+    if (ran[0] && ran[1]) {
+        bool same = memcmp(logits[0], logits[1], n_logits * sizeof(float)) == 0;
+        CHECK_MSG(same, "the two configs give different logits");
+        printf("  logits of the two: %s\n", same ? "bit-identical" : "DIFFERENT");
+    }
+
+    /* Keys bitnet does not read are named (and logged as a warning). */
+    const char *edited = path_in(tmp_dir, "config_extra.json");
+    CHECK(copy_file(path_in(configs, "transformers5.json"), edited, "\"rope_type\": \"default\"",
+                    "\"rope_type\": \"default\", \"factor\": 2.0}, \"temperature\": 0.7, "
+                    "\"x\": {\"y\": 1"));
+    bn_hf_config c;
+    bn_error err;
+    bn_status st = bn_hf_config_load(edited, &c, &err);
+    CHECK_MSG(st == BN_OK, "%s", err.message);
+    if (st == BN_OK) {
+        CHECK_MSG(strcmp(c.unused_keys, "rope_parameters.factor, temperature, x") == 0,
+                  "unused keys '%s'", c.unused_keys);
+        printf("  unused keys named: %s\n", c.unused_keys);
+    }
+    unlink(edited);
+    free(logits[0]);
+    free(logits[1]);
+    free(e.logits);
 }
 
 /* ---- other projection encodings of the same model ------------------------------ */
@@ -679,6 +821,7 @@ int main(int argc, char **argv)
     test_bad_gguf();
     test_bad_hf();
     test_bitlinear_class();
+    test_transformers_configs();
     test_other_encodings();
     rmdir(tmp_dir);
     TEST_EXIT();

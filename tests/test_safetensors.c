@@ -381,7 +381,8 @@ static void test_real_configs(void)
         CHECK(c.hidden_size == 2560 && c.intermediate_size == 6912 && c.num_hidden_layers == 30);
         CHECK(c.num_attention_heads == 20 && c.num_key_value_heads == 5 && c.head_dim == 128);
         CHECK(c.vocab_size == 128256 && c.max_position_embeddings == 4096);
-        CHECK(c.rope_theta == 500000.0f && c.tie_word_embeddings);
+        CHECK(c.rope_theta == 500000.0f && !c.rope_theta_default && c.tie_word_embeddings);
+        CHECK_MSG(c.unused_keys[0] == '\0', "%s: unused keys '%s'", files[i], c.unused_keys);
         CHECK(strcmp(c.hidden_act, "relu2") == 0);
         CHECK(c.bos_token_id == 128000 && c.n_eos_token_ids == 1 && c.eos_token_ids[0] == 128001);
         CHECK(c.quantized && strcmp(c.linear_class, "autobitlinear") == 0);
@@ -401,7 +402,8 @@ static void test_config_defaults(void)
         CHECK(c.max_position_embeddings == 2048);
         CHECK(fabsf(c.rms_norm_eps - 1e-5f) < 1e-12f);
         CHECK(c.rope_theta == 500000.0f); /* model_type bitnet */
-        CHECK(c.tie_word_embeddings);
+        CHECK(c.rope_theta_default);
+        CHECK(!c.tie_word_embeddings);    /* BitNetConfig's default */
         CHECK(strcmp(c.hidden_act, "relu2") == 0);
         CHECK(c.bos_token_id == -1 && c.n_eos_token_ids == 0);
         CHECK(!c.quantized && c.quant_method[0] == '\0' && c.linear_class[0] == '\0');

@@ -6,9 +6,13 @@
  * Field names and defaults follow transformers' BitNetConfig
  * (models/bitnet/configuration_bitnet.py) and BitNetQuantConfig
  * (utils/quantization_config.py), except where safetensors.h documents a
- * runtime choice (bos_token_id -1 and no eos ids when absent; tied
- * embeddings by default, because the published BitNet checkpoints carry no
- * lm_head.weight).
+ * runtime choice (bos_token_id -1 and no eos ids when absent). Both layouts
+ * of the RoPE base are read: transformers 4 writes a top-level rope_theta,
+ * transformers 5 writes rope_parameters {rope_theta, rope_type} instead (and
+ * reads a legacy rope_scaling object as rope_parameters). Settings that
+ * would change the computation in ways bitnet does not implement are
+ * refused rather than ignored; keys bitnet does not read are named in a
+ * warning, except bookkeeping that cannot change the output.
  */
 #include "safetensors.h"
 #include "path_util.h"
@@ -326,6 +330,58 @@ static bn_status read_architecture(const field_ctx *c, const cJSON *root, bn_hf_
                        sizeof cfg->architecture);
 }
 
+/* ---- keys read and keys ignored ------------------------------------------------ */
+
+/* Top-level keys read (or checked) by read_config. */
+static const char *const hf_read_keys[] = {
+    "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+    "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling",
+    "partial_rotary_factor", "tie_word_embeddings", "hidden_act", "bos_token_id",
+    "eos_token_id", "attention_bias", "quantization_config", NULL};
+
+/* Keys that cannot change what the model computes: bookkeeping, training
+ * settings and PreTrainedConfig's generic fields. Keys starting with '_'
+ * (_name_or_path, ...) are bookkeeping too. Anything else unread (say a
+ * sampling temperature) is named in a warning. */
+static const char *const hf_quiet_keys[] = {
+    "transformers_version", "torch_dtype", "dtype", "auto_map", "use_cache",
+    "initializer_range", "attention_dropout", "pad_token_id", "id2label", "label2id",
+    "return_dict", "output_hidden_states", "output_attentions", "torchscript",
+    "use_bfloat16", "tf_legacy_loss", "pruned_heads", "chunk_size_feed_forward",
+    "is_encoder_decoder", "is_decoder", "add_cross_attention", "cross_attention_hidden_size",
+    "tie_encoder_decoder", "problem_type", "finetuning_task", "tokenizer_class", NULL};
+
+/* BitNetQuantConfig's fields (rms_norm_eps only matters with use_rms_norm,
+ * which is refused). */
+static const char *const hf_quant_keys[] = {"quant_method",     "linear_class",
+                                            "quantization_mode", "use_rms_norm",
+                                            "rms_norm_eps",     "modules_to_not_convert", NULL};
+
+static bool in_list(const char *const *list, const char *key)
+{
+    for (; *list; list++)
+        if (strcmp(*list, key) == 0)
+            return true;
+    return false;
+}
+
+/* Appends prefix+key to cfg->unused_keys; a list too long ends in "...". */
+static void note_unused(bn_hf_config *cfg, const char *prefix, const char *key)
+{
+    char *buf = cfg->unused_keys;
+    const size_t size = sizeof cfg->unused_keys;
+    size_t used = strlen(buf);
+    if (used >= 3 && strcmp(buf + used - 3, "...") == 0)
+        return;
+    const char *sep = used ? ", " : "";
+    /* room for this key and a later ", ..." */
+    if (used + strlen(sep) + strlen(prefix) + strlen(key) + 5 < size)
+        snprintf(buf + used, size - used, "%s%s%s", sep, prefix, key);
+    else
+        snprintf(buf + used, size - used, "%s...", sep);
+}
+
 /* quantization_config, with BitNetQuantConfig's defaults. */
 static bn_status read_quantization(const field_ctx *c, const cJSON *root, bn_hf_config *cfg)
 {
@@ -352,6 +408,27 @@ static bn_status read_quantization(const field_ctx *c, const cJSON *root, bn_hf_
                         sizeof cfg->quantization_mode);
     if (s != BN_OK || strcmp(cfg->quant_method, "bitnet") != 0)
         return s;
+
+    for (const cJSON *e = q->child; e; e = e->next)
+        if (!in_list(hf_quant_keys, e->string))
+            note_unused(cfg, "quantization_config.", e->string);
+    /* AutoBitLinear would add an RMSNorm before each projection. */
+    bool rms_norm = false;
+    if ((s = read_bool(&qc, q, "use_rms_norm", false, &rms_norm)) != BN_OK)
+        return s;
+    if (rms_norm)
+        return bn_error_set(c->err, BN_ERR_UNSUPPORTED, NULL,
+                            "%s: 'quantization_config.use_rms_norm' is true: projections with "
+                            "their own RMSNorm are not supported",
+                            c->label);
+    /* Modules listed stay float linears in transformers; bitnet quantizes
+     * every projection (the LM head never). */
+    const cJSON *keep = field_get(q, "modules_to_not_convert");
+    bool keeps_other = keep && !cJSON_IsArray(keep);
+    for (const cJSON *e = keep && cJSON_IsArray(keep) ? keep->child : NULL; e; e = e->next)
+        keeps_other |= !cJSON_IsString(e) || strcmp(e->valuestring, "lm_head") != 0;
+    if (keeps_other)
+        note_unused(cfg, "quantization_config.", "modules_to_not_convert");
 
     /* transformers rejects anything else, and the two classes scale the
      * output in opposite directions, so a guess would be silently wrong. */
@@ -405,6 +482,127 @@ static bn_status read_dimensions(const field_ctx *c, const cJSON *root, bn_hf_co
     return BN_OK;
 }
 
+/* ---- RoPE ------------------------------------------------------------------------ */
+
+/* Where the RoPE base was found, for the disagreement check. */
+typedef struct rope_base {
+    double value;
+    char from[48];             /* "rope_theta", "rope_parameters.rope_theta", ... */
+    bool found;
+} rope_base;
+
+static bn_status note_theta(const field_ctx *c, rope_base *base, const char *from, double v)
+{
+    if (!base->found) {
+        base->value = v;
+        snprintf(base->from, sizeof base->from, "%s", from);
+        base->found = true;
+        return BN_OK;
+    }
+    if (v == base->value)
+        return BN_OK;
+    return bn_error_set(c->err, BN_ERR_FORMAT,
+                        "keep one RoPE base (transformers 4 reads the top-level rope_theta, "
+                        "transformers 5 rope_parameters.rope_theta)",
+                        "%s: the RoPE base is given twice with different values: '%s' is %g "
+                        "but '%s' is %g",
+                        c->label, base->from, base->value, from, v);
+}
+
+/* partial_rotary_factor (top level or in a RoPE object): only 1.0, the
+ * whole head rotated, is implemented. */
+static bn_status check_partial_rotary(const field_ctx *c, const cJSON *obj)
+{
+    const cJSON *f = field_get(obj, "partial_rotary_factor");
+    if (!f)
+        return BN_OK;
+    if (!cJSON_IsNumber(f))
+        return field_error(c, "partial_rotary_factor", "a number", f);
+    if (f->valuedouble != 1.0)
+        return bn_error_set(c->err, BN_ERR_UNSUPPORTED,
+                            "bitnet rotates the whole head (partial_rotary_factor 1.0)",
+                            "%s: '%spartial_rotary_factor' is %g: partial RoPE is not supported",
+                            c->label, c->prefix, f->valuedouble);
+    return BN_OK;
+}
+
+/* rope_parameters (transformers 5) or rope_scaling (older; transformers 5
+ * reads it as rope_parameters): the type must be "default" (absent or null
+ * means "default"; older files say "type"), and a rope_theta inside must
+ * agree with any other. */
+static bn_status read_rope_object(const field_ctx *c, const cJSON *root, const char *key,
+                                  bn_hf_config *cfg, rope_base *base)
+{
+    const cJSON *obj = field_get(root, key);
+    if (!obj)
+        return BN_OK;
+    if (!cJSON_IsObject(obj))
+        return field_error(c, key, "an object", obj);
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "%s.", key);
+    const field_ctx oc = {c->label, prefix, c->err};
+
+    const char *type_key = field_get(obj, "rope_type") ? "rope_type" : "type";
+    const cJSON *type = field_get(obj, type_key);
+    if (type && !cJSON_IsString(type))
+        return field_error(&oc, type_key, "a string", type);
+    if (type && strcmp(type->valuestring, "default") != 0)
+        return bn_error_set(c->err, BN_ERR_UNSUPPORTED,
+                            "bitnet implements plain RoPE only (rope_type \"default\"); use a "
+                            "model without RoPE scaling",
+                            "%s: '%s%s' is '%.40s': this RoPE scaling is not supported",
+                            c->label, prefix, type_key, type->valuestring);
+    bn_status s = check_partial_rotary(&oc, obj);
+    if (s != BN_OK)
+        return s;
+    for (const cJSON *e = obj->child; e; e = e->next) {
+        if (!strcmp(e->string, "rope_type") || !strcmp(e->string, "type") ||
+            !strcmp(e->string, "partial_rotary_factor"))
+            continue;
+        if (strcmp(e->string, "rope_theta") != 0) {
+            note_unused(cfg, prefix, e->string);
+            continue;
+        }
+        if (cJSON_IsNull(e))
+            continue;
+        float v;
+        if ((s = read_positive_float(&oc, obj, "rope_theta", 0.0f, &v)) != BN_OK)
+            return s;
+        char from[48];
+        snprintf(from, sizeof from, "%srope_theta", prefix);
+        if ((s = note_theta(c, base, from, v)) != BN_OK)
+            return s;
+    }
+    return BN_OK;
+}
+
+static bn_status read_rope(const field_ctx *c, const cJSON *root, bn_hf_config *cfg)
+{
+    rope_base base = {0};
+    const cJSON *top = field_get(root, "rope_theta");
+    bn_status s = BN_OK;
+    if (top) {
+        float v;
+        s = read_positive_float(c, root, "rope_theta", 0.0f, &v);
+        if (s == BN_OK)
+            s = note_theta(c, &base, "rope_theta", v);
+    }
+    if (s == BN_OK)
+        s = read_rope_object(c, root, "rope_parameters", cfg, &base);
+    if (s == BN_OK)
+        s = read_rope_object(c, root, "rope_scaling", cfg, &base);
+    if (s == BN_OK)
+        s = check_partial_rotary(c, root);
+    if (s != BN_OK)
+        return s;
+    /* BitNetConfig's default is 500000; other (Llama-style) configs use 10000. */
+    cfg->rope_theta_default = !base.found;
+    cfg->rope_theta = base.found ? (float)base.value
+                      : strcmp(cfg->model_type, "bitnet") == 0 ? 500000.0f
+                                                               : 10000.0f;
+    return BN_OK;
+}
+
 static bn_status read_config(const field_ctx *c, const cJSON *root, bn_hf_config *cfg)
 {
     bn_status s = read_architecture(c, root, cfg);
@@ -414,13 +612,19 @@ static bn_status read_config(const field_ctx *c, const cJSON *root, bn_hf_config
         s = read_dimensions(c, root, cfg);
     if (s == BN_OK)
         s = read_positive_float(c, root, "rms_norm_eps", 1e-5f, &cfg->rms_norm_eps);
-    /* BitNetConfig's default is 500000; other (Llama-style) configs use 10000. */
     if (s == BN_OK)
-        s = read_positive_float(c, root, "rope_theta",
-                                strcmp(cfg->model_type, "bitnet") == 0 ? 500000.0f : 10000.0f,
-                                &cfg->rope_theta);
+        s = read_rope(c, root, cfg);
+    /* BitNetConfig's default: a separate lm_head.weight. */
     if (s == BN_OK)
-        s = read_bool(c, root, "tie_word_embeddings", true, &cfg->tie_word_embeddings);
+        s = read_bool(c, root, "tie_word_embeddings", false, &cfg->tie_word_embeddings);
+    bool attention_bias = false;
+    if (s == BN_OK)
+        s = read_bool(c, root, "attention_bias", false, &attention_bias);
+    if (s == BN_OK && attention_bias)
+        s = bn_error_set(c->err, BN_ERR_UNSUPPORTED, NULL,
+                         "%s: 'attention_bias' is true: attention projections with biases are "
+                         "not supported",
+                         c->label);
     if (s == BN_OK)
         s = read_string(c, root, "hidden_act", "relu2", cfg->hidden_act, sizeof cfg->hidden_act);
     if (s == BN_OK)
@@ -430,6 +634,10 @@ static bn_status read_config(const field_ctx *c, const cJSON *root, bn_hf_config
                            &cfg->n_eos_token_ids);
     if (s == BN_OK)
         s = read_quantization(c, root, cfg);
+    for (const cJSON *e = root->child; s == BN_OK && e; e = e->next)
+        if (e->string[0] != '_' && !in_list(hf_read_keys, e->string) &&
+            !in_list(hf_quiet_keys, e->string))
+            note_unused(cfg, "", e->string);
     return s;
 }
 
@@ -446,7 +654,19 @@ bn_status bn_hf_config_load(const char *path, bn_hf_config *cfg, bn_error *err)
     const field_ctx c = {bn_path_base(path), "", err};
     s = read_config(&c, root, cfg);
     cJSON_Delete(root);
-    return s;
+    if (s != BN_OK)
+        return s;
+    if (cfg->rope_theta_default)
+        bn_log(BN_LOG_WARN,
+               "%s gives no RoPE base (neither rope_theta nor rope_parameters.rope_theta): "
+               "using %g, %s",
+               path, (double)cfg->rope_theta,
+               strcmp(cfg->model_type, "bitnet") == 0
+                   ? "the default of transformers' BitNetConfig"
+                   : "the default of Llama-style configs (model_type is not 'bitnet')");
+    if (cfg->unused_keys[0])
+        bn_log(BN_LOG_WARN, "%s: bitnet does not use these keys: %s", path, cfg->unused_keys);
+    return BN_OK;
 }
 
 /* ---- shards and the tensor table --------------------------------------------- */

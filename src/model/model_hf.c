@@ -271,7 +271,16 @@ bn_status bn_model_load_hf_dir(const char *dir, bn_model **out, bn_error *err)
     if (st == BN_OK) {
         m->lm_head = m->embedding;
         m->weight_bytes += (uint64_t)m->embedding.row_bytes * (uint64_t)hp.vocab;
-        if (!hp.tied_embeddings) {
+        /* transformers would start such a model from a random LM head. */
+        if (!hp.tied_embeddings && !bn_hf_dir_find(d, "lm_head.weight")) {
+            st = bn_error_set(err, BN_ERR_FORMAT,
+                              "if the LM head is the embedding matrix, set "
+                              "\"tie_word_embeddings\": true in config.json",
+                              "%s: tensor lm_head.weight is missing and config.json does not set "
+                              "tie_word_embeddings to true (absent means false, as in "
+                              "transformers' BitNetConfig)",
+                              dir);
+        } else if (!hp.tied_embeddings) {
             st = load_matrix(d, "lm_head.weight", hp.vocab, hp.dim, &m->lm_head, err);
             m->weight_bytes += (uint64_t)m->lm_head.row_bytes * (uint64_t)hp.vocab;
         }

@@ -83,9 +83,12 @@ typedef struct bn_hf_config {
     int vocab_size;
     int max_position_embeddings; /* default 2048 (BitNetConfig) */
     float rms_norm_eps;        /* default 1e-5 */
-    float rope_theta;          /* default 500000 for model_type "bitnet"
-                                  (BitNetConfig), else 10000 */
-    bool tie_word_embeddings;  /* default true for BitNet configs */
+    float rope_theta;          /* rope_theta at the top level (transformers 4)
+                                  or in rope_parameters (5); default 500000
+                                  for model_type "bitnet" (BitNetConfig),
+                                  else 10000 */
+    bool rope_theta_default;   /* config.json names no RoPE base */
+    bool tie_word_embeddings;  /* default false, as BitNetConfig */
     char hidden_act[16];       /* "relu2" */
     int bos_token_id;          /* -1 when absent */
     int eos_token_ids[8];      /* int or list in config.json */
@@ -96,9 +99,15 @@ typedef struct bn_hf_config {
     char linear_class[32];     /* "autobitlinear" (multiplies) | "bitlinear"
                                   (divides; the default when absent) */
     char quantization_mode[16];/* "offline" (packed; default) | "online" */
+    /* Keys present but not read, comma-separated (cut with "..." when
+     * long); bn_hf_config_load logs them as a warning. "" when none. */
+    char unused_keys[256];
 } bn_hf_config;
 
-/* Parses a config.json file; errors name the field. */
+/* Parses a config.json file; errors name the field. RoPE scaling and other
+ * settings bitnet cannot apply (rope_scaling or rope_parameters of a type
+ * other than "default", partial_rotary_factor != 1, attention_bias,
+ * quantization_config.use_rms_norm) are BN_ERR_UNSUPPORTED. */
 bn_status bn_hf_config_load(const char *path, bn_hf_config *cfg, bn_error *err);
 
 typedef struct bn_hf_dir bn_hf_dir;
