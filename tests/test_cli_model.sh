@@ -589,7 +589,7 @@ want = {
     "architecture": m["general.architecture"] == arch,
     "file_type": m["general.file_type"] == ftype,
     "tokenizer model": m["tokenizer.ggml.model"] == "gpt2",
-    "pre": ("tokenizer.ggml.pre" in m) == (t != "i2_s"),
+    "pre": m.get("tokenizer.ggml.pre") == "llama-bpe",
     "merges": m["tokenizer.ggml.merges"].startswith("["),
     "eos": "tokenizer.ggml.eos_token_id" in m,
     "projection type": tensors["blk.0.attn_q.weight"]["type"] == t,

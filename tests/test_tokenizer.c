@@ -781,6 +781,144 @@ static void test_malformed_gguf(void)
 }
 
 /* ------------------------------------------------------------------------ */
+/* The pre-tokenizer: its GGUF name, and the cost of its regex               */
+/* ------------------------------------------------------------------------ */
+
+/* The shipped model's test text (~200 KB of prose), found from data_dir
+ * (tests/data/tokenizer) or given as argv[2]. */
+static char long_text_path[1024];
+
+/* A Split with the regex re (JSON-escaped), then a ByteLevel, over a tiny
+ * vocabulary. */
+#define SPLIT(re)                                                                          \
+    "{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\","      \
+    "\"pattern\":{\"Regex\":\"" re "\"},\"behavior\":\"Isolated\"},{\"type\":\"ByteLevel\","   \
+    "\"add_prefix_space\":false,\"use_regex\":false}]},\"model\":{\"type\":\"BPE\","           \
+    "\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]}}"
+
+static bn_tokenizer *json_tokenizer(const char *content)
+{
+    const char *p = write_tmp("tokenizer.json", content);
+    bn_tokenizer *t = NULL;
+    bn_error err;
+    bn_error_clear(&err);
+    CHECK_MSG(bn_tokenizer_from_hf_json(p, &t, &err) == BN_OK, "%s: %s", content, err.message);
+    return t;
+}
+
+/* bn_tokenizer_pre_name gives the GGUF tokenizer.ggml.pre that splits as
+ * the tokenizer does (what convert writes), NULL when none does. */
+static void check_pre(bn_tokenizer *t, const char *what, const char *name, const char *regex)
+{
+    if (!t)
+        return;
+    const char *got = bn_tokenizer_pre_name(t), *re = bn_tokenizer_pre_regex(t);
+    CHECK_MSG(name ? got && strcmp(got, name) == 0 : got == NULL, "%s: pre name %s, want %s",
+              what, got ? got : "NULL", name ? name : "NULL");
+    CHECK_MSG(regex ? re && strcmp(re, regex) == 0 : re == NULL, "%s: pre regex %.60s", what,
+              re ? re : "NULL");
+    bn_tokenizer_free(t);
+}
+
+static void test_pre_name(void)
+{
+    check_pre(open_json(path_in(data_dir, "bpe.json")), "bpe.json", "llama-bpe",
+              bn_tok_llama3_regex);
+    bn_tokenizer *t = open_json(path_in(data_dir, "bpe_legacy.json"));
+    CHECK(t && !bn_tokenizer_ignore_merges(t));
+    check_pre(t, "bpe_legacy.json", "llama-bpe", bn_tok_llama3_regex);
+    t = open_gguf(path_in(data_dir, "bpe.gguf"));
+    CHECK(t && bn_tokenizer_ignore_merges(t));
+    check_pre(t, "bpe.gguf", "llama-bpe", bn_tok_llama3_regex);
+    check_pre(open_gguf(path_in(data_dir, "bpe_nopre.gguf")), "bpe_nopre.gguf", "llama-bpe",
+              bn_tok_llama3_regex);
+    check_pre(open_gguf(path_in(data_dir, "spm.gguf")), "spm.gguf", NULL, NULL);
+    /* Regexes no GGUF name stands for: a custom Split, GPT-2's ByteLevel. */
+    check_pre(json_tokenizer(SPLIT("\\\\X")), "Split \\X", NULL, "\\X");
+    check_pre(json_tokenizer("{" BL "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},"
+                             "\"merges\":[]}}"),
+              "ByteLevel with its regex", NULL, bn_tok_gpt2_regex);
+}
+
+/* Encodes text and expects success (the regex stays within its budget). */
+static void check_affordable(const bn_tokenizer *t, const char *what, const char *text,
+                             size_t len)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    bn_error err;
+    bn_error_clear(&err);
+    bn_status st = bn_tokenize(t, text, len, false, true, &ids, &n, &err);
+    CHECK_MSG(st == BN_OK, "%s: %zu bytes: %s", what, len, err.message);
+    free(ids);
+}
+
+static char *read_text(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *s = malloc(1 << 20);
+    *len = s ? fread(s, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    return s;
+}
+
+/* A pre-tokenizer regex that backtracks catastrophically must be refused
+ * as a malformed file, and quickly: (?:.?){21} tries 2^21 ways to take up
+ * to 21 characters before it fails at U+10FFFF, at every position (about
+ * 4 s for 1000 bytes with PCRE2's JIT, a minute with its interpreter, when
+ * only each call's match limit bounds it). Known and merely custom regexes
+ * on long ordinary and degenerate texts stay well within the budget. */
+static void test_costly_regex(void)
+{
+    bn_tokenizer *t = json_tokenizer(SPLIT("(?:.?){21}\\\\x{10FFFF}|."));
+    char text[1001];
+    memset(text, 'a', 1000);
+    text[1000] = '\0';
+    if (t) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        bn_error err;
+        bn_error_clear(&err);
+        bn_status st = bn_tokenize(t, text, 1000, false, true, &ids, &n, &err);
+        CHECK_MSG(st == BN_ERR_FORMAT, "costly regex: status %s", bn_status_str(st));
+        CHECK_STR_CONTAINS(err.message, "too costly");
+        CHECK_STR_CONTAINS(err.message, "(?:.?){21}");
+        CHECK(ids == NULL);
+        bn_tokenizer_free(t);
+    }
+    bn_tokenizer *ts[3] = {open_json(path_in(data_dir, "bpe.json")),
+                           json_tokenizer("{" BL "\"model\":{\"type\":\"BPE\",\"vocab\":"
+                                          "{\"a\":0},\"merges\":[]}}"),
+                           json_tokenizer(SPLIT("\\\\X"))};
+    static const char *const names[3] = {"LLaMA-3 regex", "GPT-2 regex", "custom \\X"};
+    const char *paths[2] = {path_in(data_dir, "corpus.txt"), long_text_path};
+    for (int k = 0; k < 3; k++) {
+        if (!ts[k])
+            continue;
+        for (int i = 0; i < 2; i++) {
+            size_t len = 0;
+            char *s = read_text(paths[i], &len);
+            CHECK_MSG(s != NULL, "cannot read %s", paths[i]);
+            if (s)
+                check_affordable(ts[k], names[k], s, len);
+            free(s);
+        }
+        static const char *const fills[] = {" ", "\n", " \n", "a", "7", "!", "ab ", "1a", "\xff"};
+        char *s = malloc(200001);
+        for (size_t f = 0; f < sizeof fills / sizeof fills[0]; f++) {
+            size_t m = strlen(fills[f]), i = 0;
+            for (; i + m <= 200000; i += m)
+                memcpy(s + i, fills[f], m);
+            check_affordable(ts[k], names[k], s, i);
+        }
+        free(s);
+        bn_tokenizer_free(ts[k]);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* The real LLaMA-3 vocabulary, when the environment points at it            */
 /* ------------------------------------------------------------------------ */
 
@@ -817,10 +955,12 @@ static void test_llama3(void)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s tests/data/tokenizer\n", argv[0]);
+        fprintf(stderr, "usage: %s tests/data/tokenizer [long-text-file]\n", argv[0]);
         return 2;
     }
     data_dir = argv[1];
+    snprintf(long_text_path, sizeof long_text_path, "%s",
+             argc > 2 ? argv[2] : path_in(data_dir, "../../../models/bitnet-kjv-7m/test.txt"));
     test_seed_init();
     const char *tmp = getenv("TMPDIR");
     snprintf(tmp_dir, sizeof tmp_dir, "%s/bn_tok_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
@@ -834,6 +974,8 @@ int main(int argc, char **argv)
     test_malformed_json();
     test_malformed_spec();
     test_malformed_gguf();
+    test_pre_name();
+    test_costly_regex();
     test_llama3();
     unlink(path_in(tmp_dir, "tokenizer.json"));
     rmdir(tmp_dir);

@@ -374,6 +374,32 @@ static bn_status write_tokenizer(conv *c, bn_error *err)
                             "only run from token ids");
         return BN_OK;
     }
+    /* tokenizer.ggml.pre names the regex that splits text before the
+     * merges, and a GGUF reader takes the regex from that name alone. So
+     * the name is written only where it stands for exactly the directory's
+     * regex; a directory whose regex no name bitnet reads stands for
+     * (GPT-2's, a custom Split) is refused, since its GGUF file would
+     * tokenize differently. i2_s files get the name too, although
+     * Microsoft's converter leaves it out: bitnet.cpp's llama.cpp reads
+     * llama-bpe as LLaMA-3, and without the key falls back to its generic
+     * "default" split and warns that generation quality degrades. */
+    const bn_tokenizer *src_tok = bn_model_tokenizer(c->model);
+    const char *pre = src_tok ? bn_tokenizer_pre_name(src_tok) : NULL;
+    if (!pre) {
+        const char *re = src_tok ? bn_tokenizer_pre_regex(src_tok) : NULL;
+        return bn_error_set(err, BN_ERR_UNSUPPORTED,
+                            "GGUF names only LLaMA-3's pre-tokenizer regex (tokenizer.ggml.pre "
+                            "llama-bpe); run the directory itself instead",
+                            "%s: the pre-tokenizer regex \"%.120s\" has no GGUF "
+                            "tokenizer.ggml.pre name, so a GGUF file would split text "
+                            "differently",
+                            path, re ? re : "?");
+    }
+    if (!bn_tokenizer_ignore_merges(src_tok))
+        bn_log(BN_LOG_WARN, "%s has ignore_merges off, which GGUF's %s turns on (as llama.cpp "
+                            "does): a word that is itself a token becomes that token even where "
+                            "the merges would spell it otherwise",
+               path, pre);
     vocab v = {0};
     bn_status st = parse_vocab(path, bn_model_hparams(c->model)->vocab, &v, err);
     if (st != BN_OK)
@@ -387,10 +413,8 @@ static bn_status write_tokenizer(conv *c, bn_error *err)
 
     const bool microsoft = c->type == BN_CONVERT_I2_S;
     st = bn_gguf_writer_set_str(c->w, "tokenizer.ggml.model", "gpt2", err);
-    /* Microsoft's converter leaves the pre-tokenizer out; upstream names
-     * the LLaMA-3 one. */
-    if (st == BN_OK && !microsoft)
-        st = bn_gguf_writer_set_str(c->w, "tokenizer.ggml.pre", "llama-bpe", err);
+    if (st == BN_OK)
+        st = bn_gguf_writer_set_str(c->w, "tokenizer.ggml.pre", pre, err);
     if (st == BN_OK)
         st = bn_gguf_writer_set_arr_str(c->w, "tokenizer.ggml.tokens",
                                         (const char *const *)v.tokens, (uint64_t)v.n, err);
@@ -414,7 +438,6 @@ static bn_status write_tokenizer(conv *c, bn_error *err)
      * tokenizes exactly as the directory does. Upstream reads the same
      * setting; Microsoft's converter writes true, which is what the real
      * checkpoint's tokenizer says too. */
-    const bn_tokenizer *src_tok = bn_model_tokenizer(c->model);
     if (st == BN_OK)
         st = bn_gguf_writer_set_bool(c->w, "tokenizer.ggml.add_bos_token",
                                      src_tok ? bn_tokenizer_add_bos_default(src_tok) : true, err);

@@ -548,6 +548,12 @@ static bn_status build_regex(bn_tokenizer *t, const char *pattern, bn_error *err
      * interpreter gives the same matches. */
     (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
     t->regex = re;
+    t->pre_regex = strdup(pattern);
+    if (!t->pre_regex)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "out of memory for the regex");
+    /* The GGUF name is given only where the pattern is exactly the one the
+     * name stands for: any other spelling could split differently. */
+    t->pre_name = strcmp(pattern, bn_tok_llama3_regex) == 0 ? "llama-bpe" : NULL;
     return BN_OK;
 }
 
@@ -664,6 +670,7 @@ void bn_tokenizer_free(bn_tokenizer *t)
     free(t->merges);
     free(t->special);
     pcre2_code_free((pcre2_code *)t->regex);
+    free(t->pre_regex);
     free(t);
 }
 
@@ -680,6 +687,9 @@ int32_t bn_tokenizer_bos(const bn_tokenizer *t) { return t ? t->bos : -1; }
 int32_t bn_tokenizer_eos(const bn_tokenizer *t) { return t ? t->eos : -1; }
 int32_t bn_tokenizer_eot(const bn_tokenizer *t) { return t ? t->eot : -1; }
 bool bn_tokenizer_add_bos_default(const bn_tokenizer *t) { return t && t->add_bos; }
+const char *bn_tokenizer_pre_regex(const bn_tokenizer *t) { return t ? t->pre_regex : NULL; }
+const char *bn_tokenizer_pre_name(const bn_tokenizer *t) { return t ? t->pre_name : NULL; }
+bool bn_tokenizer_ignore_merges(const bn_tokenizer *t) { return t && t->ignore_merges; }
 
 int32_t bn_tokenizer_find(const bn_tokenizer *t, const char *text)
 {
@@ -761,8 +771,12 @@ bn_status bn_tokenize(const bn_tokenizer *t, const char *text, size_t len, bool 
     bn_status st = BN_OK;
     if (t->regex) {
         e.scratch.match = pcre2_match_data_create_from_pattern((const pcre2_code *)t->regex, NULL);
-        if (!e.scratch.match)
+        e.scratch.match_ctx = pcre2_match_context_create(NULL);
+        if (!e.scratch.match || !e.scratch.match_ctx)
             st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "out of memory for the regex");
+        /* One budget for the whole text, however special tokens cut it. */
+        e.scratch.regex_budget = bn_bpe_regex_budget(len);
+        e.scratch.text_len = len;
     }
     if (st == BN_OK && add_bos && t->bos >= 0 && !bn_tok_vec_push(&e.out, t->bos))
         st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "out of memory for tokens");
@@ -783,6 +797,7 @@ bn_status bn_tokenize(const bn_tokenizer *t, const char *text, size_t len, bool 
     if (st == BN_OK && start < len)
         st = encode_text(&e, text + start, len - start, err);
     pcre2_match_data_free((pcre2_match_data *)e.scratch.match);
+    pcre2_match_context_free((pcre2_match_context *)e.scratch.match_ctx);
     free(e.scratch.buf);
     free(e.scratch.sym);
     free(e.scratch.heap);

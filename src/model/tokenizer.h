@@ -45,6 +45,17 @@ int32_t bn_tokenizer_bos(const bn_tokenizer *t); /* -1 when none */
 int32_t bn_tokenizer_eos(const bn_tokenizer *t);
 int32_t bn_tokenizer_eot(const bn_tokenizer *t);
 bool bn_tokenizer_add_bos_default(const bn_tokenizer *t);
+/* Byte-level BPE: the pre-tokenizer's split regex (PCRE2 syntax), and the
+ * GGUF tokenizer.ggml.pre name whose readers split text with that same
+ * regex: "llama-bpe" for LLaMA-3's, which bitnet, llama.cpp and
+ * bitnet.cpp all read as LLaMA-3. NULL when no name stands for the regex
+ * (GPT-2's, a custom Split): a GGUF file could not say how to split. Both
+ * NULL for SentencePiece tokenizers. */
+const char *bn_tokenizer_pre_regex(const bn_tokenizer *t);
+const char *bn_tokenizer_pre_name(const bn_tokenizer *t);
+/* Whether a whole pre-token found in the vocabulary is that token, without
+ * merges (llama-bpe's ignore_merges; tokenizer.json's model.ignore_merges). */
+bool bn_tokenizer_ignore_merges(const bn_tokenizer *t);
 /* Token id of an exact token string (e.g. "<|eot_id|>"), or -1. */
 int32_t bn_tokenizer_find(const bn_tokenizer *t, const char *text);
 /* Whether generation should stop at this token (EOS, EOT, or any token the
@@ -54,7 +65,10 @@ bool bn_tokenizer_is_eog(const bn_tokenizer *t, int32_t id);
 /* Encodes text[0..len). *tokens is malloc'ed (caller frees). add_bos
  * prepends BOS when the vocabulary has one. parse_special matches CONTROL
  * tokens (e.g. "<|eot_id|>") in the text; USER_DEFINED ones are always
- * matched (Hugging Face's non-special added tokens). */
+ * matched (Hugging Face's non-special added tokens). A byte-level
+ * pre-tokenizer regex gets a work budget proportional to len: one that
+ * backtracks catastrophically (a hostile tokenizer.json) exhausts it and
+ * gives BN_ERR_FORMAT, in time proportional to len. */
 bn_status bn_tokenize(const bn_tokenizer *t, const char *text, size_t len, bool add_bos,
                       bool parse_special, int32_t **tokens, size_t *n_tokens, bn_error *err);
 

@@ -12,6 +12,9 @@
  *    leftmost pair among equal ranks, until no adjacent pair has a merge.
  *    A min-heap of candidate pairs keeps this O(n log n) in the piece
  *    length; entries made stale by earlier merges are skipped when popped.
+ * The regex comes from the model file, so its work is bounded per text
+ * (see match_budgeted): a pattern that backtracks catastrophically is
+ * refused as a malformed file instead of running for minutes.
  */
 #include "tokenizer_internal.h"
 
@@ -130,6 +133,60 @@ static bn_status encode_piece(const bn_tokenizer *t, bn_tok_scratch *s, const un
     return BN_OK;
 }
 
+/* The regex's work budget. PCRE2's match limit bounds one pcre2_match
+ * call, and a text takes a call per piece, so a pattern that backtracks
+ * catastrophically at every position costs the limit times the text's
+ * length: with the default limit, a minute for 1000 bytes in the
+ * interpreter. Instead each call starts with a small limit and is retried
+ * with REGEX_GROWTH times more while it runs out, every try charged its
+ * whole limit to the text's budget, REGEX_BUDGET_BASE + REGEX_BUDGET_PER_BYTE
+ * units a byte; a call that needs more than is left fails, and so does
+ * the text. The work is then at most the budget, linear in the text.
+ * Measured with PCRE2 10.42: LLaMA-3's and GPT-2's regexes need at most
+ * ~50 units for a piece of ordinary text (interpreter; the JIT counts
+ * fewer) and ~3 a byte over the KJV text and the fixtures' corpus; a run
+ * of n spaces, one try of about n. So they are charged REGEX_FIRST_LIMIT
+ * a piece, at most a quarter of the budget even with a piece per byte,
+ * and a long piece at most ~5 units a byte. The heap limit bounds the
+ * interpreter's backtracking memory (the JIT's stack has its own). */
+#define REGEX_FIRST_LIMIT 256u
+#define REGEX_GROWTH 4u
+#define REGEX_BUDGET_BASE (1u << 16)
+#define REGEX_BUDGET_PER_BYTE 1024u
+#define REGEX_HEAP_LIMIT_KIB (64u << 10)
+
+uint64_t bn_bpe_regex_budget(size_t len)
+{
+    if ((uint64_t)len > (UINT64_MAX - REGEX_BUDGET_BASE) / REGEX_BUDGET_PER_BYTE)
+        return UINT64_MAX;
+    return REGEX_BUDGET_BASE + (uint64_t)len * REGEX_BUDGET_PER_BYTE;
+}
+
+/* One pcre2_match from at within what is left of the budget (above). */
+static int match_budgeted(const pcre2_code *re, bn_tok_scratch *s, const unsigned char *u,
+                          size_t len, size_t at, uint32_t *opts)
+{
+    pcre2_match_context *mc = s->match_ctx;
+    pcre2_set_heap_limit(mc, REGEX_HEAP_LIMIT_KIB);
+    uint64_t limit = REGEX_FIRST_LIMIT;
+    for (;;) {
+        const uint64_t try_limit = limit < s->regex_budget ? limit : s->regex_budget;
+        if (try_limit == 0)
+            return PCRE2_ERROR_MATCHLIMIT;
+        pcre2_set_match_limit(mc, (uint32_t)try_limit);
+        int rc = pcre2_match(re, u, len, at, *opts, s->match, mc);
+        s->regex_budget -= try_limit;
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !(*opts & PCRE2_NO_JIT)) {
+            *opts |= PCRE2_NO_JIT; /* the interpreter has no such limit */
+            continue;
+        }
+        /* Out of budget, or of what one call may be given. */
+        if (rc != PCRE2_ERROR_MATCHLIMIT || try_limit < limit || limit == UINT32_MAX)
+            return rc;
+        limit = limit > UINT32_MAX / REGEX_GROWTH ? UINT32_MAX : limit * REGEX_GROWTH;
+    }
+}
+
 bn_status bn_bpe_encode(const bn_tokenizer *t, bn_tok_scratch *s, const char *text, size_t len,
                         bn_tok_vec *out, bn_error *err)
 {
@@ -140,13 +197,22 @@ bn_status bn_bpe_encode(const bn_tokenizer *t, bn_tok_scratch *s, const char *te
     uint32_t opts = 0;
     bn_status st = BN_OK;
     while (at < len && st == BN_OK) {
-        int rc = pcre2_match(re, u, len, at, opts, md, NULL);
-        if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !(opts & PCRE2_NO_JIT)) {
-            opts |= PCRE2_NO_JIT; /* the interpreter has no such limit */
-            continue;
-        }
+        int rc = match_budgeted(re, s, u, len, at, &opts);
         if (rc == PCRE2_ERROR_NOMATCH)
             break;
+        if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT ||
+            rc == PCRE2_ERROR_DEPTHLIMIT)
+            return bn_error_set(err, BN_ERR_FORMAT,
+                                "the tokenizer's pre-tokenizer pattern (a Split regex in "
+                                "tokenizer.json) backtracks catastrophically; use a known one "
+                                "such as LLaMA-3's",
+                                "the pre-tokenizer regex \"%.80s\" is too costly: splitting "
+                                "%zu bytes of text needs more than its budget of %llu PCRE2 "
+                                "match steps",
+                                t->pre_regex ? t->pre_regex : "?", s->text_len,
+                                (unsigned long long)bn_bpe_regex_budget(s->text_len));
+        if (rc == PCRE2_ERROR_NOMEMORY)
+            return oom(err);
         if (rc < 0) {
             PCRE2_UCHAR msg[128];
             pcre2_get_error_message(rc, msg, sizeof msg);

@@ -159,7 +159,9 @@ struct bn_tokenizer {
      * SPM: the <0xXX> byte-fallback token. -1 where the vocab has none. */
     int32_t byte_token[256];
 
-    void *regex; /* pcre2_code (byte-level BPE) */
+    void *regex;          /* pcre2_code (byte-level BPE)                 */
+    char *pre_regex;      /* its pattern (byte-level BPE), else NULL     */
+    const char *pre_name; /* its GGUF tokenizer.ggml.pre name, or NULL   */
 
     int32_t bos, eos, eot, eom, unk;
     bool add_bos, add_space_prefix, ignore_merges;
@@ -218,7 +220,12 @@ typedef struct bn_tok_scratch {
     size_t sym_cap;
     bn_tok_candidate *heap; /* the merge queue, a binary min-heap */
     size_t heap_n, heap_cap;
-    void *match; /* pcre2_match_data */
+    void *match;     /* pcre2_match_data */
+    void *match_ctx; /* pcre2_match_context: the match limit of each try */
+    /* PCRE2 match-limit units the regex may still use on this text (see
+     * tokenizer_bpe.c), and the text's length for the error message. */
+    uint64_t regex_budget;
+    size_t text_len;
 } bn_tok_scratch;
 
 /* Grows array p (of *cap elements of elem bytes) to hold need elements:
@@ -228,6 +235,10 @@ void *bn_tok_grow(void *p, size_t *cap, size_t need, size_t elem);
 /* The merge queue: push (false without memory) and pop (heap_n > 0). */
 bool bn_tok_heap_push(bn_tok_scratch *s, bn_tok_candidate m);
 bn_tok_candidate bn_tok_heap_pop(bn_tok_scratch *s);
+
+/* The pre-tokenizer regex's work budget for a text of len bytes, in PCRE2
+ * match-limit units (see tokenizer_bpe.c). */
+uint64_t bn_bpe_regex_budget(size_t len);
 
 /* Encodes one fragment of ordinary text (no special tokens in it). */
 bn_status bn_bpe_encode(const bn_tokenizer *t, bn_tok_scratch *s, const char *text, size_t len,
