@@ -150,6 +150,25 @@ def shrink_model(src):
     return gguf_write(new_kvs, new_t)
 
 
+def one_layer(src, tokenizer=True, n_ctx=None):
+    """The model cut to its first layer, for fuzz_engine, which runs it:
+    the whole vocabulary and tokenizer are kept (a text prompt needs every
+    byte token), or with tokenizer=False dropped (token ids only); n_ctx
+    replaces the training context."""
+    with open(os.path.join(DATA, src), "rb") as f:
+        kvs, tensors = gguf_read(f.read())
+    new_kvs = []
+    for k, t, v in kvs:
+        if k.startswith(b"tokenizer.") and not tokenizer:
+            continue
+        if k.endswith(b".block_count"):
+            v = 1
+        elif k.endswith(b".context_length") and n_ctx is not None:
+            v = n_ctx
+        new_kvs.append((k, t, v))
+    return gguf_write(new_kvs, [x for x in tensors if not x[0].startswith(b"blk.1.")])
+
+
 # ---- per target ------------------------------------------------------------
 
 def gguf():
@@ -230,10 +249,17 @@ def model_gguf():
         put("model_gguf", "small_" + f, shrink_model("models/" + f))
 
 
+def engine():
+    put("engine", "i2s_1layer.gguf", one_layer("models/i2s.gguf"))
+    put("engine", "tq2_0_1layer.gguf", one_layer("models/tq2_0.gguf"))
+    put("engine", "tq1_0_1layer_ids_ctx8.gguf",
+        one_layer("models/tq1_0.gguf", tokenizer=False, n_ctx=8))
+
+
 def main():
     if os.path.isdir(OUT):
         shutil.rmtree(OUT)
-    for make in (gguf, safetensors, hf_config, tokenizer_json, tokenizer, model_gguf):
+    for make in (gguf, safetensors, hf_config, tokenizer_json, tokenizer, model_gguf, engine):
         make()
     total = sum(os.path.getsize(f) for f in glob.glob(os.path.join(OUT, "*", "*")))
     print("fuzz corpus: %d files, %d bytes in %s" %
