@@ -91,13 +91,16 @@ static float *clean(const float *logits, int32_t V)
 
 static int32_t ref_argmax(const float *logits, int32_t V)
 {
+    /* Strict >: the lowest index wins a tie; nothing above -inf (every
+     * logit NaN or -inf) leaves -1, no token. */
     float *l = clean(logits, V);
-    int32_t best = 0;
-    for (int32_t i = 1; i < V; i++)
-        if (l[i] > l[best])
+    int32_t best = -1;
+    float best_logit = -INFINITY;
+    for (int32_t i = 0; i < V; i++)
+        if (l[i] > best_logit) {
             best = i;
-    if (!(l[best] > -INFINITY))
-        best = -1; /* every logit NaN or -inf: no token */
+            best_logit = l[i];
+        }
     free(l);
     return best;
 }
@@ -266,7 +269,9 @@ static int32_t dev_sample(dev *d, const float *logits, int32_t V, const bn_cuda_
     int32_t tok;
     CUDA_OK(cudaMemcpy(&tok, d->token, sizeof tok, cudaMemcpyDeviceToHost));
     CHECK_MSG(tok == *d->h_token, "device token %d, host copy %d", tok, *d->h_token);
-    CHECK_MSG(tok >= 0 && tok < V, "token %d outside the vocabulary of %d", tok, V);
+    /* -1: no token (every logit NaN or -inf); the callers compare it with
+     * the references, which say the same. */
+    CHECK_MSG(tok >= -1 && tok < V, "token %d outside the vocabulary of %d", tok, V);
     /* The same draw with the parameters read on the device (greedy is not
      * its job: -1). */
     const int32_t from_dev = dev_sample_params(d, V, p, NULL, NULL, 0, NULL);
@@ -335,6 +340,36 @@ static void check_greedy_one(dev *d, const float *l, int32_t V, const char *what
               what, V, got, want, cpu);
 }
 
+/* Every logit NaN or -inf: the device's draws say no token (-1), as the
+ * CPU sampler does, for a top-k set (draw_sorted) and, for a vocabulary
+ * small enough, with top-k off (the index-order walk). */
+static void check_draw_none(dev *d, const float *l, int32_t V, const char *what)
+{
+    float *copy = malloc(sizeof(float) * (size_t)V);
+    for (int off = 0; off < 2; off++) {
+        if (off && V > BN_CUDA_SAMPLE_MAX_K)
+            break;
+        const bn_cuda_sample_params p = {0.8f, off ? 0 : 40, 0.95f, 0.05f};
+        bn_sampler_params sp;
+        bn_sampler_params_default(&sp);
+        sp.temperature = p.temperature;
+        sp.top_k = p.top_k;
+        sp.top_p = p.top_p;
+        sp.min_p = p.min_p;
+        bn_sampler *s = NULL;
+        bn_error err;
+        CHECK(bn_sampler_create(&sp, V, &s, &err) == BN_OK);
+        memcpy(copy, l, sizeof(float) * (size_t)V);
+        const int32_t cpu = s ? bn_sampler_sample(s, copy, NULL, 0) : -2;
+        bn_sampler_free(s);
+        const int32_t got = dev_sample(d, l, V, &p, 0.5);
+        CHECK_MSG(got == -1 && cpu == BN_SAMPLER_NO_TOKEN,
+                  "draw %s V=%d top-k %d: device %d, sampler %d (no token expected)", what, V,
+                  p.top_k, got, cpu);
+    }
+    free(copy);
+}
+
 static void check_greedy(dev *d, int32_t V)
 {
     float *l = malloc(sizeof(float) * (size_t)V);
@@ -354,9 +389,11 @@ static void check_greedy(dev *d, int32_t V)
     for (int32_t i = 0; i < V; i++)
         l[i] = (i & 1) ? NAN : -INFINITY;
     check_greedy_one(d, l, V, "all masked");
+    check_draw_none(d, l, V, "all masked");
     for (int32_t i = 0; i < V; i++)
         l[i] = NAN;
     check_greedy_one(d, l, V, "all NaN");
+    check_draw_none(d, l, V, "all NaN");
     /* -0 and +0 compare equal: the lower index wins, whichever sign. */
     for (int32_t i = 0; i < V; i++)
         l[i] = -1.0f - (float)(i % 7);
