@@ -11,7 +11,7 @@
  * FUZZ_CTX positions (the model's training context when that is shorter),
  * 2 generated tokens per request, a short perplexity text in pieces of
  * FUZZ_PPL_CTX. The weights a file can describe are bounded by its size
- * (bn_model_check_fits), so a forward pass stays cheap at the few hundred
+ * (bn_checkpoint_check_fits), so a forward pass stays cheap at the few hundred
  * KB of the seeds.
  *
  * GPU detection is replaced by BITNET_GPU_FAKE=none's (no device): with
@@ -96,7 +96,7 @@ static void sampling(bn_sampler_params *p, float temperature, int top_k, uint64_
 static void check_generation(const bn_engine *e, const bn_generation *g, const streamed *s,
                              bool have_tokenizer)
 {
-    const int32_t vocab = bn_model_hparams(bn_engine_model(e))->vocab;
+    const int32_t vocab = bn_checkpoint_hparams(bn_engine_model(e))->vocab;
     if (g->n_prompt == 0 || !g->prompt_tokens)
         fuzz_die("a generation without prompt tokens", NULL);
     for (size_t i = 0; i < g->n_prompt; i++)
@@ -141,8 +141,8 @@ static void write_receipt(const bn_engine *e, const bn_generate_request *req,
 /* One request; returns its status after checking what came back. */
 static bn_status generate(bn_engine *e, bn_generate_request *req, bool receipt)
 {
-    const bn_model *m = bn_engine_model(e);
-    const bool have_tokenizer = bn_model_tokenizer(m) != NULL;
+    const bn_checkpoint *m = bn_engine_model(e);
+    const bool have_tokenizer = bn_checkpoint_tokenizer(m) != NULL;
     streamed s = {0};
     req->on_text = on_text;
     req->ctx = &s;
@@ -165,7 +165,7 @@ static bn_status generate(bn_engine *e, bn_generate_request *req, bool receipt)
 
 static void run_requests(bn_engine *e)
 {
-    const bn_hparams *hp = bn_model_hparams(bn_engine_model(e));
+    const bn_hparams *hp = bn_checkpoint_hparams(bn_engine_model(e));
     const int32_t vocab = hp->vocab;
     const int64_t n_ctx = bn_engine_n_ctx(e);
 
@@ -220,7 +220,7 @@ static void run_requests(bn_engine *e)
 static void run_perplexity(bn_engine *e)
 {
     static const char text[] = "The Word was with God.\n<|eot_id|> Caf\xC3\xA9 \xE2\x96";
-    const bn_tokenizer *tok = bn_model_tokenizer(bn_engine_model(e));
+    const bn_tokenizer *tok = bn_checkpoint_tokenizer(bn_engine_model(e));
     const int64_t n_ctx = bn_engine_n_ctx(e);
     bn_perplexity_result r;
     bn_error err;
@@ -283,12 +283,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (st == BN_ERR_INVALID_ARGUMENT) {
         /* Refused, as it must be, when the model was trained for fewer
          * positions: open it with its own context then. */
-        bn_model *m = NULL;
+        bn_checkpoint *m = NULL;
         bn_error err;
         bn_error_clear(&err);
-        if (bn_model_load(path, &m, &err) == BN_OK) {
-            const int ctx_train = bn_model_hparams(m)->n_ctx_train;
-            bn_model_free(m);
+        if (bn_checkpoint_load(path, &m, &err) == BN_OK) {
+            const int ctx_train = bn_checkpoint_hparams(m)->n_ctx_train;
+            bn_checkpoint_free(m);
             if (ctx_train < FUZZ_CTX) {
                 n_ctx = ctx_train;
                 st = open_engine(path, n_ctx, &e);

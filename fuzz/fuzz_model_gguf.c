@@ -1,10 +1,10 @@
 /*
- * fuzz_model_gguf.c - the whole model loader (bn_model_load in
+ * fuzz_model_gguf.c - the whole model loader (bn_checkpoint_load in
  * src/model/model_load.c and model_gguf.c) on a GGUF file made of
  * arbitrary bytes.
  *
  * The input goes into a memfd and is loaded as /proc/self/fd/N, exactly as
- * `bitnet run -m FILE` loads a file: bn_model_load, then the GGUF reader,
+ * `bitnet run -m FILE` loads a file: bn_checkpoint_load, then the GGUF reader,
  * hyperparameters, every tensor's type and shape, norms, the tokenizer.
  * When a model comes out of it, the weights are used the way a backend
  * uses them: every projection unpacked to codes (up to a budget, so one
@@ -38,7 +38,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-static void use_projections(const bn_model *m, const bn_hparams *hp)
+static void use_projections(const bn_checkpoint *m, const bn_hparams *hp)
 {
     int64_t budget = CODE_BUDGET;
     for (int l = 0; l < hp->n_layer; l++)
@@ -54,13 +54,13 @@ static void use_projections(const bn_model *m, const bn_hparams *hp)
             float scale = 0.0f;
             bn_error err;
             bn_error_clear(&err);
-            bn_status st = bn_model_projection_codes(m, l, (bn_proj)p, codes, &scale, &err);
+            bn_status st = bn_checkpoint_projection_codes(m, l, (bn_proj)p, codes, &scale, &err);
             fuzz_check_error(st, &err);
             if (st == BN_OK)
                 for (int64_t i = 0; i < n * k; i++)
                     if (codes[i] < -1 || codes[i] > 1)
                         fuzz_die("a projection code outside {-1, 0, +1}", bn_proj_name((bn_proj)p));
-            (void)bn_model_projection_type(m, l, (bn_proj)p);
+            (void)bn_checkpoint_projection_type(m, l, (bn_proj)p);
             free(codes);
         }
 }
@@ -74,18 +74,18 @@ static void use_dense(const bn_dense_matrix *d)
     fuzz_touch((const uint8_t *)d->data + (size_t)(d->rows - 1) * d->row_bytes, d->row_bytes);
 }
 
-static void use_norms(const bn_model *m, const bn_hparams *hp)
+static void use_norms(const bn_checkpoint *m, const bn_hparams *hp)
 {
-    fuzz_touch(bn_model_output_norm(m), (size_t)hp->dim * sizeof(float));
+    fuzz_touch(bn_checkpoint_output_norm(m), (size_t)hp->dim * sizeof(float));
     for (int l = 0; l < hp->n_layer; l++)
         for (int w = 0; w < BN_NORM_COUNT; w++)
-            fuzz_touch(bn_model_norm(m, l, (bn_norm)w),
+            fuzz_touch(bn_checkpoint_norm(m, l, (bn_norm)w),
                        (size_t)bn_hparams_norm_size(hp, (bn_norm)w) * sizeof(float));
 }
 
-static void use_tokenizer(const bn_model *m)
+static void use_tokenizer(const bn_checkpoint *m)
 {
-    const struct bn_tokenizer *t = bn_model_tokenizer(m);
+    const struct bn_tokenizer *t = bn_checkpoint_tokenizer(m);
     if (!t)
         return;
     static const char text[] = "<|begin_of_text|>Hello w\xC3\xB6rld<|eot_id|>";
@@ -96,7 +96,7 @@ static void use_tokenizer(const bn_model *m)
     if (bn_tokenize(t, text, sizeof text - 1, true, true, &ids, &n, &err) == BN_OK) {
         /* The loader promised the vocabulary fits the embedding. */
         for (size_t i = 0; i < n; i++)
-            if (ids[i] < 0 || ids[i] >= bn_model_hparams(m)->vocab)
+            if (ids[i] < 0 || ids[i] >= bn_checkpoint_hparams(m)->vocab)
                 fuzz_die("the tokenizer produced an id the model has no row for", NULL);
         char *back = NULL;
         bn_error_clear(&err);
@@ -110,16 +110,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char path[64];
     int fd = fuzz_memfile(data, size, path, sizeof path);
-    bn_model *m = NULL;
+    bn_checkpoint *m = NULL;
     bn_error err;
     bn_error_clear(&err);
-    bn_status st = bn_model_load(path, &m, &err);
+    bn_status st = bn_checkpoint_load(path, &m, &err);
     close(fd); /* the model keeps its own mapping */
     fuzz_check_error(st, &err);
     if (st != BN_OK)
         return 0;
 
-    const bn_hparams *hp = bn_model_hparams(m);
+    const bn_hparams *hp = bn_checkpoint_hparams(m);
     bn_error_clear(&err);
     if (bn_hparams_validate(hp, &err) != BN_OK)
         fuzz_die("the loader returned a model with invalid hyperparameters", err.message);
@@ -133,15 +133,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const int32_t tokens[] = {0, hp->vocab - 1};
     for (int i = 0; i < 2; i++) {
         bn_error_clear(&err);
-        if (bn_model_embedding_row(m, tokens[i], row, &err) != BN_OK)
-            fuzz_die("bn_model_embedding_row refused a token inside the vocabulary", err.message);
+        if (bn_checkpoint_embedding_row(m, tokens[i], row, &err) != BN_OK)
+            fuzz_die("bn_checkpoint_embedding_row refused a token inside the vocabulary",
+                     err.message);
     }
     free(row);
-    use_dense(bn_model_embedding(m));
-    use_dense(bn_model_lm_head(m));
+    use_dense(bn_checkpoint_embedding(m));
+    use_dense(bn_checkpoint_lm_head(m));
     use_norms(m, hp);
     use_tokenizer(m);
-    (void)bn_model_weight_bytes(m);
-    bn_model_free(m);
+    (void)bn_checkpoint_weight_bytes(m);
+    bn_checkpoint_free(m);
     return 0;
 }

@@ -33,10 +33,11 @@ bool test_write_repacked_gguf(const char *src, const char *dst, bn_qtype type,
                               const char *scale_suffix, bool extras)
 {
     bn_gguf *g = NULL;
-    bn_model *m = NULL;
+    bn_checkpoint *m = NULL;
     bn_gguf_writer *w = NULL;
     bn_error err;
-    bool ok = bn_gguf_open(src, &g, &err) == BN_OK && bn_model_load_gguf(src, &m, &err) == BN_OK &&
+    bool ok = bn_gguf_open(src, &g, &err) == BN_OK &&
+              bn_checkpoint_load_gguf(src, &m, &err) == BN_OK &&
               bn_gguf_writer_create(&w, &err) == BN_OK;
     void *blobs[64] = {0};
     float scales[64];
@@ -86,7 +87,7 @@ bool test_write_repacked_gguf(const char *src, const char *dst, bn_qtype type,
         int8_t *codes = malloc((size_t)(n * k));
         float scale = 0.0f;
         size_t bytes = 0;
-        ok = bn_model_projection_codes(m, layer, (bn_proj)p, codes, &scale, &err) == BN_OK;
+        ok = bn_checkpoint_projection_codes(m, layer, (bn_proj)p, codes, &scale, &err) == BN_OK;
         bn_status st = ok ? bn_qtype_tensor_size(type, n, k, &bytes, &err) : BN_ERR_INTERNAL;
         if (st != BN_OK) {
             if (ok)
@@ -130,7 +131,7 @@ bool test_write_repacked_gguf(const char *src, const char *dst, bn_qtype type,
     for (int i = 0; i < n_blobs; i++)
         free(blobs[i]);
     bn_gguf_writer_free(w);
-    bn_model_free(m);
+    bn_checkpoint_free(m);
     bn_gguf_close(g);
     return ok;
 }

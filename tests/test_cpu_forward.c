@@ -110,9 +110,10 @@ static void ref_rope(float *v, int n_heads, const bn_hparams *hp, int64_t pos)
 }
 
 /* Logits [T][vocab] for the whole sequence, recomputed from scratch. */
-static void reference_forward(const bn_model *m, const int32_t *tokens, int64_t T, float *logits)
+static void reference_forward(const bn_checkpoint *m, const int32_t *tokens, int64_t T,
+                              float *logits)
 {
-    const bn_hparams *hp = bn_model_hparams(m);
+    const bn_hparams *hp = bn_checkpoint_hparams(m);
     const int64_t dim = hp->dim, ffn = hp->ffn;
     const int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
     const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
@@ -133,19 +134,19 @@ static void reference_forward(const bn_model *m, const int32_t *tokens, int64_t 
     float *w = calloc((size_t)T, sizeof(float));
 
     for (int64_t t = 0; t < T; t++)
-        bn_model_embedding_row(m, tokens[t], x + t * dim, NULL);
+        bn_checkpoint_embedding_row(m, tokens[t], x + t * dim, NULL);
 
     for (int l = 0; l < hp->n_layer; l++) {
         ref_proj P[BN_PROJ_COUNT];
         for (int p = 0; p < BN_PROJ_COUNT; p++) {
             bn_hparams_proj_shape(hp, (bn_proj)p, &P[p].n, &P[p].k);
             P[p].codes = malloc((size_t)(P[p].n * P[p].k));
-            CHECK(bn_model_projection_codes(m, l, (bn_proj)p, P[p].codes, &P[p].scale, NULL) ==
+            CHECK(bn_checkpoint_projection_codes(m, l, (bn_proj)p, P[p].codes, &P[p].scale, NULL) ==
                   BN_OK);
         }
         /* attention */
         for (int64_t t = 0; t < T; t++) {
-            ref_norm_quantize(x + t * dim, bn_model_norm(m, l, BN_NORM_ATTN), dim, hp->rms_eps,
+            ref_norm_quantize(x + t * dim, bn_checkpoint_norm(m, l, BN_NORM_ATTN), dim, hp->rms_eps,
                               xq, &xs);
             ref_bitlinear(&P[BN_PROJ_Q], xq, xs, q + t * q_dim);
             ref_bitlinear(&P[BN_PROJ_K], xq, xs, k + t * kv_dim);
@@ -175,7 +176,7 @@ static void reference_forward(const bn_model *m, const int32_t *tokens, int64_t 
             }
         }
         for (int64_t t = 0; t < T; t++) {
-            ref_norm_quantize(att + t * q_dim, bn_model_norm(m, l, BN_NORM_ATTN_SUB), q_dim,
+            ref_norm_quantize(att + t * q_dim, bn_checkpoint_norm(m, l, BN_NORM_ATTN_SUB), q_dim,
                               hp->rms_eps, xq, &xs);
             ref_bitlinear(&P[BN_PROJ_O], xq, xs, o);
             for (int64_t i = 0; i < dim; i++)
@@ -183,15 +184,16 @@ static void reference_forward(const bn_model *m, const int32_t *tokens, int64_t 
         }
         /* feed-forward */
         for (int64_t t = 0; t < T; t++) {
-            ref_norm_quantize(x + t * dim, bn_model_norm(m, l, BN_NORM_FFN), dim, hp->rms_eps, xq,
-                              &xs);
+            ref_norm_quantize(x + t * dim, bn_checkpoint_norm(m, l, BN_NORM_FFN), dim, hp->rms_eps,
+                              xq, &xs);
             ref_bitlinear(&P[BN_PROJ_GATE], xq, xs, g);
             ref_bitlinear(&P[BN_PROJ_UP], xq, xs, u);
             for (int64_t i = 0; i < ffn; i++) {
                 const float r = g[i] > 0.0f ? g[i] : 0.0f;
                 g[i] = (r * r) * u[i];
             }
-            ref_norm_quantize(g, bn_model_norm(m, l, BN_NORM_FFN_SUB), ffn, hp->rms_eps, xq, &xs);
+            ref_norm_quantize(g, bn_checkpoint_norm(m, l, BN_NORM_FFN_SUB), ffn, hp->rms_eps, xq,
+                              &xs);
             ref_bitlinear(&P[BN_PROJ_DOWN], xq, xs, o);
             for (int64_t i = 0; i < dim; i++)
                 x[t * dim + i] += o[i];
@@ -200,12 +202,12 @@ static void reference_forward(const bn_model *m, const int32_t *tokens, int64_t 
             free(P[p].codes);
     }
 
-    const bn_dense_matrix *head = bn_model_lm_head(m);
+    const bn_dense_matrix *head = bn_checkpoint_lm_head(m);
     float *row = malloc((size_t)dim * sizeof(float));
     for (int64_t t = 0; t < T; t++) {
         const float inv = ref_inv_rms(x + t * dim, dim, hp->rms_eps);
         for (int64_t i = 0; i < dim; i++)
-            xn[i] = bn_model_output_norm(m)[i] * (x[t * dim + i] * inv);
+            xn[i] = bn_checkpoint_output_norm(m)[i] * (x[t * dim + i] * inv);
         for (int64_t r = 0; r < hp->vocab; r++) {
             bn_qtype_get(head->type)->dequantize_row(
                 (const uint8_t *)head->data + (size_t)r * head->row_bytes, row, dim);
@@ -264,9 +266,9 @@ static void test_against_reference(int round)
 {
     bn_hparams hp = random_shape();
     describe(&hp);
-    bn_model *m = NULL;
+    bn_checkpoint *m = NULL;
     bn_error err;
-    CHECK(bn_model_create_random(&hp, test_rand_u64(), &m, &err) == BN_OK);
+    CHECK(bn_checkpoint_create_random(&hp, test_rand_u64(), &m, &err) == BN_OK);
     if (!m)
         return;
     const int64_t T = test_rand_range(1, 40);
@@ -295,13 +297,13 @@ static void test_against_reference(int round)
     }
     free(want);
     free(got);
-    bn_model_free(m);
+    bn_checkpoint_free(m);
 }
 
-static float *run_backend(const bn_model *m, int threads, const int32_t *tokens, int64_t T,
+static float *run_backend(const bn_checkpoint *m, int threads, const int32_t *tokens, int64_t T,
                           int64_t split, bool step_by_step)
 {
-    const int32_t vocab = bn_model_hparams(m)->vocab;
+    const int32_t vocab = bn_checkpoint_hparams(m)->vocab;
     float *logits = malloc((size_t)(T * vocab) * sizeof(float));
     bn_cpu_backend *b = NULL;
     bn_error err;
@@ -329,8 +331,8 @@ static void test_exactness(void)
 {
     bn_hparams hp = random_shape();
     describe(&hp);
-    bn_model *m = NULL;
-    CHECK(bn_model_create_random(&hp, test_rand_u64(), &m, NULL) == BN_OK);
+    bn_checkpoint *m = NULL;
+    CHECK(bn_checkpoint_create_random(&hp, test_rand_u64(), &m, NULL) == BN_OK);
     if (!m)
         return;
     const int64_t T = 150;
@@ -366,15 +368,15 @@ static void test_exactness(void)
     free(last);
     free(base);
     free(steps);
-    bn_model_free(m);
+    bn_checkpoint_free(m);
 }
 
 static void test_errors(void)
 {
     bn_hparams hp = random_shape();
-    bn_model *m = NULL;
+    bn_checkpoint *m = NULL;
     bn_error err;
-    CHECK(bn_model_create_random(&hp, 7, &m, NULL) == BN_OK);
+    CHECK(bn_checkpoint_create_random(&hp, 7, &m, NULL) == BN_OK);
     if (!m)
         return;
     bn_cpu_backend *b = NULL;
@@ -384,7 +386,7 @@ static void test_errors(void)
 
     CHECK(bn_cpu_backend_create(m, 8, 2, &b, &err) == BN_OK);
     if (!b) {
-        bn_model_free(m);
+        bn_checkpoint_free(m);
         return;
     }
     CHECK(bn_cpu_backend_kv_len(b) == 8);
@@ -430,24 +432,24 @@ static void test_errors(void)
            (unsigned long long)mem.scratch, bn_cpu_backend_kernel_name(b));
     free(logits);
     bn_cpu_backend_free(b);
-    bn_model_free(m);
+    bn_checkpoint_free(m);
 }
 
 /* The random model API itself: deterministic, ternary, validated. */
 static void test_random_model(void)
 {
     bn_hparams hp = random_shape();
-    bn_model *a = NULL, *c = NULL;
-    CHECK(bn_model_create_random(&hp, 42, &a, NULL) == BN_OK);
-    CHECK(bn_model_create_random(&hp, 42, &c, NULL) == BN_OK);
+    bn_checkpoint *a = NULL, *c = NULL;
+    CHECK(bn_checkpoint_create_random(&hp, 42, &a, NULL) == BN_OK);
+    CHECK(bn_checkpoint_create_random(&hp, 42, &c, NULL) == BN_OK);
     if (!a || !c)
         return;
     int64_t n, k;
     bn_hparams_proj_shape(&hp, BN_PROJ_DOWN, &n, &k);
     int8_t *x = malloc((size_t)(n * k)), *y = malloc((size_t)(n * k));
     float sx, sy;
-    CHECK(bn_model_projection_codes(a, hp.n_layer - 1, BN_PROJ_DOWN, x, &sx, NULL) == BN_OK);
-    CHECK(bn_model_projection_codes(c, hp.n_layer - 1, BN_PROJ_DOWN, y, &sy, NULL) == BN_OK);
+    CHECK(bn_checkpoint_projection_codes(a, hp.n_layer - 1, BN_PROJ_DOWN, x, &sx, NULL) == BN_OK);
+    CHECK(bn_checkpoint_projection_codes(c, hp.n_layer - 1, BN_PROJ_DOWN, y, &sy, NULL) == BN_OK);
     CHECK(memcmp(x, y, (size_t)(n * k)) == 0 && sx == sy && sx > 0.0f);
     int counts[3] = {0, 0, 0};
     bool ternary = true;
@@ -458,34 +460,34 @@ static void test_random_model(void)
     }
     CHECK(ternary);
     CHECK(n * k < 300 || (counts[0] > 0 && counts[1] > 0 && counts[2] > 0));
-    CHECK(strstr(bn_model_hparams(a)->flavour, "random") != NULL);
-    CHECK(bn_model_tokenizer(a) == NULL);
+    CHECK(strstr(bn_checkpoint_hparams(a)->flavour, "random") != NULL);
+    CHECK(bn_checkpoint_tokenizer(a) == NULL);
     bn_error err;
-    CHECK(bn_model_projection_codes(a, hp.n_layer, BN_PROJ_Q, x, &sx, &err) ==
+    CHECK(bn_checkpoint_projection_codes(a, hp.n_layer, BN_PROJ_Q, x, &sx, &err) ==
           BN_ERR_INVALID_ARGUMENT);
     float *row = malloc((size_t)hp.dim * sizeof(float));
-    CHECK(bn_model_embedding_row(a, hp.vocab, row, &err) == BN_ERR_INVALID_ARGUMENT);
-    CHECK(bn_model_embedding_row(a, hp.vocab - 1, row, &err) == BN_OK);
+    CHECK(bn_checkpoint_embedding_row(a, hp.vocab, row, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_checkpoint_embedding_row(a, hp.vocab - 1, row, &err) == BN_OK);
     free(row);
     free(x);
     free(y);
-    bn_model_free(a);
-    bn_model_free(c);
+    bn_checkpoint_free(a);
+    bn_checkpoint_free(c);
 
     /* Shapes that cannot work are refused with the field named. */
-    bn_model *bad = NULL;
+    bn_checkpoint *bad = NULL;
     bn_hparams h2 = hp;
     h2.n_head = 3;
     h2.n_head_kv = 2;
-    CHECK(bn_model_create_random(&h2, 1, &bad, &err) == BN_ERR_FORMAT && !bad);
+    CHECK(bn_checkpoint_create_random(&h2, 1, &bad, &err) == BN_ERR_FORMAT && !bad);
     CHECK_STR_CONTAINS(err.message, "n_head_kv");
     h2 = hp;
     h2.rope_dim = hp.head_dim + 2;
-    CHECK(bn_model_create_random(&h2, 1, &bad, &err) == BN_ERR_FORMAT);
+    CHECK(bn_checkpoint_create_random(&h2, 1, &bad, &err) == BN_ERR_FORMAT);
     CHECK_STR_CONTAINS(err.message, "rope_dim");
     h2 = hp;
     h2.dim = 0;
-    CHECK(bn_model_create_random(&h2, 1, &bad, &err) == BN_ERR_FORMAT);
+    CHECK(bn_checkpoint_create_random(&h2, 1, &bad, &err) == BN_ERR_FORMAT);
     CHECK_STR_CONTAINS(err.message, "dim");
 
     bn_hparams big;

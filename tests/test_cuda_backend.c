@@ -154,18 +154,18 @@ static void print_tokens(const char *what, const int32_t *t, int n)
     printf("\n");
 }
 
-static bn_model *load_fixture(const char *name)
+static bn_checkpoint *load_fixture(const char *name)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", data_dir, name);
-    bn_model *m = NULL;
+    bn_checkpoint *m = NULL;
     bn_error err;
     bn_error_clear(&err);
-    CHECK_MSG(bn_model_load(path, &m, &err) == BN_OK, "load %s: %s", path, err.message);
+    CHECK_MSG(bn_checkpoint_load(path, &m, &err) == BN_OK, "load %s: %s", path, err.message);
     return m;
 }
 
-static bn_cuda_backend *make_cuda(const bn_model *m, int64_t kv_len, bn_cuda_kv_type kv,
+static bn_cuda_backend *make_cuda(const bn_checkpoint *m, int64_t kv_len, bn_cuda_kv_type kv,
                                   int chunk)
 {
     bn_cuda_backend_options o;
@@ -183,10 +183,10 @@ static bn_cuda_backend *make_cuda(const bn_model *m, int64_t kv_len, bn_cuda_kv_
 
 /* The CPU's greedy run: tokens[N_STEPS], logits[N_STEPS][V] (row s: the
  * logits that chose token s). */
-static bool cpu_greedy(const bn_model *m, const int32_t *prompt, int n_prompt, int32_t *tokens,
+static bool cpu_greedy(const bn_checkpoint *m, const int32_t *prompt, int n_prompt, int32_t *tokens,
                        float *logits)
 {
-    const int32_t V = bn_model_hparams(m)->vocab;
+    const int32_t V = bn_checkpoint_hparams(m)->vocab;
     bn_cpu_backend *c = NULL;
     bn_error err;
     bn_error_clear(&err);
@@ -256,10 +256,10 @@ static void check_fixture(const char *name, int unit)
                part_staging = test_in_part(unit + 2), part_head = test_in_part(unit + 3);
     if (!part_default && !part_layouts && !part_staging && !part_head)
         return;
-    bn_model *m = load_fixture(name);
+    bn_checkpoint *m = load_fixture(name);
     if (!m)
         return;
-    const int32_t V = bn_model_hparams(m)->vocab;
+    const int32_t V = bn_checkpoint_hparams(m)->vocab;
     const size_t row = (size_t)V * sizeof(float);
     float *ref = malloc(N_STEPS * row), *eager = malloc(N_STEPS * row),
           *graph = malloc(N_STEPS * row), *half = malloc(N_STEPS * row);
@@ -269,7 +269,7 @@ static void check_fixture(const char *name, int unit)
     bn_error err;
     bn_error_clear(&err);
     if (!cpu_greedy(m, PROMPT, PROMPT_LEN, ref_tok, ref)) {
-        bn_model_free(m);
+        bn_checkpoint_free(m);
         free(ref), free(eager), free(graph), free(half);
         return;
     }
@@ -279,7 +279,7 @@ static void check_fixture(const char *name, int unit)
 
     bn_cuda_backend *b = make_cuda(m, 0, BN_CUDA_KV_F32, 0);
     if (!b) {
-        bn_model_free(m);
+        bn_checkpoint_free(m);
         free(ref), free(eager), free(graph), free(half);
         return;
     }
@@ -613,7 +613,7 @@ static void check_fixture(const char *name, int unit)
      * head_dim 64, 128 or 256; other models must be refused clearly. */
     double half_rel = NAN;
     int half_argmax_diff = -1;
-    const int head_dim = bn_model_hparams(m)->head_dim;
+    const int head_dim = bn_checkpoint_hparams(m)->head_dim;
     const bool half_supported = head_dim == 64 || head_dim == 128 || head_dim == 256;
     bn_cuda_backend *h = NULL;
     if (half_supported) {
@@ -671,7 +671,7 @@ static void check_fixture(const char *name, int unit)
     CHECK_STR_CONTAINS(kernels, "w2a8_gemm");
     /* The decode attention merges through a cluster wherever the device
      * has them (bn_cb_attn_decode_cluster), else through its ticket. */
-    const bn_hparams *hp = bn_model_hparams(m);
+    const bn_hparams *hp = bn_checkpoint_hparams(m);
     const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, 64};
     const char *attn = !bn_cb_attn_decode_cluster(&as, 0) ? "attention_decode_f32"
                        : default_qkv_inside            ? "attention_decode_f32_cluster_qkv"
@@ -682,7 +682,7 @@ static void check_fixture(const char *name, int unit)
     CHECK_STR_CONTAINS(kernels, "argmax");
 out:
     bn_cuda_backend_free(b);
-    bn_model_free(m);
+    bn_checkpoint_free(m);
     free(ref), free(eager), free(graph), free(half);
 }
 
@@ -695,11 +695,11 @@ out:
  * argmaxes differ, and (swap_margin, may be NULL) the largest gap, relative
  * as in rel_diff, between the CPU's best logit and the CPU's logit of the
  * GPU's choice at those steps (-1 where none differs). */
-static double compare_run(const char *what, const bn_model *m, bn_cuda_backend *b,
+static double compare_run(const char *what, const bn_checkpoint *m, bn_cuda_backend *b,
                           const int32_t *tokens, int n_prompt, int steps, int *argmax_diff,
                           double *swap_margin)
 {
-    const int32_t V = bn_model_hparams(m)->vocab;
+    const int32_t V = bn_checkpoint_hparams(m)->vocab;
     float *a = malloc((size_t)V * sizeof(float)), *g = malloc((size_t)V * sizeof(float));
     bn_cpu_backend *c = NULL;
     bn_error err;
@@ -741,10 +741,10 @@ static double compare_run(const char *what, const bn_model *m, bn_cuda_backend *
  * counts the same kernels replayed from the graph as launched eagerly. */
 static void check_work(void)
 {
-    bn_model *m = load_fixture("hf_packed");
+    bn_checkpoint *m = load_fixture("hf_packed");
     if (!m)
         return;
-    const int32_t V = bn_model_hparams(m)->vocab;
+    const int32_t V = bn_checkpoint_hparams(m)->vocab;
     bn_cuda_backend *b = make_cuda(m, 0, BN_CUDA_KV_F32, 0);
     float *logits = malloc((size_t)V * sizeof(float));
     if (b && logits) {
@@ -788,7 +788,7 @@ static void check_work(void)
     free(logits);
     if (b)
         bn_cuda_backend_free(b);
-    bn_model_free(m);
+    bn_checkpoint_free(m);
 }
 
 /* ---- the next request's prompt, uploaded ahead -------------------------------------- */
@@ -818,10 +818,10 @@ static bool next_prompt_b(void *ctx, const int32_t **tokens, size_t *n)
  * the next request's prefill reads them, with the tokens of a run without. */
 static void check_staged(void)
 {
-    bn_model *m = load_fixture("hf_packed");
+    bn_checkpoint *m = load_fixture("hf_packed");
     if (!m)
         return;
-    const int32_t V = bn_model_hparams(m)->vocab;
+    const int32_t V = bn_checkpoint_hparams(m)->vocab;
     bn_cuda_backend *b = make_cuda(m, 0, BN_CUDA_KV_F32, 3);
     float *ref = malloc((size_t)V * sizeof(float)), *got = malloc((size_t)V * sizeof(float));
     float *ref_b = malloc((size_t)V * sizeof(float));
@@ -918,7 +918,7 @@ out:
     free(ref_b);
     if (b)
         bn_cuda_backend_free(b);
-    bn_model_free(m);
+    bn_checkpoint_free(m);
 
     /* The engine: request A names B as its next prompt. */
     char path[1024];
@@ -996,12 +996,12 @@ static void check_encoding(int index)
             unlink(dst);
             break;
         }
-        bn_model *m = NULL;
+        bn_checkpoint *m = NULL;
         bn_error err;
         bn_error_clear(&err);
-        CHECK_MSG(bn_model_load(dst, &m, &err) == BN_OK, "%s: load: %s", enc->label,
+        CHECK_MSG(bn_checkpoint_load(dst, &m, &err) == BN_OK, "%s: load: %s", enc->label,
                   err.message);
-        const int32_t V = m ? bn_model_hparams(m)->vocab : 0;
+        const int32_t V = m ? bn_checkpoint_hparams(m)->vocab : 0;
         float *ref = m ? malloc(N_STEPS * (size_t)V * sizeof(float)) : NULL;
         float *gpu = m ? malloc(N_STEPS * (size_t)V * sizeof(float)) : NULL;
         int32_t ref_tok[N_STEPS], dev_tok[N_STEPS];
@@ -1039,7 +1039,7 @@ static void check_encoding(int index)
         }
         free(ref);
         free(gpu);
-        bn_model_free(m);
+        bn_checkpoint_free(m);
         unlink(dst);
     } while (0);
     rmdir(dir);
@@ -1049,10 +1049,10 @@ static void check_encoding(int index)
  * prompt long enough to cross several chunk boundaries. */
 static void check_chunks(void)
 {
-    bn_model *m = load_fixture("hf_packed");
+    bn_checkpoint *m = load_fixture("hf_packed");
     if (!m)
         return;
-    const int32_t V = bn_model_hparams(m)->vocab;
+    const int32_t V = bn_checkpoint_hparams(m)->vocab;
     int32_t tokens[48];
     for (int i = 0; i < 48; i++)
         tokens[i] = (int32_t)((i * 37 + 11) % V);
@@ -1076,7 +1076,7 @@ static void check_chunks(void)
     bn_cuda_backend_free(three);
     free(a);
     free(b);
-    bn_model_free(m);
+    bn_checkpoint_free(m);
 }
 
 /* The stage profiles bench e2e prints: a prefill chunk and a decode step,
@@ -1085,10 +1085,10 @@ static void check_chunks(void)
  * refuse what is not one chunk or not a reachable position. */
 static void check_profile(void)
 {
-    bn_model *m = load_fixture("hf_packed");
+    bn_checkpoint *m = load_fixture("hf_packed");
     if (!m)
         return;
-    const int32_t V = bn_model_hparams(m)->vocab;
+    const int32_t V = bn_checkpoint_hparams(m)->vocab;
     int32_t tokens[42];
     for (int i = 0; i < 42; i++)
         tokens[i] = (int32_t)((i * 53 + 7) % V);
@@ -1120,7 +1120,7 @@ static void check_profile(void)
                     CHECK(t[k]->ms[s] >= 0.0 && t[k]->launches[s] >= 0);
                     sum += t[k]->ms[s];
                 }
-                const int layers = bn_model_hparams(m)->n_layer;
+                const int layers = bn_checkpoint_hparams(m)->n_layer;
                 printf("profile (%s): %.1f us, stages summed %.1f us, attention launches %d\n",
                        k ? "decode step" : "prefill chunk of 40", 1000.0 * t[k]->total_ms,
                        1000.0 * sum, t[k]->launches[BN_CUDA_STAGE_ATTENTION]);
@@ -1150,7 +1150,7 @@ static void check_profile(void)
     bn_cuda_backend_free(b);
     free(ref);
     free(got);
-    bn_model_free(m);
+    bn_checkpoint_free(m);
 }
 
 /* A shape where nothing fuses (q_dim 108, ffn 90: not whole 8-row tiles),
@@ -1173,9 +1173,9 @@ static void check_ragged(void)
     hp.rope_theta = 10000.0f;
     hp.tied_embeddings = false;
     snprintf(hp.arch, sizeof hp.arch, "bitnet-b1.58");
-    bn_model *m = NULL;
+    bn_checkpoint *m = NULL;
     bn_error err;
-    CHECK_MSG(bn_model_create_random(&hp, 1234, &m, &err) == BN_OK, "random model: %s",
+    CHECK_MSG(bn_checkpoint_create_random(&hp, 1234, &m, &err) == BN_OK, "random model: %s",
               err.message);
     if (!m)
         return;
@@ -1192,7 +1192,7 @@ static void check_ragged(void)
         CHECK_MSG(w >= 0.0 && w <= TOL_F32, "ragged shape: logits differ by %.3g", w);
         bn_cuda_backend_free(b);
     }
-    bn_model_free(m);
+    bn_checkpoint_free(m);
 }
 
 /* How far the CPU's own logits move when one embedding value changes by
@@ -1201,9 +1201,9 @@ static void check_ragged(void)
  * model amplifies a 1-ulp change to percent-level logit changes (seen: 0.25 %
  * at once, 1.8 % three steps later), so fixed fp32 tolerances do not apply to
  * it; its GPU deviation is judged against this measured sensitivity. */
-static double cpu_sensitivity(bn_model *m, const int32_t *tokens, int n_prompt, int steps)
+static double cpu_sensitivity(bn_checkpoint *m, const int32_t *tokens, int n_prompt, int steps)
 {
-    const int32_t V = bn_model_hparams(m)->vocab;
+    const int32_t V = bn_checkpoint_hparams(m)->vocab;
     float *a = malloc((size_t)V * (size_t)(steps + 1) * sizeof(float));
     float *b = malloc((size_t)V * (size_t)(steps + 1) * sizeof(float));
     double worst = -1.0;
@@ -1211,7 +1211,7 @@ static double cpu_sensitivity(bn_model *m, const int32_t *tokens, int n_prompt, 
     for (int pass = 0; pass < 2; pass++) {
         /* Flip the lowest bit of one value of the first prompt token's
          * embedding row (restored below). */
-        const bn_dense_matrix *e = bn_model_embedding(m);
+        const bn_dense_matrix *e = bn_checkpoint_embedding(m);
         unsigned char *row = (unsigned char *)e->data + (size_t)tokens[0] * e->row_bytes;
         if (pass == 1)
             row[10] ^= 1;
@@ -1251,10 +1251,11 @@ static void check_2b4t(void)
 {
     bn_hparams hp;
     bn_hparams_2b4t(&hp);
-    bn_model *m = NULL;
+    bn_checkpoint *m = NULL;
     bn_error err;
     const double t0 = bn_time_seconds();
-    CHECK_MSG(bn_model_create_random(&hp, 1, &m, &err) == BN_OK, "2b4t model: %s", err.message);
+    CHECK_MSG(bn_checkpoint_create_random(&hp, 1, &m, &err) == BN_OK, "2b4t model: %s",
+              err.message);
     if (!m)
         return;
     bn_cuda_backend *b = make_cuda(m, 256, BN_CUDA_KV_F32, 0);
@@ -1359,24 +1360,24 @@ static void check_2b4t(void)
         free(l);
         bn_cuda_backend_free(b);
     }
-    bn_model_free(m);
+    bn_checkpoint_free(m);
 }
 
 /* ---- errors and memory ------------------------------------------------------------ */
 
 static void check_errors(void)
 {
-    bn_model *m = load_fixture("i2s.gguf");
+    bn_checkpoint *m = load_fixture("i2s.gguf");
     if (!m)
         return;
-    const int32_t V = bn_model_hparams(m)->vocab;
+    const int32_t V = bn_checkpoint_hparams(m)->vocab;
     float *logits = malloc((size_t)V * sizeof(float));
     bn_error err;
     bn_cuda_backend_options o;
     bn_cuda_backend *b = NULL;
 
     bn_cuda_backend_options_default(&o);
-    o.kv_len = bn_model_hparams(m)->n_ctx_train + 1;
+    o.kv_len = bn_checkpoint_hparams(m)->n_ctx_train + 1;
     CHECK(bn_cuda_backend_create(m, &o, &b, &err) == BN_ERR_INVALID_ARGUMENT && !b);
     bn_cuda_backend_options_default(&o);
     o.fusion = (bn_cuda_fusion)7;
@@ -1479,7 +1480,7 @@ static void check_errors(void)
 out:
     bn_cuda_backend_free(b);
     free(logits);
-    bn_model_free(m);
+    bn_checkpoint_free(m);
 }
 
 /* ---- the engine ------------------------------------------------------------------- */
@@ -1557,7 +1558,7 @@ static void run_engine(const char *fixture, const char *device, bool strict, uin
  * unsupported requests are refused and leave the backend usable; the
  * engine samples on the device (its receipt names the kernel) and gives
  * the CPU run's tokens for the same seed. */
-static void check_sampling_on(bn_model *m, bool screened, bool copy_tokens, int piece);
+static void check_sampling_on(bn_checkpoint *m, bool screened, bool copy_tokens, int piece);
 static void check_sampling_engine(void);
 
 /* The sampling checks, one unit of BN_TEST_PART each (racecheck runs a
@@ -1573,12 +1574,12 @@ static void check_sampling(int unit)
         check_sampling_engine();
         return;
     }
-    bn_model *m = load_fixture("i2s.gguf");
+    bn_checkpoint *m = load_fixture("i2s.gguf");
     if (!m)
         return;
     const int backend = unit / SAMPLING_PIECES;
     check_sampling_on(m, (backend & 1) != 0, (backend & 2) != 0, unit % SAMPLING_PIECES);
-    bn_model_free(m);
+    bn_checkpoint_free(m);
 }
 
 /* The picks of a run from the prompt, fed the CPU's tokens, through
@@ -1804,12 +1805,12 @@ static void check_sample_refusals(bn_cuda_backend *b, int32_t V)
  * copies instead of the kernels' stores into mapped pinned memory. piece
  * 0: the greedy picks (checked against the argmax of the step's logits)
  * and the refused requests; piece 1 + c: setting c of SAMPLE_SETTINGS. */
-static void check_sampling_on(bn_model *m, bool screened, bool copy_tokens, int piece)
+static void check_sampling_on(bn_checkpoint *m, bool screened, bool copy_tokens, int piece)
 {
     printf("sampling on the device (i2s.gguf, %s head, tokens %s), %s:\n",
            screened ? "screened" : "full", copy_tokens ? "copied" : "stored by the kernels",
            piece == 0 ? "greedy and refusals" : "a sampling setting");
-    const int32_t V = bn_model_hparams(m)->vocab;
+    const int32_t V = bn_checkpoint_hparams(m)->vocab;
     bn_cuda_backend_options o;
     bn_cuda_backend_options_default(&o);
     o.head_screen = screened ? 1 : -1;

@@ -161,13 +161,13 @@ static int argmax(const float *v, int n)
     return best;
 }
 
-static void check_tokenizer(const fixture *fx, const bn_model *m, const expect *e)
+static void check_tokenizer(const fixture *fx, const bn_checkpoint *m, const expect *e)
 {
-    const bn_tokenizer *tok = bn_model_tokenizer(m);
+    const bn_tokenizer *tok = bn_checkpoint_tokenizer(m);
     CHECK_MSG(tok != NULL, "%s: no tokenizer", fx->path);
     if (!tok)
         return;
-    CHECK(bn_tokenizer_vocab_size(tok) == bn_model_hparams(m)->vocab);
+    CHECK(bn_tokenizer_vocab_size(tok) == bn_checkpoint_hparams(m)->vocab);
     CHECK(bn_tokenizer_bos(tok) == e->prompt[0]);
     int32_t *ids = NULL;
     size_t n = 0;
@@ -191,15 +191,15 @@ static void test_fixture(const fixture *fx)
     CHECK_MSG(load_expect(expect_path, &e), "cannot read %s", expect_path);
     if (!e.logits)
         return;
-    bn_model *m = NULL;
+    bn_checkpoint *m = NULL;
     bn_error err;
-    bn_status st = bn_model_load(path_in(data_dir, fx->path), &m, &err);
+    bn_status st = bn_checkpoint_load(path_in(data_dir, fx->path), &m, &err);
     CHECK_MSG(st == BN_OK, "%s: %s", fx->path, err.message);
     if (!m) {
         free(e.logits);
         return;
     }
-    const bn_hparams *hp = bn_model_hparams(m);
+    const bn_hparams *hp = bn_checkpoint_hparams(m);
     printf("%-11s %s\n", fx->path, hp->flavour);
     CHECK(strcmp(hp->arch, fx->arch) == 0);
     for (int i = 0; i < 3; i++)
@@ -209,8 +209,8 @@ static void test_fixture(const fixture *fx)
     CHECK(hp->head_dim == fx->head_dim && hp->rope_dim == fx->head_dim);
     CHECK(hp->rope_theta == fx->rope_theta && hp->rms_eps == 1e-5f);
     CHECK(hp->tied_embeddings == fx->tied);
-    CHECK(bn_model_projection_type(m, 1, BN_PROJ_DOWN) == fx->proj_type);
-    CHECK(bn_model_weight_bytes(m) > 0);
+    CHECK(bn_checkpoint_projection_type(m, 1, BN_PROJ_DOWN) == fx->proj_type);
+    CHECK(bn_checkpoint_weight_bytes(m) > 0);
     check_tokenizer(fx, m, &e);
 
     bn_cpu_backend *b = NULL;
@@ -251,7 +251,7 @@ static void test_fixture(const fixture *fx)
         free(logits);
         bn_cpu_backend_free(b);
     }
-    bn_model_free(m);
+    bn_checkpoint_free(m);
     free(e.logits);
 }
 
@@ -339,10 +339,10 @@ static void expect_gguf_error(const char *what, const gguf_edit *ed, bn_status w
     const char *dst = path_in(tmp_dir, "edited.gguf");
     CHECK_MSG(write_edited_gguf(path_in(data_dir, "i2s.gguf"), dst, ed), "%s: cannot write",
               what);
-    bn_model *m = NULL;
+    bn_checkpoint *m = NULL;
     bn_error err;
     bn_error_clear(&err);
-    bn_status st = bn_model_load_gguf(dst, &m, &err);
+    bn_status st = bn_checkpoint_load_gguf(dst, &m, &err);
     CHECK_MSG(st == want, "%s: status %s, expected %s (%s)", what, bn_status_str(st),
               bn_status_str(want), err.message);
     CHECK(m == NULL);
@@ -350,7 +350,7 @@ static void expect_gguf_error(const char *what, const gguf_edit *ed, bn_status w
         CHECK_MSG(strstr(err.message, needles[i]) != NULL, "%s: '%s' lacks '%s'", what,
                   err.message, needles[i]);
     printf("  %-22s -> %s\n", what, err.message);
-    bn_model_free(m);
+    bn_checkpoint_free(m);
     unlink(dst);
 }
 
@@ -362,11 +362,11 @@ static void test_bad_gguf(void)
     gguf_edit none = {0};
     const char *copy = path_in(tmp_dir, "copy.gguf");
     CHECK(write_edited_gguf(path_in(data_dir, "i2s.gguf"), copy, &none));
-    bn_model *m = NULL;
+    bn_checkpoint *m = NULL;
     bn_error err;
-    CHECK_MSG(bn_model_load_gguf(copy, &m, &err) == BN_OK, "%s", err.message);
-    CHECK(m && bn_model_tokenizer(m) == NULL);
-    bn_model_free(m);
+    CHECK_MSG(bn_checkpoint_load_gguf(copy, &m, &err) == BN_OK, "%s", err.message);
+    CHECK(m && bn_checkpoint_tokenizer(m) == NULL);
+    bn_checkpoint_free(m);
     unlink(copy);
 
     gguf_edit missing = {.drop_tensor = "blk.1.ffn_down.weight"};
@@ -407,10 +407,10 @@ static void test_bad_gguf(void)
         fclose(in);
     if (out)
         fclose(out);
-    CHECK(bn_model_load(cut, &m, &err) == BN_ERR_FORMAT && m == NULL);
+    CHECK(bn_checkpoint_load(cut, &m, &err) == BN_ERR_FORMAT && m == NULL);
     printf("  %-22s -> %s\n", "truncated", err.message);
     unlink(cut);
-    CHECK(bn_model_load(path_in(tmp_dir, "absent.gguf"), &m, &err) == BN_ERR_IO && m == NULL);
+    CHECK(bn_checkpoint_load(path_in(tmp_dir, "absent.gguf"), &m, &err) == BN_ERR_IO && m == NULL);
 }
 
 /* ---- malformed Hugging Face directories --------------------------------------- */
@@ -514,10 +514,10 @@ static void expect_hf_error(const char *what, const char *fixture_dir, const hf_
               write_edited_safetensors(path_in(src, "model.safetensors"),
                                        path_in(dir, "model.safetensors"), ed);
     CHECK_MSG(ok, "%s: cannot write the edited directory", what);
-    bn_model *m = NULL;
+    bn_checkpoint *m = NULL;
     bn_error err;
     bn_error_clear(&err);
-    bn_status st = bn_model_load(dir, &m, &err);
+    bn_status st = bn_checkpoint_load(dir, &m, &err);
     CHECK_MSG(st == want, "%s: status %s, expected %s (%s)", what, bn_status_str(st),
               bn_status_str(want), err.message);
     CHECK(m == NULL);
@@ -525,7 +525,7 @@ static void expect_hf_error(const char *what, const char *fixture_dir, const hf_
         CHECK_MSG(strstr(err.message, needles[i]) != NULL, "%s: '%s' lacks '%s'", what,
                   err.message, needles[i]);
     printf("  %-22s -> %s\n", what, err.message);
-    bn_model_free(m);
+    bn_checkpoint_free(m);
     unlink(path_in(dir, "config.json"));
     unlink(path_in(dir, "model.safetensors"));
     rmdir(dir);
@@ -629,23 +629,23 @@ static void test_bitlinear_class(void)
                         "\"autobitlinear\"", "\"bitlinear\"") &&
               copy_binary(path_in(src, "model.safetensors"), path_in(dir, "model.safetensors"));
     CHECK(ok);
-    bn_model *a = NULL, *c = NULL;
+    bn_checkpoint *a = NULL, *c = NULL;
     bn_error err;
-    CHECK(bn_model_load(src, &a, &err) == BN_OK);
-    CHECK_MSG(bn_model_load(dir, &c, &err) == BN_OK, "%s", err.message);
+    CHECK(bn_checkpoint_load(src, &a, &err) == BN_OK);
+    CHECK_MSG(bn_checkpoint_load(dir, &c, &err) == BN_OK, "%s", err.message);
     if (a && c) {
-        CHECK_STR_CONTAINS(bn_model_hparams(c)->flavour, "weight_scale divides");
+        CHECK_STR_CONTAINS(bn_checkpoint_hparams(c)->flavour, "weight_scale divides");
         int64_t n, k;
-        bn_hparams_proj_shape(bn_model_hparams(a), BN_PROJ_UP, &n, &k);
+        bn_hparams_proj_shape(bn_checkpoint_hparams(a), BN_PROJ_UP, &n, &k);
         int8_t *codes = malloc((size_t)(n * k));
         float sa = 0, sc = 0;
-        CHECK(bn_model_projection_codes(a, 0, BN_PROJ_UP, codes, &sa, NULL) == BN_OK);
-        CHECK(bn_model_projection_codes(c, 0, BN_PROJ_UP, codes, &sc, NULL) == BN_OK);
+        CHECK(bn_checkpoint_projection_codes(a, 0, BN_PROJ_UP, codes, &sa, NULL) == BN_OK);
+        CHECK(bn_checkpoint_projection_codes(c, 0, BN_PROJ_UP, codes, &sc, NULL) == BN_OK);
         CHECK_MSG(sc == 1.0f / sa, "scales %g and %g", (double)sa, (double)sc);
         free(codes);
     }
-    bn_model_free(a);
-    bn_model_free(c);
+    bn_checkpoint_free(a);
+    bn_checkpoint_free(c);
     unlink(path_in(dir, "config.json"));
     unlink(path_in(dir, "model.safetensors"));
     rmdir(dir);
@@ -694,12 +694,12 @@ static void test_transformers_configs(void)
         bool ok = copy_binary(path_in(configs, names[i]), path_in(dir, "config.json")) &&
                   copy_binary(path_in(src, "model.safetensors"), path_in(dir, "model.safetensors"));
         CHECK_MSG(ok, "%s: cannot write the directory", names[i]);
-        bn_model *m = NULL;
-        st = bn_model_load(dir, &m, &err);
+        bn_checkpoint *m = NULL;
+        st = bn_checkpoint_load(dir, &m, &err);
         CHECK_MSG(st == BN_OK, "%s: %s", names[i], err.message);
         bn_cpu_backend *b = NULL;
         if (m) {
-            const bn_hparams *hp = bn_model_hparams(m);
+            const bn_hparams *hp = bn_checkpoint_hparams(m);
             CHECK(hp->vocab == e.vocab && hp->dim == 64 && hp->ffn == 160 && hp->n_layer == 2);
             CHECK(hp->n_head == 4 && hp->n_head_kv == 2 && hp->head_dim == 16);
             CHECK_MSG(hp->rope_theta == 10000.0f, "%s: rope_theta %g", names[i],
@@ -718,12 +718,12 @@ static void test_transformers_configs(void)
                 max_diff = fmax(max_diff, fabs((double)logits[i][j] - e.logits[j]));
             CHECK_MSG(max_diff <= LOGIT_TOL, "%s: max |logit - transformers| = %.3g", names[i],
                       max_diff);
-            printf("  %-20s rope_theta %g, %s LM head, max |logit - transformers| %.3g\n",
-                   names[i], (double)bn_model_hparams(m)->rope_theta,
-                   bn_model_hparams(m)->tied_embeddings ? "tied" : "separate", max_diff);
+            printf("  %-20s rope_theta %g, %s LM head, max |logit - transformers| %.3g\n", names[i],
+                   (double)bn_checkpoint_hparams(m)->rope_theta,
+                   bn_checkpoint_hparams(m)->tied_embeddings ? "tied" : "separate", max_diff);
             bn_cpu_backend_free(b);
         }
-        bn_model_free(m);
+        bn_checkpoint_free(m);
         unlink(path_in(dir, "config.json"));
         unlink(path_in(dir, "model.safetensors"));
         rmdir(dir);
@@ -773,13 +773,13 @@ static void test_other_encodings(void)
             unlink(dst);
             continue;
         }
-        bn_model *m = NULL;
+        bn_checkpoint *m = NULL;
         bn_cpu_backend *b = NULL;
         bn_error err;
-        CHECK_MSG(bn_model_load_gguf(dst, &m, &err) == BN_OK, "%s: %s", enc->label,
+        CHECK_MSG(bn_checkpoint_load_gguf(dst, &m, &err) == BN_OK, "%s: %s", enc->label,
                   err.message);
         if (m)
-            CHECK(bn_model_hparams(m)->tied_embeddings == !enc->extras);
+            CHECK(bn_checkpoint_hparams(m)->tied_embeddings == !enc->extras);
         if (m && bn_cpu_backend_create(m, 0, 2, &b, &err) == BN_OK) {
             float *logits = malloc((size_t)e.rows * (size_t)e.vocab * sizeof(float));
             CHECK(bn_cpu_backend_forward(b, e.prompt, e.n_prompt, 0, BN_LOGITS_ALL, logits,
@@ -790,13 +790,13 @@ static void test_other_encodings(void)
             CHECK_MSG(max_diff <= LOGIT_TOL, "%s: max |logit diff| %.3g", enc->label,
                       max_diff);
             printf("  %-34s %s: max |logit diff| %.3g\n", enc->label,
-                   bn_model_hparams(m)->flavour, max_diff);
+                   bn_checkpoint_hparams(m)->flavour, max_diff);
             free(logits);
             bn_cpu_backend_free(b);
         } else if (m) {
             CHECK_MSG(false, "%s: backend: %s", enc->label, err.message);
         }
-        bn_model_free(m);
+        bn_checkpoint_free(m);
         unlink(dst);
     }
     free(e.logits);

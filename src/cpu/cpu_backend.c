@@ -48,7 +48,7 @@
 #define CHUNK_ROWS 128
 
 struct bn_cpu_backend {
-    const bn_model *model;
+    const bn_checkpoint *model;
     bn_hparams hp;
     int64_t q_dim, kv_dim;
     const bn_kernel_provider *kernels;
@@ -190,8 +190,8 @@ static void pack_slot(void *ctx, int slot, int n_slots)
         float scale;
         bn_hparams_proj_shape(&b->hp, p, &n, &k);
         bn_error *err = &job->errors[slot];
-        bn_status st = bn_model_projection_codes(b->model, layer, p, job->codes[slot], &scale,
-                                                 err);
+        bn_status st =
+            bn_checkpoint_projection_codes(b->model, layer, p, job->codes[slot], &scale, err);
         if (st == BN_OK)
             st = bn_w2a8_pack(b->kernels, job->codes[slot], n, k, scale, weights_at(b, layer, p),
                               err);
@@ -297,7 +297,7 @@ static bn_status alloc_buffers(bn_cpu_backend *b, bn_error *err)
     return BN_OK;
 }
 
-bn_status bn_cpu_backend_create(const bn_model *model, int64_t kv_len, int n_threads,
+bn_status bn_cpu_backend_create(const bn_checkpoint *model, int64_t kv_len, int n_threads,
                                 bn_cpu_backend **out, bn_error *err)
 {
     if (!out)
@@ -305,7 +305,7 @@ bn_status bn_cpu_backend_create(const bn_model *model, int64_t kv_len, int n_thr
     *out = NULL;
     if (!model)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cpu backend: NULL model");
-    const bn_hparams *hp = bn_model_hparams(model);
+    const bn_hparams *hp = bn_checkpoint_hparams(model);
     if (kv_len == 0)
         kv_len = hp->n_ctx_train;
     if (kv_len < 0 || kv_len > hp->n_ctx_train)
@@ -392,7 +392,7 @@ void bn_cpu_backend_memory(const bn_cpu_backend *b, bn_cpu_memory *out)
     out->kv_cache = b->kv_bytes;
     out->scratch = b->scratch_bytes;
     out->total = b->weight_bytes + b->kv_bytes + b->scratch_bytes;
-    out->model_mapped = bn_model_weight_bytes(b->model);
+    out->model_mapped = bn_checkpoint_weight_bytes(b->model);
 }
 
 /* ---- one chunk through one layer ------------------------------------------- */
@@ -520,7 +520,8 @@ static bn_status attention_block(bn_cpu_backend *b, int layer, int64_t M, int64_
 {
     const bn_hparams *hp = &b->hp;
     /* One quantization of the normed input serves q, k and v. */
-    bn_q8_rows xq = norm_quantize(b, b->x, M, hp->dim, bn_model_norm(b->model, layer, BN_NORM_ATTN));
+    bn_q8_rows xq =
+        norm_quantize(b, b->x, M, hp->dim, bn_checkpoint_norm(b->model, layer, BN_NORM_ATTN));
     bn_status st = project(b, layer, BN_PROJ_Q, &xq, b->q, err);
     if (st == BN_OK)
         st = project(b, layer, BN_PROJ_K, &xq, b->k, err);
@@ -550,7 +551,7 @@ static bn_status attention_block(bn_cpu_backend *b, int layer, int64_t M, int64_
     run_slots(b, attention_slot, &job);
 
     bn_q8_rows aq = norm_quantize(b, b->att, M, b->q_dim,
-                                  bn_model_norm(b->model, layer, BN_NORM_ATTN_SUB));
+                                  bn_checkpoint_norm(b->model, layer, BN_NORM_ATTN_SUB));
     st = project(b, layer, BN_PROJ_O, &aq, b->out, err);
     if (st != BN_OK)
         return st;
@@ -562,7 +563,8 @@ static bn_status attention_block(bn_cpu_backend *b, int layer, int64_t M, int64_
 static bn_status ffn_block(bn_cpu_backend *b, int layer, int64_t M, bn_error *err)
 {
     const bn_hparams *hp = &b->hp;
-    bn_q8_rows xq = norm_quantize(b, b->x, M, hp->dim, bn_model_norm(b->model, layer, BN_NORM_FFN));
+    bn_q8_rows xq =
+        norm_quantize(b, b->x, M, hp->dim, bn_checkpoint_norm(b->model, layer, BN_NORM_FFN));
     bn_status st = project(b, layer, BN_PROJ_GATE, &xq, b->gate, err);
     if (st == BN_OK)
         st = project(b, layer, BN_PROJ_UP, &xq, b->up, err);
@@ -573,8 +575,8 @@ static bn_status ffn_block(bn_cpu_backend *b, int layer, int64_t M, bn_error *er
         const float g = b->gate[i] > 0.0f ? b->gate[i] : 0.0f;
         b->gate[i] = (g * g) * b->up[i];
     }
-    bn_q8_rows hq = norm_quantize(b, b->gate, M, hp->ffn,
-                                  bn_model_norm(b->model, layer, BN_NORM_FFN_SUB));
+    bn_q8_rows hq =
+        norm_quantize(b, b->gate, M, hp->ffn, bn_checkpoint_norm(b->model, layer, BN_NORM_FFN_SUB));
     st = project(b, layer, BN_PROJ_DOWN, &hq, b->out, err);
     if (st != BN_OK)
         return st;
@@ -598,7 +600,7 @@ static void head_slot(void *ctx, int slot, int n_slots)
 {
     const head_job *job = ctx;
     bn_cpu_backend *b = job->b;
-    const bn_dense_matrix *head = bn_model_lm_head(b->model);
+    const bn_dense_matrix *head = bn_checkpoint_lm_head(b->model);
     const int64_t vocab = head->rows, dim = head->cols;
     const int64_t begin = vocab * slot / n_slots, end = vocab * (slot + 1) / n_slots;
     const bn_qtype_info *q = bn_qtype_get(head->type);
@@ -628,8 +630,8 @@ static void lm_head(bn_cpu_backend *b, const float *x_rows, int64_t n_rows, floa
 {
     const bn_hparams *hp = &b->hp;
     for (int64_t i = 0; i < n_rows; i++)
-        rmsnorm(b->normed_out + i * hp->dim, x_rows + i * hp->dim, bn_model_output_norm(b->model),
-                hp->dim, hp->rms_eps);
+        rmsnorm(b->normed_out + i * hp->dim, x_rows + i * hp->dim,
+                bn_checkpoint_output_norm(b->model), hp->dim, hp->rms_eps);
     head_job job = {b, b->normed_out, n_rows, logits};
     run_slots(b, head_slot, &job);
 }
@@ -668,7 +670,7 @@ bn_status bn_cpu_backend_forward(bn_cpu_backend *b, const int32_t *tokens, int64
         const int64_t M = n_tokens - c < CHUNK_ROWS ? n_tokens - c : CHUNK_ROWS;
         const int64_t pos0 = pos + c;
         for (int64_t i = 0; i < M; i++) {
-            st = bn_model_embedding_row(b->model, tokens[c + i], b->x + i * hp->dim, err);
+            st = bn_checkpoint_embedding_row(b->model, tokens[c + i], b->x + i * hp->dim, err);
             if (st != BN_OK)
                 return st;
         }

@@ -56,7 +56,7 @@ typedef struct bn_cpu_memory {
  * more than that is BN_ERR_INVALID_ARGUMENT). n_threads: 0 = BITNET_NUM_THREADS
  * or all cores. The model must outlive the backend (embeddings, the LM head
  * and norms are read from it). */
-bn_status bn_cpu_backend_create(const bn_model *model, int64_t kv_len, int n_threads,
+bn_status bn_cpu_backend_create(const bn_checkpoint *model, int64_t kv_len, int n_threads,
                                 bn_cpu_backend **out, bn_error *err);
 void bn_cpu_backend_free(bn_cpu_backend *b);
 

@@ -129,7 +129,7 @@ _Static_assert(sizeof(bn_cuda_sample_params) == 4 * sizeof(int32_t),
                "the sampling parameters take four ints of d_dec");
 
 struct bn_cuda_backend {
-    const bn_model *model;
+    const bn_checkpoint *model;
     bn_hparams hp;
     bn_cuda_backend_options opt;
     int64_t q_dim, kv_dim, qkv_n, gu_n, ldq, kv_len, kv_filled, chunk;
@@ -1452,8 +1452,8 @@ static bn_status check_shape(const bn_cuda_backend *b, bn_error *err)
 static bn_status plan_tables(bn_cuda_backend *b, bn_error *err)
 {
     const bn_hparams *hp = &b->hp;
-    const bn_dense_matrix *emb = bn_model_embedding(b->model);
-    const bn_dense_matrix *head = bn_model_lm_head(b->model);
+    const bn_dense_matrix *emb = bn_checkpoint_embedding(b->model);
+    const bn_dense_matrix *head = bn_checkpoint_lm_head(b->model);
     const bn_qtype_info *ei = bn_qtype_get(emb->type);
     if (!ei)
         return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL, "unknown embedding type %d",
@@ -1659,7 +1659,7 @@ static void upload_one_slot(upload_job *job, int slot)
         const int layer = (int)(i / BN_PROJ_COUNT);
         const bn_proj p = (bn_proj)(i % BN_PROJ_COUNT);
         seg *s = seg_of(b, layer, p);
-        st = bn_model_projection_codes(b->model, layer, p, job->codes[slot], &s->scale, err);
+        st = bn_checkpoint_projection_codes(b->model, layer, p, job->codes[slot], &s->scale, err);
         if (st == BN_OK && job->ev_live[slot][buf])
             st = BN_CUDA_STATUS(err, cudaEventSynchronize(job->ev[slot][buf]));
         if (st != BN_OK)
@@ -1797,8 +1797,8 @@ static bn_status upload_table(bn_cuda_backend *b, void *dst, const void *src, ui
 
 static bn_status upload_tables(bn_cuda_backend *b, bn_error *err)
 {
-    const bn_dense_matrix *emb = bn_model_embedding(b->model);
-    const bn_dense_matrix *head = bn_model_lm_head(b->model);
+    const bn_dense_matrix *emb = bn_checkpoint_embedding(b->model);
+    const bn_dense_matrix *head = bn_checkpoint_lm_head(b->model);
     bn_status st;
     if (b->embed_type == emb->type) {
         st = upload_table(b, b->d_embed, emb->data, b->embed_bytes, err);
@@ -1834,9 +1834,10 @@ static bn_status upload_norms(bn_cuda_backend *b, bn_error *err)
     for (int l = 0; l < hp->n_layer; l++)
         for (int w = 0; w < BN_NORM_COUNT; w++)
             memcpy(host + (int64_t)l * b->layer_norms + b->norm_off[w],
-                   bn_model_norm(b->model, l, (bn_norm)w),
+                   bn_checkpoint_norm(b->model, l, (bn_norm)w),
                    (size_t)bn_hparams_norm_size(hp, (bn_norm)w) * sizeof(float));
-    memcpy(host + b->out_norm_off, bn_model_output_norm(b->model), (size_t)hp->dim * sizeof(float));
+    memcpy(host + b->out_norm_off, bn_checkpoint_output_norm(b->model),
+           (size_t)hp->dim * sizeof(float));
     bn_status st = upload_table(b, b->d_norms, host, count * sizeof(float), err);
     free(host);
     return st;
@@ -2104,7 +2105,7 @@ static bn_status pick_device(int requested, int *device, bn_error *err)
     return st;
 }
 
-bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_options *opt_in,
+bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backend_options *opt_in,
                                  bn_cuda_backend **out, bn_error *err)
 {
     if (!out)
@@ -2117,7 +2118,7 @@ bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_op
         opt = *opt_in;
     else
         bn_cuda_backend_options_default(&opt);
-    const bn_hparams *hp = bn_model_hparams(model);
+    const bn_hparams *hp = bn_checkpoint_hparams(model);
     int64_t kv_len = opt.kv_len == 0 ? hp->n_ctx_train : opt.kv_len;
     if (kv_len < 1 || kv_len > hp->n_ctx_train)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,

@@ -5,7 +5,7 @@
  * callers need no CUDA headers. Built only with CUDA (BITNET_HAVE_CUDA).
  *
  * create() uploads everything once:
- *   - every projection, unpacked on the host (bn_model_projection_codes,
+ *   - every projection, unpacked on the host (bn_checkpoint_projection_codes,
  *     one projection per host thread at a time) and packed into the tile
  *     layout of src/kernels/cuda_layout.h; q|k|v and gate|up of a layer
  *     sit back to back so that each pair or triple is one GEMV;
@@ -161,7 +161,7 @@ typedef struct bn_cuda_memory {
  * BN_ERR_DRIVER, ...), BN_ERR_UNSUPPORTED for a shape the kernels do not
  * handle (head_dim, rope_dim), BN_ERR_GPU_OUT_OF_MEMORY when the plan does
  * not fit, BN_ERR_INVALID_ARGUMENT for kv_len beyond the training context. */
-bn_status bn_cuda_backend_create(const bn_model *model, const bn_cuda_backend_options *opt,
+bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backend_options *opt,
                                  bn_cuda_backend **out, bn_error *err);
 void bn_cuda_backend_free(bn_cuda_backend *b);
 

@@ -68,7 +68,7 @@ typedef struct conv {
     bn_convert_type type;
     const char *arch;
     bn_gguf_writer *w;
-    bn_model *model;
+    bn_checkpoint *model;
     bn_hf_dir *dir;
     /* Buffers handed to the writer, freed after it finishes. */
     void **bufs;
@@ -124,7 +124,7 @@ static const char *dir_basename(const char *path, char *buf, size_t size)
 
 static bn_status write_hparams(conv *c, const char *hf_dir, bn_error *err)
 {
-    const bn_hparams *hp = bn_model_hparams(c->model);
+    const bn_hparams *hp = bn_checkpoint_hparams(c->model);
     uint32_t ftype = 0;
     switch (c->type) {
     case BN_CONVERT_I2_S: ftype = FTYPE_MOSTLY_I2_S; break;
@@ -383,7 +383,7 @@ static bn_status write_tokenizer(conv *c, bn_error *err)
      * Microsoft's converter leaves it out: bitnet.cpp's llama.cpp reads
      * llama-bpe as LLaMA-3, and without the key falls back to its generic
      * "default" split and warns that generation quality degrades. */
-    const bn_tokenizer *src_tok = bn_model_tokenizer(c->model);
+    const bn_tokenizer *src_tok = bn_checkpoint_tokenizer(c->model);
     const char *pre = src_tok ? bn_tokenizer_pre_name(src_tok) : NULL;
     if (!pre) {
         const char *re = src_tok ? bn_tokenizer_pre_regex(src_tok) : NULL;
@@ -401,7 +401,7 @@ static bn_status write_tokenizer(conv *c, bn_error *err)
                             "the merges would spell it otherwise",
                path, pre);
     vocab v = {0};
-    bn_status st = parse_vocab(path, bn_model_hparams(c->model)->vocab, &v, err);
+    bn_status st = parse_vocab(path, bn_checkpoint_hparams(c->model)->vocab, &v, err);
     if (st != BN_OK)
         return st;
 
@@ -507,7 +507,7 @@ static bn_status add_f16_matrix(conv *c, const char *name, int64_t rows, int64_t
 
 static bn_status embedding_row(const void *src, int64_t row, float *out, bn_error *err)
 {
-    return bn_model_embedding_row(src, (int32_t)row, out, err);
+    return bn_checkpoint_embedding_row(src, (int32_t)row, out, err);
 }
 
 static bn_status lm_head_row(const void *src, int64_t row, float *out, bn_error *err)
@@ -542,11 +542,11 @@ static bn_status add_projection(conv *c, int layer, bn_proj p, int8_t *codes, bn
 {
     char name[64];
     snprintf(name, sizeof name, "blk.%d.%s.weight", layer, proj_names[p]);
-    const bn_hparams *hp = bn_model_hparams(c->model);
+    const bn_hparams *hp = bn_checkpoint_hparams(c->model);
     int64_t n, k;
     bn_hparams_proj_shape(hp, p, &n, &k);
     float scale;
-    bn_status st = bn_model_projection_codes(c->model, layer, p, codes, &scale, err);
+    bn_status st = bn_checkpoint_projection_codes(c->model, layer, p, codes, &scale, err);
     if (st != BN_OK)
         return st;
     const int64_t ne[2] = {k, n};
@@ -599,7 +599,7 @@ static bn_status add_projection(conv *c, int layer, bn_proj p, int8_t *codes, bn
 
 static bn_status write_tensors(conv *c, bn_convert_progress_fn progress, void *ctx, bn_error *err)
 {
-    const bn_hparams *hp = bn_model_hparams(c->model);
+    const bn_hparams *hp = bn_checkpoint_hparams(c->model);
     const uint64_t total = 1 + (uint64_t)hp->n_layer * (BN_PROJ_COUNT + BN_NORM_COUNT) + 1 +
                            (hp->tied_embeddings ? 0 : 1);
     uint64_t done = 0;
@@ -633,7 +633,7 @@ static bn_status write_tensors(conv *c, bn_convert_progress_fn progress, void *c
             if (order[i].is_norm) {
                 char name[64];
                 snprintf(name, sizeof name, "blk.%d.%s.weight", l, norm_names[order[i].which]);
-                st = add_norm(c, name, bn_model_norm(c->model, l, (bn_norm)order[i].which),
+                st = add_norm(c, name, bn_checkpoint_norm(c->model, l, (bn_norm)order[i].which),
                               bn_hparams_norm_size(hp, (bn_norm)order[i].which), err);
             } else {
                 st = add_projection(c, l, (bn_proj)order[i].which, codes, err);
@@ -644,11 +644,11 @@ static bn_status write_tensors(conv *c, bn_convert_progress_fn progress, void *c
     }
     free(codes);
     if (st == BN_OK)
-        st = add_norm(c, "output_norm.weight", bn_model_output_norm(c->model), hp->dim, err);
+        st = add_norm(c, "output_norm.weight", bn_checkpoint_output_norm(c->model), hp->dim, err);
     if (progress && st == BN_OK)
         progress(ctx, "packing", ++done, total);
     if (st == BN_OK && !hp->tied_embeddings) {
-        const bn_dense_matrix *head = bn_model_lm_head(c->model);
+        const bn_dense_matrix *head = bn_checkpoint_lm_head(c->model);
         st = add_f16_matrix(c, "output.weight", head->rows, head->cols, lm_head_row, head, err);
         if (progress && st == BN_OK)
             progress(ctx, "packing", ++done, total);
@@ -693,7 +693,7 @@ bn_status bn_convert_hf_to_gguf(const char *hf_dir, const char *out_path, bn_con
         return st;
 
     conv c = {.type = type, .arch = type == BN_CONVERT_I2_S ? "bitnet-25" : "bitnet"};
-    st = bn_model_load_hf_dir(hf_dir, &c.model, err);
+    st = bn_checkpoint_load_hf_dir(hf_dir, &c.model, err);
     if (st == BN_OK)
         st = bn_hf_dir_open(hf_dir, &c.dir, err);
     if (st == BN_OK)
@@ -720,6 +720,6 @@ bn_status bn_convert_hf_to_gguf(const char *hf_dir, const char *out_path, bn_con
         free(c.bufs[i]);
     free(c.bufs);
     bn_hf_dir_close(c.dir);
-    bn_model_free(c.model);
+    bn_checkpoint_free(c.model);
     return st;
 }

@@ -36,7 +36,7 @@
  * tokens, UNUSED 5 for "[PADn]" fillers up to the model's vocab), merges,
  * bos/eos/eot ids.
  *
- * The projections come from bn_model_projection_codes (packed checkpoints
+ * The projections come from bn_checkpoint_projection_codes (packed checkpoints
  * as stored, bf16 master weights quantized with absmean as the model was
  * trained), so the file computes exactly what the source does, up to the
  * fp16 rounding of the scale in TQ1_0/TQ2_0/F16.

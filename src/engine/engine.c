@@ -20,7 +20,7 @@
 #endif
 
 struct bn_engine {
-    bn_model *model;
+    bn_checkpoint *model;
     bn_cpu_backend *cpu;      /* exactly one of cpu and cuda computes */
 #if defined(BITNET_HAVE_CUDA)
     bn_cuda_backend *cuda;
@@ -349,16 +349,16 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
 
     const double t0 = bn_time_seconds();
     if (opt->random_shape) {
-        st = bn_model_create_random(opt->random_shape, opt->random_seed, &e->model, err);
+        st = bn_checkpoint_create_random(opt->random_shape, opt->random_seed, &e->model, err);
     } else {
         snprintf(e->model_path, sizeof e->model_path, "%s", opt->model_path);
-        st = bn_model_load(opt->model_path, &e->model, err);
+        st = bn_checkpoint_load(opt->model_path, &e->model, err);
     }
     if (st != BN_OK) {
         bn_engine_free(e);
         return st;
     }
-    const bn_hparams *hp = bn_model_hparams(e->model);
+    const bn_hparams *hp = bn_checkpoint_hparams(e->model);
     if (opt->n_ctx > hp->n_ctx_train) {
         bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
                      "ask for a context of at most the training context",
@@ -440,12 +440,15 @@ void bn_engine_free(bn_engine *e)
 #if defined(BITNET_HAVE_CUDA)
     bn_cuda_backend_free(e->cuda);
 #endif
-    bn_model_free(e->model);
+    bn_checkpoint_free(e->model);
     free(e->logits);
     free(e);
 }
 
-const bn_model *bn_engine_model(const bn_engine *e) { return e->model; }
+const bn_checkpoint *bn_engine_model(const bn_engine *e)
+{
+    return e->model;
+}
 const char *bn_engine_startup_line(const bn_engine *e) { return e->startup; }
 int64_t bn_engine_n_ctx(const bn_engine *e) { return e->n_ctx; }
 
@@ -472,7 +475,7 @@ void bn_engine_get_info(const bn_engine *e, bn_engine_info *info)
     info->threads = e->threads;
     info->n_ctx = e->n_ctx;
     info->load_seconds = e->load_seconds;
-    info->model_weight_bytes = bn_model_weight_bytes(e->model);
+    info->model_weight_bytes = bn_checkpoint_weight_bytes(e->model);
     info->kv_type = "f32";
     snprintf(info->kernels, sizeof info->kernels, "%s", e->cuda_kernels);
 #if defined(BITNET_HAVE_CUDA)
@@ -609,7 +612,7 @@ static bn_status stream_token(streamer *s, int32_t id, bool flush, bn_error *err
 static bn_status prompt_tokens(const bn_engine *e, const bn_generate_request *req,
                                int32_t **tokens, size_t *n, bn_error *err)
 {
-    const int32_t vocab = bn_model_hparams(e->model)->vocab;
+    const int32_t vocab = bn_checkpoint_hparams(e->model)->vocab;
     if (req->prompt_tokens) {
         *tokens = malloc((req->n_prompt_tokens ? req->n_prompt_tokens : 1) * sizeof(int32_t));
         if (!*tokens)
@@ -628,7 +631,7 @@ static bn_status prompt_tokens(const bn_engine *e, const bn_generate_request *re
         return BN_OK;
     }
 
-    const bn_tokenizer *t = bn_model_tokenizer(e->model);
+    const bn_tokenizer *t = bn_checkpoint_tokenizer(e->model);
     if (!t)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
                             "give the prompt as token ids, or use a file with tokenizer metadata "
@@ -820,7 +823,7 @@ bn_status bn_engine_forward_logits(bn_engine *e, const int32_t *history, int64_t
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "forward_logits needs tokens, a position >= 0 and n >= 1");
 #if defined(BITNET_HAVE_CUDA)
-    const int64_t vocab = bn_model_hparams(e->model)->vocab;
+    const int64_t vocab = bn_checkpoint_hparams(e->model)->vocab;
     /* The CUDA backend returns the last row's logits only: one pass per
      * token (each a decode step; a failure falls back as in generation,
      * after which the rest runs on the CPU below). */
@@ -896,8 +899,8 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
                             (long long)(n_prompt + req->n_predict), (long long)n_ctx);
     }
 
-    const bn_hparams *hp = bn_model_hparams(e->model);
-    const bn_tokenizer *tok = bn_model_tokenizer(e->model);
+    const bn_hparams *hp = bn_checkpoint_hparams(e->model);
+    const bn_tokenizer *tok = bn_checkpoint_tokenizer(e->model);
     const size_t history_cap = g->n_prompt + (size_t)req->n_predict;
     int32_t *history = malloc(history_cap * sizeof(int32_t));
     g->tokens = malloc((size_t)req->n_predict * sizeof(int32_t));

@@ -61,7 +61,7 @@ typedef struct bn_engine_options {
      * set. */
     const char *model_path;
     /* Instead of a file: a model of this shape with random ternary weights
-     * (bn_model_create_random with random_seed), for benchmarks. It is
+     * (bn_checkpoint_create_random with random_seed), for benchmarks. It is
      * built after the backend is chosen, so a device error costs nothing. */
     const bn_hparams *random_shape;
     uint64_t random_seed;
@@ -127,7 +127,7 @@ void bn_engine_free(bn_engine *e);
  * sampler picks. */
 bool bn_engine_picks_on_device(const bn_engine *e, const bn_sampler_params *p);
 
-const bn_model *bn_engine_model(const bn_engine *e);
+const bn_checkpoint *bn_engine_model(const bn_engine *e);
 /* The CUDA backend computing, or NULL (CPU, or a build without CUDA). */
 struct bn_cuda_backend;
 struct bn_cuda_backend *bn_engine_cuda(bn_engine *e);

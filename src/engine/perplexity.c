@@ -30,8 +30,8 @@ bn_status bn_engine_perplexity(bn_engine *e, const char *text, size_t len, int64
                                bn_perplexity_result *out, bn_error *err)
 {
     memset(out, 0, sizeof *out);
-    const bn_model *model = bn_engine_model(e);
-    const bn_tokenizer *tok = bn_model_tokenizer(model);
+    const bn_checkpoint *model = bn_engine_model(e);
+    const bn_tokenizer *tok = bn_checkpoint_tokenizer(model);
     if (!tok)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
                             "use a GGUF file with tokenizer metadata or a directory with "
@@ -57,7 +57,7 @@ bn_status bn_engine_perplexity(bn_engine *e, const char *text, size_t len, int64
                             "the text has %zu tokens: too few to score", n_ids);
     }
 
-    const int64_t vocab = bn_model_hparams(model)->vocab;
+    const int64_t vocab = bn_checkpoint_hparams(model)->vocab;
     const int64_t piece = bos >= 0 ? ctx - 1 : ctx;
     const int64_t n_chunks = ((int64_t)n_ids + piece - 1) / piece;
     int64_t batch = PPL_LOGIT_FLOATS / vocab;

@@ -54,16 +54,16 @@ static void name_list(bn_json *j, const char *key, const char *csv)
 
 static void write_model(bn_json *j, const bn_engine *e, const bn_engine_info *info)
 {
-    const bn_model *m = bn_engine_model(e);
-    const bn_hparams *hp = bn_model_hparams(m);
+    const bn_checkpoint *m = bn_engine_model(e);
+    const bn_hparams *hp = bn_checkpoint_hparams(m);
     bn_json_key(j, "model");
     bn_json_begin_object(j);
     bn_json_kv_string(j, "path", info->model_path);
     bn_json_kv_string(j, "architecture", hp->arch);
     bn_json_kv_string(j, "flavour", hp->flavour);
-    const bn_qtype_info *q = bn_qtype_get(bn_model_projection_type(m, 0, BN_PROJ_Q));
+    const bn_qtype_info *q = bn_qtype_get(bn_checkpoint_projection_type(m, 0, BN_PROJ_Q));
     bn_json_kv_string(j, "projection_type", q ? q->name : "unknown");
-    bn_json_kv_bool(j, "has_tokenizer", bn_model_tokenizer(m) != NULL);
+    bn_json_kv_bool(j, "has_tokenizer", bn_checkpoint_tokenizer(m) != NULL);
     bn_json_key(j, "hparams");
     bn_json_begin_object(j);
     bn_json_kv_int(j, "vocab", hp->vocab);

@@ -143,8 +143,8 @@ static int64_t norms_per_layer(const bn_hparams *hp)
     return total;
 }
 
-bn_status bn_model_check_fits(const bn_hparams *hp, uint64_t source_bytes, const char *source,
-                              bn_error *err)
+bn_status bn_checkpoint_check_fits(const bn_hparams *hp, uint64_t source_bytes, const char *source,
+                                   bn_error *err)
 {
     bn_status st = bn_hparams_validate(hp, err);
     if (st != BN_OK)
@@ -165,13 +165,13 @@ bn_status bn_model_check_fits(const bn_hparams *hp, uint64_t source_bytes, const
     return BN_OK;
 }
 
-bn_status bn_model_alloc(const bn_hparams *hp, bn_model **out, bn_error *err)
+bn_status bn_checkpoint_alloc(const bn_hparams *hp, bn_checkpoint **out, bn_error *err)
 {
     *out = NULL;
     bn_status st = bn_hparams_validate(hp, err);
     if (st != BN_OK)
         return st;
-    bn_model *m = calloc(1, sizeof *m);
+    bn_checkpoint *m = calloc(1, sizeof *m);
     if (!m)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a model");
     m->hp = *hp;
@@ -179,7 +179,7 @@ bn_status bn_model_alloc(const bn_hparams *hp, bn_model **out, bn_error *err)
     const int64_t n_norm = norms_per_layer(hp) * hp->n_layer + hp->dim;
     m->norms = malloc((size_t)n_norm * sizeof(float));
     if (!m->proj || !m->norms) {
-        bn_model_free(m);
+        bn_checkpoint_free(m);
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a model's tables");
     }
     for (int64_t i = 0; i < n_norm; i++)
@@ -188,7 +188,7 @@ bn_status bn_model_alloc(const bn_hparams *hp, bn_model **out, bn_error *err)
     return BN_OK;
 }
 
-void bn_model_free(bn_model *m)
+void bn_checkpoint_free(bn_checkpoint *m)
 {
     if (!m)
         return;
@@ -202,7 +202,7 @@ void bn_model_free(bn_model *m)
     free(m);
 }
 
-bn_proj_tensor *bn_model_proj_slot(bn_model *m, int layer, bn_proj which)
+bn_proj_tensor *bn_checkpoint_proj_slot(bn_checkpoint *m, int layer, bn_proj which)
 {
     return &m->proj[(size_t)layer * BN_PROJ_COUNT + (size_t)which];
 }
@@ -215,43 +215,58 @@ static int64_t norm_offset(const bn_hparams *hp, int layer, bn_norm which)
     return off;
 }
 
-float *bn_model_norm_slot(bn_model *m, int layer, bn_norm which)
+float *bn_checkpoint_norm_slot(bn_checkpoint *m, int layer, bn_norm which)
 {
     return m->norms + norm_offset(&m->hp, layer, which);
 }
 
-float *bn_model_output_norm_slot(bn_model *m)
+float *bn_checkpoint_output_norm_slot(bn_checkpoint *m)
 {
     return m->norms + norms_per_layer(&m->hp) * m->hp.n_layer;
 }
 
-const bn_hparams *bn_model_hparams(const bn_model *m) { return &m->hp; }
+const bn_hparams *bn_checkpoint_hparams(const bn_checkpoint *m)
+{
+    return &m->hp;
+}
 
-const float *bn_model_norm(const bn_model *m, int layer, bn_norm which)
+const float *bn_checkpoint_norm(const bn_checkpoint *m, int layer, bn_norm which)
 {
     if (layer < 0 || layer >= m->hp.n_layer || (unsigned)which >= BN_NORM_COUNT)
         return NULL;
     return m->norms + norm_offset(&m->hp, layer, which);
 }
 
-const float *bn_model_output_norm(const bn_model *m)
+const float *bn_checkpoint_output_norm(const bn_checkpoint *m)
 {
     return m->norms + norms_per_layer(&m->hp) * m->hp.n_layer;
 }
 
-const bn_dense_matrix *bn_model_lm_head(const bn_model *m) { return &m->lm_head; }
-const bn_dense_matrix *bn_model_embedding(const bn_model *m) { return &m->embedding; }
-const struct bn_tokenizer *bn_model_tokenizer(const bn_model *m) { return m->tokenizer; }
-uint64_t bn_model_weight_bytes(const bn_model *m) { return m->weight_bytes; }
+const bn_dense_matrix *bn_checkpoint_lm_head(const bn_checkpoint *m)
+{
+    return &m->lm_head;
+}
+const bn_dense_matrix *bn_checkpoint_embedding(const bn_checkpoint *m)
+{
+    return &m->embedding;
+}
+const struct bn_tokenizer *bn_checkpoint_tokenizer(const bn_checkpoint *m)
+{
+    return m->tokenizer;
+}
+uint64_t bn_checkpoint_weight_bytes(const bn_checkpoint *m)
+{
+    return m->weight_bytes;
+}
 
-bn_qtype bn_model_projection_type(const bn_model *m, int layer, bn_proj which)
+bn_qtype bn_checkpoint_projection_type(const bn_checkpoint *m, int layer, bn_proj which)
 {
     return m->proj[(size_t)layer * BN_PROJ_COUNT + (size_t)which].type;
 }
 
 /* ---- helpers for the loaders --------------------------------------------- */
 
-const char *bn_model_qtype_label(bn_qtype type, char *buf, size_t size)
+const char *bn_checkpoint_qtype_label(bn_qtype type, char *buf, size_t size)
 {
     const bn_qtype_info *q = bn_qtype_get(type);
     const char *name = q ? q->name : "unknown";
@@ -265,7 +280,7 @@ const char *bn_model_qtype_label(bn_qtype type, char *buf, size_t size)
     return buf;
 }
 
-void bn_model_proj_types_label(const bn_model *m, char *buf, size_t size)
+void bn_checkpoint_proj_types_label(const bn_checkpoint *m, char *buf, size_t size)
 {
     /* Distinct types in order of first appearance. */
     bn_qtype seen[8];
@@ -285,19 +300,19 @@ void bn_model_proj_types_label(const bn_model *m, char *buf, size_t size)
     for (int j = 0; j < n_seen && used < size; j++) {
         char label[32];
         used += (size_t)snprintf(buf + used, size - used, "%s%s", j ? "/" : "",
-                                 bn_model_qtype_label(seen[j], label, sizeof label));
+                                 bn_checkpoint_qtype_label(seen[j], label, sizeof label));
     }
 }
 
-bn_status bn_model_floats_from(bn_qtype type, const void *src, size_t src_bytes, int64_t n,
-                               float *dst, const char *what, bn_error *err)
+bn_status bn_checkpoint_floats_from(bn_qtype type, const void *src, size_t src_bytes, int64_t n,
+                                    float *dst, const char *what, bn_error *err)
 {
     size_t elem = type == BN_QTYPE_F32 ? 4 : (type == BN_QTYPE_F16 || type == BN_QTYPE_BF16) ? 2 : 0;
     if (!elem) {
         char label[32];
         return bn_error_set(err, BN_ERR_UNSUPPORTED, "norm weights must be F32, F16 or BF16",
                             "%s is stored as %s", what,
-                            bn_model_qtype_label(type, label, sizeof label));
+                            bn_checkpoint_qtype_label(type, label, sizeof label));
     }
     if (src_bytes < (size_t)n * elem)
         return bn_error_set(err, BN_ERR_FORMAT, "the file is truncated or the shape is wrong",
@@ -310,8 +325,8 @@ bn_status bn_model_floats_from(bn_qtype type, const void *src, size_t src_bytes,
     return BN_OK;
 }
 
-bn_status bn_model_dense_check(bn_dense_matrix *d, size_t bytes_available, const char *what,
-                               bn_error *err)
+bn_status bn_checkpoint_dense_check(bn_dense_matrix *d, size_t bytes_available, const char *what,
+                                    bn_error *err)
 {
     const bn_qtype_info *q = bn_qtype_get(d->type);
     if (!q || q->ternary || !q->dequantize_row)
@@ -331,9 +346,9 @@ bn_status bn_model_dense_check(bn_dense_matrix *d, size_t bytes_available, const
     return BN_OK;
 }
 
-bn_status bn_model_proj_set(bn_proj_tensor *p, const char *name, bn_qtype type, const void *data,
-                            size_t bytes_available, int64_t n, int64_t k, bool dense_is_master,
-                            bn_error *err)
+bn_status bn_checkpoint_proj_set(bn_proj_tensor *p, const char *name, bn_qtype type,
+                                 const void *data, size_t bytes_available, int64_t n, int64_t k,
+                                 bool dense_is_master, bn_error *err)
 {
     const bn_qtype_info *q = bn_qtype_get(type);
     const bool dense_float = type == BN_QTYPE_F32 || type == BN_QTYPE_F16 || type == BN_QTYPE_BF16;
@@ -428,8 +443,8 @@ static void random_f16_matrix(uint64_t seed, int purpose, int64_t rows, int64_t 
     }
 }
 
-bn_status bn_model_create_random(const bn_hparams *hp_in, uint64_t seed, bn_model **out,
-                                 bn_error *err)
+bn_status bn_checkpoint_create_random(const bn_hparams *hp_in, uint64_t seed, bn_checkpoint **out,
+                                      bn_error *err)
 {
     *out = NULL;
     bn_hparams hp = *hp_in;
@@ -438,8 +453,8 @@ bn_status bn_model_create_random(const bn_hparams *hp_in, uint64_t seed, bn_mode
     snprintf(hp.flavour, sizeof hp.flavour,
              "random in-memory model (seed %llu), ternary projections, F16 embeddings, %s",
              (unsigned long long)seed, hp.tied_embeddings ? "tied LM head" : "F16 LM head");
-    bn_model *m;
-    bn_status st = bn_model_alloc(&hp, &m, err);
+    bn_checkpoint *m;
+    bn_status st = bn_checkpoint_alloc(&hp, &m, err);
     if (st != BN_OK)
         return st;
     m->seed = seed;
@@ -448,7 +463,7 @@ bn_status bn_model_create_random(const bn_hparams *hp_in, uint64_t seed, bn_mode
     const int64_t total = emb_elems * (hp.tied_embeddings ? 1 : 2);
     m->owned = malloc((size_t)total * sizeof(uint16_t));
     if (!m->owned) {
-        bn_model_free(m);
+        bn_checkpoint_free(m);
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, "choose a smaller vocabulary or dim",
                             "no memory for a random %lld x %d embedding", (long long)hp.vocab,
                             hp.dim);
@@ -467,7 +482,7 @@ bn_status bn_model_create_random(const bn_hparams *hp_in, uint64_t seed, bn_mode
 
     for (int l = 0; l < hp.n_layer; l++) {
         for (int p = 0; p < BN_PROJ_COUNT; p++) {
-            bn_proj_tensor *t = bn_model_proj_slot(m, l, (bn_proj)p);
+            bn_proj_tensor *t = bn_checkpoint_proj_slot(m, l, (bn_proj)p);
             t->source = BN_PROJ_SRC_RANDOM;
             t->type = BN_QTYPE_TQ2_0; /* nominal: codes carry 2 bits */
             bn_hparams_proj_shape(&hp, (bn_proj)p, &t->n, &t->k);
@@ -476,13 +491,13 @@ bn_status bn_model_create_random(const bn_hparams *hp_in, uint64_t seed, bn_mode
         }
         for (int w = 0; w < BN_NORM_COUNT; w++) {
             uint64_t s = stream_seed(seed, STREAM_NORM, l, w);
-            float *v = bn_model_norm_slot(m, l, (bn_norm)w);
+            float *v = bn_checkpoint_norm_slot(m, l, (bn_norm)w);
             for (int64_t i = 0; i < bn_hparams_norm_size(&hp, (bn_norm)w); i++)
                 v[i] = uniform(&s, 0.8f, 1.2f);
         }
     }
     uint64_t s = stream_seed(seed, STREAM_NORM, -1, 0);
-    float *v = bn_model_output_norm_slot(m);
+    float *v = bn_checkpoint_output_norm_slot(m);
     for (int i = 0; i < hp.dim; i++)
         v[i] = uniform(&s, 0.8f, 1.2f);
     *out = m;
@@ -544,8 +559,8 @@ static bn_status dense_codes(const bn_proj_tensor *t, int8_t *codes, float *scal
     return st;
 }
 
-bn_status bn_model_projection_codes(const bn_model *m, int layer, bn_proj which, int8_t *codes,
-                                    float *scale, bn_error *err)
+bn_status bn_checkpoint_projection_codes(const bn_checkpoint *m, int layer, bn_proj which,
+                                         int8_t *codes, float *scale, bn_error *err)
 {
     if (!m || !codes || !scale || layer < 0 || layer >= m->hp.n_layer ||
         (unsigned)which >= BN_PROJ_COUNT)
@@ -581,7 +596,8 @@ bn_status bn_model_projection_codes(const bn_model *m, int layer, bn_proj which,
     return BN_OK;
 }
 
-bn_status bn_model_embedding_row(const bn_model *m, int32_t token, float *out, bn_error *err)
+bn_status bn_checkpoint_embedding_row(const bn_checkpoint *m, int32_t token, float *out,
+                                      bn_error *err)
 {
     if (token < 0 || token >= m->hp.vocab)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "token ids must come from this model's vocabulary",

@@ -6,13 +6,13 @@
  * time, because the real checkpoint holds ~2.1 G ternary weights and a
  * backend repacks them into its own layout anyway:
  *
- *   - bn_model_projection_codes() unpacks ONE projection (q, k, v, o, gate,
+ *   - bn_checkpoint_projection_codes() unpacks ONE projection (q, k, v, o, gate,
  *     up or down of one layer) into canonical codes [n][k] in {-1, 0, +1}
  *     and one float scale, whatever the file's encoding (I2_S, TQ1_0,
  *     TQ2_0, TL1, TL2, the Hugging Face packed layout, or F32/F16/BF16
  *     weights quantized here with absmean);
- *   - bn_model_embedding_row() dequantizes one token's embedding;
- *   - bn_model_lm_head() describes the dense output matrix (a tensor in its
+ *   - bn_checkpoint_embedding_row() dequantizes one token's embedding;
+ *   - bn_checkpoint_lm_head() describes the dense output matrix (a tensor in its
  *     file encoding, or the tied embedding);
  *   - the RMSNorm weights are small and converted to float at load.
  *
@@ -101,13 +101,13 @@ typedef struct bn_dense_matrix {
     size_t row_bytes;
 } bn_dense_matrix;
 
-typedef struct bn_model bn_model;
+typedef struct bn_checkpoint bn_checkpoint;
 
 /* Loads a GGUF file or a Hugging Face directory (decided by what `path`
  * is). */
-bn_status bn_model_load(const char *path, bn_model **out, bn_error *err);
-bn_status bn_model_load_gguf(const char *path, bn_model **out, bn_error *err);
-bn_status bn_model_load_hf_dir(const char *dir, bn_model **out, bn_error *err);
+bn_status bn_checkpoint_load(const char *path, bn_checkpoint **out, bn_error *err);
+bn_status bn_checkpoint_load_gguf(const char *path, bn_checkpoint **out, bn_error *err);
+bn_status bn_checkpoint_load_hf_dir(const char *dir, bn_checkpoint **out, bn_error *err);
 
 /* A model of any valid shape with random weights held in memory: ternary
  * codes (uniform over -1, 0, +1) regenerated on demand from the seed, one
@@ -115,42 +115,43 @@ bn_status bn_model_load_hf_dir(const char *dir, bn_model **out, bn_error *err);
  * hp->tied_embeddings is false, then a separate F16 LM head). Scales are
  * about 1/sqrt(k) so activations keep a sane size through any depth. No
  * tokenizer. The same (hp, seed) always gives the same model. */
-bn_status bn_model_create_random(const bn_hparams *hp, uint64_t seed, bn_model **out,
-                                 bn_error *err);
+bn_status bn_checkpoint_create_random(const bn_hparams *hp, uint64_t seed, bn_checkpoint **out,
+                                      bn_error *err);
 
-void bn_model_free(bn_model *m);
+void bn_checkpoint_free(bn_checkpoint *m);
 
-const bn_hparams *bn_model_hparams(const bn_model *m);
+const bn_hparams *bn_checkpoint_hparams(const bn_checkpoint *m);
 
 /* Unpacks projection `which` of `layer` into codes (n * k bytes, row-major
  * [n][k], n and k from bn_hparams_proj_shape) and its scale: the product of
  * the format's scale and any separate scale tensors, so that
  * y = (codes . x) * scale. */
-bn_status bn_model_projection_codes(const bn_model *m, int layer, bn_proj which, int8_t *codes,
-                                    float *scale, bn_error *err);
+bn_status bn_checkpoint_projection_codes(const bn_checkpoint *m, int layer, bn_proj which,
+                                         int8_t *codes, float *scale, bn_error *err);
 
 /* Encoding of a projection as stored (for reports; random models say
  * TQ2_0, a 2-bit ternary encoding, though they store nothing). */
-bn_qtype bn_model_projection_type(const bn_model *m, int layer, bn_proj which);
+bn_qtype bn_checkpoint_projection_type(const bn_checkpoint *m, int layer, bn_proj which);
 
 /* out[dim] = embedding of token (0 <= token < vocab). */
-bn_status bn_model_embedding_row(const bn_model *m, int32_t token, float *out, bn_error *err);
+bn_status bn_checkpoint_embedding_row(const bn_checkpoint *m, int32_t token, float *out,
+                                      bn_error *err);
 
 /* The LM head: vocab rows of dim (the embedding itself when tied). */
-const bn_dense_matrix *bn_model_lm_head(const bn_model *m);
-const bn_dense_matrix *bn_model_embedding(const bn_model *m);
+const bn_dense_matrix *bn_checkpoint_lm_head(const bn_checkpoint *m);
+const bn_dense_matrix *bn_checkpoint_embedding(const bn_checkpoint *m);
 
 /* Norm weights as floats (bn_hparams_norm_size values). */
-const float *bn_model_norm(const bn_model *m, int layer, bn_norm which);
-const float *bn_model_output_norm(const bn_model *m);
+const float *bn_checkpoint_norm(const bn_checkpoint *m, int layer, bn_norm which);
+const float *bn_checkpoint_output_norm(const bn_checkpoint *m);
 
 /* The model's tokenizer, or NULL when the source has none (random models,
  * a GGUF without tokenizer metadata, an HF directory without
  * tokenizer.json). Owned by the model. */
-const struct bn_tokenizer *bn_model_tokenizer(const bn_model *m);
+const struct bn_tokenizer *bn_checkpoint_tokenizer(const bn_checkpoint *m);
 
 /* Bytes of weights the model holds or maps (file tensors, or the random
  * model's in-memory embedding). */
-uint64_t bn_model_weight_bytes(const bn_model *m);
+uint64_t bn_checkpoint_weight_bytes(const bn_checkpoint *m);
 
 #endif

@@ -191,7 +191,8 @@ static bn_status apply_scale_tensor(const bn_gguf *g, const char *name, bn_proj_
     if (count < 1 || !t->type_known)
         return bn_error_set(err, BN_ERR_FORMAT, "the file is corrupt",
                             "scale tensor %s is empty or of an unknown type", name);
-    bn_status st = bn_model_floats_from((bn_qtype)t->type, t->data, t->bytes, 1, &v, name, err);
+    bn_status st =
+        bn_checkpoint_floats_from((bn_qtype)t->type, t->data, t->bytes, 1, &v, name, err);
     if (st != BN_OK)
         return st;
     if (v == 0.0f)
@@ -206,7 +207,7 @@ static const char *const proj_names[BN_PROJ_COUNT] = {
 static const char *const norm_names[BN_NORM_COUNT] = {"attn_norm", "attn_sub_norm", "ffn_norm",
                                                       "ffn_sub_norm"};
 
-static bn_status load_layer(const bn_gguf *g, bn_model *m, int l, bn_error *err)
+static bn_status load_layer(const bn_gguf *g, bn_checkpoint *m, int l, bn_error *err)
 {
     const bn_hparams *hp = &m->hp;
     char name[96];
@@ -216,8 +217,8 @@ static bn_status load_layer(const bn_gguf *g, bn_model *m, int l, bn_error *err)
         const int64_t n = bn_hparams_norm_size(hp, (bn_norm)w);
         bn_status st = find_tensor(g, name, n, 0, true, &t, err);
         if (st == BN_OK)
-            st = bn_model_floats_from((bn_qtype)t->type, t->data, t->bytes, n,
-                                      bn_model_norm_slot(m, l, (bn_norm)w), name, err);
+            st = bn_checkpoint_floats_from((bn_qtype)t->type, t->data, t->bytes, n,
+                                           bn_checkpoint_norm_slot(m, l, (bn_norm)w), name, err);
         if (st != BN_OK)
             return st;
     }
@@ -229,8 +230,9 @@ static bn_status load_layer(const bn_gguf *g, bn_model *m, int l, bn_error *err)
         bn_status st = find_tensor(g, name, k, n, true, &t, err);
         if (st != BN_OK)
             return st;
-        bn_proj_tensor *slot = bn_model_proj_slot(m, l, (bn_proj)p);
-        st = bn_model_proj_set(slot, name, (bn_qtype)t->type, t->data, t->bytes, n, k, false, err);
+        bn_proj_tensor *slot = bn_checkpoint_proj_slot(m, l, (bn_proj)p);
+        st = bn_checkpoint_proj_set(slot, name, (bn_qtype)t->type, t->data, t->bytes, n, k, false,
+                                    err);
         if (st != BN_OK)
             return st;
         m->weight_bytes += t->bytes;
@@ -246,18 +248,18 @@ static bn_status load_layer(const bn_gguf *g, bn_model *m, int l, bn_error *err)
     return BN_OK;
 }
 
-static void describe(bn_model *m, const char *producer)
+static void describe(bn_checkpoint *m, const char *producer)
 {
     char projs[64], emb[16], head[16];
-    bn_model_proj_types_label(m, projs, sizeof projs);
-    bn_model_qtype_label(m->embedding.type, emb, sizeof emb);
-    bn_model_qtype_label(m->lm_head.type, head, sizeof head);
+    bn_checkpoint_proj_types_label(m, projs, sizeof projs);
+    bn_checkpoint_qtype_label(m->embedding.type, emb, sizeof emb);
+    bn_checkpoint_qtype_label(m->lm_head.type, head, sizeof head);
     snprintf(m->hp.flavour, sizeof m->hp.flavour,
              "GGUF %.31s (%.40s), %.63s projections, %.15s embeddings, %.15s%s", m->hp.arch,
              producer, projs, emb, m->hp.tied_embeddings ? "tied" : head, " LM head");
 }
 
-bn_status bn_model_load_gguf(const char *path, bn_model **out, bn_error *err)
+bn_status bn_checkpoint_load_gguf(const char *path, bn_checkpoint **out, bn_error *err)
 {
     if (!out)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "model load: NULL output");
@@ -306,11 +308,11 @@ bn_status bn_model_load_gguf(const char *path, bn_model **out, bn_error *err)
     if (st == BN_OK)
         st = find_tensor(g, "output.weight", hp.dim, hp.vocab, false, &output, err);
     hp.tied_embeddings = output == NULL;
-    bn_model *m = NULL;
+    bn_checkpoint *m = NULL;
     if (st == BN_OK)
-        st = bn_model_check_fits(&hp, bn_gguf_file_size(g), "the GGUF file", err);
+        st = bn_checkpoint_check_fits(&hp, bn_gguf_file_size(g), "the GGUF file", err);
     if (st == BN_OK)
-        st = bn_model_alloc(&hp, &m, err);
+        st = bn_checkpoint_alloc(&hp, &m, err);
     if (st != BN_OK) {
         bn_gguf_close(g);
         return st;
@@ -319,20 +321,21 @@ bn_status bn_model_load_gguf(const char *path, bn_model **out, bn_error *err)
     m->close_source = close_gguf;
 
     m->embedding = (bn_dense_matrix){(bn_qtype)embd->type, hp.vocab, hp.dim, embd->data, 0};
-    st = bn_model_dense_check(&m->embedding, embd->bytes, "token_embd.weight", err);
+    st = bn_checkpoint_dense_check(&m->embedding, embd->bytes, "token_embd.weight", err);
     m->lm_head = m->embedding;
     m->weight_bytes += embd->bytes;
     if (st == BN_OK && output) {
         m->lm_head = (bn_dense_matrix){(bn_qtype)output->type, hp.vocab, hp.dim, output->data, 0};
-        st = bn_model_dense_check(&m->lm_head, output->bytes, "output.weight", err);
+        st = bn_checkpoint_dense_check(&m->lm_head, output->bytes, "output.weight", err);
         m->weight_bytes += output->bytes;
     }
     const bn_gguf_tensor *t = NULL;
     if (st == BN_OK)
         st = find_tensor(g, "output_norm.weight", hp.dim, 0, true, &t, err);
     if (st == BN_OK)
-        st = bn_model_floats_from((bn_qtype)t->type, t->data, t->bytes, hp.dim,
-                                  bn_model_output_norm_slot(m), "output_norm.weight", err);
+        st =
+            bn_checkpoint_floats_from((bn_qtype)t->type, t->data, t->bytes, hp.dim,
+                                      bn_checkpoint_output_norm_slot(m), "output_norm.weight", err);
     for (int l = 0; l < hp.n_layer && st == BN_OK; l++)
         st = load_layer(g, m, l, err);
     if (st == BN_OK && bn_gguf_tensor_by_name(g, "rope_freqs.weight"))
@@ -352,7 +355,7 @@ bn_status bn_model_load_gguf(const char *path, bn_model **out, bn_error *err)
         bn_log(BN_LOG_WARN, "%s has no tokenizer metadata; token ids only", path);
     }
     if (st != BN_OK) {
-        bn_model_free(m);
+        bn_checkpoint_free(m);
         return st;
     }
     describe(m, info->producer);

@@ -99,7 +99,7 @@ static bn_status load_vector(const bn_hf_dir *d, const char *name, int64_t n, fl
         snprintf(want, sizeof want, "[%lld]", (long long)n);
         return shape_error(t, name, want, err);
     }
-    return bn_model_floats_from(float_qtype(t->dtype), t->data, t->bytes, n, dst, name, err);
+    return bn_checkpoint_floats_from(float_qtype(t->dtype), t->data, t->bytes, n, dst, name, err);
 }
 
 static bn_status load_matrix(const bn_hf_dir *d, const char *name, int64_t rows, int64_t cols,
@@ -115,7 +115,7 @@ static bn_status load_matrix(const bn_hf_dir *d, const char *name, int64_t rows,
         return shape_error(t, name, want, err);
     }
     *out = (bn_dense_matrix){float_qtype(t->dtype), rows, cols, t->data, 0};
-    return bn_model_dense_check(out, t->bytes, name, err);
+    return bn_checkpoint_dense_check(out, t->bytes, name, err);
 }
 
 typedef struct hf_quant {
@@ -123,7 +123,7 @@ typedef struct hf_quant {
     int packed, master;   /* projections of each kind, for the description */
 } hf_quant;
 
-static bn_status load_projection(const bn_hf_dir *d, bn_model *m, int layer, bn_proj p,
+static bn_status load_projection(const bn_hf_dir *d, bn_checkpoint *m, int layer, bn_proj p,
                                  const char *name, hf_quant *q, bn_error *err)
 {
     int64_t n, k;
@@ -132,7 +132,7 @@ static bn_status load_projection(const bn_hf_dir *d, bn_model *m, int layer, bn_
     bn_status st = find(d, name, &t, err);
     if (st != BN_OK)
         return st;
-    bn_proj_tensor *slot = bn_model_proj_slot(m, layer, p);
+    bn_proj_tensor *slot = bn_checkpoint_proj_slot(m, layer, p);
     char want[64];
     if (t->dtype == BN_ST_U8) {
         if (n % 4 != 0 || !has_shape(t, n / 4, k)) {
@@ -140,8 +140,8 @@ static bn_status load_projection(const bn_hf_dir *d, bn_model *m, int layer, bn_
                      (long long)(n / 4), (long long)k);
             return shape_error(t, name, want, err);
         }
-        st = bn_model_proj_set(slot, name, BN_QTYPE_HF_PACKED, t->data, t->bytes, n, k, false,
-                               err);
+        st = bn_checkpoint_proj_set(slot, name, BN_QTYPE_HF_PACKED, t->data, t->bytes, n, k, false,
+                                    err);
         if (st != BN_OK)
             return st;
         /* weight_scale sits beside the weight: "<...>.weight_scale". */
@@ -156,8 +156,8 @@ static bn_status load_projection(const bn_hf_dir *d, bn_model *m, int layer, bn_
         if (s->n_dims > 1 || count < 1)
             return shape_error(s, scale_name, "[1]", err);
         float v;
-        st = bn_model_floats_from(float_qtype(s->dtype), s->data, s->bytes, 1, &v, scale_name,
-                                  err);
+        st = bn_checkpoint_floats_from(float_qtype(s->dtype), s->data, s->bytes, 1, &v, scale_name,
+                                       err);
         if (st != BN_OK)
             return st;
         if (v == 0.0f)
@@ -174,8 +174,8 @@ static bn_status load_projection(const bn_hf_dir *d, bn_model *m, int layer, bn_
             snprintf(want, sizeof want, "[%lld, %lld]", (long long)n, (long long)k);
             return shape_error(t, name, want, err);
         }
-        st = bn_model_proj_set(slot, name, float_qtype(t->dtype), t->data, t->bytes, n, k, true,
-                               err);
+        st = bn_checkpoint_proj_set(slot, name, float_qtype(t->dtype), t->data, t->bytes, n, k,
+                                    true, err);
         q->master++;
     }
     m->weight_bytes += t->bytes;
@@ -214,7 +214,7 @@ static bn_status check_config(const bn_hf_config *c, const char *dir, bn_error *
     return BN_OK;
 }
 
-bn_status bn_model_load_hf_dir(const char *dir, bn_model **out, bn_error *err)
+bn_status bn_checkpoint_load_hf_dir(const char *dir, bn_checkpoint **out, bn_error *err)
 {
     if (!out)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "model load: NULL output");
@@ -248,10 +248,10 @@ bn_status bn_model_load_hf_dir(const char *dir, bn_model **out, bn_error *err)
     uint64_t tensor_bytes = 0;
     for (size_t i = 0; i < bn_hf_dir_tensor_count(d); i++)
         tensor_bytes += bn_hf_dir_tensor_at(d, i)->bytes;
-    bn_model *m = NULL;
-    st = bn_model_check_fits(&hp, tensor_bytes, "the directory's safetensors", err);
+    bn_checkpoint *m = NULL;
+    st = bn_checkpoint_check_fits(&hp, tensor_bytes, "the directory's safetensors", err);
     if (st == BN_OK)
-        st = bn_model_alloc(&hp, &m, err);
+        st = bn_checkpoint_alloc(&hp, &m, err);
     if (st != BN_OK) {
         bn_hf_dir_close(d);
         return st;
@@ -286,7 +286,7 @@ bn_status bn_model_load_hf_dir(const char *dir, bn_model **out, bn_error *err)
         }
     }
     if (st == BN_OK)
-        st = load_vector(d, "model.norm.weight", hp.dim, bn_model_output_norm_slot(m), err);
+        st = load_vector(d, "model.norm.weight", hp.dim, bn_checkpoint_output_norm_slot(m), err);
 
     hf_quant q = {false, 0, 0};
     /* BitNetQuantConfig's default class is "bitlinear", which divides. */
@@ -296,7 +296,7 @@ bn_status bn_model_load_hf_dir(const char *dir, bn_model **out, bn_error *err)
         for (int w = 0; w < BN_NORM_COUNT && st == BN_OK; w++) {
             snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, norm_names[w]);
             st = load_vector(d, name, bn_hparams_norm_size(&hp, (bn_norm)w),
-                             bn_model_norm_slot(m, l, (bn_norm)w), err);
+                             bn_checkpoint_norm_slot(m, l, (bn_norm)w), err);
         }
         for (int p = 0; p < BN_PROJ_COUNT && st == BN_OK; p++) {
             snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, proj_names[p]);
@@ -318,12 +318,12 @@ bn_status bn_model_load_hf_dir(const char *dir, bn_model **out, bn_error *err)
         bn_log(BN_LOG_WARN, "%s has no tokenizer.json; token ids only", dir);
     }
     if (st != BN_OK) {
-        bn_model_free(m);
+        bn_checkpoint_free(m);
         return st;
     }
 
     char emb[16], head[16], projs[128];
-    bn_model_qtype_label(m->lm_head.type, head, sizeof head);
+    bn_checkpoint_qtype_label(m->lm_head.type, head, sizeof head);
     const char *cls = !c->quantized ? "no quantization_config"
                       : q.divide_by_scale ? "bitlinear, weight_scale divides"
                                           : "autobitlinear, weight_scale multiplies";
@@ -332,10 +332,10 @@ bn_status bn_model_load_hf_dir(const char *dir, bn_model **out, bn_error *err)
                  c->quantization_mode[0] ? c->quantization_mode : "offline", cls);
     else if (q.packed == 0)
         snprintf(projs, sizeof projs, "%.15s master weights quantized at load (absmean; %.40s)",
-                 bn_model_qtype_label(m->proj[0].type, emb, sizeof emb), cls);
+                 bn_checkpoint_qtype_label(m->proj[0].type, emb, sizeof emb), cls);
     else
         snprintf(projs, sizeof projs, "mixed packed and master-weight projections");
-    bn_model_qtype_label(m->embedding.type, emb, sizeof emb);
+    bn_checkpoint_qtype_label(m->embedding.type, emb, sizeof emb);
     snprintf(m->hp.flavour, sizeof m->hp.flavour, "Hugging Face %.31s, %.127s, %.15s embeddings, %.15s%s",
              c->architecture, projs, emb, hp.tied_embeddings ? "tied" : head, " LM head");
     *out = m;

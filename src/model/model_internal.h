@@ -2,7 +2,7 @@
  * model_internal.h - what the model loaders (model_gguf.c, model_hf.c) and
  * model.c share. Not part of the library's interface.
  *
- * The loaders fill a bn_model through these helpers; model.c knows nothing
+ * The loaders fill a bn_checkpoint through these helpers; model.c knows nothing
  * about GGUF, safetensors or tokenizers (the loader that opened a file hands
  * over a function that closes it), so backends and tests that only need
  * random models link without the file readers.
@@ -34,7 +34,7 @@ typedef struct bn_proj_tensor {
     char name[96];      /* tensor name in the file, for messages         */
 } bn_proj_tensor;
 
-struct bn_model {
+struct bn_checkpoint {
     bn_hparams hp;
     bn_proj_tensor *proj;    /* [n_layer][BN_PROJ_COUNT]                  */
     float *norms;            /* every norm vector, see norm_slot()        */
@@ -50,38 +50,38 @@ struct bn_model {
 };
 
 /* Allocates a model for hp (validated) with empty projections and norms. */
-bn_status bn_model_alloc(const bn_hparams *hp, bn_model **out, bn_error *err);
+bn_status bn_checkpoint_alloc(const bn_hparams *hp, bn_checkpoint **out, bn_error *err);
 /* Refuses a source too small for the model its metadata describes (before
  * any table sized by that metadata is allocated). */
-bn_status bn_model_check_fits(const bn_hparams *hp, uint64_t source_bytes, const char *source,
-                              bn_error *err);
+bn_status bn_checkpoint_check_fits(const bn_hparams *hp, uint64_t source_bytes, const char *source,
+                                   bn_error *err);
 
-bn_proj_tensor *bn_model_proj_slot(bn_model *m, int layer, bn_proj which);
-float *bn_model_norm_slot(bn_model *m, int layer, bn_norm which);
-float *bn_model_output_norm_slot(bn_model *m);
+bn_proj_tensor *bn_checkpoint_proj_slot(bn_checkpoint *m, int layer, bn_proj which);
+float *bn_checkpoint_norm_slot(bn_checkpoint *m, int layer, bn_norm which);
+float *bn_checkpoint_output_norm_slot(bn_checkpoint *m);
 
 /* Converts n floats stored as F32, F16 or BF16 into dst; other types are
  * BN_ERR_UNSUPPORTED naming `what`. */
-bn_status bn_model_floats_from(bn_qtype type, const void *src, size_t src_bytes, int64_t n,
-                               float *dst, const char *what, bn_error *err);
+bn_status bn_checkpoint_floats_from(bn_qtype type, const void *src, size_t src_bytes, int64_t n,
+                                    float *dst, const char *what, bn_error *err);
 
 /* Checks a dense matrix (embedding or LM head): a row type the registry
  * can dequantize, cols a multiple of its block, enough bytes. Fills
  * out->row_bytes. */
-bn_status bn_model_dense_check(bn_dense_matrix *out, size_t bytes_available, const char *what,
-                               bn_error *err);
+bn_status bn_checkpoint_dense_check(bn_dense_matrix *out, size_t bytes_available, const char *what,
+                                    bn_error *err);
 
 /* Checks that a ternary or float projection tensor of `type` holds n x k
  * weights in bytes_available, and sets its source. */
-bn_status bn_model_proj_set(bn_proj_tensor *p, const char *name, bn_qtype type, const void *data,
-                            size_t bytes_available, int64_t n, int64_t k, bool dense_is_master,
-                            bn_error *err);
+bn_status bn_checkpoint_proj_set(bn_proj_tensor *p, const char *name, bn_qtype type,
+                                 const void *data, size_t bytes_available, int64_t n, int64_t k,
+                                 bool dense_is_master, bn_error *err);
 
 /* "I2_S", "F16", ... (upper-case registry name) into buf. */
-const char *bn_model_qtype_label(bn_qtype type, char *buf, size_t size);
+const char *bn_checkpoint_qtype_label(bn_qtype type, char *buf, size_t size);
 
 /* Describes the projections' encodings in words: "I2_S" when all share one,
  * else "mixed I2_S/F16". */
-void bn_model_proj_types_label(const bn_model *m, char *buf, size_t size);
+void bn_checkpoint_proj_types_label(const bn_checkpoint *m, char *buf, size_t size);
 
 #endif

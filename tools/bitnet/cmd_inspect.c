@@ -253,7 +253,7 @@ static void json_value(bn_json *j, const bn_gguf_kv *kv)
 /* ---- can bitnet run it? -------------------------------------------------------- */
 
 typedef struct verdict {
-    bn_model *model; /* NULL when it cannot run */
+    bn_checkpoint *model; /* NULL when it cannot run */
     bn_error err;
 } verdict;
 
@@ -261,7 +261,7 @@ static void judge(const char *path, verdict *v)
 {
     bn_error_clear(&v->err);
     v->model = NULL;
-    if (bn_model_load(path, &v->model, &v->err) != BN_OK)
+    if (bn_checkpoint_load(path, &v->model, &v->err) != BN_OK)
         v->model = NULL;
 }
 
@@ -274,8 +274,8 @@ static void print_verdict_text(const verdict *v)
             printf("  hint          %s\n", v->err.hint);
         return;
     }
-    const bn_hparams *hp = bn_model_hparams(v->model);
-    const bn_qtype_info *q = bn_qtype_get(bn_model_projection_type(v->model, 0, BN_PROJ_Q));
+    const bn_hparams *hp = bn_checkpoint_hparams(v->model);
+    const bn_qtype_info *q = bn_qtype_get(bn_checkpoint_projection_type(v->model, 0, BN_PROJ_Q));
     printf("  runnable      yes\n  architecture  %s\n  flavour       %s\n", hp->arch, hp->flavour);
     printf("  projections   %s\n", q ? q->name : "unknown");
     printf("  shape         %d layers, dim %d, ffn %d, heads %d / %d kv, head_dim %d, vocab %d\n",
@@ -285,8 +285,8 @@ static void print_verdict_text(const verdict *v)
            hp->n_ctx_train, hp->rope_theta, hp->rope_dim, hp->rms_eps,
            hp->tied_embeddings ? "tied (the LM head is token_embd)" : "separate LM head");
     printf("  weights       %.1f MiB\n",
-           (double)bn_model_weight_bytes(v->model) / (1024.0 * 1024.0));
-    const bn_tokenizer *t = bn_model_tokenizer(v->model);
+           (double)bn_checkpoint_weight_bytes(v->model) / (1024.0 * 1024.0));
+    const bn_tokenizer *t = bn_checkpoint_tokenizer(v->model);
     if (t)
         printf("  tokenizer     %s, %d tokens, bos %d, eos %d, eot %d\n",
                bn_tokenizer_kind_of(t) == BN_TOKENIZER_BYTE_BPE ? "byte-level BPE"
@@ -308,8 +308,8 @@ static void json_verdict(bn_json *j, const verdict *v)
         bn_json_end_object(j);
         return;
     }
-    const bn_hparams *hp = bn_model_hparams(v->model);
-    const bn_qtype_info *q = bn_qtype_get(bn_model_projection_type(v->model, 0, BN_PROJ_Q));
+    const bn_hparams *hp = bn_checkpoint_hparams(v->model);
+    const bn_qtype_info *q = bn_qtype_get(bn_checkpoint_projection_type(v->model, 0, BN_PROJ_Q));
     bn_json_kv_string(j, "architecture", hp->arch);
     bn_json_kv_string(j, "flavour", hp->flavour);
     bn_json_kv_string(j, "projection_type", q ? q->name : "unknown");
@@ -328,8 +328,8 @@ static void json_verdict(bn_json *j, const verdict *v)
     bn_json_kv_double(j, "rope_theta", hp->rope_theta);
     bn_json_kv_bool(j, "tied_embeddings", hp->tied_embeddings);
     bn_json_end_object(j);
-    bn_json_kv_uint(j, "weight_bytes", bn_model_weight_bytes(v->model));
-    const bn_tokenizer *t = bn_model_tokenizer(v->model);
+    bn_json_kv_uint(j, "weight_bytes", bn_checkpoint_weight_bytes(v->model));
+    const bn_tokenizer *t = bn_checkpoint_tokenizer(v->model);
     bn_json_key(j, "tokenizer");
     if (t) {
         bn_json_begin_object(j);
@@ -560,7 +560,7 @@ static int inspect_dir(const char *path, bool json)
         st_tensors_text(d, n, dir_at);
         print_verdict_text(&v);
     }
-    bn_model_free(v.model);
+    bn_checkpoint_free(v.model);
     bn_hf_dir_close(d);
     return BN_EXIT_OK;
 }
@@ -653,7 +653,7 @@ int cmd_inspect(int argc, char **argv, const bn_config *cfg)
         gguf_json(path, g, &v);
     else
         gguf_text(path, g, &v);
-    bn_model_free(v.model);
+    bn_checkpoint_free(v.model);
     bn_gguf_close(g);
     return BN_EXIT_OK;
 }

@@ -287,7 +287,7 @@ static double rate(double count, double seconds) { return seconds > 0.0 ? count 
 
 static void print_verbose(const bn_engine *e)
 {
-    const bn_hparams *hp = bn_model_hparams(bn_engine_model(e));
+    const bn_hparams *hp = bn_checkpoint_hparams(bn_engine_model(e));
     bn_engine_info info;
     bn_engine_get_info(e, &info);
     const double mib = 1024.0 * 1024.0;
@@ -691,7 +691,7 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
         bn_engine_free(e);
         return rc;
     }
-    const int32_t vocab = bn_model_hparams(bn_engine_model(e))->vocab;
+    const int32_t vocab = bn_checkpoint_hparams(bn_engine_model(e))->vocab;
     float *logits = NULL;
     if (o.dump_logits && !(logits = malloc((size_t)vocab * sizeof *logits))) {
         free(o.ids);
