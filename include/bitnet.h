@@ -382,6 +382,256 @@ bool bn_gpu_info_available(const bn_gpu_info *info);
 /* Detects under the environment's configuration; false on any error. */
 bool bn_gpu_available(void);
 
+/* ======================================================================== */
+/* Models, sessions, generation                                             */
+/* ======================================================================== */
+/*
+ * A bn_model is a model loaded for computing: its weights on the device the
+ * request chose (the GPU when one is usable, else the CPU), its tokenizer
+ * and its KV cache. A bn_session is one conversation's tokens: several
+ * sessions share one model, each with its own history. Generating in a
+ * session continues from everything the session holds; the model reuses
+ * the positions its cache already holds for the session's tokens (a
+ * session that goes on, or one that starts with the same tokens as the
+ * last one computed) and computes the rest.
+ *
+ * Thread safety: functions on one bn_model may be called from any threads;
+ * computation on one model (generation, evaluation, perplexity) runs one
+ * call at a time, the others waiting. A session must be used by one thread
+ * at a time, except bn_session_cancel, which any thread may call at any
+ * time. Distinct models are independent.
+ *
+ *     bn_model *m;
+ *     bn_model_options o;
+ *     bn_model_options_default(&o);             // the shipped model, auto device
+ *     if (bn_model_open(&o, &m, &err) != BN_OK) ...
+ *     bn_session *s;
+ *     bn_session_create(m, &s, &err);
+ *     bn_generate_params p;
+ *     bn_generate_params_default(&p);           // greedy, 128 tokens at most
+ *     p.prompt = "The LORD is my shepherd";
+ *     bn_session_generate(s, &p, on_token, NULL, &result, &err);
+ *
+ * docs/API.md describes every call with a worked example.
+ */
+
+typedef struct bn_model bn_model;
+typedef struct bn_session bn_session;
+
+/* The model bn_model_open loads when no path is given: BITNET_MODEL when
+ * set, else the model shipped with bitnet (models/bitnet-kjv-7m), looked for
+ * beside the running program and the library (PREFIX/share/bitnet/models
+ * for PREFIX/bin or PREFIX/lib, models/ at the top of a build tree) and in
+ * the source tree the library was built from. BN_ERR_IO naming the places
+ * looked at when none holds it. */
+bn_status bn_default_model_path(char *buf, size_t size, bn_error *err);
+
+typedef enum bn_kv_precision {
+    BN_KV_F32 = 0, /* the CPU's numbers (default)                            */
+    BN_KV_F16      /* CUDA: half the cache's memory; logits within ~3e-2 of
+                      their range of the f32 cache's (the CPU keeps f32)     */
+} bn_kv_precision;
+
+typedef struct bn_model_options {
+    /* A GGUF file (bitnet.cpp's or llama.cpp's) or a Hugging Face model
+     * directory; NULL: BITNET_MODEL, else the model shipped with bitnet. */
+    const char *path;
+    /* "auto" (a usable CUDA GPU, else the CPU), "cpu", "gpu", "cuda",
+     * "cuda:N"; NULL: BITNET_DEVICE, else "auto". */
+    const char *device;
+    int n_threads;            /* CPU threads; 0: BITNET_NUM_THREADS, else all */
+    int64_t n_ctx;            /* positions a session may hold; 0: the model's
+                                 training context (at most that)             */
+    bn_kv_precision kv;       /* BN_KV_F32                                   */
+    /* GPU memory the model may take, bytes; 0: BITNET_MEMORY_LIMIT, else
+     * what the device has free. */
+    uint64_t memory_limit_bytes;
+} bn_model_options;
+
+/* Defaults: every field 0 / NULL, as documented above. */
+void bn_model_options_default(bn_model_options *opt);
+
+/* Loads the model and prepares the device. opt NULL: the defaults. Errors:
+ * BN_ERR_IO / BN_ERR_FORMAT / BN_ERR_UNSUPPORTED for a file that cannot be
+ * read or used, BN_ERR_NO_DEVICE / BN_ERR_DRIVER for a device request that
+ * cannot be met, BN_ERR_OUT_OF_MEMORY / BN_ERR_GPU_OUT_OF_MEMORY,
+ * BN_ERR_INVALID_CONFIG for a malformed BITNET_* variable. */
+bn_status bn_model_open(const bn_model_options *opt, bn_model **out, bn_error *err);
+/* Frees the model. Its sessions must be freed first; NULL is allowed. */
+void bn_model_close(bn_model *m);
+
+typedef struct bn_model_info {
+    char path[1024];          /* the file or directory loaded                */
+    char architecture[32];    /* "bitnet-b1.58"                              */
+    char device[64];          /* "cpu" or "cuda:0"                           */
+    char device_name[128];    /* "NVIDIA H200", or the CPU kernels ("avx512") */
+    char chat_template[32];   /* the chat format (bn_model_apply_chat), ""
+                                 when the model has none                     */
+    int32_t vocab_size;
+    int64_t n_ctx;            /* positions a session may hold                */
+    int64_t n_ctx_train;      /* the context the model was trained for       */
+    int n_layer, dim, n_head, n_head_kv, ffn_dim;
+    uint64_t n_params;
+    bool has_tokenizer;       /* text in and out; else token ids only        */
+    int32_t bos, eos, eot;    /* special tokens; -1 when the model has none  */
+} bn_model_info;
+
+bn_status bn_model_get_info(const bn_model *m, bn_model_info *info, bn_error *err);
+
+/* Whether token is one that ends a generation (end of text, end of turn). */
+bool bn_model_token_is_eog(const bn_model *m, int32_t token);
+
+/* ---- tokens ------------------------------------------------------------- */
+
+/* The tokens of text[0, len) (BOS first when add_bos and the tokenizer asks
+ * for it; special tokens written in the text, such as <|eot_id|>, are read
+ * as those tokens). *n receives the number of tokens the text has; at most
+ * cap of them are written to tokens (which may be NULL when cap is 0), so a
+ * caller may ask for the count first. BN_ERR_INVALID_ARGUMENT for a model
+ * without a tokenizer. */
+bn_status bn_model_tokenize(const bn_model *m, const char *text, size_t len, bool add_bos,
+                            int32_t *tokens, size_t cap, size_t *n, bn_error *err);
+
+/* The text of tokens[0, n): *len receives its length in bytes; at most cap
+ * bytes are written to buf, then a NUL when there is room (buf may be NULL
+ * when cap is 0). Special tokens give their text ("<|eot_id|>"). Bytes of
+ * a character the tokens cut are written as they are. */
+bn_status bn_model_detokenize(const bn_model *m, const int32_t *tokens, size_t n, char *buf,
+                              size_t cap, size_t *len, bn_error *err);
+
+/* ---- chat ----------------------------------------------------------------- */
+
+typedef struct bn_chat_message {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content;
+} bn_chat_message;
+
+/* The text of a conversation in the model's chat format (bn_model_info's
+ * chat_template), ending with the opening of the assistant's turn when
+ * add_assistant, ready for bn_session_generate's prompt. *len and the
+ * buffer as bn_model_detokenize. BN_ERR_UNSUPPORTED for a model without a
+ * chat format, BN_ERR_INVALID_ARGUMENT for an unknown role. */
+bn_status bn_model_apply_chat(const bn_model *m, const bn_chat_message *messages, size_t n,
+                              bool add_assistant, char *buf, size_t cap, size_t *len,
+                              bn_error *err);
+
+/* ---- sessions --------------------------------------------------------------- */
+
+bn_status bn_session_create(bn_model *m, bn_session **out, bn_error *err);
+/* NULL is allowed. */
+void bn_session_free(bn_session *s);
+
+/* The tokens the session holds (prompts and generated tokens, in order):
+ * *n receives their count; at most cap are written. */
+bn_status bn_session_tokens(const bn_session *s, int32_t *tokens, size_t cap, size_t *n,
+                            bn_error *err);
+/* Forgets every token. */
+void bn_session_reset(bn_session *s);
+/* Keeps the first n tokens (n at most the count it holds). */
+bn_status bn_session_truncate(bn_session *s, size_t n, bn_error *err);
+/* A new session on the same model holding the first n tokens of src
+ * (SIZE_MAX: all of them). */
+bn_status bn_session_copy(const bn_session *src, size_t n, bn_session **out, bn_error *err);
+
+/* Stops the generation running in s (from any thread) after the token in
+ * progress; it returns BN_OK with stop reason BN_STOP_CANCELLED. A call
+ * when nothing runs is remembered by nothing: it does not affect the next
+ * generation. */
+void bn_session_cancel(bn_session *s);
+
+/* ---- generation ------------------------------------------------------------- */
+
+#define BN_MAX_STOP_STRINGS 16
+
+typedef struct bn_generate_params {
+    /* What to append to the session before generating: text (tokenized
+     * with BOS first when the session is empty and the tokenizer asks for
+     * it), or token ids used as they are (n_prompt_tokens of them); both
+     * NULL: continue from what the session holds (it must hold a token). */
+    const char *prompt;
+    const int32_t *prompt_tokens;
+    size_t n_prompt_tokens;
+    int max_tokens;          /* tokens to generate at most (>= 1; default 128) */
+    /* Sampling, in this order: repetition penalty over the last
+     * repeat_last_n tokens, top-k, temperature, top-p, min-p, a draw. */
+    float temperature;       /* 0: greedy, the most likely token (default)  */
+    int top_k;               /* 0: off (default 40)                         */
+    float top_p;             /* 1: off (default 0.95)                       */
+    float min_p;             /* 0: off (default 0.05)                       */
+    float repeat_penalty;    /* 1: off (default)                            */
+    int repeat_last_n;       /* default 64; -1: the whole session           */
+    uint64_t seed;           /* the sampler's seed (default 0): the same
+                                seed, prompt and settings give the same text */
+    /* Generation stops before any of these strings: the text streamed
+     * ends before it (the tokens that wrote it stay in the session). NULL
+     * entries end the list early; empty strings are refused. */
+    const char *stop[BN_MAX_STOP_STRINGS];
+    /* Keep going past end-of-generation tokens (benchmarks). */
+    bool ignore_eog;
+} bn_generate_params;
+
+void bn_generate_params_default(bn_generate_params *p);
+
+typedef enum bn_stop_reason {
+    BN_STOP_MAX_TOKENS = 0, /* max_tokens generated                        */
+    BN_STOP_EOG,            /* an end-of-generation token (not kept)       */
+    BN_STOP_STRING,         /* one of params.stop                          */
+    BN_STOP_CALLBACK,       /* the callback returned false                 */
+    BN_STOP_CANCELLED       /* bn_session_cancel                           */
+} bn_stop_reason;
+
+/* Called once for each generated token with the text it completes, in
+ * whole UTF-8 characters: empty while a character is incomplete, and text
+ * a stop string might start withheld until it is decided. Returning false
+ * stops the generation after this token. At the end, text still held back
+ * (the start of a stop string that did not come, bytes of an incomplete
+ * character) comes in one more call with token -1, whose return value is
+ * ignored. Concatenated, the calls' texts are the generated text. */
+typedef bool (*bn_token_callback)(void *user, int32_t token, const char *text, size_t len);
+
+typedef struct bn_generate_result {
+    size_t n_prompt_tokens;   /* tokens appended before generating           */
+    size_t n_cached;          /* of the session's tokens, positions the cache
+                                 already held (not computed again)          */
+    size_t n_tokens;          /* tokens generated and kept in the session    */
+    bn_stop_reason stop;
+    double prompt_seconds;    /* computing the prompt's positions            */
+    double generate_seconds;  /* from then to the last token                 */
+} bn_generate_result;
+
+/* Appends the prompt to the session and generates up to max_tokens tokens,
+ * each kept in the session (an end-of-generation token is not). The text
+ * goes to on_token (NULL: not streamed); result may be NULL. The prompt
+ * and the tokens to generate must fit the model's n_ctx with what the
+ * session holds, else BN_ERR_INVALID_ARGUMENT before anything is computed
+ * (the session unchanged). On any error the session is as before the call.
+ * BN_ERR_FORMAT when the model's logits are not finite. */
+bn_status bn_session_generate(bn_session *s, const bn_generate_params *p,
+                              bn_token_callback on_token, void *user, bn_generate_result *result,
+                              bn_error *err);
+
+/* Appends tokens[0, n) to the session, computes them and writes the logits
+ * that predict the next token (vocab_size floats) to logits. */
+bn_status bn_session_eval(bn_session *s, const int32_t *tokens, size_t n, float *logits,
+                          bn_error *err);
+
+/* ---- perplexity --------------------------------------------------------------- */
+
+typedef struct bn_perplexity {
+    double perplexity;         /* exp(mean_nll)                               */
+    double mean_nll;           /* nats per predicted token                    */
+    int64_t n_predicted;
+    int64_t n_chunks;
+    double seconds;
+} bn_perplexity;
+
+/* Perplexity of text[0, len) (the text tokenized as a whole, cut into chunks
+ * of ctx positions, BOS first in each: bitnet perplexity's rule; ctx 0:
+ * 512, or n_ctx if smaller). It uses the model's cache: sessions' cached
+ * positions are computed again afterwards. */
+bn_status bn_model_perplexity(bn_model *m, const char *text, size_t len, int64_t ctx,
+                              bn_perplexity *out, bn_error *err);
+
 #ifdef __cplusplus
 }
 #endif

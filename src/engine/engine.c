@@ -4,6 +4,7 @@
  */
 #include "engine.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -452,6 +453,15 @@ const bn_checkpoint *bn_engine_model(const bn_engine *e)
 const char *bn_engine_startup_line(const bn_engine *e) { return e->startup; }
 int64_t bn_engine_n_ctx(const bn_engine *e) { return e->n_ctx; }
 
+int64_t bn_engine_kv_filled(const bn_engine *e)
+{
+#if defined(BITNET_HAVE_CUDA)
+    if (e->cuda)
+        return bn_cuda_backend_kv_filled(e->cuda); /* generate leaves no step pending */
+#endif
+    return e->cpu ? bn_cpu_backend_kv_filled(e->cpu) : 0;
+}
+
 struct bn_cuda_backend *bn_engine_cuda(bn_engine *e)
 {
 #if defined(BITNET_HAVE_CUDA)
@@ -583,21 +593,23 @@ typedef struct streamer {
     size_t cap;
     const bn_generate_request *req;
     text_buf *text;
+    bool stop; /* on_token returned false */
 } streamer;
 
+/* Token id's text (flush: the bytes left at the end, id ignored) to the
+ * text and the caller's on_token. */
 static bn_status stream_token(streamer *s, int32_t id, bool flush, bn_error *err)
 {
     for (;;) {
         size_t need = flush ? bn_detok_stream_flush(&s->ds, s->buf, s->cap)
                             : bn_detok_stream_push(&s->ds, id, s->buf, s->cap);
         if (need < s->cap) {
-            if (need > 0) {
-                if (!text_append(s->text, s->buf, need))
-                    return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
-                                        "no memory for the generated text");
-                if (s->req->on_text)
-                    s->req->on_text(s->req->ctx, s->buf, need);
-            }
+            if (need > 0 && !text_append(s->text, s->buf, need))
+                return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
+                                    "no memory for the generated text");
+            if (s->req->on_token && (!flush || need > 0) &&
+                !s->req->on_token(s->req->ctx, flush ? -1 : id, s->buf, need))
+                s->stop = true;
             return BN_OK;
         }
         /* Nothing was consumed: retry with room for the whole piece. */
@@ -874,9 +886,10 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
 {
     memset(g, 0, sizeof *g);
     g->eog_token = -1;
-    if (!req || req->n_predict < 1)
+    if (!e || !req || (!req->prompt_only && req->n_predict < 1))
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "the number of tokens to generate must be at least 1");
+    const int n_predict = req->prompt_only ? 0 : req->n_predict;
 
     bn_status st = prompt_tokens(e, req, &g->prompt_tokens, &g->n_prompt, err);
     if (st != BN_OK)
@@ -888,22 +901,33 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
                             "from)");
     }
     const int64_t n_ctx = e->n_ctx;
-    if ((int64_t)g->n_prompt + req->n_predict > n_ctx) {
+    if ((int64_t)g->n_prompt + n_predict > n_ctx) {
         const int64_t n_prompt = (int64_t)g->n_prompt;
         bn_generation_free(g);
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
                             "shorten the prompt, generate fewer tokens or use a larger context",
                             "the prompt (%lld tokens) plus %d tokens to generate needs %lld "
                             "positions, more than the context of %lld",
-                            (long long)n_prompt, req->n_predict,
-                            (long long)(n_prompt + req->n_predict), (long long)n_ctx);
+                            (long long)n_prompt, n_predict, (long long)(n_prompt + n_predict),
+                            (long long)n_ctx);
+    }
+    /* Positions the cache holds for the prompt's first tokens: at least one
+     * prompt token must run, for the logits after it. */
+    const size_t n_cached = req->n_cached;
+    if (n_cached > 0 && (n_cached >= g->n_prompt || (int64_t)n_cached > bn_engine_kv_filled(e))) {
+        const size_t n_prompt = g->n_prompt;
+        bn_generation_free(g);
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "%zu cached positions asked for a prompt of %zu tokens, with %lld in "
+                            "the cache",
+                            n_cached, n_prompt, (long long)bn_engine_kv_filled(e));
     }
 
     const bn_hparams *hp = bn_checkpoint_hparams(e->model);
     const bn_tokenizer *tok = bn_checkpoint_tokenizer(e->model);
-    const size_t history_cap = g->n_prompt + (size_t)req->n_predict;
+    const size_t history_cap = g->n_prompt + (size_t)n_predict;
     int32_t *history = malloc(history_cap * sizeof(int32_t));
-    g->tokens = malloc((size_t)req->n_predict * sizeof(int32_t));
+    g->tokens = malloc(((size_t)n_predict + 1) * sizeof(int32_t));
     bn_sampler *sampler = NULL;
     text_buf text = {0};
     streamer s = {.cap = 64, .req = req, .text = &text};
@@ -920,12 +944,14 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
     memcpy(history, g->prompt_tokens, g->n_prompt * sizeof(int32_t));
     size_t n_history = g->n_prompt;
 
-    if (e->cpu)
-        bn_cpu_backend_reset(e->cpu);
+    if (n_cached == 0) {
+        if (e->cpu)
+            bn_cpu_backend_reset(e->cpu);
 #if defined(BITNET_HAVE_CUDA)
-    if (e->cuda)
-        bn_cuda_backend_reset(e->cuda);
+        if (e->cuda)
+            bn_cuda_backend_reset(e->cuda);
 #endif
+    }
     const device_pick pick_spec = {.sp = &req->sampling, .sampler = sampler};
     const device_pick *pick = device_pick_rule(e, &req->sampling) ? &pick_spec : NULL;
     bool have_next = false, next_asked = false;
@@ -935,7 +961,8 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
     bn_cuda_backend_work(e->cuda, &w0);
 #endif
     double t0 = bn_time_seconds();
-    st = engine_forward(e, history, g->prompt_tokens, (int64_t)g->n_prompt, 0,
+    st = engine_forward(e, history, g->prompt_tokens + n_cached,
+                        (int64_t)(g->n_prompt - n_cached), (int64_t)n_cached,
                         req->prompt_logits ? NULL : pick, &next, &have_next, err);
     if (st != BN_OK)
         goto done;
@@ -959,25 +986,25 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
 #if defined(BITNET_HAVE_CUDA)
     bool in_flight = false;
 #endif
-    for (int i = 0; i < req->n_predict; i++) {
+    for (int i = 0; i < n_predict; i++) {
+        if (req->cancel && atomic_load(req->cancel)) {
+            g->cancelled = true;
+            break;
+        }
         const int32_t id = have_next ? next : bn_sampler_sample(sampler, e->logits, history,
                                                                 n_history);
         if (id < 0 || id >= hp->vocab) {
             st = logits_not_finite(pos, err);
-            goto done; /* a submitted step is drained by the next reset */
+            goto done; /* a submitted step is dropped below */
         }
         history[n_history++] = id;
         if (tok && !req->ignore_eog && bn_tokenizer_is_eog(tok, id)) {
             g->stopped_at_eog = true;
             g->eog_token = id;
-#if defined(BITNET_HAVE_CUDA)
-            if (in_flight) /* a step past the end: discarded, its position forgotten */
-                (void)bn_cuda_backend_drop_pending(e->cuda, NULL);
-#endif
-            break;
+            break; /* a step queued past the end is dropped below */
         }
         g->tokens[g->n_tokens++] = id;
-        const bool more = i + 1 < req->n_predict; /* the last token needs no forward pass */
+        const bool more = i + 1 < n_predict; /* the last token needs no forward pass */
         const double f0 = bn_time_seconds();
         /* On the GPU the next step is queued before this token's text is
          * streamed, so detokenizing and the caller's callback overlap it. */
@@ -993,7 +1020,7 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
                                                     &cerr);
             in_flight = false;
             /* The step after it, chained: its pick is one ahead. */
-            if (cst == BN_OK && i + 2 < req->n_predict && !e->no_chain) {
+            if (cst == BN_OK && i + 2 < n_predict && !e->no_chain) {
                 cst = bn_cuda_backend_submit_chained(e->cuda, &cp, pick_uniform_ahead(pick, 1),
                                                      &cerr);
                 in_flight = cst == BN_OK;
@@ -1019,7 +1046,13 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
         if (tok) {
             st = stream_token(&s, id, false, err);
             if (st != BN_OK)
-                goto done; /* submitted steps are drained by the next reset */
+                goto done; /* submitted steps are dropped below */
+        } else if (req->on_token && !req->on_token(req->ctx, id, "", 0)) {
+            s.stop = true;
+        }
+        if (s.stop) {
+            g->stopped_by_caller = true;
+            break; /* a step queued for this token is dropped below */
         }
         if (!more)
             break;
@@ -1062,6 +1095,14 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
     text.data = NULL;
 
 done:
+#if defined(BITNET_HAVE_CUDA)
+    /* Steps queued past the last token kept (chained ahead, or for a token
+     * after which the caller stopped) are discarded and their positions
+     * forgotten, so that the cache holds exactly what bn_engine_kv_filled
+     * says for the next request. */
+    if (e->cuda && bn_cuda_backend_pending(e->cuda))
+        (void)bn_cuda_backend_drop_pending(e->cuda, NULL);
+#endif
     free(text.data);
     free(s.buf);
     free(history);

@@ -135,9 +135,17 @@ struct bn_cuda_backend *bn_engine_cuda(bn_engine *e);
 const char *bn_engine_startup_line(const bn_engine *e);
 /* Positions of the KV cache. */
 int64_t bn_engine_n_ctx(const bn_engine *e);
+/* Positions the KV cache holds now, from 0 (the prompt and generated tokens
+ * of the last request that computed them, the last token sampled not
+ * included): what a request's n_cached may reuse. */
+int64_t bn_engine_kv_filled(const bn_engine *e);
 
-/* Receives generated text in whole UTF-8 characters (not NUL-terminated). */
-typedef void (*bn_engine_text_fn)(void *ctx, const char *text, size_t len);
+/* Receives each generated token (token >= 0) with the text it completes in
+ * whole UTF-8 characters (not NUL-terminated; len 0 while a character is
+ * incomplete), then once with token -1 for bytes left at the end, if any.
+ * Returning false stops the generation after this token
+ * (bn_generation.stopped_by_caller). */
+typedef bool (*bn_engine_token_fn)(void *ctx, int32_t token, const char *text, size_t len);
 
 typedef struct bn_generate_request {
     const char *prompt;    /* the text; with chat, the user's message      */
@@ -147,9 +155,20 @@ typedef struct bn_generate_request {
     const int32_t *prompt_tokens;
     size_t n_prompt_tokens;
     int n_predict;         /* tokens to generate at most (>= 1)            */
+    /* The first n_cached prompt tokens are the ones the KV cache holds
+     * from the requests before (at most bn_engine_kv_filled, fewer than the
+     * prompt's tokens): the prefill starts after them, nothing is reset.
+     * 0: the cache is reset and the whole prompt runs. */
+    size_t n_cached;
+    /* Run the prompt only (prompt_logits filled), generate nothing;
+     * n_predict is then ignored. */
+    bool prompt_only;
+    /* When not NULL and nonzero (set by another thread), the generation
+     * stops before its next token (bn_generation.cancelled). */
+    const _Atomic int *cancel;
     bool ignore_eog;       /* keep going past end-of-generation (benchmarks) */
     bn_sampler_params sampling;
-    bn_engine_text_fn on_text; /* may be NULL */
+    bn_engine_token_fn on_token; /* may be NULL */
     void *ctx;
     /* When not NULL: vocab floats, the logits after the prompt (before any
      * sampling changes them). */
@@ -173,7 +192,9 @@ typedef struct bn_generation {
     size_t n_tokens;
     char *text;              /* generated text, NUL-terminated (malloc'ed)  */
     size_t text_len;
-    bool stopped_at_eog;     /* else stopped at n_predict                   */
+    bool stopped_at_eog;     /* else stopped at n_predict, or:              */
+    bool stopped_by_caller;  /* on_token returned false                     */
+    bool cancelled;          /* req->cancel was set                         */
     int32_t eog_token;       /* the EOG token when stopped_at_eog, else -1  */
     double prompt_seconds;   /* prefill forward pass                        */
     double gen_seconds;      /* from the end of prefill to the last token   */

@@ -276,11 +276,15 @@ static int parse(int argc, char **argv, run_opts *o)
     return 0;
 }
 
-static void print_text(void *ctx, const char *text, size_t len)
+static bool print_text(void *ctx, int32_t token, const char *text, size_t len)
 {
     (void)ctx;
-    fwrite(text, 1, len, stdout);
-    fflush(stdout); /* stream: a reader sees each word as it comes */
+    (void)token;
+    if (len > 0) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout); /* stream: a reader sees each word as it comes */
+    }
+    return true;
 }
 
 static double rate(double count, double seconds) { return seconds > 0.0 ? count / seconds : 0.0; }
@@ -501,11 +505,11 @@ static bool offer_next_prompt(void *ctx, const int32_t **tokens, size_t *n)
     return true;
 }
 
-static void print_batch_text(void *ctx, const char *text, size_t len)
+static bool print_batch_text(void *ctx, int32_t token, const char *text, size_t len)
 {
     batch_state *b = ctx;
     b->streamed += len;
-    print_text(NULL, text, len);
+    return print_text(NULL, token, text, len);
 }
 
 /* A request's failure: which request and line, then the error as
@@ -566,7 +570,7 @@ static int run_prompt_file(bn_engine *e, const run_opts *o, const prompt_list *p
                                    .n_prompt_tokens = n_cur,
                                    .n_predict = (int)o->n_predict,
                                    .sampling = o->sp,
-                                   .on_text = print_batch_text,
+                                   .on_token = print_batch_text,
                                    .ctx = &b,
                                    .next_prompt = b.has_next ? offer_next_prompt : NULL};
         b.streamed = 0;
@@ -706,7 +710,7 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
                                .n_prompt_tokens = o.n_ids,
                                .n_predict = (int)o.n_predict,
                                .sampling = o.sp,
-                               .on_text = print_text,
+                               .on_token = print_text,
                                .prompt_logits = logits};
     bn_generation g;
     if (bn_engine_generate(e, &req, &g, &err) != BN_OK) {

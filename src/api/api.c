@@ -1,0 +1,791 @@
+/*
+ * api.c - the public model, session and generation API (bitnet.h) over the
+ * engine (src/engine/engine.h).
+ *
+ * One engine a model: its weights on the device, one KV cache. Sessions
+ * hold tokens only. The model remembers which tokens its cache holds
+ * (cache_tokens: the first bn_engine_kv_filled tokens of the last sequence
+ * computed); a session's request reuses the longest common prefix of those
+ * and the session's tokens, so a conversation that goes on, or a session
+ * that starts like the one before, computes only what is new. A mutex runs
+ * one computation a model at a time.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bitnet.h"
+#include "engine.h"
+#include "model.h"
+#include "tokenizer.h"
+
+struct bn_model {
+    bn_engine *engine;
+    pthread_mutex_t lock;   /* one computation (and cache update) at a time */
+    int32_t *cache_tokens;  /* what the engine's cache holds, from position 0 */
+    size_t n_cache, cap_cache;
+    char path[1024];
+};
+
+struct bn_session {
+    bn_model *model;
+    int32_t *tokens;
+    size_t n, cap;
+    _Atomic int cancel;
+};
+
+static bn_status no_memory(bn_error *err, const char *what)
+{
+    return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for %s", what);
+}
+
+/* Room for at least need tokens in *buf (capacity *cap). */
+static bool reserve(int32_t **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return true;
+    size_t c = *cap ? *cap : 64;
+    while (c < need)
+        c = c <= SIZE_MAX / 2 / sizeof(int32_t) ? c * 2 : need;
+    int32_t *p = realloc(*buf, c * sizeof *p);
+    if (!p)
+        return false;
+    *buf = p;
+    *cap = c;
+    return true;
+}
+
+/* Copies what fits of src[0, n) to dst (capacity cap), NUL after it when
+ * there is room; *len = n. The two-call sizing convention of bitnet.h. */
+static void copy_out(const char *src, size_t n, char *dst, size_t cap, size_t *len)
+{
+    *len = n;
+    if (!dst || cap == 0)
+        return;
+    const size_t k = n < cap ? n : cap;
+    memcpy(dst, src, k);
+    if (k < cap)
+        dst[k] = '\0';
+}
+
+/* ---- models ---------------------------------------------------------------- */
+
+void bn_model_options_default(bn_model_options *opt)
+{
+    if (opt)
+        memset(opt, 0, sizeof *opt);
+}
+
+bn_status bn_model_open(const bn_model_options *opt, bn_model **out, bn_error *err)
+{
+    if (!out)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "bn_model_open: NULL out");
+    *out = NULL;
+    bn_model_options o;
+    bn_model_options_default(&o);
+    if (opt)
+        o = *opt;
+    if (o.n_threads < 0 || o.n_ctx < 0 || (o.kv != BN_KV_F32 && o.kv != BN_KV_F16))
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_model_open: n_threads and n_ctx must be >= 0 and kv BN_KV_F32 "
+                            "or BN_KV_F16 (got %d, %lld, %d)",
+                            o.n_threads, (long long)o.n_ctx, (int)o.kv);
+    bn_config cfg;
+    bn_status st = bn_config_from_env(&cfg, err);
+    if (st != BN_OK)
+        return st;
+    if (o.memory_limit_bytes)
+        cfg.memory_limit_bytes = o.memory_limit_bytes;
+
+    bn_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return no_memory(err, "the model");
+    if (o.path) {
+        if ((size_t)snprintf(m->path, sizeof m->path, "%s", o.path) >= sizeof m->path) {
+            free(m);
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                                "bn_model_open: the path is longer than %zu bytes",
+                                sizeof m->path - 1);
+        }
+    } else if ((st = bn_default_model_path(m->path, sizeof m->path, err)) != BN_OK) {
+        free(m);
+        return st;
+    }
+    bn_engine_options eo = {.model_path = m->path,
+                            .device = o.device,
+                            .n_threads = o.n_threads,
+                            .n_ctx = o.n_ctx,
+                            .kv_f16 = o.kv == BN_KV_F16};
+    st = bn_engine_open(&cfg, &eo, &m->engine, err);
+    if (st != BN_OK) {
+        free(m);
+        return st;
+    }
+    pthread_mutex_init(&m->lock, NULL);
+    *out = m;
+    return BN_OK;
+}
+
+void bn_model_close(bn_model *m)
+{
+    if (!m)
+        return;
+    bn_engine_free(m->engine);
+    pthread_mutex_destroy(&m->lock);
+    free(m->cache_tokens);
+    free(m);
+}
+
+static const bn_tokenizer *model_tokenizer(const bn_model *m)
+{
+    return bn_checkpoint_tokenizer(bn_engine_model(m->engine));
+}
+
+/* The chat format a tokenizer supports: BitNet b1.58 2B-4T's
+ * ("<|begin_of_text|>System: ...<|eot_id|>User: ...<|eot_id|>Assistant: "),
+ * which needs those two special tokens; NULL when it has neither. */
+static const char *chat_format(const bn_tokenizer *t)
+{
+    if (t && bn_tokenizer_find(t, "<|begin_of_text|>") >= 0 &&
+        bn_tokenizer_find(t, "<|eot_id|>") >= 0)
+        return "bitnet-2b4t";
+    return NULL;
+}
+
+bn_status bn_model_get_info(const bn_model *m, bn_model_info *info, bn_error *err)
+{
+    if (!m || !info)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_model_get_info: NULL model or info");
+    memset(info, 0, sizeof *info);
+    const bn_checkpoint *c = bn_engine_model(m->engine);
+    const bn_hparams *hp = bn_checkpoint_hparams(c);
+    const bn_tokenizer *t = bn_checkpoint_tokenizer(c);
+    bn_engine_info ei;
+    bn_engine_get_info(m->engine, &ei);
+    snprintf(info->path, sizeof info->path, "%s", m->path);
+    snprintf(info->architecture, sizeof info->architecture, "%s", hp->arch);
+    snprintf(info->device, sizeof info->device, "%s", ei.selected);
+    snprintf(info->device_name, sizeof info->device_name, "%s",
+             ei.gpu && ei.gpu_name ? ei.gpu_name : ei.kernel);
+    const char *chat = chat_format(t);
+    snprintf(info->chat_template, sizeof info->chat_template, "%s", chat ? chat : "");
+    info->vocab_size = hp->vocab;
+    info->n_ctx = bn_engine_n_ctx(m->engine);
+    info->n_ctx_train = hp->n_ctx_train;
+    info->n_layer = hp->n_layer;
+    info->dim = hp->dim;
+    info->n_head = hp->n_head;
+    info->n_head_kv = hp->n_head_kv;
+    info->ffn_dim = hp->ffn;
+    info->n_params = (uint64_t)bn_hparams_ternary_count(hp) +
+                     (uint64_t)hp->vocab * (uint64_t)hp->dim * (hp->tied_embeddings ? 1u : 2u);
+    info->has_tokenizer = t != NULL;
+    info->bos = t ? bn_tokenizer_bos(t) : -1;
+    info->eos = t ? bn_tokenizer_eos(t) : -1;
+    info->eot = t ? bn_tokenizer_eot(t) : -1;
+    return BN_OK;
+}
+
+bool bn_model_token_is_eog(const bn_model *m, int32_t token)
+{
+    const bn_tokenizer *t = m ? model_tokenizer(m) : NULL;
+    return t && bn_tokenizer_is_eog(t, token);
+}
+
+/* ---- tokens ------------------------------------------------------------------ */
+
+static bn_status need_tokenizer(const bn_tokenizer *t, bn_error *err)
+{
+    return t ? BN_OK
+             : bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                            "use token ids, or a model file with tokenizer metadata",
+                            "this model has no tokenizer");
+}
+
+bn_status bn_model_tokenize(const bn_model *m, const char *text, size_t len, bool add_bos,
+                            int32_t *tokens, size_t cap, size_t *n, bn_error *err)
+{
+    if (!m || (!text && len) || (!tokens && cap) || !n)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_model_tokenize: NULL model, text, tokens or n");
+    const bn_tokenizer *t = model_tokenizer(m);
+    bn_status st = need_tokenizer(t, err);
+    if (st != BN_OK)
+        return st;
+    int32_t *ids = NULL;
+    size_t count = 0;
+    st = bn_tokenize(t, text ? text : "", len, add_bos && bn_tokenizer_add_bos_default(t), true,
+                     &ids, &count, err);
+    if (st != BN_OK)
+        return st;
+    *n = count;
+    if (tokens)
+        memcpy(tokens, ids, (count < cap ? count : cap) * sizeof *ids);
+    free(ids);
+    return BN_OK;
+}
+
+static bn_status check_ids(const bn_model *m, const int32_t *ids, size_t n, bn_error *err)
+{
+    const int32_t vocab = bn_checkpoint_hparams(bn_engine_model(m->engine))->vocab;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab)
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                                "token %d (at %zu) is outside the vocabulary (0..%d)", (int)ids[i],
+                                i, (int)vocab - 1);
+    return BN_OK;
+}
+
+bn_status bn_model_detokenize(const bn_model *m, const int32_t *tokens, size_t n, char *buf,
+                              size_t cap, size_t *len, bn_error *err)
+{
+    if (!m || (!tokens && n) || (!buf && cap) || !len)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_model_detokenize: NULL model, tokens, buffer or len");
+    const bn_tokenizer *t = model_tokenizer(m);
+    bn_status st = need_tokenizer(t, err);
+    if (st == BN_OK)
+        st = check_ids(m, tokens, n, err);
+    if (st != BN_OK)
+        return st;
+    char *text = NULL;
+    st = bn_detokenize(t, tokens, n, &text, err);
+    if (st != BN_OK)
+        return st;
+    copy_out(text, strlen(text), buf, cap, len);
+    free(text);
+    return BN_OK;
+}
+
+/* ---- chat ---------------------------------------------------------------------- */
+
+/* text without leading and trailing whitespace, as the Hugging Face
+ * template trims each message. */
+static void trimmed(const char *text, const char **start, size_t *n)
+{
+    const char *a = text, *b = text + strlen(text);
+    while (a < b && (*a == ' ' || *a == '\t' || *a == '\n' || *a == '\r'))
+        a++;
+    while (b > a && (b[-1] == ' ' || b[-1] == '\t' || b[-1] == '\n' || b[-1] == '\r'))
+        b--;
+    *start = a;
+    *n = (size_t)(b - a);
+}
+
+typedef struct text_out {
+    char *buf;
+    size_t cap, len;
+} text_out;
+
+static void put(text_out *o, const char *s, size_t n)
+{
+    if (o->len < o->cap) {
+        const size_t k = o->cap - o->len < n ? o->cap - o->len : n;
+        memcpy(o->buf + o->len, s, k);
+    }
+    o->len += n;
+}
+
+bn_status bn_model_apply_chat(const bn_model *m, const bn_chat_message *messages, size_t n,
+                              bool add_assistant, char *buf, size_t cap, size_t *len,
+                              bn_error *err)
+{
+    if (!m || (!messages && n) || (!buf && cap) || !len)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_model_apply_chat: NULL model, messages, buffer or len");
+    if (!chat_format(model_tokenizer(m)))
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, "format the prompt yourself",
+                            "this model has no chat format (it needs the <|begin_of_text|> and "
+                            "<|eot_id|> tokens of BitNet b1.58 2B-4T's)");
+    static const struct {
+        const char *role, *tag;
+    } roles[] = {{"system", "System: "}, {"user", "User: "}, {"assistant", "Assistant: "}};
+    text_out o = {buf, cap, 0};
+    put(&o, "<|begin_of_text|>", 17);
+    for (size_t i = 0; i < n; i++) {
+        const char *tag = NULL;
+        for (size_t r = 0; r < 3 && messages[i].role; r++)
+            if (strcmp(messages[i].role, roles[r].role) == 0)
+                tag = roles[r].tag;
+        if (!tag || !messages[i].content)
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                                "roles are system, user and assistant",
+                                "chat message %zu: role '%.32s' %s", i,
+                                messages[i].role ? messages[i].role : "(null)",
+                                tag ? "has no content" : "is not one the format knows");
+        const char *text;
+        size_t k;
+        trimmed(messages[i].content, &text, &k);
+        put(&o, tag, strlen(tag));
+        put(&o, text, k);
+        put(&o, "<|eot_id|>", 10);
+    }
+    if (add_assistant)
+        put(&o, "Assistant: ", 11);
+    *len = o.len;
+    if (buf && o.len < cap)
+        buf[o.len] = '\0';
+    return BN_OK;
+}
+
+/* ---- sessions -------------------------------------------------------------------- */
+
+bn_status bn_session_create(bn_model *m, bn_session **out, bn_error *err)
+{
+    if (!m || !out)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_session_create: NULL model or out");
+    bn_session *s = calloc(1, sizeof *s);
+    if (!s)
+        return no_memory(err, "a session");
+    s->model = m;
+    atomic_init(&s->cancel, 0);
+    *out = s;
+    return BN_OK;
+}
+
+void bn_session_free(bn_session *s)
+{
+    if (!s)
+        return;
+    free(s->tokens);
+    free(s);
+}
+
+bn_status bn_session_tokens(const bn_session *s, int32_t *tokens, size_t cap, size_t *n,
+                            bn_error *err)
+{
+    if (!s || (!tokens && cap) || !n)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_session_tokens: NULL session, tokens or n");
+    *n = s->n;
+    if (tokens && s->n)
+        memcpy(tokens, s->tokens, (s->n < cap ? s->n : cap) * sizeof *tokens);
+    return BN_OK;
+}
+
+void bn_session_reset(bn_session *s)
+{
+    if (s)
+        s->n = 0;
+}
+
+bn_status bn_session_truncate(bn_session *s, size_t n, bn_error *err)
+{
+    if (!s || n > s->n)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_session_truncate: %zu tokens asked, the session holds %zu", n,
+                            s ? s->n : 0);
+    s->n = n;
+    return BN_OK;
+}
+
+bn_status bn_session_copy(const bn_session *src, size_t n, bn_session **out, bn_error *err)
+{
+    if (!src || !out)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_session_copy: NULL session or out");
+    if (n == SIZE_MAX)
+        n = src->n;
+    if (n > src->n)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_session_copy: %zu tokens asked, the session holds %zu", n, src->n);
+    bn_session *s = NULL;
+    bn_status st = bn_session_create(src->model, &s, err);
+    if (st != BN_OK)
+        return st;
+    if (n && !reserve(&s->tokens, &s->cap, n)) {
+        bn_session_free(s);
+        return no_memory(err, "a session's tokens");
+    }
+    if (n)
+        memcpy(s->tokens, src->tokens, n * sizeof *s->tokens);
+    s->n = n;
+    *out = s;
+    return BN_OK;
+}
+
+void bn_session_cancel(bn_session *s)
+{
+    if (s)
+        atomic_store(&s->cancel, 1);
+}
+
+/* ---- generation -------------------------------------------------------------------- */
+
+void bn_generate_params_default(bn_generate_params *p)
+{
+    if (!p)
+        return;
+    memset(p, 0, sizeof *p);
+    p->max_tokens = 128;
+    p->temperature = 0.0f;
+    p->top_k = 40;
+    p->top_p = 0.95f;
+    p->min_p = 0.05f;
+    p->repeat_penalty = 1.0f;
+    p->repeat_last_n = 64;
+}
+
+static bn_status check_params(const bn_generate_params *p, bn_error *err)
+{
+    if (!(p->temperature >= 0.0f && p->temperature <= 100.0f) || p->top_k < 0 ||
+        !(p->top_p >= 0.0f && p->top_p <= 1.0f) || !(p->min_p >= 0.0f && p->min_p <= 1.0f) ||
+        !(p->repeat_penalty > 0.0f && p->repeat_penalty <= 100.0f) || p->repeat_last_n < -1 ||
+        p->max_tokens < 1)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "generate parameters out of range: max_tokens %d (>= 1), "
+                            "temperature %g (0..100), top_k %d (>= 0), top_p %g and min_p %g "
+                            "(0..1), repeat_penalty %g (0..100], repeat_last_n %d (>= -1)",
+                            p->max_tokens, (double)p->temperature, p->top_k, (double)p->top_p,
+                            (double)p->min_p, (double)p->repeat_penalty, p->repeat_last_n);
+    if (p->prompt && p->prompt_tokens)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "give prompt or prompt_tokens, not both");
+    if (!p->prompt_tokens && p->n_prompt_tokens)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "n_prompt_tokens is %zu but prompt_tokens is NULL", p->n_prompt_tokens);
+    for (int i = 0; i < BN_MAX_STOP_STRINGS && p->stop[i]; i++)
+        if (!p->stop[i][0])
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "stop string %d is empty", i);
+    return BN_OK;
+}
+
+/* The session's tokens followed by the prompt's, into *all (malloc'ed). A
+ * text prompt starts with BOS when the session is empty, the tokenizer
+ * asks for one and the text does not write it itself (a chat format
+ * does). */
+static bn_status sequence(const bn_session *s, const int32_t *ids, size_t n_ids, const char *text,
+                          int32_t **all, size_t *n_all, size_t *n_new, bn_error *err)
+{
+    const bn_model *m = s->model;
+    int32_t *owned = NULL; /* a tokenized text's tokens */
+    const int32_t *fresh = NULL;
+    size_t n_fresh = 0;
+    bn_status st = BN_OK;
+    if (text) {
+        const bn_tokenizer *t = model_tokenizer(m);
+        if ((st = need_tokenizer(t, err)) != BN_OK)
+            return st;
+        if ((st = bn_tokenize(t, text, strlen(text), false, true, &owned, &n_fresh, err)) != BN_OK)
+            return st;
+        const int32_t bos = bn_tokenizer_bos(t);
+        if (s->n == 0 && bos >= 0 && bn_tokenizer_add_bos_default(t) &&
+            (n_fresh == 0 || owned[0] != bos)) {
+            int32_t *with = malloc((n_fresh + 1) * sizeof *with);
+            if (!with) {
+                free(owned);
+                return no_memory(err, "the prompt");
+            }
+            with[0] = bos;
+            memcpy(with + 1, owned, n_fresh * sizeof *with);
+            free(owned);
+            owned = with;
+            n_fresh++;
+        }
+        fresh = owned;
+    } else if (ids) {
+        if ((st = check_ids(m, ids, n_ids, err)) != BN_OK)
+            return st;
+        fresh = ids;
+        n_fresh = n_ids;
+    }
+    int32_t *out = malloc((s->n + n_fresh + 1) * sizeof *out);
+    if (!out) {
+        free(owned);
+        return no_memory(err, "the prompt");
+    }
+    if (s->n)
+        memcpy(out, s->tokens, s->n * sizeof *out);
+    if (n_fresh)
+        memcpy(out + s->n, fresh, n_fresh * sizeof *out);
+    free(owned);
+    if (s->n + n_fresh == 0) {
+        free(out);
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "give a prompt",
+                            "nothing to continue from: the session is empty and the prompt "
+                            "has no tokens");
+    }
+    *all = out;
+    *n_all = s->n + n_fresh;
+    *n_new = n_fresh;
+    return BN_OK;
+}
+
+/* Positions of seq the model's cache holds: the common prefix with
+ * cache_tokens, leaving at least one token to compute. */
+static size_t cached_prefix(const bn_model *m, const int32_t *seq, size_t n)
+{
+    size_t limit = m->n_cache;
+    const int64_t filled = bn_engine_kv_filled(m->engine);
+    if ((int64_t)limit > filled)
+        limit = filled > 0 ? (size_t)filled : 0;
+    if (limit > n - 1)
+        limit = n - 1;
+    size_t k = 0;
+    while (k < limit && m->cache_tokens[k] == seq[k])
+        k++;
+    return k;
+}
+
+/* After a computation: the cache holds the first bn_engine_kv_filled
+ * tokens of seq (ok), or after a failure at most the n_cached it started
+ * from. */
+static void note_cache(bn_model *m, const int32_t *seq, size_t n, size_t n_cached, bool ok)
+{
+    int64_t filled = bn_engine_kv_filled(m->engine);
+    size_t keep = filled > 0 ? (size_t)filled : 0;
+    if (keep > n)
+        keep = n;
+    if (!ok && keep > n_cached)
+        keep = n_cached;
+    if (!reserve(&m->cache_tokens, &m->cap_cache, keep ? keep : 1)) {
+        m->n_cache = 0; /* forgetting is always correct */
+        return;
+    }
+    memmove(m->cache_tokens, seq, keep * sizeof *seq);
+    m->n_cache = keep;
+}
+
+/* Stop strings over the streamed text: text that could be the start of a
+ * stop string is held back until the next tokens decide. */
+typedef struct streaming {
+    const bn_generate_params *p;
+    bn_token_callback fn;
+    void *user;
+    char *held;
+    size_t n_held, cap_held;
+    bool matched, oom;
+} streaming;
+
+/* Length of the longest suffix of s[0, n) that starts some stop string. */
+static size_t stop_prefix_len(const bn_generate_params *p, const char *s, size_t n)
+{
+    size_t best = 0;
+    for (int i = 0; i < BN_MAX_STOP_STRINGS && p->stop[i]; i++) {
+        const size_t L = strlen(p->stop[i]);
+        for (size_t k = (L - 1 < n ? L - 1 : n); k > best; k--)
+            if (memcmp(s + n - k, p->stop[i], k) == 0) {
+                best = k;
+                break;
+            }
+    }
+    return best;
+}
+
+/* The first stop string in s[0, n): its offset, or n. */
+static size_t stop_at(const bn_generate_params *p, const char *s, size_t n)
+{
+    size_t first = n;
+    for (int i = 0; i < BN_MAX_STOP_STRINGS && p->stop[i]; i++) {
+        const size_t L = strlen(p->stop[i]);
+        for (size_t at = 0; at + L <= n && at < first; at++)
+            if (memcmp(s + at, p->stop[i], L) == 0) {
+                first = at;
+                break;
+            }
+    }
+    return first;
+}
+
+static bool on_engine_token(void *ctx, int32_t token, const char *text, size_t len)
+{
+    streaming *st = ctx;
+    if (st->matched)
+        return false;
+    if (len) {
+        if (st->n_held + len + 1 > st->cap_held) {
+            size_t c = st->cap_held ? st->cap_held : 256;
+            while (c < st->n_held + len + 1)
+                c *= 2;
+            char *p = realloc(st->held, c);
+            if (!p) {
+                st->oom = true;
+                return false;
+            }
+            st->held = p;
+            st->cap_held = c;
+        }
+        memcpy(st->held + st->n_held, text, len);
+        st->n_held += len;
+    }
+    size_t give = st->n_held;
+    if (token >= 0 && st->p->stop[0]) {
+        const size_t at = stop_at(st->p, st->held, st->n_held);
+        if (at < st->n_held) {
+            give = at;
+            st->matched = true;
+        } else {
+            give = st->n_held - stop_prefix_len(st->p, st->held, st->n_held);
+        }
+    }
+    bool go_on = true;
+    if (st->fn && (token >= 0 || give > 0))
+        go_on = st->fn(st->user, token, st->held, give);
+    memmove(st->held, st->held + give, st->n_held - give);
+    st->n_held -= give;
+    if (st->matched)
+        st->n_held = 0; /* the stop string and what follows it are not text */
+    return go_on && !st->matched;
+}
+
+/* Runs one request over seq (the session's tokens and the prompt's) with
+ * the cache's prefix reused; the caller holds the model's lock. */
+static bn_status run_request(bn_session *s, bn_generate_request *req, const int32_t *seq,
+                             size_t n_seq, bn_generation *g, size_t *n_cached, bn_error *err)
+{
+    bn_model *m = s->model;
+    *n_cached = cached_prefix(m, seq, n_seq);
+    req->prompt_tokens = seq;
+    req->n_prompt_tokens = n_seq;
+    req->n_cached = *n_cached;
+    req->cancel = &s->cancel;
+    atomic_store(&s->cancel, 0);
+    bn_status st = bn_engine_generate(m->engine, req, g, err);
+    return st;
+}
+
+bn_status bn_session_generate(bn_session *s, const bn_generate_params *p,
+                              bn_token_callback on_token, void *user, bn_generate_result *result,
+                              bn_error *err)
+{
+    if (result)
+        memset(result, 0, sizeof *result);
+    if (!s || !p)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_session_generate: NULL session or params");
+    bn_status st = check_params(p, err);
+    if (st != BN_OK)
+        return st;
+    bn_model *m = s->model;
+    pthread_mutex_lock(&m->lock);
+    int32_t *seq = NULL;
+    size_t n_seq = 0, n_new = 0;
+    st = sequence(s, p->prompt_tokens, p->n_prompt_tokens, p->prompt, &seq, &n_seq, &n_new, err);
+    if (st != BN_OK) {
+        pthread_mutex_unlock(&m->lock);
+        return st;
+    }
+    streaming sm = {.p = p, .fn = on_token, .user = user};
+    bn_generate_request req = {.n_predict = p->max_tokens,
+                               .ignore_eog = p->ignore_eog,
+                               .on_token = on_engine_token,
+                               .ctx = &sm};
+    bn_sampler_params_default(&req.sampling);
+    req.sampling.temperature = p->temperature;
+    req.sampling.top_k = p->top_k;
+    req.sampling.top_p = p->top_p;
+    req.sampling.min_p = p->min_p;
+    req.sampling.repeat_penalty = p->repeat_penalty;
+    req.sampling.repeat_last_n = p->repeat_last_n;
+    req.sampling.seed = p->seed;
+    bn_generation g;
+    size_t n_cached = 0;
+    st = run_request(s, &req, seq, n_seq, &g, &n_cached, err);
+    if (st == BN_OK && sm.oom) {
+        bn_generation_free(&g);
+        st = no_memory(err, "the streamed text");
+    }
+    if (st == BN_OK) {
+        /* The text still held back (an unfinished stop string). */
+        if (sm.n_held && !sm.matched && on_token)
+            (void)on_token(user, -1, sm.held, sm.n_held);
+        const size_t total = n_seq + g.n_tokens;
+        if (!reserve(&seq, &(size_t){n_seq + 1}, total ? total : 1)) {
+            st = no_memory(err, "the session's tokens");
+        } else {
+            memcpy(seq + n_seq, g.tokens, g.n_tokens * sizeof *seq);
+            note_cache(m, seq, total, n_cached, true);
+            if (!reserve(&s->tokens, &s->cap, total)) {
+                st = no_memory(err, "the session's tokens");
+            } else {
+                memcpy(s->tokens, seq, total * sizeof *seq);
+                s->n = total;
+            }
+        }
+        if (result) {
+            result->n_prompt_tokens = n_new;
+            result->n_cached = n_cached;
+            result->n_tokens = g.n_tokens;
+            result->stop = sm.matched            ? BN_STOP_STRING
+                           : g.cancelled         ? BN_STOP_CANCELLED
+                           : g.stopped_by_caller ? BN_STOP_CALLBACK
+                           : g.stopped_at_eog    ? BN_STOP_EOG
+                                                 : BN_STOP_MAX_TOKENS;
+            result->prompt_seconds = g.prompt_seconds;
+            result->generate_seconds = g.gen_seconds;
+        }
+        bn_generation_free(&g);
+    } else {
+        note_cache(m, seq, n_seq, n_cached, false);
+    }
+    pthread_mutex_unlock(&m->lock);
+    free(seq);
+    free(sm.held);
+    return st;
+}
+
+bn_status bn_session_eval(bn_session *s, const int32_t *tokens, size_t n, float *logits,
+                          bn_error *err)
+{
+    if (!s || (!tokens && n) || !logits)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_session_eval: NULL session, tokens or logits");
+    bn_model *m = s->model;
+    pthread_mutex_lock(&m->lock);
+    int32_t *seq = NULL;
+    size_t n_seq = 0, n_new = 0;
+    bn_status st = sequence(s, tokens ? tokens : (const int32_t[]){0}, n, NULL, &seq, &n_seq,
+                            &n_new, err);
+    if (st == BN_OK) {
+        bn_generate_request req = {.prompt_only = true, .prompt_logits = logits};
+        bn_sampler_params_default(&req.sampling);
+        bn_generation g;
+        size_t n_cached = 0;
+        st = run_request(s, &req, seq, n_seq, &g, &n_cached, err);
+        note_cache(m, seq, n_seq, n_cached, st == BN_OK);
+        if (st == BN_OK) {
+            bn_generation_free(&g);
+            if (!reserve(&s->tokens, &s->cap, n_seq)) {
+                st = no_memory(err, "the session's tokens");
+            } else {
+                memcpy(s->tokens, seq, n_seq * sizeof *seq);
+                s->n = n_seq;
+            }
+        }
+    }
+    pthread_mutex_unlock(&m->lock);
+    free(seq);
+    return st;
+}
+
+/* ---- perplexity ------------------------------------------------------------------------ */
+
+bn_status bn_model_perplexity(bn_model *m, const char *text, size_t len, int64_t ctx,
+                              bn_perplexity *out, bn_error *err)
+{
+    if (!m || (!text && len) || !out || ctx < 0)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_model_perplexity: NULL model, text or out, or ctx < 0");
+    memset(out, 0, sizeof *out);
+    if (ctx == 0) {
+        const int64_t n_ctx = bn_engine_n_ctx(m->engine);
+        ctx = n_ctx < 512 ? n_ctx : 512;
+    }
+    pthread_mutex_lock(&m->lock);
+    bn_perplexity_result r;
+    bn_status st =
+        bn_engine_perplexity(m->engine, text ? text : "", len, ctx, NULL, NULL, &r, err);
+    m->n_cache = 0; /* the chunks overwrote the cache */
+    pthread_mutex_unlock(&m->lock);
+    if (st != BN_OK)
+        return st;
+    out->perplexity = r.perplexity;
+    out->mean_nll = r.mean_nll;
+    out->n_predicted = r.n_predicted;
+    out->n_chunks = r.n_chunks;
+    out->seconds = r.seconds;
+    return BN_OK;
+}

@@ -1,0 +1,522 @@
+/*
+ * test_api.c - the public model / session / generation API (bitnet.h) on
+ * the shipped default model, against the engine it is built on:
+ *   - bn_model_open with no path finds the shipped model; the info;
+ *   - tokenize / detokenize round trip, the two-call sizing convention;
+ *   - greedy generation gives the engine's tokens and text; a session that
+ *     goes on (no prompt) gives what one longer generation gives, reusing
+ *     the cached positions; two sessions interleaved each give what they
+ *     give alone; copy, truncate, reset;
+ *   - stop strings (text up to the string, streamed pieces add up to it),
+ *     a callback that stops, bn_session_cancel from the callback and from
+ *     another thread, sampling with a seed repeats;
+ *   - bn_session_eval's logits against the engine's prompt logits;
+ *   - the chat format against bn_chat_prompt_2b4t; perplexity against the
+ *     engine's;
+ *   - bad arguments and a request past the context leave the session as
+ *     it was.
+ * usage: test_api DEVICE (cpu, or cuda: skipped without a usable GPU)
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bitnet.h"
+#include "engine.h"
+#include "test_util.h"
+#include "tokenizer.h"
+
+#define PROMPT "The LORD is my shepherd"
+#define N_GREEDY 24
+
+static const char *device;
+
+typedef struct collected {
+    char text[8192];
+    size_t len;
+    int calls, final_calls;
+    int32_t tokens[512];
+    int n_tokens;
+    int stop_after;       /* return false after this many tokens (0: never) */
+    bn_session *cancel_in; /* cancel this session after cancel_after tokens */
+    int cancel_after;
+} collected;
+
+static bool collect(void *user, int32_t token, const char *text, size_t len)
+{
+    collected *c = user;
+    c->calls++;
+    if (token < 0)
+        c->final_calls++;
+    else if (c->n_tokens < 512)
+        c->tokens[c->n_tokens++] = token;
+    if (c->len + len < sizeof c->text) {
+        memcpy(c->text + c->len, text, len);
+        c->len += len;
+        c->text[c->len] = '\0';
+    }
+    if (c->cancel_in && token >= 0 && c->n_tokens == c->cancel_after)
+        bn_session_cancel(c->cancel_in);
+    return !(c->stop_after && token >= 0 && c->n_tokens >= c->stop_after);
+}
+
+/* The engine's greedy tokens and text for PROMPT (the reference). */
+static void engine_reference(const char *path, int n, bn_generation *g, float *prompt_logits)
+{
+    bn_config cfg;
+    bn_config_defaults(&cfg);
+    bn_engine_options eo = {.model_path = path, .device = device};
+    bn_engine *e = NULL;
+    bn_error err;
+    bn_error_clear(&err);
+    CHECK_MSG(bn_engine_open(&cfg, &eo, &e, &err) == BN_OK, "engine: %s", err.message);
+    bn_generate_request req = {
+        .prompt = PROMPT, .n_predict = n, .ignore_eog = true, .prompt_logits = prompt_logits};
+    bn_sampler_params_default(&req.sampling);
+    CHECK_MSG(e && bn_engine_generate(e, &req, g, &err) == BN_OK, "engine generate: %s",
+              err.message);
+    bn_engine_free(e);
+}
+
+static bn_generate_params greedy(const char *prompt, int n)
+{
+    bn_generate_params p;
+    bn_generate_params_default(&p);
+    p.prompt = prompt;
+    p.max_tokens = n;
+    return p;
+}
+
+static size_t session_count(const bn_session *s)
+{
+    size_t n = 0;
+    bn_error err;
+    CHECK(bn_session_tokens(s, NULL, 0, &n, &err) == BN_OK);
+    return n;
+}
+
+static void check_tokens_text(bn_model *m, const bn_model_info *info)
+{
+    bn_error err;
+    size_t n = 0;
+    CHECK(bn_model_tokenize(m, PROMPT, strlen(PROMPT), true, NULL, 0, &n, &err) == BN_OK);
+    CHECK(n > 2);
+    int32_t ids[64];
+    size_t n2 = 0;
+    CHECK(bn_model_tokenize(m, PROMPT, strlen(PROMPT), true, ids, 2, &n2, &err) == BN_OK);
+    CHECK(n2 == n); /* the count, whatever the room */
+    CHECK(n <= 64 && bn_model_tokenize(m, PROMPT, strlen(PROMPT), true, ids, 64, &n2, &err) ==
+                         BN_OK);
+    CHECK(info->bos < 0 || ids[0] == info->bos);
+    const size_t skip = info->bos >= 0 && ids[0] == info->bos ? 1 : 0;
+    char text[256];
+    size_t len = 0;
+    CHECK(bn_model_detokenize(m, ids + skip, n - skip, text, sizeof text, &len, &err) == BN_OK);
+    CHECK_MSG(len == strlen(PROMPT) && strcmp(text, PROMPT) == 0, "round trip gave '%s'", text);
+    char small[4];
+    CHECK(bn_model_detokenize(m, ids + skip, n - skip, small, sizeof small, &len, &err) == BN_OK);
+    CHECK(len == strlen(PROMPT) && memcmp(small, PROMPT, 4) == 0);
+    const int32_t bad = info->vocab_size;
+    CHECK(bn_model_detokenize(m, &bad, 1, text, sizeof text, &len, &err) ==
+          BN_ERR_INVALID_ARGUMENT);
+}
+
+static void check_generation(bn_model *m, const bn_generation *ref)
+{
+    bn_error err;
+    bn_session *s = NULL;
+    CHECK(bn_session_create(m, &s, &err) == BN_OK);
+    collected c = {0};
+    bn_generate_params p = greedy(PROMPT, N_GREEDY);
+    p.ignore_eog = true;
+    bn_generate_result r;
+    CHECK_MSG(bn_session_generate(s, &p, collect, &c, &r, &err) == BN_OK, "%s", err.message);
+    CHECK(r.n_tokens == (size_t)N_GREEDY && r.stop == BN_STOP_MAX_TOKENS && r.n_cached == 0);
+    CHECK(c.n_tokens == N_GREEDY && c.calls >= N_GREEDY);
+    bool same = ref->n_tokens == (size_t)N_GREEDY;
+    for (int i = 0; same && i < N_GREEDY; i++)
+        same = c.tokens[i] == ref->tokens[i];
+    CHECK_MSG(same, "the session's greedy tokens differ from the engine's");
+    CHECK_MSG(ref->text && strcmp(c.text, ref->text) == 0, "text '%s', engine '%s'", c.text,
+              ref->text ? ref->text : "");
+    CHECK(session_count(s) == ref->n_prompt + (size_t)N_GREEDY);
+
+    /* Going on: the first half, then the rest with no prompt, is the whole
+     * greedy run; the second call reuses the cache. */
+    bn_session_reset(s);
+    CHECK(session_count(s) == 0);
+    collected a = {0}, b = {0};
+    p = greedy(PROMPT, N_GREEDY / 2);
+    p.ignore_eog = true;
+    CHECK(bn_session_generate(s, &p, collect, &a, &r, &err) == BN_OK);
+    CHECK_MSG(r.n_cached == 0 || r.n_cached == ref->n_prompt - 1,
+              "a first call may reuse the prompt from the run before: %zu", r.n_cached);
+    p = greedy(NULL, N_GREEDY - N_GREEDY / 2);
+    p.ignore_eog = true;
+    CHECK(bn_session_generate(s, &p, collect, &b, &r, &err) == BN_OK);
+    CHECK_MSG(r.n_cached == ref->n_prompt + N_GREEDY / 2 - 1,
+              "going on reuses every computed position: %zu", r.n_cached);
+    CHECK(r.n_prompt_tokens == 0);
+    same = a.n_tokens + b.n_tokens == N_GREEDY;
+    for (int i = 0; same && i < N_GREEDY; i++)
+        same = (i < a.n_tokens ? a.tokens[i] : b.tokens[i - a.n_tokens]) == ref->tokens[i];
+    CHECK_MSG(same, "half and half differ from one greedy run");
+    char joined[16384];
+    snprintf(joined, sizeof joined, "%s%s", a.text, b.text);
+    CHECK_MSG(strcmp(joined, ref->text) == 0, "half and half text '%s'", joined);
+
+    /* Two sessions interleaved: each gives what it gives alone. */
+    bn_session *t = NULL;
+    CHECK(bn_session_create(m, &t, &err) == BN_OK);
+    collected x = {0}, y = {0}, z = {0};
+    p = greedy("And God said", 8);
+    p.ignore_eog = true;
+    CHECK(bn_session_generate(t, &p, collect, &x, NULL, &err) == BN_OK);
+    bn_session_reset(s);
+    p = greedy(PROMPT, 4);
+    p.ignore_eog = true;
+    CHECK(bn_session_generate(s, &p, collect, &y, NULL, &err) == BN_OK);
+    p = greedy(NULL, 4);
+    p.ignore_eog = true;
+    CHECK(bn_session_generate(t, &p, collect, &z, NULL, &err) == BN_OK);
+    collected alone = {0};
+    bn_session *u = NULL;
+    CHECK(bn_session_create(m, &u, &err) == BN_OK);
+    p = greedy("And God said", 12);
+    p.ignore_eog = true;
+    CHECK(bn_session_generate(u, &p, collect, &alone, NULL, &err) == BN_OK);
+    same = alone.n_tokens == 12 && x.n_tokens == 8 && z.n_tokens == 4;
+    for (int i = 0; same && i < 12; i++)
+        same = alone.tokens[i] == (i < 8 ? x.tokens[i] : z.tokens[i - 8]);
+    CHECK_MSG(same, "an interleaved session differs from the same session alone");
+    for (int i = 0; i < 4 && y.n_tokens == 4; i++)
+        CHECK(y.tokens[i] == ref->tokens[i]);
+
+    /* Copy and truncate: a copy of the prompt's tokens goes on as the
+     * original did. */
+    bn_session *cp = NULL;
+    const size_t n_u = session_count(u);
+    CHECK(bn_session_copy(u, n_u - 4, &cp, &err) == BN_OK);
+    CHECK(session_count(cp) == n_u - 4);
+    collected w = {0};
+    p = greedy(NULL, 4);
+    p.ignore_eog = true;
+    CHECK(bn_session_generate(cp, &p, collect, &w, NULL, &err) == BN_OK);
+    for (int i = 0; i < 4 && w.n_tokens == 4; i++)
+        CHECK(w.tokens[i] == alone.tokens[8 + i]);
+    CHECK(bn_session_truncate(cp, n_u + 100, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_session_truncate(cp, 2, &err) == BN_OK && session_count(cp) == 2);
+    bn_session *all = NULL;
+    CHECK(bn_session_copy(u, SIZE_MAX, &all, &err) == BN_OK && session_count(all) == n_u);
+    bn_session_free(all);
+    bn_session_free(cp);
+    bn_session_free(u);
+    bn_session_free(t);
+    bn_session_free(s);
+}
+
+static void check_stops(bn_model *m, const bn_generation *ref)
+{
+    bn_error err;
+    bn_session *s = NULL;
+    CHECK(bn_session_create(m, &s, &err) == BN_OK);
+    /* A stop string from the middle of the greedy text. */
+    const size_t L = strlen(ref->text);
+    char stop[8] = "";
+    if (L > 12)
+        memcpy(stop, ref->text + L / 2, 3);
+    const char *at = stop[0] ? strstr(ref->text, stop) : NULL;
+    CHECK(at != NULL);
+    collected c = {0};
+    bn_generate_params p = greedy(PROMPT, N_GREEDY);
+    p.ignore_eog = true;
+    p.stop[0] = "never-in-this-text";
+    p.stop[1] = stop;
+    bn_generate_result r;
+    CHECK(bn_session_generate(s, &p, collect, &c, &r, &err) == BN_OK);
+    CHECK_MSG(r.stop == BN_STOP_STRING, "stop reason %d", (int)r.stop);
+    CHECK_MSG(at && c.len == (size_t)(at - ref->text) && memcmp(c.text, ref->text, c.len) == 0,
+              "text before the stop string '%s': '%s'", stop, c.text);
+    CHECK(r.n_tokens < (size_t)N_GREEDY && session_count(s) == ref->n_prompt + r.n_tokens);
+
+    /* A stop string that never comes: the whole text, nothing held back. */
+    bn_session_reset(s);
+    collected d = {0};
+    p.stop[1] = NULL;
+    p.stop[0] = "zzzzqqqq";
+    CHECK(bn_session_generate(s, &p, collect, &d, &r, &err) == BN_OK);
+    CHECK(r.stop == BN_STOP_MAX_TOKENS && strcmp(d.text, ref->text) == 0);
+
+    /* The callback stops after 3 tokens. */
+    bn_session_reset(s);
+    collected e = {.stop_after = 3};
+    p = greedy(PROMPT, N_GREEDY);
+    p.ignore_eog = true;
+    CHECK(bn_session_generate(s, &p, collect, &e, &r, &err) == BN_OK);
+    CHECK_MSG(r.stop == BN_STOP_CALLBACK && r.n_tokens == 3, "stop %d after %zu", (int)r.stop,
+              r.n_tokens);
+    /* Cancelled from the callback at 2 tokens: no third token. */
+    bn_session_reset(s);
+    collected f = {.cancel_in = s, .cancel_after = 2};
+    CHECK(bn_session_generate(s, &p, collect, &f, &r, &err) == BN_OK);
+    CHECK_MSG(r.stop == BN_STOP_CANCELLED && r.n_tokens == 2, "stop %d after %zu", (int)r.stop,
+              r.n_tokens);
+    /* A cancel when nothing runs does not affect the next generation. */
+    bn_session_reset(s);
+    bn_session_cancel(s);
+    collected g = {0};
+    p.max_tokens = 4;
+    CHECK(bn_session_generate(s, &p, collect, &g, &r, &err) == BN_OK);
+    CHECK(r.stop == BN_STOP_MAX_TOKENS && r.n_tokens == 4);
+
+    /* Sampling: the same seed repeats, a sequence of draws. */
+    char first[8192] = "";
+    for (int rep = 0; rep < 2; rep++) {
+        bn_session_reset(s);
+        collected h = {0};
+        p = greedy(PROMPT, 16);
+        p.ignore_eog = true;
+        p.temperature = 0.9f;
+        p.seed = 1234;
+        CHECK(bn_session_generate(s, &p, collect, &h, &r, &err) == BN_OK);
+        if (rep == 0)
+            snprintf(first, sizeof first, "%s", h.text);
+        else
+            CHECK_MSG(strcmp(first, h.text) == 0, "seed 1234 gave '%s' then '%s'", first, h.text);
+    }
+    bn_session_free(s);
+}
+
+typedef struct canceller {
+    bn_session *s;
+    atomic_int started;
+} canceller;
+
+static bool count_tokens(void *user, int32_t token, const char *text, size_t len)
+{
+    (void)text;
+    (void)len;
+    canceller *c = user;
+    if (token >= 0)
+        atomic_store(&c->started, 1);
+    return true;
+}
+
+static void *cancel_soon(void *arg)
+{
+    canceller *c = arg;
+    for (int i = 0; i < 20000 && !atomic_load(&c->started); i++) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    bn_session_cancel(c->s);
+    return NULL;
+}
+
+static void check_cancel_thread(bn_model *m, const bn_model_info *info)
+{
+    bn_error err;
+    bn_session *s = NULL;
+    CHECK(bn_session_create(m, &s, &err) == BN_OK);
+    canceller c = {.s = s};
+    atomic_init(&c.started, 0);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, cancel_soon, &c) == 0);
+    bn_generate_params p = greedy(PROMPT, (int)(info->n_ctx - 16));
+    p.ignore_eog = true;
+    bn_generate_result r;
+    CHECK(bn_session_generate(s, &p, count_tokens, &c, &r, &err) == BN_OK);
+    pthread_join(th, NULL);
+    /* The cancel may come after the last token on a fast device; it must
+     * never be an error, and stop before the end when it came in time. */
+    CHECK(r.stop == BN_STOP_CANCELLED || r.stop == BN_STOP_MAX_TOKENS);
+    printf("cancel from another thread: stop %d after %zu of %d tokens\n", (int)r.stop,
+           r.n_tokens, p.max_tokens);
+    bn_session_free(s);
+}
+
+static void check_eval(bn_model *m, const bn_model_info *info, const bn_generation *ref,
+                       const float *ref_logits)
+{
+    bn_error err;
+    bn_session *s = NULL;
+    CHECK(bn_session_create(m, &s, &err) == BN_OK);
+    float *logits = malloc((size_t)info->vocab_size * sizeof *logits);
+    CHECK(bn_session_eval(s, ref->prompt_tokens, ref->n_prompt, logits, &err) == BN_OK);
+    double worst = 0.0, range = 0.0;
+    int32_t best = 0;
+    for (int32_t i = 0; i < info->vocab_size; i++) {
+        const double d = fabs((double)logits[i] - (double)ref_logits[i]);
+        worst = d > worst ? d : worst;
+        range = fabs(ref_logits[i]) > range ? fabs(ref_logits[i]) : range;
+        best = logits[i] > logits[best] ? i : best;
+    }
+    CHECK_MSG(worst <= 1e-5 * (range + 1.0), "eval logits differ from the engine's by %g", worst);
+    CHECK(best == ref->tokens[0]);
+    CHECK(session_count(s) == ref->n_prompt);
+    /* Going on from an eval: the greedy continuation. */
+    collected c = {0};
+    bn_generate_params p = greedy(NULL, 4);
+    p.ignore_eog = true;
+    bn_generate_result r;
+    CHECK(bn_session_generate(s, &p, collect, &c, &r, &err) == BN_OK);
+    CHECK(r.n_cached == ref->n_prompt - 1);
+    for (int i = 0; i < 4 && c.n_tokens == 4; i++)
+        CHECK(c.tokens[i] == ref->tokens[i]);
+    free(logits);
+    bn_session_free(s);
+}
+
+static void check_chat(bn_model *m, const bn_model_info *info)
+{
+    bn_error err;
+    CHECK(strcmp(info->chat_template, "bitnet-2b4t") == 0);
+    const bn_chat_message msgs[] = {{"system", "  Be brief. "}, {"user", "Who is my shepherd?\n"}};
+    size_t len = 0;
+    CHECK(bn_model_apply_chat(m, msgs, 2, true, NULL, 0, &len, &err) == BN_OK);
+    char *buf = malloc(len + 1);
+    size_t len2 = 0;
+    CHECK(bn_model_apply_chat(m, msgs, 2, true, buf, len + 1, &len2, &err) == BN_OK);
+    char *want = bn_chat_prompt_2b4t("  Be brief. ", "Who is my shepherd?\n");
+    CHECK_MSG(len2 == len && strcmp(buf, want) == 0, "chat '%s', want '%s'", buf, want);
+    free(want);
+    free(buf);
+    const bn_chat_message bad[] = {{"narrator", "x"}};
+    CHECK(bn_model_apply_chat(m, bad, 1, true, NULL, 0, &len, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(err.message, "narrator");
+    /* A chat prompt in a session: BOS once. */
+    bn_session *s = NULL;
+    CHECK(bn_session_create(m, &s, &err) == BN_OK);
+    bn_generate_params p = greedy("<|begin_of_text|>User: hi<|eot_id|>Assistant: ", 2);
+    CHECK(bn_session_generate(s, &p, NULL, NULL, NULL, &err) == BN_OK);
+    int32_t ids[4];
+    size_t n = 0;
+    CHECK(bn_session_tokens(s, ids, 4, &n, &err) == BN_OK);
+    CHECK(n >= 2 && ids[0] == info->bos && ids[1] != info->bos);
+    bn_session_free(s);
+}
+
+static void check_errors(bn_model *m, const bn_model_info *info)
+{
+    bn_error err;
+    bn_session *s = NULL;
+    CHECK(bn_session_create(m, &s, &err) == BN_OK);
+    bn_generate_params p = greedy(PROMPT, 4);
+    CHECK(bn_session_generate(s, &p, NULL, NULL, NULL, &err) == BN_OK);
+    const size_t before = session_count(s);
+    /* Past the context: refused, the session unchanged. */
+    p = greedy(" and more", (int)info->n_ctx);
+    CHECK(bn_session_generate(s, &p, NULL, NULL, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(err.message, "more than the context");
+    CHECK(session_count(s) == before);
+    /* Bad parameters and ids. */
+    p = greedy(PROMPT, 0);
+    CHECK(bn_session_generate(s, &p, NULL, NULL, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    p = greedy(PROMPT, 4);
+    p.top_p = 2.0f;
+    CHECK(bn_session_generate(s, &p, NULL, NULL, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    p = greedy(NULL, 4);
+    const int32_t bad[2] = {1, info->vocab_size};
+    p.prompt_tokens = bad;
+    p.n_prompt_tokens = 2;
+    CHECK(bn_session_generate(s, &p, NULL, NULL, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(err.message, "outside the vocabulary");
+    p = greedy(PROMPT, 4);
+    p.prompt_tokens = bad;
+    p.n_prompt_tokens = 1;
+    CHECK(bn_session_generate(s, &p, NULL, NULL, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    p = greedy(PROMPT, 4);
+    p.stop[0] = "";
+    CHECK(bn_session_generate(s, &p, NULL, NULL, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(session_count(s) == before);
+    /* An empty session with no prompt has nothing to continue from. */
+    bn_session_reset(s);
+    p = greedy(NULL, 4);
+    CHECK(bn_session_generate(s, &p, NULL, NULL, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    /* NULL arguments. */
+    CHECK(bn_session_generate(NULL, &p, NULL, NULL, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_session_generate(s, NULL, NULL, NULL, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_session_create(NULL, &s, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_session_eval(s, NULL, 1, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_model_get_info(NULL, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_model_tokenize(m, NULL, 3, false, NULL, 0, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_model_perplexity(m, "x", 1, -1, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_model_open(NULL, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    bn_model_options bad_opt;
+    bn_model_options_default(&bad_opt);
+    bad_opt.path = "/nonexistent/model.gguf";
+    bn_model *none = NULL;
+    CHECK(bn_model_open(&bad_opt, &none, &err) == BN_ERR_IO && none == NULL);
+    bn_session_free(NULL);
+    bn_model_close(NULL);
+    bn_session_cancel(NULL);
+    bn_session_reset(NULL);
+    bn_session_free(s);
+}
+
+static void check_perplexity(bn_model *m, const char *path)
+{
+    const char *text = "And God said, Let there be light: and there was light. And God saw the "
+                       "light, that it was good: and God divided the light from the darkness.";
+    bn_error err;
+    bn_perplexity got;
+    CHECK_MSG(bn_model_perplexity(m, text, strlen(text), 16, &got, &err) == BN_OK, "%s",
+              err.message);
+    bn_config cfg;
+    bn_config_defaults(&cfg);
+    bn_engine_options eo = {.model_path = path, .device = device};
+    bn_engine *e = NULL;
+    bn_perplexity_result want;
+    CHECK(bn_engine_open(&cfg, &eo, &e, &err) == BN_OK);
+    CHECK(e && bn_engine_perplexity(e, text, strlen(text), 16, NULL, NULL, &want, &err) == BN_OK);
+    CHECK_MSG(got.n_predicted == want.n_predicted && got.n_chunks == want.n_chunks &&
+                  fabs(got.perplexity - want.perplexity) <= 1e-9 * want.perplexity,
+              "perplexity %g over %lld, engine %g over %lld", got.perplexity,
+              (long long)got.n_predicted, want.perplexity, (long long)want.n_predicted);
+    bn_engine_free(e);
+    /* After perplexity a session still gives the greedy tokens. */
+}
+
+int main(int argc, char **argv)
+{
+    device = argc > 1 ? argv[1] : "cpu";
+    bn_error err;
+    bn_model_options opt;
+    bn_model_options_default(&opt);
+    opt.device = device;
+    bn_model *m = NULL;
+    const bn_status st = bn_model_open(&opt, &m, &err);
+    if (st != BN_OK && strcmp(device, "cpu") != 0 &&
+        (st == BN_ERR_NO_DEVICE || st == BN_ERR_DRIVER))
+        TEST_SKIP("no usable CUDA device: %s", err.message);
+    CHECK_MSG(st == BN_OK, "bn_model_open: %s", err.message);
+    if (!m)
+        TEST_EXIT();
+    bn_model_info info;
+    CHECK(bn_model_get_info(m, &info, &err) == BN_OK);
+    printf("model %s: %s on %s (%s), vocab %d, ctx %lld, chat '%s'\n", info.path,
+           info.architecture, info.device, info.device_name, (int)info.vocab_size,
+           (long long)info.n_ctx, info.chat_template);
+    CHECK(strstr(info.path, "bitnet-kjv-7m") != NULL && info.has_tokenizer);
+    CHECK(strncmp(info.device, device, strlen(device)) == 0);
+    CHECK(info.vocab_size > 0 && info.n_ctx > 64 && info.n_layer > 0 && info.n_params > 0);
+
+    float *ref_logits = malloc((size_t)info.vocab_size * sizeof *ref_logits);
+    bn_generation ref;
+    engine_reference(info.path, N_GREEDY, &ref, ref_logits);
+    CHECK(ref.n_tokens == (size_t)N_GREEDY && ref.text != NULL);
+    check_tokens_text(m, &info);
+    check_generation(m, &ref);
+    check_stops(m, &ref);
+    check_cancel_thread(m, &info);
+    check_eval(m, &info, &ref, ref_logits);
+    check_chat(m, &info);
+    check_errors(m, &info);
+    check_perplexity(m, info.path);
+    bn_generation_free(&ref);
+    free(ref_logits);
+    bn_model_close(m);
+    TEST_EXIT();
+}
