@@ -140,9 +140,17 @@ int main(int argc, char **argv)
     if (!tok || !logits)
         return 1;
     CHECK(bn_model_tokenize(m, prompt, strlen(prompt), true, tok, n_tok, &n_tok, &err));
-    /* Special tokens such as BOS give no text: the prompt comes back. */
+    /* Special tokens give their text ("<|begin_of_text|>"), so that the
+     * text tokenizes back to the same tokens: the prompt comes back after
+     * BOS's text. */
     CHECK(bn_model_detokenize(m, tok, n_tok, back, sizeof back, &back_len, &err));
-    const bool bos_round_trip = back_len == strlen(prompt) && memcmp(back, prompt, back_len) == 0;
+    char bos_text[64] = "";
+    size_t bos_len = 0;
+    if (n_tok && tok[0] == info.bos)
+        CHECK(bn_model_detokenize(m, tok, 1, bos_text, sizeof bos_text, &bos_len, &err));
+    const bool bos_round_trip = back_len == bos_len + strlen(prompt) &&
+                                memcmp(back, bos_text, bos_len) == 0 &&
+                                memcmp(back + bos_len, prompt, strlen(prompt)) == 0;
     printf("round trip with BOS (%s): %s\n", n_tok && tok[0] == info.bos ? "added" : "none",
            bos_round_trip ? "same text" : "DIFFERENT");
     if (!bos_round_trip)

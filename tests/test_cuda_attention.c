@@ -37,11 +37,11 @@ static int sm_count;
 
 static uint16_t to_kv(float f, bn_kv_type t)
 {
-    return t == BN_KV_F16 ? bn_fp32_to_fp16(f) : bn_fp32_to_bf16(f);
+    return t == BN_ATTN_KV_F16 ? bn_fp32_to_fp16(f) : bn_fp32_to_bf16(f);
 }
 static float from_kv(uint16_t b, bn_kv_type t)
 {
-    return t == BN_KV_F16 ? bn_fp16_to_fp32(b) : bn_bf16_to_fp32(b);
+    return t == BN_ATTN_KV_F16 ? bn_fp16_to_fp32(b) : bn_bf16_to_fp32(b);
 }
 
 /* ---- problem data ----------------------------------------------------------- */
@@ -170,7 +170,7 @@ static void cache_verify(const cache *c)
     CHECK_MSG(bad == 0 && stray == 0,
               "kv append (%s, %d/%d heads x %d): %lld rows' values wrong, %lld slots written "
               "that should not be",
-              c->s.kv_type == BN_KV_F16 ? "f16" : "bf16", c->s.n_heads, c->s.n_kv_heads,
+              c->s.kv_type == BN_ATTN_KV_F16 ? "f16" : "bf16", c->s.n_heads, c->s.n_kv_heads,
               c->s.head_dim, (long long)bad, (long long)stray);
     free(k);
     free(v);
@@ -292,7 +292,7 @@ static void compare(const char *what, const cache *c, const float *got, const do
     CHECK_MSG(bad == 0,
               "%s (%s, heads %d/%d, head_dim %d): %lld of %lld beyond %.3g, worst %.3g at %lld "
               "(%g vs %g)",
-              what, c->s.kv_type == BN_KV_F16 ? "f16" : "bf16", c->s.n_heads, c->s.n_kv_heads,
+              what, c->s.kv_type == BN_ATTN_KV_F16 ? "f16" : "bf16", c->s.n_heads, c->s.n_kv_heads,
               c->s.head_dim, (long long)bad, (long long)n, tol, worst, (long long)at,
               at >= 0 ? (double)got[at] : 0.0, at >= 0 ? ref[at] : 0.0);
 }
@@ -596,7 +596,7 @@ static void time_2b4t(bn_kv_type type)
         float ms;
         CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
         printf("time: decode %s 20/5x128 kv_len %d (splits %d): %.2f us/layer\n",
-               type == BN_KV_F16 ? "f16" : "bf16", lens[i], splits, ms * 1000.0f / 50);
+               type == BN_ATTN_KV_F16 ? "f16" : "bf16", lens[i], splits, ms * 1000.0f / 50);
     }
     const int pos0s[] = {0, 3584};
     for (int i = 0; i < 4; i++) {
@@ -612,7 +612,7 @@ static void time_2b4t(bn_kv_type type)
         float ms;
         CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
         printf("time: prefill %s %s 20/5x128 n %d at pos0 %d: %.1f us/layer\n",
-               var ? "mma" : "fma", type == BN_KV_F16 ? "f16" : "bf16", n, pos0s[i % 2],
+               var ? "mma" : "fma", type == BN_ATTN_KV_F16 ? "f16" : "bf16", n, pos0s[i % 2],
                ms * 1000.0f / 5);
     }
     CUDA_OK(cudaEventDestroy(e0));
@@ -632,7 +632,7 @@ int main(void)
 
     /* Shape checks. */
     {
-        bn_attn_shape bad = {20, 6, 128, 64, BN_KV_F16, 0.0f};
+        bn_attn_shape bad = {20, 6, 128, 64, BN_ATTN_KV_F16, 0.0f};
         CHECK(bn_attn_check_shape(&bad) == cudaErrorInvalidValue); /* 20 % 6 */
         bad.n_kv_heads = 5;
         bad.head_dim = 96;
@@ -648,7 +648,7 @@ int main(void)
     const int shapes[][3] = {{20, 5, 128}, {8, 8, 64}, {4, 2, 256}, {16, 2, 64}, {6, 2, 128},
                              {24, 3, 128}};
     for (int t = 0; t < 2; t++) {
-        const bn_kv_type type = t ? BN_KV_BF16 : BN_KV_F16;
+        const bn_kv_type type = t ? BN_ATTN_KV_BF16 : BN_ATTN_KV_F16;
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
             const int64_t cap = test_rand_range(40, 700);
             const bn_attn_shape s = {shapes[i][0], shapes[i][1], shapes[i][2], cap, type, 0.0f};
@@ -686,8 +686,8 @@ int main(void)
            "(bound 2e-4)\n",
            worst_seen[SEEN_DECODE], worst_seen[SEEN_FMA], worst_seen[SEEN_MMA]);
     if (!quick) {
-        time_2b4t(BN_KV_F16);
-        time_2b4t(BN_KV_BF16);
+        time_2b4t(BN_ATTN_KV_F16);
+        time_2b4t(BN_ATTN_KV_BF16);
     }
     TEST_EXIT();
 }

@@ -35,7 +35,7 @@
 extern "C" {
 #endif
 
-typedef enum bn_kv_type { BN_KV_F16 = 0, BN_KV_BF16 = 1 } bn_kv_type;
+typedef enum bn_kv_type { BN_ATTN_KV_F16 = 0, BN_ATTN_KV_BF16 = 1 } bn_kv_type;
 
 typedef struct bn_attn_shape {
     int n_heads;        /* query heads                                      */

@@ -854,7 +854,7 @@ extern "C" cudaError_t bn_attn_check_shape(const bn_attn_shape *s)
 {
     if (!s || s->n_heads < 1 || s->n_kv_heads < 1 || s->n_heads % s->n_kv_heads != 0 ||
         (s->head_dim != 64 && s->head_dim != 128 && s->head_dim != 256) || s->capacity < 1 ||
-        s->capacity > INT32_MAX || (s->kv_type != BN_KV_F16 && s->kv_type != BN_KV_BF16))
+        s->capacity > INT32_MAX || (s->kv_type != BN_ATTN_KV_F16 && s->kv_type != BN_ATTN_KV_BF16))
         return cudaErrorInvalidValue;
     return cudaSuccess;
 }
@@ -874,7 +874,7 @@ extern "C" cudaError_t bn_attn_kv_append(const bn_attn_shape *s, const float *k,
     const int row = s->n_kv_heads * s->head_dim;
     const unsigned threads = 256;
     const dim3 grid((unsigned)((row + threads - 1) / threads), (unsigned)n_tokens);
-    if (s->kv_type == BN_KV_F16)
+    if (s->kv_type == BN_ATTN_KV_F16)
         append_kernel<__half><<<grid, threads, 0, stream>>>(
             k, v, ldkv, n_tokens, row, pos, seq, s->capacity, static_cast<__half *>(k_cache),
             static_cast<__half *>(v_cache), seq_stride);
@@ -940,7 +940,7 @@ extern "C" cudaError_t bn_attn_decode(const bn_attn_shape *s, const bn_attn_deco
     p.splits = a->splits;
     p.capacity = s->capacity;
     p.qscale = score_scale(s);
-    rc = s->kv_type == BN_KV_F16 ? launch_decode<__half>(p, s->head_dim, a->n_seq, stream)
+    rc = s->kv_type == BN_ATTN_KV_F16 ? launch_decode<__half>(p, s->head_dim, a->n_seq, stream)
                                  : launch_decode<__nv_bfloat16>(p, s->head_dim, a->n_seq, stream);
     if (rc != cudaSuccess || a->splits == 1)
         return rc;
@@ -964,7 +964,7 @@ extern "C" cudaError_t bn_attn_prefill_variant(const bn_attn_shape *s, const flo
     if (n <= 0)
         return cudaSuccess;
     const float qscale = score_scale(s);
-    return s->kv_type == BN_KV_F16
+    return s->kv_type == BN_ATTN_KV_F16
                ? launch_prefill<__half>(s, q, ldq, n, pos0, k_cache, v_cache, out, ldo, qscale,
                                         variant, stream)
                : launch_prefill<__nv_bfloat16>(s, q, ldq, n, pos0, k_cache, v_cache, out, ldo,

@@ -711,7 +711,7 @@ static bn_status enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
             }
         } else {
             const bn_attn_shape fs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len,
-                                      BN_KV_F16, 0.0f};
+                                      BN_ATTN_KV_F16, 0.0f};
             if (decode) {
                 const bn_attn_decode_args da = {b->q, q_dim, kl, vl, 0, d_kvlen, 1,
                                                 b->att, q_dim, b->attn_splits, b->ws_attn};
@@ -1416,7 +1416,7 @@ static bn_status check_shape(const bn_cuda_backend *b, bn_error *err)
     const bn_hparams *hp = &b->hp;
     const char *hint = "use --device cpu for this model";
     if (b->kv_f16) {
-        const bn_attn_shape fs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len, BN_KV_F16,
+        const bn_attn_shape fs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len, BN_ATTN_KV_F16,
                                   0.0f};
         if (bn_attn_check_shape(&fs) != cudaSuccess)
             return bn_error_set(err, BN_ERR_UNSUPPORTED, "use the fp32 KV cache or --device cpu",
@@ -1546,7 +1546,7 @@ static int scratch_list(bn_cuda_backend *b, scratch_spec *list)
     ADD(&b->ws_streamk, b->streamk ? bn_w2a8_cuda_gemm_streamk_bytes(b->sm) : 0);
     size_t ws_attn;
     if (b->kv_f16) {
-        const bn_attn_shape fs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len, BN_KV_F16,
+        const bn_attn_shape fs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len, BN_ATTN_KV_F16,
                                   0.0f};
         b->attn_splits = bn_attn_decode_splits(&fs, 1, b->kv_len, b->sm);
         ws_attn = bn_attn_decode_workspace_bytes(&fs, 1, b->attn_splits);
