@@ -60,6 +60,7 @@ const char *cli_default_model(const bn_config *cfg, char *buf, size_t size, cons
 int cmd_devices(int argc, char **argv, const bn_config *cfg);
 int cmd_bench(int argc, char **argv, const bn_config *cfg);
 int cmd_run(int argc, char **argv, const bn_config *cfg);
+int cmd_chat(int argc, char **argv, const bn_config *cfg);
 int cmd_inspect(int argc, char **argv, const bn_config *cfg);
 int cmd_convert(int argc, char **argv, const bn_config *cfg);
 int cmd_perplexity(int argc, char **argv, const bn_config *cfg);

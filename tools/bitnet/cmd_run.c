@@ -276,6 +276,9 @@ static int parse(int argc, char **argv, run_opts *o)
     return 0;
 }
 
+/* The text on stdout has begun a line it has not ended. */
+static bool text_line_open;
+
 static bool print_text(void *ctx, int32_t token, const char *text, size_t len)
 {
     (void)ctx;
@@ -283,8 +286,21 @@ static bool print_text(void *ctx, int32_t token, const char *text, size_t len)
     if (len > 0) {
         fwrite(text, 1, len, stdout);
         fflush(stdout); /* stream: a reader sees each word as it comes */
+        text_line_open = text[len - 1] != '\n';
     }
     return true;
+}
+
+/* On a terminal, ends the generated text's line, so that what follows it
+ * there (stderr's timings or error, the shell's prompt) starts on a line
+ * of its own; stdout that is a file or a pipe holds the model's text
+ * alone, byte for byte. */
+static void end_text_line(void)
+{
+    if (text_line_open && isatty(STDOUT_FILENO))
+        fputc('\n', stdout);
+    text_line_open = false;
+    fflush(stdout);
 }
 
 static double rate(double count, double seconds) { return seconds > 0.0 ? count / seconds : 0.0; }
@@ -714,14 +730,13 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
                                .prompt_logits = logits};
     bn_generation g;
     if (bn_engine_generate(e, &req, &g, &err) != BN_OK) {
+        end_text_line(); /* an error after some text: on a line of its own */
         free(o.ids);
         free(logits);
         bn_engine_free(e);
         return cli_fail(&err);
     }
-    if (isatty(STDOUT_FILENO))
-        fputc('\n', stdout);
-    fflush(stdout);
+    end_text_line();
 
     bn_engine_info info;
     bn_engine_get_info(e, &info);

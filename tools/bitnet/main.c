@@ -15,6 +15,7 @@ static const struct command {
 } commands[] = {
     {"devices", "show GPU backends, CUDA devices, CPU features and memory", cmd_devices},
     {"run", "generate text from a prompt with a model file or directory", cmd_run},
+    {"chat", "an interactive conversation with a chat model", cmd_chat},
     {"inspect", "show a GGUF file's or Hugging Face directory's metadata and tensors", cmd_inspect},
     {"convert", "convert a Hugging Face BitNet directory to GGUF (i2_s, tq2_0, tq1_0, f16)",
      cmd_convert},
