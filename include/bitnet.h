@@ -483,9 +483,9 @@ bool bn_model_token_is_eog(const bn_model *m, int32_t token);
 
 /* ---- tokens ------------------------------------------------------------- */
 
-/* The tokens of text[0, len) (BOS first when add_bos and the tokenizer asks
- * for it; special tokens written in the text, such as <|eot_id|>, are read
- * as those tokens). *n receives the number of tokens the text has; at most
+/* The tokens of text[0, len) (BOS first when add_bos, the tokenizer asks
+ * for it and the text does not start with it; special tokens written in
+ * the text, such as <|eot_id|>, are read as those tokens). *n receives the number of tokens the text has; at most
  * cap of them are written to tokens (which may be NULL when cap is 0), so a
  * caller may ask for the count first. BN_ERR_INVALID_ARGUMENT for a model
  * without a tokenizer. */
@@ -534,9 +534,10 @@ bn_status bn_session_truncate(bn_session *s, size_t n, bn_error *err);
 bn_status bn_session_copy(const bn_session *src, size_t n, bn_session **out, bn_error *err);
 
 /* Stops the generation running in s (from any thread) after the token in
- * progress; it returns BN_OK with stop reason BN_STOP_CANCELLED. A call
- * when nothing runs is remembered by nothing: it does not affect the next
- * generation. */
+ * progress, or before its first token when it comes during the prompt or
+ * while the call waits for the model; it returns BN_OK with stop reason
+ * BN_STOP_CANCELLED. A cancel before a generation is called does not
+ * affect it. */
 void bn_session_cancel(bn_session *s);
 
 /* ---- generation ------------------------------------------------------------- */

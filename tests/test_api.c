@@ -383,6 +383,18 @@ static void check_chat(bn_model *m, const bn_model_info *info)
     CHECK_MSG(len2 == len && strcmp(buf, want) == 0, "chat '%s', want '%s'", buf, want);
     free(want);
     free(buf);
+    /* Unicode whitespace is trimmed as the CLI's chat prompt trims it. */
+    const bn_chat_message nbsp[] = {{"user", "\xc2\xa0hello\xc2\xa0\x0b"}};
+    char nb[256];
+    CHECK(bn_model_apply_chat(m, nbsp, 1, true, nb, sizeof nb, &len, &err) == BN_OK);
+    want = bn_chat_prompt_2b4t("", "\xc2\xa0hello\xc2\xa0\x0b");
+    CHECK_MSG(strcmp(nb, want) == 0, "chat '%s', want '%s'", nb, want);
+    /* Tokenizing a chat text with add_bos gives BOS once. */
+    int32_t t2[64];
+    size_t n_t2 = 0;
+    CHECK(bn_model_tokenize(m, nb, len, true, t2, 64, &n_t2, &err) == BN_OK);
+    CHECK(n_t2 >= 2 && t2[0] == info->bos && t2[1] != info->bos);
+    free(want);
     const bn_chat_message bad[] = {{"narrator", "x"}};
     CHECK(bn_model_apply_chat(m, bad, 1, true, NULL, 0, &len, &err) == BN_ERR_INVALID_ARGUMENT);
     CHECK_STR_CONTAINS(err.message, "narrator");

@@ -83,8 +83,10 @@ def greedy(model, args, n=N):
 
 
 def trim(b):
-    # The 2B-4T format trims each message (bn_model_apply_chat).
-    return b.strip(b" \t\n\r")
+    # The 2B-4T format trims each message as Python's str.strip does
+    # (bn_model_apply_chat, like the Hugging Face template); bytes that are
+    # not UTF-8 stay as they are.
+    return b.decode("utf-8", "surrogateescape").strip().encode("utf-8", "surrogateescape")
 
 
 def conversation_text(turns, add_assistant=True):

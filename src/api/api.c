@@ -216,10 +216,25 @@ bn_status bn_model_tokenize(const bn_model *m, const char *text, size_t len, boo
         return st;
     int32_t *ids = NULL;
     size_t count = 0;
-    st = bn_tokenize(t, text ? text : "", len, add_bos && bn_tokenizer_add_bos_default(t), true,
-                     &ids, &count, err);
+    st = bn_tokenize(t, text ? text : "", len, false, true, &ids, &count, err);
     if (st != BN_OK)
         return st;
+    /* BOS first when asked for, once: a text that writes it (a chat
+     * format's) keeps its own, as bn_session_generate does. */
+    const int32_t bos = bn_tokenizer_bos(t);
+    const bool add = add_bos && bos >= 0 && bn_tokenizer_add_bos_default(t) &&
+                     (count == 0 || ids[0] != bos);
+    if (add) {
+        int32_t *with = realloc(ids, (count + 1) * sizeof *ids);
+        if (!with) {
+            free(ids);
+            return no_memory(err, "the tokens");
+        }
+        ids = with;
+        memmove(ids + 1, ids, count * sizeof *ids);
+        ids[0] = bos;
+        count++;
+    }
     *n = count;
     if (tokens)
         memcpy(tokens, ids, (count < cap ? count : cap) * sizeof *ids);
@@ -260,19 +275,6 @@ bn_status bn_model_detokenize(const bn_model *m, const int32_t *tokens, size_t n
 }
 
 /* ---- chat ---------------------------------------------------------------------- */
-
-/* text without leading and trailing whitespace, as the Hugging Face
- * template trims each message. */
-static void trimmed(const char *text, const char **start, size_t *n)
-{
-    const char *a = text, *b = text + strlen(text);
-    while (a < b && (*a == ' ' || *a == '\t' || *a == '\n' || *a == '\r'))
-        a++;
-    while (b > a && (b[-1] == ' ' || b[-1] == '\t' || b[-1] == '\n' || b[-1] == '\r'))
-        b--;
-    *start = a;
-    *n = (size_t)(b - a);
-}
 
 typedef struct text_out {
     char *buf;
@@ -315,9 +317,8 @@ bn_status bn_model_apply_chat(const bn_model *m, const bn_chat_message *messages
                                 "chat message %zu: role '%.32s' %s", i,
                                 messages[i].role ? messages[i].role : "(null)",
                                 tag ? "has no content" : "is not one the format knows");
-        const char *text;
         size_t k;
-        trimmed(messages[i].content, &text, &k);
+        const char *text = bn_chat_trim(messages[i].content, &k);
         put(&o, tag, strlen(tag));
         put(&o, text, k);
         put(&o, "<|eot_id|>", 10);
@@ -642,7 +643,6 @@ static bn_status run_request(bn_session *s, bn_generate_request *req, const int3
     req->n_prompt_tokens = n_seq;
     req->n_cached = *n_cached;
     req->cancel = &s->cancel;
-    atomic_store(&s->cancel, 0);
     bn_status st = bn_engine_generate(m->engine, req, g, err);
     return st;
 }
@@ -660,6 +660,8 @@ bn_status bn_session_generate(bn_session *s, const bn_generate_params *p,
     if (st != BN_OK)
         return st;
     bn_model *m = s->model;
+    /* From here a cancel counts, also while this call waits for the model. */
+    atomic_store(&s->cancel, 0);
     pthread_mutex_lock(&m->lock);
     int32_t *seq = NULL;
     size_t n_seq = 0, n_new = 0;
@@ -734,6 +736,7 @@ bn_status bn_session_eval(bn_session *s, const int32_t *tokens, size_t n, float 
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "bn_session_eval: NULL session, tokens or logits");
     bn_model *m = s->model;
+    atomic_store(&s->cancel, 0);
     pthread_mutex_lock(&m->lock);
     int32_t *seq = NULL;
     size_t n_seq = 0, n_new = 0;

@@ -100,6 +100,11 @@ size_t bn_detok_stream_flush(bn_detok_stream *s, char *out, size_t size);
 bn_status bn_detokenize(const bn_tokenizer *t, const int32_t *ids, size_t n, char **text,
                         bn_error *err);
 
+/* A chat message's content as the chat formats take it: without the
+ * leading and trailing whitespace (Unicode's, as Python's str.strip, which
+ * the Hugging Face template applies). Returns the start, *len its length. */
+const char *bn_chat_trim(const char *text, size_t *len);
+
 /* BitNet b1.58 2B-4T chat prompt (FORMATS.md §1):
  * "<|begin_of_text|>System: {system}<|eot_id|>User: {user}<|eot_id|>Assistant: "
  * (the System part only when system is non-empty). Returns a malloc'ed string. */

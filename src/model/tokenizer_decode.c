@@ -196,6 +196,8 @@ static size_t space_len(const char *s, size_t n)
 
 static bn_tok_str trim(const char *s)
 {
+    if (!s)
+        return (bn_tok_str){"", 0};
     size_t n = strlen(s), a = 0, k;
     while (a < n && (k = space_len(s + a, n - a)) > 0)
         a += k;
@@ -217,6 +219,13 @@ static void append(char **at, const char *s, size_t n)
 {
     memcpy(*at, s, n);
     *at += n;
+}
+
+const char *bn_chat_trim(const char *text, size_t *len)
+{
+    const bn_tok_str t = trim(text);
+    *len = t.len;
+    return t.ptr;
 }
 
 char *bn_chat_prompt_2b4t(const char *system, const char *user)
