@@ -1,0 +1,375 @@
+/*
+ * cuda_backend_internal.h - what the files of the CUDA backend share; not
+ * part of its contract (cuda_backend.h). The backend is split by what it
+ * does:
+ *
+ *   cuda_backend.c          creation (options, device, allocation, warm-up),
+ *                           free and the queries
+ *   cuda_backend_plan.c     the plan and the uploads: the shape check, the
+ *                           projection groups, where the embedding and LM head
+ *                           sit, scratch and the memory budget; weights, norms,
+ *                           embedding and LM head onto the device
+ *   cuda_backend_forward.c  the forward pass: one pass over M rows (prefill
+ *                           chunks, the eager decode step), requests, cb_queue_pass
+ *   cuda_backend_decode.c   the decode step: its inputs, the CUDA graphs
+ *                           (capture, replay), the hand-off, submit / chained /
+ *                           wait / drop_pending
+ *   cuda_backend_sample.c   the choice of a step's token on the device
+ *   cuda_backend_measure.c  stage profiles, timings, the decode trace and the
+ *                           figures bench reads
+ *
+ * Functions one file calls in another are named cb_* and declared here;
+ * everything else is static to its file.
+ *
+ * Device buffers, one prefill chunk of R rows (row-major, one row per token):
+ *
+ *   x    [R][dim]      residual stream          qkv [R][q_dim + 2 kv_dim]  raw q|k|v
+ *   q    [R][q_dim]    roped, scaled queries    att [R][q_dim]             attention out
+ *   out  [R][dim]      Wo / Wdown output        gu  [R][2 ffn]             raw gate|up
+ *   xq   [R][ldq]      int8 activations (ldq: the widest padded input), with act_scale,
+ *                      act_sum [R]
+ *   normed [dim], logits [vocab]                the last row through output_norm, LM head
+ *   K, V [n_layer][kv_len][kv_dim]              fp32 or fp16
+ *   rope [kv_len][rope_dim / 2][2]              cos, sin of every position (bn_cb_rope_table)
+ */
+#ifndef BN_CUDA_BACKEND_INTERNAL_H
+#define BN_CUDA_BACKEND_INTERNAL_H
+
+#include <cuda_runtime_api.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda_backend.h"
+#include "cuda_backend_kernels.h"
+#include "cuda_context.h"
+#include "cuda_layout.h"
+#include "ops_cuda.h"
+#include "sample_cuda.h"
+#include "w2a8_cuda.h"
+
+#define MAX_ALLOCS 40
+#define MIB (1024.0 * 1024.0)
+
+/* The four products of a layer; q|k|v and gate|up are fused. */
+enum { G_QKV, G_O, G_GU, G_DOWN, G_COUNT };
+
+typedef struct seg {
+    int64_t n;         /* rows (outputs)                                */
+    int64_t col;       /* first column in the group's output            */
+    size_t off;        /* byte offset in the weight arena               */
+    bn_cuda_layout l;
+    float scale;
+    int split;         /* GEMV split-K when launched alone              */
+} seg;
+
+typedef struct group {
+    int n_seg;
+    seg s[3];
+    int64_t n, k;      /* the whole group                               */
+    bn_cuda_layout fused;
+    bool fused_ok;     /* one launch over all segments                  */
+    int split;
+} group;
+
+/* Kernel families, for the receipt's list of what ran (their names:
+ * kernel_names in cuda_backend.c, in this order). */
+enum {
+    K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
+    K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
+    K_NORM_GEMV, K_GEMV_RES, K_ATTN_DEC_F32_CLUSTER, K_HEAD_SCREEN, K_ATTN_DEC_F32_QKV,
+    K_GEMV_PAIR, K_SAMPLE, K_HANDOFF, K_EMBED_NORM_Q, K_COUNT
+};
+
+/* Events of an instrumented step (profile_decode). */
+typedef struct prof {
+    cudaEvent_t *ev;
+    int *stage;
+    int n, cap;
+    int launches[BN_CUDA_STAGE_COUNT];
+} prof;
+
+typedef struct dev_alloc {
+    void *p;
+    size_t bytes;
+} dev_alloc;
+
+/* A captured decode step: what it replays, the kernel families it launches
+ * (bits K_*) and how many kernels. */
+typedef struct step_graph {
+    cudaGraphExec_t exec; /* NULL: not captured */
+    unsigned kernels;
+    int launches;
+} step_graph;
+
+/* The decode step's inputs in device memory (d_dec), uploaded before every
+ * step (cb_upload_dec): four ints (token, position, KV length after it, the
+ * top k the screened head computes exactly), the sampler's uniform number
+ * (a double, at int 4) and its parameters (at int 6). Two images, DEC_STRIDE
+ * ints apart: a step reads one (its parity) and its last kernel writes the
+ * token, position and length of the step after it into the other, so that
+ * a chained step (bn_cuda_backend_submit_chained) needs no upload of them. */
+enum { DEC_UNIFORM = 4, DEC_PARAMS = 6, DEC_INTS = DEC_PARAMS + 4, DEC_STRIDE = 16 };
+_Static_assert(sizeof(bn_cuda_sample_params) == 4 * sizeof(int32_t),
+               "the sampling parameters take four ints of d_dec");
+
+struct bn_cuda_backend {
+    /* The model, the options it was created with and the shapes they give
+     * (kv_filled: the cache positions computed so far). */
+    const bn_checkpoint *model;
+    bn_hparams hp;
+    bn_cuda_backend_options opt;
+    int64_t q_dim, kv_dim, qkv_n, gu_n, ldq, kv_len, kv_filled, chunk;
+    bool kv_f16;
+    size_t kv_elem;
+
+    /* The device: its context, compute stream (cs) and copy stream, its SM
+     * count and name. */
+    bn_cuda_context *ctx;
+    cudaStream_t cs, copy;
+    int device, sm;
+    char name[256];
+
+    /* The plan and the uploaded model (cuda_backend_plan.c): the projection
+     * groups and their packed weights, the norm weights, the embedding, the
+     * LM head (and the screened head's int8 copy), the KV cache; their sizes. */
+    group *groups;             /* [n_layer][G_COUNT] */
+    uint8_t *d_w;
+    uint64_t w_bytes;
+    float *d_norms;            /* per layer: attn, attn_sub, ffn, ffn_sub; then output */
+    int64_t norm_off[BN_NORM_COUNT], layer_norms, out_norm_off;
+    uint64_t norms_bytes;
+    void *d_embed;
+    bn_qtype embed_type;
+    size_t embed_row_bytes;
+    uint64_t embed_bytes;
+    void *d_head;
+    int head_type;             /* BN_CB_HEAD_* */
+    bool head_shared;          /* d_head is d_embed */
+    uint64_t head_bytes;
+    /* Greedy steps' screened head (head_screen.cu): the int8 copy, its
+     * per-row (scale, bound factor), the rows' upper ends and the blocks'
+     * largest lower ends. */
+    bool head_screen;
+    int8_t *d_head_q;
+    float *d_head_se, *head_upper, *head_part;
+    int head_parts;
+    uint64_t head_screen_bytes;
+    void *d_k, *d_v;
+    uint64_t kv_bytes;
+
+    /* Scratch of one prefill chunk (cb_scratch_list; the layout at the top
+     * of this file), the decode step's inputs, and the decode kernels'
+     * variants chosen at creation. */
+    float *x, *qkv, *q, *att, *out, *gu, *normed, *logits, *act_scale, *rope;
+    int8_t *xq;
+    int32_t *act_sum, *ws_streamk, *d_tokens, *d_pos, *d_next;
+    int32_t *d_dec; /* the decode step's inputs (cb_upload_dec), two images DEC_STRIDE
+                       ints apart (cb_dec_dev): four ints, at + 4 (8-byte aligned) the
+                       sampler's uniform number, at + 6 its parameters */
+    bool streamk; /* some prefill GEMM takes stream-K: ws_streamk is its workspace */
+    void *ws_attn, *ws_sample;
+    unsigned int *attn_counters; /* fp32 decode attention: one per head, kept at 0 */
+    unsigned long long *d_best;  /* the screened head's greedy token key */
+    uint64_t *d_cand;            /* the screened head's candidate keys ...   */
+    unsigned *d_cand_n;          /* ... and their count (sample_cuda.h)       */
+    float *d_cand_floor;         /* ... and the logit the top k all reach      */
+    int attn_splits;
+    int attn_cluster; /* fp32 decode attention's cluster size (0: ranges merged by a ticket) */
+    int gemv_cluster; /* decode GEMVs: activations staged per cluster of this many (0: none) */
+    bool attn_qkv;    /* the decode attention computes the q|k|v product (no GEMV) */
+    bool gu_pair;     /* the decode gate|up GEMV writes relu(gate)^2 * up */
+    int gu_cluster;   /* the gate|up GEMV: staged per cluster of this many (0: none) */
+    uint64_t scratch_bytes;
+
+    /* Pinned host memory (the tokens and positions of a pass, the decode
+     * inputs and the tokens fetched; the logits) and the RoPE frequencies. */
+    int32_t *h_io;             /* pinned: tokens[kv_len], pos[kv_len], then per parity
+                                  (H_TAIL ints each) d_dec's image (DEC_INTS ints:
+                                  cb_upload_dec), next, a spare int and the screened
+                                  head's token key (8-byte aligned) */
+    char *h_io_dev;            /* h_io as the device addresses it (pinned memory is
+                                  mapped), where the step's kernels store the token
+                                  for the host (publish); NULL: copied instead     */
+    float *h_logits;           /* pinned: vocab */
+    bn_rope_freqs freqs;
+
+    /* The decode step's CUDA graphs and the greedy graph's stage map
+     * (cuda_backend_decode.c), and how the decode kernels launch. */
+    step_graph graph;              /* the decode step as greedy steps run it   */
+    step_graph graph_logits;       /* with head_screen: the step with the full
+                                      head, for forward() (else `graph`)       */
+    step_graph graph_sample;       /* the step of a sampled token: `graph` (its
+                                      head screened for the top k) and the
+                                      sampler, its parameters read from d_dec  */
+    step_graph graph1, graph_sample1; /* `graph` and `graph_sample` reading the
+                                      second image of d_dec (parity 1), for
+                                      chained steps                            */
+    bool choice_in_pass;           /* the pass just queued replayed a graph that
+                                      ends with the choice and its hand-off    */
+    cudaGraph_t graph_src;         /* what `graph` was instantiated from        */
+    cudaGraphNode_t *graph_nodes;  /* its kernel nodes in launch order          */
+    unsigned char *graph_node_stage; /* the bn_cuda_stage of each               */
+    int n_graph_nodes;             /* 0: no stage map (then no skip timing)     */
+    const char *stage_map_why;     /* why there is none                         */
+    int *capture_stages;           /* while capturing: stage, launches, ...     */
+    int capture_launches;          /* while capturing: the kernels captured     */
+    int n_capture, cap_capture;
+    bool use_graphs;
+    bool pdl;                  /* decode kernels use programmatic dependent launch */
+    bn_cuda_fusion fusion;     /* how the decode step's norms meet the GEMVs (never
+                                  AUTO once created)                                */
+    /* Submitted decode steps and the two images of d_dec (cuda_backend_decode.c). */
+    int par;                   /* the d_dec image (0, 1) the step being queued reads */
+    /* Submitted steps not yet waited for, oldest first: a step and at most
+     * one chained after it. */
+    struct pending_step {
+        int64_t pos;
+        bool greedy;           /* its token is the greedy one */
+        int par;
+    } pend[2];
+    int n_pending;
+    cudaEvent_t step_done[2];  /* per parity: recorded after a submitted step */
+    int32_t dec_sent[2][DEC_INTS]; /* per image: what was last uploaded to it ...  */
+    bool dec_valid[2];             /* ... when known (ints 3.. are what matter)     */
+    /* A coming request's prompt, uploaded ahead on the copy stream while
+     * the compute stream runs the current request (stage_prompt): pinned
+     * h_stage and device d_stage hold its tokens, then its positions
+     * 0 .. stage_n - 1 (2 * kv_len ints each). stage_n 0: none staged. */
+    int32_t *h_stage, *d_stage;
+    int64_t stage_n;
+    cudaEvent_t stage_copied;  /* copy stream: the staged copy is done       */
+    cudaEvent_t stage_read;    /* compute stream: the last prefill that read
+                                  d_stage is done                            */
+    uint64_t staged_uploads, staged_prefills;
+    /* The receipt (the kernel families launched: bn_cuda_backend_kernels),
+     * the test failure hook and the profile being taken (cuda_backend_measure.c). */
+    unsigned ran;              /* bit K_* set when the family was launched */
+    int64_t calls, fail_at;
+    prof *prof;
+
+    /* Every device buffer (freed together) and the device's memory once
+     * created. */
+    dev_alloc allocs[MAX_ALLOCS];
+    int n_allocs;
+    uint64_t device_total, device_free;
+};
+
+/* ---- the pinned buffer and the decode inputs ------------------------------- */
+
+/* The pinned buffer's tail after the tokens and positions, one per parity
+ * (the d_dec image a step reads): d_dec's image, the token fetched (next),
+ * a spare int and the head's key. A step's results go to its parity's
+ * tail, so the host can read one step's token while the step chained after
+ * it stores its own. */
+enum { H_NEXT = DEC_INTS, H_KEY = DEC_INTS + 2, H_TAIL = H_KEY + 2 };
+static inline int32_t *cb_h_tail(bn_cuda_backend *b, int par)
+{
+    return b->h_io + 2 * b->kv_len + par * H_TAIL;
+}
+static inline int32_t *cb_h_next_at(bn_cuda_backend *b, int par)
+{
+    return cb_h_tail(b, par) + H_NEXT;
+}
+static inline unsigned long long *cb_h_key_at(bn_cuda_backend *b, int par)
+{
+    return (unsigned long long *)(void *)(cb_h_tail(b, par) + H_KEY);
+}
+
+/* The decode inputs the step being queued reads (its parity's image of
+ * d_dec). */
+static inline int32_t *cb_dec_dev(bn_cuda_backend *b) { return b->d_dec + b->par * DEC_STRIDE; }
+
+/* ---- the LM head's rows ---------------------------------------------------- */
+
+static inline size_t cb_head_elem_bytes(int type) { return type == BN_CB_HEAD_F32 ? 4 : 2; }
+
+/* The LM head's rows on the device (also when they are the embedding's). */
+static inline uint64_t cb_head_table_bytes(const bn_cuda_backend *b)
+{
+    return (uint64_t)b->hp.vocab * (uint64_t)b->hp.dim * cb_head_elem_bytes(b->head_type);
+}
+
+/* ---- statistics ------------------------------------------------------------ */
+
+/* The context's statistics (cuda_context.h), fed by every pass: kernel
+ * launches (eager ones as cb_mark() counts them, a graph replay as the kernels
+ * its capture counted) and host-device copies with their bytes. */
+static inline void cb_count_launches(bn_cuda_backend *b, int n)
+{
+    bn_perf_record_kernels(bn_cuda_context_stats(b->ctx), (uint64_t)n);
+}
+static inline void cb_count_h2d(bn_cuda_backend *b, uint64_t bytes)
+{
+    bn_perf_record_h2d(bn_cuda_context_stats(b->ctx), bytes);
+}
+static inline void cb_count_d2h(bn_cuda_backend *b, uint64_t bytes)
+{
+    bn_perf_record_d2h(bn_cuda_context_stats(b->ctx), bytes);
+}
+
+/* ---- cuda_backend_plan.c: the plan and the uploads ------------------------- */
+
+/* A buffer to allocate: where its address goes and its size. */
+typedef struct scratch_spec {
+    void **ptr;
+    size_t bytes;
+} scratch_spec;
+
+/* The screened head's buffers (cb_head_screen_list). */
+enum { HEAD_SCREEN_BUFFERS = 4 };
+
+bn_status cb_check_shape(const bn_cuda_backend *b, bn_error *err);
+void cb_setup_groups(bn_cuda_backend *b);
+bn_status cb_plan_tables(bn_cuda_backend *b, bn_error *err);
+int cb_scratch_list(bn_cuda_backend *b, scratch_spec *list);
+void cb_head_screen_list(bn_cuda_backend *b, scratch_spec *list);
+uint64_t cb_round_alloc(size_t bytes);
+bn_status cb_check_budget(const bn_cuda_backend *b, uint64_t total, uint64_t budget,
+                          const char *budget_name, bn_error *err);
+bn_status cb_upload_norms(bn_cuda_backend *b, bn_error *err);
+bn_status cb_upload_tables(bn_cuda_backend *b, bn_error *err);
+bn_status cb_upload_weights(bn_cuda_backend *b, bn_error *err);
+
+/* ---- cuda_backend_forward.c: the forward pass ------------------------------ */
+
+bn_w2a8_cuda_args cb_pair_args(const bn_cuda_backend *b, const group *g);
+bn_status cb_mark(bn_cuda_backend *b, bn_cuda_stage stage, int launches, bn_error *err);
+bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
+                          const int32_t *d_pos, const int32_t *d_kvlen, int64_t visible,
+                          bool screen, bn_error *err);
+bn_status cb_check_request(const bn_cuda_backend *b, const int32_t *tokens, int64_t n,
+                           int64_t pos, bn_error *err);
+bn_status cb_begin_call(bn_cuda_backend *b, bn_error *err);
+bn_status cb_upload_rows(bn_cuda_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
+                         bn_error *err);
+bn_status cb_queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
+                        int top_k, double u, const bn_cuda_sample_params *sample, bool chained,
+                        bn_error *err);
+bn_status cb_fail_pass(bn_cuda_backend *b, int64_t pos, bn_status st);
+bn_status cb_download_logits(bn_cuda_backend *b, bn_error *err);
+
+/* ---- cuda_backend_decode.c: the decode step and its graphs ----------------- */
+
+bn_status cb_upload_dec(bn_cuda_backend *b, int32_t token, int64_t pos, int top_k, double u,
+                        const bn_cuda_sample_params *p, bool chained, bn_error *err);
+bn_status cb_replay(bn_cuda_backend *b, const step_graph *g, bn_error *err);
+const step_graph *cb_pass_graph(const bn_cuda_backend *b, bool screen,
+                                const bn_cuda_sample_params *sample);
+bn_status cb_queue_handoff(bn_cuda_backend *b, bool key, bn_error *err);
+bn_status cb_publish_token(bn_cuda_backend *b, bool key, bn_error *err);
+void cb_free_stage_map(bn_cuda_backend *b);
+void cb_capture_graph(bn_cuda_backend *b);
+
+/* ---- cuda_backend_sample.c: the choice of a token -------------------------- */
+
+bool cb_choice_greedy(const bn_cuda_sample_params *p);
+bn_status cb_queue_choice(bn_cuda_backend *b, const bn_cuda_sample_params *p, bn_error *err);
+bn_status cb_queue_sampler(bn_cuda_backend *b, bn_error *err);
+int32_t cb_chosen_token(bn_cuda_backend *b, bool greedy, int par);
+bn_status cb_queue_step(bn_cuda_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
+                        const bn_cuda_sample_params *p, double u, bool chained, bn_error *err);
+bn_status cb_check_choice(const bn_cuda_backend *b, const bn_cuda_sample_params *p, double u,
+                          bn_error *err);
+
+#endif
