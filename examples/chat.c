@@ -83,7 +83,8 @@ static int text_append(text *t, const char *s, size_t n)
 {
     if (text_reserve(t, t->len + n + 1) != 0)
         return -1;
-    memcpy(t->p + t->len, s, n);
+    if (n > 0)
+        memcpy(t->p + t->len, s, n);
     t->len += n;
     t->p[t->len] = '\0';
     return 0;

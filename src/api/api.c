@@ -623,10 +623,13 @@ static bool on_engine_token(void *ctx, int32_t token, const char *text, size_t l
         }
     }
     bool go_on = true;
+    /* Never a NULL text, even before any was held: "" with length 0. */
     if (st->fn && (token >= 0 || give > 0))
-        go_on = st->fn(st->user, token, st->held, give);
-    memmove(st->held, st->held + give, st->n_held - give);
-    st->n_held -= give;
+        go_on = st->fn(st->user, token, st->held ? st->held : "", give);
+    if (give > 0) {
+        memmove(st->held, st->held + give, st->n_held - give);
+        st->n_held -= give;
+    }
     if (st->matched)
         st->n_held = 0; /* the stop string and what follows it are not text */
     return go_on && !st->matched;
