@@ -1,0 +1,572 @@
+/*
+ * engine_generate.c - token-by-token generation: a request's prompt, the
+ * prefill, the next token picked on the device or by the host's sampler,
+ * chained GPU steps, text streamed in whole characters, the next request's
+ * prompt staged, forward passes that return logits (the contract is in
+ * engine.h).
+ */
+#include "engine.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_backend.h"
+#include "tokenizer.h"
+#if defined(BITNET_HAVE_CUDA)
+#include "cuda_backend.h"
+#endif
+#include "engine_internal.h"
+
+/* ---- generation ------------------------------------------------------------- */
+
+/* A growing byte buffer for the generated text. */
+typedef struct text_buf {
+    char *data;
+    size_t len, cap;
+} text_buf;
+
+static bool text_append(text_buf *b, const char *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->data, cap);
+        if (!p)
+            return false;
+        b->data = p;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+    return true;
+}
+
+/* Streams whatever complete text the decoder holds after `id` (or the rest,
+ * when flushing) to the caller and into the text buffer. */
+typedef struct streamer {
+    bn_detok_stream ds;
+    char *buf;
+    size_t cap;
+    const bn_generate_request *req;
+    text_buf *text;
+    bool stop; /* on_token returned false */
+} streamer;
+
+/* Token id's text (flush: the bytes left at the end, id ignored) to the
+ * text and the caller's on_token. */
+static bn_status stream_token(streamer *s, int32_t id, bool flush, bn_error *err)
+{
+    for (;;) {
+        size_t need = flush ? bn_detok_stream_flush(&s->ds, s->buf, s->cap)
+                            : bn_detok_stream_push(&s->ds, id, s->buf, s->cap);
+        if (need < s->cap) {
+            if (need > 0 && !text_append(s->text, s->buf, need))
+                return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
+                                    "no memory for the generated text");
+            if (s->req->on_token && (!flush || need > 0) &&
+                !s->req->on_token(s->req->ctx, flush ? -1 : id, s->buf, need))
+                s->stop = true;
+            return BN_OK;
+        }
+        /* Nothing was consumed: retry with room for the whole piece. */
+        char *p = realloc(s->buf, need + 1);
+        if (!p)
+            return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory to decode a token");
+        s->buf = p;
+        s->cap = need + 1;
+    }
+}
+
+static bn_status prompt_tokens(const bn_engine *e, const bn_generate_request *req,
+                               int32_t **tokens, size_t *n, bn_error *err)
+{
+    const int32_t vocab = bn_checkpoint_hparams(e->model)->vocab;
+    if (req->prompt_tokens) {
+        *tokens = malloc((req->n_prompt_tokens ? req->n_prompt_tokens : 1) * sizeof(int32_t));
+        if (!*tokens)
+            return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the prompt");
+        for (size_t i = 0; i < req->n_prompt_tokens; i++) {
+            if (req->prompt_tokens[i] < 0 || req->prompt_tokens[i] >= vocab) {
+                free(*tokens);
+                *tokens = NULL;
+                return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                                    "prompt token %d is outside the vocabulary (0..%d)",
+                                    (int)req->prompt_tokens[i], (int)vocab - 1);
+            }
+            (*tokens)[i] = req->prompt_tokens[i];
+        }
+        *n = req->n_prompt_tokens;
+        return BN_OK;
+    }
+
+    const bn_tokenizer *t = bn_checkpoint_tokenizer(e->model);
+    if (!t)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                            "give the prompt as token ids, or use a file with tokenizer metadata "
+                            "or a directory with tokenizer.json",
+                            "this model has no tokenizer, so it cannot read a text prompt");
+    const char *text = req->prompt ? req->prompt : "";
+    if (!req->chat) {
+        /* Special-token text in a prompt (e.g. "<|eot_id|>") is meant as
+         * the token, as llama.cpp reads prompts too. */
+        const bool add_bos = bn_tokenizer_add_bos_default(t);
+        bn_status st = bn_tokenize(t, text, strlen(text), add_bos, true, tokens, n, err);
+        /* Kept as asked (transformers does the same), but rarely meant. */
+        if (st == BN_OK && add_bos && *n >= 2 && (*tokens)[0] == (*tokens)[1] &&
+            (*tokens)[0] == bn_tokenizer_bos(t))
+            bn_log(BN_LOG_WARN, "the prompt starts with BOS and the tokenizer adds another; "
+                                "leave BOS out of the prompt text");
+        return st;
+    }
+    if (bn_tokenizer_find(t, "<|eot_id|>") < 0 || bn_tokenizer_find(t, "<|begin_of_text|>") < 0)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                            "run without --chat and format the prompt yourself",
+                            "the chat format needs the <|begin_of_text|> and <|eot_id|> tokens, "
+                            "which this model's vocabulary lacks");
+    char *chat = bn_chat_prompt_2b4t(req->system ? req->system : "", text);
+    if (!chat)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the chat prompt");
+    /* The template starts with <|begin_of_text|> itself. */
+    bn_status st = bn_tokenize(t, chat, strlen(chat), false, true, tokens, n, err);
+    free(chat);
+    return st;
+}
+
+bn_status bn_engine_tokenize(const bn_engine *e, const bn_generate_request *req,
+                             int32_t **tokens, size_t *n, bn_error *err)
+{
+    *tokens = NULL;
+    *n = 0;
+    if (!e || !req)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "tokenize: NULL argument");
+    return prompt_tokens(e, req, tokens, n, err);
+}
+
+/* The next request's prompt, once the caller has it (next_prompt), uploaded
+ * to the GPU while this request's steps run: asked once per decode step
+ * until it comes. Staging only saves the next prefill its upload, so a
+ * failure to stage is logged and the next request uploads as usual. */
+static void stage_next(bn_engine *e, const bn_generate_request *req, bn_generation *g,
+                       bool *asked_done)
+{
+    if (*asked_done || !req->next_prompt)
+        return;
+    const int32_t *tokens = NULL;
+    size_t n = 0;
+    if (!req->next_prompt(req->ctx, &tokens, &n))
+        return;
+    *asked_done = true;
+#if defined(BITNET_HAVE_CUDA)
+    if (e->cuda && tokens && n > 1) {
+        bn_error cerr;
+        bn_error_clear(&cerr);
+        if (bn_cuda_backend_stage_prompt(e->cuda, tokens, (int64_t)n, &cerr) == BN_OK)
+            g->next_staged = true;
+        else
+            bn_log(BN_LOG_INFO, "the next prompt was not uploaded ahead: %s", cerr.message);
+    }
+#else
+    (void)e;
+    (void)g;
+    (void)tokens;
+    (void)n;
+#endif
+}
+
+/* The next token as the CUDA backend picks it on the device (engine_forward,
+ * bn_cuda_backend_forward_sample): the request's sampling and its sampler,
+ * whose stream supplies each sampled pick's uniform number, so the device
+ * picks what the CPU sampler would from the same logits. */
+typedef struct device_pick {
+    const bn_sampler_params *sp;
+    bn_sampler *sampler;
+} device_pick;
+
+#if defined(BITNET_HAVE_CUDA)
+static bn_cuda_sample_params cuda_pick_params(const bn_sampler_params *sp)
+{
+    return (bn_cuda_sample_params){.temperature = sp->temperature,
+                                   .top_k = sp->top_k,
+                                   .top_p = sp->top_p,
+                                   .min_p = sp->min_p};
+}
+#endif
+
+/* Whether the device can pick the tokens itself: greedy or a sampler it
+ * supports (a top-k of at most 64 for a large vocabulary), with no
+ * repetition penalty changing the logits first (that needs the history on
+ * the host). Only the token then crosses to the host, and the next step is
+ * queued before the token is streamed. */
+static bool device_pick_rule(const bn_engine *e, const bn_sampler_params *p)
+{
+    if (e->host_picks || !(p->repeat_penalty == 1.0f || p->repeat_last_n == 0))
+        return false;
+    if (!(p->temperature > 0.0f))
+        return true;
+#if defined(BITNET_HAVE_CUDA)
+    const bn_cuda_sample_params cp = cuda_pick_params(p);
+    return e->cuda && bn_cuda_backend_sample_supported(e->cuda, &cp);
+#else
+    (void)e;
+    return false;
+#endif
+}
+
+bool bn_engine_picks_on_device(const bn_engine *e, const bn_sampler_params *p)
+{
+#if defined(BITNET_HAVE_CUDA)
+    return e && p && e->cuda && device_pick_rule(e, p);
+#else
+    (void)e;
+    (void)p;
+    return false;
+#endif
+}
+
+#if defined(BITNET_HAVE_CUDA)
+/* The uniform number of the device's next pick (0 for greedy, which draws
+ * none), and its use once the device's token is in. */
+static double pick_uniform(const device_pick *pick)
+{
+    return pick->sp->temperature > 0.0f ? bn_sampler_next_uniform(pick->sampler) : 0.0;
+}
+/* The same for a pick queued while `ahead` earlier ones are still to be
+ * used. */
+static double pick_uniform_ahead(const device_pick *pick, int ahead)
+{
+    return pick->sp->temperature > 0.0f ? bn_sampler_uniform_ahead(pick->sampler, ahead) : 0.0;
+}
+static void pick_used(const device_pick *pick)
+{
+    if (pick->sp->temperature > 0.0f)
+        bn_sampler_skip(pick->sampler);
+}
+#endif
+
+/* Runs `n` tokens at `pos` on the backend computing; history holds the
+ * tokens of positions [0, pos + n), for a CPU fallback to recompute. With
+ * `pick` on the CUDA backend only the token the device picks comes back
+ * (*have_next true); otherwise the logits are in e->logits. */
+static bn_status engine_forward(bn_engine *e, const int32_t *history, const int32_t *tokens,
+                                int64_t n, int64_t pos, const device_pick *pick, int32_t *next,
+                                bool *have_next, bn_error *err)
+{
+    *have_next = false;
+#if defined(BITNET_HAVE_CUDA)
+    if (e->cuda) {
+        bn_error cerr;
+        bn_error_clear(&cerr);
+        bn_status st;
+        if (pick) {
+            const bn_cuda_sample_params cp = cuda_pick_params(pick->sp);
+            st = bn_cuda_backend_forward_sample(e->cuda, tokens, n, pos, &cp, pick_uniform(pick),
+                                                next, &cerr);
+        } else {
+            st = bn_cuda_backend_forward(e->cuda, tokens, n, pos, e->logits, &cerr);
+        }
+        if (st == BN_OK) {
+            if (pick)
+                pick_used(pick);
+            *have_next = pick != NULL;
+            return BN_OK;
+        }
+        if (st == BN_ERR_INVALID_ARGUMENT) { /* the request, not the device */
+            if (err)
+                *err = cerr;
+            return st;
+        }
+        return engine_cuda_step_failed(e, &cerr, history, pos + n, err);
+    }
+#endif
+    (void)history;
+    (void)pick;
+    (void)next;
+    return bn_cpu_backend_forward(e->cpu, tokens, n, pos, BN_LOGITS_LAST, e->logits, err);
+}
+
+bn_status bn_engine_forward_logits(bn_engine *e, const int32_t *history, int64_t pos, int64_t n,
+                                   float *logits, bn_error *err)
+{
+    if (!e || !history || !logits || pos < 0 || n < 1)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "forward_logits needs tokens, a position >= 0 and n >= 1");
+#if defined(BITNET_HAVE_CUDA)
+    const int64_t vocab = bn_checkpoint_hparams(e->model)->vocab;
+    /* The CUDA backend returns the last row's logits only: one pass per
+     * token (each a decode step; a failure falls back as in generation,
+     * after which the rest runs on the CPU below). */
+    int64_t i = 0;
+    for (; i < n && e->cuda; i++) {
+        bool have_next;
+        bn_status st = engine_forward(e, history, history + pos + i, 1, pos + i, NULL, NULL,
+                                      &have_next, err);
+        if (st != BN_OK)
+            return st;
+        memcpy(logits + i * vocab, e->logits, (size_t)vocab * sizeof(float));
+    }
+    if (i == n)
+        return BN_OK;
+    pos += i;
+    logits += i * vocab;
+    n -= i;
+#endif
+    return bn_cpu_backend_forward(e->cpu, history + pos, n, pos, BN_LOGITS_ALL, logits, err);
+}
+
+void bn_generation_free(bn_generation *g)
+{
+    if (!g)
+        return;
+    free(g->prompt_tokens);
+    free(g->tokens);
+    free(g->text);
+    memset(g, 0, sizeof *g);
+    g->eog_token = -1;
+}
+
+/* No token can be chosen for position pos: every logit is NaN or -inf
+ * (bn_sampler_sample's BN_SAMPLER_NO_TOKEN, or the device's pick saying
+ * the same). The same error on every backend and sampling path, and the
+ * same words perplexity uses: the model computes garbage, and a pick from
+ * it would be garbage too. */
+static bn_status logits_not_finite(int64_t pos, bn_error *err)
+{
+    return bn_error_set(err, BN_ERR_FORMAT, "the model's weights may hold values that overflow",
+                        "the model's logits are not finite: every logit is NaN or -inf, so no "
+                        "token can be chosen for position %lld",
+                        (long long)pos);
+}
+
+bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_generation *g,
+                             bn_error *err)
+{
+    memset(g, 0, sizeof *g);
+    g->eog_token = -1;
+    if (!e || !req || (!req->prompt_only && req->n_predict < 1))
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "the number of tokens to generate must be at least 1");
+    const int n_predict = req->prompt_only ? 0 : req->n_predict;
+
+    bn_status st = prompt_tokens(e, req, &g->prompt_tokens, &g->n_prompt, err);
+    if (st != BN_OK)
+        return st;
+    if (g->n_prompt == 0) {
+        bn_generation_free(g);
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "give a non-empty prompt",
+                            "the prompt is empty (and the vocabulary has no BOS token to start "
+                            "from)");
+    }
+    const int64_t n_ctx = e->n_ctx;
+    if ((int64_t)g->n_prompt + n_predict > n_ctx) {
+        const int64_t n_prompt = (int64_t)g->n_prompt;
+        bn_generation_free(g);
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                            "shorten the prompt, generate fewer tokens or use a larger context",
+                            "the prompt (%lld tokens) plus %d tokens to generate needs %lld "
+                            "positions, more than the context of %lld",
+                            (long long)n_prompt, n_predict, (long long)(n_prompt + n_predict),
+                            (long long)n_ctx);
+    }
+    /* Positions the cache holds for the prompt's first tokens: at least one
+     * prompt token must run, for the logits after it. */
+    const size_t n_cached = req->n_cached;
+    if (n_cached > 0 && (n_cached >= g->n_prompt || (int64_t)n_cached > bn_engine_kv_filled(e))) {
+        const size_t n_prompt = g->n_prompt;
+        bn_generation_free(g);
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "%zu cached positions asked for a prompt of %zu tokens, with %lld in "
+                            "the cache",
+                            n_cached, n_prompt, (long long)bn_engine_kv_filled(e));
+    }
+
+    const bn_hparams *hp = bn_checkpoint_hparams(e->model);
+    const bn_tokenizer *tok = bn_checkpoint_tokenizer(e->model);
+    const size_t history_cap = g->n_prompt + (size_t)n_predict;
+    int32_t *history = malloc(history_cap * sizeof(int32_t));
+    g->tokens = malloc(((size_t)n_predict + 1) * sizeof(int32_t));
+    bn_sampler *sampler = NULL;
+    text_buf text = {0};
+    streamer s = {.cap = 64, .req = req, .text = &text};
+    s.buf = malloc(s.cap);
+    if (!history || !g->tokens || !s.buf || !text_append(&text, "", 0)) {
+        st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for generation");
+        goto done;
+    }
+    st = bn_sampler_create(&req->sampling, hp->vocab, &sampler, err);
+    if (st != BN_OK)
+        goto done;
+    if (tok)
+        bn_detok_stream_init(&s.ds, tok);
+    memcpy(history, g->prompt_tokens, g->n_prompt * sizeof(int32_t));
+    size_t n_history = g->n_prompt;
+
+    if (n_cached == 0) {
+        if (e->cpu)
+            bn_cpu_backend_reset(e->cpu);
+#if defined(BITNET_HAVE_CUDA)
+        if (e->cuda)
+            bn_cuda_backend_reset(e->cuda);
+#endif
+    }
+    const device_pick pick_spec = {.sp = &req->sampling, .sampler = sampler};
+    const device_pick *pick = device_pick_rule(e, &req->sampling) ? &pick_spec : NULL;
+    bool have_next = false, next_asked = false;
+    int32_t next = -1;
+#if defined(BITNET_HAVE_CUDA)
+    bn_cuda_work w0;
+    bn_cuda_backend_work(e->cuda, &w0);
+#endif
+    double t0 = bn_time_seconds();
+    st = engine_forward(e, history, g->prompt_tokens + n_cached,
+                        (int64_t)(g->n_prompt - n_cached), (int64_t)n_cached,
+                        req->prompt_logits ? NULL : pick, &next, &have_next, err);
+    if (st != BN_OK)
+        goto done;
+#if defined(BITNET_HAVE_CUDA)
+    if (e->cuda) {
+        bn_cuda_work w1;
+        bn_cuda_backend_work(e->cuda, &w1);
+        g->prompt_staged = w1.staged_prefills > w0.staged_prefills;
+    }
+#endif
+    const double t1 = bn_time_seconds();
+    g->prompt_seconds = t1 - t0;
+    if (req->prompt_logits)
+        memcpy(req->prompt_logits, e->logits, (size_t)hp->vocab * sizeof(float));
+
+    int64_t pos = (int64_t)g->n_prompt;
+    /* On the GPU, with the device picking, the step after this token's is
+     * chained onto it (queued before its token is known: the device feeds
+     * it), so the GPU runs from step to step while the host streams text
+     * and waits; `in_flight`: this token's step was queued that way. */
+#if defined(BITNET_HAVE_CUDA)
+    bool in_flight = false;
+#endif
+    for (int i = 0; i < n_predict; i++) {
+        if (req->cancel && atomic_load(req->cancel)) {
+            g->cancelled = true;
+            break;
+        }
+        const int32_t id = have_next ? next : bn_sampler_sample(sampler, e->logits, history,
+                                                                n_history);
+        if (id < 0 || id >= hp->vocab) {
+            st = logits_not_finite(pos, err);
+            goto done; /* a submitted step is dropped below */
+        }
+        history[n_history++] = id;
+        if (tok && !req->ignore_eog && bn_tokenizer_is_eog(tok, id)) {
+            g->stopped_at_eog = true;
+            g->eog_token = id;
+            break; /* a step queued past the end is dropped below */
+        }
+        g->tokens[g->n_tokens++] = id;
+        const bool more = i + 1 < n_predict; /* the last token needs no forward pass */
+        const double f0 = bn_time_seconds();
+        /* On the GPU the next step is queued before this token's text is
+         * streamed, so detokenizing and the caller's callback overlap it. */
+        bool submitted = false, recomputed = false;
+#if defined(BITNET_HAVE_CUDA)
+        if (more && e->cuda && pick) {
+            bn_error cerr;
+            bn_error_clear(&cerr);
+            const bn_cuda_sample_params cp = cuda_pick_params(pick->sp);
+            bn_status cst = BN_OK;
+            if (!in_flight)
+                cst = bn_cuda_backend_submit_sample(e->cuda, id, pos, &cp, pick_uniform(pick),
+                                                    &cerr);
+            in_flight = false;
+            /* The step after it, chained: its pick is one ahead. */
+            if (cst == BN_OK && i + 2 < n_predict && !e->no_chain) {
+                cst = bn_cuda_backend_submit_chained(e->cuda, &cp, pick_uniform_ahead(pick, 1),
+                                                     &cerr);
+                in_flight = cst == BN_OK;
+            }
+            if (cst == BN_OK) {
+                submitted = true;
+            } else { /* a device failure leaves nothing pending (the backend drains
+                        both steps); a request error ends the generation, and the next
+                        reset drains what is left */
+                if (cerr.status == BN_ERR_INVALID_ARGUMENT) { /* the request */
+                    if (err)
+                        *err = cerr;
+                    st = cerr.status;
+                } else {
+                    st = engine_cuda_step_failed(e, &cerr, history, pos + 1, err);
+                }
+                if (st != BN_OK)
+                    goto done;
+                recomputed = true;
+            }
+        }
+#endif
+        if (tok) {
+            st = stream_token(&s, id, false, err);
+            if (st != BN_OK)
+                goto done; /* submitted steps are dropped below */
+        } else if (req->on_token && !req->on_token(req->ctx, id, "", 0)) {
+            s.stop = true;
+        }
+        if (s.stop) {
+            g->stopped_by_caller = true;
+            break; /* a step queued for this token is dropped below */
+        }
+        if (!more)
+            break;
+        stage_next(e, req, g, &next_asked); /* while the queued step computes */
+        have_next = false;
+#if defined(BITNET_HAVE_CUDA)
+        if (submitted) {
+            bn_error cerr;
+            bn_error_clear(&cerr);
+            if (bn_cuda_backend_wait_greedy(e->cuda, &next, &cerr) == BN_OK) {
+                pick_used(pick);
+                have_next = true;
+            } else {
+                in_flight = false; /* dropped with it */
+                st = engine_cuda_step_failed(e, &cerr, history, pos + 1, err);
+                if (st != BN_OK)
+                    goto done;
+            }
+            recomputed = true;
+        }
+#endif
+        if (!recomputed) {
+            st = engine_forward(e, history, &id, 1, pos, pick, &next, &have_next, err);
+            if (st != BN_OK)
+                goto done;
+        }
+        (void)submitted;
+        g->decode_seconds += bn_time_seconds() - f0;
+        g->decode_steps++;
+        pos++;
+    }
+    if (tok) {
+        st = stream_token(&s, 0, true, err);
+        if (st != BN_OK)
+            goto done;
+    }
+    g->gen_seconds = bn_time_seconds() - t1;
+    g->text = text.data;
+    g->text_len = text.len;
+    text.data = NULL;
+
+done:
+#if defined(BITNET_HAVE_CUDA)
+    /* Steps queued past the last token kept (chained ahead, or for a token
+     * after which the caller stopped) are discarded and their positions
+     * forgotten, so that the cache holds exactly what bn_engine_kv_filled
+     * says for the next request. */
+    if (e->cuda && bn_cuda_backend_pending(e->cuda))
+        (void)bn_cuda_backend_drop_pending(e->cuda, NULL);
+#endif
+    free(text.data);
+    free(s.buf);
+    free(history);
+    bn_sampler_free(sampler);
+    if (st != BN_OK)
+        bn_generation_free(g);
+    return st;
+}
