@@ -51,6 +51,27 @@ bool cli_check_device(const char *cmd, const char *text);
 bool cli_parse_float(const char *cmd, const char *opt, const char *text, double lo, double hi,
                      float *out);
 
+/* The options `run` and `chat` share: sampling and the engine. */
+typedef struct cli_gen_opts {
+    float temperature, top_p, min_p, repeat_penalty;
+    int top_k, repeat_last_n;
+    uint64_t seed;
+    bool have_seed;      /* --seed given */
+    const char *device;  /* NULL: BITNET_DEVICE, else auto */
+    long long threads, ctx;
+    bool kv_f16;
+} cli_gen_opts;
+
+/* run's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,
+ * repetition penalty off (1.0) over the last 64 tokens. */
+void cli_gen_defaults(cli_gen_opts *o);
+/* When argv[*i] is one of the shared options (--temp, --top-k, --top-p,
+ * --min-p, --repeat-penalty, --repeat-last-n, --seed, --device,
+ * --threads/-t, --ctx/-c, --kv): parses its value into o, moving *i past
+ * it, and returns 1; 0 when it is none of them; -1 after printing an
+ * error (exit code 2). */
+int cli_gen_option(int argc, char **argv, int *i, const char *cmd, cli_gen_opts *o);
+
 /* The model to use when no -m is given (BITNET_MODEL, else the shipped
  * default model) written to buf; NULL after printing an error naming the
  * places looked at. */

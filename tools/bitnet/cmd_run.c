@@ -130,18 +130,17 @@ static int parse(int argc, char **argv, run_opts *o)
     memset(o, 0, sizeof *o);
     o->n_predict = 128;
     o->max_file_bytes = (size_t)CLI_MAX_FILE_MIB_DEFAULT << 20;
-    bn_sampler_params_default(&o->sp);
-    o->sp.temperature = 0.8f;
-    o->sp.top_k = 40;
-    o->sp.top_p = 0.95f;
-    o->sp.min_p = 0.05f;
-    o->sp.repeat_penalty = 1.0f;
-    o->sp.repeat_last_n = 64;
+    cli_gen_opts g;
+    cli_gen_defaults(&g);
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = NULL;
-        long long n;
+        const int shared = cli_gen_option(argc, argv, &i, CMD, &g);
+        if (shared < 0)
+            return BN_EXIT_USAGE;
+        if (shared > 0)
+            continue;
 #define VALUE()                                                                                    \
     do {                                                                                           \
         if (!(v = cli_value(argc, argv, &i, CMD)))                                                 \
@@ -177,57 +176,6 @@ static int parse(int argc, char **argv, run_opts *o)
         } else if (strcmp(a, "--system") == 0) {
             VALUE();
             o->system = v;
-        } else if (strcmp(a, "--temp") == 0) {
-            VALUE();
-            if (!cli_parse_float(CMD, a, v, 0.0, 100.0, &o->sp.temperature))
-                return BN_EXIT_USAGE;
-        } else if (strcmp(a, "--top-k") == 0) {
-            VALUE();
-            if (!cli_parse_i64(CMD, a, v, 0, 1 << 24, &n))
-                return BN_EXIT_USAGE;
-            o->sp.top_k = (int)n;
-        } else if (strcmp(a, "--top-p") == 0) {
-            VALUE();
-            if (!cli_parse_float(CMD, a, v, 0.0, 1.0, &o->sp.top_p))
-                return BN_EXIT_USAGE;
-        } else if (strcmp(a, "--min-p") == 0) {
-            VALUE();
-            if (!cli_parse_float(CMD, a, v, 0.0, 1.0, &o->sp.min_p))
-                return BN_EXIT_USAGE;
-        } else if (strcmp(a, "--repeat-penalty") == 0) {
-            VALUE();
-            if (!cli_parse_float(CMD, a, v, 0.01, 100.0, &o->sp.repeat_penalty))
-                return BN_EXIT_USAGE;
-        } else if (strcmp(a, "--repeat-last-n") == 0) {
-            VALUE();
-            if (!cli_parse_i64(CMD, a, v, -1, 1 << 24, &n))
-                return BN_EXIT_USAGE;
-            o->sp.repeat_last_n = (int)n;
-        } else if (strcmp(a, "--seed") == 0) {
-            VALUE();
-            if (!cli_parse_u64(CMD, a, v, &o->seed))
-                return BN_EXIT_USAGE;
-            o->have_seed = true;
-        } else if (strcmp(a, "--device") == 0) {
-            VALUE();
-            if (!cli_check_device(CMD, v))
-                return BN_EXIT_USAGE;
-            o->device = v;
-        } else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) {
-            VALUE();
-            if (!cli_parse_i64(CMD, a, v, 1, 4096, &o->threads))
-                return BN_EXIT_USAGE;
-        } else if (strcmp(a, "--ctx") == 0 || strcmp(a, "-c") == 0) {
-            VALUE();
-            if (!cli_parse_i64(CMD, a, v, 1, 1 << 24, &o->ctx))
-                return BN_EXIT_USAGE;
-        } else if (strcmp(a, "--kv") == 0) {
-            VALUE();
-            if (strcmp(v, "f32") != 0 && strcmp(v, "f16") != 0) {
-                fprintf(stderr, "bitnet run: error: --kv must be f32 or f16, not '%s'\n", v);
-                return BN_EXIT_USAGE;
-            }
-            o->kv_f16 = strcmp(v, "f16") == 0;
         } else if (strcmp(a, "--receipt") == 0) {
             VALUE();
             o->receipt = v;
@@ -243,6 +191,19 @@ static int parse(int argc, char **argv, run_opts *o)
         }
 #undef VALUE
     }
+    bn_sampler_params_default(&o->sp);
+    o->sp.temperature = g.temperature;
+    o->sp.top_k = g.top_k;
+    o->sp.top_p = g.top_p;
+    o->sp.min_p = g.min_p;
+    o->sp.repeat_penalty = g.repeat_penalty;
+    o->sp.repeat_last_n = g.repeat_last_n;
+    o->seed = g.seed;
+    o->have_seed = g.have_seed;
+    o->device = g.device;
+    o->threads = g.threads;
+    o->ctx = g.ctx;
+    o->kv_f16 = g.kv_f16;
     if (!o->prompt && !o->ids && !o->prompt_file) {
         fprintf(stderr, "bitnet run: error: no prompt: give -p PROMPT (or --prompt-file FILE)\n");
         fprintf(stderr, "bitnet: hint: 'bitnet run --help' lists the options\n");

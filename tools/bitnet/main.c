@@ -131,6 +131,67 @@ char *cli_read_all(const char *path, const char *what, size_t max_bytes, size_t 
     return buf;
 }
 
+void cli_gen_defaults(cli_gen_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->temperature = 0.8f;
+    o->top_k = 40;
+    o->top_p = 0.95f;
+    o->min_p = 0.05f;
+    o->repeat_penalty = 1.0f;
+    o->repeat_last_n = 64;
+}
+
+int cli_gen_option(int argc, char **argv, int *i, const char *cmd, cli_gen_opts *o)
+{
+    const char *a = argv[*i];
+    static const char *const names[] = {"--temp",           "--top-k",          "--top-p",
+                                        "--min-p",          "--repeat-penalty", "--repeat-last-n",
+                                        "--seed",           "--device",         "--threads",
+                                        "-t",               "--ctx",            "-c",
+                                        "--kv"};
+    bool known = false;
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
+        known |= strcmp(a, names[k]) == 0;
+    if (!known)
+        return 0;
+    const char *v = cli_value(argc, argv, i, cmd);
+    if (!v)
+        return -1;
+    long long n = 0;
+    bool ok = true;
+    if (strcmp(a, "--temp") == 0) {
+        ok = cli_parse_float(cmd, a, v, 0.0, 100.0, &o->temperature);
+    } else if (strcmp(a, "--top-k") == 0) {
+        ok = cli_parse_i64(cmd, a, v, 0, 1 << 24, &n);
+        o->top_k = (int)n;
+    } else if (strcmp(a, "--top-p") == 0) {
+        ok = cli_parse_float(cmd, a, v, 0.0, 1.0, &o->top_p);
+    } else if (strcmp(a, "--min-p") == 0) {
+        ok = cli_parse_float(cmd, a, v, 0.0, 1.0, &o->min_p);
+    } else if (strcmp(a, "--repeat-penalty") == 0) {
+        ok = cli_parse_float(cmd, a, v, 0.01, 100.0, &o->repeat_penalty);
+    } else if (strcmp(a, "--repeat-last-n") == 0) {
+        ok = cli_parse_i64(cmd, a, v, -1, 1 << 24, &n);
+        o->repeat_last_n = (int)n;
+    } else if (strcmp(a, "--seed") == 0) {
+        ok = o->have_seed = cli_parse_u64(cmd, a, v, &o->seed);
+    } else if (strcmp(a, "--device") == 0) {
+        ok = cli_check_device(cmd, v);
+        o->device = v;
+    } else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) {
+        ok = cli_parse_i64(cmd, a, v, 1, 4096, &o->threads);
+    } else if (strcmp(a, "--ctx") == 0 || strcmp(a, "-c") == 0) {
+        ok = cli_parse_i64(cmd, a, v, 1, 1 << 24, &o->ctx);
+    } else { /* --kv */
+        ok = strcmp(v, "f32") == 0 || strcmp(v, "f16") == 0;
+        if (!ok)
+            fprintf(stderr, "bitnet %s: error: --kv must be f32 or f16, not '%s'\n", cmd, v);
+        o->kv_f16 = strcmp(v, "f16") == 0;
+    }
+    return ok ? 1 : -1;
+}
+
 bool cli_parse_max_file_mib(const char *cmd, const char *text, size_t *bytes)
 {
     long long mib;
