@@ -2,7 +2,7 @@
  * cublas_loader.h - cuBLAS opened at run time (dlopen), so a binary built
  * with CUDA starts on machines without the CUDA libraries and needs cuBLAS
  * only for the features that use it (benchmarks' BF16 baselines, the
- * F16/BF16 LM head, mixed-precision matmul).
+ * F16/BF16 LM head).
  */
 #ifndef BN_CUBLAS_LOADER_H
 #define BN_CUBLAS_LOADER_H

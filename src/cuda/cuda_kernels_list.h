@@ -33,7 +33,6 @@ static const char *const bn_cuda_kernel_list[] = {
     "lm_head: F16/BF16 through cuBLAS, or int8 rows (lm_head.c)",
     "lm_head_screen_int8: greedy LM head over an int8 copy with exact bounds (head_screen.cu)",
     "sample: greedy / top-k / top-p on the device (sample_kernels.cu)",
-    "convert_f32_f16/bf16: precision conversion for mixed-precision matmul",
     NULL,
 };
 
