@@ -51,13 +51,3 @@ bn_status bn_cublas_get(const bn_cublas **out, bn_error *err)
     *out = &loaded.api;
     return BN_OK;
 }
-
-bn_status bn_cublas_error(bn_error *err, cublasStatus_t st, const char *call)
-{
-    const char *hint = st == CUBLAS_STATUS_ALLOC_FAILED
-                           ? "reduce the batch size or the context length"
-                           : NULL;
-    return bn_error_set(err, st == CUBLAS_STATUS_ALLOC_FAILED ? BN_ERR_GPU_OUT_OF_MEMORY
-                                                               : BN_ERR_GPU,
-                        hint, "%s failed with cuBLAS status %d", call, (int)st);
-}

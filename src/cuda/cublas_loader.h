@@ -1,8 +1,7 @@
 /*
  * cublas_loader.h - cuBLAS opened at run time (dlopen), so a binary built
  * with CUDA starts on machines without the CUDA libraries and needs cuBLAS
- * only for the features that use it (benchmarks' BF16 baselines, the
- * F16/BF16 LM head).
+ * only for the features that use it (the benchmarks' BF16 baselines).
  */
 #ifndef BN_CUBLAS_LOADER_H
 #define BN_CUBLAS_LOADER_H
@@ -28,8 +27,5 @@ typedef struct bn_cublas {
 /* Loads libcublas once per process; BN_ERR_UNSUPPORTED with the loader's
  * message when it is not installed. */
 bn_status bn_cublas_get(const bn_cublas **out, bn_error *err);
-
-/* Turns a cuBLAS status into a bn_status with the call's name. */
-bn_status bn_cublas_error(bn_error *err, cublasStatus_t st, const char *call);
 
 #endif

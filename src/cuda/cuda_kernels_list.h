@@ -30,7 +30,7 @@ static const char *const bn_cuda_kernel_list[] = {
     "backend forward pass: norm + int8 (residual, squared ReLU), q|k|v scale + RoPE + KV "
     "store, decode attention with the q|k|v product in thread-block clusters, GEMVs with "
     "residual add and gate|up pairs (cuda_backend_kernels.cu)",
-    "lm_head: F16/BF16 through cuBLAS, or int8 rows (lm_head.c)",
+    "lm_head_gemv: F32/F16/BF16 LM head, x held in shared memory (cuda_backend_kernels.cu)",
     "lm_head_screen_int8: greedy LM head over an int8 copy with exact bounds (head_screen.cu)",
     "sample: greedy / top-k / top-p on the device (sample_kernels.cu)",
     NULL,
