@@ -23,7 +23,6 @@ static const char *const bn_cuda_kernel_list[] = {
     "relu2_mul, relu2_mul_norm_quantize: squared-ReLU gate x up, fused with sub-norm",
     "add_rows, store_rows: residual add; fp32 -> fp16/bf16 KV stores",
     "embed_rows: embedding rows from F32/F16/BF16/Q8_0/Q4_K/Q6_K/TQ2_0",
-    "absmean, pack_i2s/tq2_0/tl1/tl2, dequantize_i2s: weight quantization (quant_kernels.cu)",
     "attention_decode, attention_prefill: GQA attention over fp16/bf16 KV (attention_kernels.cu)",
     "attention_prefill_tiled: causal fp32 prefill attention, register tiles, in up to 8 "
     "merged parts (attn_prefill_tiled.cu)",
