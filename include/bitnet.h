@@ -474,6 +474,13 @@ typedef struct bn_model_info {
     uint64_t n_params;
     bool has_tokenizer;       /* text in and out; else token ids only        */
     int32_t bos, eos, eot;    /* special tokens; -1 when the model has none  */
+    /* How the device was chosen, one line: "requested=auto
+     * detected=[cuda,avx512,scalar] selected=cuda:0 (NVIDIA H200, ...)". */
+    char selection[512];
+    /* Why an "auto" request computes on the CPU although a GPU was found
+     * (the GPU backend could not start, or a GPU step failed and the CPU
+     * took over), "" otherwise. */
+    char fallback[576];
 } bn_model_info;
 
 bn_status bn_model_get_info(const bn_model *m, bn_model_info *info, bn_error *err);
@@ -621,17 +628,26 @@ bn_status bn_session_eval(bn_session *s, const int32_t *tokens, size_t n, float 
 typedef struct bn_perplexity {
     double perplexity;         /* exp(mean_nll)                               */
     double mean_nll;           /* nats per predicted token                    */
-    int64_t n_predicted;
+    int64_t n_predicted;       /* tokens scored                               */
+    int64_t n_text_tokens;     /* tokens of the whole text                    */
     int64_t n_chunks;
+    int64_t ctx;               /* positions per chunk, BOS included           */
     double seconds;
 } bn_perplexity;
 
+/* Called after each chunk with the result so far. */
+typedef void (*bn_perplexity_progress)(void *user, int64_t chunk, int64_t n_chunks,
+                                       const bn_perplexity *so_far);
+
 /* Perplexity of text[0, len) (the text tokenized as a whole, cut into chunks
  * of ctx positions, BOS first in each: bitnet perplexity's rule; ctx 0:
- * 512, or n_ctx if smaller). It uses the model's cache: sessions' cached
- * positions are computed again afterwards. */
+ * 512, or n_ctx if smaller). progress may be NULL. It uses the model's
+ * cache: sessions' cached positions are computed again afterwards.
+ * BN_ERR_INVALID_ARGUMENT for a ctx out of range or a text of too few
+ * tokens; BN_ERR_FORMAT when the model's logits are not finite. */
 bn_status bn_model_perplexity(bn_model *m, const char *text, size_t len, int64_t ctx,
-                              bn_perplexity *out, bn_error *err);
+                              bn_perplexity_progress progress, void *user, bn_perplexity *out,
+                              bn_error *err);
 
 #ifdef __cplusplus
 }

@@ -454,7 +454,7 @@ static void check_errors(bn_model *m, const bn_model_info *info)
     CHECK(bn_session_eval(s, NULL, 1, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
     CHECK(bn_model_get_info(NULL, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
     CHECK(bn_model_tokenize(m, NULL, 3, false, NULL, 0, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
-    CHECK(bn_model_perplexity(m, "x", 1, -1, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_model_perplexity(m, "x", 1, -1, NULL, NULL, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
     CHECK(bn_model_open(NULL, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
     bn_model_options bad_opt;
     bn_model_options_default(&bad_opt);
@@ -468,13 +468,21 @@ static void check_errors(bn_model *m, const bn_model_info *info)
     bn_session_free(s);
 }
 
+static void on_ppl(void *user, int64_t chunk, int64_t n_chunks, const bn_perplexity *so_far)
+{
+    int *calls = user;
+    (*calls)++;
+    CHECK(chunk >= 1 && chunk <= n_chunks && so_far->n_predicted > 0);
+}
+
 static void check_perplexity(bn_model *m, const char *path)
 {
+    int calls = 0;
     const char *text = "And God said, Let there be light: and there was light. And God saw the "
                        "light, that it was good: and God divided the light from the darkness.";
     bn_error err;
     bn_perplexity got;
-    CHECK_MSG(bn_model_perplexity(m, text, strlen(text), 16, &got, &err) == BN_OK, "%s",
+    CHECK_MSG(bn_model_perplexity(m, text, strlen(text), 16, on_ppl, &calls, &got, &err) == BN_OK, "%s",
               err.message);
     bn_config cfg;
     bn_config_defaults(&cfg);
@@ -487,6 +495,8 @@ static void check_perplexity(bn_model *m, const char *path)
                   fabs(got.perplexity - want.perplexity) <= 1e-9 * want.perplexity,
               "perplexity %g over %lld, engine %g over %lld", got.perplexity,
               (long long)got.n_predicted, want.perplexity, (long long)want.n_predicted);
+    CHECK(calls == (int)got.n_chunks && got.ctx == 16 &&
+          got.n_text_tokens == want.n_text_tokens && got.n_text_tokens > 0);
     bn_engine_free(e);
     /* After perplexity a session still gives the greedy tokens. */
 }
@@ -514,6 +524,8 @@ int main(int argc, char **argv)
     CHECK(strstr(info.path, "bitnet-kjv-7m") != NULL && info.has_tokenizer);
     CHECK(strncmp(info.device, device, strlen(device)) == 0);
     CHECK(info.vocab_size > 0 && info.n_ctx > 64 && info.n_layer > 0 && info.n_params > 0);
+    CHECK_STR_CONTAINS(info.selection, "selected=");
+    CHECK(info.fallback[0] == '\0');
 
     float *ref_logits = malloc((size_t)info.vocab_size * sizeof *ref_logits);
     bn_generation ref;

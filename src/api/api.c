@@ -185,6 +185,8 @@ bn_status bn_model_get_info(const bn_model *m, bn_model_info *info, bn_error *er
     info->bos = t ? bn_tokenizer_bos(t) : -1;
     info->eos = t ? bn_tokenizer_eos(t) : -1;
     info->eot = t ? bn_tokenizer_eot(t) : -1;
+    snprintf(info->selection, sizeof info->selection, "%s", bn_engine_startup_line(m->engine));
+    snprintf(info->fallback, sizeof info->fallback, "%s", ei.fallback);
     return BN_OK;
 }
 
@@ -769,8 +771,34 @@ bn_status bn_session_eval(bn_session *s, const int32_t *tokens, size_t n, float 
 
 /* ---- perplexity ------------------------------------------------------------------------ */
 
+static void copy_perplexity(const bn_perplexity_result *r, bn_perplexity *out)
+{
+    out->perplexity = r->perplexity;
+    out->mean_nll = r->mean_nll;
+    out->n_predicted = r->n_predicted;
+    out->n_text_tokens = r->n_text_tokens;
+    out->n_chunks = r->n_chunks;
+    out->ctx = r->ctx;
+    out->seconds = r->seconds;
+}
+
+typedef struct ppl_relay {
+    bn_perplexity_progress fn;
+    void *user;
+} ppl_relay;
+
+static void relay_progress(void *ctx, int64_t chunk, int64_t n_chunks,
+                           const bn_perplexity_result *so_far)
+{
+    const ppl_relay *r = ctx;
+    bn_perplexity p;
+    copy_perplexity(so_far, &p);
+    r->fn(r->user, chunk, n_chunks, &p);
+}
+
 bn_status bn_model_perplexity(bn_model *m, const char *text, size_t len, int64_t ctx,
-                              bn_perplexity *out, bn_error *err)
+                              bn_perplexity_progress progress, void *user, bn_perplexity *out,
+                              bn_error *err)
 {
     if (!m || (!text && len) || !out || ctx < 0)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
@@ -780,18 +808,14 @@ bn_status bn_model_perplexity(bn_model *m, const char *text, size_t len, int64_t
         const int64_t n_ctx = bn_engine_n_ctx(m->engine);
         ctx = n_ctx < 512 ? n_ctx : 512;
     }
+    ppl_relay relay = {progress, user};
     pthread_mutex_lock(&m->lock);
     bn_perplexity_result r;
-    bn_status st =
-        bn_engine_perplexity(m->engine, text ? text : "", len, ctx, NULL, NULL, &r, err);
+    bn_status st = bn_engine_perplexity(m->engine, text ? text : "", len, ctx,
+                                        progress ? relay_progress : NULL, &relay, &r, err);
     m->n_cache = 0; /* the chunks overwrote the cache */
     pthread_mutex_unlock(&m->lock);
-    if (st != BN_OK)
-        return st;
-    out->perplexity = r.perplexity;
-    out->mean_nll = r.mean_nll;
-    out->n_predicted = r.n_predicted;
-    out->n_chunks = r.n_chunks;
-    out->seconds = r.seconds;
-    return BN_OK;
+    if (st == BN_OK)
+        copy_perplexity(&r, out);
+    return st;
 }

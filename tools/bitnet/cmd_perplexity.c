@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "engine.h"
 #include "json_writer.h"
 
 #define CMD "perplexity"
@@ -110,7 +109,7 @@ typedef struct progress_state {
 
 /* On a terminal one line rewritten after each chunk; otherwise a line at
  * every tenth of the chunks. */
-static void on_progress(void *ctx, int64_t chunk, int64_t n_chunks, const bn_perplexity_result *r)
+static void on_progress(void *ctx, int64_t chunk, int64_t n_chunks, const bn_perplexity *r)
 {
     progress_state *p = ctx;
     const int tenth = (int)(chunk * 10 / n_chunks);
@@ -124,15 +123,14 @@ static void on_progress(void *ctx, int64_t chunk, int64_t n_chunks, const bn_per
             p->tty && chunk != n_chunks ? "" : "\n");
 }
 
+/* Built on the public API of bitnet.h alone. */
 int cmd_perplexity(int argc, char **argv, const bn_config *cfg)
 {
+    (void)cfg; /* bn_model_open reads the environment itself */
     ppl_opts o;
     int rc = parse(argc, argv, &o);
     if (rc != 0)
         return rc < 0 ? BN_EXIT_OK : rc;
-    char default_model[4096];
-    if (!o.model && !(o.model = cli_default_model(cfg, default_model, sizeof default_model, CMD)))
-        return BN_EXIT_INPUT;
 
     bn_error err;
     bn_error_clear(&err);
@@ -141,37 +139,44 @@ int cmd_perplexity(int argc, char **argv, const bn_config *cfg)
     if (!text)
         return cli_fail(&err);
 
-    bn_engine_options eo = {.model_path = o.model,
-                            .device = o.device,
-                            .n_threads = (int)o.threads,
-                            .n_ctx = o.ctx};
-    bn_engine *e = NULL;
-    if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK) {
+    bn_model_options mo;
+    bn_model_options_default(&mo);
+    mo.path = o.model; /* NULL: BITNET_MODEL, else the shipped model */
+    mo.device = o.device;
+    mo.n_threads = (int)o.threads;
+    mo.n_ctx = o.ctx;
+    bn_model *m = NULL;
+    bn_model_info info;
+    if (bn_model_open(&mo, &m, &err) != BN_OK || bn_model_get_info(m, &info, &err) != BN_OK) {
+        bn_model_close(m);
         free(text);
         return cli_fail(&err);
     }
-    fprintf(stderr, "%s\n", bn_engine_startup_line(e));
+    fprintf(stderr, "%s\n", info.selection);
     int64_t ctx = o.ctx;
     if (ctx == 0)
-        ctx = bn_engine_n_ctx(e) < DEFAULT_CTX ? bn_engine_n_ctx(e) : DEFAULT_CTX;
+        ctx = info.n_ctx < DEFAULT_CTX ? info.n_ctx : DEFAULT_CTX;
 
     progress_state ps = {.tty = isatty(STDERR_FILENO) != 0, .last_tenth = 0};
-    bn_perplexity_result r;
-    const bn_status st = bn_engine_perplexity(e, text, len, ctx, on_progress, &ps, &r, &err);
+    bn_perplexity r;
+    const bn_status st = bn_model_perplexity(m, text, len, ctx, on_progress, &ps, &r, &err);
     free(text);
     if (st != BN_OK) {
-        bn_engine_free(e);
+        bn_model_close(m);
         return cli_fail(&err);
     }
-    bn_engine_info info;
-    bn_engine_get_info(e, &info);
+    /* A GPU step that failed during the run: the CPU took over. */
+    if (bn_model_get_info(m, &info, &err) != BN_OK) {
+        bn_model_close(m);
+        return cli_fail(&err);
+    }
     if (o.json) {
         bn_json j;
         bn_json_init(&j, stdout);
         bn_json_begin_object(&j);
-        bn_json_kv_string(&j, "model", info.model_path);
+        bn_json_kv_string(&j, "model", info.path);
         bn_json_kv_string(&j, "file", o.file);
-        bn_json_kv_string(&j, "device", info.selected);
+        bn_json_kv_string(&j, "device", info.device);
         bn_json_kv_int(&j, "ctx", r.ctx);
         bn_json_kv_int(&j, "chunks", r.n_chunks);
         bn_json_kv_int(&j, "text_tokens", r.n_text_tokens);
@@ -185,10 +190,10 @@ int cmd_perplexity(int argc, char **argv, const bn_config *cfg)
         printf("perplexity %.4f (mean negative log-likelihood %.6f nats over %lld tokens; %lld "
                "chunks of %lld positions; %s)\n",
                r.perplexity, r.mean_nll, (long long)r.n_predicted, (long long)r.n_chunks,
-               (long long)r.ctx, info.selected);
+               (long long)r.ctx, info.device);
     }
     if (info.fallback[0])
         fprintf(stderr, "note: %s; computed on the CPU\n", info.fallback);
-    bn_engine_free(e);
+    bn_model_close(m);
     return BN_EXIT_OK;
 }
