@@ -8,9 +8,7 @@
  *                                                   released first
  *
  * Either fills err with the failing call, file, line, CUDA's message and an
- * actionable hint (bn_cuda_fail). cuBLAS calls have BN_CUBLAS_TRY and
- * BN_CUBLAS_STATUS (cuda_context.h), which take the same path for their
- * status codes.
+ * actionable hint (bn_cuda_fail).
  */
 #ifndef BN_CUDA_CHECK_H
 #define BN_CUDA_CHECK_H
