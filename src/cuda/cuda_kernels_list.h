@@ -18,11 +18,7 @@ static const char *const bn_cuda_kernel_list[] = {
     "Hopper wgmma warp-specialized with TMA and stream-K (w2a8_gemm_wgmma.cu), "
     "GEMV rows and mma rows for M <= 64",
     "quantize_rows: per-row absmax int8 activations",
-    "rmsnorm, rmsnorm_quantize: RMSNorm, fused with int8 quantization (ops_kernels.cu)",
-    "rope_neox: rotate-half RoPE at device-held positions",
-    "relu2_mul, relu2_mul_norm_quantize: squared-ReLU gate x up, fused with sub-norm",
-    "add_rows, store_rows: residual add; fp32 -> fp16/bf16 KV stores",
-    "embed_rows: embedding rows from F32/F16/BF16/Q8_0/Q4_K/Q6_K/TQ2_0",
+    "embed_rows: embedding rows from F32/F16/BF16/Q8_0/Q4_K/Q6_K/TQ2_0 (ops_kernels.cu)",
     "attention_decode, attention_prefill: GQA attention over fp16/bf16 KV (attention_kernels.cu)",
     "attention_prefill_tiled: causal fp32 prefill attention, register tiles, in up to 8 "
     "merged parts (attn_prefill_tiled.cu)",
