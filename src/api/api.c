@@ -637,6 +637,35 @@ static bool on_engine_token(void *ctx, int32_t token, const char *text, size_t l
     return go_on && !st->matched;
 }
 
+/* After a generation over seq: the session becomes seq followed by the
+ * tokens generated, and the model notes the tokens its cache holds now.
+ * Out of memory leaves the session as it was, and the cache noted as after
+ * a failure (only the prefix it started from), which is always true. */
+static bn_status keep_generated(bn_session *s, const int32_t *seq, size_t n_seq,
+                                const bn_generation *g, size_t n_cached, bn_error *err)
+{
+    bn_model *m = s->model;
+    const size_t total = n_seq + g->n_tokens;
+    int32_t *all = malloc((total ? total : 1) * sizeof *all);
+    if (!all) {
+        note_cache(m, seq, n_seq, n_cached, false);
+        return no_memory(err, "the session's tokens");
+    }
+    memcpy(all, seq, n_seq * sizeof *all);
+    if (g->n_tokens)
+        memcpy(all + n_seq, g->tokens, g->n_tokens * sizeof *all);
+    note_cache(m, all, total, n_cached, true);
+    bn_status st = BN_OK;
+    if (!reserve(&s->tokens, &s->cap, total ? total : 1)) {
+        st = no_memory(err, "the session's tokens");
+    } else {
+        memcpy(s->tokens, all, total * sizeof *all);
+        s->n = total;
+    }
+    free(all);
+    return st;
+}
+
 /* Runs one request over seq (the session's tokens and the prompt's) with
  * the cache's prefix reused; the caller holds the model's lock. */
 static bn_status run_request(bn_session *s, bn_generate_request *req, const int32_t *seq,
@@ -699,20 +728,8 @@ bn_status bn_session_generate(bn_session *s, const bn_generate_params *p,
         /* The text still held back (an unfinished stop string). */
         if (sm.n_held && !sm.matched && on_token)
             (void)on_token(user, -1, sm.held, sm.n_held);
-        const size_t total = n_seq + g.n_tokens;
-        if (!reserve(&seq, &(size_t){n_seq + 1}, total ? total : 1)) {
-            st = no_memory(err, "the session's tokens");
-        } else {
-            memcpy(seq + n_seq, g.tokens, g.n_tokens * sizeof *seq);
-            note_cache(m, seq, total, n_cached, true);
-            if (!reserve(&s->tokens, &s->cap, total)) {
-                st = no_memory(err, "the session's tokens");
-            } else {
-                memcpy(s->tokens, seq, total * sizeof *seq);
-                s->n = total;
-            }
-        }
-        if (result) {
+        st = keep_generated(s, seq, n_seq, &g, n_cached, err);
+        if (result && st == BN_OK) {
             result->n_prompt_tokens = n_new;
             result->n_cached = n_cached;
             result->n_tokens = g.n_tokens;
