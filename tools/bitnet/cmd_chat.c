@@ -5,17 +5,16 @@
  * stdout as it is generated and followed by a newline; notes and errors go
  * to stderr. On a terminal a "> " prompt is shown.
  *
- * The conversation is kept twice: as the list of messages (the system
- * message, then user and assistant turns) and as the tokens of one
- * bn_session. For each message the whole list is formatted with
- * bn_model_apply_chat (the model's chat format) and tokenized; the session
- * keeps the tokens it shares with that from the start (normally everything
- * up to the end of the last answer) and is given the rest as the prompt.
- * The model's cache holds the session's tokens, so only the new turn is
- * computed. Where the text of an answer tokenizes differently from the
- * tokens generated, the session is cut back to the common part and the
- * rest recomputed: the conversation the model sees is always exactly the
- * formatted text, the same tokens `bitnet run -p TEXT` reads.
+ * The conversation is the list of messages (the system message, then
+ * user and assistant turns). For each message the whole list is formatted
+ * with bn_model_apply_chat (the model's chat format) and given as the
+ * prompt of an empty session. The model reuses the positions its cache
+ * holds for the tokens the text shares with the last one computed
+ * (normally everything up to the end of the last answer), so only the new
+ * turn is computed; where the text of an answer tokenizes differently from
+ * the tokens generated, the rest is recomputed. The conversation the model
+ * sees is always exactly the formatted text, the same tokens `bitnet run -p
+ * TEXT` reads.
  *
  * Ctrl-C (SIGINT) is taken by a watcher thread with sigwait(), not by a
  * signal handler: SIGINT is blocked in every thread (it is blocked before
@@ -514,55 +513,6 @@ static char *format_conversation(chat *c, size_t *len, bn_error *err)
     return text;
 }
 
-/* The tokens of text[0, len) as bn_session_generate reads a text prompt
- * given to an empty session: BOS first when the tokenizer asks for one and
- * the text does not write it itself (the 2B-4T chat format starts with
- * <|begin_of_text|>, which bn_model_tokenize would otherwise double). */
-static int32_t *tokenize(chat *c, const char *text, size_t len, size_t *n, bn_error *err)
-{
-    if (bn_model_tokenize(c->model, text, len, true, NULL, 0, n, err) != BN_OK)
-        return NULL;
-    int32_t *t = malloc((*n ? *n : 1) * sizeof *t);
-    if (!t) {
-        bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the conversation's tokens");
-        return NULL;
-    }
-    size_t got = 0;
-    if (bn_model_tokenize(c->model, text, len, true, t, *n, &got, err) != BN_OK) {
-        free(t);
-        return NULL;
-    }
-    if (got >= 2 && c->info.bos >= 0 && t[0] == c->info.bos && t[1] == c->info.bos) {
-        memmove(t, t + 1, (got - 1) * sizeof *t);
-        got--;
-    }
-    *n = got;
-    return t;
-}
-
-/* Cuts the session back to the tokens it shares with want[0, n) from the
- * start; *kept receives their count. */
-static bn_status keep_common_prefix(chat *c, const int32_t *want, size_t n, size_t *kept,
-                                    bn_error *err)
-{
-    size_t held = 0;
-    bn_status st = bn_session_tokens(c->session, NULL, 0, &held, err);
-    if (st != BN_OK)
-        return st;
-    int32_t *have = malloc((held ? held : 1) * sizeof *have);
-    if (!have)
-        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the session's tokens");
-    if ((st = bn_session_tokens(c->session, have, held, &held, err)) == BN_OK) {
-        size_t k = 0;
-        while (k < held && k < n && have[k] == want[k])
-            k++;
-        st = bn_session_truncate(c->session, k, err);
-        *kept = k;
-    }
-    free(have);
-    return st;
-}
-
 /* An error during the conversation: printed; a refused request
  * (BN_ERR_INVALID_ARGUMENT) leaves the conversation as it was and the chat
  * goes on (0), anything else ends it with its exit code. */
@@ -583,11 +533,16 @@ static int answer_message(chat *c, const char *message, size_t len)
         fprintf(stderr, "bitnet: error: out of memory for the message\n");
         return BN_EXIT_OUT_OF_MEMORY;
     }
+    /* The whole conversation is the prompt of an empty session: the model
+     * reuses the positions its cache holds for the turns before (the
+     * common prefix), so only the new turn is computed, and the model
+     * sees exactly the formatted text. Its token count (BOS as the
+     * session adds it) decides whether it fits. */
     size_t text_len = 0, n_tokens = 0;
     char *text = format_conversation(c, &text_len, &err);
-    int32_t *tokens = text ? tokenize(c, text, text_len, &n_tokens, &err) : NULL;
-    free(text);
-    if (!tokens) {
+    if (!text ||
+        bn_model_tokenize(c->model, text, text_len, true, NULL, 0, &n_tokens, &err) != BN_OK) {
+        free(text);
         pop_message(c);
         return conversation_error(&err);
     }
@@ -612,29 +567,22 @@ static int answer_message(chat *c, const char *message, size_t len)
                     "bitnet chat: hint: /reset starts a new conversation (or a shorter message "
                     "may still fit)\n",
                     n_tokens, (long long)n_ctx);
-        free(tokens);
+        free(text);
         pop_message(c);
         return 0;
     }
 
-    size_t kept = 0;
-    bn_status st = keep_common_prefix(c, tokens, n_tokens, &kept, &err);
-    if (st != BN_OK) {
-        free(tokens);
-        pop_message(c);
-        return conversation_error(&err);
-    }
     const long long room = (long long)(n_ctx - (int64_t)n_tokens);
     const bool context_bound = room < o->max_tokens;
     bn_generate_params p = o->gp;
-    p.prompt = NULL;
-    p.prompt_tokens = tokens + kept;
-    p.n_prompt_tokens = n_tokens - kept;
+    p.prompt = text;
+    p.prompt_tokens = NULL;
+    p.n_prompt_tokens = 0;
     p.max_tokens = (int)(context_bound ? room : o->max_tokens);
     p.seed = c->seed + (uint64_t)c->answers;
 
     if (atomic_load(&g_int.stop)) { /* Ctrl-C while the message was prepared */
-        free(tokens);
+        free(text);
         pop_message(c);
         fprintf(stderr, "[answer stopped]\n");
         return 0;
@@ -642,15 +590,16 @@ static int answer_message(chat *c, const char *message, size_t len)
     c->len = 0;
     c->text_oom = false;
     bn_generate_result res;
-    st = bn_session_generate(c->session, &p, on_token, c, &res, &err);
-    free(tokens);
+    bn_session_reset(c->session);
+    bn_status st = bn_session_generate(c->session, &p, on_token, c, &res, &err);
+    free(text);
     /* Each answer ends its line, so answers stay apart in a file or pipe. */
     fputc('\n', stdout);
     fflush(stdout);
     if (st == BN_OK && c->text_oom)
         st = bn_error_set(&err, BN_ERR_OUT_OF_MEMORY, NULL, "out of memory for the answer");
     if (st != BN_OK) {
-        pop_message(c); /* the session is as before the call: no answer */
+        pop_message(c); /* no answer: the next message is formatted without this one */
         return conversation_error(&err);
     }
     if (!push_message(c, "assistant", c->len ? c->text : "", c->len)) {
@@ -663,7 +612,8 @@ static int answer_message(chat *c, const char *message, size_t len)
         fprintf(stderr,
                 "[prompt %zu tokens (%zu of the conversation's %zu positions cached) in %.3f s; "
                 "answer %zu tokens in %.3f s (%.1f tok/s)]\n",
-                res.n_prompt_tokens, res.n_cached, n_tokens, res.prompt_seconds, res.n_tokens,
+                res.n_prompt_tokens - res.n_cached, res.n_cached, res.n_prompt_tokens,
+                res.prompt_seconds, res.n_tokens,
                 res.generate_seconds,
                 res.generate_seconds > 0 ? (double)res.n_tokens / res.generate_seconds : 0.0);
     if (res.stop == BN_STOP_CANCELLED || res.stop == BN_STOP_CALLBACK)
