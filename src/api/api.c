@@ -762,8 +762,7 @@ bn_status bn_session_eval(bn_session *s, const int32_t *tokens, size_t n, float 
     pthread_mutex_lock(&m->lock);
     int32_t *seq = NULL;
     size_t n_seq = 0, n_new = 0;
-    bn_status st = sequence(s, tokens ? tokens : (const int32_t[]){0}, n, NULL, &seq, &n_seq,
-                            &n_new, err);
+    bn_status st = sequence(s, tokens, n, NULL, &seq, &n_seq, &n_new, err);
     if (st == BN_OK) {
         bn_generate_request req = {.prompt_only = true, .prompt_logits = logits};
         bn_sampler_params_default(&req.sampling);

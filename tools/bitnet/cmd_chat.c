@@ -119,11 +119,11 @@ static const char help_text[] =
     "Ctrl-C stops an answer; at the prompt, two Ctrl-C in a row leave.\n";
 
 typedef struct chat_opts {
-    const char *model, *system, *device;
-    long long max_tokens, threads, ctx;
-    bool kv_f16, verbose, have_seed;
-    uint64_t seed;
-    bn_generate_params gp; /* the sampling settings */
+    const char *model, *system;
+    long long max_tokens;
+    bool verbose;
+    cli_gen_opts gen;      /* sampling and engine options shared with run */
+    bn_generate_params gp; /* gen's sampling, as bn_session_generate takes it */
 } chat_opts;
 
 /* 0 = parsed, -1 = --help printed, otherwise the exit code to return. */
@@ -132,13 +132,12 @@ static int parse(int argc, char **argv, chat_opts *o)
     memset(o, 0, sizeof *o);
     o->max_tokens = DEFAULT_MAX_TOKENS;
     bn_generate_params_default(&o->gp);
-    cli_gen_opts g;
-    cli_gen_defaults(&g); /* bitnet run's sampling defaults */
+    cli_gen_defaults(&o->gen); /* bitnet run's sampling defaults */
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = NULL;
-        const int shared = cli_gen_option(argc, argv, &i, CMD, &g);
+        const int shared = cli_gen_option(argc, argv, &i, CMD, &o->gen);
         if (shared < 0)
             return BN_EXIT_USAGE;
         if (shared > 0)
@@ -170,18 +169,12 @@ static int parse(int argc, char **argv, chat_opts *o)
         }
 #undef VALUE
     }
-    o->gp.temperature = g.temperature;
-    o->gp.top_k = g.top_k;
-    o->gp.top_p = g.top_p;
-    o->gp.min_p = g.min_p;
-    o->gp.repeat_penalty = g.repeat_penalty;
-    o->gp.repeat_last_n = g.repeat_last_n;
-    o->seed = g.seed;
-    o->have_seed = g.have_seed;
-    o->device = g.device;
-    o->threads = g.threads;
-    o->ctx = g.ctx;
-    o->kv_f16 = g.kv_f16;
+    o->gp.temperature = o->gen.temperature;
+    o->gp.top_k = o->gen.top_k;
+    o->gp.top_p = o->gen.top_p;
+    o->gp.min_p = o->gen.min_p;
+    o->gp.repeat_penalty = o->gen.repeat_penalty;
+    o->gp.repeat_last_n = o->gen.repeat_last_n;
     return 0;
 }
 
@@ -190,8 +183,8 @@ static int parse(int argc, char **argv, chat_opts *o)
 static uint64_t choose_seed(const bn_config *cfg, const chat_opts *o, bool *fixed)
 {
     *fixed = true;
-    if (o->have_seed)
-        return o->seed;
+    if (o->gen.have_seed)
+        return o->gen.seed;
     if (cfg && cfg->seed_set)
         return cfg->seed;
     if (cfg && cfg->deterministic)
@@ -787,10 +780,10 @@ int cmd_chat(int argc, char **argv, const bn_config *cfg)
     bn_model_options mo;
     bn_model_options_default(&mo);
     mo.path = o.model; /* NULL: BITNET_MODEL, else the shipped model */
-    mo.device = o.device;
-    mo.n_threads = (int)o.threads;
-    mo.n_ctx = o.ctx;
-    mo.kv = o.kv_f16 ? BN_KV_F16 : BN_KV_F32;
+    mo.device = o.gen.device;
+    mo.n_threads = (int)o.gen.threads;
+    mo.n_ctx = o.gen.ctx;
+    mo.kv = o.gen.kv_f16 ? BN_KV_F16 : BN_KV_F32;
     if (bn_model_open(&mo, &c.model, &err) != BN_OK) {
         interrupts_stop(&in);
         return cli_fail(&err);

@@ -88,14 +88,14 @@ static void usage(FILE *out)
 }
 
 typedef struct run_opts {
-    const char *model, *prompt, *system, *device, *receipt, *dump_logits, *prompt_file;
+    const char *model, *prompt, *system, *receipt, *dump_logits, *prompt_file;
     int32_t *ids; /* --prompt-ids */
     size_t n_ids;
-    long long n_predict, threads, ctx;
+    long long n_predict;
     size_t max_file_bytes; /* --max-file-mib */
-    bool chat, verbose, have_seed, kv_f16;
-    uint64_t seed;
-    bn_sampler_params sp;
+    bool chat, verbose;
+    cli_gen_opts gen;     /* sampling and engine options shared with chat */
+    bn_sampler_params sp; /* gen's sampling, as the engine takes it */
 } run_opts;
 
 /* "1,22,333" -> ids (malloc'ed). */
@@ -130,13 +130,12 @@ static int parse(int argc, char **argv, run_opts *o)
     memset(o, 0, sizeof *o);
     o->n_predict = 128;
     o->max_file_bytes = (size_t)CLI_MAX_FILE_MIB_DEFAULT << 20;
-    cli_gen_opts g;
-    cli_gen_defaults(&g);
+    cli_gen_defaults(&o->gen);
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = NULL;
-        const int shared = cli_gen_option(argc, argv, &i, CMD, &g);
+        const int shared = cli_gen_option(argc, argv, &i, CMD, &o->gen);
         if (shared < 0)
             return BN_EXIT_USAGE;
         if (shared > 0)
@@ -192,18 +191,12 @@ static int parse(int argc, char **argv, run_opts *o)
 #undef VALUE
     }
     bn_sampler_params_default(&o->sp);
-    o->sp.temperature = g.temperature;
-    o->sp.top_k = g.top_k;
-    o->sp.top_p = g.top_p;
-    o->sp.min_p = g.min_p;
-    o->sp.repeat_penalty = g.repeat_penalty;
-    o->sp.repeat_last_n = g.repeat_last_n;
-    o->seed = g.seed;
-    o->have_seed = g.have_seed;
-    o->device = g.device;
-    o->threads = g.threads;
-    o->ctx = g.ctx;
-    o->kv_f16 = g.kv_f16;
+    o->sp.temperature = o->gen.temperature;
+    o->sp.top_k = o->gen.top_k;
+    o->sp.top_p = o->gen.top_p;
+    o->sp.min_p = o->gen.min_p;
+    o->sp.repeat_penalty = o->gen.repeat_penalty;
+    o->sp.repeat_last_n = o->gen.repeat_last_n;
     if (!o->prompt && !o->ids && !o->prompt_file) {
         fprintf(stderr, "bitnet run: error: no prompt: give -p PROMPT (or --prompt-file FILE)\n");
         fprintf(stderr, "bitnet: hint: 'bitnet run --help' lists the options\n");
@@ -647,10 +640,10 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
     bn_error err;
     bn_error_clear(&err);
     bn_engine_options eo = {.model_path = o.model,
-                            .device = o.device,
-                            .n_threads = (int)o.threads,
-                            .n_ctx = o.ctx,
-                            .kv_f16 = o.kv_f16};
+                            .device = o.gen.device,
+                            .n_threads = (int)o.gen.threads,
+                            .n_ctx = o.gen.ctx,
+                            .kv_f16 = o.gen.kv_f16};
     bn_engine *e = NULL;
     if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK) {
         free(o.ids);
@@ -662,7 +655,7 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
         print_verbose(e);
 
     bool seed_fixed;
-    o.sp.seed = bn_engine_choose_seed(cfg, o.have_seed, o.seed, &seed_fixed);
+    o.sp.seed = bn_engine_choose_seed(cfg, o.gen.have_seed, o.gen.seed, &seed_fixed);
     if (o.prompt_file) {
         if (o.verbose)
             fprintf(stderr, "seed        %llu%s, the same for every request\n",
