@@ -128,9 +128,10 @@ void bn_engine_free(bn_engine *e);
 bool bn_engine_picks_on_device(const bn_engine *e, const bn_sampler_params *p);
 
 const bn_checkpoint *bn_engine_model(const bn_engine *e);
-/* The CUDA backend computing, or NULL (CPU, or a build without CUDA). */
-struct bn_cuda_backend;
-struct bn_cuda_backend *bn_engine_cuda(bn_engine *e);
+/* The handle of the backend computing when it is the one named `name`
+ * ("cpu": a bn_cpu_backend, "cuda": a bn_cuda_backend), else NULL: for
+ * that backend's own measurements (bitnet bench). */
+void *bn_engine_backend_handle(bn_engine *e, const char *name);
 /* The startup line (no newline). */
 const char *bn_engine_startup_line(const bn_engine *e);
 /* Positions of the KV cache. */

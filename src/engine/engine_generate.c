@@ -11,12 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_backend.h"
-#include "tokenizer.h"
-#if defined(BITNET_HAVE_CUDA)
-#include "cuda_backend.h"
-#endif
 #include "engine_internal.h"
+#include "tokenizer.h"
 
 /* ---- generation ------------------------------------------------------------- */
 
@@ -159,41 +155,34 @@ static void stage_next(bn_engine *e, const bn_generate_request *req, bn_generati
     if (!req->next_prompt(req->ctx, &tokens, &n))
         return;
     *asked_done = true;
-#if defined(BITNET_HAVE_CUDA)
-    if (e->cuda && tokens && n > 1) {
+    const bn_backend_ops *ops = e->backend->ops;
+    if (ops->stage_prompt && tokens && n > 1) {
         bn_error cerr;
         bn_error_clear(&cerr);
-        if (bn_cuda_backend_stage_prompt(e->cuda, tokens, (int64_t)n, &cerr) == BN_OK)
+        if (ops->stage_prompt(e->backend, tokens, (int64_t)n, &cerr) == BN_OK)
             g->next_staged = true;
         else
             bn_log(BN_LOG_INFO, "the next prompt was not uploaded ahead: %s", cerr.message);
     }
-#else
-    (void)e;
-    (void)g;
-    (void)tokens;
-    (void)n;
-#endif
 }
 
-/* The next token as the CUDA backend picks it on the device (engine_forward,
- * bn_cuda_backend_forward_sample): the request's sampling and its sampler,
+/* The next token as the backend picks it on the device (engine_forward,
+ * the backend's forward_pick): the request's sampling and its sampler,
  * whose stream supplies each sampled pick's uniform number, so the device
  * picks what the CPU sampler would from the same logits. */
 typedef struct device_pick {
     const bn_sampler_params *sp;
+    bn_pick_params pp; /* the same, as the backend takes them */
     bn_sampler *sampler;
 } device_pick;
 
-#if defined(BITNET_HAVE_CUDA)
-static bn_cuda_sample_params cuda_pick_params(const bn_sampler_params *sp)
+static bn_pick_params pick_params(const bn_sampler_params *sp)
 {
-    return (bn_cuda_sample_params){.temperature = sp->temperature,
-                                   .top_k = sp->top_k,
-                                   .top_p = sp->top_p,
-                                   .min_p = sp->min_p};
+    return (bn_pick_params){.temperature = sp->temperature,
+                            .top_k = sp->top_k,
+                            .top_p = sp->top_p,
+                            .min_p = sp->min_p};
 }
-#endif
 
 /* Whether the device can pick the tokens itself: greedy or a sampler it
  * supports (a top-k of at most 64 for a large vocabulary), with no
@@ -204,29 +193,18 @@ static bool device_pick_rule(const bn_engine *e, const bn_sampler_params *p)
 {
     if (e->host_picks || !(p->repeat_penalty == 1.0f || p->repeat_last_n == 0))
         return false;
-    if (!(p->temperature > 0.0f))
-        return true;
-#if defined(BITNET_HAVE_CUDA)
-    const bn_cuda_sample_params cp = cuda_pick_params(p);
-    return e->cuda && bn_cuda_backend_sample_supported(e->cuda, &cp);
-#else
-    (void)e;
-    return false;
-#endif
+    const bn_backend_ops *ops = e->backend->ops;
+    if (!ops->pick_supported)
+        return false;
+    const bn_pick_params pp = pick_params(p);
+    return ops->pick_supported(e->backend, &pp);
 }
 
 bool bn_engine_picks_on_device(const bn_engine *e, const bn_sampler_params *p)
 {
-#if defined(BITNET_HAVE_CUDA)
-    return e && p && e->cuda && device_pick_rule(e, p);
-#else
-    (void)e;
-    (void)p;
-    return false;
-#endif
+    return e && p && e->backend && device_pick_rule(e, p);
 }
 
-#if defined(BITNET_HAVE_CUDA)
 /* The uniform number of the device's next pick (0 for greedy, which draws
  * none), and its use once the device's token is in. */
 static double pick_uniform(const device_pick *pick)
@@ -244,47 +222,40 @@ static void pick_used(const device_pick *pick)
     if (pick->sp->temperature > 0.0f)
         bn_sampler_skip(pick->sampler);
 }
-#endif
 
 /* Runs `n` tokens at `pos` on the backend computing; history holds the
  * tokens of positions [0, pos + n), for a CPU fallback to recompute. With
- * `pick` on the CUDA backend only the token the device picks comes back
- * (*have_next true); otherwise the logits are in e->logits. */
+ * `pick` only the token the device picks comes back (*have_next true);
+ * otherwise the logits are in e->logits. */
 static bn_status engine_forward(bn_engine *e, const int32_t *history, const int32_t *tokens,
                                 int64_t n, int64_t pos, const device_pick *pick, int32_t *next,
                                 bool *have_next, bn_error *err)
 {
     *have_next = false;
-#if defined(BITNET_HAVE_CUDA)
-    if (e->cuda) {
-        bn_error cerr;
-        bn_error_clear(&cerr);
-        bn_status st;
-        if (pick) {
-            const bn_cuda_sample_params cp = cuda_pick_params(pick->sp);
-            st = bn_cuda_backend_forward_sample(e->cuda, tokens, n, pos, &cp, pick_uniform(pick),
-                                                next, &cerr);
-        } else {
-            st = bn_cuda_backend_forward(e->cuda, tokens, n, pos, e->logits, &cerr);
-        }
-        if (st == BN_OK) {
-            if (pick)
-                pick_used(pick);
-            *have_next = pick != NULL;
-            return BN_OK;
-        }
-        if (st == BN_ERR_INVALID_ARGUMENT) { /* the request, not the device */
-            if (err)
-                *err = cerr;
-            return st;
-        }
-        return engine_cuda_step_failed(e, &cerr, history, pos + n, err);
+    bn_backend *b = e->backend;
+    const bool is_cpu = b->ops == bn_backend_cpu_ops();
+    if (!b->ops->forward_pick) /* the CPU after a fallback: the host picks */
+        pick = NULL;
+    bn_error berr;
+    bn_error_clear(&berr);
+    bn_status st;
+    if (pick)
+        st = b->ops->forward_pick(b, tokens, n, pos, &pick->pp, pick_uniform(pick), next, &berr);
+    else
+        st = b->ops->forward(b, tokens, n, pos, e->logits, &berr);
+    if (st == BN_OK) {
+        if (pick)
+            pick_used(pick);
+        *have_next = pick != NULL;
+        return BN_OK;
     }
-#endif
-    (void)history;
-    (void)pick;
-    (void)next;
-    return bn_cpu_backend_forward(e->cpu, tokens, n, pos, BN_LOGITS_LAST, e->logits, err);
+    /* The request's error, or the CPU's (nothing to fall back to). */
+    if (st == BN_ERR_INVALID_ARGUMENT || is_cpu) {
+        if (err)
+            *err = berr;
+        return st;
+    }
+    return engine_step_failed(e, &berr, history, pos + n, err);
 }
 
 bn_status bn_engine_forward_logits(bn_engine *e, const int32_t *history, int64_t pos, int64_t n,
@@ -293,13 +264,12 @@ bn_status bn_engine_forward_logits(bn_engine *e, const int32_t *history, int64_t
     if (!e || !history || !logits || pos < 0 || n < 1)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "forward_logits needs tokens, a position >= 0 and n >= 1");
-#if defined(BITNET_HAVE_CUDA)
     const int64_t vocab = bn_checkpoint_hparams(e->model)->vocab;
-    /* The CUDA backend returns the last row's logits only: one pass per
+    /* A backend that returns the last row's logits only runs one pass per
      * token (each a decode step; a failure falls back as in generation,
-     * after which the rest runs on the CPU below). */
+     * after which the rest runs on the CPU as one batch). */
     int64_t i = 0;
-    for (; i < n && e->cuda; i++) {
+    for (; i < n && !e->backend->ops->forward_all; i++) {
         bool have_next;
         bn_status st = engine_forward(e, history, history + pos + i, 1, pos + i, NULL, NULL,
                                       &have_next, err);
@@ -309,11 +279,8 @@ bn_status bn_engine_forward_logits(bn_engine *e, const int32_t *history, int64_t
     }
     if (i == n)
         return BN_OK;
-    pos += i;
-    logits += i * vocab;
-    n -= i;
-#endif
-    return bn_cpu_backend_forward(e->cpu, history + pos, n, pos, BN_LOGITS_ALL, logits, err);
+    return e->backend->ops->forward_all(e->backend, history + pos + i, n - i, pos + i,
+                                        logits + i * vocab, err);
 }
 
 void bn_generation_free(bn_generation *g)
@@ -403,48 +370,37 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
     memcpy(history, g->prompt_tokens, g->n_prompt * sizeof(int32_t));
     size_t n_history = g->n_prompt;
 
-    if (n_cached == 0) {
-        if (e->cpu)
-            bn_cpu_backend_reset(e->cpu);
-#if defined(BITNET_HAVE_CUDA)
-        if (e->cuda)
-            bn_cuda_backend_reset(e->cuda);
-#endif
-    }
-    const device_pick pick_spec = {.sp = &req->sampling, .sampler = sampler};
+    if (n_cached == 0)
+        e->backend->ops->reset(e->backend);
+    const device_pick pick_spec = {
+        .sp = &req->sampling, .pp = pick_params(&req->sampling), .sampler = sampler};
     const device_pick *pick = device_pick_rule(e, &req->sampling) ? &pick_spec : NULL;
     bool have_next = false, next_asked = false;
     int32_t next = -1;
-#if defined(BITNET_HAVE_CUDA)
-    bn_cuda_work w0;
-    bn_cuda_backend_work(e->cuda, &w0);
-#endif
+    const uint64_t staged0 =
+        e->backend->ops->staged_prefills ? e->backend->ops->staged_prefills(e->backend) : 0;
     double t0 = bn_time_seconds();
     st = engine_forward(e, history, g->prompt_tokens + n_cached,
                         (int64_t)(g->n_prompt - n_cached), (int64_t)n_cached,
                         req->prompt_logits ? NULL : pick, &next, &have_next, err);
     if (st != BN_OK)
         goto done;
-#if defined(BITNET_HAVE_CUDA)
-    if (e->cuda) {
-        bn_cuda_work w1;
-        bn_cuda_backend_work(e->cuda, &w1);
-        g->prompt_staged = w1.staged_prefills > w0.staged_prefills;
-    }
-#endif
+    if (e->backend->ops->staged_prefills)
+        g->prompt_staged = e->backend->ops->staged_prefills(e->backend) > staged0;
     const double t1 = bn_time_seconds();
     g->prompt_seconds = t1 - t0;
     if (req->prompt_logits)
         memcpy(req->prompt_logits, e->logits, (size_t)hp->vocab * sizeof(float));
 
     int64_t pos = (int64_t)g->n_prompt;
-    /* On the GPU, with the device picking, the step after this token's is
-     * chained onto it (queued before its token is known: the device feeds
-     * it), so the GPU runs from step to step while the host streams text
-     * and waits; `in_flight`: this token's step was queued that way. */
-#if defined(BITNET_HAVE_CUDA)
+    /* On a device that picks the tokens and queues steps, the step after
+     * this token's is chained onto it (queued before its token is known:
+     * the device feeds it), so the device runs from step to step while the
+     * host streams text and waits; `in_flight`: this token's step was
+     * queued that way. */
+    const bn_backend_ops *ops0 = e->backend->ops;
+    const bool queues = pick && ops0->submit && ops0->wait;
     bool in_flight = false;
-#endif
     for (int i = 0; i < n_predict; i++) {
         if (req->cancel && atomic_load(req->cancel)) {
             g->cancelled = true;
@@ -465,23 +421,21 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
         g->tokens[g->n_tokens++] = id;
         const bool more = i + 1 < n_predict; /* the last token needs no forward pass */
         const double f0 = bn_time_seconds();
-        /* On the GPU the next step is queued before this token's text is
-         * streamed, so detokenizing and the caller's callback overlap it. */
+        /* On such a device the next step is queued before this token's
+         * text is streamed, so detokenizing and the caller's callback
+         * overlap it (a fallback to the CPU ends the queueing). */
         bool submitted = false, recomputed = false;
-#if defined(BITNET_HAVE_CUDA)
-        if (more && e->cuda && pick) {
+        bn_backend *b = e->backend;
+        if (more && queues && b->ops == ops0) {
             bn_error cerr;
             bn_error_clear(&cerr);
-            const bn_cuda_sample_params cp = cuda_pick_params(pick->sp);
             bn_status cst = BN_OK;
             if (!in_flight)
-                cst = bn_cuda_backend_submit_sample(e->cuda, id, pos, &cp, pick_uniform(pick),
-                                                    &cerr);
+                cst = b->ops->submit(b, id, pos, &pick->pp, pick_uniform(pick), &cerr);
             in_flight = false;
             /* The step after it, chained: its pick is one ahead. */
-            if (cst == BN_OK && i + 2 < n_predict && !e->no_chain) {
-                cst = bn_cuda_backend_submit_chained(e->cuda, &cp, pick_uniform_ahead(pick, 1),
-                                                     &cerr);
+            if (cst == BN_OK && i + 2 < n_predict && !e->no_chain && b->ops->submit_chained) {
+                cst = b->ops->submit_chained(b, &pick->pp, pick_uniform_ahead(pick, 1), &cerr);
                 in_flight = cst == BN_OK;
             }
             if (cst == BN_OK) {
@@ -494,14 +448,13 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
                         *err = cerr;
                     st = cerr.status;
                 } else {
-                    st = engine_cuda_step_failed(e, &cerr, history, pos + 1, err);
+                    st = engine_step_failed(e, &cerr, history, pos + 1, err);
                 }
                 if (st != BN_OK)
                     goto done;
                 recomputed = true;
             }
         }
-#endif
         if (tok) {
             st = stream_token(&s, id, false, err);
             if (st != BN_OK)
@@ -517,28 +470,25 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
             break;
         stage_next(e, req, g, &next_asked); /* while the queued step computes */
         have_next = false;
-#if defined(BITNET_HAVE_CUDA)
         if (submitted) {
             bn_error cerr;
             bn_error_clear(&cerr);
-            if (bn_cuda_backend_wait_greedy(e->cuda, &next, &cerr) == BN_OK) {
+            if (e->backend->ops->wait(e->backend, &next, &cerr) == BN_OK) {
                 pick_used(pick);
                 have_next = true;
             } else {
                 in_flight = false; /* dropped with it */
-                st = engine_cuda_step_failed(e, &cerr, history, pos + 1, err);
+                st = engine_step_failed(e, &cerr, history, pos + 1, err);
                 if (st != BN_OK)
                     goto done;
             }
             recomputed = true;
         }
-#endif
         if (!recomputed) {
             st = engine_forward(e, history, &id, 1, pos, pick, &next, &have_next, err);
             if (st != BN_OK)
                 goto done;
         }
-        (void)submitted;
         g->decode_seconds += bn_time_seconds() - f0;
         g->decode_steps++;
         pos++;
@@ -554,14 +504,12 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
     text.data = NULL;
 
 done:
-#if defined(BITNET_HAVE_CUDA)
     /* Steps queued past the last token kept (chained ahead, or for a token
      * after which the caller stopped) are discarded and their positions
      * forgotten, so that the cache holds exactly what bn_engine_kv_filled
      * says for the next request. */
-    if (e->cuda && bn_cuda_backend_pending(e->cuda))
-        (void)bn_cuda_backend_drop_pending(e->cuda, NULL);
-#endif
+    if (e->backend && e->backend->ops->pending && e->backend->ops->pending(e->backend))
+        e->backend->ops->drop_pending(e->backend);
     free(text.data);
     free(s.buf);
     free(history);

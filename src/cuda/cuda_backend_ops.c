@@ -1,0 +1,239 @@
+/*
+ * cuda_backend_ops.c - the CUDA backend (cuda_backend.h) behind the
+ * engine's backend interface (src/engine/backend.h), with every optional
+ * operation: tokens picked on the device, queued and chained decode steps,
+ * the next prompt uploaded ahead.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cuda_backend.h"
+#include "engine.h"
+
+extern const bn_backend_ops bn_cuda_backend_ops;
+
+static bn_cuda_backend *cuda_of(const bn_backend *b)
+{
+    return b->impl;
+}
+
+static bn_cuda_sample_params sample_params(const bn_pick_params *p)
+{
+    if (!p)
+        return (bn_cuda_sample_params){.temperature = 0.0f, .top_p = 1.0f};
+    return (bn_cuda_sample_params){
+        .temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p, .min_p = p->min_p};
+}
+
+static bn_status cuda_create(const bn_checkpoint *model, const bn_backend_params *p,
+                             bn_backend **out, bn_error *err)
+{
+    *out = NULL;
+    bn_cuda_backend_options o;
+    bn_cuda_backend_options_default(&o);
+    o.device = p->device;
+    o.kv_len = p->kv_len;
+    o.memory_limit = p->memory_limit;
+    o.kv_type = p->kv_f16 ? BN_CUDA_KV_F16 : BN_CUDA_KV_F32;
+    o.threads = p->threads;
+    const bn_engine_options *eo = p->engine;
+    if (eo) {
+        o.fusion = (bn_cuda_fusion)eo->cuda_fusion;
+        o.attn_cluster = eo->cuda_attn_cluster;
+        o.gemv_cluster = eo->cuda_gemv_cluster;
+        o.head_screen = eo->cuda_head_screen;
+        o.attn_qkv = eo->cuda_attn_qkv;
+        o.gate_up_pair = eo->cuda_gate_up_pair;
+        o.gate_up_cluster = eo->cuda_gate_up_cluster;
+    }
+    bn_backend *b = calloc(1, sizeof *b);
+    if (!b)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the CUDA backend");
+    bn_cuda_backend *cuda = NULL;
+    bn_status st = bn_cuda_backend_create(model, &o, &cuda, err);
+    if (st != BN_OK) {
+        free(b);
+        return st;
+    }
+    if (eo)
+        bn_cuda_backend_fail_at(cuda, eo->test_cuda_fail_call);
+    b->ops = &bn_cuda_backend_ops;
+    b->impl = cuda;
+    *out = b;
+    return BN_OK;
+}
+
+static void cuda_free(bn_backend *b)
+{
+    if (!b)
+        return;
+    bn_cuda_backend_free(cuda_of(b));
+    free(b);
+}
+
+static bn_status cuda_forward(bn_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
+                              float *logits, bn_error *err)
+{
+    return bn_cuda_backend_forward(cuda_of(b), tokens, n, pos, logits, err);
+}
+
+static int64_t cuda_kv_len(const bn_backend *b) { return bn_cuda_backend_kv_len(cuda_of(b)); }
+static int64_t cuda_kv_filled(const bn_backend *b)
+{
+    return bn_cuda_backend_kv_filled(cuda_of(b));
+}
+static void cuda_reset(bn_backend *b) { bn_cuda_backend_reset(cuda_of(b)); }
+
+/* The startup line's name of a cluster choice: "cluster N", or `none`
+ * where n is 0. */
+static void cluster_or(char *buf, size_t size, int n, const char *none)
+{
+    if (n > 0)
+        snprintf(buf, size, "cluster %d", n);
+    else
+        snprintf(buf, size, "%s", none);
+}
+
+static void cuda_describe(const bn_backend *b, bn_backend_desc *d)
+{
+    const bn_cuda_backend *c = cuda_of(b);
+    snprintf(d->selected, sizeof d->selected, "cuda:%d", bn_cuda_backend_device(c));
+    snprintf(d->kernel, sizeof d->kernel, "cuda");
+    d->threads = 0;
+    /* The fp16 cache's attention merges its ranges in a second kernel. */
+    const bool f16 = bn_cuda_backend_kv_type(c) == BN_CUDA_KV_F16;
+    char merge[32];
+    cluster_or(merge, sizeof merge, f16 ? 0 : bn_cuda_backend_attn_cluster(c),
+               f16 ? "kernel" : "ticket");
+    /* Who stages the decode GEMVs' activations. */
+    char stage[64];
+    cluster_or(stage, sizeof stage, bn_cuda_backend_gemv_cluster(c), "block");
+    const int gu = bn_cuda_backend_gate_up_cluster(c);
+    if (gu != bn_cuda_backend_gemv_cluster(c)) { /* the gate|up GEMV's own */
+        char gu_stage[32];
+        cluster_or(gu_stage, sizeof gu_stage, gu, "block");
+        const size_t used = strlen(stage);
+        snprintf(stage + used, sizeof stage - used, " (gate|up %s)", gu_stage);
+    }
+    snprintf(d->details, sizeof d->details,
+             "%s, %s, kv %s, fusion %s, attention merge %s%s, gemv stage %s, greedy head %s",
+             bn_cuda_backend_device_name(c), bn_cuda_backend_graphs(c) ? "graphs" : "no graphs",
+             f16 ? "f16" : "f32", bn_cuda_fusion_name(bn_cuda_backend_fusion(c)), merge,
+             bn_cuda_backend_attn_qkv(c) ? " with q|k|v" : "", stage,
+             bn_cuda_backend_head_screen(c) ? "screened" : "full");
+}
+
+static void cuda_report(const bn_backend *b, bn_engine_info *info)
+{
+    const bn_cuda_backend *c = cuda_of(b);
+    bn_cuda_memory mem;
+    bn_cuda_backend_memory(c, &mem);
+    info->gpu = true;
+    info->gpu_device = bn_cuda_backend_device(c);
+    info->gpu_name = bn_cuda_backend_device_name(c);
+    info->cuda_graphs = bn_cuda_backend_graphs(c);
+    info->kv_type = bn_cuda_backend_kv_type(c) == BN_CUDA_KV_F16 ? "f16" : "f32";
+    info->gpu_weights_bytes = mem.weights;
+    info->gpu_embedding_bytes = mem.embedding;
+    info->gpu_lm_head_bytes = mem.lm_head;
+    info->gpu_lm_head_screen_bytes = mem.lm_head_screen;
+    info->gpu_norms_bytes = mem.norms;
+    info->gpu_kv_bytes = mem.kv_cache;
+    info->gpu_scratch_bytes = mem.scratch;
+    info->gpu_total_bytes = mem.total;
+    info->gpu_peak_bytes = mem.peak;
+    info->gpu_device_total_bytes = mem.device_total;
+    info->gpu_device_free_bytes = mem.device_free;
+    bn_cuda_work work;
+    bn_cuda_backend_work(c, &work);
+    info->gpu_kernel_launches = work.kernel_launches;
+    info->gpu_h2d_transfers = work.h2d_transfers;
+    info->gpu_h2d_bytes = work.h2d_bytes;
+    info->gpu_d2h_transfers = work.d2h_transfers;
+    info->gpu_d2h_bytes = work.d2h_bytes;
+    /* What the backend computes with: its weights are everything on the
+     * device but the KV cache and the scratch. */
+    info->backend_weight_bytes =
+        mem.weights + mem.embedding + mem.lm_head + mem.lm_head_screen + mem.norms;
+    info->backend_kv_bytes = mem.kv_cache;
+    info->backend_scratch_bytes = mem.scratch;
+    info->backend_total_bytes = mem.total;
+    bn_cuda_backend_kernels(c, info->kernels, sizeof info->kernels);
+}
+
+static bool cuda_pick_supported(const bn_backend *b, const bn_pick_params *p)
+{
+    const bn_cuda_sample_params cp = sample_params(p);
+    return bn_cuda_backend_sample_supported(cuda_of(b), &cp);
+}
+
+static bn_status cuda_forward_pick(bn_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
+                                   const bn_pick_params *p, double u, int32_t *next,
+                                   bn_error *err)
+{
+    const bn_cuda_sample_params cp = sample_params(p);
+    return bn_cuda_backend_forward_sample(cuda_of(b), tokens, n, pos, &cp, u, next, err);
+}
+
+static bn_status cuda_submit(bn_backend *b, int32_t token, int64_t pos, const bn_pick_params *p,
+                             double u, bn_error *err)
+{
+    const bn_cuda_sample_params cp = sample_params(p);
+    return bn_cuda_backend_submit_sample(cuda_of(b), token, pos, &cp, u, err);
+}
+
+static bn_status cuda_submit_chained(bn_backend *b, const bn_pick_params *p, double u,
+                                     bn_error *err)
+{
+    const bn_cuda_sample_params cp = sample_params(p);
+    return bn_cuda_backend_submit_chained(cuda_of(b), &cp, u, err);
+}
+
+static bn_status cuda_wait(bn_backend *b, int32_t *next, bn_error *err)
+{
+    return bn_cuda_backend_wait_greedy(cuda_of(b), next, err);
+}
+
+static int cuda_pending(const bn_backend *b) { return bn_cuda_backend_pending(cuda_of(b)); }
+
+static void cuda_drop_pending(bn_backend *b)
+{
+    (void)bn_cuda_backend_drop_pending(cuda_of(b), NULL);
+}
+
+static bn_status cuda_stage_prompt(bn_backend *b, const int32_t *tokens, int64_t n,
+                                   bn_error *err)
+{
+    return bn_cuda_backend_stage_prompt(cuda_of(b), tokens, n, err);
+}
+
+static uint64_t cuda_staged_prefills(const bn_backend *b)
+{
+    bn_cuda_work w;
+    bn_cuda_backend_work(cuda_of(b), &w);
+    return w.staged_prefills;
+}
+
+const bn_backend_ops bn_cuda_backend_ops = {
+    .name = "cuda",
+    .create = cuda_create,
+    .free = cuda_free,
+    .forward = cuda_forward,
+    .forward_all = NULL, /* the last row's logits only: one pass per token */
+    .kv_len = cuda_kv_len,
+    .kv_filled = cuda_kv_filled,
+    .reset = cuda_reset,
+    .describe = cuda_describe,
+    .report = cuda_report,
+    .pick_supported = cuda_pick_supported,
+    .forward_pick = cuda_forward_pick,
+    .submit = cuda_submit,
+    .submit_chained = cuda_submit_chained,
+    .wait = cuda_wait,
+    .pending = cuda_pending,
+    .drop_pending = cuda_drop_pending,
+    .stage_prompt = cuda_stage_prompt,
+    .staged_prefills = cuda_staged_prefills,
+};
