@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "bitnet_version.h"
 
@@ -144,9 +145,6 @@ typedef struct bn_config {
     bool deterministic;              /* BITNET_DETERMINISTIC                 */
     bool seed_set;                   /* BITNET_SEED present                  */
     uint64_t seed;                   /* BITNET_SEED                          */
-    double pool_size_gb;             /* BITNET_POOL_SIZE_GB (default 2)      */
-    int cleanup_interval_secs;       /* BITNET_CLEANUP_INTERVAL_SECS (30)    */
-    int leak_threshold_secs;         /* BITNET_LEAK_THRESHOLD_SECS (300)     */
     char kernel[16];                 /* BITNET_KERNEL ("" = best available)  */
     char model[1024];                /* BITNET_MODEL ("" = the default model) */
 } bn_config;
@@ -463,6 +461,7 @@ void bn_model_close(bn_model *m);
 typedef struct bn_model_info {
     char path[1024];          /* the file or directory loaded                */
     char architecture[32];    /* "bitnet-b1.58"                              */
+    char flavour[256];        /* what kind of file it is, in words           */
     char device[64];          /* "cpu" or "cuda:0"                           */
     char device_name[128];    /* "NVIDIA H200", or the CPU kernels ("avx512") */
     char chat_template[32];   /* the chat format (bn_model_apply_chat), ""
@@ -470,7 +469,7 @@ typedef struct bn_model_info {
     int32_t vocab_size;
     int64_t n_ctx;            /* positions a session may hold                */
     int64_t n_ctx_train;      /* the context the model was trained for       */
-    int n_layer, dim, n_head, n_head_kv, ffn_dim;
+    int n_layer, dim, n_head, n_head_kv, head_dim, ffn_dim;
     uint64_t n_params;
     bool has_tokenizer;       /* text in and out; else token ids only        */
     int32_t bos, eos, eot;    /* special tokens; -1 when the model has none  */
@@ -484,6 +483,31 @@ typedef struct bn_model_info {
 } bn_model_info;
 
 bn_status bn_model_get_info(const bn_model *m, bn_model_info *info, bn_error *err);
+
+/* What the model holds and has done since it was opened (bitnet run
+ * --verbose prints these; the receipt records them). */
+typedef struct bn_model_stats {
+    double load_seconds;          /* reading the model and building the backend  */
+    int threads;                  /* CPU threads computing; 0 on a GPU           */
+    uint64_t model_weight_bytes;  /* the model's own tensors, mapped or held     */
+    /* What the backend computing holds: its weights (on a GPU everything
+     * uploaded: projections, embedding, LM head, norms), KV cache, scratch. */
+    uint64_t weights_bytes, kv_cache_bytes, scratch_bytes, total_bytes;
+    char kernels[512];            /* the kernels that ran, comma-separated       */
+    /* On a GPU (gpu true): the device's part by part, and its work. */
+    bool gpu;
+    bool gpu_graphs;              /* decode steps replay a CUDA graph            */
+    char kv_type[8];              /* "f32" or "f16"                              */
+    uint64_t gpu_weights_bytes, gpu_embedding_bytes, gpu_lm_head_bytes,
+        gpu_lm_head_screen_bytes, gpu_norms_bytes, gpu_kv_cache_bytes, gpu_scratch_bytes,
+        gpu_total_bytes, gpu_peak_bytes;
+    uint64_t gpu_device_total_bytes, gpu_device_free_bytes; /* free: after loading */
+    uint64_t gpu_kernel_launches, gpu_h2d_transfers, gpu_h2d_bytes, gpu_d2h_transfers,
+        gpu_d2h_bytes;
+} bn_model_stats;
+
+/* Thread safety: as bn_model_get_info (it waits for a computation running). */
+bn_status bn_model_get_stats(bn_model *m, bn_model_stats *stats, bn_error *err);
 
 /* Whether token is one that ends a generation (end of text, end of turn). */
 bool bn_model_token_is_eog(const bn_model *m, int32_t token);
@@ -576,6 +600,9 @@ typedef struct bn_generate_params {
     const char *stop[BN_MAX_STOP_STRINGS];
     /* Keep going past end-of-generation tokens (benchmarks). */
     bool ignore_eog;
+    /* When not NULL: vocab_size floats, written with the logits after the
+     * prompt (before sampling changes them). */
+    float *prompt_logits;
 } bn_generate_params;
 
 void bn_generate_params_default(bn_generate_params *p);
@@ -605,6 +632,8 @@ typedef struct bn_generate_result {
     bn_stop_reason stop;
     double prompt_seconds;    /* computing the prompt's positions            */
     double generate_seconds;  /* from then to the last token                 */
+    int64_t decode_steps;     /* single-token forward passes                 */
+    double decode_seconds;    /* time inside them                            */
 } bn_generate_result;
 
 /* Appends the prompt to the session and generates up to max_tokens tokens,
@@ -617,6 +646,19 @@ typedef struct bn_generate_result {
 bn_status bn_session_generate(bn_session *s, const bn_generate_params *p,
                               bn_token_callback on_token, void *user, bn_generate_result *result,
                               bn_error *err);
+
+/* Writes a JSON receipt of the session's last generation (bitnet run
+ * --receipt; the fields are in docs/CLI.md): the model, the device and
+ * how it was chosen, the prompt's and generated tokens, the sampling, the
+ * timings and the memory. BN_ERR_INVALID_ARGUMENT when the session has not
+ * generated; BN_ERR_IO when writing fails. */
+typedef struct bn_receipt_options {
+    const char *command;   /* recorded as "command" ("run")               */
+    bool chat;             /* the prompt was formatted as a chat           */
+    bool seed_fixed;       /* the seed was chosen, not drawn at random     */
+} bn_receipt_options;
+bn_status bn_session_write_receipt(const bn_session *s, const bn_receipt_options *o, FILE *out,
+                                   bn_error *err);
 
 /* Appends tokens[0, n) to the session, computes them and writes the logits
  * that predict the next token (vocab_size floats) to logits. */

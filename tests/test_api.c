@@ -369,6 +369,69 @@ static void check_eval(bn_model *m, const bn_model_info *info, const bn_generati
     bn_session_free(s);
 }
 
+/* A generation's prompt_logits are the eval's; the stats after it hold the
+ * backend's memory and the kernels that ran; the receipt describes that
+ * generation (and a session that has not generated has none). */
+static void check_stats_receipt(bn_model *m, const bn_model_info *info, const bn_generation *ref,
+                                const float *ref_logits)
+{
+    bn_error err;
+    bn_session *s = NULL;
+    CHECK(bn_session_create(m, &s, &err) == BN_OK);
+    FILE *f = tmpfile();
+    CHECK(f != NULL);
+    const bn_receipt_options ro = {.command = "test", .chat = false, .seed_fixed = true};
+    CHECK(bn_session_write_receipt(s, &ro, f, &err) == BN_ERR_INVALID_ARGUMENT);
+    float *logits = malloc((size_t)info->vocab_size * sizeof *logits);
+    for (int32_t i = 0; i < info->vocab_size; i++)
+        logits[i] = NAN; /* poisoned: every one must be written */
+    bn_generate_params p = greedy(NULL, 3);
+    p.prompt_tokens = ref->prompt_tokens;
+    p.n_prompt_tokens = ref->n_prompt;
+    p.prompt_logits = logits;
+    p.ignore_eog = true;
+    bn_generate_result r;
+    CHECK(bn_session_generate(s, &p, NULL, NULL, &r, &err) == BN_OK);
+    double worst = 0.0, range = 0.0;
+    for (int32_t i = 0; i < info->vocab_size; i++) {
+        const double d = fabs((double)logits[i] - (double)ref_logits[i]);
+        worst = isnan(d) ? INFINITY : d > worst ? d : worst;
+        range = fabs(ref_logits[i]) > range ? fabs(ref_logits[i]) : range;
+    }
+    CHECK_MSG(worst <= 1e-5 * (range + 1.0), "prompt_logits differ from the engine's by %g",
+              worst);
+    CHECK(r.decode_steps == 2 && r.decode_seconds >= 0.0);
+
+    bn_model_stats st;
+    CHECK(bn_model_get_stats(m, &st, &err) == BN_OK);
+    CHECK(st.load_seconds > 0.0 && st.model_weight_bytes > 0 && st.weights_bytes > 0);
+    CHECK(st.kv_cache_bytes > 0 && st.total_bytes >= st.weights_bytes + st.kv_cache_bytes);
+    CHECK(st.kernels[0] != '\0' && (strcmp(st.kv_type, "f32") == 0 || strcmp(st.kv_type, "f16") == 0));
+    CHECK(st.gpu == (strncmp(info->device, "cuda", 4) == 0));
+    CHECK(!st.gpu || (st.gpu_total_bytes > 0 && st.gpu_kernel_launches > 0 &&
+                      st.gpu_device_total_bytes >= st.gpu_total_bytes));
+    CHECK(st.gpu || st.threads > 0);
+    CHECK(bn_model_get_stats(NULL, &st, &err) == BN_ERR_INVALID_ARGUMENT);
+
+    CHECK(bn_session_write_receipt(s, &ro, f, &err) == BN_OK);
+    const long size = ftell(f);
+    CHECK(size > 0);
+    char *json = calloc((size_t)size + 1, 1);
+    rewind(f);
+    CHECK(fread(json, 1, (size_t)size, f) == (size_t)size);
+    CHECK_STR_CONTAINS(json, "\"command\": \"test\"");
+    CHECK_STR_CONTAINS(json, "\"seed_fixed\": true");
+    CHECK_STR_CONTAINS(json, "\"max_tokens\": 3");
+    char want[128];
+    snprintf(want, sizeof want, "\"selected\": \"%s\"", info->device);
+    CHECK_STR_CONTAINS(json, want);
+    CHECK_STR_CONTAINS(json, "\"stop_reason\": \"length\"");
+    free(json);
+    fclose(f);
+    free(logits);
+    bn_session_free(s);
+}
+
 static void check_chat(bn_model *m, const bn_model_info *info)
 {
     bn_error err;
@@ -536,6 +599,7 @@ int main(int argc, char **argv)
     check_stops(m, &ref);
     check_cancel_thread(m, &info);
     check_eval(m, &info, &ref, ref_logits);
+    check_stats_receipt(m, &info, &ref, ref_logits);
     check_chat(m, &info);
     check_errors(m, &info);
     check_perplexity(m, info.path);

@@ -33,6 +33,10 @@ struct bn_session {
     int32_t *tokens;
     size_t n, cap;
     _Atomic int cancel;
+    /* The last generation, for its receipt. */
+    bool has_last;
+    bn_generate_request last_req; /* its settings (no pointers kept) */
+    bn_generation last;
 };
 
 static bn_status no_memory(bn_error *err, const char *what)
@@ -166,6 +170,7 @@ bn_status bn_model_get_info(const bn_model *m, bn_model_info *info, bn_error *er
     bn_engine_get_info(m->engine, &ei);
     snprintf(info->path, sizeof info->path, "%s", m->path);
     snprintf(info->architecture, sizeof info->architecture, "%s", hp->arch);
+    snprintf(info->flavour, sizeof info->flavour, "%s", hp->flavour);
     snprintf(info->device, sizeof info->device, "%s", ei.selected);
     snprintf(info->device_name, sizeof info->device_name, "%s",
              ei.gpu && ei.gpu_name ? ei.gpu_name : ei.kernel);
@@ -178,6 +183,7 @@ bn_status bn_model_get_info(const bn_model *m, bn_model_info *info, bn_error *er
     info->dim = hp->dim;
     info->n_head = hp->n_head;
     info->n_head_kv = hp->n_head_kv;
+    info->head_dim = hp->head_dim;
     info->ffn_dim = hp->ffn;
     info->n_params = (uint64_t)bn_hparams_ternary_count(hp) +
                      (uint64_t)hp->vocab * (uint64_t)hp->dim * (hp->tied_embeddings ? 1u : 2u);
@@ -187,6 +193,48 @@ bn_status bn_model_get_info(const bn_model *m, bn_model_info *info, bn_error *er
     info->eot = t ? bn_tokenizer_eot(t) : -1;
     snprintf(info->selection, sizeof info->selection, "%s", bn_engine_startup_line(m->engine));
     snprintf(info->fallback, sizeof info->fallback, "%s", ei.fallback);
+    return BN_OK;
+}
+
+bn_status bn_model_get_stats(bn_model *m, bn_model_stats *stats, bn_error *err)
+{
+    if (!m || !stats)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_model_get_stats: NULL model or stats");
+    memset(stats, 0, sizeof *stats);
+    bn_engine_info ei;
+    pthread_mutex_lock(&m->lock); /* the backend's counters move while it computes */
+    bn_engine_get_info(m->engine, &ei);
+    pthread_mutex_unlock(&m->lock);
+    stats->load_seconds = ei.load_seconds;
+    stats->threads = ei.threads;
+    stats->model_weight_bytes = ei.model_weight_bytes;
+    stats->weights_bytes = ei.backend_weight_bytes;
+    stats->kv_cache_bytes = ei.backend_kv_bytes;
+    stats->scratch_bytes = ei.backend_scratch_bytes;
+    stats->total_bytes = ei.backend_total_bytes;
+    snprintf(stats->kernels, sizeof stats->kernels, "%s", ei.kernels);
+    snprintf(stats->kv_type, sizeof stats->kv_type, "%s", ei.kv_type ? ei.kv_type : "f32");
+    stats->gpu = ei.gpu;
+    if (!ei.gpu)
+        return BN_OK;
+    stats->gpu_graphs = ei.cuda_graphs;
+    stats->gpu_weights_bytes = ei.gpu_weights_bytes;
+    stats->gpu_embedding_bytes = ei.gpu_embedding_bytes;
+    stats->gpu_lm_head_bytes = ei.gpu_lm_head_bytes;
+    stats->gpu_lm_head_screen_bytes = ei.gpu_lm_head_screen_bytes;
+    stats->gpu_norms_bytes = ei.gpu_norms_bytes;
+    stats->gpu_kv_cache_bytes = ei.gpu_kv_bytes;
+    stats->gpu_scratch_bytes = ei.gpu_scratch_bytes;
+    stats->gpu_total_bytes = ei.gpu_total_bytes;
+    stats->gpu_peak_bytes = ei.gpu_peak_bytes;
+    stats->gpu_device_total_bytes = ei.gpu_device_total_bytes;
+    stats->gpu_device_free_bytes = ei.gpu_device_free_bytes;
+    stats->gpu_kernel_launches = ei.gpu_kernel_launches;
+    stats->gpu_h2d_transfers = ei.gpu_h2d_transfers;
+    stats->gpu_h2d_bytes = ei.gpu_h2d_bytes;
+    stats->gpu_d2h_transfers = ei.gpu_d2h_transfers;
+    stats->gpu_d2h_bytes = ei.gpu_d2h_bytes;
     return BN_OK;
 }
 
@@ -353,6 +401,7 @@ void bn_session_free(bn_session *s)
 {
     if (!s)
         return;
+    bn_generation_free(&s->last);
     free(s->tokens);
     free(s);
 }
@@ -708,7 +757,8 @@ bn_status bn_session_generate(bn_session *s, const bn_generate_params *p,
     bn_generate_request req = {.n_predict = p->max_tokens,
                                .ignore_eog = p->ignore_eog,
                                .on_token = on_engine_token,
-                               .ctx = &sm};
+                               .ctx = &sm,
+                               .prompt_logits = p->prompt_logits};
     bn_sampler_params_default(&req.sampling);
     req.sampling.temperature = p->temperature;
     req.sampling.top_k = p->top_k;
@@ -740,8 +790,17 @@ bn_status bn_session_generate(bn_session *s, const bn_generate_params *p,
                                                  : BN_STOP_MAX_TOKENS;
             result->prompt_seconds = g.prompt_seconds;
             result->generate_seconds = g.gen_seconds;
+            result->decode_steps = g.decode_steps;
+            result->decode_seconds = g.decode_seconds;
         }
-        bn_generation_free(&g);
+        /* Kept for the receipt: the settings (the pointers cleared) and
+         * what was generated. */
+        bn_generation_free(&s->last);
+        s->last = g;
+        s->last_req = (bn_generate_request){.n_predict = req.n_predict,
+                                            .ignore_eog = req.ignore_eog,
+                                            .sampling = req.sampling};
+        s->has_last = true;
     } else {
         note_cache(m, seq, n_seq, n_cached, false);
     }
@@ -782,6 +841,27 @@ bn_status bn_session_eval(bn_session *s, const int32_t *tokens, size_t n, float 
     }
     pthread_mutex_unlock(&m->lock);
     free(seq);
+    return st;
+}
+
+bn_status bn_session_write_receipt(const bn_session *s, const bn_receipt_options *o, FILE *out,
+                                   bn_error *err)
+{
+    if (!s || !out)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_session_write_receipt: NULL session or file");
+    if (!s->has_last)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "generate in the session first",
+                            "the session has generated nothing to write a receipt of");
+    bn_generate_request req = s->last_req;
+    req.chat = o && o->chat;
+    const bn_receipt_info ri = {.command = o && o->command ? o->command : "",
+                                .req = &req,
+                                .gen = &s->last,
+                                .seed_fixed = o && o->seed_fixed};
+    pthread_mutex_lock(&s->model->lock);
+    const bn_status st = bn_engine_write_receipt(s->model->engine, &ri, out, err);
+    pthread_mutex_unlock(&s->model->lock);
     return st;
 }
 

@@ -1,8 +1,7 @@
 /*
  * cuda_backend_ops.c - the CUDA backend (cuda_backend.h) behind the
  * engine's backend interface (src/engine/backend.h), with every optional
- * operation: tokens picked on the device, queued and chained decode steps,
- * the next prompt uploaded ahead.
+ * operation: tokens picked on the device, queued and chained decode steps.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,19 +202,6 @@ static void cuda_drop_pending(bn_backend *b)
     (void)bn_cuda_backend_drop_pending(cuda_of(b), NULL);
 }
 
-static bn_status cuda_stage_prompt(bn_backend *b, const int32_t *tokens, int64_t n,
-                                   bn_error *err)
-{
-    return bn_cuda_backend_stage_prompt(cuda_of(b), tokens, n, err);
-}
-
-static uint64_t cuda_staged_prefills(const bn_backend *b)
-{
-    bn_cuda_work w;
-    bn_cuda_backend_work(cuda_of(b), &w);
-    return w.staged_prefills;
-}
-
 const bn_backend_ops bn_cuda_backend_ops = {
     .name = "cuda",
     .create = cuda_create,
@@ -234,6 +220,4 @@ const bn_backend_ops bn_cuda_backend_ops = {
     .wait = cuda_wait,
     .pending = cuda_pending,
     .drop_pending = cuda_drop_pending,
-    .stage_prompt = cuda_stage_prompt,
-    .staged_prefills = cuda_staged_prefills,
 };

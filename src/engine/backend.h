@@ -15,9 +15,7 @@
  *   - submit / submit_chained / wait / pending / drop_pending: a decode step
  *     queued while the host streams the previous token's text, and the step
  *     after it chained on the device (it reads the token its predecessor
- *     picked), so the device runs from step to step;
- *   - stage_prompt / staged_prefills: the next request's prompt uploaded
- *     while this one decodes.
+ *     picked), so the device runs from step to step.
  *
  * Thread safety: one backend is used by one thread at a time (the engine's).
  */
@@ -116,11 +114,6 @@ struct bn_backend_ops {
     int (*pending)(const bn_backend *b);
     /* Lets the queued steps finish and forgets their positions. */
     void (*drop_pending)(bn_backend *b);
-
-    /* ---- optional: the next prompt uploaded ahead ---- */
-    bn_status (*stage_prompt)(bn_backend *b, const int32_t *tokens, int64_t n, bn_error *err);
-    /* Prompt passes so far that read a staged upload. */
-    uint64_t (*staged_prefills)(const bn_backend *b);
 };
 
 /* The common head of every backend's state: the engine reaches the

@@ -8,11 +8,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
-#if defined(__linux__)
-#include <sys/random.h>
-#endif
 
 #include "backend.h"
 #include "engine_internal.h"
@@ -428,26 +423,4 @@ void bn_engine_get_info(const bn_engine *e, bn_engine_info *info)
         snprintf(info->kernels, sizeof info->kernels, "%.250s%s%.250s", e->earlier_kernels,
                  now[0] ? "," : "", now);
     }
-}
-
-/* ---- seeds ------------------------------------------------------------------ */
-
-uint64_t bn_engine_choose_seed(const bn_config *cfg, bool have_seed, uint64_t seed, bool *fixed)
-{
-    *fixed = true;
-    if (have_seed)
-        return seed;
-    if (cfg && cfg->seed_set)
-        return cfg->seed;
-    if (cfg && cfg->deterministic)
-        return BN_ENGINE_DETERMINISTIC_SEED;
-    *fixed = false;
-    uint64_t r = 0;
-#if defined(__linux__)
-    if (getrandom(&r, sizeof r, 0) == (ssize_t)sizeof r)
-        return r;
-#endif
-    /* No entropy source: the clock and the process id still differ per run. */
-    r = bn_time_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL);
-    return r;
 }

@@ -174,16 +174,6 @@ typedef struct bn_generate_request {
     /* When not NULL: vocab floats, the logits after the prompt (before any
      * sampling changes them). */
     float *prompt_logits;
-    /* The request to run after this one, for overlapping its host work with
-     * this one's GPU work. When not NULL it is called with ctx between this
-     * request's decode steps until it returns true with the next request's
-     * prompt tokens (bn_engine_tokenize's; a caller tokenizing them on
-     * another thread returns false until that is done). On the CUDA
-     * backend they are then uploaded on the copy stream while this
-     * request's steps compute, and the next request whose prompt is exactly
-     * these tokens starts its prefill from that copy. The tokens are read
-     * during the call only. */
-    bool (*next_prompt)(void *ctx, const int32_t **tokens, size_t *n);
 } bn_generate_request;
 
 typedef struct bn_generation {
@@ -201,18 +191,13 @@ typedef struct bn_generation {
     double gen_seconds;      /* from the end of prefill to the last token   */
     int64_t decode_steps;    /* single-token forward passes run             */
     double decode_seconds;   /* time inside those forward passes            */
-    bool prompt_staged;      /* the prefill read the prompt uploaded ahead,
-                                during the request before (next_prompt)     */
-    bool next_staged;        /* next_prompt's tokens went to the GPU during
-                                this request                                */
 } bn_generation;
 
 /* The prompt tokens req would run: its text tokenized (BOS as the
  * tokenizer asks, the chat format with req->chat) or its token ids
  * checked against the vocabulary. Reads only the model, never the
- * backend, so another thread may call it while this engine generates
- * (the next request's prompt during this one's steps). *tokens is
- * malloc'ed; errors as bn_engine_generate's for the prompt. */
+ * backend. *tokens is malloc'ed; errors as bn_engine_generate's for the
+ * prompt. */
 bn_status bn_engine_tokenize(const bn_engine *e, const bn_generate_request *req,
                              int32_t **tokens, size_t *n, bn_error *err);
 
@@ -253,12 +238,6 @@ typedef void (*bn_perplexity_progress_fn)(void *ctx, int64_t chunk, int64_t n_ch
 bn_status bn_engine_perplexity(bn_engine *e, const char *text, size_t len, int64_t ctx,
                                bn_perplexity_progress_fn progress, void *progress_ctx,
                                bn_perplexity_result *out, bn_error *err);
-
-/* The sampling seed for a run: the caller's when given, else BITNET_SEED,
- * else BN_ENGINE_DETERMINISTIC_SEED under BITNET_DETERMINISTIC=1, else a
- * fresh random one. *fixed says whether it was fixed (not random). */
-#define BN_ENGINE_DETERMINISTIC_SEED 0u
-uint64_t bn_engine_choose_seed(const bn_config *cfg, bool have_seed, uint64_t seed, bool *fixed);
 
 /* What the receipt records about a run beyond the engine's own state. */
 typedef struct bn_receipt_info {

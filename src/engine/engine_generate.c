@@ -141,31 +141,6 @@ bn_status bn_engine_tokenize(const bn_engine *e, const bn_generate_request *req,
     return prompt_tokens(e, req, tokens, n, err);
 }
 
-/* The next request's prompt, once the caller has it (next_prompt), uploaded
- * to the GPU while this request's steps run: asked once per decode step
- * until it comes. Staging only saves the next prefill its upload, so a
- * failure to stage is logged and the next request uploads as usual. */
-static void stage_next(bn_engine *e, const bn_generate_request *req, bn_generation *g,
-                       bool *asked_done)
-{
-    if (*asked_done || !req->next_prompt)
-        return;
-    const int32_t *tokens = NULL;
-    size_t n = 0;
-    if (!req->next_prompt(req->ctx, &tokens, &n))
-        return;
-    *asked_done = true;
-    const bn_backend_ops *ops = e->backend->ops;
-    if (ops->stage_prompt && tokens && n > 1) {
-        bn_error cerr;
-        bn_error_clear(&cerr);
-        if (ops->stage_prompt(e->backend, tokens, (int64_t)n, &cerr) == BN_OK)
-            g->next_staged = true;
-        else
-            bn_log(BN_LOG_INFO, "the next prompt was not uploaded ahead: %s", cerr.message);
-    }
-}
-
 /* The next token as the backend picks it on the device (engine_forward,
  * the backend's forward_pick): the request's sampling and its sampler,
  * whose stream supplies each sampled pick's uniform number, so the device
@@ -375,18 +350,14 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
     const device_pick pick_spec = {
         .sp = &req->sampling, .pp = pick_params(&req->sampling), .sampler = sampler};
     const device_pick *pick = device_pick_rule(e, &req->sampling) ? &pick_spec : NULL;
-    bool have_next = false, next_asked = false;
+    bool have_next = false;
     int32_t next = -1;
-    const uint64_t staged0 =
-        e->backend->ops->staged_prefills ? e->backend->ops->staged_prefills(e->backend) : 0;
     double t0 = bn_time_seconds();
     st = engine_forward(e, history, g->prompt_tokens + n_cached,
                         (int64_t)(g->n_prompt - n_cached), (int64_t)n_cached,
                         req->prompt_logits ? NULL : pick, &next, &have_next, err);
     if (st != BN_OK)
         goto done;
-    if (e->backend->ops->staged_prefills)
-        g->prompt_staged = e->backend->ops->staged_prefills(e->backend) > staged0;
     const double t1 = bn_time_seconds();
     g->prompt_seconds = t1 - t0;
     if (req->prompt_logits)
@@ -468,7 +439,6 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
         }
         if (!more)
             break;
-        stage_next(e, req, g, &next_asked); /* while the queued step computes */
         have_next = false;
         if (submitted) {
             bn_error cerr;

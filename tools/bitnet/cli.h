@@ -65,6 +65,10 @@ typedef struct cli_gen_opts {
 /* run's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,
  * repetition penalty off (1.0) over the last 64 tokens. */
 void cli_gen_defaults(cli_gen_opts *o);
+/* The sampling seed of a run: --seed when given, else BITNET_SEED, else 0
+ * under BITNET_DETERMINISTIC=1, else a random one; *fixed says whether it
+ * was chosen (not random). */
+uint64_t cli_choose_seed(const bn_config *cfg, const cli_gen_opts *o, bool *fixed);
 /* When argv[*i] is one of the shared options (--temp, --top-k, --top-p,
  * --min-p, --repeat-penalty, --repeat-last-n, --seed, --device,
  * --threads/-t, --ctx/-c, --kv): parses its value into o, moving *i past

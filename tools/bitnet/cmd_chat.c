@@ -178,29 +178,6 @@ static int parse(int argc, char **argv, chat_opts *o)
     return 0;
 }
 
-/* --seed, else BITNET_SEED, else 0 under BITNET_DETERMINISTIC=1, else a
- * random seed (bitnet run's rule). */
-static uint64_t choose_seed(const bn_config *cfg, const chat_opts *o, bool *fixed)
-{
-    *fixed = true;
-    if (o->gen.have_seed)
-        return o->gen.seed;
-    if (cfg && cfg->seed_set)
-        return cfg->seed;
-    if (cfg && cfg->deterministic)
-        return 0;
-    *fixed = false;
-    uint64_t r = 0;
-    FILE *f = fopen("/dev/urandom", "rb");
-    if (f) {
-        const bool ok = fread(&r, sizeof r, 1, f) == 1;
-        fclose(f);
-        if (ok)
-            return r;
-    }
-    return bn_time_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL);
-}
-
 /* ---- Ctrl-C ------------------------------------------------------------------
  * See the comment at the top: a watcher thread takes SIGINT with sigwait();
  * `phase` says what a Ctrl-C means now. The lock orders the watcher's
@@ -774,7 +751,7 @@ int cmd_chat(int argc, char **argv, const bn_config *cfg)
     memset(&c, 0, sizeof c);
     c.o = &o;
     bool seed_fixed = false;
-    c.seed = choose_seed(cfg, &o, &seed_fixed);
+    c.seed = cli_choose_seed(cfg, &o.gen, &seed_fixed);
     bn_error err;
     bn_error_clear(&err);
     bn_model_options mo;

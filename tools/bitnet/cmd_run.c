@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "engine.h"
 
 #define CMD "run"
 
@@ -94,8 +93,8 @@ typedef struct run_opts {
     long long n_predict;
     size_t max_file_bytes; /* --max-file-mib */
     bool chat, verbose;
-    cli_gen_opts gen;     /* sampling and engine options shared with chat */
-    bn_sampler_params sp; /* gen's sampling, as the engine takes it */
+    cli_gen_opts gen;       /* sampling and engine options shared with chat */
+    bn_generate_params gp;  /* gen's sampling and -n, as the library takes them */
 } run_opts;
 
 /* "1,22,333" -> ids (malloc'ed). */
@@ -190,13 +189,14 @@ static int parse(int argc, char **argv, run_opts *o)
         }
 #undef VALUE
     }
-    bn_sampler_params_default(&o->sp);
-    o->sp.temperature = o->gen.temperature;
-    o->sp.top_k = o->gen.top_k;
-    o->sp.top_p = o->gen.top_p;
-    o->sp.min_p = o->gen.min_p;
-    o->sp.repeat_penalty = o->gen.repeat_penalty;
-    o->sp.repeat_last_n = o->gen.repeat_last_n;
+    bn_generate_params_default(&o->gp);
+    o->gp.max_tokens = (int)o->n_predict;
+    o->gp.temperature = o->gen.temperature;
+    o->gp.top_k = o->gen.top_k;
+    o->gp.top_p = o->gen.top_p;
+    o->gp.min_p = o->gen.min_p;
+    o->gp.repeat_penalty = o->gen.repeat_penalty;
+    o->gp.repeat_last_n = o->gen.repeat_last_n;
     if (!o->prompt && !o->ids && !o->prompt_file) {
         fprintf(stderr, "bitnet run: error: no prompt: give -p PROMPT (or --prompt-file FILE)\n");
         fprintf(stderr, "bitnet: hint: 'bitnet run --help' lists the options\n");
@@ -259,37 +259,39 @@ static void end_text_line(void)
 
 static double rate(double count, double seconds) { return seconds > 0.0 ? count / seconds : 0.0; }
 
-static void print_verbose(const bn_engine *e)
+static void print_verbose(bn_model *m)
 {
-    const bn_hparams *hp = bn_checkpoint_hparams(bn_engine_model(e));
-    bn_engine_info info;
-    bn_engine_get_info(e, &info);
+    bn_model_info info;
+    bn_model_stats st;
+    if (bn_model_get_info(m, &info, NULL) != BN_OK || bn_model_get_stats(m, &st, NULL) != BN_OK)
+        return;
     const double mib = 1024.0 * 1024.0;
     fprintf(stderr,
             "model: %s\n  %s\n  %d layers, dim %d, ffn %d, heads %d/%d (head_dim %d), vocab %d, "
-            "trained context %d\n  context %lld positions\n"
+            "trained context %lld\n  context %lld positions\n"
             "memory: model weights %.1f MiB, backend %.1f MiB (weights %.1f, KV cache %.1f, "
             "scratch %.1f)\n",
-            info.model_path, hp->flavour, hp->n_layer, hp->dim, hp->ffn, hp->n_head,
-            hp->n_head_kv, hp->head_dim, hp->vocab, hp->n_ctx_train, (long long)info.n_ctx,
-            (double)info.model_weight_bytes / mib, (double)info.backend_total_bytes / mib,
-            (double)info.backend_weight_bytes / mib, (double)info.backend_kv_bytes / mib,
-            (double)info.backend_scratch_bytes / mib);
-    if (info.gpu)
+            info.path, info.flavour, info.n_layer, info.dim, info.ffn_dim, info.n_head,
+            info.n_head_kv, info.head_dim, info.vocab_size,
+            (long long)info.n_ctx_train, (long long)info.n_ctx,
+            (double)st.model_weight_bytes / mib, (double)st.total_bytes / mib,
+            (double)st.weights_bytes / mib, (double)st.kv_cache_bytes / mib,
+            (double)st.scratch_bytes / mib);
+    if (st.gpu)
         fprintf(stderr,
-                "gpu memory: cuda:%d %s: %.1f MiB (ternary weights %.1f, embedding %.1f, "
+                "gpu memory: %s %s: %.1f MiB (ternary weights %.1f, embedding %.1f, "
                 "LM head %.1f, its int8 copy %.1f, norms %.2f, KV cache %.1f (%s, %lld "
                 "positions), scratch %.1f); "
                 "peak %.1f MiB; %.1f of %.1f GiB free after loading; decode %s\n",
-                info.gpu_device, info.gpu_name, (double)info.gpu_total_bytes / mib,
-                (double)info.gpu_weights_bytes / mib, (double)info.gpu_embedding_bytes / mib,
-                (double)info.gpu_lm_head_bytes / mib,
-                (double)info.gpu_lm_head_screen_bytes / mib, (double)info.gpu_norms_bytes / mib,
-                (double)info.gpu_kv_bytes / mib, info.kv_type, (long long)info.n_ctx,
-                (double)info.gpu_scratch_bytes / mib, (double)info.gpu_peak_bytes / mib,
-                (double)info.gpu_device_free_bytes / (1024.0 * mib),
-                (double)info.gpu_device_total_bytes / (1024.0 * mib),
-                info.cuda_graphs ? "replays a CUDA graph" : "launches kernels one by one");
+                info.device, info.device_name, (double)st.gpu_total_bytes / mib,
+                (double)st.gpu_weights_bytes / mib, (double)st.gpu_embedding_bytes / mib,
+                (double)st.gpu_lm_head_bytes / mib, (double)st.gpu_lm_head_screen_bytes / mib,
+                (double)st.gpu_norms_bytes / mib, (double)st.gpu_kv_cache_bytes / mib, st.kv_type,
+                (long long)info.n_ctx, (double)st.gpu_scratch_bytes / mib,
+                (double)st.gpu_peak_bytes / mib,
+                (double)st.gpu_device_free_bytes / (1024.0 * mib),
+                (double)st.gpu_device_total_bytes / (1024.0 * mib),
+                st.gpu_graphs ? "replays a CUDA graph" : "launches kernels one by one");
     if (info.fallback[0])
         fprintf(stderr, "note: %s; computing on the CPU\n", info.fallback);
 }
@@ -317,44 +319,70 @@ static int write_logits(const char *path, const float *logits, int32_t n)
     return BN_EXIT_OK;
 }
 
-static int write_receipt(const char *path, const bn_engine *e, const bn_receipt_info *ri)
+static int write_receipt(const char *path, const bn_session *s, const bn_receipt_options *ro)
 {
     FILE *f = fopen(path, "w");
     if (!f)
         return output_failed("receipt", path, errno);
     bn_error err;
     bn_error_clear(&err);
-    bn_status st = bn_engine_write_receipt(e, ri, f, &err);
+    bn_status st = bn_session_write_receipt(s, ro, f, &err);
     if (fclose(f) != 0 && st == BN_OK)
         return output_failed("receipt", path, errno);
     return st == BN_OK ? BN_EXIT_OK : cli_fail(&err);
 }
 
 /* After the run (--verbose): the kernels that ran and the GPU's work. */
-static void print_verbose_work(const bn_engine_info *info)
+static void print_verbose_work(bn_model *m)
 {
-    fprintf(stderr, "kernels     %s\n", info->kernels);
-    if (info->gpu)
+    bn_model_info info;
+    bn_model_stats st;
+    if (bn_model_get_info(m, &info, NULL) != BN_OK || bn_model_get_stats(m, &st, NULL) != BN_OK)
+        return;
+    fprintf(stderr, "kernels     %s\n", st.kernels);
+    if (st.gpu)
         fprintf(stderr,
                 "gpu work    %llu kernel launches; host to device %llu copies, %.1f MiB; "
                 "device to host %llu copies, %.1f KiB (since loading)\n",
-                (unsigned long long)info->gpu_kernel_launches,
-                (unsigned long long)info->gpu_h2d_transfers,
-                (double)info->gpu_h2d_bytes / (1024.0 * 1024.0),
-                (unsigned long long)info->gpu_d2h_transfers,
-                (double)info->gpu_d2h_bytes / 1024.0);
-    if (info->fallback[0]) /* a step may have failed during generation */
-        fprintf(stderr, "note: %s; computed on the CPU\n", info->fallback);
+                (unsigned long long)st.gpu_kernel_launches,
+                (unsigned long long)st.gpu_h2d_transfers,
+                (double)st.gpu_h2d_bytes / (1024.0 * 1024.0),
+                (unsigned long long)st.gpu_d2h_transfers, (double)st.gpu_d2h_bytes / 1024.0);
+    if (info.fallback[0]) /* a step may have failed during generation */
+        fprintf(stderr, "note: %s; computed on the CPU\n", info.fallback);
+}
+
+/* The prompt text of a request: -p's text, or with --chat the model's chat
+ * format around it (malloc'ed); NULL after an error set in err. */
+static char *prompt_text(bn_model *m, const run_opts *o, const char *prompt, bn_error *err)
+{
+    if (!o->chat)
+        return strdup(prompt);
+    bn_chat_message msgs[2];
+    size_t n = 0;
+    if (o->system && o->system[0])
+        msgs[n++] = (bn_chat_message){"system", o->system};
+    msgs[n++] = (bn_chat_message){"user", prompt};
+    size_t len = 0;
+    if (bn_model_apply_chat(m, msgs, n, true, NULL, 0, &len, err) != BN_OK)
+        return NULL;
+    char *text = malloc(len + 1);
+    if (!text) {
+        bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the chat prompt");
+        return NULL;
+    }
+    if (bn_model_apply_chat(m, msgs, n, true, text, len + 1, &len, err) != BN_OK) {
+        free(text);
+        return NULL;
+    }
+    return text;
 }
 
 /* ---- --prompt-file ---------------------------------------------------------
  * The prompts are read (and checked) before the model is loaded, so a bad
  * file costs nothing. Request i + 1 is tokenized on a worker thread while
- * request i generates on this one; the engine asks for its tokens between
- * decode steps (next_prompt), and on the GPU uploads them on the copy
- * stream then, so the next prefill starts from tokens already on the
- * device. Tokenizing reads only the model, which the generating thread
- * does not change. */
+ * request i generates on this one (the library's tokenizer may be used
+ * while the model computes). Each request runs in a fresh session. */
 
 typedef struct prompt_list {
     char *buf;          /* the file; each prompt NUL-terminated in place */
@@ -426,12 +454,13 @@ static int read_prompts(const char *path, size_t max_bytes, prompt_list *pl)
     return 0;
 }
 
-/* The next request's tokens, written by the worker thread; `done` is set
+/* A request's tokens, written by the worker thread; `done` is set
  * (release) once everything else is written, so the generating thread may
  * read them as soon as it sees it (acquire). */
 typedef struct next_tokens {
-    const bn_engine *e;
-    bn_generate_request req; /* prompt, chat, system */
+    bn_model *m;
+    const run_opts *o;
+    const char *prompt;
     int32_t *tokens;
     size_t n;
     bn_status status;
@@ -440,11 +469,29 @@ typedef struct next_tokens {
     atomic_bool done;
 } next_tokens;
 
+/* The tokens a fresh session reads for the prompt: BOS first where the
+ * tokenizer asks for it (a chat format writes it itself). */
 static void tokenize_next(next_tokens *nt)
 {
     bn_error_clear(&nt->err);
+    nt->tokens = NULL;
+    nt->n = 0;
     const double t0 = bn_time_seconds();
-    nt->status = bn_engine_tokenize(nt->e, &nt->req, &nt->tokens, &nt->n, &nt->err);
+    char *text = prompt_text(nt->m, nt->o, nt->prompt, &nt->err);
+    nt->status = text ? BN_OK : nt->err.status;
+    size_t n = 0;
+    if (text)
+        nt->status = bn_model_tokenize(nt->m, text, strlen(text), true, NULL, 0, &n, &nt->err);
+    if (nt->status == BN_OK && !(nt->tokens = malloc((n ? n : 1) * sizeof *nt->tokens)))
+        nt->status = bn_error_set(&nt->err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a prompt");
+    if (nt->status == BN_OK)
+        nt->status = bn_model_tokenize(nt->m, text, strlen(text), true, nt->tokens, n, &nt->n,
+                                       &nt->err);
+    if (nt->status != BN_OK) {
+        free(nt->tokens);
+        nt->tokens = NULL;
+    }
+    free(text);
     nt->seconds = bn_time_seconds() - t0;
     atomic_store_explicit(&nt->done, true, memory_order_release);
 }
@@ -456,24 +503,8 @@ static void *tokenize_worker(void *arg)
 }
 
 typedef struct batch_state {
-    next_tokens next;
-    bool has_next;    /* a next request is being tokenized */
     size_t streamed;  /* bytes of the current response written */
 } batch_state;
-
-/* bn_generate_request.next_prompt: the next request's tokens once the
- * worker has them; a tokenization error is not this request's concern (it
- * is reported for the request it belongs to), so nothing is offered. */
-static bool offer_next_prompt(void *ctx, const int32_t **tokens, size_t *n)
-{
-    batch_state *b = ctx;
-    if (!b->has_next || !atomic_load_explicit(&b->next.done, memory_order_acquire) ||
-        b->next.status != BN_OK)
-        return false;
-    *tokens = b->next.tokens;
-    *n = b->next.n;
-    return true;
-}
 
 static bool print_batch_text(void *ctx, int32_t token, const char *text, size_t len)
 {
@@ -493,83 +524,71 @@ static int request_fail(const prompt_list *pl, size_t i, const bn_error *err)
     return cli_exit_code(err->status);
 }
 
-/* Runs every prompt of pl in order, each from position 0 with o's options;
- * stops at the first request that fails, with its exit code. */
-static int run_prompt_file(bn_engine *e, const run_opts *o, const prompt_list *pl)
+/* Runs every prompt of pl in order, each in a fresh session with o's
+ * options; stops at the first request that fails, with its exit code. */
+static int run_prompt_file(bn_model *m, bn_session *s, const run_opts *o, const prompt_list *pl)
 {
     const double t_start = bn_time_seconds();
-    batch_state b;
-    memset(&b, 0, sizeof b);
-    b.next.e = e;
-    b.next.req.chat = o->chat;
-    b.next.req.system = o->system;
+    next_tokens next = {.m = m, .o = o};
+    batch_state b = {0};
 
     /* Request 1's tokens, here: there is nothing yet to overlap them with. */
-    b.next.req.prompt = pl->text[0];
-    atomic_init(&b.next.done, false);
-    tokenize_next(&b.next);
-    if (b.next.status != BN_OK)
-        return request_fail(pl, 0, &b.next.err);
-    int32_t *cur = b.next.tokens;
-    size_t n_cur = b.next.n;
-    b.next.tokens = NULL;
+    next.prompt = pl->text[0];
+    atomic_init(&next.done, false);
+    tokenize_next(&next);
+    if (next.status != BN_OK)
+        return request_fail(pl, 0, &next.err);
+    int32_t *cur = next.tokens;
+    size_t n_cur = next.n;
+    next.tokens = NULL;
 
     size_t overlapped = 0;
     double tokenize_seconds = 0.0, waited_seconds = 0.0;
     int rc = BN_EXIT_OK;
     for (size_t i = 0; i < pl->n; i++) {
         /* Request i + 1's tokens on the worker while request i generates. */
-        b.has_next = i + 1 < pl->n;
+        const bool has_next = i + 1 < pl->n;
         bool threaded = false;
         pthread_t worker;
-        if (b.has_next) {
-            b.next.req.prompt = pl->text[i + 1];
-            b.next.tokens = NULL;
-            b.next.n = 0;
-            atomic_store(&b.next.done, false);
-            int err_no = pthread_create(&worker, NULL, tokenize_worker, &b.next);
+        if (has_next) {
+            next.prompt = pl->text[i + 1];
+            atomic_store(&next.done, false);
+            int err_no = pthread_create(&worker, NULL, tokenize_worker, &next);
             threaded = err_no == 0;
             if (!threaded) /* still correct, only not overlapped */
                 bn_log(BN_LOG_WARN, "could not start a thread to tokenize the next prompt "
                                     "(%s); tokenizing it after this request", strerror(err_no));
         }
-        bn_generate_request req = {.prompt = pl->text[i],
-                                   .chat = o->chat,
-                                   .system = o->system,
-                                   .prompt_tokens = cur,
-                                   .n_prompt_tokens = n_cur,
-                                   .n_predict = (int)o->n_predict,
-                                   .sampling = o->sp,
-                                   .on_token = print_batch_text,
-                                   .ctx = &b,
-                                   .next_prompt = b.has_next ? offer_next_prompt : NULL};
+        bn_generate_params gp = o->gp;
+        gp.prompt_tokens = cur;
+        gp.n_prompt_tokens = n_cur;
+        bn_session_reset(s);
         b.streamed = 0;
-        bn_generation g;
+        bn_generate_result r;
         bn_error err;
         bn_error_clear(&err);
-        const bn_status st = bn_engine_generate(e, &req, &g, &err);
+        const bn_status st = bn_session_generate(s, &gp, print_batch_text, &b, &r, &err);
         free(cur);
         cur = NULL;
 
-        if (b.has_next) {
+        if (has_next) {
             const double t_wait = bn_time_seconds();
             if (threaded) {
-                if (atomic_load_explicit(&b.next.done, memory_order_acquire))
+                if (atomic_load_explicit(&next.done, memory_order_acquire))
                     overlapped++;
                 pthread_join(worker, NULL);
             } else {
-                tokenize_next(&b.next);
+                tokenize_next(&next);
             }
             waited_seconds += bn_time_seconds() - t_wait;
-            tokenize_seconds += b.next.seconds;
-            b.has_next = false;
+            tokenize_seconds += next.seconds;
         }
 
         if (st != BN_OK) {
             if (b.streamed > 0) /* keep the responses before it apart from the error */
                 fputc('\n', stdout);
             fflush(stdout);
-            free(b.next.tokens);
+            free(next.tokens);
             return request_fail(pl, i, &err);
         }
         /* Always a newline, so the responses stay apart in a file or pipe. */
@@ -577,43 +596,41 @@ static int run_prompt_file(bn_engine *e, const run_opts *o, const prompt_list *p
         fflush(stdout);
         fprintf(stderr,
                 "request %zu/%zu: prompt %zu tokens in %.3f s (%.1f tok/s), generation %zu "
-                "tokens in %.3f s (%.1f tok/s)%s%s\n",
-                i + 1, pl->n, g.n_prompt, g.prompt_seconds,
-                rate((double)g.n_prompt, g.prompt_seconds), g.n_tokens, g.gen_seconds,
-                rate((double)g.n_tokens, g.gen_seconds),
-                g.stopped_at_eog ? ", stopped at end of generation" : "",
-                g.prompt_staged ? ", prompt uploaded ahead" : "");
-        if (o->verbose && g.decode_steps > 0)
-            fprintf(stderr, "  decode %lld forward steps in %.3f s (%.1f tok/s)%s\n",
-                    (long long)g.decode_steps, g.decode_seconds,
-                    rate((double)g.decode_steps, g.decode_seconds),
-                    g.next_staged ? ", next prompt uploaded during them" : "");
-        bn_generation_free(&g);
+                "tokens in %.3f s (%.1f tok/s)%s\n",
+                i + 1, pl->n, r.n_prompt_tokens, r.prompt_seconds,
+                rate((double)r.n_prompt_tokens, r.prompt_seconds), r.n_tokens,
+                r.generate_seconds, rate((double)r.n_tokens, r.generate_seconds),
+                r.stop == BN_STOP_EOG ? ", stopped at end of generation" : "");
+        if (o->verbose && r.decode_steps > 0)
+            fprintf(stderr, "  decode %lld forward steps in %.3f s (%.1f tok/s)\n",
+                    (long long)r.decode_steps, r.decode_seconds,
+                    rate((double)r.decode_steps, r.decode_seconds));
 
-        if (i + 1 < pl->n) {
-            if (b.next.status != BN_OK) {
-                rc = request_fail(pl, i + 1, &b.next.err);
+        if (has_next) {
+            if (next.status != BN_OK) {
+                rc = request_fail(pl, i + 1, &next.err);
                 break;
             }
-            cur = b.next.tokens;
-            n_cur = b.next.n;
-            b.next.tokens = NULL;
+            cur = next.tokens;
+            n_cur = next.n;
+            next.tokens = NULL;
         }
     }
     free(cur);
     if (rc != BN_EXIT_OK)
         return rc;
 
-    bn_engine_info info;
-    bn_engine_get_info(e, &info);
+    bn_model_stats stats;
+    if (bn_model_get_stats(m, &stats, NULL) != BN_OK)
+        memset(&stats, 0, sizeof stats);
     fprintf(stderr,
             "load        %.3f s\n"
             "requests    %zu in %.3f s; next prompts tokenized during generation: %zu of %zu "
             "(tokenizing took %.3f ms, waited %.3f ms)\n",
-            info.load_seconds, pl->n, bn_time_seconds() - t_start, overlapped, pl->n - 1,
+            stats.load_seconds, pl->n, bn_time_seconds() - t_start, overlapped, pl->n - 1,
             tokenize_seconds * 1e3, waited_seconds * 1e3);
     if (o->verbose)
-        print_verbose_work(&info);
+        print_verbose_work(m);
     return BN_EXIT_OK;
 }
 
@@ -639,87 +656,99 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
     }
     bn_error err;
     bn_error_clear(&err);
-    bn_engine_options eo = {.model_path = o.model,
-                            .device = o.gen.device,
-                            .n_threads = (int)o.gen.threads,
-                            .n_ctx = o.gen.ctx,
-                            .kv_f16 = o.gen.kv_f16};
-    bn_engine *e = NULL;
-    if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK) {
+    bn_model_options mo;
+    bn_model_options_default(&mo);
+    mo.path = o.model;
+    mo.device = o.gen.device;
+    mo.n_threads = (int)o.gen.threads;
+    mo.n_ctx = o.gen.ctx;
+    mo.kv = o.gen.kv_f16 ? BN_KV_F16 : BN_KV_F32;
+    bn_model *m = NULL;
+    bn_session *s = NULL;
+    bn_model_info info;
+    if (bn_model_open(&mo, &m, &err) != BN_OK || bn_session_create(m, &s, &err) != BN_OK ||
+        bn_model_get_info(m, &info, &err) != BN_OK) {
+        bn_model_close(m);
         free(o.ids);
         prompt_list_free(&pl);
         return cli_fail(&err);
     }
-    fprintf(stderr, "%s\n", bn_engine_startup_line(e));
+    fprintf(stderr, "%s\n", info.selection);
     if (o.verbose)
-        print_verbose(e);
+        print_verbose(m);
 
     bool seed_fixed;
-    o.sp.seed = bn_engine_choose_seed(cfg, o.gen.have_seed, o.gen.seed, &seed_fixed);
+    o.gp.seed = cli_choose_seed(cfg, &o.gen, &seed_fixed);
     if (o.prompt_file) {
         if (o.verbose)
             fprintf(stderr, "seed        %llu%s, the same for every request\n",
-                    (unsigned long long)o.sp.seed, seed_fixed ? "" : " (random)");
-        rc = run_prompt_file(e, &o, &pl);
+                    (unsigned long long)o.gp.seed, seed_fixed ? "" : " (random)");
+        rc = run_prompt_file(m, s, &o, &pl);
         prompt_list_free(&pl);
-        bn_engine_free(e);
+        bn_session_free(s);
+        bn_model_close(m);
         return rc;
     }
-    const int32_t vocab = bn_checkpoint_hparams(bn_engine_model(e))->vocab;
     float *logits = NULL;
-    if (o.dump_logits && !(logits = malloc((size_t)vocab * sizeof *logits))) {
-        free(o.ids);
-        bn_engine_free(e);
+    char *text = NULL;
+    rc = BN_EXIT_OK;
+    if (o.dump_logits && !(logits = malloc((size_t)info.vocab_size * sizeof *logits))) {
         fprintf(stderr, "bitnet run: error: out of memory\n");
-        return BN_EXIT_OUT_OF_MEMORY;
+        rc = BN_EXIT_OUT_OF_MEMORY;
+    } else if (o.prompt && !(text = prompt_text(m, &o, o.prompt, &err))) {
+        rc = cli_fail(&err);
     }
-    bn_generate_request req = {.prompt = o.prompt,
-                               .chat = o.chat,
-                               .system = o.system,
-                               .prompt_tokens = o.ids,
-                               .n_prompt_tokens = o.n_ids,
-                               .n_predict = (int)o.n_predict,
-                               .sampling = o.sp,
-                               .on_token = print_text,
-                               .prompt_logits = logits};
-    bn_generation g;
-    if (bn_engine_generate(e, &req, &g, &err) != BN_OK) {
-        end_text_line(); /* an error after some text: on a line of its own */
+    bn_generate_result r;
+    if (rc == BN_EXIT_OK) {
+        bn_generate_params gp = o.gp;
+        gp.prompt = text;
+        gp.prompt_tokens = o.ids;
+        gp.n_prompt_tokens = o.n_ids;
+        gp.prompt_logits = logits;
+        if (bn_session_generate(s, &gp, print_text, NULL, &r, &err) != BN_OK) {
+            end_text_line(); /* an error after some text: on a line of its own */
+            rc = cli_fail(&err);
+        }
+    }
+    if (rc != BN_EXIT_OK) {
+        free(text);
         free(o.ids);
         free(logits);
-        bn_engine_free(e);
-        return cli_fail(&err);
+        bn_session_free(s);
+        bn_model_close(m);
+        return rc;
     }
     end_text_line();
 
-    bn_engine_info info;
-    bn_engine_get_info(e, &info);
+    bn_model_stats stats;
+    if (bn_model_get_stats(m, &stats, NULL) != BN_OK)
+        memset(&stats, 0, sizeof stats);
     fprintf(stderr,
             "load        %.3f s\n"
             "prompt      %zu tokens in %.3f s (%.1f tok/s)\n"
             "generation  %zu tokens in %.3f s (%.1f tok/s)%s\n",
-            info.load_seconds, g.n_prompt, g.prompt_seconds,
-            rate((double)g.n_prompt, g.prompt_seconds), g.n_tokens, g.gen_seconds,
-            rate((double)g.n_tokens, g.gen_seconds),
-            g.stopped_at_eog ? ", stopped at end of generation" : "");
-    if (o.verbose && g.decode_steps > 0)
+            stats.load_seconds, r.n_prompt_tokens, r.prompt_seconds,
+            rate((double)r.n_prompt_tokens, r.prompt_seconds), r.n_tokens, r.generate_seconds,
+            rate((double)r.n_tokens, r.generate_seconds),
+            r.stop == BN_STOP_EOG ? ", stopped at end of generation" : "");
+    if (o.verbose && r.decode_steps > 0)
         fprintf(stderr, "decode      %lld forward steps in %.3f s (%.1f tok/s), seed %llu%s\n",
-                (long long)g.decode_steps, g.decode_seconds,
-                rate((double)g.decode_steps, g.decode_seconds), (unsigned long long)o.sp.seed,
+                (long long)r.decode_steps, r.decode_seconds,
+                rate((double)r.decode_steps, r.decode_seconds), (unsigned long long)o.gp.seed,
                 seed_fixed ? "" : " (random)");
     if (o.verbose)
-        print_verbose_work(&info);
+        print_verbose_work(m);
 
-    rc = BN_EXIT_OK;
     if (o.dump_logits)
-        rc = write_logits(o.dump_logits, logits, vocab);
+        rc = write_logits(o.dump_logits, logits, info.vocab_size);
     if (rc == BN_EXIT_OK && o.receipt) {
-        bn_receipt_info ri = {.command = "run", .req = &req, .gen = &g, .seed_fixed = seed_fixed};
-        rc = write_receipt(o.receipt, e, &ri);
+        const bn_receipt_options ro = {.command = "run", .chat = o.chat, .seed_fixed = seed_fixed};
+        rc = write_receipt(o.receipt, s, &ro);
     }
-    bn_generation_free(&g);
+    free(text);
     free(o.ids);
     free(logits);
-    bn_engine_free(e);
+    bn_session_free(s);
+    bn_model_close(m);
     return rc;
 }

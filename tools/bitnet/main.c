@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -129,6 +131,28 @@ char *cli_read_all(const char *path, const char *what, size_t max_bytes, size_t 
     buf[n] = '\0';
     *len = n;
     return buf;
+}
+
+uint64_t cli_choose_seed(const bn_config *cfg, const cli_gen_opts *o, bool *fixed)
+{
+    *fixed = true;
+    if (o->have_seed)
+        return o->seed;
+    if (cfg && cfg->seed_set)
+        return cfg->seed;
+    if (cfg && cfg->deterministic)
+        return 0;
+    *fixed = false;
+    uint64_t r = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f) {
+        const bool ok = fread(&r, sizeof r, 1, f) == 1;
+        fclose(f);
+        if (ok)
+            return r;
+    }
+    /* No entropy source: the clock and the process id still differ per run. */
+    return bn_time_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL);
 }
 
 void cli_gen_defaults(cli_gen_opts *o)
