@@ -38,8 +38,6 @@ const char *bn_cuda_fusion_name(bn_cuda_fusion f)
     switch (f) {
     case BN_CUDA_FUSION_AUTO: return "auto";
     case BN_CUDA_FUSION_SEPARATE: return "separate";
-    case BN_CUDA_FUSION_NORMS: return "norms";
-    case BN_CUDA_FUSION_ALL: return "all";
     default: return "?";
     }
 }
@@ -181,9 +179,10 @@ bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backe
     if (opt.kv_type != BN_CUDA_KV_F32 && opt.kv_type != BN_CUDA_KV_F16)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "unknown KV cache type %d",
                             (int)opt.kv_type);
-    if ((int)opt.fusion < BN_CUDA_FUSION_AUTO || (int)opt.fusion > BN_CUDA_FUSION_ALL)
+    if (opt.fusion != BN_CUDA_FUSION_AUTO && opt.fusion != BN_CUDA_FUSION_SEPARATE)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "cuda backend: fusion must be auto, separate, norms or all (got %d)",
+                            "cuda backend: the decode step runs each norm + int8 as its own "
+                            "kernel: fusion must be auto or separate (got %d)",
                             (int)opt.fusion);
     if (opt.prefill_chunk < 0)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "negative prefill chunk");
@@ -429,25 +428,7 @@ bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backe
     }
     if (st == BN_OK)
         b->pdl = !opt.no_pdl && bn_cb_pdl_supported(b->device);
-    if (st == BN_OK) {
-        /* Folding needs every group in one launch and every source row
-         * within the decode GEMV's limits; otherwise separate kernels. */
-        b->fusion = opt.fusion == BN_CUDA_FUSION_AUTO ? BN_CUDA_FUSION_SEPARATE : opt.fusion;
-        for (int i = 0; i < hp->n_layer * G_COUNT && b->fusion != BN_CUDA_FUSION_SEPARATE;
-             i++) {
-            const group *g = &b->groups[i];
-            const int src = i % G_COUNT != G_DOWN                 ? BN_CB_SRC_NORM
-                            : b->fusion == BN_CUDA_FUSION_ALL ? BN_CB_SRC_RELU2
-                                                              : BN_CB_SRC_CODES;
-            if (!g->fused_ok || !bn_cb_decode_gemv_fits(src, g->k, g->fused.groups)) {
-                bn_log(BN_LOG_INFO, "cuda backend: fusion %s not possible (a %lld-wide row "
-                                    "does not fit the decode GEMV): separate norm kernels",
-                       bn_cuda_fusion_name(b->fusion), (long long)g->k);
-                b->fusion = BN_CUDA_FUSION_SEPARATE;
-            }
-        }
-    }
-    if (st == BN_OK && opt.gate_up_pair == 0 && b->fusion == BN_CUDA_FUSION_SEPARATE) {
+    if (st == BN_OK && opt.gate_up_pair == 0) {
         /* The pair GEMV needs gate and up in one launch, each of whole
          * tiles (every layer has layer 0's shapes). */
         const group *g = &b->groups[G_GU];
@@ -465,8 +446,7 @@ bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backe
                             ? 16
                             : b->gemv_cluster;
     }
-    if (st == BN_OK && opt.attn_qkv == 0 && !b->kv_f16 && b->attn_cluster > 0 &&
-        b->fusion == BN_CUDA_FUSION_SEPARATE) {
+    if (st == BN_OK && opt.attn_qkv == 0 && !b->kv_f16 && b->attn_cluster > 0) {
         /* The decode attention computes q|k|v itself where its clusters can
          * hold their share of the weights (every layer has layer 0's shapes). */
         const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
@@ -491,7 +471,7 @@ bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backe
     bn_log(BN_LOG_INFO,
            "cuda backend: cuda:%d %s, %d SMs; weights %.1f MiB packed in %.2f s, embedding %.1f "
            "MiB, LM head %s %.1f MiB%s%s, KV cache %s %.1f MiB (%lld positions), scratch %.1f MiB "
-           "(%lld-token prefill), decode graph %s, programmatic dependent launch %s, fusion %s",
+           "(%lld-token prefill), decode graph %s, programmatic dependent launch %s",
            b->device, b->name, b->sm, (double)b->w_bytes / MIB, t1 - t0,
            (double)b->embed_bytes / MIB, head_type_name(b->head_type),
            (double)cb_head_table_bytes(b) / MIB,
@@ -499,8 +479,7 @@ bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backe
            b->head_screen ? " + its int8 copy (greedy steps screen the head)" : "",
            b->kv_f16 ? "f16" : "f32",
            (double)b->kv_bytes / MIB, (long long)kv_len, (double)b->scratch_bytes / MIB,
-           (long long)b->chunk, b->graph.exec ? "captured" : "off", b->pdl ? "on" : "off",
-           bn_cuda_fusion_name(b->fusion));
+           (long long)b->chunk, b->graph.exec ? "captured" : "off", b->pdl ? "on" : "off");
     *out = b;
     return BN_OK;
 }
@@ -558,7 +537,11 @@ bn_cuda_kv_type bn_cuda_backend_kv_type(const bn_cuda_backend *b)
 {
     return b->kv_f16 ? BN_CUDA_KV_F16 : BN_CUDA_KV_F32;
 }
-bn_cuda_fusion bn_cuda_backend_fusion(const bn_cuda_backend *b) { return b->fusion; }
+bn_cuda_fusion bn_cuda_backend_fusion(const bn_cuda_backend *b)
+{
+    (void)b;
+    return BN_CUDA_FUSION_SEPARATE;
+}
 int bn_cuda_backend_attn_cluster(const bn_cuda_backend *b) { return b->attn_cluster; }
 int bn_cuda_backend_gemv_cluster(const bn_cuda_backend *b) { return b->gemv_cluster; }
 int bn_cuda_backend_gate_up_cluster(const bn_cuda_backend *b) { return b->gu_cluster; }
@@ -626,7 +609,7 @@ static const char *const kernel_names[K_COUNT] = {
     "w2a8_gemv", "w2a8_gemm", "qkv_rope_kv_store", "attention_decode_f32",
     "attention_prefill_f32", "attention_decode_f16", "attention_prefill_f16",
     "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay",
-    "norm_quantize_w2a8_gemv", "w2a8_gemv_residual", "attention_decode_f32_cluster",
+    "attention_decode_f32_cluster",
     "lm_head_screen_int8", "attention_decode_f32_cluster_qkv", "w2a8_gemv_gate_up_relu2",
     "sample_top_k_top_p", "decode_handoff", "embed_norm_quantize"};
 

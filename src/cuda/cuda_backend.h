@@ -77,19 +77,13 @@ typedef enum bn_cuda_kv_type {
     BN_CUDA_KV_F16 = 1  /* half the memory and bandwidth; logits within ~3e-2 x max  */
 } bn_cuda_kv_type;
 
-/* The decode step's kernels per layer (fp32 cache). Every choice computes
- * the same int8 codes; the activation scales may differ in the last bit of
- * their double sum of squares (its order), within the contract against the
- * CPU backend. SEPARATE is the default because it measured fastest on an
- * H200 (docs/PERFORMANCE.md): with programmatic dependent launch a separate
- * one-block norm kernel overlaps the GEMV before it, while inside a GEMV
- * every block pays for the norm before its product. */
+/* The decode step's layout of norms and GEMVs: each norm + int8 (with the
+ * residual add before it) is a kernel of its own, which programmatic
+ * dependent launch overlaps with the GEMV before it (docs/CUDA.md, "The
+ * decode step"). AUTO and SEPARATE both name that layout. */
 typedef enum bn_cuda_fusion {
-    BN_CUDA_FUSION_AUTO = 0,     /* the default: SEPARATE                                */
-    BN_CUDA_FUSION_SEPARATE = 1, /* each norm + int8 and residual add a kernel: 9        */
-    BN_CUDA_FUSION_NORMS = 2,    /* norm + int8 inside the GEMV that consumes it, residual
-                                    adds in the Wo and down GEMVs: 6                     */
-    BN_CUDA_FUSION_ALL = 3       /* NORMS, and relu^2 * up + ffn_sub_norm inside down: 5 */
+    BN_CUDA_FUSION_AUTO = 0,
+    BN_CUDA_FUSION_SEPARATE = 1
 } bn_cuda_fusion;
 
 const char *bn_cuda_fusion_name(bn_cuda_fusion f);
@@ -107,16 +101,15 @@ typedef struct bn_cuda_backend_options {
                               cluster of <= 16 blocks the device keeps resident, else
                               the ticket); -1 the ticket and a last block; 2, 4, 8, 16:
                               clusters of at most that many blocks                    */
-    int gemv_cluster;      /* decode GEMVs (fusion separate): 0 the default (clusters
+    int gemv_cluster;      /* decode GEMVs: 0 the default (clusters
                               of 8 where the device has clusters), -1 every block
                               stages its activations from L2, 2, 4, 8: staged once
                               per cluster of that many blocks (sm_90; docs/CUDA.md) */
-    bn_cuda_fusion fusion; /* how the decode step's norms meet its GEMVs; AUTO: the
-                              default (docs/CUDA.md, "decode step")                  */
-    int attn_qkv;          /* fp32-cache decode in clusters (fusion separate): 0 the
+    bn_cuda_fusion fusion; /* AUTO or SEPARATE (the one layout); others are refused  */
+    int attn_qkv;          /* fp32-cache decode in clusters: 0 the
                               default (the q|k|v product inside the attention kernel
                               where it fits), -1 a GEMV before it (docs/CUDA.md)    */
-    int gate_up_pair;      /* decode gate|up (fusion separate): 0 the default (each
+    int gate_up_pair;      /* decode gate|up: 0 the default (each
                               GEMV block multiplies a gate tile and the up tile of
                               the same rows and writes relu(gate)^2 * up, where the
                               shapes allow), -1 the raw gate and up values and the
@@ -265,7 +258,7 @@ bool bn_cuda_backend_graphs(const bn_cuda_backend *b);
  * the sampler's parameters ride in the step's upload, so no launch follows
  * the replay. Otherwise the sampler is launched after the step. */
 bool bn_cuda_backend_sample_graph(const bn_cuda_backend *b);
-/* The decode step's layout in use (never AUTO). */
+/* The decode step's layout in use: SEPARATE. */
 bn_cuda_fusion bn_cuda_backend_fusion(const bn_cuda_backend *b);
 /* The fp32 decode attention's cluster size (0: merged through the ticket). */
 int bn_cuda_backend_attn_cluster(const bn_cuda_backend *b);
@@ -317,24 +310,24 @@ void bn_cuda_backend_fail_at(bn_cuda_backend *b, int64_t call);
  * the ones left above -inf); else every row. */
 bn_status bn_cuda_backend_head_kept(bn_cuda_backend *b, int64_t *kept, bn_error *err);
 
-/* With the fused decode norm (the default where it fits), the four norm
- * stages launch nothing (0 launches, ~0 us): their work is timed in the
- * GEMV stage after them, whose name says so. */
+/* The stages of a pass, as profiles and the stage-cost timing name them. A
+ * stage whose work runs inside another's kernel launches nothing (the fp32
+ * cache's scale + RoPE + KV store inside the attention; the q|k|v product
+ * inside it where the attention computes it; the embedding inside the first
+ * norm where that reads the table itself). */
 typedef enum bn_cuda_stage {
     BN_CUDA_STAGE_EMBED,
     BN_CUDA_STAGE_ATTN_NORM, /* residual + attn_norm + int8 (layer 0: norm + int8)  */
-    BN_CUDA_STAGE_QKV,       /* q|k|v GEMV (fused: with the residual + attn_norm)  */
+    BN_CUDA_STAGE_QKV,       /* q|k|v GEMV                                         */
     BN_CUDA_STAGE_ROPE_KV,   /* scales, RoPE, KV store (fp16 cache; with the fp32
                                 cache they run inside the attention kernel)        */
     BN_CUDA_STAGE_ATTENTION, /* attention (fp32 cache: with scales, RoPE, KV store) */
     BN_CUDA_STAGE_SUB_NORM,  /* attn_sub_norm + int8                               */
-    BN_CUDA_STAGE_O,         /* Wo GEMV (fused: with attn_sub_norm + int8; tail norm:
-                                with the residual + ffn_norm + int8)               */
+    BN_CUDA_STAGE_O,         /* Wo GEMV                                            */
     BN_CUDA_STAGE_FFN_NORM,  /* residual + ffn_norm + int8                         */
-    BN_CUDA_STAGE_GATE_UP,   /* gate|up GEMV (fused: with the residual + ffn_norm) */
+    BN_CUDA_STAGE_GATE_UP,   /* gate|up GEMV (in pairs: with relu^2 * up)          */
     BN_CUDA_STAGE_RELU2,     /* relu^2 * up + ffn_sub_norm + int8                  */
-    BN_CUDA_STAGE_DOWN,      /* down GEMV (fused: with relu^2 * up + ffn_sub_norm;
-                                tail norm: with the residual + next attn_norm)     */
+    BN_CUDA_STAGE_DOWN,      /* down GEMV                                          */
     BN_CUDA_STAGE_OUT_NORM,  /* residual + output_norm                             */
     BN_CUDA_STAGE_LM_HEAD,
     BN_CUDA_STAGE_ARGMAX,

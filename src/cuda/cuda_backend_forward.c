@@ -78,28 +78,6 @@ static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y,
     return BN_OK;
 }
 
-/* The decode step's y = W q(v) [+ res] for one row through
- * bn_cb_decode_gemv (one launch over the whole group): na carries the
- * source (src and its fields); res NULL or the residual (b->x, with y =
- * b->x: the residual stream updated in place). */
-static bn_status decode_matmul(bn_cuda_backend *b, const group *g, bn_cb_decode_gemv_args *na,
-                               const float *res, float *y, int pdl, bn_error *err)
-{
-    na->weights = b->d_w + g->s[0].off;
-    na->n = g->fused.n;
-    na->tiles = g->fused.tiles;
-    na->groups = g->fused.groups;
-    na->k = g->k;
-    na->weight_scale = g->n_seg == 1 ? g->s[0].scale : 1.0f;
-    na->sm_count = b->sm;
-    na->eps = b->hp.rms_eps;
-    na->res = res;
-    na->y = y;
-    b->ran |= 1u << (na->src == BN_CB_SRC_CODES ? K_GEMV_RES : K_NORM_GEMV);
-    BN_CUDA_TRY(err, bn_cb_decode_gemv(na, pdl, b->cs));
-    return BN_OK;
-}
-
 /* The decode step's gate|up GEMV in pairs (b->gu_pair): h = relu(gate)^2 *
  * up of b->xq into b->gu (ffn values), the squared ReLU done in the GEMV's
  * epilogue with the segments' scales, so the norm kernel after it reads one
@@ -136,17 +114,6 @@ static bn_status gate_up_pair(bn_cuda_backend *b, const group *g, int pdl, bn_er
 static int64_t codes_ld(const bn_cuda_backend *b, int64_t k, int64_t M)
 {
     return M == 1 ? (k + BN_CUDA_GROUP - 1) / BN_CUDA_GROUP * BN_CUDA_GROUP : b->ldq;
-}
-
-/* A decode GEMV's source: the norm (weights w) of the row x. */
-static bn_cb_decode_gemv_args norm_source(const float *x, const float *w)
-{
-    bn_cb_decode_gemv_args a;
-    memset(&a, 0, sizeof a);
-    a.src = BN_CB_SRC_NORM;
-    a.x = x;
-    a.w = w;
-    return a;
 }
 
 /* The end of a stage of the pass that launched `launches` kernels: counted
@@ -210,14 +177,8 @@ bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
     const bool fused = decode && !b->kv_f16;
     const size_t layer_kv_bytes = (size_t)b->kv_len * (size_t)b->kv_dim * b->kv_elem;
     const float *rope = hp->rope_dim > 0 ? b->rope : NULL;
-    /* Decode runs 9 kernels per layer (fp32 cache) with separate norm
-     * kernels (the default), 8 when the attention computes q|k|v itself
-     * (b->attn_qkv); with b->fusion NORMS each norm + int8 runs
-     * inside the GEMV that consumes it and the residual adds inside the Wo
-     * and down GEMVs (6 kernels), with ALL relu^2 * up + ffn_sub_norm runs
-     * inside the down GEMV too (5). docs/CUDA.md. */
-    const bool fold = decode && b->fusion != BN_CUDA_FUSION_SEPARATE;
-    const bool fold_relu2 = decode && b->fusion == BN_CUDA_FUSION_ALL;
+    /* Decode runs 9 kernels per layer (fp32 cache), 8 when the attention
+     * computes q|k|v itself (b->attn_qkv). docs/CUDA.md. */
     bn_status st;
     int n;
 
@@ -225,7 +186,7 @@ bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
      * itself where it can (F32 / F16 / BF16 rows of the lean kernel's
      * widths): one kernel fewer, the same x and codes. It is the step's
      * first kernel, launched plainly. */
-    const bool embed_norm = decode && !fold &&
+    const bool embed_norm = decode &&
                             bn_cb_embed_norm_fits(b->embed_type, dim, b->x,
                                                   norm_ptr(b, 0, BN_NORM_ATTN), b->xq,
                                                   codes_ld(b, dim, M));
@@ -245,7 +206,7 @@ bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
         if ((st = cb_mark(b, BN_CUDA_STAGE_EMBED, 1, err)) != BN_OK)
             return st;
     }
-    if (!fold && !embed_norm) {
+    if (!embed_norm) {
         BN_CUDA_TRY(err, bn_cb_norm_quantize(b->x, dim, M, dim, norm_ptr(b, 0, BN_NORM_ATTN),
                                              eps, b->xq, codes_ld(b, dim, M), b->act_scale,
                                              b->act_sum, pdl, s));
@@ -269,11 +230,6 @@ bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
         const bool qkv_inside = decode && b->attn_qkv;
         if (qkv_inside) {
             n = 0;
-        } else if (fold) {
-            bn_cb_decode_gemv_args na = norm_source(b->x, norm_ptr(b, l, BN_NORM_ATTN));
-            if ((st = decode_matmul(b, &g[G_QKV], &na, NULL, b->qkv, pdl, err)) != BN_OK)
-                return st;
-            n = 1;
         } else if ((st = matmul(b, &g[G_QKV], M, b->qkv, pdl, &n, err)) != BN_OK) {
             return st;
         }
@@ -338,54 +294,28 @@ bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
         if ((st = cb_mark(b, BN_CUDA_STAGE_ATTENTION, attn_launches, err)) != BN_OK)
             return st;
 
-        if (fold) {
-            /* x += Wo q(attn_sub_norm(att)), then gate|up of ffn_norm(x). */
-            bn_cb_decode_gemv_args na = norm_source(b->att, norm_ptr(b, l, BN_NORM_ATTN_SUB));
-            if ((st = decode_matmul(b, &g[G_O], &na, b->x, b->x, pdl, err)) != BN_OK ||
-                (st = cb_mark(b, BN_CUDA_STAGE_O, 1, err)) != BN_OK)
-                return st;
-            na = norm_source(b->x, norm_ptr(b, l, BN_NORM_FFN));
-            if ((st = decode_matmul(b, &g[G_GU], &na, NULL, b->gu, pdl, err)) != BN_OK ||
-                (st = cb_mark(b, BN_CUDA_STAGE_GATE_UP, 1, err)) != BN_OK)
-                return st;
-        } else {
-            BN_CUDA_TRY(err, bn_cb_norm_quantize(b->att, q_dim, M, q_dim,
-                                                 norm_ptr(b, l, BN_NORM_ATTN_SUB), eps, b->xq,
-                                                 codes_ld(b, q_dim, M), b->act_scale,
+        BN_CUDA_TRY(err, bn_cb_norm_quantize(b->att, q_dim, M, q_dim,
+                                             norm_ptr(b, l, BN_NORM_ATTN_SUB), eps, b->xq,
+                                             codes_ld(b, q_dim, M), b->act_scale,
+                                             b->act_sum, pdl, s));
+        if ((st = cb_mark(b, BN_CUDA_STAGE_SUB_NORM, 1, err)) != BN_OK)
+            return st;
+        if ((st = matmul(b, &g[G_O], M, b->out, pdl, &n, err)) != BN_OK ||
+            (st = cb_mark(b, BN_CUDA_STAGE_O, n, err)) != BN_OK)
+            return st;
+        BN_CUDA_TRY(err, bn_cb_add_norm_quantize(b->x, dim, b->out, dim, M, dim,
+                                                 norm_ptr(b, l, BN_NORM_FFN), eps, b->xq,
+                                                 codes_ld(b, dim, M), b->act_scale,
                                                  b->act_sum, pdl, s));
-            if ((st = cb_mark(b, BN_CUDA_STAGE_SUB_NORM, 1, err)) != BN_OK)
-                return st;
-            if ((st = matmul(b, &g[G_O], M, b->out, pdl, &n, err)) != BN_OK ||
-                (st = cb_mark(b, BN_CUDA_STAGE_O, n, err)) != BN_OK)
-                return st;
-            BN_CUDA_TRY(err, bn_cb_add_norm_quantize(b->x, dim, b->out, dim, M, dim,
-                                                     norm_ptr(b, l, BN_NORM_FFN), eps, b->xq,
-                                                     codes_ld(b, dim, M), b->act_scale,
-                                                     b->act_sum, pdl, s));
-            b->ran |= 1u << K_ADD_NORM_Q;
-            if ((st = cb_mark(b, BN_CUDA_STAGE_FFN_NORM, 1, err)) != BN_OK)
-                return st;
-            if (decode && b->gu_pair)
-                n = 1, st = gate_up_pair(b, &g[G_GU], pdl, err);
-            else
-                st = matmul(b, &g[G_GU], M, b->gu, pdl, &n, err);
-            if (st != BN_OK || (st = cb_mark(b, BN_CUDA_STAGE_GATE_UP, n, err)) != BN_OK)
-                return st;
-        }
-
-        if (fold_relu2) {
-            /* x += down q(ffn_sub_norm(relu^2(gate) * up)). */
-            bn_cb_decode_gemv_args na = norm_source(NULL, norm_ptr(b, l, BN_NORM_FFN_SUB));
-            na.src = BN_CB_SRC_RELU2;
-            na.g = b->gu;
-            na.u = b->gu + ffn;
-            na.sg = g[G_GU].s[0].scale;
-            na.su = g[G_GU].s[1].scale;
-            if ((st = decode_matmul(b, &g[G_DOWN], &na, b->x, b->x, pdl, err)) != BN_OK ||
-                (st = cb_mark(b, BN_CUDA_STAGE_DOWN, 1, err)) != BN_OK)
-                return st;
-            continue;
-        }
+        b->ran |= 1u << K_ADD_NORM_Q;
+        if ((st = cb_mark(b, BN_CUDA_STAGE_FFN_NORM, 1, err)) != BN_OK)
+            return st;
+        if (decode && b->gu_pair)
+            n = 1, st = gate_up_pair(b, &g[G_GU], pdl, err);
+        else
+            st = matmul(b, &g[G_GU], M, b->gu, pdl, &n, err);
+        if (st != BN_OK || (st = cb_mark(b, BN_CUDA_STAGE_GATE_UP, n, err)) != BN_OK)
+            return st;
         if (decode && b->gu_pair) {
             /* relu^2 * up is already in b->gu: the norm + int8 of that row. */
             BN_CUDA_TRY(err, bn_cb_norm_quantize(b->gu, ffn, M, ffn,
@@ -403,19 +333,6 @@ bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
         }
         if ((st = cb_mark(b, BN_CUDA_STAGE_RELU2, 1, err)) != BN_OK)
             return st;
-        if (fold) {
-            /* x += down q, the codes from the kernel above. */
-            bn_cb_decode_gemv_args na;
-            memset(&na, 0, sizeof na);
-            na.src = BN_CB_SRC_CODES;
-            na.xq = b->xq;
-            na.act_scale = b->act_scale;
-            na.act_sum = b->act_sum;
-            if ((st = decode_matmul(b, &g[G_DOWN], &na, b->x, b->x, pdl, err)) != BN_OK ||
-                (st = cb_mark(b, BN_CUDA_STAGE_DOWN, 1, err)) != BN_OK)
-                return st;
-            continue;
-        }
         if ((st = matmul(b, &g[G_DOWN], M, b->out, pdl, &n, err)) != BN_OK ||
             (st = cb_mark(b, BN_CUDA_STAGE_DOWN, n, err)) != BN_OK)
             return st;
@@ -431,12 +348,11 @@ bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
         }
     }
 
-    /* Only the last row's logits are wanted: its residual (unless the down
-     * GEMV added it) and output norm (with PDL in decode, as the screened
+    /* Only the last row's logits are wanted: its residual and output norm (with PDL in decode, as the screened
      * head's kernel after it: that one's blocks start streaming the head's
      * first rows into L2 while the norm runs). */
     const int64_t last = (M - 1) * dim;
-    BN_CUDA_TRY(err, bn_cb_add_rmsnorm(b->x + last, dim, fold ? NULL : b->out + last, dim, 1, dim,
+    BN_CUDA_TRY(err, bn_cb_add_rmsnorm(b->x + last, dim, b->out + last, dim, 1, dim,
                                        b->d_norms + b->out_norm_off, eps, b->normed, dim, pdl,
                                        s));
     b->ran |= 1u << K_OUT_NORM;

@@ -77,7 +77,7 @@ typedef struct group {
 enum {
     K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
     K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
-    K_NORM_GEMV, K_GEMV_RES, K_ATTN_DEC_F32_CLUSTER, K_HEAD_SCREEN, K_ATTN_DEC_F32_QKV,
+    K_ATTN_DEC_F32_CLUSTER, K_HEAD_SCREEN, K_ATTN_DEC_F32_QKV,
     K_GEMV_PAIR, K_SAMPLE, K_HANDOFF, K_EMBED_NORM_Q, K_COUNT
 };
 
@@ -217,8 +217,6 @@ struct bn_cuda_backend {
     int n_capture, cap_capture;
     bool use_graphs;
     bool pdl;                  /* decode kernels use programmatic dependent launch */
-    bn_cuda_fusion fusion;     /* how the decode step's norms meet the GEMVs (never
-                                  AUTO once created)                                */
     /* Submitted decode steps and the two images of d_dec (cuda_backend_decode.c). */
     int par;                   /* the d_dec image (0, 1) the step being queued reads */
     /* Submitted steps not yet waited for, oldest first: a step and at most

@@ -108,52 +108,6 @@ cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr
                               int64_t k, const float *w, float eps, float *y, int64_t ldy, int pdl,
                               cudaStream_t stream);
 
-/* ---- the decode step's W2A8 GEMV: input norm + int8 inside, residual after ----
- *
- * One row (M = 1): y = W q(v) (res NULL) or y = res + W q(v), with the
- * product and its epilogue as bn_w2a8_cuda_gemv_pdl computes them (exact
- * int32 sums, the CPU's epilogue) and the residual added as one fp32 add.
- * Launched in the decode step instead of a norm + int8 kernel and a GEMV:
- *
- * src: BN_CB_SRC_CODES  q, scale and sum given (xq, act_scale, act_sum):
- *                       the GEMV alone, with the residual add
- *      BN_CB_SRC_NORM   v = x, normed with w and quantized by every block
- *                       of the GEMV itself (the row is a few KB in L2)
- *      BN_CB_SRC_RELU2  v = relu(g * sg)^2 * (u * su), then as NORM
- *
- * The codes follow the CPU's exact rule (the contract above: they depend on
- * max|w v| only); the scale's double sum of squares is added in this
- * kernel's own fixed order, the same in every block and every launch.
- * res may be y itself (the residual stream updated in place) but must not
- * overlap it otherwise. x, g, u and w 16-byte aligned.
- * bn_cb_decode_gemv_fits says whether a row of k values fits (NORM and
- * RELU2: k a multiple of 4, at most 8192). */
-#define BN_CB_SRC_CODES 0
-#define BN_CB_SRC_NORM 1
-#define BN_CB_SRC_RELU2 2
-
-typedef struct bn_cb_decode_gemv_args {
-    int src;
-    const int8_t *xq;        /* CODES: k_padded codes, zero past k               */
-    const float *act_scale;
-    const int32_t *act_sum;
-    const float *x;          /* NORM                                             */
-    const float *g, *u;      /* RELU2                                            */
-    float sg, su;
-    int64_t k;
-    const float *w;          /* NORM, RELU2: the norm's weights, k               */
-    float eps;
-    const void *weights;     /* cuda_layout.h packing, as bn_w2a8_cuda_args      */
-    int64_t n, tiles, groups;
-    float weight_scale;
-    int sm_count;            /* the device's SMs (the grid is sized to them)     */
-    const float *res;        /* NULL, or the residual added to the product       */
-    float *y;                /* n                                                */
-} bn_cb_decode_gemv_args;
-
-int bn_cb_decode_gemv_fits(int src, int64_t k, int64_t groups);
-cudaError_t bn_cb_decode_gemv(const bn_cb_decode_gemv_args *a, int pdl, cudaStream_t stream);
-
 /* ---- RoPE table --------------------------------------------------------------------
  *
  * table[p][j] = (cos, sin) of the angle (float)p * inv_freq[j] for p < n_pos,

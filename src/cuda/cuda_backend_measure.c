@@ -12,8 +12,6 @@
 
 #include "cuda_backend_internal.h"
 
-/* With the norms folded into the GEMVs (b->fusion) their work is timed
- * inside the GEMV stages that do it, and the norm stages run no kernel. */
 const char *bn_cuda_stage_name(bn_cuda_stage s)
 {
     static const char *const names[BN_CUDA_STAGE_COUNT] = {
