@@ -141,9 +141,6 @@ expect_in err "BITNET_NUM_THREADS='abc'" "error names the variable"
 expect_in err "expected" "error gives the accepted form"
 run BITNET_MEMORY_LIMIT=2XB "$BITNET" devices
 expect_rc 3 "BITNET_MEMORY_LIMIT=2XB"
-run CUDA_MEMORY_POOL_SIZE=lots "$BITNET" devices
-expect_rc 3 "CUDA_MEMORY_POOL_SIZE=lots"
-expect_in err "CUDA_MEMORY_POOL_SIZE='lots' is not valid" "the pool size's error names it"
 run BITNET_GPU_FAKE=tpu "$BITNET" devices
 expect_rc 3 "BITNET_GPU_FAKE=tpu"
 run BITNET_NUM_THREADS=abc "$BITNET" --help

@@ -1,6 +1,7 @@
 /* GPU test: the per-device CUDA context - create/destroy twice, both streams,
- * the statistics, tracked memory, an impossible allocation (out of memory
- * with the hint, context still usable). The error mapping is checked first,
+ * the statistics, memory through the context's pool, an impossible
+ * allocation (out of memory with the hint, context still usable); the pool
+ * itself has test_cuda_pool. The error mapping is checked first,
  * without a GPU; the rest exits 77 when no GPU is usable. */
 #include <cuda_runtime_api.h>
 
@@ -119,8 +120,9 @@ static void exercise(bn_cuda_context *ctx, int round)
     CHECK_MSG(st == BN_ERR_GPU_OUT_OF_MEMORY, "got %s: %s", bn_status_str(st), err.message);
     CHECK(huge == NULL);
     CHECK_STR_CONTAINS(err.hint, "reduce the batch size or the context length");
-    CHECK_STR_CONTAINS(err.message, "asked for");
-    CHECK_STR_CONTAINS(err.message, "MiB free");
+    CHECK_STR_CONTAINS(err.message, "cannot allocate 1048576.00 GiB (1125899906842624 bytes) for "
+                                    "unnamed");
+    CHECK_STR_CONTAINS(err.message, "MiB free on the device");
     printf("round %d: impossible allocation: %s (hint: %s)\n", round, err.message, err.hint);
     CHECK(cudaGetLastError() == cudaSuccess);
     bn_cuda_context_memory(ctx, &cur, &peak);

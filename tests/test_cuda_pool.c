@@ -1,20 +1,21 @@
-/* GPU test: the memory pool on a real device through the cudaMalloc
- * allocator: allocate, write, read back, free, reuse from the cache, an
- * impossible size that must fail cleanly, and the device still working
- * afterwards. Exits 77 (skipped) with the reason when no CUDA device is
- * usable. */
+/* GPU test: the CUDA context's memory pool on a real device, through the
+ * calls the backend makes (bn_cuda_context_alloc_for / _free): device (not
+ * managed) memory that works, blocks of one size reused without cudaMalloc,
+ * the statistics, the memory limit refusing with a clear error, out of
+ * memory from cudaMalloc (kept buffers released, the error naming the
+ * request and the device's free memory, the process still usable), and the
+ * leak report when the context goes. Exits 77 (skipped) with the reason
+ * when no CUDA device is usable. */
 #include <cuda_runtime_api.h>
 #include <inttypes.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #include "bitnet.h"
-#include "cuda_allocator.h"
-#include "memory_pool.h"
+#include "cuda_context.h"
 #include "test_util.h"
 
 #define MIB (1ull << 20)
-
-static bn_cuda_report report;
 
 /* cudaMemset the buffer to `byte`, copy it back and check every byte. */
 static bool fill_and_check(void *dev, size_t bytes, unsigned char byte)
@@ -31,112 +32,199 @@ static bool fill_and_check(void *dev, size_t bytes, unsigned char byte)
     return ok;
 }
 
-int main(void)
+static bn_memory_pool_stats stats_of(bn_cuda_context *ctx)
 {
-    bn_cuda_query(&report);
-    if (!report.compiled)
-        TEST_SKIP("this build has no CUDA support (configure with -DBITNET_CUDA=ON)");
-    if (report.status != BN_OK || report.device_count == 0)
-        TEST_SKIP("no usable CUDA device: %s", report.reason[0] ? report.reason : "none found");
-    const int best = bn_cuda_best_device(report.devices, report.device_count);
-    const bn_cuda_device *d = &report.devices[best];
-    printf("device cuda:%d %s, %.0f MiB\n", d->id, d->name,
-           (double)d->total_memory_bytes / (double)MIB);
+    bn_memory_pool_stats s;
+    bn_cuda_context_pool_stats(ctx, &s);
+    return s;
+}
 
+/* Is this address a live device allocation of the runtime? */
+static bool is_device_memory(const void *p)
+{
+    struct cudaPointerAttributes attr;
+    const cudaError_t e = cudaPointerGetAttributes(&attr, p);
+    (void)cudaGetLastError(); /* an older runtime reports an unknown address as an error */
+    return e == cudaSuccess && attr.type == cudaMemoryTypeDevice;
+}
+
+static void test_blocks(bn_cuda_context *ctx, int device)
+{
     bn_error err;
-    bn_pool_allocator a;
-    CHECK(bn_cuda_allocator_init(report.device_count, &a, &err) == BN_ERR_NO_DEVICE);
-    CHECK(bn_cuda_allocator_init(-1, &a, &err) == BN_ERR_NO_DEVICE);
-
-    bn_memory_pool_config cfg;
-    bn_memory_pool_config_defaults(&cfg);
-    cfg.device_id = d->id;
-    bn_memory_pool *pool = NULL;
-    bn_status st = bn_cuda_memory_pool_create(&cfg, &pool, &err);
-    CHECK_MSG(st == BN_OK && pool, "create: %s (%s)", err.message, err.hint);
-    if (!pool)
-        TEST_EXIT();
-    CHECK(bn_memory_pool_device_id(pool) == d->id);
-
-    /* Allocate, write, read back. */
     const size_t bytes = MIB + 123;
     void *p = NULL;
-    st = bn_memory_pool_allocate(pool, bytes, &p, &err);
+    bn_status st = bn_cuda_context_alloc_for(ctx, bytes, "test buffer", &p, &err);
     CHECK_MSG(st == BN_OK && p, "allocate: %s", err.message);
+    if (!p)
+        return;
     struct cudaPointerAttributes attr;
     CHECK(cudaPointerGetAttributes(&attr, p) == cudaSuccess);
-    CHECK(attr.type == cudaMemoryTypeDevice && attr.device == d->id); /* never managed */
+    CHECK(attr.type == cudaMemoryTypeDevice && attr.device == device); /* never managed */
     CHECK(((uintptr_t)p % 256) == 0);
     CHECK(fill_and_check(p, bytes, 0xab));
+    bn_memory_pool_stats s = stats_of(ctx);
+    CHECK(s.bytes_in_use == bytes && s.bytes_reserved == bytes && s.allocations == 1);
 
-    /* Free, reuse: the same buffer comes back from the cache, still usable. */
-    CHECK(bn_memory_pool_deallocate(pool, p, &err) == BN_OK);
+    /* Given back, it serves the next request of its size, still usable. */
+    bn_cuda_context_free(ctx, p, bytes);
     void *q = NULL;
-    CHECK(bn_memory_pool_allocate(pool, bytes - 100, &q, &err) == BN_OK); /* same class */
-    CHECK(q == p);
-    CHECK(fill_and_check(q, bytes - 100, 0x5c));
-    bn_memory_pool_stats s;
-    bn_memory_pool_get_stats(pool, &s);
-    CHECK(s.cache_hits == 1 && s.cache_misses == 1 && s.device_allocs == 1);
-    CHECK(s.bytes_in_use == bn_memory_pool_class_size(bytes));
+    CHECK(bn_cuda_context_alloc_for(ctx, bytes, "again", &q, &err) == BN_OK && q == p);
+    CHECK(fill_and_check(q, bytes, 0x5c));
+    s = stats_of(ctx);
+    CHECK(s.reuses == 1 && s.allocations == 2 && s.frees == 1 && s.bytes_in_use == bytes);
+    bn_cuda_context_free(ctx, q, bytes);
 
-    /* A double free is refused and changes nothing. */
-    CHECK(bn_memory_pool_deallocate(pool, q, &err) == BN_OK);
-    CHECK(bn_memory_pool_deallocate(pool, q, &err) == BN_ERR_INVALID_ARGUMENT);
+    /* Fixed-size blocks handed out and returned many times: after the first
+     * round no cudaMalloc, so the reserved bytes never grow. */
+    enum { BLOCKS = 64 };
+    const size_t block = 16 * 2 * 5 * 128 * 2; /* 16 positions of K and V, 5 heads, f16 */
+    void *held[BLOCKS] = {0};
+    for (int round = 0; round < 50; round++) {
+        for (int i = 0; i < BLOCKS; i++)
+            CHECK(bn_cuda_context_alloc_for(ctx, block, "kv block", &held[i], &err) == BN_OK);
+        if (round == 0)
+            for (int i = 0; i < BLOCKS; i++)
+                CHECK(held[i] && fill_and_check(held[i], block, (unsigned char)i));
+        for (int i = BLOCKS; i-- > 0;)
+            bn_cuda_context_free(ctx, held[i], block);
+    }
+    s = stats_of(ctx);
+    CHECK(s.bytes_in_use == 0 && s.bytes_reserved == bytes + BLOCKS * block);
+    CHECK(s.reuses == 1 + 49 * BLOCKS && s.failures == 0);
+    CHECK(cudaGetLastError() == cudaSuccess);
+}
 
-    /* A big buffer, cached on free, then an impossible size: the pool must
-     * free its cache, retry once, and report out-of-memory with a hint. */
+static void test_limit(bn_cuda_context *ctx)
+{
+    bn_error err;
+    const bn_memory_pool_stats before = stats_of(ctx);
+    bn_cuda_context_set_memory_limit(ctx, 64 * MIB);
+    bn_memory_pool_stats s = stats_of(ctx);
+    CHECK(s.memory_limit == 64 * MIB && s.bytes_reserved <= 64 * MIB);
+
+    void *a = NULL, *b = (void *)&b;
+    CHECK(bn_cuda_context_alloc_for(ctx, 48 * MIB, "weights", &a, &err) == BN_OK && a);
+    bn_status st = bn_cuda_context_alloc_for(ctx, 32 * MIB, "kv cache", &b, &err);
+    CHECK(st == BN_ERR_GPU_OUT_OF_MEMORY && b == NULL);
+    CHECK_STR_CONTAINS(err.message, "cannot allocate 32.0 MiB (33554432 bytes) for kv cache");
+    CHECK_STR_CONTAINS(err.message, "48.0 MiB in use and the memory limit is 64.0 MiB");
+    CHECK_STR_CONTAINS(err.hint, "BITNET_MEMORY_LIMIT");
+    printf("over the limit: %s (hint: %s)\n", err.message, err.hint);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    s = stats_of(ctx);
+    CHECK(s.failures == before.failures + 1 && s.bytes_in_use == 48 * MIB);
+    if (a)
+        bn_cuda_context_free(ctx, a, 48 * MIB);
+    bn_cuda_context_set_memory_limit(ctx, 0);
+    CHECK(stats_of(ctx).memory_limit == 0);
+}
+
+static void test_out_of_memory(bn_cuda_context *ctx)
+{
+    bn_error err;
+    /* A buffer kept after its free, then an impossible size: the pool
+     * releases what it keeps, retries once, and reports out of memory. */
     void *big = NULL;
-    st = bn_memory_pool_allocate(pool, 256 * MIB, &big, &err);
-    CHECK_MSG(st == BN_OK && big, "allocate 256 MiB: %s", err.message);
+    CHECK(bn_cuda_context_alloc_for(ctx, 256 * MIB, "big", &big, &err) == BN_OK && big);
     if (big) {
         CHECK(fill_and_check(big, 256 * MIB, 0x11));
-        CHECK(bn_memory_pool_deallocate(pool, big, &err) == BN_OK);
+        bn_cuda_context_free(ctx, big, 256 * MIB);
     }
-    bn_memory_pool_get_stats(pool, &s);
-    CHECK(s.bytes_cached >= 256 * MIB);
+    CHECK(stats_of(ctx).buffers_kept > 0);
 
     void *huge = (void *)&huge;
-    st = bn_memory_pool_allocate(pool, 1ull << 50, &huge, &err); /* 1 PiB */
+    const bn_status st = bn_cuda_context_alloc_for(ctx, (size_t)1 << 50, "huge", &huge, &err);
     CHECK_MSG(st == BN_ERR_GPU_OUT_OF_MEMORY, "1 PiB gave %s: %s", bn_status_str(st),
               err.message);
     CHECK(huge == NULL);
-    CHECK_STR_CONTAINS(err.hint, "reduce batch size or context length");
-    printf("out of memory as expected: %s\n", err.message);
-    bn_memory_pool_get_stats(pool, &s);
-    CHECK(s.bytes_cached == 0 && s.buffers_cached == 0 && s.failed_allocations == 1);
-    /* The flushed cache really went back to the device: the runtime no
-     * longer knows the big buffer's address. (Free memory from
-     * cudaMemGetInfo is device-wide, so other processes on the GPU, such as
-     * tests run in parallel, would make a before/after comparison flaky.) */
-    if (big) {
-        struct cudaPointerAttributes gone;
-        const cudaError_t e = cudaPointerGetAttributes(&gone, big);
-        CHECK_MSG(e != cudaSuccess || gone.type == cudaMemoryTypeUnregistered,
-                  "the flushed 256 MiB buffer is still a device allocation (type %d)",
-                  (int)gone.type);
-        (void)cudaGetLastError(); /* an older runtime reports the address as an error */
-    }
+    CHECK_STR_CONTAINS(err.message, "cannot allocate 1048576.00 GiB (1125899906842624 bytes) "
+                                    "for huge with 0 bytes in use");
+    CHECK_STR_CONTAINS(err.message, "cudaMalloc");
+    CHECK_STR_CONTAINS(err.message, "MiB free on the device");
+    CHECK_STR_CONTAINS(err.hint, "reduce the batch size or the context length");
+    printf("out of memory as expected: %s (hint: %s)\n", err.message, err.hint);
+    const bn_memory_pool_stats s = stats_of(ctx);
+    CHECK(s.buffers_kept == 0 && s.bytes_reserved == 0);
+    /* The released buffer really went back to the device. */
+    if (big)
+        CHECK_MSG(!is_device_memory(big), "the released 256 MiB buffer is still allocated");
 
-    /* The process is still usable: no sticky error, new buffers work. */
+    /* No sticky error; new buffers work. */
     CHECK(cudaGetLastError() == cudaSuccess);
     void *r = NULL;
-    CHECK(bn_memory_pool_allocate(pool, 4 * MIB, &r, &err) == BN_OK && r);
-    if (r)
+    CHECK(bn_cuda_context_alloc_for(ctx, 4 * MIB, "after", &r, &err) == BN_OK && r);
+    if (r) {
         CHECK(fill_and_check(r, 4 * MIB, 0x77));
+        bn_cuda_context_free(ctx, r, 4 * MIB);
+    }
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
+}
 
-    /* The live buffer shows up in a leak report for this device. */
-    bn_pool_leak leak;
-    size_t n = 0;
-    CHECK(bn_memory_pool_check_leaks(pool, 0, &leak, 1, &n, &err) == BN_OK);
-    CHECK(n == 1 && leak.address == r && leak.device_id == d->id && leak.size == 4 * MIB);
-    if (r)
-        CHECK(bn_memory_pool_deallocate(pool, r, &err) == BN_OK);
+/* A buffer left allocated is named when the context goes, and freed. */
+static void test_leak_report(int device)
+{
+    bn_error err;
+    bn_cuda_context *ctx = NULL;
+    CHECK(bn_cuda_context_create(device, &ctx, &err) == BN_OK);
+    if (!ctx)
+        return;
+    void *leaked = NULL;
+    CHECK(bn_cuda_context_alloc_for(ctx, 3 * MIB, "forgotten scratch", &leaked, &err) == BN_OK);
 
-    bn_memory_pool_get_stats(pool, &s);
-    CHECK(s.bytes_in_use == 0 && s.allocation_count == s.deallocation_count);
-    bn_memory_pool_destroy(pool);
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    const int saved = dup(2);
+    if (tmp)
+        dup2(fileno(tmp), 2);
+    bn_cuda_context_destroy(ctx);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char text[4096] = {0};
+    if (tmp) {
+        rewind(tmp);
+        size_t n = fread(text, 1, sizeof text - 1, tmp);
+        text[n] = '\0';
+        fclose(tmp);
+    }
+    printf("leak report:\n%s", text);
+    char want[128];
+    snprintf(want, sizeof want, "CUDA device %d: 1 buffer (3.0 MiB) still allocated", device);
+    CHECK_STR_CONTAINS(text, want);
+    snprintf(want, sizeof want, "forgotten scratch: 3.0 MiB (3145728 bytes) at %p", leaked);
+    CHECK_STR_CONTAINS(text, want);
+    if (leaked)
+        CHECK_MSG(!is_device_memory(leaked), "the leaked buffer was not freed");
+}
+
+int main(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        (void)cudaGetLastError();
+        TEST_SKIP("no usable CUDA device (see 'bitnet devices')");
+    }
+    bn_error err;
+    bn_cuda_context *ctx = NULL;
+    bn_status st = bn_cuda_context_create(0, &ctx, &err);
+    CHECK_MSG(st == BN_OK, "create: %s (%s)", err.message, err.hint);
+    if (st != BN_OK)
+        TEST_EXIT();
+    const bn_cuda_device *d = bn_cuda_context_device(ctx);
+    printf("device cuda:0 %s, %.0f MiB\n", d->name, (double)d->total_memory_bytes / (double)MIB);
+
+    test_blocks(ctx, 0);
+    test_limit(ctx);
+    test_out_of_memory(ctx);
+
+    bn_memory_pool_stats s = stats_of(ctx);
+    char line[256];
+    bn_memory_pool_stats_format(&s, line, sizeof line);
+    printf("pool: %s\n", line);
+    CHECK(s.bytes_in_use == 0 && s.allocations == s.frees);
+    bn_cuda_context_destroy(ctx);
     CHECK(cudaGetLastError() == cudaSuccess);
+
+    test_leak_report(0);
     TEST_EXIT();
 }

@@ -1,9 +1,12 @@
-/* The memory pool's bookkeeping on the CPU: a fake allocator stands in for
+/* The memory pool's rules on the CPU: a fake allocator stands in for
  * cudaMalloc (it can fail on demand, model a full device, counts its calls
- * and catches double frees) and a clock the test moves stands in for time. */
+ * and catches double frees), so reuse, statistics, the memory limit, out of
+ * memory and the leak report are checked without a GPU. */
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #include "bitnet.h"
 #include "memory_pool.h"
@@ -12,7 +15,6 @@
 #define KIB (1ull << 10)
 #define MIB (1ull << 20)
 #define GIB (1ull << 30)
-#define SEC 1000000000ull
 
 /* ---- fake allocator ---------------------------------------------------------- */
 
@@ -23,7 +25,7 @@ typedef struct live_buf {
 
 typedef struct fake_allocator {
     pthread_mutex_t lock;
-    uint64_t capacity;      /* the "device": OOM beyond this many live bytes */
+    uint64_t capacity;      /* the "device": out of memory beyond this many live bytes */
     int fail_next;          /* fail this many coming calls with fail_status */
     bn_status fail_status;
     bool null_next;         /* return BN_OK with NULL once (an allocator bug) */
@@ -42,10 +44,10 @@ static bn_status fake_alloc(void *ctx, uint64_t bytes, void **ptr, bn_error *err
     f->alloc_calls++;
     if (f->fail_next > 0) {
         f->fail_next--;
-        st = bn_error_set(err, f->fail_status, NULL, "fake allocator: failing on request");
+        st = bn_error_set(err, f->fail_status, "the fake's hint", "fake allocator: failing on request");
     } else if (f->null_next) {
         f->null_next = false; /* BN_OK with *ptr NULL */
-    } else if (f->live_bytes + bytes > f->capacity) {
+    } else if (bytes > f->capacity - f->live_bytes) {
         st = bn_error_set(err, BN_ERR_GPU_OUT_OF_MEMORY, NULL, "fake allocator: device full");
     } else {
         if (f->n_live == f->cap_live) {
@@ -107,41 +109,34 @@ static void fake_done(fake_allocator *f)
     pthread_mutex_destroy(&f->lock);
 }
 
-static bn_pool_allocator fake_vtable(fake_allocator *f)
-{
-    return (bn_pool_allocator){.name = "fake", .alloc = fake_alloc, .free = fake_free, .ctx = f};
-}
-
-/* ---- a clock the test moves ---------------------------------------------------- */
-
-static uint64_t test_clock(void *ctx) { return *(const uint64_t *)ctx; }
-
 /* ---- helpers ---------------------------------------------------------------------- */
 
-static bn_memory_pool *make_pool(const bn_memory_pool_config *cfg, fake_allocator *f)
+static bn_memory_pool *make_pool(fake_allocator *f, uint64_t limit)
 {
-    bn_pool_allocator a = fake_vtable(f);
+    const bn_pool_allocator a = {fake_alloc, fake_free, f};
     bn_memory_pool *pool = NULL;
     bn_error err;
-    bn_status st = bn_memory_pool_create(cfg, &a, &pool, &err);
+    bn_status st = bn_memory_pool_create("fake device", &a, limit, &pool, &err);
     CHECK_MSG(st == BN_OK && pool, "create: %s", err.message);
     return pool;
 }
 
-static void *must_alloc(bn_memory_pool *pool, uint64_t bytes)
+static void *must_alloc(bn_memory_pool *pool, uint64_t bytes, const char *purpose)
 {
     void *p = NULL;
     bn_error err;
-    bn_status st = bn_memory_pool_allocate(pool, bytes, &p, &err);
+    bn_status st = bn_memory_pool_allocate(pool, bytes, purpose, &p, &err);
     CHECK_MSG(st == BN_OK && p, "allocate %" PRIu64 ": %s", bytes, err.message);
     return p;
 }
 
-static void must_free(bn_memory_pool *pool, void *p)
+static void must_free(bn_memory_pool *pool, void *p, uint64_t expect_bytes)
 {
     bn_error err;
-    bn_status st = bn_memory_pool_deallocate(pool, p, &err);
-    CHECK_MSG(st == BN_OK, "deallocate %p: %s", p, err.message);
+    uint64_t bytes = 0;
+    bn_status st = bn_memory_pool_free(pool, p, &bytes, &err);
+    CHECK_MSG(st == BN_OK && bytes == expect_bytes, "free %p: %s (%" PRIu64 " bytes)", p,
+              err.message, bytes);
 }
 
 static bn_memory_pool_stats stats_of(bn_memory_pool *pool)
@@ -151,749 +146,436 @@ static bn_memory_pool_stats stats_of(bn_memory_pool *pool)
     return s;
 }
 
-/* ---- size classes ------------------------------------------------------------------ */
+/* What the library writes on stderr between capture_start and capture_end. */
+static int saved_stderr = -1;
+static FILE *captured;
 
-static void test_classes(void)
+static void capture_start(void)
 {
-    static const struct {
-        uint64_t bytes, cls;
-    } table[] = {
-        {0, 0},
-        {1, 256},
-        {255, 256},
-        {256, 256},
-        {257, 384},
-        {384, 384},
-        {385, 512},
-        {512, 512},
-        {513, 768},
-        {1000, 1024},
-        {1025, 1536},
-        {1536, 1536},
-        {1537, 2048},
-        {3 * MIB - 1, 3 * MIB},
-        {3 * MIB, 3 * MIB},
-        {3 * MIB + 1, 4 * MIB},
-        {4 * MIB, 4 * MIB},
-        {4 * MIB + 1, 5 * MIB},
-        {5 * MIB, 5 * MIB},
-        {100 * MIB + 1, 101 * MIB},
-        {3 * GIB + 7, 3 * GIB + MIB},
-        {UINT64_MAX - MIB + 1, UINT64_MAX - MIB + 1},
-        {UINT64_MAX - MIB + 2, 0},
-        {UINT64_MAX, 0},
-    };
-    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
-        uint64_t got = bn_memory_pool_class_size(table[i].bytes);
-        CHECK_MSG(got == table[i].cls, "class(%" PRIu64 ") = %" PRIu64 ", want %" PRIu64,
-                  table[i].bytes, got, table[i].cls);
-    }
+    fflush(stderr);
+    captured = tmpfile();
+    saved_stderr = dup(2);
+    CHECK(captured && saved_stderr >= 0);
+    if (captured)
+        dup2(fileno(captured), 2);
+}
 
-    /* The documented waste bound, on random sizes from 256 B to 64 GiB. */
-    uint64_t prev_bytes = 0, prev_cls = 0;
-    int bad = 0;
-    for (int i = 0; i < 200000; i++) {
-        const int shift = (int)test_rand_range(8, 36);
-        const uint64_t bytes = (uint64_t)test_rand_range(1ll << (shift - 1), 1ll << shift) | 256;
-        const uint64_t cls = bn_memory_pool_class_size(bytes);
-        bool ok = cls >= bytes && (cls - bytes) * 3 < cls &&
-                  bn_memory_pool_class_size(cls) == cls &&
-                  (bytes <= 4 * MIB || (cls - bytes < MIB && cls % MIB == 0));
-        /* Monotonic: a bigger request never gets a smaller class. */
-        if (prev_bytes && ((bytes >= prev_bytes && cls < prev_cls) ||
-                           (bytes <= prev_bytes && cls > prev_cls)))
-            ok = false;
-        if (!ok && bad++ < 5)
-            CHECK_MSG(ok, "class(%" PRIu64 ") = %" PRIu64 " breaks the bound", bytes, cls);
-        prev_bytes = bytes;
-        prev_cls = cls;
+static char *capture_end(void)
+{
+    fflush(stderr);
+    dup2(saved_stderr, 2);
+    close(saved_stderr);
+    char *text = calloc(1, 65536);
+    if (captured && text) {
+        rewind(captured);
+        size_t n = fread(text, 1, 65535, captured);
+        text[n] = '\0';
     }
-    CHECK(bad == 0);
+    if (captured)
+        fclose(captured);
+    return text;
 }
 
 /* ---- every statistic after a scripted sequence ---------------------------------------- */
 
-static void test_stats_sequence(void)
+static void test_stats_and_reuse(void)
 {
     fake_allocator f;
     fake_init(&f, GIB);
-    bn_memory_pool_config cfg;
-    bn_memory_pool_config_defaults(&cfg);
-    cfg.device_id = 2;
-    bn_memory_pool *pool = make_pool(&cfg, &f);
-    CHECK(bn_memory_pool_device_id(pool) == 2);
+    bn_memory_pool *pool = make_pool(&f, 0);
 
     bn_memory_pool_stats s = stats_of(pool);
-    CHECK(s.bytes_in_use == 0 && s.peak_bytes_in_use == 0 && s.allocation_count == 0 &&
-          s.bytes_cached == 0 && s.cache_hits == 0 && s.cache_misses == 0);
+    CHECK(s.bytes_in_use == 0 && s.bytes_reserved == 0 && s.allocations == 0 &&
+          s.memory_limit == 0 && s.buffers_kept == 0);
 
-    void *a = must_alloc(pool, 1000); /* class 1024 */
+    void *a = must_alloc(pool, 1000, "a"); /* counted as asked for: no rounding */
     s = stats_of(pool);
-    CHECK(s.bytes_in_use == 1024 && s.requested_bytes_in_use == 1000);
-    CHECK(s.peak_bytes_in_use == 1024 && s.total_allocated_bytes == 1024);
-    CHECK(s.allocation_count == 1 && s.cache_misses == 1 && s.cache_hits == 0);
-    CHECK(s.device_allocs == 1 && f.alloc_calls == 1 && s.buffers_in_use == 1);
+    CHECK(s.bytes_in_use == 1000 && s.bytes_reserved == 1000 && s.peak_bytes_in_use == 1000);
+    CHECK(s.allocations == 1 && s.reuses == 0 && s.buffers_in_use == 1 && f.alloc_calls == 1);
 
-    void *b = must_alloc(pool, 3000); /* class 3072 */
+    void *b = must_alloc(pool, 3000, "b");
     s = stats_of(pool);
-    CHECK(s.bytes_in_use == 4096 && s.peak_bytes_in_use == 4096);
-    CHECK(s.total_allocated_bytes == 4096 && s.allocation_count == 2 && s.cache_misses == 2);
+    CHECK(s.bytes_in_use == 4000 && s.peak_bytes_in_use == 4000 && s.peak_bytes_reserved == 4000);
 
-    must_free(pool, a);
+    must_free(pool, a, 1000);
     s = stats_of(pool);
-    CHECK(s.bytes_in_use == 3072 && s.requested_bytes_in_use == 3000);
-    CHECK(s.bytes_cached == 1024 && s.buffers_cached == 1 && s.deallocation_count == 1);
-    CHECK(s.device_frees == 0 && f.free_calls == 0);
-    CHECK(s.peak_bytes_in_use == 4096);
+    CHECK(s.bytes_in_use == 3000 && s.bytes_reserved == 4000 && s.buffers_kept == 1);
+    CHECK(s.frees == 1 && f.free_calls == 0); /* kept, not given to the device */
+    CHECK(s.peak_bytes_in_use == 4000);
 
-    void *c = must_alloc(pool, 900); /* class 1024 again: served from the cache */
-    CHECK(c == a);
+    /* Another size is not served by the kept buffer... */
+    void *c = must_alloc(pool, 999, "c");
+    CHECK(c != a && f.alloc_calls == 3);
+    /* ...the same size is, without a device call. */
+    void *d = must_alloc(pool, 1000, "d");
+    CHECK(d == a && f.alloc_calls == 3);
     s = stats_of(pool);
-    CHECK(s.cache_hits == 1 && s.cache_misses == 2 && s.device_allocs == 2 && f.alloc_calls == 2);
-    CHECK(s.bytes_in_use == 4096 && s.requested_bytes_in_use == 3900 && s.bytes_cached == 0);
-    CHECK(s.total_allocated_bytes == 5120 && s.allocation_count == 3);
+    CHECK(s.reuses == 1 && s.allocations == 4 && s.buffers_kept == 0);
+    CHECK(s.bytes_in_use == 4999 && s.bytes_reserved == 4999 && s.peak_bytes_in_use == 4999);
 
-    void *d = must_alloc(pool, 5000); /* class 6144: a miss, new peak */
+    must_free(pool, b, 3000);
+    must_free(pool, c, 999);
+    must_free(pool, d, 1000);
     s = stats_of(pool);
-    CHECK(s.bytes_in_use == 10240 && s.peak_bytes_in_use == 10240 && s.cache_misses == 3);
+    CHECK(s.bytes_in_use == 0 && s.buffers_in_use == 0 && s.bytes_reserved == 4999);
+    CHECK(s.buffers_kept == 3 && s.frees == 4 && s.failures == 0);
+    CHECK(s.peak_bytes_in_use == 4999 && s.peak_bytes_reserved == 4999);
 
-    must_free(pool, b);
-    must_free(pool, c);
-    must_free(pool, d);
-    s = stats_of(pool);
-    CHECK(s.bytes_in_use == 0 && s.requested_bytes_in_use == 0 && s.buffers_in_use == 0);
-    CHECK(s.bytes_cached == 1024 + 3072 + 6144 && s.buffers_cached == 3);
-    CHECK(s.peak_bytes_in_use == 10240 && s.total_allocated_bytes == 11264);
-    CHECK(s.allocation_count == 4 && s.deallocation_count == 4);
-    CHECK(s.failed_allocations == 0 && s.device_frees == 0);
+    char line[256];
+    bn_memory_pool_stats_format(&s, line, sizeof line);
+    CHECK_STR_CONTAINS(line, "0 bytes in use (peak 4.9 KiB)");
+    CHECK_STR_CONTAINS(line, "4.9 KiB reserved (peak 4.9 KiB)");
+    CHECK_STR_CONTAINS(line, "limit none; 4 allocations, 1 reused, 0 failed");
+    s.memory_limit = 3 * GIB / 2;
+    s.bytes_in_use = 812 * MIB + 300 * KIB;
+    bn_memory_pool_stats_format(&s, line, sizeof line);
+    CHECK_STR_CONTAINS(line, "812.3 MiB in use");
+    CHECK_STR_CONTAINS(line, "limit 1.50 GiB");
+    char tiny[8];
+    bn_memory_pool_stats_format(&s, tiny, sizeof tiny);
+    CHECK(strlen(tiny) == 7);
 
-    bn_memory_pool_reset_stats(pool);
-    s = stats_of(pool);
-    CHECK(s.allocation_count == 0 && s.deallocation_count == 0 && s.cache_hits == 0 &&
-          s.cache_misses == 0 && s.total_allocated_bytes == 0 && s.device_allocs == 0);
-    CHECK(s.peak_bytes_in_use == 0); /* restarted from bytes in use */
-    CHECK(s.bytes_cached == 10240 && s.buffers_cached == 3); /* the present is kept */
-
-    void *e = must_alloc(pool, 2500); /* 3072: a hit after the reset */
-    s = stats_of(pool);
-    CHECK(e == b && s.cache_hits == 1 && s.peak_bytes_in_use == 3072);
-    must_free(pool, e);
-
-    CHECK(bn_memory_pool_flush_cache(pool) == 3);
-    s = stats_of(pool);
-    CHECK(s.bytes_cached == 0 && s.buffers_cached == 0 && s.device_frees == 3);
-    CHECK(f.n_live == 0 && f.bad_frees == 0);
-
+    /* Destroying returns every kept buffer; nothing is reported as a leak. */
+    capture_start();
     bn_memory_pool_destroy(pool);
+    char *log = capture_end();
+    CHECK_MSG(log && log[0] == '\0', "unexpected output: %s", log ? log : "");
+    free(log);
     CHECK(f.alloc_ok == f.free_calls && f.n_live == 0 && f.bad_frees == 0);
     fake_done(&f);
 }
 
-/* ---- caching limits ------------------------------------------------------------------------ */
+/* ---- fixed-size blocks, handed out and returned many times ------------------------------ */
 
-static void test_max_cached_per_class(void)
+static void test_block_churn(void)
 {
     fake_allocator f;
     fake_init(&f, GIB);
-    bn_memory_pool_config cfg;
-    bn_memory_pool_config_defaults(&cfg);
-    cfg.max_cached_per_class = 2;
-    bn_memory_pool *pool = make_pool(&cfg, &f);
-
-    void *p[3], *q = NULL;
-    for (int i = 0; i < 3; i++)
-        p[i] = must_alloc(pool, 700); /* class 768 */
-    q = must_alloc(pool, 100);        /* class 256: its own class, own limit */
-    for (int i = 0; i < 3; i++)
-        must_free(pool, p[i]);
-    must_free(pool, q);
-    bn_memory_pool_stats s = stats_of(pool);
-    CHECK(s.buffers_cached == 3 && s.bytes_cached == 2 * 768 + 256);
-    CHECK(s.device_frees == 1 && f.n_live == 3);
-    bn_memory_pool_destroy(pool);
-    CHECK(f.n_live == 0 && f.bad_frees == 0);
-
-    /* 0 turns the cache off: every free goes to the allocator. */
-    cfg.max_cached_per_class = 0;
-    pool = make_pool(&cfg, &f);
-    void *a = must_alloc(pool, 5000);
-    must_free(pool, a);
-    s = stats_of(pool);
-    CHECK(s.buffers_cached == 0 && s.device_frees == 1 && f.n_live == 0);
-    a = must_alloc(pool, 5000);
-    s = stats_of(pool);
-    CHECK(s.cache_hits == 0 && s.cache_misses == 2);
+    bn_memory_pool *pool = make_pool(&f, 0);
+    enum { BLOCKS = 256, ROUNDS = 200000 };
+    const uint64_t block = 16 * 128 * 2 * 20 * 2; /* a KV block: 16 positions of a layer */
+    void *held[BLOCKS] = {0};
+    int n_held = 0;
+    uint64_t allocs = 0, frees = 0;
+    for (int i = 0; i < ROUNDS; i++) {
+        const bool take = n_held == 0 || (n_held < BLOCKS && test_rand_u64() % 2);
+        if (take) {
+            held[n_held++] = must_alloc(pool, block, "kv block");
+            allocs++;
+        } else {
+            const int k = (int)(test_rand_u64() % (uint64_t)n_held);
+            must_free(pool, held[k], block);
+            held[k] = held[--n_held];
+            frees++;
+        }
+    }
+    const bn_memory_pool_stats s = stats_of(pool);
+    /* The device was asked at most once per block ever held at one time. */
+    CHECK_MSG(f.alloc_calls <= BLOCKS && f.free_calls == 0, "%" PRIu64 " device allocations",
+              f.alloc_calls);
+    CHECK(s.allocations == allocs && s.frees == frees);
+    CHECK(s.reuses == allocs - f.alloc_calls);
+    CHECK(s.buffers_in_use == (uint64_t)n_held && s.bytes_in_use == (uint64_t)n_held * block);
+    CHECK(s.bytes_reserved == f.live_bytes && s.buffers_in_use + s.buffers_kept == f.n_live);
+    /* Distinct blocks: a buffer is never handed out twice at once. */
+    for (int i = 0; i < n_held; i++)
+        for (int j = i + 1; j < n_held; j++)
+            CHECK(held[i] != held[j]);
+    for (int i = 0; i < n_held; i++)
+        must_free(pool, held[i], block);
     bn_memory_pool_destroy(pool);
     CHECK(f.n_live == 0 && f.bad_frees == 0);
     fake_done(&f);
 }
 
-static void test_pool_max(void)
-{
-    fake_allocator f;
-    fake_init(&f, GIB);
-    bn_memory_pool_config cfg;
-    bn_memory_pool_config_defaults(&cfg);
-    cfg.max_pool_bytes = 4096;
-    bn_memory_pool *pool = make_pool(&cfg, &f);
-
-    void *p[3];
-    for (int i = 0; i < 3; i++)
-        p[i] = must_alloc(pool, 2048);
-    /* In use 6144 > 4096: the first one freed cannot be kept. */
-    must_free(pool, p[0]);
-    bn_memory_pool_stats s = stats_of(pool);
-    CHECK(s.bytes_cached == 0 && s.device_frees == 1);
-    /* Now the pool holds 4096: caching keeps it at 4096, within the budget. */
-    must_free(pool, p[1]);
-    must_free(pool, p[2]);
-    s = stats_of(pool);
-    CHECK(s.bytes_cached == 4096 && s.buffers_cached == 2 && s.device_frees == 1);
-
-    /* The budget limits caching, never allocation: a bigger buffer is fine. */
-    void *big = must_alloc(pool, MIB);
-    s = stats_of(pool);
-    CHECK(big && s.bytes_in_use == MIB);
-    must_free(pool, big);
-    s = stats_of(pool);
-    CHECK(s.bytes_cached == 4096 && s.device_frees == 2);
-    bn_memory_pool_destroy(pool);
-    CHECK(f.n_live == 0 && f.bad_frees == 0);
-    fake_done(&f);
-}
+/* ---- the memory limit ---------------------------------------------------------------------- */
 
 static void test_memory_limit(void)
 {
     fake_allocator f;
     fake_init(&f, GIB);
-    bn_config bcfg;
-    bn_config_defaults(&bcfg);
-    bcfg.memory_limit_bytes = 8192;
-    bn_memory_pool_config cfg;
+    bn_memory_pool *pool = make_pool(&f, 8192);
     bn_error err;
-    CHECK(bn_memory_pool_config_apply(&bcfg, NULL, &cfg, &err) == BN_OK);
-    CHECK(cfg.memory_limit_bytes == 8192 && cfg.max_pool_bytes == 8192);
-    bn_memory_pool *pool = make_pool(&cfg, &f);
+    CHECK(stats_of(pool).memory_limit == 8192);
 
-    void *a = must_alloc(pool, 4096);
-    void *b = must_alloc(pool, 4096);
+    void *a = must_alloc(pool, 4096, "weights");
+    void *b = must_alloc(pool, 4096, "kv cache");
     void *c = NULL;
     const uint64_t calls = f.alloc_calls;
-    bn_status st = bn_memory_pool_allocate(pool, 1, &c, &err);
+    bn_status st = bn_memory_pool_allocate(pool, 1, "scratch", &c, &err);
     CHECK(st == BN_ERR_GPU_OUT_OF_MEMORY && c == NULL);
-    CHECK_STR_CONTAINS(err.message, "BITNET_MEMORY_LIMIT");
-    CHECK_STR_CONTAINS(err.hint, "reduce batch size or context length");
+    /* The message names the request, its purpose, what is in use and the limit. */
+    CHECK_STR_CONTAINS(err.message, "fake device: cannot allocate 1 bytes for scratch");
+    CHECK_STR_CONTAINS(err.message, "8.0 KiB in use and the memory limit is 8.0 KiB");
+    CHECK_STR_CONTAINS(err.hint, "BITNET_MEMORY_LIMIT");
     CHECK(f.alloc_calls == calls); /* refused before asking the device */
+    CHECK(stats_of(pool).failures == 1);
 
-    must_free(pool, a); /* cached: the pool still holds 8192 */
+    must_free(pool, a, 4096); /* kept: the pool still reserves 8192 */
     bn_memory_pool_stats s = stats_of(pool);
-    CHECK(s.bytes_cached == 4096 && s.bytes_in_use == 4096);
-    /* A different class must evict the cached buffer to stay under the cap. */
-    c = must_alloc(pool, 3000);
+    CHECK(s.bytes_reserved == 8192 && s.bytes_in_use == 4096);
+    /* Another size releases the kept buffer to stay within the limit. */
+    c = must_alloc(pool, 3000, "scratch");
     s = stats_of(pool);
-    CHECK(s.bytes_cached == 0 && s.bytes_in_use == 4096 + 3072 && s.device_frees == 1);
+    CHECK(s.buffers_kept == 0 && s.bytes_reserved == 7096 && f.free_calls == 1);
     CHECK(f.peak_live_bytes <= 8192);
-    /* A request bigger than the cap itself fails however empty the pool is. */
-    must_free(pool, b);
-    must_free(pool, c);
+
+    /* A request bigger than the limit itself fails however empty the pool is. */
+    must_free(pool, b, 4096);
+    must_free(pool, c, 3000);
     void *d = NULL;
-    CHECK(bn_memory_pool_allocate(pool, 8193, &d, &err) == BN_ERR_GPU_OUT_OF_MEMORY);
+    CHECK(bn_memory_pool_allocate(pool, 8193, "lm head", &d, &err) == BN_ERR_GPU_OUT_OF_MEMORY);
+    CHECK_STR_CONTAINS(err.message, "8.0 KiB (8193 bytes) for lm head: 0 bytes in use");
     s = stats_of(pool);
-    CHECK(s.bytes_in_use == 0 && s.bytes_cached == 0 && s.failed_allocations == 2);
+    CHECK(s.bytes_in_use == 0 && s.bytes_reserved == 0 && s.failures == 2);
     CHECK(f.peak_live_bytes <= 8192 && f.n_live == 0);
+
+    /* Lowering the limit releases kept buffers above it, never ones in use. */
+    bn_memory_pool_set_limit(pool, 0);
+    void *e = must_alloc(pool, 6000, "e"), *g = must_alloc(pool, 6000, "g");
+    void *h = must_alloc(pool, 100, "h");
+    must_free(pool, e, 6000);
+    must_free(pool, h, 100);
+    bn_memory_pool_set_limit(pool, 6100);
+    s = stats_of(pool);
+    CHECK(s.memory_limit == 6100 && s.bytes_in_use == 6000 && s.buffers_kept == 1);
+    CHECK(s.bytes_reserved == 6100); /* the 6000 went first, the 100 fits */
+    bn_memory_pool_set_limit(pool, 1000);
+    s = stats_of(pool);
+    CHECK(s.bytes_in_use == 6000 && s.buffers_kept == 0 && s.bytes_reserved == 6000);
+    CHECK(bn_memory_pool_allocate(pool, 1, "x", &d, &err) == BN_ERR_GPU_OUT_OF_MEMORY);
+    must_free(pool, g, 6000);
+    bn_memory_pool_set_limit(pool, 0);
     bn_memory_pool_destroy(pool);
+    CHECK(f.n_live == 0 && f.bad_frees == 0);
     fake_done(&f);
 }
 
-/* ---- allocator failures ------------------------------------------------------------------------ */
+/* ---- out of memory from the allocator ------------------------------------------------------ */
 
 static void test_allocator_failure(void)
 {
     fake_allocator f;
     fake_init(&f, 8192); /* a tiny device */
-    bn_memory_pool_config cfg;
-    bn_memory_pool_config_defaults(&cfg);
-    bn_memory_pool *pool = make_pool(&cfg, &f);
+    bn_memory_pool *pool = make_pool(&f, 0);
     bn_error err;
 
-    void *a = must_alloc(pool, 4096);
-    void *b = must_alloc(pool, 4096);
-    must_free(pool, a);
-    must_free(pool, b); /* the device is full of cached buffers */
-    uint64_t calls = f.alloc_calls;
-    void *c = must_alloc(pool, 2048); /* fails, the cache is flushed, the retry works */
+    void *a = must_alloc(pool, 4096, "a");
+    void *b = must_alloc(pool, 4096, "b");
+    must_free(pool, a, 4096);
+    must_free(pool, b, 4096);
+    /* The device is full of kept buffers: the pool releases them and retries. */
+    void *c = must_alloc(pool, 6000, "c");
     bn_memory_pool_stats s = stats_of(pool);
-    CHECK(c != NULL && f.alloc_calls == calls + 2);
-    CHECK(s.bytes_cached == 0 && s.buffers_cached == 0 && s.device_frees == 2);
-    CHECK(s.failed_allocations == 0 && s.bytes_in_use == 2048);
+    CHECK(c && s.buffers_kept == 0 && s.bytes_reserved == 6000 && f.free_calls == 2);
+    CHECK(s.failures == 0);
 
-    /* Nothing cached to free: no pointless retry, and an error with a hint. */
-    calls = f.alloc_calls;
+    /* Full with buffers in use: out of memory, the allocator's reason kept. */
     void *d = (void *)&d;
-    bn_status st = bn_memory_pool_allocate(pool, 8192, &d, &err);
+    bn_status st = bn_memory_pool_allocate(pool, 4096, "kv cache", &d, &err);
     CHECK(st == BN_ERR_GPU_OUT_OF_MEMORY && d == NULL);
+    CHECK_STR_CONTAINS(err.message, "fake device: cannot allocate 4.0 KiB (4096 bytes) for kv "
+                                    "cache with 5.9 KiB in use (5.9 KiB reserved)");
+    CHECK_STR_CONTAINS(err.message, "fake allocator: device full");
+    CHECK_STR_CONTAINS(err.hint, "reduce the context length");
+    s = stats_of(pool);
+    CHECK(s.failures == 1 && s.bytes_in_use == 6000 && s.buffers_in_use == 1);
+
+    /* The allocator's hint is passed on; a failure with nothing kept is
+     * not retried. */
+    f.fail_next = 1;
+    const uint64_t calls = f.alloc_calls;
+    CHECK(bn_memory_pool_allocate(pool, 16, "x", &d, &err) == BN_ERR_GPU_OUT_OF_MEMORY);
+    CHECK_STR_CONTAINS(err.hint, "the fake's hint");
     CHECK(f.alloc_calls == calls + 1);
-    CHECK_STR_CONTAINS(err.hint, "reduce batch size or context length");
-    CHECK_STR_CONTAINS(err.message, "8192");
-    CHECK_STR_CONTAINS(err.message, "device full");
 
-    /* Something cached, still not enough: one retry, then the error. */
-    must_free(pool, c);
-    calls = f.alloc_calls;
-    st = bn_memory_pool_allocate(pool, 16384, &d, &err);
-    s = stats_of(pool);
-    CHECK(st == BN_ERR_GPU_OUT_OF_MEMORY && f.alloc_calls == calls + 2);
-    CHECK(s.bytes_cached == 0 && s.failed_allocations == 2 && s.bytes_in_use == 0);
-
-    /* Failing on demand: the first call fails, the retry after the flush works. */
-    a = must_alloc(pool, 1000);
-    must_free(pool, a);
+    /* Other errors keep their status and are not retried. */
     f.fail_next = 1;
-    calls = f.alloc_calls;
-    b = must_alloc(pool, 3000);
+    f.fail_status = BN_ERR_DRIVER;
+    CHECK(bn_memory_pool_allocate(pool, 16, "x", &d, &err) == BN_ERR_DRIVER);
+    CHECK_STR_CONTAINS(err.message, "fake device: allocating 16 bytes for x: fake allocator");
     CHECK(f.alloc_calls == calls + 2);
-    must_free(pool, b);
 
-    /* Other errors are not out-of-memory: passed through, cache untouched. */
-    s = stats_of(pool);
-    const uint64_t cached = s.bytes_cached;
-    f.fail_next = 1;
-    f.fail_status = BN_ERR_GPU;
-    st = bn_memory_pool_allocate(pool, 100000, &d, &err);
-    CHECK(st == BN_ERR_GPU && d == NULL);
-    CHECK_STR_CONTAINS(err.message, "failing on request");
-    s = stats_of(pool);
-    CHECK(s.bytes_cached == cached && cached > 0);
-    f.fail_status = BN_ERR_GPU_OUT_OF_MEMORY;
-
-    /* An allocator that says OK but gives NULL is a bug, not a buffer. */
+    /* An allocator that says OK but returns NULL is an internal error. */
     f.null_next = true;
-    st = bn_memory_pool_allocate(pool, 100000, &d, &err);
-    CHECK(st == BN_ERR_INTERNAL && d == NULL);
+    CHECK(bn_memory_pool_allocate(pool, 16, "x", &d, &err) == BN_ERR_INTERNAL);
+    s = stats_of(pool);
+    CHECK(s.failures == 4 && s.bytes_in_use == 6000 && s.bytes_reserved == 6000);
 
-    /* A size no device can hold never reaches the allocator. */
-    calls = f.alloc_calls;
-    st = bn_memory_pool_allocate(pool, UINT64_MAX, &d, &err);
-    CHECK(st == BN_ERR_GPU_OUT_OF_MEMORY && f.alloc_calls == calls);
-    CHECK_STR_CONTAINS(err.hint, "reduce batch size or context length");
-
-    /* And the pool is still usable. */
-    a = must_alloc(pool, 500);
-    must_free(pool, a);
+    /* The pool still works. */
+    must_free(pool, c, 6000);
+    void *e = must_alloc(pool, 6000, "e");
+    CHECK(e == c);
+    must_free(pool, e, 6000);
     bn_memory_pool_destroy(pool);
-    CHECK(f.n_live == 0 && f.bad_frees == 0 && f.alloc_ok == f.free_calls);
+    CHECK(f.n_live == 0 && f.bad_frees == 0);
     fake_done(&f);
 }
 
-/* ---- leaks and cleanup ---------------------------------------------------------------------------- */
+/* ---- the leak report ---------------------------------------------------------------------- */
 
-static void test_leaks(void)
+static void test_leak_report(void)
 {
     fake_allocator f;
     fake_init(&f, GIB);
-    bn_memory_pool_config cfg;
-    bn_memory_pool_config_defaults(&cfg);
-    cfg.device_id = 3;
-    cfg.cleanup_interval_secs = 0;
-    bn_memory_pool *pool = make_pool(&cfg, &f);
-    uint64_t now = 1000 * SEC;
-    bn_memory_pool_set_clock(pool, test_clock, &now);
-    bn_error err;
+    bn_memory_pool *pool = make_pool(&f, 0);
+    void *kv = must_alloc(pool, 2 * MIB, "kv cache");
+    void *kept = must_alloc(pool, 512, "given back");
+    void *head = must_alloc(pool, 3 * KIB, "a purpose whose name is longer than forty-seven "
+                                           "characters");
+    void *anon = must_alloc(pool, 100, NULL);
+    must_free(pool, kept, 512);
+    (void)head;
+    (void)anon;
 
-    void *a = must_alloc(pool, MIB);
-    now += 100 * SEC;
-    void *b = must_alloc(pool, 5000);
-    void *c = must_alloc(pool, 100);
-    must_free(pool, c); /* given back: never a leak */
-    now += 250 * SEC;    /* a is 350 s old, b 250 s */
-
-    bn_pool_leak leaks[4];
-    size_t n = 99;
-    CHECK(bn_memory_pool_check_leaks(pool, BN_POOL_LEAK_DEFAULT_THRESHOLD, leaks, 4, &n, &err) ==
-          BN_OK);
-    CHECK(n == 1);
-    CHECK(leaks[0].address == a && leaks[0].size == MIB && leaks[0].requested == MIB);
-    CHECK(leaks[0].device_id == 3 && fabs(leaks[0].age_seconds - 350.0) < 1e-9);
-#ifdef BITNET_DEBUG
-    CHECK(leaks[0].backtrace.depth > 0);
-#endif
-    char line[4096];
-    bn_pool_leak_format(&leaks[0], line, sizeof line);
-    CHECK_STR_CONTAINS(line, "device 3");
-    CHECK_STR_CONTAINS(line, "1048576 bytes");
-    CHECK_STR_CONTAINS(line, "350.0 s ago");
-    char addr[32];
-    snprintf(addr, sizeof addr, "%p", a);
-    CHECK_STR_CONTAINS(line, addr);
-
-    /* Oldest first; "older than" is strict; count goes beyond max. */
-    CHECK(bn_memory_pool_check_leaks(pool, 200, leaks, 4, &n, &err) == BN_OK);
-    CHECK(n == 2 && leaks[0].address == a && leaks[1].address == b);
-    CHECK(leaks[1].size == 6144 && leaks[1].requested == 5000);
-    CHECK(bn_memory_pool_check_leaks(pool, 250, leaks, 4, &n, &err) == BN_OK && n == 1);
-    CHECK(bn_memory_pool_check_leaks(pool, 400, leaks, 4, &n, &err) == BN_OK && n == 0);
-    memset(leaks, 0, sizeof leaks);
-    CHECK(bn_memory_pool_check_leaks(pool, 0, leaks, 1, &n, &err) == BN_OK);
-    CHECK(n == 2 && leaks[0].address == a && leaks[1].address == NULL);
-    CHECK(bn_memory_pool_check_leaks(pool, 0, NULL, 0, &n, &err) == BN_OK && n == 2);
-    CHECK(bn_memory_pool_check_leaks(pool, NAN, leaks, 4, &n, &err) == BN_ERR_INVALID_ARGUMENT);
-    CHECK(bn_memory_pool_check_leaks(pool, 0, NULL, 4, &n, &err) == BN_ERR_INVALID_ARGUMENT);
-
-    /* A buffer reused from the cache is as young as its reuse. */
-    must_free(pool, a);
-    now += 10 * SEC;
-    void *a2 = must_alloc(pool, MIB);
-    CHECK(a2 == a);
-    now += 5 * SEC;
-    CHECK(bn_memory_pool_check_leaks(pool, 0, leaks, 4, &n, &err) == BN_OK && n == 2);
-    CHECK(leaks[0].address == b && fabs(leaks[1].age_seconds - 5.0) < 1e-9);
-    must_free(pool, a2);
-    must_free(pool, b);
-    CHECK(bn_memory_pool_check_leaks(pool, 0, leaks, 4, &n, &err) == BN_OK && n == 0);
+    const bn_log_level level = bn_log_get_level();
+    bn_log_set_level(BN_LOG_WARN);
+    capture_start();
     bn_memory_pool_destroy(pool);
-
-    /* Without tracking the pool knows no ages. */
-    cfg.tracking = false;
-    pool = make_pool(&cfg, &f);
-    a = must_alloc(pool, 100);
-    CHECK(bn_memory_pool_check_leaks(pool, 0, leaks, 4, &n, &err) == BN_ERR_UNSUPPORTED);
-    CHECK(n == 0);
-    /* Destroying with a live buffer frees it too. */
-    bn_memory_pool_destroy(pool);
-    CHECK(f.n_live == 0 && f.bad_frees == 0);
+    char *log = capture_end();
+    bn_log_set_level(level);
+    CHECK(log != NULL);
+    if (log) {
+        printf("leak report:\n%s", log);
+        CHECK_STR_CONTAINS(log, "bitnet: warn: fake device: 3 buffers (2.0 MiB) still allocated "
+                                "at destruction; freeing them");
+        char want[128];
+        snprintf(want, sizeof want, "  kv cache: 2.0 MiB (2097152 bytes) at %p", kv);
+        CHECK_STR_CONTAINS(log, want);
+        CHECK_STR_CONTAINS(log, "  a purpose whose name is longer than forty-seven: 3.0 KiB (3072 bytes)");
+        CHECK_STR_CONTAINS(log, "  unnamed: 100 bytes at");
+        CHECK(strstr(log, "given back") == NULL);
+        /* In allocation order. */
+        const char *p1 = strstr(log, "kv cache"), *p2 = strstr(log, "a purpose"),
+                   *p3 = strstr(log, "unnamed");
+        CHECK(p1 && p2 && p3 && p1 < p2 && p2 < p3);
+    }
+    free(log);
+    /* Leaked or kept, every buffer went back to the device. */
+    CHECK(f.n_live == 0 && f.bad_frees == 0 && f.free_calls == f.alloc_ok);
     fake_done(&f);
 }
 
-static void test_cleanup(void)
-{
-    fake_allocator f;
-    fake_init(&f, GIB);
-    bn_memory_pool_config cfg;
-    bn_memory_pool_config_defaults(&cfg);
-    cfg.cleanup_interval_secs = 30;
-    bn_memory_pool *pool = make_pool(&cfg, &f);
-    uint64_t now = 0;
-    bn_memory_pool_set_clock(pool, test_clock, &now);
-
-    void *a = must_alloc(pool, 1000);
-    void *b = must_alloc(pool, 1000);
-    now = 10 * SEC;
-    must_free(pool, a);
-    now = 25 * SEC;
-    must_free(pool, b);
-    now = 40 * SEC; /* a idle 30 s: not yet longer than the interval */
-    CHECK(bn_memory_pool_cleanup_expired(pool) == 0);
-    now = 41 * SEC;
-    CHECK(bn_memory_pool_cleanup_expired(pool) == 1);
-    bn_memory_pool_stats s = stats_of(pool);
-    CHECK(s.buffers_cached == 1 && s.bytes_cached == 1024 && s.device_frees == 1);
-    CHECK(f.n_live == 1);
-    now = 55 * SEC;
-    CHECK(bn_memory_pool_cleanup_expired(pool) == 0);
-    now = 56 * SEC;
-    CHECK(bn_memory_pool_cleanup_expired(pool) == 1);
-    CHECK(f.n_live == 0 && stats_of(pool).bytes_cached == 0);
-
-    /* Opportunistic: an allocation cleans up first once the interval has
-     * passed since the last cleanup, and only then. */
-    now = 100 * SEC;
-    void *c = must_alloc(pool, 20000); /* class 24576; a cleanup runs (last was 56 s) */
-    now = 110 * SEC;
-    must_free(pool, c);
-    now = 130 * SEC;
-    void *d = must_alloc(pool, 100); /* 30 s since the last cleanup: runs; c idle 20 s */
-    s = stats_of(pool);
-    CHECK(s.buffers_cached == 1 && s.bytes_cached == 24576);
-    now = 145 * SEC; /* c idle 35 s, but the last cleanup was 15 s ago */
-    must_free(pool, d);
-    void *e = must_alloc(pool, 100);
-    CHECK(e == d);
-    s = stats_of(pool);
-    CHECK(s.buffers_cached == 1 && s.bytes_cached == 24576);
-    now = 160 * SEC; /* 30 s since the cleanup at 130 s: it runs, c goes */
-    void *g = must_alloc(pool, 50000);
-    s = stats_of(pool);
-    CHECK(s.buffers_cached == 0 && s.bytes_cached == 0);
-    must_free(pool, e);
-    must_free(pool, g);
-    bn_memory_pool_destroy(pool);
-    CHECK(f.n_live == 0 && f.bad_frees == 0);
-
-    /* Interval 0: never. */
-    cfg.cleanup_interval_secs = 0;
-    pool = make_pool(&cfg, &f);
-    bn_memory_pool_set_clock(pool, test_clock, &now);
-    a = must_alloc(pool, 1000);
-    must_free(pool, a);
-    now += 1000000 * SEC;
-    b = must_alloc(pool, 9999);
-    CHECK(bn_memory_pool_cleanup_expired(pool) == 0);
-    CHECK(stats_of(pool).buffers_cached == 1);
-    must_free(pool, b);
-    bn_memory_pool_destroy(pool);
-    CHECK(f.n_live == 0 && f.bad_frees == 0);
-    fake_done(&f);
-}
-
-/* ---- misuse ------------------------------------------------------------------------------------------ */
+/* ---- misuse ---------------------------------------------------------------------------------- */
 
 static void test_misuse(void)
 {
     fake_allocator f;
     fake_init(&f, GIB);
-    bn_memory_pool_config cfg;
-    bn_memory_pool_config_defaults(&cfg);
-    bn_memory_pool *pool = make_pool(&cfg, &f);
     bn_error err;
-
-    void *a = must_alloc(pool, 1000);
-    must_free(pool, a);
-    bn_memory_pool_stats before = stats_of(pool), after;
-    /* Double free of a buffer sitting in the cache. */
-    CHECK(bn_memory_pool_deallocate(pool, a, &err) == BN_ERR_INVALID_ARGUMENT);
-    CHECK_STR_CONTAINS(err.message, "double free");
-    after = stats_of(pool);
-    CHECK(memcmp(&before, &after, sizeof before) == 0);
-
-    /* A pointer the pool never gave out. */
-    int local;
-    CHECK(bn_memory_pool_deallocate(pool, &local, &err) == BN_ERR_INVALID_ARGUMENT);
-    CHECK_STR_CONTAINS(err.message, "not a live buffer");
-    CHECK(bn_memory_pool_deallocate(pool, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
-    CHECK(bn_memory_pool_deallocate(NULL, a, &err) == BN_ERR_INVALID_ARGUMENT);
-    CHECK(bn_memory_pool_deallocate(pool, &local, NULL) == BN_ERR_INVALID_ARGUMENT);
-    after = stats_of(pool);
-    CHECK(memcmp(&before, &after, sizeof before) == 0);
-    bn_memory_pool_destroy(pool);
-
-    /* Double free after the buffer really went back to the allocator. */
-    cfg.max_cached_per_class = 0;
-    pool = make_pool(&cfg, &f);
-    a = must_alloc(pool, 1000);
-    must_free(pool, a);
-    CHECK(bn_memory_pool_deallocate(pool, a, &err) == BN_ERR_INVALID_ARGUMENT);
-    CHECK(f.bad_frees == 0 && f.free_calls == f.alloc_ok);
+    const bn_pool_allocator good = {fake_alloc, fake_free, &f}, no_free = {fake_alloc, NULL, &f};
+    bn_memory_pool *pool = (bn_memory_pool *)&f;
+    CHECK(bn_memory_pool_create("x", NULL, 0, &pool, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(pool == NULL);
+    CHECK(bn_memory_pool_create("x", &no_free, 0, &pool, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_memory_pool_create("x", &good, 0, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_memory_pool_create(NULL, &good, 0, &pool, &err) == BN_OK);
 
     void *p = (void *)&p;
-    CHECK(bn_memory_pool_allocate(pool, 0, &p, &err) == BN_ERR_INVALID_ARGUMENT && p == NULL);
-    CHECK(bn_memory_pool_allocate(pool, 10, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
-    CHECK(bn_memory_pool_allocate(NULL, 10, &p, &err) == BN_ERR_INVALID_ARGUMENT);
-    bn_memory_pool_destroy(pool);
+    CHECK(bn_memory_pool_allocate(pool, 0, "zero", &p, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(p == NULL);
+    CHECK_STR_CONTAINS(err.message, "memory pool: a buffer of 0 bytes for zero");
+    CHECK(bn_memory_pool_allocate(NULL, 1, "x", &p, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_memory_pool_allocate(pool, 1, "x", NULL, &err) == BN_ERR_INVALID_ARGUMENT);
 
-    /* Creation needs a whole allocator. */
-    bn_pool_allocator broken = fake_vtable(&f);
-    broken.free = NULL;
-    bn_memory_pool *q = (bn_memory_pool *)&q;
-    CHECK(bn_memory_pool_create(&cfg, &broken, &q, &err) == BN_ERR_INVALID_ARGUMENT && q == NULL);
-    CHECK(bn_memory_pool_create(NULL, &broken, &q, &err) == BN_ERR_INVALID_ARGUMENT);
+    void *a = must_alloc(pool, 64, "a");
+    int local = 0;
+    uint64_t bytes = 99;
+    CHECK(bn_memory_pool_free(pool, NULL, &bytes, &err) == BN_ERR_INVALID_ARGUMENT && bytes == 0);
+    CHECK(bn_memory_pool_free(NULL, a, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_memory_pool_free(pool, &local, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(err.message, "foreign pointer");
+    must_free(pool, a, 64);
+    CHECK(bn_memory_pool_free(pool, a, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(err.message, "double free");
+    bn_memory_pool_stats s = stats_of(pool);
+    CHECK(s.frees == 1 && s.buffers_kept == 1 && s.bytes_in_use == 0 && s.failures == 0);
+
+    bn_memory_pool_get_stats(NULL, &s);
+    CHECK(s.allocations == 0 && s.bytes_reserved == 0);
+    bn_memory_pool_get_stats(pool, NULL);
+    bn_memory_pool_set_limit(NULL, 1);
+    CHECK(bn_memory_pool_stats_format(NULL, NULL, 0) == 0);
+    bn_memory_pool_destroy(pool);
     bn_memory_pool_destroy(NULL);
-    CHECK(bn_memory_pool_device_id(NULL) == -1);
     CHECK(f.n_live == 0 && f.bad_frees == 0);
     fake_done(&f);
 }
 
-/* ---- threads --------------------------------------------------------------------------------------------- */
-
-enum { THREADS = 8, ITERS = 20000, HELD = 16 };
+/* ---- threads ----------------------------------------------------------------------------- */
 
 typedef struct worker {
     bn_memory_pool *pool;
-    int id;
     uint64_t seed;
-    uint64_t allocs, frees, errors;
+    int failures;
 } worker;
 
-static uint64_t next_rand(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* Each buffer is stamped with its owner and a serial on allocation and
- * checked before it is freed: two threads ever holding one buffer at once
- * would overwrite each other's stamp. */
-static void *worker_main(void *arg)
+static void *work(void *arg)
 {
     worker *w = arg;
+    enum { HELD = 16 };
     void *held[HELD] = {0};
-    uint64_t stamp[HELD] = {0};
-    for (uint64_t i = 0; i < ITERS; i++) {
-        const int slot = (int)(next_rand(&w->seed) % HELD);
-        if (held[slot]) {
-            if (((uint64_t *)held[slot])[0] != stamp[slot])
-                w->errors++;
-            if (bn_memory_pool_deallocate(w->pool, held[slot], NULL) != BN_OK)
-                w->errors++;
-            held[slot] = NULL;
-            w->frees++;
+    uint64_t sizes[HELD] = {0};
+    uint64_t x = w->seed;
+    for (int i = 0; i < 20000; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const int k = (int)((x >> 33) % HELD);
+        bn_error err;
+        if (held[k]) {
+            uint64_t bytes = 0;
+            if (bn_memory_pool_free(w->pool, held[k], &bytes, &err) != BN_OK || bytes != sizes[k])
+                w->failures++;
+            held[k] = NULL;
         } else {
-            const uint64_t bytes = 8 + next_rand(&w->seed) % (64 * KIB);
-            void *p = NULL;
-            if (bn_memory_pool_allocate(w->pool, bytes, &p, NULL) != BN_OK || !p) {
-                w->errors++;
-                continue;
-            }
-            stamp[slot] = ((uint64_t)w->id << 48) | i;
-            ((uint64_t *)p)[0] = stamp[slot];
-            held[slot] = p;
-            w->allocs++;
-        }
-        if (i % 4096 == 0) {
-            bn_memory_pool_stats s;
-            bn_memory_pool_get_stats(w->pool, &s); /* readers race with writers too */
-            if (w->id == 0)
-                bn_memory_pool_cleanup_expired(w->pool);
+            sizes[k] = 256u << ((x >> 40) % 4); /* four block sizes */
+            if (bn_memory_pool_allocate(w->pool, sizes[k], "thread", &held[k], &err) != BN_OK)
+                w->failures++;
+            else
+                memset(held[k], (int)(x >> 56), 8); /* the buffer is ours alone */
         }
     }
-    for (int slot = 0; slot < HELD; slot++) {
-        if (!held[slot])
-            continue;
-        if (((uint64_t *)held[slot])[0] != stamp[slot])
-            w->errors++;
-        if (bn_memory_pool_deallocate(w->pool, held[slot], NULL) != BN_OK)
-            w->errors++;
-        w->frees++;
-    }
+    for (int k = 0; k < HELD; k++)
+        if (held[k] && bn_memory_pool_free(w->pool, held[k], NULL, NULL) != BN_OK)
+            w->failures++;
     return NULL;
 }
 
 static void test_threads(void)
 {
     fake_allocator f;
-    fake_init(&f, 4 * GIB);
-    bn_memory_pool_config cfg;
-    bn_memory_pool_config_defaults(&cfg);
-    cfg.max_cached_per_class = 8; /* small, so frees also reach the allocator */
-    bn_memory_pool *pool = make_pool(&cfg, &f);
-
-    pthread_t th[THREADS];
+    fake_init(&f, GIB);
+    bn_memory_pool *pool = make_pool(&f, 0);
+    enum { THREADS = 8 };
+    pthread_t t[THREADS];
     worker w[THREADS];
-    for (int t = 0; t < THREADS; t++) {
-        w[t] = (worker){.pool = pool, .id = t + 1, .seed = test_rand_u64()};
-        CHECK(pthread_create(&th[t], NULL, worker_main, &w[t]) == 0);
+    for (int i = 0; i < THREADS; i++) {
+        w[i] = (worker){pool, test_rand_u64(), 0};
+        pthread_create(&t[i], NULL, work, &w[i]);
     }
-    uint64_t allocs = 0, frees = 0, errors = 0;
-    for (int t = 0; t < THREADS; t++) {
-        pthread_join(th[t], NULL);
-        allocs += w[t].allocs;
-        frees += w[t].frees;
-        errors += w[t].errors;
+    int failures = 0;
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(t[i], NULL);
+        failures += w[i].failures;
     }
-    bn_memory_pool_stats s = stats_of(pool);
-    CHECK_MSG(errors == 0, "%" PRIu64 " errors", errors);
-    CHECK(allocs == frees && allocs > 0);
-    CHECK(s.allocation_count == allocs && s.deallocation_count == frees);
-    CHECK(s.cache_hits + s.cache_misses == allocs && s.cache_hits > 0);
-    CHECK(s.bytes_in_use == 0 && s.buffers_in_use == 0 && s.requested_bytes_in_use == 0);
-    CHECK(s.device_allocs == f.alloc_ok && s.device_frees == f.free_calls);
-    CHECK(s.device_allocs - s.device_frees == s.buffers_cached && s.buffers_cached == f.n_live);
-    CHECK(s.bytes_cached == f.live_bytes);
+    CHECK(failures == 0);
+    const bn_memory_pool_stats s = stats_of(pool);
+    CHECK(s.bytes_in_use == 0 && s.buffers_in_use == 0 && s.allocations == s.frees);
+    CHECK(s.bytes_reserved == f.live_bytes && s.buffers_kept == f.n_live);
+    CHECK(s.allocations - s.reuses == f.alloc_calls && s.failures == 0);
     bn_memory_pool_destroy(pool);
     CHECK(f.n_live == 0 && f.bad_frees == 0);
-    printf("threads: %" PRIu64 " allocations, %" PRIu64 " hits, %" PRIu64 " device allocations\n",
-           s.allocation_count, s.cache_hits, s.device_allocs);
     fake_done(&f);
-}
-
-/* ---- configuration from the environment --------------------------------------------------------------------- */
-
-static void clear_env(void)
-{
-    unsetenv("CUDA_MEMORY_POOL_SIZE");
-    unsetenv("BITNET_POOL_SIZE_GB");
-    unsetenv("BITNET_CLEANUP_INTERVAL_SECS");
-    unsetenv("BITNET_LEAK_THRESHOLD_SECS");
-    unsetenv("BITNET_MEMORY_LIMIT");
-}
-
-static void test_config_env(void)
-{
-    bn_memory_pool_config cfg;
-    bn_error err;
-    clear_env();
-    CHECK(bn_memory_pool_config_from_env(NULL, &cfg, &err) == BN_OK);
-    CHECK(cfg.max_pool_bytes == 2 * GIB && cfg.max_cached_per_class == 1000 && cfg.tracking);
-    CHECK(cfg.cleanup_interval_secs == 30 && cfg.leak_threshold_secs == 300);
-    CHECK(cfg.memory_limit_bytes == 0 && cfg.device_id == 0);
-
-    setenv("BITNET_POOL_SIZE_GB", "0.5", 1);
-    setenv("BITNET_CLEANUP_INTERVAL_SECS", "5", 1);
-    setenv("BITNET_LEAK_THRESHOLD_SECS", "60", 1);
-    CHECK(bn_memory_pool_config_from_env(NULL, &cfg, &err) == BN_OK);
-    CHECK(cfg.max_pool_bytes == 512 * MIB && cfg.cleanup_interval_secs == 5 &&
-          cfg.leak_threshold_secs == 60);
-
-    /* CUDA_MEMORY_POOL_SIZE replaces the pool size. */
-    setenv("CUDA_MEMORY_POOL_SIZE", "3GB", 1);
-    CHECK(bn_memory_pool_config_from_env(NULL, &cfg, &err) == BN_OK);
-    CHECK(cfg.max_pool_bytes == 3 * GIB && cfg.memory_limit_bytes == 0);
-    setenv("CUDA_MEMORY_POOL_SIZE", "1.5GiB", 1);
-    CHECK(bn_memory_pool_config_from_env(NULL, &cfg, &err) == BN_OK);
-    CHECK(cfg.max_pool_bytes == 3 * GIB / 2);
-
-    /* BITNET_MEMORY_LIMIT caps it and becomes the hard limit. */
-    setenv("BITNET_MEMORY_LIMIT", "1GB", 1);
-    CHECK(bn_memory_pool_config_from_env(NULL, &cfg, &err) == BN_OK);
-    CHECK(cfg.max_pool_bytes == GIB && cfg.memory_limit_bytes == GIB);
-    setenv("BITNET_MEMORY_LIMIT", "8GB", 1); /* a limit above the pool size leaves it */
-    CHECK(bn_memory_pool_config_from_env(NULL, &cfg, &err) == BN_OK);
-    CHECK(cfg.max_pool_bytes == 3 * GIB / 2 && cfg.memory_limit_bytes == 8 * GIB);
-
-    static const char *const bad[] = {"lots", "", "0", "2XB", "-1GB", "1.2.3GB", " 2GB", "2GB ",
-                                      "99999999999999999999GB"};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        setenv("CUDA_MEMORY_POOL_SIZE", bad[i], 1);
-        bn_error_clear(&err);
-        bn_status st = bn_memory_pool_config_from_env(NULL, &cfg, &err);
-        CHECK_MSG(st == BN_ERR_INVALID_CONFIG, "CUDA_MEMORY_POOL_SIZE='%s' accepted", bad[i]);
-        CHECK_STR_CONTAINS(err.message, "CUDA_MEMORY_POOL_SIZE");
-        CHECK(err.hint[0] != '\0');
-    }
-    setenv("CUDA_MEMORY_POOL_SIZE", "lots", 1);
-    bn_memory_pool_config_from_env(NULL, &cfg, &err);
-    CHECK_STR_CONTAINS(err.message, "'lots'");
-    unsetenv("CUDA_MEMORY_POOL_SIZE");
-
-    /* A malformed BITNET_* variable is bn_config's error, passed through. */
-    setenv("BITNET_POOL_SIZE_GB", "abc", 1);
-    CHECK(bn_memory_pool_config_from_env(NULL, &cfg, &err) == BN_ERR_INVALID_CONFIG);
-    CHECK_STR_CONTAINS(err.message, "BITNET_POOL_SIZE_GB");
-    clear_env();
-
-    /* An explicit bn_config wins over the environment; the pure form too. */
-    bn_config bc;
-    bn_config_defaults(&bc);
-    bc.pool_size_gb = 0.25;
-    bc.cleanup_interval_secs = 0;
-    setenv("BITNET_POOL_SIZE_GB", "7", 1);
-    CHECK(bn_memory_pool_config_from_env(&bc, &cfg, &err) == BN_OK);
-    CHECK(cfg.max_pool_bytes == 256 * MIB && cfg.cleanup_interval_secs == 0);
-    clear_env();
-    CHECK(bn_memory_pool_config_apply(NULL, "64MB", &cfg, &err) == BN_OK);
-    CHECK(cfg.max_pool_bytes == 64 * MIB && cfg.cleanup_interval_secs == 30);
-    bc.pool_size_gb = -1;
-    CHECK(bn_memory_pool_config_apply(&bc, NULL, &cfg, &err) == BN_ERR_INVALID_CONFIG);
-    CHECK_STR_CONTAINS(err.message, "BITNET_POOL_SIZE_GB");
-    CHECK(bn_memory_pool_config_apply(NULL, NULL, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
 }
 
 int main(void)
 {
-    /* The pool warns about leaks and live buffers at destroy on purpose here. */
-    bn_log_set_level(BN_LOG_ERROR);
     test_seed_init();
-    test_classes();
-    test_stats_sequence();
-    test_max_cached_per_class();
-    test_pool_max();
+    test_stats_and_reuse();
+    test_block_churn();
     test_memory_limit();
     test_allocator_failure();
-    test_leaks();
-    test_cleanup();
+    test_leak_report();
     test_misuse();
     test_threads();
-    test_config_env();
     TEST_EXIT();
 }

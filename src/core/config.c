@@ -269,22 +269,6 @@ static bool set_seed(bn_config *c, const char *v)
     c->seed_set = true;
     return true;
 }
-static bool set_pool_gb(bn_config *c, const char *v)
-{
-    double gb;
-    if (!parse_positive_decimal(v, &gb) || gb > 1024.0 * 1024.0)
-        return false;
-    c->pool_size_gb = gb;
-    return true;
-}
-static bool set_cleanup(bn_config *c, const char *v)
-{
-    return parse_int_range(v, 0, 7 * 24 * 3600, &c->cleanup_interval_secs);
-}
-static bool set_leak(bn_config *c, const char *v)
-{
-    return parse_int_range(v, 1, 365 * 24 * 3600, &c->leak_threshold_secs);
-}
 
 /* Provider names are checked against the build by the kernel manager; here
  * only the spelling. */
@@ -319,10 +303,6 @@ static const struct variable {
      set_memory_limit},
     {"BITNET_DETERMINISTIC", "0 or 1 (also true/false, yes/no, on/off)", set_deterministic},
     {"BITNET_SEED", "a whole number from 0 to 18446744073709551615", set_seed},
-    {"BITNET_POOL_SIZE_GB", "a number of gigabytes above zero, such as 2 or 0.5", set_pool_gb},
-    {"BITNET_CLEANUP_INTERVAL_SECS", "a whole number of seconds from 0 (never) to 604800",
-     set_cleanup},
-    {"BITNET_LEAK_THRESHOLD_SECS", "a whole number of seconds from 1 to 31536000", set_leak},
     {"BITNET_KERNEL", "one of scalar, avx2, avx512, avx512vnni, neon, neondot, cuda", set_kernel},
     {"BITNET_MODEL", "a path (1 to 1023 bytes) to a GGUF file or Hugging Face model directory",
      set_model},
@@ -355,9 +335,6 @@ void bn_config_defaults(bn_config *cfg)
     cfg->log_level = BN_LOG_WARN;
     cfg->device.kind = BN_DEVICE_AUTO;
     cfg->device.index = -1;
-    cfg->pool_size_gb = 2.0;
-    cfg->cleanup_interval_secs = 30;
-    cfg->leak_threshold_secs = 300;
 }
 
 bn_status bn_config_set(bn_config *cfg, const char *name, const char *value, bn_error *err)
@@ -407,15 +384,6 @@ bn_status bn_config_from_env(bn_config *cfg, bn_error *err)
         if (st != BN_OK)
             return st;
     }
-    /* CUDA_MEMORY_POOL_SIZE is no bn_config field (the memory pool reads it
-     * itself: bn_memory_pool_config_from_env), but a malformed value is
-     * refused when a command starts, as for every variable bitnet reads. */
-    const char *pool = getenv("CUDA_MEMORY_POOL_SIZE");
-    uint64_t pool_bytes;
-    if (pool && !bn_parse_memory_size(pool, &pool_bytes))
-        return bn_error_set(err, BN_ERR_INVALID_CONFIG, "fix or unset the variable",
-                            "CUDA_MEMORY_POOL_SIZE='%.100s' is not valid: expected %s", pool,
-                            bn_config_variable_accepted("BITNET_MEMORY_LIMIT"));
     warn_unknown_variables();
     return BN_OK;
 }

@@ -1,176 +1,88 @@
 /*
- * memory_pool.c - size-class caching pool over an allocator vtable.
+ * memory_pool.c - device buffers with a purpose, a limit and a record; see
+ * memory_pool.h.
  *
- * Every buffer the pool owns has a record (`block`) in a hash table keyed by
- * its address, live or cached: deallocate needs the size, and a pointer that
- * is not there (or is there but already cached) is a caller bug that must be
- * rejected rather than corrupt the accounting. Cached blocks are also on a
- * per-class stack, most recently given back first, so reuse touches the
- * warmest buffer and the idle ones sink to the bottom.
+ * Every buffer the pool holds has a record in a hash table keyed by its
+ * address, in use or kept: free needs the size, and a pointer that is not
+ * there (or is there but already given back) is a caller bug that must be
+ * rejected rather than corrupt the accounting. Kept buffers are also on a
+ * stack per size (a "bin"), most recently given back first, so reuse takes
+ * the warmest buffer.
  *
- * All state is guarded by one mutex. The allocator is called with it held so
- * that "in use + cached <= limit" is exact even under concurrent allocations;
- * the price is that a slow cudaMalloc serialises other allocations, which is
- * what a cache exists to make rare.
+ * All state is guarded by one mutex. The allocator is called with it held
+ * so that "reserved <= limit" is exact under concurrent allocations; the
+ * price is that a slow cudaMalloc serialises other allocations, which
+ * reuse exists to make rare.
  */
 #include "memory_pool.h"
 
 #include <inttypes.h>
-#include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define MIB (1ull << 20)
-#define GIB (1ull << 30)
+enum { INITIAL_BUCKETS = 64, PURPOSE_MAX = 48 };
 
-enum { MIN_CLASS = 256, INITIAL_BUCKETS = 64 };
-#define GEOMETRIC_LIMIT (4 * MIB) /* 2^k and 1.5*2^k up to here, 1 MiB steps above */
-
-static const char OOM_HINT[] = "reduce batch size or context length";
-
-/* ---- configuration ---------------------------------------------------------- */
-
-void bn_memory_pool_config_defaults(bn_memory_pool_config *cfg)
-{
-    if (!cfg)
-        return;
-    memset(cfg, 0, sizeof *cfg);
-    cfg->max_pool_bytes = 2 * GIB;
-    cfg->memory_limit_bytes = 0;
-    cfg->max_cached_per_class = 1000;
-    cfg->tracking = true;
-    cfg->cleanup_interval_secs = 30;
-    cfg->leak_threshold_secs = 300;
-    cfg->device_id = 0;
-}
-
-bn_status bn_memory_pool_config_apply(const bn_config *cfg, const char *cuda_pool_size,
-                                      bn_memory_pool_config *out, bn_error *err)
-{
-    if (!out)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "memory pool config: NULL output");
-    bn_memory_pool_config_defaults(out);
-    if (cfg) {
-        /* bn_config validated these when it read the environment; a config
-         * built by hand gets the same limits here. */
-        if (!(cfg->pool_size_gb > 0.0) || !(cfg->pool_size_gb <= 1024.0 * 1024.0))
-            return bn_error_set(err, BN_ERR_INVALID_CONFIG, "fix or unset the variable",
-                                "BITNET_POOL_SIZE_GB=%g is not valid: expected a number of "
-                                "gigabytes above zero, at most 1048576",
-                                cfg->pool_size_gb);
-        if (cfg->cleanup_interval_secs < 0)
-            return bn_error_set(err, BN_ERR_INVALID_CONFIG, "fix or unset the variable",
-                                "BITNET_CLEANUP_INTERVAL_SECS=%d is not valid: expected 0 or more",
-                                cfg->cleanup_interval_secs);
-        if (cfg->leak_threshold_secs < 1)
-            return bn_error_set(err, BN_ERR_INVALID_CONFIG, "fix or unset the variable",
-                                "BITNET_LEAK_THRESHOLD_SECS=%d is not valid: expected 1 or more",
-                                cfg->leak_threshold_secs);
-        /* GB are binary here as everywhere in bitnet (bn_parse_memory_size). */
-        out->max_pool_bytes = (uint64_t)llround(cfg->pool_size_gb * (double)GIB);
-        if (out->max_pool_bytes == 0)
-            out->max_pool_bytes = 1;
-        out->cleanup_interval_secs = (uint32_t)cfg->cleanup_interval_secs;
-        out->leak_threshold_secs = (uint32_t)cfg->leak_threshold_secs;
-    }
-    if (cuda_pool_size) {
-        uint64_t bytes;
-        if (!bn_parse_memory_size(cuda_pool_size, &bytes))
-            return bn_error_set(err, BN_ERR_INVALID_CONFIG, "fix or unset the variable",
-                                "CUDA_MEMORY_POOL_SIZE='%.100s' is not valid: expected a size above "
-                                "zero such as 2GB, 512MB, 1.5GiB or a byte count (KB/MB/GB are "
-                                "powers of 1024)",
-                                cuda_pool_size);
-        out->max_pool_bytes = bytes;
-    }
-    if (cfg && cfg->memory_limit_bytes > 0) {
-        out->memory_limit_bytes = cfg->memory_limit_bytes;
-        if (out->max_pool_bytes > cfg->memory_limit_bytes)
-            out->max_pool_bytes = cfg->memory_limit_bytes;
-    }
-    return BN_OK;
-}
-
-bn_status bn_memory_pool_config_from_env(const bn_config *cfg, bn_memory_pool_config *out,
-                                         bn_error *err)
-{
-    bn_config env_cfg;
-    if (!cfg) {
-        bn_status st = bn_config_from_env(&env_cfg, err);
-        if (st != BN_OK)
-            return st;
-        cfg = &env_cfg;
-    }
-    return bn_memory_pool_config_apply(cfg, getenv("CUDA_MEMORY_POOL_SIZE"), out, err);
-}
-
-uint64_t bn_memory_pool_class_size(uint64_t bytes)
-{
-    if (bytes == 0)
-        return 0;
-    if (bytes <= MIN_CLASS)
-        return MIN_CLASS;
-    if (bytes <= GEOMETRIC_LIMIT) {
-        /* 2^k < bytes <= 2^(k+1): the class is 1.5*2^k if that fits, else 2^(k+1). */
-        uint64_t upper = MIN_CLASS;
-        while (upper < bytes)
-            upper <<= 1;
-        uint64_t mid = (upper >> 1) + (upper >> 2);
-        return bytes <= mid ? mid : upper;
-    }
-    if (bytes > UINT64_MAX - (MIB - 1))
-        return 0;
-    return (bytes + MIB - 1) / MIB * MIB;
-}
-
-/* ---- pool state --------------------------------------------------------------- */
-
-typedef enum block_state { BLOCK_LIVE, BLOCK_CACHED } block_state;
-
-typedef struct block {
+typedef struct record {
     void *ptr;
-    uint64_t size;      /* class bytes: what the allocator gave us */
-    uint64_t requested; /* what the caller asked for (live blocks) */
-    uint64_t stamp_ns;  /* live: allocated at; cached: given back at */
-    block_state state;
-    struct block *hash_next;
-    struct block *class_next; /* cached blocks only */
-    bn_backtrace bt;
-} block;
+    uint64_t bytes;
+    uint64_t seq; /* allocation order, for the leak report */
+    bool in_use;
+    struct record *hash_next;
+    struct record *kept_next; /* kept buffers only */
+    char purpose[PURPOSE_MAX];
+    bn_backtrace bt; /* where it was allocated (debug builds) */
+} record;
 
-typedef struct size_class {
-    uint64_t size;
-    uint32_t count;
-    block *head; /* most recently given back first */
-} size_class;
+typedef struct bin {
+    uint64_t bytes;
+    record *kept; /* most recently given back first */
+} bin;
 
 struct bn_memory_pool {
     pthread_mutex_t lock;
-    bn_memory_pool_config cfg;
+    char name[64];
     bn_pool_allocator alloc;
-    bn_pool_clock_fn now;
-    void *now_ctx;
-    uint64_t last_cleanup_ns;
 
-    block **buckets; /* n_buckets is a power of two */
-    size_t n_buckets;
-    size_t n_blocks;
+    record **buckets; /* n_buckets is a power of two */
+    size_t n_buckets, n_records;
 
-    size_class *classes; /* sorted by size; grown on demand, never shrunk */
-    size_t n_classes, cap_classes;
+    bin *bins; /* sorted by size; grown on demand, never shrunk */
+    size_t n_bins, cap_bins;
 
+    uint64_t next_seq;
     bn_memory_pool_stats st;
 };
 
-static uint64_t default_clock(void *ctx)
+/* "1.5 GiB", "812.3 MiB", "4.0 KiB", "255 bytes". */
+static const char *fmt_bytes(char *buf, size_t size, uint64_t b)
 {
-    (void)ctx;
-    return bn_time_ns();
+    if (b >= (1ull << 30))
+        snprintf(buf, size, "%.2f GiB", (double)b / (double)(1ull << 30));
+    else if (b >= (1ull << 20))
+        snprintf(buf, size, "%.1f MiB", (double)b / (double)(1ull << 20));
+    else if (b >= (1ull << 10))
+        snprintf(buf, size, "%.1f KiB", (double)b / (double)(1ull << 10));
+    else
+        snprintf(buf, size, "%" PRIu64 " bytes", b);
+    return buf;
 }
 
-static uint64_t pool_now(const bn_memory_pool *p) { return p->now(p->now_ctx); }
+/* A request's size, exact: "2.0 MiB (2097152 bytes)", "100 bytes". */
+static const char *fmt_size(char *buf, size_t size, uint64_t b)
+{
+    char short_form[32];
+    if (b < (1ull << 10))
+        snprintf(buf, size, "%" PRIu64 " bytes", b);
+    else
+        snprintf(buf, size, "%s (%" PRIu64 " bytes)", fmt_bytes(short_form, sizeof short_form, b),
+                 b);
+    return buf;
+}
+
+/* ---- the record table ------------------------------------------------------------ */
 
 static size_t bucket_of(const bn_memory_pool *p, const void *ptr)
 {
@@ -179,28 +91,28 @@ static size_t bucket_of(const bn_memory_pool *p, const void *ptr)
     return (size_t)(h >> 32) & (p->n_buckets - 1);
 }
 
-static block *hash_find(const bn_memory_pool *p, const void *ptr)
+static record *hash_find(const bn_memory_pool *p, const void *ptr)
 {
-    for (block *b = p->buckets[bucket_of(p, ptr)]; b; b = b->hash_next)
-        if (b->ptr == ptr)
-            return b;
+    for (record *r = p->buckets[bucket_of(p, ptr)]; r; r = r->hash_next)
+        if (r->ptr == ptr)
+            return r;
     return NULL;
 }
 
-static void hash_insert(bn_memory_pool *p, block *b)
+static void hash_insert(bn_memory_pool *p, record *r)
 {
-    size_t i = bucket_of(p, b->ptr);
-    b->hash_next = p->buckets[i];
-    p->buckets[i] = b;
-    p->n_blocks++;
+    size_t i = bucket_of(p, r->ptr);
+    r->hash_next = p->buckets[i];
+    p->buckets[i] = r;
+    p->n_records++;
 }
 
-static void hash_remove(bn_memory_pool *p, block *b)
+static void hash_remove(bn_memory_pool *p, record *r)
 {
-    for (block **link = &p->buckets[bucket_of(p, b->ptr)]; *link; link = &(*link)->hash_next) {
-        if (*link == b) {
-            *link = b->hash_next;
-            p->n_blocks--;
+    for (record **link = &p->buckets[bucket_of(p, r->ptr)]; *link; link = &(*link)->hash_next) {
+        if (*link == r) {
+            *link = r->hash_next;
+            p->n_records--;
             return;
         }
     }
@@ -210,148 +122,121 @@ static void hash_remove(bn_memory_pool *p, block *b)
  * keeps its size and gets slower, which is better than failing the caller. */
 static void hash_maybe_grow(bn_memory_pool *p)
 {
-    if (p->n_blocks < p->n_buckets)
+    if (p->n_records < p->n_buckets)
         return;
     size_t n = p->n_buckets * 2;
-    block **nb = calloc(n, sizeof *nb);
+    record **nb = calloc(n, sizeof *nb);
     if (!nb)
         return;
-    block **old = p->buckets;
+    record **old = p->buckets;
     size_t old_n = p->n_buckets;
     p->buckets = nb;
     p->n_buckets = n;
     for (size_t i = 0; i < old_n; i++) {
-        block *b = old[i];
-        while (b) {
-            block *next = b->hash_next;
-            size_t j = bucket_of(p, b->ptr);
-            b->hash_next = nb[j];
-            nb[j] = b;
-            b = next;
+        record *r = old[i];
+        while (r) {
+            record *next = r->hash_next;
+            size_t j = bucket_of(p, r->ptr);
+            r->hash_next = nb[j];
+            nb[j] = r;
+            r = next;
         }
     }
     free(old);
 }
 
-/* Index of the class of exactly `size`, or where it would be inserted. */
-static size_t class_search(const bn_memory_pool *p, uint64_t size, bool *found)
+/* ---- bins of kept buffers ------------------------------------------------------------- */
+
+/* Index of the bin of exactly `bytes`, or where it would be inserted. */
+static size_t bin_search(const bn_memory_pool *p, uint64_t bytes, bool *found)
 {
-    size_t lo = 0, hi = p->n_classes;
+    size_t lo = 0, hi = p->n_bins;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (p->classes[mid].size < size)
+        if (p->bins[mid].bytes < bytes)
             lo = mid + 1;
         else
             hi = mid;
     }
-    *found = lo < p->n_classes && p->classes[lo].size == size;
+    *found = lo < p->n_bins && p->bins[lo].bytes == bytes;
     return lo;
 }
 
-static size_class *class_find(bn_memory_pool *p, uint64_t size)
+static bin *bin_find(bn_memory_pool *p, uint64_t bytes)
 {
     bool found;
-    size_t i = class_search(p, size, &found);
-    return found ? &p->classes[i] : NULL;
+    size_t i = bin_search(p, bytes, &found);
+    return found ? &p->bins[i] : NULL;
 }
 
 /* NULL only when the host is out of memory. */
-static size_class *class_get(bn_memory_pool *p, uint64_t size)
+static bin *bin_get(bn_memory_pool *p, uint64_t bytes)
 {
     bool found;
-    size_t i = class_search(p, size, &found);
+    size_t i = bin_search(p, bytes, &found);
     if (found)
-        return &p->classes[i];
-    if (p->n_classes == p->cap_classes) {
-        size_t cap = p->cap_classes ? p->cap_classes * 2 : 32;
-        size_class *nc = realloc(p->classes, cap * sizeof *nc);
-        if (!nc)
+        return &p->bins[i];
+    if (p->n_bins == p->cap_bins) {
+        size_t cap = p->cap_bins ? p->cap_bins * 2 : 16;
+        bin *nb = realloc(p->bins, cap * sizeof *nb);
+        if (!nb)
             return NULL;
-        p->classes = nc;
-        p->cap_classes = cap;
+        p->bins = nb;
+        p->cap_bins = cap;
     }
-    memmove(&p->classes[i + 1], &p->classes[i], (p->n_classes - i) * sizeof *p->classes);
-    p->classes[i] = (size_class){.size = size, .count = 0, .head = NULL};
-    p->n_classes++;
-    return &p->classes[i];
+    memmove(&p->bins[i + 1], &p->bins[i], (p->n_bins - i) * sizeof *p->bins);
+    p->bins[i] = (bin){.bytes = bytes, .kept = NULL};
+    p->n_bins++;
+    return &p->bins[i];
 }
 
-/* Hands a block's buffer back to the allocator and forgets the block. The
- * caller has already unlinked it from its class stack if it was cached. */
-static void release_block(bn_memory_pool *p, block *b)
+/* Hands a buffer back to the allocator and forgets its record. A kept one
+ * has already been taken off its bin's stack and out of buffers_kept. */
+static void release(bn_memory_pool *p, record *r)
 {
-    if (b->state == BLOCK_CACHED) {
-        p->st.bytes_cached -= b->size;
-        p->st.buffers_cached--;
-    }
-    hash_remove(p, b);
-    p->alloc.free(p->alloc.ctx, b->ptr);
-    p->st.device_frees++;
-    free(b);
-}
-
-/* Frees cached buffers, largest classes first (fewest frees to make room),
- * until `enough` says to stop. Returns how many were freed. */
-static size_t evict_until(bn_memory_pool *p, bool (*enough)(const bn_memory_pool *, uint64_t),
-                          uint64_t arg)
-{
-    size_t freed = 0;
-    for (size_t i = p->n_classes; i-- > 0;) {
-        size_class *c = &p->classes[i];
-        while (c->head) {
-            if (enough && enough(p, arg))
-                return freed;
-            block *b = c->head;
-            c->head = b->class_next;
-            c->count--;
-            release_block(p, b);
-            freed++;
-        }
-    }
-    return freed;
+    p->st.bytes_reserved -= r->bytes;
+    hash_remove(p, r);
+    p->alloc.free(p->alloc.ctx, r->ptr);
+    free(r);
 }
 
 static bool fits_limit(const bn_memory_pool *p, uint64_t extra)
 {
-    return p->st.bytes_in_use + p->st.bytes_cached + extra <= p->cfg.memory_limit_bytes;
+    const uint64_t limit = p->st.memory_limit;
+    return limit == 0 || (p->st.bytes_reserved <= limit && extra <= limit - p->st.bytes_reserved);
 }
 
-static size_t cleanup_locked(bn_memory_pool *p, uint64_t now)
+/* Releases kept buffers, largest first (the fewest to make room), until
+ * `extra` more bytes fit the limit; all of them for extra UINT64_MAX.
+ * Returns how many were released. */
+static size_t release_kept(bn_memory_pool *p, uint64_t extra)
 {
-    p->last_cleanup_ns = now;
-    if (p->cfg.cleanup_interval_secs == 0)
-        return 0;
-    const uint64_t idle_max = (uint64_t)p->cfg.cleanup_interval_secs * 1000000000ull;
-    size_t freed = 0;
-    for (size_t i = 0; i < p->n_classes; i++) {
-        size_class *c = &p->classes[i];
-        block **link = &c->head;
-        while (*link) {
-            block *b = *link;
-            if (now > b->stamp_ns && now - b->stamp_ns > idle_max) {
-                *link = b->class_next;
-                c->count--;
-                release_block(p, b);
-                freed++;
-            } else {
-                link = &b->class_next;
-            }
+    size_t released = 0;
+    for (size_t i = p->n_bins; i-- > 0;) {
+        bin *b = &p->bins[i];
+        while (b->kept) {
+            if (extra != UINT64_MAX && fits_limit(p, extra))
+                return released;
+            record *r = b->kept;
+            b->kept = r->kept_next;
+            p->st.buffers_kept--;
+            release(p, r);
+            released++;
         }
     }
-    return freed;
+    return released;
 }
 
-/* ---- public API ------------------------------------------------------------------ */
+/* ---- creation and destruction ------------------------------------------------------------ */
 
-bn_status bn_memory_pool_create(const bn_memory_pool_config *cfg,
-                                const bn_pool_allocator *allocator, bn_memory_pool **out,
-                                bn_error *err)
+bn_status bn_memory_pool_create(const char *name, const bn_pool_allocator *allocator,
+                                uint64_t memory_limit, bn_memory_pool **out, bn_error *err)
 {
     if (out)
         *out = NULL;
-    if (!cfg || !allocator || !out || !allocator->alloc || !allocator->free)
+    if (!allocator || !out || !allocator->alloc || !allocator->free)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "memory pool: NULL config, allocator, allocator function or output");
+                            "memory pool: NULL allocator, allocator function or output");
     bn_memory_pool *p = calloc(1, sizeof *p);
     if (!p)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "memory pool: out of host memory");
@@ -366,14 +251,60 @@ bn_status bn_memory_pool_create(const bn_memory_pool_config *cfg,
         return bn_error_set(err, BN_ERR_INTERNAL, NULL, "memory pool: cannot create its mutex");
     }
     p->n_buckets = INITIAL_BUCKETS;
-    p->cfg = *cfg;
+    snprintf(p->name, sizeof p->name, "%s", name ? name : "memory pool");
     p->alloc = *allocator;
-    if (!p->alloc.name)
-        p->alloc.name = "allocator";
-    p->now = default_clock;
-    p->last_cleanup_ns = pool_now(p);
+    p->st.memory_limit = memory_limit;
     *out = p;
     return BN_OK;
+}
+
+static int allocated_first(const void *a, const void *b)
+{
+    const record *x = *(const record *const *)a, *y = *(const record *const *)b;
+    return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* Logs a record's allocation stack, one frame a line (debug builds). */
+static void log_backtrace(const bn_backtrace *bt)
+{
+    if (bt->depth == 0)
+        return;
+    char text[4096];
+    bn_backtrace_format(bt, text, sizeof text);
+    for (char *line = text; *line;) {
+        char *end = strchr(line, '\n');
+        if (end)
+            *end = '\0';
+        bn_log(BN_LOG_WARN, "    %s", line);
+        if (!end)
+            break;
+        line = end + 1;
+    }
+}
+
+/* Buffers still in use when the pool goes: each one, in allocation order. */
+static void report_leaks(bn_memory_pool *p)
+{
+    const size_t n = (size_t)p->st.buffers_in_use;
+    char b1[32], b2[64];
+    bn_log(BN_LOG_WARN, "%s: %zu buffer%s (%s) still allocated at destruction; freeing %s", p->name,
+           n, n == 1 ? "" : "s", fmt_bytes(b1, sizeof b1, p->st.bytes_in_use),
+           n == 1 ? "it" : "them");
+    record **live = malloc(n * sizeof *live);
+    size_t k = 0;
+    for (size_t i = 0; live && i < p->n_buckets; i++)
+        for (record *r = p->buckets[i]; r; r = r->hash_next)
+            if (r->in_use && k < n)
+                live[k++] = r;
+    if (!live)
+        return; /* no room to list them: the count above must do */
+    qsort(live, k, sizeof *live, allocated_first);
+    for (size_t i = 0; i < k; i++) {
+        bn_log(BN_LOG_WARN, "  %s: %s at %p", live[i]->purpose,
+               fmt_size(b2, sizeof b2, live[i]->bytes), live[i]->ptr);
+        log_backtrace(&live[i]->bt);
+    }
+    free(live);
 }
 
 void bn_memory_pool_destroy(bn_memory_pool *p)
@@ -381,230 +312,196 @@ void bn_memory_pool_destroy(bn_memory_pool *p)
     if (!p)
         return;
     if (p->st.buffers_in_use > 0)
-        bn_log(BN_LOG_WARN,
-               "memory pool on device %d destroyed with %" PRIu64 " buffers (%" PRIu64
-               " bytes) still in use; freeing them",
-               p->cfg.device_id, p->st.buffers_in_use, p->st.bytes_in_use);
+        report_leaks(p);
     for (size_t i = 0; i < p->n_buckets; i++) {
-        block *b = p->buckets[i];
-        while (b) {
-            block *next = b->hash_next;
-            p->alloc.free(p->alloc.ctx, b->ptr);
-            free(b);
-            b = next;
+        record *r = p->buckets[i];
+        while (r) {
+            record *next = r->hash_next;
+            p->alloc.free(p->alloc.ctx, r->ptr);
+            free(r);
+            r = next;
         }
     }
     free(p->buckets);
-    free(p->classes);
+    free(p->bins);
     pthread_mutex_destroy(&p->lock);
     free(p);
 }
 
-void bn_memory_pool_set_clock(bn_memory_pool *p, bn_pool_clock_fn now, void *ctx)
+void bn_memory_pool_set_limit(bn_memory_pool *p, uint64_t memory_limit)
 {
     if (!p)
         return;
     pthread_mutex_lock(&p->lock);
-    p->now = now ? now : default_clock;
-    p->now_ctx = now ? ctx : NULL;
-    p->last_cleanup_ns = pool_now(p);
+    p->st.memory_limit = memory_limit;
+    release_kept(p, 0);
     pthread_mutex_unlock(&p->lock);
 }
 
-int bn_memory_pool_device_id(const bn_memory_pool *p) { return p ? p->cfg.device_id : -1; }
+/* ---- allocate and free ------------------------------------------------------------------ */
 
-/* Accounting shared by both ways a buffer goes out. */
-static void hand_out(bn_memory_pool *p, block *b, uint64_t requested, uint64_t now,
-                     const bn_backtrace *bt)
+static void hand_out(bn_memory_pool *p, record *r, const char *purpose, const bn_backtrace *bt)
 {
-    b->state = BLOCK_LIVE;
-    b->requested = requested;
-    b->stamp_ns = now;
-    b->class_next = NULL;
-    if (bt)
-        b->bt = *bt;
-    else
-        b->bt.depth = 0;
-    p->st.bytes_in_use += b->size;
+    r->in_use = true;
+    r->kept_next = NULL;
+    r->seq = p->next_seq++;
+    snprintf(r->purpose, sizeof r->purpose, "%s", purpose);
+    r->bt = *bt;
+    p->st.bytes_in_use += r->bytes;
     if (p->st.bytes_in_use > p->st.peak_bytes_in_use)
         p->st.peak_bytes_in_use = p->st.bytes_in_use;
-    p->st.requested_bytes_in_use += requested;
     p->st.buffers_in_use++;
-    p->st.total_allocated_bytes += b->size;
-    p->st.allocation_count++;
+    p->st.allocations++;
 }
 
-static bn_status allocate_locked(bn_memory_pool *p, uint64_t bytes, uint64_t cls, void **ptr,
-                                 const bn_backtrace *bt, bn_error *err)
+static bn_status allocate_locked(bn_memory_pool *p, uint64_t bytes, const char *purpose,
+                                 void **ptr, const bn_backtrace *bt, bn_error *err)
 {
-    const uint64_t now = pool_now(p);
-    if (p->cfg.cleanup_interval_secs > 0 && now >= p->last_cleanup_ns &&
-        now - p->last_cleanup_ns >= (uint64_t)p->cfg.cleanup_interval_secs * 1000000000ull)
-        cleanup_locked(p, now);
-
-    size_class *c = class_find(p, cls);
-    if (c && c->head) {
-        block *b = c->head;
-        c->head = b->class_next;
-        c->count--;
-        p->st.bytes_cached -= b->size;
-        p->st.buffers_cached--;
-        p->st.cache_hits++;
-        hand_out(p, b, bytes, now, bt);
-        *ptr = b->ptr;
+    char want[64], used[32], held[32], limit[32];
+    bin *b = bin_find(p, bytes);
+    if (b && b->kept) {
+        record *r = b->kept;
+        b->kept = r->kept_next;
+        p->st.buffers_kept--;
+        p->st.reuses++;
+        hand_out(p, r, purpose, bt);
+        *ptr = r->ptr;
         return BN_OK;
     }
-    p->st.cache_misses++;
 
-    const uint64_t limit = p->cfg.memory_limit_bytes;
-    if (limit > 0) {
-        if (!fits_limit(p, cls))
-            evict_until(p, fits_limit, cls);
-        if (!fits_limit(p, cls))
-            return bn_error_set(err, BN_ERR_GPU_OUT_OF_MEMORY,
-                                "reduce batch size or context length, or raise BITNET_MEMORY_LIMIT",
-                                "device %d: allocating %" PRIu64 " bytes (class %" PRIu64
-                                ") would exceed BITNET_MEMORY_LIMIT=%" PRIu64 " bytes with %" PRIu64
-                                " bytes in use",
-                                p->cfg.device_id, bytes, cls, limit, p->st.bytes_in_use);
-    }
+    if (!fits_limit(p, bytes))
+        release_kept(p, bytes);
+    if (!fits_limit(p, bytes))
+        return bn_error_set(
+            err, BN_ERR_GPU_OUT_OF_MEMORY,
+            "raise the memory limit (BITNET_MEMORY_LIMIT) or reduce the context length",
+            "%s: cannot allocate %s for %s: %s in use and the memory limit is %s", p->name,
+            fmt_size(want, sizeof want, bytes), purpose,
+            fmt_bytes(used, sizeof used, p->st.bytes_in_use),
+            fmt_bytes(limit, sizeof limit, p->st.memory_limit));
 
-    block *b = calloc(1, sizeof *b);
-    if (!b)
+    record *r = calloc(1, sizeof *r);
+    if (!r)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
-                            "memory pool: out of host memory for a buffer record");
+                            "%s: out of host memory for a buffer record", p->name);
     hash_maybe_grow(p);
 
     bn_error inner;
     bn_error_clear(&inner);
     void *got = NULL;
-    bn_status st = p->alloc.alloc(p->alloc.ctx, cls, &got, &inner);
+    bn_status st = p->alloc.alloc(p->alloc.ctx, bytes, &got, &inner);
     if (st == BN_ERR_GPU_OUT_OF_MEMORY) {
-        /* Cached buffers may be what fills the device (or fragments it):
-         * give them all back and try once more. */
-        size_t freed = evict_until(p, NULL, 0);
-        if (freed > 0) {
-            bn_log(BN_LOG_INFO, "memory pool: device %d out of memory, freed %zu cached buffers "
-                                "and retrying",
-                   p->cfg.device_id, freed);
+        /* Kept buffers may be what fills the device (or fragments it):
+         * release them all and try once more. */
+        const size_t released = release_kept(p, UINT64_MAX);
+        if (released > 0) {
+            bn_log(BN_LOG_INFO, "%s: out of memory, released %zu kept buffers and retrying",
+                   p->name, released);
             bn_error_clear(&inner);
             got = NULL;
-            st = p->alloc.alloc(p->alloc.ctx, cls, &got, &inner);
+            st = p->alloc.alloc(p->alloc.ctx, bytes, &got, &inner);
         }
     }
     if (st == BN_OK && !got)
-        st = bn_error_set(&inner, BN_ERR_INTERNAL, NULL, "%s allocator returned NULL",
-                          p->alloc.name);
+        st = bn_error_set(&inner, BN_ERR_INTERNAL, NULL, "the allocator returned NULL");
     if (st == BN_OK && hash_find(p, got)) {
         /* Never hand out one address twice; leave the mystery buffer alone. */
         st = bn_error_set(&inner, BN_ERR_INTERNAL, NULL,
-                          "%s allocator returned %p, which the pool already owns", p->alloc.name,
-                          got);
+                          "the allocator returned %p, which the pool already holds", got);
     }
     if (st != BN_OK) {
-        free(b);
+        free(r);
         if (st == BN_ERR_GPU_OUT_OF_MEMORY)
-            return bn_error_set(err, BN_ERR_GPU_OUT_OF_MEMORY, OOM_HINT,
-                                "device %d: cannot allocate %" PRIu64 " bytes (class %" PRIu64
-                                "; %" PRIu64 " bytes in use by the pool): %s",
-                                p->cfg.device_id, bytes, cls, p->st.bytes_in_use,
-                                inner.message[0] ? inner.message : "out of memory");
-        if (err)
-            *err = inner;
-        return st;
+            return bn_error_set(
+                err, st, inner.hint[0] ? inner.hint : "reduce the context length",
+                "%s: cannot allocate %s for %s with %s in use (%s reserved): %s", p->name,
+                fmt_size(want, sizeof want, bytes), purpose,
+                fmt_bytes(used, sizeof used, p->st.bytes_in_use),
+                fmt_bytes(held, sizeof held, p->st.bytes_reserved),
+                inner.message[0] ? inner.message : "out of memory");
+        return bn_error_set(err, st, inner.hint[0] ? inner.hint : NULL,
+                            "%s: allocating %" PRIu64 " bytes for %s: %s", p->name, bytes,
+                            purpose, inner.message);
     }
-    p->st.device_allocs++;
-    b->ptr = got;
-    b->size = cls;
-    hash_insert(p, b);
-    hand_out(p, b, bytes, now, bt);
+    r->ptr = got;
+    r->bytes = bytes;
+    hash_insert(p, r);
+    p->st.bytes_reserved += bytes;
+    if (p->st.bytes_reserved > p->st.peak_bytes_reserved)
+        p->st.peak_bytes_reserved = p->st.bytes_reserved;
+    hand_out(p, r, purpose, bt);
     *ptr = got;
     return BN_OK;
 }
 
-bn_status bn_memory_pool_allocate(bn_memory_pool *p, uint64_t bytes, void **ptr, bn_error *err)
+bn_status bn_memory_pool_allocate(bn_memory_pool *p, uint64_t bytes, const char *purpose,
+                                  void **ptr, bn_error *err)
 {
     if (ptr)
         *ptr = NULL;
     if (!p || !ptr)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "memory pool allocate: NULL pool or output");
+    if (!purpose)
+        purpose = "unnamed";
     if (bytes == 0)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "memory pool allocate: a buffer of 0 bytes");
-    const uint64_t cls = bn_memory_pool_class_size(bytes);
-    /* The stack is captured outside the lock: in debug builds it is slow. */
+                            "%s: a buffer of 0 bytes for %s", p->name, purpose);
+    /* The stack is captured outside the lock: in debug builds it is slow;
+     * in release builds it records nothing. */
     bn_backtrace bt;
-    bt.depth = 0;
-    if (p->cfg.tracking)
-        bn_backtrace_capture(&bt, 1);
+    bn_backtrace_capture(&bt, 1);
 
     pthread_mutex_lock(&p->lock);
-    bn_status st;
-    if (cls == 0) {
-        p->st.failed_allocations++;
-        st = bn_error_set(err, BN_ERR_GPU_OUT_OF_MEMORY, OOM_HINT,
-                          "device %d: %" PRIu64 " bytes is more than any device can hold",
-                          p->cfg.device_id, bytes);
-    } else {
-        st = allocate_locked(p, bytes, cls, ptr, p->cfg.tracking ? &bt : NULL, err);
-        if (st != BN_OK)
-            p->st.failed_allocations++;
-    }
+    const bn_status st = allocate_locked(p, bytes, purpose, ptr, &bt, err);
+    if (st != BN_OK)
+        p->st.failures++;
     pthread_mutex_unlock(&p->lock);
     return st;
 }
 
-bn_status bn_memory_pool_deallocate(bn_memory_pool *p, void *ptr, bn_error *err)
+bn_status bn_memory_pool_free(bn_memory_pool *p, void *ptr, uint64_t *bytes, bn_error *err)
 {
+    if (bytes)
+        *bytes = 0;
     if (!p)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "memory pool deallocate: NULL pool");
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "memory pool free: NULL pool");
     if (!ptr)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "memory pool deallocate: NULL pointer");
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "%s: free of a NULL pointer",
+                            p->name);
     pthread_mutex_lock(&p->lock);
-    block *b = hash_find(p, ptr);
-    if (!b || b->state != BLOCK_LIVE) {
-        const bool cached = b != NULL;
-        const int dev = p->cfg.device_id;
+    record *r = hash_find(p, ptr);
+    if (!r || !r->in_use) {
+        const bool kept = r != NULL;
         pthread_mutex_unlock(&p->lock);
-        if (cached)
+        if (kept)
             return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "a buffer must be freed exactly once",
-                                "memory pool deallocate: %p on device %d was already freed "
-                                "(double free)",
-                                ptr, dev);
+                                "%s: %p was already freed (double free)", p->name, ptr);
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
                             "free a buffer through the pool that allocated it, exactly once",
-                            "memory pool deallocate: %p is not a live buffer of the pool on "
-                            "device %d (double free or foreign pointer)",
-                            ptr, dev);
+                            "%s: %p is not a buffer of this pool in use (double free or "
+                            "foreign pointer)",
+                            p->name, ptr);
     }
-    p->st.bytes_in_use -= b->size;
-    p->st.requested_bytes_in_use -= b->requested;
+    if (bytes)
+        *bytes = r->bytes;
+    p->st.bytes_in_use -= r->bytes;
     p->st.buffers_in_use--;
-    p->st.deallocation_count++;
-
-    /* Keep it only within the caching budget: what the pool holds does not
-     * change by caching, so the test is simply whether it is within max. */
-    size_class *c = NULL;
-    if (p->cfg.max_cached_per_class > 0 &&
-        p->st.bytes_in_use + p->st.bytes_cached + b->size <= p->cfg.max_pool_bytes)
-        c = class_get(p, b->size);
-    if (c && c->count < p->cfg.max_cached_per_class) {
-        b->state = BLOCK_CACHED;
-        b->stamp_ns = pool_now(p);
-        b->requested = 0;
-        b->class_next = c->head;
-        c->head = b;
-        c->count++;
-        p->st.bytes_cached += b->size;
-        p->st.buffers_cached++;
+    p->st.frees++;
+    r->in_use = false;
+    bin *b = bin_get(p, r->bytes);
+    if (b) {
+        r->kept_next = b->kept;
+        b->kept = r;
+        p->st.buffers_kept++;
     } else {
-        release_block(p, b);
+        release(p, r); /* no host memory for a new bin: give it back instead */
     }
     pthread_mutex_unlock(&p->lock);
     return BN_OK;
 }
+
+/* ---- statistics ---------------------------------------------------------------------- */
 
 void bn_memory_pool_get_stats(bn_memory_pool *p, bn_memory_pool_stats *out)
 {
@@ -619,145 +516,22 @@ void bn_memory_pool_get_stats(bn_memory_pool *p, bn_memory_pool_stats *out)
     pthread_mutex_unlock(&p->lock);
 }
 
-void bn_memory_pool_reset_stats(bn_memory_pool *p)
-{
-    if (!p)
-        return;
-    pthread_mutex_lock(&p->lock);
-    bn_memory_pool_stats kept = {0};
-    kept.bytes_in_use = p->st.bytes_in_use;
-    kept.peak_bytes_in_use = p->st.bytes_in_use;
-    kept.requested_bytes_in_use = p->st.requested_bytes_in_use;
-    kept.bytes_cached = p->st.bytes_cached;
-    kept.buffers_cached = p->st.buffers_cached;
-    kept.buffers_in_use = p->st.buffers_in_use;
-    p->st = kept;
-    pthread_mutex_unlock(&p->lock);
-}
-
-size_t bn_memory_pool_cleanup_expired(bn_memory_pool *p)
-{
-    if (!p)
-        return 0;
-    pthread_mutex_lock(&p->lock);
-    size_t n = cleanup_locked(p, pool_now(p));
-    pthread_mutex_unlock(&p->lock);
-    return n;
-}
-
-size_t bn_memory_pool_flush_cache(bn_memory_pool *p)
-{
-    if (!p)
-        return 0;
-    pthread_mutex_lock(&p->lock);
-    size_t n = evict_until(p, NULL, 0);
-    pthread_mutex_unlock(&p->lock);
-    return n;
-}
-
-/* ---- leak reports ------------------------------------------------------------------ */
-
-static int older_first(const void *a, const void *b)
-{
-    const block *x = *(const block *const *)a, *y = *(const block *const *)b;
-    return (x->stamp_ns > y->stamp_ns) - (x->stamp_ns < y->stamp_ns);
-}
-
-bn_status bn_memory_pool_check_leaks(bn_memory_pool *p, double threshold_secs,
-                                     bn_pool_leak *leaks, size_t max, size_t *count,
-                                     bn_error *err)
-{
-    if (count)
-        *count = 0;
-    if (!p || !count || (max > 0 && !leaks) || isnan(threshold_secs))
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "memory pool check_leaks: NULL pool, count or output, or NaN threshold");
-    if (!p->cfg.tracking)
-        return bn_error_set(err, BN_ERR_UNSUPPORTED, "create the pool with tracking on",
-                            "memory pool check_leaks: tracking is off, so buffer ages are unknown");
-    if (threshold_secs < 0)
-        threshold_secs = (double)p->cfg.leak_threshold_secs;
-
-    /* Compared in whole nanoseconds: in floating point a 250 s old buffer
-     * can come out as 250.00000000000003 s, "older" than 250. */
-    const uint64_t threshold_ns = threshold_secs >= 1.8e10
-                                      ? UINT64_MAX
-                                      : (uint64_t)llround(threshold_secs * 1e9);
-
-    pthread_mutex_lock(&p->lock);
-    const uint64_t now = pool_now(p);
-    const size_t live = (size_t)p->st.buffers_in_use;
-    block **found = malloc((live ? live : 1) * sizeof *found);
-    if (!found) {
-        pthread_mutex_unlock(&p->lock);
-        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
-                            "memory pool check_leaks: out of host memory");
-    }
-    size_t n = 0;
-    uint64_t leaked_bytes = 0;
-    for (size_t i = 0; i < p->n_buckets; i++) {
-        for (block *b = p->buckets[i]; b; b = b->hash_next) {
-            if (b->state != BLOCK_LIVE || n == live)
-                continue;
-            const uint64_t age_ns = now > b->stamp_ns ? now - b->stamp_ns : 0;
-            if (age_ns > threshold_ns) {
-                found[n++] = b;
-                leaked_bytes += b->size;
-            }
-        }
-    }
-    qsort(found, n, sizeof *found, older_first);
-    const size_t shown = n < max ? n : max;
-    for (size_t i = 0; i < shown; i++) {
-        const block *b = found[i];
-        leaks[i] = (bn_pool_leak){
-            .device_id = p->cfg.device_id,
-            .address = b->ptr,
-            .size = b->size,
-            .requested = b->requested,
-            .age_seconds = (double)(now > b->stamp_ns ? now - b->stamp_ns : 0) * 1e-9,
-            .backtrace = b->bt,
-        };
-    }
-    const int dev = p->cfg.device_id;
-    pthread_mutex_unlock(&p->lock);
-    free(found);
-
-    *count = n;
-    if (n > 0) {
-        bn_log(BN_LOG_WARN,
-               "memory pool: %zu buffers (%" PRIu64 " bytes) on device %d live for more than "
-               "%.1f s: possible leaks",
-               n, leaked_bytes, dev, threshold_secs);
-        char line[2048];
-        for (size_t i = 0; i < shown; i++) {
-            bn_pool_leak_format(&leaks[i], line, sizeof line);
-            bn_log(BN_LOG_WARN, "%s", line);
-        }
-    }
-    return BN_OK;
-}
-
-void bn_pool_leak_format(const bn_pool_leak *leak, char *buf, size_t size)
+int bn_memory_pool_stats_format(const bn_memory_pool_stats *s, char *buf, size_t size)
 {
     if (!buf || size == 0)
-        return;
-    buf[0] = '\0';
-    if (!leak)
-        return;
-    int w = snprintf(buf, size,
-                     "device %d: %" PRIu64 " bytes (%" PRIu64 " requested) at %p allocated %.1f s "
-                     "ago",
-                     leak->device_id, leak->size, leak->requested, leak->address,
-                     leak->age_seconds);
-    if (w < 0 || (size_t)w >= size - 1 || leak->backtrace.depth == 0)
-        return;
-    buf[w] = '\n';
-    buf[w + 1] = '\0';
-    bn_backtrace_format(&leak->backtrace, buf + w + 1, size - (size_t)w - 1);
-    /* bn_backtrace_format ends every frame with a newline; drop the last so
-     * the record fits a log line like the others. */
-    size_t len = strlen(buf);
-    if (len > 0 && buf[len - 1] == '\n')
-        buf[len - 1] = '\0';
+        return 0;
+    if (!s) {
+        buf[0] = '\0';
+        return 0;
+    }
+    char used[32], used_peak[32], held[32], held_peak[32], limit[32];
+    return snprintf(buf, size,
+                    "%s in use (peak %s), %s reserved (peak %s), limit %s; %" PRIu64
+                    " allocations, %" PRIu64 " reused, %" PRIu64 " failed",
+                    fmt_bytes(used, sizeof used, s->bytes_in_use),
+                    fmt_bytes(used_peak, sizeof used_peak, s->peak_bytes_in_use),
+                    fmt_bytes(held, sizeof held, s->bytes_reserved),
+                    fmt_bytes(held_peak, sizeof held_peak, s->peak_bytes_reserved),
+                    s->memory_limit ? fmt_bytes(limit, sizeof limit, s->memory_limit) : "none",
+                    s->allocations, s->reuses, s->failures);
 }
