@@ -1,5 +1,5 @@
 /* Per-context performance counters (perf_stats.h): exact counts after
- * scripted and concurrent recording, reset, and the summary line. */
+ * scripted and concurrent recording. */
 #include <inttypes.h>
 #include <pthread.h>
 
@@ -13,7 +13,7 @@ static void *hammer(void *arg)
 {
     bn_perf_stats *s = arg;
     for (int i = 0; i < ITERS; i++) {
-        bn_perf_record_kernel(s, 3);
+        bn_perf_record_kernels(s, 3);
         bn_perf_record_h2d(s, 100);
         if (i % 2 == 0)
             bn_perf_record_d2h(s, 7);
@@ -35,51 +35,26 @@ int main(void)
     bn_perf_snapshot snap;
     memset(&snap, 0xff, sizeof snap);
     bn_perf_stats_snapshot(s, &snap);
-    CHECK(snap.kernel_launches == 0 && snap.kernel_time_ns == 0 && snap.h2d_transfers == 0 &&
-          snap.h2d_bytes == 0 && snap.d2h_transfers == 0 && snap.d2h_bytes == 0);
+    CHECK(snap.kernel_launches == 0 && snap.h2d_transfers == 0 && snap.h2d_bytes == 0 &&
+          snap.d2h_transfers == 0 && snap.d2h_bytes == 0);
 
-    bn_perf_record_kernel(s, 1500000);
-    bn_perf_record_kernel(s, 500000);
-    bn_perf_record_kernel(s, 0); /* time unknown: still a launch */
+    bn_perf_record_kernels(s, 3);
     bn_perf_record_kernels(s, 0);
     bn_perf_record_kernels(NULL, 5); /* no statistics: nothing happens */
     bn_perf_stats_snapshot(s, &snap);
     CHECK(snap.kernel_launches == 3);
-    bn_perf_record_kernels(s, 240); /* a graph replay: launches, no time */
-    bn_perf_stats_snapshot(s, &snap);
-    CHECK(snap.kernel_launches == 243 && snap.kernel_time_ns == 2000000);
-    bn_perf_stats_reset(s);
-    bn_perf_record_kernel(s, 1500000);
-    bn_perf_record_kernel(s, 500000);
-    bn_perf_record_kernel(s, 0);
+    bn_perf_record_kernels(s, 240); /* a graph replay */
     bn_perf_record_h2d(s, 12 << 20);
     bn_perf_record_h2d(s, 0);
     bn_perf_record_d2h(s, 1536);
     bn_perf_stats_snapshot(s, &snap);
-    CHECK(snap.kernel_launches == 3 && snap.kernel_time_ns == 2000000);
+    CHECK(snap.kernel_launches == 243);
     CHECK(snap.h2d_transfers == 2 && snap.h2d_bytes == 12u << 20);
     CHECK(snap.d2h_transfers == 1 && snap.d2h_bytes == 1536);
 
-    char line[256];
-    int n = bn_perf_snapshot_format(&snap, line, sizeof line);
-    CHECK(n > 0 && (size_t)n < sizeof line && strchr(line, '\n') == NULL);
-    printf("%s\n", line);
-    CHECK_STR_CONTAINS(line, "kernels 3 in 2.000 ms (avg 0.667 ms)");
-    CHECK_STR_CONTAINS(line, "h2d 2 transfers 12.00 MiB");
-    CHECK_STR_CONTAINS(line, "d2h 1 transfers 1.50 KiB");
-    char tiny[8];
-    bn_perf_snapshot_format(&snap, tiny, sizeof tiny);
-    CHECK(strlen(tiny) == sizeof tiny - 1);
-
-    bn_perf_stats_reset(s);
-    bn_perf_stats_snapshot(s, &snap);
-    CHECK(snap.kernel_launches == 0 && snap.kernel_time_ns == 0 && snap.h2d_bytes == 0 &&
-          snap.d2h_transfers == 0);
-    bn_perf_snapshot_format(&snap, line, sizeof line);
-    CHECK_STR_CONTAINS(line, "kernels 0 in 0.000 ms (avg 0.000 ms)");
-    CHECK_STR_CONTAINS(line, "0 B");
-
     /* Concurrent recording loses nothing. */
+    bn_perf_stats_destroy(s);
+    CHECK(bn_perf_stats_create(&s, &err) == BN_OK && s);
     pthread_t th[THREADS];
     for (int t = 0; t < THREADS; t++)
         CHECK(pthread_create(&th[t], NULL, hammer, s) == 0);
@@ -87,19 +62,15 @@ int main(void)
         pthread_join(th[t], NULL);
     bn_perf_stats_snapshot(s, &snap);
     const uint64_t total = (uint64_t)THREADS * ITERS;
-    CHECK(snap.kernel_launches == total && snap.kernel_time_ns == 3 * total);
+    CHECK(snap.kernel_launches == 3 * total);
     CHECK(snap.h2d_transfers == total && snap.h2d_bytes == 100 * total);
     CHECK(snap.d2h_transfers == total / 2 && snap.d2h_bytes == 7 * (total / 2));
 
     /* NULL stats: recording is a no-op, a snapshot is zeros. */
-    bn_perf_record_kernel(NULL, 5);
     bn_perf_record_h2d(NULL, 5);
     bn_perf_record_d2h(NULL, 5);
-    bn_perf_stats_reset(NULL);
     bn_perf_stats_snapshot(NULL, &snap);
     CHECK(snap.kernel_launches == 0 && snap.h2d_bytes == 0);
-    bn_perf_snapshot_format(NULL, line, sizeof line);
-    CHECK_STR_CONTAINS(line, "kernels 0");
 
     bn_perf_stats_destroy(s);
     bn_perf_stats_destroy(NULL);

@@ -1,14 +1,11 @@
 /* Per-context performance counters; see perf_stats.h. */
 #include "perf_stats.h"
 
-#include <inttypes.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 
 struct bn_perf_stats {
     atomic_uint_least64_t kernel_launches;
-    atomic_uint_least64_t kernel_time_ns;
     atomic_uint_least64_t h2d_transfers;
     atomic_uint_least64_t h2d_bytes;
     atomic_uint_least64_t d2h_transfers;
@@ -24,7 +21,6 @@ bn_status bn_perf_stats_create(bn_perf_stats **out, bn_error *err)
     if (!s)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "perf stats: out of host memory");
     atomic_init(&s->kernel_launches, 0);
-    atomic_init(&s->kernel_time_ns, 0);
     atomic_init(&s->h2d_transfers, 0);
     atomic_init(&s->h2d_bytes, 0);
     atomic_init(&s->d2h_transfers, 0);
@@ -46,14 +42,6 @@ static uint64_t load(const atomic_uint_least64_t *counter)
 {
     /* C11 atomic_load takes a non-const pointer in some libcs' macros. */
     return atomic_load_explicit((atomic_uint_least64_t *)counter, memory_order_relaxed);
-}
-
-void bn_perf_record_kernel(bn_perf_stats *stats, uint64_t elapsed_ns)
-{
-    if (!stats)
-        return;
-    add(&stats->kernel_launches, 1);
-    add(&stats->kernel_time_ns, elapsed_ns);
 }
 
 void bn_perf_record_kernels(bn_perf_stats *stats, uint64_t count)
@@ -88,57 +76,8 @@ void bn_perf_stats_snapshot(const bn_perf_stats *stats, bn_perf_snapshot *out)
         return;
     }
     out->kernel_launches = load(&stats->kernel_launches);
-    out->kernel_time_ns = load(&stats->kernel_time_ns);
     out->h2d_transfers = load(&stats->h2d_transfers);
     out->h2d_bytes = load(&stats->h2d_bytes);
     out->d2h_transfers = load(&stats->d2h_transfers);
     out->d2h_bytes = load(&stats->d2h_bytes);
-}
-
-void bn_perf_stats_reset(bn_perf_stats *stats)
-{
-    if (!stats)
-        return;
-    atomic_store_explicit(&stats->kernel_launches, 0, memory_order_relaxed);
-    atomic_store_explicit(&stats->kernel_time_ns, 0, memory_order_relaxed);
-    atomic_store_explicit(&stats->h2d_transfers, 0, memory_order_relaxed);
-    atomic_store_explicit(&stats->h2d_bytes, 0, memory_order_relaxed);
-    atomic_store_explicit(&stats->d2h_transfers, 0, memory_order_relaxed);
-    atomic_store_explicit(&stats->d2h_bytes, 0, memory_order_relaxed);
-}
-
-/* "512 B", "1.50 KiB", "12.00 MiB", "3.25 GiB": binary units like the rest of bitnet. */
-static void format_bytes(uint64_t bytes, char *buf, size_t size)
-{
-    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB"};
-    if (bytes < 1024) {
-        snprintf(buf, size, "%" PRIu64 " B", bytes);
-        return;
-    }
-    double v = (double)bytes / 1024.0;
-    size_t u = 0;
-    while (v >= 1024.0 && u + 1 < sizeof units / sizeof units[0]) {
-        v /= 1024.0;
-        u++;
-    }
-    snprintf(buf, size, "%.2f %s", v, units[u]);
-}
-
-int bn_perf_snapshot_format(const bn_perf_snapshot *snap, char *buf, size_t size)
-{
-    if (!buf || size == 0)
-        return 0;
-    bn_perf_snapshot zero = {0};
-    if (!snap)
-        snap = &zero;
-    char h2d[32], d2h[32];
-    format_bytes(snap->h2d_bytes, h2d, sizeof h2d);
-    format_bytes(snap->d2h_bytes, d2h, sizeof d2h);
-    const double total_ms = (double)snap->kernel_time_ns * 1e-6;
-    const double avg_ms = snap->kernel_launches ? total_ms / (double)snap->kernel_launches : 0.0;
-    return snprintf(buf, size,
-                    "kernels %" PRIu64 " in %.3f ms (avg %.3f ms), h2d %" PRIu64
-                    " transfers %s, d2h %" PRIu64 " transfers %s",
-                    snap->kernel_launches, total_ms, avg_ms, snap->h2d_transfers, h2d,
-                    snap->d2h_transfers, d2h);
 }
