@@ -2,10 +2,6 @@
  * that implements it. */
 #include "qtype.h"
 
-#include <stdlib.h>
-#include <string.h>
-#include <strings.h>
-
 #include "fmt_bitnet.h"
 #include "fmt_dense.h"
 #include "fmt_tl.h"
@@ -47,23 +43,6 @@ const bn_qtype_info *bn_qtype_get(bn_qtype type)
     return NULL;
 }
 
-const bn_qtype_info *bn_qtype_by_name(const char *name)
-{
-    for (size_t i = 0; name && i < N_INFOS; i++)
-        if (strcasecmp(infos[i].name, name) == 0)
-            return &infos[i];
-    return NULL;
-}
-
-const bn_qtype_info *const *bn_qtype_all(void)
-{
-    static const bn_qtype_info *all[N_INFOS + 1];
-    for (size_t i = 0; i < N_INFOS; i++)
-        all[i] = &infos[i];
-    all[N_INFOS] = NULL;
-    return all;
-}
-
 bn_status bn_qtype_tensor_size(bn_qtype type, int64_t rows, int64_t cols, size_t *bytes,
                                bn_error *err)
 {
@@ -86,37 +65,4 @@ bn_status bn_qtype_tensor_size(bn_qtype type, int64_t rows, int64_t cols, size_t
     else
         *bytes = (size_t)(rows * (cols / q->block_elems) * q->block_bytes);
     return BN_OK;
-}
-
-bn_status bn_dequantize_tensor(bn_qtype type, const void *src, size_t src_bytes, int64_t rows,
-                               int64_t cols, float *dst, bn_error *err)
-{
-    size_t need;
-    bn_status st = bn_qtype_tensor_size(type, rows, cols, &need, err);
-    if (st != BN_OK)
-        return st;
-    const bn_qtype_info *q = bn_qtype_get(type);
-    if (src_bytes < need)
-        return bn_error_set(err, BN_ERR_FORMAT, "the file is truncated or the shape is wrong",
-                            "%s tensor %lld x %lld needs %zu bytes, have %zu", q->name,
-                            (long long)rows, (long long)cols, need, src_bytes);
-    if (q->dequantize_row) {
-        const size_t row_bytes = (size_t)(cols / q->block_elems) * (size_t)q->block_bytes;
-        for (int64_t r = 0; r < rows; r++)
-            q->dequantize_row((const uint8_t *)src + (size_t)r * row_bytes, dst + r * cols, cols);
-        return BN_OK;
-    }
-    /* Whole-tensor formats: unpack to codes, then scale. */
-    const size_t n = (size_t)rows * (size_t)cols;
-    int8_t *codes = malloc(n);
-    if (!codes)
-        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory to unpack a %s tensor",
-                            q->name);
-    float scale = 0.0f;
-    st = q->unpack(src, src_bytes, rows, cols, codes, &scale, err);
-    if (st == BN_OK)
-        for (size_t i = 0; i < n; i++)
-            dst[i] = (float)codes[i] * scale;
-    free(codes);
-    return st;
 }

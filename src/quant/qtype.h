@@ -75,19 +75,10 @@ typedef struct bn_qtype_info {
 
 /* NULL for an unknown type. */
 const bn_qtype_info *bn_qtype_get(bn_qtype type);
-/* By CLI name ("i2_s"); NULL if unknown. */
-const bn_qtype_info *bn_qtype_by_name(const char *name);
-/* Every registered type, NULL-terminated. */
-const bn_qtype_info *const *bn_qtype_all(void);
 
 /* Checks the shape against the format and returns BN_OK with the tensor's
  * size in bytes, or an error naming the format and the rule broken. */
 bn_status bn_qtype_tensor_size(bn_qtype type, int64_t rows, int64_t cols, size_t *bytes,
                                bn_error *err);
-
-/* Dequantizes a whole tensor to floats [rows][cols] through the format's
- * row function, or through unpack x scale for whole-tensor formats. */
-bn_status bn_dequantize_tensor(bn_qtype type, const void *src, size_t src_bytes, int64_t rows,
-                               int64_t cols, float *dst, bn_error *err);
 
 #endif
