@@ -199,8 +199,10 @@ static void check_case(int type, int64_t rows, int64_t dim, int rows_kind, int x
     for (int i = 0; i < 3 && sampled; i++) {
         int32_t *t = d_tok + 2 + 5 * i;
         CUDA_OK(cudaMemcpy(d_u, &us[i], sizeof(double), cudaMemcpyHostToDevice));
-        CUDA_OK(bn_cuda_sample(d_full, (int32_t)rows, &sp, d_u, d_ws, t, NULL, 0));
-        CUDA_OK(bn_cuda_sample(d_scr, (int32_t)rows, &sp, d_u, d_ws, t + 1, NULL, 0));
+        CUDA_OK(bn_cuda_sample_cand(d_full, (int32_t)rows, NULL, NULL, 0, NULL, &sp, d_u, d_ws, t,
+                                    NULL, 0));
+        CUDA_OK(bn_cuda_sample_cand(d_scr, (int32_t)rows, NULL, NULL, 0, NULL, &sp, d_u, d_ws,
+                                    t + 1, NULL, 0));
         CUDA_OK(bn_cuda_sample_cand(d_scr, (int32_t)rows, d_cand, d_cand_n,
                                     BN_CUDA_SAMPLE_MAX_CAND, NULL, &sp, d_u, d_ws, t + 2, NULL,
                                     0));

@@ -205,8 +205,6 @@ typedef struct dev {
     void *ws;
     int32_t *token;
     int32_t *h_token; /* pinned */
-    int32_t *ids;
-    float *vals;
     bn_cuda_sample_params *params; /* bn_cuda_sample_cand_dev's */
     int32_t *token_dev;            /* ... and its token */
     int32_t cap;
@@ -221,8 +219,6 @@ static void dev_init(dev *d, int32_t cap)
     CUDA_OK(cudaMemset(d->ws, 0, bn_cuda_sample_workspace_bytes(cap)));
     CUDA_OK(cudaMalloc((void **)&d->token, sizeof(int32_t)));
     CUDA_OK(cudaMallocHost((void **)&d->h_token, sizeof(int32_t)));
-    CUDA_OK(cudaMalloc((void **)&d->ids, sizeof(int32_t) * BN_CUDA_SAMPLE_MAX_K));
-    CUDA_OK(cudaMalloc((void **)&d->vals, sizeof(float) * BN_CUDA_SAMPLE_MAX_K));
     CUDA_OK(cudaMalloc((void **)&d->params, sizeof *d->params));
     CUDA_OK(cudaMalloc((void **)&d->token_dev, sizeof(int32_t)));
 }
@@ -234,10 +230,16 @@ static void dev_free(dev *d)
     cudaFree(d->ws);
     cudaFree(d->token);
     cudaFreeHost(d->h_token);
-    cudaFree(d->ids);
-    cudaFree(d->vals);
     cudaFree(d->params);
     cudaFree(d->token_dev);
+}
+
+/* The sampler over the logits alone (no candidate list). */
+static cudaError_t sample_logits(const float *logits, int32_t V, const bn_cuda_sample_params *p,
+                                 const double *u, void *ws, int32_t *token, int32_t *h_token,
+                                 cudaStream_t stream)
+{
+    return bn_cuda_sample_cand(logits, V, NULL, NULL, 0, NULL, p, u, ws, token, h_token, stream);
 }
 
 /* bn_cuda_sample_cand_dev over d->logits (and a list when given) with p
@@ -264,7 +266,7 @@ static int32_t dev_sample(dev *d, const float *logits, int32_t V, const bn_cuda_
     CUDA_OK(cudaMemcpy(d->u, &u, sizeof u, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(d->token, 0xa5, sizeof(int32_t))); /* poison */
     *d->h_token = -7;
-    CUDA_OK(bn_cuda_sample(d->logits, V, p, d->u, d->ws, d->token, d->h_token, 0));
+    CUDA_OK(sample_logits(d->logits, V, p, d->u, d->ws, d->token, d->h_token, 0));
     CUDA_OK(cudaDeviceSynchronize());
     int32_t tok;
     CUDA_OK(cudaMemcpy(&tok, d->token, sizeof tok, cudaMemcpyDeviceToHost));
@@ -403,36 +405,45 @@ static void check_greedy(dev *d, int32_t V)
     free(l);
 }
 
+/* The top-k selection, rank by rank: at a temperature so high that every
+ * kept weight rounds to exactly 1, the draw with u = (i + 0.5) / m over
+ * the m kept tokens is the i-th best of them (best first: higher logit,
+ * then lower index; NaN never; the +inf tokens alone when there are any),
+ * so the launches the backend makes show the whole order, exactly. */
 static void check_top_k(dev *d, int32_t V)
 {
+    if (V < 2)
+        return; /* a top-k set needs k < V */
     float *l = malloc(sizeof(float) * (size_t)V);
     rcand *c = malloc(sizeof(rcand) * (size_t)V);
-    int32_t ids[BN_CUDA_SAMPLE_MAX_K];
-    float vals[BN_CUDA_SAMPLE_MAX_K];
     for (int kind = 0; kind < 6; kind++) {
         make_logits(l, V, kind);
-        if (kind == 5) /* top_k reports raw logits: +inf first, by id */
-            for (int32_t i = 0; i < V; i++)
-                l[i] = isnan(l[i]) ? -1.0f : l[i];
-        const int k = (int)test_rand_range(1, BN_CUDA_SAMPLE_MAX_K);
+        const int max_k = V - 1 < BN_CUDA_SAMPLE_MAX_K ? (int)V - 1 : BN_CUDA_SAMPLE_MAX_K;
+        const int k = (int)test_rand_range(1, max_k);
+        const bn_cuda_sample_params p = {1e30f, k, 1.0f, 0.0f};
         CUDA_OK(cudaMemcpy(d->logits, l, sizeof(float) * (size_t)V, cudaMemcpyHostToDevice));
-        CUDA_OK(cudaMemset(d->ids, 0x5a, sizeof ids));
-        CUDA_OK(bn_cuda_top_k(d->logits, V, k, d->ws, d->ids, d->vals, 0));
-        CUDA_OK(cudaMemcpy(ids, d->ids, sizeof(int32_t) * (size_t)k, cudaMemcpyDeviceToHost));
-        CUDA_OK(cudaMemcpy(vals, d->vals, sizeof(float) * (size_t)k, cudaMemcpyDeviceToHost));
-        float *cl = malloc(sizeof(float) * (size_t)V);
-        for (int32_t i = 0; i < V; i++)
-            cl[i] = isnan(l[i]) ? -INFINITY : l[i];
+        float *cl = clean(l, V);
         const int32_t n = ref_sorted(cl, V, c);
         free(cl);
-        int bad = 0;
-        for (int i = 0; i < k; i++) {
-            const int32_t want_id = i < n ? c[i].id : -1;
-            const float want_val = i < n ? c[i].logit : -INFINITY;
-            bad += ids[i] != want_id || vals[i] != want_val;
+        const int m = n < k ? (int)n : k;
+        int bad = 0, first_bad = -1;
+        int32_t got_bad = 0;
+        for (int i = 0; i < (m > 0 ? m : 1); i++) {
+            const double u = m > 0 ? (i + 0.5) / m : 0.5;
+            CUDA_OK(cudaMemcpy(d->u, &u, sizeof u, cudaMemcpyHostToDevice));
+            CUDA_OK(sample_logits(d->logits, V, &p, d->u, d->ws, d->token, d->h_token, 0));
+            CUDA_OK(cudaDeviceSynchronize());
+            const int32_t want = m > 0 ? c[i].id : -1;
+            if (*d->h_token != want && bad++ == 0) {
+                first_bad = i;
+                got_bad = *d->h_token;
+            }
         }
-        CHECK_MSG(bad == 0, "top_k V=%d k=%d kind %d: %d of %d entries differ (first: %d %g)", V,
-                  k, kind, bad, k, ids[0], (double)vals[0]);
+        CHECK_MSG(bad == 0,
+                  "top_k V=%d k=%d kind %d: %d of %d ranks differ (first: rank %d gave %d, not "
+                  "%d)",
+                  V, k, kind, bad, m, first_bad, got_bad,
+                  first_bad >= 0 && m > 0 ? c[first_bad].id : -1);
     }
     free(l);
     free(c);
@@ -577,7 +588,7 @@ static void check_lists(dev *d, int32_t V)
         const double u = test_rand_float(0.0f, 0.999f);
         CUDA_OK(cudaMemcpy(d->u, &u, sizeof u, cudaMemcpyHostToDevice));
         CUDA_OK(cudaMemset(d_tok, 0xa5, 7 * sizeof(int32_t))); /* poison */
-        CUDA_OK(bn_cuda_sample(d->logits, V, &p, d->u, d->ws, d_tok, NULL, 0));
+        CUDA_OK(sample_logits(d->logits, V, &p, d->u, d->ws, d_tok, NULL, 0));
         const float floors[4] = {kth_logit, kth_logit - 1.0f, -INFINITY, NAN};
         CUDA_OK(bn_cuda_sample_cand(d->logits, V, d_list, d_n, BN_CUDA_SAMPLE_MAX_CAND, NULL, &p,
                                     d->u, d->ws, d_tok + 1, NULL, 0));
@@ -623,7 +634,7 @@ static void check_pinned_draw(dev *d)
     const bn_cuda_sample_params p = {0.9f, 20, 0.9f, 0.0f};
     const int32_t want = dev_sample(d, l, V, &p, 0.375); /* leaves l and u on the device */
     memset(pinned, 0xa5, sizeof(uint32_t));
-    CUDA_OK(bn_cuda_sample(d->logits, V, &p, d->u, d->ws, (int32_t *)pinned_dev, NULL, 0));
+    CUDA_OK(sample_logits(d->logits, V, &p, d->u, d->ws, (int32_t *)pinned_dev, NULL, 0));
     CUDA_OK(cudaDeviceSynchronize());
     CHECK_MSG(*(volatile int32_t *)pinned == want, "token stored in pinned memory %d, not %d",
               *(volatile int32_t *)pinned, want);
@@ -635,16 +646,15 @@ static void check_invalid(dev *d)
 {
     const int32_t V = 1000;
     bn_cuda_sample_params p = {1.0f, 0, 1.0f, 0.0f};
-    CHECK(bn_cuda_sample(d->logits, V, &p, d->u, d->ws, d->token, NULL, 0) ==
+    CHECK(sample_logits(d->logits, V, &p, d->u, d->ws, d->token, NULL, 0) ==
           cudaErrorInvalidValue); /* top-k off over 64 tokens */
     p.top_k = BN_CUDA_SAMPLE_MAX_K + 1;
-    CHECK(bn_cuda_sample(d->logits, V, &p, d->u, d->ws, d->token, NULL, 0) ==
+    CHECK(sample_logits(d->logits, V, &p, d->u, d->ws, d->token, NULL, 0) ==
           cudaErrorInvalidValue);
     p.top_k = 10;
     p.temperature = NAN;
-    CHECK(bn_cuda_sample(d->logits, V, &p, d->u, d->ws, d->token, NULL, 0) ==
+    CHECK(sample_logits(d->logits, V, &p, d->u, d->ws, d->token, NULL, 0) ==
           cudaErrorInvalidValue);
-    CHECK(bn_cuda_top_k(d->logits, V, 0, d->ws, d->ids, d->vals, 0) == cudaErrorInvalidValue);
     /* Parameters in device memory: what the host launcher refuses, and
      * greedy, draw -1; no parameters at all is refused at the launch. */
     const bn_cuda_sample_params refused[] = {{1.0f, 0, 1.0f, 0.0f},
@@ -680,7 +690,7 @@ static void check_graph(dev *d, int32_t V)
     cudaGraph_t g;
     cudaGraphExec_t exec;
     CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    CUDA_OK(bn_cuda_sample(d->logits, V, &p, d->u, d->ws, d->token, d->h_token, st));
+    CUDA_OK(sample_logits(d->logits, V, &p, d->u, d->ws, d->token, d->h_token, st));
     CUDA_OK(cudaStreamEndCapture(st, &g));
     CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
     float *l = malloc(sizeof(float) * (size_t)V);
@@ -752,10 +762,10 @@ static void time_sampling(dev *d, int32_t V)
     const bn_cuda_sample_params ps[2] = {{0.0f, 0, 1.0f, 0.0f}, {0.8f, 64, 0.95f, 0.05f}};
     for (int i = 0; i < 2; i++) {
         for (int r = 0; r < 10; r++)
-            CUDA_OK(bn_cuda_sample(d->logits, V, &ps[i], d->u, d->ws, d->token, NULL, 0));
+            CUDA_OK(sample_logits(d->logits, V, &ps[i], d->u, d->ws, d->token, NULL, 0));
         CUDA_OK(cudaEventRecord(e0, 0));
         for (int r = 0; r < 200; r++)
-            CUDA_OK(bn_cuda_sample(d->logits, V, &ps[i], d->u, d->ws, d->token, NULL, 0));
+            CUDA_OK(sample_logits(d->logits, V, &ps[i], d->u, d->ws, d->token, NULL, 0));
         CUDA_OK(cudaEventRecord(e1, 0));
         CUDA_OK(cudaEventSynchronize(e1));
         float ms;
@@ -763,17 +773,6 @@ static void time_sampling(dev *d, int32_t V)
         printf("time: %s over %d logits: %.2f us per token\n",
                i ? "top-k 64 / top-p sampling" : "greedy", V, ms * 1000.0f / 200);
     }
-    /* The selection alone (no draw), for the split of the cost. */
-    for (int r = 0; r < 10; r++)
-        CUDA_OK(bn_cuda_top_k(d->logits, V, 64, d->ws, d->ids, d->vals, 0));
-    CUDA_OK(cudaEventRecord(e0, 0));
-    for (int r = 0; r < 200; r++)
-        CUDA_OK(bn_cuda_top_k(d->logits, V, 64, d->ws, d->ids, d->vals, 0));
-    CUDA_OK(cudaEventRecord(e1, 0));
-    CUDA_OK(cudaEventSynchronize(e1));
-    float ms;
-    CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
-    printf("time: top-k 64 selection alone over %d logits: %.2f us\n", V, ms * 1000.0f / 200);
     CUDA_OK(cudaEventDestroy(e0));
     CUDA_OK(cudaEventDestroy(e1));
     free(l);

@@ -68,22 +68,19 @@ cudaError_t bn_cuda_sample_greedy(const float *logits, int32_t vocab, void *work
                                   int32_t *d_token, int32_t *h_token, cudaStream_t stream);
 
 /* The full sampler (greedy when p->temperature <= 0). d_uniform: one
- * double in [0, 1) in device memory (a float value converts exactly). */
-cudaError_t bn_cuda_sample(const float *logits, int32_t vocab, const bn_cuda_sample_params *p,
-                           const double *d_uniform, void *workspace, int32_t *d_token,
-                           int32_t *h_token, cudaStream_t stream);
-
-/* bn_cuda_sample with a candidate list: cand_n (device memory) keys of
- * sample_key.cuh in cand that hold every token that can be among the top-k
- * (the others' logits are below all of them, e.g. -inf from the screened
- * LM head, whose exact pass writes the list: cuda_backend_kernels.h). When
- * *cand_n <= cand_cap (at most BN_CUDA_SAMPLE_MAX_CAND) the sampler's
- * top-k reads only the list, one block over a few hundred keys instead of
- * a pass over the vocabulary; else (the list overflowed) it reads the
- * logits as bn_cuda_sample does. The token is the same either way. cand_n
- * NULL: bn_cuda_sample. cand_floor (device memory, may be NULL): a value
- * that the top-k's logits all reach (the exact pass's threshold), so that
- * only listed keys at or above it are ranked. */
+ * double in [0, 1) in device memory (a float value converts exactly).
+ *
+ * Candidate list: cand_n (device memory) keys of sample_key.cuh in cand
+ * that hold every token that can be among the top-k (the others' logits
+ * are below all of them, e.g. -inf from the screened LM head, whose exact
+ * pass writes the list: cuda_backend_kernels.h). When *cand_n <= cand_cap
+ * (at most BN_CUDA_SAMPLE_MAX_CAND) the sampler's top-k reads only the
+ * list, one block over a few hundred keys instead of a pass over the
+ * vocabulary; else (the list overflowed) it reads the logits. The token is
+ * the same either way. cand_n NULL: no list, the logits are read.
+ * cand_floor (device memory, may be NULL): a value that the top-k's logits
+ * all reach (the exact pass's threshold), so that only listed keys at or
+ * above it are ranked. */
 cudaError_t bn_cuda_sample_cand(const float *logits, int32_t vocab, const uint64_t *cand,
                                 const unsigned *cand_n, int cand_cap, const float *cand_floor,
                                 const bn_cuda_sample_params *p, const double *d_uniform,
@@ -103,12 +100,6 @@ cudaError_t bn_cuda_sample_cand_dev(const float *logits, int32_t vocab, const ui
                                     const float *cand_floor, const bn_cuda_sample_params *d_p,
                                     const double *d_uniform, void *workspace, int32_t *d_token,
                                     cudaStream_t stream);
-
-/* The k (1 .. BN_CUDA_SAMPLE_MAX_K) best tokens, best first (higher
- * logit, then lower index; NaN as -inf), into ids[k] and vals[k]; slots
- * past the tokens above -inf get id -1 and -inf. For tests and tools. */
-cudaError_t bn_cuda_top_k(const float *logits, int32_t vocab, int k, void *workspace,
-                          int32_t *ids, float *vals, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

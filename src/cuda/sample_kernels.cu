@@ -471,16 +471,15 @@ __device__ bool vocab_top64(uint64_t *keys, const float *__restrict__ logits, in
 /* Top-k and the draw in one launch: the 64 best keys, from the candidate
  * list when one is given and fits (*cand_n <= cap, cap <= kMaxBlocks *
  * kTopK: block 0 alone, the other blocks return at once) or else from the
- * whole vocabulary (vocab_top64), then either the draw (token) or the
- * best k themselves (ids, vals). dp (device memory), when given, replaces
+ * whole vocabulary (vocab_top64), then the draw (token). dp (device
+ * memory), when given, replaces
  * p's parameters but the vocabulary; what judge() refuses or calls greedy
  * then draws token -1. */
 __global__ void __launch_bounds__(kSelectThreads)
     topk_select(const float *__restrict__ logits, int32_t vocab, int slice,
                 uint64_t *__restrict__ ws, unsigned *__restrict__ ticket, walk_params p,
                 const bn_cuda_sample_params *__restrict__ dp, const double *__restrict__ uniform,
-                int32_t *__restrict__ token, int32_t *__restrict__ ids, float *__restrict__ vals,
-                const uint64_t *__restrict__ list, const unsigned *__restrict__ cand_n, int cap,
+                int32_t *__restrict__ token, const uint64_t *__restrict__ list, const unsigned *__restrict__ cand_n, int cap,
                 const float *__restrict__ floor)
 {
     extern __shared__ uint64_t keys[];
@@ -510,15 +509,6 @@ __global__ void __launch_bounds__(kSelectThreads)
         return;
     }
     const int k = p.top_k > 0 && p.top_k < kTopK ? p.top_k : kTopK;
-    if (ids) {
-        if (threadIdx.x < k) {
-            const uint64_t key = keys[threadIdx.x];
-            const bool live = key_live(key);
-            ids[threadIdx.x] = live ? key_id(key) : -1;
-            vals[threadIdx.x] = live ? key_logit(key) : -INFINITY;
-        }
-        return;
-    }
     /* A top-k set is sorted: one warp draws (draw_sorted). */
     if (p.top_k > 0 && p.top_k < p.vocab) {
         if (threadIdx.x < 32) {
@@ -581,8 +571,7 @@ unsigned *topk_ticket(void *workspace)
 
 cudaError_t launch_topk_select(const float *logits, int32_t vocab, void *workspace,
                                const walk_params &wp, const bn_cuda_sample_params *dp,
-                               const double *uniform, int32_t *token,
-                               int32_t *ids, float *vals, const uint64_t *list,
+                               const double *uniform, int32_t *token, const uint64_t *list,
                                const unsigned *cand_n, int cap, const float *floor,
                                cudaStream_t stream)
 {
@@ -595,7 +584,7 @@ cudaError_t launch_topk_select(const float *logits, int32_t vocab, void *workspa
         return rc;
     topk_select<<<blocks, kSelectThreads, smem, stream>>>(
         logits, vocab, slice, static_cast<uint64_t *>(workspace), topk_ticket(workspace), wp, dp,
-        uniform, token, ids, vals, list, cand_n, cap, floor);
+        uniform, token, list, cand_n, cap, floor);
     return cudaGetLastError();
 }
 
@@ -654,8 +643,7 @@ extern "C" cudaError_t bn_cuda_sample_cand(const float *logits, int32_t vocab,
         !workspace || !d_token || !d_uniform)
         return cudaErrorInvalidValue;
     const cudaError_t rc = launch_topk_select(logits, vocab, workspace, wp, nullptr, d_uniform,
-                                              d_token, nullptr, nullptr, cand, cand_n, cand_cap,
-                                              cand_floor, stream);
+                                              d_token, cand, cand_n, cand_cap, cand_floor, stream);
     return rc != cudaSuccess ? rc : copy_out(d_token, h_token, stream);
 }
 
@@ -672,26 +660,6 @@ extern "C" cudaError_t bn_cuda_sample_cand_dev(const float *logits, int32_t voca
         !d_uniform || !d_p)
         return cudaErrorInvalidValue;
     const walk_params wp = {vocab, 0, 0.0f, 0.0f, 0.0f}; /* all but vocab from d_p */
-    return launch_topk_select(logits, vocab, workspace, wp, d_p, d_uniform, d_token, nullptr,
-                              nullptr, cand, cand_n, cand_cap, cand_floor, stream);
-}
-
-extern "C" cudaError_t bn_cuda_sample(const float *logits, int32_t vocab,
-                                      const bn_cuda_sample_params *p, const double *d_uniform,
-                                      void *workspace, int32_t *d_token, int32_t *h_token,
-                                      cudaStream_t stream)
-{
-    return bn_cuda_sample_cand(logits, vocab, nullptr, nullptr, 0, nullptr, p, d_uniform,
-                               workspace, d_token, h_token, stream);
-}
-
-extern "C" cudaError_t bn_cuda_top_k(const float *logits, int32_t vocab, int k, void *workspace,
-                                     int32_t *ids, float *vals, cudaStream_t stream)
-{
-    if (vocab < 1 || vocab > BN_CUDA_SAMPLE_MAX_VOCAB || k < 1 || k > kTopK || !logits ||
-        !workspace || !ids || !vals)
-        return cudaErrorInvalidValue;
-    const walk_params wp = {vocab, k, 1.0f, 1.0f, 0.0f};
-    return launch_topk_select(logits, vocab, workspace, wp, nullptr, nullptr, nullptr, ids, vals,
-                              nullptr, nullptr, 0, nullptr, stream);
+    return launch_topk_select(logits, vocab, workspace, wp, d_p, d_uniform, d_token, cand, cand_n,
+                              cand_cap, cand_floor, stream);
 }
