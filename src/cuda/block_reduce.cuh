@@ -2,8 +2,9 @@
  * block_reduce.cuh - reductions over a warp and over a block, every thread
  * getting the result, for any type and operation (the operation object's
  * operator() combines two values: a rounding mode, a maximum, ...), and
- * maxima of non-negative values by redux.sync. Shared by
- * cuda_backend_kernels.cu and head_screen.cu.
+ * maxima of non-negative values by redux.sync. Shared by the CUDA
+ * backend's kernels (norm_quantize.cu, the attention files) and
+ * head_screen.cu.
  */
 #ifndef BN_BLOCK_REDUCE_CUH
 #define BN_BLOCK_REDUCE_CUH

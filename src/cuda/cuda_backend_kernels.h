@@ -3,7 +3,17 @@
  * ones (ops_cuda.h, attention_cuda.h, w2a8_cuda.h): the glue between the
  * W2A8 products, written so that the GPU forward pass makes the same int8
  * rounding decisions as the CPU backend (src/cpu/cpu_backend.c), an fp32
- * KV cache with its attention, and an LM head that keeps x in fp32.
+ * KV cache with its attention, and an LM head that keeps x in fp32. By
+ * file:
+ *
+ *   norm_quantize.cu   RMSNorm + int8 of every row source, the output norm
+ *   rope_qkv.cu        the RoPE table; scales + RoPE + KV store (rope.cuh)
+ *   attn_decode.cu     the decode step's attention over the fp32 cache, its
+ *                      q|k|v epilogue inside (attn_decode_block.cuh)
+ *   attn_prefill.cu    prefill attention over the fp32 cache (with
+ *                      attn_prefill_tiled.cu)
+ *   lm_head.cu         the full LM head; head_screen.cu the screened one
+ *   decode_handoff.cu  the decode step's last kernel: the token handed on
  *
  * All pointers are device pointers; launches are asynchronous on `stream`
  * and return the launch's error (cudaSuccess when queued), or
@@ -22,8 +32,8 @@
  *                     the CPU's rule (bn_cpu_norm_quantize_row). An fp32 estimate
  *                     decides every code that is not within 2^-12 of a
  *                     rounding boundary (its error is below 3.1e-5, so it
- *                     cannot decide otherwise: the proof is at exact_code in
- *                     the .cu); the others take the double division. Rows
+ *                     cannot decide otherwise: the proof is at ExactCoder in
+ *                     norm_quantize.cu); the others take the double division. Rows
  *                     whose normed maximum is below 1e-5 or not finite take
  *                     the plain fp32 rule, as on the CPU.
  *   scales            127 / max|w * (x * inv)| in fp32 with inv =
@@ -56,8 +66,11 @@ extern "C" {
 
 /* Whether the decode kernels can run with programmatic dependent launch on
  * this device: compute capability 9.0 or newer and the kernels (these and
- * the W2A8 GEMV) compiled with the instructions it needs (PTX 9.0+). */
+ * the W2A8 GEMV) compiled with the instructions it needs (PTX 9.0+). The
+ * files' own checks, one kernel standing for each file: */
 int bn_cb_pdl_supported(int device);
+int bn_cb_rope_pdl_compiled(void);
+int bn_cb_attn_decode_pdl_compiled(void);
 
 /* ---- RMSNorm + int8 quantization, three row sources --------------------------
  *

@@ -319,8 +319,16 @@ bn_status bn_cuda_backend_time_decode_without(bn_cuda_backend *b, unsigned stage
 }
 
 #ifdef BN_DECODE_TRACE
-cudaError_t bn_cb_trace_attach(void *recs, unsigned *count, unsigned cap);
+/* Each .cu file of the decode kernels points its own trace buffer
+ * (pdl.cuh, BN_TRACE_ATTACH). */
+typedef cudaError_t (*trace_attach_fn)(void *recs, unsigned *count, unsigned cap);
+cudaError_t bn_cb_norm_trace_attach(void *recs, unsigned *count, unsigned cap);
+cudaError_t bn_cb_rope_trace_attach(void *recs, unsigned *count, unsigned cap);
+cudaError_t bn_cb_attn_trace_attach(void *recs, unsigned *count, unsigned cap);
 cudaError_t bn_w2a8_trace_attach(void *recs, unsigned *count, unsigned cap);
+static const trace_attach_fn trace_attach[] = {bn_cb_norm_trace_attach, bn_cb_rope_trace_attach,
+                                               bn_cb_attn_trace_attach, bn_w2a8_trace_attach};
+enum { TRACE_FILES = sizeof trace_attach / sizeof trace_attach[0] };
 #endif
 
 bn_status bn_cuda_backend_trace_decode(bn_cuda_backend *b, int32_t token, int64_t pos,
@@ -347,10 +355,8 @@ bn_status bn_cuda_backend_trace_decode(bn_cuda_backend *b, int32_t token, int64_
         st = BN_CUDA_STATUS(err, cudaMalloc((void **)&count, sizeof *count));
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaMemset(count, 0, sizeof *count));
-    if (st == BN_OK)
-        st = BN_CUDA_STATUS(err, bn_cb_trace_attach(recs, count, cap));
-    if (st == BN_OK)
-        st = BN_CUDA_STATUS(err, bn_w2a8_trace_attach(recs, count, cap));
+    for (int i = 0; i < TRACE_FILES && st == BN_OK; i++)
+        st = BN_CUDA_STATUS(err, trace_attach[i](recs, count, cap));
     /* The memset and the attach copies ran on the legacy stream, which the
      * compute stream (non-blocking) does not wait for. */
     if (st == BN_OK)
@@ -370,8 +376,8 @@ bn_status bn_cuda_backend_trace_decode(bn_cuda_backend *b, int32_t token, int64_
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaMemcpy(host, recs, (size_t)n * kRecBytes,
                                             cudaMemcpyDeviceToHost));
-    (void)bn_cb_trace_attach(NULL, NULL, 0);
-    (void)bn_w2a8_trace_attach(NULL, NULL, 0);
+    for (int i = 0; i < TRACE_FILES; i++)
+        (void)trace_attach[i](NULL, NULL, 0);
     cudaFree(recs);
     cudaFree(count);
     FILE *f = st == BN_OK ? fopen(path, "w") : NULL;

@@ -1,9 +1,8 @@
 /*
  * head_row.cuh - one row of the LM head: the dot product of an fp32 x
  * (staged in shared memory) with one F32, F16 or BF16 weight row, computed
- * by one warp. The head kernel (cuda_backend_kernels.cu) runs it over every
- * row; the screened head's exact pass (head_screen.cu) over the rows it
- * keeps. Both calling this one function is what makes a kept row's logit
+ * by one warp. The head kernel (lm_head.cu) runs it over every row; the
+ * screened head's exact pass (head_screen.cu) over the rows it keeps. Both calling this one function is what makes a kept row's logit
  * the head kernel's bit for bit: the same lanes take the same elements,
  * accumulate them in the same order and reduce with the same butterfly.
  */
