@@ -428,6 +428,8 @@ bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backe
     }
     if (st == BN_OK)
         b->pdl = !opt.no_pdl && bn_cb_pdl_supported(b->device);
+    if (st == BN_OK)
+        b->embed_norm = cb_embed_norm_fits(b);
     if (st == BN_OK && opt.gate_up_pair == 0) {
         /* The pair GEMV needs gate and up in one launch, each of whole
          * tiles (every layer has layer 0's shapes). */

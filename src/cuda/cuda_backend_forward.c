@@ -116,6 +116,12 @@ static int64_t codes_ld(const bn_cuda_backend *b, int64_t k, int64_t M)
     return M == 1 ? (k + BN_CUDA_GROUP - 1) / BN_CUDA_GROUP * BN_CUDA_GROUP : b->ldq;
 }
 
+bool cb_embed_norm_fits(const bn_cuda_backend *b)
+{
+    return bn_cb_embed_norm_fits(b->embed_type, b->hp.dim, b->x, norm_ptr(b, 0, BN_NORM_ATTN),
+                                 b->xq, codes_ld(b, b->hp.dim, 1)) != 0;
+}
+
 /* The end of a stage of the pass that launched `launches` kernels: counted
  * (while capturing: logged for the stage map) and, while profiling, timed
  * by an event. */
@@ -143,9 +149,298 @@ bn_status cb_mark(bn_cuda_backend *b, bn_cuda_stage stage, int launches, bn_erro
 
 /* ---- one pass over M rows ---------------------------------------------------- */
 
+/* What every stage of a pass reads: the backend, the rows (device arrays of
+ * their tokens and positions) and whether this is the decode step. */
+typedef struct pass {
+    bn_cuda_backend *b;
+    int64_t M;              /* rows: a prefill chunk's, or 1 for the decode step      */
+    const int32_t *tok, *pos;
+    const int32_t *kvlen;   /* decode: the attention length (a device int); NULL:
+                               a prefill chunk                                         */
+    int64_t visible;        /* prefill: the positions its last row sees               */
+    bool decode;
+    int pdl;                /* launch with programmatic dependent launch              */
+    bn_error *err;
+} pass;
+
+/* A stage of the pass: returns from the caller when it fails. */
+#define STAGE(call)                                                                        \
+    do {                                                                                   \
+        const bn_status stage_st_ = (call);                                                \
+        if (stage_st_ != BN_OK)                                                            \
+            return stage_st_;                                                              \
+    } while (0)
+
+/* The end of a stage that launched `launches` kernels of family `kernel`
+ * (-1: none to note). */
+static bn_status stage_done(const pass *p, bn_cuda_stage stage, int launches, int kernel)
+{
+    if (kernel >= 0)
+        p->b->ran |= 1u << kernel;
+    return cb_mark(p->b, stage, launches, p->err);
+}
+
+/* The layer's cache of K or V (which: b->d_k or b->d_v), and the next
+ * layer's (NULL after the last), which the decode attention prefetches. */
+static void *layer_cache(const bn_cuda_backend *b, void *which, int l)
+{
+    const size_t layer_bytes = (size_t)b->kv_len * (size_t)b->kv_dim * b->kv_elem;
+    return l < b->hp.n_layer ? (char *)which + (size_t)l * layer_bytes : NULL;
+}
+
+/* x = the rows of the tokens' embedding; xq = q(attn_norm(x)) for layer 0.
+ * The decode step reads its row from the table inside the norm kernel
+ * where it can (b->embed_norm: one kernel fewer, the same x and codes). As
+ * the step's first kernel it is launched plainly, so the step's inputs are
+ * in place before any kernel with programmatic dependent launch starts. */
+static bn_status embed_and_first_norm(const pass *p)
+{
+    bn_cuda_backend *b = p->b;
+    const int64_t dim = b->hp.dim;
+    const float *w = norm_ptr(b, 0, BN_NORM_ATTN);
+    if (p->decode && b->embed_norm) {
+        BN_CUDA_TRY(p->err, bn_cb_embed_norm_quantize(b->d_embed, b->embed_type, p->tok, b->x,
+                                                      dim, w, b->hp.rms_eps, b->xq,
+                                                      codes_ld(b, dim, 1), b->act_scale,
+                                                      b->act_sum, 0, b->cs));
+        STAGE(stage_done(p, BN_CUDA_STAGE_EMBED, 0, -1));
+        return stage_done(p, BN_CUDA_STAGE_ATTN_NORM, 1, K_EMBED_NORM_Q);
+    }
+    BN_CUDA_TRY(p->err, bn_cuda_embed_rows(b->d_embed, b->embed_type, b->hp.vocab, dim, p->tok,
+                                           p->M, b->x, dim, b->cs));
+    STAGE(stage_done(p, BN_CUDA_STAGE_EMBED, 1, K_EMBED));
+    BN_CUDA_TRY(p->err, bn_cb_norm_quantize(b->x, dim, p->M, dim, w, b->hp.rms_eps, b->xq,
+                                            codes_ld(b, dim, p->M), b->act_scale, b->act_sum,
+                                            p->pdl, b->cs));
+    return stage_done(p, BN_CUDA_STAGE_ATTN_NORM, 1, K_NORM_Q);
+}
+
+/* out = W xq for the layer's group `which` (Wo, Wdown; q|k|v, gate|up
+ * raw, at weight scale 1). */
+static bn_status product(const pass *p, int l, int which, float *y, bn_cuda_stage stage)
+{
+    int n = 0;
+    const bn_status st = matmul(p->b, &p->b->groups[l * G_COUNT + which], p->M, y, p->pdl, &n,
+                                p->err);
+    return st != BN_OK ? st : stage_done(p, stage, n, -1);
+}
+
+/* qkv = Wqkv xq, the raw q|k|v. Where the decode attention computes the
+ * product itself (b->attn_qkv) this stage launches nothing. */
+static bn_status qkv(const pass *p, int l)
+{
+    if (p->decode && p->b->attn_qkv)
+        return stage_done(p, BN_CUDA_STAGE_QKV, 0, -1);
+    return product(p, l, G_QKV, p->b->qkv, BN_CUDA_STAGE_QKV);
+}
+
+/* q = rope(qkv_q * sq), k = rope(qkv_k * sk), v = qkv_v * sv; k and v into
+ * the layer's cache at the rows' positions. The fp32 cache's decode step
+ * does this inside its attention kernel: no stage here. */
+static bn_status rope_kv_store(const pass *p, int l)
+{
+    bn_cuda_backend *b = p->b;
+    if (p->decode && !b->kv_f16)
+        return BN_OK;
+    const bn_hparams *hp = &b->hp;
+    const seg *s = b->groups[l * G_COUNT + G_QKV].s;
+    const bn_cb_qkv_shape qs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len,
+                                s[0].scale, s[1].scale, s[2].scale};
+    const float *rope = hp->rope_dim > 0 ? b->rope : NULL;
+    BN_CUDA_TRY(p->err, bn_cb_qkv_post(b->qkv, b->qkv_n, p->M, &qs, &b->freqs, rope,
+                                       rope ? b->kv_len : 0, p->pos, b->q, b->q_dim,
+                                       layer_cache(b, b->d_k, l), layer_cache(b, b->d_v, l),
+                                       b->kv_f16, p->pdl, b->cs));
+    return stage_done(p, BN_CUDA_STAGE_ROPE_KV, 1, K_QKV_POST);
+}
+
+/* The fp32 cache's decode attention: the token's scale + RoPE + KV store,
+ * then its q against the cache, merged in clusters of b->attn_cluster
+ * blocks (0: by the ticket), the q|k|v product inside where b->attn_qkv. */
+static bn_status attention_decode_f32(const pass *p, int l)
+{
+    bn_cuda_backend *b = p->b;
+    const bn_hparams *hp = &b->hp;
+    const group *g = &b->groups[l * G_COUNT + G_QKV];
+    const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
+    bn_cb_attn_decode_args da = {b->qkv, g->s[0].scale, g->s[1].scale, g->s[2].scale,
+                                 hp->rope_dim > 0 ? b->rope : NULL, hp->rope_dim, p->pos,
+                                 layer_cache(b, b->d_k, l), layer_cache(b, b->d_v, l),
+                                 b->attn_splits, b->ws_attn, b->attn_counters, b->att,
+                                 b->attn_cluster, layer_cache(b, b->d_k, l + 1),
+                                 layer_cache(b, b->d_v, l + 1), NULL, 0, NULL, NULL, NULL};
+    if (b->attn_qkv) {
+        da.w_qkv = b->d_w + g->s[0].off;
+        da.w_k = g->k;
+        da.xq = b->xq;
+        da.act_scale = b->act_scale;
+        da.act_sum = b->act_sum;
+    }
+    BN_CUDA_TRY(p->err, bn_cb_attn_decode(&as, &da, p->pdl, b->cs));
+    const int kernel = b->attn_qkv       ? K_ATTN_DEC_F32_QKV
+                       : b->attn_cluster ? K_ATTN_DEC_F32_CLUSTER
+                                         : K_ATTN_DEC_F32;
+    return stage_done(p, BN_CUDA_STAGE_ATTENTION, 1, kernel);
+}
+
+/* att = softmax(q K^T / sqrt(head_dim)) V over each row's positions. */
+static bn_status attention(const pass *p, int l)
+{
+    bn_cuda_backend *b = p->b;
+    const bn_hparams *hp = &b->hp;
+    const int M = (int)p->M;
+    void *kl = layer_cache(b, b->d_k, l), *vl = layer_cache(b, b->d_v, l);
+    if (!b->kv_f16 && p->decode)
+        return attention_decode_f32(p, l);
+    if (!b->kv_f16) {
+        /* The parts' workspace is the gate|up output, unused until the FFN. */
+        const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
+        const size_t ws_bytes = (size_t)b->chunk * (size_t)b->gu_n * sizeof(float);
+        const int parts = bn_cb_attn_prefill_parts(&as, M, p->visible, b->sm, ws_bytes);
+        BN_CUDA_TRY(p->err, bn_cb_attn_prefill(&as, b->q, b->q_dim, M, p->pos, kl, vl, b->att,
+                                               b->q_dim, parts, b->gu, ws_bytes, b->cs));
+        return stage_done(p, BN_CUDA_STAGE_ATTENTION, 1, K_ATTN_PRE_F32);
+    }
+    const bn_attn_shape fs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len,
+                              BN_ATTN_KV_F16, 0.0f};
+    if (p->decode) {
+        /* Its ranges merge in a second kernel when it splits the length. */
+        const bn_attn_decode_args da = {b->q, b->q_dim, kl, vl, 0, p->kvlen, 1,
+                                        b->att, b->q_dim, b->attn_splits, b->ws_attn};
+        BN_CUDA_TRY(p->err, bn_attn_decode(&fs, &da, b->cs));
+        return stage_done(p, BN_CUDA_STAGE_ATTENTION, b->attn_splits > 1 ? 2 : 1,
+                          K_ATTN_DEC_F16);
+    }
+    /* Positions are consecutive: the chunk's first is pos0. */
+    BN_CUDA_TRY(p->err, bn_attn_prefill(&fs, b->q, b->q_dim, M, p->pos, kl, vl, b->att,
+                                        b->q_dim, b->cs));
+    return stage_done(p, BN_CUDA_STAGE_ATTENTION, 1, K_ATTN_PRE_F16);
+}
+
+/* xq = q(norm(v)) of k-wide rows v (ld apart) with the layer's norm `which`. */
+static bn_status norm_codes(const pass *p, const float *v, int64_t k, int64_t ld, int l,
+                            bn_norm which, bn_cuda_stage stage)
+{
+    bn_cuda_backend *b = p->b;
+    BN_CUDA_TRY(p->err, bn_cb_norm_quantize(v, ld, p->M, k, norm_ptr(b, l, which),
+                                            b->hp.rms_eps, b->xq, codes_ld(b, k, p->M),
+                                            b->act_scale, b->act_sum, p->pdl, b->cs));
+    return stage_done(p, stage, 1, K_NORM_Q);
+}
+
+/* x += out (the residual stream), then xq = q(norm(x)) with layer l's norm
+ * `which`: ffn_norm inside a layer, the next layer's attn_norm at its end. */
+static bn_status residual_norm(const pass *p, int l, bn_norm which, bn_cuda_stage stage)
+{
+    bn_cuda_backend *b = p->b;
+    const int64_t dim = b->hp.dim;
+    BN_CUDA_TRY(p->err, bn_cb_add_norm_quantize(b->x, dim, b->out, dim, p->M, dim,
+                                                norm_ptr(b, l, which), b->hp.rms_eps, b->xq,
+                                                codes_ld(b, dim, p->M), b->act_scale,
+                                                b->act_sum, p->pdl, b->cs));
+    return stage_done(p, stage, 1, K_ADD_NORM_Q);
+}
+
+/* gu = Wgu xq: gate and up raw, or, where the decode step takes them in
+ * pairs (b->gu_pair), h = relu(gate)^2 * up already. */
+static bn_status gate_up(const pass *p, int l)
+{
+    bn_cuda_backend *b = p->b;
+    if (!(p->decode && b->gu_pair))
+        return product(p, l, G_GU, b->gu, BN_CUDA_STAGE_GATE_UP);
+    const bn_status st = gate_up_pair(b, &b->groups[l * G_COUNT + G_GU], p->pdl, p->err);
+    return st != BN_OK ? st : stage_done(p, BN_CUDA_STAGE_GATE_UP, 1, -1);
+}
+
+/* xq = q(ffn_sub_norm(h)), h = relu(gate)^2 * up: computed here from the
+ * raw gate and up, or read as the pair GEMV wrote it. */
+static bn_status ffn_sub_norm(const pass *p, int l)
+{
+    bn_cuda_backend *b = p->b;
+    const int64_t ffn = b->hp.ffn;
+    if (p->decode && b->gu_pair)
+        return norm_codes(p, b->gu, ffn, ffn, l, BN_NORM_FFN_SUB, BN_CUDA_STAGE_RELU2);
+    const seg *s = b->groups[l * G_COUNT + G_GU].s;
+    BN_CUDA_TRY(p->err, bn_cb_relu2_norm_quantize(b->gu, b->gu + ffn, b->gu_n, s[0].scale,
+                                                  s[1].scale, p->M, ffn,
+                                                  norm_ptr(b, l, BN_NORM_FFN_SUB),
+                                                  b->hp.rms_eps, b->xq, codes_ld(b, ffn, p->M),
+                                                  b->act_scale, b->act_sum, p->pdl, b->cs));
+    return stage_done(p, BN_CUDA_STAGE_RELU2, 1, K_RELU2_Q);
+}
+
+/* xq = q(attn_sub_norm(att)). */
+static bn_status attn_sub_norm(const pass *p, int l)
+{
+    const bn_cuda_backend *b = p->b;
+    return norm_codes(p, b->att, b->q_dim, b->q_dim, l, BN_NORM_ATTN_SUB, BN_CUDA_STAGE_SUB_NORM);
+}
+
+/* One layer, in the order of FORMATS.md section 1 (as llama2.c's forward()
+ * reads): attention, then the feed-forward network, each between its two
+ * norms. xq holds the int8 codes each product reads. */
+static bn_status layer(const pass *p, int l)
+{
+    bn_cuda_backend *b = p->b;
+    /* attention: qkv = Wqkv xq; q and k turned, k and v cached;
+     * att = softmax(q K^T) V; xq = q(attn_sub_norm(att)); out = Wo xq */
+    STAGE(qkv(p, l));
+    STAGE(rope_kv_store(p, l));
+    STAGE(attention(p, l));
+    STAGE(attn_sub_norm(p, l));
+    STAGE(product(p, l, G_O, b->out, BN_CUDA_STAGE_O));
+    /* feed-forward: x += out, xq = q(ffn_norm(x)); gate, up = Wgu xq;
+     * xq = q(ffn_sub_norm(relu(gate)^2 * up)); out = Wdown xq */
+    STAGE(residual_norm(p, l, BN_NORM_FFN, BN_CUDA_STAGE_FFN_NORM));
+    STAGE(gate_up(p, l));
+    STAGE(ffn_sub_norm(p, l));
+    STAGE(product(p, l, G_DOWN, b->out, BN_CUDA_STAGE_DOWN));
+    /* x += out, with the next layer's xq = q(attn_norm(x)) */
+    if (l + 1 < b->hp.n_layer)
+        STAGE(residual_norm(p, l + 1, BN_NORM_ATTN, BN_CUDA_STAGE_ATTN_NORM));
+    return BN_OK;
+}
+
+/* normed = output_norm(x + out) of the last row only: only its logits are
+ * wanted. In the decode step with programmatic dependent launch, as the
+ * screened head's kernel after it: that one's blocks start streaming the
+ * head's first rows into L2 while the norm runs. */
+static bn_status output_norm(const pass *p)
+{
+    bn_cuda_backend *b = p->b;
+    const int64_t dim = b->hp.dim, last = (p->M - 1) * dim;
+    BN_CUDA_TRY(p->err, bn_cb_add_rmsnorm(b->x + last, dim, b->out + last, dim, 1, dim,
+                                          b->d_norms + b->out_norm_off, b->hp.rms_eps,
+                                          b->normed, dim, p->pdl, b->cs));
+    return stage_done(p, BN_CUDA_STAGE_OUT_NORM, 1, K_OUT_NORM);
+}
+
+/* logits = Whead normed. screen: through the int8 copy, the greedy token
+ * coming out of the two kernels as a key (d_best) and every row that can
+ * be among the top d_dec[3] computed exactly (cb_queue_pass). */
+static bn_status lm_head(const pass *p, bool screen)
+{
+    bn_cuda_backend *b = p->b;
+    const int64_t vocab = b->hp.vocab, dim = b->hp.dim;
+    if (!screen) {
+        BN_CUDA_TRY(p->err, bn_cb_head_gemv(b->d_head, b->head_type, vocab, dim, b->normed,
+                                            b->logits, b->sm, b->cs));
+        return stage_done(p, BN_CUDA_STAGE_LM_HEAD, 1, K_HEAD);
+    }
+    BN_CUDA_TRY(p->err, bn_cb_head_screen(b->d_head_q, b->d_head_se, vocab, dim, b->normed,
+                                          b->head_upper, b->head_part, b->d_best, b->d_cand_n,
+                                          b->sm, p->pdl, b->cs));
+    BN_CUDA_TRY(p->err, bn_cb_head_exact(b->d_head, b->head_type, vocab, dim, b->normed,
+                                         b->head_upper, b->head_part, b->head_parts,
+                                         cb_dec_dev(b) + 3, b->logits, b->d_best, b->d_cand,
+                                         b->d_cand_n, BN_CUDA_SAMPLE_MAX_CAND, b->d_cand_floor,
+                                         b->sm, p->pdl, b->cs));
+    return stage_done(p, BN_CUDA_STAGE_LM_HEAD, 2, K_HEAD_SCREEN);
+}
+
 /* Queues the forward pass of M rows (tokens d_tok at positions d_pos, both
  * device arrays) on the compute stream, ending with the last row's logits
- * in b->logits. d_kvlen (a device int) selects the decode path (M == 1,
+ * in b->logits. d_kvlen (a device int) selects the decode step (M == 1,
  * attention over [0, *d_kvlen) = [0, *d_pos]); NULL is a prefill chunk,
  * whose last row sees `visible` positions (the host's count, which sizes
  * the attention's split; 0 on the decode path).
@@ -155,228 +450,24 @@ bn_status cb_mark(bn_cuda_backend *b, bn_cuda_stage stage, int launches, bn_erro
  * Nothing here synchronises or touches host memory, so it can be captured
  * in a graph.
  *
- * The decode path launches the kernels between the embedding and the output
- * norm with programmatic dependent launch when b->pdl (not while profiling:
- * the events between stages would time overlapping kernels). Before their
- * wait those kernels read only weights, norm vectors, the RoPE table, the
- * step's position and cache rows of earlier steps; the embedding kernel
- * before them is launched plainly, so all of that (and the upload of the
- * step's inputs) is complete when the first of them starts. */
+ * The decode step launches the kernels after its first with programmatic
+ * dependent launch when b->pdl (not while profiling: the events between
+ * stages would time overlapping kernels). Before their wait those kernels
+ * read only weights, norm vectors, the RoPE table, the step's position and
+ * cache rows of earlier steps. docs/CUDA.md, "The decode step", lists the
+ * kernels. */
 bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
                           const int32_t *d_pos, const int32_t *d_kvlen, int64_t visible,
                           bool screen, bn_error *err)
 {
-    const bn_hparams *hp = &b->hp;
-    const cudaStream_t s = b->cs;
-    const int64_t dim = hp->dim, ffn = hp->ffn, q_dim = b->q_dim;
-    const float eps = hp->rms_eps;
     const bool decode = d_kvlen != NULL;
-    const int pdl = decode && b->pdl && !b->prof;
-    /* fp32-cache decode: scales, RoPE and the KV store run inside the
-     * attention kernel, which takes the raw q|k|v row. */
-    const bool fused = decode && !b->kv_f16;
-    const size_t layer_kv_bytes = (size_t)b->kv_len * (size_t)b->kv_dim * b->kv_elem;
-    const float *rope = hp->rope_dim > 0 ? b->rope : NULL;
-    /* Decode runs 9 kernels per layer (fp32 cache), 8 when the attention
-     * computes q|k|v itself (b->attn_qkv). docs/CUDA.md. */
-    bn_status st;
-    int n;
-
-    /* A decode step's first norm reads its row from the embedding table
-     * itself where it can (F32 / F16 / BF16 rows of the lean kernel's
-     * widths): one kernel fewer, the same x and codes. It is the step's
-     * first kernel, launched plainly. */
-    const bool embed_norm = decode &&
-                            bn_cb_embed_norm_fits(b->embed_type, dim, b->x,
-                                                  norm_ptr(b, 0, BN_NORM_ATTN), b->xq,
-                                                  codes_ld(b, dim, M));
-    if (embed_norm) {
-        BN_CUDA_TRY(err, bn_cb_embed_norm_quantize(b->d_embed, b->embed_type, d_tok, b->x, dim,
-                                                   norm_ptr(b, 0, BN_NORM_ATTN), eps, b->xq,
-                                                   codes_ld(b, dim, M), b->act_scale, b->act_sum,
-                                                   0, s));
-        b->ran |= 1u << K_EMBED_NORM_Q;
-        if ((st = cb_mark(b, BN_CUDA_STAGE_EMBED, 0, err)) != BN_OK ||
-            (st = cb_mark(b, BN_CUDA_STAGE_ATTN_NORM, 1, err)) != BN_OK)
-            return st;
-    } else {
-        BN_CUDA_TRY(err, bn_cuda_embed_rows(b->d_embed, b->embed_type, hp->vocab, dim, d_tok, M,
-                                            b->x, dim, s));
-        b->ran |= 1u << K_EMBED;
-        if ((st = cb_mark(b, BN_CUDA_STAGE_EMBED, 1, err)) != BN_OK)
-            return st;
-    }
-    if (!embed_norm) {
-        BN_CUDA_TRY(err, bn_cb_norm_quantize(b->x, dim, M, dim, norm_ptr(b, 0, BN_NORM_ATTN),
-                                             eps, b->xq, codes_ld(b, dim, M), b->act_scale,
-                                             b->act_sum, pdl, s));
-        b->ran |= 1u << K_NORM_Q;
-        if ((st = cb_mark(b, BN_CUDA_STAGE_ATTN_NORM, 1, err)) != BN_OK)
-            return st;
-    }
-
-    for (int l = 0; l < hp->n_layer; l++) {
-        const group *g = &b->groups[l * G_COUNT];
-        void *kl = (char *)b->d_k + (size_t)l * layer_kv_bytes;
-        void *vl = (char *)b->d_v + (size_t)l * layer_kv_bytes;
-        /* The next layer's cache, which the decode attention prefetches. */
-        const float *next_k = l + 1 < hp->n_layer ? (const float *)((char *)kl + layer_kv_bytes)
-                                                  : NULL;
-        const float *next_v = next_k ? (const float *)((char *)vl + layer_kv_bytes) : NULL;
-        const float sq = g[G_QKV].s[0].scale, sk = g[G_QKV].s[1].scale,
-                    sv = g[G_QKV].s[2].scale;
-
-        /* With b->attn_qkv the decode attention computes q|k|v itself. */
-        const bool qkv_inside = decode && b->attn_qkv;
-        if (qkv_inside) {
-            n = 0;
-        } else if ((st = matmul(b, &g[G_QKV], M, b->qkv, pdl, &n, err)) != BN_OK) {
-            return st;
-        }
-        if ((st = cb_mark(b, BN_CUDA_STAGE_QKV, n, err)) != BN_OK)
-            return st;
-        if (!fused) {
-            const bn_cb_qkv_shape qs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len,
-                                        sq, sk, sv};
-            BN_CUDA_TRY(err, bn_cb_qkv_post(b->qkv, b->qkv_n, M, &qs, &b->freqs, rope,
-                                            rope ? b->kv_len : 0, d_pos, b->q, q_dim, kl, vl,
-                                            b->kv_f16, pdl, s));
-            b->ran |= 1u << K_QKV_POST;
-            if ((st = cb_mark(b, BN_CUDA_STAGE_ROPE_KV, 1, err)) != BN_OK)
-                return st;
-        }
-
-        if (!b->kv_f16) {
-            const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
-            if (decode) {
-                bn_cb_attn_decode_args da = {b->qkv, sq, sk, sv, rope, hp->rope_dim,
-                                             d_pos, kl, vl, b->attn_splits, b->ws_attn,
-                                             b->attn_counters, b->att, b->attn_cluster,
-                                             next_k, next_v, NULL, 0, NULL, NULL, NULL};
-                if (qkv_inside) {
-                    da.w_qkv = b->d_w + g[G_QKV].s[0].off;
-                    da.w_k = g[G_QKV].k;
-                    da.xq = b->xq;
-                    da.act_scale = b->act_scale;
-                    da.act_sum = b->act_sum;
-                }
-                BN_CUDA_TRY(err, bn_cb_attn_decode(&as, &da, pdl, s));
-                b->ran |= 1u << (qkv_inside         ? K_ATTN_DEC_F32_QKV
-                                 : b->attn_cluster ? K_ATTN_DEC_F32_CLUSTER
-                                                   : K_ATTN_DEC_F32);
-            } else {
-                /* The parts' workspace is the gate|up output, unused until
-                 * the FFN. */
-                const size_t ws_bytes = (size_t)b->chunk * (size_t)b->gu_n * sizeof(float);
-                const int parts = bn_cb_attn_prefill_parts(&as, (int)M, visible, b->sm, ws_bytes);
-                BN_CUDA_TRY(err, bn_cb_attn_prefill(&as, b->q, q_dim, (int)M, d_pos, kl, vl,
-                                                    b->att, q_dim, parts, b->gu, ws_bytes, s));
-                b->ran |= 1u << K_ATTN_PRE_F32;
-            }
-        } else {
-            const bn_attn_shape fs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len,
-                                      BN_ATTN_KV_F16, 0.0f};
-            if (decode) {
-                const bn_attn_decode_args da = {b->q, q_dim, kl, vl, 0, d_kvlen, 1,
-                                                b->att, q_dim, b->attn_splits, b->ws_attn};
-                BN_CUDA_TRY(err, bn_attn_decode(&fs, &da, s));
-                b->ran |= 1u << K_ATTN_DEC_F16;
-            } else {
-                /* Positions are consecutive: the chunk's first is pos0. */
-                BN_CUDA_TRY(err, bn_attn_prefill(&fs, b->q, q_dim, (int)M, d_pos, kl, vl, b->att,
-                                                 q_dim, s));
-                b->ran |= 1u << K_ATTN_PRE_F16;
-            }
-        }
-        /* fp32 decode is one kernel (its ranges merged by the last block of
-         * each block column); the f16 one merges in a second kernel when it splits. */
-        const int attn_launches = decode && b->kv_f16 && b->attn_splits > 1 ? 2 : 1;
-        if ((st = cb_mark(b, BN_CUDA_STAGE_ATTENTION, attn_launches, err)) != BN_OK)
-            return st;
-
-        BN_CUDA_TRY(err, bn_cb_norm_quantize(b->att, q_dim, M, q_dim,
-                                             norm_ptr(b, l, BN_NORM_ATTN_SUB), eps, b->xq,
-                                             codes_ld(b, q_dim, M), b->act_scale,
-                                             b->act_sum, pdl, s));
-        if ((st = cb_mark(b, BN_CUDA_STAGE_SUB_NORM, 1, err)) != BN_OK)
-            return st;
-        if ((st = matmul(b, &g[G_O], M, b->out, pdl, &n, err)) != BN_OK ||
-            (st = cb_mark(b, BN_CUDA_STAGE_O, n, err)) != BN_OK)
-            return st;
-        BN_CUDA_TRY(err, bn_cb_add_norm_quantize(b->x, dim, b->out, dim, M, dim,
-                                                 norm_ptr(b, l, BN_NORM_FFN), eps, b->xq,
-                                                 codes_ld(b, dim, M), b->act_scale,
-                                                 b->act_sum, pdl, s));
-        b->ran |= 1u << K_ADD_NORM_Q;
-        if ((st = cb_mark(b, BN_CUDA_STAGE_FFN_NORM, 1, err)) != BN_OK)
-            return st;
-        if (decode && b->gu_pair)
-            n = 1, st = gate_up_pair(b, &g[G_GU], pdl, err);
-        else
-            st = matmul(b, &g[G_GU], M, b->gu, pdl, &n, err);
-        if (st != BN_OK || (st = cb_mark(b, BN_CUDA_STAGE_GATE_UP, n, err)) != BN_OK)
-            return st;
-        if (decode && b->gu_pair) {
-            /* relu^2 * up is already in b->gu: the norm + int8 of that row. */
-            BN_CUDA_TRY(err, bn_cb_norm_quantize(b->gu, ffn, M, ffn,
-                                                 norm_ptr(b, l, BN_NORM_FFN_SUB), eps, b->xq,
-                                                 codes_ld(b, ffn, M), b->act_scale, b->act_sum,
-                                                 pdl, s));
-            b->ran |= 1u << K_NORM_Q;
-        } else {
-            BN_CUDA_TRY(err, bn_cb_relu2_norm_quantize(b->gu, b->gu + ffn, b->gu_n,
-                                                       g[G_GU].s[0].scale, g[G_GU].s[1].scale, M,
-                                                       ffn, norm_ptr(b, l, BN_NORM_FFN_SUB), eps,
-                                                       b->xq, codes_ld(b, ffn, M), b->act_scale,
-                                                       b->act_sum, pdl, s));
-            b->ran |= 1u << K_RELU2_Q;
-        }
-        if ((st = cb_mark(b, BN_CUDA_STAGE_RELU2, 1, err)) != BN_OK)
-            return st;
-        if ((st = matmul(b, &g[G_DOWN], M, b->out, pdl, &n, err)) != BN_OK ||
-            (st = cb_mark(b, BN_CUDA_STAGE_DOWN, n, err)) != BN_OK)
-            return st;
-
-        if (l + 1 < hp->n_layer) {
-            /* The residual add fused with the next layer's attn_norm. */
-            BN_CUDA_TRY(err, bn_cb_add_norm_quantize(b->x, dim, b->out, dim, M, dim,
-                                                     norm_ptr(b, l + 1, BN_NORM_ATTN), eps, b->xq,
-                                                     codes_ld(b, dim, M), b->act_scale,
-                                                     b->act_sum, pdl, s));
-            if ((st = cb_mark(b, BN_CUDA_STAGE_ATTN_NORM, 1, err)) != BN_OK)
-                return st;
-        }
-    }
-
-    /* Only the last row's logits are wanted: its residual and output norm (with PDL in decode, as the screened
-     * head's kernel after it: that one's blocks start streaming the head's
-     * first rows into L2 while the norm runs). */
-    const int64_t last = (M - 1) * dim;
-    BN_CUDA_TRY(err, bn_cb_add_rmsnorm(b->x + last, dim, b->out + last, dim, 1, dim,
-                                       b->d_norms + b->out_norm_off, eps, b->normed, dim, pdl,
-                                       s));
-    b->ran |= 1u << K_OUT_NORM;
-    if ((st = cb_mark(b, BN_CUDA_STAGE_OUT_NORM, 1, err)) != BN_OK)
-        return st;
-    if (screen) {
-        /* The greedy token comes out of the two as a key (d_best); the
-         * exact pass computes every row that can be among the top
-         * d_dec[3] (cb_queue_pass). */
-        BN_CUDA_TRY(err, bn_cb_head_screen(b->d_head_q, b->d_head_se, hp->vocab, dim, b->normed,
-                                           b->head_upper, b->head_part, b->d_best, b->d_cand_n,
-                                           b->sm, pdl, s));
-        BN_CUDA_TRY(err, bn_cb_head_exact(b->d_head, b->head_type, hp->vocab, dim, b->normed,
-                                          b->head_upper, b->head_part, b->head_parts,
-                                          cb_dec_dev(b) + 3, b->logits, b->d_best, b->d_cand,
-                                          b->d_cand_n, BN_CUDA_SAMPLE_MAX_CAND,
-                                          b->d_cand_floor, b->sm, pdl, s));
-        b->ran |= 1u << K_HEAD_SCREEN;
-        return cb_mark(b, BN_CUDA_STAGE_LM_HEAD, 2, err);
-    }
-    BN_CUDA_TRY(err, bn_cb_head_gemv(b->d_head, b->head_type, hp->vocab, dim, b->normed,
-                                     b->logits, b->sm, s));
-    b->ran |= 1u << K_HEAD;
-    return cb_mark(b, BN_CUDA_STAGE_LM_HEAD, 1, err);
+    const pass p = {b, M, d_tok, d_pos, d_kvlen, visible, decode, decode && b->pdl && !b->prof,
+                    err};
+    STAGE(embed_and_first_norm(&p)); /* x = embedding; xq = q(attn_norm(x)) */
+    for (int l = 0; l < b->hp.n_layer; l++)
+        STAGE(layer(&p, l));
+    STAGE(output_norm(&p));          /* normed = output_norm(x + out)       */
+    return lm_head(&p, screen);      /* logits = Whead normed               */
 }
 
 /* ---- requests ---------------------------------------------------------------- */

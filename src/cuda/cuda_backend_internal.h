@@ -179,6 +179,7 @@ struct bn_cuda_backend {
     int gemv_cluster; /* decode GEMVs: activations staged per cluster of this many (0: none) */
     bool attn_qkv;    /* the decode attention computes the q|k|v product (no GEMV) */
     bool gu_pair;     /* the decode gate|up GEMV writes relu(gate)^2 * up */
+    bool embed_norm;  /* the decode step's first norm reads the embedding row */
     int gu_cluster;   /* the gate|up GEMV: staged per cluster of this many (0: none) */
     uint64_t scratch_bytes;
 
@@ -332,6 +333,9 @@ bn_status cb_upload_weights(bn_cuda_backend *b, bn_error *err);
 /* ---- cuda_backend_forward.c: the forward pass ------------------------------ */
 
 bn_w2a8_cuda_args cb_pair_args(const bn_cuda_backend *b, const group *g);
+/* Whether the decode step's first norm can read its row from the embedding
+ * table (bn_cb_embed_norm_fits for this model's table and buffers). */
+bool cb_embed_norm_fits(const bn_cuda_backend *b);
 bn_status cb_mark(bn_cuda_backend *b, bn_cuda_stage stage, int launches, bn_error *err);
 bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
                           const int32_t *d_pos, const int32_t *d_kvlen, int64_t visible,
