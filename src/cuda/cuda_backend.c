@@ -348,19 +348,8 @@ bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backe
         (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)hp->vocab * sizeof(float)))) ==
             BN_OK)
         b->h_logits = pinned;
-    pinned = NULL;
-    if (st == BN_OK && (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, 2 * (size_t)kv_len *
-                                                                             sizeof(int32_t)))) ==
-                           BN_OK)
-        b->h_stage = pinned;
     for (int i = 0; i < 2 && st == BN_OK; i++)
         st = BN_CUDA_STATUS(err, cudaEventCreateWithFlags(&b->step_done[i],
-                                                          cudaEventDisableTiming));
-    if (st == BN_OK)
-        st = BN_CUDA_STATUS(err, cudaEventCreateWithFlags(&b->stage_copied,
-                                                          cudaEventDisableTiming));
-    if (st == BN_OK)
-        st = BN_CUDA_STATUS(err, cudaEventCreateWithFlags(&b->stage_read,
                                                           cudaEventDisableTiming));
     /* Never-written cache positions are never read; zeros keep a stray read
      * (a bug) visible as zeros rather than garbage. */
@@ -493,7 +482,6 @@ void bn_cuda_backend_free(bn_cuda_backend *b)
     if (b->ctx) {
         (void)bn_cuda_context_use(b->ctx, NULL);
         (void)cudaStreamSynchronize(b->cs);
-        (void)cudaStreamSynchronize(b->copy); /* a staged prompt's copy */
         step_graph *graphs[] = {&b->graph, &b->graph_logits, &b->graph_sample, &b->graph1,
                                 &b->graph_sample1};
         for (size_t i = 0; i < sizeof graphs / sizeof graphs[0]; i++)
@@ -502,10 +490,6 @@ void bn_cuda_backend_free(bn_cuda_backend *b)
         for (int i = 0; i < 2; i++)
             if (b->step_done[i])
                 cudaEventDestroy(b->step_done[i]);
-        if (b->stage_copied)
-            cudaEventDestroy(b->stage_copied);
-        if (b->stage_read)
-            cudaEventDestroy(b->stage_read);
         cb_free_stage_map(b);
         for (int i = 0; i < b->n_allocs; i++)
             bn_cuda_context_free(b->ctx, b->allocs[i].p, b->allocs[i].bytes);
@@ -513,8 +497,6 @@ void bn_cuda_backend_free(bn_cuda_backend *b)
             cudaFreeHost(b->h_io);
         if (b->h_logits)
             cudaFreeHost(b->h_logits);
-        if (b->h_stage)
-            cudaFreeHost(b->h_stage);
         (void)cudaGetLastError();
         bn_cuda_context_destroy(b->ctx);
     }
@@ -601,8 +583,6 @@ void bn_cuda_backend_work(const bn_cuda_backend *b, bn_cuda_work *out)
     out->h2d_bytes = snap.h2d_bytes;
     out->d2h_transfers = snap.d2h_transfers;
     out->d2h_bytes = snap.d2h_bytes;
-    out->staged_uploads = b->staged_uploads;
-    out->staged_prefills = b->staged_prefills;
 }
 
 /* The kernel families' names, in the order of K_* (cuda_backend_internal.h). */

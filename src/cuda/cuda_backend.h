@@ -222,21 +222,6 @@ int bn_cuda_backend_pending(const bn_cuda_backend *b);
  * discarded either way). */
 bn_status bn_cuda_backend_drop_pending(bn_cuda_backend *b, bn_error *err);
 
-/* The next request's upload, ahead of time: copies the prompt tokens of a
- * request to come (from position 0) and their positions to the device on
- * the copy stream, so it overlaps whatever the compute stream is running
- * (the current request's decode steps); no kernel reads them yet. A later
- * prompt pass (forward*, n > 1 tokens at position 0) with exactly these
- * tokens waits for that copy (an event) instead of copying them on the
- * compute stream, and uses it once; any other pass uploads its own tokens
- * as usual. Staging again replaces what was staged (after a prefill still
- * reading the old copy). Tokens outside the vocabulary or more than kv_len
- * of them: BN_ERR_INVALID_ARGUMENT, nothing staged. */
-bn_status bn_cuda_backend_stage_prompt(bn_cuda_backend *b, const int32_t *tokens, int64_t n,
-                                       bn_error *err);
-/* Tokens staged and not yet used (0: none). */
-int64_t bn_cuda_backend_staged(const bn_cuda_backend *b);
-
 int64_t bn_cuda_backend_kv_len(const bn_cuda_backend *b);
 int64_t bn_cuda_backend_kv_filled(const bn_cuda_backend *b);
 /* The most rows one prefill pass takes (longer prompts run in chunks). */
@@ -292,9 +277,6 @@ typedef struct bn_cuda_work {
     uint64_t kernel_launches;
     uint64_t h2d_transfers, h2d_bytes;
     uint64_t d2h_transfers, d2h_bytes;
-    /* Prompts uploaded ahead (bn_cuda_backend_stage_prompt), and prompt
-     * passes that read such an upload instead of copying their tokens. */
-    uint64_t staged_uploads, staged_prefills;
 } bn_cuda_work;
 void bn_cuda_backend_work(const bn_cuda_backend *b, bn_cuda_work *out);
 

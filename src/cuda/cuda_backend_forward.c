@@ -538,52 +538,6 @@ bn_status cb_upload_rows(bn_cuda_backend *b, const int32_t *tokens, int64_t n, i
     return BN_OK;
 }
 
-/* Whether a prompt pass of n tokens at pos can read the staged copy of
- * them (stage_prompt): a prompt from position 0, exactly the staged tokens. */
-static bool staged_for(const bn_cuda_backend *b, const int32_t *tokens, int64_t n, int64_t pos)
-{
-    return pos == 0 && n > 1 && b->stage_n == n && !b->prof &&
-           memcmp(b->h_stage, tokens, (size_t)n * sizeof(int32_t)) == 0;
-}
-
-bn_status bn_cuda_backend_stage_prompt(bn_cuda_backend *b, const int32_t *tokens, int64_t n,
-                                       bn_error *err)
-{
-    if (!b || !tokens || n < 1)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "cuda stage_prompt: need a backend and at least one token");
-    if (n > b->kv_len)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "cuda stage_prompt: %lld tokens do not fit a KV cache of %lld "
-                            "positions", (long long)n, (long long)b->kv_len);
-    bn_status st = check_tokens(b, tokens, n, err);
-    if (st == BN_OK)
-        st = bn_cuda_context_use(b->ctx, err);
-    if (st != BN_OK)
-        return st;
-    b->stage_n = 0;
-    /* The pinned buffer may still be the source of the previous copy, and
-     * d_stage still read by a prefill queued on the compute stream. (Before
-     * the first copy and the first such prefill, the events were never
-     * recorded: waiting for them returns at once.) */
-    BN_CUDA_TRY(err, cudaEventSynchronize(b->stage_copied));
-    for (int64_t i = 0; i < n; i++) {
-        b->h_stage[i] = tokens[i];
-        b->h_stage[n + i] = (int32_t)i;
-    }
-    BN_CUDA_TRY(err, cudaStreamWaitEvent(b->copy, b->stage_read, 0));
-    const size_t bytes = 2 * (size_t)n * sizeof(int32_t);
-    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_stage, b->h_stage, bytes, cudaMemcpyHostToDevice,
-                                     b->copy));
-    cb_count_h2d(b, bytes);
-    BN_CUDA_TRY(err, cudaEventRecord(b->stage_copied, b->copy));
-    b->stage_n = n;
-    b->staged_uploads++;
-    return BN_OK;
-}
-
-int64_t bn_cuda_backend_staged(const bn_cuda_backend *b) { return b ? b->stage_n : 0; }
-
 /* Uploads the inputs and queues the pass: the decode step (graph or eager)
  * for one token, prefill chunks otherwise. top_k > 0: only the top_k
  * largest logits will be read (1: the argmax), so a screened head computes
@@ -614,26 +568,12 @@ bn_status cb_queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n, in
         int32_t *dec = cb_dec_dev(b);
         return cb_enqueue_rows(b, 1, dec, dec + 1, dec + 2, 0, screen, err);
     }
-    const bool staged = staged_for(b, tokens, n, pos);
-    const int32_t *d_tok = staged ? b->d_stage : b->d_tokens;
-    const int32_t *d_pos = staged ? b->d_stage + n : b->d_pos;
-    const bn_status rows = staged ? BN_CUDA_STATUS(err, cudaStreamWaitEvent(b->cs,
-                                                                            b->stage_copied, 0))
-                                  : cb_upload_rows(b, tokens, n, pos, err);
-    if (rows != BN_OK)
-        return rows;
-    for (int64_t c = 0; c < n; c += b->chunk) {
+    bn_status st = cb_upload_rows(b, tokens, n, pos, err);
+    for (int64_t c = 0; c < n && st == BN_OK; c += b->chunk) {
         const int64_t M = n - c < b->chunk ? n - c : b->chunk;
-        bn_status st = cb_enqueue_rows(b, M, d_tok + c, d_pos + c, NULL, pos + c + M, screen, err);
-        if (st != BN_OK)
-            return st;
+        st = cb_enqueue_rows(b, M, b->d_tokens + c, b->d_pos + c, NULL, pos + c + M, screen, err);
     }
-    if (staged) { /* used once; the next stage_prompt's copy waits for this read */
-        b->stage_n = 0;
-        b->staged_prefills++;
-        BN_CUDA_TRY(err, cudaEventRecord(b->stage_read, b->cs));
-    }
-    return BN_OK;
+    return st;
 }
 
 /* After a failure: let queued work drain and forget the positions it may

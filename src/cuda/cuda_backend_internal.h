@@ -231,16 +231,6 @@ struct bn_cuda_backend {
     cudaEvent_t step_done[2];  /* per parity: recorded after a submitted step */
     int32_t dec_sent[2][DEC_INTS]; /* per image: what was last uploaded to it ...  */
     bool dec_valid[2];             /* ... when known (ints 3.. are what matter)     */
-    /* A coming request's prompt, uploaded ahead on the copy stream while
-     * the compute stream runs the current request (stage_prompt): pinned
-     * h_stage and device d_stage hold its tokens, then its positions
-     * 0 .. stage_n - 1 (2 * kv_len ints each). stage_n 0: none staged. */
-    int32_t *h_stage, *d_stage;
-    int64_t stage_n;
-    cudaEvent_t stage_copied;  /* copy stream: the staged copy is done       */
-    cudaEvent_t stage_read;    /* compute stream: the last prefill that read
-                                  d_stage is done                            */
-    uint64_t staged_uploads, staged_prefills;
     /* The receipt (the kernel families launched: bn_cuda_backend_kernels),
      * the test failure hook and the profile being taken (cuda_backend_measure.c). */
     unsigned ran;              /* bit K_* set when the family was launched */

@@ -237,7 +237,6 @@ int cb_scratch_list(bn_cuda_backend *b, scratch_spec *list)
     ADD(&b->d_tokens, (size_t)b->kv_len * sizeof(int32_t));
     ADD(&b->d_pos, (size_t)b->kv_len * sizeof(int32_t));
     ADD(&b->d_dec, 2 * DEC_STRIDE * sizeof(int32_t));
-    ADD(&b->d_stage, 2 * (size_t)b->kv_len * sizeof(int32_t));
 #undef ADD
     return n;
 }
