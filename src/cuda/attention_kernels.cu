@@ -1,11 +1,11 @@
 /*
- * attention_kernels.cu - KV cache append, decode and prefill attention
- * (GQA, causal) with an fp16 or bf16 cache. Layout and contracts:
- * attention_cuda.h.
+ * attention_kernels.cu - decode and prefill attention (GQA, causal) over
+ * an fp16 cache. Layout and contracts: attention_cuda.h.
  *
- * Kernels: append_kernel (fp32 rows -> cache), decode_kernel +
- * decode_combine (flash-decoding), prefill_kernel (fp32 FMA, tiled) and
- * prefill_mma_kernel (tensor cores, the default for head_dim <= 128).
+ * Kernels: decode_kernel + decode_combine (flash-decoding), prefill_kernel
+ * (fp32 FMA, tiled: head_dim 256) and prefill_mma_kernel (tensor cores:
+ * head_dim 64 and 128). They are templated on the cache's element type T,
+ * __half, through the widen2 / pack2 / mma16816 overloads.
  *
  * Numerics shared by all kernels: queries are read in fp32 and multiplied
  * once by scale * log2(e), so every score is already in the base-2 domain
@@ -14,7 +14,6 @@
  * exceeds 1 and nothing overflows. Keys and values are widened to fp32
  * on load; all sums are fp32.
  */
-#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -37,19 +36,6 @@ __device__ __forceinline__ float2 widen2(uint32_t w, __half)
     __half2 h;
     memcpy(&h, &w, sizeof h);
     return __half22float2(h);
-}
-
-__device__ __forceinline__ float2 widen2(uint32_t w, __nv_bfloat16)
-{
-    __nv_bfloat162 h;
-    memcpy(&h, &w, sizeof h);
-    return __bfloat1622float2(h);
-}
-
-__device__ __forceinline__ void narrow(float f, __half *out) { *out = __float2half_rn(f); }
-__device__ __forceinline__ void narrow(float f, __nv_bfloat16 *out)
-{
-    *out = __float2bfloat16_rn(f);
 }
 
 /* N consecutive 2-byte elements (N = 2, 4 or 8, aligned to 2N bytes) to
@@ -79,29 +65,6 @@ __device__ __forceinline__ void load_row(const T *p, float (&f)[N])
 /* 2^(a - b) for the online softmax: a == -inf (nothing seen yet, or a
  * masked score) gives 0; b is never -inf where this is called. */
 __device__ __forceinline__ float exp2_diff(float a, float b) { return exp2f(a - b); }
-
-/* ---- KV append ------------------------------------------------------------ */
-
-/* One thread per element pair of one token row (k and v both). */
-template <typename T>
-__global__ void append_kernel(const float *__restrict__ k, const float *__restrict__ v,
-                              int64_t ldkv, int n_tokens, int row_elems,
-                              const int32_t *__restrict__ pos, const int32_t *__restrict__ seq,
-                              int64_t capacity, T *__restrict__ kc, T *__restrict__ vc,
-                              int64_t seq_stride)
-{
-    const int t = blockIdx.y;
-    const int p = pos[t];
-    if (p < 0 || p >= capacity)
-        return;
-    const int64_t s = seq ? seq[t] : 0;
-    const int64_t base = s * seq_stride + (int64_t)p * row_elems;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < row_elems;
-         i += gridDim.x * blockDim.x) {
-        narrow(k[t * ldkv + i], &kc[base + i]);
-        narrow(v[t * ldkv + i], &vc[base + i]);
-    }
-}
 
 /* ---- decode --------------------------------------------------------------- */
 
@@ -512,7 +475,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
 
 /* ---- prefill on tensor cores ------------------------------------------------
  *
- * FlashAttention-2 style with mma.sync m16n8k16 (fp16 or bf16 inputs, the
+ * FlashAttention-2 style with mma.sync m16n8k16 (fp16 inputs, the
  * cache's type, fp32 accumulation). Block (64-query tile, head), 4 warps;
  * warp w owns query rows 16w .. 16w + 15. Per tile of 64 keys staged in
  * shared memory (K and V row-major, rows padded by 8 elements so fragment
@@ -528,12 +491,11 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
  *
  * Precision: Q (fp32, scaled) and P (fp32 in [0, 1]) are each split into
  * hi + lo parts of the cache's type (lo = the rounding error of hi) and
- * both parts are multiplied: the products then carry ~16 (bf16) or ~22
- * (fp16) significant bits instead of 8 or 11, while K and V are used
- * exactly as stored. Measured worst error 2.3e-5 * max|v| against a
- * double reference (the FMA kernel: 5.4e-6); single-part operands would
- * add the rounding of Q and P themselves (2^-9 relative in bf16, 2^-12 in
- * fp16) to every score and weight. This doubles the mma count, which
+ * both parts are multiplied: the products then carry ~22 significant bits
+ * instead of 11, while K and V are used exactly as stored. Measured worst
+ * error 2.3e-5 * max|v| against a double reference (the FMA kernel:
+ * 5.4e-6); single-part operands would add the rounding of Q and P
+ * themselves (2^-12 relative) to every score and weight. This doubles the mma count, which
  * tensor cores easily absorb: 6-9x faster than the FMA kernel on an H200.
  */
 
@@ -542,14 +504,6 @@ constexpr int kMmaBQ = 64, kMmaBK = 64, kMmaWarps = 4;
 __device__ __forceinline__ uint32_t pack2(float lo, float hi, __half)
 {
     const __half2 h = __floats2half2_rn(lo, hi);
-    uint32_t u;
-    memcpy(&u, &h, sizeof u);
-    return u;
-}
-
-__device__ __forceinline__ uint32_t pack2(float lo, float hi, __nv_bfloat16)
-{
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     uint32_t u;
     memcpy(&u, &h, sizeof u);
     return u;
@@ -568,15 +522,6 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const 
                                          const uint32_t b1, __half)
 {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b0,
-                                         const uint32_t b1, __nv_bfloat16)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -796,48 +741,45 @@ cudaError_t launch_decode(const decode_params &p, int head_dim, int n_seq, cudaS
     }
 }
 
+/* Tensor cores up to head_dim 128; at 256 their accumulators would not fit
+ * in registers, and the FMA kernel computes. */
 template <typename T, int HD>
 cudaError_t launch_prefill_t(const bn_attn_shape *s, const float *q, int64_t ldq, int n,
                              const int32_t *pos0, const void *kc, const void *vc, float *out,
-                             int64_t ldo, float qscale, int variant, cudaStream_t stream)
+                             int64_t ldo, float qscale, cudaStream_t stream)
 {
     const int group = s->n_heads / s->n_kv_heads;
     const T *k = static_cast<const T *>(kc), *v = static_cast<const T *>(vc);
-    if (variant == BN_ATTN_PREFILL_MMA) {
-        if constexpr (HD <= 128) {
-            const dim3 grid((unsigned)((n + kMmaBQ - 1) / kMmaBQ), (unsigned)s->n_heads);
-            prefill_mma_kernel<T, HD><<<grid, 32 * kMmaWarps, 0, stream>>>(
-                q, ldq, n, pos0, k, v, s->n_kv_heads, group, s->capacity, qscale, out, ldo);
-            return cudaGetLastError();
-        }
-        return cudaErrorInvalidValue; /* the accumulators would not fit in registers */
+    if constexpr (HD <= 128) {
+        const dim3 grid((unsigned)((n + kMmaBQ - 1) / kMmaBQ), (unsigned)s->n_heads);
+        prefill_mma_kernel<T, HD><<<grid, 32 * kMmaWarps, 0, stream>>>(
+            q, ldq, n, pos0, k, v, s->n_kv_heads, group, s->capacity, qscale, out, ldo);
+        return cudaGetLastError();
+    } else {
+        const size_t smem = prefill_smem_bytes(HD);
+        auto kernel = prefill_kernel<T, HD>;
+        const cudaError_t rc = allow_dynamic_smem(kernel, smem);
+        if (rc != cudaSuccess)
+            return rc;
+        const dim3 grid((unsigned)((n + kBQ - 1) / kBQ), (unsigned)s->n_heads);
+        kernel<<<grid, kPrefillThreads, smem, stream>>>(q, ldq, n, pos0, k, v, s->n_kv_heads,
+                                                        group, s->capacity, qscale, out, ldo);
+        return cudaGetLastError();
     }
-    const size_t smem = prefill_smem_bytes(HD);
-    auto kernel = prefill_kernel<T, HD>;
-    const cudaError_t rc = allow_dynamic_smem(kernel, smem);
-    if (rc != cudaSuccess)
-        return rc;
-    const dim3 grid((unsigned)((n + kBQ - 1) / kBQ), (unsigned)s->n_heads);
-    kernel<<<grid, kPrefillThreads, smem, stream>>>(q, ldq, n, pos0, k, v, s->n_kv_heads, group,
-                                                    s->capacity, qscale, out, ldo);
-    return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t launch_prefill(const bn_attn_shape *s, const float *q, int64_t ldq, int n,
                            const int32_t *pos0, const void *kc, const void *vc, float *out,
-                           int64_t ldo, float qscale, int variant, cudaStream_t stream)
+                           int64_t ldo, float qscale, cudaStream_t stream)
 {
     switch (s->head_dim) {
     case 64:
-        return launch_prefill_t<T, 64>(s, q, ldq, n, pos0, kc, vc, out, ldo, qscale, variant,
-                                       stream);
+        return launch_prefill_t<T, 64>(s, q, ldq, n, pos0, kc, vc, out, ldo, qscale, stream);
     case 128:
-        return launch_prefill_t<T, 128>(s, q, ldq, n, pos0, kc, vc, out, ldo, qscale, variant,
-                                        stream);
+        return launch_prefill_t<T, 128>(s, q, ldq, n, pos0, kc, vc, out, ldo, qscale, stream);
     case 256:
-        return launch_prefill_t<T, 256>(s, q, ldq, n, pos0, kc, vc, out, ldo, qscale, variant,
-                                        stream);
+        return launch_prefill_t<T, 256>(s, q, ldq, n, pos0, kc, vc, out, ldo, qscale, stream);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -854,36 +796,9 @@ extern "C" cudaError_t bn_attn_check_shape(const bn_attn_shape *s)
 {
     if (!s || s->n_heads < 1 || s->n_kv_heads < 1 || s->n_heads % s->n_kv_heads != 0 ||
         (s->head_dim != 64 && s->head_dim != 128 && s->head_dim != 256) || s->capacity < 1 ||
-        s->capacity > INT32_MAX || (s->kv_type != BN_ATTN_KV_F16 && s->kv_type != BN_ATTN_KV_BF16))
+        s->capacity > INT32_MAX || s->kv_type != BN_ATTN_KV_F16)
         return cudaErrorInvalidValue;
     return cudaSuccess;
-}
-
-extern "C" cudaError_t bn_attn_kv_append(const bn_attn_shape *s, const float *k, const float *v,
-                                         int64_t ldkv, int n_tokens, const int32_t *pos,
-                                         const int32_t *seq, void *k_cache, void *v_cache,
-                                         int64_t seq_stride, cudaStream_t stream)
-{
-    const cudaError_t rc = bn_attn_check_shape(s);
-    if (rc != cudaSuccess)
-        return rc;
-    if (n_tokens <= 0)
-        return cudaSuccess;
-    if (n_tokens > 65535)
-        return cudaErrorInvalidValue; /* grid.y; append in chunks */
-    const int row = s->n_kv_heads * s->head_dim;
-    const unsigned threads = 256;
-    const dim3 grid((unsigned)((row + threads - 1) / threads), (unsigned)n_tokens);
-    if (s->kv_type == BN_ATTN_KV_F16)
-        append_kernel<__half><<<grid, threads, 0, stream>>>(
-            k, v, ldkv, n_tokens, row, pos, seq, s->capacity, static_cast<__half *>(k_cache),
-            static_cast<__half *>(v_cache), seq_stride);
-    else
-        append_kernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(
-            k, v, ldkv, n_tokens, row, pos, seq, s->capacity,
-            static_cast<__nv_bfloat16 *>(k_cache), static_cast<__nv_bfloat16 *>(v_cache),
-            seq_stride);
-    return cudaGetLastError();
 }
 
 extern "C" int bn_attn_decode_splits(const bn_attn_shape *s, int n_seq, int64_t max_kv_len,
@@ -940,8 +855,7 @@ extern "C" cudaError_t bn_attn_decode(const bn_attn_shape *s, const bn_attn_deco
     p.splits = a->splits;
     p.capacity = s->capacity;
     p.qscale = score_scale(s);
-    rc = s->kv_type == BN_ATTN_KV_F16 ? launch_decode<__half>(p, s->head_dim, a->n_seq, stream)
-                                 : launch_decode<__nv_bfloat16>(p, s->head_dim, a->n_seq, stream);
+    rc = launch_decode<__half>(p, s->head_dim, a->n_seq, stream);
     if (rc != cudaSuccess || a->splits == 1)
         return rc;
     decode_combine<<<dim3((unsigned)s->n_heads, (unsigned)a->n_seq), kCombineThreads, 0,
@@ -950,33 +864,16 @@ extern "C" cudaError_t bn_attn_decode(const bn_attn_shape *s, const bn_attn_deco
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t bn_attn_prefill_variant(const bn_attn_shape *s, const float *q,
-                                               int64_t ldq, int n, const int32_t *pos0,
-                                               const void *k_cache, const void *v_cache,
-                                               float *out, int64_t ldo, int variant,
-                                               cudaStream_t stream)
-{
-    const cudaError_t rc = bn_attn_check_shape(s);
-    if (rc != cudaSuccess)
-        return rc;
-    if (variant != BN_ATTN_PREFILL_FMA && variant != BN_ATTN_PREFILL_MMA)
-        return cudaErrorInvalidValue;
-    if (n <= 0)
-        return cudaSuccess;
-    const float qscale = score_scale(s);
-    return s->kv_type == BN_ATTN_KV_F16
-               ? launch_prefill<__half>(s, q, ldq, n, pos0, k_cache, v_cache, out, ldo, qscale,
-                                        variant, stream)
-               : launch_prefill<__nv_bfloat16>(s, q, ldq, n, pos0, k_cache, v_cache, out, ldo,
-                                               qscale, variant, stream);
-}
-
 extern "C" cudaError_t bn_attn_prefill(const bn_attn_shape *s, const float *q, int64_t ldq, int n,
                                        const int32_t *pos0, const void *k_cache,
                                        const void *v_cache, float *out, int64_t ldo,
                                        cudaStream_t stream)
 {
-    const int variant = s && s->head_dim <= 128 ? BN_ATTN_PREFILL_MMA : BN_ATTN_PREFILL_FMA;
-    return bn_attn_prefill_variant(s, q, ldq, n, pos0, k_cache, v_cache, out, ldo, variant,
-                                   stream);
+    const cudaError_t rc = bn_attn_check_shape(s);
+    if (rc != cudaSuccess)
+        return rc;
+    if (n <= 0)
+        return cudaSuccess;
+    return launch_prefill<__half>(s, q, ldq, n, pos0, k_cache, v_cache, out, ldo, score_scale(s),
+                                  stream);
 }
