@@ -1,8 +1,8 @@
 /* GPU test: the CUDA backend's causal prefill attention over an fp32 cache
- * (bn_cb_attn_prefill in the parts bn_cb_attn_prefill_parts picks, and
- * each of its two kernels: the warp-per-row one and the register-tiled one
- * in 1, 2, 3 and 8 parts, their partial softmaxes merged) against a
- * double-precision CPU reference:
+ * (bn_cb_attn_prefill in the parts bn_cb_attn_prefill_parts picks, which
+ * takes the warp-per-row kernel where the register-tiled one does not
+ * apply, and the register-tiled kernel in 1, 2, 3 and 8 parts, their
+ * partial softmaxes merged) against a double-precision CPU reference:
  *
  *   - the tiled kernel's workspace size and its refusal of bad part counts
  *     and workspaces (missing, short, misaligned);
@@ -23,7 +23,7 @@
  *     later chunk), tile edges (n = 1, 63, 64, 65, 127), the cache full to
  *     its last slot, rows past the end, and random positions in any order;
  *   - shapes: the 2B-4T heads (20 / 5 x 128), groups of 2 and 1, head_dim
- *     64 (both kernels), 36 and 256 (the warp-per-row kernel only: the
+ *     64 (the tiled kernel), 36 and 256 (the warp-per-row kernel: the
  *     tiled one answers cudaErrorNotSupported and bn_cb_attn_prefill takes
  *     the other).
  *
@@ -54,15 +54,15 @@ typedef struct pcase {
 } pcase;
 
 /* What one run launches: bn_cb_attn_prefill (in the parts that
- * bn_cb_attn_prefill_parts picks for the case), the warp-per-row kernel, or
- * the tiled kernel in `parts` parts. */
-typedef enum { K_DISPATCH, K_ROWWISE, K_TILED } which_kernel;
+ * bn_cb_attn_prefill_parts picks for the case), or the tiled kernel in
+ * `parts` parts. */
+typedef enum { K_DISPATCH, K_TILED } which_kernel;
 typedef struct run_spec {
     which_kernel kernel;
     int parts; /* K_TILED */
 } run_spec;
-static const run_spec runs[] = {{K_DISPATCH, 0}, {K_ROWWISE, 0}, {K_TILED, 1},
-                                {K_TILED, 2},    {K_TILED, 3},   {K_TILED, 8}};
+static const run_spec runs[] = {
+    {K_DISPATCH, 0}, {K_TILED, 1}, {K_TILED, 2}, {K_TILED, 3}, {K_TILED, 8}};
 
 static const char *run_name(const run_spec *r, char *buf, size_t size)
 {
@@ -70,7 +70,6 @@ static const char *run_name(const run_spec *r, char *buf, size_t size)
     case K_DISPATCH:
         snprintf(buf, size, "bn_cb_attn_prefill in %d part%s", r->parts, r->parts > 1 ? "s" : "");
         return buf;
-    case K_ROWWISE: return "warp-per-row";
     default: snprintf(buf, size, "tiled in %d part%s", r->parts, r->parts > 1 ? "s" : ""); return buf;
     }
 }
@@ -131,7 +130,6 @@ static cudaError_t run_kernel(const run_spec *r, const bn_cb_attn_shape *s, cons
                               const float *dv, float *dout, void *ws, size_t ws_bytes)
 {
     switch (r->kernel) {
-    case K_ROWWISE: return bn_cb_attn_prefill_rowwise(s, dq, ld, n, dpos, dk, dv, dout, ld, 0);
     case K_TILED:
         return bn_cb_attn_prefill_tiled(s, dq, ld, n, dpos, dk, dv,
                                         (float)(1.0 / sqrt((double)s->head_dim)), dout, ld,
@@ -305,8 +303,7 @@ static void time_2b4t(void)
                   {32, 1000, 1100, "32 tokens from position 1000"}};
     const int hd = 128, heads = 20, kv = 5;
     const int64_t ld = heads * hd, kv_dim = kv * hd;
-    const run_spec timed[] = {{K_ROWWISE, 0}, {K_TILED, 1}, {K_TILED, 2}, {K_TILED, 4},
-                              {K_TILED, 8}};
+    const run_spec timed[] = {{K_TILED, 1}, {K_TILED, 2}, {K_TILED, 4}, {K_TILED, 8}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int n = shapes[si].n;
         const int64_t cap = shapes[si].cap;
