@@ -6,12 +6,13 @@
 # ./gpu-out).
 #
 # usage: scripts/gpu-check.sh [SNAPSHOT.tar] [--deps PREFIX] [--sanitize] [--no-bench] [--no-tests]
-#                             [--label L] [--sanitize-only T1,T2] [--variants]
+#                             [--label L] [--sanitize-only T1,T2] [--all-kernels]
 #   --deps PREFIX: where cJSON and PCRE2 headers/libraries are (a machine
 #   without Debian's -dev packages gets them carried in).
 #   --label L: run only the ctest tests labelled L (e.g. gpu).
 #   --sanitize-only: the sanitizers over these gpu tests only.
-#   --variants: the kernel benchmark times every kernel variant.
+#   --all-kernels: the kernel benchmark times every GEMM kernel of the table,
+#   not only the one it picks (bench kernels --kernel all).
 # environment: SAN_JOBS (sanitizer runs at a time: 8, or 6 a GPU on a host
 #   with several, the runs spread over its GPUs), SAN_TIMEOUT (seconds
 #   per run, 600), SAN_PARTS (processes for racecheck of test_cuda_kernels, 8),
@@ -26,7 +27,7 @@ tests=1
 deps=""
 label=""
 sanitize_only=""
-variants=""
+all_kernels=""
 while [ $# -gt 0 ]; do
     a=$1
     shift
@@ -37,7 +38,7 @@ while [ $# -gt 0 ]; do
     --no-tests) tests=0 ;;
     --label) label=$1 && shift ;;
     --sanitize-only) sanitize=1 && sanitize_only=$1 && shift ;;
-    --variants) variants=--variants ;;
+    --all-kernels) all_kernels="--kernel all" ;;
     *.tar) src=$(mktemp -d) && tar -xf "$a" -C "$src" ;;
     esac
 done
@@ -130,7 +131,7 @@ PY
         sort | tee -a "$out/sanitize.log"
 fi
 if [ $bench -eq 1 ]; then
-    "$build/bitnet" bench kernels --device cuda $variants 2>&1 | tee "$out/bench_cuda.md"
+    "$build/bitnet" bench kernels --device cuda $all_kernels 2>&1 | tee "$out/bench_cuda.md"
     # The whole model on the GPU: prefill/decode tok/s, the step split by
     # kernel, memory and the byte floor (docs/PERFORMANCE.md).
     "$build/bitnet" bench e2e --shape 2b4t --device cuda 2>&1 | tee "$out/bench_e2e.md"

@@ -85,7 +85,7 @@ run "$BITNET" bench kernels --m 0
 expect_rc 2 "bench kernels bad --m"
 # The GPU benchmark's options are checked before any device is looked for
 # (a build without CUDA says so instead).
-for bad in "--variant 99" "--variant x" "--split 3"; do
+for bad in "--kernel bogus" "--kernel gemv" "--split 3"; do
     run "$BITNET" bench kernels --device cuda $bad
     if ! grep -q "no CUDA support" "$tmp/err"; then
         expect_rc 2 "bench kernels --device cuda $bad"

@@ -1,7 +1,12 @@
-/* GPU test: the CUDA W2A8 GEMV (every split-K variant), GEMM (M > 1; every
- * variant, and the pipelined GEMM at every split-K factor) and activation
- * quantization, against the CPU reference, bit for bit, on fresh random
- * ragged shapes with poisoned outputs. Exits 77 without a usable GPU. */
+/* GPU test: the CUDA W2A8 kernels against the CPU reference, bit for bit,
+ * on fresh random ragged shapes with poisoned outputs: the GEMV at every
+ * split (the decode step's form also at every cluster staging, launched
+ * with PDL, and in gate|up pairs), every kernel of the GEMM's table forced
+ * on every problem and the table's own pick, the pipelined GEMM at every
+ * split-K factor, the stream-K wgmma kernels over several grids, the wgmma
+ * kernels chained by PDL after the kernel that writes their activations,
+ * the wgmma epilogue's division, and activation quantization. Exits 77
+ * without a usable GPU. */
 #include <cuda_runtime_api.h>
 
 #include "cuda_layout.h"
@@ -19,6 +24,7 @@ static int sm_count;
  * does). Lets a slow tool (racecheck) run the test as n processes. */
 static int problem_counter;
 static bool wgmma_usable; /* compute capability 9.0 and this build has sm_90a code */
+static bool pdl_usable;   /* the decode GEMV can be launched with PDL here */
 
 static bool same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
 
@@ -141,7 +147,7 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     void *d_w;
     int8_t *d_x;
     float *d_scale, *d_y;
-    int32_t *d_sum, *d_ws;
+    int32_t *d_sum;
     CUDA_OK(cudaMalloc(&d_w, l.bytes));
     CUDA_OK(cudaMemcpy(d_w, packed, l.bytes, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMalloc((void **)&d_x, (size_t)(m * l.k_padded)));
@@ -153,7 +159,6 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     CUDA_OK(cudaMemcpy(d_scale, xq.scale, sizeof(float) * (size_t)m, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_sum, xq.sum, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMalloc((void **)&d_y, sizeof(float) * (size_t)(m * n)));
-    CUDA_OK(cudaMalloc((void **)&d_ws, sizeof(int32_t) * (size_t)(m * n)));
     /* The stream-K workspace, for up to streamk_sms blocks; zeroed once. */
     const int streamk_sms = sm_count > 64 ? sm_count : 64;
     const size_t streamk_bytes = bn_w2a8_cuda_gemm_streamk_bytes(streamk_sms);
@@ -163,100 +168,78 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     float *y = malloc(sizeof(float) * (size_t)(m * n));
 
     bn_w2a8_cuda_args a = {d_w, n, l.tiles, l.groups, ws, d_x, m, l.k_padded, d_scale, d_sum,
-                           d_y, n, d_ws, sm_count, 0, d_streamk, 0, 0, 0.0f, 0.0f};
-    /* Every GEMV variant x split for M = 1; every GEMM variant, with and
-     * without the split-K workspace, for any M (M = 1 included). */
-    const int splits[] = {1, 2, 4, 8};
-    const int gemv_runs = m == 1 ? BN_W2A8_GEMV_VARIANTS * 4 : 0;
-    const int variants = gemv_runs + BN_W2A8_GEMM_VARIANTS * 2;
-    for (int v = 0; v < variants; v++) {
-        const bool gemv = v < gemv_runs;
-        const int gemm_variant = (v - gemv_runs) / 2;
-        a.workspace = gemv || (v - gemv_runs) % 2 == 0 ? d_ws : NULL;
-        a.streamk = a.workspace ? d_streamk : NULL;
-        CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n))); /* NaN poison */
-        if (gemv) {
-            CUDA_OK(bn_w2a8_cuda_gemv_variant(&a, splits[v % 4], v / 4, 0));
-        } else {
-            const cudaError_t rc = bn_w2a8_cuda_gemm_variant(&a, gemm_variant, 0);
-            /* The wgmma variants need compute capability 9.0 and an sm_90a
-             * build; elsewhere they decline without launching. */
-            if (rc == cudaErrorNotSupported && gemm_variant >= 5 && !wgmma_usable)
-                continue;
-            /* Stream-K (11, 13, 15) declines without its workspace. */
-            if (bn_w2a8_cuda_gemm_variant_streamk(gemm_variant) && !a.streamk) {
-                CHECK_MSG(rc == cudaErrorInvalidValue, "stream-K without a workspace: %s",
-                          cudaGetErrorString(rc));
-                continue;
-            }
-            CUDA_OK(rc);
-        }
+                           d_y, n, NULL, sm_count, 0, d_streamk, 0, 0, 0.0f, 0.0f};
+    /* M = 1: the GEMV and the decode step's GEMV at every split, the
+     * latter also staged per cluster of 2, 4 and 8 (where clusters are not
+     * usable it stages per block) and launched with PDL where it can be. */
+    const int splits[] = {1, 2, 4, 8}, clusters[] = {0, 2, 4, 8};
+    for (int run = 0; m == 1 && run < 4 * (1 + 4 * 2); run++) {
+        const int split = splits[run % 4], form = run / 4; /* 0: plain; then cluster x pdl */
+        const int cluster = form > 0 ? clusters[(form - 1) % 4] : 0, pdl = form > 4;
+        if (pdl && !pdl_usable)
+            continue;
+        a.cluster = cluster;
+        CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)n)); /* NaN poison */
+        CUDA_OK(form == 0 ? bn_w2a8_cuda_gemv(&a, split, 0)
+                          : bn_w2a8_cuda_gemv_pdl(&a, split, pdl, 0));
         int64_t first;
         const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
         CHECK_MSG(diff == 0,
-                  "%s variant %d (split %d, workspace %s) n=%lld k=%lld m=%lld: %lld of %lld "
-                  "differ (first at %lld: %g vs %g)",
-                  gemv ? "gemv" : "gemm", gemv ? v / 4 : gemm_variant, gemv ? splits[v % 4] : 0,
-                  a.workspace ? "yes" : "no", (long long)n, (long long)k, (long long)m,
+                  "%s (split %d, cluster %d%s) n=%lld k=%lld: %lld of %lld differ (first at "
+                  "%lld: %g vs %g)",
+                  form == 0 ? "gemv" : "decode gemv", split, cluster, pdl ? ", PDL" : "",
+                  (long long)n, (long long)k, (long long)diff, (long long)n, (long long)first,
+                  first >= 0 ? y[first] : 0.0, first >= 0 ? ref[first] : 0.0);
+    }
+    a.cluster = 0;
+    /* Every kernel of the GEMM's table forced, with and without a stream-K
+     * workspace, then the table's own choice (bn_w2a8_cuda_gemm), for any M
+     * (M = 1 included). */
+    for (int v = 0; v < (BN_W2A8_KERNELS + 1) * 2; v++) {
+        const int kernel = v / 2; /* BN_W2A8_KERNELS: the table's pick */
+        a.streamk = v % 2 == 0 ? d_streamk : NULL;
+        CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n))); /* NaN poison */
+        const cudaError_t rc = kernel == BN_W2A8_KERNELS
+                                   ? bn_w2a8_cuda_gemm(&a, 0)
+                                   : bn_w2a8_cuda_gemm_run(&a, (bn_w2a8_kernel)kernel, 0);
+        const char *name =
+            kernel == BN_W2A8_KERNELS ? "the table's" : bn_w2a8_cuda_kernel_name(kernel);
+        if (kernel == BN_W2A8_GEMV && m != 1) { /* one row only */
+            CHECK_MSG(rc == cudaErrorInvalidValue, "gemv for %lld rows: %s", (long long)m,
+                      cudaGetErrorString(rc));
+            continue;
+        }
+        /* The wgmma kernels need compute capability 9.0 and an sm_90a
+         * build; elsewhere they decline without launching. */
+        if (rc == cudaErrorNotSupported && bn_w2a8_cuda_kernel_wgmma(kernel) && !wgmma_usable)
+            continue;
+        /* Stream-K declines without its workspace. */
+        if (bn_w2a8_cuda_kernel_streamk(kernel) && !a.streamk) {
+            CHECK_MSG(rc == cudaErrorInvalidValue, "stream-K without a workspace: %s",
+                      cudaGetErrorString(rc));
+            continue;
+        }
+        CUDA_OK(rc);
+        int64_t first;
+        const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
+        CHECK_MSG(diff == 0,
+                  "gemm %s (workspace %s) n=%lld k=%lld m=%lld: %lld of %lld differ (first at "
+                  "%lld: %g vs %g)",
+                  name, a.streamk ? "yes" : "no", (long long)n, (long long)k, (long long)m,
                   (long long)diff, (long long)(m * n), (long long)first,
                   first >= 0 ? y[first] : 0.0, first >= 0 ? ref[first] : 0.0);
     }
-    /* The bulk-copy GEMV launched as the decode step would chain it
-     * (programmatic dependent launch), where it runs. */
-    if (m == 1 && bn_w2a8_cuda_gemv_bulk_usable(&a)) {
-        for (int si = 0; si < 4; si++) {
-            CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)n));
-            CUDA_OK(bn_w2a8_cuda_gemv_bulk(&a, splits[si], 1, 0));
-            int64_t first;
-            const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
-            CHECK_MSG(diff == 0, "bulk gemv chained (split %d) n=%lld k=%lld: %lld differ",
-                      splits[si], (long long)n, (long long)k, (long long)diff);
-        }
-    }
-    /* The bulk-copy GEMV of several tiles a block, chained (PDL), also
-     * with the SM count understated so that a block takes many tiles and
-     * the last block fewer than the others. */
-    if (m == 1 && bn_w2a8_cuda_gemv_bulk_tiles_per_block(&a, 8) > 0) {
-        const int sms[] = {sm_count, 1, 3, 7};
-        for (int si = 0; si < 4; si++) {
-            for (int bps = 1; bps <= 2; bps++) {
-                bn_w2a8_cuda_args b = a;
-                b.sm_count = sms[si];
-                const int per_block = bn_w2a8_cuda_gemv_bulk_tiles_per_block(&b, bps);
-                if (per_block == 0) { /* the share does not fit: declines */
-                    CHECK(bn_w2a8_cuda_gemv_bulk_tiles(&b, bps, 1, 0) == cudaErrorNotSupported);
-                    continue;
-                }
-                CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)n));
-                const cudaError_t rc = bn_w2a8_cuda_gemv_bulk_tiles(&b, bps, 1, 0);
-                CHECK_MSG(rc == cudaSuccess,
-                          "bulk gemv of %d tiles a block chained (%d SMs, %d a SM) n=%lld "
-                          "k=%lld: %s",
-                          per_block, sms[si], bps, (long long)n, (long long)k,
-                          cudaGetErrorString(rc));
-                if (rc != cudaSuccess)
-                    continue;
-                int64_t first;
-                const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
-                CHECK_MSG(diff == 0,
-                          "bulk gemv of %d tiles a block chained (%d SMs, %d a SM) n=%lld "
-                          "k=%lld: %lld differ",
-                          per_block, sms[si], bps, (long long)n, (long long)k, (long long)diff);
-            }
-        }
-    }
-    /* The warp-specialized GEMMs launched with programmatic dependent
-     * launch right after the kernel that writes their activations (the
-     * quantization, over poisoned codes, scales and sums): their weight
-     * copies may start early, everything else must wait for it. */
+    /* The wgmma GEMMs launched with programmatic dependent launch right
+     * after the kernel that writes their activations (the quantization,
+     * over poisoned codes, scales and sums): their weight copies may start
+     * early, everything else must wait for it. */
     if (wgmma_usable) {
         float *d_xf;
         CUDA_OK(cudaMalloc((void **)&d_xf, sizeof(float) * (size_t)(m * k)));
         CUDA_OK(cudaMemcpy(d_xf, x, sizeof(float) * (size_t)(m * k), cudaMemcpyHostToDevice));
-        a.workspace = d_ws;
         a.streamk = d_streamk;
-        for (int v = 0; v < BN_W2A8_GEMM_VARIANTS; v++) {
-            if (!bn_w2a8_cuda_gemm_variant_pdl(v))
+        for (int v = 0; v < BN_W2A8_KERNELS; v++) {
+            if (!bn_w2a8_cuda_kernel_wgmma((bn_w2a8_kernel)v))
                 continue;
             CUDA_OK(cudaMemset(d_x, 0x55, (size_t)(m * l.k_padded)));
             CUDA_OK(cudaMemset(d_scale, 0x55, sizeof(float) * (size_t)m));
@@ -264,54 +247,34 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
             CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n)));
             CUDA_OK(bn_cuda_quantize_rows(d_xf, m, k, k, d_x, l.k_padded, d_scale, d_sum, 0));
             a.pdl = 1;
-            const cudaError_t rc = bn_w2a8_cuda_gemm_variant(&a, v, 0);
+            const cudaError_t rc = bn_w2a8_cuda_gemm_run(&a, (bn_w2a8_kernel)v, 0);
             a.pdl = 0;
             CUDA_OK(rc);
             int64_t first;
             const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
             CHECK_MSG(diff == 0,
-                      "gemm variant %d chained after the quantization (PDL) n=%lld k=%lld "
+                      "gemm %s chained after the quantization (PDL) n=%lld k=%lld "
                       "m=%lld: %lld of %lld differ (first at %lld: %g vs %g)",
-                      v, (long long)n, (long long)k, (long long)m, (long long)diff,
+                      bn_w2a8_cuda_kernel_name((bn_w2a8_kernel)v), (long long)n, (long long)k,
+                      (long long)m, (long long)diff,
                       (long long)(m * n), (long long)first, first >= 0 ? y[first] : 0.0,
                       first >= 0 ? ref[first] : 0.0);
         }
         cudaFree(d_xf);
     }
-    /* The pipelined GEMM at every split-K factor (the variants above run
-     * only the split chosen for the shape), with no workspace: split-K
-     * reduces through a cluster (where clusters cannot run, every split
-     * runs as 1). */
-    a.workspace = NULL;
-    for (int config = 0; config < BN_W2A8_PIPE_CONFIGS; config++) {
-        for (int split = 1; split <= BN_W2A8_PIPE_MAX_SPLIT; split++) {
-            CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n)));
-            CUDA_OK(bn_w2a8_cuda_gemm_pipelined(&a, config, split, 0));
-            int64_t first;
-            const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
-            CHECK_MSG(diff == 0,
-                      "pipelined gemm config %d split %d (runs as %d) n=%lld k=%lld m=%lld: %lld "
-                      "of %lld differ (first at %lld: %g vs %g)",
-                      config, split, bn_w2a8_cuda_gemm_pipelined_split(&a, config, split),
-                      (long long)n, (long long)k, (long long)m, (long long)diff,
-                      (long long)(m * n), (long long)first, first >= 0 ? y[first] : 0.0,
-                      first >= 0 ? ref[first] : 0.0);
-        }
-    }
-
-    /* The wgmma GEMM with cluster split-K (variant 8) at every split factor
-     * (the variant runs only the split chosen for the shape). */
-    for (int split = 1; wgmma_usable && split <= BN_W2A8_WGMMA_MAX_SPLIT; split++) {
+    /* The pipelined GEMM at every split-K factor (the table's kernels run
+     * split 1 and the split chosen for the shape): split-K reduces through
+     * a cluster (where clusters cannot run, every split runs as 1). */
+    for (int split = 1; split <= BN_W2A8_PIPE_MAX_SPLIT; split++) {
         CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n)));
-        CUDA_OK(bn_w2a8_cuda_gemm_wgmma_split(&a, BN_W2A8_WGMMA_128X128_SPLITK, split, 0));
+        CUDA_OK(bn_w2a8_cuda_gemm_pipelined(&a, split, 0));
         int64_t first;
         const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
         CHECK_MSG(diff == 0,
-                  "wgmma split-K split %d (runs as %d) n=%lld k=%lld m=%lld: %lld of %lld differ "
-                  "(first at %lld: %g vs %g)",
-                  split,
-                  bn_w2a8_cuda_gemm_wgmma_split_factor(&a, BN_W2A8_WGMMA_128X128_SPLITK, split),
-                  (long long)n, (long long)k, (long long)m, (long long)diff, (long long)(m * n),
+                  "pipelined gemm split %d (runs as %d) n=%lld k=%lld m=%lld: %lld of %lld "
+                  "differ (first at %lld: %g vs %g)",
+                  split, bn_w2a8_cuda_gemm_pipelined_split(&a, split), (long long)n,
+                  (long long)k, (long long)m, (long long)diff, (long long)(m * n),
                   (long long)first, first >= 0 ? y[first] : 0.0, first >= 0 ? ref[first] : 0.0);
     }
 
@@ -319,23 +282,24 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
      * places (one block per k-tile where the grid outnumbers them); every
      * call must leave the workspace's counters at zero. */
     const int grids[] = {1, 2, 3, 7, 13, 64, sm_count};
-    const int streamk_configs[] = {BN_W2A8_WGMMA_128X128_TMA_STREAMK,
-                                   BN_W2A8_WGMMA_128X128_TMA_RS_STREAMK,
-                                   BN_W2A8_WGMMA_192X128_TMA_RS_STREAMK};
+    const bn_w2a8_kernel streamk_configs[] = {BN_W2A8_WGMMA_128X128_STREAMK,
+                                              BN_W2A8_WGMMA_192X128_STREAMK};
     const int n_configs = (int)(sizeof streamk_configs / sizeof streamk_configs[0]);
     a.streamk = d_streamk;
     for (int run = 0; wgmma_usable && run < n_configs * (int)(sizeof grids / sizeof grids[0]);
          run++) {
-        const int config = streamk_configs[run % n_configs], gi = run / n_configs;
+        const bn_w2a8_kernel config = streamk_configs[run % n_configs];
+        const int gi = run / n_configs;
         a.sm_count = grids[gi] < streamk_sms ? grids[gi] : streamk_sms;
         CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n)));
-        CUDA_OK(bn_w2a8_cuda_gemm_wgmma(&a, config, 0));
+        CUDA_OK(bn_w2a8_cuda_gemm_run(&a, config, 0));
         int64_t first;
         const int64_t diff = count_diff(d_y, ref, m, n, y, &first);
         CHECK_MSG(diff == 0,
-                  "wgmma stream-K (config %d) over %d blocks n=%lld k=%lld m=%lld: %lld of %lld "
+                  "%s over %d blocks n=%lld k=%lld m=%lld: %lld of %lld "
                   "differ (first at %lld: %g vs %g)",
-                  config, a.sm_count, (long long)n, (long long)k, (long long)m, (long long)diff,
+                  bn_w2a8_cuda_kernel_name(config), a.sm_count, (long long)n, (long long)k,
+                  (long long)m, (long long)diff,
                   (long long)(m * n), (long long)first, first >= 0 ? y[first] : 0.0,
                   first >= 0 ? ref[first] : 0.0);
     }
@@ -355,7 +319,6 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     cudaFree(d_scale);
     cudaFree(d_sum);
     cudaFree(d_y);
-    cudaFree(d_ws);
     cudaFree(d_streamk);
     free(y);
     free(packed);
@@ -428,7 +391,7 @@ int main(void)
         const bn_w2a8_cuda_args probe = {.n = 256, .tiles = 32, .groups = 4, .m = 64,
                                          .sm_count = sm_count};
         printf("pipelined GEMM split-K: %s\n",
-               bn_w2a8_cuda_gemm_pipelined_split(&probe, BN_W2A8_PIPE_64X256, 2) == 2
+               bn_w2a8_cuda_gemm_pipelined_split(&probe, 2) == 2
                    ? "thread-block clusters"
                    : "unavailable here (every split runs as 1)");
     }
@@ -439,7 +402,8 @@ int main(void)
         CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
         wgmma_usable = major == 9 && minor == 0 && bn_w2a8_cuda_gemm_wgmma_compiled();
-        printf("wgmma GEMM (variants 5-%d): %s\n", BN_W2A8_GEMM_VARIANTS - 1,
+        pdl_usable = major >= 9 && bn_w2a8_cuda_gemv_pdl_compiled();
+        printf("wgmma GEMM: %s\n",
                wgmma_usable ? "checked"
                : bn_w2a8_cuda_gemm_wgmma_compiled()
                    ? "skipped (needs compute capability 9.0)"
@@ -480,11 +444,7 @@ int main(void)
         free(buf);
     }
 
-    /* First, before any launch has raised a kernel's shared-memory
-     * attribute: launches whose dynamic bytes stay under 48 KiB while their
-     * static arrays take the total over it (smem_opt_in.cuh). 3 tiles of
-     * K = 6912 on one SM: the several-tiles bulk GEMV takes 48 384 dynamic
-     * bytes; K = 16384: the bulk GEMV 49 152. */
+    /* Long rows over a few tiles (the GEMV at split 8). */
     check_problem(24, 6912, 1);
     check_problem(8, 16384, 1);
     const int64_t ks[] = {1, 4, 63, 64, 65, 255, 256, 257, 640, 1000, 2560, 6912};
@@ -525,8 +485,11 @@ int main(void)
     if (quick)
         TEST_EXIT();
     /* A row longer than what the PDL GEMV's warps load before their wait
-     * at split 8 (4 x 8 chunk-groups): the rest streams after it. */
+     * at split 8 (4 x 8 chunk-groups): the rest streams after it. Then a
+     * row longer than the 160 KiB the GEMVs stage in shared memory: read
+     * through L1 (24 rows: not gate|up pairs, which must stage it). */
     check_problem(test_rand_range(1, 100), 8193 + test_rand_range(0, 4000), 1);
+    check_problem(24, 160 * 1024 + 1 + test_rand_range(0, 4000), 1);
     check_problem(2560, 2560, 1);
     check_problem(6912, 2560, 1);
     check_problem(2560, 6912, 1);

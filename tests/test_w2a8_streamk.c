@@ -1,7 +1,7 @@
-/* CPU test: the stream-K plan of the warp-specialized wgmma GEMM (variants
- * 11, 13 and 15), walked on the host with the kernel's own partition code
- * (bn_w2a8_cuda_streamk_plan_check), over many tile counts, tile lengths
- * and grids; the GEMM's default-variant rule on the measured shapes; the
+/* CPU test: the stream-K plan of the warp-specialized wgmma GEMM (its
+ * stream-K kernels), walked on the host with the kernel's own partition
+ * code (bn_w2a8_cuda_streamk_plan_check), over many tile counts, tile
+ * lengths and grids; the kernel table's pick on the measured shapes; the
  * workspace size. The GPU side (bit-exact results over several grids) is
  * test_cuda_kernels. */
 #include "test_util.h"
@@ -36,60 +36,108 @@ int main(void)
     char why[128] = "";
     CHECK(!bn_w2a8_cuda_streamk_plan_check(4, 4, 0, why, sizeof why) && why[0] != '\0');
 
-    /* The default variant on an H200's 132 SMs with wgmma
-     * (docs/PERFORMANCE.md), from 65 rows: 256-row tiles (16) once they fill
-     * the SMs, else 192-row tiles (14, stream-K 15) once they do or the
-     * rows are long, else 192 x 64 (17) where its tiles fit one wave, else
-     * 128-row tiles (12, stream-K 13); stream-K where it spares the busiest
-     * SM >= BN_W2A8_STREAMK_MIN_SAVED k-tiles; up to 3 rows on matrices of
-     * at most 40 Mi weights the GEMV over rows (18); up to 64 rows the
-     * mma-rows kernel (19, or 20 where columns of two tiles number at least
-     * 8 an SM), except above 16 rows where the 192 x 64 tiles (17) fill half
-     * the SMs; without wgmma above 64 rows the mma.sync kernels (0, 2, 3). k
-     * is the padded row length. */
+    /* The table's pick on an H200's 132 SMs with wgmma (docs/KERNELS.md),
+     * from 65 rows: 256-row tiles once they fill the SMs, else 192-row
+     * tiles (stream-K where it pays) once they do or the rows are long,
+     * else 192 x 64 where its tiles fit one wave, else 128-row tiles
+     * (stream-K where it pays); one row the GEMV; up to 3 rows on matrices
+     * of at most 40 Mi weights the GEMV over rows; up to 64 rows the
+     * mma-rows kernel (four tiles a warp where columns of two tiles number
+     * at least 8 an SM), except above 16 rows where the 192 x 64 tiles fill
+     * half the SMs; without wgmma above 64 rows the mma.sync kernels. k is
+     * the padded row length. */
+#define K(name) BN_W2A8_##name
     static const struct {
         int64_t m, n, k;
-        int wgmma, sms, want;
+        int wgmma, sms;
+        bn_w2a8_kernel want;
     } picks[] = {
-        {512, 2560, 2560, 1, 132, 17},   {512, 3840, 2560, 1, 132, 12},
-        {512, 13824, 2560, 1, 132, 16},  {512, 20480, 3328, 1, 132, 16},
-        {512, 2560, 6912, 1, 132, 17},   {512, 5120, 27648, 1, 132, 15},
-        {512, 55296, 5120, 1, 132, 16},  {16, 2560, 2560, 1, 132, 19},
-        {512, 8192, 2560, 1, 132, 14}, /* 192-row tiles fill the SMs, 256-row ones not */
-        {512, 4608, 6912, 1, 132, 13}, /* 192 x 64 tiles over one wave; stream-K pays */
-        {32, 2560, 2560, 0, 132, 19},    {512, 2560, 2560, 0, 132, 0},
-        {512, 2560, 27648, 0, 132, 2},   {512, 13824, 2560, 0, 132, 3},
-        {512, 5120, 27648, 1, 1, 16}, /* one SM: the widest tiles fill it */
-        {16, 2560, 2560, 1, 1, 20},   /* one SM: 160 columns of two tiles */
+        /* the seven measured shapes at M = 512 and M = 16 */
+        {512, 2560, 2560, 1, 132, K(WGMMA_192X64)},
+        {512, 3840, 2560, 1, 132, K(WGMMA_128X128)},
+        {512, 13824, 2560, 1, 132, K(WGMMA_256X128)},
+        {512, 20480, 3328, 1, 132, K(WGMMA_256X128)},
+        {512, 2560, 6912, 1, 132, K(WGMMA_192X64)},
+        {512, 5120, 27648, 1, 132, K(WGMMA_192X128_STREAMK)},
+        {512, 55296, 5120, 1, 132, K(WGMMA_256X128)},
+        {16, 2560, 2560, 1, 132, K(MMA_ROWS_X2)},
+        /* 192-row tiles fill the SMs, 256-row ones not */
+        {512, 8192, 2560, 1, 132, K(WGMMA_192X128)},
+        /* 192 x 64 tiles over one wave; stream-K pays */
+        {512, 4608, 6912, 1, 132, K(WGMMA_128X128_STREAMK)},
+        /* without wgmma */
+        {32, 2560, 2560, 0, 132, K(MMA_ROWS_X2)},
+        {512, 2560, 2560, 0, 132, K(TILED)},
+        {512, 2560, 27648, 0, 132, K(PIPE_SPLITK)},
+        {512, 13824, 2560, 0, 132, K(PIPE)},
+        /* one SM: the widest tiles fill it; 160 columns of two tiles */
+        {512, 5120, 27648, 1, 1, K(WGMMA_256X128)},
+        {16, 2560, 2560, 1, 1, K(MMA_ROWS_X4)},
+        /* one row: the GEMV */
+        {1, 2560, 2560, 1, 132, K(GEMV)},
+        {1, 55296, 5120, 0, 132, K(GEMV)},
         /* up to 3 rows: the GEMV over rows on matrices of at most 40 Mi
          * weights */
-        {2, 2560, 2560, 1, 132, 18},     {3, 13824, 2560, 0, 132, 18},
-        {2, 55296, 5120, 1, 132, 20},    {3, 20480, 3328, 1, 132, 20},
-        {4, 2560, 2560, 1, 132, 19},     {4, 55296, 5120, 0, 132, 20},
-        {8, 13824, 2560, 1, 132, 19},    {8, 20480, 3328, 1, 132, 20},
-        {16, 5120, 27648, 1, 132, 19},   {16, 55296, 5120, 1, 132, 20},
+        {2, 2560, 2560, 1, 132, K(ROWS)},
+        {3, 13824, 2560, 0, 132, K(ROWS)},
+        {2, 55296, 5120, 1, 132, K(MMA_ROWS_X4)},
+        {3, 20480, 3328, 1, 132, K(MMA_ROWS_X4)},
+        {4, 2560, 2560, 1, 132, K(MMA_ROWS_X2)},
+        {4, 55296, 5120, 0, 132, K(MMA_ROWS_X4)},
+        {8, 13824, 2560, 1, 132, K(MMA_ROWS_X2)},
+        {8, 20480, 3328, 1, 132, K(MMA_ROWS_X4)},
+        {16, 5120, 27648, 1, 132, K(MMA_ROWS_X2)},
+        {16, 55296, 5120, 1, 132, K(MMA_ROWS_X4)},
         /* 17-64 rows: the wgmma 192 x 64 tiles where they fill half the
          * SMs; 65 and up as at M = 512 */
-        {17, 13824, 2560, 1, 132, 17},   {24, 20480, 3328, 1, 132, 17},
-        {24, 20480, 3328, 0, 132, 20},   {33, 13824, 2560, 1, 132, 17},
-        {48, 2560, 2560, 1, 132, 19},    {64, 2560, 6912, 1, 132, 19},
-        {64, 5120, 27648, 1, 132, 20},   {64, 55296, 5120, 1, 132, 17},
-        /* above 32 rows over rows of 16384 weights or more: four tiles a warp */
-        {33, 5120, 27648, 1, 132, 20},   {32, 5120, 27648, 1, 132, 19},
-        {48, 2560, 16384, 0, 132, 20},   {48, 2560, 16128, 0, 132, 19},
-        {96, 13824, 2560, 1, 132, 12},   {96, 2560, 6912, 1, 132, 17},
-        {128, 2560, 2560, 1, 132, 17},   {128, 55296, 5120, 1, 132, 16},
-        {256, 2560, 2560, 1, 132, 17},   {48, 2560, 2560, 0, 132, 19},
-        {65, 2560, 2560, 0, 132, 0},
+        {17, 13824, 2560, 1, 132, K(WGMMA_192X64)},
+        {24, 20480, 3328, 1, 132, K(WGMMA_192X64)},
+        {24, 20480, 3328, 0, 132, K(MMA_ROWS_X4)},
+        {33, 13824, 2560, 1, 132, K(WGMMA_192X64)},
+        {48, 2560, 2560, 1, 132, K(MMA_ROWS_X2)},
+        {64, 2560, 6912, 1, 132, K(MMA_ROWS_X2)},
+        {64, 5120, 27648, 1, 132, K(MMA_ROWS_X4)},
+        {64, 55296, 5120, 1, 132, K(WGMMA_192X64)},
+        /* above 32 rows over rows of 16384 weights or more: four tiles a
+         * warp */
+        {33, 5120, 27648, 1, 132, K(MMA_ROWS_X4)},
+        {32, 5120, 27648, 1, 132, K(MMA_ROWS_X2)},
+        {48, 2560, 16384, 0, 132, K(MMA_ROWS_X4)},
+        {48, 2560, 16128, 0, 132, K(MMA_ROWS_X2)},
+        {96, 13824, 2560, 1, 132, K(WGMMA_128X128)},
+        {96, 2560, 6912, 1, 132, K(WGMMA_192X64)},
+        {128, 2560, 2560, 1, 132, K(WGMMA_192X64)},
+        {128, 55296, 5120, 1, 132, K(WGMMA_256X128)},
+        {256, 2560, 2560, 1, 132, K(WGMMA_192X64)},
+        {48, 2560, 2560, 0, 132, K(MMA_ROWS_X2)},
+        {65, 2560, 2560, 0, 132, K(TILED)},
     };
     for (size_t i = 0; i < sizeof picks / sizeof picks[0]; i++) {
-        const int got = bn_w2a8_cuda_gemm_default_variant(picks[i].m, picks[i].n, picks[i].k,
-                                                          picks[i].wgmma, picks[i].sms);
+        const bn_w2a8_kernel got = bn_w2a8_cuda_gemm_pick(
+            picks[i].m, picks[i].n, picks[i].k, picks[i].wgmma, picks[i].sms, 1);
         CHECK_MSG(got == picks[i].want,
-                  "m %lld n %lld k %lld wgmma %d on %d SMs: variant %d, want %d",
-                  (long long)picks[i].m, (long long)picks[i].n, (long long)picks[i].k,
-                  picks[i].wgmma, picks[i].sms, got, picks[i].want);
+                  "m %lld n %lld k %lld wgmma %d on %d SMs: %s, want %s", (long long)picks[i].m,
+                  (long long)picks[i].n, (long long)picks[i].k, picks[i].wgmma, picks[i].sms,
+                  bn_w2a8_cuda_kernel_name(got), bn_w2a8_cuda_kernel_name(picks[i].want));
+        /* Without a stream-K workspace, the same tiles whole. */
+        const bn_w2a8_kernel whole = bn_w2a8_cuda_gemm_pick(
+            picks[i].m, picks[i].n, picks[i].k, picks[i].wgmma, picks[i].sms, 0);
+        const bn_w2a8_kernel want = picks[i].want;
+        const bn_w2a8_kernel want_whole = want == K(WGMMA_128X128_STREAMK)   ? K(WGMMA_128X128)
+                                          : want == K(WGMMA_192X128_STREAMK) ? K(WGMMA_192X128)
+                                                                             : want;
+        CHECK_MSG(whole == want_whole && !bn_w2a8_cuda_kernel_streamk(whole),
+                  "m %lld n %lld k %lld without a workspace: %s", (long long)picks[i].m,
+                  (long long)picks[i].n, (long long)picks[i].k, bn_w2a8_cuda_kernel_name(whole));
+        /* The backend's form of the question. */
+        CHECK(bn_w2a8_cuda_gemm_default_variant(picks[i].m, picks[i].n, picks[i].k,
+                                                picks[i].wgmma, picks[i].sms) == (int)got &&
+              bn_w2a8_cuda_gemm_variant_streamk((int)got) == bn_w2a8_cuda_kernel_streamk(got));
+        /* Without wgmma the table never picks a wgmma kernel. */
+        CHECK(!bn_w2a8_cuda_kernel_wgmma(bn_w2a8_cuda_gemm_pick(picks[i].m, picks[i].n,
+                                                                picks[i].k, 0, picks[i].sms, 1)));
     }
+#undef K
 
     /* Workspace: 1024 counters, then two 192 x 128 int32 slots per block
      * (0 SMs counts as 132; more than 1024 as 1024). */

@@ -1,10 +1,12 @@
 /*
- * w2a8_gemm_pipelined.cu - the W2A8 GEMM for prefill-sized M (tens to
- * thousands of activation rows): int8 tensor cores (mma.sync m16n8k32)
- * fed by a multi-stage cp.async pipeline, with the packed 2-bit weights
- * kept packed in shared memory and expanded straight into mma fragments.
+ * w2a8_gemm_pipelined.cu - the W2A8 GEMMs for prefill-sized M (more than
+ * 64 activation rows) on GPUs without wgmma: int8 tensor cores (mma.sync
+ * m16n8k32) fed by a multi-stage cp.async pipeline, with the packed 2-bit
+ * weights kept packed in shared memory and expanded straight into mma
+ * fragments (BN_W2A8_PIPE, BN_W2A8_PIPE_SPLITK); and a tiled kernel without
+ * pipeline for shapes with few tiles and short rows (BN_W2A8_TILED).
  *
- * Same contract as every W2A8 kernel (w2a8_kernels.cu): weights in the
+ * Same contract as every W2A8 kernel (w2a8_cuda.h): weights in the
  * cuda_layout.h tile layout, activations int8 rows of ldx bytes, zero from
  * k to k_padded, and
  *
@@ -41,17 +43,16 @@
  * of row r is stored at chunk c ^ (r & 7) instead, which puts those eight
  * reads (and the cp.async writes) in eight different bank groups.
  *
- * ---- Configurations (BN_W2A8_PIPE_*) ---------------------------------------
+ * ---- Configuration ---------------------------------------------------------
  *
- *   64x256, 4 warps (1 x 4), 2 blocks per SM: 16 KB per stage, 4 stages.
- *   128x256, 8 warps (2 x 4), 1 block per SM: 24 KB per stage, 4 stages.
+ *   BM = 64 activation rows x BN = 256 weight rows, 4 warps (1 x 4), 2
+ *   blocks per SM: 16 KB per stage, 4 stages.
  *
  * BN is wide because a weight costs a quarter of an activation in bytes:
  * per k and block, 64x256 moves 64 + 256 / 4 = 128 bytes into shared memory
  * for 2 * 64 * 256 = 32768 int8 ops (3.9e-3 B/op; a 128 x 128 tile would
  * need 4.9e-3). At 1 POPS that is ~4 TB/s out of L2 for the whole GPU,
- * below what H100/H200 L2 delivers; 128x256 halves the activation share
- * (2.9e-3 B/op) at the price of half as many blocks.
+ * below what H100/H200 L2 delivers.
  *
  * ---- Expected throughput ------------------------------------------------------
  *
@@ -86,7 +87,6 @@
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdio.h>
 
 #include <cooperative_groups.h>
 
@@ -425,7 +425,7 @@ struct Launch {
             (size_t)(split > 1 && C::kRedBytes > C::kPipeBytes ? C::kRedBytes : C::kPipeBytes);
         auto kernel = pipelined_kernel<BM, BN>;
         /* What this launch needs, not the most any launch needs: GPUs with
-         * ~100 KB per block still run every configuration without split. */
+         * ~100 KB per block still run it without split. */
         cudaError_t rc =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         /* Shared memory over L1: only the epilogue's scales pass through L1. */
@@ -461,54 +461,159 @@ struct Launch {
     }
 };
 
+/* ---- Tiled, without pipeline (BN_W2A8_TILED) ----------------------------------
+ *
+ * A block computes a 64 x 64 output tile; codes are expanded to int8 in
+ * shared memory and multiplied with the activation tile, one chunk-group
+ * (256 k) a step; the +1 of the codes is removed with the activation row
+ * sums in the epilogue. Faster than the pipelined kernel on the shapes
+ * whose 256-row tiles are too few to fill the GPU and whose rows are too
+ * short for split-K to pay. */
+namespace tiled {
+
+constexpr int kGroup = 256; /* weights per row in one chunk-group */
+constexpr int kBM = 64, kBN = 64, kBK = 256;
+constexpr int kPad = 16; /* bytes added per shared row: conflict-free fragment loads */
+constexpr int kStride = kBK + kPad;
+
+__device__ __forceinline__ void mma_s8(int32_t c[4], const uint32_t a[4], const uint32_t b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* 128 threads; block (bm, bn) computes rows [64bm, +64) of activations
+ * against weight rows [64bn, +64). Warp w owns a 32 x 32 quadrant. */
+__global__ void __launch_bounds__(128)
+    gemm_kernel(const uint4 *__restrict__ w, const int8_t *__restrict__ x, int64_t ldx, int64_t m,
+                int64_t n, int64_t groups, const float *__restrict__ act_scale,
+                const int32_t *__restrict__ act_sum, float w_scale, float *__restrict__ y,
+                int64_t ldy)
+{
+    __shared__ __align__(16) int8_t As[kBM * kStride];
+    __shared__ __align__(16) int8_t Bs[kBN * kStride];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t m0 = (int64_t)blockIdx.y * kBM, n0 = (int64_t)blockIdx.x * kBN;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    const int gid = lane >> 2, tig = lane & 3;
+
+    int32_t acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int v = 0; v < 4; v++)
+                acc[i][j][v] = 0;
+
+    for (int64_t g = 0; g < groups; g++) {
+        /* Activations: 64 rows x 256 bytes, 16 bytes per thread per pass. */
+#pragma unroll
+        for (int p = 0; p < (kBM * kBK / 16) / 128; p++) {
+            const int idx = p * 128 + tid;
+            const int r = idx / (kBK / 16), c16 = idx % (kBK / 16);
+            int4 v = make_int4(0, 0, 0, 0);
+            if (m0 + r < m)
+                v = __ldg(reinterpret_cast<const int4 *>(x + (m0 + r) * ldx + g * kGroup) + c16);
+            *reinterpret_cast<int4 *>(&As[r * kStride + c16 * 16]) = v;
+        }
+        /* Weights: 8 tiles x one 512-byte block, each 16-byte entry
+         * expanded to 64 codes in row order. */
+#pragma unroll
+        for (int p = 0; p < (kBN / kTileRows) * 32 / 128; p++) {
+            const int idx = p * 128 + tid;
+            const int t = idx / 32, e = idx % 32;
+            const int q = e / 8, r = e % 8;
+            const int64_t tile = n0 / kTileRows + t;
+            uint4 wv = make_uint4(0x55555555u, 0x55555555u, 0x55555555u, 0x55555555u);
+            if (tile * kTileRows < n)
+                wv = __ldg(w + (tile * groups + g) * (kBlockBytes / 16) + e);
+            const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+            int8_t *dst = &Bs[(t * kTileRows + r) * kStride + q * 64];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                uint4 out;
+                out.x = words[i] & 0x03030303u;
+                out.y = (words[i] >> 2) & 0x03030303u;
+                out.z = (words[i] >> 4) & 0x03030303u;
+                out.w = (words[i] >> 6) & 0x03030303u;
+                *reinterpret_cast<uint4 *>(dst + 16 * i) = out;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < kBK; kk += 32) {
+            uint32_t af[2][4], bf[4][2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int8_t *base = &As[(wm + 16 * i + gid) * kStride + kk + tig * 4];
+                af[i][0] = *reinterpret_cast<const uint32_t *>(base);
+                af[i][1] = *reinterpret_cast<const uint32_t *>(base + 8 * kStride);
+                af[i][2] = *reinterpret_cast<const uint32_t *>(base + 16);
+                af[i][3] = *reinterpret_cast<const uint32_t *>(base + 8 * kStride + 16);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int8_t *base = &Bs[(wn + 8 * j + gid) * kStride + kk + tig * 4];
+                bf[j][0] = *reinterpret_cast<const uint32_t *>(base);
+                bf[j][1] = *reinterpret_cast<const uint32_t *>(base + 16);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    mma_s8(acc[i][j], af[i], bf[j]);
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int64_t row = m0 + wm + 16 * i + gid + 8 * half;
+            if (row >= m)
+                continue;
+            const float s = act_scale[row];
+            const int32_t sum = act_sum[row];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int64_t col = n0 + wn + 8 * j + 2 * tig + c;
+                    if (col < n)
+                        y[row * ldy + col] = epilogue(acc[i][j][2 * half + c] - sum, s, w_scale);
+                }
+            }
+        }
+    }
+}
+
+} // namespace tiled
+
 } // namespace
 
-extern "C" int bn_w2a8_cuda_gemm_pipelined_split(const bn_w2a8_cuda_args *a, int config,
-                                                 int split)
+extern "C" int bn_w2a8_cuda_gemm_pipelined_split(const bn_w2a8_cuda_args *a, int split)
 {
-    switch (config) {
-    case BN_W2A8_PIPE_64X256: return Launch<64, 256>::effective_split(a, split);
-    case BN_W2A8_PIPE_128X256: return Launch<128, 256>::effective_split(a, split);
-    default: return 1;
-    }
+    return Launch<64, 256>::effective_split(a, split);
 }
 
-extern "C" cudaError_t bn_w2a8_cuda_gemm_pipelined(const bn_w2a8_cuda_args *a, int config,
-                                                   int split, cudaStream_t stream)
+extern "C" cudaError_t bn_w2a8_cuda_gemm_pipelined(const bn_w2a8_cuda_args *a, int split,
+                                                   cudaStream_t stream)
 {
-    switch (config) {
-    case BN_W2A8_PIPE_64X256: return Launch<64, 256>::run(a, split, stream);
-    case BN_W2A8_PIPE_128X256: return Launch<128, 256>::run(a, split, stream);
-    default: return cudaErrorInvalidValue;
-    }
+    return Launch<64, 256>::run(a, split, stream);
 }
 
-/* Names the GEMM variants of bn_w2a8_cuda_gemm_variant (w2a8_cuda.h) for
- * the benchmark's table, with the split-K factor a pipelined one uses. */
-extern "C" void bn_w2a8_cuda_gemm_describe(const bn_w2a8_cuda_args *a, int variant, char *buf,
-                                           size_t size)
+extern "C" cudaError_t bn_w2a8_cuda_gemm_tiled(const bn_w2a8_cuda_args *a, cudaStream_t stream)
 {
-    static const char *const names[BN_W2A8_GEMM_VARIANTS] = {
-        "tiled",         "skinny",           "pipe 64x256",  "pipe 64x256",
-        "pipe 128x256",  "wgmma 256x128",    "wgmma 128x128 1wg", "wgmma 128x128",
-        "wgmma 128x128 splitk", "wgmma 128x128 ss", "wgmma 128x128 tma",
-        "wgmma 128x128 tma stream-k", "wgmma 128x128 tma rs", "wgmma 128x128 tma rs stream-k",
-        "wgmma 192x128 tma rs", "wgmma 192x128 tma rs stream-k", "wgmma 256x128 tma rs",
-        "wgmma 192x64 tma rs", "gemv rows", "mma rows x2", "mma rows x4"};
-    static const int configs[BN_W2A8_GEMM_VARIANTS] = {
-        -1, -1, BN_W2A8_PIPE_64X256, BN_W2A8_PIPE_64X256, BN_W2A8_PIPE_128X256, -1, -1, -1, -1,
-        -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
-    if (variant < 0 || variant >= BN_W2A8_GEMM_VARIANTS) {
-        snprintf(buf, size, "variant %d?", variant);
-        return;
-    }
-    const int split =
-        variant == 8 ? bn_w2a8_cuda_gemm_wgmma_split_factor(a, BN_W2A8_WGMMA_128X128_SPLITK, 0)
-        : configs[variant] < 0
-            ? 1
-            : bn_w2a8_cuda_gemm_pipelined_split(a, configs[variant], variant == 3 ? 1 : 0);
-    if (split > 1)
-        snprintf(buf, size, "%s k/%d", names[variant], split);
-    else
-        snprintf(buf, size, "%s", names[variant]);
+    using namespace tiled;
+    if (a->m <= 0 || a->n <= 0)
+        return cudaSuccess;
+    const dim3 grid((unsigned)((a->n + kBN - 1) / kBN), (unsigned)((a->m + kBM - 1) / kBM));
+    gemm_kernel<<<grid, 128, 0, stream>>>(reinterpret_cast<const uint4 *>(a->weights), a->x,
+                                          a->ldx, a->m, a->n, a->groups, a->act_scale,
+                                          a->act_sum, a->weight_scale, a->y, a->ldy);
+    return cudaGetLastError();
 }

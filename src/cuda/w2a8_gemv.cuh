@@ -1,5 +1,5 @@
 /* Device helpers of the W2A8 GEMV (cuda_layout.h's tile layout), shared by
- * w2a8_kernels.cu, the decode GEMVs of cuda_backend_kernels.cu and (the
+ * w2a8_gemv.cu and w2a8_gemm_rows.cu, the decode GEMVs of cuda_backend_kernels.cu and (the
  * streaming load) the LM head and the benchmark's read floor. */
 #ifndef BN_W2A8_GEMV_CUH
 #define BN_W2A8_GEMV_CUH
@@ -84,7 +84,7 @@ __device__ __forceinline__ void gemv_stage_row(void *dst, const void *src, int64
 
 /* ---- the pieces of the decode GEMVs -----------------------------------------
  *
- * Shared by w2a8_kernels.cu's gemv_pdl_kernel and cuda_backend_kernels.cu's
+ * Shared by w2a8_gemv.cu's gemv_pdl_kernel and cuda_backend_kernels.cu's
  * decode_gemv_kernel. A block holds TILES tiles with WARPS warps each; warp
  * `split` of a tile streams the tile's chunk-groups split, split + WARPS,
  * ... (blocks: the tile's first entry of this lane). The first kPre of them
@@ -103,7 +103,7 @@ __device__ __forceinline__ void gemv_prefetch(uint4 (&wv)[kPre], const uint4 *bl
 }
 
 /* The warp's int32 sum over its chunk-groups: the prefetched entries, then
- * the rest four in flight at a time (as w2a8_kernels.cu's gemv_kernel).
+ * the rest four in flight at a time (as w2a8_gemv.cu's gemv_kernel).
  * xq: the activations this lane's entries meet (its quarter of the row). */
 template <int WARPS, int kPre, bool kL2 = false>
 __device__ __forceinline__ int gemv_warp_product(const uint4 (&wv)[kPre], const uint4 *blocks,

@@ -1,6 +1,8 @@
 /*
  * bench_cuda.c - `bitnet bench kernels --device cuda`: the CUDA W2A8
- * kernels against the device's ceilings measured in the same run:
+ * kernels the library ships (for M > 1 the one its kernel table picks, or
+ * any other with --kernel) against the device's ceilings measured in the
+ * same run:
  *   - device-to-device copy bandwidth (bytes read + bytes written);
  *   - cuBLAS BF16 (cublasGemmEx, fp32 accumulation) on the same shape.
  *
@@ -39,9 +41,8 @@ typedef struct cuda_bench_opts {
     int n_ms;
     double rotate_mib;
     int launches, reps;
-    bool variants; /* time every kernel variant, not just the default */
-    int only_variant; /* >= 0: time this variant only (--variant; for profiling) */
-    int split;        /* > 0: the GEMV's K split for the unchained rows (--split) */
+    int kernel; /* M > 1: >= 0 this table kernel, -1 the table's pick, -2 all (--kernel) */
+    int split;  /* > 0: the GEMV's K split (--split) */
 } cuda_bench_opts;
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -166,12 +167,9 @@ typedef struct w2a8_side {
     int n_copies;
     bn_w2a8_cuda_args args;
     int split;
-    int variant; /* -1: the default kernel; -2: the PDL GEMV chained (below), its
-                    activations staged per cluster of args.cluster blocks if > 1;
-                    -3: the bulk-copy GEMV chained the same way; -5: the bulk-copy
-                    GEMV of several tiles a block (split: blocks an SM) chained
-                    the same way; M > 1, -4: the default GEMM launched with
-                    programmatic dependent launch */
+    int decode;             /* M = 1: the decode step's GEMV (bn_w2a8_cuda_gemv_pdl) */
+    int pdl;                /* launched with programmatic dependent launch */
+    bn_w2a8_kernel kernel;  /* M > 1: this kernel (bn_w2a8_cuda_gemm_run) */
 } w2a8_side;
 
 static bool launch_w2a8(void *p, int i, cudaStream_t s)
@@ -179,21 +177,14 @@ static bool launch_w2a8(void *p, int i, cudaStream_t s)
     w2a8_side *w = p;
     bn_w2a8_cuda_args a = w->args;
     a.weights = w->copies[i % w->n_copies];
+    a.pdl = w->pdl;
     cudaError_t rc;
-    if (a.m == 1 && w->variant == -2)
-        rc = bn_w2a8_cuda_gemv_pdl(&a, w->split, 1, s);
-    else if (a.m == 1 && w->variant == -3)
-        rc = bn_w2a8_cuda_gemv_bulk(&a, w->split, 1, s);
-    else if (a.m == 1 && w->variant == -5)
-        rc = bn_w2a8_cuda_gemv_bulk_tiles(&a, w->split, 1, s);
+    if (a.m == 1 && w->decode)
+        rc = bn_w2a8_cuda_gemv_pdl(&a, w->split, w->pdl, s);
     else if (a.m == 1)
-        rc = w->variant < 0 ? bn_w2a8_cuda_gemv(&a, w->split, s)
-                            : bn_w2a8_cuda_gemv_variant(&a, w->split, w->variant, s);
-    else {
-        a.pdl = w->variant == -4;
-        rc = w->variant < 0 ? bn_w2a8_cuda_gemm(&a, s)
-                            : bn_w2a8_cuda_gemm_variant(&a, w->variant, s);
-    }
+        rc = bn_w2a8_cuda_gemv(&a, w->split, s);
+    else
+        rc = bn_w2a8_cuda_gemm_run(&a, w->kernel, s);
     return rc == cudaSuccess;
 }
 
@@ -392,7 +383,7 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
         const double c_us = time_calls_edges(launch_cublas, &c, s, o->launches, o->reps, &graph_c,
                                              &c_edges, false);
         cublas_graphs[c_edges > 0 ? 2 : c_edges == 0 ? 1 : 0]++;
-        if (c_edges > 0 && o->only_variant < 0) {
+        if (c_edges > 0) {
             /* cuBLAS chained its calls by programmatic dependent launch: its
              * time with each call waiting for the one before to complete,
              * as the W2A8 rows without "PDL-chained" run. */
@@ -413,7 +404,7 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
         /* For M = 1 first the floor: a kernel that only reads the packed
          * weights (read_stream.h; the better of one and two blocks per
          * SM), alone and chained like the GEMVs below. */
-        if (m == 1 && o->only_variant < 0 && d_floor_sink) {
+        if (m == 1 && d_floor_sink) {
             read_side r = {w.copies, w.n_copies, l.bytes, 0, 0, d_floor_sink};
             const bool read_pdl = pdl && bn_cuda_read_stream_pdl_compiled();
             for (int chained = 0; chained <= (read_pdl ? 1 : 0); chained++) {
@@ -442,90 +433,58 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
                 }
             }
         }
-        /* For M = 1 also the decode step's way of running the GEMV: v5
-         * launched with programmatic dependent launch, so in the replayed
-         * sequence each call's weight loads start while the previous call
-         * finishes (the calls still complete in order). */
-        const int base = !o->variants ? 1
-                         : m == 1     ? BN_W2A8_GEMV_VARIANTS
-                                      : BN_W2A8_GEMM_VARIANTS;
-        const int default_split = w.split;
-        /* --variants: the chained GEMV at every split (1, 2, 4, 8); each
-         * also with its activations staged per cluster of 8 where the
-         * device has clusters, the bulk-copy GEMV where it runs, and the
-         * bulk-copy GEMV of several tiles a block at 1, 2, 4, 8 blocks an
-         * SM (without --variants at 2 and 4, the two that measured fastest
-         * on the large shapes) where it runs */
-        enum { V5, V5_CLUSTER, V9, V10 };
-        int staging_kind[5], staging_bps[5] = {0}, stagings = 0;
-        staging_kind[stagings++] = V5;
-        if (bn_w2a8_cuda_gemv_cluster_usable()) {
-            staging_kind[stagings++] = V5_CLUSTER;
-            if (bn_w2a8_cuda_gemv_bulk_usable(&w.args))
-                staging_kind[stagings++] = V9;
-            /* (8 blocks an SM: the smallest share, so it runs at some count) */
-            if (bn_w2a8_cuda_gemv_bulk_tiles_per_block(&w.args, 8) > 0)
-                for (int bps = 2; bps <= (o->variants ? 2 : 4); bps *= 2) {
-                    staging_bps[stagings] = bps;
-                    staging_kind[stagings++] = V10;
+        /* The rows of this M: for M = 1 the GEMV alone, then as the decode
+         * step runs it, launched with programmatic dependent launch (in the
+         * replayed sequence each call's weight loads start while the
+         * previous call finishes; the calls still complete in order), its
+         * activations staged per block and, where the device has clusters,
+         * per cluster of 8. For M > 1 the table's kernel (or --kernel's),
+         * alone and, where it is a wgmma one (its weight copies start
+         * before the wait), chained the same way. */
+        w2a8_side runs[2 * BN_W2A8_KERNELS + 3];
+        int n_runs = 0;
+        w.split = o->split > 0 ? o->split : w.split;
+        if (m == 1) {
+            runs[n_runs++] = w;
+            for (int cluster = 0; pdl && cluster <= 8; cluster += 8) {
+                if (cluster && !bn_w2a8_cuda_gemv_cluster_usable())
+                    break;
+                w2a8_side d = w;
+                d.decode = d.pdl = 1;
+                d.args.cluster = cluster;
+                runs[n_runs++] = d;
+            }
+        } else {
+            const bn_w2a8_kernel pick = bn_w2a8_cuda_gemm_pick(
+                m, n, l.k_padded, bn_w2a8_cuda_gemm_wgmma_usable(), sm_count, 1);
+            for (int kernel = 0; kernel < BN_W2A8_KERNELS; kernel++) {
+                if (kernel == BN_W2A8_GEMV ||
+                    (o->kernel == -1 ? kernel != (int)pick : o->kernel >= 0 && kernel != o->kernel))
+                    continue;
+                w2a8_side g = w;
+                g.kernel = (bn_w2a8_kernel)kernel;
+                runs[n_runs++] = g;
+                if (pdl && bn_w2a8_cuda_kernel_wgmma(g.kernel)) {
+                    g.pdl = 1;
+                    runs[n_runs++] = g;
                 }
+            }
         }
-        /* M > 1: the default GEMM chained the same way where it is a
-         * warp-specialized one (its weight copies start before the wait) */
-        const int gemm_default =
-            m > 1 ? bn_w2a8_cuda_gemm_default_variant(m, n, l.k_padded,
-                                                      bn_w2a8_cuda_gemm_wgmma_usable(), sm_count)
-                  : -1;
-        const int n_chained = m == 1 && pdl ? (o->variants ? 4 : 1) * stagings
-                              : m > 1 && pdl && bn_w2a8_cuda_gemm_variant_pdl(gemm_default) ? 1
-                                                                                           : 0;
-        const int n_variants = base + n_chained;
-        if (o->only_variant >= base)
-            printf("| %lldx%lld | %lld | variant %d | no such variant for M = %lld | | | | | | "
-                   "|\n",
-                   (long long)n, (long long)k, (long long)m, o->only_variant, (long long)m);
-        for (int v = 0; v < n_variants; v++) {
-            const bool chained = v >= base;
-            if (o->only_variant >= 0 && (chained || v != o->only_variant))
-                continue;
-            const int staging_index = chained && m == 1 ? (v - base) % stagings : 0;
-            const int staging = staging_kind[staging_index];
-            w.variant = !chained           ? (o->variants ? v : -1)
-                        : m > 1            ? -4
-                        : staging == V9    ? -3
-                        : staging == V10   ? -5
-                                           : -2;
-            const int chain = chained && m == 1 ? (v - base) / stagings : 0;
-            w.split = chained && o->variants ? 1 << chain
-                      : staging == V10       ? staging_bps[staging_index]
-                      : o->split > 0         ? o->split
-                                             : default_split;
-            w.args.cluster = staging == V5_CLUSTER ? 8 : 0;
-            if (w.variant == -5 && bn_w2a8_cuda_gemv_bulk_tiles_per_block(&w.args, w.split) == 0)
-                continue; /* a block's share of the matrix does not fit */
-            char kernel[64];
+        for (int r = 0; r < n_runs; r++) {
+            w2a8_side *run = &runs[r];
+            char kernel[80];
             if (m > 1) {
-                char name[40];
-                const int gemm = o->variants && !chained ? v : gemm_default;
-                bn_w2a8_cuda_gemm_describe(&w.args, gemm, name, sizeof name);
-                snprintf(kernel, sizeof kernel, "gemm %s%s", name, chained ? " PDL-chained" : "");
-            } else if (w.variant == -3)
-                snprintf(kernel, sizeof kernel, "gemv v9 PDL-chained split %d", w.split);
-            else if (w.variant == -5)
-                snprintf(kernel, sizeof kernel, "gemv v10 PDL-chained %d blocks/SM x %d tiles",
-                         w.split, bn_w2a8_cuda_gemv_bulk_tiles_per_block(&w.args, w.split));
-            else if (chained && w.args.cluster)
-                snprintf(kernel, sizeof kernel, "gemv v5 PDL-chained cluster-staged split %d",
-                         w.split);
-            else if (chained)
-                snprintf(kernel, sizeof kernel, "gemv v5 PDL-chained split %d", w.split);
-            else if (o->variants && v == 10)
-                snprintf(kernel, sizeof kernel, "gemv v10 %d blocks/SM", w.split);
-            else
-                snprintf(kernel, sizeof kernel, "gemv v%d split %d",
-                         o->variants ? v : BN_W2A8_GEMV_DEFAULT_VARIANT, w.split);
+                char name[48];
+                bn_w2a8_cuda_gemm_describe(&run->args, run->kernel, name, sizeof name);
+                snprintf(kernel, sizeof kernel, "gemm %s%s", name,
+                         run->pdl ? " PDL-chained" : "");
+            } else {
+                snprintf(kernel, sizeof kernel, "gemv%s%s split %d",
+                         run->pdl ? " PDL-chained" : "",
+                         run->args.cluster ? " cluster-staged" : "", run->split);
+            }
             bool graph_w;
-            const double w_us = time_calls(launch_w2a8, &w, s, o->launches, o->reps, &graph_w);
+            const double w_us = time_calls(launch_w2a8, run, s, o->launches, o->reps, &graph_w);
             if (w_us > 0) {
                 const double gbs = bytes / (w_us * 1e-6) / 1e9;
                 printf("| %lldx%lld | %lld | %s | %.1f | %.2f | %.0f | %.0f%% | %.2f | %.2fx | "
@@ -535,7 +494,7 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
                        c_us > 0 ? c_us / w_us : 0.0, quant_us,
                        graph_w && graph_c ? "" : " (not graphed)");
             } else {
-                printf("| %lldx%lld | %lld | %s | launch failed | | | | | | |\n", (long long)n,
+                printf("| %lldx%lld | %lld | %s | cannot run here | | | | | | |\n", (long long)n,
                        (long long)k, (long long)m, kernel);
             }
             fflush(stdout);
@@ -592,6 +551,24 @@ static bool parse_shape_list(const char *text, cuda_bench_opts *o)
     return o->n_shapes > 0;
 }
 
+/* --kernel: a GEMM kernel of the table by its name with '-' for spaces
+ * ("wgmma-192x64"), or "all"; -2 for all, -3 for no such kernel. */
+static int parse_kernel(const char *text)
+{
+    if (strcmp(text, "all") == 0)
+        return -2;
+    for (int kernel = 0; kernel < BN_W2A8_KERNELS; kernel++) {
+        char name[48];
+        snprintf(name, sizeof name, "%s", bn_w2a8_cuda_kernel_name((bn_w2a8_kernel)kernel));
+        for (char *c = name; *c; c++)
+            if (*c == ' ')
+                *c = '-';
+        if (kernel != BN_W2A8_GEMV && strcmp(name, text) == 0)
+            return kernel;
+    }
+    return -3;
+}
+
 int bench_kernels_cuda(int argc, char **argv, int device);
 int bench_kernels_cuda(int argc, char **argv, int device)
 {
@@ -608,28 +585,19 @@ int bench_kernels_cuda(int argc, char **argv, int device)
                          .rotate_mib = 1024,
                          .launches = 50,
                          .reps = 10,
-                         .only_variant = -1};
+                         .kernel = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
-        if (strcmp(a, "--variants") == 0) {
-            o.variants = true;
-            continue;
-        } else if (strcmp(a, "--device") == 0) {
+        if (strcmp(a, "--device") == 0) {
             /* handled by the caller */
         } else if (ok && strcmp(a, "--shapes") == 0) {
             ok = parse_shape_list(v, &o);
         } else if (ok && strcmp(a, "--m") == 0) {
             ok = parse_int_list(v, o.ms, &o.n_ms);
-        } else if (ok && strcmp(a, "--variant") == 0) {
-            char *end;
-            const long pick = strtol(v, &end, 10);
-            const int most = BN_W2A8_GEMV_VARIANTS > BN_W2A8_GEMM_VARIANTS
-                                 ? BN_W2A8_GEMV_VARIANTS
-                                 : BN_W2A8_GEMM_VARIANTS;
-            ok = *end == '\0' && end != v && pick >= 0 && pick < most;
-            o.only_variant = (int)pick;
-            o.variants = true;
+        } else if (ok && strcmp(a, "--kernel") == 0) {
+            o.kernel = parse_kernel(v);
+            ok = o.kernel != -3;
         } else if (ok && strcmp(a, "--split") == 0) {
             o.split = atoi(v);
             ok = o.split == 1 || o.split == 2 || o.split == 4 || o.split == 8;
@@ -702,16 +670,15 @@ int bench_kernels_cuda(int argc, char **argv, int device)
             rc = BN_EXIT_FAILURE;
         fflush(stdout);
     }
-    printf("\nW2A8: GEMV kernel for M = 1, int8 tensor-core GEMM for M > 1 (--variants: each "
-           "variant,\nsee w2a8_cuda.h; 'PDL-chained': the GEMV v5, v9 or v10 (its blocks an SM and "
-           "tiles a block named),\nor the default GEMM, with programmatic dependent "
-           "launch, each call starting while the one\nbefore it finishes, as the decode step "
-           "and the prefill chain their kernels); GB/s "
-           "counts packed "
-           "weights + int8\nactivations + float outputs once per call; speedup = cuBLAS time / "
-           "W2A8 time; 'quantize' is\nthe activation quantization of the M rows (not included in "
-           "W2A8 us). 'read only (floor)': a kernel that only reads the packed weights,\nthe "
-           "least time any kernel streaming them once takes (its GB/s over those bytes).\n"
+    printf("\nW2A8: the GEMV for M = 1, for M > 1 the GEMM its kernel table picks (w2a8_select.c;\n"
+           "--kernel NAME or all: that kernel instead); 'PDL-chained': launched with programmatic\n"
+           "dependent launch, each call starting while the one before it finishes, as the decode\n"
+           "step and the prefill chain their kernels ('cluster-staged': the activations staged\n"
+           "once per cluster of 8 blocks, the decode step's default); GB/s counts packed weights\n"
+           "+ int8 activations + float outputs once per call; speedup = cuBLAS time / W2A8 time;\n"
+           "'quantize' is the activation quantization of the M rows (not included in W2A8 us).\n"
+           "'read only (floor)': a kernel that only reads the packed weights, the least time any\n"
+           "kernel streaming them once takes (its GB/s over those bytes).\n"
            "'cublas bf16, its N PDL edges made full dependencies': where cuBLAS's own captured "
            "calls\nare chained by programmatic dependent launch, its time with each call "
            "waiting for the one\nbefore to complete (the speedup column uses cuBLAS as "

@@ -49,8 +49,9 @@ static void usage(FILE *out)
             "  --scalar-max-m M     skip the scalar reference above this M (default 8)\n"
             "  --device cpu|cuda[:N] cuda: the GPU kernels (device N, default 0) against copy\n"
             "                       bandwidth and cuBLAS BF16\n"
-            "                       (options there: --shapes, --m, --rotate-mib, --variants:\n"
-            "                       every kernel variant, --variant N: variant N only,\n"
+            "                       (options there: --shapes, --m, --rotate-mib, --kernel\n"
+            "                       NAME|all: for M > 1 that kernel of the table (e.g.\n"
+            "                       wgmma-192x64) or every one instead of the table's pick,\n"
             "                       --split 1|2|4|8: the GEMV's K split)\n"
             "  --help\n");
 }
