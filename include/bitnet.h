@@ -691,6 +691,80 @@ bn_status bn_model_perplexity(bn_model *m, const char *text, size_t len, int64_t
                               bn_perplexity_progress progress, void *user, bn_perplexity *out,
                               bn_error *err);
 
+/* ------------------------------------------------------------------------ */
+/* Converting models                                                         */
+/* ------------------------------------------------------------------------ */
+/*
+ * A Hugging Face BitNet b1.58 directory (config.json, tokenizer.json and
+ * the weights as *.safetensors: a packed ternary checkpoint or bf16 master
+ * weights) written as one GGUF file in the conventions of the runtime that
+ * reads it (bitnet convert). The file computes what the directory does, up
+ * to the fp16 rounding of the scales in the llama.cpp encodings.
+ */
+
+typedef enum bn_convert_type {
+    BN_CONVERT_I2_S = 0, /* Microsoft bitnet.cpp (architecture bitnet-25): I2_S
+                            projections, F16 token embedding, F32 norms    */
+    BN_CONVERT_TQ2_0,    /* llama.cpp (architecture bitnet): TQ2_0 projections,
+                            F16 embedding                                  */
+    BN_CONVERT_TQ1_0,    /* llama.cpp: TQ1_0 projections (1.69 bits/weight) */
+    BN_CONVERT_F16       /* llama.cpp: projections as F16 values (code x scale) */
+} bn_convert_type;
+
+/* "i2_s", "tq2_0", "tq1_0" or "f16" to *out; false for any other name or
+ * a NULL argument (*out is then left as it was). */
+bool bn_convert_type_parse(const char *name, bn_convert_type *out);
+/* The name bn_convert_type_parse reads; "unknown" for a value outside the
+ * enum. */
+const char *bn_convert_type_name(bn_convert_type type);
+
+/* Progress of a conversion: stage "packing" (done and total count
+ * tensors), then "writing" (bytes). */
+typedef void (*bn_convert_progress)(void *user, const char *stage, uint64_t done,
+                                    uint64_t total);
+
+typedef struct bn_convert_options {
+    bn_convert_type type;         /* BN_CONVERT_I2_S                        */
+    bn_convert_progress progress; /* NULL: none                             */
+    void *user;                   /* passed to progress                     */
+} bn_convert_options;
+
+/* Defaults: I2_S, no progress (every field 0 / NULL). */
+void bn_convert_options_default(bn_convert_options *opt);
+
+typedef struct bn_convert_report {
+    char architecture[32]; /* general.architecture written: "bitnet-25" or "bitnet" */
+    int n_tensors;
+    int n_ternary;         /* projections in the requested encoding       */
+    int n_f16_fallback;    /* projections written as F16 instead: their rows
+                              do not fit the encoding's blocks of 256     */
+    uint64_t file_bytes;
+} bn_convert_report;
+
+/* Converts the directory hf_dir to the GGUF file out_path. opt NULL: the
+ * defaults; report (may be NULL) is filled on success. The file is written
+ * under a temporary name of its own beside out_path, synced and renamed
+ * over it when complete, so out_path never holds a partial file. Errors:
+ * BN_ERR_INVALID_ARGUMENT for a NULL path, an unknown type or an hf_dir
+ * that is not a directory; BN_ERR_IO when hf_dir cannot be opened, or
+ * when out_path exists and is not a regular file (refused before any work)
+ * or cannot be written; BN_ERR_FORMAT / BN_ERR_UNSUPPORTED for a
+ * directory that is not a BitNet model bitnet reads, and when a value the
+ * encoding stores as F16 is beyond F16's range (the file would not load).
+ * Thread safety: any thread; conversions share nothing but the table of
+ * temporary files below. */
+bn_status bn_convert_hf_to_gguf(const char *hf_dir, const char *out_path,
+                                const bn_convert_options *opt, bn_convert_report *report,
+                                bn_error *err);
+
+/* Removes the temporary files the conversions running in this process are
+ * writing. Async-signal-safe (lock-free atomics and unlink only), for the
+ * SIGINT / SIGTERM handler a program installs itself: the handler calls
+ * this, then re-raises the signal with its default action. The library
+ * installs no signal handlers. A conversion whose file is removed fails
+ * when it renames it. */
+void bn_convert_remove_temp_files(void);
+
 #ifdef __cplusplus
 }
 #endif

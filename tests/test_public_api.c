@@ -423,6 +423,44 @@ static void test_gpu_detect(void)
     unsetenv("BITNET_GPU_FAKE");
 }
 
+static void test_convert_arguments(void)
+{
+    bn_error e;
+    bn_convert_type t = BN_CONVERT_TQ1_0;
+    CHECK(!bn_convert_type_parse(NULL, &t) && t == BN_CONVERT_TQ1_0);
+    CHECK(!bn_convert_type_parse("i2_s", NULL));
+    CHECK(!bn_convert_type_parse("q4_0", &t) && t == BN_CONVERT_TQ1_0);
+    CHECK(!bn_convert_type_parse("", &t) && t == BN_CONVERT_TQ1_0);
+    static const char *const names[] = {"i2_s", "tq2_0", "tq1_0", "f16"};
+    for (int i = 0; i < 4; i++) {
+        CHECK(bn_convert_type_parse(names[i], &t) && (int)t == i);
+        CHECK(strcmp(bn_convert_type_name(t), names[i]) == 0);
+    }
+    CHECK(strcmp(bn_convert_type_name((bn_convert_type)4), "unknown") == 0);
+    CHECK(strcmp(bn_convert_type_name((bn_convert_type)-1), "unknown") == 0);
+
+    bn_convert_options_default(NULL);
+    bn_convert_options o;
+    memset(&o, 0x5a, sizeof o);
+    bn_convert_options_default(&o);
+    CHECK(o.type == BN_CONVERT_I2_S && o.progress == NULL && o.user == NULL);
+
+    bn_convert_report r;
+    memset(&r, 0x5a, sizeof r);
+    CHECK_INVALID(bn_convert_hf_to_gguf(NULL, "/tmp/x.gguf", NULL, &r, &e), e);
+    CHECK(r.n_tensors == 0 && r.file_bytes == 0); /* cleared even on failure */
+    CHECK_INVALID(bn_convert_hf_to_gguf("/tmp", NULL, NULL, NULL, &e), e);
+    CHECK(bn_convert_hf_to_gguf(NULL, NULL, NULL, NULL, NULL) == BN_ERR_INVALID_ARGUMENT);
+    o.type = (bn_convert_type)4;
+    CHECK_INVALID(bn_convert_hf_to_gguf("/tmp", "/tmp/x.gguf", &o, NULL, &e), e);
+    CHECK_STR_CONTAINS(e.message, "unknown output type 4");
+    o.type = (bn_convert_type)-1;
+    CHECK_INVALID(bn_convert_hf_to_gguf("/tmp", "/tmp/x.gguf", &o, NULL, &e), e);
+
+    /* Nothing being written: nothing to remove. */
+    bn_convert_remove_temp_files();
+}
+
 int main(void)
 {
     test_status_and_errors();
@@ -434,5 +472,6 @@ int main(void)
     test_cuda_records();
     test_launch_params();
     test_gpu_detect();
+    test_convert_arguments();
     TEST_EXIT();
 }

@@ -1,6 +1,46 @@
 /*
- * convert.c - Hugging Face BitNet directory -> GGUF (conventions and
- * sources in convert.h).
+ * convert.c - Hugging Face BitNet directories to GGUF files that other
+ * runtimes load (bn_convert_hf_to_gguf), in the conventions of the
+ * converter each runtime uses.
+ *
+ *   i2_s    Microsoft bitnet.cpp (utils/convert-helper-bitnet.py: the HF
+ *           checkpoint through convert-ms-to-gguf-bitnet.py, then
+ *           llama-quantize I2_S with --token-embedding-type f16 as
+ *           setup_env.py --quant-embd does):
+ *             general.architecture "bitnet-25", general.file_type 40
+ *             (LLAMA_FTYPE_MOSTLY_I2_S), projections I2_S (ggml type 36:
+ *             codes, then the float32 scale, padded to n/4 + 32 bytes),
+ *             token_embd F16, norms F32, tied models without output.weight;
+ *             tokenizer "gpt2" without tokenizer.ggml.pre, token scores
+ *             (0 for the BPE vocabulary, -1000 for added tokens),
+ *             add_bos_token true.
+ *   tq1_0   upstream llama.cpp (convert_hf_to_gguf.py, BitnetModel):
+ *   tq2_0     general.architecture "bitnet", general.file_type 36 / 37 / 1
+ *   f16       (MOSTLY_TQ1_0 / MOSTLY_TQ2_0 / MOSTLY_F16), rope.scaling.type
+ *             "linear" and rope.scaling.factor 1.0; the weight_scale is
+ *             folded into the weights (code * scale), so no ".scale"
+ *             tensors; projections TQ1_0/TQ2_0 (block scale = the tensor
+ *             scale as fp16) or F16, falling back to F16 for a tensor whose
+ *             rows are not a multiple of 256 as the converter does;
+ *             token_embd and output F16; 1-D tensors and norms F32;
+ *             tokenizer "gpt2" with pre "llama-bpe".
+ *
+ * Both: metadata keys <arch>.vocab_size, context_length, embedding_length,
+ * block_count, feed_forward_length, rope.dimension_count,
+ * attention.head_count, attention.head_count_kv,
+ * attention.layer_norm_rms_epsilon, rope.freq_base; tensor names
+ * token_embd, output_norm, [output], blk.N.{attn_norm, attn_q, attn_k,
+ * attn_v, attn_output, attn_sub_norm, ffn_norm, ffn_gate, ffn_up, ffn_down,
+ * ffn_sub_norm}.weight, Q/K rows not permuted; tokenizer tokens (GPT-2
+ * byte-to-unicode strings as in tokenizer.json), token_type (NORMAL 1,
+ * CONTROL 3 for special added tokens, USER_DEFINED 4 for other added
+ * tokens, UNUSED 5 for "[PADn]" fillers up to the model's vocab), merges,
+ * bos/eos/eot ids.
+ *
+ * The projections come from bn_checkpoint_projection_codes (packed checkpoints
+ * as stored, bf16 master weights quantized with absmean as the model was
+ * trained), so the file computes exactly what the source does, up to the
+ * fp16 rounding of the scale in TQ1_0/TQ2_0/F16.
  *
  * The model API gives every piece in canonical form (ternary codes + scale
  * per projection, float rows of the embedding, float norms), so this file
@@ -8,8 +48,6 @@
  * straight from tokenizer.json, because GGUF stores the BPE vocabulary in
  * the same GPT-2 byte-to-unicode spelling and the merges verbatim.
  */
-#include "convert.h"
-
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +55,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "bitnet.h"
 #include "fp16.h"
 #include "gguf.h"
 #include "model.h"
@@ -37,11 +76,13 @@ enum {
     TOKEN_UNUSED = 5
 };
 
+/* Names in bn_convert_type order. */
 static const char *const type_names[] = {"i2_s", "tq2_0", "tq1_0", "f16"};
+enum { N_TYPES = sizeof type_names / sizeof type_names[0] };
 
 bool bn_convert_type_parse(const char *name, bn_convert_type *out)
 {
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; name && out && i < N_TYPES; i++) {
         if (strcmp(name, type_names[i]) == 0) {
             *out = (bn_convert_type)i;
             return true;
@@ -50,9 +91,20 @@ bool bn_convert_type_parse(const char *name, bn_convert_type *out)
     return false;
 }
 
-const char *bn_convert_type_name(bn_convert_type t)
+const char *bn_convert_type_name(bn_convert_type type)
 {
-    return (unsigned)t < 4 ? type_names[t] : "?";
+    return (unsigned)type < N_TYPES ? type_names[type] : "unknown";
+}
+
+void bn_convert_options_default(bn_convert_options *opt)
+{
+    if (opt)
+        memset(opt, 0, sizeof *opt);
+}
+
+void bn_convert_remove_temp_files(void)
+{
+    bn_gguf_writer_remove_temp_files();
 }
 
 /* GGUF tensor names of the projections and norms, in bn_proj / bn_norm
@@ -597,7 +649,7 @@ static bn_status add_projection(conv *c, int layer, bn_proj p, int8_t *codes, bn
     return add_tensor(c, name, BN_QTYPE_F16, 2, ne, h, count * sizeof *h, err);
 }
 
-static bn_status write_tensors(conv *c, bn_convert_progress_fn progress, void *ctx, bn_error *err)
+static bn_status write_tensors(conv *c, bn_convert_progress progress, void *ctx, bn_error *err)
 {
     const bn_hparams *hp = bn_checkpoint_hparams(c->model);
     const uint64_t total = 1 + (uint64_t)hp->n_layer * (BN_PROJ_COUNT + BN_NORM_COUNT) + 1 +
@@ -659,7 +711,7 @@ static bn_status write_tensors(conv *c, bn_convert_progress_fn progress, void *c
 /* ---- driver ---------------------------------------------------------------- */
 
 typedef struct write_progress {
-    bn_convert_progress_fn fn;
+    bn_convert_progress fn;
     void *ctx;
 } write_progress;
 
@@ -669,13 +721,23 @@ static void on_write(void *ctx, uint64_t done, uint64_t total)
     wp->fn(wp->ctx, "writing", done, total);
 }
 
-bn_status bn_convert_hf_to_gguf(const char *hf_dir, const char *out_path, bn_convert_type type,
-                                bn_convert_progress_fn progress, void *ctx,
-                                bn_convert_report *report, bn_error *err)
+bn_status bn_convert_hf_to_gguf(const char *hf_dir, const char *out_path,
+                                const bn_convert_options *opt, bn_convert_report *report,
+                                bn_error *err)
 {
     if (report)
         memset(report, 0, sizeof *report);
-    if ((unsigned)type > BN_CONVERT_F16)
+    bn_convert_options defaults;
+    bn_convert_options_default(&defaults);
+    if (!opt)
+        opt = &defaults;
+    const bn_convert_type type = opt->type;
+    const bn_convert_progress progress = opt->progress;
+    void *const ctx = opt->user;
+    if (!hf_dir || !out_path)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_convert_hf_to_gguf: NULL %s", !hf_dir ? "hf_dir" : "out_path");
+    if ((unsigned)type >= N_TYPES)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "use i2_s, tq2_0, tq1_0 or f16",
                             "unknown output type %d", (int)type);
     struct stat sb;

@@ -1,14 +1,12 @@
 /* bitnet convert HF_DIR -o OUT.gguf --type T: a Hugging Face BitNet
- * directory as the GGUF file other runtimes expect (src/engine/convert.h
- * lists the conventions and where they come from). */
+ * directory as the GGUF file other runtimes expect (bn_convert_hf_to_gguf;
+ * src/engine/convert.c lists the conventions and where they come from). */
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli.h"
-#include "convert.h"
-#include "gguf.h"
 
 static void usage(FILE *out)
 {
@@ -64,8 +62,8 @@ static void on_progress(void *ctx, const char *stage, uint64_t done, uint64_t to
 
 /* The library installs no signal handlers; the command does, for the
  * length of the conversion only. On SIGINT, SIGTERM or SIGHUP the handler
- * removes the temporary file the writer is filling (the writer publishes it
- * in a lock-free table; removal is async-signal-safe), then re-raises the
+ * removes the temporary file the conversion is filling
+ * (bn_convert_remove_temp_files is async-signal-safe), then re-raises the
  * signal, whose action SA_RESETHAND has already reset to the default, so the
  * process ends as it would have without the handler. An existing OUT is
  * never touched: it is only ever replaced by the final rename. */
@@ -74,7 +72,7 @@ enum { N_CLEANUP_SIGNALS = sizeof cleanup_signals / sizeof cleanup_signals[0] };
 
 static void on_fatal_signal(int sig)
 {
-    bn_gguf_writer_remove_temp_files();
+    bn_convert_remove_temp_files();
     raise(sig); /* delivered when the handler returns */
 }
 
@@ -104,7 +102,8 @@ int cmd_convert(int argc, char **argv, const bn_config *cfg)
 {
     (void)cfg;
     const char *in = NULL, *out = NULL;
-    bn_convert_type type = BN_CONVERT_I2_S;
+    bn_convert_options opt;
+    bn_convert_options_default(&opt);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -117,7 +116,7 @@ int cmd_convert(int argc, char **argv, const bn_config *cfg)
             const char *v = cli_value(argc, argv, &i, "convert");
             if (!v)
                 return BN_EXIT_USAGE;
-            if (!bn_convert_type_parse(v, &type)) {
+            if (!bn_convert_type_parse(v, &opt.type)) {
                 fprintf(stderr, "bitnet convert: error: --type must be i2_s, tq2_0, tq1_0 or f16, "
                                 "not '%s'\n", v);
                 return BN_EXIT_USAGE;
@@ -142,26 +141,28 @@ int cmd_convert(int argc, char **argv, const bn_config *cfg)
     }
 
     bar b = {NULL, -1};
-    const bool tty = isatty(STDERR_FILENO) != 0;
+    if (isatty(STDERR_FILENO)) {
+        opt.progress = on_progress;
+        opt.user = &b;
+    }
     bn_convert_report rep;
     bn_error err;
     bn_error_clear(&err);
     const double t0 = bn_time_seconds();
     struct sigaction old[N_CLEANUP_SIGNALS];
     set_cleanup_handlers(old);
-    const bn_status st =
-        bn_convert_hf_to_gguf(in, out, type, tty ? on_progress : NULL, &b, &rep, &err);
+    const bn_status st = bn_convert_hf_to_gguf(in, out, &opt, &rep, &err);
     restore_handlers(old);
-    if (tty && b.stage)
+    if (b.stage)
         fputc('\n', stderr);
     if (st != BN_OK)
         return cli_fail(&err);
     printf("wrote %s: %s, architecture %s, %d tensors, %.1f MiB in %.1f s\n", out,
-           bn_convert_type_name(type), rep.architecture, rep.n_tensors,
+           bn_convert_type_name(opt.type), rep.architecture, rep.n_tensors,
            (double)rep.file_bytes / (1024.0 * 1024.0), bn_time_seconds() - t0);
     if (rep.n_f16_fallback)
         printf("  %d of %d projections written as F16: their rows do not fit %s blocks\n",
                rep.n_f16_fallback, rep.n_ternary + rep.n_f16_fallback,
-               bn_convert_type_name(type));
+               bn_convert_type_name(opt.type));
     return BN_EXIT_OK;
 }
