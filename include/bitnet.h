@@ -380,6 +380,47 @@ bool bn_gpu_info_available(const bn_gpu_info *info);
 /* Detects under the environment's configuration; false on any error. */
 bool bn_gpu_available(void);
 
+/* ------------------------------------------------------------------------ */
+/* Kernels                                                                   */
+/* ------------------------------------------------------------------------ */
+
+#define BN_KERNEL_PROVIDERS_MAX 16
+
+/* A kernel provider: one implementation of the ternary matrix kernels the
+ * CPU backend computes with (scalar, avx2, avx512, avx512vnni, neon,
+ * neondot; cuda in CUDA builds). */
+typedef struct bn_kernel_provider_info {
+    char name[16];       /* the name BITNET_KERNEL takes                  */
+    int priority;        /* higher is preferred                           */
+    bool available;      /* it runs here: the CPU has its instructions
+                            (a device provider: a usable GPU)             */
+    bool device;         /* computes on a GPU; chosen only when
+                            BITNET_KERNEL names it                        */
+    bool selected;       /* the provider the CPU backend computes with    */
+} bn_kernel_provider_info;
+
+typedef struct bn_kernel_report {
+    int n_providers;     /* compiled into this build, best first          */
+    bn_kernel_provider_info providers[BN_KERNEL_PROVIDERS_MAX];
+    /* BN_OK when a provider is selected; otherwise why none is (with the
+     * message), e.g. BITNET_KERNEL naming one this CPU cannot run. */
+    bn_status selection_status;
+    char selection_error[BN_ERROR_MESSAGE_MAX];
+} bn_kernel_report;
+
+/* The kernel providers this build has and which one computes: BITNET_KERNEL
+ * when set, else the available CPU provider of the highest priority,
+ * decided once per process. Never fails hard: a failed selection is
+ * reported in the record. report NULL does nothing. Thread safety: any
+ * thread. */
+void bn_kernel_query(bn_kernel_report *report);
+
+/* The CUDA kernel families this build contains, one line each ("name:
+ * what it does (source file)"), in a NULL-terminated list that lives as
+ * long as the program; the list is empty (only the NULL) in builds
+ * without CUDA. */
+const char *const *bn_cuda_kernel_families(void);
+
 /* ======================================================================== */
 /* Models, sessions, generation                                             */
 /* ======================================================================== */

@@ -423,6 +423,41 @@ static void test_gpu_detect(void)
     unsetenv("BITNET_GPU_FAKE");
 }
 
+static void test_kernels(void)
+{
+    bn_kernel_query(NULL);
+    bn_kernel_report k;
+    memset(&k, 0x5a, sizeof k);
+    bn_kernel_query(&k);
+    CHECK(k.n_providers >= 1 && k.n_providers <= BN_KERNEL_PROVIDERS_MAX);
+    CHECK_MSG(k.selection_status == BN_OK, "%s", k.selection_error);
+    /* Best first; the scalar provider last and always available; the
+     * selection is the first available CPU provider. */
+    int n_selected = 0, first_cpu = -1;
+    for (int i = 0; i < k.n_providers && i < BN_KERNEL_PROVIDERS_MAX; i++) {
+        const bn_kernel_provider_info *p = &k.providers[i];
+        CHECK(p->name[0] != '\0' && memchr(p->name, '\0', sizeof p->name) != NULL);
+        if (i > 0)
+            CHECK(p->priority <= k.providers[i - 1].priority);
+        if (first_cpu < 0 && p->available && !p->device)
+            first_cpu = i;
+        n_selected += p->selected;
+    }
+    const bn_kernel_provider_info *last = &k.providers[k.n_providers - 1];
+    CHECK(strcmp(last->name, "scalar") == 0 && last->available && !last->device);
+    CHECK(n_selected == 1 && first_cpu >= 0 && k.providers[first_cpu].selected);
+
+    const char *const *cuda = bn_cuda_kernel_families();
+    CHECK(cuda != NULL);
+    int n_cuda = 0;
+    for (; cuda && cuda[n_cuda]; n_cuda++)
+        CHECK(strchr(cuda[n_cuda], ':') != NULL);
+    CHECK(bn_cuda_kernel_families() == cuda);
+#ifndef BITNET_HAVE_CUDA
+    CHECK(n_cuda == 0);
+#endif
+}
+
 static void test_convert_arguments(void)
 {
     bn_error e;
@@ -472,6 +507,7 @@ int main(void)
     test_cuda_records();
     test_launch_params();
     test_gpu_detect();
+    test_kernels();
     test_convert_arguments();
     TEST_EXIT();
 }
