@@ -733,6 +733,32 @@ bn_status bn_model_perplexity(bn_model *m, const char *text, size_t len, int64_t
                               bn_error *err);
 
 /* ------------------------------------------------------------------------ */
+/* Inspecting model files                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct bn_inspect_options {
+    bool json; /* one JSON object instead of the text report (false) */
+} bn_inspect_options;
+
+/* Writes to out what the model at path holds, runnable or not (bitnet
+ * inspect prints it):
+ *   - a GGUF file: the header, every metadata key and value (arrays of
+ *     more than 16 values summarised as "[N strings]"; in the text report
+ *     strings cut at 160 bytes) and the tensor table (name, shape, type,
+ *     bytes, offset);
+ *   - a Hugging Face directory: its config.json, tokenizer.json and
+ *     tensors;
+ *   - a .safetensors file: its tensors;
+ * then whether bitnet can run it, with the flavour, hyper-parameters and
+ * tokenizer, or why not. opt NULL: the text report. A file bitnet cannot
+ * run is reported, not an error. Errors, with nothing written: BN_ERR_IO
+ * for a path that cannot be opened, BN_ERR_FORMAT / BN_ERR_UNSUPPORTED for
+ * a file that is not valid GGUF or safetensors (or a directory without
+ * config.json); and BN_ERR_IO when writing to out fails. Thread safety: any
+ * thread; the call reads the files itself and shares nothing. */
+bn_status bn_inspect(const char *path, const bn_inspect_options *opt, FILE *out, bn_error *err);
+
+/* ------------------------------------------------------------------------ */
 /* Converting models                                                         */
 /* ------------------------------------------------------------------------ */
 /*

@@ -1,8 +1,10 @@
 /* The public calls on model files, on the fixtures of tests/data:
- * bn_convert_hf_to_gguf (reports, progress, refusals, the temporary file
- * removed from a handler's call) and the converted file opened by
- * bn_model_open. Argument checks are in test_public_api.c; the CLI's use
- * of them in test_cli_model.sh. Usage: test_model_files DATA_DIR */
+ * bn_inspect (each kind of file, text and JSON, refusals, a stream that
+ * cannot be written), bn_convert_hf_to_gguf (reports, progress, refusals,
+ * the temporary file removed from a handler's call) and the converted file
+ * inspected and opened by bn_model_open. Argument checks are in
+ * test_public_api.c; the CLI's use of them in test_cli_model.sh, where the
+ * reports' every field is checked. Usage: test_model_files DATA_DIR */
 #include <dirent.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,6 +43,97 @@ static int tmp_entries(void)
     if (d)
         closedir(d);
     return n;
+}
+
+/* ---- inspect -------------------------------------------------------------------- */
+
+/* bn_inspect's report on path, malloc'd (NULL when empty); its status in
+ * *st and error in *e. */
+static char *inspect(const char *path, bool json, bn_status *st, bn_error *e)
+{
+    FILE *f = tmpfile();
+    CHECK(f != NULL);
+    if (!f)
+        return NULL;
+    const bn_inspect_options o = {.json = json};
+    bn_error_clear(e);
+    *st = bn_inspect(path, &o, f, e);
+    const long n = ftell(f);
+    char *text = n > 0 ? malloc((size_t)n + 1) : NULL;
+    if (text) {
+        rewind(f);
+        text[fread(text, 1, (size_t)n, f)] = '\0';
+    }
+    fclose(f);
+    return text;
+}
+
+static void check_report(const char *rel, bool json, const char *const *expected)
+{
+    char path[1100];
+    data_path(path, sizeof path, rel);
+    bn_status st;
+    bn_error e;
+    char *text = inspect(path, json, &st, &e);
+    CHECK_MSG(st == BN_OK && text, "%s: %s", rel, e.message);
+    CHECK(!text || strncmp(text, json ? "{\n" : path, json ? 2 : strlen(path)) == 0);
+    for (const char *const *x = expected; text && *x; x++)
+        CHECK_MSG(strstr(text, *x) != NULL, "%s%s: no '%s' in the report", rel,
+                  json ? " (json)" : "", *x);
+    free(text);
+}
+
+static void test_inspect(void)
+{
+    check_report("models/i2s.gguf", false,
+                 (const char *const[]){"GGUF version 3", "general.architecture",
+                                       "\"bitnet-25\"", "token_embd.weight",
+                                       "runnable      yes", "byte-level BPE", NULL});
+    check_report("models/tq1_0.gguf", true,
+                 (const char *const[]){"\"format\": \"gguf\"", "\"metadata\": {",
+                                       "\"type\": \"tq1_0\"", "\"runnable\": true", NULL});
+    check_report("models/hf_packed", false,
+                 (const char *const[]){"Hugging Face directory", "hidden_size",
+                                       "model.layers.0.self_attn.q_proj.weight",
+                                       "runnable      yes", NULL});
+    check_report("models/hf_bf16", true,
+                 (const char *const[]){"\"format\": \"huggingface\"",
+                                       "\"quant_method\": \"bitnet\"", "\"runnable\": true",
+                                       NULL});
+    check_report("models/hf_packed/model.safetensors", false,
+                 (const char *const[]){"format        safetensors",
+                                       "runnable      no: a lone .safetensors file", NULL});
+    /* A GGUF bitnet cannot run: reported, not an error. */
+    check_report("gguf/fixture.gguf", true,
+                 (const char *const[]){"\"runnable\": false", "\"reason\": ", NULL});
+
+    /* Refusals write nothing. */
+    char path[1100];
+    bn_status st;
+    bn_error e;
+    tmp_path(path, sizeof path, "missing.gguf");
+    char *text = inspect(path, false, &st, &e);
+    CHECK(st == BN_ERR_IO && text == NULL);
+    CHECK_STR_CONTAINS(e.message, "no such file or directory");
+    free(text);
+    data_path(path, sizeof path, "models/hf_packed/config.json");
+    text = inspect(path, true, &st, &e);
+    CHECK(st == BN_ERR_FORMAT && text == NULL && e.message[0] != '\0');
+    free(text);
+    text = inspect(tmp_dir, false, &st, &e); /* a directory without config.json */
+    CHECK(st != BN_OK && text == NULL);
+    CHECK_STR_CONTAINS(e.message, "config.json");
+    free(text);
+
+    /* A stream that cannot be written. */
+    FILE *ro = fopen("/dev/null", "r");
+    CHECK(ro != NULL);
+    if (ro) {
+        data_path(path, sizeof path, "models/i2s.gguf");
+        CHECK(bn_inspect(path, NULL, ro, &e) == BN_ERR_IO);
+        CHECK_STR_CONTAINS(e.message, "cannot write the report");
+        fclose(ro);
+    }
 }
 
 /* ---- convert -------------------------------------------------------------------- */
@@ -102,6 +195,11 @@ static void test_convert(void)
     CHECK(log.writing_calls > 0 && log.writing_done == log.writing_total);
     CHECK(log.writing_total == r.file_bytes);
     CHECK(tmp_entries() == 1); /* the output, no temporary file left */
+    bn_status st;
+    char *text = inspect(out, true, &st, &e);
+    CHECK(st == BN_OK && text && strstr(text, "\"general.architecture\": \"bitnet-25\""));
+    CHECK(text && strstr(text, "\"type\": \"i2_s\"") && strstr(text, "\"runnable\": true"));
+    free(text);
 
     /* The file opens as a model with the source's shape. */
     bn_model_options mo;
@@ -183,6 +281,7 @@ int main(int argc, char **argv)
         perror("mkdtemp");
         return 1;
     }
+    test_inspect();
     test_convert();
     test_convert_refusals();
     test_convert_remove_temp_files();

@@ -458,6 +458,16 @@ static void test_kernels(void)
 #endif
 }
 
+static void test_inspect_arguments(void)
+{
+    bn_error e;
+    CHECK_INVALID(bn_inspect(NULL, NULL, stdout, &e), e);
+    CHECK_INVALID(bn_inspect("model.gguf", NULL, NULL, &e), e);
+    const bn_inspect_options o = {.json = true};
+    CHECK_INVALID(bn_inspect(NULL, &o, NULL, &e), e);
+    CHECK(bn_inspect(NULL, NULL, NULL, NULL) == BN_ERR_INVALID_ARGUMENT);
+}
+
 static void test_convert_arguments(void)
 {
     bn_error e;
@@ -508,6 +518,7 @@ int main(void)
     test_launch_params();
     test_gpu_detect();
     test_kernels();
+    test_inspect_arguments();
     test_convert_arguments();
     TEST_EXIT();
 }
