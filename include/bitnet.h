@@ -752,9 +752,9 @@ typedef struct bn_inspect_options {
  * then whether bitnet can run it, with the flavour, hyper-parameters and
  * tokenizer, or why not. opt NULL: the text report. A file bitnet cannot
  * run is reported, not an error. Errors, with nothing written: BN_ERR_IO
- * for a path that cannot be opened, BN_ERR_FORMAT / BN_ERR_UNSUPPORTED for
- * a file that is not valid GGUF or safetensors (or a directory without
- * config.json); and BN_ERR_IO when writing to out fails. Thread safety: any
+ * for a path that cannot be opened or a directory without config.json,
+ * BN_ERR_FORMAT / BN_ERR_UNSUPPORTED for a file that is not valid GGUF or
+ * safetensors; and BN_ERR_IO when writing to out fails. Thread safety: any
  * thread; the call reads the files itself and shares nothing. */
 bn_status bn_inspect(const char *path, const bn_inspect_options *opt, FILE *out, bn_error *err);
 
@@ -809,17 +809,18 @@ typedef struct bn_convert_report {
 } bn_convert_report;
 
 /* Converts the directory hf_dir to the GGUF file out_path. opt NULL: the
- * defaults; report (may be NULL) is filled on success. The file is written
- * under a temporary name of its own beside out_path, synced and renamed
- * over it when complete, so out_path never holds a partial file. Errors:
- * BN_ERR_INVALID_ARGUMENT for a NULL path, an unknown type or an hf_dir
- * that is not a directory; BN_ERR_IO when hf_dir cannot be opened, or
- * when out_path exists and is not a regular file (refused before any work)
- * or cannot be written; BN_ERR_FORMAT / BN_ERR_UNSUPPORTED for a
- * directory that is not a BitNet model bitnet reads, and when a value the
- * encoding stores as F16 is beyond F16's range (the file would not load).
- * Thread safety: any thread; conversions share nothing but the table of
- * temporary files below. */
+ * defaults; report (may be NULL) is filled on success, zeroed otherwise.
+ * The file is written under a temporary name of its own beside out_path,
+ * synced and renamed over it when complete, so out_path never holds a
+ * partial file. Errors: BN_ERR_INVALID_ARGUMENT for a NULL path, an
+ * unknown type or an hf_dir that is not a directory; BN_ERR_IO when hf_dir
+ * cannot be opened or has no config.json, or when out_path exists and is
+ * not a regular file (refused before any work) or cannot be written;
+ * BN_ERR_FORMAT / BN_ERR_UNSUPPORTED for a directory that is not a BitNet
+ * model bitnet reads, and when a value the encoding stores as F16 is
+ * beyond F16's range (the file would not load). Thread safety: any
+ * thread; conversions share nothing but the table of temporary files
+ * below. */
 bn_status bn_convert_hf_to_gguf(const char *hf_dir, const char *out_path,
                                 const bn_convert_options *opt, bn_convert_report *report,
                                 bn_error *err);
