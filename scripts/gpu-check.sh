@@ -74,7 +74,7 @@ if [ $sanitize -eq 1 ]; then
     # Under racecheck the longest tests take longer than one run may: they
     # run as several processes with BN_TEST_PART=i/n (and one seed), which
     # together check what one run does: test_cuda_kernels as SAN_PARTS
-    # (default 8), test_cuda_backend as 41 (its quick mode's units: four
+    # (default 8), test_cuda_backend as 40 (its quick mode's units: four
     # per fixture, one per encoding and other check, five per sampling
     # backend and the engine's sampled run; a sampling unit takes ~3-5 min
     # alone on an H200 and far longer beside four others),
@@ -96,7 +96,7 @@ for t in json.load(open(sys.argv[1]))["tests"]:
         continue
     command = " ".join(shlex.quote(c) for c in t["command"])
     for tool in tools:
-        n = {"test_cuda_kernels": parts, "test_cuda_backend": 41,
+        n = {"test_cuda_kernels": parts, "test_cuda_backend": 40,
              "test_default_model_cuda": 5, "test_cuda_sample": 6}.get(t["name"], 1)
         if tool == "racecheck" and n > 1:
             for i in range(n):

@@ -150,7 +150,7 @@ run "$BITNET" run -m "$M/i2s.gguf" --prompt-ids "$PACKED_PROMPT" -n "$N_GREEDY" 
     --receipt "$tmp/r.json"
 expect_rc 0 "run with a receipt"
 if [ $HAVE_GPU = 1 ]; then
-    expect_in err "^requested=auto detected=\[cuda,[a-z0-9,]*scalar\] selected=cuda:[0-9]+ \(.*, (graphs|no graphs), kv f32, fusion (norms|all|separate), attention merge (ticket|cluster (2|4|8|16))( with q\|k\|v)?, gemv stage (block|cluster (2|4|8))( \(gate\|up cluster 16\))?, greedy head (screened|full)\)$" \
+    expect_in err "^requested=auto detected=\[cuda,[a-z0-9,]*scalar\] selected=cuda:[0-9]+ \(.*, (graphs|no graphs), kv f32, attention merge (ticket|cluster (2|4|8|16))( with q\|k\|v)?, gemv stage (block|cluster 8)( \(gate\|up cluster 16\))?, greedy head (screened|full)\)$" \
         "one startup line on stderr"
     SELECTED=cuda
 else
@@ -708,39 +708,19 @@ expect_in out "^memory .*KV cache.*RSS" "bench e2e prints memory"
 expect_in out "selected=cpu" "bench e2e prints the startup line"
 run "$BITNET" bench e2e --shape tiny --kv f8
 expect_rc 2 "bench e2e --kv f8"
-run "$BITNET" bench e2e --shape tiny --pick gpu
-expect_rc 2 "bench e2e --pick gpu"
-run "$BITNET" bench e2e --shape tiny --prompt 8 --gen 4 --device cpu --temp 0.8 --pick host
+run "$BITNET" bench e2e --shape tiny --prompt 8 --gen 4 --device cpu --temp 0.8
 expect_rc 0 "bench e2e --temp 0.8 on the CPU"
 expect_in out "^decode .*sampled: T 0.8, top-k 40, top-p 0.95, picked on the host" \
     "bench e2e --temp on the CPU: the host picks"
-run "$BITNET" bench e2e --shape tiny --gemv-stage cluster16
-expect_rc 2 "bench e2e --gemv-stage cluster16"
-expect_in err "gemv-stage must be auto, block, cluster2, cluster4 or cluster8" \
-    "bench e2e --gemv-stage names its values"
-run "$BITNET" bench e2e --shape tiny --head-screen maybe
-expect_rc 2 "bench e2e --head-screen maybe"
-expect_in err "head-screen must be auto, on or off" "bench e2e --head-screen names its values"
-run "$BITNET" bench e2e --shape tiny --qkv inside
-expect_rc 2 "bench e2e --qkv inside"
-expect_in err "qkv must be auto or gemv" "bench e2e --qkv names its values"
-run "$BITNET" bench e2e --shape tiny --gate-up-stage cluster8
-expect_rc 2 "bench e2e --gate-up-stage cluster8"
-expect_in err "gate-up-stage must be auto, gemv or cluster16" \
-    "bench e2e --gate-up-stage names its values"
+run "$BITNET" bench e2e --shape tiny --gemv-stage cluster8
+expect_rc 2 "bench e2e --gemv-stage (the decode step's form is the device's)"
+expect_in err "unknown option '--gemv-stage'" "bench e2e --gemv-stage is unknown"
 if [ $HAVE_GPU = 1 ]; then
     run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda
     expect_rc 0 "bench e2e --device cuda"
     expect_in out "selected=cuda:" "bench e2e on the GPU"
-    expect_in out "gemv stage (cluster 8|block)( \(gate\|up cluster 16\))?, greedy head full\)" "bench e2e: the GEMVs' default staging (a tiny head: not screened)"
+    expect_in out "gemv stage (cluster 8|block)( \(gate\|up cluster 16\))?, greedy head full\)" "bench e2e: the GEMVs' staging (a tiny head: not screened)"
     expect_in out "^head +greedy steps read the whole LM head" "bench e2e: the head line"
-    run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda --gemv-stage cluster8 --gate-up-stage gemv
-    expect_rc 0 "bench e2e --gemv-stage cluster8 --gate-up-stage gemv"
-    expect_in out "gemv stage (cluster 8|block), greedy head full\)" "bench e2e --gemv-stage cluster8 --gate-up-stage gemv on the GPU: one staging for all"
-    run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda --head-screen on --qkv gemv
-    expect_rc 0 "bench e2e --head-screen on --qkv gemv"
-    expect_in out "attention merge (ticket|cluster (2|4|8|16)), gemv stage .*, greedy head screened\)" "bench e2e --head-screen on --qkv gemv: the startup line"
-    expect_in out "^head +greedy steps screen the LM head through its int8 copy: the step below computed [0-9]+ of 1024 rows" "bench e2e --head-screen on: the head line"
     expect_in out "^prefill .* tok/s" "bench e2e cuda prints prefill tok/s"
     expect_in out "^step .* us" "bench e2e cuda prints the decode step time"
     expect_in out "LM head" "bench e2e cuda prints the per-kernel split"
@@ -750,9 +730,6 @@ if [ $HAVE_GPU = 1 ]; then
     expect_rc 0 "bench e2e --temp 0.8 on the GPU"
     expect_in out "^decode .*sampled: T 0.8, top-k 40, top-p 0.95, picked on the device" \
         "bench e2e --temp: the device picks"
-    run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cuda --temp 0.8 --pick host
-    expect_rc 0 "bench e2e --pick host on the GPU"
-    expect_in out "^decode .*picked on the host" "bench e2e --pick host: the host picks"
 else
     run "$BITNET" bench e2e --shape tiny --device cuda
     expect_rc 4 "bench e2e --device cuda"

@@ -16,7 +16,12 @@
  *   - GPU, decode graph replayed, same feed: logits bit-identical to eager;
  *   - GPU greedy on the device (graph, submit/wait), free-running: the same
  *     32 tokens as the CPU; and eagerly: the same tokens again;
- *   - fp16 KV cache: logits within TOL_F16 (tokens reported, not required).
+ *   - fp16 KV cache: logits within TOL_F16 (tokens reported, not required);
+ *   - the decode step's fallback forms, as on a device or model that offers
+ *     less (bn_cuda_backend_create_as): without clusters or PDL against the
+ *     CPU; the q|k|v GEMV, gate|up staged as the other GEMVs and raw gate|up
+ *     values bit for bit the default's; the screened head's greedy tokens
+ *     the default's, its logits bit for bit.
  * Then: i2s.gguf rewritten in every other projection encoding (TQ2_0 with
  * .scale tensors, F16 with a separate head, F32, TL1, TL2), each file's GPU
  * logits and greedy tokens against the CPU's on that file; prefill in
@@ -245,9 +250,10 @@ static bool teacher_forced(bn_cuda_backend *b, const int32_t *tokens, int32_t V,
 /* The units of work of a fixture (BN_TEST_PART): each runs the CPU
  * reference and the default backend's teacher-forced logits, which the
  * others compare against, then its own share: (0) the default's greedy
- * runs, stage-cost timing, fp16 KV cache and summary; (1) the attention
- * merged through its ticket; (2) who stages the GEMVs' activations and the
- * q|k|v GEMV; (3) the raw gate|up values and the screened LM head. */
+ * runs, stage-cost timing, fp16 KV cache and summary; (1) the form of a
+ * device without clusters (the attention merged through its ticket); (2)
+ * the q|k|v GEMV and the gate|up GEMV staged as the others; (3) the raw
+ * gate|up values and the screened LM head. */
 enum { FIXTURE_UNITS = 4 };
 
 static void check_fixture(const char *name, int unit)
@@ -382,36 +388,44 @@ static void check_fixture(const char *name, int unit)
 
     char kernels[512];
     bn_cuda_backend_kernels(b, kernels, sizeof kernels);
-    const bool default_qkv_inside = bn_cuda_backend_attn_qkv(b);
-    /* Every fixture's ffn is whole tiles: the default runs gate|up in pairs. */
-    const bool default_pair = bn_cuda_backend_gate_up_pair(b);
-    CHECK_MSG(default_pair == has_kernel(kernels, "w2a8_gemv_gate_up_relu2") && default_pair,
-              "%s: gate_up_pair says %d, the kernels that ran: %s", name, (int)default_pair,
-              kernels);
-    CHECK_MSG(default_qkv_inside == has_kernel(kernels, "attention_decode_f32_cluster_qkv"),
-              "%s: attn_qkv says %d, the kernels that ran: %s", name, (int)default_qkv_inside,
-              kernels);
+    bn_cuda_decode_form form;
+    bn_cuda_backend_decode_form(b, &form);
+    /* Every fixture's ffn is whole tiles: gate|up runs in pairs. */
+    CHECK_MSG(form.gate_up_pair == has_kernel(kernels, "w2a8_gemv_gate_up_relu2") &&
+                  form.gate_up_pair,
+              "%s: the form's gate|up pair is %d, the kernels that ran: %s", name,
+              (int)form.gate_up_pair, kernels);
+    CHECK_MSG(form.attn_qkv == has_kernel(kernels, "attention_decode_f32_cluster_qkv"),
+              "%s: the form's q|k|v inside the attention is %d, the kernels that ran: %s", name,
+              (int)form.attn_qkv, kernels);
     bn_cuda_backend_free(b);
     b = NULL;
 
-    /* The attention's ranges merged through the ticket (the fallback where
-     * the device has no thread-block clusters): another summation order,
-     * so the logits agree with the CPU's within the tolerance and the
-     * argmax is the CPU's. */
+    /* As on a device without thread-block clusters or programmatic
+     * dependent launch (compute capability 8.x): the attention's ranges
+     * merged through the ticket, a q|k|v GEMV before it, every GEMV block
+     * staging its own row. Another summation order in the attention, so
+     * the logits agree with the CPU's within the tolerance and the argmax
+     * is the CPU's. */
     if (part_ticket) {
-        bn_cuda_backend_options o;
-        bn_cuda_backend_options_default(&o);
-        o.no_graphs = true;
-        o.attn_cluster = -1;
+        const bn_cuda_as_if sm80 = {.no_clusters = true, .no_pdl = true};
         double rel = NAN;
         int alt_argmax_diff = -1;
         bn_cuda_backend *u = NULL;
-        CHECK_MSG(bn_cuda_backend_create(m, &o, &u, &err) == BN_OK,
-                  "%s: cuda create (ticket merge): %s", name, err.message);
+        CHECK_MSG(bn_cuda_backend_create_as(m, NULL, &sm80, &u, &err) == BN_OK,
+                  "%s: cuda create (no clusters, no PDL): %s", name, err.message);
         if (u) {
+            bn_cuda_decode_form f;
+            bn_cuda_backend_decode_form(u, &f);
+            CHECK_MSG(!f.pdl && f.attn_cluster == 0 && !f.attn_qkv && f.gemv_cluster == 0 &&
+                          f.gate_up_cluster == 0 && f.gate_up_pair,
+                      "%s: without clusters: pdl %d, attention cluster %d, q|k|v inside %d, "
+                      "gemv cluster %d, gate|up cluster %d",
+                      name, (int)f.pdl, f.attn_cluster, (int)f.attn_qkv, f.gemv_cluster,
+                      f.gate_up_cluster);
             float *alt = malloc(N_STEPS * row);
             const bool ok = alt && teacher_forced(u, ref_tok, V, alt, &err);
-            CHECK_MSG(ok, "%s: gpu forward (ticket merge): %s", name, err.message);
+            CHECK_MSG(ok, "%s: gpu forward (no clusters): %s", name, err.message);
             if (ok) {
                 rel = 0.0;
                 alt_argmax_diff = 0;
@@ -429,135 +443,75 @@ static void check_fixture(const char *name, int unit)
             free(alt);
             bn_cuda_backend_free(u);
         }
-        printf("%-11s ticket merge   : worst rel %.2e, argmax differs at %d\n", name, rel,
+        printf("%-11s no clusters    : worst rel %.2e, argmax differs at %d\n", name, rel,
                alt_argmax_diff);
-        CHECK_MSG(rel <= TOL_F32, "%s: logits with the ticket merge differ from the CPU by %.3g",
+        CHECK_MSG(rel <= TOL_F32, "%s: logits without clusters differ from the CPU by %.3g",
                   name, rel);
         CHECK_MSG(alt_argmax_diff == 0,
-                  "%s: argmax with the ticket merge differs from the CPU's at %d steps", name,
+                  "%s: argmax without clusters differs from the CPU's at %d steps", name,
                   alt_argmax_diff);
     }
 
-    /* Who stages the decode GEMVs' activations changes no bit of the
-     * logits (the products are integer sums): every block from L2, clusters
-     * of 8 for the GEMVs with the gate|up pair's default (clusters of 16
-     * where the device holds them), and clusters of 8 for all four, against
-     * the default's eager run. */
-    for (int opt = 0; opt < 3 && part_staging; opt++) {
-        bn_cuda_backend_options o;
-        bn_cuda_backend_options_default(&o);
-        o.no_graphs = true;
-        o.gemv_cluster = opt ? 8 : -1;
-        o.gate_up_cluster = opt == 2 ? -1 : 0;
+    /* Fallbacks that change no bit of the logits (integer sums, the same
+     * fp32 operations on the same values), each against the default's run:
+     * as where the attention's clusters cannot hold the q|k|v weights (a
+     * GEMV before it) and the device holds no cluster of 16 gate|up blocks
+     * (that GEMV staged as the others); then as where gate and up are not
+     * whole tiles (their raw values, the squared ReLU in the norm after). */
+    const bn_cuda_as_if same_bits[2] = {{.no_attn_qkv = true, .no_cluster16 = true},
+                                        {.no_gate_up_pairs = true}};
+    for (int k = 0; k < 2; k++) {
+        if (!(k == 0 ? part_staging : part_head))
+            continue;
+        const char *what = k == 0 ? "q|k|v GEMV, gate|up staged as the GEMVs"
+                                  : "gate|up raw values";
         bn_cuda_backend *u = NULL;
-        CHECK_MSG(bn_cuda_backend_create(m, &o, &u, &err) == BN_OK,
-                  "%s: cuda create (gemv_cluster %d): %s", name, o.gemv_cluster, err.message);
+        CHECK_MSG(bn_cuda_backend_create_as(m, NULL, &same_bits[k], &u, &err) == BN_OK,
+                  "%s: cuda create (%s): %s", name, what, err.message);
         if (!u)
             continue;
-        const int cluster = bn_cuda_backend_gemv_cluster(u);
-        CHECK_MSG(cluster == (opt > 0 && bn_w2a8_cuda_gemv_cluster_usable() ? 8 : 0),
-                  "%s: gemv_cluster %d: staged per cluster of %d", name, o.gemv_cluster, cluster);
-        /* The pair GEMV: clusters of 16 only by default over clusters of 8
-         * (where they fit), otherwise the other GEMVs' staging. */
-        const int gu = bn_cuda_backend_gate_up_cluster(u);
-        const bool may16 = opt == 1 && cluster == 8 && bn_cuda_backend_gate_up_pair(u);
-        CHECK_MSG(gu == cluster || (may16 && gu == 16),
-                  "%s: gemv_cluster %d, gate_up_cluster %d: gate|up staged per cluster of %d",
-                  name, o.gemv_cluster, o.gate_up_cluster, gu);
-        CHECK_MSG(((bn_cuda_backend_fixed_stages(u) >> BN_CUDA_STAGE_GATE_UP) & 1u) == (gu > 8),
-                  "%s: gate|up in clusters of %d, fixed stages %#x", name, gu,
-                  bn_cuda_backend_fixed_stages(u));
-        const char *stage = !cluster ? "block" : gu == 16 ? "cluster 8/16" : "cluster 8";
+        bn_cuda_decode_form f;
+        bn_cuda_backend_decode_form(u, &f);
+        const bool form_ok = k == 0 ? !f.attn_qkv && f.gate_up_cluster == f.gemv_cluster &&
+                                          f.gate_up_pair && f.gemv_cluster == form.gemv_cluster
+                                    : !f.gate_up_pair && f.gate_up_cluster == f.gemv_cluster;
+        CHECK_MSG(form_ok, "%s, %s: q|k|v inside %d, gate|up pair %d, its cluster %d, gemv "
+                           "cluster %d",
+                  name, what, (int)f.attn_qkv, (int)f.gate_up_pair, f.gate_up_cluster,
+                  f.gemv_cluster);
+        CHECK_MSG(((bn_cuda_backend_fixed_stages(u) >> BN_CUDA_STAGE_GATE_UP) & 1u) ==
+                      (f.gate_up_cluster > 8),
+                  "%s, %s: gate|up in clusters of %d, fixed stages %#x", name, what,
+                  f.gate_up_cluster, bn_cuda_backend_fixed_stages(u));
         float *alt = malloc(N_STEPS * row);
-        const bool ok = teacher_forced(u, ref_tok, V, alt, &err);
-        CHECK_MSG(ok, "%s: gpu forward (gemv stage %s): %s", name, stage, err.message);
-        if (ok) {
-            const bool same = memcmp(alt, eager, (size_t)n_steps * row) == 0;
-            CHECK_MSG(same, "%s: logits with gemv stage %s differ from the default's", name,
-                      stage);
-            printf("%-11s gemv stage %-9s: %d steps of logits bit for bit as the default's%s\n",
-                   name, stage, n_steps, same ? "" : " (NOT)");
-        }
+        const bool ok = alt && teacher_forced(u, ref_tok, V, alt, &err);
+        CHECK_MSG(ok, "%s: gpu forward (%s): %s", name, what, err.message);
+        const bool same = ok && memcmp(alt, eager, (size_t)n_steps * row) == 0;
+        CHECK_MSG(same, "%s: logits with %s differ from the default's", name, what);
+        char ks[512];
+        bn_cuda_backend_kernels(u, ks, sizeof ks);
+        CHECK_MSG(!has_kernel(ks, k == 0 ? "attention_decode_f32_cluster_qkv"
+                                         : "w2a8_gemv_gate_up_relu2"),
+                  "%s, %s: ran %s", name, what, ks);
+        printf("%-11s %-40s: %d steps of logits %s the default's\n", name, what, n_steps,
+               same ? "bit for bit as" : "NOT as");
         free(alt);
         bn_cuda_backend_free(u);
     }
 
-    /* The q|k|v product inside the decode attention (the default where the
-     * device has clusters) against a GEMV before it: the same raw values,
-     * so the logits bit for bit. */
-    if (part_staging) {
-        bn_cuda_backend_options o;
-        bn_cuda_backend_options_default(&o);
-        o.no_graphs = true;
-        o.attn_qkv = -1;
-        bn_cuda_backend *u = NULL;
-        CHECK_MSG(bn_cuda_backend_create(m, &o, &u, &err) == BN_OK,
-                  "%s: cuda create (attn_qkv -1): %s", name, err.message);
-        if (u) {
-            CHECK_MSG(!bn_cuda_backend_attn_qkv(u), "%s: attn_qkv -1 still inside", name);
-            float *alt = malloc(N_STEPS * row);
-            const bool ok = alt && teacher_forced(u, ref_tok, V, alt, &err);
-            CHECK_MSG(ok, "%s: gpu forward (attn_qkv -1): %s", name, err.message);
-            const bool same = ok && memcmp(alt, eager, (size_t)n_steps * row) == 0;
-            CHECK_MSG(same, "%s: logits with the q|k|v GEMV differ from the default's", name);
-            char ks[512];
-            bn_cuda_backend_kernels(u, ks, sizeof ks);
-            CHECK_MSG(!has_kernel(ks, "attention_decode_f32_cluster_qkv"),
-                      "%s: attn_qkv -1 ran %s", name, ks);
-            printf("%-11s q|k|v GEMV     : %d steps of logits %s the default's (q|k|v %s)\n",
-                   name, n_steps, same ? "bit for bit as" : "NOT as",
-                   default_qkv_inside ? "inside the attention" : "a GEMV there too");
-            free(alt);
-            bn_cuda_backend_free(u);
-        }
-    }
-
-    /* The gate|up GEMV writing relu(gate)^2 * up (the default where the
-     * shapes allow) against the raw gate and up values with the squared
-     * ReLU in the norm kernel: the same fp32 operations on the same
-     * values, so the logits bit for bit. */
+    /* The screened LM head, as for a head large enough to screen (these are
+     * below the size): greedy tokens, graph and eager, are the default's,
+     * which are the CPU's; steps that return logits use the full head, bit
+     * for bit the default's. */
     if (part_head) {
-        bn_cuda_backend_options o;
-        bn_cuda_backend_options_default(&o);
-        o.no_graphs = true;
-        o.gate_up_pair = -1;
+        const bn_cuda_as_if large_head = {.screen_any_head = true};
         bn_cuda_backend *u = NULL;
-        CHECK_MSG(bn_cuda_backend_create(m, &o, &u, &err) == BN_OK,
-                  "%s: cuda create (gate_up_pair -1): %s", name, err.message);
+        CHECK_MSG(bn_cuda_backend_create_as(m, NULL, &large_head, &u, &err) == BN_OK,
+                  "%s: cuda create (screened head): %s", name, err.message);
         if (u) {
-            CHECK_MSG(!bn_cuda_backend_gate_up_pair(u), "%s: gate_up_pair -1 still in pairs",
-                      name);
-            float *alt = malloc(N_STEPS * row);
-            const bool ok = alt && teacher_forced(u, ref_tok, V, alt, &err);
-            CHECK_MSG(ok, "%s: gpu forward (gate_up_pair -1): %s", name, err.message);
-            const bool same = ok && memcmp(alt, eager, (size_t)n_steps * row) == 0;
-            CHECK_MSG(same, "%s: logits with the raw gate|up values differ from the default's",
-                      name);
-            char ks[512];
-            bn_cuda_backend_kernels(u, ks, sizeof ks);
-            CHECK_MSG(!has_kernel(ks, "w2a8_gemv_gate_up_relu2"), "%s: gate_up_pair -1 ran %s",
-                      name, ks);
-            printf("%-11s gate|up raw    : %d steps of logits %s the default's (gate|up %s)\n",
-                   name, n_steps, same ? "bit for bit as" : "NOT as",
-                   default_pair ? "in pairs" : "raw there too");
-            free(alt);
-            bn_cuda_backend_free(u);
-        }
-    }
-
-    /* The screened LM head (forced on: these heads are below the default's
-     * size): greedy tokens, graph and eager, are the default's, which are
-     * the CPU's; steps that return logits use the full head, bit for bit
-     * the default's. */
-    if (part_head) {
-        bn_cuda_backend_options o;
-        bn_cuda_backend_options_default(&o);
-        o.head_screen = 1;
-        bn_cuda_backend *u = NULL;
-        CHECK_MSG(bn_cuda_backend_create(m, &o, &u, &err) == BN_OK,
-                  "%s: cuda create (head_screen): %s", name, err.message);
-        if (u) {
-            CHECK_MSG(bn_cuda_backend_head_screen(u), "%s: head_screen 1 did not screen", name);
+            bn_cuda_decode_form f;
+            bn_cuda_backend_decode_form(u, &f);
+            CHECK_MSG(f.head_screen, "%s: a head as if large is not screened", name);
             int32_t scr[2][N_STEPS];
             bool ok = true;
             for (int pass = 0; pass < 2 && ok; pass++) {
@@ -575,10 +529,10 @@ static void check_fixture(const char *name, int unit)
             bn_cuda_backend_set_graphs(u, true);
             bn_cuda_backend_reset(u);
             ok = alt && teacher_forced(u, ref_tok, V, alt, &err);
-            CHECK_MSG(ok, "%s: gpu forward (head_screen): %s", name, err.message);
+            CHECK_MSG(ok, "%s: gpu forward (screened head): %s", name, err.message);
             if (ok)
                 CHECK_MSG(memcmp(alt, graph, (size_t)n_steps * row) == 0,
-                          "%s: logits with head_screen differ from the default's", name);
+                          "%s: logits with the screened head differ from the default's", name);
             char ks[512];
             bn_cuda_backend_kernels(u, ks, sizeof ks);
             CHECK_MSG(strstr(ks, "lm_head_screen_int8") && strstr(ks, "lm_head_gemv"),
@@ -658,7 +612,7 @@ static void check_fixture(const char *name, int unit)
     const bn_hparams *hp = bn_checkpoint_hparams(m);
     const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, 64};
     const char *attn = !bn_cb_attn_decode_cluster(&as, 0) ? "attention_decode_f32"
-                       : default_qkv_inside            ? "attention_decode_f32_cluster_qkv"
+                       : form.attn_qkv                 ? "attention_decode_f32_cluster_qkv"
                                                        : "attention_decode_f32_cluster";
     CHECK_MSG(has_kernel(kernels, attn), "%s: %s did not run (%s)", name, attn, kernels);
     CHECK_STR_CONTAINS(kernels, "attention_prefill_f32");
@@ -1130,7 +1084,9 @@ static void check_2b4t(void)
         free(out[1]);
         /* The default screens this head (656 MB): greedy steps from the
          * long prompt give the tokens of the full head's argmax. */
-        CHECK_MSG(bn_cuda_backend_head_screen(b), "2b4t: the default does not screen the head");
+        bn_cuda_decode_form form;
+        bn_cuda_backend_decode_form(b, &form);
+        CHECK_MSG(form.head_screen, "2b4t: the default does not screen the head");
         enum { GREEDY_STEPS = 16 };
         int32_t scr[GREEDY_STEPS], full[GREEDY_STEPS];
         int64_t kept_max = 0;
@@ -1188,17 +1144,12 @@ static void check_errors(void)
     o.kv_len = bn_checkpoint_hparams(m)->n_ctx_train + 1;
     CHECK(bn_cuda_backend_create(m, &o, &b, &err) == BN_ERR_INVALID_ARGUMENT && !b);
     bn_cuda_backend_options_default(&o);
-    o.fusion = (bn_cuda_fusion)7;
+    o.kv_type = (bn_cuda_kv_type)7;
     CHECK(bn_cuda_backend_create(m, &o, &b, &err) == BN_ERR_INVALID_ARGUMENT && !b);
-    CHECK_STR_CONTAINS(err.message, "fusion");
+    CHECK_STR_CONTAINS(err.message, "KV cache type");
     bn_cuda_backend_options_default(&o);
-    o.head_screen = 2;
+    o.prefill_chunk = -1;
     CHECK(bn_cuda_backend_create(m, &o, &b, &err) == BN_ERR_INVALID_ARGUMENT && !b);
-    CHECK_STR_CONTAINS(err.message, "head_screen");
-    bn_cuda_backend_options_default(&o);
-    o.attn_qkv = 1;
-    CHECK(bn_cuda_backend_create(m, &o, &b, &err) == BN_ERR_INVALID_ARGUMENT && !b);
-    CHECK_STR_CONTAINS(err.message, "attn_qkv");
 
     /* An impossible limit: out of memory, named, and the device still works. */
     bn_cuda_backend_options_default(&o);
@@ -1607,10 +1558,11 @@ static void check_sample_refusals(bn_cuda_backend *b, int32_t V)
           tok >= 0 && tok < V);
 }
 
-/* screened: the LM head screened through its int8 copy (forced on: this
- * head is below the default's size), its exact pass computing every row
- * that can be among the top-k. copy_tokens: the tokens reach the host by
- * copies instead of the kernels' stores into mapped pinned memory. piece
+/* screened: the LM head screened through its int8 copy (as for a head large
+ * enough: this one is below the size), its exact pass computing every row
+ * that can be among the top-k. copy_tokens: as on a device that does not
+ * address pinned host memory, the tokens reach the host by copies instead
+ * of the kernels' stores into mapped pinned memory. piece
  * 0: the greedy picks (checked against the argmax of the step's logits)
  * and the refused requests; piece 1 + c: setting c of SAMPLE_SETTINGS. */
 static void check_sampling_on(bn_checkpoint *m, bool screened, bool copy_tokens, int piece)
@@ -1619,16 +1571,16 @@ static void check_sampling_on(bn_checkpoint *m, bool screened, bool copy_tokens,
            screened ? "screened" : "full", copy_tokens ? "copied" : "stored by the kernels",
            piece == 0 ? "greedy and refusals" : "a sampling setting");
     const int32_t V = bn_checkpoint_hparams(m)->vocab;
-    bn_cuda_backend_options o;
-    bn_cuda_backend_options_default(&o);
-    o.head_screen = screened ? 1 : -1;
-    o.copy_tokens = copy_tokens;
+    const bn_cuda_as_if as_if = {.screen_any_head = screened, .no_mapped_pinned = copy_tokens};
     bn_cuda_backend *b = NULL;
     bn_error cerr;
     bn_error_clear(&cerr);
-    CHECK_MSG(bn_cuda_backend_create(m, &o, &b, &cerr) == BN_OK, "cuda create: %s",
+    CHECK_MSG(bn_cuda_backend_create_as(m, NULL, &as_if, &b, &cerr) == BN_OK, "cuda create: %s",
               cerr.message);
-    CHECK(!b || bn_cuda_backend_head_screen(b) == screened);
+    bn_cuda_decode_form form;
+    if (b)
+        bn_cuda_backend_decode_form(b, &form);
+    CHECK(!b || (form.head_screen == screened && form.copy_token == copy_tokens));
     float *logits = malloc((size_t)V * sizeof(float));
     CHECK(logits != NULL);
     if (b && logits) {
@@ -1766,7 +1718,7 @@ int main(int argc, char **argv)
      * directory and a Q8_0-embedding GGUF) and no 2B-4T model.
      * BN_TEST_PART=i/n: every n-th of the units below (racecheck runs them
      * as separate processes; a fixture is FIXTURE_UNITS of them, an
-     * encoding one, the sampling checks SAMPLING_UNITS: 41 units in quick
+     * encoding one, the sampling checks SAMPLING_UNITS: 40 units in quick
      * mode). */
     const bool quick = getenv("BN_TEST_QUICK") && strcmp(getenv("BN_TEST_QUICK"), "0") != 0;
     if (quick)

@@ -17,30 +17,11 @@
 #include "cuda_backend_internal.h"
 
 #define DEFAULT_CHUNK 512
-/* Cluster size of the decode GEMVs' activation staging by default (where
- * the device has clusters; else every block stages its own from L2).
- * Clusters of 8 measured ~20 us shorter for the 2B-4T step on an H200
- * (~1060 against ~1080 us, alternated runs); 2 and 4 gained nothing
- * (docs/PERFORMANCE.md). */
-#define DEFAULT_GEMV_CLUSTER 8
-/* Greedy steps screen the LM head through its int8 copy by default from
- * this size of head up (below it the two extra kernels cost about what
- * they save). */
-#define HEAD_SCREEN_MIN ((uint64_t)64 << 20)
 /* Left free on the device for the CUDA context's own needs (graph,
  * module loading, fragmentation). */
 #define DEVICE_RESERVE ((uint64_t)64 << 20)
 
 /* ---- small helpers ---------------------------------------------------------- */
-
-const char *bn_cuda_fusion_name(bn_cuda_fusion f)
-{
-    switch (f) {
-    case BN_CUDA_FUSION_AUTO: return "auto";
-    case BN_CUDA_FUSION_SEPARATE: return "separate";
-    default: return "?";
-    }
-}
 
 void bn_cuda_backend_options_default(bn_cuda_backend_options *o)
 {
@@ -105,24 +86,24 @@ static bn_status warm_up(bn_cuda_backend *b, bn_error *err)
         st = bn_cuda_backend_forward_greedy(b, zeros, n, n, &next, err);
     if (st == BN_OK && n >= 2) /* two rows: the GEMV over rows */
         st = bn_cuda_backend_forward_greedy(b, zeros, 2, 0, &next, err);
-    if (st == BN_OK && b->pdl) {
+    if (st == BN_OK && b->form.pdl) {
         bn_error perr;
         bn_error_clear(&perr);
         if (bn_cuda_backend_forward_greedy(b, zeros, 1, 0, &next, &perr) != BN_OK) {
             bn_log(BN_LOG_WARN, "cuda backend: a decode step with programmatic dependent launch "
                                 "failed (%s); decoding without it",
                    perr.message);
-            b->pdl = false;
+            b->form.pdl = false;
         }
     }
-    if (st == BN_OK && !b->pdl)
+    if (st == BN_OK && !b->form.pdl)
         st = bn_cuda_backend_forward_greedy(b, zeros, 1, 0, &next, err);
     /* A sampled step: the sampler's first launch, before graph_sample's
      * capture. */
     const bn_cuda_sample_params one = {1.0f, 1, 1.0f, 0.0f};
     if (st == BN_OK && bn_cuda_backend_sample_supported(b, &one))
         st = bn_cuda_backend_forward_sample(b, zeros, 1, 0, &one, 0.5, &next, err);
-    if (st == BN_OK && b->head_screen) { /* greedy steps screened; the full head once too */
+    if (st == BN_OK && b->form.head_screen) { /* greedy steps screened; the full head once too */
         st = BN_CUDA_STATUS(err, bn_cb_head_gemv(b->d_head, b->head_type, b->hp.vocab, b->hp.dim,
                                                  b->normed, b->logits, b->sm, b->cs));
         if (st == BN_OK)
@@ -133,6 +114,44 @@ static bn_status warm_up(bn_cuda_backend *b, bn_error *err)
     b->kv_filled = 0;
     b->calls = 0;
     return st;
+}
+
+/* ---- creation: the decode step's form ------------------------------------------ */
+
+/* What the device and the model allow the decode step beyond the head's
+ * facts and mapped pinned memory (found during the plan and allocation):
+ * each kernel family's own answer for this device, build and shape. Every
+ * layer has layer 0's shapes. The queries that set a kernel's attributes
+ * (cluster sizes, shared memory) are made at the sizes the form uses. */
+static void find_caps(bn_cuda_backend *b, bn_cuda_decode_caps *caps)
+{
+    const bn_hparams *hp = &b->hp;
+    const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
+    const group *qkv = &b->groups[G_QKV], *gu = &b->groups[G_GU];
+    caps->pdl = bn_cb_pdl_supported(b->device) != 0;
+    caps->gemv_clusters = bn_w2a8_cuda_gemv_cluster_usable() != 0;
+    caps->attn_cluster = b->kv_f16 ? 0 : bn_cb_attn_decode_cluster(&as, 0);
+    caps->attn_qkv = caps->attn_cluster > 0 && qkv->fused_ok &&
+                     bn_cb_attn_decode_qkv_prepare(&as, caps->attn_cluster, qkv->k) ==
+                         cudaSuccess;
+    (void)cudaGetLastError();
+    caps->gate_up_pairs =
+        gu->fused_ok && gu->n_seg == 2 && gu->s[0].n == gu->s[1].n &&
+        bn_w2a8_cuda_gemv_pair_fits(gu->fused.n, gu->fused.tiles, gu->fused.groups);
+    if (caps->gate_up_pairs) {
+        const bn_w2a8_cuda_args a = cb_pair_args(b, gu);
+        caps->gate_up_cluster16 = bn_w2a8_cuda_gemv_pair_cluster16(&a, gu->split) != 0;
+    }
+    caps->embed_norm = cb_embed_norm_fits(b);
+}
+
+/* The decode step's form from every fact (bn_cuda_decode_form_choose), as
+ * if the device offered no more than as_if says (tests). */
+static void decide_form(bn_cuda_backend *b, bn_cuda_decode_caps *caps, const bn_cuda_as_if *as_if)
+{
+    find_caps(b, caps);
+    bn_cuda_decode_caps_limit(caps, as_if);
+    bn_cuda_decode_form_choose(caps, &b->form);
 }
 
 /* ---- create / free ------------------------------------------------------------------ */
@@ -156,8 +175,15 @@ static bn_status pick_device(int requested, int *device, bn_error *err)
     return st;
 }
 
-bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backend_options *opt_in,
+bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backend_options *opt,
                                  bn_cuda_backend **out, bn_error *err)
+{
+    return bn_cuda_backend_create_as(model, opt, NULL, out, err);
+}
+
+bn_status bn_cuda_backend_create_as(const bn_checkpoint *model, const bn_cuda_backend_options *opt_in,
+                                    const bn_cuda_as_if *as_if, bn_cuda_backend **out,
+                                    bn_error *err)
 {
     if (!out)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cuda backend: NULL output");
@@ -179,33 +205,8 @@ bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backe
     if (opt.kv_type != BN_CUDA_KV_F32 && opt.kv_type != BN_CUDA_KV_F16)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "unknown KV cache type %d",
                             (int)opt.kv_type);
-    if (opt.fusion != BN_CUDA_FUSION_AUTO && opt.fusion != BN_CUDA_FUSION_SEPARATE)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "cuda backend: the decode step runs each norm + int8 as its own "
-                            "kernel: fusion must be auto or separate (got %d)",
-                            (int)opt.fusion);
     if (opt.prefill_chunk < 0)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "negative prefill chunk");
-    if (opt.attn_qkv < -1 || opt.attn_qkv > 0)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "cuda backend: attn_qkv must be -1 or 0 (got %d)", opt.attn_qkv);
-    if (opt.gate_up_pair < -1 || opt.gate_up_pair > 0)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "cuda backend: gate_up_pair must be -1 or 0 (got %d)",
-                            opt.gate_up_pair);
-    if (opt.head_screen < -1 || opt.head_screen > 1)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "cuda backend: head_screen must be -1, 0 or 1 (got %d)",
-                            opt.head_screen);
-    if (opt.gate_up_cluster != -1 && opt.gate_up_cluster != 0 && opt.gate_up_cluster != 16)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "cuda backend: gate_up_cluster must be -1, 0 or 16 (got %d)",
-                            opt.gate_up_cluster);
-    if (opt.gemv_cluster != -1 && opt.gemv_cluster != 0 && opt.gemv_cluster != 2 &&
-        opt.gemv_cluster != 4 && opt.gemv_cluster != 8)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "cuda backend: gemv_cluster must be -1, 0, 2, 4 or 8 (got %d)",
-                            opt.gemv_cluster);
 
     bn_cuda_backend *b = calloc(1, sizeof *b);
     if (!b)
@@ -223,7 +224,7 @@ bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backe
     b->chunk = opt.prefill_chunk > 0 ? opt.prefill_chunk : DEFAULT_CHUNK;
     if (b->chunk > kv_len)
         b->chunk = kv_len;
-    b->use_graphs = !opt.no_graphs;
+    b->use_graphs = true;
 
     bn_status st = cb_check_shape(b, err);
     if (st == BN_OK)
@@ -261,10 +262,7 @@ bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backe
         bn_cuda_backend_free(b);
         return st;
     }
-    /* The screened head of greedy steps: its int8 copy and per-row data. */
-    const bool screen_auto = opt.head_screen == 0;
-    b->head_screen =
-        opt.head_screen > 0 || (screen_auto && cb_head_table_bytes(b) >= HEAD_SCREEN_MIN);
+    /* The screened head's int8 copy and per-row data, when it has room. */
     scratch_spec screen[HEAD_SCREEN_BUFFERS];
     cb_head_screen_list(b, screen);
     uint64_t screen_bytes = 0;
@@ -286,21 +284,26 @@ bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backe
     size_t free_bytes = 0, total_bytes = 0;
     st = BN_CUDA_STATUS(err, cudaMemGetInfo(&free_bytes, &total_bytes));
     const uint64_t usable = free_bytes > DEVICE_RESERVE ? free_bytes - DEVICE_RESERVE : 0;
-    if (st == BN_OK && b->head_screen) {
-        const uint64_t budget =
-            opt.memory_limit > 0 && opt.memory_limit < usable ? opt.memory_limit : usable;
-        if (screen_auto && total + screen_bytes > budget) {
-            /* Without room the copy is left out (and a plan that does not fit
-             * anyway is reported without it). */
-            if (total <= budget)
-                bn_log(BN_LOG_INFO, "cuda backend: no room for the LM head's int8 copy (%.1f "
-                                    "MiB): greedy steps read the whole head",
-                       (double)screen_bytes / MIB);
-            b->head_screen = false;
-        } else {
-            b->head_screen_bytes = screen_bytes;
-            total += screen_bytes;
-        }
+    /* The decode step's form takes the screened head where the head is
+     * large and its copy fits the plan: the table decides from the head's
+     * facts here, for the plan, and again with every fact after the
+     * uploads (decide_form), the same way. */
+    bn_cuda_decode_caps caps;
+    memset(&caps, 0, sizeof caps);
+    caps.kv_f16 = b->kv_f16;
+    caps.head_bytes = cb_head_table_bytes(b);
+    const uint64_t budget =
+        opt.memory_limit > 0 && opt.memory_limit < usable ? opt.memory_limit : usable;
+    caps.head_copy_fits = total + screen_bytes <= budget;
+    bn_cuda_decode_caps_limit(&caps, as_if);
+    bn_cuda_decode_form_choose(&caps, &b->form);
+    if (b->form.head_screen) {
+        b->head_screen_bytes = screen_bytes;
+        total += screen_bytes;
+    } else if (caps.head_bytes >= BN_CUDA_HEAD_SCREEN_MIN && total <= budget) {
+        bn_log(BN_LOG_INFO, "cuda backend: no room for the LM head's int8 copy (%.1f MiB): "
+                            "greedy steps read the whole head",
+               (double)screen_bytes / MIB);
     }
     if (st == BN_OK && opt.memory_limit > 0)
         st = cb_check_budget(b, total, opt.memory_limit, "the memory limit (BITNET_MEMORY_LIMIT)",
@@ -322,7 +325,7 @@ bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backe
         else
             st = dalloc(b, b->head_bytes, &b->d_head, err);
     }
-    for (int i = 0; i < HEAD_SCREEN_BUFFERS && st == BN_OK && b->head_screen; i++)
+    for (int i = 0; i < HEAD_SCREEN_BUFFERS && st == BN_OK && b->form.head_screen; i++)
         st = dalloc(b, screen[i].bytes, screen[i].ptr, err);
     if (st == BN_OK)
         st = dalloc(b, b->norms_bytes, (void **)&b->d_norms, err);
@@ -338,10 +341,11 @@ bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backe
                                                               sizeof(int32_t)))) == BN_OK)
         b->h_io = pinned;
     /* Pinned memory is mapped wherever the device has unified addressing
-     * (every 64-bit platform CUDA supports); without, tokens are copied. */
+     * (every 64-bit platform CUDA supports): the step's last kernel can
+     * store the token there (h_io_dev, once the form says so). */
     void *alias = NULL;
-    if (b->h_io && !opt.copy_tokens && cudaHostGetDevicePointer(&alias, b->h_io, 0) == cudaSuccess)
-        b->h_io_dev = alias;
+    caps.mapped_pinned =
+        b->h_io && cudaHostGetDevicePointer(&alias, b->h_io, 0) == cudaSuccess && alias;
     (void)cudaGetLastError();
     pinned = NULL;
     if (st == BN_OK &&
@@ -394,57 +398,20 @@ bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backe
     const double t1 = bn_time_seconds();
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->copy));
-    if (st == BN_OK && !b->kv_f16) {
+    if (st == BN_OK && !b->kv_f16)
         st = BN_CUDA_STATUS(err, bn_cb_attn_prefill_prepare(hp->head_dim));
-        const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
-        b->attn_cluster =
-            opt.attn_cluster < 0 ? 0 : bn_cb_attn_decode_cluster(&as, opt.attn_cluster);
-    }
-    if (st == BN_OK) {
-        /* The decode GEMVs' activation staging, where the device and the
-         * build have clusters (else every block stages its own). */
-        const int want = opt.gemv_cluster == 0 ? DEFAULT_GEMV_CLUSTER : opt.gemv_cluster;
-        b->gemv_cluster = want > 1 && bn_w2a8_cuda_gemv_cluster_usable() ? want : 0;
-    }
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, bn_cb_head_prepare(b->head_type, hp->dim));
-    if (st == BN_OK && b->head_screen) {
+    if (st == BN_OK) {
+        decide_form(b, &caps, as_if);
+        b->h_io_dev = b->form.copy_token ? NULL : alias;
+    }
+    if (st == BN_OK && b->form.head_screen) {
         st = BN_CUDA_STATUS(err, bn_cb_head_screen_prepare(b->head_type, hp->dim));
         if (st == BN_OK)
             st = BN_CUDA_STATUS(err, bn_cb_head_quantize(b->d_head, b->head_type, hp->vocab,
                                                          hp->dim, b->d_head_q, b->d_head_se,
                                                          b->cs));
-    }
-    if (st == BN_OK)
-        b->pdl = !opt.no_pdl && bn_cb_pdl_supported(b->device);
-    if (st == BN_OK)
-        b->embed_norm = cb_embed_norm_fits(b);
-    if (st == BN_OK && opt.gate_up_pair == 0) {
-        /* The pair GEMV needs gate and up in one launch, each of whole
-         * tiles (every layer has layer 0's shapes). */
-        const group *g = &b->groups[G_GU];
-        b->gu_pair = g->fused_ok && g->n_seg == 2 && g->s[0].n == g->s[1].n &&
-                     bn_w2a8_cuda_gemv_pair_fits(g->fused.n, g->fused.tiles, g->fused.groups);
-    }
-    if (st == BN_OK) {
-        /* The pair GEMV's staging: clusters of 16 halve the clusters asking
-         * L2 for the same row (docs/CUDA.md), where the device holds them. */
-        const bool want16 = opt.gate_up_cluster == 16 ||
-                            (opt.gate_up_cluster == 0 && b->gemv_cluster > 1);
-        const bn_w2a8_cuda_args a = cb_pair_args(b, &b->groups[G_GU]);
-        b->gu_cluster = b->gu_pair && want16 &&
-                                bn_w2a8_cuda_gemv_pair_cluster16(&a, b->groups[G_GU].split)
-                            ? 16
-                            : b->gemv_cluster;
-    }
-    if (st == BN_OK && opt.attn_qkv == 0 && !b->kv_f16 && b->attn_cluster > 0) {
-        /* The decode attention computes q|k|v itself where its clusters can
-         * hold their share of the weights (every layer has layer 0's shapes). */
-        const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
-        b->attn_qkv = b->groups[G_QKV].fused_ok &&
-                      bn_cb_attn_decode_qkv_prepare(&as, b->attn_cluster,
-                                                    b->groups[G_QKV].k) == cudaSuccess;
-        (void)cudaGetLastError();
     }
     if (st == BN_OK)
         st = warm_up(b, err);
@@ -467,10 +434,10 @@ bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backe
            (double)b->embed_bytes / MIB, head_type_name(b->head_type),
            (double)cb_head_table_bytes(b) / MIB,
            b->head_shared ? " (the embedding)" : "",
-           b->head_screen ? " + its int8 copy (greedy steps screen the head)" : "",
+           b->form.head_screen ? " + its int8 copy (greedy steps screen the head)" : "",
            b->kv_f16 ? "f16" : "f32",
            (double)b->kv_bytes / MIB, (long long)kv_len, (double)b->scratch_bytes / MIB,
-           (long long)b->chunk, b->graph.exec ? "captured" : "off", b->pdl ? "on" : "off");
+           (long long)b->chunk, b->graph.exec ? "captured" : "off", b->form.pdl ? "on" : "off");
     *out = b;
     return BN_OK;
 }
@@ -521,27 +488,20 @@ bn_cuda_kv_type bn_cuda_backend_kv_type(const bn_cuda_backend *b)
 {
     return b->kv_f16 ? BN_CUDA_KV_F16 : BN_CUDA_KV_F32;
 }
-bn_cuda_fusion bn_cuda_backend_fusion(const bn_cuda_backend *b)
+void bn_cuda_backend_decode_form(const bn_cuda_backend *b, bn_cuda_decode_form *out)
 {
-    (void)b;
-    return BN_CUDA_FUSION_SEPARATE;
+    *out = b->form;
 }
-int bn_cuda_backend_attn_cluster(const bn_cuda_backend *b) { return b->attn_cluster; }
-int bn_cuda_backend_gemv_cluster(const bn_cuda_backend *b) { return b->gemv_cluster; }
-int bn_cuda_backend_gate_up_cluster(const bn_cuda_backend *b) { return b->gu_cluster; }
 
 unsigned bn_cuda_backend_fixed_stages(const bn_cuda_backend *b)
 {
     unsigned m = 0;
-    if (!b->kv_f16 && b->attn_cluster > 8)
+    if (!b->kv_f16 && b->form.attn_cluster > 8)
         m |= 1u << BN_CUDA_STAGE_ATTENTION;
-    if (b->gu_cluster > 8) /* (only the pair GEMV of the separate layout takes 16) */
+    if (b->form.gate_up_cluster > 8) /* the gate|up GEMV in pairs, in clusters of 16 */
         m |= 1u << BN_CUDA_STAGE_GATE_UP;
     return m;
 }
-bool bn_cuda_backend_head_screen(const bn_cuda_backend *b) { return b->head_screen; }
-bool bn_cuda_backend_attn_qkv(const bn_cuda_backend *b) { return b->attn_qkv; }
-bool bn_cuda_backend_gate_up_pair(const bn_cuda_backend *b) { return b->gu_pair; }
 
 bool bn_cuda_backend_graphs(const bn_cuda_backend *b) { return b->graph.exec && b->use_graphs; }
 

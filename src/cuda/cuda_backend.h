@@ -63,6 +63,7 @@
 #include <stdint.h>
 
 #include "bitnet.h"
+#include "cuda_decode_form.h"
 #include "model.h"
 #include "sample_cuda.h"
 
@@ -77,59 +78,13 @@ typedef enum bn_cuda_kv_type {
     BN_CUDA_KV_F16 = 1  /* half the memory and bandwidth; logits within ~3e-2 x max  */
 } bn_cuda_kv_type;
 
-/* The decode step's layout of norms and GEMVs: each norm + int8 (with the
- * residual add before it) is a kernel of its own, which programmatic
- * dependent launch overlaps with the GEMV before it (docs/CUDA.md, "The
- * decode step"). AUTO and SEPARATE both name that layout. */
-typedef enum bn_cuda_fusion {
-    BN_CUDA_FUSION_AUTO = 0,
-    BN_CUDA_FUSION_SEPARATE = 1
-} bn_cuda_fusion;
-
-const char *bn_cuda_fusion_name(bn_cuda_fusion f);
-
 typedef struct bn_cuda_backend_options {
     int device;            /* CUDA ordinal; -1: the best device (most memory)         */
     int64_t kv_len;        /* KV positions; 0: the model's training context           */
     uint64_t memory_limit; /* device bytes the backend may use; 0: no limit           */
     bn_cuda_kv_type kv_type;
     int prefill_chunk;     /* tokens per prefill pass; 0: 512                         */
-    bool no_graphs;        /* decode eagerly instead of replaying a CUDA graph        */
-    bool no_pdl;           /* decode without programmatic dependent launch (sm_90+:
-                              a kernel's weight loads overlap the previous kernel)    */
-    int attn_cluster;      /* fp32 decode attention's merge: 0 the default (the largest
-                              cluster of <= 16 blocks the device keeps resident, else
-                              the ticket); -1 the ticket and a last block; 2, 4, 8, 16:
-                              clusters of at most that many blocks                    */
-    int gemv_cluster;      /* decode GEMVs: 0 the default (clusters
-                              of 8 where the device has clusters), -1 every block
-                              stages its activations from L2, 2, 4, 8: staged once
-                              per cluster of that many blocks (sm_90; docs/CUDA.md) */
-    bn_cuda_fusion fusion; /* AUTO or SEPARATE (the one layout); others are refused  */
-    int attn_qkv;          /* fp32-cache decode in clusters: 0 the
-                              default (the q|k|v product inside the attention kernel
-                              where it fits), -1 a GEMV before it (docs/CUDA.md)    */
-    int gate_up_pair;      /* decode gate|up: 0 the default (each
-                              GEMV block multiplies a gate tile and the up tile of
-                              the same rows and writes relu(gate)^2 * up, where the
-                              shapes allow), -1 the raw gate and up values and the
-                              squared ReLU in the norm kernel after (docs/CUDA.md) */
-    int gate_up_cluster;   /* decode gate|up in pairs: 0 the default (its activations
-                              staged per cluster of 16 blocks where the decode GEMVs
-                              stage per cluster and the device holds clusters of 16
-                              of its blocks), 16 the same whatever the other GEMVs
-                              do, -1 as the other decode GEMVs (docs/CUDA.md)       */
-    int head_screen;       /* the LM head of steps that pick on the device (greedy,
-                              or sampling with a top-k): 0 the default (screened
-                              through an int8 copy when the head takes at least 64
-                              MiB and the copy fits), 1 always screened, -1 never;
-                              the token is the full head's either way (docs/CUDA.md) */
     int threads;           /* host threads unpacking weights; 0: BITNET_NUM_THREADS   */
-    bool copy_tokens;      /* the chosen token reaches the host by a device-to-host
-                              copy after the step, not stored by the step's last
-                              kernel into mapped pinned memory (the default where
-                              pinned memory is mapped: the copy costs ~10 us of
-                              the stream's time a step); the same tokens          */
 } bn_cuda_backend_options;
 
 void bn_cuda_backend_options_default(bn_cuda_backend_options *o);
@@ -243,26 +198,13 @@ bool bn_cuda_backend_graphs(const bn_cuda_backend *b);
  * the sampler's parameters ride in the step's upload, so no launch follows
  * the replay. Otherwise the sampler is launched after the step. */
 bool bn_cuda_backend_sample_graph(const bn_cuda_backend *b);
-/* The decode step's layout in use: SEPARATE. */
-bn_cuda_fusion bn_cuda_backend_fusion(const bn_cuda_backend *b);
-/* The fp32 decode attention's cluster size (0: merged through the ticket). */
-int bn_cuda_backend_attn_cluster(const bn_cuda_backend *b);
-/* The decode GEMVs' cluster size for staging their activations (0: every
- * block stages its own). */
-int bn_cuda_backend_gemv_cluster(const bn_cuda_backend *b);
-/* The decode gate|up GEMV's cluster size for staging its activations
- * (gate_up_cluster; 0: every block stages its own). */
-int bn_cuda_backend_gate_up_cluster(const bn_cuda_backend *b);
+/* The decode step's form (cuda_decode_form.h), chosen at creation for this
+ * device and model. */
+void bn_cuda_backend_decode_form(const bn_cuda_backend *b, bn_cuda_decode_form *out);
 /* The stages (bit mask, 1 << bn_cuda_stage) of the decode graph whose kernels
  * run in thread-block clusters of more than 8 blocks, which the driver
  * refuses to disable (time_decode_without). */
 unsigned bn_cuda_backend_fixed_stages(const bn_cuda_backend *b);
-/* Whether the decode attention computes the q|k|v product itself. */
-bool bn_cuda_backend_attn_qkv(const bn_cuda_backend *b);
-/* Whether the decode gate|up GEMV writes relu(gate)^2 * up (gate_up_pair). */
-bool bn_cuda_backend_gate_up_pair(const bn_cuda_backend *b);
-/* Whether greedy steps screen the LM head through its int8 copy. */
-bool bn_cuda_backend_head_screen(const bn_cuda_backend *b);
 void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on);
 
 /* The kernels that have run so far, comma-separated ("embed_rows,
@@ -281,9 +223,16 @@ typedef struct bn_cuda_work {
 void bn_cuda_backend_work(const bn_cuda_backend *b, bn_cuda_work *out);
 
 /* Tests: forward call number `call` (1-based, counting every forward,
- * forward_greedy / forward_sample and submit_greedy / submit_sample) fails with BN_ERR_GPU before doing
- * anything, as a failed kernel would. 0 turns it off. */
+ * forward_greedy / forward_sample and submit_greedy / submit_sample) fails
+ * with BN_ERR_GPU before doing anything, as a failed kernel would. 0 turns
+ * it off. */
 void bn_cuda_backend_fail_at(bn_cuda_backend *b, int64_t call);
+/* Tests: create() on a device and model that offer less than these
+ * (cuda_decode_form.h, bn_cuda_as_if): the decode step takes the form the
+ * table gives for that, the one such a device or model runs. */
+bn_status bn_cuda_backend_create_as(const bn_checkpoint *model, const bn_cuda_backend_options *opt,
+                                    const bn_cuda_as_if *as_if, bn_cuda_backend **out,
+                                    bn_error *err);
 
 /* ---- measurement (bitnet bench e2e) -------------------------------------------- */
 

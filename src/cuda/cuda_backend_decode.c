@@ -83,7 +83,7 @@ const step_graph *cb_pass_graph(const bn_cuda_backend *b, bool screen,
     const bool odd = b->par == 1;
     if (sample && b->graph_sample.exec)
         return odd ? &b->graph_sample1 : &b->graph_sample;
-    if (b->head_screen && !screen)
+    if (b->form.head_screen && !screen)
         return &b->graph_logits;
     return odd ? &b->graph1 : &b->graph;
 }
@@ -99,7 +99,7 @@ bn_status cb_queue_handoff(bn_cuda_backend *b, bool key, bn_error *err)
     int32_t *feed = b->d_dec + (b->par ^ 1) * DEC_STRIDE;
     BN_CUDA_TRY(err, bn_cb_decode_handoff(key ? b->d_best : NULL, key ? NULL : b->d_next,
                                           b->hp.vocab, dev_alias(b, host), cb_dec_dev(b), feed,
-                                          b->pdl && !b->prof, b->cs));
+                                          b->form.pdl && !b->prof, b->cs));
     b->ran |= 1u << K_HANDOFF;
     if (b->capture_stages)
         return cb_mark(b, BN_CUDA_STAGE_ARGMAX, 1, err);
@@ -305,13 +305,13 @@ static bool map_graph_stages(bn_cuda_backend *b, cudaGraph_t graph)
  * (chained steps alternate between the two). */
 void cb_capture_graph(bn_cuda_backend *b)
 {
-    if (!capture_graph_once(b, !b->pdl, STEP_GREEDY, 0) && b->pdl) {
+    if (!capture_graph_once(b, !b->form.pdl, STEP_GREEDY, 0) && b->form.pdl) {
         bn_log(BN_LOG_WARN, "cuda backend: capturing the decode step with programmatic dependent "
                             "launch failed; capturing it without");
-        b->pdl = false;
+        b->form.pdl = false;
         (void)capture_graph_once(b, true, STEP_GREEDY, 0);
     }
-    if (b->graph.exec && b->head_screen)
+    if (b->graph.exec && b->form.head_screen)
         (void)capture_graph_once(b, true, STEP_LOGITS, 0);
     if (b->graph.exec)
         (void)capture_graph_once(b, true, STEP_SAMPLED, 0);
@@ -322,7 +322,7 @@ void cb_capture_graph(bn_cuda_backend *b)
 }
 
 /* The step of `kind` into its graph: the greedy step (screened head when
- * b->head_screen, then the hand-off of its key) into b->graph, with the
+ * b->form.head_screen, then the hand-off of its key) into b->graph, with the
  * stage map; the step with the full LM head into b->graph_logits; the
  * greedy step's kernels, then the sampler, which reads its parameters and
  * uniform number from d_dec, and the hand-off of its token into
@@ -350,11 +350,11 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, step_kind k
         b->ran = 0;
         b->par = par;
         int32_t *dec = cb_dec_dev(b);
-        st = cb_enqueue_rows(b, 1, dec, dec + 1, dec + 2, 0, b->head_screen && !logits, &cerr);
+        st = cb_enqueue_rows(b, 1, dec, dec + 1, dec + 2, 0, b->form.head_screen && !logits, &cerr);
         if (st == BN_OK && kind == STEP_SAMPLED)
             st = cb_queue_sampler(b, &cerr);
         /* The choice's hand-off, where the graph makes the choice. */
-        if (st == BN_OK && (kind == STEP_SAMPLED || (kind == STEP_GREEDY && b->head_screen)))
+        if (st == BN_OK && (kind == STEP_SAMPLED || (kind == STEP_GREEDY && b->form.head_screen)))
             st = cb_queue_handoff(b, kind == STEP_GREEDY, &cerr);
         b->par = 0;
         g->kernels = b->ran;

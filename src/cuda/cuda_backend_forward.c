@@ -43,11 +43,11 @@ static bn_w2a8_cuda_args w2a8_args(const bn_cuda_backend *b, const group *g, int
     a.workspace = NULL;
     a.streamk = b->streamk ? b->ws_streamk : NULL;
     a.weight_scale = g->n_seg == 1 ? g->s[0].scale : 1.0f;
-    a.cluster = b->gemv_cluster;
+    a.cluster = b->form.gemv_cluster;
     /* Prefill's GEMMs: programmatic dependent launch lets the weight copies
      * of the warp-specialized kernels start while the kernel before runs
      * (they wait for it before anything else; not while profiling). */
-    a.pdl = M > 1 && b->pdl && !b->prof;
+    a.pdl = M > 1 && b->form.pdl && !b->prof;
     return a;
 }
 
@@ -78,7 +78,7 @@ static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y,
     return BN_OK;
 }
 
-/* The decode step's gate|up GEMV in pairs (b->gu_pair): h = relu(gate)^2 *
+/* The decode step's gate|up GEMV in pairs (b->form.gate_up_pair): h = relu(gate)^2 *
  * up of b->xq into b->gu (ffn values), the squared ReLU done in the GEMV's
  * epilogue with the segments' scales, so the norm kernel after it reads one
  * row instead of two. */
@@ -94,7 +94,7 @@ bn_w2a8_cuda_args cb_pair_args(const bn_cuda_backend *b, const group *g)
     a.relu2_pair = 1;
     a.relu2_sg = g->s[0].scale;
     a.relu2_su = g->s[1].scale;
-    a.cluster = b->gu_cluster;
+    a.cluster = b->form.gate_up_cluster;
     return a;
 }
 
@@ -190,7 +190,7 @@ static void *layer_cache(const bn_cuda_backend *b, void *which, int l)
 
 /* x = the rows of the tokens' embedding; xq = q(attn_norm(x)) for layer 0.
  * The decode step reads its row from the table inside the norm kernel
- * where it can (b->embed_norm: one kernel fewer, the same x and codes). As
+ * where it can (b->form.embed_norm: one kernel fewer, the same x and codes). As
  * the step's first kernel it is launched plainly, so the step's inputs are
  * in place before any kernel with programmatic dependent launch starts. */
 static bn_status embed_and_first_norm(const pass *p)
@@ -198,7 +198,7 @@ static bn_status embed_and_first_norm(const pass *p)
     bn_cuda_backend *b = p->b;
     const int64_t dim = b->hp.dim;
     const float *w = norm_ptr(b, 0, BN_NORM_ATTN);
-    if (p->decode && b->embed_norm) {
+    if (p->decode && b->form.embed_norm) {
         BN_CUDA_TRY(p->err, bn_cb_embed_norm_quantize(b->d_embed, b->embed_type, p->tok, b->x,
                                                       dim, w, b->hp.rms_eps, b->xq,
                                                       codes_ld(b, dim, 1), b->act_scale,
@@ -226,10 +226,10 @@ static bn_status product(const pass *p, int l, int which, float *y, bn_cuda_stag
 }
 
 /* qkv = Wqkv xq, the raw q|k|v. Where the decode attention computes the
- * product itself (b->attn_qkv) this stage launches nothing. */
+ * product itself (b->form.attn_qkv) this stage launches nothing. */
 static bn_status qkv(const pass *p, int l)
 {
-    if (p->decode && p->b->attn_qkv)
+    if (p->decode && p->b->form.attn_qkv)
         return stage_done(p, BN_CUDA_STAGE_QKV, 0, -1);
     return product(p, l, G_QKV, p->b->qkv, BN_CUDA_STAGE_QKV);
 }
@@ -255,8 +255,8 @@ static bn_status rope_kv_store(const pass *p, int l)
 }
 
 /* The fp32 cache's decode attention: the token's scale + RoPE + KV store,
- * then its q against the cache, merged in clusters of b->attn_cluster
- * blocks (0: by the ticket), the q|k|v product inside where b->attn_qkv. */
+ * then its q against the cache, merged in clusters of b->form.attn_cluster
+ * blocks (0: by the ticket), the q|k|v product inside where b->form.attn_qkv. */
 static bn_status attention_decode_f32(const pass *p, int l)
 {
     bn_cuda_backend *b = p->b;
@@ -267,9 +267,9 @@ static bn_status attention_decode_f32(const pass *p, int l)
                                  hp->rope_dim > 0 ? b->rope : NULL, hp->rope_dim, p->pos,
                                  layer_cache(b, b->d_k, l), layer_cache(b, b->d_v, l),
                                  b->attn_splits, b->ws_attn, b->attn_counters, b->att,
-                                 b->attn_cluster, layer_cache(b, b->d_k, l + 1),
+                                 b->form.attn_cluster, layer_cache(b, b->d_k, l + 1),
                                  layer_cache(b, b->d_v, l + 1), NULL, 0, NULL, NULL, NULL};
-    if (b->attn_qkv) {
+    if (b->form.attn_qkv) {
         da.w_qkv = b->d_w + g->s[0].off;
         da.w_k = g->k;
         da.xq = b->xq;
@@ -277,8 +277,8 @@ static bn_status attention_decode_f32(const pass *p, int l)
         da.act_sum = b->act_sum;
     }
     BN_CUDA_TRY(p->err, bn_cb_attn_decode(&as, &da, p->pdl, b->cs));
-    const int kernel = b->attn_qkv       ? K_ATTN_DEC_F32_QKV
-                       : b->attn_cluster ? K_ATTN_DEC_F32_CLUSTER
+    const int kernel = b->form.attn_qkv       ? K_ATTN_DEC_F32_QKV
+                       : b->form.attn_cluster ? K_ATTN_DEC_F32_CLUSTER
                                          : K_ATTN_DEC_F32;
     return stage_done(p, BN_CUDA_STAGE_ATTENTION, 1, kernel);
 }
@@ -342,11 +342,11 @@ static bn_status residual_norm(const pass *p, int l, bn_norm which, bn_cuda_stag
 }
 
 /* gu = Wgu xq: gate and up raw, or, where the decode step takes them in
- * pairs (b->gu_pair), h = relu(gate)^2 * up already. */
+ * pairs (b->form.gate_up_pair), h = relu(gate)^2 * up already. */
 static bn_status gate_up(const pass *p, int l)
 {
     bn_cuda_backend *b = p->b;
-    if (!(p->decode && b->gu_pair))
+    if (!(p->decode && b->form.gate_up_pair))
         return product(p, l, G_GU, b->gu, BN_CUDA_STAGE_GATE_UP);
     const bn_status st = gate_up_pair(b, &b->groups[l * G_COUNT + G_GU], p->pdl, p->err);
     return st != BN_OK ? st : stage_done(p, BN_CUDA_STAGE_GATE_UP, 1, -1);
@@ -358,7 +358,7 @@ static bn_status ffn_sub_norm(const pass *p, int l)
 {
     bn_cuda_backend *b = p->b;
     const int64_t ffn = b->hp.ffn;
-    if (p->decode && b->gu_pair)
+    if (p->decode && b->form.gate_up_pair)
         return norm_codes(p, b->gu, ffn, ffn, l, BN_NORM_FFN_SUB, BN_CUDA_STAGE_RELU2);
     const seg *s = b->groups[l * G_COUNT + G_GU].s;
     BN_CUDA_TRY(p->err, bn_cb_relu2_norm_quantize(b->gu, b->gu + ffn, b->gu_n, s[0].scale,
@@ -444,14 +444,14 @@ static bn_status lm_head(const pass *p, bool screen)
  * attention over [0, *d_kvlen) = [0, *d_pos]); NULL is a prefill chunk,
  * whose last row sees `visible` positions (the host's count, which sizes
  * the attention's split; 0 on the decode path).
- * screen: the LM head is screened (b->head_screen): logits hold -inf for
+ * screen: the LM head is screened (b->form.head_screen): logits hold -inf for
  * rows that cannot be among the top d_dec[3] (cb_queue_pass), so only a step
  * that reads no more than those (greedy, or a top-k sampler) may ask for it.
  * Nothing here synchronises or touches host memory, so it can be captured
  * in a graph.
  *
  * The decode step launches the kernels after its first with programmatic
- * dependent launch when b->pdl (not while profiling: the events between
+ * dependent launch when b->form.pdl (not while profiling: the events between
  * stages would time overlapping kernels). Before their wait those kernels
  * read only weights, norm vectors, the RoPE table, the step's position and
  * cache rows of earlier steps. docs/CUDA.md, "The decode step", lists the
@@ -461,7 +461,7 @@ bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
                           bool screen, bn_error *err)
 {
     const bool decode = d_kvlen != NULL;
-    const pass p = {b, M, d_tok, d_pos, d_kvlen, visible, decode, decode && b->pdl && !b->prof,
+    const pass p = {b, M, d_tok, d_pos, d_kvlen, visible, decode, decode && b->form.pdl && !b->prof,
                     err};
     STAGE(embed_and_first_norm(&p)); /* x = embedding; xq = q(attn_norm(x)) */
     for (int l = 0; l < b->hp.n_layer; l++)
@@ -551,7 +551,7 @@ bn_status cb_queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n, in
                         int top_k, double u, const bn_cuda_sample_params *sample,
                         bool chained, bn_error *err)
 {
-    const bool screen = top_k > 0 && b->head_screen;
+    const bool screen = top_k > 0 && b->form.head_screen;
     b->choice_in_pass = false;
     const bn_status up = cb_upload_dec(b, chained ? -1 : tokens[n - 1], pos + n - 1,
                                        top_k > 0 ? top_k : 1, u, sample, chained, err);

@@ -43,6 +43,7 @@
 #include "cuda_backend.h"
 #include "cuda_backend_kernels.h"
 #include "cuda_context.h"
+#include "cuda_decode_form.h"
 #include "cuda_layout.h"
 #include "ops_cuda.h"
 #include "sample_cuda.h"
@@ -122,6 +123,9 @@ struct bn_cuda_backend {
     int64_t q_dim, kv_dim, qkv_n, gu_n, ldq, kv_len, kv_filled, chunk;
     bool kv_f16;
     size_t kv_elem;
+    /* The decode step's form for this device and model (cuda_decode_form.h;
+     * form.pdl goes off if the driver refuses it in a step or a capture). */
+    bn_cuda_decode_form form;
 
     /* The device: its context, compute stream (cs) and copy stream, its SM
      * count and name. */
@@ -147,10 +151,9 @@ struct bn_cuda_backend {
     int head_type;             /* BN_CB_HEAD_* */
     bool head_shared;          /* d_head is d_embed */
     uint64_t head_bytes;
-    /* Greedy steps' screened head (head_screen.cu): the int8 copy, its
-     * per-row (scale, bound factor), the rows' upper ends and the blocks'
-     * largest lower ends. */
-    bool head_screen;
+    /* The screened head (form.head_screen, head_screen.cu): the int8 copy,
+     * its per-row (scale, bound factor), the rows' upper ends and the
+     * blocks' largest lower ends. */
     int8_t *d_head_q;
     float *d_head_se, *head_upper, *head_part;
     int head_parts;
@@ -159,8 +162,7 @@ struct bn_cuda_backend {
     uint64_t kv_bytes;
 
     /* Scratch of one prefill chunk (cb_scratch_list; the layout at the top
-     * of this file), the decode step's inputs, and the decode kernels'
-     * variants chosen at creation. */
+     * of this file) and the decode step's inputs. */
     float *x, *qkv, *q, *att, *out, *gu, *normed, *logits, *act_scale, *rope;
     int8_t *xq;
     int32_t *act_sum, *ws_streamk, *d_tokens, *d_pos, *d_next;
@@ -175,12 +177,6 @@ struct bn_cuda_backend {
     unsigned *d_cand_n;          /* ... and their count (sample_cuda.h)       */
     float *d_cand_floor;         /* ... and the logit the top k all reach      */
     int attn_splits;
-    int attn_cluster; /* fp32 decode attention's cluster size (0: ranges merged by a ticket) */
-    int gemv_cluster; /* decode GEMVs: activations staged per cluster of this many (0: none) */
-    bool attn_qkv;    /* the decode attention computes the q|k|v product (no GEMV) */
-    bool gu_pair;     /* the decode gate|up GEMV writes relu(gate)^2 * up */
-    bool embed_norm;  /* the decode step's first norm reads the embedding row */
-    int gu_cluster;   /* the gate|up GEMV: staged per cluster of this many (0: none) */
     uint64_t scratch_bytes;
 
     /* Pinned host memory (the tokens and positions of a pass, the decode
@@ -217,7 +213,6 @@ struct bn_cuda_backend {
     int capture_launches;          /* while capturing: the kernels captured     */
     int n_capture, cap_capture;
     bool use_graphs;
-    bool pdl;                  /* decode kernels use programmatic dependent launch */
     /* Submitted decode steps and the two images of d_dec (cuda_backend_decode.c). */
     int par;                   /* the d_dec image (0, 1) the step being queued reads */
     /* Submitted steps not yet waited for, oldest first: a step and at most

@@ -52,13 +52,13 @@ static bn_status profile_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         if (st == BN_OK)
             p.stage[p.n++] = -1; /* the start */
         if (st == BN_OK)
-            st = cb_enqueue_rows(b, M, d_tok, d_pos, d_kvlen, visible, argmax && b->head_screen,
+            st = cb_enqueue_rows(b, M, d_tok, d_pos, d_kvlen, visible, argmax && b->form.head_screen,
                                  err);
         b->choice_in_pass = false;
         if (st == BN_OK && argmax)
             st = cb_queue_choice(b, NULL, err); /* the argmax (unless screened) and hand-off */
         if (st == BN_OK && argmax)
-            st = cb_mark(b, BN_CUDA_STAGE_ARGMAX, b->head_screen ? 1 : 3, err);
+            st = cb_mark(b, BN_CUDA_STAGE_ARGMAX, b->form.head_screen ? 1 : 3, err);
         b->prof = NULL;
         if (st == BN_OK)
             st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
@@ -132,7 +132,7 @@ bn_status bn_cuda_backend_head_kept(bn_cuda_backend *b, int64_t *kept, bn_error 
     if (!b || !kept)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "head_kept: bad arguments");
     *kept = b->hp.vocab;
-    if (!b->head_screen)
+    if (!b->form.head_screen)
         return BN_OK;
     bn_status st = bn_cuda_context_use(b->ctx, err);
     if (st == BN_OK)
@@ -295,14 +295,11 @@ bn_status bn_cuda_backend_time_decode_without(bn_cuda_backend *b, unsigned stage
             const bool attn = b->graph_node_stage[i] == BN_CUDA_STAGE_ATTENTION;
             if (rc == cudaErrorInvalidClusterSize) /* non-portable cluster sizes: refused */
                 st = bn_error_set(err, BN_ERR_UNSUPPORTED,
-                                  attn ? "bench e2e --attn-merge cluster8 times the attention "
-                                         "with clusters the driver can disable"
-                                       : "bench e2e --gate-up-stage gemv times the gate|up GEMV "
-                                         "with clusters the driver can disable",
+                                  "leave this stage out of the mask; the others can be timed",
                                   "the driver cannot disable the %s's graph nodes "
                                   "(thread-block clusters of %d blocks: %s)",
                                   attn ? "attention" : "gate|up GEMV",
-                                  attn ? b->attn_cluster : b->gu_cluster,
+                                  attn ? b->form.attn_cluster : b->form.gate_up_cluster,
                                   cudaGetErrorString(rc));
             else
                 st = BN_CUDA_STATUS(err, rc);
@@ -462,7 +459,7 @@ uint64_t bn_cuda_backend_bytes_per_token(const bn_cuda_backend *b, int64_t posit
     /* A screened head reads its int8 copy and (scale, bound) per row, and
      * writes and reads back each row's upper end; the full rows of the few
      * rows it keeps are not counted. */
-    const uint64_t head = b->head_screen
+    const uint64_t head = b->form.head_screen
                               ? (uint64_t)hp->vocab * ((uint64_t)hp->dim + 2 * sizeof(float) +
                                                        2 * sizeof(float))
                               : cb_head_table_bytes(b);

@@ -38,15 +38,6 @@ static bn_status cuda_create(const bn_checkpoint *model, const bn_backend_params
     o.kv_type = p->kv_f16 ? BN_CUDA_KV_F16 : BN_CUDA_KV_F32;
     o.threads = p->threads;
     const bn_engine_options *eo = p->engine;
-    if (eo) {
-        o.fusion = (bn_cuda_fusion)eo->cuda_fusion;
-        o.attn_cluster = eo->cuda_attn_cluster;
-        o.gemv_cluster = eo->cuda_gemv_cluster;
-        o.head_screen = eo->cuda_head_screen;
-        o.attn_qkv = eo->cuda_attn_qkv;
-        o.gate_up_pair = eo->cuda_gate_up_pair;
-        o.gate_up_cluster = eo->cuda_gate_up_cluster;
-    }
     bn_backend *b = calloc(1, sizeof *b);
     if (!b)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the CUDA backend");
@@ -85,43 +76,20 @@ static int64_t cuda_kv_filled(const bn_backend *b)
 }
 static void cuda_reset(bn_backend *b) { bn_cuda_backend_reset(cuda_of(b)); }
 
-/* The startup line's name of a cluster choice: "cluster N", or `none`
- * where n is 0. */
-static void cluster_or(char *buf, size_t size, int n, const char *none)
-{
-    if (n > 0)
-        snprintf(buf, size, "cluster %d", n);
-    else
-        snprintf(buf, size, "%s", none);
-}
-
 static void cuda_describe(const bn_backend *b, bn_backend_desc *d)
 {
     const bn_cuda_backend *c = cuda_of(b);
     snprintf(d->selected, sizeof d->selected, "cuda:%d", bn_cuda_backend_device(c));
     snprintf(d->kernel, sizeof d->kernel, "cuda");
     d->threads = 0;
-    /* The fp16 cache's attention merges its ranges in a second kernel. */
+    /* The decode step's form (cuda_decode_form.h) in words. */
     const bool f16 = bn_cuda_backend_kv_type(c) == BN_CUDA_KV_F16;
-    char merge[32];
-    cluster_or(merge, sizeof merge, f16 ? 0 : bn_cuda_backend_attn_cluster(c),
-               f16 ? "kernel" : "ticket");
-    /* Who stages the decode GEMVs' activations. */
-    char stage[64];
-    cluster_or(stage, sizeof stage, bn_cuda_backend_gemv_cluster(c), "block");
-    const int gu = bn_cuda_backend_gate_up_cluster(c);
-    if (gu != bn_cuda_backend_gemv_cluster(c)) { /* the gate|up GEMV's own */
-        char gu_stage[32];
-        cluster_or(gu_stage, sizeof gu_stage, gu, "block");
-        const size_t used = strlen(stage);
-        snprintf(stage + used, sizeof stage - used, " (gate|up %s)", gu_stage);
-    }
-    snprintf(d->details, sizeof d->details,
-             "%s, %s, kv %s, fusion %s, attention merge %s%s, gemv stage %s, greedy head %s",
-             bn_cuda_backend_device_name(c), bn_cuda_backend_graphs(c) ? "graphs" : "no graphs",
-             f16 ? "f16" : "f32", bn_cuda_fusion_name(bn_cuda_backend_fusion(c)), merge,
-             bn_cuda_backend_attn_qkv(c) ? " with q|k|v" : "", stage,
-             bn_cuda_backend_head_screen(c) ? "screened" : "full");
+    bn_cuda_decode_form form;
+    bn_cuda_backend_decode_form(c, &form);
+    char decode[192];
+    bn_cuda_decode_form_describe(&form, f16, decode, sizeof decode);
+    snprintf(d->details, sizeof d->details, "%s, %s, kv %s, %s", bn_cuda_backend_device_name(c),
+             bn_cuda_backend_graphs(c) ? "graphs" : "no graphs", f16 ? "f16" : "f32", decode);
 }
 
 static void cuda_report(const bn_backend *b, bn_engine_info *info)

@@ -30,7 +30,7 @@ static cand_list sampler_list(const bn_cuda_backend *b)
 {
     const cand_list none = {NULL, NULL, NULL};
     const cand_list listed = {b->d_cand, b->d_cand_n, b->d_cand_floor};
-    return b->head_screen ? listed : none;
+    return b->form.head_screen ? listed : none;
 }
 
 /* Whether a choice is the greedy one (NULL: greedy). */
@@ -39,14 +39,14 @@ bool cb_choice_greedy(const bn_cuda_sample_params *p) { return !p || !(p->temper
 /* The token of the pass just queued, chosen by p (NULL: greedy) with the
  * uniform number cb_queue_pass uploaded, handed off and on its way to the
  * host; cb_chosen_token reads it once the stream has reached it. Greedy: with
- * the screened head (every greedy pass when b->head_screen) the key its
+ * the screened head (every greedy pass when b->form.head_screen) the key its
  * kernels computed, else the device argmax over the logits. Nothing is
  * launched when the pass's graph ended with the choice. */
 bn_status cb_queue_choice(bn_cuda_backend *b, const bn_cuda_sample_params *p, bn_error *err)
 {
-    const bool key = cb_choice_greedy(p) && b->head_screen;
+    const bool key = cb_choice_greedy(p) && b->form.head_screen;
     if (!b->choice_in_pass) {
-        if (cb_choice_greedy(p) && !b->head_screen) {
+        if (cb_choice_greedy(p) && !b->form.head_screen) {
             BN_CUDA_TRY(err, bn_cuda_sample_greedy(b->logits, b->hp.vocab, b->ws_sample,
                                                    b->d_next, NULL, b->cs));
             b->ran |= 1u << K_ARGMAX;
@@ -95,7 +95,7 @@ static int choice_top_k(const bn_cuda_backend *b, const bn_cuda_sample_params *p
  * reports it). */
 int32_t cb_chosen_token(bn_cuda_backend *b, bool greedy, int par)
 {
-    return greedy && b->head_screen ? bn_cuda_key_token(*cb_h_key_at(b, par))
+    return greedy && b->form.head_screen ? bn_cuda_key_token(*cb_h_key_at(b, par))
                                     : *cb_h_next_at(b, par);
 }
 

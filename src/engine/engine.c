@@ -301,8 +301,6 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
     bn_engine *e = calloc(1, sizeof *e);
     if (!e)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the engine");
-    e->host_picks = opt->host_picks;
-    e->no_chain = opt->no_chain;
     bn_status st = select_backend(e, cfg, opt->device, err);
     if (st != BN_OK) {
         bn_engine_free(e);

@@ -27,7 +27,8 @@
  * the "detected" list. The selection is summarised in one startup line,
  *
  *   requested=auto detected=[cuda,avx512,scalar] selected=cuda:0 (NVIDIA H200, graphs, kv f32,
- *   fusion separate)
+ *   attention merge cluster 8 with q|k|v, gemv stage cluster 8 (gate|up cluster 16),
+ *   greedy head screened)
  *   requested=auto detected=[avx512,scalar] selected=cpu (avx512, 2 threads)
  *
  * where detected lists the GPU backends that are really usable followed by
@@ -75,39 +76,6 @@ typedef struct bn_engine_options {
      * attention bandwidth; logits within ~3e-2 x max|logit| of the CPU's,
      * so greedy tokens may differ where two are that close). */
     bool kv_f16;
-    /* CUDA backend: how the decode step's norms meet its GEMVs, a
-     * bn_cuda_fusion value (0 = the default; cuda_backend.h). */
-    int cuda_fusion;
-    /* CUDA backend: the fp32 decode attention's merge (bn_cuda_backend_options
-     * attn_cluster: 0 the default, -1 the ticket, 2..16 a cluster size cap). */
-    int cuda_attn_cluster;
-    /* CUDA backend: the decode GEMVs' activation staging (bn_cuda_backend_options
-     * gemv_cluster: 0 the default, -1 every block, 2, 4, 8 per cluster). */
-    int cuda_gemv_cluster;
-    /* CUDA backend: greedy steps' LM head (bn_cuda_backend_options head_screen:
-     * 0 the default, 1 always screened through an int8 copy, -1 never). */
-    int cuda_head_screen;
-    /* CUDA backend: the decode q|k|v product (bn_cuda_backend_options attn_qkv:
-     * 0 the default, inside the attention where it fits; -1 a GEMV). */
-    int cuda_attn_qkv;
-    /* CUDA backend: the decode gate|up GEMV (bn_cuda_backend_options
-     * gate_up_pair: 0 the default, relu(gate)^2 * up in its epilogue where the
-     * shapes allow; -1 the raw values and the squared ReLU in the norm after). */
-    int cuda_gate_up_pair;
-    /* CUDA backend: the decode gate|up GEMV's activation staging
-     * (bn_cuda_backend_options gate_up_cluster: 0 the default, clusters of 16
-     * where the device holds them; -1 as the other GEMVs; 16). */
-    int cuda_gate_up_cluster;
-    /* Pick every next token on the host from downloaded logits, even where
-     * the CUDA backend could pick it itself (greedy, or sampling with a
-     * top-k of at most 64); for comparisons (bench e2e --pick host). */
-    bool host_picks;
-    /* Queue each GPU decode step only once the host has the token it reads
-     * (one step in flight), instead of chaining it onto the step before
-     * (bn_cuda_backend_submit_chained: the device feeds the token, and the
-     * GPU goes from step to step without a host round trip); the same
-     * tokens, for comparisons (bench e2e --chain off). */
-    bool no_chain;
     /* Tests: the CUDA backend's forward call number N (1-based) fails, as a
      * failed kernel would; 0 = never. */
     int test_cuda_fail_call;
@@ -122,9 +90,9 @@ void bn_engine_free(bn_engine *e);
 
 /* Whether generation with these sampling settings has the next token picked
  * on the device (the CUDA backend computing, the settings ones it can pick:
- * greedy or a top-k of 1 to 64, no repetition penalty, and not
- * host_picks); otherwise the logits come back every step and the host's
- * sampler picks. */
+ * greedy or a top-k of 1 to 64, and no repetition penalty, which needs the
+ * history on the host); otherwise the logits come back every step and the
+ * host's sampler picks. */
 bool bn_engine_picks_on_device(const bn_engine *e, const bn_sampler_params *p);
 
 const bn_checkpoint *bn_engine_model(const bn_engine *e);

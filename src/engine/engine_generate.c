@@ -166,7 +166,7 @@ static bn_pick_params pick_params(const bn_sampler_params *sp)
  * queued before the token is streamed. */
 static bool device_pick_rule(const bn_engine *e, const bn_sampler_params *p)
 {
-    if (e->host_picks || !(p->repeat_penalty == 1.0f || p->repeat_last_n == 0))
+    if (!(p->repeat_penalty == 1.0f || p->repeat_last_n == 0))
         return false;
     const bn_backend_ops *ops = e->backend->ops;
     if (!ops->pick_supported)
@@ -405,7 +405,7 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
                 cst = b->ops->submit(b, id, pos, &pick->pp, pick_uniform(pick), &cerr);
             in_flight = false;
             /* The step after it, chained: its pick is one ahead. */
-            if (cst == BN_OK && i + 2 < n_predict && !e->no_chain && b->ops->submit_chained) {
+            if (cst == BN_OK && i + 2 < n_predict && b->ops->submit_chained) {
                 cst = b->ops->submit_chained(b, &pick->pp, pick_uniform_ahead(pick, 1), &cerr);
                 in_flight = cst == BN_OK;
             }

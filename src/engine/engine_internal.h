@@ -31,8 +31,6 @@ struct bn_engine {
     int gpu_index;            /* -1: the best device                       */
     bool auto_request;        /* requested auto (a fallback is possible)    */
     bool strict;              /* BITNET_STRICT_MODE: a fallback is an error */
-    bool host_picks;          /* bn_engine_options host_picks */
-    bool no_chain;            /* bn_engine_options no_chain */
 };
 
 /* A device step failed at a point where positions [0, n_positions) of

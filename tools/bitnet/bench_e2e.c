@@ -35,7 +35,8 @@ static void usage(FILE *out)
             "--prompt tokens and --gen generated tokens (greedy unless --temp) through the\n"
             "engine. On the GPU it also prints the time of one decode step (graph and\n"
             "eager), its split by kernel, a prefill chunk's split by stage, the GPU memory\n"
-            "and the byte floor (bytes per token / copy bandwidth).\n"
+            "and the byte floor (bytes per token / copy bandwidth). The decode step takes\n"
+            "the form the GPU and the shape allow; the startup line names it.\n"
             "\n"
             "  --shape S         2b4t (default) or tiny (2 layers, dim 256: a quick check)\n"
             "  --device D        auto, cpu, gpu, cuda, cuda:N (default: BITNET_DEVICE, else auto)\n"
@@ -43,41 +44,10 @@ static void usage(FILE *out)
             "  --gen N           tokens to generate (default 128)\n"
             "  --threads N       CPU threads (default: BITNET_NUM_THREADS, else every core)\n"
             "  --kv f32|f16      CUDA KV cache precision (default f32, the CPU's)\n"
-            "  --fusion F        CUDA decode step: separate (default: a kernel per norm),\n"
-            "                    norms (each norm + int8 inside the GEMV after it) or all\n"
-            "                    (also relu^2 * up inside down)\n"
-            "  --attn-merge M    CUDA f32 decode attention: how its ranges merge: auto\n"
-            "                    (default: a thread-block cluster where the GPU has them),\n"
-            "                    ticket (the last block), or cluster2|4|8|16 (at most that\n"
-            "                    many blocks per cluster)\n"
-            "  --gemv-stage S    CUDA decode GEMVs: who stages the activations in shared\n"
-            "                    memory: auto (default: cluster8 where the GPU has\n"
-            "                    clusters), block (every block from L2) or cluster2|4|8\n"
-            "                    (once per cluster of that many blocks)\n"
-            "  --qkv Q           CUDA decode q|k|v product: auto (default: inside the\n"
-            "                    attention kernel where its clusters hold the weights) or\n"
-            "                    gemv (a GEMV before the attention); the same results\n"
-            "  --gate-up G       CUDA decode gate|up GEMV: auto (default: it writes\n"
-            "                    relu(gate)^2 * up where the shapes allow) or split (the raw\n"
-            "                    gate and up values, squared ReLU in the norm kernel after);\n"
-            "                    the same results\n"
-            "  --gate-up-stage S CUDA decode gate|up GEMV in pairs: auto (default: its\n"
-            "                    activations staged per cluster of 16 blocks where the GPU\n"
-            "                    holds them and the GEMVs stage per cluster), gemv (as\n"
-            "                    --gemv-stage) or cluster16; the same results\n"
-            "  --head-screen H   CUDA greedy steps' LM head: auto (default: screened through\n"
-            "                    an int8 copy when the head takes 64 MiB or more), on, or\n"
-            "                    off (the whole head every step); the token is the same\n"
             "  --temp T          sample the generated tokens at temperature T (default 0:\n"
             "                    greedy), with --top-k K (default 40) and --top-p P (0.95);\n"
             "                    the CUDA report's sampled step uses them too (else T 0.8,\n"
             "                    top-k 40, top-p 0.95)\n"
-            "  --pick P          who picks each token: device (default: the CUDA backend\n"
-            "                    where it can: greedy, or a top-k of 1 to 64) or host (from\n"
-            "                    logits copied back every step)\n"
-            "  --chain C         CUDA decode steps picked on the device: on (default: each\n"
-            "                    queued before the token it reads is known, the device\n"
-            "                    feeding it) or off (each queued once the host has it)\n"
             "  --seed S          seed of the random weights, prompt and sampling (default 1)\n"
             "  --help\n");
 }
@@ -122,10 +92,10 @@ static const char *prefill_stage_name(bn_cuda_stage s, char *buf, size_t size)
     return buf;
 }
 
-/* The header and a row per stage that launched anything (fused norms'
- * stages launch nothing) of a stage table, microseconds per pass (unit
- * names it); the prefill's names its products GEMMs. Returns the launches
- * of the pass. */
+/* The header and a row per stage that launched anything (a stage done
+ * inside another's kernel launches nothing) of a stage table, microseconds
+ * per pass (unit names it); the prefill's names its products GEMMs.
+ * Returns the launches of the pass. */
 static int print_stage_rows(const bn_cuda_stage_times *t, const char *unit, bool prefill)
 {
     printf("  %-36s %9s %7s %9s\n", "stage", unit, "share", "launches");
@@ -249,7 +219,9 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
 
     printf("gpu       cuda:%d %s, KV cache %s, decode %s\n", info->gpu_device, info->gpu_name,
            info->kv_type, graphs ? "replays a CUDA graph" : "launches kernels one by one");
-    if (bn_cuda_backend_head_screen(cb))
+    bn_cuda_decode_form form;
+    bn_cuda_backend_decode_form(cb, &form);
+    if (form.head_screen)
         printf("head      greedy steps screen the LM head through its int8 copy: the step "
                "below computed %lld of %d rows in full (a sampled step, top-k %d: %lld)\n",
                (long long)kept, (int)vocab, sampling.top_k, (long long)kept_sampled);
@@ -296,8 +268,8 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
             unsigned mask;
             const char *name;
         } sets[BN_CUDA_STAGE_COUNT + 2];
-        /* Stages that launch kernels in this layout (the folded norms of
-         * --fusion norms / all launch none), alone, then the two groups. */
+        /* Stages that launch kernels in this form, alone, then the two
+         * groups. */
         unsigned launching = 0;
         int n_sets = 0;
         for (int s = 0; s < BN_CUDA_STAGE_ARGMAX; s++)
@@ -397,28 +369,12 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
 }
 #endif
 
-/* The index of v among names[0 .. n); otherwise an error naming the values
- * the option takes, and -1. */
-static int choice(const char *option, const char *v, const char *const *names, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (strcmp(v, names[i]) == 0)
-            return i;
-    fprintf(stderr, "bitnet bench e2e: error: %s must be ", option);
-    for (int i = 0; i < n; i++)
-        fprintf(stderr, "%s%s", names[i], i + 2 < n ? ", " : i + 1 < n ? " or " : "");
-    fprintf(stderr, ", not '%s'\n", v);
-    return -1;
-}
-
 int bench_e2e(int argc, char **argv, const bn_config *cfg)
 {
     const char *shape = "2b4t", *device = NULL;
-    bool kv_f16 = false, host_picks = false, no_chain = false;
+    bool kv_f16 = false;
     float temperature = 0.0f, top_p = 0.95f;
     long long top_k = 40;
-    int fusion = 0, attn_cluster = 0, gemv_cluster = 0, head_screen = 0, attn_qkv = 0;
-    int gate_up_pair = 0, gate_up_cluster = 0;
     long long n_prompt = 512, n_gen = 128, threads = 0;
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
@@ -444,54 +400,6 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                 return BN_EXIT_USAGE;
             }
             kv_f16 = strcmp(v, "f16") == 0;
-        } else if (strcmp(a, "--fusion") == 0) {
-            static const char *const names[] = {"auto", "separate", "norms", "all"};
-            if (!(v = cli_value(argc, argv, &i, CMD)) || (fusion = choice(a, v, names, 4)) < 0)
-                return BN_EXIT_USAGE;
-        } else if (strcmp(a, "--attn-merge") == 0) {
-            static const char *const names[] = {"auto", "ticket", "cluster2", "cluster4",
-                                                "cluster8", "cluster16"};
-            static const int values[] = {0, -1, 2, 4, 8, 16};
-            int k = -1;
-            if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 6)) < 0)
-                return BN_EXIT_USAGE;
-            attn_cluster = values[k];
-        } else if (strcmp(a, "--gemv-stage") == 0) {
-            static const char *const names[] = {"auto", "block", "cluster2", "cluster4",
-                                                "cluster8"};
-            static const int values[] = {0, -1, 2, 4, 8};
-            int k = -1;
-            if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 5)) < 0)
-                return BN_EXIT_USAGE;
-            gemv_cluster = values[k];
-        } else if (strcmp(a, "--qkv") == 0) {
-            static const char *const names[] = {"auto", "gemv"};
-            static const int values[] = {0, -1};
-            int k = -1;
-            if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 2)) < 0)
-                return BN_EXIT_USAGE;
-            attn_qkv = values[k];
-        } else if (strcmp(a, "--gate-up") == 0) {
-            static const char *const names[] = {"auto", "split"};
-            static const int values[] = {0, -1};
-            int k = -1;
-            if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 2)) < 0)
-                return BN_EXIT_USAGE;
-            gate_up_pair = values[k];
-        } else if (strcmp(a, "--gate-up-stage") == 0) {
-            static const char *const names[] = {"auto", "gemv", "cluster16"};
-            static const int values[] = {0, -1, 16};
-            int k = -1;
-            if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 3)) < 0)
-                return BN_EXIT_USAGE;
-            gate_up_cluster = values[k];
-        } else if (strcmp(a, "--head-screen") == 0) {
-            static const char *const names[] = {"auto", "on", "off"};
-            static const int values[] = {0, 1, -1};
-            int k = -1;
-            if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 3)) < 0)
-                return BN_EXIT_USAGE;
-            head_screen = values[k];
         } else if (strcmp(a, "--temp") == 0) {
             if (!(v = cli_value(argc, argv, &i, CMD)) ||
                 !cli_parse_float(CMD, a, v, 0.0, 100.0, &temperature))
@@ -504,18 +412,6 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
             if (!(v = cli_value(argc, argv, &i, CMD)) ||
                 !cli_parse_float(CMD, a, v, 0.0, 1.0, &top_p))
                 return BN_EXIT_USAGE;
-        } else if (strcmp(a, "--pick") == 0) {
-            static const char *const names[] = {"device", "host"};
-            int k = -1;
-            if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 2)) < 0)
-                return BN_EXIT_USAGE;
-            host_picks = k == 1;
-        } else if (strcmp(a, "--chain") == 0) {
-            static const char *const names[] = {"on", "off"};
-            int k = -1;
-            if (!(v = cli_value(argc, argv, &i, CMD)) || (k = choice(a, v, names, 2)) < 0)
-                return BN_EXIT_USAGE;
-            no_chain = k == 1;
         } else if (strcmp(a, "--device") == 0) {
             if (!(device = cli_value(argc, argv, &i, CMD)))
                 return BN_EXIT_USAGE;
@@ -562,16 +458,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                             .device = device,
                             .n_threads = (int)threads,
                             .n_ctx = n_prompt + n_gen,
-                            .kv_f16 = kv_f16,
-                            .cuda_fusion = fusion,
-                            .cuda_attn_cluster = attn_cluster,
-                            .cuda_gemv_cluster = gemv_cluster,
-                            .cuda_head_screen = head_screen,
-                            .cuda_attn_qkv = attn_qkv,
-                            .cuda_gate_up_pair = gate_up_pair,
-                            .cuda_gate_up_cluster = gate_up_cluster,
-                            .host_picks = host_picks,
-                            .no_chain = no_chain};
+                            .kv_f16 = kv_f16};
     bn_engine *e = NULL;
     if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK)
         return cli_fail(&err);
@@ -631,9 +518,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                rate((double)g.decode_steps, g.decode_seconds),
                1000.0 * g.decode_seconds / (double)g.decode_steps, picks,
                bn_engine_picks_on_device(e, &req.sampling) ? "device" : "host",
-               !bn_engine_picks_on_device(e, &req.sampling) ? ""
-               : no_chain                                    ? ", steps not chained"
-                                                             : ", steps chained");
+               bn_engine_picks_on_device(e, &req.sampling) ? ", steps chained" : "");
     else
         printf("decode    (one token generated: no decode step to time)\n");
     char a[32], b[32], c[32], d[32], f[32];
