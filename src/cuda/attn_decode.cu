@@ -677,7 +677,10 @@ extern "C" cudaError_t bn_cb_attn_decode(const bn_cb_attn_shape *s,
     return pdl_launch(k.ticket, grid, block, 0, stream, pdl, d);
 }
 
-extern "C" int bn_cb_attn_decode_pdl_compiled(void) { return pdl_compiled(attn_decode_kernel<1, 4>); }
+extern "C" int bn_cb_attn_decode_pdl_compiled(void)
+{
+    return pdl_compiled(attn_decode_kernel<1, 4>);
+}
 
 #ifdef BN_DECODE_TRACE
 BN_TRACE_ATTACH(bn_cb_attn_trace_attach)

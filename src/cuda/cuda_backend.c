@@ -181,7 +181,8 @@ bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backe
     return bn_cuda_backend_create_as(model, opt, NULL, out, err);
 }
 
-bn_status bn_cuda_backend_create_as(const bn_checkpoint *model, const bn_cuda_backend_options *opt_in,
+bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
+                                    const bn_cuda_backend_options *opt_in,
                                     const bn_cuda_as_if *as_if, bn_cuda_backend **out,
                                     bn_error *err)
 {

@@ -35,6 +35,9 @@
  * and on compute capability 9.0+ its kernels use programmatic dependent
  * launch: each one starts loading what does not depend on its predecessor
  * (weights, norm vectors, old KV rows) while the predecessor still runs.
+ * Which kernel each stage of the decode step runs (its form) is chosen at
+ * create() from what the device and the model allow, by one table
+ * (cuda_decode_form.h).
  *
  * Streams (the context's two): `compute` runs every step, including the
  * tiny H2D of the step's inputs and the D2H of logits, which must be

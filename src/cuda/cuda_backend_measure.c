@@ -52,8 +52,8 @@ static bn_status profile_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         if (st == BN_OK)
             p.stage[p.n++] = -1; /* the start */
         if (st == BN_OK)
-            st = cb_enqueue_rows(b, M, d_tok, d_pos, d_kvlen, visible, argmax && b->form.head_screen,
-                                 err);
+            st = cb_enqueue_rows(b, M, d_tok, d_pos, d_kvlen, visible,
+                                 argmax && b->form.head_screen, err);
         b->choice_in_pass = false;
         if (st == BN_OK && argmax)
             st = cb_queue_choice(b, NULL, err); /* the argmax (unless screened) and hand-off */

@@ -523,12 +523,12 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
         printf("decode    (one token generated: no decode step to time)\n");
     char a[32], b[32], c[32], d[32], f[32];
 #if defined(BITNET_HAVE_CUDA)
-    if ((bn_cuda_backend *)bn_engine_backend_handle(e, "cuda")) {
+    bn_cuda_backend *cb = (bn_cuda_backend *)bn_engine_backend_handle(e, "cuda");
+    if (cb) {
         const int32_t last = g.n_tokens > 0 ? g.tokens[g.n_tokens - 1] : 0;
         const bn_cuda_sample_params asked = {req.sampling.temperature, req.sampling.top_k,
                                              req.sampling.top_p, req.sampling.min_p};
-        const int rc =
-            cuda_report((bn_cuda_backend *)bn_engine_backend_handle(e, "cuda"), &info, hp.vocab, last, n_prompt, n_gen, &asked);
+        const int rc = cuda_report(cb, &info, hp.vocab, last, n_prompt, n_gen, &asked);
         bn_generation_free(&g);
         bn_engine_free(e);
         return rc;
