@@ -543,6 +543,12 @@ typedef struct bn_model_stats {
         gpu_lm_head_screen_bytes, gpu_norms_bytes, gpu_kv_cache_bytes, gpu_scratch_bytes,
         gpu_total_bytes, gpu_peak_bytes;
     uint64_t gpu_device_total_bytes, gpu_device_free_bytes; /* free: after loading */
+    /* The device memory pool every GPU buffer comes from: bytes it holds
+     * from the driver now and at most, the limit it enforces
+     * (BITNET_MEMORY_LIMIT; 0: none), buffers handed out, allocations and
+     * refused requests. */
+    uint64_t gpu_pool_reserved_bytes, gpu_pool_peak_reserved_bytes, gpu_pool_limit_bytes;
+    uint64_t gpu_pool_buffers, gpu_pool_allocations, gpu_pool_failures;
     uint64_t gpu_kernel_launches, gpu_h2d_transfers, gpu_h2d_bytes, gpu_d2h_transfers,
         gpu_d2h_bytes;
 } bn_model_stats;

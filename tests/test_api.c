@@ -411,6 +411,11 @@ static void check_stats_receipt(bn_model *m, const bn_model_info *info, const bn
     CHECK(!st.gpu || (st.gpu_total_bytes > 0 && st.gpu_kernel_launches > 0 &&
                       st.gpu_device_total_bytes >= st.gpu_total_bytes));
     CHECK(st.gpu || st.threads > 0);
+    /* Every GPU buffer comes from the pool: it holds at least the footprint. */
+    CHECK(!st.gpu || (st.gpu_pool_reserved_bytes >= st.gpu_total_bytes &&
+                      st.gpu_pool_peak_reserved_bytes >= st.gpu_pool_reserved_bytes &&
+                      st.gpu_pool_buffers > 0 && st.gpu_pool_allocations >= st.gpu_pool_buffers &&
+                      st.gpu_pool_failures == 0));
     CHECK(bn_model_get_stats(NULL, &st, &err) == BN_ERR_INVALID_ARGUMENT);
 
     CHECK(bn_session_write_receipt(s, &ro, f, &err) == BN_OK);
@@ -426,6 +431,8 @@ static void check_stats_receipt(bn_model *m, const bn_model_info *info, const bn
     snprintf(want, sizeof want, "\"selected\": \"%s\"", info->device);
     CHECK_STR_CONTAINS(json, want);
     CHECK_STR_CONTAINS(json, "\"stop_reason\": \"length\"");
+    if (st.gpu)
+        CHECK_STR_CONTAINS(json, "\"peak_reserved_bytes\"");
     free(json);
     fclose(f);
     free(logits);

@@ -167,8 +167,20 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     CUDA_OK(cudaMemset(d_streamk, 0, streamk_bytes));
     float *y = malloc(sizeof(float) * (size_t)(m * n));
 
-    bn_w2a8_cuda_args a = {d_w, n, l.tiles, l.groups, ws, d_x, m, l.k_padded, d_scale, d_sum,
-                           d_y, n, NULL, sm_count, 0, d_streamk, 0, 0, 0.0f, 0.0f};
+    bn_w2a8_cuda_args a = {.weights = d_w,
+                           .n = n,
+                           .tiles = l.tiles,
+                           .groups = l.groups,
+                           .weight_scale = ws,
+                           .x = d_x,
+                           .m = m,
+                           .ldx = l.k_padded,
+                           .act_scale = d_scale,
+                           .act_sum = d_sum,
+                           .y = d_y,
+                           .ldy = n,
+                           .sm_count = sm_count,
+                           .streamk = d_streamk};
     /* M = 1: the GEMV and the decode step's GEMV at every split, the
      * latter also staged per cluster of 2, 4 and 8 (where clusters are not
      * usable it stages per block) and launched with PDL where it can be. */

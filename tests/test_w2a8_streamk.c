@@ -129,10 +129,11 @@ int main(void)
         CHECK_MSG(whole == want_whole && !bn_w2a8_cuda_kernel_streamk(whole),
                   "m %lld n %lld k %lld without a workspace: %s", (long long)picks[i].m,
                   (long long)picks[i].n, (long long)picks[i].k, bn_w2a8_cuda_kernel_name(whole));
-        /* The backend's form of the question. */
-        CHECK(bn_w2a8_cuda_gemm_default_variant(picks[i].m, picks[i].n, picks[i].k,
-                                                picks[i].wgmma, picks[i].sms) == (int)got &&
-              bn_w2a8_cuda_gemm_variant_streamk((int)got) == bn_w2a8_cuda_kernel_streamk(got));
+        /* The backend's question for its workspace, on this device. */
+        if (picks[i].wgmma == bn_w2a8_cuda_gemm_wgmma_usable())
+            CHECK(bn_w2a8_cuda_gemm_needs_streamk(picks[i].m, picks[i].n, picks[i].k,
+                                                  picks[i].sms) ==
+                  bn_w2a8_cuda_kernel_streamk(got));
         /* Without wgmma the table never picks a wgmma kernel. */
         CHECK(!bn_w2a8_cuda_kernel_wgmma(bn_w2a8_cuda_gemm_pick(picks[i].m, picks[i].n,
                                                                 picks[i].k, 0, picks[i].sms, 1)));

@@ -230,6 +230,12 @@ bn_status bn_model_get_stats(bn_model *m, bn_model_stats *stats, bn_error *err)
     stats->gpu_peak_bytes = ei.gpu_peak_bytes;
     stats->gpu_device_total_bytes = ei.gpu_device_total_bytes;
     stats->gpu_device_free_bytes = ei.gpu_device_free_bytes;
+    stats->gpu_pool_reserved_bytes = ei.gpu_pool_reserved_bytes;
+    stats->gpu_pool_peak_reserved_bytes = ei.gpu_pool_peak_reserved_bytes;
+    stats->gpu_pool_limit_bytes = ei.gpu_pool_limit_bytes;
+    stats->gpu_pool_buffers = ei.gpu_pool_buffers;
+    stats->gpu_pool_allocations = ei.gpu_pool_allocations;
+    stats->gpu_pool_failures = ei.gpu_pool_failures;
     stats->gpu_kernel_launches = ei.gpu_kernel_launches;
     stats->gpu_h2d_transfers = ei.gpu_h2d_transfers;
     stats->gpu_h2d_bytes = ei.gpu_h2d_bytes;

@@ -201,13 +201,3 @@ extern "C" cudaError_t bn_cb_attn_prefill(const bn_cb_attn_shape *s, const float
                                         out, ldo, parts, ws, ws_bytes, stream);
     return launch_prefill_rowwise(s, q, ldq, n, pos, k_cache, v_cache, out, ldo, stream);
 }
-
-extern "C" cudaError_t bn_cb_attn_prefill_rowwise(const bn_cb_attn_shape *s, const float *q,
-                                                  int64_t ldq, int n, const int32_t *pos,
-                                                  const float *k_cache, const float *v_cache,
-                                                  float *out, int64_t ldo, cudaStream_t stream)
-{
-    if (!prefill_args_ok(s, q, ldq, n, pos, k_cache, v_cache, out, ldo))
-        return cudaErrorInvalidValue;
-    return launch_prefill_rowwise(s, q, ldq, n, pos, k_cache, v_cache, out, ldo, stream);
-}

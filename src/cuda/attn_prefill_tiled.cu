@@ -2,7 +2,7 @@
  * attn_prefill_tiled.cu - causal prefill attention over the fp32 KV cache,
  * register-tiled on the CUDA cores (head_dim 64 and 128).
  *
- * The warp-per-row kernel in cuda_backend_kernels.cu reads a shared-memory
+ * The warp-per-row kernel in attn_prefill.cu reads a shared-memory
  * value for every one or two multiply-adds, and a 512-token prefill of the
  * 2B-4T shape spent about half its time there. This kernel is laid out
  * like a small SGEMM instead: a block takes 64 query rows of one head and

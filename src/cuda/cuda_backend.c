@@ -35,14 +35,17 @@ static const char *head_type_name(int type)
     return type == BN_CB_HEAD_F32 ? "f32" : type == BN_CB_HEAD_F16 ? "f16" : "bf16";
 }
 
-static bn_status dalloc(bn_cuda_backend *b, size_t bytes, void **out, bn_error *err)
+/* A device buffer for `purpose` (named in out-of-memory errors and in the
+ * pool's leak report). */
+static bn_status dalloc(bn_cuda_backend *b, size_t bytes, void **out, const char *purpose,
+                        bn_error *err)
 {
     *out = NULL;
     if (b->n_allocs == MAX_ALLOCS)
         return bn_error_set(err, BN_ERR_INTERNAL, NULL, "cuda backend: too many device buffers");
     if (bytes < 256)
         bytes = 256; /* never ask for 0; cudaMalloc rounds to 256 anyway */
-    bn_status st = bn_cuda_context_alloc(b->ctx, bytes, out, err);
+    bn_status st = bn_cuda_context_alloc_for(b->ctx, bytes, purpose, out, err);
     if (st != BN_OK)
         return st;
     b->allocs[b->n_allocs].p = *out;
@@ -232,6 +235,8 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
         st = pick_device(opt.device, &b->device, err);
     if (st == BN_OK)
         st = bn_cuda_context_create(b->device, &b->ctx, err);
+    if (st == BN_OK) /* the pool enforces it too, for whatever is allocated later */
+        bn_cuda_context_set_memory_limit(b->ctx, opt.memory_limit);
     if (st != BN_OK) {
         bn_cuda_backend_free(b);
         return st;
@@ -317,25 +322,25 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
 
     /* Allocation, then the uploads. */
     if (st == BN_OK)
-        st = dalloc(b, b->w_bytes, (void **)&b->d_w, err);
+        st = dalloc(b, b->w_bytes, (void **)&b->d_w, "ternary weights", err);
     if (st == BN_OK)
-        st = dalloc(b, b->embed_bytes, &b->d_embed, err);
+        st = dalloc(b, b->embed_bytes, &b->d_embed, "token embedding", err);
     if (st == BN_OK) {
         if (b->head_shared)
             b->d_head = b->d_embed;
         else
-            st = dalloc(b, b->head_bytes, &b->d_head, err);
+            st = dalloc(b, b->head_bytes, &b->d_head, "LM head", err);
     }
     for (int i = 0; i < HEAD_SCREEN_BUFFERS && st == BN_OK && b->form.head_screen; i++)
-        st = dalloc(b, screen[i].bytes, screen[i].ptr, err);
+        st = dalloc(b, screen[i].bytes, screen[i].ptr, "screened LM head", err);
     if (st == BN_OK)
-        st = dalloc(b, b->norms_bytes, (void **)&b->d_norms, err);
+        st = dalloc(b, b->norms_bytes, (void **)&b->d_norms, "norm weights", err);
     if (st == BN_OK)
-        st = dalloc(b, b->kv_bytes / 2, &b->d_k, err);
+        st = dalloc(b, b->kv_bytes / 2, &b->d_k, "KV cache (keys)", err);
     if (st == BN_OK)
-        st = dalloc(b, b->kv_bytes / 2, &b->d_v, err);
+        st = dalloc(b, b->kv_bytes / 2, &b->d_v, "KV cache (values)", err);
     for (int i = 0; i < n_scratch && st == BN_OK; i++)
-        st = dalloc(b, scratch[i].bytes, scratch[i].ptr, err);
+        st = dalloc(b, scratch[i].bytes, scratch[i].ptr, "activations and workspaces", err);
     void *pinned = NULL;
     if (st == BN_OK &&
         (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)(2 * kv_len + 2 * H_TAIL) *
@@ -530,6 +535,14 @@ void bn_cuda_backend_memory(const bn_cuda_backend *b, bn_cuda_memory *out)
     out->peak = peak;
     out->device_total = b->device_total;
     out->device_free = b->device_free;
+    bn_memory_pool_stats pool;
+    bn_cuda_context_pool_stats(b->ctx, &pool);
+    out->pool_reserved = pool.bytes_reserved;
+    out->pool_peak_reserved = pool.peak_bytes_reserved;
+    out->pool_limit = pool.memory_limit;
+    out->pool_buffers = pool.buffers_in_use;
+    out->pool_allocations = pool.allocations;
+    out->pool_failures = pool.failures;
 }
 
 void bn_cuda_backend_work(const bn_cuda_backend *b, bn_cuda_work *out)

@@ -105,6 +105,11 @@ typedef struct bn_cuda_memory {
     uint64_t peak;         /* the context's high-water mark (incl. transients) */
     uint64_t device_total; /* the GPU's memory, and what was free after create */
     uint64_t device_free;
+    /* The memory pool every buffer comes from (memory_pool.h): bytes held
+     * from the driver now and at most, the limit it enforces (0: none),
+     * buffers handed out, allocations and refusals. */
+    uint64_t pool_reserved, pool_peak_reserved, pool_limit;
+    uint64_t pool_buffers, pool_allocations, pool_failures;
 } bn_cuda_memory;
 
 /* Opens the device and uploads the model (see the top of this file). The

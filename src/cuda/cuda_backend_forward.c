@@ -39,8 +39,6 @@ static bn_w2a8_cuda_args w2a8_args(const bn_cuda_backend *b, const group *g, int
     a.act_sum = b->act_sum;
     a.ldy = g->n;
     a.sm_count = b->sm;
-    /* No split-K workspace: the default GEMMs need none (w2a8_cuda.h). */
-    a.workspace = NULL;
     a.streamk = b->streamk ? b->ws_streamk : NULL;
     a.weight_scale = g->n_seg == 1 ? g->s[0].scale : 1.0f;
     a.cluster = b->form.gemv_cluster;

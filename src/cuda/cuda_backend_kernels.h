@@ -269,18 +269,14 @@ cudaError_t bn_cb_attn_prefill(const bn_cb_attn_shape *s, const float *q, int64_
                                float *out, int64_t ldo, int parts, void *ws, size_t ws_bytes,
                                cudaStream_t stream);
 
-/* The two kernels behind bn_cb_attn_prefill, for tests and benchmarks:
- * the warp-per-row kernel (any head_dim % 4 == 0 up to 256), and the
- * register-tiled one (head_dim 64 or 128, every pointer 16-byte aligned,
+/* bn_cb_attn_prefill runs the warp-per-row kernel (any head_dim % 4 == 0
+ * up to 256) unless the register-tiled one takes the shape (head_dim 64
+ * or 128, every pointer 16-byte aligned,
  * ldq and ldo multiples of 4: bn_cb_attn_prefill_tiled_supports; else
  * cudaErrorNotSupported) in `parts` parts (1 to BN_CB_PREFILL_MAX_PARTS;
  * above 1 with a workspace of bn_cb_attn_prefill_workspace_bytes, else
  * cudaErrorInvalidValue). scale: the scores' factor, 1 / sqrt(head_dim) in
  * the model. */
-cudaError_t bn_cb_attn_prefill_rowwise(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
-                                       int n, const int32_t *pos, const float *k_cache,
-                                       const float *v_cache, float *out, int64_t ldo,
-                                       cudaStream_t stream);
 int bn_cb_attn_prefill_tiled_supports(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
                                       const float *k_cache, const float *v_cache,
                                       const float *out, int64_t ldo);
@@ -338,7 +334,7 @@ cudaError_t bn_cb_head_gemv(const void *w, int type, int64_t rows, int64_t dim, 
  *
  * So bn_cuda_sample_greedy over these logits returns bn_cuda_sample_greedy's
  * token over the full ones, ties, NaN and inf included, and with k >= the
- * sampler's top-k (1 to BN_CUDA_SAMPLE_MAX_K) bn_cuda_sample keeps the same
+ * sampler's top-k (1 to BN_CUDA_SAMPLE_MAX_K) the sampler keeps the same
  * top-k tokens with the same logits, so it picks what it would over the
  * full logits; samplers without a top-k need the full logits. With `best` (one 64-bit word, the same in both calls)
  * the two also compute that token themselves: the screen sets *best to

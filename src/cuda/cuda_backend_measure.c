@@ -411,11 +411,13 @@ bn_status bn_cuda_backend_copy_bandwidth(bn_cuda_backend *b, uint64_t bytes, dou
         return st;
     void *src = NULL, *dst = NULL;
     for (; bytes >= ((uint64_t)16 << 20); bytes /= 2) {
-        if (bn_cuda_context_alloc(b->ctx, bytes, &src, NULL) != BN_OK) {
+        if (bn_cuda_context_alloc_for(b->ctx, bytes, "copy-bandwidth source", &src, NULL) !=
+            BN_OK) {
             src = NULL;
             continue;
         }
-        if (bn_cuda_context_alloc(b->ctx, bytes, &dst, NULL) == BN_OK)
+        if (bn_cuda_context_alloc_for(b->ctx, bytes, "copy-bandwidth destination", &dst, NULL) ==
+            BN_OK)
             break;
         bn_cuda_context_free(b->ctx, src, bytes);
         src = dst = NULL;

@@ -113,6 +113,12 @@ static void cuda_report(const bn_backend *b, bn_engine_info *info)
     info->gpu_peak_bytes = mem.peak;
     info->gpu_device_total_bytes = mem.device_total;
     info->gpu_device_free_bytes = mem.device_free;
+    info->gpu_pool_reserved_bytes = mem.pool_reserved;
+    info->gpu_pool_peak_reserved_bytes = mem.pool_peak_reserved;
+    info->gpu_pool_limit_bytes = mem.pool_limit;
+    info->gpu_pool_buffers = mem.pool_buffers;
+    info->gpu_pool_allocations = mem.pool_allocations;
+    info->gpu_pool_failures = mem.pool_failures;
     bn_cuda_work work;
     bn_cuda_backend_work(c, &work);
     info->gpu_kernel_launches = work.kernel_launches;

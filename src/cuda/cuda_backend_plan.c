@@ -174,19 +174,16 @@ bn_status cb_plan_tables(bn_cuda_backend *b, bn_error *err)
     return BN_OK;
 }
 
-/* Whether a prefill chunk's GEMM of some projection group would run the
- * stream-K kernel (bn_w2a8_cuda_gemm_default_variant), so the backend needs
- * its workspace. Every layer has the first layer's shapes. */
+/* Whether a prefill chunk's GEMM of some projection group runs a stream-K
+ * kernel (the W2A8 table's pick), so the backend needs its workspace.
+ * Every layer has the first layer's shapes. */
 static bool prefill_needs_streamk(const bn_cuda_backend *b)
 {
-    const int wgmma = bn_w2a8_cuda_gemm_wgmma_usable();
     for (int gi = 0; gi < G_COUNT; gi++) {
         const group *g = &b->groups[gi];
         for (int i = 0; i < (g->fused_ok ? 1 : g->n_seg); i++) {
             const bn_cuda_layout *l = g->fused_ok ? &g->fused : &g->s[i].l;
-            const int v = bn_w2a8_cuda_gemm_default_variant(b->chunk, l->n, l->k_padded, wgmma,
-                                                            b->sm);
-            if (bn_w2a8_cuda_gemm_variant_streamk(v))
+            if (bn_w2a8_cuda_gemm_needs_streamk(b->chunk, l->n, l->k_padded, b->sm))
                 return true;
         }
     }

@@ -158,10 +158,19 @@ static cudaError_t run(const bn_w2a8_weights *w, const int8_t *xq, int64_t lda, 
         (rc = cudaMemcpyAsync(cuda.d_sum, sum, (size_t)m * sizeof(int32_t),
                               cudaMemcpyHostToDevice, cuda.stream)) != cudaSuccess)
         return rc;
-    bn_w2a8_cuda_args a = {w->data,      w->n,       l.tiles,  l.groups, w->scale,
-                           cuda.d_x,     m,          l.k_padded, cuda.d_scale, cuda.d_sum,
-                           cuda.d_y,     w->n,       NULL,     cuda.sm_count, 0,
-                           NULL,         0,          0,        0.0f,     0.0f};
+    bn_w2a8_cuda_args a = {.weights = w->data,
+                           .n = w->n,
+                           .tiles = l.tiles,
+                           .groups = l.groups,
+                           .weight_scale = w->scale,
+                           .x = cuda.d_x,
+                           .m = m,
+                           .ldx = l.k_padded,
+                           .act_scale = cuda.d_scale,
+                           .act_sum = cuda.d_sum,
+                           .y = cuda.d_y,
+                           .ldy = w->n,
+                           .sm_count = cuda.sm_count};
     rc = m == 1 ? bn_w2a8_cuda_gemv(&a, bn_w2a8_cuda_gemv_split(l.tiles, l.groups, cuda.sm_count),
                                     cuda.stream)
                 : bn_w2a8_cuda_gemm(&a, cuda.stream);

@@ -33,7 +33,6 @@ typedef struct bn_w2a8_cuda_args {
     const int32_t *act_sum;   /* m sums of the int8 values                 */
     float *y;                 /* y[row * ldy + col]                        */
     int64_t ldy;
-    int32_t *workspace;       /* read by no kernel (NULL)                  */
     int sm_count;             /* the device's SMs (sizes grids and splits) */
     int cluster;              /* bn_w2a8_cuda_gemv_pdl: 2, 4, 8 or 16 stages
                                  the activations once per cluster of that
@@ -154,11 +153,6 @@ void bn_w2a8_cuda_gemm_describe(const bn_w2a8_cuda_args *a, bn_w2a8_kernel kerne
 /* Whether the wgmma kernels can run on the current device: sm_90a code and
  * a compute capability 9.0 device. */
 int bn_w2a8_cuda_gemm_wgmma_usable(void);
-/* The table's pick as an int (bn_w2a8_cuda_gemm_pick with a stream-K
- * workspace) and whether such a pick is a stream-K kernel: the backend's
- * test for allocating the workspace. */
-int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma, int sm_count);
-int bn_w2a8_cuda_gemm_variant_streamk(int variant);
 
 /* ---- The kernels the table runs ----------------------------------------- */
 

@@ -1,6 +1,7 @@
 /* Device helpers of the W2A8 GEMV (cuda_layout.h's tile layout), shared by
- * w2a8_gemv.cu and w2a8_gemm_rows.cu, the decode GEMVs of cuda_backend_kernels.cu and (the
- * streaming load) the LM head and the benchmark's read floor. */
+ * w2a8_gemv.cu and w2a8_gemm_rows.cu, the decode attention's q|k|v product
+ * (attn_decode.cu) and (the streaming load) the LM head and the
+ * benchmark's read floor. */
 #ifndef BN_W2A8_GEMV_CUH
 #define BN_W2A8_GEMV_CUH
 
@@ -84,8 +85,7 @@ __device__ __forceinline__ void gemv_stage_row(void *dst, const void *src, int64
 
 /* ---- the pieces of the decode GEMVs -----------------------------------------
  *
- * Shared by w2a8_gemv.cu's gemv_pdl_kernel and cuda_backend_kernels.cu's
- * decode_gemv_kernel. A block holds TILES tiles with WARPS warps each; warp
+ * Used by w2a8_gemv.cu's gemv_pdl_kernel. A block holds TILES tiles with WARPS warps each; warp
  * `split` of a tile streams the tile's chunk-groups split, split + WARPS,
  * ... (blocks: the tile's first entry of this lane). The first kPre of them
  * are loaded before the PDL wait (pdl.cuh): weights never change, so their

@@ -259,16 +259,6 @@ int bn_w2a8_cuda_gemm_needs_streamk(int64_t m, int64_t n, int64_t k, int sm_coun
         .streamk;
 }
 
-int bn_w2a8_cuda_gemm_default_variant(int64_t m, int64_t n, int64_t k, int wgmma, int sm_count)
-{
-    return (int)bn_w2a8_cuda_gemm_pick(m, n, k, wgmma, sm_count, 1);
-}
-
-int bn_w2a8_cuda_gemm_variant_streamk(int variant)
-{
-    return bn_w2a8_cuda_kernel_streamk((bn_w2a8_kernel)variant);
-}
-
 static bool known(bn_w2a8_kernel kernel)
 {
     return (unsigned)kernel < (unsigned)BN_W2A8_KERNELS;

@@ -248,6 +248,9 @@ typedef struct bn_engine_info {
     /* The LM head's int8 copy that greedy steps screen (0: not screened). */
     uint64_t gpu_lm_head_screen_bytes;
     uint64_t gpu_device_total_bytes, gpu_device_free_bytes;
+    /* The device memory pool (bn_cuda_memory's pool_*). */
+    uint64_t gpu_pool_reserved_bytes, gpu_pool_peak_reserved_bytes, gpu_pool_limit_bytes,
+        gpu_pool_buffers, gpu_pool_allocations, gpu_pool_failures;
     /* What the GPU was asked to do since loading (bn_cuda_backend_work):
      * kernel launches and host-device copies, the uploads included. */
     uint64_t gpu_kernel_launches, gpu_h2d_transfers, gpu_h2d_bytes, gpu_d2h_transfers,

@@ -208,6 +208,15 @@ bn_status bn_engine_write_receipt(const bn_engine *e, const bn_receipt_info *ri,
         bn_json_kv_uint(&j, "peak_bytes", info.gpu_peak_bytes);
         bn_json_kv_uint(&j, "device_total_bytes", info.gpu_device_total_bytes);
         bn_json_kv_uint(&j, "device_free_bytes", info.gpu_device_free_bytes);
+        bn_json_key(&j, "pool");
+        bn_json_begin_object(&j);
+        bn_json_kv_uint(&j, "reserved_bytes", info.gpu_pool_reserved_bytes);
+        bn_json_kv_uint(&j, "peak_reserved_bytes", info.gpu_pool_peak_reserved_bytes);
+        bn_json_kv_uint(&j, "limit_bytes", info.gpu_pool_limit_bytes);
+        bn_json_kv_uint(&j, "buffers", info.gpu_pool_buffers);
+        bn_json_kv_uint(&j, "allocations", info.gpu_pool_allocations);
+        bn_json_kv_uint(&j, "failures", info.gpu_pool_failures);
+        bn_json_end_object(&j);
         bn_json_end_object(&j);
     }
     bn_host_memory host;

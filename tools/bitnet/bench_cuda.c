@@ -350,14 +350,13 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
         const int64_t m = o->ms[mi];
         int8_t *d_x = NULL;
         float *d_xf = NULL, *d_scale = NULL, *d_y = NULL;
-        int32_t *d_sum = NULL, *d_ws = NULL, *d_streamk = NULL;
+        int32_t *d_sum = NULL, *d_streamk = NULL;
         void *d_xb = NULL, *d_yb = NULL;
         CK(cudaMalloc((void **)&d_x, (size_t)(m * l.k_padded)));
         CK(cudaMalloc((void **)&d_xf, (size_t)(m * k) * sizeof(float)));
         CK(cudaMalloc((void **)&d_scale, (size_t)m * sizeof(float)));
         CK(cudaMalloc((void **)&d_sum, (size_t)m * sizeof(int32_t)));
         CK(cudaMalloc((void **)&d_y, (size_t)(m * n) * sizeof(float)));
-        CK(cudaMalloc((void **)&d_ws, (size_t)(m * n) * sizeof(int32_t)));
         const size_t streamk_bytes = bn_w2a8_cuda_gemm_streamk_bytes(sm_count);
         CK(cudaMalloc((void **)&d_streamk, streamk_bytes));
         CK(cudaMemset(d_streamk, 0, streamk_bytes));
@@ -371,9 +370,19 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
         bool graph_q;
         const double quant_us = time_calls(launch_quant, &q, s, o->launches, o->reps, &graph_q);
 
-        w.args = (bn_w2a8_cuda_args){NULL,  n,       l.tiles, l.groups, 0.02f,    d_x, m,
-                                     l.k_padded, d_scale, d_sum, d_y,   n,  d_ws,  sm_count, 0,
-                                     d_streamk, 0, 0, 0.0f, 0.0f};
+        w.args = (bn_w2a8_cuda_args){.n = n,
+                                     .tiles = l.tiles,
+                                     .groups = l.groups,
+                                     .weight_scale = 0.02f,
+                                     .x = d_x,
+                                     .m = m,
+                                     .ldx = l.k_padded,
+                                     .act_scale = d_scale,
+                                     .act_sum = d_sum,
+                                     .y = d_y,
+                                     .ldy = n,
+                                     .sm_count = sm_count,
+                                     .streamk = d_streamk};
         w.split = bn_w2a8_cuda_gemv_split(l.tiles, l.groups, sm_count);
         c.x = d_xb;
         c.y = d_yb;
@@ -504,7 +513,6 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
         cudaFree(d_scale);
         cudaFree(d_sum);
         cudaFree(d_y);
-        cudaFree(d_ws);
         cudaFree(d_streamk);
         cudaFree(d_xb);
         cudaFree(d_yb);

@@ -292,6 +292,18 @@ static void print_verbose(bn_model *m)
                 (double)st.gpu_device_free_bytes / (1024.0 * mib),
                 (double)st.gpu_device_total_bytes / (1024.0 * mib),
                 st.gpu_graphs ? "replays a CUDA graph" : "launches kernels one by one");
+    if (st.gpu) {
+        char limit[48] = "no limit";
+        if (st.gpu_pool_limit_bytes)
+            snprintf(limit, sizeof limit, "limit %.1f MiB", (double)st.gpu_pool_limit_bytes / mib);
+        fprintf(stderr,
+                "gpu pool:   %llu buffers, %.1f MiB held from the driver (peak %.1f MiB), %s, "
+                "%llu allocations, %llu refused\n",
+                (unsigned long long)st.gpu_pool_buffers, (double)st.gpu_pool_reserved_bytes / mib,
+                (double)st.gpu_pool_peak_reserved_bytes / mib, limit,
+                (unsigned long long)st.gpu_pool_allocations,
+                (unsigned long long)st.gpu_pool_failures);
+    }
     if (info.fallback[0])
         fprintf(stderr, "note: %s; computing on the CPU\n", info.fallback);
 }
