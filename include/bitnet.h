@@ -839,6 +839,53 @@ bn_status bn_convert_hf_to_gguf(const char *hf_dir, const char *out_path,
  * when it renames it. */
 void bn_convert_remove_temp_files(void);
 
+/* ======================================================================== */
+/* JSON output                                                              */
+/* ======================================================================== */
+/*
+ * The streaming JSON writer the library's reports use (receipts,
+ * bn_inspect), for programs that write reports beside them: it places
+ * commas and indentation and escapes strings; the caller only nests.
+ *
+ *     bn_json j; bn_json_init(&j, stdout);
+ *     bn_json_begin_object(&j);
+ *       bn_json_kv_string(&j, "name", "H200");
+ *     bn_json_end_object(&j);
+ *
+ * NaN and infinities are written as null. Nesting deeper than
+ * BN_JSON_MAX_DEPTH levels is not supported. One writer is used by one
+ * thread at a time.
+ */
+
+#define BN_JSON_MAX_DEPTH 32
+
+typedef struct bn_json {
+    FILE *out;
+    int depth;
+    bool has_items[BN_JSON_MAX_DEPTH]; /* does this level already hold a value? */
+    bool after_key;                    /* the next value follows a key */
+} bn_json;
+
+void bn_json_init(bn_json *j, FILE *out);
+void bn_json_begin_object(bn_json *j);
+void bn_json_end_object(bn_json *j);
+void bn_json_begin_array(bn_json *j);
+void bn_json_end_array(bn_json *j);
+void bn_json_key(bn_json *j, const char *key);
+void bn_json_string(bn_json *j, const char *s);
+void bn_json_int(bn_json *j, int64_t v);
+void bn_json_uint(bn_json *j, uint64_t v);
+void bn_json_double(bn_json *j, double v);
+void bn_json_bool(bn_json *j, bool v);
+void bn_json_null(bn_json *j);
+
+/* "key": value inside an object. */
+void bn_json_kv_string(bn_json *j, const char *key, const char *s);
+void bn_json_kv_int(bn_json *j, const char *key, int64_t v);
+void bn_json_kv_uint(bn_json *j, const char *key, uint64_t v);
+void bn_json_kv_double(bn_json *j, const char *key, double v);
+void bn_json_kv_bool(bn_json *j, const char *key, bool v);
+
 #ifdef __cplusplus
 }
 #endif

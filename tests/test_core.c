@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include "bitnet.h"
-#include "json_writer.h"
 #include "test_util.h"
 
 static void test_aligned_alloc(void)

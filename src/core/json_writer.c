@@ -1,4 +1,4 @@
-#include "json_writer.h"
+#include "bitnet.h"
 
 #include <inttypes.h>
 #include <math.h>

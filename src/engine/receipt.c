@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "engine.h"
-#include "json_writer.h"
+#include "bitnet.h"
 #include "tokenizer.h"
 
 /* A float setting as the user wrote it (0.95, not 0.949999988): the

@@ -14,7 +14,6 @@
 
 #include "bitnet.h"
 #include "gguf.h"
-#include "json_writer.h"
 #include "model.h"
 #include "qtype.h"
 #include "safetensors.h"

@@ -81,41 +81,6 @@ int cli_gen_option(int argc, char **argv, int *i, const char *cmd, cli_gen_opts 
  * places looked at. */
 const char *cli_default_model(const bn_config *cfg, char *buf, size_t size, const char *cmd);
 
-/* JSON output (devices --json, perplexity --json): a streaming writer
- * that places commas and indentation and escapes strings; the caller only
- * nests. NaN and infinities are written as null.
- *
- *     cli_json j; cli_json_init(&j, stdout);
- *     cli_json_begin_object(&j);
- *     cli_json_kv_string(&j, "device", "cpu");
- *     cli_json_end_object(&j);
- */
-#define CLI_JSON_MAX_DEPTH 32
-typedef struct cli_json {
-    FILE *out;
-    int depth;
-    bool has_items[CLI_JSON_MAX_DEPTH]; /* does this level already hold a value? */
-    bool after_key;                     /* the next value follows a key */
-} cli_json;
-
-void cli_json_init(cli_json *j, FILE *out);
-void cli_json_begin_object(cli_json *j);
-void cli_json_end_object(cli_json *j);
-void cli_json_begin_array(cli_json *j);
-void cli_json_end_array(cli_json *j);
-void cli_json_key(cli_json *j, const char *key);
-void cli_json_string(cli_json *j, const char *s);
-void cli_json_int(cli_json *j, int64_t v);
-void cli_json_uint(cli_json *j, uint64_t v);
-void cli_json_double(cli_json *j, double v);
-void cli_json_bool(cli_json *j, bool v);
-/* "key": value inside an object. */
-void cli_json_kv_string(cli_json *j, const char *key, const char *s);
-void cli_json_kv_int(cli_json *j, const char *key, int64_t v);
-void cli_json_kv_uint(cli_json *j, const char *key, uint64_t v);
-void cli_json_kv_double(cli_json *j, const char *key, double v);
-void cli_json_kv_bool(cli_json *j, const char *key, bool v);
-
 /* Subcommands: argv[0] is the subcommand's name. */
 int cmd_devices(int argc, char **argv, const bn_config *cfg);
 int cmd_bench(int argc, char **argv, const bn_config *cfg);

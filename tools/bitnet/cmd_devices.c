@@ -153,133 +153,133 @@ static void print_text(const report *r)
 static void print_json(const report *r)
 {
     const bn_gpu_info *g = &r->gpu;
-    cli_json j;
-    cli_json_init(&j, stdout);
-    cli_json_begin_object(&j);
-    cli_json_kv_string(&j, "version", bn_version());
+    bn_json j;
+    bn_json_init(&j, stdout);
+    bn_json_begin_object(&j);
+    bn_json_kv_string(&j, "version", bn_version());
 
-    cli_json_key(&j, "backends");
-    cli_json_begin_array(&j);
+    bn_json_key(&j, "backends");
+    bn_json_begin_array(&j);
     for (int b = 0; b < BN_GPU_BACKEND_COUNT; b++) {
         const bn_gpu_backend_info *bi = &g->backends[b];
-        cli_json_begin_object(&j);
-        cli_json_kv_string(&j, "name", bn_gpu_backend_name((bn_gpu_backend)b));
-        cli_json_kv_bool(&j, "available", bi->available);
-        cli_json_kv_bool(&j, "fake", bi->fake);
-        cli_json_kv_int(&j, "device_count", bi->device_count);
-        cli_json_kv_string(&j, "version", bi->version);
-        cli_json_kv_string(&j, "detail", bi->detail);
-        cli_json_end_object(&j);
+        bn_json_begin_object(&j);
+        bn_json_kv_string(&j, "name", bn_gpu_backend_name((bn_gpu_backend)b));
+        bn_json_kv_bool(&j, "available", bi->available);
+        bn_json_kv_bool(&j, "fake", bi->fake);
+        bn_json_kv_int(&j, "device_count", bi->device_count);
+        bn_json_kv_string(&j, "version", bi->version);
+        bn_json_kv_string(&j, "detail", bi->detail);
+        bn_json_end_object(&j);
     }
-    cli_json_end_array(&j);
-    cli_json_kv_bool(&j, "fake_override", g->fake_override);
-    cli_json_kv_bool(&j, "fake_ignored", g->fake_ignored);
+    bn_json_end_array(&j);
+    bn_json_kv_bool(&j, "fake_override", g->fake_override);
+    bn_json_kv_bool(&j, "fake_ignored", g->fake_ignored);
 
     const bn_cuda_report *c = &g->cuda;
-    cli_json_key(&j, "cuda");
-    cli_json_begin_object(&j);
-    cli_json_kv_bool(&j, "compiled", c->compiled);
-    cli_json_kv_int(&j, "driver_version", c->driver_version);
-    cli_json_kv_int(&j, "runtime_version", c->runtime_version);
-    cli_json_kv_string(&j, "nvcc_version", g->nvcc_version);
-    cli_json_kv_string(&j, "status", bn_status_str(c->status));
-    cli_json_kv_string(&j, "reason", c->reason);
-    cli_json_key(&j, "devices");
-    cli_json_begin_array(&j);
+    bn_json_key(&j, "cuda");
+    bn_json_begin_object(&j);
+    bn_json_kv_bool(&j, "compiled", c->compiled);
+    bn_json_kv_int(&j, "driver_version", c->driver_version);
+    bn_json_kv_int(&j, "runtime_version", c->runtime_version);
+    bn_json_kv_string(&j, "nvcc_version", g->nvcc_version);
+    bn_json_kv_string(&j, "status", bn_status_str(c->status));
+    bn_json_kv_string(&j, "reason", c->reason);
+    bn_json_key(&j, "devices");
+    bn_json_begin_array(&j);
     for (int i = 0; i < c->device_count; i++) {
         const bn_cuda_device *d = &c->devices[i];
-        cli_json_begin_object(&j);
-        cli_json_kv_int(&j, "id", d->id);
-        cli_json_kv_string(&j, "name", d->name);
-        cli_json_kv_string(&j, "pci_bus_id", d->pci_bus_id);
+        bn_json_begin_object(&j);
+        bn_json_kv_int(&j, "id", d->id);
+        bn_json_kv_string(&j, "name", d->name);
+        bn_json_kv_string(&j, "pci_bus_id", d->pci_bus_id);
         char cc[16];
         snprintf(cc, sizeof cc, "%d.%d", d->cc_major, d->cc_minor);
-        cli_json_kv_string(&j, "compute_capability", cc);
-        cli_json_kv_uint(&j, "total_memory_bytes", d->total_memory_bytes);
-        cli_json_kv_uint(&j, "free_memory_bytes", d->free_memory_bytes);
-        cli_json_kv_int(&j, "sm_count", d->sm_count);
-        cli_json_kv_int(&j, "max_threads_per_block", d->max_threads_per_block);
-        cli_json_kv_int(&j, "max_threads_per_sm", d->max_threads_per_sm);
-        cli_json_kv_int(&j, "warp_size", d->warp_size);
-        cli_json_kv_uint(&j, "shared_mem_per_block", d->shared_mem_per_block);
-        cli_json_kv_uint(&j, "shared_mem_per_block_optin", d->shared_mem_per_block_optin);
-        cli_json_kv_uint(&j, "shared_mem_per_sm", d->shared_mem_per_sm);
-        cli_json_kv_uint(&j, "l2_cache_bytes", d->l2_cache_bytes);
-        cli_json_kv_int(&j, "memory_clock_khz", d->memory_clock_khz);
-        cli_json_kv_int(&j, "memory_bus_width_bits", d->memory_bus_width_bits);
-        cli_json_kv_double(&j, "memory_bandwidth_gbs", d->memory_bandwidth_gbs);
-        cli_json_key(&j, "capabilities");
-        cli_json_begin_object(&j);
-        cli_json_kv_bool(&j, "fp16", d->fp16);
-        cli_json_kv_bool(&j, "bf16", d->bf16);
-        cli_json_kv_bool(&j, "int8_dot", d->int8_dot);
-        cli_json_kv_bool(&j, "tensor_cores", d->tensor_cores);
-        cli_json_kv_bool(&j, "int8_tensor_cores", d->int8_tensor_cores);
-        cli_json_kv_bool(&j, "fp8", d->fp8);
-        cli_json_end_object(&j);
-        cli_json_end_object(&j);
+        bn_json_kv_string(&j, "compute_capability", cc);
+        bn_json_kv_uint(&j, "total_memory_bytes", d->total_memory_bytes);
+        bn_json_kv_uint(&j, "free_memory_bytes", d->free_memory_bytes);
+        bn_json_kv_int(&j, "sm_count", d->sm_count);
+        bn_json_kv_int(&j, "max_threads_per_block", d->max_threads_per_block);
+        bn_json_kv_int(&j, "max_threads_per_sm", d->max_threads_per_sm);
+        bn_json_kv_int(&j, "warp_size", d->warp_size);
+        bn_json_kv_uint(&j, "shared_mem_per_block", d->shared_mem_per_block);
+        bn_json_kv_uint(&j, "shared_mem_per_block_optin", d->shared_mem_per_block_optin);
+        bn_json_kv_uint(&j, "shared_mem_per_sm", d->shared_mem_per_sm);
+        bn_json_kv_uint(&j, "l2_cache_bytes", d->l2_cache_bytes);
+        bn_json_kv_int(&j, "memory_clock_khz", d->memory_clock_khz);
+        bn_json_kv_int(&j, "memory_bus_width_bits", d->memory_bus_width_bits);
+        bn_json_kv_double(&j, "memory_bandwidth_gbs", d->memory_bandwidth_gbs);
+        bn_json_key(&j, "capabilities");
+        bn_json_begin_object(&j);
+        bn_json_kv_bool(&j, "fp16", d->fp16);
+        bn_json_kv_bool(&j, "bf16", d->bf16);
+        bn_json_kv_bool(&j, "int8_dot", d->int8_dot);
+        bn_json_kv_bool(&j, "tensor_cores", d->tensor_cores);
+        bn_json_kv_bool(&j, "int8_tensor_cores", d->int8_tensor_cores);
+        bn_json_kv_bool(&j, "fp8", d->fp8);
+        bn_json_end_object(&j);
+        bn_json_end_object(&j);
     }
-    cli_json_end_array(&j);
+    bn_json_end_array(&j);
     if (c->device_count > 0)
-        cli_json_kv_int(&j, "best_device",
+        bn_json_kv_int(&j, "best_device",
                        c->devices[bn_cuda_best_device(c->devices, c->device_count)].id);
-    cli_json_end_object(&j);
+    bn_json_end_object(&j);
 
-    cli_json_key(&j, "preflight");
-    cli_json_begin_object(&j);
-    cli_json_kv_bool(&j, "ok", g->preflight_ok);
-    cli_json_kv_string(&j, "message", g->preflight);
-    cli_json_end_object(&j);
+    bn_json_key(&j, "preflight");
+    bn_json_begin_object(&j);
+    bn_json_kv_bool(&j, "ok", g->preflight_ok);
+    bn_json_kv_string(&j, "message", g->preflight);
+    bn_json_end_object(&j);
 
     const bn_cpu_features *f = r->cpu;
-    cli_json_key(&j, "cpu");
-    cli_json_begin_object(&j);
-    cli_json_kv_string(&j, "arch", f->arch);
-    cli_json_kv_string(&j, "model", f->model);
-    cli_json_kv_int(&j, "logical_cores", f->logical_cores);
-    cli_json_key(&j, "features");
-    cli_json_begin_object(&j);
-    cli_json_kv_bool(&j, "avx2", f->avx2);
-    cli_json_kv_bool(&j, "fma", f->fma);
-    cli_json_kv_bool(&j, "f16c", f->f16c);
-    cli_json_kv_bool(&j, "avx512f", f->avx512f);
-    cli_json_kv_bool(&j, "avx512bw", f->avx512bw);
-    cli_json_kv_bool(&j, "avx512vl", f->avx512vl);
-    cli_json_kv_bool(&j, "avx512vnni", f->avx512vnni);
-    cli_json_kv_bool(&j, "avxvnni", f->avxvnni);
-    cli_json_kv_bool(&j, "neon", f->neon);
-    cli_json_kv_bool(&j, "dotprod", f->dotprod);
-    cli_json_end_object(&j);
-    cli_json_end_object(&j);
+    bn_json_key(&j, "cpu");
+    bn_json_begin_object(&j);
+    bn_json_kv_string(&j, "arch", f->arch);
+    bn_json_kv_string(&j, "model", f->model);
+    bn_json_kv_int(&j, "logical_cores", f->logical_cores);
+    bn_json_key(&j, "features");
+    bn_json_begin_object(&j);
+    bn_json_kv_bool(&j, "avx2", f->avx2);
+    bn_json_kv_bool(&j, "fma", f->fma);
+    bn_json_kv_bool(&j, "f16c", f->f16c);
+    bn_json_kv_bool(&j, "avx512f", f->avx512f);
+    bn_json_kv_bool(&j, "avx512bw", f->avx512bw);
+    bn_json_kv_bool(&j, "avx512vl", f->avx512vl);
+    bn_json_kv_bool(&j, "avx512vnni", f->avx512vnni);
+    bn_json_kv_bool(&j, "avxvnni", f->avxvnni);
+    bn_json_kv_bool(&j, "neon", f->neon);
+    bn_json_kv_bool(&j, "dotprod", f->dotprod);
+    bn_json_end_object(&j);
+    bn_json_end_object(&j);
 
-    cli_json_key(&j, "kernel_providers");
-    cli_json_begin_array(&j);
+    bn_json_key(&j, "kernel_providers");
+    bn_json_begin_array(&j);
     for (int i = 0; i < r->kernels.n_providers; i++) {
         const bn_kernel_provider_info *p = &r->kernels.providers[i];
-        cli_json_begin_object(&j);
-        cli_json_kv_string(&j, "name", p->name);
-        cli_json_kv_int(&j, "priority", p->priority);
-        cli_json_kv_bool(&j, "available", p->available);
-        cli_json_kv_bool(&j, "selected", p->selected);
-        cli_json_end_object(&j);
+        bn_json_begin_object(&j);
+        bn_json_kv_string(&j, "name", p->name);
+        bn_json_kv_int(&j, "priority", p->priority);
+        bn_json_kv_bool(&j, "available", p->available);
+        bn_json_kv_bool(&j, "selected", p->selected);
+        bn_json_end_object(&j);
     }
-    cli_json_end_array(&j);
-    cli_json_key(&j, "cuda_kernels");
-    cli_json_begin_array(&j);
+    bn_json_end_array(&j);
+    bn_json_key(&j, "cuda_kernels");
+    bn_json_begin_array(&j);
     for (const char *const *line = r->cuda_kernels; *line; line++)
-        cli_json_string(&j, *line);
-    cli_json_end_array(&j);
+        bn_json_string(&j, *line);
+    bn_json_end_array(&j);
 
-    cli_json_key(&j, "host_memory");
-    cli_json_begin_object(&j);
-    cli_json_kv_uint(&j, "system_total_bytes", r->host.system_total_bytes);
-    cli_json_kv_uint(&j, "system_available_bytes", r->host.system_available_bytes);
-    cli_json_kv_uint(&j, "process_resident_bytes", r->host.process_resident_bytes);
-    cli_json_kv_uint(&j, "process_peak_bytes", r->host.process_peak_bytes);
-    cli_json_end_object(&j);
+    bn_json_key(&j, "host_memory");
+    bn_json_begin_object(&j);
+    bn_json_kv_uint(&j, "system_total_bytes", r->host.system_total_bytes);
+    bn_json_kv_uint(&j, "system_available_bytes", r->host.system_available_bytes);
+    bn_json_kv_uint(&j, "process_resident_bytes", r->host.process_resident_bytes);
+    bn_json_kv_uint(&j, "process_peak_bytes", r->host.process_peak_bytes);
+    bn_json_end_object(&j);
 
-    cli_json_kv_string(&j, "summary", g->summary);
-    cli_json_end_object(&j);
+    bn_json_kv_string(&j, "summary", g->summary);
+    bn_json_end_object(&j);
 }
 
 int cmd_devices(int argc, char **argv, const bn_config *cfg)

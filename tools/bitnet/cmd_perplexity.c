@@ -170,20 +170,20 @@ int cmd_perplexity(int argc, char **argv, const bn_config *cfg)
         return cli_fail(&err);
     }
     if (o.json) {
-        cli_json j;
-        cli_json_init(&j, stdout);
-        cli_json_begin_object(&j);
-        cli_json_kv_string(&j, "model", info.path);
-        cli_json_kv_string(&j, "file", o.file);
-        cli_json_kv_string(&j, "device", info.device);
-        cli_json_kv_int(&j, "ctx", r.ctx);
-        cli_json_kv_int(&j, "chunks", r.n_chunks);
-        cli_json_kv_int(&j, "text_tokens", r.n_text_tokens);
-        cli_json_kv_int(&j, "predicted_tokens", r.n_predicted);
-        cli_json_kv_double(&j, "mean_nll", r.mean_nll);
-        cli_json_kv_double(&j, "perplexity", r.perplexity);
-        cli_json_kv_double(&j, "seconds", r.seconds);
-        cli_json_end_object(&j);
+        bn_json j;
+        bn_json_init(&j, stdout);
+        bn_json_begin_object(&j);
+        bn_json_kv_string(&j, "model", info.path);
+        bn_json_kv_string(&j, "file", o.file);
+        bn_json_kv_string(&j, "device", info.device);
+        bn_json_kv_int(&j, "ctx", r.ctx);
+        bn_json_kv_int(&j, "chunks", r.n_chunks);
+        bn_json_kv_int(&j, "text_tokens", r.n_text_tokens);
+        bn_json_kv_int(&j, "predicted_tokens", r.n_predicted);
+        bn_json_kv_double(&j, "mean_nll", r.mean_nll);
+        bn_json_kv_double(&j, "perplexity", r.perplexity);
+        bn_json_kv_double(&j, "seconds", r.seconds);
+        bn_json_end_object(&j);
         fputc('\n', stdout);
     } else {
         printf("perplexity %.4f (mean negative log-likelihood %.6f nats over %lld tokens; %lld "
