@@ -11,7 +11,7 @@
  *     a callback that stops, bn_session_cancel from the callback and from
  *     another thread, sampling with a seed repeats;
  *   - bn_session_eval's logits against the engine's prompt logits;
- *   - the chat format against bn_chat_prompt_2b4t; perplexity against the
+ *   - the chat format against its literal text; perplexity against the
  *     engine's;
  *   - bad arguments and a request past the context leave the session as
  *     it was.
@@ -72,11 +72,21 @@ static void engine_reference(const char *path, int n, bn_generation *g, float *p
     bn_error err;
     bn_error_clear(&err);
     CHECK_MSG(bn_engine_open(&cfg, &eo, &e, &err) == BN_OK, "engine: %s", err.message);
-    bn_generate_request req = {
-        .prompt = PROMPT, .n_predict = n, .ignore_eog = true, .prompt_logits = prompt_logits};
+    /* The prompt's tokens as the tokenizer gives them (BOS as it asks). */
+    const bn_tokenizer *t = e ? bn_checkpoint_tokenizer(bn_engine_model(e)) : NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    CHECK(t && bn_tokenize(t, PROMPT, strlen(PROMPT), bn_tokenizer_add_bos_default(t), true, &ids,
+                           &n_ids, &err) == BN_OK);
+    bn_generate_request req = {.prompt_tokens = ids,
+                               .n_prompt_tokens = n_ids,
+                               .n_predict = n,
+                               .ignore_eog = true,
+                               .prompt_logits = prompt_logits};
     bn_sampler_params_default(&req.sampling);
     CHECK_MSG(e && bn_engine_generate(e, &req, g, &err) == BN_OK, "engine generate: %s",
               err.message);
+    free(ids);
     bn_engine_free(e);
 }
 
@@ -449,22 +459,21 @@ static void check_chat(bn_model *m, const bn_model_info *info)
     char *buf = malloc(len + 1);
     size_t len2 = 0;
     CHECK(bn_model_apply_chat(m, msgs, 2, true, buf, len + 1, &len2, &err) == BN_OK);
-    char *want = bn_chat_prompt_2b4t("  Be brief. ", "Who is my shepherd?\n");
+    const char *want = "<|begin_of_text|>System: Be brief.<|eot_id|>User: Who is my "
+                       "shepherd?<|eot_id|>Assistant: ";
     CHECK_MSG(len2 == len && strcmp(buf, want) == 0, "chat '%s', want '%s'", buf, want);
-    free(want);
     free(buf);
     /* Unicode whitespace is trimmed as the CLI's chat prompt trims it. */
     const bn_chat_message nbsp[] = {{"user", "\xc2\xa0hello\xc2\xa0\x0b"}};
     char nb[256];
     CHECK(bn_model_apply_chat(m, nbsp, 1, true, nb, sizeof nb, &len, &err) == BN_OK);
-    want = bn_chat_prompt_2b4t("", "\xc2\xa0hello\xc2\xa0\x0b");
+    want = "<|begin_of_text|>User: hello<|eot_id|>Assistant: ";
     CHECK_MSG(strcmp(nb, want) == 0, "chat '%s', want '%s'", nb, want);
     /* Tokenizing a chat text with add_bos gives BOS once. */
     int32_t t2[64];
     size_t n_t2 = 0;
     CHECK(bn_model_tokenize(m, nb, len, true, t2, 64, &n_t2, &err) == BN_OK);
     CHECK(n_t2 >= 2 && t2[0] == info->bos && t2[1] != info->bos);
-    free(want);
     const bn_chat_message bad[] = {{"narrator", "x"}};
     CHECK(bn_model_apply_chat(m, bad, 1, true, NULL, 0, &len, &err) == BN_ERR_INVALID_ARGUMENT);
     CHECK_STR_CONTAINS(err.message, "narrator");

@@ -455,29 +455,28 @@ static void test_spm(void)
 
 static void test_chat(void)
 {
-    char *p = bn_chat_prompt_2b4t("You are a helpful assistant.", "Hi!");
-    CHECK(p && strcmp(p, "<|begin_of_text|>System: You are a helpful assistant.<|eot_id|>"
-                         "User: Hi!<|eot_id|>Assistant: ") == 0);
-    free(p);
-    p = bn_chat_prompt_2b4t(NULL, "Hi!");
-    CHECK(p && strcmp(p, "<|begin_of_text|>User: Hi!<|eot_id|>Assistant: ") == 0);
-    free(p);
-    p = bn_chat_prompt_2b4t("", "Hi!");
-    CHECK(p && strcmp(p, "<|begin_of_text|>User: Hi!<|eot_id|>Assistant: ") == 0);
-    free(p);
-    /* Contents are trimmed, as the Hugging Face template's `trim` does. */
-    p = bn_chat_prompt_2b4t("  Be brief.\n", "\t Why?\xE3\x80\x80 \n");
-    CHECK(p && strcmp(p, "<|begin_of_text|>System: Be brief.<|eot_id|>User: Why?<|eot_id|>"
-                         "Assistant: ") == 0);
-    free(p);
-    p = bn_chat_prompt_2b4t(NULL, NULL);
-    CHECK(p && strcmp(p, "<|begin_of_text|>User: <|eot_id|>Assistant: ") == 0);
-    free(p);
-    /* The prompt tokenizes with its special tokens (parse_special). */
+    /* Message contents are trimmed as the Hugging Face template's `trim`
+     * does (Python's str.strip: Unicode whitespace too). */
+    static const struct {
+        const char *in, *want;
+    } cases[] = {{"Hi!", "Hi!"},
+                 {"  Be brief.\n", "Be brief."},
+                 {"\t Why?\xE3\x80\x80 \n", "Why?"},
+                 {"\xc2\xa0hello\xc2\xa0\x0b", "hello"},
+                 {"a \xE2\x80\x83 b", "a \xE2\x80\x83 b"},
+                 {" \n\t", ""},
+                 {"", ""}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t len = 99;
+        const char *t = bn_chat_trim(cases[i].in, &len);
+        CHECK_MSG(len == strlen(cases[i].want) && strncmp(t, cases[i].want, len) == 0,
+                  "trim case %zu", i);
+    }
+    /* A chat text tokenizes with its special tokens (parse_special). */
     bn_tokenizer *t = open_json(path_in(data_dir, "bpe.json"));
     if (!t)
         return;
-    p = bn_chat_prompt_2b4t("sys", "user text");
+    const char *p = "<|begin_of_text|>System: sys<|eot_id|>User: user text<|eot_id|>Assistant: ";
     int32_t *ids = NULL;
     size_t n = 0;
     CHECK(bn_tokenize(t, p, strlen(p), false, true, &ids, &n, NULL) == BN_OK);
@@ -487,7 +486,6 @@ static void test_chat(void)
         eots += ids[i] == eot;
     CHECK(n > 4 && ids[0] == bn_tokenizer_bos(t) && eots == 2);
     free(ids);
-    free(p);
     bn_tokenizer_free(t);
 }
 

@@ -117,12 +117,11 @@ int64_t bn_engine_kv_filled(const bn_engine *e);
 typedef bool (*bn_engine_token_fn)(void *ctx, int32_t token, const char *text, size_t len);
 
 typedef struct bn_generate_request {
-    const char *prompt;    /* the text; with chat, the user's message      */
-    bool chat;             /* wrap in the BitNet b1.58 2B-4T chat format    */
-    const char *system;    /* chat system message; NULL or "" = none       */
-    /* Token ids to use instead of prompt (nothing is added to them). */
+    /* The prompt's token ids, used as they are (the public API tokenizes
+     * text and applies the chat format before). */
     const int32_t *prompt_tokens;
     size_t n_prompt_tokens;
+    bool chat;             /* the prompt is a chat (recorded in the receipt) */
     int n_predict;         /* tokens to generate at most (>= 1)            */
     /* The first n_cached prompt tokens are the ones the KV cache holds
      * from the requests before (at most bn_engine_kv_filled, fewer than the
@@ -160,14 +159,6 @@ typedef struct bn_generation {
     int64_t decode_steps;    /* single-token forward passes run             */
     double decode_seconds;   /* time inside those forward passes            */
 } bn_generation;
-
-/* The prompt tokens req would run: its text tokenized (BOS as the
- * tokenizer asks, the chat format with req->chat) or its token ids
- * checked against the vocabulary. Reads only the model, never the
- * backend. *tokens is malloc'ed; errors as bn_engine_generate's for the
- * prompt. */
-bn_status bn_engine_tokenize(const bn_engine *e, const bn_generate_request *req,
-                             int32_t **tokens, size_t *n, bn_error *err);
 
 /* Runs one request from position 0 (the KV cache is reset first). On
  * failure *g is left empty. A request whose prompt plus n_predict does not

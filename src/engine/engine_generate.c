@@ -76,69 +76,31 @@ static bn_status stream_token(streamer *s, int32_t id, bool flush, bn_error *err
     }
 }
 
+/* The request's prompt tokens (malloc'ed), checked against the
+ * vocabulary. */
 static bn_status prompt_tokens(const bn_engine *e, const bn_generate_request *req,
                                int32_t **tokens, size_t *n, bn_error *err)
 {
-    const int32_t vocab = bn_checkpoint_hparams(e->model)->vocab;
-    if (req->prompt_tokens) {
-        *tokens = malloc((req->n_prompt_tokens ? req->n_prompt_tokens : 1) * sizeof(int32_t));
-        if (!*tokens)
-            return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the prompt");
-        for (size_t i = 0; i < req->n_prompt_tokens; i++) {
-            if (req->prompt_tokens[i] < 0 || req->prompt_tokens[i] >= vocab) {
-                free(*tokens);
-                *tokens = NULL;
-                return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                                    "prompt token %d is outside the vocabulary (0..%d)",
-                                    (int)req->prompt_tokens[i], (int)vocab - 1);
-            }
-            (*tokens)[i] = req->prompt_tokens[i];
-        }
-        *n = req->n_prompt_tokens;
-        return BN_OK;
-    }
-
-    const bn_tokenizer *t = bn_checkpoint_tokenizer(e->model);
-    if (!t)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
-                            "give the prompt as token ids, or use a file with tokenizer metadata "
-                            "or a directory with tokenizer.json",
-                            "this model has no tokenizer, so it cannot read a text prompt");
-    const char *text = req->prompt ? req->prompt : "";
-    if (!req->chat) {
-        /* Special-token text in a prompt (e.g. "<|eot_id|>") is meant as
-         * the token, as llama.cpp reads prompts too. */
-        const bool add_bos = bn_tokenizer_add_bos_default(t);
-        bn_status st = bn_tokenize(t, text, strlen(text), add_bos, true, tokens, n, err);
-        /* Kept as asked (transformers does the same), but rarely meant. */
-        if (st == BN_OK && add_bos && *n >= 2 && (*tokens)[0] == (*tokens)[1] &&
-            (*tokens)[0] == bn_tokenizer_bos(t))
-            bn_log(BN_LOG_WARN, "the prompt starts with BOS and the tokenizer adds another; "
-                                "leave BOS out of the prompt text");
-        return st;
-    }
-    if (bn_tokenizer_find(t, "<|eot_id|>") < 0 || bn_tokenizer_find(t, "<|begin_of_text|>") < 0)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
-                            "run without --chat and format the prompt yourself",
-                            "the chat format needs the <|begin_of_text|> and <|eot_id|> tokens, "
-                            "which this model's vocabulary lacks");
-    char *chat = bn_chat_prompt_2b4t(req->system ? req->system : "", text);
-    if (!chat)
-        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the chat prompt");
-    /* The template starts with <|begin_of_text|> itself. */
-    bn_status st = bn_tokenize(t, chat, strlen(chat), false, true, tokens, n, err);
-    free(chat);
-    return st;
-}
-
-bn_status bn_engine_tokenize(const bn_engine *e, const bn_generate_request *req,
-                             int32_t **tokens, size_t *n, bn_error *err)
-{
     *tokens = NULL;
     *n = 0;
-    if (!e || !req)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "tokenize: NULL argument");
-    return prompt_tokens(e, req, tokens, n, err);
+    const int32_t vocab = bn_checkpoint_hparams(e->model)->vocab;
+    if (!req->prompt_tokens && req->n_prompt_tokens)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "the prompt's tokens are NULL");
+    *tokens = malloc((req->n_prompt_tokens ? req->n_prompt_tokens : 1) * sizeof(int32_t));
+    if (!*tokens)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the prompt");
+    for (size_t i = 0; i < req->n_prompt_tokens; i++) {
+        if (req->prompt_tokens[i] < 0 || req->prompt_tokens[i] >= vocab) {
+            free(*tokens);
+            *tokens = NULL;
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                                "prompt token %d is outside the vocabulary (0..%d)",
+                                (int)req->prompt_tokens[i], (int)vocab - 1);
+        }
+        (*tokens)[i] = req->prompt_tokens[i];
+    }
+    *n = req->n_prompt_tokens;
+    return BN_OK;
 }
 
 /* The next token as the backend picks it on the device (engine_forward,

@@ -105,9 +105,4 @@ bn_status bn_detokenize(const bn_tokenizer *t, const int32_t *ids, size_t n, cha
  * the Hugging Face template applies). Returns the start, *len its length. */
 const char *bn_chat_trim(const char *text, size_t *len);
 
-/* BitNet b1.58 2B-4T chat prompt (FORMATS.md §1):
- * "<|begin_of_text|>System: {system}<|eot_id|>User: {user}<|eot_id|>Assistant: "
- * (the System part only when system is non-empty). Returns a malloc'ed string. */
-char *bn_chat_prompt_2b4t(const char *system, const char *user);
-
 #endif

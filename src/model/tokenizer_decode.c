@@ -214,13 +214,6 @@ static bn_tok_str trim(const char *s)
     return (bn_tok_str){s + a, b - a};
 }
 
-/* Appends s[0..n) at *at. */
-static void append(char **at, const char *s, size_t n)
-{
-    memcpy(*at, s, n);
-    *at += n;
-}
-
 const char *bn_chat_trim(const char *text, size_t *len)
 {
     const bn_tok_str t = trim(text);
@@ -228,29 +221,3 @@ const char *bn_chat_trim(const char *text, size_t *len)
     return t.ptr;
 }
 
-char *bn_chat_prompt_2b4t(const char *system, const char *user)
-{
-    static const char bos[] = "<|begin_of_text|>", eot[] = "<|eot_id|>";
-    static const char sys_tag[] = "System: ", user_tag[] = "User: ", asst_tag[] = "Assistant: ";
-    /* The Hugging Face template trims each message's content. */
-    bn_tok_str sys = trim(system ? system : ""), usr = trim(user ? user : "");
-    bool with_system = system && system[0];
-    size_t n = strlen(bos) + strlen(user_tag) + usr.len + strlen(eot) + strlen(asst_tag) + 1;
-    if (with_system)
-        n += strlen(sys_tag) + sys.len + strlen(eot);
-    char *p = malloc(n), *at = p;
-    if (!p)
-        return NULL;
-    append(&at, bos, strlen(bos));
-    if (with_system) {
-        append(&at, sys_tag, strlen(sys_tag));
-        append(&at, sys.ptr, sys.len);
-        append(&at, eot, strlen(eot));
-    }
-    append(&at, user_tag, strlen(user_tag));
-    append(&at, usr.ptr, usr.len);
-    append(&at, eot, strlen(eot));
-    append(&at, asst_tag, strlen(asst_tag));
-    *at = '\0';
-    return p;
-}
