@@ -371,6 +371,121 @@ static void test_exactness(void)
     bn_checkpoint_free(m);
 }
 
+/* Many sequences in one pass over a paged cache (forward_rows): three
+ * sequences whose blocks are scattered over the cache, prefilled in
+ * interleaved chunks of rows (some crossing the 128-row pass), then
+ * decoded together one row each per pass, give each sequence's logits
+ * bit for bit as forward() does for it alone. */
+static void test_paged_rows(void)
+{
+    bn_hparams hp = random_shape();
+    describe(&hp);
+    bn_checkpoint *m = NULL;
+    CHECK(bn_checkpoint_create_random(&hp, test_rand_u64(), &m, NULL) == BN_OK);
+    if (!m)
+        return;
+    enum { SEQS = 3, BS = 8, BLOCKS = 64, DECODE = 6 };
+    const int64_t prompt_len[SEQS] = {test_rand_range(1, 30), test_rand_range(1, 140),
+                                      test_rand_range(1, 60)};
+    int32_t tokens[SEQS][160];
+    for (int s = 0; s < SEQS; s++)
+        random_tokens(tokens[s], prompt_len[s] + DECODE, hp.vocab);
+    const size_t row_bytes = (size_t)hp.vocab * sizeof(float);
+
+    /* Each sequence alone: the last prompt row's logits, then each decode
+     * step's. */
+    float *want[SEQS];
+    for (int s = 0; s < SEQS; s++) {
+        const int64_t T = prompt_len[s] + DECODE;
+        float *all = run_backend(m, 2, tokens[s], T, T, false);
+        want[s] = malloc((DECODE + 1) * row_bytes);
+        for (int k = 0; k <= DECODE; k++)
+            memcpy(want[s] + k * hp.vocab, all + (prompt_len[s] - 1 + k) * hp.vocab, row_bytes);
+        free(all);
+    }
+
+    /* Blocks handed out in a shuffled order, so no sequence's are adjacent. */
+    int32_t order[BLOCKS];
+    for (int i = 0; i < BLOCKS; i++)
+        order[i] = i;
+    for (int i = BLOCKS - 1; i > 0; i--) {
+        const int j = (int)test_rand_range(0, i);
+        const int32_t t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    int32_t table[SEQS][BLOCKS], table_len[SEQS] = {0};
+    int next_block = 0;
+    for (int s = 0; s < SEQS; s++)
+        for (int64_t p = 0; p < prompt_len[s] + DECODE; p += BS)
+            table[s][table_len[s]++] = order[next_block++];
+    const int32_t *tables[SEQS] = {table[0], table[1], table[2]};
+
+    bn_cpu_backend *b = NULL;
+    bn_error err;
+    CHECK_MSG(bn_cpu_backend_create_paged(m, 0, (int64_t)BLOCKS * BS, 3, &b, &err) == BN_OK, "%s",
+              err.message);
+    float *got = malloc(SEQS * row_bytes);
+    int32_t rt[512], rs[512];
+    int64_t rp[512], lr[SEQS];
+    /* Prefill: passes taking up to 7 rows of each unfinished sequence in
+     * turn, until every prompt is in; a sequence's logits come with the
+     * pass that holds its last prompt row. */
+    int64_t done[SEQS] = {0};
+    int finished = 0;
+    while (b && finished < SEQS) {
+        int64_t n = 0, nl = 0;
+        int logit_seq[SEQS];
+        for (int s = 0; s < SEQS; s++) {
+            const int64_t take = prompt_len[s] - done[s] < 7 ? prompt_len[s] - done[s] : 7;
+            for (int64_t i = 0; i < take; i++, n++) {
+                rt[n] = tokens[s][done[s] + i];
+                rp[n] = done[s] + i;
+                rs[n] = s;
+            }
+            done[s] += take;
+            if (take > 0 && done[s] == prompt_len[s]) {
+                lr[nl] = n - 1;
+                logit_seq[nl++] = s;
+                finished++;
+            }
+        }
+        const bn_cpu_rows rows = {n, rt, rp, rs, tables, table_len, BS, lr, nl};
+        CHECK_MSG(bn_cpu_backend_forward_rows(b, &rows, got, &err) == BN_OK, "%s", err.message);
+        for (int64_t k = 0; k < nl; k++)
+            CHECK_MSG(memcmp(got + k * hp.vocab, want[logit_seq[k]], row_bytes) == 0,
+                      "sequence %d: the prompt's logits differ from its own run", logit_seq[k]);
+    }
+    /* Decode: every sequence's next token in one pass of three rows. */
+    for (int step = 0; b && step < DECODE; step++) {
+        for (int s = 0; s < SEQS; s++) {
+            rt[s] = tokens[s][prompt_len[s] + step];
+            rp[s] = prompt_len[s] + step;
+            rs[s] = s;
+            lr[s] = s;
+        }
+        const bn_cpu_rows rows = {SEQS, rt, rp, rs, tables, table_len, BS, lr, SEQS};
+        CHECK(bn_cpu_backend_forward_rows(b, &rows, got, &err) == BN_OK);
+        for (int s = 0; s < SEQS; s++)
+            CHECK_MSG(memcmp(got + s * hp.vocab, want[s] + (step + 1) * hp.vocab, row_bytes) == 0,
+                      "decode step %d, sequence %d: logits differ from its own run", step, s);
+    }
+    /* Bad rows: a position without a block, a block outside the cache. */
+    if (b) {
+        const int64_t far = (int64_t)table_len[0] * BS;
+        const bn_cpu_rows bad = {1, rt, &far, rs, tables, table_len, BS, lr, 1};
+        CHECK(bn_cpu_backend_forward_rows(b, &bad, got, &err) == BN_ERR_INVALID_ARGUMENT);
+        CHECK_STR_CONTAINS(err.message, "no block");
+        const bn_cpu_rows odd = {1, rt, rp, rs, tables, table_len, 7, lr, 1};
+        CHECK(bn_cpu_backend_forward_rows(b, &odd, got, &err) == BN_ERR_INVALID_ARGUMENT);
+    }
+    bn_cpu_backend_free(b);
+    for (int s = 0; s < SEQS; s++)
+        free(want[s]);
+    free(got);
+    bn_checkpoint_free(m);
+}
+
 static void test_errors(void)
 {
     bn_hparams hp = random_shape();
@@ -504,6 +619,8 @@ int main(void)
         test_against_reference(round);
     printf("worst max|diff| / max|logit| against the reference: %.3g\n", worst_relative);
     test_exactness();
+    for (int round = 0; round < 4; round++)
+        test_paged_rows();
     test_errors();
     TEST_EXIT();
 }

@@ -56,8 +56,12 @@ struct bn_cpu_backend {
     int n_slots;             /* one per pool thread */
 
     bn_w2a8_weights *weights; /* [n_layer][BN_PROJ_COUNT] */
-    int64_t kv_len, kv_filled;
-    float *k_cache, *v_cache;
+    int64_t kv_len, kv_filled;  /* positions of one sequence; computed by forward() */
+    float *k_cache, *v_cache;   /* forward()'s: [n_layer][kv_len][kv_dim] */
+    int64_t paged_rows;         /* forward_rows()'s cache, block by block (0: none) */
+    float *pk_cache, *pv_cache; /* [n_layer][paged_rows][kv_dim] */
+    int64_t *row_pos;           /* [CHUNK_ROWS] forward()'s rows as a batch */
+    int32_t *row_seq;
     float *inv_freq;          /* [rope_dim / 2] */
     float *rope_cos, *rope_sin; /* [rope_dim / 2] for the current position */
 
@@ -280,25 +284,44 @@ static bn_status alloc_buffers(bn_cpu_backend *b, bn_error *err)
         return st;
     b->scratch_bytes += (uint64_t)(M * b->q8.lda + 2 * M * 4);
 
+    b->row_pos = calloc(M, sizeof *b->row_pos);
+    b->row_seq = calloc(M, sizeof *b->row_seq);
     const int64_t kv_elems = (int64_t)hp->n_layer * b->kv_len * b->kv_dim;
     b->kv_bytes = 0;
     b->k_cache = alloc_floats(kv_elems, &b->kv_bytes);
     b->v_cache = alloc_floats(kv_elems, &b->kv_bytes);
+    bool paged_ok = true;
+    if (b->paged_rows > 0) {
+        const int64_t paged_elems = (int64_t)hp->n_layer * b->paged_rows * b->kv_dim;
+        b->pk_cache = alloc_floats(paged_elems, &b->kv_bytes);
+        b->pv_cache = alloc_floats(paged_elems, &b->kv_bytes);
+        paged_ok = b->pk_cache && b->pv_cache;
+    }
 
     if (!b->x || !b->q || !b->k || !b->v || !b->att || !b->out || !b->gate || !b->up ||
         !b->normed_out || !b->scores || !b->head_rows || !b->inv_freq ||
-        !b->rope_cos || !b->rope_sin)
+        !b->rope_cos || !b->rope_sin || !b->row_pos || !b->row_seq)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
                             "no memory for the CPU backend's scratch buffers");
-    if (!b->k_cache || !b->v_cache)
-        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, "use a shorter context (kv_len)",
-                            "no memory for a KV cache of %lld positions (%.1f MiB)",
-                            (long long)b->kv_len, (double)b->kv_bytes / 1048576.0);
+    if (!b->k_cache || !b->v_cache || !paged_ok)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, "use a shorter context or a smaller cache",
+                            "no memory for a KV cache of %lld + %lld positions (%.1f MiB)",
+                            (long long)b->kv_len, (long long)b->paged_rows,
+                            (double)(2 * (int64_t)hp->n_layer * (b->kv_len + b->paged_rows) *
+                                     b->kv_dim * (int64_t)sizeof(float)) /
+                                1048576.0);
     return BN_OK;
 }
 
 bn_status bn_cpu_backend_create(const bn_checkpoint *model, int64_t kv_len, int n_threads,
                                 bn_cpu_backend **out, bn_error *err)
+{
+    return bn_cpu_backend_create_paged(model, kv_len, 0, n_threads, out, err);
+}
+
+bn_status bn_cpu_backend_create_paged(const bn_checkpoint *model, int64_t kv_len,
+                                      int64_t paged_rows, int n_threads, bn_cpu_backend **out,
+                                      bn_error *err)
 {
     if (!out)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cpu backend: NULL output");
@@ -313,6 +336,9 @@ bn_status bn_cpu_backend_create(const bn_checkpoint *model, int64_t kv_len, int 
                             "ask for at most the model's training context",
                             "KV cache of %lld positions requested; the model's context is %d",
                             (long long)kv_len, (int)hp->n_ctx_train);
+    if (paged_rows < 0)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "a paged cache of %lld rows", (long long)paged_rows);
 
     bn_cpu_backend *b = calloc(1, sizeof *b);
     if (!b)
@@ -322,6 +348,7 @@ bn_status bn_cpu_backend_create(const bn_checkpoint *model, int64_t kv_len, int 
     b->q_dim = (int64_t)hp->n_head * hp->head_dim;
     b->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     b->kv_len = kv_len;
+    b->paged_rows = paged_rows;
 
     bn_status st = bn_kernel_select(&b->kernels, err);
     if (st == BN_OK)
@@ -352,9 +379,9 @@ bn_status bn_cpu_backend_create(const bn_checkpoint *model, int64_t kv_len, int 
 #endif
     bn_log(BN_LOG_INFO,
            "cpu backend: kernels %s, %d threads, weights %.1f MiB, KV cache %.1f MiB "
-           "(%lld positions), scratch %.1f MiB",
+           "(%lld positions, %lld paged), scratch %.1f MiB",
            b->kernels->name, b->n_slots, (double)b->weight_bytes / 1048576.0,
-           (double)b->kv_bytes / 1048576.0, (long long)b->kv_len,
+           (double)b->kv_bytes / 1048576.0, (long long)b->kv_len, (long long)b->paged_rows,
            (double)b->scratch_bytes / 1048576.0);
     *out = b;
     return BN_OK;
@@ -373,9 +400,11 @@ void bn_cpu_backend_free(bn_cpu_backend *b)
     float *buffers[] = {b->x,                     b->q,          b->k,        b->v,
                         b->att,    b->out,        b->gate,       b->up,       b->normed_out,
                         b->scores, b->head_rows,  b->inv_freq,   b->k_cache,  b->v_cache,
-                        b->rope_cos, b->rope_sin};
+                        b->rope_cos, b->rope_sin, b->pk_cache, b->pv_cache};
     for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++)
         bn_aligned_free(buffers[i]);
+    free(b->row_pos);
+    free(b->row_seq);
     free(b);
 }
 
@@ -465,14 +494,34 @@ static bn_status project(bn_cpu_backend *b, int layer, bn_proj p, const bn_q8_ro
     return bn_w2a8_matmul(w, x, y, w->n, b->pool, err);
 }
 
+/* Where each row of a pass sits: row i is position pos[i] of sequence
+ * seq[i], whose position t lives in cache row
+ * tables[seq][t / block_size] * block_size + t % block_size of the cache
+ * the map names. forward()'s single sequence is one block of kv_len
+ * positions in its own cache: row t is t. */
+typedef struct row_map {
+    const int64_t *pos;
+    const int32_t *seq;
+    const int32_t *const *tables;
+    int64_t block_size;
+    float *k_cache, *v_cache; /* [n_layer][rows][kv_dim] */
+    int64_t rows;
+} row_map;
+
+static int64_t cache_row(const row_map *m, int32_t seq, int64_t t)
+{
+    return (int64_t)m->tables[seq][t / m->block_size] * m->block_size + t % m->block_size;
+}
+
 typedef struct attention_job {
     bn_cpu_backend *b;
     int layer;
-    int64_t rows, pos0;
+    int64_t rows;
+    const row_map *map;
 } attention_job;
 
 /* Causal attention for (row, head) items; slot s takes items s, s + n, ...
- * so long and short rows of a prefill chunk spread over every thread. */
+ * so long and short rows of a pass spread over every thread. */
 static void attention_slot(void *ctx, int slot, int n_slots)
 {
     const attention_job *job = ctx;
@@ -481,8 +530,9 @@ static void attention_slot(void *ctx, int slot, int n_slots)
     const int hd = hp->head_dim;
     const int group = hp->n_head / hp->n_head_kv;
     const float scale = (float)(1.0 / sqrt((double)hd));
-    const float *kc = b->k_cache + (int64_t)job->layer * b->kv_len * b->kv_dim;
-    const float *vc = b->v_cache + (int64_t)job->layer * b->kv_len * b->kv_dim;
+    const row_map *map = job->map;
+    const float *kc = map->k_cache + (int64_t)job->layer * map->rows * b->kv_dim;
+    const float *vc = map->v_cache + (int64_t)job->layer * map->rows * b->kv_dim;
     float *scores = b->scores + (int64_t)slot * b->kv_len;
 
     for (int64_t item = slot; item < job->rows * hp->n_head; item += n_slots) {
@@ -490,11 +540,13 @@ static void attention_slot(void *ctx, int slot, int n_slots)
         const int h = (int)(item % hp->n_head);
         const int64_t kv_off = (int64_t)(h / group) * hd;
         const float *qh = b->q + row * b->q_dim + (int64_t)h * hd;
-        const int64_t n_pos = job->pos0 + row + 1; /* causal: up to itself */
+        const int32_t seq = job->map->seq[row];
+        const int64_t n_pos = job->map->pos[row] + 1; /* causal: up to itself */
 
         float max = -INFINITY;
         for (int64_t t = 0; t < n_pos; t++) {
-            scores[t] = dot_f32(qh, kc + t * b->kv_dim + kv_off, hd) * scale;
+            const int64_t r = cache_row(job->map, seq, t);
+            scores[t] = dot_f32(qh, kc + r * b->kv_dim + kv_off, hd) * scale;
             if (scores[t] > max)
                 max = scores[t];
         }
@@ -508,14 +560,14 @@ static void attention_slot(void *ctx, int slot, int n_slots)
         memset(out, 0, (size_t)hd * sizeof(float));
         for (int64_t t = 0; t < n_pos; t++) {
             const float p = scores[t] * inv_sum;
-            const float *vt = vc + t * b->kv_dim + kv_off;
+            const float *vt = vc + cache_row(job->map, seq, t) * b->kv_dim + kv_off;
             for (int d = 0; d < hd; d++)
                 out[d] += p * vt[d];
         }
     }
 }
 
-static bn_status attention_block(bn_cpu_backend *b, int layer, int64_t M, int64_t pos0,
+static bn_status attention_block(bn_cpu_backend *b, int layer, int64_t M, const row_map *map,
                                  bn_error *err)
 {
     const bn_hparams *hp = &b->hp;
@@ -532,10 +584,10 @@ static bn_status attention_block(bn_cpu_backend *b, int layer, int64_t M, int64_
 
     float *cosv = b->rope_cos, *sinv = b->rope_sin;
     const int half = hp->rope_dim / 2;
-    float *kc = b->k_cache + (int64_t)layer * b->kv_len * b->kv_dim;
-    float *vc = b->v_cache + (int64_t)layer * b->kv_len * b->kv_dim;
+    float *kc = map->k_cache + (int64_t)layer * map->rows * b->kv_dim;
+    float *vc = map->v_cache + (int64_t)layer * map->rows * b->kv_dim;
     for (int64_t i = 0; i < M; i++) {
-        const int64_t pos = pos0 + i;
+        const int64_t pos = map->pos[i];
         for (int j = 0; j < half; j++) {
             const float angle = (float)pos * b->inv_freq[j];
             cosv[j] = cosf(angle);
@@ -543,11 +595,12 @@ static bn_status attention_block(bn_cpu_backend *b, int layer, int64_t M, int64_
         }
         rope_heads(b->q + i * b->q_dim, hp->n_head, hp->head_dim, hp->rope_dim, cosv, sinv);
         rope_heads(b->k + i * b->kv_dim, hp->n_head_kv, hp->head_dim, hp->rope_dim, cosv, sinv);
-        memcpy(kc + pos * b->kv_dim, b->k + i * b->kv_dim, (size_t)b->kv_dim * sizeof(float));
-        memcpy(vc + pos * b->kv_dim, b->v + i * b->kv_dim, (size_t)b->kv_dim * sizeof(float));
+        const int64_t r = cache_row(map, map->seq[i], pos);
+        memcpy(kc + r * b->kv_dim, b->k + i * b->kv_dim, (size_t)b->kv_dim * sizeof(float));
+        memcpy(vc + r * b->kv_dim, b->v + i * b->kv_dim, (size_t)b->kv_dim * sizeof(float));
     }
 
-    attention_job job = {b, layer, M, pos0};
+    attention_job job = {b, layer, M, map};
     run_slots(b, attention_slot, &job);
 
     bn_q8_rows aq = norm_quantize(b, b->att, M, b->q_dim,
@@ -638,6 +691,35 @@ static void lm_head(bn_cpu_backend *b, const float *x_rows, int64_t n_rows, floa
 
 /* ---- forward ----------------------------------------------------------------- */
 
+/* Embeds M rows (at most CHUNK_ROWS) and runs every layer over them; the
+ * last hidden states are left in b->x. */
+static bn_status run_rows(bn_cpu_backend *b, const int32_t *tokens, int64_t M, const row_map *map,
+                          bn_error *err)
+{
+    const bn_hparams *hp = &b->hp;
+    bn_status st = BN_OK;
+    for (int64_t i = 0; i < M && st == BN_OK; i++)
+        st = bn_checkpoint_embedding_row(b->model, tokens[i], b->x + i * hp->dim, err);
+    for (int l = 0; l < hp->n_layer && st == BN_OK; l++) {
+        st = attention_block(b, l, M, map, err);
+        if (st == BN_OK)
+            st = ffn_block(b, l, M, err);
+    }
+    return st;
+}
+
+static bn_status check_tokens(const bn_cpu_backend *b, const int32_t *tokens, int64_t n,
+                              bn_error *err)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= b->hp.vocab)
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                                "token ids must come from this model's vocabulary",
+                                "token %lld is %d, outside the vocabulary (0..%d)", (long long)i,
+                                (int)tokens[i], (int)b->hp.vocab - 1);
+    return BN_OK;
+}
+
 bn_status bn_cpu_backend_forward(bn_cpu_backend *b, const int32_t *tokens, int64_t n_tokens,
                                  int64_t pos, bn_logits_mode mode, float *logits, bn_error *err)
 {
@@ -657,31 +739,25 @@ bn_status bn_cpu_backend_forward(bn_cpu_backend *b, const int32_t *tokens, int64
                             "run the earlier positions first",
                             "position %lld would skip positions: only %lld are computed",
                             (long long)pos, (long long)b->kv_filled);
+    bn_status st = check_tokens(b, tokens, n_tokens, err);
+    if (st != BN_OK)
+        return st;
     const bn_hparams *hp = &b->hp;
-    for (int64_t i = 0; i < n_tokens; i++)
-        if (tokens[i] < 0 || tokens[i] >= hp->vocab)
-            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
-                                "token ids must come from this model's vocabulary",
-                                "token %lld is %d, outside the vocabulary (0..%d)", (long long)i,
-                                (int)tokens[i], (int)hp->vocab - 1);
-
-    bn_status st = BN_OK;
+    /* One sequence in one block of the whole cache: row t is position t. */
+    const int32_t block0 = 0;
+    const int32_t *const table[1] = {&block0};
+    const row_map map = {b->row_pos, b->row_seq, table, b->kv_len,
+                         b->k_cache, b->v_cache, b->kv_len};
     for (int64_t c = 0; c < n_tokens && st == BN_OK; c += CHUNK_ROWS) {
         const int64_t M = n_tokens - c < CHUNK_ROWS ? n_tokens - c : CHUNK_ROWS;
-        const int64_t pos0 = pos + c;
         for (int64_t i = 0; i < M; i++) {
-            st = bn_checkpoint_embedding_row(b->model, tokens[c + i], b->x + i * hp->dim, err);
-            if (st != BN_OK)
-                return st;
+            b->row_pos[i] = pos + c + i;
+            b->row_seq[i] = 0;
         }
-        for (int l = 0; l < hp->n_layer && st == BN_OK; l++) {
-            st = attention_block(b, l, M, pos0, err);
-            if (st == BN_OK)
-                st = ffn_block(b, l, M, err);
-        }
+        st = run_rows(b, tokens + c, M, &map, err);
         if (st != BN_OK)
             break;
-        b->kv_filled = pos0 + M;
+        b->kv_filled = pos + c + M;
         if (mode == BN_LOGITS_ALL)
             lm_head(b, b->x, M, logits + c * hp->vocab);
         else if (c + M == n_tokens)
@@ -689,5 +765,53 @@ bn_status bn_cpu_backend_forward(bn_cpu_backend *b, const int32_t *tokens, int64
     }
     if (st != BN_OK)
         b->kv_filled = pos; /* the cache past pos is now inconsistent */
+    return st;
+}
+
+int64_t bn_cpu_backend_paged_rows(const bn_cpu_backend *b) { return b->paged_rows; }
+
+bn_status bn_cpu_backend_forward_rows(bn_cpu_backend *b, const bn_cpu_rows *r, float *logits,
+                                      bn_error *err)
+{
+    if (!b || !r || r->n_rows <= 0 || !r->tokens || !r->pos || !r->seq || !r->tables ||
+        !r->table_len || r->block_size < 1 || b->paged_rows % r->block_size != 0 ||
+        b->paged_rows == 0 ||
+        (r->n_logits > 0 && (!r->logit_rows || !logits)) || r->n_logits < 0)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "cpu forward_rows: rows, positions, sequences, block tables and a "
+                            "block size dividing the paged cache's %lld rows are needed",
+                            b ? (long long)b->paged_rows : 0LL);
+    bn_status st = check_tokens(b, r->tokens, r->n_rows, err);
+    if (st != BN_OK)
+        return st;
+    const int64_t n_blocks = b->paged_rows / r->block_size;
+    for (int64_t i = 0; i < r->n_rows; i++) {
+        const int64_t p = r->pos[i], blk = p / r->block_size;
+        const int32_t s = r->seq[i];
+        if (p < 0 || p >= b->kv_len || s < 0 || blk >= r->table_len[s] ||
+            r->tables[s][blk] < 0 || r->tables[s][blk] >= n_blocks)
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                                "cpu forward_rows: row %lld (sequence %d, position %lld) has no "
+                                "block in the cache",
+                                (long long)i, (int)s, (long long)p);
+    }
+    for (int64_t k = 0; k < r->n_logits; k++)
+        if (r->logit_rows[k] < 0 || r->logit_rows[k] >= r->n_rows ||
+            (k > 0 && r->logit_rows[k] <= r->logit_rows[k - 1]))
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                                "cpu forward_rows: logit rows must be rows, in increasing order");
+    const bn_hparams *hp = &b->hp;
+    int64_t next_logit = 0;
+    for (int64_t c = 0; c < r->n_rows && st == BN_OK; c += CHUNK_ROWS) {
+        const int64_t M = r->n_rows - c < CHUNK_ROWS ? r->n_rows - c : CHUNK_ROWS;
+        const row_map map = {r->pos + c,  r->seq + c,  r->tables,   r->block_size,
+                             b->pk_cache, b->pv_cache, b->paged_rows};
+        st = run_rows(b, r->tokens + c, M, &map, err);
+        /* The rows of this pass whose logits are wanted. */
+        for (; st == BN_OK && next_logit < r->n_logits && r->logit_rows[next_logit] < c + M;
+             next_logit++)
+            lm_head(b, b->x + (r->logit_rows[next_logit] - c) * hp->dim, 1,
+                    logits + next_logit * hp->vocab);
+    }
     return st;
 }

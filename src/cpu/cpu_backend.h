@@ -58,6 +58,14 @@ typedef struct bn_cpu_memory {
  * and norms are read from it). */
 bn_status bn_cpu_backend_create(const bn_checkpoint *model, int64_t kv_len, int n_threads,
                                 bn_cpu_backend **out, bn_error *err);
+/* The same with a second, paged cache of paged_rows rows (0: none) for
+ * many sequences at once, which forward_rows addresses block by block
+ * through block tables; forward() keeps its own cache of kv_len rows, so
+ * the two never touch each other's positions. kv_len stays the most
+ * positions one sequence holds. */
+bn_status bn_cpu_backend_create_paged(const bn_checkpoint *model, int64_t kv_len,
+                                      int64_t paged_rows, int n_threads, bn_cpu_backend **out,
+                                      bn_error *err);
 void bn_cpu_backend_free(bn_cpu_backend *b);
 
 /* Runs n_tokens tokens at positions pos .. pos + n_tokens - 1 and writes
@@ -66,6 +74,33 @@ void bn_cpu_backend_free(bn_cpu_backend *b);
  * with nothing computed. */
 bn_status bn_cpu_backend_forward(bn_cpu_backend *b, const int32_t *tokens, int64_t n_tokens,
                                  int64_t pos, bn_logits_mode mode, float *logits, bn_error *err);
+
+/* Rows of many sequences in one pass (continuous batching), the cache
+ * paged: row i computes tokens[i] at position pos[i] of sequence seq[i],
+ * whose position t lives in cache row
+ * tables[seq][t / block_size] * block_size + t % block_size
+ * of the paged cache (table_len[seq] blocks; block_size divides
+ * paged_rows; positions below kv_len). A sequence's
+ * rows come in position order, and every position before a row's is
+ * computed, by an earlier pass or an earlier row of this one. Each row
+ * gives the same numbers it would alone (every output element has one
+ * fixed order of arithmetic), so a batch equals its sequences run one by
+ * one, bit for bit. The logits of rows logit_rows[0 .. n_logits) (in
+ * increasing order) are written to logits, vocab floats each. */
+typedef struct bn_cpu_rows {
+    int64_t n_rows;
+    const int32_t *tokens;
+    const int64_t *pos;
+    const int32_t *seq;
+    const int32_t *const *tables;
+    const int32_t *table_len;
+    int64_t block_size;
+    const int64_t *logit_rows;
+    int64_t n_logits;
+} bn_cpu_rows;
+bn_status bn_cpu_backend_forward_rows(bn_cpu_backend *b, const bn_cpu_rows *rows, float *logits,
+                                      bn_error *err);
+int64_t bn_cpu_backend_paged_rows(const bn_cpu_backend *b);
 
 /* Positions the KV cache holds, and how many are filled. */
 int64_t bn_cpu_backend_kv_len(const bn_cpu_backend *b);

@@ -1,7 +1,8 @@
 /*
  * cpu_backend_ops.c - the CPU backend (cpu_backend.h) behind the engine's
- * backend interface (src/engine/backend.h). The CPU has no optional
- * operations: the host's sampler picks every token.
+ * backend interface (src/engine/backend.h). The host's sampler picks
+ * every token; of the optional operations the CPU has forward_rows, many
+ * sequences per pass over its paged cache.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +27,8 @@ static bn_status cpu_create(const bn_checkpoint *model, const bn_backend_params 
     if (!b)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the CPU backend");
     bn_cpu_backend *cpu = NULL;
-    bn_status st = bn_cpu_backend_create(model, p->kv_len, p->threads, &cpu, err);
+    bn_status st = bn_cpu_backend_create_paged(model, p->kv_len, p->paged_rows, p->threads, &cpu,
+                                               err);
     if (st != BN_OK) {
         free(b);
         return st;
@@ -55,6 +57,15 @@ static bn_status cpu_forward_all(bn_backend *b, const int32_t *tokens, int64_t n
                                  float *logits, bn_error *err)
 {
     return bn_cpu_backend_forward(cpu_of(b), tokens, n, pos, BN_LOGITS_ALL, logits, err);
+}
+
+static bn_status cpu_forward_rows(bn_backend *b, const bn_backend_rows *r, float *logits,
+                                  bn_error *err)
+{
+    const bn_cpu_rows rows = {r->n_rows,    r->tokens,     r->pos,        r->seq,
+                              r->tables,    r->table_len,  r->block_size, r->logit_rows,
+                              r->n_logits};
+    return bn_cpu_backend_forward_rows(cpu_of(b), &rows, logits, err);
 }
 
 static int64_t cpu_kv_len(const bn_backend *b) { return bn_cpu_backend_kv_len(cpu_of(b)); }
@@ -95,4 +106,5 @@ const bn_backend_ops bn_cpu_backend_ops = {
     .reset = cpu_reset,
     .describe = cpu_describe,
     .report = cpu_report,
+    .forward_rows = cpu_forward_rows,
 };

@@ -15,7 +15,10 @@
  *   - submit / submit_chained / wait / pending / drop_pending: a decode step
  *     queued while the host streams the previous token's text, and the step
  *     after it chained on the device (it reads the token its predecessor
- *     picked), so the device runs from step to step.
+ *     picked), so the device runs from step to step;
+ *   - forward_rows: rows of many sequences in one pass over a paged KV
+ *     cache of params.paged_rows rows (the batching scheduler,
+ *     scheduler.h).
  *
  * Thread safety: one backend is used by one thread at a time (the engine's).
  */
@@ -42,12 +45,33 @@ typedef struct bn_backend_params {
     int threads;           /* host threads; 0: BITNET_NUM_THREADS or every core  */
     uint64_t memory_limit; /* device bytes the backend may hold; 0: no limit     */
     bool kv_f16;           /* an f16 KV cache where the backend has one          */
+    /* Rows of a paged cache for many sequences at once (forward_rows); 0:
+     * none. A backend without forward_rows ignores it. */
+    int64_t paged_rows;
     /* The engine's options, for settings only one backend reads. */
     const struct bn_engine_options *engine;
 } bn_backend_params;
 
 /* A token picked on the device: the CPU sampler's parameters minus the
  * repetition penalty (which needs the history on the host). */
+/* Rows of many sequences in one pass over the paged cache: row i computes
+ * tokens[i] at position pos[i] of sequence seq[i], whose position t lives
+ * in paged row tables[seq][t / block_size] * block_size + t % block_size
+ * (table_len[seq] blocks). A sequence's rows come in position order, every
+ * earlier position computed. The logits of rows logit_rows[0 .. n_logits)
+ * (increasing) are wanted, vocab floats each. */
+typedef struct bn_backend_rows {
+    int64_t n_rows;
+    const int32_t *tokens;
+    const int64_t *pos;
+    const int32_t *seq;
+    const int32_t *const *tables;
+    const int32_t *table_len;
+    int64_t block_size;
+    const int64_t *logit_rows;
+    int64_t n_logits;
+} bn_backend_rows;
+
 typedef struct bn_pick_params {
     float temperature; /* <= 0: greedy (argmax, lowest index on ties)     */
     int top_k;
@@ -114,6 +138,10 @@ struct bn_backend_ops {
     int (*pending)(const bn_backend *b);
     /* Lets the queued steps finish and forgets their positions. */
     void (*drop_pending)(bn_backend *b);
+
+    /* ---- optional: many sequences per pass (the paged cache) ---- */
+    bn_status (*forward_rows)(bn_backend *b, const bn_backend_rows *rows, float *logits,
+                              bn_error *err);
 };
 
 /* The common head of every backend's state: the engine reaches the

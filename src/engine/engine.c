@@ -209,10 +209,21 @@ static bn_status select_backend(bn_engine *e, const bn_config *cfg, const char *
 
 /* ---- backends --------------------------------------------------------------- */
 
+/* The block table of the paged cache, where the backend batches. */
+static bn_status open_batching(bn_engine *e, bn_error *err)
+{
+    if (e->kv || e->params.paged_rows <= 0 || !e->backend->ops->forward_rows)
+        return BN_OK;
+    e->kv_cfg.n_blocks = (int32_t)(e->params.paged_rows / e->kv_cfg.block_size);
+    return bn_kv_blocks_create(&e->kv_cfg, &e->kv, err);
+}
+
 /* Builds the backend of `ops` and takes its names for the reports. */
 static bn_status open_backend(bn_engine *e, const bn_backend_ops *ops, bn_error *err)
 {
     bn_status st = ops->create(e->model, &e->params, &e->backend, err);
+    if (st == BN_OK)
+        st = open_batching(e, err);
     if (st != BN_OK)
         return st;
     bn_backend_desc d;
@@ -279,6 +290,37 @@ bn_status engine_step_failed(bn_engine *e, const bn_error *cerr, const int32_t *
 
 /* ---- open / free ------------------------------------------------------------ */
 
+/* The paged cache's shape from the options: params.paged_rows stays 0
+ * unless more than one sequence may run at once. */
+static bn_status plan_batching(bn_engine *e, const bn_engine_options *opt, const bn_hparams *hp,
+                               bn_error *err)
+{
+    if (opt->max_seqs < 0 || opt->kv_block < 0 || opt->kv_positions < 0 || opt->token_budget < 0 ||
+        opt->max_seqs > 4096 || opt->kv_block > 1024 || (unsigned)opt->kv_evict > BN_KV_EVICT_LFU)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "batching options out of range: max_seqs %d (0..4096), kv_block %d "
+                            "(0..1024), kv_positions %lld, token_budget %d",
+                            opt->max_seqs, opt->kv_block, (long long)opt->kv_positions,
+                            opt->token_budget);
+    if (opt->max_seqs <= 1)
+        return BN_OK;
+    const int64_t n_ctx = opt->n_ctx > 0 ? opt->n_ctx : hp->n_ctx_train;
+    const int32_t block = opt->kv_block > 0 ? opt->kv_block : 32;
+    int64_t positions = opt->kv_positions > 0 ? opt->kv_positions : (int64_t)opt->max_seqs * n_ctx;
+    const int64_t blocks = (positions + block - 1) / block;
+    if (blocks > INT32_MAX / 2)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "ask for a smaller KV cache",
+                            "a KV cache of %lld positions is too large", (long long)positions);
+    e->kv_cfg = (bn_kv_blocks_config){.block_size = block,
+                                      .n_blocks = (int32_t)blocks,
+                                      .max_seqs = opt->max_seqs,
+                                      .evict = opt->kv_evict,
+                                      .prefix_sharing = !opt->no_prefix_sharing};
+    e->token_budget = opt->token_budget > 0 ? opt->token_budget : 512;
+    e->params.paged_rows = blocks * block;
+    return BN_OK;
+}
+
 bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, bn_engine **out,
                          bn_error *err)
 {
@@ -334,6 +376,11 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
                                     .memory_limit = cfg->memory_limit_bytes,
                                     .kv_f16 = opt->kv_f16,
                                     .engine = opt};
+    st = plan_batching(e, opt, hp, err);
+    if (st != BN_OK) {
+        bn_engine_free(e);
+        return st;
+    }
     if (e->gpu_entry) {
         bn_error gerr;
         bn_error_clear(&gerr);
@@ -374,6 +421,7 @@ void bn_engine_free(bn_engine *e)
         return;
     if (e->backend)
         e->backend->ops->free(e->backend);
+    bn_kv_blocks_free(e->kv);
     bn_checkpoint_free(e->model);
     free(e->logits);
     free(e);

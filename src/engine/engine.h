@@ -52,6 +52,7 @@
 #include <stdio.h>
 
 #include "bitnet.h"
+#include "kv_blocks.h"
 #include "model.h"
 #include "sampler.h"
 
@@ -79,6 +80,19 @@ typedef struct bn_engine_options {
     /* Tests: the CUDA backend's forward call number N (1-based) fails, as a
      * failed kernel would; 0 = never. */
     int test_cuda_fail_call;
+    /* Many sequences at once (bn_engine_generate_batch), where the backend
+     * has forward_rows: at most max_seqs running together (0 or 1: none)
+     * over a paged KV cache of kv_positions positions (0: max_seqs times
+     * the context) in blocks of kv_block positions (0: 32), cached prefix
+     * blocks evicted by kv_evict, shared between sequences unless
+     * no_prefix_sharing; a step computes at most token_budget rows (0:
+     * 512) besides one row per decoding sequence. */
+    int max_seqs;
+    int kv_block;
+    int64_t kv_positions;
+    bn_kv_evict kv_evict;
+    bool no_prefix_sharing;
+    int token_budget;
 } bn_engine_options;
 
 /* Chooses the backend, loads the model and builds the backend. cfg carries
@@ -175,6 +189,50 @@ void bn_generation_free(bn_generation *g);
  * them one decode step each. */
 bn_status bn_engine_forward_logits(bn_engine *e, const int32_t *history, int64_t pos, int64_t n,
                                    float *logits, bn_error *err);
+
+/* ---- many sequences at once (scheduler.c) --------------------------------- */
+
+typedef struct bn_batch_request {
+    const int32_t *prompt;    /* token ids, used as they are                 */
+    size_t n_prompt;
+    int n_predict;            /* tokens to generate at most (>= 1)           */
+    bool ignore_eog;
+    bn_sampler_params sampling; /* each request its own sampler and seed     */
+    bn_engine_token_fn on_token; /* may be NULL; called from this thread     */
+    void *ctx;
+    const _Atomic int *cancel;  /* may be NULL                               */
+    float *prompt_logits;       /* may be NULL: the logits after the prompt  */
+} bn_batch_request;
+
+typedef struct bn_batch_result {
+    bn_status status;           /* this request's own outcome                */
+    bn_error error;
+    bn_generation gen;          /* as bn_engine_generate's (free it)         */
+    int64_t reused;             /* prompt positions the prefix cache held    */
+    int preemptions;            /* times its blocks were taken back          */
+    double first_token_seconds; /* from the call's start to its first token  */
+} bn_batch_result;
+
+/* Runs the requests together: up to max_seqs at once in shared forward
+ * passes, the others waiting their turn (first come, first served), each
+ * joining as soon as a running one ends. Each request's tokens are what it
+ * gives alone (on the CPU bit for bit: a row's numbers do not depend on the
+ * others in its pass). A request that cannot run (too long for the
+ * context or the whole cache, bad tokens) fails alone in its result;
+ * the call's own status is an error only when a pass fails, and then
+ * every request not finished fails with it. Without a backend that batches
+ * (forward_rows) the requests run one after another. */
+bn_status bn_engine_generate_batch(bn_engine *e, const bn_batch_request *reqs, size_t n,
+                                   bn_batch_result *out, bn_error *err);
+
+/* The scheduler's state: the paged cache's blocks and counters. */
+typedef struct bn_batch_stats {
+    bool enabled;               /* the backend batches, max_seqs > 1         */
+    int max_seqs, block_size;
+    bn_kv_blocks_stats blocks;
+    uint64_t steps, rows, preemptions;
+} bn_batch_stats;
+void bn_engine_batch_stats(const bn_engine *e, bn_batch_stats *out);
 
 /* Perplexity of a text (bitnet perplexity). The text is tokenized as a
  * whole (no BOS) and cut into consecutive pieces of ctx - 1 tokens (the

@@ -16,66 +16,6 @@
 
 /* ---- generation ------------------------------------------------------------- */
 
-/* A growing byte buffer for the generated text. */
-typedef struct text_buf {
-    char *data;
-    size_t len, cap;
-} text_buf;
-
-static bool text_append(text_buf *b, const char *s, size_t n)
-{
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->data, cap);
-        if (!p)
-            return false;
-        b->data = p;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
-    b->data[b->len] = '\0';
-    return true;
-}
-
-/* Streams whatever complete text the decoder holds after `id` (or the rest,
- * when flushing) to the caller and into the text buffer. */
-typedef struct streamer {
-    bn_detok_stream ds;
-    char *buf;
-    size_t cap;
-    const bn_generate_request *req;
-    text_buf *text;
-    bool stop; /* on_token returned false */
-} streamer;
-
-/* Token id's text (flush: the bytes left at the end, id ignored) to the
- * text and the caller's on_token. */
-static bn_status stream_token(streamer *s, int32_t id, bool flush, bn_error *err)
-{
-    for (;;) {
-        size_t need = flush ? bn_detok_stream_flush(&s->ds, s->buf, s->cap)
-                            : bn_detok_stream_push(&s->ds, id, s->buf, s->cap);
-        if (need < s->cap) {
-            if (need > 0 && !text_append(s->text, s->buf, need))
-                return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
-                                    "no memory for the generated text");
-            if (s->req->on_token && (!flush || need > 0) &&
-                !s->req->on_token(s->req->ctx, flush ? -1 : id, s->buf, need))
-                s->stop = true;
-            return BN_OK;
-        }
-        /* Nothing was consumed: retry with room for the whole piece. */
-        char *p = realloc(s->buf, need + 1);
-        if (!p)
-            return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory to decode a token");
-        s->buf = p;
-        s->cap = need + 1;
-    }
-}
-
 /* The request's prompt tokens (malloc'ed), checked against the
  * vocabulary. */
 static bn_status prompt_tokens(const bn_engine *e, const bn_generate_request *req,
@@ -292,10 +232,10 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
     int32_t *history = malloc(history_cap * sizeof(int32_t));
     g->tokens = malloc(((size_t)n_predict + 1) * sizeof(int32_t));
     bn_sampler *sampler = NULL;
-    text_buf text = {0};
-    streamer s = {.cap = 64, .req = req, .text = &text};
+    engine_text text = {0};
+    engine_streamer s = {.cap = 64, .on_token = req->on_token, .ctx = req->ctx, .text = &text};
     s.buf = malloc(s.cap);
-    if (!history || !g->tokens || !s.buf || !text_append(&text, "", 0)) {
+    if (!history || !g->tokens || !s.buf || !engine_text_append(&text, "", 0)) {
         st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for generation");
         goto done;
     }
@@ -389,7 +329,7 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
             }
         }
         if (tok) {
-            st = stream_token(&s, id, false, err);
+            st = engine_stream_token(&s, id, false, err);
             if (st != BN_OK)
                 goto done; /* submitted steps are dropped below */
         } else if (req->on_token && !req->on_token(req->ctx, id, "", 0)) {
@@ -426,7 +366,7 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
         pos++;
     }
     if (tok) {
-        st = stream_token(&s, 0, true, err);
+        st = engine_stream_token(&s, 0, true, err);
         if (st != BN_OK)
             goto done;
     }

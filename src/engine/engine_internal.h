@@ -8,6 +8,8 @@
 
 #include "backend.h"
 #include "engine.h"
+#include "kv_blocks.h"
+#include "tokenizer.h"
 
 struct bn_engine {
     bn_checkpoint *model;
@@ -31,7 +33,34 @@ struct bn_engine {
     int gpu_index;            /* -1: the best device                       */
     bool auto_request;        /* requested auto (a fallback is possible)    */
     bool strict;              /* BITNET_STRICT_MODE: a fallback is an error */
+    /* Many sequences at once (scheduler.c): NULL when the backend does
+     * not batch. */
+    bn_kv_blocks *kv;
+    bn_kv_blocks_config kv_cfg;
+    int token_budget;
+    uint64_t batch_steps, batch_rows, preemptions;
 };
+
+/* A growing byte buffer for the generated text (NUL-terminated). */
+typedef struct engine_text {
+    char *data;
+    size_t len, cap;
+} engine_text;
+bool engine_text_append(engine_text *b, const char *s, size_t n);
+
+/* Streams a sequence's tokens as text in whole UTF-8 characters to
+ * on_token and into text. */
+typedef struct engine_streamer {
+    bn_detok_stream ds;
+    char *buf;              /* malloc'ed, cap bytes */
+    size_t cap;
+    bn_engine_token_fn on_token;
+    void *ctx;
+    engine_text *text;
+    bool stop;              /* on_token returned false */
+} engine_streamer;
+/* Token id's text (flush: the bytes left at the end, id ignored). */
+bn_status engine_stream_token(engine_streamer *s, int32_t id, bool flush, bn_error *err);
 
 /* A device step failed at a point where positions [0, n_positions) of
  * history were being computed: when the CPU may take over (auto, not

@@ -1,0 +1,523 @@
+/*
+ * scheduler.c - many sequences at once (continuous batching): every step
+ * gathers rows of the running sequences into one forward pass over the
+ * backend's paged KV cache (bn_backend_ops.forward_rows), and sequences
+ * join and leave between steps. The contract is in engine.h
+ * (bn_engine_generate_batch).
+ *
+ * A sequence's history is its prompt followed by the tokens generated so
+ * far; the positions [0, computed) of it are in the cache, and the last
+ * history token is always still to compute: its logits give the next
+ * token. A step gives each running sequence rows in admission order:
+ *
+ *   1. every sequence with one row left (decoding) gets it, so decodes are
+ *      never starved by long prompts;
+ *   2. the others (prefilling) share what is left of the token budget,
+ *      first come first served, a prompt in chunks across steps.
+ *
+ * A row's KV needs a block of the cache (kv_blocks.h). When none is free,
+ * the newest running sequence is preempted: its blocks are released (full,
+ * computed ones stay cached, so its prefix usually comes back from the
+ * cache; blocks it took in this step are freed, never computed) and
+ * it waits at the head of the queue to be computed again from its history.
+ * The tokens it already streamed are not streamed again, and its sampler
+ * goes on from where it was, so preemption changes no token. A request
+ * that could not fit the cache even alone fails by itself.
+ *
+ * Without forward_rows (or with one sequence at a time) the requests run
+ * one after another through bn_engine_generate.
+ */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+typedef enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE } seq_state;
+
+typedef struct seq {
+    const bn_batch_request *req;
+    bn_batch_result *out;
+    seq_state state;
+    int32_t kv;             /* its sequence in the block table, -1 when none */
+    int32_t *history;       /* prompt + generated: n_prompt + n_predict room */
+    size_t n_hist;
+    int64_t computed;       /* positions in the cache                      */
+    int64_t admitted_at;    /* admission order: the newest is preempted    */
+    bn_sampler *sampler;
+    engine_streamer stream;
+    engine_text text;
+    double t_admitted;
+    bool have_first;
+} seq;
+
+typedef struct sched {
+    bn_engine *e;
+    seq *seqs;
+    size_t n;
+    int64_t admissions;
+    double t0;
+    /* One step's rows. */
+    int32_t *tokens, *row_seq;
+    int64_t *pos, *logit_rows;
+    size_t *logit_owner;    /* the seq of each logit row */
+    float *logits;
+    int64_t cap_rows;
+    const int32_t **tables;
+    int32_t *table_len;
+} sched;
+
+static bn_status seq_fail(seq *s, bn_kv_blocks *kv, const bn_error *err)
+{
+    if (s->kv >= 0)
+        bn_kv_seq_close(kv, s->kv);
+    s->kv = -1;
+    s->state = SEQ_DONE;
+    s->out->status = err->status;
+    s->out->error = *err;
+    return err->status;
+}
+
+/* Ends a sequence: its text, tokens and flags into its result, its blocks
+ * released (full ones stay cached for later prompts). */
+static void seq_finish(sched *sc, seq *s)
+{
+    bn_kv_blocks *kv = sc->e->kv;
+    bn_generation *g = &s->out->gen;
+    if (s->kv >= 0)
+        bn_kv_seq_close(kv, s->kv);
+    s->kv = -1;
+    s->state = SEQ_DONE;
+    bn_error err;
+    bn_error_clear(&err);
+    if (s->stream.buf && engine_stream_token(&s->stream, 0, true, &err) != BN_OK) {
+        seq_fail(s, kv, &err);
+        return;
+    }
+    g->text = s->text.data;
+    g->text_len = s->text.len;
+    s->text.data = NULL;
+    g->gen_seconds = bn_time_seconds() - s->t_admitted - g->prompt_seconds;
+    s->out->status = BN_OK;
+}
+
+/* The next token of a sequence from its logits row; false once it ends. */
+static bool seq_take_token(sched *sc, seq *s, float *logits)
+{
+    const bn_batch_request *r = s->req;
+    bn_generation *g = &s->out->gen;
+    const bn_tokenizer *tok = bn_checkpoint_tokenizer(sc->e->model);
+    const int32_t vocab = bn_checkpoint_hparams(sc->e->model)->vocab;
+    if (!s->have_first) {
+        s->have_first = true;
+        g->prompt_seconds = bn_time_seconds() - s->t_admitted;
+        s->out->first_token_seconds = bn_time_seconds() - sc->t0;
+        if (r->prompt_logits)
+            memcpy(r->prompt_logits, logits, (size_t)vocab * sizeof(float));
+    } else {
+        g->decode_steps++;
+    }
+    if (r->cancel && atomic_load(r->cancel)) {
+        g->cancelled = true;
+        return false;
+    }
+    const int32_t id = bn_sampler_sample(s->sampler, logits, s->history, s->n_hist);
+    bn_error err;
+    bn_error_clear(&err);
+    if (id < 0 || id >= vocab) {
+        bn_error_set(&err, BN_ERR_FORMAT, "the model's weights may hold values that overflow",
+                     "the model's logits are not finite: every logit is NaN or -inf, so no "
+                     "token can be chosen for position %lld",
+                     (long long)s->n_hist);
+        seq_fail(s, sc->e->kv, &err);
+        return false;
+    }
+    if (tok && !r->ignore_eog && bn_tokenizer_is_eog(tok, id)) {
+        g->stopped_at_eog = true;
+        g->eog_token = id;
+        return false;
+    }
+    s->history[s->n_hist++] = id;
+    g->tokens[g->n_tokens++] = id;
+    if (tok) {
+        if (engine_stream_token(&s->stream, id, false, &err) != BN_OK) {
+            seq_fail(s, sc->e->kv, &err);
+            return false;
+        }
+    } else if (r->on_token && !r->on_token(r->ctx, id, "", 0)) {
+        s->stream.stop = true;
+    }
+    if (s->stream.stop) {
+        g->stopped_by_caller = true;
+        return false;
+    }
+    return g->n_tokens < (size_t)r->n_predict;
+}
+
+/* Sets a request up; a request that cannot run fails alone. */
+static bn_status seq_init(sched *sc, seq *s, const bn_batch_request *r, bn_batch_result *out)
+{
+    bn_engine *e = sc->e;
+    const bn_hparams *hp = bn_checkpoint_hparams(e->model);
+    memset(out, 0, sizeof *out);
+    out->gen.eog_token = -1;
+    s->req = r;
+    s->out = out;
+    s->kv = -1;
+    s->state = SEQ_WAITING;
+    bn_error err;
+    bn_error_clear(&err);
+    const size_t room = r->n_prompt + (size_t)(r->n_predict > 0 ? r->n_predict : 0);
+    if (r->n_prompt == 0 || r->n_predict < 1)
+        bn_error_set(&err, BN_ERR_INVALID_ARGUMENT, "give a non-empty prompt and n_predict >= 1",
+                     "a request needs prompt tokens and at least one token to generate");
+    else if ((int64_t)room > e->n_ctx)
+        bn_error_set(&err, BN_ERR_INVALID_ARGUMENT,
+                     "shorten the prompt, generate fewer tokens or use a larger context",
+                     "the prompt (%zu tokens) plus %d tokens to generate needs %zu positions, "
+                     "more than the context of %lld",
+                     r->n_prompt, r->n_predict, room, (long long)e->n_ctx);
+    else if (bn_kv_blocks_for(e->kv, (int64_t)room) > e->kv_cfg.n_blocks)
+        bn_error_set(&err, BN_ERR_OUT_OF_MEMORY,
+                     "raise the KV cache size or shorten the request",
+                     "the request needs %zu positions, more than the whole KV cache holds (%lld "
+                     "positions in blocks of %d)",
+                     room, (long long)e->kv_cfg.n_blocks * e->kv_cfg.block_size,
+                     e->kv_cfg.block_size);
+    if (err.status != BN_OK)
+        return seq_fail(s, e->kv, &err);
+    for (size_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= hp->vocab) {
+            bn_error_set(&err, BN_ERR_INVALID_ARGUMENT, NULL,
+                         "prompt token %d is outside the vocabulary (0..%d)", (int)r->prompt[i],
+                         (int)hp->vocab - 1);
+            return seq_fail(s, e->kv, &err);
+        }
+    s->history = malloc(room * sizeof *s->history);
+    out->gen.prompt_tokens = malloc(r->n_prompt * sizeof(int32_t));
+    out->gen.tokens = malloc(((size_t)r->n_predict + 1) * sizeof(int32_t));
+    s->stream.cap = 64;
+    s->stream.buf = malloc(s->stream.cap);
+    if (!s->history || !out->gen.prompt_tokens || !out->gen.tokens || !s->stream.buf ||
+        !engine_text_append(&s->text, "", 0)) {
+        bn_error_set(&err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a request");
+        return seq_fail(s, e->kv, &err);
+    }
+    if (bn_sampler_create(&r->sampling, hp->vocab, &s->sampler, &err) != BN_OK)
+        return seq_fail(s, e->kv, &err);
+    memcpy(s->history, r->prompt, r->n_prompt * sizeof *s->history);
+    memcpy(out->gen.prompt_tokens, r->prompt, r->n_prompt * sizeof(int32_t));
+    out->gen.n_prompt = r->n_prompt;
+    s->n_hist = r->n_prompt;
+    const bn_tokenizer *tok = bn_checkpoint_tokenizer(e->model);
+    if (tok)
+        bn_detok_stream_init(&s->stream.ds, tok);
+    s->stream.on_token = r->on_token;
+    s->stream.ctx = r->ctx;
+    s->stream.text = &s->text;
+    return BN_OK;
+}
+
+static void seq_free(seq *s)
+{
+    free(s->history);
+    free(s->stream.buf);
+    free(s->text.data);
+    bn_sampler_free(s->sampler);
+}
+
+/* Opens the waiting sequence in the cache, taking whatever prefix of its
+ * history the cache already holds. */
+static bool seq_admit(sched *sc, seq *s)
+{
+    bn_kv_blocks *kv = sc->e->kv;
+    bn_error err;
+    if (bn_kv_seq_open(kv, &s->kv, &err) != BN_OK)
+        return false;
+    int64_t reused = 0;
+    if (bn_kv_seq_reuse_prefix(kv, s->kv, s->history, (int64_t)s->n_hist, &reused, &err) !=
+        BN_OK) {
+        bn_kv_seq_close(kv, s->kv);
+        s->kv = -1;
+        return false;
+    }
+    s->computed = reused;
+    if (s->out->reused == 0 && !s->have_first)
+        s->out->reused = reused;
+    s->state = SEQ_RUNNING;
+    s->admitted_at = sc->admissions++;
+    if (!s->have_first)
+        s->t_admitted = bn_time_seconds();
+    return true;
+}
+
+/* Frees the newest running sequence's blocks (but not `keep`'s); it waits
+ * to be computed again. False when there is none. */
+static bool preempt_newest(sched *sc, const seq *keep)
+{
+    seq *newest = NULL;
+    for (size_t i = 0; i < sc->n; i++) {
+        seq *s = &sc->seqs[i];
+        if (s->state == SEQ_RUNNING && s != keep &&
+            (!newest || s->admitted_at > newest->admitted_at))
+            newest = s;
+    }
+    if (!newest)
+        return false;
+    bn_kv_seq_close(sc->e->kv, newest->kv);
+    newest->kv = -1;
+    newest->computed = 0;
+    newest->state = SEQ_WAITING;
+    newest->out->preemptions++;
+    sc->e->preemptions++;
+    return true;
+}
+
+static bool reserve_rows(sched *sc, int64_t n)
+{
+    if (n <= sc->cap_rows)
+        return true;
+    const int32_t vocab = bn_checkpoint_hparams(sc->e->model)->vocab;
+    int32_t *t = realloc(sc->tokens, (size_t)n * sizeof *t);
+    if (t)
+        sc->tokens = t;
+    int32_t *rs = realloc(sc->row_seq, (size_t)n * sizeof *rs);
+    if (rs)
+        sc->row_seq = rs;
+    int64_t *p = realloc(sc->pos, (size_t)n * sizeof *p);
+    if (p)
+        sc->pos = p;
+    int64_t *lr = realloc(sc->logit_rows, (size_t)n * sizeof *lr);
+    if (lr)
+        sc->logit_rows = lr;
+    size_t *lo = realloc(sc->logit_owner, (size_t)n * sizeof *lo);
+    if (lo)
+        sc->logit_owner = lo;
+    float *lg = realloc(sc->logits, (size_t)n * (size_t)vocab * sizeof *lg);
+    if (lg)
+        sc->logits = lg;
+    if (!t || !rs || !p || !lr || !lo || !lg)
+        return false;
+    sc->cap_rows = n;
+    return true;
+}
+
+/* Gives sequence s up to `want` rows of its history in this step, taking
+ * cache blocks for them (preempting newer sequences when there are none);
+ * returns the rows given. */
+static int64_t take_rows(sched *sc, seq *s, int64_t want, int64_t *n_rows, int64_t *n_logits,
+                         bn_error *err)
+{
+    bn_kv_blocks *kv = sc->e->kv;
+    const int64_t left = (int64_t)s->n_hist - s->computed;
+    int64_t k = want < left ? want : left;
+    while (k > 0) {
+        if (bn_kv_seq_append(kv, s->kv, s->history + s->computed, k, err) == BN_OK)
+            break;
+        /* Fewer rows, as many as the free blocks hold; else a newer
+         * sequence gives its blocks up. */
+        const int64_t room = (int64_t)bn_kv_blocks_available(kv) * sc->e->kv_cfg.block_size +
+                             (int64_t)bn_kv_blocks_for(kv, bn_kv_seq_len(kv, s->kv)) *
+                                 sc->e->kv_cfg.block_size -
+                             bn_kv_seq_len(kv, s->kv);
+        if (room > 0 && room < k) {
+            k = room;
+            continue;
+        }
+        if (!preempt_newest(sc, s))
+            return -1; /* alone and still no room: seq_init ruled that out */
+    }
+    if (!reserve_rows(sc, *n_rows + k)) {
+        bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a step's rows");
+        return -1;
+    }
+    for (int64_t i = 0; i < k; i++) {
+        sc->tokens[*n_rows + i] = s->history[s->computed + i];
+        sc->pos[*n_rows + i] = s->computed + i;
+        sc->row_seq[*n_rows + i] = s->kv;
+    }
+    *n_rows += k;
+    s->computed += k;
+    if (s->computed == (int64_t)s->n_hist) { /* the last row gives the next token */
+        sc->logit_rows[*n_logits] = *n_rows - 1;
+        sc->logit_owner[*n_logits] = (size_t)(s - sc->seqs);
+        (*n_logits)++;
+    }
+    return k;
+}
+
+/* One step: rows for the running sequences, one pass, the next tokens. */
+static bn_status step(sched *sc, bn_error *err)
+{
+    bn_engine *e = sc->e;
+    bn_kv_blocks *kv = e->kv;
+    int64_t n_rows = 0, n_logits = 0;
+    int64_t budget = e->token_budget;
+    /* Decodes first, then prefills, each in admission order. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (;;) {
+            seq *next = NULL;
+            for (size_t i = 0; i < sc->n; i++) {
+                seq *s = &sc->seqs[i];
+                const int64_t left = (int64_t)s->n_hist - s->computed;
+                const bool decoding = left == 1;
+                if (s->state != SEQ_RUNNING || left <= 0 || decoding != (pass == 0))
+                    continue;
+                if (!next || s->admitted_at < next->admitted_at)
+                    next = s;
+            }
+            if (!next || (pass == 1 && budget <= 0))
+                break;
+            const int64_t got = take_rows(sc, next, pass == 0 ? 1 : budget, &n_rows, &n_logits,
+                                          err);
+            if (got < 0)
+                return err->status != BN_OK ? err->status
+                                            : bn_error_set(err, BN_ERR_INTERNAL, NULL,
+                                                           "scheduler: no cache block for a "
+                                                           "sequence that fits alone");
+            budget -= got;
+        }
+    }
+    if (n_rows == 0)
+        return BN_OK;
+    /* Rows of sequences preempted after their rows were taken are dropped
+     * (their positions are computed again when they return). */
+    int64_t kept = 0, kept_logits = 0;
+    for (int64_t i = 0, l = 0; i < n_rows; i++) {
+        const int32_t sid = sc->row_seq[i];
+        bool live = false;
+        for (size_t j = 0; j < sc->n && !live; j++)
+            live = sc->seqs[j].state == SEQ_RUNNING && sc->seqs[j].kv == sid;
+        const bool has_logit = l < n_logits && sc->logit_rows[l] == i;
+        if (live) {
+            sc->tokens[kept] = sc->tokens[i];
+            sc->pos[kept] = sc->pos[i];
+            sc->row_seq[kept] = sid;
+            if (has_logit) {
+                sc->logit_rows[kept_logits] = kept;
+                sc->logit_owner[kept_logits++] = sc->logit_owner[l];
+            }
+            kept++;
+        }
+        l += has_logit;
+    }
+    n_rows = kept;
+    n_logits = kept_logits;
+    const int32_t max_seqs = e->kv_cfg.max_seqs;
+    for (int32_t q = 0; q < max_seqs; q++)
+        sc->tables[q] = bn_kv_seq_table(kv, q, &sc->table_len[q]);
+    const bn_backend_rows rows = {n_rows,     sc->tokens,        sc->pos,
+                                  sc->row_seq, sc->tables,       sc->table_len,
+                                  e->kv_cfg.block_size, sc->logit_rows, n_logits};
+    const int32_t vocab = bn_checkpoint_hparams(e->model)->vocab;
+    bn_status st = e->backend->ops->forward_rows(e->backend, &rows, sc->logits, err);
+    if (st != BN_OK)
+        return st;
+    e->batch_steps++;
+    e->batch_rows += (uint64_t)n_rows;
+    /* The positions are computed: their full blocks may be shared now. */
+    for (size_t i = 0; i < sc->n; i++)
+        if (sc->seqs[i].state == SEQ_RUNNING)
+            bn_kv_seq_commit(kv, sc->seqs[i].kv, sc->seqs[i].computed);
+    for (int64_t l = 0; l < n_logits; l++) {
+        seq *s = &sc->seqs[sc->logit_owner[l]];
+        if (s->state == SEQ_RUNNING && !seq_take_token(sc, s, sc->logits + l * vocab) &&
+            s->state == SEQ_RUNNING)
+            seq_finish(sc, s);
+    }
+    return BN_OK;
+}
+
+/* Without forward_rows: the requests one after another. */
+static bn_status generate_one_by_one(bn_engine *e, const bn_batch_request *reqs, size_t n,
+                                     bn_batch_result *out)
+{
+    const double t0 = bn_time_seconds();
+    for (size_t i = 0; i < n; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        const bn_generate_request req = {.prompt_tokens = reqs[i].prompt,
+                                         .n_prompt_tokens = reqs[i].n_prompt,
+                                         .n_predict = reqs[i].n_predict,
+                                         .ignore_eog = reqs[i].ignore_eog,
+                                         .sampling = reqs[i].sampling,
+                                         .on_token = reqs[i].on_token,
+                                         .ctx = reqs[i].ctx,
+                                         .cancel = reqs[i].cancel,
+                                         .prompt_logits = reqs[i].prompt_logits};
+        const double t = bn_time_seconds();
+        out[i].status = bn_engine_generate(e, &req, &out[i].gen, &out[i].error);
+        out[i].first_token_seconds = t - t0 + out[i].gen.prompt_seconds;
+    }
+    return BN_OK;
+}
+
+bn_status bn_engine_generate_batch(bn_engine *e, const bn_batch_request *reqs, size_t n,
+                                   bn_batch_result *out, bn_error *err)
+{
+    if (!e || (!reqs && n) || (!out && n))
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "generate_batch: NULL engine, requests or results");
+    if (!e->kv || !e->backend->ops->forward_rows)
+        return generate_one_by_one(e, reqs, n, out);
+    sched sc = {.e = e, .n = n, .t0 = bn_time_seconds()};
+    sc.seqs = calloc(n ? n : 1, sizeof *sc.seqs);
+    sc.tables = calloc((size_t)e->kv_cfg.max_seqs, sizeof *sc.tables);
+    sc.table_len = calloc((size_t)e->kv_cfg.max_seqs, sizeof *sc.table_len);
+    bn_status st = BN_OK;
+    if (!sc.seqs || !sc.tables || !sc.table_len)
+        st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the scheduler");
+    for (size_t i = 0; st == BN_OK && i < n; i++)
+        (void)seq_init(&sc, &sc.seqs[i], &reqs[i], &out[i]);
+    while (st == BN_OK) {
+        /* Admission, first come first served. */
+        int running = 0;
+        bool waiting = false;
+        for (size_t i = 0; i < n; i++)
+            running += sc.seqs[i].state == SEQ_RUNNING;
+        for (size_t i = 0; i < n && running < e->kv_cfg.max_seqs; i++)
+            if (sc.seqs[i].state == SEQ_WAITING && seq_admit(&sc, &sc.seqs[i]))
+                running++;
+        for (size_t i = 0; i < n; i++)
+            waiting |= sc.seqs[i].state == SEQ_WAITING;
+        if (running == 0 && !waiting)
+            break;
+        if (running == 0)
+            st = bn_error_set(err, BN_ERR_INTERNAL, NULL,
+                              "scheduler: a waiting request could not be admitted");
+        else
+            st = step(&sc, err);
+    }
+    /* After a failed pass every request still running fails with it. */
+    for (size_t i = 0; i < n && sc.seqs; i++) {
+        seq *s = &sc.seqs[i];
+        if (s->state != SEQ_DONE && st != BN_OK)
+            seq_fail(s, e->kv, err);
+        if (s->out->status != BN_OK)
+            bn_generation_free(&s->out->gen);
+        seq_free(s);
+    }
+    free(sc.seqs);
+    free(sc.tables);
+    free(sc.table_len);
+    free(sc.tokens);
+    free(sc.row_seq);
+    free(sc.pos);
+    free(sc.logit_rows);
+    free(sc.logit_owner);
+    free(sc.logits);
+    return st;
+}
+
+void bn_engine_batch_stats(const bn_engine *e, bn_batch_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!e || !e->kv)
+        return;
+    out->enabled = true;
+    out->max_seqs = e->kv_cfg.max_seqs;
+    out->block_size = e->kv_cfg.block_size;
+    bn_kv_blocks_get_stats(e->kv, &out->blocks);
+    out->steps = e->batch_steps;
+    out->rows = e->batch_rows;
+    out->preemptions = e->preemptions;
+}

@@ -1,0 +1,284 @@
+/*
+ * test_batch.c - many sequences at once (bn_engine_generate_batch, the
+ * scheduler over the CPU backend's paged cache), on the shipped model:
+ *   - 12 requests (greedy and seeded sampling, different prompt and output
+ *     lengths) at up to 4 at a time, with a small token budget so prompts
+ *     are prefilled in chunks beside other sequences' decode rows: every
+ *     request gives exactly the tokens and text it gives alone, and its
+ *     streamed pieces add up to its text;
+ *   - prompts sharing a long prefix reuse its blocks (and give the same
+ *     tokens as without sharing);
+ *   - a cache too small for all of them at once preempts sequences, which
+ *     come back with the same tokens;
+ *   - a request longer than the whole cache fails alone, with a clear
+ *     error, and the others finish; bad requests fail alone too;
+ *   - without batching options the requests run one after another.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "test_util.h"
+#include "tokenizer.h"
+
+enum { N_REQ = 12 };
+
+static const char *const prompts[N_REQ] = {
+    "In the beginning God created the heaven and the earth.",
+    "The LORD is my shepherd",
+    "And it came to pass",
+    "Blessed are the meek: for they shall inherit the earth.",
+    "For God so loved the world",
+    "Let there be light",
+    "I am the way, the truth, and the life",
+    "Vanity of vanities, saith the Preacher",
+    "And the earth was without form, and void; and darkness was upon the face of the deep.",
+    "Thou shalt not",
+    "Love is patient",
+    "The heavens declare the glory of God; and the firmament sheweth his handywork.",
+};
+
+typedef struct streamed {
+    char text[4096];
+    size_t len;
+} streamed;
+
+static bool on_piece(void *ctx, int32_t token, const char *text, size_t len)
+{
+    (void)token;
+    streamed *s = ctx;
+    if (s->len + len < sizeof s->text) {
+        memcpy(s->text + s->len, text, len);
+        s->len += len;
+        s->text[s->len] = '\0';
+    }
+    return true;
+}
+
+static char model_path[4096];
+
+static bn_engine *open_engine(int max_seqs, int64_t positions, int block, int budget, bool share)
+{
+    bn_config cfg;
+    bn_config_defaults(&cfg);
+    bn_engine_options eo = {.model_path = model_path,
+                            .device = "cpu",
+                            .n_threads = 2,
+                            .n_ctx = 256,
+                            .max_seqs = max_seqs,
+                            .kv_positions = positions,
+                            .kv_block = block,
+                            .token_budget = budget,
+                            .no_prefix_sharing = !share};
+    bn_engine *e = NULL;
+    bn_error err;
+    CHECK_MSG(bn_engine_open(&cfg, &eo, &e, &err) == BN_OK, "engine: %s", err.message);
+    return e;
+}
+
+typedef struct request_set {
+    int32_t *ids[N_REQ];
+    size_t n_ids[N_REQ];
+    bn_batch_request req[N_REQ];
+    streamed pieces[N_REQ];
+} request_set;
+
+/* The requests: prompt i (or `prefix` before it), i % 3 == 2 sampled with
+ * seed i, others greedy; 4 to 37 tokens each. */
+static void make_requests(const bn_engine *e, request_set *rs, const char *prefix)
+{
+    const bn_tokenizer *t = bn_checkpoint_tokenizer(bn_engine_model(e));
+    memset(rs, 0, sizeof *rs);
+    for (int i = 0; i < N_REQ; i++) {
+        char text[1024];
+        snprintf(text, sizeof text, "%s%s", prefix ? prefix : "", prompts[i]);
+        CHECK(bn_tokenize(t, text, strlen(text), true, true, &rs->ids[i], &rs->n_ids[i], NULL) ==
+              BN_OK);
+        bn_batch_request *r = &rs->req[i];
+        r->prompt = rs->ids[i];
+        r->n_prompt = rs->n_ids[i];
+        r->n_predict = 4 + (i * 11) % 34;
+        r->ignore_eog = i % 4 != 1; /* some may stop at end of generation */
+        bn_sampler_params_default(&r->sampling);
+        r->sampling.temperature = i % 3 == 2 ? 0.9f : 0.0f;
+        r->sampling.seed = (uint64_t)i;
+        r->on_token = on_piece;
+        r->ctx = &rs->pieces[i];
+    }
+}
+
+static void free_requests(request_set *rs)
+{
+    for (int i = 0; i < N_REQ; i++)
+        free(rs->ids[i]);
+}
+
+/* Each request alone, through bn_engine_generate. */
+static void references(bn_generation *want, const char *prefix)
+{
+    bn_engine *e = open_engine(1, 0, 0, 0, true);
+    if (!e)
+        return;
+    request_set rs;
+    make_requests(e, &rs, prefix);
+    for (int i = 0; i < N_REQ; i++) {
+        const bn_batch_request *r = &rs.req[i];
+        const bn_generate_request g = {.prompt_tokens = r->prompt,
+                                       .n_prompt_tokens = r->n_prompt,
+                                       .n_predict = r->n_predict,
+                                       .ignore_eog = r->ignore_eog,
+                                       .sampling = r->sampling};
+        bn_error err;
+        CHECK_MSG(bn_engine_generate(e, &g, &want[i], &err) == BN_OK, "alone %d: %s", i,
+                  err.message);
+    }
+    free_requests(&rs);
+    bn_engine_free(e);
+}
+
+/* The batch's results against the references; returns the preemptions. */
+static int compare(const char *what, const request_set *rs, bn_batch_result *got,
+                   const bn_generation *want)
+{
+    int preemptions = 0;
+    for (int i = 0; i < N_REQ; i++) {
+        const bn_generation *g = &got[i].gen;
+        CHECK_MSG(got[i].status == BN_OK, "%s: request %d failed: %s", what, i,
+                  got[i].error.message);
+        CHECK_MSG(g->n_tokens == want[i].n_tokens &&
+                      memcmp(g->tokens, want[i].tokens, g->n_tokens * sizeof(int32_t)) == 0,
+                  "%s: request %d: %zu tokens, alone %zu, or other ids", what, i, g->n_tokens,
+                  want[i].n_tokens);
+        CHECK_MSG(g->text && want[i].text && strcmp(g->text, want[i].text) == 0,
+                  "%s: request %d: text differs from its own run", what, i);
+        CHECK_MSG(strcmp(rs->pieces[i].text, g->text ? g->text : "") == 0,
+                  "%s: request %d: streamed pieces differ from the text", what, i);
+        CHECK(g->stopped_at_eog == want[i].stopped_at_eog && g->n_prompt == rs->n_ids[i]);
+        CHECK(got[i].first_token_seconds >= 0.0);
+        preemptions += got[i].preemptions;
+        bn_generation_free(&got[i].gen);
+    }
+    return preemptions;
+}
+
+static void run_batch(const char *what, bn_engine *e, const char *prefix, const bn_generation *want,
+                      int *preemptions, int64_t *reused)
+{
+    request_set rs;
+    make_requests(e, &rs, prefix);
+    bn_batch_result got[N_REQ];
+    bn_error err;
+    CHECK_MSG(bn_engine_generate_batch(e, rs.req, N_REQ, got, &err) == BN_OK, "%s: %s", what,
+              err.message);
+    *reused = 0;
+    for (int i = 0; i < N_REQ; i++)
+        *reused += got[i].reused;
+    *preemptions = compare(what, &rs, got, want);
+    bn_batch_stats st;
+    bn_engine_batch_stats(e, &st);
+    printf("%s: %llu steps, %llu rows, %d preemptions, %lld positions reused, %d of %d blocks "
+           "cached\n",
+           what, (unsigned long long)st.steps, (unsigned long long)st.rows, *preemptions,
+           (long long)*reused, st.blocks.cached, st.blocks.n_blocks);
+    CHECK(st.enabled && st.blocks.held == 0 && st.blocks.seqs_open == 0);
+    free_requests(&rs);
+}
+
+int main(void)
+{
+    bn_error err;
+    CHECK_MSG(bn_default_model_path(model_path, sizeof model_path, &err) == BN_OK, "%s",
+              err.message);
+    bn_generation want[N_REQ], want_prefixed[N_REQ];
+    memset(want, 0, sizeof want);
+    memset(want_prefixed, 0, sizeof want_prefixed);
+    const char *system = "Hear, O Israel: The LORD our God is one LORD: And thou shalt love the "
+                         "LORD thy God with all thine heart, and with all thy soul. ";
+    references(want, NULL);
+    references(want_prefixed, system);
+
+    int pre = 0;
+    int64_t reused = 0;
+    /* Up to 4 at once, 16 rows a step: prompts in chunks beside decodes. */
+    bn_engine *e = open_engine(4, 0, 16, 16, true);
+    if (e)
+        run_batch("4 at once", e, NULL, want, &pre, &reused);
+    bn_engine_free(e);
+
+    /* A shared prefix: later requests take its blocks from the cache. */
+    e = open_engine(4, 0, 16, 64, true);
+    if (e) {
+        run_batch("shared prefix", e, system, want_prefixed, &pre, &reused);
+        CHECK_MSG(reused >= 16 * 2 * (N_REQ - 4), "only %lld prompt positions reused",
+                  (long long)reused);
+    }
+    bn_engine_free(e);
+    e = open_engine(4, 0, 16, 64, false);
+    if (e) {
+        run_batch("no sharing", e, system, want_prefixed, &pre, &reused);
+        CHECK(reused == 0);
+    }
+    bn_engine_free(e);
+
+    /* A cache of 9 blocks of 16 for 6 at once: sequences are preempted
+     * and come back with the same tokens. */
+    e = open_engine(6, 9 * 16, 16, 64, true);
+    if (e) {
+        run_batch("small cache", e, NULL, want, &pre, &reused);
+        CHECK_MSG(pre > 0, "a cache of 9 blocks for 6 sequences preempted none");
+    }
+    bn_engine_free(e);
+
+    /* One request longer than the whole cache fails alone; a bad one too. */
+    e = open_engine(3, 4 * 16, 16, 64, true);
+    if (e) {
+        request_set rs;
+        make_requests(e, &rs, NULL);
+        rs.req[1].n_predict = 80; /* > 64 positions */
+        const int32_t bad_tok = 1 << 30;
+        rs.req[2].prompt = &bad_tok;
+        rs.req[2].n_prompt = 1;
+        bn_batch_result got[N_REQ];
+        CHECK(bn_engine_generate_batch(e, rs.req, 6, got, &err) == BN_OK);
+        CHECK(got[1].status == BN_ERR_OUT_OF_MEMORY);
+        CHECK_STR_CONTAINS(got[1].error.message, "more than the whole KV cache holds");
+        CHECK(got[2].status == BN_ERR_INVALID_ARGUMENT);
+        for (int i = 0; i < 6; i++) {
+            if (i == 1 || i == 2)
+                continue;
+            CHECK_MSG(got[i].status == BN_OK && got[i].gen.n_tokens == want[i].n_tokens,
+                      "request %d beside the failing ones", i);
+            bn_generation_free(&got[i].gen);
+        }
+        free_requests(&rs);
+    }
+    bn_engine_free(e);
+
+    /* No batching: one after another, the same tokens. */
+    e = open_engine(0, 0, 0, 0, true);
+    if (e) {
+        request_set rs;
+        make_requests(e, &rs, NULL);
+        bn_batch_result got[N_REQ];
+        CHECK(bn_engine_generate_batch(e, rs.req, N_REQ, got, &err) == BN_OK);
+        compare("one by one", &rs, got, want);
+        bn_batch_stats st;
+        bn_engine_batch_stats(e, &st);
+        CHECK(!st.enabled);
+        free_requests(&rs);
+    }
+    bn_engine_free(e);
+
+    /* Options out of range. */
+    bn_config cfg;
+    bn_config_defaults(&cfg);
+    const bn_engine_options bad = {.model_path = model_path, .device = "cpu", .max_seqs = -2};
+    bn_engine *none = NULL;
+    CHECK(bn_engine_open(&cfg, &bad, &none, &err) == BN_ERR_INVALID_ARGUMENT && !none);
+
+    for (int i = 0; i < N_REQ; i++) {
+        bn_generation_free(&want[i]);
+        bn_generation_free(&want_prefixed[i]);
+    }
+    TEST_EXIT();
+}
