@@ -471,6 +471,13 @@ typedef enum bn_kv_precision {
                       their range of the f32 cache's (the CPU keeps f32)     */
 } bn_kv_precision;
 
+/* Which cached prefix block of the paged KV cache is given up first. */
+typedef enum bn_kv_evict {
+    BN_KV_EVICT_LRU = 0, /* the one released or reused longest ago (default) */
+    BN_KV_EVICT_FIFO,    /* the one filled first                             */
+    BN_KV_EVICT_LFU      /* the one the fewest sequences used, then LRU      */
+} bn_kv_evict;
+
 typedef struct bn_model_options {
     /* A GGUF file (bitnet.cpp's or llama.cpp's) or a Hugging Face model
      * directory; NULL: BITNET_MODEL, else the model shipped with bitnet. */
@@ -485,6 +492,19 @@ typedef struct bn_model_options {
     /* GPU memory the model may take, bytes; 0: BITNET_MEMORY_LIMIT, else
      * what the device has free. */
     uint64_t memory_limit_bytes;
+    /* Many sequences at once (bn_generate_batch): how many run together
+     * in shared forward passes (0 or 1: one at a time). Their KV cache is
+     * paged: kv_cache_bytes in all (0: room for max_sequences full
+     * contexts), in blocks of kv_block_size positions (0: 32); blocks of a
+     * prompt prefix already computed are shared by later sequences unless
+     * no_prefix_sharing, and kept after their sequence ends until the
+     * cache needs them, the first given up chosen by kv_evict. Where the
+     * device cannot batch yet (CUDA), batches run one request at a time. */
+    int max_sequences;
+    uint64_t kv_cache_bytes;
+    int kv_block_size;
+    bn_kv_evict kv_evict;
+    bool no_prefix_sharing;
 } bn_model_options;
 
 /* Defaults: every field 0 / NULL, as documented above. */
@@ -551,6 +571,13 @@ typedef struct bn_model_stats {
     uint64_t gpu_pool_buffers, gpu_pool_allocations, gpu_pool_failures;
     uint64_t gpu_kernel_launches, gpu_h2d_transfers, gpu_h2d_bytes, gpu_d2h_transfers,
         gpu_d2h_bytes;
+    /* Batches (bn_generate_batch), where the device batches: sequences at
+     * once, the paged cache's blocks (all, and cached: prefixes kept for
+     * later prompts), forward passes and their rows so far, and
+     * sequences preempted for want of blocks. */
+    int max_sequences, kv_block_size;
+    int32_t kv_blocks, kv_blocks_cached;
+    uint64_t batch_steps, batch_rows, batch_preemptions;
 } bn_model_stats;
 
 /* Thread safety: as bn_model_get_info (it waits for a computation running). */
@@ -693,6 +720,34 @@ typedef struct bn_generate_result {
 bn_status bn_session_generate(bn_session *s, const bn_generate_params *p,
                               bn_token_callback on_token, void *user, bn_generate_result *result,
                               bn_error *err);
+
+/* ---- many sequences at once ------------------------------------------------- */
+
+/* One request of a batch: as bn_session_generate(item.session, item.params,
+ * item.on_token, item.user, &item.result, &item.error), with item.status
+ * its outcome. */
+typedef struct bn_batch_item {
+    bn_session *session;             /* distinct for every item of a batch  */
+    const bn_generate_params *params;
+    bn_token_callback on_token;      /* may be NULL                        */
+    void *user;
+    bn_generate_result result;       /* out                                */
+    bn_status status;                /* out: this item's own outcome       */
+    bn_error error;                  /* out                                */
+} bn_batch_item;
+
+/* Generates for every item, up to bn_model_options.max_sequences of them at
+ * once in shared forward passes (continuous batching: an item starts as
+ * soon as a running one ends; a prompt's prefix computed before is taken
+ * from the paged cache). Each item's text and tokens are those its own
+ * bn_session_generate gives, its callbacks called from this thread as its
+ * tokens come. An item that cannot run (a prompt beyond the context or the
+ * whole cache, bad parameters) fails alone; the others go on. The call's
+ * status is an error only when the batch as a whole cannot run (NULL
+ * arguments, a session twice, a device failure: then every item not done
+ * fails with it). Thread safety: as bn_session_generate, for every session
+ * in the batch. */
+bn_status bn_generate_batch(bn_model *m, bn_batch_item *items, size_t n, bn_error *err);
 
 /* Writes a JSON receipt of the session's last generation (bitnet run
  * --receipt; the fields are in docs/CLI.md): the model, the device and

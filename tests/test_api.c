@@ -554,6 +554,106 @@ static void on_ppl(void *user, int64_t chunk, int64_t n_chunks, const bn_perplex
     CHECK(chunk >= 1 && chunk <= n_chunks && so_far->n_predicted > 0);
 }
 
+/* bn_generate_batch on a model of 3 sequences at once: six items
+ * (greedy and sampled, a stop string, one going on from a session that
+ * holds tokens) give what bn_session_generate gives each of them alone on
+ * the test's own model; an item too long for the context fails alone; a
+ * session twice is refused. */
+static void check_batch(const bn_model_info *info)
+{
+    static const char *const prompts[6] = {"The LORD is my shepherd", "In the beginning",
+                                           "And God said", "Blessed are the",
+                                           "For God so loved", "Let there be"};
+    bn_model_options opt;
+    bn_model_options_default(&opt);
+    opt.device = device;
+    opt.max_sequences = 3;
+    opt.kv_block_size = 16;
+    bn_model *bm = NULL, *alone = NULL;
+    bn_error err;
+    CHECK_MSG(bn_model_open(&opt, &bm, &err) == BN_OK, "%s", err.message);
+    opt.max_sequences = 0;
+    CHECK(bn_model_open(&opt, &alone, &err) == BN_OK);
+    if (!bm || !alone) {
+        bn_model_close(bm);
+        bn_model_close(alone);
+        return;
+    }
+    bn_generate_params p[6];
+    bn_batch_item items[6];
+    collected got[6], want[6];
+    memset(items, 0, sizeof items);
+    memset(got, 0, sizeof got);
+    memset(want, 0, sizeof want);
+    for (int i = 0; i < 6; i++) {
+        p[i] = greedy(prompts[i], 6 + 3 * i);
+        p[i].ignore_eog = true;
+        if (i % 2)
+            p[i].temperature = 0.7f, p[i].seed = 40u + (uint64_t)i;
+        if (i == 4)
+            p[i].stop[0] = "e";
+    }
+    /* Item 5 goes on from a session that already holds a generation. */
+    bn_session *pre_b = NULL, *pre_a = NULL;
+    CHECK(bn_session_create(bm, &pre_b, &err) == BN_OK &&
+          bn_session_create(alone, &pre_a, &err) == BN_OK);
+    bn_generate_params first = greedy("Vanity of vanities", 5);
+    first.ignore_eog = true;
+    CHECK(bn_session_generate(pre_b, &first, NULL, NULL, NULL, &err) == BN_OK);
+    CHECK(bn_session_generate(pre_a, &first, NULL, NULL, NULL, &err) == BN_OK);
+    for (int i = 0; i < 6; i++) {
+        bn_session *a = i == 5 ? pre_a : NULL;
+        if (!a)
+            CHECK(bn_session_create(alone, &a, &err) == BN_OK);
+        bn_generate_result r;
+        CHECK(bn_session_generate(a, &p[i], collect, &want[i], &r, &err) == BN_OK);
+        if (i != 5)
+            bn_session_free(a);
+        items[i].session = pre_b;
+        if (i != 5)
+            CHECK(bn_session_create(bm, &items[i].session, &err) == BN_OK);
+        items[i].params = &p[i];
+        items[i].on_token = collect;
+        items[i].user = &got[i];
+    }
+    CHECK_MSG(bn_generate_batch(bm, items, 6, &err) == BN_OK, "%s", err.message);
+    for (int i = 0; i < 6; i++) {
+        CHECK_MSG(items[i].status == BN_OK, "item %d: %s", i, items[i].error.message);
+        CHECK_MSG(got[i].n_tokens == want[i].n_tokens && strcmp(got[i].text, want[i].text) == 0 &&
+                      memcmp(got[i].tokens, want[i].tokens,
+                             (size_t)want[i].n_tokens * sizeof(int32_t)) == 0,
+                  "item %d: '%s' alone '%s'", i, got[i].text, want[i].text);
+        CHECK(items[i].result.n_tokens == (size_t)got[i].n_tokens);
+    }
+    CHECK(items[4].result.stop == BN_STOP_STRING || want[4].len == 0);
+    CHECK(session_count(pre_b) == session_count(pre_a));
+    bn_model_stats st;
+    CHECK(bn_model_get_stats(bm, &st, &err) == BN_OK);
+    if (strcmp(device, "cpu") == 0)
+        CHECK(st.max_sequences == 3 && st.kv_block_size == 16 && st.batch_steps > 0 &&
+              st.batch_rows >= st.batch_steps && st.kv_blocks > 0);
+    /* An item beyond the context fails alone; a session twice is refused. */
+    memset(got, 0, sizeof got);
+    bn_generate_params big = greedy(prompts[0], (int)info->n_ctx);
+    items[1].params = &big;
+    CHECK(bn_generate_batch(bm, items, 3, &err) == BN_OK);
+    CHECK(items[0].status == BN_OK && items[2].status == BN_OK);
+    CHECK(items[1].status == BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(items[1].error.message, "more than the context");
+    bn_session *own = items[1].session;
+    items[1].session = items[0].session;
+    CHECK(bn_generate_batch(bm, items, 3, &err) == BN_ERR_INVALID_ARGUMENT);
+    items[1].session = own;
+    CHECK_STR_CONTAINS(err.message, "share a session");
+    CHECK(bn_generate_batch(bm, NULL, 1, &err) == BN_ERR_INVALID_ARGUMENT);
+    for (int i = 0; i < 5; i++)
+        bn_session_free(items[i].session);
+    bn_session_free(pre_b);
+    bn_session_free(pre_a);
+    bn_model_close(bm);
+    bn_model_close(alone);
+}
+
 static void check_perplexity(bn_model *m, const char *path)
 {
     int calls = 0;
@@ -619,6 +719,7 @@ int main(int argc, char **argv)
     check_chat(m, &info);
     check_errors(m, &info);
     check_perplexity(m, info.path);
+    check_batch(&info);
     bn_generation_free(&ref);
     free(ref_logits);
     bn_model_close(m);

@@ -350,6 +350,43 @@ expect_rc 2 "--prompt-file with --receipt"
 expect_in err "--receipt describes one request" "--receipt with --prompt-file says why"
 run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" --dump-logits "$tmp/pf.txt"
 expect_rc 2 "--prompt-file with --dump-logits"
+# --parallel N: the same text, line for line, with the prompts run
+# together in shared passes (CPU), greedy and sampled.
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" -n 8 --temp 0 --device cpu \
+    --parallel 3
+expect_rc 0 "run --prompt-file --parallel 3"
+checks=$((checks + 1))
+cmp -s "$tmp/out" "$tmp/pf_expect" || fail "--parallel 3 prints other text than the requests alone"
+expect_in err "^batching +up to 3 at once: [0-9]+ passes of [0-9.]+ rows on average" \
+    "--parallel: the batching line"
+expect_in err "^request 3/3: prompt [0-9]+ tokens \([0-9]+ from the cache\), generation 8 tokens" \
+    "--parallel: a line per request"
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" -n 8 --temp 1.5 --top-k 0 \
+    --seed 7 --device cpu
+cp "$tmp/out" "$tmp/pf_seq_sampled"
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" -n 8 --temp 1.5 --top-k 0 \
+    --seed 7 --device cpu --parallel 2 --kv-block 4 --kv-evict lfu
+expect_rc 0 "run --prompt-file --parallel 2, sampled, blocks of 4"
+checks=$((checks + 1))
+cmp -s "$tmp/out" "$tmp/pf_seq_sampled" || fail "--parallel, sampled: other text than one by one"
+# A request beyond the context fails alone: the others' responses are
+# printed, its line is empty, and the exit code is its own.
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts_long.txt" -n 4 --ctx 16 --temp 0 \
+    --device cpu --parallel 3
+expect_rc 2 "--parallel with a prompt beyond the context"
+expect_in err "request 2/3 \(line 2 of .*\): .*more than the context of 16" \
+    "--parallel: the failing request is named"
+expect_in err "^request 3/3: " "--parallel: the request after the failing one ran"
+checks=$((checks + 1))
+[ "$(wc -l <"$tmp/out")" = 3 ] || fail "--parallel: one line per request, the failed one empty"
+run "$BITNET" run -m "$M/tq2_0.gguf" -p hi --parallel 2
+expect_rc 2 "--parallel without --prompt-file"
+expect_in err "apply to --prompt-file" "--parallel without --prompt-file says why"
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" --kv-block 8
+expect_rc 2 "--kv-block without --parallel"
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" --parallel 2 --kv-evict mru
+expect_rc 2 "--kv-evict mru"
+expect_in err "lru, fifo or lfu" "--kv-evict names the policies"
 if [ $HAVE_GPU = 1 ]; then
     # The GPU gives the CPU's greedy text.
     run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" -n 8 --temp 0 \
@@ -357,6 +394,11 @@ if [ $HAVE_GPU = 1 ]; then
     expect_rc 0 "run --prompt-file --device cuda"
     checks=$((checks + 1))
     cmp -s "$tmp/out" "$tmp/pf_expect" || fail "--prompt-file on the GPU prints other text than the CPU"
+    run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" -n 8 --temp 0 \
+        --device cuda --parallel 3
+    expect_rc 0 "run --prompt-file --parallel 3 --device cuda"
+    checks=$((checks + 1))
+    cmp -s "$tmp/out" "$tmp/pf_expect" || fail "--parallel on the GPU prints other text than the CPU"
 fi
 
 # ---- run: context, devices, arguments ------------------------------------------------

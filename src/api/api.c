@@ -116,7 +116,20 @@ bn_status bn_model_open(const bn_model_options *opt, bn_model **out, bn_error *e
         free(m);
         return st;
     }
+    if (o.max_sequences < 0 || o.max_sequences > 4096 || o.kv_block_size < 0 ||
+        o.kv_block_size > 1024 || (unsigned)o.kv_evict > BN_KV_EVICT_LFU) {
+        free(m);
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_model_open: max_sequences 0..4096, kv_block_size 0..1024 and a "
+                            "known kv_evict (got %d, %d, %d)",
+                            o.max_sequences, o.kv_block_size, (int)o.kv_evict);
+    }
     bn_engine_options eo = {.model_path = m->path,
+                            .max_seqs = o.max_sequences,
+                            .kv_bytes = o.kv_cache_bytes,
+                            .kv_block = o.kv_block_size,
+                            .kv_evict = o.kv_evict,
+                            .no_prefix_sharing = o.no_prefix_sharing,
                             .device = o.device,
                             .n_threads = o.n_threads,
                             .n_ctx = o.n_ctx,
@@ -215,6 +228,19 @@ bn_status bn_model_get_stats(bn_model *m, bn_model_stats *stats, bn_error *err)
     stats->total_bytes = ei.backend_total_bytes;
     snprintf(stats->kernels, sizeof stats->kernels, "%s", ei.kernels);
     snprintf(stats->kv_type, sizeof stats->kv_type, "%s", ei.kv_type ? ei.kv_type : "f32");
+    bn_batch_stats bs;
+    pthread_mutex_lock(&m->lock);
+    bn_engine_batch_stats(m->engine, &bs);
+    pthread_mutex_unlock(&m->lock);
+    if (bs.enabled) {
+        stats->max_sequences = bs.max_seqs;
+        stats->kv_block_size = bs.block_size;
+        stats->kv_blocks = bs.blocks.n_blocks;
+        stats->kv_blocks_cached = bs.blocks.cached;
+        stats->batch_steps = bs.steps;
+        stats->batch_rows = bs.rows;
+        stats->batch_preemptions = bs.preemptions;
+    }
     stats->gpu = ei.gpu;
     if (!ei.gpu)
         return BN_OK;
@@ -696,6 +722,24 @@ static bool on_engine_token(void *ctx, int32_t token, const char *text, size_t l
  * tokens generated, and the model notes the tokens its cache holds now.
  * Out of memory leaves the session as it was, and the cache noted as after
  * a failure (only the prefix it started from), which is always true. */
+/* The session becomes seq followed by the generated tokens. */
+static bn_status session_keep(bn_session *s, const int32_t *seq, size_t n_seq,
+                              const bn_generation *g, bn_error *err)
+{
+    const size_t total = n_seq + g->n_tokens;
+    if (!reserve(&s->tokens, &s->cap, total ? total : 1))
+        return no_memory(err, "the session's tokens");
+    memmove(s->tokens, seq, n_seq * sizeof *seq);
+    if (g->n_tokens)
+        memcpy(s->tokens + n_seq, g->tokens, g->n_tokens * sizeof *s->tokens);
+    s->n = total;
+    return BN_OK;
+}
+
+/* After a generation over seq: the session keeps it, and the model notes
+ * the tokens its single-sequence cache holds now. Out of memory leaves the
+ * session as it was, and the cache noted as after a failure (only the
+ * prefix it started from), which is always true. */
 static bn_status keep_generated(bn_session *s, const int32_t *seq, size_t n_seq,
                                 const bn_generation *g, size_t n_cached, bn_error *err)
 {
@@ -710,15 +754,54 @@ static bn_status keep_generated(bn_session *s, const int32_t *seq, size_t n_seq,
     if (g->n_tokens)
         memcpy(all + n_seq, g->tokens, g->n_tokens * sizeof *all);
     note_cache(m, all, total, n_cached, true);
-    bn_status st = BN_OK;
-    if (!reserve(&s->tokens, &s->cap, total ? total : 1)) {
-        st = no_memory(err, "the session's tokens");
-    } else {
-        memcpy(s->tokens, all, total * sizeof *all);
-        s->n = total;
-    }
+    const bn_status st = session_keep(s, all, n_seq, g, err);
     free(all);
     return st;
+}
+
+/* The engine request of generate params (the pointers set by the caller). */
+static bn_generate_request engine_request(const bn_generate_params *p)
+{
+    bn_generate_request req = {.n_predict = p->max_tokens,
+                               .ignore_eog = p->ignore_eog,
+                               .prompt_logits = p->prompt_logits};
+    bn_sampler_params_default(&req.sampling);
+    req.sampling.temperature = p->temperature;
+    req.sampling.top_k = p->top_k;
+    req.sampling.top_p = p->top_p;
+    req.sampling.min_p = p->min_p;
+    req.sampling.repeat_penalty = p->repeat_penalty;
+    req.sampling.repeat_last_n = p->repeat_last_n;
+    req.sampling.seed = p->seed;
+    return req;
+}
+
+/* A finished generation: the result's fields, and the generation kept in
+ * the session for its receipt (g is taken). */
+static void finish_result(bn_session *s, const bn_generate_request *req, bn_generation *g,
+                          const streaming *sm, size_t n_new, size_t n_cached,
+                          bn_generate_result *result)
+{
+    if (result) {
+        result->n_prompt_tokens = n_new;
+        result->n_cached = n_cached;
+        result->n_tokens = g->n_tokens;
+        result->stop = sm->matched            ? BN_STOP_STRING
+                       : g->cancelled         ? BN_STOP_CANCELLED
+                       : g->stopped_by_caller ? BN_STOP_CALLBACK
+                       : g->stopped_at_eog    ? BN_STOP_EOG
+                                              : BN_STOP_MAX_TOKENS;
+        result->prompt_seconds = g->prompt_seconds;
+        result->generate_seconds = g->gen_seconds;
+        result->decode_steps = g->decode_steps;
+        result->decode_seconds = g->decode_seconds;
+    }
+    bn_generation_free(&s->last);
+    s->last = *g;
+    s->last_req = (bn_generate_request){
+        .n_predict = req->n_predict, .ignore_eog = req->ignore_eog, .sampling = req->sampling};
+    s->has_last = true;
+    memset(g, 0, sizeof *g);
 }
 
 /* Runs one request over seq (the session's tokens and the prompt's) with
@@ -760,19 +843,9 @@ bn_status bn_session_generate(bn_session *s, const bn_generate_params *p,
         return st;
     }
     streaming sm = {.p = p, .fn = on_token, .user = user};
-    bn_generate_request req = {.n_predict = p->max_tokens,
-                               .ignore_eog = p->ignore_eog,
-                               .on_token = on_engine_token,
-                               .ctx = &sm,
-                               .prompt_logits = p->prompt_logits};
-    bn_sampler_params_default(&req.sampling);
-    req.sampling.temperature = p->temperature;
-    req.sampling.top_k = p->top_k;
-    req.sampling.top_p = p->top_p;
-    req.sampling.min_p = p->min_p;
-    req.sampling.repeat_penalty = p->repeat_penalty;
-    req.sampling.repeat_last_n = p->repeat_last_n;
-    req.sampling.seed = p->seed;
+    bn_generate_request req = engine_request(p);
+    req.on_token = on_engine_token;
+    req.ctx = &sm;
     bn_generation g;
     size_t n_cached = 0;
     st = run_request(s, &req, seq, n_seq, &g, &n_cached, err);
@@ -785,34 +858,118 @@ bn_status bn_session_generate(bn_session *s, const bn_generate_params *p,
         if (sm.n_held && !sm.matched && on_token)
             (void)on_token(user, -1, sm.held, sm.n_held);
         st = keep_generated(s, seq, n_seq, &g, n_cached, err);
-        if (result && st == BN_OK) {
-            result->n_prompt_tokens = n_new;
-            result->n_cached = n_cached;
-            result->n_tokens = g.n_tokens;
-            result->stop = sm.matched            ? BN_STOP_STRING
-                           : g.cancelled         ? BN_STOP_CANCELLED
-                           : g.stopped_by_caller ? BN_STOP_CALLBACK
-                           : g.stopped_at_eog    ? BN_STOP_EOG
-                                                 : BN_STOP_MAX_TOKENS;
-            result->prompt_seconds = g.prompt_seconds;
-            result->generate_seconds = g.gen_seconds;
-            result->decode_steps = g.decode_steps;
-            result->decode_seconds = g.decode_seconds;
-        }
-        /* Kept for the receipt: the settings (the pointers cleared) and
-         * what was generated. */
-        bn_generation_free(&s->last);
-        s->last = g;
-        s->last_req = (bn_generate_request){.n_predict = req.n_predict,
-                                            .ignore_eog = req.ignore_eog,
-                                            .sampling = req.sampling};
-        s->has_last = true;
+        if (st == BN_OK)
+            finish_result(s, &req, &g, &sm, n_new, n_cached, result);
+        else
+            bn_generation_free(&g);
     } else {
         note_cache(m, seq, n_seq, n_cached, false);
     }
     pthread_mutex_unlock(&m->lock);
     free(seq);
     free(sm.held);
+    return st;
+}
+
+/* ---- many sequences at once -------------------------------------------------- */
+
+/* One batch item's state while the batch runs. */
+typedef struct batch_slot {
+    int32_t *seq;          /* the session's tokens and the prompt's */
+    size_t n_seq, n_new;
+    streaming sm;
+    bn_generate_request req;
+} batch_slot;
+
+bn_status bn_generate_batch(bn_model *m, bn_batch_item *items, size_t n, bn_error *err)
+{
+    if (!m || (!items && n))
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_generate_batch: NULL model or items");
+    for (size_t i = 0; i < n; i++) {
+        if (!items[i].session || !items[i].params || items[i].session->model != m)
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                                "bn_generate_batch: item %zu needs a session of this model and "
+                                "params",
+                                i);
+        for (size_t j = 0; j < i; j++)
+            if (items[j].session == items[i].session)
+                return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                                    "give every item its own session",
+                                    "bn_generate_batch: items %zu and %zu share a session", j, i);
+    }
+    batch_slot *slots = calloc(n ? n : 1, sizeof *slots);
+    bn_batch_request *reqs = calloc(n ? n : 1, sizeof *reqs);
+    bn_batch_result *res = calloc(n ? n : 1, sizeof *res);
+    if (!slots || !reqs || !res) {
+        free(slots);
+        free(reqs);
+        free(res);
+        return no_memory(err, "a batch");
+    }
+    for (size_t i = 0; i < n; i++)
+        atomic_store(&items[i].session->cancel, 0);
+    pthread_mutex_lock(&m->lock);
+    /* Each item's sequence; an item that cannot start fails alone (it is
+     * left out of the engine's batch: n_prompt 0 marks it). */
+    for (size_t i = 0; i < n; i++) {
+        bn_batch_item *it = &items[i];
+        batch_slot *sl = &slots[i];
+        memset(&it->result, 0, sizeof it->result);
+        bn_error_clear(&it->error);
+        it->status = check_params(it->params, &it->error);
+        if (it->status == BN_OK)
+            it->status = sequence(it->session, it->params->prompt_tokens,
+                                  it->params->n_prompt_tokens, it->params->prompt, &sl->seq,
+                                  &sl->n_seq, &sl->n_new, &it->error);
+        if (it->status != BN_OK)
+            continue;
+        sl->sm = (streaming){.p = it->params, .fn = it->on_token, .user = it->user};
+        sl->req = engine_request(it->params);
+        reqs[i] = (bn_batch_request){.prompt = sl->seq,
+                                     .n_prompt = sl->n_seq,
+                                     .n_predict = sl->req.n_predict,
+                                     .ignore_eog = sl->req.ignore_eog,
+                                     .sampling = sl->req.sampling,
+                                     .on_token = on_engine_token,
+                                     .ctx = &sl->sm,
+                                     .cancel = &it->session->cancel,
+                                     .prompt_logits = sl->req.prompt_logits};
+    }
+    /* The engine runs the items that could start, in their order. */
+    size_t n_run = 0;
+    for (size_t i = 0; i < n; i++)
+        if (items[i].status == BN_OK)
+            reqs[n_run++] = reqs[i];
+    bn_status st = bn_engine_generate_batch(m->engine, reqs, n_run, res, err);
+    for (size_t i = 0, k = 0; i < n; i++) {
+        bn_batch_item *it = &items[i];
+        batch_slot *sl = &slots[i];
+        if (it->status == BN_OK) {
+            bn_batch_result *r = &res[k++];
+            it->status = r->status;
+            it->error = r->error;
+            if (it->status == BN_OK && sl->sm.oom) {
+                it->status = no_memory(&it->error, "the streamed text");
+                bn_generation_free(&r->gen);
+            }
+            if (it->status == BN_OK) {
+                if (sl->sm.n_held && !sl->sm.matched && it->on_token)
+                    (void)it->on_token(it->user, -1, sl->sm.held, sl->sm.n_held);
+                it->status = session_keep(it->session, sl->seq, sl->n_seq, &r->gen, &it->error);
+                if (it->status == BN_OK)
+                    finish_result(it->session, &sl->req, &r->gen, &sl->sm, sl->n_new,
+                                  (size_t)r->reused, &it->result);
+            }
+            bn_generation_free(&r->gen);
+        }
+        free(sl->seq);
+        free(sl->sm.held);
+    }
+    pthread_mutex_unlock(&m->lock);
+    free(slots);
+    free(reqs);
+    free(res);
     return st;
 }
 

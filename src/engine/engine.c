@@ -306,7 +306,17 @@ static bn_status plan_batching(bn_engine *e, const bn_engine_options *opt, const
         return BN_OK;
     const int64_t n_ctx = opt->n_ctx > 0 ? opt->n_ctx : hp->n_ctx_train;
     const int32_t block = opt->kv_block > 0 ? opt->kv_block : 32;
-    int64_t positions = opt->kv_positions > 0 ? opt->kv_positions : (int64_t)opt->max_seqs * n_ctx;
+    const uint64_t position_bytes =
+        2u * (uint64_t)hp->n_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * sizeof(float);
+    int64_t positions = opt->kv_positions > 0 ? opt->kv_positions
+                        : opt->kv_bytes > 0   ? (int64_t)(opt->kv_bytes / position_bytes)
+                                              : (int64_t)opt->max_seqs * n_ctx;
+    if (positions < block)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "give the KV cache more room",
+                            "a KV cache of %llu bytes holds %lld positions, less than one block "
+                            "of %d (%llu bytes a position)",
+                            (unsigned long long)opt->kv_bytes, (long long)positions, block,
+                            (unsigned long long)position_bytes);
     const int64_t blocks = (positions + block - 1) / block;
     if (blocks > INT32_MAX / 2)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "ask for a smaller KV cache",

@@ -82,7 +82,7 @@ typedef struct bn_engine_options {
     int test_cuda_fail_call;
     /* Many sequences at once (bn_engine_generate_batch), where the backend
      * has forward_rows: at most max_seqs running together (0 or 1: none)
-     * over a paged KV cache of kv_positions positions (0: max_seqs times
+     * over a paged KV cache of kv_positions positions (or kv_bytes; 0: max_seqs times
      * the context) in blocks of kv_block positions (0: 32), cached prefix
      * blocks evicted by kv_evict, shared between sequences unless
      * no_prefix_sharing; a step computes at most token_budget rows (0:
@@ -90,6 +90,8 @@ typedef struct bn_engine_options {
     int max_seqs;
     int kv_block;
     int64_t kv_positions;
+    uint64_t kv_bytes;        /* instead of kv_positions: the paged cache's
+                                 bytes (fp32 keys and values)              */
     bn_kv_evict kv_evict;
     bool no_prefix_sharing;
     int token_budget;

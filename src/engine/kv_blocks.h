@@ -35,12 +35,6 @@
 
 #include "bitnet.h"
 
-typedef enum bn_kv_evict {
-    BN_KV_EVICT_LRU = 0,
-    BN_KV_EVICT_FIFO,
-    BN_KV_EVICT_LFU
-} bn_kv_evict;
-
 /* "lru", "fifo", "lfu" -> policy; false when unknown. */
 bool bn_kv_evict_parse(const char *name, bn_kv_evict *out);
 const char *bn_kv_evict_name(bn_kv_evict policy);

@@ -42,6 +42,19 @@ static void usage(FILE *out)
             "                         the current request's decode steps. Not with --receipt or\n"
             "                         --dump-logits, which describe one request\n"
             "      --max-file-mib N   refuse a prompt file of more than N MiB (default %d)\n"
+            "      --parallel N       with --prompt-file: run up to N prompts at once in shared\n"
+            "                         forward passes (continuous batching; default 1); each\n"
+            "                         response is the text its own run gives, printed in the\n"
+            "                         file's order once all have finished. The GPU runs them\n"
+            "                         one at a time for now\n"
+            "      --kv-cache-mib N   with --parallel: the paged KV cache's size (default room\n"
+            "                         for N full contexts); too small a cache makes sequences\n"
+            "                         wait and be computed again, never changing their text\n"
+            "      --kv-block N       positions per KV block (default 32)\n"
+            "      --kv-evict P       lru, fifo or lfu: which cached prompt prefix goes first\n"
+            "                         (default lru)\n"
+            "      --no-prefix-sharing  compute every prompt's prefix itself, even when an\n"
+            "                         earlier prompt's is in the cache"
             "  -n, --n-predict N      tokens to generate at most (default 128); generation also\n"
             "                         stops at an end-of-generation token\n"
             "      --chat             wrap the prompt in the BitNet b1.58 2B-4T chat format\n"
@@ -92,6 +105,9 @@ typedef struct run_opts {
     size_t n_ids;
     long long n_predict;
     size_t max_file_bytes; /* --max-file-mib */
+    long long parallel, kv_mib, kv_block; /* --parallel, --kv-cache-mib, --kv-block */
+    bn_kv_evict kv_evict;
+    bool no_prefix_sharing;
     bool chat, verbose;
     cli_gen_opts gen;       /* sampling and engine options shared with chat */
     bn_generate_params gp;  /* gen's sampling and -n, as the library takes them */
@@ -161,6 +177,33 @@ static int parse(int argc, char **argv, run_opts *o)
         } else if (strcmp(a, "--prompt-file") == 0) {
             VALUE();
             o->prompt_file = v;
+        } else if (strcmp(a, "--parallel") == 0) {
+            VALUE();
+            if (!cli_parse_i64(CMD, a, v, 1, 4096, &o->parallel))
+                return BN_EXIT_USAGE;
+        } else if (strcmp(a, "--kv-cache-mib") == 0) {
+            VALUE();
+            if (!cli_parse_i64(CMD, a, v, 1, 1 << 24, &o->kv_mib))
+                return BN_EXIT_USAGE;
+        } else if (strcmp(a, "--kv-block") == 0) {
+            VALUE();
+            if (!cli_parse_i64(CMD, a, v, 1, 1024, &o->kv_block))
+                return BN_EXIT_USAGE;
+        } else if (strcmp(a, "--kv-evict") == 0) {
+            VALUE();
+            if (strcmp(v, "lru") == 0) {
+                o->kv_evict = BN_KV_EVICT_LRU;
+            } else if (strcmp(v, "fifo") == 0) {
+                o->kv_evict = BN_KV_EVICT_FIFO;
+            } else if (strcmp(v, "lfu") == 0) {
+                o->kv_evict = BN_KV_EVICT_LFU;
+            } else {
+                fprintf(stderr, "bitnet run: error: --kv-evict takes lru, fifo or lfu, not '%s'\n",
+                        v);
+                return BN_EXIT_USAGE;
+            }
+        } else if (strcmp(a, "--no-prefix-sharing") == 0) {
+            o->no_prefix_sharing = true;
         } else if (strcmp(a, "--max-file-mib") == 0) {
             VALUE();
             if (!cli_parse_max_file_mib(CMD, v, &o->max_file_bytes))
@@ -213,6 +256,18 @@ static int parse(int argc, char **argv, run_opts *o)
                     o->receipt ? "--receipt" : "--dump-logits");
             return BN_EXIT_USAGE;
         }
+    }
+    const bool batch_flags = o->kv_mib || o->kv_block || o->no_prefix_sharing ||
+                             o->kv_evict != BN_KV_EVICT_LRU;
+    if ((o->parallel > 1 || batch_flags) && !o->prompt_file) {
+        fprintf(stderr, "bitnet run: error: --parallel and the --kv-* options apply to "
+                        "--prompt-file (several prompts)\n");
+        return BN_EXIT_USAGE;
+    }
+    if (batch_flags && o->parallel <= 1) {
+        fprintf(stderr, "bitnet run: error: the --kv-* options shape the cache of --parallel N "
+                        "(N > 1)\n");
+        return BN_EXIT_USAGE;
     }
     if (o->prompt && o->ids) {
         fprintf(stderr, "bitnet run: error: give -p or --prompt-ids, not both\n");
@@ -646,6 +701,132 @@ static int run_prompt_file(bn_model *m, bn_session *s, const run_opts *o, const 
     return BN_EXIT_OK;
 }
 
+/* ---- --prompt-file --parallel N ---------------------------------------------
+ * Every prompt is one item of one bn_generate_batch, up to N running at
+ * once; each response is collected as it streams and printed in the
+ * file's order at the end. */
+
+typedef struct collected_text {
+    char *data;
+    size_t len, cap;
+    bool oom;
+} collected_text;
+
+static bool collect_text(void *ctx, int32_t token, const char *text, size_t len)
+{
+    (void)token;
+    collected_text *c = ctx;
+    if (c->len + len + 1 > c->cap) {
+        size_t cap = c->cap ? c->cap : 256;
+        while (cap < c->len + len + 1)
+            cap *= 2;
+        char *p = realloc(c->data, cap);
+        if (!p) {
+            c->oom = true;
+            return false;
+        }
+        c->data = p;
+        c->cap = cap;
+    }
+    memcpy(c->data + c->len, text, len);
+    c->len += len;
+    c->data[c->len] = '\0';
+    return true;
+}
+
+static int run_prompt_file_parallel(bn_model *m, const run_opts *o, const prompt_list *pl)
+{
+    const double t_start = bn_time_seconds();
+    bn_batch_item *items = calloc(pl->n, sizeof *items);
+    bn_generate_params *params = calloc(pl->n, sizeof *params);
+    collected_text *texts = calloc(pl->n, sizeof *texts);
+    char **prompts = calloc(pl->n, sizeof *prompts);
+    int rc = BN_EXIT_OK;
+    if (!items || !params || !texts || !prompts) {
+        fprintf(stderr, "bitnet run: error: out of memory for %zu requests\n", pl->n);
+        rc = BN_EXIT_OUT_OF_MEMORY;
+    }
+    bn_error err;
+    bn_error_clear(&err);
+    for (size_t i = 0; rc == BN_EXIT_OK && i < pl->n; i++) {
+        params[i] = o->gp;
+        if (!(prompts[i] = prompt_text(m, o, pl->text[i], &err)))
+            rc = request_fail(pl, i, &err);
+        else if (bn_session_create(m, &items[i].session, &err) != BN_OK)
+            rc = cli_fail(&err);
+        params[i].prompt = prompts[i];
+        items[i].params = &params[i];
+        items[i].on_token = collect_text;
+        items[i].user = &texts[i];
+    }
+    if (rc == BN_EXIT_OK && bn_generate_batch(m, items, pl->n, &err) != BN_OK)
+        rc = cli_fail(&err);
+    /* Every response in the file's order; a failed request leaves an empty
+     * line, its error on stderr, and the run's exit code is the first
+     * failure's. */
+    int first_failure = BN_EXIT_OK;
+    for (size_t i = 0; rc == BN_EXIT_OK && i < pl->n; i++) {
+        const bn_generate_result *r = &items[i].result;
+        if (items[i].status == BN_OK && texts[i].oom)
+            items[i].status = bn_error_set(&items[i].error, BN_ERR_OUT_OF_MEMORY, NULL,
+                                           "out of memory collecting the response");
+        if (items[i].status == BN_OK && texts[i].len)
+            fwrite(texts[i].data, 1, texts[i].len, stdout);
+        fputc('\n', stdout);
+        if (items[i].status != BN_OK) {
+            const int code = request_fail(pl, i, &items[i].error);
+            if (first_failure == BN_EXIT_OK)
+                first_failure = code;
+            continue;
+        }
+        fprintf(stderr,
+                "request %zu/%zu: prompt %zu tokens (%zu from the cache), generation %zu tokens "
+                "in %.3f s (%.1f tok/s)%s\n",
+                i + 1, pl->n, r->n_prompt_tokens, r->n_cached, r->n_tokens, r->generate_seconds,
+                rate((double)r->n_tokens, r->generate_seconds),
+                r->stop == BN_STOP_EOG ? ", stopped at end of generation" : "");
+    }
+    fflush(stdout);
+    if (rc == BN_EXIT_OK) {
+        bn_model_stats st;
+        if (bn_model_get_stats(m, &st, NULL) != BN_OK)
+            memset(&st, 0, sizeof st);
+        const double seconds = bn_time_seconds() - t_start;
+        uint64_t generated = 0;
+        for (size_t i = 0; i < pl->n; i++)
+            generated += items[i].status == BN_OK ? items[i].result.n_tokens : 0;
+        fprintf(stderr,
+                "load        %.3f s\n"
+                "requests    %zu in %.3f s, %llu tokens generated (%.1f tok/s together)\n",
+                st.load_seconds, pl->n, seconds, (unsigned long long)generated,
+                rate((double)generated, seconds));
+        if (st.max_sequences > 1)
+            fprintf(stderr,
+                    "batching    up to %d at once: %llu passes of %.1f rows on average, %llu "
+                    "preempted; KV cache %d blocks of %d positions, %d holding cached "
+                    "prefixes\n",
+                    st.max_sequences, (unsigned long long)st.batch_steps,
+                    st.batch_steps ? (double)st.batch_rows / (double)st.batch_steps : 0.0,
+                    (unsigned long long)st.batch_preemptions, st.kv_blocks, st.kv_block_size,
+                    st.kv_blocks_cached);
+        else
+            fprintf(stderr, "batching    none on this device: the requests ran one at a time\n");
+        if (o->verbose)
+            print_verbose_work(m);
+        rc = first_failure;
+    }
+    for (size_t i = 0; items && i < pl->n; i++) {
+        bn_session_free(items[i].session);
+        free(prompts[i]);
+        free(texts[i].data);
+    }
+    free(items);
+    free(params);
+    free(texts);
+    free(prompts);
+    return rc;
+}
+
 int cmd_run(int argc, char **argv, const bn_config *cfg)
 {
     run_opts o;
@@ -675,6 +856,13 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
     mo.n_threads = (int)o.gen.threads;
     mo.n_ctx = o.gen.ctx;
     mo.kv = o.gen.kv_f16 ? BN_KV_F16 : BN_KV_F32;
+    if (o.parallel > 1) {
+        mo.max_sequences = (int)o.parallel;
+        mo.kv_cache_bytes = (uint64_t)o.kv_mib << 20;
+        mo.kv_block_size = (int)o.kv_block;
+        mo.kv_evict = o.kv_evict;
+        mo.no_prefix_sharing = o.no_prefix_sharing;
+    }
     bn_model *m = NULL;
     bn_session *s = NULL;
     bn_model_info info;
@@ -695,7 +883,8 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
         if (o.verbose)
             fprintf(stderr, "seed        %llu%s, the same for every request\n",
                     (unsigned long long)o.gp.seed, seed_fixed ? "" : " (random)");
-        rc = run_prompt_file(m, s, &o, &pl);
+        rc = o.parallel > 1 ? run_prompt_file_parallel(m, &o, &pl)
+                            : run_prompt_file(m, s, &o, &pl);
         prompt_list_free(&pl);
         bn_session_free(s);
         bn_model_close(m);
