@@ -10,7 +10,7 @@
 #   - convert of both HF fixtures to every --type, then run on the result
 #     gives the HF source's greedy tokens and logits;
 #   - bad arguments and missing files give the documented exit codes;
-#   - bench e2e --shape tiny runs.
+#   - bench e2e and bench batch --shape tiny run.
 # The transformers checks run with --device cpu (the numerical reference).
 # Device selection is checked for the machine at hand: without a usable
 # CUDA GPU, cuda requests fail with exit code 4 naming why and auto (strict
@@ -750,6 +750,12 @@ expect_in out "^memory .*KV cache.*RSS" "bench e2e prints memory"
 expect_in out "selected=cpu" "bench e2e prints the startup line"
 run "$BITNET" bench e2e --shape tiny --kv f8
 expect_rc 2 "bench e2e --kv f8"
+run "$BITNET" bench batch --shape tiny --seqs 1,3 --prompt 16 --gen 4 --shared-prefix 8 --device cpu
+expect_rc 0 "bench batch --shape tiny"
+expect_in out "^shared +3 +[0-9.]+ +[0-9.]+ " "bench batch: a row with prefix sharing"
+expect_in out "^unshared +3 +[0-9.]+ +[0-9.]+ " "bench batch: a row without"
+run "$BITNET" bench batch --shape tiny --seqs 0
+expect_rc 2 "bench batch --seqs 0"
 run "$BITNET" bench e2e --shape tiny --prompt 8 --gen 4 --device cpu --temp 0.8
 expect_rc 0 "bench e2e --temp 0.8 on the CPU"
 expect_in out "^decode .*sampled: T 0.8, top-k 40, top-p 0.95, picked on the host" \

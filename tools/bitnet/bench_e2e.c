@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "bench.h"
 #include "engine.h"
 #if defined(BITNET_HAVE_CUDA)
 #include "cuda_backend.h"
@@ -52,8 +52,7 @@ static void usage(FILE *out)
             "  --help\n");
 }
 
-/* The 2B-4T block at a toy size: quick runs and tests. */
-static void tiny_shape(bn_hparams *hp)
+void bench_tiny_shape(bn_hparams *hp)
 {
     bn_hparams_2b4t(hp);
     hp->vocab = 1024;
@@ -439,7 +438,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
 
     bn_hparams hp;
     if (strcmp(shape, "tiny") == 0)
-        tiny_shape(&hp);
+        bench_tiny_shape(&hp);
     else
         bn_hparams_2b4t(&hp);
     if (n_prompt + n_gen > hp.n_ctx_train) {

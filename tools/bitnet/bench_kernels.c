@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "bench.h"
 #include "kernel_manager.h"
 #include "threadpool.h"
 #include "w2a8.h"
@@ -335,7 +335,6 @@ static int check_provider_names(const char *list)
 }
 
 int bench_kernels_cuda(int argc, char **argv, int device);
-int bench_kernels(int argc, char **argv);
 int bench_kernels(int argc, char **argv)
 {
     /* --device cuda runs the GPU benchmark (bench_cuda.c) instead. */

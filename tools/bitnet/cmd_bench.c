@@ -2,10 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
-
-int bench_kernels(int argc, char **argv);
-int bench_e2e(int argc, char **argv, const bn_config *cfg);
+#include "bench.h"
 
 static void usage(FILE *out)
 {
@@ -18,6 +15,9 @@ static void usage(FILE *out)
                  "  e2e       a whole model of the 2B-4T shape (random ternary weights, no file):\n"
                  "            prefill and decode tokens/s, memory; on the GPU also the decode\n"
                  "            step split by kernel and the byte floor\n"
+                 "  batch     many sequences at once through the batching scheduler: aggregate\n"
+                 "            and per-sequence decode tokens/s, time to first token, KV cache,\n"
+                 "            with and without a shared prompt prefix\n"
                  "\n"
                  "'bitnet bench <benchmark> --help' lists its options.\n");
 }
@@ -32,6 +32,8 @@ int cmd_bench(int argc, char **argv, const bn_config *cfg)
         return bench_kernels(argc - 1, argv + 1);
     if (strcmp(argv[1], "e2e") == 0)
         return bench_e2e(argc - 1, argv + 1, cfg);
+    if (strcmp(argv[1], "batch") == 0)
+        return bench_batch(argc - 1, argv + 1, cfg);
     fprintf(stderr, "bitnet bench: error: unknown benchmark '%s'\n", argv[1]);
     usage(stderr);
     return BN_EXIT_USAGE;

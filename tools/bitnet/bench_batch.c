@@ -1,0 +1,256 @@
+/*
+ * bench_batch.c - `bitnet bench batch`: many sequences at once through the
+ * scheduler (bn_engine_generate_batch) on a model of the 2B-4T shape with
+ * random ternary weights in memory. For each count of concurrent sequences
+ * it runs that many requests (random prompts, greedy, every token
+ * generated) and prints the aggregate decode rate, the rate one sequence
+ * sees, the time to first token (p50 / p99), the passes and the paged KV
+ * cache; with --shared-prefix P every prompt starts with the same P tokens
+ * and the same counts run again with prefix sharing off. Nothing passes or
+ * fails.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "engine.h"
+
+#define CMD "bench batch"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: bitnet bench batch [--shape 2b4t|tiny] [options]\n"
+            "\n"
+            "Runs N requests at once through the batching scheduler, for each N of --seqs,\n"
+            "on a model of the BitNet b1.58 2B-4T shape with random ternary weights, and\n"
+            "prints the aggregate decode tokens/s, the tokens/s one sequence sees, the time\n"
+            "to first token (p50, p99), the forward passes and the KV cache. Where the\n"
+            "device does not batch (CUDA for now) the requests run one at a time.\n"
+            "\n"
+            "  --shape S           2b4t (default) or tiny (2 layers, dim 256)\n"
+            "  --device D          auto, cpu, gpu, cuda, cuda:N (default: BITNET_DEVICE, else\n"
+            "                      auto)\n"
+            "  --seqs LIST         counts of concurrent sequences (default 1,8,32,64)\n"
+            "  --prompt N          prompt tokens of each request (default 512)\n"
+            "  --gen N             tokens each request generates (default 128)\n"
+            "  --shared-prefix P   every prompt starts with the same P tokens; each count runs\n"
+            "                      with prefix sharing and again without\n"
+            "  --budget N          rows a pass takes for prompts beside the decodes (default 512)\n"
+            "  --threads N         CPU threads (default: BITNET_NUM_THREADS, else every core)\n"
+            "  --seed S            seed of the weights and prompts (default 1)\n"
+            "  --help\n");
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double percentile(double *v, size_t n, double p)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+    return v[i < n ? i : n - 1];
+}
+
+typedef struct bench_cfg {
+    long long prompt, gen, prefix, budget, threads;
+    uint64_t seed;
+    const char *device;
+    bn_hparams hp;
+    int max_seqs;
+} bench_cfg;
+
+/* One engine with room for max_seqs full requests; sharing on or off. */
+static bn_engine *open_engine(const bn_config *cfg, const bench_cfg *b, bool sharing,
+                              bn_error *err)
+{
+    const bn_engine_options eo = {.random_shape = &b->hp,
+                                  .random_seed = b->seed,
+                                  .device = b->device,
+                                  .n_threads = (int)b->threads,
+                                  .n_ctx = b->prompt + b->gen,
+                                  .max_seqs = b->max_seqs,
+                                  .kv_positions = (int64_t)b->max_seqs * (b->prompt + b->gen),
+                                  .token_budget = (int)b->budget,
+                                  .no_prefix_sharing = !sharing};
+    bn_engine *e = NULL;
+    return bn_engine_open(cfg, &eo, &e, err) == BN_OK ? e : NULL;
+}
+
+/* n requests at once: the table's row. */
+static int run_count(bn_engine *e, const bench_cfg *b, int n, const char *label)
+{
+    const int32_t vocab = b->hp.vocab;
+    bn_batch_request *reqs = calloc((size_t)n, sizeof *reqs);
+    bn_batch_result *res = calloc((size_t)n, sizeof *res);
+    int32_t *prompts = malloc((size_t)n * (size_t)b->prompt * sizeof *prompts);
+    double *ttft = malloc((size_t)n * sizeof *ttft);
+    if (!reqs || !res || !prompts || !ttft) {
+        fprintf(stderr, "bitnet: error: out of memory\n");
+        free(reqs);
+        free(res);
+        free(prompts);
+        free(ttft);
+        return BN_EXIT_OUT_OF_MEMORY;
+    }
+    uint64_t x = b->seed * 0x9e3779b97f4a7c15ull + (uint64_t)n;
+    for (int i = 0; i < n; i++) {
+        int32_t *p = prompts + (size_t)i * (size_t)b->prompt;
+        for (long long t = 0; t < b->prompt; t++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            /* The shared prefix is the same for every request. */
+            p[t] = t < b->prefix ? (int32_t)((t * 7919 + 13) % vocab) : (int32_t)((x >> 33) % vocab);
+        }
+        reqs[i] = (bn_batch_request){.prompt = p,
+                                     .n_prompt = (size_t)b->prompt,
+                                     .n_predict = (int)b->gen,
+                                     .ignore_eog = true};
+        bn_sampler_params_default(&reqs[i].sampling);
+        reqs[i].sampling.temperature = 0.0f;
+    }
+    bn_batch_stats s0, s1;
+    bn_engine_batch_stats(e, &s0);
+    bn_error err;
+    bn_error_clear(&err);
+    const double t0 = bn_time_seconds();
+    const bn_status st = bn_engine_generate_batch(e, reqs, (size_t)n, res, &err);
+    const double wall = bn_time_seconds() - t0;
+    bn_engine_batch_stats(e, &s1);
+    int rc = BN_EXIT_OK;
+    uint64_t tokens = 0;
+    double per_seq = 0.0, last_first = 0.0;
+    for (int i = 0; i < n && st == BN_OK; i++) {
+        if (res[i].status != BN_OK) {
+            rc = cli_fail(&res[i].error);
+            break;
+        }
+        tokens += res[i].gen.n_tokens;
+        ttft[i] = res[i].first_token_seconds;
+        last_first = ttft[i] > last_first ? ttft[i] : last_first;
+        if (res[i].gen.gen_seconds > 0.0)
+            per_seq += (double)(res[i].gen.n_tokens - 1) / res[i].gen.gen_seconds;
+        bn_generation_free(&res[i].gen);
+    }
+    if (st != BN_OK)
+        rc = cli_fail(&err);
+    if (rc == BN_EXIT_OK) {
+        /* Decode: the tokens after each first one, over the time after
+         * the last first token arrived (when every sequence decodes). */
+        const double decode_wall = wall - last_first;
+        const uint64_t steps = s1.steps - s0.steps, rows = s1.rows - s0.rows;
+        printf("%-10s %5d %10.1f %11.1f %9.1f %9.1f %8.3f %7llu %7.1f %6llu\n", label, n,
+               decode_wall > 0.0 ? (double)(tokens - (uint64_t)n) / decode_wall : 0.0,
+               per_seq / n, percentile(ttft, (size_t)n, 0.5) * 1e3,
+               percentile(ttft, (size_t)n, 0.99) * 1e3, wall, (unsigned long long)steps,
+               steps ? (double)rows / (double)steps : 0.0,
+               (unsigned long long)(s1.preemptions - s0.preemptions));
+        fflush(stdout);
+    }
+    free(reqs);
+    free(res);
+    free(prompts);
+    free(ttft);
+    return rc;
+}
+
+static bool parse_seqs(const char *text, int *seqs, int *n_seqs)
+{
+    *n_seqs = 0;
+    const char *p = text;
+    while (*p && *n_seqs < 16) {
+        char *end;
+        const long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 4096 || (*end != ',' && *end != '\0'))
+            return false;
+        seqs[(*n_seqs)++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    return *n_seqs > 0 && !*p;
+}
+
+int bench_batch(int argc, char **argv, const bn_config *cfg)
+{
+    bench_cfg b = {.prompt = 512, .gen = 128, .budget = 512, .seed = 1};
+    const char *shape = "2b4t";
+    int seqs[16] = {1, 8, 32, 64}, n_seqs = 4;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return BN_EXIT_OK;
+        }
+        if (!(v = cli_value(argc, argv, &i, CMD)))
+            return BN_EXIT_USAGE;
+        bool ok = true;
+        if (strcmp(a, "--shape") == 0) {
+            ok = strcmp(v, "2b4t") == 0 || strcmp(v, "tiny") == 0;
+            shape = v;
+        } else if (strcmp(a, "--device") == 0) {
+            b.device = v;
+        } else if (strcmp(a, "--seqs") == 0) {
+            ok = parse_seqs(v, seqs, &n_seqs);
+        } else if (strcmp(a, "--prompt") == 0) {
+            ok = cli_parse_i64(CMD, a, v, 1, 1 << 20, &b.prompt);
+        } else if (strcmp(a, "--gen") == 0) {
+            ok = cli_parse_i64(CMD, a, v, 1, 1 << 20, &b.gen);
+        } else if (strcmp(a, "--shared-prefix") == 0) {
+            ok = cli_parse_i64(CMD, a, v, 1, 1 << 20, &b.prefix);
+        } else if (strcmp(a, "--budget") == 0) {
+            ok = cli_parse_i64(CMD, a, v, 1, 1 << 20, &b.budget);
+        } else if (strcmp(a, "--threads") == 0) {
+            ok = cli_parse_i64(CMD, a, v, 1, 4096, &b.threads);
+        } else if (strcmp(a, "--seed") == 0) {
+            ok = cli_parse_u64(CMD, a, v, &b.seed);
+        } else {
+            fprintf(stderr, "bitnet bench batch: error: unknown option '%s'\n", a);
+            usage(stderr);
+            return BN_EXIT_USAGE;
+        }
+        if (!ok) {
+            fprintf(stderr, "bitnet bench batch: error: bad value '%s' for %s\n", v, a);
+            return BN_EXIT_USAGE;
+        }
+    }
+    if (strcmp(shape, "tiny") == 0)
+        bench_tiny_shape(&b.hp);
+    else
+        bn_hparams_2b4t(&b.hp);
+    if (b.prefix >= b.prompt || b.prompt + b.gen > b.hp.n_ctx_train) {
+        fprintf(stderr, "bitnet bench batch: error: --shared-prefix must be below --prompt, and "
+                        "--prompt + --gen within the %d positions of the context\n",
+                (int)b.hp.n_ctx_train);
+        return BN_EXIT_USAGE;
+    }
+    for (int i = 0; i < n_seqs; i++)
+        b.max_seqs = seqs[i] > b.max_seqs ? seqs[i] : b.max_seqs;
+    if (b.max_seqs < 2)
+        b.max_seqs = 2; /* one sequence still goes through the scheduler */
+
+    bn_error err;
+    bn_error_clear(&err);
+    int rc = BN_EXIT_OK;
+    for (int sharing = 1; sharing >= (b.prefix ? 0 : 1) && rc == BN_EXIT_OK; sharing--) {
+        bn_engine *e = open_engine(cfg, &b, sharing, &err);
+        if (!e)
+            return cli_fail(&err);
+        if (sharing) {
+            printf("%s\n", bn_engine_startup_line(e));
+            printf("bitnet bench batch: shape %s, %lld-token prompts%s, %lld generated tokens "
+                   "each, greedy; KV cache %lld positions in blocks of 32\n",
+                   shape, b.prompt, b.prefix ? " (a shared prefix)" : "", b.gen,
+                   (long long)b.max_seqs * (b.prompt + b.gen));
+            printf("%-10s %5s %10s %11s %9s %9s %8s %7s %7s %6s\n", "prefix", "seqs",
+                   "decode t/s", "per-seq t/s", "ttft p50", "ttft p99", "wall s", "passes",
+                   "rows/p", "preempt");
+        }
+        const char *label = !b.prefix ? "-" : sharing ? "shared" : "unshared";
+        for (int i = 0; i < n_seqs && rc == BN_EXIT_OK; i++)
+            rc = run_count(e, &b, seqs[i], label);
+        bn_engine_free(e);
+    }
+    return rc;
+}
