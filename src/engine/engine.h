@@ -233,6 +233,10 @@ typedef struct bn_batch_stats {
     int max_seqs, block_size;
     bn_kv_blocks_stats blocks;
     uint64_t steps, rows, preemptions;
+    /* Passes whose rows all decode (one row a sequence, no prompt): their
+     * rows and wall time, the aggregate decode rate. */
+    uint64_t decode_passes, decode_rows;
+    double decode_seconds;
 } bn_batch_stats;
 void bn_engine_batch_stats(const bn_engine *e, bn_batch_stats *out);
 

@@ -39,6 +39,8 @@ struct bn_engine {
     bn_kv_blocks_config kv_cfg;
     int token_budget;
     uint64_t batch_steps, batch_rows, preemptions;
+    uint64_t decode_passes, decode_rows; /* passes of decode rows only */
+    double decode_seconds;
 };
 
 /* A growing byte buffer for the generated text (NUL-terminated). */

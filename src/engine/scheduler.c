@@ -410,11 +410,18 @@ static bn_status step(sched *sc, bn_error *err)
                                   sc->row_seq, sc->tables,       sc->table_len,
                                   e->kv_cfg.block_size, sc->logit_rows, n_logits};
     const int32_t vocab = bn_checkpoint_hparams(e->model)->vocab;
+    const bool decode_only = n_logits == n_rows;
+    const double t0 = bn_time_seconds();
     bn_status st = e->backend->ops->forward_rows(e->backend, &rows, sc->logits, err);
     if (st != BN_OK)
         return st;
     e->batch_steps++;
     e->batch_rows += (uint64_t)n_rows;
+    if (decode_only) {
+        e->decode_passes++;
+        e->decode_rows += (uint64_t)n_rows;
+        e->decode_seconds += bn_time_seconds() - t0;
+    }
     /* The positions are computed: their full blocks may be shared now. */
     for (size_t i = 0; i < sc->n; i++)
         if (sc->seqs[i].state == SEQ_RUNNING)
@@ -520,4 +527,7 @@ void bn_engine_batch_stats(const bn_engine *e, bn_batch_stats *out)
     out->steps = e->batch_steps;
     out->rows = e->batch_rows;
     out->preemptions = e->preemptions;
+    out->decode_passes = e->decode_passes;
+    out->decode_rows = e->decode_rows;
+    out->decode_seconds = e->decode_seconds;
 }
