@@ -450,7 +450,7 @@ static void test_paged_rows(void)
                 finished++;
             }
         }
-        const bn_cpu_rows rows = {n, rt, rp, rs, tables, table_len, BS, lr, nl};
+        const bn_batch_rows rows = {n, rt, rp, rs, tables, table_len, BS, lr, nl};
         CHECK_MSG(bn_cpu_backend_forward_rows(b, &rows, got, &err) == BN_OK, "%s", err.message);
         for (int64_t k = 0; k < nl; k++)
             CHECK_MSG(memcmp(got + k * hp.vocab, want[logit_seq[k]], row_bytes) == 0,
@@ -464,7 +464,7 @@ static void test_paged_rows(void)
             rs[s] = s;
             lr[s] = s;
         }
-        const bn_cpu_rows rows = {SEQS, rt, rp, rs, tables, table_len, BS, lr, SEQS};
+        const bn_batch_rows rows = {SEQS, rt, rp, rs, tables, table_len, BS, lr, SEQS};
         CHECK(bn_cpu_backend_forward_rows(b, &rows, got, &err) == BN_OK);
         for (int s = 0; s < SEQS; s++)
             CHECK_MSG(memcmp(got + s * hp.vocab, want[s] + (step + 1) * hp.vocab, row_bytes) == 0,
@@ -473,10 +473,10 @@ static void test_paged_rows(void)
     /* Bad rows: a position without a block, a block outside the cache. */
     if (b) {
         const int64_t far = (int64_t)table_len[0] * BS;
-        const bn_cpu_rows bad = {1, rt, &far, rs, tables, table_len, BS, lr, 1};
+        const bn_batch_rows bad = {1, rt, &far, rs, tables, table_len, BS, lr, 1};
         CHECK(bn_cpu_backend_forward_rows(b, &bad, got, &err) == BN_ERR_INVALID_ARGUMENT);
         CHECK_STR_CONTAINS(err.message, "no block");
-        const bn_cpu_rows odd = {1, rt, rp, rs, tables, table_len, 7, lr, 1};
+        const bn_batch_rows odd = {1, rt, rp, rs, tables, table_len, 7, lr, 1};
         CHECK(bn_cpu_backend_forward_rows(b, &odd, got, &err) == BN_ERR_INVALID_ARGUMENT);
     }
     bn_cpu_backend_free(b);

@@ -770,7 +770,7 @@ bn_status bn_cpu_backend_forward(bn_cpu_backend *b, const int32_t *tokens, int64
 
 int64_t bn_cpu_backend_paged_rows(const bn_cpu_backend *b) { return b->paged_rows; }
 
-bn_status bn_cpu_backend_forward_rows(bn_cpu_backend *b, const bn_cpu_rows *r, float *logits,
+bn_status bn_cpu_backend_forward_rows(bn_cpu_backend *b, const bn_batch_rows *r, float *logits,
                                       bn_error *err)
 {
     if (!b || !r || r->n_rows <= 0 || !r->tokens || !r->pos || !r->seq || !r->tables ||

@@ -31,6 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "batch_rows.h"
 #include "bitnet.h"
 #include "model.h"
 
@@ -75,31 +76,13 @@ void bn_cpu_backend_free(bn_cpu_backend *b);
 bn_status bn_cpu_backend_forward(bn_cpu_backend *b, const int32_t *tokens, int64_t n_tokens,
                                  int64_t pos, bn_logits_mode mode, float *logits, bn_error *err);
 
-/* Rows of many sequences in one pass (continuous batching), the cache
- * paged: row i computes tokens[i] at position pos[i] of sequence seq[i],
- * whose position t lives in cache row
- * tables[seq][t / block_size] * block_size + t % block_size
- * of the paged cache (table_len[seq] blocks; block_size divides
- * paged_rows; positions below kv_len). A sequence's
- * rows come in position order, and every position before a row's is
- * computed, by an earlier pass or an earlier row of this one. Each row
- * gives the same numbers it would alone (every output element has one
- * fixed order of arithmetic), so a batch equals its sequences run one by
- * one, bit for bit. The logits of rows logit_rows[0 .. n_logits) (in
- * increasing order) are written to logits, vocab floats each. */
-typedef struct bn_cpu_rows {
-    int64_t n_rows;
-    const int32_t *tokens;
-    const int64_t *pos;
-    const int32_t *seq;
-    const int32_t *const *tables;
-    const int32_t *table_len;
-    int64_t block_size;
-    const int64_t *logit_rows;
-    int64_t n_logits;
-} bn_cpu_rows;
-bn_status bn_cpu_backend_forward_rows(bn_cpu_backend *b, const bn_cpu_rows *rows, float *logits,
-                                      bn_error *err);
+/* Rows of many sequences in one pass (continuous batching) over the paged
+ * cache (batch_rows.h says what the rows hold; block_size divides
+ * paged_rows, positions are below kv_len). Each row gives the same numbers
+ * it would alone (every output element has one fixed order of arithmetic),
+ * so a batch equals its sequences run one by one, bit for bit. */
+bn_status bn_cpu_backend_forward_rows(bn_cpu_backend *b, const bn_batch_rows *rows,
+                                      float *logits, bn_error *err);
 int64_t bn_cpu_backend_paged_rows(const bn_cpu_backend *b);
 
 /* Positions the KV cache holds, and how many are filled. */

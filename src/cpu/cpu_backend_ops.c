@@ -59,13 +59,10 @@ static bn_status cpu_forward_all(bn_backend *b, const int32_t *tokens, int64_t n
     return bn_cpu_backend_forward(cpu_of(b), tokens, n, pos, BN_LOGITS_ALL, logits, err);
 }
 
-static bn_status cpu_forward_rows(bn_backend *b, const bn_backend_rows *r, float *logits,
+static bn_status cpu_forward_rows(bn_backend *b, const bn_batch_rows *rows, float *logits,
                                   bn_error *err)
 {
-    const bn_cpu_rows rows = {r->n_rows,    r->tokens,     r->pos,        r->seq,
-                              r->tables,    r->table_len,  r->block_size, r->logit_rows,
-                              r->n_logits};
-    return bn_cpu_backend_forward_rows(cpu_of(b), &rows, logits, err);
+    return bn_cpu_backend_forward_rows(cpu_of(b), rows, logits, err);
 }
 
 static int64_t cpu_kv_len(const bn_backend *b) { return bn_cpu_backend_kv_len(cpu_of(b)); }

@@ -29,6 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "batch_rows.h"
 #include "bitnet.h"
 #include "model.h"
 
@@ -54,24 +55,6 @@ typedef struct bn_backend_params {
 
 /* A token picked on the device: the CPU sampler's parameters minus the
  * repetition penalty (which needs the history on the host). */
-/* Rows of many sequences in one pass over the paged cache: row i computes
- * tokens[i] at position pos[i] of sequence seq[i], whose position t lives
- * in paged row tables[seq][t / block_size] * block_size + t % block_size
- * (table_len[seq] blocks). A sequence's rows come in position order, every
- * earlier position computed. The logits of rows logit_rows[0 .. n_logits)
- * (increasing) are wanted, vocab floats each. */
-typedef struct bn_backend_rows {
-    int64_t n_rows;
-    const int32_t *tokens;
-    const int64_t *pos;
-    const int32_t *seq;
-    const int32_t *const *tables;
-    const int32_t *table_len;
-    int64_t block_size;
-    const int64_t *logit_rows;
-    int64_t n_logits;
-} bn_backend_rows;
-
 typedef struct bn_pick_params {
     float temperature; /* <= 0: greedy (argmax, lowest index on ties)     */
     int top_k;
@@ -140,7 +123,7 @@ struct bn_backend_ops {
     void (*drop_pending)(bn_backend *b);
 
     /* ---- optional: many sequences per pass (the paged cache) ---- */
-    bn_status (*forward_rows)(bn_backend *b, const bn_backend_rows *rows, float *logits,
+    bn_status (*forward_rows)(bn_backend *b, const bn_batch_rows *rows, float *logits,
                               bn_error *err);
 };
 

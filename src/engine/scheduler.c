@@ -406,7 +406,7 @@ static bn_status step(sched *sc, bn_error *err)
     const int32_t max_seqs = e->kv_cfg.max_seqs;
     for (int32_t q = 0; q < max_seqs; q++)
         sc->tables[q] = bn_kv_seq_table(kv, q, &sc->table_len[q]);
-    const bn_backend_rows rows = {n_rows,     sc->tokens,        sc->pos,
+    const bn_batch_rows rows = {n_rows,     sc->tokens,        sc->pos,
                                   sc->row_seq, sc->tables,       sc->table_len,
                                   e->kv_cfg.block_size, sc->logit_rows, n_logits};
     const int32_t vocab = bn_checkpoint_hparams(e->model)->vocab;
