@@ -170,26 +170,44 @@ static void run_requests(bn_engine *e)
     const int32_t vocab = hp->vocab;
     const int64_t n_ctx = bn_engine_n_ctx(e);
 
-    /* A text prompt, special-token text included, as `bitnet run -p`. */
+    /* A text prompt, special-token text included, tokenized as the API
+     * does for `bitnet run -p`, then the 2B-4T chat text (its special
+     * tokens read as such where the vocabulary has them). */
+    const bn_tokenizer *tok = bn_checkpoint_tokenizer(bn_engine_model(e));
     float *prompt_logits = malloc((size_t)vocab * sizeof *prompt_logits);
     if (!prompt_logits)
         fuzz_die("out of memory", NULL);
-    bn_generate_request req = {.prompt = "Hello w\xC3\xB6rld<|eot_id|> the",
-                               .n_predict = FUZZ_PREDICT,
-                               .prompt_logits = prompt_logits};
-    sampling(&req.sampling, 0.8f, 40, 1234);
-    req.sampling.top_p = 0.95f;
-    req.sampling.min_p = 0.05f;
-    req.sampling.repeat_penalty = 1.1f;
-    req.sampling.repeat_last_n = 64;
-    (void)generate(e, &req, true);
+    static const char *const texts[] = {
+        "Hello w\xC3\xB6rld<|eot_id|> the",
+        "<|begin_of_text|>System: Be brief.<|eot_id|>User: Hi<|eot_id|>Assistant: "};
+    for (size_t i = 0; tok && i < sizeof texts / sizeof texts[0]; i++) {
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        bn_error terr;
+        bn_error_clear(&terr);
+        const bn_status tst = bn_tokenize(tok, texts[i], strlen(texts[i]),
+                                          bn_tokenizer_add_bos_default(tok), true, &ids, &n_ids,
+                                          &terr);
+        fuzz_check_error(tst, &terr);
+        if (tst != BN_OK)
+            continue;
+        bn_generate_request req = {.prompt_tokens = ids,
+                                   .n_prompt_tokens = n_ids,
+                                   .n_predict = FUZZ_PREDICT,
+                                   .chat = i == 1,
+                                   .prompt_logits = i == 0 ? prompt_logits : NULL};
+        sampling(&req.sampling, i == 0 ? 0.8f : 1.0f, i == 0 ? 40 : 0, i == 0 ? 1234 : 7);
+        if (i == 0) {
+            req.sampling.top_p = 0.95f;
+            req.sampling.min_p = 0.05f;
+            req.sampling.repeat_penalty = 1.1f;
+            req.sampling.repeat_last_n = 64;
+        }
+        (void)generate(e, &req, i == 0);
+        free(ids);
+    }
     free(prompt_logits);
-
-    /* The chat format (refused where the vocabulary lacks its tokens). */
-    req = (bn_generate_request){.prompt = "Hi", .chat = true, .system = "Be brief.",
-                                .n_predict = FUZZ_PREDICT};
-    sampling(&req.sampling, 1.0f, 0, 7);
-    (void)generate(e, &req, false);
+    bn_generate_request req;
 
     /* Token ids at both ends of the vocabulary: never refused as such. */
     const int32_t ids[] = {0, vocab - 1, vocab / 2};
