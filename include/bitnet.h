@@ -436,9 +436,15 @@ const char *const *bn_cuda_kernel_families(void);
  *
  * Thread safety: functions on one bn_model may be called from any threads;
  * computation on one model (generation, evaluation, perplexity) runs one
- * call at a time, the others waiting. A session must be used by one thread
- * at a time, except bn_session_cancel, which any thread may call at any
- * time. Distinct models are independent.
+ * call at a time, the others waiting. A model of max_sequences > 1 on a
+ * device that batches runs generations together instead: each
+ * bn_session_generate or bn_generate_batch call queues its requests for
+ * the model's scheduler thread, which runs them in shared passes with
+ * whatever else is running, and returns when they end; their callbacks are
+ * then called from that thread (one at a time; a callback must not call
+ * into the same model). A session must be used by one thread at a time,
+ * except bn_session_cancel, which any thread may call at any time.
+ * Distinct models are independent.
  *
  *     bn_model *m;
  *     bn_model_options o;
@@ -740,8 +746,8 @@ typedef struct bn_batch_item {
  * once in shared forward passes (continuous batching: an item starts as
  * soon as a running one ends; a prompt's prefix computed before is taken
  * from the paged cache). Each item's text and tokens are those its own
- * bn_session_generate gives, its callbacks called from this thread as its
- * tokens come. An item that cannot run (a prompt beyond the context or the
+ * bn_session_generate gives, its callbacks called as its tokens come (from
+ * the model's scheduler thread where it batches: Thread safety above). An item that cannot run (a prompt beyond the context or the
  * whole cache, bad parameters) fails alone; the others go on. The call's
  * status is an error only when the batch as a whole cannot run (NULL
  * arguments, a session twice, a device failure: then every item not done

@@ -20,13 +20,153 @@
 #include "model.h"
 #include "tokenizer.h"
 
+static bn_status no_memory(bn_error *err, const char *what);
+
+/* A request waiting for the scheduler thread. */
+typedef struct queued {
+    bn_batch_request req;
+    bn_batch_result *out;
+} queued;
+
 struct bn_model {
     bn_engine *engine;
     pthread_mutex_t lock;   /* one computation (and cache update) at a time */
     int32_t *cache_tokens;  /* what the engine's cache holds, from position 0 */
     size_t n_cache, cap_cache;
     char path[1024];
+    /* Many sequences at once (an engine that batches): a scheduler thread
+     * runs the engine's batcher a pass at a time (under `lock`, so other
+     * calls go between passes); generations queue their requests and wait
+     * for them to end. */
+    bn_batcher *batcher;
+    pthread_t sched_thread;
+    bool sched_started, sched_stop;
+    pthread_mutex_t q_lock;
+    pthread_cond_t q_work, q_done;
+    queued *queue;
+    size_t n_queue, cap_queue;
 };
+
+/* The scheduler thread: takes the queued requests, runs passes while any
+ * is active, and wakes the waiting callers after each. */
+static void *scheduler_main(void *arg)
+{
+    bn_model *m = arg;
+    size_t active = 0;
+    queued *taken = NULL;
+    size_t cap_taken = 0;
+    pthread_mutex_lock(&m->q_lock);
+    for (;;) {
+        while (!m->sched_stop && m->n_queue == 0 && active == 0)
+            pthread_cond_wait(&m->q_work, &m->q_lock);
+        if (m->sched_stop && m->n_queue == 0 && active == 0)
+            break;
+        /* Swap the queue out, so callers can queue while the pass runs. */
+        queued *q = m->queue;
+        const size_t nq = m->n_queue, cap_q = m->cap_queue;
+        m->queue = taken;
+        m->cap_queue = cap_taken;
+        m->n_queue = 0;
+        taken = q;
+        cap_taken = cap_q;
+        pthread_mutex_unlock(&m->q_lock);
+        pthread_mutex_lock(&m->lock);
+        for (size_t i = 0; i < nq; i++) {
+            bn_error err;
+            bn_error_clear(&err);
+            if (bn_batcher_add(m->batcher, &taken[i].req, taken[i].out, &err) != BN_OK) {
+                taken[i].out->status = err.status;
+                taken[i].out->error = err;
+                atomic_store(&taken[i].out->done, true);
+            }
+        }
+        bn_error err;
+        bn_error_clear(&err);
+        /* A failed pass fails its requests (their results say why). */
+        (void)bn_batcher_step(m->batcher, &active, &err);
+        pthread_mutex_unlock(&m->lock);
+        pthread_mutex_lock(&m->q_lock);
+        pthread_cond_broadcast(&m->q_done);
+    }
+    pthread_mutex_unlock(&m->q_lock);
+    free(taken);
+    return NULL;
+}
+
+/* Starts the scheduler thread where the engine batches. */
+static bn_status start_scheduler(bn_model *m, bn_error *err)
+{
+    bn_batch_stats bs;
+    bn_engine_batch_stats(m->engine, &bs);
+    if (!bs.enabled)
+        return BN_OK;
+    bn_status st = bn_batcher_create(m->engine, &m->batcher, err);
+    if (st != BN_OK)
+        return st;
+    pthread_mutex_init(&m->q_lock, NULL);
+    pthread_cond_init(&m->q_work, NULL);
+    pthread_cond_init(&m->q_done, NULL);
+    const int rc = pthread_create(&m->sched_thread, NULL, scheduler_main, m);
+    if (rc != 0) {
+        bn_batcher_free(m->batcher);
+        m->batcher = NULL;
+        pthread_mutex_destroy(&m->q_lock);
+        pthread_cond_destroy(&m->q_work);
+        pthread_cond_destroy(&m->q_done);
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
+                            "could not start the model's scheduler thread: %s", strerror(rc));
+    }
+    m->sched_started = true;
+    return BN_OK;
+}
+
+static void stop_scheduler(bn_model *m)
+{
+    if (!m->sched_started)
+        return;
+    pthread_mutex_lock(&m->q_lock);
+    m->sched_stop = true;
+    pthread_cond_signal(&m->q_work);
+    pthread_mutex_unlock(&m->q_lock);
+    pthread_join(m->sched_thread, NULL);
+    bn_batcher_free(m->batcher);
+    free(m->queue);
+    pthread_mutex_destroy(&m->q_lock);
+    pthread_cond_destroy(&m->q_work);
+    pthread_cond_destroy(&m->q_done);
+    m->sched_started = false;
+}
+
+/* Queues requests for the scheduler thread and waits until every one has
+ * ended. */
+static bn_status run_on_scheduler(bn_model *m, const bn_batch_request *reqs, size_t n,
+                                  bn_batch_result *out, bn_error *err)
+{
+    pthread_mutex_lock(&m->q_lock);
+    if (m->n_queue + n > m->cap_queue) {
+        size_t cap = m->cap_queue ? m->cap_queue : 16;
+        while (cap < m->n_queue + n)
+            cap *= 2;
+        queued *q = realloc(m->queue, cap * sizeof *q);
+        if (!q) {
+            pthread_mutex_unlock(&m->q_lock);
+            return no_memory(err, "queued requests");
+        }
+        m->queue = q;
+        m->cap_queue = cap;
+    }
+    for (size_t i = 0; i < n; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        atomic_init(&out[i].done, false);
+        m->queue[m->n_queue++] = (queued){reqs[i], &out[i]};
+    }
+    pthread_cond_signal(&m->q_work);
+    for (size_t i = 0; i < n; i++)
+        while (!atomic_load(&out[i].done))
+            pthread_cond_wait(&m->q_done, &m->q_lock);
+    pthread_mutex_unlock(&m->q_lock);
+    return BN_OK;
+}
 
 struct bn_session {
     bn_model *model;
@@ -140,6 +280,11 @@ bn_status bn_model_open(const bn_model_options *opt, bn_model **out, bn_error *e
         return st;
     }
     pthread_mutex_init(&m->lock, NULL);
+    st = start_scheduler(m, err);
+    if (st != BN_OK) {
+        bn_model_close(m);
+        return st;
+    }
     *out = m;
     return BN_OK;
 }
@@ -148,6 +293,7 @@ void bn_model_close(bn_model *m)
 {
     if (!m)
         return;
+    stop_scheduler(m);
     bn_engine_free(m->engine);
     pthread_mutex_destroy(&m->lock);
     free(m->cache_tokens);
@@ -832,6 +978,18 @@ bn_status bn_session_generate(bn_session *s, const bn_generate_params *p,
     if (st != BN_OK)
         return st;
     bn_model *m = s->model;
+    if (m->batcher) { /* many sequences at once: join the scheduler's passes */
+        bn_batch_item item = {.session = s, .params = p, .on_token = on_token, .user = user};
+        st = bn_generate_batch(m, &item, 1, err);
+        if (st == BN_OK && item.status != BN_OK) {
+            if (err)
+                *err = item.error;
+            st = item.status;
+        }
+        if (result && st == BN_OK)
+            *result = item.result;
+        return st;
+    }
     /* From here a cancel counts, also while this call waits for the model. */
     atomic_store(&s->cancel, 0);
     pthread_mutex_lock(&m->lock);
@@ -909,7 +1067,11 @@ bn_status bn_generate_batch(bn_model *m, bn_batch_item *items, size_t n, bn_erro
     }
     for (size_t i = 0; i < n; i++)
         atomic_store(&items[i].session->cancel, 0);
-    pthread_mutex_lock(&m->lock);
+    /* With a scheduler thread the batch joins whatever it runs; else the
+     * engine runs it here, the model held for the whole batch. */
+    const bool threaded = m->batcher != NULL;
+    if (!threaded)
+        pthread_mutex_lock(&m->lock);
     /* Each item's sequence; an item that cannot start fails alone (it is
      * left out of the engine's batch: n_prompt 0 marks it). */
     for (size_t i = 0; i < n; i++) {
@@ -941,7 +1103,8 @@ bn_status bn_generate_batch(bn_model *m, bn_batch_item *items, size_t n, bn_erro
     for (size_t i = 0; i < n; i++)
         if (items[i].status == BN_OK)
             reqs[n_run++] = reqs[i];
-    bn_status st = bn_engine_generate_batch(m->engine, reqs, n_run, res, err);
+    bn_status st = threaded ? run_on_scheduler(m, reqs, n_run, res, err)
+                            : bn_engine_generate_batch(m->engine, reqs, n_run, res, err);
     for (size_t i = 0, k = 0; i < n; i++) {
         bn_batch_item *it = &items[i];
         batch_slot *sl = &slots[i];
@@ -966,7 +1129,8 @@ bn_status bn_generate_batch(bn_model *m, bn_batch_item *items, size_t n, bn_erro
         free(sl->seq);
         free(sl->sm.held);
     }
-    pthread_mutex_unlock(&m->lock);
+    if (!threaded)
+        pthread_mutex_unlock(&m->lock);
     free(slots);
     free(reqs);
     free(res);

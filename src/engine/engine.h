@@ -49,6 +49,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "bitnet.h"
@@ -212,7 +213,8 @@ typedef struct bn_batch_result {
     bn_generation gen;          /* as bn_engine_generate's (free it)         */
     int64_t reused;             /* prompt positions the prefix cache held    */
     int preemptions;            /* times its blocks were taken back          */
-    double first_token_seconds; /* from the call's start to its first token  */
+    double first_token_seconds; /* from its submission to its first token    */
+    atomic_bool done;           /* set once it ended (bn_batcher_step)       */
 } bn_batch_result;
 
 /* Runs the requests together: up to max_seqs at once in shared forward
@@ -226,6 +228,23 @@ typedef struct bn_batch_result {
  * (forward_rows) the requests run one after another. */
 bn_status bn_engine_generate_batch(bn_engine *e, const bn_batch_request *reqs, size_t n,
                                    bn_batch_result *out, bn_error *err);
+
+/* The same scheduler driven step by step, for requests that come while
+ * others run (a server, several threads): bn_batcher_add queues a request
+ * (the request struct is copied; its prompt is copied, and its callback,
+ * cancel flag and prompt_logits must live until it ends; out->done must be
+ * false, atomic_init'ed by the caller, who may read it meanwhile), and each
+ * bn_batcher_step admits what fits, runs one pass and ends what finished:
+ * their results' done set, *active the requests not yet ended. A failed
+ * pass fails every request not ended, with its error. The engine must
+ * batch (bn_batch_stats.enabled); one thread at a time. */
+typedef struct bn_batcher bn_batcher;
+bn_status bn_batcher_create(bn_engine *e, bn_batcher **out, bn_error *err);
+bn_status bn_batcher_add(bn_batcher *bt, const bn_batch_request *req, bn_batch_result *out,
+                         bn_error *err);
+bn_status bn_batcher_step(bn_batcher *bt, size_t *active, bn_error *err);
+/* Ends every request not ended (BN_ERR_INVALID_ARGUMENT) and frees it. */
+void bn_batcher_free(bn_batcher *bt);
 
 /* The scheduler's state: the paged cache's blocks and counters. */
 typedef struct bn_batch_stats {

@@ -36,7 +36,7 @@
 typedef enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE } seq_state;
 
 typedef struct seq {
-    const bn_batch_request *req;
+    bn_batch_request req;   /* a copy: the caller's may go once added       */
     bn_batch_result *out;
     seq_state state;
     int32_t kv;             /* its sequence in the block table, -1 when none */
@@ -47,25 +47,25 @@ typedef struct seq {
     bn_sampler *sampler;
     engine_streamer stream;
     engine_text text;
-    double t_admitted;
+    double t_added, t_admitted;
     bool have_first;
 } seq;
 
-typedef struct sched {
+struct bn_batcher {
     bn_engine *e;
-    seq *seqs;
-    size_t n;
+    seq **seqs;             /* the requests not yet reported ended, in order */
+    size_t n, cap;
     int64_t admissions;
-    double t0;
     /* One step's rows. */
     int32_t *tokens, *row_seq;
     int64_t *pos, *logit_rows;
-    size_t *logit_owner;    /* the seq of each logit row */
+    seq **logit_owner;      /* the seq of each logit row */
     float *logits;
     int64_t cap_rows;
     const int32_t **tables;
     int32_t *table_len;
-} sched;
+};
+typedef struct bn_batcher sched;
 
 static bn_status seq_fail(seq *s, bn_kv_blocks *kv, const bn_error *err)
 {
@@ -104,14 +104,14 @@ static void seq_finish(sched *sc, seq *s)
 /* The next token of a sequence from its logits row; false once it ends. */
 static bool seq_take_token(sched *sc, seq *s, float *logits)
 {
-    const bn_batch_request *r = s->req;
+    const bn_batch_request *r = &s->req;
     bn_generation *g = &s->out->gen;
     const bn_tokenizer *tok = bn_checkpoint_tokenizer(sc->e->model);
     const int32_t vocab = bn_checkpoint_hparams(sc->e->model)->vocab;
     if (!s->have_first) {
         s->have_first = true;
         g->prompt_seconds = bn_time_seconds() - s->t_admitted;
-        s->out->first_token_seconds = bn_time_seconds() - sc->t0;
+        s->out->first_token_seconds = bn_time_seconds() - s->t_added;
         if (r->prompt_logits)
             memcpy(r->prompt_logits, logits, (size_t)vocab * sizeof(float));
     } else {
@@ -159,10 +159,17 @@ static bn_status seq_init(sched *sc, seq *s, const bn_batch_request *r, bn_batch
 {
     bn_engine *e = sc->e;
     const bn_hparams *hp = bn_checkpoint_hparams(e->model);
-    memset(out, 0, sizeof *out);
+    /* Every field but done, which the caller set and may be reading. */
+    out->status = BN_OK;
+    bn_error_clear(&out->error);
+    memset(&out->gen, 0, sizeof out->gen);
     out->gen.eog_token = -1;
-    s->req = r;
+    out->reused = 0;
+    out->preemptions = 0;
+    out->first_token_seconds = 0.0;
+    s->req = *r;
     s->out = out;
+    s->t_added = bn_time_seconds();
     s->kv = -1;
     s->state = SEQ_WAITING;
     bn_error err;
@@ -257,7 +264,7 @@ static bool preempt_newest(sched *sc, const seq *keep)
 {
     seq *newest = NULL;
     for (size_t i = 0; i < sc->n; i++) {
-        seq *s = &sc->seqs[i];
+        seq *s = sc->seqs[i];
         if (s->state == SEQ_RUNNING && s != keep &&
             (!newest || s->admitted_at > newest->admitted_at))
             newest = s;
@@ -290,7 +297,7 @@ static bool reserve_rows(sched *sc, int64_t n)
     int64_t *lr = realloc(sc->logit_rows, (size_t)n * sizeof *lr);
     if (lr)
         sc->logit_rows = lr;
-    size_t *lo = realloc(sc->logit_owner, (size_t)n * sizeof *lo);
+    seq **lo = realloc(sc->logit_owner, (size_t)n * sizeof *lo);
     if (lo)
         sc->logit_owner = lo;
     float *lg = realloc(sc->logits, (size_t)n * (size_t)vocab * sizeof *lg);
@@ -340,7 +347,7 @@ static int64_t take_rows(sched *sc, seq *s, int64_t want, int64_t *n_rows, int64
     s->computed += k;
     if (s->computed == (int64_t)s->n_hist) { /* the last row gives the next token */
         sc->logit_rows[*n_logits] = *n_rows - 1;
-        sc->logit_owner[*n_logits] = (size_t)(s - sc->seqs);
+        sc->logit_owner[*n_logits] = s;
         (*n_logits)++;
     }
     return k;
@@ -358,7 +365,7 @@ static bn_status step(sched *sc, bn_error *err)
         for (;;) {
             seq *next = NULL;
             for (size_t i = 0; i < sc->n; i++) {
-                seq *s = &sc->seqs[i];
+                seq *s = sc->seqs[i];
                 const int64_t left = (int64_t)s->n_hist - s->computed;
                 const bool decoding = left == 1;
                 if (s->state != SEQ_RUNNING || left <= 0 || decoding != (pass == 0))
@@ -387,7 +394,7 @@ static bn_status step(sched *sc, bn_error *err)
         const int32_t sid = sc->row_seq[i];
         bool live = false;
         for (size_t j = 0; j < sc->n && !live; j++)
-            live = sc->seqs[j].state == SEQ_RUNNING && sc->seqs[j].kv == sid;
+            live = sc->seqs[j]->state == SEQ_RUNNING && sc->seqs[j]->kv == sid;
         const bool has_logit = l < n_logits && sc->logit_rows[l] == i;
         if (live) {
             sc->tokens[kept] = sc->tokens[i];
@@ -424,10 +431,10 @@ static bn_status step(sched *sc, bn_error *err)
     }
     /* The positions are computed: their full blocks may be shared now. */
     for (size_t i = 0; i < sc->n; i++)
-        if (sc->seqs[i].state == SEQ_RUNNING)
-            bn_kv_seq_commit(kv, sc->seqs[i].kv, sc->seqs[i].computed);
+        if (sc->seqs[i]->state == SEQ_RUNNING)
+            bn_kv_seq_commit(kv, sc->seqs[i]->kv, sc->seqs[i]->computed);
     for (int64_t l = 0; l < n_logits; l++) {
-        seq *s = &sc->seqs[sc->logit_owner[l]];
+        seq *s = sc->logit_owner[l];
         if (s->state == SEQ_RUNNING && !seq_take_token(sc, s, sc->logits + l * vocab) &&
             s->state == SEQ_RUNNING)
             seq_finish(sc, s);
@@ -442,6 +449,7 @@ static bn_status generate_one_by_one(bn_engine *e, const bn_batch_request *reqs,
     const double t0 = bn_time_seconds();
     for (size_t i = 0; i < n; i++) {
         memset(&out[i], 0, sizeof out[i]);
+        atomic_init(&out[i].done, false);
         const bn_generate_request req = {.prompt_tokens = reqs[i].prompt,
                                          .n_prompt_tokens = reqs[i].n_prompt,
                                          .n_predict = reqs[i].n_predict,
@@ -454,8 +462,120 @@ static bn_status generate_one_by_one(bn_engine *e, const bn_batch_request *reqs,
         const double t = bn_time_seconds();
         out[i].status = bn_engine_generate(e, &req, &out[i].gen, &out[i].error);
         out[i].first_token_seconds = t - t0 + out[i].gen.prompt_seconds;
+        atomic_store(&out[i].done, true);
     }
     return BN_OK;
+}
+
+bn_status bn_batcher_create(bn_engine *e, bn_batcher **out, bn_error *err)
+{
+    *out = NULL;
+    if (!e || !e->kv || !e->backend->ops->forward_rows)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
+                            "the backend computing does not batch sequences");
+    sched *sc = calloc(1, sizeof *sc);
+    if (sc) {
+        sc->e = e;
+        sc->tables = calloc((size_t)e->kv_cfg.max_seqs, sizeof *sc->tables);
+        sc->table_len = calloc((size_t)e->kv_cfg.max_seqs, sizeof *sc->table_len);
+    }
+    if (!sc || !sc->tables || !sc->table_len) {
+        bn_batcher_free(sc);
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the scheduler");
+    }
+    *out = sc;
+    return BN_OK;
+}
+
+bn_status bn_batcher_add(bn_batcher *sc, const bn_batch_request *req, bn_batch_result *out,
+                         bn_error *err)
+{
+    if (!sc || !req || !out)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "batcher_add: NULL argument");
+    if (sc->n == sc->cap) {
+        const size_t cap = sc->cap ? 2 * sc->cap : 16;
+        seq **p = realloc(sc->seqs, cap * sizeof *p);
+        if (!p)
+            return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a request");
+        sc->seqs = p;
+        sc->cap = cap;
+    }
+    seq *s = calloc(1, sizeof *s);
+    if (!s)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a request");
+    (void)seq_init(sc, s, req, out); /* a request that cannot run ends at once */
+    sc->seqs[sc->n++] = s;
+    return BN_OK;
+}
+
+/* Reports the requests that ended (their results' done set) and forgets
+ * them; the others keep their order. */
+static void retire_ended(sched *sc)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < sc->n; i++) {
+        seq *s = sc->seqs[i];
+        if (s->state != SEQ_DONE) {
+            sc->seqs[kept++] = s;
+            continue;
+        }
+        if (s->out->status != BN_OK)
+            bn_generation_free(&s->out->gen);
+        atomic_store_explicit(&s->out->done, true, memory_order_release);
+        seq_free(s);
+        free(s);
+    }
+    sc->n = kept;
+}
+
+bn_status bn_batcher_step(bn_batcher *sc, size_t *active, bn_error *err)
+{
+    bn_engine *e = sc->e;
+    /* Admission, first come first served. */
+    int running = 0;
+    bool waiting = false;
+    for (size_t i = 0; i < sc->n; i++)
+        running += sc->seqs[i]->state == SEQ_RUNNING;
+    for (size_t i = 0; i < sc->n && running < e->kv_cfg.max_seqs; i++)
+        if (sc->seqs[i]->state == SEQ_WAITING && seq_admit(sc, sc->seqs[i]))
+            running++;
+    for (size_t i = 0; i < sc->n; i++)
+        waiting |= sc->seqs[i]->state == SEQ_WAITING;
+    bn_status st = BN_OK;
+    if (running == 0 && waiting)
+        st = bn_error_set(err, BN_ERR_INTERNAL, NULL,
+                          "scheduler: a waiting request could not be admitted");
+    else if (running > 0)
+        st = step(sc, err);
+    /* After a failed pass every request not ended fails with it. */
+    for (size_t i = 0; i < sc->n && st != BN_OK; i++)
+        if (sc->seqs[i]->state != SEQ_DONE)
+            seq_fail(sc->seqs[i], e->kv, err);
+    retire_ended(sc);
+    *active = sc->n;
+    return st;
+}
+
+void bn_batcher_free(bn_batcher *sc)
+{
+    if (!sc)
+        return;
+    bn_error err;
+    bn_error_set(&err, BN_ERR_INVALID_ARGUMENT, NULL, "the scheduler was closed");
+    for (size_t i = 0; i < sc->n; i++)
+        if (sc->seqs[i]->state != SEQ_DONE)
+            seq_fail(sc->seqs[i], sc->e->kv, &err);
+    retire_ended(sc);
+    free(sc->seqs);
+    free(sc->tables);
+    free(sc->table_len);
+    free(sc->tokens);
+    free(sc->row_seq);
+    free(sc->pos);
+    free(sc->logit_rows);
+    free(sc->logit_owner);
+    free(sc->logits);
+    free(sc);
 }
 
 bn_status bn_engine_generate_batch(bn_engine *e, const bn_batch_request *reqs, size_t n,
@@ -466,52 +586,16 @@ bn_status bn_engine_generate_batch(bn_engine *e, const bn_batch_request *reqs, s
                             "generate_batch: NULL engine, requests or results");
     if (!e->kv || !e->backend->ops->forward_rows)
         return generate_one_by_one(e, reqs, n, out);
-    sched sc = {.e = e, .n = n, .t0 = bn_time_seconds()};
-    sc.seqs = calloc(n ? n : 1, sizeof *sc.seqs);
-    sc.tables = calloc((size_t)e->kv_cfg.max_seqs, sizeof *sc.tables);
-    sc.table_len = calloc((size_t)e->kv_cfg.max_seqs, sizeof *sc.table_len);
-    bn_status st = BN_OK;
-    if (!sc.seqs || !sc.tables || !sc.table_len)
-        st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the scheduler");
+    sched *sc = NULL;
+    bn_status st = bn_batcher_create(e, &sc, err);
+    for (size_t i = 0; i < n; i++)
+        atomic_init(&out[i].done, false);
     for (size_t i = 0; st == BN_OK && i < n; i++)
-        (void)seq_init(&sc, &sc.seqs[i], &reqs[i], &out[i]);
-    while (st == BN_OK) {
-        /* Admission, first come first served. */
-        int running = 0;
-        bool waiting = false;
-        for (size_t i = 0; i < n; i++)
-            running += sc.seqs[i].state == SEQ_RUNNING;
-        for (size_t i = 0; i < n && running < e->kv_cfg.max_seqs; i++)
-            if (sc.seqs[i].state == SEQ_WAITING && seq_admit(&sc, &sc.seqs[i]))
-                running++;
-        for (size_t i = 0; i < n; i++)
-            waiting |= sc.seqs[i].state == SEQ_WAITING;
-        if (running == 0 && !waiting)
-            break;
-        if (running == 0)
-            st = bn_error_set(err, BN_ERR_INTERNAL, NULL,
-                              "scheduler: a waiting request could not be admitted");
-        else
-            st = step(&sc, err);
-    }
-    /* After a failed pass every request still running fails with it. */
-    for (size_t i = 0; i < n && sc.seqs; i++) {
-        seq *s = &sc.seqs[i];
-        if (s->state != SEQ_DONE && st != BN_OK)
-            seq_fail(s, e->kv, err);
-        if (s->out->status != BN_OK)
-            bn_generation_free(&s->out->gen);
-        seq_free(s);
-    }
-    free(sc.seqs);
-    free(sc.tables);
-    free(sc.table_len);
-    free(sc.tokens);
-    free(sc.row_seq);
-    free(sc.pos);
-    free(sc.logit_rows);
-    free(sc.logit_owner);
-    free(sc.logits);
+        st = bn_batcher_add(sc, &reqs[i], &out[i], err);
+    size_t active = n;
+    while (st == BN_OK && active > 0)
+        st = bn_batcher_step(sc, &active, err);
+    bn_batcher_free(sc);
     return st;
 }
 
