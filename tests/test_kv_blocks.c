@@ -75,6 +75,7 @@ static void check_basics(void)
     bn_kv_blocks_stats st;
     bn_kv_blocks_get_stats(kv, &st);
     CHECK(st.held == 8 && st.free == 56 && st.cached == 0 && st.reused_blocks == 6);
+    CHECK(st.peak_held == 8);
 
     /* Exactly 96 tokens: 5 blocks reused, the last whole block computed
      * again for the logits. */
@@ -88,6 +89,10 @@ static void check_basics(void)
     bn_kv_blocks_get_stats(kv, &st);
     CHECK_MSG(st.cached == 6 && st.held == 0 && st.free == 58, "cached %d held %d free %d",
               st.cached, st.held, st.free);
+    CHECK(st.peak_held == 9); /* A (7), B (1 of its own) and C (1) at once */
+    bn_kv_blocks_reset_peak(kv);
+    bn_kv_blocks_get_stats(kv, &st);
+    CHECK(st.peak_held == 0);
 
     /* A prompt diverging in its third block reuses two. */
     int32_t d[70];

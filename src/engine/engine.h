@@ -258,6 +258,8 @@ typedef struct bn_batch_stats {
     double decode_seconds;
 } bn_batch_stats;
 void bn_engine_batch_stats(const bn_engine *e, bn_batch_stats *out);
+/* Starts blocks.peak_held again from the blocks held now. */
+void bn_engine_batch_reset_peak(bn_engine *e);
 
 /* Perplexity of a text (bitnet perplexity). The text is tokenized as a
  * whole (no BOS) and cut into consecutive pieces of ctx - 1 tokens (the

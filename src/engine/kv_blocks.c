@@ -40,7 +40,20 @@ struct bn_kv_blocks {
     kv_seq *seqs;
     uint64_t tick;
     uint64_t reused, evictions, failed;
+    int32_t peak_held;
 };
+
+static int32_t held_now(const bn_kv_blocks *kv)
+{
+    return kv->cfg.n_blocks - kv->n_free - kv->n_cached;
+}
+
+static void note_held(bn_kv_blocks *kv)
+{
+    const int32_t h = held_now(kv);
+    if (h > kv->peak_held)
+        kv->peak_held = h;
+}
 
 /* The chain starts from a fixed seed, so equal prefixes give equal keys. */
 #define CHAIN_SEED 0x9e3779b97f4a7c15ull
@@ -156,6 +169,7 @@ static int32_t take_block(bn_kv_blocks *kv)
     k->next = -1;
     k->uses = 1;
     k->used_at = ++kv->tick;
+    note_held(kv);
     return b;
 }
 
@@ -275,13 +289,19 @@ int32_t bn_kv_blocks_available(const bn_kv_blocks *kv)
     return kv->n_free + kv->n_cached;
 }
 
+void bn_kv_blocks_reset_peak(bn_kv_blocks *kv)
+{
+    kv->peak_held = held_now(kv);
+}
+
 void bn_kv_blocks_get_stats(const bn_kv_blocks *kv, bn_kv_blocks_stats *out)
 {
     memset(out, 0, sizeof *out);
     out->n_blocks = kv->cfg.n_blocks;
     out->free = kv->n_free;
     out->cached = kv->n_cached;
-    out->held = kv->cfg.n_blocks - kv->n_free - kv->n_cached;
+    out->held = held_now(kv);
+    out->peak_held = kv->peak_held;
     for (int32_t i = 0; i < kv->cfg.max_seqs; i++)
         out->seqs_open += kv->seqs[i].open;
     out->reused_blocks = kv->reused;
@@ -357,8 +377,10 @@ bn_status bn_kv_seq_reuse_prefix(bn_kv_blocks *kv, int32_t seq, const int32_t *t
         if (b < 0)
             break;
         kv_block *k = &kv->blocks[b];
-        if (k->refs++ == 0)
+        if (k->refs++ == 0) {
             kv->n_cached--;
+            note_held(kv);
+        }
         k->uses++;
         k->used_at = ++kv->tick;
         s->table[s->n_table++] = b;

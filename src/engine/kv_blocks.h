@@ -55,6 +55,8 @@ typedef struct bn_kv_blocks_stats {
     uint64_t reused_blocks;   /* blocks a starting sequence took from the pool */
     uint64_t evictions;       /* cached blocks given to another use            */
     uint64_t failed;          /* requests refused for want of blocks           */
+    int32_t peak_held;        /* the most blocks held at once since the last
+                                 bn_kv_blocks_reset_peak                       */
 } bn_kv_blocks_stats;
 
 bn_status bn_kv_blocks_create(const bn_kv_blocks_config *cfg, bn_kv_blocks **out, bn_error *err);
@@ -107,5 +109,7 @@ int32_t bn_kv_blocks_for(const bn_kv_blocks *kv, int64_t n);
 int32_t bn_kv_blocks_available(const bn_kv_blocks *kv);
 
 void bn_kv_blocks_get_stats(const bn_kv_blocks *kv, bn_kv_blocks_stats *out);
+/* Starts peak_held again from the blocks held now. */
+void bn_kv_blocks_reset_peak(bn_kv_blocks *kv);
 
 #endif

@@ -615,3 +615,9 @@ void bn_engine_batch_stats(const bn_engine *e, bn_batch_stats *out)
     out->decode_rows = e->decode_rows;
     out->decode_seconds = e->decode_seconds;
 }
+
+void bn_engine_batch_reset_peak(bn_engine *e)
+{
+    if (e && e->kv)
+        bn_kv_blocks_reset_peak(e->kv);
+}

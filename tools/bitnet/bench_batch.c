@@ -26,13 +26,15 @@ static void usage(FILE *out)
             "Runs N requests at once through the batching scheduler, for each N of --seqs,\n"
             "on a model of the BitNet b1.58 2B-4T shape with random ternary weights, and\n"
             "prints the aggregate decode tokens/s, the tokens/s one sequence sees, the time\n"
-            "to first token (p50, p99), the forward passes and the KV cache. Where the\n"
+            "to first token (p50, p99), the forward passes and the KV cache the run held at\n"
+            "its peak. Where the\n"
             "device does not batch (CUDA for now) the requests run one at a time.\n"
             "\n"
             "  --shape S           2b4t (default) or tiny (2 layers, dim 256)\n"
             "  --device D          auto, cpu, gpu, cuda, cuda:N (default: BITNET_DEVICE, else\n"
             "                      auto)\n"
-            "  --seqs LIST         counts of concurrent sequences (default 1,8,32,64)\n"
+            "  --seqs LIST         counts of concurrent sequences (default\n"
+            "                      1,8,32,64,128,256)\n"
             "  --prompt N          prompt tokens of each request (default 512)\n"
             "  --gen N             tokens each request generates (default 128)\n"
             "  --shared-prefix P   every prompt starts with the same P tokens; each count runs\n"
@@ -74,7 +76,9 @@ static bn_engine *open_engine(const bn_config *cfg, const bench_cfg *b, bool sha
                                   .n_threads = (int)b->threads,
                                   .n_ctx = b->prompt + b->gen,
                                   .max_seqs = b->max_seqs,
-                                  .kv_positions = (int64_t)b->max_seqs * (b->prompt + b->gen),
+                                  /* room for every request in whole blocks of 32 */
+                                  .kv_positions = (int64_t)b->max_seqs *
+                                                  ((b->prompt + b->gen + 31) / 32 * 32),
                                   .token_budget = (int)b->budget,
                                   .no_prefix_sharing = !sharing};
     bn_engine *e = NULL;
@@ -113,6 +117,7 @@ static int run_count(bn_engine *e, const bench_cfg *b, int n, const char *label)
         reqs[i].sampling.temperature = 0.0f;
     }
     bn_batch_stats s0, s1;
+    bn_engine_batch_reset_peak(e);
     bn_engine_batch_stats(e, &s0);
     bn_error err;
     bn_error_clear(&err);
@@ -149,11 +154,16 @@ static int run_count(bn_engine *e, const bench_cfg *b, int n, const char *label)
                               : 0.0)
                        : (seconds_alone > 0.0 ? (double)steps_alone / seconds_alone : 0.0);
         const uint64_t steps = s1.steps - s0.steps, rows = s1.rows - s0.rows;
-        printf("%-10s %5d %10.1f %10.1f %11.1f %9.1f %9.1f %8.3f %7llu %7.1f %6llu\n", label, n,
+        /* The KV cache the run held at its peak (fp32 keys and values). */
+        const double position_mib = 2.0 * b->hp.n_layer * b->hp.n_head_kv * b->hp.head_dim *
+                                    sizeof(float) / (1024.0 * 1024.0);
+        const double kv_mib = (double)s1.blocks.peak_held * s1.block_size * position_mib;
+        printf("%-10s %5d %10.1f %10.1f %11.1f %9.1f %9.1f %8.3f %7llu %7.1f %6llu %8.1f\n",
+               label, n,
                decode_rate, wall > 0.0 ? (double)tokens / wall : 0.0, per_seq / n,
                percentile(ttft, (size_t)n, 0.5) * 1e3, percentile(ttft, (size_t)n, 0.99) * 1e3,
                wall, (unsigned long long)steps, steps ? (double)rows / (double)steps : 0.0,
-               (unsigned long long)(s1.preemptions - s0.preemptions));
+               (unsigned long long)(s1.preemptions - s0.preemptions), kv_mib);
         fflush(stdout);
     }
     free(reqs);
@@ -182,7 +192,7 @@ int bench_batch(int argc, char **argv, const bn_config *cfg)
 {
     bench_cfg b = {.prompt = 512, .gen = 128, .budget = 512, .seed = 1};
     const char *shape = "2b4t";
-    int seqs[16] = {1, 8, 32, 64}, n_seqs = 4;
+    int seqs[16] = {1, 8, 32, 64, 128, 256}, n_seqs = 6;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -248,10 +258,10 @@ int bench_batch(int argc, char **argv, const bn_config *cfg)
             printf("bitnet bench batch: shape %s, %lld-token prompts%s, %lld generated tokens "
                    "each, greedy; KV cache %lld positions in blocks of 32\n",
                    shape, b.prompt, b.prefix ? " (a shared prefix)" : "", b.gen,
-                   (long long)b.max_seqs * (b.prompt + b.gen));
-            printf("%-10s %5s %10s %10s %11s %9s %9s %8s %7s %7s %6s\n", "prefix", "seqs",
+                   (long long)b.max_seqs * ((b.prompt + b.gen + 31) / 32 * 32));
+            printf("%-10s %5s %10s %10s %11s %9s %9s %8s %7s %7s %6s %8s\n", "prefix", "seqs",
                    "decode t/s", "output t/s", "per-seq t/s", "ttft p50", "ttft p99", "wall s",
-                   "passes", "rows/p", "preempt");
+                   "passes", "rows/p", "preempt", "KV MiB");
         }
         const char *label = !b.prefix ? "-" : sharing ? "shared" : "unshared";
         for (int i = 0; i < n_seqs && rc == BN_EXIT_OK; i++)
