@@ -554,6 +554,32 @@ static void on_ppl(void *user, int64_t chunk, int64_t n_chunks, const bn_perplex
     CHECK(chunk >= 1 && chunk <= n_chunks && so_far->n_predicted > 0);
 }
 
+static const char *const batch_prompts[6] = {"The LORD is my shepherd", "In the beginning",
+                                             "And God said", "Blessed are the",
+                                             "For God so loved", "Let there be"};
+
+/* A model of max_sequences at once (blocks of `block`, 0: the default)
+ * and one of a sequence at a time, both on the test's device; false when
+ * either fails to open (both closed then). */
+static bool open_pair(int max_sequences, int block, bn_model **batched, bn_model **alone)
+{
+    bn_model_options opt;
+    bn_model_options_default(&opt);
+    opt.device = device;
+    opt.max_sequences = max_sequences;
+    opt.kv_block_size = block;
+    bn_error err;
+    *batched = *alone = NULL;
+    CHECK_MSG(bn_model_open(&opt, batched, &err) == BN_OK, "%s", err.message);
+    opt.max_sequences = 0;
+    CHECK(bn_model_open(&opt, alone, &err) == BN_OK);
+    if (*batched && *alone)
+        return true;
+    bn_model_close(*batched);
+    bn_model_close(*alone);
+    return false;
+}
+
 /* bn_generate_batch on a model of 3 sequences at once: six items
  * (greedy and sampled, a stop string, one going on from a session that
  * holds tokens) give what bn_session_generate gives each of them alone on
@@ -561,24 +587,11 @@ static void on_ppl(void *user, int64_t chunk, int64_t n_chunks, const bn_perplex
  * session twice is refused. */
 static void check_batch(const bn_model_info *info)
 {
-    static const char *const prompts[6] = {"The LORD is my shepherd", "In the beginning",
-                                           "And God said", "Blessed are the",
-                                           "For God so loved", "Let there be"};
-    bn_model_options opt;
-    bn_model_options_default(&opt);
-    opt.device = device;
-    opt.max_sequences = 3;
-    opt.kv_block_size = 16;
-    bn_model *bm = NULL, *alone = NULL;
+    const char *const *prompts = batch_prompts;
+    bn_model *bm, *alone;
     bn_error err;
-    CHECK_MSG(bn_model_open(&opt, &bm, &err) == BN_OK, "%s", err.message);
-    opt.max_sequences = 0;
-    CHECK(bn_model_open(&opt, &alone, &err) == BN_OK);
-    if (!bm || !alone) {
-        bn_model_close(bm);
-        bn_model_close(alone);
+    if (!open_pair(3, 16, &bm, &alone))
         return;
-    }
     bn_generate_params p[6];
     bn_batch_item items[6];
     collected got[6], want[6];
@@ -682,23 +695,11 @@ static void *generate_job(void *arg)
 
 static void check_threads(void)
 {
-    static const char *const prompts[6] = {"The LORD is my shepherd", "In the beginning",
-                                           "And God said", "Blessed are the",
-                                           "For God so loved", "Let there be"};
-    bn_model_options opt;
-    bn_model_options_default(&opt);
-    opt.device = device;
-    opt.max_sequences = 4;
-    bn_model *bm = NULL, *alone = NULL;
+    const char *const *prompts = batch_prompts;
+    bn_model *bm, *alone;
     bn_error err;
-    CHECK(bn_model_open(&opt, &bm, &err) == BN_OK);
-    opt.max_sequences = 0;
-    CHECK(bn_model_open(&opt, &alone, &err) == BN_OK);
-    if (!bm || !alone) {
-        bn_model_close(bm);
-        bn_model_close(alone);
+    if (!open_pair(4, 0, &bm, &alone))
         return;
-    }
     pthread_barrier_t start;
     pthread_barrier_init(&start, NULL, 6);
     thread_job jobs[6];

@@ -295,28 +295,7 @@ bool check(const Shape &s, int n_rows, int min_len, int max_len)
     return ok;
 }
 
-double copy_bandwidth()
-{
-    const size_t bytes = (size_t)1 << 30;
-    void *a, *b;
-    CUDA_CHECK(cudaMalloc(&a, bytes));
-    CUDA_CHECK(cudaMalloc(&b, bytes));
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
-    CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-    CUDA_CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < 10; i++)
-        CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-    CUDA_CHECK(cudaEventRecord(e1));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    cudaFree(a), cudaFree(b);
-    return 2.0 * 10 * (double)bytes / (ms * 1e-3) / 1e9;
-}
-
-void time_batch(const Shape &s, int n_rows, int len, double copy_gbs)
+void time_batch(const Shape &s, int n_rows, int len, double copy_rate)
 {
     Batch b = make_batch(s, n_rows, len, len);
     Device d = to_device(b);
@@ -345,7 +324,7 @@ void time_batch(const Shape &s, int n_rows, int len, double copy_gbs)
     const double gbs = (double)b.touched_bytes / (us * 1e-6) / 1e9;
     printf("time %3d rows x %4d positions, heads %d/%d hd %d: %8.1f us a layer, %6.0f GB/s of K "
            "and V read (%2.0f %% of copy)\n",
-           n_rows, len, s.n_heads, s.n_kv, s.hd, us, gbs, 100.0 * gbs / copy_gbs);
+           n_rows, len, s.n_heads, s.n_kv, s.hd, us, gbs, 100.0 * gbs / copy_rate);
     cudaGraphExecDestroy(ge), cudaGraphDestroy(g), cudaStreamDestroy(st);
     free_device(d);
 }
@@ -363,7 +342,7 @@ int main(int argc, char **argv)
         printf("FAILED\n");
         return 1;
     }
-    const double copy = copy_bandwidth();
+    const double copy = copy_gbs();
     printf("copy bandwidth %.0f GB/s (read + write)\n", copy);
     const int rows = argc > 1 ? atoi(argv[1]) : 64, len = argc > 2 ? atoi(argv[2]) : 640;
     for (int r : {1, 8, 32, 64})

@@ -200,27 +200,6 @@ double time_graph(void (*fn)(const __half *, int64_t, int, const float *, int, f
     return ms * 1e3 / calls;
 }
 
-double copy_bandwidth()
-{
-    const size_t bytes = (size_t)1 << 30;
-    void *a, *b;
-    CUDA_CHECK(cudaMalloc(&a, bytes));
-    CUDA_CHECK(cudaMalloc(&b, bytes));
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
-    CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-    CUDA_CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < 10; i++)
-        CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-    CUDA_CHECK(cudaEventRecord(e1));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    cudaFree(a), cudaFree(b);
-    return 2.0 * 10 * (double)bytes / (ms * 1e-3) / 1e9;
-}
-
 } // namespace
 
 int main()
@@ -230,7 +209,7 @@ int main()
         printf("FAILED\n");
         return 1;
     }
-    const double copy = copy_bandwidth();
+    const double copy = copy_gbs();
     const int64_t vocab = 128256;
     const int dim = 2560;
     Head h = make_head(vocab, dim);
