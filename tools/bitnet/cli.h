@@ -75,6 +75,11 @@ uint64_t cli_choose_seed(const bn_config *cfg, const cli_gen_opts *o, bool *fixe
  * it, and returns 1; 0 when it is none of them; -1 after printing an
  * error (exit code 2). */
 int cli_gen_option(int argc, char **argv, int *i, const char *cmd, cli_gen_opts *o);
+/* The model options o asks for (path = model: NULL means BITNET_MODEL,
+ * else the shipped model), starting from bn_model_options_default. */
+void cli_gen_model_options(const cli_gen_opts *o, const char *model, bn_model_options *mo);
+/* The sampling o asks for, starting from bn_generate_params_default. */
+void cli_gen_params(const cli_gen_opts *o, bn_generate_params *gp);
 
 /* The model to use when no -m is given (BITNET_MODEL, else the shipped
  * default model) written to buf; NULL after printing an error naming the

@@ -131,7 +131,6 @@ static int parse(int argc, char **argv, chat_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->max_tokens = DEFAULT_MAX_TOKENS;
-    bn_generate_params_default(&o->gp);
     cli_gen_defaults(&o->gen); /* bitnet run's sampling defaults */
 
     for (int i = 1; i < argc; i++) {
@@ -169,12 +168,7 @@ static int parse(int argc, char **argv, chat_opts *o)
         }
 #undef VALUE
     }
-    o->gp.temperature = o->gen.temperature;
-    o->gp.top_k = o->gen.top_k;
-    o->gp.top_p = o->gen.top_p;
-    o->gp.min_p = o->gen.min_p;
-    o->gp.repeat_penalty = o->gen.repeat_penalty;
-    o->gp.repeat_last_n = o->gen.repeat_last_n;
+    cli_gen_params(&o->gen, &o->gp);
     return 0;
 }
 
@@ -755,12 +749,7 @@ int cmd_chat(int argc, char **argv, const bn_config *cfg)
     bn_error err;
     bn_error_clear(&err);
     bn_model_options mo;
-    bn_model_options_default(&mo);
-    mo.path = o.model; /* NULL: BITNET_MODEL, else the shipped model */
-    mo.device = o.gen.device;
-    mo.n_threads = (int)o.gen.threads;
-    mo.n_ctx = o.gen.ctx;
-    mo.kv = o.gen.kv_f16 ? BN_KV_F16 : BN_KV_F32;
+    cli_gen_model_options(&o.gen, o.model, &mo);
     if (bn_model_open(&mo, &c.model, &err) != BN_OK) {
         interrupts_stop(&in);
         return cli_fail(&err);

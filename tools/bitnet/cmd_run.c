@@ -232,14 +232,8 @@ static int parse(int argc, char **argv, run_opts *o)
         }
 #undef VALUE
     }
-    bn_generate_params_default(&o->gp);
+    cli_gen_params(&o->gen, &o->gp);
     o->gp.max_tokens = (int)o->n_predict;
-    o->gp.temperature = o->gen.temperature;
-    o->gp.top_k = o->gen.top_k;
-    o->gp.top_p = o->gen.top_p;
-    o->gp.min_p = o->gen.min_p;
-    o->gp.repeat_penalty = o->gen.repeat_penalty;
-    o->gp.repeat_last_n = o->gen.repeat_last_n;
     if (!o->prompt && !o->ids && !o->prompt_file) {
         fprintf(stderr, "bitnet run: error: no prompt: give -p PROMPT (or --prompt-file FILE)\n");
         fprintf(stderr, "bitnet: hint: 'bitnet run --help' lists the options\n");
@@ -850,12 +844,7 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
     bn_error err;
     bn_error_clear(&err);
     bn_model_options mo;
-    bn_model_options_default(&mo);
-    mo.path = o.model;
-    mo.device = o.gen.device;
-    mo.n_threads = (int)o.gen.threads;
-    mo.n_ctx = o.gen.ctx;
-    mo.kv = o.gen.kv_f16 ? BN_KV_F16 : BN_KV_F32;
+    cli_gen_model_options(&o.gen, o.model, &mo);
     if (o.parallel > 1) {
         mo.max_sequences = (int)o.parallel;
         mo.kv_cache_bytes = (uint64_t)o.kv_mib << 20;

@@ -216,6 +216,27 @@ int cli_gen_option(int argc, char **argv, int *i, const char *cmd, cli_gen_opts 
     return ok ? 1 : -1;
 }
 
+void cli_gen_model_options(const cli_gen_opts *o, const char *model, bn_model_options *mo)
+{
+    bn_model_options_default(mo);
+    mo->path = model;
+    mo->device = o->device;
+    mo->n_threads = (int)o->threads;
+    mo->n_ctx = o->ctx;
+    mo->kv = o->kv_f16 ? BN_KV_F16 : BN_KV_F32;
+}
+
+void cli_gen_params(const cli_gen_opts *o, bn_generate_params *gp)
+{
+    bn_generate_params_default(gp);
+    gp->temperature = o->temperature;
+    gp->top_k = o->top_k;
+    gp->top_p = o->top_p;
+    gp->min_p = o->min_p;
+    gp->repeat_penalty = o->repeat_penalty;
+    gp->repeat_last_n = o->repeat_last_n;
+}
+
 bool cli_parse_max_file_mib(const char *cmd, const char *text, size_t *bytes)
 {
     long long mib;
