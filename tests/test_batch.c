@@ -155,12 +155,14 @@ static void references(bn_generation *want, const char *prefix, int set)
 /* The batch's results against the references; returns the preemptions. */
 /* The batch's results against the references; returns the preemptions.
  * On the CPU every row computes the numbers it computes alone, so every
- * token and text is equal. On the GPU the batched pass sums in another
- * order than the single-sequence step (fp32 attention and norms): the
- * logits after each prompt must agree within 1e-4 of their range, greedy
- * texts may part only where two tokens were that close (at most a quarter
- * of them), and sampled texts, which part at the first such draw, are
- * checked for being whole. */
+ * token and text is equal. On the GPU the batched pass sums attention in
+ * another order than the single-sequence step; an activation within that
+ * difference of an int8 rounding boundary then takes the other code, which
+ * moves logits by ~1e-3 of their range (the CUDA backend's contract,
+ * tests/test_cuda_backend.c's TOL_F32): the logits after each prompt must
+ * agree within 1e-2 of their range, greedy texts may part only where two
+ * tokens were that close (at most a quarter of them), and sampled texts,
+ * which part at the first such draw, are checked for being whole. */
 static int compare(const char *what, const request_set *rs, bn_batch_result *got,
                    const bn_generation *want, int set)
 {
@@ -190,7 +192,7 @@ static int compare(const char *what, const request_set *rs, bn_batch_result *got
                 worst = isnan(d) ? INFINITY : d > worst ? d : worst;
                 range = fmax(range, fabs(want_logits[set][i][v]));
             }
-            CHECK_MSG(worst <= (exact ? 0.0 : 1e-4 * (range + 1.0)),
+            CHECK_MSG(worst <= (exact ? 0.0 : 1e-2 * (range + 1.0)),
                       "%s: request %d: logits after the prompt differ by %g (range %g)", what, i,
                       worst, range);
         }
