@@ -13,6 +13,8 @@
  *   - a request longer than the whole cache fails alone, with a clear
  *     error, and the others finish; bad requests fail alone too;
  *   - without batching options the requests run one after another.
+ * usage: test_batch DEVICE (cpu, or cuda: the CUDA backend's paged pass
+ * against its own single-sequence path; skipped without a usable GPU)
  */
 #include <stdlib.h>
 #include <string.h>
@@ -56,13 +58,14 @@ static bool on_piece(void *ctx, int32_t token, const char *text, size_t len)
 }
 
 static char model_path[4096];
+static const char *device = "cpu";
 
 static bn_engine *open_engine(int max_seqs, int64_t positions, int block, int budget, bool share)
 {
     bn_config cfg;
     bn_config_defaults(&cfg);
     bn_engine_options eo = {.model_path = model_path,
-                            .device = "cpu",
+                            .device = device,
                             .n_threads = 2,
                             .n_ctx = 256,
                             .max_seqs = max_seqs,
@@ -81,7 +84,12 @@ typedef struct request_set {
     size_t n_ids[N_REQ];
     bn_batch_request req[N_REQ];
     streamed pieces[N_REQ];
+    float *logits[N_REQ]; /* each request's logits after its prompt */
 } request_set;
+
+/* The logits after each prompt, alone (the references') and in the batch. */
+static float *want_logits[2][N_REQ];
+static int32_t vocab;
 
 /* The requests: prompt i (or `prefix` before it), i % 3 == 2 sampled with
  * seed i, others greedy; 4 to 37 tokens each. */
@@ -104,17 +112,22 @@ static void make_requests(const bn_engine *e, request_set *rs, const char *prefi
         r->sampling.seed = (uint64_t)i;
         r->on_token = on_piece;
         r->ctx = &rs->pieces[i];
+        rs->logits[i] = malloc((size_t)vocab * sizeof(float));
+        r->prompt_logits = rs->logits[i];
     }
 }
 
 static void free_requests(request_set *rs)
 {
-    for (int i = 0; i < N_REQ; i++)
+    for (int i = 0; i < N_REQ; i++) {
         free(rs->ids[i]);
+        free(rs->logits[i]);
+    }
 }
 
-/* Each request alone, through bn_engine_generate. */
-static void references(bn_generation *want, const char *prefix)
+/* Each request alone, through bn_engine_generate; its logits after the
+ * prompt kept in want_logits[set]. */
+static void references(bn_generation *want, const char *prefix, int set)
 {
     bn_engine *e = open_engine(1, 0, 0, 0, true);
     if (!e)
@@ -127,42 +140,80 @@ static void references(bn_generation *want, const char *prefix)
                                        .n_prompt_tokens = r->n_prompt,
                                        .n_predict = r->n_predict,
                                        .ignore_eog = r->ignore_eog,
-                                       .sampling = r->sampling};
+                                       .sampling = r->sampling,
+                                       .prompt_logits = rs.logits[i]};
         bn_error err;
         CHECK_MSG(bn_engine_generate(e, &g, &want[i], &err) == BN_OK, "alone %d: %s", i,
                   err.message);
+        want_logits[set][i] = rs.logits[i];
+        rs.logits[i] = NULL;
     }
     free_requests(&rs);
     bn_engine_free(e);
 }
 
 /* The batch's results against the references; returns the preemptions. */
+/* The batch's results against the references; returns the preemptions.
+ * On the CPU every row computes the numbers it computes alone, so every
+ * token and text is equal. On the GPU the batched pass sums attention in
+ * another order than the single-sequence step; an activation within that
+ * difference of an int8 rounding boundary then takes the other code, which
+ * moves logits by ~1e-3 of their range (the CUDA backend's contract,
+ * tests/test_cuda_backend.c's TOL_F32): the logits after each prompt must
+ * agree within 1e-2 of their range, greedy texts may part only where two
+ * tokens were that close (at most a quarter of them), and sampled texts,
+ * which part at the first such draw, are checked for being whole. */
 static int compare(const char *what, const request_set *rs, bn_batch_result *got,
-                   const bn_generation *want)
+                   const bn_generation *want, int set)
 {
-    int preemptions = 0;
+    const bool exact = strcmp(device, "cpu") == 0;
+    int preemptions = 0, greedy = 0, parted = 0;
     for (int i = 0; i < N_REQ; i++) {
         const bn_generation *g = &got[i].gen;
+        const bool sampled = rs->req[i].sampling.temperature > 0.0f;
         CHECK_MSG(got[i].status == BN_OK, "%s: request %d failed: %s", what, i,
                   got[i].error.message);
-        CHECK_MSG(g->n_tokens == want[i].n_tokens &&
-                      memcmp(g->tokens, want[i].tokens, g->n_tokens * sizeof(int32_t)) == 0,
-                  "%s: request %d: %zu tokens, alone %zu, or other ids", what, i, g->n_tokens,
-                  want[i].n_tokens);
-        CHECK_MSG(g->text && want[i].text && strcmp(g->text, want[i].text) == 0,
-                  "%s: request %d: text differs from its own run", what, i);
+        const bool same = g->n_tokens == want[i].n_tokens &&
+                          memcmp(g->tokens, want[i].tokens, g->n_tokens * sizeof(int32_t)) == 0;
+        if (exact) {
+            CHECK_MSG(same, "%s: request %d: %zu tokens, alone %zu, or other ids", what, i,
+                      g->n_tokens, want[i].n_tokens);
+            CHECK_MSG(g->text && want[i].text && strcmp(g->text, want[i].text) == 0,
+                      "%s: request %d: text differs from its own run", what, i);
+            CHECK(g->stopped_at_eog == want[i].stopped_at_eog);
+        } else if (!sampled) {
+            greedy++;
+            parted += !same;
+        }
+        if (want_logits[set][i]) {
+            double worst = 0.0, range = 0.0;
+            for (int32_t v = 0; v < vocab && want_logits[set][i]; v++) {
+                const double d = fabs((double)rs->logits[i][v] - want_logits[set][i][v]);
+                worst = isnan(d) ? INFINITY : d > worst ? d : worst;
+                range = fmax(range, fabs(want_logits[set][i][v]));
+            }
+            CHECK_MSG(worst <= (exact ? 0.0 : 1e-2 * (range + 1.0)),
+                      "%s: request %d: logits after the prompt differ by %g (range %g)", what, i,
+                      worst, range);
+        }
         CHECK_MSG(strcmp(rs->pieces[i].text, g->text ? g->text : "") == 0,
                   "%s: request %d: streamed pieces differ from the text", what, i);
-        CHECK(g->stopped_at_eog == want[i].stopped_at_eog && g->n_prompt == rs->n_ids[i]);
+        CHECK(g->n_prompt == rs->n_ids[i] && g->n_tokens >= 1 &&
+              g->n_tokens <= (size_t)rs->req[i].n_predict);
         CHECK(got[i].first_token_seconds >= 0.0);
         preemptions += got[i].preemptions;
         bn_generation_free(&got[i].gen);
     }
+    CHECK_MSG(parted * 4 <= greedy, "%s: %d of %d greedy texts part from their own run", what,
+              parted, greedy);
+    if (parted)
+        printf("%s: %d of %d greedy texts part from the single-sequence run (near ties)\n", what,
+               parted, greedy);
     return preemptions;
 }
 
 static void run_batch(const char *what, bn_engine *e, const char *prefix, const bn_generation *want,
-                      int *preemptions, int64_t *reused)
+                      int set, int *preemptions, int64_t *reused)
 {
     request_set rs;
     make_requests(e, &rs, prefix);
@@ -173,7 +224,7 @@ static void run_batch(const char *what, bn_engine *e, const char *prefix, const 
     *reused = 0;
     for (int i = 0; i < N_REQ; i++)
         *reused += got[i].reused;
-    *preemptions = compare(what, &rs, got, want);
+    *preemptions = compare(what, &rs, got, want, set);
     bn_batch_stats st;
     bn_engine_batch_stats(e, &st);
     printf("%s: %llu steps, %llu rows, %d preemptions, %lld positions reused, %d of %d blocks "
@@ -184,38 +235,54 @@ static void run_batch(const char *what, bn_engine *e, const char *prefix, const 
     free_requests(&rs);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    device = argc > 1 ? argv[1] : "cpu";
     bn_error err;
     CHECK_MSG(bn_default_model_path(model_path, sizeof model_path, &err) == BN_OK, "%s",
               err.message);
+    if (strcmp(device, "cpu") != 0) {
+        bn_config cfg;
+        bn_config_defaults(&cfg);
+        const bn_engine_options probe = {.model_path = model_path, .device = device};
+        bn_engine *pe = NULL;
+        const bn_status pst = bn_engine_open(&cfg, &probe, &pe, &err);
+        bn_engine_free(pe);
+        if (pst == BN_ERR_NO_DEVICE || pst == BN_ERR_DRIVER)
+            TEST_SKIP("no usable CUDA device: %s", err.message);
+    }
     bn_generation want[N_REQ], want_prefixed[N_REQ];
     memset(want, 0, sizeof want);
     memset(want_prefixed, 0, sizeof want_prefixed);
     const char *system = "Hear, O Israel: The LORD our God is one LORD: And thou shalt love the "
                          "LORD thy God with all thine heart, and with all thy soul. ";
-    references(want, NULL);
-    references(want_prefixed, system);
+    {
+        bn_engine *probe = open_engine(1, 0, 0, 0, true);
+        vocab = probe ? bn_checkpoint_hparams(bn_engine_model(probe))->vocab : 1;
+        bn_engine_free(probe);
+    }
+    references(want, NULL, 0);
+    references(want_prefixed, system, 1);
 
     int pre = 0;
     int64_t reused = 0;
     /* Up to 4 at once, 16 rows a step: prompts in chunks beside decodes. */
     bn_engine *e = open_engine(4, 0, 16, 16, true);
     if (e)
-        run_batch("4 at once", e, NULL, want, &pre, &reused);
+        run_batch("4 at once", e, NULL, want, 0, &pre, &reused);
     bn_engine_free(e);
 
     /* A shared prefix: later requests take its blocks from the cache. */
     e = open_engine(4, 0, 16, 64, true);
     if (e) {
-        run_batch("shared prefix", e, system, want_prefixed, &pre, &reused);
+        run_batch("shared prefix", e, system, want_prefixed, 1, &pre, &reused);
         CHECK_MSG(reused >= 16 * 2 * (N_REQ - 4), "only %lld prompt positions reused",
                   (long long)reused);
     }
     bn_engine_free(e);
     e = open_engine(4, 0, 16, 64, false);
     if (e) {
-        run_batch("no sharing", e, system, want_prefixed, &pre, &reused);
+        run_batch("no sharing", e, system, want_prefixed, 1, &pre, &reused);
         CHECK(reused == 0);
     }
     bn_engine_free(e);
@@ -224,7 +291,7 @@ int main(void)
      * and come back with the same tokens. */
     e = open_engine(6, 9 * 16, 16, 64, true);
     if (e) {
-        run_batch("small cache", e, NULL, want, &pre, &reused);
+        run_batch("small cache", e, NULL, want, 0, &pre, &reused);
         CHECK_MSG(pre > 0, "a cache of 9 blocks for 6 sequences preempted none");
     }
     bn_engine_free(e);
@@ -246,7 +313,7 @@ int main(void)
         for (int i = 0; i < 6; i++) {
             if (i == 1 || i == 2)
                 continue;
-            CHECK_MSG(got[i].status == BN_OK && got[i].gen.n_tokens == want[i].n_tokens,
+            CHECK_MSG(got[i].status == BN_OK && got[i].gen.n_tokens >= 1,
                       "request %d beside the failing ones", i);
             bn_generation_free(&got[i].gen);
         }
@@ -261,7 +328,7 @@ int main(void)
         make_requests(e, &rs, NULL);
         bn_batch_result got[N_REQ];
         CHECK(bn_engine_generate_batch(e, rs.req, N_REQ, got, &err) == BN_OK);
-        compare("one by one", &rs, got, want);
+        compare("one by one", &rs, got, want, 0);
         bn_batch_stats st;
         bn_engine_batch_stats(e, &st);
         CHECK(!st.enabled);
@@ -272,13 +339,15 @@ int main(void)
     /* Options out of range. */
     bn_config cfg;
     bn_config_defaults(&cfg);
-    const bn_engine_options bad = {.model_path = model_path, .device = "cpu", .max_seqs = -2};
+    const bn_engine_options bad = {.model_path = model_path, .device = device, .max_seqs = -2};
     bn_engine *none = NULL;
     CHECK(bn_engine_open(&cfg, &bad, &none, &err) == BN_ERR_INVALID_ARGUMENT && !none);
 
     for (int i = 0; i < N_REQ; i++) {
         bn_generation_free(&want[i]);
         bn_generation_free(&want_prefixed[i]);
+        free(want_logits[0][i]);
+        free(want_logits[1][i]);
     }
     TEST_EXIT();
 }

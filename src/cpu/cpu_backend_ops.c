@@ -78,6 +78,7 @@ static void cpu_describe(const bn_backend *b, bn_backend_desc *d)
     d->threads = threads;
     snprintf(d->details, sizeof d->details, "%s, %d %s", d->kernel, threads,
              threads == 1 ? "thread" : "threads");
+    d->batches = bn_cpu_backend_paged_rows(c) > 0;
 }
 
 static void cpu_report(const bn_backend *b, bn_engine_info *info)

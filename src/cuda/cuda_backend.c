@@ -229,6 +229,17 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
     if (b->chunk > kv_len)
         b->chunk = kv_len;
     b->use_graphs = true;
+    /* The paged cache of many sequences: fp32 only, and head sizes the
+     * paged attention takes. */
+    if (opt.paged_rows > 0 && opt.paged_block > 0 && opt.paged_max_seqs > 0 && !b->kv_f16 &&
+        bn_cb_attn_paged_supports(hp->head_dim) && opt.paged_rows % opt.paged_block == 0) {
+        b->paged_rows = opt.paged_rows;
+        b->paged_block = opt.paged_block;
+        b->paged_max_seqs = opt.paged_max_seqs;
+        b->paged_max_blocks = (int)((kv_len + opt.paged_block - 1) / opt.paged_block);
+        b->paged_bytes = 2 * (uint64_t)hp->n_layer * (uint64_t)b->paged_rows *
+                         (uint64_t)b->kv_dim * sizeof(float);
+    }
 
     bn_status st = cb_check_shape(b, err);
     if (st == BN_OK)
@@ -279,9 +290,14 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
     /* scratch_bytes is what is allocated (dalloc's 256-byte minimum); the
      * budget also counts cudaMalloc's rounding to 256 bytes. */
     b->scratch_bytes = 0;
+    const size_t paged_index_bytes =
+        (2 * (size_t)b->chunk + (size_t)b->paged_max_seqs * (size_t)b->paged_max_blocks) *
+        sizeof(int32_t);
     uint64_t total = cb_round_alloc(b->w_bytes) + cb_round_alloc(b->embed_bytes) +
                      (b->head_shared ? 0 : cb_round_alloc(b->head_bytes)) +
                      cb_round_alloc(b->norms_bytes) + 2 * cb_round_alloc(b->kv_bytes / 2);
+    if (b->paged_rows > 0)
+        total += 2 * cb_round_alloc(b->paged_bytes / 2) + cb_round_alloc(paged_index_bytes);
     for (int i = 0; i < n_scratch; i++) {
         b->scratch_bytes += scratch[i].bytes < 256 ? 256 : scratch[i].bytes;
         total += cb_round_alloc(scratch[i].bytes);
@@ -341,6 +357,21 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
         st = dalloc(b, b->kv_bytes / 2, &b->d_v, "KV cache (values)", err);
     for (int i = 0; i < n_scratch && st == BN_OK; i++)
         st = dalloc(b, scratch[i].bytes, scratch[i].ptr, "activations and workspaces", err);
+    if (st == BN_OK && b->paged_rows > 0) {
+        st = dalloc(b, b->paged_bytes / 2, (void **)&b->d_pk, "paged KV cache (keys)", err);
+        if (st == BN_OK)
+            st = dalloc(b, b->paged_bytes / 2, (void **)&b->d_pv, "paged KV cache (values)",
+                        err);
+        int32_t *index = NULL;
+        if (st == BN_OK)
+            st = dalloc(b, paged_index_bytes, (void **)&index, "paged rows and block tables",
+                        err);
+        if (st == BN_OK) {
+            b->d_slot = index;
+            b->d_rseq = index + b->chunk;
+            b->d_tables = index + 2 * b->chunk;
+        }
+    }
     void *pinned = NULL;
     if (st == BN_OK &&
         (st = BN_CUDA_STATUS(err, cudaMallocHost(&pinned, (size_t)(2 * kv_len + 2 * H_TAIL) *
@@ -526,7 +557,7 @@ void bn_cuda_backend_memory(const bn_cuda_backend *b, bn_cuda_memory *out)
     out->lm_head = b->head_shared ? 0 : b->head_bytes;
     out->lm_head_screen = b->head_screen_bytes;
     out->norms = b->norms_bytes;
-    out->kv_cache = b->kv_bytes;
+    out->kv_cache = b->kv_bytes + b->paged_bytes;
     out->scratch = b->scratch_bytes;
     out->total = out->weights + out->embedding + out->lm_head + out->lm_head_screen + out->norms +
                  out->kv_cache + out->scratch;
@@ -567,7 +598,7 @@ static const char *const kernel_names[K_COUNT] = {
     "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay",
     "attention_decode_f32_cluster",
     "lm_head_screen_int8", "attention_decode_f32_cluster_qkv", "w2a8_gemv_gate_up_relu2",
-    "sample_top_k_top_p", "decode_handoff", "embed_norm_quantize"};
+    "sample_top_k_top_p", "decode_handoff", "embed_norm_quantize", "attention_paged_f32"};
 
 void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size)
 {

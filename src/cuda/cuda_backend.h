@@ -65,6 +65,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "batch_rows.h"
 #include "bitnet.h"
 #include "cuda_decode_form.h"
 #include "model.h"
@@ -88,6 +89,12 @@ typedef struct bn_cuda_backend_options {
     bn_cuda_kv_type kv_type;
     int prefill_chunk;     /* tokens per prefill pass; 0: 512                         */
     int threads;           /* host threads unpacking weights; 0: BITNET_NUM_THREADS   */
+    /* A paged fp32 cache of paged_rows rows for many sequences at once
+     * (bn_cuda_backend_forward_rows), in blocks of paged_block positions, for
+     * at most paged_max_seqs sequences; 0 rows: none (also with an fp16
+     * cache or a head size the paged attention does not take). */
+    int64_t paged_rows;
+    int paged_block, paged_max_seqs;
 } bn_cuda_backend_options;
 
 void bn_cuda_backend_options_default(bn_cuda_backend_options *o);
@@ -192,6 +199,16 @@ int64_t bn_cuda_backend_prefill_chunk(const bn_cuda_backend *b);
 void bn_cuda_backend_reset(bn_cuda_backend *b);
 
 void bn_cuda_backend_memory(const bn_cuda_backend *b, bn_cuda_memory *out);
+
+/* Rows of many sequences in one pass over the paged cache (batch_rows.h
+ * says what the rows hold; block_size must be the backend's paged_block);
+ * the logits of the logit rows go to logits, vocab floats each.
+ * BN_ERR_UNSUPPORTED without a paged cache. Rows of one sequence give what
+ * that sequence's own passes give, up to fp32 summation order. */
+bn_status bn_cuda_backend_forward_rows(bn_cuda_backend *b, const bn_batch_rows *rows,
+                                       float *logits, bn_error *err);
+/* Whether the backend has a paged cache (forward_rows). */
+bool bn_cuda_backend_batches(const bn_cuda_backend *b);
 /* "cuda:0" and the device's name ("NVIDIA H200"). */
 int bn_cuda_backend_device(const bn_cuda_backend *b);
 const char *bn_cuda_backend_device_name(const bn_cuda_backend *b);

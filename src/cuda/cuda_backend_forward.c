@@ -159,6 +159,10 @@ typedef struct pass {
     bool decode;
     int pdl;                /* launch with programmatic dependent launch              */
     bn_error *err;
+    /* Rows of many sequences over the paged cache (cb_enqueue_paged_rows):
+     * each row's cache row for its k and v, and its sequence; NULL for one
+     * sequence's pass. */
+    const int32_t *slot, *seq;
 } pass;
 
 /* A stage of the pass: returns from the caller when it fails. */
@@ -235,6 +239,12 @@ static bn_status qkv(const pass *p, int l)
 /* q = rope(qkv_q * sq), k = rope(qkv_k * sk), v = qkv_v * sv; k and v into
  * the layer's cache at the rows' positions. The fp32 cache's decode step
  * does this inside its attention kernel: no stage here. */
+/* A layer's part of the paged cache (K or V: which is b->d_pk or b->d_pv). */
+static float *layer_paged(const bn_cuda_backend *b, float *which, int l)
+{
+    return which + (size_t)l * (size_t)b->paged_rows * (size_t)b->kv_dim;
+}
+
 static bn_status rope_kv_store(const pass *p, int l)
 {
     bn_cuda_backend *b = p->b;
@@ -242,6 +252,16 @@ static bn_status rope_kv_store(const pass *p, int l)
         return BN_OK;
     const bn_hparams *hp = &b->hp;
     const seg *s = b->groups[l * G_COUNT + G_QKV].s;
+    if (p->slot) { /* rows of many sequences: k and v into their paged rows */
+        const bn_cb_qkv_shape ps = {hp->n_head, hp->n_head_kv, hp->head_dim, b->paged_rows,
+                                    s[0].scale, s[1].scale, s[2].scale};
+        const float *prope = hp->rope_dim > 0 ? b->rope : NULL;
+        BN_CUDA_TRY(p->err, bn_cb_qkv_post_slots(b->qkv, b->qkv_n, p->M, &ps, &b->freqs, prope,
+                                                 prope ? b->kv_len : 0, p->pos, p->slot, b->q,
+                                                 b->q_dim, layer_paged(b, b->d_pk, l),
+                                                 layer_paged(b, b->d_pv, l), b->cs));
+        return stage_done(p, BN_CUDA_STAGE_ROPE_KV, 1, K_QKV_POST);
+    }
     const bn_cb_qkv_shape qs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len,
                                 s[0].scale, s[1].scale, s[2].scale};
     const float *rope = hp->rope_dim > 0 ? b->rope : NULL;
@@ -288,6 +308,14 @@ static bn_status attention(const pass *p, int l)
     const bn_hparams *hp = &b->hp;
     const int M = (int)p->M;
     void *kl = layer_cache(b, b->d_k, l), *vl = layer_cache(b, b->d_v, l);
+    if (p->slot) { /* rows of many sequences over the paged cache */
+        const bn_cb_attn_shape ps = {hp->n_head, hp->n_head_kv, hp->head_dim, b->paged_rows};
+        BN_CUDA_TRY(p->err, bn_cb_attn_paged(&ps, b->q, b->q_dim, M, p->seq, p->pos, b->d_tables,
+                                             b->paged_max_blocks, b->paged_block,
+                                             layer_paged(b, b->d_pk, l),
+                                             layer_paged(b, b->d_pv, l), b->att, b->q_dim, b->cs));
+        return stage_done(p, BN_CUDA_STAGE_ATTENTION, 1, K_ATTN_PRE_F32);
+    }
     if (!b->kv_f16 && p->decode)
         return attention_decode_f32(p, l);
     if (!b->kv_f16) {
@@ -436,6 +464,36 @@ static bn_status lm_head(const pass *p, bool screen)
     return stage_done(p, BN_CUDA_STAGE_LM_HEAD, 2, K_HEAD_SCREEN);
 }
 
+/* Queues the layers of M rows of many sequences (at most the prefill
+ * chunk): tokens d_tok at positions d_pos of sequences d_seq, their k and v
+ * stored at paged cache rows d_slot, attention through b->d_tables (all
+ * device arrays). The rows' hidden states are left in x + out (the last
+ * layer's residual not yet added): cb_row_logits takes a row's logits. */
+bn_status cb_enqueue_paged_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
+                                const int32_t *d_pos, const int32_t *d_slot,
+                                const int32_t *d_seq, bn_error *err)
+{
+    const pass p = {b, M, d_tok, d_pos, NULL, 0, false, 0, err, d_slot, d_seq};
+    STAGE(embed_and_first_norm(&p));
+    for (int l = 0; l < b->hp.n_layer; l++)
+        STAGE(layer(&p, l));
+    return BN_OK;
+}
+
+/* Row `row` of the last cb_enqueue_paged_rows: normed = output_norm(x +
+ * out), then its logits into b->logits (the full head). */
+bn_status cb_row_logits(bn_cuda_backend *b, int64_t row, bn_error *err)
+{
+    const int64_t dim = b->hp.dim;
+    BN_CUDA_TRY(err, bn_cb_add_rmsnorm(b->x + row * dim, dim, b->out + row * dim, dim, 1, dim,
+                                       b->d_norms + b->out_norm_off, b->hp.rms_eps, b->normed,
+                                       dim, 0, b->cs));
+    BN_CUDA_TRY(err, bn_cb_head_gemv(b->d_head, b->head_type, b->hp.vocab, dim, b->normed,
+                                     b->logits, b->sm, b->cs));
+    b->ran |= 1u << K_OUT_NORM | 1u << K_HEAD;
+    return BN_OK;
+}
+
 /* Queues the forward pass of M rows (tokens d_tok at positions d_pos, both
  * device arrays) on the compute stream, ending with the last row's logits
  * in b->logits. d_kvlen (a device int) selects the decode step (M == 1,
@@ -459,8 +517,8 @@ bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
                           bool screen, bn_error *err)
 {
     const bool decode = d_kvlen != NULL;
-    const pass p = {b, M, d_tok, d_pos, d_kvlen, visible, decode, decode && b->form.pdl && !b->prof,
-                    err};
+    const pass p = {b,      M,      d_tok, d_pos, d_kvlen, visible,
+                    decode, decode && b->form.pdl && !b->prof, err, NULL, NULL};
     STAGE(embed_and_first_norm(&p)); /* x = embedding; xq = q(attn_norm(x)) */
     for (int l = 0; l < b->hp.n_layer; l++)
         STAGE(layer(&p, l));

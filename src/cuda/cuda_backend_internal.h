@@ -79,7 +79,7 @@ enum {
     K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
     K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
     K_ATTN_DEC_F32_CLUSTER, K_HEAD_SCREEN, K_ATTN_DEC_F32_QKV,
-    K_GEMV_PAIR, K_SAMPLE, K_HANDOFF, K_EMBED_NORM_Q, K_COUNT
+    K_GEMV_PAIR, K_SAMPLE, K_HANDOFF, K_EMBED_NORM_Q, K_ATTN_PAGED, K_COUNT
 };
 
 /* Events of an instrumented step (profile_decode). */
@@ -160,6 +160,15 @@ struct bn_cuda_backend {
     uint64_t head_screen_bytes;
     void *d_k, *d_v;
     uint64_t kv_bytes;
+    /* The paged cache of many sequences at once (forward_rows; 0 rows: none),
+     * fp32 [n_layer][paged_rows][kv_dim], and a pass's per-row cache rows
+     * and sequences (prefill-chunk many) and block tables (paged_max_seqs x
+     * paged_max_blocks). */
+    int64_t paged_rows;
+    int paged_block, paged_max_seqs, paged_max_blocks;
+    float *d_pk, *d_pv;
+    int32_t *d_slot, *d_rseq, *d_tables;
+    uint64_t paged_bytes;
 
     /* Scratch of one prefill chunk (cb_scratch_list; the layout at the top
      * of this file) and the decode step's inputs. */
@@ -325,6 +334,10 @@ bn_status cb_mark(bn_cuda_backend *b, bn_cuda_stage stage, int launches, bn_erro
 bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
                           const int32_t *d_pos, const int32_t *d_kvlen, int64_t visible,
                           bool screen, bn_error *err);
+bn_status cb_enqueue_paged_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
+                                const int32_t *d_pos, const int32_t *d_slot,
+                                const int32_t *d_seq, bn_error *err);
+bn_status cb_row_logits(bn_cuda_backend *b, int64_t row, bn_error *err);
 bn_status cb_check_request(const bn_cuda_backend *b, const int32_t *tokens, int64_t n,
                            int64_t pos, bn_error *err);
 bn_status cb_begin_call(bn_cuda_backend *b, bn_error *err);

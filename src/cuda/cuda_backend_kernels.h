@@ -147,6 +147,14 @@ typedef struct bn_cb_qkv_shape {
     float scale_q, scale_k, scale_v;
 } bn_cb_qkv_shape;
 
+/* The same for rows of many sequences (fp32 cache, no PDL): row t's k and
+ * v go to cache row slot[t] (a device array; the paged cache), its RoPE
+ * turns by pos[t]. */
+cudaError_t bn_cb_qkv_post_slots(const float *raw, int64_t ldraw, int64_t m,
+                                 const bn_cb_qkv_shape *s, const bn_rope_freqs *freqs,
+                                 const float *table, int64_t table_len, const int32_t *pos,
+                                 const int32_t *slot, float *q_out, int64_t ldq, void *k_cache,
+                                 void *v_cache, cudaStream_t stream);
 cudaError_t bn_cb_qkv_post(const float *raw, int64_t ldraw, int64_t m,
                            const bn_cb_qkv_shape *s, const bn_rope_freqs *freqs,
                            const float *table, int64_t table_len, const int32_t *pos,
@@ -164,6 +172,20 @@ typedef struct bn_cb_attn_shape {
     int n_heads, n_kv_heads, head_dim;
     int64_t capacity;
 } bn_cb_attn_shape;
+
+/* Attention of rows of many sequences over the paged fp32 cache
+ * (attn_paged.cu): row r (sequence row_seq[r], position row_pos[r]) attends
+ * to its positions 0..row_pos[r], position t at cache row
+ * tables[seq * max_blocks + t / block_size] * block_size + t % block_size
+ * (device arrays); out row r gets its heads. capacity is unused. Head sizes
+ * 64 and 128 (bn_cb_attn_paged_supports; else cudaErrorNotSupported), at
+ * most 32 q heads a kv head. */
+cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n_rows,
+                             const int32_t *row_seq, const int32_t *row_pos,
+                             const int32_t *tables, int max_blocks, int block_size,
+                             const float *k_cache, const float *v_cache, float *out, int64_t ldo,
+                             cudaStream_t stream);
+int bn_cb_attn_paged_supports(int head_dim);
 
 /* Ranges for a cache of `capacity` positions (one 40-position tile each at
  * the full length, at most 64), and the workspace they need. */

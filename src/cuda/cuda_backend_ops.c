@@ -37,6 +37,9 @@ static bn_status cuda_create(const bn_checkpoint *model, const bn_backend_params
     o.memory_limit = p->memory_limit;
     o.kv_type = p->kv_f16 ? BN_CUDA_KV_F16 : BN_CUDA_KV_F32;
     o.threads = p->threads;
+    o.paged_rows = p->paged_rows;
+    o.paged_block = p->paged_block;
+    o.paged_max_seqs = p->paged_max_seqs;
     const bn_engine_options *eo = p->engine;
     bn_backend *b = calloc(1, sizeof *b);
     if (!b)
@@ -80,6 +83,7 @@ static void cuda_describe(const bn_backend *b, bn_backend_desc *d)
 {
     const bn_cuda_backend *c = cuda_of(b);
     snprintf(d->selected, sizeof d->selected, "cuda:%d", bn_cuda_backend_device(c));
+    d->batches = bn_cuda_backend_batches(c);
     snprintf(d->kernel, sizeof d->kernel, "cuda");
     d->threads = 0;
     /* The decode step's form (cuda_decode_form.h) in words. */
@@ -176,6 +180,12 @@ static void cuda_drop_pending(bn_backend *b)
     (void)bn_cuda_backend_drop_pending(cuda_of(b), NULL);
 }
 
+static bn_status cuda_forward_rows(bn_backend *b, const bn_batch_rows *rows, float *logits,
+                                   bn_error *err)
+{
+    return bn_cuda_backend_forward_rows(cuda_of(b), rows, logits, err);
+}
+
 const bn_backend_ops bn_cuda_backend_ops = {
     .name = "cuda",
     .create = cuda_create,
@@ -194,4 +204,5 @@ const bn_backend_ops bn_cuda_backend_ops = {
     .wait = cuda_wait,
     .pending = cuda_pending,
     .drop_pending = cuda_drop_pending,
+    .forward_rows = cuda_forward_rows,
 };

@@ -78,7 +78,7 @@ template <bool kHalf, int kVec>
 __global__ void __launch_bounds__(256)
     qkv_post_kernel(const float *raw, int64_t ldraw, bn_cb_qkv_shape s, bn_rope_freqs freqs,
                     const float2 *__restrict__ table, int64_t table_len, const int32_t *pos,
-                    float *q_out, int64_t ldq, void *k_cache, void *v_cache)
+                    const int32_t *slot, float *q_out, int64_t ldq, void *k_cache, void *v_cache)
 {
     pdl_trigger();
     pdl_wait();
@@ -130,8 +130,8 @@ __global__ void __launch_bounds__(256)
             *reinterpret_cast<float4 *>(q) = make_float4(v[0], v[1], v[2], v[3]);
         else
             q[0] = v[0];
-    } else if (p >= 0 && (int64_t)p < s.capacity) {
-        const int64_t off = (int64_t)p * kv_dim + at.local;
+    } else if (const int row = slot ? __ldcg(slot + t) : p; row >= 0 && (int64_t)row < s.capacity) {
+        const int64_t off = (int64_t)row * kv_dim + at.local;
         void *cache = at.region == 1 ? k_cache : v_cache;
         if constexpr (kHalf && kVec == 4) {
             __half2 *h = reinterpret_cast<__half2 *>(static_cast<__half *>(cache) + off);
@@ -173,11 +173,13 @@ extern "C" cudaError_t bn_cb_rope_table(const bn_rope_freqs *freqs, int64_t n_po
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t bn_cb_qkv_post(const float *raw, int64_t ldraw, int64_t m,
-                                      const bn_cb_qkv_shape *s, const bn_rope_freqs *freqs,
-                                      const float *table, int64_t table_len, const int32_t *pos,
-                                      float *q_out, int64_t ldq, void *k_cache, void *v_cache,
-                                      int kv_f16, int pdl, cudaStream_t stream)
+/* bn_cb_qkv_post with each row's k and v stored in cache row slot[t]
+ * (NULL: at its position), for the paged cache of many sequences. */
+static cudaError_t qkv_post(const float *raw, int64_t ldraw, int64_t m, const bn_cb_qkv_shape *s,
+                            const bn_rope_freqs *freqs, const float *table, int64_t table_len,
+                            const int32_t *pos, const int32_t *slot, float *q_out, int64_t ldq,
+                            void *k_cache, void *v_cache, int kv_f16, int pdl,
+                            cudaStream_t stream)
 {
     if (!raw || !s || !freqs || !pos || !q_out || !k_cache || !v_cache || m < 0 ||
         m > INT32_MAX || s->head_dim <= 0 || s->n_heads <= 0 || s->n_kv_heads <= 0 ||
@@ -196,16 +198,40 @@ extern "C" cudaError_t bn_cb_qkv_post(const float *raw, int64_t ldraw, int64_t m
         const dim3 grid4((unsigned)m, (unsigned)((values / 4 + 255) / 256));
         if (kv_f16)
             return pdl_launch(qkv_post_kernel<true, 4>, grid4, dim3(256), 0, stream, pdl, raw,
-                              ldraw, *s, *freqs, t, table_len, pos, q_out, ldq, k_cache, v_cache);
+                              ldraw, *s, *freqs, t, table_len, pos, slot, q_out, ldq, k_cache,
+                              v_cache);
         return pdl_launch(qkv_post_kernel<false, 4>, grid4, dim3(256), 0, stream, pdl, raw, ldraw,
-                          *s, *freqs, t, table_len, pos, q_out, ldq, k_cache, v_cache);
+                          *s, *freqs, t, table_len, pos, slot, q_out, ldq, k_cache, v_cache);
     }
     const dim3 grid((unsigned)m, (unsigned)((values + 255) / 256));
     if (kv_f16)
         return pdl_launch(qkv_post_kernel<true, 1>, grid, dim3(256), 0, stream, pdl, raw, ldraw,
-                          *s, *freqs, t, table_len, pos, q_out, ldq, k_cache, v_cache);
+                          *s, *freqs, t, table_len, pos, slot, q_out, ldq, k_cache, v_cache);
     return pdl_launch(qkv_post_kernel<false, 1>, grid, dim3(256), 0, stream, pdl, raw, ldraw, *s,
-                      *freqs, t, table_len, pos, q_out, ldq, k_cache, v_cache);
+                      *freqs, t, table_len, pos, slot, q_out, ldq, k_cache, v_cache);
+}
+
+extern "C" cudaError_t bn_cb_qkv_post(const float *raw, int64_t ldraw, int64_t m,
+                                      const bn_cb_qkv_shape *s, const bn_rope_freqs *freqs,
+                                      const float *table, int64_t table_len, const int32_t *pos,
+                                      float *q_out, int64_t ldq, void *k_cache, void *v_cache,
+                                      int kv_f16, int pdl, cudaStream_t stream)
+{
+    return qkv_post(raw, ldraw, m, s, freqs, table, table_len, pos, NULL, q_out, ldq, k_cache,
+                    v_cache, kv_f16, pdl, stream);
+}
+
+extern "C" cudaError_t bn_cb_qkv_post_slots(const float *raw, int64_t ldraw, int64_t m,
+                                            const bn_cb_qkv_shape *s, const bn_rope_freqs *freqs,
+                                            const float *table, int64_t table_len,
+                                            const int32_t *pos, const int32_t *slot,
+                                            float *q_out, int64_t ldq, void *k_cache,
+                                            void *v_cache, cudaStream_t stream)
+{
+    if (!slot)
+        return cudaErrorInvalidValue;
+    return qkv_post(raw, ldraw, m, s, freqs, table, table_len, pos, slot, q_out, ldq, k_cache,
+                    v_cache, 0, 0, stream);
 }
 
 extern "C" int bn_cb_rope_pdl_compiled(void) { return pdl_compiled(qkv_post_kernel<false, 4>); }

@@ -49,6 +49,7 @@ typedef struct bn_backend_params {
     /* Rows of a paged cache for many sequences at once (forward_rows); 0:
      * none. A backend without forward_rows ignores it. */
     int64_t paged_rows;
+    int paged_block, paged_max_seqs; /* its block size and sequences at once   */
     /* The engine's options, for settings only one backend reads. */
     const struct bn_engine_options *engine;
 } bn_backend_params;
@@ -69,6 +70,7 @@ typedef struct bn_backend_desc {
     int threads;        /* host threads computing; 0 on a device            */
     char details[384];  /* the startup line's parenthesis: "avx512, 2
                            threads", "NVIDIA H200, graphs, kv f32, ..."     */
+    bool batches;       /* it has a paged cache: forward_rows runs          */
 } bn_backend_desc;
 
 struct bn_backend_ops {

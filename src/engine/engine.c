@@ -214,6 +214,11 @@ static bn_status open_batching(bn_engine *e, bn_error *err)
 {
     if (e->kv || e->params.paged_rows <= 0 || !e->backend->ops->forward_rows)
         return BN_OK;
+    bn_backend_desc d;
+    memset(&d, 0, sizeof d);
+    e->backend->ops->describe(e->backend, &d);
+    if (!d.batches) /* e.g. an fp16 cache: the requests run one at a time */
+        return BN_OK;
     e->kv_cfg.n_blocks = (int32_t)(e->params.paged_rows / e->kv_cfg.block_size);
     return bn_kv_blocks_create(&e->kv_cfg, &e->kv, err);
 }
@@ -328,6 +333,8 @@ static bn_status plan_batching(bn_engine *e, const bn_engine_options *opt, const
                                       .prefix_sharing = !opt->no_prefix_sharing};
     e->token_budget = opt->token_budget > 0 ? opt->token_budget : 512;
     e->params.paged_rows = blocks * block;
+    e->params.paged_block = block;
+    e->params.paged_max_seqs = opt->max_seqs;
     return BN_OK;
 }
 
