@@ -29,6 +29,104 @@
 
 static const char *const type_names[] = {"f32", "f16", "bf16"};
 
+/* The batched head's input (bn_cb_rows_head_in, rows_head.cu): rows picked
+ * out of M rows of x + r in any order, normed; form F32 must equal
+ * bn_cb_add_rmsnorm's output exactly; the 16-bit forms' parts must add up,
+ * times the row's factor, to it within 2^-20 of each value (they keep 22
+ * or 24 bits) plus a tiny share of the row's largest; output rows past
+ * n_rows stay poisoned. */
+static void check_rows_head_in(int form, int64_t M, int64_t dim)
+{
+    const int64_t n = M / 2 + 1, plane = (n + 1) * dim;
+    const int parts = bn_cb_rows_head_parts(form);
+    const size_t elem = form == BN_CB_ROWS_HEAD_F32 ? 4 : 2;
+    float *x = malloc(sizeof(float) * (size_t)(M * dim)), *r = malloc(sizeof(float) * (size_t)(M * dim));
+    float *w = malloc(sizeof(float) * (size_t)dim), *want = malloc(sizeof(float) * (size_t)(M * dim));
+    int32_t *lrow = malloc(sizeof(int32_t) * (size_t)n);
+    void *got = malloc(elem * (size_t)(parts * plane));
+    float *scale = malloc(sizeof(float) * (size_t)(n + 1));
+    CHECK(x && r && w && want && lrow && got && scale);
+    for (int64_t i = 0; i < M * dim; i++) {
+        x[i] = test_rand_float(-3.0f, 3.0f) * (i % 97 == 0 ? 100.0f : 1.0f);
+        r[i] = test_rand_float(-1.0f, 1.0f) * (i % 13 == 0 ? 1e-6f : 1.0f);
+    }
+    for (int64_t i = 0; i < dim; i++)
+        w[i] = test_rand_float(0.1f, 4.0f);
+    for (int64_t k = 0; k < n; k++)
+        lrow[k] = (int32_t)((k * 5 + 3) % M);
+    float *dx, *dr, *dw, *dy, *dscale;
+    int32_t *dl;
+    void *dparts;
+    CUDA_OK(cudaMalloc((void **)&dx, sizeof(float) * (size_t)(M * dim)));
+    CUDA_OK(cudaMalloc((void **)&dr, sizeof(float) * (size_t)(M * dim)));
+    CUDA_OK(cudaMalloc((void **)&dw, sizeof(float) * (size_t)dim));
+    CUDA_OK(cudaMalloc((void **)&dy, sizeof(float) * (size_t)(M * dim)));
+    CUDA_OK(cudaMalloc((void **)&dl, sizeof(int32_t) * (size_t)n));
+    CUDA_OK(cudaMalloc(&dparts, elem * (size_t)(parts * plane)));
+    CUDA_OK(cudaMalloc((void **)&dscale, sizeof(float) * (size_t)(n + 1)));
+    CUDA_OK(cudaMemcpy(dx, x, sizeof(float) * (size_t)(M * dim), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dr, r, sizeof(float) * (size_t)(M * dim), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dw, w, sizeof(float) * (size_t)dim, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dl, lrow, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dparts, 0x7f, elem * (size_t)(parts * plane))); /* poison */
+    CUDA_OK(cudaMemset(dscale, 0x7f, sizeof(float) * (size_t)(n + 1)));
+    CUDA_OK(bn_cb_rows_head_in(dx, dr, dim, dim, dl, n, dw, 1e-5f, form, dparts, plane, dscale, 0));
+    /* The reference: bn_cb_add_rmsnorm over every row (it adds r into x). */
+    CUDA_OK(bn_cb_add_rmsnorm(dx, dim, dr, dim, M, dim, dw, 1e-5f, dy, dim, 0, 0));
+    CUDA_OK(cudaMemcpy(want, dy, sizeof(float) * (size_t)(M * dim), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(got, dparts, elem * (size_t)(parts * plane), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(scale, dscale, sizeof(float) * (size_t)(n + 1), cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int64_t k = 0; k < n && bad < 5; k++) {
+        const float *ref = want + (int64_t)lrow[k] * dim;
+        double big = 0.0;
+        for (int64_t i = 0; i < dim; i++)
+            big = fmax(big, fabs(ref[i]));
+        for (int64_t i = 0; i < dim && bad < 5; i++) {
+            double v = 0.0;
+            for (int p = 0; p < parts; p++) {
+                const int64_t at = p * plane + k * dim + i;
+                if (form == BN_CB_ROWS_HEAD_F32)
+                    v += ((const float *)got)[at];
+                else if (form == BN_CB_ROWS_HEAD_F16)
+                    v += bn_fp16_to_fp32(((const uint16_t *)got)[at]);
+                else
+                    v += bn_bf16_to_fp32(((const uint16_t *)got)[at]);
+            }
+            v *= scale[k];
+            const double tol =
+                form == BN_CB_ROWS_HEAD_F32 ? 0.0 : 0x1.0p-20 * fabs(ref[i]) + 0x1.0p-30 * big;
+            if (!(fabs(v - ref[i]) <= tol)) {
+                fprintf(stderr, "rows_head_in %s M=%lld dim=%lld: row %lld [%lld] %.9g, want %.9g\n",
+                        type_names[form], (long long)M, (long long)dim, (long long)k, (long long)i,
+                        v, (double)ref[i]);
+                bad++;
+            }
+        }
+    }
+    CHECK(bad == 0);
+    /* Row n of every part and its factor: not written. */
+    const unsigned char *tail = (const unsigned char *)got + elem * (size_t)(n * dim);
+    CHECK(tail[0] == 0x7f && tail[elem * (size_t)dim - 1] == 0x7f);
+    CHECK(((const unsigned char *)scale)[4 * n] == 0x7f);
+    CHECK(bn_cb_rows_head_in(dx, dr, dim, dim, dl, n, dw, 1e-5f, form, dparts, n * dim - 1, dscale,
+                             0) == cudaErrorInvalidValue);
+    cudaFree(dx);
+    cudaFree(dr);
+    cudaFree(dw);
+    cudaFree(dy);
+    cudaFree(dl);
+    cudaFree(dparts);
+    cudaFree(dscale);
+    free(x);
+    free(r);
+    free(w);
+    free(want);
+    free(lrow);
+    free(got);
+    free(scale);
+}
+
 static void check_head(int type, int64_t rows, int64_t dim, int sm_count)
 {
     const size_t esize = type == BN_CB_HEAD_F32 ? 4 : 2;
@@ -113,6 +211,11 @@ int main(void)
     for (int type = BN_CB_HEAD_F32; type <= BN_CB_HEAD_BF16; type++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
             check_head(type, shapes[i][0], shapes[i][1], prop.multiProcessorCount);
+    for (int form = BN_CB_ROWS_HEAD_F32; form <= BN_CB_ROWS_HEAD_BF16; form++) {
+        check_rows_head_in(form, 9, 2560);
+        check_rows_head_in(form, 64, 256);
+        check_rows_head_in(form, 3, 100);
+    }
     /* Bad arguments are refused. */
     float *d = NULL;
     CUDA_OK(cudaMalloc((void **)&d, 64));

@@ -783,6 +783,90 @@ static void time_sampling(dev *d, int32_t V)
  * i, i + n, ... Each unit draws from a random stream of its own (the run's
  * seed and the unit's number), so a unit checks the same problems whichever
  * part runs it, and the parts together check what one run does. */
+/* Many rows in one launch (bn_cuda_sample_rows): each row, with its own
+ * parameters and number (greedy, sampled, refused), gives the token the
+ * one-row launcher gives on that row alone; rows of ld > V floats; run
+ * twice on the same workspace (its tickets go back to 0); poisoned token
+ * slots. */
+static void check_rows(dev *d, int32_t V, int n_rows)
+{
+    const int64_t ld = V + 7;
+    float *l = malloc(sizeof(float) * (size_t)(ld * n_rows));
+    bn_cuda_sample_params *p = malloc(sizeof *p * (size_t)n_rows);
+    double *u = malloc(sizeof *u * (size_t)n_rows);
+    int32_t *got = malloc(sizeof *got * (size_t)n_rows);
+    CHECK(l && p && u && got);
+    bool any_sampled = false;
+    for (int r = 0; r < n_rows; r++) {
+        make_logits(l + r * ld, V, r % 6);
+        const int kind = (int)test_rand_range(0, 3);
+        const int k = V <= 64 ? (int)test_rand_range(0, 2) * V : (int)test_rand_range(1, 64);
+        p[r] = (bn_cuda_sample_params){kind == 0 ? 0.0f : test_rand_float(0.3f, 2.0f), k,
+                                       kind == 2 ? test_rand_float(0.5f, 1.0f) : 1.0f,
+                                       kind == 3 ? 0.05f : 0.0f};
+        if (r == 3)
+            p[r].temperature = NAN; /* refused: -1 */
+        u[r] = (double)(test_rand_u64() >> 11) * 0x1.0p-53;
+        any_sampled |= p[r].temperature > 0.0f;
+    }
+    float *dl = NULL;
+    bn_cuda_sample_params *dp = NULL;
+    double *du = NULL;
+    int32_t *dt = NULL;
+    void *ws = NULL;
+    const size_t ws_bytes = bn_cuda_sample_workspace_bytes(V) * (size_t)n_rows;
+    CUDA_OK(cudaMalloc((void **)&dl, sizeof(float) * (size_t)(ld * n_rows)));
+    CUDA_OK(cudaMalloc((void **)&dp, sizeof *dp * (size_t)n_rows));
+    CUDA_OK(cudaMalloc((void **)&du, sizeof *du * (size_t)n_rows));
+    CUDA_OK(cudaMalloc((void **)&dt, sizeof *dt * (size_t)n_rows));
+    CUDA_OK(cudaMalloc(&ws, ws_bytes));
+    CUDA_OK(cudaMemset(ws, 0, ws_bytes));
+    CUDA_OK(cudaMemcpy(dl, l, sizeof(float) * (size_t)(ld * n_rows), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dp, p, sizeof *dp * (size_t)n_rows, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(du, u, sizeof *du * (size_t)n_rows, cudaMemcpyHostToDevice));
+    for (int pass = 0; pass < 2; pass++) {
+        CUDA_OK(cudaMemset(dt, 0xa5, sizeof *dt * (size_t)n_rows)); /* poison */
+        CUDA_OK(bn_cuda_sample_rows(dl, ld, V, n_rows, dp, du, ws, any_sampled, dt, 0));
+        CUDA_OK(cudaMemcpy(got, dt, sizeof *got * (size_t)n_rows, cudaMemcpyDeviceToHost));
+        for (int r = 0; r < n_rows; r++) {
+            int32_t want = -1;
+            if (!isnan(p[r].temperature)) {
+                CUDA_OK(cudaMemcpy(d->logits, l + r * ld, sizeof(float) * (size_t)V,
+                                   cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemcpy(d->u, &u[r], sizeof u[r], cudaMemcpyHostToDevice));
+                CUDA_OK(sample_logits(d->logits, V, &p[r], d->u, d->ws, d->token, NULL, 0));
+                CUDA_OK(cudaMemcpy(&want, d->token, sizeof want, cudaMemcpyDeviceToHost));
+            }
+            CHECK_MSG(got[r] == want,
+                      "V=%d rows=%d pass %d: row %d (T=%g k=%d) gives %d, the one-row "
+                      "launcher %d",
+                      V, n_rows, pass, r, (double)p[r].temperature, p[r].top_k, got[r], want);
+            if (p[r].temperature == 0.0f)
+                CHECK(got[r] == ref_argmax(l + r * ld, V));
+        }
+    }
+    /* Only greedy rows: the argmax kernel alone. */
+    for (int r = 0; r < n_rows; r++)
+        p[r].temperature = 0.0f;
+    CUDA_OK(cudaMemcpy(dp, p, sizeof *dp * (size_t)n_rows, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dt, 0xa5, sizeof *dt * (size_t)n_rows));
+    CUDA_OK(bn_cuda_sample_rows(dl, ld, V, n_rows, dp, du, ws, 0, dt, 0));
+    CUDA_OK(cudaMemcpy(got, dt, sizeof *got * (size_t)n_rows, cudaMemcpyDeviceToHost));
+    for (int r = 0; r < n_rows; r++)
+        CHECK_MSG(got[r] == ref_argmax(l + r * ld, V), "V=%d greedy row %d: %d", V, r, got[r]);
+    CHECK(bn_cuda_sample_rows(dl, V - 1, V, n_rows, dp, du, ws, 0, dt, 0) ==
+          cudaErrorInvalidValue);
+    cudaFree(dl);
+    cudaFree(dp);
+    cudaFree(du);
+    cudaFree(dt);
+    cudaFree(ws);
+    free(l);
+    free(p);
+    free(u);
+    free(got);
+}
+
 static uint64_t run_seed;
 static int next_unit;
 static bool unit_runs(void)
@@ -833,6 +917,10 @@ int main(void)
             check_lists(&d, list_vocabs[i]);
     if (unit_runs())
         check_graph(&d, 128256);
+    const int32_t row_vocabs[] = {5, 64, 1000, 128256};
+    for (size_t i = 0; i < sizeof row_vocabs / sizeof row_vocabs[0]; i++)
+        if (unit_runs())
+            check_rows(&d, row_vocabs[i], quick ? 5 : 37);
     printf("draws: %d, ambiguous (not compared): %d\n", total_draws, ambiguous_draws);
     /* Mostly exact ties (all-equal logits with u = 0.5 hit a boundary
      * exactly, and both sides then agree anyway); random u almost never. */

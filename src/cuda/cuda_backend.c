@@ -239,6 +239,8 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
         b->paged_max_blocks = (int)((kv_len + opt.paged_block - 1) / opt.paged_block);
         b->paged_bytes = 2 * (uint64_t)hp->n_layer * (uint64_t)b->paged_rows *
                          (uint64_t)b->kv_dim * sizeof(float);
+        /* Every sequence of a pass wants at most one row's logits. */
+        b->rows_head = opt.paged_max_seqs < ROWS_HEAD_MAX ? opt.paged_max_seqs : ROWS_HEAD_MAX;
     }
 
     bn_status st = cb_check_shape(b, err);
@@ -413,6 +415,11 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->ws_sample, 0,
                                                  bn_cuda_sample_workspace_bytes(hp->vocab),
                                                  b->copy));
+    if (st == BN_OK && b->ws_rows)
+        st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->ws_rows, 0,
+                                                 (size_t)b->rows_head *
+                                                     bn_cuda_sample_workspace_bytes(hp->vocab),
+                                                 b->copy));
     if (st == BN_OK) {
         if (hp->rope_dim > 0) {
             if (bn_rope_freqs_init(&b->freqs, hp->rope_theta, hp->rope_dim) != cudaSuccess)
@@ -495,6 +502,7 @@ void bn_cuda_backend_free(bn_cuda_backend *b)
             if (b->step_done[i])
                 cudaEventDestroy(b->step_done[i]);
         cb_free_stage_map(b);
+        cb_rows_release(b);
         for (int i = 0; i < b->n_allocs; i++)
             bn_cuda_context_free(b->ctx, b->allocs[i].p, b->allocs[i].bytes);
         if (b->h_io)
@@ -598,7 +606,8 @@ static const char *const kernel_names[K_COUNT] = {
     "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay",
     "attention_decode_f32_cluster",
     "lm_head_screen_int8", "attention_decode_f32_cluster_qkv", "w2a8_gemv_gate_up_relu2",
-    "sample_top_k_top_p", "decode_handoff", "embed_norm_quantize", "attention_paged_f32"};
+    "sample_top_k_top_p", "decode_handoff", "embed_norm_quantize", "attention_paged_f32",
+    "lm_head_rows_gemm", "sample_rows"};
 
 void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size)
 {

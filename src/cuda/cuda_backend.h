@@ -207,6 +207,14 @@ void bn_cuda_backend_memory(const bn_cuda_backend *b, bn_cuda_memory *out);
  * that sequence's own passes give, up to fp32 summation order. */
 bn_status bn_cuda_backend_forward_rows(bn_cuda_backend *b, const bn_batch_rows *rows,
                                        float *logits, bn_error *err);
+/* The same with each logit row's token picked on the device instead of its
+ * logits coming back: row k of rows->logit_rows by p[k] (NULL: every row
+ * greedy) with the uniform number u[k] (may be NULL when every row is
+ * greedy), its token into next[k] (-1 when no token can be chosen: every
+ * logit NaN or -inf). Each p[k] must pass bn_cuda_backend_sample_supported. */
+bn_status bn_cuda_backend_forward_rows_pick(bn_cuda_backend *b, const bn_batch_rows *rows,
+                                            const bn_cuda_sample_params *p, const double *u,
+                                            int32_t *next, bn_error *err);
 /* Whether the backend has a paged cache (forward_rows). */
 bool bn_cuda_backend_batches(const bn_cuda_backend *b);
 /* "cuda:0" and the device's name ("NVIDIA H200"). */
@@ -314,6 +322,11 @@ bn_status bn_cuda_backend_profile_decode(bn_cuda_backend *b, int32_t token, int6
 bn_status bn_cuda_backend_profile_prefill(bn_cuda_backend *b, const int32_t *tokens, int64_t n,
                                           int64_t pos, int reps, bn_cuda_stage_times *out,
                                           bn_error *err);
+/* Stage times of one batched pass (bn_cuda_backend_forward_rows_pick,
+ * every row greedy) with CUDA events around each stage, averaged over reps
+ * passes; the same rows are computed each time. */
+bn_status bn_cuda_backend_profile_rows(bn_cuda_backend *b, const bn_batch_rows *rows, int reps,
+                                       bn_cuda_stage_times *out, bn_error *err);
 
 /* Wall time per greedy decode step (the way generation runs it: upload,
  * graph replay or eager launches, argmax, token download, wait), averaged

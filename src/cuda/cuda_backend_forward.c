@@ -468,7 +468,7 @@ static bn_status lm_head(const pass *p, bool screen)
  * chunk): tokens d_tok at positions d_pos of sequences d_seq, their k and v
  * stored at paged cache rows d_slot, attention through b->d_tables (all
  * device arrays). The rows' hidden states are left in x + out (the last
- * layer's residual not yet added): cb_row_logits takes a row's logits. */
+ * layer's residual not yet added) for the head (cuda_backend_rows.c). */
 bn_status cb_enqueue_paged_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
                                 const int32_t *d_pos, const int32_t *d_slot,
                                 const int32_t *d_seq, bn_error *err)
@@ -477,20 +477,6 @@ bn_status cb_enqueue_paged_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_
     STAGE(embed_and_first_norm(&p));
     for (int l = 0; l < b->hp.n_layer; l++)
         STAGE(layer(&p, l));
-    return BN_OK;
-}
-
-/* Row `row` of the last cb_enqueue_paged_rows: normed = output_norm(x +
- * out), then its logits into b->logits (the full head). */
-bn_status cb_row_logits(bn_cuda_backend *b, int64_t row, bn_error *err)
-{
-    const int64_t dim = b->hp.dim;
-    BN_CUDA_TRY(err, bn_cb_add_rmsnorm(b->x + row * dim, dim, b->out + row * dim, dim, 1, dim,
-                                       b->d_norms + b->out_norm_off, b->hp.rms_eps, b->normed,
-                                       dim, 0, b->cs));
-    BN_CUDA_TRY(err, bn_cb_head_gemv(b->d_head, b->head_type, b->hp.vocab, dim, b->normed,
-                                     b->logits, b->sm, b->cs));
-    b->ran |= 1u << K_OUT_NORM | 1u << K_HEAD;
     return BN_OK;
 }
 

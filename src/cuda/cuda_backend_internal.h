@@ -79,7 +79,8 @@ enum {
     K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
     K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
     K_ATTN_DEC_F32_CLUSTER, K_HEAD_SCREEN, K_ATTN_DEC_F32_QKV,
-    K_GEMV_PAIR, K_SAMPLE, K_HANDOFF, K_EMBED_NORM_Q, K_ATTN_PAGED, K_COUNT
+    K_GEMV_PAIR, K_SAMPLE, K_HANDOFF, K_EMBED_NORM_Q, K_ATTN_PAGED, K_HEAD_ROWS, K_SAMPLE_ROWS,
+    K_COUNT
 };
 
 /* Events of an instrumented step (profile_decode). */
@@ -169,6 +170,24 @@ struct bn_cuda_backend {
     float *d_pk, *d_pv;
     int32_t *d_slot, *d_rseq, *d_tables;
     uint64_t paged_bytes;
+    /* The batched pass's LM head (cuda_backend_rows.c): up to rows_head
+     * wanted rows at once, their input parts (rows_head.cu; form
+     * BN_CB_ROWS_HEAD_*) and scale-back factors, logits [rows_head][vocab],
+     * chunk-local row numbers, sampling parameters, uniform numbers and
+     * tokens, and one sampler workspace per row. cuBLAS (blas, a
+     * cublasHandle_t) runs the GEMMs; without it each row takes the head
+     * GEMV. */
+#define ROWS_HEAD_MAX 256
+    int rows_head, rows_form;
+    void *d_hin;
+    float *d_hscale, *d_rlogits;
+    int32_t *d_lrow, *d_rtok;
+    bn_cuda_sample_params *d_rparams;
+    double *d_ru;
+    void *ws_rows;
+    const struct bn_cublas *blas_api;
+    void *blas;
+    bool blas_tried;
 
     /* Scratch of one prefill chunk (cb_scratch_list; the layout at the top
      * of this file) and the decode step's inputs. */
@@ -337,7 +356,19 @@ bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
 bn_status cb_enqueue_paged_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
                                 const int32_t *d_pos, const int32_t *d_slot,
                                 const int32_t *d_seq, bn_error *err);
-bn_status cb_row_logits(bn_cuda_backend *b, int64_t row, bn_error *err);
+/* Where a batched pass's answers go (cuda_backend_rows.c): the logit
+ * rows' tokens picked on the device (next: p[k] and u[k] per row, p NULL
+ * for all greedy), or else their logits (vocab floats each). */
+typedef struct rows_out {
+    float *logits;
+    const bn_cuda_sample_params *p;
+    const double *u;
+    int32_t *next;
+} rows_out;
+bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows_out *o,
+                          bn_error *err);
+/* The batched pass's cuBLAS handle, released. */
+void cb_rows_release(bn_cuda_backend *b);
 bn_status cb_check_request(const bn_cuda_backend *b, const int32_t *tokens, int64_t n,
                            int64_t pos, bn_error *err);
 bn_status cb_begin_call(bn_cuda_backend *b, bn_error *err);

@@ -24,19 +24,19 @@ const char *bn_cuda_stage_name(bn_cuda_stage s)
     return (int)s >= 0 && s < BN_CUDA_STAGE_COUNT ? names[s] : "?";
 }
 
-/* Queues one pass of M rows (as cb_enqueue_rows; the inputs already on the
- * device) reps times with CUDA events around each stage and averages the
- * stages' times per pass into out. argmax: the pass runs as a greedy one
- * (the screened head where greedy passes use it, then the device argmax or
- * the screen's token key). */
-static bn_status profile_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
-                              const int32_t *d_pos, const int32_t *d_kvlen, int64_t visible,
-                              bool argmax, int reps, bn_cuda_stage_times *out, bn_error *err)
+/* One pass of a profile, queued with b->prof set; the profile waits for
+ * the stream after it. */
+typedef bn_status (*profiled_pass)(bn_cuda_backend *b, const void *arg, bn_error *err);
+
+/* Runs a pass reps times with CUDA events around each stage (cap of them
+ * at most) and averages the stages' times per pass into out. */
+static bn_status profile_passes(bn_cuda_backend *b, int cap, profiled_pass run, const void *arg,
+                                int reps, bn_cuda_stage_times *out, bn_error *err)
 {
     bn_status st = BN_OK;
     prof p;
     memset(&p, 0, sizeof p);
-    p.cap = 8 + b->hp.n_layer * 16;
+    p.cap = cap;
     p.ev = calloc((size_t)p.cap, sizeof *p.ev);
     p.stage = calloc((size_t)p.cap, sizeof *p.stage);
     if (!p.ev || !p.stage)
@@ -52,13 +52,7 @@ static bn_status profile_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         if (st == BN_OK)
             p.stage[p.n++] = -1; /* the start */
         if (st == BN_OK)
-            st = cb_enqueue_rows(b, M, d_tok, d_pos, d_kvlen, visible,
-                                 argmax && b->form.head_screen, err);
-        b->choice_in_pass = false;
-        if (st == BN_OK && argmax)
-            st = cb_queue_choice(b, NULL, err); /* the argmax (unless screened) and hand-off */
-        if (st == BN_OK && argmax)
-            st = cb_mark(b, BN_CUDA_STAGE_ARGMAX, b->form.head_screen ? 1 : 3, err);
+            st = run(b, arg, err);
         b->prof = NULL;
         if (st == BN_OK)
             st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
@@ -78,6 +72,69 @@ static bn_status profile_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_to
         cudaEventDestroy(p.ev[i]);
     free(p.ev);
     free(p.stage);
+    return st;
+}
+
+/* One sequence's pass of M rows (as cb_enqueue_rows; the inputs already
+ * on the device). argmax: the pass runs as a greedy one (the screened
+ * head where greedy passes use it, then the device argmax or the screen's
+ * token key). */
+typedef struct seq_pass {
+    int64_t M;
+    const int32_t *d_tok, *d_pos, *d_kvlen;
+    int64_t visible;
+    bool argmax;
+} seq_pass;
+
+static bn_status run_seq_pass(bn_cuda_backend *b, const void *arg, bn_error *err)
+{
+    const seq_pass *a = arg;
+    bn_status st = cb_enqueue_rows(b, a->M, a->d_tok, a->d_pos, a->d_kvlen, a->visible,
+                                   a->argmax && b->form.head_screen, err);
+    b->choice_in_pass = false;
+    if (st == BN_OK && a->argmax)
+        st = cb_queue_choice(b, NULL, err); /* the argmax (unless screened) and hand-off */
+    if (st == BN_OK && a->argmax)
+        st = cb_mark(b, BN_CUDA_STAGE_ARGMAX, b->form.head_screen ? 1 : 3, err);
+    return st;
+}
+
+static bn_status profile_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
+                              const int32_t *d_pos, const int32_t *d_kvlen, int64_t visible,
+                              bool argmax, int reps, bn_cuda_stage_times *out, bn_error *err)
+{
+    const seq_pass a = {M, d_tok, d_pos, d_kvlen, visible, argmax};
+    return profile_passes(b, 8 + b->hp.n_layer * 16, run_seq_pass, &a, reps, out, err);
+}
+
+/* A batched pass, every row greedy, its tokens into next. */
+typedef struct batched_pass {
+    const bn_batch_rows *rows;
+    int32_t *next;
+} batched_pass;
+
+static bn_status run_batched_pass(bn_cuda_backend *b, const void *arg, bn_error *err)
+{
+    const batched_pass *a = arg;
+    const rows_out o = {NULL, NULL, NULL, a->next};
+    return cb_forward_rows(b, a->rows, &o, err);
+}
+
+bn_status bn_cuda_backend_profile_rows(bn_cuda_backend *b, const bn_batch_rows *rows, int reps,
+                                       bn_cuda_stage_times *out, bn_error *err)
+{
+    if (!b || !rows || !out || reps < 1 || rows->n_rows < 1 || rows->n_logits < 0)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "profile: bad arguments");
+    memset(out, 0, sizeof *out);
+    int32_t *next = malloc(((size_t)rows->n_logits + 1) * sizeof *next);
+    if (!next)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a profile");
+    const int64_t chunks = (rows->n_rows + b->chunk - 1) / b->chunk;
+    const int64_t flushes = b->rows_head > 0 ? rows->n_logits / b->rows_head + 1 : 1;
+    const int cap = (int)(chunks * (8 + b->hp.n_layer * 16) + 4 * (rows->n_logits + flushes) + 8);
+    const batched_pass a = {rows, next};
+    const bn_status st = profile_passes(b, cap, run_batched_pass, &a, reps, out, err);
+    free(next);
     return st;
 }
 

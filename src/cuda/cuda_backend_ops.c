@@ -186,6 +186,21 @@ static bn_status cuda_forward_rows(bn_backend *b, const bn_batch_rows *rows, flo
     return bn_cuda_backend_forward_rows(cuda_of(b), rows, logits, err);
 }
 
+static bn_status cuda_forward_rows_pick(bn_backend *b, const bn_batch_rows *rows,
+                                        const bn_pick_params *picks, const double *u,
+                                        int32_t *next, bn_error *err)
+{
+    const int64_t n = rows ? rows->n_logits : 0;
+    bn_cuda_sample_params *cp = malloc(((size_t)n + 1) * sizeof *cp);
+    if (!cp)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a pass's picks");
+    for (int64_t k = 0; k < n; k++)
+        cp[k] = sample_params(&picks[k]);
+    const bn_status st = bn_cuda_backend_forward_rows_pick(cuda_of(b), rows, cp, u, next, err);
+    free(cp);
+    return st;
+}
+
 const bn_backend_ops bn_cuda_backend_ops = {
     .name = "cuda",
     .create = cuda_create,
@@ -205,4 +220,5 @@ const bn_backend_ops bn_cuda_backend_ops = {
     .pending = cuda_pending,
     .drop_pending = cuda_drop_pending,
     .forward_rows = cuda_forward_rows,
+    .forward_rows_pick = cuda_forward_rows_pick,
 };

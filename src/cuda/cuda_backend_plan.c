@@ -234,6 +234,23 @@ int cb_scratch_list(bn_cuda_backend *b, scratch_spec *list)
     ADD(&b->d_tokens, (size_t)b->kv_len * sizeof(int32_t));
     ADD(&b->d_pos, (size_t)b->kv_len * sizeof(int32_t));
     ADD(&b->d_dec, 2 * DEC_STRIDE * sizeof(int32_t));
+    if (b->paged_rows > 0) { /* the batched pass's head (cuda_backend_internal.h) */
+        b->rows_form = b->head_type == BN_CB_HEAD_F16    ? BN_CB_ROWS_HEAD_F16
+                       : b->head_type == BN_CB_HEAD_BF16 ? BN_CB_ROWS_HEAD_BF16
+                                                         : BN_CB_ROWS_HEAD_F32;
+        const size_t H = (size_t)b->rows_head, dim = (size_t)hp->dim;
+        const int parts = bn_cb_rows_head_parts(b->rows_form);
+        /* fp32 rows for the GEMV without cuBLAS, else the 16-bit parts */
+        const size_t in_bytes = parts * 2 > 4 ? (size_t)parts * 2 : 4;
+        ADD(&b->d_hin, H * dim * in_bytes);
+        ADD(&b->d_hscale, H * f);
+        ADD(&b->d_rlogits, H * (size_t)hp->vocab * f);
+        ADD(&b->d_lrow, H * sizeof(int32_t));
+        ADD(&b->d_rtok, H * sizeof(int32_t));
+        ADD(&b->d_rparams, H * sizeof(bn_cuda_sample_params));
+        ADD(&b->d_ru, H * sizeof(double));
+        ADD(&b->ws_rows, H * bn_cuda_sample_workspace_bytes(hp->vocab));
+    }
 #undef ADD
     return n;
 }

@@ -1,19 +1,28 @@
 /*
  * cuda_backend_rows.c - rows of many sequences in one pass over the paged
- * cache (bn_cuda_backend_forward_rows, the batching scheduler's pass; the
- * contract is in cuda_backend.h and batch_rows.h).
+ * cache (bn_cuda_backend_forward_rows and _pick, the batching scheduler's
+ * pass; the contract is in cuda_backend.h and batch_rows.h).
  *
  * The rows go through the prefill machinery in chunks of at most the
  * prefill chunk: the W2A8 GEMMs, norms and residuals are row by row, so
  * rows of different sequences share them; only the k / v store
  * (bn_cb_qkv_post_slots: each row's paged cache row) and the attention
  * (bn_cb_attn_paged: each row over its own sequence's blocks) know about
- * sequences. Each wanted row then gets its output norm and the LM head.
+ * sequences.
+ *
+ * The wanted rows (at most one per sequence) then share the LM head: after
+ * each chunk, their output norm goes into the head's input buffer
+ * (bn_cb_rows_head_in), and once it holds rows_head rows, or the pass
+ * ends, one GEMM per 16-bit part of the input (cuBLAS, rows_head.cu says
+ * why parts) reads the head's weights once for all of them. Then either
+ * the device picks each row's token (bn_cuda_sample_rows) and only the
+ * tokens come back, or the logits come back for the host's sampler.
  */
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cublas_loader.h"
 #include "cuda_backend_internal.h"
 
 bool bn_cuda_backend_batches(const bn_cuda_backend *b)
@@ -63,6 +72,147 @@ static bn_status check_rows(const bn_cuda_backend *b, const bn_batch_rows *r, bn
     return BN_OK;
 }
 
+static bn_status check_picks(const bn_cuda_backend *b, const bn_batch_rows *r,
+                             const rows_out *o, bn_error *err)
+{
+    if (!o->next)
+        return r->n_logits > 0 && !o->logits
+                   ? bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                                  "cuda forward_rows: NULL logits")
+                   : BN_OK;
+    for (int64_t k = 0; o->p && k < r->n_logits; k++) {
+        if (cb_choice_greedy(&o->p[k]))
+            continue;
+        const bn_status st = cb_check_choice(b, &o->p[k], o->u ? o->u[k] : -1.0, err);
+        if (st != BN_OK)
+            return st;
+    }
+    return BN_OK;
+}
+
+/* cuBLAS for the head's GEMMs, opened at the first batched pass; without
+ * it (not installed, no handle) the rows take the head GEMV one by one. */
+static void open_blas(bn_cuda_backend *b)
+{
+    if (b->blas_tried)
+        return;
+    b->blas_tried = true;
+    const bn_cublas *api = NULL;
+    bn_error e;
+    bn_error_clear(&e);
+    cublasHandle_t h = NULL;
+    if (bn_cublas_get(&api, &e) != BN_OK || api->create(&h) != CUBLAS_STATUS_SUCCESS)
+        return;
+    if (api->set_stream(h, b->cs) != CUBLAS_STATUS_SUCCESS) {
+        api->destroy(h);
+        return;
+    }
+    b->blas_api = api;
+    b->blas = h;
+}
+
+void cb_rows_release(bn_cuda_backend *b)
+{
+    if (b->blas)
+        b->blas_api->destroy((cublasHandle_t)b->blas);
+    b->blas = NULL;
+}
+
+/* The form of the head's input rows: the GEMM's parts, or fp32 rows for
+ * the GEMV. */
+static int head_form(const bn_cuda_backend *b)
+{
+    return b->blas ? b->rows_form : BN_CB_ROWS_HEAD_F32;
+}
+
+static size_t head_elem(int form)
+{
+    return form == BN_CB_ROWS_HEAD_F32 ? sizeof(float) : 2;
+}
+
+/* Logits of the n rows in the head's input buffer into d_rlogits. */
+static bn_status head_logits(bn_cuda_backend *b, int64_t n, bn_error *err)
+{
+    const int64_t dim = b->hp.dim, vocab = b->hp.vocab;
+    const int form = head_form(b);
+    if (!b->blas) {
+        for (int64_t k = 0; k < n; k++)
+            BN_CUDA_TRY(err, bn_cb_head_gemv(b->d_head, b->head_type, vocab, dim,
+                                             (const float *)b->d_hin + k * dim,
+                                             b->d_rlogits + k * vocab, b->sm, b->cs));
+        b->ran |= 1u << K_HEAD;
+        return cb_mark(b, BN_CUDA_STAGE_LM_HEAD, (int)n, err);
+    }
+    const cudaDataType type = form == BN_CB_ROWS_HEAD_F16    ? CUDA_R_16F
+                              : form == BN_CB_ROWS_HEAD_BF16 ? CUDA_R_16BF
+                                                             : CUDA_R_32F;
+    const int parts = bn_cb_rows_head_parts(form);
+    const size_t plane = (size_t)b->rows_head * (size_t)dim * head_elem(form);
+    const float one = 1.0f, zero = 0.0f;
+    /* Column-major: logits (vocab x n) = head^T (the [vocab][dim] rows read
+     * as dim x vocab, transposed) times the input (dim x n). */
+    for (int p = 0; p < parts; p++) {
+        const cublasStatus_t rc = b->blas_api->gemm_ex(
+            (cublasHandle_t)b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)vocab, (int)n, (int)dim, &one,
+            b->d_head, type, (int)dim, (const char *)b->d_hin + (size_t)p * plane, type, (int)dim,
+            p == 0 ? &zero : &one, b->d_rlogits, CUDA_R_32F, (int)vocab, CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT);
+        if (rc != CUBLAS_STATUS_SUCCESS)
+            return bn_error_set(err, BN_ERR_GPU, NULL,
+                                "cuda forward_rows: cuBLAS GEMM of the LM head failed (status %d)",
+                                (int)rc);
+    }
+    int launches = parts;
+    if (form != BN_CB_ROWS_HEAD_F32) {
+        BN_CUDA_TRY(err, bn_cb_rows_unscale(b->d_rlogits, vocab, n, b->d_hscale, b->cs));
+        launches++;
+    }
+    b->ran |= 1u << K_HEAD_ROWS;
+    return cb_mark(b, BN_CUDA_STAGE_LM_HEAD, launches, err);
+}
+
+/* The answers of the logit rows first .. first + n, whose head inputs are
+ * the buffer's rows 0 .. n: their logits, then their tokens or logits to
+ * the host. hparams and hu: host room for rows_head parameters and
+ * numbers. */
+static bn_status head_flush(bn_cuda_backend *b, int64_t first, int64_t n, const rows_out *o,
+                            bn_cuda_sample_params *hparams, double *hu, bn_error *err)
+{
+    const int64_t vocab = b->hp.vocab;
+    bn_status st = head_logits(b, n, err);
+    if (st != BN_OK)
+        return st;
+    if (!o->next) {
+        BN_CUDA_TRY(err, cudaMemcpyAsync(o->logits + first * vocab, b->d_rlogits,
+                                         (size_t)(n * vocab) * sizeof(float),
+                                         cudaMemcpyDeviceToHost, b->cs));
+        cb_count_d2h(b, (uint64_t)(n * vocab) * sizeof(float));
+        return BN_OK;
+    }
+    bool any_sampled = false;
+    for (int64_t k = 0; k < n; k++) {
+        const bn_cuda_sample_params greedy = {0.0f, 0, 1.0f, 0.0f};
+        hparams[k] = o->p ? o->p[first + k] : greedy;
+        hu[k] = o->p && o->u ? o->u[first + k] : 0.0;
+        any_sampled |= !cb_choice_greedy(&hparams[k]);
+    }
+    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_rparams, hparams, (size_t)n * sizeof *hparams,
+                                     cudaMemcpyHostToDevice, b->cs));
+    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_ru, hu, (size_t)n * sizeof *hu, cudaMemcpyHostToDevice,
+                                     b->cs));
+    cb_count_h2d(b, (uint64_t)n * (sizeof *hparams + sizeof *hu));
+    BN_CUDA_TRY(err, bn_cuda_sample_rows(b->d_rlogits, vocab, (int32_t)vocab, (int)n, b->d_rparams,
+                                         b->d_ru, b->ws_rows, any_sampled, b->d_rtok, b->cs));
+    b->ran |= 1u << K_SAMPLE_ROWS;
+    st = cb_mark(b, BN_CUDA_STAGE_ARGMAX, any_sampled ? 2 : 1, err);
+    if (st != BN_OK)
+        return st;
+    BN_CUDA_TRY(err, cudaMemcpyAsync(o->next + first, b->d_rtok, (size_t)n * sizeof(int32_t),
+                                     cudaMemcpyDeviceToHost, b->cs));
+    cb_count_d2h(b, (uint64_t)n * sizeof(int32_t));
+    return BN_OK;
+}
+
 /* The block tables of the sequences the rows name, [max_seqs][max_blocks]
  * (-1 past each table's end), to the device. */
 static bn_status upload_tables(bn_cuda_backend *b, const bn_batch_rows *r, int32_t *h,
@@ -82,65 +232,120 @@ static bn_status upload_tables(bn_cuda_backend *b, const bn_batch_rows *r, int32
     return BN_OK;
 }
 
-bn_status bn_cuda_backend_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, float *logits,
-                                       bn_error *err)
+/* Rows c .. c + M (one chunk) to the device and through the layers. h:
+ * room for 4 * chunk ints. */
+static bn_status chunk_layers(bn_cuda_backend *b, const bn_batch_rows *r, int64_t c, int64_t M,
+                              int32_t *h, bn_error *err)
+{
+    const int64_t bs = b->paged_block;
+    int32_t *ht = h, *hp = ht + M, *hs = hp + M, *hq = hs + M;
+    for (int64_t i = 0; i < M; i++) {
+        const int32_t s = r->seq[c + i];
+        const int64_t p = r->pos[c + i];
+        ht[i] = r->tokens[c + i];
+        hp[i] = (int32_t)p;
+        hs[i] = (int32_t)(r->tables[s][p / bs] * bs + p % bs);
+        hq[i] = s;
+    }
+    const size_t bytes = (size_t)M * sizeof(int32_t);
+    int32_t *const dst[4] = {b->d_tokens, b->d_pos, b->d_slot, b->d_rseq};
+    for (int i = 0; i < 4; i++)
+        BN_CUDA_TRY(err, cudaMemcpyAsync(dst[i], h + i * M, bytes, cudaMemcpyHostToDevice, b->cs));
+    cb_count_h2d(b, 4 * bytes);
+    return cb_enqueue_paged_rows(b, M, b->d_tokens, b->d_pos, b->d_slot, b->d_rseq, err);
+}
+
+bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows_out *o,
+                          bn_error *err)
 {
     bn_status st = check_rows(b, r, err);
-    if (st == BN_OK && r->n_logits > 0 && !logits)
-        st = bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cuda forward_rows: NULL logits");
+    if (st == BN_OK)
+        st = check_picks(b, r, o, err);
     if (st == BN_OK)
         st = cb_begin_call(b, err);
     if (st != BN_OK)
         return st;
+    open_blas(b);
+    const int64_t H = b->rows_head, dim = b->hp.dim;
     const size_t n_tables = (size_t)b->paged_max_seqs * (size_t)b->paged_max_blocks;
-    int32_t *h = malloc((n_tables + 4 * (size_t)b->chunk) * sizeof *h);
-    if (!h)
+    int32_t *h = malloc((n_tables + 4 * (size_t)b->chunk + (size_t)H) * sizeof *h);
+    bn_cuda_sample_params *hparams = malloc((size_t)H * sizeof *hparams);
+    double *hu = malloc((size_t)H * sizeof *hu);
+    if (!h || !hparams || !hu) {
+        free(h);
+        free(hparams);
+        free(hu);
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a pass's rows");
-    int32_t *ht = h + n_tables, *hp = ht + b->chunk, *hs = hp + b->chunk, *hq = hs + b->chunk;
-    const int64_t bs = b->paged_block, vocab = b->hp.vocab;
+    }
+    int32_t *hrows = h + n_tables, *hl = hrows + 4 * b->chunk;
+    const int form = head_form(b);
+    const size_t elem = head_elem(form);
     st = upload_tables(b, r, h, err);
-    int64_t next_logit = 0;
+    int64_t next_logit = 0, head_first = 0, head_fill = 0;
     for (int64_t c = 0; c < r->n_rows && st == BN_OK; c += b->chunk) {
         const int64_t M = r->n_rows - c < b->chunk ? r->n_rows - c : b->chunk;
-        for (int64_t i = 0; i < M; i++) {
-            const int32_t s = r->seq[c + i];
-            const int64_t p = r->pos[c + i];
-            ht[i] = r->tokens[c + i];
-            hp[i] = (int32_t)p;
-            hs[i] = (int32_t)(r->tables[s][p / bs] * bs + p % bs);
-            hq[i] = s;
-        }
-        const size_t bytes = (size_t)M * sizeof(int32_t);
-        cudaError_t rc = cudaMemcpyAsync(b->d_tokens, ht, bytes, cudaMemcpyHostToDevice, b->cs);
-        if (rc == cudaSuccess)
-            rc = cudaMemcpyAsync(b->d_pos, hp, bytes, cudaMemcpyHostToDevice, b->cs);
-        if (rc == cudaSuccess)
-            rc = cudaMemcpyAsync(b->d_slot, hs, bytes, cudaMemcpyHostToDevice, b->cs);
-        if (rc == cudaSuccess)
-            rc = cudaMemcpyAsync(b->d_rseq, hq, bytes, cudaMemcpyHostToDevice, b->cs);
-        st = BN_CUDA_STATUS(err, rc);
-        cb_count_h2d(b, 4 * bytes);
-        if (st == BN_OK)
-            st = cb_enqueue_paged_rows(b, M, b->d_tokens, b->d_pos, b->d_slot, b->d_rseq, err);
-        /* The wanted rows of this chunk, each through the output norm and
-         * the head, their logits to the host. */
-        for (; st == BN_OK && next_logit < r->n_logits && r->logit_rows[next_logit] < c + M;
-             next_logit++) {
-            st = cb_row_logits(b, r->logit_rows[next_logit] - c, err);
+        st = chunk_layers(b, r, c, M, hrows, err);
+        /* This chunk's wanted rows into the head's input, which is flushed
+         * whenever it is full. */
+        while (st == BN_OK && next_logit < r->n_logits && r->logit_rows[next_logit] < c + M) {
+            int64_t take = 0;
+            while (next_logit + take < r->n_logits && r->logit_rows[next_logit + take] < c + M &&
+                   head_fill + take < H) {
+                hl[head_fill + take] = (int32_t)(r->logit_rows[next_logit + take] - c);
+                take++;
+            }
+            st = BN_CUDA_STATUS(err, cudaMemcpyAsync(b->d_lrow + head_fill, hl + head_fill,
+                                                     (size_t)take * sizeof(int32_t),
+                                                     cudaMemcpyHostToDevice, b->cs));
             if (st == BN_OK)
-                st = BN_CUDA_STATUS(err, cudaMemcpyAsync(logits + next_logit * vocab, b->logits,
-                                                         (size_t)vocab * sizeof(float),
-                                                         cudaMemcpyDeviceToHost, b->cs));
-            cb_count_d2h(b, (uint64_t)vocab * sizeof(float));
+                st = BN_CUDA_STATUS(
+                    err, bn_cb_rows_head_in(b->x, b->out, dim, dim, b->d_lrow + head_fill, take,
+                                            b->d_norms + b->out_norm_off, b->hp.rms_eps, form,
+                                            (char *)b->d_hin + (size_t)(head_fill * dim) * elem,
+                                            H * dim, b->d_hscale + head_fill, b->cs));
+            b->ran |= 1u << K_OUT_NORM;
+            if (st == BN_OK)
+                st = cb_mark(b, BN_CUDA_STAGE_OUT_NORM, 1, err);
+            head_fill += take;
+            next_logit += take;
+            if (st == BN_OK && head_fill == H) {
+                st = head_flush(b, head_first, head_fill, o, hparams, hu, err);
+                head_first += head_fill;
+                head_fill = 0;
+            }
         }
-        /* The host arrays are reused by the next chunk. */
-        if (st == BN_OK)
-            st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
+        /* No wait before the next chunk: its kernels follow these on the
+         * stream, and a copy from pageable host memory has taken its bytes
+         * when cudaMemcpyAsync returns, so the host arrays can be reused. */
     }
+    if (st == BN_OK && head_fill > 0)
+        st = head_flush(b, head_first, head_fill, o, hparams, hu, err);
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
     free(h);
+    free(hparams);
+    free(hu);
     if (st != BN_OK) {
         (void)cudaStreamSynchronize(b->cs);
         (void)cudaGetLastError();
     }
     return st;
+}
+
+bn_status bn_cuda_backend_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, float *logits,
+                                       bn_error *err)
+{
+    const rows_out o = {logits, NULL, NULL, NULL};
+    return cb_forward_rows(b, r, &o, err);
+}
+
+bn_status bn_cuda_backend_forward_rows_pick(bn_cuda_backend *b, const bn_batch_rows *r,
+                                            const bn_cuda_sample_params *p, const double *u,
+                                            int32_t *next, bn_error *err)
+{
+    if (!next)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "cuda forward_rows: NULL tokens");
+    const rows_out o = {NULL, p, u, next};
+    return cb_forward_rows(b, r, &o, err);
 }

@@ -101,6 +101,19 @@ cudaError_t bn_cuda_sample_cand_dev(const float *logits, int32_t vocab, const ui
                                     const double *d_uniform, void *workspace, int32_t *d_token,
                                     cudaStream_t stream);
 
+/* The token of each of n_rows rows (row k: logits + k * ld), every row by
+ * its own parameters d_p[k] and uniform number d_u[k] (device memory), as
+ * bn_cuda_sample_cand would pick it without a candidate list: greedy rows
+ * (temperature <= 0) by the argmax, the others by top-k and the draw;
+ * parameters bn_cuda_sample_cand refuses give -1. workspace: n_rows times
+ * bn_cuda_sample_workspace_bytes(vocab), zeroed once before its first use
+ * (as for the one-row launchers). any_sampled: whether some row may be
+ * sampled (0: only the argmax kernel is launched). */
+cudaError_t bn_cuda_sample_rows(const float *logits, int64_t ld, int32_t vocab, int n_rows,
+                                const bn_cuda_sample_params *d_p, const double *d_u,
+                                void *workspace, int any_sampled, int32_t *d_tokens,
+                                cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -480,10 +480,20 @@ __global__ void __launch_bounds__(kSelectThreads)
                 uint64_t *__restrict__ ws, unsigned *__restrict__ ticket, walk_params p,
                 const bn_cuda_sample_params *__restrict__ dp, const double *__restrict__ uniform,
                 int32_t *__restrict__ token, const uint64_t *__restrict__ list, const unsigned *__restrict__ cand_n, int cap,
-                const float *__restrict__ floor)
+                const float *__restrict__ floor, int64_t ld, int64_t ws_words, bool rows)
 {
     extern __shared__ uint64_t keys[];
     __shared__ cand c[kTopK];
+    /* Row blockIdx.y of many (bn_cuda_sample_rows; 0 otherwise): its
+     * logits, workspace, parameters, number and token. */
+    logits += (int64_t)blockIdx.y * ld;
+    ws += (int64_t)blockIdx.y * ws_words;
+    ticket = reinterpret_cast<unsigned *>(ws + kMaxBlocks * kTopK);
+    if (rows) {
+        dp += blockIdx.y;
+        uniform += blockIdx.y;
+        token += blockIdx.y;
+    }
     /* Every small input first, all loads in flight at once: each is a trip
      * to L2, and one after another they would add up. */
     const unsigned listed = cand_n ? *cand_n : 0;
@@ -496,6 +506,8 @@ __global__ void __launch_bounds__(kSelectThreads)
         p.top_p = q.top_p;
         p.min_p = q.min_p;
     }
+    if (rows && judge(p) != SAMPLE_DRAW)
+        return; /* greedy_rows has this row */
     if (cand_n && listed <= (unsigned)cap) {
         if (blockIdx.x != 0)
             return;
@@ -584,8 +596,32 @@ cudaError_t launch_topk_select(const float *logits, int32_t vocab, void *workspa
         return rc;
     topk_select<<<blocks, kSelectThreads, smem, stream>>>(
         logits, vocab, slice, static_cast<uint64_t *>(workspace), topk_ticket(workspace), wp, dp,
-        uniform, token, list, cand_n, cap, floor);
+        uniform, token, list, cand_n, cap, floor, 0, 0, false);
     return cudaGetLastError();
+}
+
+/* Block k: the argmax of row k when its parameters ask for greedy, -1
+ * when bn_cuda_sample_cand would refuse them; sampled rows are
+ * topk_select's. */
+__global__ void __launch_bounds__(1024)
+    greedy_rows(const float *__restrict__ logits, int64_t ld, int32_t vocab,
+                const bn_cuda_sample_params *__restrict__ dp, int32_t *__restrict__ tokens)
+{
+    const bn_cuda_sample_params q = dp[blockIdx.x];
+    const walk_params p = {vocab, q.top_k, q.temperature, q.top_p, q.min_p};
+    const sample_verdict v = judge(p);
+    if (v == SAMPLE_DRAW)
+        return;
+    const float *row = logits + (int64_t)blockIdx.x * ld;
+    uint64_t best = 0;
+    if (v == SAMPLE_GREEDY)
+        for (int32_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+            const uint64_t key = make_key(row[i], i);
+            best = key > best ? key : best;
+        }
+    best = block_max_key(best);
+    if (threadIdx.x == 0)
+        tokens[blockIdx.x] = key_live(best) ? key_id(best) : -1;
 }
 
 } // namespace
@@ -662,4 +698,33 @@ extern "C" cudaError_t bn_cuda_sample_cand_dev(const float *logits, int32_t voca
     const walk_params wp = {vocab, 0, 0.0f, 0.0f, 0.0f}; /* all but vocab from d_p */
     return launch_topk_select(logits, vocab, workspace, wp, d_p, d_uniform, d_token, cand, cand_n,
                               cand_cap, cand_floor, stream);
+}
+
+extern "C" cudaError_t bn_cuda_sample_rows(const float *logits, int64_t ld, int32_t vocab,
+                                           int n_rows, const bn_cuda_sample_params *d_p,
+                                           const double *d_u, void *workspace, int any_sampled,
+                                           int32_t *d_tokens, cudaStream_t stream)
+{
+    if (vocab < 1 || vocab > BN_CUDA_SAMPLE_MAX_VOCAB || !logits || ld < vocab || n_rows < 0 ||
+        n_rows > 65535 || !d_p || !d_u || !workspace || !d_tokens)
+        return cudaErrorInvalidValue;
+    if (n_rows == 0)
+        return cudaSuccess;
+    greedy_rows<<<n_rows, 1024, 0, stream>>>(logits, ld, vocab, d_p, d_tokens);
+    cudaError_t rc = cudaGetLastError();
+    if (rc != cudaSuccess || !any_sampled)
+        return rc;
+    const int slice = topk_slice(vocab);
+    const int blocks = (int)((vocab + slice - 1) / slice);
+    const int held = slice > kMaxBlocks * kTopK ? slice : kMaxBlocks * kTopK;
+    const size_t smem = (size_t)held * sizeof(uint64_t);
+    rc = allow_dynamic_smem(topk_select, smem);
+    if (rc != cudaSuccess)
+        return rc;
+    const walk_params wp = {vocab, 0, 0.0f, 0.0f, 0.0f}; /* all but vocab from d_p */
+    uint64_t *ws = static_cast<uint64_t *>(workspace);
+    topk_select<<<dim3((unsigned)blocks, (unsigned)n_rows), kSelectThreads, smem, stream>>>(
+        logits, vocab, slice, ws, topk_ticket(ws), wp, d_p, d_u, d_tokens, nullptr, nullptr, 0,
+        nullptr, ld, (int64_t)(bn_cuda_sample_workspace_bytes(vocab) / sizeof(uint64_t)), true);
+    return cudaGetLastError();
 }

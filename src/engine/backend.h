@@ -127,6 +127,13 @@ struct bn_backend_ops {
     /* ---- optional: many sequences per pass (the paged cache) ---- */
     bn_status (*forward_rows)(bn_backend *b, const bn_batch_rows *rows, float *logits,
                               bn_error *err);
+    /* forward_rows with the logit rows' tokens picked on the device: row k
+     * by picks[k] (each one pick_supported takes) with the uniform number
+     * u[k] (greedy: unused); next[k] gets the token, -1 when none can be
+     * chosen (every logit NaN or -inf). Only the tokens come back. */
+    bn_status (*forward_rows_pick)(bn_backend *b, const bn_batch_rows *rows,
+                                   const bn_pick_params *picks, const double *u, int32_t *next,
+                                   bn_error *err);
 };
 
 /* The common head of every backend's state: the engine reaches the

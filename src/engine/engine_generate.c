@@ -53,14 +53,6 @@ typedef struct device_pick {
     bn_sampler *sampler;
 } device_pick;
 
-static bn_pick_params pick_params(const bn_sampler_params *sp)
-{
-    return (bn_pick_params){.temperature = sp->temperature,
-                            .top_k = sp->top_k,
-                            .top_p = sp->top_p,
-                            .min_p = sp->min_p};
-}
-
 /* Whether the device can pick the tokens itself: greedy or a sampler it
  * supports (a top-k of at most 64 for a large vocabulary), with no
  * repetition penalty changing the logits first (that needs the history on
@@ -73,7 +65,7 @@ static bool device_pick_rule(const bn_engine *e, const bn_sampler_params *p)
     const bn_backend_ops *ops = e->backend->ops;
     if (!ops->pick_supported)
         return false;
-    const bn_pick_params pp = pick_params(p);
+    const bn_pick_params pp = engine_pick_params(p);
     return ops->pick_supported(e->backend, &pp);
 }
 
@@ -250,7 +242,7 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
     if (n_cached == 0)
         e->backend->ops->reset(e->backend);
     const device_pick pick_spec = {
-        .sp = &req->sampling, .pp = pick_params(&req->sampling), .sampler = sampler};
+        .sp = &req->sampling, .pp = engine_pick_params(&req->sampling), .sampler = sampler};
     const device_pick *pick = device_pick_rule(e, &req->sampling) ? &pick_spec : NULL;
     bool have_next = false;
     int32_t next = -1;

@@ -11,6 +11,15 @@
 #include "kv_blocks.h"
 #include "tokenizer.h"
 
+/* A request's sampling as the backend's device pick takes it. */
+static inline bn_pick_params engine_pick_params(const bn_sampler_params *sp)
+{
+    return (bn_pick_params){.temperature = sp->temperature,
+                            .top_k = sp->top_k,
+                            .top_p = sp->top_p,
+                            .min_p = sp->min_p};
+}
+
 struct bn_engine {
     bn_checkpoint *model;
     bn_backend *backend;      /* the backend computing (backend.h)       */

@@ -45,6 +45,7 @@ typedef struct seq {
     int64_t computed;       /* positions in the cache                      */
     int64_t admitted_at;    /* admission order: the newest is preempted    */
     bn_sampler *sampler;
+    bool device_pick;       /* the backend can pick its tokens on the device */
     engine_streamer stream;
     engine_text text;
     double t_added, t_admitted;
@@ -61,6 +62,11 @@ struct bn_batcher {
     int64_t *pos, *logit_rows;
     seq **logit_owner;      /* the seq of each logit row */
     float *logits;
+    /* A step whose tokens the device picks: each logit row's sampling,
+     * uniform number and token. */
+    bn_pick_params *picks;
+    double *uniform;
+    int32_t *picked;
     int64_t cap_rows;
     const int32_t **tables;
     int32_t *table_len;
@@ -101,8 +107,9 @@ static void seq_finish(sched *sc, seq *s)
     s->out->status = BN_OK;
 }
 
-/* The next token of a sequence from its logits row; false once it ends. */
-static bool seq_take_token(sched *sc, seq *s, float *logits)
+/* The next token of a sequence from its logits row (or, logits NULL, the
+ * token the device picked); false once it ends. */
+static bool seq_take_token(sched *sc, seq *s, float *logits, int32_t picked)
 {
     const bn_batch_request *r = &s->req;
     bn_generation *g = &s->out->gen;
@@ -112,7 +119,7 @@ static bool seq_take_token(sched *sc, seq *s, float *logits)
         s->have_first = true;
         g->prompt_seconds = bn_time_seconds() - s->t_admitted;
         s->out->first_token_seconds = bn_time_seconds() - s->t_added;
-        if (r->prompt_logits)
+        if (r->prompt_logits && logits)
             memcpy(r->prompt_logits, logits, (size_t)vocab * sizeof(float));
     } else {
         g->decode_steps++;
@@ -121,7 +128,11 @@ static bool seq_take_token(sched *sc, seq *s, float *logits)
         g->cancelled = true;
         return false;
     }
-    const int32_t id = bn_sampler_sample(s->sampler, logits, s->history, s->n_hist);
+    int32_t id = picked;
+    if (logits)
+        id = bn_sampler_sample(s->sampler, logits, s->history, s->n_hist);
+    else if (r->sampling.temperature > 0.0f)
+        bn_sampler_skip(s->sampler); /* the number the device's draw used */
     bn_error err;
     bn_error_clear(&err);
     if (id < 0 || id >= vocab) {
@@ -212,6 +223,7 @@ static bn_status seq_init(sched *sc, seq *s, const bn_batch_request *r, bn_batch
     }
     if (bn_sampler_create(&r->sampling, hp->vocab, &s->sampler, &err) != BN_OK)
         return seq_fail(s, e->kv, &err);
+    s->device_pick = e->backend->ops->forward_rows_pick && bn_engine_picks_on_device(e, &r->sampling);
     memcpy(s->history, r->prompt, r->n_prompt * sizeof *s->history);
     memcpy(out->gen.prompt_tokens, r->prompt, r->n_prompt * sizeof(int32_t));
     out->gen.n_prompt = r->n_prompt;
@@ -303,7 +315,16 @@ static bool reserve_rows(sched *sc, int64_t n)
     float *lg = realloc(sc->logits, (size_t)n * (size_t)vocab * sizeof *lg);
     if (lg)
         sc->logits = lg;
-    if (!t || !rs || !p || !lr || !lo || !lg)
+    bn_pick_params *pk = realloc(sc->picks, (size_t)n * sizeof *pk);
+    if (pk)
+        sc->picks = pk;
+    double *u = realloc(sc->uniform, (size_t)n * sizeof *u);
+    if (u)
+        sc->uniform = u;
+    int32_t *pd = realloc(sc->picked, (size_t)n * sizeof *pd);
+    if (pd)
+        sc->picked = pd;
+    if (!t || !rs || !p || !lr || !lo || !lg || !pk || !u || !pd)
         return false;
     sc->cap_rows = n;
     return true;
@@ -418,8 +439,23 @@ static bn_status step(sched *sc, bn_error *err)
                                   e->kv_cfg.block_size, sc->logit_rows, n_logits};
     const int32_t vocab = bn_checkpoint_hparams(e->model)->vocab;
     const bool decode_only = n_logits == n_rows;
+    /* The device picks the tokens when it can for every logit row (and no
+     * row's logits are wanted: a first token's prompt_logits). */
+    bool pick = n_logits > 0;
+    for (int64_t l = 0; l < n_logits; l++) {
+        const seq *s = sc->logit_owner[l];
+        pick = pick && s->device_pick && !(s->req.prompt_logits && !s->have_first);
+    }
+    for (int64_t l = 0; pick && l < n_logits; l++) {
+        const seq *s = sc->logit_owner[l];
+        sc->picks[l] = engine_pick_params(&s->req.sampling);
+        sc->uniform[l] =
+            s->req.sampling.temperature > 0.0f ? bn_sampler_next_uniform(s->sampler) : 0.0;
+    }
     const double t0 = bn_time_seconds();
-    bn_status st = e->backend->ops->forward_rows(e->backend, &rows, sc->logits, err);
+    bn_status st = pick ? e->backend->ops->forward_rows_pick(e->backend, &rows, sc->picks,
+                                                             sc->uniform, sc->picked, err)
+                        : e->backend->ops->forward_rows(e->backend, &rows, sc->logits, err);
     if (st != BN_OK)
         return st;
     e->batch_steps++;
@@ -435,7 +471,8 @@ static bn_status step(sched *sc, bn_error *err)
             bn_kv_seq_commit(kv, sc->seqs[i]->kv, sc->seqs[i]->computed);
     for (int64_t l = 0; l < n_logits; l++) {
         seq *s = sc->logit_owner[l];
-        if (s->state == SEQ_RUNNING && !seq_take_token(sc, s, sc->logits + l * vocab) &&
+        float *logits = pick ? NULL : sc->logits + l * vocab;
+        if (s->state == SEQ_RUNNING && !seq_take_token(sc, s, logits, pick ? sc->picked[l] : -1) &&
             s->state == SEQ_RUNNING)
             seq_finish(sc, s);
     }
@@ -575,6 +612,9 @@ void bn_batcher_free(bn_batcher *sc)
     free(sc->logit_rows);
     free(sc->logit_owner);
     free(sc->logits);
+    free(sc->picks);
+    free(sc->uniform);
+    free(sc->picked);
     free(sc);
 }
 

@@ -15,4 +15,12 @@ int bench_batch(int argc, char **argv, const bn_config *cfg);
  * and tests. */
 void bench_tiny_shape(bn_hparams *hp);
 
+#if defined(BITNET_HAVE_CUDA)
+#include "cuda_backend.h"
+/* A stage table (bench_e2e.c): the header and a row per stage that
+ * launched anything, microseconds per pass (unit names it); the prefill's
+ * names its products GEMMs. Returns the launches of the pass. */
+int bench_print_stage_rows(const bn_cuda_stage_times *t, const char *unit, bool prefill);
+#endif
+
 #endif

@@ -42,6 +42,9 @@ static void usage(FILE *out)
             "  --budget N          rows a pass takes for prompts beside the decodes (default 512)\n"
             "  --threads N         CPU threads (default: BITNET_NUM_THREADS, else every core)\n"
             "  --seed S            seed of the weights and prompts (default 1)\n"
+            "  --stages LIST       on CUDA, after the table: the stages' split of one decode\n"
+            "                      pass of each count of rows in LIST (e.g. 64,256), every\n"
+            "                      sequence at position --prompt + --gen / 2\n"
             "  --help\n");
 }
 
@@ -64,6 +67,7 @@ typedef struct bench_cfg {
     const char *device;
     bn_hparams hp;
     int max_seqs;
+    int stages[16], n_stages;
 } bench_cfg;
 
 /* One engine with room for max_seqs full requests; sharing on or off. */
@@ -173,6 +177,74 @@ static int run_count(bn_engine *e, const bench_cfg *b, int n, const char *label)
     return rc;
 }
 
+/* The stages' split of one decode pass of n rows on the CUDA backend:
+ * sequence i at position P = prompt + gen / 2 in blocks of its own (the
+ * cache's contents are whatever the runs left: the time does not depend
+ * on them). */
+static int print_pass_stages(bn_engine *e, const bench_cfg *b, int n)
+{
+#if defined(BITNET_HAVE_CUDA)
+    bn_cuda_backend *cb = (bn_cuda_backend *)bn_engine_backend_handle(e, "cuda");
+    if (!cb) {
+        fprintf(stderr, "bitnet bench batch: --stages needs the CUDA backend; skipped\n");
+        return BN_EXIT_OK;
+    }
+    const int block = 32;
+    const int64_t P = b->prompt + b->gen / 2, per_seq = P / block + 1;
+    int32_t *tokens = malloc((size_t)n * sizeof *tokens), *seq = malloc((size_t)n * sizeof *seq);
+    int64_t *pos = malloc((size_t)n * sizeof *pos), *logit_rows = malloc((size_t)n * sizeof *logit_rows);
+    int32_t *blocks = malloc((size_t)n * (size_t)per_seq * sizeof *blocks);
+    const int32_t **tables = calloc((size_t)b->max_seqs, sizeof *tables);
+    int32_t *table_len = calloc((size_t)b->max_seqs, sizeof *table_len);
+    int rc = BN_EXIT_OK;
+    if (!tokens || !seq || !pos || !logit_rows || !blocks || !tables || !table_len) {
+        fprintf(stderr, "bitnet: error: out of memory\n");
+        rc = BN_EXIT_OUT_OF_MEMORY;
+    }
+    for (int i = 0; i < n && rc == BN_EXIT_OK; i++) {
+        tokens[i] = (int32_t)((i * 7919 + 1) % b->hp.vocab);
+        seq[i] = i;
+        pos[i] = P;
+        logit_rows[i] = i;
+        for (int64_t k = 0; k < per_seq; k++)
+            blocks[i * per_seq + k] = (int32_t)(i * per_seq + k);
+        tables[i] = blocks + i * per_seq;
+        table_len[i] = (int32_t)per_seq;
+    }
+    const bn_batch_rows rows = {n, tokens, pos, seq, tables, table_len, block, logit_rows, n};
+    bn_cuda_stage_times t;
+    bn_error err;
+    bn_error_clear(&err);
+    const int reps = 5;
+    if (rc == BN_EXIT_OK && bn_cuda_backend_profile_rows(cb, &rows, reps, &t, &err) != BN_OK)
+        rc = cli_fail(&err);
+    if (rc == BN_EXIT_OK) {
+        printf("\nper-stage time of an instrumented batched decode pass (%d rows at position "
+               "%lld, every row greedy, eager, CUDA events around each stage, %d passes "
+               "averaged):\n",
+               n, (long long)P, reps);
+        const int launches = bench_print_stage_rows(&t, "us/pass", true);
+        printf("  %-36s %9.1f %7s %9d (%.0f tok/s)\n", "total (instrumented)",
+               t.total_ms * 1000.0, "", launches,
+               t.total_ms > 0.0 ? n / (t.total_ms / 1000.0) : 0.0);
+    }
+    free(tokens);
+    free(seq);
+    free(pos);
+    free(logit_rows);
+    free(blocks);
+    free(tables);
+    free(table_len);
+    return rc;
+#else
+    (void)e;
+    (void)b;
+    (void)n;
+    fprintf(stderr, "bitnet bench batch: --stages needs a build with CUDA; skipped\n");
+    return BN_EXIT_OK;
+#endif
+}
+
 static bool parse_seqs(const char *text, int *seqs, int *n_seqs)
 {
     *n_seqs = 0;
@@ -221,6 +293,8 @@ int bench_batch(int argc, char **argv, const bn_config *cfg)
             ok = cli_parse_i64(CMD, a, v, 1, 4096, &b.threads);
         } else if (strcmp(a, "--seed") == 0) {
             ok = cli_parse_u64(CMD, a, v, &b.seed);
+        } else if (strcmp(a, "--stages") == 0) {
+            ok = parse_seqs(v, b.stages, &b.n_stages);
         } else {
             fprintf(stderr, "bitnet bench batch: error: unknown option '%s'\n", a);
             usage(stderr);
@@ -243,6 +317,8 @@ int bench_batch(int argc, char **argv, const bn_config *cfg)
     }
     for (int i = 0; i < n_seqs; i++)
         b.max_seqs = seqs[i] > b.max_seqs ? seqs[i] : b.max_seqs;
+    for (int i = 0; i < b.n_stages; i++)
+        b.max_seqs = b.stages[i] > b.max_seqs ? b.stages[i] : b.max_seqs;
     if (b.max_seqs < 2)
         b.max_seqs = 2; /* one sequence still goes through the scheduler */
 
@@ -266,6 +342,8 @@ int bench_batch(int argc, char **argv, const bn_config *cfg)
         const char *label = !b.prefix ? "-" : sharing ? "shared" : "unshared";
         for (int i = 0; i < n_seqs && rc == BN_EXIT_OK; i++)
             rc = run_count(e, &b, seqs[i], label);
+        for (int i = 0; sharing && i < b.n_stages && rc == BN_EXIT_OK; i++)
+            rc = print_pass_stages(e, &b, b.stages[i]);
         bn_engine_free(e);
     }
     return rc;

@@ -95,7 +95,7 @@ static const char *prefill_stage_name(bn_cuda_stage s, char *buf, size_t size)
  * inside another's kernel launches nothing) of a stage table, microseconds
  * per pass (unit names it); the prefill's names its products GEMMs.
  * Returns the launches of the pass. */
-static int print_stage_rows(const bn_cuda_stage_times *t, const char *unit, bool prefill)
+int bench_print_stage_rows(const bn_cuda_stage_times *t, const char *unit, bool prefill)
 {
     printf("  %-36s %9s %7s %9s\n", "stage", unit, "share", "launches");
     int launches = 0;
@@ -139,7 +139,7 @@ static int print_prefill_stages(bn_cuda_backend *cb, int32_t vocab, long long n_
     printf("per-stage time of an instrumented prefill chunk (%lld tokens from position 0, eager, "
            "CUDA events around each stage, %d chunks averaged):\n",
            (long long)n, reps);
-    const int launches = print_stage_rows(&t, "us/chunk", true);
+    const int launches = bench_print_stage_rows(&t, "us/chunk", true);
     printf("  %-36s %9.1f %7s %9d (%.0f tok/s)\n\n", "total (instrumented)", t.total_ms * 1000.0,
            "", launches, t.total_ms > 0.0 ? (double)n / (t.total_ms / 1000.0) : 0.0);
     return BN_EXIT_OK;
@@ -252,7 +252,7 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
     }
     printf("\nper-stage time of an instrumented eager decode step (CUDA events around each "
            "stage, 20 steps averaged):\n");
-    const int launches = print_stage_rows(&t, "us/step", false);
+    const int launches = bench_print_stage_rows(&t, "us/step", false);
     printf("  %-36s %9.1f %7s %9d\n\n", "total (instrumented)", t.total_ms * 1000.0, "",
            launches);
 

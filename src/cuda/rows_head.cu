@@ -1,0 +1,146 @@
+/*
+ * rows_head.cu - the LM head's input and output for many rows at once (the
+ * batched pass, cuda_backend_rows.c), where the head is one tensor-core
+ * GEMM over every wanted row instead of one GEMV per row.
+ *
+ * The head's weights are f16 or bf16; its input rows are fp32. A GEMM on
+ * 16-bit tensor cores takes 16-bit inputs, so each input row is split
+ * into 16-bit parts whose sum is the row: hi = round(v), lo = round(v -
+ * hi), (bf16: a third part for what is left). The GEMMs of the parts add
+ * up with fp32 accumulation, so the logits keep about 22 (f16) or 24
+ * (bf16) bits of the input where one 16-bit copy would keep 11 or 8. So
+ * that no part overflows or falls into f16's subnormals, each row is first
+ * scaled by a power of two (exact) that brings its largest magnitude near
+ * 2^14, and its logits are scaled back afterwards (exact too).
+ *
+ * bn_cb_rows_head_in    normed = output_norm(x + r) of the gathered rows,
+ *                       as bn_cb_add_rmsnorm computes it, written as the
+ *                       GEMM's parts (or fp32 for an fp32 head), with each
+ *                       row's scale-back factor;
+ * bn_cb_rows_unscale    logits row k *= that factor.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "block_reduce.cuh"
+#include "cuda_backend_kernels.h"
+
+namespace {
+
+constexpr int kThreads = 512; /* as bn_cb_add_rmsnorm: the same sums */
+
+struct SumD {
+    __device__ double operator()(double a, double b) const { return __dadd_rn(a, b); }
+};
+struct MaxF {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+/* Block k: row lrow[k] of x + r, normed, into the parts of output row k. */
+__global__ void __launch_bounds__(kThreads)
+    rows_head_in_kernel(const float *__restrict__ x, const float *__restrict__ r, int64_t ld,
+                        int64_t dim, const int32_t *__restrict__ lrow,
+                        const float *__restrict__ w, float eps, int form, void *parts,
+                        int64_t plane, float *__restrict__ unscale)
+{
+    __shared__ double red_d[32];
+    __shared__ float red_f[32];
+    const int64_t k = blockIdx.x;
+    const int64_t row = lrow[k];
+    const float *xr = x + row * ld, *rr = r + row * ld;
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
+        const float v = __fadd_rn(xr[i], rr[i]);
+        ss = __dadd_rn(ss, __dmul_rn((double)v, (double)v));
+    }
+    ss = block_reduce(ss, SumD(), red_d);
+    const float mean = __double2float_rn(__ddiv_rn(ss, (double)dim));
+    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+    if (form == BN_CB_ROWS_HEAD_F32) {
+        float *y = static_cast<float *>(parts) + k * dim;
+        for (int64_t i = threadIdx.x; i < dim; i += kThreads)
+            y[i] = __fmul_rn(w[i], __fmul_rn(__fadd_rn(xr[i], rr[i]), inv));
+        if (threadIdx.x == 0)
+            unscale[k] = 1.0f;
+        return;
+    }
+    /* The scale: a power of two taking the largest finite magnitude to
+     * [2^13, 2^14) (1 when the row has none). */
+    float big = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
+        const float y = fabsf(__fmul_rn(w[i], __fmul_rn(__fadd_rn(xr[i], rr[i]), inv)));
+        if (y <= 3.0e38f) /* finite: NaN and inf fail the test */
+            big = fmaxf(big, y);
+    }
+    big = block_reduce(big, MaxF(), red_f);
+    int e = 0;
+    if (big > 0.0f)
+        (void)frexpf(big, &e); /* big = m 2^e, m in [0.5, 1) */
+    const int shift = big > 0.0f ? 14 - e : 0;
+    if (threadIdx.x == 0)
+        unscale[k] = ldexpf(1.0f, -shift);
+    for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
+        const float v = ldexpf(__fmul_rn(w[i], __fmul_rn(__fadd_rn(xr[i], rr[i]), inv)), shift);
+        if (form == BN_CB_ROWS_HEAD_F16) {
+            __half *p = static_cast<__half *>(parts) + k * dim + i;
+            const __half hi = __float2half_rn(v);
+            p[0] = hi;
+            p[plane] = __float2half_rn(v - __half2float(hi));
+        } else {
+            __nv_bfloat16 *p = static_cast<__nv_bfloat16 *>(parts) + k * dim + i;
+            const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+            const float rest = v - __bfloat162float(hi);
+            const __nv_bfloat16 mid = __float2bfloat16_rn(rest);
+            p[0] = hi;
+            p[plane] = mid;
+            p[2 * plane] = __float2bfloat16_rn(rest - __bfloat162float(mid));
+        }
+    }
+}
+
+__global__ void rows_unscale_kernel(float *logits, int64_t vocab, const float *__restrict__ unscale)
+{
+    const float s = unscale[blockIdx.y];
+    float *row = logits + (int64_t)blockIdx.y * vocab;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < vocab;
+         i += (int64_t)gridDim.x * blockDim.x)
+        row[i] *= s;
+}
+
+} // namespace
+
+extern "C" int bn_cb_rows_head_parts(int form)
+{
+    return form == BN_CB_ROWS_HEAD_F16 ? 2 : form == BN_CB_ROWS_HEAD_BF16 ? 3 : 1;
+}
+
+extern "C" cudaError_t bn_cb_rows_head_in(const float *x, const float *r, int64_t ld, int64_t dim,
+                                          const int32_t *lrow, int64_t n_rows, const float *w,
+                                          float eps, int form, void *parts, int64_t plane,
+                                          float *unscale, cudaStream_t stream)
+{
+    if (!x || !r || !lrow || !w || !parts || !unscale || dim <= 0 || ld < dim || n_rows < 0 ||
+        plane < n_rows * dim ||
+        n_rows > INT32_MAX || form < BN_CB_ROWS_HEAD_F32 || form > BN_CB_ROWS_HEAD_BF16)
+        return cudaErrorInvalidValue;
+    if (n_rows == 0)
+        return cudaSuccess;
+    rows_head_in_kernel<<<(unsigned)n_rows, kThreads, 0, stream>>>(x, r, ld, dim, lrow, w, eps,
+                                                                    form, parts, plane, unscale);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t bn_cb_rows_unscale(float *logits, int64_t vocab, int64_t n_rows,
+                                          const float *unscale, cudaStream_t stream)
+{
+    if (!logits || !unscale || vocab <= 0 || n_rows < 0 || n_rows > 65535)
+        return cudaErrorInvalidValue;
+    if (n_rows == 0)
+        return cudaSuccess;
+    const dim3 grid((unsigned)((vocab + 4 * 256 - 1) / (4 * 256)), (unsigned)n_rows);
+    rows_unscale_kernel<<<grid, 256, 0, stream>>>(logits, vocab, unscale);
+    return cudaGetLastError();
+}
