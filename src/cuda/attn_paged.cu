@@ -1,18 +1,25 @@
 /*
  * attn_paged.cu - decode and prefill attention for rows of many sequences
- * over the paged fp32 KV cache (bn_cb_attn_paged in cuda_backend_kernels.h),
+ * over the paged KV cache (bn_cb_attn_paged in cuda_backend_kernels.h),
  * the batched pass's attention (cuda_backend_rows.c).
  *
  * Row r is one token of sequence row_seq[r] at position row_pos[r]; its
  * keys and values for positions 0..row_pos[r] live in cache rows
  * tables[seq * max_blocks + t / block_size] * block_size + t % block_size.
- * One block per (row, kv head): its warps are the q heads that share the kv
- * head (GQA), so each cache row is read once for all of them. The block
- * gathers tiles of 32 positions through the table into shared memory; each
- * warp scores the tile's keys (lane j: key j), keeps an online softmax and
- * accumulates p . V (lane l: the head's float4 chunk l). dev/cuda/
- * attn_paged.cu holds the same kernel with its timing.
+ *
+ * One block per (row, kv head, split): its warps are the q heads that
+ * share the kv head (GQA), so each cache row is read once for all of them;
+ * the positions are split into `splits` ranges of whole 32-position tiles,
+ * so that a pass of few rows still has blocks enough to keep the memory
+ * busy. The block gathers tiles through the table into shared memory (fp16
+ * caches widened to fp32 on the way); each warp scores the tile's keys
+ * (lane j: key j), keeps an online softmax and accumulates p . V (lane l:
+ * the head's float4 chunk l). With one split the block writes the head's
+ * output; with more, each writes its unnormalised sum with its max and
+ * weight, and paged_merge combines a row's splits in split order.
+ * dev/cuda/attn_paged.cu holds the one-split kernel with its timing.
  */
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -23,13 +30,28 @@ namespace {
 
 constexpr int kTile = 32;
 
-template <int HD>
+/* Chunk ch (4 values) of cache row cr's head: fp32 as stored, fp16 widened. */
+template <typename T> __device__ __forceinline__ float4 load4(const T *row, int ch);
+template <> __device__ __forceinline__ float4 load4<float>(const float *row, int ch)
+{
+    return __ldcs(reinterpret_cast<const float4 *>(row) + ch);
+}
+template <> __device__ __forceinline__ float4 load4<__half>(const __half *row, int ch)
+{
+    const uint2 u = __ldcs(reinterpret_cast<const uint2 *>(row) + ch);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+template <int HD, typename T>
 __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict__ q, int64_t ldq,
                                   const int32_t *__restrict__ row_seq,
                                   const int32_t *__restrict__ row_pos,
                                   const int32_t *__restrict__ tables, int max_blocks, int bs,
-                                  const float *__restrict__ kc, const float *__restrict__ vc,
-                                  float scale, float *__restrict__ out, int64_t ldo)
+                                  const T *__restrict__ kc, const T *__restrict__ vc,
+                                  float scale, int span, float *__restrict__ out, int64_t ldo,
+                                  float *__restrict__ part)
 {
     constexpr int NC = HD / 4, KS = HD + 4;
     extern __shared__ __align__(16) float smem[];
@@ -37,12 +59,13 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
     float *qs = smem;               /* [group][HD]  */
     float *kt = qs + group * HD;    /* [32][HD + 4] */
     float *vt = kt + kTile * KS;    /* [32][HD + 4] */
-    const int row = blockIdx.x, kvh = blockIdx.y;
+    const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = kvh * group + warp;
     const int64_t kv_dim = (int64_t)n_kv * HD, head_off = (int64_t)kvh * HD;
     const int seq = row_seq[row], pos = row_pos[row];
     const int32_t *table = tables + (int64_t)seq * max_blocks;
+    const int begin = split * span, end = min(begin + span, pos + 1); /* [begin, end) */
 
     for (int i = threadIdx.x; i < group * NC; i += blockDim.x) {
         const int w = i / NC, ch = i % NC;
@@ -52,21 +75,21 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
     float m = -INFINITY, l = 0.0f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f); /* chunk `lane` (HD = 128) */
     float4 acc2 = acc;                            /* HD = 256: chunk lane + 32 */
-    for (int t0 = 0; t0 <= pos; t0 += kTile) {
+    for (int t0 = begin; t0 < end; t0 += kTile) {
         __syncthreads(); /* the previous tile is read; qs is in place */
         for (int i = threadIdx.x; i < kTile * NC; i += blockDim.x) {
             const int r = i / NC, ch = i % NC, t = t0 + r;
             float4 k4 = make_float4(0.f, 0.f, 0.f, 0.f), v4 = k4;
-            if (t <= pos) {
+            if (t < end) {
                 const int64_t cr = (int64_t)table[t / bs] * bs + t % bs;
-                k4 = __ldcs(reinterpret_cast<const float4 *>(kc + cr * kv_dim + head_off) + ch);
-                v4 = __ldcs(reinterpret_cast<const float4 *>(vc + cr * kv_dim + head_off) + ch);
+                k4 = load4(kc + cr * kv_dim + head_off, ch);
+                v4 = load4(vc + cr * kv_dim + head_off, ch);
             }
             reinterpret_cast<float4 *>(kt + r * KS)[ch] = k4;
             reinterpret_cast<float4 *>(vt + r * KS)[ch] = v4;
         }
         __syncthreads();
-        const bool visible = t0 + lane <= pos;
+        const bool visible = t0 + lane < end;
         float score = -INFINITY;
         if (visible) {
             const float4 *qr = reinterpret_cast<const float4 *>(qs + warp * HD);
@@ -91,8 +114,8 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
         l = fmaf(l, corr, sum);
         acc = make_float4(acc.x * corr, acc.y * corr, acc.z * corr, acc.w * corr);
         acc2 = make_float4(acc2.x * corr, acc2.y * corr, acc2.z * corr, acc2.w * corr);
-        const int last = min(kTile - 1, pos - t0);
-        for (int key = 0; key <= last; key++) {
+        const int last = min(kTile, end - t0);
+        for (int key = 0; key < last; key++) {
             const float pk = __shfl_sync(0xffffffffu, p, key);
             if (lane < NC) {
                 const float4 v = reinterpret_cast<const float4 *>(vt + key * KS)[lane];
@@ -107,12 +130,43 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
         }
         m = m_new;
     }
-    const float inv = 1.0f / l;
-    float4 *o = reinterpret_cast<float4 *>(out + (int64_t)row * ldo + (int64_t)h * HD);
+    float4 *o;
+    float inv = 1.0f;
+    if (gridDim.z == 1) { /* one split: the output itself */
+        inv = 1.0f / l;
+        o = reinterpret_cast<float4 *>(out + (int64_t)row * ldo + (int64_t)h * HD);
+    } else { /* this split's share: [sum (HD)][max][weight] */
+        float *pr = part + (((int64_t)row * n_heads + h) * gridDim.z + split) * (HD + 4);
+        if (lane == 0) {
+            pr[HD] = m;
+            pr[HD + 1] = l;
+        }
+        o = reinterpret_cast<float4 *>(pr);
+    }
     if (lane < NC)
         o[lane] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
     if (NC > 32 && lane + 32 < NC)
         o[lane + 32] = make_float4(acc2.x * inv, acc2.y * inv, acc2.z * inv, acc2.w * inv);
+}
+
+/* Block (row, head), thread d < HD: the splits' shares of value d combined
+ * in split order, out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. */
+__global__ void paged_merge(int n_heads, int hd, int splits, const float *__restrict__ part,
+                            float *__restrict__ out, int64_t ldo)
+{
+    const int row = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    const float *pr = part + ((int64_t)row * n_heads + h) * splits * (hd + 4);
+    float M = -INFINITY;
+    for (int s = 0; s < splits; s++)
+        M = fmaxf(M, pr[s * (hd + 4) + hd]);
+    float sum = 0.0f, weight = 0.0f;
+    for (int s = 0; s < splits; s++) {
+        const float *ps = pr + s * (hd + 4);
+        const float w = ps[hd + 1] > 0.0f ? expf(ps[hd] - M) : 0.0f;
+        sum = fmaf(w, ps[d], sum);
+        weight = fmaf(w, ps[hd + 1], weight);
+    }
+    out[(int64_t)row * ldo + (int64_t)h * hd + d] = sum / weight;
 }
 
 size_t paged_smem(int n_heads, int n_kv, int hd)
@@ -120,42 +174,88 @@ size_t paged_smem(int n_heads, int n_kv, int hd)
     return sizeof(float) * ((size_t)(n_heads / n_kv) * hd + 2 * (size_t)kTile * (hd + 4));
 }
 
+template <int HD, typename T>
+cudaError_t launch(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n_rows,
+                   const int32_t *row_seq, const int32_t *row_pos, const int32_t *tables,
+                   int max_blocks, int block_size, const void *k_cache, const void *v_cache,
+                   int splits, int span, float *out, int64_t ldo, float *part,
+                   cudaStream_t stream)
+{
+    const size_t smem = paged_smem(s->n_heads, s->n_kv_heads, HD);
+    if (smem > 48 * 1024) {
+        const cudaError_t rc = cudaFuncSetAttribute(
+            attn_paged_kernel<HD, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (rc != cudaSuccess)
+            return rc;
+    }
+    const dim3 grid((unsigned)n_rows, (unsigned)s->n_kv_heads, (unsigned)splits);
+    const dim3 block(32u * (unsigned)(s->n_heads / s->n_kv_heads));
+    const float scale = (float)(1.0 / sqrt((double)HD));
+    attn_paged_kernel<HD, T><<<grid, block, smem, stream>>>(
+        s->n_heads, s->n_kv_heads, q, ldq, row_seq, row_pos, tables, max_blocks, block_size,
+        static_cast<const T *>(k_cache), static_cast<const T *>(v_cache), scale, span, out, ldo,
+        part);
+    cudaError_t rc = cudaGetLastError();
+    if (rc != cudaSuccess || splits == 1)
+        return rc;
+    paged_merge<<<dim3((unsigned)n_rows, (unsigned)s->n_heads), (unsigned)HD, 0, stream>>>(
+        s->n_heads, HD, splits, part, out, ldo);
+    return cudaGetLastError();
+}
+
 } // namespace
+
+extern "C" int bn_cb_attn_paged_splits(int n_rows, int max_pos)
+{
+    /* About 128 positions a split, at most 64 splits, and no more shares
+     * than the workspace holds. */
+    int splits = (max_pos + 1 + 127) / 128;
+    if (splits > 64)
+        splits = 64;
+    while (splits > 1 && (int64_t)splits * n_rows > BN_CB_ATTN_PAGED_SHARES)
+        splits--;
+    return splits < 1 ? 1 : splits;
+}
+
+extern "C" size_t bn_cb_attn_paged_workspace_bytes(int n_heads, int head_dim)
+{
+    return (size_t)BN_CB_ATTN_PAGED_SHARES * (size_t)n_heads * (size_t)(head_dim + 4) *
+           sizeof(float);
+}
 
 extern "C" cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
                                         int n_rows, const int32_t *row_seq,
                                         const int32_t *row_pos, const int32_t *tables,
-                                        int max_blocks, int block_size, const float *k_cache,
-                                        const float *v_cache, float *out, int64_t ldo,
-                                        cudaStream_t stream)
+                                        int max_blocks, int block_size, const void *k_cache,
+                                        const void *v_cache, int kv_f16, int splits, int max_pos,
+                                        float *out, int64_t ldo, float *ws, cudaStream_t stream)
 {
     if (!s || !q || !row_seq || !row_pos || !tables || !k_cache || !v_cache || !out ||
         n_rows < 0 || max_blocks < 1 || block_size < 1 || s->n_kv_heads < 1 ||
         s->n_heads % s->n_kv_heads != 0 || s->n_heads / s->n_kv_heads > 32 || ldq % 4 != 0 ||
         ldo % 4 != 0 || ldq < (int64_t)s->n_heads * s->head_dim ||
-        ldo < (int64_t)s->n_heads * s->head_dim)
+        ldo < (int64_t)s->n_heads * s->head_dim || splits < 1 || splits > 64 || max_pos < 0 ||
+        (splits > 1 && (!ws || (int64_t)splits * n_rows > BN_CB_ATTN_PAGED_SHARES)))
         return cudaErrorInvalidValue;
     if (!bn_cb_attn_paged_supports(s->head_dim))
         return cudaErrorNotSupported;
     if (n_rows == 0)
         return cudaSuccess;
-    const dim3 grid((unsigned)n_rows, (unsigned)s->n_kv_heads);
-    const dim3 block(32u * (unsigned)(s->n_heads / s->n_kv_heads));
-    const size_t smem = paged_smem(s->n_heads, s->n_kv_heads, s->head_dim);
-    const float scale = (float)(1.0 / sqrt((double)s->head_dim));
-    if (s->head_dim == 128) {
-        if (smem > 48 * 1024)
-            cudaFuncSetAttribute(attn_paged_kernel<128>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        attn_paged_kernel<128><<<grid, block, smem, stream>>>(
-            s->n_heads, s->n_kv_heads, q, ldq, row_seq, row_pos, tables, max_blocks, block_size,
-            k_cache, v_cache, scale, out, ldo);
-    } else {
-        attn_paged_kernel<64><<<grid, block, smem, stream>>>(
-            s->n_heads, s->n_kv_heads, q, ldq, row_seq, row_pos, tables, max_blocks, block_size,
-            k_cache, v_cache, scale, out, ldo);
-    }
-    return cudaGetLastError();
+    /* Whole tiles a split, enough splits to cover max_pos. */
+    const int span = ((max_pos + 1 + splits - 1) / splits + kTile - 1) / kTile * kTile;
+    if (s->head_dim == 128)
+        return kv_f16 ? launch<128, __half>(s, q, ldq, n_rows, row_seq, row_pos, tables,
+                                            max_blocks, block_size, k_cache, v_cache, splits,
+                                            span, out, ldo, ws, stream)
+                      : launch<128, float>(s, q, ldq, n_rows, row_seq, row_pos, tables,
+                                           max_blocks, block_size, k_cache, v_cache, splits,
+                                           span, out, ldo, ws, stream);
+    return kv_f16 ? launch<64, __half>(s, q, ldq, n_rows, row_seq, row_pos, tables, max_blocks,
+                                       block_size, k_cache, v_cache, splits, span, out, ldo, ws,
+                                       stream)
+                  : launch<64, float>(s, q, ldq, n_rows, row_seq, row_pos, tables, max_blocks,
+                                      block_size, k_cache, v_cache, splits, span, out, ldo, ws,
+                                      stream);
 }
 
 extern "C" int bn_cb_attn_paged_supports(int head_dim)

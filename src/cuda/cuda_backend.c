@@ -229,16 +229,16 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
     if (b->chunk > kv_len)
         b->chunk = kv_len;
     b->use_graphs = true;
-    /* The paged cache of many sequences: fp32 only, and head sizes the
-     * paged attention takes. */
-    if (opt.paged_rows > 0 && opt.paged_block > 0 && opt.paged_max_seqs > 0 && !b->kv_f16 &&
+    /* The paged cache of many sequences (of the single cache's precision),
+     * for head sizes the paged attention takes. */
+    if (opt.paged_rows > 0 && opt.paged_block > 0 && opt.paged_max_seqs > 0 &&
         bn_cb_attn_paged_supports(hp->head_dim) && opt.paged_rows % opt.paged_block == 0) {
         b->paged_rows = opt.paged_rows;
         b->paged_block = opt.paged_block;
         b->paged_max_seqs = opt.paged_max_seqs;
         b->paged_max_blocks = (int)((kv_len + opt.paged_block - 1) / opt.paged_block);
         b->paged_bytes = 2 * (uint64_t)hp->n_layer * (uint64_t)b->paged_rows *
-                         (uint64_t)b->kv_dim * sizeof(float);
+                         (uint64_t)b->kv_dim * b->kv_elem;
         /* Every sequence of a pass wants at most one row's logits. */
         b->rows_head = opt.paged_max_seqs < ROWS_HEAD_MAX ? opt.paged_max_seqs : ROWS_HEAD_MAX;
     }
@@ -287,7 +287,7 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
     uint64_t screen_bytes = 0;
     for (int i = 0; i < HEAD_SCREEN_BUFFERS; i++)
         screen_bytes += cb_round_alloc(screen[i].bytes);
-    scratch_spec scratch[32];
+    scratch_spec scratch[MAX_SCRATCH];
     const int n_scratch = cb_scratch_list(b, scratch);
     /* scratch_bytes is what is allocated (dalloc's 256-byte minimum); the
      * budget also counts cudaMalloc's rounding to 256 bytes. */
@@ -360,9 +360,9 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
     for (int i = 0; i < n_scratch && st == BN_OK; i++)
         st = dalloc(b, scratch[i].bytes, scratch[i].ptr, "activations and workspaces", err);
     if (st == BN_OK && b->paged_rows > 0) {
-        st = dalloc(b, b->paged_bytes / 2, (void **)&b->d_pk, "paged KV cache (keys)", err);
+        st = dalloc(b, b->paged_bytes / 2, &b->d_pk, "paged KV cache (keys)", err);
         if (st == BN_OK)
-            st = dalloc(b, b->paged_bytes / 2, (void **)&b->d_pv, "paged KV cache (values)",
+            st = dalloc(b, b->paged_bytes / 2, &b->d_pv, "paged KV cache (values)",
                         err);
         int32_t *index = NULL;
         if (st == BN_OK)
@@ -606,7 +606,7 @@ static const char *const kernel_names[K_COUNT] = {
     "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay",
     "attention_decode_f32_cluster",
     "lm_head_screen_int8", "attention_decode_f32_cluster_qkv", "w2a8_gemv_gate_up_relu2",
-    "sample_top_k_top_p", "decode_handoff", "embed_norm_quantize", "attention_paged_f32",
+    "sample_top_k_top_p", "decode_handoff", "embed_norm_quantize", "attention_paged",
     "lm_head_rows_gemm", "sample_rows"};
 
 void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size)

@@ -163,6 +163,7 @@ typedef struct pass {
      * each row's cache row for its k and v, and its sequence; NULL for one
      * sequence's pass. */
     const int32_t *slot, *seq;
+    int max_pos;            /* the rows' largest position (paged rows)         */
 } pass;
 
 /* A stage of the pass: returns from the caller when it fails. */
@@ -240,9 +241,9 @@ static bn_status qkv(const pass *p, int l)
  * the layer's cache at the rows' positions. The fp32 cache's decode step
  * does this inside its attention kernel: no stage here. */
 /* A layer's part of the paged cache (K or V: which is b->d_pk or b->d_pv). */
-static float *layer_paged(const bn_cuda_backend *b, float *which, int l)
+static void *layer_paged(const bn_cuda_backend *b, void *which, int l)
 {
-    return which + (size_t)l * (size_t)b->paged_rows * (size_t)b->kv_dim;
+    return (char *)which + (size_t)l * (size_t)b->paged_rows * (size_t)b->kv_dim * b->kv_elem;
 }
 
 static bn_status rope_kv_store(const pass *p, int l)
@@ -259,7 +260,8 @@ static bn_status rope_kv_store(const pass *p, int l)
         BN_CUDA_TRY(p->err, bn_cb_qkv_post_slots(b->qkv, b->qkv_n, p->M, &ps, &b->freqs, prope,
                                                  prope ? b->kv_len : 0, p->pos, p->slot, b->q,
                                                  b->q_dim, layer_paged(b, b->d_pk, l),
-                                                 layer_paged(b, b->d_pv, l), b->cs));
+                                                 layer_paged(b, b->d_pv, l), b->kv_f16,
+                                                 b->cs));
         return stage_done(p, BN_CUDA_STAGE_ROPE_KV, 1, K_QKV_POST);
     }
     const bn_cb_qkv_shape qs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len,
@@ -310,11 +312,13 @@ static bn_status attention(const pass *p, int l)
     void *kl = layer_cache(b, b->d_k, l), *vl = layer_cache(b, b->d_v, l);
     if (p->slot) { /* rows of many sequences over the paged cache */
         const bn_cb_attn_shape ps = {hp->n_head, hp->n_head_kv, hp->head_dim, b->paged_rows};
+        const int splits = bn_cb_attn_paged_splits(M, p->max_pos);
         BN_CUDA_TRY(p->err, bn_cb_attn_paged(&ps, b->q, b->q_dim, M, p->seq, p->pos, b->d_tables,
                                              b->paged_max_blocks, b->paged_block,
                                              layer_paged(b, b->d_pk, l),
-                                             layer_paged(b, b->d_pv, l), b->att, b->q_dim, b->cs));
-        return stage_done(p, BN_CUDA_STAGE_ATTENTION, 1, K_ATTN_PRE_F32);
+                                             layer_paged(b, b->d_pv, l), b->kv_f16, splits,
+                                             p->max_pos, b->att, b->q_dim, b->ws_paged, b->cs));
+        return stage_done(p, BN_CUDA_STAGE_ATTENTION, splits > 1 ? 2 : 1, K_ATTN_PAGED);
     }
     if (!b->kv_f16 && p->decode)
         return attention_decode_f32(p, l);
@@ -471,9 +475,9 @@ static bn_status lm_head(const pass *p, bool screen)
  * layer's residual not yet added) for the head (cuda_backend_rows.c). */
 bn_status cb_enqueue_paged_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
                                 const int32_t *d_pos, const int32_t *d_slot,
-                                const int32_t *d_seq, bn_error *err)
+                                const int32_t *d_seq, int max_pos, bn_error *err)
 {
-    const pass p = {b, M, d_tok, d_pos, NULL, 0, false, 0, err, d_slot, d_seq};
+    const pass p = {b, M, d_tok, d_pos, NULL, 0, false, 0, err, d_slot, d_seq, max_pos};
     STAGE(embed_and_first_norm(&p));
     for (int l = 0; l < b->hp.n_layer; l++)
         STAGE(layer(&p, l));
@@ -504,7 +508,7 @@ bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
 {
     const bool decode = d_kvlen != NULL;
     const pass p = {b,      M,      d_tok, d_pos, d_kvlen, visible,
-                    decode, decode && b->form.pdl && !b->prof, err, NULL, NULL};
+                    decode, decode && b->form.pdl && !b->prof, err, NULL, NULL, 0};
     STAGE(embed_and_first_norm(&p)); /* x = embedding; xq = q(attn_norm(x)) */
     for (int l = 0; l < b->hp.n_layer; l++)
         STAGE(layer(&p, l));

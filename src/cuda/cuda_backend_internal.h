@@ -49,7 +49,9 @@
 #include "sample_cuda.h"
 #include "w2a8_cuda.h"
 
-#define MAX_ALLOCS 40
+#define MAX_ALLOCS 64
+/* Entries cb_scratch_list may write. */
+#define MAX_SCRATCH 40
 #define MIB (1024.0 * 1024.0)
 
 /* The four products of a layer; q|k|v and gate|up are fused. */
@@ -167,7 +169,8 @@ struct bn_cuda_backend {
      * paged_max_blocks). */
     int64_t paged_rows;
     int paged_block, paged_max_seqs, paged_max_blocks;
-    float *d_pk, *d_pv;
+    void *d_pk, *d_pv;      /* fp32, or fp16 with kv_f16 */
+    float *ws_paged;        /* the paged attention's split shares */
     int32_t *d_slot, *d_rseq, *d_tables;
     uint64_t paged_bytes;
     /* The batched pass's LM head (cuda_backend_rows.c): up to rows_head
@@ -355,7 +358,7 @@ bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
                           bool screen, bn_error *err);
 bn_status cb_enqueue_paged_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
                                 const int32_t *d_pos, const int32_t *d_slot,
-                                const int32_t *d_seq, bn_error *err);
+                                const int32_t *d_seq, int max_pos, bn_error *err);
 /* Where a batched pass's answers go (cuda_backend_rows.c): the logit
  * rows' tokens picked on the device (next: p[k] and u[k] per row, p NULL
  * for all greedy), or else their logits (vocab floats each). */

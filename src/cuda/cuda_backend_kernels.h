@@ -147,14 +147,14 @@ typedef struct bn_cb_qkv_shape {
     float scale_q, scale_k, scale_v;
 } bn_cb_qkv_shape;
 
-/* The same for rows of many sequences (fp32 cache, no PDL): row t's k and
- * v go to cache row slot[t] (a device array; the paged cache), its RoPE
- * turns by pos[t]. */
+/* The same for rows of many sequences (no PDL): row t's k and v go to
+ * cache row slot[t] (a device array; the paged cache), its RoPE turns by
+ * pos[t]. */
 cudaError_t bn_cb_qkv_post_slots(const float *raw, int64_t ldraw, int64_t m,
                                  const bn_cb_qkv_shape *s, const bn_rope_freqs *freqs,
                                  const float *table, int64_t table_len, const int32_t *pos,
                                  const int32_t *slot, float *q_out, int64_t ldq, void *k_cache,
-                                 void *v_cache, cudaStream_t stream);
+                                 void *v_cache, int kv_f16, cudaStream_t stream);
 cudaError_t bn_cb_qkv_post(const float *raw, int64_t ldraw, int64_t m,
                            const bn_cb_qkv_shape *s, const bn_rope_freqs *freqs,
                            const float *table, int64_t table_len, const int32_t *pos,
@@ -173,17 +173,25 @@ typedef struct bn_cb_attn_shape {
     int64_t capacity;
 } bn_cb_attn_shape;
 
-/* Attention of rows of many sequences over the paged fp32 cache
- * (attn_paged.cu): row r (sequence row_seq[r], position row_pos[r]) attends
- * to its positions 0..row_pos[r], position t at cache row
+/* Attention of rows of many sequences over the paged cache (attn_paged.cu;
+ * fp32, or fp16 with kv_f16): row r (sequence row_seq[r], position
+ * row_pos[r], at most max_pos) attends to its positions 0..row_pos[r],
+ * position t at cache row
  * tables[seq * max_blocks + t / block_size] * block_size + t % block_size
- * (device arrays); out row r gets its heads. capacity is unused. Head sizes
- * 64 and 128 (bn_cb_attn_paged_supports; else cudaErrorNotSupported), at
- * most 32 q heads a kv head. */
+ * (device arrays); out row r gets its heads. The positions are split into
+ * `splits` ranges (bn_cb_attn_paged_splits) worked on by blocks of their
+ * own, whose shares ws holds (bn_cb_attn_paged_workspace_bytes; NULL with
+ * one split). capacity is unused. Head sizes 64 and 128
+ * (bn_cb_attn_paged_supports; else cudaErrorNotSupported), at most 32 q
+ * heads a kv head. */
+#define BN_CB_ATTN_PAGED_SHARES 4096 /* rows x splits the workspace holds */
+int bn_cb_attn_paged_splits(int n_rows, int max_pos);
+size_t bn_cb_attn_paged_workspace_bytes(int n_heads, int head_dim);
 cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n_rows,
                              const int32_t *row_seq, const int32_t *row_pos,
                              const int32_t *tables, int max_blocks, int block_size,
-                             const float *k_cache, const float *v_cache, float *out, int64_t ldo,
+                             const void *k_cache, const void *v_cache, int kv_f16, int splits,
+                             int max_pos, float *out, int64_t ldo, float *ws,
                              cudaStream_t stream);
 int bn_cb_attn_paged_supports(int head_dim);
 

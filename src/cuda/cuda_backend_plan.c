@@ -250,6 +250,7 @@ int cb_scratch_list(bn_cuda_backend *b, scratch_spec *list)
         ADD(&b->d_rparams, H * sizeof(bn_cuda_sample_params));
         ADD(&b->d_ru, H * sizeof(double));
         ADD(&b->ws_rows, H * bn_cuda_sample_workspace_bytes(hp->vocab));
+        ADD(&b->ws_paged, bn_cb_attn_paged_workspace_bytes(hp->n_head, hp->head_dim));
     }
 #undef ADD
     return n;

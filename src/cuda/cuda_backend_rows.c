@@ -239,9 +239,11 @@ static bn_status chunk_layers(bn_cuda_backend *b, const bn_batch_rows *r, int64_
 {
     const int64_t bs = b->paged_block;
     int32_t *ht = h, *hp = ht + M, *hs = hp + M, *hq = hs + M;
+    int max_pos = 0;
     for (int64_t i = 0; i < M; i++) {
         const int32_t s = r->seq[c + i];
         const int64_t p = r->pos[c + i];
+        max_pos = p > max_pos ? (int)p : max_pos;
         ht[i] = r->tokens[c + i];
         hp[i] = (int32_t)p;
         hs[i] = (int32_t)(r->tables[s][p / bs] * bs + p % bs);
@@ -252,7 +254,8 @@ static bn_status chunk_layers(bn_cuda_backend *b, const bn_batch_rows *r, int64_
     for (int i = 0; i < 4; i++)
         BN_CUDA_TRY(err, cudaMemcpyAsync(dst[i], h + i * M, bytes, cudaMemcpyHostToDevice, b->cs));
     cb_count_h2d(b, 4 * bytes);
-    return cb_enqueue_paged_rows(b, M, b->d_tokens, b->d_pos, b->d_slot, b->d_rseq, err);
+    return cb_enqueue_paged_rows(b, M, b->d_tokens, b->d_pos, b->d_slot, b->d_rseq, max_pos,
+                                 err);
 }
 
 bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows_out *o,

@@ -226,12 +226,12 @@ extern "C" cudaError_t bn_cb_qkv_post_slots(const float *raw, int64_t ldraw, int
                                             const float *table, int64_t table_len,
                                             const int32_t *pos, const int32_t *slot,
                                             float *q_out, int64_t ldq, void *k_cache,
-                                            void *v_cache, cudaStream_t stream)
+                                            void *v_cache, int kv_f16, cudaStream_t stream)
 {
     if (!slot)
         return cudaErrorInvalidValue;
     return qkv_post(raw, ldraw, m, s, freqs, table, table_len, pos, slot, q_out, ldq, k_cache,
-                    v_cache, 0, 0, stream);
+                    v_cache, kv_f16, 0, stream);
 }
 
 extern "C" int bn_cb_rope_pdl_compiled(void) { return pdl_compiled(qkv_post_kernel<false, 4>); }

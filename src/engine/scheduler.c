@@ -565,6 +565,32 @@ static void retire_ended(sched *sc)
     sc->n = kept;
 }
 
+/* Whether a running sequence is computing blocks that the waiting s could
+ * take from the cache once they are done: whole blocks of s's prompt
+ * (short of its last token, which s computes itself) equal to that
+ * sequence's history and not yet computed by it. s then waits for them
+ * instead of computing them again, so a prompt that many requests share
+ * is computed once even when they all come at the same time. */
+static bool prefix_in_flight(const sched *sc, const seq *s)
+{
+    if (!sc->e->kv_cfg.prefix_sharing)
+        return false;
+    const int64_t bs = sc->e->kv_cfg.block_size;
+    for (size_t i = 0; i < sc->n; i++) {
+        const seq *r = sc->seqs[i];
+        if (r->state != SEQ_RUNNING)
+            continue;
+        const size_t n = s->n_hist - 1 < r->n_hist ? s->n_hist - 1 : r->n_hist;
+        size_t same = 0;
+        while (same < n && s->history[same] == r->history[same])
+            same++;
+        const int64_t shared = (int64_t)same / bs * bs;
+        if (shared > 0 && r->computed < shared)
+            return true;
+    }
+    return false;
+}
+
 bn_status bn_batcher_step(bn_batcher *sc, size_t *active, bn_error *err)
 {
     bn_engine *e = sc->e;
@@ -574,7 +600,8 @@ bn_status bn_batcher_step(bn_batcher *sc, size_t *active, bn_error *err)
     for (size_t i = 0; i < sc->n; i++)
         running += sc->seqs[i]->state == SEQ_RUNNING;
     for (size_t i = 0; i < sc->n && running < e->kv_cfg.max_seqs; i++)
-        if (sc->seqs[i]->state == SEQ_WAITING && seq_admit(sc, sc->seqs[i]))
+        if (sc->seqs[i]->state == SEQ_WAITING && !prefix_in_flight(sc, sc->seqs[i]) &&
+            seq_admit(sc, sc->seqs[i]))
             running++;
     for (size_t i = 0; i < sc->n; i++)
         waiting |= sc->seqs[i]->state == SEQ_WAITING;

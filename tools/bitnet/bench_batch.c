@@ -40,6 +40,7 @@ static void usage(FILE *out)
             "  --shared-prefix P   every prompt starts with the same P tokens; each count runs\n"
             "                      with prefix sharing and again without\n"
             "  --budget N          rows a pass takes for prompts beside the decodes (default 512)\n"
+            "  --kv T              KV cache precision on the GPU: f32 (default) or f16\n"
             "  --threads N         CPU threads (default: BITNET_NUM_THREADS, else every core)\n"
             "  --seed S            seed of the weights and prompts (default 1)\n"
             "  --stages LIST       on CUDA, after the table: the stages' split of one decode\n"
@@ -65,6 +66,7 @@ typedef struct bench_cfg {
     long long prompt, gen, prefix, budget, threads;
     uint64_t seed;
     const char *device;
+    bool kv_f16;
     bn_hparams hp;
     int max_seqs;
     int stages[16], n_stages;
@@ -84,7 +86,8 @@ static bn_engine *open_engine(const bn_config *cfg, const bench_cfg *b, bool sha
                                   .kv_positions = (int64_t)b->max_seqs *
                                                   ((b->prompt + b->gen + 31) / 32 * 32),
                                   .token_budget = (int)b->budget,
-                                  .no_prefix_sharing = !sharing};
+                                  .no_prefix_sharing = !sharing,
+                                  .kv_f16 = b->kv_f16};
     bn_engine *e = NULL;
     return bn_engine_open(cfg, &eo, &e, err) == BN_OK ? e : NULL;
 }
@@ -158,9 +161,9 @@ static int run_count(bn_engine *e, const bench_cfg *b, int n, const char *label)
                               : 0.0)
                        : (seconds_alone > 0.0 ? (double)steps_alone / seconds_alone : 0.0);
         const uint64_t steps = s1.steps - s0.steps, rows = s1.rows - s0.rows;
-        /* The KV cache the run held at its peak (fp32 keys and values). */
+        /* The KV cache the run held at its peak (keys and values). */
         const double position_mib = 2.0 * b->hp.n_layer * b->hp.n_head_kv * b->hp.head_dim *
-                                    sizeof(float) / (1024.0 * 1024.0);
+                                    (b->kv_f16 ? 2.0 : 4.0) / (1024.0 * 1024.0);
         const double kv_mib = (double)s1.blocks.peak_held * s1.block_size * position_mib;
         printf("%-10s %5d %10.1f %10.1f %11.1f %9.1f %9.1f %8.3f %7llu %7.1f %6llu %8.1f\n",
                label, n,
@@ -287,6 +290,9 @@ int bench_batch(int argc, char **argv, const bn_config *cfg)
             ok = cli_parse_i64(CMD, a, v, 1, 1 << 20, &b.gen);
         } else if (strcmp(a, "--shared-prefix") == 0) {
             ok = cli_parse_i64(CMD, a, v, 1, 1 << 20, &b.prefix);
+        } else if (strcmp(a, "--kv") == 0) {
+            ok = strcmp(v, "f32") == 0 || strcmp(v, "f16") == 0;
+            b.kv_f16 = strcmp(v, "f16") == 0;
         } else if (strcmp(a, "--budget") == 0) {
             ok = cli_parse_i64(CMD, a, v, 1, 1 << 20, &b.budget);
         } else if (strcmp(a, "--threads") == 0) {

@@ -1,0 +1,202 @@
+/* GPU test: the batched pass's attention over the paged KV cache
+ * (bn_cb_attn_paged, attn_paged.cu) against a double-precision CPU
+ * reference over the same cache values:
+ *
+ *   - rows of different sequences and lengths (1 position up to several
+ *     hundred), several rows of one sequence at different positions (a
+ *     prefill chunk), blocks scattered over the cache through the tables;
+ *   - fp32 and fp16 caches (the reference reads the fp16 values as the
+ *     kernel widens them), head sizes 64 and 128, GQA groups 1 and 4;
+ *   - one split and many (bn_cb_attn_paged_splits' choice and others);
+ *   - the output poisoned with NaN first, a guard row after the last that
+ *     must survive; bad arguments refused.
+ *
+ * Tolerance: fp32 sums in another order than the reference's doubles:
+ * 1e-5 of the values' scale (|v| <= 1, a few hundred terms). Exits 77
+ * without a usable GPU. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backend_kernels.h"
+#include "fp16.h"
+#include "test_util.h"
+#include "test_util_cuda.h"
+
+typedef struct shape {
+    int n_heads, n_kv, hd, bs;
+} shape;
+
+static void check_case(const shape *s, int n_seqs, int max_len, bool f16, int splits_asked)
+{
+    const int group = s->n_heads / s->n_kv, kv_dim = s->n_kv * s->hd, q_dim = s->n_heads * s->hd;
+    const int max_blocks = (max_len + s->bs - 1) / s->bs, n_blocks = n_seqs * max_blocks;
+    /* Each sequence's length; its rows: the last position, and for every
+     * other sequence two earlier ones too (a chunk of its prompt). */
+    int *len = malloc(sizeof(int) * (size_t)n_seqs);
+    int32_t *tables = malloc(sizeof(int32_t) * (size_t)n_blocks);
+    int32_t *order = malloc(sizeof(int32_t) * (size_t)n_blocks);
+    int32_t *row_seq = malloc(sizeof(int32_t) * (size_t)(3 * n_seqs));
+    int32_t *row_pos = malloc(sizeof(int32_t) * (size_t)(3 * n_seqs));
+    CHECK(len && tables && order && row_seq && row_pos);
+    for (int i = 0; i < n_blocks; i++)
+        order[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        const int j = (int)test_rand_range(0, i);
+        const int32_t t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    int n_rows = 0, max_pos = 0;
+    for (int q = 0; q < n_seqs; q++) {
+        len[q] = q == 0 ? 1 : (int)test_rand_range(1, max_len);
+        for (int b = 0; b < max_blocks; b++)
+            tables[q * max_blocks + b] = b * s->bs < len[q] ? order[q * max_blocks + b] : -1;
+        if (q % 2 == 1 && len[q] > 2) {
+            row_seq[n_rows] = q;
+            row_pos[n_rows++] = len[q] / 3;
+            row_seq[n_rows] = q;
+            row_pos[n_rows++] = len[q] - 2;
+        }
+        row_seq[n_rows] = q;
+        row_pos[n_rows++] = len[q] - 1;
+        max_pos = len[q] - 1 > max_pos ? len[q] - 1 : max_pos;
+    }
+    const size_t cache_vals = (size_t)n_blocks * (size_t)s->bs * (size_t)kv_dim;
+    float *k = malloc(sizeof(float) * cache_vals), *v = malloc(sizeof(float) * cache_vals);
+    uint16_t *kh = malloc(2 * cache_vals), *vh = malloc(2 * cache_vals);
+    float *q = malloc(sizeof(float) * (size_t)(n_rows * q_dim));
+    float *got = malloc(sizeof(float) * (size_t)((n_rows + 1) * q_dim));
+    CHECK(k && v && kh && vh && q && got);
+    for (size_t i = 0; i < cache_vals; i++) {
+        k[i] = test_rand_float(-2.0f, 2.0f);
+        v[i] = test_rand_float(-1.0f, 1.0f);
+        if (f16) { /* the values the kernel reads */
+            kh[i] = bn_fp32_to_fp16(k[i]);
+            vh[i] = bn_fp32_to_fp16(v[i]);
+            k[i] = bn_fp16_to_fp32(kh[i]);
+            v[i] = bn_fp16_to_fp32(vh[i]);
+        }
+    }
+    for (int i = 0; i < n_rows * q_dim; i++)
+        q[i] = test_rand_float(-1.5f, 1.5f);
+
+    void *dk, *dv;
+    float *dq, *dout, *dws;
+    int32_t *dseq, *dpos, *dtab;
+    const size_t elem = f16 ? 2 : 4;
+    CUDA_OK(cudaMalloc(&dk, elem * cache_vals));
+    CUDA_OK(cudaMalloc(&dv, elem * cache_vals));
+    CUDA_OK(cudaMemcpy(dk, f16 ? (void *)kh : (void *)k, elem * cache_vals, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dv, f16 ? (void *)vh : (void *)v, elem * cache_vals, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&dq, sizeof(float) * (size_t)(n_rows * q_dim)));
+    CUDA_OK(cudaMemcpy(dq, q, sizeof(float) * (size_t)(n_rows * q_dim), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&dout, sizeof(float) * (size_t)((n_rows + 1) * q_dim)));
+    CUDA_OK(cudaMalloc((void **)&dws, bn_cb_attn_paged_workspace_bytes(s->n_heads, s->hd)));
+    CUDA_OK(cudaMalloc((void **)&dseq, sizeof(int32_t) * (size_t)n_rows));
+    CUDA_OK(cudaMalloc((void **)&dpos, sizeof(int32_t) * (size_t)n_rows));
+    CUDA_OK(cudaMalloc((void **)&dtab, sizeof(int32_t) * (size_t)n_blocks));
+    CUDA_OK(cudaMemcpy(dseq, row_seq, sizeof(int32_t) * (size_t)n_rows, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dpos, row_pos, sizeof(int32_t) * (size_t)n_rows, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dtab, tables, sizeof(int32_t) * (size_t)n_blocks, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dout, 0xff, sizeof(float) * (size_t)((n_rows + 1) * q_dim))); /* NaN */
+
+    const int splits = splits_asked > 0 ? splits_asked : bn_cb_attn_paged_splits(n_rows, max_pos);
+    const bn_cb_attn_shape as = {s->n_heads, s->n_kv, s->hd, 0};
+    CUDA_OK(bn_cb_attn_paged(&as, dq, q_dim, n_rows, dseq, dpos, dtab, max_blocks, s->bs, dk, dv,
+                             f16, splits, max_pos, dout, q_dim, dws, 0));
+    CUDA_OK(cudaMemcpy(got, dout, sizeof(float) * (size_t)((n_rows + 1) * q_dim),
+                       cudaMemcpyDeviceToHost));
+
+    double worst = 0.0;
+    double *sc = malloc(sizeof(double) * (size_t)max_len);
+    CHECK(sc != NULL);
+    for (int r = 0; r < n_rows; r++)
+        for (int h = 0; h < s->n_heads; h++) {
+            const float *qh = q + (size_t)r * q_dim + (size_t)h * s->hd;
+            const int off = (h / group) * s->hd, qs = row_seq[r];
+            double mx = -1e300, sum = 0.0;
+            for (int t = 0; t <= row_pos[r]; t++) {
+                const int64_t cr = (int64_t)tables[qs * max_blocks + t / s->bs] * s->bs + t % s->bs;
+                double d = 0.0;
+                for (int i = 0; i < s->hd; i++)
+                    d += (double)qh[i] * k[cr * kv_dim + off + i];
+                sc[t] = d / sqrt((double)s->hd);
+                mx = sc[t] > mx ? sc[t] : mx;
+            }
+            for (int t = 0; t <= row_pos[r]; t++)
+                sum += (sc[t] = exp(sc[t] - mx));
+            for (int i = 0; i < s->hd; i++) {
+                double a = 0.0;
+                for (int t = 0; t <= row_pos[r]; t++) {
+                    const int64_t cr =
+                        (int64_t)tables[qs * max_blocks + t / s->bs] * s->bs + t % s->bs;
+                    a += sc[t] * v[cr * kv_dim + off + i];
+                }
+                const double d = fabs(a / sum - got[(size_t)r * q_dim + (size_t)h * s->hd + i]);
+                worst = isnan(d) ? INFINITY : d > worst ? d : worst;
+            }
+        }
+    uint32_t guard;
+    memcpy(&guard, got + (size_t)n_rows * q_dim, sizeof guard);
+    printf("heads %d/%d hd %d, %s, %d rows of %d sequences up to %d positions, %d splits: "
+           "worst error %.2e\n",
+           s->n_heads, s->n_kv, s->hd, f16 ? "f16" : "f32", n_rows, n_seqs, max_pos + 1, splits,
+           worst);
+    CHECK_MSG(worst <= 1e-5, "worst error %g", worst);
+    CHECK_MSG(guard == 0xffffffffu, "the row past the last was written");
+    if (splits > 1) /* no workspace for several splits: refused */
+        CHECK(bn_cb_attn_paged(&as, dq, q_dim, n_rows, dseq, dpos, dtab, max_blocks, s->bs, dk,
+                               dv, f16, splits, max_pos, dout, q_dim, NULL, 0) ==
+              cudaErrorInvalidValue);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(dq);
+    cudaFree(dout);
+    cudaFree(dws);
+    cudaFree(dseq);
+    cudaFree(dpos);
+    cudaFree(dtab);
+    free(len);
+    free(tables);
+    free(order);
+    free(row_seq);
+    free(row_pos);
+    free(k);
+    free(v);
+    free(kh);
+    free(vh);
+    free(q);
+    free(got);
+    free(sc);
+}
+
+int main(void)
+{
+    test_require_cuda(0, "");
+    const shape s2b = {20, 5, 128, 32}, mha = {4, 4, 64, 16};
+    for (int f16 = 0; f16 <= 1; f16++) {
+        check_case(&s2b, 9, 700, f16, 0);  /* the splits the launcher picks */
+        check_case(&s2b, 9, 700, f16, 1);  /* one split */
+        check_case(&s2b, 5, 300, f16, 13); /* more splits than tiles for short rows */
+        check_case(&mha, 7, 200, f16, 0);
+        check_case(&mha, 3, 40, f16, 2);
+    }
+    CHECK(bn_cb_attn_paged_splits(1, 0) == 1);
+    CHECK(bn_cb_attn_paged_splits(64, 575) == 5);
+    CHECK(bn_cb_attn_paged_splits(4096, 100000) == 1);
+    CHECK(bn_cb_attn_paged_splits(1, 100000) == 64);
+    const bn_cb_attn_shape bad = {20, 5, 96, 0};
+    float *d = NULL;
+    CUDA_OK(cudaMalloc((void **)&d, 4096));
+    CHECK(bn_cb_attn_paged(&bad, d, 1920, 1, (int32_t *)d, (int32_t *)d, (int32_t *)d, 1, 16, d,
+                           d, 0, 1, 0, d, 1920, NULL, 0) == cudaErrorNotSupported);
+    const bn_cb_attn_shape odd = {20, 3, 128, 0};
+    CHECK(bn_cb_attn_paged(&odd, d, 2560, 1, (int32_t *)d, (int32_t *)d, (int32_t *)d, 1, 16, d,
+                           d, 0, 1, 0, d, 2560, NULL, 0) == cudaErrorInvalidValue);
+    cudaFree(d);
+    TEST_EXIT();
+}
