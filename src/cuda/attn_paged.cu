@@ -24,24 +24,66 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cp_async.cuh"
 #include "cuda_backend_kernels.h"
 
 namespace {
 
 constexpr int kTile = 32;
 
-/* Chunk ch (4 values) of cache row cr's head: fp32 as stored, fp16 widened. */
-template <typename T> __device__ __forceinline__ float4 load4(const T *row, int ch);
-template <> __device__ __forceinline__ float4 load4<float>(const float *row, int ch)
+/* A tile's rows in shared memory: fp32 as stored, or fp16 as stored,
+ * padded by 16 bytes a row so that lanes reading different rows at the
+ * same column fall in different banks. */
+template <typename T, int HD> struct TileRow {
+    static constexpr int kStride = HD + 16 / (int)sizeof(T); /* elements a row */
+    static constexpr int kCopies = HD * (int)sizeof(T) / 16;  /* 16-byte copies a row */
+};
+
+/* Chunk ch (4 values) of a tile row, as floats. */
+__device__ __forceinline__ float4 chunk4(const float *row, int ch)
 {
-    return __ldcs(reinterpret_cast<const float4 *>(row) + ch);
+    return reinterpret_cast<const float4 *>(row)[ch];
 }
-template <> __device__ __forceinline__ float4 load4<__half>(const __half *row, int ch)
+__device__ __forceinline__ float4 chunk4(const __half *row, int ch)
 {
-    const uint2 u = __ldcs(reinterpret_cast<const uint2 *>(row) + ch);
+    const uint2 u = reinterpret_cast<const uint2 *>(row)[ch];
     const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x));
     const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
     return make_float4(a.x, a.y, b.x, b.y);
+}
+
+/* The cache row of position t of a sequence (its table), -1 past end. */
+__device__ __forceinline__ int cache_row(const int32_t *table, int bs, int t, int end)
+{
+    return t < end ? table[t / bs] * bs + t % bs : -1;
+}
+
+/* Issues the copies of one tile (rows crow[0 .. 32), -1: zero-filled) of
+ * the head's K and V into kt and vt. */
+template <typename T, int HD>
+__device__ __forceinline__ void copy_tile(T *kt, T *vt, const int *crow, const T *kc,
+                                          const T *vc, int64_t kv_dim, int64_t head_off)
+{
+    using R = TileRow<T, HD>;
+    for (int i = threadIdx.x; i < kTile * R::kCopies; i += blockDim.x) {
+        const int r = i / R::kCopies, c = i % R::kCopies, cr = crow[r];
+        const int64_t src = (int64_t)(cr < 0 ? 0 : cr) * kv_dim + head_off;
+        const int at = r * R::kStride + c * (16 / (int)sizeof(T));
+        cp_async16((uint32_t)__cvta_generic_to_shared(kt + at),
+                   reinterpret_cast<const uint4 *>(kc + src) + c, cr >= 0);
+        cp_async16((uint32_t)__cvta_generic_to_shared(vt + at),
+                   reinterpret_cast<const uint4 *>(vc + src) + c, cr >= 0);
+    }
+}
+
+/* Shared memory: q [group][HD] floats, then two buffers of K and V tiles
+ * (the next tile's copies run while this one is computed), then the two
+ * tiles' cache rows. */
+template <typename T, int HD> size_t paged_smem_of(int group)
+{
+    using R = TileRow<T, HD>;
+    return sizeof(float) * (size_t)group * HD + 4 * sizeof(T) * (size_t)kTile * R::kStride +
+           2 * kTile * sizeof(int);
 }
 
 template <int HD, typename T>
@@ -53,12 +95,13 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
                                   float scale, int span, float *__restrict__ out, int64_t ldo,
                                   float *__restrict__ part)
 {
-    constexpr int NC = HD / 4, KS = HD + 4;
-    extern __shared__ __align__(16) float smem[];
+    using R = TileRow<T, HD>;
+    constexpr int NC = HD / 4, KS = R::kStride, TILE = kTile * KS;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
     const int group = n_heads / n_kv;
-    float *qs = smem;               /* [group][HD]  */
-    float *kt = qs + group * HD;    /* [32][HD + 4] */
-    float *vt = kt + kTile * KS;    /* [32][HD + 4] */
+    float *qs = reinterpret_cast<float *>(smem_raw);      /* [group][HD]           */
+    T *tiles = reinterpret_cast<T *>(qs + group * HD);    /* [2][K, V][32][KS]     */
+    int *crow = reinterpret_cast<int *>(tiles + 4 * TILE); /* [2][32]              */
     const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = kvh * group + warp;
@@ -72,35 +115,45 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
         reinterpret_cast<float4 *>(qs + w * HD)[ch] = reinterpret_cast<const float4 *>(
             q + (int64_t)row * ldq + (int64_t)(kvh * group + w) * HD)[ch];
     }
+    if (warp == 0)
+        crow[lane] = cache_row(table, bs, begin + lane, end);
+    __syncthreads();
+    if (begin < end)
+        copy_tile<T, HD>(tiles, tiles + TILE, crow, kc, vc, kv_dim, head_off);
+    cp_async_commit();
+
     float m = -INFINITY, l = 0.0f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f); /* chunk `lane` (HD = 128) */
-    float4 acc2 = acc;                            /* HD = 256: chunk lane + 32 */
-    for (int t0 = begin; t0 < end; t0 += kTile) {
-        __syncthreads(); /* the previous tile is read; qs is in place */
-        for (int i = threadIdx.x; i < kTile * NC; i += blockDim.x) {
-            const int r = i / NC, ch = i % NC, t = t0 + r;
-            float4 k4 = make_float4(0.f, 0.f, 0.f, 0.f), v4 = k4;
-            if (t < end) {
-                const int64_t cr = (int64_t)table[t / bs] * bs + t % bs;
-                k4 = load4(kc + cr * kv_dim + head_off, ch);
-                v4 = load4(vc + cr * kv_dim + head_off, ch);
-            }
-            reinterpret_cast<float4 *>(kt + r * KS)[ch] = k4;
-            reinterpret_cast<float4 *>(vt + r * KS)[ch] = v4;
-        }
+    for (int t0 = begin, buf = 0; t0 < end; t0 += kTile, buf ^= 1) {
+        /* The next tile's rows, then its copies, while this one is used. */
+        const bool more = t0 + kTile < end;
+        if (warp == 0 && more)
+            crow[(buf ^ 1) * kTile + lane] = cache_row(table, bs, t0 + kTile + lane, end);
+        __syncthreads(); /* those rows are in place; the other buffer is free */
+        if (more)
+            copy_tile<T, HD>(tiles + (buf ^ 1) * 2 * TILE, tiles + (buf ^ 1) * 2 * TILE + TILE,
+                             crow + (buf ^ 1) * kTile, kc, vc, kv_dim, head_off);
+        cp_async_commit();
+        cp_async_wait<1>(); /* this tile's copies */
         __syncthreads();
+        const T *kt = tiles + buf * 2 * TILE, *vt = kt + TILE;
+
         const bool visible = t0 + lane < end;
         float score = -INFINITY;
         if (visible) {
             const float4 *qr = reinterpret_cast<const float4 *>(qs + warp * HD);
-            const float4 *kr = reinterpret_cast<const float4 *>(kt + lane * KS);
-            float dot = 0.0f;
+            const T *kr = kt + lane * KS;
+            /* Four sums in flight rather than one chain of HD. */
+            float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
 #pragma unroll
             for (int ch = 0; ch < NC; ch++) {
-                const float4 a = qr[ch], b = kr[ch];
-                dot = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, dot))));
+                const float4 a = qr[ch], b = chunk4(kr, ch);
+                d0 = fmaf(a.x, b.x, d0);
+                d1 = fmaf(a.y, b.y, d1);
+                d2 = fmaf(a.z, b.z, d2);
+                d3 = fmaf(a.w, b.w, d3);
             }
-            score = dot * scale;
+            score = ((d0 + d1) + (d2 + d3)) * scale;
         }
         float mx = score;
         for (int o = 16; o > 0; o >>= 1)
@@ -113,23 +166,20 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
             sum += __shfl_xor_sync(0xffffffffu, sum, o);
         l = fmaf(l, corr, sum);
         acc = make_float4(acc.x * corr, acc.y * corr, acc.z * corr, acc.w * corr);
-        acc2 = make_float4(acc2.x * corr, acc2.y * corr, acc2.z * corr, acc2.w * corr);
-        const int last = min(kTile, end - t0);
-        for (int key = 0; key < last; key++) {
+        /* Every key of the tile, unrolled so the loads run ahead: keys past
+         * the range weigh 0 over zero-filled rows. */
+#pragma unroll
+        for (int key = 0; key < kTile; key++) {
             const float pk = __shfl_sync(0xffffffffu, p, key);
             if (lane < NC) {
-                const float4 v = reinterpret_cast<const float4 *>(vt + key * KS)[lane];
+                const float4 v = chunk4(vt + key * KS, lane);
                 acc = make_float4(fmaf(pk, v.x, acc.x), fmaf(pk, v.y, acc.y),
                                   fmaf(pk, v.z, acc.z), fmaf(pk, v.w, acc.w));
-            }
-            if (NC > 32 && lane + 32 < NC) {
-                const float4 v = reinterpret_cast<const float4 *>(vt + key * KS)[lane + 32];
-                acc2 = make_float4(fmaf(pk, v.x, acc2.x), fmaf(pk, v.y, acc2.y),
-                                   fmaf(pk, v.z, acc2.z), fmaf(pk, v.w, acc2.w));
             }
         }
         m = m_new;
     }
+    cp_async_wait<0>();
     float4 *o;
     float inv = 1.0f;
     if (gridDim.z == 1) { /* one split: the output itself */
@@ -145,8 +195,6 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
     }
     if (lane < NC)
         o[lane] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-    if (NC > 32 && lane + 32 < NC)
-        o[lane + 32] = make_float4(acc2.x * inv, acc2.y * inv, acc2.z * inv, acc2.w * inv);
 }
 
 /* Block (row, head), thread d < HD: the splits' shares of value d combined
@@ -169,11 +217,6 @@ __global__ void paged_merge(int n_heads, int hd, int splits, const float *__rest
     out[(int64_t)row * ldo + (int64_t)h * hd + d] = sum / weight;
 }
 
-size_t paged_smem(int n_heads, int n_kv, int hd)
-{
-    return sizeof(float) * ((size_t)(n_heads / n_kv) * hd + 2 * (size_t)kTile * (hd + 4));
-}
-
 template <int HD, typename T>
 cudaError_t launch(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n_rows,
                    const int32_t *row_seq, const int32_t *row_pos, const int32_t *tables,
@@ -181,7 +224,7 @@ cudaError_t launch(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n
                    int splits, int span, float *out, int64_t ldo, float *part,
                    cudaStream_t stream)
 {
-    const size_t smem = paged_smem(s->n_heads, s->n_kv_heads, HD);
+    const size_t smem = paged_smem_of<T, HD>(s->n_heads / s->n_kv_heads);
     if (smem > 48 * 1024) {
         const cudaError_t rc = cudaFuncSetAttribute(
             attn_paged_kernel<HD, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
