@@ -8,8 +8,11 @@
  *   - fp32 and fp16 caches (the reference reads the fp16 values as the
  *     kernel widens them), head sizes 64 and 128, GQA groups 1 and 4;
  *   - one split and many (bn_cb_attn_paged_splits' choice and others);
+ *   - a list of rows: only those computed, bit for bit as without it;
  *   - the output poisoned with NaN first, a guard row after the last that
- *     must survive; bad arguments refused.
+ *     must survive; bad arguments refused;
+ *   - the tiled prefill kernel over a paged cache (bn_cb_attn_prefill_paged):
+ *     a run of one sequence's rows, blocks in reverse order, 1 to 4 parts.
  *
  * Tolerance: fp32 sums in another order than the reference's doubles:
  * 1e-5 of the values' scale (|v| <= 1, a few hundred terms). Exits 77
@@ -30,9 +33,120 @@ typedef struct shape {
     int n_heads, n_kv, hd, bs;
 } shape;
 
+/* The largest difference between a row's output (every head) and the
+ * double-precision attention of q at position pos over the sequence's
+ * table. */
+static double row_error(const shape *s, const float *q, int pos, const int32_t *table,
+                        const float *k, const float *v, const float *got)
+{
+    const int group = s->n_heads / s->n_kv, kv_dim = s->n_kv * s->hd;
+    double *sc = malloc(sizeof(double) * (size_t)(pos + 1)), worst = 0.0;
+    CHECK(sc != NULL);
+    for (int h = 0; h < s->n_heads; h++) {
+        const float *qh = q + (size_t)h * s->hd;
+        const int off = (h / group) * s->hd;
+        double mx = -1e300, sum = 0.0;
+        for (int t = 0; t <= pos; t++) {
+            const int64_t cr = (int64_t)table[t / s->bs] * s->bs + t % s->bs;
+            double d = 0.0;
+            for (int i = 0; i < s->hd; i++)
+                d += (double)qh[i] * k[cr * kv_dim + off + i];
+            sc[t] = d / sqrt((double)s->hd);
+            mx = sc[t] > mx ? sc[t] : mx;
+        }
+        for (int t = 0; t <= pos; t++)
+            sum += (sc[t] = exp(sc[t] - mx));
+        for (int i = 0; i < s->hd; i++) {
+            double a = 0.0;
+            for (int t = 0; t <= pos; t++) {
+                const int64_t cr = (int64_t)table[t / s->bs] * s->bs + t % s->bs;
+                a += sc[t] * v[cr * kv_dim + off + i];
+            }
+            const double d = fabs(a / sum - got[(size_t)h * s->hd + i]);
+            worst = isnan(d) ? INFINITY : d > worst ? d : worst;
+        }
+    }
+    free(sc);
+    return worst;
+}
+
+/* The tiled prefill kernel over a paged fp32 cache
+ * (bn_cb_attn_prefill_paged): n consecutive rows of one sequence of len
+ * positions, its blocks scattered, in 1 and 4 parts. */
+static void check_prefill_paged(const shape *s, int len, int n, int parts)
+{
+    const int kv_dim = s->n_kv * s->hd, q_dim = s->n_heads * s->hd;
+    const int n_blocks = (len + s->bs - 1) / s->bs + 3;
+    int32_t *table = malloc(sizeof(int32_t) * (size_t)n_blocks);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
+    const size_t vals = (size_t)n_blocks * (size_t)s->bs * (size_t)kv_dim;
+    float *k = malloc(sizeof(float) * vals), *v = malloc(sizeof(float) * vals);
+    float *q = malloc(sizeof(float) * (size_t)(n * q_dim));
+    float *got = malloc(sizeof(float) * (size_t)((n + 1) * q_dim));
+    CHECK(table && pos && k && v && q && got);
+    for (int b = 0; b < n_blocks; b++) /* backwards: nothing where a contiguous cache has it */
+        table[b] = n_blocks - 1 - b;
+    for (int i = 0; i < n; i++)
+        pos[i] = len - n + i;
+    for (size_t i = 0; i < vals; i++) {
+        k[i] = test_rand_float(-2.0f, 2.0f);
+        v[i] = test_rand_float(-1.0f, 1.0f);
+    }
+    for (int i = 0; i < n * q_dim; i++)
+        q[i] = test_rand_float(-1.5f, 1.5f);
+    float *dk, *dv, *dq, *dout;
+    int32_t *dtab, *dpos;
+    void *dws = NULL;
+    const bn_cb_attn_shape as = {s->n_heads, s->n_kv, s->hd, len};
+    const size_t ws_bytes = bn_cb_attn_prefill_workspace_bytes(&as, n, parts);
+    CUDA_OK(cudaMalloc((void **)&dk, sizeof(float) * vals));
+    CUDA_OK(cudaMalloc((void **)&dv, sizeof(float) * vals));
+    CUDA_OK(cudaMalloc((void **)&dq, sizeof(float) * (size_t)(n * q_dim)));
+    CUDA_OK(cudaMalloc((void **)&dout, sizeof(float) * (size_t)((n + 1) * q_dim)));
+    CUDA_OK(cudaMalloc((void **)&dtab, sizeof(int32_t) * (size_t)n_blocks));
+    CUDA_OK(cudaMalloc((void **)&dpos, sizeof(int32_t) * (size_t)n));
+    if (ws_bytes)
+        CUDA_OK(cudaMalloc(&dws, ws_bytes));
+    CUDA_OK(cudaMemcpy(dk, k, sizeof(float) * vals, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dv, v, sizeof(float) * vals, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dq, q, sizeof(float) * (size_t)(n * q_dim), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dtab, table, sizeof(int32_t) * (size_t)n_blocks, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dpos, pos, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dout, 0xff, sizeof(float) * (size_t)((n + 1) * q_dim)));
+    CUDA_OK(bn_cb_attn_prefill_paged(&as, dq, q_dim, n, dpos, dtab, s->bs, dk, dv, dout, q_dim,
+                                     parts, dws, ws_bytes, 0));
+    CUDA_OK(cudaMemcpy(got, dout, sizeof(float) * (size_t)((n + 1) * q_dim),
+                       cudaMemcpyDeviceToHost));
+    double worst = 0.0;
+    for (int i = 0; i < n; i++)
+        worst = fmax(worst, row_error(s, q + (size_t)i * q_dim, pos[i], table, k, v,
+                                      got + (size_t)i * q_dim));
+    uint32_t guard;
+    memcpy(&guard, got + (size_t)n * q_dim, sizeof guard);
+    printf("prefill paged: heads %d/%d hd %d, %d rows at %d..%d, %d parts: worst error %.2e\n",
+           s->n_heads, s->n_kv, s->hd, n, len - n, len - 1, parts, worst);
+    CHECK_MSG(worst <= 1e-5, "worst error %g", worst);
+    CHECK(guard == 0xffffffffu);
+    CHECK(bn_cb_attn_prefill_paged(&as, dq, q_dim, n, dpos, NULL, s->bs, dk, dv, dout, q_dim, 1,
+                                   NULL, 0, 0) == cudaErrorInvalidValue);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(dq);
+    cudaFree(dout);
+    cudaFree(dtab);
+    cudaFree(dpos);
+    cudaFree(dws);
+    free(table);
+    free(pos);
+    free(k);
+    free(v);
+    free(q);
+    free(got);
+}
+
 static void check_case(const shape *s, int n_seqs, int max_len, bool f16, int splits_asked)
 {
-    const int group = s->n_heads / s->n_kv, kv_dim = s->n_kv * s->hd, q_dim = s->n_heads * s->hd;
+    const int kv_dim = s->n_kv * s->hd, q_dim = s->n_heads * s->hd;
     const int max_blocks = (max_len + s->bs - 1) / s->bs, n_blocks = n_seqs * max_blocks;
     /* Each sequence's length; its rows: the last position, and for every
      * other sequence two earlier ones too (a chunk of its prompt). */
@@ -107,39 +221,15 @@ static void check_case(const shape *s, int n_seqs, int max_len, bool f16, int sp
     const int splits = splits_asked > 0 ? splits_asked : bn_cb_attn_paged_splits(n_rows, max_pos);
     const bn_cb_attn_shape as = {s->n_heads, s->n_kv, s->hd, 0};
     CUDA_OK(bn_cb_attn_paged(&as, dq, q_dim, n_rows, dseq, dpos, dtab, max_blocks, s->bs, dk, dv,
-                             f16, splits, max_pos, dout, q_dim, dws, 0));
+                             f16, splits, max_pos, NULL, dout, q_dim, dws, 0));
     CUDA_OK(cudaMemcpy(got, dout, sizeof(float) * (size_t)((n_rows + 1) * q_dim),
                        cudaMemcpyDeviceToHost));
 
     double worst = 0.0;
-    double *sc = malloc(sizeof(double) * (size_t)max_len);
-    CHECK(sc != NULL);
     for (int r = 0; r < n_rows; r++)
-        for (int h = 0; h < s->n_heads; h++) {
-            const float *qh = q + (size_t)r * q_dim + (size_t)h * s->hd;
-            const int off = (h / group) * s->hd, qs = row_seq[r];
-            double mx = -1e300, sum = 0.0;
-            for (int t = 0; t <= row_pos[r]; t++) {
-                const int64_t cr = (int64_t)tables[qs * max_blocks + t / s->bs] * s->bs + t % s->bs;
-                double d = 0.0;
-                for (int i = 0; i < s->hd; i++)
-                    d += (double)qh[i] * k[cr * kv_dim + off + i];
-                sc[t] = d / sqrt((double)s->hd);
-                mx = sc[t] > mx ? sc[t] : mx;
-            }
-            for (int t = 0; t <= row_pos[r]; t++)
-                sum += (sc[t] = exp(sc[t] - mx));
-            for (int i = 0; i < s->hd; i++) {
-                double a = 0.0;
-                for (int t = 0; t <= row_pos[r]; t++) {
-                    const int64_t cr =
-                        (int64_t)tables[qs * max_blocks + t / s->bs] * s->bs + t % s->bs;
-                    a += sc[t] * v[cr * kv_dim + off + i];
-                }
-                const double d = fabs(a / sum - got[(size_t)r * q_dim + (size_t)h * s->hd + i]);
-                worst = isnan(d) ? INFINITY : d > worst ? d : worst;
-            }
-        }
+        worst = fmax(worst, row_error(s, q + (size_t)r * q_dim, row_pos[r],
+                                      tables + row_seq[r] * max_blocks, k, v,
+                                      got + (size_t)r * q_dim));
     uint32_t guard;
     memcpy(&guard, got + (size_t)n_rows * q_dim, sizeof guard);
     printf("heads %d/%d hd %d, %s, %d rows of %d sequences up to %d positions, %d splits: "
@@ -148,9 +238,36 @@ static void check_case(const shape *s, int n_seqs, int max_len, bool f16, int sp
            worst);
     CHECK_MSG(worst <= 1e-5, "worst error %g", worst);
     CHECK_MSG(guard == 0xffffffffu, "the row past the last was written");
+    /* Every other row listed: those rows exactly as before, the others
+     * untouched. */
+    int32_t *list = malloc(sizeof(int32_t) * (size_t)n_rows), n_list = 0;
+    float *again = malloc(sizeof(float) * (size_t)((n_rows + 1) * q_dim));
+    CHECK(list && again);
+    for (int r = 1; r < n_rows; r += 2)
+        list[n_list++] = r;
+    int32_t *dlist;
+    CUDA_OK(cudaMalloc((void **)&dlist, sizeof(int32_t) * (size_t)(n_list + 1)));
+    CUDA_OK(cudaMemcpy(dlist, list, sizeof(int32_t) * (size_t)n_list, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dout, 0xff, sizeof(float) * (size_t)((n_rows + 1) * q_dim)));
+    CUDA_OK(bn_cb_attn_paged(&as, dq, q_dim, n_list, dseq, dpos, dtab, max_blocks, s->bs, dk, dv,
+                             f16, splits, max_pos, dlist, dout, q_dim, dws, 0));
+    CUDA_OK(cudaMemcpy(again, dout, sizeof(float) * (size_t)((n_rows + 1) * q_dim),
+                       cudaMemcpyDeviceToHost));
+    for (int r = 0; r < n_rows; r++) {
+        const bool listed = r % 2 == 1;
+        uint32_t first;
+        memcpy(&first, again + (size_t)r * q_dim, sizeof first);
+        CHECK_MSG(listed ? memcmp(again + (size_t)r * q_dim, got + (size_t)r * q_dim,
+                                  sizeof(float) * (size_t)q_dim) == 0
+                         : first == 0xffffffffu,
+                  "row %d (%s) with a row list", r, listed ? "listed" : "not listed");
+    }
+    cudaFree(dlist);
+    free(list);
+    free(again);
     if (splits > 1) /* no workspace for several splits: refused */
         CHECK(bn_cb_attn_paged(&as, dq, q_dim, n_rows, dseq, dpos, dtab, max_blocks, s->bs, dk,
-                               dv, f16, splits, max_pos, dout, q_dim, NULL, 0) ==
+                               dv, f16, splits, max_pos, NULL, dout, q_dim, NULL, 0) ==
               cudaErrorInvalidValue);
     cudaFree(dk);
     cudaFree(dv);
@@ -171,7 +288,6 @@ static void check_case(const shape *s, int n_seqs, int max_len, bool f16, int sp
     free(vh);
     free(q);
     free(got);
-    free(sc);
 }
 
 int main(void)
@@ -185,6 +301,9 @@ int main(void)
         check_case(&mha, 7, 200, f16, 0);
         check_case(&mha, 3, 40, f16, 2);
     }
+    check_prefill_paged(&s2b, 300, 77, 1);
+    check_prefill_paged(&s2b, 700, 128, 4);
+    check_prefill_paged(&mha, 100, 100, 2);
     CHECK(bn_cb_attn_paged_splits(1, 0) == 1);
     CHECK(bn_cb_attn_paged_splits(64, 575) == 5);
     CHECK(bn_cb_attn_paged_splits(4096, 100000) == 1);
@@ -193,10 +312,10 @@ int main(void)
     float *d = NULL;
     CUDA_OK(cudaMalloc((void **)&d, 4096));
     CHECK(bn_cb_attn_paged(&bad, d, 1920, 1, (int32_t *)d, (int32_t *)d, (int32_t *)d, 1, 16, d,
-                           d, 0, 1, 0, d, 1920, NULL, 0) == cudaErrorNotSupported);
+                           d, 0, 1, 0, NULL, d, 1920, NULL, 0) == cudaErrorNotSupported);
     const bn_cb_attn_shape odd = {20, 3, 128, 0};
     CHECK(bn_cb_attn_paged(&odd, d, 2560, 1, (int32_t *)d, (int32_t *)d, (int32_t *)d, 1, 16, d,
-                           d, 0, 1, 0, d, 2560, NULL, 0) == cudaErrorInvalidValue);
+                           d, 0, 1, 0, NULL, d, 2560, NULL, 0) == cudaErrorInvalidValue);
     cudaFree(d);
     TEST_EXIT();
 }

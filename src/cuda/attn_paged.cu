@@ -92,8 +92,8 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
                                   const int32_t *__restrict__ row_pos,
                                   const int32_t *__restrict__ tables, int max_blocks, int bs,
                                   const T *__restrict__ kc, const T *__restrict__ vc,
-                                  float scale, int span, float *__restrict__ out, int64_t ldo,
-                                  float *__restrict__ part)
+                                  float scale, int span, const int32_t *__restrict__ rows,
+                                  float *__restrict__ out, int64_t ldo, float *__restrict__ part)
 {
     using R = TileRow<T, HD>;
     constexpr int NC = HD / 4, KS = R::kStride, TILE = kTile * KS;
@@ -102,7 +102,8 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
     float *qs = reinterpret_cast<float *>(smem_raw);      /* [group][HD]           */
     T *tiles = reinterpret_cast<T *>(qs + group * HD);    /* [2][K, V][32][KS]     */
     int *crow = reinterpret_cast<int *>(tiles + 4 * TILE); /* [2][32]              */
-    const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    const int listed = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    const int row = rows ? rows[listed] : listed;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = kvh * group + warp;
     const int64_t kv_dim = (int64_t)n_kv * HD, head_off = (int64_t)kvh * HD;
@@ -186,7 +187,7 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
         inv = 1.0f / l;
         o = reinterpret_cast<float4 *>(out + (int64_t)row * ldo + (int64_t)h * HD);
     } else { /* this split's share: [sum (HD)][max][weight] */
-        float *pr = part + (((int64_t)row * n_heads + h) * gridDim.z + split) * (HD + 4);
+        float *pr = part + (((int64_t)listed * n_heads + h) * gridDim.z + split) * (HD + 4);
         if (lane == 0) {
             pr[HD] = m;
             pr[HD + 1] = l;
@@ -199,11 +200,12 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
 
 /* Block (row, head), thread d < HD: the splits' shares of value d combined
  * in split order, out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. */
-__global__ void paged_merge(int n_heads, int hd, int splits, const float *__restrict__ part,
-                            float *__restrict__ out, int64_t ldo)
+__global__ void paged_merge(int n_heads, int hd, int splits, const int32_t *__restrict__ rows,
+                            const float *__restrict__ part, float *__restrict__ out, int64_t ldo)
 {
-    const int row = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
-    const float *pr = part + ((int64_t)row * n_heads + h) * splits * (hd + 4);
+    const int listed = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    const int row = rows ? rows[listed] : listed;
+    const float *pr = part + ((int64_t)listed * n_heads + h) * splits * (hd + 4);
     float M = -INFINITY;
     for (int s = 0; s < splits; s++)
         M = fmaxf(M, pr[s * (hd + 4) + hd]);
@@ -221,8 +223,8 @@ template <int HD, typename T>
 cudaError_t launch(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n_rows,
                    const int32_t *row_seq, const int32_t *row_pos, const int32_t *tables,
                    int max_blocks, int block_size, const void *k_cache, const void *v_cache,
-                   int splits, int span, float *out, int64_t ldo, float *part,
-                   cudaStream_t stream)
+                   int splits, int span, const int32_t *rows, float *out, int64_t ldo,
+                   float *part, cudaStream_t stream)
 {
     const size_t smem = paged_smem_of<T, HD>(s->n_heads / s->n_kv_heads);
     if (smem > 48 * 1024) {
@@ -236,13 +238,13 @@ cudaError_t launch(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n
     const float scale = (float)(1.0 / sqrt((double)HD));
     attn_paged_kernel<HD, T><<<grid, block, smem, stream>>>(
         s->n_heads, s->n_kv_heads, q, ldq, row_seq, row_pos, tables, max_blocks, block_size,
-        static_cast<const T *>(k_cache), static_cast<const T *>(v_cache), scale, span, out, ldo,
-        part);
+        static_cast<const T *>(k_cache), static_cast<const T *>(v_cache), scale, span, rows, out,
+        ldo, part);
     cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess || splits == 1)
         return rc;
     paged_merge<<<dim3((unsigned)n_rows, (unsigned)s->n_heads), (unsigned)HD, 0, stream>>>(
-        s->n_heads, HD, splits, part, out, ldo);
+        s->n_heads, HD, splits, rows, part, out, ldo);
     return cudaGetLastError();
 }
 
@@ -271,7 +273,8 @@ extern "C" cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *
                                         const int32_t *row_pos, const int32_t *tables,
                                         int max_blocks, int block_size, const void *k_cache,
                                         const void *v_cache, int kv_f16, int splits, int max_pos,
-                                        float *out, int64_t ldo, float *ws, cudaStream_t stream)
+                                        const int32_t *rows, float *out, int64_t ldo, float *ws,
+                                        cudaStream_t stream)
 {
     if (!s || !q || !row_seq || !row_pos || !tables || !k_cache || !v_cache || !out ||
         n_rows < 0 || max_blocks < 1 || block_size < 1 || s->n_kv_heads < 1 ||
@@ -289,16 +292,16 @@ extern "C" cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *
     if (s->head_dim == 128)
         return kv_f16 ? launch<128, __half>(s, q, ldq, n_rows, row_seq, row_pos, tables,
                                             max_blocks, block_size, k_cache, v_cache, splits,
-                                            span, out, ldo, ws, stream)
+                                            span, rows, out, ldo, ws, stream)
                       : launch<128, float>(s, q, ldq, n_rows, row_seq, row_pos, tables,
                                            max_blocks, block_size, k_cache, v_cache, splits,
-                                           span, out, ldo, ws, stream);
+                                           span, rows, out, ldo, ws, stream);
     return kv_f16 ? launch<64, __half>(s, q, ldq, n_rows, row_seq, row_pos, tables, max_blocks,
-                                       block_size, k_cache, v_cache, splits, span, out, ldo, ws,
-                                       stream)
+                                       block_size, k_cache, v_cache, splits, span, rows, out,
+                                       ldo, ws, stream)
                   : launch<64, float>(s, q, ldq, n_rows, row_seq, row_pos, tables, max_blocks,
-                                      block_size, k_cache, v_cache, splits, span, out, ldo, ws,
-                                      stream);
+                                      block_size, k_cache, v_cache, splits, span, rows, out,
+                                      ldo, ws, stream);
 }
 
 extern "C" int bn_cb_attn_paged_supports(int head_dim)

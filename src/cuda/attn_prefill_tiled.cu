@@ -79,11 +79,24 @@ __device__ __forceinline__ void copy16(float4 *dst, const float4 *src, bool ok)
     cp_async16((uint32_t)__cvta_generic_to_shared(dst), src, ok);
 }
 
+/* Where position t of the rows' sequence lives in the cache: row t of a
+ * contiguous cache (table NULL), or row table[t / bs] * bs + t % bs of a
+ * paged one. */
+struct Paged {
+    const int32_t *table;
+    int bs;
+};
+
+__device__ __forceinline__ int64_t cache_row(const Paged &pg, int t)
+{
+    return pg.table ? (int64_t)pg.table[t / pg.bs] * pg.bs + t % pg.bs : (int64_t)t;
+}
+
 /* Copies cache positions [t0, t0 + 64) of one head into buf (chunk c of
  * position t at slot c ^ (t & 7) when swizzled), zero past last. */
 template <int HD, bool kSwizzle>
 __device__ __forceinline__ void load_tile(float4 *buf, const float *cache, int64_t kv_dim,
-                                          int64_t head_off, int t0, int last)
+                                          int64_t head_off, int t0, int last, const Paged &pg)
 {
     constexpr int C = Tiled<HD>::kChunks;
     for (int i = threadIdx.x; i < kKeys * C; i += kThreads) {
@@ -91,7 +104,8 @@ __device__ __forceinline__ void load_tile(float4 *buf, const float *cache, int64
         const int t = t0 + r;
         const bool ok = t <= last;
         const float4 *src =
-            reinterpret_cast<const float4 *>(cache + (int64_t)(ok ? t : 0) * kv_dim + head_off) +
+            reinterpret_cast<const float4 *>(cache + (ok ? cache_row(pg, t) : 0) * kv_dim +
+                                             head_off) +
             c;
         copy16(buf + r * C + (kSwizzle ? c ^ (r & 7) : c), src, ok);
     }
@@ -152,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     attn_prefill_tiled_kernel(bn_cb_attn_shape s, const float *__restrict__ q, int64_t ldq, int n,
                               const int32_t *__restrict__ pos, const float *__restrict__ kc,
                               const float *__restrict__ vc, float scale, float *__restrict__ out,
-                              int64_t ldo, Split split)
+                              int64_t ldo, Split split, Paged pg)
 {
     using T = Tiled<HD>;
     constexpr int C = T::kChunks, NO = T::kOut;
@@ -203,9 +217,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int t_begin = (int)((int64_t)tiles * part / split.parts) * kKeys;
     const int t_end = (int)((int64_t)tiles * (part + 1) / split.parts) * kKeys;
 
-    load_tile<HD, true>(ks, kc, kv_dim, head_off, t_begin, max_pos);
+    load_tile<HD, true>(ks, kc, kv_dim, head_off, t_begin, max_pos, pg);
     cp_async_commit(); /* q and the first k */
-    load_tile<HD, false>(vs, vc, kv_dim, head_off, t_begin, max_pos);
+    load_tile<HD, false>(vs, vc, kv_dim, head_off, t_begin, max_pos, pg);
     cp_async_commit();
 
     float m[4], l[4];
@@ -255,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
         __syncthreads(); /* every thread is done with this k tile */
         if (more)
-            load_tile<HD, true>(ks, kc, kv_dim, head_off, t0 + kKeys, max_pos);
+            load_tile<HD, true>(ks, kc, kv_dim, head_off, t0 + kKeys, max_pos, pg);
         cp_async_commit();
 
         /* Online softmax, a row's 64 scores over its half-warp. */
@@ -323,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
         __syncthreads(); /* every thread is done with this v tile and p */
         if (more)
-            load_tile<HD, false>(vs, vc, kv_dim, head_off, t0 + kKeys, max_pos);
+            load_tile<HD, false>(vs, vc, kv_dim, head_off, t0 + kKeys, max_pos, pg);
         cp_async_commit();
     }
     cp_async_wait<0>();
@@ -363,7 +377,7 @@ template <int HD>
 cudaError_t launch_tiled(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n,
                          const int32_t *pos, const float *k_cache, const float *v_cache,
                          float scale, float *out, int64_t ldo, const Split &split,
-                         cudaStream_t stream)
+                         const Paged &pg, cudaStream_t stream)
 {
     auto kernel = attn_prefill_tiled_kernel<HD>;
     const cudaError_t rc = allow_dynamic_smem(kernel, Tiled<HD>::kSmem);
@@ -373,7 +387,7 @@ cudaError_t launch_tiled(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
     if (blocks > 0x7fffffff)
         return cudaErrorInvalidConfiguration;
     kernel<<<(unsigned)blocks, kThreads, Tiled<HD>::kSmem, stream>>>(
-        *s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, split);
+        *s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, split, pg);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess || split.parts == 1)
         return err;
@@ -435,11 +449,10 @@ extern "C" int bn_cb_attn_prefill_parts(const bn_cb_attn_shape *s, int n, int64_
     return parts;
 }
 
-extern "C" cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const float *q,
-                                                int64_t ldq, int n, const int32_t *pos,
-                                                const float *k_cache, const float *v_cache,
-                                                float scale, float *out, int64_t ldo, int parts,
-                                                void *ws, size_t ws_bytes, cudaStream_t stream)
+static cudaError_t prefill_tiled(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n,
+                                 const int32_t *pos, const Paged &pg, const float *k_cache,
+                                 const float *v_cache, float scale, float *out, int64_t ldo,
+                                 int parts, void *ws, size_t ws_bytes, cudaStream_t stream)
 {
     if (!bn_cb_attn_prefill_tiled_supports(s, q, ldq, k_cache, v_cache, out, ldo))
         return cudaErrorNotSupported;
@@ -458,7 +471,33 @@ extern "C" cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const
     }
     if (s->head_dim == 64)
         return launch_tiled<64>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, split,
-                                stream);
-    return launch_tiled<128>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, split,
+                                pg, stream);
+    return launch_tiled<128>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, split, pg,
                              stream);
+}
+
+extern "C" cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const float *q,
+                                                int64_t ldq, int n, const int32_t *pos,
+                                                const float *k_cache, const float *v_cache,
+                                                float scale, float *out, int64_t ldo, int parts,
+                                                void *ws, size_t ws_bytes, cudaStream_t stream)
+{
+    const Paged contiguous = {NULL, 1};
+    return prefill_tiled(s, q, ldq, n, pos, contiguous, k_cache, v_cache, scale, out, ldo, parts,
+                         ws, ws_bytes, stream);
+}
+
+extern "C" cudaError_t bn_cb_attn_prefill_paged(const bn_cb_attn_shape *s, const float *q,
+                                               int64_t ldq, int n, const int32_t *pos,
+                                               const int32_t *table, int block_size,
+                                               const float *k_cache, const float *v_cache,
+                                               float *out, int64_t ldo, int parts, void *ws,
+                                               size_t ws_bytes, cudaStream_t stream)
+{
+    if (!table || block_size < 1)
+        return cudaErrorInvalidValue;
+    const Paged pg = {table, block_size};
+    return prefill_tiled(s, q, ldq, n, pos, pg, k_cache, v_cache,
+                         (float)(1.0 / sqrt((double)s->head_dim)), out, ldo, parts, ws, ws_bytes,
+                         stream);
 }

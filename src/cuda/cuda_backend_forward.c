@@ -162,8 +162,7 @@ typedef struct pass {
     /* Rows of many sequences over the paged cache (cb_enqueue_paged_rows):
      * each row's cache row for its k and v, and its sequence; NULL for one
      * sequence's pass. */
-    const int32_t *slot, *seq;
-    int max_pos;            /* the rows' largest position (paged rows)         */
+    const paged_rows *paged;
 } pass;
 
 /* A stage of the pass: returns from the caller when it fails. */
@@ -253,12 +252,12 @@ static bn_status rope_kv_store(const pass *p, int l)
         return BN_OK;
     const bn_hparams *hp = &b->hp;
     const seg *s = b->groups[l * G_COUNT + G_QKV].s;
-    if (p->slot) { /* rows of many sequences: k and v into their paged rows */
+    if (p->paged) { /* rows of many sequences: k and v into their paged rows */
         const bn_cb_qkv_shape ps = {hp->n_head, hp->n_head_kv, hp->head_dim, b->paged_rows,
                                     s[0].scale, s[1].scale, s[2].scale};
         const float *prope = hp->rope_dim > 0 ? b->rope : NULL;
         BN_CUDA_TRY(p->err, bn_cb_qkv_post_slots(b->qkv, b->qkv_n, p->M, &ps, &b->freqs, prope,
-                                                 prope ? b->kv_len : 0, p->pos, p->slot, b->q,
+                                                 prope ? b->kv_len : 0, p->pos, p->paged->d_slot, b->q,
                                                  b->q_dim, layer_paged(b, b->d_pk, l),
                                                  layer_paged(b, b->d_pv, l), b->kv_f16,
                                                  b->cs));
@@ -304,22 +303,50 @@ static bn_status attention_decode_f32(const pass *p, int l)
 }
 
 /* att = softmax(q K^T / sqrt(head_dim)) V over each row's positions. */
+/* Rows of many sequences over the paged cache: the decode rows in one
+ * launch, each run of a prompt's rows in one of the tiled kernel. */
+static bn_status attention_paged(const pass *p, int l)
+{
+    bn_cuda_backend *b = p->b;
+    const bn_hparams *hp = &b->hp;
+    const paged_rows *r = p->paged;
+    void *kl = layer_paged(b, b->d_pk, l), *vl = layer_paged(b, b->d_pv, l);
+    const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
+    int launches = 0;
+    if (r->n_dec > 0) {
+        const int splits = bn_cb_attn_paged_splits(r->n_dec, r->max_pos);
+        BN_CUDA_TRY(p->err, bn_cb_attn_paged(&as, b->q, b->q_dim, r->n_dec, r->d_seq, p->pos,
+                                             b->d_tables, b->paged_max_blocks, b->paged_block,
+                                             kl, vl, b->kv_f16, splits, r->max_pos, r->dec_rows,
+                                             b->att, b->q_dim, b->ws_paged, b->cs));
+        launches += splits > 1 ? 2 : 1;
+        b->ran |= 1u << K_ATTN_PAGED;
+    }
+    /* The parts' workspace is the gate|up output, unused until the FFN. */
+    const size_t ws_bytes = (size_t)b->chunk * (size_t)b->gu_n * sizeof(float);
+    for (int i = 0; i < r->n_runs; i++) {
+        const paged_run *run = &r->runs[i];
+        const int parts = bn_cb_attn_prefill_parts(&as, run->n, run->last_pos + 1, b->sm, ws_bytes);
+        const int64_t at = (int64_t)run->first * b->q_dim;
+        BN_CUDA_TRY(p->err, bn_cb_attn_prefill_paged(
+                                &as, b->q + at, b->q_dim, run->n, p->pos + run->first,
+                                b->d_tables + (int64_t)run->seq * b->paged_max_blocks,
+                                b->paged_block, kl, vl, b->att + at, b->q_dim, parts, b->gu,
+                                ws_bytes, b->cs));
+        launches += parts > 1 ? 2 : 1;
+        b->ran |= 1u << K_ATTN_PRE_F32;
+    }
+    return stage_done(p, BN_CUDA_STAGE_ATTENTION, launches, -1);
+}
+
 static bn_status attention(const pass *p, int l)
 {
     bn_cuda_backend *b = p->b;
     const bn_hparams *hp = &b->hp;
     const int M = (int)p->M;
     void *kl = layer_cache(b, b->d_k, l), *vl = layer_cache(b, b->d_v, l);
-    if (p->slot) { /* rows of many sequences over the paged cache */
-        const bn_cb_attn_shape ps = {hp->n_head, hp->n_head_kv, hp->head_dim, b->paged_rows};
-        const int splits = bn_cb_attn_paged_splits(M, p->max_pos);
-        BN_CUDA_TRY(p->err, bn_cb_attn_paged(&ps, b->q, b->q_dim, M, p->seq, p->pos, b->d_tables,
-                                             b->paged_max_blocks, b->paged_block,
-                                             layer_paged(b, b->d_pk, l),
-                                             layer_paged(b, b->d_pv, l), b->kv_f16, splits,
-                                             p->max_pos, b->att, b->q_dim, b->ws_paged, b->cs));
-        return stage_done(p, BN_CUDA_STAGE_ATTENTION, splits > 1 ? 2 : 1, K_ATTN_PAGED);
-    }
+    if (p->paged)
+        return attention_paged(p, l);
     if (!b->kv_f16 && p->decode)
         return attention_decode_f32(p, l);
     if (!b->kv_f16) {
@@ -469,15 +496,14 @@ static bn_status lm_head(const pass *p, bool screen)
 }
 
 /* Queues the layers of M rows of many sequences (at most the prefill
- * chunk): tokens d_tok at positions d_pos of sequences d_seq, their k and v
- * stored at paged cache rows d_slot, attention through b->d_tables (all
- * device arrays). The rows' hidden states are left in x + out (the last
+ * chunk; paged_rows in cuda_backend_internal.h): their tokens at their
+ * positions, k and v stored at their paged cache rows, attention through
+ * b->d_tables (all device arrays). The rows' hidden states are left in x + out (the last
  * layer's residual not yet added) for the head (cuda_backend_rows.c). */
-bn_status cb_enqueue_paged_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
-                                const int32_t *d_pos, const int32_t *d_slot,
-                                const int32_t *d_seq, int max_pos, bn_error *err)
+bn_status cb_enqueue_paged_rows(bn_cuda_backend *b, int64_t M, const paged_rows *rows,
+                                bn_error *err)
 {
-    const pass p = {b, M, d_tok, d_pos, NULL, 0, false, 0, err, d_slot, d_seq, max_pos};
+    const pass p = {b, M, rows->d_tok, rows->d_pos, NULL, 0, false, 0, err, rows};
     STAGE(embed_and_first_norm(&p));
     for (int l = 0; l < b->hp.n_layer; l++)
         STAGE(layer(&p, l));
@@ -508,7 +534,7 @@ bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
 {
     const bool decode = d_kvlen != NULL;
     const pass p = {b,      M,      d_tok, d_pos, d_kvlen, visible,
-                    decode, decode && b->form.pdl && !b->prof, err, NULL, NULL, 0};
+                    decode, decode && b->form.pdl && !b->prof, err, NULL};
     STAGE(embed_and_first_norm(&p)); /* x = embedding; xq = q(attn_norm(x)) */
     for (int l = 0; l < b->hp.n_layer; l++)
         STAGE(layer(&p, l));

@@ -171,7 +171,7 @@ struct bn_cuda_backend {
     int paged_block, paged_max_seqs, paged_max_blocks;
     void *d_pk, *d_pv;      /* fp32, or fp16 with kv_f16 */
     float *ws_paged;        /* the paged attention's split shares */
-    int32_t *d_slot, *d_rseq, *d_tables;
+    int32_t *d_slot, *d_rseq, *d_dlist, *d_tables;
     uint64_t paged_bytes;
     /* The batched pass's LM head (cuda_backend_rows.c): up to rows_head
      * wanted rows at once, their input parts (rows_head.cu; form
@@ -356,9 +356,24 @@ bn_status cb_mark(bn_cuda_backend *b, bn_cuda_stage stage, int launches, bn_erro
 bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
                           const int32_t *d_pos, const int32_t *d_kvlen, int64_t visible,
                           bool screen, bn_error *err);
-bn_status cb_enqueue_paged_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
-                                const int32_t *d_pos, const int32_t *d_slot,
-                                const int32_t *d_seq, int max_pos, bn_error *err);
+/* A batched pass's rows, as its attention takes them: runs of at least
+ * PAGED_RUN_MIN consecutive positions of one sequence (a prompt's chunk)
+ * go to the tiled prefill kernel, which reads each cache tile once for
+ * the run's rows; the other rows (dec_rows, n_dec of them, NULL: all) to
+ * the paged decode kernel. */
+#define PAGED_RUN_MIN 16
+typedef struct paged_run {
+    int first, n, seq, last_pos; /* rows first .. first + n of sequence seq */
+} paged_run;
+typedef struct paged_rows {
+    const int32_t *d_tok, *d_pos, *d_slot, *d_seq;
+    const int32_t *dec_rows;
+    int n_dec, max_pos;      /* max_pos: the largest of the decode rows' positions */
+    const paged_run *runs;
+    int n_runs;
+} paged_rows;
+bn_status cb_enqueue_paged_rows(bn_cuda_backend *b, int64_t M, const paged_rows *rows,
+                                bn_error *err);
 /* Where a batched pass's answers go (cuda_backend_rows.c): the logit
  * rows' tokens picked on the device (next: p[k] and u[k] per row, p NULL
  * for all greedy), or else their logits (vocab floats each). */

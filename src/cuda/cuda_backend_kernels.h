@@ -178,7 +178,9 @@ typedef struct bn_cb_attn_shape {
  * row_pos[r], at most max_pos) attends to its positions 0..row_pos[r],
  * position t at cache row
  * tables[seq * max_blocks + t / block_size] * block_size + t % block_size
- * (device arrays); out row r gets its heads. The positions are split into
+ * (device arrays); out row r gets its heads. With `rows` (a device array,
+ * NULL: 0 .. n_rows) only the listed rows are computed. The positions are
+ * split into
  * `splits` ranges (bn_cb_attn_paged_splits) worked on by blocks of their
  * own, whose shares ws holds (bn_cb_attn_paged_workspace_bytes; NULL with
  * one split). capacity is unused. Head sizes 64 and 128
@@ -191,8 +193,8 @@ cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *q, int64_t 
                              const int32_t *row_seq, const int32_t *row_pos,
                              const int32_t *tables, int max_blocks, int block_size,
                              const void *k_cache, const void *v_cache, int kv_f16, int splits,
-                             int max_pos, float *out, int64_t ldo, float *ws,
-                             cudaStream_t stream);
+                             int max_pos, const int32_t *rows, float *out, int64_t ldo,
+                             float *ws, cudaStream_t stream);
 int bn_cb_attn_paged_supports(int head_dim);
 
 /* Ranges for a cache of `capacity` positions (one 40-position tile each at
@@ -314,6 +316,17 @@ cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const float *q, 
                                      int n, const int32_t *pos, const float *k_cache,
                                      const float *v_cache, float scale, float *out, int64_t ldo,
                                      int parts, void *ws, size_t ws_bytes, cudaStream_t stream);
+
+/* The tiled kernel over a paged fp32 cache (the batched pass's runs of one
+ * sequence's rows): the rows' positions t at cache row
+ * table[t / block_size] * block_size + t % block_size (table: the
+ * sequence's, a device array); capacity bounds the positions. Scale
+ * 1 / sqrt(head_dim); otherwise as bn_cb_attn_prefill_tiled. */
+cudaError_t bn_cb_attn_prefill_paged(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
+                                     int n, const int32_t *pos, const int32_t *table,
+                                     int block_size, const float *k_cache, const float *v_cache,
+                                     float *out, int64_t ldo, int parts, void *ws,
+                                     size_t ws_bytes, cudaStream_t stream);
 
 /* Allows the dynamic shared memory the prefill kernel needs for head_dim
  * (above 48 KiB for head_dim 256). Call once, outside graph capture. */

@@ -6,9 +6,11 @@
  * The rows go through the prefill machinery in chunks of at most the
  * prefill chunk: the W2A8 GEMMs, norms and residuals are row by row, so
  * rows of different sequences share them; only the k / v store
- * (bn_cb_qkv_post_slots: each row's paged cache row) and the attention
- * (bn_cb_attn_paged: each row over its own sequence's blocks) know about
- * sequences.
+ * (bn_cb_qkv_post_slots: each row's paged cache row) and the attention know
+ * about sequences: a run of one prompt's rows goes to the tiled prefill
+ * kernel over its sequence's blocks (bn_cb_attn_prefill_paged, each cache
+ * tile read once for the run), the other rows to the paged decode kernel
+ * (bn_cb_attn_paged, each row over its own sequence's blocks).
  *
  * The wanted rows (at most one per sequence) then share the LM head: after
  * each chunk, their output norm goes into the head's input buffer
@@ -233,29 +235,49 @@ static bn_status upload_tables(bn_cuda_backend *b, const bn_batch_rows *r, int32
 }
 
 /* Rows c .. c + M (one chunk) to the device and through the layers. h:
- * room for 4 * chunk ints. */
+ * room for 5 * chunk ints; runs: for chunk / PAGED_RUN_MIN runs. */
 static bn_status chunk_layers(bn_cuda_backend *b, const bn_batch_rows *r, int64_t c, int64_t M,
-                              int32_t *h, bn_error *err)
+                              int32_t *h, paged_run *runs, bn_error *err)
 {
     const int64_t bs = b->paged_block;
-    int32_t *ht = h, *hp = ht + M, *hs = hp + M, *hq = hs + M;
-    int max_pos = 0;
+    int32_t *ht = h, *hp = ht + M, *hs = hp + M, *hq = hs + M, *hd = hq + M;
     for (int64_t i = 0; i < M; i++) {
         const int32_t s = r->seq[c + i];
         const int64_t p = r->pos[c + i];
-        max_pos = p > max_pos ? (int)p : max_pos;
         ht[i] = r->tokens[c + i];
         hp[i] = (int32_t)p;
         hs[i] = (int32_t)(r->tables[s][p / bs] * bs + p % bs);
         hq[i] = s;
+    }
+    /* Runs of a prompt's consecutive positions (fp32 caches: the tiled
+     * kernel's), the other rows listed for the decode kernel. */
+    paged_rows pr = {b->d_tokens, b->d_pos, b->d_slot, b->d_rseq, NULL, 0, 0, runs, 0};
+    for (int64_t i = 0; i < M;) {
+        int64_t n = 1;
+        while (i + n < M && hq[i + n] == hq[i] && hp[i + n] == hp[i] + n)
+            n++;
+        if (!b->kv_f16 && n >= PAGED_RUN_MIN) {
+            runs[pr.n_runs++] = (paged_run){(int)i, (int)n, hq[i], hp[i + n - 1]};
+        } else {
+            for (int64_t k = i; k < i + n; k++) {
+                hd[pr.n_dec++] = (int32_t)k;
+                pr.max_pos = hp[k] > pr.max_pos ? hp[k] : pr.max_pos;
+            }
+        }
+        i += n;
     }
     const size_t bytes = (size_t)M * sizeof(int32_t);
     int32_t *const dst[4] = {b->d_tokens, b->d_pos, b->d_slot, b->d_rseq};
     for (int i = 0; i < 4; i++)
         BN_CUDA_TRY(err, cudaMemcpyAsync(dst[i], h + i * M, bytes, cudaMemcpyHostToDevice, b->cs));
     cb_count_h2d(b, 4 * bytes);
-    return cb_enqueue_paged_rows(b, M, b->d_tokens, b->d_pos, b->d_slot, b->d_rseq, max_pos,
-                                 err);
+    if (pr.n_dec > 0 && pr.n_dec < M) {
+        BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_dlist, hd, (size_t)pr.n_dec * sizeof(int32_t),
+                                         cudaMemcpyHostToDevice, b->cs));
+        cb_count_h2d(b, (size_t)pr.n_dec * sizeof(int32_t));
+        pr.dec_rows = b->d_dlist;
+    }
+    return cb_enqueue_paged_rows(b, M, &pr, err);
 }
 
 bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows_out *o,
@@ -271,23 +293,25 @@ bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows
     open_blas(b);
     const int64_t H = b->rows_head, dim = b->hp.dim;
     const size_t n_tables = (size_t)b->paged_max_seqs * (size_t)b->paged_max_blocks;
-    int32_t *h = malloc((n_tables + 4 * (size_t)b->chunk + (size_t)H) * sizeof *h);
+    int32_t *h = malloc((n_tables + 5 * (size_t)b->chunk + (size_t)H) * sizeof *h);
     bn_cuda_sample_params *hparams = malloc((size_t)H * sizeof *hparams);
     double *hu = malloc((size_t)H * sizeof *hu);
-    if (!h || !hparams || !hu) {
+    paged_run *runs = malloc(((size_t)b->chunk / PAGED_RUN_MIN + 1) * sizeof *runs);
+    if (!h || !hparams || !hu || !runs) {
         free(h);
         free(hparams);
         free(hu);
+        free(runs);
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a pass's rows");
     }
-    int32_t *hrows = h + n_tables, *hl = hrows + 4 * b->chunk;
+    int32_t *hrows = h + n_tables, *hl = hrows + 5 * b->chunk;
     const int form = head_form(b);
     const size_t elem = head_elem(form);
     st = upload_tables(b, r, h, err);
     int64_t next_logit = 0, head_first = 0, head_fill = 0;
     for (int64_t c = 0; c < r->n_rows && st == BN_OK; c += b->chunk) {
         const int64_t M = r->n_rows - c < b->chunk ? r->n_rows - c : b->chunk;
-        st = chunk_layers(b, r, c, M, hrows, err);
+        st = chunk_layers(b, r, c, M, hrows, runs, err);
         /* This chunk's wanted rows into the head's input, which is flushed
          * whenever it is full. */
         while (st == BN_OK && next_logit < r->n_logits && r->logit_rows[next_logit] < c + M) {
@@ -328,6 +352,7 @@ bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows
     free(h);
     free(hparams);
     free(hu);
+    free(runs);
     if (st != BN_OK) {
         (void)cudaStreamSynchronize(b->cs);
         (void)cudaGetLastError();
