@@ -52,10 +52,13 @@ __device__ __forceinline__ float4 chunk4(const __half *row, int ch)
     return make_float4(a.x, a.y, b.x, b.y);
 }
 
-/* The cache row of position t of a sequence (its table), -1 past end. */
+/* The cache row of position t of a sequence (its table), -1 past end or
+ * where the table has no block (a padding row of a captured pass: its
+ * keys and values read as zeros). */
 __device__ __forceinline__ int cache_row(const int32_t *table, int bs, int t, int end)
 {
-    return t < end ? table[t / bs] * bs + t % bs : -1;
+    const int block = t < end ? table[t / bs] : -1;
+    return block < 0 ? -1 : block * bs + t % bs;
 }
 
 /* Issues the copies of one tile (rows crow[0 .. 32), -1: zero-filled) of

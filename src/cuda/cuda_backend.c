@@ -293,7 +293,7 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
      * budget also counts cudaMalloc's rounding to 256 bytes. */
     b->scratch_bytes = 0;
     const size_t paged_index_bytes =
-        (3 * (size_t)b->chunk + (size_t)b->paged_max_seqs * (size_t)b->paged_max_blocks) *
+        (3 * (size_t)b->chunk + ((size_t)b->paged_max_seqs + 1) * (size_t)b->paged_max_blocks) *
         sizeof(int32_t);
     uint64_t total = cb_round_alloc(b->w_bytes) + cb_round_alloc(b->embed_bytes) +
                      (b->head_shared ? 0 : cb_round_alloc(b->head_bytes)) +

@@ -190,7 +190,16 @@ struct bn_cuda_backend {
     void *ws_rows;
     const struct bn_cublas *blas_api;
     void *blas;
+    void *ws_blas;          /* cuBLAS's workspace (graph capture needs one given) */
     bool blas_tried;
+    /* Decode-only batched passes as CUDA graphs, one per bucket of 2^i
+     * rows, captured at a bucket's second pass (the first runs eagerly),
+     * their tokens into pinned h_rtok; a bucket whose capture failed runs
+     * eagerly from then on. */
+#define ROWS_GRAPHS 10
+    cudaGraphExec_t rows_graph[ROWS_GRAPHS];
+    unsigned char rows_graph_state[ROWS_GRAPHS]; /* 0 unused, 1 ran eagerly, 2 failed */
+    int32_t *h_rtok;
 
     /* Scratch of one prefill chunk (cb_scratch_list; the layout at the top
      * of this file) and the decode step's inputs. */

@@ -105,7 +105,8 @@ static void open_blas(bn_cuda_backend *b)
     cublasHandle_t h = NULL;
     if (bn_cublas_get(&api, &e) != BN_OK || api->create(&h) != CUBLAS_STATUS_SUCCESS)
         return;
-    if (api->set_stream(h, b->cs) != CUBLAS_STATUS_SUCCESS) {
+    if (api->set_stream(h, b->cs) != CUBLAS_STATUS_SUCCESS ||
+        api->set_workspace(h, b->ws_blas, (size_t)32 << 20) != CUBLAS_STATUS_SUCCESS) {
         api->destroy(h);
         return;
     }
@@ -118,6 +119,12 @@ void cb_rows_release(bn_cuda_backend *b)
     if (b->blas)
         b->blas_api->destroy((cublasHandle_t)b->blas);
     b->blas = NULL;
+    for (int i = 0; i < ROWS_GRAPHS; i++)
+        if (b->rows_graph[i])
+            cudaGraphExecDestroy(b->rows_graph[i]);
+    if (b->h_rtok)
+        cudaFreeHost(b->h_rtok);
+    b->h_rtok = NULL;
 }
 
 /* The form of the head's input rows: the GEMM's parts, or fp32 rows for
@@ -215,12 +222,13 @@ static bn_status head_flush(bn_cuda_backend *b, int64_t first, int64_t n, const 
     return BN_OK;
 }
 
-/* The block tables of the sequences the rows name, [max_seqs][max_blocks]
- * (-1 past each table's end), to the device. */
+/* The block tables of the sequences the rows name, [max_seqs + 1]
+ * [max_blocks] (-1 past each table's end; the last sequence, a captured
+ * pass's padding rows', has none), to the device. */
 static bn_status upload_tables(bn_cuda_backend *b, const bn_batch_rows *r, int32_t *h,
                                bn_error *err)
 {
-    const size_t n = (size_t)b->paged_max_seqs * (size_t)b->paged_max_blocks;
+    const size_t n = ((size_t)b->paged_max_seqs + 1) * (size_t)b->paged_max_blocks;
     for (size_t i = 0; i < n; i++)
         h[i] = -1;
     for (int64_t i = 0; i < r->n_rows; i++) {
@@ -280,6 +288,148 @@ static bn_status chunk_layers(bn_cuda_backend *b, const bn_batch_rows *r, int64_
     return cb_enqueue_paged_rows(b, M, &pr, err);
 }
 
+/* ---- decode-only passes as CUDA graphs --------------------------------------
+ *
+ * A pass whose every row decodes (one row a sequence, each wanting its
+ * token picked on the device) runs as the graph of its bucket: M = the
+ * next power of two rows, the rows past the pass's padded with token 0 at
+ * position 0 of a sequence with no block (their keys and values stored
+ * nowhere and read as zeros, their tokens dropped). The graph reads
+ * everything that changes from device memory written before it is
+ * launched; the attention's split covers the whole context. */
+
+static int bucket_index(int64_t n)
+{
+    int i = 0;
+    while (((int64_t)1 << i) < n)
+        i++;
+    return i;
+}
+
+static bool graph_fits(const bn_cuda_backend *b, const bn_batch_rows *r, const rows_out *o)
+{
+    if (!o->next || b->prof || !b->use_graphs || r->n_logits != r->n_rows)
+        return false;
+    const int i = bucket_index(r->n_rows);
+    if (i >= ROWS_GRAPHS || ((int64_t)1 << i) > b->chunk || ((int64_t)1 << i) > b->rows_head ||
+        b->rows_graph_state[i] == 2)
+        return false;
+    for (int64_t k = 0; k < r->n_rows; k++)
+        if (r->logit_rows[k] != k)
+            return false;
+    return true;
+}
+
+/* The pass of M rows whose inputs are on the device: layers, head, picks,
+ * tokens into h_rtok. */
+static bn_status queue_graph_body(bn_cuda_backend *b, int64_t M, bn_error *err)
+{
+    const int64_t dim = b->hp.dim;
+    const paged_rows pr = {b->d_tokens, b->d_pos,  b->d_slot, b->d_rseq, NULL,
+                           (int)M,      (int)(b->kv_len - 1), NULL, 0};
+    bn_status st = cb_enqueue_paged_rows(b, M, &pr, err);
+    if (st != BN_OK)
+        return st;
+    const int form = head_form(b);
+    BN_CUDA_TRY(err, bn_cb_rows_head_in(b->x, b->out, dim, dim, b->d_lrow, M,
+                                        b->d_norms + b->out_norm_off, b->hp.rms_eps, form,
+                                        b->d_hin, b->rows_head * dim, b->d_hscale, b->cs));
+    b->ran |= 1u << K_OUT_NORM;
+    st = cb_mark(b, BN_CUDA_STAGE_OUT_NORM, 1, err);
+    if (st == BN_OK)
+        st = head_logits(b, M, err);
+    if (st != BN_OK)
+        return st;
+    BN_CUDA_TRY(err, bn_cuda_sample_rows(b->d_rlogits, b->hp.vocab, (int32_t)b->hp.vocab, (int)M,
+                                         b->d_rparams, b->d_ru, b->ws_rows, 1, b->d_rtok, b->cs));
+    b->ran |= 1u << K_SAMPLE_ROWS;
+    st = cb_mark(b, BN_CUDA_STAGE_ARGMAX, 2, err);
+    if (st == BN_OK)
+        BN_CUDA_TRY(err, cudaMemcpyAsync(b->h_rtok, b->d_rtok, (size_t)M * sizeof(int32_t),
+                                         cudaMemcpyDeviceToHost, b->cs));
+    return st;
+}
+
+/* Captures bucket i's graph; false (and the bucket marked) when it fails. */
+static bool capture_bucket(bn_cuda_backend *b, int i)
+{
+    bn_error cerr;
+    bn_error_clear(&cerr);
+    cudaGraph_t graph = NULL;
+    bn_status st = BN_ERR_GPU;
+    cudaError_t rc = cudaStreamBeginCapture(b->cs, cudaStreamCaptureModeRelaxed);
+    if (rc == cudaSuccess) {
+        st = queue_graph_body(b, (int64_t)1 << i, &cerr);
+        rc = cudaStreamEndCapture(b->cs, &graph);
+        if (rc != cudaSuccess)
+            st = BN_ERR_GPU;
+    }
+    if (st == BN_OK && graph && cudaGraphInstantiate(&b->rows_graph[i], graph, 0) != cudaSuccess)
+        st = BN_ERR_GPU;
+    if (graph)
+        cudaGraphDestroy(graph);
+    if (st == BN_OK && b->rows_graph[i])
+        return true;
+    b->rows_graph[i] = NULL;
+    b->rows_graph_state[i] = 2;
+    (void)cudaGetLastError();
+    bn_log(BN_LOG_WARN, "cuda backend: the graph of batched passes of %d rows could not be "
+                        "captured (%s); they launch their kernels one by one",
+           1 << i, cerr.message[0] ? cerr.message : cudaGetErrorString(rc));
+    return false;
+}
+
+static bn_status graph_pass(bn_cuda_backend *b, const bn_batch_rows *r, const rows_out *o,
+                            int32_t *h, bn_error *err)
+{
+    const int i = bucket_index(r->n_rows);
+    const int64_t M = (int64_t)1 << i, n = r->n_rows, bs = b->paged_block;
+    if (!b->h_rtok) {
+        BN_CUDA_TRY(err, cudaMallocHost((void **)&b->h_rtok, (size_t)b->rows_head * sizeof(int32_t)));
+    }
+    /* Tokens, positions, cache rows, sequences, logit rows; parameters and
+     * numbers. */
+    int32_t *ht = h, *hp = ht + M, *hs = hp + M, *hq = hs + M, *hl = hq + M;
+    bn_cuda_sample_params *hparams = (bn_cuda_sample_params *)(void *)(hl + M);
+    double *hu = (double *)(void *)(hparams + M);
+    const bn_cuda_sample_params greedy = {0.0f, 0, 1.0f, 0.0f};
+    for (int64_t k = 0; k < M; k++) {
+        const bool real = k < n;
+        const int32_t s = real ? r->seq[k] : 0;
+        const int64_t p = real ? r->pos[k] : 0;
+        ht[k] = real ? r->tokens[k] : 0;
+        hp[k] = (int32_t)p;
+        hs[k] = real ? (int32_t)(r->tables[s][p / bs] * bs + p % bs) : -1;
+        hq[k] = real ? s : b->paged_max_seqs; /* the padding sequence: no blocks */
+        hl[k] = (int32_t)k;
+        hparams[k] = real && o->p ? o->p[k] : greedy;
+        hu[k] = real && o->p && o->u ? o->u[k] : 0.0;
+    }
+    int32_t *const dst[5] = {b->d_tokens, b->d_pos, b->d_slot, b->d_rseq, b->d_lrow};
+    for (int k = 0; k < 5; k++)
+        BN_CUDA_TRY(err, cudaMemcpyAsync(dst[k], h + k * M, (size_t)M * sizeof(int32_t),
+                                         cudaMemcpyHostToDevice, b->cs));
+    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_rparams, hparams, (size_t)M * sizeof *hparams,
+                                     cudaMemcpyHostToDevice, b->cs));
+    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_ru, hu, (size_t)M * sizeof *hu, cudaMemcpyHostToDevice,
+                                     b->cs));
+    cb_count_h2d(b, (uint64_t)M * (5 * sizeof(int32_t) + sizeof *hparams + sizeof *hu));
+    bn_status st = BN_OK;
+    if (b->rows_graph[i] || (b->rows_graph_state[i] == 1 && capture_bucket(b, i))) {
+        BN_CUDA_TRY(err, cudaGraphLaunch(b->rows_graph[i], b->cs));
+        b->ran |= 1u << K_GRAPH;
+    } else {
+        b->rows_graph_state[i] = b->rows_graph_state[i] ? b->rows_graph_state[i] : 1;
+        st = queue_graph_body(b, M, err);
+    }
+    if (st == BN_OK)
+        st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
+    if (st == BN_OK)
+        memcpy(o->next, b->h_rtok, (size_t)n * sizeof(int32_t));
+    cb_count_d2h(b, (uint64_t)M * sizeof(int32_t));
+    return st;
+}
+
 bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows_out *o,
                           bn_error *err)
 {
@@ -292,8 +442,10 @@ bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows
         return st;
     open_blas(b);
     const int64_t H = b->rows_head, dim = b->hp.dim;
-    const size_t n_tables = (size_t)b->paged_max_seqs * (size_t)b->paged_max_blocks;
-    int32_t *h = malloc((n_tables + 5 * (size_t)b->chunk + (size_t)H) * sizeof *h);
+    const size_t n_tables = ((size_t)b->paged_max_seqs + 1) * (size_t)b->paged_max_blocks;
+    /* The chunk's rows (graph_pass: 5 int arrays, parameters and numbers
+     * for M <= chunk rows, 10 ints a row), the tables, the logit rows. */
+    int32_t *h = malloc((10 * (size_t)b->chunk + n_tables + (size_t)H) * sizeof *h);
     bn_cuda_sample_params *hparams = malloc((size_t)H * sizeof *hparams);
     double *hu = malloc((size_t)H * sizeof *hu);
     paged_run *runs = malloc(((size_t)b->chunk / PAGED_RUN_MIN + 1) * sizeof *runs);
@@ -304,10 +456,14 @@ bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows
         free(runs);
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a pass's rows");
     }
-    int32_t *hrows = h + n_tables, *hl = hrows + 5 * b->chunk;
+    int32_t *hrows = h, *htab = hrows + 10 * b->chunk, *hl = htab + n_tables;
     const int form = head_form(b);
     const size_t elem = head_elem(form);
-    st = upload_tables(b, r, h, err);
+    st = upload_tables(b, r, htab, err);
+    if (st == BN_OK && graph_fits(b, r, o)) {
+        st = graph_pass(b, r, o, hrows, err);
+        goto done;
+    }
     int64_t next_logit = 0, head_first = 0, head_fill = 0;
     for (int64_t c = 0; c < r->n_rows && st == BN_OK; c += b->chunk) {
         const int64_t M = r->n_rows - c < b->chunk ? r->n_rows - c : b->chunk;
@@ -349,6 +505,7 @@ bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows
         st = head_flush(b, head_first, head_fill, o, hparams, hu, err);
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
+done:
     free(h);
     free(hparams);
     free(hu);
