@@ -43,9 +43,10 @@ static void usage(FILE *out)
             "  --kv T              KV cache precision on the GPU: f32 (default) or f16\n"
             "  --threads N         CPU threads (default: BITNET_NUM_THREADS, else every core)\n"
             "  --seed S            seed of the weights and prompts (default 1)\n"
-            "  --stages LIST       on CUDA, after the table: the stages' split of one decode\n"
-            "                      pass of each count of rows in LIST (e.g. 64,256), every\n"
-            "                      sequence at position --prompt + --gen / 2\n"
+            "  --stages LIST       on CUDA, after the table: the stages' split of one pass\n"
+            "                      for each entry: N decode rows of N sequences at position\n"
+            "                      --prompt + --gen / 2, or RxL the last L positions of R\n"
+            "                      prompts (e.g. 64,256,4x128)\n"
             "  --help\n");
 }
 
@@ -69,7 +70,7 @@ typedef struct bench_cfg {
     bool kv_f16;
     bn_hparams hp;
     int max_seqs;
-    int stages[16], n_stages;
+    int stage_runs[16], stage_len[16], n_stages; /* --stages: passes of runs x len rows */
 } bench_cfg;
 
 /* One engine with room for max_seqs full requests; sharing on or off. */
@@ -211,11 +212,12 @@ static int run_count(bn_engine *e, const bench_cfg *b, int n, const char *label)
     return rc;
 }
 
-/* The stages' split of one decode pass of n rows on the CUDA backend:
- * sequence i at position P = prompt + gen / 2 in blocks of its own (the
- * cache's contents are whatever the runs left: the time does not depend
- * on them). */
-static int print_pass_stages(bn_engine *e, const bench_cfg *b, int n)
+/* The stages' split of one batched pass on the CUDA backend: `runs`
+ * sequences in blocks of their own, each with `len` rows: one decode row
+ * at position P = prompt + gen / 2 (len 1), or a prompt's last len
+ * positions (the cache's contents are whatever the runs left: the time
+ * does not depend on them). */
+static int print_pass_stages(bn_engine *e, const bench_cfg *b, int runs, int len)
 {
 #if defined(BITNET_HAVE_CUDA)
     bn_cuda_backend *cb = (bn_cuda_backend *)bn_engine_backend_handle(e, "cuda");
@@ -223,11 +225,12 @@ static int print_pass_stages(bn_engine *e, const bench_cfg *b, int n)
         fprintf(stderr, "bitnet bench batch: --stages needs the CUDA backend; skipped\n");
         return BN_EXIT_OK;
     }
-    const int block = 32;
-    const int64_t P = b->prompt + b->gen / 2, per_seq = P / block + 1;
+    const int block = 32, n = runs * len;
+    const int64_t P = len == 1 ? b->prompt + b->gen / 2 : b->prompt - len;
+    const int64_t per_seq = (P + len - 1) / block + 1;
     int32_t *tokens = malloc((size_t)n * sizeof *tokens), *seq = malloc((size_t)n * sizeof *seq);
-    int64_t *pos = malloc((size_t)n * sizeof *pos), *logit_rows = malloc((size_t)n * sizeof *logit_rows);
-    int32_t *blocks = malloc((size_t)n * (size_t)per_seq * sizeof *blocks);
+    int64_t *pos = malloc((size_t)n * sizeof *pos), *logit_rows = malloc((size_t)runs * sizeof *logit_rows);
+    int32_t *blocks = malloc((size_t)runs * (size_t)per_seq * sizeof *blocks);
     const int32_t **tables = calloc((size_t)b->max_seqs, sizeof *tables);
     int32_t *table_len = calloc((size_t)b->max_seqs, sizeof *table_len);
     int rc = BN_EXIT_OK;
@@ -235,17 +238,19 @@ static int print_pass_stages(bn_engine *e, const bench_cfg *b, int n)
         fprintf(stderr, "bitnet: error: out of memory\n");
         rc = BN_EXIT_OUT_OF_MEMORY;
     }
-    for (int i = 0; i < n && rc == BN_EXIT_OK; i++) {
-        tokens[i] = (int32_t)((i * 7919 + 1) % b->hp.vocab);
-        seq[i] = i;
-        pos[i] = P;
-        logit_rows[i] = i;
+    for (int i = 0; i < runs && rc == BN_EXIT_OK; i++) {
+        for (int k = 0; k < len; k++) {
+            tokens[i * len + k] = (int32_t)((i * 7919 + k + 1) % b->hp.vocab);
+            seq[i * len + k] = i;
+            pos[i * len + k] = P + k;
+        }
+        logit_rows[i] = (int64_t)i * len + len - 1;
         for (int64_t k = 0; k < per_seq; k++)
             blocks[i * per_seq + k] = (int32_t)(i * per_seq + k);
         tables[i] = blocks + i * per_seq;
         table_len[i] = (int32_t)per_seq;
     }
-    const bn_batch_rows rows = {n, tokens, pos, seq, tables, table_len, block, logit_rows, n};
+    const bn_batch_rows rows = {n, tokens, pos, seq, tables, table_len, block, logit_rows, runs};
     bn_cuda_stage_times t;
     bn_error err;
     bn_error_clear(&err);
@@ -253,14 +258,20 @@ static int print_pass_stages(bn_engine *e, const bench_cfg *b, int n)
     if (rc == BN_EXIT_OK && bn_cuda_backend_profile_rows(cb, &rows, reps, &t, &err) != BN_OK)
         rc = cli_fail(&err);
     if (rc == BN_EXIT_OK) {
-        printf("\nper-stage time of an instrumented batched decode pass (%d rows at position "
-               "%lld, every row greedy, eager, CUDA events around each stage, %d passes "
-               "averaged):\n",
-               n, (long long)P, reps);
+        if (len == 1)
+            printf("\nper-stage time of an instrumented batched decode pass (%d rows at position "
+                   "%lld, every row greedy, eager, CUDA events around each stage, %d passes "
+                   "averaged):\n",
+                   n, (long long)P, reps);
+        else
+            printf("\nper-stage time of an instrumented batched prefill pass (%d prompts' "
+                   "positions %lld..%lld, eager, CUDA events around each stage, %d passes "
+                   "averaged):\n",
+                   runs, (long long)P, (long long)(P + len - 1), reps);
         const int launches = bench_print_stage_rows(&t, "us/pass", true);
         printf("  %-36s %9.1f %7s %9d (%.0f tok/s)\n", "total (instrumented)",
                t.total_ms * 1000.0, "", launches,
-               t.total_ms > 0.0 ? n / (t.total_ms / 1000.0) : 0.0);
+               t.total_ms > 0.0 ? n / (t.total_ms / 1000.0) : 0.0); /* rows a second */
     }
     free(tokens);
     free(seq);
@@ -273,7 +284,8 @@ static int print_pass_stages(bn_engine *e, const bench_cfg *b, int n)
 #else
     (void)e;
     (void)b;
-    (void)n;
+    (void)runs;
+    (void)len;
     fprintf(stderr, "bitnet bench batch: --stages needs a build with CUDA; skipped\n");
     return BN_EXIT_OK;
 #endif
@@ -292,6 +304,31 @@ static bool parse_seqs(const char *text, int *seqs, int *n_seqs)
         p = *end ? end + 1 : end;
     }
     return *n_seqs > 0 && !*p;
+}
+
+/* --stages: entries N (N decode rows) or RxL (R prompts' last L rows). */
+static bool parse_stages(const char *text, bench_cfg *b)
+{
+    b->n_stages = 0;
+    const char *p = text;
+    while (*p && b->n_stages < 16) {
+        char *end;
+        const long runs = strtol(p, &end, 10);
+        long len = 1;
+        if (end != p && *end == 'x') {
+            const char *q = end + 1;
+            len = strtol(q, &end, 10);
+            if (end == q)
+                return false;
+        }
+        if (end == p || runs < 1 || runs > 4096 || len < 1 || len > 4096 ||
+            (*end != ',' && *end != '\0'))
+            return false;
+        b->stage_runs[b->n_stages] = (int)runs;
+        b->stage_len[b->n_stages++] = (int)len;
+        p = *end ? end + 1 : end;
+    }
+    return b->n_stages > 0 && !*p;
 }
 
 int bench_batch(int argc, char **argv, const bn_config *cfg)
@@ -331,7 +368,7 @@ int bench_batch(int argc, char **argv, const bn_config *cfg)
         } else if (strcmp(a, "--seed") == 0) {
             ok = cli_parse_u64(CMD, a, v, &b.seed);
         } else if (strcmp(a, "--stages") == 0) {
-            ok = parse_seqs(v, b.stages, &b.n_stages);
+            ok = parse_stages(v, &b);
         } else {
             fprintf(stderr, "bitnet bench batch: error: unknown option '%s'\n", a);
             usage(stderr);
@@ -354,8 +391,15 @@ int bench_batch(int argc, char **argv, const bn_config *cfg)
     }
     for (int i = 0; i < n_seqs; i++)
         b.max_seqs = seqs[i] > b.max_seqs ? seqs[i] : b.max_seqs;
-    for (int i = 0; i < b.n_stages; i++)
-        b.max_seqs = b.stages[i] > b.max_seqs ? b.stages[i] : b.max_seqs;
+    for (int i = 0; i < b.n_stages; i++) {
+        b.max_seqs = b.stage_runs[i] > b.max_seqs ? b.stage_runs[i] : b.max_seqs;
+        if (b.stage_len[i] > 1 && b.stage_len[i] > b.prompt) {
+            fprintf(stderr, "bitnet bench batch: error: --stages %dx%d: a prompt's run is at most "
+                            "--prompt rows\n",
+                    b.stage_runs[i], b.stage_len[i]);
+            return BN_EXIT_USAGE;
+        }
+    }
     if (b.max_seqs < 2)
         b.max_seqs = 2; /* one sequence still goes through the scheduler */
 
@@ -381,7 +425,7 @@ int bench_batch(int argc, char **argv, const bn_config *cfg)
         for (int i = 0; i < n_seqs && rc == BN_EXIT_OK; i++)
             rc = run_count(e, &b, seqs[i], label);
         for (int i = 0; sharing && i < b.n_stages && rc == BN_EXIT_OK; i++)
-            rc = print_pass_stages(e, &b, b.stages[i]);
+            rc = print_pass_stages(e, &b, b.stage_runs[i], b.stage_len[i]);
         bn_engine_free(e);
     }
     return rc;
