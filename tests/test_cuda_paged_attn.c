@@ -11,8 +11,9 @@
  *   - a list of rows: only those computed, bit for bit as without it;
  *   - the output poisoned with NaN first, a guard row after the last that
  *     must survive; bad arguments refused;
- *   - the tiled prefill kernel over a paged cache (bn_cb_attn_prefill_paged):
- *     a run of one sequence's rows, blocks in reverse order, 1 to 4 parts.
+ *   - the tiled prefill kernel over a paged cache (bn_cb_attn_prefill_runs):
+ *     runs of several sequences' rows in one launch, blocks in reverse
+ *     order, rows of no run left alone, 1 to 4 parts.
  *
  * Tolerance: fp32 sums in another order than the reference's doubles:
  * 1e-5 of the values' scale (|v| <= 1, a few hundred terms). Exits 77
@@ -70,24 +71,45 @@ static double row_error(const shape *s, const float *q, int pos, const int32_t *
     return worst;
 }
 
-/* The tiled prefill kernel over a paged fp32 cache
- * (bn_cb_attn_prefill_paged): n consecutive rows of one sequence of len
- * positions, its blocks scattered, in 1 and 4 parts. */
-static void check_prefill_paged(const shape *s, int len, int n, int parts)
+/* The tiled prefill kernel over a paged fp32 cache for several runs in one
+ * launch (bn_cb_attn_prefill_runs): n_seqs sequences of up to max_len
+ * positions, blocks scattered in reverse order, each with its last `run`
+ * positions as consecutive rows, one row of no run between the runs (it
+ * must stay as it was), blocks of at most 64 rows heaviest first. */
+static void check_prefill_runs(const shape *s, int n_seqs, int max_len, int run, int parts)
 {
     const int kv_dim = s->n_kv * s->hd, q_dim = s->n_heads * s->hd;
-    const int n_blocks = (len + s->bs - 1) / s->bs + 3;
-    int32_t *table = malloc(sizeof(int32_t) * (size_t)n_blocks);
-    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
+    const int max_blocks = (max_len + s->bs - 1) / s->bs, n_blocks = n_seqs * max_blocks;
+    const int n = n_seqs * (run + 1);
+    int32_t *tables = malloc(sizeof(int32_t) * (size_t)n_blocks);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *seq_of = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *blocks = malloc(sizeof(int32_t) * 4 * (size_t)(n_seqs * (run / 64 + 1)));
     const size_t vals = (size_t)n_blocks * (size_t)s->bs * (size_t)kv_dim;
     float *k = malloc(sizeof(float) * vals), *v = malloc(sizeof(float) * vals);
     float *q = malloc(sizeof(float) * (size_t)(n * q_dim));
     float *got = malloc(sizeof(float) * (size_t)((n + 1) * q_dim));
-    CHECK(table && pos && k && v && q && got);
-    for (int b = 0; b < n_blocks; b++) /* backwards: nothing where a contiguous cache has it */
-        table[b] = n_blocks - 1 - b;
-    for (int i = 0; i < n; i++)
-        pos[i] = len - n + i;
+    CHECK(tables && pos && seq_of && blocks && k && v && q && got);
+    for (int b = 0; b < n_blocks; b++)
+        tables[b] = n_blocks - 1 - b;
+    int nb = 0, max_pos = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        const int len = i == 0 ? max_len : (int)test_rand_range(run, max_len);
+        const int first = i * (run + 1);
+        for (int r = 0; r < run; r++) {
+            pos[first + r] = len - run + r;
+            seq_of[first + r] = i;
+        }
+        pos[first + run] = 0; /* in no run */
+        seq_of[first + run] = -1;
+        for (int r = 0; r < run; r += 64) {
+            blocks[4 * nb] = first + r;
+            blocks[4 * nb + 1] = run - r < 64 ? run - r : 64;
+            blocks[4 * nb + 2] = i;
+            blocks[4 * nb + 3] = 0;
+            nb++;
+        }
+        max_pos = len - 1 > max_pos ? len - 1 : max_pos;
+    }
     for (size_t i = 0; i < vals; i++) {
         k[i] = test_rand_float(-2.0f, 2.0f);
         v[i] = test_rand_float(-1.0f, 1.0f);
@@ -95,9 +117,9 @@ static void check_prefill_paged(const shape *s, int len, int n, int parts)
     for (int i = 0; i < n * q_dim; i++)
         q[i] = test_rand_float(-1.5f, 1.5f);
     float *dk, *dv, *dq, *dout;
-    int32_t *dtab, *dpos;
+    int32_t *dtab, *dpos, *dblocks;
     void *dws = NULL;
-    const bn_cb_attn_shape as = {s->n_heads, s->n_kv, s->hd, len};
+    const bn_cb_attn_shape as = {s->n_heads, s->n_kv, s->hd, max_len};
     const size_t ws_bytes = bn_cb_attn_prefill_workspace_bytes(&as, n, parts);
     CUDA_OK(cudaMalloc((void **)&dk, sizeof(float) * vals));
     CUDA_OK(cudaMalloc((void **)&dv, sizeof(float) * vals));
@@ -105,39 +127,56 @@ static void check_prefill_paged(const shape *s, int len, int n, int parts)
     CUDA_OK(cudaMalloc((void **)&dout, sizeof(float) * (size_t)((n + 1) * q_dim)));
     CUDA_OK(cudaMalloc((void **)&dtab, sizeof(int32_t) * (size_t)n_blocks));
     CUDA_OK(cudaMalloc((void **)&dpos, sizeof(int32_t) * (size_t)n));
+    CUDA_OK(cudaMalloc((void **)&dblocks, sizeof(int32_t) * 4 * (size_t)nb));
     if (ws_bytes)
         CUDA_OK(cudaMalloc(&dws, ws_bytes));
     CUDA_OK(cudaMemcpy(dk, k, sizeof(float) * vals, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dv, v, sizeof(float) * vals, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dq, q, sizeof(float) * (size_t)(n * q_dim), cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(dtab, table, sizeof(int32_t) * (size_t)n_blocks, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dtab, tables, sizeof(int32_t) * (size_t)n_blocks, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dpos, pos, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dblocks, blocks, sizeof(int32_t) * 4 * (size_t)nb, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dout, 0xff, sizeof(float) * (size_t)((n + 1) * q_dim)));
-    CUDA_OK(bn_cb_attn_prefill_paged(&as, dq, q_dim, n, dpos, dtab, s->bs, dk, dv, dout, q_dim,
-                                     parts, dws, ws_bytes, 0));
+    CUDA_OK(bn_cb_attn_prefill_runs(&as, dq, q_dim, n, dpos, dblocks, nb, dtab, max_blocks, s->bs,
+                                    dk, dv, dout, q_dim, parts, dws, ws_bytes, 0));
     CUDA_OK(cudaMemcpy(got, dout, sizeof(float) * (size_t)((n + 1) * q_dim),
                        cudaMemcpyDeviceToHost));
     double worst = 0.0;
-    for (int i = 0; i < n; i++)
-        worst = fmax(worst, row_error(s, q + (size_t)i * q_dim, pos[i], table, k, v,
+    int untouched = 0;
+    for (int i = 0; i < n; i++) {
+        if (seq_of[i] < 0) {
+            uint32_t w;
+            memcpy(&w, got + (size_t)i * q_dim, sizeof w);
+            untouched += w == 0xffffffffu;
+            continue;
+        }
+        worst = fmax(worst, row_error(s, q + (size_t)i * q_dim, pos[i],
+                                      tables + seq_of[i] * max_blocks, k, v,
                                       got + (size_t)i * q_dim));
+    }
     uint32_t guard;
     memcpy(&guard, got + (size_t)n * q_dim, sizeof guard);
-    printf("prefill paged: heads %d/%d hd %d, %d rows at %d..%d, %d parts: worst error %.2e\n",
-           s->n_heads, s->n_kv, s->hd, n, len - n, len - 1, parts, worst);
+    printf("prefill runs: heads %d/%d hd %d, %d runs of %d rows (%d row blocks) up to %d "
+           "positions, %d parts: worst error %.2e\n",
+           s->n_heads, s->n_kv, s->hd, n_seqs, run, nb, max_pos + 1, parts, worst);
     CHECK_MSG(worst <= 1e-5, "worst error %g", worst);
+    CHECK_MSG(untouched == n_seqs, "%d of the %d rows in no run were written", n_seqs - untouched,
+              n_seqs);
     CHECK(guard == 0xffffffffu);
-    CHECK(bn_cb_attn_prefill_paged(&as, dq, q_dim, n, dpos, NULL, s->bs, dk, dv, dout, q_dim, 1,
-                                   NULL, 0, 0) == cudaErrorInvalidValue);
+    CHECK(bn_cb_attn_prefill_runs(&as, dq, q_dim, n, dpos, dblocks, nb, NULL, max_blocks, s->bs,
+                                  dk, dv, dout, q_dim, 1, NULL, 0, 0) == cudaErrorInvalidValue);
     cudaFree(dk);
     cudaFree(dv);
     cudaFree(dq);
     cudaFree(dout);
     cudaFree(dtab);
     cudaFree(dpos);
+    cudaFree(dblocks);
     cudaFree(dws);
-    free(table);
+    free(tables);
     free(pos);
+    free(seq_of);
+    free(blocks);
     free(k);
     free(v);
     free(q);
@@ -301,9 +340,9 @@ int main(void)
         check_case(&mha, 7, 200, f16, 0);
         check_case(&mha, 3, 40, f16, 2);
     }
-    check_prefill_paged(&s2b, 300, 77, 1);
-    check_prefill_paged(&s2b, 700, 128, 4);
-    check_prefill_paged(&mha, 100, 100, 2);
+    check_prefill_runs(&s2b, 1, 300, 77, 1);
+    check_prefill_runs(&s2b, 4, 700, 128, 4);
+    check_prefill_runs(&mha, 3, 100, 40, 2);
     CHECK(bn_cb_attn_paged_splits(1, 0) == 1);
     CHECK(bn_cb_attn_paged_splits(64, 575) == 5);
     CHECK(bn_cb_attn_paged_splits(4096, 100000) == 1);

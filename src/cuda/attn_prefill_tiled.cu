@@ -85,6 +85,12 @@ __device__ __forceinline__ void copy16(float4 *dst, const float4 *src, bool ok)
 struct Paged {
     const int32_t *table;
     int bs;
+    /* Several sequences' runs in one launch (bn_cb_attn_prefill_runs): the
+     * row blocks, each (first row, rows, sequence), heaviest first, and the
+     * sequences' tables, max_blocks entries each; NULL: one run, table. */
+    const int4 *blocks;
+    const int32_t *tables;
+    int max_blocks;
 };
 
 __device__ __forceinline__ int64_t cache_row(const Paged &pg, int t)
@@ -125,13 +131,23 @@ struct Split {
  * the output. out = sum_p e^(m_p - M) o_p / sum_p e^(m_p - M) l_p. */
 __global__ void __launch_bounds__(256)
     attn_prefill_merge_kernel(bn_cb_attn_shape s, int n, const int32_t *__restrict__ pos,
-                              Split split, float *__restrict__ out, int64_t ldo)
+                              Split split, float *__restrict__ out, int64_t ldo,
+                              const int4 *__restrict__ blocks, int n_blocks)
 {
     const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
-    if (warp >= (int64_t)n * s.n_heads)
+    int row = (int)(warp / s.n_heads);
+    const int h = (int)(warp % s.n_heads);
+    if (blocks) { /* runs: warps for every row of each row block */
+        if (row >= n_blocks * kRows)
+            return;
+        const int4 e = blocks[row / kRows];
+        if (row % kRows >= e.y)
+            return;
+        row = e.x + row % kRows;
+    } else if (warp >= (int64_t)n * s.n_heads) {
         return;
-    const int row = (int)(warp / s.n_heads), h = (int)(warp % s.n_heads);
+    }
     const int p = pos[row];
     if (p < 0 || (int64_t)p >= s.capacity)
         return; /* not written, as by the one-part kernel */
@@ -186,21 +202,27 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int h = (int)(blockIdx.x % per_row_block) / split.parts;
     const int part = (int)(blockIdx.x % per_row_block) % split.parts;
     const int row_blocks = (n + kRows - 1) / kRows;
-    const int row0 = (row_blocks - 1 - (int)(blockIdx.x / per_row_block)) * kRows;
+    int row0 = (row_blocks - 1 - (int)(blockIdx.x / per_row_block)) * kRows, row_end = n;
+    if (pg.blocks) { /* a run's row block: its rows and its sequence's table */
+        const int4 e = pg.blocks[blockIdx.x / per_row_block];
+        row0 = e.x;
+        row_end = e.x + e.y;
+        pg.table = pg.tables + (int64_t)e.z * pg.max_blocks;
+    }
     const int group = s.n_heads / s.n_kv_heads;
     const int64_t kv_dim = (int64_t)s.n_kv_heads * HD;
     const int64_t head_off = (int64_t)(h / group) * HD;
 
     if (tid < kRows) {
         const int r = row0 + tid;
-        int p = r < n ? pos[r] : -1;
+        int p = r < row_end ? pos[r] : -1;
         if (p < 0 || (int64_t)p >= s.capacity)
             p = -1; /* nothing there to attend to: the row is not written */
         qpos[tid] = p;
     }
     for (int i = tid; i < kRows * C; i += kThreads) {
         const int r = i / C, c = i % C;
-        const bool ok = row0 + r < n;
+        const bool ok = row0 + r < row_end;
         const float *row = q + (int64_t)(ok ? row0 + r : 0) * ldq + (int64_t)h * HD;
         copy16(qs + i, reinterpret_cast<const float4 *>(row) + c, ok);
     }
@@ -377,13 +399,14 @@ template <int HD>
 cudaError_t launch_tiled(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n,
                          const int32_t *pos, const float *k_cache, const float *v_cache,
                          float scale, float *out, int64_t ldo, const Split &split,
-                         const Paged &pg, cudaStream_t stream)
+                         const Paged &pg, int n_row_blocks, cudaStream_t stream)
 {
     auto kernel = attn_prefill_tiled_kernel<HD>;
     const cudaError_t rc = allow_dynamic_smem(kernel, Tiled<HD>::kSmem);
     if (rc != cudaSuccess)
         return rc;
-    const int64_t blocks = (int64_t)((n + kRows - 1) / kRows) * s->n_heads * split.parts;
+    const int64_t row_blocks = pg.blocks ? n_row_blocks : (n + kRows - 1) / kRows;
+    const int64_t blocks = row_blocks * s->n_heads * split.parts;
     if (blocks > 0x7fffffff)
         return cudaErrorInvalidConfiguration;
     kernel<<<(unsigned)blocks, kThreads, Tiled<HD>::kSmem, stream>>>(
@@ -391,9 +414,9 @@ cudaError_t launch_tiled(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess || split.parts == 1)
         return err;
-    const int64_t threads = (int64_t)n * s->n_heads * 32;
+    const int64_t threads = (pg.blocks ? row_blocks * kRows : (int64_t)n) * s->n_heads * 32;
     attn_prefill_merge_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, stream>>>(
-        *s, n, pos, split, out, ldo);
+        *s, n, pos, split, out, ldo, pg.blocks, (int)row_blocks);
     return cudaGetLastError();
 }
 
@@ -450,9 +473,10 @@ extern "C" int bn_cb_attn_prefill_parts(const bn_cb_attn_shape *s, int n, int64_
 }
 
 static cudaError_t prefill_tiled(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n,
-                                 const int32_t *pos, const Paged &pg, const float *k_cache,
-                                 const float *v_cache, float scale, float *out, int64_t ldo,
-                                 int parts, void *ws, size_t ws_bytes, cudaStream_t stream)
+                                 const int32_t *pos, const Paged &pg, int n_row_blocks,
+                                 const float *k_cache, const float *v_cache, float scale,
+                                 float *out, int64_t ldo, int parts, void *ws, size_t ws_bytes,
+                                 cudaStream_t stream)
 {
     if (!bn_cb_attn_prefill_tiled_supports(s, q, ldq, k_cache, v_cache, out, ldo))
         return cudaErrorNotSupported;
@@ -471,9 +495,9 @@ static cudaError_t prefill_tiled(const bn_cb_attn_shape *s, const float *q, int6
     }
     if (s->head_dim == 64)
         return launch_tiled<64>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, split,
-                                pg, stream);
+                                pg, n_row_blocks, stream);
     return launch_tiled<128>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, split, pg,
-                             stream);
+                             n_row_blocks, stream);
 }
 
 extern "C" cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const float *q,
@@ -482,22 +506,26 @@ extern "C" cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const
                                                 float scale, float *out, int64_t ldo, int parts,
                                                 void *ws, size_t ws_bytes, cudaStream_t stream)
 {
-    const Paged contiguous = {NULL, 1};
-    return prefill_tiled(s, q, ldq, n, pos, contiguous, k_cache, v_cache, scale, out, ldo, parts,
-                         ws, ws_bytes, stream);
+    const Paged contiguous = {NULL, 1, NULL, NULL, 0};
+    return prefill_tiled(s, q, ldq, n, pos, contiguous, 0, k_cache, v_cache, scale, out, ldo,
+                         parts, ws, ws_bytes, stream);
 }
 
-extern "C" cudaError_t bn_cb_attn_prefill_paged(const bn_cb_attn_shape *s, const float *q,
-                                               int64_t ldq, int n, const int32_t *pos,
-                                               const int32_t *table, int block_size,
-                                               const float *k_cache, const float *v_cache,
-                                               float *out, int64_t ldo, int parts, void *ws,
-                                               size_t ws_bytes, cudaStream_t stream)
+extern "C" cudaError_t bn_cb_attn_prefill_runs(const bn_cb_attn_shape *s, const float *q,
+                                              int64_t ldq, int n, const int32_t *pos,
+                                              const int32_t *row_blocks, int n_row_blocks,
+                                              const int32_t *tables, int max_blocks,
+                                              int block_size, const float *k_cache,
+                                              const float *v_cache, float *out, int64_t ldo,
+                                              int parts, void *ws, size_t ws_bytes,
+                                              cudaStream_t stream)
 {
-    if (!table || block_size < 1)
+    if (!row_blocks || n_row_blocks < 1 || !tables || max_blocks < 1 || block_size < 1 ||
+        (reinterpret_cast<uintptr_t>(row_blocks) & 15) != 0)
         return cudaErrorInvalidValue;
-    const Paged pg = {table, block_size};
-    return prefill_tiled(s, q, ldq, n, pos, pg, k_cache, v_cache,
+    const Paged pg = {NULL, block_size, reinterpret_cast<const int4 *>(row_blocks), tables,
+                      max_blocks};
+    return prefill_tiled(s, q, ldq, n, pos, pg, n_row_blocks, k_cache, v_cache,
                          (float)(1.0 / sqrt((double)s->head_dim)), out, ldo, parts, ws, ws_bytes,
                          stream);
 }

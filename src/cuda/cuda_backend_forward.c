@@ -304,7 +304,7 @@ static bn_status attention_decode_f32(const pass *p, int l)
 
 /* att = softmax(q K^T / sqrt(head_dim)) V over each row's positions. */
 /* Rows of many sequences over the paged cache: the decode rows in one
- * launch, each run of a prompt's rows in one of the tiled kernel. */
+ * launch, the runs of prompts' rows in one of the tiled kernel. */
 static bn_status attention_paged(const pass *p, int l)
 {
     bn_cuda_backend *b = p->b;
@@ -322,17 +322,16 @@ static bn_status attention_paged(const pass *p, int l)
         launches += splits > 1 ? 2 : 1;
         b->ran |= 1u << K_ATTN_PAGED;
     }
-    /* The parts' workspace is the gate|up output, unused until the FFN. */
-    const size_t ws_bytes = (size_t)b->chunk * (size_t)b->gu_n * sizeof(float);
-    for (int i = 0; i < r->n_runs; i++) {
-        const paged_run *run = &r->runs[i];
-        const int parts = bn_cb_attn_prefill_parts(&as, run->n, run->last_pos + 1, b->sm, ws_bytes);
-        const int64_t at = (int64_t)run->first * b->q_dim;
-        BN_CUDA_TRY(p->err, bn_cb_attn_prefill_paged(
-                                &as, b->q + at, b->q_dim, run->n, p->pos + run->first,
-                                b->d_tables + (int64_t)run->seq * b->paged_max_blocks,
-                                b->paged_block, kl, vl, b->att + at, b->q_dim, parts, b->gu,
-                                ws_bytes, b->cs));
+    if (r->n_blocks > 0) {
+        /* The parts' workspace is the gate|up output, unused until the FFN. */
+        const size_t ws_bytes = (size_t)b->chunk * (size_t)b->gu_n * sizeof(float);
+        const int parts = bn_cb_attn_prefill_parts(&as, (int)p->M, r->runs_max_pos + 1, b->sm,
+                                                   ws_bytes);
+        BN_CUDA_TRY(p->err, bn_cb_attn_prefill_runs(&as, b->q, b->q_dim, (int)p->M, p->pos,
+                                                    r->d_blocks, r->n_blocks, b->d_tables,
+                                                    b->paged_max_blocks, b->paged_block, kl, vl,
+                                                    b->att, b->q_dim, parts, b->gu, ws_bytes,
+                                                    b->cs));
         launches += parts > 1 ? 2 : 1;
         b->ran |= 1u << K_ATTN_PRE_F32;
     }

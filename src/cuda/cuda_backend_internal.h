@@ -171,7 +171,7 @@ struct bn_cuda_backend {
     int paged_block, paged_max_seqs, paged_max_blocks;
     void *d_pk, *d_pv;      /* fp32, or fp16 with kv_f16 */
     float *ws_paged;        /* the paged attention's split shares */
-    int32_t *d_slot, *d_rseq, *d_dlist, *d_tables;
+    int32_t *d_slot, *d_rseq, *d_dlist, *d_tables, *d_rblocks;
     uint64_t paged_bytes;
     /* The batched pass's LM head (cuda_backend_rows.c): up to rows_head
      * wanted rows at once, their input parts (rows_head.cu; form
@@ -367,19 +367,18 @@ bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
                           bool screen, bn_error *err);
 /* A batched pass's rows, as its attention takes them: runs of at least
  * PAGED_RUN_MIN consecutive positions of one sequence (a prompt's chunk)
- * go to the tiled prefill kernel, which reads each cache tile once for
- * the run's rows; the other rows (dec_rows, n_dec of them, NULL: all) to
- * the paged decode kernel. */
+ * go to the tiled prefill kernel in blocks of up to 64 rows (d_blocks,
+ * n_blocks of them: bn_cb_attn_prefill_runs), which reads each cache tile
+ * once for a block's rows; the other rows (dec_rows, n_dec of them, NULL:
+ * all) to the paged decode kernel. */
 #define PAGED_RUN_MIN 16
-typedef struct paged_run {
-    int first, n, seq, last_pos; /* rows first .. first + n of sequence seq */
-} paged_run;
+#define PAGED_RUN_BLOCKS(chunk) ((chunk) / PAGED_RUN_MIN + (chunk) / 64 + 1)
 typedef struct paged_rows {
     const int32_t *d_tok, *d_pos, *d_slot, *d_seq;
     const int32_t *dec_rows;
     int n_dec, max_pos;      /* max_pos: the largest of the decode rows' positions */
-    const paged_run *runs;
-    int n_runs;
+    const int32_t *d_blocks; /* (first row, rows, sequence, 0) each          */
+    int n_blocks, runs_max_pos;
 } paged_rows;
 bn_status cb_enqueue_paged_rows(bn_cuda_backend *b, int64_t M, const paged_rows *rows,
                                 bn_error *err);

@@ -7,10 +7,11 @@
  * prefill chunk: the W2A8 GEMMs, norms and residuals are row by row, so
  * rows of different sequences share them; only the k / v store
  * (bn_cb_qkv_post_slots: each row's paged cache row) and the attention know
- * about sequences: a run of one prompt's rows goes to the tiled prefill
- * kernel over its sequence's blocks (bn_cb_attn_prefill_paged, each cache
- * tile read once for the run), the other rows to the paged decode kernel
- * (bn_cb_attn_paged, each row over its own sequence's blocks).
+ * about sequences: runs of prompts' rows go to the tiled prefill kernel
+ * over their sequences' blocks (bn_cb_attn_prefill_runs, each cache tile
+ * read once for up to 64 rows of a run, every run in one launch), the
+ * other rows to the paged decode kernel (bn_cb_attn_paged, each row over
+ * its own sequence's blocks).
  *
  * The wanted rows (at most one per sequence) then share the LM head: after
  * each chunk, their output norm goes into the head's input buffer
@@ -242,10 +243,18 @@ static bn_status upload_tables(bn_cuda_backend *b, const bn_batch_rows *r, int32
     return BN_OK;
 }
 
+/* Row blocks in order of decreasing work (their last row's position). */
+static int heavier_first(const void *pa, const void *pb)
+{
+    const int32_t *a = pa, *b = pb;
+    return (a[3] < b[3]) - (a[3] > b[3]);
+}
+
 /* Rows c .. c + M (one chunk) to the device and through the layers. h:
- * room for 5 * chunk ints; runs: for chunk / PAGED_RUN_MIN runs. */
+ * room for 5 * chunk ints; blocks: for PAGED_RUN_BLOCKS(chunk) row blocks
+ * of 4 ints. */
 static bn_status chunk_layers(bn_cuda_backend *b, const bn_batch_rows *r, int64_t c, int64_t M,
-                              int32_t *h, paged_run *runs, bn_error *err)
+                              int32_t *h, int32_t *blocks, bn_error *err)
 {
     const int64_t bs = b->paged_block;
     int32_t *ht = h, *hp = ht + M, *hs = hp + M, *hq = hs + M, *hd = hq + M;
@@ -259,13 +268,21 @@ static bn_status chunk_layers(bn_cuda_backend *b, const bn_batch_rows *r, int64_
     }
     /* Runs of a prompt's consecutive positions (fp32 caches: the tiled
      * kernel's), the other rows listed for the decode kernel. */
-    paged_rows pr = {b->d_tokens, b->d_pos, b->d_slot, b->d_rseq, NULL, 0, 0, runs, 0};
+    paged_rows pr = {b->d_tokens, b->d_pos, b->d_slot, b->d_rseq, NULL, 0, 0, b->d_rblocks, 0, 0};
     for (int64_t i = 0; i < M;) {
         int64_t n = 1;
         while (i + n < M && hq[i + n] == hq[i] && hp[i + n] == hp[i] + n)
             n++;
         if (!b->kv_f16 && n >= PAGED_RUN_MIN) {
-            runs[pr.n_runs++] = (paged_run){(int)i, (int)n, hq[i], hp[i + n - 1]};
+            for (int64_t k = 0; k < n; k += 64) { /* blocks of 64 rows; the sort key last */
+                const int64_t rows = n - k < 64 ? n - k : 64;
+                int32_t *e = blocks + 4 * pr.n_blocks++;
+                e[0] = (int32_t)(i + k);
+                e[1] = (int32_t)rows;
+                e[2] = hq[i];
+                e[3] = hp[i + k + rows - 1];
+            }
+            pr.runs_max_pos = hp[i + n - 1] > pr.runs_max_pos ? hp[i + n - 1] : pr.runs_max_pos;
         } else {
             for (int64_t k = i; k < i + n; k++) {
                 hd[pr.n_dec++] = (int32_t)k;
@@ -279,6 +296,15 @@ static bn_status chunk_layers(bn_cuda_backend *b, const bn_batch_rows *r, int64_
     for (int i = 0; i < 4; i++)
         BN_CUDA_TRY(err, cudaMemcpyAsync(dst[i], h + i * M, bytes, cudaMemcpyHostToDevice, b->cs));
     cb_count_h2d(b, 4 * bytes);
+    if (pr.n_blocks > 0) {
+        qsort(blocks, (size_t)pr.n_blocks, 4 * sizeof *blocks, heavier_first);
+        for (int k = 0; k < pr.n_blocks; k++)
+            blocks[4 * k + 3] = 0;
+        BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_rblocks, blocks,
+                                         (size_t)pr.n_blocks * 4 * sizeof *blocks,
+                                         cudaMemcpyHostToDevice, b->cs));
+        cb_count_h2d(b, (size_t)pr.n_blocks * 4 * sizeof *blocks);
+    }
     if (pr.n_dec > 0 && pr.n_dec < M) {
         BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_dlist, hd, (size_t)pr.n_dec * sizeof(int32_t),
                                          cudaMemcpyHostToDevice, b->cs));
@@ -325,8 +351,8 @@ static bool graph_fits(const bn_cuda_backend *b, const bn_batch_rows *r, const r
 static bn_status queue_graph_body(bn_cuda_backend *b, int64_t M, bn_error *err)
 {
     const int64_t dim = b->hp.dim;
-    const paged_rows pr = {b->d_tokens, b->d_pos,  b->d_slot, b->d_rseq, NULL,
-                           (int)M,      (int)(b->kv_len - 1), NULL, 0};
+    const paged_rows pr = {b->d_tokens, b->d_pos, b->d_slot, b->d_rseq, NULL, (int)M,
+                           (int)(b->kv_len - 1), NULL, 0, 0};
     bn_status st = cb_enqueue_paged_rows(b, M, &pr, err);
     if (st != BN_OK)
         return st;
@@ -448,12 +474,12 @@ bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows
     int32_t *h = malloc((10 * (size_t)b->chunk + n_tables + (size_t)H) * sizeof *h);
     bn_cuda_sample_params *hparams = malloc((size_t)H * sizeof *hparams);
     double *hu = malloc((size_t)H * sizeof *hu);
-    paged_run *runs = malloc(((size_t)b->chunk / PAGED_RUN_MIN + 1) * sizeof *runs);
-    if (!h || !hparams || !hu || !runs) {
+    int32_t *blocks = malloc(4 * (size_t)PAGED_RUN_BLOCKS(b->chunk) * sizeof *blocks);
+    if (!h || !hparams || !hu || !blocks) {
         free(h);
         free(hparams);
         free(hu);
-        free(runs);
+        free(blocks);
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a pass's rows");
     }
     int32_t *hrows = h, *htab = hrows + 10 * b->chunk, *hl = htab + n_tables;
@@ -467,7 +493,7 @@ bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows
     int64_t next_logit = 0, head_first = 0, head_fill = 0;
     for (int64_t c = 0; c < r->n_rows && st == BN_OK; c += b->chunk) {
         const int64_t M = r->n_rows - c < b->chunk ? r->n_rows - c : b->chunk;
-        st = chunk_layers(b, r, c, M, hrows, runs, err);
+        st = chunk_layers(b, r, c, M, hrows, blocks, err);
         /* This chunk's wanted rows into the head's input, which is flushed
          * whenever it is full. */
         while (st == BN_OK && next_logit < r->n_logits && r->logit_rows[next_logit] < c + M) {
@@ -509,7 +535,7 @@ done:
     free(h);
     free(hparams);
     free(hu);
-    free(runs);
+    free(blocks);
     if (st != BN_OK) {
         (void)cudaStreamSynchronize(b->cs);
         (void)cudaGetLastError();
