@@ -292,42 +292,33 @@ static bool preempt_newest(sched *sc, const seq *keep)
     return true;
 }
 
+/* *p grown to n elements of `size` bytes; false (and *p as it was) when
+ * there is no memory. */
+static bool grow(void **p, int64_t n, size_t size)
+{
+    void *q = realloc(*p, (size_t)n * size);
+    if (q)
+        *p = q;
+    return q != NULL;
+}
+
 static bool reserve_rows(sched *sc, int64_t n)
 {
     if (n <= sc->cap_rows)
         return true;
-    const int32_t vocab = bn_checkpoint_hparams(sc->e->model)->vocab;
-    int32_t *t = realloc(sc->tokens, (size_t)n * sizeof *t);
-    if (t)
-        sc->tokens = t;
-    int32_t *rs = realloc(sc->row_seq, (size_t)n * sizeof *rs);
-    if (rs)
-        sc->row_seq = rs;
-    int64_t *p = realloc(sc->pos, (size_t)n * sizeof *p);
-    if (p)
-        sc->pos = p;
-    int64_t *lr = realloc(sc->logit_rows, (size_t)n * sizeof *lr);
-    if (lr)
-        sc->logit_rows = lr;
-    seq **lo = realloc(sc->logit_owner, (size_t)n * sizeof *lo);
-    if (lo)
-        sc->logit_owner = lo;
-    float *lg = realloc(sc->logits, (size_t)n * (size_t)vocab * sizeof *lg);
-    if (lg)
-        sc->logits = lg;
-    bn_pick_params *pk = realloc(sc->picks, (size_t)n * sizeof *pk);
-    if (pk)
-        sc->picks = pk;
-    double *u = realloc(sc->uniform, (size_t)n * sizeof *u);
-    if (u)
-        sc->uniform = u;
-    int32_t *pd = realloc(sc->picked, (size_t)n * sizeof *pd);
-    if (pd)
-        sc->picked = pd;
-    if (!t || !rs || !p || !lr || !lo || !lg || !pk || !u || !pd)
-        return false;
-    sc->cap_rows = n;
-    return true;
+    const size_t vocab = (size_t)bn_checkpoint_hparams(sc->e->model)->vocab;
+    bool ok = grow((void **)&sc->tokens, n, sizeof *sc->tokens);
+    ok = grow((void **)&sc->row_seq, n, sizeof *sc->row_seq) && ok;
+    ok = grow((void **)&sc->pos, n, sizeof *sc->pos) && ok;
+    ok = grow((void **)&sc->logit_rows, n, sizeof *sc->logit_rows) && ok;
+    ok = grow((void **)&sc->logit_owner, n, sizeof *sc->logit_owner) && ok;
+    ok = grow((void **)&sc->logits, n, vocab * sizeof *sc->logits) && ok;
+    ok = grow((void **)&sc->picks, n, sizeof *sc->picks) && ok;
+    ok = grow((void **)&sc->uniform, n, sizeof *sc->uniform) && ok;
+    ok = grow((void **)&sc->picked, n, sizeof *sc->picked) && ok;
+    if (ok)
+        sc->cap_rows = n;
+    return ok;
 }
 
 /* Gives sequence s up to `want` rows of its history in this step, taking
