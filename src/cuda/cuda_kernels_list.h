@@ -20,7 +20,11 @@ static const char *const bn_cuda_kernel_list[] = {
     "embed_rows: embedding rows from F32/F16/BF16/Q8_0/Q4_K/Q6_K/TQ2_0 (ops_kernels.cu)",
     "attention_decode, attention_prefill: GQA attention over fp16/bf16 KV (attention_kernels.cu)",
     "attention_prefill_tiled: causal fp32 prefill attention, register tiles, in up to 8 "
-    "merged parts (attn_prefill_tiled.cu)",
+    "merged parts, over a contiguous or a paged cache (attn_prefill_tiled.cu)",
+    "attention_paged: rows of many sequences over the paged fp32/fp16 KV cache, position "
+    "ranges merged (attn_paged.cu)",
+    "lm_head_rows: the batched pass's head input as 16-bit parts for one GEMM over every row "
+    "(rows_head.cu)",
     "norm_quantize: RMSNorm + int8 with the CPU's rounding (residual, squared ReLU, "
     "embedding row sources) and the output norm (norm_quantize.cu)",
     "qkv_rope_kv_store: q|k|v scales + RoPE + KV store, the RoPE table (rope_qkv.cu)",
@@ -30,7 +34,7 @@ static const char *const bn_cuda_kernel_list[] = {
     "attention_prefill_f32: warp-per-row fp32 prefill attention (attn_prefill.cu)",
     "lm_head_gemv: F32/F16/BF16 LM head, x held in shared memory (lm_head.cu)",
     "lm_head_screen_int8: greedy LM head over an int8 copy with exact bounds (head_screen.cu)",
-    "sample: greedy / top-k / top-p on the device (sample_kernels.cu)",
+    "sample: greedy / top-k / top-p on the device, one row or many (sample_kernels.cu)",
     NULL,
 };
 
