@@ -1,7 +1,10 @@
 /*
  * attn_paged.cu - lab: decode attention for many sequences at once over a
- * paged fp32 KV cache, the attention of the batched CUDA step to come
- * (the CPU backend's forward_rows does the same on the host).
+ * paged fp32 KV cache in its simplest form: one block per (row, kv head)
+ * over every position, tiles staged through registers. The shipped kernel
+ * (src/cuda/attn_paged.cu) splits the positions into merged ranges and
+ * copies tiles by cp.async into double buffers; this form is the baseline
+ * its timing is compared with.
  *
  * Row r is one token of sequence seq[r] at position pos[r]; its keys and
  * values for positions 0..pos[r] live in cache rows
