@@ -505,7 +505,8 @@ typedef struct bn_model_options {
      * prompt prefix already computed are shared by later sequences unless
      * no_prefix_sharing, and kept after their sequence ends until the
      * cache needs them, the first given up chosen by kv_evict. Where the
-     * device cannot batch yet (CUDA), batches run one request at a time. */
+     * device cannot batch (a CUDA model whose head size is not 64 or 128),
+     * batches run one request at a time. */
     int max_sequences;
     uint64_t kv_cache_bytes;
     int kv_block_size;
