@@ -30,3 +30,22 @@ target_link_libraries(bitnet_pcre2 INTERFACE ${BITNET_PCRE2_LIB})
 
 # Full paths: a prefix given with BITNET_DEPS_PREFIX is not on the linker path.
 set(BITNET_DEPS_PC_LIBS "${BITNET_CJSON_LIB} ${BITNET_PCRE2_LIB}")
+
+# libmicrohttpd (Debian: libmicrohttpd-dev) for `bitnet serve`. BITNET_SERVER:
+# AUTO builds the command when the library is found, ON requires it, OFF
+# leaves it out.
+set(BITNET_SERVER AUTO CACHE STRING "Build bitnet serve: AUTO, ON or OFF")
+if(NOT BITNET_SERVER STREQUAL "OFF")
+  find_path(BITNET_MHD_INCLUDE microhttpd.h HINTS ${_bn_hints} PATH_SUFFIXES include)
+  find_library(BITNET_MHD_LIB NAMES microhttpd HINTS ${_bn_hints} PATH_SUFFIXES lib)
+  if(BITNET_MHD_INCLUDE AND BITNET_MHD_LIB)
+    add_library(bitnet_mhd INTERFACE)
+    target_include_directories(bitnet_mhd INTERFACE ${BITNET_MHD_INCLUDE})
+    target_link_libraries(bitnet_mhd INTERFACE ${BITNET_MHD_LIB})
+  elseif(BITNET_SERVER STREQUAL "ON")
+    message(FATAL_ERROR "BITNET_SERVER=ON: libmicrohttpd not found (install libmicrohttpd-dev: "
+                        "scripts/install-deps.sh)")
+  else()
+    message(STATUS "libmicrohttpd not found: bitnet serve is not built")
+  endif()
+endif()

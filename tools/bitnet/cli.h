@@ -94,5 +94,6 @@ int cmd_chat(int argc, char **argv, const bn_config *cfg);
 int cmd_inspect(int argc, char **argv, const bn_config *cfg);
 int cmd_convert(int argc, char **argv, const bn_config *cfg);
 int cmd_perplexity(int argc, char **argv, const bn_config *cfg);
+int cmd_serve(int argc, char **argv, const bn_config *cfg); /* with libmicrohttpd */
 
 #endif

@@ -23,6 +23,9 @@ static const struct command {
      cmd_convert},
     {"perplexity", "perplexity of a model over a text file", cmd_perplexity},
     {"bench", "benchmarks: kernels against this machine's ceilings, end-to-end tok/s", cmd_bench},
+#if defined(BITNET_HAVE_SERVER)
+    {"serve", "an OpenAI-compatible HTTP server (chat, completions, streaming)", cmd_serve},
+#endif
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

@@ -1,0 +1,236 @@
+/* bitnet serve: an OpenAI-compatible HTTP server (docs/SERVER.md): the
+ * options, loading the model behind a listening socket (/health says
+ * "loading" meanwhile), and the end on SIGINT / SIGTERM: stop accepting,
+ * let running requests finish for --grace seconds, cancel the rest, exit
+ * 0. serve_http.c and serve_openai.c do the serving. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "serve.h"
+
+#define CMD "serve"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: bitnet serve [-m MODEL] [options]\n"
+            "\n"
+            "Serves the model over HTTP in the OpenAI wire format: POST /v1/chat/completions,\n"
+            "POST /v1/completions (both streamed as server-sent events with \"stream\": true),\n"
+            "GET /v1/models, POST /tokenize and /detokenize, GET /health and GET /metrics\n"
+            "(Prometheus). Requests running at once are decoded together. One line per request\n"
+            "goes to stderr. SIGINT or SIGTERM stops accepting, lets running requests finish\n"
+            "for --grace seconds, cancels the rest and exits 0.\n"
+            "\n"
+            "  -m, --model MODEL      GGUF file or Hugging Face directory (default: BITNET_MODEL,\n"
+            "                         else the model shipped with bitnet)\n"
+            "      --host ADDR        address to listen on (default 127.0.0.1: this machine\n"
+            "                         only; 0.0.0.0 for every IPv4 interface)\n"
+            "      --port N           port (default 8080; 0: any free port, printed)\n"
+            "      --parallel N       requests generated at once (default 8)\n"
+            "      --max-queue N      requests waiting beyond those before 429 (default 64)\n"
+            "      --timeout S        a generation's limit in seconds (default 600; 0: none)\n"
+            "      --grace S          seconds running requests get to finish on SIGINT /\n"
+            "                         SIGTERM (default 10)\n"
+            "      --max-body-kib N   largest request body (default 1024)\n"
+            "      --api-key KEY      require 'Authorization: Bearer KEY' on /v1 routes\n"
+            "                         (default: BITNET_API_KEY; none: open)\n"
+            "  -c, --ctx N            positions a request may hold (default: the model's)\n"
+            "      --device D         auto, cpu, gpu, cuda, cuda:N (default: BITNET_DEVICE,\n"
+            "                         else auto)\n"
+            "  -t, --threads N        CPU threads (default: BITNET_NUM_THREADS, else all)\n"
+            "      --kv T             KV cache on the GPU: f32 (default) or f16\n"
+            "  -h, --help\n");
+}
+
+static bool parse_double(const char *opt, const char *text, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    const double v = strtod(text, &end);
+    if (errno || end == text || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "bitnet " CMD ": error: %s wants a number from %g to %g, not '%s'\n",
+                opt, lo, hi, text);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+/* The options; BN_EXIT_OK to go on, -1 after --help, an exit code else. */
+static int parse(int argc, char **argv, serve_opts *o)
+{
+    long long port = 8080, parallel = 8, queue = 64, body_kib = 1024;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return -1;
+        }
+        /* The engine's options `run` has too; not its sampling, which each
+         * request sets. */
+        static const char *const engine[] = {"--device", "--threads", "-t", "--ctx", "-c",
+                                             "--kv"};
+        bool is_engine = false;
+        for (size_t k = 0; k < sizeof engine / sizeof engine[0]; k++)
+            is_engine |= strcmp(a, engine[k]) == 0;
+        if (is_engine) {
+            if (cli_gen_option(argc, argv, &i, CMD, &o->gen) < 0)
+                return BN_EXIT_USAGE;
+            continue;
+        }
+        if (!(v = cli_value(argc, argv, &i, CMD)))
+            return BN_EXIT_USAGE;
+        bool ok = true;
+        if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0)
+            o->model = v;
+        else if (strcmp(a, "--host") == 0)
+            o->host = v;
+        else if (strcmp(a, "--port") == 0)
+            ok = cli_parse_i64(CMD, a, v, 0, 65535, &port);
+        else if (strcmp(a, "--parallel") == 0)
+            ok = cli_parse_i64(CMD, a, v, 1, 4096, &parallel);
+        else if (strcmp(a, "--max-queue") == 0)
+            ok = cli_parse_i64(CMD, a, v, 0, 100000, &queue);
+        else if (strcmp(a, "--timeout") == 0)
+            ok = parse_double(a, v, 0.0, 1e9, &o->timeout_s);
+        else if (strcmp(a, "--grace") == 0)
+            ok = parse_double(a, v, 0.0, 86400.0, &o->grace_s);
+        else if (strcmp(a, "--max-body-kib") == 0)
+            ok = cli_parse_i64(CMD, a, v, 1, 1 << 20, &body_kib);
+        else if (strcmp(a, "--api-key") == 0)
+            o->api_key = v;
+        else {
+            fprintf(stderr, "bitnet " CMD ": error: unknown option '%s'\n", a);
+            usage(stderr);
+            return BN_EXIT_USAGE;
+        }
+        if (!ok)
+            return BN_EXIT_USAGE;
+    }
+    if (o->api_key && !o->api_key[0]) {
+        fprintf(stderr, "bitnet " CMD ": error: the API key is empty\n");
+        return BN_EXIT_USAGE;
+    }
+    o->port = (int)port;
+    o->parallel = (int)parallel;
+    o->max_queue = (int)queue;
+    o->max_body = (size_t)body_kib * 1024;
+    return BN_EXIT_OK;
+}
+
+/* The model's name in /v1/models: its file or directory name without
+ * ".gguf". */
+static void model_name(const char *path, char *out, size_t size)
+{
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/')
+        len--;
+    size_t start = len;
+    while (start > 0 && path[start - 1] != '/')
+        start--;
+    size_t n = len - start;
+    if (n > 5 && strncmp(path + start + n - 5, ".gguf", 5) == 0)
+        n -= 5;
+    snprintf(out, size, "%.*s", (int)n, path + start);
+}
+
+static void sleep_ms(int ms)
+{
+    const struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* Waits until no generation is running or waiting, at most `seconds`. */
+static bool drained(server *s, double seconds)
+{
+    for (double waited = 0.0; waited < seconds; waited += 0.05) {
+        if (atomic_load(&s->in_flight) == 0)
+            return true;
+        sleep_ms(50);
+    }
+    return atomic_load(&s->in_flight) == 0;
+}
+
+int cmd_serve(int argc, char **argv, const bn_config *cfg)
+{
+    static server s; /* one a process; zero-initialised */
+    serve_opts *o = &s.opt;
+    o->host = "127.0.0.1";
+    o->timeout_s = 600.0;
+    o->grace_s = 10.0;
+    cli_gen_defaults(&o->gen);
+    const char *env_key = getenv("BITNET_API_KEY");
+    o->api_key = env_key && env_key[0] ? env_key : NULL;
+    int rc = parse(argc, argv, o);
+    if (rc != BN_EXIT_OK)
+        return rc < 0 ? BN_EXIT_OK : rc;
+    char default_model[1024];
+    const char *path = o->model ? o->model
+                                : cli_default_model(cfg, default_model, sizeof default_model, CMD);
+    if (!path)
+        return BN_EXIT_INPUT;
+    model_name(path, s.model_id, sizeof s.model_id);
+    s.started = (int64_t)time(NULL);
+    pthread_mutex_init(&s.lock, NULL);
+
+    /* SIGINT / SIGTERM are taken by sigwait below: blocked before any
+     * thread starts, so every thread inherits the mask. SIGPIPE from a
+     * client that left is ignored (the write fails instead). */
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    char why[256];
+    int port = 0;
+    serve_http *http = serve_http_start(&s, &port, why, sizeof why);
+    if (!http) {
+        fprintf(stderr, "bitnet " CMD ": error: %s\n", why);
+        return BN_EXIT_FAILURE;
+    }
+    fprintf(stderr, "bitnet serve: listening on http://%s%s%s:%d, loading %s\n",
+            strchr(o->host, ':') ? "[" : "", o->host, strchr(o->host, ':') ? "]" : "", port,
+            path);
+
+    bn_model_options mo;
+    cli_gen_model_options(&o->gen, path, &mo);
+    mo.max_sequences = o->parallel;
+    bn_error err;
+    if (bn_model_open(&mo, &s.model, &err) != BN_OK ||
+        bn_model_get_info(s.model, &s.info, &err) != BN_OK) {
+        serve_http_stop(http);
+        bn_model_close(s.model);
+        return cli_fail(&err);
+    }
+    fprintf(stderr, "%s\n", s.info.selection);
+    atomic_store(&s.ready, true);
+    fprintf(stderr, "bitnet serve: ready: model '%s', context %lld, %d at once, up to %d "
+                    "waiting%s\n",
+            s.model_id, (long long)s.info.n_ctx, o->parallel, o->max_queue,
+            o->api_key ? ", API key required on /v1" : "");
+
+    int sig = 0;
+    while (sigwait(&stop, &sig) != 0)
+        ;
+    fprintf(stderr, "bitnet serve: %s: no new requests; %d running or waiting get %.0f s\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", atomic_load(&s.in_flight), o->grace_s);
+    atomic_store(&s.draining, true);
+    serve_http_quiesce(http);
+    if (!drained(&s, o->grace_s)) {
+        fprintf(stderr, "bitnet serve: cancelling %d requests\n", atomic_load(&s.in_flight));
+        serve_cancel_all(&s);
+        drained(&s, 30.0);
+    }
+    serve_http_stop(http);
+    bn_model_close(s.model);
+    pthread_mutex_destroy(&s.lock);
+    fprintf(stderr, "bitnet serve: stopped\n");
+    return BN_EXIT_OK;
+}

@@ -1,0 +1,897 @@
+/* serve_openai.c - the OpenAI wire format of `bitnet serve` (serve.h):
+ * completions and chat completions (one choice, streamed as server-sent
+ * events or whole), models, tokenize / detokenize, health and metrics.
+ *
+ * A generation is a job: its own session on the shared model, the
+ * request's sampling, and the text as it comes. A whole answer runs the
+ * job on the connection's thread; a streamed one runs it on a thread of
+ * its own whose token callback turns each piece into an event in a
+ * queue the connection's thread sends from (serve_job_read). Requests
+ * running at once are decoded together by the model's scheduler
+ * (max_sequences = --parallel). */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "serve.h"
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* cJSON's text of o (freed with free), then o deleted; NULL: no memory. */
+static char *print_and_delete(cJSON *o)
+{
+    char *text = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return text;
+}
+
+void serve_error(serve_reply *r, int status, const char *type, const char *code,
+                 const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(e, "message", msg);
+    cJSON_AddStringToObject(e, "type", type);
+    cJSON_AddNullToObject(e, "param");
+    if (code)
+        cJSON_AddStringToObject(e, "code", code);
+    else
+        cJSON_AddNullToObject(e, "code");
+    r->status = status;
+    r->body = print_and_delete(o);
+    r->content_type = "application/json";
+}
+
+static void reply_json(serve_reply *r, int status, cJSON *o)
+{
+    r->status = status;
+    r->body = print_and_delete(o);
+    r->content_type = "application/json";
+    if (!r->body)
+        serve_error(r, 500, "server_error", NULL, "out of memory");
+}
+
+/* ---- request fields ------------------------------------------------------------------- */
+
+/* A request's JSON object, or NULL after a 400 (malformed JSON, not an
+ * object). */
+static cJSON *parse_object(const char *body, size_t len, serve_reply *r)
+{
+    cJSON *o = body && len ? cJSON_ParseWithLength(body, len) : NULL;
+    if (!o || !cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        serve_error(r, 400, "invalid_request_error", NULL,
+                    "the request body must be a JSON object");
+        return NULL;
+    }
+    return o;
+}
+
+/* Field `name` of o as a number in [lo, hi] (absent or null: *out kept);
+ * false after a 400. */
+static bool get_number(const cJSON *o, const char *name, double lo, double hi, double *out,
+                       serve_reply *r)
+{
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!f || cJSON_IsNull(f))
+        return true;
+    if (!cJSON_IsNumber(f) || !isfinite(f->valuedouble) || f->valuedouble < lo ||
+        f->valuedouble > hi) {
+        serve_error(r, 400, "invalid_request_error", NULL, "'%s' must be a number from %g to %g",
+                    name, lo, hi);
+        return false;
+    }
+    *out = f->valuedouble;
+    return true;
+}
+
+static bool get_int(const cJSON *o, const char *name, double lo, double hi, long long *out,
+                    serve_reply *r)
+{
+    double v = (double)*out;
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (f && cJSON_IsNumber(f) && f->valuedouble != floor(f->valuedouble)) {
+        serve_error(r, 400, "invalid_request_error", NULL, "'%s' must be an integer", name);
+        return false;
+    }
+    if (!get_number(o, name, lo, hi, &v, r))
+        return false;
+    *out = (long long)v;
+    return true;
+}
+
+static bool get_bool(const cJSON *o, const char *name, bool *out, serve_reply *r)
+{
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!f || cJSON_IsNull(f))
+        return true;
+    if (!cJSON_IsBool(f)) {
+        serve_error(r, 400, "invalid_request_error", NULL, "'%s' must be true or false", name);
+        return false;
+    }
+    *out = cJSON_IsTrue(f);
+    return true;
+}
+
+/* ---- jobs ------------------------------------------------------------------------------- */
+
+struct serve_job {
+    server *s;
+    serve_job *next;          /* in s->jobs                                */
+    bn_session *session;
+    bn_generate_params params;
+    int32_t *prompt;
+    size_t n_prompt;
+    char *stops[BN_MAX_STOP_STRINGS];
+    bool chat, stream, include_usage;
+    char id[48];
+    int64_t created;
+    double t_start, deadline;  /* deadline 0: none                           */
+    bool first_seen, timed_out;
+    atomic_bool gone;          /* the client left: stop                     */
+    /* The answer so far, and the result. */
+    char *text;
+    size_t text_len, text_cap;
+    bn_generate_result result;
+    bn_status status;
+    bn_error err;
+    /* Streaming: events not yet sent; done once the last is queued. */
+    pthread_t thread;
+    bool threaded;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char *q;
+    size_t q_len, q_off, q_cap;
+    bool done;
+};
+
+static bool append(char **buf, size_t *len, size_t *cap, const char *text, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap : 256;
+        while (c < *len + n + 1)
+            c *= 2;
+        char *b = realloc(*buf, c);
+        if (!b)
+            return false;
+        *buf = b;
+        *cap = c;
+    }
+    memcpy(*buf + *len, text, n);
+    *len += n;
+    (*buf)[*len] = '\0';
+    return true;
+}
+
+/* Queues one server-sent event carrying o (deleted), or the text given. */
+static void push_event(serve_job *j, cJSON *o, const char *raw)
+{
+    char *text = o ? print_and_delete(o) : NULL;
+    pthread_mutex_lock(&j->mu);
+    if (text || raw) {
+        append(&j->q, &j->q_len, &j->q_cap, "data: ", 6);
+        const char *t = text ? text : raw;
+        append(&j->q, &j->q_len, &j->q_cap, t, strlen(t));
+        append(&j->q, &j->q_len, &j->q_cap, "\n\n", 2);
+    }
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    free(text);
+}
+
+/* A chunk of the stream: the choice's delta (chat) or text, and its
+ * finish reason (NULL: none yet). */
+static cJSON *chunk(const serve_job *j, const char *text, size_t len, bool role,
+                    const char *finish)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", j->id);
+    cJSON_AddStringToObject(o, "object", j->chat ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)j->created);
+    cJSON_AddStringToObject(o, "model", j->s->model_id);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    char *piece = malloc(len + 1);
+    if (piece) {
+        memcpy(piece, text, len);
+        piece[len] = '\0';
+    }
+    if (j->chat) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (role)
+            cJSON_AddStringToObject(d, "role", "assistant");
+        if (len || role)
+            cJSON_AddStringToObject(d, "content", piece ? piece : "");
+    } else {
+        cJSON_AddStringToObject(c, "text", piece ? piece : "");
+        cJSON_AddNullToObject(c, "logprobs");
+    }
+    free(piece);
+    if (finish)
+        cJSON_AddStringToObject(c, "finish_reason", finish);
+    else
+        cJSON_AddNullToObject(c, "finish_reason");
+    return o;
+}
+
+static void ttft_observe(server *s, double seconds)
+{
+    static const double bounds[SERVE_TTFT_BUCKETS] = {0.01, 0.025, 0.05, 0.1, 0.25,
+                                                      0.5,  1.0,   2.5,  5.0, 10.0};
+    pthread_mutex_lock(&s->lock);
+    int b = 0;
+    while (b < SERVE_TTFT_BUCKETS && seconds > bounds[b])
+        b++;
+    s->ttft_count[b]++;
+    s->ttft_sum += seconds;
+    pthread_mutex_unlock(&s->lock);
+}
+
+static bool on_token(void *user, int32_t token, const char *text, size_t len)
+{
+    serve_job *j = user;
+    (void)token;
+    if (!j->first_seen) {
+        j->first_seen = true;
+        ttft_observe(j->s, now_seconds() - j->t_start);
+    }
+    if (len && !append(&j->text, &j->text_len, &j->text_cap, text, len))
+        return false;
+    if (j->stream && len)
+        push_event(j, chunk(j, text, len, false, NULL), NULL);
+    if (j->deadline > 0.0 && now_seconds() > j->deadline) {
+        j->timed_out = true;
+        return false;
+    }
+    return !atomic_load(&j->gone);
+}
+
+static const char *finish_reason(const serve_job *j)
+{
+    return j->result.stop == BN_STOP_MAX_TOKENS ? "length" : "stop";
+}
+
+static cJSON *usage(const serve_job *j)
+{
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)j->result.n_prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)j->result.n_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens",
+                            (double)(j->result.n_prompt_tokens + j->result.n_tokens));
+    return u;
+}
+
+/* Runs the generation (on the connection's thread or the job's own). */
+static void job_run(serve_job *j)
+{
+    server *s = j->s;
+    atomic_fetch_add(&s->active, 1);
+    j->status = bn_session_generate(j->session, &j->params, on_token, j, &j->result, &j->err);
+    atomic_fetch_sub(&s->active, 1);
+    if (j->status == BN_OK) {
+        atomic_fetch_add(&s->prompt_tokens, j->result.n_prompt_tokens);
+        atomic_fetch_add(&s->completion_tokens, j->result.n_tokens);
+        pthread_mutex_lock(&s->lock);
+        s->gen_seconds += j->result.generate_seconds;
+        pthread_mutex_unlock(&s->lock);
+    }
+}
+
+static void *job_thread(void *arg)
+{
+    serve_job *j = arg;
+    push_event(j, chunk(j, "", 0, j->chat, NULL), NULL);
+    job_run(j);
+    if (j->status != BN_OK || j->timed_out) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s",
+                 j->timed_out ? "the request took longer than the server's --timeout"
+                              : j->err.message);
+        cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+        cJSON_AddStringToObject(e, "message", msg);
+        cJSON_AddStringToObject(e, "type", j->timed_out ? "timeout" : "server_error");
+        push_event(j, o, NULL);
+    } else {
+        push_event(j, chunk(j, "", 0, false, finish_reason(j)), NULL);
+        if (j->include_usage) {
+            cJSON *o = chunk(j, "", 0, false, NULL);
+            cJSON_ReplaceItemInObject(o, "choices", cJSON_CreateArray());
+            cJSON_AddItemToObject(o, "usage", usage(j));
+            push_event(j, o, NULL);
+        }
+    }
+    push_event(j, NULL, "[DONE]");
+    pthread_mutex_lock(&j->mu);
+    j->done = true;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    return NULL;
+}
+
+size_t serve_job_read(serve_job *j, char *buf, size_t max)
+{
+    pthread_mutex_lock(&j->mu);
+    if (j->q_off == j->q_len && !j->done) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 1;
+        pthread_cond_timedwait(&j->cv, &j->mu, &until);
+    }
+    size_t n = 0;
+    if (j->q_off < j->q_len) {
+        n = j->q_len - j->q_off < max ? j->q_len - j->q_off : max;
+        memcpy(buf, j->q + j->q_off, n);
+        j->q_off += n;
+        if (j->q_off == j->q_len)
+            j->q_off = j->q_len = 0;
+    } else if (!j->done) {
+        /* Nothing for a second: a comment, so that a client that left is
+         * noticed (the write fails) even before the next token. */
+        static const char keepalive[] = ": keep-alive\n\n";
+        n = sizeof keepalive - 1 < max ? sizeof keepalive - 1 : max;
+        memcpy(buf, keepalive, n);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return n;
+}
+
+static void job_unlink(serve_job *j)
+{
+    server *s = j->s;
+    pthread_mutex_lock(&s->lock);
+    for (serve_job **p = &s->jobs; *p; p = &(*p)->next)
+        if (*p == j) {
+            *p = j->next;
+            break;
+        }
+    pthread_mutex_unlock(&s->lock);
+}
+
+void serve_job_release(serve_job *j, size_t *in, size_t *out)
+{
+    if (!j)
+        return;
+    if (j->threaded) {
+        pthread_mutex_lock(&j->mu);
+        const bool early = !j->done;
+        pthread_mutex_unlock(&j->mu);
+        if (early) { /* the client left before the end */
+            atomic_store(&j->gone, true);
+            bn_session_cancel(j->session);
+            atomic_fetch_add(&j->s->disconnects, 1);
+        }
+        pthread_join(j->thread, NULL);
+        pthread_mutex_destroy(&j->mu);
+        pthread_cond_destroy(&j->cv);
+    }
+    if (in)
+        *in = j->result.n_prompt_tokens;
+    if (out)
+        *out = j->result.n_tokens;
+    job_unlink(j);
+    atomic_fetch_sub(&j->s->in_flight, 1);
+    bn_session_free(j->session);
+    for (int i = 0; i < BN_MAX_STOP_STRINGS; i++)
+        free(j->stops[i]);
+    free(j->prompt);
+    free(j->text);
+    free(j->q);
+    free(j);
+}
+
+void serve_cancel_all(server *s)
+{
+    pthread_mutex_lock(&s->lock);
+    for (serve_job *j = s->jobs; j; j = j->next)
+        bn_session_cancel(j->session);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* ---- building a job from a request ------------------------------------------------------- */
+
+/* The prompt's tokens from text (BOS added where the tokenizer asks). */
+static bool tokenize_text(server *s, serve_job *j, const char *text, serve_reply *r)
+{
+    bn_error err;
+    size_t n = 0;
+    if (bn_model_tokenize(s->model, text, strlen(text), true, NULL, 0, &n, &err) != BN_OK) {
+        serve_error(r, 400, "invalid_request_error", NULL, "%s", err.message);
+        return false;
+    }
+    j->prompt = malloc((n ? n : 1) * sizeof *j->prompt);
+    if (!j->prompt ||
+        bn_model_tokenize(s->model, text, strlen(text), true, j->prompt, n, &n, &err) != BN_OK) {
+        serve_error(r, 500, "server_error", NULL, "could not tokenize the prompt");
+        return false;
+    }
+    j->n_prompt = n;
+    return true;
+}
+
+/* A chat message's content: a string, or an array of {"type": "text",
+ * "text": ...} parts (joined). NULL after a 400. */
+static char *message_content(const cJSON *m, serve_reply *r)
+{
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+    if (cJSON_IsString(c))
+        return strdup(c->valuestring);
+    if (cJSON_IsNull(c) || !c)
+        return strdup("");
+    if (!cJSON_IsArray(c)) {
+        serve_error(r, 400, "invalid_request_error", NULL,
+                    "a message's 'content' must be a string or an array of text parts");
+        return NULL;
+    }
+    char *out = NULL;
+    size_t len = 0, cap = 0;
+    append(&out, &len, &cap, "", 0);
+    const cJSON *part;
+    cJSON_ArrayForEach(part, c)
+    {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 ||
+            !cJSON_IsString(text)) {
+            free(out);
+            serve_error(r, 400, "invalid_request_error", NULL,
+                        "only text parts ({\"type\": \"text\", \"text\": ...}) are supported");
+            return NULL;
+        }
+        append(&out, &len, &cap, text->valuestring, strlen(text->valuestring));
+    }
+    return out;
+}
+
+/* The chat messages through the model's chat template. */
+static bool chat_prompt(server *s, serve_job *j, const cJSON *req, serve_reply *r)
+{
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
+    const int n = cJSON_IsArray(msgs) ? cJSON_GetArraySize(msgs) : 0;
+    if (n < 1) {
+        serve_error(r, 400, "invalid_request_error", NULL,
+                    "'messages' must be a non-empty array of {\"role\", \"content\"}");
+        return false;
+    }
+    bn_chat_message *m = calloc((size_t)n, sizeof *m);
+    char **contents = calloc((size_t)n, sizeof *contents);
+    bool ok = m && contents;
+    for (int i = 0; i < n && ok; i++) {
+        const cJSON *msg = cJSON_GetArrayItem(msgs, i);
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
+        if (!cJSON_IsObject(msg) || !cJSON_IsString(role)) {
+            serve_error(r, 400, "invalid_request_error", NULL,
+                        "message %d needs a 'role' string", i);
+            ok = false;
+            break;
+        }
+        contents[i] = message_content(msg, r);
+        ok = contents[i] != NULL;
+        m[i] = (bn_chat_message){role->valuestring, contents[i]};
+    }
+    char *text = NULL;
+    if (ok) {
+        bn_error err;
+        size_t len = 0;
+        bn_status st = bn_model_apply_chat(s->model, m, (size_t)n, true, NULL, 0, &len, &err);
+        if (st == BN_OK && (text = malloc(len + 1)) != NULL)
+            st = bn_model_apply_chat(s->model, m, (size_t)n, true, text, len + 1, &len, &err);
+        if (st != BN_OK) {
+            serve_error(r, 400, "invalid_request_error", NULL, "%s", err.message);
+            ok = false;
+        }
+    }
+    ok = ok && tokenize_text(s, j, text, r);
+    for (int i = 0; contents && i < n; i++)
+        free(contents[i]);
+    free(contents);
+    free(m);
+    free(text);
+    return ok;
+}
+
+/* The completion's prompt: a string, token ids, or an array of one string. */
+static bool completion_prompt(server *s, serve_job *j, const cJSON *req, serve_reply *r)
+{
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(req, "prompt");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0)))
+        p = cJSON_GetArrayItem(p, 0);
+    if (cJSON_IsString(p))
+        return tokenize_text(s, j, p->valuestring, r);
+    const int n = cJSON_IsArray(p) ? cJSON_GetArraySize(p) : 0;
+    if (n < 1) {
+        serve_error(r, 400, "invalid_request_error", NULL,
+                    "'prompt' must be a string or a non-empty array of token ids");
+        return false;
+    }
+    j->prompt = malloc((size_t)n * sizeof *j->prompt);
+    if (!j->prompt) {
+        serve_error(r, 500, "server_error", NULL, "out of memory");
+        return false;
+    }
+    for (int i = 0; i < n; i++) {
+        const cJSON *t = cJSON_GetArrayItem(p, i);
+        if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
+            t->valuedouble >= s->info.vocab_size) {
+            serve_error(r, 400, "invalid_request_error", NULL,
+                        "prompt token %d is not a token id (0 to %d)", i,
+                        (int)s->info.vocab_size - 1);
+            return false;
+        }
+        j->prompt[i] = (int32_t)t->valuedouble;
+    }
+    j->n_prompt = (size_t)n;
+    return true;
+}
+
+/* The sampling and limits of the request into j->params. */
+static bool read_sampling(server *s, serve_job *j, const cJSON *req, serve_reply *r)
+{
+    bn_generate_params *p = &j->params;
+    bn_generate_params_default(p);
+    /* OpenAI's defaults: sampling over the whole vocabulary at T = 1. */
+    double temperature = 1.0, top_p = 1.0, min_p = 0.0, repeat_penalty = 1.0;
+    long long top_k = 0, seed = -1, n = 1;
+    const int64_t room = s->info.n_ctx - (int64_t)j->n_prompt;
+    if (room < 1) {
+        serve_error(r, 400, "invalid_request_error", "context_length_exceeded",
+                    "the prompt has %zu tokens; the context holds %lld, with room for at least "
+                    "one to generate",
+                    j->n_prompt, (long long)s->info.n_ctx);
+        return false;
+    }
+    long long max_tokens = room;
+    double presence = 0.0, frequency = 0.0;
+    bool logprobs = false;
+    if (!get_number(req, "temperature", 0.0, 100.0, &temperature, r) ||
+        !get_number(req, "top_p", 0.0, 1.0, &top_p, r) ||
+        !get_number(req, "min_p", 0.0, 1.0, &min_p, r) ||
+        !get_number(req, "repeat_penalty", 0.0, 100.0, &repeat_penalty, r) ||
+        !get_int(req, "top_k", 0, 1 << 30, &top_k, r) ||
+        !get_int(req, "seed", 0, 9.2e18, &seed, r) ||
+        !get_int(req, "n", 1, 1, &n, r) ||
+        !get_int(req, "max_tokens", 1, 1e15, &max_tokens, r) ||
+        !get_int(req, "max_completion_tokens", 1, 1e15, &max_tokens, r) ||
+        !get_number(req, "presence_penalty", 0.0, 0.0, &presence, r) ||
+        !get_number(req, "frequency_penalty", 0.0, 0.0, &frequency, r) ||
+        !get_bool(req, "logprobs", &logprobs, r) || !get_bool(req, "stream", &j->stream, r))
+        return false;
+    if (logprobs) {
+        serve_error(r, 400, "invalid_request_error", NULL, "logprobs are not supported yet");
+        return false;
+    }
+    if (top_p <= 0.0) {
+        serve_error(r, 400, "invalid_request_error", NULL, "'top_p' must be above 0");
+        return false;
+    }
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(req, "stream_options");
+    if (so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so)) {
+            serve_error(r, 400, "invalid_request_error", NULL,
+                        "'stream_options' must be an object");
+            return false;
+        }
+        if (!get_bool(so, "include_usage", &j->include_usage, r))
+            return false;
+    }
+    /* stop: a string or up to BN_MAX_STOP_STRINGS non-empty strings. */
+    const cJSON *stop = cJSON_GetObjectItemCaseSensitive(req, "stop");
+    if (stop && !cJSON_IsNull(stop)) {
+        const int ns = cJSON_IsArray(stop) ? cJSON_GetArraySize(stop) : 1;
+        bool ok = (cJSON_IsString(stop) || cJSON_IsArray(stop)) && ns <= BN_MAX_STOP_STRINGS;
+        for (int i = 0; ok && i < ns; i++) {
+            const cJSON *e = cJSON_IsArray(stop) ? cJSON_GetArrayItem(stop, i) : stop;
+            ok = cJSON_IsString(e) && e->valuestring[0] &&
+                 (j->stops[i] = strdup(e->valuestring)) != NULL;
+            p->stop[i] = j->stops[i];
+        }
+        if (!ok) {
+            serve_error(r, 400, "invalid_request_error", NULL,
+                        "'stop' must be a non-empty string or an array of up to %d of them",
+                        BN_MAX_STOP_STRINGS);
+            return false;
+        }
+    }
+    p->temperature = (float)temperature;
+    p->top_p = (float)top_p;
+    p->min_p = (float)min_p;
+    p->top_k = (int)top_k;
+    p->repeat_penalty = (float)repeat_penalty;
+    p->seed = seed >= 0 ? (uint64_t)seed
+                        : (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^
+                              atomic_fetch_add(&s->next_id, 1);
+    p->max_tokens = (int)(max_tokens < room ? max_tokens : room); /* capped by the context */
+    p->prompt_tokens = j->prompt;
+    p->n_prompt_tokens = j->n_prompt;
+    return true;
+}
+
+/* Whether the request names this server's model (or none). */
+static bool model_matches(server *s, const cJSON *req, serve_reply *r)
+{
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(req, "model");
+    if (!m || cJSON_IsNull(m))
+        return true;
+    if (!cJSON_IsString(m)) {
+        serve_error(r, 400, "invalid_request_error", NULL, "'model' must be a string");
+        return false;
+    }
+    if (strcmp(m->valuestring, s->model_id) != 0) {
+        serve_error(r, 404, "invalid_request_error", "model_not_found",
+                    "the model '%s' does not exist; this server has '%s'", m->valuestring,
+                    s->model_id);
+        return false;
+    }
+    return true;
+}
+
+static cJSON *whole_answer(const serve_job *j)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", j->id);
+    cJSON_AddStringToObject(o, "object", j->chat ? "chat.completion" : "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)j->created);
+    cJSON_AddStringToObject(o, "model", j->s->model_id);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (j->chat) {
+        cJSON *m = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", j->text ? j->text : "");
+    } else {
+        cJSON_AddStringToObject(c, "text", j->text ? j->text : "");
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddStringToObject(c, "finish_reason", finish_reason(j));
+    cJSON_AddItemToObject(o, "usage", usage(j));
+    return o;
+}
+
+void serve_completions(server *s, const char *body, size_t len, bool chat, serve_reply *r)
+{
+    cJSON *req = parse_object(body, len, r);
+    if (!req)
+        return;
+    serve_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        cJSON_Delete(req);
+        serve_error(r, 500, "server_error", NULL, "out of memory");
+        return;
+    }
+    j->s = s;
+    j->chat = chat;
+    j->created = (int64_t)time(NULL);
+    snprintf(j->id, sizeof j->id, "%s-%llu", chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)atomic_fetch_add(&s->next_id, 1));
+    atomic_fetch_add(&s->in_flight, 1);
+    const bool ok = model_matches(s, req, r) &&
+                    (chat ? chat_prompt(s, j, req, r) : completion_prompt(s, j, req, r)) &&
+                    read_sampling(s, j, req, r);
+    cJSON_Delete(req);
+    bn_error err;
+    if (ok && bn_session_create(s->model, &j->session, &err) != BN_OK)
+        serve_error(r, 503, "server_error", NULL, "%s", err.message);
+    if (!ok || !j->session) {
+        serve_job_release(j, NULL, NULL);
+        return;
+    }
+    j->t_start = now_seconds();
+    j->deadline = s->opt.timeout_s > 0.0 ? j->t_start + s->opt.timeout_s : 0.0;
+    pthread_mutex_lock(&s->lock);
+    j->next = s->jobs;
+    s->jobs = j;
+    pthread_mutex_unlock(&s->lock);
+    if (j->stream) {
+        pthread_mutex_init(&j->mu, NULL);
+        pthread_cond_init(&j->cv, NULL);
+        if (pthread_create(&j->thread, NULL, job_thread, j) != 0) {
+            pthread_mutex_destroy(&j->mu);
+            pthread_cond_destroy(&j->cv);
+            serve_job_release(j, NULL, NULL);
+            serve_error(r, 503, "server_error", NULL, "could not start the request's thread");
+            return;
+        }
+        j->threaded = true;
+        r->status = 200;
+        r->content_type = "text/event-stream";
+        r->stream = j;
+        return;
+    }
+    job_run(j);
+    if (j->status != BN_OK)
+        serve_error(r, j->status == BN_ERR_INVALID_ARGUMENT ? 400 : 500,
+                    j->status == BN_ERR_INVALID_ARGUMENT ? "invalid_request_error"
+                                                         : "server_error",
+                    NULL, "%s", j->err.message);
+    else if (j->timed_out)
+        serve_error(r, 504, "timeout", NULL, "the request took longer than the server's --timeout");
+    else
+        reply_json(r, 200, whole_answer(j));
+    r->stream = NULL;
+    serve_job_release(j, &r->tokens_in, &r->tokens_out);
+}
+
+/* ---- the other routes ----------------------------------------------------------------- */
+
+void serve_models(server *s, const char *model, serve_reply *r)
+{
+    cJSON *card = cJSON_CreateObject();
+    cJSON_AddStringToObject(card, "id", s->model_id);
+    cJSON_AddStringToObject(card, "object", "model");
+    cJSON_AddNumberToObject(card, "created", (double)s->started);
+    cJSON_AddStringToObject(card, "owned_by", "bitnet");
+    if (model) { /* GET /v1/models/{id} */
+        if (strcmp(model, s->model_id) != 0) {
+            cJSON_Delete(card);
+            serve_error(r, 404, "invalid_request_error", "model_not_found",
+                        "the model '%s' does not exist; this server has '%s'", model,
+                        s->model_id);
+            return;
+        }
+        reply_json(r, 200, card);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), card);
+    reply_json(r, 200, o);
+}
+
+void serve_tokenize(server *s, const char *body, size_t len, serve_reply *r)
+{
+    cJSON *req = parse_object(body, len, r);
+    if (!req)
+        return;
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(req, "content");
+    bool add_special = false;
+    if (!cJSON_IsString(content)) {
+        serve_error(r, 400, "invalid_request_error", NULL, "'content' must be a string");
+    } else if (get_bool(req, "add_special", &add_special, r)) {
+        bn_error err;
+        size_t n = 0;
+        const size_t tlen = strlen(content->valuestring);
+        int32_t *ids = NULL;
+        bn_status st = bn_model_tokenize(s->model, content->valuestring, tlen, add_special, NULL,
+                                         0, &n, &err);
+        if (st == BN_OK && !(ids = malloc((n ? n : 1) * sizeof *ids)))
+            st = BN_ERR_OUT_OF_MEMORY;
+        if (st == BN_OK)
+            st = bn_model_tokenize(s->model, content->valuestring, tlen, add_special, ids, n, &n,
+                                   &err);
+        if (st != BN_OK) {
+            serve_error(r, 400, "invalid_request_error", NULL, "%s", err.message);
+        } else {
+            cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "tokens");
+            for (size_t i = 0; i < n; i++)
+                cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+            reply_json(r, 200, o);
+        }
+        free(ids);
+    }
+    cJSON_Delete(req);
+}
+
+void serve_detokenize(server *s, const char *body, size_t len, serve_reply *r)
+{
+    cJSON *req = parse_object(body, len, r);
+    if (!req)
+        return;
+    const cJSON *tokens = cJSON_GetObjectItemCaseSensitive(req, "tokens");
+    const int n = cJSON_IsArray(tokens) ? cJSON_GetArraySize(tokens) : -1;
+    int32_t *ids = malloc(((size_t)(n > 0 ? n : 0) + 1) * sizeof *ids);
+    bool ok = n >= 0 && ids;
+    for (int i = 0; ok && i < n; i++) {
+        const cJSON *t = cJSON_GetArrayItem(tokens, i);
+        ok = cJSON_IsNumber(t) && t->valuedouble == floor(t->valuedouble) &&
+             t->valuedouble >= 0 && t->valuedouble < s->info.vocab_size;
+        if (ok)
+            ids[i] = (int32_t)t->valuedouble;
+    }
+    if (!ok) {
+        serve_error(r, 400, "invalid_request_error", NULL,
+                    "'tokens' must be an array of token ids (0 to %d)",
+                    (int)s->info.vocab_size - 1);
+    } else {
+        bn_error err;
+        size_t tlen = 0;
+        char *text = NULL;
+        bn_status st = bn_model_detokenize(s->model, ids, (size_t)n, NULL, 0, &tlen, &err);
+        if (st == BN_OK && !(text = malloc(tlen + 1)))
+            st = BN_ERR_OUT_OF_MEMORY;
+        if (st == BN_OK)
+            st = bn_model_detokenize(s->model, ids, (size_t)n, text, tlen + 1, &tlen, &err);
+        if (st != BN_OK) {
+            serve_error(r, 400, "invalid_request_error", NULL, "could not detokenize");
+        } else {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "content", text);
+            reply_json(r, 200, o);
+        }
+        free(text);
+    }
+    free(ids);
+    cJSON_Delete(req);
+}
+
+void serve_health(server *s, serve_reply *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    const bool ready = atomic_load(&s->ready);
+    cJSON_AddStringToObject(o, "status", ready ? "ok" : "loading");
+    reply_json(r, ready ? 200 : 503, o);
+}
+
+void serve_metrics(server *s, serve_reply *r)
+{
+    char *out = NULL;
+    size_t len = 0, cap = 0;
+    char line[256];
+#define LINE(...)                                                                        \
+    do {                                                                                 \
+        const int n_ = snprintf(line, sizeof line, __VA_ARGS__);                         \
+        append(&out, &len, &cap, line, (size_t)n_ < sizeof line ? (size_t)n_ : 0);       \
+    } while (0)
+    LINE("# HELP bitnet_requests_total HTTP requests received.\n");
+    LINE("# TYPE bitnet_requests_total counter\n");
+    LINE("bitnet_requests_total %llu\n", (unsigned long long)atomic_load(&s->requests));
+    LINE("# TYPE bitnet_responses_4xx_total counter\n");
+    LINE("bitnet_responses_4xx_total %llu\n", (unsigned long long)atomic_load(&s->responses_4xx));
+    LINE("# TYPE bitnet_responses_5xx_total counter\n");
+    LINE("bitnet_responses_5xx_total %llu\n", (unsigned long long)atomic_load(&s->responses_5xx));
+    LINE("# HELP bitnet_prompt_tokens_total Prompt tokens of finished generations.\n");
+    LINE("# TYPE bitnet_prompt_tokens_total counter\n");
+    LINE("bitnet_prompt_tokens_total %llu\n", (unsigned long long)atomic_load(&s->prompt_tokens));
+    LINE("# TYPE bitnet_completion_tokens_total counter\n");
+    LINE("bitnet_completion_tokens_total %llu\n",
+         (unsigned long long)atomic_load(&s->completion_tokens));
+    LINE("# HELP bitnet_client_disconnects_total Streams whose client left before the end.\n");
+    LINE("# TYPE bitnet_client_disconnects_total counter\n");
+    LINE("bitnet_client_disconnects_total %llu\n",
+         (unsigned long long)atomic_load(&s->disconnects));
+    const int in_flight = atomic_load(&s->in_flight), active = atomic_load(&s->active);
+    LINE("# HELP bitnet_active_sequences Generations running now.\n");
+    LINE("# TYPE bitnet_active_sequences gauge\n");
+    LINE("bitnet_active_sequences %d\n", active);
+    LINE("# HELP bitnet_queue_depth Generation requests admitted and not yet generating.\n");
+    LINE("# TYPE bitnet_queue_depth gauge\n");
+    LINE("bitnet_queue_depth %d\n", in_flight > active ? in_flight - active : 0);
+    pthread_mutex_lock(&s->lock);
+    const double gen_seconds = s->gen_seconds, sum = s->ttft_sum;
+    uint64_t counts[SERVE_TTFT_BUCKETS + 1];
+    memcpy(counts, s->ttft_count, sizeof counts);
+    pthread_mutex_unlock(&s->lock);
+    LINE("# HELP bitnet_generation_tokens_per_second Generated tokens over generation time.\n");
+    LINE("# TYPE bitnet_generation_tokens_per_second gauge\n");
+    LINE("bitnet_generation_tokens_per_second %.3f\n",
+         gen_seconds > 0.0 ? (double)atomic_load(&s->completion_tokens) / gen_seconds : 0.0);
+    static const char *const le[SERVE_TTFT_BUCKETS] = {"0.01", "0.025", "0.05", "0.1", "0.25",
+                                                       "0.5",  "1",     "2.5",  "5",   "10"};
+    LINE("# HELP bitnet_time_to_first_token_seconds From a request's start to its first token.\n");
+    LINE("# TYPE bitnet_time_to_first_token_seconds histogram\n");
+    uint64_t cum = 0;
+    for (int b = 0; b <= SERVE_TTFT_BUCKETS; b++) {
+        cum += counts[b];
+        LINE("bitnet_time_to_first_token_seconds_bucket{le=\"%s\"} %llu\n",
+             b < SERVE_TTFT_BUCKETS ? le[b] : "+Inf", (unsigned long long)cum);
+    }
+    LINE("bitnet_time_to_first_token_seconds_sum %.6f\n", sum);
+    LINE("bitnet_time_to_first_token_seconds_count %llu\n", (unsigned long long)cum);
+#undef LINE
+    r->status = out ? 200 : 500;
+    r->body = out;
+    r->content_type = "text/plain; version=0.0.4";
+}
