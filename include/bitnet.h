@@ -147,6 +147,7 @@ typedef struct bn_config {
     uint64_t seed;                   /* BITNET_SEED                          */
     char kernel[16];                 /* BITNET_KERNEL ("" = best available)  */
     char model[1024];                /* BITNET_MODEL ("" = the default model) */
+    char api_key[256];               /* BITNET_API_KEY ("" = none: bitnet serve) */
 } bn_config;
 
 /* Defaults, as if no BITNET_* variable were set. cfg NULL does nothing. */

@@ -29,23 +29,37 @@ pkg_need=(
     qemu-user
     clang
     libclang-rt-14-dev
+    libmicrohttpd-dev
+    curl
+    python3-venv
 )
 for pkg in "${pkg_need[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' ||
         missing+=("$pkg")
 done
 if [ ${#missing[@]} -eq 0 ]; then
-    echo "install-deps: everything needed is installed"
-    exit 0
+    echo "install-deps: every Debian package needed is installed"
+else
+    # Unique package names.
+    mapfile -t pkgs < <(printf '%s\n' "${missing[@]}" | sort -u)
+    echo "install-deps: installing ${pkgs[*]}"
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null 2>&1 || { echo "install-deps: run as root or install sudo" >&2; exit 1; }
+        sudo="sudo"
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -q
+    $sudo apt-get install -y -q --no-install-recommends "${pkgs[@]}"
 fi
-# Unique package names.
-mapfile -t pkgs < <(printf '%s\n' "${missing[@]}" | sort -u)
-echo "install-deps: installing ${pkgs[*]}"
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 || { echo "install-deps: run as root or install sudo" >&2; exit 1; }
-    sudo="sudo"
+
+# The official openai package (PyPI), which tests/test_serve_openai.sh
+# talks to `bitnet serve` with, in a virtual environment of its own.
+venv=${BITNET_TEST_VENV:-$HOME/.cache/bitnet/test-venv}
+if "$venv/bin/python" -c 'import openai' 2>/dev/null; then
+    echo "install-deps: the openai package is in $venv"
+else
+    echo "install-deps: installing the openai package into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q "openai>=1.0"
 fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -q
-$sudo apt-get install -y -q --no-install-recommends "${pkgs[@]}"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The bitnet commands are programs on the public API: every source of
-# tools/bitnet includes, of the project's headers, only cli.h and bitnet.h
+# tools/bitnet includes, of the project's headers, only its own (cli.h,
+# serve.h) and bitnet.h
 # (no header of src/, with quotes or angle brackets). The bench commands
 # (cmd_bench.c, bench_*.c, bench.h) measure the library's internal kernels and are
 # the exception.
@@ -30,8 +31,9 @@ for f in "$dir"/*.c "$dir"/*.h; do
         header=$(printf '%s\n' "$line" | sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*["<]\([^">]*\)[">].*/\1/p')
         [ -n "$header" ] || continue
         case "$line" in
-        *'"'*) # quoted: the CLI's own header or the public one
-            [ "$header" = cli.h ] || [ "$header" = bitnet.h ] && continue ;;
+        *'"'*) # quoted: the CLI's own headers (cli.h, serve.h) or the public one
+            [ "$header" = cli.h ] || [ "$header" = serve.h ] || [ "$header" = bitnet.h ] &&
+                continue ;;
         *) # angle brackets: system headers, not the library's
             printf '%s\n' "$internal" | grep -qxF -- "${header##*/}" || continue ;;
         esac

@@ -113,6 +113,10 @@ static void test_each_variable(void)
     CHECK(set1(&c, "BITNET_SEED", "0", &e) == BN_OK && c.seed_set && c.seed == 0);
     expect_invalid("BITNET_SEED", "18446744073709551616");
     expect_invalid("BITNET_SEED", "-1");
+    CHECK(set1(&c, "BITNET_API_KEY", "sk-local_123", &e) == BN_OK &&
+          strcmp(c.api_key, "sk-local_123") == 0);
+    expect_invalid("BITNET_API_KEY", "");
+    expect_invalid("BITNET_API_KEY", "two words");
 
     CHECK(set1(&c, "BITNET_NOT_A_THING", "1", &e) == BN_ERR_INVALID_CONFIG);
     CHECK_STR_CONTAINS(e.message, "BITNET_NOT_A_THING");

@@ -237,6 +237,17 @@ static bool set_model(bn_config *c, const char *v)
     memcpy(c->model, v, n + 1);
     return true;
 }
+static bool set_api_key(bn_config *c, const char *v)
+{
+    const size_t n = strlen(v);
+    if (n == 0 || n >= sizeof c->api_key)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)v[i] <= ' ' || (unsigned char)v[i] >= 0x7f)
+            return false; /* it travels in an HTTP header */
+    memcpy(c->api_key, v, n + 1);
+    return true;
+}
 static bool set_gpu_fake(bn_config *c, const char *v)
 {
     if (!parse_backend_list(v, &c->gpu_fake_mask))
@@ -306,6 +317,7 @@ static const struct variable {
     {"BITNET_KERNEL", "one of scalar, avx2, avx512, avx512vnni, neon, neondot, cuda", set_kernel},
     {"BITNET_MODEL", "a path (1 to 1023 bytes) to a GGUF file or Hugging Face model directory",
      set_model},
+    {"BITNET_API_KEY", "1 to 255 printable ASCII characters, no spaces", set_api_key},
 };
 #define N_VARIABLES (sizeof variables / sizeof variables[0])
 

@@ -112,6 +112,12 @@ static int parse(int argc, char **argv, serve_opts *o)
         if (!ok)
             return BN_EXIT_USAGE;
     }
+    for (const char *k = o->api_key; k && *k; k++)
+        if ((unsigned char)*k <= ' ' || (unsigned char)*k >= 0x7f) {
+            fprintf(stderr, "bitnet " CMD ": error: an API key is printable ASCII without "
+                            "spaces\n");
+            return BN_EXIT_USAGE;
+        }
     if (o->api_key && !o->api_key[0]) {
         fprintf(stderr, "bitnet " CMD ": error: the API key is empty\n");
         return BN_EXIT_USAGE;
@@ -164,8 +170,7 @@ int cmd_serve(int argc, char **argv, const bn_config *cfg)
     o->timeout_s = 600.0;
     o->grace_s = 10.0;
     cli_gen_defaults(&o->gen);
-    const char *env_key = getenv("BITNET_API_KEY");
-    o->api_key = env_key && env_key[0] ? env_key : NULL;
+    o->api_key = cfg && cfg->api_key[0] ? cfg->api_key : NULL; /* BITNET_API_KEY */
     int rc = parse(argc, argv, o);
     if (rc != BN_EXIT_OK)
         return rc < 0 ? BN_EXIT_OK : rc;

@@ -555,7 +555,7 @@ static bool read_sampling(server *s, serve_job *j, const cJSON *req, serve_reply
     }
     long long max_tokens = room;
     double presence = 0.0, frequency = 0.0;
-    bool logprobs = false;
+    bool logprobs = false, ignore_eos = false;
     if (!get_number(req, "temperature", 0.0, 100.0, &temperature, r) ||
         !get_number(req, "top_p", 0.0, 1.0, &top_p, r) ||
         !get_number(req, "min_p", 0.0, 1.0, &min_p, r) ||
@@ -567,7 +567,8 @@ static bool read_sampling(server *s, serve_job *j, const cJSON *req, serve_reply
         !get_int(req, "max_completion_tokens", 1, 1e15, &max_tokens, r) ||
         !get_number(req, "presence_penalty", 0.0, 0.0, &presence, r) ||
         !get_number(req, "frequency_penalty", 0.0, 0.0, &frequency, r) ||
-        !get_bool(req, "logprobs", &logprobs, r) || !get_bool(req, "stream", &j->stream, r))
+        !get_bool(req, "logprobs", &logprobs, r) || !get_bool(req, "stream", &j->stream, r) ||
+        !get_bool(req, "ignore_eos", &ignore_eos, r))
         return false;
     if (logprobs) {
         serve_error(r, 400, "invalid_request_error", NULL, "logprobs are not supported yet");
@@ -610,6 +611,7 @@ static bool read_sampling(server *s, serve_job *j, const cJSON *req, serve_reply
     p->min_p = (float)min_p;
     p->top_k = (int)top_k;
     p->repeat_penalty = (float)repeat_penalty;
+    p->ignore_eog = ignore_eos; /* llama-server's field: generate max_tokens (benchmarks) */
     p->seed = seed >= 0 ? (uint64_t)seed
                         : (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^
                               atomic_fetch_add(&s->next_id, 1);

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# bitnet serve through the official openai Python package
+# (tests/test_serve_openai.py), on the shipped model, loopback only. The
+# package lives in a virtual environment of its own that
+# scripts/install-deps.sh makes (BITNET_TEST_VENV, default
+# ~/.cache/bitnet/test-venv); without it, or without the server, the test
+# is skipped (77).
+# usage: test_serve_openai.sh /path/to/bitnet
+set -u
+BITNET=${1:?usage: test_serve_openai.sh BITNET}
+here=$(cd "$(dirname "$0")" && pwd)
+venv=${BITNET_TEST_VENV:-$HOME/.cache/bitnet/test-venv}
+py="$venv/bin/python"
+"$BITNET" --help 2>&1 | grep -q '^  serve ' || { echo "SKIP: bitnet was built without serve"; exit 77; }
+"$py" -c 'import openai' 2>/dev/null ||
+    { echo "SKIP: no openai package in $venv (scripts/install-deps.sh makes it)"; exit 77; }
+tmp=$(mktemp -d)
+unset BITNET_API_KEY BITNET_DEVICE
+export BITNET_NUM_THREADS=2
+"$BITNET" serve --port 0 --parallel 4 --api-key test-key 2>"$tmp/err" &
+pid=$!
+trap 'kill -9 $pid 2>/dev/null; rm -rf "$tmp"' EXIT
+for _ in $(seq 1 300); do
+    grep -q 'bitnet serve: ready' "$tmp/err" && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+done
+port=$(sed -n 's#.*listening on http://127.0.0.1:\([0-9]*\).*#\1#p' "$tmp/err")
+grep -q 'bitnet serve: ready' "$tmp/err" || { echo "FAIL: the server did not start"; cat "$tmp/err"; exit 1; }
+"$BITNET" run -p "And it came to pass" -n 24 --temp 0 >"$tmp/run.txt" 2>/dev/null
+"$py" "$here/test_serve_openai.py" "http://127.0.0.1:$port/v1" test-key "$tmp/run.txt"
+rc=$?
+kill -TERM "$pid"
+for _ in $(seq 1 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+wait "$pid"
+stop=$?
+[ "$stop" = 0 ] || { echo "FAIL: SIGTERM: exit code $stop"; rc=1; }
+exit $rc
