@@ -32,6 +32,8 @@ pkg_need=(
     libmicrohttpd-dev
     curl
     python3-venv
+    chromium
+    chromium-driver
 )
 for pkg in "${pkg_need[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' ||
@@ -53,13 +55,14 @@ else
     $sudo apt-get install -y -q --no-install-recommends "${pkgs[@]}"
 fi
 
-# The official openai package (PyPI), which tests/test_serve_openai.sh
-# talks to `bitnet serve` with, in a virtual environment of its own.
+# From PyPI, in a virtual environment of their own: the official openai
+# package, which tests/test_serve_openai.sh talks to `bitnet serve` with,
+# and selenium, which drives chromium in tests/test_serve_page.sh.
 venv=${BITNET_TEST_VENV:-$HOME/.cache/bitnet/test-venv}
-if "$venv/bin/python" -c 'import openai' 2>/dev/null; then
-    echo "install-deps: the openai package is in $venv"
+if "$venv/bin/python" -c 'import openai, selenium' 2>/dev/null; then
+    echo "install-deps: openai and selenium are in $venv"
 else
-    echo "install-deps: installing the openai package into $venv"
+    echo "install-deps: installing openai and selenium into $venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q "openai>=1.0"
+    "$venv/bin/pip" install -q "openai>=1.0" "selenium>=4.10"
 fi

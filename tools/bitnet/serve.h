@@ -54,6 +54,10 @@ typedef struct server {
     double gen_seconds;       /* summed over finished generations           */
 } server;
 
+/* The chat page served at / (serve_page.html, embedded at build time). */
+extern const unsigned char serve_page[];
+extern const size_t serve_page_len;
+
 /* The HTTP server (serve_http.c). */
 typedef struct serve_http serve_http;
 /* Listens on opt.host:opt.port; *port receives the port bound. */

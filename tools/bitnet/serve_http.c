@@ -115,6 +115,11 @@ static void route(server *s, struct MHD_Connection *c, request *q, serve_reply *
         serve_health(s, r);
         return;
     }
+    if (strcmp(p, "/") == 0 && get) { /* the chat page */
+        r->status = (r->body = strdup((const char *)serve_page)) ? 200 : 500;
+        r->content_type = "text/html; charset=utf-8";
+        return;
+    }
     if (!atomic_load(&s->ready)) {
         serve_error(r, 503, "server_error", "loading", "the model is loading");
         r->retry_after = 1;

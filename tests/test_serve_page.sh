@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The chat page of bitnet serve in headless chromium
+# (tests/test_serve_page.py, selenium from the virtual environment
+# scripts/install-deps.sh makes). Skipped (77) without the server,
+# chromium and its driver, or selenium.
+# usage: test_serve_page.sh /path/to/bitnet
+set -u
+BITNET=${1:?usage: test_serve_page.sh BITNET}
+here=$(cd "$(dirname "$0")" && pwd)
+venv=${BITNET_TEST_VENV:-$HOME/.cache/bitnet/test-venv}
+"$BITNET" --help 2>&1 | grep -q '^  serve ' || { echo "SKIP: bitnet was built without serve"; exit 77; }
+[ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] ||
+    { echo "SKIP: chromium and chromium-driver are not installed (scripts/install-deps.sh)"; exit 77; }
+"$venv/bin/python" -c 'import selenium' 2>/dev/null ||
+    { echo "SKIP: no selenium in $venv (scripts/install-deps.sh makes it)"; exit 77; }
+tmp=$(mktemp -d)
+unset BITNET_API_KEY BITNET_DEVICE
+export BITNET_NUM_THREADS=2
+"$BITNET" serve --port 0 --parallel 2 2>"$tmp/err" &
+pid=$!
+trap 'kill -9 $pid 2>/dev/null; rm -rf "$tmp"' EXIT
+for _ in $(seq 1 300); do
+    grep -q 'bitnet serve: ready' "$tmp/err" && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+done
+port=$(sed -n 's#.*listening on http://127.0.0.1:\([0-9]*\).*#\1#p' "$tmp/err")
+grep -q 'bitnet serve: ready' "$tmp/err" || { echo "FAIL: the server did not start"; cat "$tmp/err"; exit 1; }
+HOME="$tmp" timeout 240 "$venv/bin/python" "$here/test_serve_page.py" "http://127.0.0.1:$port"
+rc=$?
+kill -TERM "$pid"
+for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+wait "$pid" || { echo "FAIL: SIGTERM: the server's exit code was not 0"; rc=1; }
+exit $rc
