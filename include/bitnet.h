@@ -584,7 +584,7 @@ typedef struct bn_model_stats {
      * later prompts), forward passes and their rows so far, and
      * sequences preempted for want of blocks. */
     int max_sequences, kv_block_size;
-    int32_t kv_blocks, kv_blocks_cached;
+    int32_t kv_blocks, kv_blocks_held, kv_blocks_cached; /* held: by running sequences */
     uint64_t batch_steps, batch_rows, batch_preemptions;
 } bn_model_stats;
 

@@ -175,6 +175,9 @@ done
 check $ok "a client leaving a stream cancels it (metrics: active 0, a disconnect)"
 grep -q '^bitnet_time_to_first_token_seconds_count [1-9]' "$tmp/metrics"
 check $? "metrics carry the time to first token histogram"
+grep -q '^bitnet_kv_blocks{state="used"} 0$' "$tmp/metrics" &&
+    grep -q '^bitnet_kv_blocks{state="total"} [1-9]' "$tmp/metrics"
+check $? "metrics: the KV cache's blocks, none held once the requests end"
 grep -qE '^POST /v1/completions 200 [0-9]+\+24 tokens [0-9]+ ms$' "$tmp/main.err"
 check $? "one log line per request"
 
@@ -193,7 +196,7 @@ check $([ "$rc" = 0 ] && grep -q 'bitnet serve: stopped' "$tmp/main.err"; echo $
     "SIGTERM stops the server with exit 0 (rc $rc)"
 
 # ---- the API key, the queue, the body cap ----
-BITNET_API_KEY=sekret start keyed --parallel 1 --max-queue 0 --max-body-kib 1
+BITNET_API_KEY=sekret start keyed --parallel 2 --max-queue 0 --max-body-kib 1
 code=$(curl -s -o /dev/null -w '%{http_code}' "$url/v1/models")
 check $([ "$code" = 401 ]; echo $?) "no key: 401"
 code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer wrong' "$url/v1/models")
@@ -205,19 +208,23 @@ check $([ "$code" = 200 ]; echo $?) "/health needs no key"
 big=$(python3 -c 'print("x" * 4000)')
 code=$(post /v1/completions "{\"prompt\": \"$big\"}" "$tmp/e" -H 'Authorization: Bearer sekret')
 check $([ "$code" = 413 ]; echo $?) "a body over --max-body-kib: 413 ($code)"
-curl -sN --max-time 20 -H 'Authorization: Bearer sekret' "$url/v1/completions" \
-    -d "{\"prompt\": \"$P\", \"max_tokens\": 480, \"stream\": true, \"ignore_eos\": true}" >/dev/null &
-busy=$!
-for _ in $(seq 1 100); do
-    curl -s "$url/metrics" | grep -q '^bitnet_active_sequences 1$' && break
-    sleep 0.05
+busy=()
+for _ in 1 2; do # both slots taken
+    curl -sN --max-time 30 -H 'Authorization: Bearer sekret' "$url/v1/completions" \
+        -d "{\"prompt\": \"$P\", \"max_tokens\": 480, \"stream\": true, \"ignore_eos\": true}" \
+        >/dev/null &
+    busy+=($!)
+done
+for _ in $(seq 1 200); do
+    curl -s "$url/metrics" | grep -q '^bitnet_active_sequences 2$' && break
+    sleep 0.02
 done
 code=$(curl -s -D "$tmp/hdr" -o "$tmp/e" -w '%{http_code}' -H 'Authorization: Bearer sekret' \
     "$url/v1/completions" -d "{\"prompt\": \"$P\", \"max_tokens\": 4}")
 check $([ "$code" = 429 ] && grep -qi '^Retry-After: 1' "$tmp/hdr"; echo $?) \
     "a full queue: 429 with Retry-After ($code)"
-kill "$busy" 2>/dev/null
-wait "$busy" 2>/dev/null
+kill "${busy[@]}" 2>/dev/null
+wait "${busy[@]}" 2>/dev/null
 kill -INT "$pid"
 rc=124
 for _ in $(seq 1 200); do

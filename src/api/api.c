@@ -382,6 +382,7 @@ bn_status bn_model_get_stats(bn_model *m, bn_model_stats *stats, bn_error *err)
         stats->max_sequences = bs.max_seqs;
         stats->kv_block_size = bs.block_size;
         stats->kv_blocks = bs.blocks.n_blocks;
+        stats->kv_blocks_held = bs.blocks.held;
         stats->kv_blocks_cached = bs.blocks.cached;
         stats->batch_steps = bs.steps;
         stats->batch_rows = bs.rows;

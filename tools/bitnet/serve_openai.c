@@ -871,6 +871,20 @@ void serve_metrics(server *s, serve_reply *r)
     LINE("# HELP bitnet_queue_depth Generation requests admitted and not yet generating.\n");
     LINE("# TYPE bitnet_queue_depth gauge\n");
     LINE("bitnet_queue_depth %d\n", in_flight > active ? in_flight - active : 0);
+    /* The paged cache's blocks, where the model batches: its statistics
+     * wait for at most the forward pass running (without batching they
+     * would wait for a whole generation). */
+    bn_model_stats ms;
+    bn_error err;
+    if (s->opt.parallel > 1 && bn_model_get_stats(s->model, &ms, &err) == BN_OK &&
+        ms.kv_blocks > 0) {
+        LINE("# HELP bitnet_kv_blocks The paged KV cache's blocks: all, held by running "
+             "sequences, kept for later prompts.\n");
+        LINE("# TYPE bitnet_kv_blocks gauge\n");
+        LINE("bitnet_kv_blocks{state=\"total\"} %d\n", (int)ms.kv_blocks);
+        LINE("bitnet_kv_blocks{state=\"used\"} %d\n", (int)ms.kv_blocks_held);
+        LINE("bitnet_kv_blocks{state=\"cached\"} %d\n", (int)ms.kv_blocks_cached);
+    }
     pthread_mutex_lock(&s->lock);
     const double gen_seconds = s->gen_seconds, sum = s->ttft_sum;
     uint64_t counts[SERVE_TTFT_BUCKETS + 1];
