@@ -5,7 +5,7 @@
 # tokenize / detokenize, metrics, malformed requests (4xx with an OpenAI
 # error object, the server going on), concurrent requests, a client that
 # leaves mid-stream, the API key, a full queue (429), the body cap (413),
-# and SIGTERM (exit 0). Every wait is bounded.
+# --timeout (504) and SIGTERM (exit 0). Every wait is bounded.
 # usage: test_serve.sh /path/to/bitnet
 set -u
 BITNET=${1:?usage: test_serve.sh BITNET}
@@ -49,6 +49,19 @@ start() {
     url="http://127.0.0.1:$port"
     grep -q 'bitnet serve: ready' "$tmp/$name.err"
     check $? "$name: the server is ready (stderr: $(head -c 300 "$tmp/$name.err"))"
+}
+# Sends the server signal $1 and waits for it (bounded); sets rc.
+stop_server() {
+    kill -"$1" "$pid"
+    rc=124
+    for _ in $(seq 1 200); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            wait "$pid"
+            rc=$?
+            return
+        fi
+        sleep 0.1
+    done
 }
 # post PATH BODY OUTFILE [curl options]: prints the HTTP status.
 post() {
@@ -182,16 +195,7 @@ grep -qE '^POST /v1/completions 200 [0-9]+\+24 tokens [0-9]+ ms$' "$tmp/main.err
 check $? "one log line per request"
 
 # ---- SIGTERM: stop, exit 0 ----
-kill -TERM "$pid"
-rc=124
-for _ in $(seq 1 200); do
-    if ! kill -0 "$pid" 2>/dev/null; then
-        wait "$pid"
-        rc=$?
-        break
-    fi
-    sleep 0.1
-done
+stop_server TERM
 check $([ "$rc" = 0 ] && grep -q 'bitnet serve: stopped' "$tmp/main.err"; echo $?) \
     "SIGTERM stops the server with exit 0 (rc $rc)"
 
@@ -225,17 +229,16 @@ check $([ "$code" = 429 ] && grep -qi '^Retry-After: 1' "$tmp/hdr"; echo $?) \
     "a full queue: 429 with Retry-After ($code)"
 kill "${busy[@]}" 2>/dev/null
 wait "${busy[@]}" 2>/dev/null
-kill -INT "$pid"
-rc=124
-for _ in $(seq 1 200); do
-    if ! kill -0 "$pid" 2>/dev/null; then
-        wait "$pid"
-        rc=$?
-        break
-    fi
-    sleep 0.1
-done
+stop_server INT
 check $([ "$rc" = 0 ]; echo $?) "SIGINT stops the server with exit 0 (rc $rc)"
+
+# ---- --timeout: a request past it gets 504 ----
+start slow --parallel 1 --timeout 0.2
+code=$(post /v1/completions "{\"prompt\": \"$P\", \"max_tokens\": 480, \"ignore_eos\": true}" "$tmp/e")
+check $([ "$code" = 504 ] && [ "$(json "$tmp/e" "j['error']['type']")" = timeout ]; echo $?) \
+    "a request past --timeout: 504 ($code)"
+stop_server TERM
+check $([ "$rc" = 0 ]; echo $?) "the third server stops with exit 0 (rc $rc)"
 
 echo "ok: $checks checks, $fails failed"
 [ "$fails" = 0 ]

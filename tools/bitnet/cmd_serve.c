@@ -221,9 +221,14 @@ int cmd_serve(int argc, char **argv, const bn_config *cfg)
             s.model_id, (long long)s.info.n_ctx, o->parallel, o->max_queue,
             o->api_key ? ", API key required on /v1" : "");
 
-    int sig = 0;
-    while (sigwait(&stop, &sig) != 0)
-        ;
+    /* Wait for the signal, looking for late requests every second. */
+    int sig = -1;
+    while (sig < 0) {
+        const struct timespec second = {1, 0};
+        sig = sigtimedwait(&stop, NULL, &second);
+        if (sig < 0 && o->timeout_s > 0.0)
+            serve_cancel_late(&s);
+    }
     fprintf(stderr, "bitnet serve: %s: no new requests; %d running or waiting get %.0f s\n",
             sig == SIGINT ? "SIGINT" : "SIGTERM", atomic_load(&s.in_flight), o->grace_s);
     atomic_store(&s.draining, true);

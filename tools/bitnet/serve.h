@@ -99,5 +99,9 @@ size_t serve_job_read(serve_job *j, char *buf, size_t max);
 void serve_job_release(serve_job *j, size_t *in, size_t *out);
 /* Cancels every running job (shutdown after the grace period). */
 void serve_cancel_all(server *s);
+/* Cancels the jobs past their --timeout (checked every second, so a
+ * request waiting for a slot or computing a long prompt, which calls no
+ * token callback, is stopped too). */
+void serve_cancel_late(server *s);
 
 #endif

@@ -142,6 +142,7 @@ struct serve_job {
     double t_start, deadline;  /* deadline 0: none                           */
     bool first_seen, timed_out;
     atomic_bool gone;          /* the client left: stop                     */
+    atomic_bool late;          /* past the deadline: cancelled (serve_cancel_late) */
     /* The answer so far, and the result. */
     char *text;
     size_t text_len, text_cap;
@@ -282,6 +283,8 @@ static void job_run(serve_job *j)
     atomic_fetch_add(&s->active, 1);
     j->status = bn_session_generate(j->session, &j->params, on_token, j, &j->result, &j->err);
     atomic_fetch_sub(&s->active, 1);
+    if (atomic_load(&j->late))
+        j->timed_out = true; /* cancelled while it waited or read its prompt */
     if (j->status == BN_OK) {
         atomic_fetch_add(&s->prompt_tokens, j->result.n_prompt_tokens);
         atomic_fetch_add(&s->completion_tokens, j->result.n_tokens);
@@ -398,6 +401,18 @@ void serve_cancel_all(server *s)
     pthread_mutex_lock(&s->lock);
     for (serve_job *j = s->jobs; j; j = j->next)
         bn_session_cancel(j->session);
+    pthread_mutex_unlock(&s->lock);
+}
+
+void serve_cancel_late(server *s)
+{
+    const double now = now_seconds();
+    pthread_mutex_lock(&s->lock);
+    for (serve_job *j = s->jobs; j; j = j->next)
+        if (j->deadline > 0.0 && now > j->deadline && !atomic_load(&j->late)) {
+            atomic_store(&j->late, true);
+            bn_session_cancel(j->session);
+        }
     pthread_mutex_unlock(&s->lock);
 }
 
