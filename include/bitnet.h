@@ -656,6 +656,20 @@ void bn_session_cancel(bn_session *s);
 /* ---- generation ------------------------------------------------------------- */
 
 #define BN_MAX_STOP_STRINGS 16
+#define BN_MAX_TOP_LOGPROBS 20
+
+/* A token and its log-probability under the model: the log-softmax of the
+ * logits at its position, before any sampling setting changes them. */
+typedef struct bn_token_logprob {
+    int32_t token;
+    float logprob;
+} bn_token_logprob;
+
+/* Called once for each generated token, before its text: its
+ * log-probability, and the top_logprobs most likely tokens of its position
+ * (best first, ties to the lower id). */
+typedef void (*bn_logprob_callback)(void *user, int32_t token, float logprob,
+                                    const bn_token_logprob *top, int n_top);
 
 typedef struct bn_generate_params {
     /* What to append to the session before generating: text (tokenized
@@ -685,6 +699,12 @@ typedef struct bn_generate_params {
     /* When not NULL: vocab_size floats, written with the logits after the
      * prompt (before sampling changes them). */
     float *prompt_logits;
+    /* When not NULL: every generated token's log-probability, with the
+     * top_logprobs (0 to BN_MAX_TOP_LOGPROBS) most likely tokens, called
+     * with bn_session_generate's user. The tokens are then chosen on the
+     * host, where the logits are (the same tokens). */
+    bn_logprob_callback on_logprobs;
+    int top_logprobs;
 } bn_generate_params;
 
 void bn_generate_params_default(bn_generate_params *p);

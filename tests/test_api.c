@@ -19,6 +19,7 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -580,6 +581,105 @@ static bool open_pair(int max_sequences, int block, bn_model **batched, bn_model
     return false;
 }
 
+/* What on_logprobs reported for one generation. */
+typedef struct logprob_log {
+    int calls, n_top;
+    int32_t token[64];
+    float logprob[64], top_lp[64][5];
+    int32_t top_tok[64][5];
+} logprob_log;
+
+static void on_logprob(void *user, int32_t token, float logprob, const bn_token_logprob *top,
+                       int n_top)
+{
+    logprob_log *l = user;
+    if (l->calls < 64) {
+        l->token[l->calls] = token;
+        l->logprob[l->calls] = logprob;
+        for (int k = 0; k < n_top && k < 5; k++) {
+            l->top_tok[l->calls][k] = top[k].token;
+            l->top_lp[l->calls][k] = top[k].logprob;
+        }
+    }
+    l->n_top = n_top;
+    l->calls++;
+}
+
+/* Log-probabilities (bn_generate_params.on_logprobs): one call per
+ * generated token; greedily, the token is the best of its top list with
+ * the same log-probability, the list is ordered and its probabilities add
+ * to at most 1; the tokens are those of a run without log-probabilities;
+ * a model that batches reports the same numbers. top_logprobs out of range
+ * is refused. */
+static void check_logprobs(const bn_model_info *info)
+{
+    bn_model *bm, *alone;
+    bn_error err;
+    if (!open_pair(2, 0, &bm, &alone))
+        return;
+    (void)info;
+    logprob_log logs[2];
+    int32_t plain[64];
+    size_t n_plain = 0;
+    for (int run = 0; run < 3; run++) {
+        bn_model *m = run == 1 ? bm : alone;
+        bn_session *s = NULL;
+        CHECK(bn_session_create(m, &s, &err) == BN_OK);
+        bn_generate_params p;
+        bn_generate_params_default(&p);
+        p.prompt = "And it came to pass";
+        p.max_tokens = 24;
+        p.temperature = 0.0f;
+        logprob_log *l = run < 2 ? &logs[run] : NULL;
+        if (l) {
+            memset(l, 0, sizeof *l);
+            p.on_logprobs = on_logprob;
+            p.top_logprobs = 5;
+        }
+        bn_generate_result res;
+        CHECK(bn_session_generate(s, &p, NULL, l, &res, &err) == BN_OK);
+        if (l) {
+            CHECK_MSG(l->calls == (int)res.n_tokens && l->n_top == 5, "%d calls for %zu tokens",
+                      l->calls, res.n_tokens);
+            for (int i = 0; i < l->calls && i < 64; i++) {
+                CHECK(l->top_tok[i][0] == l->token[i] && l->top_lp[i][0] == l->logprob[i]);
+                double mass = 0.0;
+                for (int k = 0; k < 5; k++) {
+                    mass += exp((double)l->top_lp[i][k]);
+                    CHECK(l->top_lp[i][k] <= 0.0f);
+                    if (k > 0)
+                        CHECK(l->top_lp[i][k] <= l->top_lp[i][k - 1]);
+                }
+                CHECK_MSG(mass <= 1.0 + 1e-5, "top probabilities add to %g", mass);
+            }
+        } else {
+            CHECK(bn_session_tokens(s, plain, 64, &n_plain, &err) == BN_OK && n_plain <= 64);
+        }
+        bn_session_free(s);
+    }
+    /* The tokens with and without log-probabilities (the session also
+     * holds the prompt: compare the generated tail). */
+    CHECK(n_plain >= (size_t)logs[0].calls);
+    for (int i = 0; i < logs[0].calls && n_plain >= (size_t)logs[0].calls; i++)
+        CHECK(plain[n_plain - (size_t)logs[0].calls + (size_t)i] == logs[0].token[i]);
+    /* Batched and alone: the same numbers on the CPU, bit for bit. */
+    if (strcmp(device, "cpu") == 0)
+        CHECK(logs[0].calls == logs[1].calls &&
+              memcmp(logs[0].logprob, logs[1].logprob, sizeof logs[0].logprob) == 0 &&
+              memcmp(logs[0].top_tok, logs[1].top_tok, sizeof logs[0].top_tok) == 0);
+    bn_session *s = NULL;
+    CHECK(bn_session_create(alone, &s, &err) == BN_OK);
+    bn_generate_params p;
+    bn_generate_params_default(&p);
+    p.prompt = "x";
+    p.on_logprobs = on_logprob;
+    p.top_logprobs = BN_MAX_TOP_LOGPROBS + 1;
+    CHECK(bn_session_generate(s, &p, NULL, NULL, NULL, &err) == BN_ERR_INVALID_ARGUMENT);
+    bn_session_free(s);
+    bn_model_close(bm);
+    bn_model_close(alone);
+}
+
 /* bn_generate_batch on a model of 3 sequences at once: six items
  * (greedy and sampled, a stop string, one going on from a session that
  * holds tokens) give what bn_session_generate gives each of them alone on
@@ -800,6 +900,7 @@ int main(int argc, char **argv)
     check_errors(m, &info);
     check_perplexity(m, info.path);
     check_batch(&info);
+    check_logprobs(&info);
     check_threads();
     bn_generation_free(&ref);
     free(ref_logits);

@@ -672,6 +672,10 @@ static bn_status check_params(const bn_generate_params *p, bn_error *err)
                             "(0..1), repeat_penalty %g (0..100], repeat_last_n %d (>= -1)",
                             p->max_tokens, (double)p->temperature, p->top_k, (double)p->top_p,
                             (double)p->min_p, (double)p->repeat_penalty, p->repeat_last_n);
+    if (p->top_logprobs < 0 || p->top_logprobs > BN_MAX_TOP_LOGPROBS)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "top_logprobs %d is outside 0..%d", p->top_logprobs,
+                            BN_MAX_TOP_LOGPROBS);
     if (p->prompt && p->prompt_tokens)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "give prompt or prompt_tokens, not both");
@@ -911,7 +915,9 @@ static bn_generate_request engine_request(const bn_generate_params *p)
 {
     bn_generate_request req = {.n_predict = p->max_tokens,
                                .ignore_eog = p->ignore_eog,
-                               .prompt_logits = p->prompt_logits};
+                               .prompt_logits = p->prompt_logits,
+                               .on_logprobs = p->on_logprobs,
+                               .top_logprobs = p->top_logprobs};
     bn_sampler_params_default(&req.sampling);
     req.sampling.temperature = p->temperature;
     req.sampling.top_k = p->top_k;
@@ -1005,6 +1011,7 @@ bn_status bn_session_generate(bn_session *s, const bn_generate_params *p,
     bn_generate_request req = engine_request(p);
     req.on_token = on_engine_token;
     req.ctx = &sm;
+    req.logprobs_ctx = user;
     bn_generation g;
     size_t n_cached = 0;
     st = run_request(s, &req, seq, n_seq, &g, &n_cached, err);
@@ -1097,7 +1104,10 @@ bn_status bn_generate_batch(bn_model *m, bn_batch_item *items, size_t n, bn_erro
                                      .on_token = on_engine_token,
                                      .ctx = &sl->sm,
                                      .cancel = &it->session->cancel,
-                                     .prompt_logits = sl->req.prompt_logits};
+                                     .prompt_logits = sl->req.prompt_logits,
+                                     .on_logprobs = sl->req.on_logprobs,
+                                     .top_logprobs = sl->req.top_logprobs,
+                                     .logprobs_ctx = it->user};
     }
     /* The engine runs the items that could start, in their order. */
     size_t n_run = 0;

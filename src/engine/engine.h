@@ -158,6 +158,12 @@ typedef struct bn_generate_request {
     /* When not NULL: vocab floats, the logits after the prompt (before any
      * sampling changes them). */
     float *prompt_logits;
+    /* When not NULL: each generated token's log-probability and the
+     * top_logprobs most likely tokens (engine_logprobs), with logprobs_ctx;
+     * the tokens are then picked on the host. */
+    bn_logprob_callback on_logprobs;
+    int top_logprobs;
+    void *logprobs_ctx;
 } bn_generate_request;
 
 typedef struct bn_generation {
@@ -205,6 +211,9 @@ typedef struct bn_batch_request {
     void *ctx;
     const _Atomic int *cancel;  /* may be NULL                               */
     float *prompt_logits;       /* may be NULL: the logits after the prompt  */
+    bn_logprob_callback on_logprobs; /* as bn_generate_request's              */
+    int top_logprobs;
+    void *logprobs_ctx;
 } bn_batch_request;
 
 typedef struct bn_batch_result {

@@ -224,6 +224,7 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
     int32_t *history = malloc(history_cap * sizeof(int32_t));
     g->tokens = malloc(((size_t)n_predict + 1) * sizeof(int32_t));
     bn_sampler *sampler = NULL;
+    float *raw = NULL; /* with on_logprobs: a position's logits before sampling */
     engine_text text = {0};
     engine_streamer s = {.cap = 64, .on_token = req->on_token, .ctx = req->ctx, .text = &text};
     s.buf = malloc(s.cap);
@@ -243,7 +244,14 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
         e->backend->ops->reset(e->backend);
     const device_pick pick_spec = {
         .sp = &req->sampling, .pp = engine_pick_params(&req->sampling), .sampler = sampler};
-    const device_pick *pick = device_pick_rule(e, &req->sampling) ? &pick_spec : NULL;
+    /* Log-probabilities need the logits on the host: no device pick. */
+    const device_pick *pick =
+        device_pick_rule(e, &req->sampling) && !req->on_logprobs ? &pick_spec : NULL;
+    raw = req->on_logprobs ? malloc((size_t)hp->vocab * sizeof *raw) : NULL;
+    if (req->on_logprobs && !raw) {
+        st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for log-probabilities");
+        goto done;
+    }
     bool have_next = false;
     int32_t next = -1;
     double t0 = bn_time_seconds();
@@ -271,6 +279,8 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
             g->cancelled = true;
             break;
         }
+        if (raw) /* the sampler changes the logits in place */
+            memcpy(raw, e->logits, (size_t)hp->vocab * sizeof *raw);
         const int32_t id = have_next ? next : bn_sampler_sample(sampler, e->logits, history,
                                                                 n_history);
         if (id < 0 || id >= hp->vocab) {
@@ -284,6 +294,9 @@ bn_status bn_engine_generate(bn_engine *e, const bn_generate_request *req, bn_ge
             break; /* a step queued past the end is dropped below */
         }
         g->tokens[g->n_tokens++] = id;
+        if (raw)
+            engine_logprobs_report(raw, hp->vocab, id, req->top_logprobs, req->on_logprobs,
+                                   req->logprobs_ctx);
         const bool more = i + 1 < n_predict; /* the last token needs no forward pass */
         const double f0 = bn_time_seconds();
         /* On such a device the next step is queued before this token's
@@ -376,6 +389,7 @@ done:
         e->backend->ops->drop_pending(e->backend);
     free(text.data);
     free(s.buf);
+    free(raw);
     free(history);
     bn_sampler_free(sampler);
     if (st != BN_OK)

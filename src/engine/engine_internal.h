@@ -73,6 +73,12 @@ typedef struct engine_streamer {
 /* Token id's text (flush: the bytes left at the end, id ignored). */
 bn_status engine_stream_token(engine_streamer *s, int32_t id, bool flush, bn_error *err);
 
+/* Reports a generated token's log-probability and its position's n_top
+ * most likely tokens to cb (logprobs.c), from raw: the position's logits
+ * as the model gave them (a copy taken before the sampler ran). */
+void engine_logprobs_report(const float *raw, int32_t vocab, int32_t chosen, int n_top,
+                            bn_logprob_callback cb, void *ctx);
+
 /* A device step failed at a point where positions [0, n_positions) of
  * history were being computed: when the CPU may take over (auto, not
  * strict), builds it and recomputes those positions there, leaving the

@@ -62,6 +62,7 @@ struct bn_batcher {
     int64_t *pos, *logit_rows;
     seq **logit_owner;      /* the seq of each logit row */
     float *logits;
+    float *raw;             /* a logits row before sampling (log-probabilities) */
     /* A step whose tokens the device picks: each logit row's sampling,
      * uniform number and token. */
     bn_pick_params *picks;
@@ -129,6 +130,8 @@ static bool seq_take_token(sched *sc, seq *s, float *logits, int32_t picked)
         return false;
     }
     int32_t id = picked;
+    if (logits && r->on_logprobs) /* the sampler changes the logits in place */
+        memcpy(sc->raw, logits, (size_t)vocab * sizeof *sc->raw);
     if (logits)
         id = bn_sampler_sample(s->sampler, logits, s->history, s->n_hist);
     else if (r->sampling.temperature > 0.0f)
@@ -150,6 +153,9 @@ static bool seq_take_token(sched *sc, seq *s, float *logits, int32_t picked)
     }
     s->history[s->n_hist++] = id;
     g->tokens[g->n_tokens++] = id;
+    if (logits && r->on_logprobs)
+        engine_logprobs_report(sc->raw, vocab, id, r->top_logprobs, r->on_logprobs,
+                               r->logprobs_ctx);
     if (tok) {
         if (engine_stream_token(&s->stream, id, false, &err) != BN_OK) {
             seq_fail(s, sc->e->kv, &err);
@@ -223,7 +229,9 @@ static bn_status seq_init(sched *sc, seq *s, const bn_batch_request *r, bn_batch
     }
     if (bn_sampler_create(&r->sampling, hp->vocab, &s->sampler, &err) != BN_OK)
         return seq_fail(s, e->kv, &err);
-    s->device_pick = e->backend->ops->forward_rows_pick && bn_engine_picks_on_device(e, &r->sampling);
+    /* Log-probabilities need the logits on the host. */
+    s->device_pick = e->backend->ops->forward_rows_pick && !r->on_logprobs &&
+                     bn_engine_picks_on_device(e, &r->sampling);
     memcpy(s->history, r->prompt, r->n_prompt * sizeof *s->history);
     memcpy(out->gen.prompt_tokens, r->prompt, r->n_prompt * sizeof(int32_t));
     out->gen.n_prompt = r->n_prompt;
@@ -506,8 +514,9 @@ bn_status bn_batcher_create(bn_engine *e, bn_batcher **out, bn_error *err)
         sc->e = e;
         sc->tables = calloc((size_t)e->kv_cfg.max_seqs, sizeof *sc->tables);
         sc->table_len = calloc((size_t)e->kv_cfg.max_seqs, sizeof *sc->table_len);
+        sc->raw = malloc((size_t)bn_checkpoint_hparams(e->model)->vocab * sizeof *sc->raw);
     }
-    if (!sc || !sc->tables || !sc->table_len) {
+    if (!sc || !sc->tables || !sc->table_len || !sc->raw) {
         bn_batcher_free(sc);
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the scheduler");
     }
@@ -630,6 +639,7 @@ void bn_batcher_free(bn_batcher *sc)
     free(sc->logit_rows);
     free(sc->logit_owner);
     free(sc->logits);
+    free(sc->raw);
     free(sc->picks);
     free(sc->uniform);
     free(sc->picked);
