@@ -131,6 +131,39 @@ assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 EOF
 check $? "the streamed chat (server-sent events ending in [DONE]) equals the whole answer"
 
+# ---- log-probabilities: chat's, the completions' legacy form, streamed ----
+post /v1/chat/completions "$chat, \"logprobs\": true, \"top_logprobs\": 3}" "$tmp/lp" >/dev/null
+python3 - "$tmp/lp" <<'EOF2'
+import json, math, sys
+j = json.load(open(sys.argv[1]))
+c = j["choices"][0]
+content = c["logprobs"]["content"]
+assert len(content) == j["usage"]["completion_tokens"], (len(content), j["usage"])
+assert b"".join(bytes(e["bytes"]) for e in content).decode() == c["message"]["content"]
+for e in content:  # greedy: the token is the first of its alternatives
+    assert len(e["top_logprobs"]) == 3 and e["top_logprobs"][0]["token"] == e["token"]
+    assert e["logprob"] <= 0 and sum(math.exp(a["logprob"]) for a in e["top_logprobs"]) <= 1 + 1e-5
+EOF2
+check $? "chat log-probabilities: one entry a token, its bytes the text, greedy = first alternative"
+post /v1/completions "{\"prompt\": \"$P\", \"max_tokens\": 8, \"temperature\": 0, \"logprobs\": 2}" \
+    "$tmp/lpc" >/dev/null
+curl -sN --max-time 60 "$url/v1/completions" \
+    -d "{\"prompt\": \"$P\", \"max_tokens\": 8, \"temperature\": 0, \"logprobs\": 2, \"stream\": true}" \
+    >"$tmp/lps"
+python3 - "$tmp/lpc" "$tmp/lps" <<'EOF2'
+import json, sys
+c = json.load(open(sys.argv[1]))["choices"][0]
+lp = c["logprobs"]
+assert "".join(lp["tokens"]) == c["text"] and len(lp["token_logprobs"]) == 8
+assert lp["text_offset"][0] == 0 and all(len(t) <= 2 for t in lp["top_logprobs"])
+events = [json.loads(l[6:]) for l in open(sys.argv[2]).read().split("\n")
+          if l.startswith("data: {")]
+tokens = [t for e in events for ch in e["choices"] if ch.get("logprobs")
+          for t in ch["logprobs"]["tokens"]]
+assert tokens == lp["tokens"], (tokens, lp["tokens"])
+EOF2
+check $? "completion log-probabilities, whole and streamed"
+
 # ---- malformed requests: 4xx with an error object, the server goes on ----
 bad() { # expected-status path body what
     local code
@@ -146,6 +179,9 @@ bad 400 /v1/completions '{"prompt": "x", "n": 2}' "n = 2"
 bad 400 /v1/completions '{"prompt": [1, -4]}' "a negative token id"
 bad 400 /v1/completions '{"prompt": "x", "stop": [""]}' "an empty stop string"
 bad 400 /v1/chat/completions '{"messages": []}' "no messages"
+bad 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}' \
+    "top_logprobs without logprobs"
+bad 400 /v1/completions '{"prompt": "x", "logprobs": 6}' "completions logprobs above 5"
 bad 400 /v1/chat/completions '{"messages": [{"role": "wizard", "content": "hi"}]}' "an unknown role"
 bad 404 /v1/completions '{"prompt": "x", "model": "gpt-4"}' "an unknown model"
 long=$(python3 -c 'print([7] * 600)')

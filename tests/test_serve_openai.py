@@ -61,6 +61,14 @@ check(streamed == text, f"the streamed chat equals the whole one ({streamed!r} /
 check(finish in ("length", "stop") and usage is not None and
       usage.completion_tokens == r.usage.completion_tokens, "the stream's finish and usage")
 
+lp = client.chat.completions.create(model=model, messages=messages, max_tokens=8,
+                                    temperature=0, logprobs=True, top_logprobs=3)
+content = lp.choices[0].logprobs.content
+check(len(content) == lp.usage.completion_tokens and
+      all(e.top_logprobs[0].token == e.token and len(e.top_logprobs) == 3 for e in content) and
+      b"".join(bytes(e.bytes) for e in content).decode() == lp.choices[0].message.content,
+      "chat log-probabilities through the client")
+
 seeded = [client.chat.completions.create(model=model, messages=messages, max_tokens=12,
                                          temperature=0.9, seed=7).choices[0].message.content
           for _ in range(2)]

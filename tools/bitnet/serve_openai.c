@@ -137,6 +137,9 @@ struct serve_job {
     size_t n_prompt;
     char *stops[BN_MAX_STOP_STRINGS];
     bool chat, stream, include_usage;
+    int logprobs;              /* -1: none; else the top alternatives a token */
+    cJSON *lp_pending;         /* log-probability entries not yet sent        */
+    size_t lp_offset;          /* text bytes before them (completions' offsets) */
     char id[48];
     int64_t created;
     double t_start, deadline;  /* deadline 0: none                           */
@@ -193,10 +196,103 @@ static void push_event(serve_job *j, cJSON *o, const char *raw)
     free(text);
 }
 
+/* ---- log-probabilities ------------------------------------------------------------------ */
+
+/* A token and its log-probability as an entry: its text as a JSON string
+ * (bytes that are not well-formed UTF-8, where a token cuts a character,
+ * as U+FFFD), its exact bytes, the log-probability (-inf, which JSON
+ * lacks, as the most negative float). */
+static cJSON *token_entry(const serve_job *j, int32_t token, float logprob)
+{
+    char raw[256], text[768];
+    size_t len = 0, out = 0;
+    bn_error err;
+    if (bn_model_detokenize(j->s->model, &token, 1, raw, sizeof raw, &len, &err) != BN_OK)
+        len = 0;
+    if (len >= sizeof raw)
+        len = sizeof raw - 1;
+    for (size_t i = 0; i < len;) {
+        const unsigned char c = (unsigned char)raw[i];
+        const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool ok = n > 0 && i + n <= len;
+        for (size_t k = 1; ok && k < n; k++)
+            ok = ((unsigned char)raw[i + k] >> 6) == 2;
+        if (ok) {
+            memcpy(text + out, raw + i, n);
+            out += n;
+            i += n;
+        } else {
+            memcpy(text + out, "\xef\xbf\xbd", 3); /* U+FFFD */
+            out += 3;
+            i++;
+        }
+    }
+    text[out] = '\0';
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "token", text);
+    cJSON_AddNumberToObject(e, "logprob", isfinite(logprob) ? logprob : -3.4e38);
+    cJSON *bytes = cJSON_AddArrayToObject(e, "bytes");
+    for (size_t i = 0; i < len; i++)
+        cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)raw[i]));
+    return e;
+}
+
+/* Called on the thread that calls on_token, which sends the entries with
+ * the token's text: no lock. */
+static void on_logprob(void *user, int32_t token, float logprob, const bn_token_logprob *top,
+                       int n_top)
+{
+    serve_job *j = user;
+    cJSON *e = token_entry(j, token, logprob);
+    cJSON *alts = cJSON_AddArrayToObject(e, "top_logprobs");
+    for (int k = 0; k < n_top && k < j->logprobs; k++)
+        cJSON_AddItemToArray(alts, token_entry(j, top[k].token, top[k].logprob));
+    cJSON_AddItemToArray(j->lp_pending, e);
+}
+
+/* The pending entries as a choice's "logprobs": {"content": [...]} for
+ * chat; for completions the legacy form, {"tokens", "token_logprobs",
+ * "top_logprobs" ({text: logprob} a token), "text_offset"}, the offsets
+ * counted from j->lp_offset (advanced). The pending list starts again. */
+static cJSON *take_logprobs(serve_job *j)
+{
+    cJSON *entries = j->lp_pending;
+    j->lp_pending = cJSON_CreateArray();
+    if (j->chat) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToObject(o, "content", entries);
+        return o;
+    }
+    cJSON *o = cJSON_CreateObject(), *tokens = cJSON_AddArrayToObject(o, "tokens"),
+          *lps = cJSON_AddArrayToObject(o, "token_logprobs"),
+          *tops = cJSON_AddArrayToObject(o, "top_logprobs"),
+          *offs = cJSON_AddArrayToObject(o, "text_offset");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, entries)
+    {
+        cJSON_AddItemToArray(tokens,
+                             cJSON_CreateString(cJSON_GetObjectItem(e, "token")->valuestring));
+        cJSON_AddItemToArray(
+            lps, cJSON_CreateNumber(cJSON_GetObjectItem(e, "logprob")->valuedouble));
+        cJSON *d = cJSON_CreateObject();
+        const cJSON *a;
+        cJSON_ArrayForEach(a, cJSON_GetObjectItem(e, "top_logprobs"))
+        {
+            const char *at = cJSON_GetObjectItem(a, "token")->valuestring;
+            if (!cJSON_GetObjectItemCaseSensitive(d, at))
+                cJSON_AddNumberToObject(d, at, cJSON_GetObjectItem(a, "logprob")->valuedouble);
+        }
+        cJSON_AddItemToArray(tops, d);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)j->lp_offset));
+        j->lp_offset += (size_t)cJSON_GetArraySize(cJSON_GetObjectItem(e, "bytes"));
+    }
+    cJSON_Delete(entries);
+    return o;
+}
+
 /* A chunk of the stream: the choice's delta (chat) or text, and its
  * finish reason (NULL: none yet). */
-static cJSON *chunk(const serve_job *j, const char *text, size_t len, bool role,
-                    const char *finish)
+static cJSON *chunk(serve_job *j, const char *text, size_t len, bool role, const char *finish)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", j->id);
@@ -219,9 +315,14 @@ static cJSON *chunk(const serve_job *j, const char *text, size_t len, bool role,
             cJSON_AddStringToObject(d, "content", piece ? piece : "");
     } else {
         cJSON_AddStringToObject(c, "text", piece ? piece : "");
-        cJSON_AddNullToObject(c, "logprobs");
     }
     free(piece);
+    /* The log-probabilities of the tokens so far, with the text they wrote
+     * (or at the end). */
+    if (j->logprobs >= 0 && (len || finish) && cJSON_GetArraySize(j->lp_pending) > 0)
+        cJSON_AddItemToObject(c, "logprobs", take_logprobs(j));
+    else
+        cJSON_AddNullToObject(c, "logprobs");
     if (finish)
         cJSON_AddStringToObject(c, "finish_reason", finish);
     else
@@ -393,6 +494,7 @@ void serve_job_release(serve_job *j, size_t *in, size_t *out)
     free(j->prompt);
     free(j->text);
     free(j->q);
+    cJSON_Delete(j->lp_pending);
     free(j);
 }
 
@@ -552,6 +654,39 @@ static bool completion_prompt(server *s, serve_job *j, const cJSON *req, serve_r
     return true;
 }
 
+/* Log-probabilities: chat's "logprobs": true with "top_logprobs" (0 to
+ * 20), or the completions' "logprobs": N (0 to 5 alternatives). */
+static bool read_logprobs(serve_job *j, const cJSON *req, serve_reply *r)
+{
+    j->logprobs = -1;
+    long long top = 0;
+    if (j->chat) {
+        bool on = false;
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(req, "top_logprobs");
+        if (!get_bool(req, "logprobs", &on, r) ||
+            !get_int(req, "top_logprobs", 0, BN_MAX_TOP_LOGPROBS, &top, r))
+            return false;
+        if (!on && t && !cJSON_IsNull(t)) {
+            serve_error(r, 400, "invalid_request_error", NULL,
+                        "'top_logprobs' needs 'logprobs': true");
+            return false;
+        }
+        if (on)
+            j->logprobs = (int)top;
+    } else {
+        top = -1;
+        if (!get_int(req, "logprobs", 0, 5, &top, r))
+            return false;
+        j->logprobs = (int)top;
+    }
+    if (j->logprobs >= 0) {
+        j->lp_pending = cJSON_CreateArray();
+        j->params.on_logprobs = on_logprob;
+        j->params.top_logprobs = j->logprobs;
+    }
+    return true;
+}
+
 /* The sampling and limits of the request into j->params. */
 static bool read_sampling(server *s, serve_job *j, const cJSON *req, serve_reply *r)
 {
@@ -570,7 +705,7 @@ static bool read_sampling(server *s, serve_job *j, const cJSON *req, serve_reply
     }
     long long max_tokens = room;
     double presence = 0.0, frequency = 0.0;
-    bool logprobs = false, ignore_eos = false;
+    bool ignore_eos = false;
     if (!get_number(req, "temperature", 0.0, 100.0, &temperature, r) ||
         !get_number(req, "top_p", 0.0, 1.0, &top_p, r) ||
         !get_number(req, "min_p", 0.0, 1.0, &min_p, r) ||
@@ -582,13 +717,9 @@ static bool read_sampling(server *s, serve_job *j, const cJSON *req, serve_reply
         !get_int(req, "max_completion_tokens", 1, 1e15, &max_tokens, r) ||
         !get_number(req, "presence_penalty", 0.0, 0.0, &presence, r) ||
         !get_number(req, "frequency_penalty", 0.0, 0.0, &frequency, r) ||
-        !get_bool(req, "logprobs", &logprobs, r) || !get_bool(req, "stream", &j->stream, r) ||
-        !get_bool(req, "ignore_eos", &ignore_eos, r))
+        !get_bool(req, "stream", &j->stream, r) || !get_bool(req, "ignore_eos", &ignore_eos, r) ||
+        !read_logprobs(j, req, r))
         return false;
-    if (logprobs) {
-        serve_error(r, 400, "invalid_request_error", NULL, "logprobs are not supported yet");
-        return false;
-    }
     if (top_p <= 0.0) {
         serve_error(r, 400, "invalid_request_error", NULL, "'top_p' must be above 0");
         return false;
@@ -655,7 +786,7 @@ static bool model_matches(server *s, const cJSON *req, serve_reply *r)
     return true;
 }
 
-static cJSON *whole_answer(const serve_job *j)
+static cJSON *whole_answer(serve_job *j)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", j->id);
@@ -672,7 +803,10 @@ static cJSON *whole_answer(const serve_job *j)
     } else {
         cJSON_AddStringToObject(c, "text", j->text ? j->text : "");
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    if (j->logprobs >= 0)
+        cJSON_AddItemToObject(c, "logprobs", take_logprobs(j));
+    else
+        cJSON_AddNullToObject(c, "logprobs");
     cJSON_AddStringToObject(c, "finish_reason", finish_reason(j));
     cJSON_AddItemToObject(o, "usage", usage(j));
     return o;
