@@ -164,6 +164,28 @@ assert tokens == lp["tokens"], (tokens, lp["tokens"])
 EOF2
 check $? "completion log-probabilities, whole and streamed"
 
+# ---- n choices: choice k is the request with seed + k; streamed, one [DONE] ----
+post /v1/completions "{\"prompt\": \"$P\", \"max_tokens\": 8, \"temperature\": 0.9, \"seed\": 5, \"n\": 3}" \
+    "$tmp/n3" >/dev/null
+post /v1/completions "{\"prompt\": \"$P\", \"max_tokens\": 8, \"temperature\": 0.9, \"seed\": 7}" \
+    "$tmp/s7" >/dev/null
+check $([ "$(json "$tmp/n3" "len(j['choices'])")" = 3 ] &&
+    [ "$(json "$tmp/n3" "j['choices'][2]['text']")" = "$(json "$tmp/s7" "j['choices'][0]['text']")" ] &&
+    [ "$(json "$tmp/n3" "j['usage']['completion_tokens']")" = 24 ]; echo $?) \
+    "n = 3: three choices, the third the request with seed + 2, usage over all"
+curl -sN --max-time 60 "$url/v1/chat/completions" -d "$chat, \"n\": 2, \"stream\": true}" >"$tmp/n2"
+python3 - "$tmp/n2" "$ctext" <<'EOF2'
+import json, sys
+lines = [l for l in open(sys.argv[1]).read().split("\n") if l.startswith("data: ")]
+assert lines[-1] == "data: [DONE]" and lines.count("data: [DONE]") == 1
+text = {0: "", 1: ""}
+for e in (json.loads(l[6:]) for l in lines[:-1]):
+    for c in e["choices"]:
+        text[c["index"]] += c["delta"].get("content", "")
+assert text[0] == text[1] == sys.argv[2], text
+EOF2
+check $? "n = 2 streamed: both greedy choices equal the single answer"
+
 # ---- malformed requests: 4xx with an error object, the server goes on ----
 bad() { # expected-status path body what
     local code
@@ -175,7 +197,7 @@ bad 400 /v1/completions '{"prompt": "x", "max_tokens": ' "malformed JSON"
 bad 400 /v1/completions '[1, 2]' "not an object"
 bad 400 /v1/completions '{"prompt": "x", "temperature": "hot"}' "a string temperature"
 bad 400 /v1/completions '{"prompt": "x", "max_tokens": 0}' "max_tokens 0"
-bad 400 /v1/completions '{"prompt": "x", "n": 2}' "n = 2"
+bad 400 /v1/completions '{"prompt": "x", "n": 17}' "n = 17"
 bad 400 /v1/completions '{"prompt": [1, -4]}' "a negative token id"
 bad 400 /v1/completions '{"prompt": "x", "stop": [""]}' "an empty stop string"
 bad 400 /v1/chat/completions '{"messages": []}' "no messages"

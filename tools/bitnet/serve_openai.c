@@ -137,6 +137,14 @@ struct serve_job {
     size_t n_prompt;
     char *stops[BN_MAX_STOP_STRINGS];
     bool chat, stream, include_usage;
+    /* Choices (the request's n): each its own job and session, answering
+     * choice `index`; their events go to the carrier's queue (choice 0's),
+     * which holds every choice and counts those still running. */
+    int index;
+    serve_job *carrier;
+    serve_job **choices;
+    int n_choices, running;
+    bool seeded;               /* the request gave a seed                     */
     int logprobs;              /* -1: none; else the top alternatives a token */
     cJSON *lp_pending;         /* log-probability entries not yet sent        */
     size_t lp_offset;          /* text bytes before them (completions' offsets) */
@@ -180,9 +188,11 @@ static bool append(char **buf, size_t *len, size_t *cap, const char *text, size_
     return true;
 }
 
-/* Queues one server-sent event carrying o (deleted), or the text given. */
-static void push_event(serve_job *j, cJSON *o, const char *raw)
+/* Queues one server-sent event carrying o (deleted), or the text given,
+ * on the carrier's queue. */
+static void push_event(serve_job *job, cJSON *o, const char *raw)
 {
+    serve_job *j = job->carrier;
     char *text = o ? print_and_delete(o) : NULL;
     pthread_mutex_lock(&j->mu);
     if (text || raw) {
@@ -301,7 +311,7 @@ static cJSON *chunk(serve_job *j, const char *text, size_t len, bool role, const
     cJSON_AddStringToObject(o, "model", j->s->model_id);
     cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
     cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", j->index);
     char *piece = malloc(len + 1);
     if (piece) {
         memcpy(piece, text, len);
@@ -367,13 +377,17 @@ static const char *finish_reason(const serve_job *j)
     return j->result.stop == BN_STOP_MAX_TOKENS ? "length" : "stop";
 }
 
+/* The request's usage (j: the carrier): its prompt once, every choice's
+ * generated tokens. */
 static cJSON *usage(const serve_job *j)
 {
+    size_t out = 0;
+    for (int k = 0; k < j->n_choices; k++)
+        out += j->choices[k]->result.n_tokens;
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", (double)j->result.n_prompt_tokens);
-    cJSON_AddNumberToObject(u, "completion_tokens", (double)j->result.n_tokens);
-    cJSON_AddNumberToObject(u, "total_tokens",
-                            (double)(j->result.n_prompt_tokens + j->result.n_tokens));
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)out);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(j->result.n_prompt_tokens + out));
     return u;
 }
 
@@ -411,18 +425,25 @@ static void *job_thread(void *arg)
         push_event(j, o, NULL);
     } else {
         push_event(j, chunk(j, "", 0, false, finish_reason(j)), NULL);
-        if (j->include_usage) {
-            cJSON *o = chunk(j, "", 0, false, NULL);
-            cJSON_ReplaceItemInObject(o, "choices", cJSON_CreateArray());
-            cJSON_AddItemToObject(o, "usage", usage(j));
-            push_event(j, o, NULL);
-        }
     }
-    push_event(j, NULL, "[DONE]");
-    pthread_mutex_lock(&j->mu);
-    j->done = true;
-    pthread_cond_signal(&j->cv);
-    pthread_mutex_unlock(&j->mu);
+    /* The last choice to end closes the stream. */
+    serve_job *c = j->carrier;
+    pthread_mutex_lock(&c->mu);
+    const bool last = --c->running == 0;
+    pthread_mutex_unlock(&c->mu);
+    if (!last)
+        return NULL;
+    if (c->include_usage) {
+        cJSON *o = chunk(c, "", 0, false, NULL);
+        cJSON_ReplaceItemInObject(o, "choices", cJSON_CreateArray());
+        cJSON_AddItemToObject(o, "usage", usage(c));
+        push_event(c, o, NULL);
+    }
+    push_event(c, NULL, "[DONE]");
+    pthread_mutex_lock(&c->mu);
+    c->done = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
     return NULL;
 }
 
@@ -465,29 +486,10 @@ static void job_unlink(serve_job *j)
     pthread_mutex_unlock(&s->lock);
 }
 
-void serve_job_release(serve_job *j, size_t *in, size_t *out)
+/* One choice's job freed (its thread, if any, joined before). */
+static void job_free(serve_job *j)
 {
-    if (!j)
-        return;
-    if (j->threaded) {
-        pthread_mutex_lock(&j->mu);
-        const bool early = !j->done;
-        pthread_mutex_unlock(&j->mu);
-        if (early) { /* the client left before the end */
-            atomic_store(&j->gone, true);
-            bn_session_cancel(j->session);
-            atomic_fetch_add(&j->s->disconnects, 1);
-        }
-        pthread_join(j->thread, NULL);
-        pthread_mutex_destroy(&j->mu);
-        pthread_cond_destroy(&j->cv);
-    }
-    if (in)
-        *in = j->result.n_prompt_tokens;
-    if (out)
-        *out = j->result.n_tokens;
     job_unlink(j);
-    atomic_fetch_sub(&j->s->in_flight, 1);
     bn_session_free(j->session);
     for (int i = 0; i < BN_MAX_STOP_STRINGS; i++)
         free(j->stops[i]);
@@ -496,6 +498,46 @@ void serve_job_release(serve_job *j, size_t *in, size_t *out)
     free(j->q);
     cJSON_Delete(j->lp_pending);
     free(j);
+}
+
+void serve_job_release(serve_job *j, size_t *in, size_t *out)
+{
+    if (!j)
+        return;
+    bool early = false;
+    if (j->threaded) {
+        pthread_mutex_lock(&j->mu);
+        early = !j->done;
+        pthread_mutex_unlock(&j->mu);
+        if (early) /* the client left before the end */
+            atomic_fetch_add(&j->s->disconnects, 1);
+    }
+    for (int k = 0; k < j->n_choices; k++) {
+        serve_job *c = j->choices[k];
+        if (early) {
+            atomic_store(&c->gone, true);
+            bn_session_cancel(c->session);
+        }
+    }
+    for (int k = 0; k < j->n_choices; k++)
+        if (j->choices[k]->threaded)
+            pthread_join(j->choices[k]->thread, NULL);
+    if (j->threaded) {
+        pthread_mutex_destroy(&j->mu);
+        pthread_cond_destroy(&j->cv);
+    }
+    size_t generated = 0;
+    for (int k = 0; k < j->n_choices; k++)
+        generated += j->choices[k]->result.n_tokens;
+    if (in)
+        *in = j->result.n_prompt_tokens;
+    if (out)
+        *out = generated;
+    atomic_fetch_sub(&j->s->in_flight, j->n_choices > 0 ? j->n_choices : 1);
+    for (int k = 1; k < j->n_choices; k++)
+        job_free(j->choices[k]);
+    free(j->choices);
+    job_free(j);
 }
 
 void serve_cancel_all(server *s)
@@ -712,7 +754,7 @@ static bool read_sampling(server *s, serve_job *j, const cJSON *req, serve_reply
         !get_number(req, "repeat_penalty", 0.0, 100.0, &repeat_penalty, r) ||
         !get_int(req, "top_k", 0, 1 << 30, &top_k, r) ||
         !get_int(req, "seed", 0, 9.2e18, &seed, r) ||
-        !get_int(req, "n", 1, 1, &n, r) ||
+        !get_int(req, "n", 1, 16, &n, r) ||
         !get_int(req, "max_tokens", 1, 1e15, &max_tokens, r) ||
         !get_int(req, "max_completion_tokens", 1, 1e15, &max_tokens, r) ||
         !get_number(req, "presence_penalty", 0.0, 0.0, &presence, r) ||
@@ -752,6 +794,8 @@ static bool read_sampling(server *s, serve_job *j, const cJSON *req, serve_reply
             return false;
         }
     }
+    j->n_choices = (int)n;
+    j->seeded = seed >= 0;
     p->temperature = (float)temperature;
     p->top_p = (float)top_p;
     p->min_p = (float)min_p;
@@ -793,23 +837,76 @@ static cJSON *whole_answer(serve_job *j)
     cJSON_AddStringToObject(o, "object", j->chat ? "chat.completion" : "text_completion");
     cJSON_AddNumberToObject(o, "created", (double)j->created);
     cJSON_AddStringToObject(o, "model", j->s->model_id);
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", 0);
-    if (j->chat) {
-        cJSON *m = cJSON_AddObjectToObject(c, "message");
-        cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", j->text ? j->text : "");
-    } else {
-        cJSON_AddStringToObject(c, "text", j->text ? j->text : "");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    for (int k = 0; k < j->n_choices; k++) {
+        serve_job *q = j->choices[k];
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddItemToArray(choices, c);
+        cJSON_AddNumberToObject(c, "index", k);
+        if (q->chat) {
+            cJSON *m = cJSON_AddObjectToObject(c, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddStringToObject(m, "content", q->text ? q->text : "");
+        } else {
+            cJSON_AddStringToObject(c, "text", q->text ? q->text : "");
+        }
+        if (q->logprobs >= 0)
+            cJSON_AddItemToObject(c, "logprobs", take_logprobs(q));
+        else
+            cJSON_AddNullToObject(c, "logprobs");
+        cJSON_AddStringToObject(c, "finish_reason", finish_reason(q));
     }
-    if (j->logprobs >= 0)
-        cJSON_AddItemToObject(c, "logprobs", take_logprobs(j));
-    else
-        cJSON_AddNullToObject(c, "logprobs");
-    cJSON_AddStringToObject(c, "finish_reason", finish_reason(j));
     cJSON_AddItemToObject(o, "usage", usage(j));
     return o;
+}
+
+/* Choice k > 0 of the request j: j's prompt and sampling, its own
+ * session, seed + k where the request gave a seed (another random one
+ * where not). NULL when there is no memory. */
+static serve_job *make_choice(serve_job *j, int k)
+{
+    serve_job *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->s = j->s;
+    c->chat = j->chat;
+    c->stream = j->stream;
+    c->index = k;
+    c->carrier = j;
+    c->created = j->created;
+    c->logprobs = j->logprobs;
+    memcpy(c->id, j->id, sizeof c->id);
+    c->params = j->params;
+    c->prompt = malloc((j->n_prompt ? j->n_prompt : 1) * sizeof *c->prompt);
+    bool ok = c->prompt != NULL;
+    if (ok)
+        memcpy(c->prompt, j->prompt, j->n_prompt * sizeof *c->prompt);
+    c->n_prompt = j->n_prompt;
+    c->params.prompt_tokens = c->prompt;
+    for (int i = 0; i < BN_MAX_STOP_STRINGS && ok; i++) {
+        c->params.stop[i] = NULL;
+        if (j->stops[i])
+            ok = (c->stops[i] = strdup(j->stops[i])) != NULL;
+        c->params.stop[i] = c->stops[i];
+    }
+    if (ok && c->logprobs >= 0)
+        ok = (c->lp_pending = cJSON_CreateArray()) != NULL;
+    c->params.seed = j->seeded ? j->params.seed + (uint64_t)k
+                               : j->params.seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(k + 1));
+    bn_error err;
+    if (ok)
+        ok = bn_session_create(j->s->model, &c->session, &err) == BN_OK;
+    if (!ok) {
+        job_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+static void *choice_thread(void *arg)
+{
+    job_run(arg);
+    return NULL;
 }
 
 void serve_completions(server *s, const char *body, size_t len, bool chat, serve_reply *r)
@@ -825,6 +922,7 @@ void serve_completions(server *s, const char *body, size_t len, bool chat, serve
     }
     j->s = s;
     j->chat = chat;
+    j->carrier = j;
     j->created = (int64_t)time(NULL);
     snprintf(j->id, sizeof j->id, "%s-%llu", chat ? "chatcmpl" : "cmpl",
              (unsigned long long)atomic_fetch_add(&s->next_id, 1));
@@ -836,39 +934,90 @@ void serve_completions(server *s, const char *body, size_t len, bool chat, serve
     bn_error err;
     if (ok && bn_session_create(s->model, &j->session, &err) != BN_OK)
         serve_error(r, 503, "server_error", NULL, "%s", err.message);
-    if (!ok || !j->session) {
+    /* The other choices, each counted as a request waiting or running. */
+    const int n = ok && j->session ? j->n_choices : 0;
+    j->choices = calloc((size_t)(n > 0 ? n : 1), sizeof *j->choices);
+    j->n_choices = 0;
+    if (j->choices && n > 0) {
+        j->choices[j->n_choices++] = j;
+        atomic_fetch_add(&s->in_flight, n - 1);
+        for (int k = 1; k < n; k++) {
+            serve_job *c = make_choice(j, k);
+            if (!c) {
+                atomic_fetch_sub(&s->in_flight, n - j->n_choices);
+                serve_error(r, 503, "server_error", NULL, "no memory for %d choices", n);
+                break;
+            }
+            j->choices[j->n_choices++] = c;
+        }
+    }
+    if (!ok || !j->session || j->n_choices < n || !j->choices) {
+        if (ok && j->session && !j->choices)
+            serve_error(r, 500, "server_error", NULL, "out of memory");
         serve_job_release(j, NULL, NULL);
         return;
     }
-    j->t_start = now_seconds();
-    j->deadline = s->opt.timeout_s > 0.0 ? j->t_start + s->opt.timeout_s : 0.0;
+    const double t0 = now_seconds();
     pthread_mutex_lock(&s->lock);
-    j->next = s->jobs;
-    s->jobs = j;
+    for (int k = 0; k < j->n_choices; k++) {
+        serve_job *c = j->choices[k];
+        c->t_start = t0;
+        c->deadline = s->opt.timeout_s > 0.0 ? t0 + s->opt.timeout_s : 0.0;
+        c->next = s->jobs;
+        s->jobs = c;
+    }
     pthread_mutex_unlock(&s->lock);
     if (j->stream) {
         pthread_mutex_init(&j->mu, NULL);
         pthread_cond_init(&j->cv, NULL);
-        if (pthread_create(&j->thread, NULL, job_thread, j) != 0) {
-            pthread_mutex_destroy(&j->mu);
-            pthread_cond_destroy(&j->cv);
+        j->threaded = true;
+        j->running = j->n_choices;
+        int started = 0;
+        for (int k = 0; k < j->n_choices; k++) {
+            serve_job *c = j->choices[k];
+            c->threaded = pthread_create(&c->thread, NULL, job_thread, c) == 0;
+            started += c->threaded;
+        }
+        if (started < j->n_choices) { /* the started ones are cancelled and joined */
+            pthread_mutex_lock(&j->mu);
+            j->running -= j->n_choices - started;
+            pthread_mutex_unlock(&j->mu);
             serve_job_release(j, NULL, NULL);
-            serve_error(r, 503, "server_error", NULL, "could not start the request's thread");
+            serve_error(r, 503, "server_error", NULL, "could not start the request's threads");
             return;
         }
-        j->threaded = true;
         r->status = 200;
         r->content_type = "text/event-stream";
         r->stream = j;
         return;
     }
+    /* Whole answers: the other choices on threads of their own, so that
+     * all of them are decoded together. */
+    for (int k = 1; k < j->n_choices; k++) {
+        serve_job *c = j->choices[k];
+        c->threaded = pthread_create(&c->thread, NULL, choice_thread, c) == 0;
+        if (!c->threaded)
+            job_run(c);
+    }
     job_run(j);
-    if (j->status != BN_OK)
-        serve_error(r, j->status == BN_ERR_INVALID_ARGUMENT ? 400 : 500,
-                    j->status == BN_ERR_INVALID_ARGUMENT ? "invalid_request_error"
-                                                         : "server_error",
-                    NULL, "%s", j->err.message);
-    else if (j->timed_out)
+    for (int k = 1; k < j->n_choices; k++)
+        if (j->choices[k]->threaded) {
+            pthread_join(j->choices[k]->thread, NULL);
+            j->choices[k]->threaded = false;
+        }
+    serve_job *failed = NULL, *late = NULL;
+    for (int k = 0; k < j->n_choices; k++) {
+        if (j->choices[k]->status != BN_OK && !failed)
+            failed = j->choices[k];
+        if (j->choices[k]->timed_out && !late)
+            late = j->choices[k];
+    }
+    if (failed)
+        serve_error(r, failed->status == BN_ERR_INVALID_ARGUMENT ? 400 : 500,
+                    failed->status == BN_ERR_INVALID_ARGUMENT ? "invalid_request_error"
+                                                              : "server_error",
+                    NULL, "%s", failed->err.message);
+    else if (late)
         serve_error(r, 504, "timeout", NULL, "the request took longer than the server's --timeout");
     else
         reply_json(r, 200, whole_answer(j));
