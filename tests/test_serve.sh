@@ -33,35 +33,14 @@ check() { # condition-result what
 # A JSON field of a file: json FILE EXPR (a Python expression over j).
 json() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1" 2>/dev/null; }
 
+. "$(dirname "$0")/serve_lib.sh"
 # Starts a server with the given options; sets url and pid (name: $1).
 start() {
     local name=$1
     shift
-    "$BITNET" serve --port 0 "$@" 2>"$tmp/$name.err" &
-    pid=$!
-    pids+=("$pid")
-    for _ in $(seq 1 300); do
-        grep -q 'bitnet serve: ready' "$tmp/$name.err" 2>/dev/null && break
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    port=$(sed -n 's#.*listening on http://127.0.0.1:\([0-9]*\).*#\1#p' "$tmp/$name.err")
-    url="http://127.0.0.1:$port"
-    grep -q 'bitnet serve: ready' "$tmp/$name.err"
+    serve_start "$BITNET" "$tmp/$name.err" "$@"
     check $? "$name: the server is ready (stderr: $(head -c 300 "$tmp/$name.err"))"
-}
-# Sends the server signal $1 and waits for it (bounded); sets rc.
-stop_server() {
-    kill -"$1" "$pid"
-    rc=124
-    for _ in $(seq 1 200); do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            wait "$pid"
-            rc=$?
-            return
-        fi
-        sleep 0.1
-    done
+    pids+=("$pid")
 }
 # post PATH BODY OUTFILE [curl options]: prints the HTTP status.
 post() {
@@ -253,7 +232,7 @@ grep -qE '^POST /v1/completions 200 [0-9]+\+24 tokens [0-9]+ ms$' "$tmp/main.err
 check $? "one log line per request"
 
 # ---- SIGTERM: stop, exit 0 ----
-stop_server TERM
+serve_stop TERM
 check $([ "$rc" = 0 ] && grep -q 'bitnet serve: stopped' "$tmp/main.err"; echo $?) \
     "SIGTERM stops the server with exit 0 (rc $rc)"
 
@@ -287,7 +266,7 @@ check $([ "$code" = 429 ] && grep -qi '^Retry-After: 1' "$tmp/hdr"; echo $?) \
     "a full queue: 429 with Retry-After ($code)"
 kill "${busy[@]}" 2>/dev/null
 wait "${busy[@]}" 2>/dev/null
-stop_server INT
+serve_stop INT
 check $([ "$rc" = 0 ]; echo $?) "SIGINT stops the server with exit 0 (rc $rc)"
 
 # ---- --timeout: a request past it gets 504 ----
@@ -295,7 +274,7 @@ start slow --parallel 1 --timeout 0.2
 code=$(post /v1/completions "{\"prompt\": \"$P\", \"max_tokens\": 480, \"ignore_eos\": true}" "$tmp/e")
 check $([ "$code" = 504 ] && [ "$(json "$tmp/e" "j['error']['type']")" = timeout ]; echo $?) \
     "a request past --timeout: 504 ($code)"
-stop_server TERM
+serve_stop TERM
 check $([ "$rc" = 0 ]; echo $?) "the third server stops with exit 0 (rc $rc)"
 
 echo "ok: $checks checks, $fails failed"

@@ -11,22 +11,16 @@ here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 unset BITNET_API_KEY BITNET_DEVICE
 export BITNET_NUM_THREADS=2
-"$BITNET" serve --port 0 --parallel 16 --max-queue 128 2>"$tmp/err" &
-pid=$!
+. "$here/serve_lib.sh"
+pid=
 trap 'kill -9 $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-for _ in $(seq 1 300); do
-    grep -q 'bitnet serve: ready' "$tmp/err" && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-done
-port=$(sed -n 's#.*listening on http://127.0.0.1:\([0-9]*\).*#\1#p' "$tmp/err")
-grep -q 'bitnet serve: ready' "$tmp/err" || { echo "FAIL: the server did not start"; cat "$tmp/err"; exit 1; }
+serve_start "$BITNET" "$tmp/err" --parallel 16 --max-queue 128 ||
+    { echo "FAIL: the server did not start"; cat "$tmp/err"; exit 1; }
 python3 "$here/test_serve_load.py" "http://127.0.0.1:$port" "$pid"
 rc=$?
-kill -TERM "$pid"
-for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-wait "$pid"
-stop=$?
-[ "$stop" = 0 ] || { echo "FAIL: SIGTERM: exit code $stop"; tail -20 "$tmp/err"; rc=1; }
+status=$rc
+serve_stop TERM
+[ "$rc" = 0 ] || { echo "FAIL: SIGTERM: exit code $rc"; tail -20 "$tmp/err"; status=1; }
+rc=$status
 echo "server log: $(grep -c ' tokens ' "$tmp/err") request lines, $(grep -c 'connection ended early' "$tmp/err") ended early"
 exit $rc

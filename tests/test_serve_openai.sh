@@ -17,22 +17,15 @@ py="$venv/bin/python"
 tmp=$(mktemp -d)
 unset BITNET_API_KEY BITNET_DEVICE
 export BITNET_NUM_THREADS=2
-"$BITNET" serve --port 0 --parallel 4 --api-key test-key 2>"$tmp/err" &
-pid=$!
+. "$here/serve_lib.sh"
+pid=
 trap 'kill -9 $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-for _ in $(seq 1 300); do
-    grep -q 'bitnet serve: ready' "$tmp/err" && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-done
-port=$(sed -n 's#.*listening on http://127.0.0.1:\([0-9]*\).*#\1#p' "$tmp/err")
-grep -q 'bitnet serve: ready' "$tmp/err" || { echo "FAIL: the server did not start"; cat "$tmp/err"; exit 1; }
+serve_start "$BITNET" "$tmp/err" --parallel 4 --api-key test-key ||
+    { echo "FAIL: the server did not start"; cat "$tmp/err"; exit 1; }
 "$BITNET" run -p "And it came to pass" -n 24 --temp 0 >"$tmp/run.txt" 2>/dev/null
 "$py" "$here/test_serve_openai.py" "http://127.0.0.1:$port/v1" test-key "$tmp/run.txt"
 rc=$?
-kill -TERM "$pid"
-for _ in $(seq 1 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-wait "$pid"
-stop=$?
-[ "$stop" = 0 ] || { echo "FAIL: SIGTERM: exit code $stop"; rc=1; }
-exit $rc
+status=$rc
+serve_stop TERM
+[ "$rc" = 0 ] || { echo "FAIL: SIGTERM: exit code $rc"; status=1; }
+exit $status

@@ -16,19 +16,14 @@ venv=${BITNET_TEST_VENV:-$HOME/.cache/bitnet/test-venv}
 tmp=$(mktemp -d)
 unset BITNET_API_KEY BITNET_DEVICE
 export BITNET_NUM_THREADS=2
-"$BITNET" serve --port 0 --parallel 2 2>"$tmp/err" &
-pid=$!
+. "$here/serve_lib.sh"
+pid=
 trap 'kill -9 $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-for _ in $(seq 1 300); do
-    grep -q 'bitnet serve: ready' "$tmp/err" && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-done
-port=$(sed -n 's#.*listening on http://127.0.0.1:\([0-9]*\).*#\1#p' "$tmp/err")
-grep -q 'bitnet serve: ready' "$tmp/err" || { echo "FAIL: the server did not start"; cat "$tmp/err"; exit 1; }
+serve_start "$BITNET" "$tmp/err" --parallel 2 ||
+    { echo "FAIL: the server did not start"; cat "$tmp/err"; exit 1; }
 HOME="$tmp" timeout 240 "$venv/bin/python" "$here/test_serve_page.py" "http://127.0.0.1:$port"
 rc=$?
-kill -TERM "$pid"
-for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-wait "$pid" || { echo "FAIL: SIGTERM: the server's exit code was not 0"; rc=1; }
-exit $rc
+status=$rc
+serve_stop TERM
+[ "$rc" = 0 ] || { echo "FAIL: SIGTERM: the server's exit code was $rc"; status=1; }
+exit $status
