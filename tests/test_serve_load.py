@@ -6,7 +6,8 @@ after the first bytes. Every well-formed request must be answered with
 server's resident memory must come back within 10 % of its level after
 a warm-up, and /metrics must show no active sequence and no queue once
 the load ends. Standard library only; loopback; every wait bounded.
-argv: base URL, the server's pid."""
+argv: base URL, the server's pid, and "check" or "skip" (a sanitizer
+build: no memory comparison)."""
 import http.client
 import json
 import random
@@ -16,6 +17,7 @@ import time
 import urllib.parse
 
 base, pid = sys.argv[1], int(sys.argv[2])
+check_rss = len(sys.argv) < 4 or sys.argv[3] == "check"
 host = urllib.parse.urlparse(base)
 N_REQUESTS, N_CLIENTS, WARM_UP = 2000, 64, 200
 PROMPTS = ["And it came to pass", "The LORD is my shepherd", "In the beginning",
@@ -184,7 +186,7 @@ if stats["ok"] + stats["bad_ok"] + stats["left"] != N_REQUESTS:
 if not settled:
     print(f"FAIL: after the load: {m}")
     ok = False
-if rss_end > rss_warm * 1.10:
+if check_rss and rss_end > rss_warm * 1.10:
     print(f"FAIL: RSS grew from {rss_warm} to {rss_end} KiB")
     ok = False
 sys.exit(0 if ok else 1)
