@@ -8,7 +8,9 @@
 # usage: scripts/gpu-check.sh [SNAPSHOT.tar] [--deps PREFIX] [--sanitize] [--no-bench] [--no-tests]
 #                             [--label L] [--sanitize-only T1,T2] [--all-kernels]
 #   --deps PREFIX: where cJSON and PCRE2 headers/libraries are (a machine
-#   without Debian's -dev packages gets them carried in).
+#   without Debian's -dev packages gets them carried in); with microhttpd.h
+#   and libmicrohttpd (and the libraries it loads: gnutls and its chain)
+#   there too, `bitnet serve` is built.
 #   --label L: run only the ctest tests labelled L (e.g. gpu).
 #   --sanitize-only: the sanitizers over these gpu tests only.
 #   --all-kernels: the kernel benchmark times every GEMM kernel of the table,
