@@ -248,6 +248,13 @@ static bool set_api_key(bn_config *c, const char *v)
     memcpy(c->api_key, v, n + 1);
     return true;
 }
+/* The Python package reads BITNET_LIBRARY itself; the library only knows
+ * the name, so that it is not reported as unknown. */
+static bool set_library_path(bn_config *c, const char *v)
+{
+    (void)c;
+    return v[0] != '\0';
+}
 static bool set_gpu_fake(bn_config *c, const char *v)
 {
     if (!parse_backend_list(v, &c->gpu_fake_mask))
@@ -318,6 +325,8 @@ static const struct variable {
     {"BITNET_MODEL", "a path (1 to 1023 bytes) to a GGUF file or Hugging Face model directory",
      set_model},
     {"BITNET_API_KEY", "1 to 255 printable ASCII characters, no spaces", set_api_key},
+    {"BITNET_LIBRARY", "a path to libbitnet.so (read by the Python package only)",
+     set_library_path},
 };
 #define N_VARIABLES (sizeof variables / sizeof variables[0])
 
