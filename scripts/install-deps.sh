@@ -57,14 +57,17 @@ fi
 
 # From PyPI, in a virtual environment of their own: the official openai
 # package, which tests/test_serve_openai.sh talks to `bitnet serve` with,
-# selenium, which drives chromium in tests/test_serve_page.sh, and pytest
-# with setuptools and wheel for the Python package's tests (tests/test_python.sh,
-# which builds it without the network).
+# selenium, which drives chromium in tests/test_serve_page.sh, pytest with
+# setuptools and wheel for the Python package's tests (tests/test_python.sh,
+# which builds it without the network), and Ray Serve for
+# tests/test_ray_serve.sh (examples/ray_serve).
 venv=${BITNET_TEST_VENV:-$HOME/.cache/bitnet/test-venv}
-if "$venv/bin/python" -c 'import openai, selenium, pytest, setuptools, wheel' 2>/dev/null; then
-    echo "install-deps: openai, selenium and pytest are in $venv"
+if "$venv/bin/python" -c 'import openai, selenium, pytest, setuptools, wheel, ray.serve' \
+    2>/dev/null; then
+    echo "install-deps: openai, selenium, pytest and ray are in $venv"
 else
-    echo "install-deps: installing openai, selenium and pytest into $venv"
+    echo "install-deps: installing openai, selenium, pytest and ray into $venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q "openai>=1.0" "selenium>=4.10" "pytest>=7" "setuptools>=61" wheel
+    "$venv/bin/pip" install -q "openai>=1.0" "selenium>=4.10" "pytest>=7" "setuptools>=61" \
+        wheel "ray[serve]>=2.9"
 fi
