@@ -14,6 +14,7 @@ library's message and hint. Ctrl-C during a generation cancels it.
 import ctypes
 import queue
 import threading
+from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 from . import _lib as L
 
@@ -23,7 +24,7 @@ class BitnetError(RuntimeError):
     """A failure the library reported: ``status`` (its name, e.g. "io-error"),
     ``message`` and ``hint`` (what to do about it; "" when none)."""
 
-    def __init__(self, status, message, hint=""):
+    def __init__(self, status: str, message: str, hint: str = ""):
         self.status, self.message, self.hint = status, message, hint
         super().__init__(message + (f" (hint: {hint})" if hint else ""))
 
@@ -35,7 +36,7 @@ def _check(st, err):
                           err.hint.decode(errors="replace"))
 
 
-def version():
+def version() -> str:
     """The library's version, e.g. "0.1.0"."""
     return L.lib.bn_version().decode()
 
@@ -63,7 +64,9 @@ class Model:
     threads: CPU threads (None: all); max_sequences: generations decoded
     together when several run at once (1: one at a time)."""
 
-    def __init__(self, path=None, device="auto", ctx=None, threads=None, max_sequences=1):
+    def __init__(self, path: Optional[str] = None, device: str = "auto",
+                 ctx: Optional[int] = None, threads: Optional[int] = None,
+                 max_sequences: int = 1):
         opt = L.ModelOptions()
         L.lib.bn_model_options_default(ctypes.byref(opt))
         opt.path = path.encode() if path else None
@@ -80,13 +83,13 @@ class Model:
 
     # ---- lifetime -------------------------------------------------------------
 
-    def close(self):
+    def close(self) -> None:
         """Frees the model (generations must have ended)."""
         if getattr(self, "_m", None):
             L.lib.bn_model_close(self._m)
             self._m = None
 
-    def __enter__(self):
+    def __enter__(self) -> "Model":
         return self
 
     def __exit__(self, *exc):
@@ -103,7 +106,7 @@ class Model:
     # ---- what it is -------------------------------------------------------------
 
     @property
-    def info(self):
+    def info(self) -> Dict[str, object]:
         """What the model is and where it runs, as a dict."""
         i = self._info
         out = {}
@@ -114,7 +117,7 @@ class Model:
 
     # ---- tokens ---------------------------------------------------------------------
 
-    def tokenize(self, text, add_bos=True):
+    def tokenize(self, text: str, add_bos: bool = True) -> List[int]:
         """The token ids of text (BOS first when the tokenizer asks for it)."""
         data = text.encode()
         n = ctypes.c_size_t()
@@ -126,7 +129,7 @@ class Model:
                                        ctypes.byref(n), ctypes.byref(err)), err)
         return list(ids[:n.value])
 
-    def detokenize(self, tokens):
+    def detokenize(self, tokens: Sequence[int]) -> str:
         """The text of token ids (bytes a character cut in two become U+FFFD)."""
         ids = (L.c_int32 * max(len(tokens), 1))(*tokens)
         n = ctypes.c_size_t()
@@ -224,9 +227,11 @@ class Model:
         del keep
         return out
 
-    def generate(self, prompt, max_tokens=128, temperature=0.8, top_k=40, top_p=0.95,
-                 min_p=0.05, repeat_penalty=1.0, seed=0, stop=None, stream=False,
-                 logprobs=None):
+    def generate(self, prompt: Union[str, Sequence[int]], max_tokens: int = 128,
+                 temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
+                 min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int = 0,
+                 stop: Union[str, Sequence[str], None] = None, stream: bool = False,
+                 logprobs: Optional[int] = None) -> Union["Completion", Iterator[str]]:
         """Text generated after prompt (a string, or token ids used as they
         are): up to max_tokens tokens, sampled (temperature 0: greedy, the
         text `bitnet run --temp 0` prints), ending before any stop string.
@@ -262,7 +267,8 @@ class Model:
         if "error" in box:
             raise box["error"]
 
-    def chat(self, messages, **kw):
+    def chat(self, messages: Sequence[Dict[str, str]],
+             **kw) -> Union["Completion", Iterator[str]]:
         """The assistant's answer to messages ([{"role": "system" | "user" |
         "assistant", "content": ...}]) through the model's chat template;
         the other arguments as generate's."""
@@ -280,7 +286,8 @@ class Model:
                                          n.value + 1, ctypes.byref(n), ctypes.byref(err)), err)
         return self.generate(buf.raw[:n.value].decode(errors="replace"), **kw)
 
-    def generate_batch(self, prompts, **kw):
+    def generate_batch(self, prompts: Sequence[Union[str, Sequence[int]]],
+                       **kw) -> List["Completion"]:
         """generate() for each prompt, run together (up to the model's
         max_sequences in shared forward passes); a list of Completions in
         the prompts' order. Each prompt's text is what generate() gives it
@@ -304,7 +311,7 @@ class Model:
                 raise e
         return results
 
-    def perplexity(self, text, ctx=0):
+    def perplexity(self, text: str, ctx: int = 0) -> float:
         """Perplexity of text (bitnet perplexity's rule: chunks of ctx
         positions, BOS first in each; 0: 512 or the context if smaller)."""
         data = text.encode()

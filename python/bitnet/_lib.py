@@ -7,7 +7,8 @@ import ctypes.util
 import os
 
 c_bool, c_int, c_int32, c_int64 = ctypes.c_bool, ctypes.c_int, ctypes.c_int32, ctypes.c_int64
-c_uint64, c_float, c_double, c_size_t = ctypes.c_uint64, ctypes.c_float, ctypes.c_double, ctypes.c_size_t
+c_uint64, c_float, c_double = ctypes.c_uint64, ctypes.c_float, ctypes.c_double
+c_size_t = ctypes.c_size_t
 c_char_p, c_void_p = ctypes.c_char_p, ctypes.c_void_p
 
 MAX_STOP_STRINGS = 16
