@@ -74,6 +74,7 @@ class Model:
         opt.n_ctx = int(ctx or 0)
         opt.n_threads = int(threads or 0)
         opt.max_sequences = int(max_sequences)
+        self._max_sequences = max(1, int(max_sequences))
         self._m = ctypes.c_void_p()
         err = L.Error()
         _check(L.lib.bn_model_open(ctypes.byref(opt), ctypes.byref(self._m), ctypes.byref(err)),
@@ -294,14 +295,25 @@ class Model:
         alone."""
         results = [None] * len(prompts)
         errors = [None] * len(prompts)
+        todo = queue.Queue()
+        for k in range(len(prompts)):
+            todo.put(k)
 
-        def one(k):
-            try:
-                results[k] = self.generate(prompts[k], **kw)
-            except BitnetError as e:
-                errors[k] = e
+        def worker():
+            while True:
+                try:
+                    k = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    results[k] = self.generate(prompts[k], **kw)
+                except BitnetError as e:
+                    errors[k] = e
 
-        threads = [threading.Thread(target=one, args=(k,)) for k in range(len(prompts))]
+        # As many generations in flight as the model decodes together (each
+        # on a thread: the library batches them), not one thread a prompt.
+        threads = [threading.Thread(target=worker)
+                   for _ in range(min(len(prompts), self._max_sequences))]
         for t in threads:
             t.start()
         for t in threads:
