@@ -58,6 +58,9 @@ typedef struct server {
 extern const unsigned char serve_page[];
 extern const size_t serve_page_len;
 
+/* Monotonic seconds (serve_openai.c): request times, deadlines, the log. */
+double serve_now(void);
+
 /* The HTTP server (serve_http.c). */
 typedef struct serve_http serve_http;
 /* Listens on opt.host:opt.port; *port receives the port bound. */

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "serve.h"
@@ -33,13 +32,6 @@ typedef struct request {
     size_t tokens_in, tokens_out;
     serve_job *stream;
 } request;
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Whether the Authorization header carries the API key: "Bearer KEY",
  * compared in time that depends on the lengths only. */
@@ -65,17 +57,14 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     return n ? (ssize_t)n : MHD_CONTENT_READER_END_OF_STREAM;
 }
 
-static void stream_free(void *cls)
-{
-    (void)cls; /* the job is released when the request completes */
-}
-
 static enum MHD_Result send_reply(struct MHD_Connection *c, request *q, serve_reply *r)
 {
     struct MHD_Response *resp;
     if (r->stream) {
+        /* No free callback: the job is released when the request
+         * completes (on_completed). */
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, r->stream,
-                                                 stream_free);
+                                                 NULL);
         q->stream = r->stream;
         if (resp) {
             MHD_add_response_header(resp, "Cache-Control", "no-cache");
@@ -186,7 +175,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return MHD_NO;
         snprintf(q->method, sizeof q->method, "%s", method);
         snprintf(q->path, sizeof q->path, "%s", url);
-        q->t0 = now_seconds();
+        q->t0 = serve_now();
         *con_cls = q;
         atomic_fetch_add(&s->requests, 1);
         return MHD_YES;
@@ -233,7 +222,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     else if (q->status >= 400)
         atomic_fetch_add(&s->responses_4xx, 1);
     fprintf(stderr, "%s %s %d %zu+%zu tokens %.0f ms%s\n", q->method, q->path, q->status,
-            q->tokens_in, q->tokens_out, (now_seconds() - q->t0) * 1e3,
+            q->tokens_in, q->tokens_out, (serve_now() - q->t0) * 1e3,
             why == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
     free(q->body);
     free(q);

@@ -19,7 +19,7 @@
 
 #include "serve.h"
 
-static double now_seconds(void)
+double serve_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -359,13 +359,13 @@ static bool on_token(void *user, int32_t token, const char *text, size_t len)
     (void)token;
     if (!j->first_seen) {
         j->first_seen = true;
-        ttft_observe(j->s, now_seconds() - j->t_start);
+        ttft_observe(j->s, serve_now() - j->t_start);
     }
     if (len && !append(&j->text, &j->text_len, &j->text_cap, text, len))
         return false;
     if (j->stream && len)
         push_event(j, chunk(j, text, len, false, NULL), NULL);
-    if (j->deadline > 0.0 && now_seconds() > j->deadline) {
+    if (j->deadline > 0.0 && serve_now() > j->deadline) {
         j->timed_out = true;
         return false;
     }
@@ -550,7 +550,7 @@ void serve_cancel_all(server *s)
 
 void serve_cancel_late(server *s)
 {
-    const double now = now_seconds();
+    const double now = serve_now();
     pthread_mutex_lock(&s->lock);
     for (serve_job *j = s->jobs; j; j = j->next)
         if (j->deadline > 0.0 && now > j->deadline && !atomic_load(&j->late)) {
@@ -957,7 +957,7 @@ void serve_completions(server *s, const char *body, size_t len, bool chat, serve
         serve_job_release(j, NULL, NULL);
         return;
     }
-    const double t0 = now_seconds();
+    const double t0 = serve_now();
     pthread_mutex_lock(&s->lock);
     for (int k = 0; k < j->n_choices; k++) {
         serve_job *c = j->choices[k];
