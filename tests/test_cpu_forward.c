@@ -35,6 +35,7 @@
 
 #include "cpu_backend.h"
 #include "model.h"
+#include "quant_rules.h"
 #include "test_util.h"
 
 #define TOL 1e-5
@@ -74,6 +75,16 @@ static void ref_norm_quantize(const float *x, const float *w, int64_t n, float e
     for (int64_t i = 0; i < n; i++) {
         umax = fmax(umax, fabs((double)w[i] * x[i]));
         amax = fmaxf(amax, fabsf(w[i] * (x[i] * inv)));
+    }
+    if (amax < BN_QUANT_EPS || umax == 0.0) {
+        /* A row of (near) zeros, e.g. relu^2 of an all-negative gate on
+         * these tiny shapes: the backend's plain rule with the scale
+         * floored at 127 / BN_QUANT_EPS. */
+        const float s = 127.0f / (amax >= BN_QUANT_EPS ? amax : BN_QUANT_EPS);
+        for (int64_t i = 0; i < n; i++)
+            q[i] = (int8_t)fmax(-128.0, fmin(127.0, rint(w[i] * (x[i] * inv) * s)));
+        *scale = s;
+        return;
     }
     for (int64_t i = 0; i < n; i++)
         q[i] = (int8_t)rint(127.0 * ((double)w[i] * x[i]) / umax);
