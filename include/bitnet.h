@@ -586,6 +586,10 @@ typedef struct bn_model_stats {
     int max_sequences, kv_block_size;
     int32_t kv_blocks, kv_blocks_held, kv_blocks_cached; /* held: by running sequences */
     uint64_t batch_steps, batch_rows, batch_preemptions;
+    /* Seconds the scheduler's thread spent in those passes' forward, and
+     * after them handing out their tokens (sampling on the host, the token
+     * callbacks): the second is time the device waits. */
+    double batch_forward_seconds, batch_token_seconds;
 } bn_model_stats;
 
 /* Thread safety: as bn_model_get_info (it waits for a computation running). */

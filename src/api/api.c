@@ -387,6 +387,8 @@ bn_status bn_model_get_stats(bn_model *m, bn_model_stats *stats, bn_error *err)
         stats->batch_steps = bs.steps;
         stats->batch_rows = bs.rows;
         stats->batch_preemptions = bs.preemptions;
+        stats->batch_forward_seconds = bs.forward_seconds;
+        stats->batch_token_seconds = bs.token_seconds;
     }
     stats->gpu = ei.gpu;
     if (!ei.gpu)

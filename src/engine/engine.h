@@ -265,6 +265,10 @@ typedef struct bn_batch_stats {
      * rows and wall time, the aggregate decode rate. */
     uint64_t decode_passes, decode_rows;
     double decode_seconds;
+    /* Time in every pass's forward, and in handing out the tokens of the
+     * passes (host sampling, the token callbacks): what the scheduler's
+     * thread spends outside the device. */
+    double forward_seconds, token_seconds;
 } bn_batch_stats;
 void bn_engine_batch_stats(const bn_engine *e, bn_batch_stats *out);
 /* Starts blocks.peak_held again from the blocks held now. */

@@ -50,6 +50,9 @@ struct bn_engine {
     uint64_t batch_steps, batch_rows, preemptions;
     uint64_t decode_passes, decode_rows; /* passes of decode rows only */
     double decode_seconds;
+    /* Every pass's forward, and the handing out of its tokens after it
+     * (sampling on the host, the streams' callbacks). */
+    double forward_seconds, token_seconds;
 };
 
 /* A growing byte buffer for the generated text (NUL-terminated). */

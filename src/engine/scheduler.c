@@ -457,12 +457,14 @@ static bn_status step(sched *sc, bn_error *err)
                         : e->backend->ops->forward_rows(e->backend, &rows, sc->logits, err);
     if (st != BN_OK)
         return st;
+    const double t1 = bn_time_seconds();
     e->batch_steps++;
     e->batch_rows += (uint64_t)n_rows;
+    e->forward_seconds += t1 - t0;
     if (decode_only) {
         e->decode_passes++;
         e->decode_rows += (uint64_t)n_rows;
-        e->decode_seconds += bn_time_seconds() - t0;
+        e->decode_seconds += t1 - t0;
     }
     /* The positions are computed: their full blocks may be shared now. */
     for (size_t i = 0; i < sc->n; i++)
@@ -475,6 +477,7 @@ static bn_status step(sched *sc, bn_error *err)
             s->state == SEQ_RUNNING)
             seq_finish(sc, s);
     }
+    e->token_seconds += bn_time_seconds() - t1;
     return BN_OK;
 }
 
@@ -682,6 +685,8 @@ void bn_engine_batch_stats(const bn_engine *e, bn_batch_stats *out)
     out->decode_passes = e->decode_passes;
     out->decode_rows = e->decode_rows;
     out->decode_seconds = e->decode_seconds;
+    out->forward_seconds = e->forward_seconds;
+    out->token_seconds = e->token_seconds;
 }
 
 void bn_engine_batch_reset_peak(bn_engine *e)

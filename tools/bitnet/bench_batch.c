@@ -26,9 +26,9 @@ static void usage(FILE *out)
             "Runs N requests at once through the batching scheduler, for each N of --seqs,\n"
             "on a model of the BitNet b1.58 2B-4T shape with random ternary weights, and\n"
             "prints the aggregate decode tokens/s, the tokens/s one sequence sees, the time\n"
-            "to first token (p50, p99), the forward passes and the KV cache the run held at\n"
-            "its peak. Where the\n"
-            "device does not batch (CUDA for now) the requests run one at a time.\n"
+            "to first token (p50, p99), the forward passes, the KV cache the run held at its\n"
+            "peak, and \"tok %%\": the share of the scheduler's time spent handing out the\n"
+            "passes' tokens (sampling on the host, callbacks) while the device waits.\n"
             "\n"
             "  --shape S           2b4t (default) or tiny (2 layers, dim 256)\n"
             "  --device D          auto, cpu, gpu, cuda, cuda:N (default: BITNET_DEVICE, else\n"
@@ -197,12 +197,17 @@ static int run_count(bn_engine *e, const bench_cfg *b, int n, const char *label)
         const double position_mib = 2.0 * b->hp.n_layer * b->hp.n_head_kv * b->hp.head_dim *
                                     (b->kv_f16 ? 2.0 : 4.0) / (1024.0 * 1024.0);
         const double kv_mib = (double)s1.blocks.peak_held * s1.block_size * position_mib;
-        printf("%-10s %5d %10.1f %10.1f %11.1f %9.1f %9.1f %8.3f %7llu %7.1f %6llu %8.1f\n",
+        /* The share of the scheduler's time spent handing tokens out
+         * after the passes, while the device waits. */
+        const double fwd = s1.forward_seconds - s0.forward_seconds,
+                     tok = s1.token_seconds - s0.token_seconds;
+        printf("%-10s %5d %10.1f %10.1f %11.1f %9.1f %9.1f %8.3f %7llu %7.1f %6llu %8.1f %6.1f\n",
                label, n,
                decode_rate, wall > 0.0 ? (double)tokens / wall : 0.0, per_seq / n,
                percentile(ttft, (size_t)n, 0.5) * 1e3, percentile(ttft, (size_t)n, 0.99) * 1e3,
                wall, (unsigned long long)steps, steps ? (double)rows / (double)steps : 0.0,
-               (unsigned long long)(s1.preemptions - s0.preemptions), kv_mib);
+               (unsigned long long)(s1.preemptions - s0.preemptions), kv_mib,
+               fwd + tok > 0.0 ? 100.0 * tok / (fwd + tok) : 0.0);
         fflush(stdout);
     }
     free(reqs);
@@ -416,9 +421,9 @@ int bench_batch(int argc, char **argv, const bn_config *cfg)
                    "each, greedy; KV cache %lld positions in blocks of 32\n",
                    shape, b.prompt, b.prefix ? " (a shared prefix)" : "", b.gen,
                    (long long)b.max_seqs * ((b.prompt + b.gen + 31) / 32 * 32));
-            printf("%-10s %5s %10s %10s %11s %9s %9s %8s %7s %7s %6s %8s\n", "prefix", "seqs",
-                   "decode t/s", "output t/s", "per-seq t/s", "ttft p50", "ttft p99", "wall s",
-                   "passes", "rows/p", "preempt", "KV MiB");
+            printf("%-10s %5s %10s %10s %11s %9s %9s %8s %7s %7s %6s %8s %6s\n", "prefix",
+                   "seqs", "decode t/s", "output t/s", "per-seq t/s", "ttft p50", "ttft p99",
+                   "wall s", "passes", "rows/p", "preempt", "KV MiB", "tok %");
         }
         const char *label = !b.prefix ? "-" : sharing ? "shared" : "unshared";
         rc = warm_up(e, &b);

@@ -193,11 +193,15 @@ int cmd_serve(int argc, char **argv, const bn_config *cfg)
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    /* Without the waker thread tokens still stream: their poster wakes
+     * the readers itself. */
+    (void)serve_waker_start(&s.waker, 2 * (size_t)(o->parallel + o->max_queue) + 64);
     char why[256];
     int port = 0;
     serve_http *http = serve_http_start(&s, &port, why, sizeof why);
     if (!http) {
         fprintf(stderr, "bitnet " CMD ": error: %s\n", why);
+        serve_waker_stop(&s.waker);
         return BN_EXIT_FAILURE;
     }
     fprintf(stderr, "bitnet serve: listening on http://%s%s%s:%d, loading %s\n",
@@ -211,6 +215,7 @@ int cmd_serve(int argc, char **argv, const bn_config *cfg)
     if (bn_model_open(&mo, &s.model, &err) != BN_OK ||
         bn_model_get_info(s.model, &s.info, &err) != BN_OK) {
         serve_http_stop(http);
+        serve_waker_stop(&s.waker);
         bn_model_close(s.model);
         return cli_fail(&err);
     }
@@ -239,6 +244,7 @@ int cmd_serve(int argc, char **argv, const bn_config *cfg)
         drained(&s, 30.0);
     }
     serve_http_stop(http);
+    serve_waker_stop(&s.waker);
     bn_model_close(s.model);
     pthread_mutex_destroy(&s.lock);
     fprintf(stderr, "bitnet serve: stopped\n");

@@ -33,6 +33,30 @@ typedef struct serve_opts {
 
 typedef struct serve_job serve_job;
 
+/* Wakes the threads that send streams for the generation thread
+ * (serve_wake.c says why). */
+typedef struct serve_waker {
+    pthread_t thread;
+    bool running, sleeping, stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;        /* work, or stop                              */
+    pthread_cond_t done;      /* a list signalled                           */
+    serve_job **todo, **doing; /* posted; being signalled (no lock held)   */
+    size_t n_todo, n_doing, cap;
+} serve_waker;
+
+/* Starts the thread; lists of `capacity` jobs (more at once are signalled
+ * by their poster). false: no thread, every post returns false. */
+bool serve_waker_start(serve_waker *w, size_t capacity);
+void serve_waker_stop(serve_waker *w);
+/* Queues j to be woken (serve_job_wake); false: the caller must wake it. */
+bool serve_waker_post(serve_waker *w, serve_job *j);
+/* Takes j off the lists, waiting while it is being woken: call before j's
+ * mutex goes, once nothing posts j any more. */
+void serve_waker_forget(serve_waker *w, serve_job *j);
+/* Wakes j's reader (serve_openai.c): what the waker does to a job. */
+void serve_job_wake(serve_job *j);
+
 typedef struct server {
     serve_opts opt;
     bn_model *model;
@@ -52,6 +76,7 @@ typedef struct server {
     uint64_t ttft_count[SERVE_TTFT_BUCKETS + 1];
     double ttft_sum;
     double gen_seconds;       /* summed over finished generations           */
+    serve_waker waker;        /* wakes stream readers for the scheduler     */
 } server;
 
 /* The chat page served at / (serve_page.html, embedded at build time). */

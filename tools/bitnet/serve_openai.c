@@ -168,6 +168,8 @@ struct serve_job {
     char *q;
     size_t q_len, q_off, q_cap;
     bool done;
+    bool reader_waiting;       /* serve_job_read sleeps on cv               */
+    bool wake_posted;          /* on the waker's list                       */
 };
 
 static bool append(char **buf, size_t *len, size_t *cap, const char *text, size_t n)
@@ -188,22 +190,51 @@ static bool append(char **buf, size_t *len, size_t *cap, const char *text, size_
     return true;
 }
 
-/* Queues one server-sent event carrying o (deleted), or the text given,
- * on the carrier's queue. */
-static void push_event(serve_job *job, cJSON *o, const char *raw)
+/* Appends one server-sent event carrying o (deleted), or the text given,
+ * to the carrier's queue; true when its reader sleeps and needs waking.
+ * The caller holds the carrier's mutex. */
+static bool queue_event(serve_job *j, cJSON *o, const char *raw)
 {
-    serve_job *j = job->carrier;
     char *text = o ? print_and_delete(o) : NULL;
-    pthread_mutex_lock(&j->mu);
     if (text || raw) {
         append(&j->q, &j->q_len, &j->q_cap, "data: ", 6);
         const char *t = text ? text : raw;
         append(&j->q, &j->q_len, &j->q_cap, t, strlen(t));
         append(&j->q, &j->q_len, &j->q_cap, "\n\n", 2);
     }
+    free(text);
+    return j->reader_waiting;
+}
+
+/* Queues an event and wakes the reader: for the job's own thread. */
+static void push_event(serve_job *job, cJSON *o, const char *raw)
+{
+    serve_job *j = job->carrier;
+    pthread_mutex_lock(&j->mu);
+    if (queue_event(j, o, raw))
+        pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+/* Queues a token's event on the scheduler's thread, which hands the
+ * reader's wake-up to the waker (serve_wake.c). */
+static void push_token_event(serve_job *job, cJSON *o)
+{
+    serve_job *j = job->carrier;
+    pthread_mutex_lock(&j->mu);
+    const bool post = queue_event(j, o, NULL) && !j->wake_posted;
+    j->wake_posted |= post;
+    pthread_mutex_unlock(&j->mu);
+    if (post && !serve_waker_post(&j->s->waker, j))
+        serve_job_wake(j);
+}
+
+void serve_job_wake(serve_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    j->wake_posted = false;
     pthread_cond_signal(&j->cv);
     pthread_mutex_unlock(&j->mu);
-    free(text);
 }
 
 /* ---- log-probabilities ------------------------------------------------------------------ */
@@ -364,7 +395,7 @@ static bool on_token(void *user, int32_t token, const char *text, size_t len)
     if (len && !append(&j->text, &j->text_len, &j->text_cap, text, len))
         return false;
     if (j->stream && len)
-        push_event(j, chunk(j, text, len, false, NULL), NULL);
+        push_token_event(j, chunk(j, text, len, false, NULL));
     if (j->deadline > 0.0 && serve_now() > j->deadline) {
         j->timed_out = true;
         return false;
@@ -454,7 +485,9 @@ size_t serve_job_read(serve_job *j, char *buf, size_t max)
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
         until.tv_sec += 1;
+        j->reader_waiting = true;
         pthread_cond_timedwait(&j->cv, &j->mu, &until);
+        j->reader_waiting = false;
     }
     size_t n = 0;
     if (j->q_off < j->q_len) {
@@ -523,6 +556,7 @@ void serve_job_release(serve_job *j, size_t *in, size_t *out)
         if (j->choices[k]->threaded)
             pthread_join(j->choices[k]->thread, NULL);
     if (j->threaded) {
+        serve_waker_forget(&j->s->waker, j); /* nothing posts it now */
         pthread_mutex_destroy(&j->mu);
         pthread_cond_destroy(&j->cv);
     }
@@ -1182,6 +1216,12 @@ void serve_metrics(server *s, serve_reply *r)
         LINE("bitnet_kv_blocks{state=\"total\"} %d\n", (int)ms.kv_blocks);
         LINE("bitnet_kv_blocks{state=\"used\"} %d\n", (int)ms.kv_blocks_held);
         LINE("bitnet_kv_blocks{state=\"cached\"} %d\n", (int)ms.kv_blocks_cached);
+        LINE("# HELP bitnet_scheduler_seconds_total The scheduler thread's time: in forward "
+             "passes, and handing their tokens to the requests (the device waits then).\n");
+        LINE("# TYPE bitnet_scheduler_seconds_total counter\n");
+        LINE("bitnet_scheduler_seconds_total{part=\"forward\"} %.6f\n",
+             ms.batch_forward_seconds);
+        LINE("bitnet_scheduler_seconds_total{part=\"tokens\"} %.6f\n", ms.batch_token_seconds);
     }
     pthread_mutex_lock(&s->lock);
     const double gen_seconds = s->gen_seconds, sum = s->ttft_sum;
