@@ -155,6 +155,60 @@ static void check_problem(int64_t n, int64_t k, int64_t m, bn_threadpool *pools[
     free(y);
 }
 
+/* A group of products of one input (q, k, v in one job of the pool) on
+ * ragged row counts: every output equals its own product's, bit for bit,
+ * for any thread count, and nothing outside the outputs is written. */
+static void check_group(int64_t k, int64_t m, bn_threadpool *pools[3])
+{
+    enum { COUNT = 3 };
+    int64_t n[COUNT];
+    int8_t *codes[COUNT];
+    bn_w2a8_weights w[COUNT];
+    float *ref[COUNT], *y[COUNT];
+    float *x = malloc((size_t)(m * k) * sizeof *x);
+    random_activations(x, m * k);
+    bn_q8_rows xq;
+    CHECK(bn_q8_rows_alloc(&xq, m, k, NULL) == BN_OK);
+    bn_w2a8_quantize(&bn_provider_scalar, x, m, k, &xq);
+    const bn_kernel_provider *best = &bn_provider_scalar;
+    CHECK(bn_kernel_select(&best, NULL) == BN_OK);
+    for (int i = 0; i < COUNT; i++) {
+        n[i] = test_rand_range(1, 90);
+        codes[i] = malloc((size_t)(n[i] * k));
+        random_codes(codes[i], n[i] * k);
+        CHECK(bn_w2a8_pack(best, codes[i], n[i], k, test_rand_float(0.01f, 2.0f), &w[i], NULL) ==
+              BN_OK);
+        ref[i] = malloc((size_t)(m * n[i] + 1) * sizeof(float));
+        y[i] = malloc((size_t)(m * n[i] + 1) * sizeof(float));
+        CHECK(bn_w2a8_matmul(&w[i], &xq, ref[i], n[i], NULL, NULL) == BN_OK);
+    }
+    const bn_w2a8_weights *wp[COUNT] = {&w[0], &w[1], &w[2]};
+    for (int t = 0; t < 3; t++) {
+        for (int i = 0; i < COUNT; i++)
+            for (int64_t j = 0; j <= m * n[i]; j++)
+                y[i][j] = POISON;
+        CHECK(bn_w2a8_matmul_group(wp, COUNT, &xq, y, n, pools[t], NULL) == BN_OK);
+        for (int i = 0; i < COUNT; i++) {
+            int diff = 0;
+            for (int64_t j = 0; j < m * n[i]; j++)
+                diff += !same_bits(y[i][j], ref[i][j]);
+            CHECK_MSG(diff == 0 && same_bits(y[i][m * n[i]], POISON),
+                      "group, %d threads: product %d (n=%lld k=%lld m=%lld): %d outputs differ "
+                      "or one past them was written",
+                      bn_threadpool_size(pools[t]), i, (long long)n[i], (long long)k,
+                      (long long)m, diff);
+        }
+    }
+    for (int i = 0; i < COUNT; i++) {
+        bn_w2a8_weights_free(&w[i]);
+        free(codes[i]);
+        free(ref[i]);
+        free(y[i]);
+    }
+    bn_q8_rows_free(&xq);
+    free(x);
+}
+
 static void test_errors(void)
 {
     bn_w2a8_weights w;
@@ -170,6 +224,11 @@ static void test_errors(void)
     float y[1];
     CHECK(bn_w2a8_matmul(&w, &x, y, 1, NULL, &e) == BN_ERR_INVALID_ARGUMENT);
     CHECK_STR_CONTAINS(e.message, "columns");
+    const bn_w2a8_weights *group[5] = {&w, &w, &w, &w, &w};
+    float *ys[5] = {y, y, y, y, y};
+    const int64_t ld[5] = {1, 1, 1, 1, 1};
+    CHECK(bn_w2a8_matmul_group(group, 5, &x, ys, ld, NULL, &e) == BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(e.message, "5 products");
     bn_q8_rows_free(&x);
     bn_w2a8_weights_free(&w);
 }
@@ -234,6 +293,8 @@ int main(void)
     for (int iter = 0; iter < 60; iter++)
         check_problem(test_rand_range(1, 200), test_rand_range(1, 1500), test_rand_range(1, 17),
                       pools);
+    for (int iter = 0; iter < 20; iter++)
+        check_group(test_rand_range(1, 700), test_rand_range(1, 9), pools);
 
     for (int t = 0; t < 3; t++)
         bn_threadpool_destroy(pools[t]);

@@ -34,8 +34,10 @@
 #include <string.h>
 
 #include "fp16.h"
+#include "head_screen.h"
 #include "kernel_manager.h"
 #include "quant_rules.h"
+#include "sampler.h"
 #include "threadpool.h"
 #include "w2a8.h"
 
@@ -46,6 +48,8 @@
 /* Prefill chunk: large enough that each weight row is reused across many
  * tokens, small enough that scratch stays a few MB on the 2B shape. */
 #define CHUNK_ROWS 128
+/* Greedy rows of a batch whose logits the full head computes at once. */
+#define PICK_ROWS 8
 
 struct bn_cpu_backend {
     const bn_checkpoint *model;
@@ -67,13 +71,42 @@ struct bn_cpu_backend {
 
     float *x, *q, *k, *v, *att, *out, *gate, *up;
     bn_q8_rows q8;            /* CHUNK_ROWS rows of the widest input */
-    float *scores;            /* [n_slots][kv_len] */
+    float *scores;            /* [n_slots][group][kv_len] */
     float *head_rows;         /* [n_slots][dim] a dequantized LM head row */
     float *normed_out;        /* [CHUNK_ROWS][dim] output_norm(x) */
     bool f16c;                /* convert F16 LM head rows with F16C */
+    bool avx;                 /* attention's dot products and sums with AVX */
 
     uint64_t weight_bytes, kv_bytes, scratch_bytes;
+    /* Greedy picks through the screened head (head_screen.h). */
+    bn_head_screen screen;
+    bn_head_screen_x screen_x;  /* the hidden state's codes                */
+    double *screen_lo, *screen_hi; /* [vocab] each row's bounds             */
+    double *slot_max;           /* [n_slots] the largest lower bound seen  */
+    double screen_cut;          /* the largest of all: T                   */
+    float *pick_logits;         /* [PICK_ROWS][vocab]: one row's candidates'
+                                 * logits (-inf else), or PICK_ROWS rows'  */
+    bn_sampler *greedy;         /* the host's greedy rule over those       */
+    bn_cpu_stage_times times; /* bn_cpu_backend_stage_times */
+    int pass_kind;            /* times' index of the pass running: 0 one row */
 };
+
+/* Adds the time since t0 to stage s of the running pass; returns now, the
+ * start of the next stage. */
+static double lap(bn_cpu_backend *b, bn_cpu_stage s, double t0)
+{
+    const double now = bn_time_seconds();
+    b->times.seconds[b->pass_kind][s] += now - t0;
+    return now;
+}
+
+/* A pass of m rows starts. */
+static void pass_begin(bn_cpu_backend *b, int64_t m)
+{
+    b->pass_kind = m == 1 ? 0 : 1;
+    b->times.passes[b->pass_kind]++;
+    b->times.rows[b->pass_kind] += (uint64_t)m;
+}
 
 /* ---- small fp32 building blocks ------------------------------------------- */
 
@@ -125,6 +158,89 @@ __attribute__((target("avx,f16c"))) static float dot_f16_f32_f16c(const uint16_t
 }
 #endif
 
+/* For each of nq query heads (hd floats each, one after another): the
+ * dot_f32 sum with key k times scale into out[g * stride]. */
+static void dots_scalar(const float *q, int nq, const float *k, int hd, float scale, float *out,
+                        int64_t stride)
+{
+    for (int g = 0; g < nq; g++)
+        out[g * stride] = dot_f32(q + (int64_t)g * hd, k, hd) * scale;
+}
+
+/* out_g[i] += p[g] * v[i] for nq outputs (hd floats each, one after
+ * another), multiply then add. */
+static void add_scaled_scalar(float *out, const float *p, int nq, const float *v, int hd)
+{
+    for (int g = 0; g < nq; g++)
+        for (int i = 0; i < hd; i++)
+            out[(int64_t)g * hd + i] += p[g] * v[i];
+}
+
+#if defined(__x86_64__)
+/* dots_scalar in AVX: each head's eight lanes in one register, summed
+ * pairwise as dot_f32 does; the key is read once for every head. */
+__attribute__((target("avx"))) static void dots_avx(const float *q, int nq, const float *k,
+                                                    int hd, float scale, float *out,
+                                                    int64_t stride)
+{
+    for (int g = 0; g < nq; g++) {
+        const float *qg = q + (int64_t)g * hd;
+        __m256 acc = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 8 <= hd; i += 8)
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(k + i)));
+        float l[8];
+        _mm256_storeu_ps(l, acc);
+        for (int j = 0; i < hd; i++, j++)
+            l[j] += qg[i] * k[i];
+        out[g * stride] = ((((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])))) *
+                          scale;
+    }
+}
+
+__attribute__((target("avx"))) static void add_scaled_avx(float *out, const float *p, int nq,
+                                                          const float *v, int hd)
+{
+    int i = 0;
+    for (; i + 8 <= hd; i += 8) {
+        const __m256 vv = _mm256_loadu_ps(v + i);
+        for (int g = 0; g < nq; g++) {
+            float *o = out + (int64_t)g * hd + i;
+            _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o),
+                                              _mm256_mul_ps(_mm256_set1_ps(p[g]), vv)));
+        }
+    }
+    for (; i < hd; i++)
+        for (int g = 0; g < nq; g++)
+            out[(int64_t)g * hd + i] += p[g] * v[i];
+}
+#endif
+
+static void attn_dots(bool avx, const float *q, int nq, const float *k, int hd, float scale,
+                      float *out, int64_t stride)
+{
+#if defined(__x86_64__)
+    if (avx) {
+        dots_avx(q, nq, k, hd, scale, out, stride);
+        return;
+    }
+#endif
+    (void)avx;
+    dots_scalar(q, nq, k, hd, scale, out, stride);
+}
+
+static void attn_add_scaled(bool avx, float *out, const float *p, int nq, const float *v, int hd)
+{
+#if defined(__x86_64__)
+    if (avx) {
+        add_scaled_avx(out, p, nq, v, hd);
+        return;
+    }
+#endif
+    (void)avx;
+    add_scaled_scalar(out, p, nq, v, hd);
+}
+
 /* Rotate-half ("NEOX") RoPE on the first rope_dim values of each head:
  * pairs (j, j + rope_dim/2) turn by pos * inv_freq[j]. */
 static void rope_heads(float *v, int n_heads, int head_dim, int rope_dim, const float *cosv,
@@ -162,10 +278,13 @@ static void run_slot(void *ctx, int64_t begin, int64_t end)
 static void run_slots(bn_cpu_backend *b, slot_fn fn, void *ctx)
 {
     slot_job job = {fn, ctx, b->n_slots};
+    b->times.dispatches[b->pass_kind]++;
     bn_threadpool_run(b->pool, b->n_slots, 1, run_slot, &job);
 }
 
 /* ---- creation ---------------------------------------------------------------- */
+
+static bn_status build_screen(bn_cpu_backend *b, bn_error *err); /* the LM head's section */
 
 static bn_w2a8_weights *weights_at(bn_cpu_backend *b, int layer, bn_proj p)
 {
@@ -272,7 +391,7 @@ static bn_status alloc_buffers(bn_cpu_backend *b, bn_error *err)
     b->gate = alloc_floats(M * hp->ffn, s);
     b->up = alloc_floats(M * hp->ffn, s);
     b->normed_out = alloc_floats(M * hp->dim, s);
-    b->scores = alloc_floats((int64_t)b->n_slots * b->kv_len, s);
+    b->scores = alloc_floats((int64_t)b->n_slots * (b->hp.n_head / b->hp.n_head_kv) * b->kv_len, s);
     b->head_rows = alloc_floats((int64_t)b->n_slots * hp->dim, s);
     b->inv_freq = alloc_floats(hp->rope_dim / 2, s);
     b->rope_cos = alloc_floats(hp->rope_dim / 2, s);
@@ -363,6 +482,15 @@ bn_status bn_cpu_backend_create_paged(const bn_checkpoint *model, int64_t kv_len
         st = alloc_buffers(b, err);
     if (st == BN_OK)
         st = pack_all_weights(b, err);
+#if defined(__x86_64__)
+    const bn_cpu_features *cpu = bn_cpu_features_get();
+    b->f16c = cpu->f16c && cpu->avx2;
+    /* Attention's AVX helpers go with a vector kernel provider, so that
+     * BITNET_KERNEL=scalar runs (and tests) the portable path too. */
+    b->avx = cpu->avx2 && strcmp(b->kernels->name, "scalar") != 0;
+#endif
+    if (st == BN_OK)
+        st = build_screen(b, err);
     if (st != BN_OK) {
         bn_cpu_backend_free(b);
         return st;
@@ -373,10 +501,6 @@ bn_status bn_cpu_backend_create_paged(const bn_checkpoint *model, int64_t kv_len
     for (int j = 0; j < hp->rope_dim / 2; j++)
         b->inv_freq[j] = 1.0f / powf(hp->rope_theta, (float)(2 * j) / (float)hp->rope_dim);
 
-#if defined(__x86_64__)
-    const bn_cpu_features *cpu = bn_cpu_features_get();
-    b->f16c = cpu->f16c && cpu->avx2;
-#endif
     bn_log(BN_LOG_INFO,
            "cpu backend: kernels %s, %d threads, weights %.1f MiB, KV cache %.1f MiB "
            "(%lld positions, %lld paged), scratch %.1f MiB",
@@ -405,6 +529,14 @@ void bn_cpu_backend_free(bn_cpu_backend *b)
         bn_aligned_free(buffers[i]);
     free(b->row_pos);
     free(b->row_seq);
+    bn_head_screen_free(&b->screen);
+    bn_aligned_free(b->screen_x.y);
+    bn_aligned_free(b->screen_x.y_u8);
+    free(b->screen_lo);
+    free(b->screen_hi);
+    free(b->slot_max);
+    free(b->pick_logits);
+    bn_sampler_free(b->greedy);
     free(b);
 }
 
@@ -413,6 +545,43 @@ int64_t bn_cpu_backend_kv_filled(const bn_cpu_backend *b) { return b->kv_filled;
 void bn_cpu_backend_reset(bn_cpu_backend *b) { b->kv_filled = 0; }
 const char *bn_cpu_backend_kernel_name(const bn_cpu_backend *b) { return b->kernels->name; }
 int bn_cpu_backend_threads(const bn_cpu_backend *b) { return b->n_slots; }
+
+void bn_cpu_backend_stage_times(const bn_cpu_backend *b, bn_cpu_stage_times *out)
+{
+    *out = b->times;
+}
+
+void bn_cpu_backend_reset_stage_times(bn_cpu_backend *b)
+{
+    memset(&b->times, 0, sizeof b->times);
+}
+
+const char *bn_cpu_stage_name(bn_cpu_stage s)
+{
+    static const char *const names[BN_CPU_STAGE_COUNT] = {
+        "embedding",       "norm + int8 (4 a layer)", "q, k, v",    "RoPE + KV store",
+        "attention",       "o",                       "gate, up",   "relu^2 * up",
+        "down",            "residual adds",           "output norm", "LM head"};
+    return s >= 0 && s < BN_CPU_STAGE_COUNT ? names[s] : "?";
+}
+
+static void empty_slot(void *ctx, int slot, int n_slots)
+{
+    (void)ctx, (void)slot, (void)n_slots;
+}
+
+double bn_cpu_backend_dispatch_seconds(bn_cpu_backend *b, int reps)
+{
+    reps = reps > 0 ? reps : 1;
+    const int kind = b->pass_kind;
+    const uint64_t before = b->times.dispatches[kind];
+    const double t0 = bn_time_seconds();
+    for (int i = 0; i < reps; i++)
+        run_slots(b, empty_slot, NULL);
+    const double dt = bn_time_seconds() - t0;
+    b->times.dispatches[kind] = before; /* not a pass's */
+    return dt / reps;
+}
 
 void bn_cpu_backend_memory(const bn_cpu_backend *b, bn_cpu_memory *out)
 {
@@ -487,11 +656,18 @@ static bn_q8_rows norm_quantize(bn_cpu_backend *b, const float *rows, int64_t m,
     return view;
 }
 
-static bn_status project(bn_cpu_backend *b, int layer, bn_proj p, const bn_q8_rows *x, float *y,
-                         bn_error *err)
+/* y[i] = W[proj[i]] x for count projections of one input, in one job. */
+static bn_status project(bn_cpu_backend *b, int layer, const bn_proj *proj, int count,
+                         const bn_q8_rows *x, float *const *y, bn_error *err)
 {
-    const bn_w2a8_weights *w = weights_at(b, layer, p);
-    return bn_w2a8_matmul(w, x, y, w->n, b->pool, err);
+    const bn_w2a8_weights *w[BN_W2A8_GROUP_MAX];
+    int64_t ldy[BN_W2A8_GROUP_MAX];
+    for (int i = 0; i < count; i++) {
+        w[i] = weights_at(b, layer, proj[i]);
+        ldy[i] = w[i]->n;
+    }
+    b->times.dispatches[b->pass_kind]++;
+    return bn_w2a8_matmul_group(w, count, x, y, ldy, b->pool, err);
 }
 
 /* Where each row of a pass sits: row i is position pos[i] of sequence
@@ -518,10 +694,18 @@ typedef struct attention_job {
     int layer;
     int64_t rows;
     const row_map *map;
+    int heads_per_item;   /* query heads of one KV head an item computes */
 } attention_job;
 
-/* Causal attention for (row, head) items; slot s takes items s, s + n, ...
- * so long and short rows of a pass spread over every thread. */
+/* The most query heads one KV head serves that attention takes at once. */
+#define BN_MAX_GQA_GROUP 64
+
+/* Causal attention. An item is a row and heads_per_item query heads that
+ * share one KV head (GQA): each cached key and value is read once for
+ * them. Slot s takes items s, s + n, ... so long and short rows of a pass
+ * spread over the threads. The cache is walked block by block (a block's
+ * positions are consecutive rows). Every head's arithmetic is the same
+ * whichever item and thread computes it. */
 static void attention_slot(void *ctx, int slot, int n_slots)
 {
     const attention_job *job = ctx;
@@ -533,36 +717,49 @@ static void attention_slot(void *ctx, int slot, int n_slots)
     const row_map *map = job->map;
     const float *kc = map->k_cache + (int64_t)job->layer * map->rows * b->kv_dim;
     const float *vc = map->v_cache + (int64_t)job->layer * map->rows * b->kv_dim;
-    float *scores = b->scores + (int64_t)slot * b->kv_len;
+    const int64_t ld = b->kv_len; /* one head's scores */
+    float *scores = b->scores + (int64_t)slot * group * ld;
+    const int nq = job->heads_per_item;
+    const int64_t items_per_row = hp->n_head / nq;
 
-    for (int64_t item = slot; item < job->rows * hp->n_head; item += n_slots) {
-        const int64_t row = item / hp->n_head;
-        const int h = (int)(item % hp->n_head);
-        const int64_t kv_off = (int64_t)(h / group) * hd;
-        const float *qh = b->q + row * b->q_dim + (int64_t)h * hd;
-        const int32_t seq = job->map->seq[row];
-        const int64_t n_pos = job->map->pos[row] + 1; /* causal: up to itself */
+    for (int64_t item = slot; item < job->rows * items_per_row; item += n_slots) {
+        const int64_t row = item / items_per_row;
+        const int h0 = (int)(item % items_per_row) * nq;
+        const int64_t kv_off = (int64_t)(h0 / group) * hd;
+        const float *q0 = b->q + row * b->q_dim + (int64_t)h0 * hd;
+        float *out = b->att + row * b->q_dim + (int64_t)h0 * hd;
+        const int32_t *table = map->tables[map->seq[row]];
+        const int64_t n_pos = map->pos[row] + 1; /* causal: up to itself */
 
-        float max = -INFINITY;
-        for (int64_t t = 0; t < n_pos; t++) {
-            const int64_t r = cache_row(job->map, seq, t);
-            scores[t] = dot_f32(qh, kc + r * b->kv_dim + kv_off, hd) * scale;
-            if (scores[t] > max)
-                max = scores[t];
+        /* Scores, block by block of the cache (a block's positions are
+         * consecutive rows). */
+        for (int64_t t0 = 0; t0 < n_pos; t0 += map->block_size) {
+            const int64_t n = n_pos - t0 < map->block_size ? n_pos - t0 : map->block_size;
+            const float *kb = kc + (int64_t)table[t0 / map->block_size] * map->block_size * b->kv_dim;
+            for (int64_t j = 0; j < n; j++)
+                attn_dots(b->avx, q0, nq, kb + j * b->kv_dim + kv_off, hd, scale, scores + t0 + j,
+                          ld);
         }
-        float sum = 0.0f;
-        for (int64_t t = 0; t < n_pos; t++) {
-            scores[t] = expf(scores[t] - max);
-            sum += scores[t];
+        float p[BN_MAX_GQA_GROUP], inv_sum[BN_MAX_GQA_GROUP];
+        for (int g = 0; g < nq; g++) {
+            float *sg = scores + g * ld, max = -INFINITY, sum = 0.0f;
+            for (int64_t t = 0; t < n_pos; t++)
+                max = sg[t] > max ? sg[t] : max;
+            for (int64_t t = 0; t < n_pos; t++) {
+                sg[t] = expf(sg[t] - max);
+                sum += sg[t];
+            }
+            inv_sum[g] = 1.0f / sum;
         }
-        const float inv_sum = 1.0f / sum;
-        float *out = b->att + row * b->q_dim + (int64_t)h * hd;
-        memset(out, 0, (size_t)hd * sizeof(float));
-        for (int64_t t = 0; t < n_pos; t++) {
-            const float p = scores[t] * inv_sum;
-            const float *vt = vc + cache_row(job->map, seq, t) * b->kv_dim + kv_off;
-            for (int d = 0; d < hd; d++)
-                out[d] += p * vt[d];
+        memset(out, 0, (size_t)nq * hd * sizeof(float));
+        for (int64_t t0 = 0; t0 < n_pos; t0 += map->block_size) {
+            const int64_t n = n_pos - t0 < map->block_size ? n_pos - t0 : map->block_size;
+            const float *vb = vc + (int64_t)table[t0 / map->block_size] * map->block_size * b->kv_dim;
+            for (int64_t j = 0; j < n; j++) {
+                for (int g = 0; g < nq; g++)
+                    p[g] = scores[g * ld + t0 + j] * inv_sum[g];
+                attn_add_scaled(b->avx, out, p, nq, vb + j * b->kv_dim + kv_off, hd);
+            }
         }
     }
 }
@@ -571,16 +768,16 @@ static bn_status attention_block(bn_cpu_backend *b, int layer, int64_t M, const 
                                  bn_error *err)
 {
     const bn_hparams *hp = &b->hp;
+    double t = bn_time_seconds();
     /* One quantization of the normed input serves q, k and v. */
     bn_q8_rows xq =
         norm_quantize(b, b->x, M, hp->dim, bn_checkpoint_norm(b->model, layer, BN_NORM_ATTN));
-    bn_status st = project(b, layer, BN_PROJ_Q, &xq, b->q, err);
-    if (st == BN_OK)
-        st = project(b, layer, BN_PROJ_K, &xq, b->k, err);
-    if (st == BN_OK)
-        st = project(b, layer, BN_PROJ_V, &xq, b->v, err);
+    t = lap(b, BN_CPU_STAGE_NORM_QUANT, t);
+    static const bn_proj qkv[3] = {BN_PROJ_Q, BN_PROJ_K, BN_PROJ_V};
+    bn_status st = project(b, layer, qkv, 3, &xq, (float *const[]){b->q, b->k, b->v}, err);
     if (st != BN_OK)
         return st;
+    t = lap(b, BN_CPU_STAGE_QKV, t);
 
     float *cosv = b->rope_cos, *sinv = b->rope_sin;
     const int half = hp->rope_dim / 2;
@@ -600,41 +797,62 @@ static bn_status attention_block(bn_cpu_backend *b, int layer, int64_t M, const 
         memcpy(vc + r * b->kv_dim, b->v + i * b->kv_dim, (size_t)b->kv_dim * sizeof(float));
     }
 
-    attention_job job = {b, layer, M, map};
+    t = lap(b, BN_CPU_STAGE_ROPE_KV, t);
+    /* A pass of prompt rows takes whole GQA groups an item (each key read
+     * once for the group: 1.4x faster prefill attention on the 2B-4T
+     * shape); a decode step one head an item, which measured faster there
+     * (its cache streams from memory, and more items keep more of it in
+     * flight). */
+    int per_item = hp->n_head / hp->n_head_kv;
+    if (per_item > BN_MAX_GQA_GROUP || M == 1)
+        per_item = 1;
+    attention_job job = {b, layer, M, map, per_item};
     run_slots(b, attention_slot, &job);
+    t = lap(b, BN_CPU_STAGE_ATTENTION, t);
 
     bn_q8_rows aq = norm_quantize(b, b->att, M, b->q_dim,
                                   bn_checkpoint_norm(b->model, layer, BN_NORM_ATTN_SUB));
-    st = project(b, layer, BN_PROJ_O, &aq, b->out, err);
+    t = lap(b, BN_CPU_STAGE_NORM_QUANT, t);
+    static const bn_proj o = BN_PROJ_O;
+    st = project(b, layer, &o, 1, &aq, &b->out, err);
     if (st != BN_OK)
         return st;
+    t = lap(b, BN_CPU_STAGE_O, t);
     for (int64_t i = 0; i < M * hp->dim; i++)
         b->x[i] += b->out[i];
+    lap(b, BN_CPU_STAGE_RESIDUAL, t);
     return BN_OK;
 }
 
 static bn_status ffn_block(bn_cpu_backend *b, int layer, int64_t M, bn_error *err)
 {
     const bn_hparams *hp = &b->hp;
+    double t = bn_time_seconds();
     bn_q8_rows xq =
         norm_quantize(b, b->x, M, hp->dim, bn_checkpoint_norm(b->model, layer, BN_NORM_FFN));
-    bn_status st = project(b, layer, BN_PROJ_GATE, &xq, b->gate, err);
-    if (st == BN_OK)
-        st = project(b, layer, BN_PROJ_UP, &xq, b->up, err);
+    t = lap(b, BN_CPU_STAGE_NORM_QUANT, t);
+    static const bn_proj gate_up[2] = {BN_PROJ_GATE, BN_PROJ_UP};
+    bn_status st = project(b, layer, gate_up, 2, &xq, (float *const[]){b->gate, b->up}, err);
     if (st != BN_OK)
         return st;
+    t = lap(b, BN_CPU_STAGE_GATE_UP, t);
     /* Squared ReLU gate in fp32 (it overflows fp16). */
     for (int64_t i = 0; i < M * hp->ffn; i++) {
         const float g = b->gate[i] > 0.0f ? b->gate[i] : 0.0f;
         b->gate[i] = (g * g) * b->up[i];
     }
+    t = lap(b, BN_CPU_STAGE_RELU2, t);
     bn_q8_rows hq =
         norm_quantize(b, b->gate, M, hp->ffn, bn_checkpoint_norm(b->model, layer, BN_NORM_FFN_SUB));
-    st = project(b, layer, BN_PROJ_DOWN, &hq, b->out, err);
+    t = lap(b, BN_CPU_STAGE_NORM_QUANT, t);
+    static const bn_proj down = BN_PROJ_DOWN;
+    st = project(b, layer, &down, 1, &hq, &b->out, err);
     if (st != BN_OK)
         return st;
+    t = lap(b, BN_CPU_STAGE_DOWN, t);
     for (int64_t i = 0; i < M * hp->dim; i++)
         b->x[i] += b->out[i];
+    lap(b, BN_CPU_STAGE_RESIDUAL, t);
     return BN_OK;
 }
 
@@ -647,46 +865,150 @@ typedef struct head_job {
     float *logits;     /* [n_rows][vocab] */
 } head_job;
 
-/* Vocabulary rows in contiguous shares, one per slot; each head row is
- * decoded once and dotted with every requested token row. */
+/* Head row r against n rows of xs (each dim floats), logits at out[i *
+ * stride]: the row is decoded once (into row, dim floats) for all of
+ * them. This is the head's exact arithmetic, which the screen bounds. */
+static void head_row_logits(const bn_cpu_backend *b, int64_t r, const float *xs, int64_t n,
+                            float *out, int64_t stride, float *row)
+{
+    const bn_dense_matrix *head = bn_checkpoint_lm_head(b->model);
+    const int64_t dim = head->cols;
+    const uint8_t *src = (const uint8_t *)head->data + (size_t)r * head->row_bytes;
+#if defined(__x86_64__)
+    if (head->type == BN_QTYPE_F16 && b->f16c) {
+        for (int64_t i = 0; i < n; i++)
+            out[i * stride] = dot_f16_f32_f16c((const uint16_t *)src, xs + i * dim, dim);
+        return;
+    }
+#endif
+    const float *w = row;
+    if (head->type == BN_QTYPE_F32)
+        w = (const float *)src;
+    else
+        bn_qtype_get(head->type)->dequantize_row(src, row, dim);
+    for (int64_t i = 0; i < n; i++)
+        out[i * stride] = dot_f32(w, xs + i * dim, dim);
+}
+
+/* Head row r's weights as head_row_logits computes with them (the F16C
+ * conversion is exact, as bn_fp16_to_fp32 is). */
+static void head_row_weights(void *ctx, int64_t r, float *out)
+{
+    const bn_cpu_backend *b = ctx;
+    const bn_dense_matrix *head = bn_checkpoint_lm_head(b->model);
+    const uint8_t *src = (const uint8_t *)head->data + (size_t)r * head->row_bytes;
+    if (head->type == BN_QTYPE_F32)
+        memcpy(out, src, (size_t)head->cols * sizeof(float));
+    else
+        bn_qtype_get(head->type)->dequantize_row(src, out, head->cols);
+}
+
+/* Vocabulary rows in contiguous shares, one per slot. */
 static void head_slot(void *ctx, int slot, int n_slots)
 {
     const head_job *job = ctx;
     bn_cpu_backend *b = job->b;
-    const bn_dense_matrix *head = bn_checkpoint_lm_head(b->model);
-    const int64_t vocab = head->rows, dim = head->cols;
+    const int64_t vocab = b->hp.vocab, dim = b->hp.dim;
     const int64_t begin = vocab * slot / n_slots, end = vocab * (slot + 1) / n_slots;
-    const bn_qtype_info *q = bn_qtype_get(head->type);
-    float *row = b->head_rows + (int64_t)slot * dim;
+    for (int64_t r = begin; r < end; r++)
+        head_row_logits(b, r, job->xs, job->n_rows, job->logits + r, vocab,
+                        b->head_rows + (int64_t)slot * dim);
+}
 
+/* ---- the screened head ------------------------------------------------------- */
+
+static void screen_fill_slot(void *ctx, int slot, int n_slots)
+{
+    bn_cpu_backend *b = ctx;
+    const int64_t vocab = b->hp.vocab;
+    bn_head_screen_fill(&b->screen, vocab * slot / n_slots, vocab * (slot + 1) / n_slots,
+                        head_row_weights, b, b->head_rows + (int64_t)slot * b->hp.dim);
+}
+
+static bn_status build_screen(bn_cpu_backend *b, bn_error *err)
+{
+    const int64_t vocab = b->hp.vocab, dim = b->hp.dim;
+    bn_status st = bn_head_screen_alloc(&b->screen, vocab, dim, err);
+    if (st != BN_OK)
+        return st;
+    b->screen_x.y = bn_aligned_alloc(64, (size_t)b->screen.lda);
+    b->screen_x.y_u8 = bn_aligned_alloc(64, (size_t)b->screen.lda);
+    b->screen_lo = malloc((size_t)vocab * sizeof(double));
+    b->screen_hi = malloc((size_t)vocab * sizeof(double));
+    b->slot_max = malloc((size_t)b->n_slots * sizeof(double));
+    b->pick_logits = malloc((size_t)(PICK_ROWS * vocab) * sizeof(float));
+    if (!b->screen_x.y || !b->screen_x.y_u8 || !b->screen_lo || !b->screen_hi || !b->slot_max ||
+        !b->pick_logits)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the screened head");
+    bn_sampler_params greedy;
+    bn_sampler_params_default(&greedy);
+    st = bn_sampler_create(&greedy, (int32_t)vocab, &b->greedy, err);
+    if (st != BN_OK)
+        return st;
+    run_slots(b, screen_fill_slot, b);
+    b->weight_bytes += bn_head_screen_bytes(&b->screen);
+    return BN_OK;
+}
+
+/* Each slot's share of the rows: their bounds, and the largest lower one. */
+static void screen_bounds_slot(void *ctx, int slot, int n_slots)
+{
+    bn_cpu_backend *b = ctx;
+    const int64_t vocab = b->hp.vocab;
+    const int64_t begin = vocab * slot / n_slots, end = vocab * (slot + 1) / n_slots;
+    bn_head_screen_bounds(&b->screen, &b->screen_x, begin, end, b->screen_lo, b->screen_hi);
+    double best = -INFINITY;
+    for (int64_t r = begin; r < end; r++)
+        best = b->screen_lo[r] > best ? b->screen_lo[r] : best;
+    b->slot_max[slot] = best;
+}
+
+/* The exact logit of every row that may be the argmax; -inf for the rest.
+ * !(hi < T) keeps a row whose bound is NaN too. */
+static void screen_exact_slot(void *ctx, int slot, int n_slots)
+{
+    bn_cpu_backend *b = ctx;
+    const int64_t vocab = b->hp.vocab;
+    const int64_t begin = vocab * slot / n_slots, end = vocab * (slot + 1) / n_slots;
     for (int64_t r = begin; r < end; r++) {
-        const uint8_t *src = (const uint8_t *)head->data + (size_t)r * head->row_bytes;
-#if defined(__x86_64__)
-        if (head->type == BN_QTYPE_F16 && b->f16c) {
-            for (int64_t i = 0; i < job->n_rows; i++)
-                job->logits[i * vocab + r] =
-                    dot_f16_f32_f16c((const uint16_t *)src, job->xs + i * dim, dim);
-            continue;
-        }
-#endif
-        const float *w = row;
-        if (head->type == BN_QTYPE_F32)
-            w = (const float *)src;
+        if (b->screen_hi[r] < b->screen_cut)
+            b->pick_logits[r] = -INFINITY;
         else
-            q->dequantize_row(src, row, dim);
-        for (int64_t i = 0; i < job->n_rows; i++)
-            job->logits[i * vocab + r] = dot_f32(w, job->xs + i * dim, dim);
+            head_row_logits(b, r, b->normed_out, 1, b->pick_logits + r, 1,
+                            b->head_rows + (int64_t)slot * b->hp.dim);
     }
+}
+
+/* The greedy token of hidden state x (dim floats, before the output norm):
+ * the host's greedy rule over the full head's logits, from the screen. */
+static int32_t screened_pick(bn_cpu_backend *b, const float *x)
+{
+    const bn_hparams *hp = &b->hp;
+    double t = bn_time_seconds();
+    rmsnorm(b->normed_out, x, bn_checkpoint_output_norm(b->model), hp->dim, hp->rms_eps);
+    t = lap(b, BN_CPU_STAGE_HEAD_NORM, t);
+    bn_head_screen_quantize(&b->screen, b->normed_out, &b->screen_x);
+    run_slots(b, screen_bounds_slot, b);
+    b->screen_cut = -INFINITY;
+    for (int s = 0; s < b->n_slots; s++)
+        b->screen_cut = b->slot_max[s] > b->screen_cut ? b->slot_max[s] : b->screen_cut;
+    run_slots(b, screen_exact_slot, b);
+    const int32_t token = bn_sampler_sample(b->greedy, b->pick_logits, NULL, 0);
+    lap(b, BN_CPU_STAGE_HEAD, t);
+    return token;
 }
 
 static void lm_head(bn_cpu_backend *b, const float *x_rows, int64_t n_rows, float *logits)
 {
     const bn_hparams *hp = &b->hp;
+    double t = bn_time_seconds();
     for (int64_t i = 0; i < n_rows; i++)
         rmsnorm(b->normed_out + i * hp->dim, x_rows + i * hp->dim,
                 bn_checkpoint_output_norm(b->model), hp->dim, hp->rms_eps);
+    t = lap(b, BN_CPU_STAGE_HEAD_NORM, t);
     head_job job = {b, b->normed_out, n_rows, logits};
     run_slots(b, head_slot, &job);
+    lap(b, BN_CPU_STAGE_HEAD, t);
 }
 
 /* ---- forward ----------------------------------------------------------------- */
@@ -698,8 +1020,11 @@ static bn_status run_rows(bn_cpu_backend *b, const int32_t *tokens, int64_t M, c
 {
     const bn_hparams *hp = &b->hp;
     bn_status st = BN_OK;
+    pass_begin(b, M);
+    const double t = bn_time_seconds();
     for (int64_t i = 0; i < M && st == BN_OK; i++)
         st = bn_checkpoint_embedding_row(b->model, tokens[i], b->x + i * hp->dim, err);
+    lap(b, BN_CPU_STAGE_EMBED, t);
     for (int l = 0; l < hp->n_layer && st == BN_OK; l++) {
         st = attention_block(b, l, M, map, err);
         if (st == BN_OK)
@@ -720,10 +1045,13 @@ static bn_status check_tokens(const bn_cpu_backend *b, const int32_t *tokens, in
     return BN_OK;
 }
 
-bn_status bn_cpu_backend_forward(bn_cpu_backend *b, const int32_t *tokens, int64_t n_tokens,
-                                 int64_t pos, bn_logits_mode mode, float *logits, bn_error *err)
+/* forward(), or with next the greedy token of the last position instead
+ * of its logits. */
+static bn_status forward_tokens(bn_cpu_backend *b, const int32_t *tokens, int64_t n_tokens,
+                                int64_t pos, bn_logits_mode mode, float *logits, int32_t *next,
+                                bn_error *err)
 {
-    if (!b || !tokens || !logits || n_tokens <= 0 || pos < 0)
+    if (!b || !tokens || (!logits && !next) || n_tokens <= 0 || pos < 0)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "cpu forward: need a backend, tokens, logits, n_tokens > 0, pos >= 0");
     if (mode != BN_LOGITS_LAST && mode != BN_LOGITS_ALL)
@@ -758,25 +1086,48 @@ bn_status bn_cpu_backend_forward(bn_cpu_backend *b, const int32_t *tokens, int64
         if (st != BN_OK)
             break;
         b->kv_filled = pos + c + M;
-        if (mode == BN_LOGITS_ALL)
+        if (next) {
+            if (c + M == n_tokens)
+                *next = screened_pick(b, b->x + (M - 1) * hp->dim);
+        } else if (mode == BN_LOGITS_ALL) {
             lm_head(b, b->x, M, logits + c * hp->vocab);
-        else if (c + M == n_tokens)
+        } else if (c + M == n_tokens) {
             lm_head(b, b->x + (M - 1) * hp->dim, 1, logits);
+        }
     }
     if (st != BN_OK)
         b->kv_filled = pos; /* the cache past pos is now inconsistent */
     return st;
 }
 
+bn_status bn_cpu_backend_forward(bn_cpu_backend *b, const int32_t *tokens, int64_t n_tokens,
+                                 int64_t pos, bn_logits_mode mode, float *logits, bn_error *err)
+{
+    if (!logits)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cpu forward: NULL logits");
+    return forward_tokens(b, tokens, n_tokens, pos, mode, logits, NULL, err);
+}
+
+bn_status bn_cpu_backend_forward_greedy(bn_cpu_backend *b, const int32_t *tokens,
+                                        int64_t n_tokens, int64_t pos, int32_t *next,
+                                        bn_error *err)
+{
+    if (!next)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cpu forward: NULL next");
+    return forward_tokens(b, tokens, n_tokens, pos, BN_LOGITS_LAST, NULL, next, err);
+}
+
 int64_t bn_cpu_backend_paged_rows(const bn_cpu_backend *b) { return b->paged_rows; }
 
-bn_status bn_cpu_backend_forward_rows(bn_cpu_backend *b, const bn_batch_rows *r, float *logits,
-                                      bn_error *err)
+/* forward_rows(), or with next the greedy token of each logit row instead
+ * of its logits. */
+static bn_status forward_batch(bn_cpu_backend *b, const bn_batch_rows *r, float *logits,
+                               int32_t *next, bn_error *err)
 {
     if (!b || !r || r->n_rows <= 0 || !r->tokens || !r->pos || !r->seq || !r->tables ||
         !r->table_len || r->block_size < 1 || b->paged_rows % r->block_size != 0 ||
         b->paged_rows == 0 ||
-        (r->n_logits > 0 && (!r->logit_rows || !logits)) || r->n_logits < 0)
+        (r->n_logits > 0 && (!r->logit_rows || (!logits && !next))) || r->n_logits < 0)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "cpu forward_rows: rows, positions, sequences, block tables and a "
                             "block size dividing the paged cache's %lld rows are needed",
@@ -807,11 +1158,49 @@ bn_status bn_cpu_backend_forward_rows(bn_cpu_backend *b, const bn_batch_rows *r,
         const row_map map = {r->pos + c,  r->seq + c,  r->tables,   r->block_size,
                              b->pk_cache, b->pv_cache, b->paged_rows};
         st = run_rows(b, r->tokens + c, M, &map, err);
-        /* The rows of this pass whose logits are wanted. */
-        for (; st == BN_OK && next_logit < r->n_logits && r->logit_rows[next_logit] < c + M;
-             next_logit++)
-            lm_head(b, b->x + (r->logit_rows[next_logit] - c) * hp->dim, 1,
-                    logits + next_logit * hp->vocab);
+        if (st != BN_OK)
+            break;
+        /* The rows of this chunk whose logits are wanted, gathered into
+         * b->out, so the head is read once for all of them. */
+        const int64_t first = next_logit;
+        for (; next_logit < r->n_logits && r->logit_rows[next_logit] < c + M; next_logit++)
+            memcpy(b->out + (next_logit - first) * hp->dim,
+                   b->x + (r->logit_rows[next_logit] - c) * hp->dim,
+                   (size_t)hp->dim * sizeof(float));
+        const int64_t n = next_logit - first;
+        if (n == 0)
+            continue;
+        if (!next) {
+            lm_head(b, b->out, n, logits + first * hp->vocab);
+        } else if (n == 1) {
+            next[first] = screened_pick(b, b->out);
+        } else {
+            /* Several rows: the full head, read once for PICK_ROWS of them,
+             * costs less than screening each. */
+            for (int64_t i = 0; i < n; i += PICK_ROWS) {
+                const int64_t g = n - i < PICK_ROWS ? n - i : PICK_ROWS;
+                lm_head(b, b->out + i * hp->dim, g, b->pick_logits);
+                for (int64_t j = 0; j < g; j++)
+                    next[first + i + j] =
+                        bn_sampler_sample(b->greedy, b->pick_logits + j * hp->vocab, NULL, 0);
+            }
+        }
     }
     return st;
+}
+
+bn_status bn_cpu_backend_forward_rows(bn_cpu_backend *b, const bn_batch_rows *r, float *logits,
+                                      bn_error *err)
+{
+    if (r && r->n_logits > 0 && !logits)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cpu forward_rows: NULL logits");
+    return forward_batch(b, r, logits, NULL, err);
+}
+
+bn_status bn_cpu_backend_forward_rows_greedy(bn_cpu_backend *b, const bn_batch_rows *r,
+                                             int32_t *next, bn_error *err)
+{
+    if (r && r->n_logits > 0 && !next)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cpu forward_rows: NULL next");
+    return forward_batch(b, r, NULL, next, err);
 }

@@ -83,6 +83,17 @@ bn_status bn_cpu_backend_forward(bn_cpu_backend *b, const int32_t *tokens, int64
  * so a batch equals its sequences run one by one, bit for bit. */
 bn_status bn_cpu_backend_forward_rows(bn_cpu_backend *b, const bn_batch_rows *rows,
                                       float *logits, bn_error *err);
+
+/* forward() and forward_rows() for greedy picks: instead of logits, the
+ * token the host's greedy rule (bn_sampler_sample, temperature 0) would
+ * take from them, BN_SAMPLER_NO_TOKEN when every logit is NaN or -inf.
+ * One row at a time goes through the screened head (head_screen.h), which
+ * reads half the head's bytes and picks exactly the same token. */
+bn_status bn_cpu_backend_forward_greedy(bn_cpu_backend *b, const int32_t *tokens,
+                                        int64_t n_tokens, int64_t pos, int32_t *next,
+                                        bn_error *err);
+bn_status bn_cpu_backend_forward_rows_greedy(bn_cpu_backend *b, const bn_batch_rows *rows,
+                                             int32_t *next, bn_error *err);
 int64_t bn_cpu_backend_paged_rows(const bn_cpu_backend *b);
 
 /* Positions the KV cache holds, and how many are filled. */
@@ -95,6 +106,39 @@ void bn_cpu_backend_memory(const bn_cpu_backend *b, bn_cpu_memory *out);
 /* Name of the kernel provider computing ("avx2", ...). */
 const char *bn_cpu_backend_kernel_name(const bn_cpu_backend *b);
 int bn_cpu_backend_threads(const bn_cpu_backend *b);
+
+/* Where the forward passes' time goes, stage by stage (wall time on the
+ * calling thread, the pool's threads working inside the stage), summed
+ * since the backend was made or the last reset. Passes of one row (a
+ * decode step) and of more rows (prompt chunks, batches) apart. */
+typedef enum bn_cpu_stage {
+    BN_CPU_STAGE_EMBED,      /* embedding rows                              */
+    BN_CPU_STAGE_NORM_QUANT, /* the four RMSNorm + int8 quantizations a layer */
+    BN_CPU_STAGE_QKV,        /* q, k, v projections                          */
+    BN_CPU_STAGE_ROPE_KV,    /* RoPE and the KV cache store                  */
+    BN_CPU_STAGE_ATTENTION,  /* scores, softmax, values                     */
+    BN_CPU_STAGE_O,          /* output projection                           */
+    BN_CPU_STAGE_GATE_UP,    /* gate and up projections                     */
+    BN_CPU_STAGE_RELU2,      /* relu(gate)^2 * up                           */
+    BN_CPU_STAGE_DOWN,       /* down projection                             */
+    BN_CPU_STAGE_RESIDUAL,   /* the two residual adds a layer               */
+    BN_CPU_STAGE_HEAD_NORM,  /* the output norm                             */
+    BN_CPU_STAGE_HEAD,       /* the LM head's products                      */
+    BN_CPU_STAGE_COUNT
+} bn_cpu_stage;
+
+typedef struct bn_cpu_stage_times {
+    double seconds[2][BN_CPU_STAGE_COUNT]; /* [0]: one-row passes, [1]: the others */
+    uint64_t passes[2], rows[2];
+    uint64_t dispatches[2];                /* jobs handed to the thread pool */
+} bn_cpu_stage_times;
+
+void bn_cpu_backend_stage_times(const bn_cpu_backend *b, bn_cpu_stage_times *out);
+void bn_cpu_backend_reset_stage_times(bn_cpu_backend *b);
+const char *bn_cpu_stage_name(bn_cpu_stage s);
+/* Seconds one empty job takes through the thread pool (the cost of a
+ * dispatch: waking the threads and waiting for them), the mean of reps. */
+double bn_cpu_backend_dispatch_seconds(bn_cpu_backend *b, int reps);
 
 /* RMSNorm (weights w, epsilon eps) and absmax int8 quantization of one row
  * of n values, as every layer of the forward pass does it: q[0..n) the

@@ -1,8 +1,10 @@
 /*
  * cpu_backend_ops.c - the CPU backend (cpu_backend.h) behind the engine's
  * backend interface (src/engine/backend.h). The host's sampler picks
- * every token; of the optional operations the CPU has forward_rows, many
- * sequences per pass over its paged cache.
+ * sampled token; greedy ones the backend picks itself, through its
+ * screened LM head (pick_supported, forward_pick, forward_rows_pick). Of
+ * the other optional operations the CPU has forward_rows, many sequences
+ * per pass over its paged cache.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +67,40 @@ static bn_status cpu_forward_rows(bn_backend *b, const bn_batch_rows *rows, floa
     return bn_cpu_backend_forward_rows(cpu_of(b), rows, logits, err);
 }
 
+/* Greedy picks only: a sampled pick needs every logit, on the host. */
+static bool cpu_pick_supported(const bn_backend *b, const bn_pick_params *p)
+{
+    (void)b;
+    return !(p->temperature > 0.0f);
+}
+
+static bn_status not_greedy(bn_error *err)
+{
+    return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                        "the CPU backend picks greedy tokens only (temperature <= 0)");
+}
+
+static bn_status cpu_forward_pick(bn_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
+                                  const bn_pick_params *p, double u, int32_t *next,
+                                  bn_error *err)
+{
+    (void)u;
+    if (!cpu_pick_supported(b, p))
+        return not_greedy(err);
+    return bn_cpu_backend_forward_greedy(cpu_of(b), tokens, n, pos, next, err);
+}
+
+static bn_status cpu_forward_rows_pick(bn_backend *b, const bn_batch_rows *rows,
+                                       const bn_pick_params *picks, const double *u,
+                                       int32_t *next, bn_error *err)
+{
+    (void)u;
+    for (int64_t k = 0; k < rows->n_logits; k++)
+        if (!cpu_pick_supported(b, &picks[k]))
+            return not_greedy(err);
+    return bn_cpu_backend_forward_rows_greedy(cpu_of(b), rows, next, err);
+}
+
 static int64_t cpu_kv_len(const bn_backend *b) { return bn_cpu_backend_kv_len(cpu_of(b)); }
 static int64_t cpu_kv_filled(const bn_backend *b) { return bn_cpu_backend_kv_filled(cpu_of(b)); }
 static void cpu_reset(bn_backend *b) { bn_cpu_backend_reset(cpu_of(b)); }
@@ -104,5 +140,8 @@ const bn_backend_ops bn_cpu_backend_ops = {
     .reset = cpu_reset,
     .describe = cpu_describe,
     .report = cpu_report,
+    .pick_supported = cpu_pick_supported,
+    .forward_pick = cpu_forward_pick,
     .forward_rows = cpu_forward_rows,
+    .forward_rows_pick = cpu_forward_rows_pick,
 };

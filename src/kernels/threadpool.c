@@ -1,28 +1,58 @@
 #include "threadpool.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+/* How long a worker spins for the next job before it sleeps. A decode
+ * step hands the pool a job every few tens of microseconds (a projection,
+ * attention, the head); waking a sleeping thread costs 10-30 us of system
+ * call and interrupt on each job, which on many threads was more than the
+ * work of the small projections. Spinning that long after the last job
+ * costs at most this much CPU when the work stops. */
+#define SPIN_SECONDS 0.002
 
 struct bn_threadpool {
     int size; /* threads including the caller */
     pthread_t *workers;
-    pthread_mutex_t lock;
-    pthread_cond_t work_ready;
-    pthread_cond_t work_done;
-    /* The current job; generation changes when a new one is posted. */
-    uint64_t generation;
-    int pending; /* workers still running the current job */
-    bool stopping;
+    /* The current job, written by the caller before it bumps generation
+     * (release) and read by the workers after they see the bump
+     * (acquire). */
     int64_t n, grain;
     bn_parallel_fn fn;
     void *ctx;
+    _Atomic uint64_t generation;
+    _Atomic int pending;  /* workers still running the current job        */
+    _Atomic int sleepers; /* workers waiting on work_ready                 */
+    atomic_bool stopping;
+    /* Only for sleeping: a worker that spun SPIN_SECONDS in vain. */
+    pthread_mutex_t lock;
+    pthread_cond_t work_ready;
 };
 
 typedef struct worker_arg {
     bn_threadpool *pool;
     int index; /* 1..size-1; the caller is 0 */
 } worker_arg;
+
+static double now_seconds(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 /* Thread `index` of `size` gets [begin, end): equal shares rounded to grain. */
 static void chunk_of(int64_t n, int64_t grain, int size, int index, int64_t *begin, int64_t *end)
@@ -36,34 +66,49 @@ static void chunk_of(int64_t n, int64_t grain, int size, int index, int64_t *beg
     *end = e < n ? e : n;
 }
 
+/* The next generation after `seen`: spins, then sleeps on work_ready.
+ * sleepers and generation are sequentially consistent on both sides, so
+ * either the caller sees this worker among the sleepers (and broadcasts
+ * under the lock) or this worker sees the new generation before it waits. */
+static uint64_t wait_for_job(bn_threadpool *pool, uint64_t seen)
+{
+    uint64_t g;
+    double start = 0.0;
+    for (unsigned spins = 0;; spins++) {
+        if ((g = atomic_load(&pool->generation)) != seen || atomic_load(&pool->stopping))
+            return g;
+        cpu_relax();
+        if ((spins & 1023) != 1023)
+            continue;
+        const double t = now_seconds();
+        if (start == 0.0)
+            start = t;
+        else if (t - start > SPIN_SECONDS)
+            break;
+    }
+    pthread_mutex_lock(&pool->lock);
+    atomic_fetch_add(&pool->sleepers, 1);
+    while ((g = atomic_load(&pool->generation)) == seen && !atomic_load(&pool->stopping))
+        pthread_cond_wait(&pool->work_ready, &pool->lock);
+    atomic_fetch_sub(&pool->sleepers, 1);
+    pthread_mutex_unlock(&pool->lock);
+    return g;
+}
+
 static void *worker_main(void *p)
 {
     worker_arg *arg = p;
     bn_threadpool *pool = arg->pool;
     uint64_t seen = 0;
     for (;;) {
-        pthread_mutex_lock(&pool->lock);
-        while (!pool->stopping && pool->generation == seen)
-            pthread_cond_wait(&pool->work_ready, &pool->lock);
-        if (pool->stopping) {
-            pthread_mutex_unlock(&pool->lock);
+        seen = wait_for_job(pool, seen);
+        if (atomic_load(&pool->stopping))
             break;
-        }
-        seen = pool->generation;
-        int64_t n = pool->n, grain = pool->grain;
-        bn_parallel_fn fn = pool->fn;
-        void *ctx = pool->ctx;
-        pthread_mutex_unlock(&pool->lock);
-
         int64_t begin, end;
-        chunk_of(n, grain, pool->size, arg->index, &begin, &end);
+        chunk_of(pool->n, pool->grain, pool->size, arg->index, &begin, &end);
         if (begin < end)
-            fn(ctx, begin, end);
-
-        pthread_mutex_lock(&pool->lock);
-        if (--pool->pending == 0)
-            pthread_cond_signal(&pool->work_done);
-        pthread_mutex_unlock(&pool->lock);
+            pool->fn(pool->ctx, begin, end);
+        atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_release);
     }
     free(arg);
     return NULL;
@@ -91,7 +136,6 @@ bn_status bn_threadpool_create(int n_threads, bn_threadpool **out, bn_error *err
     pool->size = n_threads;
     pthread_mutex_init(&pool->lock, NULL);
     pthread_cond_init(&pool->work_ready, NULL);
-    pthread_cond_init(&pool->work_done, NULL);
     pool->workers = calloc((size_t)n_threads, sizeof *pool->workers);
     if (!pool->workers) {
         bn_threadpool_destroy(pool);
@@ -120,12 +164,11 @@ void bn_threadpool_destroy(bn_threadpool *pool)
     if (!pool)
         return;
     pthread_mutex_lock(&pool->lock);
-    pool->stopping = true;
+    atomic_store(&pool->stopping, true);
     pthread_cond_broadcast(&pool->work_ready);
     pthread_mutex_unlock(&pool->lock);
     for (int i = 1; i < pool->size && pool->workers; i++)
         pthread_join(pool->workers[i], NULL);
-    pthread_cond_destroy(&pool->work_done);
     pthread_cond_destroy(&pool->work_ready);
     pthread_mutex_destroy(&pool->lock);
     free(pool->workers);
@@ -145,23 +188,29 @@ void bn_threadpool_run(bn_threadpool *pool, int64_t n, int64_t grain, bn_paralle
         fn(ctx, 0, n);
         return;
     }
-    pthread_mutex_lock(&pool->lock);
     pool->n = n;
     pool->grain = grain;
     pool->fn = fn;
     pool->ctx = ctx;
-    pool->pending = pool->size - 1;
-    pool->generation++;
-    pthread_cond_broadcast(&pool->work_ready);
-    pthread_mutex_unlock(&pool->lock);
+    atomic_store_explicit(&pool->pending, pool->size - 1, memory_order_relaxed);
+    atomic_fetch_add(&pool->generation, 1); /* publishes the job */
+    if (atomic_load(&pool->sleepers) > 0) {
+        pthread_mutex_lock(&pool->lock);
+        pthread_cond_broadcast(&pool->work_ready);
+        pthread_mutex_unlock(&pool->lock);
+    }
 
     int64_t begin, end;
     chunk_of(n, grain, pool->size, 0, &begin, &end);
     if (begin < end)
         fn(ctx, begin, end);
 
-    pthread_mutex_lock(&pool->lock);
-    while (pool->pending > 0)
-        pthread_cond_wait(&pool->work_done, &pool->lock);
-    pthread_mutex_unlock(&pool->lock);
+    /* The workers' shares take about as long as this thread's: spin, and
+     * give the core away now and then in case a worker waits for it. */
+    for (unsigned spins = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0;
+         spins++) {
+        cpu_relax();
+        if ((spins & 4095) == 4095)
+            sched_yield();
+    }
 }

@@ -69,42 +69,71 @@ bn_status bn_w2a8_pack(const bn_kernel_provider *p, const int8_t *codes, int64_t
     return p->pack_weights(codes, n, k, scale, w, err);
 }
 
+/* Up to BN_W2A8_GROUP_MAX products of one activation block as one range
+ * of output rows: product i's rows start at offset[i], a multiple of the
+ * 16-row grain, so every thread's share is whole tiles of each. */
 typedef struct matmul_job {
-    const bn_w2a8_weights *w;
+    const bn_w2a8_weights *const *w;
     const bn_q8_rows *x;
-    float *y;
-    int64_t ldy;
+    float *const *y;
+    const int64_t *ldy;
+    int count;
+    int64_t offset[BN_W2A8_GROUP_MAX + 1];
 } matmul_job;
 
 static void matmul_rows(void *ctx, int64_t begin, int64_t end)
 {
     const matmul_job *job = ctx;
-    const bn_kernel_provider *p = job->w->provider;
-    if (job->x->m == 1)
-        p->matvec(job->w, job->x->q, job->x->scale[0], job->x->sum[0], begin, end, job->y);
-    else
-        p->matmul(job->w, job->x, begin, end, job->y, job->ldy);
+    for (int i = 0; i < job->count; i++) {
+        const bn_w2a8_weights *w = job->w[i];
+        const int64_t lo = begin > job->offset[i] ? begin - job->offset[i] : 0;
+        const int64_t hi = end - job->offset[i] < w->n ? end - job->offset[i] : w->n;
+        if (lo >= hi)
+            continue;
+        const bn_kernel_provider *p = w->provider;
+        if (job->x->m == 1)
+            p->matvec(w, job->x->q, job->x->scale[0], job->x->sum[0], lo, hi, job->y[i]);
+        else
+            p->matmul(w, job->x, lo, hi, job->y[i], job->ldy[i]);
+    }
+}
+
+bn_status bn_w2a8_matmul_group(const bn_w2a8_weights *const *w, int count, const bn_q8_rows *x,
+                               float *const *y, const int64_t *ldy, bn_threadpool *pool,
+                               bn_error *err)
+{
+    if (!w || !x || !y || !ldy || count < 1 || count > BN_W2A8_GROUP_MAX)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "w2a8 matmul: NULL argument or %d products (1..%d)", count,
+                            BN_W2A8_GROUP_MAX);
+    matmul_job job = {w, x, y, ldy, count, {0}};
+    bool on_device = false;
+    for (int i = 0; i < count; i++) {
+        if (!w[i] || !w[i]->provider || !y[i])
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "w2a8 matmul: NULL argument");
+        if (x->k != w[i]->k)
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                                "w2a8 matmul: activations have %lld columns, weights %lld",
+                                (long long)x->k, (long long)w[i]->k);
+        if (x->m > 1 && ldy[i] < w[i]->n)
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                                "w2a8 matmul: output stride %lld < %lld rows", (long long)ldy[i],
+                                (long long)w[i]->n);
+        on_device |= w[i]->provider->runs_on_device;
+        job.offset[i + 1] = job.offset[i] + (w[i]->n + 15) / 16 * 16;
+    }
+    const int64_t rows = job.offset[count];
+    if (on_device) {
+        matmul_rows(&job, 0, rows); /* the device parallelises by itself */
+        return BN_OK;
+    }
+    /* 16-row grains keep each thread's rows in whole tiles of 4. */
+    bn_threadpool_run(pool, rows, 16, matmul_rows, &job);
+    return BN_OK;
 }
 
 bn_status bn_w2a8_matmul(const bn_w2a8_weights *w, const bn_q8_rows *x, float *y, int64_t ldy,
                          bn_threadpool *pool, bn_error *err)
 {
-    if (!w || !w->provider || !x || !y)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "w2a8 matmul: NULL argument");
-    if (x->k != w->k)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "w2a8 matmul: activations have %lld columns, weights %lld",
-                            (long long)x->k, (long long)w->k);
-    if (x->m > 1 && ldy < w->n)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "w2a8 matmul: output stride %lld < %lld rows", (long long)ldy,
-                            (long long)w->n);
-    matmul_job job = {w, x, y, ldy};
-    if (w->provider->runs_on_device) {
-        matmul_rows(&job, 0, w->n); /* the device parallelises by itself */
-        return BN_OK;
-    }
-    /* 16-row grains keep each thread's rows in whole tiles of 4. */
-    bn_threadpool_run(pool, w->n, 16, matmul_rows, &job);
-    return BN_OK;
+    return bn_w2a8_matmul_group(&w, 1, x, &y, &ldy, pool, err);
 }

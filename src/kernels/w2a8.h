@@ -24,6 +24,13 @@ void bn_w2a8_quantize(const bn_kernel_provider *p, const float *src, int64_t m, 
  * matvec when x->m == 1. pool may be NULL (single thread). */
 bn_status bn_w2a8_matmul(const bn_w2a8_weights *w, const bn_q8_rows *x, float *y, int64_t ldy,
                          bn_threadpool *pool, bn_error *err);
+/* Several products of the same activations in one job of the pool (q, k
+ * and v; gate and up): y[i] = W[i] x, the output rows of all of them
+ * spread over the threads together, one hand-off instead of count. */
+#define BN_W2A8_GROUP_MAX 4
+bn_status bn_w2a8_matmul_group(const bn_w2a8_weights *const *w, int count, const bn_q8_rows *x,
+                               float *const *y, const int64_t *ldy, bn_threadpool *pool,
+                               bn_error *err);
 
 /* Packs codes for provider p (checks shapes and codes). */
 bn_status bn_w2a8_pack(const bn_kernel_provider *p, const int8_t *codes, int64_t n, int64_t k,

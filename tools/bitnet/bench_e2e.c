@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "cpu_backend.h"
 #include "engine.h"
 #if defined(BITNET_HAVE_CUDA)
 #include "cuda_backend.h"
@@ -368,6 +369,45 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
 }
 #endif
 
+/* Where the CPU's decode steps and prompt chunks spent their time, stage
+ * by stage, and what the thread pool's hand-offs cost. */
+static void print_cpu_stages(bn_cpu_backend *cpu, const bn_generation *g)
+{
+    bn_cpu_stage_times t;
+    bn_cpu_backend_stage_times(cpu, &t);
+    const double steps = t.passes[0] ? (double)t.passes[0] : 1.0;
+    const double rows = t.rows[1] ? (double)t.rows[1] : 1.0;
+    double sum[2] = {0.0, 0.0};
+    for (int s = 0; s < BN_CPU_STAGE_COUNT; s++)
+        for (int k = 0; k < 2; k++)
+            sum[k] += t.seconds[k][s];
+    printf("\nper-stage time on the CPU (%d threads; wall time of each stage, its threads "
+           "working inside): %llu decode steps, %llu prompt rows in %llu chunks\n",
+           bn_cpu_backend_threads(cpu), (unsigned long long)t.passes[0],
+           (unsigned long long)t.rows[1], (unsigned long long)t.passes[1]);
+    printf("  %-26s %14s %6s %16s %6s\n", "stage", "decode us/step", "share", "prompt us/token",
+           "share");
+    for (int s = 0; s < BN_CPU_STAGE_COUNT; s++)
+        printf("  %-26s %14.1f %5.1f%% %16.1f %5.1f%%\n", bn_cpu_stage_name((bn_cpu_stage)s),
+               1e6 * t.seconds[0][s] / steps,
+               sum[0] > 0.0 ? 100.0 * t.seconds[0][s] / sum[0] : 0.0,
+               1e6 * t.seconds[1][s] / rows,
+               sum[1] > 0.0 ? 100.0 * t.seconds[1][s] / sum[1] : 0.0);
+    printf("  %-26s %14.1f %6s %16.1f\n", "all stages", 1e6 * sum[0] / steps, "",
+           1e6 * sum[1] / rows);
+    if (g->decode_steps > 0)
+        printf("  %-26s %14.1f   (the decode step's wall less its stages: sampling, the "
+               "engine)\n",
+               "outside the forward pass",
+               1e6 * (g->decode_seconds / (double)g->decode_steps - sum[0] / steps));
+    const double dispatch = bn_cpu_backend_dispatch_seconds(cpu, 2000);
+    const double per_step = (double)t.dispatches[0] / steps;
+    printf("  thread pool: %.0f jobs a decode step, an empty job costs %.1f us here: ~%.0f us "
+           "a step (%.1f%%) in hand-offs\n",
+           per_step, 1e6 * dispatch, 1e6 * dispatch * per_step,
+           sum[0] > 0.0 ? 100.0 * dispatch * per_step / (sum[0] / steps) : 0.0);
+}
+
 int bench_e2e(int argc, char **argv, const bn_config *cfg)
 {
     const char *shape = "2b4t", *device = NULL;
@@ -510,14 +550,18 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                  top_k, (double)top_p);
     else
         snprintf(picks, sizeof picks, "greedy");
+    /* Where the token is picked: by the GPU (its steps chained), by the
+     * CPU backend's screened head, or from full logits by the sampler. */
+    const bool backend_picks = bn_engine_picks_on_device(e, &req.sampling);
+    const bool on_cpu = bn_engine_backend_handle(e, "cpu") != NULL;
     if (g.decode_steps > 0)
-        printf("decode    %8.2f s      %lld tokens, %.1f tok/s (%.2f ms per token; %s, picked on "
-               "the %s%s)\n",
+        printf("decode    %8.2f s      %lld tokens, %.1f tok/s (%.2f ms per token; %s, %s)\n",
                g.decode_seconds, (long long)g.decode_steps,
                rate((double)g.decode_steps, g.decode_seconds),
                1000.0 * g.decode_seconds / (double)g.decode_steps, picks,
-               bn_engine_picks_on_device(e, &req.sampling) ? "device" : "host",
-               bn_engine_picks_on_device(e, &req.sampling) ? ", steps chained" : "");
+               !backend_picks ? "picked on the host"
+               : on_cpu       ? "picked through the screened head"
+                              : "picked on the device, steps chained");
     else
         printf("decode    (one token generated: no decode step to time)\n");
     char a[32], b[32], c[32], d[32], f[32];
@@ -533,6 +577,9 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
         return rc;
     }
 #endif
+    bn_cpu_backend *cpu = (bn_cpu_backend *)bn_engine_backend_handle(e, "cpu");
+    if (cpu)
+        print_cpu_stages(cpu, &g);
     printf("memory    weights %s (packed ternary %s + embedding %s), KV cache %s (%lld "
            "positions), scratch %s",
            size_text(info.backend_weight_bytes + info.model_weight_bytes, a, sizeof a),
