@@ -10,8 +10,8 @@ static const bn_kernel_provider *const providers[] = {
     &bn_provider_cuda,
 #endif
 #if defined(__x86_64__)
-    &bn_provider_avx512,
     &bn_provider_avx512vnni,
+    &bn_provider_avx512,
     &bn_provider_avx2,
 #endif
 #if defined(__aarch64__)
