@@ -198,6 +198,59 @@ __attribute__((target("avx"))) static void dots_avx(const float *q, int nq, cons
     }
 }
 
+/* dots_avx for four keys (k, k + ldk, ...) at once: four independent
+ * sums a head, so the adds of one do not wait for the other's. */
+__attribute__((target("avx"))) static void dots4_avx(const float *q, int nq, const float *k,
+                                                     int64_t ldk, int hd, float scale,
+                                                     float *out, int64_t stride)
+{
+    for (int g = 0; g < nq; g++) {
+        const float *qg = q + (int64_t)g * hd;
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                         _mm256_setzero_ps()};
+        int i = 0;
+        for (; i + 8 <= hd; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(qg + i);
+            for (int t = 0; t < 4; t++)
+                acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(qv, _mm256_loadu_ps(k + t * ldk + i)));
+        }
+        for (int t = 0; t < 4; t++) {
+            float l[8];
+            _mm256_storeu_ps(l, acc[t]);
+            for (int ii = i, j = 0; ii < hd; ii++, j++)
+                l[j] += qg[ii] * k[t * ldk + ii];
+            out[g * stride + t] =
+                (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) * scale;
+        }
+    }
+}
+
+/* add_scaled_avx for four values (v, v + ldv, ...) with weights p[t * nq
+ * + g], in that order: each output chunk is loaded and stored once for the
+ * four, not once each. */
+__attribute__((target("avx"))) static void add_scaled4_avx(float *out, const float *p, int nq,
+                                                           const float *v, int64_t ldv, int hd)
+{
+    int i = 0;
+    for (; i + 8 <= hd; i += 8) {
+        const __m256 v0 = _mm256_loadu_ps(v + i), v1 = _mm256_loadu_ps(v + ldv + i);
+        const __m256 v2 = _mm256_loadu_ps(v + 2 * ldv + i), v3 = _mm256_loadu_ps(v + 3 * ldv + i);
+        for (int g = 0; g < nq; g++) {
+            float *o = out + (int64_t)g * hd + i;
+            __m256 acc = _mm256_loadu_ps(o);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(p[g]), v0));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(p[nq + g]), v1));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(p[2 * nq + g]), v2));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(p[3 * nq + g]), v3));
+            _mm256_storeu_ps(o, acc);
+        }
+    }
+    for (; i < hd; i++)
+        for (int g = 0; g < nq; g++)
+            for (int t = 0; t < 4; t++)
+                out[(int64_t)g * hd + i] += p[t * nq + g] * v[t * ldv + i];
+}
+
 __attribute__((target("avx"))) static void add_scaled_avx(float *out, const float *p, int nq,
                                                           const float *v, int hd)
 {
@@ -227,6 +280,36 @@ static void attn_dots(bool avx, const float *q, int nq, const float *k, int hd, 
 #endif
     (void)avx;
     dots_scalar(q, nq, k, hd, scale, out, stride);
+}
+
+/* attn_dots for the four keys k, k + ldk, k + 2 ldk, k + 3 ldk: out[g *
+ * stride + t] for key t. */
+static void attn_dots4(bool avx, const float *q, int nq, const float *k, int64_t ldk, int hd,
+                       float scale, float *out, int64_t stride)
+{
+#if defined(__x86_64__)
+    if (avx) {
+        dots4_avx(q, nq, k, ldk, hd, scale, out, stride);
+        return;
+    }
+#endif
+    for (int t = 0; t < 4; t++)
+        dots_scalar(q, nq, k + t * ldk, hd, scale, out + t, stride);
+}
+
+/* attn_add_scaled for the four values v, v + ldv, ... in turn, weights
+ * p[t * nq + g]. */
+static void attn_add_scaled4(bool avx, float *out, const float *p, int nq, const float *v,
+                             int64_t ldv, int hd)
+{
+#if defined(__x86_64__)
+    if (avx) {
+        add_scaled4_avx(out, p, nq, v, ldv, hd);
+        return;
+    }
+#endif
+    for (int t = 0; t < 4; t++)
+        add_scaled_scalar(out, p + t * nq, nq, v + t * ldv, hd);
 }
 
 static void attn_add_scaled(bool avx, float *out, const float *p, int nq, const float *v, int hd)
@@ -780,11 +863,15 @@ static void attention_slot(void *ctx, int slot, int n_slots)
         for (int64_t t0 = 0; t0 < n_pos; t0 += map->block_size) {
             const int64_t n = n_pos - t0 < map->block_size ? n_pos - t0 : map->block_size;
             const float *kb = kc + (int64_t)table[t0 / map->block_size] * map->block_size * b->kv_dim;
-            for (int64_t j = 0; j < n; j++)
+            int64_t j = 0;
+            for (; j + 4 <= n; j += 4)
+                attn_dots4(b->avx, q0, nq, kb + j * b->kv_dim + kv_off, b->kv_dim, hd, scale,
+                           scores + t0 + j, ld);
+            for (; j < n; j++)
                 attn_dots(b->avx, q0, nq, kb + j * b->kv_dim + kv_off, hd, scale, scores + t0 + j,
                           ld);
         }
-        float p[BN_MAX_GQA_GROUP], inv_sum[BN_MAX_GQA_GROUP];
+        float p[4 * BN_MAX_GQA_GROUP], inv_sum[BN_MAX_GQA_GROUP];
         for (int g = 0; g < nq; g++) {
             float *sg = scores + g * ld, max = -INFINITY, sum = 0.0f;
             for (int64_t t = 0; t < n_pos; t++)
@@ -799,7 +886,14 @@ static void attention_slot(void *ctx, int slot, int n_slots)
         for (int64_t t0 = 0; t0 < n_pos; t0 += map->block_size) {
             const int64_t n = n_pos - t0 < map->block_size ? n_pos - t0 : map->block_size;
             const float *vb = vc + (int64_t)table[t0 / map->block_size] * map->block_size * b->kv_dim;
-            for (int64_t j = 0; j < n; j++) {
+            int64_t j = 0;
+            for (; j + 4 <= n; j += 4) {
+                for (int t = 0; t < 4; t++)
+                    for (int g = 0; g < nq; g++)
+                        p[t * nq + g] = scores[g * ld + t0 + j + t] * inv_sum[g];
+                attn_add_scaled4(b->avx, out, p, nq, vb + j * b->kv_dim + kv_off, b->kv_dim, hd);
+            }
+            for (; j < n; j++) {
                 for (int g = 0; g < nq; g++)
                     p[g] = scores[g * ld + t0 + j] * inv_sum[g];
                 attn_add_scaled(b->avx, out, p, nq, vb + j * b->kv_dim + kv_off, hd);
