@@ -67,7 +67,7 @@ struct bn_cpu_backend {
     int64_t *row_pos;           /* [CHUNK_ROWS] forward()'s rows as a batch */
     int32_t *row_seq;
     float *inv_freq;          /* [rope_dim / 2] */
-    float *rope_cos, *rope_sin; /* [rope_dim / 2] for the current position */
+    float *rope_cos, *rope_sin; /* [CHUNK_ROWS][rope_dim / 2]: the pass's rows' */
 
     float *x, *q, *k, *v, *att, *out, *gate, *up;
     bn_q8_rows q8;            /* CHUNK_ROWS rows of the widest input */
@@ -477,8 +477,8 @@ static bn_status alloc_buffers(bn_cpu_backend *b, bn_error *err)
     b->scores = alloc_floats((int64_t)b->n_slots * (b->hp.n_head / b->hp.n_head_kv) * b->kv_len, s);
     b->head_rows = alloc_floats((int64_t)b->n_slots * hp->dim, s);
     b->inv_freq = alloc_floats(hp->rope_dim / 2, s);
-    b->rope_cos = alloc_floats(hp->rope_dim / 2, s);
-    b->rope_sin = alloc_floats(hp->rope_dim / 2, s);
+    b->rope_cos = alloc_floats(M * (hp->rope_dim / 2), s);
+    b->rope_sin = alloc_floats(M * (hp->rope_dim / 2), s);
 
     const int64_t widest = wide > hp->ffn ? wide : hp->ffn;
     bn_status st = bn_q8_rows_alloc(&b->q8, M, widest, err);
@@ -917,17 +917,12 @@ static bn_status attention_block(bn_cpu_backend *b, int layer, int64_t M, const 
         return st;
     t = lap(b, BN_CPU_STAGE_QKV, t);
 
-    float *cosv = b->rope_cos, *sinv = b->rope_sin;
     const int half = hp->rope_dim / 2;
     float *kc = map->k_cache + (int64_t)layer * map->rows * b->kv_dim;
     float *vc = map->v_cache + (int64_t)layer * map->rows * b->kv_dim;
     for (int64_t i = 0; i < M; i++) {
         const int64_t pos = map->pos[i];
-        for (int j = 0; j < half; j++) {
-            const float angle = (float)pos * b->inv_freq[j];
-            cosv[j] = cosf(angle);
-            sinv[j] = sinf(angle);
-        }
+        const float *cosv = b->rope_cos + i * half, *sinv = b->rope_sin + i * half;
         rope_heads(b->q + i * b->q_dim, hp->n_head, hp->head_dim, hp->rope_dim, cosv, sinv);
         rope_heads(b->k + i * b->kv_dim, hp->n_head_kv, hp->head_dim, hp->rope_dim, cosv, sinv);
         const int64_t r = cache_row(map, map->seq[i], pos);
@@ -1157,10 +1152,19 @@ static bn_status run_rows(bn_cpu_backend *b, const int32_t *tokens, int64_t M, c
     const bn_hparams *hp = &b->hp;
     bn_status st = BN_OK;
     pass_begin(b, M);
-    const double t = bn_time_seconds();
+    double t = bn_time_seconds();
     for (int64_t i = 0; i < M && st == BN_OK; i++)
         st = bn_checkpoint_embedding_row(b->model, tokens[i], b->x + i * hp->dim, err);
-    lap(b, BN_CPU_STAGE_EMBED, t);
+    t = lap(b, BN_CPU_STAGE_EMBED, t);
+    /* The rows' RoPE angles, once for every layer: (float)pos * inv_freq. */
+    const int half = hp->rope_dim / 2;
+    for (int64_t i = 0; i < M; i++)
+        for (int j = 0; j < half; j++) {
+            const float angle = (float)map->pos[i] * b->inv_freq[j];
+            b->rope_cos[i * half + j] = cosf(angle);
+            b->rope_sin[i * half + j] = sinf(angle);
+        }
+    lap(b, BN_CPU_STAGE_ROPE_KV, t);
     for (int l = 0; l < hp->n_layer && st == BN_OK; l++) {
         st = attention_block(b, l, M, map, err);
         if (st == BN_OK)

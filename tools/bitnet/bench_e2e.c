@@ -580,7 +580,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
     bn_cpu_backend *cpu = (bn_cpu_backend *)bn_engine_backend_handle(e, "cpu");
     if (cpu)
         print_cpu_stages(cpu, &g);
-    printf("memory    weights %s (packed ternary %s + embedding %s), KV cache %s (%lld "
+    printf("memory    weights %s (packed for the kernels %s + embedding %s), KV cache %s (%lld "
            "positions), scratch %s",
            size_text(info.backend_weight_bytes + info.model_weight_bytes, a, sizeof a),
            size_text(info.backend_weight_bytes, b, sizeof b),
