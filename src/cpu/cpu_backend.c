@@ -87,6 +87,7 @@ struct bn_cpu_backend {
     float *pick_logits;         /* [PICK_ROWS][vocab]: one row's candidates'
                                  * logits (-inf else), or PICK_ROWS rows'  */
     bn_sampler *greedy;         /* the host's greedy rule over those       */
+    bool screened;              /* the int8 copy exists (build_screen)     */
     bn_cpu_stage_times times; /* bn_cpu_backend_stage_times */
     int pass_kind;            /* times' index of the pass running: 0 one row */
 };
@@ -1056,10 +1057,23 @@ static void screen_fill_slot(void *ctx, int slot, int n_slots)
                         head_row_weights, b, b->head_rows + (int64_t)slot * b->hp.dim);
 }
 
+/* The greedy picks' state, and the int8 copy where this CPU has a vector
+ * kernel for it: one element at a time, the screen would read half the
+ * bytes but cost more than the full head's vector code. BITNET_KERNEL=
+ * scalar leaves it out too (the portable path, tested as such). */
 static bn_status build_screen(bn_cpu_backend *b, bn_error *err)
 {
     const int64_t vocab = b->hp.vocab, dim = b->hp.dim;
-    bn_status st = bn_head_screen_alloc(&b->screen, vocab, dim, err);
+    bn_sampler_params greedy;
+    bn_sampler_params_default(&greedy);
+    b->pick_logits = malloc((size_t)(PICK_ROWS * vocab) * sizeof(float));
+    if (!b->pick_logits)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for greedy picks");
+    bn_status st = bn_sampler_create(&greedy, (int32_t)vocab, &b->greedy, err);
+    if (st != BN_OK || !bn_head_screen_has_vector_kernel() ||
+        strcmp(b->kernels->name, "scalar") == 0)
+        return st;
+    st = bn_head_screen_alloc(&b->screen, vocab, dim, err);
     if (st != BN_OK)
         return st;
     b->screen_x.y = bn_aligned_alloc(64, (size_t)b->screen.lda);
@@ -1067,19 +1081,15 @@ static bn_status build_screen(bn_cpu_backend *b, bn_error *err)
     b->screen_lo = malloc((size_t)vocab * sizeof(double));
     b->screen_hi = malloc((size_t)vocab * sizeof(double));
     b->slot_max = malloc((size_t)b->n_slots * sizeof(double));
-    b->pick_logits = malloc((size_t)(PICK_ROWS * vocab) * sizeof(float));
-    if (!b->screen_x.y || !b->screen_x.y_u8 || !b->screen_lo || !b->screen_hi || !b->slot_max ||
-        !b->pick_logits)
+    if (!b->screen_x.y || !b->screen_x.y_u8 || !b->screen_lo || !b->screen_hi || !b->slot_max)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the screened head");
-    bn_sampler_params greedy;
-    bn_sampler_params_default(&greedy);
-    st = bn_sampler_create(&greedy, (int32_t)vocab, &b->greedy, err);
-    if (st != BN_OK)
-        return st;
     run_slots(b, screen_fill_slot, b);
     b->weight_bytes += bn_head_screen_bytes(&b->screen);
+    b->screened = true;
     return BN_OK;
 }
+
+static void lm_head(bn_cpu_backend *b, const float *x_rows, int64_t n_rows, float *logits);
 
 /* Each slot's share of the rows: their bounds, and the largest lower one. */
 static void screen_bounds_slot(void *ctx, int slot, int n_slots)
@@ -1115,6 +1125,10 @@ static void screen_exact_slot(void *ctx, int slot, int n_slots)
 static int32_t screened_pick(bn_cpu_backend *b, const float *x)
 {
     const bn_hparams *hp = &b->hp;
+    if (!b->screened) {
+        lm_head(b, x, 1, b->pick_logits);
+        return bn_sampler_sample(b->greedy, b->pick_logits, NULL, 0);
+    }
     double t = bn_time_seconds();
     rmsnorm(b->normed_out, x, bn_checkpoint_output_norm(b->model), hp->dim, hp->rms_eps);
     t = lap(b, BN_CPU_STAGE_HEAD_NORM, t);

@@ -220,6 +220,11 @@ void bn_head_screen_bounds(const bn_head_screen *s, const bn_head_screen_x *hx, 
     }
 }
 
+bool bn_head_screen_has_vector_kernel(void)
+{
+    return kernel_available(KERNEL_AVX2) || kernel_available(KERNEL_AVX512VNNI);
+}
+
 const char *bn_head_screen_kernel_name(const bn_head_screen *s)
 {
     return kernel_names[s->kernel];

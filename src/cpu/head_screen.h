@@ -74,6 +74,9 @@ void bn_head_screen_bounds(const bn_head_screen *s, const bn_head_screen_x *hx, 
 /* The integer dot product of row r's codes with hx's, exactly (every
  * kernel gives the same number): for the tests. */
 int32_t bn_head_screen_dot(const bn_head_screen *s, int64_t r, const bn_head_screen_x *hx);
+/* Whether this CPU has a vector kernel (else the screen would cost more
+ * than the full head's vector code, and the backend does without it). */
+bool bn_head_screen_has_vector_kernel(void);
 /* The kernel in use ("avx512vnni", "avx2", "scalar"); force picks one the
  * CPU has (tests), false when it lacks it. */
 const char *bn_head_screen_kernel_name(const bn_head_screen *s);

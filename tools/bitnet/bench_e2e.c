@@ -560,7 +560,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                rate((double)g.decode_steps, g.decode_seconds),
                1000.0 * g.decode_seconds / (double)g.decode_steps, picks,
                !backend_picks ? "picked on the host"
-               : on_cpu       ? "picked through the screened head"
+               : on_cpu       ? "picked by the CPU backend (screened head)"
                               : "picked on the device, steps chained");
     else
         printf("decode    (one token generated: no decode step to time)\n");
