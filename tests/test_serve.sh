@@ -273,7 +273,7 @@ serve_stop INT
 check $([ "$rc" = 0 ]; echo $?) "SIGINT stops the server with exit 0 (rc $rc)"
 
 # ---- --timeout: a request past it gets 504 ----
-start slow --parallel 1 --timeout 0.2
+start slow --parallel 1 --timeout 0.02
 code=$(post /v1/completions "{\"prompt\": \"$P\", \"max_tokens\": 480, \"ignore_eos\": true}" "$tmp/e")
 check $([ "$code" = 504 ] && [ "$(json "$tmp/e" "j['error']['type']")" = timeout ]; echo $?) \
     "a request past --timeout: 504 ($code)"
