@@ -2,8 +2,12 @@
  * against a direct computation from the codes: random ragged shapes, M from
  * 1 to 17, outputs poisoned before every call, any thread count. Integer
  * paths are compared exactly (bit patterns of the float results). */
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "head_screen.h"
 #include "kernel_manager.h"
 #include "quant_rules.h"
 #include "test_util.h"
@@ -209,6 +213,171 @@ static void check_group(int64_t k, int64_t m, bn_threadpool *pools[3])
     free(x);
 }
 
+/* ---- the screened LM head's kernels and bound (head_screen.h) ---- */
+/*
+ *   - every integer dot product kernel the CPU has gives the exact integer
+ *     sum, on random codes with the extremes +-127;
+ *   - the bounds hold: for random heads and hidden states of every scale,
+ *     lo <= the row's logit <= hi, with the logit summed in fp32 in two
+ *     different orders (the bound covers any) and in double;
+ *   - rows the bound does not cover (all zero, tiny, inf, NaN weights) and
+ *     hidden states with NaN or inf make every row a candidate.
+ */
+/* A head for the screen to copy: rows of a float matrix. */
+typedef struct float_head {
+    const float *w;
+    int64_t dim;
+} float_head;
+
+static void float_row(void *ctx, int64_t r, float *out)
+{
+    const float_head *h = ctx;
+    memcpy(out, h->w + r * h->dim, (size_t)h->dim * sizeof(float));
+}
+
+static void alloc_x(const bn_head_screen *s, bn_head_screen_x *hx)
+{
+    hx->y = bn_aligned_alloc(64, (size_t)s->lda);
+    hx->y_u8 = bn_aligned_alloc(64, (size_t)s->lda);
+}
+
+static void free_x(bn_head_screen_x *hx)
+{
+    bn_aligned_free(hx->y);
+    bn_aligned_free(hx->y_u8);
+}
+
+/* The screen of a vocab x dim float head, and x quantized for it. */
+static void screen_of(const float *w, int64_t vocab, int64_t dim, const float *x,
+                      bn_head_screen *s, bn_head_screen_x *hx)
+{
+    float_head fh = {w, dim};
+    float *scratch = malloc((size_t)dim * sizeof *scratch);
+    CHECK(bn_head_screen_alloc(s, vocab, dim, NULL) == BN_OK);
+    bn_head_screen_fill(s, 0, vocab, float_row, &fh, scratch);
+    alloc_x(s, hx);
+    bn_head_screen_quantize(s, x, hx);
+    free(scratch);
+}
+
+/* Every kernel the CPU has equals the plain integer sum. */
+static void test_screen_kernels(void)
+{
+    const int64_t vocab = test_rand_range(1, 40), dim = test_rand_range(1, 700);
+    float *w = malloc((size_t)(vocab * dim) * sizeof *w);
+    float *x = malloc((size_t)dim * sizeof *x);
+    for (int64_t i = 0; i < vocab * dim; i++)
+        w[i] = test_rand_range(0, 9) == 0 ? (test_rand_range(0, 1) ? 1.0f : -1.0f)
+                                          : test_rand_float(-1.0f, 1.0f);
+    for (int64_t i = 0; i < dim; i++)
+        x[i] = test_rand_range(0, 9) == 0 ? (test_rand_range(0, 1) ? 3.0f : -3.0f)
+                                          : test_rand_float(-3.0f, 3.0f);
+    bn_head_screen s;
+    bn_head_screen_x hx;
+    screen_of(w, vocab, dim, x, &s, &hx);
+    static const char *const names[] = {"scalar", "avx2", "avx512vnni", "neon", "neondot"};
+    static bool listed = false;
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        if (!bn_head_screen_force_kernel(&s, names[k]))
+            continue;
+        if (!listed)
+            printf("head screen kernel checked: %s\n", names[k]);
+        int bad = 0;
+        for (int64_t r = 0; r < vocab; r++) {
+            int32_t want = 0;
+            for (int64_t i = 0; i < dim; i++)
+                want += (int32_t)s.codes[r * s.lda + i] * hx.y[i];
+            bad += bn_head_screen_dot(&s, r, &hx) != want;
+        }
+        CHECK_MSG(bad == 0, "%s: %d of %lld integer sums wrong (dim %lld)", names[k], bad,
+                  (long long)vocab, (long long)dim);
+    }
+    listed = true;
+    CHECK(bn_head_screen_force_kernel(&s, "scalar"));
+    CHECK(!bn_head_screen_force_kernel(&s, "sse9"));
+    free_x(&hx);
+    bn_head_screen_free(&s);
+    free(w);
+    free(x);
+}
+
+/* lo <= logit <= hi for the logit in fp32 forwards, fp32 backwards and
+ * double; scale: the weights' and activations' magnitude. */
+static void test_bounds(float scale)
+{
+    const int64_t vocab = test_rand_range(1, 60), dim = test_rand_range(1, 3000);
+    float *w = malloc((size_t)(vocab * dim) * sizeof *w);
+    float *x = malloc((size_t)dim * sizeof *x);
+    for (int64_t i = 0; i < vocab * dim; i++)
+        w[i] = test_rand_float(-1.0f, 1.0f) * scale;
+    for (int64_t i = 0; i < dim; i++)
+        x[i] = test_rand_float(-1.0f, 1.0f) * scale * (test_rand_range(0, 20) == 0 ? 50.0f : 1.0f);
+    bn_head_screen s;
+    bn_head_screen_x hx;
+    screen_of(w, vocab, dim, x, &s, &hx);
+    double *lo = malloc((size_t)vocab * sizeof *lo), *hi = malloc((size_t)vocab * sizeof *hi);
+    bn_head_screen_bounds(&s, &hx, 0, vocab, lo, hi);
+    int bad = 0;
+    for (int64_t r = 0; r < vocab; r++) {
+        float fwd = 0.0f, bwd = 0.0f;
+        double exact = 0.0;
+        for (int64_t i = 0; i < dim; i++) {
+            fwd += w[r * dim + i] * x[i];
+            bwd += w[r * dim + dim - 1 - i] * x[dim - 1 - i];
+            exact += (double)w[r * dim + i] * x[i];
+        }
+        const bool ok = lo[r] <= fwd && fwd <= hi[r] && lo[r] <= bwd && bwd <= hi[r] &&
+                        lo[r] <= exact && exact <= hi[r] && isfinite(lo[r]) && isfinite(hi[r]);
+        if (!ok && bad++ == 0)
+            fprintf(stderr, "row %lld: %.9g not in [%.9g, %.9g]\n", (long long)r, (double)fwd,
+                    lo[r], hi[r]);
+    }
+    CHECK_MSG(bad == 0, "scale %g, dim %lld: %d of %lld rows outside their bounds",
+              (double)scale, (long long)dim, bad, (long long)vocab);
+    free(lo);
+    free(hi);
+    free_x(&hx);
+    bn_head_screen_free(&s);
+    free(w);
+    free(x);
+}
+
+/* Rows and hidden states the bound does not cover: always candidates. */
+static void test_uncovered(void)
+{
+    const int64_t vocab = 6, dim = 70;
+    float *w = calloc((size_t)(vocab * dim), sizeof *w);
+    float x[70];
+    for (int64_t i = 0; i < vocab * dim; i++)
+        w[i] = test_rand_float(-1.0f, 1.0f);
+    for (int64_t i = 0; i < dim; i++) {
+        x[i] = test_rand_float(-1.0f, 1.0f);
+        w[0 * dim + i] = 0.0f;  /* row 0: all zero  */
+        w[1 * dim + i] *= 1e-35f; /* row 1: tiny  */
+        w[4 * dim + i] = w[5 * dim + i]; /* rows 4 and 5: equal */
+    }
+    w[2 * dim + 5] = INFINITY; /* row 2 */
+    w[3 * dim + 9] = NAN;      /* row 3 */
+    bn_head_screen s;
+    bn_head_screen_x hx;
+    screen_of(w, vocab, dim, x, &s, &hx);
+    double lo[6], hi[6];
+    bn_head_screen_bounds(&s, &hx, 0, vocab, lo, hi);
+    for (int r = 0; r < 4; r++)
+        CHECK_MSG(lo[r] == -INFINITY && hi[r] == INFINITY, "row %d is not always a candidate", r);
+    CHECK(lo[4] == lo[5] && hi[4] == hi[5] && lo[4] < hi[4]); /* ties stay together */
+    x[7] = NAN;
+    bn_head_screen_quantize(&s, x, &hx);
+    bn_head_screen_bounds(&s, &hx, 0, vocab, lo, hi);
+    int open = 0;
+    for (int r = 0; r < 6; r++)
+        open += lo[r] == -INFINITY && hi[r] == INFINITY;
+    CHECK_MSG(open == 6, "a NaN in the hidden state leaves %d of 6 rows candidates", open);
+    free_x(&hx);
+    bn_head_screen_free(&s);
+    free(w);
+}
+
 static void test_errors(void)
 {
     bn_w2a8_weights w;
@@ -295,6 +464,12 @@ int main(void)
                       pools);
     for (int iter = 0; iter < 20; iter++)
         check_group(test_rand_range(1, 700), test_rand_range(1, 9), pools);
+    for (int i = 0; i < 20; i++)
+        test_screen_kernels();
+    static const float scales[] = {1e-3f, 0.05f, 1.0f, 30.0f, 1e4f};
+    for (int i = 0; i < 40; i++)
+        test_bounds(scales[i % 5]);
+    test_uncovered();
 
     for (int t = 0; t < 3; t++)
         bn_threadpool_destroy(pools[t]);

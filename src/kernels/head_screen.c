@@ -1,11 +1,12 @@
 /*
  * head_screen.c - the CPU's screened LM head (head_screen.h has the design
- * and the bound). The integer dot products come in three forms, one
+ * and the bound). The integer dot products come in five forms, one
  * picked by the CPU: AVX-512 VNNI (vpdpbusd: the hidden state's codes
  * offset by 128 as unsigned bytes, the offset taken out with the row's code
  * sum), AVX2 (vpmaddubsw on |q| and y with q's sign, whose pairs stay
- * below 2^15 since both are at most 127) and scalar. All give the same
- * exact integer.
+ * below 2^15 since both are at most 127), NEON with the dot product
+ * (sdot), plain NEON (smull, then pairwise adds into int32) and scalar.
+ * All give the same exact integer.
  */
 #include "head_screen.h"
 
@@ -15,20 +16,28 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
-enum { KERNEL_SCALAR, KERNEL_AVX2, KERNEL_AVX512VNNI };
-static const char *const kernel_names[] = {"scalar", "avx2", "avx512vnni"};
+enum { KERNEL_SCALAR, KERNEL_AVX2, KERNEL_AVX512VNNI, KERNEL_NEON, KERNEL_NEONDOT, KERNEL_COUNT };
+static const char *const kernel_names[] = {"scalar", "avx2", "avx512vnni", "neon", "neondot"};
 
 static bool kernel_available(int k)
 {
-#if defined(__x86_64__)
     const bn_cpu_features *cpu = bn_cpu_features_get();
+#if defined(__x86_64__)
     if (k == KERNEL_AVX2)
         return cpu->avx2;
     if (k == KERNEL_AVX512VNNI)
         return cpu->avx512f && cpu->avx512bw && cpu->avx512vnni;
+#elif defined(__aarch64__)
+    if (k == KERNEL_NEON)
+        return true;
+    if (k == KERNEL_NEONDOT)
+        return cpu->dotprod;
 #endif
+    (void)cpu;
     return k == KERNEL_SCALAR;
 }
 
@@ -48,10 +57,12 @@ bn_status bn_head_screen_alloc(bn_head_screen *s, int64_t vocab, int64_t dim, bn
                             "no memory for the LM head's int8 copy (%.1f MiB)",
                             (double)(vocab * s->lda) / 1048576.0);
     }
+    /* The best this CPU has, in this order. */
+    static const int best_first[] = {KERNEL_AVX512VNNI, KERNEL_AVX2, KERNEL_NEONDOT, KERNEL_NEON};
     s->kernel = KERNEL_SCALAR;
-    for (int k = KERNEL_AVX512VNNI; k > KERNEL_SCALAR; k--)
-        if (kernel_available(k)) {
-            s->kernel = k;
+    for (size_t i = 0; i < sizeof best_first / sizeof best_first[0]; i++)
+        if (kernel_available(best_first[i])) {
+            s->kernel = best_first[i];
             break;
         }
     return BN_OK;
@@ -183,6 +194,33 @@ dot_avx512vnni(const int8_t *q, const bn_head_screen_x *hx, int64_t n, int32_t c
     /* sum (y + 128) q = sum y q + 128 sum q */
     return _mm512_reduce_add_epi32(_mm512_add_epi32(acc0, acc1)) - 128 * code_sum;
 }
+#elif defined(__aarch64__)
+/* Products of two int8 in [-127, 127] fit int16; pairs of them are added
+ * into int32 lanes at once (vpadalq), so nothing can overflow. */
+static int32_t dot_neon(const int8_t *q, const bn_head_screen_x *hx, int64_t n)
+{
+    int32x4_t acc = vdupq_n_s32(0);
+    for (int64_t i = 0; i < n; i += 16) {
+        const int8x16_t w = vld1q_s8(q + i), x = vld1q_s8(hx->y + i);
+        acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(w), vget_low_s8(x)));
+        acc = vpadalq_s16(acc, vmull_high_s8(w, x));
+    }
+    return vaddvq_s32(acc);
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static int32_t
+dot_neondot(const int8_t *q, const bn_head_screen_x *hx, int64_t n)
+{
+    int32x4_t acc0 = vdupq_n_s32(0), acc1 = vdupq_n_s32(0);
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = vdotq_s32(acc0, vld1q_s8(q + i), vld1q_s8(hx->y + i));
+        acc1 = vdotq_s32(acc1, vld1q_s8(q + i + 16), vld1q_s8(hx->y + i + 16));
+    }
+    for (; i < n; i += 16)
+        acc0 = vdotq_s32(acc0, vld1q_s8(q + i), vld1q_s8(hx->y + i));
+    return vaddvq_s32(vaddq_s32(acc0, acc1));
+}
 #endif
 
 static int32_t row_dot(const bn_head_screen *s, int64_t r, const bn_head_screen_x *hx)
@@ -193,6 +231,11 @@ static int32_t row_dot(const bn_head_screen *s, int64_t r, const bn_head_screen_
         return dot_avx512vnni(q, hx, s->lda, s->code_sum[r]);
     if (s->kernel == KERNEL_AVX2)
         return dot_avx2(q, hx, s->lda);
+#elif defined(__aarch64__)
+    if (s->kernel == KERNEL_NEONDOT)
+        return dot_neondot(q, hx, s->lda);
+    if (s->kernel == KERNEL_NEON)
+        return dot_neon(q, hx, s->lda);
 #endif
     return dot_scalar(q, hx, s->dim);
 }
@@ -222,7 +265,10 @@ void bn_head_screen_bounds(const bn_head_screen *s, const bn_head_screen_x *hx, 
 
 bool bn_head_screen_has_vector_kernel(void)
 {
-    return kernel_available(KERNEL_AVX2) || kernel_available(KERNEL_AVX512VNNI);
+    for (int k = KERNEL_SCALAR + 1; k < KERNEL_COUNT; k++)
+        if (kernel_available(k))
+            return true;
+    return false;
 }
 
 const char *bn_head_screen_kernel_name(const bn_head_screen *s)
@@ -232,7 +278,7 @@ const char *bn_head_screen_kernel_name(const bn_head_screen *s)
 
 bool bn_head_screen_force_kernel(bn_head_screen *s, const char *name)
 {
-    for (int k = 0; k < (int)(sizeof kernel_names / sizeof kernel_names[0]); k++)
+    for (int k = 0; k < KERNEL_COUNT; k++)
         if (strcmp(name, kernel_names[k]) == 0 && kernel_available(k)) {
             s->kernel = k;
             return true;

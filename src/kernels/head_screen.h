@@ -77,7 +77,8 @@ int32_t bn_head_screen_dot(const bn_head_screen *s, int64_t r, const bn_head_scr
 /* Whether this CPU has a vector kernel (else the screen would cost more
  * than the full head's vector code, and the backend does without it). */
 bool bn_head_screen_has_vector_kernel(void);
-/* The kernel in use ("avx512vnni", "avx2", "scalar"); force picks one the
+/* The kernel in use ("avx512vnni", "avx2", "neondot", "neon", "scalar");
+ * force picks one the
  * CPU has (tests), false when it lacks it. */
 const char *bn_head_screen_kernel_name(const bn_head_screen *s);
 bool bn_head_screen_force_kernel(bn_head_screen *s, const char *name);
