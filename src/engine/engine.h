@@ -106,10 +106,10 @@ bn_status bn_engine_open(const bn_config *cfg, const bn_engine_options *opt, bn_
 void bn_engine_free(bn_engine *e);
 
 /* Whether generation with these sampling settings has the next token picked
- * on the device (the CUDA backend computing, the settings ones it can pick:
- * greedy or a top-k of 1 to 64, and no repetition penalty, which needs the
- * history on the host); otherwise the logits come back every step and the
- * host's sampler picks. */
+ * by the backend (CUDA: greedy or a top-k of 1 to 64, on the device; the
+ * CPU: greedy, through its screened LM head; never with a repetition
+ * penalty, which needs the history on the host); otherwise the logits come
+ * back every step and the host's sampler picks. */
 bool bn_engine_picks_on_device(const bn_engine *e, const bn_sampler_params *p);
 
 const bn_checkpoint *bn_engine_model(const bn_engine *e);
