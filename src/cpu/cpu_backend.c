@@ -1258,8 +1258,6 @@ static bn_status forward_tokens(bn_cpu_backend *b, const int32_t *tokens, int64_
 bn_status bn_cpu_backend_forward(bn_cpu_backend *b, const int32_t *tokens, int64_t n_tokens,
                                  int64_t pos, bn_logits_mode mode, float *logits, bn_error *err)
 {
-    if (!logits)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cpu forward: NULL logits");
     return forward_tokens(b, tokens, n_tokens, pos, mode, logits, NULL, err);
 }
 
@@ -1267,8 +1265,6 @@ bn_status bn_cpu_backend_forward_greedy(bn_cpu_backend *b, const int32_t *tokens
                                         int64_t n_tokens, int64_t pos, int32_t *next,
                                         bn_error *err)
 {
-    if (!next)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cpu forward: NULL next");
     return forward_tokens(b, tokens, n_tokens, pos, BN_LOGITS_LAST, NULL, next, err);
 }
 
@@ -1347,15 +1343,11 @@ static bn_status forward_batch(bn_cpu_backend *b, const bn_batch_rows *r, float 
 bn_status bn_cpu_backend_forward_rows(bn_cpu_backend *b, const bn_batch_rows *r, float *logits,
                                       bn_error *err)
 {
-    if (r && r->n_logits > 0 && !logits)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cpu forward_rows: NULL logits");
     return forward_batch(b, r, logits, NULL, err);
 }
 
 bn_status bn_cpu_backend_forward_rows_greedy(bn_cpu_backend *b, const bn_batch_rows *r,
                                              int32_t *next, bn_error *err)
 {
-    if (r && r->n_logits > 0 && !next)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "cpu forward_rows: NULL next");
     return forward_batch(b, r, NULL, next, err);
 }

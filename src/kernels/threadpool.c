@@ -4,7 +4,6 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -47,13 +46,6 @@ typedef struct worker_arg {
     int index; /* 1..size-1; the caller is 0 */
 } worker_arg;
 
-static double now_seconds(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* Thread `index` of `size` gets [begin, end): equal shares rounded to grain. */
 static void chunk_of(int64_t n, int64_t grain, int size, int index, int64_t *begin, int64_t *end)
 {
@@ -80,7 +72,7 @@ static uint64_t wait_for_job(bn_threadpool *pool, uint64_t seen)
         cpu_relax();
         if ((spins & 1023) != 1023)
             continue;
-        const double t = now_seconds();
+        const double t = bn_time_seconds();
         if (start == 0.0)
             start = t;
         else if (t - start > SPIN_SECONDS)
