@@ -9,7 +9,8 @@
 # usage: test_serve.sh /path/to/bitnet
 set -u
 BITNET=${1:?usage: test_serve.sh BITNET}
-"$BITNET" --help 2>&1 | grep -q '^  serve ' || { echo "SKIP: bitnet was built without serve"; exit 77; }
+. "$(dirname "$0")/serve_lib.sh"
+serve_require "$BITNET"
 command -v curl >/dev/null || { echo "SKIP: curl is not installed"; exit 77; }
 fails=0
 checks=0
@@ -33,7 +34,6 @@ check() { # condition-result what
 # A JSON field of a file: json FILE EXPR (a Python expression over j).
 json() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1" 2>/dev/null; }
 
-. "$(dirname "$0")/serve_lib.sh"
 # Starts a server with the given options; sets url and pid (name: $1).
 start() {
     local name=$1

@@ -7,15 +7,9 @@
 set -u
 BITNET=${1:?usage: test_serve_load.sh BITNET}
 here=$(cd "$(dirname "$0")" && pwd)
-"$BITNET" --help 2>&1 | grep -q '^  serve ' || { echo "SKIP: bitnet was built without serve"; exit 77; }
-tmp=$(mktemp -d)
-unset BITNET_API_KEY BITNET_DEVICE
-export BITNET_NUM_THREADS=2
 . "$here/serve_lib.sh"
-pid=
-trap 'kill -9 $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-serve_start "$BITNET" "$tmp/err" --parallel 16 --max-queue 128 ||
-    { echo "FAIL: the server did not start"; cat "$tmp/err"; exit 1; }
+serve_require "$BITNET"
+serve_one "$BITNET" --parallel 16 --max-queue 128
 # Under AddressSanitizer freed memory waits in its quarantine, so the
 # resident size says nothing about leaks there (LeakSanitizer checks them
 # at exit instead).

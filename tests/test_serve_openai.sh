@@ -11,17 +11,11 @@ BITNET=${1:?usage: test_serve_openai.sh BITNET}
 here=$(cd "$(dirname "$0")" && pwd)
 venv=${BITNET_TEST_VENV:-$HOME/.cache/bitnet/test-venv}
 py="$venv/bin/python"
-"$BITNET" --help 2>&1 | grep -q '^  serve ' || { echo "SKIP: bitnet was built without serve"; exit 77; }
+. "$here/serve_lib.sh"
+serve_require "$BITNET"
 "$py" -c 'import openai' 2>/dev/null ||
     { echo "SKIP: no openai package in $venv (scripts/install-deps.sh makes it)"; exit 77; }
-tmp=$(mktemp -d)
-unset BITNET_API_KEY BITNET_DEVICE
-export BITNET_NUM_THREADS=2
-. "$here/serve_lib.sh"
-pid=
-trap 'kill -9 $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-serve_start "$BITNET" "$tmp/err" --parallel 4 --api-key test-key ||
-    { echo "FAIL: the server did not start"; cat "$tmp/err"; exit 1; }
+serve_one "$BITNET" --parallel 4 --api-key test-key
 "$BITNET" run -p "And it came to pass" -n 24 --temp 0 >"$tmp/run.txt" 2>/dev/null
 "$py" "$here/test_serve_openai.py" "http://127.0.0.1:$port/v1" test-key "$tmp/run.txt"
 rc=$?

@@ -8,19 +8,13 @@ set -u
 BITNET=${1:?usage: test_serve_page.sh BITNET}
 here=$(cd "$(dirname "$0")" && pwd)
 venv=${BITNET_TEST_VENV:-$HOME/.cache/bitnet/test-venv}
-"$BITNET" --help 2>&1 | grep -q '^  serve ' || { echo "SKIP: bitnet was built without serve"; exit 77; }
+. "$here/serve_lib.sh"
+serve_require "$BITNET"
 [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] ||
     { echo "SKIP: chromium and chromium-driver are not installed (scripts/install-deps.sh)"; exit 77; }
 "$venv/bin/python" -c 'import selenium' 2>/dev/null ||
     { echo "SKIP: no selenium in $venv (scripts/install-deps.sh makes it)"; exit 77; }
-tmp=$(mktemp -d)
-unset BITNET_API_KEY BITNET_DEVICE
-export BITNET_NUM_THREADS=2
-. "$here/serve_lib.sh"
-pid=
-trap 'kill -9 $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-serve_start "$BITNET" "$tmp/err" --parallel 2 ||
-    { echo "FAIL: the server did not start"; cat "$tmp/err"; exit 1; }
+serve_one "$BITNET" --parallel 2
 HOME="$tmp" timeout 240 "$venv/bin/python" "$here/test_serve_page.py" "http://127.0.0.1:$port"
 rc=$?
 status=$rc
