@@ -36,3 +36,9 @@ for _ in $(seq 1 1200); do
 done
 python3 "$here/serve_bench.py" http://127.0.0.1:18300 --clients "$CLIENTS" --tokens "$GEN" \
     --requests "$CLIENTS" --prompt-ids 32
+# Where the scheduler's thread spent the run: in forward passes, and
+# handing tokens to the requests.
+python3 -c 'import sys, urllib.request
+for line in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines():
+    if line.startswith(("bitnet_scheduler_seconds_total", "bitnet_forward")):
+        print(line)' http://127.0.0.1:18300/metrics

@@ -260,7 +260,7 @@ static void check_case(const shape *s, int n_seqs, int max_len, bool f16, int sp
     const int splits = splits_asked > 0 ? splits_asked : bn_cb_attn_paged_splits(n_rows, max_pos);
     const bn_cb_attn_shape as = {s->n_heads, s->n_kv, s->hd, 0};
     CUDA_OK(bn_cb_attn_paged(&as, dq, q_dim, n_rows, dseq, dpos, dtab, max_blocks, s->bs, dk, dv,
-                             f16, splits, max_pos, NULL, dout, q_dim, dws, 0));
+                             f16, splits, NULL, dout, q_dim, dws, 0));
     CUDA_OK(cudaMemcpy(got, dout, sizeof(float) * (size_t)((n_rows + 1) * q_dim),
                        cudaMemcpyDeviceToHost));
 
@@ -289,7 +289,7 @@ static void check_case(const shape *s, int n_seqs, int max_len, bool f16, int sp
     CUDA_OK(cudaMemcpy(dlist, list, sizeof(int32_t) * (size_t)n_list, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dout, 0xff, sizeof(float) * (size_t)((n_rows + 1) * q_dim)));
     CUDA_OK(bn_cb_attn_paged(&as, dq, q_dim, n_list, dseq, dpos, dtab, max_blocks, s->bs, dk, dv,
-                             f16, splits, max_pos, dlist, dout, q_dim, dws, 0));
+                             f16, splits, dlist, dout, q_dim, dws, 0));
     CUDA_OK(cudaMemcpy(again, dout, sizeof(float) * (size_t)((n_rows + 1) * q_dim),
                        cudaMemcpyDeviceToHost));
     for (int r = 0; r < n_rows; r++) {
@@ -301,12 +301,26 @@ static void check_case(const shape *s, int n_seqs, int max_len, bool f16, int sp
                          : first == 0xffffffffu,
                   "row %d (%s) with a row list", r, listed ? "listed" : "not listed");
     }
+    /* A launch of the most splits the workspace allows (a captured pass's,
+     * sized for the whole context) gives every row exactly what the
+     * launcher's choice gives: a row takes the splits its length needs. */
+    int most = 64;
+    while (most > 1 && most * n_rows > BN_CB_ATTN_PAGED_SHARES)
+        most--;
+    CUDA_OK(cudaMemset(dout, 0xff, sizeof(float) * (size_t)((n_rows + 1) * q_dim)));
+    CUDA_OK(bn_cb_attn_paged(&as, dq, q_dim, n_rows, dseq, dpos, dtab, max_blocks, s->bs, dk, dv,
+                             f16, most, NULL, dout, q_dim, dws, 0));
+    CUDA_OK(cudaMemcpy(again, dout, sizeof(float) * (size_t)((n_rows + 1) * q_dim),
+                       cudaMemcpyDeviceToHost));
+    if (splits_asked == 0)
+        CHECK_MSG(memcmp(again, got, sizeof(float) * (size_t)(n_rows * q_dim)) == 0,
+                  "%d splits and %d give different rows", most, splits);
     cudaFree(dlist);
     free(list);
     free(again);
     if (splits > 1) /* no workspace for several splits: refused */
         CHECK(bn_cb_attn_paged(&as, dq, q_dim, n_rows, dseq, dpos, dtab, max_blocks, s->bs, dk,
-                               dv, f16, splits, max_pos, NULL, dout, q_dim, NULL, 0) ==
+                               dv, f16, splits, NULL, dout, q_dim, NULL, 0) ==
               cudaErrorInvalidValue);
     cudaFree(dk);
     cudaFree(dv);
@@ -337,6 +351,7 @@ int main(void)
         check_case(&s2b, 9, 700, f16, 0);  /* the splits the launcher picks */
         check_case(&s2b, 9, 700, f16, 1);  /* one split */
         check_case(&s2b, 5, 300, f16, 13); /* more splits than tiles for short rows */
+        check_case(&s2b, 9, 700, f16, 2);  /* fewer splits than the longest rows need */
         check_case(&mha, 7, 200, f16, 0);
         check_case(&mha, 3, 40, f16, 2);
     }
@@ -351,10 +366,10 @@ int main(void)
     float *d = NULL;
     CUDA_OK(cudaMalloc((void **)&d, 4096));
     CHECK(bn_cb_attn_paged(&bad, d, 1920, 1, (int32_t *)d, (int32_t *)d, (int32_t *)d, 1, 16, d,
-                           d, 0, 1, 0, NULL, d, 1920, NULL, 0) == cudaErrorNotSupported);
+                           d, 0, 1, NULL, d, 1920, NULL, 0) == cudaErrorNotSupported);
     const bn_cb_attn_shape odd = {20, 3, 128, 0};
     CHECK(bn_cb_attn_paged(&odd, d, 2560, 1, (int32_t *)d, (int32_t *)d, (int32_t *)d, 1, 16, d,
-                           d, 0, 1, 0, NULL, d, 2560, NULL, 0) == cudaErrorInvalidValue);
+                           d, 0, 1, NULL, d, 2560, NULL, 0) == cudaErrorInvalidValue);
     cudaFree(d);
     TEST_EXIT();
 }

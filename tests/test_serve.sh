@@ -229,7 +229,8 @@ grep -q '^bitnet_kv_blocks{state="used"} 0$' "$tmp/metrics" &&
     grep -q '^bitnet_kv_blocks{state="total"} [1-9]' "$tmp/metrics"
 check $? "metrics: the KV cache's blocks, none held once the requests end"
 grep -qE '^bitnet_scheduler_seconds_total\{part="forward"\} [0-9.]*[1-9]' "$tmp/metrics" &&
-    grep -qE '^bitnet_scheduler_seconds_total\{part="tokens"\} [0-9.]+$' "$tmp/metrics"
+    grep -qE '^bitnet_scheduler_seconds_total\{part="tokens"\} [0-9.]+$' "$tmp/metrics" &&
+    grep -qE '^bitnet_forward_passes_total [1-9][0-9]*$' "$tmp/metrics"
 check $? "metrics: the scheduler's time in forward passes and handing out tokens"
 grep -qE '^POST /v1/completions 200 [0-9]+\+24 tokens [0-9]+ ms$' "$tmp/main.err"
 check $? "one log line per request"

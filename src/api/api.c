@@ -71,6 +71,7 @@ static void *scheduler_main(void *arg)
         cap_taken = cap_q;
         pthread_mutex_unlock(&m->q_lock);
         pthread_mutex_lock(&m->lock);
+        size_t before = active, refused = 0;
         for (size_t i = 0; i < nq; i++) {
             bn_error err;
             bn_error_clear(&err);
@@ -78,6 +79,9 @@ static void *scheduler_main(void *arg)
                 taken[i].out->status = err.status;
                 taken[i].out->error = err;
                 atomic_store(&taken[i].out->done, true);
+                refused++;
+            } else {
+                before++;
             }
         }
         bn_error err;
@@ -86,7 +90,11 @@ static void *scheduler_main(void *arg)
         (void)bn_batcher_step(m->batcher, &active, &err);
         pthread_mutex_unlock(&m->lock);
         pthread_mutex_lock(&m->q_lock);
-        pthread_cond_broadcast(&m->q_done);
+        /* The callers wait for their requests to end: wake them only when
+         * one did, not after every pass (with many callers waiting, waking
+         * them all each pass costs the scheduler its lock). */
+        if (refused > 0 || active < before)
+            pthread_cond_broadcast(&m->q_done);
     }
     pthread_mutex_unlock(&m->q_lock);
     free(taken);

@@ -17,6 +17,12 @@
  * the head's float4 chunk l). With one split the block writes the head's
  * output; with more, each writes its unnormalised sum with its max and
  * weight, and paged_merge combines a row's splits in split order.
+ *
+ * A row takes only the splits its own length needs (row_splits: about 128
+ * positions each, at most the launch's), so a launch sized for the whole
+ * context (a captured pass, which cannot know the lengths) costs little
+ * more than one sized for the rows: the other blocks return at once, and
+ * the merge reads only the shares written.
  * dev/cuda/attn_paged.cu holds the one-split kernel with its timing.
  */
 #include <cuda_fp16.h>
@@ -79,6 +85,17 @@ __device__ __forceinline__ void copy_tile(T *kt, T *vt, const int *crow, const T
     }
 }
 
+/* The splits row position pos uses out of the launch's, and the whole
+ * tiles of positions each covers: at most 128 positions a split, so a
+ * short row is not spread thinly over many blocks. */
+__device__ __forceinline__ int row_splits(int pos, int splits, int *span)
+{
+    const int len = pos + 1;
+    const int used = min(splits, (len + 127) / 128);
+    *span = ((len + used - 1) / used + kTile - 1) / kTile * kTile;
+    return used;
+}
+
 /* Shared memory: q [group][HD] floats, then two buffers of K and V tiles
  * (the next tile's copies run while this one is computed), then the two
  * tiles' cache rows. */
@@ -95,7 +112,7 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
                                   const int32_t *__restrict__ row_pos,
                                   const int32_t *__restrict__ tables, int max_blocks, int bs,
                                   const T *__restrict__ kc, const T *__restrict__ vc,
-                                  float scale, int span, const int32_t *__restrict__ rows,
+                                  float scale, const int32_t *__restrict__ rows,
                                   float *__restrict__ out, int64_t ldo, float *__restrict__ part)
 {
     using R = TileRow<T, HD>;
@@ -111,6 +128,9 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
     const int h = kvh * group + warp;
     const int64_t kv_dim = (int64_t)n_kv * HD, head_off = (int64_t)kvh * HD;
     const int seq = row_seq[row], pos = row_pos[row];
+    int span;
+    if (split >= row_splits(pos, (int)gridDim.z, &span))
+        return; /* a split this row does not need: paged_merge skips it */
     const int32_t *table = tables + (int64_t)seq * max_blocks;
     const int begin = split * span, end = min(begin + span, pos + 1); /* [begin, end) */
 
@@ -201,19 +221,23 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
         o[lane] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 }
 
-/* Block (row, head), thread d < HD: the splits' shares of value d combined
- * in split order, out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. */
-__global__ void paged_merge(int n_heads, int hd, int splits, const int32_t *__restrict__ rows,
-                            const float *__restrict__ part, float *__restrict__ out, int64_t ldo)
+/* Block (row, head), thread d < HD: the shares of value d of the splits
+ * the row used combined in split order,
+ * out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. */
+__global__ void paged_merge(int n_heads, int hd, int splits, const int32_t *__restrict__ row_pos,
+                            const int32_t *__restrict__ rows, const float *__restrict__ part,
+                            float *__restrict__ out, int64_t ldo)
 {
     const int listed = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
     const int row = rows ? rows[listed] : listed;
+    int span;
+    const int used = row_splits(row_pos[row], splits, &span);
     const float *pr = part + ((int64_t)listed * n_heads + h) * splits * (hd + 4);
     float M = -INFINITY;
-    for (int s = 0; s < splits; s++)
+    for (int s = 0; s < used; s++)
         M = fmaxf(M, pr[s * (hd + 4) + hd]);
     float sum = 0.0f, weight = 0.0f;
-    for (int s = 0; s < splits; s++) {
+    for (int s = 0; s < used; s++) {
         const float *ps = pr + s * (hd + 4);
         const float w = ps[hd + 1] > 0.0f ? expf(ps[hd] - M) : 0.0f;
         sum = fmaf(w, ps[d], sum);
@@ -226,7 +250,7 @@ template <int HD, typename T>
 cudaError_t launch(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n_rows,
                    const int32_t *row_seq, const int32_t *row_pos, const int32_t *tables,
                    int max_blocks, int block_size, const void *k_cache, const void *v_cache,
-                   int splits, int span, const int32_t *rows, float *out, int64_t ldo,
+                   int splits, const int32_t *rows, float *out, int64_t ldo,
                    float *part, cudaStream_t stream)
 {
     const size_t smem = paged_smem_of<T, HD>(s->n_heads / s->n_kv_heads);
@@ -241,13 +265,13 @@ cudaError_t launch(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n
     const float scale = (float)(1.0 / sqrt((double)HD));
     attn_paged_kernel<HD, T><<<grid, block, smem, stream>>>(
         s->n_heads, s->n_kv_heads, q, ldq, row_seq, row_pos, tables, max_blocks, block_size,
-        static_cast<const T *>(k_cache), static_cast<const T *>(v_cache), scale, span, rows, out,
-        ldo, part);
+        static_cast<const T *>(k_cache), static_cast<const T *>(v_cache), scale, rows, out, ldo,
+        part);
     cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess || splits == 1)
         return rc;
     paged_merge<<<dim3((unsigned)n_rows, (unsigned)s->n_heads), (unsigned)HD, 0, stream>>>(
-        s->n_heads, HD, splits, rows, part, out, ldo);
+        s->n_heads, HD, splits, row_pos, rows, part, out, ldo);
     return cudaGetLastError();
 }
 
@@ -275,7 +299,7 @@ extern "C" cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *
                                         int n_rows, const int32_t *row_seq,
                                         const int32_t *row_pos, const int32_t *tables,
                                         int max_blocks, int block_size, const void *k_cache,
-                                        const void *v_cache, int kv_f16, int splits, int max_pos,
+                                        const void *v_cache, int kv_f16, int splits,
                                         const int32_t *rows, float *out, int64_t ldo, float *ws,
                                         cudaStream_t stream)
 {
@@ -283,27 +307,25 @@ extern "C" cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *
         n_rows < 0 || max_blocks < 1 || block_size < 1 || s->n_kv_heads < 1 ||
         s->n_heads % s->n_kv_heads != 0 || s->n_heads / s->n_kv_heads > 32 || ldq % 4 != 0 ||
         ldo % 4 != 0 || ldq < (int64_t)s->n_heads * s->head_dim ||
-        ldo < (int64_t)s->n_heads * s->head_dim || splits < 1 || splits > 64 || max_pos < 0 ||
+        ldo < (int64_t)s->n_heads * s->head_dim || splits < 1 || splits > 64 ||
         (splits > 1 && (!ws || (int64_t)splits * n_rows > BN_CB_ATTN_PAGED_SHARES)))
         return cudaErrorInvalidValue;
     if (!bn_cb_attn_paged_supports(s->head_dim))
         return cudaErrorNotSupported;
     if (n_rows == 0)
         return cudaSuccess;
-    /* Whole tiles a split, enough splits to cover max_pos. */
-    const int span = ((max_pos + 1 + splits - 1) / splits + kTile - 1) / kTile * kTile;
     if (s->head_dim == 128)
         return kv_f16 ? launch<128, __half>(s, q, ldq, n_rows, row_seq, row_pos, tables,
                                             max_blocks, block_size, k_cache, v_cache, splits,
-                                            span, rows, out, ldo, ws, stream)
+                                            rows, out, ldo, ws, stream)
                       : launch<128, float>(s, q, ldq, n_rows, row_seq, row_pos, tables,
                                            max_blocks, block_size, k_cache, v_cache, splits,
-                                           span, rows, out, ldo, ws, stream);
+                                           rows, out, ldo, ws, stream);
     return kv_f16 ? launch<64, __half>(s, q, ldq, n_rows, row_seq, row_pos, tables, max_blocks,
-                                       block_size, k_cache, v_cache, splits, span, rows, out,
+                                       block_size, k_cache, v_cache, splits, rows, out,
                                        ldo, ws, stream)
                   : launch<64, float>(s, q, ldq, n_rows, row_seq, row_pos, tables, max_blocks,
-                                      block_size, k_cache, v_cache, splits, span, rows, out,
+                                      block_size, k_cache, v_cache, splits, rows, out,
                                       ldo, ws, stream);
 }
 

@@ -317,7 +317,7 @@ static bn_status attention_paged(const pass *p, int l)
         const int splits = bn_cb_attn_paged_splits(r->n_dec, r->max_pos);
         BN_CUDA_TRY(p->err, bn_cb_attn_paged(&as, b->q, b->q_dim, r->n_dec, r->d_seq, p->pos,
                                              b->d_tables, b->paged_max_blocks, b->paged_block,
-                                             kl, vl, b->kv_f16, splits, r->max_pos, r->dec_rows,
+                                             kl, vl, b->kv_f16, splits, r->dec_rows,
                                              b->att, b->q_dim, b->ws_paged, b->cs));
         launches += splits > 1 ? 2 : 1;
         b->ran |= 1u << K_ATTN_PAGED;

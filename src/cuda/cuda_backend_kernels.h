@@ -175,13 +175,14 @@ typedef struct bn_cb_attn_shape {
 
 /* Attention of rows of many sequences over the paged cache (attn_paged.cu;
  * fp32, or fp16 with kv_f16): row r (sequence row_seq[r], position
- * row_pos[r], at most max_pos) attends to its positions 0..row_pos[r],
+ * row_pos[r]) attends to its positions 0..row_pos[r],
  * position t at cache row
  * tables[seq * max_blocks + t / block_size] * block_size + t % block_size
  * (device arrays); out row r gets its heads. With `rows` (a device array,
  * NULL: 0 .. n_rows) only the listed rows are computed. The positions are
  * split into
- * `splits` ranges (bn_cb_attn_paged_splits) worked on by blocks of their
+ * up to `splits` ranges (bn_cb_attn_paged_splits; a row takes those its
+ * length needs, about 128 positions each) worked on by blocks of their
  * own, whose shares ws holds (bn_cb_attn_paged_workspace_bytes; NULL with
  * one split). capacity is unused. Head sizes 64 and 128
  * (bn_cb_attn_paged_supports; else cudaErrorNotSupported), at most 32 q
@@ -193,7 +194,7 @@ cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *q, int64_t 
                              const int32_t *row_seq, const int32_t *row_pos,
                              const int32_t *tables, int max_blocks, int block_size,
                              const void *k_cache, const void *v_cache, int kv_f16, int splits,
-                             int max_pos, const int32_t *rows, float *out, int64_t ldo,
+                             const int32_t *rows, float *out, int64_t ldo,
                              float *ws, cudaStream_t stream);
 int bn_cb_attn_paged_supports(int head_dim);
 

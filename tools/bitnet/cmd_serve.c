@@ -162,6 +162,45 @@ static bool drained(server *s, double seconds)
     return atomic_load(&s->in_flight) == 0;
 }
 
+/* Short generations before the server says it is ready, so that its first
+ * requests do not pay what a device's first passes cost once: loading
+ * kernels and libraries and, on a GPU, capturing the graph of each batch
+ * size (captured at a size's second decode pass), so a round for each
+ * power of two up to --parallel sequences. A failure here is left to the
+ * requests to meet and report. */
+static void warm_up(server *s)
+{
+    const bool gpu = strncmp(s->info.device, "cpu", 3) != 0;
+    const int most = gpu ? s->opt.parallel : 1;
+    bn_session **sessions = calloc((size_t)most, sizeof *sessions);
+    bn_batch_item *items = calloc((size_t)most, sizeof *items);
+    bn_generate_params p;
+    bn_generate_params_default(&p);
+    const int32_t prompt[2] = {s->info.bos >= 0 ? s->info.bos : 0, 1 % s->info.vocab_size};
+    p.prompt_tokens = prompt;
+    p.n_prompt_tokens = 2;
+    p.max_tokens = 3;
+    p.temperature = 0.0f;
+    p.ignore_eog = true;
+    bn_error err;
+    int made = 0;
+    while (sessions && items && made < most &&
+           bn_session_create(s->model, &sessions[made], &err) == BN_OK)
+        made++;
+    for (int n = 1; made > 0; n = n < made && 2 * n > made ? made : 2 * n) {
+        for (int i = 0; i < n; i++) {
+            bn_session_reset(sessions[i]);
+            items[i] = (bn_batch_item){.session = sessions[i], .params = &p};
+        }
+        if (bn_generate_batch(s->model, items, (size_t)n, &err) != BN_OK || n == made)
+            break;
+    }
+    for (int i = 0; i < made; i++)
+        bn_session_free(sessions[i]);
+    free(sessions);
+    free(items);
+}
+
 int cmd_serve(int argc, char **argv, const bn_config *cfg)
 {
     static server s; /* one a process; zero-initialised */
@@ -220,6 +259,7 @@ int cmd_serve(int argc, char **argv, const bn_config *cfg)
         return cli_fail(&err);
     }
     fprintf(stderr, "%s\n", s.info.selection);
+    warm_up(&s);
     atomic_store(&s.ready, true);
     fprintf(stderr, "bitnet serve: ready: model '%s', context %lld, %d at once, up to %d "
                     "waiting%s\n",

@@ -168,6 +168,11 @@ struct serve_job {
     char *q;
     size_t q_len, q_off, q_cap;
     bool done;
+    /* A token's chunk, printed once around the piece's place (its text
+     * before the piece's JSON string: frame_head bytes); NULL with
+     * log-probabilities, whose chunks differ. */
+    char *frame;
+    size_t frame_head;
     bool reader_waiting;       /* serve_job_read sleeps on cv               */
     bool wake_posted;          /* on the waker's list                       */
 };
@@ -216,13 +221,74 @@ static void push_event(serve_job *job, cJSON *o, const char *raw)
     pthread_mutex_unlock(&j->mu);
 }
 
-/* Queues a token's event on the scheduler's thread, which hands the
- * reader's wake-up to the waker (serve_wake.c). */
-static void push_token_event(serve_job *job, cJSON *o)
+static cJSON *chunk(serve_job *j, const char *text, size_t len, bool role, const char *finish);
+
+/* Appends text as a JSON string, escaped as cJSON prints strings. */
+static void append_json_string(serve_job *j, const char *text, size_t len)
 {
+    static const char hex[] = "0123456789abcdef";
+    append(&j->q, &j->q_len, &j->q_cap, "\"", 1);
+    size_t plain = 0; /* bytes since the last escape, copied at once */
+    for (size_t i = 0; i < len; i++) {
+        const unsigned char c = (unsigned char)text[i];
+        if (c >= 32 && c != '"' && c != '\\')
+            continue;
+        append(&j->q, &j->q_len, &j->q_cap, text + plain, i - plain);
+        plain = i + 1;
+        char esc[6] = {'\\', (char)c};
+        size_t n = 2;
+        switch (c) {
+        case '\b': esc[1] = 'b'; break;
+        case '\f': esc[1] = 'f'; break;
+        case '\n': esc[1] = 'n'; break;
+        case '\r': esc[1] = 'r'; break;
+        case '\t': esc[1] = 't'; break;
+        case '"': case '\\': break;
+        default:
+            memcpy(esc + 1, "u00", 3);
+            esc[4] = hex[c >> 4];
+            esc[5] = hex[c & 15];
+            n = 6;
+        }
+        append(&j->q, &j->q_len, &j->q_cap, esc, n);
+    }
+    append(&j->q, &j->q_len, &j->q_cap, text + plain, len - plain);
+    append(&j->q, &j->q_len, &j->q_cap, "\"", 1);
+}
+
+/* Queues a token's event on the scheduler's thread, which hands the
+ * reader's wake-up to the waker (serve_wake.c). A chunk without
+ * log-probabilities is the same text every time but for the piece, so
+ * cJSON prints it once, around a marker, and each token then costs copies
+ * and the piece's escaping: this thread's time is time the device waits. */
+static void push_token_event(serve_job *job, const char *text, size_t len)
+{
+    if (!job->frame && job->logprobs < 0) {
+        char *t = print_and_delete(chunk(job, "\x01", 1, false, NULL));
+        const char *mark = t ? strstr(t, "\"\\u0001\"") : NULL;
+        if (mark) {
+            job->frame = t;
+            job->frame_head = (size_t)(mark - t);
+        } else {
+            free(t);
+        }
+    }
+    cJSON *o = job->frame ? NULL : chunk(job, text, len, false, NULL);
     serve_job *j = job->carrier;
     pthread_mutex_lock(&j->mu);
-    const bool post = queue_event(j, o, NULL) && !j->wake_posted;
+    bool wake;
+    if (job->frame) {
+        append(&j->q, &j->q_len, &j->q_cap, "data: ", 6);
+        append(&j->q, &j->q_len, &j->q_cap, job->frame, job->frame_head);
+        append_json_string(j, text, len);
+        const char *tail = job->frame + job->frame_head + 8; /* past "\u0001" */
+        append(&j->q, &j->q_len, &j->q_cap, tail, strlen(tail));
+        append(&j->q, &j->q_len, &j->q_cap, "\n\n", 2);
+        wake = j->reader_waiting;
+    } else {
+        wake = queue_event(j, o, NULL);
+    }
+    const bool post = wake && !j->wake_posted;
     j->wake_posted |= post;
     pthread_mutex_unlock(&j->mu);
     if (post && !serve_waker_post(&j->s->waker, j))
@@ -395,7 +461,7 @@ static bool on_token(void *user, int32_t token, const char *text, size_t len)
     if (len && !append(&j->text, &j->text_len, &j->text_cap, text, len))
         return false;
     if (j->stream && len)
-        push_token_event(j, chunk(j, text, len, false, NULL));
+        push_token_event(j, text, len);
     if (j->deadline > 0.0 && serve_now() > j->deadline) {
         j->timed_out = true;
         return false;
@@ -529,6 +595,7 @@ static void job_free(serve_job *j)
     free(j->prompt);
     free(j->text);
     free(j->q);
+    free(j->frame);
     cJSON_Delete(j->lp_pending);
     free(j);
 }
@@ -1222,6 +1289,12 @@ void serve_metrics(server *s, serve_reply *r)
         LINE("bitnet_scheduler_seconds_total{part=\"forward\"} %.6f\n",
              ms.batch_forward_seconds);
         LINE("bitnet_scheduler_seconds_total{part=\"tokens\"} %.6f\n", ms.batch_token_seconds);
+        LINE("# HELP bitnet_forward_passes_total Batched forward passes, and the rows they "
+             "computed (tokens of prompts and generated tokens).\n");
+        LINE("# TYPE bitnet_forward_passes_total counter\n");
+        LINE("bitnet_forward_passes_total %llu\n", (unsigned long long)ms.batch_steps);
+        LINE("# TYPE bitnet_forward_rows_total counter\n");
+        LINE("bitnet_forward_rows_total %llu\n", (unsigned long long)ms.batch_rows);
     }
     pthread_mutex_lock(&s->lock);
     const double gen_seconds = s->gen_seconds, sum = s->ttft_sum;
