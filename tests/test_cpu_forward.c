@@ -65,11 +65,17 @@ static float ref_dot(const float *a, const float *b, int64_t n)
     return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
-/* RMSNorm then absmax int8 quantization of one row. */
+/* RMSNorm then absmax int8 quantization of one row; its sum of squares in
+ * eight lanes summed pairwise (bn_norm_lanes_sum). */
 static void ref_norm_quantize(const float *x, const float *w, int64_t n, float eps, int8_t *q,
                               float *scale)
 {
-    const float inv = ref_inv_rms(x, n, eps);
+    double lane[8] = {0};
+    for (int64_t i = 0; i < n; i++)
+        lane[i % 8] += (double)x[i] * x[i];
+    const double ss =
+        ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    const float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
     double umax = 0.0;
     float amax = 0.0f;
     for (int64_t i = 0; i < n; i++) {

@@ -1,7 +1,7 @@
 /*
  * test_cuda_norm.c - the CUDA backend's RMSNorm + int8 kernels
  * (bn_cb_norm_quantize, bn_cb_add_norm_quantize, bn_cb_relu2_norm_quantize)
- * against the CPU backend's (bn_cpu_norm_quantize_row), row by row, on rows chosen to reach every
+ * against the CPU backend's (bn_norm_quantize_row), row by row, on rows chosen to reach every
  * path of the exact rule:
  *
  *   - smooth random rows (the fp32 estimate decides almost every code);
@@ -31,6 +31,7 @@
 #include "fp16.h"
 #include "ops_cuda.h"
 #include "qtype.h"
+#include "quant_rules.h"
 #include "test_util.h"
 #include "test_util_cuda.h"
 
@@ -163,7 +164,7 @@ static void check_rows(int src, int wkind, int64_t m, int64_t k)
     for (int64_t row = 0; row < m; row++) {
         float ref_scale;
         int32_t ref_sum;
-        bn_cpu_norm_quantize_row(xs + row * k, wk, k, 1e-5f, ref_q, &ref_scale, &ref_sum);
+        bn_norm_quantize_row(xs + row * k, wk, k, 1e-5f, ref_q, &ref_scale, &ref_sum);
         int64_t first = -1;
         for (int64_t i = 0; i < ldq && first < 0; i++)
             if (q[row * ldq + i] != (i < k ? ref_q[i] : 0))
@@ -265,7 +266,7 @@ static void check_embed(int type, int64_t k)
         CUDA_OK(cudaMemcpy(want, d_y, (size_t)k * sizeof(float), cudaMemcpyDeviceToHost));
         float cpu_scale;
         int32_t cpu_sum;
-        bn_cpu_norm_quantize_row(want, w, k, 1e-5f, cpu_q, &cpu_scale, &cpu_sum);
+        bn_norm_quantize_row(want, w, k, 1e-5f, cpu_q, &cpu_scale, &cpu_sum);
         const bool same = memcmp(row, want, (size_t)k * sizeof(float)) == 0 &&
                           memcmp(q, q_ref, (size_t)ldq) == 0 &&
                           memcmp(&scale[0], &scale[1], sizeof(float)) == 0 && sum[0] == sum[1];

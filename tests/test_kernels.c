@@ -74,6 +74,17 @@ static void test_quantize_rules(void)
     const float zw[2] = {0, 0};
     bn_quantize_weights_absmean(zw, 2, codes, &ws);
     CHECK(ws == BN_QUANT_EPS && codes[0] == 0);
+
+    /* RMSNorm + int8: codes round(127 u / max|u|), ties to even (0.5 -> 0,
+     * -63.5 -> -64, 95.25 -> 95), the scale 127 / max|normed x|. */
+    const float nx[4] = {254.0f, 1.0f, -127.0f, 190.5f}, nw[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    int8_t nq[4];
+    float ns;
+    int32_t nsum;
+    bn_norm_quantize_row(nx, nw, 4, 0.0f, nq, &ns, &nsum);
+    CHECK(nq[0] == 127 && nq[1] == 0 && nq[2] == -64 && nq[3] == 95 && nsum == 158);
+    const double rms = sqrt((254.0 * 254.0 + 1.0 + 127.0 * 127.0 + 190.5 * 190.5) / 4.0);
+    CHECK_MSG(fabs(ns - 127.0 / (254.0 / rms)) < 1e-4, "scale %g", ns);
 }
 
 /* Every provider's activation quantizer equals the scalar one, byte for byte. */
@@ -96,6 +107,46 @@ static void test_quantizers(const bn_kernel_provider *p)
         CHECK_MSG(memcmp(q, q_ref, (size_t)k) == 0 && same_bits(s, s_ref) && sum == sum_ref,
                   "%s quantize k=%lld differs", p->name, (long long)k);
         free(x);
+        free(q_ref);
+        free(q);
+    }
+}
+
+/* Every provider's RMSNorm + int8 row equals the scalar one (codes, sum,
+ * scale bit for bit) on rows that reach every path: smooth random rows,
+ * integer rows whose codes are exact ties (127 * u / max|u| = j + 1/2),
+ * tiny and zero rows (the plain rule), rows with a NaN or an infinity,
+ * and lengths that are and are not whole vectors. Outputs poisoned. */
+static void test_norm_quantizers(const bn_kernel_provider *p)
+{
+    for (int iter = 0; iter < 300; iter++) {
+        const int64_t n = iter % 3 == 0 ? test_rand_range(1, 300) : 16 * test_rand_range(1, 440);
+        float *x = malloc((size_t)n * sizeof *x), *w = malloc((size_t)n * sizeof *w);
+        int8_t *q_ref = malloc((size_t)n), *q = malloc((size_t)n);
+        const int kind = iter % 6;
+        for (int64_t i = 0; i < n; i++) {
+            w[i] = kind == 1 ? 1.0f : test_rand_float(0.5f, 2.0f);
+            x[i] = kind == 1 ? (float)test_rand_range(-254, 254) : test_rand_float(-3.0f, 3.0f);
+            if (kind == 2)
+                x[i] *= 1e-30f; /* tiny: umax underflows to small doubles */
+        }
+        if (kind == 1)
+            x[test_rand_range(0, n - 1)] = 254.0f; /* max|u| = 254: ties at odd u */
+        if (kind == 3)
+            memset(x, 0, (size_t)n * sizeof *x);
+        if (kind == 4)
+            x[test_rand_range(0, n - 1)] = (iter & 1) ? NAN : INFINITY;
+        if (kind == 5)
+            w[test_rand_range(0, n - 1)] = 0.0f;
+        float s_ref, s = POISON;
+        int32_t sum_ref, sum = -999;
+        bn_norm_quantize_row(x, w, n, 1e-5f, q_ref, &s_ref, &sum_ref);
+        memset(q, 0x5a, (size_t)n);
+        p->norm_quantize_row(x, w, n, 1e-5f, q, &s, &sum);
+        CHECK_MSG(memcmp(q, q_ref, (size_t)n) == 0 && same_bits(s, s_ref) && sum == sum_ref,
+                  "%s norm_quantize_row n=%lld kind %d differs", p->name, (long long)n, kind);
+        free(x);
+        free(w);
         free(q_ref);
         free(q);
     }
@@ -445,8 +496,10 @@ int main(void)
     const bn_kernel_provider *const *list;
     int count = bn_kernel_providers(&list);
     for (int i = 0; i < count; i++)
-        if (list[i]->is_available())
+        if (list[i]->is_available()) {
             test_quantizers(list[i]);
+            test_norm_quantizers(list[i]);
+        }
 
     bn_threadpool *pools[3] = {NULL, NULL, NULL};
     CHECK(bn_threadpool_create(1, &pools[0], NULL) == BN_OK);

@@ -22,8 +22,8 @@
  *
  * Arithmetic order, fixed so that results are reproducible (and mirrored by
  * tests/test_cpu_forward.c's reference): RMSNorm sums squares in double and
- * scales in fp32 (bn_cpu_norm_quantize_row, rmsnorm); int8 codes of a normed
- * row come from exact ratios (bn_cpu_norm_quantize_row explains why); dot
+ * scales in fp32 (bn_norm_quantize_row, rmsnorm); int8 codes of a normed
+ * row come from exact ratios (bn_norm_quantize_row explains why); dot
  * products use eight interleaved fp32 lanes summed pairwise (dot_f32);
  * softmax multiplies by 1/sum; RoPE angles are (float)pos * inv_freq[j].
  */
@@ -679,55 +679,8 @@ void bn_cpu_backend_memory(const bn_cpu_backend *b, bn_cpu_memory *out)
 
 /* ---- one chunk through one layer ------------------------------------------- */
 
-/* RMSNorm followed by absmax int8 quantization of one row, as one step.
- *
- * Absmax quantization is scale-invariant, so RMSNorm's 1/rms factor cancels
- * from the codes: code_i = round(127 * u_i / max|u|) with u = w * x. The
- * codes are computed that way, in double (u_i is exact there), which gives
- * what exact arithmetic gives. That matters on the first layer: embeddings
- * and norm weights carry 8-11 significant bits, so an element that is
- * exactly half the largest one (code 63.5, a tie rounded to even) is
- * common, and fp32 rounding of the normed value would push it either way.
- * The scale is 127 / max|normed x| in fp32, as the reference computes it. */
-void bn_cpu_norm_quantize_row(const float *x, const float *w, int64_t n, float eps, int8_t *q,
-                              float *scale, int32_t *sum)
-{
-    double ss = 0.0, umax = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        ss += (double)x[i] * (double)x[i];
-        const double u = fabs((double)w[i] * (double)x[i]);
-        umax = u > umax ? u : umax;
-    }
-    const float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
-    float amax = 0.0f;
-    for (int64_t i = 0; i < n; i++) {
-        const float a = fabsf(w[i] * (x[i] * inv));
-        amax = a > amax ? a : amax;
-    }
-    int32_t total = 0;
-    if (amax >= BN_QUANT_EPS && umax > 0.0 && isfinite(umax)) {
-        for (int64_t i = 0; i < n; i++) {
-            /* A NaN value's code is 0 (converting NaN to int is undefined). */
-            const double r = rint(127.0 * (((double)w[i] * (double)x[i]) / umax));
-            const int v = r == r ? (int)r : 0;
-            q[i] = (int8_t)v;
-            total += v;
-        }
-        *scale = 127.0f / amax;
-    } else {
-        /* Tiny or non-finite rows: the plain rule on the normed values. */
-        const float s = 127.0f / (amax >= BN_QUANT_EPS ? amax : BN_QUANT_EPS);
-        for (int64_t i = 0; i < n; i++) {
-            const int v = bn_round_clamp(w[i] * (x[i] * inv) * s, -128, 127);
-            q[i] = (int8_t)v;
-            total += v;
-        }
-        *scale = s;
-    }
-    *sum = total;
-}
-
 typedef struct norm_job {
+    const bn_cpu_backend *b;
     const float *rows, *w;
     int64_t n;
     float eps;
@@ -738,9 +691,9 @@ static void norm_rows(void *ctx, int64_t begin, int64_t end)
 {
     const norm_job *job = ctx;
     for (int64_t i = begin; i < end; i++)
-        bn_cpu_norm_quantize_row(job->rows + i * job->n, job->w, job->n, job->eps,
-                                 job->view->q + i * job->view->lda, &job->view->scale[i],
-                                 &job->view->sum[i]);
+        job->b->kernels->norm_quantize_row(job->rows + i * job->n, job->w, job->n, job->eps,
+                                           job->view->q + i * job->view->lda,
+                                           &job->view->scale[i], &job->view->sum[i]);
 }
 
 /* The int8 view (in b->q8) of m rows of n values, each RMS-normed with w;
@@ -751,7 +704,7 @@ static bn_q8_rows norm_quantize(bn_cpu_backend *b, const float *rows, int64_t m,
     bn_q8_rows view = b->q8;
     view.m = m;
     view.k = n;
-    norm_job job = {rows, w, n, b->hp.rms_eps, &view};
+    norm_job job = {b, rows, w, n, b->hp.rms_eps, &view};
     if (m > 1)
         b->times.dispatches[b->pass_kind]++;
     bn_threadpool_run(m > 1 ? b->pool : NULL, m, 1, norm_rows, &job);

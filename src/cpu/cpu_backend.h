@@ -140,12 +140,4 @@ const char *bn_cpu_stage_name(bn_cpu_stage s);
  * dispatch: waking the threads and waiting for them), the mean of reps. */
 double bn_cpu_backend_dispatch_seconds(bn_cpu_backend *b, int reps);
 
-/* RMSNorm (weights w, epsilon eps) and absmax int8 quantization of one row
- * of n values, as every layer of the forward pass does it: q[0..n) the
- * codes, *scale the activation scale, *sum the sum of the codes. The rule
- * the GPU kernels reproduce (cuda_backend_kernels.h); exposed for their
- * tests. */
-void bn_cpu_norm_quantize_row(const float *x, const float *w, int64_t n, float eps, int8_t *q,
-                              float *scale, int32_t *sum);
-
 #endif

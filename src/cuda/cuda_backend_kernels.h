@@ -29,7 +29,7 @@
  *                     as evaluated in double, where every product of two
  *                     floats is exact and the maximum does not depend on
  *                     order, so the codes are what exact arithmetic gives -
- *                     the CPU's rule (bn_cpu_norm_quantize_row). An fp32 estimate
+ *                     the CPU's rule (bn_norm_quantize_row). An fp32 estimate
  *                     decides every code that is not within 2^-12 of a
  *                     rounding boundary (its error is below 3.1e-5, so it
  *                     cannot decide otherwise: the proof is at ExactCoder in

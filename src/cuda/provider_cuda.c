@@ -225,6 +225,7 @@ const bn_kernel_provider bn_provider_cuda = {
     /* Host activations: the CPU rule (the device has its own kernel,
      * bn_cuda_quantize_rows, for device buffers). */
     .quantize_activations = bn_quantize_activations_row,
+    .norm_quantize_row = bn_norm_quantize_row,
     .free_weights = cuda_free_weights,
     .runs_on_device = true,
 };

@@ -70,6 +70,12 @@ typedef struct bn_kernel_provider {
     void (*quantize_activations)(const float *x, int64_t k, int8_t *xq, float *scale,
                                  int32_t *sum);
 
+    /* RMSNorm then int8 quantization of one row, identical in result to
+     * bn_norm_quantize_row (quant_rules.h): every layer's input to its
+     * projections. */
+    void (*norm_quantize_row)(const float *x, const float *w, int64_t n, float eps, int8_t *q,
+                              float *scale, int32_t *sum);
+
     /* Releases w->data; NULL means bn_aligned_free (host memory). */
     void (*free_weights)(bn_w2a8_weights *w);
 

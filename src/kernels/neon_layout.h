@@ -121,6 +121,9 @@ static inline bn_status bn_neon_pack_weights(const bn_kernel_provider *owner, co
 /* bn_quantize_activations_row, 16 values at a time; identical results. */
 void bn_neon_quantize_activations(const float *x, int64_t k, int8_t *xq, float *scale,
                                   int32_t *sum);
+/* bn_norm_quantize_row, 8 values a step; identical results. */
+void bn_neon_norm_quantize_row(const float *x, const float *w, int64_t n, float eps, int8_t *q,
+                               float *scale, int32_t *sum);
 
 /* The provider matvec / matmul contracts, computed tile by tile with the
  * provider's tile function. */

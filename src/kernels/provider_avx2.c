@@ -145,6 +145,82 @@ static void avx2_quantize_activations(const float *x, int64_t k, int8_t *xq, flo
     *sum = total;
 }
 
+/* bn_norm_quantize_row with the same operations, 8 values a step: the sum
+ * of squares in its eight lanes (two vectors of four doubles; an FMA adds
+ * the exact square once rounded, as the scalar += does), the maxima by
+ * compare-and-select (NaN never compares greater, as in the scalar loop),
+ * the codes by the same double multiply, divide and multiply, rounded to
+ * nearest-even. Rows of other lengths than whole steps, and the rare rows
+ * of the plain rule, take the scalar routine. */
+static void avx2_norm_quantize_row(const float *x, const float *w, int64_t n, float eps,
+                                   int8_t *q, float *scale, int32_t *sum)
+{
+    if (n % 8 != 0 || n == 0) {
+        bn_norm_quantize_row(x, w, n, eps, q, scale, sum);
+        return;
+    }
+    const __m256d abs_d = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffLL));
+    const __m256 abs_f = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256d ss_lo = _mm256_setzero_pd(), ss_hi = _mm256_setzero_pd();
+    __m256d umax_v = _mm256_setzero_pd();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + i), wv = _mm256_loadu_ps(w + i);
+        const __m256d x_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(xv));
+        const __m256d x_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(xv, 1));
+        const __m256d w_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(wv));
+        const __m256d w_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(wv, 1));
+        ss_lo = _mm256_fmadd_pd(x_lo, x_lo, ss_lo);
+        ss_hi = _mm256_fmadd_pd(x_hi, x_hi, ss_hi);
+        const __m256d u_lo = _mm256_and_pd(_mm256_mul_pd(w_lo, x_lo), abs_d);
+        const __m256d u_hi = _mm256_and_pd(_mm256_mul_pd(w_hi, x_hi), abs_d);
+        umax_v = _mm256_blendv_pd(umax_v, u_lo, _mm256_cmp_pd(u_lo, umax_v, _CMP_GT_OQ));
+        umax_v = _mm256_blendv_pd(umax_v, u_hi, _mm256_cmp_pd(u_hi, umax_v, _CMP_GT_OQ));
+    }
+    double lane[8], um[4];
+    _mm256_storeu_pd(lane, ss_lo);
+    _mm256_storeu_pd(lane + 4, ss_hi);
+    _mm256_storeu_pd(um, umax_v);
+    double umax = 0.0;
+    for (int i = 0; i < 4; i++)
+        umax = um[i] > umax ? um[i] : umax;
+    const float inv = 1.0f / sqrtf((float)(bn_norm_lanes_sum(lane) / (double)n) + eps);
+    const __m256 inv_v = _mm256_set1_ps(inv);
+    __m256 amax_v = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 a = _mm256_and_ps(
+            _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), inv_v)),
+            abs_f);
+        amax_v = _mm256_blendv_ps(amax_v, a, _mm256_cmp_ps(a, amax_v, _CMP_GT_OQ));
+    }
+    float am[8], amax = 0.0f;
+    _mm256_storeu_ps(am, amax_v);
+    for (int i = 0; i < 8; i++)
+        amax = am[i] > amax ? am[i] : amax;
+    if (!(amax >= BN_QUANT_EPS && umax > 0.0 && isfinite(umax))) {
+        bn_norm_quantize_row(x, w, n, eps, q, scale, sum);
+        return;
+    }
+    const __m256d umax_d = _mm256_set1_pd(umax), c127 = _mm256_set1_pd(127.0);
+    __m256i sum_v = _mm256_setzero_si256();
+    for (int64_t i = 0; i < n; i += 8) {
+        __m128i half[2];
+        for (int h = 0; h < 2; h++) {
+            const __m256d p = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(w + i + 4 * h)),
+                                            _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4 * h)));
+            __m256d r = _mm256_round_pd(_mm256_mul_pd(c127, _mm256_div_pd(p, umax_d)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            r = _mm256_and_pd(r, _mm256_cmp_pd(r, r, _CMP_ORD_Q)); /* NaN -> 0 */
+            half[h] = _mm256_cvtpd_epi32(r);
+        }
+        const __m256i v = _mm256_set_m128i(half[1], half[0]);
+        sum_v = _mm256_add_epi32(sum_v, v);
+        const __m128i v16 = _mm_packs_epi32(half[0], half[1]);
+        _mm_storel_epi64((__m128i *)(q + i), _mm_packs_epi16(v16, v16));
+    }
+    *scale = 127.0f / amax;
+    *sum = hsum_epi32(sum_v);
+}
+
 const bn_kernel_provider bn_provider_avx2 = {
     .name = "avx2",
     .priority = 30,
@@ -153,4 +229,5 @@ const bn_kernel_provider bn_provider_avx2 = {
     .matmul = avx2_matmul,
     .matvec = avx2_matvec,
     .quantize_activations = avx2_quantize_activations,
+    .norm_quantize_row = avx2_norm_quantize_row,
 };

@@ -20,6 +20,8 @@
 
 void bn_avx512_quantize_activations(const float *x, int64_t k, int8_t *xq, float *scale,
                                     int32_t *sum);
+void bn_avx512_norm_quantize_row(const float *x, const float *w, int64_t n, float eps,
+                                 int8_t *q, float *scale, int32_t *sum);
 void bn_avx512_matvec(const bn_w2a8_weights *w, const int8_t *xq, float act_scale,
                       int32_t act_sum, int64_t row_begin, int64_t row_end, float *y);
 
@@ -110,4 +112,5 @@ const bn_kernel_provider bn_provider_avx512vnni = {
     .matmul = vnni_matmul,
     .matvec = bn_avx512_matvec,
     .quantize_activations = bn_avx512_quantize_activations,
+    .norm_quantize_row = bn_avx512_norm_quantize_row,
 };

@@ -253,6 +253,82 @@ static void neon_matmul(const bn_w2a8_weights *w, const bn_q8_rows *x, int64_t r
     bn_neon_matmul(neon_tile, w, x, row_begin, row_end, y, ldy);
 }
 
+/* bn_norm_quantize_row with the same operations, 8 values a step: the sum
+ * of squares in its eight lanes (four vectors of two doubles; FMLA adds the
+ * exact square once rounded, as the scalar += does), the maxima by
+ * compare-and-select (NaN never compares greater, as in the scalar loop),
+ * the codes by the same double multiply, divide and multiply, FRINTN
+ * rounding to nearest-even and NaN turned into 0 by a compare. Rows of
+ * other lengths than whole steps, and the rare rows of the plain rule,
+ * take the scalar routine. */
+void bn_neon_norm_quantize_row(const float *x, const float *w, int64_t n, float eps, int8_t *q,
+                               float *scale, int32_t *sum)
+{
+    if (n % 8 != 0 || n == 0) {
+        bn_norm_quantize_row(x, w, n, eps, q, scale, sum);
+        return;
+    }
+    float64x2_t ss_v[4], umax_v = vdupq_n_f64(0.0);
+    for (int j = 0; j < 4; j++)
+        ss_v[j] = vdupq_n_f64(0.0);
+    for (int64_t i = 0; i < n; i += 8) {
+        for (int h = 0; h < 2; h++) {
+            const float32x4_t xv = vld1q_f32(x + i + 4 * h), wv = vld1q_f32(w + i + 4 * h);
+            const float64x2_t xd[2] = {vcvt_f64_f32(vget_low_f32(xv)), vcvt_high_f64_f32(xv)};
+            const float64x2_t wd[2] = {vcvt_f64_f32(vget_low_f32(wv)), vcvt_high_f64_f32(wv)};
+            for (int k = 0; k < 2; k++) {
+                ss_v[2 * h + k] = vfmaq_f64(ss_v[2 * h + k], xd[k], xd[k]);
+                const float64x2_t u = vabsq_f64(vmulq_f64(wd[k], xd[k]));
+                umax_v = vbslq_f64(vcgtq_f64(u, umax_v), u, umax_v);
+            }
+        }
+    }
+    double lane[8];
+    for (int j = 0; j < 4; j++)
+        vst1q_f64(lane + 2 * j, ss_v[j]);
+    const double u0 = vgetq_lane_f64(umax_v, 0), u1 = vgetq_lane_f64(umax_v, 1);
+    const double umax = u1 > u0 ? u1 : u0;
+    const float inv = 1.0f / sqrtf((float)(bn_norm_lanes_sum(lane) / (double)n) + eps);
+    const float32x4_t inv_v = vdupq_n_f32(inv);
+    float32x4_t amax_v = vdupq_n_f32(0.0f);
+    for (int64_t i = 0; i < n; i += 4) {
+        const float32x4_t a =
+            vabsq_f32(vmulq_f32(vld1q_f32(w + i), vmulq_f32(vld1q_f32(x + i), inv_v)));
+        amax_v = vbslq_f32(vcgtq_f32(a, amax_v), a, amax_v);
+    }
+    float am[4], amax = 0.0f;
+    vst1q_f32(am, amax_v);
+    for (int i = 0; i < 4; i++)
+        amax = am[i] > amax ? am[i] : amax;
+    if (!(amax >= BN_QUANT_EPS && umax > 0.0 && isfinite(umax))) {
+        bn_norm_quantize_row(x, w, n, eps, q, scale, sum);
+        return;
+    }
+    const float64x2_t umax_d = vdupq_n_f64(umax), c127 = vdupq_n_f64(127.0);
+    int32x4_t sum_v = vdupq_n_s32(0);
+    for (int64_t i = 0; i < n; i += 8) {
+        int32x2_t part[4];
+        for (int h = 0; h < 2; h++) {
+            const float32x4_t xv = vld1q_f32(x + i + 4 * h), wv = vld1q_f32(w + i + 4 * h);
+            const float64x2_t p[2] = {
+                vmulq_f64(vcvt_f64_f32(vget_low_f32(wv)), vcvt_f64_f32(vget_low_f32(xv))),
+                vmulq_f64(vcvt_high_f64_f32(wv), vcvt_high_f64_f32(xv))};
+            for (int k = 0; k < 2; k++) {
+                float64x2_t r = vrndnq_f64(vmulq_f64(c127, vdivq_f64(p[k], umax_d)));
+                /* NaN -> 0, as the scalar rule has it. */
+                r = vbslq_f64(vceqq_f64(r, r), r, vdupq_n_f64(0.0));
+                part[2 * h + k] = vmovn_s64(vcvtq_s64_f64(r));
+            }
+        }
+        const int32x4_t v0 = vcombine_s32(part[0], part[1]), v1 = vcombine_s32(part[2], part[3]);
+        sum_v = vaddq_s32(sum_v, vaddq_s32(v0, v1));
+        const int16x8_t v16 = vcombine_s16(vmovn_s32(v0), vmovn_s32(v1));
+        vst1_s8(q + i, vmovn_s16(v16));
+    }
+    *scale = 127.0f / amax;
+    *sum = vaddvq_s32(sum_v);
+}
+
 const bn_kernel_provider bn_provider_neon = {
     .name = "neon",
     .priority = 30,
@@ -261,4 +337,5 @@ const bn_kernel_provider bn_provider_neon = {
     .matmul = neon_matmul,
     .matvec = neon_matvec,
     .quantize_activations = bn_neon_quantize_activations,
+    .norm_quantize_row = bn_neon_norm_quantize_row,
 };

@@ -66,4 +66,5 @@ const bn_kernel_provider bn_provider_neondot = {
     .matmul = neondot_matmul,
     .matvec = neondot_matvec,
     .quantize_activations = bn_neon_quantize_activations,
+    .norm_quantize_row = bn_neon_norm_quantize_row,
 };

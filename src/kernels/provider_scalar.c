@@ -74,4 +74,5 @@ const bn_kernel_provider bn_provider_scalar = {
     .matmul = scalar_matmul,
     .matvec = scalar_matvec,
     .quantize_activations = bn_quantize_activations_row,
+    .norm_quantize_row = bn_norm_quantize_row,
 };

@@ -43,6 +43,23 @@ void bn_quantize_weights_absmean(const float *w, size_t n, int8_t *codes, float 
 void bn_quantize_activations_row(const float *x, int64_t k, int8_t *xq, float *scale,
                                  int32_t *sum);
 
+/* RMSNorm (weights w, epsilon eps) then absmax int8 quantization of one
+ * row of n values, as every layer's projections take their input: q[0..n)
+ * the codes, *scale the activation scale (127 / max|normed x|), *sum the
+ * sum of the codes. The rule the kernel providers' SIMD versions and the
+ * GPU kernels reproduce (quant_rules.c says how it is evaluated). */
+void bn_norm_quantize_row(const float *x, const float *w, int64_t n, float eps, int8_t *q,
+                          float *scale, int32_t *sum);
+
+/* The sum of squares of bn_norm_quantize_row: element i in running sum
+ * i % 8 (each square exact in double), the eight combined pairwise. SIMD
+ * versions keep these lanes, so they add in the same order. */
+static inline double bn_norm_lanes_sum(const double lane[8])
+{
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+           ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
 /* The float epilogue shared by every W2A8 kernel; keep it the only one so
  * all providers agree bit for bit. */
 static inline float bn_w2a8_epilogue(int32_t acc, float act_scale, float weight_scale)
