@@ -422,6 +422,33 @@ void bn_kernel_query(bn_kernel_report *report);
  * without CUDA. */
 const char *const *bn_cuda_kernel_families(void);
 
+/* The Vulkan devices (builds with the Vulkan compute layer, docs/VULKAN.md):
+ * each with the limits kernels are sized by. */
+#define BN_VULKAN_MAX_DEVICES 8
+typedef struct bn_vulkan_device {
+    char name[256];
+    char type[16];                     /* "discrete", "integrated", "virtual",
+                                          "cpu" (lavapipe), "other"          */
+    uint32_t api_version;              /* Vulkan's packed version number     */
+    uint64_t device_local_bytes;       /* the largest device-local heap      */
+    uint32_t max_workgroup_invocations, max_shared_bytes, subgroup_size;
+    uint64_t max_storage_buffer_range; /* the largest buffer a kernel binds  */
+    bool integer_dot_product;          /* VK_KHR_shader_integer_dot_product  */
+    bool fp64;                         /* shaderFloat64                      */
+} bn_vulkan_device;
+
+typedef struct bn_vulkan_report {
+    bool compiled;                     /* this build has the compute layer   */
+    int device_count;                  /* devices listed                     */
+    bn_vulkan_device devices[BN_VULKAN_MAX_DEVICES];
+    char reason[256];                  /* why there are none                 */
+} bn_vulkan_report;
+
+/* Lists the Vulkan devices through the loader (opened at run time). Never
+ * fails hard: no loader, no driver or a build without Vulkan leave
+ * device_count 0 and say why in reason. report NULL does nothing. */
+void bn_vulkan_query(bn_vulkan_report *report);
+
 /* ======================================================================== */
 /* Models, sessions, generation                                             */
 /* ======================================================================== */

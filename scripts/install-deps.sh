@@ -17,10 +17,12 @@ for cmd in "${!need[@]}"; do
     command -v "$cmd" >/dev/null 2>&1 || missing+=("${need[$cmd]}")
 done
 # Libraries (cJSON for JSON, PCRE2 for the tokenizer), the aarch64 cross
-# build that test_neon_qemu runs under qemu, and clang with its sanitizer
-# and libFuzzer runtimes for test_sanitizers (Debian 12 names; clang only
-# recommends the runtimes, and recommends are not installed): no command
-# to look for, so ask dpkg.
+# build that test_neon_qemu runs under qemu, clang with its sanitizer and
+# libFuzzer runtimes for test_sanitizers (Debian 12 names; clang only
+# recommends the runtimes, and recommends are not installed), and the
+# Vulkan backend's build (headers, glslc) with Mesa's CPU Vulkan driver
+# (lavapipe) and the loader for its tests: no command to look for, so ask
+# dpkg.
 pkg_need=(
     libcjson-dev
     libpcre2-dev
@@ -34,6 +36,10 @@ pkg_need=(
     python3-venv
     chromium
     chromium-driver
+    libvulkan-dev
+    glslc
+    mesa-vulkan-drivers
+    libvulkan1
 )
 for pkg in "${pkg_need[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' ||

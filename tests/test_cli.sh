@@ -69,6 +69,11 @@ expect_in out "^Host memory" "host memory section"
 expect_in out "^  cuda +(available|unavailable)" "cuda line"
 expect_not_in out "fake" "no fake without BITNET_GPU_FAKE"
 expect_in out "^Kernel providers" "kernel providers section"
+# Vulkan: its devices (lavapipe where Mesa's driver is installed), or why
+# there are none (a build without Vulkan, no loader, no driver).
+expect_in out "^Vulkan devices" "vulkan section"
+expect_in out "^  (vulkan:0  .+\((discrete|integrated|virtual|cpu|other)\)|none: .+)" \
+    "a vulkan device, or why there is none"
 expect_in out "^  scalar +available" "scalar provider listed"
 expect_in out "\(selected\)" "a provider is selected"
 
@@ -118,6 +123,12 @@ if ! python3 -m json.tool "$tmp/out" >/dev/null 2>"$tmp/jerr"; then
     echo "FAIL: devices --json is not valid JSON"; cat "$tmp/jerr"; fails=$((fails + 1))
 fi
 expect_in out '"preflight"' "json preflight"
+checks=$((checks + 1))
+python3 -c 'import json, sys
+v = json.load(open(sys.argv[1]))["vulkan"]
+assert isinstance(v["compiled"], bool) and isinstance(v["devices"], list)
+assert v["devices"] or v["reason"]' "$tmp/out" ||
+    { echo "FAIL: devices --json: a vulkan object with its devices or why none"; fails=$((fails + 1)); }
 expect_in out '"cpu"' "json cpu"
 
 # Fake and strict modes.

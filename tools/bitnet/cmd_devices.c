@@ -13,8 +13,9 @@ static void print_usage(FILE *out)
     fprintf(out, "usage: bitnet devices [--json]\n"
                  "\n"
                  "Shows the GPU backends found (CUDA, ROCm, Metal, Vulkan, OpenCL) with versions,\n"
-                 "every CUDA device with its properties, the preflight verdict (whether a GPU will\n"
-                 "be used and, if not, what to do), CPU features, kernel providers and memory.\n"
+                 "every CUDA device with its properties, the Vulkan devices with their limits,\n"
+                 "the preflight verdict (whether a GPU will be used and, if not, what to do),\n"
+                 "CPU features, kernel providers and memory.\n"
                  "\n"
                  "  --json    print the same report as one JSON object\n"
                  "  --help    show this help\n"
@@ -30,6 +31,7 @@ typedef struct report {
     const bn_cpu_features *cpu;
     bn_kernel_report kernels;
     const char *const *cuda_kernels; /* NULL-terminated, empty without CUDA */
+    bn_vulkan_report vulkan;
 } report;
 
 static void cuda_caps_text(const bn_cuda_device *d, char *buf, size_t size)
@@ -110,6 +112,24 @@ static void print_text(const report *r)
         }
         printf("  best device: cuda:%d (most memory, then most SMs)\n",
                c->devices[bn_cuda_best_device(c->devices, c->device_count)].id);
+    }
+
+    printf("\nVulkan devices\n");
+    const bn_vulkan_report *v = &r->vulkan;
+    if (v->device_count == 0)
+        printf("  none: %s\n", v->reason);
+    for (int i = 0; i < v->device_count; i++) {
+        const bn_vulkan_device *d = &v->devices[i];
+        printf("  vulkan:%d  %s (%s)\n", i, d->name, d->type);
+        printf("          Vulkan               %u.%u.%u\n", (d->api_version >> 22) & 0x7fu,
+               (d->api_version >> 12) & 0x3ffu, d->api_version & 0xfffu);
+        printf("          device-local memory  %.1f GiB\n", (double)d->device_local_bytes / GIB);
+        printf("          workgroup            %u invocations, %u KiB shared, subgroup %u\n",
+               d->max_workgroup_invocations, d->max_shared_bytes / 1024, d->subgroup_size);
+        printf("          storage buffer       %.0f MiB at most\n",
+               (double)d->max_storage_buffer_range / MIB);
+        printf("          integer dot product  %s; fp64 %s\n",
+               d->integer_dot_product ? "yes" : "no", d->fp64 ? "yes" : "no");
     }
 
     printf("\nPreflight\n  %s\n", g->preflight);
@@ -225,6 +245,35 @@ static void print_json(const report *r)
                        c->devices[bn_cuda_best_device(c->devices, c->device_count)].id);
     bn_json_end_object(&j);
 
+    const bn_vulkan_report *v = &r->vulkan;
+    bn_json_key(&j, "vulkan");
+    bn_json_begin_object(&j);
+    bn_json_kv_bool(&j, "compiled", v->compiled);
+    bn_json_kv_string(&j, "reason", v->device_count ? "" : v->reason);
+    bn_json_key(&j, "devices");
+    bn_json_begin_array(&j);
+    for (int i = 0; i < v->device_count; i++) {
+        const bn_vulkan_device *d = &v->devices[i];
+        char api[32];
+        snprintf(api, sizeof api, "%u.%u.%u", (d->api_version >> 22) & 0x7fu,
+                 (d->api_version >> 12) & 0x3ffu, d->api_version & 0xfffu);
+        bn_json_begin_object(&j);
+        bn_json_kv_int(&j, "id", i);
+        bn_json_kv_string(&j, "name", d->name);
+        bn_json_kv_string(&j, "type", d->type);
+        bn_json_kv_string(&j, "api_version", api);
+        bn_json_kv_uint(&j, "device_local_bytes", d->device_local_bytes);
+        bn_json_kv_int(&j, "max_workgroup_invocations", d->max_workgroup_invocations);
+        bn_json_kv_int(&j, "max_shared_bytes", d->max_shared_bytes);
+        bn_json_kv_int(&j, "subgroup_size", d->subgroup_size);
+        bn_json_kv_uint(&j, "max_storage_buffer_range", d->max_storage_buffer_range);
+        bn_json_kv_bool(&j, "integer_dot_product", d->integer_dot_product);
+        bn_json_kv_bool(&j, "fp64", d->fp64);
+        bn_json_end_object(&j);
+    }
+    bn_json_end_array(&j);
+    bn_json_end_object(&j);
+
     bn_json_key(&j, "preflight");
     bn_json_begin_object(&j);
     bn_json_kv_bool(&j, "ok", g->preflight_ok);
@@ -313,6 +362,7 @@ int cmd_devices(int argc, char **argv, const bn_config *cfg)
     r->cpu = bn_cpu_features_get();
     bn_kernel_query(&r->kernels);
     r->cuda_kernels = bn_cuda_kernel_families();
+    bn_vulkan_query(&r->vulkan);
     if (json)
         print_json(r);
     else

@@ -1,0 +1,671 @@
+/*
+ * vk_context.c - the Vulkan device of vk_context.h: the loader opened with
+ * dlopen, entry points fetched through vkGetInstanceProcAddr /
+ * vkGetDeviceProcAddr into one table, one compute queue, and work submitted
+ * one command buffer at a time and waited for with a fence.
+ */
+#include "vk_context.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- entry points ------------------------------------------------------------ */
+
+#define BN_VK_INSTANCE_FNS(X)                                                                  \
+    X(vkDestroyInstance)                                                                       \
+    X(vkEnumeratePhysicalDevices)                                                              \
+    X(vkGetPhysicalDeviceProperties)                                                           \
+    X(vkGetPhysicalDeviceProperties2)                                                          \
+    X(vkGetPhysicalDeviceFeatures)                                                             \
+    X(vkGetPhysicalDeviceMemoryProperties)                                                     \
+    X(vkGetPhysicalDeviceQueueFamilyProperties)                                                \
+    X(vkEnumerateDeviceExtensionProperties)                                                    \
+    X(vkCreateDevice)                                                                          \
+    X(vkGetDeviceProcAddr)
+
+#define BN_VK_DEVICE_FNS(X)                                                                    \
+    X(vkDestroyDevice)                                                                         \
+    X(vkGetDeviceQueue)                                                                        \
+    X(vkCreateBuffer)                                                                          \
+    X(vkDestroyBuffer)                                                                         \
+    X(vkGetBufferMemoryRequirements)                                                           \
+    X(vkAllocateMemory)                                                                        \
+    X(vkFreeMemory)                                                                            \
+    X(vkBindBufferMemory)                                                                      \
+    X(vkMapMemory)                                                                             \
+    X(vkUnmapMemory)                                                                           \
+    X(vkCreateShaderModule)                                                                    \
+    X(vkDestroyShaderModule)                                                                   \
+    X(vkCreateDescriptorSetLayout)                                                             \
+    X(vkDestroyDescriptorSetLayout)                                                            \
+    X(vkCreatePipelineLayout)                                                                  \
+    X(vkDestroyPipelineLayout)                                                                 \
+    X(vkCreateComputePipelines)                                                                \
+    X(vkDestroyPipeline)                                                                       \
+    X(vkCreateDescriptorPool)                                                                  \
+    X(vkDestroyDescriptorPool)                                                                 \
+    X(vkResetDescriptorPool)                                                                   \
+    X(vkAllocateDescriptorSets)                                                                \
+    X(vkUpdateDescriptorSets)                                                                  \
+    X(vkCreateCommandPool)                                                                     \
+    X(vkDestroyCommandPool)                                                                    \
+    X(vkAllocateCommandBuffers)                                                                \
+    X(vkResetCommandBuffer)                                                                    \
+    X(vkBeginCommandBuffer)                                                                    \
+    X(vkEndCommandBuffer)                                                                      \
+    X(vkCmdBindPipeline)                                                                       \
+    X(vkCmdBindDescriptorSets)                                                                 \
+    X(vkCmdPushConstants)                                                                      \
+    X(vkCmdDispatch)                                                                           \
+    X(vkCmdCopyBuffer)                                                                         \
+    X(vkCmdPipelineBarrier)                                                                    \
+    X(vkQueueSubmit)                                                                           \
+    X(vkCreateFence)                                                                           \
+    X(vkDestroyFence)                                                                          \
+    X(vkWaitForFences)                                                                         \
+    X(vkResetFences)
+
+#define BN_VK_DECLARE(name) PFN_##name name;
+typedef struct vk_fns {
+    PFN_vkGetInstanceProcAddr vkGetInstanceProcAddr;
+    PFN_vkCreateInstance vkCreateInstance;
+    BN_VK_INSTANCE_FNS(BN_VK_DECLARE)
+    BN_VK_DEVICE_FNS(BN_VK_DECLARE)
+} vk_fns;
+
+/* An instance over the loader: what listing devices and opening one share. */
+typedef struct vk_instance {
+    void *lib;
+    VkInstance instance;
+    vk_fns fn;
+} vk_instance;
+
+/* Opens the loader and an instance; on failure why says what is missing,
+ * and the caller still calls instance_close. */
+static bool instance_open(vk_instance *vi, char *why, size_t why_size)
+{
+    memset(vi, 0, sizeof *vi);
+    vi->lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!vi->lib)
+        vi->lib = dlopen("libvulkan.so", RTLD_NOW | RTLD_LOCAL);
+    if (!vi->lib) {
+        snprintf(why, why_size, "no Vulkan loader (libvulkan.so.1: %s)", dlerror());
+        return false;
+    }
+    vk_fns *f = &vi->fn;
+    f->vkGetInstanceProcAddr = (PFN_vkGetInstanceProcAddr)dlsym(vi->lib, "vkGetInstanceProcAddr");
+    f->vkCreateInstance = f->vkGetInstanceProcAddr
+                              ? (PFN_vkCreateInstance)f->vkGetInstanceProcAddr(
+                                    NULL, "vkCreateInstance")
+                              : NULL;
+    if (!f->vkCreateInstance) {
+        snprintf(why, why_size, "the Vulkan loader lacks vkGetInstanceProcAddr");
+        return false;
+    }
+    const VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO,
+                                   .pApplicationName = "bitnet",
+                                   .pEngineName = "bitnet",
+                                   .apiVersion = VK_API_VERSION_1_1};
+    const VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO,
+                                     .pApplicationInfo = &app};
+    const VkResult rc = f->vkCreateInstance(&ci, NULL, &vi->instance);
+    if (rc != VK_SUCCESS) {
+        snprintf(why, why_size, "no Vulkan 1.1 driver (vkCreateInstance returned %d)", (int)rc);
+        vi->instance = VK_NULL_HANDLE;
+        return false;
+    }
+#define BN_VK_LOAD_INSTANCE(name)                                                              \
+    f->name = (PFN_##name)f->vkGetInstanceProcAddr(vi->instance, #name);                        \
+    if (!f->name) {                                                                            \
+        snprintf(why, why_size, "the Vulkan driver lacks %s", #name);                          \
+        return false;                                                                          \
+    }
+    BN_VK_INSTANCE_FNS(BN_VK_LOAD_INSTANCE)
+    return true;
+}
+
+static void instance_close(vk_instance *vi)
+{
+    if (vi->instance && vi->fn.vkDestroyInstance)
+        vi->fn.vkDestroyInstance(vi->instance, NULL);
+    if (vi->lib)
+        dlclose(vi->lib);
+    memset(vi, 0, sizeof *vi);
+}
+
+/* ---- devices ----------------------------------------------------------------- */
+
+static bool has_extension(const vk_fns *f, VkPhysicalDevice pd, const char *name)
+{
+    uint32_t n = 0;
+    if (f->vkEnumerateDeviceExtensionProperties(pd, NULL, &n, NULL) != VK_SUCCESS || n == 0)
+        return false;
+    VkExtensionProperties *ext = calloc(n, sizeof *ext);
+    bool found = false;
+    if (ext && f->vkEnumerateDeviceExtensionProperties(pd, NULL, &n, ext) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n && !found; i++)
+            found = strcmp(ext[i].extensionName, name) == 0;
+    free(ext);
+    return found;
+}
+
+static void describe(const vk_fns *f, VkPhysicalDevice pd, bn_vulkan_device *d)
+{
+    VkPhysicalDeviceSubgroupProperties sub = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2,
+                                      .pNext = &sub};
+    f->vkGetPhysicalDeviceProperties2(pd, &p2);
+    const VkPhysicalDeviceProperties *p = &p2.properties;
+    memset(d, 0, sizeof *d);
+    snprintf(d->name, sizeof d->name, "%s", p->deviceName);
+    snprintf(d->type, sizeof d->type, "%s",
+             p->deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU     ? "discrete"
+             : p->deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU ? "integrated"
+             : p->deviceType == VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU    ? "virtual"
+             : p->deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU            ? "cpu"
+                                                                       : "other");
+    d->api_version = p->apiVersion;
+    d->max_workgroup_invocations = p->limits.maxComputeWorkGroupInvocations;
+    d->max_shared_bytes = p->limits.maxComputeSharedMemorySize;
+    d->max_storage_buffer_range = p->limits.maxStorageBufferRange;
+    d->subgroup_size = sub.subgroupSize;
+    VkPhysicalDeviceMemoryProperties mp;
+    f->vkGetPhysicalDeviceMemoryProperties(pd, &mp);
+    for (uint32_t h = 0; h < mp.memoryHeapCount; h++)
+        if ((mp.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) &&
+            mp.memoryHeaps[h].size > d->device_local_bytes)
+            d->device_local_bytes = mp.memoryHeaps[h].size;
+    VkPhysicalDeviceFeatures feat;
+    f->vkGetPhysicalDeviceFeatures(pd, &feat);
+    d->fp64 = feat.shaderFloat64 == VK_TRUE;
+    d->integer_dot_product = has_extension(f, pd, "VK_KHR_shader_integer_dot_product");
+}
+
+/* The physical devices, at most max of them. */
+static int physical_devices(const vk_instance *vi, VkPhysicalDevice *pds, int max)
+{
+    uint32_t n = 0;
+    if (vi->fn.vkEnumeratePhysicalDevices(vi->instance, &n, NULL) != VK_SUCCESS)
+        return 0;
+    if (n > (uint32_t)max)
+        n = (uint32_t)max;
+    const VkResult rc = vi->fn.vkEnumeratePhysicalDevices(vi->instance, &n, pds);
+    return rc == VK_SUCCESS || rc == VK_INCOMPLETE ? (int)n : 0;
+}
+
+#define BN_VK_MAX_DEVICES 16
+
+int bn_vk_devices(bn_vulkan_device *out, int max, char *why, size_t why_size)
+{
+    vk_instance vi;
+    if (!instance_open(&vi, why, why_size)) {
+        instance_close(&vi);
+        return -1;
+    }
+    VkPhysicalDevice pds[BN_VK_MAX_DEVICES];
+    const int n = physical_devices(&vi, pds, BN_VK_MAX_DEVICES);
+    for (int i = 0; i < n && i < max; i++)
+        describe(&vi.fn, pds[i], &out[i]);
+    instance_close(&vi);
+    return n;
+}
+
+void bn_vulkan_query(bn_vulkan_report *report)
+{
+    if (!report)
+        return;
+    memset(report, 0, sizeof *report);
+    report->compiled = true;
+    const int n = bn_vk_devices(report->devices, BN_VULKAN_MAX_DEVICES, report->reason,
+                                sizeof report->reason);
+    report->device_count = n < 0 ? 0 : n > BN_VULKAN_MAX_DEVICES ? BN_VULKAN_MAX_DEVICES : n;
+    if (n == 0)
+        snprintf(report->reason, sizeof report->reason, "the Vulkan loader found no device");
+}
+
+/* ---- one opened device ------------------------------------------------------- */
+
+struct bn_vk {
+    vk_instance vi;
+    bn_vulkan_device info;
+    VkPhysicalDevice pd;
+    VkPhysicalDeviceMemoryProperties mem;
+    VkDevice device;
+    VkQueue queue;
+    uint32_t queue_family;
+    VkCommandPool pool;
+    VkCommandBuffer cmd;
+    VkFence fence;
+    VkDescriptorPool descriptors;
+};
+
+struct bn_vk_kernel {
+    char name[32];
+    int n_buffers;
+    uint32_t push_bytes;
+    VkShaderModule module;
+    VkDescriptorSetLayout set_layout;
+    VkPipelineLayout layout;
+    VkPipeline pipeline;
+};
+
+static bn_status vk_fail(bn_error *err, bn_status st, VkResult rc, const char *what)
+{
+    return bn_error_set(err, st, NULL, "Vulkan: %s failed (VkResult %d)", what, (int)rc);
+}
+
+#define VK_TRY(err, call, what)                                                                \
+    do {                                                                                       \
+        const VkResult rc_ = (call);                                                           \
+        if (rc_ != VK_SUCCESS)                                                                 \
+            return vk_fail(err,                                                                \
+                           rc_ == VK_ERROR_OUT_OF_DEVICE_MEMORY ? BN_ERR_GPU_OUT_OF_MEMORY     \
+                                                                : BN_ERR_GPU,                  \
+                           rc_, what);                                                         \
+    } while (0)
+
+bn_status bn_vk_open(int index, bn_vk **out, bn_error *err)
+{
+    *out = NULL;
+    bn_vk *vk = calloc(1, sizeof *vk);
+    if (!vk)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "Vulkan: no memory for a device");
+    char why[256];
+    if (!instance_open(&vk->vi, why, sizeof why)) {
+        instance_close(&vk->vi);
+        free(vk);
+        return bn_error_set(err, BN_ERR_DRIVER, "install a Vulkan driver (Debian: "
+                                                "mesa-vulkan-drivers) and its loader (libvulkan1)",
+                            "Vulkan: %s", why);
+    }
+    const vk_fns *f = &vk->vi.fn;
+    VkPhysicalDevice pds[BN_VK_MAX_DEVICES];
+    const int n = physical_devices(&vk->vi, pds, BN_VK_MAX_DEVICES);
+    if (index < 0 || index >= n) {
+        bn_vk_close(vk);
+        return bn_error_set(err, BN_ERR_NO_DEVICE, "bitnet devices lists the Vulkan devices",
+                            "Vulkan: no device %d (%d found)", index, n);
+    }
+    vk->pd = pds[index];
+    describe(f, vk->pd, &vk->info);
+    f->vkGetPhysicalDeviceMemoryProperties(vk->pd, &vk->mem);
+
+    uint32_t nq = 0;
+    f->vkGetPhysicalDeviceQueueFamilyProperties(vk->pd, &nq, NULL);
+    VkQueueFamilyProperties qf[16];
+    nq = nq > 16 ? 16 : nq;
+    f->vkGetPhysicalDeviceQueueFamilyProperties(vk->pd, &nq, qf);
+    int family = -1;
+    for (uint32_t i = 0; i < nq && family < 0; i++)
+        if (qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT)
+            family = (int)i;
+    if (family < 0) {
+        bn_vk_close(vk);
+        return bn_error_set(err, BN_ERR_NO_DEVICE, NULL, "Vulkan: %s has no compute queue",
+                            vk->info.name);
+    }
+    vk->queue_family = (uint32_t)family;
+    const float priority = 1.0f;
+    const VkDeviceQueueCreateInfo qci = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
+                                         .queueFamilyIndex = vk->queue_family,
+                                         .queueCount = 1,
+                                         .pQueuePriorities = &priority};
+    const VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
+                                    .queueCreateInfoCount = 1,
+                                    .pQueueCreateInfos = &qci};
+    bn_status st = BN_OK;
+    VkResult rc = f->vkCreateDevice(vk->pd, &dci, NULL, &vk->device);
+    if (rc != VK_SUCCESS) {
+        bn_vk_close(vk);
+        return vk_fail(err, BN_ERR_GPU, rc, "vkCreateDevice");
+    }
+    vk_fns *fw = &vk->vi.fn;
+#define BN_VK_LOAD_DEVICE(name)                                                                \
+    if (st == BN_OK) {                                                                         \
+        fw->name = (PFN_##name)fw->vkGetDeviceProcAddr(vk->device, #name);                     \
+        if (!fw->name)                                                                         \
+            st = bn_error_set(err, BN_ERR_DRIVER, NULL, "Vulkan: the driver lacks %s", #name); \
+    }
+    BN_VK_DEVICE_FNS(BN_VK_LOAD_DEVICE)
+    if (st != BN_OK) {
+        bn_vk_close(vk);
+        return st;
+    }
+    f->vkGetDeviceQueue(vk->device, vk->queue_family, 0, &vk->queue);
+    const VkCommandPoolCreateInfo pci = {
+        .sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+        .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+        .queueFamilyIndex = vk->queue_family};
+    const VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    const VkDescriptorPoolSize size = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 64};
+    const VkDescriptorPoolCreateInfo dpci = {
+        .sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+        .maxSets = 8,
+        .poolSizeCount = 1,
+        .pPoolSizes = &size};
+    rc = f->vkCreateCommandPool(vk->device, &pci, NULL, &vk->pool);
+    if (rc == VK_SUCCESS) {
+        const VkCommandBufferAllocateInfo cai = {
+            .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+            .commandPool = vk->pool,
+            .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+            .commandBufferCount = 1};
+        rc = f->vkAllocateCommandBuffers(vk->device, &cai, &vk->cmd);
+    }
+    if (rc == VK_SUCCESS)
+        rc = f->vkCreateFence(vk->device, &fci, NULL, &vk->fence);
+    if (rc == VK_SUCCESS)
+        rc = f->vkCreateDescriptorPool(vk->device, &dpci, NULL, &vk->descriptors);
+    if (rc != VK_SUCCESS) {
+        bn_vk_close(vk);
+        return vk_fail(err, BN_ERR_GPU, rc, "setting up the device's queue");
+    }
+    *out = vk;
+    return BN_OK;
+}
+
+void bn_vk_close(bn_vk *vk)
+{
+    if (!vk)
+        return;
+    const vk_fns *f = &vk->vi.fn;
+    if (vk->device) {
+        if (vk->descriptors)
+            f->vkDestroyDescriptorPool(vk->device, vk->descriptors, NULL);
+        if (vk->fence)
+            f->vkDestroyFence(vk->device, vk->fence, NULL);
+        if (vk->pool)
+            f->vkDestroyCommandPool(vk->device, vk->pool, NULL);
+        f->vkDestroyDevice(vk->device, NULL);
+    }
+    instance_close(&vk->vi);
+    free(vk);
+}
+
+const bn_vulkan_device *bn_vk_device(const bn_vk *vk) { return &vk->info; }
+
+/* ---- buffers ----------------------------------------------------------------- */
+
+/* A memory type for `bits` with `want`, or -1. */
+static int memory_type(const bn_vk *vk, uint32_t bits, VkMemoryPropertyFlags want)
+{
+    for (uint32_t i = 0; i < vk->mem.memoryTypeCount; i++)
+        if ((bits & (1u << i)) && (vk->mem.memoryTypes[i].propertyFlags & want) == want)
+            return (int)i;
+    return -1;
+}
+
+/* A buffer with memory of the first of the property sets that fits. */
+static bn_status buffer_make(bn_vk *vk, VkDeviceSize size, VkBufferUsageFlags usage,
+                             const VkMemoryPropertyFlags *wants, int n_wants, bn_vk_buffer *out,
+                             bn_error *err)
+{
+    const vk_fns *f = &vk->vi.fn;
+    memset(out, 0, sizeof *out);
+    const VkBufferCreateInfo bci = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                                    .size = size ? size : 4,
+                                    .usage = usage,
+                                    .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+    VK_TRY(err, f->vkCreateBuffer(vk->device, &bci, NULL, &out->buffer), "vkCreateBuffer");
+    VkMemoryRequirements req;
+    f->vkGetBufferMemoryRequirements(vk->device, out->buffer, &req);
+    int type = -1;
+    for (int i = 0; i < n_wants && type < 0; i++)
+        type = memory_type(vk, req.memoryTypeBits, wants[i]);
+    VkResult rc = VK_ERROR_OUT_OF_DEVICE_MEMORY;
+    if (type >= 0) {
+        const VkMemoryAllocateInfo mai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                                          .allocationSize = req.size,
+                                          .memoryTypeIndex = (uint32_t)type};
+        rc = f->vkAllocateMemory(vk->device, &mai, NULL, &out->memory);
+    }
+    if (rc == VK_SUCCESS)
+        rc = f->vkBindBufferMemory(vk->device, out->buffer, out->memory, 0);
+    if (rc != VK_SUCCESS) {
+        bn_vk_buffer_free(vk, out);
+        if (rc == VK_ERROR_OUT_OF_DEVICE_MEMORY || rc == VK_ERROR_OUT_OF_HOST_MEMORY)
+            return bn_error_set(err, BN_ERR_GPU_OUT_OF_MEMORY,
+                                "a smaller model or context needs less device memory",
+                                "Vulkan: %s cannot hold %.1f MiB more", vk->info.name,
+                                (double)size / 1048576.0);
+        return vk_fail(err, BN_ERR_GPU, rc, "allocating device memory");
+    }
+    out->size = size;
+    return BN_OK;
+}
+
+bn_status bn_vk_buffer_create(bn_vk *vk, VkDeviceSize size, bn_vk_buffer *out, bn_error *err)
+{
+    static const VkMemoryPropertyFlags wants[] = {VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0};
+    return buffer_make(vk, size,
+                       VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                           VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                       wants, 2, out, err);
+}
+
+void bn_vk_buffer_free(bn_vk *vk, bn_vk_buffer *b)
+{
+    if (!vk || !b)
+        return;
+    const vk_fns *f = &vk->vi.fn;
+    if (b->buffer)
+        f->vkDestroyBuffer(vk->device, b->buffer, NULL);
+    if (b->memory)
+        f->vkFreeMemory(vk->device, b->memory, NULL);
+    memset(b, 0, sizeof *b);
+}
+
+/* Ends the command buffer, submits it and waits for it. */
+static bn_status submit_wait(bn_vk *vk, bn_error *err)
+{
+    const vk_fns *f = &vk->vi.fn;
+    VK_TRY(err, f->vkEndCommandBuffer(vk->cmd), "vkEndCommandBuffer");
+    const VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                             .commandBufferCount = 1,
+                             .pCommandBuffers = &vk->cmd};
+    VK_TRY(err, f->vkResetFences(vk->device, 1, &vk->fence), "vkResetFences");
+    VK_TRY(err, f->vkQueueSubmit(vk->queue, 1, &si, vk->fence), "vkQueueSubmit");
+    VK_TRY(err, f->vkWaitForFences(vk->device, 1, &vk->fence, VK_TRUE, UINT64_MAX),
+           "vkWaitForFences");
+    return BN_OK;
+}
+
+static bn_status begin(bn_vk *vk, bn_error *err)
+{
+    const vk_fns *f = &vk->vi.fn;
+    VK_TRY(err, f->vkResetCommandBuffer(vk->cmd, 0), "vkResetCommandBuffer");
+    const VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                         .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    VK_TRY(err, f->vkBeginCommandBuffer(vk->cmd, &bi), "vkBeginCommandBuffer");
+    return BN_OK;
+}
+
+/* A host-visible staging buffer of n bytes, mapped at *map. */
+static bn_status staging(bn_vk *vk, size_t n, bn_vk_buffer *s, void **map, bn_error *err)
+{
+    static const VkMemoryPropertyFlags wants[] = {VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT |
+                                                  VK_MEMORY_PROPERTY_HOST_COHERENT_BIT};
+    bn_status st = buffer_make(vk, n,
+                               VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                               wants, 1, s, err);
+    if (st != BN_OK)
+        return st;
+    const VkResult rc = vk->vi.fn.vkMapMemory(vk->device, s->memory, 0, VK_WHOLE_SIZE, 0, map);
+    if (rc != VK_SUCCESS) {
+        bn_vk_buffer_free(vk, s);
+        return vk_fail(err, BN_ERR_GPU, rc, "vkMapMemory");
+    }
+    return BN_OK;
+}
+
+/* Copies n bytes between a staging buffer and b, either way, and waits. */
+static bn_status copy(bn_vk *vk, VkBuffer from, VkBuffer to, size_t n, bn_error *err)
+{
+    bn_status st = begin(vk, err);
+    if (st != BN_OK)
+        return st;
+    const VkBufferCopy region = {0, 0, n};
+    vk->vi.fn.vkCmdCopyBuffer(vk->cmd, from, to, 1, &region);
+    return submit_wait(vk, err);
+}
+
+/* n bytes between host memory and b, through a staging buffer. */
+static bn_status transfer(bn_vk *vk, const bn_vk_buffer *b, void *host, size_t n, bool to_device,
+                          bn_error *err)
+{
+    if (n > b->size)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan: %zu bytes %s a buffer of %llu", n, to_device ? "into" : "from",
+                            (unsigned long long)b->size);
+    if (n == 0)
+        return BN_OK;
+    bn_vk_buffer s;
+    void *map;
+    bn_status st = staging(vk, n, &s, &map, err);
+    if (st != BN_OK)
+        return st;
+    if (to_device)
+        memcpy(map, host, n);
+    st = to_device ? copy(vk, s.buffer, b->buffer, n, err) : copy(vk, b->buffer, s.buffer, n, err);
+    if (st == BN_OK && !to_device)
+        memcpy(host, map, n);
+    vk->vi.fn.vkUnmapMemory(vk->device, s.memory);
+    bn_vk_buffer_free(vk, &s);
+    return st;
+}
+
+bn_status bn_vk_write(bn_vk *vk, bn_vk_buffer *dst, const void *src, size_t n, bn_error *err)
+{
+    return transfer(vk, dst, (void *)src, n, true, err);
+}
+
+bn_status bn_vk_read(bn_vk *vk, const bn_vk_buffer *src, void *dst, size_t n, bn_error *err)
+{
+    return transfer(vk, src, dst, n, false, err);
+}
+
+/* ---- kernels ------------------------------------------------------------------ */
+
+bn_status bn_vk_kernel_create(bn_vk *vk, const char *name, const unsigned char *spirv,
+                              size_t len, int n_buffers, uint32_t push_bytes,
+                              bn_vk_kernel **out, bn_error *err)
+{
+    *out = NULL;
+    if (len == 0 || len % 4 != 0 || n_buffers < 1 || n_buffers > 8)
+        return bn_error_set(err, BN_ERR_INTERNAL, NULL, "Vulkan: kernel %s: bad SPIR-V or layout",
+                            name);
+    bn_vk_kernel *k = calloc(1, sizeof *k);
+    uint32_t *code = malloc(len); /* vkCreateShaderModule wants 4-byte aligned words */
+    if (!k || !code) {
+        free(k);
+        free(code);
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "Vulkan: no memory for a kernel");
+    }
+    memcpy(code, spirv, len);
+    snprintf(k->name, sizeof k->name, "%s", name);
+    k->n_buffers = n_buffers;
+    k->push_bytes = push_bytes;
+    const vk_fns *f = &vk->vi.fn;
+    const VkShaderModuleCreateInfo smci = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
+                                           .codeSize = len,
+                                           .pCode = code};
+    VkResult rc = f->vkCreateShaderModule(vk->device, &smci, NULL, &k->module);
+    free(code);
+    VkDescriptorSetLayoutBinding bindings[8];
+    for (int i = 0; i < n_buffers; i++)
+        bindings[i] = (VkDescriptorSetLayoutBinding){
+            .binding = (uint32_t)i,
+            .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+            .descriptorCount = 1,
+            .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT};
+    const VkDescriptorSetLayoutCreateInfo dslci = {
+        .sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+        .bindingCount = (uint32_t)n_buffers,
+        .pBindings = bindings};
+    if (rc == VK_SUCCESS)
+        rc = f->vkCreateDescriptorSetLayout(vk->device, &dslci, NULL, &k->set_layout);
+    const VkPushConstantRange range = {VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes};
+    const VkPipelineLayoutCreateInfo plci = {
+        .sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
+        .setLayoutCount = 1,
+        .pSetLayouts = &k->set_layout,
+        .pushConstantRangeCount = push_bytes ? 1u : 0u,
+        .pPushConstantRanges = &range};
+    if (rc == VK_SUCCESS)
+        rc = f->vkCreatePipelineLayout(vk->device, &plci, NULL, &k->layout);
+    const VkComputePipelineCreateInfo cpci = {
+        .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                  .stage = VK_SHADER_STAGE_COMPUTE_BIT,
+                  .module = k->module,
+                  .pName = "main"},
+        .layout = k->layout};
+    if (rc == VK_SUCCESS)
+        rc = f->vkCreateComputePipelines(vk->device, VK_NULL_HANDLE, 1, &cpci, NULL,
+                                         &k->pipeline);
+    if (rc != VK_SUCCESS) {
+        bn_vk_kernel_free(vk, k);
+        return bn_error_set(err, BN_ERR_GPU, NULL,
+                            "Vulkan: kernel %s could not be built on %s (VkResult %d)", name,
+                            vk->info.name, (int)rc);
+    }
+    *out = k;
+    return BN_OK;
+}
+
+void bn_vk_kernel_free(bn_vk *vk, bn_vk_kernel *k)
+{
+    if (!vk || !k)
+        return;
+    const vk_fns *f = &vk->vi.fn;
+    if (k->pipeline)
+        f->vkDestroyPipeline(vk->device, k->pipeline, NULL);
+    if (k->layout)
+        f->vkDestroyPipelineLayout(vk->device, k->layout, NULL);
+    if (k->set_layout)
+        f->vkDestroyDescriptorSetLayout(vk->device, k->set_layout, NULL);
+    if (k->module)
+        f->vkDestroyShaderModule(vk->device, k->module, NULL);
+    free(k);
+}
+
+bn_status bn_vk_run(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers, const void *push,
+                    uint32_t groups_x, uint32_t groups_y, bn_error *err)
+{
+    const vk_fns *f = &vk->vi.fn;
+    VK_TRY(err, f->vkResetDescriptorPool(vk->device, vk->descriptors, 0),
+           "vkResetDescriptorPool");
+    VkDescriptorSet set;
+    const VkDescriptorSetAllocateInfo dsai = {
+        .sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+        .descriptorPool = vk->descriptors,
+        .descriptorSetCount = 1,
+        .pSetLayouts = &k->set_layout};
+    VK_TRY(err, f->vkAllocateDescriptorSets(vk->device, &dsai, &set), "vkAllocateDescriptorSets");
+    VkDescriptorBufferInfo infos[8];
+    VkWriteDescriptorSet writes[8];
+    for (int i = 0; i < k->n_buffers; i++) {
+        infos[i] = (VkDescriptorBufferInfo){buffers[i]->buffer, 0, VK_WHOLE_SIZE};
+        writes[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
+                                           .dstSet = set,
+                                           .dstBinding = (uint32_t)i,
+                                           .descriptorCount = 1,
+                                           .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                           .pBufferInfo = &infos[i]};
+    }
+    f->vkUpdateDescriptorSets(vk->device, (uint32_t)k->n_buffers, writes, 0, NULL);
+    bn_status st = begin(vk, err);
+    if (st != BN_OK)
+        return st;
+    f->vkCmdBindPipeline(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, k->pipeline);
+    f->vkCmdBindDescriptorSets(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, k->layout, 0, 1, &set, 0,
+                               NULL);
+    if (k->push_bytes)
+        f->vkCmdPushConstants(vk->cmd, k->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, k->push_bytes,
+                              push);
+    f->vkCmdDispatch(vk->cmd, groups_x, groups_y, 1);
+    return submit_wait(vk, err);
+}

@@ -1,0 +1,67 @@
+/*
+ * vk_context.h - a Vulkan compute device for the Vulkan backend: the
+ * loader opened at run time, one device with a compute queue, storage
+ * buffers, compute pipelines built from the embedded SPIR-V, and
+ * dispatches run to completion.
+ *
+ * The library links no Vulkan library: vk_context.c opens libvulkan.so.1
+ * and fetches every entry point it uses, so a build with Vulkan still
+ * starts where there is no loader, and says why Vulkan is unavailable.
+ *
+ * Thread safety: one bn_vk is used by one thread at a time.
+ */
+#ifndef BN_VK_CONTEXT_H
+#define BN_VK_CONTEXT_H
+
+#define VK_NO_PROTOTYPES
+#include <vulkan/vulkan.h>
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bitnet.h"
+
+/* Up to max devices into out (bitnet.h's description of a device); the
+ * number found, or -1 with the reason in why when Vulkan cannot be reached
+ * (no loader, no driver). */
+int bn_vk_devices(bn_vulkan_device *out, int max, char *why, size_t why_size);
+
+typedef struct bn_vk bn_vk;
+
+/* Opens device `index` (of bn_vk_devices' list): BN_ERR_DRIVER without a
+ * loader or driver, BN_ERR_NO_DEVICE when there is no such device or it
+ * has no compute queue, BN_ERR_GPU when setting it up fails. */
+bn_status bn_vk_open(int index, bn_vk **out, bn_error *err);
+void bn_vk_close(bn_vk *vk);
+const bn_vulkan_device *bn_vk_device(const bn_vk *vk);
+
+/* A storage buffer in device memory (device-local where the device has
+ * it), written and read through a staging copy. */
+typedef struct bn_vk_buffer {
+    VkBuffer buffer;
+    VkDeviceMemory memory;
+    VkDeviceSize size;
+} bn_vk_buffer;
+
+/* BN_ERR_GPU_OUT_OF_MEMORY when the device cannot hold size bytes. */
+bn_status bn_vk_buffer_create(bn_vk *vk, VkDeviceSize size, bn_vk_buffer *out, bn_error *err);
+void bn_vk_buffer_free(bn_vk *vk, bn_vk_buffer *b);
+bn_status bn_vk_write(bn_vk *vk, bn_vk_buffer *dst, const void *src, size_t n, bn_error *err);
+bn_status bn_vk_read(bn_vk *vk, const bn_vk_buffer *src, void *dst, size_t n, bn_error *err);
+
+/* A compute pipeline: SPIR-V (len bytes, as embedded) whose bindings 0 ..
+ * n_buffers - 1 of set 0 are storage buffers, with push_bytes of push
+ * constants. */
+typedef struct bn_vk_kernel bn_vk_kernel;
+bn_status bn_vk_kernel_create(bn_vk *vk, const char *name, const unsigned char *spirv,
+                              size_t len, int n_buffers, uint32_t push_bytes,
+                              bn_vk_kernel **out, bn_error *err);
+void bn_vk_kernel_free(bn_vk *vk, bn_vk_kernel *k);
+
+/* Runs k over groups_x x groups_y workgroups with these buffers (its
+ * n_buffers of them) and push constants, and waits for it. */
+bn_status bn_vk_run(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers, const void *push,
+                    uint32_t groups_x, uint32_t groups_y, bn_error *err);
+
+#endif

@@ -1,0 +1,55 @@
+/* vk_w2a8.c - packing for and launching of shaders/w2a8_matvec.comp. */
+#include "vk_w2a8.h"
+
+#include <string.h>
+
+extern const unsigned char bn_vk_spv_w2a8_matvec[];
+extern const size_t bn_vk_spv_w2a8_matvec_len;
+
+/* The shader's push constants, in its order. */
+typedef struct matvec_params {
+    uint32_t n, words;
+    float act_scale, weight_scale;
+} matvec_params;
+
+size_t bn_vk_w2a8_words(int64_t k) { return (size_t)((k + 15) / 16); }
+
+void bn_vk_w2a8_pack(const int8_t *codes, int64_t n, int64_t k, uint32_t *out)
+{
+    const size_t words = bn_vk_w2a8_words(k);
+    for (int64_t r = 0; r < n; r++)
+        for (size_t j = 0; j < words; j++) {
+            uint32_t word = 0;
+            for (int i = 0; i < 16; i++) {
+                const int64_t c = (int64_t)j * 16 + i;
+                const uint32_t code = c < k ? (uint32_t)(codes[r * k + c] + 1) : 1u;
+                word |= code << (2 * i);
+            }
+            out[(size_t)r * words + j] = word;
+        }
+}
+
+bn_status bn_vk_w2a8_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
+{
+    return bn_vk_kernel_create(vk, "w2a8_matvec", bn_vk_spv_w2a8_matvec,
+                               bn_vk_spv_w2a8_matvec_len, 3, sizeof(matvec_params), out, err);
+}
+
+bn_status bn_vk_w2a8_matvec(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
+                            bn_vk_buffer *y, int64_t n, int64_t k, float act_scale,
+                            float weight_scale, bn_error *err)
+{
+    const size_t words = bn_vk_w2a8_words(k);
+    if (n < 1 || k < 1 || (uint64_t)n * words > UINT32_MAX ||
+        w->size < (VkDeviceSize)n * words * 4 || x->size < (VkDeviceSize)words * 16 ||
+        y->size < (VkDeviceSize)n * sizeof(float))
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan W2A8: %lld x %lld does not fit its buffers",
+                            (long long)n, (long long)k);
+    const matvec_params p = {(uint32_t)n, (uint32_t)words, act_scale, weight_scale};
+    /* One workgroup a row, in a grid of at most 65535 columns. */
+    const uint32_t gx = n < 65535 ? (uint32_t)n : 65535u;
+    const uint32_t gy = (uint32_t)((n + gx - 1) / gx);
+    bn_vk_buffer *const buffers[3] = {w, x, y};
+    return bn_vk_run(vk, kernel, buffers, &p, gx, gy, err);
+}

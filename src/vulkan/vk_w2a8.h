@@ -1,0 +1,36 @@
+/*
+ * vk_w2a8.h - the W2A8 product on a Vulkan device: ternary weights in the
+ * Vulkan kernels' layout times int8 activations.
+ *
+ * Layout: row r of k codes takes bn_vk_w2a8_words(k) 32-bit words; word j
+ * holds the codes (weight + 1: 0, 1, 2) of elements 16j .. 16j + 15, element
+ * 16j + i at bits 2i..2i+1; past k a row holds code 1 (weight 0).
+ * Activations: int8, four to a word, zero-padded to 16 * words values.
+ *
+ * Exactness: the sum of code * x is exact in int32, as on the CPU, and
+ * y = ((float)sum / act_scale) * weight_scale is the CPU's expression.
+ * Vulkan lets a division be off by up to 2.5 ulp where C's is correctly
+ * rounded, so y may differ from the CPU's by an ulp or two on a driver
+ * that divides that way (lavapipe divides exactly); the integer sum never
+ * differs (tests/test_vulkan_w2a8.c checks both).
+ */
+#ifndef BN_VK_W2A8_H
+#define BN_VK_W2A8_H
+
+#include "vk_context.h"
+
+size_t bn_vk_w2a8_words(int64_t k);
+
+/* codes [n][k] (values -1, 0, +1) into out, n * bn_vk_w2a8_words(k) words. */
+void bn_vk_w2a8_pack(const int8_t *codes, int64_t n, int64_t k, uint32_t *out);
+
+/* The kernel, built once for a device. */
+bn_status bn_vk_w2a8_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err);
+
+/* y[0 .. n) = W x for weights w (n rows of k, packed), activations x
+ * (packed as above); waits for the result. */
+bn_status bn_vk_w2a8_matvec(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
+                            bn_vk_buffer *y, int64_t n, int64_t k, float act_scale,
+                            float weight_scale, bn_error *err);
+
+#endif

@@ -1,0 +1,168 @@
+/* The Vulkan W2A8 kernel (shaders/w2a8_matvec.comp, vk_w2a8.h) against the
+ * CPU's scalar provider on the first Vulkan device (lavapipe in CI):
+ *
+ *   - the int32 sums exactly: with both scales 1 the output is (float) sum;
+ *   - the outputs with real scales, within the division's allowance
+ *     (vk_w2a8.h), and how many are bit-identical;
+ *   - ragged shapes (k not a multiple of 16, one row, rows past a grid
+ *     column), outputs poisoned with NaN, a guard value after the last row;
+ *   - errors: a device index past the list, a buffer larger than the
+ *     device's memory, a shape larger than its buffers.
+ *
+ * Exits 77 (skipped) when no Vulkan device can be opened, saying why. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernel_provider.h"
+#include "quant_rules.h"
+#include "test_util.h"
+#include "vk_w2a8.h"
+#include "w2a8.h"
+
+extern const bn_kernel_provider bn_provider_scalar;
+
+static bool same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+/* ulps between two finite floats of the same sign (a large number else). */
+static int64_t ulps(float a, float b)
+{
+    int32_t ia, ib;
+    memcpy(&ia, &a, 4);
+    memcpy(&ib, &b, 4);
+    if ((ia < 0) != (ib < 0))
+        return a == b ? 0 : INT32_MAX;
+    return llabs((long long)ia - (long long)ib);
+}
+
+static int exact_total, compared_total;
+
+static void check_shape(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k)
+{
+    int8_t *codes = malloc((size_t)(n * k));
+    float *x = malloc((size_t)k * sizeof *x);
+    const size_t words = bn_vk_w2a8_words(k);
+    uint32_t *packed = malloc((size_t)n * words * 4);
+    int8_t *xq = calloc(words * 16, 1);
+    float *ref = malloc((size_t)n * sizeof *ref), *got = malloc((size_t)(n + 1) * sizeof *got);
+    CHECK(codes && x && packed && xq && ref && got);
+    const int zero_pct = (int)test_rand_range(0, 80);
+    for (int64_t i = 0; i < n * k; i++)
+        codes[i] = (int)test_rand_range(0, 99) < zero_pct ? 0 : (test_rand_u64() & 1) ? 1 : -1;
+    const float range = test_rand_float(0.1f, 20.0f);
+    for (int64_t i = 0; i < k; i++)
+        x[i] = test_rand_float(-range, range);
+    float act_scale;
+    int32_t act_sum;
+    bn_quantize_activations_row(x, k, xq, &act_scale, &act_sum);
+    const float weight_scale = test_rand_float(0.01f, 2.0f);
+
+    /* The CPU's answer: the scalar provider's matvec. */
+    bn_w2a8_weights wref;
+    CHECK(bn_w2a8_pack(&bn_provider_scalar, codes, n, k, weight_scale, &wref, NULL) == BN_OK);
+    bn_provider_scalar.matvec(&wref, xq, act_scale, act_sum, 0, n, ref);
+    bn_w2a8_weights_free(&wref);
+
+    bn_vk_buffer w, xb, y;
+    bn_error err;
+    bn_vk_w2a8_pack(codes, n, k, packed);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)n * words * 4, &w, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, words * 16, &xb, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(n + 1) * sizeof(float), &y, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &w, packed, (size_t)n * words * 4, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &xb, xq, words * 16, &err) == BN_OK);
+
+    /* Scales 1: the outputs are the integer sums themselves. */
+    for (int64_t i = 0; i <= n; i++)
+        got[i] = NAN;
+    const float guard = -12345.5f;
+    got[n] = guard;
+    CHECK(bn_vk_write(vk, &y, got, (size_t)(n + 1) * sizeof(float), &err) == BN_OK);
+    CHECK(bn_vk_w2a8_matvec(vk, kernel, &w, &xb, &y, n, k, 1.0f, 1.0f, &err) == BN_OK);
+    CHECK(bn_vk_read(vk, &y, got, (size_t)(n + 1) * sizeof(float), &err) == BN_OK);
+    int bad = 0;
+    for (int64_t r = 0; r < n; r++) {
+        int32_t sum = 0;
+        for (int64_t c = 0; c < k; c++)
+            sum += codes[r * k + c] * xq[c];
+        bad += !same_bits(got[r], (float)sum);
+    }
+    CHECK_MSG(bad == 0, "%lld x %lld: %d integer sums differ", (long long)n, (long long)k, bad);
+    CHECK_MSG(same_bits(got[n], guard), "%lld x %lld: the value after the last row was written",
+              (long long)n, (long long)k);
+
+    /* Real scales: the CPU's outputs within the division's allowance. */
+    for (int64_t i = 0; i < n; i++)
+        got[i] = NAN;
+    CHECK(bn_vk_write(vk, &y, got, (size_t)n * sizeof(float), &err) == BN_OK);
+    CHECK(bn_vk_w2a8_matvec(vk, kernel, &w, &xb, &y, n, k, act_scale, weight_scale, &err) ==
+          BN_OK);
+    CHECK(bn_vk_read(vk, &y, got, (size_t)n * sizeof(float), &err) == BN_OK);
+    int far = 0, exact = 0;
+    for (int64_t r = 0; r < n; r++) {
+        exact += same_bits(got[r], ref[r]);
+        far += !(isfinite(got[r]) && ulps(got[r], ref[r]) <= 3);
+    }
+    CHECK_MSG(far == 0, "%lld x %lld: %d outputs more than 3 ulp from the CPU's", (long long)n,
+              (long long)k, far);
+    exact_total += exact;
+    compared_total += (int)n;
+
+    bn_vk_buffer_free(vk, &w);
+    bn_vk_buffer_free(vk, &xb);
+    bn_vk_buffer_free(vk, &y);
+    free(codes);
+    free(x);
+    free(packed);
+    free(xq);
+    free(ref);
+    free(got);
+}
+
+int main(void)
+{
+    test_seed_init();
+    bn_vulkan_device devs[8];
+    char why[256] = "";
+    const int n_dev = bn_vk_devices(devs, 8, why, sizeof why);
+    if (n_dev < 0)
+        TEST_SKIP("%s", why);
+    if (n_dev == 0)
+        TEST_SKIP("no Vulkan device (Debian's mesa-vulkan-drivers has a CPU one, lavapipe)");
+    bn_vk *vk = NULL;
+    bn_error err;
+    if (bn_vk_open(0, &vk, &err) != BN_OK)
+        TEST_SKIP("Vulkan device 0 (%s) cannot be opened: %s", devs[0].name, err.message);
+    printf("device 0: %s (%s), Vulkan %u.%u\n", devs[0].name, devs[0].type,
+           VK_API_VERSION_MAJOR(devs[0].api_version), VK_API_VERSION_MINOR(devs[0].api_version));
+    bn_vk_kernel *kernel = NULL;
+    CHECK(bn_vk_w2a8_kernel(vk, &kernel, &err) == BN_OK);
+
+    static const int64_t shapes[][2] = {{1, 1},    {1, 16},    {3, 17},    {64, 2560},
+                                        {37, 640}, {200, 1000}, {5, 6912}, {70000, 16}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        check_shape(vk, kernel, shapes[i][0], shapes[i][1]);
+    for (int i = 0; i < 6; i++)
+        check_shape(vk, kernel, test_rand_range(1, 300), test_rand_range(1, 3000));
+    printf("outputs bit-identical to the CPU's: %d of %d\n", exact_total, compared_total);
+
+    /* Errors. */
+    bn_vk *none = NULL;
+    CHECK(bn_vk_open(n_dev, &none, &err) == BN_ERR_NO_DEVICE && none == NULL);
+    CHECK_STR_CONTAINS(err.message, "no device");
+    bn_vk_buffer huge;
+    const bn_status st = bn_vk_buffer_create(vk, (VkDeviceSize)1 << 50, &huge, &err);
+    CHECK_MSG(st == BN_ERR_GPU_OUT_OF_MEMORY, "a 1 PiB buffer: status %d (%s)", (int)st,
+              err.message);
+    bn_vk_buffer small;
+    CHECK(bn_vk_buffer_create(vk, 64, &small, &err) == BN_OK);
+    CHECK(bn_vk_w2a8_matvec(vk, kernel, &small, &small, &small, 100, 100, 1.0f, 1.0f, &err) ==
+          BN_ERR_INVALID_ARGUMENT);
+    bn_vk_buffer_free(vk, &small);
+
+    bn_vk_kernel_free(vk, kernel);
+    bn_vk_close(vk);
+    TEST_EXIT();
+}
