@@ -6,6 +6,8 @@
  *     (vk_w2a8.h), and how many are bit-identical;
  *   - ragged shapes (k not a multiple of 16, one row, rows past a grid
  *     column), outputs poisoned with NaN, a guard value after the last row;
+ *   - a sequence of dispatches equal to their runs alone, one reading what
+ *     the one before wrote; no copy or second sequence while one is open;
  *   - errors: a device index past the list, a buffer larger than the
  *     device's memory, a shape larger than its buffers.
  *
@@ -148,6 +150,61 @@ int main(void)
         check_shape(vk, kernel, test_rand_range(1, 300), test_rand_range(1, 3000));
     printf("outputs bit-identical to the CPU's: %d of %d\n", exact_total, compared_total);
 
+    /* A sequence of three products recorded into one command buffer: each
+     * equal, bit for bit, to its own run. The third reads the first's output
+     * as its weights' words, so the barrier between them must hold. */
+    {
+        const int64_t n = 48, k = 256;
+        const size_t words = bn_vk_w2a8_words(k);
+        int8_t *codes = malloc((size_t)(n * k)), *xq = calloc(words * 16, 1);
+        uint32_t *packed = malloc((size_t)n * words * 4);
+        float alone[3][48], seq[3][48];
+        CHECK(codes && xq && packed);
+        for (int64_t i = 0; i < n * k; i++)
+            codes[i] = (int8_t)test_rand_range(-1, 1);
+        for (int64_t i = 0; i < k; i++)
+            xq[i] = (int8_t)test_rand_range(-127, 127);
+        bn_vk_w2a8_pack(codes, n, k, packed);
+        bn_vk_buffer w, xb, y[3];
+        CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)n * words * 4, &w, &err) == BN_OK);
+        CHECK(bn_vk_buffer_create(vk, words * 16, &xb, &err) == BN_OK);
+        for (int i = 0; i < 3; i++)
+            CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)n * words * 4, &y[i], &err) == BN_OK);
+        CHECK(bn_vk_write(vk, &w, packed, (size_t)n * words * 4, &err) == BN_OK);
+        CHECK(bn_vk_write(vk, &xb, xq, words * 16, &err) == BN_OK);
+        /* Alone: y0 = W x, y1 = W x scaled, y2 = (y0's bits as weights) x. */
+        CHECK(bn_vk_w2a8_matvec(vk, kernel, &w, &xb, &y[0], n, k, 1.0f, 1.0f, &err) == BN_OK);
+        CHECK(bn_vk_w2a8_matvec(vk, kernel, &w, &xb, &y[1], n, k, 3.0f, 0.5f, &err) == BN_OK);
+        CHECK(bn_vk_w2a8_matvec(vk, kernel, &y[0], &xb, &y[2], 1, 16, 1.0f, 1.0f, &err) == BN_OK);
+        for (int i = 0; i < 3; i++)
+            CHECK(bn_vk_read(vk, &y[i], alone[i], sizeof alone[i], &err) == BN_OK);
+        const float nan_row[48] = {NAN};
+        for (int i = 0; i < 3; i++)
+            CHECK(bn_vk_write(vk, &y[i], nan_row, sizeof nan_row, &err) == BN_OK);
+        CHECK(bn_vk_begin(vk, &err) == BN_OK);
+        CHECK(bn_vk_w2a8_record(vk, kernel, &w, &xb, &y[0], n, k, 1.0f, 1.0f, &err) == BN_OK);
+        CHECK(bn_vk_w2a8_record(vk, kernel, &w, &xb, &y[1], n, k, 3.0f, 0.5f, &err) == BN_OK);
+        CHECK(bn_vk_w2a8_record(vk, kernel, &y[0], &xb, &y[2], 1, 16, 1.0f, 1.0f, &err) == BN_OK);
+        /* No copy, and no second sequence, while one is open. */
+        CHECK(bn_vk_read(vk, &y[0], seq[0], sizeof seq[0], &err) == BN_ERR_INTERNAL);
+        CHECK(bn_vk_begin(vk, &err) == BN_ERR_INTERNAL);
+        CHECK(bn_vk_submit(vk, &err) == BN_OK);
+        CHECK(bn_vk_submit(vk, &err) == BN_ERR_INTERNAL);
+        for (int i = 0; i < 3; i++) {
+            CHECK(bn_vk_read(vk, &y[i], seq[i], sizeof seq[i], &err) == BN_OK);
+            const int64_t rows = i == 2 ? 1 : n;
+            CHECK_MSG(memcmp(seq[i], alone[i], (size_t)rows * sizeof(float)) == 0,
+                      "product %d of the sequence differs from its own run", i);
+        }
+        bn_vk_buffer_free(vk, &w);
+        bn_vk_buffer_free(vk, &xb);
+        for (int i = 0; i < 3; i++)
+            bn_vk_buffer_free(vk, &y[i]);
+        free(codes);
+        free(xq);
+        free(packed);
+    }
+
     /* Errors. */
     bn_vk *none = NULL;
     CHECK(bn_vk_open(n_dev, &none, &err) == BN_ERR_NO_DEVICE && none == NULL);
@@ -160,6 +217,8 @@ int main(void)
     CHECK(bn_vk_buffer_create(vk, 64, &small, &err) == BN_OK);
     CHECK(bn_vk_w2a8_matvec(vk, kernel, &small, &small, &small, 100, 100, 1.0f, 1.0f, &err) ==
           BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_vk_dispatch(vk, kernel, (bn_vk_buffer *const[]){&small, &small, &small}, NULL, 1, 1,
+                         &err) == BN_ERR_INTERNAL); /* outside a sequence */
     bn_vk_buffer_free(vk, &small);
 
     bn_vk_kernel_free(vk, kernel);

@@ -239,7 +239,9 @@ struct bn_vk {
     VkCommandPool pool;
     VkCommandBuffer cmd;
     VkFence fence;
-    VkDescriptorPool descriptors;
+    VkDescriptorPool descriptors; /* reset when a sequence begins */
+    bool recording;               /* a sequence is open (bn_vk_begin)  */
+    int dispatches;               /* recorded in it so far             */
 };
 
 struct bn_vk_kernel {
@@ -340,10 +342,11 @@ bn_status bn_vk_open(int index, bn_vk **out, bn_error *err)
         .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
         .queueFamilyIndex = vk->queue_family};
     const VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-    const VkDescriptorPoolSize size = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 64};
+    const VkDescriptorPoolSize size = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                       8 * BN_VK_MAX_DISPATCHES};
     const VkDescriptorPoolCreateInfo dpci = {
         .sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
-        .maxSets = 8,
+        .maxSets = BN_VK_MAX_DISPATCHES,
         .poolSizeCount = 1,
         .pPoolSizes = &size};
     rc = f->vkCreateCommandPool(vk->device, &pci, NULL, &vk->pool);
@@ -516,6 +519,9 @@ static bn_status copy(bn_vk *vk, VkBuffer from, VkBuffer to, size_t n, bn_error 
 static bn_status transfer(bn_vk *vk, const bn_vk_buffer *b, void *host, size_t n, bool to_device,
                           bn_error *err)
 {
+    if (vk->recording)
+        return bn_error_set(err, BN_ERR_INTERNAL, NULL,
+                            "Vulkan: a copy while a sequence is being recorded");
     if (n > b->size)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "Vulkan: %zu bytes %s a buffer of %llu", n, to_device ? "into" : "from",
@@ -632,19 +638,38 @@ void bn_vk_kernel_free(bn_vk *vk, bn_vk_kernel *k)
     free(k);
 }
 
-bn_status bn_vk_run(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers, const void *push,
-                    uint32_t groups_x, uint32_t groups_y, bn_error *err)
+bn_status bn_vk_begin(bn_vk *vk, bn_error *err)
 {
-    const vk_fns *f = &vk->vi.fn;
-    VK_TRY(err, f->vkResetDescriptorPool(vk->device, vk->descriptors, 0),
+    if (vk->recording)
+        return bn_error_set(err, BN_ERR_INTERNAL, NULL, "Vulkan: a sequence is already open");
+    VK_TRY(err, vk->vi.fn.vkResetDescriptorPool(vk->device, vk->descriptors, 0),
            "vkResetDescriptorPool");
+    bn_status st = begin(vk, err);
+    if (st == BN_OK) {
+        vk->recording = true;
+        vk->dispatches = 0;
+    }
+    return st;
+}
+
+bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers,
+                         const void *push, uint32_t groups_x, uint32_t groups_y, bn_error *err)
+{
+    if (!vk->recording)
+        return bn_error_set(err, BN_ERR_INTERNAL, NULL, "Vulkan: a dispatch outside a sequence");
+    const vk_fns *f = &vk->vi.fn;
     VkDescriptorSet set;
     const VkDescriptorSetAllocateInfo dsai = {
         .sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
         .descriptorPool = vk->descriptors,
         .descriptorSetCount = 1,
         .pSetLayouts = &k->set_layout};
-    VK_TRY(err, f->vkAllocateDescriptorSets(vk->device, &dsai, &set), "vkAllocateDescriptorSets");
+    const VkResult rc = f->vkAllocateDescriptorSets(vk->device, &dsai, &set);
+    if (rc != VK_SUCCESS)
+        return bn_error_set(err, BN_ERR_GPU, NULL,
+                            "Vulkan: no descriptor set left for dispatch %d of a sequence "
+                            "(at most %d; VkResult %d)",
+                            vk->dispatches + 1, BN_VK_MAX_DISPATCHES, (int)rc);
     VkDescriptorBufferInfo infos[8];
     VkWriteDescriptorSet writes[8];
     for (int i = 0; i < k->n_buffers; i++) {
@@ -657,9 +682,16 @@ bn_status bn_vk_run(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers, co
                                            .pBufferInfo = &infos[i]};
     }
     f->vkUpdateDescriptorSets(vk->device, (uint32_t)k->n_buffers, writes, 0, NULL);
-    bn_status st = begin(vk, err);
-    if (st != BN_OK)
-        return st;
+    if (vk->dispatches > 0) {
+        /* What the dispatches before wrote is what this one may read. */
+        const VkMemoryBarrier barrier = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                                         .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
+                                         .dstAccessMask = VK_ACCESS_SHADER_READ_BIT |
+                                                          VK_ACCESS_SHADER_WRITE_BIT};
+        f->vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &barrier, 0, NULL, 0,
+                                NULL);
+    }
     f->vkCmdBindPipeline(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, k->pipeline);
     f->vkCmdBindDescriptorSets(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, k->layout, 0, 1, &set, 0,
                                NULL);
@@ -667,5 +699,14 @@ bn_status bn_vk_run(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers, co
         f->vkCmdPushConstants(vk->cmd, k->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, k->push_bytes,
                               push);
     f->vkCmdDispatch(vk->cmd, groups_x, groups_y, 1);
+    vk->dispatches++;
+    return BN_OK;
+}
+
+bn_status bn_vk_submit(bn_vk *vk, bn_error *err)
+{
+    if (!vk->recording)
+        return bn_error_set(err, BN_ERR_INTERNAL, NULL, "Vulkan: no sequence to submit");
+    vk->recording = false;
     return submit_wait(vk, err);
 }

@@ -59,9 +59,15 @@ bn_status bn_vk_kernel_create(bn_vk *vk, const char *name, const unsigned char *
                               bn_vk_kernel **out, bn_error *err);
 void bn_vk_kernel_free(bn_vk *vk, bn_vk_kernel *k);
 
-/* Runs k over groups_x x groups_y workgroups with these buffers (its
- * n_buffers of them) and push constants, and waits for it. */
-bn_status bn_vk_run(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers, const void *push,
-                    uint32_t groups_x, uint32_t groups_y, bn_error *err);
+/* A sequence of dispatches recorded into one command buffer and run at
+ * once, each after the ones before it have finished writing: begin,
+ * dispatch (k over groups_x x groups_y workgroups with its n_buffers
+ * buffers and push constants) up to BN_VK_MAX_DISPATCHES times, submit
+ * (runs and waits). No copy (bn_vk_write / bn_vk_read) while one is open. */
+#define BN_VK_MAX_DISPATCHES 1024
+bn_status bn_vk_begin(bn_vk *vk, bn_error *err);
+bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers,
+                         const void *push, uint32_t groups_x, uint32_t groups_y, bn_error *err);
+bn_status bn_vk_submit(bn_vk *vk, bn_error *err);
 
 #endif

@@ -35,7 +35,7 @@ bn_status bn_vk_w2a8_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
                                bn_vk_spv_w2a8_matvec_len, 3, sizeof(matvec_params), out, err);
 }
 
-bn_status bn_vk_w2a8_matvec(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
+bn_status bn_vk_w2a8_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
                             bn_vk_buffer *y, int64_t n, int64_t k, float act_scale,
                             float weight_scale, bn_error *err)
 {
@@ -51,5 +51,18 @@ bn_status bn_vk_w2a8_matvec(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn
     const uint32_t gx = n < 65535 ? (uint32_t)n : 65535u;
     const uint32_t gy = (uint32_t)((n + gx - 1) / gx);
     bn_vk_buffer *const buffers[3] = {w, x, y};
-    return bn_vk_run(vk, kernel, buffers, &p, gx, gy, err);
+    return bn_vk_dispatch(vk, kernel, buffers, &p, gx, gy, err);
+}
+
+bn_status bn_vk_w2a8_matvec(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
+                            bn_vk_buffer *y, int64_t n, int64_t k, float act_scale,
+                            float weight_scale, bn_error *err)
+{
+    bn_status st = bn_vk_begin(vk, err);
+    if (st != BN_OK)
+        return st;
+    st = bn_vk_w2a8_record(vk, kernel, w, x, y, n, k, act_scale, weight_scale, err);
+    bn_error closing;
+    bn_status end = bn_vk_submit(vk, st == BN_OK ? err : &closing);
+    return st != BN_OK ? st : end;
 }

@@ -28,7 +28,12 @@ void bn_vk_w2a8_pack(const int8_t *codes, int64_t n, int64_t k, uint32_t *out);
 bn_status bn_vk_w2a8_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err);
 
 /* y[0 .. n) = W x for weights w (n rows of k, packed), activations x
- * (packed as above); waits for the result. */
+ * (packed as above), recorded into the open sequence (bn_vk_begin). */
+bn_status bn_vk_w2a8_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
+                            bn_vk_buffer *y, int64_t n, int64_t k, float act_scale,
+                            float weight_scale, bn_error *err);
+
+/* The same as a sequence of its own: waits for the result. */
 bn_status bn_vk_w2a8_matvec(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
                             bn_vk_buffer *y, int64_t n, int64_t k, float act_scale,
                             float weight_scale, bn_error *err);
