@@ -2,8 +2,9 @@
  * CPU's scalar provider on the first Vulkan device (lavapipe in CI):
  *
  *   - the int32 sums exactly: with both scales 1 the output is (float) sum;
- *   - the outputs with real scales, within the division's allowance
- *     (vk_w2a8.h), and how many are bit-identical;
+ *   - the outputs with real scales bit-identical to the CPU's on a device
+ *     with fp64 (the exact division), else within the division's allowance
+ *     (vk_w2a8.h), counting the bit-identical ones;
  *   - ragged shapes (k not a multiple of 16, one row, rows past a grid
  *     column), outputs poisoned with NaN, a guard value after the last row;
  *   - a sequence of dispatches equal to their runs alone, one reading what
@@ -41,7 +42,8 @@ static int64_t ulps(float a, float b)
 
 static int exact_total, compared_total;
 
-static void check_shape(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k)
+static void check_shape(bn_vk *vk, bn_vk_kernel *kernel, bool exact_division, int64_t n,
+                        int64_t k)
 {
     int8_t *codes = malloc((size_t)(n * k));
     float *x = malloc((size_t)k * sizeof *x);
@@ -109,6 +111,9 @@ static void check_shape(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k)
     }
     CHECK_MSG(far == 0, "%lld x %lld: %d outputs more than 3 ulp from the CPU's", (long long)n,
               (long long)k, far);
+    CHECK_MSG(!exact_division || exact == n,
+              "%lld x %lld: %lld outputs differ from the CPU's despite the exact division",
+              (long long)n, (long long)k, (long long)(n - exact));
     exact_total += exact;
     compared_total += (int)n;
 
@@ -139,16 +144,29 @@ int main(void)
         TEST_SKIP("Vulkan device 0 (%s) cannot be opened: %s", devs[0].name, err.message);
     printf("device 0: %s (%s), Vulkan %u.%u\n", devs[0].name, devs[0].type,
            VK_API_VERSION_MAJOR(devs[0].api_version), VK_API_VERSION_MINOR(devs[0].api_version));
-    bn_vk_kernel *kernel = NULL;
-    CHECK(bn_vk_w2a8_kernel(vk, &kernel, &err) == BN_OK);
-
+    /* Both variants where the device has fp64: the device's division and
+     * the exact one. */
     static const int64_t shapes[][2] = {{1, 1},    {1, 16},    {3, 17},    {64, 2560},
                                         {37, 640}, {200, 1000}, {5, 6912}, {70000, 16}};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        check_shape(vk, kernel, shapes[i][0], shapes[i][1]);
-    for (int i = 0; i < 6; i++)
-        check_shape(vk, kernel, test_rand_range(1, 300), test_rand_range(1, 3000));
-    printf("outputs bit-identical to the CPU's: %d of %d\n", exact_total, compared_total);
+    bn_vk_kernel *kernel = NULL;
+    for (int exact_division = devs[0].fp64 ? 1 : 0; exact_division >= 0; exact_division--) {
+        if (kernel)
+            bn_vk_kernel_free(vk, kernel);
+        kernel = NULL;
+        CHECK(bn_vk_w2a8_kernel(vk, exact_division, &kernel, &err) == BN_OK);
+        exact_total = compared_total = 0;
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            check_shape(vk, kernel, exact_division, shapes[i][0], shapes[i][1]);
+        for (int i = 0; i < 6; i++)
+            check_shape(vk, kernel, exact_division, test_rand_range(1, 300),
+                        test_rand_range(1, 3000));
+        printf("%s division: outputs bit-identical to the CPU's: %d of %d\n",
+               exact_division ? "exact (fp64)" : "the device's", exact_total, compared_total);
+    }
+    if (!devs[0].fp64) {
+        bn_vk_kernel *none = NULL;
+        CHECK(bn_vk_w2a8_kernel(vk, true, &none, &err) == BN_ERR_UNSUPPORTED && !none);
+    }
 
     /* A sequence of three products recorded into one command buffer: each
      * equal, bit for bit, to its own run. The third reads the first's output

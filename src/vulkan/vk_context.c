@@ -315,9 +315,13 @@ bn_status bn_vk_open(int index, bn_vk **out, bn_error *err)
                                          .queueFamilyIndex = vk->queue_family,
                                          .queueCount = 1,
                                          .pQueuePriorities = &priority};
+    /* fp64 where the device has it: the kernels' exact divisions use it. */
+    const VkPhysicalDeviceFeatures features = {.shaderFloat64 = vk->info.fp64 ? VK_TRUE
+                                                                              : VK_FALSE};
     const VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
                                     .queueCreateInfoCount = 1,
-                                    .pQueueCreateInfos = &qci};
+                                    .pQueueCreateInfos = &qci,
+                                    .pEnabledFeatures = &features};
     bn_status st = BN_OK;
     VkResult rc = f->vkCreateDevice(vk->pd, &dci, NULL, &vk->device);
     if (rc != VK_SUCCESS) {

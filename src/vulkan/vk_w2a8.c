@@ -3,8 +3,8 @@
 
 #include <string.h>
 
-extern const unsigned char bn_vk_spv_w2a8_matvec[];
-extern const size_t bn_vk_spv_w2a8_matvec_len;
+extern const unsigned char bn_vk_spv_w2a8_matvec[], bn_vk_spv_w2a8_matvec_f64[];
+extern const size_t bn_vk_spv_w2a8_matvec_len, bn_vk_spv_w2a8_matvec_f64_len;
 
 /* The shader's push constants, in its order. */
 typedef struct matvec_params {
@@ -29,8 +29,16 @@ void bn_vk_w2a8_pack(const int8_t *codes, int64_t n, int64_t k, uint32_t *out)
         }
 }
 
-bn_status bn_vk_w2a8_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
+bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bn_vk_kernel **out, bn_error *err)
 {
+    if (exact_division && !bn_vk_device(vk)->fp64)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
+                            "Vulkan: %s has no fp64 for the exact division",
+                            bn_vk_device(vk)->name);
+    if (exact_division)
+        return bn_vk_kernel_create(vk, "w2a8_matvec_f64", bn_vk_spv_w2a8_matvec_f64,
+                                   bn_vk_spv_w2a8_matvec_f64_len, 3, sizeof(matvec_params), out,
+                                   err);
     return bn_vk_kernel_create(vk, "w2a8_matvec", bn_vk_spv_w2a8_matvec,
                                bn_vk_spv_w2a8_matvec_len, 3, sizeof(matvec_params), out, err);
 }

@@ -10,9 +10,12 @@
  * Exactness: the sum of code * x is exact in int32, as on the CPU, and
  * y = ((float)sum / act_scale) * weight_scale is the CPU's expression.
  * Vulkan lets a division be off by up to 2.5 ulp where C's is correctly
- * rounded, so y may differ from the CPU's by an ulp or two on a driver
- * that divides that way (lavapipe divides exactly); the integer sum never
- * differs (tests/test_vulkan_w2a8.c checks both).
+ * rounded. On a device with fp64 the kernel divides in double and rounds
+ * to float, which gives the correctly rounded quotient (the exact quotient
+ * of two floats is never within 2^-49 of halfway between two floats, and
+ * the double quotient is off by less than 2^-50): y is the CPU's, bit for
+ * bit. Without fp64 y may differ by an ulp or two where the driver divides
+ * inexactly; the integer sum never differs (tests/test_vulkan_w2a8.c).
  */
 #ifndef BN_VK_W2A8_H
 #define BN_VK_W2A8_H
@@ -24,8 +27,9 @@ size_t bn_vk_w2a8_words(int64_t k);
 /* codes [n][k] (values -1, 0, +1) into out, n * bn_vk_w2a8_words(k) words. */
 void bn_vk_w2a8_pack(const int8_t *codes, int64_t n, int64_t k, uint32_t *out);
 
-/* The kernel, built once for a device. */
-bn_status bn_vk_w2a8_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err);
+/* The kernel, built once for a device: with exact_division the variant
+ * that divides in double (BN_ERR_UNSUPPORTED on a device without fp64). */
+bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bn_vk_kernel **out, bn_error *err);
 
 /* y[0 .. n) = W x for weights w (n rows of k, packed), activations x
  * (packed as above), recorded into the open sequence (bn_vk_begin). */

@@ -1,0 +1,57 @@
+// y[r] = (sum_k w[r][k] * x[k]) / act_scale * weight_scale for one row r a
+// workgroup: ternary weights (bn_vk_w2a8_pack's layout, 16 codes of
+// weight + 1 to a word) times int8 activations (4 to a word, zero-padded to
+// whole words of codes). The sum is exact in int32, as on the CPU; the
+// epilogue is the CPU's expression, its division correctly rounded where
+// EXACT_DIVISION is defined (w2a8_matvec_f64.comp; vk_w2a8.h says why).
+// Included by w2a8_matvec.comp and w2a8_matvec_f64.comp.
+
+layout(local_size_x = 64) in;
+
+layout(std430, binding = 0) readonly buffer Weights { uint w[]; };
+layout(std430, binding = 1) readonly buffer Acts { uint x[]; };
+layout(std430, binding = 2) writeonly buffer Out { float y[]; };
+
+layout(push_constant) uniform Params {
+    uint n;           // rows
+    uint words;       // words of codes a row (16 codes each)
+    float act_scale;
+    float weight_scale;
+} p;
+
+shared int partial[64];
+
+void main()
+{
+    const uint row = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    if (row >= p.n)
+        return; // the whole workgroup: no barrier is left waiting
+    const uint tid = gl_LocalInvocationID.x;
+    int acc = 0;
+    for (uint j = tid; j < p.words; j += 64u) {
+        const uint codes = w[row * p.words + j];
+        for (uint q = 0u; q < 4u; q++) {
+            const int acts = int(x[j * 4u + q]);
+            for (uint b = 0u; b < 4u; b++) {
+                const int code = int((codes >> (2u * (4u * q + b))) & 3u) - 1;
+                acc += code * bitfieldExtract(acts, int(8u * b), 8);
+            }
+        }
+    }
+    partial[tid] = acc;
+    barrier();
+    for (uint half_n = 32u; half_n > 0u; half_n >>= 1u) {
+        if (tid < half_n)
+            partial[tid] += partial[tid + half_n];
+        barrier();
+    }
+    if (tid == 0u) {
+#ifdef EXACT_DIVISION
+        precise float q = float(double(float(partial[0])) / double(p.act_scale));
+#else
+        precise float q = float(partial[0]) / p.act_scale;
+#endif
+        precise float v = q * p.weight_scale;
+        y[row] = v;
+    }
+}
