@@ -22,6 +22,7 @@
 #include "kernel_provider.h"
 #include "quant_rules.h"
 #include "test_util.h"
+#include "test_util_vulkan.h"
 #include "vk_w2a8.h"
 #include "w2a8.h"
 
@@ -131,25 +132,17 @@ static void check_shape(bn_vk *vk, bn_vk_kernel *kernel, bool exact_division, in
 int main(void)
 {
     test_seed_init();
-    bn_vulkan_device devs[8];
-    char why[256] = "";
-    const int n_dev = bn_vk_devices(devs, 8, why, sizeof why);
-    if (n_dev < 0)
-        TEST_SKIP("%s", why);
-    if (n_dev == 0)
-        TEST_SKIP("no Vulkan device (Debian's mesa-vulkan-drivers has a CPU one, lavapipe)");
-    bn_vk *vk = NULL;
+    int n_dev;
+    bn_vk *vk = test_require_vulkan(&n_dev);
     bn_error err;
-    if (bn_vk_open(0, &vk, &err) != BN_OK)
-        TEST_SKIP("Vulkan device 0 (%s) cannot be opened: %s", devs[0].name, err.message);
-    printf("device 0: %s (%s), Vulkan %u.%u\n", devs[0].name, devs[0].type,
-           VK_API_VERSION_MAJOR(devs[0].api_version), VK_API_VERSION_MINOR(devs[0].api_version));
+    const bool fp64 = bn_vk_device(vk)->fp64;
+
     /* Both variants where the device has fp64: the device's division and
      * the exact one. */
     static const int64_t shapes[][2] = {{1, 1},    {1, 16},    {3, 17},    {64, 2560},
                                         {37, 640}, {200, 1000}, {5, 6912}, {70000, 16}};
     bn_vk_kernel *kernel = NULL;
-    for (int exact_division = devs[0].fp64 ? 1 : 0; exact_division >= 0; exact_division--) {
+    for (int exact_division = fp64 ? 1 : 0; exact_division >= 0; exact_division--) {
         if (kernel)
             bn_vk_kernel_free(vk, kernel);
         kernel = NULL;
@@ -163,7 +156,7 @@ int main(void)
         printf("%s division: outputs bit-identical to the CPU's: %d of %d\n",
                exact_division ? "exact (fp64)" : "the device's", exact_total, compared_total);
     }
-    if (!devs[0].fp64) {
+    if (!fp64) {
         bn_vk_kernel *none = NULL;
         CHECK(bn_vk_w2a8_kernel(vk, true, &none, &err) == BN_ERR_UNSUPPORTED && !none);
     }

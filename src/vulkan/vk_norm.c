@@ -1,0 +1,43 @@
+/* vk_norm.c - launching shaders/norm_quantize.comp. */
+#include "vk_norm.h"
+
+#include "vk_w2a8.h"
+
+extern const unsigned char bn_vk_spv_norm_quantize[];
+extern const size_t bn_vk_spv_norm_quantize_len;
+
+/* The shader's push constants, in its order. */
+typedef struct norm_params {
+    uint32_t rows, n, words;
+    float eps;
+} norm_params;
+
+bn_status bn_vk_norm_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
+{
+    if (!bn_vk_device(vk)->fp64)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
+                            "Vulkan: %s has no fp64, which the exact norm + int8 kernel needs",
+                            bn_vk_device(vk)->name);
+    return bn_vk_kernel_create(vk, "norm_quantize", bn_vk_spv_norm_quantize,
+                               bn_vk_spv_norm_quantize_len, 5, sizeof(norm_params), out, err);
+}
+
+bn_status bn_vk_norm_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *x, bn_vk_buffer *w,
+                            bn_vk_buffer *codes, bn_vk_buffer *scales, bn_vk_buffer *sums,
+                            int64_t rows, int64_t n, float eps, bn_error *err)
+{
+    const uint64_t words = 4 * (uint64_t)bn_vk_w2a8_words(n);
+    if (rows < 1 || n < 1 || (uint64_t)rows * (uint64_t)n > UINT32_MAX ||
+        x->size < (VkDeviceSize)(rows * n) * sizeof(float) ||
+        w->size < (VkDeviceSize)n * sizeof(float) || codes->size < rows * words * 4 ||
+        scales->size < (VkDeviceSize)rows * sizeof(float) ||
+        sums->size < (VkDeviceSize)rows * sizeof(int32_t))
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan norm: %lld rows of %lld do not fit their buffers",
+                            (long long)rows, (long long)n);
+    const norm_params p = {(uint32_t)rows, (uint32_t)n, (uint32_t)words, eps};
+    const uint32_t gx = rows < 65535 ? (uint32_t)rows : 65535u;
+    const uint32_t gy = (uint32_t)((rows + gx - 1) / gx);
+    bn_vk_buffer *const buffers[5] = {x, w, codes, scales, sums};
+    return bn_vk_dispatch(vk, kernel, buffers, &p, gx, gy, err);
+}

@@ -1,0 +1,144 @@
+/* The Vulkan RMSNorm + int8 kernel (shaders/norm_quantize.comp, vk_norm.h)
+ * against the CPU's rule (bn_norm_quantize_row) on the first Vulkan
+ * device: codes, scales and sums bit for bit, on rows that reach every
+ * path - smooth random rows, integer rows full of exact ties
+ * (127 u / max|u| = j + 1/2), few-bit rows, tiny rows (the plain rule),
+ * a zero row, rows with a NaN or an infinity, zero weights - at the
+ * decode step's widths (2560, 6912), ragged ones and one value; codes and
+ * scales poisoned first, a guard row after the last. Exits 77 (skipped)
+ * when no Vulkan device can be opened or it has no fp64, saying why. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant_rules.h"
+#include "test_util.h"
+#include "test_util_vulkan.h"
+#include "vk_norm.h"
+#include "vk_w2a8.h"
+
+/* Row r of kind r % 8. */
+static void fill_row(float *x, int64_t n, int kind)
+{
+    for (int64_t i = 0; i < n; i++) {
+        switch (kind) {
+        case 0: x[i] = test_rand_float(-3.0f, 3.0f); break;
+        case 1: x[i] = (float)test_rand_range(-254, 254); break;           /* ties */
+        case 2: x[i] = (float)test_rand_range(-8, 8) * 0.25f; break;       /* few bits */
+        case 3: x[i] = test_rand_float(-1.0f, 1.0f) * 1e-30f; break;       /* tiny */
+        case 4: x[i] = 0.0f; break;
+        case 5: x[i] = test_rand_float(-50.0f, 50.0f); break;
+        case 6: x[i] = test_rand_float(-2.0f, 2.0f); break;
+        default: x[i] = (float)test_rand_range(-127, 127) * 2.0f; break;  /* ties */
+        }
+    }
+    if (kind == 1 || kind == 7)
+        x[test_rand_range(0, n - 1)] = kind == 1 ? 254.0f : -254.0f;
+    if (kind == 5 && n > 1)
+        x[test_rand_range(0, n - 1)] = (test_rand_u64() & 1) ? NAN : INFINITY;
+}
+
+static void check_width(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t rows)
+{
+    const size_t words = 4 * bn_vk_w2a8_words(n);
+    float *x = malloc((size_t)(rows * n) * sizeof *x), *w = malloc((size_t)n * sizeof *w);
+    uint32_t *codes = malloc((rows + 1) * words * 4);
+    float *scales = malloc((size_t)(rows + 1) * sizeof *scales);
+    int32_t *sums = malloc((size_t)(rows + 1) * sizeof *sums);
+    int8_t *ref = malloc(words * 4);
+    CHECK(x && w && codes && scales && sums && ref);
+    const bool unit = test_rand_u64() & 1; /* weights of 1: ties stay ties */
+    for (int64_t i = 0; i < n; i++)
+        w[i] = unit ? 1.0f : test_rand_float(0.25f, 2.0f);
+    if (!unit && n > 2)
+        w[test_rand_range(0, n - 1)] = 0.0f;
+    for (int64_t r = 0; r < rows; r++)
+        fill_row(x + r * n, n, (int)(r % 8));
+
+    bn_error err;
+    bn_vk_buffer bx, bw, bc, bs, bsum;
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows * n) * 4, &bx, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)n * 4, &bw, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (rows + 1) * words * 4, &bc, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows + 1) * 4, &bs, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows + 1) * 4, &bsum, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bx, x, (size_t)(rows * n) * 4, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bw, w, (size_t)n * 4, &err) == BN_OK);
+    memset(codes, 0x5a, (rows + 1) * words * 4);
+    for (int64_t r = 0; r <= rows; r++) {
+        scales[r] = NAN;
+        sums[r] = -999;
+    }
+    CHECK(bn_vk_write(vk, &bc, codes, (rows + 1) * words * 4, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bs, scales, (size_t)(rows + 1) * 4, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bsum, sums, (size_t)(rows + 1) * 4, &err) == BN_OK);
+    CHECK(bn_vk_begin(vk, &err) == BN_OK);
+    CHECK(bn_vk_norm_record(vk, kernel, &bx, &bw, &bc, &bs, &bsum, rows, n, 1e-5f, &err) ==
+          BN_OK);
+    CHECK(bn_vk_submit(vk, &err) == BN_OK);
+    CHECK(bn_vk_read(vk, &bc, codes, (rows + 1) * words * 4, &err) == BN_OK);
+    CHECK(bn_vk_read(vk, &bs, scales, (size_t)(rows + 1) * 4, &err) == BN_OK);
+    CHECK(bn_vk_read(vk, &bsum, sums, (size_t)(rows + 1) * 4, &err) == BN_OK);
+
+    int bad = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        float s;
+        int32_t sum;
+        memset(ref, 0, words * 4);
+        bn_norm_quantize_row(x + r * n, w, n, 1e-5f, ref, &s, &sum);
+        const int8_t *got = (const int8_t *)(codes + r * words);
+        int64_t first = -1;
+        for (size_t i = 0; i < words * 4 && first < 0; i++)
+            if (got[i] != ref[i])
+                first = (int64_t)i;
+        const bool ok = first < 0 && memcmp(&scales[r], &s, 4) == 0 && sums[r] == sum;
+        if (!ok && bad++ < 3)
+            CHECK_MSG(false,
+                      "n=%lld row %lld (kind %d, %s weights): first differing code at %lld "
+                      "(%d, want %d), scale %.9g want %.9g, sum %d want %d",
+                      (long long)n, (long long)r, (int)(r % 8), unit ? "unit" : "random",
+                      (long long)first, first >= 0 ? got[first] : 0, first >= 0 ? ref[first] : 0,
+                      scales[r], s, sums[r], sum);
+    }
+    CHECK_MSG(bad == 0, "n=%lld: %d of %lld rows differ", (long long)n, bad, (long long)rows);
+    uint32_t guard;
+    memcpy(&guard, codes + rows * words, 4);
+    CHECK_MSG(guard == 0x5a5a5a5au && isnan(scales[rows]) && sums[rows] == -999,
+              "n=%lld: the guard row was written", (long long)n);
+    bn_vk_buffer_free(vk, &bx);
+    bn_vk_buffer_free(vk, &bw);
+    bn_vk_buffer_free(vk, &bc);
+    bn_vk_buffer_free(vk, &bs);
+    bn_vk_buffer_free(vk, &bsum);
+    free(x);
+    free(w);
+    free(codes);
+    free(scales);
+    free(sums);
+    free(ref);
+}
+
+int main(void)
+{
+    test_seed_init();
+    int n_dev;
+    bn_vk *vk = test_require_vulkan(&n_dev);
+    bn_error err;
+    bn_vk_kernel *kernel = NULL;
+    if (bn_vk_norm_kernel(vk, &kernel, &err) == BN_ERR_UNSUPPORTED) {
+        bn_vk_close(vk);
+        TEST_SKIP("%s", err.message);
+    }
+    CHECK(kernel != NULL);
+    static const int64_t widths[] = {2560, 6912, 640, 1, 3, 17, 100, 1000};
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
+        for (int rep = 0; rep < 3; rep++)
+            check_width(vk, kernel, widths[i], 16);
+    for (int i = 0; i < 10; i++)
+        check_width(vk, kernel, test_rand_range(1, 3000), test_rand_range(1, 40));
+    bn_vk_kernel_free(vk, kernel);
+    bn_vk_close(vk);
+    TEST_EXIT();
+}
