@@ -5,7 +5,9 @@
  * (127 u / max|u| = j + 1/2), few-bit rows, tiny rows (the plain rule),
  * a zero row, rows with a NaN or an infinity, zero weights - at the
  * decode step's widths (2560, 6912), ragged ones and one value; codes and
- * scales poisoned first, a guard row after the last. Exits 77 (skipped)
+ * scales poisoned first, a guard row after the last; then a layer's
+ * input projection (norm, then the W2A8 product reading the codes and
+ * scales it wrote) in one sequence against the CPU. Exits 77 (skipped)
  * when no Vulkan device can be opened or it has no fp64, saying why. */
 #include <math.h>
 #include <stdint.h>
@@ -18,6 +20,7 @@
 #include "test_util_vulkan.h"
 #include "vk_norm.h"
 #include "vk_w2a8.h"
+#include "w2a8.h"
 
 /* Row r of kind r % 8. */
 static void fill_row(float *x, int64_t n, int kind)
@@ -120,6 +123,78 @@ static void check_width(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t rows
     free(ref);
 }
 
+extern const bn_kernel_provider bn_provider_scalar;
+
+/* A layer's input projection in one sequence: rows normed and quantized,
+ * then each row times a ternary matrix of m rows, reading the codes and
+ * scales the norm wrote; equal bit for bit to the CPU's rule followed by
+ * the scalar provider's product. */
+static void check_chain(bn_vk *vk, bn_vk_kernel *norm, bn_vk_kernel *w2a8, int64_t n, int64_t m,
+                        int64_t rows)
+{
+    const size_t words = bn_vk_w2a8_words(n);
+    float *x = malloc((size_t)(rows * n) * sizeof *x), *w = malloc((size_t)n * sizeof *w);
+    int8_t *codes = malloc((size_t)(m * n)), *q = calloc(words * 16, 1);
+    uint32_t *packed = malloc((size_t)m * words * 4);
+    float *ref = malloc((size_t)m * sizeof *ref), *got = malloc((size_t)m * sizeof *got);
+    CHECK(x && w && codes && q && packed && ref && got);
+    for (int64_t i = 0; i < n; i++)
+        w[i] = test_rand_float(0.25f, 2.0f);
+    for (int64_t r = 0; r < rows; r++)
+        fill_row(x + r * n, n, (int)(r % 3)); /* smooth, ties, few bits */
+    for (int64_t i = 0; i < m * n; i++)
+        codes[i] = (int8_t)test_rand_range(-1, 1);
+    bn_vk_w2a8_pack(codes, m, n, packed);
+    const float weight_scale = test_rand_float(0.01f, 2.0f);
+
+    bn_error err;
+    bn_vk_buffer bx, bw, bq, bs, bsum, bcodes, by[8];
+    CHECK(rows <= 8);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows * n) * 4, &bx, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)n * 4, &bw, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, rows * words * 16, &bq, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)rows * 4, &bs, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)rows * 4, &bsum, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)m * words * 4, &bcodes, &err) == BN_OK);
+    for (int64_t r = 0; r < rows; r++)
+        CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)m * 4, &by[r], &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bx, x, (size_t)(rows * n) * 4, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bw, w, (size_t)n * 4, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bcodes, packed, (size_t)m * words * 4, &err) == BN_OK);
+    CHECK(bn_vk_begin(vk, &err) == BN_OK);
+    CHECK(bn_vk_norm_record(vk, norm, &bx, &bw, &bq, &bs, &bsum, rows, n, 1e-5f, &err) == BN_OK);
+    for (int64_t r = 0; r < rows; r++)
+        CHECK(bn_vk_w2a8_record(vk, w2a8, &bcodes, &bq, &bs, r, &by[r], m, n, weight_scale,
+                                &err) == BN_OK);
+    CHECK(bn_vk_submit(vk, &err) == BN_OK);
+
+    bn_w2a8_weights wref;
+    CHECK(bn_w2a8_pack(&bn_provider_scalar, codes, m, n, weight_scale, &wref, NULL) == BN_OK);
+    for (int64_t r = 0; r < rows; r++) {
+        float s;
+        int32_t sum;
+        bn_norm_quantize_row(x + r * n, w, n, 1e-5f, q, &s, &sum);
+        bn_provider_scalar.matvec(&wref, q, s, sum, 0, m, ref);
+        CHECK(bn_vk_read(vk, &by[r], got, (size_t)m * 4, &err) == BN_OK);
+        CHECK_MSG(memcmp(got, ref, (size_t)m * 4) == 0,
+                  "norm then W2A8, %lld x %lld, row %lld: differs from the CPU's", (long long)m,
+                  (long long)n, (long long)r);
+    }
+    bn_w2a8_weights_free(&wref);
+    bn_vk_buffer *const all[] = {&bx, &bw, &bq, &bs, &bsum, &bcodes};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        bn_vk_buffer_free(vk, all[i]);
+    for (int64_t r = 0; r < rows; r++)
+        bn_vk_buffer_free(vk, &by[r]);
+    free(x);
+    free(w);
+    free(codes);
+    free(q);
+    free(packed);
+    free(ref);
+    free(got);
+}
+
 int main(void)
 {
     test_seed_init();
@@ -138,6 +213,12 @@ int main(void)
             check_width(vk, kernel, widths[i], 16);
     for (int i = 0; i < 10; i++)
         check_width(vk, kernel, test_rand_range(1, 3000), test_rand_range(1, 40));
+    bn_vk_kernel *w2a8 = NULL;
+    CHECK(bn_vk_w2a8_kernel(vk, true, &w2a8, &err) == BN_OK);
+    check_chain(vk, kernel, w2a8, 2560, 640, 3);
+    check_chain(vk, kernel, w2a8, 6912, 256, 2);
+    check_chain(vk, kernel, w2a8, test_rand_range(1, 2000), test_rand_range(1, 300), 4);
+    bn_vk_kernel_free(vk, w2a8);
     bn_vk_kernel_free(vk, kernel);
     bn_vk_close(vk);
     TEST_EXIT();

@@ -43,6 +43,16 @@ static int64_t ulps(float a, float b)
 
 static int exact_total, compared_total;
 
+/* A buffer holding one activation scale. */
+static bn_vk_buffer scale_buffer(bn_vk *vk, float v)
+{
+    bn_vk_buffer b;
+    bn_error err;
+    CHECK(bn_vk_buffer_create(vk, sizeof v, &b, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &b, &v, sizeof v, &err) == BN_OK);
+    return b;
+}
+
 static void check_shape(bn_vk *vk, bn_vk_kernel *kernel, bool exact_division, int64_t n,
                         int64_t k)
 {
@@ -85,7 +95,8 @@ static void check_shape(bn_vk *vk, bn_vk_kernel *kernel, bool exact_division, in
     const float guard = -12345.5f;
     got[n] = guard;
     CHECK(bn_vk_write(vk, &y, got, (size_t)(n + 1) * sizeof(float), &err) == BN_OK);
-    CHECK(bn_vk_w2a8_matvec(vk, kernel, &w, &xb, &y, n, k, 1.0f, 1.0f, &err) == BN_OK);
+    bn_vk_buffer one = scale_buffer(vk, 1.0f), real = scale_buffer(vk, act_scale);
+    CHECK(bn_vk_w2a8_matvec(vk, kernel, &w, &xb, &one, 0, &y, n, k, 1.0f, &err) == BN_OK);
     CHECK(bn_vk_read(vk, &y, got, (size_t)(n + 1) * sizeof(float), &err) == BN_OK);
     int bad = 0;
     for (int64_t r = 0; r < n; r++) {
@@ -102,7 +113,7 @@ static void check_shape(bn_vk *vk, bn_vk_kernel *kernel, bool exact_division, in
     for (int64_t i = 0; i < n; i++)
         got[i] = NAN;
     CHECK(bn_vk_write(vk, &y, got, (size_t)n * sizeof(float), &err) == BN_OK);
-    CHECK(bn_vk_w2a8_matvec(vk, kernel, &w, &xb, &y, n, k, act_scale, weight_scale, &err) ==
+    CHECK(bn_vk_w2a8_matvec(vk, kernel, &w, &xb, &real, 0, &y, n, k, weight_scale, &err) ==
           BN_OK);
     CHECK(bn_vk_read(vk, &y, got, (size_t)n * sizeof(float), &err) == BN_OK);
     int far = 0, exact = 0;
@@ -121,6 +132,8 @@ static void check_shape(bn_vk *vk, bn_vk_kernel *kernel, bool exact_division, in
     bn_vk_buffer_free(vk, &w);
     bn_vk_buffer_free(vk, &xb);
     bn_vk_buffer_free(vk, &y);
+    bn_vk_buffer_free(vk, &one);
+    bn_vk_buffer_free(vk, &real);
     free(codes);
     free(x);
     free(packed);
@@ -184,18 +197,23 @@ int main(void)
         CHECK(bn_vk_write(vk, &w, packed, (size_t)n * words * 4, &err) == BN_OK);
         CHECK(bn_vk_write(vk, &xb, xq, words * 16, &err) == BN_OK);
         /* Alone: y0 = W x, y1 = W x scaled, y2 = (y0's bits as weights) x. */
-        CHECK(bn_vk_w2a8_matvec(vk, kernel, &w, &xb, &y[0], n, k, 1.0f, 1.0f, &err) == BN_OK);
-        CHECK(bn_vk_w2a8_matvec(vk, kernel, &w, &xb, &y[1], n, k, 3.0f, 0.5f, &err) == BN_OK);
-        CHECK(bn_vk_w2a8_matvec(vk, kernel, &y[0], &xb, &y[2], 1, 16, 1.0f, 1.0f, &err) == BN_OK);
+        bn_vk_buffer one = scale_buffer(vk, 1.0f), three = scale_buffer(vk, 3.0f);
+        CHECK(bn_vk_w2a8_matvec(vk, kernel, &w, &xb, &one, 0, &y[0], n, k, 1.0f, &err) == BN_OK);
+        CHECK(bn_vk_w2a8_matvec(vk, kernel, &w, &xb, &three, 0, &y[1], n, k, 0.5f, &err) ==
+              BN_OK);
+        CHECK(bn_vk_w2a8_matvec(vk, kernel, &y[0], &xb, &one, 0, &y[2], 1, 16, 1.0f, &err) ==
+              BN_OK);
         for (int i = 0; i < 3; i++)
             CHECK(bn_vk_read(vk, &y[i], alone[i], sizeof alone[i], &err) == BN_OK);
         const float nan_row[48] = {NAN};
         for (int i = 0; i < 3; i++)
             CHECK(bn_vk_write(vk, &y[i], nan_row, sizeof nan_row, &err) == BN_OK);
         CHECK(bn_vk_begin(vk, &err) == BN_OK);
-        CHECK(bn_vk_w2a8_record(vk, kernel, &w, &xb, &y[0], n, k, 1.0f, 1.0f, &err) == BN_OK);
-        CHECK(bn_vk_w2a8_record(vk, kernel, &w, &xb, &y[1], n, k, 3.0f, 0.5f, &err) == BN_OK);
-        CHECK(bn_vk_w2a8_record(vk, kernel, &y[0], &xb, &y[2], 1, 16, 1.0f, 1.0f, &err) == BN_OK);
+        CHECK(bn_vk_w2a8_record(vk, kernel, &w, &xb, &one, 0, &y[0], n, k, 1.0f, &err) == BN_OK);
+        CHECK(bn_vk_w2a8_record(vk, kernel, &w, &xb, &three, 0, &y[1], n, k, 0.5f, &err) ==
+              BN_OK);
+        CHECK(bn_vk_w2a8_record(vk, kernel, &y[0], &xb, &one, 0, &y[2], 1, 16, 1.0f, &err) ==
+              BN_OK);
         /* No copy, and no second sequence, while one is open. */
         CHECK(bn_vk_read(vk, &y[0], seq[0], sizeof seq[0], &err) == BN_ERR_INTERNAL);
         CHECK(bn_vk_begin(vk, &err) == BN_ERR_INTERNAL);
@@ -211,6 +229,8 @@ int main(void)
         bn_vk_buffer_free(vk, &xb);
         for (int i = 0; i < 3; i++)
             bn_vk_buffer_free(vk, &y[i]);
+        bn_vk_buffer_free(vk, &one);
+        bn_vk_buffer_free(vk, &three);
         free(codes);
         free(xq);
         free(packed);
@@ -226,10 +246,12 @@ int main(void)
               err.message);
     bn_vk_buffer small;
     CHECK(bn_vk_buffer_create(vk, 64, &small, &err) == BN_OK);
-    CHECK(bn_vk_w2a8_matvec(vk, kernel, &small, &small, &small, 100, 100, 1.0f, 1.0f, &err) ==
-          BN_ERR_INVALID_ARGUMENT);
-    CHECK(bn_vk_dispatch(vk, kernel, (bn_vk_buffer *const[]){&small, &small, &small}, NULL, 1, 1,
-                         &err) == BN_ERR_INTERNAL); /* outside a sequence */
+    CHECK(bn_vk_w2a8_matvec(vk, kernel, &small, &small, &small, 0, &small, 100, 100, 1.0f,
+                            &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_vk_w2a8_matvec(vk, kernel, &small, &small, &small, 9, &small, 1, 16, 1.0f, &err) ==
+          BN_ERR_INVALID_ARGUMENT); /* an activation row past the buffers */
+    CHECK(bn_vk_dispatch(vk, kernel, (bn_vk_buffer *const[]){&small, &small, &small, &small},
+                         NULL, 1, 1, &err) == BN_ERR_INTERNAL); /* outside a sequence */
     bn_vk_buffer_free(vk, &small);
 
     bn_vk_kernel_free(vk, kernel);

@@ -8,8 +8,8 @@ extern const size_t bn_vk_spv_w2a8_matvec_len, bn_vk_spv_w2a8_matvec_f64_len;
 
 /* The shader's push constants, in its order. */
 typedef struct matvec_params {
-    uint32_t n, words;
-    float act_scale, weight_scale;
+    uint32_t n, words, act_row;
+    float weight_scale;
 } matvec_params;
 
 size_t bn_vk_w2a8_words(int64_t k) { return (size_t)((k + 15) / 16); }
@@ -37,39 +37,42 @@ bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bn_vk_kernel **out, 
                             bn_vk_device(vk)->name);
     if (exact_division)
         return bn_vk_kernel_create(vk, "w2a8_matvec_f64", bn_vk_spv_w2a8_matvec_f64,
-                                   bn_vk_spv_w2a8_matvec_f64_len, 3, sizeof(matvec_params), out,
+                                   bn_vk_spv_w2a8_matvec_f64_len, 4, sizeof(matvec_params), out,
                                    err);
     return bn_vk_kernel_create(vk, "w2a8_matvec", bn_vk_spv_w2a8_matvec,
-                               bn_vk_spv_w2a8_matvec_len, 3, sizeof(matvec_params), out, err);
+                               bn_vk_spv_w2a8_matvec_len, 4, sizeof(matvec_params), out, err);
 }
 
 bn_status bn_vk_w2a8_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
-                            bn_vk_buffer *y, int64_t n, int64_t k, float act_scale,
-                            float weight_scale, bn_error *err)
+                            bn_vk_buffer *act_scales, int64_t act_row, bn_vk_buffer *y, int64_t n,
+                            int64_t k, float weight_scale, bn_error *err)
 {
     const size_t words = bn_vk_w2a8_words(k);
-    if (n < 1 || k < 1 || (uint64_t)n * words > UINT32_MAX ||
-        w->size < (VkDeviceSize)n * words * 4 || x->size < (VkDeviceSize)words * 16 ||
+    if (n < 1 || k < 1 || act_row < 0 || (uint64_t)n * words > UINT32_MAX ||
+        w->size < (VkDeviceSize)n * words * 4 ||
+        x->size < (VkDeviceSize)(act_row + 1) * words * 16 ||
+        act_scales->size < (VkDeviceSize)(act_row + 1) * sizeof(float) ||
         y->size < (VkDeviceSize)n * sizeof(float))
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "Vulkan W2A8: %lld x %lld does not fit its buffers",
-                            (long long)n, (long long)k);
-    const matvec_params p = {(uint32_t)n, (uint32_t)words, act_scale, weight_scale};
+                            "Vulkan W2A8: %lld x %lld (activation row %lld) does not fit its "
+                            "buffers",
+                            (long long)n, (long long)k, (long long)act_row);
+    const matvec_params p = {(uint32_t)n, (uint32_t)words, (uint32_t)act_row, weight_scale};
     /* One workgroup a row, in a grid of at most 65535 columns. */
     const uint32_t gx = n < 65535 ? (uint32_t)n : 65535u;
     const uint32_t gy = (uint32_t)((n + gx - 1) / gx);
-    bn_vk_buffer *const buffers[3] = {w, x, y};
+    bn_vk_buffer *const buffers[4] = {w, x, y, act_scales};
     return bn_vk_dispatch(vk, kernel, buffers, &p, gx, gy, err);
 }
 
 bn_status bn_vk_w2a8_matvec(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
-                            bn_vk_buffer *y, int64_t n, int64_t k, float act_scale,
-                            float weight_scale, bn_error *err)
+                            bn_vk_buffer *act_scales, int64_t act_row, bn_vk_buffer *y, int64_t n,
+                            int64_t k, float weight_scale, bn_error *err)
 {
     bn_status st = bn_vk_begin(vk, err);
     if (st != BN_OK)
         return st;
-    st = bn_vk_w2a8_record(vk, kernel, w, x, y, n, k, act_scale, weight_scale, err);
+    st = bn_vk_w2a8_record(vk, kernel, w, x, act_scales, act_row, y, n, k, weight_scale, err);
     bn_error closing;
     bn_status end = bn_vk_submit(vk, st == BN_OK ? err : &closing);
     return st != BN_OK ? st : end;

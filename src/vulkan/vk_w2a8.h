@@ -5,7 +5,8 @@
  * Layout: row r of k codes takes bn_vk_w2a8_words(k) 32-bit words; word j
  * holds the codes (weight + 1: 0, 1, 2) of elements 16j .. 16j + 15, element
  * 16j + i at bits 2i..2i+1; past k a row holds code 1 (weight 0).
- * Activations: int8, four to a word, zero-padded to 16 * words values.
+ * Activations: rows of int8, four to a word, each zero-padded to 16 * words
+ * values, with their scales in a buffer of their own.
  *
  * Exactness: the sum of code * x is exact in int32, as on the CPU, and
  * y = ((float)sum / act_scale) * weight_scale is the CPU's expression.
@@ -31,15 +32,17 @@ void bn_vk_w2a8_pack(const int8_t *codes, int64_t n, int64_t k, uint32_t *out);
  * that divides in double (BN_ERR_UNSUPPORTED on a device without fp64). */
 bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bn_vk_kernel **out, bn_error *err);
 
-/* y[0 .. n) = W x for weights w (n rows of k, packed), activations x
- * (packed as above), recorded into the open sequence (bn_vk_begin). */
+/* y[0 .. n) = W x for weights w (n rows of k, packed) and activation row
+ * act_row of x (rows of 4 * bn_vk_w2a8_words(k) words, packed as above)
+ * with its scale act_scales[act_row]: what the norm + int8 kernel writes
+ * (vk_norm.h). Recorded into the open sequence (bn_vk_begin). */
 bn_status bn_vk_w2a8_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
-                            bn_vk_buffer *y, int64_t n, int64_t k, float act_scale,
-                            float weight_scale, bn_error *err);
+                            bn_vk_buffer *act_scales, int64_t act_row, bn_vk_buffer *y, int64_t n,
+                            int64_t k, float weight_scale, bn_error *err);
 
 /* The same as a sequence of its own: waits for the result. */
 bn_status bn_vk_w2a8_matvec(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
-                            bn_vk_buffer *y, int64_t n, int64_t k, float act_scale,
-                            float weight_scale, bn_error *err);
+                            bn_vk_buffer *act_scales, int64_t act_row, bn_vk_buffer *y, int64_t n,
+                            int64_t k, float weight_scale, bn_error *err);
 
 #endif

@@ -1,7 +1,8 @@
 // y[r] = (sum_k w[r][k] * x[k]) / act_scale * weight_scale for one row r a
 // workgroup: ternary weights (bn_vk_w2a8_pack's layout, 16 codes of
-// weight + 1 to a word) times int8 activations (4 to a word, zero-padded to
-// whole words of codes). The sum is exact in int32, as on the CPU; the
+// weight + 1 to a word) times one row of int8 activations (4 to a word,
+// zero-padded to whole words of codes) and its scale, both as the norm +
+// int8 kernel writes them (row act_row of many). The sum is exact in int32, as on the CPU; the
 // epilogue is the CPU's expression, its division correctly rounded where
 // EXACT_DIVISION is defined (w2a8_matvec_f64.comp; vk_w2a8.h says why).
 // Included by w2a8_matvec.comp and w2a8_matvec_f64.comp.
@@ -11,11 +12,13 @@ layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer Weights { uint w[]; };
 layout(std430, binding = 1) readonly buffer Acts { uint x[]; };
 layout(std430, binding = 2) writeonly buffer Out { float y[]; };
+// The activation rows' scales, as the norm + int8 kernel writes them.
+layout(std430, binding = 3) readonly buffer ActScales { float act_scales[]; };
 
 layout(push_constant) uniform Params {
     uint n;           // rows
     uint words;       // words of codes a row (16 codes each)
-    float act_scale;
+    uint act_row;     // which activation row: its codes and its scale
     float weight_scale;
 } p;
 
@@ -27,11 +30,12 @@ void main()
     if (row >= p.n)
         return; // the whole workgroup: no barrier is left waiting
     const uint tid = gl_LocalInvocationID.x;
+    const uint act_base = p.act_row * p.words * 4u;
     int acc = 0;
     for (uint j = tid; j < p.words; j += 64u) {
         const uint codes = w[row * p.words + j];
         for (uint q = 0u; q < 4u; q++) {
-            const int acts = int(x[j * 4u + q]);
+            const int acts = int(x[act_base + j * 4u + q]);
             for (uint b = 0u; b < 4u; b++) {
                 const int code = int((codes >> (2u * (4u * q + b))) & 3u) - 1;
                 acc += code * bitfieldExtract(acts, int(8u * b), 8);
@@ -46,10 +50,11 @@ void main()
         barrier();
     }
     if (tid == 0u) {
+        const float act_scale = act_scales[p.act_row];
 #ifdef EXACT_DIVISION
-        precise float q = float(double(float(partial[0])) / double(p.act_scale));
+        precise float q = float(double(float(partial[0])) / double(act_scale));
 #else
-        precise float q = float(partial[0]) / p.act_scale;
+        precise float q = float(partial[0]) / act_scale;
 #endif
         precise float v = q * p.weight_scale;
         y[row] = v;
