@@ -187,7 +187,8 @@ static void warm_up(server *s)
     while (sessions && items && made < most &&
            bn_session_create(s->model, &sessions[made], &err) == BN_OK)
         made++;
-    for (int n = 1; made > 0; n = n < made && 2 * n > made ? made : 2 * n) {
+    /* Rounds of 1, 2, 4, ... sessions, the last of all of them. */
+    for (int n = 1; made > 0; n = 2 * n < made ? 2 * n : made) {
         for (int i = 0; i < n; i++) {
             bn_session_reset(sessions[i]);
             items[i] = (bn_batch_item){.session = sessions[i], .params = &p};
