@@ -28,6 +28,8 @@ static void usage(FILE *out)
             "      --device D      auto, cpu, gpu, cuda, cuda:N (default: BITNET_DEVICE, else\n"
             "                      auto)\n"
             "      --threads N     CPU threads (default: BITNET_NUM_THREADS, else every core)\n"
+            "      --kv f32|f16    the KV cache's precision on a GPU (default f32; the CPU\n"
+            "                      keeps fp32)\n"
             "      --json          print the result as one JSON object\n"
             "      --max-file-mib N  refuse a text file of more than N MiB (default %d)\n"
             "      --help          show this help\n"
@@ -42,7 +44,7 @@ typedef struct ppl_opts {
     const char *model, *file, *device;
     long long ctx, threads;
     size_t max_file_bytes;
-    bool json;
+    bool json, kv_f16;
 } ppl_opts;
 
 /* 0 = parsed, -1 = --help, otherwise the exit code. */
@@ -80,6 +82,13 @@ static int parse(int argc, char **argv, ppl_opts *o)
             VALUE();
             if (!cli_parse_i64(CMD, a, v, 1, 4096, &o->threads))
                 return BN_EXIT_USAGE;
+        } else if (strcmp(a, "--kv") == 0) {
+            VALUE();
+            if (strcmp(v, "f32") != 0 && strcmp(v, "f16") != 0) {
+                fprintf(stderr, "bitnet perplexity: error: --kv must be f32 or f16, not '%s'\n", v);
+                return BN_EXIT_USAGE;
+            }
+            o->kv_f16 = strcmp(v, "f16") == 0;
         } else if (strcmp(a, "--json") == 0) {
             o->json = true;
         } else if (strcmp(a, "--max-file-mib") == 0) {
@@ -144,6 +153,7 @@ int cmd_perplexity(int argc, char **argv, const bn_config *cfg)
     mo.device = o.device;
     mo.n_threads = (int)o.threads;
     mo.n_ctx = o.ctx;
+    mo.kv = o.kv_f16 ? BN_KV_F16 : BN_KV_F32;
     bn_model *m = NULL;
     bn_model_info info;
     if (bn_model_open(&mo, &m, &err) != BN_OK || bn_model_get_info(m, &info, &err) != BN_OK) {
