@@ -30,15 +30,15 @@
 static const char *const type_names[] = {"f32", "f16", "bf16"};
 
 /* The batched head's input (bn_cb_rows_head_in, rows_head.cu): rows picked
- * out of M rows of x + r in any order, normed; form F32 must equal
- * bn_cb_add_rmsnorm's output exactly; the 16-bit forms' parts must add up,
- * times the row's factor, to it within 2^-20 of each value (they keep 22
- * or 24 bits) plus a tiny share of the row's largest; output rows past
- * n_rows stay poisoned. */
+ * out of M rows of x + r in any order, normed, each row's parts side by
+ * side; form F32 must equal bn_cb_add_rmsnorm's output exactly; the 16-bit
+ * forms' parts must add up, times the row's factor, to it within 2^-20 of
+ * each value (they keep 22 or 24 bits) plus a tiny share of the row's
+ * largest; output rows past n_rows stay poisoned. */
 static void check_rows_head_in(int form, int64_t M, int64_t dim)
 {
-    const int64_t n = M / 2 + 1, plane = (n + 1) * dim;
     const int parts = bn_cb_rows_head_parts(form);
+    const int64_t n = M / 2 + 1, plane = (n + 1) * dim; /* room for one more row's parts */
     const size_t elem = form == BN_CB_ROWS_HEAD_F32 ? 4 : 2;
     float *x = malloc(sizeof(float) * (size_t)(M * dim)), *r = malloc(sizeof(float) * (size_t)(M * dim));
     float *w = malloc(sizeof(float) * (size_t)dim), *want = malloc(sizeof(float) * (size_t)(M * dim));
@@ -70,7 +70,7 @@ static void check_rows_head_in(int form, int64_t M, int64_t dim)
     CUDA_OK(cudaMemcpy(dl, lrow, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dparts, 0x7f, elem * (size_t)(parts * plane))); /* poison */
     CUDA_OK(cudaMemset(dscale, 0x7f, sizeof(float) * (size_t)(n + 1)));
-    CUDA_OK(bn_cb_rows_head_in(dx, dr, dim, dim, dl, n, dw, 1e-5f, form, dparts, plane, dscale, 0));
+    CUDA_OK(bn_cb_rows_head_in(dx, dr, dim, dim, dl, n, dw, 1e-5f, form, dparts, dscale, 0));
     /* The reference: bn_cb_add_rmsnorm over every row (it adds r into x). */
     CUDA_OK(bn_cb_add_rmsnorm(dx, dim, dr, dim, M, dim, dw, 1e-5f, dy, dim, 0, 0));
     CUDA_OK(cudaMemcpy(want, dy, sizeof(float) * (size_t)(M * dim), cudaMemcpyDeviceToHost));
@@ -85,7 +85,7 @@ static void check_rows_head_in(int form, int64_t M, int64_t dim)
         for (int64_t i = 0; i < dim && bad < 5; i++) {
             double v = 0.0;
             for (int p = 0; p < parts; p++) {
-                const int64_t at = p * plane + k * dim + i;
+                const int64_t at = (k * parts + p) * dim + i;
                 if (form == BN_CB_ROWS_HEAD_F32)
                     v += ((const float *)got)[at];
                 else if (form == BN_CB_ROWS_HEAD_F16)
@@ -105,12 +105,12 @@ static void check_rows_head_in(int form, int64_t M, int64_t dim)
         }
     }
     CHECK(bad == 0);
-    /* Row n of every part and its factor: not written. */
-    const unsigned char *tail = (const unsigned char *)got + elem * (size_t)(n * dim);
-    CHECK(tail[0] == 0x7f && tail[elem * (size_t)dim - 1] == 0x7f);
+    /* Row n's parts and its factor: not written. */
+    const unsigned char *tail = (const unsigned char *)got + elem * (size_t)(n * parts * dim);
+    CHECK(tail[0] == 0x7f && tail[elem * (size_t)(parts * dim) - 1] == 0x7f);
     CHECK(((const unsigned char *)scale)[4 * n] == 0x7f);
-    CHECK(bn_cb_rows_head_in(dx, dr, dim, dim, dl, n, dw, 1e-5f, form, dparts, n * dim - 1, dscale,
-                             0) == cudaErrorInvalidValue);
+    CHECK(bn_cb_rows_head_in(dx, dr, dim, dim, dl, n, dw, 1e-5f, 3, dparts, dscale, 0) ==
+          cudaErrorInvalidValue);
     cudaFree(dx);
     cudaFree(dr);
     cudaFree(dw);
@@ -197,6 +197,49 @@ static void check_head(int type, int64_t rows, int64_t dim, int sm_count)
     free(w), free(wf), free(x), free(got);
 }
 
+/* bn_cb_rows_combine: n rows of `parts` parts' logits, combined in place;
+ * rows 0 .. n must be (part 0 + part 1 + ...) * factor bit for bit, the
+ * sums in part order, over a vocabulary that is no multiple of the block. */
+static void check_rows_combine(int parts, int64_t n, int64_t vocab)
+{
+    const size_t count = (size_t)(n * parts * vocab);
+    float *in = malloc(count * sizeof *in), *got = malloc(count * sizeof *got);
+    float *unscale = malloc((size_t)n * sizeof *unscale);
+    CHECK(in && got && unscale);
+    for (size_t i = 0; i < count; i++)
+        in[i] = test_rand_float(-1e4f, 1e4f) * (i % 7 == 0 ? 1e-4f : 1.0f);
+    for (int64_t k = 0; k < n; k++)
+        unscale[k] = ldexpf(1.0f, (int)test_rand_range(-20, 0));
+    float *dl, *ds;
+    CUDA_OK(cudaMalloc((void **)&dl, count * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&ds, (size_t)n * sizeof(float)));
+    CUDA_OK(cudaMemcpy(dl, in, count * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(ds, unscale, (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(bn_cb_rows_combine(dl, vocab, n, parts, ds, 0));
+    CUDA_OK(cudaMemcpy(got, dl, count * sizeof(float), cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int64_t k = 0; k < n && bad < 5; k++)
+        for (int64_t v = 0; v < vocab && bad < 5; v++) {
+            volatile float sum = in[(size_t)(k * parts * vocab + v)];
+            for (int p = 1; p < parts; p++)
+                sum = sum + in[(size_t)((k * parts + p) * vocab + v)];
+            const float want = sum * unscale[k];
+            if (memcmp(&want, &got[(size_t)(k * vocab + v)], sizeof want) != 0) {
+                fprintf(stderr, "rows_combine parts %d n %lld: row %lld [%lld] %.9g, want %.9g\n",
+                        parts, (long long)n, (long long)k, (long long)v,
+                        (double)got[(size_t)(k * vocab + v)], (double)want);
+                bad++;
+            }
+        }
+    CHECK(bad == 0);
+    CHECK(bn_cb_rows_combine(dl, vocab, n, 0, ds, 0) == cudaErrorInvalidValue);
+    cudaFree(dl);
+    cudaFree(ds);
+    free(in);
+    free(got);
+    free(unscale);
+}
+
 int main(void)
 {
     const struct cudaDeviceProp prop = test_require_cuda(0, "");
@@ -216,6 +259,10 @@ int main(void)
         check_rows_head_in(form, 64, 256);
         check_rows_head_in(form, 3, 100);
     }
+    check_rows_combine(2, 1, 1000);
+    check_rows_combine(2, 64, 12345);
+    check_rows_combine(3, 37, 513);
+    check_rows_combine(1, 5, 300);
     /* Bad arguments are refused. */
     float *d = NULL;
     CUDA_OK(cudaMalloc((void **)&d, 64));

@@ -362,23 +362,25 @@ cudaError_t bn_cb_head_gemv(const void *w, int type, int64_t rows, int64_t dim, 
  * row; its fp32 input rows go in as 16-bit parts whose sum is the row (2
  * for an f16 head, 3 for bf16; an fp32 head takes the rows as they are),
  * each row scaled by a power of two first and its logits scaled back
- * after (bn_cb_rows_unscale).
+ * after (bn_cb_rows_combine).
  *
  * bn_cb_rows_head_in: for k < n_rows, v = output_norm(x[lrow[k]] +
  * r[lrow[k]]) (rows of ld floats; w the norm's weights; as
- * bn_cb_add_rmsnorm computes it, x left as it is) into row k of each part:
- * part p of row k at parts + (p * plane + k * dim) elements of the form's
- * type (plane >= n_rows * dim); unscale[k] the row's factor back. */
+ * bn_cb_add_rmsnorm computes it, x left as it is) into row k's parts: part
+ * p of row k at parts + (k * P + p) * dim elements of the form's type (P =
+ * bn_cb_rows_head_parts(form)), so that one GEMM over n_rows * P columns
+ * gives every part's logits; unscale[k] the row's factor back. */
 #define BN_CB_ROWS_HEAD_F32 0
 #define BN_CB_ROWS_HEAD_F16 1
 #define BN_CB_ROWS_HEAD_BF16 2
 int bn_cb_rows_head_parts(int form);
 cudaError_t bn_cb_rows_head_in(const float *x, const float *r, int64_t ld, int64_t dim,
                                const int32_t *lrow, int64_t n_rows, const float *w, float eps,
-                               int form, void *parts, int64_t plane, float *unscale,
-                               cudaStream_t stream);
-/* logits[k][0 .. vocab) *= unscale[k] for k < n_rows (at most 65535). */
-cudaError_t bn_cb_rows_unscale(float *logits, int64_t vocab, int64_t n_rows,
+                               int form, void *parts, float *unscale, cudaStream_t stream);
+/* In place: logits holds n_rows * parts rows of vocab floats (row k * parts
+ * + p: part p of row k); afterwards its rows 0 .. n_rows hold
+ * (part 0 + part 1 + ..., added in that order) * unscale[k]. */
+cudaError_t bn_cb_rows_combine(float *logits, int64_t vocab, int64_t n_rows, int parts,
                                const float *unscale, cudaStream_t stream);
 
 /* ---- screened LM head (greedy decoding; head_screen.cu, docs/CUDA.md) -------------

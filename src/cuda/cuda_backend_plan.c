@@ -244,7 +244,8 @@ int cb_scratch_list(bn_cuda_backend *b, scratch_spec *list)
         const size_t in_bytes = parts * 2 > 4 ? (size_t)parts * 2 : 4;
         ADD(&b->d_hin, H * dim * in_bytes);
         ADD(&b->d_hscale, H * f);
-        ADD(&b->d_rlogits, H * (size_t)hp->vocab * f);
+        /* the head GEMM's output: each row's parts' logits, combined in place */
+        ADD(&b->d_rlogits, H * (size_t)parts * (size_t)hp->vocab * f);
         ADD(&b->d_lrow, H * sizeof(int32_t));
         ADD(&b->d_rtok, H * sizeof(int32_t));
         ADD(&b->d_rparams, H * sizeof(bn_cuda_sample_params));

@@ -16,7 +16,7 @@
  * The wanted rows (at most one per sequence) then share the LM head: after
  * each chunk, their output norm goes into the head's input buffer
  * (bn_cb_rows_head_in), and once it holds rows_head rows, or the pass
- * ends, one GEMM per 16-bit part of the input (cuBLAS, rows_head.cu says
+ * ends, one GEMM over every row's 16-bit parts (cuBLAS, rows_head.cu says
  * why parts) reads the head's weights once for all of them. Then either
  * the device picks each row's token (bn_cuda_sample_rows) and only the
  * tokens come back, or the logits come back for the host's sampler.
@@ -157,24 +157,21 @@ static bn_status head_logits(bn_cuda_backend *b, int64_t n, bn_error *err)
                               : form == BN_CB_ROWS_HEAD_BF16 ? CUDA_R_16BF
                                                              : CUDA_R_32F;
     const int parts = bn_cb_rows_head_parts(form);
-    const size_t plane = (size_t)b->rows_head * (size_t)dim * head_elem(form);
     const float one = 1.0f, zero = 0.0f;
-    /* Column-major: logits (vocab x n) = head^T (the [vocab][dim] rows read
-     * as dim x vocab, transposed) times the input (dim x n). */
-    for (int p = 0; p < parts; p++) {
-        const cublasStatus_t rc = b->blas_api->gemm_ex(
-            (cublasHandle_t)b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)vocab, (int)n, (int)dim, &one,
-            b->d_head, type, (int)dim, (const char *)b->d_hin + (size_t)p * plane, type, (int)dim,
-            p == 0 ? &zero : &one, b->d_rlogits, CUDA_R_32F, (int)vocab, CUBLAS_COMPUTE_32F,
-            CUBLAS_GEMM_DEFAULT);
-        if (rc != CUBLAS_STATUS_SUCCESS)
-            return bn_error_set(err, BN_ERR_GPU, NULL,
-                                "cuda forward_rows: cuBLAS GEMM of the LM head failed (status %d)",
-                                (int)rc);
-    }
-    int launches = parts;
+    /* Column-major: logits (vocab x n parts) = head^T (the [vocab][dim]
+     * rows read as dim x vocab, transposed) times the input (dim x n parts,
+     * a row's parts side by side), then each row's parts added. */
+    const cublasStatus_t rc = b->blas_api->gemm_ex(
+        (cublasHandle_t)b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)vocab, (int)(n * parts), (int)dim,
+        &one, b->d_head, type, (int)dim, b->d_hin, type, (int)dim, &zero, b->d_rlogits,
+        CUDA_R_32F, (int)vocab, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (rc != CUBLAS_STATUS_SUCCESS)
+        return bn_error_set(err, BN_ERR_GPU, NULL,
+                            "cuda forward_rows: cuBLAS GEMM of the LM head failed (status %d)",
+                            (int)rc);
+    int launches = 1;
     if (form != BN_CB_ROWS_HEAD_F32) {
-        BN_CUDA_TRY(err, bn_cb_rows_unscale(b->d_rlogits, vocab, n, b->d_hscale, b->cs));
+        BN_CUDA_TRY(err, bn_cb_rows_combine(b->d_rlogits, vocab, n, parts, b->d_hscale, b->cs));
         launches++;
     }
     b->ran |= 1u << K_HEAD_ROWS;
@@ -359,7 +356,7 @@ static bn_status queue_graph_body(bn_cuda_backend *b, int64_t M, bn_error *err)
     const int form = head_form(b);
     BN_CUDA_TRY(err, bn_cb_rows_head_in(b->x, b->out, dim, dim, b->d_lrow, M,
                                         b->d_norms + b->out_norm_off, b->hp.rms_eps, form,
-                                        b->d_hin, b->rows_head * dim, b->d_hscale, b->cs));
+                                        b->d_hin, b->d_hscale, b->cs));
     b->ran |= 1u << K_OUT_NORM;
     st = cb_mark(b, BN_CUDA_STAGE_OUT_NORM, 1, err);
     if (st == BN_OK)
@@ -484,7 +481,8 @@ bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows
     }
     int32_t *hrows = h, *htab = hrows + 10 * b->chunk, *hl = htab + n_tables;
     const int form = head_form(b);
-    const size_t elem = head_elem(form);
+    /* A row's input: its parts side by side. */
+    const size_t row_bytes = head_elem(form) * (size_t)bn_cb_rows_head_parts(form);
     st = upload_tables(b, r, htab, err);
     if (st == BN_OK && graph_fits(b, r, o)) {
         st = graph_pass(b, r, o, hrows, err);
@@ -510,8 +508,8 @@ bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows
                 st = BN_CUDA_STATUS(
                     err, bn_cb_rows_head_in(b->x, b->out, dim, dim, b->d_lrow + head_fill, take,
                                             b->d_norms + b->out_norm_off, b->hp.rms_eps, form,
-                                            (char *)b->d_hin + (size_t)(head_fill * dim) * elem,
-                                            H * dim, b->d_hscale + head_fill, b->cs));
+                                            (char *)b->d_hin + (size_t)(head_fill * dim) * row_bytes,
+                                            b->d_hscale + head_fill, b->cs));
             b->ran |= 1u << K_OUT_NORM;
             if (st == BN_OK)
                 st = cb_mark(b, BN_CUDA_STAGE_OUT_NORM, 1, err);

@@ -13,11 +13,17 @@
  * scaled by a power of two (exact) that brings its largest magnitude near
  * 2^14, and its logits are scaled back afterwards (exact too).
  *
+ * The parts of a row are consecutive columns of the GEMM's input, so one
+ * GEMM over n rows x parts columns reads the head's weights once (one GEMM
+ * per part read them once a part: at 64 rows the head's time was two reads
+ * of its 657 MB).
+ *
  * bn_cb_rows_head_in    normed = output_norm(x + r) of the gathered rows,
  *                       as bn_cb_add_rmsnorm computes it, written as the
  *                       GEMM's parts (or fp32 for an fp32 head), with each
  *                       row's scale-back factor;
- * bn_cb_rows_unscale    logits row k *= that factor.
+ * bn_cb_rows_combine    logits row k = (the sum of its parts' logits, in
+ *                       part order) * that factor.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -44,7 +50,7 @@ __global__ void __launch_bounds__(kThreads)
     rows_head_in_kernel(const float *__restrict__ x, const float *__restrict__ r, int64_t ld,
                         int64_t dim, const int32_t *__restrict__ lrow,
                         const float *__restrict__ w, float eps, int form, void *parts,
-                        int64_t plane, float *__restrict__ unscale)
+                        int n_parts, float *__restrict__ unscale)
 {
     __shared__ double red_d[32];
     __shared__ float red_f[32];
@@ -85,29 +91,38 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
         const float v = ldexpf(__fmul_rn(w[i], __fmul_rn(__fadd_rn(xr[i], rr[i]), inv)), shift);
         if (form == BN_CB_ROWS_HEAD_F16) {
-            __half *p = static_cast<__half *>(parts) + k * dim + i;
+            __half *p = static_cast<__half *>(parts) + k * n_parts * dim + i;
             const __half hi = __float2half_rn(v);
             p[0] = hi;
-            p[plane] = __float2half_rn(v - __half2float(hi));
+            p[dim] = __float2half_rn(v - __half2float(hi));
         } else {
-            __nv_bfloat16 *p = static_cast<__nv_bfloat16 *>(parts) + k * dim + i;
+            __nv_bfloat16 *p = static_cast<__nv_bfloat16 *>(parts) + k * n_parts * dim + i;
             const __nv_bfloat16 hi = __float2bfloat16_rn(v);
             const float rest = v - __bfloat162float(hi);
             const __nv_bfloat16 mid = __float2bfloat16_rn(rest);
             p[0] = hi;
-            p[plane] = mid;
-            p[2 * plane] = __float2bfloat16_rn(rest - __bfloat162float(mid));
+            p[dim] = mid;
+            p[2 * dim] = __float2bfloat16_rn(rest - __bfloat162float(mid));
         }
     }
 }
 
-__global__ void rows_unscale_kernel(float *logits, int64_t vocab, const float *__restrict__ unscale)
+/* Thread v: column v of every row, rows in ascending order, in place:
+ * output row k overwrites input row k, which belongs to row k / parts <= k,
+ * already combined (the thread reads a row's parts before writing it), and
+ * no other thread touches column v. */
+__global__ void rows_combine_kernel(float *logits, int64_t vocab, int64_t n_rows, int parts,
+                                    const float *__restrict__ unscale)
 {
-    const float s = unscale[blockIdx.y];
-    float *row = logits + (int64_t)blockIdx.y * vocab;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < vocab;
-         i += (int64_t)gridDim.x * blockDim.x)
-        row[i] *= s;
+    for (int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; v < vocab;
+         v += (int64_t)gridDim.x * blockDim.x)
+        for (int64_t k = 0; k < n_rows; k++) {
+            const float *in = logits + k * parts * vocab + v;
+            float sum = in[0];
+            for (int p = 1; p < parts; p++)
+                sum = __fadd_rn(sum, in[p * vocab]);
+            logits[k * vocab + v] = __fmul_rn(sum, unscale[k]);
+        }
 }
 
 } // namespace
@@ -119,28 +134,28 @@ extern "C" int bn_cb_rows_head_parts(int form)
 
 extern "C" cudaError_t bn_cb_rows_head_in(const float *x, const float *r, int64_t ld, int64_t dim,
                                           const int32_t *lrow, int64_t n_rows, const float *w,
-                                          float eps, int form, void *parts, int64_t plane,
-                                          float *unscale, cudaStream_t stream)
+                                          float eps, int form, void *parts, float *unscale,
+                                          cudaStream_t stream)
 {
     if (!x || !r || !lrow || !w || !parts || !unscale || dim <= 0 || ld < dim || n_rows < 0 ||
-        plane < n_rows * dim ||
         n_rows > INT32_MAX || form < BN_CB_ROWS_HEAD_F32 || form > BN_CB_ROWS_HEAD_BF16)
         return cudaErrorInvalidValue;
     if (n_rows == 0)
         return cudaSuccess;
-    rows_head_in_kernel<<<(unsigned)n_rows, kThreads, 0, stream>>>(x, r, ld, dim, lrow, w, eps,
-                                                                    form, parts, plane, unscale);
+    rows_head_in_kernel<<<(unsigned)n_rows, kThreads, 0, stream>>>(
+        x, r, ld, dim, lrow, w, eps, form, parts, bn_cb_rows_head_parts(form), unscale);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t bn_cb_rows_unscale(float *logits, int64_t vocab, int64_t n_rows,
+extern "C" cudaError_t bn_cb_rows_combine(float *logits, int64_t vocab, int64_t n_rows, int parts,
                                           const float *unscale, cudaStream_t stream)
 {
-    if (!logits || !unscale || vocab <= 0 || n_rows < 0 || n_rows > 65535)
+    if (!logits || !unscale || vocab <= 0 || n_rows < 0 || parts < 1 || parts > 3)
         return cudaErrorInvalidValue;
     if (n_rows == 0)
         return cudaSuccess;
-    const dim3 grid((unsigned)((vocab + 4 * 256 - 1) / (4 * 256)), (unsigned)n_rows);
-    rows_unscale_kernel<<<grid, 256, 0, stream>>>(logits, vocab, unscale);
+    const int64_t blocks = (vocab + 255) / 256;
+    rows_combine_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, stream>>>(
+        logits, vocab, n_rows, parts, unscale);
     return cudaGetLastError();
 }
