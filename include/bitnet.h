@@ -107,15 +107,16 @@ void bn_log(bn_log_level level, const char *fmt, ...)
 /* ------------------------------------------------------------------------ */
 
 typedef enum bn_device_kind {
-    BN_DEVICE_AUTO = 0, /* CUDA when usable, else CPU           */
+    BN_DEVICE_AUTO = 0, /* CUDA when usable, then a Vulkan GPU, else CPU */
     BN_DEVICE_CPU,
-    BN_DEVICE_GPU,      /* any usable GPU backend               */
-    BN_DEVICE_CUDA      /* CUDA; index -1 means the best device */
+    BN_DEVICE_GPU,      /* any usable GPU backend                        */
+    BN_DEVICE_CUDA,     /* CUDA; index -1 means the best device          */
+    BN_DEVICE_VULKAN    /* Vulkan; index -1: the first GPU, else device 0 */
 } bn_device_kind;
 
 typedef struct bn_device_request {
     bn_device_kind kind;
-    int index; /* cuda:N -> N; otherwise -1 */
+    int index; /* cuda:N, vulkan:N -> N; otherwise -1 */
 } bn_device_request;
 
 /* GPU backends that detection knows about (bit i of a mask = backend i). */

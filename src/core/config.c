@@ -145,6 +145,7 @@ bool bn_parse_device_request(const char *text, bn_device_request *req)
         {"cpu", BN_DEVICE_CPU},
         {"gpu", BN_DEVICE_GPU},
         {"cuda", BN_DEVICE_CUDA},
+        {"vulkan", BN_DEVICE_VULKAN},
     };
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         if (strcasecmp(text, kinds[i].name) == 0) {
@@ -158,6 +159,14 @@ bool bn_parse_device_request(const char *text, bn_device_request *req)
         if (!parse_int_range(text + 5, 0, BN_CUDA_MAX_DEVICES - 1, &index))
             return false;
         req->kind = BN_DEVICE_CUDA;
+        req->index = index;
+        return true;
+    }
+    if (strncasecmp(text, "vulkan:", 7) == 0) {
+        int index;
+        if (!parse_int_range(text + 7, 0, BN_VULKAN_MAX_DEVICES - 1, &index))
+            return false;
+        req->kind = BN_DEVICE_VULKAN;
         req->index = index;
         return true;
     }
@@ -309,7 +318,8 @@ static const struct variable {
     parse_fn parse;
 } variables[] = {
     {"BITNET_LOG", "one of error, warn, info, debug", set_log},
-    {"BITNET_DEVICE", "one of auto, cpu, gpu, cuda, cuda:N (N a device index)", set_device},
+    {"BITNET_DEVICE", "one of auto, cpu, gpu, cuda, cuda:N, vulkan, vulkan:N (N a device index)",
+     set_device},
     {"BITNET_GPU_FAKE", "a comma-separated list of cuda, rocm, metal, vulkan, opencl; or none; or empty",
      set_gpu_fake},
     {"BITNET_STRICT_MODE", "0 or 1 (also true/false, yes/no, on/off)", set_strict},

@@ -74,7 +74,12 @@ typedef struct bn_backend_desc {
 } bn_backend_desc;
 
 struct bn_backend_ops {
-    const char *name; /* "cpu", "cuda": the device request's name */
+    const char *name; /* "cpu", "cuda", "vulkan": the device request's name */
+
+    /* Optional (NULL: the family's detection decides): the device `auto`
+     * would take, or -1 when there is none worth taking (a Vulkan driver
+     * that computes on the CPU is slower than the CPU backend). */
+    int (*auto_device)(void);
 
     /* Builds the backend for `model` (which outlives it). */
     bn_status (*create)(const bn_checkpoint *model, const bn_backend_params *p, bn_backend **out,

@@ -10,11 +10,18 @@ extern const bn_backend_ops bn_cpu_backend_ops;
 #if defined(BITNET_HAVE_CUDA)
 extern const bn_backend_ops bn_cuda_backend_ops;
 #endif
+#if defined(BITNET_HAVE_VULKAN)
+extern const bn_backend_ops bn_vulkan_backend_ops;
+#endif
 
-/* The order auto tries them: GPUs first, the CPU last (it always runs). */
+/* The order auto tries them: CUDA, then Vulkan, the CPU last (it always
+ * runs). */
 static const bn_backend_entry registry[] = {
 #if defined(BITNET_HAVE_CUDA)
     {&bn_cuda_backend_ops, BN_GPU_CUDA},
+#endif
+#if defined(BITNET_HAVE_VULKAN)
+    {&bn_vulkan_backend_ops, BN_GPU_VULKAN},
 #endif
     {&bn_cpu_backend_ops, -1},
 };

@@ -23,11 +23,14 @@ static void device_text(const bn_device_request *r, char *buf, size_t size)
     case BN_DEVICE_CPU: snprintf(buf, size, "cpu"); break;
     case BN_DEVICE_GPU: snprintf(buf, size, "gpu"); break;
     case BN_DEVICE_CUDA:
+    case BN_DEVICE_VULKAN: {
+        const char *name = r->kind == BN_DEVICE_CUDA ? "cuda" : "vulkan";
         if (r->index >= 0)
-            snprintf(buf, size, "cuda:%d", r->index);
+            snprintf(buf, size, "%s:%d", name, r->index);
         else
-            snprintf(buf, size, "cuda");
+            snprintf(buf, size, "%s", name);
         break;
+    }
     }
 }
 
@@ -38,12 +41,15 @@ static void append_name(char *buf, size_t size, const char *name)
         snprintf(buf + used, size - used, "%s%s", used ? "," : "", name);
 }
 
-/* The GPU family a device request names: CUDA for "cuda[:N]", and for
- * "gpu" the first registered GPU backend (the registry's order). */
+/* The GPU family a device request names: CUDA for "cuda[:N]", Vulkan for
+ * "vulkan[:N]", and for "gpu" and "auto" the first registered GPU backend
+ * (the registry's order). */
 static int requested_gpu_kind(const bn_device_request *r)
 {
     if (r->kind == BN_DEVICE_CUDA)
         return BN_GPU_CUDA;
+    if (r->kind == BN_DEVICE_VULKAN)
+        return BN_GPU_VULKAN;
     const bn_backend_entry *list;
     const int n = bn_backend_registry(&list);
     for (int i = 0; i < n; i++)
@@ -129,6 +135,31 @@ static bn_status detect(const bn_config *cfg, int kind, char *buf, size_t size, 
     return BN_OK;
 }
 
+/* Under auto, when the first GPU family (the registry's first, `first`)
+ * is not taken: the next registered family that detection finds and whose
+ * backend names a device worth taking (auto_device), else the CPU. */
+static bn_status auto_other_gpu(bn_engine *e, const bn_config *cfg, int first, bn_error *err)
+{
+    const bn_backend_entry *list;
+    const int n = bn_backend_registry(&list);
+    for (int i = 0; i < n; i++) {
+        if (list[i].gpu_kind < 0 || list[i].gpu_kind == first || !list[i].ops->auto_device)
+            continue;
+        char detected[sizeof e->detected];
+        gpu_state state;
+        const bn_status st = detect(cfg, list[i].gpu_kind, detected, sizeof detected, &state, err);
+        if (st != BN_OK)
+            return st;
+        const int device = state.usable ? list[i].ops->auto_device() : -1;
+        if (device >= 0) {
+            e->gpu_entry = &list[i];
+            e->gpu_index = device;
+            return BN_OK;
+        }
+    }
+    return BN_OK;
+}
+
 /* Decides the backend before anything heavy is read, so that a request the
  * build or the machine cannot serve fails at once. */
 static bn_status select_backend(bn_engine *e, const bn_config *cfg, const char *device,
@@ -141,7 +172,8 @@ static bn_status select_backend(bn_engine *e, const bn_config *cfg, const char *
     if (device) {
         if (!bn_parse_device_request(device, &req))
             return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
-                                "use auto, cpu, gpu, cuda or cuda:N (N a device number)",
+                                "use auto, cpu, gpu, cuda, cuda:N, vulkan or vulkan:N (N a "
+                                "device number)",
                                 "unknown device '%s'", device);
         e->requested_from = "flag";
     }
@@ -164,9 +196,13 @@ static bn_status select_backend(bn_engine *e, const bn_config *cfg, const char *
         break;
     case BN_DEVICE_AUTO:
         if (!gpu.usable)
-            break; /* the CPU is the plan, not a fallback */
+            return auto_other_gpu(e, cfg, kind, err); /* else the CPU: the plan, not a fallback */
         if (entry) {
+            const int index = entry->ops->auto_device ? entry->ops->auto_device() : -1;
+            if (entry->ops->auto_device && index < 0)
+                return auto_other_gpu(e, cfg, kind, err);
             e->gpu_entry = entry;
+            e->gpu_index = index;
             break;
         }
         if (e->strict)
@@ -181,12 +217,24 @@ static bn_status select_backend(bn_engine *e, const bn_config *cfg, const char *
         break;
     case BN_DEVICE_GPU:
     case BN_DEVICE_CUDA:
+    case BN_DEVICE_VULKAN:
         if (!entry)
             return bn_error_set(err, BN_ERR_NO_DEVICE,
                                 from_env ? "unset BITNET_DEVICE or set it to cpu or auto"
-                                         : "rebuild with the CUDA toolkit, or use --device cpu",
+                                : kind == BN_GPU_VULKAN
+                                    ? "rebuild with the Vulkan headers and glslc "
+                                      "(scripts/install-deps.sh), or use --device cpu"
+                                    : "rebuild with the CUDA toolkit, or use --device cpu",
                                 "this build of bitnet has no %s support (requested %s)", title,
                                 e->requested);
+        /* A Vulkan request may name a device detection does not count as a
+         * GPU (lavapipe computes on the CPU): the backend opens the device
+         * and says why when it cannot. */
+        if (req.kind == BN_DEVICE_VULKAN) {
+            e->gpu_entry = entry;
+            e->gpu_index = req.index;
+            break;
+        }
         if (!gpu.usable) {
             char hint[BN_ERROR_HINT_MAX];
             snprintf(hint, sizeof hint, "%.150s%s%s", gpu.hint, gpu.hint[0] ? "; or " : "",

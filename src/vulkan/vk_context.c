@@ -416,13 +416,15 @@ static bn_status buffer_make(bn_vk *vk, VkDeviceSize size, VkBufferUsageFlags us
                                     .size = size ? size : 4,
                                     .usage = usage,
                                     .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
-    VK_TRY(err, f->vkCreateBuffer(vk->device, &bci, NULL, &out->buffer), "vkCreateBuffer");
+    VkResult rc = f->vkCreateBuffer(vk->device, &bci, NULL, &out->buffer);
     VkMemoryRequirements req;
-    f->vkGetBufferMemoryRequirements(vk->device, out->buffer, &req);
     int type = -1;
-    for (int i = 0; i < n_wants && type < 0; i++)
-        type = memory_type(vk, req.memoryTypeBits, wants[i]);
-    VkResult rc = VK_ERROR_OUT_OF_DEVICE_MEMORY;
+    if (rc == VK_SUCCESS) {
+        f->vkGetBufferMemoryRequirements(vk->device, out->buffer, &req);
+        for (int i = 0; i < n_wants && type < 0; i++)
+            type = memory_type(vk, req.memoryTypeBits, wants[i]);
+        rc = VK_ERROR_OUT_OF_DEVICE_MEMORY;
+    }
     if (type >= 0) {
         const VkMemoryAllocateInfo mai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
                                           .allocationSize = req.size,

@@ -40,6 +40,13 @@ bn_status bn_vk_w2a8_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn
                             bn_vk_buffer *act_scales, int64_t act_row, bn_vk_buffer *y, int64_t n,
                             int64_t k, float weight_scale, bn_error *err);
 
+/* The same for `rows` activation rows act_row .. act_row + rows - 1: row a's
+ * outputs go to y[a * n .. (a + 1) * n). */
+bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
+                                 bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
+                                 int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
+                                 float weight_scale, bn_error *err);
+
 /* The same as a sequence of its own: waits for the result. */
 bn_status bn_vk_w2a8_matvec(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
                             bn_vk_buffer *act_scales, int64_t act_row, bn_vk_buffer *y, int64_t n,

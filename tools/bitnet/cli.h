@@ -46,7 +46,7 @@ const char *cli_value(int argc, char **argv, int *i, const char *cmd);
 bool cli_parse_i64(const char *cmd, const char *opt, const char *text, long long lo, long long hi,
                    long long *out);
 bool cli_parse_u64(const char *cmd, const char *opt, const char *text, uint64_t *out);
-/* A --device value (auto, cpu, gpu, cuda, cuda:N), else an error printed. */
+/* A --device value (auto, cpu, gpu, cuda[:N], vulkan[:N]), else an error printed. */
 bool cli_check_device(const char *cmd, const char *text);
 bool cli_parse_float(const char *cmd, const char *opt, const char *text, double lo, double hi,
                      float *out);

@@ -40,8 +40,8 @@ static void usage(FILE *out)
             "      --api-key KEY      require 'Authorization: Bearer KEY' on /v1 routes\n"
             "                         (default: BITNET_API_KEY; none: open)\n"
             "  -c, --ctx N            positions a request may hold (default: the model's)\n"
-            "      --device D         auto, cpu, gpu, cuda, cuda:N (default: BITNET_DEVICE,\n"
-            "                         else auto)\n"
+            "      --device D         auto, cpu, gpu, cuda[:N], vulkan[:N] (default:\n"
+            "                         BITNET_DEVICE, else auto)\n"
             "  -t, --threads N        CPU threads (default: BITNET_NUM_THREADS, else all)\n"
             "      --kv T             KV cache on the GPU: f32 (default) or f16\n"
             "  -h, --help\n");

@@ -1,4 +1,5 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
 // RMSNorm then int8 quantization of one row a workgroup, bit for bit the
 // CPU's rule (bn_norm_quantize_row, quant_rules.c):
 //
@@ -44,79 +45,8 @@ shared float fmax_[64];
 shared int isum[64];
 shared float sh_inv;
 
-// a - c b, with c b exact as a sum of two doubles (Dekker's product).
-double residual(double a, double b, double c)
-{
-    precise double h = c * b;
-    precise double tc = 134217729.0 * c;
-    precise double ch = tc - (tc - c);
-    precise double cl = c - ch;
-    precise double tb = 134217729.0 * b;
-    precise double bh = tb - (tb - b);
-    precise double bl = b - bh;
-    precise double l = ((ch * bh - h) + ch * bl + cl * bh) + cl * bl;
-    precise double r = (a - h) - l;
-    return r;
-}
-
-// The double next to positive finite v, one unit up (dir 1) or down (-1).
-double step_to(double v, int dir)
-{
-    uvec2 b = unpackDouble2x32(v);
-    if (dir > 0) {
-        b.x += 1u;
-        if (b.x == 0u)
-            b.y += 1u;
-    } else {
-        if (b.x == 0u)
-            b.y -= 1u;
-        b.x -= 1u;
-    }
-    return packDouble2x32(b);
-}
-
-// a / b correctly rounded, for finite a and finite b > 0.
-double div_rn(double a, double b)
-{
-    precise double q = abs(a) / b;
-    if (q == 0.0 || isinf(q) || isnan(q))
-        return a < 0.0 ? -q : q;
-    const double aa = abs(a);
-    for (int i = 0; i < 4; i++) {
-        const double up = step_to(q, 1), down = step_to(q, -1);
-        const double r = abs(residual(aa, b, q));
-        if (abs(residual(aa, b, up)) < r)
-            q = up;
-        else if (down > 0.0 && abs(residual(aa, b, down)) < r)
-            q = down;
-        else
-            break;
-    }
-    return a < 0.0 ? -q : q;
-}
-
-// Float division, correctly rounded (b finite and nonzero).
-float fdiv_rn(float a, float b)
-{
-    precise double d = double(a) / double(b);
-    return float(d);
-}
-
-// sqrtf, correctly rounded, for v >= 0 finite.
-float fsqrt_rn(float v)
-{
-    float r = float(sqrt(double(v)));
-    if (r == 0.0 || isinf(r))
-        return r;
-    // The midpoints around r; their squares are exact in double.
-    const double lo = (double(r) + double(uintBitsToFloat(floatBitsToUint(r) - 1u))) * 0.5;
-    const double hi = (double(r) + double(uintBitsToFloat(floatBitsToUint(r) + 1u))) * 0.5;
-    if (double(v) < lo * lo)
-        r = uintBitsToFloat(floatBitsToUint(r) - 1u);
-    else if (double(v) > hi * hi)
-        r = uintBitsToFloat(floatBitsToUint(r) + 1u);
-    return r;
-}
+// Correctly rounded division and square root: div_rn, fdiv_rn, fsqrt_rn.
+#include "exact_math.glsl"
 
 // round half to even, then clamp to [-128, 127]; NaN gives 0.
 int round_clamp(float v)

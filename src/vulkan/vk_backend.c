@@ -1,0 +1,627 @@
+/*
+ * vk_backend.c - the Vulkan backend: a model's forward pass on a Vulkan
+ * device, behind the engine's backend interface (src/engine/backend.h).
+ *
+ * At creation everything the pass reads is uploaded once: each projection
+ * in the W2A8 kernel's layout (vk_w2a8.h) with its scale, the norm
+ * vectors, the LM head (F16 rows where the file has F16 and an even width,
+ * else F32, in parts no larger than the device lets a kernel bind), and a
+ * KV cache of kv_len positions a layer (fp32, one buffer a layer for the
+ * same reason). A pass of M rows (at most VKB_CHUNK) uploads the rows'
+ * embeddings, positions and RoPE tables, then records every layer into
+ * one sequence of dispatches, as the CPU backend computes it
+ * (cpu_backend.c: run_rows, attention_block, ffn_block):
+ *
+ *   xq = q(attn_norm(x))          norm + int8 (vk_norm.h)
+ *   q, k, v = W xq                three W2A8 products (vk_w2a8.h)
+ *   rope, k and v into the cache  vk_ops.h, as every kernel below
+ *   att = attention(q, cache)
+ *   x += Wo q(attn_sub_norm(att))
+ *   gate, up = W q(ffn_norm(x)); gate = relu(gate)^2 up
+ *   x += Wdown q(ffn_sub_norm(gate))
+ *
+ * and the pass that ends a request adds the output norm and the LM head of
+ * its one row. A prompt's last row therefore runs as a pass of its own.
+ *
+ * Every kernel but the attention's exp gives the CPU's floats bit for bit
+ * (vk_ops.h, vk_norm.h, vk_w2a8.h), so greedy tokens follow the CPU's.
+ * The device needs fp64 (the exact norm and divisions); there is no fp16
+ * cache and no batched pass yet.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "engine.h"
+#include "qtype.h"
+#include "vk_context.h"
+#include "vk_norm.h"
+#include "vk_ops.h"
+#include "vk_w2a8.h"
+
+extern const bn_backend_ops bn_vulkan_backend_ops;
+
+#define VKB_CHUNK 64 /* rows a pass takes: a longer prompt runs in chunks */
+
+typedef struct vkb_proj {
+    bn_vk_buffer w; /* packed codes (vk_w2a8.h) */
+    float scale;
+    int64_t n, k;
+} vkb_proj;
+
+typedef struct vkb_head_part {
+    bn_vk_buffer rows;
+    int64_t first, n;
+} vkb_head_part;
+
+typedef struct vkb {
+    bn_vk *vk;
+    bn_vk_kernel *w2a8, *norm;
+    bn_vk_ops *ops;
+    const bn_checkpoint *model;
+    bn_hparams hp;
+    int device;
+    int64_t kv_len, kv_filled;
+    int64_t q_dim, kv_dim;
+    float *inv_freq; /* rope_dim / 2: the CPU backend's */
+
+    vkb_proj *proj;         /* [n_layer][BN_PROJ_COUNT]             */
+    bn_vk_buffer *norms;    /* [n_layer][BN_NORM_COUNT]             */
+    bn_vk_buffer out_norm;
+    vkb_head_part *head;
+    int n_head_parts;
+    bn_vk_head_type head_type;
+    bn_vk_buffer *k_cache, *v_cache; /* one a layer: [kv_len][kv_dim] */
+
+    /* A pass's rows (VKB_CHUNK of each). */
+    bn_vk_buffer x, codes, scales, sums, q, k, v, att, out, gate, up, normed, logits;
+    bn_vk_buffer scratch, info, tables, cs;
+    float *h_x, *h_cs;
+    int32_t *h_info;
+
+    uint64_t weight_bytes, head_bytes, norm_bytes, kv_bytes, scratch_bytes;
+    uint64_t dispatches, uploads, upload_bytes, downloads, download_bytes;
+    int recorded; /* dispatches in the open sequence */
+} vkb;
+
+static vkb *vkb_of(const bn_backend *b) { return b->impl; }
+
+/* ---- building ----------------------------------------------------------------- */
+
+/* A device buffer of `bytes`, counted under *counter. */
+static bn_status buffer(vkb *v, uint64_t bytes, bn_vk_buffer *out, uint64_t *counter,
+                        bn_error *err)
+{
+    const bn_status st = bn_vk_buffer_create(v->vk, bytes ? bytes : 4, out, err);
+    if (st == BN_OK)
+        *counter += bytes;
+    return st;
+}
+
+static bn_status upload(vkb *v, bn_vk_buffer *dst, const void *src, size_t n, bn_error *err)
+{
+    v->uploads++;
+    v->upload_bytes += n;
+    return bn_vk_write(v->vk, dst, src, n, err);
+}
+
+static bn_status upload_projections(vkb *v, bn_error *err)
+{
+    const bn_hparams *hp = &v->hp;
+    v->proj = calloc((size_t)hp->n_layer * BN_PROJ_COUNT, sizeof *v->proj);
+    if (!v->proj)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the Vulkan weights");
+    size_t most = 0, most_packed = 0; /* the largest projection's codes and packed bytes */
+    for (int p = 0; p < BN_PROJ_COUNT; p++) {
+        int64_t n, k;
+        bn_hparams_proj_shape(hp, (bn_proj)p, &n, &k);
+        most = (size_t)(n * k) > most ? (size_t)(n * k) : most;
+        const size_t packed = (size_t)n * bn_vk_w2a8_words(k) * 4;
+        most_packed = packed > most_packed ? packed : most_packed;
+    }
+    int8_t *codes = malloc(most);
+    uint32_t *packed = malloc(most_packed);
+    bn_status st = codes && packed ? BN_OK
+                                   : bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
+                                                  "no memory to pack the Vulkan weights");
+    for (int l = 0; l < hp->n_layer && st == BN_OK; l++)
+        for (int p = 0; p < BN_PROJ_COUNT && st == BN_OK; p++) {
+            vkb_proj *w = &v->proj[l * BN_PROJ_COUNT + p];
+            bn_hparams_proj_shape(hp, (bn_proj)p, &w->n, &w->k);
+            st = bn_checkpoint_projection_codes(v->model, l, (bn_proj)p, codes, &w->scale, err);
+            if (st != BN_OK)
+                break;
+            const size_t bytes = (size_t)w->n * bn_vk_w2a8_words(w->k) * 4;
+            bn_vk_w2a8_pack(codes, w->n, w->k, packed);
+            st = buffer(v, bytes, &w->w, &v->weight_bytes, err);
+            if (st == BN_OK)
+                st = upload(v, &w->w, packed, bytes, err);
+        }
+    free(codes);
+    free(packed);
+    return st;
+}
+
+static bn_status upload_norms(vkb *v, bn_error *err)
+{
+    const bn_hparams *hp = &v->hp;
+    v->norms = calloc((size_t)hp->n_layer * BN_NORM_COUNT, sizeof *v->norms);
+    if (!v->norms)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the Vulkan norms");
+    bn_status st = BN_OK;
+    for (int l = 0; l < hp->n_layer && st == BN_OK; l++)
+        for (int w = 0; w < BN_NORM_COUNT && st == BN_OK; w++) {
+            const size_t bytes = (size_t)bn_hparams_norm_size(hp, (bn_norm)w) * sizeof(float);
+            bn_vk_buffer *b = &v->norms[l * BN_NORM_COUNT + w];
+            st = buffer(v, bytes, b, &v->norm_bytes, err);
+            if (st == BN_OK)
+                st = upload(v, b, bn_checkpoint_norm(v->model, l, (bn_norm)w), bytes, err);
+        }
+    const size_t bytes = (size_t)hp->dim * sizeof(float);
+    if (st == BN_OK)
+        st = buffer(v, bytes, &v->out_norm, &v->norm_bytes, err);
+    if (st == BN_OK)
+        st = upload(v, &v->out_norm, bn_checkpoint_output_norm(v->model), bytes, err);
+    return st;
+}
+
+/* The head in parts of at most the bytes a kernel may bind: F16 rows as
+ * the file has them (two to a word), anything else as F32 rows decoded by
+ * the format's own dequantizer, the values the CPU's dot products use. */
+static bn_status upload_head(vkb *v, bn_error *err)
+{
+    const bn_dense_matrix *h = bn_checkpoint_lm_head(v->model);
+    const int64_t dim = h->cols, vocab = h->rows;
+    v->head_type = h->type == BN_QTYPE_F16 && dim % 2 == 0 ? BN_VK_HEAD_F16 : BN_VK_HEAD_F32;
+    const size_t row_bytes = v->head_type == BN_VK_HEAD_F16 ? (size_t)dim * 2 : (size_t)dim * 4;
+    uint64_t limit = bn_vk_device(v->vk)->max_storage_buffer_range;
+    if (limit == 0 || limit > ((uint64_t)1 << 30))
+        limit = (uint64_t)1 << 30;
+    int64_t per_part = (int64_t)(limit / row_bytes);
+    if (per_part < 1)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
+                            "Vulkan: a head row of %zu bytes is more than %s binds", row_bytes,
+                            bn_vk_device(v->vk)->name);
+    if (per_part > vocab)
+        per_part = vocab;
+    v->n_head_parts = (int)((vocab + per_part - 1) / per_part);
+    v->head = calloc((size_t)v->n_head_parts, sizeof *v->head);
+    unsigned char *host = malloc((size_t)per_part * row_bytes);
+    bn_status st = v->head && host ? BN_OK
+                                   : bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
+                                                  "no memory for the Vulkan LM head");
+    const bn_qtype_info *t = bn_qtype_get(h->type);
+    for (int p = 0; p < v->n_head_parts && st == BN_OK; p++) {
+        vkb_head_part *part = &v->head[p];
+        part->first = (int64_t)p * per_part;
+        part->n = vocab - part->first < per_part ? vocab - part->first : per_part;
+        for (int64_t r = 0; r < part->n; r++) {
+            const unsigned char *src =
+                (const unsigned char *)h->data + (size_t)(part->first + r) * h->row_bytes;
+            unsigned char *dst = host + (size_t)r * row_bytes;
+            if (v->head_type == BN_VK_HEAD_F16 || h->type == BN_QTYPE_F32)
+                memcpy(dst, src, row_bytes);
+            else
+                t->dequantize_row(src, (float *)dst, dim);
+        }
+        const size_t bytes = (size_t)part->n * row_bytes;
+        st = buffer(v, bytes, &part->rows, &v->head_bytes, err);
+        if (st == BN_OK)
+            st = upload(v, &part->rows, host, bytes, err);
+    }
+    free(host);
+    return st;
+}
+
+/* The pass's buffers, the KV cache and the attention's scratch. */
+static bn_status make_buffers(vkb *v, bn_error *err)
+{
+    const bn_hparams *hp = &v->hp;
+    const uint64_t R = VKB_CHUNK, f = sizeof(float);
+    const int64_t widest = hp->ffn > hp->dim ? (hp->ffn > v->q_dim ? hp->ffn : v->q_dim)
+                                             : (hp->dim > v->q_dim ? hp->dim : v->q_dim);
+    const struct {
+        bn_vk_buffer *b;
+        uint64_t bytes;
+    } list[] = {
+        {&v->x, R * hp->dim * f},
+        {&v->codes, R * bn_vk_w2a8_words(widest) * 16},
+        {&v->scales, R * f},
+        {&v->sums, R * sizeof(int32_t)},
+        {&v->q, R * v->q_dim * f},
+        {&v->k, R * v->kv_dim * f},
+        {&v->v, R * v->kv_dim * f},
+        {&v->att, R * v->q_dim * f},
+        {&v->out, R * hp->dim * f},
+        {&v->gate, R * hp->ffn * f},
+        {&v->up, R * hp->ffn * f},
+        {&v->normed, (uint64_t)hp->dim * f},
+        {&v->logits, (uint64_t)hp->vocab * f},
+        {&v->scratch, R * hp->n_head * (uint64_t)v->kv_len * f},
+        {&v->info, R * 2 * sizeof(int32_t)},
+        {&v->tables, sizeof(int32_t)},
+        {&v->cs, R * (hp->rope_dim > 0 ? hp->rope_dim : 1) * f},
+    };
+    bn_status st = BN_OK;
+    for (size_t i = 0; i < sizeof list / sizeof list[0] && st == BN_OK; i++)
+        st = buffer(v, list[i].bytes, list[i].b, &v->scratch_bytes, err);
+    const int32_t block0 = 0; /* one sequence in one block of the whole cache */
+    if (st == BN_OK)
+        st = upload(v, &v->tables, &block0, sizeof block0, err);
+    v->k_cache = calloc((size_t)hp->n_layer, sizeof *v->k_cache);
+    v->v_cache = calloc((size_t)hp->n_layer, sizeof *v->v_cache);
+    if (st == BN_OK && (!v->k_cache || !v->v_cache))
+        st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the Vulkan cache");
+    const uint64_t layer_bytes = (uint64_t)v->kv_len * (uint64_t)v->kv_dim * f;
+    for (int l = 0; l < hp->n_layer && st == BN_OK; l++) {
+        st = buffer(v, layer_bytes, &v->k_cache[l], &v->kv_bytes, err);
+        if (st == BN_OK)
+            st = buffer(v, layer_bytes, &v->v_cache[l], &v->kv_bytes, err);
+    }
+    v->h_x = malloc(R * hp->dim * f);
+    v->h_cs = malloc(R * (hp->rope_dim > 0 ? hp->rope_dim : 1) * f);
+    v->h_info = malloc(R * 2 * sizeof(int32_t));
+    v->inv_freq = malloc((size_t)(hp->rope_dim / 2 + 1) * f);
+    if (st == BN_OK && (!v->h_x || !v->h_cs || !v->h_info || !v->inv_freq))
+        st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the Vulkan pass");
+    if (st == BN_OK) /* as the CPU backend: 1 / theta^(2j / rope_dim) in fp32 */
+        for (int j = 0; j < hp->rope_dim / 2; j++)
+            v->inv_freq[j] = 1.0f / powf(hp->rope_theta, (float)(2 * j) / (float)hp->rope_dim);
+    return st;
+}
+
+static void vkb_release(vkb *v)
+{
+    if (!v)
+        return;
+    const int layers = v->hp.n_layer;
+    if (v->proj)
+        for (int i = 0; i < layers * BN_PROJ_COUNT; i++)
+            bn_vk_buffer_free(v->vk, &v->proj[i].w);
+    if (v->norms)
+        for (int i = 0; i < layers * BN_NORM_COUNT; i++)
+            bn_vk_buffer_free(v->vk, &v->norms[i]);
+    if (v->head)
+        for (int p = 0; p < v->n_head_parts; p++)
+            bn_vk_buffer_free(v->vk, &v->head[p].rows);
+    for (int l = 0; l < layers; l++) {
+        if (v->k_cache)
+            bn_vk_buffer_free(v->vk, &v->k_cache[l]);
+        if (v->v_cache)
+            bn_vk_buffer_free(v->vk, &v->v_cache[l]);
+    }
+    bn_vk_buffer *const pass[] = {&v->x,      &v->codes, &v->scales, &v->sums,    &v->q,
+                                  &v->k,      &v->v,     &v->att,    &v->out,     &v->gate,
+                                  &v->up,     &v->normed, &v->logits, &v->scratch, &v->info,
+                                  &v->tables, &v->cs,    &v->out_norm};
+    for (size_t i = 0; i < sizeof pass / sizeof pass[0]; i++)
+        bn_vk_buffer_free(v->vk, pass[i]);
+    if (v->ops)
+        bn_vk_ops_free(v->vk, v->ops);
+    if (v->w2a8)
+        bn_vk_kernel_free(v->vk, v->w2a8);
+    if (v->norm)
+        bn_vk_kernel_free(v->vk, v->norm);
+    bn_vk_close(v->vk);
+    free(v->proj);
+    free(v->norms);
+    free(v->head);
+    free(v->k_cache);
+    free(v->v_cache);
+    free(v->h_x);
+    free(v->h_cs);
+    free(v->h_info);
+    free(v->inv_freq);
+    free(v);
+}
+
+/* The device auto and "vulkan" take: the first GPU (discrete first, then
+ * integrated or virtual); -1 when there is none (a CPU driver such as
+ * lavapipe runs slower than the CPU backend, so auto never takes it). */
+static int vk_auto_device(void)
+{
+    bn_vulkan_device devs[BN_VULKAN_MAX_DEVICES];
+    char why[256];
+    const int n = bn_vk_devices(devs, BN_VULKAN_MAX_DEVICES, why, sizeof why);
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n; i++) {
+            const bool discrete = strcmp(devs[i].type, "discrete") == 0;
+            const bool gpu = discrete || strcmp(devs[i].type, "integrated") == 0 ||
+                             strcmp(devs[i].type, "virtual") == 0;
+            if (pass == 0 ? discrete : gpu)
+                return i;
+        }
+    return -1;
+}
+
+static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *p,
+                           bn_backend **out, bn_error *err)
+{
+    *out = NULL;
+    const bn_hparams *hp = bn_checkpoint_hparams(model);
+    int device = p->device;
+    if (device < 0) {
+        device = vk_auto_device();
+        if (device < 0)
+            device = 0; /* "vulkan" asked for explicitly: any device, lavapipe included */
+    }
+    if (p->kv_f16)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, "use --kv f32 with --device vulkan",
+                            "the Vulkan backend has an fp32 KV cache only");
+    if (hp->n_head % hp->n_head_kv != 0 || hp->head_dim > 512)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
+                            "Vulkan: heads %d / %d of %d values are not supported", hp->n_head,
+                            hp->n_head_kv, hp->head_dim);
+    vkb *v = calloc(1, sizeof *v);
+    bn_backend *b = calloc(1, sizeof *b);
+    if (!v || !b) {
+        free(v);
+        free(b);
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the Vulkan backend");
+    }
+    v->model = model;
+    v->hp = *hp;
+    v->device = device;
+    v->kv_len = p->kv_len > 0 ? p->kv_len : hp->n_ctx_train;
+    v->q_dim = (int64_t)hp->n_head * hp->head_dim;
+    v->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    bn_status st = bn_vk_open(device, &v->vk, err);
+    if (st == BN_OK)
+        st = bn_vk_w2a8_kernel(v->vk, true, &v->w2a8, err);
+    if (st == BN_OK)
+        st = bn_vk_norm_kernel(v->vk, &v->norm, err);
+    if (st == BN_OK)
+        st = bn_vk_ops_create(v->vk, &v->ops, err);
+    if (st == BN_OK)
+        st = make_buffers(v, err);
+    if (st == BN_OK)
+        st = upload_projections(v, err);
+    if (st == BN_OK)
+        st = upload_norms(v, err);
+    if (st == BN_OK)
+        st = upload_head(v, err);
+    if (st != BN_OK) {
+        vkb_release(v);
+        free(b);
+        return st;
+    }
+    b->ops = &bn_vulkan_backend_ops;
+    b->impl = v;
+    *out = b;
+    return BN_OK;
+}
+
+static void vk_free(bn_backend *b)
+{
+    if (!b)
+        return;
+    vkb_release(vkb_of(b));
+    free(b);
+}
+
+/* ---- the pass ----------------------------------------------------------------- */
+
+static bn_status record_norm(vkb *v, bn_vk_buffer *x, bn_vk_buffer *w, int64_t M, int64_t n,
+                             bn_error *err)
+{
+    v->recorded++;
+    return bn_vk_norm_record(v->vk, v->norm, x, w, &v->codes, &v->scales, &v->sums, M, n,
+                             v->hp.rms_eps, err);
+}
+
+static bn_status record_proj(vkb *v, int layer, bn_proj p, bn_vk_buffer *y, int64_t M,
+                             bn_error *err)
+{
+    vkb_proj *w = &v->proj[layer * BN_PROJ_COUNT + p];
+    v->recorded++;
+    return bn_vk_w2a8_record_rows(v->vk, v->w2a8, &w->w, &v->codes, &v->scales, 0, M, y, w->n,
+                                  w->k, w->scale, err);
+}
+
+#define TRY(call)                                                                          \
+    do {                                                                                   \
+        const bn_status try_st_ = (call);                                                  \
+        if (try_st_ != BN_OK)                                                              \
+            return try_st_;                                                                \
+    } while (0)
+
+/* One layer over the pass's M rows (cpu_backend.c: attention_block, ffn_block). */
+static bn_status record_layer(vkb *v, int l, int64_t M, bn_error *err)
+{
+    const bn_hparams *hp = &v->hp;
+    bn_vk_buffer *norms = &v->norms[l * BN_NORM_COUNT];
+    const bn_vk_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, hp->rope_dim,
+                                 v->kv_len};
+    const bn_vk_rows rows = {&v->info, &v->tables, M, (int)v->kv_len, 1};
+    TRY(record_norm(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, err));
+    TRY(record_proj(v, l, BN_PROJ_Q, &v->q, M, err));
+    TRY(record_proj(v, l, BN_PROJ_K, &v->k, M, err));
+    TRY(record_proj(v, l, BN_PROJ_V, &v->v, M, err));
+    TRY(bn_vk_rope_store_record(v->vk, v->ops, &as, &rows, &v->q, &v->k, &v->v, &v->cs,
+                                &v->k_cache[l], &v->v_cache[l], 0, err));
+    TRY(bn_vk_attention_record(v->vk, v->ops, &as, &rows, &v->q, &v->k_cache[l],
+                               &v->v_cache[l], 0, &v->scratch, v->kv_len, &v->att, err));
+    TRY(record_norm(v, &v->att, &norms[BN_NORM_ATTN_SUB], M, v->q_dim, err));
+    TRY(record_proj(v, l, BN_PROJ_O, &v->out, M, err));
+    TRY(bn_vk_add_record(v->vk, v->ops, &v->x, &v->out, M * hp->dim, err));
+    TRY(record_norm(v, &v->x, &norms[BN_NORM_FFN], M, hp->dim, err));
+    TRY(record_proj(v, l, BN_PROJ_GATE, &v->gate, M, err));
+    TRY(record_proj(v, l, BN_PROJ_UP, &v->up, M, err));
+    TRY(bn_vk_relu2_record(v->vk, v->ops, &v->gate, &v->up, M * hp->ffn, err));
+    TRY(record_norm(v, &v->gate, &norms[BN_NORM_FFN_SUB], M, hp->ffn, err));
+    TRY(record_proj(v, l, BN_PROJ_DOWN, &v->out, M, err));
+    TRY(bn_vk_add_record(v->vk, v->ops, &v->x, &v->out, M * hp->dim, err));
+    v->recorded += 5;
+    return BN_OK;
+}
+
+/* Dispatches a layer records (record_layer) and the head's. */
+#define LAYER_DISPATCHES 16
+
+/* Submits the open sequence when `need` more dispatches would not fit it. */
+static bn_status make_room(vkb *v, int need, bn_error *err)
+{
+    if (v->recorded + need <= BN_VK_MAX_DISPATCHES)
+        return BN_OK;
+    v->dispatches += (uint64_t)v->recorded;
+    v->recorded = 0;
+    TRY(bn_vk_submit(v->vk, err));
+    return bn_vk_begin(v->vk, err);
+}
+
+/* Rows tokens[0 .. M) at positions pos .. pos + M - 1; with logits, the
+ * last row's logits (M must then be 1: the head reads row 0). */
+static bn_status run_pass(vkb *v, const int32_t *tokens, int64_t M, int64_t pos, float *logits,
+                          bn_error *err)
+{
+    const bn_hparams *hp = &v->hp;
+    const int half = hp->rope_dim / 2;
+    for (int64_t i = 0; i < M; i++) {
+        TRY(bn_checkpoint_embedding_row(v->model, tokens[i], v->h_x + i * hp->dim, err));
+        v->h_info[2 * i] = 0;
+        v->h_info[2 * i + 1] = (int32_t)(pos + i);
+        for (int j = 0; j < half; j++) { /* as run_rows: (float)pos * inv_freq */
+            const float angle = (float)(pos + i) * v->inv_freq[j];
+            v->h_cs[i * hp->rope_dim + j] = cosf(angle);
+            v->h_cs[i * hp->rope_dim + half + j] = sinf(angle);
+        }
+    }
+    TRY(upload(v, &v->x, v->h_x, (size_t)(M * hp->dim) * sizeof(float), err));
+    TRY(upload(v, &v->info, v->h_info, (size_t)M * 2 * sizeof(int32_t), err));
+    if (half > 0)
+        TRY(upload(v, &v->cs, v->h_cs, (size_t)(M * hp->rope_dim) * sizeof(float), err));
+    TRY(bn_vk_begin(v->vk, err));
+    v->recorded = 0;
+    bn_status st = BN_OK;
+    for (int l = 0; l < hp->n_layer && st == BN_OK; l++) {
+        st = make_room(v, LAYER_DISPATCHES, err);
+        if (st == BN_OK)
+            st = record_layer(v, l, M, err);
+    }
+    if (st == BN_OK && logits) {
+        st = make_room(v, 1 + v->n_head_parts, err);
+        if (st == BN_OK)
+            st = bn_vk_rmsnorm_record(v->vk, v->ops, &v->x, &v->out_norm, &v->normed, 1, hp->dim,
+                                      hp->rms_eps, err);
+        v->recorded++;
+        for (int p = 0; p < v->n_head_parts && st == BN_OK; p++, v->recorded++)
+            st = bn_vk_head_record(v->vk, v->ops, &v->head[p].rows, v->head_type,
+                                   v->head[p].first, v->head[p].n, hp->dim, &v->normed, 1,
+                                   &v->logits, hp->vocab, err);
+    }
+    /* The sequence is closed whatever happened, so the device is usable. */
+    bn_error closing;
+    const bn_status end = bn_vk_submit(v->vk, st == BN_OK ? err : &closing);
+    v->dispatches += (uint64_t)v->recorded;
+    if (st == BN_OK)
+        st = end;
+    if (st == BN_OK && logits) {
+        v->downloads++;
+        v->download_bytes += (uint64_t)hp->vocab * sizeof(float);
+        st = bn_vk_read(v->vk, &v->logits, logits, (size_t)hp->vocab * sizeof(float), err);
+    }
+    return st;
+}
+
+static bn_status vk_forward(bn_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
+                            float *logits, bn_error *err)
+{
+    vkb *v = vkb_of(b);
+    if (!tokens || !logits || n <= 0 || pos < 0)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "vulkan forward: need tokens, logits, n > 0 and pos >= 0");
+    if (n > v->kv_len - pos)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                            "start a new context or open the model with a longer context",
+                            "positions %lld..%lld do not fit a KV cache of %lld positions",
+                            (long long)pos, (long long)(pos + n - 1), (long long)v->kv_len);
+    if (pos > v->kv_filled)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "run the earlier positions first",
+                            "position %lld would skip positions: only %lld are computed",
+                            (long long)pos, (long long)v->kv_filled);
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= v->hp.vocab)
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                                "token ids must come from this model's vocabulary",
+                                "token %lld is %d, outside the vocabulary (0..%d)", (long long)i,
+                                (int)tokens[i], (int)v->hp.vocab - 1);
+    v->kv_filled = pos;
+    bn_status st = BN_OK;
+    /* Chunks of the rows before the last; the last row alone, with the head. */
+    for (int64_t c = 0; c < n - 1 && st == BN_OK; c += VKB_CHUNK) {
+        const int64_t M = n - 1 - c < VKB_CHUNK ? n - 1 - c : VKB_CHUNK;
+        st = run_pass(v, tokens + c, M, pos + c, NULL, err);
+        if (st == BN_OK)
+            v->kv_filled = pos + c + M;
+    }
+    if (st == BN_OK)
+        st = run_pass(v, tokens + n - 1, 1, pos + n - 1, logits, err);
+    if (st == BN_OK)
+        v->kv_filled = pos + n;
+    return st;
+}
+
+static int64_t vk_kv_len(const bn_backend *b) { return vkb_of(b)->kv_len; }
+static int64_t vk_kv_filled(const bn_backend *b) { return vkb_of(b)->kv_filled; }
+static void vk_reset(bn_backend *b) { vkb_of(b)->kv_filled = 0; }
+
+static void vk_describe(const bn_backend *b, bn_backend_desc *d)
+{
+    const vkb *v = vkb_of(b);
+    const bn_vulkan_device *dev = bn_vk_device(v->vk);
+    snprintf(d->selected, sizeof d->selected, "vulkan:%d", v->device);
+    snprintf(d->kernel, sizeof d->kernel, "vulkan");
+    d->threads = 0;
+    d->batches = false;
+    snprintf(d->details, sizeof d->details, "%s (%s), kv f32, head %s", dev->name, dev->type,
+             v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32");
+}
+
+static void vk_report(const bn_backend *b, bn_engine_info *info)
+{
+    const vkb *v = vkb_of(b);
+    const bn_vulkan_device *dev = bn_vk_device(v->vk);
+    info->gpu = true;
+    info->gpu_device = v->device;
+    info->gpu_name = dev->name;
+    info->cuda_graphs = false;
+    info->kv_type = "f32";
+    info->gpu_weights_bytes = v->weight_bytes;
+    info->gpu_lm_head_bytes = v->head_bytes;
+    info->gpu_norms_bytes = v->norm_bytes;
+    info->gpu_kv_bytes = v->kv_bytes;
+    info->gpu_scratch_bytes = v->scratch_bytes;
+    info->gpu_total_bytes =
+        v->weight_bytes + v->head_bytes + v->norm_bytes + v->kv_bytes + v->scratch_bytes;
+    info->gpu_peak_bytes = info->gpu_total_bytes;
+    info->gpu_device_total_bytes = dev->device_local_bytes;
+    info->gpu_kernel_launches = v->dispatches;
+    info->gpu_h2d_transfers = v->uploads;
+    info->gpu_h2d_bytes = v->upload_bytes;
+    info->gpu_d2h_transfers = v->downloads;
+    info->gpu_d2h_bytes = v->download_bytes;
+    info->backend_weight_bytes = v->weight_bytes + v->head_bytes + v->norm_bytes;
+    info->backend_kv_bytes = v->kv_bytes;
+    info->backend_scratch_bytes = v->scratch_bytes;
+    info->backend_total_bytes = info->gpu_total_bytes;
+    snprintf(info->kernels, sizeof info->kernels,
+             "vulkan_w2a8,vulkan_norm_quantize,vulkan_rope_store,vulkan_attention,vulkan_add,"
+             "vulkan_relu2,vulkan_rmsnorm,vulkan_head_%s",
+             v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32");
+}
+
+const bn_backend_ops bn_vulkan_backend_ops = {
+    .name = "vulkan",
+    .auto_device = vk_auto_device,
+    .create = vk_create,
+    .free = vk_free,
+    .forward = vk_forward,
+    .forward_all = NULL,
+    .kv_len = vk_kv_len,
+    .kv_filled = vk_kv_filled,
+    .reset = vk_reset,
+    .describe = vk_describe,
+    .report = vk_report,
+};

@@ -1,0 +1,322 @@
+/* vk_ops.c - launching the forward pass's other kernels (shaders/add.comp,
+ * relu2.comp, rope_store.comp, attention.comp, rmsnorm.comp,
+ * head_matvec.comp): sizes checked against the buffers, workgroups laid
+ * out in a grid of at most 65535 columns. */
+#include "vk_ops.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+extern const unsigned char bn_vk_spv_add[], bn_vk_spv_relu2[], bn_vk_spv_rope_store[],
+    bn_vk_spv_attention[], bn_vk_spv_rmsnorm[], bn_vk_spv_head_matvec[];
+extern const size_t bn_vk_spv_add_len, bn_vk_spv_relu2_len, bn_vk_spv_rope_store_len,
+    bn_vk_spv_attention_len, bn_vk_spv_rmsnorm_len, bn_vk_spv_head_matvec_len;
+
+struct bn_vk_ops {
+    bn_vk_kernel *add, *relu2, *rope_store, *attention, *rmsnorm, *head;
+};
+
+/* The shaders' push constants, in their order. */
+typedef struct span_params {
+    uint32_t n;
+} span_params;
+
+typedef struct rope_params {
+    uint32_t rows, n_head, n_kv, head_dim, rope_dim, block_size, max_blocks, n_seq, cache_rows,
+        layer_off;
+} rope_params;
+
+typedef struct attn_params {
+    uint32_t rows, n_head, head_dim, group, kv_dim, block_size, max_blocks, n_seq, cache_rows,
+        layer_off, stride;
+    float scale;
+} attn_params;
+
+typedef struct rmsnorm_params {
+    uint32_t rows, n;
+    float eps;
+} rmsnorm_params;
+
+typedef struct head_params {
+    uint32_t n_rows, dim, rows, ld, first, f16;
+} head_params;
+
+/* attention.comp keeps a head's query in shared memory (MAX_HD). */
+#define ATTN_MAX_HEAD_DIM 512
+/* add.comp and relu2.comp: 256 elements a workgroup; the grid's last row
+ * of workgroups may run past n by up to 65535 * 256 indices, which must
+ * not wrap around 2^32. */
+#define SPAN_MAX ((int64_t)1 << 31)
+
+/* Shader indices are 32-bit: a * b and a + b as extents, or BIG once past
+ * 2^32 - 1. */
+#define BIG UINT64_MAX
+
+static uint64_t prod(uint64_t a, uint64_t b)
+{
+    if (a == 0 || b == 0)
+        return 0;
+    return a > UINT32_MAX || b > UINT32_MAX || a * b > UINT32_MAX ? BIG : a * b;
+}
+
+static uint64_t sum(uint64_t a, uint64_t b)
+{
+    return a > UINT32_MAX || b > UINT32_MAX || a + b > UINT32_MAX ? BIG : a + b;
+}
+
+/* b holds floats 32-bit values (all of them within reach of an index). */
+static bool holds(const bn_vk_buffer *b, uint64_t floats)
+{
+    return floats <= UINT32_MAX && b->size / 4 >= floats;
+}
+
+/* groups workgroups as a grid of at most 65535 x 65535. */
+static bn_status launch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers,
+                        const void *push, uint64_t groups, const char *what, bn_error *err)
+{
+    const uint32_t gx = groups < 65535 ? (uint32_t)groups : 65535u;
+    const uint64_t gy = (groups + gx - 1) / gx;
+    if (gy > 65535)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan %s: %llu workgroups are more than a grid holds", what,
+                            (unsigned long long)groups);
+    return bn_vk_dispatch(vk, k, buffers, push, gx, (uint32_t)gy, err);
+}
+
+bn_status bn_vk_ops_create(bn_vk *vk, bn_vk_ops **out, bn_error *err)
+{
+    *out = NULL;
+    if (!bn_vk_device(vk)->fp64)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
+                            "Vulkan: %s has no fp64, which the exact norm and attention "
+                            "kernels need",
+                            bn_vk_device(vk)->name);
+    bn_vk_ops *ops = calloc(1, sizeof *ops);
+    if (!ops)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "Vulkan: no memory for the kernels");
+    bn_status st =
+        bn_vk_kernel_create(vk, "add", bn_vk_spv_add, bn_vk_spv_add_len, 2, sizeof(span_params),
+                            &ops->add, err);
+    if (st == BN_OK)
+        st = bn_vk_kernel_create(vk, "relu2", bn_vk_spv_relu2, bn_vk_spv_relu2_len, 2,
+                                 sizeof(span_params), &ops->relu2, err);
+    if (st == BN_OK)
+        st = bn_vk_kernel_create(vk, "rope_store", bn_vk_spv_rope_store,
+                                 bn_vk_spv_rope_store_len, 8, sizeof(rope_params),
+                                 &ops->rope_store, err);
+    if (st == BN_OK)
+        st = bn_vk_kernel_create(vk, "attention", bn_vk_spv_attention, bn_vk_spv_attention_len,
+                                 7, sizeof(attn_params), &ops->attention, err);
+    if (st == BN_OK)
+        st = bn_vk_kernel_create(vk, "rmsnorm", bn_vk_spv_rmsnorm, bn_vk_spv_rmsnorm_len, 3,
+                                 sizeof(rmsnorm_params), &ops->rmsnorm, err);
+    if (st == BN_OK)
+        st = bn_vk_kernel_create(vk, "head_matvec", bn_vk_spv_head_matvec,
+                                 bn_vk_spv_head_matvec_len, 3, sizeof(head_params), &ops->head,
+                                 err);
+    if (st != BN_OK) {
+        bn_vk_ops_free(vk, ops);
+        return st;
+    }
+    *out = ops;
+    return BN_OK;
+}
+
+void bn_vk_ops_free(bn_vk *vk, bn_vk_ops *ops)
+{
+    if (!ops)
+        return;
+    bn_vk_kernel_free(vk, ops->add);
+    bn_vk_kernel_free(vk, ops->relu2);
+    bn_vk_kernel_free(vk, ops->rope_store);
+    bn_vk_kernel_free(vk, ops->attention);
+    bn_vk_kernel_free(vk, ops->rmsnorm);
+    bn_vk_kernel_free(vk, ops->head);
+    free(ops);
+}
+
+/* ---- element-wise ---------------------------------------------------------- */
+
+static bn_status span_record(bn_vk *vk, bn_vk_kernel *k, const char *what, bn_vk_buffer *a,
+                             bn_vk_buffer *b, int64_t n, bn_error *err)
+{
+    if (n < 0 || n > SPAN_MAX || !holds(a, (uint64_t)n) || !holds(b, (uint64_t)n))
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan %s: %lld floats do not fit its buffers (%llu and %llu bytes)",
+                            what, (long long)n, (unsigned long long)a->size,
+                            (unsigned long long)b->size);
+    if (n == 0)
+        return BN_OK;
+    const span_params p = {(uint32_t)n};
+    bn_vk_buffer *const buffers[2] = {a, b};
+    return launch(vk, k, buffers, &p, ((uint64_t)n + 255) / 256, what, err);
+}
+
+bn_status bn_vk_add_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *x, bn_vk_buffer *y, int64_t n,
+                           bn_error *err)
+{
+    return span_record(vk, ops->add, "add", x, y, n, err);
+}
+
+bn_status bn_vk_relu2_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *gate, bn_vk_buffer *up,
+                             int64_t n, bn_error *err)
+{
+    return span_record(vk, ops->relu2, "relu2", gate, up, n, err);
+}
+
+/* ---- attention ----------------------------------------------------------------- */
+
+/* The shape, the rows' tables and one layer of the caches, which
+ * rope_store and attention share; *n_seq gets the sequences the tables
+ * buffer holds. NULL when they fit, else what is wrong. */
+static const char *check_attn(const bn_vk_attn_shape *s, const bn_vk_rows *r,
+                              const bn_vk_buffer *k_cache, const bn_vk_buffer *v_cache,
+                              int64_t layer_off, uint32_t *n_seq)
+{
+    if (s->n_head < 1 || s->n_kv < 1 || s->n_head % s->n_kv != 0 || s->head_dim < 1)
+        return "n_head must be a positive multiple of n_kv, head_dim positive";
+    if (r->rows < 0 || r->block_size < 1 || r->max_blocks < 1)
+        return "rows must be >= 0, block_size and max_blocks >= 1";
+    if (!holds(r->info, prod((uint64_t)r->rows, 2)))
+        return "the rows' info buffer must hold int32 [rows][2]";
+    const uint64_t tables = r->tables->size / 4 / (uint64_t)r->max_blocks;
+    if (tables < 1 || prod(tables, (uint64_t)r->max_blocks) == BIG)
+        return "the block tables' buffer must hold int32 [n_seq >= 1][max_blocks]";
+    *n_seq = (uint32_t)tables;
+    const uint64_t kv_dim = prod((uint64_t)s->n_kv, (uint64_t)s->head_dim);
+    if (s->cache_rows < 1 || layer_off < 0 ||
+        sum((uint64_t)s->cache_rows, (uint64_t)r->block_size) == BIG)
+        return "cache_rows must be >= 1 and layer_off >= 0";
+    const uint64_t end = sum((uint64_t)layer_off, prod((uint64_t)s->cache_rows, kv_dim));
+    if (!holds(k_cache, end) || !holds(v_cache, end))
+        return "the K and V caches must hold layer_off + cache_rows * n_kv * head_dim floats";
+    return NULL;
+}
+
+bn_status bn_vk_rope_store_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_shape *s,
+                                  const bn_vk_rows *r, bn_vk_buffer *q, bn_vk_buffer *k,
+                                  bn_vk_buffer *v, bn_vk_buffer *cs, bn_vk_buffer *k_cache,
+                                  bn_vk_buffer *v_cache, int64_t layer_off, bn_error *err)
+{
+    uint32_t n_seq = 0;
+    const char *bad = check_attn(s, r, k_cache, v_cache, layer_off, &n_seq);
+    const uint64_t rows = (uint64_t)r->rows;
+    if (!bad && (s->rope_dim < 0 || s->rope_dim > s->head_dim))
+        bad = "rope_dim must be 0 .. head_dim";
+    if (!bad && !holds(q, prod(rows, prod((uint64_t)s->n_head, (uint64_t)s->head_dim))))
+        bad = "q must hold [rows][n_head * head_dim] floats";
+    const uint64_t kv_rows = prod(rows, prod((uint64_t)s->n_kv, (uint64_t)s->head_dim));
+    if (!bad && (!holds(k, kv_rows) || !holds(v, kv_rows)))
+        bad = "k and v must hold [rows][n_kv * head_dim] floats";
+    if (!bad && s->rope_dim > 0 && !holds(cs, prod(rows, (uint64_t)s->rope_dim)))
+        bad = "the cos / sin tables must hold [rows][rope_dim] floats";
+    if (bad)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan rope_store (%lld rows, %d + %d heads of %d): %s",
+                            (long long)r->rows, s->n_head, s->n_kv, s->head_dim, bad);
+    if (rows == 0)
+        return BN_OK;
+    const rope_params p = {(uint32_t)rows,
+                           (uint32_t)s->n_head,
+                           (uint32_t)s->n_kv,
+                           (uint32_t)s->head_dim,
+                           (uint32_t)s->rope_dim,
+                           (uint32_t)r->block_size,
+                           (uint32_t)r->max_blocks,
+                           n_seq,
+                           (uint32_t)s->cache_rows,
+                           (uint32_t)layer_off};
+    bn_vk_buffer *const buffers[8] = {r->info, r->tables, q, k, v, cs, k_cache, v_cache};
+    return launch(vk, ops->rope_store, buffers, &p, rows, "rope_store", err);
+}
+
+bn_status bn_vk_attention_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_shape *s,
+                                 const bn_vk_rows *r, bn_vk_buffer *q, bn_vk_buffer *k_cache,
+                                 bn_vk_buffer *v_cache, int64_t layer_off, bn_vk_buffer *scratch,
+                                 int64_t scratch_stride, bn_vk_buffer *att, bn_error *err)
+{
+    uint32_t n_seq = 0;
+    const char *bad = check_attn(s, r, k_cache, v_cache, layer_off, &n_seq);
+    const uint64_t rows = (uint64_t)r->rows;
+    const uint64_t items = prod(rows, (uint64_t)(s->n_head > 0 ? s->n_head : 0));
+    if (!bad && s->head_dim > ATTN_MAX_HEAD_DIM)
+        bad = "head_dim must be at most 512";
+    if (!bad && (!holds(q, prod(items, (uint64_t)s->head_dim)) ||
+                 !holds(att, prod(items, (uint64_t)s->head_dim))))
+        bad = "q and att must hold [rows][n_head * head_dim] floats";
+    if (!bad && (scratch_stride < 1 || !holds(scratch, prod(items, (uint64_t)scratch_stride))))
+        bad = "the scratch must hold [rows][n_head][scratch_stride >= 1] floats";
+    if (bad)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan attention (%lld rows, %d heads of %d, %d KV heads): %s",
+                            (long long)r->rows, s->n_head, s->head_dim, s->n_kv, bad);
+    if (rows == 0)
+        return BN_OK;
+    const attn_params p = {(uint32_t)rows,
+                           (uint32_t)s->n_head,
+                           (uint32_t)s->head_dim,
+                           (uint32_t)(s->n_head / s->n_kv),
+                           (uint32_t)(s->n_kv * s->head_dim),
+                           (uint32_t)r->block_size,
+                           (uint32_t)r->max_blocks,
+                           n_seq,
+                           (uint32_t)s->cache_rows,
+                           (uint32_t)layer_off,
+                           (uint32_t)scratch_stride,
+                           (float)(1.0 / sqrt((double)s->head_dim))};
+    bn_vk_buffer *const buffers[7] = {r->info, r->tables, q, k_cache, v_cache, scratch, att};
+    return launch(vk, ops->attention, buffers, &p, items, "attention", err);
+}
+
+/* ---- the final norm and the LM head ----------------------------------------------- */
+
+bn_status bn_vk_rmsnorm_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *x, bn_vk_buffer *w,
+                               bn_vk_buffer *out, int64_t rows, int64_t n, float eps,
+                               bn_error *err)
+{
+    const uint64_t floats = prod((uint64_t)rows, (uint64_t)n);
+    if (rows < 0 || n < 1 || !holds(x, floats) || !holds(out, floats) ||
+        !holds(w, (uint64_t)n))
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan rmsnorm: %lld rows of %lld do not fit their buffers",
+                            (long long)rows, (long long)n);
+    if (rows == 0)
+        return BN_OK;
+    const rmsnorm_params p = {(uint32_t)rows, (uint32_t)n, eps};
+    bn_vk_buffer *const buffers[3] = {x, w, out};
+    return launch(vk, ops->rmsnorm, buffers, &p, (uint64_t)rows, "rmsnorm", err);
+}
+
+bn_status bn_vk_head_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *head, bn_vk_head_type type,
+                            int64_t first, int64_t n_rows, int64_t dim, bn_vk_buffer *x,
+                            int64_t rows, bn_vk_buffer *logits, int64_t ld, bn_error *err)
+{
+    const char *bad = NULL;
+    if (type != BN_VK_HEAD_F32 && type != BN_VK_HEAD_F16)
+        bad = "the head's type must be F32 or F16";
+    else if (dim < 1 || (type == BN_VK_HEAD_F16 && dim % 2 != 0))
+        bad = "dim must be positive, and even for F16";
+    else if (first < 0 || n_rows < 0 || rows < 0 || ld < first + n_rows)
+        bad = "first, n_rows and rows must be >= 0, ld >= first + n_rows";
+    const uint64_t words = type == BN_VK_HEAD_F16 ? (uint64_t)dim / 2 : (uint64_t)dim;
+    if (!bad && !holds(head, prod((uint64_t)n_rows, words)))
+        bad = "the head part must hold n_rows rows of dim values";
+    if (!bad && !holds(x, prod((uint64_t)rows, (uint64_t)dim)))
+        bad = "x must hold [rows][dim] floats";
+    if (!bad && rows > 0 &&
+        !holds(logits, sum(prod((uint64_t)rows - 1, (uint64_t)ld),
+                           sum((uint64_t)first, (uint64_t)n_rows))))
+        bad = "the logits must hold (rows - 1) * ld + first + n_rows floats";
+    if (bad)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan head (rows %lld .. %lld of %lld values, %lld x rows): %s",
+                            (long long)first, (long long)(first + n_rows), (long long)dim,
+                            (long long)rows, bad);
+    if (n_rows == 0 || rows == 0)
+        return BN_OK;
+    const head_params p = {(uint32_t)n_rows, (uint32_t)dim,   (uint32_t)rows,
+                           (uint32_t)ld,     (uint32_t)first, type == BN_VK_HEAD_F16};
+    bn_vk_buffer *const buffers[3] = {head, x, logits};
+    /* Eight head rows a workgroup. */
+    return launch(vk, ops->head, buffers, &p, ((uint64_t)n_rows + 7) / 8, "head", err);
+}

@@ -1,0 +1,112 @@
+/*
+ * vk_ops.h - the rest of the forward pass on a Vulkan device, each kernel
+ * in the CPU backend's arithmetic (cpu_backend.c): the residual add, the
+ * squared-ReLU gate, RoPE with the KV cache store, causal attention over a
+ * paged cache, RMSNorm (the final norm) and the LM head's logits.
+ *
+ * Exactness: add, relu2, rope_store, rmsnorm and head give the CPU's
+ * floats bit for bit (every expression precise, so nothing is fused into
+ * a multiply-add; divisions and square roots correctly rounded through
+ * double, shaders/exact_math.glsl). Attention does too except for exp,
+ * which is exp in double rounded to float (shaders/exact_math.glsl) where
+ * the CPU calls libm's expf; the two agree except where expf is not
+ * correctly rounded, so an output may differ by an ulp or so there.
+ * The kernels need fp64 (BN_ERR_UNSUPPORTED without).
+ *
+ * Every *_record function records its dispatches into the sequence opened
+ * by bn_vk_begin (at most BN_VK_MAX_DISPATCHES in one) after checking the
+ * sizes against its buffers' sizes (BN_ERR_INVALID_ARGUMENT, saying what
+ * does not fit); a count of 0 (n, rows, n_rows) records nothing. Indices
+ * inside the shaders are 32-bit: an extent past 2^32 floats is refused.
+ * Input and output buffers must be distinct unless said otherwise.
+ */
+#ifndef BN_VK_OPS_H
+#define BN_VK_OPS_H
+
+#include "vk_context.h"
+
+typedef struct bn_vk_ops bn_vk_ops; /* the kernels below, built once for a device */
+
+/* BN_ERR_UNSUPPORTED on a device without fp64. */
+bn_status bn_vk_ops_create(bn_vk *vk, bn_vk_ops **out, bn_error *err);
+void bn_vk_ops_free(bn_vk *vk, bn_vk_ops *ops);
+
+/* x[i] += y[i], i < n (float add, as the CPU's residual). */
+bn_status bn_vk_add_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *x, bn_vk_buffer *y, int64_t n,
+                           bn_error *err);
+
+/* gate[i] = (g * g) * up[i] with g = gate[i] > 0 ? gate[i] : 0 (NaN -> 0),
+ * i < n: relu2_span. */
+bn_status bn_vk_relu2_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *gate, bn_vk_buffer *up,
+                             int64_t n, bn_error *err);
+
+/* The rows' positions and cache rows. rows_info: int32 [rows][2] =
+ * (sequence, position). tables: int32 [n_seq][max_blocks]: position t of
+ * sequence s lives at cache row tables[s * max_blocks + t / block_size] *
+ * block_size + t % block_size. (One sequence in a flat cache is n_seq 1,
+ * block_size = the cache's length, tables = {0}.) n_seq is taken as the
+ * tables buffer's size / (4 max_blocks). The kernels check each row's
+ * sequence, position and blocks against the tables and the cache, since
+ * the host cannot: rope_store does not store a row that falls outside,
+ * attention writes NaN for it. */
+typedef struct bn_vk_rows {
+    bn_vk_buffer *info, *tables;
+    int64_t rows;
+    int block_size, max_blocks;
+} bn_vk_rows;
+
+typedef struct bn_vk_attn_shape {
+    int n_head, n_kv, head_dim, rope_dim;
+    int64_t cache_rows; /* rows of one layer's K (and V) cache, kv_dim = n_kv * head_dim
+                           floats each */
+} bn_vk_attn_shape;
+
+/* RoPE then the cache store, as attention_block does: q
+ * ([rows][n_head*head_dim]) and k ([rows][n_kv*head_dim]) turned in place
+ * by rope_heads with row r's tables cs[r * rope_dim ..] = cos[0 ..
+ * rope_dim/2) then sin[0 .. rope_dim/2) (floats the host computed, as the
+ * CPU backend does); then row r's k and v copied to its cache row in
+ * k_cache / v_cache, whose layer starts at float offset layer_off (= layer
+ * * cache_rows * kv_dim). rope_dim 0: no rotation (cs is then not read;
+ * any buffer will do). One dispatch (a workgroup a row). Two rows of one
+ * pass must not name the same cache row. */
+bn_status bn_vk_rope_store_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_shape *s,
+                                  const bn_vk_rows *r, bn_vk_buffer *q, bn_vk_buffer *k,
+                                  bn_vk_buffer *v, bn_vk_buffer *cs, bn_vk_buffer *k_cache,
+                                  bn_vk_buffer *v_cache, int64_t layer_off, bn_error *err);
+
+/* att[row][h*head_dim ..] = causal attention of q row `row`, head h, over
+ * its sequence's positions 0 .. pos (GQA: head h reads kv head h / (n_head
+ * / n_kv)), as attention_slot computes it: scores = dot_f32(q, k) * scale
+ * with scale = (float)(1.0 / sqrt((double)head_dim)); max over the scores;
+ * e_t = exp(score_t - max) summed in position order; inv = 1 / sum; out[i]
+ * = sum over t in order of (e_t * inv) * v_t[i]. scratch: at least rows *
+ * n_head * scratch_stride floats, scratch_stride >= pos + 1 of every row
+ * (the backend passes its cache length); a row with pos >= scratch_stride
+ * gets NaN. head_dim at most 512. One dispatch (a workgroup a row and
+ * head). */
+bn_status bn_vk_attention_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_shape *s,
+                                 const bn_vk_rows *r, bn_vk_buffer *q, bn_vk_buffer *k_cache,
+                                 bn_vk_buffer *v_cache, int64_t layer_off, bn_vk_buffer *scratch,
+                                 int64_t scratch_stride, bn_vk_buffer *att, bn_error *err);
+
+/* out[r][i] = w[i] * (x[r][i] * inv) for rows rows of n, inv = 1 /
+ * sqrtf((float)(ss / n) + eps), ss the double sum of squares in order i =
+ * 0 .. n-1 (the CPU's rmsnorm, bit for bit). out must not be x. */
+bn_status bn_vk_rmsnorm_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *x, bn_vk_buffer *w,
+                               bn_vk_buffer *out, int64_t rows, int64_t n, float eps,
+                               bn_error *err);
+
+/* logits[r * ld + first + j] = dot_f32(head row first + j, x row r) for j
+ * < n_rows, r < rows: head rows of dim values, F32 (one float each) or F16
+ * (two halves to a 32-bit word, little end first; dim even), the part of
+ * the head in `head` starting at its row `first` being its row 0 (the
+ * backend binds a large head in parts, since a buffer may be capped at
+ * 128 MiB on some devices); the sum is dot_f32's with the F16 value
+ * converted exactly. ld >= first + n_rows. */
+typedef enum { BN_VK_HEAD_F32 = 0, BN_VK_HEAD_F16 = 1 } bn_vk_head_type;
+bn_status bn_vk_head_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *head, bn_vk_head_type type,
+                            int64_t first, int64_t n_rows, int64_t dim, bn_vk_buffer *x,
+                            int64_t rows, bn_vk_buffer *logits, int64_t ld, bn_error *err);
+
+#endif

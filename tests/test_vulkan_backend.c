@@ -1,0 +1,234 @@
+/* The Vulkan backend (src/vulkan/vk_backend.c) against the CPU backend on
+ * the first Vulkan device (lavapipe here and in CI), through the engine's
+ * backend interface, for every fixture (hf_packed, hf_bf16, i2s.gguf,
+ * tq2_0.gguf, tq1_0.gguf) and the shipped model:
+ *   - the logits after a prompt longer than one pass (the rows run in
+ *     chunks, the last row alone) and after each of the steps that follow,
+ *     fed the CPU's greedy tokens: within 1e-5 of the largest logit (only
+ *     the attention's exp differs from the CPU's) and the same argmax;
+ *   - greedy decoding on its own gives the CPU's tokens;
+ *   - going back to an earlier position recomputes the same logits;
+ *   - what it reports: the device it selected, its kernels, its memory;
+ *   - bad requests: a token outside the vocabulary, positions past the
+ *     cache or skipping positions, a device that does not exist, an fp16
+ *     cache, a cache larger than the device holds - each a clear error.
+ * Exits 77 (skipped) when no Vulkan device can be opened, saying why.
+ * usage: test_vulkan_backend MODELS_DIR SHIPPED_MODEL */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "engine.h"
+#include "test_util.h"
+#include "test_util_vulkan.h"
+
+extern const bn_backend_ops bn_vulkan_backend_ops;
+
+enum { N_STEPS = 24 };
+
+static int argmax(const float *x, int64_t n)
+{
+    int best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = (int)i;
+    return best;
+}
+
+/* max |a - b| over max |a|. */
+static double rel_diff(const float *a, const float *b, int64_t n)
+{
+    double big = 0.0, worst = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        big = fmax(big, fabs(a[i]));
+        const double d = fabs((double)a[i] - (double)b[i]);
+        worst = !(d <= worst) ? d : worst; /* NaN wins */
+    }
+    return big > 0.0 ? worst / big : worst;
+}
+
+static bn_backend *make(const bn_backend_ops *ops, const bn_checkpoint *m, int device,
+                        int64_t kv_len, bool kv_f16, bn_error *err)
+{
+    const bn_backend_params p = {.device = device, .kv_len = kv_len, .threads = 1,
+                                 .kv_f16 = kv_f16};
+    bn_backend *b = NULL;
+    bn_error_clear(err);
+    if (ops->create(m, &p, &b, err) != BN_OK)
+        return NULL;
+    return b;
+}
+
+static void check_model(const char *path)
+{
+    bn_checkpoint *m = NULL;
+    bn_error err;
+    bn_error_clear(&err);
+    CHECK_MSG(bn_checkpoint_load(path, &m, &err) == BN_OK, "load %s: %s", path, err.message);
+    if (!m)
+        return;
+    const bn_hparams *hp = bn_checkpoint_hparams(m);
+    const int64_t V = hp->vocab;
+    /* A prompt of more than one pass of the Vulkan backend (64 rows). */
+    const int n_prompt = hp->n_ctx_train >= 100 + N_STEPS ? 90 : hp->n_ctx_train / 2;
+    const int64_t kv_len = n_prompt + N_STEPS + 1;
+    bn_backend *cpu = make(bn_backend_cpu_ops(), m, -1, kv_len, false, &err);
+    CHECK_MSG(cpu, "%s: cpu create: %s", path, err.message);
+    bn_backend *vk = make(&bn_vulkan_backend_ops, m, 0, kv_len, false, &err);
+    CHECK_MSG(vk, "%s: vulkan create: %s (%s)", path, err.message, err.hint);
+    int32_t *prompt = malloc((size_t)n_prompt * sizeof *prompt);
+    float *want = malloc((size_t)V * sizeof *want), *got = malloc((size_t)V * sizeof *got);
+    if (!cpu || !vk || !prompt || !want || !got) {
+        CHECK(prompt && want && got);
+        goto out;
+    }
+    for (int i = 0; i < n_prompt; i++)
+        prompt[i] = (int32_t)((i * 7 + 3) % V);
+
+    /* Teacher-forced: both fed the CPU's greedy tokens. */
+    double worst = 0.0;
+    int argmax_diff = 0, steps = 0;
+    int32_t cpu_tok[N_STEPS];
+    bool ok = cpu->ops->forward(cpu, prompt, n_prompt, 0, want, &err) == BN_OK;
+    CHECK_MSG(ok, "%s: cpu forward: %s", path, err.message);
+    ok = ok && vk->ops->forward(vk, prompt, n_prompt, 0, got, &err) == BN_OK;
+    CHECK_MSG(ok || steps > 0, "%s: vulkan forward: %s", path, err.message);
+    for (int s = 0; ok && s < N_STEPS; s++) {
+        worst = fmax(worst, rel_diff(want, got, V));
+        cpu_tok[s] = argmax(want, V);
+        argmax_diff += argmax(got, V) != cpu_tok[s];
+        steps++;
+        if (s + 1 == N_STEPS)
+            break;
+        ok = cpu->ops->forward(cpu, &cpu_tok[s], 1, n_prompt + s, want, &err) == BN_OK &&
+             vk->ops->forward(vk, &cpu_tok[s], 1, n_prompt + s, got, &err) == BN_OK;
+        CHECK_MSG(ok, "%s: step %d: %s", path, s, err.message);
+    }
+    printf("%-44s prompt %d, %d steps: worst rel %.2e, argmax differs at %d\n", path, n_prompt,
+           steps, worst, argmax_diff);
+    CHECK_MSG(steps == N_STEPS, "%s: %d of %d steps ran", path, steps, N_STEPS);
+    CHECK_MSG(worst <= 1e-5, "%s: logits differ from the CPU's by %.3g of the largest", path,
+              worst);
+    CHECK_MSG(argmax_diff == 0, "%s: the argmax differs from the CPU's at %d steps", path,
+              argmax_diff);
+
+    /* Greedy on its own, from a rewound cache: the CPU's tokens. */
+    vk->ops->reset(vk);
+    CHECK(vk->ops->kv_filled(vk) == 0);
+    ok = vk->ops->forward(vk, prompt, n_prompt, 0, got, &err) == BN_OK;
+    int first_diff = -1;
+    for (int s = 0; ok && s < N_STEPS && first_diff < 0; s++) {
+        const int32_t t = argmax(got, V);
+        if (t != cpu_tok[s])
+            first_diff = s;
+        else if (s + 1 < N_STEPS)
+            ok = vk->ops->forward(vk, &t, 1, n_prompt + s, got, &err) == BN_OK;
+    }
+    CHECK_MSG(ok, "%s: greedy run: %s", path, err.message);
+    CHECK_MSG(first_diff < 0, "%s: greedy tokens differ from the CPU's at step %d", path,
+              first_diff);
+
+    /* Back to position 5: the same logits as a fresh run of those tokens. */
+    float *again = malloc((size_t)V * sizeof *again);
+    if (again) {
+        bn_backend *fresh = make(&bn_vulkan_backend_ops, m, 0, kv_len, false, &err);
+        ok = fresh && vk->ops->forward(vk, prompt + 5, 3, 5, got, &err) == BN_OK &&
+             fresh->ops->forward(fresh, prompt, 8, 0, again, &err) == BN_OK;
+        CHECK_MSG(ok, "%s: rewind: %s", path, err.message);
+        CHECK_MSG(!ok || memcmp(got, again, (size_t)V * sizeof *got) == 0,
+                  "%s: logits after going back differ from a fresh run's", path);
+        CHECK(vk->ops->kv_filled(vk) == 8);
+        if (fresh)
+            fresh->ops->free(fresh);
+        free(again);
+    }
+
+    /* What it says of itself. */
+    bn_backend_desc d;
+    memset(&d, 0, sizeof d);
+    vk->ops->describe(vk, &d);
+    CHECK(strcmp(d.selected, "vulkan:0") == 0 && strcmp(d.kernel, "vulkan") == 0);
+    CHECK(!d.batches && d.threads == 0);
+    bn_engine_info info;
+    memset(&info, 0, sizeof info);
+    vk->ops->report(vk, &info);
+    CHECK(info.gpu && info.gpu_device == 0 && strcmp(info.kv_type, "f32") == 0);
+    CHECK_STR_CONTAINS(info.kernels, "vulkan_w2a8");
+    CHECK_STR_CONTAINS(info.kernels, "vulkan_attention");
+    CHECK(info.gpu_weights_bytes > 0 && info.gpu_lm_head_bytes > 0 && info.gpu_kv_bytes > 0);
+    CHECK(info.gpu_total_bytes >= info.gpu_weights_bytes + info.gpu_kv_bytes);
+    CHECK(info.gpu_kernel_launches > 0 && info.gpu_h2d_bytes > 0 && info.gpu_d2h_transfers > 0);
+
+    /* Bad requests: refused, and the backend still works after them. */
+    const int32_t bad_tok = (int32_t)V;
+    CHECK(vk->ops->forward(vk, &bad_tok, 1, 0, got, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(err.message, "outside the vocabulary");
+    CHECK(vk->ops->forward(vk, prompt, 2, kv_len - 1, got, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(err.message, "do not fit");
+    CHECK(vk->ops->forward(vk, prompt, 1, vk->ops->kv_filled(vk) + 1, got, &err) ==
+          BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(err.message, "skip positions");
+    CHECK(vk->ops->forward(vk, prompt, 8, 0, got, &err) == BN_OK);
+    CHECK(cpu->ops->forward(cpu, prompt, 8, 0, want, &err) == BN_OK);
+    CHECK(argmax(got, V) == argmax(want, V));
+out:
+    if (vk)
+        vk->ops->free(vk);
+    if (cpu)
+        cpu->ops->free(cpu);
+    free(prompt);
+    free(want);
+    free(got);
+    bn_checkpoint_free(m);
+}
+
+/* Requests the backend refuses at creation, each with a clear error. */
+static void check_refusals(const char *path, int n_devices)
+{
+    bn_checkpoint *m = NULL;
+    bn_error err;
+    bn_error_clear(&err);
+    CHECK(bn_checkpoint_load(path, &m, &err) == BN_OK);
+    if (!m)
+        return;
+    CHECK(make(&bn_vulkan_backend_ops, m, n_devices, 0, false, &err) == NULL);
+    CHECK(err.status == BN_ERR_NO_DEVICE);
+    printf("device %d: %s\n", n_devices, err.message);
+    CHECK(make(&bn_vulkan_backend_ops, m, 0, 0, true, &err) == NULL);
+    CHECK(err.status == BN_ERR_UNSUPPORTED);
+    CHECK_STR_CONTAINS(err.message, "fp32 KV cache only");
+    /* A cache of 2^40 bytes a layer: more than any device holds. */
+    const bn_hparams *hp = bn_checkpoint_hparams(m);
+    const int64_t huge = ((int64_t)1 << 40) / ((int64_t)hp->n_head_kv * hp->head_dim * 4);
+    CHECK(make(&bn_vulkan_backend_ops, m, 0, huge, false, &err) == NULL);
+    printf("a cache of %lld positions: %s\n", (long long)huge, err.message);
+    CHECK(err.status == BN_ERR_GPU_OUT_OF_MEMORY);
+    bn_checkpoint_free(m);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s MODELS_DIR SHIPPED_MODEL\n", argv[0]);
+        return 2;
+    }
+    int count = 0;
+    bn_vk *probe = test_require_vulkan(&count);
+    const bool fp64 = bn_vk_device(probe)->fp64;
+    bn_vk_close(probe);
+    if (!fp64)
+        TEST_SKIP("Vulkan device 0 has no fp64, which the backend's exact kernels need");
+    static const char *const fixtures[] = {"hf_packed", "hf_bf16", "i2s.gguf", "tq2_0.gguf",
+                                           "tq1_0.gguf"};
+    char path[1024];
+    for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", argv[1], fixtures[i]);
+        check_model(path);
+    }
+    check_model(argv[2]);
+    snprintf(path, sizeof path, "%s/i2s.gguf", argv[1]);
+    check_refusals(path, count);
+    TEST_EXIT();
+}
