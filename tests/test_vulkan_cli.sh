@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Vulkan backend as a user meets it, on the first Vulkan device
 # (lavapipe here and in CI): for every fixture and the shipped model,
-# `bitnet run --device vulkan` prints the CPU's text, greedy and sampled;
+# `bitnet run --device vulkan` prints the CPU's text, greedy and sampled, one
+# prompt at a time and several at once (--parallel: batched passes);
 # BITNET_DEVICE=vulkan does the same; the receipt names the device and the
 # kernels; perplexity matches the CPU's; auto does not take a Vulkan device
 # that computes on the CPU; a device that does not exist, an fp16 cache and
@@ -80,6 +81,22 @@ check "BITNET_DEVICE=vulkan: exit $(rc)" [ "$(rc)" = 0 ]
 check "BITNET_DEVICE=vulkan: startup line" grep -q 'selected=vulkan:0' "$tmp/err"
 run "$BITNET" run -m "$M/i2s.gguf" --prompt-ids 1,2,3,4,5,6,7 -n 20 --temp 0 --device cpu
 check "BITNET_DEVICE=vulkan: the CPU's tokens" cmp -s "$tmp/out" "$tmp/env.txt"
+
+# Several prompts at once: batched passes over the paged cache, each text
+# the CPU's, greedy and sampled.
+printf 'And God said\nIn the beginning\nThe LORD is my shepherd\nBlessed are the meek\nAnd it came to pass\n' >"$tmp/prompts.txt"
+for sampling in "--temp 0" "--temp 0.8 --seed 3"; do
+    # shellcheck disable=SC2086
+    run "$BITNET" run -m "$SHIPPED/bitnet-kjv-7m-i2_s.gguf" --prompt-file "$tmp/prompts.txt" \
+        --parallel 3 -n 24 $sampling --device cpu
+    cp "$tmp/out" "$tmp/parallel_cpu.txt"
+    # shellcheck disable=SC2086
+    run "$BITNET" run -m "$SHIPPED/bitnet-kjv-7m-i2_s.gguf" --prompt-file "$tmp/prompts.txt" \
+        --parallel 3 -n 24 $sampling --device vulkan
+    check "--parallel 3 ($sampling) on vulkan: exit $(rc): $(tail -1 "$tmp/err")" [ "$(rc)" = 0 ]
+    check "--parallel 3 ($sampling): the CPU's texts" cmp -s "$tmp/out" "$tmp/parallel_cpu.txt"
+    check "--parallel 3 ($sampling): batched passes" grep -q 'up to 3 at once' "$tmp/err"
+done
 
 # Perplexity over a piece of the shipped model's text.
 head -c 3000 "$SHIPPED/test.txt" >"$tmp/text.txt"

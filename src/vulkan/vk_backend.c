@@ -23,10 +23,15 @@
  * and the pass that ends a request adds the output norm and the LM head of
  * its one row. A prompt's last row therefore runs as a pass of its own.
  *
+ * With a paged cache (the engine's batching: params.paged_rows) rows of
+ * many sequences share a pass (forward_rows): their K and V live in cache
+ * rows found through the sequences' block tables, uploaded with the pass,
+ * and the head runs over the chunk's rows, the wanted ones read back.
+ *
  * Every kernel but the attention's exp gives the CPU's floats bit for bit
  * (vk_ops.h, vk_norm.h, vk_w2a8.h), so greedy tokens follow the CPU's.
  * The device needs fp64 (the exact norm and divisions); there is no fp16
- * cache and no batched pass yet.
+ * cache.
  */
 #include <math.h>
 #include <stdio.h>
@@ -36,6 +41,7 @@
 #include "backend.h"
 #include "engine.h"
 #include "qtype.h"
+#include "vk_backend.h"
 #include "vk_context.h"
 #include "vk_norm.h"
 #include "vk_ops.h"
@@ -50,6 +56,15 @@ typedef struct vkb_proj {
     float scale;
     int64_t n, k;
 } vkb_proj;
+
+/* Where a pass's rows keep their K and V: one sequence's flat cache (one
+ * block of kv_len rows) or the paged cache through block tables. */
+typedef struct vkb_cache {
+    bn_vk_buffer *k, *v;  /* one a layer: [rows][kv_dim] */
+    bn_vk_buffer *tables; /* [sequences][max_blocks] int32 */
+    int block_size, max_blocks;
+    int64_t rows;
+} vkb_cache;
 
 typedef struct vkb_head_part {
     bn_vk_buffer rows;
@@ -74,12 +89,23 @@ typedef struct vkb {
     int n_head_parts;
     bn_vk_head_type head_type;
     bn_vk_buffer *k_cache, *v_cache; /* one a layer: [kv_len][kv_dim] */
+    vkb_cache flat;
+    /* The paged cache (0 rows: none): one a layer, [paged_rows][kv_dim];
+     * block tables of at most paged_seqs sequences. */
+    int64_t paged_rows;
+    int paged_block, paged_seqs, paged_max_blocks;
+    bn_vk_buffer *pk_cache, *pv_cache, ptables;
+    vkb_cache paged;
+    int32_t *h_tables;
+    float *h_logits; /* [VKB_CHUNK][vocab]: a paged pass's logit rows */
 
     /* A pass's rows (VKB_CHUNK of each). */
     bn_vk_buffer x, codes, scales, sums, q, k, v, att, out, gate, up, normed, logits;
     bn_vk_buffer scratch, info, tables, cs;
     float *h_x, *h_cs;
     int32_t *h_info;
+    int64_t *h_pos;
+    int32_t *h_seq;
 
     uint64_t weight_bytes, head_bytes, norm_bytes, kv_bytes, scratch_bytes;
     uint64_t dispatches, uploads, upload_bytes, downloads, download_bytes;
@@ -237,8 +263,8 @@ static bn_status make_buffers(vkb *v, bn_error *err)
         {&v->out, R * hp->dim * f},
         {&v->gate, R * hp->ffn * f},
         {&v->up, R * hp->ffn * f},
-        {&v->normed, (uint64_t)hp->dim * f},
-        {&v->logits, (uint64_t)hp->vocab * f},
+        {&v->normed, R * hp->dim * f},
+        {&v->logits, R * hp->vocab * f},
         {&v->scratch, R * hp->n_head * (uint64_t)v->kv_len * f},
         {&v->info, R * 2 * sizeof(int32_t)},
         {&v->tables, sizeof(int32_t)},
@@ -260,11 +286,34 @@ static bn_status make_buffers(vkb *v, bn_error *err)
         if (st == BN_OK)
             st = buffer(v, layer_bytes, &v->v_cache[l], &v->kv_bytes, err);
     }
+    v->flat = (vkb_cache){v->k_cache, v->v_cache, &v->tables, (int)v->kv_len, 1, v->kv_len};
+    if (st == BN_OK && v->paged_rows > 0) {
+        v->paged_max_blocks = (int)((v->kv_len + v->paged_block - 1) / v->paged_block);
+        v->pk_cache = calloc((size_t)hp->n_layer, sizeof *v->pk_cache);
+        v->pv_cache = calloc((size_t)hp->n_layer, sizeof *v->pv_cache);
+        v->h_tables = malloc((size_t)v->paged_seqs * (size_t)v->paged_max_blocks * sizeof(int32_t));
+        v->h_logits = malloc(R * hp->vocab * f);
+        if (!v->pk_cache || !v->pv_cache || !v->h_tables || !v->h_logits)
+            st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the paged cache");
+        const uint64_t paged_bytes = (uint64_t)v->paged_rows * (uint64_t)v->kv_dim * f;
+        for (int l = 0; l < hp->n_layer && st == BN_OK; l++) {
+            st = buffer(v, paged_bytes, &v->pk_cache[l], &v->kv_bytes, err);
+            if (st == BN_OK)
+                st = buffer(v, paged_bytes, &v->pv_cache[l], &v->kv_bytes, err);
+        }
+        if (st == BN_OK)
+            st = buffer(v, (uint64_t)v->paged_seqs * (uint64_t)v->paged_max_blocks * 4,
+                        &v->ptables, &v->scratch_bytes, err);
+        v->paged = (vkb_cache){v->pk_cache, v->pv_cache, &v->ptables, v->paged_block,
+                               v->paged_max_blocks, v->paged_rows};
+    }
+    v->h_pos = malloc(R * sizeof(int64_t));
+    v->h_seq = malloc(R * sizeof(int32_t));
     v->h_x = malloc(R * hp->dim * f);
     v->h_cs = malloc(R * (hp->rope_dim > 0 ? hp->rope_dim : 1) * f);
     v->h_info = malloc(R * 2 * sizeof(int32_t));
     v->inv_freq = malloc((size_t)(hp->rope_dim / 2 + 1) * f);
-    if (st == BN_OK && (!v->h_x || !v->h_cs || !v->h_info || !v->inv_freq))
+    if (st == BN_OK && (!v->h_x || !v->h_cs || !v->h_info || !v->inv_freq || !v->h_pos || !v->h_seq))
         st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the Vulkan pass");
     if (st == BN_OK) /* as the CPU backend: 1 / theta^(2j / rope_dim) in fp32 */
         for (int j = 0; j < hp->rope_dim / 2; j++)
@@ -291,7 +340,12 @@ static void vkb_release(vkb *v)
             bn_vk_buffer_free(v->vk, &v->k_cache[l]);
         if (v->v_cache)
             bn_vk_buffer_free(v->vk, &v->v_cache[l]);
+        if (v->pk_cache)
+            bn_vk_buffer_free(v->vk, &v->pk_cache[l]);
+        if (v->pv_cache)
+            bn_vk_buffer_free(v->vk, &v->pv_cache[l]);
     }
+    bn_vk_buffer_free(v->vk, &v->ptables);
     bn_vk_buffer *const pass[] = {&v->x,      &v->codes, &v->scales, &v->sums,    &v->q,
                                   &v->k,      &v->v,     &v->att,    &v->out,     &v->gate,
                                   &v->up,     &v->normed, &v->logits, &v->scratch, &v->info,
@@ -310,6 +364,12 @@ static void vkb_release(vkb *v)
     free(v->head);
     free(v->k_cache);
     free(v->v_cache);
+    free(v->pk_cache);
+    free(v->pv_cache);
+    free(v->h_tables);
+    free(v->h_logits);
+    free(v->h_pos);
+    free(v->h_seq);
     free(v->h_x);
     free(v->h_cs);
     free(v->h_info);
@@ -365,6 +425,12 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
     v->hp = *hp;
     v->device = device;
     v->kv_len = p->kv_len > 0 ? p->kv_len : hp->n_ctx_train;
+    if (p->paged_rows > 0 && p->paged_block > 0 && p->paged_max_seqs > 0 &&
+        p->paged_rows % p->paged_block == 0) {
+        v->paged_rows = p->paged_rows;
+        v->paged_block = p->paged_block;
+        v->paged_seqs = p->paged_max_seqs;
+    }
     v->q_dim = (int64_t)hp->n_head * hp->head_dim;
     v->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     bn_status st = bn_vk_open(device, &v->vk, err);
@@ -428,21 +494,21 @@ static bn_status record_proj(vkb *v, int layer, bn_proj p, bn_vk_buffer *y, int6
     } while (0)
 
 /* One layer over the pass's M rows (cpu_backend.c: attention_block, ffn_block). */
-static bn_status record_layer(vkb *v, int l, int64_t M, bn_error *err)
+static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_error *err)
 {
     const bn_hparams *hp = &v->hp;
     bn_vk_buffer *norms = &v->norms[l * BN_NORM_COUNT];
     const bn_vk_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, hp->rope_dim,
-                                 v->kv_len};
-    const bn_vk_rows rows = {&v->info, &v->tables, M, (int)v->kv_len, 1};
+                                 c->rows};
+    const bn_vk_rows rows = {&v->info, c->tables, M, c->block_size, c->max_blocks};
     TRY(record_norm(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, err));
     TRY(record_proj(v, l, BN_PROJ_Q, &v->q, M, err));
     TRY(record_proj(v, l, BN_PROJ_K, &v->k, M, err));
     TRY(record_proj(v, l, BN_PROJ_V, &v->v, M, err));
     TRY(bn_vk_rope_store_record(v->vk, v->ops, &as, &rows, &v->q, &v->k, &v->v, &v->cs,
-                                &v->k_cache[l], &v->v_cache[l], 0, err));
-    TRY(bn_vk_attention_record(v->vk, v->ops, &as, &rows, &v->q, &v->k_cache[l],
-                               &v->v_cache[l], 0, &v->scratch, v->kv_len, &v->att, err));
+                                &c->k[l], &c->v[l], 0, err));
+    TRY(bn_vk_attention_record(v->vk, v->ops, &as, &rows, &v->q, &c->k[l], &c->v[l], 0,
+                               &v->scratch, v->kv_len, &v->att, err));
     TRY(record_norm(v, &v->att, &norms[BN_NORM_ATTN_SUB], M, v->q_dim, err));
     TRY(record_proj(v, l, BN_PROJ_O, &v->out, M, err));
     TRY(bn_vk_add_record(v->vk, v->ops, &v->x, &v->out, M * hp->dim, err));
@@ -471,19 +537,19 @@ static bn_status make_room(vkb *v, int need, bn_error *err)
     return bn_vk_begin(v->vk, err);
 }
 
-/* Rows tokens[0 .. M) at positions pos .. pos + M - 1; with logits, the
- * last row's logits (M must then be 1: the head reads row 0). */
-static bn_status run_pass(vkb *v, const int32_t *tokens, int64_t M, int64_t pos, float *logits,
-                          bn_error *err)
+/* Rows tokens[0 .. M) of sequences seq[] at positions pos[] through cache
+ * c; with head, the logits of all M rows into v->logits ([M][vocab]). */
+static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, const int64_t *pos,
+                          const int32_t *seq, int64_t M, bool head, bn_error *err)
 {
     const bn_hparams *hp = &v->hp;
     const int half = hp->rope_dim / 2;
     for (int64_t i = 0; i < M; i++) {
         TRY(bn_checkpoint_embedding_row(v->model, tokens[i], v->h_x + i * hp->dim, err));
-        v->h_info[2 * i] = 0;
-        v->h_info[2 * i + 1] = (int32_t)(pos + i);
+        v->h_info[2 * i] = seq[i];
+        v->h_info[2 * i + 1] = (int32_t)pos[i];
         for (int j = 0; j < half; j++) { /* as run_rows: (float)pos * inv_freq */
-            const float angle = (float)(pos + i) * v->inv_freq[j];
+            const float angle = (float)pos[i] * v->inv_freq[j];
             v->h_cs[i * hp->rope_dim + j] = cosf(angle);
             v->h_cs[i * hp->rope_dim + half + j] = sinf(angle);
         }
@@ -498,31 +564,46 @@ static bn_status run_pass(vkb *v, const int32_t *tokens, int64_t M, int64_t pos,
     for (int l = 0; l < hp->n_layer && st == BN_OK; l++) {
         st = make_room(v, LAYER_DISPATCHES, err);
         if (st == BN_OK)
-            st = record_layer(v, l, M, err);
+            st = record_layer(v, c, l, M, err);
     }
-    if (st == BN_OK && logits) {
+    if (st == BN_OK && head) {
         st = make_room(v, 1 + v->n_head_parts, err);
         if (st == BN_OK)
-            st = bn_vk_rmsnorm_record(v->vk, v->ops, &v->x, &v->out_norm, &v->normed, 1, hp->dim,
+            st = bn_vk_rmsnorm_record(v->vk, v->ops, &v->x, &v->out_norm, &v->normed, M, hp->dim,
                                       hp->rms_eps, err);
         v->recorded++;
         for (int p = 0; p < v->n_head_parts && st == BN_OK; p++, v->recorded++)
             st = bn_vk_head_record(v->vk, v->ops, &v->head[p].rows, v->head_type,
-                                   v->head[p].first, v->head[p].n, hp->dim, &v->normed, 1,
+                                   v->head[p].first, v->head[p].n, hp->dim, &v->normed, M,
                                    &v->logits, hp->vocab, err);
     }
     /* The sequence is closed whatever happened, so the device is usable. */
     bn_error closing;
     const bn_status end = bn_vk_submit(v->vk, st == BN_OK ? err : &closing);
     v->dispatches += (uint64_t)v->recorded;
-    if (st == BN_OK)
-        st = end;
-    if (st == BN_OK && logits) {
-        v->downloads++;
-        v->download_bytes += (uint64_t)hp->vocab * sizeof(float);
-        st = bn_vk_read(v->vk, &v->logits, logits, (size_t)hp->vocab * sizeof(float), err);
+    return st != BN_OK ? st : end;
+}
+
+/* Rows first .. first + n of v->logits into out. */
+static bn_status read_logits(vkb *v, int64_t first, int64_t n, float *out, bn_error *err)
+{
+    const size_t row = (size_t)v->hp.vocab * sizeof(float);
+    v->downloads++;
+    v->download_bytes += (uint64_t)n * row;
+    return bn_vk_read_at(v->vk, &v->logits, (size_t)first * row, out, (size_t)n * row, err);
+}
+
+/* One sequence's rows tokens[0 .. M) at positions pos .. pos + M - 1 in the
+ * flat cache; with logits, the last row's (M must then be 1). */
+static bn_status run_flat(vkb *v, const int32_t *tokens, int64_t M, int64_t pos, float *logits,
+                          bn_error *err)
+{
+    for (int64_t i = 0; i < M; i++) {
+        v->h_pos[i] = pos + i;
+        v->h_seq[i] = 0;
     }
-    return st;
+    TRY(run_pass(v, &v->flat, tokens, v->h_pos, v->h_seq, M, logits != NULL, err));
+    return logits ? read_logits(v, M - 1, 1, logits, err) : BN_OK;
 }
 
 static bn_status vk_forward(bn_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
@@ -552,14 +633,84 @@ static bn_status vk_forward(bn_backend *b, const int32_t *tokens, int64_t n, int
     /* Chunks of the rows before the last; the last row alone, with the head. */
     for (int64_t c = 0; c < n - 1 && st == BN_OK; c += VKB_CHUNK) {
         const int64_t M = n - 1 - c < VKB_CHUNK ? n - 1 - c : VKB_CHUNK;
-        st = run_pass(v, tokens + c, M, pos + c, NULL, err);
+        st = run_flat(v, tokens + c, M, pos + c, NULL, err);
         if (st == BN_OK)
             v->kv_filled = pos + c + M;
     }
     if (st == BN_OK)
-        st = run_pass(v, tokens + n - 1, 1, pos + n - 1, logits, err);
+        st = run_flat(v, tokens + n - 1, 1, pos + n - 1, logits, err);
     if (st == BN_OK)
         v->kv_filled = pos + n;
+    return st;
+}
+
+/* Rows of many sequences over the paged cache (batch_rows.h), in chunks of
+ * VKB_CHUNK rows; the logit rows' logits into logits, vocab floats each. */
+static bn_status vk_forward_rows(bn_backend *b, const bn_batch_rows *r, float *logits,
+                                 bn_error *err)
+{
+    vkb *v = vkb_of(b);
+    const bn_hparams *hp = &v->hp;
+    if (!r || r->n_rows <= 0 || !r->tokens || !r->pos || !r->seq || !r->tables ||
+        !r->table_len || r->block_size != v->paged_block || v->paged_rows == 0 ||
+        r->n_logits < 0 || (r->n_logits > 0 && (!r->logit_rows || !logits)))
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "vulkan forward_rows: rows, positions, sequences, block tables of "
+                            "blocks of %d and a paged cache are needed",
+                            v->paged_block);
+    const int64_t n_blocks = v->paged_rows / v->paged_block;
+    for (int64_t i = 0; i < r->n_rows; i++) {
+        const int64_t p = r->pos[i], blk = p / r->block_size;
+        const int32_t sq = r->seq[i];
+        if (r->tokens[i] < 0 || r->tokens[i] >= hp->vocab)
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                                "token ids must come from this model's vocabulary",
+                                "token %lld is %d, outside the vocabulary (0..%d)", (long long)i,
+                                (int)r->tokens[i], (int)hp->vocab - 1);
+        if (p < 0 || p >= v->kv_len || sq < 0 || sq >= v->paged_seqs ||
+            blk >= r->table_len[sq] || blk >= v->paged_max_blocks || r->tables[sq][blk] < 0 ||
+            r->tables[sq][blk] >= n_blocks)
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                                "vulkan forward_rows: row %lld (sequence %d, position %lld) has "
+                                "no block in the cache",
+                                (long long)i, (int)sq, (long long)p);
+    }
+    for (int64_t k = 0; k < r->n_logits; k++)
+        if (r->logit_rows[k] < 0 || r->logit_rows[k] >= r->n_rows ||
+            (k > 0 && r->logit_rows[k] <= r->logit_rows[k - 1]))
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                                "vulkan forward_rows: logit rows must be rows, in increasing "
+                                "order");
+    /* The block tables of the sequences the rows name (-1: no block). */
+    const int mb = v->paged_max_blocks;
+    for (int64_t i = 0; i < (int64_t)v->paged_seqs * mb; i++)
+        v->h_tables[i] = -1;
+    for (int64_t i = 0; i < r->n_rows; i++) {
+        const int32_t sq = r->seq[i];
+        const int32_t n = r->table_len[sq] < mb ? r->table_len[sq] : mb;
+        memcpy(v->h_tables + (int64_t)sq * mb, r->tables[sq], (size_t)n * sizeof(int32_t));
+    }
+    bn_status st = upload(v, &v->ptables, v->h_tables,
+                          (size_t)v->paged_seqs * (size_t)mb * sizeof(int32_t), err);
+    int64_t next = 0;
+    for (int64_t c = 0; c < r->n_rows && st == BN_OK; c += VKB_CHUNK) {
+        const int64_t M = r->n_rows - c < VKB_CHUNK ? r->n_rows - c : VKB_CHUNK;
+        const bool wanted = next < r->n_logits && r->logit_rows[next] < c + M;
+        st = run_pass(v, &v->paged, r->tokens + c, r->pos + c, r->seq + c, M, wanted, err);
+        if (st != BN_OK || !wanted)
+            continue;
+        /* The chunk's logit rows: the span from the first to the last read
+         * back at once, the wanted ones copied out. */
+        int64_t last = next;
+        while (last + 1 < r->n_logits && r->logit_rows[last + 1] < c + M)
+            last++;
+        const int64_t r0 = r->logit_rows[next] - c, r1 = r->logit_rows[last] - c;
+        st = read_logits(v, r0, r1 - r0 + 1, v->h_logits, err);
+        for (; st == BN_OK && next <= last; next++)
+            memcpy(logits + next * hp->vocab,
+                   v->h_logits + (r->logit_rows[next] - c - r0) * hp->vocab,
+                   (size_t)hp->vocab * sizeof(float));
+    }
     return st;
 }
 
@@ -574,7 +725,7 @@ static void vk_describe(const bn_backend *b, bn_backend_desc *d)
     snprintf(d->selected, sizeof d->selected, "vulkan:%d", v->device);
     snprintf(d->kernel, sizeof d->kernel, "vulkan");
     d->threads = 0;
-    d->batches = false;
+    d->batches = v->paged_rows > 0;
     snprintf(d->details, sizeof d->details, "%s (%s), kv f32, head %s", dev->name, dev->type,
              v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32");
 }
@@ -620,8 +771,51 @@ const bn_backend_ops bn_vulkan_backend_ops = {
     .forward = vk_forward,
     .forward_all = NULL,
     .kv_len = vk_kv_len,
+    .forward_rows = vk_forward_rows,
     .kv_filled = vk_kv_filled,
     .reset = vk_reset,
     .describe = vk_describe,
     .report = vk_report,
 };
+
+bn_status bn_vk_backend_profile_step(void *backend, int32_t token, int64_t pos,
+                                     bn_vk_pass_profile *out, bn_error *err)
+{
+    vkb *v = backend;
+    memset(out, 0, sizeof *out);
+    if (!v || pos < 0 || pos > v->kv_filled || pos >= v->kv_len || token < 0 ||
+        token >= v->hp.vocab)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "vulkan profile: token %d at position %lld is not a decode step",
+                            (int)token, (long long)pos);
+    float *logits = malloc((size_t)v->hp.vocab * sizeof *logits);
+    if (!logits)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the logits");
+    bn_status st = bn_vk_profile(v->vk, true, err);
+    if (st == BN_OK)
+        st = run_flat(v, &token, 1, pos, logits, err);
+    const char *names[BN_VK_MAX_DISPATCHES];
+    double us[BN_VK_MAX_DISPATCHES];
+    const int n = st == BN_OK ? bn_vk_profile_read(v->vk, names, us, BN_VK_MAX_DISPATCHES, err)
+                              : -1;
+    if (st == BN_OK && n < 0)
+        st = err->status;
+    for (int i = 0; i < n; i++) { /* totals by kernel, in order of first run */
+        int k = 0;
+        while (k < out->n && strcmp(out->names[k], names[i]) != 0)
+            k++;
+        if (k == out->n && out->n < BN_VK_PROFILE_KERNELS)
+            snprintf(out->names[out->n++], sizeof out->names[0], "%s", names[i]);
+        if (k < out->n) {
+            out->us[k] += us[i];
+            out->dispatches[k]++;
+        }
+        out->total_us += us[i];
+    }
+    bn_error off;
+    (void)bn_vk_profile(v->vk, false, &off);
+    if (st == BN_OK)
+        v->kv_filled = pos + 1;
+    free(logits);
+    return st;
+}

@@ -65,7 +65,12 @@
     X(vkCreateFence)                                                                           \
     X(vkDestroyFence)                                                                          \
     X(vkWaitForFences)                                                                         \
-    X(vkResetFences)
+    X(vkResetFences)                                                                           \
+    X(vkCreateQueryPool)                                                                       \
+    X(vkDestroyQueryPool)                                                                      \
+    X(vkCmdResetQueryPool)                                                                     \
+    X(vkCmdWriteTimestamp)                                                                     \
+    X(vkGetQueryPoolResults)
 
 #define BN_VK_DECLARE(name) PFN_##name name;
 typedef struct vk_fns {
@@ -242,6 +247,18 @@ struct bn_vk {
     VkDescriptorPool descriptors; /* reset when a sequence begins */
     bool recording;               /* a sequence is open (bn_vk_begin)  */
     int dispatches;               /* recorded in it so far             */
+    /* Timing (bn_vk_profile): a timestamp before a sequence's first
+     * dispatch and after each; the kernels' names in order. */
+    VkQueryPool timer;
+    bool timing;
+    /* The host-visible buffer copies go through, kept and grown as needed
+     * up to 64 MiB (making one for each copy of a pass's rows cost more
+     * than the copy). */
+    bn_vk_buffer stage;
+    void *stage_map;
+    bool timestamps;              /* the queue family has timestamps   */
+    double ns_per_tick;
+    const char *timed[BN_VK_MAX_DISPATCHES];
 };
 
 struct bn_vk_kernel {
@@ -293,6 +310,9 @@ bn_status bn_vk_open(int index, bn_vk **out, bn_error *err)
     }
     vk->pd = pds[index];
     describe(f, vk->pd, &vk->info);
+    VkPhysicalDeviceProperties props;
+    f->vkGetPhysicalDeviceProperties(vk->pd, &props);
+    vk->ns_per_tick = props.limits.timestampPeriod;
     f->vkGetPhysicalDeviceMemoryProperties(vk->pd, &vk->mem);
 
     uint32_t nq = 0;
@@ -310,6 +330,7 @@ bn_status bn_vk_open(int index, bn_vk **out, bn_error *err)
                             vk->info.name);
     }
     vk->queue_family = (uint32_t)family;
+    vk->timestamps = qf[family].timestampValidBits > 0;
     const float priority = 1.0f;
     const VkDeviceQueueCreateInfo qci = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                                          .queueFamilyIndex = vk->queue_family,
@@ -380,6 +401,11 @@ void bn_vk_close(bn_vk *vk)
         return;
     const vk_fns *f = &vk->vi.fn;
     if (vk->device) {
+        if (vk->stage_map)
+            f->vkUnmapMemory(vk->device, vk->stage.memory);
+        bn_vk_buffer_free(vk, &vk->stage);
+        if (vk->timer)
+            f->vkDestroyQueryPool(vk->device, vk->timer, NULL);
         if (vk->descriptors)
             f->vkDestroyDescriptorPool(vk->device, vk->descriptors, NULL);
         if (vk->fence)
@@ -510,53 +536,71 @@ static bn_status staging(bn_vk *vk, size_t n, bn_vk_buffer *s, void **map, bn_er
     return BN_OK;
 }
 
-/* Copies n bytes between a staging buffer and b, either way, and waits. */
-static bn_status copy(bn_vk *vk, VkBuffer from, VkBuffer to, size_t n, bn_error *err)
+/* Copies n bytes from offset `from_at` of one buffer to offset `to_at` of
+ * another (one of them the staging buffer), and waits. */
+static bn_status copy(bn_vk *vk, VkBuffer from, VkDeviceSize from_at, VkBuffer to,
+                      VkDeviceSize to_at, size_t n, bn_error *err)
 {
     bn_status st = begin(vk, err);
     if (st != BN_OK)
         return st;
-    const VkBufferCopy region = {0, 0, n};
+    const VkBufferCopy region = {from_at, to_at, n};
     vk->vi.fn.vkCmdCopyBuffer(vk->cmd, from, to, 1, &region);
     return submit_wait(vk, err);
 }
 
-/* n bytes between host memory and b, through a staging buffer. */
-static bn_status transfer(bn_vk *vk, const bn_vk_buffer *b, void *host, size_t n, bool to_device,
-                          bn_error *err)
+/* n bytes between host memory and b from byte `at`, through the staging
+ * buffer. */
+static bn_status transfer(bn_vk *vk, const bn_vk_buffer *b, VkDeviceSize at, void *host, size_t n,
+                          bool to_device, bn_error *err)
 {
     if (vk->recording)
         return bn_error_set(err, BN_ERR_INTERNAL, NULL,
                             "Vulkan: a copy while a sequence is being recorded");
-    if (n > b->size)
+    if (at > b->size || n > b->size - at)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "Vulkan: %zu bytes %s a buffer of %llu", n, to_device ? "into" : "from",
+                            "Vulkan: %zu bytes at %llu %s a buffer of %llu", n,
+                            (unsigned long long)at, to_device ? "into" : "from",
                             (unsigned long long)b->size);
     if (n == 0)
         return BN_OK;
-    bn_vk_buffer s;
-    void *map;
-    bn_status st = staging(vk, n, &s, &map, err);
-    if (st != BN_OK)
-        return st;
+    if (vk->stage.size < n) { /* grown to the largest copy so far */
+        if (vk->stage_map)
+            vk->vi.fn.vkUnmapMemory(vk->device, vk->stage.memory);
+        bn_vk_buffer_free(vk, &vk->stage);
+        vk->stage_map = NULL;
+        const bn_status st = staging(vk, n, &vk->stage, &vk->stage_map, err);
+        if (st != BN_OK)
+            return st;
+    }
     if (to_device)
-        memcpy(map, host, n);
-    st = to_device ? copy(vk, s.buffer, b->buffer, n, err) : copy(vk, b->buffer, s.buffer, n, err);
+        memcpy(vk->stage_map, host, n);
+    const bn_status st = to_device ? copy(vk, vk->stage.buffer, 0, b->buffer, at, n, err)
+                                   : copy(vk, b->buffer, at, vk->stage.buffer, 0, n, err);
     if (st == BN_OK && !to_device)
-        memcpy(host, map, n);
-    vk->vi.fn.vkUnmapMemory(vk->device, s.memory);
-    bn_vk_buffer_free(vk, &s);
+        memcpy(host, vk->stage_map, n);
+    if (vk->stage.size > ((VkDeviceSize)64 << 20)) { /* a weight upload's: not kept */
+        vk->vi.fn.vkUnmapMemory(vk->device, vk->stage.memory);
+        bn_vk_buffer_free(vk, &vk->stage);
+        vk->stage_map = NULL;
+    }
     return st;
 }
 
 bn_status bn_vk_write(bn_vk *vk, bn_vk_buffer *dst, const void *src, size_t n, bn_error *err)
 {
-    return transfer(vk, dst, (void *)src, n, true, err);
+    return transfer(vk, dst, 0, (void *)src, n, true, err);
 }
 
 bn_status bn_vk_read(bn_vk *vk, const bn_vk_buffer *src, void *dst, size_t n, bn_error *err)
 {
-    return transfer(vk, src, dst, n, false, err);
+    return transfer(vk, src, 0, dst, n, false, err);
+}
+
+bn_status bn_vk_read_at(bn_vk *vk, const bn_vk_buffer *src, size_t offset, void *dst, size_t n,
+                        bn_error *err)
+{
+    return transfer(vk, src, offset, dst, n, false, err);
 }
 
 /* ---- kernels ------------------------------------------------------------------ */
@@ -654,8 +698,54 @@ bn_status bn_vk_begin(bn_vk *vk, bn_error *err)
     if (st == BN_OK) {
         vk->recording = true;
         vk->dispatches = 0;
+        if (vk->timing) {
+            vk->vi.fn.vkCmdResetQueryPool(vk->cmd, vk->timer, 0, BN_VK_MAX_DISPATCHES + 1);
+            vk->vi.fn.vkCmdWriteTimestamp(vk->cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, vk->timer,
+                                          0);
+        }
     }
     return st;
+}
+
+bn_status bn_vk_profile(bn_vk *vk, bool on, bn_error *err)
+{
+    if (vk->recording)
+        return bn_error_set(err, BN_ERR_INTERNAL, NULL,
+                            "Vulkan: timing switched while a sequence is open");
+    if (on && !vk->timestamps)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
+                            "Vulkan: %s's compute queue has no timestamps", vk->info.name);
+    if (on && !vk->timer) {
+        const VkQueryPoolCreateInfo qpci = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+                                            .queryType = VK_QUERY_TYPE_TIMESTAMP,
+                                            .queryCount = BN_VK_MAX_DISPATCHES + 1};
+        VK_TRY(err, vk->vi.fn.vkCreateQueryPool(vk->device, &qpci, NULL, &vk->timer),
+               "vkCreateQueryPool");
+    }
+    vk->timing = on;
+    return BN_OK;
+}
+
+int bn_vk_profile_read(bn_vk *vk, const char **names, double *us, int max, bn_error *err)
+{
+    if (!vk->timing || vk->recording) {
+        bn_error_set(err, BN_ERR_INTERNAL, NULL, "Vulkan: no timed sequence to read");
+        return -1;
+    }
+    const int n = vk->dispatches < max ? vk->dispatches : max;
+    uint64_t ticks[BN_VK_MAX_DISPATCHES + 1];
+    const VkResult rc = vk->vi.fn.vkGetQueryPoolResults(
+        vk->device, vk->timer, 0, (uint32_t)n + 1, sizeof ticks, ticks, sizeof ticks[0],
+        VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+    if (rc != VK_SUCCESS) {
+        vk_fail(err, BN_ERR_GPU, rc, "vkGetQueryPoolResults");
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        names[i] = vk->timed[i];
+        us[i] = (double)(ticks[i + 1] - ticks[i]) * vk->ns_per_tick / 1000.0;
+    }
+    return n;
 }
 
 bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers,
@@ -705,6 +795,11 @@ bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffer
         f->vkCmdPushConstants(vk->cmd, k->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, k->push_bytes,
                               push);
     f->vkCmdDispatch(vk->cmd, groups_x, groups_y, 1);
+    if (vk->timing) {
+        f->vkCmdWriteTimestamp(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk->timer,
+                               (uint32_t)vk->dispatches + 1);
+        vk->timed[vk->dispatches] = k->name;
+    }
     vk->dispatches++;
     return BN_OK;
 }

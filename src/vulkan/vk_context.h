@@ -49,6 +49,9 @@ bn_status bn_vk_buffer_create(bn_vk *vk, VkDeviceSize size, bn_vk_buffer *out, b
 void bn_vk_buffer_free(bn_vk *vk, bn_vk_buffer *b);
 bn_status bn_vk_write(bn_vk *vk, bn_vk_buffer *dst, const void *src, size_t n, bn_error *err);
 bn_status bn_vk_read(bn_vk *vk, const bn_vk_buffer *src, void *dst, size_t n, bn_error *err);
+/* n bytes from byte `offset` of src. */
+bn_status bn_vk_read_at(bn_vk *vk, const bn_vk_buffer *src, size_t offset, void *dst, size_t n,
+                        bn_error *err);
 
 /* A compute pipeline: SPIR-V (len bytes, as embedded) whose bindings 0 ..
  * n_buffers - 1 of set 0 are storage buffers, with push_bytes of push
@@ -69,5 +72,14 @@ bn_status bn_vk_begin(bn_vk *vk, bn_error *err);
 bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers,
                          const void *push, uint32_t groups_x, uint32_t groups_y, bn_error *err);
 bn_status bn_vk_submit(bn_vk *vk, bn_error *err);
+
+/* Timing by the device's timestamps: with `on`, each sequence begun after
+ * this records the time each dispatch took (from the end of the one
+ * before, barrier included); bn_vk_profile_read gives the last submitted
+ * sequence's, up to max, with the kernels' names (valid while the kernels
+ * live). BN_ERR_UNSUPPORTED where the queue has no timestamps. Timing
+ * slows nothing but adds a write after each dispatch. */
+bn_status bn_vk_profile(bn_vk *vk, bool on, bn_error *err);
+int bn_vk_profile_read(bn_vk *vk, const char **names, double *us, int max, bn_error *err);
 
 #endif

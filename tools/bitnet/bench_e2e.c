@@ -23,6 +23,9 @@
 #if defined(BITNET_HAVE_CUDA)
 #include "cuda_backend.h"
 #endif
+#if defined(BITNET_HAVE_VULKAN)
+#include "vk_backend.h"
+#endif
 
 #define CMD "bench e2e"
 
@@ -372,6 +375,28 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
 
 /* Where the CPU's decode steps and prompt chunks spent their time, stage
  * by stage, and what the thread pool's hand-offs cost. */
+#if defined(BITNET_HAVE_VULKAN)
+/* The kernels of one more decode step on the Vulkan backend, timed by the
+ * device's timestamps (each from the end of the dispatch before). */
+static void print_vulkan_step(void *vk, int32_t token, int64_t pos)
+{
+    bn_vk_pass_profile p;
+    bn_error err;
+    bn_error_clear(&err);
+    if (bn_vk_backend_profile_step(vk, token, pos, &p, &err) != BN_OK) {
+        printf("per-kernel time of a decode step: not measured (%s)\n", err.message);
+        return;
+    }
+    printf("\nper-kernel time of one decode step (Vulkan timestamps, from the end of the "
+           "dispatch before):\n");
+    printf("  %-24s %9s %7s %10s\n", "kernel", "us/step", "share", "dispatches");
+    for (int k = 0; k < p.n; k++)
+        printf("  %-24s %9.1f %6.1f%% %10d\n", p.names[k], p.us[k],
+               p.total_us > 0 ? 100.0 * p.us[k] / p.total_us : 0.0, p.dispatches[k]);
+    printf("  %-24s %9.1f\n", "total (on the device)", p.total_us);
+}
+#endif
+
 static void print_cpu_stages(bn_cpu_backend *cpu, const bn_generation *g)
 {
     bn_cpu_stage_times t;
@@ -581,6 +606,11 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
     bn_cpu_backend *cpu = (bn_cpu_backend *)bn_engine_backend_handle(e, "cpu");
     if (cpu)
         print_cpu_stages(cpu, &g);
+#if defined(BITNET_HAVE_VULKAN)
+    void *vk = bn_engine_backend_handle(e, "vulkan");
+    if (vk && g.n_tokens > 0)
+        print_vulkan_step(vk, g.tokens[g.n_tokens - 1], n_prompt + g.n_tokens - 1);
+#endif
     printf("memory    weights %s (packed for the kernels %s + embedding %s), KV cache %s (%lld "
            "positions), scratch %s",
            size_text(info.backend_weight_bytes + info.model_weight_bytes, a, sizeof a),

@@ -183,13 +183,20 @@ void main()
         }
         barrier();
         const uint cnt = min(WG, n_pos - c);
-        for (uint k = 0u; k < cnt; k++) {
-            const float pr = e_sh[k];
-            const uint vb = at_sh[k];
+        // Sixteen positions' values loaded at once (independent loads in
+        // flight together; one after another they took most of a decode
+        // step's attention), then added in position order.
+        for (uint k0 = 0u; k0 < cnt; k0 += 16u) {
+            const uint kn = min(16u, cnt - k0);
             for (uint j = 0u; j < MAX_HD / WG; j++) {
                 const uint i = tid + j * WG;
-                if (i < hd)
-                    o[j] = o[j] + pr * vc[vb + i];
+                if (i >= hd)
+                    continue;
+                float vv[16];
+                for (uint k = 0u; k < 16u; k++)
+                    vv[k] = k < kn ? vc[at_sh[k0 + k] + i] : 0.0;
+                for (uint k = 0u; k < kn; k++)
+                    o[j] = o[j] + e_sh[k0 + k] * vv[k];
             }
         }
         barrier();

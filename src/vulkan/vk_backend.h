@@ -1,0 +1,30 @@
+/*
+ * vk_backend.h - what the Vulkan backend (vk_backend.c) offers beside the
+ * engine's interface: the time each kernel takes in one decode pass, by
+ * the device's timestamps (bitnet bench e2e --device vulkan).
+ */
+#ifndef BN_VK_BACKEND_H
+#define BN_VK_BACKEND_H
+
+#include <stdint.h>
+
+#include "bitnet.h"
+
+#define BN_VK_PROFILE_KERNELS 16
+
+typedef struct bn_vk_pass_profile {
+    int n;                                     /* kernels that ran       */
+    char names[BN_VK_PROFILE_KERNELS][32];     /* in order of first run  */
+    double us[BN_VK_PROFILE_KERNELS];          /* each one's total       */
+    int dispatches[BN_VK_PROFILE_KERNELS];
+    double total_us;                           /* the pass's dispatches  */
+} bn_vk_pass_profile;
+
+/* One decode pass of `token` at position pos (at most the positions
+ * filled, which it then fills to pos + 1) with the head, timed: backend is
+ * the engine's handle (bn_engine_backend_handle(e, "vulkan")).
+ * BN_ERR_UNSUPPORTED where the device's queue has no timestamps. */
+bn_status bn_vk_backend_profile_step(void *backend, int32_t token, int64_t pos,
+                                     bn_vk_pass_profile *out, bn_error *err);
+
+#endif
