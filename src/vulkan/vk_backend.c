@@ -469,21 +469,12 @@ static void vk_free(bn_backend *b)
 
 /* ---- the pass ----------------------------------------------------------------- */
 
-/* xq = q(norm(x)) over M rows of n; first, with `extra`, x += extra (the
- * residual) or, with relu2, x = relu(x)^2 extra (the gate times up). */
-static bn_status record_norm(vkb *v, bn_vk_buffer *x, bn_vk_buffer *extra, bool relu2,
-                             bn_vk_buffer *w, int64_t M, int64_t n, bn_error *err)
+static bn_status record_norm(vkb *v, bn_vk_buffer *x, bn_vk_buffer *w, int64_t M, int64_t n,
+                             bn_error *err)
 {
-    const float eps = v->hp.rms_eps;
     v->recorded++;
-    if (!extra)
-        return bn_vk_norm_record(v->vk, v->norm, x, w, &v->codes, &v->scales, &v->sums, M, n,
-                                 eps, err);
-    if (relu2)
-        return bn_vk_relu2_norm_record(v->vk, v->norm, x, extra, w, &v->codes, &v->scales,
-                                       &v->sums, M, n, eps, err);
-    return bn_vk_add_norm_record(v->vk, v->norm, x, extra, w, &v->codes, &v->scales, &v->sums,
-                                 M, n, eps, err);
+    return bn_vk_norm_record(v->vk, v->norm, x, w, &v->codes, &v->scales, &v->sums, M, n,
+                             v->hp.rms_eps, err);
 }
 
 static bn_status record_proj(vkb *v, int layer, bn_proj p, bn_vk_buffer *y, int64_t M,
@@ -502,9 +493,7 @@ static bn_status record_proj(vkb *v, int layer, bn_proj p, bn_vk_buffer *y, int6
             return try_st_;                                                                \
     } while (0)
 
-/* One layer over the pass's M rows (cpu_backend.c: attention_block, ffn_block).
- * The previous layer's last residual (x += out) is made by this layer's
- * first norm; the last layer makes its own. */
+/* One layer over the pass's M rows (cpu_backend.c: attention_block, ffn_block). */
 static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_error *err)
 {
     const bn_hparams *hp = &v->hp;
@@ -512,8 +501,7 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
     const bn_vk_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, hp->rope_dim,
                                  c->rows};
     const bn_vk_rows rows = {&v->info, c->tables, M, c->block_size, c->max_blocks};
-    TRY(record_norm(v, &v->x, l > 0 ? &v->out : NULL, false, &norms[BN_NORM_ATTN], M, hp->dim,
-                    err));
+    TRY(record_norm(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, err));
     TRY(record_proj(v, l, BN_PROJ_Q, &v->q, M, err));
     TRY(record_proj(v, l, BN_PROJ_K, &v->k, M, err));
     TRY(record_proj(v, l, BN_PROJ_V, &v->v, M, err));
@@ -521,23 +509,22 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
                                 &c->k[l], &c->v[l], 0, err));
     TRY(bn_vk_attention_record(v->vk, v->ops, &as, &rows, &v->q, &c->k[l], &c->v[l], 0,
                                &v->scratch, v->kv_len, &v->att, err));
-    TRY(record_norm(v, &v->att, NULL, false, &norms[BN_NORM_ATTN_SUB], M, v->q_dim, err));
+    TRY(record_norm(v, &v->att, &norms[BN_NORM_ATTN_SUB], M, v->q_dim, err));
     TRY(record_proj(v, l, BN_PROJ_O, &v->out, M, err));
-    TRY(record_norm(v, &v->x, &v->out, false, &norms[BN_NORM_FFN], M, hp->dim, err));
+    TRY(bn_vk_add_record(v->vk, v->ops, &v->x, &v->out, M * hp->dim, err));
+    TRY(record_norm(v, &v->x, &norms[BN_NORM_FFN], M, hp->dim, err));
     TRY(record_proj(v, l, BN_PROJ_GATE, &v->gate, M, err));
     TRY(record_proj(v, l, BN_PROJ_UP, &v->up, M, err));
-    TRY(record_norm(v, &v->gate, &v->up, true, &norms[BN_NORM_FFN_SUB], M, hp->ffn, err));
+    TRY(bn_vk_relu2_record(v->vk, v->ops, &v->gate, &v->up, M * hp->ffn, err));
+    TRY(record_norm(v, &v->gate, &norms[BN_NORM_FFN_SUB], M, hp->ffn, err));
     TRY(record_proj(v, l, BN_PROJ_DOWN, &v->out, M, err));
-    v->recorded += 2; /* rope_store, attention */
-    if (l + 1 == hp->n_layer) {
-        v->recorded++;
-        TRY(bn_vk_add_record(v->vk, v->ops, &v->x, &v->out, M * hp->dim, err));
-    }
+    TRY(bn_vk_add_record(v->vk, v->ops, &v->x, &v->out, M * hp->dim, err));
+    v->recorded += 5;
     return BN_OK;
 }
 
-/* Dispatches a layer records at most (record_layer). */
-#define LAYER_DISPATCHES 14
+/* Dispatches a layer records (record_layer) and the head's. */
+#define LAYER_DISPATCHES 16
 
 /* Submits the open sequence when `need` more dispatches would not fit it. */
 static bn_status make_room(vkb *v, int need, bn_error *err)
@@ -772,7 +759,7 @@ static void vk_report(const bn_backend *b, bn_engine_info *info)
     info->backend_total_bytes = info->gpu_total_bytes;
     snprintf(info->kernels, sizeof info->kernels,
              "vulkan_w2a8,vulkan_norm_quantize,vulkan_rope_store,vulkan_attention,vulkan_add,"
-             "vulkan_rmsnorm,vulkan_head_%s",
+             "vulkan_relu2,vulkan_rmsnorm,vulkan_head_%s",
              v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32");
 }
 

@@ -10,7 +10,6 @@ extern const size_t bn_vk_spv_norm_quantize_len;
 typedef struct norm_params {
     uint32_t rows, n, words;
     float eps;
-    uint32_t mode;
 } norm_params;
 
 bn_status bn_vk_norm_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
@@ -20,12 +19,12 @@ bn_status bn_vk_norm_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
                             "Vulkan: %s has no fp64, which the exact norm + int8 kernel needs",
                             bn_vk_device(vk)->name);
     return bn_vk_kernel_create(vk, "norm_quantize", bn_vk_spv_norm_quantize,
-                               bn_vk_spv_norm_quantize_len, 6, sizeof(norm_params), out, err);
+                               bn_vk_spv_norm_quantize_len, 5, sizeof(norm_params), out, err);
 }
 
-static bn_status record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *x, bn_vk_buffer *extra,
-                        uint32_t mode, bn_vk_buffer *w, bn_vk_buffer *codes, bn_vk_buffer *scales,
-                        bn_vk_buffer *sums, int64_t rows, int64_t n, float eps, bn_error *err)
+bn_status bn_vk_norm_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *x, bn_vk_buffer *w,
+                            bn_vk_buffer *codes, bn_vk_buffer *scales, bn_vk_buffer *sums,
+                            int64_t rows, int64_t n, float eps, bn_error *err)
 {
     const uint64_t words = 4 * (uint64_t)bn_vk_w2a8_words(n);
     if (rows < 1 || n < 1 || (uint64_t)rows * (uint64_t)n > UINT32_MAX ||
@@ -36,36 +35,9 @@ static bn_status record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *x, bn_vk_
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "Vulkan norm: %lld rows of %lld do not fit their buffers",
                             (long long)rows, (long long)n);
-    if (mode != 0 && (!extra || extra->size < (VkDeviceSize)(rows * n) * sizeof(float)))
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "Vulkan norm: the second buffer holds fewer than %lld rows of %lld",
-                            (long long)rows, (long long)n);
-    const norm_params p = {(uint32_t)rows, (uint32_t)n, (uint32_t)words, eps, mode};
+    const norm_params p = {(uint32_t)rows, (uint32_t)n, (uint32_t)words, eps};
     const uint32_t gx = rows < 65535 ? (uint32_t)rows : 65535u;
     const uint32_t gy = (uint32_t)((rows + gx - 1) / gx);
-    bn_vk_buffer *const buffers[6] = {x, w, codes, scales, sums, mode ? extra : x};
+    bn_vk_buffer *const buffers[5] = {x, w, codes, scales, sums};
     return bn_vk_dispatch(vk, kernel, buffers, &p, gx, gy, err);
-}
-
-bn_status bn_vk_norm_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *x, bn_vk_buffer *w,
-                            bn_vk_buffer *codes, bn_vk_buffer *scales, bn_vk_buffer *sums,
-                            int64_t rows, int64_t n, float eps, bn_error *err)
-{
-    return record(vk, kernel, x, NULL, 0, w, codes, scales, sums, rows, n, eps, err);
-}
-
-bn_status bn_vk_add_norm_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *x,
-                                bn_vk_buffer *r, bn_vk_buffer *w, bn_vk_buffer *codes,
-                                bn_vk_buffer *scales, bn_vk_buffer *sums, int64_t rows, int64_t n,
-                                float eps, bn_error *err)
-{
-    return record(vk, kernel, x, r, 1, w, codes, scales, sums, rows, n, eps, err);
-}
-
-bn_status bn_vk_relu2_norm_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *gate,
-                                  bn_vk_buffer *up, bn_vk_buffer *w, bn_vk_buffer *codes,
-                                  bn_vk_buffer *scales, bn_vk_buffer *sums, int64_t rows,
-                                  int64_t n, float eps, bn_error *err)
-{
-    return record(vk, kernel, gate, up, 2, w, codes, scales, sums, rows, n, eps, err);
 }

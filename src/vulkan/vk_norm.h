@@ -23,16 +23,4 @@ bn_status bn_vk_norm_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *x, bn
                             bn_vk_buffer *codes, bn_vk_buffer *scales, bn_vk_buffer *sums,
                             int64_t rows, int64_t n, float eps, bn_error *err);
 
-/* The same after making the rows as the CPU does just before its norm,
- * written back: x += r (the residual), or gate = relu(gate)^2 up (the
- * squared ReLU gate; cpu_backend.c's relu2_span). One dispatch. */
-bn_status bn_vk_add_norm_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *x,
-                                bn_vk_buffer *r, bn_vk_buffer *w, bn_vk_buffer *codes,
-                                bn_vk_buffer *scales, bn_vk_buffer *sums, int64_t rows, int64_t n,
-                                float eps, bn_error *err);
-bn_status bn_vk_relu2_norm_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *gate,
-                                  bn_vk_buffer *up, bn_vk_buffer *w, bn_vk_buffer *codes,
-                                  bn_vk_buffer *scales, bn_vk_buffer *sums, int64_t rows,
-                                  int64_t n, float eps, bn_error *err);
-
 #endif

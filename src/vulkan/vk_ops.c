@@ -1,5 +1,5 @@
 /* vk_ops.c - launching the forward pass's other kernels (shaders/add.comp,
- * rope_store.comp, attention.comp, rmsnorm.comp,
+ * relu2.comp, rope_store.comp, attention.comp, rmsnorm.comp,
  * head_matvec.comp): sizes checked against the buffers, workgroups laid
  * out in a grid of at most 65535 columns. */
 #include "vk_ops.h"
@@ -7,13 +7,13 @@
 #include <math.h>
 #include <stdlib.h>
 
-extern const unsigned char bn_vk_spv_add[], bn_vk_spv_rope_store[], bn_vk_spv_attention[],
-    bn_vk_spv_rmsnorm[], bn_vk_spv_head_matvec[];
-extern const size_t bn_vk_spv_add_len, bn_vk_spv_rope_store_len, bn_vk_spv_attention_len,
-    bn_vk_spv_rmsnorm_len, bn_vk_spv_head_matvec_len;
+extern const unsigned char bn_vk_spv_add[], bn_vk_spv_relu2[], bn_vk_spv_rope_store[],
+    bn_vk_spv_attention[], bn_vk_spv_rmsnorm[], bn_vk_spv_head_matvec[];
+extern const size_t bn_vk_spv_add_len, bn_vk_spv_relu2_len, bn_vk_spv_rope_store_len,
+    bn_vk_spv_attention_len, bn_vk_spv_rmsnorm_len, bn_vk_spv_head_matvec_len;
 
 struct bn_vk_ops {
-    bn_vk_kernel *add, *rope_store, *attention, *rmsnorm, *head;
+    bn_vk_kernel *add, *relu2, *rope_store, *attention, *rmsnorm, *head;
 };
 
 /* The shaders' push constants, in their order. */
@@ -43,7 +43,7 @@ typedef struct head_params {
 
 /* attention.comp keeps a head's query in shared memory (MAX_HD). */
 #define ATTN_MAX_HEAD_DIM 512
-/* add.comp: 256 elements a workgroup; the grid's last row
+/* add.comp and relu2.comp: 256 elements a workgroup; the grid's last row
  * of workgroups may run past n by up to 65535 * 256 indices, which must
  * not wrap around 2^32. */
 #define SPAN_MAX ((int64_t)1 << 31)
@@ -98,6 +98,9 @@ bn_status bn_vk_ops_create(bn_vk *vk, bn_vk_ops **out, bn_error *err)
         bn_vk_kernel_create(vk, "add", bn_vk_spv_add, bn_vk_spv_add_len, 2, sizeof(span_params),
                             &ops->add, err);
     if (st == BN_OK)
+        st = bn_vk_kernel_create(vk, "relu2", bn_vk_spv_relu2, bn_vk_spv_relu2_len, 2,
+                                 sizeof(span_params), &ops->relu2, err);
+    if (st == BN_OK)
         st = bn_vk_kernel_create(vk, "rope_store", bn_vk_spv_rope_store,
                                  bn_vk_spv_rope_store_len, 8, sizeof(rope_params),
                                  &ops->rope_store, err);
@@ -124,6 +127,7 @@ void bn_vk_ops_free(bn_vk *vk, bn_vk_ops *ops)
     if (!ops)
         return;
     bn_vk_kernel_free(vk, ops->add);
+    bn_vk_kernel_free(vk, ops->relu2);
     bn_vk_kernel_free(vk, ops->rope_store);
     bn_vk_kernel_free(vk, ops->attention);
     bn_vk_kernel_free(vk, ops->rmsnorm);
@@ -152,6 +156,12 @@ bn_status bn_vk_add_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *x, bn_vk_buf
                            bn_error *err)
 {
     return span_record(vk, ops->add, "add", x, y, n, err);
+}
+
+bn_status bn_vk_relu2_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *gate, bn_vk_buffer *up,
+                             int64_t n, bn_error *err)
+{
+    return span_record(vk, ops->relu2, "relu2", gate, up, n, err);
 }
 
 /* ---- attention ----------------------------------------------------------------- */

@@ -1,11 +1,10 @@
 /*
  * vk_ops.h - the rest of the forward pass on a Vulkan device, each kernel
- * in the CPU backend's arithmetic (cpu_backend.c): the residual add, RoPE
- * with the KV cache store, causal attention over a paged cache, RMSNorm
- * (the final norm) and the LM head's logits. (The squared ReLU gate is
- * made by the norm + int8 kernel, vk_norm.h.)
+ * in the CPU backend's arithmetic (cpu_backend.c): the residual add, the
+ * squared-ReLU gate, RoPE with the KV cache store, causal attention over a
+ * paged cache, RMSNorm (the final norm) and the LM head's logits.
  *
- * Exactness: add, rope_store, rmsnorm and head give the CPU's
+ * Exactness: add, relu2, rope_store, rmsnorm and head give the CPU's
  * floats bit for bit (every expression precise, so nothing is fused into
  * a multiply-add; divisions and square roots correctly rounded through
  * double, shaders/exact_math.glsl). Attention does too except for exp,
@@ -35,6 +34,11 @@ void bn_vk_ops_free(bn_vk *vk, bn_vk_ops *ops);
 /* x[i] += y[i], i < n (float add, as the CPU's residual). */
 bn_status bn_vk_add_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *x, bn_vk_buffer *y, int64_t n,
                            bn_error *err);
+
+/* gate[i] = (g * g) * up[i] with g = gate[i] > 0 ? gate[i] : 0 (NaN -> 0),
+ * i < n: relu2_span. */
+bn_status bn_vk_relu2_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *gate, bn_vk_buffer *up,
+                             int64_t n, bn_error *err);
 
 /* The rows' positions and cache rows. rows_info: int32 [rows][2] =
  * (sequence, position). tables: int32 [n_seq][max_blocks]: position t of

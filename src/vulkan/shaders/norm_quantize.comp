@@ -21,11 +21,6 @@
 //
 // Codes go out four to a word (little end first), the row padded with
 // zeros to `words` words, as the W2A8 kernel reads them.
-//
-// The row may first be made from a second buffer, as the CPU does just
-// before its norm (one dispatch fewer each): mode 1, x += e (the residual;
-// x written back); mode 2, x = relu(x)^2 e (the squared ReLU gate, e the
-// up projection; x written back).
 
 // 256 invocations a row, and the row staged in shared memory where it fits
 // (NVIDIA's Vulkan took 55 us a row with 64 invocations reading the eight
@@ -34,19 +29,17 @@
 #define STAGED 6912u // floats of a row staged (27 KiB; lavapipe allows 32 KiB)
 layout(local_size_x = 256) in;
 
-layout(std430, binding = 0) coherent buffer Rows { float x[]; };
+layout(std430, binding = 0) readonly buffer Rows { float x[]; };
 layout(std430, binding = 1) readonly buffer Weights { float w[]; };
 layout(std430, binding = 2) writeonly buffer Codes { uint q[]; };
 layout(std430, binding = 3) writeonly buffer Scales { float scale[]; };
 layout(std430, binding = 4) writeonly buffer Sums { int sums[]; };
-layout(std430, binding = 5) readonly buffer Extra { float e[]; }; // modes 1 and 2
 
 layout(push_constant) uniform Params {
     uint rows;
     uint n;       // values a row
     uint words;   // code words a row (4 codes each)
     float eps;
-    uint mode;    // 0: x as it is; 1: x += e; 2: x = relu(x)^2 e
 } p;
 
 const float QUANT_EPS = 1e-5;
@@ -84,25 +77,7 @@ void main()
     const uint tid = gl_LocalInvocationID.x;
     const uint n = p.n, base = row * n;
 
-    if (p.mode != 0u) { // the row made first, as the CPU's float operations
-        for (uint i = tid; i < n; i += THREADS) {
-            const float a = x[base + i], b = e[base + i];
-            float v;
-            if (p.mode == 1u) {
-                precise float s = a + b;
-                v = s;
-            } else {
-                const float g = a > 0.0 ? a : 0.0;
-                precise float r = (g * g) * b;
-                v = r;
-            }
-            x[base + i] = v;
-            if (n <= STAGED)
-                row_x[i] = v;
-        }
-        memoryBarrierBuffer();
-        barrier();
-    } else if (n <= STAGED) {
+    if (n <= STAGED) {
         for (uint i = tid; i < n; i += THREADS)
             row_x[i] = x[base + i];
         barrier();
