@@ -62,9 +62,8 @@ bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *
                             (long long)(act_row + rows - 1));
     const matvec_params p = {(uint32_t)n, (uint32_t)words, (uint32_t)act_row, weight_scale,
                              (uint32_t)rows};
-    /* One workgroup an output of up to eight rows (the shader's BLOCK), in
-     * a grid of at most 65535 columns. */
-    const uint64_t groups = (uint64_t)n * (uint64_t)((rows + 7) / 8);
+    /* One workgroup an output of a row, in a grid of at most 65535 columns. */
+    const uint64_t groups = (uint64_t)n * (uint64_t)rows;
     const uint32_t gx = groups < 65535 ? (uint32_t)groups : 65535u;
     const uint32_t gy = (uint32_t)((groups + gx - 1) / gx);
     bn_vk_buffer *const buffers[4] = {w, x, y, act_scales};

@@ -1,5 +1,5 @@
-// y[a][r] = (sum_k w[r][k] * x[a][k]) / act_scale[a] * weight_scale, one
-// output r of up to eight activation rows a a workgroup: ternary weights
+// y[a][r] = (sum_k w[r][k] * x[a][k]) / act_scale[a] * weight_scale for one
+// output r of one activation row a a workgroup: ternary weights
 // (bn_vk_w2a8_pack's layout, 16 codes of weight + 1 to a word) times rows
 // of int8 activations (4 to a word, zero-padded to whole words of codes)
 // and their scales, both as the norm + int8 kernel writes them (rows
@@ -24,54 +24,42 @@ layout(push_constant) uniform Params {
     uint rows;        // activation rows
 } p;
 
-// A workgroup takes one output of up to BLOCK activation rows, so a row
-// of weights is read once for them (a prompt's pass has many rows).
-#define BLOCK 8u
-shared int partial[BLOCK][64];
+shared int partial[64];
 
 void main()
 {
-    const uint blocks = (p.rows + BLOCK - 1u) / BLOCK;
     const uint id = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-    if (id >= p.n * blocks)
+    if (id >= p.n * p.rows)
         return; // the whole workgroup: no barrier is left waiting
-    const uint a0 = (id / p.n) * BLOCK, row = id % p.n;
-    const uint na = min(BLOCK, p.rows - a0);
+    const uint a = id / p.n, row = id % p.n;
     const uint tid = gl_LocalInvocationID.x;
-    int acc[BLOCK];
-    for (uint a = 0u; a < BLOCK; a++)
-        acc[a] = 0;
+    const uint act_base = (p.act_row + a) * p.words * 4u;
+    int acc = 0;
     for (uint j = tid; j < p.words; j += 64u) {
         const uint codes = w[row * p.words + j];
-        for (uint a = 0u; a < na; a++) {
-            const uint act_base = (p.act_row + a0 + a) * p.words * 4u;
-            for (uint q = 0u; q < 4u; q++) {
-                const int acts = int(x[act_base + j * 4u + q]);
-                for (uint b = 0u; b < 4u; b++) {
-                    const int code = int((codes >> (2u * (4u * q + b))) & 3u) - 1;
-                    acc[a] += code * bitfieldExtract(acts, int(8u * b), 8);
-                }
+        for (uint q = 0u; q < 4u; q++) {
+            const int acts = int(x[act_base + j * 4u + q]);
+            for (uint b = 0u; b < 4u; b++) {
+                const int code = int((codes >> (2u * (4u * q + b))) & 3u) - 1;
+                acc += code * bitfieldExtract(acts, int(8u * b), 8);
             }
         }
     }
-    for (uint a = 0u; a < BLOCK; a++)
-        partial[a][tid] = acc[a];
+    partial[tid] = acc;
     barrier();
     for (uint half_n = 32u; half_n > 0u; half_n >>= 1u) {
         if (tid < half_n)
-            for (uint a = 0u; a < na; a++)
-                partial[a][tid] += partial[a][tid + half_n];
+            partial[tid] += partial[tid + half_n];
         barrier();
     }
-    if (tid < na) {
-        const uint a = tid;
-        const float act_scale = act_scales[p.act_row + a0 + a];
+    if (tid == 0u) {
+        const float act_scale = act_scales[p.act_row + a];
 #ifdef EXACT_DIVISION
-        precise float q = float(double(float(partial[a][0])) / double(act_scale));
+        precise float q = float(double(float(partial[0])) / double(act_scale));
 #else
-        precise float q = float(partial[a][0]) / act_scale;
+        precise float q = float(partial[0]) / act_scale;
 #endif
         precise float v = q * p.weight_scale;
-        y[(a0 + a) * p.n + row] = v;
+        y[a * p.n + row] = v;
     }
 }
