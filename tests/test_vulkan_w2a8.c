@@ -7,6 +7,8 @@
  *     (vk_w2a8.h), counting the bit-identical ones;
  *   - ragged shapes (k not a multiple of 16, one row, rows past a grid
  *     column), outputs poisoned with NaN, a guard value after the last row;
+ *   - several activation rows in one dispatch (1, 8, 13 and 21 rows,
+ *     starting past row 0) equal bit for bit to each row alone;
  *   - a sequence of dispatches equal to their runs alone, one reading what
  *     the one before wrote; no copy or second sequence while one is open;
  *   - errors: a device index past the list, a buffer larger than the
@@ -142,6 +144,72 @@ static void check_shape(bn_vk *vk, bn_vk_kernel *kernel, bool exact_division, in
     free(got);
 }
 
+/* Several activation rows in one dispatch (bn_vk_w2a8_record_rows; 1, 8,
+ * 13 and 21 rows starting past row 0):
+ * each output row bit for bit the same row's product alone, the rows
+ * after the last left poisoned. */
+static void check_rows(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k, int64_t first,
+                       int64_t rows)
+{
+    const size_t words = bn_vk_w2a8_words(k);
+    const int64_t total = first + rows;
+    int8_t *codes = malloc((size_t)(n * k)), *xq = calloc((size_t)total * words * 16, 1);
+    uint32_t *packed = malloc((size_t)n * words * 4);
+    float *scales = malloc((size_t)total * sizeof *scales);
+    float *got = malloc((size_t)(rows + 1) * (size_t)n * sizeof *got), *one = malloc((size_t)n * 4);
+    CHECK(codes && xq && packed && scales && got && one);
+    for (int64_t i = 0; i < n * k; i++)
+        codes[i] = (int8_t)test_rand_range(-1, 1);
+    for (int64_t r = 0; r < total; r++) {
+        for (int64_t i = 0; i < k; i++)
+            xq[(size_t)r * words * 16 + (size_t)i] = (int8_t)test_rand_range(-127, 127);
+        scales[r] = test_rand_float(0.5f, 200.0f);
+    }
+    bn_vk_w2a8_pack(codes, n, k, packed);
+    bn_error err;
+    bn_vk_buffer bw, bx, bs, by, b1;
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)n * words * 4, &bw, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)total * words * 16, &bx, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)total * 4, &bs, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows + 1) * n * 4, &by, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)n * 4, &b1, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bw, packed, (size_t)n * words * 4, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bx, xq, (size_t)total * words * 16, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bs, scales, (size_t)total * 4, &err) == BN_OK);
+    for (int64_t i = 0; i < (rows + 1) * n; i++)
+        got[i] = NAN;
+    CHECK(bn_vk_write(vk, &by, got, (size_t)(rows + 1) * n * 4, &err) == BN_OK);
+    CHECK(bn_vk_begin(vk, &err) == BN_OK);
+    CHECK(bn_vk_w2a8_record_rows(vk, kernel, &bw, &bx, &bs, first, rows, &by, n, k, 0.37f,
+                                 &err) == BN_OK);
+    CHECK(bn_vk_submit(vk, &err) == BN_OK);
+    CHECK(bn_vk_read(vk, &by, got, (size_t)(rows + 1) * n * 4, &err) == BN_OK);
+    int bad = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        CHECK(bn_vk_w2a8_matvec(vk, kernel, &bw, &bx, &bs, first + r, &b1, n, k, 0.37f, &err) ==
+              BN_OK);
+        CHECK(bn_vk_read(vk, &b1, one, (size_t)n * 4, &err) == BN_OK);
+        for (int64_t o = 0; o < n; o++)
+            bad += !same_bits(got[r * n + o], one[o]);
+    }
+    int poisoned = 1;
+    for (int64_t o = 0; o < n; o++)
+        poisoned &= isnan(got[rows * n + o]);
+    CHECK_MSG(bad == 0 && poisoned, "%lld x %lld, rows %lld..%lld: %d outputs differ from the "
+                                    "rows alone%s",
+              (long long)n, (long long)k, (long long)first, (long long)(first + rows - 1), bad,
+              poisoned ? "" : ", and the row after the last was written");
+    bn_vk_buffer *const all[] = {&bw, &bx, &bs, &by, &b1};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        bn_vk_buffer_free(vk, all[i]);
+    free(codes);
+    free(xq);
+    free(packed);
+    free(scales);
+    free(got);
+    free(one);
+}
+
 int main(void)
 {
     test_seed_init();
@@ -166,6 +234,10 @@ int main(void)
         for (int i = 0; i < 6; i++)
             check_shape(vk, kernel, exact_division, test_rand_range(1, 300),
                         test_rand_range(1, 3000));
+        static const int64_t row_counts[] = {1, 8, 13, 21};
+        for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0]; i++)
+            check_rows(vk, kernel, test_rand_range(1, 300), test_rand_range(1, 700), 3,
+                       row_counts[i]);
         printf("%s division: outputs bit-identical to the CPU's: %d of %d\n",
                exact_division ? "exact (fp64)" : "the device's", exact_total, compared_total);
     }
