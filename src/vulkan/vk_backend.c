@@ -109,7 +109,6 @@ typedef struct vkb {
 
     uint64_t weight_bytes, head_bytes, norm_bytes, kv_bytes, scratch_bytes;
     uint64_t dispatches, uploads, upload_bytes, downloads, download_bytes;
-    int recorded; /* dispatches in the open sequence */
 } vkb;
 
 static vkb *vkb_of(const bn_backend *b) { return b->impl; }
@@ -472,7 +471,6 @@ static void vk_free(bn_backend *b)
 static bn_status record_norm(vkb *v, bn_vk_buffer *x, bn_vk_buffer *w, int64_t M, int64_t n,
                              bn_error *err)
 {
-    v->recorded++;
     return bn_vk_norm_record(v->vk, v->norm, x, w, &v->codes, &v->scales, &v->sums, M, n,
                              v->hp.rms_eps, err);
 }
@@ -481,7 +479,6 @@ static bn_status record_proj(vkb *v, int layer, bn_proj p, bn_vk_buffer *y, int6
                              bn_error *err)
 {
     vkb_proj *w = &v->proj[layer * BN_PROJ_COUNT + p];
-    v->recorded++;
     return bn_vk_w2a8_record_rows(v->vk, v->w2a8, &w->w, &v->codes, &v->scales, 0, M, y, w->n,
                                   w->k, w->scale, err);
 }
@@ -518,21 +515,19 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
     TRY(bn_vk_relu2_record(v->vk, v->ops, &v->gate, &v->up, M * hp->ffn, err));
     TRY(record_norm(v, &v->gate, &norms[BN_NORM_FFN_SUB], M, hp->ffn, err));
     TRY(record_proj(v, l, BN_PROJ_DOWN, &v->out, M, err));
-    TRY(bn_vk_add_record(v->vk, v->ops, &v->x, &v->out, M * hp->dim, err));
-    v->recorded += 5;
-    return BN_OK;
+    return bn_vk_add_record(v->vk, v->ops, &v->x, &v->out, M * hp->dim, err);
 }
 
-/* Dispatches a layer records (record_layer) and the head's. */
+/* Dispatches a layer records (record_layer). */
 #define LAYER_DISPATCHES 16
 
 /* Submits the open sequence when `need` more dispatches would not fit it. */
 static bn_status make_room(vkb *v, int need, bn_error *err)
 {
-    if (v->recorded + need <= BN_VK_MAX_DISPATCHES)
+    const int recorded = bn_vk_recorded(v->vk);
+    if (recorded + need <= BN_VK_MAX_DISPATCHES)
         return BN_OK;
-    v->dispatches += (uint64_t)v->recorded;
-    v->recorded = 0;
+    v->dispatches += (uint64_t)recorded;
     TRY(bn_vk_submit(v->vk, err));
     return bn_vk_begin(v->vk, err);
 }
@@ -559,7 +554,6 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
     if (half > 0)
         TRY(upload(v, &v->cs, v->h_cs, (size_t)(M * hp->rope_dim) * sizeof(float), err));
     TRY(bn_vk_begin(v->vk, err));
-    v->recorded = 0;
     bn_status st = BN_OK;
     for (int l = 0; l < hp->n_layer && st == BN_OK; l++) {
         st = make_room(v, LAYER_DISPATCHES, err);
@@ -571,8 +565,7 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
         if (st == BN_OK)
             st = bn_vk_rmsnorm_record(v->vk, v->ops, &v->x, &v->out_norm, &v->normed, M, hp->dim,
                                       hp->rms_eps, err);
-        v->recorded++;
-        for (int p = 0; p < v->n_head_parts && st == BN_OK; p++, v->recorded++)
+        for (int p = 0; p < v->n_head_parts && st == BN_OK; p++)
             st = bn_vk_head_record(v->vk, v->ops, &v->head[p].rows, v->head_type,
                                    v->head[p].first, v->head[p].n, hp->dim, &v->normed, M,
                                    &v->logits, hp->vocab, err);
@@ -580,7 +573,7 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
     /* The sequence is closed whatever happened, so the device is usable. */
     bn_error closing;
     const bn_status end = bn_vk_submit(v->vk, st == BN_OK ? err : &closing);
-    v->dispatches += (uint64_t)v->recorded;
+    v->dispatches += (uint64_t)bn_vk_recorded(v->vk);
     return st != BN_OK ? st : end;
 }
 

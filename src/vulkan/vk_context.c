@@ -804,6 +804,8 @@ bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffer
     return BN_OK;
 }
 
+int bn_vk_recorded(const bn_vk *vk) { return vk->dispatches; }
+
 bn_status bn_vk_submit(bn_vk *vk, bn_error *err)
 {
     if (!vk->recording)

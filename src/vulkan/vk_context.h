@@ -72,6 +72,8 @@ bn_status bn_vk_begin(bn_vk *vk, bn_error *err);
 bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers,
                          const void *push, uint32_t groups_x, uint32_t groups_y, bn_error *err);
 bn_status bn_vk_submit(bn_vk *vk, bn_error *err);
+/* The dispatches recorded into the open sequence (or the last one). */
+int bn_vk_recorded(const bn_vk *vk);
 
 /* Timing by the device's timestamps: with `on`, each sequence begun after
  * this records the time each dispatch took (from the end of the one
