@@ -1239,22 +1239,9 @@ static bn_status forward_batch(bn_cpu_backend *b, const bn_batch_rows *r, float 
     bn_status st = check_tokens(b, r->tokens, r->n_rows, err);
     if (st != BN_OK)
         return st;
-    const int64_t n_blocks = b->paged_rows / r->block_size;
-    for (int64_t i = 0; i < r->n_rows; i++) {
-        const int64_t p = r->pos[i], blk = p / r->block_size;
-        const int32_t s = r->seq[i];
-        if (p < 0 || p >= b->kv_len || s < 0 || blk >= r->table_len[s] ||
-            r->tables[s][blk] < 0 || r->tables[s][blk] >= n_blocks)
-            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                                "cpu forward_rows: row %lld (sequence %d, position %lld) has no "
-                                "block in the cache",
-                                (long long)i, (int)s, (long long)p);
-    }
-    for (int64_t k = 0; k < r->n_logits; k++)
-        if (r->logit_rows[k] < 0 || r->logit_rows[k] >= r->n_rows ||
-            (k > 0 && r->logit_rows[k] <= r->logit_rows[k - 1]))
-            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                                "cpu forward_rows: logit rows must be rows, in increasing order");
+    st = bn_batch_rows_check(r, b->kv_len, b->paged_rows / r->block_size, 0, 0, "cpu", err);
+    if (st != BN_OK)
+        return st;
     const bn_hparams *hp = &b->hp;
     int64_t next_logit = 0;
     for (int64_t c = 0; c < r->n_rows && st == BN_OK; c += CHUNK_ROWS) {

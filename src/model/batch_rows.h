@@ -17,6 +17,8 @@
 
 #include <stdint.h>
 
+#include "bitnet.h"
+
 typedef struct bn_batch_rows {
     int64_t n_rows;
     const int32_t *tokens;
@@ -28,5 +30,14 @@ typedef struct bn_batch_rows {
     const int64_t *logit_rows;
     int64_t n_logits;
 } bn_batch_rows;
+
+/* BN_ERR_INVALID_ARGUMENT, naming `who` ("cpu"), unless every row's
+ * position is below kv_len and its sequence (below max_seqs) has a block
+ * for it (a block index below max_blocks) among the cache's n_blocks, and
+ * the logit rows are rows in increasing order (max_seqs, max_blocks <= 0:
+ * no limit). The caller has checked the pointers and the block size. */
+bn_status bn_batch_rows_check(const bn_batch_rows *r, int64_t kv_len, int64_t n_blocks,
+                              int64_t max_seqs, int64_t max_blocks, const char *who,
+                              bn_error *err);
 
 #endif

@@ -599,6 +599,17 @@ static bn_status run_flat(vkb *v, const int32_t *tokens, int64_t M, int64_t pos,
     return logits ? read_logits(v, M - 1, 1, logits, err) : BN_OK;
 }
 
+static bn_status check_tokens(const vkb *v, const int32_t *tokens, int64_t n, bn_error *err)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= v->hp.vocab)
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                                "token ids must come from this model's vocabulary",
+                                "token %lld is %d, outside the vocabulary (0..%d)", (long long)i,
+                                (int)tokens[i], (int)v->hp.vocab - 1);
+    return BN_OK;
+}
+
 static bn_status vk_forward(bn_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
                             float *logits, bn_error *err)
 {
@@ -615,14 +626,10 @@ static bn_status vk_forward(bn_backend *b, const int32_t *tokens, int64_t n, int
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, "run the earlier positions first",
                             "position %lld would skip positions: only %lld are computed",
                             (long long)pos, (long long)v->kv_filled);
-    for (int64_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= v->hp.vocab)
-            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
-                                "token ids must come from this model's vocabulary",
-                                "token %lld is %d, outside the vocabulary (0..%d)", (long long)i,
-                                (int)tokens[i], (int)v->hp.vocab - 1);
+    bn_status st = check_tokens(v, tokens, n, err);
+    if (st != BN_OK)
+        return st;
     v->kv_filled = pos;
-    bn_status st = BN_OK;
     /* Chunks of the rows before the last; the last row alone, with the head. */
     for (int64_t c = 0; c < n - 1 && st == BN_OK; c += VKB_CHUNK) {
         const int64_t M = n - 1 - c < VKB_CHUNK ? n - 1 - c : VKB_CHUNK;
@@ -651,29 +658,12 @@ static bn_status vk_forward_rows(bn_backend *b, const bn_batch_rows *r, float *l
                             "vulkan forward_rows: rows, positions, sequences, block tables of "
                             "blocks of %d and a paged cache are needed",
                             v->paged_block);
-    const int64_t n_blocks = v->paged_rows / v->paged_block;
-    for (int64_t i = 0; i < r->n_rows; i++) {
-        const int64_t p = r->pos[i], blk = p / r->block_size;
-        const int32_t sq = r->seq[i];
-        if (r->tokens[i] < 0 || r->tokens[i] >= hp->vocab)
-            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
-                                "token ids must come from this model's vocabulary",
-                                "token %lld is %d, outside the vocabulary (0..%d)", (long long)i,
-                                (int)r->tokens[i], (int)hp->vocab - 1);
-        if (p < 0 || p >= v->kv_len || sq < 0 || sq >= v->paged_seqs ||
-            blk >= r->table_len[sq] || blk >= v->paged_max_blocks || r->tables[sq][blk] < 0 ||
-            r->tables[sq][blk] >= n_blocks)
-            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                                "vulkan forward_rows: row %lld (sequence %d, position %lld) has "
-                                "no block in the cache",
-                                (long long)i, (int)sq, (long long)p);
-    }
-    for (int64_t k = 0; k < r->n_logits; k++)
-        if (r->logit_rows[k] < 0 || r->logit_rows[k] >= r->n_rows ||
-            (k > 0 && r->logit_rows[k] <= r->logit_rows[k - 1]))
-            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                                "vulkan forward_rows: logit rows must be rows, in increasing "
-                                "order");
+    bn_status st = check_tokens(v, r->tokens, r->n_rows, err);
+    if (st == BN_OK)
+        st = bn_batch_rows_check(r, v->kv_len, v->paged_rows / v->paged_block, v->paged_seqs,
+                                 v->paged_max_blocks, "vulkan", err);
+    if (st != BN_OK)
+        return st;
     /* The block tables of the sequences the rows name (-1: no block). */
     const int mb = v->paged_max_blocks;
     for (int64_t i = 0; i < (int64_t)v->paged_seqs * mb; i++)
@@ -683,7 +673,7 @@ static bn_status vk_forward_rows(bn_backend *b, const bn_batch_rows *r, float *l
         const int32_t n = r->table_len[sq] < mb ? r->table_len[sq] : mb;
         memcpy(v->h_tables + (int64_t)sq * mb, r->tables[sq], (size_t)n * sizeof(int32_t));
     }
-    bn_status st = upload(v, &v->ptables, v->h_tables,
+    st = upload(v, &v->ptables, v->h_tables,
                           (size_t)v->paged_seqs * (size_t)mb * sizeof(int32_t), err);
     int64_t next = 0;
     for (int64_t c = 0; c < r->n_rows && st == BN_OK; c += VKB_CHUNK) {
