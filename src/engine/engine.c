@@ -76,10 +76,10 @@ typedef struct gpu_state {
 } gpu_state;
 
 /* Real GPU backends first (fakes never compute, so they are not listed),
- * then the CPU kernel providers this CPU can run, best first; *state: what
- * detection says about GPU family `kind`. */
-static bn_status detect(const bn_config *cfg, int kind, char *buf, size_t size, gpu_state *state,
-                        bn_error *err)
+ * then the CPU kernel providers this CPU can run, best first; states[kind]:
+ * what detection says about each GPU family. */
+static bn_status detect(const bn_config *cfg, char *buf, size_t size,
+                        gpu_state states[BN_GPU_BACKEND_COUNT], bn_error *err)
 {
     bn_gpu_info *gpu = calloc(1, sizeof *gpu); /* large: keep it off the stack */
     if (!gpu)
@@ -90,18 +90,19 @@ static bn_status detect(const bn_config *cfg, int kind, char *buf, size_t size, 
         return st;
     }
     buf[0] = '\0';
-    memset(state, 0, sizeof *state);
+    memset(states, 0, sizeof(gpu_state) * BN_GPU_BACKEND_COUNT);
     for (int b = 0; b < BN_GPU_BACKEND_COUNT; b++) {
         const bn_gpu_backend_info *bi = &gpu->backends[b];
         if (!bi->available || bi->fake)
             continue;
         append_name(buf, size, bn_gpu_backend_name((bn_gpu_backend)b));
-        if (b == kind) {
-            state->usable = true;
-            state->device_count = bi->device_count;
-        }
+        states[b].usable = true;
+        states[b].device_count = bi->device_count;
     }
-    if (!state->usable) {
+    for (int kind = 0; kind < BN_GPU_BACKEND_COUNT; kind++) {
+        gpu_state *state = &states[kind];
+        if (state->usable)
+            continue;
         if (gpu->fake_override) {
             state->status = BN_ERR_NO_DEVICE;
             snprintf(state->reason, sizeof state->reason,
@@ -136,21 +137,17 @@ static bn_status detect(const bn_config *cfg, int kind, char *buf, size_t size, 
 }
 
 /* Under auto, when the first GPU family (the registry's first, `first`)
- * is not taken: the next registered family that detection finds and whose
+ * is not taken: the next registered family that detection found and whose
  * backend names a device worth taking (auto_device), else the CPU. */
-static bn_status auto_other_gpu(bn_engine *e, const bn_config *cfg, int first, bn_error *err)
+static bn_status auto_other_gpu(bn_engine *e, const gpu_state *states, int first)
 {
     const bn_backend_entry *list;
     const int n = bn_backend_registry(&list);
     for (int i = 0; i < n; i++) {
-        if (list[i].gpu_kind < 0 || list[i].gpu_kind == first || !list[i].ops->auto_device)
+        const int kind = list[i].gpu_kind;
+        if (kind < 0 || kind == first || !list[i].ops->auto_device || !states[kind].usable)
             continue;
-        char detected[sizeof e->detected];
-        gpu_state state;
-        const bn_status st = detect(cfg, list[i].gpu_kind, detected, sizeof detected, &state, err);
-        if (st != BN_OK)
-            return st;
-        const int device = state.usable ? list[i].ops->auto_device() : -1;
+        const int device = list[i].ops->auto_device();
         if (device >= 0) {
             e->gpu_entry = &list[i];
             e->gpu_index = device;
@@ -185,10 +182,11 @@ static bn_status select_backend(bn_engine *e, const bn_config *cfg, const char *
     const int kind = requested_gpu_kind(&req);
     const bn_backend_entry *entry = bn_backend_for_gpu(kind); /* NULL: not in this build */
     const char *title = gpu_title(kind);
-    gpu_state gpu;
-    bn_status st = detect(cfg, kind, e->detected, sizeof e->detected, &gpu, err);
+    gpu_state states[BN_GPU_BACKEND_COUNT];
+    bn_status st = detect(cfg, e->detected, sizeof e->detected, states, err);
     if (st != BN_OK)
         return st;
+    const gpu_state gpu = states[kind];
     const bool from_env = strcmp(e->requested_from, "BITNET_DEVICE") == 0;
 
     switch (req.kind) {
@@ -196,11 +194,11 @@ static bn_status select_backend(bn_engine *e, const bn_config *cfg, const char *
         break;
     case BN_DEVICE_AUTO:
         if (!gpu.usable)
-            return auto_other_gpu(e, cfg, kind, err); /* else the CPU: the plan, not a fallback */
+            return auto_other_gpu(e, states, kind); /* else the CPU: the plan, not a fallback */
         if (entry) {
             const int index = entry->ops->auto_device ? entry->ops->auto_device() : -1;
             if (entry->ops->auto_device && index < 0)
-                return auto_other_gpu(e, cfg, kind, err);
+                return auto_other_gpu(e, states, kind);
             e->gpu_entry = entry;
             e->gpu_index = index;
             break;
