@@ -17,6 +17,7 @@
 
 #include "attn_decode_block.cuh"
 #include "pdl.cuh"
+#include "smem_opt_in.cuh"
 #include "w2a8_gemv.cuh"
 
 namespace {
@@ -599,8 +600,7 @@ extern "C" cudaError_t bn_cb_attn_decode_qkv_prepare(const bn_cb_attn_shape *s, 
     if (!qkv_plan(s, kd.g_cluster, cluster, k, &d))
         return cudaErrorNotSupported;
     const size_t smem = qkv_smem(d);
-    cudaError_t rc = cudaFuncSetAttribute(kd.cluster_qkv,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t rc = allow_dynamic_smem(kd.cluster_qkv, smem);
     if (rc == cudaSuccess && cluster > 8)
         rc = cudaFuncSetAttribute(kd.cluster_qkv,
                                   cudaFuncAttributeNonPortableClusterSizeAllowed, 1);

@@ -32,6 +32,7 @@
 
 #include "cp_async.cuh"
 #include "cuda_backend_kernels.h"
+#include "smem_opt_in.cuh"
 
 namespace {
 
@@ -254,9 +255,8 @@ cudaError_t launch(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n
                    float *part, cudaStream_t stream)
 {
     const size_t smem = paged_smem_of<T, HD>(s->n_heads / s->n_kv_heads);
-    if (smem > 48 * 1024) {
-        const cudaError_t rc = cudaFuncSetAttribute(
-            attn_paged_kernel<HD, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    {
+        const cudaError_t rc = allow_dynamic_smem(attn_paged_kernel<HD, T>, smem);
         if (rc != cudaSuccess)
             return rc;
     }

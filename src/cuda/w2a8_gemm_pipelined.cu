@@ -88,6 +88,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "smem_opt_in.cuh"
+
 #include <cooperative_groups.h>
 
 #include "cp_async.cuh"
@@ -424,10 +426,9 @@ struct Launch {
         const size_t smem =
             (size_t)(split > 1 && C::kRedBytes > C::kPipeBytes ? C::kRedBytes : C::kPipeBytes);
         auto kernel = pipelined_kernel<BM, BN>;
-        /* What this launch needs, not the most any launch needs: GPUs with
-         * ~100 KB per block still run it without split. */
-        cudaError_t rc =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        /* What this launch needs fits GPUs with ~100 KB per block without
+         * split (smem_opt_in.cuh). */
+        cudaError_t rc = allow_dynamic_smem(kernel, smem);
         /* Shared memory over L1: only the epilogue's scales pass through L1. */
         if (rc == cudaSuccess)
             rc = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
