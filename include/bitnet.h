@@ -114,9 +114,18 @@ typedef enum bn_device_kind {
     BN_DEVICE_VULKAN    /* Vulkan; index -1: the first GPU, else device 0 */
 } bn_device_kind;
 
+/* The most devices one request lists (cuda:N,M,...). */
+#define BN_DEVICE_LIST_MAX 16
+
 typedef struct bn_device_request {
     bn_device_kind kind;
-    int index; /* cuda:N, vulkan:N -> N; otherwise -1 */
+    int index; /* cuda:N, vulkan:N -> N; a list's first device; otherwise -1 */
+    /* Several CUDA devices, one replica of the model on each: cuda:N,M,...
+     * gives count >= 2 and list[0 .. count) (a device may repeat: two
+     * replicas on one GPU); cuda:all gives count -1 (every device found,
+     * index 0). Otherwise count is 0. */
+    int count;
+    int list[BN_DEVICE_LIST_MAX];
 } bn_device_request;
 
 /* GPU backends that detection knows about (bit i of a mask = backend i). */
@@ -178,9 +187,10 @@ const char *bn_config_variable_accepted(const char *name);
  * when text or bytes is NULL; *bytes is then left as it was. */
 bool bn_parse_memory_size(const char *text, uint64_t *bytes);
 
-/* Parses "auto", "cpu", "gpu", "cuda" or "cuda:N" (N below
- * BN_CUDA_MAX_DEVICES). Returns false on anything else, or when text or req
- * is NULL; *req is then left as it was. */
+/* Parses "auto", "cpu", "gpu", "cuda", "cuda:N" (N below
+ * BN_CUDA_MAX_DEVICES), "cuda:N,M,..." (2 to BN_DEVICE_LIST_MAX devices),
+ * "cuda:all", "vulkan" or "vulkan:N". Returns false on anything else, or
+ * when text or req is NULL; *req is then left as it was. */
 bool bn_parse_device_request(const char *text, bn_device_request *req);
 
 /* ------------------------------------------------------------------------ */
@@ -277,6 +287,9 @@ typedef struct bn_cuda_device {
     bool tensor_cores;      /* cc >= 7.0                           */
     bool int8_tensor_cores; /* cc >= 7.2                           */
     bool fp8;               /* cc >= 8.9                           */
+    /* Peer access (P2P): bit j set when this device reads and writes the
+     * memory of CUDA device j directly (cudaDeviceCanAccessPeer). */
+    uint64_t peer_mask;
 } bn_cuda_device;
 
 #define BN_CUDA_MAX_DEVICES 64

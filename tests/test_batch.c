@@ -321,6 +321,41 @@ int main(int argc, char **argv)
     }
     bn_engine_free(e);
 
+    /* Replicas: two on one GPU (cuda:0,0), each request on the one with
+     * fewer requests, both computing; the tokens those of the single runs. */
+    if (strcmp(device, "cpu") != 0) {
+        const char *one = device;
+        device = "cuda:0,0";
+        e = open_engine(3, 0, 16, 16, true);
+        device = one;
+        if (e) {
+            CHECK(bn_engine_replica_count(e) == 2);
+            run_batch("two replicas", e, NULL, want, 0, &pre, &reused);
+            for (int i = 0; i < 2; i++) {
+                bn_batch_stats rs;
+                bn_engine_replica_batch_stats(e, i, &rs);
+                CHECK_MSG(rs.enabled && rs.rows > 0, "replica %d computed no rows", i);
+                bn_engine_info info;
+                bn_engine_replica_info(e, i, &info);
+                CHECK_MSG(info.gpu && info.gpu_device == 0, "replica %d: %s", i, info.selected);
+            }
+            CHECK_STR_CONTAINS(bn_engine_startup_line(e), "replicas on 2 devices: cuda:0,0");
+        }
+        bn_engine_free(e);
+    }
+    {
+        /* A device past the count fails at once, naming the request. */
+        const char *one = device;
+        device = "cuda:0,63";
+        bn_config cfg;
+        bn_config_defaults(&cfg);
+        const bn_engine_options eo = {.model_path = model_path, .device = device, .max_seqs = 4};
+        bn_engine *none = NULL;
+        CHECK(bn_engine_open(&cfg, &eo, &none, &err) != BN_OK && !none);
+        CHECK_STR_CONTAINS(err.message, "cuda:0,63");
+        device = one;
+    }
+
     /* No batching: one after another, the same tokens. */
     e = open_engine(0, 0, 0, 0, true);
     if (e) {

@@ -172,7 +172,7 @@ static void test_config(void)
     CHECK(bytes == 7);
     CHECK(bn_parse_memory_size("2GB", &bytes) && bytes == 2ull << 30);
 
-    bn_device_request req = {BN_DEVICE_CPU, 5};
+    bn_device_request req = {.kind = BN_DEVICE_CPU, .index = 5};
     CHECK(!bn_parse_device_request(NULL, &req));
     CHECK(!bn_parse_device_request("cuda", NULL));
     CHECK(!bn_parse_device_request("cuda:-1", &req));
@@ -180,6 +180,26 @@ static void test_config(void)
     CHECK(!bn_parse_device_request("cuda:99999999999999999999", &req));
     CHECK(req.kind == BN_DEVICE_CPU && req.index == 5);
     CHECK(bn_parse_device_request("cuda:63", &req) && req.kind == BN_DEVICE_CUDA && req.index == 63);
+    CHECK(req.count == 0);
+    /* Device lists: one replica a device, a device may repeat; cuda:all. */
+    CHECK(bn_parse_device_request("cuda:0,1", &req) && req.kind == BN_DEVICE_CUDA &&
+          req.index == 0 && req.count == 2 && req.list[0] == 0 && req.list[1] == 1);
+    CHECK(bn_parse_device_request("cuda:3,3,1", &req) && req.index == 3 && req.count == 3 &&
+          req.list[0] == 3 && req.list[1] == 3 && req.list[2] == 1);
+    CHECK(bn_parse_device_request("CUDA:ALL", &req) && req.kind == BN_DEVICE_CUDA &&
+          req.index == 0 && req.count == -1);
+    CHECK(bn_parse_device_request("cuda", &req) && req.index == -1 && req.count == 0);
+    const char *bad_lists[] = {"cuda:0,",   "cuda:,1",  "cuda:0,,1", "cuda:0,64",
+                               "cuda:a,1",  "cuda:0 ,1", "cuda:all,0", "vulkan:0,1",
+                               "cuda:0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16"};
+    for (size_t i = 0; i < sizeof bad_lists / sizeof bad_lists[0]; i++) {
+        req = (bn_device_request){.kind = BN_DEVICE_CPU, .index = 5};
+        CHECK_MSG(!bn_parse_device_request(bad_lists[i], &req) && req.kind == BN_DEVICE_CPU &&
+                      req.index == 5 && req.count == 0,
+                  "'%s' was accepted", bad_lists[i]);
+    }
+    CHECK(bn_parse_device_request("cuda:0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15", &req) &&
+          req.count == BN_DEVICE_LIST_MAX && req.list[15] == 15);
 
     CHECK(strcmp(bn_gpu_backend_name(BN_GPU_CUDA), "cuda") == 0);
     CHECK(strcmp(bn_gpu_backend_name(BN_GPU_OPENCL), "opencl") == 0);

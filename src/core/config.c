@@ -133,6 +133,35 @@ bool bn_parse_memory_size(const char *text, uint64_t *bytes)
     return true;
 }
 
+/* "N" or "N,M,..." (CUDA device numbers): r->index the first, and for
+ * two or more r->count and r->list. */
+static bool parse_device_list(const char *text, bn_device_request *r)
+{
+    int n = 0;
+    int list[BN_DEVICE_LIST_MAX];
+    for (const char *p = text;;) {
+        const char *comma = strchr(p, ',');
+        const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char one[16];
+        if (len == 0 || len >= sizeof one || n == BN_DEVICE_LIST_MAX)
+            return false;
+        memcpy(one, p, len);
+        one[len] = '\0';
+        if (!parse_int_range(one, 0, BN_CUDA_MAX_DEVICES - 1, &list[n]))
+            return false;
+        n++;
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    r->index = list[0];
+    if (n >= 2) {
+        r->count = n;
+        memcpy(r->list, list, (size_t)n * sizeof list[0]);
+    }
+    return true;
+}
+
 bool bn_parse_device_request(const char *text, bn_device_request *req)
 {
     if (!text || !req)
@@ -147,27 +176,36 @@ bool bn_parse_device_request(const char *text, bn_device_request *req)
         {"cuda", BN_DEVICE_CUDA},
         {"vulkan", BN_DEVICE_VULKAN},
     };
+    bn_device_request r;
+    memset(&r, 0, sizeof r);
+    r.index = -1;
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         if (strcasecmp(text, kinds[i].name) == 0) {
-            req->kind = kinds[i].kind;
-            req->index = -1;
+            r.kind = kinds[i].kind;
+            *req = r;
             return true;
         }
     }
     if (strncasecmp(text, "cuda:", 5) == 0) {
-        int index;
-        if (!parse_int_range(text + 5, 0, BN_CUDA_MAX_DEVICES - 1, &index))
+        r.kind = BN_DEVICE_CUDA;
+        if (strcasecmp(text + 5, "all") == 0) {
+            r.index = 0;
+            r.count = -1;
+            *req = r;
+            return true;
+        }
+        if (!parse_device_list(text + 5, &r))
             return false;
-        req->kind = BN_DEVICE_CUDA;
-        req->index = index;
+        *req = r;
         return true;
     }
     if (strncasecmp(text, "vulkan:", 7) == 0) {
         int index;
         if (!parse_int_range(text + 7, 0, BN_VULKAN_MAX_DEVICES - 1, &index))
             return false;
-        req->kind = BN_DEVICE_VULKAN;
-        req->index = index;
+        r.kind = BN_DEVICE_VULKAN;
+        r.index = index;
+        *req = r;
         return true;
     }
     return false;
@@ -318,7 +356,7 @@ static const struct variable {
     parse_fn parse;
 } variables[] = {
     {"BITNET_LOG", "one of error, warn, info, debug", set_log},
-    {"BITNET_DEVICE", "one of auto, cpu, gpu, cuda, cuda:N, vulkan, vulkan:N (N a device index)",
+    {"BITNET_DEVICE", "one of auto, cpu, gpu, cuda, cuda:N, cuda:N,M,..., cuda:all, vulkan, vulkan:N (N a device index)",
      set_device},
     {"BITNET_GPU_FAKE", "a comma-separated list of cuda, rocm, metal, vulkan, opencl; or none; or empty",
      set_gpu_fake},

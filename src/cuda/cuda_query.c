@@ -131,5 +131,17 @@ void bn_cuda_query(bn_cuda_report *report)
         }
         report->device_count++;
     }
+    /* Which devices reach which directly: what replicas and tensor
+     * parallelism would move between them. */
+    for (int i = 0; i < report->device_count; i++) {
+        bn_cuda_device *d = &report->devices[i];
+        for (int k = 0; k < report->device_count; k++) {
+            const int j = report->devices[k].id;
+            int can = 0;
+            if (j != d->id && cudaDeviceCanAccessPeer(&can, d->id, j) == cudaSuccess && can)
+                d->peer_mask |= 1ull << j;
+        }
+        (void)cudaGetLastError();
+    }
     report->status = BN_OK;
 }

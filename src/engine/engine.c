@@ -25,10 +25,20 @@ static void device_text(const bn_device_request *r, char *buf, size_t size)
     case BN_DEVICE_CUDA:
     case BN_DEVICE_VULKAN: {
         const char *name = r->kind == BN_DEVICE_CUDA ? "cuda" : "vulkan";
-        if (r->index >= 0)
+        if (r->count < 0) {
+            snprintf(buf, size, "%s:all", name);
+        } else if (r->count >= 2) {
+            snprintf(buf, size, "%s:", name);
+            for (int i = 0; i < r->count; i++) {
+                const size_t used = strlen(buf);
+                if (used < size)
+                    snprintf(buf + used, size - used, "%s%d", i ? "," : "", r->list[i]);
+            }
+        } else if (r->index >= 0) {
             snprintf(buf, size, "%s:%d", name, r->index);
-        else
+        } else {
             snprintf(buf, size, "%s", name);
+        }
         break;
     }
     }
@@ -157,6 +167,33 @@ static bn_status auto_other_gpu(bn_engine *e, const gpu_state *states, int first
     return BN_OK;
 }
 
+/* The CUDA devices a request names, each below the count detection found:
+ * cuda:N one, cuda:N,M,... those (a replica each), cuda:all every device
+ * (at most BN_DEVICE_LIST_MAX). */
+static bn_status take_device_list(bn_engine *e, const bn_device_request *req, int found,
+                                  bn_error *err)
+{
+    int n = req->count;
+    if (n < 0) {
+        n = found < BN_DEVICE_LIST_MAX ? found : BN_DEVICE_LIST_MAX;
+        for (int i = 0; i < n; i++)
+            e->devices[i] = i;
+    } else if (n >= 2) {
+        memcpy(e->devices, req->list, (size_t)n * sizeof req->list[0]);
+    } else {
+        n = req->index >= 0 ? 1 : 0;
+        e->devices[0] = req->index;
+    }
+    for (int i = 0; i < n; i++)
+        if (e->devices[i] >= found)
+            return bn_error_set(err, BN_ERR_NO_DEVICE, "'bitnet devices' lists the devices",
+                                "%s requested, but there %s only %d CUDA device%s",
+                                e->requested, found == 1 ? "is" : "are", found,
+                                found == 1 ? "" : "s");
+    e->n_devices = n;
+    return BN_OK;
+}
+
 /* Decides the backend before anything heavy is read, so that a request the
  * build or the machine cannot serve fails at once. */
 static bn_status select_backend(bn_engine *e, const bn_config *cfg, const char *device,
@@ -169,8 +206,8 @@ static bn_status select_backend(bn_engine *e, const bn_config *cfg, const char *
     if (device) {
         if (!bn_parse_device_request(device, &req))
             return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
-                                "use auto, cpu, gpu, cuda, cuda:N, vulkan or vulkan:N (N a "
-                                "device number)",
+                                "use auto, cpu, gpu, cuda, cuda:N, cuda:N,M,..., cuda:all, "
+                                "vulkan or vulkan:N (N a device number)",
                                 "unknown device '%s'", device);
         e->requested_from = "flag";
     }
@@ -241,11 +278,11 @@ static bn_status select_backend(bn_engine *e, const bn_config *cfg, const char *
             return bn_error_set(err, gpu.status, hint, "%s is not usable (requested %s): %s",
                                 title, e->requested, gpu.reason);
         }
-        if (req.kind == BN_DEVICE_CUDA && req.index >= gpu.device_count)
-            return bn_error_set(err, BN_ERR_NO_DEVICE, "'bitnet devices' lists the devices",
-                                "%s requested, but there %s only %d %s device%s", e->requested,
-                                gpu.device_count == 1 ? "is" : "are", gpu.device_count, title,
-                                gpu.device_count == 1 ? "" : "s");
+        if (req.kind == BN_DEVICE_CUDA) {
+            st = take_device_list(e, &req, gpu.device_count, err);
+            if (st != BN_OK)
+                return st;
+        }
         e->gpu_entry = entry;
         e->gpu_index = req.kind == BN_DEVICE_CUDA ? req.index : -1;
         break;
@@ -337,6 +374,76 @@ bn_status engine_step_failed(bn_engine *e, const bn_error *cerr, const int32_t *
     if (st != BN_OK)
         return st;
     return e->backend->ops->forward(e->backend, history, n_positions, 0, e->logits, err);
+}
+
+/* ---- replicas ---------------------------------------------------------------- */
+
+/* One replica on device `device`: the model borrowed from e, the same
+ * options, its own backend and paged cache. */
+static bn_status open_replica(bn_engine *e, int device, bn_engine **out, bn_error *err)
+{
+    bn_engine *r = calloc(1, sizeof *r);
+    if (!r)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a replica");
+    r->model = e->model;
+    r->model_borrowed = true;
+    snprintf(r->model_path, sizeof r->model_path, "%s", e->model_path);
+    snprintf(r->requested, sizeof r->requested, "%s", e->requested);
+    r->requested_from = e->requested_from;
+    snprintf(r->detected, sizeof r->detected, "%s", e->detected);
+    r->gpu_entry = e->gpu_entry;
+    r->gpu_index = device;
+    r->strict = e->strict;
+    r->params = e->params;
+    r->params.device = device;
+    r->kv_cfg = e->kv_cfg;
+    r->token_budget = e->token_budget;
+    bn_error rerr;
+    bn_error_clear(&rerr);
+    bn_status st = open_backend(r, e->gpu_entry->ops, &rerr);
+    if (st == BN_OK && !r->kv)
+        st = bn_error_set(&rerr, BN_ERR_UNSUPPORTED, NULL, "its backend does not batch");
+    if (st == BN_OK) {
+        r->logits = malloc((size_t)bn_checkpoint_hparams(e->model)->vocab * sizeof(float));
+        if (!r->logits)
+            st = bn_error_set(&rerr, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for its logits");
+    }
+    if (st != BN_OK) {
+        bn_engine_free(r);
+        return bn_error_set(err, st, rerr.hint[0] ? rerr.hint : NULL,
+                            "the replica on cuda:%d could not be opened: %.400s", device,
+                            rerr.message);
+    }
+    *out = r;
+    return BN_OK;
+}
+
+/* The replicas on devices[1 ..], where this engine batches: one sequence at
+ * a time has nothing to spread, so it runs on the first device alone. */
+static bn_status open_replicas(bn_engine *e, bn_error *err)
+{
+    if (!e->kv) {
+        bn_log(BN_LOG_WARN,
+               "%s names %d devices, but one sequence at a time runs on cuda:%d alone "
+               "(replicas need sequences at once: --parallel)",
+               e->requested, e->n_devices, e->devices[0]);
+        return BN_OK;
+    }
+    e->replicas = calloc((size_t)e->n_devices - 1, sizeof *e->replicas);
+    if (!e->replicas)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the replicas");
+    for (int i = 1; i < e->n_devices; i++) {
+        const bn_status st = open_replica(e, e->devices[i], &e->replicas[e->n_replicas], err);
+        if (st != BN_OK)
+            return st;
+        e->n_replicas++;
+    }
+    /* The startup line names every device computing. */
+    size_t used = strlen(e->startup);
+    if (used < sizeof e->startup)
+        snprintf(e->startup + used, sizeof e->startup - used, "; replicas on %d devices: %s",
+                 e->n_devices, e->requested);
+    return BN_OK;
 }
 
 /* ---- open / free ------------------------------------------------------------ */
@@ -459,6 +566,12 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
             return st;
         }
     }
+    if (st == BN_OK && e->backend && e->n_devices >= 2)
+        st = open_replicas(e, err);
+    if (st != BN_OK) {
+        bn_engine_free(e);
+        return st;
+    }
     e->params.engine = NULL; /* the caller's options live no longer than this call */
     e->params.device = -1;
     if (!e->backend)
@@ -482,10 +595,14 @@ void bn_engine_free(bn_engine *e)
 {
     if (!e)
         return;
+    for (int i = 0; i < e->n_replicas; i++)
+        bn_engine_free(e->replicas[i]);
+    free(e->replicas);
     if (e->backend)
         e->backend->ops->free(e->backend);
     bn_kv_blocks_free(e->kv);
-    bn_checkpoint_free(e->model);
+    if (!e->model_borrowed)
+        bn_checkpoint_free(e->model);
     free(e->logits);
     free(e);
 }
@@ -532,4 +649,13 @@ void bn_engine_get_info(const bn_engine *e, bn_engine_info *info)
         snprintf(info->kernels, sizeof info->kernels, "%.250s%s%.250s", e->earlier_kernels,
                  now[0] ? "," : "", now);
     }
+}
+
+void bn_engine_replica_info(const bn_engine *e, int i, bn_engine_info *info)
+{
+    if (!e || i < 0 || i > e->n_replicas) {
+        memset(info, 0, sizeof *info);
+        return;
+    }
+    bn_engine_get_info(i == 0 ? e : e->replicas[i - 1], info);
 }

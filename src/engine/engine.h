@@ -273,6 +273,12 @@ typedef struct bn_batch_stats {
 void bn_engine_batch_stats(const bn_engine *e, bn_batch_stats *out);
 /* Starts blocks.peak_held again from the blocks held now. */
 void bn_engine_batch_reset_peak(bn_engine *e);
+/* Replicas (device cuda:N,M,... with sequences at once): the engines
+ * computing, 1 + the replicas (0 for NULL); the counters above are their
+ * sums, and bn_engine_replica_batch_stats gives engine i's alone (0: the
+ * first device's). */
+int bn_engine_replica_count(const bn_engine *e);
+void bn_engine_replica_batch_stats(const bn_engine *e, int i, bn_batch_stats *out);
 
 /* Perplexity of a text (bitnet perplexity). The text is tokenized as a
  * whole (no BOS) and cut into consecutive pieces of ctx - 1 tokens (the
@@ -347,5 +353,8 @@ typedef struct bn_engine_info {
 } bn_engine_info;
 
 void bn_engine_get_info(const bn_engine *e, bn_engine_info *info);
+/* Engine i's report (0: this engine's; 1 ..: its replicas', each with its
+ * device, memory and work). */
+void bn_engine_replica_info(const bn_engine *e, int i, bn_engine_info *info);
 
 #endif

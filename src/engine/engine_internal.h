@@ -26,13 +26,13 @@ struct bn_engine {
     bn_backend_params params; /* what it was built with                  */
     float *logits;            /* vocab floats, reused every step */
     char model_path[1024];
-    char requested[32];
+    char requested[96];
     const char *requested_from;
     char detected[256];
     char selected[32];
     char kernel[32];
     char fallback[BN_ERROR_MESSAGE_MAX + 64];
-    char startup[768];
+    char startup[1024];
     char earlier_kernels[512]; /* what ran on the device before a fallback */
     int threads;
     int64_t n_ctx;            /* KV positions of the backend computing */
@@ -40,6 +40,17 @@ struct bn_engine {
     /* Selection. */
     const bn_backend_entry *gpu_entry; /* the GPU backend to try, or NULL  */
     int gpu_index;            /* -1: the best device                       */
+    /* cuda:N,M,... / cuda:all: the devices, one replica each (the first is
+     * gpu_index, this engine); n_devices 0 or 1 for one device. */
+    int devices[BN_DEVICE_LIST_MAX];
+    int n_devices;
+    /* The replicas on devices[1 ..]: engines of the same model (borrowed,
+     * not owned: model_borrowed) with their own backend and paged cache,
+     * opened only where this engine batches; the batcher spreads the
+     * sequences over this engine and them (scheduler.c). */
+    struct bn_engine **replicas;
+    int n_replicas;
+    bool model_borrowed;
     bool auto_request;        /* requested auto (a fallback is possible)    */
     bool strict;              /* BITNET_STRICT_MODE: a fallback is an error */
     /* Many sequences at once (scheduler.c): NULL when the backend does

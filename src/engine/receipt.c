@@ -82,6 +82,33 @@ static void write_model(bn_json *j, const bn_engine *e, const bn_engine_info *in
     bn_json_end_object(j);
 }
 
+/* With replicas: each engine's device, memory and batched work (the
+ * backend's other fields are the first device's; the scheduler's counters
+ * in a run's stats are their sums). */
+static void replicas(bn_json *j, const bn_engine *e)
+{
+    bn_json_key(j, "replicas");
+    bn_json_begin_array(j);
+    for (int i = 0; i < bn_engine_replica_count(e); i++) {
+        bn_engine_info r;
+        bn_batch_stats b;
+        bn_engine_replica_info(e, i, &r);
+        bn_engine_replica_batch_stats(e, i, &b);
+        bn_json_begin_object(j);
+        bn_json_kv_string(j, "selected", r.selected);
+        bn_json_kv_int(j, "gpu_device", r.gpu ? r.gpu_device : -1);
+        bn_json_kv_uint(j, "gpu_total_bytes", r.gpu_total_bytes);
+        bn_json_kv_uint(j, "gpu_kv_cache_bytes", r.gpu_kv_bytes);
+        bn_json_kv_uint(j, "gpu_peak_bytes", r.gpu_peak_bytes);
+        bn_json_kv_uint(j, "kernel_launches", r.gpu_kernel_launches);
+        bn_json_kv_uint(j, "passes", b.steps);
+        bn_json_kv_uint(j, "rows", b.rows);
+        bn_json_kv_uint(j, "preemptions", b.preemptions);
+        bn_json_end_object(j);
+    }
+    bn_json_end_array(j);
+}
+
 bn_status bn_engine_write_receipt(const bn_engine *e, const bn_receipt_info *ri, FILE *out,
                                   bn_error *err)
 {
@@ -133,6 +160,8 @@ bn_status bn_engine_write_receipt(const bn_engine *e, const bn_receipt_info *ri,
         bn_json_kv_uint(&j, "d2h_bytes", info.gpu_d2h_bytes);
         bn_json_end_object(&j);
     }
+    if (bn_engine_replica_count(e) > 1)
+        replicas(&j, e);
     bn_json_end_object(&j);
 
     bn_json_key(&j, "prompt");

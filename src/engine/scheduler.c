@@ -26,7 +26,16 @@
  *
  * Without forward_rows (or with one sequence at a time) the requests run
  * one after another through bn_engine_generate.
+ *
+ * Replicas (cuda:N,M,...): the engine holds one more engine per further
+ * device (engine.c), and the batcher one lane per engine, each the
+ * scheduler above over its own cache. A new request joins the lane with
+ * the fewest requests not ended; a step gathers every lane's rows, runs
+ * the lanes' passes at once (one host thread a further lane, each binding
+ * its device), then hands out every lane's tokens on the calling thread,
+ * so callbacks never run on another thread.
  */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,7 +61,18 @@ typedef struct seq {
     bool have_first;
 } seq;
 
-struct bn_batcher {
+/* A pass one lane runs (step_prepare -> step_forward -> step_finish). */
+typedef struct lane_pass {
+    bn_batch_rows rows;
+    int64_t n_logits;
+    bool pick, decode_only;
+    double t0, t1;
+    bn_status status;
+    bn_error err;
+} lane_pass;
+
+/* The scheduler over one engine's paged cache. */
+struct lane {
     bn_engine *e;
     seq **seqs;             /* the requests not yet reported ended, in order */
     size_t n, cap;
@@ -71,8 +91,23 @@ struct bn_batcher {
     int64_t cap_rows;
     const int32_t **tables;
     int32_t *table_len;
+    lane_pass pass;
 };
-typedef struct bn_batcher sched;
+typedef struct lane sched;
+
+/* The batcher: one lane per engine (the first, then its replicas), and a
+ * host thread for each lane after the first, woken to run its pass. */
+struct bn_batcher {
+    sched **lanes;
+    int n_lanes;
+    pthread_t *threads;
+    int n_threads;          /* started                                     */
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    uint64_t round;         /* incremented to start the workers' passes     */
+    int pending;            /* workers still running this round's pass      */
+    bool quit;
+};
 
 static bn_status seq_fail(seq *s, bn_kv_blocks *kv, const bn_error *err)
 {
@@ -373,11 +408,15 @@ static int64_t take_rows(sched *sc, seq *s, int64_t want, int64_t *n_rows, int64
     return k;
 }
 
-/* One step: rows for the running sequences, one pass, the next tokens. */
-static bn_status step(sched *sc, bn_error *err)
+/* A step's first part: rows for the running sequences (sc->pass; no rows:
+ * pass.rows.n_rows 0). */
+static bn_status step_prepare(sched *sc, bn_error *err)
 {
     bn_engine *e = sc->e;
     bn_kv_blocks *kv = e->kv;
+    lane_pass *p = &sc->pass;
+    p->rows.n_rows = 0;
+    p->status = BN_OK;
     int64_t n_rows = 0, n_logits = 0;
     int64_t budget = e->token_budget;
     /* Decodes first, then prefills, each in admission order. */
@@ -433,11 +472,11 @@ static bn_status step(sched *sc, bn_error *err)
     const int32_t max_seqs = e->kv_cfg.max_seqs;
     for (int32_t q = 0; q < max_seqs; q++)
         sc->tables[q] = bn_kv_seq_table(kv, q, &sc->table_len[q]);
-    const bn_batch_rows rows = {n_rows,     sc->tokens,        sc->pos,
-                                  sc->row_seq, sc->tables,       sc->table_len,
-                                  e->kv_cfg.block_size, sc->logit_rows, n_logits};
-    const int32_t vocab = bn_checkpoint_hparams(e->model)->vocab;
-    const bool decode_only = n_logits == n_rows;
+    p->rows = (bn_batch_rows){n_rows,     sc->tokens,        sc->pos,
+                              sc->row_seq, sc->tables,       sc->table_len,
+                              e->kv_cfg.block_size, sc->logit_rows, n_logits};
+    p->n_logits = n_logits;
+    p->decode_only = n_logits == n_rows;
     /* The device picks the tokens when it can for every logit row (and no
      * row's logits are wanted: a first token's prompt_logits). */
     bool pick = n_logits > 0;
@@ -451,34 +490,53 @@ static bn_status step(sched *sc, bn_error *err)
         sc->uniform[l] =
             s->req.sampling.temperature > 0.0f ? bn_sampler_next_uniform(s->sampler) : 0.0;
     }
-    const double t0 = bn_time_seconds();
-    bn_status st = pick ? e->backend->ops->forward_rows_pick(e->backend, &rows, sc->picks,
-                                                             sc->uniform, sc->picked, err)
-                        : e->backend->ops->forward_rows(e->backend, &rows, sc->logits, err);
-    if (st != BN_OK)
-        return st;
-    const double t1 = bn_time_seconds();
+    p->pick = pick;
+    return BN_OK;
+}
+
+/* The pass itself: touches only the lane's backend and buffers, so lanes
+ * run theirs on different threads at once. */
+static void step_forward(sched *sc)
+{
+    bn_engine *e = sc->e;
+    lane_pass *p = &sc->pass;
+    bn_error_clear(&p->err);
+    p->t0 = bn_time_seconds();
+    p->status = p->pick ? e->backend->ops->forward_rows_pick(e->backend, &p->rows, sc->picks,
+                                                             sc->uniform, sc->picked, &p->err)
+                        : e->backend->ops->forward_rows(e->backend, &p->rows, sc->logits,
+                                                        &p->err);
+    p->t1 = bn_time_seconds();
+}
+
+/* After the pass: the counters, the computed blocks, the next tokens. */
+static void step_finish(sched *sc)
+{
+    bn_engine *e = sc->e;
+    const lane_pass *p = &sc->pass;
+    const int32_t vocab = bn_checkpoint_hparams(e->model)->vocab;
     e->batch_steps++;
-    e->batch_rows += (uint64_t)n_rows;
-    e->forward_seconds += t1 - t0;
-    if (decode_only) {
+    e->batch_rows += (uint64_t)p->rows.n_rows;
+    e->forward_seconds += p->t1 - p->t0;
+    if (p->decode_only) {
         e->decode_passes++;
-        e->decode_rows += (uint64_t)n_rows;
-        e->decode_seconds += t1 - t0;
+        e->decode_rows += (uint64_t)p->rows.n_rows;
+        e->decode_seconds += p->t1 - p->t0;
     }
+    const double t1 = bn_time_seconds();
     /* The positions are computed: their full blocks may be shared now. */
     for (size_t i = 0; i < sc->n; i++)
         if (sc->seqs[i]->state == SEQ_RUNNING)
-            bn_kv_seq_commit(kv, sc->seqs[i]->kv, sc->seqs[i]->computed);
-    for (int64_t l = 0; l < n_logits; l++) {
+            bn_kv_seq_commit(e->kv, sc->seqs[i]->kv, sc->seqs[i]->computed);
+    for (int64_t l = 0; l < p->n_logits; l++) {
         seq *s = sc->logit_owner[l];
-        float *logits = pick ? NULL : sc->logits + l * vocab;
-        if (s->state == SEQ_RUNNING && !seq_take_token(sc, s, logits, pick ? sc->picked[l] : -1) &&
+        float *logits = p->pick ? NULL : sc->logits + l * vocab;
+        if (s->state == SEQ_RUNNING &&
+            !seq_take_token(sc, s, logits, p->pick ? sc->picked[l] : -1) &&
             s->state == SEQ_RUNNING)
             seq_finish(sc, s);
     }
     e->token_seconds += bn_time_seconds() - t1;
-    return BN_OK;
 }
 
 /* Without forward_rows: the requests one after another. */
@@ -506,50 +564,6 @@ static bn_status generate_one_by_one(bn_engine *e, const bn_batch_request *reqs,
     return BN_OK;
 }
 
-bn_status bn_batcher_create(bn_engine *e, bn_batcher **out, bn_error *err)
-{
-    *out = NULL;
-    if (!e || !e->kv || !e->backend->ops->forward_rows)
-        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
-                            "the backend computing does not batch sequences");
-    sched *sc = calloc(1, sizeof *sc);
-    if (sc) {
-        sc->e = e;
-        sc->tables = calloc((size_t)e->kv_cfg.max_seqs, sizeof *sc->tables);
-        sc->table_len = calloc((size_t)e->kv_cfg.max_seqs, sizeof *sc->table_len);
-        sc->raw = malloc((size_t)bn_checkpoint_hparams(e->model)->vocab * sizeof *sc->raw);
-    }
-    if (!sc || !sc->tables || !sc->table_len || !sc->raw) {
-        bn_batcher_free(sc);
-        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the scheduler");
-    }
-    *out = sc;
-    return BN_OK;
-}
-
-bn_status bn_batcher_add(bn_batcher *sc, const bn_batch_request *req, bn_batch_result *out,
-                         bn_error *err)
-{
-    if (!sc || !req || !out)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "batcher_add: NULL argument");
-    if (sc->n == sc->cap) {
-        const size_t cap = sc->cap ? 2 * sc->cap : 16;
-        seq **p = realloc(sc->seqs, cap * sizeof *p);
-        if (!p)
-            return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a request");
-        sc->seqs = p;
-        sc->cap = cap;
-    }
-    seq *s = calloc(1, sizeof *s);
-    if (!s)
-        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a request");
-    (void)seq_init(sc, s, req, out); /* a request that cannot run ends at once */
-    sc->seqs[sc->n++] = s;
-    return BN_OK;
-}
-
-/* Reports the requests that ended (their results' done set) and forgets
- * them; the others keep their order. */
 static void retire_ended(sched *sc)
 {
     size_t kept = 0;
@@ -594,36 +608,9 @@ static bool prefix_in_flight(const sched *sc, const seq *s)
     return false;
 }
 
-bn_status bn_batcher_step(bn_batcher *sc, size_t *active, bn_error *err)
-{
-    bn_engine *e = sc->e;
-    /* Admission, first come first served. */
-    int running = 0;
-    bool waiting = false;
-    for (size_t i = 0; i < sc->n; i++)
-        running += sc->seqs[i]->state == SEQ_RUNNING;
-    for (size_t i = 0; i < sc->n && running < e->kv_cfg.max_seqs; i++)
-        if (sc->seqs[i]->state == SEQ_WAITING && !prefix_in_flight(sc, sc->seqs[i]) &&
-            seq_admit(sc, sc->seqs[i]))
-            running++;
-    for (size_t i = 0; i < sc->n; i++)
-        waiting |= sc->seqs[i]->state == SEQ_WAITING;
-    bn_status st = BN_OK;
-    if (running == 0 && waiting)
-        st = bn_error_set(err, BN_ERR_INTERNAL, NULL,
-                          "scheduler: a waiting request could not be admitted");
-    else if (running > 0)
-        st = step(sc, err);
-    /* After a failed pass every request not ended fails with it. */
-    for (size_t i = 0; i < sc->n && st != BN_OK; i++)
-        if (sc->seqs[i]->state != SEQ_DONE)
-            seq_fail(sc->seqs[i], e->kv, err);
-    retire_ended(sc);
-    *active = sc->n;
-    return st;
-}
+/* ---- one lane ------------------------------------------------------------------ */
 
-void bn_batcher_free(bn_batcher *sc)
+static void lane_free(sched *sc)
 {
     if (!sc)
         return;
@@ -649,6 +636,244 @@ void bn_batcher_free(bn_batcher *sc)
     free(sc);
 }
 
+static bn_status lane_create(bn_engine *e, sched **out, bn_error *err)
+{
+    sched *sc = calloc(1, sizeof *sc);
+    if (sc) {
+        sc->e = e;
+        sc->tables = calloc((size_t)e->kv_cfg.max_seqs, sizeof *sc->tables);
+        sc->table_len = calloc((size_t)e->kv_cfg.max_seqs, sizeof *sc->table_len);
+        sc->raw = malloc((size_t)bn_checkpoint_hparams(e->model)->vocab * sizeof *sc->raw);
+    }
+    if (!sc || !sc->tables || !sc->table_len || !sc->raw) {
+        lane_free(sc);
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the scheduler");
+    }
+    *out = sc;
+    return BN_OK;
+}
+
+static bn_status lane_add(sched *sc, const bn_batch_request *req, bn_batch_result *out,
+                          bn_error *err)
+{
+    if (sc->n == sc->cap) {
+        const size_t cap = sc->cap ? 2 * sc->cap : 16;
+        seq **p = realloc(sc->seqs, cap * sizeof *p);
+        if (!p)
+            return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a request");
+        sc->seqs = p;
+        sc->cap = cap;
+    }
+    seq *s = calloc(1, sizeof *s);
+    if (!s)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a request");
+    (void)seq_init(sc, s, req, out); /* a request that cannot run ends at once */
+    sc->seqs[sc->n++] = s;
+    return BN_OK;
+}
+
+/* Admission, first come first served, then the step's rows (sc->pass). */
+static bn_status lane_prepare(sched *sc, bn_error *err)
+{
+    bn_engine *e = sc->e;
+    sc->pass.rows.n_rows = 0;
+    int running = 0;
+    bool waiting = false;
+    for (size_t i = 0; i < sc->n; i++)
+        running += sc->seqs[i]->state == SEQ_RUNNING;
+    for (size_t i = 0; i < sc->n && running < e->kv_cfg.max_seqs; i++)
+        if (sc->seqs[i]->state == SEQ_WAITING && !prefix_in_flight(sc, sc->seqs[i]) &&
+            seq_admit(sc, sc->seqs[i]))
+            running++;
+    for (size_t i = 0; i < sc->n; i++)
+        waiting |= sc->seqs[i]->state == SEQ_WAITING;
+    if (running == 0 && waiting)
+        return bn_error_set(err, BN_ERR_INTERNAL, NULL,
+                            "scheduler: a waiting request could not be admitted");
+    return running > 0 ? step_prepare(sc, err) : BN_OK;
+}
+
+/* After the pass (or a failure, st): tokens handed out, or every request not
+ * ended failed with the error; the ended ones reported. */
+static void lane_finish(sched *sc, bn_status st, const bn_error *err)
+{
+    if (st == BN_OK && sc->pass.rows.n_rows > 0)
+        step_finish(sc);
+    for (size_t i = 0; i < sc->n && st != BN_OK; i++)
+        if (sc->seqs[i]->state != SEQ_DONE)
+            seq_fail(sc->seqs[i], sc->e->kv, err);
+    retire_ended(sc);
+}
+
+/* ---- the lanes' passes at once ------------------------------------------------ */
+
+/* Worker for lane `index` (>= 1): runs that lane's pass each round. */
+typedef struct worker_arg {
+    bn_batcher *bt;
+    int index;
+} worker_arg;
+
+static void *lane_worker(void *p)
+{
+    worker_arg *a = p;
+    bn_batcher *bt = a->bt;
+    sched *sc = bt->lanes[a->index];
+    free(a);
+    uint64_t seen = 0;
+    pthread_mutex_lock(&bt->mu);
+    for (;;) {
+        while (!bt->quit && bt->round == seen)
+            pthread_cond_wait(&bt->go, &bt->mu);
+        if (bt->quit)
+            break;
+        seen = bt->round;
+        pthread_mutex_unlock(&bt->mu);
+        if (sc->pass.rows.n_rows > 0 && sc->pass.status == BN_OK)
+            step_forward(sc);
+        pthread_mutex_lock(&bt->mu);
+        if (--bt->pending == 0)
+            pthread_cond_signal(&bt->done);
+    }
+    pthread_mutex_unlock(&bt->mu);
+    return NULL;
+}
+
+/* Every lane's prepared pass: the first on this thread, the others on
+ * their workers, all at once. */
+static void run_passes(bn_batcher *bt)
+{
+    if (bt->n_threads > 0) {
+        pthread_mutex_lock(&bt->mu);
+        bt->pending = bt->n_threads;
+        bt->round++;
+        pthread_cond_broadcast(&bt->go);
+        pthread_mutex_unlock(&bt->mu);
+    }
+    sched *first = bt->lanes[0];
+    if (first->pass.rows.n_rows > 0 && first->pass.status == BN_OK)
+        step_forward(first);
+    if (bt->n_threads > 0) {
+        pthread_mutex_lock(&bt->mu);
+        while (bt->pending > 0)
+            pthread_cond_wait(&bt->done, &bt->mu);
+        pthread_mutex_unlock(&bt->mu);
+    }
+}
+
+static void stop_workers(bn_batcher *bt)
+{
+    if (bt->n_threads == 0)
+        return;
+    pthread_mutex_lock(&bt->mu);
+    bt->quit = true;
+    pthread_cond_broadcast(&bt->go);
+    pthread_mutex_unlock(&bt->mu);
+    for (int i = 0; i < bt->n_threads; i++)
+        pthread_join(bt->threads[i], NULL);
+    bt->n_threads = 0;
+}
+
+/* ---- the batcher ----------------------------------------------------------------- */
+
+bn_status bn_batcher_create(bn_engine *e, bn_batcher **out, bn_error *err)
+{
+    *out = NULL;
+    if (!e || !e->kv || !e->backend->ops->forward_rows)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
+                            "the backend computing does not batch sequences");
+    bn_batcher *bt = calloc(1, sizeof *bt);
+    if (!bt)
+        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the scheduler");
+    bt->n_lanes = 1 + e->n_replicas;
+    bt->lanes = calloc((size_t)bt->n_lanes, sizeof *bt->lanes);
+    bt->threads = calloc((size_t)bt->n_lanes, sizeof *bt->threads);
+    bn_status st = bt->lanes && bt->threads
+                       ? BN_OK
+                       : bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
+                                      "no memory for the scheduler");
+    for (int i = 0; st == BN_OK && i < bt->n_lanes; i++)
+        st = lane_create(i == 0 ? e : e->replicas[i - 1], &bt->lanes[i], err);
+    if (st == BN_OK && bt->n_lanes > 1) {
+        pthread_mutex_init(&bt->mu, NULL);
+        pthread_cond_init(&bt->go, NULL);
+        pthread_cond_init(&bt->done, NULL);
+        for (int i = 1; st == BN_OK && i < bt->n_lanes; i++) {
+            worker_arg *a = malloc(sizeof *a);
+            if (a) {
+                *a = (worker_arg){bt, i};
+                if (pthread_create(&bt->threads[bt->n_threads], NULL, lane_worker, a) == 0) {
+                    bt->n_threads++;
+                    continue;
+                }
+                free(a);
+            }
+            st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
+                              "could not start the thread of replica %d", i);
+        }
+    }
+    if (st != BN_OK) {
+        bn_batcher_free(bt);
+        return st;
+    }
+    *out = bt;
+    return BN_OK;
+}
+
+bn_status bn_batcher_add(bn_batcher *bt, const bn_batch_request *req, bn_batch_result *out,
+                         bn_error *err)
+{
+    if (!bt || !req || !out)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "batcher_add: NULL argument");
+    /* The least-loaded lane: the fewest requests not ended (the first of
+     * equals). */
+    sched *to = bt->lanes[0];
+    for (int i = 1; i < bt->n_lanes; i++)
+        if (bt->lanes[i]->n < to->n)
+            to = bt->lanes[i];
+    return lane_add(to, req, out, err);
+}
+
+bn_status bn_batcher_step(bn_batcher *bt, size_t *active, bn_error *err)
+{
+    bn_status first = BN_OK;
+    for (int i = 0; i < bt->n_lanes; i++) {
+        sched *sc = bt->lanes[i];
+        bn_error_clear(&sc->pass.err);
+        sc->pass.status = lane_prepare(sc, &sc->pass.err);
+    }
+    run_passes(bt);
+    *active = 0;
+    for (int i = 0; i < bt->n_lanes; i++) {
+        sched *sc = bt->lanes[i];
+        const bn_status st = sc->pass.status;
+        lane_finish(sc, st, &sc->pass.err);
+        if (st != BN_OK && first == BN_OK) {
+            first = st;
+            if (err)
+                *err = sc->pass.err;
+        }
+        *active += sc->n;
+    }
+    return first;
+}
+
+void bn_batcher_free(bn_batcher *bt)
+{
+    if (!bt)
+        return;
+    stop_workers(bt);
+    if (bt->n_lanes > 1 && bt->threads) {
+        pthread_mutex_destroy(&bt->mu);
+        pthread_cond_destroy(&bt->go);
+        pthread_cond_destroy(&bt->done);
+    }
+    for (int i = 0; bt->lanes && i < bt->n_lanes; i++)
+        lane_free(bt->lanes[i]);
+    free(bt->lanes);
+    free(bt->threads);
+    free(bt);
+}
+
 bn_status bn_engine_generate_batch(bn_engine *e, const bn_batch_request *reqs, size_t n,
                                    bn_batch_result *out, bn_error *err)
 {
@@ -657,17 +882,41 @@ bn_status bn_engine_generate_batch(bn_engine *e, const bn_batch_request *reqs, s
                             "generate_batch: NULL engine, requests or results");
     if (!e->kv || !e->backend->ops->forward_rows)
         return generate_one_by_one(e, reqs, n, out);
-    sched *sc = NULL;
-    bn_status st = bn_batcher_create(e, &sc, err);
+    bn_batcher *bt = NULL;
+    bn_status st = bn_batcher_create(e, &bt, err);
     for (size_t i = 0; i < n; i++)
         atomic_init(&out[i].done, false);
     for (size_t i = 0; st == BN_OK && i < n; i++)
-        st = bn_batcher_add(sc, &reqs[i], &out[i], err);
+        st = bn_batcher_add(bt, &reqs[i], &out[i], err);
     size_t active = n;
     while (st == BN_OK && active > 0)
-        st = bn_batcher_step(sc, &active, err);
-    bn_batcher_free(sc);
+        st = bn_batcher_step(bt, &active, err);
+    bn_batcher_free(bt);
     return st;
+}
+
+/* One engine's counters into out (added to what is there). */
+static void add_stats(const bn_engine *e, bn_batch_stats *out)
+{
+    bn_kv_blocks_stats b;
+    bn_kv_blocks_get_stats(e->kv, &b);
+    out->blocks.n_blocks += b.n_blocks;
+    out->blocks.free += b.free;
+    out->blocks.held += b.held;
+    out->blocks.cached += b.cached;
+    out->blocks.seqs_open += b.seqs_open;
+    out->blocks.reused_blocks += b.reused_blocks;
+    out->blocks.evictions += b.evictions;
+    out->blocks.failed += b.failed;
+    out->blocks.peak_held += b.peak_held;
+    out->steps += e->batch_steps;
+    out->rows += e->batch_rows;
+    out->preemptions += e->preemptions;
+    out->decode_passes += e->decode_passes;
+    out->decode_rows += e->decode_rows;
+    out->decode_seconds += e->decode_seconds;
+    out->forward_seconds += e->forward_seconds;
+    out->token_seconds += e->token_seconds;
 }
 
 void bn_engine_batch_stats(const bn_engine *e, bn_batch_stats *out)
@@ -678,19 +927,30 @@ void bn_engine_batch_stats(const bn_engine *e, bn_batch_stats *out)
     out->enabled = true;
     out->max_seqs = e->kv_cfg.max_seqs;
     out->block_size = e->kv_cfg.block_size;
-    bn_kv_blocks_get_stats(e->kv, &out->blocks);
-    out->steps = e->batch_steps;
-    out->rows = e->batch_rows;
-    out->preemptions = e->preemptions;
-    out->decode_passes = e->decode_passes;
-    out->decode_rows = e->decode_rows;
-    out->decode_seconds = e->decode_seconds;
-    out->forward_seconds = e->forward_seconds;
-    out->token_seconds = e->token_seconds;
+    add_stats(e, out);
+    for (int i = 0; i < e->n_replicas; i++)
+        add_stats(e->replicas[i], out);
+}
+
+int bn_engine_replica_count(const bn_engine *e)
+{
+    return e ? 1 + e->n_replicas : 0;
+}
+
+void bn_engine_replica_batch_stats(const bn_engine *e, int i, bn_batch_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!e || i < 0 || i > e->n_replicas)
+        return;
+    bn_engine_batch_stats(i == 0 ? e : e->replicas[i - 1], out);
 }
 
 void bn_engine_batch_reset_peak(bn_engine *e)
 {
-    if (e && e->kv)
+    if (!e)
+        return;
+    if (e->kv)
         bn_kv_blocks_reset_peak(e->kv);
+    for (int i = 0; i < e->n_replicas; i++)
+        bn_engine_batch_reset_peak(e->replicas[i]);
 }

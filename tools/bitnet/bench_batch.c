@@ -31,7 +31,8 @@ static void usage(FILE *out)
             "passes' tokens (sampling on the host, callbacks) while the device waits.\n"
             "\n"
             "  --shape S           2b4t (default) or tiny (2 layers, dim 256)\n"
-            "  --device D          auto, cpu, gpu, cuda[:N], vulkan[:N] (default:\n"
+            "  --device D          auto, cpu, gpu, cuda[:N], vulkan[:N]; cuda:N,M,... or\n"
+            "                      cuda:all: a replica on each device (default:\n"
             "                      BITNET_DEVICE, else auto)\n"
             "  --seqs LIST         counts of concurrent sequences (default\n"
             "                      1,8,32,64,128,256)\n"
@@ -156,14 +157,22 @@ static int run_count(bn_engine *e, const bench_cfg *b, int n, const char *label)
         reqs[i].sampling.temperature = 0.0f;
     }
     bn_batch_stats s0, s1;
+    /* Each replica's own counters (cuda:N,M,...): their passes run at once,
+     * so the decode rate is the sum of their rates. */
+    const int n_rep = bn_engine_replica_count(e);
+    bn_batch_stats r0[BN_DEVICE_LIST_MAX], r1[BN_DEVICE_LIST_MAX];
     bn_engine_batch_reset_peak(e);
     bn_engine_batch_stats(e, &s0);
+    for (int i = 0; i < n_rep && i < BN_DEVICE_LIST_MAX; i++)
+        bn_engine_replica_batch_stats(e, i, &r0[i]);
     bn_error err;
     bn_error_clear(&err);
     const double t0 = bn_time_seconds();
     const bn_status st = bn_engine_generate_batch(e, reqs, (size_t)n, res, &err);
     const double wall = bn_time_seconds() - t0;
     bn_engine_batch_stats(e, &s1);
+    for (int i = 0; i < n_rep && i < BN_DEVICE_LIST_MAX; i++)
+        bn_engine_replica_batch_stats(e, i, &r1[i]);
     int rc = BN_EXIT_OK;
     uint64_t tokens = 0, steps_alone = 0;
     double per_seq = 0.0, seconds_alone = 0.0;
@@ -186,12 +195,13 @@ static int run_count(bn_engine *e, const bench_cfg *b, int n, const char *label)
         /* Decode rate: rows of the passes that only decode over their
          * time; run one at a time, every sequence's decode steps over
          * their time. */
-        const double decode_rate =
-            s1.enabled ? (s1.decode_seconds > s0.decode_seconds
-                              ? (double)(s1.decode_rows - s0.decode_rows) /
-                                    (s1.decode_seconds - s0.decode_seconds)
-                              : 0.0)
-                       : (seconds_alone > 0.0 ? (double)steps_alone / seconds_alone : 0.0);
+        double decode_rate = 0.0;
+        for (int i = 0; s1.enabled && i < n_rep && i < BN_DEVICE_LIST_MAX; i++)
+            if (r1[i].decode_seconds > r0[i].decode_seconds)
+                decode_rate += (double)(r1[i].decode_rows - r0[i].decode_rows) /
+                               (r1[i].decode_seconds - r0[i].decode_seconds);
+        if (!s1.enabled && seconds_alone > 0.0)
+            decode_rate = (double)steps_alone / seconds_alone;
         const uint64_t steps = s1.steps - s0.steps, rows = s1.rows - s0.rows;
         /* The KV cache the run held at its peak (keys and values). */
         const double position_mib = 2.0 * b->hp.n_layer * b->hp.n_head_kv * b->hp.head_dim *

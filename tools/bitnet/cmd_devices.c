@@ -34,6 +34,29 @@ typedef struct report {
     bn_vulkan_report vulkan;
 } report;
 
+/* Which devices reach which by peer access (P2P), one line a device. */
+static void print_peers(const bn_cuda_report *c)
+{
+    if (c->device_count < 2) {
+        printf("  peer access (P2P): one device\n");
+        return;
+    }
+    printf("  peer access (P2P):\n");
+    for (int i = 0; i < c->device_count; i++) {
+        const bn_cuda_device *d = &c->devices[i];
+        printf("    cuda:%d ->", d->id);
+        bool any = false;
+        for (int k = 0; k < c->device_count; k++) {
+            const int j = c->devices[k].id;
+            if (j == d->id)
+                continue;
+            printf(" cuda:%d %s", j, (d->peer_mask >> j) & 1 ? "yes" : "no");
+            any = true;
+        }
+        printf("%s\n", any ? "" : " none");
+    }
+}
+
 static void cuda_caps_text(const bn_cuda_device *d, char *buf, size_t size)
 {
     static const char *const names[] = {"fp16", "bf16", "int8-dot", "tensor-cores",
@@ -112,6 +135,7 @@ static void print_text(const report *r)
         }
         printf("  best device: cuda:%d (most memory, then most SMs)\n",
                c->devices[bn_cuda_best_device(c->devices, c->device_count)].id);
+        print_peers(c);
     }
 
     printf("\nVulkan devices\n");
@@ -237,6 +261,13 @@ static void print_json(const report *r)
         bn_json_kv_bool(&j, "int8_tensor_cores", d->int8_tensor_cores);
         bn_json_kv_bool(&j, "fp8", d->fp8);
         bn_json_end_object(&j);
+        /* The devices this one reaches by peer access (P2P). */
+        bn_json_key(&j, "peers");
+        bn_json_begin_array(&j);
+        for (int k = 0; k < 64; k++)
+            if ((d->peer_mask >> k) & 1)
+                bn_json_int(&j, k);
+        bn_json_end_array(&j);
         bn_json_end_object(&j);
     }
     bn_json_end_array(&j);

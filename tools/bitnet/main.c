@@ -295,8 +295,8 @@ bool cli_check_device(const char *cmd, const char *text)
     bn_device_request req;
     if (bn_parse_device_request(text, &req))
         return true;
-    fprintf(stderr, "bitnet %s: error: --device must be auto, cpu, gpu, cuda, cuda:N, vulkan or "
-                    "vulkan:N, not '%s'\n",
+    fprintf(stderr, "bitnet %s: error: --device must be auto, cpu, gpu, cuda, cuda:N, "
+                    "cuda:N,M,..., cuda:all, vulkan or vulkan:N, not '%s'\n",
             cmd, text);
     return false;
 }
