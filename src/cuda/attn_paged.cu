@@ -205,21 +205,23 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
         m = m_new;
     }
     cp_async_wait<0>();
-    float4 *o;
-    float inv = 1.0f;
-    if (gridDim.z == 1) { /* one split: the output itself */
-        inv = 1.0f / l;
-        o = reinterpret_cast<float4 *>(out + (int64_t)row * ldo + (int64_t)h * HD);
-    } else { /* this split's share: [sum (HD)][max][weight] */
-        float *pr = part + (((int64_t)listed * n_heads + h) * gridDim.z + split) * (HD + 4);
-        if (lane == 0) {
-            pr[HD] = m;
-            pr[HD + 1] = l;
-        }
-        o = reinterpret_cast<float4 *>(pr);
+    if (gridDim.z == 1) {
+        /* One split: the output itself, acc / l, as paged_merge gives a row
+         * of one share (its weight e^0 = 1), so a launch of more splits
+         * gives such a row bit for bit the same. */
+        float4 *o = reinterpret_cast<float4 *>(out + (int64_t)row * ldo + (int64_t)h * HD);
+        if (lane < NC)
+            o[lane] = make_float4(acc.x / l, acc.y / l, acc.z / l, acc.w / l);
+        return;
+    }
+    /* This split's share: [sum (HD)][max][weight]. */
+    float *pr = part + (((int64_t)listed * n_heads + h) * gridDim.z + split) * (HD + 4);
+    if (lane == 0) {
+        pr[HD] = m;
+        pr[HD + 1] = l;
     }
     if (lane < NC)
-        o[lane] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+        reinterpret_cast<float4 *>(pr)[lane] = acc;
 }
 
 /* Block (row, head), thread d < HD: the shares of value d of the splits
