@@ -767,6 +767,40 @@ static void check_batch(const bn_model_info *info)
     bn_model_close(alone);
 }
 
+/* Replicas (a CUDA device list): a session's receipt lists each replica
+ * with its device and the rows it computed. */
+static void check_replica_receipt(void)
+{
+    bn_model *bm, *alone;
+    bn_error err;
+    if (!open_pair(3, 16, &bm, &alone))
+        return;
+    bn_session *s = NULL;
+    CHECK(bn_session_create(bm, &s, &err) == BN_OK);
+    bn_generate_params p = greedy("In the beginning", 4);
+    p.ignore_eog = true;
+    bn_generate_result r;
+    CHECK(bn_session_generate(s, &p, NULL, NULL, &r, &err) == BN_OK);
+    FILE *f = tmpfile();
+    const bn_receipt_options ro = {.command = "test", .chat = false, .seed_fixed = true};
+    CHECK(f && bn_session_write_receipt(s, &ro, f, &err) == BN_OK);
+    const long size = f ? ftell(f) : 0;
+    char *json = calloc((size_t)size + 1, 1);
+    if (f && json) {
+        rewind(f);
+        CHECK(fread(json, 1, (size_t)size, f) == (size_t)size);
+        CHECK_STR_CONTAINS(json, "\"replicas\": [");
+        CHECK_STR_CONTAINS(json, "\"gpu_device\": 0");
+        CHECK_STR_CONTAINS(json, "\"requested\": \"cuda:0,0\"");
+    }
+    free(json);
+    if (f)
+        fclose(f);
+    bn_session_free(s);
+    bn_model_close(bm);
+    bn_model_close(alone);
+}
+
 /* Threads generating at once on a model of 4 sequences at once: each
  * bn_session_generate joins the scheduler thread's passes, and each thread
  * gets the text a model of one sequence at a time gives it. */
@@ -900,6 +934,14 @@ int main(int argc, char **argv)
     check_errors(m, &info);
     check_perplexity(m, info.path);
     check_batch(&info);
+    if (strcmp(device, "cpu") != 0) {
+        /* The same through two replicas on one GPU. */
+        const char *one = device;
+        device = "cuda:0,0";
+        check_batch(&info);
+        check_replica_receipt();
+        device = one;
+    }
     check_logprobs(&info);
     check_threads();
     bn_generation_free(&ref);
