@@ -499,8 +499,12 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
                                  c->rows};
     const bn_vk_rows rows = {&v->info, c->tables, M, c->block_size, c->max_blocks};
     TRY(record_norm(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, err));
+    /* q, k and v read the same codes into buffers of their own: no
+     * barriers between them (bn_vk_next_independent); gate and up too. */
     TRY(record_proj(v, l, BN_PROJ_Q, &v->q, M, err));
+    bn_vk_next_independent(v->vk);
     TRY(record_proj(v, l, BN_PROJ_K, &v->k, M, err));
+    bn_vk_next_independent(v->vk);
     TRY(record_proj(v, l, BN_PROJ_V, &v->v, M, err));
     TRY(bn_vk_rope_store_record(v->vk, v->ops, &as, &rows, &v->q, &v->k, &v->v, &v->cs,
                                 &c->k[l], &c->v[l], 0, err));
@@ -511,6 +515,7 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
     TRY(bn_vk_add_record(v->vk, v->ops, &v->x, &v->out, M * hp->dim, err));
     TRY(record_norm(v, &v->x, &norms[BN_NORM_FFN], M, hp->dim, err));
     TRY(record_proj(v, l, BN_PROJ_GATE, &v->gate, M, err));
+    bn_vk_next_independent(v->vk);
     TRY(record_proj(v, l, BN_PROJ_UP, &v->up, M, err));
     TRY(bn_vk_relu2_record(v->vk, v->ops, &v->gate, &v->up, M * hp->ffn, err));
     TRY(record_norm(v, &v->gate, &norms[BN_NORM_FFN_SUB], M, hp->ffn, err));

@@ -247,6 +247,7 @@ struct bn_vk {
     VkDescriptorPool descriptors; /* reset when a sequence begins */
     bool recording;               /* a sequence is open (bn_vk_begin)  */
     int dispatches;               /* recorded in it so far             */
+    bool independent;             /* the next dispatch needs no barrier */
     /* Timing (bn_vk_profile): a timestamp before a sequence's first
      * dispatch and after each; the kernels' names in order. */
     VkQueryPool timer;
@@ -698,6 +699,7 @@ bn_status bn_vk_begin(bn_vk *vk, bn_error *err)
     if (st == BN_OK) {
         vk->recording = true;
         vk->dispatches = 0;
+        vk->independent = false;
         if (vk->timing) {
             vk->vi.fn.vkCmdResetQueryPool(vk->cmd, vk->timer, 0, BN_VK_MAX_DISPATCHES + 1);
             vk->vi.fn.vkCmdWriteTimestamp(vk->cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, vk->timer,
@@ -778,7 +780,7 @@ bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffer
                                            .pBufferInfo = &infos[i]};
     }
     f->vkUpdateDescriptorSets(vk->device, (uint32_t)k->n_buffers, writes, 0, NULL);
-    if (vk->dispatches > 0) {
+    if (vk->dispatches > 0 && !vk->independent) {
         /* What the dispatches before wrote is what this one may read. */
         const VkMemoryBarrier barrier = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
                                          .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
@@ -795,6 +797,7 @@ bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffer
         f->vkCmdPushConstants(vk->cmd, k->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, k->push_bytes,
                               push);
     f->vkCmdDispatch(vk->cmd, groups_x, groups_y, 1);
+    vk->independent = false;
     if (vk->timing) {
         f->vkCmdWriteTimestamp(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk->timer,
                                (uint32_t)vk->dispatches + 1);
@@ -805,6 +808,8 @@ bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffer
 }
 
 int bn_vk_recorded(const bn_vk *vk) { return vk->dispatches; }
+
+void bn_vk_next_independent(bn_vk *vk) { vk->independent = true; }
 
 bn_status bn_vk_submit(bn_vk *vk, bn_error *err)
 {

@@ -72,6 +72,11 @@ bn_status bn_vk_begin(bn_vk *vk, bn_error *err);
 bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers,
                          const void *push, uint32_t groups_x, uint32_t groups_y, bn_error *err);
 bn_status bn_vk_submit(bn_vk *vk, bn_error *err);
+/* The next dispatch reads nothing the dispatches since the last barrier
+ * wrote, and writes nothing they use (q, k and v from the same codes): it
+ * is recorded without a barrier before it, so the device may run it beside
+ * them. */
+void bn_vk_next_independent(bn_vk *vk);
 /* The dispatches recorded into the open sequence (or the last one). */
 int bn_vk_recorded(const bn_vk *vk);
 
