@@ -1,8 +1,7 @@
 /*
  * attn_paged_mma.cu - lab: decode attention for many sequences at once over
  * a paged fp16 KV cache on the tensor cores, against the shipped kernel
- * (src/cuda/attn_paged.cu, fp32 and fp16 caches, linked in), and the
- * shipped kernel's "ring" form with more tiles in flight (below).
+ * (src/cuda/attn_paged.cu, fp32 and fp16 caches, linked in).
  *
  * The shipped kernel scores and sums with fp32 FMAs: per 32-key tile each
  * of a block's warps (one per q head of the kv head's group) reads the
@@ -32,7 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include <type_traits>
 #include <vector>
 
 #include "common.cuh"
@@ -310,175 +308,6 @@ __global__ void merge_len(int n_heads, int hd, int splits, int split_len,
     out[(int64_t)row * ldo + (int64_t)h * hd + d] = sum / weight;
 }
 
-
-/* ---- the ring form: the shipped kernel with STAGES tiles in flight -------
- *
- * The shipped kernel keeps one 32-position tile in flight while it computes
- * the one before (two buffers). Here a block keeps STAGES - 1 tiles in
- * flight: the cache rows of the first STAGES - 1 tiles are looked up at
- * once and their copies issued before any is used, so a split of ~128
- * positions has all its bytes requested after one round trip to the block
- * table. Scoring and summing are the shipped kernel's (fp32 FMAs, one warp
- * a q head). */
-constexpr int kRingTile = 32;
-
-template <typename T, int HD> struct RingRow {
-    static constexpr int kStride = HD + 16 / (int)sizeof(T);
-    static constexpr int kCopies = HD * (int)sizeof(T) / 16;
-};
-
-__device__ __forceinline__ float4 ring_chunk4(const float *row, int ch)
-{
-    return reinterpret_cast<const float4 *>(row)[ch];
-}
-__device__ __forceinline__ float4 ring_chunk4(const __half *row, int ch)
-{
-    const uint2 u = reinterpret_cast<const uint2 *>(row)[ch];
-    const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x));
-    const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
-    return make_float4(a.x, a.y, b.x, b.y);
-}
-
-template <typename T, int HD>
-__device__ __forceinline__ void ring_copy(T *kt, T *vt, const int *crow, const T *kc, const T *vc,
-                                          int64_t kv_dim, int64_t head_off)
-{
-    using R = RingRow<T, HD>;
-    for (int i = threadIdx.x; i < kRingTile * R::kCopies; i += blockDim.x) {
-        const int r = i / R::kCopies, c = i % R::kCopies, cr = crow[r];
-        const int64_t src = (int64_t)(cr < 0 ? 0 : cr) * kv_dim + head_off;
-        const int at = r * R::kStride + c * (16 / (int)sizeof(T));
-        cp_async16((uint32_t)__cvta_generic_to_shared(kt + at),
-                   reinterpret_cast<const uint4 *>(kc + src) + c, cr >= 0);
-        cp_async16((uint32_t)__cvta_generic_to_shared(vt + at),
-                   reinterpret_cast<const uint4 *>(vc + src) + c, cr >= 0);
-    }
-}
-
-template <typename T, int HD, int STAGES> size_t ring_smem(int group)
-{
-    using R = RingRow<T, HD>;
-    return sizeof(float) * (size_t)group * HD + 2 * STAGES * sizeof(T) * kRingTile * R::kStride +
-           STAGES * kRingTile * sizeof(int);
-}
-
-template <int HD, typename T, int STAGES>
-__global__ void attn_paged_ring(int n_heads, int n_kv, const float *__restrict__ q, int64_t ldq,
-                                const int32_t *__restrict__ row_seq,
-                                const int32_t *__restrict__ row_pos,
-                                const int32_t *__restrict__ tables, int max_blocks, int bs,
-                                const T *__restrict__ kc, const T *__restrict__ vc, float scale,
-                                int split_len, float *__restrict__ out, int64_t ldo,
-                                float *__restrict__ part)
-{
-    using R = RingRow<T, HD>;
-    constexpr int NC = HD / 4, KS = R::kStride, TILE = kRingTile * KS;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    const int group = n_heads / n_kv;
-    float *qs = reinterpret_cast<float *>(smem_raw);
-    T *tiles = reinterpret_cast<T *>(qs + group * HD);           /* [STAGES][K, V][32][KS] */
-    int *crow = reinterpret_cast<int *>(tiles + 2 * STAGES * TILE); /* [STAGES][32]        */
-    const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int h = kvh * group + warp;
-    const int64_t kv_dim = (int64_t)n_kv * HD, head_off = (int64_t)kvh * HD;
-    const int seq = row_seq[row], pos = row_pos[row];
-    int span;
-    if (split >= row_splits_len(pos, (int)gridDim.z, split_len, &span))
-        return;
-    const int32_t *table = tables + (int64_t)seq * max_blocks;
-    const int begin = split * span, end = min(begin + span, pos + 1);
-    const int n_tiles = (end - begin + kRingTile - 1) / kRingTile;
-
-    for (int i = threadIdx.x; i < group * NC; i += blockDim.x) {
-        const int w = i / NC, ch = i % NC;
-        reinterpret_cast<float4 *>(qs + w * HD)[ch] = reinterpret_cast<const float4 *>(
-            q + (int64_t)row * ldq + (int64_t)(kvh * group + w) * HD)[ch];
-    }
-    /* The first STAGES - 1 tiles' rows (warp w: tiles w, w + warps, ..), then
-     * their copies. */
-    for (int s = warp; s < STAGES - 1 && s < n_tiles; s += (int)(blockDim.x >> 5))
-        crow[s * kRingTile + lane] = cache_row(table, bs, begin + s * kRingTile + lane, end);
-    __syncthreads();
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < n_tiles)
-            ring_copy<T, HD>(tiles + s * 2 * TILE, tiles + s * 2 * TILE + TILE,
-                             crow + s * kRingTile, kc, vc, kv_dim, head_off);
-        cp_async_commit();
-    }
-
-    float m = -INFINITY, l = 0.0f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int i = 0; i < n_tiles; i++) {
-        const int t0 = begin + i * kRingTile, st = i % STAGES;
-        /* Tile i + STAGES - 1 into the stage tile i - 1 used. */
-        const int ahead = i + STAGES - 1, sa = ahead % STAGES;
-        if (warp == 0 && ahead < n_tiles)
-            crow[sa * kRingTile + lane] = cache_row(table, bs, begin + ahead * kRingTile + lane, end);
-        __syncthreads();
-        if (ahead < n_tiles)
-            ring_copy<T, HD>(tiles + sa * 2 * TILE, tiles + sa * 2 * TILE + TILE,
-                             crow + sa * kRingTile, kc, vc, kv_dim, head_off);
-        cp_async_commit();
-        cp_async_wait<STAGES - 1>();
-        __syncthreads();
-        const T *kt = tiles + st * 2 * TILE, *vt = kt + TILE;
-        const bool visible = t0 + lane < end;
-        float score = -INFINITY;
-        if (visible) {
-            const float4 *qr = reinterpret_cast<const float4 *>(qs + warp * HD);
-            const T *kr = kt + lane * KS;
-            float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
-#pragma unroll
-            for (int ch = 0; ch < NC; ch++) {
-                const float4 a = qr[ch], b = ring_chunk4(kr, ch);
-                d0 = fmaf(a.x, b.x, d0);
-                d1 = fmaf(a.y, b.y, d1);
-                d2 = fmaf(a.z, b.z, d2);
-                d3 = fmaf(a.w, b.w, d3);
-            }
-            score = ((d0 + d1) + (d2 + d3)) * scale;
-        }
-        float mx = score;
-        for (int o = 16; o > 0; o >>= 1)
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const float m_new = fmaxf(m, mx);
-        const float corr = expf(m - m_new);
-        const float p = visible ? expf(score - m_new) : 0.0f;
-        float sum = p;
-        for (int o = 16; o > 0; o >>= 1)
-            sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        l = fmaf(l, corr, sum);
-        acc = make_float4(acc.x * corr, acc.y * corr, acc.z * corr, acc.w * corr);
-#pragma unroll
-        for (int key = 0; key < kRingTile; key++) {
-            const float pk = __shfl_sync(0xffffffffu, p, key);
-            if (lane < NC) {
-                const float4 v = ring_chunk4(vt + key * KS, lane);
-                acc = make_float4(fmaf(pk, v.x, acc.x), fmaf(pk, v.y, acc.y),
-                                  fmaf(pk, v.z, acc.z), fmaf(pk, v.w, acc.w));
-            }
-        }
-        m = m_new;
-    }
-    cp_async_wait<0>();
-    float4 *o;
-    float inv = 1.0f;
-    if (gridDim.z == 1) {
-        inv = 1.0f / l;
-        o = reinterpret_cast<float4 *>(out + (int64_t)row * ldo + (int64_t)h * HD);
-    } else {
-        float *pr = part + (((int64_t)row * n_heads + h) * gridDim.z + split) * (HD + 4);
-        if (lane == 0) {
-            pr[HD] = m;
-            pr[HD + 1] = l;
-        }
-        o = reinterpret_cast<float4 *>(pr);
-    }
-    if (lane < NC)
-        o[lane] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-}
-
 struct Shape {
     int n_heads, n_kv, hd, bs;
 };
@@ -610,7 +439,7 @@ void free_device(Device &d)
  * cache), or the mma kernel with STAGES stages and ranges of split_len. */
 struct Variant {
     const char *name;
-    int kind; /* 0 shipped fp32, 1 shipped fp16, 2 mma, 3 ring fp16, 4 ring fp32 */
+    int kind; /* 0 shipped fp32, 1 shipped fp16, 2 mma */
     int stages, split_len;
 };
 
@@ -643,48 +472,8 @@ void launch_mma(const Batch &b, const Device &d, int split_len, cudaStream_t st)
     }
 }
 
-template <int HD, typename T, int STAGES>
-void launch_ring(const Batch &b, const Device &d, int split_len, cudaStream_t st)
-{
-    const Shape &s = b.s;
-    const size_t smem = ring_smem<T, HD, STAGES>(s.n_heads / s.n_kv);
-    CUDA_CHECK(cudaFuncSetAttribute(attn_paged_ring<HD, T, STAGES>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const int splits = mma_splits(b.n_rows, b.max_len, split_len);
-    const int64_t ld = (int64_t)s.n_heads * s.hd;
-    const T *kc = std::is_same<T, float>::value ? (const T *)d.k32 : (const T *)d.k16;
-    const T *vc = std::is_same<T, float>::value ? (const T *)d.v32 : (const T *)d.v16;
-    attn_paged_ring<HD, T, STAGES><<<dim3(b.n_rows, s.n_kv, splits), 32 * (s.n_heads / s.n_kv),
-                                     smem, st>>>(
-        s.n_heads, s.n_kv, d.q, ld, d.seq, d.pos, d.tables, b.max_blocks, s.bs, kc, vc,
-        (float)(1.0 / sqrt((double)HD)), split_len, d.out, ld, d.ws);
-    CUDA_CHECK(cudaGetLastError());
-    if (splits > 1) {
-        merge_len<<<dim3(b.n_rows, s.n_heads), HD, 0, st>>>(s.n_heads, HD, splits, split_len,
-                                                           d.pos, d.ws, d.out, ld);
-        CUDA_CHECK(cudaGetLastError());
-    }
-}
-
-template <int HD, typename T> void run_ring(const Variant &v, const Batch &b, const Device &d, cudaStream_t st)
-{
-    switch (v.stages) {
-    case 2: launch_ring<HD, T, 2>(b, d, v.split_len, st); break;
-    case 3: launch_ring<HD, T, 3>(b, d, v.split_len, st); break;
-    case 4: launch_ring<HD, T, 4>(b, d, v.split_len, st); break;
-    default: launch_ring<HD, T, 5>(b, d, v.split_len, st); break;
-    }
-}
-
 void run(const Variant &v, const Batch &b, const Device &d, cudaStream_t st)
 {
-    if (v.kind >= 3) {
-        if (b.s.hd == 128)
-            v.kind == 3 ? run_ring<128, __half>(v, b, d, st) : run_ring<128, float>(v, b, d, st);
-        else
-            v.kind == 3 ? run_ring<64, __half>(v, b, d, st) : run_ring<64, float>(v, b, d, st);
-        return;
-    }
     const Shape &s = b.s;
     const int64_t ld = (int64_t)s.n_heads * s.hd;
     if (v.kind < 2) {
@@ -710,7 +499,7 @@ void run(const Variant &v, const Batch &b, const Device &d, cudaStream_t st)
 bool check(const Variant &v, const Shape &s, int n_rows, int min_len, int max_len)
 {
     Batch b = make_batch(s, n_rows, min_len, max_len);
-    Device d = to_device(b, v.kind == 0 || v.kind == 4);
+    Device d = to_device(b, v.kind == 0);
     run(v, b, d, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> got(b.q.size());
@@ -759,7 +548,7 @@ void time_variant(const Variant &v, const Batch &b, const Device &d, double copy
         best = ms < best ? ms : best;
     }
     const double us = best * 1e3 / calls;
-    const double bytes = (double)b.touched * (v.kind == 0 || v.kind == 4 ? 4 : 2);
+    const double bytes = (double)b.touched * (v.kind == 0 ? 4 : 2);
     const double gbs = bytes / (us * 1e-6) / 1e9;
     printf("time %-22s %3d rows x %4d positions: %8.1f us a layer, %6.0f GB/s of K and V (%3.0f "
            "%% of copy)\n",
@@ -777,10 +566,6 @@ int main(int argc, char **argv)
         {"shipped fp16, 256", 1, 0, 256}, {"shipped fp32, 256", 0, 0, 256},
         {"mma 2 stages, 128", 2, 2, 128}, {"mma 2 stages, 256", 2, 2, 256},
         {"mma 3 stages, 128", 2, 3, 128}, {"mma 3 stages, 256", 2, 3, 256},
-        {"ring fp16 3, 128", 3, 3, 128},  {"ring fp16 4, 128", 3, 4, 128},
-        {"ring fp16 5, 128", 3, 5, 128},  {"ring fp16 4, 256", 3, 4, 256},
-        {"ring fp16 5, 256", 3, 5, 256},  {"ring fp32 3, 128", 4, 3, 128},
-        {"ring fp32 4, 128", 4, 4, 128},  {"ring fp32 3, 256", 4, 3, 256},
     };
     bool ok = true;
     for (const Variant &v : variants) {
