@@ -28,24 +28,9 @@
  *   make -C dev/cuda nccl_collectives NCCL_LIB=<dir of libnccl.so.2>
  *   dev/cuda/nccl_collectives [gpus]      (default: every visible GPU)
  */
-#include <cuda_runtime.h>
 #include <nccl.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
-#include <vector>
-
-#define CUDA_CHECK(call)                                                                          \
-    do {                                                                                          \
-        const cudaError_t e_ = (call);                                                            \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                         \
-                    cudaGetErrorString(e_));                                                      \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "common.cuh"
 
 #define NCCL_CHECK(call)                                                                          \
     do {                                                                                          \
