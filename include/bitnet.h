@@ -572,7 +572,7 @@ typedef struct bn_model_info {
     char path[1024];          /* the file or directory loaded                */
     char architecture[32];    /* "bitnet-b1.58"                              */
     char flavour[256];        /* what kind of file it is, in words           */
-    char device[64];          /* "cpu" or "cuda:0"                           */
+    char device[64];          /* "cpu", "cuda:0"; replicas: "cuda:0,1"        */
     char device_name[128];    /* "NVIDIA H200", or the CPU kernels ("avx512") */
     char chat_template[32];   /* the chat format (bn_model_apply_chat), ""
                                  when the model has none                     */

@@ -792,6 +792,7 @@ static void check_replica_receipt(void)
         CHECK_STR_CONTAINS(json, "\"replicas\": [");
         CHECK_STR_CONTAINS(json, "\"gpu_device\": 0");
         CHECK_STR_CONTAINS(json, "\"requested\": \"cuda:0,0\"");
+        CHECK_STR_CONTAINS(json, "\"selected\": \"cuda:0,0\"");
     }
     free(json);
     if (f)

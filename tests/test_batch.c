@@ -340,6 +340,9 @@ int main(int argc, char **argv)
                 CHECK_MSG(info.gpu && info.gpu_device == 0, "replica %d: %s", i, info.selected);
             }
             CHECK_STR_CONTAINS(bn_engine_startup_line(e), "replicas on 2 devices: cuda:0,0");
+            bn_engine_info all;
+            bn_engine_get_info(e, &all);
+            CHECK_MSG(strcmp(all.selected, "cuda:0,0") == 0, "selected %s", all.selected);
         }
         bn_engine_free(e);
     }

@@ -438,7 +438,12 @@ static bn_status open_replicas(bn_engine *e, bn_error *err)
             return st;
         e->n_replicas++;
     }
-    /* The startup line names every device computing. */
+    /* The selection and the startup line name every device computing. */
+    for (int i = 0; i < e->n_replicas; i++) {
+        const size_t at = strlen(e->selected);
+        if (at < sizeof e->selected)
+            snprintf(e->selected + at, sizeof e->selected - at, ",%d", e->devices[i + 1]);
+    }
     size_t used = strlen(e->startup);
     if (used < sizeof e->startup)
         snprintf(e->startup + used, sizeof e->startup - used, "; replicas on %d devices: %s",

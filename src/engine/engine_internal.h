@@ -29,7 +29,7 @@ struct bn_engine {
     char requested[96];
     const char *requested_from;
     char detected[256];
-    char selected[32];
+    char selected[64];        /* "cuda:0"; with replicas "cuda:0,1" */
     char kernel[32];
     char fallback[BN_ERROR_MESSAGE_MAX + 64];
     char startup[1024];
