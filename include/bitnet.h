@@ -158,6 +158,9 @@ typedef struct bn_config {
     char kernel[16];                 /* BITNET_KERNEL ("" = best available)  */
     char model[1024];                /* BITNET_MODEL ("" = the default model) */
     char api_key[256];               /* BITNET_API_KEY ("" = none: bitnet serve) */
+    bool vulkan_no_fp64;             /* BITNET_VULKAN_FP64=0: the Vulkan
+                                        backend's kernels without fp64, as
+                                        on a device that has none          */
 } bn_config;
 
 /* Defaults, as if no BITNET_* variable were set. cfg NULL does nothing. */

@@ -72,6 +72,10 @@ static void test_each_variable(void)
     expect_invalid("BITNET_DEVICE", "cuda:1x");
     expect_invalid("BITNET_DEVICE", "tpu");
 
+    CHECK(set1(&c, "BITNET_VULKAN_FP64", "0", &e) == BN_OK && c.vulkan_no_fp64);
+    CHECK(set1(&c, "BITNET_VULKAN_FP64", "on", &e) == BN_OK && !c.vulkan_no_fp64);
+    expect_invalid("BITNET_VULKAN_FP64", "maybe");
+
     CHECK(set1(&c, "BITNET_GPU_FAKE", "cuda,rocm", &e) == BN_OK && c.gpu_fake_set &&
           c.gpu_fake_mask == ((1u << BN_GPU_CUDA) | (1u << BN_GPU_ROCM)));
     CHECK(set1(&c, "BITNET_GPU_FAKE", " CUDA , vulkan ", &e) == BN_OK &&

@@ -39,6 +39,18 @@ static int argmax(const float *x, int64_t n)
     return best;
 }
 
+/* Whether logit `best` of x leads every other by at most gap x max |x|. */
+static bool near_tie(const float *x, int64_t n, int best, double gap)
+{
+    double big = 0.0, second = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        big = fmax(big, fabs(x[i]));
+        if (i != best)
+            second = fmax(second, x[i]);
+    }
+    return (double)x[best] - second <= gap * big;
+}
+
 /* max |a - b| over max |a|. */
 static double rel_diff(const float *a, const float *b, int64_t n)
 {
@@ -63,7 +75,16 @@ static bn_backend *make(const bn_backend_ops *ops, const bn_checkpoint *m, int d
     return b;
 }
 
-static void check_model(const char *path)
+/* exact: the fp64 kernels, the CPU's logits within 1e-5 of the largest,
+ * the same greedy tokens; else the float kernels (BITNET_VULKAN_FP64=0, as
+ * on a device without fp64): within FLOAT_TOL of the largest (the bound
+ * the CUDA backend's fp16 cache keeps; lavapipe: ~5e-7 on the fixtures,
+ * 1.6e-2 on the shipped model, whose int8 codes meet exact ties that float
+ * arithmetic may round the other way), the same argmax wherever the CPU's
+ * best two logits are further apart than twice that. */
+#define FLOAT_TOL 3e-2
+
+static void check_model(const char *path, bool exact)
 {
     bn_checkpoint *m = NULL;
     bn_error err;
@@ -91,7 +112,7 @@ static void check_model(const char *path)
 
     /* Teacher-forced: both fed the CPU's greedy tokens. */
     double worst = 0.0;
-    int argmax_diff = 0, steps = 0;
+    int argmax_diff = 0, steps = 0, near_ties = 0;
     int32_t cpu_tok[N_STEPS];
     bool ok = cpu->ops->forward(cpu, prompt, n_prompt, 0, want, &err) == BN_OK;
     CHECK_MSG(ok, "%s: cpu forward: %s", path, err.message);
@@ -100,7 +121,12 @@ static void check_model(const char *path)
     for (int s = 0; ok && s < N_STEPS; s++) {
         worst = fmax(worst, rel_diff(want, got, V));
         cpu_tok[s] = argmax(want, V);
-        argmax_diff += argmax(got, V) != cpu_tok[s];
+        if (argmax(got, V) != cpu_tok[s]) {
+            if (!exact && near_tie(want, V, cpu_tok[s], 2.0 * FLOAT_TOL))
+                near_ties++;
+            else
+                argmax_diff++;
+        }
         steps++;
         if (s + 1 == N_STEPS)
             break;
@@ -108,20 +134,23 @@ static void check_model(const char *path)
              vk->ops->forward(vk, &cpu_tok[s], 1, n_prompt + s, got, &err) == BN_OK;
         CHECK_MSG(ok, "%s: step %d: %s", path, s, err.message);
     }
-    printf("%-44s prompt %d, %d steps: worst rel %.2e, argmax differs at %d\n", path, n_prompt,
-           steps, worst, argmax_diff);
+    printf("%-44s %s, prompt %d, %d steps: worst rel %.2e, argmax differs at %d (%d near "
+           "ties)\n",
+           path, exact ? "fp64" : "float", n_prompt, steps, worst, argmax_diff, near_ties);
     CHECK_MSG(steps == N_STEPS, "%s: %d of %d steps ran", path, steps, N_STEPS);
-    CHECK_MSG(worst <= 1e-5, "%s: logits differ from the CPU's by %.3g of the largest", path,
-              worst);
+    CHECK_MSG(worst <= (exact ? 1e-5 : FLOAT_TOL),
+              "%s: logits differ from the CPU's by %.3g of the largest", path, worst);
     CHECK_MSG(argmax_diff == 0, "%s: the argmax differs from the CPU's at %d steps", path,
               argmax_diff);
 
-    /* Greedy on its own, from a rewound cache: the CPU's tokens. */
+    /* Greedy on its own, from a rewound cache: the CPU's tokens (exact
+     * kernels; the float ones may part at a near tie and then go on
+     * elsewhere). */
     vk->ops->reset(vk);
     CHECK(vk->ops->kv_filled(vk) == 0);
     ok = vk->ops->forward(vk, prompt, n_prompt, 0, got, &err) == BN_OK;
     int first_diff = -1;
-    for (int s = 0; ok && s < N_STEPS && first_diff < 0; s++) {
+    for (int s = 0; exact && ok && s < N_STEPS && first_diff < 0; s++) {
         const int32_t t = argmax(got, V);
         if (t != cpu_tok[s])
             first_diff = s;
@@ -152,6 +181,7 @@ static void check_model(const char *path)
     memset(&d, 0, sizeof d);
     vk->ops->describe(vk, &d);
     CHECK(strcmp(d.selected, "vulkan:0") == 0 && strcmp(d.kernel, "vulkan") == 0);
+    CHECK_STR_CONTAINS(d.details, exact ? "exact (fp64) kernels" : "float (no fp64) kernels");
     CHECK(!d.batches && d.threads == 0);
     bn_engine_info info;
     memset(&info, 0, sizeof info);
@@ -304,17 +334,23 @@ int main(int argc, char **argv)
     bn_vk *probe = test_require_vulkan(&count);
     const bool fp64 = bn_vk_device(probe)->fp64;
     bn_vk_close(probe);
-    if (!fp64)
-        TEST_SKIP("Vulkan device 0 has no fp64, which the backend's exact kernels need");
     static const char *const fixtures[] = {"hf_packed", "hf_bf16", "i2s.gguf", "tq2_0.gguf",
                                            "tq1_0.gguf"};
     char path[1024];
-    for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
-        snprintf(path, sizeof path, "%s/%s", argv[1], fixtures[i]);
-        check_model(path);
+    /* The exact kernels where the device has fp64, then the float ones
+     * (as on a device without) on every model. */
+    for (int pass = fp64 ? 0 : 1; pass < 2; pass++) {
+        if (pass == 1)
+            setenv("BITNET_VULKAN_FP64", "0", 1);
+        for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
+            snprintf(path, sizeof path, "%s/%s", argv[1], fixtures[i]);
+            check_model(path, pass == 0);
+        }
+        check_model(argv[2], pass == 0);
     }
-    check_model(argv[2]);
-    check_rows(argv[2]);
+    unsetenv("BITNET_VULKAN_FP64");
+    if (fp64)
+        check_rows(argv[2]);
     snprintf(path, sizeof path, "%s/i2s.gguf", argv[1]);
     check_refusals(path, count);
     TEST_EXIT();

@@ -42,7 +42,7 @@ if ! grep -q '^  vulkan:0 ' "$tmp/devices"; then
 fi
 grep '^  vulkan:0 ' "$tmp/devices"
 if ! grep -q 'fp64 yes' "$tmp/devices"; then
-    echo "SKIP: Vulkan device 0 has no fp64, which the backend's exact kernels need"
+    echo "SKIP: Vulkan device 0 has no fp64: this test compares text with the CPU's, which the exact (fp64) kernels give"
     exit 77
 fi
 

@@ -314,6 +314,14 @@ static bool set_strict_no_fake(bn_config *c, const char *v)
 {
     return parse_bool(v, &c->strict_no_fake_gpu);
 }
+static bool set_vulkan_fp64(bn_config *c, const char *v)
+{
+    bool on;
+    if (!parse_bool(v, &on))
+        return false;
+    c->vulkan_no_fp64 = !on;
+    return true;
+}
 static bool set_threads(bn_config *c, const char *v)
 {
     return parse_int_range(v, 1, 4096, &c->num_threads);
@@ -375,6 +383,7 @@ static const struct variable {
     {"BITNET_API_KEY", "1 to 255 printable ASCII characters, no spaces", set_api_key},
     {"BITNET_LIBRARY", "a path to libbitnet.so (read by the Python package only)",
      set_library_path},
+    {"BITNET_VULKAN_FP64", "0 or 1 (also true/false, yes/no, on/off)", set_vulkan_fp64},
 };
 #define N_VARIABLES (sizeof variables / sizeof variables[0])
 

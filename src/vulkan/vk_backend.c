@@ -28,10 +28,12 @@
  * rows found through the sequences' block tables, uploaded with the pass,
  * and the head runs over the chunk's rows, the wanted ones read back.
  *
- * Every kernel but the attention's exp gives the CPU's floats bit for bit
- * (vk_ops.h, vk_norm.h, vk_w2a8.h), so greedy tokens follow the CPU's.
- * The device needs fp64 (the exact norm and divisions); there is no fp16
- * cache.
+ * On a device with fp64 every kernel but the attention's exp gives the
+ * CPU's floats bit for bit (vk_ops.h, vk_norm.h, vk_w2a8.h), so greedy
+ * tokens follow the CPU's. Without fp64 (or with BITNET_VULKAN_FP64=0) the
+ * kernels' float variants compute the same steps with the device's own
+ * division, square root and exp: logits within a small tolerance of the
+ * CPU's (tests/test_vulkan_backend.c). There is no fp16 cache.
  */
 #include <math.h>
 #include <stdio.h>
@@ -434,7 +436,7 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
     v->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     bn_status st = bn_vk_open(device, &v->vk, err);
     if (st == BN_OK)
-        st = bn_vk_w2a8_kernel(v->vk, true, &v->w2a8, err);
+        st = bn_vk_w2a8_kernel(v->vk, bn_vk_device(v->vk)->fp64, &v->w2a8, err);
     if (st == BN_OK)
         st = bn_vk_norm_kernel(v->vk, &v->norm, err);
     if (st == BN_OK)
@@ -714,8 +716,9 @@ static void vk_describe(const bn_backend *b, bn_backend_desc *d)
     snprintf(d->kernel, sizeof d->kernel, "vulkan");
     d->threads = 0;
     d->batches = v->paged_rows > 0;
-    snprintf(d->details, sizeof d->details, "%s (%s), kv f32, head %s", dev->name, dev->type,
-             v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32");
+    snprintf(d->details, sizeof d->details, "%s (%s), kv f32, head %s, %s kernels", dev->name,
+             dev->type, v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32",
+             dev->fp64 ? "exact (fp64)" : "float (no fp64)");
 }
 
 static void vk_report(const bn_backend *b, bn_engine_info *info)

@@ -311,6 +311,11 @@ bn_status bn_vk_open(int index, bn_vk **out, bn_error *err)
     }
     vk->pd = pds[index];
     describe(f, vk->pd, &vk->info);
+    /* BITNET_VULKAN_FP64=0: the kernels without fp64, as on a device that
+     * has none (the engine has already refused a malformed value). */
+    bn_config cfg;
+    if (bn_config_from_env(&cfg, NULL) == BN_OK && cfg.vulkan_no_fp64)
+        vk->info.fp64 = false;
     VkPhysicalDeviceProperties props;
     f->vkGetPhysicalDeviceProperties(vk->pd, &props);
     vk->ns_per_tick = props.limits.timestampPeriod;

@@ -1,10 +1,11 @@
-/* vk_norm.c - launching shaders/norm_quantize.comp. */
+/* vk_norm.c - launching shaders/norm_quantize*.comp: the fp64 variant, the
+ * CPU's codes bit for bit, where the device has fp64; else the float one. */
 #include "vk_norm.h"
 
 #include "vk_w2a8.h"
 
-extern const unsigned char bn_vk_spv_norm_quantize[];
-extern const size_t bn_vk_spv_norm_quantize_len;
+extern const unsigned char bn_vk_spv_norm_quantize[], bn_vk_spv_norm_quantize_f64[];
+extern const size_t bn_vk_spv_norm_quantize_len, bn_vk_spv_norm_quantize_f64_len;
 
 /* The shader's push constants, in its order. */
 typedef struct norm_params {
@@ -14,12 +15,12 @@ typedef struct norm_params {
 
 bn_status bn_vk_norm_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
 {
-    if (!bn_vk_device(vk)->fp64)
-        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
-                            "Vulkan: %s has no fp64, which the exact norm + int8 kernel needs",
-                            bn_vk_device(vk)->name);
-    return bn_vk_kernel_create(vk, "norm_quantize", bn_vk_spv_norm_quantize,
-                               bn_vk_spv_norm_quantize_len, 5, sizeof(norm_params), out, err);
+    const bool fp64 = bn_vk_device(vk)->fp64;
+    return bn_vk_kernel_create(vk, "norm_quantize",
+                               fp64 ? bn_vk_spv_norm_quantize_f64 : bn_vk_spv_norm_quantize,
+                               fp64 ? bn_vk_spv_norm_quantize_f64_len
+                                    : bn_vk_spv_norm_quantize_len,
+                               5, sizeof(norm_params), out, err);
 }
 
 bn_status bn_vk_norm_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *x, bn_vk_buffer *w,

@@ -1,16 +1,20 @@
 /* vk_ops.c - launching the forward pass's other kernels (shaders/add.comp,
- * relu2.comp, rope_store.comp, attention.comp, rmsnorm.comp,
+ * relu2.comp, rope_store.comp, attention*.comp, rmsnorm*.comp,
  * head_matvec.comp): sizes checked against the buffers, workgroups laid
- * out in a grid of at most 65535 columns. */
+ * out in a grid of at most 65535 columns. The attention and the RMSNorm
+ * take their fp64 variants (the CPU's arithmetic bit for bit) where the
+ * device has fp64, else their float ones. */
 #include "vk_ops.h"
 
 #include <math.h>
 #include <stdlib.h>
 
 extern const unsigned char bn_vk_spv_add[], bn_vk_spv_relu2[], bn_vk_spv_rope_store[],
-    bn_vk_spv_attention[], bn_vk_spv_rmsnorm[], bn_vk_spv_head_matvec[];
+    bn_vk_spv_attention[], bn_vk_spv_attention_f64[], bn_vk_spv_rmsnorm[],
+    bn_vk_spv_rmsnorm_f64[], bn_vk_spv_head_matvec[];
 extern const size_t bn_vk_spv_add_len, bn_vk_spv_relu2_len, bn_vk_spv_rope_store_len,
-    bn_vk_spv_attention_len, bn_vk_spv_rmsnorm_len, bn_vk_spv_head_matvec_len;
+    bn_vk_spv_attention_len, bn_vk_spv_attention_f64_len, bn_vk_spv_rmsnorm_len,
+    bn_vk_spv_rmsnorm_f64_len, bn_vk_spv_head_matvec_len;
 
 struct bn_vk_ops {
     bn_vk_kernel *add, *relu2, *rope_store, *attention, *rmsnorm, *head;
@@ -86,11 +90,7 @@ static bn_status launch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers
 bn_status bn_vk_ops_create(bn_vk *vk, bn_vk_ops **out, bn_error *err)
 {
     *out = NULL;
-    if (!bn_vk_device(vk)->fp64)
-        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
-                            "Vulkan: %s has no fp64, which the exact norm and attention "
-                            "kernels need",
-                            bn_vk_device(vk)->name);
+    const bool fp64 = bn_vk_device(vk)->fp64;
     bn_vk_ops *ops = calloc(1, sizeof *ops);
     if (!ops)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "Vulkan: no memory for the kernels");
@@ -105,10 +105,13 @@ bn_status bn_vk_ops_create(bn_vk *vk, bn_vk_ops **out, bn_error *err)
                                  bn_vk_spv_rope_store_len, 8, sizeof(rope_params),
                                  &ops->rope_store, err);
     if (st == BN_OK)
-        st = bn_vk_kernel_create(vk, "attention", bn_vk_spv_attention, bn_vk_spv_attention_len,
-                                 7, sizeof(attn_params), &ops->attention, err);
+        st = bn_vk_kernel_create(
+            vk, "attention", fp64 ? bn_vk_spv_attention_f64 : bn_vk_spv_attention,
+            fp64 ? bn_vk_spv_attention_f64_len : bn_vk_spv_attention_len, 7,
+            sizeof(attn_params), &ops->attention, err);
     if (st == BN_OK)
-        st = bn_vk_kernel_create(vk, "rmsnorm", bn_vk_spv_rmsnorm, bn_vk_spv_rmsnorm_len, 3,
+        st = bn_vk_kernel_create(vk, "rmsnorm", fp64 ? bn_vk_spv_rmsnorm_f64 : bn_vk_spv_rmsnorm,
+                                 fp64 ? bn_vk_spv_rmsnorm_f64_len : bn_vk_spv_rmsnorm_len, 3,
                                  sizeof(rmsnorm_params), &ops->rmsnorm, err);
     if (st == BN_OK)
         st = bn_vk_kernel_create(vk, "head_matvec", bn_vk_spv_head_matvec,

@@ -18,6 +18,14 @@
 // about 1e-15 (relative) of halfway between two floats, so it equals
 // glibc's expf (at most 0.502 ulp off) wherever that one is correctly
 // rounded.
+//
+// With BN_FP64 (the _f64 variants of the kernels) these are the exact
+// helpers below and REAL is double; without (devices without fp64) REAL
+// is float and the helpers are the device's own float operations, so
+// those kernels give the CPU's results within a few roundings instead.
+
+#ifdef BN_FP64
+#define REAL double
 
 // a - c b, with c b exact as a sum of two doubles (Dekker's product).
 double residual(double a, double b, double c)
@@ -127,3 +135,12 @@ float exp_rn(float x)
     e = e * r + 1.0lf;
     return float(ldexp(e, int(kd)));
 }
+
+#else
+#define REAL float
+
+float div_rn(float a, float b) { return a / b; }
+float fdiv_rn(float a, float b) { return a / b; }
+float fsqrt_rn(float v) { return sqrt(v); }
+float exp_rn(float x) { return exp(x); }
+#endif

@@ -1,0 +1,6 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// causal GQA attention, the CPU's arithmetic bit for bit through fp64
+// (shaderFloat64): attention.glsl.
+#define BN_FP64 1
+#include "attention.glsl"
