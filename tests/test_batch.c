@@ -321,28 +321,45 @@ int main(int argc, char **argv)
     }
     bn_engine_free(e);
 
-    /* Replicas: two on one GPU (cuda:0,0), each request on the one with
-     * fewer requests, both computing; the tokens those of the single runs. */
+    /* Replicas: one on every GPU (cuda:all) where there are several, else
+     * two on one GPU (cuda:0,0); each request on the one with fewer
+     * requests, every one computing; the tokens those of the single runs. */
     if (strcmp(device, "cpu") != 0) {
         const char *one = device;
-        device = "cuda:0,0";
+        device = "cuda:all";
         e = open_engine(3, 0, 16, 16, true);
+        if (e && bn_engine_replica_count(e) < 2) {
+            bn_engine_free(e);
+            device = "cuda:0,0";
+            e = open_engine(3, 0, 16, 16, true);
+        }
+        const bool same_gpu = strcmp(device, "cuda:0,0") == 0;
         device = one;
         if (e) {
-            CHECK(bn_engine_replica_count(e) == 2);
-            run_batch("two replicas", e, NULL, want, 0, &pre, &reused);
-            for (int i = 0; i < 2; i++) {
+            const int n = bn_engine_replica_count(e);
+            CHECK(n >= 2);
+            run_batch(same_gpu ? "two replicas on one GPU" : "a replica a GPU", e, NULL, want, 0,
+                      &pre, &reused);
+            char selected[64] = "cuda:";
+            for (int i = 0; i < n; i++) {
                 bn_batch_stats rs;
                 bn_engine_replica_batch_stats(e, i, &rs);
                 CHECK_MSG(rs.enabled && rs.rows > 0, "replica %d computed no rows", i);
                 bn_engine_info info;
                 bn_engine_replica_info(e, i, &info);
-                CHECK_MSG(info.gpu && info.gpu_device == 0, "replica %d: %s", i, info.selected);
+                const int dev = same_gpu ? 0 : i;
+                CHECK_MSG(info.gpu && info.gpu_device == dev, "replica %d: %s", i, info.selected);
+                const size_t at = strlen(selected);
+                snprintf(selected + at, sizeof selected - at, "%s%d", i ? "," : "", dev);
             }
-            CHECK_STR_CONTAINS(bn_engine_startup_line(e), "replicas on 2 devices: cuda:0,0");
+            char line[96];
+            snprintf(line, sizeof line, "replicas on %d devices: %s", n,
+                     same_gpu ? "cuda:0,0" : "cuda:all");
+            CHECK_STR_CONTAINS(bn_engine_startup_line(e), line);
             bn_engine_info all;
             bn_engine_get_info(e, &all);
-            CHECK_MSG(strcmp(all.selected, "cuda:0,0") == 0, "selected %s", all.selected);
+            CHECK_MSG(strcmp(all.selected, selected) == 0, "selected %s, want %s", all.selected,
+                      selected);
         }
         bn_engine_free(e);
     }
