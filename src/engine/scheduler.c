@@ -107,6 +107,7 @@ struct bn_batcher {
     uint64_t round;         /* incremented to start the workers' passes     */
     int pending;            /* workers still running this round's pass      */
     bool quit;
+    bool sync_ready;        /* mu, go and done initialised                  */
 };
 
 static bn_status seq_fail(seq *s, bn_kv_blocks *kv, const bn_error *err)
@@ -797,6 +798,7 @@ bn_status bn_batcher_create(bn_engine *e, bn_batcher **out, bn_error *err)
         pthread_mutex_init(&bt->mu, NULL);
         pthread_cond_init(&bt->go, NULL);
         pthread_cond_init(&bt->done, NULL);
+        bt->sync_ready = true;
         for (int i = 1; st == BN_OK && i < bt->n_lanes; i++) {
             worker_arg *a = malloc(sizeof *a);
             if (a) {
@@ -862,7 +864,7 @@ void bn_batcher_free(bn_batcher *bt)
     if (!bt)
         return;
     stop_workers(bt);
-    if (bt->n_lanes > 1 && bt->threads) {
+    if (bt->sync_ready) {
         pthread_mutex_destroy(&bt->mu);
         pthread_cond_destroy(&bt->go);
         pthread_cond_destroy(&bt->done);
