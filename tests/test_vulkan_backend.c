@@ -188,6 +188,8 @@ static void check_model(const char *path, bool exact)
     vk->ops->report(vk, &info);
     CHECK(info.gpu && info.gpu_device == 0 && strcmp(info.kv_type, "f32") == 0);
     CHECK_STR_CONTAINS(info.kernels, "vulkan_w2a8");
+    /* Decode steps after the first ran the kept step again. */
+    CHECK_STR_CONTAINS(info.kernels, "vulkan_decode_replay");
     CHECK_STR_CONTAINS(info.kernels, "vulkan_attention");
     CHECK(info.gpu_weights_bytes > 0 && info.gpu_lm_head_bytes > 0 && info.gpu_kv_bytes > 0);
     CHECK(info.gpu_total_bytes >= info.gpu_weights_bytes + info.gpu_kv_bytes);

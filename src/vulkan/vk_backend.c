@@ -111,6 +111,14 @@ typedef struct vkb {
 
     uint64_t weight_bytes, head_bytes, norm_bytes, kv_bytes, scratch_bytes;
     uint64_t dispatches, uploads, upload_bytes, downloads, download_bytes;
+    /* The decode step (one row of the flat cache, its logits) as recorded
+     * once and run again every token: the same dispatches over the same
+     * buffers, only their contents change (bn_vk_submit_keep). NULL until
+     * the first step, or where it does not fit one sequence. */
+    bn_vk_kept *decode_step;
+    uint64_t replays;  /* decode steps run from it */
+    bool split_pass; /* the pass being recorded was submitted in parts */
+    bool profiling;  /* timestamps on: record, never replay */
 } vkb;
 
 static vkb *vkb_of(const bn_backend *b) { return b->impl; }
@@ -347,6 +355,7 @@ static void vkb_release(vkb *v)
             bn_vk_buffer_free(v->vk, &v->pv_cache[l]);
     }
     bn_vk_buffer_free(v->vk, &v->ptables);
+    bn_vk_kept_free(v->vk, v->decode_step);
     bn_vk_buffer *const pass[] = {&v->x,      &v->codes, &v->scales, &v->sums,    &v->q,
                                   &v->k,      &v->v,     &v->att,    &v->out,     &v->gate,
                                   &v->up,     &v->normed, &v->logits, &v->scratch, &v->info,
@@ -534,15 +543,19 @@ static bn_status make_room(vkb *v, int need, bn_error *err)
     const int recorded = bn_vk_recorded(v->vk);
     if (recorded + need <= BN_VK_MAX_DISPATCHES)
         return BN_OK;
+    v->split_pass = true;
     v->dispatches += (uint64_t)recorded;
     TRY(bn_vk_submit(v->vk, err));
     return bn_vk_begin(v->vk, err);
 }
 
 /* Rows tokens[0 .. M) of sequences seq[] at positions pos[] through cache
- * c; with head, the logits of all M rows into v->logits ([M][vocab]). */
+ * c; with head, the logits of all M rows into v->logits ([M][vocab]). A
+ * decode step (decode: one row of the flat cache with its logits) runs as
+ * v->decode_step once that is kept: the dispatches never change, only the
+ * inputs uploaded here. */
 static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, const int64_t *pos,
-                          const int32_t *seq, int64_t M, bool head, bn_error *err)
+                          const int32_t *seq, int64_t M, bool head, bool decode, bn_error *err)
 {
     const bn_hparams *hp = &v->hp;
     const int half = hp->rope_dim / 2;
@@ -560,7 +573,15 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
     TRY(upload(v, &v->info, v->h_info, (size_t)M * 2 * sizeof(int32_t), err));
     if (half > 0)
         TRY(upload(v, &v->cs, v->h_cs, (size_t)(M * hp->rope_dim) * sizeof(float), err));
+    const bool keep = decode && !v->profiling;
+    if (keep && v->decode_step) {
+        TRY(bn_vk_replay(v->vk, v->decode_step, err));
+        v->replays++;
+        v->dispatches += (uint64_t)bn_vk_recorded(v->vk);
+        return BN_OK;
+    }
     TRY(bn_vk_begin(v->vk, err));
+    v->split_pass = false;
     bn_status st = BN_OK;
     for (int l = 0; l < hp->n_layer && st == BN_OK; l++) {
         st = make_room(v, LAYER_DISPATCHES, err);
@@ -579,8 +600,11 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
     }
     /* The sequence is closed whatever happened, so the device is usable. */
     bn_error closing;
-    const bn_status end = bn_vk_submit(v->vk, st == BN_OK ? err : &closing);
-    v->dispatches += (uint64_t)bn_vk_recorded(v->vk);
+    const int recorded = bn_vk_recorded(v->vk);
+    const bn_status end = st == BN_OK && keep && !v->split_pass
+                              ? bn_vk_submit_keep(v->vk, &v->decode_step, err)
+                              : bn_vk_submit(v->vk, st == BN_OK ? err : &closing);
+    v->dispatches += (uint64_t)recorded;
     return st != BN_OK ? st : end;
 }
 
@@ -602,7 +626,8 @@ static bn_status run_flat(vkb *v, const int32_t *tokens, int64_t M, int64_t pos,
         v->h_pos[i] = pos + i;
         v->h_seq[i] = 0;
     }
-    TRY(run_pass(v, &v->flat, tokens, v->h_pos, v->h_seq, M, logits != NULL, err));
+    TRY(run_pass(v, &v->flat, tokens, v->h_pos, v->h_seq, M, logits != NULL,
+                 M == 1 && logits != NULL, err));
     return logits ? read_logits(v, M - 1, 1, logits, err) : BN_OK;
 }
 
@@ -686,7 +711,8 @@ static bn_status vk_forward_rows(bn_backend *b, const bn_batch_rows *r, float *l
     for (int64_t c = 0; c < r->n_rows && st == BN_OK; c += VKB_CHUNK) {
         const int64_t M = r->n_rows - c < VKB_CHUNK ? r->n_rows - c : VKB_CHUNK;
         const bool wanted = next < r->n_logits && r->logit_rows[next] < c + M;
-        st = run_pass(v, &v->paged, r->tokens + c, r->pos + c, r->seq + c, M, wanted, err);
+        st = run_pass(v, &v->paged, r->tokens + c, r->pos + c, r->seq + c, M, wanted, false,
+                      err);
         if (st != BN_OK || !wanted)
             continue;
         /* The chunk's logit rows: the span from the first to the last read
@@ -750,8 +776,9 @@ static void vk_report(const bn_backend *b, bn_engine_info *info)
     info->backend_total_bytes = info->gpu_total_bytes;
     snprintf(info->kernels, sizeof info->kernels,
              "vulkan_w2a8,vulkan_norm_quantize,vulkan_rope_store,vulkan_attention,vulkan_add,"
-             "vulkan_relu2,vulkan_rmsnorm,vulkan_head_%s",
-             v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32");
+             "vulkan_relu2,vulkan_rmsnorm,vulkan_head_%s%s",
+             v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32",
+             v->replays > 0 ? ",vulkan_decode_replay" : "");
 }
 
 const bn_backend_ops bn_vulkan_backend_ops = {
@@ -783,6 +810,7 @@ bn_status bn_vk_backend_profile_step(void *backend, int32_t token, int64_t pos,
     if (!logits)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the logits");
     bn_status st = bn_vk_profile(v->vk, true, err);
+    v->profiling = true;
     if (st == BN_OK)
         st = run_flat(v, &token, 1, pos, logits, err);
     const char *names[BN_VK_MAX_DISPATCHES];
@@ -805,6 +833,7 @@ bn_status bn_vk_backend_profile_step(void *backend, int32_t token, int64_t pos,
     }
     bn_error off;
     (void)bn_vk_profile(v->vk, false, &off);
+    v->profiling = false;
     if (st == BN_OK)
         v->kv_filled = pos + 1;
     free(logits);

@@ -52,6 +52,7 @@
     X(vkCreateCommandPool)                                                                     \
     X(vkDestroyCommandPool)                                                                    \
     X(vkAllocateCommandBuffers)                                                                \
+    X(vkFreeCommandBuffers)                                                                    \
     X(vkResetCommandBuffer)                                                                    \
     X(vkBeginCommandBuffer)                                                                    \
     X(vkEndCommandBuffer)                                                                      \
@@ -287,6 +288,34 @@ static bn_status vk_fail(bn_error *err, bn_status st, VkResult rc, const char *w
                            rc_, what);                                                         \
     } while (0)
 
+/* A command buffer from the device's pool and a descriptor pool with room
+ * for one sequence's dispatches (BN_VK_MAX_DISPATCHES of up to 8 buffers). */
+static VkResult new_recording(bn_vk *vk, VkCommandBuffer *cmd, VkDescriptorPool *descriptors)
+{
+    const vk_fns *f = &vk->vi.fn;
+    const VkCommandBufferAllocateInfo cai = {
+        .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+        .commandPool = vk->pool,
+        .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+        .commandBufferCount = 1};
+    VkResult rc = f->vkAllocateCommandBuffers(vk->device, &cai, cmd);
+    if (rc != VK_SUCCESS)
+        return rc;
+    const VkDescriptorPoolSize size = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                       8 * BN_VK_MAX_DISPATCHES};
+    const VkDescriptorPoolCreateInfo dpci = {
+        .sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+        .maxSets = BN_VK_MAX_DISPATCHES,
+        .poolSizeCount = 1,
+        .pPoolSizes = &size};
+    rc = f->vkCreateDescriptorPool(vk->device, &dpci, NULL, descriptors);
+    if (rc != VK_SUCCESS) {
+        f->vkFreeCommandBuffers(vk->device, vk->pool, 1, cmd);
+        *cmd = VK_NULL_HANDLE;
+    }
+    return rc;
+}
+
 bn_status bn_vk_open(int index, bn_vk **out, bn_error *err)
 {
     *out = NULL;
@@ -373,26 +402,11 @@ bn_status bn_vk_open(int index, bn_vk **out, bn_error *err)
         .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
         .queueFamilyIndex = vk->queue_family};
     const VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-    const VkDescriptorPoolSize size = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                       8 * BN_VK_MAX_DISPATCHES};
-    const VkDescriptorPoolCreateInfo dpci = {
-        .sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
-        .maxSets = BN_VK_MAX_DISPATCHES,
-        .poolSizeCount = 1,
-        .pPoolSizes = &size};
     rc = f->vkCreateCommandPool(vk->device, &pci, NULL, &vk->pool);
-    if (rc == VK_SUCCESS) {
-        const VkCommandBufferAllocateInfo cai = {
-            .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
-            .commandPool = vk->pool,
-            .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-            .commandBufferCount = 1};
-        rc = f->vkAllocateCommandBuffers(vk->device, &cai, &vk->cmd);
-    }
+    if (rc == VK_SUCCESS)
+        rc = new_recording(vk, &vk->cmd, &vk->descriptors);
     if (rc == VK_SUCCESS)
         rc = f->vkCreateFence(vk->device, &fci, NULL, &vk->fence);
-    if (rc == VK_SUCCESS)
-        rc = f->vkCreateDescriptorPool(vk->device, &dpci, NULL, &vk->descriptors);
     if (rc != VK_SUCCESS) {
         bn_vk_close(vk);
         return vk_fail(err, BN_ERR_GPU, rc, "setting up the device's queue");
@@ -518,8 +532,8 @@ static bn_status begin(bn_vk *vk, bn_error *err)
 {
     const vk_fns *f = &vk->vi.fn;
     VK_TRY(err, f->vkResetCommandBuffer(vk->cmd, 0), "vkResetCommandBuffer");
-    const VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
-                                         .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    /* Not one-time: a sequence may be kept and run again (bn_vk_submit_keep). */
+    const VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
     VK_TRY(err, f->vkBeginCommandBuffer(vk->cmd, &bi), "vkBeginCommandBuffer");
     return BN_OK;
 }
@@ -822,4 +836,63 @@ bn_status bn_vk_submit(bn_vk *vk, bn_error *err)
         return bn_error_set(err, BN_ERR_INTERNAL, NULL, "Vulkan: no sequence to submit");
     vk->recording = false;
     return submit_wait(vk, err);
+}
+
+struct bn_vk_kept {
+    VkCommandBuffer cmd;
+    VkDescriptorPool descriptors; /* its dispatches' sets */
+    int dispatches;
+};
+
+bn_status bn_vk_submit_keep(bn_vk *vk, bn_vk_kept **out, bn_error *err)
+{
+    *out = NULL;
+    const bool keep = !vk->timing;
+    const int dispatches = vk->dispatches;
+    bn_status st = bn_vk_submit(vk, err);
+    if (st != BN_OK || !keep)
+        return st;
+    /* The kept sequence takes the recorded command buffer and its sets; the
+     * device gets new ones for the sequences and copies after it. */
+    bn_vk_kept *k = calloc(1, sizeof *k);
+    VkCommandBuffer cmd = VK_NULL_HANDLE;
+    VkDescriptorPool descriptors = VK_NULL_HANDLE;
+    if (!k || new_recording(vk, &cmd, &descriptors) != VK_SUCCESS) {
+        free(k);
+        return BN_OK; /* nothing kept: the sequence ran, it will be recorded again */
+    }
+    k->cmd = vk->cmd;
+    k->descriptors = vk->descriptors;
+    k->dispatches = dispatches;
+    vk->cmd = cmd;
+    vk->descriptors = descriptors;
+    *out = k;
+    return BN_OK;
+}
+
+bn_status bn_vk_replay(bn_vk *vk, bn_vk_kept *kept, bn_error *err)
+{
+    if (vk->recording || !kept)
+        return bn_error_set(err, BN_ERR_INTERNAL, NULL,
+                            "Vulkan: a kept sequence replayed inside a sequence, or none");
+    const vk_fns *f = &vk->vi.fn;
+    const VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                             .commandBufferCount = 1,
+                             .pCommandBuffers = &kept->cmd};
+    VK_TRY(err, f->vkResetFences(vk->device, 1, &vk->fence), "vkResetFences");
+    VK_TRY(err, f->vkQueueSubmit(vk->queue, 1, &si, vk->fence), "vkQueueSubmit");
+    VK_TRY(err, f->vkWaitForFences(vk->device, 1, &vk->fence, VK_TRUE, UINT64_MAX),
+           "vkWaitForFences");
+    vk->dispatches = kept->dispatches; /* what bn_vk_recorded reports for it */
+    return BN_OK;
+}
+
+void bn_vk_kept_free(bn_vk *vk, bn_vk_kept *kept)
+{
+    if (!vk || !kept)
+        return;
+    const vk_fns *f = &vk->vi.fn;
+    f->vkFreeCommandBuffers(vk->device, vk->pool, 1, &kept->cmd);
+    f->vkDestroyDescriptorPool(vk->device, kept->descriptors, NULL);
+    free(kept);
 }

@@ -72,6 +72,17 @@ bn_status bn_vk_begin(bn_vk *vk, bn_error *err);
 bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers,
                          const void *push, uint32_t groups_x, uint32_t groups_y, bn_error *err);
 bn_status bn_vk_submit(bn_vk *vk, bn_error *err);
+/* A sequence kept to run again (a decode step is the same dispatches every
+ * token; only its buffers' contents change): bn_vk_submit_keep ends and
+ * runs the open sequence as bn_vk_submit does, then keeps its command
+ * buffer and descriptor sets (*out NULL, nothing kept, while timing is on);
+ * bn_vk_replay runs it again and waits. The buffers it names must outlive
+ * it; free it before the device. */
+typedef struct bn_vk_kept bn_vk_kept;
+bn_status bn_vk_submit_keep(bn_vk *vk, bn_vk_kept **out, bn_error *err);
+bn_status bn_vk_replay(bn_vk *vk, bn_vk_kept *kept, bn_error *err);
+void bn_vk_kept_free(bn_vk *vk, bn_vk_kept *kept);
+
 /* The next dispatch reads nothing the dispatches since the last barrier
  * wrote, and writes nothing they use (q, k and v from the same codes): it
  * is recorded without a barrier before it, so the device may run it beside
