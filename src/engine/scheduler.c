@@ -416,8 +416,6 @@ static bn_status step_prepare(sched *sc, bn_error *err)
     bn_engine *e = sc->e;
     bn_kv_blocks *kv = e->kv;
     lane_pass *p = &sc->pass;
-    p->rows.n_rows = 0;
-    p->status = BN_OK;
     int64_t n_rows = 0, n_logits = 0;
     int64_t budget = e->token_budget;
     /* Decodes first, then prefills, each in admission order. */
@@ -495,13 +493,14 @@ static bn_status step_prepare(sched *sc, bn_error *err)
     return BN_OK;
 }
 
-/* The pass itself: touches only the lane's backend and buffers, so lanes
- * run theirs on different threads at once. */
+/* The pass itself, where the step prepared one: touches only the lane's
+ * backend and buffers, so lanes run theirs on different threads at once. */
 static void step_forward(sched *sc)
 {
     bn_engine *e = sc->e;
     lane_pass *p = &sc->pass;
-    bn_error_clear(&p->err);
+    if (p->rows.n_rows == 0 || p->status != BN_OK)
+        return;
     p->t0 = bn_time_seconds();
     p->status = p->pick ? e->backend->ops->forward_rows_pick(e->backend, &p->rows, sc->picks,
                                                              sc->uniform, sc->picked, &p->err)
@@ -729,8 +728,7 @@ static void *lane_worker(void *p)
             break;
         seen = bt->round;
         pthread_mutex_unlock(&bt->mu);
-        if (sc->pass.rows.n_rows > 0 && sc->pass.status == BN_OK)
-            step_forward(sc);
+        step_forward(sc);
         pthread_mutex_lock(&bt->mu);
         if (--bt->pending == 0)
             pthread_cond_signal(&bt->done);
@@ -750,9 +748,7 @@ static void run_passes(bn_batcher *bt)
         pthread_cond_broadcast(&bt->go);
         pthread_mutex_unlock(&bt->mu);
     }
-    sched *first = bt->lanes[0];
-    if (first->pass.rows.n_rows > 0 && first->pass.status == BN_OK)
-        step_forward(first);
+    step_forward(bt->lanes[0]);
     if (bt->n_threads > 0) {
         pthread_mutex_lock(&bt->mu);
         while (bt->pending > 0)

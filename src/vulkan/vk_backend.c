@@ -118,7 +118,6 @@ typedef struct vkb {
     bn_vk_kept *decode_step;
     uint64_t replays;  /* decode steps run from it */
     bool split_pass; /* the pass being recorded was submitted in parts */
-    bool profiling;  /* timestamps on: record, never replay */
 } vkb;
 
 static vkb *vkb_of(const bn_backend *b) { return b->impl; }
@@ -573,7 +572,7 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
     TRY(upload(v, &v->info, v->h_info, (size_t)M * 2 * sizeof(int32_t), err));
     if (half > 0)
         TRY(upload(v, &v->cs, v->h_cs, (size_t)(M * hp->rope_dim) * sizeof(float), err));
-    const bool keep = decode && !v->profiling;
+    const bool keep = decode && !bn_vk_profiling(v->vk); /* timed steps are recorded */
     if (keep && v->decode_step) {
         TRY(bn_vk_replay(v->vk, v->decode_step, err));
         v->replays++;
@@ -810,7 +809,6 @@ bn_status bn_vk_backend_profile_step(void *backend, int32_t token, int64_t pos,
     if (!logits)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the logits");
     bn_status st = bn_vk_profile(v->vk, true, err);
-    v->profiling = true;
     if (st == BN_OK)
         st = run_flat(v, &token, 1, pos, logits, err);
     const char *names[BN_VK_MAX_DISPATCHES];
@@ -833,7 +831,6 @@ bn_status bn_vk_backend_profile_step(void *backend, int32_t token, int64_t pos,
     }
     bn_error off;
     (void)bn_vk_profile(v->vk, false, &off);
-    v->profiling = false;
     if (st == BN_OK)
         v->kv_filled = pos + 1;
     free(logits);

@@ -513,19 +513,25 @@ void bn_vk_buffer_free(bn_vk *vk, bn_vk_buffer *b)
     memset(b, 0, sizeof *b);
 }
 
-/* Ends the command buffer, submits it and waits for it. */
-static bn_status submit_wait(bn_vk *vk, bn_error *err)
+/* Submits a recorded command buffer and waits for it. */
+static bn_status run_wait(bn_vk *vk, VkCommandBuffer cmd, bn_error *err)
 {
     const vk_fns *f = &vk->vi.fn;
-    VK_TRY(err, f->vkEndCommandBuffer(vk->cmd), "vkEndCommandBuffer");
     const VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
                              .commandBufferCount = 1,
-                             .pCommandBuffers = &vk->cmd};
+                             .pCommandBuffers = &cmd};
     VK_TRY(err, f->vkResetFences(vk->device, 1, &vk->fence), "vkResetFences");
     VK_TRY(err, f->vkQueueSubmit(vk->queue, 1, &si, vk->fence), "vkQueueSubmit");
     VK_TRY(err, f->vkWaitForFences(vk->device, 1, &vk->fence, VK_TRUE, UINT64_MAX),
            "vkWaitForFences");
     return BN_OK;
+}
+
+/* Ends the command buffer, submits it and waits for it. */
+static bn_status submit_wait(bn_vk *vk, bn_error *err)
+{
+    VK_TRY(err, vk->vi.fn.vkEndCommandBuffer(vk->cmd), "vkEndCommandBuffer");
+    return run_wait(vk, vk->cmd, err);
 }
 
 static bn_status begin(bn_vk *vk, bn_error *err)
@@ -828,6 +834,8 @@ bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffer
 
 int bn_vk_recorded(const bn_vk *vk) { return vk->dispatches; }
 
+bool bn_vk_profiling(const bn_vk *vk) { return vk->timing; }
+
 void bn_vk_next_independent(bn_vk *vk) { vk->independent = true; }
 
 bn_status bn_vk_submit(bn_vk *vk, bn_error *err)
@@ -875,14 +883,9 @@ bn_status bn_vk_replay(bn_vk *vk, bn_vk_kept *kept, bn_error *err)
     if (vk->recording || !kept)
         return bn_error_set(err, BN_ERR_INTERNAL, NULL,
                             "Vulkan: a kept sequence replayed inside a sequence, or none");
-    const vk_fns *f = &vk->vi.fn;
-    const VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
-                             .commandBufferCount = 1,
-                             .pCommandBuffers = &kept->cmd};
-    VK_TRY(err, f->vkResetFences(vk->device, 1, &vk->fence), "vkResetFences");
-    VK_TRY(err, f->vkQueueSubmit(vk->queue, 1, &si, vk->fence), "vkQueueSubmit");
-    VK_TRY(err, f->vkWaitForFences(vk->device, 1, &vk->fence, VK_TRUE, UINT64_MAX),
-           "vkWaitForFences");
+    const bn_status st = run_wait(vk, kept->cmd, err);
+    if (st != BN_OK)
+        return st;
     vk->dispatches = kept->dispatches; /* what bn_vk_recorded reports for it */
     return BN_OK;
 }

@@ -98,6 +98,8 @@ int bn_vk_recorded(const bn_vk *vk);
  * live). BN_ERR_UNSUPPORTED where the queue has no timestamps. Timing
  * slows nothing but adds a write after each dispatch. */
 bn_status bn_vk_profile(bn_vk *vk, bool on, bn_error *err);
+/* Whether timing is on (bn_vk_profile). */
+bool bn_vk_profiling(const bn_vk *vk);
 int bn_vk_profile_read(bn_vk *vk, const char **names, double *us, int max, bn_error *err);
 
 #endif
