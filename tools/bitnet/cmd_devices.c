@@ -45,15 +45,12 @@ static void print_peers(const bn_cuda_report *c)
     for (int i = 0; i < c->device_count; i++) {
         const bn_cuda_device *d = &c->devices[i];
         printf("    cuda:%d ->", d->id);
-        bool any = false;
         for (int k = 0; k < c->device_count; k++) {
             const int j = c->devices[k].id;
-            if (j == d->id)
-                continue;
-            printf(" cuda:%d %s", j, (d->peer_mask >> j) & 1 ? "yes" : "no");
-            any = true;
+            if (j != d->id)
+                printf(" cuda:%d %s", j, (d->peer_mask >> j) & 1 ? "yes" : "no");
         }
-        printf("%s\n", any ? "" : " none");
+        printf("\n");
     }
 }
 
@@ -264,7 +261,7 @@ static void print_json(const report *r)
         /* The devices this one reaches by peer access (P2P). */
         bn_json_key(&j, "peers");
         bn_json_begin_array(&j);
-        for (int k = 0; k < 64; k++)
+        for (int k = 0; k < BN_CUDA_MAX_DEVICES; k++)
             if ((d->peer_mask >> k) & 1)
                 bn_json_int(&j, k);
         bn_json_end_array(&j);
