@@ -557,6 +557,12 @@ typedef struct bn_model_options {
     int kv_block_size;
     bn_kv_evict kv_evict;
     bool no_prefix_sharing;
+    /* CUDA GPUs that split the model between them (tensor parallelism
+     * through NCCL: each holds its share of the heads and FFN columns);
+     * 0 or 1: none. `device` names them ("cuda:0,1", exactly this many) or,
+     * as "cuda", "gpu" or "auto", takes the first this many. Sequences run
+     * one at a time. */
+    int tensor_parallel;
 } bn_model_options;
 
 /* Defaults: every field 0 / NULL, as documented above. */

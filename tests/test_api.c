@@ -541,6 +541,15 @@ static void check_errors(bn_model *m, const bn_model_info *info)
     bad_opt.path = "/nonexistent/model.gguf";
     bn_model *none = NULL;
     CHECK(bn_model_open(&bad_opt, &none, &err) == BN_ERR_IO && none == NULL);
+    bn_model_options_default(&bad_opt);
+    bad_opt.tensor_parallel = -1;
+    CHECK(bn_model_open(&bad_opt, &none, &err) == BN_ERR_INVALID_ARGUMENT && none == NULL);
+    bad_opt.tensor_parallel = BN_DEVICE_LIST_MAX + 1;
+    CHECK(bn_model_open(&bad_opt, &none, &err) == BN_ERR_INVALID_ARGUMENT && none == NULL);
+    CHECK_STR_CONTAINS(err.message, "tensor_parallel");
+    bad_opt.tensor_parallel = 2;
+    bad_opt.device = "cpu";
+    CHECK(bn_model_open(&bad_opt, &none, &err) == BN_ERR_NO_DEVICE && none == NULL);
     bn_session_free(NULL);
     bn_model_close(NULL);
     bn_session_cancel(NULL);

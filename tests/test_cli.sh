@@ -160,5 +160,23 @@ run BITNET_NUM_THRAEDS=4 "$BITNET" devices
 expect_rc 0 "unknown variable is not fatal"
 expect_in err "unknown environment variable BITNET_NUM_THRAEDS" "unknown variable is warned"
 
+# Tensor parallelism: documented, its value checked, refused off CUDA (the
+# request is judged before the model is read).
+run "$BITNET" run --help
+expect_in out "--tensor-parallel N" "run --help documents --tensor-parallel"
+run "$BITNET" serve --help
+expect_in out "--tensor-parallel N" "serve --help documents --tensor-parallel"
+for bad in 0 17 two; do
+    run "$BITNET" run -p hi -n 1 --tensor-parallel $bad
+    expect_rc 2 "--tensor-parallel $bad"
+done
+run "$BITNET" run -p hi -n 1 --device cpu --tensor-parallel 2
+expect_rc 4 "--tensor-parallel 2 on the CPU"
+expect_in err "tensor parallelism" "--tensor-parallel 2 on the CPU says why"
+run "$BITNET" bench e2e --shape tiny --device cpu --tensor-parallel 2 --prompt 4 --gen 2
+expect_rc 4 "bench e2e --tensor-parallel 2 on the CPU"
+run "$BITNET" run -p hi -n 1 --device cpu --tensor-parallel 1
+expect_rc 0 "--tensor-parallel 1 is the usual path"
+
 echo "$checks checks, $fails failed"
 [ "$fails" -eq 0 ]

@@ -802,6 +802,128 @@ static void test_other_encodings(void)
     free(e.logits);
 }
 
+/* Rank r's slice of m (bn_checkpoint_slice): its heads and FFN columns,
+ * cut from the parent's codes with the parent's scale; the split norms'
+ * parts; everything else whole. The ranks' slices, one after the other,
+ * give back every code of the parent (offset: the rows or columns of the
+ * ranks before), whole groups of heads each. */
+static void check_slices(const char *what, const bn_checkpoint *m, int count)
+{
+    const bn_hparams *ph = bn_checkpoint_hparams(m);
+    bn_error err;
+    int64_t offset[BN_PROJ_COUNT] = {0}, norm_offset[BN_NORM_COUNT] = {0};
+    int64_t kv_heads = 0, ffn = 0;
+    for (int r = 0; r < count; r++) {
+        bn_checkpoint *s = NULL;
+        CHECK_MSG(bn_checkpoint_slice(m, r, count, &s, &err) == BN_OK, "%s rank %d of %d: %s",
+                  what, r, count, err.message);
+        if (!s)
+            continue;
+        const bn_hparams *sh = bn_checkpoint_hparams(s);
+        CHECK(sh->n_head_kv >= ph->n_head_kv / count && sh->n_head_kv <= ph->n_head_kv / count + 1);
+        CHECK(sh->n_head == sh->n_head_kv * (ph->n_head / ph->n_head_kv));
+        CHECK(sh->ffn >= ph->ffn / count && sh->ffn <= ph->ffn / count + 1);
+        CHECK(sh->dim == ph->dim && sh->vocab == ph->vocab);
+        CHECK(bn_checkpoint_whole_hparams(s) == ph && bn_checkpoint_whole_hparams(m) == ph);
+        kv_heads += sh->n_head_kv;
+        ffn += sh->ffn;
+        CHECK(bn_checkpoint_lm_head(s)->data == bn_checkpoint_lm_head(m)->data);
+        CHECK(bn_checkpoint_embedding(s)->data == bn_checkpoint_embedding(m)->data);
+        CHECK(bn_checkpoint_tokenizer(s) == NULL);
+        for (int l = 0; l < ph->n_layer; l++) {
+            for (int p = 0; p < BN_PROJ_COUNT; p++) {
+                int64_t n, k, sn, sk;
+                bn_hparams_proj_shape(ph, (bn_proj)p, &n, &k);
+                bn_hparams_proj_shape(sh, (bn_proj)p, &sn, &sk);
+                int8_t *whole = malloc((size_t)(n * k)), *part = malloc((size_t)(sn * sk));
+                memset(part, 0x5a, (size_t)(sn * sk)); /* poisoned */
+                float ws = 0.0f, ps = -1.0f;
+                CHECK(bn_checkpoint_projection_codes(m, l, (bn_proj)p, whole, &ws, &err) ==
+                      BN_OK);
+                CHECK(bn_checkpoint_projection_codes(s, l, (bn_proj)p, part, &ps, &err) == BN_OK);
+                CHECK(ws == ps);
+                CHECK(bn_checkpoint_projection_type(s, l, (bn_proj)p) ==
+                      bn_checkpoint_projection_type(m, l, (bn_proj)p));
+                /* o and down split their inputs (columns), the rest their rows. */
+                const bool columns = p == BN_PROJ_O || p == BN_PROJ_DOWN;
+                const int64_t o = offset[p];
+                int bad = 0;
+                for (int64_t i = 0; i < sn; i++)
+                    for (int64_t j = 0; j < sk; j++) {
+                        const int8_t want = columns ? whole[i * k + o + j] : whole[(o + i) * k + j];
+                        bad += part[i * sk + j] != want;
+                    }
+                if (l == ph->n_layer - 1)
+                    offset[p] += columns ? sk : sn;
+                CHECK_MSG(bad == 0, "%s rank %d/%d layer %d %s: %d codes differ", what, r, count,
+                          l, bn_proj_name((bn_proj)p), bad);
+                free(whole);
+                free(part);
+            }
+            for (int w = 0; w < BN_NORM_COUNT; w++) {
+                const int64_t size = bn_hparams_norm_size(sh, (bn_norm)w);
+                const bool split = w == BN_NORM_ATTN_SUB || w == BN_NORM_FFN_SUB;
+                CHECK(memcmp(bn_checkpoint_norm(s, l, (bn_norm)w),
+                             bn_checkpoint_norm(m, l, (bn_norm)w) + (split ? norm_offset[w] : 0),
+                             (size_t)size * sizeof(float)) == 0);
+                if (l == ph->n_layer - 1)
+                    norm_offset[w] += size;
+            }
+        }
+        CHECK(memcmp(bn_checkpoint_output_norm(s), bn_checkpoint_output_norm(m),
+                     (size_t)ph->dim * sizeof(float)) == 0);
+        bn_checkpoint_free(s);
+    }
+    CHECK(kv_heads == ph->n_head_kv && ffn == ph->ffn);
+    for (int p = 0; p < BN_PROJ_COUNT; p++) {
+        int64_t n, k;
+        bn_hparams_proj_shape(ph, (bn_proj)p, &n, &k);
+        CHECK(offset[p] == (p == BN_PROJ_O || p == BN_PROJ_DOWN ? k : n));
+    }
+}
+
+static void test_slices(void)
+{
+    for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
+        bn_checkpoint *m = NULL;
+        bn_error err;
+        if (bn_checkpoint_load(path_in(data_dir, fixtures[i].path), &m, &err) != BN_OK) {
+            CHECK_MSG(false, "%s: %s", fixtures[i].path, err.message);
+            continue;
+        }
+        check_slices(fixtures[i].path, m, 2);
+        /* 2 kv heads cannot be split 3 ways: each rank needs one. */
+        bn_checkpoint *s = NULL;
+        CHECK(bn_checkpoint_slice(m, 0, 3, &s, &err) == BN_ERR_INVALID_ARGUMENT && !s);
+        CHECK_STR_CONTAINS(err.message, "cannot be split 3 ways");
+        CHECK(bn_checkpoint_slice(m, 2, 2, &s, &err) == BN_ERR_INVALID_ARGUMENT && !s);
+        CHECK(bn_checkpoint_slice(NULL, 0, 2, &s, &err) == BN_ERR_INVALID_ARGUMENT && !s);
+        bn_checkpoint_free(m);
+    }
+    /* A random model of 20 heads over 5 (2B-4T's groups) and an FFN of 98,
+     * split 1 (itself) to 5 ways: unequal shares; not 6. */
+    bn_hparams hp;
+    bn_hparams_2b4t(&hp);
+    hp.vocab = 97;
+    hp.dim = 64;
+    hp.ffn = 98;
+    hp.n_layer = 2;
+    hp.n_head = 20;
+    hp.n_head_kv = 5;
+    hp.head_dim = 4;
+    hp.rope_dim = 4;
+    bn_checkpoint *m = NULL;
+    bn_error err;
+    CHECK(bn_checkpoint_create_random(&hp, 7, &m, &err) == BN_OK);
+    if (m) {
+        for (int count = 1; count <= 5; count++)
+            check_slices("random", m, count);
+        bn_checkpoint *s = NULL;
+        CHECK(bn_checkpoint_slice(m, 0, 6, &s, &err) == BN_ERR_INVALID_ARGUMENT && !s);
+    }
+    bn_checkpoint_free(m);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -823,6 +945,7 @@ int main(int argc, char **argv)
     test_bitlinear_class();
     test_transformers_configs();
     test_other_encodings();
+    test_slices();
     rmdir(tmp_dir);
     TEST_EXIT();
 }

@@ -62,11 +62,13 @@ class Model:
     device: "auto" (a usable CUDA GPU, else the CPU), "cpu", "cuda",
     "cuda:N"; ctx: positions a generation may hold (None: the model's);
     threads: CPU threads (None: all); max_sequences: generations decoded
-    together when several run at once (1: one at a time)."""
+    together when several run at once (1: one at a time); tensor_parallel:
+    CUDA GPUs that split the model between them (1: none; device "cuda"
+    takes the first ones, "cuda:0,1" names them)."""
 
     def __init__(self, path: Optional[str] = None, device: str = "auto",
                  ctx: Optional[int] = None, threads: Optional[int] = None,
-                 max_sequences: int = 1):
+                 max_sequences: int = 1, tensor_parallel: int = 1):
         opt = L.ModelOptions()
         L.lib.bn_model_options_default(ctypes.byref(opt))
         opt.path = path.encode() if path else None
@@ -74,6 +76,7 @@ class Model:
         opt.n_ctx = int(ctx or 0)
         opt.n_threads = int(threads or 0)
         opt.max_sequences = int(max_sequences)
+        opt.tensor_parallel = int(tensor_parallel)
         self._max_sequences = max(1, int(max_sequences))
         self._m = ctypes.c_void_p()
         err = L.Error()

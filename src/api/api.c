@@ -264,6 +264,12 @@ bn_status bn_model_open(const bn_model_options *opt, bn_model **out, bn_error *e
         free(m);
         return st;
     }
+    if (o.tensor_parallel < 0 || o.tensor_parallel > BN_DEVICE_LIST_MAX) {
+        free(m);
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "bn_model_open: tensor_parallel is 0..%d, not %d",
+                            BN_DEVICE_LIST_MAX, o.tensor_parallel);
+    }
     if (o.max_sequences < 0 || o.max_sequences > 4096 || o.kv_block_size < 0 ||
         o.kv_block_size > 1024 || (unsigned)o.kv_evict > BN_KV_EVICT_LFU) {
         free(m);
@@ -281,7 +287,8 @@ bn_status bn_model_open(const bn_model_options *opt, bn_model **out, bn_error *e
                             .device = o.device,
                             .n_threads = o.n_threads,
                             .n_ctx = o.n_ctx,
-                            .kv_f16 = o.kv == BN_KV_F16};
+                            .kv_f16 = o.kv == BN_KV_F16,
+                            .tensor_parallel = o.tensor_parallel};
     st = bn_engine_open(&cfg, &eo, &m->engine, err);
     if (st != BN_OK) {
         free(m);

@@ -1,5 +1,7 @@
 #include "cublas_loader.h"
 
+#include "dl_first.h"
+
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -14,17 +16,10 @@ static struct {
 static void load(void)
 {
     static const char *const names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
-    void *lib = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
-        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (lib)
-            snprintf(loaded.api.library, sizeof loaded.api.library, "%s", names[i]);
-    }
-    if (!lib) {
-        const char *e = dlerror();
-        snprintf(loaded.why, sizeof loaded.why, "%s", e ? e : "libcublas not found");
+    void *lib = bn_dl_first(names, sizeof names / sizeof names[0], loaded.api.library,
+                            sizeof loaded.api.library, loaded.why, sizeof loaded.why);
+    if (!lib)
         return;
-    }
     /* The symbol types are fixed by cublas_api.h; dlsym returns void *. */
     *(void **)&loaded.api.create = dlsym(lib, "cublasCreate_v2");
     *(void **)&loaded.api.destroy = dlsym(lib, "cublasDestroy_v2");

@@ -15,6 +15,7 @@
 
 #include "attention_cuda.h"
 #include "cuda_backend_internal.h"
+#include "nccl_loader.h"
 
 #define DEFAULT_CHUNK 512
 /* Left free on the device for the CUDA context's own needs (graph,
@@ -178,6 +179,31 @@ static bn_status pick_device(int requested, int *device, bn_error *err)
     return st;
 }
 
+/* A rank of a tensor-parallel team: its rows of the LM head and NCCL. */
+static bn_status tp_setup(bn_cuda_backend *b, bn_error *err)
+{
+    const bn_cuda_backend_options *o = &b->opt;
+    if (o->tp_rank < 0 || o->tp_rank >= o->tp_size || !o->tp_comm || !o->tp_ready)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "cuda backend: tensor-parallel rank %d of %d without its team",
+                            o->tp_rank, o->tp_size);
+    const int64_t vocab = b->hp.vocab;
+    b->head_span = (vocab + o->tp_size - 1) / o->tp_size;
+    b->head_row0 = b->head_span * o->tp_rank < vocab ? b->head_span * o->tp_rank : vocab;
+    b->head_rows = vocab - b->head_row0 < b->head_span ? vocab - b->head_row0 : b->head_span;
+    const bn_hparams *whole = bn_checkpoint_whole_hparams(b->model);
+    b->whole_q_dim = (int64_t)whole->n_head * whole->head_dim;
+    b->whole_ffn = whole->ffn;
+    return bn_nccl_get(&b->nccl, err);
+}
+
+/* The head bytes the decode form's table weighs for screening: none under
+ * tensor parallelism, whose ranks compute their rows of the head whole. */
+static uint64_t screen_head_bytes(const bn_cuda_backend *b)
+{
+    return b->opt.tp_size > 1 ? 0 : cb_head_table_bytes(b);
+}
+
 bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backend_options *opt,
                                  bn_cuda_backend **out, bn_error *err)
 {
@@ -229,9 +255,17 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
     if (b->chunk > kv_len)
         b->chunk = kv_len;
     b->use_graphs = true;
+    b->head_rows = b->head_span = hp->vocab;
+    if (opt.tp_size > 1) {
+        bn_status tst = tp_setup(b, err);
+        if (tst != BN_OK) {
+            bn_cuda_backend_free(b);
+            return tst;
+        }
+    }
     /* The paged cache of many sequences (of the single cache's precision),
      * for head sizes the paged attention takes. */
-    if (opt.paged_rows > 0 && opt.paged_block > 0 && opt.paged_max_seqs > 0 &&
+    if (opt.tp_size <= 1 && opt.paged_rows > 0 && opt.paged_block > 0 && opt.paged_max_seqs > 0 &&
         bn_cb_attn_paged_supports(hp->head_dim) && opt.paged_rows % opt.paged_block == 0) {
         b->paged_rows = opt.paged_rows;
         b->paged_block = opt.paged_block;
@@ -315,7 +349,7 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
     bn_cuda_decode_caps caps;
     memset(&caps, 0, sizeof caps);
     caps.kv_f16 = b->kv_f16;
-    caps.head_bytes = cb_head_table_bytes(b);
+    caps.head_bytes = screen_head_bytes(b);
     const uint64_t budget =
         opt.memory_limit > 0 && opt.memory_limit < usable ? opt.memory_limit : usable;
     caps.head_copy_fits = total + screen_bytes <= budget;
@@ -458,6 +492,12 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
                                                          hp->dim, b->d_head_q, b->d_head_se,
                                                          b->cs));
     }
+    /* A team's ranks run the warm-up's collectives together: only if every
+     * rank got this far. */
+    if (opt.tp_size > 1 && !opt.tp_ready(opt.tp_team, opt.tp_rank, st == BN_OK) && st == BN_OK)
+        st = bn_error_set(err, BN_ERR_GPU, NULL,
+                          "cuda:%d stopped: another rank of its tensor-parallel team failed",
+                          b->device);
     if (st == BN_OK)
         st = warm_up(b, err);
     if (st == BN_OK && b->use_graphs)

@@ -95,6 +95,19 @@ typedef struct bn_cuda_backend_options {
      * cache or a head size the paged attention does not take). */
     int64_t paged_rows;
     int paged_block, paged_max_seqs;
+    /* Tensor parallelism (cuda_tp.h): this backend is rank tp_rank of
+     * tp_size >= 2 over a slice of the model (bn_checkpoint_slice), tp_comm
+     * the rank's NCCL communicator. It adds the ranks' partial products of
+     * Wo and down (an all-reduce), shares the sub-norms' statistics (an
+     * all-gather) and computes its rows of the LM head (then gathered), so
+     * every rank's every call must be made on all ranks at once. tp_ready,
+     * called once the memory is in place and before the first collective,
+     * says whether every rank got that far (false: creation stops). 0 or 1:
+     * none. No paged cache, no screened head. */
+    int tp_size, tp_rank;
+    void *tp_comm;
+    bool (*tp_ready)(void *team, int rank, bool ok);
+    void *tp_team;
 } bn_cuda_backend_options;
 
 void bn_cuda_backend_options_default(bn_cuda_backend_options *o);

@@ -15,6 +15,7 @@
 
 #include "attention_cuda.h"
 #include "cuda_backend_internal.h"
+#include "nccl_loader.h"
 
 static int32_t *h_tokens(bn_cuda_backend *b) { return b->h_io; }
 static int32_t *h_positions(bn_cuda_backend *b) { return b->h_io + b->kv_len; }
@@ -373,6 +374,58 @@ static bn_status attention(const pass *p, int l)
     return stage_done(p, BN_CUDA_STAGE_ATTENTION, 1, K_ATTN_PRE_F16);
 }
 
+/* ---- tensor parallelism (opt.tp_size >= 2; cuda_tp.h) ------------------------- */
+
+static bool tp_on(const bn_cuda_backend *b) { return b->opt.tp_size > 1; }
+
+static bn_status nccl_status(const pass *p, int rc, const char *what)
+{
+    if (rc == 0)
+        return BN_OK;
+    return bn_error_set(p->err, BN_ERR_GPU, NULL, "cuda:%d: NCCL %s failed: %s", p->b->device,
+                        what, p->b->nccl->error_string(rc));
+}
+
+/* out = the sum over the ranks of their partial products (M rows of dim):
+ * one all-reduce after Wo and one after down. */
+static bn_status tp_sum(const pass *p, float *out, bn_cuda_stage stage)
+{
+    bn_cuda_backend *b = p->b;
+    const int rc = b->nccl->all_reduce(out, out, (size_t)(p->M * b->hp.dim), BN_NCCL_FLOAT32,
+                                       BN_NCCL_SUM, (bn_nccl_comm)b->opt.tp_comm, b->cs);
+    STAGE(nccl_status(p, rc, "all-reduce"));
+    return stage_done(p, stage, 1, -1);
+}
+
+/* xq = q(norm(v)) of this rank's k columns of rows split across the ranks:
+ * its statistics, every rank's (an all-gather), then its codes. */
+static bn_status tp_norm_codes(const pass *p, const bn_cb_norm_source *src, int64_t k, int l,
+                               bn_norm which, bn_cuda_stage stage)
+{
+    const int64_t whole = which == BN_NORM_ATTN_SUB ? p->b->whole_q_dim : p->b->whole_ffn;
+    bn_cuda_backend *b = p->b;
+    const int ranks = b->opt.tp_size;
+    const size_t part = (size_t)p->M * 2;
+    double *mine = b->tp_stats + part * (size_t)b->opt.tp_rank;
+    const float *w = norm_ptr(b, l, which);
+    BN_CUDA_TRY(p->err, bn_cb_norm_part_stats(src, p->M, k, w, mine, b->cs));
+    const int rc = b->nccl->all_gather(mine, b->tp_stats, part, BN_NCCL_FLOAT64,
+                                       (bn_nccl_comm)b->opt.tp_comm, b->cs);
+    STAGE(nccl_status(p, rc, "all-gather"));
+    BN_CUDA_TRY(p->err, bn_cb_norm_part_quantize(src, p->M, k, whole, w, b->hp.rms_eps,
+                                                 b->tp_stats, ranks, b->xq,
+                                                 codes_ld(b, k, p->M), b->act_scale,
+                                                 b->act_sum, b->cs));
+    return stage_done(p, stage, 3, K_NORM_Q);
+}
+
+static bn_status tp_plain_norm_codes(const pass *p, const float *v, int64_t k, int l,
+                                     bn_norm which, bn_cuda_stage stage)
+{
+    const bn_cb_norm_source src = {v, k, NULL, NULL, 0, 0.0f, 0.0f};
+    return tp_norm_codes(p, &src, k, l, which, stage);
+}
+
 /* xq = q(norm(v)) of k-wide rows v (ld apart) with the layer's norm `which`. */
 static bn_status norm_codes(const pass *p, const float *v, int64_t k, int64_t ld, int l,
                             bn_norm which, bn_cuda_stage stage)
@@ -414,9 +467,17 @@ static bn_status ffn_sub_norm(const pass *p, int l)
 {
     bn_cuda_backend *b = p->b;
     const int64_t ffn = b->hp.ffn;
-    if (p->decode && b->form.gate_up_pair)
+    const bool paired = p->decode && b->form.gate_up_pair;
+    if (paired && tp_on(b))
+        return tp_plain_norm_codes(p, b->gu, ffn, l, BN_NORM_FFN_SUB, BN_CUDA_STAGE_RELU2);
+    if (paired)
         return norm_codes(p, b->gu, ffn, ffn, l, BN_NORM_FFN_SUB, BN_CUDA_STAGE_RELU2);
     const seg *s = b->groups[l * G_COUNT + G_GU].s;
+    if (tp_on(b)) {
+        const bn_cb_norm_source src = {NULL, 0, b->gu, b->gu + ffn, b->gu_n, s[0].scale,
+                                       s[1].scale};
+        return tp_norm_codes(p, &src, ffn, l, BN_NORM_FFN_SUB, BN_CUDA_STAGE_RELU2);
+    }
     BN_CUDA_TRY(p->err, bn_cb_relu2_norm_quantize(b->gu, b->gu + ffn, b->gu_n, s[0].scale,
                                                   s[1].scale, p->M, ffn,
                                                   norm_ptr(b, l, BN_NORM_FFN_SUB),
@@ -429,6 +490,9 @@ static bn_status ffn_sub_norm(const pass *p, int l)
 static bn_status attn_sub_norm(const pass *p, int l)
 {
     const bn_cuda_backend *b = p->b;
+    if (tp_on(b))
+        return tp_plain_norm_codes(p, b->att, b->q_dim, l, BN_NORM_ATTN_SUB,
+                                   BN_CUDA_STAGE_SUB_NORM);
     return norm_codes(p, b->att, b->q_dim, b->q_dim, l, BN_NORM_ATTN_SUB, BN_CUDA_STAGE_SUB_NORM);
 }
 
@@ -445,12 +509,16 @@ static bn_status layer(const pass *p, int l)
     STAGE(attention(p, l));
     STAGE(attn_sub_norm(p, l));
     STAGE(product(p, l, G_O, b->out, BN_CUDA_STAGE_O));
+    if (tp_on(b)) /* out = the sum of the ranks' parts */
+        STAGE(tp_sum(p, b->out, BN_CUDA_STAGE_O));
     /* feed-forward: x += out, xq = q(ffn_norm(x)); gate, up = Wgu xq;
      * xq = q(ffn_sub_norm(relu(gate)^2 * up)); out = Wdown xq */
     STAGE(residual_norm(p, l, BN_NORM_FFN, BN_CUDA_STAGE_FFN_NORM));
     STAGE(gate_up(p, l));
     STAGE(ffn_sub_norm(p, l));
     STAGE(product(p, l, G_DOWN, b->out, BN_CUDA_STAGE_DOWN));
+    if (tp_on(b))
+        STAGE(tp_sum(p, b->out, BN_CUDA_STAGE_DOWN));
     /* x += out, with the next layer's xq = q(attn_norm(x)) */
     if (l + 1 < b->hp.n_layer)
         STAGE(residual_norm(p, l + 1, BN_NORM_ATTN, BN_CUDA_STAGE_ATTN_NORM));
@@ -478,6 +546,19 @@ static bn_status lm_head(const pass *p, bool screen)
 {
     bn_cuda_backend *b = p->b;
     const int64_t vocab = b->hp.vocab, dim = b->hp.dim;
+    if (tp_on(b)) { /* this rank's rows, then every rank's (in place) */
+        const size_t row_bytes = (size_t)dim * (b->head_type == BN_CB_HEAD_F32 ? 4 : 2);
+        if (b->head_rows > 0)
+            BN_CUDA_TRY(p->err, bn_cb_head_gemv((const char *)b->d_head +
+                                                    (size_t)b->head_row0 * row_bytes,
+                                                b->head_type, b->head_rows, dim, b->normed,
+                                                b->logits + b->head_row0, b->sm, b->cs));
+        const int rc = b->nccl->all_gather(b->logits + b->head_span * b->opt.tp_rank, b->logits,
+                                           (size_t)b->head_span, BN_NCCL_FLOAT32,
+                                           (bn_nccl_comm)b->opt.tp_comm, b->cs);
+        STAGE(nccl_status(p, rc, "all-gather"));
+        return stage_done(p, BN_CUDA_STAGE_LM_HEAD, 2, K_HEAD);
+    }
     if (!screen) {
         BN_CUDA_TRY(p->err, bn_cb_head_gemv(b->d_head, b->head_type, vocab, dim, b->normed,
                                             b->logits, b->sm, b->cs));

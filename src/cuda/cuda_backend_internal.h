@@ -204,6 +204,14 @@ struct bn_cuda_backend {
     /* Scratch of one prefill chunk (cb_scratch_list; the layout at the top
      * of this file) and the decode step's inputs. */
     float *x, *qkv, *q, *att, *out, *gu, *normed, *logits, *act_scale, *rope;
+    /* Tensor parallelism (opt.tp_size >= 2): NCCL, the sub-norms'
+     * statistics of every rank ([tp_size][chunk][2] doubles) and this
+     * rank's rows of the LM head [head_row0, head_row0 + head_rows), of
+     * head_span rows a rank (logits hold tp_size * head_span floats). */
+    const struct bn_nccl *nccl;
+    double *tp_stats;
+    int64_t head_row0, head_rows, head_span;
+    int64_t whole_q_dim, whole_ffn; /* the split sub-norms' whole rows */
     int8_t *xq;
     int32_t *act_sum, *ws_streamk, *d_tokens, *d_pos, *d_next;
     int32_t *d_dec; /* the decode step's inputs (cb_upload_dec), two images DEC_STRIDE

@@ -115,6 +115,33 @@ cudaError_t bn_cb_relu2_norm_quantize(const float *g, const float *u, int64_t ld
                                       int8_t *q, int64_t ldq, float *scale, int32_t *sum, int pdl,
                                       cudaStream_t stream);
 
+/* ---- a norm over rows split across ranks (tensor parallelism) ---------------------
+ *
+ * The rows' source: x (ldx apart) when x is set, else relu(g * sg)^2 * (u * su)
+ * as bn_cb_relu2_norm_quantize reads them. */
+typedef struct bn_cb_norm_source {
+    const float *x;
+    int64_t ldx;
+    const float *g, *u;
+    int64_t ldgu;
+    float sg, su;
+} bn_cb_norm_source;
+
+/* This rank's part of each of m rows' statistics over its k columns:
+ * stats[2 r] = sum of squares, stats[2 r + 1] = max|w v| (doubles). */
+cudaError_t bn_cb_norm_part_stats(const bn_cb_norm_source *src, int64_t m, int64_t k,
+                                  const float *w, double *stats, cudaStream_t stream);
+
+/* Codes of this rank's k columns of m rows (of k_total in all) with the
+ * statistics of every rank (stats: [ranks][m][2], combined in rank order),
+ * as bn_cb_norm_quantize writes them (q zero-filled to ldq, scale, and the
+ * sum of this part's codes); the scale's normed maximum is max|w v| times
+ * the inverse RMS (within an ulp or two of the whole-row kernels'). */
+cudaError_t bn_cb_norm_part_quantize(const bn_cb_norm_source *src, int64_t m, int64_t k,
+                                     int64_t k_total, const float *w, float eps,
+                                     const double *stats, int ranks, int8_t *q, int64_t ldq,
+                                     float *scale, int32_t *sum, cudaStream_t stream);
+
 /* x += r (r may be NULL: no add), then y = w * (x * inv) with the CPU's
  * rmsnorm arithmetic (double sum of squares). m rows. */
 cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr, int64_t m,

@@ -225,7 +225,9 @@ int cb_scratch_list(bn_cuda_backend *b, scratch_spec *list)
     /* cos and sin of every position the cache holds (none without RoPE). */
     ADD(&b->rope, (size_t)b->kv_len * (size_t)(hp->rope_dim / 2) * 2 * f);
     ADD(&b->normed, (size_t)hp->dim * f);
-    ADD(&b->logits, (size_t)hp->vocab * f);
+    ADD(&b->logits, (size_t)(b->opt.tp_size > 1 ? b->opt.tp_size * b->head_span : hp->vocab) * f);
+    if (b->opt.tp_size > 1)
+        ADD(&b->tp_stats, (size_t)b->opt.tp_size * (size_t)b->chunk * 2 * sizeof(double));
     ADD(&b->ws_sample, bn_cuda_sample_workspace_bytes(hp->vocab));
     ADD(&b->d_next, sizeof(int32_t));
     ADD(&b->d_cand, BN_CUDA_SAMPLE_MAX_CAND * sizeof(uint64_t));

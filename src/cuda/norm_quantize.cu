@@ -249,6 +249,35 @@ __device__ __forceinline__ int plain_code(float w, float v, float inv, float s)
     return t != t ? 0 : t > 127.0f ? 127 : t < -128.0f ? -128 : (int)t;
 }
 
+/* The last pass of the streaming kernels: row `row`'s codes (zeros from k
+ * to ldq) under the exact rule or, for tiny or non-finite rows, the plain
+ * one with scale s; its scale and the sum of its codes stored by thread 0. */
+template <int kSrc>
+__device__ void store_codes(const NormQuantArgs &a, int64_t row, double umax, float amax,
+                            float inv, int *red_i)
+{
+    const bool exact = amax >= kQuantEps && umax > 0.0 && isfinite(umax);
+    const float s = exact ? __fdiv_rn(127.0f, amax)
+                          : __fdiv_rn(127.0f, amax >= kQuantEps ? amax : kQuantEps);
+    const ExactCoder coder(umax);
+    int8_t *out = a.q + row * a.ldq;
+    int total = 0;
+    for (int64_t i = threadIdx.x; i < a.ldq; i += kNormThreads) {
+        int val = 0;
+        if (i < a.k) {
+            const float v = source_value<kSrc>(a, row, i, false);
+            val = exact ? coder.code(a.w[i], v) : plain_code(a.w[i], v, inv, s);
+        }
+        out[i] = (int8_t)val;
+        total += val;
+    }
+    total = block_reduce(total, SumI(), red_i);
+    if (threadIdx.x == 0) {
+        a.scale[row] = s;
+        a.sum[row] = total;
+    }
+}
+
 /* Long rows (more than kRowThreads * kRowMaxPer values) and many rows: one
  * block of kNormThreads per row, three passes over the row. */
 template <int kSrc>
@@ -284,26 +313,7 @@ __global__ void __launch_bounds__(kNormThreads) norm_quantize_kernel(NormQuantAr
 
     /* Pass 3: the codes. The exact rule needs a usable maximum; tiny or
      * non-finite rows take the plain fp32 rule, as on the CPU. */
-    const bool exact = amax >= kQuantEps && umax > 0.0 && isfinite(umax);
-    const float s = exact ? __fdiv_rn(127.0f, amax)
-                          : __fdiv_rn(127.0f, amax >= kQuantEps ? amax : kQuantEps);
-    const ExactCoder coder(umax);
-    int8_t *out = a.q + row * a.ldq;
-    int total = 0;
-    for (int64_t i = threadIdx.x; i < a.ldq; i += kNormThreads) {
-        int val = 0;
-        if (i < k) {
-            const float v = source_value<kSrc>(a, row, i, false);
-            val = exact ? coder.code(w[i], v) : plain_code(w[i], v, inv, s);
-        }
-        out[i] = (int8_t)val;
-        total += val;
-    }
-    total = block_reduce(total, SumI(), red_i);
-    if (threadIdx.x == 0) {
-        a.scale[row] = s;
-        a.sum[row] = total;
-    }
+    store_codes<kSrc>(a, row, umax, amax, inv, red_i);
 }
 
 /* Rows of at most blockDim.x * kPer values (the decode step's): value
@@ -442,6 +452,52 @@ __global__ void __launch_bounds__(kRowThreads, 1) norm_quantize_row_kernel(NormQ
         a.scale[row] = s;
         a.sum[row] = total;
     }
+}
+
+/* ---- a norm over rows split across ranks (tensor parallelism) ---------------------
+ *
+ * Under tensor parallelism a rank holds only its columns of the attn_sub and
+ * ffn_sub norms' rows. The whole row's statistics are its sum of squares and
+ * max|w x|: each rank computes them over its columns (norm_part_stats_kernel),
+ * the ranks exchange them (an all-gather of [ranks][m][2] doubles), and each
+ * rank codes its columns with the combined values (norm_part_codes_kernel),
+ * adding the parts in rank order so that every rank gets the same scale.
+ * The codes follow the exact rule of the whole-row kernels (max|w x| does
+ * not depend on order); the scale's normed maximum is max|w x| times the
+ * inverse RMS rather than the maximum of the rounded normed values, which
+ * is the same number up to an ulp or two of fp32. */
+template <int kSrc>
+__global__ void __launch_bounds__(kNormThreads) norm_part_stats_kernel(NormQuantArgs a,
+                                                                      double *stats)
+{
+    __shared__ double red_d[64];
+    const int64_t row = blockIdx.x;
+    double ss = 0.0, umax = 0.0;
+    for (int64_t i = threadIdx.x; i < a.k; i += kNormThreads) {
+        const float v = source_value<kSrc>(a, row, i, false);
+        ss = __fma_rn((double)v, (double)v, ss);
+        umax = fmax(umax, fabs(__dmul_rn((double)a.w[i], (double)v)));
+    }
+    block_sum_max(ss, umax, red_d);
+    if (threadIdx.x == 0) {
+        stats[2 * row] = ss;
+        stats[2 * row + 1] = umax;
+    }
+}
+
+template <int kSrc>
+__global__ void __launch_bounds__(kNormThreads)
+    norm_part_codes_kernel(NormQuantArgs a, const double *stats, int ranks, int64_t k_total)
+{
+    __shared__ int red_i[32];
+    const int64_t row = blockIdx.x, m = gridDim.x;
+    double ss = 0.0, umax = 0.0;
+    for (int r = 0; r < ranks; r++) {
+        ss = __dadd_rn(ss, stats[2 * (r * m + row)]);
+        umax = fmax(umax, stats[2 * (r * m + row) + 1]);
+    }
+    const float inv = inv_rms(ss, k_total, a.eps);
+    store_codes<kSrc>(a, row, umax, __fmul_rn(__double2float_rn(umax), inv), inv, red_i);
 }
 
 /* Four codes as the four bytes of one char4 store. */
@@ -977,6 +1033,56 @@ extern "C" cudaError_t bn_cb_relu2_norm_quantize(const float *g, const float *u,
     a.sg = sg;
     a.su = su;
     return launch_norm_quantize<kSrcRelu2>(a, m, pdl, stream);
+}
+
+/* The row source of a split norm: plain rows, or (x NULL) relu2 of g, u. */
+static bool part_source(NormQuantArgs &a, const bn_cb_norm_source *src, int64_t k)
+{
+    if (!src)
+        return false;
+    if (src->x) {
+        a.x = const_cast<float *>(src->x);
+        a.ldx = src->ldx;
+        return src->ldx >= k;
+    }
+    a.g = src->g;
+    a.u = src->u;
+    a.ldgu = src->ldgu;
+    a.sg = src->sg;
+    a.su = src->su;
+    return src->g && src->u && src->ldgu >= k;
+}
+
+extern "C" cudaError_t bn_cb_norm_part_stats(const bn_cb_norm_source *src, int64_t m, int64_t k,
+                                             const float *w, double *stats, cudaStream_t stream)
+{
+    NormQuantArgs a = norm_args(k, w, 0.0f, nullptr, 0, nullptr, nullptr);
+    if (!part_source(a, src, k) || !w || !stats || k <= 0 || m <= 0 || m > INT32_MAX)
+        return cudaErrorInvalidValue;
+    if (src->x)
+        norm_part_stats_kernel<kSrcPlain><<<(unsigned)m, kNormThreads, 0, stream>>>(a, stats);
+    else
+        norm_part_stats_kernel<kSrcRelu2><<<(unsigned)m, kNormThreads, 0, stream>>>(a, stats);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t bn_cb_norm_part_quantize(const bn_cb_norm_source *src, int64_t m,
+                                                int64_t k, int64_t k_total, const float *w,
+                                                float eps, const double *stats, int ranks,
+                                                int8_t *q, int64_t ldq, float *scale,
+                                                int32_t *sum, cudaStream_t stream)
+{
+    NormQuantArgs a = norm_args(k, w, eps, q, ldq, scale, sum);
+    if (!part_source(a, src, k) || !w || !stats || !q || !scale || !sum || k <= 0 ||
+        k_total < k || ldq < k || ranks < 1 || m <= 0 || m > INT32_MAX)
+        return cudaErrorInvalidValue;
+    if (src->x)
+        norm_part_codes_kernel<kSrcPlain>
+            <<<(unsigned)m, kNormThreads, 0, stream>>>(a, stats, ranks, k_total);
+    else
+        norm_part_codes_kernel<kSrcRelu2>
+            <<<(unsigned)m, kNormThreads, 0, stream>>>(a, stats, ranks, k_total);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr,

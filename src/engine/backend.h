@@ -50,6 +50,9 @@ typedef struct bn_backend_params {
      * none. A backend without forward_rows ignores it. */
     int64_t paged_rows;
     int paged_block, paged_max_seqs; /* its block size and sequences at once   */
+    /* Tensor parallelism (the CUDA team's create): tp_size GPUs, tp_devices. */
+    int tp_size;
+    int tp_devices[BN_DEVICE_LIST_MAX];
     /* The engine's options, for settings only one backend reads. */
     const struct bn_engine_options *engine;
 } bn_backend_params;
@@ -165,5 +168,8 @@ int bn_backend_registry(const bn_backend_entry **entries);
 const bn_backend_entry *bn_backend_for_gpu(int gpu_kind);
 /* The CPU backend's operations. */
 const bn_backend_ops *bn_backend_cpu_ops(void);
+/* The CUDA team that splits a model across GPUs (cuda_tp.h), or NULL in a
+ * build without CUDA. */
+const bn_backend_ops *bn_backend_tensor_parallel_ops(void);
 
 #endif

@@ -9,6 +9,7 @@
 extern const bn_backend_ops bn_cpu_backend_ops;
 #if defined(BITNET_HAVE_CUDA)
 extern const bn_backend_ops bn_cuda_backend_ops;
+extern const bn_backend_ops bn_cuda_tp_backend_ops;
 #endif
 #if defined(BITNET_HAVE_VULKAN)
 extern const bn_backend_ops bn_vulkan_backend_ops;
@@ -43,4 +44,13 @@ const bn_backend_entry *bn_backend_for_gpu(int gpu_kind)
 const bn_backend_ops *bn_backend_cpu_ops(void)
 {
     return &bn_cpu_backend_ops;
+}
+
+const bn_backend_ops *bn_backend_tensor_parallel_ops(void)
+{
+#if defined(BITNET_HAVE_CUDA)
+    return &bn_cuda_tp_backend_ops;
+#else
+    return NULL;
+#endif
 }

@@ -278,6 +278,7 @@ static bn_status select_backend(bn_engine *e, const bn_config *cfg, const char *
             return bn_error_set(err, gpu.status, hint, "%s is not usable (requested %s): %s",
                                 title, e->requested, gpu.reason);
         }
+        e->gpu_count = kind == BN_GPU_CUDA ? gpu.device_count : 0;
         if (req.kind == BN_DEVICE_CUDA) {
             st = take_device_list(e, &req, gpu.device_count, err);
             if (st != BN_OK)
@@ -287,6 +288,50 @@ static bn_status select_backend(bn_engine *e, const bn_config *cfg, const char *
         e->gpu_index = req.kind == BN_DEVICE_CUDA ? req.index : -1;
         break;
     }
+    return BN_OK;
+}
+
+/* Tensor parallelism over the GPUs the request names: exactly n of them
+ * (cuda:N,M,...), or the first n CUDA devices (cuda, gpu, auto). */
+static bn_status plan_tensor_parallel(bn_engine *e, int n, bn_error *err)
+{
+    if (n <= 1)
+        return BN_OK;
+    if (n > BN_DEVICE_LIST_MAX)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "tensor parallelism takes 2 to %d GPUs, not %d", BN_DEVICE_LIST_MAX,
+                            n);
+    if (!bn_backend_tensor_parallel_ops())
+        return bn_error_set(err, BN_ERR_NO_DEVICE, "rebuild with the CUDA toolkit",
+                            "tensor parallelism needs CUDA, which this build of bitnet lacks");
+    if (!e->gpu_entry || e->gpu_entry->gpu_kind != BN_GPU_CUDA)
+        return bn_error_set(err, BN_ERR_NO_DEVICE,
+                            "use --device cuda or name the GPUs: --device cuda:0,1",
+                            "tensor parallelism over %d GPUs needs CUDA devices (requested %s, "
+                            "which gives %s)",
+                            n, e->requested, e->gpu_entry ? "no CUDA device" : "the CPU");
+    if (e->n_devices >= 2 && e->n_devices != n)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                            "name as many GPUs as --tensor-parallel asks for",
+                            "%s names %d GPUs, but tensor parallelism over %d was asked for",
+                            e->requested, e->n_devices, n);
+    if (e->n_devices == 1 && e->gpu_index >= 0)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
+                            "name the GPUs (--device cuda:0,1) or use --device cuda",
+                            "%s names one GPU; tensor parallelism over %d needs %d", e->requested,
+                            n, n);
+    if (e->n_devices < 2) {
+        if (e->gpu_count < n)
+            return bn_error_set(err, BN_ERR_NO_DEVICE, "'bitnet devices' lists the devices",
+                                "tensor parallelism over %d GPUs asked for, but there %s only "
+                                "%d CUDA device%s",
+                                n, e->gpu_count == 1 ? "is" : "are", e->gpu_count,
+                                e->gpu_count == 1 ? "" : "s");
+        for (int i = 0; i < n; i++)
+            e->devices[i] = i;
+    }
+    e->tensor_parallel = n;
+    e->n_devices = 0; /* one backend over all of them: no replicas */
     return BN_OK;
 }
 
@@ -519,6 +564,8 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
     if (!e)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the engine");
     bn_status st = select_backend(e, cfg, opt->device, err);
+    if (st == BN_OK)
+        st = plan_tensor_parallel(e, opt->tensor_parallel, err);
     if (st != BN_OK) {
         bn_engine_free(e);
         return st;
@@ -551,6 +598,8 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
                                     .memory_limit = cfg->memory_limit_bytes,
                                     .kv_f16 = opt->kv_f16,
                                     .engine = opt};
+    e->params.tp_size = e->tensor_parallel;
+    memcpy(e->params.tp_devices, e->devices, sizeof e->params.tp_devices);
     st = plan_batching(e, opt, hp, err);
     if (st != BN_OK) {
         bn_engine_free(e);
@@ -559,7 +608,9 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
     if (e->gpu_entry) {
         bn_error gerr;
         bn_error_clear(&gerr);
-        st = open_backend(e, e->gpu_entry->ops, &gerr);
+        st = open_backend(e, e->tensor_parallel ? bn_backend_tensor_parallel_ops()
+                                                : e->gpu_entry->ops,
+                          &gerr);
         if (st != BN_OK) {
             char what[64];
             snprintf(what, sizeof what, "%s initialisation failed",
@@ -627,7 +678,9 @@ int64_t bn_engine_kv_filled(const bn_engine *e)
 
 void *bn_engine_backend_handle(bn_engine *e, const char *name)
 {
-    if (!e || !e->backend || strcmp(e->backend->ops->name, name) != 0)
+    /* A tensor-parallel team is not one backend a tool may drive alone. */
+    if (!e || !e->backend || e->backend->ops == bn_backend_tensor_parallel_ops() ||
+        strcmp(e->backend->ops->name, name) != 0)
         return NULL;
     return e->backend->impl;
 }

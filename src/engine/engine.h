@@ -96,6 +96,11 @@ typedef struct bn_engine_options {
     bn_kv_evict kv_evict;
     bool no_prefix_sharing;
     int token_budget;
+    /* CUDA GPUs that split the model between them (tensor parallelism
+     * over NCCL, cuda_tp.h); 0 or 1: none. The device request names them
+     * (cuda:N,M,..., exactly this many) or, for cuda / gpu / auto, the
+     * first this many devices. One sequence at a time. */
+    int tensor_parallel;
 } bn_engine_options;
 
 /* Chooses the backend, loads the model and builds the backend. cfg carries
@@ -350,6 +355,10 @@ typedef struct bn_engine_info {
      * kernel launches and host-device copies, the uploads included. */
     uint64_t gpu_kernel_launches, gpu_h2d_transfers, gpu_h2d_bytes, gpu_d2h_transfers,
         gpu_d2h_bytes;
+    /* GPUs the model is split across (tensor parallelism); 0: none. The
+     * device, memory and work above are the first GPU's (every rank holds
+     * its own slice alike). */
+    int tensor_parallel;
 } bn_engine_info;
 
 void bn_engine_get_info(const bn_engine *e, bn_engine_info *info);

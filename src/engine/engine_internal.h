@@ -44,6 +44,10 @@ struct bn_engine {
      * gpu_index, this engine); n_devices 0 or 1 for one device. */
     int devices[BN_DEVICE_LIST_MAX];
     int n_devices;
+    int gpu_count;            /* CUDA devices detection found              */
+    /* Tensor parallelism: the model split across this many CUDA GPUs
+     * (params.tp_devices) by one backend; 0: none. */
+    int tensor_parallel;
     /* The replicas on devices[1 ..]: engines of the same model (borrowed,
      * not owned: model_borrowed) with their own backend and paged cache,
      * opened only where this engine batches; the batcher spreads the

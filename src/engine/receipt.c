@@ -151,6 +151,7 @@ bn_status bn_engine_write_receipt(const bn_engine *e, const bn_receipt_info *ri,
         bn_json_kv_string(&j, "gpu_name", info.gpu_name);
         bn_json_kv_bool(&j, "cuda_graphs", info.cuda_graphs);
         bn_json_kv_string(&j, "kv_cache_type", info.kv_type);
+        bn_json_kv_int(&j, "tensor_parallel", info.tensor_parallel);
         bn_json_key(&j, "gpu_work");
         bn_json_begin_object(&j);
         bn_json_kv_uint(&j, "kernel_launches", info.gpu_kernel_launches);

@@ -586,6 +586,9 @@ bn_status bn_checkpoint_projection_codes(const bn_checkpoint *m, int layer, bn_p
         random_codes(m->seed, layer, which, codes, t->n * t->k);
         s = random_scale(m->seed, layer, which, t->k);
         break;
+    case BN_PROJ_SRC_SLICE:
+        st = bn_checkpoint_slice_codes(m, layer, which, codes, &s, err);
+        break;
     }
     if (st != BN_OK)
         return st;

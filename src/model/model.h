@@ -120,6 +120,23 @@ bn_status bn_checkpoint_create_random(const bn_hparams *hp, uint64_t seed, bn_ch
 
 void bn_checkpoint_free(bn_checkpoint *m);
 
+/* Rank `rank` of `count` of a model for tensor parallelism (Megatron's
+ * split): the kv heads (each with the q heads of its group) and the FFN
+ * columns dealt out as evenly as they go, so ranks may hold unequal shares
+ * (2B-4T's 5 kv heads over 2 ranks: 3 and 2). The slice is a model of its
+ * heads and FFN columns: its q, k, v, gate and up are the rank's rows of
+ * the parent's, its o and down the rank's columns (inputs), its attn_sub
+ * and ffn_sub norms the rank's part. The embedding, the LM head and the
+ * other norms are the parent's whole (a backend splits the head by rows
+ * itself); a slice has no tokenizer. Codes are cut from the parent's on
+ * each request, with the parent's scale, so a slice's products summed over
+ * the ranks are the parent's. The parent must outlive the slice. A count
+ * above the kv head count is BN_ERR_INVALID_ARGUMENT. */
+bn_status bn_checkpoint_slice(const bn_checkpoint *parent, int rank, int count,
+                              bn_checkpoint **out, bn_error *err);
+/* The whole model's shape: a slice's parent's, else m's own. */
+const bn_hparams *bn_checkpoint_whole_hparams(const bn_checkpoint *m);
+
 const bn_hparams *bn_checkpoint_hparams(const bn_checkpoint *m);
 
 /* Unpacks projection `which` of `layer` into codes (n * k bytes, row-major

@@ -21,7 +21,9 @@ typedef enum bn_proj_source {
     BN_PROJ_SRC_DENSE_VALUES,  /* a float tensor holding code * scale values   */
                                /* (GGUF F32/F16 from the converters): read the */
                                /* codes and the one magnitude back             */
-    BN_PROJ_SRC_RANDOM         /* regenerated from the model's seed            */
+    BN_PROJ_SRC_RANDOM,        /* regenerated from the model's seed            */
+    BN_PROJ_SRC_SLICE          /* a rank's part of the parent model's codes    */
+                               /* (model_slice.c)                              */
 } bn_proj_source;
 
 typedef struct bn_proj_tensor {
@@ -47,7 +49,15 @@ struct bn_checkpoint {
     void *owned;             /* memory the model allocated for weights    */
     uint64_t seed;           /* random models                             */
     uint64_t weight_bytes;
+    /* A tensor-parallel slice (model_slice.c): rank slice_rank of
+     * slice_count of `parent`, which outlives it. */
+    const bn_checkpoint *parent;
+    int slice_rank, slice_count;
 };
+
+/* The codes of a slice's projection (model_slice.c). */
+bn_status bn_checkpoint_slice_codes(const bn_checkpoint *m, int layer, bn_proj which,
+                                    int8_t *codes, float *scale, bn_error *err);
 
 /* Allocates a model for hp (validated) with empty projections and norms. */
 bn_status bn_checkpoint_alloc(const bn_hparams *hp, bn_checkpoint **out, bn_error *err);

@@ -42,13 +42,17 @@ static void usage(FILE *out)
             "and the byte floor (bytes per token / copy bandwidth). The decode step takes\n"
             "the form the GPU and the shape allow; the startup line names it.\n"
             "\n"
-            "  --shape S         2b4t (default) or tiny (2 layers, dim 256: a quick check)\n"
+            "  --shape S         2b4t (default), tiny (2 layers, dim 256: a quick check) or\n"
+            "                    27b (60 layers, dim 5120, ffn 25600, heads 40/8: 27.4 G\n"
+            "                    ternary weights, a large model's shape)\n"
             "  --device D        auto, cpu, gpu, cuda[:N], vulkan[:N] (default: BITNET_DEVICE,\n"
             "                    else auto)\n"
             "  --prompt N        prompt tokens (default 512)\n"
             "  --gen N           tokens to generate (default 128)\n"
             "  --threads N       CPU threads (default: BITNET_NUM_THREADS, else every core)\n"
             "  --kv f32|f16      CUDA KV cache precision (default f32, the CPU's)\n"
+            "  --tensor-parallel N  split the model across N CUDA GPUs (NCCL; the device\n"
+            "                    names them, cuda:0,1, or cuda takes the first N)\n"
             "  --temp T          sample the generated tokens at temperature T (default 0:\n"
             "                    greedy), with --top-k K (default 40) and --top-p P (0.95);\n"
             "                    the CUDA report's sampled step uses them too (else T 0.8,\n"
@@ -69,6 +73,20 @@ void bench_tiny_shape(bn_hparams *hp)
     hp->head_dim = 64;
     hp->rope_dim = 64;
     snprintf(hp->arch, sizeof hp->arch, "bitnet-b1.58");
+}
+
+/* A 27B-class ternary shape for the large-model figures (tensor parallelism):
+ * 2B-4T's kind of layer, wider and deeper, 27.4 G ternary weights. */
+static void large_shape(bn_hparams *hp)
+{
+    bn_hparams_2b4t(hp);
+    hp->dim = 5120;
+    hp->ffn = 25600;
+    hp->n_layer = 60;
+    hp->n_head = 40;
+    hp->n_head_kv = 8;
+    hp->head_dim = 128;
+    hp->rope_dim = 128;
 }
 
 /* "1.10 GiB" or "12.5 MiB": tiny shapes would read 0.00 GiB. */
@@ -440,7 +458,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
     bool kv_f16 = false;
     float temperature = 0.0f, top_p = 0.95f;
     long long top_k = 40;
-    long long n_prompt = 512, n_gen = 128, threads = 0;
+    long long n_prompt = 512, n_gen = 128, threads = 0, tensor_parallel = 0;
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -451,9 +469,9 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
         } else if (strcmp(a, "--shape") == 0) {
             if (!(v = cli_value(argc, argv, &i, CMD)))
                 return BN_EXIT_USAGE;
-            if (strcmp(v, "2b4t") != 0 && strcmp(v, "tiny") != 0) {
-                fprintf(stderr, "bitnet bench e2e: error: --shape must be 2b4t or tiny, not "
-                                "'%s'\n", v);
+            if (strcmp(v, "2b4t") != 0 && strcmp(v, "tiny") != 0 && strcmp(v, "27b") != 0) {
+                fprintf(stderr, "bitnet bench e2e: error: --shape must be 2b4t, tiny or 27b, "
+                                "not '%s'\n", v);
                 return BN_EXIT_USAGE;
             }
             shape = v;
@@ -492,6 +510,10 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
             if (!(v = cli_value(argc, argv, &i, CMD)) ||
                 !cli_parse_i64(CMD, a, v, 1, 4096, &threads))
                 return BN_EXIT_USAGE;
+        } else if (strcmp(a, "--tensor-parallel") == 0) {
+            if (!(v = cli_value(argc, argv, &i, CMD)) ||
+                !cli_parse_i64(CMD, a, v, 1, BN_DEVICE_LIST_MAX, &tensor_parallel))
+                return BN_EXIT_USAGE;
         } else if (strcmp(a, "--seed") == 0) {
             if (!(v = cli_value(argc, argv, &i, CMD)) || !cli_parse_u64(CMD, a, v, &seed))
                 return BN_EXIT_USAGE;
@@ -505,6 +527,8 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
     bn_hparams hp;
     if (strcmp(shape, "tiny") == 0)
         bench_tiny_shape(&hp);
+    else if (strcmp(shape, "27b") == 0)
+        large_shape(&hp);
     else
         bn_hparams_2b4t(&hp);
     if (n_prompt + n_gen > hp.n_ctx_train) {
@@ -523,7 +547,8 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                             .device = device,
                             .n_threads = (int)threads,
                             .n_ctx = n_prompt + n_gen,
-                            .kv_f16 = kv_f16};
+                            .kv_f16 = kv_f16,
+                            .tensor_parallel = (int)tensor_parallel};
     bn_engine *e = NULL;
     if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK)
         return cli_fail(&err);
@@ -590,6 +615,12 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                               : "picked on the device, steps chained");
     else
         printf("decode    (one token generated: no decode step to time)\n");
+    /* The generated tokens' digest (FNV-1a): equal digests across devices
+     * and splits mean equal greedy tokens. */
+    uint64_t digest = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < g.n_tokens; i++)
+        digest = (digest ^ (uint32_t)g.tokens[i]) * 0x100000001b3ull;
+    printf("tokens    %zu generated, digest %016llx\n", g.n_tokens, (unsigned long long)digest);
     char a[32], b[32], c[32], d[32], f[32];
 #if defined(BITNET_HAVE_CUDA)
     bn_cuda_backend *cb = (bn_cuda_backend *)bn_engine_backend_handle(e, "cuda");

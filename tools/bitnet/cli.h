@@ -60,6 +60,7 @@ typedef struct cli_gen_opts {
     const char *device;  /* NULL: BITNET_DEVICE, else auto */
     long long threads, ctx;
     bool kv_f16;
+    long long tensor_parallel; /* --tensor-parallel: GPUs splitting the model */
 } cli_gen_opts;
 
 /* run's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,
@@ -71,7 +72,7 @@ void cli_gen_defaults(cli_gen_opts *o);
 uint64_t cli_choose_seed(const bn_config *cfg, const cli_gen_opts *o, bool *fixed);
 /* When argv[*i] is one of the shared options (--temp, --top-k, --top-p,
  * --min-p, --repeat-penalty, --repeat-last-n, --seed, --device,
- * --threads/-t, --ctx/-c, --kv): parses its value into o, moving *i past
+ * --threads/-t, --ctx/-c, --kv, --tensor-parallel): parses its value into o, moving *i past
  * it, and returns 1; 0 when it is none of them; -1 after printing an
  * error (exit code 2). */
 int cli_gen_option(int argc, char **argv, int *i, const char *cmd, cli_gen_opts *o);

@@ -45,6 +45,9 @@ static void usage(FILE *out)
             "                         BITNET_DEVICE, else auto)\n"
             "  -t, --threads N        CPU threads (default: BITNET_NUM_THREADS, else all)\n"
             "      --kv T             KV cache on the GPU: f32 (default) or f16\n"
+            "      --tensor-parallel N  split the model across N CUDA GPUs (NCCL): --device\n"
+            "                         cuda:0,1 names them, cuda takes the first N; requests\n"
+            "                         then run one at a time\n"
             "  -h, --help\n");
 }
 
@@ -75,7 +78,7 @@ static int parse(int argc, char **argv, serve_opts *o)
         /* The engine's options `run` has too; not its sampling, which each
          * request sets. */
         static const char *const engine[] = {"--device", "--threads", "-t", "--ctx", "-c",
-                                             "--kv"};
+                                             "--kv", "--tensor-parallel"};
         bool is_engine = false;
         for (size_t k = 0; k < sizeof engine / sizeof engine[0]; k++)
             is_engine |= strcmp(a, engine[k]) == 0;

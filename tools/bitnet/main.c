@@ -176,7 +176,7 @@ int cli_gen_option(int argc, char **argv, int *i, const char *cmd, cli_gen_opts 
                                         "--min-p",          "--repeat-penalty", "--repeat-last-n",
                                         "--seed",           "--device",         "--threads",
                                         "-t",               "--ctx",            "-c",
-                                        "--kv"};
+                                        "--kv",             "--tensor-parallel"};
     bool known = false;
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         known |= strcmp(a, names[k]) == 0;
@@ -210,6 +210,8 @@ int cli_gen_option(int argc, char **argv, int *i, const char *cmd, cli_gen_opts 
         ok = cli_parse_i64(cmd, a, v, 1, 4096, &o->threads);
     } else if (strcmp(a, "--ctx") == 0 || strcmp(a, "-c") == 0) {
         ok = cli_parse_i64(cmd, a, v, 1, 1 << 24, &o->ctx);
+    } else if (strcmp(a, "--tensor-parallel") == 0) {
+        ok = cli_parse_i64(cmd, a, v, 1, BN_DEVICE_LIST_MAX, &o->tensor_parallel);
     } else { /* --kv */
         ok = strcmp(v, "f32") == 0 || strcmp(v, "f16") == 0;
         if (!ok)
@@ -227,6 +229,7 @@ void cli_gen_model_options(const cli_gen_opts *o, const char *model, bn_model_op
     mo->n_threads = (int)o->threads;
     mo->n_ctx = o->ctx;
     mo->kv = o->kv_f16 ? BN_KV_F16 : BN_KV_F32;
+    mo->tensor_parallel = (int)o->tensor_parallel;
 }
 
 void cli_gen_params(const cli_gen_opts *o, bn_generate_params *gp)
