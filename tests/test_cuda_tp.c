@@ -11,10 +11,12 @@
  *     GPUs than the machine has, a model whose heads do not divide, the
  *     CPU; and --tensor-parallel 1, which is the one-GPU path.
  * On two GPUs or more (else that part says it is skipped): every test
- * model and the shipped one split two ways gives the CPU's greedy tokens
- * and logits within the fp32 tolerance; a sampled run gives the one-GPU
- * CUDA run's tokens; the receipt names the team; a failing call fails on
- * every rank and the team serves the next request.
+ * model, the shipped one and a random model of 2B-4T's head groups (split
+ * unequally, its LM head large enough to screen by rows) split two ways
+ * give the CPU's greedy tokens and logits within the fp32 tolerance; a
+ * sampled run gives the one-GPU CUDA run's tokens; the receipt names the
+ * team; a failing call fails on every rank and the team serves the next
+ * request.
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -130,7 +132,8 @@ static void check_split_norm(int64_t m, int64_t k, int parts, bool relu2)
 
 static const char *models_dir;
 /* A random model of 2B-4T's head groups (20 heads over 5), which two
- * ranks share unequally (3 kv heads and 2): team_matches("random"). */
+ * ranks share unequally (3 kv heads and 2), and a head whose halves are
+ * large enough to screen (64 MiB of f16 rows each): team_matches("random"). */
 static bn_hparams uneven;
 
 static bn_engine *open_team(const char *model, const char *device, int tp, int fail_call,
@@ -261,6 +264,8 @@ static void team_matches(const char *path)
     CHECK(info.tensor_parallel == 2 && strcmp(info.selected, "cuda:0,1") == 0);
     CHECK_STR_CONTAINS(bn_engine_startup_line(team), "tensor parallel over 2 GPUs");
     CHECK(bn_engine_backend_handle(team, "cuda") == NULL);
+    if (strcmp(path, "random") == 0) /* its greedy steps take the split screened head */
+        CHECK_STR_CONTAINS(bn_engine_startup_line(team), "greedy head screened");
     printf("%-60s split 2 ways: 24 greedy tokens equal the CPU's, logits within %.2e rel\n",
            path, (double)rel);
     bn_generation_free(&gc);
@@ -325,8 +330,8 @@ int main(int argc, char **argv)
         team_matches(path);
     }
     bn_hparams_2b4t(&uneven);
-    uneven.vocab = 512;
-    uneven.dim = 320;
+    uneven.vocab = 131072;
+    uneven.dim = 512;
     uneven.ffn = 864;
     uneven.n_layer = 3;
     uneven.n_head = 20;

@@ -197,12 +197,14 @@ static bn_status tp_setup(bn_cuda_backend *b, bn_error *err)
     return bn_nccl_get(&b->nccl, err);
 }
 
-/* The head bytes the decode form's table weighs for screening: none under
- * tensor parallelism, whose ranks compute their rows of the head whole. */
+/* The head bytes the decode form's table weighs for screening: a rank's
+ * share of them under tensor parallelism (it screens its rows). */
 static uint64_t screen_head_bytes(const bn_cuda_backend *b)
 {
-    return b->opt.tp_size > 1 ? 0 : cb_head_table_bytes(b);
+    return cb_head_table_bytes(b) / (uint64_t)b->hp.vocab * (uint64_t)b->head_rows;
 }
+
+
 
 bn_status bn_cuda_backend_create(const bn_checkpoint *model, const bn_cuda_backend_options *opt,
                                  bn_cuda_backend **out, bn_error *err)
@@ -488,9 +490,11 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
     if (st == BN_OK && b->form.head_screen) {
         st = BN_CUDA_STATUS(err, bn_cb_head_screen_prepare(b->head_type, hp->dim));
         if (st == BN_OK)
-            st = BN_CUDA_STATUS(err, bn_cb_head_quantize(b->d_head, b->head_type, hp->vocab,
-                                                         hp->dim, b->d_head_q, b->d_head_se,
-                                                         b->cs));
+            st = BN_CUDA_STATUS(err, bn_cb_head_quantize((const char *)b->d_head +
+                                                             (size_t)b->head_row0 *
+                                                                 cb_head_row_bytes(b),
+                                                         b->head_type, b->head_rows, hp->dim,
+                                                         b->d_head_q, b->d_head_se, b->cs));
     }
     /* A team's ranks run the warm-up's collectives together: only if every
      * rank got this far. */

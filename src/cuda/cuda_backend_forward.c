@@ -539,6 +539,42 @@ static bn_status output_norm(const pass *p)
     return stage_done(p, BN_CUDA_STAGE_OUT_NORM, 1, K_OUT_NORM);
 }
 
+/* Tensor parallelism: this rank's rows of the head. Screened (greedy
+ * steps only, cb_queue_pass): its rows through its int8 copy, its best key
+ * made the whole vocabulary's and the largest key of every rank's taken (an
+ * all-reduce): the greedy token, the logits left partial (nothing reads
+ * them). Else its rows' logits, then every rank's (an all-gather). */
+static bn_status tp_lm_head(const pass *p, bool screen)
+{
+    bn_cuda_backend *b = p->b;
+    const int64_t dim = b->hp.dim;
+    const void *rows = (const char *)b->d_head + (size_t)b->head_row0 * cb_head_row_bytes(b);
+    float *logits = b->logits + b->head_row0;
+    const bn_nccl_comm comm = (bn_nccl_comm)b->opt.tp_comm;
+    if (screen) {
+        BN_CUDA_TRY(p->err, bn_cb_head_screen(b->d_head_q, b->d_head_se, b->head_rows, dim,
+                                              b->normed, b->head_upper, b->head_part, b->d_best,
+                                              b->d_cand_n, b->sm, p->pdl, b->cs));
+        BN_CUDA_TRY(p->err, bn_cb_head_exact(rows, b->head_type, b->head_rows, dim, b->normed,
+                                             b->head_upper, b->head_part, b->head_parts,
+                                             cb_dec_dev(b) + 3, logits, b->d_best, b->d_cand,
+                                             b->d_cand_n, BN_CUDA_SAMPLE_MAX_CAND,
+                                             b->d_cand_floor, b->sm, p->pdl, b->cs));
+        BN_CUDA_TRY(p->err, bn_cb_key_shift_rows(b->d_best, b->head_row0, b->cs));
+        const int rc = b->nccl->all_reduce(b->d_best, b->d_best, 1, BN_NCCL_UINT64, BN_NCCL_MAX,
+                                           comm, b->cs);
+        STAGE(nccl_status(p, rc, "all-reduce"));
+        return stage_done(p, BN_CUDA_STAGE_LM_HEAD, 4, K_HEAD_SCREEN);
+    }
+    if (b->head_rows > 0)
+        BN_CUDA_TRY(p->err, bn_cb_head_gemv(rows, b->head_type, b->head_rows, dim, b->normed,
+                                            logits, b->sm, b->cs));
+    const int rc = b->nccl->all_gather(b->logits + b->head_span * b->opt.tp_rank, b->logits,
+                                       (size_t)b->head_span, BN_NCCL_FLOAT32, comm, b->cs);
+    STAGE(nccl_status(p, rc, "all-gather"));
+    return stage_done(p, BN_CUDA_STAGE_LM_HEAD, 2, K_HEAD);
+}
+
 /* logits = Whead normed. screen: through the int8 copy, the greedy token
  * coming out of the two kernels as a key (d_best) and every row that can
  * be among the top d_dec[3] computed exactly (cb_queue_pass). */
@@ -546,19 +582,8 @@ static bn_status lm_head(const pass *p, bool screen)
 {
     bn_cuda_backend *b = p->b;
     const int64_t vocab = b->hp.vocab, dim = b->hp.dim;
-    if (tp_on(b)) { /* this rank's rows, then every rank's (in place) */
-        const size_t row_bytes = (size_t)dim * (b->head_type == BN_CB_HEAD_F32 ? 4 : 2);
-        if (b->head_rows > 0)
-            BN_CUDA_TRY(p->err, bn_cb_head_gemv((const char *)b->d_head +
-                                                    (size_t)b->head_row0 * row_bytes,
-                                                b->head_type, b->head_rows, dim, b->normed,
-                                                b->logits + b->head_row0, b->sm, b->cs));
-        const int rc = b->nccl->all_gather(b->logits + b->head_span * b->opt.tp_rank, b->logits,
-                                           (size_t)b->head_span, BN_NCCL_FLOAT32,
-                                           (bn_nccl_comm)b->opt.tp_comm, b->cs);
-        STAGE(nccl_status(p, rc, "all-gather"));
-        return stage_done(p, BN_CUDA_STAGE_LM_HEAD, 2, K_HEAD);
-    }
+    if (tp_on(b))
+        return tp_lm_head(p, screen);
     if (!screen) {
         BN_CUDA_TRY(p->err, bn_cb_head_gemv(b->d_head, b->head_type, vocab, dim, b->normed,
                                             b->logits, b->sm, b->cs));
@@ -703,7 +728,9 @@ bn_status cb_queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n, in
                         int top_k, double u, const bn_cuda_sample_params *sample,
                         bool chained, bn_error *err)
 {
-    const bool screen = top_k > 0 && b->form.head_screen;
+    /* A team's ranks screen for the greedy token only: the candidates a
+     * sampler reads stay with the rank that found them. */
+    const bool screen = (b->opt.tp_size > 1 ? top_k == 1 : top_k > 0) && b->form.head_screen;
     b->choice_in_pass = false;
     const bn_status up = cb_upload_dec(b, chained ? -1 : tokens[n - 1], pos + n - 1,
                                        top_k > 0 ? top_k : 1, u, sample, chained, err);

@@ -356,6 +356,8 @@ void cb_setup_groups(bn_cuda_backend *b);
 bn_status cb_plan_tables(bn_cuda_backend *b, bn_error *err);
 int cb_scratch_list(bn_cuda_backend *b, scratch_spec *list);
 void cb_head_screen_list(bn_cuda_backend *b, scratch_spec *list);
+/* Bytes of one row of the LM head as the device holds it (head_type). */
+size_t cb_head_row_bytes(const bn_cuda_backend *b);
 uint64_t cb_round_alloc(size_t bytes);
 bn_status cb_check_budget(const bn_cuda_backend *b, uint64_t total, uint64_t budget,
                           const char *budget_name, bn_error *err);

@@ -475,6 +475,12 @@ cudaError_t bn_cb_head_exact(const void *w, int type, int64_t rows, int64_t dim,
                              uint64_t *cand, unsigned *cand_n, int cand_cap, float *cand_floor,
                              int sm_count, int pdl, cudaStream_t stream);
 
+/* The screened head's key of a part of the vocabulary starting at row
+ * `first` (tensor parallelism: a rank's rows), made the key of the whole
+ * vocabulary's row: the same logit, the token counted from row 0. One
+ * thread. */
+cudaError_t bn_cb_key_shift_rows(unsigned long long *key, int64_t first, cudaStream_t stream);
+
 /* The decode step's last kernel (one thread): its chosen token, read from
  * *key (a key of sample_key.cuh: the screened head's) or else from *token
  * (exactly one of the two), stored for the host at `host` (may be NULL;

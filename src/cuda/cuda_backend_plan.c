@@ -266,12 +266,17 @@ int cb_scratch_list(bn_cuda_backend *b, scratch_spec *list)
  * lower ends. Sets b->head_parts. */
 void cb_head_screen_list(bn_cuda_backend *b, scratch_spec *list)
 {
-    const size_t rows = (size_t)b->hp.vocab;
-    b->head_parts = bn_cb_head_screen_blocks(b->hp.vocab, b->sm);
+    const size_t rows = (size_t)b->head_rows; /* the vocabulary, or a rank's rows of it */
+    b->head_parts = bn_cb_head_screen_blocks(b->head_rows, b->sm);
     list[0] = (scratch_spec){(void **)&b->d_head_q, rows * (size_t)b->hp.dim};
     list[1] = (scratch_spec){(void **)&b->d_head_se, rows * 2 * sizeof(float)};
     list[2] = (scratch_spec){(void **)&b->head_upper, rows * sizeof(float)};
     list[3] = (scratch_spec){(void **)&b->head_part, (size_t)b->head_parts * sizeof(float)};
+}
+
+size_t cb_head_row_bytes(const bn_cuda_backend *b)
+{
+    return (size_t)b->hp.dim * (b->head_type == BN_CB_HEAD_F32 ? 4 : 2);
 }
 
 uint64_t cb_round_alloc(size_t bytes)

@@ -42,7 +42,25 @@ __global__ void handoff_kernel(const unsigned long long *__restrict__ key,
     }
 }
 
+/* A key of row id of a part of the vocabulary that starts at row `first`:
+ * the same logit, token first + id (the id is stored as 0xffffffff - id). */
+__global__ void key_shift_kernel(unsigned long long *key, uint32_t first)
+{
+    const unsigned long long k = *key;
+    const uint32_t low = (uint32_t)k - first;
+    *key = (k & 0xffffffff00000000ull) | low;
+}
+
 } // namespace
+
+extern "C" cudaError_t bn_cb_key_shift_rows(unsigned long long *key, int64_t first,
+                                            cudaStream_t stream)
+{
+    if (!key || first < 0 || first > INT32_MAX)
+        return cudaErrorInvalidValue;
+    key_shift_kernel<<<1, 1, 0, stream>>>(key, (uint32_t)first);
+    return cudaGetLastError();
+}
 
 extern "C" cudaError_t bn_cb_decode_handoff(const unsigned long long *key, const int32_t *token,
                                             int32_t vocab, void *host, const int32_t *step,

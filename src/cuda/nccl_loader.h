@@ -15,8 +15,8 @@
 typedef struct bn_nccl_comm_s *bn_nccl_comm; /* ncclComm_t */
 
 /* nccl.h's values of ncclDataType_t and ncclRedOp_t that are used here. */
-enum { BN_NCCL_FLOAT32 = 7, BN_NCCL_FLOAT64 = 8 };
-enum { BN_NCCL_SUM = 0 };
+enum { BN_NCCL_UINT64 = 5, BN_NCCL_FLOAT32 = 7, BN_NCCL_FLOAT64 = 8 };
+enum { BN_NCCL_SUM = 0, BN_NCCL_MAX = 2 };
 
 typedef struct bn_nccl {
     int (*comm_init_all)(bn_nccl_comm *comms, int n, const int *devices);
