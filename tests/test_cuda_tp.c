@@ -10,7 +10,9 @@
  *   - the requests a team refuses: one GPU named twice (cuda:0,0), more
  *     GPUs than the machine has, a model whose heads do not divide, the
  *     CPU; and --tensor-parallel 1, which is the one-GPU path.
- * On two GPUs or more (else that part says it is skipped): every test
+ * On two GPUs or more (else that part says it is skipped): sums and
+ * gathers through peer memory (tp_exchange.cu) between devices 0 and 1,
+ * exact, both slots, in place; every test
  * model, the shipped one and a random model of 2B-4T's head groups (split
  * unequally, its LM head large enough to screen by rows) split two ways
  * give the CPU's greedy tokens and logits within the fp32 tolerance; a
@@ -126,6 +128,123 @@ static void check_split_norm(int64_t m, int64_t k, int parts, bool relu2)
     CUDA_OK(cudaFree(scale));
     CUDA_OK(cudaFree(sum));
     CUDA_OK(cudaFree(stats));
+}
+
+/* ---- exchanges through peer memory (two GPUs) ------------------------------------- */
+
+/* Two ranks on devices 0 and 1 with buffers laid out as the team lays them
+ * out; n floats summed and n doubles gathered, several times over (both
+ * slots, growing counts), against the host's a + b, outputs poisoned. */
+static void check_exchanges(void)
+{
+    int can01 = 0, can10 = 0;
+    CUDA_OK(cudaDeviceCanAccessPeer(&can01, 0, 1));
+    CUDA_OK(cudaDeviceCanAccessPeer(&can10, 1, 0));
+    if (!can01 || !can10) {
+        printf("devices 0 and 1 cannot reach each other's memory: exchanges not checked\n");
+        return;
+    }
+    const size_t slot = (size_t)64 << 10, flags_at = 2 * slot;
+    void *mem[2];
+    cudaStream_t st[2];
+    bn_cb_exchange x[2];
+    for (int r = 0; r < 2; r++) {
+        CUDA_OK(cudaSetDevice(r));
+        const cudaError_t rc = cudaDeviceEnablePeerAccess(1 - r, 0);
+        if (rc == cudaErrorPeerAccessAlreadyEnabled)
+            (void)cudaGetLastError();
+        else
+            CUDA_OK(rc);
+        CUDA_OK(cudaMalloc(&mem[r], flags_at + 3 * sizeof(unsigned long long)));
+        CUDA_OK(cudaMemset(mem[r], 0, flags_at + 3 * sizeof(unsigned long long)));
+        CUDA_OK(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking));
+    }
+    for (int r = 0; r < 2; r++) {
+        memset(&x[r], 0, sizeof x[r]);
+        x[r].rank = r;
+        x[r].ranks = 2;
+        x[r].slot_bytes = slot;
+        for (int q = 0; q < 2; q++) {
+            x[r].slots[q] = mem[q];
+            x[r].flags[q] = (unsigned long long *)((char *)mem[q] + flags_at);
+        }
+        x[r].count = x[r].flags[r] + 2;
+    }
+    /* Floats summed and doubles gathered: up to a whole slot of each. */
+    const int64_t sizes[] = {1, 7, 2560, 5120, 16384};
+    int bad = 0;
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        const int64_t n = sizes[si], ng = n < (int64_t)(slot / 8) ? n : (int64_t)(slot / 8);
+        float *h[2], *hs[2], *d[2];
+        double *g[2], *dm[2], *dall[2], *hall[2];
+        for (int r = 0; r < 2; r++) {
+            h[r] = malloc((size_t)n * 4);
+            hs[r] = malloc((size_t)n * 4);
+            g[r] = malloc((size_t)ng * 8);
+            hall[r] = malloc((size_t)ng * 16);
+            for (int64_t i = 0; i < n; i++)
+                h[r][i] = test_rand_float(-3.0f, 3.0f);
+            for (int64_t i = 0; i < ng; i++)
+                g[r][i] = test_rand_float(-1e6f, 1e6f);
+            CUDA_OK(cudaSetDevice(r));
+            CUDA_OK(cudaMalloc((void **)&d[r], (size_t)n * 4));
+            CUDA_OK(cudaMalloc((void **)&dm[r], (size_t)ng * 8));
+            CUDA_OK(cudaMalloc((void **)&dall[r], (size_t)ng * 16));
+            CUDA_OK(cudaMemcpy(d[r], h[r], (size_t)n * 4, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemcpy(dm[r], g[r], (size_t)ng * 8, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemset(dall[r], 0xff, (size_t)ng * 16));
+        }
+        /* Both ranks' kernels are queued before either is waited for: each
+         * waits on the device for the other. A sum, then a gather, twice
+         * (the sums in place: the second adds the first's results). */
+        for (int rep = 0; rep < 2; rep++)
+            for (int r = 0; r < 2; r++) {
+                CUDA_OK(cudaSetDevice(r));
+                CUDA_OK(bn_cb_exchange_sum(&x[r], d[r], n, st[r]));
+                CUDA_OK(bn_cb_exchange_gather(&x[r], dm[r], dall[r], ng, st[r]));
+            }
+        for (int r = 0; r < 2; r++) {
+            CUDA_OK(cudaSetDevice(r));
+            CUDA_OK(cudaStreamSynchronize(st[r]));
+            CUDA_OK(cudaMemcpy(hs[r], d[r], (size_t)n * 4, cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(hall[r], dall[r], (size_t)ng * 16, cudaMemcpyDeviceToHost));
+        }
+        for (int r = 0; r < 2; r++) {
+            for (int64_t i = 0; i < n; i++) {
+                const float once = h[0][i] + h[1][i];
+                bad += hs[r][i] != once + once;
+            }
+            for (int64_t i = 0; i < ng; i++)
+                bad += hall[r][i] != g[0][i] || hall[r][ng + i] != g[1][i];
+        }
+        for (int r = 0; r < 2; r++) {
+            CUDA_OK(cudaSetDevice(r));
+            CUDA_OK(cudaFree(d[r]));
+            CUDA_OK(cudaFree(dm[r]));
+            CUDA_OK(cudaFree(dall[r]));
+            free(h[r]);
+            free(hs[r]);
+            free(g[r]);
+            free(hall[r]);
+        }
+    }
+    CHECK_MSG(bad == 0, "exchanges through peer memory: %d values differ", bad);
+    /* Too much for a slot: refused. */
+    float *big = NULL;
+    CUDA_OK(cudaSetDevice(0));
+    CUDA_OK(cudaMalloc((void **)&big, slot + 4));
+    CHECK(bn_cb_exchange_sum(&x[0], big, (int64_t)(slot / 4) + 1, st[0]) ==
+          cudaErrorInvalidValue);
+    (void)cudaGetLastError();
+    CUDA_OK(cudaFree(big));
+    for (int r = 0; r < 2; r++) {
+        CUDA_OK(cudaSetDevice(r));
+        CUDA_OK(cudaStreamDestroy(st[r]));
+        CUDA_OK(cudaFree(mem[r]));
+    }
+    CUDA_OK(cudaSetDevice(0));
+    printf("exchanges through peer memory: sums of 1 to 16384 floats, gathers of 1 to 8192 "
+           "doubles, exact\n");
 }
 
 /* ---- teams ------------------------------------------------------------------------ */
@@ -322,6 +441,7 @@ int main(int argc, char **argv)
         printf("one CUDA device: the two-GPU checks (a model split across GPUs) are skipped\n");
         TEST_EXIT();
     }
+    check_exchanges();
     static const char *const models[] = {"i2s.gguf", "tq2_0.gguf", "tq1_0.gguf", "hf_packed",
                                          "hf_bf16"};
     char path[4096];

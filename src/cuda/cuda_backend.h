@@ -103,9 +103,12 @@ typedef struct bn_cuda_backend_options {
      * every rank's every call must be made on all ranks at once. tp_ready,
      * called once the memory is in place and before the first collective,
      * says whether every rank got that far (false: creation stops). 0 or 1:
-     * none. No paged cache, no screened head. */
+     * none. No paged cache. */
     int tp_size, tp_rank;
     void *tp_comm;
+    /* The team's buffers for small exchanges through peer memory
+     * (tp_exchange.cu), or NULL: every collective through NCCL. */
+    const struct bn_cb_exchange *tp_exchange;
     bool (*tp_ready)(void *team, int rank, bool ok);
     void *tp_team;
 } bn_cuda_backend_options;

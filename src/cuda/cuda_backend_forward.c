@@ -386,14 +386,26 @@ static bn_status nccl_status(const pass *p, int rc, const char *what)
                         what, p->b->nccl->error_string(rc));
 }
 
+/* Whether an exchange of `bytes` goes through peer memory (the team's small
+ * exchanges: a decode step's) rather than NCCL. Every rank decides alike. */
+static bool exchanges(const bn_cuda_backend *b, size_t bytes)
+{
+    return b->opt.tp_exchange && bytes <= b->opt.tp_exchange->slot_bytes;
+}
+
 /* out = the sum over the ranks of their partial products (M rows of dim):
  * one all-reduce after Wo and one after down. */
 static bn_status tp_sum(const pass *p, float *out, bn_cuda_stage stage)
 {
     bn_cuda_backend *b = p->b;
-    const int rc = b->nccl->all_reduce(out, out, (size_t)(p->M * b->hp.dim), BN_NCCL_FLOAT32,
-                                       BN_NCCL_SUM, (bn_nccl_comm)b->opt.tp_comm, b->cs);
-    STAGE(nccl_status(p, rc, "all-reduce"));
+    const int64_t n = p->M * b->hp.dim;
+    if (exchanges(b, (size_t)n * sizeof(float))) {
+        BN_CUDA_TRY(p->err, bn_cb_exchange_sum(b->opt.tp_exchange, out, n, b->cs));
+    } else {
+        const int rc = b->nccl->all_reduce(out, out, (size_t)n, BN_NCCL_FLOAT32, BN_NCCL_SUM,
+                                           (bn_nccl_comm)b->opt.tp_comm, b->cs);
+        STAGE(nccl_status(p, rc, "all-reduce"));
+    }
     return stage_done(p, stage, 1, -1);
 }
 
@@ -409,9 +421,14 @@ static bn_status tp_norm_codes(const pass *p, const bn_cb_norm_source *src, int6
     double *mine = b->tp_stats + part * (size_t)b->opt.tp_rank;
     const float *w = norm_ptr(b, l, which);
     BN_CUDA_TRY(p->err, bn_cb_norm_part_stats(src, p->M, k, w, mine, b->cs));
-    const int rc = b->nccl->all_gather(mine, b->tp_stats, part, BN_NCCL_FLOAT64,
-                                       (bn_nccl_comm)b->opt.tp_comm, b->cs);
-    STAGE(nccl_status(p, rc, "all-gather"));
+    if (exchanges(b, part * sizeof(double))) {
+        BN_CUDA_TRY(p->err, bn_cb_exchange_gather(b->opt.tp_exchange, mine, b->tp_stats,
+                                                  (int64_t)part, b->cs));
+    } else {
+        const int rc = b->nccl->all_gather(mine, b->tp_stats, part, BN_NCCL_FLOAT64,
+                                           (bn_nccl_comm)b->opt.tp_comm, b->cs);
+        STAGE(nccl_status(p, rc, "all-gather"));
+    }
     BN_CUDA_TRY(p->err, bn_cb_norm_part_quantize(src, p->M, k, whole, w, b->hp.rms_eps,
                                                  b->tp_stats, ranks, b->xq,
                                                  codes_ld(b, k, p->M), b->act_scale,

@@ -142,6 +142,32 @@ cudaError_t bn_cb_norm_part_quantize(const bn_cb_norm_source *src, int64_t m, in
                                      const double *stats, int ranks, int8_t *q, int64_t ldq,
                                      float *scale, int32_t *sum, cudaStream_t stream);
 
+/* ---- a team's small collectives through peer memory (tp_exchange.cu) ---------------
+ *
+ * One rank's view of the team's exchange buffers: every rank's two slots of
+ * slot_bytes (slots[q], in rank q's memory) and flag words (flags[q]: one
+ * per rank, in rank q's memory), all reachable from this rank's GPU (peer
+ * access), and this rank's count of exchanges (its own memory). Slots,
+ * flags and counts start at zero; every rank must run the same exchanges in
+ * the same order. */
+#define BN_CB_EXCHANGE_MAX 16
+typedef struct bn_cb_exchange {
+    int rank, ranks;
+    void *slots[BN_CB_EXCHANGE_MAX];
+    unsigned long long *flags[BN_CB_EXCHANGE_MAX];
+    unsigned long long *count;
+    size_t slot_bytes;
+} bn_cb_exchange;
+
+/* data[0 .. n) = the sum over the ranks of theirs, added in rank order (the
+ * same bits on every rank); n floats must fit a slot. */
+cudaError_t bn_cb_exchange_sum(const bn_cb_exchange *x, float *data, int64_t n,
+                               cudaStream_t stream);
+/* all[q * n + i] = rank q's mine[i] for every rank q; n doubles must fit a
+ * slot. mine may be all + rank * n. */
+cudaError_t bn_cb_exchange_gather(const bn_cb_exchange *x, const double *mine, double *all,
+                                  int64_t n, cudaStream_t stream);
+
 /* x += r (r may be NULL: no add), then y = w * (x * inv) with the CPU's
  * rmsnorm arithmetic (double sum of squares). m rows. */
 cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr, int64_t m,

@@ -330,8 +330,8 @@ static void tp_describe(const bn_backend *b, bn_backend_desc *d)
                          bn_cuda_tp_device(t, r));
     char rank0[sizeof d->details];
     snprintf(rank0, sizeof rank0, "%s", d->details);
-    snprintf(d->details, sizeof d->details, "tensor parallel over %d GPUs, each %.300s",
-             bn_cuda_tp_size(t), rank0);
+    snprintf(d->details, sizeof d->details, "tensor parallel over %d GPUs (%s), each %.280s",
+             bn_cuda_tp_size(t), bn_cuda_tp_peer_exchange(t) ? "peer memory" : "NCCL", rank0);
     d->batches = false;
 }
 

@@ -11,7 +11,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "cuda_backend_kernels.h"
 #include "nccl_loader.h"
+
+/* A decode step's exchanges fit (a row of 5120 floats is 20 KiB); larger
+ * ones (prefill chunks) go through NCCL. */
+#define EXCHANGE_SLOT_BYTES ((size_t)64 << 10)
 
 struct bn_cuda_tp {
     int n;
@@ -21,6 +26,12 @@ struct bn_cuda_tp {
     bn_nccl_comm comms[BN_CUDA_TP_MAX];
     float *scratch[BN_CUDA_TP_MAX];
     const bn_nccl *nccl;
+    /* The small exchanges through peer memory (tp_exchange.cu): each rank's
+     * view, and what each rank allocated (slots, flags, count); off where
+     * some pair of GPUs cannot reach each other's memory. */
+    bool peer_exchange;
+    bn_cb_exchange exchange[BN_CUDA_TP_MAX];
+    void *exchange_mem[BN_CUDA_TP_MAX];
 
     /* The workers (ranks 1 ..): a job is fn(arg) of generation `job`. */
     pthread_t threads[BN_CUDA_TP_MAX];
@@ -173,6 +184,7 @@ static bn_status create_rank(bn_cuda_backend *unused, int rank, void *arg, bn_er
     o.tp_size = t->n;
     o.tp_rank = rank;
     o.tp_comm = t->comms[rank];
+    o.tp_exchange = t->peer_exchange ? &t->exchange[rank] : NULL;
     o.tp_ready = team_ready;
     o.tp_team = t;
     const bn_status st = bn_cuda_backend_create(t->slices[rank], &o, &t->ranks[rank], err);
@@ -195,6 +207,65 @@ static bn_status check_devices(const int *devices, int n, bn_error *err)
                                     "tensor parallelism needs %d distinct GPUs; cuda:%d is named "
                                     "twice",
                                     n, devices[i]);
+    return BN_OK;
+}
+
+/* Peer access between every pair of the team's GPUs and, on each, two
+ * slots, a flag word per rank and a count, zeroed. Without peer access
+ * between some pair, nothing: NCCL carries every exchange. */
+static bn_status open_exchange(bn_cuda_tp *t, bn_error *err)
+{
+    for (int r = 0; r < t->n; r++)
+        for (int q = 0; q < t->n; q++) {
+            int can = 0;
+            if (q != r && (cudaDeviceCanAccessPeer(&can, t->devices[r], t->devices[q]) !=
+                               cudaSuccess ||
+                           !can)) {
+                (void)cudaGetLastError();
+                return BN_OK;
+            }
+        }
+    const size_t flags_at = 2 * EXCHANGE_SLOT_BYTES;
+    const size_t bytes = flags_at + (size_t)(t->n + 1) * sizeof(unsigned long long);
+    int current = 0; /* the calling thread's device, given back at the end */
+    if (cudaGetDevice(&current) != cudaSuccess)
+        current = -1;
+    for (int r = 0; r < t->n; r++) {
+        cudaError_t rc = cudaSetDevice(t->devices[r]);
+        for (int q = 0; q < t->n && rc == cudaSuccess; q++)
+            if (q != r) {
+                rc = cudaDeviceEnablePeerAccess(t->devices[q], 0);
+                if (rc == cudaErrorPeerAccessAlreadyEnabled) {
+                    (void)cudaGetLastError();
+                    rc = cudaSuccess;
+                }
+            }
+        if (rc == cudaSuccess)
+            rc = cudaMalloc(&t->exchange_mem[r], bytes);
+        if (rc == cudaSuccess)
+            rc = cudaMemset(t->exchange_mem[r], 0, bytes);
+        if (rc != cudaSuccess) {
+            if (current >= 0)
+                (void)cudaSetDevice(current);
+            return bn_error_set(err, BN_ERR_GPU, NULL,
+                                "cuda:%d: the team's exchange buffers: %s", t->devices[r],
+                                cudaGetErrorString(rc));
+        }
+    }
+    if (current >= 0)
+        (void)cudaSetDevice(current);
+    for (int r = 0; r < t->n; r++) {
+        bn_cb_exchange *x = &t->exchange[r];
+        x->rank = r;
+        x->ranks = t->n;
+        x->slot_bytes = EXCHANGE_SLOT_BYTES;
+        for (int q = 0; q < t->n; q++) {
+            x->slots[q] = t->exchange_mem[q];
+            x->flags[q] = (unsigned long long *)((char *)t->exchange_mem[q] + flags_at);
+        }
+        x->count = x->flags[r] + t->n;
+    }
+    t->peer_exchange = true;
     return BN_OK;
 }
 
@@ -252,6 +323,8 @@ bn_status bn_cuda_tp_create(const bn_checkpoint *model, const int *devices, int 
         }
     }
     if (st == BN_OK)
+        st = open_exchange(t, err);
+    if (st == BN_OK)
         st = start_workers(t, err);
     if (st == BN_OK) {
         t->create_opt = o;
@@ -283,9 +356,12 @@ void bn_cuda_tp_free(bn_cuda_tp *t)
             if (t->comms[r])
                 (void)t->nccl->comm_destroy(t->comms[r]);
     for (int r = 0; r < t->n; r++) {
+        if (t->exchange_mem[r] && cudaSetDevice(t->devices[r]) == cudaSuccess)
+            (void)cudaFree(t->exchange_mem[r]);
         bn_checkpoint_free(t->slices[r]);
         free(t->scratch[r]);
     }
+    (void)cudaGetLastError();
     pthread_cond_destroy(&t->done);
     pthread_cond_destroy(&t->wake);
     pthread_mutex_destroy(&t->lock);
@@ -293,6 +369,7 @@ void bn_cuda_tp_free(bn_cuda_tp *t)
 }
 
 int bn_cuda_tp_size(const bn_cuda_tp *t) { return t->n; }
+bool bn_cuda_tp_peer_exchange(const bn_cuda_tp *t) { return t->peer_exchange; }
 int bn_cuda_tp_device(const bn_cuda_tp *t, int rank) { return t->devices[rank]; }
 bn_cuda_backend *bn_cuda_tp_rank(const bn_cuda_tp *t, int rank) { return t->ranks[rank]; }
 float *bn_cuda_tp_scratch_logits(const bn_cuda_tp *t, int rank) { return t->scratch[rank]; }

@@ -12,6 +12,11 @@
  * holds the same residual stream and logits, picks the same token and
  * keeps its heads' part of the KV cache.
  *
+ * The few kilobytes a decode step exchanges go through peer memory where
+ * every pair of GPUs reaches the other's (tp_exchange.cu: one small kernel
+ * an exchange, a few microseconds over NVLink); larger exchanges (prefill
+ * chunks), and every exchange without peer access, through NCCL.
+ *
  * Because the collectives wait for every rank, every call is made on all
  * ranks at once: rank 0 on the caller's thread, the others on a host
  * thread each (bn_cuda_tp_run). A request error (a token outside the
@@ -46,6 +51,9 @@ bn_status bn_cuda_tp_create(const bn_checkpoint *model, const int *devices, int 
 void bn_cuda_tp_free(bn_cuda_tp *t);
 
 int bn_cuda_tp_size(const bn_cuda_tp *t);
+/* Whether the decode step's exchanges go through peer memory (every pair
+ * of the team's GPUs reaches the other's), else through NCCL. */
+bool bn_cuda_tp_peer_exchange(const bn_cuda_tp *t);
 int bn_cuda_tp_device(const bn_cuda_tp *t, int rank);
 bn_cuda_backend *bn_cuda_tp_rank(const bn_cuda_tp *t, int rank);
 /* A host buffer of vocab floats per rank (rank 0's is the caller's to
