@@ -1,0 +1,414 @@
+/*
+ * persistent_chain.cu - lab for issue 45's design question: what does a
+ * chain of dependent matrix-vector stages cost as separate kernels (one
+ * launch a stage, replayed as a CUDA graph: today's decode step) against
+ * one persistent kernel whose blocks wait for each other through a counter
+ * in global memory, with and without each block asking L2 for its share of
+ * the next stage's weights before it waits?
+ *
+ * The chain has 2B-4T's shape of weight reads: 30 layers of four stages of
+ * n rows of k int8 bytes (q|k|v 3840 x 640, o 2560 x 640, gate|up 13824 x
+ * 640, down 2560 x 1728: 2560 and 6912 ternary inputs at four to a byte),
+ * 522 MB in all, ten times the L2. Stage s computes
+ *
+ *     out_s[i] = sum_k W_s[i][k] * in_s[k]          (int8 x int8 -> int32)
+ *     in_{s+1}[k] = clamp(out_s[k] >> 9, -127, 127)  (k < the next stage's k)
+ *
+ * so every stage depends on the whole of the one before, as the decode
+ * step's do. The CPU computes the same chain; every variant's last output
+ * must equal it exactly.
+ *
+ *   make -C dev/cuda persistent_chain && dev/cuda/persistent_chain
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#define CHECK(call)                                                                               \
+    do {                                                                                          \
+        const cudaError_t e_ = (call);                                                            \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                         \
+                    cudaGetErrorString(e_));                                                      \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+struct Stage {
+    int n, k;       /* rows, bytes a row (k % 16 == 0) */
+    int64_t offset; /* of its rows in the weights      */
+};
+
+constexpr int kLayers = 30, kThreads = 512;
+constexpr int kMaxK = 1728;
+
+/* Device copies of the stage table. */
+__constant__ Stage d_stages[4 * kLayers];
+
+/* in_next[k] from out (the stage before's), as the chain defines it. */
+__device__ __forceinline__ int8_t requant(int32_t v)
+{
+    const int32_t t = v >> 9;
+    return (int8_t)(t > 127 ? 127 : t < -127 ? -127 : t);
+}
+
+/* Rows [r0, r1) of stage s (at most kMaxRows), in (k bytes) from shared
+ * memory: the block's share of the weights is contiguous, so its threads
+ * read it as one run of 16-byte chunks, four loads each in flight before
+ * any is used, and add each chunk's dot product into its row's sum in
+ * shared memory. */
+constexpr int kMaxRows = 128, kUnroll = 4;
+template <bool kShared>
+__device__ void stage_rows_from(const int4 *base, const Stage &st, const int8_t *in_s,
+                                int32_t *out, int r0, int r1)
+{
+    __shared__ int acc_s[kMaxRows];
+    for (int i = threadIdx.x; i < r1 - r0; i += blockDim.x)
+        acc_s[i] = 0;
+    __syncthreads();
+    const int per_row = st.k / 16;
+    const int chunks = (r1 - r0) * per_row;
+    for (int c = threadIdx.x; c < chunks; c += kUnroll * blockDim.x) {
+        int4 wv[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) {
+            const int cu = c + u * blockDim.x;
+            wv[u] = cu >= chunks ? make_int4(0, 0, 0, 0) : kShared ? base[cu] : __ldcs(base + cu);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) {
+            const int cu = c + u * blockDim.x;
+            if (cu >= chunks)
+                break;
+            const int col = cu % per_row;
+            const int4 xv = *reinterpret_cast<const int4 *>(in_s + col * 16);
+            int acc = __dp4a(wv[u].x, xv.x, 0);
+            acc = __dp4a(wv[u].y, xv.y, acc);
+            acc = __dp4a(wv[u].z, xv.z, acc);
+            acc = __dp4a(wv[u].w, xv.w, acc);
+            atomicAdd(&acc_s[cu / per_row], acc);
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < r1 - r0; i += blockDim.x)
+        out[r0 + i] = acc_s[i];
+}
+
+__device__ void stage_rows(const int8_t *__restrict__ w, const Stage &st, const int8_t *in_s,
+                           int32_t *out, int r0, int r1)
+{
+    const int4 *base = reinterpret_cast<const int4 *>(w + st.offset) + (int64_t)r0 * (st.k / 16);
+    stage_rows_from<false>(base, st, in_s, out, r0, r1);
+}
+
+/* ---- the weights staged in shared memory by bulk copies ----------------------------- */
+
+__device__ __forceinline__ unsigned smem_addr(const void *p)
+{
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+/* Thread 0: the block's rows of stage s into dst, completing on bar. */
+__device__ void stage_copy(const int8_t *w, int s, int8_t *dst, uint64_t *bar)
+{
+    const Stage st = d_stages[s];
+    const int per = (st.n + gridDim.x - 1) / gridDim.x;
+    const int r0 = blockIdx.x * per, r1 = min(st.n, r0 + per);
+    const unsigned bytes = r1 > r0 ? (unsigned)((r1 - r0) * st.k) : 0u;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+    const int8_t *src = w + st.offset + (int64_t)r0 * st.k;
+    for (unsigned done = 0; done < bytes; done += 32768u) {
+        const unsigned part = bytes - done < 32768u ? bytes - done : 32768u;
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                     "[%0], [%1], %2, [%3];" ::"r"(smem_addr(dst + done)),
+                     "l"(src + done), "r"(part), "r"(smem_addr(bar))
+                     : "memory");
+    }
+}
+
+__device__ void mbar_wait(uint64_t *bar, unsigned phase)
+{
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;"
+                     " selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(smem_addr(bar)), "r"(phase)
+                     : "memory");
+}
+
+/* The stage's input into shared memory: x itself for stage 0, else the
+ * stage before's output requantized. */
+__device__ void load_input(int s, const int8_t *x, const int32_t *prev, int8_t *in_s)
+{
+    const int k = d_stages[s].k;
+    for (int i = threadIdx.x; i < k; i += blockDim.x)
+        in_s[i] = s == 0 ? x[i] : requant(__ldcg(prev + i));
+    __syncthreads();
+}
+
+/* Variant 1: one kernel a stage (the launches chained in a graph). Outputs
+ * alternate between two buffers. */
+__global__ void __launch_bounds__(kThreads) stage_kernel(const int8_t *w, const int8_t *x,
+                                                         int32_t *out0, int32_t *out1, int s)
+{
+    __shared__ __align__(16) int8_t in_s[kMaxK];
+    int32_t *out = s % 2 ? out1 : out0;
+    const int32_t *prev = s % 2 ? out0 : out1;
+    load_input(s, x, prev, in_s);
+    const Stage st = d_stages[s];
+    const int per = (st.n + gridDim.x - 1) / gridDim.x;
+    const int r0 = blockIdx.x * per, r1 = min(st.n, r0 + per);
+    stage_rows(w, st, in_s, out, r0, r1);
+}
+
+/* Variants 2 and 3: one persistent kernel of one block an SM; after each
+ * stage every block adds one to a counter (release) and waits until the
+ * counter holds every block's (acquire). With prefetch, a block first asks
+ * L2 for its rows of the next stage (one bulk prefetch of its contiguous
+ * share), which arrive while it waits. */
+template <bool kPrefetch>
+__global__ void __launch_bounds__(kThreads) chain_kernel(const int8_t *w, const int8_t *x,
+                                                         int32_t *out0, int32_t *out1,
+                                                         unsigned *counter, int n_stages)
+{
+    __shared__ __align__(16) int8_t in_s[kMaxK];
+    for (int s = 0; s < n_stages; s++) {
+        int32_t *out = s % 2 ? out1 : out0;
+        const int32_t *prev = s % 2 ? out0 : out1;
+        load_input(s, x, prev, in_s);
+        const Stage st = d_stages[s];
+        const int per = (st.n + gridDim.x - 1) / gridDim.x;
+        const int r0 = blockIdx.x * per, r1 = min(st.n, r0 + per);
+        stage_rows(w, st, in_s, out, r0, r1);
+        if (kPrefetch && s + 1 < n_stages && threadIdx.x == 0) {
+            const Stage nx = d_stages[s + 1];
+            const int nper = (nx.n + gridDim.x - 1) / gridDim.x;
+            const int n0 = blockIdx.x * nper, n1 = min(nx.n, n0 + nper);
+            if (n1 > n0) {
+                const int8_t *p = w + nx.offset + (int64_t)n0 * nx.k;
+                const unsigned bytes = (unsigned)((n1 - n0) * nx.k); /* a multiple of 16 */
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes)
+                             : "memory");
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const unsigned target = (unsigned)(s + 1) * gridDim.x;
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+            unsigned seen;
+            do
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter)
+                             : "memory");
+            while (seen < target);
+        }
+        __syncthreads();
+    }
+}
+
+/* Variant 4: persistent, each block's rows of the next stage copied into
+ * shared memory (bulk copies, two buffers) as soon as the buffer is free,
+ * a whole stage and a barrier ahead of their use: the weights never sit on
+ * the chain's critical path. */
+constexpr int kStageBytes = 67584; /* the largest block share: 105 rows x 640 bytes, rounded */
+__global__ void __launch_bounds__(kThreads) chain_smem_kernel(const int8_t *w, const int8_t *x,
+                                                              int32_t *out0, int32_t *out1,
+                                                              unsigned *counter, int n_stages)
+{
+    extern __shared__ __align__(128) int8_t buf[]; /* two stage buffers */
+    __shared__ __align__(16) int8_t in_s[kMaxK];
+    __shared__ __align__(8) uint64_t bars[2];
+    if (threadIdx.x == 0) {
+        mbar_init(&bars[0]);
+        mbar_init(&bars[1]);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        stage_copy(w, 0, buf, &bars[0]);
+    for (int s = 0; s < n_stages; s++) {
+        if (threadIdx.x == 0 && s + 1 < n_stages) /* its buffer was read by stage s - 1 */
+            stage_copy(w, s + 1, buf + ((s + 1) % 2) * kStageBytes, &bars[(s + 1) % 2]);
+        int32_t *out = s % 2 ? out1 : out0;
+        const int32_t *prev = s % 2 ? out0 : out1;
+        load_input(s, x, prev, in_s);
+        const Stage st = d_stages[s];
+        const int per = (st.n + gridDim.x - 1) / gridDim.x;
+        const int r0 = blockIdx.x * per, r1 = min(st.n, r0 + per);
+        mbar_wait(&bars[s % 2], (unsigned)((s / 2) % 2));
+        stage_rows_from<true>(reinterpret_cast<const int4 *>(buf + (s % 2) * kStageBytes), st,
+                              in_s, out, r0, r1);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const unsigned target = (unsigned)(s + 1) * gridDim.x;
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+            unsigned seen;
+            do
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter)
+                             : "memory");
+            while (seen < target);
+        }
+        __syncthreads();
+    }
+}
+
+/* A plain read of every weight byte, for the copy-bandwidth ceiling. */
+__global__ void read_kernel(const int4 *w, int64_t n16, int *sink)
+{
+    int acc = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n16;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int4 v = __ldcs(w + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x7fffffff)
+        *sink = acc;
+}
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static int8_t rand_i8()
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (int8_t)((int)(rng % 255) - 127);
+}
+
+int main()
+{
+    int sms = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    cudaDeviceProp prop;
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::vector<Stage> st;
+    int64_t total = 0;
+    const int shapes[4][2] = {{3840, 640}, {2560, 640}, {13824, 640}, {2560, 1728}};
+    for (int l = 0; l < kLayers; l++)
+        for (int j = 0; j < 4; j++) {
+            st.push_back({shapes[j][0], shapes[j][1], total});
+            total += (int64_t)shapes[j][0] * shapes[j][1];
+        }
+    const int S = (int)st.size();
+    CHECK(cudaMemcpyToSymbol(d_stages, st.data(), sizeof(Stage) * S));
+    printf("device %s, %d SMs; chain of %d stages, %.1f MB of int8 weights\n", prop.name, sms, S,
+           total / 1e6);
+
+    std::vector<int8_t> w((size_t)total), x(kMaxK);
+    for (auto &v : w)
+        v = rand_i8();
+    for (auto &v : x)
+        v = rand_i8();
+    /* The CPU's chain. */
+    std::vector<int32_t> prev(13824), out(13824);
+    std::vector<int8_t> in(kMaxK);
+    for (int s = 0; s < S; s++) {
+        for (int i = 0; i < st[s].k; i++) {
+            if (s == 0) {
+                in[i] = x[i];
+            } else {
+                const int32_t t = prev[i] >> 9;
+                in[i] = (int8_t)(t > 127 ? 127 : t < -127 ? -127 : t);
+            }
+        }
+        for (int r = 0; r < st[s].n; r++) {
+            int32_t acc = 0;
+            const int8_t *row = &w[(size_t)(st[s].offset + (int64_t)r * st[s].k)];
+            for (int i = 0; i < st[s].k; i++)
+                acc += (int32_t)row[i] * in[i];
+            out[r] = acc;
+        }
+        prev.swap(out);
+    }
+    const int32_t *want = prev.data(); /* the last stage's output (n = 2560) */
+    const int last_n = st[S - 1].n;
+
+    int8_t *dw, *dx;
+    int32_t *o0, *o1;
+    unsigned *counter;
+    int *sink;
+    CHECK(cudaMalloc(&dw, (size_t)total));
+    CHECK(cudaMalloc(&dx, kMaxK));
+    CHECK(cudaMalloc(&o0, 13824 * 4));
+    CHECK(cudaMalloc(&o1, 13824 * 4));
+    CHECK(cudaMalloc(&counter, 4));
+    CHECK(cudaMalloc(&sink, 4));
+    CHECK(cudaMemcpy(dw, w.data(), (size_t)total, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dx, x.data(), kMaxK, cudaMemcpyHostToDevice));
+    int32_t *final_out = (S - 1) % 2 ? o1 : o0; /* stage s writes o1 when s is odd */
+
+    cudaStream_t stream;
+    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaEvent_t a, b;
+    CHECK(cudaEventCreate(&a));
+    CHECK(cudaEventCreate(&b));
+    std::vector<int32_t> got(last_n);
+    auto check = [&](const char *what) {
+        CHECK(cudaMemcpy(got.data(), final_out, last_n * 4, cudaMemcpyDeviceToHost));
+        int bad = 0;
+        for (int i = 0; i < last_n; i++)
+            bad += got[i] != want[i];
+        if (bad)
+            printf("FAIL %s: %d of %d outputs differ from the CPU's\n", what, bad, last_n);
+        return bad == 0;
+    };
+    auto time_it = [&](const char *what, bool chain, auto &&run) {
+        run(); /* warm */
+        CHECK(cudaStreamSynchronize(stream));
+        const bool ok = !chain || check(what);
+        const int reps = 20;
+        CHECK(cudaEventRecord(a, stream));
+        for (int i = 0; i < reps; i++)
+            run();
+        CHECK(cudaEventRecord(b, stream));
+        CHECK(cudaEventSynchronize(b));
+        float ms = 0;
+        CHECK(cudaEventElapsedTime(&ms, a, b));
+        const double us = 1000.0 * ms / reps;
+        printf("%-44s %8.1f us a chain, %5.2f us a stage, %6.0f GB/s%s\n", what, us, us / S,
+               total / us / 1e3, ok ? "" : "  (WRONG)");
+        return us;
+    };
+
+    /* The ceiling: every weight byte read once by a plain kernel. */
+    time_it("plain read of the weights (no chain)", false, [&] {
+        read_kernel<<<sms * 4, 512, 0, stream>>>(reinterpret_cast<const int4 *>(dw), total / 16,
+                                                 sink);
+    });
+    /* Variant 1: a graph of one kernel a stage, each over every SM. */
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    for (int s = 0; s < S; s++)
+        stage_kernel<<<sms, kThreads, 0, stream>>>(dw, dx, o0, o1, s);
+    CHECK(cudaStreamEndCapture(stream, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    time_it("one kernel a stage (graph)", true, [&] { CHECK(cudaGraphLaunch(exec, stream)); });
+    /* Variants 2 and 3: one persistent kernel, one block an SM. */
+    time_it("persistent, counter between stages", true, [&] {
+        CHECK(cudaMemsetAsync(counter, 0, 4, stream));
+        chain_kernel<false><<<sms, kThreads, 0, stream>>>(dw, dx, o0, o1, counter, S);
+    });
+    time_it("persistent, next stage prefetched to L2", true, [&] {
+        CHECK(cudaMemsetAsync(counter, 0, 4, stream));
+        chain_kernel<true><<<sms, kThreads, 0, stream>>>(dw, dx, o0, o1, counter, S);
+    });
+    CHECK(cudaFuncSetAttribute(chain_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               2 * kStageBytes));
+    time_it("persistent, next stage staged in shared memory", true, [&] {
+        CHECK(cudaMemsetAsync(counter, 0, 4, stream));
+        chain_smem_kernel<<<sms, kThreads, 2 * kStageBytes, stream>>>(dw, dx, o0, o1, counter,
+                                                                       S);
+    });
+    CHECK(cudaGetLastError());
+    return 0;
+}
