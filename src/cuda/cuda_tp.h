@@ -22,8 +22,10 @@
  * thread each (bn_cuda_tp_run). A request error (a token outside the
  * vocabulary, positions past the cache) is found by every rank alike
  * before anything is queued. Any other failure of one rank aborts the
- * team's communicators, so that the others' collectives return instead of
- * waiting forever; the team is then broken and refuses every later call.
+ * team's NCCL communicators, so that the others' NCCL collectives return
+ * instead of waiting forever (a peer-memory exchange whose peer never
+ * arrives traps after ~10 s, which fails that rank's step); the team is
+ * then broken and refuses every later call.
  *
  * NVLink multicast (NVLS) is kept off: NCCL_NVLS_ENABLE=0 is set before
  * the communicators are made.
