@@ -275,8 +275,8 @@ static bn_engine *open_team(const char *model, const char *device, int tp, int f
 
 /* n greedy (temperature 0) or sampled tokens after a fixed prompt, and
  * the logits after the prompt. */
-static bn_status generate(bn_engine *e, int n, float temperature, bn_generation *g,
-                          float *logits, bn_error *err)
+static bn_status generate_k(bn_engine *e, int n, float temperature, int top_k,
+                            bn_generation *g, float *logits, bn_error *err)
 {
     const int32_t vocab = bn_checkpoint_hparams(bn_engine_model(e))->vocab;
     int32_t prompt[40];
@@ -289,10 +289,16 @@ static bn_status generate(bn_engine *e, int n, float temperature, bn_generation 
                                .prompt_logits = logits};
     bn_sampler_params_default(&req.sampling);
     req.sampling.temperature = temperature;
-    req.sampling.top_k = 20;
+    req.sampling.top_k = top_k;
     req.sampling.seed = 5;
     memset(g, 0, sizeof *g);
     return bn_engine_generate(e, &req, g, err);
+}
+
+static bn_status generate(bn_engine *e, int n, float temperature, bn_generation *g,
+                          float *logits, bn_error *err)
+{
+    return generate_k(e, n, temperature, 20, g, logits, err);
 }
 
 static void refusals(int gpus)
@@ -378,6 +384,14 @@ static void team_matches(const char *path)
     CHECK_MSG(so.n_tokens == stm.n_tokens &&
                   memcmp(so.tokens, stm.tokens, so.n_tokens * sizeof(int32_t)) == 0,
               "%s: sampled tokens differ from one GPU's", path);
+    /* A sampler of top-k 1 picks the greedy token (it reads the gathered
+     * logits, not the screened head's key). */
+    bn_generation k1;
+    CHECK(generate_k(team, 24, 0.9f, 1, &k1, NULL, &err) == BN_OK);
+    CHECK_MSG(k1.n_tokens == gc.n_tokens &&
+                  memcmp(k1.tokens, gc.tokens, gc.n_tokens * sizeof(int32_t)) == 0,
+              "%s: top-k 1 sampling differs from greedy", path);
+    bn_generation_free(&k1);
     bn_engine_info info;
     bn_engine_get_info(team, &info);
     CHECK(info.tensor_parallel == 2 && strcmp(info.selected, "cuda:0,1") == 0);

@@ -745,9 +745,11 @@ bn_status cb_queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n, in
                         int top_k, double u, const bn_cuda_sample_params *sample,
                         bool chained, bn_error *err)
 {
-    /* A team's ranks screen for the greedy token only: the candidates a
-     * sampler reads stay with the rank that found them. */
-    const bool screen = (b->opt.tp_size > 1 ? top_k == 1 : top_k > 0) && b->form.head_screen;
+    /* A team's ranks screen for the greedy token only (not for a sampler,
+     * even one of top-k 1): the candidates a sampler reads stay with the
+     * rank that found them, and the logits are not gathered. */
+    const bool team = b->opt.tp_size > 1;
+    const bool screen = (team ? top_k == 1 && !sample : top_k > 0) && b->form.head_screen;
     b->choice_in_pass = false;
     const bn_status up = cb_upload_dec(b, chained ? -1 : tokens[n - 1], pos + n - 1,
                                        top_k > 0 ? top_k : 1, u, sample, chained, err);
