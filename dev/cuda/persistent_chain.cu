@@ -20,23 +20,7 @@
  *
  *   make -C dev/cuda persistent_chain && dev/cuda/persistent_chain
  */
-#include <cuda_runtime.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include <vector>
-
-#define CHECK(call)                                                                               \
-    do {                                                                                          \
-        const cudaError_t e_ = (call);                                                            \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                         \
-                    cudaGetErrorString(e_));                                                      \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "common.cuh"
 
 struct Stage {
     int n, k;       /* rows, bytes a row (k % 16 == 0) */
@@ -48,6 +32,31 @@ constexpr int kMaxK = 1728;
 
 /* Device copies of the stage table. */
 __constant__ Stage d_stages[4 * kLayers];
+
+/* The block's run of stage s's rows: [*r0, *r1), a contiguous share. */
+__device__ __forceinline__ void block_rows(const Stage &st, int *r0, int *r1)
+{
+    const int per = (st.n + gridDim.x - 1) / gridDim.x;
+    *r0 = blockIdx.x * per;
+    *r1 = min(st.n, *r0 + per);
+}
+
+/* Every block's stage s done: each block adds one to the counter (release)
+ * and waits until it holds every block's (acquire). */
+__device__ void grid_barrier(unsigned *counter, int s)
+{
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned target = (unsigned)(s + 1) * gridDim.x;
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+        unsigned seen;
+        do
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter)
+                         : "memory");
+        while (seen < target);
+    }
+    __syncthreads();
+}
 
 /* in_next[k] from out (the stage before's), as the chain defines it. */
 __device__ __forceinline__ int8_t requant(int32_t v)
@@ -122,8 +131,8 @@ __device__ __forceinline__ void mbar_init(uint64_t *bar)
 __device__ void stage_copy(const int8_t *w, int s, int8_t *dst, uint64_t *bar)
 {
     const Stage st = d_stages[s];
-    const int per = (st.n + gridDim.x - 1) / gridDim.x;
-    const int r0 = blockIdx.x * per, r1 = min(st.n, r0 + per);
+    int r0, r1;
+    block_rows(st, &r0, &r1);
     const unsigned bytes = r1 > r0 ? (unsigned)((r1 - r0) * st.k) : 0u;
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
@@ -160,19 +169,25 @@ __device__ void load_input(int s, const int8_t *x, const int32_t *prev, int8_t *
     __syncthreads();
 }
 
+/* The block's part of stage s, from global memory: its input, then its
+ * rows. Stages write out0 and out1 in turn. */
+__device__ void run_stage(const int8_t *w, const int8_t *x, int32_t *out0, int32_t *out1, int s,
+                          int8_t *in_s)
+{
+    load_input(s, x, s % 2 ? out0 : out1, in_s);
+    const Stage st = d_stages[s];
+    int r0, r1;
+    block_rows(st, &r0, &r1);
+    stage_rows(w, st, in_s, s % 2 ? out1 : out0, r0, r1);
+}
+
 /* Variant 1: one kernel a stage (the launches chained in a graph). Outputs
  * alternate between two buffers. */
 __global__ void __launch_bounds__(kThreads) stage_kernel(const int8_t *w, const int8_t *x,
                                                          int32_t *out0, int32_t *out1, int s)
 {
     __shared__ __align__(16) int8_t in_s[kMaxK];
-    int32_t *out = s % 2 ? out1 : out0;
-    const int32_t *prev = s % 2 ? out0 : out1;
-    load_input(s, x, prev, in_s);
-    const Stage st = d_stages[s];
-    const int per = (st.n + gridDim.x - 1) / gridDim.x;
-    const int r0 = blockIdx.x * per, r1 = min(st.n, r0 + per);
-    stage_rows(w, st, in_s, out, r0, r1);
+    run_stage(w, x, out0, out1, s, in_s);
 }
 
 /* Variants 2 and 3: one persistent kernel of one block an SM; after each
@@ -187,17 +202,11 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const int8_t *w, const 
 {
     __shared__ __align__(16) int8_t in_s[kMaxK];
     for (int s = 0; s < n_stages; s++) {
-        int32_t *out = s % 2 ? out1 : out0;
-        const int32_t *prev = s % 2 ? out0 : out1;
-        load_input(s, x, prev, in_s);
-        const Stage st = d_stages[s];
-        const int per = (st.n + gridDim.x - 1) / gridDim.x;
-        const int r0 = blockIdx.x * per, r1 = min(st.n, r0 + per);
-        stage_rows(w, st, in_s, out, r0, r1);
+        run_stage(w, x, out0, out1, s, in_s);
         if (kPrefetch && s + 1 < n_stages && threadIdx.x == 0) {
             const Stage nx = d_stages[s + 1];
-            const int nper = (nx.n + gridDim.x - 1) / gridDim.x;
-            const int n0 = blockIdx.x * nper, n1 = min(nx.n, n0 + nper);
+            int n0, n1;
+            block_rows(nx, &n0, &n1);
             if (n1 > n0) {
                 const int8_t *p = w + nx.offset + (int64_t)n0 * nx.k;
                 const unsigned bytes = (unsigned)((n1 - n0) * nx.k); /* a multiple of 16 */
@@ -205,17 +214,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const int8_t *w, const 
                              : "memory");
             }
         }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            const unsigned target = (unsigned)(s + 1) * gridDim.x;
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-            unsigned seen;
-            do
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter)
-                             : "memory");
-            while (seen < target);
-        }
-        __syncthreads();
+        grid_barrier(counter, s);
     }
 }
 
@@ -245,22 +244,12 @@ __global__ void __launch_bounds__(kThreads) chain_smem_kernel(const int8_t *w, c
         const int32_t *prev = s % 2 ? out0 : out1;
         load_input(s, x, prev, in_s);
         const Stage st = d_stages[s];
-        const int per = (st.n + gridDim.x - 1) / gridDim.x;
-        const int r0 = blockIdx.x * per, r1 = min(st.n, r0 + per);
+        int r0, r1;
+        block_rows(st, &r0, &r1);
         mbar_wait(&bars[s % 2], (unsigned)((s / 2) % 2));
         stage_rows_from<true>(reinterpret_cast<const int4 *>(buf + (s % 2) * kStageBytes), st,
                               in_s, out, r0, r1);
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            const unsigned target = (unsigned)(s + 1) * gridDim.x;
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-            unsigned seen;
-            do
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter)
-                             : "memory");
-            while (seen < target);
-        }
-        __syncthreads();
+        grid_barrier(counter, s);
     }
 }
 
@@ -277,19 +266,11 @@ __global__ void read_kernel(const int4 *w, int64_t n16, int *sink)
         *sink = acc;
 }
 
-static uint64_t rng = 0x2545F4914F6CDD1Dull;
-static int8_t rand_i8()
-{
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (int8_t)((int)(rng % 255) - 127);
-}
-
 int main()
 {
-    int sms = 0;
-    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int sms = device_sms();
     cudaDeviceProp prop;
-    CHECK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     std::vector<Stage> st;
     int64_t total = 0;
     const int shapes[4][2] = {{3840, 640}, {2560, 640}, {13824, 640}, {2560, 1728}};
@@ -299,15 +280,15 @@ int main()
             total += (int64_t)shapes[j][0] * shapes[j][1];
         }
     const int S = (int)st.size();
-    CHECK(cudaMemcpyToSymbol(d_stages, st.data(), sizeof(Stage) * S));
+    CUDA_CHECK(cudaMemcpyToSymbol(d_stages, st.data(), sizeof(Stage) * S));
     printf("device %s, %d SMs; chain of %d stages, %.1f MB of int8 weights\n", prop.name, sms, S,
            total / 1e6);
 
     std::vector<int8_t> w((size_t)total), x(kMaxK);
     for (auto &v : w)
-        v = rand_i8();
+        v = (int8_t)lab_rand_range(-127, 127);
     for (auto &v : x)
-        v = rand_i8();
+        v = (int8_t)lab_rand_range(-127, 127);
     /* The CPU's chain. */
     std::vector<int32_t> prev(13824), out(13824);
     std::vector<int8_t> in(kMaxK);
@@ -336,24 +317,24 @@ int main()
     int32_t *o0, *o1;
     unsigned *counter;
     int *sink;
-    CHECK(cudaMalloc(&dw, (size_t)total));
-    CHECK(cudaMalloc(&dx, kMaxK));
-    CHECK(cudaMalloc(&o0, 13824 * 4));
-    CHECK(cudaMalloc(&o1, 13824 * 4));
-    CHECK(cudaMalloc(&counter, 4));
-    CHECK(cudaMalloc(&sink, 4));
-    CHECK(cudaMemcpy(dw, w.data(), (size_t)total, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dx, x.data(), kMaxK, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&dw, (size_t)total));
+    CUDA_CHECK(cudaMalloc(&dx, kMaxK));
+    CUDA_CHECK(cudaMalloc(&o0, 13824 * 4));
+    CUDA_CHECK(cudaMalloc(&o1, 13824 * 4));
+    CUDA_CHECK(cudaMalloc(&counter, 4));
+    CUDA_CHECK(cudaMalloc(&sink, 4));
+    CUDA_CHECK(cudaMemcpy(dw, w.data(), (size_t)total, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dx, x.data(), kMaxK, cudaMemcpyHostToDevice));
     int32_t *final_out = (S - 1) % 2 ? o1 : o0; /* stage s writes o1 when s is odd */
 
     cudaStream_t stream;
-    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaEvent_t a, b;
-    CHECK(cudaEventCreate(&a));
-    CHECK(cudaEventCreate(&b));
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
     std::vector<int32_t> got(last_n);
     auto check = [&](const char *what) {
-        CHECK(cudaMemcpy(got.data(), final_out, last_n * 4, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(got.data(), final_out, last_n * 4, cudaMemcpyDeviceToHost));
         int bad = 0;
         for (int i = 0; i < last_n; i++)
             bad += got[i] != want[i];
@@ -363,16 +344,16 @@ int main()
     };
     auto time_it = [&](const char *what, bool chain, auto &&run) {
         run(); /* warm */
-        CHECK(cudaStreamSynchronize(stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
         const bool ok = !chain || check(what);
         const int reps = 20;
-        CHECK(cudaEventRecord(a, stream));
+        CUDA_CHECK(cudaEventRecord(a, stream));
         for (int i = 0; i < reps; i++)
             run();
-        CHECK(cudaEventRecord(b, stream));
-        CHECK(cudaEventSynchronize(b));
+        CUDA_CHECK(cudaEventRecord(b, stream));
+        CUDA_CHECK(cudaEventSynchronize(b));
         float ms = 0;
-        CHECK(cudaEventElapsedTime(&ms, a, b));
+        CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
         const double us = 1000.0 * ms / reps;
         printf("%-44s %8.1f us a chain, %5.2f us a stage, %6.0f GB/s%s\n", what, us, us / S,
                total / us / 1e3, ok ? "" : "  (WRONG)");
@@ -387,28 +368,28 @@ int main()
     /* Variant 1: a graph of one kernel a stage, each over every SM. */
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
     for (int s = 0; s < S; s++)
         stage_kernel<<<sms, kThreads, 0, stream>>>(dw, dx, o0, o1, s);
-    CHECK(cudaStreamEndCapture(stream, &graph));
-    CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    time_it("one kernel a stage (graph)", true, [&] { CHECK(cudaGraphLaunch(exec, stream)); });
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    time_it("one kernel a stage (graph)", true, [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
     /* Variants 2 and 3: one persistent kernel, one block an SM. */
     time_it("persistent, counter between stages", true, [&] {
-        CHECK(cudaMemsetAsync(counter, 0, 4, stream));
+        CUDA_CHECK(cudaMemsetAsync(counter, 0, 4, stream));
         chain_kernel<false><<<sms, kThreads, 0, stream>>>(dw, dx, o0, o1, counter, S);
     });
     time_it("persistent, next stage prefetched to L2", true, [&] {
-        CHECK(cudaMemsetAsync(counter, 0, 4, stream));
+        CUDA_CHECK(cudaMemsetAsync(counter, 0, 4, stream));
         chain_kernel<true><<<sms, kThreads, 0, stream>>>(dw, dx, o0, o1, counter, S);
     });
-    CHECK(cudaFuncSetAttribute(chain_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(chain_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                2 * kStageBytes));
     time_it("persistent, next stage staged in shared memory", true, [&] {
-        CHECK(cudaMemsetAsync(counter, 0, 4, stream));
+        CUDA_CHECK(cudaMemsetAsync(counter, 0, 4, stream));
         chain_smem_kernel<<<sms, kThreads, 2 * kStageBytes, stream>>>(dw, dx, o0, o1, counter,
                                                                        S);
     });
-    CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
     return 0;
 }

@@ -350,9 +350,7 @@ static bool capture_graph_once(bn_cuda_backend *b, bool log_failure, step_kind k
         b->ran = 0;
         b->par = par;
         int32_t *dec = cb_dec_dev(b);
-        /* A team screens greedy steps only (cb_queue_pass). */
-        const bool screen = b->form.head_screen &&
-                            (b->opt.tp_size > 1 ? kind == STEP_GREEDY : !logits);
+        const bool screen = cb_pass_screens(b, logits ? 0 : 1, kind == STEP_SAMPLED);
         st = cb_enqueue_rows(b, 1, dec, dec + 1, dec + 2, 0, screen, &cerr);
         if (st == BN_OK && kind == STEP_SAMPLED)
             st = cb_queue_sampler(b, &cerr);

@@ -557,7 +557,7 @@ static bn_status output_norm(const pass *p)
 }
 
 /* Tensor parallelism: this rank's rows of the head. Screened (greedy
- * steps only, cb_queue_pass): its rows through its int8 copy, its best key
+ * steps only, cb_pass_screens): its rows through its int8 copy, its best key
  * made the whole vocabulary's and the largest key of every rank's taken (an
  * all-reduce): the greedy token, the logits left partial (nothing reads
  * them). Else its rows' logits, then every rank's (an all-gather). */
@@ -745,11 +745,7 @@ bn_status cb_queue_pass(bn_cuda_backend *b, const int32_t *tokens, int64_t n, in
                         int top_k, double u, const bn_cuda_sample_params *sample,
                         bool chained, bn_error *err)
 {
-    /* A team's ranks screen for the greedy token only (not for a sampler,
-     * even one of top-k 1): the candidates a sampler reads stay with the
-     * rank that found them, and the logits are not gathered. */
-    const bool team = b->opt.tp_size > 1;
-    const bool screen = (team ? top_k == 1 && !sample : top_k > 0) && b->form.head_screen;
+    const bool screen = cb_pass_screens(b, top_k, sample != NULL);
     b->choice_in_pass = false;
     const bn_status up = cb_upload_dec(b, chained ? -1 : tokens[n - 1], pos + n - 1,
                                        top_k > 0 ? top_k : 1, u, sample, chained, err);

@@ -431,6 +431,12 @@ void cb_capture_graph(bn_cuda_backend *b);
 /* ---- cuda_backend_sample.c: the choice of a token -------------------------- */
 
 bool cb_choice_greedy(const bn_cuda_sample_params *p);
+/* Whether a pass whose choice reads at most its top_k largest logits (0:
+ * every logit), by a sampler or not, runs the screened head: where the
+ * form has one and top_k > 0; in a tensor-parallel team only for greedy
+ * steps, since a screen leaves a team's logits partial and ungathered and
+ * its candidates with the rank that found them. */
+bool cb_pass_screens(const bn_cuda_backend *b, int top_k, bool sampled);
 bn_status cb_queue_choice(bn_cuda_backend *b, const bn_cuda_sample_params *p, bn_error *err);
 bn_status cb_queue_sampler(bn_cuda_backend *b, bn_error *err);
 int32_t cb_chosen_token(bn_cuda_backend *b, bool greedy, int par);

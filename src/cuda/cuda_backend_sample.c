@@ -18,10 +18,9 @@ static bn_cuda_sample_params *d_params(bn_cuda_backend *b)
 }
 
 /* The candidate list a sampler reads (sample_cuda.h): the one a screened
- * head's exact pass wrote, with the floor its top k reach (every sampled
- * pass screens where the backend does: cb_queue_pass); none (the sampler
- * reads the logits) without a screened head, or in a tensor-parallel team,
- * whose sampled passes gather the full logits. */
+ * head's exact pass wrote, with the floor its top k reach, where sampled
+ * passes screen (cb_pass_screens); else none: the sampler reads the
+ * logits. */
 typedef struct cand_list {
     const uint64_t *keys;
     const unsigned *n;
@@ -31,7 +30,14 @@ static cand_list sampler_list(const bn_cuda_backend *b)
 {
     const cand_list none = {NULL, NULL, NULL};
     const cand_list listed = {b->d_cand, b->d_cand_n, b->d_cand_floor};
-    return b->form.head_screen && b->opt.tp_size <= 1 ? listed : none;
+    return cb_pass_screens(b, 1, true) ? listed : none;
+}
+
+bool cb_pass_screens(const bn_cuda_backend *b, int top_k, bool sampled)
+{
+    if (!b->form.head_screen || top_k <= 0)
+        return false;
+    return b->opt.tp_size <= 1 || (top_k == 1 && !sampled);
 }
 
 /* Whether a choice is the greedy one (NULL: greedy). */

@@ -21,23 +21,19 @@ static void load(void)
     if (!lib)
         return;
     /* The symbol types are fixed by nccl.h; dlsym returns void *. */
-    int (*get_version)(int *) = NULL;
-    *(void **)&get_version = dlsym(lib, "ncclGetVersion");
     *(void **)&loaded.api.comm_init_all = dlsym(lib, "ncclCommInitAll");
     *(void **)&loaded.api.comm_destroy = dlsym(lib, "ncclCommDestroy");
     *(void **)&loaded.api.comm_abort = dlsym(lib, "ncclCommAbort");
     *(void **)&loaded.api.all_reduce = dlsym(lib, "ncclAllReduce");
     *(void **)&loaded.api.all_gather = dlsym(lib, "ncclAllGather");
     *(void **)&loaded.api.error_string = dlsym(lib, "ncclGetErrorString");
-    if (!get_version || !loaded.api.comm_init_all || !loaded.api.comm_destroy ||
+    if (!loaded.api.comm_init_all || !loaded.api.comm_destroy ||
         !loaded.api.comm_abort || !loaded.api.all_reduce || !loaded.api.all_gather ||
         !loaded.api.error_string) {
         snprintf(loaded.why, sizeof loaded.why, "%s lacks an expected entry point",
                  loaded.api.library);
         return;
     }
-    if (get_version(&loaded.api.version) != 0)
-        loaded.api.version = 0;
     loaded.ok = true;
 }
 

@@ -27,7 +27,6 @@ typedef struct bn_nccl {
     int (*all_gather)(const void *send, void *recv, size_t count, int type, bn_nccl_comm comm,
                       cudaStream_t stream);
     const char *(*error_string)(int result);
-    int version;      /* NCCL_VERSION_CODE of the library, e.g. 22803      */
     char library[64]; /* the file that was opened                          */
 } bn_nccl;
 
