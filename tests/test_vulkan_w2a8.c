@@ -5,16 +5,21 @@
  *   - the outputs with real scales bit-identical to the CPU's on a device
  *     with fp64 (the exact division), else within the division's allowance
  *     (vk_w2a8.h), counting the bit-identical ones;
- *   - ragged shapes (k not a multiple of 16, one row, rows past a grid
- *     column), outputs poisoned with NaN, a guard value after the last row;
+ *   - ragged shapes (k not a multiple of 16, one row, more rows than a
+ *     grid column's 65535 workgroups of 8 outputs hold), outputs poisoned
+ *     with NaN, a guard value after the last row;
  *   - several activation rows in one dispatch (1, 8, 13 and 21 rows,
  *     starting past row 0) equal bit for bit to each row alone;
+ *   - the epilogues: the residual add and the squared-ReLU gate (NaN, -0,
+ *     infinities, subnormals among the gates) the CPU's float operations on
+ *     the plain outputs, bit for bit; an unknown epilogue refused;
  *   - a sequence of dispatches equal to their runs alone, one reading what
  *     the one before wrote; no copy or second sequence while one is open;
  *   - errors: a device index past the list, a buffer larger than the
  *     device's memory, a shape larger than its buffers.
  *
  * Exits 77 (skipped) when no Vulkan device can be opened, saying why. */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -181,7 +186,7 @@ static void check_rows(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k, in
     CHECK(bn_vk_write(vk, &by, got, (size_t)(rows + 1) * n * 4, &err) == BN_OK);
     CHECK(bn_vk_begin(vk, &err) == BN_OK);
     CHECK(bn_vk_w2a8_record_rows(vk, kernel, &bw, &bx, &bs, first, rows, &by, n, k, 0.37f,
-                                 &err) == BN_OK);
+                                 BN_VK_W2A8_STORE, &err) == BN_OK);
     CHECK(bn_vk_submit(vk, &err) == BN_OK);
     CHECK(bn_vk_read(vk, &by, got, (size_t)(rows + 1) * n * 4, &err) == BN_OK);
     int bad = 0;
@@ -210,6 +215,106 @@ static void check_rows(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k, in
     free(one);
 }
 
+/* The epilogues (bn_vk_w2a8_epilogue) over `rows` activation rows: with
+ * BN_VK_W2A8_ADD each output is y's value plus the plain product's output,
+ * one float add; with BN_VK_W2A8_RELU2_UP it is (g * g) * the product's
+ * output for the gate g = max(y, 0) held in y (NaN, -NaN, -0, negatives,
+ * infinities and subnormals among the gates), as the CPU's relu2_span;
+ * the value after the last output left alone. */
+static float relu2_of(float gate, float up)
+{
+    int32_t bits;
+    memcpy(&bits, &gate, 4);
+    const float g = bits > 0 && bits <= 0x7f800000 ? gate : 0.0f;
+    return (g * g) * up;
+}
+
+/* Vulkan lets a device flush float subnormals to zero, inputs and results
+ * (NVIDIA's driver does): v with its subnormals flushed. */
+static float ftz(float v) { return fabsf(v) < FLT_MIN ? copysignf(0.0f, v) : v; }
+
+static void check_epilogues(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k, int64_t rows)
+{
+    const size_t words = bn_vk_w2a8_words(k);
+    const int64_t total = rows * n;
+    int8_t *codes = malloc((size_t)(n * k)), *xq = calloc((size_t)rows * words * 16, 1);
+    uint32_t *packed = malloc((size_t)n * words * 4);
+    float *scales = malloc((size_t)rows * sizeof *scales);
+    float *plain = malloc((size_t)total * 4), *start = malloc((size_t)(total + 1) * 4),
+          *got = malloc((size_t)(total + 1) * 4);
+    CHECK(codes && xq && packed && scales && plain && start && got);
+    for (int64_t i = 0; i < n * k; i++)
+        codes[i] = (int8_t)test_rand_range(-1, 1);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < k; i++)
+            xq[(size_t)r * words * 16 + (size_t)i] = (int8_t)test_rand_range(-127, 127);
+        scales[r] = test_rand_float(0.5f, 200.0f);
+    }
+    bn_vk_w2a8_pack(codes, n, k, packed);
+    bn_error err;
+    bn_vk_buffer bw, bx, bs, by;
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)n * words * 4, &bw, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)rows * words * 16, &bx, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)rows * 4, &bs, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(total + 1) * 4, &by, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bw, packed, (size_t)n * words * 4, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bx, xq, (size_t)rows * words * 16, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bs, scales, (size_t)rows * 4, &err) == BN_OK);
+    const float weight_scale = test_rand_float(0.01f, 2.0f), guard = -12345.5f;
+    static const float special[] = {NAN, -NAN, -0.0f, 0.0f, INFINITY, -INFINITY, 1e-40f, -1e-40f};
+    for (int e = BN_VK_W2A8_STORE; e <= BN_VK_W2A8_RELU2_UP; e++) {
+        for (int64_t i = 0; i < total; i++)
+            start[i] = e == BN_VK_W2A8_STORE ? NAN
+                       : i % 7 == 0          ? special[test_rand_range(0, 7)]
+                                             : test_rand_float(-10.0f, 10.0f);
+        start[total] = guard;
+        CHECK(bn_vk_write(vk, &by, start, (size_t)(total + 1) * 4, &err) == BN_OK);
+        CHECK(bn_vk_begin(vk, &err) == BN_OK);
+        CHECK(bn_vk_w2a8_record_rows(vk, kernel, &bw, &bx, &bs, 0, rows, &by, n, k, weight_scale,
+                                     (bn_vk_w2a8_epilogue)e, &err) == BN_OK);
+        CHECK(bn_vk_submit(vk, &err) == BN_OK);
+        CHECK(bn_vk_read(vk, &by, got, (size_t)(total + 1) * 4, &err) == BN_OK);
+        if (e == BN_VK_W2A8_STORE) { /* the plain outputs, which the others combine */
+            memcpy(plain, got, (size_t)total * 4);
+            continue;
+        }
+        int64_t bad = 0, first = -1;
+        for (int64_t i = 0; i < total; i++) {
+            const float want = e == BN_VK_W2A8_ADD ? start[i] + plain[i]
+                                                   : relu2_of(start[i], plain[i]);
+            const float flushed = ftz(e == BN_VK_W2A8_ADD ? ftz(start[i]) + plain[i]
+                                                          : relu2_of(ftz(start[i]), plain[i]));
+            if (!same_bits(got[i], want) && !same_bits(got[i], flushed) &&
+                !(isnan(got[i]) && isnan(want)) && bad++ == 0)
+                first = i;
+        }
+        CHECK_MSG(bad == 0 && same_bits(got[total], guard),
+                  "%lld x %lld, %lld rows, epilogue %s: %lld outputs differ (first at %lld: %g "
+                  "from %g and %g)%s",
+                  (long long)n, (long long)k, (long long)rows,
+                  e == BN_VK_W2A8_ADD ? "add" : "relu2", (long long)bad, (long long)first,
+                  first >= 0 ? got[first] : 0.0, first >= 0 ? start[first] : 0.0,
+                  first >= 0 ? plain[first] : 0.0,
+                  same_bits(got[total], guard) ? "" : ", and the value after the last was written");
+    }
+    /* An epilogue that does not exist is refused. */
+    CHECK(bn_vk_begin(vk, &err) == BN_OK);
+    CHECK(bn_vk_w2a8_record_rows(vk, kernel, &bw, &bx, &bs, 0, rows, &by, n, k, weight_scale,
+                                 (bn_vk_w2a8_epilogue)3, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(err.message, "epilogue");
+    CHECK(bn_vk_submit(vk, &err) == BN_OK);
+    bn_vk_buffer *const all[] = {&bw, &bx, &bs, &by};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        bn_vk_buffer_free(vk, all[i]);
+    free(codes);
+    free(xq);
+    free(packed);
+    free(scales);
+    free(plain);
+    free(start);
+    free(got);
+}
+
 int main(void)
 {
     test_seed_init();
@@ -221,7 +326,7 @@ int main(void)
     /* Both variants where the device has fp64: the device's division and
      * the exact one. */
     static const int64_t shapes[][2] = {{1, 1},    {1, 16},    {3, 17},    {64, 2560},
-                                        {37, 640}, {200, 1000}, {5, 6912}, {70000, 16}};
+                                        {37, 640}, {200, 1000}, {5, 6912}, {530000, 16}};
     bn_vk_kernel *kernel = NULL;
     for (int exact_division = fp64 ? 1 : 0; exact_division >= 0; exact_division--) {
         if (kernel)
@@ -238,6 +343,8 @@ int main(void)
         for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0]; i++)
             check_rows(vk, kernel, test_rand_range(1, 300), test_rand_range(1, 700), 3,
                        row_counts[i]);
+        check_epilogues(vk, kernel, test_rand_range(1, 300), test_rand_range(1, 3000), 1);
+        check_epilogues(vk, kernel, test_rand_range(1, 300), test_rand_range(1, 700), 5);
         printf("%s division: outputs bit-identical to the CPU's: %d of %d\n",
                exact_division ? "exact (fp64)" : "the device's", exact_total, compared_total);
     }

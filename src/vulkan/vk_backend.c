@@ -16,8 +16,9 @@
  *   q, k, v = W xq                three W2A8 products (vk_w2a8.h)
  *   rope, k and v into the cache  vk_ops.h, as every kernel below
  *   att = attention(q, cache)
- *   x += Wo q(attn_sub_norm(att))
- *   gate, up = W q(ffn_norm(x)); gate = relu(gate)^2 up
+ *   x += Wo q(attn_sub_norm(att))   the add in the product's epilogue
+ *   gate = Wg q(ffn_norm(x))
+ *   gate = relu(gate)^2 (Wu q(ffn_norm(x)))   the up product's epilogue
  *   x += Wdown q(ffn_sub_norm(gate))
  *
  * and the pass that ends a request adds the output norm and the LM head of
@@ -102,7 +103,7 @@ typedef struct vkb {
     float *h_logits; /* [VKB_CHUNK][vocab]: a paged pass's logit rows */
 
     /* A pass's rows (VKB_CHUNK of each). */
-    bn_vk_buffer x, codes, scales, sums, q, k, v, att, out, gate, up, normed, logits;
+    bn_vk_buffer x, codes, scales, sums, q, k, v, att, gate, normed, logits;
     bn_vk_buffer scratch, info, tables, cs;
     float *h_x, *h_cs;
     int32_t *h_info;
@@ -268,9 +269,7 @@ static bn_status make_buffers(vkb *v, bn_error *err)
         {&v->k, R * v->kv_dim * f},
         {&v->v, R * v->kv_dim * f},
         {&v->att, R * v->q_dim * f},
-        {&v->out, R * hp->dim * f},
         {&v->gate, R * hp->ffn * f},
-        {&v->up, R * hp->ffn * f},
         {&v->normed, R * hp->dim * f},
         {&v->logits, R * hp->vocab * f},
         {&v->scratch, R * hp->n_head * (uint64_t)v->kv_len * f},
@@ -355,10 +354,10 @@ static void vkb_release(vkb *v)
     }
     bn_vk_buffer_free(v->vk, &v->ptables);
     bn_vk_kept_free(v->vk, v->decode_step);
-    bn_vk_buffer *const pass[] = {&v->x,      &v->codes, &v->scales, &v->sums,    &v->q,
-                                  &v->k,      &v->v,     &v->att,    &v->out,     &v->gate,
-                                  &v->up,     &v->normed, &v->logits, &v->scratch, &v->info,
-                                  &v->tables, &v->cs,    &v->out_norm};
+    bn_vk_buffer *const pass[] = {&v->x,       &v->codes,  &v->scales,  &v->sums, &v->q,
+                                  &v->k,       &v->v,      &v->att,     &v->gate, &v->normed,
+                                  &v->logits,  &v->scratch, &v->info,   &v->tables, &v->cs,
+                                  &v->out_norm};
     for (size_t i = 0; i < sizeof pass / sizeof pass[0]; i++)
         bn_vk_buffer_free(v->vk, pass[i]);
     if (v->ops)
@@ -485,12 +484,12 @@ static bn_status record_norm(vkb *v, bn_vk_buffer *x, bn_vk_buffer *w, int64_t M
                              v->hp.rms_eps, err);
 }
 
-static bn_status record_proj(vkb *v, int layer, bn_proj p, bn_vk_buffer *y, int64_t M,
-                             bn_error *err)
+static bn_status record_proj(vkb *v, int layer, bn_proj p, bn_vk_buffer *y,
+                             bn_vk_w2a8_epilogue epilogue, int64_t M, bn_error *err)
 {
     vkb_proj *w = &v->proj[layer * BN_PROJ_COUNT + p];
     return bn_vk_w2a8_record_rows(v->vk, v->w2a8, &w->w, &v->codes, &v->scales, 0, M, y, w->n,
-                                  w->k, w->scale, err);
+                                  w->k, w->scale, epilogue, err);
 }
 
 #define TRY(call)                                                                          \
@@ -510,31 +509,29 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
     const bn_vk_rows rows = {&v->info, c->tables, M, c->block_size, c->max_blocks};
     TRY(record_norm(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, err));
     /* q, k and v read the same codes into buffers of their own: no
-     * barriers between them (bn_vk_next_independent); gate and up too. */
-    TRY(record_proj(v, l, BN_PROJ_Q, &v->q, M, err));
+     * barriers between them (bn_vk_next_independent). */
+    TRY(record_proj(v, l, BN_PROJ_Q, &v->q, BN_VK_W2A8_STORE, M, err));
     bn_vk_next_independent(v->vk);
-    TRY(record_proj(v, l, BN_PROJ_K, &v->k, M, err));
+    TRY(record_proj(v, l, BN_PROJ_K, &v->k, BN_VK_W2A8_STORE, M, err));
     bn_vk_next_independent(v->vk);
-    TRY(record_proj(v, l, BN_PROJ_V, &v->v, M, err));
+    TRY(record_proj(v, l, BN_PROJ_V, &v->v, BN_VK_W2A8_STORE, M, err));
     TRY(bn_vk_rope_store_record(v->vk, v->ops, &as, &rows, &v->q, &v->k, &v->v, &v->cs,
                                 &c->k[l], &c->v[l], 0, err));
     TRY(bn_vk_attention_record(v->vk, v->ops, &as, &rows, &v->q, &c->k[l], &c->v[l], 0,
                                &v->scratch, v->kv_len, &v->att, err));
     TRY(record_norm(v, &v->att, &norms[BN_NORM_ATTN_SUB], M, v->q_dim, err));
-    TRY(record_proj(v, l, BN_PROJ_O, &v->out, M, err));
-    TRY(bn_vk_add_record(v->vk, v->ops, &v->x, &v->out, M * hp->dim, err));
+    /* x += Wo a and, below, x += Wdown h: the residual adds in the
+     * products' epilogues; the up product squares the gate's ReLU into h. */
+    TRY(record_proj(v, l, BN_PROJ_O, &v->x, BN_VK_W2A8_ADD, M, err));
     TRY(record_norm(v, &v->x, &norms[BN_NORM_FFN], M, hp->dim, err));
-    TRY(record_proj(v, l, BN_PROJ_GATE, &v->gate, M, err));
-    bn_vk_next_independent(v->vk);
-    TRY(record_proj(v, l, BN_PROJ_UP, &v->up, M, err));
-    TRY(bn_vk_relu2_record(v->vk, v->ops, &v->gate, &v->up, M * hp->ffn, err));
+    TRY(record_proj(v, l, BN_PROJ_GATE, &v->gate, BN_VK_W2A8_STORE, M, err));
+    TRY(record_proj(v, l, BN_PROJ_UP, &v->gate, BN_VK_W2A8_RELU2_UP, M, err));
     TRY(record_norm(v, &v->gate, &norms[BN_NORM_FFN_SUB], M, hp->ffn, err));
-    TRY(record_proj(v, l, BN_PROJ_DOWN, &v->out, M, err));
-    return bn_vk_add_record(v->vk, v->ops, &v->x, &v->out, M * hp->dim, err);
+    return record_proj(v, l, BN_PROJ_DOWN, &v->x, BN_VK_W2A8_ADD, M, err);
 }
 
 /* Dispatches a layer records (record_layer). */
-#define LAYER_DISPATCHES 16
+#define LAYER_DISPATCHES 12
 
 /* Submits the open sequence when `need` more dispatches would not fit it. */
 static bn_status make_room(vkb *v, int need, bn_error *err)
@@ -774,8 +771,8 @@ static void vk_report(const bn_backend *b, bn_engine_info *info)
     info->backend_scratch_bytes = v->scratch_bytes;
     info->backend_total_bytes = info->gpu_total_bytes;
     snprintf(info->kernels, sizeof info->kernels,
-             "vulkan_w2a8,vulkan_norm_quantize,vulkan_rope_store,vulkan_attention,vulkan_add,"
-             "vulkan_relu2,vulkan_rmsnorm,vulkan_head_%s%s",
+             "vulkan_w2a8,vulkan_norm_quantize,vulkan_rope_store,vulkan_attention,"
+             "vulkan_rmsnorm,vulkan_head_%s%s",
              v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32",
              v->replays > 0 ? ",vulkan_decode_replay" : "");
 }

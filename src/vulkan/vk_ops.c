@@ -1,5 +1,5 @@
-/* vk_ops.c - launching the forward pass's other kernels (shaders/add.comp,
- * relu2.comp, rope_store.comp, attention*.comp, rmsnorm*.comp,
+/* vk_ops.c - launching the forward pass's other kernels
+ * (shaders/rope_store.comp, attention*.comp, rmsnorm*.comp,
  * head_matvec.comp): sizes checked against the buffers, workgroups laid
  * out in a grid of at most 65535 columns. The attention and the RMSNorm
  * take their fp64 variants (the CPU's arithmetic bit for bit) where the
@@ -9,22 +9,18 @@
 #include <math.h>
 #include <stdlib.h>
 
-extern const unsigned char bn_vk_spv_add[], bn_vk_spv_relu2[], bn_vk_spv_rope_store[],
-    bn_vk_spv_attention[], bn_vk_spv_attention_f64[], bn_vk_spv_rmsnorm[],
-    bn_vk_spv_rmsnorm_f64[], bn_vk_spv_head_matvec[];
-extern const size_t bn_vk_spv_add_len, bn_vk_spv_relu2_len, bn_vk_spv_rope_store_len,
-    bn_vk_spv_attention_len, bn_vk_spv_attention_f64_len, bn_vk_spv_rmsnorm_len,
-    bn_vk_spv_rmsnorm_f64_len, bn_vk_spv_head_matvec_len;
+extern const unsigned char bn_vk_spv_rope_store[], bn_vk_spv_attention[],
+    bn_vk_spv_attention_f64[], bn_vk_spv_rmsnorm[], bn_vk_spv_rmsnorm_f64[],
+    bn_vk_spv_head_matvec[];
+extern const size_t bn_vk_spv_rope_store_len, bn_vk_spv_attention_len,
+    bn_vk_spv_attention_f64_len, bn_vk_spv_rmsnorm_len, bn_vk_spv_rmsnorm_f64_len,
+    bn_vk_spv_head_matvec_len;
 
 struct bn_vk_ops {
-    bn_vk_kernel *add, *relu2, *rope_store, *attention, *rmsnorm, *head;
+    bn_vk_kernel *rope_store, *attention, *rmsnorm, *head;
 };
 
 /* The shaders' push constants, in their order. */
-typedef struct span_params {
-    uint32_t n;
-} span_params;
-
 typedef struct rope_params {
     uint32_t rows, n_head, n_kv, head_dim, rope_dim, block_size, max_blocks, n_seq, cache_rows,
         layer_off;
@@ -47,11 +43,6 @@ typedef struct head_params {
 
 /* attention.comp keeps a head's query in shared memory (MAX_HD). */
 #define ATTN_MAX_HEAD_DIM 512
-/* add.comp and relu2.comp: 256 elements a workgroup; the grid's last row
- * of workgroups may run past n by up to 65535 * 256 indices, which must
- * not wrap around 2^32. */
-#define SPAN_MAX ((int64_t)1 << 31)
-
 /* Shader indices are 32-bit: a * b and a + b as extents, or BIG once past
  * 2^32 - 1. */
 #define BIG UINT64_MAX
@@ -94,14 +85,7 @@ bn_status bn_vk_ops_create(bn_vk *vk, bn_vk_ops **out, bn_error *err)
     bn_vk_ops *ops = calloc(1, sizeof *ops);
     if (!ops)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "Vulkan: no memory for the kernels");
-    bn_status st =
-        bn_vk_kernel_create(vk, "add", bn_vk_spv_add, bn_vk_spv_add_len, 2, sizeof(span_params),
-                            &ops->add, err);
-    if (st == BN_OK)
-        st = bn_vk_kernel_create(vk, "relu2", bn_vk_spv_relu2, bn_vk_spv_relu2_len, 2,
-                                 sizeof(span_params), &ops->relu2, err);
-    if (st == BN_OK)
-        st = bn_vk_kernel_create(vk, "rope_store", bn_vk_spv_rope_store,
+    bn_status st = bn_vk_kernel_create(vk, "rope_store", bn_vk_spv_rope_store,
                                  bn_vk_spv_rope_store_len, 8, sizeof(rope_params),
                                  &ops->rope_store, err);
     if (st == BN_OK)
@@ -129,42 +113,11 @@ void bn_vk_ops_free(bn_vk *vk, bn_vk_ops *ops)
 {
     if (!ops)
         return;
-    bn_vk_kernel_free(vk, ops->add);
-    bn_vk_kernel_free(vk, ops->relu2);
     bn_vk_kernel_free(vk, ops->rope_store);
     bn_vk_kernel_free(vk, ops->attention);
     bn_vk_kernel_free(vk, ops->rmsnorm);
     bn_vk_kernel_free(vk, ops->head);
     free(ops);
-}
-
-/* ---- element-wise ---------------------------------------------------------- */
-
-static bn_status span_record(bn_vk *vk, bn_vk_kernel *k, const char *what, bn_vk_buffer *a,
-                             bn_vk_buffer *b, int64_t n, bn_error *err)
-{
-    if (n < 0 || n > SPAN_MAX || !holds(a, (uint64_t)n) || !holds(b, (uint64_t)n))
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "Vulkan %s: %lld floats do not fit its buffers (%llu and %llu bytes)",
-                            what, (long long)n, (unsigned long long)a->size,
-                            (unsigned long long)b->size);
-    if (n == 0)
-        return BN_OK;
-    const span_params p = {(uint32_t)n};
-    bn_vk_buffer *const buffers[2] = {a, b};
-    return launch(vk, k, buffers, &p, ((uint64_t)n + 255) / 256, what, err);
-}
-
-bn_status bn_vk_add_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *x, bn_vk_buffer *y, int64_t n,
-                           bn_error *err)
-{
-    return span_record(vk, ops->add, "add", x, y, n, err);
-}
-
-bn_status bn_vk_relu2_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *gate, bn_vk_buffer *up,
-                             int64_t n, bn_error *err)
-{
-    return span_record(vk, ops->relu2, "relu2", gate, up, n, err);
 }
 
 /* ---- attention ----------------------------------------------------------------- */

@@ -1,10 +1,11 @@
 /*
  * vk_ops.h - the rest of the forward pass on a Vulkan device, each kernel
- * in the CPU backend's arithmetic (cpu_backend.c): the residual add, the
- * squared-ReLU gate, RoPE with the KV cache store, causal attention over a
- * paged cache, RMSNorm (the final norm) and the LM head's logits.
+ * in the CPU backend's arithmetic (cpu_backend.c): RoPE with the KV cache
+ * store, causal attention over a paged cache, RMSNorm (the final norm) and
+ * the LM head's logits. (The residual adds and the squared-ReLU gate are
+ * the W2A8 products' epilogues: vk_w2a8.h.)
  *
- * Exactness: add, relu2, rope_store, rmsnorm and head give the CPU's
+ * Exactness: rope_store, rmsnorm and head give the CPU's
  * floats bit for bit (every expression precise, so nothing is fused into
  * a multiply-add; divisions and square roots correctly rounded through
  * double, shaders/exact_math.glsl). Attention does too except for exp,
@@ -30,15 +31,6 @@ typedef struct bn_vk_ops bn_vk_ops; /* the kernels below, built once for a devic
 /* BN_ERR_UNSUPPORTED on a device without fp64. */
 bn_status bn_vk_ops_create(bn_vk *vk, bn_vk_ops **out, bn_error *err);
 void bn_vk_ops_free(bn_vk *vk, bn_vk_ops *ops);
-
-/* x[i] += y[i], i < n (float add, as the CPU's residual). */
-bn_status bn_vk_add_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *x, bn_vk_buffer *y, int64_t n,
-                           bn_error *err);
-
-/* gate[i] = (g * g) * up[i] with g = gate[i] > 0 ? gate[i] : 0 (NaN -> 0),
- * i < n: relu2_span. */
-bn_status bn_vk_relu2_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *gate, bn_vk_buffer *up,
-                             int64_t n, bn_error *err);
 
 /* The rows' positions and cache rows. rows_info: int32 [rows][2] =
  * (sequence, position). tables: int32 [n_seq][max_blocks]: position t of

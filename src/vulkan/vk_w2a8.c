@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#define BN_VK_W2A8_OUTPUTS 8 /* outputs a workgroup: shaders/w2a8_matvec.glsl */
+
 extern const unsigned char bn_vk_spv_w2a8_matvec[], bn_vk_spv_w2a8_matvec_f64[];
 extern const size_t bn_vk_spv_w2a8_matvec_len, bn_vk_spv_w2a8_matvec_f64_len;
 
@@ -10,7 +12,7 @@ extern const size_t bn_vk_spv_w2a8_matvec_len, bn_vk_spv_w2a8_matvec_f64_len;
 typedef struct matvec_params {
     uint32_t n, words, act_row;
     float weight_scale;
-    uint32_t rows;
+    uint32_t rows, mode;
 } matvec_params;
 
 size_t bn_vk_w2a8_words(int64_t k) { return (size_t)((k + 15) / 16); }
@@ -47,9 +49,13 @@ bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bn_vk_kernel **out, 
 bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
                                  bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
                                  int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
-                                 float weight_scale, bn_error *err)
+                                 float weight_scale, bn_vk_w2a8_epilogue epilogue,
+                                 bn_error *err)
 {
     const size_t words = bn_vk_w2a8_words(k);
+    if (epilogue < BN_VK_W2A8_STORE || epilogue > BN_VK_W2A8_RELU2_UP)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan W2A8: no epilogue %d", (int)epilogue);
     if (n < 1 || k < 1 || act_row < 0 || rows < 1 || (uint64_t)n * words > UINT32_MAX ||
         (uint64_t)n * (uint64_t)rows > UINT32_MAX || w->size < (VkDeviceSize)n * words * 4 ||
         x->size < (VkDeviceSize)(act_row + rows) * words * 16 ||
@@ -60,10 +66,12 @@ bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *
                             "its buffers",
                             (long long)n, (long long)k, (long long)act_row,
                             (long long)(act_row + rows - 1));
-    const matvec_params p = {(uint32_t)n, (uint32_t)words, (uint32_t)act_row, weight_scale,
-                             (uint32_t)rows};
-    /* One workgroup an output of a row, in a grid of at most 65535 columns. */
-    const uint64_t groups = (uint64_t)n * (uint64_t)rows;
+    const matvec_params p = {(uint32_t)n,  (uint32_t)words, (uint32_t)act_row, weight_scale,
+                             (uint32_t)rows, (uint32_t)epilogue};
+    /* One workgroup for 8 outputs of a row (the shader's OUTPUTS), in a
+     * grid of at most 65535 columns. */
+    const uint64_t groups = (uint64_t)((n + BN_VK_W2A8_OUTPUTS - 1) / BN_VK_W2A8_OUTPUTS) *
+                            (uint64_t)rows;
     const uint32_t gx = groups < 65535 ? (uint32_t)groups : 65535u;
     const uint32_t gy = (uint32_t)((groups + gx - 1) / gx);
     bn_vk_buffer *const buffers[4] = {w, x, y, act_scales};
@@ -75,7 +83,7 @@ bn_status bn_vk_w2a8_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn
                             int64_t k, float weight_scale, bn_error *err)
 {
     return bn_vk_w2a8_record_rows(vk, kernel, w, x, act_scales, act_row, 1, y, n, k, weight_scale,
-                                  err);
+                                  BN_VK_W2A8_STORE, err);
 }
 
 bn_status bn_vk_w2a8_matvec(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,

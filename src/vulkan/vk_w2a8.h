@@ -40,12 +40,23 @@ bn_status bn_vk_w2a8_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn
                             bn_vk_buffer *act_scales, int64_t act_row, bn_vk_buffer *y, int64_t n,
                             int64_t k, float weight_scale, bn_error *err);
 
+/* What a product does with its output v at y[i] (the CPU's operations,
+ * each rounded once): stores it; adds it (the residual add, y += v); or
+ * takes it as the up of a squared-ReLU gate held in y (y = (g g) v, g =
+ * max(y, 0), NaN and -0 giving +0: the CPU's relu2_span). */
+typedef enum bn_vk_w2a8_epilogue {
+    BN_VK_W2A8_STORE = 0,
+    BN_VK_W2A8_ADD = 1,
+    BN_VK_W2A8_RELU2_UP = 2,
+} bn_vk_w2a8_epilogue;
+
 /* The same for `rows` activation rows act_row .. act_row + rows - 1: row a's
- * outputs go to y[a * n .. (a + 1) * n). */
+ * outputs go to y[a * n .. (a + 1) * n) through the epilogue. */
 bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
                                  bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
                                  int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
-                                 float weight_scale, bn_error *err);
+                                 float weight_scale, bn_vk_w2a8_epilogue epilogue,
+                                 bn_error *err);
 
 /* The same as a sequence of its own: waits for the result. */
 bn_status bn_vk_w2a8_matvec(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,

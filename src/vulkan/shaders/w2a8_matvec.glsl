@@ -1,18 +1,23 @@
-// y[a][r] = (sum_k w[r][k] * x[a][k]) / act_scale[a] * weight_scale for one
-// output r of one activation row a a workgroup: ternary weights
+// y[a][r] = (sum_k w[r][k] * x[a][k]) / act_scale[a] * weight_scale for 8
+// outputs r of one activation row a a workgroup: ternary weights
 // (bn_vk_w2a8_pack's layout, 16 codes of weight + 1 to a word) times rows
 // of int8 activations (4 to a word, zero-padded to whole words of codes)
 // and their scales, both as the norm + int8 kernel writes them (rows
-// act_row .. act_row + rows - 1 of many; y row a holds n outputs). The sum is exact in int32, as on the CPU; the
-// epilogue is the CPU's expression, its division correctly rounded where
-// EXACT_DIVISION is defined (w2a8_matvec_f64.comp; vk_w2a8.h says why).
-// Included by w2a8_matvec.comp and w2a8_matvec_f64.comp.
+// act_row .. act_row + rows - 1 of many; y row a holds n outputs). 32
+// invocations take an output, each its words j = sub, sub + 32, ... (they
+// read a row's 128 contiguous bytes at a time), and their partial sums
+// meet in a tree. The sum is exact in int32, as on the CPU;
+// the epilogue is the CPU's expression, its division correctly rounded
+// where EXACT_DIVISION is defined (w2a8_matvec_f64.comp; vk_w2a8.h says
+// why). Included by w2a8_matvec.comp and w2a8_matvec_f64.comp.
 
-layout(local_size_x = 64) in;
+#define OUTPUTS 8u // a workgroup's outputs (BN_VK_W2A8_OUTPUTS)
+#define LANES 32u  // invocations an output
+layout(local_size_x = 256) in;
 
 layout(std430, binding = 0) readonly buffer Weights { uint w[]; };
 layout(std430, binding = 1) readonly buffer Acts { uint x[]; };
-layout(std430, binding = 2) writeonly buffer Out { float y[]; };
+layout(std430, binding = 2) buffer Out { float y[]; };
 // The activation rows' scales, as the norm + int8 kernel writes them.
 layout(std430, binding = 3) readonly buffer ActScales { float act_scales[]; };
 
@@ -22,44 +27,65 @@ layout(push_constant) uniform Params {
     uint act_row;     // the first activation row: its codes and its scale
     float weight_scale;
     uint rows;        // activation rows
+    uint mode;        // the epilogue: 0 store, 1 add, 2 squared-ReLU gate
 } p;
 
-shared int partial[64];
+shared int partial[OUTPUTS * LANES];
 
 void main()
 {
+    const uint blocks = (p.n + OUTPUTS - 1u) / OUTPUTS; // workgroups an activation row
     const uint id = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-    if (id >= p.n * p.rows)
+    if (id >= blocks * p.rows)
         return; // the whole workgroup: no barrier is left waiting
-    const uint a = id / p.n, row = id % p.n;
-    const uint tid = gl_LocalInvocationID.x;
+    const uint a = id / blocks, tid = gl_LocalInvocationID.x;
+    const uint row = (id % blocks) * OUTPUTS + tid / LANES, sub = tid % LANES;
     const uint act_base = (p.act_row + a) * p.words * 4u;
-    int acc = 0;
-    for (uint j = tid; j < p.words; j += 64u) {
-        const uint codes = w[row * p.words + j];
-        for (uint q = 0u; q < 4u; q++) {
-            const int acts = int(x[act_base + j * 4u + q]);
-            for (uint b = 0u; b < 4u; b++) {
-                const int code = int((codes >> (2u * (4u * q + b))) & 3u) - 1;
-                acc += code * bitfieldExtract(acts, int(8u * b), 8);
+    // Four sums, one a word of activations, so that the adds do not wait
+    // on each other (integer sums: the order does not matter).
+    int acc[4] = int[4](0, 0, 0, 0);
+    if (row < p.n) {
+        for (uint j = sub; j < p.words; j += LANES) {
+            const uint codes = w[row * p.words + j];
+            for (uint q = 0u; q < 4u; q++) {
+                const int acts = int(x[act_base + j * 4u + q]);
+                for (uint b = 0u; b < 4u; b++) {
+                    const int code = int((codes >> (2u * (4u * q + b))) & 3u) - 1;
+                    acc[q] += code * bitfieldExtract(acts, int(8u * b), 8);
+                }
             }
         }
     }
-    partial[tid] = acc;
+    partial[tid] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     barrier();
-    for (uint half_n = 32u; half_n > 0u; half_n >>= 1u) {
-        if (tid < half_n)
-            partial[tid] += partial[tid + half_n];
+    for (uint h = LANES / 2u; h > 0u; h >>= 1u) {
+        if (sub < h)
+            partial[tid] += partial[tid + h];
         barrier();
     }
-    if (tid == 0u) {
+    if (sub == 0u && row < p.n) {
+        const int sum = partial[tid];
         const float act_scale = act_scales[p.act_row + a];
 #ifdef EXACT_DIVISION
-        precise float q = float(double(float(partial[0])) / double(act_scale));
+        precise float q = float(double(float(sum)) / double(act_scale));
 #else
-        precise float q = float(partial[0]) / act_scale;
+        precise float q = float(sum) / act_scale;
 #endif
         precise float v = q * p.weight_scale;
-        y[a * p.n + row] = v;
+        const uint o = a * p.n + row;
+        if (p.mode == 1u) {
+            precise float r = y[o] + v;
+            y[o] = r;
+        } else if (p.mode == 2u) {
+            // The test is on the bits (positive, at most +infinity), not a
+            // compare a driver could turn into a max() that keeps a NaN.
+            const float gate = y[o];
+            const int bits = floatBitsToInt(gate);
+            const float g = bits > 0 && bits <= 0x7f800000 ? gate : 0.0;
+            precise float r = (g * g) * v;
+            y[o] = r;
+        } else {
+            y[o] = v;
+        }
     }
 }
