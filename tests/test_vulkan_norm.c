@@ -3,7 +3,9 @@
  * device: codes, scales and sums bit for bit, on rows that reach every
  * path - smooth random rows, integer rows full of exact ties
  * (127 u / max|u| = j + 1/2), few-bit rows, tiny rows (the plain rule),
- * a zero row, rows with a NaN or an infinity, zero weights - at the
+ * a zero row, rows with a NaN or an infinity, zero weights, rows whose
+ * mean square lies halfway between two floats (the kernel's sum of
+ * squares then in the CPU's order) - at the
  * decode step's widths (2560, 6912), ragged ones and one value; codes and
  * scales poisoned first, a guard row after the last; then a layer's
  * input projection (norm, then the W2A8 product reading the codes and
@@ -22,11 +24,16 @@
 #include "vk_w2a8.h"
 #include "w2a8.h"
 
-/* Row r of kind r % 8. */
+/* Row r of kind r % KINDS. Kind 8: every value +-(1 + 2^-12), so that
+ * ss / n = 1 + 2^-11 + 2^-24 exactly, halfway between two floats: the
+ * kernel's tree sum cannot decide the rounding and adds the squares in the
+ * CPU's eight lanes instead. */
+#define KINDS 9
 static void fill_row(float *x, int64_t n, int kind)
 {
     for (int64_t i = 0; i < n; i++) {
         switch (kind) {
+        case 8: x[i] = (test_rand_u64() & 1 ? 1.0f : -1.0f) * (1.0f + 0x1p-12f); break;
         case 0: x[i] = test_rand_float(-3.0f, 3.0f); break;
         case 1: x[i] = (float)test_rand_range(-254, 254); break;           /* ties */
         case 2: x[i] = (float)test_rand_range(-8, 8) * 0.25f; break;       /* few bits */
@@ -62,7 +69,7 @@ static void check_width(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t rows
     if (!unit && n > 2)
         w[test_rand_range(0, n - 1)] = 0.0f;
     for (int64_t r = 0; r < rows; r++)
-        fill_row(x + r * n, n, (int)(r % 8));
+        fill_row(x + r * n, n, (int)(r % KINDS));
 
     bn_error err;
     bn_vk_buffer bx, bw, bc, bs, bsum;
@@ -109,7 +116,7 @@ static void check_width(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t rows
             CHECK_MSG(false,
                       "n=%lld row %lld (kind %d, %s weights): first differing code at %lld "
                       "(%d, want %d), scale %.9g want %.9g, sum %d want %d",
-                      (long long)n, (long long)r, (int)(r % 8), unit ? "unit" : "random",
+                      (long long)n, (long long)r, (int)(r % KINDS), unit ? "unit" : "random",
                       (long long)first, first >= 0 ? got[first] : 0, first >= 0 ? ref[first] : 0,
                       scales[r], s, sums[r], sum);
     }

@@ -2,7 +2,8 @@
 // CPU's rule (bn_norm_quantize_row, quant_rules.c):
 //
 //   ss    = the squares' sum in eight lanes (element i in lane i % 8, each
-//           lane in order), the lanes added pairwise;
+//           lane in order), the lanes added pairwise (here: a tree, and
+//           the lanes only where the tree's sum could round otherwise);
 //   inv   = 1 / sqrtf((float)(ss / n) + eps);
 //   amax  = max |w (x inv)| in float;  umax = max |w x| in double;
 //   codes = rint(127 * ((w x) / umax)) in double where amax >= 1e-5 and
@@ -51,7 +52,10 @@ layout(push_constant) uniform Params {
 const float QUANT_EPS = 1e-5;
 
 shared REAL lane_sum[8];
+shared REAL dsum[THREADS];
 shared REAL dmax[THREADS];
+shared REAL sh_mean_sq;
+shared bool sh_ordered;
 shared float fmax_[THREADS];
 shared int isum[THREADS];
 shared float sh_inv;
@@ -86,48 +90,66 @@ void main()
             row_x[i] = x[base + i];
         barrier();
     }
-    // The squares' sum, lane by lane in order; max |w x| in double.
-    if (tid < 8u) {
-        precise REAL s = 0.0;
-        uint i = tid;
-        // Eight of the lane's values read ahead, then added in order: one
-        // read at a time, each add waited for its read. A float's square
-        // is exact in double, so fma(v, v, s) rounds once, as s + v * v
-        // does, fused by the device or not: one dependent step an element
-        // instead of two (the chain is most of this kernel's time).
-        for (; i + 56u < n; i += 64u) {
-            float v8[8];
-            for (uint k = 0u; k < 8u; k++)
-                v8[k] = xv(base, i + 8u * k);
-            for (uint k = 0u; k < 8u; k++) {
-                const REAL v = REAL(v8[k]);
-                s = fma(v, v, s);
-            }
-        }
-        for (; i < n; i += 8u) {
-            const REAL v = REAL(xv(base, i));
-            s = fma(v, v, s);
-        }
-        lane_sum[tid] = s;
-    }
+    // The squares' sum and max |w x| in double, each invocation over its
+    // strided values, then one tree for both. The CPU adds the squares in
+    // eight ordered lanes (chains of n / 8 dependent adds, most of this
+    // kernel's time when they ran here); any order of these non-negative
+    // terms lands within (n - 1) 2^-53 of the exact sum, so the two sums
+    // are within 2 n 2^-53 of each other, and the float the CPU rounds
+    // ss / n to is the tree's unless an interval that wide around the
+    // tree's quotient holds a float rounding boundary. Only then (a chance
+    // of about n 2^-28 for a random row) do eight invocations add the
+    // lanes in the CPU's order. Without fp64 the tree's sum is the answer.
+    precise REAL part = 0.0;
     REAL m = 0.0;
     for (uint i = tid; i < n; i += THREADS) {
-        const REAL u = abs(REAL(w[i]) * REAL(xv(base, i)));
+        const float xi = xv(base, i);
+        part = fma(REAL(xi), REAL(xi), part);
+        const REAL u = abs(REAL(w[i]) * REAL(xi));
         if (u > m)
             m = u;
     }
+    dsum[tid] = part;
     dmax[tid] = m;
     barrier();
     for (uint h = THREADS / 2u; h > 0u; h >>= 1u) {
-        if (tid < h && dmax[tid + h] > dmax[tid])
-            dmax[tid] = dmax[tid + h];
+        if (tid < h) {
+            precise REAL t = dsum[tid] + dsum[tid + h];
+            dsum[tid] = t;
+            if (dmax[tid + h] > dmax[tid])
+                dmax[tid] = dmax[tid + h];
+        }
         barrier();
     }
     const REAL umax = dmax[0];
     if (tid == 0u) {
+        const REAL mq = div_rn(dsum[0], REAL(n));
+#ifdef BN_FP64
+        const double d = (4.0 * double(n) + 8.0) * 1.1102230246251565e-16; // (4 n + 8) 2^-53
+        sh_ordered = float(mq * (1.0 - d)) != float(mq * (1.0 + d));
+#else
+        sh_ordered = false;
+#endif
+        sh_mean_sq = mq;
+    }
+    barrier();
+    REAL mean_sq = sh_mean_sq;
+    if (sh_ordered) { // a rounding boundary near: the CPU's order (workgroup-uniform)
+        if (tid < 8u) {
+            precise REAL s = 0.0;
+            for (uint i = tid; i < n; i += 8u) {
+                const REAL v = REAL(xv(base, i));
+                s = fma(v, v, s);
+            }
+            lane_sum[tid] = s;
+        }
+        barrier();
         precise REAL ss = ((lane_sum[0] + lane_sum[1]) + (lane_sum[2] + lane_sum[3])) +
-                            ((lane_sum[4] + lane_sum[5]) + (lane_sum[6] + lane_sum[7]));
-        precise float v = float(div_rn(ss, REAL(n))) + p.eps;
+                          ((lane_sum[4] + lane_sum[5]) + (lane_sum[6] + lane_sum[7]));
+        mean_sq = div_rn(ss, REAL(n));
+    }
+    if (tid == 0u) {
+        precise float v = float(mean_sq) + p.eps;
         // Non-finite sums (a NaN or an infinity in the row) take the plain
         // rule below whatever inv is.
         sh_inv = isnan(v) || isinf(v) ? 1.0 / sqrt(v) : fdiv_rn(1.0, fsqrt_rn(v));
