@@ -25,6 +25,7 @@
 
 #define WG 128u
 #define MAX_HD 512u
+#define VBATCH 32u // values of positions loaded at once in the weighted sum
 
 layout(local_size_x = 128) in;
 
@@ -116,6 +117,17 @@ void main()
         }
         precise float acc[8] = float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
         uint i = 0u;
+        // Sixteen of the key's values loaded before any is used (two rounds
+        // of the lanes), then the rounds in order.
+        for (; i + 16u <= hd; i += 16u) {
+            float kv[16];
+            for (uint l = 0u; l < 16u; l++)
+                kv[l] = kc[kb + i + l];
+            for (uint l = 0u; l < 8u; l++)
+                acc[l] = acc[l] + q_sh[i + l] * kv[l];
+            for (uint l = 0u; l < 8u; l++)
+                acc[l] = acc[l] + q_sh[i + 8u + l] * kv[8u + l];
+        }
         for (; i + 8u <= hd; i += 8u)
             for (uint l = 0u; l < 8u; l++)
                 acc[l] = acc[l] + q_sh[i + l] * kc[kb + i + l];
@@ -183,17 +195,17 @@ void main()
         }
         barrier();
         const uint cnt = min(WG, n_pos - c);
-        // Sixteen positions' values loaded at once (independent loads in
+        // VBATCH positions' values loaded at once (independent loads in
         // flight together; one after another they took most of a decode
         // step's attention), then added in position order.
-        for (uint k0 = 0u; k0 < cnt; k0 += 16u) {
-            const uint kn = min(16u, cnt - k0);
+        for (uint k0 = 0u; k0 < cnt; k0 += VBATCH) {
+            const uint kn = min(VBATCH, cnt - k0);
             for (uint j = 0u; j < MAX_HD / WG; j++) {
                 const uint i = tid + j * WG;
                 if (i >= hd)
                     continue;
-                float vv[16];
-                for (uint k = 0u; k < 16u; k++)
+                float vv[VBATCH];
+                for (uint k = 0u; k < VBATCH; k++)
                     vv[k] = k < kn ? vc[at_sh[k0 + k] + i] : 0.0;
                 for (uint k = 0u; k < kn; k++)
                     o[j] = o[j] + e_sh[k0 + k] * vv[k];
