@@ -1,10 +1,12 @@
 /* test_util_vulkan.h - for the Vulkan tests: the first Vulkan device
- * opened, or exit 77 (skipped) with the reason. */
+ * opened, or exit 77 (skipped) with the reason; one W2A8 product recorded
+ * or run alone. */
 #ifndef BN_TEST_UTIL_VULKAN_H
 #define BN_TEST_UTIL_VULKAN_H
 
 #include "test_util.h"
 #include "vk_context.h"
+#include "vk_w2a8.h"
 
 /* Opens device 0 and says which it is; *count gets the devices listed. */
 static inline bn_vk *test_require_vulkan(int *count)
@@ -25,6 +27,32 @@ static inline bn_vk *test_require_vulkan(int *count)
            devs[0].fp64 ? "yes" : "no");
     *count = n;
     return vk;
+}
+
+/* y[0 .. n) = W x for activation row act_row, stored as it is: recorded
+ * into the open sequence, or (test_vk_w2a8_matvec) as a sequence of its
+ * own, waited for. */
+static inline bn_status test_vk_w2a8_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
+                                            bn_vk_buffer *x, bn_vk_buffer *act_scales,
+                                            int64_t act_row, bn_vk_buffer *y, int64_t n,
+                                            int64_t k, float weight_scale, bn_error *err)
+{
+    return bn_vk_w2a8_record_rows(vk, kernel, w, x, act_scales, act_row, 1, y, n, k, weight_scale,
+                                  BN_VK_W2A8_STORE, err);
+}
+
+static inline bn_status test_vk_w2a8_matvec(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
+                                            bn_vk_buffer *x, bn_vk_buffer *act_scales,
+                                            int64_t act_row, bn_vk_buffer *y, int64_t n,
+                                            int64_t k, float weight_scale, bn_error *err)
+{
+    bn_status st = bn_vk_begin(vk, err);
+    if (st != BN_OK)
+        return st;
+    st = test_vk_w2a8_record(vk, kernel, w, x, act_scales, act_row, y, n, k, weight_scale, err);
+    bn_error closing;
+    const bn_status end = bn_vk_submit(vk, st == BN_OK ? err : &closing);
+    return st != BN_OK ? st : end;
 }
 
 #endif

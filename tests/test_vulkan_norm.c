@@ -179,7 +179,7 @@ static void check_chain(bn_vk *vk, bn_vk_kernel *norm, bn_vk_kernel *w2a8, int64
     CHECK(bn_vk_begin(vk, &err) == BN_OK);
     CHECK(bn_vk_norm_record(vk, norm, &bx, &bw, &bq, &bs, &bsum, rows, n, 1e-5f, &err) == BN_OK);
     for (int64_t r = 0; r < rows; r++)
-        CHECK(bn_vk_w2a8_record(vk, w2a8, &bcodes, &bq, &bs, r, &by[r], m, n, weight_scale,
+        CHECK(test_vk_w2a8_record(vk, w2a8, &bcodes, &bq, &bs, r, &by[r], m, n, weight_scale,
                                 &err) == BN_OK);
     CHECK(bn_vk_submit(vk, &err) == BN_OK);
 

@@ -103,7 +103,7 @@ static void check_shape(bn_vk *vk, bn_vk_kernel *kernel, bool exact_division, in
     got[n] = guard;
     CHECK(bn_vk_write(vk, &y, got, (size_t)(n + 1) * sizeof(float), &err) == BN_OK);
     bn_vk_buffer one = scale_buffer(vk, 1.0f), real = scale_buffer(vk, act_scale);
-    CHECK(bn_vk_w2a8_matvec(vk, kernel, &w, &xb, &one, 0, &y, n, k, 1.0f, &err) == BN_OK);
+    CHECK(test_vk_w2a8_matvec(vk, kernel, &w, &xb, &one, 0, &y, n, k, 1.0f, &err) == BN_OK);
     CHECK(bn_vk_read(vk, &y, got, (size_t)(n + 1) * sizeof(float), &err) == BN_OK);
     int bad = 0;
     for (int64_t r = 0; r < n; r++) {
@@ -120,7 +120,7 @@ static void check_shape(bn_vk *vk, bn_vk_kernel *kernel, bool exact_division, in
     for (int64_t i = 0; i < n; i++)
         got[i] = NAN;
     CHECK(bn_vk_write(vk, &y, got, (size_t)n * sizeof(float), &err) == BN_OK);
-    CHECK(bn_vk_w2a8_matvec(vk, kernel, &w, &xb, &real, 0, &y, n, k, weight_scale, &err) ==
+    CHECK(test_vk_w2a8_matvec(vk, kernel, &w, &xb, &real, 0, &y, n, k, weight_scale, &err) ==
           BN_OK);
     CHECK(bn_vk_read(vk, &y, got, (size_t)n * sizeof(float), &err) == BN_OK);
     int far = 0, exact = 0;
@@ -153,34 +153,48 @@ static void check_shape(bn_vk *vk, bn_vk_kernel *kernel, bool exact_division, in
  * 13 and 21 rows starting past row 0):
  * each output row bit for bit the same row's product alone, the rows
  * after the last left poisoned. */
-static void check_rows(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k, int64_t first,
-                       int64_t rows)
+/* Random ternary weights (n x k, packed), act_rows rows of int8
+ * activations and their scales, uploaded into new buffers bw, bx, bs. */
+static void upload_random_product(bn_vk *vk, int64_t n, int64_t k, int64_t act_rows,
+                                  bn_vk_buffer *bw, bn_vk_buffer *bx, bn_vk_buffer *bs)
 {
     const size_t words = bn_vk_w2a8_words(k);
-    const int64_t total = first + rows;
-    int8_t *codes = malloc((size_t)(n * k)), *xq = calloc((size_t)total * words * 16, 1);
+    int8_t *codes = malloc((size_t)(n * k)), *xq = calloc((size_t)act_rows * words * 16, 1);
     uint32_t *packed = malloc((size_t)n * words * 4);
-    float *scales = malloc((size_t)total * sizeof *scales);
-    float *got = malloc((size_t)(rows + 1) * (size_t)n * sizeof *got), *one = malloc((size_t)n * 4);
-    CHECK(codes && xq && packed && scales && got && one);
+    float *scales = malloc((size_t)act_rows * sizeof *scales);
+    CHECK(codes && xq && packed && scales);
     for (int64_t i = 0; i < n * k; i++)
         codes[i] = (int8_t)test_rand_range(-1, 1);
-    for (int64_t r = 0; r < total; r++) {
+    for (int64_t r = 0; r < act_rows; r++) {
         for (int64_t i = 0; i < k; i++)
             xq[(size_t)r * words * 16 + (size_t)i] = (int8_t)test_rand_range(-127, 127);
         scales[r] = test_rand_float(0.5f, 200.0f);
     }
     bn_vk_w2a8_pack(codes, n, k, packed);
     bn_error err;
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)n * words * 4, bw, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)act_rows * words * 16, bx, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)act_rows * 4, bs, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, bw, packed, (size_t)n * words * 4, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, bx, xq, (size_t)act_rows * words * 16, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, bs, scales, (size_t)act_rows * 4, &err) == BN_OK);
+    free(codes);
+    free(xq);
+    free(packed);
+    free(scales);
+}
+
+static void check_rows(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k, int64_t first,
+                       int64_t rows)
+{
+    const int64_t total = first + rows;
+    float *got = malloc((size_t)(rows + 1) * (size_t)n * sizeof *got), *one = malloc((size_t)n * 4);
+    CHECK(got && one);
+    bn_error err;
     bn_vk_buffer bw, bx, bs, by, b1;
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)n * words * 4, &bw, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)total * words * 16, &bx, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)total * 4, &bs, &err) == BN_OK);
+    upload_random_product(vk, n, k, total, &bw, &bx, &bs);
     CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows + 1) * n * 4, &by, &err) == BN_OK);
     CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)n * 4, &b1, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bw, packed, (size_t)n * words * 4, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bx, xq, (size_t)total * words * 16, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bs, scales, (size_t)total * 4, &err) == BN_OK);
     for (int64_t i = 0; i < (rows + 1) * n; i++)
         got[i] = NAN;
     CHECK(bn_vk_write(vk, &by, got, (size_t)(rows + 1) * n * 4, &err) == BN_OK);
@@ -191,7 +205,7 @@ static void check_rows(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k, in
     CHECK(bn_vk_read(vk, &by, got, (size_t)(rows + 1) * n * 4, &err) == BN_OK);
     int bad = 0;
     for (int64_t r = 0; r < rows; r++) {
-        CHECK(bn_vk_w2a8_matvec(vk, kernel, &bw, &bx, &bs, first + r, &b1, n, k, 0.37f, &err) ==
+        CHECK(test_vk_w2a8_matvec(vk, kernel, &bw, &bx, &bs, first + r, &b1, n, k, 0.37f, &err) ==
               BN_OK);
         CHECK(bn_vk_read(vk, &b1, one, (size_t)n * 4, &err) == BN_OK);
         for (int64_t o = 0; o < n; o++)
@@ -207,10 +221,6 @@ static void check_rows(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k, in
     bn_vk_buffer *const all[] = {&bw, &bx, &bs, &by, &b1};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         bn_vk_buffer_free(vk, all[i]);
-    free(codes);
-    free(xq);
-    free(packed);
-    free(scales);
     free(got);
     free(one);
 }
@@ -235,31 +245,14 @@ static float ftz(float v) { return fabsf(v) < FLT_MIN ? copysignf(0.0f, v) : v; 
 
 static void check_epilogues(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k, int64_t rows)
 {
-    const size_t words = bn_vk_w2a8_words(k);
     const int64_t total = rows * n;
-    int8_t *codes = malloc((size_t)(n * k)), *xq = calloc((size_t)rows * words * 16, 1);
-    uint32_t *packed = malloc((size_t)n * words * 4);
-    float *scales = malloc((size_t)rows * sizeof *scales);
     float *plain = malloc((size_t)total * 4), *start = malloc((size_t)(total + 1) * 4),
           *got = malloc((size_t)(total + 1) * 4);
-    CHECK(codes && xq && packed && scales && plain && start && got);
-    for (int64_t i = 0; i < n * k; i++)
-        codes[i] = (int8_t)test_rand_range(-1, 1);
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t i = 0; i < k; i++)
-            xq[(size_t)r * words * 16 + (size_t)i] = (int8_t)test_rand_range(-127, 127);
-        scales[r] = test_rand_float(0.5f, 200.0f);
-    }
-    bn_vk_w2a8_pack(codes, n, k, packed);
+    CHECK(plain && start && got);
     bn_error err;
     bn_vk_buffer bw, bx, bs, by;
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)n * words * 4, &bw, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)rows * words * 16, &bx, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)rows * 4, &bs, &err) == BN_OK);
+    upload_random_product(vk, n, k, rows, &bw, &bx, &bs);
     CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(total + 1) * 4, &by, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bw, packed, (size_t)n * words * 4, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bx, xq, (size_t)rows * words * 16, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bs, scales, (size_t)rows * 4, &err) == BN_OK);
     const float weight_scale = test_rand_float(0.01f, 2.0f), guard = -12345.5f;
     static const float special[] = {NAN, -NAN, -0.0f, 0.0f, INFINITY, -INFINITY, 1e-40f, -1e-40f};
     for (int e = BN_VK_W2A8_STORE; e <= BN_VK_W2A8_RELU2_UP; e++) {
@@ -306,10 +299,6 @@ static void check_epilogues(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t 
     bn_vk_buffer *const all[] = {&bw, &bx, &bs, &by};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         bn_vk_buffer_free(vk, all[i]);
-    free(codes);
-    free(xq);
-    free(packed);
-    free(scales);
     free(plain);
     free(start);
     free(got);
@@ -377,10 +366,10 @@ int main(void)
         CHECK(bn_vk_write(vk, &xb, xq, words * 16, &err) == BN_OK);
         /* Alone: y0 = W x, y1 = W x scaled, y2 = (y0's bits as weights) x. */
         bn_vk_buffer one = scale_buffer(vk, 1.0f), three = scale_buffer(vk, 3.0f);
-        CHECK(bn_vk_w2a8_matvec(vk, kernel, &w, &xb, &one, 0, &y[0], n, k, 1.0f, &err) == BN_OK);
-        CHECK(bn_vk_w2a8_matvec(vk, kernel, &w, &xb, &three, 0, &y[1], n, k, 0.5f, &err) ==
+        CHECK(test_vk_w2a8_matvec(vk, kernel, &w, &xb, &one, 0, &y[0], n, k, 1.0f, &err) == BN_OK);
+        CHECK(test_vk_w2a8_matvec(vk, kernel, &w, &xb, &three, 0, &y[1], n, k, 0.5f, &err) ==
               BN_OK);
-        CHECK(bn_vk_w2a8_matvec(vk, kernel, &y[0], &xb, &one, 0, &y[2], 1, 16, 1.0f, &err) ==
+        CHECK(test_vk_w2a8_matvec(vk, kernel, &y[0], &xb, &one, 0, &y[2], 1, 16, 1.0f, &err) ==
               BN_OK);
         for (int i = 0; i < 3; i++)
             CHECK(bn_vk_read(vk, &y[i], alone[i], sizeof alone[i], &err) == BN_OK);
@@ -388,10 +377,10 @@ int main(void)
         for (int i = 0; i < 3; i++)
             CHECK(bn_vk_write(vk, &y[i], nan_row, sizeof nan_row, &err) == BN_OK);
         CHECK(bn_vk_begin(vk, &err) == BN_OK);
-        CHECK(bn_vk_w2a8_record(vk, kernel, &w, &xb, &one, 0, &y[0], n, k, 1.0f, &err) == BN_OK);
-        CHECK(bn_vk_w2a8_record(vk, kernel, &w, &xb, &three, 0, &y[1], n, k, 0.5f, &err) ==
+        CHECK(test_vk_w2a8_record(vk, kernel, &w, &xb, &one, 0, &y[0], n, k, 1.0f, &err) == BN_OK);
+        CHECK(test_vk_w2a8_record(vk, kernel, &w, &xb, &three, 0, &y[1], n, k, 0.5f, &err) ==
               BN_OK);
-        CHECK(bn_vk_w2a8_record(vk, kernel, &y[0], &xb, &one, 0, &y[2], 1, 16, 1.0f, &err) ==
+        CHECK(test_vk_w2a8_record(vk, kernel, &y[0], &xb, &one, 0, &y[2], 1, 16, 1.0f, &err) ==
               BN_OK);
         /* No copy, and no second sequence, while one is open. */
         CHECK(bn_vk_read(vk, &y[0], seq[0], sizeof seq[0], &err) == BN_ERR_INTERNAL);
@@ -425,9 +414,9 @@ int main(void)
               err.message);
     bn_vk_buffer small;
     CHECK(bn_vk_buffer_create(vk, 64, &small, &err) == BN_OK);
-    CHECK(bn_vk_w2a8_matvec(vk, kernel, &small, &small, &small, 0, &small, 100, 100, 1.0f,
+    CHECK(test_vk_w2a8_matvec(vk, kernel, &small, &small, &small, 0, &small, 100, 100, 1.0f,
                             &err) == BN_ERR_INVALID_ARGUMENT);
-    CHECK(bn_vk_w2a8_matvec(vk, kernel, &small, &small, &small, 9, &small, 1, 16, 1.0f, &err) ==
+    CHECK(test_vk_w2a8_matvec(vk, kernel, &small, &small, &small, 9, &small, 1, 16, 1.0f, &err) ==
           BN_ERR_INVALID_ARGUMENT); /* an activation row past the buffers */
     CHECK(bn_vk_dispatch(vk, kernel, (bn_vk_buffer *const[]){&small, &small, &small, &small},
                          NULL, 1, 1, &err) == BN_ERR_INTERNAL); /* outside a sequence */

@@ -427,6 +427,35 @@ __global__ void read_kernel(const int4 *w, int64_t n16, int *sink)
         *sink = acc;
 }
 
+/* The CPU's chain: each stage's input the stage before's output >> 9 (or,
+ * normalised, >> shift_for(its largest |value|)), clamped; the last
+ * stage's output. */
+static std::vector<int32_t> cpu_chain(const std::vector<Stage> &st, const std::vector<int8_t> &w,
+                                      const std::vector<int8_t> &x, bool normalised)
+{
+    std::vector<int32_t> prev(13824), out(13824);
+    std::vector<int8_t> in(kMaxK);
+    for (size_t s = 0; s < st.size(); s++) {
+        uint32_t amax = 0;
+        for (int i = 0; normalised && s > 0 && i < st[s].k; i++)
+            amax = std::max(amax, (uint32_t)std::abs(prev[i]));
+        const int sh = normalised ? shift_for(amax) : 9;
+        for (int i = 0; i < st[s].k; i++) {
+            const int32_t t = s == 0 ? x[i] : prev[i] >> sh;
+            in[i] = (int8_t)(t > 127 ? 127 : t < -127 ? -127 : t);
+        }
+        for (int r = 0; r < st[s].n; r++) {
+            int32_t acc = 0;
+            const int8_t *row = &w[(size_t)(st[s].offset + (int64_t)r * st[s].k)];
+            for (int i = 0; i < st[s].k; i++)
+                acc += (int32_t)row[i] * in[i];
+            out[r] = acc;
+        }
+        prev.swap(out);
+    }
+    return prev;
+}
+
 int main()
 {
     const int sms = device_sms();
@@ -450,49 +479,9 @@ int main()
         v = (int8_t)lab_rand_range(-127, 127);
     for (auto &v : x)
         v = (int8_t)lab_rand_range(-127, 127);
-    /* The CPU's chain. */
-    std::vector<int32_t> prev(13824), out(13824);
-    std::vector<int8_t> in(kMaxK);
-    for (int s = 0; s < S; s++) {
-        for (int i = 0; i < st[s].k; i++) {
-            if (s == 0) {
-                in[i] = x[i];
-            } else {
-                const int32_t t = prev[i] >> 9;
-                in[i] = (int8_t)(t > 127 ? 127 : t < -127 ? -127 : t);
-            }
-        }
-        for (int r = 0; r < st[s].n; r++) {
-            int32_t acc = 0;
-            const int8_t *row = &w[(size_t)(st[s].offset + (int64_t)r * st[s].k)];
-            for (int i = 0; i < st[s].k; i++)
-                acc += (int32_t)row[i] * in[i];
-            out[r] = acc;
-        }
-        prev.swap(out);
-    }
-    const std::vector<int32_t> want_plain = prev;
+    const std::vector<int32_t> want_plain = cpu_chain(st, w, x, false);
     const int32_t *want = want_plain.data(); /* the last stage's output (n = 2560) */
-    /* The normalised chain: each stage's input shifted by its own max. */
-    for (int s = 0; s < S; s++) {
-        uint32_t amax = 0;
-        for (int i = 0; s > 0 && i < st[s].k; i++)
-            amax = std::max(amax, (uint32_t)std::abs(prev[i]));
-        const int sh = shift_for(amax);
-        for (int i = 0; i < st[s].k; i++) {
-            const int32_t t = s == 0 ? x[i] : prev[i] >> sh;
-            in[i] = (int8_t)(t > 127 ? 127 : t < -127 ? -127 : t);
-        }
-        for (int r = 0; r < st[s].n; r++) {
-            int32_t acc = 0;
-            const int8_t *row = &w[(size_t)(st[s].offset + (int64_t)r * st[s].k)];
-            for (int i = 0; i < st[s].k; i++)
-                acc += (int32_t)row[i] * in[i];
-            out[r] = acc;
-        }
-        prev.swap(out);
-    }
-    const std::vector<int32_t> want_norm = prev;
+    const std::vector<int32_t> want_norm = cpu_chain(st, w, x, true);
     const int last_n = st[S - 1].n;
 
     int8_t *dw, *dx;

@@ -77,24 +77,3 @@ bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *
     bn_vk_buffer *const buffers[4] = {w, x, y, act_scales};
     return bn_vk_dispatch(vk, kernel, buffers, &p, gx, gy, err);
 }
-
-bn_status bn_vk_w2a8_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
-                            bn_vk_buffer *act_scales, int64_t act_row, bn_vk_buffer *y, int64_t n,
-                            int64_t k, float weight_scale, bn_error *err)
-{
-    return bn_vk_w2a8_record_rows(vk, kernel, w, x, act_scales, act_row, 1, y, n, k, weight_scale,
-                                  BN_VK_W2A8_STORE, err);
-}
-
-bn_status bn_vk_w2a8_matvec(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
-                            bn_vk_buffer *act_scales, int64_t act_row, bn_vk_buffer *y, int64_t n,
-                            int64_t k, float weight_scale, bn_error *err)
-{
-    bn_status st = bn_vk_begin(vk, err);
-    if (st != BN_OK)
-        return st;
-    st = bn_vk_w2a8_record(vk, kernel, w, x, act_scales, act_row, y, n, k, weight_scale, err);
-    bn_error closing;
-    bn_status end = bn_vk_submit(vk, st == BN_OK ? err : &closing);
-    return st != BN_OK ? st : end;
-}

@@ -32,14 +32,6 @@ void bn_vk_w2a8_pack(const int8_t *codes, int64_t n, int64_t k, uint32_t *out);
  * that divides in double (BN_ERR_UNSUPPORTED on a device without fp64). */
 bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bn_vk_kernel **out, bn_error *err);
 
-/* y[0 .. n) = W x for weights w (n rows of k, packed) and activation row
- * act_row of x (rows of 4 * bn_vk_w2a8_words(k) words, packed as above)
- * with its scale act_scales[act_row]: what the norm + int8 kernel writes
- * (vk_norm.h). Recorded into the open sequence (bn_vk_begin). */
-bn_status bn_vk_w2a8_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
-                            bn_vk_buffer *act_scales, int64_t act_row, bn_vk_buffer *y, int64_t n,
-                            int64_t k, float weight_scale, bn_error *err);
-
 /* What a product does with its output v at y[i] (the CPU's operations,
  * each rounded once): stores it; adds it (the residual add, y += v); or
  * takes it as the up of a squared-ReLU gate held in y (y = (g g) v, g =
@@ -50,17 +42,16 @@ typedef enum bn_vk_w2a8_epilogue {
     BN_VK_W2A8_RELU2_UP = 2,
 } bn_vk_w2a8_epilogue;
 
-/* The same for `rows` activation rows act_row .. act_row + rows - 1: row a's
- * outputs go to y[a * n .. (a + 1) * n) through the epilogue. */
+/* y = W x for weights w (n rows of k, packed) and activation rows act_row
+ * .. act_row + rows - 1 of x (rows of 4 * bn_vk_w2a8_words(k) words,
+ * packed as above) with their scales act_scales[act_row ..]: what the
+ * norm + int8 kernel writes (vk_norm.h). Row a's outputs go to y[a * n ..
+ * (a + 1) * n) through the epilogue. Recorded into the open sequence
+ * (bn_vk_begin). */
 bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
                                  bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
                                  int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
                                  float weight_scale, bn_vk_w2a8_epilogue epilogue,
                                  bn_error *err);
-
-/* The same as a sequence of its own: waits for the result. */
-bn_status bn_vk_w2a8_matvec(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
-                            bn_vk_buffer *act_scales, int64_t act_row, bn_vk_buffer *y, int64_t n,
-                            int64_t k, float weight_scale, bn_error *err);
 
 #endif
