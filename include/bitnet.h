@@ -161,6 +161,9 @@ typedef struct bn_config {
     bool vulkan_no_fp64;             /* BITNET_VULKAN_FP64=0: the Vulkan
                                         backend's kernels without fp64, as
                                         on a device that has none          */
+    bool vulkan_no_dot;              /* BITNET_VULKAN_DOT=0: its W2A8
+                                        products without integer dot
+                                        products, as on a device without  */
 } bn_config;
 
 /* Defaults, as if no BITNET_* variable were set. cfg NULL does nothing. */

@@ -68,7 +68,9 @@ b = r["backend"]
 assert b["selected"] == "vulkan:0", b["selected"]
 assert b["requested"] == "vulkan", b["requested"]
 assert b["kv_cache_type"] == "f32", b["kv_cache_type"]
-assert "vulkan_w2a8" in b["kernels"] and "vulkan_attention" in b["kernels"], b["kernels"]
+# the W2A8 product: its integer dot-product form where the device has them (lavapipe does)
+assert ("vulkan_w2a8" in b["kernels"]) != ("vulkan_w2a8_dot" in b["kernels"]), b["kernels"]
+assert "vulkan_attention" in b["kernels"], b["kernels"]
 assert b["threads"] == 0
 EOF
 done
@@ -81,6 +83,22 @@ check "BITNET_DEVICE=vulkan: exit $(rc)" [ "$(rc)" = 0 ]
 check "BITNET_DEVICE=vulkan: startup line" grep -q 'selected=vulkan:0' "$tmp/err"
 run "$BITNET" run -m "$M/i2s.gguf" --prompt-ids 1,2,3,4,5,6,7 -n 20 --temp 0 --device cpu
 check "BITNET_DEVICE=vulkan: the CPU's tokens" cmp -s "$tmp/out" "$tmp/env.txt"
+
+# BITNET_VULKAN_DOT=0: the W2A8 products' portable sums, the same tokens;
+# a malformed value is refused before anything runs.
+run env BITNET_VULKAN_DOT=0 "$BITNET" run -m "$M/i2s.gguf" --prompt-ids 1,2,3,4,5,6,7 -n 20 \
+    --temp 0 --device vulkan --receipt "$tmp/nodot.json"
+check "BITNET_VULKAN_DOT=0: exit $(rc)" [ "$(rc)" = 0 ]
+check "BITNET_VULKAN_DOT=0: the CPU's tokens" cmp -s "$tmp/out" "$tmp/env.txt"
+check "BITNET_VULKAN_DOT=0: the portable products" python3 - "$tmp/nodot.json" <<'EOF'
+import json, sys
+k = json.load(open(sys.argv[1]))["backend"]["kernels"]
+assert "vulkan_w2a8" in k and "vulkan_w2a8_dot" not in k, k
+EOF
+run env BITNET_VULKAN_DOT=maybe "$BITNET" run -m "$M/i2s.gguf" --prompt-ids 1,2,3 -n 2 \
+    --device vulkan
+check "BITNET_VULKAN_DOT=maybe: exit 3 ($(rc))" [ "$(rc)" = 3 ]
+check "BITNET_VULKAN_DOT=maybe: says which variable" grep -q BITNET_VULKAN_DOT "$tmp/err"
 
 # Several prompts at once: batched passes over the paged cache, each text
 # the CPU's, greedy and sampled.

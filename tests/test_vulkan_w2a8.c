@@ -4,7 +4,9 @@
  *   - the int32 sums exactly: with both scales 1 the output is (float) sum;
  *   - the outputs with real scales bit-identical to the CPU's on a device
  *     with fp64 (the exact division), else within the division's allowance
- *     (vk_w2a8.h), counting the bit-identical ones;
+ *     (vk_w2a8.h), counting the bit-identical ones; every check below for
+ *     the portable sums and, where the device has integer dot products
+ *     (lavapipe, NVIDIA), the dot-product ones;
  *   - ragged shapes (k not a multiple of 16, one row, more rows than a
  *     grid column's 65535 workgroups of 8 outputs hold), outputs poisoned
  *     with NaN, a guard value after the last row;
@@ -312,16 +314,21 @@ int main(void)
     bn_error err;
     const bool fp64 = bn_vk_device(vk)->fp64;
 
-    /* Both variants where the device has fp64: the device's division and
-     * the exact one. */
+    /* Every variant the device has: portable sums and (with integer dot
+     * products) the dot-product ones, each with the device's division and
+     * (with fp64) the exact one. */
+    const bool dot_ok = bn_vk_device(vk)->integer_dot_product;
     static const int64_t shapes[][2] = {{1, 1},    {1, 16},    {3, 17},    {64, 2560},
                                         {37, 640}, {200, 1000}, {5, 6912}, {530000, 16}};
     bn_vk_kernel *kernel = NULL;
-    for (int exact_division = fp64 ? 1 : 0; exact_division >= 0; exact_division--) {
+    for (int v = 0; v < (dot_ok ? 4 : 2); v++) {
+        const bool dot = v >= 2, exact_division = v % 2 == 0;
+        if (exact_division && !fp64)
+            continue;
         if (kernel)
             bn_vk_kernel_free(vk, kernel);
         kernel = NULL;
-        CHECK(bn_vk_w2a8_kernel(vk, exact_division, &kernel, &err) == BN_OK);
+        CHECK(bn_vk_w2a8_kernel(vk, exact_division, dot, &kernel, &err) == BN_OK);
         exact_total = compared_total = 0;
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
             check_shape(vk, kernel, exact_division, shapes[i][0], shapes[i][1]);
@@ -334,12 +341,18 @@ int main(void)
                        row_counts[i]);
         check_epilogues(vk, kernel, test_rand_range(1, 300), test_rand_range(1, 3000), 1);
         check_epilogues(vk, kernel, test_rand_range(1, 300), test_rand_range(1, 700), 5);
-        printf("%s division: outputs bit-identical to the CPU's: %d of %d\n",
-               exact_division ? "exact (fp64)" : "the device's", exact_total, compared_total);
+        printf("%s sums, %s division: outputs bit-identical to the CPU's: %d of %d\n",
+               dot ? "dot-product" : "portable", exact_division ? "exact (fp64)" : "the device's",
+               exact_total, compared_total);
     }
     if (!fp64) {
         bn_vk_kernel *none = NULL;
-        CHECK(bn_vk_w2a8_kernel(vk, true, &none, &err) == BN_ERR_UNSUPPORTED && !none);
+        CHECK(bn_vk_w2a8_kernel(vk, true, false, &none, &err) == BN_ERR_UNSUPPORTED && !none);
+    }
+    if (!dot_ok) {
+        bn_vk_kernel *none = NULL;
+        CHECK(bn_vk_w2a8_kernel(vk, false, true, &none, &err) == BN_ERR_UNSUPPORTED && !none);
+        CHECK_STR_CONTAINS(err.message, "dot products");
     }
 
     /* A sequence of three products recorded into one command buffer: each

@@ -322,6 +322,14 @@ static bool set_vulkan_fp64(bn_config *c, const char *v)
     c->vulkan_no_fp64 = !on;
     return true;
 }
+static bool set_vulkan_dot(bn_config *c, const char *v)
+{
+    bool on;
+    if (!parse_bool(v, &on))
+        return false;
+    c->vulkan_no_dot = !on;
+    return true;
+}
 static bool set_threads(bn_config *c, const char *v)
 {
     return parse_int_range(v, 1, 4096, &c->num_threads);
@@ -384,6 +392,7 @@ static const struct variable {
     {"BITNET_LIBRARY", "a path to libbitnet.so (read by the Python package only)",
      set_library_path},
     {"BITNET_VULKAN_FP64", "0 or 1 (also true/false, yes/no, on/off)", set_vulkan_fp64},
+    {"BITNET_VULKAN_DOT", "0 or 1 (also true/false, yes/no, on/off)", set_vulkan_dot},
 };
 #define N_VARIABLES (sizeof variables / sizeof variables[0])
 

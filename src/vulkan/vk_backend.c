@@ -443,7 +443,8 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
     v->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     bn_status st = bn_vk_open(device, &v->vk, err);
     if (st == BN_OK)
-        st = bn_vk_w2a8_kernel(v->vk, bn_vk_device(v->vk)->fp64, &v->w2a8, err);
+        st = bn_vk_w2a8_kernel(v->vk, bn_vk_device(v->vk)->fp64,
+                               bn_vk_device(v->vk)->integer_dot_product, &v->w2a8, err);
     if (st == BN_OK)
         st = bn_vk_norm_kernel(v->vk, &v->norm, err);
     if (st == BN_OK)
@@ -771,8 +772,9 @@ static void vk_report(const bn_backend *b, bn_engine_info *info)
     info->backend_scratch_bytes = v->scratch_bytes;
     info->backend_total_bytes = info->gpu_total_bytes;
     snprintf(info->kernels, sizeof info->kernels,
-             "vulkan_w2a8,vulkan_norm_quantize,vulkan_rope_store,vulkan_attention,"
+             "vulkan_w2a8%s,vulkan_norm_quantize,vulkan_rope_store,vulkan_attention,"
              "vulkan_rmsnorm,vulkan_head_%s%s",
+             bn_vk_device(v->vk)->integer_dot_product ? "_dot" : "",
              v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32",
              v->replays > 0 ? ",vulkan_decode_replay" : "");
 }

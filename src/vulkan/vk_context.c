@@ -19,6 +19,7 @@
     X(vkGetPhysicalDeviceProperties)                                                           \
     X(vkGetPhysicalDeviceProperties2)                                                          \
     X(vkGetPhysicalDeviceFeatures)                                                             \
+    X(vkGetPhysicalDeviceFeatures2)                                                            \
     X(vkGetPhysicalDeviceMemoryProperties)                                                     \
     X(vkGetPhysicalDeviceQueueFamilyProperties)                                                \
     X(vkEnumerateDeviceExtensionProperties)                                                    \
@@ -187,7 +188,16 @@ static void describe(const vk_fns *f, VkPhysicalDevice pd, bn_vulkan_device *d)
     VkPhysicalDeviceFeatures feat;
     f->vkGetPhysicalDeviceFeatures(pd, &feat);
     d->fp64 = feat.shaderFloat64 == VK_TRUE;
-    d->integer_dot_product = has_extension(f, pd, "VK_KHR_shader_integer_dot_product");
+    /* Integer dot products: the extension and its feature (the W2A8
+     * kernels' dot variants need both enabled at vkCreateDevice). */
+    if (has_extension(f, pd, "VK_KHR_shader_integer_dot_product")) {
+        VkPhysicalDeviceShaderIntegerDotProductFeatures dot = {
+            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
+        VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
+                                        .pNext = &dot};
+        f->vkGetPhysicalDeviceFeatures2(pd, &f2);
+        d->integer_dot_product = dot.shaderIntegerDotProduct == VK_TRUE;
+    }
 }
 
 /* The physical devices, at most max of them. */
@@ -345,6 +355,9 @@ bn_status bn_vk_open(int index, bn_vk **out, bn_error *err)
     bn_config cfg;
     if (bn_config_from_env(&cfg, NULL) == BN_OK && cfg.vulkan_no_fp64)
         vk->info.fp64 = false;
+    /* BITNET_VULKAN_DOT=0 likewise: the portable W2A8 sums. */
+    if (bn_config_from_env(&cfg, NULL) == BN_OK && cfg.vulkan_no_dot)
+        vk->info.integer_dot_product = false;
     VkPhysicalDeviceProperties props;
     f->vkGetPhysicalDeviceProperties(vk->pd, &props);
     vk->ns_per_tick = props.limits.timestampPeriod;
@@ -371,12 +384,21 @@ bn_status bn_vk_open(int index, bn_vk **out, bn_error *err)
                                          .queueFamilyIndex = vk->queue_family,
                                          .queueCount = 1,
                                          .pQueuePriorities = &priority};
-    /* fp64 where the device has it: the kernels' exact divisions use it. */
+    /* fp64 where the device has it: the kernels' exact divisions use it;
+     * integer dot products likewise: the W2A8 kernels' dot variants. */
     const VkPhysicalDeviceFeatures features = {.shaderFloat64 = vk->info.fp64 ? VK_TRUE
                                                                               : VK_FALSE};
+    VkPhysicalDeviceShaderIntegerDotProductFeatures dot = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES,
+        .shaderIntegerDotProduct = VK_TRUE};
+    const char *const dot_ext[] = {"VK_KHR_shader_integer_dot_product"};
+    const bool with_dot = vk->info.integer_dot_product;
     const VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
+                                    .pNext = with_dot ? &dot : NULL,
                                     .queueCreateInfoCount = 1,
                                     .pQueueCreateInfos = &qci,
+                                    .enabledExtensionCount = with_dot ? 1u : 0u,
+                                    .ppEnabledExtensionNames = with_dot ? dot_ext : NULL,
                                     .pEnabledFeatures = &features};
     bn_status st = BN_OK;
     VkResult rc = f->vkCreateDevice(vk->pd, &dci, NULL, &vk->device);

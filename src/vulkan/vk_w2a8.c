@@ -5,8 +5,10 @@
 
 #define BN_VK_W2A8_OUTPUTS 8 /* outputs a workgroup: shaders/w2a8_matvec.glsl */
 
-extern const unsigned char bn_vk_spv_w2a8_matvec[], bn_vk_spv_w2a8_matvec_f64[];
-extern const size_t bn_vk_spv_w2a8_matvec_len, bn_vk_spv_w2a8_matvec_f64_len;
+extern const unsigned char bn_vk_spv_w2a8_matvec[], bn_vk_spv_w2a8_matvec_f64[],
+    bn_vk_spv_w2a8_matvec_dot[], bn_vk_spv_w2a8_matvec_dot_f64[];
+extern const size_t bn_vk_spv_w2a8_matvec_len, bn_vk_spv_w2a8_matvec_f64_len,
+    bn_vk_spv_w2a8_matvec_dot_len, bn_vk_spv_w2a8_matvec_dot_f64_len;
 
 /* The shader's push constants, in its order. */
 typedef struct matvec_params {
@@ -32,18 +34,31 @@ void bn_vk_w2a8_pack(const int8_t *codes, int64_t n, int64_t k, uint32_t *out)
         }
 }
 
-bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bn_vk_kernel **out, bn_error *err)
+bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bool dot_product,
+                            bn_vk_kernel **out, bn_error *err)
 {
-    if (exact_division && !bn_vk_device(vk)->fp64)
+    const bn_vulkan_device *d = bn_vk_device(vk);
+    if (exact_division && !d->fp64)
         return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
-                            "Vulkan: %s has no fp64 for the exact division",
-                            bn_vk_device(vk)->name);
-    if (exact_division)
-        return bn_vk_kernel_create(vk, "w2a8_matvec_f64", bn_vk_spv_w2a8_matvec_f64,
-                                   bn_vk_spv_w2a8_matvec_f64_len, 4, sizeof(matvec_params), out,
-                                   err);
-    return bn_vk_kernel_create(vk, "w2a8_matvec", bn_vk_spv_w2a8_matvec,
-                               bn_vk_spv_w2a8_matvec_len, 4, sizeof(matvec_params), out, err);
+                            "Vulkan: %s has no fp64 for the exact division", d->name);
+    if (dot_product && !d->integer_dot_product)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
+                            "Vulkan: %s has no integer dot products", d->name);
+    /* The four variants: {portable, dot} x {device division, exact}. */
+    static const struct {
+        const char *name;
+        const unsigned char *spirv;
+        const size_t *len;
+    } variants[2][2] = {
+        {{"w2a8_matvec", bn_vk_spv_w2a8_matvec, &bn_vk_spv_w2a8_matvec_len},
+         {"w2a8_matvec_f64", bn_vk_spv_w2a8_matvec_f64, &bn_vk_spv_w2a8_matvec_f64_len}},
+        {{"w2a8_matvec_dot", bn_vk_spv_w2a8_matvec_dot, &bn_vk_spv_w2a8_matvec_dot_len},
+         {"w2a8_matvec_dot_f64", bn_vk_spv_w2a8_matvec_dot_f64,
+          &bn_vk_spv_w2a8_matvec_dot_f64_len}},
+    };
+    const int v = dot_product ? 1 : 0, e = exact_division ? 1 : 0;
+    return bn_vk_kernel_create(vk, variants[v][e].name, variants[v][e].spirv, *variants[v][e].len,
+                               4, sizeof(matvec_params), out, err);
 }
 
 bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,

@@ -29,8 +29,13 @@ size_t bn_vk_w2a8_words(int64_t k);
 void bn_vk_w2a8_pack(const int8_t *codes, int64_t n, int64_t k, uint32_t *out);
 
 /* The kernel, built once for a device: with exact_division the variant
- * that divides in double (BN_ERR_UNSUPPORTED on a device without fp64). */
-bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bn_vk_kernel **out, bn_error *err);
+ * that divides in double (BN_ERR_UNSUPPORTED on a device without fp64);
+ * with dot_product the one whose sums take the device's integer dot
+ * products (BN_ERR_UNSUPPORTED without VK_KHR_shader_integer_dot_product
+ * and its feature). The four give the same outputs where the division
+ * does. */
+bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bool dot_product,
+                            bn_vk_kernel **out, bn_error *err);
 
 /* What a product does with its output v at y[i] (the CPU's operations,
  * each rounded once): stores it; adds it (the residual add, y += v); or

@@ -11,6 +11,14 @@
 // where EXACT_DIVISION is defined (w2a8_matvec_f64.comp; vk_w2a8.h says
 // why). Included by w2a8_matvec.comp and w2a8_matvec_f64.comp.
 
+#ifdef DOT_PRODUCT
+// OpSDot (4450) of two 32-bit words as four signed 8-bit lanes each
+// (packed vector format 0, 4x8Bit): glslc knows no GLSL name for it.
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018],
+                  id = 4450)
+int sdot_packed(int a, int b, spirv_literal int packed_format);
+#endif
+
 #define OUTPUTS 8u // a workgroup's outputs (BN_VK_W2A8_OUTPUTS)
 #define LANES 32u  // invocations an output
 layout(local_size_x = 256) in;
@@ -49,10 +57,19 @@ void main()
             const uint codes = w[row * p.words + j];
             for (uint q = 0u; q < 4u; q++) {
                 const int acts = int(x[act_base + j * 4u + q]);
+#ifdef DOT_PRODUCT
+                // Codes 4q .. 4q + 3 (0, 1, 2) spread to the bytes of a word,
+                // then sum code x - sum x: two dot products of four.
+                const uint c = (codes >> (8u * q)) & 0xffu;
+                const uint spread = (c & 3u) | ((c & 0xcu) << 6) | ((c & 0x30u) << 12) |
+                                    ((c & 0xc0u) << 18);
+                acc[q] += sdot_packed(int(spread), acts, 0) - sdot_packed(0x01010101, acts, 0);
+#else
                 for (uint b = 0u; b < 4u; b++) {
                     const int code = int((codes >> (2u * (4u * q + b))) & 3u) - 1;
                     acc[q] += code * bitfieldExtract(acts, int(8u * b), 8);
                 }
+#endif
             }
         }
     }
