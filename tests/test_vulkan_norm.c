@@ -243,8 +243,8 @@ int main(void)
         unsetenv("BITNET_VULKAN_FP64");
     }
     bn_vk_kernel *w2a8 = NULL;
-    if (fp64 && kernel && bn_vk_w2a8_kernel(vk, true, bn_vk_device(vk)->integer_dot_product, &w2a8, &err) ==
-                                    BN_OK) {
+    const bool dot = bn_vk_device(vk)->integer_dot_product;
+    if (fp64 && kernel && bn_vk_w2a8_kernel(vk, true, dot, &w2a8, &err) == BN_OK) {
         check_chain(vk, kernel, w2a8, 2560, 640, 3);
         check_chain(vk, kernel, w2a8, 6912, 256, 2);
         check_chain(vk, kernel, w2a8, test_rand_range(1, 2000), test_rand_range(1, 300), 4);

@@ -314,21 +314,22 @@ static bool set_strict_no_fake(bn_config *c, const char *v)
 {
     return parse_bool(v, &c->strict_no_fake_gpu);
 }
-static bool set_vulkan_fp64(bn_config *c, const char *v)
+/* A boolean whose 0 turns something off: *off = !value. */
+static bool parse_off(const char *v, bool *off)
 {
     bool on;
     if (!parse_bool(v, &on))
         return false;
-    c->vulkan_no_fp64 = !on;
+    *off = !on;
     return true;
+}
+static bool set_vulkan_fp64(bn_config *c, const char *v)
+{
+    return parse_off(v, &c->vulkan_no_fp64);
 }
 static bool set_vulkan_dot(bn_config *c, const char *v)
 {
-    bool on;
-    if (!parse_bool(v, &on))
-        return false;
-    c->vulkan_no_dot = !on;
-    return true;
+    return parse_off(v, &c->vulkan_no_dot);
 }
 static bool set_threads(bn_config *c, const char *v)
 {
