@@ -77,7 +77,6 @@ typedef struct vkb_head_part {
 typedef struct vkb {
     bn_vk *vk;
     bn_vk_kernel *w2a8, *norm;
-    bool w2a8_dot; /* the W2A8 kernel sums by integer dot products */
     bn_vk_ops *ops;
     const bn_checkpoint *model;
     bn_hparams hp;
@@ -405,20 +404,6 @@ static int vk_auto_device(void)
     return -1;
 }
 
-/* The W2A8 kernel: the exact division where the device has fp64, the
- * integer dot-product sums where it has those; should the driver refuse
- * to build the dot-product variant, the portable one (the same sums). */
-static bn_status w2a8_kernel(vkb *v, bn_error *err)
-{
-    const bn_vulkan_device *d = bn_vk_device(v->vk);
-    v->w2a8_dot = d->integer_dot_product &&
-                  bn_vk_w2a8_kernel(v->vk, d->fp64, true, &v->w2a8, err) == BN_OK;
-    if (v->w2a8_dot)
-        return BN_OK;
-    bn_error_clear(err);
-    return bn_vk_w2a8_kernel(v->vk, d->fp64, false, &v->w2a8, err);
-}
-
 static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *p,
                            bn_backend **out, bn_error *err)
 {
@@ -458,7 +443,10 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
     v->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     bn_status st = bn_vk_open(device, &v->vk, err);
     if (st == BN_OK)
-        st = w2a8_kernel(v, err);
+        /* the exact division where the device has fp64, integer dot
+         * products where it has those (BITNET_VULKAN_DOT=0: not) */
+        st = bn_vk_w2a8_kernel(v->vk, bn_vk_device(v->vk)->fp64,
+                               bn_vk_device(v->vk)->integer_dot_product, &v->w2a8, err);
     if (st == BN_OK)
         st = bn_vk_norm_kernel(v->vk, &v->norm, err);
     if (st == BN_OK)
@@ -788,7 +776,7 @@ static void vk_report(const bn_backend *b, bn_engine_info *info)
     snprintf(info->kernels, sizeof info->kernels,
              "vulkan_w2a8%s,vulkan_norm_quantize,vulkan_rope_store,vulkan_attention,"
              "vulkan_rmsnorm,vulkan_head_%s%s",
-             v->w2a8_dot ? "_dot" : "",
+             bn_vk_device(v->vk)->integer_dot_product ? "_dot" : "",
              v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32",
              v->replays > 0 ? ",vulkan_decode_replay" : "");
 }

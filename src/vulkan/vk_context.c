@@ -353,11 +353,12 @@ bn_status bn_vk_open(int index, bn_vk **out, bn_error *err)
     /* BITNET_VULKAN_FP64=0: the kernels without fp64, as on a device that
      * has none (the engine has already refused a malformed value). */
     bn_config cfg;
-    if (bn_config_from_env(&cfg, NULL) == BN_OK && cfg.vulkan_no_fp64)
-        vk->info.fp64 = false;
-    /* BITNET_VULKAN_DOT=0 likewise: the portable W2A8 sums. */
-    if (bn_config_from_env(&cfg, NULL) == BN_OK && cfg.vulkan_no_dot)
-        vk->info.integer_dot_product = false;
+    if (bn_config_from_env(&cfg, NULL) == BN_OK) {
+        if (cfg.vulkan_no_fp64)
+            vk->info.fp64 = false;
+        if (cfg.vulkan_no_dot) /* BITNET_VULKAN_DOT=0 likewise: the portable W2A8 sums */
+            vk->info.integer_dot_product = false;
+    }
     VkPhysicalDeviceProperties props;
     f->vkGetPhysicalDeviceProperties(vk->pd, &props);
     vk->ns_per_tick = props.limits.timestampPeriod;

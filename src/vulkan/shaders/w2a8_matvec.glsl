@@ -6,10 +6,16 @@
 // act_row .. act_row + rows - 1 of many; y row a holds n outputs). 32
 // invocations take an output, each its words j = sub, sub + 32, ... (they
 // read a row's 128 contiguous bytes at a time), and their partial sums
-// meet in a tree. The sum is exact in int32, as on the CPU;
-// the epilogue is the CPU's expression, its division correctly rounded
-// where EXACT_DIVISION is defined (w2a8_matvec_f64.comp; vk_w2a8.h says
-// why). Included by w2a8_matvec.comp and w2a8_matvec_f64.comp.
+// meet in a tree. The sum is exact in int32, as on the CPU: with
+// DOT_PRODUCT by the device's integer dot products (four codes and four
+// activations a step), else by portable integer arithmetic. The epilogue
+// is the CPU's expression, its division correctly rounded where
+// EXACT_DIVISION is defined (vk_w2a8.h says why); the output then goes to
+// y as it is (mode 0), is added to y's value there (mode 1: the residual
+// add), or is the up of a squared-ReLU gate whose gate y holds (mode 2:
+// the CPU's relu2_span), each operation rounded once, in the CPU's order.
+// Included by w2a8_matvec.comp, w2a8_matvec_f64.comp, w2a8_matvec_dot.comp
+// and w2a8_matvec_dot_f64.comp.
 
 #ifdef DOT_PRODUCT
 // OpSDot (4450) of two 32-bit words as four signed 8-bit lanes each
