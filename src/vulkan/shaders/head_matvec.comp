@@ -1,4 +1,5 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
 // LM head logits: logits[r * ld + first + j] = dot_f32(head row j, x row r)
 // for the head rows j < n_rows of this part (row j of the buffer is the
 // vocabulary's row first + j) and every x row r, in the CPU's arithmetic
@@ -30,17 +31,7 @@ layout(push_constant) uniform Params {
 
 shared float part[4][64];
 
-float half_bits_to_float(uint h)
-{
-    const uint sign = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
-    if (e == 0u) { // zero or subnormal: m 2^-24, exact in float
-        const float v = float(m) * 5.9604644775390625e-8;
-        return sign != 0u ? -v : v;
-    }
-    if (e == 31u) // infinity or NaN
-        return uintBitsToFloat(sign | 0x7f800000u | (m << 13));
-    return uintBitsToFloat(sign | ((e + 112u) << 23) | (m << 13));
-}
+#include "half_bits.glsl"
 
 void main()
 {
