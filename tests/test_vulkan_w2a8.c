@@ -12,8 +12,9 @@
  *     with NaN, a guard value after the last row;
  *   - several activation rows in one dispatch (1, 8, 13 and 21 rows,
  *     starting past row 0) equal bit for bit to each row alone;
- *   - the epilogues: the residual add and the squared-ReLU gate (NaN, -0,
- *     infinities, subnormals among the gates) the CPU's float operations on
+ *   - the epilogues: the residual add (NaN, -0, infinities, subnormals in
+ *     y) and the gate and up products in one dispatch with the squared-ReLU
+ *     gate (negative, -0 and infinite gates), the CPU's float operations on
  *     the plain outputs, bit for bit; an unknown epilogue refused;
  *   - a sequence of dispatches equal to their runs alone, one reading what
  *     the one before wrote; no copy or second sequence while one is open;
@@ -151,10 +152,6 @@ static void check_shape(bn_vk *vk, bn_vk_kernel *kernel, bool exact_division, in
     free(got);
 }
 
-/* Several activation rows in one dispatch (bn_vk_w2a8_record_rows; 1, 8,
- * 13 and 21 rows starting past row 0):
- * each output row bit for bit the same row's product alone, the rows
- * after the last left poisoned. */
 /* Random ternary weights (n x k, packed), act_rows rows of int8
  * activations and their scales, uploaded into new buffers bw, bx, bs. */
 static void upload_random_product(bn_vk *vk, int64_t n, int64_t k, int64_t act_rows,
@@ -186,6 +183,10 @@ static void upload_random_product(bn_vk *vk, int64_t n, int64_t k, int64_t act_r
     free(scales);
 }
 
+/* Several activation rows in one dispatch (bn_vk_w2a8_record_rows; 1, 8,
+ * 13 and 21 rows starting past row 0):
+ * each output row bit for bit the same row's product alone, the rows
+ * after the last left poisoned. */
 static void check_rows(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k, int64_t first,
                        int64_t rows)
 {
@@ -227,12 +228,8 @@ static void check_rows(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k, in
     free(one);
 }
 
-/* The epilogues (bn_vk_w2a8_epilogue) over `rows` activation rows: with
- * BN_VK_W2A8_ADD each output is y's value plus the plain product's output,
- * one float add; with BN_VK_W2A8_RELU2_UP it is (g * g) * the product's
- * output for the gate g = max(y, 0) held in y (NaN, -NaN, -0, negatives,
- * infinities and subnormals among the gates), as the CPU's relu2_span;
- * the value after the last output left alone. */
+/* The squared-ReLU gate of the CPU's relu2_span: g = max(gate, 0), NaN and
+ * -0 giving +0, then (g * g) * up. */
 static float relu2_of(float gate, float up)
 {
     int32_t bits;
@@ -245,63 +242,97 @@ static float relu2_of(float gate, float up)
  * (NVIDIA's driver does): v with its subnormals flushed. */
 static float ftz(float v) { return fabsf(v) < FLT_MIN ? copysignf(0.0f, v) : v; }
 
+/* The plain outputs (BN_VK_W2A8_STORE) of w_rows rows for `rows`
+ * activation rows into out ([rows][w_rows]). */
+static void run_store(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *bw, bn_vk_buffer *bx,
+                      bn_vk_buffer *bs, int64_t rows, bn_vk_buffer *by, int64_t w_rows, int64_t k,
+                      float scale, float *out)
+{
+    bn_error err;
+    CHECK(bn_vk_begin(vk, &err) == BN_OK);
+    CHECK(bn_vk_w2a8_record_rows(vk, kernel, bw, bx, bs, 0, rows, by, w_rows, k, scale,
+                                 BN_VK_W2A8_STORE, &err) == BN_OK);
+    CHECK(bn_vk_submit(vk, &err) == BN_OK);
+    CHECK(bn_vk_read(vk, by, out, (size_t)(rows * w_rows) * 4, &err) == BN_OK);
+}
+
+/* The epilogues over `rows` activation rows of weights of 2n rows, outputs
+ * poisoned and a guard after the last:
+ *   - BN_VK_W2A8_ADD (the first n rows): y's value (NaN, -NaN, -0,
+ *     infinities and subnormals among them) plus the plain output, one
+ *     float add;
+ *   - the gate and up at once (bn_vk_w2a8_record_gate_up): relu2_of the
+ *     first n rows' plain output with the gate's scale and the last n
+ *     rows' with the up's, for scales that give negative gates, -0 (a
+ *     negative scale) and infinite gates (a scale near FLT_MAX);
+ * all bit for bit; an unknown epilogue refused. */
 static void check_epilogues(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k, int64_t rows)
 {
     const int64_t total = rows * n;
-    float *plain = malloc((size_t)total * 4), *start = malloc((size_t)(total + 1) * 4),
-          *got = malloc((size_t)(total + 1) * 4);
-    CHECK(plain && start && got);
+    float *plain = malloc((size_t)(2 * total) * 4), *up = malloc((size_t)(2 * total) * 4),
+          *start = malloc((size_t)(2 * total + 1) * 4), *got = malloc((size_t)(total + 1) * 4);
+    CHECK(plain && up && start && got);
     bn_error err;
     bn_vk_buffer bw, bx, bs, by;
-    upload_random_product(vk, n, k, rows, &bw, &bx, &bs);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(total + 1) * 4, &by, &err) == BN_OK);
-    const float weight_scale = test_rand_float(0.01f, 2.0f), guard = -12345.5f;
+    upload_random_product(vk, 2 * n, k, rows, &bw, &bx, &bs);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(2 * total + 1) * 4, &by, &err) == BN_OK);
+    const float guard = -12345.5f;
     static const float special[] = {NAN, -NAN, -0.0f, 0.0f, INFINITY, -INFINITY, 1e-40f, -1e-40f};
-    for (int e = BN_VK_W2A8_STORE; e <= BN_VK_W2A8_RELU2_UP; e++) {
+    static const float scales[][2] = {{0.37f, 1.7f}, {-0.8f, 0.05f}, {3e38f, -1.0f}};
+    for (int c = -1; c < (int)(sizeof scales / sizeof scales[0]); c++) {
+        const bool add = c < 0;
+        const float gate_scale = add ? 0.61f : scales[c][0], up_scale = add ? 0.0f : scales[c][1];
+        run_store(vk, kernel, &bw, &bx, &bs, rows, &by, 2 * n, k, gate_scale, plain);
+        if (!add)
+            run_store(vk, kernel, &bw, &bx, &bs, rows, &by, 2 * n, k, up_scale, up);
         for (int64_t i = 0; i < total; i++)
-            start[i] = e == BN_VK_W2A8_STORE ? NAN
-                       : i % 7 == 0          ? special[test_rand_range(0, 7)]
-                                             : test_rand_float(-10.0f, 10.0f);
+            start[i] = !add ? NAN
+                       : i % 7 == 0 ? special[test_rand_range(0, 7)]
+                                    : test_rand_float(-10.0f, 10.0f);
         start[total] = guard;
         CHECK(bn_vk_write(vk, &by, start, (size_t)(total + 1) * 4, &err) == BN_OK);
         CHECK(bn_vk_begin(vk, &err) == BN_OK);
-        CHECK(bn_vk_w2a8_record_rows(vk, kernel, &bw, &bx, &bs, 0, rows, &by, n, k, weight_scale,
-                                     (bn_vk_w2a8_epilogue)e, &err) == BN_OK);
+        if (add)
+            CHECK(bn_vk_w2a8_record_rows(vk, kernel, &bw, &bx, &bs, 0, rows, &by, n, k,
+                                         gate_scale, BN_VK_W2A8_ADD, &err) == BN_OK);
+        else
+            CHECK(bn_vk_w2a8_record_gate_up(vk, kernel, &bw, &bx, &bs, 0, rows, &by, n, k,
+                                            gate_scale, up_scale, &err) == BN_OK);
         CHECK(bn_vk_submit(vk, &err) == BN_OK);
         CHECK(bn_vk_read(vk, &by, got, (size_t)(total + 1) * 4, &err) == BN_OK);
-        if (e == BN_VK_W2A8_STORE) { /* the plain outputs, which the others combine */
-            memcpy(plain, got, (size_t)total * 4);
-            continue;
-        }
         int64_t bad = 0, first = -1;
         for (int64_t i = 0; i < total; i++) {
-            const float want = e == BN_VK_W2A8_ADD ? start[i] + plain[i]
-                                                   : relu2_of(start[i], plain[i]);
-            const float flushed = ftz(e == BN_VK_W2A8_ADD ? ftz(start[i]) + plain[i]
-                                                          : relu2_of(ftz(start[i]), plain[i]));
+            /* Row a's output o: the plain outputs are [rows][2n]. */
+            const int64_t a = i / n, o = i % n;
+            const float g = plain[a * 2 * n + o], u = add ? 0.0f : up[a * 2 * n + n + o];
+            const float want = add ? start[i] + g : relu2_of(g, u);
+            const float flushed = ftz(add ? ftz(start[i]) + g : relu2_of(ftz(g), ftz(u)));
             if (!same_bits(got[i], want) && !same_bits(got[i], flushed) &&
                 !(isnan(got[i]) && isnan(want)) && bad++ == 0)
                 first = i;
         }
         CHECK_MSG(bad == 0 && same_bits(got[total], guard),
-                  "%lld x %lld, %lld rows, epilogue %s: %lld outputs differ (first at %lld: %g "
-                  "from %g and %g)%s",
-                  (long long)n, (long long)k, (long long)rows,
-                  e == BN_VK_W2A8_ADD ? "add" : "relu2", (long long)bad, (long long)first,
-                  first >= 0 ? got[first] : 0.0, first >= 0 ? start[first] : 0.0,
-                  first >= 0 ? plain[first] : 0.0,
+                  "%lld x %lld, %lld rows, epilogue %s (scales %g, %g): %lld outputs differ "
+                  "(first at %lld: %g)%s",
+                  (long long)n, (long long)k, (long long)rows, add ? "add" : "gate and up",
+                  gate_scale, up_scale, (long long)bad, (long long)first,
+                  first >= 0 ? got[first] : 0.0,
                   same_bits(got[total], guard) ? "" : ", and the value after the last was written");
     }
     /* An epilogue that does not exist is refused. */
     CHECK(bn_vk_begin(vk, &err) == BN_OK);
-    CHECK(bn_vk_w2a8_record_rows(vk, kernel, &bw, &bx, &bs, 0, rows, &by, n, k, weight_scale,
-                                 (bn_vk_w2a8_epilogue)3, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_vk_w2a8_record_rows(vk, kernel, &bw, &bx, &bs, 0, rows, &by, n, k, 1.0f,
+                                 (bn_vk_w2a8_epilogue)2, &err) == BN_ERR_INVALID_ARGUMENT);
     CHECK_STR_CONTAINS(err.message, "epilogue");
+    /* Gate and up rows past the weights (2n rows held, 2 (n + 1) read). */
+    CHECK(bn_vk_w2a8_record_gate_up(vk, kernel, &bw, &bx, &bs, 0, rows, &by, n + 1, k, 1.0f,
+                                    1.0f, &err) == BN_ERR_INVALID_ARGUMENT);
     CHECK(bn_vk_submit(vk, &err) == BN_OK);
     bn_vk_buffer *const all[] = {&bw, &bx, &bs, &by};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         bn_vk_buffer_free(vk, all[i]);
     free(plain);
+    free(up);
     free(start);
     free(got);
 }

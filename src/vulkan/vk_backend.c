@@ -17,8 +17,7 @@
  *   rope, k and v into the cache  vk_ops.h, as every kernel below
  *   att = attention(q, cache)
  *   x += Wo q(attn_sub_norm(att))   the add in the product's epilogue
- *   gate = Wg q(ffn_norm(x))
- *   gate = relu(gate)^2 (Wu q(ffn_norm(x)))   the up product's epilogue
+ *   gate = relu(Wg xf)^2 (Wu xf),  xf = q(ffn_norm(x))   one product of both
  *   x += Wdown q(ffn_sub_norm(gate))
  *
  * and the pass that ends a request adds the output norm and the LM head of
@@ -153,7 +152,7 @@ static bn_status upload_projections(vkb *v, bn_error *err)
         int64_t n, k;
         bn_hparams_proj_shape(hp, (bn_proj)p, &n, &k);
         most = (size_t)(n * k) > most ? (size_t)(n * k) : most;
-        const size_t packed = (size_t)n * bn_vk_w2a8_words(k) * 4;
+        const size_t packed = (size_t)n * bn_vk_w2a8_words(k) * 4 * (p == BN_PROJ_GATE ? 2 : 1);
         most_packed = packed > most_packed ? packed : most_packed;
     }
     int8_t *codes = malloc(most);
@@ -161,6 +160,9 @@ static bn_status upload_projections(vkb *v, bn_error *err)
     bn_status st = codes && packed ? BN_OK
                                    : bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
                                                   "no memory to pack the Vulkan weights");
+    /* The gate's buffer holds the up's rows after its own, as one product
+     * of both reads them (bn_vk_w2a8_record_gate_up); the up keeps its
+     * scale and shape, no buffer. */
     for (int l = 0; l < hp->n_layer && st == BN_OK; l++)
         for (int p = 0; p < BN_PROJ_COUNT && st == BN_OK; p++) {
             vkb_proj *w = &v->proj[l * BN_PROJ_COUNT + p];
@@ -168,11 +170,15 @@ static bn_status upload_projections(vkb *v, bn_error *err)
             st = bn_checkpoint_projection_codes(v->model, l, (bn_proj)p, codes, &w->scale, err);
             if (st != BN_OK)
                 break;
-            const size_t bytes = (size_t)w->n * bn_vk_w2a8_words(w->k) * 4;
-            bn_vk_w2a8_pack(codes, w->n, w->k, packed);
-            st = buffer(v, bytes, &w->w, &v->weight_bytes, err);
+            const size_t words = (size_t)w->n * bn_vk_w2a8_words(w->k);
+            vkb_proj *const into = p == BN_PROJ_UP ? w - (BN_PROJ_UP - BN_PROJ_GATE) : w;
+            bn_vk_w2a8_pack(codes, w->n, w->k, packed + (p == BN_PROJ_UP ? words : 0));
+            if (p == BN_PROJ_GATE)
+                continue; /* uploaded with the up's rows */
+            const size_t bytes = words * 4 * (p == BN_PROJ_UP ? 2 : 1);
+            st = buffer(v, bytes, &into->w, &v->weight_bytes, err);
             if (st == BN_OK)
-                st = upload(v, &w->w, packed, bytes, err);
+                st = upload(v, &into->w, packed, bytes, err);
         }
     free(codes);
     free(packed);
@@ -530,11 +536,13 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
                                &v->scratch, v->kv_len, &v->att, err));
     TRY(record_norm(v, &v->att, &norms[BN_NORM_ATTN_SUB], M, v->q_dim, err));
     /* x += Wo a and, below, x += Wdown h: the residual adds in the
-     * products' epilogues; the up product squares the gate's ReLU into h. */
+     * products' epilogues; h = relu2(gate) up from one product of both. */
     TRY(record_proj(v, l, BN_PROJ_O, &v->x, BN_VK_W2A8_ADD, M, err));
     TRY(record_norm(v, &v->x, &norms[BN_NORM_FFN], M, hp->dim, err));
-    TRY(record_proj(v, l, BN_PROJ_GATE, &v->gate, BN_VK_W2A8_STORE, M, err));
-    TRY(record_proj(v, l, BN_PROJ_UP, &v->gate, BN_VK_W2A8_RELU2_UP, M, err));
+    vkb_proj *gate = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_GATE];
+    TRY(bn_vk_w2a8_record_gate_up(v->vk, v->w2a8, &gate->w, &v->codes,
+                                  &v->scales, 0, M, &v->gate, gate->n, gate->k, gate->scale,
+                                  gate[BN_PROJ_UP - BN_PROJ_GATE].scale, err));
     TRY(record_norm(v, &v->gate, &norms[BN_NORM_FFN_SUB], M, hp->ffn, err));
     return record_proj(v, l, BN_PROJ_DOWN, &v->x, BN_VK_W2A8_ADD, M, err);
 }

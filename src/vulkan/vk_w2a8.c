@@ -15,7 +15,10 @@ typedef struct matvec_params {
     uint32_t n, words, act_row;
     float weight_scale;
     uint32_t rows, mode;
+    float up_scale;
 } matvec_params;
+
+#define MODE_GATE_UP 2 /* the shader's third epilogue: bn_vk_w2a8_record_gate_up */
 
 size_t bn_vk_w2a8_words(int64_t k) { return (size_t)((k + 15) / 16); }
 
@@ -61,34 +64,55 @@ bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bool dot_product,
                                4, sizeof(matvec_params), out, err);
 }
 
-bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
-                                 bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
-                                 int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
-                                 float weight_scale, bn_vk_w2a8_epilogue epilogue,
-                                 bn_error *err)
+/* A product of n outputs a row read from w_rows rows (n, or 2n for the
+ * gate and up), outputs a workgroup per_group. */
+static bn_status record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
+                        bn_vk_buffer *act_scales, int64_t act_row, int64_t rows, bn_vk_buffer *y,
+                        int64_t n, int64_t w_rows, int64_t k, float weight_scale, float up_scale,
+                        int mode, int per_group, bn_error *err)
 {
     const size_t words = bn_vk_w2a8_words(k);
-    if (epilogue < BN_VK_W2A8_STORE || epilogue > BN_VK_W2A8_RELU2_UP)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "Vulkan W2A8: no epilogue %d", (int)epilogue);
-    if (n < 1 || k < 1 || act_row < 0 || rows < 1 || (uint64_t)n * words > UINT32_MAX ||
-        (uint64_t)n * (uint64_t)rows > UINT32_MAX || w->size < (VkDeviceSize)n * words * 4 ||
+    if (n < 1 || k < 1 || act_row < 0 || rows < 1 || (uint64_t)w_rows * words > UINT32_MAX ||
+        (uint64_t)n * (uint64_t)rows > UINT32_MAX || w->size < (VkDeviceSize)w_rows * words * 4 ||
         x->size < (VkDeviceSize)(act_row + rows) * words * 16 ||
         act_scales->size < (VkDeviceSize)(act_row + rows) * sizeof(float) ||
         y->size < (VkDeviceSize)(n * rows) * sizeof(float))
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "Vulkan W2A8: %lld x %lld (activation rows %lld..%lld) does not fit "
                             "its buffers",
-                            (long long)n, (long long)k, (long long)act_row,
+                            (long long)w_rows, (long long)k, (long long)act_row,
                             (long long)(act_row + rows - 1));
-    const matvec_params p = {(uint32_t)n,  (uint32_t)words, (uint32_t)act_row, weight_scale,
-                             (uint32_t)rows, (uint32_t)epilogue};
-    /* One workgroup for 8 outputs of a row (the shader's OUTPUTS), in a
-     * grid of at most 65535 columns. */
-    const uint64_t groups = (uint64_t)((n + BN_VK_W2A8_OUTPUTS - 1) / BN_VK_W2A8_OUTPUTS) *
-                            (uint64_t)rows;
+    const matvec_params p = {(uint32_t)n,    (uint32_t)words, (uint32_t)act_row, weight_scale,
+                             (uint32_t)rows, (uint32_t)mode,  up_scale};
+    /* Workgroups in a grid of at most 65535 columns. */
+    const uint64_t groups = (uint64_t)((n + per_group - 1) / per_group) * (uint64_t)rows;
     const uint32_t gx = groups < 65535 ? (uint32_t)groups : 65535u;
     const uint32_t gy = (uint32_t)((groups + gx - 1) / gx);
     bn_vk_buffer *const buffers[4] = {w, x, y, act_scales};
     return bn_vk_dispatch(vk, kernel, buffers, &p, gx, gy, err);
+}
+
+bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
+                                 bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
+                                 int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
+                                 float weight_scale, bn_vk_w2a8_epilogue epilogue,
+                                 bn_error *err)
+{
+    if (epilogue != BN_VK_W2A8_STORE && epilogue != BN_VK_W2A8_ADD)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan W2A8: no epilogue %d", (int)epilogue);
+    return record(vk, kernel, w, x, act_scales, act_row, rows, y, n, n, k, weight_scale, 0.0f,
+                  (int)epilogue, BN_VK_W2A8_OUTPUTS, err);
+}
+
+bn_status bn_vk_w2a8_record_gate_up(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
+                                    bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
+                                    int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
+                                    float gate_scale, float up_scale, bn_error *err)
+{
+    if (n > INT64_MAX / 2)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan W2A8: a gate of %lld rows", (long long)n);
+    return record(vk, kernel, w, x, act_scales, act_row, rows, y, n, 2 * n, k, gate_scale,
+                  up_scale, MODE_GATE_UP, BN_VK_W2A8_OUTPUTS / 2, err);
 }

@@ -38,13 +38,10 @@ bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bool dot_product,
                             bn_vk_kernel **out, bn_error *err);
 
 /* What a product does with its output v at y[i] (the CPU's operations,
- * each rounded once): stores it; adds it (the residual add, y += v); or
- * takes it as the up of a squared-ReLU gate held in y (y = (g g) v, g =
- * max(y, 0), NaN and -0 giving +0: the CPU's relu2_span). */
+ * each rounded once): stores it, or adds it (the residual add, y += v). */
 typedef enum bn_vk_w2a8_epilogue {
     BN_VK_W2A8_STORE = 0,
     BN_VK_W2A8_ADD = 1,
-    BN_VK_W2A8_RELU2_UP = 2,
 } bn_vk_w2a8_epilogue;
 
 /* y = W x for weights w (n rows of k, packed) and activation rows act_row
@@ -58,5 +55,16 @@ bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *
                                  int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
                                  float weight_scale, bn_vk_w2a8_epilogue epilogue,
                                  bn_error *err);
+
+/* The feed-forward's gate and up products in one dispatch: w holds 2n rows
+ * of k, the gate's n and then the up's n, and y[a * n + i] = (g g) u for
+ * the gate's output g (weight scale gate_scale) and the up's u (up_scale)
+ * of row i, g = max(g, 0) with NaN and -0 giving +0: the CPU's relu2_span
+ * over the two products' outputs, each operation rounded once. A
+ * workgroup takes four rows of each. Otherwise as bn_vk_w2a8_record_rows. */
+bn_status bn_vk_w2a8_record_gate_up(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
+                                    bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
+                                    int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
+                                    float gate_scale, float up_scale, bn_error *err);
 
 #endif

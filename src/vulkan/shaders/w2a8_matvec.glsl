@@ -11,9 +11,12 @@
 // activations a step), else by portable integer arithmetic. The epilogue
 // is the CPU's expression, its division correctly rounded where
 // EXACT_DIVISION is defined (vk_w2a8.h says why); the output then goes to
-// y as it is (mode 0), is added to y's value there (mode 1: the residual
-// add), or is the up of a squared-ReLU gate whose gate y holds (mode 2:
-// the CPU's relu2_span), each operation rounded once, in the CPU's order.
+// y as it is (mode 0) or is added to y's value there (mode 1: the residual
+// add). Mode 2 is the feed-forward's gate and up at once: w holds the
+// gate's n rows, then the up's, a workgroup takes four outputs, its first
+// four groups of invocations their gate rows and the last four their up
+// rows, and y gets (g g) u (the CPU's relu2_span of the two outputs).
+// Each operation is rounded once, in the CPU's order.
 // Included by w2a8_matvec.comp, w2a8_matvec_f64.comp, w2a8_matvec_dot.comp
 // and w2a8_matvec_dot_f64.comp.
 
@@ -41,26 +44,43 @@ layout(push_constant) uniform Params {
     uint act_row;     // the first activation row: its codes and its scale
     float weight_scale;
     uint rows;        // activation rows
-    uint mode;        // the epilogue: 0 store, 1 add, 2 squared-ReLU gate
+    uint mode;        // the epilogue: 0 store, 1 add, 2 gate and up
+    float up_scale;   // mode 2: the up's weight scale (weight_scale the gate's)
 } p;
 
 shared int partial[OUTPUTS * LANES];
 
+// The CPU's ((float)sum / act_scale) * weight_scale.
+float epilogue_scale(int sum, float act_scale, float weight_scale)
+{
+#ifdef EXACT_DIVISION
+    precise float q = float(double(float(sum)) / double(act_scale));
+#else
+    precise float q = float(sum) / act_scale;
+#endif
+    precise float v = q * weight_scale;
+    return v;
+}
+
 void main()
 {
-    const uint blocks = (p.n + OUTPUTS - 1u) / OUTPUTS; // workgroups an activation row
+    const bool gate_up = p.mode == 2u;
+    const uint per = gate_up ? OUTPUTS / 2u : OUTPUTS;  // outputs a workgroup
+    const uint blocks = (p.n + per - 1u) / per;         // workgroups an activation row
     const uint id = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
     if (id >= blocks * p.rows)
         return; // the whole workgroup: no barrier is left waiting
-    const uint a = id / blocks, tid = gl_LocalInvocationID.x;
-    const uint row = (id % blocks) * OUTPUTS + tid / LANES, sub = tid % LANES;
+    const uint a = id / blocks, tid = gl_LocalInvocationID.x, slot = tid / LANES;
+    // The output this group of invocations sums for, and its weight row.
+    const uint row = (id % blocks) * per + (gate_up ? slot % per : slot), sub = tid % LANES;
+    const uint w_row = gate_up && slot >= per ? p.n + row : row;
     const uint act_base = (p.act_row + a) * p.words * 4u;
     // Four sums, one a word of activations, so that the adds do not wait
     // on each other (integer sums: the order does not matter).
     int acc[4] = int[4](0, 0, 0, 0);
     if (row < p.n) {
         for (uint j = sub; j < p.words; j += LANES) {
-            const uint codes = w[row * p.words + j];
+            const uint codes = w[w_row * p.words + j];
             for (uint q = 0u; q < 4u; q++) {
                 const int acts = int(x[act_base + j * 4u + q]);
 #ifdef DOT_PRODUCT
@@ -86,26 +106,20 @@ void main()
             partial[tid] += partial[tid + h];
         barrier();
     }
-    if (sub == 0u && row < p.n) {
-        const int sum = partial[tid];
+    if (sub == 0u && row < p.n && slot < per) {
         const float act_scale = act_scales[p.act_row + a];
-#ifdef EXACT_DIVISION
-        precise float q = float(double(float(sum)) / double(act_scale));
-#else
-        precise float q = float(sum) / act_scale;
-#endif
-        precise float v = q * p.weight_scale;
+        const float v = epilogue_scale(partial[tid], act_scale, p.weight_scale);
         const uint o = a * p.n + row;
         if (p.mode == 1u) {
             precise float r = y[o] + v;
             y[o] = r;
-        } else if (p.mode == 2u) {
+        } else if (gate_up) {
+            const float u = epilogue_scale(partial[tid + per * LANES], act_scale, p.up_scale);
             // The test is on the bits (positive, at most +infinity), not a
             // compare a driver could turn into a max() that keeps a NaN.
-            const float gate = y[o];
-            const int bits = floatBitsToInt(gate);
-            const float g = bits > 0 && bits <= 0x7f800000 ? gate : 0.0;
-            precise float r = (g * g) * v;
+            const int bits = floatBitsToInt(v);
+            const float g = bits > 0 && bits <= 0x7f800000 ? v : 0.0;
+            precise float r = (g * g) * u;
             y[o] = r;
         } else {
             y[o] = v;
