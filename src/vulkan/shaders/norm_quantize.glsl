@@ -27,15 +27,10 @@
 
 // 256 invocations a row, and the row staged in shared memory where it fits
 // (NVIDIA's Vulkan took 55 us a row with 64 invocations reading the eight
-// ordered lanes' squares from global memory one load after another). Each
-// loop over the row loads BATCH values an invocation before using any, so
-// their latencies overlap instead of adding up.
+// ordered lanes' squares from global memory one load after another).
 #define THREADS 256u
-#define BATCH 8u
 #define STAGED 6912u // floats of a row staged (27 KiB; lavapipe allows 32 KiB)
 layout(local_size_x = 256) in;
-
-#extension GL_EXT_control_flow_attributes : require
 
 layout(std430, binding = 0) readonly buffer Rows { float x[]; };
 layout(std430, binding = 1) readonly buffer Weights { float w[]; };
@@ -82,32 +77,6 @@ int round_clamp(float v)
     return r > 127.0 ? 127 : r < -128.0 ? -128 : int(r);
 }
 
-// The int8 code of value x with norm weight w: the exact rule (rmax =
-// 1 / umax, the device's) or the plain one (scale s).
-int code_of(float xi, float wi, bool exact, REAL rmax, REAL umax, float inv, float s)
-{
-    if (!exact) {
-        precise float v = (wi * (xi * inv)) * s;
-        return round_clamp(v);
-    }
-    precise REAL pr = REAL(wi) * REAL(xi);
-    if (isnan(pr))
-        return 0;
-    // pr times the device's reciprocal of umax (each within 2.5 ulp) is
-    // within a few ulp of the correctly rounded quotient, so t0 is within
-    // a few ulp (|t| <= 127: below 1e-13) of the CPU's t. Away from a half
-    // they round alike; only near one is the corrected quotient needed
-    // (the exact ties).
-    precise REAL t0 = 127.0 * (pr * rmax);
-#ifdef BN_FP64
-    if (abs(t0 - floor(t0) - 0.5) <= 1e-11) {
-        precise double t = 127.0 * div_rn(pr, umax);
-        return int(roundEven(t));
-    }
-#endif
-    return int(roundEven(t0));
-}
-
 void main()
 {
     const uint row = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
@@ -117,16 +86,8 @@ void main()
     const uint n = p.n, base = row * n;
 
     if (n <= STAGED) {
-        for (uint i0 = tid; i0 < n; i0 += THREADS * BATCH) {
-            float v[BATCH];
-            [[unroll]] for (uint u = 0u; u < BATCH; u++) {
-                const uint i = i0 + u * THREADS;
-                v[u] = i < n ? x[base + i] : 0.0;
-            }
-            [[unroll]] for (uint u = 0u; u < BATCH; u++)
-                if (i0 + u * THREADS < n)
-                    row_x[i0 + u * THREADS] = v[u];
-        }
+        for (uint i = tid; i < n; i += THREADS)
+            row_x[i] = x[base + i];
         barrier();
     }
     // The squares' sum and max |w x| in double, each invocation over its
@@ -139,23 +100,14 @@ void main()
     // tree's quotient holds a float rounding boundary. Only then (a chance
     // of about n 2^-28 for a random row) do eight invocations add the
     // lanes in the CPU's order. Without fp64 the tree's sum is the answer.
-    // Values past the row count as 0: they add 0 to the sum exactly and
-    // never exceed the maximum.
     precise REAL part = 0.0;
     REAL m = 0.0;
-    for (uint i0 = tid; i0 < n; i0 += THREADS * BATCH) {
-        float xs[BATCH], ws[BATCH];
-        [[unroll]] for (uint u = 0u; u < BATCH; u++) {
-            const uint i = i0 + u * THREADS;
-            xs[u] = i < n ? xv(base, i) : 0.0;
-            ws[u] = i < n ? w[i] : 0.0;
-        }
-        [[unroll]] for (uint u = 0u; u < BATCH; u++) {
-            part = fma(REAL(xs[u]), REAL(xs[u]), part);
-            const REAL a = abs(REAL(ws[u]) * REAL(xs[u]));
-            if (a > m)
-                m = a;
-        }
+    for (uint i = tid; i < n; i += THREADS) {
+        const float xi = xv(base, i);
+        part = fma(REAL(xi), REAL(xi), part);
+        const REAL u = abs(REAL(w[i]) * REAL(xi));
+        if (u > m)
+            m = u;
     }
     dsum[tid] = part;
     dmax[tid] = m;
@@ -207,18 +159,10 @@ void main()
 
     // The normed maximum in float.
     float fm = 0.0;
-    for (uint i0 = tid; i0 < n; i0 += THREADS * BATCH) {
-        float xs[BATCH], ws[BATCH];
-        [[unroll]] for (uint u = 0u; u < BATCH; u++) {
-            const uint i = i0 + u * THREADS;
-            xs[u] = i < n ? xv(base, i) : 0.0;
-            ws[u] = i < n ? w[i] : 0.0;
-        }
-        [[unroll]] for (uint u = 0u; u < BATCH; u++) {
-            precise float a = abs(ws[u] * (xs[u] * inv));
-            if (a > fm)
-                fm = a;
-        }
+    for (uint i = tid; i < n; i += THREADS) {
+        precise float a = abs(w[i] * (xv(base, i) * inv));
+        if (a > fm)
+            fm = a;
     }
     fmax_[tid] = fm;
     barrier();
@@ -235,28 +179,43 @@ void main()
     const float s = exact ? 0.0 : fdiv_rn(127.0, amax >= QUANT_EPS ? amax : QUANT_EPS);
 
     int total = 0;
-    for (uint j0 = tid; j0 < p.words; j0 += THREADS * (BATCH / 4u)) {
-        // The values of BATCH / 4 words loaded, then coded.
-        float xs[BATCH], ws[BATCH];
-        [[unroll]] for (uint u = 0u; u < BATCH; u++) {
-            const uint i = 4u * (j0 + (u / 4u) * THREADS) + u % 4u;
-            xs[u] = i < n ? xv(base, i) : 0.0;
-            ws[u] = i < n ? w[i] : 0.0;
-        }
-        [[unroll]] for (uint k = 0u; k < BATCH / 4u; k++) {
-            const uint j = j0 + k * THREADS;
-            if (j >= p.words)
-                break;
-            uint word = 0u;
-            for (uint b = 0u; b < 4u; b++) {
-                const int c = 4u * j + b < n ? code_of(xs[4u * k + b], ws[4u * k + b], exact,
-                                                       rmax, umax, inv, s)
-                                             : 0;
-                total += c;
-                word |= (uint(c) & 255u) << (8u * b);
+    for (uint j = tid; j < p.words; j += THREADS) {
+        uint word = 0u;
+        for (uint b = 0u; b < 4u; b++) {
+            const uint i = 4u * j + b;
+            int c = 0;
+            if (i < n) {
+                const float xi = xv(base, i), wi = w[i];
+                if (exact) {
+                    precise REAL pr = REAL(wi) * REAL(xi);
+                    if (!isnan(pr)) {
+                        // pr times the device's reciprocal of umax (each
+                        // within 2.5 ulp) is within a few ulp of the
+                        // correctly rounded quotient, so t0 is within a few
+                        // ulp (|t| <= 127: below 1e-13) of the CPU's t. Away
+                        // from a half they round alike; only near one is
+                        // the corrected quotient needed (the exact ties).
+                        precise REAL t0 = 127.0 * (pr * rmax);
+#ifdef BN_FP64
+                        if (abs(t0 - floor(t0) - 0.5) > 1e-11) {
+                            c = int(roundEven(t0));
+                        } else {
+                            precise double t = 127.0 * div_rn(pr, umax);
+                            c = int(roundEven(t));
+                        }
+#else
+                        c = int(roundEven(t0));
+#endif
+                    }
+                } else {
+                    precise float v = (wi * (xi * inv)) * s;
+                    c = round_clamp(v);
+                }
             }
-            q[row * p.words + j] = word;
+            total += c;
+            word |= (uint(c) & 255u) << (8u * b);
         }
+        q[row * p.words + j] = word;
     }
     isum[tid] = total;
     barrier();
