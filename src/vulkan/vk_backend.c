@@ -208,10 +208,9 @@ static bn_status upload_norms(vkb *v, bn_error *err)
     return st;
 }
 
-/* The head in parts of at most the bytes a kernel may bind, in the head
- * kernel's layout (bn_vk_head_place): F16 rows as the file has them (two
- * to a word), anything else as F32 rows decoded by the format's own
- * dequantizer, the values the CPU's dot products use. */
+/* The head in parts of at most the bytes a kernel may bind: F16 rows as
+ * the file has them (two to a word), anything else as F32 rows decoded by
+ * the format's own dequantizer, the values the CPU's dot products use. */
 static bn_status upload_head(vkb *v, bn_error *err)
 {
     const bn_dense_matrix *h = bn_checkpoint_lm_head(v->model);
@@ -226,38 +225,33 @@ static bn_status upload_head(vkb *v, bn_error *err)
         return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
                             "Vulkan: a head row of %zu bytes is more than %s binds", row_bytes,
                             bn_vk_device(v->vk)->name);
-    if (per_part >= BN_VK_HEAD_TILE) /* parts of whole tiles (bn_vk_head_bytes) */
-        per_part -= per_part % BN_VK_HEAD_TILE;
     if (per_part > vocab)
         per_part = vocab;
     v->n_head_parts = (int)((vocab + per_part - 1) / per_part);
     v->head = calloc((size_t)v->n_head_parts, sizeof *v->head);
-    const size_t part_bytes = bn_vk_head_bytes(v->head_type, dim, per_part);
-    unsigned char *host = malloc(part_bytes), *row = malloc(row_bytes);
-    bn_status st = v->head && host && row ? BN_OK
-                                          : bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
-                                                         "no memory for the Vulkan LM head");
+    unsigned char *host = malloc((size_t)per_part * row_bytes);
+    bn_status st = v->head && host ? BN_OK
+                                   : bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
+                                                  "no memory for the Vulkan LM head");
     const bn_qtype_info *t = bn_qtype_get(h->type);
     for (int p = 0; p < v->n_head_parts && st == BN_OK; p++) {
         vkb_head_part *part = &v->head[p];
         part->first = (int64_t)p * per_part;
         part->n = vocab - part->first < per_part ? vocab - part->first : per_part;
-        const size_t bytes = bn_vk_head_bytes(v->head_type, dim, part->n);
-        memset(host, 0, bytes);
         for (int64_t r = 0; r < part->n; r++) {
             const unsigned char *src =
                 (const unsigned char *)h->data + (size_t)(part->first + r) * h->row_bytes;
+            unsigned char *dst = host + (size_t)r * row_bytes;
             if (v->head_type == BN_VK_HEAD_F16 || h->type == BN_QTYPE_F32)
-                memcpy(row, src, row_bytes);
+                memcpy(dst, src, row_bytes);
             else
-                t->dequantize_row(src, (float *)row, dim);
-            bn_vk_head_place(v->head_type, dim, r, row, host);
+                t->dequantize_row(src, (float *)dst, dim);
         }
+        const size_t bytes = (size_t)part->n * row_bytes;
         st = buffer(v, bytes, &part->rows, &v->head_bytes, err);
         if (st == BN_OK)
             st = upload(v, &part->rows, host, bytes, err);
     }
-    free(row);
     free(host);
     return st;
 }

@@ -8,7 +8,6 @@
 
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 extern const unsigned char bn_vk_spv_rope_store[], bn_vk_spv_attention[],
     bn_vk_spv_attention_f64[], bn_vk_spv_rmsnorm[], bn_vk_spv_rmsnorm_f64[],
@@ -249,35 +248,6 @@ bn_status bn_vk_rmsnorm_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *x, bn_vk
     return launch(vk, ops->rmsnorm, buffers, &p, (uint64_t)rows, "rmsnorm", err);
 }
 
-static bool head_tiled(int64_t dim)
-{
-    return dim % 8 == 0;
-}
-
-size_t bn_vk_head_bytes(bn_vk_head_type type, int64_t dim, int64_t n_rows)
-{
-    const int64_t rows = head_tiled(dim) ? (n_rows + BN_VK_HEAD_TILE - 1) / BN_VK_HEAD_TILE *
-                                               BN_VK_HEAD_TILE
-                                         : n_rows;
-    return (size_t)rows * (size_t)dim * (type == BN_VK_HEAD_F16 ? 2 : 4);
-}
-
-void bn_vk_head_place(bn_vk_head_type type, int64_t dim, int64_t j, const void *row, void *out)
-{
-    const size_t value = type == BN_VK_HEAD_F16 ? 2 : 4, row_bytes = (size_t)dim * value;
-    unsigned char *dst = out;
-    if (!head_tiled(dim)) {
-        memcpy(dst + (size_t)j * row_bytes, row, row_bytes);
-        return;
-    }
-    /* Step s of row j: tile j / TILE, then step, then the row in its tile. */
-    const size_t step = 8 * value, steps = (size_t)dim / 8;
-    const size_t tile = (size_t)j / BN_VK_HEAD_TILE, in_tile = (size_t)j % BN_VK_HEAD_TILE;
-    for (size_t s = 0; s < steps; s++)
-        memcpy(dst + ((tile * steps + s) * BN_VK_HEAD_TILE + in_tile) * step,
-               (const unsigned char *)row + s * step, step);
-}
-
 bn_status bn_vk_head_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *head, bn_vk_head_type type,
                             int64_t first, int64_t n_rows, int64_t dim, bn_vk_buffer *x,
                             int64_t rows, bn_vk_buffer *logits, int64_t ld, bn_error *err)
@@ -289,8 +259,9 @@ bn_status bn_vk_head_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *head, bn_vk
         bad = "dim must be positive, and even for F16";
     else if (first < 0 || n_rows < 0 || rows < 0 || ld < first + n_rows)
         bad = "first, n_rows and rows must be >= 0, ld >= first + n_rows";
-    if (!bad && !holds(head, bn_vk_head_bytes(type, dim, n_rows) / 4))
-        bad = "the head part must hold n_rows rows of dim values in the head's layout";
+    const uint64_t words = type == BN_VK_HEAD_F16 ? (uint64_t)dim / 2 : (uint64_t)dim;
+    if (!bad && !holds(head, prod((uint64_t)n_rows, words)))
+        bad = "the head part must hold n_rows rows of dim values";
     if (!bad && !holds(x, prod((uint64_t)rows, (uint64_t)dim)))
         bad = "x must hold [rows][dim] floats";
     if (!bad && rows > 0 &&
@@ -307,9 +278,9 @@ bn_status bn_vk_head_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *head, bn_vk
     const head_params p = {(uint32_t)n_rows, (uint32_t)dim,   (uint32_t)rows,
                            (uint32_t)ld,     (uint32_t)first, type == BN_VK_HEAD_F16};
     bn_vk_buffer *const buffers[3] = {head, x, logits};
-    /* Tiled rows: a head row an invocation, 64 a workgroup
+    /* dim a multiple of 8: a head row an invocation, 64 a workgroup
      * (head_matvec_rows.comp); else eight rows a workgroup. */
-    if (head_tiled(dim))
+    if (dim % 8 == 0)
         return launch(vk, ops->head_rows, buffers, &p, ((uint64_t)n_rows + 63) / 64, "head",
                       err);
     return launch(vk, ops->head, buffers, &p, ((uint64_t)n_rows + 7) / 8, "head", err);

@@ -91,23 +91,12 @@ bn_status bn_vk_rmsnorm_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *x, bn_vk
 
 /* logits[r * ld + first + j] = dot_f32(head row first + j, x row r) for j
  * < n_rows, r < rows: head rows of dim values, F32 (one float each) or F16
- * (two halves to a 32-bit word, little end first; dim even), in the layout
- * below, the part of the head in `head` starting at its row `first` being
- * its row 0 (the backend binds a large head in parts, since a buffer may
- * be capped at 128 MiB on some devices); the sum is dot_f32's with the F16
- * value converted exactly. ld >= first + n_rows. */
+ * (two halves to a 32-bit word, little end first; dim even), the part of
+ * the head in `head` starting at its row `first` being its row 0 (the
+ * backend binds a large head in parts, since a buffer may be capped at
+ * 128 MiB on some devices); the sum is dot_f32's with the F16 value
+ * converted exactly. ld >= first + n_rows. */
 typedef enum { BN_VK_HEAD_F32 = 0, BN_VK_HEAD_F16 = 1 } bn_vk_head_type;
-
-/* The head's layout. Where dim is a multiple of 8 the rows go in tiles of
- * BN_VK_HEAD_TILE rows: a row's values in steps of eight, step s of the
- * tile's rows side by side (the kernel takes a row an invocation, so a
- * subgroup's loads of one step are one contiguous span), the rows past the
- * last in its tile zero. Other dims: plain rows. bn_vk_head_bytes is the
- * size of n_rows rows so laid out; bn_vk_head_place puts row j (dim values
- * of the type, as the file has them) into `out`, which the caller zeroed. */
-#define BN_VK_HEAD_TILE 32
-size_t bn_vk_head_bytes(bn_vk_head_type type, int64_t dim, int64_t n_rows);
-void bn_vk_head_place(bn_vk_head_type type, int64_t dim, int64_t j, const void *row, void *out);
 bn_status bn_vk_head_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *head, bn_vk_head_type type,
                             int64_t first, int64_t n_rows, int64_t dim, bn_vk_buffer *x,
                             int64_t rows, bn_vk_buffer *logits, int64_t ld, bn_error *err);

@@ -3,13 +3,10 @@
 // LM head logits as head_matvec.comp computes them (dot_f32: eight lanes,
 // element i in lane i % 8, each lane in order, multiply then add, the
 // lanes added ((0+1)+(2+3))+((4+5)+(6+7))), for dims that are a multiple
-// of 8, in the tiled layout (bn_vk_head_place): one invocation a head row
-// holds all eight lanes, so each step loads eight of its values (16 bytes
-// of F16, 32 of F32), and the tile's 32 rows' step s lie side by side, so
-// a subgroup's loads of one step are one contiguous span. x rows four at a
-// time, as there.
+// of 8: one invocation a head row holds all eight lanes, so each step
+// loads eight of its values at once (16 bytes of F16, 32 of F32). x rows
+// four at a time, as there.
 
-#define TILE 32u // BN_VK_HEAD_TILE
 layout(local_size_x = 64) in;
 
 layout(std430, binding = 0) readonly buffer Head { uvec4 head4[]; }; // F32 bits or F16 pairs
@@ -34,9 +31,8 @@ void main()
     if (j >= p.n_rows)
         return; // no barriers here
     const uint steps = p.dim / 8u, d4 = p.dim / 4u;
-    // Step s of row j in uvec4s: ((tile * steps + s) * TILE + j % TILE) * per.
+    // Step s of row j in uvec4s: (j * steps + s) * per.
     const uint per = p.f16 != 0u ? 1u : 2u;
-    const uint row0 = (j / TILE) * steps * TILE + j % TILE;
     for (uint r0 = 0u; r0 < p.rows; r0 += 4u) {
         const uint last = p.rows - 1u;
         uint xr[4];
@@ -47,7 +43,7 @@ void main()
             for (uint l = 0u; l < 8u; l++)
                 acc[k][l] = 0.0;
         for (uint s = 0u; s < steps; s++) {
-            const uint at = (row0 + s * TILE) * per;
+            const uint at = (j * steps + s) * per;
             float w[8];
             if (p.f16 != 0u) {
                 const uvec4 h = head4[at]; // 8 halves, even index low
