@@ -455,6 +455,7 @@ typedef struct bn_vulkan_device {
     uint64_t max_storage_buffer_range; /* the largest buffer a kernel binds  */
     bool integer_dot_product;          /* VK_KHR_shader_integer_dot_product  */
     bool fp64;                         /* shaderFloat64                      */
+    bool subgroup_arithmetic;          /* subgroup add / max in compute      */
 } bn_vulkan_device;
 
 typedef struct bn_vulkan_report {

@@ -217,22 +217,35 @@ int main(void)
     bn_vk *vk = test_require_vulkan(&n_dev);
     bn_error err;
     bn_vk_kernel *kernel = NULL;
-    CHECK(bn_vk_norm_kernel(vk, &kernel, &err) == BN_OK && kernel);
-    /* The fp64 kernel where the device has fp64. */
-    const bool fp64 = bn_vk_device(vk)->fp64;
-    static const int64_t widths[] = {2560, 6912, 640, 1, 3, 17, 100, 1000};
-    for (size_t i = 0; fp64 && kernel && i < sizeof widths / sizeof widths[0]; i++)
-        for (int rep = 0; rep < 3; rep++)
-            check_width(vk, kernel, widths[i], 16, true);
-    for (int i = 0; fp64 && kernel && i < 10; i++)
-        check_width(vk, kernel, test_rand_range(1, 3000), test_rand_range(1, 40), true);
+    /* The fp64 kernels where the device has fp64: trees, then (where the
+     * device can) subgroups, which the backend then runs. */
+    const bool fp64 = bn_vk_device(vk)->fp64, sg = bn_vk_norm_subgroups(vk);
+    printf("norm variants: fp64 %s, subgroups %s\n", fp64 ? "yes" : "no", sg ? "yes" : "no");
+    static const int64_t widths[] = {2560, 6912, 640, 1, 3, 17, 100, 1000, 1023, 1025, 4097};
+    for (int variant = 0; variant < (sg ? 2 : 1); variant++) {
+        if (kernel)
+            bn_vk_kernel_free(vk, kernel);
+        kernel = NULL;
+        CHECK(bn_vk_norm_kernel(vk, variant == 1, &kernel, &err) == BN_OK && kernel);
+        for (size_t i = 0; fp64 && kernel && i < sizeof widths / sizeof widths[0]; i++)
+            for (int rep = 0; rep < 3; rep++)
+                check_width(vk, kernel, widths[i], 16, true);
+        for (int i = 0; fp64 && kernel && i < 10; i++)
+            check_width(vk, kernel, test_rand_range(1, 3000), test_rand_range(1, 40), true);
+    }
+    if (!sg) {
+        bn_vk_kernel *none = NULL;
+        CHECK(bn_vk_norm_kernel(vk, true, &none, &err) == BN_ERR_UNSUPPORTED && !none);
+        CHECK_STR_CONTAINS(err.message, "subgroup");
+    }
     {
         /* The float kernel, as a device without fp64 runs it. */
         setenv("BITNET_VULKAN_FP64", "0", 1);
         bn_vk *vf = NULL;
         bn_vk_kernel *kf = NULL;
         CHECK(bn_vk_open(0, &vf, &err) == BN_OK && !bn_vk_device(vf)->fp64);
-        CHECK(vf && bn_vk_norm_kernel(vf, &kf, &err) == BN_OK);
+        CHECK(vf && bn_vk_norm_kernel(vf, false, &kf, &err) == BN_OK);
+        CHECK(vf && !bn_vk_norm_subgroups(vf)); /* the subgroup variant needs fp64 */
         for (size_t i = 0; kf && i < sizeof widths / sizeof widths[0]; i++)
             check_width(vf, kf, widths[i], 16, false);
         for (int i = 0; kf && i < 5; i++)

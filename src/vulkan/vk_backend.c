@@ -454,7 +454,7 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
         st = bn_vk_w2a8_kernel(v->vk, bn_vk_device(v->vk)->fp64,
                                bn_vk_device(v->vk)->integer_dot_product, &v->w2a8, err);
     if (st == BN_OK)
-        st = bn_vk_norm_kernel(v->vk, &v->norm, err);
+        st = bn_vk_norm_kernel(v->vk, bn_vk_norm_subgroups(v->vk), &v->norm, err);
     if (st == BN_OK)
         st = bn_vk_ops_create(v->vk, &v->ops, err);
     if (st == BN_OK)

@@ -179,6 +179,9 @@ static void describe(const vk_fns *f, VkPhysicalDevice pd, bn_vulkan_device *d)
     d->max_shared_bytes = p->limits.maxComputeSharedMemorySize;
     d->max_storage_buffer_range = p->limits.maxStorageBufferRange;
     d->subgroup_size = sub.subgroupSize;
+    d->subgroup_arithmetic = (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                             (sub.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT) &&
+                             (sub.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
     VkPhysicalDeviceMemoryProperties mp;
     f->vkGetPhysicalDeviceMemoryProperties(pd, &mp);
     for (uint32_t h = 0; h < mp.memoryHeapCount; h++)

@@ -1,11 +1,14 @@
-/* vk_norm.c - launching shaders/norm_quantize*.comp: the fp64 variant, the
- * CPU's codes bit for bit, where the device has fp64; else the float one. */
+/* vk_norm.c - launching shaders/norm_quantize*.comp: the fp64 variants, the
+ * CPU's codes bit for bit, where the device has fp64 (with subgroups where
+ * it can); else the float one. */
 #include "vk_norm.h"
 
 #include "vk_w2a8.h"
 
-extern const unsigned char bn_vk_spv_norm_quantize[], bn_vk_spv_norm_quantize_f64[];
-extern const size_t bn_vk_spv_norm_quantize_len, bn_vk_spv_norm_quantize_f64_len;
+extern const unsigned char bn_vk_spv_norm_quantize[], bn_vk_spv_norm_quantize_f64[],
+    bn_vk_spv_norm_quantize_f64_sg[];
+extern const size_t bn_vk_spv_norm_quantize_len, bn_vk_spv_norm_quantize_f64_len,
+    bn_vk_spv_norm_quantize_f64_sg_len;
 
 /* The shader's push constants, in its order. */
 typedef struct norm_params {
@@ -13,14 +16,29 @@ typedef struct norm_params {
     float eps;
 } norm_params;
 
-bn_status bn_vk_norm_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
+bool bn_vk_norm_subgroups(const bn_vk *vk)
 {
+    const bn_vulkan_device *d = bn_vk_device(vk);
+    return d->fp64 && d->subgroup_arithmetic && d->subgroup_size >= 4 &&
+           d->max_workgroup_invocations >= 1024;
+}
+
+bn_status bn_vk_norm_kernel(bn_vk *vk, bool subgroups, bn_vk_kernel **out, bn_error *err)
+{
+    if (subgroups && !bn_vk_norm_subgroups(vk))
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
+                            "Vulkan: %s cannot run the norm's subgroup variant (it needs fp64, "
+                            "subgroup arithmetic and workgroups of 1024)",
+                            bn_vk_device(vk)->name);
     const bool fp64 = bn_vk_device(vk)->fp64;
-    return bn_vk_kernel_create(vk, "norm_quantize",
-                               fp64 ? bn_vk_spv_norm_quantize_f64 : bn_vk_spv_norm_quantize,
-                               fp64 ? bn_vk_spv_norm_quantize_f64_len
-                                    : bn_vk_spv_norm_quantize_len,
-                               5, sizeof(norm_params), out, err);
+    const unsigned char *spirv = subgroups ? bn_vk_spv_norm_quantize_f64_sg
+                                 : fp64    ? bn_vk_spv_norm_quantize_f64
+                                           : bn_vk_spv_norm_quantize;
+    const size_t len = subgroups ? bn_vk_spv_norm_quantize_f64_sg_len
+                       : fp64    ? bn_vk_spv_norm_quantize_f64_len
+                                 : bn_vk_spv_norm_quantize_len;
+    return bn_vk_kernel_create(vk, "norm_quantize", spirv, len, 5, sizeof(norm_params), out,
+                               err);
 }
 
 bn_status bn_vk_norm_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *x, bn_vk_buffer *w,

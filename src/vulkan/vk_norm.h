@@ -1,8 +1,8 @@
 /*
  * vk_norm.h - RMSNorm then int8 quantization of rows on a Vulkan device,
- * bit for bit the CPU's rule (bn_norm_quantize_row): shaders/
- * norm_quantize.comp says how each division and square root is made
- * correctly rounded. Needs a device with fp64.
+ * bit for bit the CPU's rule (bn_norm_quantize_row) on a device with fp64:
+ * shaders/norm_quantize.glsl says how each division and square root is
+ * made correctly rounded.
  *
  * Output: each row's codes four to a 32-bit word, zero-padded to
  * 4 * bn_vk_w2a8_words(n) words (the W2A8 kernel's activation layout), its
@@ -13,8 +13,16 @@
 
 #include "vk_context.h"
 
-/* The kernel; BN_ERR_UNSUPPORTED on a device without fp64. */
-bn_status bn_vk_norm_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err);
+/* The kernel: on a device with fp64 the CPU's codes bit for bit, else
+ * the float variant (shaders/norm_quantize.glsl says how they differ);
+ * with subgroups the fp64 variant of 1024 invocations a row reducing by
+ * subgroup operations (BN_ERR_UNSUPPORTED where bn_vk_norm_subgroups says
+ * the device cannot run it), else 256 invocations and trees. Both fp64
+ * variants give the same codes. */
+bn_status bn_vk_norm_kernel(bn_vk *vk, bool subgroups, bn_vk_kernel **out, bn_error *err);
+/* Whether the device runs the subgroup variant: fp64, subgroup arithmetic
+ * in compute shaders, subgroups of at least 4 and workgroups of 1024. */
+bool bn_vk_norm_subgroups(const bn_vk *vk);
 
 /* rows rows of n floats in x (one after another), normed with w (n
  * floats) and eps, into codes / scales / sums, recorded into the open

@@ -149,8 +149,9 @@ static void print_text(const report *r)
                d->max_workgroup_invocations, d->max_shared_bytes / 1024, d->subgroup_size);
         printf("          storage buffer       %.0f MiB at most\n",
                (double)d->max_storage_buffer_range / MIB);
-        printf("          integer dot product  %s; fp64 %s\n",
-               d->integer_dot_product ? "yes" : "no", d->fp64 ? "yes" : "no");
+        printf("          integer dot product  %s; fp64 %s; subgroup arithmetic %s\n",
+               d->integer_dot_product ? "yes" : "no", d->fp64 ? "yes" : "no",
+               d->subgroup_arithmetic ? "yes" : "no");
     }
 
     printf("\nPreflight\n  %s\n", g->preflight);

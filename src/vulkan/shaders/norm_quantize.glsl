@@ -25,12 +25,21 @@
 // Codes go out four to a word (little end first), the row padded with
 // zeros to `words` words, as the W2A8 kernel reads them.
 
-// 256 invocations a row, and the row staged in shared memory where it fits
-// (NVIDIA's Vulkan took 55 us a row with 64 invocations reading the eight
-// ordered lanes' squares from global memory one load after another).
+// A workgroup a row. With SUBGROUP (norm_quantize_f64_sg.comp: devices
+// with subgroup arithmetic) 1024 invocations and each reduction by the
+// subgroups' operations, then a shared slot a subgroup; else 256 and trees
+// in shared memory. The row is read from global memory (it was written by
+// the dispatch before: in L2), and the codes by the exact rule, which need
+// umax but not inv, are made in the same loop as the normed maximum: two
+// passes over the row, not three (NVIDIA's H200, one row of 2560 and of
+// 6912: 9.0 and 14.0 us a dispatch staged in three passes, 7.4 and 8.9 in
+// this form with SUBGROUP; dev/vulkan/dispatch_chain.c).
+#ifdef SUBGROUP
+#define THREADS 1024u
+#else
 #define THREADS 256u
-#define STAGED 6912u // floats of a row staged (27 KiB; lavapipe allows 32 KiB)
-layout(local_size_x = 256) in;
+#endif
+layout(local_size_x = THREADS) in;
 
 layout(std430, binding = 0) readonly buffer Rows { float x[]; };
 layout(std430, binding = 1) readonly buffer Weights { float w[]; };
@@ -52,21 +61,79 @@ layout(push_constant) uniform Params {
 const float QUANT_EPS = 1e-5;
 
 shared REAL lane_sum[8];
-shared REAL dsum[THREADS];
-shared REAL dmax[THREADS];
 shared REAL sh_mean_sq;
 shared bool sh_ordered;
-shared float fmax_[THREADS];
-shared int isum[THREADS];
 shared float sh_inv;
-shared float row_x[STAGED];
 
-// Value i of the row: from shared memory where the row is staged.
-float xv(uint base, uint i)
+// ---- the workgroup's reductions: every invocation gets the result; each
+// call is reached by the whole workgroup.
+#ifdef SUBGROUP
+// A slot a subgroup (at least 4 invocations each), two sets used in turn,
+// so a set is written again only after the barrier of the call between.
+shared REAL red_sum[2][THREADS / 4u], red_dmax[2][THREADS / 4u];
+shared float red_fmax[2][THREADS / 4u];
+shared int red_isum[2][THREADS / 4u];
+uint red_set = 0u;
+
+void reduce_sum_max(inout REAL sum, inout REAL dmax, inout float fmax, inout int isum)
 {
-    return p.n <= STAGED ? row_x[i] : x[base + i];
+    const REAL s = subgroupAdd(sum), d = subgroupMax(dmax);
+    const float f = subgroupMax(fmax);
+    const int t = subgroupAdd(isum);
+    const uint r = red_set;
+    red_set ^= 1u;
+    if (subgroupElect()) {
+        red_sum[r][gl_SubgroupID] = s;
+        red_dmax[r][gl_SubgroupID] = d;
+        red_fmax[r][gl_SubgroupID] = f;
+        red_isum[r][gl_SubgroupID] = t;
+    }
+    barrier();
+    precise REAL ts = 0.0;
+    REAL td = 0.0;
+    float tf = 0.0;
+    int ti = 0;
+    for (uint g = 0u; g < gl_NumSubgroups; g++) {
+        ts = ts + red_sum[r][g];
+        td = red_dmax[r][g] > td ? red_dmax[r][g] : td;
+        tf = red_fmax[r][g] > tf ? red_fmax[r][g] : tf;
+        ti += red_isum[r][g];
+    }
+    sum = ts;
+    dmax = td;
+    fmax = tf;
+    isum = ti;
 }
+#else
+shared REAL red_sum[THREADS], red_dmax[THREADS];
+shared float red_fmax[THREADS];
+shared int red_isum[THREADS];
 
+void reduce_sum_max(inout REAL sum, inout REAL dmax, inout float fmax, inout int isum)
+{
+    const uint tid = gl_LocalInvocationID.x;
+    barrier(); // the last call's results have been read
+    red_sum[tid] = sum;
+    red_dmax[tid] = dmax;
+    red_fmax[tid] = fmax;
+    red_isum[tid] = isum;
+    barrier();
+    for (uint h = THREADS / 2u; h > 0u; h >>= 1u) {
+        if (tid < h) {
+            precise REAL t = red_sum[tid] + red_sum[tid + h];
+            red_sum[tid] = t;
+            red_dmax[tid] = red_dmax[tid + h] > red_dmax[tid] ? red_dmax[tid + h] : red_dmax[tid];
+            red_fmax[tid] = red_fmax[tid + h] > red_fmax[tid] ? red_fmax[tid + h] : red_fmax[tid];
+            red_isum[tid] += red_isum[tid + h];
+        }
+        barrier();
+    }
+    sum = red_sum[0];
+    dmax = red_dmax[0];
+    fmax = red_fmax[0];
+    isum = red_isum[0];
+}
+#endif
 
 // round half to even, then clamp to [-128, 127]; NaN gives 0.
 int round_clamp(float v)
@@ -77,6 +144,28 @@ int round_clamp(float v)
     return r > 127.0 ? 127 : r < -128.0 ? -128 : int(r);
 }
 
+// The exact rule's code of w x: rint(127 (w x) / umax), rmax = 1 / umax
+// as the device computes it.
+int exact_code(float xi, float wi, REAL rmax, REAL umax)
+{
+    precise REAL pr = REAL(wi) * REAL(xi);
+    if (isnan(pr))
+        return 0;
+    // pr times the device's reciprocal of umax (each within 2.5 ulp) is
+    // within a few ulp of the correctly rounded quotient, so t0 is within
+    // a few ulp (|t| <= 127: below 1e-13) of the CPU's t. Away from a half
+    // they round alike; only near one is the corrected quotient needed
+    // (the exact ties).
+    precise REAL t0 = 127.0 * (pr * rmax);
+#ifdef BN_FP64
+    if (abs(t0 - floor(t0) - 0.5) <= 1e-11) {
+        precise double t = 127.0 * div_rn(pr, umax);
+        return int(roundEven(t));
+    }
+#endif
+    return int(roundEven(t0));
+}
+
 void main()
 {
     const uint row = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
@@ -85,45 +174,30 @@ void main()
     const uint tid = gl_LocalInvocationID.x;
     const uint n = p.n, base = row * n;
 
-    if (n <= STAGED) {
-        for (uint i = tid; i < n; i += THREADS)
-            row_x[i] = x[base + i];
-        barrier();
-    }
     // The squares' sum and max |w x| in double, each invocation over its
-    // strided values, then one tree for both. The CPU adds the squares in
-    // eight ordered lanes (chains of n / 8 dependent adds, most of this
-    // kernel's time when they ran here); any order of these non-negative
-    // terms lands within (n - 1) 2^-53 of the exact sum, so the two sums
-    // are within 2 n 2^-53 of each other, and the float the CPU rounds
-    // ss / n to is the tree's unless an interval that wide around the
-    // tree's quotient holds a float rounding boundary. Only then (a chance
-    // of about n 2^-28 for a random row) do eight invocations add the
-    // lanes in the CPU's order. Without fp64 the tree's sum is the answer.
-    precise REAL part = 0.0;
-    REAL m = 0.0;
+    // strided values, then one reduction for both. The CPU adds the
+    // squares in eight ordered lanes (chains of n / 8 dependent adds, most
+    // of this kernel's time when they ran here); any order of these
+    // non-negative terms lands within (n - 1) 2^-53 of the exact sum, so
+    // the two sums are within 2 n 2^-53 of each other, and the float the
+    // CPU rounds ss / n to is this sum's unless an interval that wide
+    // around its quotient holds a float rounding boundary. Only then (a
+    // chance of about n 2^-28 for a random row) do eight invocations add
+    // the lanes in the CPU's order. Without fp64 this sum is the answer.
+    precise REAL ss = 0.0;
+    REAL umax = 0.0;
     for (uint i = tid; i < n; i += THREADS) {
-        const float xi = xv(base, i);
-        part = fma(REAL(xi), REAL(xi), part);
+        const float xi = x[base + i];
+        ss = fma(REAL(xi), REAL(xi), ss);
         const REAL u = abs(REAL(w[i]) * REAL(xi));
-        if (u > m)
-            m = u;
+        if (u > umax)
+            umax = u;
     }
-    dsum[tid] = part;
-    dmax[tid] = m;
-    barrier();
-    for (uint h = THREADS / 2u; h > 0u; h >>= 1u) {
-        if (tid < h) {
-            precise REAL t = dsum[tid] + dsum[tid + h];
-            dsum[tid] = t;
-            if (dmax[tid + h] > dmax[tid])
-                dmax[tid] = dmax[tid + h];
-        }
-        barrier();
-    }
-    const REAL umax = dmax[0];
+    float unused_f = 0.0;
+    int unused_i = 0;
+    reduce_sum_max(ss, umax, unused_f, unused_i);
     if (tid == 0u) {
-        const REAL mq = div_rn(dsum[0], REAL(n));
+        const REAL mq = div_rn(ss, REAL(n));
 #ifdef BN_FP64
         const double d = (4.0 * double(n) + 8.0) * 1.1102230246251565e-16; // (4 n + 8) 2^-53
         sh_ordered = float(mq * (1.0 - d)) != float(mq * (1.0 + d));
@@ -138,15 +212,15 @@ void main()
         if (tid < 8u) {
             precise REAL s = 0.0;
             for (uint i = tid; i < n; i += 8u) {
-                const REAL v = REAL(xv(base, i));
+                const REAL v = REAL(x[base + i]);
                 s = fma(v, v, s);
             }
             lane_sum[tid] = s;
         }
         barrier();
-        precise REAL ss = ((lane_sum[0] + lane_sum[1]) + (lane_sum[2] + lane_sum[3])) +
-                          ((lane_sum[4] + lane_sum[5]) + (lane_sum[6] + lane_sum[7]));
-        mean_sq = div_rn(ss, REAL(n));
+        precise REAL lanes = ((lane_sum[0] + lane_sum[1]) + (lane_sum[2] + lane_sum[3])) +
+                             ((lane_sum[4] + lane_sum[5]) + (lane_sum[6] + lane_sum[7]));
+        mean_sq = div_rn(lanes, REAL(n));
     }
     if (tid == 0u) {
         precise float v = float(mean_sq) + p.eps;
@@ -157,27 +231,16 @@ void main()
     barrier();
     const float inv = sh_inv;
 
-    // The normed maximum in float.
-    float fm = 0.0;
-    for (uint i = tid; i < n; i += THREADS) {
-        precise float a = abs(w[i] * (xv(base, i) * inv));
-        if (a > fm)
-            fm = a;
-    }
-    fmax_[tid] = fm;
-    barrier();
-    for (uint h = THREADS / 2u; h > 0u; h >>= 1u) {
-        if (tid < h && fmax_[tid + h] > fmax_[tid])
-            fmax_[tid] = fmax_[tid + h];
-        barrier();
-    }
-    const float amax = fmax_[0];
-    const bool exact = amax >= QUANT_EPS && umax > 0.0 && !isinf(umax) && !isnan(umax);
+    // The normed maximum in float, and the exact rule's codes with it. The
+    // exact rule holds where umax is finite and positive and amax >= 1e-5;
+    // amax is known only after this pass, so where it turns out smaller
+    // (a row of values near zero) the codes are made again by the plain
+    // rule below.
+    const bool exact_u = umax > 0.0 && !isinf(umax) && !isnan(umax);
     // A product times the reciprocal is within a few ulp of the quotient,
     // as the device's division is, at a fraction of its cost.
-    const REAL rmax = exact ? 1.0 / umax : 0.0;
-    const float s = exact ? 0.0 : fdiv_rn(127.0, amax >= QUANT_EPS ? amax : QUANT_EPS);
-
+    const REAL rmax = exact_u ? 1.0 / umax : 0.0;
+    float amax = 0.0;
     int total = 0;
     for (uint j = tid; j < p.words; j += THREADS) {
         uint word = 0u;
@@ -185,47 +248,43 @@ void main()
             const uint i = 4u * j + b;
             int c = 0;
             if (i < n) {
-                const float xi = xv(base, i), wi = w[i];
-                if (exact) {
-                    precise REAL pr = REAL(wi) * REAL(xi);
-                    if (!isnan(pr)) {
-                        // pr times the device's reciprocal of umax (each
-                        // within 2.5 ulp) is within a few ulp of the
-                        // correctly rounded quotient, so t0 is within a few
-                        // ulp (|t| <= 127: below 1e-13) of the CPU's t. Away
-                        // from a half they round alike; only near one is
-                        // the corrected quotient needed (the exact ties).
-                        precise REAL t0 = 127.0 * (pr * rmax);
-#ifdef BN_FP64
-                        if (abs(t0 - floor(t0) - 0.5) > 1e-11) {
-                            c = int(roundEven(t0));
-                        } else {
-                            precise double t = 127.0 * div_rn(pr, umax);
-                            c = int(roundEven(t));
-                        }
-#else
-                        c = int(roundEven(t0));
-#endif
-                    }
-                } else {
-                    precise float v = (wi * (xi * inv)) * s;
-                    c = round_clamp(v);
-                }
+                const float xi = x[base + i], wi = w[i];
+                precise float a = abs(wi * (xi * inv));
+                if (a > amax)
+                    amax = a;
+                if (exact_u)
+                    c = exact_code(xi, wi, rmax, umax);
             }
             total += c;
             word |= (uint(c) & 255u) << (8u * b);
         }
         q[row * p.words + j] = word;
     }
-    isum[tid] = total;
-    barrier();
-    for (uint h = THREADS / 2u; h > 0u; h >>= 1u) {
-        if (tid < h)
-            isum[tid] += isum[tid + h];
-        barrier();
+    REAL unused_s = 0.0, unused_d = 0.0;
+    reduce_sum_max(unused_s, unused_d, amax, total);
+    const bool exact = exact_u && amax >= QUANT_EPS;
+    const float s = exact ? 0.0 : fdiv_rn(127.0, amax >= QUANT_EPS ? amax : QUANT_EPS);
+    if (!exact) { // the plain rule (workgroup-uniform)
+        total = 0;
+        for (uint j = tid; j < p.words; j += THREADS) {
+            uint word = 0u;
+            for (uint b = 0u; b < 4u; b++) {
+                const uint i = 4u * j + b;
+                int c = 0;
+                if (i < n) {
+                    precise float v = (w[i] * (x[base + i] * inv)) * s;
+                    c = round_clamp(v);
+                }
+                total += c;
+                word |= (uint(c) & 255u) << (8u * b);
+            }
+            q[row * p.words + j] = word;
+        }
+        float unused_a = 0.0;
+        reduce_sum_max(unused_s, unused_d, unused_a, total);
     }
     if (tid == 0u) {
         scale[row] = exact ? fdiv_rn(127.0, amax) : s;
-        sums[row] = isum[0];
+        sums[row] = total;
     }
 }
