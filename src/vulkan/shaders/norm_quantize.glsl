@@ -75,32 +75,45 @@ shared float red_fmax[2][THREADS / 4u];
 shared int red_isum[2][THREADS / 4u];
 uint red_set = 0u;
 
-void reduce_sum_max(inout REAL sum, inout REAL dmax, inout float fmax, inout int isum)
+// The sum of squares and max |w x| (doubles).
+void reduce_sum_dmax(inout REAL sum, inout REAL dmax)
 {
     const REAL s = subgroupAdd(sum), d = subgroupMax(dmax);
-    const float f = subgroupMax(fmax);
-    const int t = subgroupAdd(isum);
     const uint r = red_set;
     red_set ^= 1u;
     if (subgroupElect()) {
         red_sum[r][gl_SubgroupID] = s;
         red_dmax[r][gl_SubgroupID] = d;
-        red_fmax[r][gl_SubgroupID] = f;
-        red_isum[r][gl_SubgroupID] = t;
     }
     barrier();
     precise REAL ts = 0.0;
     REAL td = 0.0;
-    float tf = 0.0;
-    int ti = 0;
     for (uint g = 0u; g < gl_NumSubgroups; g++) {
         ts = ts + red_sum[r][g];
         td = red_dmax[r][g] > td ? red_dmax[r][g] : td;
-        tf = red_fmax[r][g] > tf ? red_fmax[r][g] : tf;
-        ti += red_isum[r][g];
     }
     sum = ts;
     dmax = td;
+}
+
+// The normed maximum and the codes' sum.
+void reduce_fmax_isum(inout float fmax, inout int isum)
+{
+    const float f = subgroupMax(fmax);
+    const int t = subgroupAdd(isum);
+    const uint r = red_set;
+    red_set ^= 1u;
+    if (subgroupElect()) {
+        red_fmax[r][gl_SubgroupID] = f;
+        red_isum[r][gl_SubgroupID] = t;
+    }
+    barrier();
+    float tf = 0.0;
+    int ti = 0;
+    for (uint g = 0u; g < gl_NumSubgroups; g++) {
+        tf = red_fmax[r][g] > tf ? red_fmax[r][g] : tf;
+        ti += red_isum[r][g];
+    }
     fmax = tf;
     isum = ti;
 }
@@ -109,27 +122,38 @@ shared REAL red_sum[THREADS], red_dmax[THREADS];
 shared float red_fmax[THREADS];
 shared int red_isum[THREADS];
 
-void reduce_sum_max(inout REAL sum, inout REAL dmax, inout float fmax, inout int isum)
+void reduce_sum_dmax(inout REAL sum, inout REAL dmax)
 {
     const uint tid = gl_LocalInvocationID.x;
-    barrier(); // the last call's results have been read
-    red_sum[tid] = sum;
+    red_sum[tid] = sum; // each set is used once: no barrier before
     red_dmax[tid] = dmax;
-    red_fmax[tid] = fmax;
-    red_isum[tid] = isum;
     barrier();
     for (uint h = THREADS / 2u; h > 0u; h >>= 1u) {
         if (tid < h) {
             precise REAL t = red_sum[tid] + red_sum[tid + h];
             red_sum[tid] = t;
             red_dmax[tid] = red_dmax[tid + h] > red_dmax[tid] ? red_dmax[tid + h] : red_dmax[tid];
-            red_fmax[tid] = red_fmax[tid + h] > red_fmax[tid] ? red_fmax[tid + h] : red_fmax[tid];
-            red_isum[tid] += red_isum[tid + h];
         }
         barrier();
     }
     sum = red_sum[0];
     dmax = red_dmax[0];
+}
+
+void reduce_fmax_isum(inout float fmax, inout int isum)
+{
+    const uint tid = gl_LocalInvocationID.x;
+    barrier(); // a second call: the first one's results have been read
+    red_fmax[tid] = fmax;
+    red_isum[tid] = isum;
+    barrier();
+    for (uint h = THREADS / 2u; h > 0u; h >>= 1u) {
+        if (tid < h) {
+            red_fmax[tid] = red_fmax[tid + h] > red_fmax[tid] ? red_fmax[tid + h] : red_fmax[tid];
+            red_isum[tid] += red_isum[tid + h];
+        }
+        barrier();
+    }
     fmax = red_fmax[0];
     isum = red_isum[0];
 }
@@ -193,9 +217,7 @@ void main()
         if (u > umax)
             umax = u;
     }
-    float unused_f = 0.0;
-    int unused_i = 0;
-    reduce_sum_max(ss, umax, unused_f, unused_i);
+    reduce_sum_dmax(ss, umax);
     if (tid == 0u) {
         const REAL mq = div_rn(ss, REAL(n));
 #ifdef BN_FP64
@@ -260,8 +282,7 @@ void main()
         }
         q[row * p.words + j] = word;
     }
-    REAL unused_s = 0.0, unused_d = 0.0;
-    reduce_sum_max(unused_s, unused_d, amax, total);
+    reduce_fmax_isum(amax, total);
     const bool exact = exact_u && amax >= QUANT_EPS;
     const float s = exact ? 0.0 : fdiv_rn(127.0, amax >= QUANT_EPS ? amax : QUANT_EPS);
     if (!exact) { // the plain rule (workgroup-uniform)
@@ -280,8 +301,8 @@ void main()
             }
             q[row * p.words + j] = word;
         }
-        float unused_a = 0.0;
-        reduce_sum_max(unused_s, unused_d, unused_a, total);
+        float unused = 0.0;
+        reduce_fmax_isum(unused, total);
     }
     if (tid == 0u) {
         scale[row] = exact ? fdiv_rn(127.0, amax) : s;
