@@ -802,6 +802,7 @@ int main(void)
         check_attention(vk, ops, 8, 8, 64, len, n_rows, 3);    /* group 1 */
         check_attention(vk, ops, 8, 2, 128, len, n_rows, 3);   /* group 4 */
         check_attention(vk, ops, 6, 3, 100, len, n_rows, 3);   /* group 2, ragged head_dim */
+        check_attention(vk, ops, 4, 2, 58, len, n_rows, 3);    /* keys not on 16 bytes */
     }
     {
         /* The 2B model's heads, a context past a workgroup's positions. */
