@@ -786,6 +786,8 @@ int main(void)
     check_head(vk, ops, BN_VK_HEAD_F16, 64, 130, 7, 6);
     check_head(vk, ops, BN_VK_HEAD_F32, 8, 65, 3, 5);
     check_head(vk, ops, BN_VK_HEAD_F16, 16, 1, 0, 1);
+    check_head(vk, ops, BN_VK_HEAD_F16, 2560, 300, 50, 1); /* one x row: its own kernel */
+    check_head(vk, ops, BN_VK_HEAD_F32, 64, 77, 7, 1);
     check_head(vk, ops, BN_VK_HEAD_F16, 2 * test_rand_range(1, 700), test_rand_range(1, 500),
                test_rand_range(0, 1000), test_rand_range(1, 9));
     check_head(vk, ops, BN_VK_HEAD_F32, test_rand_range(1, 1400), test_rand_range(1, 500),

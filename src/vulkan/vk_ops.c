@@ -11,13 +11,13 @@
 
 extern const unsigned char bn_vk_spv_rope_store[], bn_vk_spv_attention[],
     bn_vk_spv_attention_f64[], bn_vk_spv_rmsnorm[], bn_vk_spv_rmsnorm_f64[],
-    bn_vk_spv_head_matvec[], bn_vk_spv_head_matvec_rows[];
+    bn_vk_spv_head_matvec[], bn_vk_spv_head_matvec_rows[], bn_vk_spv_head_matvec_row1[];
 extern const size_t bn_vk_spv_rope_store_len, bn_vk_spv_attention_len,
     bn_vk_spv_attention_f64_len, bn_vk_spv_rmsnorm_len, bn_vk_spv_rmsnorm_f64_len,
-    bn_vk_spv_head_matvec_len, bn_vk_spv_head_matvec_rows_len;
+    bn_vk_spv_head_matvec_len, bn_vk_spv_head_matvec_rows_len, bn_vk_spv_head_matvec_row1_len;
 
 struct bn_vk_ops {
-    bn_vk_kernel *rope_store, *attention, *rmsnorm, *head, *head_rows;
+    bn_vk_kernel *rope_store, *attention, *rmsnorm, *head, *head_rows, *head_row1;
 };
 
 /* The shaders' push constants, in their order. */
@@ -105,6 +105,10 @@ bn_status bn_vk_ops_create(bn_vk *vk, bn_vk_ops **out, bn_error *err)
         st = bn_vk_kernel_create(vk, "head_matvec_rows", bn_vk_spv_head_matvec_rows,
                                  bn_vk_spv_head_matvec_rows_len, 3, sizeof(head_params),
                                  &ops->head_rows, err);
+    if (st == BN_OK)
+        st = bn_vk_kernel_create(vk, "head_matvec_row1", bn_vk_spv_head_matvec_row1,
+                                 bn_vk_spv_head_matvec_row1_len, 3, sizeof(head_params),
+                                 &ops->head_row1, err);
     if (st != BN_OK) {
         bn_vk_ops_free(vk, ops);
         return st;
@@ -122,6 +126,7 @@ void bn_vk_ops_free(bn_vk *vk, bn_vk_ops *ops)
     bn_vk_kernel_free(vk, ops->rmsnorm);
     bn_vk_kernel_free(vk, ops->head);
     bn_vk_kernel_free(vk, ops->head_rows);
+    bn_vk_kernel_free(vk, ops->head_row1);
     free(ops);
 }
 
@@ -278,10 +283,11 @@ bn_status bn_vk_head_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *head, bn_vk
     const head_params p = {(uint32_t)n_rows, (uint32_t)dim,   (uint32_t)rows,
                            (uint32_t)ld,     (uint32_t)first, type == BN_VK_HEAD_F16};
     bn_vk_buffer *const buffers[3] = {head, x, logits};
-    /* dim a multiple of 8: a head row an invocation, 64 a workgroup
-     * (head_matvec_rows.comp); else eight rows a workgroup. */
+    /* dim a multiple of 8: a head row an invocation, 64 a workgroup, x
+     * rows four at a time (head_matvec_rows.comp) or, for one, alone
+     * (head_matvec_row1.comp); else eight head rows a workgroup. */
     if (dim % 8 == 0)
-        return launch(vk, ops->head_rows, buffers, &p, ((uint64_t)n_rows + 63) / 64, "head",
-                      err);
+        return launch(vk, rows == 1 ? ops->head_row1 : ops->head_rows, buffers, &p,
+                      ((uint64_t)n_rows + 63) / 64, "head", err);
     return launch(vk, ops->head, buffers, &p, ((uint64_t)n_rows + 7) / 8, "head", err);
 }
