@@ -5,7 +5,9 @@
 // loads eight of its values at once (16 bytes of F16, 32 of F32). x rows
 // XROWS at a time: head_matvec_rows.comp takes four (each head value read
 // once for four), head_matvec_row1.comp one, for a decode step's single
-// row, with a quarter of the accumulators.
+// row, with a quarter of the accumulators (NVIDIA's H200, 128256 F16 rows
+// of 2560: 665 us for one row through the four-row kernel, which computed
+// it four times, 385 us through this one).
 
 layout(local_size_x = 64) in;
 
