@@ -6,8 +6,9 @@
  *
  *   - rmsnorm bit for bit: smooth, huge, tiny, zero rows, a NaN, an
  *     infinity, eps 0;
- *   - the LM head bit for bit, F32 and F16 (subnormal halves too), dims not
- *     a multiple of 8, 1 to 6 x rows, a part starting past row 0 (the
+ *   - the LM head bit for bit, F32 and F16 (subnormal halves too), dims a
+ *     multiple of 8 (a row an invocation; one x row through its own
+ *     kernel) and not, 1 to 9 x rows, a part starting past row 0 (the
  *     logits around it left alone);
  *   - rope_store bit for bit: q, k and the cache rows, several sequences
  *     at scattered cache rows through a block table, a second layer,
@@ -18,8 +19,9 @@
  *     in double rounded to float (what the kernel computes); several
  *     sequences of different lengths with scattered blocks, prefill rows
  *     at consecutive positions, a decode row, GQA groups 1, 2, 4 and 5,
- *     head_dim 64, 128, 100 and a random 8 k + 4, a context of 700
- *     positions (past a workgroup's 128);
+ *     head_dim 64, 128, 100, 58 (keys not on 16 bytes: scalar loads) and
+ *     a random 8 k + 4, a context of 700 positions (past a workgroup's
+ *     128);
  *   - rows whose sequence or position fall outside the tables: attention
  *     writes NaN, rope_store stores nothing;
  *   - sizes that do not fit their buffers are refused with
