@@ -858,6 +858,20 @@ bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffer
     return BN_OK;
 }
 
+bn_status bn_vk_dispatch_groups(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers,
+                                const void *push, uint64_t groups, bn_error *err)
+{
+    if (groups == 0)
+        return BN_OK; /* nothing to run */
+    const uint32_t gx = groups < 65535 ? (uint32_t)groups : 65535u;
+    const uint64_t gy = (groups + gx - 1) / gx;
+    if (gy > 65535)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan %s: %llu workgroups are more than a grid holds", k->name,
+                            (unsigned long long)groups);
+    return bn_vk_dispatch(vk, k, buffers, push, gx, (uint32_t)gy, err);
+}
+
 int bn_vk_recorded(const bn_vk *vk) { return vk->dispatches; }
 
 bool bn_vk_profiling(const bn_vk *vk) { return vk->timing; }

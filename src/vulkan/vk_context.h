@@ -71,6 +71,12 @@ void bn_vk_kernel_free(bn_vk *vk, bn_vk_kernel *k);
 bn_status bn_vk_begin(bn_vk *vk, bn_error *err);
 bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers,
                          const void *push, uint32_t groups_x, uint32_t groups_y, bn_error *err);
+/* groups workgroups laid out as a grid of at most 65535 columns, which
+ * the shaders number gl_WorkGroupID.x + gl_WorkGroupID.y *
+ * gl_NumWorkGroups.x (BN_ERR_INVALID_ARGUMENT past 65535 x 65535; 0
+ * records nothing); otherwise as bn_vk_dispatch. */
+bn_status bn_vk_dispatch_groups(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers,
+                                const void *push, uint64_t groups, bn_error *err);
 bn_status bn_vk_submit(bn_vk *vk, bn_error *err);
 /* A sequence kept to run again (a decode step is the same dispatches every
  * token; only its buffers' contents change): bn_vk_submit_keep ends and

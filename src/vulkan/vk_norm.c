@@ -55,8 +55,6 @@ bn_status bn_vk_norm_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *x, bn
                             "Vulkan norm: %lld rows of %lld do not fit their buffers",
                             (long long)rows, (long long)n);
     const norm_params p = {(uint32_t)rows, (uint32_t)n, (uint32_t)words, eps};
-    const uint32_t gx = rows < 65535 ? (uint32_t)rows : 65535u;
-    const uint32_t gy = (uint32_t)((rows + gx - 1) / gx);
     bn_vk_buffer *const buffers[5] = {x, w, codes, scales, sums};
-    return bn_vk_dispatch(vk, kernel, buffers, &p, gx, gy, err);
+    return bn_vk_dispatch_groups(vk, kernel, buffers, &p, (uint64_t)rows, err);
 }

@@ -1,7 +1,7 @@
 /* vk_ops.c - launching the forward pass's other kernels
  * (shaders/rope_store.comp, attention*.comp, rmsnorm*.comp,
- * head_matvec*.comp): sizes checked against the buffers, workgroups laid
- * out in a grid of at most 65535 columns. The attention and the RMSNorm
+ * head_matvec*.comp): sizes checked against the buffers, the workgroups
+ * laid out by bn_vk_dispatch_groups. The attention and the RMSNorm
  * take their fp64 variants (the CPU's arithmetic bit for bit) where the
  * device has fp64, else their float ones. */
 #include "vk_ops.h"
@@ -63,19 +63,6 @@ static uint64_t sum(uint64_t a, uint64_t b)
 static bool holds(const bn_vk_buffer *b, uint64_t floats)
 {
     return floats <= UINT32_MAX && b->size / 4 >= floats;
-}
-
-/* groups workgroups as a grid of at most 65535 x 65535. */
-static bn_status launch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers,
-                        const void *push, uint64_t groups, const char *what, bn_error *err)
-{
-    const uint32_t gx = groups < 65535 ? (uint32_t)groups : 65535u;
-    const uint64_t gy = (groups + gx - 1) / gx;
-    if (gy > 65535)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "Vulkan %s: %llu workgroups are more than a grid holds", what,
-                            (unsigned long long)groups);
-    return bn_vk_dispatch(vk, k, buffers, push, gx, (uint32_t)gy, err);
 }
 
 bn_status bn_vk_ops_create(bn_vk *vk, bn_vk_ops **out, bn_error *err)
@@ -193,7 +180,7 @@ bn_status bn_vk_rope_store_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_sh
                            (uint32_t)s->cache_rows,
                            (uint32_t)layer_off};
     bn_vk_buffer *const buffers[8] = {r->info, r->tables, q, k, v, cs, k_cache, v_cache};
-    return launch(vk, ops->rope_store, buffers, &p, rows, "rope_store", err);
+    return bn_vk_dispatch_groups(vk, ops->rope_store, buffers, &p, rows, err);
 }
 
 bn_status bn_vk_attention_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_shape *s,
@@ -231,7 +218,7 @@ bn_status bn_vk_attention_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_sha
                            (uint32_t)scratch_stride,
                            (float)(1.0 / sqrt((double)s->head_dim))};
     bn_vk_buffer *const buffers[7] = {r->info, r->tables, q, k_cache, v_cache, scratch, att};
-    return launch(vk, ops->attention, buffers, &p, items, "attention", err);
+    return bn_vk_dispatch_groups(vk, ops->attention, buffers, &p, items, err);
 }
 
 /* ---- the final norm and the LM head ----------------------------------------------- */
@@ -250,7 +237,7 @@ bn_status bn_vk_rmsnorm_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *x, bn_vk
         return BN_OK;
     const rmsnorm_params p = {(uint32_t)rows, (uint32_t)n, eps};
     bn_vk_buffer *const buffers[3] = {x, w, out};
-    return launch(vk, ops->rmsnorm, buffers, &p, (uint64_t)rows, "rmsnorm", err);
+    return bn_vk_dispatch_groups(vk, ops->rmsnorm, buffers, &p, (uint64_t)rows, err);
 }
 
 bn_status bn_vk_head_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *head, bn_vk_head_type type,
@@ -287,7 +274,7 @@ bn_status bn_vk_head_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *head, bn_vk
      * rows four at a time (head_matvec_rows.comp) or, for one, alone
      * (head_matvec_row1.comp); else eight head rows a workgroup. */
     if (dim % 8 == 0)
-        return launch(vk, rows == 1 ? ops->head_row1 : ops->head_rows, buffers, &p,
-                      ((uint64_t)n_rows + 63) / 64, "head", err);
-    return launch(vk, ops->head, buffers, &p, ((uint64_t)n_rows + 7) / 8, "head", err);
+        return bn_vk_dispatch_groups(vk, rows == 1 ? ops->head_row1 : ops->head_rows,
+                                     buffers, &p, ((uint64_t)n_rows + 63) / 64, err);
+    return bn_vk_dispatch_groups(vk, ops->head, buffers, &p, ((uint64_t)n_rows + 7) / 8, err);
 }

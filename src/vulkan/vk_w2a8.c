@@ -84,12 +84,10 @@ static bn_status record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_
                             (long long)(act_row + rows - 1));
     const matvec_params p = {(uint32_t)n,    (uint32_t)words, (uint32_t)act_row, weight_scale,
                              (uint32_t)rows, (uint32_t)mode,  up_scale};
-    /* Workgroups in a grid of at most 65535 columns. */
-    const uint64_t groups = (uint64_t)((n + per_group - 1) / per_group) * (uint64_t)rows;
-    const uint32_t gx = groups < 65535 ? (uint32_t)groups : 65535u;
-    const uint32_t gy = (uint32_t)((groups + gx - 1) / gx);
     bn_vk_buffer *const buffers[4] = {w, x, y, act_scales};
-    return bn_vk_dispatch(vk, kernel, buffers, &p, gx, gy, err);
+    return bn_vk_dispatch_groups(vk, kernel, buffers, &p,
+                                 (uint64_t)((n + per_group - 1) / per_group) * (uint64_t)rows,
+                                 err);
 }
 
 bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
