@@ -8,9 +8,9 @@
 //   max = the largest s_t;  e_t = exp(s_t - max);  sum = e_0 + e_1 + ...
 //   inv = 1 / sum;          out = sum over t in order of (e_t inv) v_t
 //
-// Scores: invocation tid takes positions tid, tid + 128, ..., a whole dot
+// Scores: invocation tid takes positions tid, tid + WG, ..., a whole dot
 // each, into scratch. The float sum of the e_t and the output sums are
-// kept in position order: the e_t of 128 positions at a time go through
+// kept in position order: the e_t of WG positions at a time go through
 // shared memory, invocation 0 adds them one after another; then each
 // invocation owns output elements and adds (e_t inv) v_t[i] over t.
 // Every scratch value is read back by the invocation that wrote it.
@@ -23,11 +23,14 @@
 // A row whose sequence, position or blocks fall outside the tables, the
 // cache or the scratch row gets NaN (the host cannot check device data).
 
-#define WG 128u
+// 256 invocations (a decode step's positions up to 256 scored in one
+// round; the weighted sum takes one invocation an output element, so
+// those past head_dim wait there).
+#define WG 256u
 #define MAX_HD 512u
 #define VBATCH 32u // values of positions loaded at once in the weighted sum
 
-layout(local_size_x = 128) in;
+layout(local_size_x = 256) in;
 
 layout(std430, binding = 0) readonly buffer Info { int info[]; };   // [rows][2]: seq, pos
 layout(std430, binding = 1) readonly buffer Tables { int tables[]; }; // [n_seq][max_blocks]
