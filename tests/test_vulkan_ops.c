@@ -10,12 +10,9 @@
  *     multiple of 8 (a row an invocation; one x row through its own
  *     kernel) and not, 1 to 9 x rows, a part starting past row 0 (the
  *     logits around it left alone);
- *   - rope_store bit for bit: q, k and the cache rows, several sequences
- *     at scattered cache rows through a block table, a second layer,
- *     rope_dim < head_dim and 0, the rest of the cache left alone;
- *   - rope_store then attention in one sequence (as attention_block runs
- *     them) against the CPU within 1e-5 of the values' range (exp is not
- *     libm's expf), and bit for bit against the same arithmetic with exp
+ *   - attention over a cache filled as the q, k, v product fills it
+ *     (RoPE and the store: test_vulkan_w2a8) against the CPU within 1e-5
+ *     of the values' range (exp is not libm's expf), and bit for bit against the same arithmetic with exp
  *     in double rounded to float (what the kernel computes); several
  *     sequences of different lengths with scattered blocks, prefill rows
  *     at consecutive positions, a decode row, GQA groups 1, 2, 4 and 5,
@@ -23,7 +20,7 @@
  *     a random 8 k + 4, a context of 700 positions (past a workgroup's
  *     128);
  *   - rows whose sequence or position fall outside the tables: attention
- *     writes NaN, rope_store stores nothing;
+ *     writes NaN;
  *   - sizes that do not fit their buffers are refused with
  *     BN_ERR_INVALID_ARGUMENT.
  * Outputs are poisoned first, with a guard value after the last.
@@ -298,7 +295,7 @@ static void check_head(bn_vk *vk, bn_vk_ops *ops, bn_vk_head_type type, int64_t 
     free(got);
 }
 
-/* ---- rope_store and attention ---------------------------------------------------------- */
+/* ---- attention --------------------------------------------------------------------------- */
 
 /* Sequences in a paged cache: block b of sequence s at cache block
  * table[s * max_blocks + b], blocks handed out in a random order (and one
@@ -388,93 +385,11 @@ static float *rope_tables(const layout *l, int rope_dim)
     return cs;
 }
 
-static void check_rope_store(bn_vk *vk, bn_vk_ops *ops, int n_head, int n_kv, int hd,
-                             int rope_dim)
-{
-    layout l = make_layout(3, 8, 6);
-    for (int p = 5; p < 10; p++) /* a prefill across a block boundary */
-        add_row(&l, 0, p);
-    add_row(&l, 1, 30); /* a decode row */
-    for (int p = 0; p < 3; p++)
-        add_row(&l, 2, p);
-    const int64_t rows = l.rows, q_dim = (int64_t)n_head * hd, kv_dim = (int64_t)n_kv * hd;
-    const int64_t layer_floats = l.cache_rows * kv_dim, layer_off = layer_floats; /* layer 1 */
-    float *q = floats(rows * q_dim), *k = floats(rows * kv_dim), *v = floats(rows * kv_dim);
-    float *cache = floats(2 * layer_floats), *got = floats(2 * layer_floats);
-    float *gq = floats(rows * q_dim), *gk = floats(rows * kv_dim);
-    for (int64_t i = 0; i < rows * q_dim; i++)
-        q[i] = test_rand_float(-2.0f, 2.0f);
-    for (int64_t i = 0; i < rows * kv_dim; i++) {
-        k[i] = test_rand_float(-2.0f, 2.0f);
-        v[i] = test_rand_float(-2.0f, 2.0f);
-    }
-    fill(cache, 2 * layer_floats, POISON);
-    float *cs = rope_tables(&l, rope_dim);
-    dev_rows d;
-    upload_rows(vk, &l, &d);
-    bn_vk_buffer bq = upload(vk, q, (size_t)(rows * q_dim) * 4);
-    bn_vk_buffer bk = upload(vk, k, (size_t)(rows * kv_dim) * 4);
-    bn_vk_buffer bv = upload(vk, v, (size_t)(rows * kv_dim) * 4);
-    bn_vk_buffer bcs = upload(vk, cs, (size_t)(rows * (rope_dim > 0 ? rope_dim : 1)) * 4);
-    bn_vk_buffer bkc = upload(vk, cache, (size_t)(2 * layer_floats) * 4);
-    bn_vk_buffer bvc = upload(vk, cache, (size_t)(2 * layer_floats) * 4);
-    const bn_vk_attn_shape s = {n_head, n_kv, hd, rope_dim, l.cache_rows};
-    bn_error err;
-    CHECK(bn_vk_begin(vk, &err) == BN_OK);
-    const bn_status st = bn_vk_rope_store_record(vk, ops, &s, &d.rows, &bq, &bk, &bv, &bcs, &bkc,
-                                                 &bvc, layer_off, &err);
-    CHECK_MSG(st == BN_OK, "rope_store: %s", err.message);
-    submit(vk);
-
-    /* The CPU: rope_heads on q and k, then the copies to the cache rows. */
-    const int half = rope_dim / 2;
-    float *kc = floats(2 * layer_floats), *vc = floats(2 * layer_floats);
-    fill(kc, 2 * layer_floats, POISON);
-    fill(vc, 2 * layer_floats, POISON);
-    for (int64_t r = 0; r < rows; r++) {
-        const float *cosv = cs + r * rope_dim, *sinv = cosv + half;
-        ref_rope_heads(q + r * q_dim, n_head, hd, rope_dim, cosv, sinv);
-        ref_rope_heads(k + r * kv_dim, n_kv, hd, rope_dim, cosv, sinv);
-        const int64_t c = cache_row(&l, l.info[2 * r], l.info[2 * r + 1]);
-        memcpy(kc + layer_off + c * kv_dim, k + r * kv_dim, (size_t)kv_dim * 4);
-        memcpy(vc + layer_off + c * kv_dim, v + r * kv_dim, (size_t)kv_dim * 4);
-    }
-    download(vk, &bq, gq, (size_t)(rows * q_dim) * 4);
-    download(vk, &bk, gk, (size_t)(rows * kv_dim) * 4);
-    CHECK_MSG(memcmp(gq, q, (size_t)(rows * q_dim) * 4) == 0,
-              "rope_store %d/%d heads of %d, rope_dim %d: q differs", n_head, n_kv, hd, rope_dim);
-    CHECK_MSG(memcmp(gk, k, (size_t)(rows * kv_dim) * 4) == 0,
-              "rope_store %d/%d heads of %d, rope_dim %d: k differs", n_head, n_kv, hd, rope_dim);
-    download(vk, &bkc, got, (size_t)(2 * layer_floats) * 4);
-    CHECK_MSG(memcmp(got, kc, (size_t)(2 * layer_floats) * 4) == 0,
-              "rope_store %d/%d heads of %d, rope_dim %d: the K cache differs", n_head, n_kv, hd,
-              rope_dim);
-    download(vk, &bvc, got, (size_t)(2 * layer_floats) * 4);
-    CHECK_MSG(memcmp(got, vc, (size_t)(2 * layer_floats) * 4) == 0,
-              "rope_store %d/%d heads of %d, rope_dim %d: the V cache differs", n_head, n_kv, hd,
-              rope_dim);
-    bn_vk_buffer *const all[] = {&bq, &bk, &bv, &bcs, &bkc, &bvc};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        bn_vk_buffer_free(vk, all[i]);
-    free_rows(vk, &d);
-    free_layout(&l);
-    free(q);
-    free(k);
-    free(v);
-    free(cache);
-    free(got);
-    free(gq);
-    free(gk);
-    free(cs);
-    free(kc);
-    free(vc);
-}
-
 static int64_t attn_compared, attn_same_expf, attn_same_double;
 
 /* A layer's attention as attention_block runs it: the rows' q and k turned
- * and their k and v stored (rope_store), then attention over the cache,
- * in one sequence, layer 1 of two. Sequences of lengths len[s]; each
+ * and their k and v stored (on the host, as the q, k, v product does it),
+ * then attention over the cache, layer 1 of two. Sequences of lengths len[s]; each
  * gets rows at its last n_rows[s] positions (a prefill, or a decode row
  * when 1); the earlier positions are already in the cache. */
 static void check_attention(bn_vk *vk, bn_vk_ops *ops, int n_head, int n_kv, int hd,
@@ -512,30 +427,8 @@ static void check_attention(bn_vk *vk, bn_vk_ops *ops, int n_head, int n_kv, int
     fill(att, rows * q_dim + 1, NAN);
     att[rows * q_dim] = POISON;
     fill(scratch, rows * n_head * stride, NAN);
-
-    dev_rows d;
-    upload_rows(vk, &l, &d);
-    bn_vk_buffer bq = upload(vk, q, (size_t)(rows * q_dim) * 4);
-    bn_vk_buffer bk = upload(vk, k, (size_t)(rows * kv_dim) * 4);
-    bn_vk_buffer bv = upload(vk, v, (size_t)(rows * kv_dim) * 4);
-    bn_vk_buffer bcs = upload(vk, cs, (size_t)(rows * rope_dim) * 4);
-    bn_vk_buffer bkc = upload(vk, kc, (size_t)(2 * layer_floats) * 4);
-    bn_vk_buffer bvc = upload(vk, vc, (size_t)(2 * layer_floats) * 4);
-    bn_vk_buffer bs = upload(vk, scratch, (size_t)(rows * n_head * stride) * 4);
-    bn_vk_buffer ba = upload(vk, att, (size_t)(rows * q_dim + 1) * 4);
-    const bn_vk_attn_shape s = {n_head, n_kv, hd, rope_dim, l.cache_rows};
-    bn_error err;
-    CHECK(bn_vk_begin(vk, &err) == BN_OK);
-    bn_status st = bn_vk_rope_store_record(vk, ops, &s, &d.rows, &bq, &bk, &bv, &bcs, &bkc, &bvc,
-                                           layer_off, &err);
-    CHECK_MSG(st == BN_OK, "rope_store: %s", err.message);
-    st = bn_vk_attention_record(vk, ops, &s, &d.rows, &bq, &bkc, &bvc, layer_off, &bs, stride,
-                                &ba, &err);
-    CHECK_MSG(st == BN_OK, "attention: %s", err.message);
-    submit(vk);
-    download(vk, &ba, att, (size_t)(rows * q_dim + 1) * 4);
-
-    /* The CPU: rope and store, then each row and head. */
+    /* The rows' q and k turned and their k and v stored, as the q, k, v
+     * product leaves them (test_vulkan_w2a8 checks that). */
     const int half = rope_dim / 2, group = n_head / n_kv;
     for (int64_t r = 0; r < rows; r++) {
         const float *cosv = cs + r * rope_dim, *sinv = cosv + half;
@@ -545,6 +438,24 @@ static void check_attention(bn_vk *vk, bn_vk_ops *ops, int n_head, int n_kv, int
         memcpy(kc + layer_off + c * kv_dim, k + r * kv_dim, (size_t)kv_dim * 4);
         memcpy(vc + layer_off + c * kv_dim, v + r * kv_dim, (size_t)kv_dim * 4);
     }
+
+    dev_rows d;
+    upload_rows(vk, &l, &d);
+    bn_vk_buffer bq = upload(vk, q, (size_t)(rows * q_dim) * 4);
+    bn_vk_buffer bkc = upload(vk, kc, (size_t)(2 * layer_floats) * 4);
+    bn_vk_buffer bvc = upload(vk, vc, (size_t)(2 * layer_floats) * 4);
+    bn_vk_buffer bs = upload(vk, scratch, (size_t)(rows * n_head * stride) * 4);
+    bn_vk_buffer ba = upload(vk, att, (size_t)(rows * q_dim + 1) * 4);
+    const bn_vk_attn_shape s = {n_head, n_kv, hd, rope_dim, l.cache_rows};
+    bn_error err;
+    CHECK(bn_vk_begin(vk, &err) == BN_OK);
+    const bn_status st = bn_vk_attention_record(vk, ops, &s, &d.rows, &bq, &bkc, &bvc, layer_off,
+                                                &bs, stride, &ba, &err);
+    CHECK_MSG(st == BN_OK, "attention: %s", err.message);
+    submit(vk);
+    download(vk, &ba, att, (size_t)(rows * q_dim + 1) * 4);
+
+    /* The CPU: each row and head. */
     int64_t *kv_at = malloc((size_t)stride * sizeof *kv_at);
     float *sc = floats(stride), *want = floats(hd), *want_d = floats(hd);
     CHECK(kv_at != NULL);
@@ -591,7 +502,7 @@ static void check_attention(bn_vk *vk, bn_vk_ops *ops, int n_head, int n_kv, int
     attn_same_expf += same_expf;
     attn_same_double += same_double;
 
-    bn_vk_buffer *const all[] = {&bq, &bk, &bv, &bcs, &bkc, &bvc, &bs, &ba};
+    bn_vk_buffer *const all[] = {&bq, &bkc, &bvc, &bs, &ba};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         bn_vk_buffer_free(vk, all[i]);
     free_rows(vk, &d);
@@ -612,7 +523,8 @@ static void check_attention(bn_vk *vk, bn_vk_ops *ops, int n_head, int n_kv, int
 
 /* Rows the tables do not hold (a sequence past them, a position past the
  * scratch or the tables, a block past the cache) beside a good row:
- * attention writes NaN for them, rope_store stores nothing for them. */
+ * attention writes NaN for them (the q, k, v product stores nothing for
+ * them: test_vulkan_w2a8). */
 static void check_bad_rows(bn_vk *vk, bn_vk_ops *ops)
 {
     const int n_head = 2, n_kv = 1, hd = 16;
@@ -633,7 +545,6 @@ static void check_bad_rows(bn_vk *vk, bn_vk_ops *ops)
     dev_rows d;
     upload_rows(vk, &l, &d);
     bn_vk_buffer bq = upload(vk, q, (size_t)(rows * q_dim) * 4);
-    bn_vk_buffer bk = upload(vk, q, (size_t)(rows * kv_dim) * 4);
     bn_vk_buffer bkc = upload(vk, cache, (size_t)cache_floats * 4);
     bn_vk_buffer bvc = upload(vk, cache, (size_t)cache_floats * 4);
     bn_vk_buffer bs, ba;
@@ -642,8 +553,6 @@ static void check_bad_rows(bn_vk *vk, bn_vk_ops *ops)
     CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows * q_dim) * 4, &ba, &err) == BN_OK);
     const bn_vk_attn_shape s = {n_head, n_kv, hd, 0, l.cache_rows};
     CHECK(bn_vk_begin(vk, &err) == BN_OK);
-    CHECK(bn_vk_rope_store_record(vk, ops, &s, &d.rows, &bq, &bk, &bk, &bq, &bkc, &bvc, 0,
-                                  &err) == BN_OK);
     CHECK(bn_vk_attention_record(vk, ops, &s, &d.rows, &bq, &bkc, &bvc, 0, &bs, stride, &ba,
                                  &err) == BN_OK);
     submit(vk);
@@ -661,14 +570,7 @@ static void check_bad_rows(bn_vk *vk, bn_vk_ops *ops)
     CHECK_MSG(good && nan_rows == rows - 1,
               "rows outside the tables: the good row %s, %lld of %lld bad rows NaN",
               good ? "finite" : "not finite", (long long)nan_rows, (long long)(rows - 1));
-    /* Only the good row's cache row was written (k = v = its q's first
-     * kv_dim values here, unrotated). */
-    float *got = floats(cache_floats);
-    download(vk, &bkc, got, (size_t)cache_floats * 4);
-    memcpy(cache + cache_row(&l, 0, 2) * kv_dim, q, (size_t)kv_dim * 4);
-    CHECK_MSG(memcmp(got, cache, (size_t)cache_floats * 4) == 0,
-              "rope_store wrote a row outside the tables");
-    bn_vk_buffer *const all[] = {&bq, &bk, &bkc, &bvc, &bs, &ba};
+    bn_vk_buffer *const all[] = {&bq, &bkc, &bvc, &bs, &ba};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         bn_vk_buffer_free(vk, all[i]);
     free_rows(vk, &d);
@@ -676,7 +578,6 @@ static void check_bad_rows(bn_vk *vk, bn_vk_ops *ops)
     free(q);
     free(cache);
     free(att);
-    free(got);
 }
 
 /* ---- sizes that do not fit --------------------------------------------------------------- */
@@ -714,21 +615,10 @@ static void check_refusals(bn_vk *vk, bn_vk_ops *ops)
     REFUSED(bn_vk_head_record(vk, ops, &big, BN_VK_HEAD_F32, 0, 20, 16, &big, 1, &small, 20,
                               &err),
             "head past the logits");
-    /* The caches: 64 rows of 32 floats = 2048, so layer 8 is past them. */
-    REFUSED(bn_vk_rope_store_record(vk, ops, &s, &rows, &big, &big, &big, &big, &big, &big,
-                                    8 * 2048, &err),
-            "rope_store past the caches");
     const bn_vk_attn_shape odd = {4, 3, 16, 16, 64};
-    REFUSED(bn_vk_rope_store_record(vk, ops, &odd, &rows, &big, &big, &big, &big, &big, &big, 0,
-                                    &err),
-            "rope_store with n_head not a multiple of n_kv");
-    const bn_vk_attn_shape long_rope = {4, 2, 16, 18, 64};
-    REFUSED(bn_vk_rope_store_record(vk, ops, &long_rope, &rows, &big, &big, &big, &big, &big,
-                                    &big, 0, &err),
-            "rope_store with rope_dim > head_dim");
-    REFUSED(bn_vk_rope_store_record(vk, ops, &s, &rows, &small, &big, &big, &big, &big, &big, 0,
-                                    &err),
-            "rope_store past q");
+    REFUSED(bn_vk_attention_record(vk, ops, &odd, &rows, &big, &big, &big, 0, &big, 64, &big,
+                                   &err),
+            "attention with n_head not a multiple of n_kv");
     REFUSED(bn_vk_attention_record(vk, ops, &s, &rows, &big, &big, &big, 0, &small, 64, &big,
                                    &err),
             "attention past the scratch");
@@ -795,11 +685,6 @@ int main(void)
     check_head(vk, ops, BN_VK_HEAD_F32, test_rand_range(1, 1400), test_rand_range(1, 500),
                test_rand_range(0, 1000), test_rand_range(1, 9));
 
-    check_rope_store(vk, ops, 20, 5, 128, 128);
-    check_rope_store(vk, ops, 4, 4, 64, 32);
-    check_rope_store(vk, ops, 6, 3, 100, 100);
-    check_rope_store(vk, ops, 4, 2, 50, 24);
-    check_rope_store(vk, ops, 6, 3, 72, 0);
 
     {
         static const int len[] = {37, 70, 4}, n_rows[] = {5, 1, 4};

@@ -53,6 +53,16 @@ static int64_t ulps(float a, float b)
 
 static int exact_total, compared_total;
 
+/* A new buffer holding bytes of data. */
+static bn_vk_buffer buffer_of(bn_vk *vk, const void *data, size_t bytes)
+{
+    bn_vk_buffer b;
+    bn_error err;
+    CHECK(bn_vk_buffer_create(vk, bytes, &b, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &b, data, bytes, &err) == BN_OK);
+    return b;
+}
+
 /* A buffer holding one activation scale. */
 static bn_vk_buffer scale_buffer(bn_vk *vk, float v)
 {
@@ -337,6 +347,144 @@ static void check_epilogues(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t 
     free(got);
 }
 
+/* The attention's q, k and v in one dispatch (bn_vk_w2a8_record_qkv) over
+ * `rows` activation rows of two sequences through shuffled block tables,
+ * into the second layer of a two-layer cache: q turned by RoPE
+ * (rope_heads) into its buffer, k turned and v stored at each row's cache
+ * row, all bit for bit the plain products' outputs (each part with its
+ * scale) turned on the CPU; a last row whose sequence is past the tables
+ * gets its q and stores nothing; the first layer, the cache rows no row
+ * names and the value after q's last are left alone. */
+static void check_qkv(bn_vk *vk, bn_vk_kernel *kernel, int n_head, int n_kv, int hd,
+                      int rope_dim, int64_t k, int rows)
+{
+    const int64_t q_dim = (int64_t)n_head * hd, kv_dim = (int64_t)n_kv * hd;
+    const int64_t n = q_dim + 2 * kv_dim, half = rope_dim / 2;
+    enum { BLOCK = 4, MAX_BLOCKS = 4, N_SEQ = 2, CACHE_ROWS = BLOCK * 8 };
+    const int64_t layer = CACHE_ROWS * kv_dim;
+    bn_error err;
+    bn_vk_buffer bw, bx, bs, by;
+    upload_random_product(vk, n, k, rows, &bw, &bx, &bs);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows * n + 1) * 4, &by, &err) == BN_OK);
+    const float scale[3] = {test_rand_float(0.01f, 2.0f), test_rand_float(0.01f, 2.0f),
+                            test_rand_float(0.01f, 2.0f)};
+    float *plain[3];
+    for (int part = 0; part < 3; part++) {
+        plain[part] = malloc((size_t)(rows * n) * 4);
+        CHECK(plain[part] != NULL);
+        run_store(vk, kernel, &bw, &bx, &bs, rows, &by, n, k, scale[part], plain[part]);
+    }
+    /* Blocks 0..7 shuffled over the two sequences' tables; row r of
+     * sequence r % 2 at position r / 2 * 3 + 1 (within 4 blocks of 4);
+     * the last row's sequence is past the tables. */
+    int32_t tables[N_SEQ * MAX_BLOCKS], info[64];
+    for (int i = 0; i < N_SEQ * MAX_BLOCKS; i++)
+        tables[i] = i;
+    for (int i = N_SEQ * MAX_BLOCKS - 1; i > 0; i--) {
+        const int j = (int)test_rand_range(0, i), t = tables[i];
+        tables[i] = tables[j];
+        tables[j] = t;
+    }
+    CHECK(rows <= 10);
+    for (int r = 0; r < rows; r++) {
+        info[2 * r] = r == rows - 1 ? N_SEQ + 3 : r % 2;
+        info[2 * r + 1] = r / 2 * 3 + 1;
+    }
+    float *cs = malloc((size_t)(rows * (rope_dim > 0 ? rope_dim : 1)) * 4);
+    for (int64_t i = 0; i < rows * rope_dim; i++)
+        cs[i] = test_rand_float(-1.0f, 1.0f);
+    float *kc = malloc((size_t)(2 * layer) * 4), *vc = malloc((size_t)(2 * layer) * 4);
+    float *qref = malloc((size_t)(rows * q_dim + 1) * 4), *got = malloc((size_t)(2 * layer) * 4);
+    CHECK(cs && kc && vc && qref && got);
+    const float guard = -12345.5f;
+    for (int64_t i = 0; i < 2 * layer; i++)
+        kc[i] = vc[i] = guard;
+    bn_vk_buffer bt = buffer_of(vk, tables, sizeof tables), bi = buffer_of(vk, info, 8 * rows);
+    bn_vk_buffer bc = buffer_of(vk, cs, (size_t)(rows * (rope_dim > 0 ? rope_dim : 1)) * 4);
+    bn_vk_buffer bkc = buffer_of(vk, kc, (size_t)(2 * layer) * 4);
+    bn_vk_buffer bvc = buffer_of(vk, vc, (size_t)(2 * layer) * 4);
+    for (int64_t i = 0; i <= rows * q_dim; i++)
+        qref[i] = NAN;
+    qref[rows * q_dim] = guard;
+    CHECK(bn_vk_write(vk, &by, qref, (size_t)(rows * q_dim + 1) * 4, &err) == BN_OK);
+
+    /* The CPU: each part's plain outputs, q and k turned (rope_heads). */
+    for (int r = 0; r < rows; r++) {
+        const float *c = cs + (int64_t)r * rope_dim, *sn = c + half;
+        for (int part = 0; part < 3; part++) {
+            const int heads = part == 0 ? n_head : n_kv;
+            const int64_t base = part == 0 ? 0 : part == 1 ? q_dim : q_dim + kv_dim;
+            float row[4096];
+            CHECK(heads * hd <= 4096);
+            for (int64_t i = 0; i < (int64_t)heads * hd; i++)
+                row[i] = plain[part][(int64_t)r * n + base + i];
+            for (int h = 0; part < 2 && h < heads; h++)
+                for (int64_t j = 0; j < half; j++) {
+                    const float x0 = row[h * hd + j], x1 = row[h * hd + j + half];
+                    row[h * hd + j] = x0 * c[j] - x1 * sn[j];
+                    row[h * hd + j + half] = x1 * c[j] + x0 * sn[j];
+                }
+            if (part == 0) {
+                memcpy(qref + (int64_t)r * q_dim, row, (size_t)q_dim * 4);
+                continue;
+            }
+            if (info[2 * r] >= N_SEQ)
+                continue;
+            const int pos = info[2 * r + 1];
+            const int64_t cr = (int64_t)tables[info[2 * r] * MAX_BLOCKS + pos / BLOCK] * BLOCK +
+                               pos % BLOCK;
+            memcpy((part == 1 ? kc : vc) + layer + cr * kv_dim, row, (size_t)kv_dim * 4);
+        }
+    }
+    const bn_vk_qkv qs = {n_head, n_kv,  hd,    rope_dim, scale[0],   scale[1],   scale[2], &bi,
+                          &bt,    &bc,   &bkc,  &bvc,     BLOCK,      MAX_BLOCKS, CACHE_ROWS,
+                          layer};
+    CHECK(bn_vk_begin(vk, &err) == BN_OK);
+    const bn_status st =
+        bn_vk_w2a8_record_qkv(vk, kernel, &bw, &bx, &bs, 0, rows, &by, k, &qs, &err);
+    CHECK_MSG(st == BN_OK, "qkv: %s", err.message);
+    CHECK(bn_vk_submit(vk, &err) == BN_OK);
+    int64_t bad = 0;
+    CHECK(bn_vk_read(vk, &by, got, (size_t)(rows * q_dim + 1) * 4, &err) == BN_OK);
+    for (int64_t i = 0; i <= rows * q_dim; i++)
+        bad += !same_bits(got[i], qref[i]) && !same_bits(got[i], ftz(qref[i]));
+    CHECK_MSG(bad == 0, "qkv %d + %d heads of %d, rope %d, %d rows: %lld of q differ", n_head,
+              n_kv, hd, rope_dim, rows, (long long)bad);
+    for (int part = 1; part < 3; part++) {
+        const float *want = part == 1 ? kc : vc;
+        CHECK(bn_vk_read(vk, part == 1 ? &bkc : &bvc, got, (size_t)(2 * layer) * 4, &err) ==
+              BN_OK);
+        bad = 0;
+        for (int64_t i = 0; i < 2 * layer; i++)
+            bad += !same_bits(got[i], want[i]) && !same_bits(got[i], ftz(want[i]));
+        CHECK_MSG(bad == 0, "qkv %d + %d heads of %d, rope %d, %d rows: %lld of the %s cache "
+                            "differ",
+                  n_head, n_kv, hd, rope_dim, rows, (long long)bad, part == 1 ? "k" : "v");
+    }
+    /* Refused: an odd rope_dim, a cache too small for the layer. */
+    CHECK(bn_vk_begin(vk, &err) == BN_OK);
+    bn_vk_qkv odd = qs;
+    odd.rope_dim = 3;
+    CHECK(bn_vk_w2a8_record_qkv(vk, kernel, &bw, &bx, &bs, 0, rows, &by, k, &odd, &err) ==
+          BN_ERR_INVALID_ARGUMENT);
+    bn_vk_qkv past = qs;
+    past.layer_off = 2 * layer;
+    CHECK(bn_vk_w2a8_record_qkv(vk, kernel, &bw, &bx, &bs, 0, rows, &by, k, &past, &err) ==
+          BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(err.message, "cache");
+    CHECK(bn_vk_submit(vk, &err) == BN_OK);
+    bn_vk_buffer *const all[] = {&bw, &bx, &bs, &by, &bt, &bi, &bc, &bkc, &bvc};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        bn_vk_buffer_free(vk, all[i]);
+    for (int part = 0; part < 3; part++)
+        free(plain[part]);
+    free(cs);
+    free(kc);
+    free(vc);
+    free(qref);
+    free(got);
+}
+
 int main(void)
 {
     test_seed_init();
@@ -372,6 +520,10 @@ int main(void)
                        row_counts[i]);
         check_epilogues(vk, kernel, test_rand_range(1, 300), test_rand_range(1, 3000), 1);
         check_epilogues(vk, kernel, test_rand_range(1, 300), test_rand_range(1, 700), 5);
+        check_qkv(vk, kernel, 20, 5, 128, 128, 2560, 1);  /* the 2B-4T heads, a decode row */
+        check_qkv(vk, kernel, 4, 2, 16, 16, 64, 5);       /* the fixtures' */
+        check_qkv(vk, kernel, 6, 3, 20, 12, 100, 7);      /* values past rope_dim */
+        check_qkv(vk, kernel, 3, 1, 10, 0, 33, 3);        /* no rotation */
         printf("%s sums, %s division: outputs bit-identical to the CPU's: %d of %d\n",
                dot ? "dot-product" : "portable", exact_division ? "exact (fp64)" : "the device's",
                exact_total, compared_total);

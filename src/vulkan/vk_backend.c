@@ -13,9 +13,9 @@
  * (cpu_backend.c: run_rows, attention_block, ffn_block):
  *
  *   xq = q(attn_norm(x))          norm + int8 (vk_norm.h)
- *   q, k, v = W xq                three W2A8 products (vk_w2a8.h)
- *   rope, k and v into the cache  vk_ops.h, as every kernel below
- *   att = attention(q, cache)
+ *   q, k, v = W xq                one W2A8 product (vk_w2a8.h): q and k
+ *                                 turned by RoPE, k and v into the cache
+ *   att = attention(q, cache)     vk_ops.h, as every kernel below
  *   x += Wo q(attn_sub_norm(att))   the add in the product's epilogue
  *   gate = relu(Wg xf)^2 (Wu xf),  xf = q(ffn_norm(x))   one product of both
  *   x += Wdown q(ffn_sub_norm(gate))
@@ -102,7 +102,7 @@ typedef struct vkb {
     float *h_logits; /* [VKB_CHUNK][vocab]: a paged pass's logit rows */
 
     /* A pass's rows (VKB_CHUNK of each). */
-    bn_vk_buffer x, codes, scales, sums, q, k, v, att, gate, normed, logits;
+    bn_vk_buffer x, codes, scales, sums, q, att, gate, normed, logits;
     bn_vk_buffer scratch, info, tables, cs;
     float *h_x, *h_cs;
     int32_t *h_info;
@@ -147,39 +147,51 @@ static bn_status upload_projections(vkb *v, bn_error *err)
     v->proj = calloc((size_t)hp->n_layer * BN_PROJ_COUNT, sizeof *v->proj);
     if (!v->proj)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the Vulkan weights");
-    size_t most = 0, most_packed = 0; /* the largest projection's codes and packed bytes */
+    /* Projections read by one product share a buffer, one after another
+     * in the order of bn_proj: q, k and v (bn_vk_w2a8_record_qkv); the
+     * gate and the up (bn_vk_w2a8_record_gate_up). A group's first holds
+     * the buffer; the others keep their scale and shape, no buffer. */
+    static const bn_proj group_first[BN_PROJ_COUNT] = {
+        [BN_PROJ_Q] = BN_PROJ_Q,       [BN_PROJ_K] = BN_PROJ_Q,     [BN_PROJ_V] = BN_PROJ_Q,
+        [BN_PROJ_O] = BN_PROJ_O,       [BN_PROJ_GATE] = BN_PROJ_GATE, [BN_PROJ_UP] = BN_PROJ_GATE,
+        [BN_PROJ_DOWN] = BN_PROJ_DOWN};
+    static const bool group_last[BN_PROJ_COUNT] = {
+        [BN_PROJ_V] = true, [BN_PROJ_O] = true, [BN_PROJ_UP] = true, [BN_PROJ_DOWN] = true};
+    size_t most = 0, most_packed = 0, group = 0; /* codes; a group's packed bytes */
     for (int p = 0; p < BN_PROJ_COUNT; p++) {
         int64_t n, k;
         bn_hparams_proj_shape(hp, (bn_proj)p, &n, &k);
         most = (size_t)(n * k) > most ? (size_t)(n * k) : most;
-        const size_t packed = (size_t)n * bn_vk_w2a8_words(k) * 4 * (p == BN_PROJ_GATE ? 2 : 1);
-        most_packed = packed > most_packed ? packed : most_packed;
+        group += (size_t)n * bn_vk_w2a8_words(k) * 4;
+        if (group_last[p]) {
+            most_packed = group > most_packed ? group : most_packed;
+            group = 0;
+        }
     }
     int8_t *codes = malloc(most);
     uint32_t *packed = malloc(most_packed);
     bn_status st = codes && packed ? BN_OK
                                    : bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL,
                                                   "no memory to pack the Vulkan weights");
-    /* The gate's buffer holds the up's rows after its own, as one product
-     * of both reads them (bn_vk_w2a8_record_gate_up); the up keeps its
-     * scale and shape, no buffer. */
-    for (int l = 0; l < hp->n_layer && st == BN_OK; l++)
+    for (int l = 0; l < hp->n_layer && st == BN_OK; l++) {
+        size_t at = 0; /* words of the group packed so far */
         for (int p = 0; p < BN_PROJ_COUNT && st == BN_OK; p++) {
             vkb_proj *w = &v->proj[l * BN_PROJ_COUNT + p];
             bn_hparams_proj_shape(hp, (bn_proj)p, &w->n, &w->k);
             st = bn_checkpoint_projection_codes(v->model, l, (bn_proj)p, codes, &w->scale, err);
             if (st != BN_OK)
                 break;
-            const size_t words = (size_t)w->n * bn_vk_w2a8_words(w->k);
-            vkb_proj *const into = p == BN_PROJ_UP ? w - (BN_PROJ_UP - BN_PROJ_GATE) : w;
-            bn_vk_w2a8_pack(codes, w->n, w->k, packed + (p == BN_PROJ_UP ? words : 0));
-            if (p == BN_PROJ_GATE)
-                continue; /* uploaded with the up's rows */
-            const size_t bytes = words * 4 * (p == BN_PROJ_UP ? 2 : 1);
-            st = buffer(v, bytes, &into->w, &v->weight_bytes, err);
+            bn_vk_w2a8_pack(codes, w->n, w->k, packed + at);
+            at += (size_t)w->n * bn_vk_w2a8_words(w->k);
+            if (!group_last[p])
+                continue;
+            vkb_proj *const first = &v->proj[l * BN_PROJ_COUNT + group_first[p]];
+            st = buffer(v, at * 4, &first->w, &v->weight_bytes, err);
             if (st == BN_OK)
-                st = upload(v, &into->w, packed, bytes, err);
+                st = upload(v, &first->w, packed, at * 4, err);
+            at = 0;
         }
+    }
     free(codes);
     free(packed);
     return st;
@@ -272,8 +284,6 @@ static bn_status make_buffers(vkb *v, bn_error *err)
         {&v->scales, R * f},
         {&v->sums, R * sizeof(int32_t)},
         {&v->q, R * v->q_dim * f},
-        {&v->k, R * v->kv_dim * f},
-        {&v->v, R * v->kv_dim * f},
         {&v->att, R * v->q_dim * f},
         {&v->gate, R * hp->ffn * f},
         {&v->normed, R * hp->dim * f},
@@ -360,10 +370,9 @@ static void vkb_release(vkb *v)
     }
     bn_vk_buffer_free(v->vk, &v->ptables);
     bn_vk_kept_free(v->vk, v->decode_step);
-    bn_vk_buffer *const pass[] = {&v->x,       &v->codes,  &v->scales,  &v->sums, &v->q,
-                                  &v->k,       &v->v,      &v->att,     &v->gate, &v->normed,
-                                  &v->logits,  &v->scratch, &v->info,   &v->tables, &v->cs,
-                                  &v->out_norm};
+    bn_vk_buffer *const pass[] = {&v->x,      &v->codes,   &v->scales, &v->sums,   &v->q,
+                                  &v->att,    &v->gate,    &v->normed, &v->logits, &v->scratch,
+                                  &v->info,   &v->tables,  &v->cs,     &v->out_norm};
     for (size_t i = 0; i < sizeof pass / sizeof pass[0]; i++)
         bn_vk_buffer_free(v->vk, pass[i]);
     if (v->ops)
@@ -517,15 +526,17 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
                                  c->rows};
     const bn_vk_rows rows = {&v->info, c->tables, M, c->block_size, c->max_blocks};
     TRY(record_norm(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, err));
-    /* q, k and v read the same codes into buffers of their own: no
-     * barriers between them (bn_vk_next_independent). */
-    TRY(record_proj(v, l, BN_PROJ_Q, &v->q, BN_VK_W2A8_STORE, M, err));
-    bn_vk_next_independent(v->vk);
-    TRY(record_proj(v, l, BN_PROJ_K, &v->k, BN_VK_W2A8_STORE, M, err));
-    bn_vk_next_independent(v->vk);
-    TRY(record_proj(v, l, BN_PROJ_V, &v->v, BN_VK_W2A8_STORE, M, err));
-    TRY(bn_vk_rope_store_record(v->vk, v->ops, &as, &rows, &v->q, &v->k, &v->v, &v->cs,
-                                &c->k[l], &c->v[l], 0, err));
+    /* q, k and v in one product: q turned by RoPE into v->q, k (turned)
+     * and v into the cache. */
+    vkb_proj *qp = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_Q];
+    const bn_vk_qkv qkv = {hp->n_head,   hp->n_head_kv, hp->head_dim,   hp->rope_dim,
+                           qp->scale,    qp[BN_PROJ_K - BN_PROJ_Q].scale,
+                           qp[BN_PROJ_V - BN_PROJ_Q].scale,
+                           &v->info,     c->tables,     &v->cs,         &c->k[l],
+                           &c->v[l],     c->block_size, c->max_blocks,  c->rows,
+                           0};
+    TRY(bn_vk_w2a8_record_qkv(v->vk, v->w2a8, &qp->w, &v->codes, &v->scales, 0, M, &v->q,
+                              qp->k, &qkv, err));
     TRY(bn_vk_attention_record(v->vk, v->ops, &as, &rows, &v->q, &c->k[l], &c->v[l], 0,
                                &v->scratch, v->kv_len, &v->att, err));
     TRY(record_norm(v, &v->att, &norms[BN_NORM_ATTN_SUB], M, v->q_dim, err));
@@ -542,7 +553,7 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
 }
 
 /* Dispatches a layer records (record_layer). */
-#define LAYER_DISPATCHES 12
+#define LAYER_DISPATCHES 9
 
 /* Submits the open sequence when `need` more dispatches would not fit it. */
 static bn_status make_room(vkb *v, int need, bn_error *err)
@@ -782,7 +793,7 @@ static void vk_report(const bn_backend *b, bn_engine_info *info)
     info->backend_scratch_bytes = v->scratch_bytes;
     info->backend_total_bytes = info->gpu_total_bytes;
     snprintf(info->kernels, sizeof info->kernels,
-             "vulkan_w2a8%s,vulkan_norm_quantize,vulkan_rope_store,vulkan_attention,"
+             "vulkan_w2a8%s,vulkan_w2a8_qkv_rope,vulkan_norm_quantize,vulkan_attention,"
              "vulkan_rmsnorm,vulkan_head_%s%s",
              bn_vk_device(v->vk)->integer_dot_product ? "_dot" : "",
              v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32",

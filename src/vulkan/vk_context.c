@@ -315,7 +315,7 @@ static VkResult new_recording(bn_vk *vk, VkCommandBuffer *cmd, VkDescriptorPool 
     if (rc != VK_SUCCESS)
         return rc;
     const VkDescriptorPoolSize size = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                       8 * BN_VK_MAX_DISPATCHES};
+                                       BN_VK_MAX_BUFFERS * BN_VK_MAX_DISPATCHES};
     const VkDescriptorPoolCreateInfo dpci = {
         .sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
         .maxSets = BN_VK_MAX_DISPATCHES,
@@ -662,9 +662,16 @@ bn_status bn_vk_kernel_create(bn_vk *vk, const char *name, const unsigned char *
                               bn_vk_kernel **out, bn_error *err)
 {
     *out = NULL;
-    if (len == 0 || len % 4 != 0 || n_buffers < 1 || n_buffers > 8)
+    if (len == 0 || len % 4 != 0 || n_buffers < 1 || n_buffers > BN_VK_MAX_BUFFERS)
         return bn_error_set(err, BN_ERR_INTERNAL, NULL, "Vulkan: kernel %s: bad SPIR-V or layout",
                             name);
+    VkPhysicalDeviceProperties props;
+    vk->vi.fn.vkGetPhysicalDeviceProperties(vk->pd, &props);
+    if ((uint32_t)n_buffers > props.limits.maxPerStageDescriptorStorageBuffers)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
+                            "Vulkan: kernel %s binds %d storage buffers; %s allows %u", name,
+                            n_buffers, vk->info.name,
+                            props.limits.maxPerStageDescriptorStorageBuffers);
     bn_vk_kernel *k = calloc(1, sizeof *k);
     uint32_t *code = malloc(len); /* vkCreateShaderModule wants 4-byte aligned words */
     if (!k || !code) {
@@ -682,7 +689,7 @@ bn_status bn_vk_kernel_create(bn_vk *vk, const char *name, const unsigned char *
                                            .pCode = code};
     VkResult rc = f->vkCreateShaderModule(vk->device, &smci, NULL, &k->module);
     free(code);
-    VkDescriptorSetLayoutBinding bindings[8];
+    VkDescriptorSetLayoutBinding bindings[BN_VK_MAX_BUFFERS];
     for (int i = 0; i < n_buffers; i++)
         bindings[i] = (VkDescriptorSetLayoutBinding){
             .binding = (uint32_t)i,
@@ -819,8 +826,8 @@ bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffer
                             "Vulkan: no descriptor set left for dispatch %d of a sequence "
                             "(at most %d; VkResult %d)",
                             vk->dispatches + 1, BN_VK_MAX_DISPATCHES, (int)rc);
-    VkDescriptorBufferInfo infos[8];
-    VkWriteDescriptorSet writes[8];
+    VkDescriptorBufferInfo infos[BN_VK_MAX_BUFFERS];
+    VkWriteDescriptorSet writes[BN_VK_MAX_BUFFERS];
     for (int i = 0; i < k->n_buffers; i++) {
         infos[i] = (VkDescriptorBufferInfo){buffers[i]->buffer, 0, VK_WHOLE_SIZE};
         writes[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,

@@ -54,8 +54,10 @@ bn_status bn_vk_read_at(bn_vk *vk, const bn_vk_buffer *src, size_t offset, void 
                         bn_error *err);
 
 /* A compute pipeline: SPIR-V (len bytes, as embedded) whose bindings 0 ..
- * n_buffers - 1 of set 0 are storage buffers, with push_bytes of push
- * constants. */
+ * n_buffers - 1 (at most BN_VK_MAX_BUFFERS) of set 0 are storage buffers,
+ * with push_bytes of push constants; BN_ERR_UNSUPPORTED where the device
+ * lets a kernel bind fewer storage buffers. */
+#define BN_VK_MAX_BUFFERS 12
 typedef struct bn_vk_kernel bn_vk_kernel;
 bn_status bn_vk_kernel_create(bn_vk *vk, const char *name, const unsigned char *spirv,
                               size_t len, int n_buffers, uint32_t push_bytes,

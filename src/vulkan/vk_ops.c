@@ -1,7 +1,7 @@
 /* vk_ops.c - launching the forward pass's other kernels
- * (shaders/rope_store.comp, attention*.comp, rmsnorm*.comp,
- * head_matvec*.comp): sizes checked against the buffers, the workgroups
- * laid out by bn_vk_dispatch_groups. The attention and the RMSNorm
+ * (shaders/attention*.comp, rmsnorm*.comp, head_matvec*.comp): sizes
+ * checked against the buffers, the workgroups laid out by
+ * bn_vk_dispatch_groups. The attention and the RMSNorm
  * take their fp64 variants (the CPU's arithmetic bit for bit) where the
  * device has fp64, else their float ones. */
 #include "vk_ops.h"
@@ -9,23 +9,18 @@
 #include <math.h>
 #include <stdlib.h>
 
-extern const unsigned char bn_vk_spv_rope_store[], bn_vk_spv_attention[],
+extern const unsigned char bn_vk_spv_attention[],
     bn_vk_spv_attention_f64[], bn_vk_spv_rmsnorm[], bn_vk_spv_rmsnorm_f64[],
     bn_vk_spv_head_matvec[], bn_vk_spv_head_matvec_rows[], bn_vk_spv_head_matvec_row1[];
-extern const size_t bn_vk_spv_rope_store_len, bn_vk_spv_attention_len,
+extern const size_t bn_vk_spv_attention_len,
     bn_vk_spv_attention_f64_len, bn_vk_spv_rmsnorm_len, bn_vk_spv_rmsnorm_f64_len,
     bn_vk_spv_head_matvec_len, bn_vk_spv_head_matvec_rows_len, bn_vk_spv_head_matvec_row1_len;
 
 struct bn_vk_ops {
-    bn_vk_kernel *rope_store, *attention, *rmsnorm, *head, *head_rows, *head_row1;
+    bn_vk_kernel *attention, *rmsnorm, *head, *head_rows, *head_row1;
 };
 
 /* The shaders' push constants, in their order. */
-typedef struct rope_params {
-    uint32_t rows, n_head, n_kv, head_dim, rope_dim, block_size, max_blocks, n_seq, cache_rows,
-        layer_off;
-} rope_params;
-
 typedef struct attn_params {
     uint32_t rows, n_head, head_dim, group, kv_dim, block_size, max_blocks, n_seq, cache_rows,
         layer_off, stride;
@@ -72,14 +67,10 @@ bn_status bn_vk_ops_create(bn_vk *vk, bn_vk_ops **out, bn_error *err)
     bn_vk_ops *ops = calloc(1, sizeof *ops);
     if (!ops)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "Vulkan: no memory for the kernels");
-    bn_status st = bn_vk_kernel_create(vk, "rope_store", bn_vk_spv_rope_store,
-                                 bn_vk_spv_rope_store_len, 8, sizeof(rope_params),
-                                 &ops->rope_store, err);
-    if (st == BN_OK)
-        st = bn_vk_kernel_create(
-            vk, "attention", fp64 ? bn_vk_spv_attention_f64 : bn_vk_spv_attention,
-            fp64 ? bn_vk_spv_attention_f64_len : bn_vk_spv_attention_len, 7,
-            sizeof(attn_params), &ops->attention, err);
+    bn_status st = bn_vk_kernel_create(
+        vk, "attention", fp64 ? bn_vk_spv_attention_f64 : bn_vk_spv_attention,
+        fp64 ? bn_vk_spv_attention_f64_len : bn_vk_spv_attention_len, 7, sizeof(attn_params),
+        &ops->attention, err);
     if (st == BN_OK)
         st = bn_vk_kernel_create(vk, "rmsnorm", fp64 ? bn_vk_spv_rmsnorm_f64 : bn_vk_spv_rmsnorm,
                                  fp64 ? bn_vk_spv_rmsnorm_f64_len : bn_vk_spv_rmsnorm_len, 3,
@@ -108,7 +99,6 @@ void bn_vk_ops_free(bn_vk *vk, bn_vk_ops *ops)
 {
     if (!ops)
         return;
-    bn_vk_kernel_free(vk, ops->rope_store);
     bn_vk_kernel_free(vk, ops->attention);
     bn_vk_kernel_free(vk, ops->rmsnorm);
     bn_vk_kernel_free(vk, ops->head);
@@ -119,9 +109,9 @@ void bn_vk_ops_free(bn_vk *vk, bn_vk_ops *ops)
 
 /* ---- attention ----------------------------------------------------------------- */
 
-/* The shape, the rows' tables and one layer of the caches, which
- * rope_store and attention share; *n_seq gets the sequences the tables
- * buffer holds. NULL when they fit, else what is wrong. */
+/* The attention's shape, the rows' tables and one layer of the caches;
+ * *n_seq gets the sequences the tables buffer holds. NULL when they fit,
+ * else what is wrong. */
 static const char *check_attn(const bn_vk_attn_shape *s, const bn_vk_rows *r,
                               const bn_vk_buffer *k_cache, const bn_vk_buffer *v_cache,
                               int64_t layer_off, uint32_t *n_seq)
@@ -144,43 +134,6 @@ static const char *check_attn(const bn_vk_attn_shape *s, const bn_vk_rows *r,
     if (!holds(k_cache, end) || !holds(v_cache, end))
         return "the K and V caches must hold layer_off + cache_rows * n_kv * head_dim floats";
     return NULL;
-}
-
-bn_status bn_vk_rope_store_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_shape *s,
-                                  const bn_vk_rows *r, bn_vk_buffer *q, bn_vk_buffer *k,
-                                  bn_vk_buffer *v, bn_vk_buffer *cs, bn_vk_buffer *k_cache,
-                                  bn_vk_buffer *v_cache, int64_t layer_off, bn_error *err)
-{
-    uint32_t n_seq = 0;
-    const char *bad = check_attn(s, r, k_cache, v_cache, layer_off, &n_seq);
-    const uint64_t rows = (uint64_t)r->rows;
-    if (!bad && (s->rope_dim < 0 || s->rope_dim > s->head_dim))
-        bad = "rope_dim must be 0 .. head_dim";
-    if (!bad && !holds(q, prod(rows, prod((uint64_t)s->n_head, (uint64_t)s->head_dim))))
-        bad = "q must hold [rows][n_head * head_dim] floats";
-    const uint64_t kv_rows = prod(rows, prod((uint64_t)s->n_kv, (uint64_t)s->head_dim));
-    if (!bad && (!holds(k, kv_rows) || !holds(v, kv_rows)))
-        bad = "k and v must hold [rows][n_kv * head_dim] floats";
-    if (!bad && s->rope_dim > 0 && !holds(cs, prod(rows, (uint64_t)s->rope_dim)))
-        bad = "the cos / sin tables must hold [rows][rope_dim] floats";
-    if (bad)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "Vulkan rope_store (%lld rows, %d + %d heads of %d): %s",
-                            (long long)r->rows, s->n_head, s->n_kv, s->head_dim, bad);
-    if (rows == 0)
-        return BN_OK;
-    const rope_params p = {(uint32_t)rows,
-                           (uint32_t)s->n_head,
-                           (uint32_t)s->n_kv,
-                           (uint32_t)s->head_dim,
-                           (uint32_t)s->rope_dim,
-                           (uint32_t)r->block_size,
-                           (uint32_t)r->max_blocks,
-                           n_seq,
-                           (uint32_t)s->cache_rows,
-                           (uint32_t)layer_off};
-    bn_vk_buffer *const buffers[8] = {r->info, r->tables, q, k, v, cs, k_cache, v_cache};
-    return bn_vk_dispatch_groups(vk, ops->rope_store, buffers, &p, rows, err);
 }
 
 bn_status bn_vk_attention_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_shape *s,

@@ -1,11 +1,11 @@
 /*
  * vk_ops.h - the rest of the forward pass on a Vulkan device, each kernel
- * in the CPU backend's arithmetic (cpu_backend.c): RoPE with the KV cache
- * store, causal attention over a paged cache, RMSNorm (the final norm) and
- * the LM head's logits. (The residual adds and the squared-ReLU gate are
+ * in the CPU backend's arithmetic (cpu_backend.c): causal attention over a
+ * paged cache, RMSNorm (the final norm) and the LM head's logits. (RoPE
+ * with the KV cache store, the residual adds and the squared-ReLU gate are
  * the W2A8 products' epilogues: vk_w2a8.h.)
  *
- * Exactness: rope_store, rmsnorm and head give the CPU's
+ * Exactness: rmsnorm and head give the CPU's
  * floats bit for bit (every expression precise, so nothing is fused into
  * a multiply-add; divisions and square roots correctly rounded through
  * double, shaders/exact_math.glsl). Attention does too except for exp,
@@ -39,8 +39,7 @@ void bn_vk_ops_free(bn_vk *vk, bn_vk_ops *ops);
  * block_size = the cache's length, tables = {0}.) n_seq is taken as the
  * tables buffer's size / (4 max_blocks). The kernels check each row's
  * sequence, position and blocks against the tables and the cache, since
- * the host cannot: rope_store does not store a row that falls outside,
- * attention writes NaN for it. */
+ * the host cannot: attention writes NaN for a row that falls outside. */
 typedef struct bn_vk_rows {
     bn_vk_buffer *info, *tables;
     int64_t rows;
@@ -48,24 +47,10 @@ typedef struct bn_vk_rows {
 } bn_vk_rows;
 
 typedef struct bn_vk_attn_shape {
-    int n_head, n_kv, head_dim, rope_dim;
+    int n_head, n_kv, head_dim, rope_dim; /* rope_dim: not read by attention */
     int64_t cache_rows; /* rows of one layer's K (and V) cache, kv_dim = n_kv * head_dim
                            floats each */
 } bn_vk_attn_shape;
-
-/* RoPE then the cache store, as attention_block does: q
- * ([rows][n_head*head_dim]) and k ([rows][n_kv*head_dim]) turned in place
- * by rope_heads with row r's tables cs[r * rope_dim ..] = cos[0 ..
- * rope_dim/2) then sin[0 .. rope_dim/2) (floats the host computed, as the
- * CPU backend does); then row r's k and v copied to its cache row in
- * k_cache / v_cache, whose layer starts at float offset layer_off (= layer
- * * cache_rows * kv_dim). rope_dim 0: no rotation (cs is then not read;
- * any buffer will do). One dispatch (a workgroup a row). Two rows of one
- * pass must not name the same cache row. */
-bn_status bn_vk_rope_store_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_shape *s,
-                                  const bn_vk_rows *r, bn_vk_buffer *q, bn_vk_buffer *k,
-                                  bn_vk_buffer *v, bn_vk_buffer *cs, bn_vk_buffer *k_cache,
-                                  bn_vk_buffer *v_cache, int64_t layer_off, bn_error *err);
 
 /* att[row][h*head_dim ..] = causal attention of q row `row`, head h, over
  * its sequence's positions 0 .. pos (GQA: head h reads kv head h / (n_head

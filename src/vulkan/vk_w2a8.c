@@ -15,10 +15,14 @@ typedef struct matvec_params {
     uint32_t n, words, act_row;
     float weight_scale;
     uint32_t rows, mode;
-    float up_scale;
+    float up_scale, v_scale;
+    uint32_t n_head, n_kv, head_dim, rope_dim, block_size, max_blocks, n_seq, cache_rows,
+        layer_off;
 } matvec_params;
 
-#define MODE_GATE_UP 2 /* the shader's third epilogue: bn_vk_w2a8_record_gate_up */
+#define MODE_GATE_UP 2 /* the shader's epilogues: bn_vk_w2a8_record_gate_up */
+#define MODE_QKV 3     /* bn_vk_w2a8_record_qkv */
+#define N_BUFFERS 9    /* the shader's bindings; modes 0 to 2 use the first four */
 
 size_t bn_vk_w2a8_words(int64_t k) { return (size_t)((k + 15) / 16); }
 
@@ -61,7 +65,7 @@ bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bool dot_product,
     };
     const int v = dot_product ? 1 : 0, e = exact_division ? 1 : 0;
     return bn_vk_kernel_create(vk, variants[v][e].name, variants[v][e].spirv, *variants[v][e].len,
-                               4, sizeof(matvec_params), out, err);
+                               N_BUFFERS, sizeof(matvec_params), out, err);
 }
 
 /* A product of n outputs a row read from w_rows rows (n, or 2n for the
@@ -82,9 +86,15 @@ static bn_status record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_
                             "its buffers",
                             (long long)w_rows, (long long)k, (long long)act_row,
                             (long long)(act_row + rows - 1));
-    const matvec_params p = {(uint32_t)n,    (uint32_t)words, (uint32_t)act_row, weight_scale,
-                             (uint32_t)rows, (uint32_t)mode,  up_scale};
-    bn_vk_buffer *const buffers[4] = {w, x, y, act_scales};
+    const matvec_params p = {.n = (uint32_t)n,
+                             .words = (uint32_t)words,
+                             .act_row = (uint32_t)act_row,
+                             .weight_scale = weight_scale,
+                             .rows = (uint32_t)rows,
+                             .mode = (uint32_t)mode,
+                             .up_scale = up_scale};
+    /* Modes 0 to 2 bind y where mode 3's buffers go; they never touch them. */
+    bn_vk_buffer *const buffers[N_BUFFERS] = {w, x, y, act_scales, y, y, y, y, y};
     return bn_vk_dispatch_groups(vk, kernel, buffers, &p,
                                  (uint64_t)((n + per_group - 1) / per_group) * (uint64_t)rows,
                                  err);
@@ -113,4 +123,78 @@ bn_status bn_vk_w2a8_record_gate_up(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffe
                             "Vulkan W2A8: a gate of %lld rows", (long long)n);
     return record(vk, kernel, w, x, act_scales, act_row, rows, y, n, 2 * n, k, gate_scale,
                   up_scale, MODE_GATE_UP, BN_VK_W2A8_OUTPUTS / 2, err);
+}
+
+/* Mode 3's workgroups a row (shaders/w2a8_matvec.glsl: qkv_geometry):
+ * q's and k's pairs four a workgroup and their values past rope_dim eight,
+ * v's values eight. */
+static uint64_t qkv_groups(const bn_vk_qkv *s)
+{
+    const uint64_t half = (uint64_t)s->rope_dim / 2, rest = (uint64_t)s->head_dim - 2 * half;
+    uint64_t g = 0;
+    for (int part = 0; part < 2; part++) {
+        const uint64_t heads = (uint64_t)(part == 0 ? s->n_head : s->n_kv);
+        g += (heads * half + 3) / 4 + (heads * rest + 7) / 8;
+    }
+    return g + ((uint64_t)s->n_kv * (uint64_t)s->head_dim + 7) / 8;
+}
+
+static bool holds(const bn_vk_buffer *b, uint64_t bytes) { return b->size >= bytes; }
+
+bn_status bn_vk_w2a8_record_qkv(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
+                                bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
+                                int64_t rows, bn_vk_buffer *q, int64_t k, const bn_vk_qkv *s,
+                                bn_error *err)
+{
+    const char *bad = NULL;
+    if (s->n_head < 1 || s->n_kv < 1 || s->head_dim < 1 || s->n_head % s->n_kv != 0)
+        bad = "n_head must be a positive multiple of n_kv, head_dim positive";
+    else if (s->rope_dim < 0 || s->rope_dim % 2 != 0 || s->rope_dim > s->head_dim)
+        bad = "rope_dim must be even, from 0 to head_dim";
+    else if (s->block_size < 1 || s->max_blocks < 1 || s->cache_rows < 1 || s->layer_off < 0)
+        bad = "the cache's block size, blocks a sequence, rows and offset must be positive";
+    else if (k < 1 || act_row < 0 || rows < 1)
+        bad = "k, the first activation row and the rows must be positive";
+    const uint64_t hd = (uint64_t)s->head_dim, q_dim = (uint64_t)s->n_head * hd,
+                   kv_dim = (uint64_t)s->n_kv * hd, n = q_dim + 2 * kv_dim,
+                   words = bn_vk_w2a8_words(k), last = (uint64_t)act_row + (uint64_t)rows;
+    if (!bad && (n * words > UINT32_MAX || q_dim * (uint64_t)rows > UINT32_MAX ||
+                 (uint64_t)s->layer_off + (uint64_t)s->cache_rows * kv_dim > UINT32_MAX))
+        bad = "the shape is past 32-bit indices";
+    if (!bad && (!holds(w, n * words * 4) || !holds(x, last * words * 16) ||
+                 !holds(act_scales, last * 4) || !holds(q, q_dim * (uint64_t)rows * 4)))
+        bad = "the weights, activations, scales or q do not fit their buffers";
+    if (!bad && (!holds(s->info, last * 8) ||
+                 (s->rope_dim > 0 && !holds(s->cs, last * (uint64_t)s->rope_dim * 4))))
+        bad = "the rows' positions or cos / sin tables do not fit their buffers";
+    const uint64_t cache_floats = (uint64_t)s->layer_off + (uint64_t)s->cache_rows * kv_dim;
+    if (!bad && (!holds(s->k_cache, cache_floats * 4) || !holds(s->v_cache, cache_floats * 4)))
+        bad = "the layer's cache does not fit the cache buffers";
+    const uint64_t n_seq = s->tables->size / (4 * (uint64_t)(s->max_blocks > 0 ? s->max_blocks : 1));
+    if (!bad && (n_seq < 1 || n_seq > UINT32_MAX))
+        bad = "the block tables must hold at least one sequence's";
+    if (bad)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan W2A8 q, k, v (%d + %d heads of %d, %lld rows): %s",
+                            s->n_head, s->n_kv, s->head_dim, (long long)rows, bad);
+    const matvec_params p = {(uint32_t)n,
+                             (uint32_t)words,
+                             (uint32_t)act_row,
+                             s->q_scale,
+                             (uint32_t)rows,
+                             MODE_QKV,
+                             s->k_scale,
+                             s->v_scale,
+                             (uint32_t)s->n_head,
+                             (uint32_t)s->n_kv,
+                             (uint32_t)s->head_dim,
+                             (uint32_t)s->rope_dim,
+                             (uint32_t)s->block_size,
+                             (uint32_t)s->max_blocks,
+                             (uint32_t)n_seq,
+                             (uint32_t)s->cache_rows,
+                             (uint32_t)s->layer_off};
+    bn_vk_buffer *const buffers[N_BUFFERS] = {w,         x,  q, act_scales, s->info,
+                                              s->tables, s->cs, s->k_cache, s->v_cache};
+    return bn_vk_dispatch_groups(vk, kernel, buffers, &p, qkv_groups(s) * (uint64_t)rows, err);
 }

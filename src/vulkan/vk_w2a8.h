@@ -67,4 +67,29 @@ bn_status bn_vk_w2a8_record_gate_up(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffe
                                     int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
                                     float gate_scale, float up_scale, bn_error *err);
 
+/* The attention's q, k and v products in one dispatch (replacing three
+ * products and the RoPE + store kernel): w holds q's n_head * head_dim
+ * rows, then k's and v's n_kv * head_dim each; activation row a's q goes
+ * to q[a][n_head * head_dim] turned by RoPE as rope_heads does (rotate-half
+ * pairs (j, j + half) of each head's first rope_dim values, with row
+ * act_row + a's cos and sin at cs[(act_row + a) * rope_dim ..]: cos[0 ..
+ * half) then sin[0 .. half)), its k (turned alike) and v to the cache row
+ * that row act_row + a's sequence and position name through the block
+ * tables (info [rows][2]: seq, pos; tables [n_seq][max_blocks], n_seq =
+ * the tables buffer's size / (4 max_blocks)), in the layer's cache that
+ * starts at float layer_off and holds cache_rows rows. A row that falls
+ * outside the tables or the cache is not stored. Every value the CPU's,
+ * as the products and rope_heads give them. */
+typedef struct bn_vk_qkv {
+    int n_head, n_kv, head_dim, rope_dim; /* rope_dim even, <= head_dim */
+    float q_scale, k_scale, v_scale;
+    bn_vk_buffer *info, *tables, *cs, *k_cache, *v_cache;
+    int block_size, max_blocks;
+    int64_t cache_rows, layer_off;
+} bn_vk_qkv;
+bn_status bn_vk_w2a8_record_qkv(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
+                                bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
+                                int64_t rows, bn_vk_buffer *q, int64_t k, const bn_vk_qkv *s,
+                                bn_error *err);
+
 #endif

@@ -16,6 +16,12 @@
 // gate's n rows, then the up's, a workgroup takes four outputs, its first
 // four groups of invocations their gate rows and the last four their up
 // rows, and y gets (g g) u (the CPU's relu2_span of the two outputs).
+// Mode 3 is the attention's q, k and v at once (qkv_geometry below): w
+// holds q's rows, then k's, then v's; q and k are turned by RoPE in the
+// epilogue (rope_heads: a workgroup takes four (j, j + half) pairs of a
+// head, its first four groups of invocations the j, the last four the
+// j + half), q goes to y, k and v to their cache row through the row's
+// block table (as rope_store.comp did it, which this mode replaces).
 // Each operation is rounded once, in the CPU's order.
 // Included by w2a8_matvec.comp, w2a8_matvec_f64.comp, w2a8_matvec_dot.comp
 // and w2a8_matvec_dot_f64.comp.
@@ -37,15 +43,25 @@ layout(std430, binding = 1) readonly buffer Acts { uint x[]; };
 layout(std430, binding = 2) buffer Out { float y[]; };
 // The activation rows' scales, as the norm + int8 kernel writes them.
 layout(std430, binding = 3) readonly buffer ActScales { float act_scales[]; };
+// Mode 3 only (the other modes bind any buffers here and never touch them):
+layout(std430, binding = 4) readonly buffer Info { int info[]; };     // [rows][2]: seq, pos
+layout(std430, binding = 5) readonly buffer Tables { int tables[]; }; // [n_seq][max_blocks]
+layout(std430, binding = 6) readonly buffer CosSin { float cs[]; };   // [rows][rope_dim]
+layout(std430, binding = 7) writeonly buffer KCache { float kc[]; };
+layout(std430, binding = 8) writeonly buffer VCache { float vc[]; };
 
 layout(push_constant) uniform Params {
-    uint n;           // rows
+    uint n;           // rows (mode 3: q's, k's and v's together)
     uint words;       // words of codes a row (16 codes each)
     uint act_row;     // the first activation row: its codes and its scale
-    float weight_scale;
+    float weight_scale; // (mode 3: q's)
     uint rows;        // activation rows
-    uint mode;        // the epilogue: 0 store, 1 add, 2 gate and up
-    float up_scale;   // mode 2: the up's weight scale (weight_scale the gate's)
+    uint mode;        // the epilogue: 0 store, 1 add, 2 gate and up, 3 q, k, v
+    float up_scale;   // mode 2: the up's weight scale; mode 3: k's
+    float v_scale;    // mode 3: v's weight scale, then the attention's shape,
+    uint n_head, n_kv, head_dim, rope_dim;      // the cache through the
+    uint block_size, max_blocks, n_seq;          // block tables (as
+    uint cache_rows, layer_off;                  // vk_ops.h describes them)
 } p;
 
 shared int partial[OUTPUTS * LANES];
@@ -62,18 +78,115 @@ float epilogue_scale(int sum, float act_scale, float weight_scale)
     return v;
 }
 
+// Mode 3's workgroups for one activation row, in this order: q's rotated
+// pairs (four a workgroup), q's values past rope_dim in each head (eight),
+// k's pairs, k's values past rope_dim, v's values. For workgroup g of the
+// row and group of invocations slot: the part (0 q, 1 k, 2 v), whether it
+// is a pair's, the value's index in its part's row (head h's j at h
+// head_dim + j; for a pair's, j its first, the + half one at slot >= 4),
+// and whether there is such a value. Returns the workgroups a row.
+uint qkv_geometry(uint g, uint slot, out uint part, out bool pair, out uint at, out bool live)
+{
+    const uint hd = p.head_dim, half_ = p.rope_dim / 2u, rest = hd - 2u * half_;
+    const uint kv_dim = p.n_kv * hd;
+    uint first = 0u;
+    part = 0u;
+    pair = false;
+    at = 0u;
+    live = false;
+    for (uint s = 0u; s < 3u; s++) {
+        const uint heads = s == 0u ? p.n_head : p.n_kv;
+        // Pairs (none for v) then the values not rotated (all of v's).
+        const uint n_pairs = s < 2u ? heads * half_ : 0u;
+        const uint n_plain = s < 2u ? heads * rest : kv_dim;
+        const uint g_pairs = (n_pairs + 3u) / 4u, g_plain = (n_plain + 7u) / 8u;
+        if (g >= first && g < first + g_pairs) {
+            const uint i = (g - first) * 4u + slot % 4u;
+            part = s;
+            pair = true;
+            live = i < n_pairs;
+            at = live ? (i / half_) * hd + i % half_ + (slot >= 4u ? half_ : 0u) : 0u;
+        } else if (g >= first + g_pairs && g < first + g_pairs + g_plain) {
+            const uint i = (g - first - g_pairs) * 8u + slot;
+            part = s;
+            live = i < n_plain;
+            at = !live ? 0u : s == 2u ? i : (i / rest) * hd + 2u * half_ + i % rest;
+        }
+        first += g_pairs + g_plain;
+    }
+    return first;
+}
+
+// Mode 3's epilogue for activation row a: the value at `at` of its part
+// (sum), and for a pair's the value half a head on (sum2): q into y, k
+// and v into their cache row, q and k pairs turned by RoPE.
+void qkv_epilogue(uint a, uint part, bool pair, uint at, int sum, int sum2)
+{
+    const uint r = p.act_row + a;
+    const float act_scale = act_scales[r];
+    const float scale = part == 0u ? p.weight_scale : part == 1u ? p.up_scale : p.v_scale;
+    const uint half_ = p.rope_dim / 2u, kv_dim = p.n_kv * p.head_dim;
+    float v0 = epilogue_scale(sum, act_scale, scale), v1 = 0.0;
+    if (pair) { // y0 = x0 cos - x1 sin, y1 = x1 cos + x0 sin (rope_heads)
+        const float x0 = v0, x1 = epilogue_scale(sum2, act_scale, scale);
+        const uint j = at % p.head_dim;
+        const float c = cs[r * p.rope_dim + j], s = cs[r * p.rope_dim + half_ + j];
+        precise float y0 = x0 * c - x1 * s;
+        precise float y1 = x1 * c + x0 * s;
+        v0 = y0;
+        v1 = y1;
+    }
+    if (part == 0u) {
+        const uint o = a * p.n_head * p.head_dim + at;
+        y[o] = v0;
+        if (pair)
+            y[o + half_] = v1;
+        return;
+    }
+    // The row's cache row, as rope_store.comp found it: nothing is stored
+    // for a row whose sequence, position or block falls outside.
+    const int seq = info[2u * r], pos = info[2u * r + 1u];
+    if (seq < 0 || uint(seq) >= p.n_seq || pos < 0 || uint(pos) / p.block_size >= p.max_blocks)
+        return;
+    const int block = tables[uint(seq) * p.max_blocks + uint(pos) / p.block_size];
+    if (block < 0 || uint(block) >= p.cache_rows / p.block_size + 1u)
+        return;
+    const uint cr = uint(block) * p.block_size + uint(pos) % p.block_size;
+    if (cr >= p.cache_rows)
+        return;
+    const uint dst = p.layer_off + cr * kv_dim + at;
+    if (part == 1u) {
+        kc[dst] = v0;
+        if (pair)
+            kc[dst + half_] = v1;
+    } else {
+        vc[dst] = v0;
+    }
+}
+
 void main()
 {
-    const bool gate_up = p.mode == 2u;
+    const bool gate_up = p.mode == 2u, qkv = p.mode == 3u;
     const uint per = gate_up ? OUTPUTS / 2u : OUTPUTS;  // outputs a workgroup
-    const uint blocks = (p.n + per - 1u) / per;         // workgroups an activation row
+    uint blocks = (p.n + per - 1u) / per;               // workgroups an activation row
     const uint id = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    const uint tid = gl_LocalInvocationID.x, slot = tid / LANES, sub = tid % LANES;
+    uint part = 0u, at = 0u;
+    bool pair = false, live = false;
+    if (qkv)
+        blocks = qkv_geometry(0u, 0u, part, pair, at, live);
     if (id >= blocks * p.rows)
         return; // the whole workgroup: no barrier is left waiting
-    const uint a = id / blocks, tid = gl_LocalInvocationID.x, slot = tid / LANES;
+    const uint a = id / blocks;
     // The output this group of invocations sums for, and its weight row.
-    const uint row = (id % blocks) * per + (gate_up ? slot % per : slot), sub = tid % LANES;
-    const uint w_row = gate_up && slot >= per ? p.n + row : row;
+    uint row = (id % blocks) * per + (gate_up ? slot % per : slot);
+    uint w_row = gate_up && slot >= per ? p.n + row : row;
+    if (qkv) {
+        qkv_geometry(id % blocks, slot, part, pair, at, live);
+        const uint q_dim = p.n_head * p.head_dim, kv_dim = p.n_kv * p.head_dim;
+        row = live ? 0u : p.n; // only whether it is below p.n counts below
+        w_row = at + (part == 0u ? 0u : part == 1u ? q_dim : q_dim + kv_dim);
+    }
     const uint act_base = (p.act_row + a) * p.words * 4u;
     // Four sums, one a word of activations, so that the adds do not wait
     // on each other (integer sums: the order does not matter).
@@ -105,6 +218,12 @@ void main()
         if (sub < h)
             partial[tid] += partial[tid + h];
         barrier();
+    }
+    if (qkv) {
+        if (sub == 0u && live && (!pair || slot < 4u))
+            qkv_epilogue(a, part, pair, at, partial[tid],
+                         pair ? partial[tid + 4u * LANES] : 0);
+        return;
     }
     if (sub == 0u && row < p.n && slot < per) {
         const float act_scale = act_scales[p.act_row + a];
