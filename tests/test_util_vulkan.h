@@ -37,15 +37,14 @@ static inline bn_status test_vk_w2a8_record(bn_vk *vk, bn_vk_kernel *kernel, bn_
                                             int64_t act_row, bn_vk_buffer *y, int64_t n,
                                             int64_t k, float weight_scale, bn_error *err)
 {
-    const bn_vk_w2a8_acts in = {x, act_scales, act_row, 0.0f};
-    return bn_vk_w2a8_record_rows(vk, kernel, w, &in, 1, y, n, k, weight_scale, BN_VK_W2A8_STORE,
-                                  err);
+    return bn_vk_w2a8_record_rows(vk, kernel, w, x, act_scales, act_row, 1, y, n, k, weight_scale,
+                                  BN_VK_W2A8_STORE, err);
 }
 
 static inline bn_status test_vk_w2a8_matvec(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
                                             bn_vk_buffer *x, bn_vk_buffer *act_scales,
-                                            int64_t act_row, bn_vk_buffer *y, int64_t n, int64_t k,
-                                            float weight_scale, bn_error *err)
+                                            int64_t act_row, bn_vk_buffer *y, int64_t n,
+                                            int64_t k, float weight_scale, bn_error *err)
 {
     bn_status st = bn_vk_begin(vk, err);
     if (st != BN_OK)

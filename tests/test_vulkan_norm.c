@@ -9,9 +9,7 @@
  * decode step's widths (2560, 6912), ragged ones and one value; codes and
  * scales poisoned first, a guard row after the last; then a layer's
  * input projection (norm, then the W2A8 product reading the codes and
- * scales it wrote) in one sequence against the CPU; the product that norms
- * its rows itself (bn_vk_w2a8_norm_kernel) against that chain in each
- * epilogue and against the CPU, rows of every kind. Exits 77 (skipped)
+ * scales it wrote) in one sequence against the CPU. Exits 77 (skipped)
  * when no Vulkan device can be opened or it has no fp64, saying why. */
 #include <math.h>
 #include <stdint.h>
@@ -212,133 +210,6 @@ static void check_chain(bn_vk *vk, bn_vk_kernel *norm, bn_vk_kernel *w2a8, int64
     free(got);
 }
 
-/* Whether two floats are the same bits, or both NaN. */
-static bool same_or_nan(float a, float b) { return memcmp(&a, &b, 4) == 0 || (a != a && b != b); }
-
-/* The product that norms its rows itself (bn_vk_w2a8_norm_kernel) over rows
- * first .. first + rows - 1 of every kind (ties, tiny, zero, NaN and
- * infinite values, the halfway mean square), m outputs a row: in each
- * epilogue (stored, added to a residual, the gate and up at once) equal bit
- * for bit to the norm + int8 kernel followed by the plain product, outputs
- * poisoned first; the stored outputs also to the CPU's rule and the scalar
- * provider's product. */
-static void check_normed(bn_vk *vk, bn_vk_kernel *normed, bn_vk_kernel *norm, bn_vk_kernel *w2a8,
-                         int64_t n, int64_t m, int64_t first, int64_t rows)
-{
-    const size_t words = bn_vk_w2a8_words(n);
-    const int64_t all = first + rows;
-    float *x = malloc((size_t)(all * n) * sizeof *x), *w = malloc((size_t)n * sizeof *w);
-    int8_t *codes = malloc((size_t)(2 * m * n)), *q = calloc(words * 16, 1);
-    uint32_t *packed = malloc((size_t)(2 * m) * words * 4);
-    float *plain = malloc((size_t)(rows * m) * sizeof *plain),
-          *got = malloc((size_t)(rows * m) * sizeof *got),
-          *init = malloc((size_t)(rows * m) * sizeof *init), *ref = malloc((size_t)m * 4);
-    CHECK(x && w && codes && q && packed && plain && got && init && ref);
-    for (int64_t i = 0; i < n; i++)
-        w[i] = test_rand_float(0.25f, 2.0f);
-    for (int64_t r = 0; r < all; r++)
-        fill_row(x + r * n, n, (int)(r % KINDS));
-    for (int64_t i = 0; i < 2 * m * n; i++)
-        codes[i] = (int8_t)test_rand_range(-1, 1);
-    bn_vk_w2a8_pack(codes, 2 * m, n, packed);
-    const float scale = test_rand_float(0.01f, 2.0f), up_scale = test_rand_float(0.01f, 2.0f);
-
-    bn_error err;
-    bn_vk_buffer bx, bw, bq, bs, bsum, bcodes, by_plain, by;
-    const VkDeviceSize y_bytes = (VkDeviceSize)(rows * m) * 4;
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(all * n) * 4, &bx, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)n * 4, &bw, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, all * words * 16, &bq, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)all * 4, &bs, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)all * 4, &bsum, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(2 * m) * words * 4, &bcodes, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, y_bytes, &by_plain, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, y_bytes, &by, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bx, x, (size_t)(all * n) * 4, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bw, w, (size_t)n * 4, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bcodes, packed, (size_t)(2 * m) * words * 4, &err) == BN_OK);
-    const bn_vk_w2a8_acts coded = {&bq, &bs, first, 0.0f}, raw = {&bx, &bw, first, 1e-5f};
-
-    for (int mode = 0; mode < 3; mode++) { /* stored, added, gate and up */
-        for (int64_t i = 0; i < rows * m; i++)
-            init[i] = mode == 1 ? test_rand_float(-4.0f, 4.0f) : NAN;
-        CHECK(bn_vk_write(vk, &by_plain, init, (size_t)y_bytes, &err) == BN_OK);
-        CHECK(bn_vk_write(vk, &by, init, (size_t)y_bytes, &err) == BN_OK);
-        CHECK(bn_vk_begin(vk, &err) == BN_OK);
-        CHECK(bn_vk_norm_record(vk, norm, &bx, &bw, &bq, &bs, &bsum, all, n, 1e-5f, &err) == BN_OK);
-        for (int variant = 0; variant < 2; variant++) {
-            bn_vk_kernel *k = variant ? normed : w2a8;
-            const bn_vk_w2a8_acts *in = variant ? &raw : &coded;
-            bn_vk_buffer *y = variant ? &by : &by_plain;
-            const bn_status st =
-                mode == 2 ? bn_vk_w2a8_record_gate_up(vk, k, &bcodes, in, rows, y, m, n, scale,
-                                                      up_scale, &err)
-                          : bn_vk_w2a8_record_rows(vk, k, &bcodes, in, rows, y, m, n, scale,
-                                                   (bn_vk_w2a8_epilogue)mode, &err);
-            CHECK_MSG(st == BN_OK, "record: %s", err.message);
-        }
-        CHECK(bn_vk_submit(vk, &err) == BN_OK);
-        CHECK(bn_vk_read(vk, &by_plain, plain, (size_t)y_bytes, &err) == BN_OK);
-        CHECK(bn_vk_read(vk, &by, got, (size_t)y_bytes, &err) == BN_OK);
-        int64_t differ = 0, at = -1;
-        for (int64_t i = 0; i < rows * m; i++)
-            if (!same_or_nan(got[i], plain[i]) && differ++ == 0)
-                at = i;
-        CHECK_MSG(differ == 0,
-                  "normed product, mode %d, %lld x %lld, rows %lld..%lld: %lld outputs differ "
-                  "from the norm kernel's then the product's (first at %lld: %.9g, want %.9g)",
-                  mode, (long long)m, (long long)n, (long long)first, (long long)(all - 1),
-                  (long long)differ, (long long)at, at >= 0 ? got[at] : 0.0,
-                  at >= 0 ? plain[at] : 0.0);
-    }
-    /* The stored outputs (the last mode's run left the gate and up's; run
-     * the store again) against the CPU. */
-    bn_w2a8_weights wref;
-    CHECK(bn_w2a8_pack(&bn_provider_scalar, codes, m, n, scale, &wref, NULL) == BN_OK);
-    CHECK(bn_vk_begin(vk, &err) == BN_OK);
-    CHECK(bn_vk_w2a8_record_rows(vk, normed, &bcodes, &raw, rows, &by, m, n, scale,
-                                 BN_VK_W2A8_STORE, &err) == BN_OK);
-    CHECK(bn_vk_submit(vk, &err) == BN_OK);
-    CHECK(bn_vk_read(vk, &by, got, (size_t)y_bytes, &err) == BN_OK);
-    for (int64_t r = 0; r < rows; r++) {
-        float s;
-        int32_t sum;
-        bn_norm_quantize_row(x + (first + r) * n, w, n, 1e-5f, q, &s, &sum);
-        bn_provider_scalar.matvec(&wref, q, s, sum, 0, m, ref);
-        int64_t differ = 0;
-        for (int64_t i = 0; i < m; i++)
-            differ += !same_or_nan(got[r * m + i], ref[i]);
-        CHECK_MSG(differ == 0,
-                  "normed product, %lld x %lld, row %lld (kind %d): %lld outputs "
-                  "differ from the CPU's",
-                  (long long)m, (long long)n, (long long)(first + r), (int)((first + r) % KINDS),
-                  (long long)differ);
-    }
-    bn_w2a8_weights_free(&wref);
-
-    /* Refused: rows past the buffer, norm weights shorter than a row. */
-    const bn_vk_w2a8_acts past = {&bx, &bw, first + 1, 1e-5f}, short_w = {&bx, &bs, first, 1e-5f};
-    CHECK(bn_vk_begin(vk, &err) == BN_OK);
-    CHECK(bn_vk_w2a8_record_rows(vk, normed, &bcodes, &past, rows, &by, m, n, scale,
-                                 BN_VK_W2A8_STORE, &err) == BN_ERR_INVALID_ARGUMENT);
-    CHECK(n <= all || bn_vk_w2a8_record_rows(vk, normed, &bcodes, &short_w, rows, &by, m, n, scale,
-                                             BN_VK_W2A8_STORE, &err) == BN_ERR_INVALID_ARGUMENT);
-    CHECK(bn_vk_submit(vk, &err) == BN_OK);
-
-    bn_vk_buffer *const bufs[] = {&bx, &bw, &bq, &bs, &bsum, &bcodes, &by_plain, &by};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        bn_vk_buffer_free(vk, bufs[i]);
-    free(x);
-    free(w);
-    free(codes);
-    free(q);
-    free(packed);
-    free(plain);
-    free(got);
-    free(init);
-    free(ref);
-}
-
 int main(void)
 {
     test_seed_init();
@@ -390,32 +261,6 @@ int main(void)
         check_chain(vk, kernel, w2a8, 2560, 640, 3);
         check_chain(vk, kernel, w2a8, 6912, 256, 2);
         check_chain(vk, kernel, w2a8, test_rand_range(1, 2000), test_rand_range(1, 300), 4);
-        bn_vk_kernel *normed = NULL;
-        if (bn_vk_w2a8_norm_usable(vk)) {
-            CHECK(bn_vk_w2a8_norm_kernel(vk, &normed, &err) == BN_OK && normed);
-            check_normed(vk, normed, kernel, w2a8, 2560, 96, 0, 1); /* a decode row */
-            check_normed(vk, normed, kernel, w2a8, 2560, 40, 2, KINDS);
-            check_normed(vk, normed, kernel, w2a8, 6912, 24, 1, KINDS);
-            check_normed(vk, normed, kernel, w2a8, BN_VK_W2A8_NORM_MAX_K, 8, 0, 2);
-            for (int i = 0; i < 4; i++)
-                check_normed(vk, normed, kernel, w2a8, test_rand_range(1, 3000),
-                             test_rand_range(1, 100), test_rand_range(0, 3), KINDS);
-            /* Rows longer than the kernel's shared memory holds: refused. */
-            bn_vk_buffer big, small;
-            const int64_t k = BN_VK_W2A8_NORM_MAX_K + 16;
-            CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)k * 4, &big, &err) == BN_OK);
-            CHECK(bn_vk_buffer_create(vk, bn_vk_w2a8_words(k) * 4, &small, &err) == BN_OK);
-            CHECK(bn_vk_begin(vk, &err) == BN_OK);
-            CHECK(bn_vk_w2a8_record_rows(vk, normed, &small,
-                                         &(bn_vk_w2a8_acts){&big, &big, 0, 1e-5f}, 1, &big, 1, k,
-                                         1.0f, BN_VK_W2A8_STORE, &err) == BN_ERR_INVALID_ARGUMENT);
-            CHECK(bn_vk_submit(vk, &err) == BN_OK);
-            bn_vk_buffer_free(vk, &big);
-            bn_vk_buffer_free(vk, &small);
-            bn_vk_kernel_free(vk, normed);
-        } else {
-            CHECK(bn_vk_w2a8_norm_kernel(vk, &normed, &err) == BN_ERR_UNSUPPORTED && !normed);
-        }
         bn_vk_kernel_free(vk, w2a8);
     }
     bn_vk_kernel_free(vk, kernel);

@@ -212,8 +212,8 @@ static void check_rows(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k, in
         got[i] = NAN;
     CHECK(bn_vk_write(vk, &by, got, (size_t)(rows + 1) * n * 4, &err) == BN_OK);
     CHECK(bn_vk_begin(vk, &err) == BN_OK);
-    CHECK(bn_vk_w2a8_record_rows(vk, kernel, &bw, &(bn_vk_w2a8_acts){&bx, &bs, first, 0}, rows, &by,
-                                 n, k, 0.37f, BN_VK_W2A8_STORE, &err) == BN_OK);
+    CHECK(bn_vk_w2a8_record_rows(vk, kernel, &bw, &bx, &bs, first, rows, &by, n, k, 0.37f,
+                                 BN_VK_W2A8_STORE, &err) == BN_OK);
     CHECK(bn_vk_submit(vk, &err) == BN_OK);
     CHECK(bn_vk_read(vk, &by, got, (size_t)(rows + 1) * n * 4, &err) == BN_OK);
     int bad = 0;
@@ -260,8 +260,8 @@ static void run_store(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *bw, bn_vk_b
 {
     bn_error err;
     CHECK(bn_vk_begin(vk, &err) == BN_OK);
-    CHECK(bn_vk_w2a8_record_rows(vk, kernel, bw, &(bn_vk_w2a8_acts){bx, bs, 0, 0}, rows, by, w_rows,
-                                 k, scale, BN_VK_W2A8_STORE, &err) == BN_OK);
+    CHECK(bn_vk_w2a8_record_rows(vk, kernel, bw, bx, bs, 0, rows, by, w_rows, k, scale,
+                                 BN_VK_W2A8_STORE, &err) == BN_OK);
     CHECK(bn_vk_submit(vk, &err) == BN_OK);
     CHECK(bn_vk_read(vk, by, out, (size_t)(rows * w_rows) * 4, &err) == BN_OK);
 }
@@ -303,11 +303,11 @@ static void check_epilogues(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t 
         CHECK(bn_vk_write(vk, &by, start, (size_t)(total + 1) * 4, &err) == BN_OK);
         CHECK(bn_vk_begin(vk, &err) == BN_OK);
         if (add)
-            CHECK(bn_vk_w2a8_record_rows(vk, kernel, &bw, &(bn_vk_w2a8_acts){&bx, &bs, 0, 0}, rows,
-                                         &by, n, k, gate_scale, BN_VK_W2A8_ADD, &err) == BN_OK);
+            CHECK(bn_vk_w2a8_record_rows(vk, kernel, &bw, &bx, &bs, 0, rows, &by, n, k,
+                                         gate_scale, BN_VK_W2A8_ADD, &err) == BN_OK);
         else
-            CHECK(bn_vk_w2a8_record_gate_up(vk, kernel, &bw, &(bn_vk_w2a8_acts){&bx, &bs, 0, 0},
-                                            rows, &by, n, k, gate_scale, up_scale, &err) == BN_OK);
+            CHECK(bn_vk_w2a8_record_gate_up(vk, kernel, &bw, &bx, &bs, 0, rows, &by, n, k,
+                                            gate_scale, up_scale, &err) == BN_OK);
         CHECK(bn_vk_submit(vk, &err) == BN_OK);
         CHECK(bn_vk_read(vk, &by, got, (size_t)(total + 1) * 4, &err) == BN_OK);
         int64_t bad = 0, first = -1;
@@ -331,12 +331,12 @@ static void check_epilogues(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t 
     }
     /* An epilogue that does not exist is refused. */
     CHECK(bn_vk_begin(vk, &err) == BN_OK);
-    CHECK(bn_vk_w2a8_record_rows(vk, kernel, &bw, &(bn_vk_w2a8_acts){&bx, &bs, 0, 0}, rows, &by, n,
-                                 k, 1.0f, (bn_vk_w2a8_epilogue)2, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_vk_w2a8_record_rows(vk, kernel, &bw, &bx, &bs, 0, rows, &by, n, k, 1.0f,
+                                 (bn_vk_w2a8_epilogue)2, &err) == BN_ERR_INVALID_ARGUMENT);
     CHECK_STR_CONTAINS(err.message, "epilogue");
     /* Gate and up rows past the weights (2n rows held, 2 (n + 1) read). */
-    CHECK(bn_vk_w2a8_record_gate_up(vk, kernel, &bw, &(bn_vk_w2a8_acts){&bx, &bs, 0, 0}, rows, &by,
-                                    n + 1, k, 1.0f, 1.0f, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_vk_w2a8_record_gate_up(vk, kernel, &bw, &bx, &bs, 0, rows, &by, n + 1, k, 1.0f,
+                                    1.0f, &err) == BN_ERR_INVALID_ARGUMENT);
     CHECK(bn_vk_submit(vk, &err) == BN_OK);
     bn_vk_buffer *const all[] = {&bw, &bx, &bs, &by};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -440,8 +440,8 @@ static void check_qkv(bn_vk *vk, bn_vk_kernel *kernel, int n_head, int n_kv, int
                           &bt,    &bc,   &bkc,  &bvc,     BLOCK,      MAX_BLOCKS, CACHE_ROWS,
                           layer};
     CHECK(bn_vk_begin(vk, &err) == BN_OK);
-    const bn_status st = bn_vk_w2a8_record_qkv(vk, kernel, &bw, &(bn_vk_w2a8_acts){&bx, &bs, 0, 0},
-                                               rows, &by, k, &qs, &err);
+    const bn_status st =
+        bn_vk_w2a8_record_qkv(vk, kernel, &bw, &bx, &bs, 0, rows, &by, k, &qs, &err);
     CHECK_MSG(st == BN_OK, "qkv: %s", err.message);
     CHECK(bn_vk_submit(vk, &err) == BN_OK);
     int64_t bad = 0;
@@ -465,12 +465,12 @@ static void check_qkv(bn_vk *vk, bn_vk_kernel *kernel, int n_head, int n_kv, int
     CHECK(bn_vk_begin(vk, &err) == BN_OK);
     bn_vk_qkv odd = qs;
     odd.rope_dim = 3;
-    CHECK(bn_vk_w2a8_record_qkv(vk, kernel, &bw, &(bn_vk_w2a8_acts){&bx, &bs, 0, 0}, rows, &by, k,
-                                &odd, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_vk_w2a8_record_qkv(vk, kernel, &bw, &bx, &bs, 0, rows, &by, k, &odd, &err) ==
+          BN_ERR_INVALID_ARGUMENT);
     bn_vk_qkv past = qs;
     past.layer_off = 2 * layer;
-    CHECK(bn_vk_w2a8_record_qkv(vk, kernel, &bw, &(bn_vk_w2a8_acts){&bx, &bs, 0, 0}, rows, &by, k,
-                                &past, &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_vk_w2a8_record_qkv(vk, kernel, &bw, &bx, &bs, 0, rows, &by, k, &past, &err) ==
+          BN_ERR_INVALID_ARGUMENT);
     CHECK_STR_CONTAINS(err.message, "cache");
     CHECK(bn_vk_submit(vk, &err) == BN_OK);
     bn_vk_buffer *const all[] = {&bw, &bx, &bs, &by, &bt, &bi, &bc, &bkc, &bvc};

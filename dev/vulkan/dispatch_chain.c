@@ -76,12 +76,12 @@ static void record_product(bn_vk *vk, void *ctx)
 {
     product_case *c = ctx;
     if (c->gate_up)
-        OK(bn_vk_w2a8_record_gate_up(vk, c->k, c->w, &(bn_vk_w2a8_acts){c->x, c->scales, 0, 0}, 1,
-                                     c->y, c->n, c->k_dim, 0.5f, 0.25f, &err),
+        OK(bn_vk_w2a8_record_gate_up(vk, c->k, c->w, c->x, c->scales, 0, 1, c->y, c->n,
+                                     c->k_dim, 0.5f, 0.25f, &err),
            "gate|up");
     else
-        OK(bn_vk_w2a8_record_rows(vk, c->k, c->w, &(bn_vk_w2a8_acts){c->x, c->scales, 0, 0}, 1,
-                                  c->y, c->n, c->k_dim, 0.5f, BN_VK_W2A8_STORE, &err),
+        OK(bn_vk_w2a8_record_rows(vk, c->k, c->w, c->x, c->scales, 0, 1, c->y, c->n, c->k_dim,
+                                  0.5f, BN_VK_W2A8_STORE, &err),
            "product");
 }
 

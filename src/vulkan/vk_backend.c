@@ -76,7 +76,6 @@ typedef struct vkb_head_part {
 typedef struct vkb {
     bn_vk *vk;
     bn_vk_kernel *w2a8, *norm;
-    bn_vk_kernel *w2a8_norm; /* the product that norms its rows itself, if the device runs it */
     bn_vk_ops *ops;
     const bn_checkpoint *model;
     bn_hparams hp;
@@ -382,8 +381,6 @@ static void vkb_release(vkb *v)
         bn_vk_kernel_free(v->vk, v->w2a8);
     if (v->norm)
         bn_vk_kernel_free(v->vk, v->norm);
-    if (v->w2a8_norm)
-        bn_vk_kernel_free(v->vk, v->w2a8_norm);
     bn_vk_close(v->vk);
     free(v->proj);
     free(v->norms);
@@ -467,8 +464,6 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
                                bn_vk_device(v->vk)->integer_dot_product, &v->w2a8, err);
     if (st == BN_OK)
         st = bn_vk_norm_kernel(v->vk, bn_vk_norm_subgroups(v->vk), &v->norm, err);
-    if (st == BN_OK && bn_vk_w2a8_norm_usable(v->vk))
-        st = bn_vk_w2a8_norm_kernel(v->vk, &v->w2a8_norm, err);
     if (st == BN_OK)
         st = bn_vk_ops_create(v->vk, &v->ops, err);
     if (st == BN_OK)
@@ -500,34 +495,19 @@ static void vk_free(bn_backend *b)
 
 /* ---- the pass ----------------------------------------------------------------- */
 
-/* A product's input: the pass's M rows of n values in x, normed with the
- * norm's weights nw and coded to int8. Where the device runs the product
- * that norms its rows itself, that kernel and x as they are; else the
- * norm + int8 kernel, recorded here, into v->codes and v->scales, and the
- * plain product. */
-typedef struct vkb_input {
-    bn_vk_kernel *kernel;
-    bn_vk_w2a8_acts acts;
-} vkb_input;
-
-static bn_status normed_input(vkb *v, bn_vk_buffer *x, bn_vk_buffer *nw, int64_t M, int64_t n,
-                              vkb_input *in, bn_error *err)
+static bn_status record_norm(vkb *v, bn_vk_buffer *x, bn_vk_buffer *w, int64_t M, int64_t n,
+                             bn_error *err)
 {
-    if (v->w2a8_norm && n <= BN_VK_W2A8_NORM_MAX_K) {
-        *in = (vkb_input){v->w2a8_norm, {x, nw, 0, v->hp.rms_eps}};
-        return BN_OK;
-    }
-    *in = (vkb_input){v->w2a8, {&v->codes, &v->scales, 0, 0.0f}};
-    return bn_vk_norm_record(v->vk, v->norm, x, nw, &v->codes, &v->scales, &v->sums, M, n,
+    return bn_vk_norm_record(v->vk, v->norm, x, w, &v->codes, &v->scales, &v->sums, M, n,
                              v->hp.rms_eps, err);
 }
 
-static bn_status record_proj(vkb *v, int layer, bn_proj p, const vkb_input *in, bn_vk_buffer *y,
+static bn_status record_proj(vkb *v, int layer, bn_proj p, bn_vk_buffer *y,
                              bn_vk_w2a8_epilogue epilogue, int64_t M, bn_error *err)
 {
     vkb_proj *w = &v->proj[layer * BN_PROJ_COUNT + p];
-    return bn_vk_w2a8_record_rows(v->vk, in->kernel, &w->w, &in->acts, M, y, w->n, w->k, w->scale,
-                                  epilogue, err);
+    return bn_vk_w2a8_record_rows(v->vk, v->w2a8, &w->w, &v->codes, &v->scales, 0, M, y, w->n,
+                                  w->k, w->scale, epilogue, err);
 }
 
 #define TRY(call)                                                                          \
@@ -545,8 +525,7 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
     const bn_vk_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, hp->rope_dim,
                                  c->rows};
     const bn_vk_rows rows = {&v->info, c->tables, M, c->block_size, c->max_blocks};
-    vkb_input in;
-    TRY(normed_input(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, &in, err));
+    TRY(record_norm(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, err));
     /* q, k and v in one product: q turned by RoPE into v->q, k (turned)
      * and v into the cache. */
     vkb_proj *qp = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_Q];
@@ -556,24 +535,24 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
                            &v->info,     c->tables,     &v->cs,         &c->k[l],
                            &c->v[l],     c->block_size, c->max_blocks,  c->rows,
                            0};
-    TRY(bn_vk_w2a8_record_qkv(v->vk, in.kernel, &qp->w, &in.acts, M, &v->q, qp->k, &qkv, err));
-    TRY(bn_vk_attention_record(v->vk, v->ops, &as, &rows, &v->q, &c->k[l], &c->v[l], 0, &v->scratch,
-                               v->kv_len, &v->att, err));
-    TRY(normed_input(v, &v->att, &norms[BN_NORM_ATTN_SUB], M, v->q_dim, &in, err));
+    TRY(bn_vk_w2a8_record_qkv(v->vk, v->w2a8, &qp->w, &v->codes, &v->scales, 0, M, &v->q,
+                              qp->k, &qkv, err));
+    TRY(bn_vk_attention_record(v->vk, v->ops, &as, &rows, &v->q, &c->k[l], &c->v[l], 0,
+                               &v->scratch, v->kv_len, &v->att, err));
+    TRY(record_norm(v, &v->att, &norms[BN_NORM_ATTN_SUB], M, v->q_dim, err));
     /* x += Wo a and, below, x += Wdown h: the residual adds in the
      * products' epilogues; h = relu2(gate) up from one product of both. */
-    TRY(record_proj(v, l, BN_PROJ_O, &in, &v->x, BN_VK_W2A8_ADD, M, err));
-    TRY(normed_input(v, &v->x, &norms[BN_NORM_FFN], M, hp->dim, &in, err));
+    TRY(record_proj(v, l, BN_PROJ_O, &v->x, BN_VK_W2A8_ADD, M, err));
+    TRY(record_norm(v, &v->x, &norms[BN_NORM_FFN], M, hp->dim, err));
     vkb_proj *gate = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_GATE];
-    TRY(bn_vk_w2a8_record_gate_up(v->vk, in.kernel, &gate->w, &in.acts, M, &v->gate, gate->n,
-                                  gate->k, gate->scale, gate[BN_PROJ_UP - BN_PROJ_GATE].scale,
-                                  err));
-    TRY(normed_input(v, &v->gate, &norms[BN_NORM_FFN_SUB], M, hp->ffn, &in, err));
-    return record_proj(v, l, BN_PROJ_DOWN, &in, &v->x, BN_VK_W2A8_ADD, M, err);
+    TRY(bn_vk_w2a8_record_gate_up(v->vk, v->w2a8, &gate->w, &v->codes,
+                                  &v->scales, 0, M, &v->gate, gate->n, gate->k, gate->scale,
+                                  gate[BN_PROJ_UP - BN_PROJ_GATE].scale, err));
+    TRY(record_norm(v, &v->gate, &norms[BN_NORM_FFN_SUB], M, hp->ffn, err));
+    return record_proj(v, l, BN_PROJ_DOWN, &v->x, BN_VK_W2A8_ADD, M, err);
 }
 
-/* Dispatches a layer records at most (record_layer: five where the
- * products norm their rows themselves). */
+/* Dispatches a layer records (record_layer). */
 #define LAYER_DISPATCHES 9
 
 /* Submits the open sequence when `need` more dispatches would not fit it. */
@@ -814,10 +793,9 @@ static void vk_report(const bn_backend *b, bn_engine_info *info)
     info->backend_scratch_bytes = v->scratch_bytes;
     info->backend_total_bytes = info->gpu_total_bytes;
     snprintf(info->kernels, sizeof info->kernels,
-             "vulkan_w2a8%s,vulkan_w2a8_qkv_rope,%s,vulkan_attention,"
+             "vulkan_w2a8%s,vulkan_w2a8_qkv_rope,vulkan_norm_quantize,vulkan_attention,"
              "vulkan_rmsnorm,vulkan_head_%s%s",
              bn_vk_device(v->vk)->integer_dot_product ? "_dot" : "",
-             v->w2a8_norm ? "vulkan_w2a8_norm" : "vulkan_norm_quantize",
              v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32",
              v->replays > 0 ? ",vulkan_decode_replay" : "");
 }

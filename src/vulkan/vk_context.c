@@ -731,8 +731,6 @@ bn_status bn_vk_kernel_create(bn_vk *vk, const char *name, const unsigned char *
     return BN_OK;
 }
 
-const char *bn_vk_kernel_name(const bn_vk_kernel *k) { return k->name; }
-
 void bn_vk_kernel_free(bn_vk *vk, bn_vk_kernel *k)
 {
     if (!vk || !k)

@@ -1,18 +1,14 @@
-/* vk_w2a8.c - packing for and launching of shaders/w2a8_matvec*.comp. */
+/* vk_w2a8.c - packing for and launching of shaders/w2a8_matvec.comp. */
 #include "vk_w2a8.h"
 
-#include <stdbool.h>
 #include <string.h>
 
 #define BN_VK_W2A8_OUTPUTS 8 /* outputs a workgroup: shaders/w2a8_matvec.glsl */
 
 extern const unsigned char bn_vk_spv_w2a8_matvec[], bn_vk_spv_w2a8_matvec_f64[],
-    bn_vk_spv_w2a8_matvec_dot[], bn_vk_spv_w2a8_matvec_dot_f64[], bn_vk_spv_w2a8_matvec_norm[];
+    bn_vk_spv_w2a8_matvec_dot[], bn_vk_spv_w2a8_matvec_dot_f64[];
 extern const size_t bn_vk_spv_w2a8_matvec_len, bn_vk_spv_w2a8_matvec_f64_len,
-    bn_vk_spv_w2a8_matvec_dot_len, bn_vk_spv_w2a8_matvec_dot_f64_len,
-    bn_vk_spv_w2a8_matvec_norm_len;
-
-#define NORM_KERNEL "w2a8_matvec_norm" /* the normed kernel's name */
+    bn_vk_spv_w2a8_matvec_dot_len, bn_vk_spv_w2a8_matvec_dot_f64_len;
 
 /* The shader's push constants, in its order. */
 typedef struct matvec_params {
@@ -22,8 +18,6 @@ typedef struct matvec_params {
     float up_scale, v_scale;
     uint32_t n_head, n_kv, head_dim, rope_dim, block_size, max_blocks, n_seq, cache_rows,
         layer_off;
-    uint32_t k; /* the normed kernel's row length and epsilon */
-    float eps;
 } matvec_params;
 
 #define MODE_GATE_UP 2 /* the shader's epilogues: bn_vk_w2a8_record_gate_up */
@@ -74,91 +68,61 @@ bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bool dot_product,
                                N_BUFFERS, sizeof(matvec_params), out, err);
 }
 
-bool bn_vk_w2a8_norm_usable(const bn_vk *vk)
-{
-    const bn_vulkan_device *d = bn_vk_device(vk);
-    return d->fp64 && d->integer_dot_product && d->subgroup_arithmetic && d->subgroup_size >= 4 &&
-           d->max_shared_bytes >= 24 * 1024;
-}
-
-bn_status bn_vk_w2a8_norm_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
-{
-    if (!bn_vk_w2a8_norm_usable(vk))
-        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
-                            "Vulkan: %s cannot run the normed W2A8 product (it needs fp64, "
-                            "integer dot products, subgroup arithmetic and 24 KiB of shared "
-                            "memory)",
-                            bn_vk_device(vk)->name);
-    return bn_vk_kernel_create(vk, NORM_KERNEL, bn_vk_spv_w2a8_matvec_norm,
-                               bn_vk_spv_w2a8_matvec_norm_len, N_BUFFERS, sizeof(matvec_params),
-                               out, err);
-}
-
-/* Whether in's rows up to last fit its buffers for kernel, with words
- * code words (k values) a row. */
-static bool acts_fit(const bn_vk_kernel *kernel, const bn_vk_w2a8_acts *in, uint64_t last,
-                     uint64_t words, int64_t k)
-{
-    if (strcmp(bn_vk_kernel_name(kernel), NORM_KERNEL) == 0)
-        return k <= BN_VK_W2A8_NORM_MAX_K && last * (uint64_t)k <= UINT32_MAX &&
-               in->x->size >= last * (uint64_t)k * 4 && in->scales_or_norm->size >= (uint64_t)k * 4;
-    return in->x->size >= last * words * 16 && in->scales_or_norm->size >= last * 4;
-}
-
 /* A product of n outputs a row read from w_rows rows (n, or 2n for the
  * gate and up), outputs a workgroup per_group. */
-static bn_status record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, const bn_vk_w2a8_acts *in,
-                        int64_t rows, bn_vk_buffer *y, int64_t n, int64_t w_rows, int64_t k,
-                        float weight_scale, float up_scale, int mode, int per_group, bn_error *err)
+static bn_status record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
+                        bn_vk_buffer *act_scales, int64_t act_row, int64_t rows, bn_vk_buffer *y,
+                        int64_t n, int64_t w_rows, int64_t k, float weight_scale, float up_scale,
+                        int mode, int per_group, bn_error *err)
 {
     const size_t words = bn_vk_w2a8_words(k);
-    const int64_t first = in->first;
-    if (n < 1 || k < 1 || first < 0 || rows < 1 || (uint64_t)w_rows * words > UINT32_MAX ||
+    if (n < 1 || k < 1 || act_row < 0 || rows < 1 || (uint64_t)w_rows * words > UINT32_MAX ||
         (uint64_t)n * (uint64_t)rows > UINT32_MAX || w->size < (VkDeviceSize)w_rows * words * 4 ||
-        !acts_fit(kernel, in, (uint64_t)(first + rows), words, k) ||
+        x->size < (VkDeviceSize)(act_row + rows) * words * 16 ||
+        act_scales->size < (VkDeviceSize)(act_row + rows) * sizeof(float) ||
         y->size < (VkDeviceSize)(n * rows) * sizeof(float))
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "Vulkan W2A8: %lld x %lld (activation rows %lld..%lld) does not fit "
                             "its buffers",
-                            (long long)w_rows, (long long)k, (long long)first,
-                            (long long)(first + rows - 1));
+                            (long long)w_rows, (long long)k, (long long)act_row,
+                            (long long)(act_row + rows - 1));
     const matvec_params p = {.n = (uint32_t)n,
                              .words = (uint32_t)words,
-                             .act_row = (uint32_t)first,
+                             .act_row = (uint32_t)act_row,
                              .weight_scale = weight_scale,
                              .rows = (uint32_t)rows,
                              .mode = (uint32_t)mode,
-                             .up_scale = up_scale,
-                             .k = (uint32_t)k,
-                             .eps = in->eps};
+                             .up_scale = up_scale};
     /* Modes 0 to 2 bind y where mode 3's buffers go; they never touch them. */
-    bn_vk_buffer *const buffers[N_BUFFERS] = {w, in->x, y, in->scales_or_norm, y, y, y, y, y};
+    bn_vk_buffer *const buffers[N_BUFFERS] = {w, x, y, act_scales, y, y, y, y, y};
     return bn_vk_dispatch_groups(vk, kernel, buffers, &p,
-                                 (uint64_t)((n + per_group - 1) / per_group) * (uint64_t)rows, err);
+                                 (uint64_t)((n + per_group - 1) / per_group) * (uint64_t)rows,
+                                 err);
 }
 
 bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
-                                 const bn_vk_w2a8_acts *in, int64_t rows, bn_vk_buffer *y,
-                                 int64_t n, int64_t k, float weight_scale,
-                                 bn_vk_w2a8_epilogue epilogue, bn_error *err)
+                                 bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
+                                 int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
+                                 float weight_scale, bn_vk_w2a8_epilogue epilogue,
+                                 bn_error *err)
 {
     if (epilogue != BN_VK_W2A8_STORE && epilogue != BN_VK_W2A8_ADD)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "Vulkan W2A8: no epilogue %d", (int)epilogue);
-    return record(vk, kernel, w, in, rows, y, n, n, k, weight_scale, 0.0f, (int)epilogue,
-                  BN_VK_W2A8_OUTPUTS, err);
+    return record(vk, kernel, w, x, act_scales, act_row, rows, y, n, n, k, weight_scale, 0.0f,
+                  (int)epilogue, BN_VK_W2A8_OUTPUTS, err);
 }
 
 bn_status bn_vk_w2a8_record_gate_up(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
-                                    const bn_vk_w2a8_acts *in, int64_t rows, bn_vk_buffer *y,
-                                    int64_t n, int64_t k, float gate_scale, float up_scale,
-                                    bn_error *err)
+                                    bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
+                                    int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
+                                    float gate_scale, float up_scale, bn_error *err)
 {
     if (n > INT64_MAX / 2)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "Vulkan W2A8: a gate of %lld rows", (long long)n);
-    return record(vk, kernel, w, in, rows, y, n, 2 * n, k, gate_scale, up_scale, MODE_GATE_UP,
-                  BN_VK_W2A8_OUTPUTS / 2, err);
+    return record(vk, kernel, w, x, act_scales, act_row, rows, y, n, 2 * n, k, gate_scale,
+                  up_scale, MODE_GATE_UP, BN_VK_W2A8_OUTPUTS / 2, err);
 }
 
 /* Mode 3's workgroups a row (shaders/w2a8_matvec.glsl: qkv_geometry):
@@ -178,8 +142,9 @@ static uint64_t qkv_groups(const bn_vk_qkv *s)
 static bool holds(const bn_vk_buffer *b, uint64_t bytes) { return b->size >= bytes; }
 
 bn_status bn_vk_w2a8_record_qkv(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
-                                const bn_vk_w2a8_acts *in, int64_t rows, bn_vk_buffer *q, int64_t k,
-                                const bn_vk_qkv *s, bn_error *err)
+                                bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
+                                int64_t rows, bn_vk_buffer *q, int64_t k, const bn_vk_qkv *s,
+                                bn_error *err)
 {
     const char *bad = NULL;
     if (s->n_head < 1 || s->n_kv < 1 || s->head_dim < 1 || s->n_head % s->n_kv != 0)
@@ -188,16 +153,16 @@ bn_status bn_vk_w2a8_record_qkv(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w
         bad = "rope_dim must be even, from 0 to head_dim";
     else if (s->block_size < 1 || s->max_blocks < 1 || s->cache_rows < 1 || s->layer_off < 0)
         bad = "the cache's block size, blocks a sequence, rows and offset must be positive";
-    else if (k < 1 || in->first < 0 || rows < 1)
+    else if (k < 1 || act_row < 0 || rows < 1)
         bad = "k, the first activation row and the rows must be positive";
     const uint64_t hd = (uint64_t)s->head_dim, q_dim = (uint64_t)s->n_head * hd,
                    kv_dim = (uint64_t)s->n_kv * hd, n = q_dim + 2 * kv_dim,
-                   words = bn_vk_w2a8_words(k), last = (uint64_t)in->first + (uint64_t)rows;
+                   words = bn_vk_w2a8_words(k), last = (uint64_t)act_row + (uint64_t)rows;
     if (!bad && (n * words > UINT32_MAX || q_dim * (uint64_t)rows > UINT32_MAX ||
                  (uint64_t)s->layer_off + (uint64_t)s->cache_rows * kv_dim > UINT32_MAX))
         bad = "the shape is past 32-bit indices";
-    if (!bad && (!holds(w, n * words * 4) || !acts_fit(kernel, in, last, words, k) ||
-                 !holds(q, q_dim * (uint64_t)rows * 4)))
+    if (!bad && (!holds(w, n * words * 4) || !holds(x, last * words * 16) ||
+                 !holds(act_scales, last * 4) || !holds(q, q_dim * (uint64_t)rows * 4)))
         bad = "the weights, activations, scales or q do not fit their buffers";
     if (!bad && (!holds(s->info, last * 8) ||
                  (s->rope_dim > 0 && !holds(s->cs, last * (uint64_t)s->rope_dim * 4))))
@@ -214,7 +179,7 @@ bn_status bn_vk_w2a8_record_qkv(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w
                             s->n_head, s->n_kv, s->head_dim, (long long)rows, bad);
     const matvec_params p = {(uint32_t)n,
                              (uint32_t)words,
-                             (uint32_t)in->first,
+                             (uint32_t)act_row,
                              s->q_scale,
                              (uint32_t)rows,
                              MODE_QKV,
@@ -228,10 +193,8 @@ bn_status bn_vk_w2a8_record_qkv(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w
                              (uint32_t)s->max_blocks,
                              (uint32_t)n_seq,
                              (uint32_t)s->cache_rows,
-                             (uint32_t)s->layer_off,
-                             (uint32_t)k,
-                             in->eps};
-    bn_vk_buffer *const buffers[N_BUFFERS] = {
-        w, in->x, q, in->scales_or_norm, s->info, s->tables, s->cs, s->k_cache, s->v_cache};
+                             (uint32_t)s->layer_off};
+    bn_vk_buffer *const buffers[N_BUFFERS] = {w,         x,  q, act_scales, s->info,
+                                              s->tables, s->cs, s->k_cache, s->v_cache};
     return bn_vk_dispatch_groups(vk, kernel, buffers, &p, qkv_groups(s) * (uint64_t)rows, err);
 }

@@ -37,29 +37,6 @@ void bn_vk_w2a8_pack(const int8_t *codes, int64_t n, int64_t k, uint32_t *out);
 bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bool dot_product,
                             bn_vk_kernel **out, bn_error *err);
 
-/* The kernel whose workgroups norm and code their activation row
- * themselves (shaders/w2a8_matvec_norm.comp: the norm + int8 kernel's rule,
- * vk_norm.h, into shared memory, then the product), so a norm followed by
- * its product is one dispatch: with integer dot products, the exact
- * division, fp64 and subgroup reductions, where bn_vk_w2a8_norm_usable
- * says the device has them all (else BN_ERR_UNSUPPORTED). Rows of up to
- * BN_VK_W2A8_NORM_MAX_K values. */
-#define BN_VK_W2A8_NORM_MAX_K 16384
-bool bn_vk_w2a8_norm_usable(const bn_vk *vk);
-bn_status bn_vk_w2a8_norm_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err);
-
-/* A product's activation rows first .. first + rows - 1 of x: for the
- * plain kernels int8 codes (rows of 4 * bn_vk_w2a8_words(k) words, packed
- * as above) with their scales, what the norm + int8 kernel writes
- * (vk_norm.h); for the normed kernel (bn_vk_w2a8_norm_kernel) float rows
- * of k values that it norms with the norm's k weights and eps. */
-typedef struct bn_vk_w2a8_acts {
-    bn_vk_buffer *x;
-    bn_vk_buffer *scales_or_norm; /* the codes' scales, or the norm's weights */
-    int64_t first;
-    float eps; /* the normed kernel's */
-} bn_vk_w2a8_acts;
-
 /* What a product does with its output v at y[i] (the CPU's operations,
  * each rounded once): stores it, or adds it (the residual add, y += v). */
 typedef enum bn_vk_w2a8_epilogue {
@@ -67,14 +44,17 @@ typedef enum bn_vk_w2a8_epilogue {
     BN_VK_W2A8_ADD = 1,
 } bn_vk_w2a8_epilogue;
 
-/* y = W x for weights w (n rows of k, packed) and activation rows in's
- * first .. first + rows - 1 (one of the kernels above). Row a's outputs go
- * to y[a * n .. (a + 1) * n) through the epilogue. Recorded into the open
- * sequence (bn_vk_begin). */
+/* y = W x for weights w (n rows of k, packed) and activation rows act_row
+ * .. act_row + rows - 1 of x (rows of 4 * bn_vk_w2a8_words(k) words,
+ * packed as above) with their scales act_scales[act_row ..]: what the
+ * norm + int8 kernel writes (vk_norm.h). Row a's outputs go to y[a * n ..
+ * (a + 1) * n) through the epilogue. Recorded into the open sequence
+ * (bn_vk_begin). */
 bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
-                                 const bn_vk_w2a8_acts *in, int64_t rows, bn_vk_buffer *y,
-                                 int64_t n, int64_t k, float weight_scale,
-                                 bn_vk_w2a8_epilogue epilogue, bn_error *err);
+                                 bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
+                                 int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
+                                 float weight_scale, bn_vk_w2a8_epilogue epilogue,
+                                 bn_error *err);
 
 /* The feed-forward's gate and up products in one dispatch: w holds 2n rows
  * of k, the gate's n and then the up's n, and y[a * n + i] = (g g) u for
@@ -83,18 +63,18 @@ bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *
  * over the two products' outputs, each operation rounded once. A
  * workgroup takes four rows of each. Otherwise as bn_vk_w2a8_record_rows. */
 bn_status bn_vk_w2a8_record_gate_up(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
-                                    const bn_vk_w2a8_acts *in, int64_t rows, bn_vk_buffer *y,
-                                    int64_t n, int64_t k, float gate_scale, float up_scale,
-                                    bn_error *err);
+                                    bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
+                                    int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
+                                    float gate_scale, float up_scale, bn_error *err);
 
 /* The attention's q, k and v products in one dispatch (replacing three
  * products and the RoPE + store kernel): w holds q's n_head * head_dim
  * rows, then k's and v's n_kv * head_dim each; activation row a's q goes
  * to q[a][n_head * head_dim] turned by RoPE as rope_heads does (rotate-half
  * pairs (j, j + half) of each head's first rope_dim values, with row
- * first + a's cos and sin at cs[(first + a) * rope_dim ..]: cos[0 ..
+ * act_row + a's cos and sin at cs[(act_row + a) * rope_dim ..]: cos[0 ..
  * half) then sin[0 .. half)), its k (turned alike) and v to the cache row
- * that row first + a's sequence and position name through the block
+ * that row act_row + a's sequence and position name through the block
  * tables (info [rows][2]: seq, pos; tables [n_seq][max_blocks], n_seq =
  * the tables buffer's size / (4 max_blocks)), in the layer's cache that
  * starts at float layer_off and holds cache_rows rows. A row that falls
@@ -108,7 +88,8 @@ typedef struct bn_vk_qkv {
     int64_t cache_rows, layer_off;
 } bn_vk_qkv;
 bn_status bn_vk_w2a8_record_qkv(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
-                                const bn_vk_w2a8_acts *in, int64_t rows, bn_vk_buffer *q, int64_t k,
-                                const bn_vk_qkv *s, bn_error *err);
+                                bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
+                                int64_t rows, bn_vk_buffer *q, int64_t k, const bn_vk_qkv *s,
+                                bn_error *err);
 
 #endif

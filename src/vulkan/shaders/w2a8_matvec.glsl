@@ -23,15 +23,8 @@
 // j + half), q goes to y, k and v to their cache row through the row's
 // block table (as rope_store.comp did it, which this mode replaces).
 // Each operation is rounded once, in the CPU's order.
-//
-// With NORM (w2a8_matvec_norm.comp) a workgroup first norms and codes its
-// activation row itself (norm_row.glsl, the norm + int8 kernel's rule)
-// into shared memory: binding 1 then holds the float rows of k values and
-// binding 3 the norm's weights. Its weights' first words are loaded into
-// registers before, so their loads are in flight while the row is normed;
-// the norm's own dispatch, and the barrier before the product, are gone.
-// Included by w2a8_matvec.comp, w2a8_matvec_f64.comp, w2a8_matvec_dot.comp,
-// w2a8_matvec_dot_f64.comp and w2a8_matvec_norm.comp.
+// Included by w2a8_matvec.comp, w2a8_matvec_f64.comp, w2a8_matvec_dot.comp
+// and w2a8_matvec_dot_f64.comp.
 
 #ifdef DOT_PRODUCT
 // OpSDot (4450) of two 32-bit words as four signed 8-bit lanes each
@@ -46,18 +39,10 @@ int sdot_packed(int a, int b, spirv_literal int packed_format);
 layout(local_size_x = 256) in;
 
 layout(std430, binding = 0) readonly buffer Weights { uint w[]; };
-#ifdef NORM
-layout(std430, binding = 1) readonly buffer Rows { float xf[]; }; // [rows][k]
-#else
 layout(std430, binding = 1) readonly buffer Acts { uint x[]; };
-#endif
 layout(std430, binding = 2) buffer Out { float y[]; };
-#ifdef NORM
-layout(std430, binding = 3) readonly buffer NormWeights { float nw[]; }; // [k]
-#else
 // The activation rows' scales, as the norm + int8 kernel writes them.
 layout(std430, binding = 3) readonly buffer ActScales { float act_scales[]; };
-#endif
 // Mode 3 only (the other modes bind any buffers here and never touch them):
 layout(std430, binding = 4) readonly buffer Info { int info[]; };     // [rows][2]: seq, pos
 layout(std430, binding = 5) readonly buffer Tables { int tables[]; }; // [n_seq][max_blocks]
@@ -77,29 +62,9 @@ layout(push_constant) uniform Params {
     uint n_head, n_kv, head_dim, rope_dim;      // the cache through the
     uint block_size, max_blocks, n_seq;          // block tables (as
     uint cache_rows, layer_off;                  // vk_ops.h describes them)
-    uint k;           // NORM: values an activation row
-    float eps;        // NORM: the norm's epsilon
 } p;
 
 shared int partial[OUTPUTS * LANES];
-
-#ifdef NORM
-#define THREADS 256u
-#define MAX_K 16384u  // values a row normed here (BN_VK_W2A8_NORM_MAX_K)
-#define PRELOAD 16u   // weight words an invocation loads before the norm
-#include "exact_math.glsl"
-shared uint codes_sh[MAX_K / 4u];
-#define NORM_X(i) xf[i]
-#define NORM_W(i) nw[i]
-#define NORM_STORE(j, word) codes_sh[j] = (word)
-#include "norm_row.glsl"
-float row_scale; // the workgroup's activation row's scale (norm_row)
-#define ACT_SCALE(r) row_scale
-#define ACT_WORD(i) codes_sh[i]
-#else
-#define ACT_SCALE(r) act_scales[r]
-#define ACT_WORD(i) x[act_base + (i)]
-#endif
 
 // The CPU's ((float)sum / act_scale) * weight_scale.
 float epilogue_scale(int sum, float act_scale, float weight_scale)
@@ -158,7 +123,7 @@ uint qkv_geometry(uint g, uint slot, out uint part, out bool pair, out uint at, 
 void qkv_epilogue(uint a, uint part, bool pair, uint at, int sum, int sum2)
 {
     const uint r = p.act_row + a;
-    const float act_scale = ACT_SCALE(r);
+    const float act_scale = act_scales[r];
     const float scale = part == 0u ? p.weight_scale : part == 1u ? p.up_scale : p.v_scale;
     const uint half_ = p.rope_dim / 2u, kv_dim = p.n_kv * p.head_dim;
     float v0 = epilogue_scale(sum, act_scale, scale), v1 = 0.0;
@@ -199,28 +164,6 @@ void qkv_epilogue(uint a, uint part, bool pair, uint at, int sum, int sum2)
     }
 }
 
-// One weight word j (16 codes) of an output's row times its four
-// activation words, into acc[q].
-void accumulate(uint codes, uint j, uint act_base, inout int acc[4])
-{
-    for (uint q = 0u; q < 4u; q++) {
-        const int acts = int(ACT_WORD(j * 4u + q));
-#ifdef DOT_PRODUCT
-        // Codes 4q .. 4q + 3 (0, 1, 2) spread to the bytes of a word, then
-        // sum code x - sum x: two dot products of four.
-        const uint c = (codes >> (8u * q)) & 0xffu;
-        const uint spread = (c & 3u) | ((c & 0xcu) << 6) | ((c & 0x30u) << 12) |
-                            ((c & 0xc0u) << 18);
-        acc[q] += sdot_packed(int(spread), acts, 0) - sdot_packed(0x01010101, acts, 0);
-#else
-        for (uint b = 0u; b < 4u; b++) {
-            const int code = int((codes >> (2u * (4u * q + b))) & 3u) - 1;
-            acc[q] += code * bitfieldExtract(acts, int(8u * b), 8);
-        }
-#endif
-    }
-}
-
 void main()
 {
     const bool gate_up = p.mode == 2u, qkv = p.mode == 3u;
@@ -248,27 +191,27 @@ void main()
     // Four sums, one a word of activations, so that the adds do not wait
     // on each other (integer sums: the order does not matter).
     int acc[4] = int[4](0, 0, 0, 0);
-    uint j0 = sub;
-#ifdef NORM
-    uint first[PRELOAD];
-    for (uint t = 0u; t < PRELOAD; t++) {
-        const uint j = sub + t * LANES;
-        first[t] = row < p.n && j < p.words ? w[w_row * p.words + j] : 0u;
-    }
-    int total;
-    row_scale = norm_row((p.act_row + a) * p.k, p.k, 4u * p.words, p.eps, total);
-    memoryBarrierShared();
-    barrier(); // every code word in codes_sh
-    for (uint t = 0u; t < PRELOAD; t++) {
-        const uint j = sub + t * LANES;
-        if (row < p.n && j < p.words)
-            accumulate(first[t], j, act_base, acc);
-    }
-    j0 = sub + PRELOAD * LANES;
+    if (row < p.n) {
+        for (uint j = sub; j < p.words; j += LANES) {
+            const uint codes = w[w_row * p.words + j];
+            for (uint q = 0u; q < 4u; q++) {
+                const int acts = int(x[act_base + j * 4u + q]);
+#ifdef DOT_PRODUCT
+                // Codes 4q .. 4q + 3 (0, 1, 2) spread to the bytes of a word,
+                // then sum code x - sum x: two dot products of four.
+                const uint c = (codes >> (8u * q)) & 0xffu;
+                const uint spread = (c & 3u) | ((c & 0xcu) << 6) | ((c & 0x30u) << 12) |
+                                    ((c & 0xc0u) << 18);
+                acc[q] += sdot_packed(int(spread), acts, 0) - sdot_packed(0x01010101, acts, 0);
+#else
+                for (uint b = 0u; b < 4u; b++) {
+                    const int code = int((codes >> (2u * (4u * q + b))) & 3u) - 1;
+                    acc[q] += code * bitfieldExtract(acts, int(8u * b), 8);
+                }
 #endif
-    if (row < p.n)
-        for (uint j = j0; j < p.words; j += LANES)
-            accumulate(w[w_row * p.words + j], j, act_base, acc);
+            }
+        }
+    }
     partial[tid] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     barrier();
     for (uint h = LANES / 2u; h > 0u; h >>= 1u) {
@@ -283,7 +226,7 @@ void main()
         return;
     }
     if (sub == 0u && row < p.n && slot < per) {
-        const float act_scale = ACT_SCALE(p.act_row + a);
+        const float act_scale = act_scales[p.act_row + a];
         const float v = epilogue_scale(partial[tid], act_scale, p.weight_scale);
         const uint o = a * p.n + row;
         if (p.mode == 1u) {
