@@ -20,7 +20,7 @@ bool bn_vk_norm_subgroups(const bn_vk *vk)
 {
     const bn_vulkan_device *d = bn_vk_device(vk);
     return d->fp64 && d->subgroup_arithmetic && d->subgroup_size >= 4 &&
-           d->max_workgroup_invocations >= 1024;
+           d->max_workgroup_invocations >= 512;
 }
 
 bn_status bn_vk_norm_kernel(bn_vk *vk, bool subgroups, bn_vk_kernel **out, bn_error *err)
@@ -28,7 +28,7 @@ bn_status bn_vk_norm_kernel(bn_vk *vk, bool subgroups, bn_vk_kernel **out, bn_er
     if (subgroups && !bn_vk_norm_subgroups(vk))
         return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
                             "Vulkan: %s cannot run the norm's subgroup variant (it needs fp64, "
-                            "subgroup arithmetic and workgroups of 1024)",
+                            "subgroup arithmetic and workgroups of 512)",
                             bn_vk_device(vk)->name);
     const bool fp64 = bn_vk_device(vk)->fp64;
     const unsigned char *spirv = subgroups ? bn_vk_spv_norm_quantize_f64_sg

@@ -15,13 +15,13 @@
 
 /* The kernel: on a device with fp64 the CPU's codes bit for bit, else
  * the float variant (shaders/norm_quantize.glsl says how they differ);
- * with subgroups the fp64 variant of 1024 invocations a row reducing by
+ * with subgroups the fp64 variant of 512 invocations a row reducing by
  * subgroup operations (BN_ERR_UNSUPPORTED where bn_vk_norm_subgroups says
  * the device cannot run it), else 256 invocations and trees. Both fp64
  * variants give the same codes. */
 bn_status bn_vk_norm_kernel(bn_vk *vk, bool subgroups, bn_vk_kernel **out, bn_error *err);
 /* Whether the device runs the subgroup variant: fp64, subgroup arithmetic
- * in compute shaders, subgroups of at least 4 and workgroups of 1024. */
+ * in compute shaders, subgroups of at least 4 and workgroups of 512. */
 bool bn_vk_norm_subgroups(const bn_vk *vk);
 
 /* rows rows of n floats in x (one after another), normed with w (n

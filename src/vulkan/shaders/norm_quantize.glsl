@@ -26,16 +26,18 @@
 // zeros to `words` words, as the W2A8 kernel reads them.
 
 // A workgroup a row. With SUBGROUP (norm_quantize_f64_sg.comp: devices
-// with subgroup arithmetic) 1024 invocations and each reduction by the
+// with subgroup arithmetic) 512 invocations and each reduction by the
 // subgroups' operations, then a shared slot a subgroup; else 256 and trees
 // in shared memory. The row is read from global memory (it was written by
 // the dispatch before: in L2), and the codes by the exact rule, which need
 // umax but not inv, are made in the same loop as the normed maximum: two
 // passes over the row, not three (NVIDIA's H200, one row of 2560 and of
 // 6912: 9.0 and 14.0 us a dispatch staged in three passes, 7.4 and 8.9 in
-// this form with SUBGROUP; dev/vulkan/dispatch_chain.c).
+// this form with SUBGROUP and 1024 invocations; dev/vulkan/dispatch_chain.c).
+// 512 invocations: the decode step's 120 norms 1052-1058 us against
+// 1168-1179 with 1024, and 1177-1185 with 256 (docs/VULKAN.md, "Speed").
 #ifdef SUBGROUP
-#define THREADS 1024u
+#define THREADS 512u
 #else
 #define THREADS 256u
 #endif
