@@ -38,6 +38,7 @@ typedef struct head_params {
 
 /* attention.comp keeps a head's query in shared memory (MAX_HD). */
 #define ATTN_MAX_HEAD_DIM 512
+#define ATTN_INVOCATIONS 512 /* a workgroup's: shaders/attention.glsl */
 /* Shader indices are 32-bit: a * b and a + b as extents, or BIG once past
  * 2^32 - 1. */
 #define BIG UINT64_MAX
@@ -63,7 +64,13 @@ static bool holds(const bn_vk_buffer *b, uint64_t floats)
 bn_status bn_vk_ops_create(bn_vk *vk, bn_vk_ops **out, bn_error *err)
 {
     *out = NULL;
-    const bool fp64 = bn_vk_device(vk)->fp64;
+    const bn_vulkan_device *d = bn_vk_device(vk);
+    const bool fp64 = d->fp64;
+    if (d->max_workgroup_invocations < ATTN_INVOCATIONS)
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
+                            "Vulkan: %s runs workgroups of at most %u invocations; the attention "
+                            "needs %d",
+                            d->name, d->max_workgroup_invocations, ATTN_INVOCATIONS);
     bn_vk_ops *ops = calloc(1, sizeof *ops);
     if (!ops)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "Vulkan: no memory for the kernels");

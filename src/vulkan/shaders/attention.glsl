@@ -23,14 +23,16 @@
 // A row whose sequence, position or blocks fall outside the tables, the
 // cache or the scratch row gets NaN (the host cannot check device data).
 
-// 256 invocations (a decode step's positions up to 256 scored in one
+// 512 invocations (a decode step's positions up to 512 scored in one
 // round; the weighted sum takes one invocation an output element, so
-// those past head_dim wait there).
-#define WG 256u
+// those past head_dim wait there). H200, 2B-4T heads: at context 1000
+// 2862-2864 us a step against 3043-3057 with 256 (and 4262 with 128); at
+// context 160 the same as 256 (659-664).
+#define WG 512u
 #define MAX_HD 512u
 #define VBATCH 32u // values of positions loaded at once in the weighted sum
 
-layout(local_size_x = 256) in;
+layout(local_size_x = 512) in;
 
 layout(std430, binding = 0) readonly buffer Info { int info[]; };   // [rows][2]: seq, pos
 layout(std430, binding = 1) readonly buffer Tables { int tables[]; }; // [n_seq][max_blocks]
