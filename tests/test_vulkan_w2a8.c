@@ -8,8 +8,8 @@
  *     the portable sums and, where the device has integer dot products
  *     (lavapipe, NVIDIA), the dot-product ones;
  *   - ragged shapes (k not a multiple of 16, one row, more rows than a
- *     grid column's 65535 workgroups of 8 outputs hold), outputs poisoned
- *     with NaN, a guard value after the last row;
+ *     grid column's 65535 workgroups of 8 outputs hold, k to 40000),
+ *     outputs poisoned with NaN, a guard value after the last row;
  *   - several activation rows in one dispatch (1, 8, 13 and 21 rows,
  *     starting past row 0) equal bit for bit to each row alone;
  *   - the epilogues: the residual add (NaN, -0, infinities, subnormals in
@@ -497,8 +497,10 @@ int main(void)
      * products) the dot-product ones, each with the device's division and
      * (with fp64) the exact one. */
     const bool dot_ok = bn_vk_device(vk)->integer_dot_product;
-    static const int64_t shapes[][2] = {{1, 1},    {1, 16},    {3, 17},    {64, 2560},
-                                        {37, 640}, {200, 1000}, {5, 6912}, {530000, 16}};
+    /* Long rows too: k to 40000. */
+    static const int64_t shapes[][2] = {{1, 1},     {1, 16},     {3, 17},      {64, 2560},
+                                        {37, 640},  {200, 1000}, {5, 6912},    {530000, 16},
+                                        {9, 9000},  {4, 16384},  {3, 16400},   {2, 40000}};
     bn_vk_kernel *kernel = NULL;
     for (int v = 0; v < (dot_ok ? 4 : 2); v++) {
         const bool dot = v >= 2, exact_division = v % 2 == 0;
