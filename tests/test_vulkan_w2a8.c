@@ -18,6 +18,8 @@
  *     the plain outputs, bit for bit; an unknown epilogue refused;
  *   - a sequence of dispatches equal to their runs alone, one reading what
  *     the one before wrote; no copy or second sequence while one is open;
+ *     copies from and to a host buffer inside a kept sequence, replayed
+ *     with new inputs, as a decode step runs;
  *   - errors: a device index past the list, a buffer larger than the
  *     device's memory, a shape larger than its buffers.
  *
@@ -591,6 +593,52 @@ int main(void)
             CHECK_MSG(memcmp(seq[i], alone[i], (size_t)rows * sizeof(float)) == 0,
                       "product %d of the sequence differs from its own run", i);
         }
+
+        /* The first product in a kept sequence that copies its activations
+         * in from a host buffer and its outputs back out (bn_vk_copy_record,
+         * as a decode step runs): the host reads the product alone's
+         * outputs; replayed with other activations written into the host
+         * buffer, that product's. xb and y[0] poisoned before each run. */
+        const size_t xbytes = words * 16, ybytes = (size_t)n * sizeof(float);
+        int8_t *xq2 = malloc(xbytes), *junk = malloc(xbytes);
+        float alone2[48];
+        CHECK(xq2 && junk);
+        for (size_t i = 0; i < xbytes; i++) {
+            xq2[i] = (int8_t)(i < (size_t)k ? test_rand_range(-127, 127) : 0);
+            junk[i] = 127;
+        }
+        CHECK(bn_vk_write(vk, &xb, xq2, xbytes, &err) == BN_OK);
+        CHECK(test_vk_w2a8_matvec(vk, kernel, &w, &xb, &one, 0, &y[1], n, k, 1.0f, &err) == BN_OK);
+        CHECK(bn_vk_read(vk, &y[1], alone2, ybytes, &err) == BN_OK);
+        bn_vk_buffer io;
+        void *map = NULL;
+        CHECK(bn_vk_host_buffer_create(vk, xbytes + ybytes, &io, &map, &err) == BN_OK && map);
+        char *io_bytes = map;
+        memcpy(io_bytes, xq, xbytes);
+        memset(io_bytes + xbytes, 0xff, ybytes); /* NaN */
+        CHECK(bn_vk_write(vk, &xb, junk, xbytes, &err) == BN_OK);
+        CHECK(bn_vk_write(vk, &y[0], nan_row, sizeof nan_row, &err) == BN_OK);
+        CHECK(bn_vk_begin(vk, &err) == BN_OK);
+        CHECK(bn_vk_copy_record(vk, &io, 0, &xb, 0, xbytes, &err) == BN_OK);
+        CHECK(test_vk_w2a8_record(vk, kernel, &w, &xb, &one, 0, &y[0], n, k, 1.0f, &err) == BN_OK);
+        CHECK(bn_vk_copy_record(vk, &y[0], 0, &io, xbytes, ybytes, &err) == BN_OK);
+        CHECK(bn_vk_copy_record(vk, &y[0], 0, &io, xbytes + 4, ybytes, &err) ==
+              BN_ERR_INVALID_ARGUMENT); /* past the host buffer's end */
+        bn_vk_kept *kept = NULL;
+        CHECK(bn_vk_submit_keep(vk, &kept, &err) == BN_OK && kept);
+        CHECK_MSG(memcmp(io_bytes + xbytes, alone[0], ybytes) == 0,
+                  "a product between copies from and to a host buffer differs from its own run");
+        memcpy(io_bytes, xq2, xbytes);
+        memset(io_bytes + xbytes, 0xff, ybytes);
+        CHECK(bn_vk_write(vk, &xb, junk, xbytes, &err) == BN_OK);
+        CHECK(kept && bn_vk_replay(vk, kept, &err) == BN_OK);
+        CHECK_MSG(memcmp(io_bytes + xbytes, alone2, ybytes) == 0,
+                  "the kept sequence replayed with new inputs differs from their own run");
+        CHECK(bn_vk_copy_record(vk, &io, 0, &xb, 0, 4, &err) == BN_ERR_INTERNAL); /* no sequence */
+        bn_vk_kept_free(vk, kept);
+        bn_vk_buffer_free(vk, &io);
+        free(xq2);
+        free(junk);
         bn_vk_buffer_free(vk, &w);
         bn_vk_buffer_free(vk, &xb);
         for (int i = 0; i < 3; i++)

@@ -99,12 +99,17 @@ typedef struct vkb {
     bn_vk_buffer *pk_cache, *pv_cache, ptables;
     vkb_cache paged;
     int32_t *h_tables;
-    float *h_logits; /* [VKB_CHUNK][vocab]: a paged pass's logit rows */
 
     /* A pass's rows (VKB_CHUNK of each). */
     bn_vk_buffer x, codes, scales, sums, q, att, gate, normed, logits;
     bn_vk_buffer scratch, info, tables, cs;
-    float *h_x, *h_cs;
+    /* The pass's inputs and its logit rows in host-visible memory (io),
+     * copied by the pass's own sequence: one submission a pass. h_x,
+     * h_info, h_cs and h_logits_io point into it. */
+    bn_vk_buffer io;
+    void *io_map;
+    size_t io_info, io_cs, io_logits; /* byte offsets of the parts after x */
+    float *h_x, *h_cs, *h_logits_io;
     int32_t *h_info;
     int64_t *h_pos;
     int32_t *h_seq;
@@ -315,8 +320,7 @@ static bn_status make_buffers(vkb *v, bn_error *err)
         v->pk_cache = calloc((size_t)hp->n_layer, sizeof *v->pk_cache);
         v->pv_cache = calloc((size_t)hp->n_layer, sizeof *v->pv_cache);
         v->h_tables = malloc((size_t)v->paged_seqs * (size_t)v->paged_max_blocks * sizeof(int32_t));
-        v->h_logits = malloc(R * hp->vocab * f);
-        if (!v->pk_cache || !v->pv_cache || !v->h_tables || !v->h_logits)
+        if (!v->pk_cache || !v->pv_cache || !v->h_tables)
             st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the paged cache");
         const uint64_t paged_bytes = (uint64_t)v->paged_rows * (uint64_t)v->kv_dim * f;
         for (int l = 0; l < hp->n_layer && st == BN_OK; l++) {
@@ -332,11 +336,23 @@ static bn_status make_buffers(vkb *v, bn_error *err)
     }
     v->h_pos = malloc(R * sizeof(int64_t));
     v->h_seq = malloc(R * sizeof(int32_t));
-    v->h_x = malloc(R * hp->dim * f);
-    v->h_cs = malloc(R * (hp->rope_dim > 0 ? hp->rope_dim : 1) * f);
-    v->h_info = malloc(R * 2 * sizeof(int32_t));
+    /* io: x, info, cs, logits, each part on 256 bytes. */
+    const size_t align = 256;
+    v->io_info = (size_t)((R * hp->dim * f + align - 1) / align * align);
+    v->io_cs = v->io_info + (R * 2 * sizeof(int32_t) + align - 1) / align * align;
+    v->io_logits =
+        v->io_cs + (R * (hp->rope_dim > 0 ? hp->rope_dim : 1) * f + align - 1) / align * align;
+    if (st == BN_OK)
+        st = bn_vk_host_buffer_create(v->vk, v->io_logits + R * hp->vocab * f, &v->io,
+                                      &v->io_map, err);
+    if (st == BN_OK) {
+        v->h_x = (float *)v->io_map;
+        v->h_info = (int32_t *)((char *)v->io_map + v->io_info);
+        v->h_cs = (float *)((char *)v->io_map + v->io_cs);
+        v->h_logits_io = (float *)((char *)v->io_map + v->io_logits);
+    }
     v->inv_freq = malloc((size_t)(hp->rope_dim / 2 + 1) * f);
-    if (st == BN_OK && (!v->h_x || !v->h_cs || !v->h_info || !v->inv_freq || !v->h_pos || !v->h_seq))
+    if (st == BN_OK && (!v->inv_freq || !v->h_pos || !v->h_seq))
         st = bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the Vulkan pass");
     if (st == BN_OK) /* as the CPU backend: 1 / theta^(2j / rope_dim) in fp32 */
         for (int j = 0; j < hp->rope_dim / 2; j++)
@@ -372,7 +388,7 @@ static void vkb_release(vkb *v)
     bn_vk_kept_free(v->vk, v->decode_step);
     bn_vk_buffer *const pass[] = {&v->x,      &v->codes,   &v->scales, &v->sums,   &v->q,
                                   &v->att,    &v->gate,    &v->normed, &v->logits, &v->scratch,
-                                  &v->info,   &v->tables,  &v->cs,     &v->out_norm};
+                                  &v->info,   &v->tables,  &v->cs,     &v->out_norm, &v->io};
     for (size_t i = 0; i < sizeof pass / sizeof pass[0]; i++)
         bn_vk_buffer_free(v->vk, pass[i]);
     if (v->ops)
@@ -390,12 +406,8 @@ static void vkb_release(vkb *v)
     free(v->pk_cache);
     free(v->pv_cache);
     free(v->h_tables);
-    free(v->h_logits);
     free(v->h_pos);
     free(v->h_seq);
-    free(v->h_x);
-    free(v->h_cs);
-    free(v->h_info);
     free(v->inv_freq);
     free(v);
 }
@@ -567,13 +579,30 @@ static bn_status make_room(vkb *v, int need, bn_error *err)
     return bn_vk_begin(v->vk, err);
 }
 
+/* The pass's inputs, written into io by the host, to the device buffers
+ * (recorded first in its sequence). */
+static bn_status record_inputs(vkb *v, int64_t M, bn_error *err)
+{
+    const bn_hparams *hp = &v->hp;
+    const size_t x = (size_t)(M * hp->dim) * sizeof(float), info = (size_t)M * 2 * sizeof(int32_t),
+                 cs = (size_t)(M * hp->rope_dim) * sizeof(float);
+    TRY(bn_vk_copy_record(v->vk, &v->io, 0, &v->x, 0, x, err));
+    TRY(bn_vk_copy_record(v->vk, &v->io, v->io_info, &v->info, 0, info, err));
+    TRY(bn_vk_copy_record(v->vk, &v->io, v->io_cs, &v->cs, 0, cs, err));
+    v->uploads += cs > 0 ? 3 : 2;
+    v->upload_bytes += x + info + cs;
+    return BN_OK;
+}
+
 /* Rows tokens[0 .. M) of sequences seq[] at positions pos[] through cache
- * c; with head, the logits of all M rows into v->logits ([M][vocab]). A
- * decode step (decode: one row of the flat cache with its logits) runs as
- * v->decode_step once that is kept: the dispatches never change, only the
- * inputs uploaded here. */
+ * c; with head, the logits of all M rows into v->logits ([M][vocab]), and
+ * logit rows lfirst .. lfirst + ln - 1 of those into io (read_logits). One
+ * submission: the inputs go through io too. A decode step (decode: one row
+ * of the flat cache with its logits) runs as v->decode_step once that is
+ * kept: the dispatches and copies never change, only io's inputs. */
 static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, const int64_t *pos,
-                          const int32_t *seq, int64_t M, bool head, bool decode, bn_error *err)
+                          const int32_t *seq, int64_t M, bool head, int64_t lfirst, int64_t ln,
+                          bool decode, bn_error *err)
 {
     const bn_hparams *hp = &v->hp;
     const int half = hp->rope_dim / 2;
@@ -587,20 +616,22 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
             v->h_cs[i * hp->rope_dim + half + j] = sinf(angle);
         }
     }
-    TRY(upload(v, &v->x, v->h_x, (size_t)(M * hp->dim) * sizeof(float), err));
-    TRY(upload(v, &v->info, v->h_info, (size_t)M * 2 * sizeof(int32_t), err));
-    if (half > 0)
-        TRY(upload(v, &v->cs, v->h_cs, (size_t)(M * hp->rope_dim) * sizeof(float), err));
+    const size_t row = (size_t)hp->vocab * sizeof(float);
     const bool keep = decode && !bn_vk_profiling(v->vk); /* timed steps are recorded */
     if (keep && v->decode_step) {
         TRY(bn_vk_replay(v->vk, v->decode_step, err));
         v->replays++;
         v->dispatches += (uint64_t)bn_vk_recorded(v->vk);
+        v->uploads += half > 0 ? 3 : 2;
+        v->upload_bytes += (size_t)hp->dim * sizeof(float) + 2 * sizeof(int32_t) +
+                           (size_t)hp->rope_dim * sizeof(float);
+        v->downloads++;
+        v->download_bytes += row;
         return BN_OK;
     }
     TRY(bn_vk_begin(v->vk, err));
     v->split_pass = false;
-    bn_status st = BN_OK;
+    bn_status st = record_inputs(v, M, err);
     for (int l = 0; l < hp->n_layer && st == BN_OK; l++) {
         st = make_room(v, LAYER_DISPATCHES, err);
         if (st == BN_OK)
@@ -615,6 +646,12 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
             st = bn_vk_head_record(v->vk, v->ops, &v->head[p].rows, v->head_type,
                                    v->head[p].first, v->head[p].n, hp->dim, &v->normed, M,
                                    &v->logits, hp->vocab, err);
+        if (st == BN_OK && ln > 0) {
+            st = bn_vk_copy_record(v->vk, &v->logits, (size_t)lfirst * row, &v->io, v->io_logits,
+                                   (size_t)ln * row, err);
+            v->downloads++;
+            v->download_bytes += (uint64_t)ln * row;
+        }
     }
     /* The sequence is closed whatever happened, so the device is usable. */
     bn_error closing;
@@ -626,13 +663,11 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
     return st != BN_OK ? st : end;
 }
 
-/* Rows first .. first + n of v->logits into out. */
-static bn_status read_logits(vkb *v, int64_t first, int64_t n, float *out, bn_error *err)
+/* Rows first .. first + n of the logit rows the last pass copied into io
+ * (run_pass's lfirst .. lfirst + ln - 1) into out. */
+static void read_logits(vkb *v, int64_t first, int64_t n, float *out)
 {
-    const size_t row = (size_t)v->hp.vocab * sizeof(float);
-    v->downloads++;
-    v->download_bytes += (uint64_t)n * row;
-    return bn_vk_read_at(v->vk, &v->logits, (size_t)first * row, out, (size_t)n * row, err);
+    memcpy(out, v->h_logits_io + first * v->hp.vocab, (size_t)(n * v->hp.vocab) * sizeof(float));
 }
 
 /* One sequence's rows tokens[0 .. M) at positions pos .. pos + M - 1 in the
@@ -644,9 +679,11 @@ static bn_status run_flat(vkb *v, const int32_t *tokens, int64_t M, int64_t pos,
         v->h_pos[i] = pos + i;
         v->h_seq[i] = 0;
     }
-    TRY(run_pass(v, &v->flat, tokens, v->h_pos, v->h_seq, M, logits != NULL,
-                 M == 1 && logits != NULL, err));
-    return logits ? read_logits(v, M - 1, 1, logits, err) : BN_OK;
+    TRY(run_pass(v, &v->flat, tokens, v->h_pos, v->h_seq, M, logits != NULL, M - 1,
+                 logits != NULL ? 1 : 0, M == 1 && logits != NULL, err));
+    if (logits)
+        read_logits(v, 0, 1, logits);
+    return BN_OK;
 }
 
 static bn_status check_tokens(const vkb *v, const int32_t *tokens, int64_t n, bn_error *err)
@@ -729,21 +766,17 @@ static bn_status vk_forward_rows(bn_backend *b, const bn_batch_rows *r, float *l
     for (int64_t c = 0; c < r->n_rows && st == BN_OK; c += VKB_CHUNK) {
         const int64_t M = r->n_rows - c < VKB_CHUNK ? r->n_rows - c : VKB_CHUNK;
         const bool wanted = next < r->n_logits && r->logit_rows[next] < c + M;
-        st = run_pass(v, &v->paged, r->tokens + c, r->pos + c, r->seq + c, M, wanted, false,
-                      err);
-        if (st != BN_OK || !wanted)
-            continue;
         /* The chunk's logit rows: the span from the first to the last read
          * back at once, the wanted ones copied out. */
         int64_t last = next;
-        while (last + 1 < r->n_logits && r->logit_rows[last + 1] < c + M)
+        while (wanted && last + 1 < r->n_logits && r->logit_rows[last + 1] < c + M)
             last++;
-        const int64_t r0 = r->logit_rows[next] - c, r1 = r->logit_rows[last] - c;
-        st = read_logits(v, r0, r1 - r0 + 1, v->h_logits, err);
-        for (; st == BN_OK && next <= last; next++)
-            memcpy(logits + next * hp->vocab,
-                   v->h_logits + (r->logit_rows[next] - c - r0) * hp->vocab,
-                   (size_t)hp->vocab * sizeof(float));
+        const int64_t r0 = wanted ? r->logit_rows[next] - c : 0,
+                      r1 = wanted ? r->logit_rows[last] - c : -1;
+        st = run_pass(v, &v->paged, r->tokens + c, r->pos + c, r->seq + c, M, wanted, r0,
+                      r1 - r0 + 1, false, err);
+        for (; st == BN_OK && wanted && next <= last; next++)
+            read_logits(v, r->logit_rows[next] - c - r0, 1, logits + next * hp->vocab);
     }
     return st;
 }

@@ -262,6 +262,7 @@ struct bn_vk {
     bool recording;               /* a sequence is open (bn_vk_begin)  */
     int dispatches;               /* recorded in it so far             */
     bool independent;             /* the next dispatch needs no barrier */
+    bool after_copy;              /* a copy was recorded since the last dispatch */
     /* Timing (bn_vk_profile): a timestamp before a sequence's first
      * dispatch and after each; the kernels' names in order. */
     VkQueryPool timer;
@@ -518,6 +519,8 @@ static bn_status buffer_make(bn_vk *vk, VkDeviceSize size, VkBufferUsageFlags us
     return BN_OK;
 }
 
+static bn_status staging(bn_vk *vk, size_t n, bn_vk_buffer *s, void **map, bn_error *err);
+
 bn_status bn_vk_buffer_create(bn_vk *vk, VkDeviceSize size, bn_vk_buffer *out, bn_error *err)
 {
     static const VkMemoryPropertyFlags wants[] = {VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0};
@@ -525,6 +528,13 @@ bn_status bn_vk_buffer_create(bn_vk *vk, VkDeviceSize size, bn_vk_buffer *out, b
                        VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
                            VK_BUFFER_USAGE_TRANSFER_DST_BIT,
                        wants, 2, out, err);
+}
+
+bn_status bn_vk_host_buffer_create(bn_vk *vk, VkDeviceSize size, bn_vk_buffer *out, void **map,
+                                   bn_error *err)
+{
+    *map = NULL;
+    return staging(vk, (size_t)size, out, map, err);
 }
 
 void bn_vk_buffer_free(bn_vk *vk, bn_vk_buffer *b)
@@ -758,6 +768,7 @@ bn_status bn_vk_begin(bn_vk *vk, bn_error *err)
         vk->recording = true;
         vk->dispatches = 0;
         vk->independent = false;
+        vk->after_copy = false;
         if (vk->timing) {
             vk->vi.fn.vkCmdResetQueryPool(vk->cmd, vk->timer, 0, BN_VK_MAX_DISPATCHES + 1);
             vk->vi.fn.vkCmdWriteTimestamp(vk->cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, vk->timer,
@@ -838,16 +849,21 @@ bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffer
                                            .pBufferInfo = &infos[i]};
     }
     f->vkUpdateDescriptorSets(vk->device, (uint32_t)k->n_buffers, writes, 0, NULL);
-    if (vk->dispatches > 0 && !vk->independent) {
-        /* What the dispatches before wrote is what this one may read. */
-        const VkMemoryBarrier barrier = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-                                         .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
-                                         .dstAccessMask = VK_ACCESS_SHADER_READ_BIT |
-                                                          VK_ACCESS_SHADER_WRITE_BIT};
-        f->vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+    if (vk->after_copy || (vk->dispatches > 0 && !vk->independent)) {
+        /* What the dispatches (and copies) before wrote is what this one
+         * may read. */
+        const VkMemoryBarrier barrier = {
+            .sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+            .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT |
+                             (vk->after_copy ? VK_ACCESS_TRANSFER_WRITE_BIT : 0),
+            .dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT};
+        f->vkCmdPipelineBarrier(vk->cmd,
+                                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
+                                    (vk->after_copy ? VK_PIPELINE_STAGE_TRANSFER_BIT : 0),
                                 VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &barrier, 0, NULL, 0,
                                 NULL);
     }
+    vk->after_copy = false;
     f->vkCmdBindPipeline(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, k->pipeline);
     f->vkCmdBindDescriptorSets(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, k->layout, 0, 1, &set, 0,
                                NULL);
@@ -877,6 +893,41 @@ bn_status bn_vk_dispatch_groups(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const 
                             "Vulkan %s: %llu workgroups are more than a grid holds", k->name,
                             (unsigned long long)groups);
     return bn_vk_dispatch(vk, k, buffers, push, gx, (uint32_t)gy, err);
+}
+
+bn_status bn_vk_copy_record(bn_vk *vk, const bn_vk_buffer *src, VkDeviceSize src_at,
+                            const bn_vk_buffer *dst, VkDeviceSize dst_at, size_t n,
+                            bn_error *err)
+{
+    if (!vk->recording)
+        return bn_error_set(err, BN_ERR_INTERNAL, NULL, "Vulkan: a copy recorded outside a sequence");
+    if (src_at > src->size || n > src->size - src_at || dst_at > dst->size ||
+        n > dst->size - dst_at)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan: a copy of %zu bytes from %llu (of %llu) to %llu (of %llu)",
+                            n, (unsigned long long)src_at, (unsigned long long)src->size,
+                            (unsigned long long)dst_at, (unsigned long long)dst->size);
+    if (n == 0)
+        return BN_OK;
+    const vk_fns *f = &vk->vi.fn;
+    /* After what the dispatches and copies before wrote or read; the host
+     * reads the destination after the sequence's fence. */
+    const VkMemoryBarrier before = {
+        .sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+        .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+        .dstAccessMask = VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT};
+    f->vkCmdPipelineBarrier(vk->cmd,
+                            VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                            VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &before, 0, NULL, 0, NULL);
+    const VkBufferCopy region = {src_at, dst_at, n};
+    f->vkCmdCopyBuffer(vk->cmd, src->buffer, dst->buffer, 1, &region);
+    const VkMemoryBarrier to_host = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                                     .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+                                     .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+    f->vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0,
+                            1, &to_host, 0, NULL, 0, NULL);
+    vk->after_copy = true;
+    return BN_OK;
 }
 
 int bn_vk_recorded(const bn_vk *vk) { return vk->dispatches; }

@@ -53,6 +53,13 @@ bn_status bn_vk_read(bn_vk *vk, const bn_vk_buffer *src, void *dst, size_t n, bn
 bn_status bn_vk_read_at(bn_vk *vk, const bn_vk_buffer *src, size_t offset, void *dst, size_t n,
                         bn_error *err);
 
+/* A buffer in host-visible, coherent memory, mapped at *map while it
+ * lives (bn_vk_buffer_free unmaps it): the host writes a pass's inputs
+ * there and reads its outputs, and the pass's own sequence copies them
+ * (bn_vk_copy_record), so a pass is one submission. */
+bn_status bn_vk_host_buffer_create(bn_vk *vk, VkDeviceSize size, bn_vk_buffer *out, void **map,
+                                   bn_error *err);
+
 /* A compute pipeline: SPIR-V (len bytes, as embedded) whose bindings 0 ..
  * n_buffers - 1 (at most BN_VK_MAX_BUFFERS) of set 0 are storage buffers,
  * with push_bytes of push constants; BN_ERR_UNSUPPORTED where the device
@@ -68,7 +75,8 @@ void bn_vk_kernel_free(bn_vk *vk, bn_vk_kernel *k);
  * once, each after the ones before it have finished writing: begin,
  * dispatch (k over groups_x x groups_y workgroups with its n_buffers
  * buffers and push constants) up to BN_VK_MAX_DISPATCHES times, submit
- * (runs and waits). No copy (bn_vk_write / bn_vk_read) while one is open. */
+ * (runs and waits). No copy (bn_vk_write / bn_vk_read) while one is open;
+ * copies inside it: bn_vk_copy_record. */
 #define BN_VK_MAX_DISPATCHES 1024
 bn_status bn_vk_begin(bn_vk *vk, bn_error *err);
 bn_status bn_vk_dispatch(bn_vk *vk, bn_vk_kernel *k, bn_vk_buffer *const *buffers,
@@ -90,6 +98,15 @@ typedef struct bn_vk_kept bn_vk_kept;
 bn_status bn_vk_submit_keep(bn_vk *vk, bn_vk_kept **out, bn_error *err);
 bn_status bn_vk_replay(bn_vk *vk, bn_vk_kept *kept, bn_error *err);
 void bn_vk_kept_free(bn_vk *vk, bn_vk_kept *kept);
+
+/* n bytes of src from byte src_at into dst at dst_at, recorded into the
+ * open sequence: after everything recorded before it has written, and
+ * before anything recorded after it reads; the host may read a host
+ * buffer (bn_vk_host_buffer_create) it copied into once the sequence has
+ * been submitted (or replayed). */
+bn_status bn_vk_copy_record(bn_vk *vk, const bn_vk_buffer *src, VkDeviceSize src_at,
+                            const bn_vk_buffer *dst, VkDeviceSize dst_at, size_t n,
+                            bn_error *err);
 
 /* The next dispatch reads nothing the dispatches since the last barrier
  * wrote, and writes nothing they use (q, k and v from the same codes): it
