@@ -446,7 +446,7 @@ static void check_attention(bn_vk *vk, bn_vk_ops *ops, int n_head, int n_kv, int
     bn_vk_buffer bvc = upload(vk, vc, (size_t)(2 * layer_floats) * 4);
     bn_vk_buffer bs = upload(vk, scratch, (size_t)(rows * n_head * stride) * 4);
     bn_vk_buffer ba = upload(vk, att, (size_t)(rows * q_dim + 1) * 4);
-    const bn_vk_attn_shape s = {n_head, n_kv, hd, rope_dim, l.cache_rows};
+    const bn_vk_attn_shape s = {n_head, n_kv, hd, l.cache_rows};
     bn_error err;
     CHECK(bn_vk_begin(vk, &err) == BN_OK);
     const bn_status st = bn_vk_attention_record(vk, ops, &s, &d.rows, &bq, &bkc, &bvc, layer_off,
@@ -551,7 +551,7 @@ static void check_bad_rows(bn_vk *vk, bn_vk_ops *ops)
     bn_error err;
     CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows * n_head * stride) * 4, &bs, &err) == BN_OK);
     CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows * q_dim) * 4, &ba, &err) == BN_OK);
-    const bn_vk_attn_shape s = {n_head, n_kv, hd, 0, l.cache_rows};
+    const bn_vk_attn_shape s = {n_head, n_kv, hd, l.cache_rows};
     CHECK(bn_vk_begin(vk, &err) == BN_OK);
     CHECK(bn_vk_attention_record(vk, ops, &s, &d.rows, &bq, &bkc, &bvc, 0, &bs, stride, &ba,
                                  &err) == BN_OK);
@@ -592,7 +592,7 @@ static void check_refusals(bn_vk *vk, bn_vk_ops *ops)
     CHECK(bn_vk_write(vk, &small, info, sizeof info, &err) == BN_OK);
     bn_vk_buffer tables = upload(vk, table, sizeof table);
     const bn_vk_rows rows = {&small, &tables, 1, 64, 1};
-    const bn_vk_attn_shape s = {4, 2, 16, 16, 64};
+    const bn_vk_attn_shape s = {4, 2, 16, 64};
     CHECK(bn_vk_begin(vk, &err) == BN_OK);
 #define REFUSED(call, what)                                                                 \
     do {                                                                                    \
@@ -615,7 +615,7 @@ static void check_refusals(bn_vk *vk, bn_vk_ops *ops)
     REFUSED(bn_vk_head_record(vk, ops, &big, BN_VK_HEAD_F32, 0, 20, 16, &big, 1, &small, 20,
                               &err),
             "head past the logits");
-    const bn_vk_attn_shape odd = {4, 3, 16, 16, 64};
+    const bn_vk_attn_shape odd = {4, 3, 16, 64};
     REFUSED(bn_vk_attention_record(vk, ops, &odd, &rows, &big, &big, &big, 0, &big, 64, &big,
                                    &err),
             "attention with n_head not a multiple of n_kv");
@@ -624,7 +624,7 @@ static void check_refusals(bn_vk *vk, bn_vk_ops *ops)
             "attention past the scratch");
     REFUSED(bn_vk_attention_record(vk, ops, &s, &rows, &big, &big, &big, 0, &big, 0, &big, &err),
             "attention with scratch_stride 0");
-    const bn_vk_attn_shape wide = {1, 1, 1024, 0, 4};
+    const bn_vk_attn_shape wide = {1, 1, 1024, 4};
     REFUSED(bn_vk_attention_record(vk, ops, &wide, &rows, &big, &big, &big, 0, &big, 4, &big,
                                    &err),
             "attention with head_dim 1024");

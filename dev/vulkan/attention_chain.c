@@ -170,7 +170,7 @@ int main(int argc, char **argv)
         const int n_pos = contexts[ci];
         const int32_t info[2] = {0, n_pos - 1};
         OK(bn_vk_write(vk, &binfo, info, sizeof info, &err), "info");
-        shipped_case sc = {ops,  {N_HEAD, N_KV, HEAD_DIM, HEAD_DIM, CACHE},
+        shipped_case sc = {ops,  {N_HEAD, N_KV, HEAD_DIM, CACHE},
                            {&binfo, &bt, 1, CACHE, 1},
                            &bq,  &bkc, &bvc, &bscr, &bref};
         OK(bn_vk_begin(vk, &err), "begin");

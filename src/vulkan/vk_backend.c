@@ -273,6 +273,9 @@ static bn_status upload_head(vkb *v, bn_error *err)
     return st;
 }
 
+/* bytes rounded up to a multiple of 256. */
+static size_t on_256(uint64_t bytes) { return (size_t)((bytes + 255) / 256 * 256); }
+
 /* The pass's buffers, the KV cache and the attention's scratch. */
 static bn_status make_buffers(vkb *v, bn_error *err)
 {
@@ -337,11 +340,9 @@ static bn_status make_buffers(vkb *v, bn_error *err)
     v->h_pos = malloc(R * sizeof(int64_t));
     v->h_seq = malloc(R * sizeof(int32_t));
     /* io: x, info, cs, logits, each part on 256 bytes. */
-    const size_t align = 256;
-    v->io_info = (size_t)((R * hp->dim * f + align - 1) / align * align);
-    v->io_cs = v->io_info + (R * 2 * sizeof(int32_t) + align - 1) / align * align;
-    v->io_logits =
-        v->io_cs + (R * (hp->rope_dim > 0 ? hp->rope_dim : 1) * f + align - 1) / align * align;
+    v->io_info = on_256(R * hp->dim * f);
+    v->io_cs = v->io_info + on_256(R * 2 * sizeof(int32_t));
+    v->io_logits = v->io_cs + on_256(R * (hp->rope_dim > 0 ? hp->rope_dim : 1) * f);
     if (st == BN_OK)
         st = bn_vk_host_buffer_create(v->vk, v->io_logits + R * hp->vocab * f, &v->io,
                                       &v->io_map, err);
@@ -534,8 +535,7 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
 {
     const bn_hparams *hp = &v->hp;
     bn_vk_buffer *norms = &v->norms[l * BN_NORM_COUNT];
-    const bn_vk_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, hp->rope_dim,
-                                 c->rows};
+    const bn_vk_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, c->rows};
     const bn_vk_rows rows = {&v->info, c->tables, M, c->block_size, c->max_blocks};
     TRY(record_norm(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, err));
     /* q, k and v in one product: q turned by RoPE into v->q, k (turned)
@@ -588,10 +588,21 @@ static bn_status record_inputs(vkb *v, int64_t M, bn_error *err)
                  cs = (size_t)(M * hp->rope_dim) * sizeof(float);
     TRY(bn_vk_copy_record(v->vk, &v->io, 0, &v->x, 0, x, err));
     TRY(bn_vk_copy_record(v->vk, &v->io, v->io_info, &v->info, 0, info, err));
-    TRY(bn_vk_copy_record(v->vk, &v->io, v->io_cs, &v->cs, 0, cs, err));
-    v->uploads += cs > 0 ? 3 : 2;
-    v->upload_bytes += x + info + cs;
-    return BN_OK;
+    return bn_vk_copy_record(v->vk, &v->io, v->io_cs, &v->cs, 0, cs, err);
+}
+
+/* The copies a pass of M rows makes (record_inputs, and ln logit rows
+ * back), in the report's transfer counts, recorded or replayed. */
+static void count_transfers(vkb *v, int64_t M, int64_t ln)
+{
+    const bn_hparams *hp = &v->hp;
+    v->uploads += hp->rope_dim > 0 ? 3 : 2;
+    v->upload_bytes += (uint64_t)M * ((uint64_t)(hp->dim + hp->rope_dim) * sizeof(float) +
+                                      2 * sizeof(int32_t));
+    if (ln > 0) {
+        v->downloads++;
+        v->download_bytes += (uint64_t)ln * (uint64_t)hp->vocab * sizeof(float);
+    }
 }
 
 /* Rows tokens[0 .. M) of sequences seq[] at positions pos[] through cache
@@ -618,15 +629,11 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
     }
     const size_t row = (size_t)hp->vocab * sizeof(float);
     const bool keep = decode && !bn_vk_profiling(v->vk); /* timed steps are recorded */
+    count_transfers(v, M, head ? ln : 0);
     if (keep && v->decode_step) {
         TRY(bn_vk_replay(v->vk, v->decode_step, err));
         v->replays++;
         v->dispatches += (uint64_t)bn_vk_recorded(v->vk);
-        v->uploads += half > 0 ? 3 : 2;
-        v->upload_bytes += (size_t)hp->dim * sizeof(float) + 2 * sizeof(int32_t) +
-                           (size_t)hp->rope_dim * sizeof(float);
-        v->downloads++;
-        v->download_bytes += row;
         return BN_OK;
     }
     TRY(bn_vk_begin(v->vk, err));
@@ -646,12 +653,9 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
             st = bn_vk_head_record(v->vk, v->ops, &v->head[p].rows, v->head_type,
                                    v->head[p].first, v->head[p].n, hp->dim, &v->normed, M,
                                    &v->logits, hp->vocab, err);
-        if (st == BN_OK && ln > 0) {
+        if (st == BN_OK && ln > 0)
             st = bn_vk_copy_record(v->vk, &v->logits, (size_t)lfirst * row, &v->io, v->io_logits,
                                    (size_t)ln * row, err);
-            v->downloads++;
-            v->download_bytes += (uint64_t)ln * row;
-        }
     }
     /* The sequence is closed whatever happened, so the device is usable. */
     bn_error closing;

@@ -519,8 +519,6 @@ static bn_status buffer_make(bn_vk *vk, VkDeviceSize size, VkBufferUsageFlags us
     return BN_OK;
 }
 
-static bn_status staging(bn_vk *vk, size_t n, bn_vk_buffer *s, void **map, bn_error *err);
-
 bn_status bn_vk_buffer_create(bn_vk *vk, VkDeviceSize size, bn_vk_buffer *out, bn_error *err)
 {
     static const VkMemoryPropertyFlags wants[] = {VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0};
@@ -528,13 +526,6 @@ bn_status bn_vk_buffer_create(bn_vk *vk, VkDeviceSize size, bn_vk_buffer *out, b
                        VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
                            VK_BUFFER_USAGE_TRANSFER_DST_BIT,
                        wants, 2, out, err);
-}
-
-bn_status bn_vk_host_buffer_create(bn_vk *vk, VkDeviceSize size, bn_vk_buffer *out, void **map,
-                                   bn_error *err)
-{
-    *map = NULL;
-    return staging(vk, (size_t)size, out, map, err);
 }
 
 void bn_vk_buffer_free(bn_vk *vk, bn_vk_buffer *b)
@@ -596,6 +587,13 @@ static bn_status staging(bn_vk *vk, size_t n, bn_vk_buffer *s, void **map, bn_er
         return vk_fail(err, BN_ERR_GPU, rc, "vkMapMemory");
     }
     return BN_OK;
+}
+
+bn_status bn_vk_host_buffer_create(bn_vk *vk, VkDeviceSize size, bn_vk_buffer *out, void **map,
+                                   bn_error *err)
+{
+    *map = NULL;
+    return staging(vk, (size_t)size, out, map, err);
 }
 
 /* Copies n bytes from offset `from_at` of one buffer to offset `to_at` of
@@ -900,7 +898,8 @@ bn_status bn_vk_copy_record(bn_vk *vk, const bn_vk_buffer *src, VkDeviceSize src
                             bn_error *err)
 {
     if (!vk->recording)
-        return bn_error_set(err, BN_ERR_INTERNAL, NULL, "Vulkan: a copy recorded outside a sequence");
+        return bn_error_set(err, BN_ERR_INTERNAL, NULL,
+                            "Vulkan: a copy recorded outside a sequence");
     if (src_at > src->size || n > src->size - src_at || dst_at > dst->size ||
         n > dst->size - dst_at)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,

@@ -109,9 +109,9 @@ bn_status bn_vk_copy_record(bn_vk *vk, const bn_vk_buffer *src, VkDeviceSize src
                             bn_error *err);
 
 /* The next dispatch reads nothing the dispatches since the last barrier
- * wrote, and writes nothing they use (q, k and v from the same codes): it
- * is recorded without a barrier before it, so the device may run it beside
- * them. */
+ * wrote, and writes nothing they use: it is recorded without a barrier
+ * before it, so the device may run it beside them (dev/vulkan's labs time
+ * chains of dispatches so). */
 void bn_vk_next_independent(bn_vk *vk);
 /* The dispatches recorded into the open sequence (or the last one). */
 int bn_vk_recorded(const bn_vk *vk);

@@ -47,7 +47,7 @@ typedef struct bn_vk_rows {
 } bn_vk_rows;
 
 typedef struct bn_vk_attn_shape {
-    int n_head, n_kv, head_dim, rope_dim; /* rope_dim: not read by attention */
+    int n_head, n_kv, head_dim;
     int64_t cache_rows; /* rows of one layer's K (and V) cache, kv_dim = n_kv * head_dim
                            floats each */
 } bn_vk_attn_shape;
