@@ -164,6 +164,8 @@ typedef struct bn_config {
     bool vulkan_no_dot;              /* BITNET_VULKAN_DOT=0: its W2A8
                                         products without integer dot
                                         products, as on a device without  */
+    bool vulkan_no_screen;           /* BITNET_VULKAN_SCREEN=0: its greedy
+                                        steps through the full LM head    */
 } bn_config;
 
 /* Defaults, as if no BITNET_* variable were set. cfg NULL does nothing. */

@@ -6,7 +6,10 @@
  *     chunks, the last row alone) and after each of the steps that follow,
  *     fed the CPU's greedy tokens: within 1e-5 of the largest logit (only
  *     the attention's exp differs from the CPU's) and the same argmax;
- *   - greedy decoding on its own gives the CPU's tokens;
+ *   - greedy decoding on its own gives the CPU's tokens, from the logits
+ *     and from the backend's own picks (forward_pick: the screened LM head,
+ *     vk_head_screen.h), which it takes for greedy steps only, and not at
+ *     all with BITNET_VULKAN_SCREEN=0;
  *   - rows of three sequences through the paged cache (forward_rows, the
  *     batching engine's pass): the CPU backend's logits;
  *   - going back to an earlier position recomputes the same logits;
@@ -29,6 +32,8 @@
 extern const bn_backend_ops bn_vulkan_backend_ops;
 
 enum { N_STEPS = 24 };
+
+static int screened_models; /* models whose greedy steps the backend picked */
 
 static int argmax(const float *x, int64_t n)
 {
@@ -161,6 +166,31 @@ static void check_model(const char *path, bool exact)
     CHECK_MSG(first_diff < 0, "%s: greedy tokens differ from the CPU's at step %d", path,
               first_diff);
 
+    /* The same through the backend's picks, where it screens its head. */
+    const bn_pick_params greedy = {0.0f, 0, 1.0f, 0.0f}, sampled = {0.8f, 40, 0.95f, 0.05f};
+    const bool picks = vk->ops->pick_supported(vk, &greedy);
+    CHECK(!vk->ops->pick_supported(vk, &sampled));
+    if (picks && exact) {
+        screened_models++;
+        vk->ops->reset(vk);
+        int32_t t = -1;
+        ok = vk->ops->forward_pick(vk, prompt, n_prompt, 0, &greedy, 0.0, &t, &err) == BN_OK;
+        first_diff = -1;
+        for (int s = 0; ok && s < N_STEPS && first_diff < 0; s++) {
+            if (t != cpu_tok[s])
+                first_diff = s;
+            else if (s + 1 < N_STEPS)
+                ok = vk->ops->forward_pick(vk, &cpu_tok[s], 1, n_prompt + s, &greedy, 0.0, &t,
+                                           &err) == BN_OK;
+        }
+        CHECK_MSG(ok, "%s: picks: %s", path, err.message);
+        CHECK_MSG(first_diff < 0, "%s: picked tokens differ from the CPU's at step %d", path,
+                  first_diff);
+        CHECK(vk->ops->forward_pick(vk, &cpu_tok[0], 1, vk->ops->kv_filled(vk), &sampled, 0.5, &t,
+                                    &err) == BN_ERR_INVALID_ARGUMENT);
+        CHECK_STR_CONTAINS(err.message, "greedy tokens only");
+    }
+
     /* Back to position 5: the same logits as a fresh run of those tokens. */
     float *again = malloc((size_t)V * sizeof *again);
     if (again) {
@@ -182,6 +212,7 @@ static void check_model(const char *path, bool exact)
     vk->ops->describe(vk, &d);
     CHECK(strcmp(d.selected, "vulkan:0") == 0 && strcmp(d.kernel, "vulkan") == 0);
     CHECK_STR_CONTAINS(d.details, exact ? "exact (fp64) kernels" : "float (no fp64) kernels");
+    CHECK(picks == (strstr(d.details, "(greedy steps screened)") != NULL));
     CHECK(!d.batches && d.threads == 0);
     bn_engine_info info;
     memset(&info, 0, sizeof info);
@@ -191,6 +222,7 @@ static void check_model(const char *path, bool exact)
     /* Decode steps after the first ran the kept step again. */
     CHECK_STR_CONTAINS(info.kernels, "vulkan_decode_replay");
     CHECK_STR_CONTAINS(info.kernels, "vulkan_attention");
+    CHECK((picks && exact) == (strstr(info.kernels, "vulkan_head_screen") != NULL));
     CHECK(info.gpu_weights_bytes > 0 && info.gpu_lm_head_bytes > 0 && info.gpu_kv_bytes > 0);
     CHECK(info.gpu_total_bytes >= info.gpu_weights_bytes + info.gpu_kv_bytes);
     CHECK(info.gpu_kernel_launches > 0 && info.gpu_h2d_bytes > 0 && info.gpu_d2h_transfers > 0);
@@ -302,6 +334,29 @@ static void check_rows(const char *path)
     bn_checkpoint_free(m);
 }
 
+/* BITNET_VULKAN_SCREEN=0: no int8 copy, the host picks from the logits. */
+static void check_no_screen(const char *path)
+{
+    bn_checkpoint *m = NULL;
+    bn_error err;
+    CHECK(bn_checkpoint_load(path, &m, &err) == BN_OK);
+    if (!m)
+        return;
+    setenv("BITNET_VULKAN_SCREEN", "0", 1);
+    bn_backend *vk = make(&bn_vulkan_backend_ops, m, 0, 64, false, &err);
+    unsetenv("BITNET_VULKAN_SCREEN");
+    CHECK_MSG(vk, "BITNET_VULKAN_SCREEN=0: %s", err.message);
+    if (vk) {
+        const bn_pick_params greedy = {0.0f, 0, 1.0f, 0.0f};
+        CHECK(!vk->ops->pick_supported(vk, &greedy));
+        bn_backend_desc d;
+        vk->ops->describe(vk, &d);
+        CHECK(strstr(d.details, "screened") == NULL);
+        vk->ops->free(vk);
+    }
+    bn_checkpoint_free(m);
+}
+
 /* Requests the backend refuses at creation, each with a clear error. */
 static void check_refusals(const char *path, int n_devices)
 {
@@ -351,6 +406,11 @@ int main(int argc, char **argv)
         check_model(argv[2], pass == 0);
     }
     unsetenv("BITNET_VULKAN_FP64");
+    if (fp64) {
+        printf("%d models picked greedy tokens through the screened head\n", screened_models);
+        CHECK(screened_models > 0);
+        check_no_screen(argv[2]);
+    }
     if (fp64)
         check_rows(argv[2]);
     snprintf(path, sizeof path, "%s/i2s.gguf", argv[1]);

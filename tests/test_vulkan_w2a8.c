@@ -12,6 +12,9 @@
  *     outputs poisoned with NaN, a guard value after the last row;
  *   - several activation rows in one dispatch (1, 8, 13 and 21 rows,
  *     starting past row 0) equal bit for bit to each row alone;
+ *   - every check above and below again with the kernel of eight rows a
+ *     workgroup (bn_vk_w2a8_rows_kernel, where the device has fp64 and
+ *     integer dot products), its rows against the one-row kernel's;
  *   - the epilogues: the residual add (NaN, -0, infinities, subnormals in
  *     y) and the gate and up products in one dispatch with the squared-ReLU
  *     gate (negative, -0 and infinite gates), the CPU's float operations on
@@ -199,8 +202,8 @@ static void upload_random_product(bn_vk *vk, int64_t n, int64_t k, int64_t act_r
  * 13 and 21 rows starting past row 0):
  * each output row bit for bit the same row's product alone, the rows
  * after the last left poisoned. */
-static void check_rows(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k, int64_t first,
-                       int64_t rows)
+static void check_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_kernel *one_row, int64_t n, int64_t k,
+                       int64_t first, int64_t rows)
 {
     const int64_t total = first + rows;
     float *got = malloc((size_t)(rows + 1) * (size_t)n * sizeof *got), *one = malloc((size_t)n * 4);
@@ -220,7 +223,7 @@ static void check_rows(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t k, in
     CHECK(bn_vk_read(vk, &by, got, (size_t)(rows + 1) * n * 4, &err) == BN_OK);
     int bad = 0;
     for (int64_t r = 0; r < rows; r++) {
-        CHECK(test_vk_w2a8_matvec(vk, kernel, &bw, &bx, &bs, first + r, &b1, n, k, 0.37f, &err) ==
+        CHECK(test_vk_w2a8_matvec(vk, one_row, &bw, &bx, &bs, first + r, &b1, n, k, 0.37f, &err) ==
               BN_OK);
         CHECK(bn_vk_read(vk, &b1, one, (size_t)n * 4, &err) == BN_OK);
         for (int64_t o = 0; o < n; o++)
@@ -503,15 +506,30 @@ int main(void)
     static const int64_t shapes[][2] = {{1, 1},     {1, 16},     {3, 17},      {64, 2560},
                                         {37, 640},  {200, 1000}, {5, 6912},    {530000, 16},
                                         {9, 9000},  {4, 16384},  {3, 16400},   {2, 40000}};
-    bn_vk_kernel *kernel = NULL;
-    for (int v = 0; v < (dot_ok ? 4 : 2); v++) {
-        const bool dot = v >= 2, exact_division = v % 2 == 0;
+    bn_vk_kernel *kernel = NULL, *one_row = NULL;
+    const bool rows_ok = bn_vk_w2a8_rows_kernel_fits(vk);
+    CHECK(rows_ok == (fp64 && dot_ok));
+    for (int v = 0; v < (dot_ok ? 4 : 2) + (rows_ok ? 1 : 0); v++) {
+        /* v = 4: eight rows a workgroup (exact division, dot products). */
+        const bool rows_kernel = v == 4, dot = v >= 2, exact_division = v % 2 == 0;
         if (exact_division && !fp64)
             continue;
-        if (kernel)
+        if (kernel && kernel != one_row)
             bn_vk_kernel_free(vk, kernel);
         kernel = NULL;
-        CHECK(bn_vk_w2a8_kernel(vk, exact_division, dot, &kernel, &err) == BN_OK);
+        if (rows_kernel) { /* its reference: the one-row kernel of the same arithmetic */
+            if (one_row)
+                bn_vk_kernel_free(vk, one_row);
+            one_row = NULL;
+            CHECK(bn_vk_w2a8_kernel(vk, true, true, &one_row, &err) == BN_OK);
+            CHECK(bn_vk_w2a8_rows_kernel(vk, &kernel, &err) == BN_OK);
+        } else {
+            if (one_row)
+                bn_vk_kernel_free(vk, one_row);
+            one_row = NULL;
+            CHECK(bn_vk_w2a8_kernel(vk, exact_division, dot, &one_row, &err) == BN_OK);
+            kernel = one_row;
+        }
         exact_total = compared_total = 0;
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
             check_shape(vk, kernel, exact_division, shapes[i][0], shapes[i][1]);
@@ -520,7 +538,7 @@ int main(void)
                         test_rand_range(1, 3000));
         static const int64_t row_counts[] = {1, 8, 13, 21};
         for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0]; i++)
-            check_rows(vk, kernel, test_rand_range(1, 300), test_rand_range(1, 700), 3,
+            check_rows(vk, kernel, one_row, test_rand_range(1, 300), test_rand_range(1, 700), 3,
                        row_counts[i]);
         check_epilogues(vk, kernel, test_rand_range(1, 300), test_rand_range(1, 3000), 1);
         check_epilogues(vk, kernel, test_rand_range(1, 300), test_rand_range(1, 700), 5);
@@ -528,9 +546,9 @@ int main(void)
         check_qkv(vk, kernel, 4, 2, 16, 16, 64, 5);       /* the fixtures' */
         check_qkv(vk, kernel, 6, 3, 20, 12, 100, 7);      /* values past rope_dim */
         check_qkv(vk, kernel, 3, 1, 10, 0, 33, 3);        /* no rotation */
-        printf("%s sums, %s division: outputs bit-identical to the CPU's: %d of %d\n",
+        printf("%s sums, %s division%s: outputs bit-identical to the CPU's: %d of %d\n",
                dot ? "dot-product" : "portable", exact_division ? "exact (fp64)" : "the device's",
-               exact_total, compared_total);
+               rows_kernel ? ", eight rows a workgroup" : "", exact_total, compared_total);
     }
     if (!fp64) {
         bn_vk_kernel *none = NULL;
@@ -540,6 +558,10 @@ int main(void)
         bn_vk_kernel *none = NULL;
         CHECK(bn_vk_w2a8_kernel(vk, false, true, &none, &err) == BN_ERR_UNSUPPORTED && !none);
         CHECK_STR_CONTAINS(err.message, "dot products");
+    }
+    if (!rows_ok) {
+        bn_vk_kernel *none = NULL;
+        CHECK(bn_vk_w2a8_rows_kernel(vk, &none, &err) == BN_ERR_UNSUPPORTED && !none);
     }
 
     /* A sequence of three products recorded into one command buffer: each
@@ -668,6 +690,8 @@ int main(void)
                          NULL, 1, 1, &err) == BN_ERR_INTERNAL); /* outside a sequence */
     bn_vk_buffer_free(vk, &small);
 
+    if (one_row != kernel)
+        bn_vk_kernel_free(vk, one_row);
     bn_vk_kernel_free(vk, kernel);
     bn_vk_close(vk);
     TEST_EXIT();

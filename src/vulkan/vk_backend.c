@@ -22,6 +22,8 @@
  *
  * and the pass that ends a request adds the output norm and the LM head of
  * its one row. A prompt's last row therefore runs as a pass of its own.
+ * A greedy step (forward_pick) screens the head instead (vk_head_screen.h):
+ * only its candidates' logits come back, and the host picks among them.
  *
  * With a paged cache (the engine's batching: params.paged_rows) rows of
  * many sequences share a pass (forward_rows): their K and V live in cache
@@ -45,6 +47,7 @@
 #include "qtype.h"
 #include "vk_backend.h"
 #include "vk_context.h"
+#include "vk_head_screen.h"
 #include "vk_norm.h"
 #include "vk_ops.h"
 #include "vk_w2a8.h"
@@ -52,6 +55,7 @@
 extern const bn_backend_ops bn_vulkan_backend_ops;
 
 #define VKB_CHUNK 64 /* rows a pass takes: a longer prompt runs in chunks */
+#define ROWS_KERNEL_MIN 8
 
 typedef struct vkb_proj {
     bn_vk_buffer w; /* packed codes (vk_w2a8.h) */
@@ -76,6 +80,9 @@ typedef struct vkb_head_part {
 typedef struct vkb {
     bn_vk *vk;
     bn_vk_kernel *w2a8, *norm;
+    /* The W2A8 product of eight rows a workgroup, for passes of at least
+     * ROWS_KERNEL_MIN rows (NULL where the device lacks it). */
+    bn_vk_kernel *w2a8_rows;
     bn_vk_ops *ops;
     const bn_checkpoint *model;
     bn_hparams hp;
@@ -90,6 +97,8 @@ typedef struct vkb {
     vkb_head_part *head;
     int n_head_parts;
     bn_vk_head_type head_type;
+    /* The screened head of greedy steps (NULL: they take the full head). */
+    bn_vk_head_screen *screen;
     bn_vk_buffer *k_cache, *v_cache; /* one a layer: [kv_len][kv_dim] */
     vkb_cache flat;
     /* The paged cache (0 rows: none): one a layer, [paged_rows][kv_dim];
@@ -108,9 +117,10 @@ typedef struct vkb {
      * h_info, h_cs and h_logits_io point into it. */
     bn_vk_buffer io;
     void *io_map;
-    size_t io_info, io_cs, io_logits; /* byte offsets of the parts after x */
+    size_t io_info, io_cs, io_pick, io_logits; /* byte offsets of the parts after x */
     float *h_x, *h_cs, *h_logits_io;
     int32_t *h_info;
+    uint32_t *h_pick; /* the screen's result (vk_head_screen.h) */
     int64_t *h_pos;
     int32_t *h_seq;
 
@@ -121,7 +131,9 @@ typedef struct vkb {
      * buffers, only their contents change (bn_vk_submit_keep). NULL until
      * the first step, or where it does not fit one sequence. */
     bn_vk_kept *decode_step;
-    uint64_t replays;  /* decode steps run from it */
+    bn_vk_kept *pick_step;      /* the same for a greedy step's screened head */
+    uint64_t replays;           /* decode steps run from them */
+    uint64_t picks, full_picks; /* greedy picks; of them, by the full head */
     bool split_pass; /* the pass being recorded was submitted in parts */
 } vkb;
 
@@ -273,6 +285,40 @@ static bn_status upload_head(vkb *v, bn_error *err)
     return st;
 }
 
+/* Head row r's values as the head's kernels compute with them (upload_head's
+ * conversion: F16 exactly, other types by their dequantizer). */
+static void head_row_values(void *model, int64_t r, float *out)
+{
+    const bn_dense_matrix *h = bn_checkpoint_lm_head(model);
+    const unsigned char *src = (const unsigned char *)h->data + (size_t)r * h->row_bytes;
+    if (h->type == BN_QTYPE_F32)
+        memcpy(out, src, (size_t)h->cols * sizeof(float));
+    else
+        bn_qtype_get(h->type)->dequantize_row(src, out, h->cols);
+}
+
+/* The screened head for greedy steps, where the device and the head allow
+ * it and BITNET_VULKAN_SCREEN is not 0. A device too small for the int8
+ * copy leaves greedy steps to the full head. */
+static bn_status make_screen(vkb *v, int threads, bn_error *err)
+{
+    bn_config cfg;
+    if (bn_config_from_env(&cfg, NULL) == BN_OK && cfg.vulkan_no_screen)
+        return BN_OK;
+    const bn_dense_matrix *h = bn_checkpoint_lm_head(v->model);
+    if (v->n_head_parts != 1 || !bn_vk_head_screen_fits(v->vk, h->cols))
+        return BN_OK;
+    const bn_status st = bn_vk_head_screen_create(v->vk, h->rows, h->cols, head_row_values,
+                                                  (void *)v->model, threads, &v->screen, err);
+    if (st == BN_ERR_GPU_OUT_OF_MEMORY) {
+        bn_error_clear(err);
+        return BN_OK;
+    }
+    if (st == BN_OK)
+        v->head_bytes += bn_vk_head_screen_bytes(v->screen);
+    return st;
+}
+
 /* bytes rounded up to a multiple of 256. */
 static size_t on_256(uint64_t bytes) { return (size_t)((bytes + 255) / 256 * 256); }
 
@@ -342,7 +388,8 @@ static bn_status make_buffers(vkb *v, bn_error *err)
     /* io: x, info, cs, logits, each part on 256 bytes. */
     v->io_info = on_256(R * hp->dim * f);
     v->io_cs = v->io_info + on_256(R * 2 * sizeof(int32_t));
-    v->io_logits = v->io_cs + on_256(R * (hp->rope_dim > 0 ? hp->rope_dim : 1) * f);
+    v->io_pick = v->io_cs + on_256(R * (hp->rope_dim > 0 ? hp->rope_dim : 1) * f);
+    v->io_logits = v->io_pick + on_256(BN_VK_SCREEN_RESULT_BYTES);
     if (st == BN_OK)
         st = bn_vk_host_buffer_create(v->vk, v->io_logits + R * hp->vocab * f, &v->io,
                                       &v->io_map, err);
@@ -351,6 +398,7 @@ static bn_status make_buffers(vkb *v, bn_error *err)
         v->h_info = (int32_t *)((char *)v->io_map + v->io_info);
         v->h_cs = (float *)((char *)v->io_map + v->io_cs);
         v->h_logits_io = (float *)((char *)v->io_map + v->io_logits);
+        v->h_pick = (uint32_t *)(void *)((char *)v->io_map + v->io_pick);
     }
     v->inv_freq = malloc((size_t)(hp->rope_dim / 2 + 1) * f);
     if (st == BN_OK && (!v->inv_freq || !v->h_pos || !v->h_seq))
@@ -387,6 +435,8 @@ static void vkb_release(vkb *v)
     }
     bn_vk_buffer_free(v->vk, &v->ptables);
     bn_vk_kept_free(v->vk, v->decode_step);
+    bn_vk_kept_free(v->vk, v->pick_step);
+    bn_vk_head_screen_free(v->vk, v->screen);
     bn_vk_buffer *const pass[] = {&v->x,      &v->codes,   &v->scales, &v->sums,   &v->q,
                                   &v->att,    &v->gate,    &v->normed, &v->logits, &v->scratch,
                                   &v->info,   &v->tables,  &v->cs,     &v->out_norm, &v->io};
@@ -396,6 +446,8 @@ static void vkb_release(vkb *v)
         bn_vk_ops_free(v->vk, v->ops);
     if (v->w2a8)
         bn_vk_kernel_free(v->vk, v->w2a8);
+    if (v->w2a8_rows)
+        bn_vk_kernel_free(v->vk, v->w2a8_rows);
     if (v->norm)
         bn_vk_kernel_free(v->vk, v->norm);
     bn_vk_close(v->vk);
@@ -475,6 +527,8 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
          * products where it has those (BITNET_VULKAN_DOT=0: not) */
         st = bn_vk_w2a8_kernel(v->vk, bn_vk_device(v->vk)->fp64,
                                bn_vk_device(v->vk)->integer_dot_product, &v->w2a8, err);
+    if (st == BN_OK && bn_vk_w2a8_rows_kernel_fits(v->vk))
+        st = bn_vk_w2a8_rows_kernel(v->vk, &v->w2a8_rows, err);
     if (st == BN_OK)
         st = bn_vk_norm_kernel(v->vk, bn_vk_norm_subgroups(v->vk), &v->norm, err);
     if (st == BN_OK)
@@ -487,6 +541,8 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
         st = upload_norms(v, err);
     if (st == BN_OK)
         st = upload_head(v, err);
+    if (st == BN_OK)
+        st = make_screen(v, p->threads, err);
     if (st != BN_OK) {
         vkb_release(v);
         free(b);
@@ -515,12 +571,18 @@ static bn_status record_norm(vkb *v, bn_vk_buffer *x, bn_vk_buffer *w, int64_t M
                              v->hp.rms_eps, err);
 }
 
+/* The W2A8 kernel for a pass of M rows. */
+static bn_vk_kernel *w2a8_for(const vkb *v, int64_t M)
+{
+    return v->w2a8_rows && M >= ROWS_KERNEL_MIN ? v->w2a8_rows : v->w2a8;
+}
+
 static bn_status record_proj(vkb *v, int layer, bn_proj p, bn_vk_buffer *y,
                              bn_vk_w2a8_epilogue epilogue, int64_t M, bn_error *err)
 {
     vkb_proj *w = &v->proj[layer * BN_PROJ_COUNT + p];
-    return bn_vk_w2a8_record_rows(v->vk, v->w2a8, &w->w, &v->codes, &v->scales, 0, M, y, w->n,
-                                  w->k, w->scale, epilogue, err);
+    return bn_vk_w2a8_record_rows(v->vk, w2a8_for(v, M), &w->w, &v->codes, &v->scales, 0, M, y,
+                                  w->n, w->k, w->scale, epilogue, err);
 }
 
 #define TRY(call)                                                                          \
@@ -547,7 +609,7 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
                            &v->info,     c->tables,     &v->cs,         &c->k[l],
                            &c->v[l],     c->block_size, c->max_blocks,  c->rows,
                            0};
-    TRY(bn_vk_w2a8_record_qkv(v->vk, v->w2a8, &qp->w, &v->codes, &v->scales, 0, M, &v->q,
+    TRY(bn_vk_w2a8_record_qkv(v->vk, w2a8_for(v, M), &qp->w, &v->codes, &v->scales, 0, M, &v->q,
                               qp->k, &qkv, err));
     TRY(bn_vk_attention_record(v->vk, v->ops, &as, &rows, &v->q, &c->k[l], &c->v[l], 0,
                                &v->scratch, v->kv_len, &v->att, err));
@@ -557,8 +619,8 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
     TRY(record_proj(v, l, BN_PROJ_O, &v->x, BN_VK_W2A8_ADD, M, err));
     TRY(record_norm(v, &v->x, &norms[BN_NORM_FFN], M, hp->dim, err));
     vkb_proj *gate = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_GATE];
-    TRY(bn_vk_w2a8_record_gate_up(v->vk, v->w2a8, &gate->w, &v->codes,
-                                  &v->scales, 0, M, &v->gate, gate->n, gate->k, gate->scale,
+    TRY(bn_vk_w2a8_record_gate_up(v->vk, w2a8_for(v, M), &gate->w, &v->codes, &v->scales, 0, M,
+                                  &v->gate, gate->n, gate->k, gate->scale,
                                   gate[BN_PROJ_UP - BN_PROJ_GATE].scale, err));
     TRY(record_norm(v, &v->gate, &norms[BN_NORM_FFN_SUB], M, hp->ffn, err));
     return record_proj(v, l, BN_PROJ_DOWN, &v->x, BN_VK_W2A8_ADD, M, err);
@@ -591,9 +653,10 @@ static bn_status record_inputs(vkb *v, int64_t M, bn_error *err)
     return bn_vk_copy_record(v->vk, &v->io, v->io_cs, &v->cs, 0, cs, err);
 }
 
-/* The copies a pass of M rows makes (record_inputs, and ln logit rows
- * back), in the report's transfer counts, recorded or replayed. */
-static void count_transfers(vkb *v, int64_t M, int64_t ln)
+/* The copies a pass of M rows makes (record_inputs, and ln logit rows or a
+ * screen's result back), in the report's transfer counts, recorded or
+ * replayed. */
+static void count_transfers(vkb *v, int64_t M, int64_t ln, bool pick)
 {
     const bn_hparams *hp = &v->hp;
     v->uploads += hp->rope_dim > 0 ? 3 : 2;
@@ -603,16 +666,46 @@ static void count_transfers(vkb *v, int64_t M, int64_t ln)
         v->downloads++;
         v->download_bytes += (uint64_t)ln * (uint64_t)hp->vocab * sizeof(float);
     }
+    if (pick) {
+        v->downloads++;
+        v->download_bytes += BN_VK_SCREEN_RESULT_BYTES;
+    }
+}
+
+/* What a pass ends with: nothing (rows before a request's last), the
+ * logits, or a greedy step's screened head (vk_head_screen.h). */
+typedef enum { PASS_NO_HEAD, PASS_LOGITS, PASS_PICK } pass_end;
+
+/* Records the output norm of the pass's M rows and what `end` asks for:
+ * the head's logits of every row into v->logits and rows lfirst .. lfirst
+ * + ln - 1 of those copied into io, or the screen's result copied there. */
+static bn_status record_head(vkb *v, int64_t M, pass_end end, int64_t lfirst, int64_t ln,
+                             bn_error *err)
+{
+    const bn_hparams *hp = &v->hp;
+    TRY(make_room(v, 1 + (end == PASS_PICK ? 4 : v->n_head_parts), err));
+    TRY(bn_vk_rmsnorm_record(v->vk, v->ops, &v->x, &v->out_norm, &v->normed, M, hp->dim,
+                             hp->rms_eps, err));
+    if (end == PASS_PICK)
+        return bn_vk_head_screen_record(v->vk, v->screen, &v->head[0].rows, v->head_type,
+                                        &v->normed, &v->io, v->io_pick, err);
+    for (int p = 0; p < v->n_head_parts; p++)
+        TRY(bn_vk_head_record(v->vk, v->ops, &v->head[p].rows, v->head_type, v->head[p].first,
+                              v->head[p].n, hp->dim, &v->normed, M, &v->logits, hp->vocab, err));
+    const size_t row = (size_t)hp->vocab * sizeof(float);
+    if (ln > 0)
+        TRY(bn_vk_copy_record(v->vk, &v->logits, (size_t)lfirst * row, &v->io, v->io_logits,
+                              (size_t)ln * row, err));
+    return BN_OK;
 }
 
 /* Rows tokens[0 .. M) of sequences seq[] at positions pos[] through cache
- * c; with head, the logits of all M rows into v->logits ([M][vocab]), and
- * logit rows lfirst .. lfirst + ln - 1 of those into io (read_logits). One
- * submission: the inputs go through io too. A decode step (decode: one row
- * of the flat cache with its logits) runs as v->decode_step once that is
- * kept: the dispatches and copies never change, only io's inputs. */
+ * c, ending as `end` says (record_head). One submission: the inputs go
+ * through io too. A decode step (decode: one row of the flat cache with
+ * its logits or its pick) runs as v->decode_step (v->pick_step) once that
+ * is kept: the dispatches and copies never change, only io's inputs. */
 static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, const int64_t *pos,
-                          const int32_t *seq, int64_t M, bool head, int64_t lfirst, int64_t ln,
+                          const int32_t *seq, int64_t M, pass_end end, int64_t lfirst, int64_t ln,
                           bool decode, bn_error *err)
 {
     const bn_hparams *hp = &v->hp;
@@ -627,11 +720,11 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
             v->h_cs[i * hp->rope_dim + half + j] = sinf(angle);
         }
     }
-    const size_t row = (size_t)hp->vocab * sizeof(float);
     const bool keep = decode && !bn_vk_profiling(v->vk); /* timed steps are recorded */
-    count_transfers(v, M, head ? ln : 0);
-    if (keep && v->decode_step) {
-        TRY(bn_vk_replay(v->vk, v->decode_step, err));
+    bn_vk_kept **kept = end == PASS_PICK ? &v->pick_step : &v->decode_step;
+    count_transfers(v, M, end == PASS_LOGITS ? ln : 0, end == PASS_PICK);
+    if (keep && *kept) {
+        TRY(bn_vk_replay(v->vk, *kept, err));
         v->replays++;
         v->dispatches += (uint64_t)bn_vk_recorded(v->vk);
         return BN_OK;
@@ -644,27 +737,16 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
         if (st == BN_OK)
             st = record_layer(v, c, l, M, err);
     }
-    if (st == BN_OK && head) {
-        st = make_room(v, 1 + v->n_head_parts, err);
-        if (st == BN_OK)
-            st = bn_vk_rmsnorm_record(v->vk, v->ops, &v->x, &v->out_norm, &v->normed, M, hp->dim,
-                                      hp->rms_eps, err);
-        for (int p = 0; p < v->n_head_parts && st == BN_OK; p++)
-            st = bn_vk_head_record(v->vk, v->ops, &v->head[p].rows, v->head_type,
-                                   v->head[p].first, v->head[p].n, hp->dim, &v->normed, M,
-                                   &v->logits, hp->vocab, err);
-        if (st == BN_OK && ln > 0)
-            st = bn_vk_copy_record(v->vk, &v->logits, (size_t)lfirst * row, &v->io, v->io_logits,
-                                   (size_t)ln * row, err);
-    }
+    if (st == BN_OK && end != PASS_NO_HEAD)
+        st = record_head(v, M, end, lfirst, ln, err);
     /* The sequence is closed whatever happened, so the device is usable. */
     bn_error closing;
     const int recorded = bn_vk_recorded(v->vk);
-    const bn_status end = st == BN_OK && keep && !v->split_pass
-                              ? bn_vk_submit_keep(v->vk, &v->decode_step, err)
+    const bn_status ran = st == BN_OK && keep && !v->split_pass
+                              ? bn_vk_submit_keep(v->vk, kept, err)
                               : bn_vk_submit(v->vk, st == BN_OK ? err : &closing);
     v->dispatches += (uint64_t)recorded;
-    return st != BN_OK ? st : end;
+    return st != BN_OK ? st : ran;
 }
 
 /* Rows first .. first + n of the logit rows the last pass copied into io
@@ -674,20 +756,53 @@ static void read_logits(vkb *v, int64_t first, int64_t n, float *out)
     memcpy(out, v->h_logits_io + first * v->hp.vocab, (size_t)(n * v->hp.vocab) * sizeof(float));
 }
 
+/* The greedy token of the row the last pass normed (v->normed's first),
+ * from the full head: one more submission, when the screen listed more
+ * candidates than it holds. */
+static bn_status full_head_pick(vkb *v, int32_t *next, bn_error *err)
+{
+    const bn_hparams *hp = &v->hp;
+    TRY(bn_vk_begin(v->vk, err));
+    bn_status st = BN_OK;
+    for (int p = 0; p < v->n_head_parts && st == BN_OK; p++)
+        st = bn_vk_head_record(v->vk, v->ops, &v->head[p].rows, v->head_type, v->head[p].first,
+                               v->head[p].n, hp->dim, &v->normed, 1, &v->logits, hp->vocab, err);
+    if (st == BN_OK)
+        st = bn_vk_copy_record(v->vk, &v->logits, 0, &v->io, v->io_logits,
+                               (size_t)hp->vocab * sizeof(float), err);
+    bn_error closing;
+    v->dispatches += (uint64_t)bn_vk_recorded(v->vk);
+    const bn_status ran = bn_vk_submit(v->vk, st == BN_OK ? err : &closing);
+    if (st != BN_OK || ran != BN_OK)
+        return st != BN_OK ? st : ran;
+    count_transfers(v, 0, 1, false);
+    v->full_picks++;
+    *next = bn_vk_greedy_pick(v->h_logits_io, NULL, hp->vocab);
+    return BN_OK;
+}
+
 /* One sequence's rows tokens[0 .. M) at positions pos .. pos + M - 1 in the
- * flat cache; with logits, the last row's (M must then be 1). */
-static bn_status run_flat(vkb *v, const int32_t *tokens, int64_t M, int64_t pos, float *logits,
-                          bn_error *err)
+ * flat cache, ending as `end` says (M must be 1 unless PASS_NO_HEAD): the
+ * row's logits into logits (PASS_LOGITS) or its greedy token into *next
+ * (PASS_PICK). */
+static bn_status run_flat(vkb *v, const int32_t *tokens, int64_t M, int64_t pos, pass_end end,
+                          float *logits, int32_t *next, bn_error *err)
 {
     for (int64_t i = 0; i < M; i++) {
         v->h_pos[i] = pos + i;
         v->h_seq[i] = 0;
     }
-    TRY(run_pass(v, &v->flat, tokens, v->h_pos, v->h_seq, M, logits != NULL, M - 1,
-                 logits != NULL ? 1 : 0, M == 1 && logits != NULL, err));
-    if (logits)
+    const bool head = end != PASS_NO_HEAD;
+    TRY(run_pass(v, &v->flat, tokens, v->h_pos, v->h_seq, M, end, M - 1, head ? 1 : 0,
+                 M == 1 && head, err));
+    if (end == PASS_LOGITS)
         read_logits(v, 0, 1, logits);
-    return BN_OK;
+    if (end != PASS_PICK)
+        return BN_OK;
+    v->picks++;
+    if (bn_vk_head_screen_pick(v->h_pick, next))
+        return BN_OK;
+    return full_head_pick(v, next, err);
 }
 
 static bn_status check_tokens(const vkb *v, const int32_t *tokens, int64_t n, bn_error *err)
@@ -701,13 +816,11 @@ static bn_status check_tokens(const vkb *v, const int32_t *tokens, int64_t n, bn
     return BN_OK;
 }
 
-static bn_status vk_forward(bn_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
-                            float *logits, bn_error *err)
+/* tokens[0 .. n) at positions pos .. pos + n - 1 of the flat cache, the
+ * last row ending as `end` says (run_flat). */
+static bn_status forward_flat(vkb *v, const int32_t *tokens, int64_t n, int64_t pos, pass_end end,
+                              float *logits, int32_t *next, bn_error *err)
 {
-    vkb *v = vkb_of(b);
-    if (!tokens || !logits || n <= 0 || pos < 0)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "vulkan forward: need tokens, logits, n > 0 and pos >= 0");
     if (n > v->kv_len - pos)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT,
                             "start a new context or open the model with a longer context",
@@ -724,15 +837,45 @@ static bn_status vk_forward(bn_backend *b, const int32_t *tokens, int64_t n, int
     /* Chunks of the rows before the last; the last row alone, with the head. */
     for (int64_t c = 0; c < n - 1 && st == BN_OK; c += VKB_CHUNK) {
         const int64_t M = n - 1 - c < VKB_CHUNK ? n - 1 - c : VKB_CHUNK;
-        st = run_flat(v, tokens + c, M, pos + c, NULL, err);
+        st = run_flat(v, tokens + c, M, pos + c, PASS_NO_HEAD, NULL, NULL, err);
         if (st == BN_OK)
             v->kv_filled = pos + c + M;
     }
     if (st == BN_OK)
-        st = run_flat(v, tokens + n - 1, 1, pos + n - 1, logits, err);
+        st = run_flat(v, tokens + n - 1, 1, pos + n - 1, end, logits, next, err);
     if (st == BN_OK)
         v->kv_filled = pos + n;
     return st;
+}
+
+static bn_status vk_forward(bn_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
+                            float *logits, bn_error *err)
+{
+    if (!tokens || !logits || n <= 0 || pos < 0)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "vulkan forward: need tokens, logits, n > 0 and pos >= 0");
+    return forward_flat(vkb_of(b), tokens, n, pos, PASS_LOGITS, logits, NULL, err);
+}
+
+/* Greedy picks through the screened head; sampled ones need every logit,
+ * on the host. */
+static bool vk_pick_supported(const bn_backend *b, const bn_pick_params *p)
+{
+    return vkb_of(b)->screen && !(p->temperature > 0.0f);
+}
+
+static bn_status vk_forward_pick(bn_backend *b, const int32_t *tokens, int64_t n, int64_t pos,
+                                 const bn_pick_params *p, double u, int32_t *next, bn_error *err)
+{
+    (void)u;
+    if (!tokens || !next || !p || n <= 0 || pos < 0)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "vulkan forward_pick: need tokens, parameters, n > 0 and pos >= 0");
+    if (!vk_pick_supported(b, p))
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "the Vulkan backend picks greedy tokens only (temperature <= 0), "
+                            "through its screened head");
+    return forward_flat(vkb_of(b), tokens, n, pos, PASS_PICK, NULL, next, err);
 }
 
 /* Rows of many sequences over the paged cache (batch_rows.h), in chunks of
@@ -777,8 +920,8 @@ static bn_status vk_forward_rows(bn_backend *b, const bn_batch_rows *r, float *l
             last++;
         const int64_t r0 = wanted ? r->logit_rows[next] - c : 0,
                       r1 = wanted ? r->logit_rows[last] - c : -1;
-        st = run_pass(v, &v->paged, r->tokens + c, r->pos + c, r->seq + c, M, wanted, r0,
-                      r1 - r0 + 1, false, err);
+        st = run_pass(v, &v->paged, r->tokens + c, r->pos + c, r->seq + c, M,
+                      wanted ? PASS_LOGITS : PASS_NO_HEAD, r0, r1 - r0 + 1, false, err);
         for (; st == BN_OK && wanted && next <= last; next++)
             read_logits(v, r->logit_rows[next] - c - r0, 1, logits + next * hp->vocab);
     }
@@ -797,8 +940,9 @@ static void vk_describe(const bn_backend *b, bn_backend_desc *d)
     snprintf(d->kernel, sizeof d->kernel, "vulkan");
     d->threads = 0;
     d->batches = v->paged_rows > 0;
-    snprintf(d->details, sizeof d->details, "%s (%s), kv f32, head %s, %s kernels", dev->name,
+    snprintf(d->details, sizeof d->details, "%s (%s), kv f32, head %s%s, %s kernels", dev->name,
              dev->type, v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32",
+             v->screen ? " (greedy steps screened)" : "",
              dev->fp64 ? "exact (fp64)" : "float (no fp64)");
 }
 
@@ -831,9 +975,10 @@ static void vk_report(const bn_backend *b, bn_engine_info *info)
     info->backend_total_bytes = info->gpu_total_bytes;
     snprintf(info->kernels, sizeof info->kernels,
              "vulkan_w2a8%s,vulkan_w2a8_qkv_rope,vulkan_norm_quantize,vulkan_attention,"
-             "vulkan_rmsnorm,vulkan_head_%s%s",
+             "vulkan_rmsnorm,vulkan_head_%s%s%s",
              bn_vk_device(v->vk)->integer_dot_product ? "_dot" : "",
              v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32",
+             v->picks > v->full_picks ? ",vulkan_head_screen" : "",
              v->replays > 0 ? ",vulkan_decode_replay" : "");
 }
 
@@ -850,6 +995,8 @@ const bn_backend_ops bn_vulkan_backend_ops = {
     .reset = vk_reset,
     .describe = vk_describe,
     .report = vk_report,
+    .pick_supported = vk_pick_supported,
+    .forward_pick = vk_forward_pick,
 };
 
 bn_status bn_vk_backend_profile_step(void *backend, int32_t token, int64_t pos,
@@ -866,14 +1013,22 @@ bn_status bn_vk_backend_profile_step(void *backend, int32_t token, int64_t pos,
     if (!logits)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the logits");
     bn_status st = bn_vk_profile(v->vk, true, err);
+    int32_t next; /* a greedy step's, as bench e2e decodes, where the head is screened */
     if (st == BN_OK)
-        st = run_flat(v, &token, 1, pos, logits, err);
+        st = run_flat(v, &token, 1, pos, v->screen ? PASS_PICK : PASS_LOGITS, logits, &next, err);
     const char *names[BN_VK_MAX_DISPATCHES];
     double us[BN_VK_MAX_DISPATCHES];
     const int n = st == BN_OK ? bn_vk_profile_read(v->vk, names, us, BN_VK_MAX_DISPATCHES, err)
                               : -1;
     if (st == BN_OK && n < 0)
         st = err->status;
+    if (n >= 2 * LAYER_DISPATCHES && LAYER_DISPATCHES <= BN_VK_PROFILE_KERNELS)
+        for (int i = 0; i < LAYER_DISPATCHES; i++) {
+            snprintf(out->layer_names[i], sizeof out->layer_names[0], "%s",
+                     names[LAYER_DISPATCHES + i]);
+            out->layer_us[i] = us[LAYER_DISPATCHES + i];
+            out->layer_n++;
+        }
     for (int i = 0; i < n; i++) { /* totals by kernel, in order of first run */
         int k = 0;
         while (k < out->n && strcmp(out->names[k], names[i]) != 0)

@@ -18,6 +18,11 @@ typedef struct bn_vk_pass_profile {
     double us[BN_VK_PROFILE_KERNELS];          /* each one's total       */
     int dispatches[BN_VK_PROFILE_KERNELS];
     double total_us;                           /* the pass's dispatches  */
+    /* The second layer's dispatches one by one, in order (0 when the pass
+     * has fewer than two layers). */
+    int layer_n;
+    char layer_names[BN_VK_PROFILE_KERNELS][32];
+    double layer_us[BN_VK_PROFILE_KERNELS];
 } bn_vk_pass_profile;
 
 /* One decode pass of `token` at position pos (at most the positions

@@ -70,6 +70,8 @@ bn_status bn_vk_kernel_create(bn_vk *vk, const char *name, const unsigned char *
                               size_t len, int n_buffers, uint32_t push_bytes,
                               bn_vk_kernel **out, bn_error *err);
 void bn_vk_kernel_free(bn_vk *vk, bn_vk_kernel *k);
+/* The name it was created with. */
+const char *bn_vk_kernel_name(const bn_vk_kernel *k);
 
 /* A sequence of dispatches recorded into one command buffer and run at
  * once, each after the ones before it have finished writing: begin,

@@ -4,11 +4,15 @@
 #include <string.h>
 
 #define BN_VK_W2A8_OUTPUTS 8 /* outputs a workgroup: shaders/w2a8_matvec.glsl */
+#define ROWS_KERNEL "w2a8_matvec_dot_f64_rows"
+#define ROWS_RB 8 /* activation rows a workgroup of it: its RB */
 
 extern const unsigned char bn_vk_spv_w2a8_matvec[], bn_vk_spv_w2a8_matvec_f64[],
-    bn_vk_spv_w2a8_matvec_dot[], bn_vk_spv_w2a8_matvec_dot_f64[];
+    bn_vk_spv_w2a8_matvec_dot[], bn_vk_spv_w2a8_matvec_dot_f64[],
+    bn_vk_spv_w2a8_matvec_dot_f64_rows[];
 extern const size_t bn_vk_spv_w2a8_matvec_len, bn_vk_spv_w2a8_matvec_f64_len,
-    bn_vk_spv_w2a8_matvec_dot_len, bn_vk_spv_w2a8_matvec_dot_f64_len;
+    bn_vk_spv_w2a8_matvec_dot_len, bn_vk_spv_w2a8_matvec_dot_f64_len,
+    bn_vk_spv_w2a8_matvec_dot_f64_rows_len;
 
 /* The shader's push constants, in its order. */
 typedef struct matvec_params {
@@ -68,6 +72,31 @@ bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bool dot_product,
                                N_BUFFERS, sizeof(matvec_params), out, err);
 }
 
+bool bn_vk_w2a8_rows_kernel_fits(const bn_vk *vk)
+{
+    const bn_vulkan_device *d = bn_vk_device(vk);
+    return d->fp64 && d->integer_dot_product;
+}
+
+bn_status bn_vk_w2a8_rows_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
+{
+    if (!bn_vk_w2a8_rows_kernel_fits(vk))
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
+                            "Vulkan: %s lacks fp64 or integer dot products for the W2A8 "
+                            "product of many rows",
+                            bn_vk_device(vk)->name);
+    return bn_vk_kernel_create(vk, ROWS_KERNEL, bn_vk_spv_w2a8_matvec_dot_f64_rows,
+                               bn_vk_spv_w2a8_matvec_dot_f64_rows_len, N_BUFFERS,
+                               sizeof(matvec_params), out, err);
+}
+
+/* Workgroups of `kernel` for `per_row` workgroups an activation row. */
+static uint64_t groups_for(const bn_vk_kernel *kernel, uint64_t per_row, int64_t rows)
+{
+    const uint64_t rb = strcmp(bn_vk_kernel_name(kernel), ROWS_KERNEL) == 0 ? ROWS_RB : 1;
+    return per_row * (((uint64_t)rows + rb - 1) / rb);
+}
+
 /* A product of n outputs a row read from w_rows rows (n, or 2n for the
  * gate and up), outputs a workgroup per_group. */
 static bn_status record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
@@ -95,9 +124,8 @@ static bn_status record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_
                              .up_scale = up_scale};
     /* Modes 0 to 2 bind y where mode 3's buffers go; they never touch them. */
     bn_vk_buffer *const buffers[N_BUFFERS] = {w, x, y, act_scales, y, y, y, y, y};
-    return bn_vk_dispatch_groups(vk, kernel, buffers, &p,
-                                 (uint64_t)((n + per_group - 1) / per_group) * (uint64_t)rows,
-                                 err);
+    const uint64_t per_row = (uint64_t)((n + per_group - 1) / per_group);
+    return bn_vk_dispatch_groups(vk, kernel, buffers, &p, groups_for(kernel, per_row, rows), err);
 }
 
 bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
@@ -196,5 +224,6 @@ bn_status bn_vk_w2a8_record_qkv(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w
                              (uint32_t)s->layer_off};
     bn_vk_buffer *const buffers[N_BUFFERS] = {w,         x,  q, act_scales, s->info,
                                               s->tables, s->cs, s->k_cache, s->v_cache};
-    return bn_vk_dispatch_groups(vk, kernel, buffers, &p, qkv_groups(s) * (uint64_t)rows, err);
+    return bn_vk_dispatch_groups(vk, kernel, buffers, &p, groups_for(kernel, qkv_groups(s), rows),
+                                 err);
 }

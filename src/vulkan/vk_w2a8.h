@@ -37,6 +37,14 @@ void bn_vk_w2a8_pack(const int8_t *codes, int64_t n, int64_t k, uint32_t *out);
 bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bool dot_product,
                             bn_vk_kernel **out, bn_error *err);
 
+/* The same product taking eight activation rows a workgroup, each weight
+ * word loaded once for all of them (the same outputs bit for bit; for a
+ * pass of many rows): where the device has fp64 and integer dot products
+ * (bn_vk_w2a8_rows_kernel_fits), the exact dot-product variant. Every
+ * record function below takes either kernel. */
+bool bn_vk_w2a8_rows_kernel_fits(const bn_vk *vk);
+bn_status bn_vk_w2a8_rows_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err);
+
 /* What a product does with its output v at y[i] (the CPU's operations,
  * each rounded once): stores it, or adds it (the residual add, y += v). */
 typedef enum bn_vk_w2a8_epilogue {

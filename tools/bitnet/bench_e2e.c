@@ -412,6 +412,12 @@ static void print_vulkan_step(void *vk, int32_t token, int64_t pos)
         printf("  %-24s %9.1f %6.1f%% %10d\n", p.names[k], p.us[k],
                p.total_us > 0 ? 100.0 * p.us[k] / p.total_us : 0.0, p.dispatches[k]);
     printf("  %-24s %9.1f\n", "total (on the device)", p.total_us);
+    if (p.layer_n > 0) {
+        printf("  the second layer's dispatches, us:");
+        for (int i = 0; i < p.layer_n; i++)
+            printf(" %s %.1f", p.layer_names[i], p.layer_us[i]);
+        printf("\n");
+    }
 }
 #endif
 
@@ -602,9 +608,11 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
     else
         snprintf(picks, sizeof picks, "greedy");
     /* Where the token is picked: by the GPU (its steps chained), by the
-     * CPU backend's screened head, or from full logits by the sampler. */
+     * CPU backend's screened head, among the Vulkan backend's screened
+     * head's candidates, or from full logits by the sampler. */
     const bool backend_picks = bn_engine_picks_on_device(e, &req.sampling);
     const bool on_cpu = bn_engine_backend_handle(e, "cpu") != NULL;
+    const bool on_vulkan = bn_engine_backend_handle(e, "vulkan") != NULL;
     if (g.decode_steps > 0)
         printf("decode    %8.2f s      %lld tokens, %.1f tok/s (%.2f ms per token; %s, %s)\n",
                g.decode_seconds, (long long)g.decode_steps,
@@ -612,6 +620,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                1000.0 * g.decode_seconds / (double)g.decode_steps, picks,
                !backend_picks ? "picked on the host"
                : on_cpu       ? "picked by the CPU backend (screened head)"
+               : on_vulkan    ? "picked on the host from the screened head's candidates"
                               : "picked on the device, steps chained");
     else
         printf("decode    (one token generated: no decode step to time)\n");

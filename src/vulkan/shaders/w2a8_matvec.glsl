@@ -23,8 +23,12 @@
 // j + half), q goes to y, k and v to their cache row through the row's
 // block table (as rope_store.comp did it, which this mode replaces).
 // Each operation is rounded once, in the CPU's order.
-// Included by w2a8_matvec.comp, w2a8_matvec_f64.comp, w2a8_matvec_dot.comp
-// and w2a8_matvec_dot_f64.comp.
+// With RB (the _rows variants, for a pass of many rows) a workgroup takes
+// its outputs for RB activation rows at once: each weight word is loaded
+// (and spread) once for all of them, the sums and epilogues are each
+// row's as above.
+// Included by w2a8_matvec.comp, w2a8_matvec_f64.comp, w2a8_matvec_dot.comp,
+// w2a8_matvec_dot_f64.comp and w2a8_matvec_dot_f64_rows.comp.
 
 #ifdef DOT_PRODUCT
 // OpSDot (4450) of two 32-bit words as four signed 8-bit lanes each
@@ -64,7 +68,11 @@ layout(push_constant) uniform Params {
     uint cache_rows, layer_off;                  // vk_ops.h describes them)
 } p;
 
-shared int partial[OUTPUTS * LANES];
+#ifndef RB
+#define RB 1u // activation rows a workgroup
+#endif
+
+shared int partial[RB][OUTPUTS * LANES];
 
 // The CPU's ((float)sum / act_scale) * weight_scale.
 float epilogue_scale(int sum, float act_scale, float weight_scale)
@@ -164,6 +172,29 @@ void qkv_epilogue(uint a, uint part, bool pair, uint at, int sum, int sum2)
     }
 }
 
+// The output of activation row a for the group of invocations slot:
+// stored, added, or the gate times the up (mode 2: sum_up the up's sum).
+void store_output(uint a, uint row, int sum, int sum_up)
+{
+    const float act_scale = act_scales[p.act_row + a];
+    const float v = epilogue_scale(sum, act_scale, p.weight_scale);
+    const uint o = a * p.n + row;
+    if (p.mode == 1u) {
+        precise float r = y[o] + v;
+        y[o] = r;
+    } else if (p.mode == 2u) {
+        const float u = epilogue_scale(sum_up, act_scale, p.up_scale);
+        // The test is on the bits (positive, at most +infinity), not a
+        // compare a driver could turn into a max() that keeps a NaN.
+        const int bits = floatBitsToInt(v);
+        const float g = bits > 0 && bits <= 0x7f800000 ? v : 0.0;
+        precise float r = (g * g) * u;
+        y[o] = r;
+    } else {
+        y[o] = v;
+    }
+}
+
 void main()
 {
     const bool gate_up = p.mode == 2u, qkv = p.mode == 3u;
@@ -175,9 +206,9 @@ void main()
     bool pair = false, live = false;
     if (qkv)
         blocks = qkv_geometry(0u, 0u, part, pair, at, live);
-    if (id >= blocks * p.rows)
+    if (id >= blocks * ((p.rows + RB - 1u) / RB))
         return; // the whole workgroup: no barrier is left waiting
-    const uint a = id / blocks;
+    const uint a0 = (id / blocks) * RB; // the workgroup's first activation row
     // The output this group of invocations sums for, and its weight row.
     uint row = (id % blocks) * per + (gate_up ? slot % per : slot);
     uint w_row = gate_up && slot >= per ? p.n + row : row;
@@ -187,61 +218,58 @@ void main()
         row = live ? 0u : p.n; // only whether it is below p.n counts below
         w_row = at + (part == 0u ? 0u : part == 1u ? q_dim : q_dim + kv_dim);
     }
-    const uint act_base = (p.act_row + a) * p.words * 4u;
-    // Four sums, one a word of activations, so that the adds do not wait
-    // on each other (integer sums: the order does not matter).
-    int acc[4] = int[4](0, 0, 0, 0);
+    // Rows past the last repeat it (summed, never stored).
+    uint act_base[RB];
+    for (uint r = 0u; r < RB; r++)
+        act_base[r] = (p.act_row + min(a0 + r, p.rows - 1u)) * p.words * 4u;
+    // Four sums a row, one a word of activations, so that the adds do not
+    // wait on each other (integer sums: the order does not matter).
+    int acc[RB][4];
+    for (uint r = 0u; r < RB; r++)
+        acc[r] = int[4](0, 0, 0, 0);
     if (row < p.n) {
         for (uint j = sub; j < p.words; j += LANES) {
             const uint codes = w[w_row * p.words + j];
             for (uint q = 0u; q < 4u; q++) {
-                const int acts = int(x[act_base + j * 4u + q]);
 #ifdef DOT_PRODUCT
                 // Codes 4q .. 4q + 3 (0, 1, 2) spread to the bytes of a word,
                 // then sum code x - sum x: two dot products of four.
                 const uint c = (codes >> (8u * q)) & 0xffu;
-                const uint spread = (c & 3u) | ((c & 0xcu) << 6) | ((c & 0x30u) << 12) |
-                                    ((c & 0xc0u) << 18);
-                acc[q] += sdot_packed(int(spread), acts, 0) - sdot_packed(0x01010101, acts, 0);
+                const int spread = int((c & 3u) | ((c & 0xcu) << 6) | ((c & 0x30u) << 12) |
+                                       ((c & 0xc0u) << 18));
+                for (uint r = 0u; r < RB; r++) {
+                    const int acts = int(x[act_base[r] + j * 4u + q]);
+                    acc[r][q] += sdot_packed(spread, acts, 0) - sdot_packed(0x01010101, acts, 0);
+                }
 #else
-                for (uint b = 0u; b < 4u; b++) {
-                    const int code = int((codes >> (2u * (4u * q + b))) & 3u) - 1;
-                    acc[q] += code * bitfieldExtract(acts, int(8u * b), 8);
+                for (uint r = 0u; r < RB; r++) {
+                    const int acts = int(x[act_base[r] + j * 4u + q]);
+                    for (uint b = 0u; b < 4u; b++) {
+                        const int code = int((codes >> (2u * (4u * q + b))) & 3u) - 1;
+                        acc[r][q] += code * bitfieldExtract(acts, int(8u * b), 8);
+                    }
                 }
 #endif
             }
         }
     }
-    partial[tid] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for (uint r = 0u; r < RB; r++)
+        partial[r][tid] = (acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]);
     barrier();
     for (uint h = LANES / 2u; h > 0u; h >>= 1u) {
         if (sub < h)
-            partial[tid] += partial[tid + h];
+            for (uint r = 0u; r < RB; r++)
+                partial[r][tid] += partial[r][tid + h];
         barrier();
     }
-    if (qkv) {
-        if (sub == 0u && live && (!pair || slot < 4u))
-            qkv_epilogue(a, part, pair, at, partial[tid],
-                         pair ? partial[tid + 4u * LANES] : 0);
-        return;
-    }
-    if (sub == 0u && row < p.n && slot < per) {
-        const float act_scale = act_scales[p.act_row + a];
-        const float v = epilogue_scale(partial[tid], act_scale, p.weight_scale);
-        const uint o = a * p.n + row;
-        if (p.mode == 1u) {
-            precise float r = y[o] + v;
-            y[o] = r;
-        } else if (gate_up) {
-            const float u = epilogue_scale(partial[tid + per * LANES], act_scale, p.up_scale);
-            // The test is on the bits (positive, at most +infinity), not a
-            // compare a driver could turn into a max() that keeps a NaN.
-            const int bits = floatBitsToInt(v);
-            const float g = bits > 0 && bits <= 0x7f800000 ? v : 0.0;
-            precise float r = (g * g) * u;
-            y[o] = r;
-        } else {
-            y[o] = v;
+    for (uint r = 0u; r < RB && a0 + r < p.rows; r++) {
+        const uint a = a0 + r;
+        if (qkv) {
+            if (sub == 0u && live && (!pair || slot < 4u))
+                qkv_epilogue(a, part, pair, at, partial[r][tid],
+                             pair ? partial[r][tid + 4u * LANES] : 0);
+        } else if (sub == 0u && row < p.n && slot < per) {
+            store_output(a, row, partial[r][tid], gate_up ? partial[r][tid + per * LANES] : 0);
         }
     }
 }
