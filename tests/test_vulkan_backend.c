@@ -10,6 +10,9 @@
  *     and from the backend's own picks (forward_pick: the screened LM head,
  *     vk_head_screen.h), which it takes for greedy steps only, and not at
  *     all with BITNET_VULKAN_SCREEN=0;
+ *   - decode steps past 256 positions (the shipped model: the fixtures hold
+ *     256), whose attention is split over positions: the CPU's logits
+ *     within 1e-5 of the largest, its argmax;
  *   - rows of three sequences through the paged cache (forward_rows, the
  *     batching engine's pass): the CPU backend's logits;
  *   - going back to an earlier position recomputes the same logits;
@@ -334,6 +337,58 @@ static void check_rows(const char *path)
     bn_checkpoint_free(m);
 }
 
+/* Decode steps from position 290 on (a 290-token prompt, then 12 steps fed
+ * the CPU's greedy tokens), where the backend splits a step's attention
+ * over its positions: the CPU's logits within 1e-5 of the largest, the
+ * same argmax, and the receipt names the split attention. */
+static void check_split_steps(const char *path)
+{
+    bn_checkpoint *m = NULL;
+    bn_error err;
+    CHECK(bn_checkpoint_load(path, &m, &err) == BN_OK);
+    if (!m)
+        return;
+    const int64_t V = bn_checkpoint_hparams(m)->vocab, n_prompt = 290, steps = 12;
+    bn_backend *cpu = make(bn_backend_cpu_ops(), m, -1, 320, false, &err);
+    bn_backend *vk = make(&bn_vulkan_backend_ops, m, 0, 320, false, &err);
+    int32_t *prompt = malloc((size_t)n_prompt * sizeof *prompt);
+    float *want = malloc((size_t)V * sizeof *want), *got = malloc((size_t)V * sizeof *got);
+    CHECK_MSG(cpu && vk && prompt && want && got, "%s: backends for 320 positions", path);
+    double worst = 0.0;
+    int argmax_diff = 0, ran = 0;
+    if (cpu && vk && prompt && want && got) {
+        for (int64_t i = 0; i < n_prompt; i++)
+            prompt[i] = (int32_t)((i * 11 + 5) % V);
+        bool ok = cpu->ops->forward(cpu, prompt, n_prompt, 0, want, &err) == BN_OK &&
+                  vk->ops->forward(vk, prompt, n_prompt, 0, got, &err) == BN_OK;
+        for (int64_t s = 0; ok && s < steps; s++) {
+            worst = fmax(worst, rel_diff(want, got, V));
+            const int32_t t = argmax(want, V);
+            argmax_diff += argmax(got, V) != t;
+            ran++;
+            ok = cpu->ops->forward(cpu, &t, 1, n_prompt + s, want, &err) == BN_OK &&
+                 vk->ops->forward(vk, &t, 1, n_prompt + s, got, &err) == BN_OK;
+        }
+        CHECK_MSG(ok, "%s: steps past 256: %s", path, err.message);
+        bn_engine_info info;
+        memset(&info, 0, sizeof info);
+        vk->ops->report(vk, &info);
+        CHECK_STR_CONTAINS(info.kernels, "vulkan_attention_split");
+    }
+    printf("%-44s steps at positions 290..301 (split attention): worst rel %.2e, argmax "
+           "differs at %d\n",
+           path, worst, argmax_diff);
+    CHECK(ran == steps && worst <= 1e-5 && argmax_diff == 0);
+    if (vk)
+        vk->ops->free(vk);
+    if (cpu)
+        cpu->ops->free(cpu);
+    free(prompt);
+    free(want);
+    free(got);
+    bn_checkpoint_free(m);
+}
+
 /* BITNET_VULKAN_SCREEN=0: no int8 copy, the host picks from the logits. */
 static void check_no_screen(const char *path)
 {
@@ -410,6 +465,7 @@ int main(int argc, char **argv)
         printf("%d models picked greedy tokens through the screened head\n", screened_models);
         CHECK(screened_models > 0);
         check_no_screen(argv[2]);
+        check_split_steps(argv[2]); /* the fixtures' context is 256 */
     }
     if (fp64)
         check_rows(argv[2]);

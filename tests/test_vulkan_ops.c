@@ -386,6 +386,7 @@ static float *rope_tables(const layout *l, int rope_dim)
 }
 
 static int64_t attn_compared, attn_same_expf, attn_same_double;
+static float split_worst_all; /* the split form's largest difference over the range */
 
 /* A layer's attention as attention_block runs it: the rows' q and k turned
  * and their k and v stored (on the host, as the q, k, v product does it),
@@ -454,13 +455,28 @@ static void check_attention(bn_vk *vk, bn_vk_ops *ops, int n_head, int n_kv, int
     CHECK_MSG(st == BN_OK, "attention: %s", err.message);
     submit(vk);
     download(vk, &ba, att, (size_t)(rows * q_dim + 1) * 4);
+    /* The split form over the same rows (positions up to the cache's
+     * length, as a decode step asks), its partials poisoned. */
+    const uint64_t n_part = bn_vk_attention_split_floats(&s, rows, stride);
+    float *part = floats((int64_t)n_part), *att_split = floats(rows * q_dim + 1);
+    fill(part, (int64_t)n_part, NAN);
+    fill(att_split, rows * q_dim + 1, NAN);
+    att_split[rows * q_dim] = POISON;
+    bn_vk_buffer bp = upload(vk, part, n_part * 4);
+    bn_vk_buffer bas = upload(vk, att_split, (size_t)(rows * q_dim + 1) * 4);
+    CHECK(bn_vk_begin(vk, &err) == BN_OK);
+    CHECK_MSG(bn_vk_attention_split_record(vk, ops, &s, &d.rows, &bq, &bkc, &bvc, layer_off, &bp,
+                                           stride, &bas, &err) == BN_OK,
+              "split attention: %s", err.message);
+    submit(vk);
+    download(vk, &bas, att_split, (size_t)(rows * q_dim + 1) * 4);
 
     /* The CPU: each row and head. */
     int64_t *kv_at = malloc((size_t)stride * sizeof *kv_at);
     float *sc = floats(stride), *want = floats(hd), *want_d = floats(hd);
     CHECK(kv_at != NULL);
-    int64_t far = 0, same_expf = 0, same_double = 0;
-    float worst = 0.0f;
+    int64_t far = 0, same_expf = 0, same_double = 0, split_far = 0;
+    float worst = 0.0f, split_worst = 0.0f;
     for (int64_t r = 0; r < rows; r++) {
         const int seq = l.info[2 * r], n_pos = l.info[2 * r + 1] + 1;
         for (int h = 0; h < n_head; h++) {
@@ -477,6 +493,9 @@ static void check_attention(bn_vk *vk, bn_vk_ops *ops, int n_head, int n_kv, int
                               "%d [%d]: %.9g, want %.9g",
                               n_head, n_kv, hd, (long long)r, seq, n_pos - 1, h, i, g, want[i]);
                 worst = e > worst ? e : worst;
+                const float es = fabsf(att_split[r * q_dim + (int64_t)h * hd + i] - want[i]);
+                split_far += !(es <= 1e-5f * range);
+                split_worst = es > split_worst ? es : split_worst;
                 same_expf += same(g, want[i]);
                 same_double += same(g, want_d[i]);
             }
@@ -487,6 +506,12 @@ static void check_attention(bn_vk *vk, bn_vk_ops *ops, int n_head, int n_kv, int
               "attention %d/%d heads of %d: %lld of %lld outputs off by more than 1e-5 of %g, "
               "guard %g",
               n_head, n_kv, hd, (long long)far, (long long)n_out, range, att[n_out]);
+    CHECK_MSG(split_far == 0 && att_split[n_out] == POISON,
+              "split attention %d/%d heads of %d: %lld of %lld outputs off by more than 1e-5 of "
+              "%g (largest %g), guard %g",
+              n_head, n_kv, hd, (long long)split_far, (long long)n_out, range, split_worst,
+              att_split[n_out]);
+    split_worst_all = split_worst / range > split_worst_all ? split_worst / range : split_worst_all;
     /* With exp computed as the kernel does it, the rest of the arithmetic
      * is the CPU's: all equal but for a rare exp rounded differently. */
     CHECK_MSG(!exact_kernels || same_double >= n_out - n_out / 100,
@@ -502,9 +527,11 @@ static void check_attention(bn_vk *vk, bn_vk_ops *ops, int n_head, int n_kv, int
     attn_same_expf += same_expf;
     attn_same_double += same_double;
 
-    bn_vk_buffer *const all[] = {&bq, &bkc, &bvc, &bs, &ba};
+    bn_vk_buffer *const all[] = {&bq, &bkc, &bvc, &bs, &ba, &bp, &bas};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         bn_vk_buffer_free(vk, all[i]);
+    free(part);
+    free(att_split);
     free_rows(vk, &d);
     free_layout(&l);
     free(q);
@@ -552,25 +579,42 @@ static void check_bad_rows(bn_vk *vk, bn_vk_ops *ops)
     CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows * n_head * stride) * 4, &bs, &err) == BN_OK);
     CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows * q_dim) * 4, &ba, &err) == BN_OK);
     const bn_vk_attn_shape s = {n_head, n_kv, hd, l.cache_rows};
-    CHECK(bn_vk_begin(vk, &err) == BN_OK);
-    CHECK(bn_vk_attention_record(vk, ops, &s, &d.rows, &bq, &bkc, &bvc, 0, &bs, stride, &ba,
-                                 &err) == BN_OK);
-    submit(vk);
-    download(vk, &ba, att, (size_t)(rows * q_dim) * 4);
-    bool good = true;
-    for (int64_t i = 0; i < q_dim; i++)
-        good &= !isnan(att[i]);
-    int64_t nan_rows = 0;
-    for (int64_t r = 1; r < rows; r++) {
-        bool all_nan = true;
+    bn_vk_buffer bp;
+    CHECK(bn_vk_buffer_create(vk, bn_vk_attention_split_floats(&s, rows, stride) * 4, &bp, &err) ==
+          BN_OK);
+    for (int form = 0; form < 2; form++) { /* the exact one, then the split one */
+        CHECK(bn_vk_begin(vk, &err) == BN_OK);
+        if (form == 0)
+            CHECK(bn_vk_attention_record(vk, ops, &s, &d.rows, &bq, &bkc, &bvc, 0, &bs, stride, &ba,
+                                         &err) == BN_OK);
+        else
+            CHECK(bn_vk_attention_split_record(vk, ops, &s, &d.rows, &bq, &bkc, &bvc, 0, &bp,
+                                               stride, &ba, &err) == BN_OK);
+        submit(vk);
+        download(vk, &ba, att, (size_t)(rows * q_dim) * 4);
+        bool good = true;
         for (int64_t i = 0; i < q_dim; i++)
-            all_nan &= isnan(att[r * q_dim + i]) != 0;
-        nan_rows += all_nan;
+            good &= !isnan(att[i]);
+        int64_t nan_rows = 0;
+        for (int64_t r = 1; r < rows; r++) {
+            bool all_nan = true;
+            for (int64_t i = 0; i < q_dim; i++)
+                all_nan &= isnan(att[r * q_dim + i]) != 0;
+            nan_rows += all_nan;
+        }
+        CHECK_MSG(good && nan_rows == rows - 1,
+                  "%s attention, rows outside the tables: the good row %s, %lld of %lld bad rows "
+                  "NaN",
+                  form == 0 ? "exact" : "split", good ? "finite" : "not finite",
+                  (long long)nan_rows, (long long)(rows - 1));
     }
-    CHECK_MSG(good && nan_rows == rows - 1,
-              "rows outside the tables: the good row %s, %lld of %lld bad rows NaN",
-              good ? "finite" : "not finite", (long long)nan_rows, (long long)(rows - 1));
-    bn_vk_buffer *const all[] = {&bq, &bkc, &bvc, &bs, &ba};
+    /* Partials too small for the positions: refused. */
+    CHECK(bn_vk_begin(vk, &err) == BN_OK);
+    CHECK(bn_vk_attention_split_record(vk, ops, &s, &d.rows, &bq, &bkc, &bvc, 0, &bp, 1000, &ba,
+                                       &err) == BN_ERR_INVALID_ARGUMENT);
+    CHECK_STR_CONTAINS(err.message, "partials");
+    submit(vk);
+    bn_vk_buffer *const all[] = {&bq, &bkc, &bvc, &bs, &ba, &bp};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         bn_vk_buffer_free(vk, all[i]);
     free_rows(vk, &d);
@@ -706,6 +750,7 @@ int main(void)
     printf("attention: %lld outputs, %lld bit-identical to the CPU (libm expf), %lld to its "
            "arithmetic with exp in double\n",
            (long long)attn_compared, (long long)attn_same_expf, (long long)attn_same_double);
+    printf("split attention: largest difference %.3g of the range\n", split_worst_all);
     check_bad_rows(vk, ops);
     check_refusals(vk, ops);
     bn_vk_ops_free(vk, ops);

@@ -56,6 +56,13 @@ extern const bn_backend_ops bn_vulkan_backend_ops;
 
 #define VKB_CHUNK 64 /* rows a pass takes: a longer prompt runs in chunks */
 #define ROWS_KERNEL_MIN 8
+/* Decode steps at this position or past it take the attention split over
+ * positions (vk_ops.h): the exact one, the CPU's bits, walks every position
+ * in turn (H200, 2B-4T heads: 35 us a layer at context 384, 93 at 1000, 319
+ * at 4000, against 22.6, 24.6 and 49 split); below, its cost is small and
+ * greedy text stays the CPU's, which the split sums' roundings can part
+ * from at a near tie of an int8 code. */
+#define SPLIT_FROM 256
 
 typedef struct vkb_proj {
     bn_vk_buffer w; /* packed codes (vk_w2a8.h) */
@@ -112,6 +119,7 @@ typedef struct vkb {
     /* A pass's rows (VKB_CHUNK of each). */
     bn_vk_buffer x, codes, scales, sums, q, att, gate, normed, logits;
     bn_vk_buffer scratch, info, tables, cs;
+    bn_vk_buffer partials; /* a decode row's split attention (vk_ops.h) */
     /* The pass's inputs and its logit rows in host-visible memory (io),
      * copied by the pass's own sequence: one submission a pass. h_x,
      * h_info, h_cs and h_logits_io point into it. */
@@ -126,15 +134,18 @@ typedef struct vkb {
 
     uint64_t weight_bytes, head_bytes, norm_bytes, kv_bytes, scratch_bytes;
     uint64_t dispatches, uploads, upload_bytes, downloads, download_bytes;
-    /* The decode step (one row of the flat cache, its logits) as recorded
-     * once and run again every token: the same dispatches over the same
-     * buffers, only their contents change (bn_vk_submit_keep). NULL until
-     * the first step, or where it does not fit one sequence. */
-    bn_vk_kept *decode_step;
-    bn_vk_kept *pick_step;      /* the same for a greedy step's screened head */
-    uint64_t replays;           /* decode steps run from them */
-    uint64_t picks, full_picks; /* greedy picks; of them, by the full head */
+    /* The decode step (one row of the flat cache) as recorded once and run
+     * again every token: the same dispatches over the same buffers, only
+     * their contents change (bn_vk_submit_keep). One for each end (its
+     * logits, or a greedy step's screened head) and attention (exact, or
+     * split from SPLIT_FROM on); NULL until first needed, or where it does
+     * not fit one sequence. */
+    bn_vk_kept *decode_step[2][2]; /* [pick][split] */
+    uint64_t replays;              /* decode steps run from them */
+    uint64_t picks, full_picks;    /* greedy picks; of them, by the full head */
+    uint64_t split_steps;          /* decode steps with the split attention */
     bool split_pass; /* the pass being recorded was submitted in parts */
+    bool split_attention; /* it is a decode step whose attention is split */
 } vkb;
 
 static vkb *vkb_of(const bn_backend *b) { return b->impl; }
@@ -329,6 +340,7 @@ static bn_status make_buffers(vkb *v, bn_error *err)
     const uint64_t R = VKB_CHUNK, f = sizeof(float);
     const int64_t widest = hp->ffn > hp->dim ? (hp->ffn > v->q_dim ? hp->ffn : v->q_dim)
                                              : (hp->dim > v->q_dim ? hp->dim : v->q_dim);
+    const bn_vk_attn_shape shape = {hp->n_head, hp->n_head_kv, hp->head_dim, v->kv_len};
     const struct {
         bn_vk_buffer *b;
         uint64_t bytes;
@@ -346,6 +358,7 @@ static bn_status make_buffers(vkb *v, bn_error *err)
         {&v->info, R * 2 * sizeof(int32_t)},
         {&v->tables, sizeof(int32_t)},
         {&v->cs, R * (hp->rope_dim > 0 ? hp->rope_dim : 1) * f},
+        {&v->partials, bn_vk_attention_split_floats(&shape, 1, v->kv_len) * f},
     };
     bn_status st = BN_OK;
     for (size_t i = 0; i < sizeof list / sizeof list[0] && st == BN_OK; i++)
@@ -434,12 +447,13 @@ static void vkb_release(vkb *v)
             bn_vk_buffer_free(v->vk, &v->pv_cache[l]);
     }
     bn_vk_buffer_free(v->vk, &v->ptables);
-    bn_vk_kept_free(v->vk, v->decode_step);
-    bn_vk_kept_free(v->vk, v->pick_step);
+    for (int i = 0; i < 4; i++)
+        bn_vk_kept_free(v->vk, v->decode_step[i / 2][i % 2]);
     bn_vk_head_screen_free(v->vk, v->screen);
-    bn_vk_buffer *const pass[] = {&v->x,      &v->codes,   &v->scales, &v->sums,   &v->q,
-                                  &v->att,    &v->gate,    &v->normed, &v->logits, &v->scratch,
-                                  &v->info,   &v->tables,  &v->cs,     &v->out_norm, &v->io};
+    bn_vk_buffer *const pass[] = {&v->x,      &v->codes,    &v->scales, &v->sums,
+                                  &v->q,      &v->att,      &v->gate,   &v->normed,
+                                  &v->logits, &v->scratch,  &v->info,   &v->tables,
+                                  &v->cs,     &v->out_norm, &v->io,     &v->partials};
     for (size_t i = 0; i < sizeof pass / sizeof pass[0]; i++)
         bn_vk_buffer_free(v->vk, pass[i]);
     if (v->ops)
@@ -611,8 +625,12 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
                            0};
     TRY(bn_vk_w2a8_record_qkv(v->vk, w2a8_for(v, M), &qp->w, &v->codes, &v->scales, 0, M, &v->q,
                               qp->k, &qkv, err));
-    TRY(bn_vk_attention_record(v->vk, v->ops, &as, &rows, &v->q, &c->k[l], &c->v[l], 0,
-                               &v->scratch, v->kv_len, &v->att, err));
+    if (v->split_attention) /* one row: its positions over many workgroups */
+        TRY(bn_vk_attention_split_record(v->vk, v->ops, &as, &rows, &v->q, &c->k[l], &c->v[l], 0,
+                                         &v->partials, v->kv_len, &v->att, err));
+    else
+        TRY(bn_vk_attention_record(v->vk, v->ops, &as, &rows, &v->q, &c->k[l], &c->v[l], 0,
+                                   &v->scratch, v->kv_len, &v->att, err));
     TRY(record_norm(v, &v->att, &norms[BN_NORM_ATTN_SUB], M, v->q_dim, err));
     /* x += Wo a and, below, x += Wdown h: the residual adds in the
      * products' epilogues; h = relu2(gate) up from one product of both. */
@@ -627,7 +645,7 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
 }
 
 /* Dispatches a layer records (record_layer). */
-#define LAYER_DISPATCHES 9
+#define LAYER_DISPATCHES 10 /* a decode step's (a prompt pass's attention is one) */
 
 /* Submits the open sequence when `need` more dispatches would not fit it. */
 static bn_status make_room(vkb *v, int need, bn_error *err)
@@ -702,8 +720,9 @@ static bn_status record_head(vkb *v, int64_t M, pass_end end, int64_t lfirst, in
 /* Rows tokens[0 .. M) of sequences seq[] at positions pos[] through cache
  * c, ending as `end` says (record_head). One submission: the inputs go
  * through io too. A decode step (decode: one row of the flat cache with
- * its logits or its pick) runs as v->decode_step (v->pick_step) once that
- * is kept: the dispatches and copies never change, only io's inputs. */
+ * its logits or its pick) runs as a kept v->decode_step once there is one
+ * for its end and attention: the dispatches and copies never change, only
+ * io's inputs. */
 static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, const int64_t *pos,
                           const int32_t *seq, int64_t M, pass_end end, int64_t lfirst, int64_t ln,
                           bool decode, bn_error *err)
@@ -721,7 +740,9 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
         }
     }
     const bool keep = decode && !bn_vk_profiling(v->vk); /* timed steps are recorded */
-    bn_vk_kept **kept = end == PASS_PICK ? &v->pick_step : &v->decode_step;
+    const bool split = decode && pos[0] >= SPLIT_FROM;
+    bn_vk_kept **kept = &v->decode_step[end == PASS_PICK][split];
+    v->split_steps += split;
     count_transfers(v, M, end == PASS_LOGITS ? ln : 0, end == PASS_PICK);
     if (keep && *kept) {
         TRY(bn_vk_replay(v->vk, *kept, err));
@@ -731,6 +752,7 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
     }
     TRY(bn_vk_begin(v->vk, err));
     v->split_pass = false;
+    v->split_attention = split;
     bn_status st = record_inputs(v, M, err);
     for (int l = 0; l < hp->n_layer && st == BN_OK; l++) {
         st = make_room(v, LAYER_DISPATCHES, err);
@@ -975,10 +997,11 @@ static void vk_report(const bn_backend *b, bn_engine_info *info)
     info->backend_total_bytes = info->gpu_total_bytes;
     snprintf(info->kernels, sizeof info->kernels,
              "vulkan_w2a8%s,vulkan_w2a8_qkv_rope,vulkan_norm_quantize,vulkan_attention,"
-             "vulkan_rmsnorm,vulkan_head_%s%s%s",
+             "vulkan_rmsnorm,vulkan_head_%s%s%s%s",
              bn_vk_device(v->vk)->integer_dot_product ? "_dot" : "",
              v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32",
              v->picks > v->full_picks ? ",vulkan_head_screen" : "",
+             v->split_steps > 0 ? ",vulkan_attention_split" : "",
              v->replays > 0 ? ",vulkan_decode_replay" : "");
 }
 

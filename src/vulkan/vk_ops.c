@@ -9,15 +9,17 @@
 #include <math.h>
 #include <stdlib.h>
 
-extern const unsigned char bn_vk_spv_attention[],
-    bn_vk_spv_attention_f64[], bn_vk_spv_rmsnorm[], bn_vk_spv_rmsnorm_f64[],
-    bn_vk_spv_head_matvec[], bn_vk_spv_head_matvec_rows[], bn_vk_spv_head_matvec_row1[];
-extern const size_t bn_vk_spv_attention_len,
-    bn_vk_spv_attention_f64_len, bn_vk_spv_rmsnorm_len, bn_vk_spv_rmsnorm_f64_len,
-    bn_vk_spv_head_matvec_len, bn_vk_spv_head_matvec_rows_len, bn_vk_spv_head_matvec_row1_len;
+extern const unsigned char bn_vk_spv_attention[], bn_vk_spv_attention_split[],
+    bn_vk_spv_attention_split_f64[], bn_vk_spv_attention_f64[], bn_vk_spv_rmsnorm[],
+    bn_vk_spv_rmsnorm_f64[], bn_vk_spv_head_matvec[], bn_vk_spv_head_matvec_rows[],
+    bn_vk_spv_head_matvec_row1[];
+extern const size_t bn_vk_spv_attention_len, bn_vk_spv_attention_split_len,
+    bn_vk_spv_attention_split_f64_len, bn_vk_spv_attention_f64_len, bn_vk_spv_rmsnorm_len,
+    bn_vk_spv_rmsnorm_f64_len, bn_vk_spv_head_matvec_len, bn_vk_spv_head_matvec_rows_len,
+    bn_vk_spv_head_matvec_row1_len;
 
 struct bn_vk_ops {
-    bn_vk_kernel *attention, *rmsnorm, *head, *head_rows, *head_row1;
+    bn_vk_kernel *attention, *split, *rmsnorm, *head, *head_rows, *head_row1;
 };
 
 /* The shaders' push constants, in their order. */
@@ -26,6 +28,13 @@ typedef struct attn_params {
         layer_off, stride;
     float scale;
 } attn_params;
+
+typedef struct split_params {
+    uint32_t rows, n_head, head_dim, group, kv_dim, block_size, max_blocks, n_seq, cache_rows,
+        layer_off, blocks;
+    float scale;
+    uint32_t stage;
+} split_params;
 
 typedef struct rmsnorm_params {
     uint32_t rows, n;
@@ -79,6 +88,11 @@ bn_status bn_vk_ops_create(bn_vk *vk, bn_vk_ops **out, bn_error *err)
         fp64 ? bn_vk_spv_attention_f64_len : bn_vk_spv_attention_len, 7, sizeof(attn_params),
         &ops->attention, err);
     if (st == BN_OK)
+        st = bn_vk_kernel_create(
+            vk, "attention_split", fp64 ? bn_vk_spv_attention_split_f64 : bn_vk_spv_attention_split,
+            fp64 ? bn_vk_spv_attention_split_f64_len : bn_vk_spv_attention_split_len, 7,
+            sizeof(split_params), &ops->split, err);
+    if (st == BN_OK)
         st = bn_vk_kernel_create(vk, "rmsnorm", fp64 ? bn_vk_spv_rmsnorm_f64 : bn_vk_spv_rmsnorm,
                                  fp64 ? bn_vk_spv_rmsnorm_f64_len : bn_vk_spv_rmsnorm_len, 3,
                                  sizeof(rmsnorm_params), &ops->rmsnorm, err);
@@ -107,6 +121,7 @@ void bn_vk_ops_free(bn_vk *vk, bn_vk_ops *ops)
     if (!ops)
         return;
     bn_vk_kernel_free(vk, ops->attention);
+    bn_vk_kernel_free(vk, ops->split);
     bn_vk_kernel_free(vk, ops->rmsnorm);
     bn_vk_kernel_free(vk, ops->head);
     bn_vk_kernel_free(vk, ops->head_rows);
@@ -143,20 +158,32 @@ static const char *check_attn(const bn_vk_attn_shape *s, const bn_vk_rows *r,
     return NULL;
 }
 
+/* check_attn, and q and att for the rows' items, head_dim at most 512. */
+static const char *check_attn_io(const bn_vk_attn_shape *s, const bn_vk_rows *r,
+                                 const bn_vk_buffer *q, const bn_vk_buffer *k_cache,
+                                 const bn_vk_buffer *v_cache, int64_t layer_off,
+                                 const bn_vk_buffer *att, uint32_t *n_seq)
+{
+    const char *bad = check_attn(s, r, k_cache, v_cache, layer_off, n_seq);
+    const uint64_t items =
+        prod((uint64_t)(r->rows > 0 ? r->rows : 0), (uint64_t)(s->n_head > 0 ? s->n_head : 0));
+    if (!bad && s->head_dim > ATTN_MAX_HEAD_DIM)
+        bad = "head_dim must be at most 512";
+    if (!bad && (!holds(q, prod(items, (uint64_t)s->head_dim)) ||
+                 !holds(att, prod(items, (uint64_t)s->head_dim))))
+        bad = "q and att must hold [rows][n_head * head_dim] floats";
+    return bad;
+}
+
 bn_status bn_vk_attention_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_shape *s,
                                  const bn_vk_rows *r, bn_vk_buffer *q, bn_vk_buffer *k_cache,
                                  bn_vk_buffer *v_cache, int64_t layer_off, bn_vk_buffer *scratch,
                                  int64_t scratch_stride, bn_vk_buffer *att, bn_error *err)
 {
     uint32_t n_seq = 0;
-    const char *bad = check_attn(s, r, k_cache, v_cache, layer_off, &n_seq);
     const uint64_t rows = (uint64_t)r->rows;
     const uint64_t items = prod(rows, (uint64_t)(s->n_head > 0 ? s->n_head : 0));
-    if (!bad && s->head_dim > ATTN_MAX_HEAD_DIM)
-        bad = "head_dim must be at most 512";
-    if (!bad && (!holds(q, prod(items, (uint64_t)s->head_dim)) ||
-                 !holds(att, prod(items, (uint64_t)s->head_dim))))
-        bad = "q and att must hold [rows][n_head * head_dim] floats";
+    const char *bad = check_attn_io(s, r, q, k_cache, v_cache, layer_off, att, &n_seq);
     if (!bad && (scratch_stride < 1 || !holds(scratch, prod(items, (uint64_t)scratch_stride))))
         bad = "the scratch must hold [rows][n_head][scratch_stride >= 1] floats";
     if (bad)
@@ -179,6 +206,61 @@ bn_status bn_vk_attention_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_sha
                            (float)(1.0 / sqrt((double)s->head_dim))};
     bn_vk_buffer *const buffers[7] = {r->info, r->tables, q, k_cache, v_cache, scratch, att};
     return bn_vk_dispatch_groups(vk, ops->attention, buffers, &p, items, err);
+}
+
+static uint64_t split_blocks(int64_t positions)
+{
+    return ((uint64_t)positions + BN_VK_SPLIT_BLOCK - 1) / BN_VK_SPLIT_BLOCK;
+}
+
+uint64_t bn_vk_attention_split_floats(const bn_vk_attn_shape *s, int64_t rows, int64_t positions)
+{
+    if (rows < 0 || positions < 0 || s->n_head < 0 || s->head_dim < 0)
+        return BIG;
+    return prod(prod(prod((uint64_t)rows, (uint64_t)s->n_head), split_blocks(positions)),
+                sum(2, (uint64_t)s->head_dim));
+}
+
+bn_status bn_vk_attention_split_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_shape *s,
+                                       const bn_vk_rows *r, bn_vk_buffer *q, bn_vk_buffer *k_cache,
+                                       bn_vk_buffer *v_cache, int64_t layer_off,
+                                       bn_vk_buffer *partials, int64_t positions, bn_vk_buffer *att,
+                                       bn_error *err)
+{
+    uint32_t n_seq = 0;
+    const uint64_t rows = (uint64_t)r->rows;
+    const uint64_t items = prod(rows, (uint64_t)(s->n_head > 0 ? s->n_head : 0));
+    const char *bad = check_attn_io(s, r, q, k_cache, v_cache, layer_off, att, &n_seq);
+    if (!bad &&
+        (positions < 1 || !holds(partials, bn_vk_attention_split_floats(s, r->rows, positions))))
+        bad = "the partials must hold [rows][n_head][blocks of the positions][2 + head_dim] "
+              "floats";
+    if (bad)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan split attention (%lld rows, %d heads of %d, %d KV heads): %s",
+                            (long long)r->rows, s->n_head, s->head_dim, s->n_kv, bad);
+    if (rows == 0)
+        return BN_OK;
+    split_params p = {(uint32_t)rows,
+                      (uint32_t)s->n_head,
+                      (uint32_t)s->head_dim,
+                      (uint32_t)(s->n_head / s->n_kv),
+                      (uint32_t)(s->n_kv * s->head_dim),
+                      (uint32_t)r->block_size,
+                      (uint32_t)r->max_blocks,
+                      n_seq,
+                      (uint32_t)s->cache_rows,
+                      (uint32_t)layer_off,
+                      (uint32_t)split_blocks(positions),
+                      (float)(1.0 / sqrt((double)s->head_dim)),
+                      1};
+    bn_vk_buffer *const buffers[7] = {r->info, r->tables, q, k_cache, v_cache, partials, att};
+    const bn_status st = bn_vk_dispatch_groups(vk, ops->split, buffers, &p,
+                                               prod(items, split_blocks(positions)), err);
+    if (st != BN_OK)
+        return st;
+    p.stage = 2;
+    return bn_vk_dispatch_groups(vk, ops->split, buffers, &p, items, err);
 }
 
 /* ---- the final norm and the LM head ----------------------------------------------- */

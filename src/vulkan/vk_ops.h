@@ -67,6 +67,22 @@ bn_status bn_vk_attention_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_sha
                                  bn_vk_buffer *v_cache, int64_t layer_off, bn_vk_buffer *scratch,
                                  int64_t scratch_stride, bn_vk_buffer *att, bn_error *err);
 
+/* The same attention with each row's positions split over workgroups of
+ * BN_VK_SPLIT_BLOCK (shaders/attention_split.glsl: a block's scores, their
+ * maximum, exp sums and weighted sums; then the blocks merged), for decode
+ * rows, whose one workgroup a row and head above walks every position in
+ * turn: the scores are the CPU's bits, the sums grouped by block, so the
+ * outputs are the CPU's within roundings. partials: at least
+ * bn_vk_attention_split_floats(s, rows, positions) floats; positions more
+ * than any row's position (a row past gets NaN). Two dispatches. */
+#define BN_VK_SPLIT_BLOCK 64
+uint64_t bn_vk_attention_split_floats(const bn_vk_attn_shape *s, int64_t rows, int64_t positions);
+bn_status bn_vk_attention_split_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_shape *s,
+                                       const bn_vk_rows *r, bn_vk_buffer *q, bn_vk_buffer *k_cache,
+                                       bn_vk_buffer *v_cache, int64_t layer_off,
+                                       bn_vk_buffer *partials, int64_t positions, bn_vk_buffer *att,
+                                       bn_error *err);
+
 /* out[r][i] = w[i] * (x[r][i] * inv) for rows rows of n, inv = 1 /
  * sqrtf((float)(ss / n) + eps), ss the double sum of squares in order i =
  * 0 .. n-1 (the CPU's rmsnorm, bit for bit). out must not be x. */

@@ -71,19 +71,7 @@ shared uint at_sh[WG];
 shared bool bad;
 shared float sh_inv;
 
-// Where position t of sequence seq starts in the cache (floats), or
-// ok = false when its block is outside the cache.
-uint kv_at(uint seq, uint t, inout bool ok)
-{
-    const int block = tables[seq * p.max_blocks + t / p.block_size];
-    if (block < 0 || uint(block) >= p.cache_rows / p.block_size + 1u) {
-        ok = false;
-        return 0u;
-    }
-    const uint cr = uint(block) * p.block_size + t % p.block_size;
-    ok = ok && cr < p.cache_rows;
-    return p.layer_off + cr * p.kv_dim;
-}
+#include "attention_keys.glsl"
 
 void write_nan(uint out_base)
 {
@@ -125,41 +113,7 @@ void main()
             bad = true;
             continue;
         }
-        precise float acc[8] = float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-        uint i = 0u;
-        // Sixteen of the key's values loaded before any is used (two rounds
-        // of the lanes), then the rounds in order; as four vec4s where the
-        // keys start on 16 bytes (NVIDIA's H200: a decode row's attention
-        // at context 160 27.5 us a dispatch with scalar loads, 19.3 with
-        // these; dev/vulkan/attention_chain.c).
-        const bool by_vec4 = hd % 4u == 0u && p.kv_dim % 4u == 0u && p.layer_off % 4u == 0u;
-        for (; i + 16u <= hd; i += 16u) {
-            float kv[16];
-            if (by_vec4) {
-                for (uint u = 0u; u < 4u; u++) {
-                    const vec4 a = kc4[(kb + i) / 4u + u];
-                    kv[4u * u] = a.x;
-                    kv[4u * u + 1u] = a.y;
-                    kv[4u * u + 2u] = a.z;
-                    kv[4u * u + 3u] = a.w;
-                }
-            } else {
-                for (uint l = 0u; l < 16u; l++)
-                    kv[l] = kc[kb + i + l];
-            }
-            for (uint l = 0u; l < 8u; l++)
-                acc[l] = acc[l] + q_sh[i + l] * kv[l];
-            for (uint l = 0u; l < 8u; l++)
-                acc[l] = acc[l] + q_sh[i + 8u + l] * kv[8u + l];
-        }
-        for (; i + 8u <= hd; i += 8u)
-            for (uint l = 0u; l < 8u; l++)
-                acc[l] = acc[l] + q_sh[i + l] * kc[kb + i + l];
-        for (uint l = 0u; i < hd; i++, l++)
-            acc[l] = acc[l] + q_sh[i] * kc[kb + i];
-        precise float s =
-            (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) *
-            p.scale;
+        const float s = score(kb);
         scratch[sbase + t] = s;
         m = s > m ? s : m;
     }

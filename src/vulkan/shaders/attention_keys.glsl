@@ -1,0 +1,60 @@
+// The attention's key side, shared by attention.glsl and
+// attention_split.glsl (each declares the Params fields max_blocks,
+// block_size, cache_rows, layer_off, kv_dim, head_dim and scale, the
+// Tables and KCache / KCache4 buffers and the shared q_sh these read).
+
+// Where position t of sequence seq starts in the cache (floats), or
+// ok = false when its block is outside the cache.
+uint kv_at(uint seq, uint t, inout bool ok)
+{
+    const int block = tables[seq * p.max_blocks + t / p.block_size];
+    if (block < 0 || uint(block) >= p.cache_rows / p.block_size + 1u) {
+        ok = false;
+        return 0u;
+    }
+    const uint cr = uint(block) * p.block_size + t % p.block_size;
+    ok = ok && cr < p.cache_rows;
+    return p.layer_off + cr * p.kv_dim;
+}
+
+// The score of the key at kb: the CPU's dot_f32 of q and k (eight lanes,
+// element i in lane i % 8, each in order, then ((0+1)+(2+3))+((4+5)+(6+7))),
+// times scale. Sixteen of the key's values are loaded before any is used
+// (two rounds of the lanes), as four vec4s where the keys start on 16
+// bytes (NVIDIA's H200: a decode row's attention at context 160 27.5 us a
+// dispatch with scalar loads, 19.3 with these; dev/vulkan/attention_chain.c).
+float score(uint kb)
+{
+    const uint hd = p.head_dim;
+    precise float acc[8] = float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    uint i = 0u;
+    const bool by_vec4 = hd % 4u == 0u && p.kv_dim % 4u == 0u && p.layer_off % 4u == 0u;
+    for (; i + 16u <= hd; i += 16u) {
+        float kv[16];
+        if (by_vec4) {
+            for (uint u = 0u; u < 4u; u++) {
+                const vec4 a = kc4[(kb + i) / 4u + u];
+                kv[4u * u] = a.x;
+                kv[4u * u + 1u] = a.y;
+                kv[4u * u + 2u] = a.z;
+                kv[4u * u + 3u] = a.w;
+            }
+        } else {
+            for (uint l = 0u; l < 16u; l++)
+                kv[l] = kc[kb + i + l];
+        }
+        for (uint l = 0u; l < 8u; l++)
+            acc[l] = acc[l] + q_sh[i + l] * kv[l];
+        for (uint l = 0u; l < 8u; l++)
+            acc[l] = acc[l] + q_sh[i + 8u + l] * kv[8u + l];
+    }
+    for (; i + 8u <= hd; i += 8u)
+        for (uint l = 0u; l < 8u; l++)
+            acc[l] = acc[l] + q_sh[i + l] * kc[kb + i + l];
+    for (uint l = 0u; i < hd; i++, l++)
+        acc[l] = acc[l] + q_sh[i] * kc[kb + i];
+    precise float s =
+        (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) *
+        p.scale;
+    return s;
+}

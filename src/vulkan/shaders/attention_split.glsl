@@ -1,0 +1,245 @@
+// Causal attention of decode rows with the positions split over
+// workgroups (split-K, as flash-decoding does), in two dispatches of this
+// shader (p.stage):
+//
+//   1 partials  a workgroup a (row, head, block of BLOCK positions): the
+//               block's scores s_t = dot_f32(q, k_t) * scale (each the CPU's
+//               bits, as attention.glsl computes them), their maximum m_b,
+//               p_t = exp(s_t - m_b), l_b = sum p_t and o_b[i] = sum p_t
+//               v_t[i], into the partials buffer;
+//   2 merge     a workgroup a (row, head): m = max m_b, l = sum l_b e^(m_b -
+//               m), out[i] = (sum o_b[i] e^(m_b - m)) / l.
+//
+// attention.glsl keeps the CPU's order (the e_t summed in position order,
+// each output summed over the positions in order: one workgroup a row and
+// head walking every position in turn, 35 us a layer at context 384 and 93
+// at 1000 on the H200, where twenty workgroups cover a decode row's heads).
+// Here the sums are grouped by block, so the outputs differ from the CPU's
+// by roundings (within 1e-6 of the largest, tests/test_vulkan_ops.c); the
+// backend takes this form for decode steps and the exact one for prompt
+// rows, which already spread over a workgroup a row and head.
+//
+// A row whose sequence, position or blocks fall outside the tables, the
+// cache or the partials gets NaN, as attention.glsl's.
+
+#define THREADS 128u
+#define BLOCK 64u // positions a partials workgroup (BN_VK_SPLIT_BLOCK)
+#define MAX_HD 512u
+#define MERGE_CHUNK 512u // blocks whose weights the merge holds at once
+
+layout(local_size_x = 128) in;
+
+layout(std430, binding = 0) readonly buffer Info { int info[]; };   // [rows][2]: seq, pos
+layout(std430, binding = 1) readonly buffer Tables { int tables[]; }; // [n_seq][max_blocks]
+layout(std430, binding = 2) readonly buffer Q { float q[]; };       // [rows][n_head * head_dim]
+layout(std430, binding = 3) readonly buffer KCache { float kc[]; };
+layout(std430, binding = 3) readonly buffer KCache4 { vec4 kc4[]; }; // the same buffer
+layout(std430, binding = 4) readonly buffer VCache { float vc[]; };
+// [rows][n_head][blocks][2 + head_dim]: m_b, l_b, o_b
+layout(std430, binding = 5) buffer Partials { float part[]; };
+layout(std430, binding = 6) writeonly buffer Att { float att[]; };  // as q
+
+layout(push_constant) uniform Params {
+    uint rows;
+    uint n_head;
+    uint head_dim;
+    uint group;        // query heads a KV head serves
+    uint kv_dim;
+    uint block_size;
+    uint max_blocks;
+    uint n_seq;        // sequences the tables buffer holds
+    uint cache_rows;   // rows of one layer's cache
+    uint layer_off;    // floats before this layer's cache
+    uint blocks;       // partial blocks a (row, head): positions up to blocks BLOCK
+    float scale;
+    uint stage;        // 1 partials, 2 merge
+} p;
+
+#include "exact_math.glsl"
+
+shared float q_sh[MAX_HD];
+shared float red[THREADS];
+shared float p_sh[BLOCK];
+shared uint at_sh[BLOCK];
+shared float w_sh[MERGE_CHUNK];
+shared bool bad;
+
+#define NAN_F uintBitsToFloat(0x7fc00000u)
+#define NEG_INF uintBitsToFloat(0xff800000u)
+
+#include "attention_keys.glsl"
+
+// The row's sequence and position count, or false when it falls outside
+// (the same for the whole workgroup).
+bool row_ok(uint row, out uint seq, out uint n_pos)
+{
+    const int seq_i = info[2u * row], pos = info[2u * row + 1u];
+    seq = 0u;
+    n_pos = 0u;
+    if (seq_i < 0 || uint(seq_i) >= p.n_seq || pos < 0 || uint(pos) >= p.blocks * BLOCK ||
+        uint(pos) / p.block_size >= p.max_blocks)
+        return false;
+    seq = uint(seq_i);
+    n_pos = uint(pos) + 1u;
+    return true;
+}
+
+// Workgroup-wide maximum (NaN never wins, as the CPU's s > m) and sum.
+float reduce_max(float v)
+{
+    const uint tid = gl_LocalInvocationID.x;
+    barrier(); // red's last use is over
+    red[tid] = v;
+    barrier();
+    for (uint h = THREADS / 2u; h > 0u; h >>= 1u) {
+        if (tid < h && red[tid + h] > red[tid])
+            red[tid] = red[tid + h];
+        barrier();
+    }
+    return red[0];
+}
+
+float reduce_sum(float v)
+{
+    const uint tid = gl_LocalInvocationID.x;
+    barrier();
+    red[tid] = v;
+    barrier();
+    for (uint h = THREADS / 2u; h > 0u; h >>= 1u) {
+        if (tid < h)
+            red[tid] = red[tid] + red[tid + h];
+        barrier();
+    }
+    return red[0];
+}
+
+void partials()
+{
+    const uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    const uint item = g / p.blocks, b = g % p.blocks, tid = gl_LocalInvocationID.x;
+    uint seq, n_pos;
+    if (item >= p.rows * p.n_head || !row_ok(item / p.n_head, seq, n_pos) || b * BLOCK >= n_pos)
+        return; // the whole workgroup; the merge reads only the blocks a row has
+    const uint h = item % p.n_head, hd = p.head_dim, kv_off = (h / p.group) * hd;
+    const uint t0 = b * BLOCK, cnt = min(BLOCK, n_pos - t0);
+    if (tid == 0u)
+        bad = false;
+    for (uint i = tid; i < hd; i += THREADS)
+        q_sh[i] = q[item * hd + i];
+    barrier();
+    float s = NEG_INF;
+    if (tid < cnt) {
+        bool ok = true;
+        const uint kb = kv_at(seq, t0 + tid, ok) + kv_off;
+        if (ok)
+            s = score(kb);
+        else
+            bad = true;
+        at_sh[tid] = kb;
+    }
+    const float m = reduce_max(s);
+    const uint base = (item * p.blocks + b) * (2u + hd);
+    if (bad) { // read after reduce_max's barriers: the same for everyone
+        if (tid == 0u)
+            part[base] = NAN_F;
+        return;
+    }
+    float e = 0.0;
+    if (tid < cnt) {
+        precise float d = s - m;
+        e = exp_rn(d);
+        p_sh[tid] = e;
+    }
+    const float l = reduce_sum(e); // its barriers also publish p_sh
+    for (uint i = tid; i < hd; i += THREADS) {
+        // Sixteen positions' values loaded at a time, then added (all 64 at
+        // once: 13.8-14.0 us a layer against 15.2 at context 384, but 53.7
+        // against 32.4 at 4000, where 1260 workgroups want the SMs' room).
+        precise float o = 0.0;
+        for (uint k0 = 0u; k0 < cnt; k0 += 16u) {
+            float vv[16];
+            for (uint k = 0u; k < 16u; k++)
+                vv[k] = k0 + k < cnt ? vc[at_sh[k0 + k] + i] : 0.0;
+            for (uint k = 0u; k < 16u && k0 + k < cnt; k++)
+                o = o + p_sh[k0 + k] * vv[k];
+        }
+        part[base + 2u + i] = o;
+    }
+    if (tid == 0u) {
+        part[base] = m;
+        part[base + 1u] = l;
+    }
+}
+
+void merge()
+{
+    const uint item = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    const uint tid = gl_LocalInvocationID.x, hd = p.head_dim;
+    if (item >= p.rows * p.n_head)
+        return;
+    uint seq, n_pos;
+    const bool ok = row_ok(item / p.n_head, seq, n_pos);
+    const uint nb = ok ? (n_pos + BLOCK - 1u) / BLOCK : 0u;
+    const uint rbase = item * p.blocks * (2u + hd);
+    // The largest block maximum; a bad block (NaN) makes the row NaN.
+    float m = NEG_INF;
+    bool nan_block = false;
+    for (uint b = tid; b < nb; b += THREADS) {
+        const float mb = part[rbase + b * (2u + hd)];
+        nan_block = nan_block || isnan(mb);
+        m = mb > m ? mb : m;
+    }
+    if (tid == 0u)
+        bad = !ok;
+    barrier();
+    if (nan_block)
+        bad = true;
+    m = reduce_max(m);
+    if (bad) {
+        for (uint i = tid; i < hd; i += THREADS)
+            att[item * hd + i] = NAN_F;
+        return;
+    }
+    // l = sum l_b w_b and out = sum o_b w_b, w_b = e^(m_b - m), a chunk of
+    // blocks' weights in shared memory at a time.
+    float l_part = 0.0;
+    precise float o[MAX_HD / THREADS];
+    for (uint j = 0u; j < MAX_HD / THREADS; j++)
+        o[j] = 0.0;
+    for (uint c = 0u; c < nb; c += MERGE_CHUNK) {
+        const uint cn = min(MERGE_CHUNK, nb - c);
+        barrier(); // the chunk before is used up
+        for (uint k = tid; k < cn; k += THREADS) {
+            const uint at = rbase + (c + k) * (2u + hd);
+            precise float d = part[at] - m;
+            const float w = exp_rn(d);
+            w_sh[k] = w;
+            l_part = l_part + part[at + 1u] * w;
+        }
+        barrier();
+        for (uint j = 0u; j < MAX_HD / THREADS; j++) {
+            const uint i = tid + j * THREADS;
+            if (i >= hd)
+                continue;
+            for (uint k = 0u; k < cn; k++)
+                o[j] = o[j] + part[rbase + (c + k) * (2u + hd) + 2u + i] * w_sh[k];
+        }
+    }
+    const float l = reduce_sum(l_part);
+    const float inv = fdiv_rn(1.0, l);
+    for (uint j = 0u; j < MAX_HD / THREADS; j++) {
+        const uint i = tid + j * THREADS;
+        if (i < hd) {
+            precise float r = o[j] * inv;
+            att[item * hd + i] = r;
+        }
+    }
+}
+
+void main()
+{
+    if (p.stage == 1u)
+        partials();
+    else
+        merge();
+}
