@@ -7,9 +7,7 @@
  * mean square lies halfway between two floats (the kernel's sum of
  * squares then in the CPU's order) - at the
  * decode step's widths (2560, 6912), ragged ones and one value; codes and
- * scales poisoned first, a guard row after the last; every width again fed
- * by statistics as a W2A8 product leaves them (groups of 8 or 4 values:
- * their squares' sums and largest |w x|, computed here); then a layer's
+ * scales poisoned first, a guard row after the last; then a layer's
  * input projection (norm, then the W2A8 product reading the codes and
  * scales it wrote) in one sequence against the CPU. Exits 77 (skipped)
  * when no Vulkan device can be opened or it has no fp64, saying why. */
@@ -56,9 +54,7 @@ static void fill_row(float *x, int64_t n, int kind)
  * else the float one (a device without fp64): every code within one of the
  * CPU's (exact ties may round either way), the scale within 1e-5 of it,
  * the sum that of the kernel's own codes. */
-/* group > 0: the fed form, from statistics of groups of `group` values. */
-static void check_width(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t rows, bool exact,
-                        int group)
+static void check_width(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t rows, bool exact)
 {
     const size_t words = 4 * bn_vk_w2a8_words(n);
     float *x = malloc((size_t)(rows * n) * sizeof *x), *w = malloc((size_t)n * sizeof *w);
@@ -92,35 +88,9 @@ static void check_width(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t rows
     CHECK(bn_vk_write(vk, &bc, codes, (rows + 1) * words * 4, &err) == BN_OK);
     CHECK(bn_vk_write(vk, &bs, scales, (size_t)(rows + 1) * 4, &err) == BN_OK);
     CHECK(bn_vk_write(vk, &bsum, sums, (size_t)(rows + 1) * 4, &err) == BN_OK);
-    /* The statistics a product of `group` outputs a workgroup leaves: in
-     * output order, squares and products exact in double, NaN never the
-     * maximum. */
-    const int64_t groups = group > 0 ? (n + group - 1) / group : 0;
-    double *stats = malloc((size_t)(rows * (groups > 0 ? groups : 1)) * 2 * sizeof *stats);
-    CHECK(stats != NULL);
-    bn_vk_buffer bst = {0};
-    for (int64_t r = 0; stats && r < rows && groups > 0; r++)
-        for (int64_t g = 0; g < groups; g++) {
-            double ss = 0.0, um = 0.0;
-            for (int64_t i = g * group; i < n && i < (g + 1) * group; i++) {
-                const double v = (double)x[r * n + i], u = fabs((double)w[i] * v);
-                ss = ss + v * v;
-                um = u > um ? u : um;
-            }
-            stats[(r * groups + g) * 2] = ss;
-            stats[(r * groups + g) * 2 + 1] = um;
-        }
-    if (groups > 0) {
-        CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows * groups) * 16, &bst, &err) == BN_OK);
-        CHECK(bn_vk_write(vk, &bst, stats, (size_t)(rows * groups) * 16, &err) == BN_OK);
-    }
     CHECK(bn_vk_begin(vk, &err) == BN_OK);
-    if (groups > 0)
-        CHECK(bn_vk_norm_record_fed(vk, kernel, &bx, &bw, &bc, &bs, &bsum, rows, n, 1e-5f, &bst,
-                                    groups, &err) == BN_OK);
-    else
-        CHECK(bn_vk_norm_record(vk, kernel, &bx, &bw, &bc, &bs, &bsum, rows, n, 1e-5f, &err) ==
-              BN_OK);
+    CHECK(bn_vk_norm_record(vk, kernel, &bx, &bw, &bc, &bs, &bsum, rows, n, 1e-5f, &err) ==
+          BN_OK);
     CHECK(bn_vk_submit(vk, &err) == BN_OK);
     CHECK(bn_vk_read(vk, &bc, codes, (rows + 1) * words * 4, &err) == BN_OK);
     CHECK(bn_vk_read(vk, &bs, scales, (size_t)(rows + 1) * 4, &err) == BN_OK);
@@ -144,10 +114,9 @@ static void check_width(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t rows
                                     sums[r] == own_sum;
         if (!ok && bad++ < 3)
             CHECK_MSG(false,
-                      "n=%lld%s row %lld (kind %d, %s weights): first differing code at %lld "
+                      "n=%lld row %lld (kind %d, %s weights): first differing code at %lld "
                       "(%d, want %d), scale %.9g want %.9g, sum %d want %d",
-                      (long long)n, groups > 0 ? " fed" : "", (long long)r, (int)(r % KINDS),
-                      unit ? "unit" : "random",
+                      (long long)n, (long long)r, (int)(r % KINDS), unit ? "unit" : "random",
                       (long long)first, first >= 0 ? got[first] : 0, first >= 0 ? ref[first] : 0,
                       scales[r], s, sums[r], sum);
     }
@@ -161,8 +130,6 @@ static void check_width(bn_vk *vk, bn_vk_kernel *kernel, int64_t n, int64_t rows
     bn_vk_buffer_free(vk, &bc);
     bn_vk_buffer_free(vk, &bs);
     bn_vk_buffer_free(vk, &bsum);
-    bn_vk_buffer_free(vk, &bst);
-    free(stats);
     free(x);
     free(w);
     free(codes);
@@ -262,11 +229,9 @@ int main(void)
         CHECK(bn_vk_norm_kernel(vk, variant == 1, &kernel, &err) == BN_OK && kernel);
         for (size_t i = 0; fp64 && kernel && i < sizeof widths / sizeof widths[0]; i++)
             for (int rep = 0; rep < 3; rep++)
-                for (int group = 0; group <= 8; group += 4) /* plain, fed by 4 and by 8 */
-                    check_width(vk, kernel, widths[i], 16, true, group);
+                check_width(vk, kernel, widths[i], 16, true);
         for (int i = 0; fp64 && kernel && i < 10; i++)
-            check_width(vk, kernel, test_rand_range(1, 3000), test_rand_range(1, 40), true,
-                        (int)test_rand_range(0, 1) * 8);
+            check_width(vk, kernel, test_rand_range(1, 3000), test_rand_range(1, 40), true);
     }
     if (!sg) {
         bn_vk_kernel *none = NULL;
@@ -281,13 +246,10 @@ int main(void)
         CHECK(bn_vk_open(0, &vf, &err) == BN_OK && !bn_vk_device(vf)->fp64);
         CHECK(vf && bn_vk_norm_kernel(vf, false, &kf, &err) == BN_OK);
         CHECK(vf && !bn_vk_norm_subgroups(vf)); /* the subgroup variant needs fp64 */
-        bn_vk_buffer any = {0};
-        CHECK(vf && bn_vk_norm_record_fed(vf, kf, &any, &any, &any, &any, &any, 1, 8, 1e-5f, &any,
-                                          1, &err) == BN_ERR_UNSUPPORTED); /* so does the fed form */
         for (size_t i = 0; kf && i < sizeof widths / sizeof widths[0]; i++)
-            check_width(vf, kf, widths[i], 16, false, 0);
+            check_width(vf, kf, widths[i], 16, false);
         for (int i = 0; kf && i < 5; i++)
-            check_width(vf, kf, test_rand_range(1, 3000), test_rand_range(1, 40), false, 0);
+            check_width(vf, kf, test_rand_range(1, 3000), test_rand_range(1, 40), false);
         if (kf)
             bn_vk_kernel_free(vf, kf);
         bn_vk_close(vf);

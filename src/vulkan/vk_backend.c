@@ -120,8 +120,6 @@ typedef struct vkb {
     bn_vk_buffer x, codes, scales, sums, q, att, gate, normed, logits;
     bn_vk_buffer scratch, info, tables, cs;
     bn_vk_buffer partials; /* a decode row's split attention (vk_ops.h) */
-    bn_vk_buffer stats;    /* the products' statistics for the fed norms */
-    bool fed_norms;        /* fp64: the norms after products are fed */
     /* The pass's inputs and its logit rows in host-visible memory (io),
      * copied by the pass's own sequence: one submission a pass. h_x,
      * h_info, h_cs and h_logits_io point into it. */
@@ -343,9 +341,6 @@ static bn_status make_buffers(vkb *v, bn_error *err)
     const int64_t widest = hp->ffn > hp->dim ? (hp->ffn > v->q_dim ? hp->ffn : v->q_dim)
                                              : (hp->dim > v->q_dim ? hp->dim : v->q_dim);
     const bn_vk_attn_shape shape = {hp->n_head, hp->n_head_kv, hp->head_dim, v->kv_len};
-    const int64_t g_dim = bn_vk_w2a8_stats_groups(hp->dim, false),
-                  g_ffn = bn_vk_w2a8_stats_groups(hp->ffn, true),
-                  stats_groups = g_dim > g_ffn ? g_dim : g_ffn;
     const struct {
         bn_vk_buffer *b;
         uint64_t bytes;
@@ -364,7 +359,6 @@ static bn_status make_buffers(vkb *v, bn_error *err)
         {&v->tables, sizeof(int32_t)},
         {&v->cs, R * (hp->rope_dim > 0 ? hp->rope_dim : 1) * f},
         {&v->partials, bn_vk_attention_split_floats(&shape, 1, v->kv_len) * f},
-        {&v->stats, R * 2 * sizeof(double) * (uint64_t)stats_groups},
     };
     bn_status st = BN_OK;
     for (size_t i = 0; i < sizeof list / sizeof list[0] && st == BN_OK; i++)
@@ -459,8 +453,7 @@ static void vkb_release(vkb *v)
     bn_vk_buffer *const pass[] = {&v->x,      &v->codes,    &v->scales, &v->sums,
                                   &v->q,      &v->att,      &v->gate,   &v->normed,
                                   &v->logits, &v->scratch,  &v->info,   &v->tables,
-                                  &v->cs,     &v->out_norm, &v->io,     &v->partials,
-                                  &v->stats};
+                                  &v->cs,     &v->out_norm, &v->io,     &v->partials};
     for (size_t i = 0; i < sizeof pass / sizeof pass[0]; i++)
         bn_vk_buffer_free(v->vk, pass[i]);
     if (v->ops)
@@ -552,7 +545,6 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
         st = bn_vk_w2a8_rows_kernel(v->vk, &v->w2a8_rows, err);
     if (st == BN_OK)
         st = bn_vk_norm_kernel(v->vk, bn_vk_norm_subgroups(v->vk), &v->norm, err);
-    v->fed_norms = v->vk && bn_vk_device(v->vk)->fp64;
     if (st == BN_OK)
         st = bn_vk_ops_create(v->vk, &v->ops, err);
     if (st == BN_OK)
@@ -586,14 +578,9 @@ static void vk_free(bn_backend *b)
 
 /* ---- the pass ----------------------------------------------------------------- */
 
-/* The norm + int8 of M rows of n in x; fed (groups > 0): from the
- * statistics the product that wrote x left in v->stats. */
 static bn_status record_norm(vkb *v, bn_vk_buffer *x, bn_vk_buffer *w, int64_t M, int64_t n,
-                             int64_t groups, bn_error *err)
+                             bn_error *err)
 {
-    if (groups > 0)
-        return bn_vk_norm_record_fed(v->vk, v->norm, x, w, &v->codes, &v->scales, &v->sums, M, n,
-                                     v->hp.rms_eps, &v->stats, groups, err);
     return bn_vk_norm_record(v->vk, v->norm, x, w, &v->codes, &v->scales, &v->sums, M, n,
                              v->hp.rms_eps, err);
 }
@@ -604,20 +591,12 @@ static bn_vk_kernel *w2a8_for(const vkb *v, int64_t M)
     return v->w2a8_rows && M >= ROWS_KERNEL_MIN ? v->w2a8_rows : v->w2a8;
 }
 
-/* x += W a for projection p of layer `layer`; with next_norm (the norm's
- * weights that read x next, where the norms are fed), its statistics left
- * in v->stats too. */
-static bn_status record_add(vkb *v, int layer, bn_proj p, bn_vk_buffer *next_norm, int64_t M,
-                            bn_error *err)
+static bn_status record_proj(vkb *v, int layer, bn_proj p, bn_vk_buffer *y,
+                             bn_vk_w2a8_epilogue epilogue, int64_t M, bn_error *err)
 {
     vkb_proj *w = &v->proj[layer * BN_PROJ_COUNT + p];
-    if (next_norm) {
-        const bn_vk_w2a8_stats st = {next_norm, &v->stats};
-        return bn_vk_w2a8_record_add_stats(v->vk, w2a8_for(v, M), &w->w, &v->codes, &v->scales, 0,
-                                           M, &v->x, w->n, w->k, w->scale, &st, err);
-    }
-    return bn_vk_w2a8_record_rows(v->vk, w2a8_for(v, M), &w->w, &v->codes, &v->scales, 0, M,
-                                  &v->x, w->n, w->k, w->scale, BN_VK_W2A8_ADD, err);
+    return bn_vk_w2a8_record_rows(v->vk, w2a8_for(v, M), &w->w, &v->codes, &v->scales, 0, M, y,
+                                  w->n, w->k, w->scale, epilogue, err);
 }
 
 #define TRY(call)                                                                          \
@@ -634,13 +613,7 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
     bn_vk_buffer *norms = &v->norms[l * BN_NORM_COUNT];
     const bn_vk_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, c->rows};
     const bn_vk_rows rows = {&v->info, c->tables, M, c->block_size, c->max_blocks};
-    /* The norms after a product's residual add or squared-ReLU gate are fed
-     * by its statistics where the device has fp64 (layer 0's first reads
-     * the embeddings); the one after the attention reads its rows. */
-    const bool fed = v->fed_norms;
-    const int64_t g_dim = fed ? bn_vk_w2a8_stats_groups(hp->dim, false) : 0,
-                  g_ffn = fed ? bn_vk_w2a8_stats_groups(hp->ffn, true) : 0;
-    TRY(record_norm(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, l > 0 ? g_dim : 0, err));
+    TRY(record_norm(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, err));
     /* q, k and v in one product: q turned by RoPE into v->q, k (turned)
      * and v into the cache. */
     vkb_proj *qp = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_Q];
@@ -658,22 +631,17 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
     else
         TRY(bn_vk_attention_record(v->vk, v->ops, &as, &rows, &v->q, &c->k[l], &c->v[l], 0,
                                    &v->scratch, v->kv_len, &v->att, err));
-    TRY(record_norm(v, &v->att, &norms[BN_NORM_ATTN_SUB], M, v->q_dim, 0, err));
+    TRY(record_norm(v, &v->att, &norms[BN_NORM_ATTN_SUB], M, v->q_dim, err));
     /* x += Wo a and, below, x += Wdown h: the residual adds in the
      * products' epilogues; h = relu2(gate) up from one product of both. */
-    TRY(record_add(v, l, BN_PROJ_O, fed ? &norms[BN_NORM_FFN] : NULL, M, err));
-    TRY(record_norm(v, &v->x, &norms[BN_NORM_FFN], M, hp->dim, g_dim, err));
+    TRY(record_proj(v, l, BN_PROJ_O, &v->x, BN_VK_W2A8_ADD, M, err));
+    TRY(record_norm(v, &v->x, &norms[BN_NORM_FFN], M, hp->dim, err));
     vkb_proj *gate = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_GATE];
-    const bn_vk_w2a8_stats gate_st = {&norms[BN_NORM_FFN_SUB], &v->stats};
-    TRY(bn_vk_w2a8_record_gate_up_stats(v->vk, w2a8_for(v, M), &gate->w, &v->codes, &v->scales,
-                                        0, M, &v->gate, gate->n, gate->k, gate->scale,
-                                        gate[BN_PROJ_UP - BN_PROJ_GATE].scale,
-                                        fed ? &gate_st : NULL, err));
-    TRY(record_norm(v, &v->gate, &norms[BN_NORM_FFN_SUB], M, hp->ffn, g_ffn, err));
-    const bool last = l + 1 == hp->n_layer; /* the output norm reads x next */
-    return record_add(v, l, BN_PROJ_DOWN,
-                      fed && !last ? &v->norms[(l + 1) * BN_NORM_COUNT + BN_NORM_ATTN] : NULL, M,
-                      err);
+    TRY(bn_vk_w2a8_record_gate_up(v->vk, w2a8_for(v, M), &gate->w, &v->codes, &v->scales, 0, M,
+                                  &v->gate, gate->n, gate->k, gate->scale,
+                                  gate[BN_PROJ_UP - BN_PROJ_GATE].scale, err));
+    TRY(record_norm(v, &v->gate, &norms[BN_NORM_FFN_SUB], M, hp->ffn, err));
+    return record_proj(v, l, BN_PROJ_DOWN, &v->x, BN_VK_W2A8_ADD, M, err);
 }
 
 /* Dispatches a layer records (record_layer). */

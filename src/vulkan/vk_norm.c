@@ -14,7 +14,6 @@ extern const size_t bn_vk_spv_norm_quantize_len, bn_vk_spv_norm_quantize_f64_len
 typedef struct norm_params {
     uint32_t rows, n, words;
     float eps;
-    uint32_t groups;
 } norm_params;
 
 bool bn_vk_norm_subgroups(const bn_vk *vk)
@@ -38,48 +37,24 @@ bn_status bn_vk_norm_kernel(bn_vk *vk, bool subgroups, bn_vk_kernel **out, bn_er
     const size_t len = subgroups ? bn_vk_spv_norm_quantize_f64_sg_len
                        : fp64    ? bn_vk_spv_norm_quantize_f64_len
                                  : bn_vk_spv_norm_quantize_len;
-    return bn_vk_kernel_create(vk, "norm_quantize", spirv, len, 6, sizeof(norm_params), out,
+    return bn_vk_kernel_create(vk, "norm_quantize", spirv, len, 5, sizeof(norm_params), out,
                                err);
-}
-
-static bn_status record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *x, bn_vk_buffer *w,
-                        bn_vk_buffer *codes, bn_vk_buffer *scales, bn_vk_buffer *sums,
-                        int64_t rows, int64_t n, float eps, bn_vk_buffer *stats, int64_t groups,
-                        bn_error *err)
-{
-    const uint64_t words = 4 * (uint64_t)bn_vk_w2a8_words(n);
-    if (rows < 1 || n < 1 || (uint64_t)rows * (uint64_t)n > UINT32_MAX ||
-        x->size < (VkDeviceSize)(rows * n) * sizeof(float) ||
-        w->size < (VkDeviceSize)n * sizeof(float) || codes->size < rows * words * 4 ||
-        scales->size < (VkDeviceSize)rows * sizeof(float) ||
-        sums->size < (VkDeviceSize)rows * sizeof(int32_t) ||
-        (stats && (groups < 1 || (uint64_t)groups > UINT32_MAX / 2 / (uint64_t)rows ||
-                   stats->size < (VkDeviceSize)(rows * groups) * 2 * sizeof(double))))
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "Vulkan norm: %lld rows of %lld (%lld statistics groups) do not fit "
-                            "their buffers",
-                            (long long)rows, (long long)n, (long long)(stats ? groups : 0));
-    const norm_params p = {(uint32_t)rows, (uint32_t)n, (uint32_t)words, eps,
-                           stats ? (uint32_t)groups : 0};
-    bn_vk_buffer *const buffers[6] = {x, w, codes, scales, sums, stats ? stats : x};
-    return bn_vk_dispatch_groups(vk, kernel, buffers, &p, (uint64_t)rows, err);
 }
 
 bn_status bn_vk_norm_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *x, bn_vk_buffer *w,
                             bn_vk_buffer *codes, bn_vk_buffer *scales, bn_vk_buffer *sums,
                             int64_t rows, int64_t n, float eps, bn_error *err)
 {
-    return record(vk, kernel, x, w, codes, scales, sums, rows, n, eps, NULL, 0, err);
-}
-
-bn_status bn_vk_norm_record_fed(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *x, bn_vk_buffer *w,
-                                bn_vk_buffer *codes, bn_vk_buffer *scales, bn_vk_buffer *sums,
-                                int64_t rows, int64_t n, float eps, bn_vk_buffer *stats,
-                                int64_t groups, bn_error *err)
-{
-    if (!bn_vk_device(vk)->fp64)
-        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
-                            "Vulkan: the fed norm needs fp64, which %s lacks",
-                            bn_vk_device(vk)->name);
-    return record(vk, kernel, x, w, codes, scales, sums, rows, n, eps, stats, groups, err);
+    const uint64_t words = 4 * (uint64_t)bn_vk_w2a8_words(n);
+    if (rows < 1 || n < 1 || (uint64_t)rows * (uint64_t)n > UINT32_MAX ||
+        x->size < (VkDeviceSize)(rows * n) * sizeof(float) ||
+        w->size < (VkDeviceSize)n * sizeof(float) || codes->size < rows * words * 4 ||
+        scales->size < (VkDeviceSize)rows * sizeof(float) ||
+        sums->size < (VkDeviceSize)rows * sizeof(int32_t))
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan norm: %lld rows of %lld do not fit their buffers",
+                            (long long)rows, (long long)n);
+    const norm_params p = {(uint32_t)rows, (uint32_t)n, (uint32_t)words, eps};
+    bn_vk_buffer *const buffers[5] = {x, w, codes, scales, sums};
+    return bn_vk_dispatch_groups(vk, kernel, buffers, &p, (uint64_t)rows, err);
 }

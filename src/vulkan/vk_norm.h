@@ -31,13 +31,4 @@ bn_status bn_vk_norm_record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *x, bn
                             bn_vk_buffer *codes, bn_vk_buffer *scales, bn_vk_buffer *sums,
                             int64_t rows, int64_t n, float eps, bn_error *err);
 
-/* The same for rows whose statistics the W2A8 product that wrote them left
- * (bn_vk_w2a8_record_add_stats, bn_vk_w2a8_record_gate_up_stats: groups of
- * them a row in stats) in place of its first pass over x; the same codes,
- * scales and sums. Needs fp64 (BN_ERR_UNSUPPORTED without). */
-bn_status bn_vk_norm_record_fed(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *x, bn_vk_buffer *w,
-                                bn_vk_buffer *codes, bn_vk_buffer *scales, bn_vk_buffer *sums,
-                                int64_t rows, int64_t n, float eps, bn_vk_buffer *stats,
-                                int64_t groups, bn_error *err);
-
 #endif

@@ -22,7 +22,6 @@ typedef struct matvec_params {
     float up_scale, v_scale;
     uint32_t n_head, n_kv, head_dim, rope_dim, block_size, max_blocks, n_seq, cache_rows,
         layer_off;
-    uint32_t stats;
 } matvec_params;
 
 #define MODE_GATE_UP 2 /* the shader's epilogues: bn_vk_w2a8_record_gate_up */
@@ -98,31 +97,13 @@ static uint64_t groups_for(const bn_vk_kernel *kernel, uint64_t per_row, int64_t
     return per_row * (((uint64_t)rows + rb - 1) / rb);
 }
 
-int64_t bn_vk_w2a8_stats_groups(int64_t n, bool gate_up)
-{
-    const int64_t per = gate_up ? BN_VK_W2A8_OUTPUTS / 2 : BN_VK_W2A8_OUTPUTS;
-    return (n + per - 1) / per;
-}
-
 /* A product of n outputs a row read from w_rows rows (n, or 2n for the
- * gate and up), outputs a workgroup per_group; with stats, the statistics
- * of its output rows left too. */
+ * gate and up), outputs a workgroup per_group. */
 static bn_status record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
                         bn_vk_buffer *act_scales, int64_t act_row, int64_t rows, bn_vk_buffer *y,
                         int64_t n, int64_t w_rows, int64_t k, float weight_scale, float up_scale,
-                        int mode, int per_group, const bn_vk_w2a8_stats *stats, bn_error *err)
+                        int mode, int per_group, bn_error *err)
 {
-    if (stats) {
-        const uint64_t groups = (uint64_t)((n + per_group - 1) / per_group);
-        if (!strstr(bn_vk_kernel_name(kernel), "f64") || rows < 1 ||
-            stats->norm_w->size < (VkDeviceSize)n * sizeof(float) ||
-            groups * (uint64_t)rows > UINT32_MAX / 2 ||
-            stats->out->size < (VkDeviceSize)(groups * (uint64_t)rows * 2 * sizeof(double)))
-            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                                "Vulkan W2A8: statistics of %lld rows of %lld need an exact-division "
-                                "kernel, n norm weights and their buffer",
-                                (long long)rows, (long long)n);
-    }
     const size_t words = bn_vk_w2a8_words(k);
     if (n < 1 || k < 1 || act_row < 0 || rows < 1 || (uint64_t)w_rows * words > UINT32_MAX ||
         (uint64_t)n * (uint64_t)rows > UINT32_MAX || w->size < (VkDeviceSize)w_rows * words * 4 ||
@@ -140,12 +121,9 @@ static bn_status record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_
                              .weight_scale = weight_scale,
                              .rows = (uint32_t)rows,
                              .mode = (uint32_t)mode,
-                             .up_scale = up_scale,
-                             .stats = stats != NULL};
-    /* Modes 0 to 2 bind y where mode 3's buffers go and never touch them
-     * there, but for the statistics' two. */
-    bn_vk_buffer *const buffers[N_BUFFERS] = {
-        w, x, y, act_scales, stats ? stats->norm_w : y, stats ? stats->out : y, y, y, y};
+                             .up_scale = up_scale};
+    /* Modes 0 to 2 bind y where mode 3's buffers go; they never touch them. */
+    bn_vk_buffer *const buffers[N_BUFFERS] = {w, x, y, act_scales, y, y, y, y, y};
     const uint64_t per_row = (uint64_t)((n + per_group - 1) / per_group);
     return bn_vk_dispatch_groups(vk, kernel, buffers, &p, groups_for(kernel, per_row, rows), err);
 }
@@ -160,30 +138,7 @@ bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "Vulkan W2A8: no epilogue %d", (int)epilogue);
     return record(vk, kernel, w, x, act_scales, act_row, rows, y, n, n, k, weight_scale, 0.0f,
-                  (int)epilogue, BN_VK_W2A8_OUTPUTS, NULL, err);
-}
-
-bn_status bn_vk_w2a8_record_add_stats(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
-                                      bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
-                                      int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
-                                      float weight_scale, const bn_vk_w2a8_stats *stats,
-                                      bn_error *err)
-{
-    return record(vk, kernel, w, x, act_scales, act_row, rows, y, n, n, k, weight_scale, 0.0f,
-                  BN_VK_W2A8_ADD, BN_VK_W2A8_OUTPUTS, stats, err);
-}
-
-bn_status bn_vk_w2a8_record_gate_up_stats(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
-                                          bn_vk_buffer *x, bn_vk_buffer *act_scales,
-                                          int64_t act_row, int64_t rows, bn_vk_buffer *y,
-                                          int64_t n, int64_t k, float gate_scale, float up_scale,
-                                          const bn_vk_w2a8_stats *stats, bn_error *err)
-{
-    if (n > INT64_MAX / 2)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "Vulkan W2A8: a gate of %lld rows", (long long)n);
-    return record(vk, kernel, w, x, act_scales, act_row, rows, y, n, 2 * n, k, gate_scale,
-                  up_scale, MODE_GATE_UP, BN_VK_W2A8_OUTPUTS / 2, stats, err);
+                  (int)epilogue, BN_VK_W2A8_OUTPUTS, err);
 }
 
 bn_status bn_vk_w2a8_record_gate_up(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
@@ -191,8 +146,11 @@ bn_status bn_vk_w2a8_record_gate_up(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffe
                                     int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
                                     float gate_scale, float up_scale, bn_error *err)
 {
-    return bn_vk_w2a8_record_gate_up_stats(vk, kernel, w, x, act_scales, act_row, rows, y, n, k,
-                                           gate_scale, up_scale, NULL, err);
+    if (n > INT64_MAX / 2)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan W2A8: a gate of %lld rows", (long long)n);
+    return record(vk, kernel, w, x, act_scales, act_row, rows, y, n, 2 * n, k, gate_scale,
+                  up_scale, MODE_GATE_UP, BN_VK_W2A8_OUTPUTS / 2, err);
 }
 
 /* Mode 3's workgroups a row (shaders/w2a8_matvec.glsl: qkv_geometry):
@@ -263,8 +221,7 @@ bn_status bn_vk_w2a8_record_qkv(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w
                              (uint32_t)s->max_blocks,
                              (uint32_t)n_seq,
                              (uint32_t)s->cache_rows,
-                             (uint32_t)s->layer_off,
-                             0};
+                             (uint32_t)s->layer_off};
     bn_vk_buffer *const buffers[N_BUFFERS] = {w,         x,  q, act_scales, s->info,
                                               s->tables, s->cs, s->k_cache, s->v_cache};
     return bn_vk_dispatch_groups(vk, kernel, buffers, &p, groups_for(kernel, qkv_groups(s), rows),

@@ -64,27 +64,6 @@ bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *
                                  float weight_scale, bn_vk_w2a8_epilogue epilogue,
                                  bn_error *err);
 
-/* The same products leaving, for the norm that reads their output next
- * (bn_vk_norm_record_fed), each workgroup's share of every output row's
- * statistics: the sum of its outputs' squares and the largest |norm_w[i]
- * y[i]|, doubles, at out[row][group][2] for bn_vk_w2a8_stats_groups(n,
- * gate_up) groups a row. Exact-division kernels only (the _f64 ones). */
-typedef struct bn_vk_w2a8_stats {
-    bn_vk_buffer *norm_w; /* the next norm's n weights */
-    bn_vk_buffer *out;
-} bn_vk_w2a8_stats;
-int64_t bn_vk_w2a8_stats_groups(int64_t n, bool gate_up);
-bn_status bn_vk_w2a8_record_add_stats(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
-                                      bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
-                                      int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
-                                      float weight_scale, const bn_vk_w2a8_stats *stats,
-                                      bn_error *err);
-bn_status bn_vk_w2a8_record_gate_up_stats(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
-                                          bn_vk_buffer *x, bn_vk_buffer *act_scales,
-                                          int64_t act_row, int64_t rows, bn_vk_buffer *y,
-                                          int64_t n, int64_t k, float gate_scale, float up_scale,
-                                          const bn_vk_w2a8_stats *stats, bn_error *err);
-
 /* The feed-forward's gate and up products in one dispatch: w holds 2n rows
  * of k, the gate's n and then the up's n, and y[a * n + i] = (g g) u for
  * the gate's output g (weight scale gate_scale) and the up's u (up_scale)

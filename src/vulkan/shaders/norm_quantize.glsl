@@ -48,19 +48,12 @@ layout(std430, binding = 1) readonly buffer Weights { float w[]; };
 layout(std430, binding = 2) writeonly buffer Codes { uint q[]; };
 layout(std430, binding = 3) writeonly buffer Scales { float scale[]; };
 layout(std430, binding = 4) writeonly buffer Sums { int sums[]; };
-#ifdef BN_FP64
-// The fed form (p.groups > 0): the row's statistics as the W2A8 product
-// that wrote it left them, [rows][groups][2]: a workgroup's sum of squares
-// and largest |w x| (w2a8_matvec.glsl), in place of the first pass over x.
-layout(std430, binding = 5) readonly buffer Stats { double stats[]; };
-#endif
 
 layout(push_constant) uniform Params {
     uint rows;
     uint n;       // values a row
     uint words;   // code words a row (4 codes each)
     float eps;
-    uint groups;  // the fed form's groups a row, or 0: the first pass over x
 } p;
 
 // Correctly rounded division and square root: div_rn, fdiv_rn, fsqrt_rn;
@@ -219,24 +212,13 @@ void main()
     // the lanes in the CPU's order. Without fp64 this sum is the answer.
     precise REAL ss = 0.0;
     REAL umax = 0.0;
-#ifdef BN_FP64
-    // Fed: the groups' partial sums are sums of the same squares, in
-    // another order (any order is within the bound below), and their
-    // maxima the same maximum.
-    for (uint g = tid; g < p.groups; g += THREADS) {
-        const uint at = (row * p.groups + g) * 2u;
-        ss = ss + stats[at];
-        umax = stats[at + 1u] > umax ? stats[at + 1u] : umax;
+    for (uint i = tid; i < n; i += THREADS) {
+        const float xi = x[base + i];
+        ss = fma(REAL(xi), REAL(xi), ss);
+        const REAL u = abs(REAL(w[i]) * REAL(xi));
+        if (u > umax)
+            umax = u;
     }
-    if (p.groups == 0u)
-#endif
-        for (uint i = tid; i < n; i += THREADS) {
-            const float xi = x[base + i];
-            ss = fma(REAL(xi), REAL(xi), ss);
-            const REAL u = abs(REAL(w[i]) * REAL(xi));
-            if (u > umax)
-                umax = u;
-        }
     reduce_sum_dmax(ss, umax);
     if (tid == 0u) {
         const REAL mq = div_rn(ss, REAL(n));

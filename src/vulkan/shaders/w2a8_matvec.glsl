@@ -23,11 +23,6 @@
 // j + half), q goes to y, k and v to their cache row through the row's
 // block table (as rope_store.comp did it, which this mode replaces).
 // Each operation is rounded once, in the CPU's order.
-// With EXACT_DIVISION (fp64) and p.stats, modes 1 and 2 also leave, for
-// the norm that reads their output next (norm_quantize.glsl's fed form),
-// each workgroup's share of its row's statistics: the sum of its outputs'
-// squares and the largest |w_norm[i] y[i]|, in double (a float's square and
-// a product of two floats are exact there), at stats[a][group].
 // With RB (the _rows variants, for a pass of many rows) a workgroup takes
 // its outputs for RB activation rows at once: each weight word is loaded
 // (and spread) once for all of them, the sums and epilogues are each
@@ -55,12 +50,6 @@ layout(std430, binding = 3) readonly buffer ActScales { float act_scales[]; };
 // Mode 3 only (the other modes bind any buffers here and never touch them):
 layout(std430, binding = 4) readonly buffer Info { int info[]; };     // [rows][2]: seq, pos
 layout(std430, binding = 5) readonly buffer Tables { int tables[]; }; // [n_seq][max_blocks]
-// Modes 1 and 2 with p.stats, in the same places: the next norm's weights and
-// the statistics ([rows][groups][2]: sum of squares, max |w y|).
-layout(std430, binding = 4) readonly buffer NormWeights { float norm_w[]; };
-#ifdef EXACT_DIVISION
-layout(std430, binding = 5) writeonly buffer Stats { double stats[]; };
-#endif
 layout(std430, binding = 6) readonly buffer CosSin { float cs[]; };   // [rows][rope_dim]
 layout(std430, binding = 7) writeonly buffer KCache { float kc[]; };
 layout(std430, binding = 8) writeonly buffer VCache { float vc[]; };
@@ -77,7 +66,6 @@ layout(push_constant) uniform Params {
     uint n_head, n_kv, head_dim, rope_dim;      // the cache through the
     uint block_size, max_blocks, n_seq;          // block tables (as
     uint cache_rows, layer_off;                  // vk_ops.h describes them)
-    uint stats;       // modes 1 and 2: 1 to leave the statistics (above)
 } p;
 
 #ifndef RB
@@ -85,9 +73,6 @@ layout(push_constant) uniform Params {
 #endif
 
 shared int partial[RB][OUTPUTS * LANES];
-#ifdef EXACT_DIVISION
-shared double st_sq[RB][OUTPUTS], st_u[RB][OUTPUTS];
-#endif
 
 // The CPU's ((float)sum / act_scale) * weight_scale.
 float epilogue_scale(int sum, float act_scale, float weight_scale)
@@ -188,9 +173,8 @@ void qkv_epilogue(uint a, uint part, bool pair, uint at, int sum, int sum2)
 }
 
 // The output of activation row a for the group of invocations slot:
-// stored, added, or the gate times the up (mode 2: sum_up the up's sum);
-// returns the value stored.
-float store_output(uint a, uint row, int sum, int sum_up)
+// stored, added, or the gate times the up (mode 2: sum_up the up's sum).
+void store_output(uint a, uint row, int sum, int sum_up)
 {
     const float act_scale = act_scales[p.act_row + a];
     const float v = epilogue_scale(sum, act_scale, p.weight_scale);
@@ -198,7 +182,6 @@ float store_output(uint a, uint row, int sum, int sum_up)
     if (p.mode == 1u) {
         precise float r = y[o] + v;
         y[o] = r;
-        return r;
     } else if (p.mode == 2u) {
         const float u = epilogue_scale(sum_up, act_scale, p.up_scale);
         // The test is on the bits (positive, at most +infinity), not a
@@ -207,10 +190,9 @@ float store_output(uint a, uint row, int sum, int sum_up)
         const float g = bits > 0 && bits <= 0x7f800000 ? v : 0.0;
         precise float r = (g * g) * u;
         y[o] = r;
-        return r;
+    } else {
+        y[o] = v;
     }
-    y[o] = v;
-    return v;
 }
 
 void main()
@@ -282,38 +264,12 @@ void main()
     }
     for (uint r = 0u; r < RB && a0 + r < p.rows; r++) {
         const uint a = a0 + r;
-        float out_v = 0.0;
         if (qkv) {
             if (sub == 0u && live && (!pair || slot < 4u))
                 qkv_epilogue(a, part, pair, at, partial[r][tid],
                              pair ? partial[r][tid + 4u * LANES] : 0);
         } else if (sub == 0u && row < p.n && slot < per) {
-            out_v = store_output(a, row, partial[r][tid],
-                                 gate_up ? partial[r][tid + per * LANES] : 0);
+            store_output(a, row, partial[r][tid], gate_up ? partial[r][tid + per * LANES] : 0);
         }
-#ifdef EXACT_DIVISION
-        if (p.stats != 0u && sub == 0u && slot < OUTPUTS) {
-            const bool mine = !qkv && row < p.n && slot < per;
-            const double d = double(out_v);
-            st_sq[r][slot] = mine ? d * d : 0.0;
-            st_u[r][slot] = mine ? abs(double(norm_w[row]) * d) : 0.0;
-        }
-#endif
     }
-#ifdef EXACT_DIVISION
-    if (p.stats == 0u || qkv)
-        return;
-    barrier(); // the uniform branch: every invocation of the workgroup is here
-    if (tid < RB && a0 + tid < p.rows) { // invocation r: activation row a0 + r's share
-        precise double ss = 0.0;
-        double um = 0.0;
-        for (uint s = 0u; s < per; s++) {
-            ss = ss + st_sq[tid][s];
-            um = st_u[tid][s] > um ? st_u[tid][s] : um;
-        }
-        const uint at = ((a0 + tid) * blocks + id % blocks) * 2u;
-        stats[at] = ss;
-        stats[at + 1u] = um;
-    }
-#endif
 }
