@@ -748,6 +748,11 @@ expect_in out "^prefill .* tok/s" "bench e2e prints prefill tok/s"
 expect_in out "^decode .* tok/s" "bench e2e prints decode tok/s"
 expect_in out "^memory .*KV cache.*RSS" "bench e2e prints memory"
 expect_in out "selected=cpu" "bench e2e prints the startup line"
+digest=$(grep '^tokens' "$tmp/out")
+run "$BITNET" bench e2e --shape tiny --prompt 64 --gen 16 --device cpu --warmup
+expect_rc 0 "bench e2e --warmup"
+expect_in out "^warmup .* one untimed request" "bench e2e --warmup says it ran one"
+expect_in out "^$digest\$" "bench e2e --warmup: the timed request's tokens as without it"
 run "$BITNET" bench e2e --shape tiny --kv f8
 expect_rc 2 "bench e2e --kv f8"
 run "$BITNET" bench batch --shape tiny --seqs 1,3 --prompt 16 --gen 4 --shared-prefix 8 --device cpu
