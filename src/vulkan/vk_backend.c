@@ -310,7 +310,8 @@ static void head_row_values(void *model, int64_t r, float *out)
 
 /* The screened head for greedy steps, where the device and the head allow
  * it and BITNET_VULKAN_SCREEN is not 0. A device too small for the int8
- * copy leaves greedy steps to the full head. */
+ * copy, or one that cannot run its kernels (ten storage buffers a kernel),
+ * leaves greedy steps to the full head. */
 static bn_status make_screen(vkb *v, int threads, bn_error *err)
 {
     bn_config cfg;
@@ -321,7 +322,7 @@ static bn_status make_screen(vkb *v, int threads, bn_error *err)
         return BN_OK;
     const bn_status st = bn_vk_head_screen_create(v->vk, h->rows, h->cols, head_row_values,
                                                   (void *)v->model, threads, &v->screen, err);
-    if (st == BN_ERR_GPU_OUT_OF_MEMORY) {
+    if (st == BN_ERR_GPU_OUT_OF_MEMORY || st == BN_ERR_UNSUPPORTED) {
         bn_error_clear(err);
         return BN_OK;
     }
