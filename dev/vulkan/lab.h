@@ -66,7 +66,7 @@ static double now_us(void)
 /* One case: record(vk, ctx) records one dispatch. */
 typedef void (*record_fn)(bn_vk *vk, void *ctx);
 
-static double chain_us(bn_vk *vk, record_fn record, void *ctx, int n, bool free_running)
+static inline double chain_us(bn_vk *vk, record_fn record, void *ctx, int n, bool free_running)
 {
     double best = 1e30;
     for (int rep = 0; rep < 6; rep++) {
@@ -85,7 +85,7 @@ static double chain_us(bn_vk *vk, record_fn record, void *ctx, int n, bool free_
     return best;
 }
 
-static void report(bn_vk *vk, const char *name, record_fn record, void *ctx, bool also_free)
+static inline void report(bn_vk *vk, const char *name, record_fn record, void *ctx, bool also_free)
 {
     const double one = chain_us(vk, record, ctx, 1, false);
     const double chained = (chain_us(vk, record, ctx, N_CHAIN, false) - one) / (N_CHAIN - 1);

@@ -1,0 +1,68 @@
+#version 450
+// `phases` rounds of a matrix-vector product's read (stream.comp's) in ONE
+// dispatch: the workgroups meet between rounds at a counter in memory (each
+// adds one, then waits until all have) where a decode step's dispatches
+// meet at a pipeline barrier. With prefetch, a workgroup loads its next
+// round's words before it waits (weights do not depend on the round
+// before). Every workgroup must be resident at once (the host keeps the
+// grid within the device's room and runs it only on GPUs).
+layout(local_size_x = 256) in;
+layout(std430, binding = 0) readonly buffer In { uvec4 w[]; };
+layout(std430, binding = 1) buffer Out { uint o[]; };
+layout(std430, binding = 2) coherent buffer Count { uint count[]; };
+layout(push_constant) uniform Params {
+    uint vec4s;    // uvec4s a workgroup a round (at most 512)
+    uint phases;   // rounds
+    uint slices;   // distinct slices of In (round r reads slice r % slices)
+    uint prefetch; // 1: the next round's words loaded before the wait
+    uint first;    // round r reads slice (first + r) % slices
+} p;
+shared uint red[256];
+
+uvec4 load(uint phase, uint i)
+{
+    const uint n = gl_NumWorkGroups.x;
+    return w[((p.first + phase) % p.slices) * n * p.vec4s + gl_WorkGroupID.x * p.vec4s + i];
+}
+
+void main()
+{
+    const uint g = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x, n = gl_NumWorkGroups.x;
+    uint acc = 0u;
+    uvec4 cur0 = tid < p.vec4s ? load(0u, tid) : uvec4(0u);
+    uvec4 cur1 = tid + 256u < p.vec4s ? load(0u, tid + 256u) : uvec4(0u);
+    for (uint r = 0u; r < p.phases; r++) {
+        acc ^= cur0.x ^ cur0.y ^ cur0.z ^ cur0.w ^ cur1.x ^ cur1.y ^ cur1.z ^ cur1.w;
+        uvec4 nxt0 = uvec4(0u), nxt1 = uvec4(0u);
+        const bool more = r + 1u < p.phases;
+        if (more && p.prefetch != 0u) {
+            nxt0 = tid < p.vec4s ? load(r + 1u, tid) : uvec4(0u);
+            nxt1 = tid + 256u < p.vec4s ? load(r + 1u, tid + 256u) : uvec4(0u);
+        }
+        if (more) { // the round's end: every workgroup arrives, then all go on
+            barrier();
+            if (tid == 0u) {
+                atomicAdd(count[0], 1u);
+                const uint target = (r + 1u) * n;
+                while (atomicOr(count[0], 0u) < target) {
+                }
+            }
+            barrier();
+            if (p.prefetch == 0u) {
+                nxt0 = tid < p.vec4s ? load(r + 1u, tid) : uvec4(0u);
+                nxt1 = tid + 256u < p.vec4s ? load(r + 1u, tid + 256u) : uvec4(0u);
+            }
+        }
+        cur0 = nxt0;
+        cur1 = nxt1;
+    }
+    red[tid] = acc;
+    barrier();
+    for (uint h = 128u; h > 0u; h >>= 1u) {
+        if (tid < h)
+            red[tid] ^= red[tid + h];
+        barrier();
+    }
+    if (tid == 0u)
+        o[g] = red[0];
+}
