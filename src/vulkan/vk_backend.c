@@ -645,8 +645,10 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
     return record_proj(v, l, BN_PROJ_DOWN, &v->x, BN_VK_W2A8_ADD, M, err);
 }
 
-/* Dispatches a layer records (record_layer). */
-#define LAYER_DISPATCHES 10 /* a decode step's (a prompt pass's attention is one) */
+/* Dispatches a layer records (record_layer): nine, and one more for the
+ * split attention's second dispatch. */
+#define LAYER_DISPATCHES 10
+static int layer_dispatches(const vkb *v) { return v->split_attention ? 10 : 9; }
 
 /* Submits the open sequence when `need` more dispatches would not fit it. */
 static bn_status make_room(vkb *v, int need, bn_error *err)
@@ -1046,11 +1048,11 @@ bn_status bn_vk_backend_profile_step(void *backend, int32_t token, int64_t pos,
                               : -1;
     if (st == BN_OK && n < 0)
         st = err->status;
-    if (n >= 2 * LAYER_DISPATCHES && LAYER_DISPATCHES <= BN_VK_PROFILE_KERNELS)
-        for (int i = 0; i < LAYER_DISPATCHES; i++) {
-            snprintf(out->layer_names[i], sizeof out->layer_names[0], "%s",
-                     names[LAYER_DISPATCHES + i]);
-            out->layer_us[i] = us[LAYER_DISPATCHES + i];
+    const int per_layer = layer_dispatches(v); /* the step's, as recorded */
+    if (n >= 2 * per_layer && per_layer <= BN_VK_PROFILE_KERNELS)
+        for (int i = 0; i < per_layer; i++) {
+            snprintf(out->layer_names[i], sizeof out->layer_names[0], "%s", names[per_layer + i]);
+            out->layer_us[i] = us[per_layer + i];
             out->layer_n++;
         }
     for (int i = 0; i < n; i++) { /* totals by kernel, in order of first run */
