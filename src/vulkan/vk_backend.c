@@ -704,7 +704,7 @@ static bn_status record_head(vkb *v, int64_t M, pass_end end, int64_t lfirst, in
                              bn_error *err)
 {
     const bn_hparams *hp = &v->hp;
-    TRY(make_room(v, 1 + (end == PASS_PICK ? 4 : v->n_head_parts), err));
+    TRY(make_room(v, 1 + (end == PASS_PICK ? BN_VK_SCREEN_DISPATCHES : v->n_head_parts), err));
     TRY(bn_vk_rmsnorm_record(v->vk, v->ops, &v->x, &v->out_norm, &v->normed, M, hp->dim,
                              hp->rms_eps, err));
     if (end == PASS_PICK)

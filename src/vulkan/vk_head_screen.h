@@ -24,6 +24,7 @@
 #include "vk_ops.h"
 
 #define BN_VK_SCREEN_CAP 4096 /* candidates listed: shaders/head_screen.glsl's CAP */
+#define BN_VK_SCREEN_DISPATCHES 4 /* a screen records (bn_vk_head_screen_record) */
 
 /* The result the dispatches leave (uint32 words): the candidate count, the
  * candidates' rows (the first BN_VK_SCREEN_CAP), their logits' bits. */

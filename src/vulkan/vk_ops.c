@@ -22,19 +22,15 @@ struct bn_vk_ops {
     bn_vk_kernel *attention, *split, *rmsnorm, *head, *head_rows, *head_row1;
 };
 
-/* The shaders' push constants, in their order. */
+/* The shaders' push constants, in their order. Both attentions take
+ * attn_params: `extent` is attention.glsl's scratch stride or
+ * attention_split.glsl's blocks, `stage` the split's alone. */
 typedef struct attn_params {
     uint32_t rows, n_head, head_dim, group, kv_dim, block_size, max_blocks, n_seq, cache_rows,
-        layer_off, stride;
-    float scale;
-} attn_params;
-
-typedef struct split_params {
-    uint32_t rows, n_head, head_dim, group, kv_dim, block_size, max_blocks, n_seq, cache_rows,
-        layer_off, blocks;
+        layer_off, extent;
     float scale;
     uint32_t stage;
-} split_params;
+} attn_params;
 
 typedef struct rmsnorm_params {
     uint32_t rows, n;
@@ -91,7 +87,7 @@ bn_status bn_vk_ops_create(bn_vk *vk, bn_vk_ops **out, bn_error *err)
         st = bn_vk_kernel_create(
             vk, "attention_split", fp64 ? bn_vk_spv_attention_split_f64 : bn_vk_spv_attention_split,
             fp64 ? bn_vk_spv_attention_split_f64_len : bn_vk_spv_attention_split_len, 7,
-            sizeof(split_params), &ops->split, err);
+            sizeof(attn_params), &ops->split, err);
     if (st == BN_OK)
         st = bn_vk_kernel_create(vk, "rmsnorm", fp64 ? bn_vk_spv_rmsnorm_f64 : bn_vk_spv_rmsnorm,
                                  fp64 ? bn_vk_spv_rmsnorm_f64_len : bn_vk_spv_rmsnorm_len, 3,
@@ -175,6 +171,24 @@ static const char *check_attn_io(const bn_vk_attn_shape *s, const bn_vk_rows *r,
     return bad;
 }
 
+static attn_params attn_params_of(const bn_vk_attn_shape *s, const bn_vk_rows *r,
+                                  uint32_t n_seq, int64_t layer_off, uint64_t extent)
+{
+    return (attn_params){(uint32_t)r->rows,
+                         (uint32_t)s->n_head,
+                         (uint32_t)s->head_dim,
+                         (uint32_t)(s->n_head / s->n_kv),
+                         (uint32_t)(s->n_kv * s->head_dim),
+                         (uint32_t)r->block_size,
+                         (uint32_t)r->max_blocks,
+                         n_seq,
+                         (uint32_t)s->cache_rows,
+                         (uint32_t)layer_off,
+                         (uint32_t)extent,
+                         (float)(1.0 / sqrt((double)s->head_dim)),
+                         1};
+}
+
 bn_status bn_vk_attention_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_shape *s,
                                  const bn_vk_rows *r, bn_vk_buffer *q, bn_vk_buffer *k_cache,
                                  bn_vk_buffer *v_cache, int64_t layer_off, bn_vk_buffer *scratch,
@@ -192,18 +206,7 @@ bn_status bn_vk_attention_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_sha
                             (long long)r->rows, s->n_head, s->head_dim, s->n_kv, bad);
     if (rows == 0)
         return BN_OK;
-    const attn_params p = {(uint32_t)rows,
-                           (uint32_t)s->n_head,
-                           (uint32_t)s->head_dim,
-                           (uint32_t)(s->n_head / s->n_kv),
-                           (uint32_t)(s->n_kv * s->head_dim),
-                           (uint32_t)r->block_size,
-                           (uint32_t)r->max_blocks,
-                           n_seq,
-                           (uint32_t)s->cache_rows,
-                           (uint32_t)layer_off,
-                           (uint32_t)scratch_stride,
-                           (float)(1.0 / sqrt((double)s->head_dim))};
+    const attn_params p = attn_params_of(s, r, n_seq, layer_off, (uint64_t)scratch_stride);
     bn_vk_buffer *const buffers[7] = {r->info, r->tables, q, k_cache, v_cache, scratch, att};
     return bn_vk_dispatch_groups(vk, ops->attention, buffers, &p, items, err);
 }
@@ -241,19 +244,7 @@ bn_status bn_vk_attention_split_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_at
                             (long long)r->rows, s->n_head, s->head_dim, s->n_kv, bad);
     if (rows == 0)
         return BN_OK;
-    split_params p = {(uint32_t)rows,
-                      (uint32_t)s->n_head,
-                      (uint32_t)s->head_dim,
-                      (uint32_t)(s->n_head / s->n_kv),
-                      (uint32_t)(s->n_kv * s->head_dim),
-                      (uint32_t)r->block_size,
-                      (uint32_t)r->max_blocks,
-                      n_seq,
-                      (uint32_t)s->cache_rows,
-                      (uint32_t)layer_off,
-                      (uint32_t)split_blocks(positions),
-                      (float)(1.0 / sqrt((double)s->head_dim)),
-                      1};
+    attn_params p = attn_params_of(s, r, n_seq, layer_off, split_blocks(positions)); /* stage 1 */
     bn_vk_buffer *const buffers[7] = {r->info, r->tables, q, k_cache, v_cache, partials, att};
     const bn_status st = bn_vk_dispatch_groups(vk, ops->split, buffers, &p,
                                                prod(items, split_blocks(positions)), err);

@@ -38,14 +38,9 @@
 
 layout(local_size_x = 512) in;
 
-layout(std430, binding = 0) readonly buffer Info { int info[]; };   // [rows][2]: seq, pos
-layout(std430, binding = 1) readonly buffer Tables { int tables[]; }; // [n_seq][max_blocks]
-layout(std430, binding = 2) readonly buffer Q { float q[]; };       // [rows][n_head * head_dim]
-layout(std430, binding = 3) readonly buffer KCache { float kc[]; };
-layout(std430, binding = 3) readonly buffer KCache4 { vec4 kc4[]; }; // the same buffer
-layout(std430, binding = 4) readonly buffer VCache { float vc[]; };
+// Bindings 0 to 4 and 6 (the rows, the tables, q, the caches, att):
+// attention_keys.glsl.
 layout(std430, binding = 5) buffer Scratch { float scratch[]; };    // [rows][n_head][stride]
-layout(std430, binding = 6) writeonly buffer Att { float att[]; };  // as q
 
 layout(push_constant) uniform Params {
     uint rows;

@@ -1,7 +1,16 @@
-// The attention's key side, shared by attention.glsl and
-// attention_split.glsl (each declares the Params fields max_blocks,
-// block_size, cache_rows, layer_off, kv_dim, head_dim and scale, the
-// Tables and KCache / KCache4 buffers and the shared q_sh these read).
+// What attention.glsl and attention_split.glsl share: their buffers but
+// binding 5 (scratch or partials), and the key side - a key's cache row and
+// its score. Each declares the Params fields max_blocks, block_size,
+// cache_rows, layer_off, kv_dim, head_dim and scale and the shared q_sh
+// these read.
+
+layout(std430, binding = 0) readonly buffer Info { int info[]; };   // [rows][2]: seq, pos
+layout(std430, binding = 1) readonly buffer Tables { int tables[]; }; // [n_seq][max_blocks]
+layout(std430, binding = 2) readonly buffer Q { float q[]; };       // [rows][n_head * head_dim]
+layout(std430, binding = 3) readonly buffer KCache { float kc[]; };
+layout(std430, binding = 3) readonly buffer KCache4 { vec4 kc4[]; }; // the same buffer
+layout(std430, binding = 4) readonly buffer VCache { float vc[]; };
+layout(std430, binding = 6) writeonly buffer Att { float att[]; };  // as q
 
 // Where position t of sequence seq starts in the cache (floats), or
 // ok = false when its block is outside the cache.

@@ -63,11 +63,7 @@ layout(push_constant) uniform Params {
 } p;
 
 #ifdef DOT_PRODUCT
-// OpSDot (4450) of two words as four signed 8-bit lanes each (packed
-// vector format 0): glslc knows no GLSL name for it.
-spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018],
-                  id = 4450)
-int sdot_packed(int a, int b, spirv_literal int packed_format);
+#include "sdot.glsl"
 #endif
 
 // The exact sum of four int8 products.
@@ -90,6 +86,20 @@ int dot4(uint a, uint b)
 shared double sh_d[256], sh_d2[256];
 shared float sh_f[256];
 shared uint sh_u[256];
+
+// The largest v of the workgroup's (reached by all of it).
+double workgroup_max(double v)
+{
+    const uint tid = gl_LocalInvocationID.x;
+    sh_d[tid] = v;
+    barrier();
+    for (uint h = 128u; h > 0u; h >>= 1u) {
+        if (tid < h)
+            sh_d[tid] = max(sh_d[tid], sh_d[tid + h]);
+        barrier();
+    }
+    return sh_d[0];
+}
 
 #if STAGE == 1
 void main()
@@ -154,7 +164,7 @@ void main()
     }
 }
 #elif STAGE == 2
-shared int sh_l[256];
+shared int sh_h[256], sh_l[256];
 
 void main()
 {
@@ -172,12 +182,12 @@ void main()
             acc_h += dot4(c.x, h.x) + dot4(c.y, h.y) + dot4(c.z, h.z) + dot4(c.w, h.w);
             acc_l += dot4(c.x, l.x) + dot4(c.y, l.y) + dot4(c.z, l.z) + dot4(c.w, l.w);
         }
-    sh_u[tid] = uint(acc_h);
+    sh_h[tid] = acc_h;
     sh_l[tid] = acc_l;
     barrier();
     for (uint h = LANES / 2u; h > 0u; h >>= 1u) {
         if (lane < h) {
-            sh_u[tid] = uint(int(sh_u[tid]) + int(sh_u[tid + h]));
+            sh_h[tid] += sh_h[tid + h];
             sh_l[tid] += sh_l[tid + h];
         }
         barrier();
@@ -187,7 +197,7 @@ void main()
         const double sc = double(scale[row]), l1 = stat[1];
         double h_ = INF_D;
         if (!isnan(l1) && sc != 0.0) {
-            const double sum = 128.0 * double(int(sh_u[tid])) + double(sh_l[tid]); // exact
+            const double sum = 128.0 * double(sh_h[tid]) + double(sh_l[tid]); // exact
             precise double a = sc * stat[0] * sum;
             precise double b = (l1 * err[row] + 127.0 * sc * stat[2]) * (1.0 + 1e-9) +
                                1e-9 * abs(a);
@@ -197,15 +207,9 @@ void main()
         hi[row] = h_;
     }
     // The largest lo of the workgroup's rows (lanes other than 0 hold -inf).
-    sh_d[tid] = lo;
-    barrier();
-    for (uint h = 128u; h > 0u; h >>= 1u) {
-        if (tid < h)
-            sh_d[tid] = max(sh_d[tid], sh_d[tid + h]);
-        barrier();
-    }
+    const double most = workgroup_max(lo);
     if (tid == 0u)
-        slot_lo[group] = sh_d[0];
+        slot_lo[group] = most;
 }
 #elif STAGE == 3
 void main()
@@ -214,14 +218,7 @@ void main()
     double t = -INF_D;
     for (uint s = tid; s < p.n_slots; s += 256u)
         t = max(t, slot_lo[s]);
-    sh_d[tid] = t;
-    barrier();
-    for (uint h = 128u; h > 0u; h >>= 1u) {
-        if (tid < h)
-            sh_d[tid] = max(sh_d[tid], sh_d[tid + h]);
-        barrier();
-    }
-    const double cut = sh_d[0];
+    const double cut = workgroup_max(t);
     const uint stride = gl_NumWorkGroups.x * 256u;
     for (uint r = gl_WorkGroupID.x * 256u + tid; r < p.vocab; r += stride)
         if (!(hi[r] < cut)) { // the CPU's test (cpu_backend.c: screen_exact_slot)

@@ -31,11 +31,7 @@
 // w2a8_matvec_dot_f64.comp and w2a8_matvec_dot_f64_rows.comp.
 
 #ifdef DOT_PRODUCT
-// OpSDot (4450) of two 32-bit words as four signed 8-bit lanes each
-// (packed vector format 0, 4x8Bit): glslc knows no GLSL name for it.
-spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018],
-                  id = 4450)
-int sdot_packed(int a, int b, spirv_literal int packed_format);
+#include "sdot.glsl"
 #endif
 
 #define OUTPUTS 8u // a workgroup's outputs (BN_VK_W2A8_OUTPUTS)
