@@ -17,9 +17,12 @@
  *   stream             320 workgroups reading 1.6 MB (a 2560 x 2560 W2A8
  *                      matrix), 16 bytes an invocation at a time
  *   norm n             the shipped norm + int8 of one row of n (vk_norm.h)
- *   norm lab V, n      shaders/norm_lab.glsl's variants of it (a copy of
- *                      the shipped shader with switches: what its time is
- *                      made of, and faster forms)
+ *   norm lab_V, n      shaders/norm_lab.glsl's variants of it (a copy of
+ *                      the shader at 13c87ee with switches: what its time
+ *                      was made of, and faster forms)
+ *   norm phase_V, n    shaders/norm_phase.glsl's: the shipped shader
+ *                      stopped after each phase, its codes from float
+ *                      products, with 256 invocations
  *   product n x k      the shipped W2A8 product of one row (vk_w2a8.h);
  *                      gate|up the feed-forward's pair in one dispatch
  *
@@ -207,15 +210,25 @@ int main(int argc, char **argv)
         bn_vk_kernel_free(vk, nk);
     }
     if (d->fp64) {
-        static const char *variants[] = {"base",   "nostage",   "subgroup",   "merged",
-                                         "subgroup_merged", "skip_fmax", "skip_codes",
-                                         "skip_both", "wg1024", "wg1024_nostage"};
+        /* norm_lab.glsl's variants, then norm_phase.glsl's (the shipped
+         * kernel stopped after each phase; the forms that do not give the
+         * CPU's codes are not checked). */
+        static const struct {
+            const char *name;
+            bool checked;
+        } variants[] = {
+            {"lab_base", true},           {"lab_nostage", true},         {"lab_subgroup", true},
+            {"lab_merged", true},         {"lab_subgroup_merged", true}, {"lab_skip_fmax", false},
+            {"lab_skip_codes", false},    {"lab_skip_both", false},      {"lab_wg1024", true},
+            {"lab_wg1024_nostage", true}, {"phase_full", true},          {"phase_stop1", false},
+            {"phase_stop2", false},       {"phase_stop3", false},        {"phase_stop4", false},
+            {"phase_float_codes", false}, {"phase_t256", true}};
         static const int64_t ns[] = {2560, 6912};
-        for (int v = 0; v < 10; v++) {
+        for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
             char name[64];
-            snprintf(name, sizeof name, "norm_lab_%s", variants[v]);
+            snprintf(name, sizeof name, "norm_%s", variants[v].name);
             bn_vk_kernel *k = lab_kernel(vk, name, 5, 16);
-            const bool writes_codes = strncmp(variants[v], "skip", 4) != 0;
+            const bool writes_codes = variants[v].checked;
             for (int i = 0; i < 2; i++) {
                 const int64_t n = ns[i], rows = 3;
                 const size_t words = bn_vk_w2a8_words(n);
@@ -262,7 +275,7 @@ int main(int argc, char **argv)
                 const float eps = 1e-5f;
                 memcpy(&c.push[3], &eps, 4);
                 char label[64];
-                snprintf(label, sizeof label, "norm lab %s, %lld", variants[v], (long long)n);
+                snprintf(label, sizeof label, "norm %s, %lld", variants[v].name, (long long)n);
                 report(vk, label, record_plain, &c, false);
                 for (int j = 0; j < 5; j++)
                     bn_vk_buffer_free(vk, bufs[j]);

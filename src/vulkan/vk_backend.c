@@ -90,6 +90,12 @@ typedef struct vkb {
     /* The W2A8 product of eight rows a workgroup, for passes of at least
      * ROWS_KERNEL_MIN rows (NULL where the device lacks it). */
     bn_vk_kernel *w2a8_rows;
+    /* The W2A8 product that norms its output for the next product, for
+     * passes below ROWS_KERNEL_MIN rows (NULL where the device lacks it),
+     * and its counters (one a row). */
+    bn_vk_kernel *w2a8_tail;
+    bn_vk_buffer tail_counters;
+    bool tails_ran; /* for the receipt */
     bn_vk_ops *ops;
     const bn_checkpoint *model;
     bn_hparams hp;
@@ -360,6 +366,7 @@ static bn_status make_buffers(vkb *v, bn_error *err)
         {&v->tables, sizeof(int32_t)},
         {&v->cs, R * (hp->rope_dim > 0 ? hp->rope_dim : 1) * f},
         {&v->partials, bn_vk_attention_split_floats(&shape, 1, v->kv_len) * f},
+        {&v->tail_counters, R * sizeof(uint32_t)},
     };
     bn_status st = BN_OK;
     for (size_t i = 0; i < sizeof list / sizeof list[0] && st == BN_OK; i++)
@@ -367,6 +374,9 @@ static bn_status make_buffers(vkb *v, bn_error *err)
     const int32_t block0 = 0; /* one sequence in one block of the whole cache */
     if (st == BN_OK)
         st = upload(v, &v->tables, &block0, sizeof block0, err);
+    const uint32_t zeros[VKB_CHUNK] = {0}; /* the tails' counters start at zero */
+    if (st == BN_OK)
+        st = upload(v, &v->tail_counters, zeros, sizeof zeros, err);
     v->k_cache = calloc((size_t)hp->n_layer, sizeof *v->k_cache);
     v->v_cache = calloc((size_t)hp->n_layer, sizeof *v->v_cache);
     if (st == BN_OK && (!v->k_cache || !v->v_cache))
@@ -451,10 +461,10 @@ static void vkb_release(vkb *v)
     for (int i = 0; i < 4; i++)
         bn_vk_kept_free(v->vk, v->decode_step[i / 2][i % 2]);
     bn_vk_head_screen_free(v->vk, v->screen);
-    bn_vk_buffer *const pass[] = {&v->x,      &v->codes,    &v->scales, &v->sums,
-                                  &v->q,      &v->att,      &v->gate,   &v->normed,
-                                  &v->logits, &v->scratch,  &v->info,   &v->tables,
-                                  &v->cs,     &v->out_norm, &v->io,     &v->partials};
+    bn_vk_buffer *const pass[] = {
+        &v->x,      &v->codes,    &v->scales,       &v->sums, &v->q,      &v->att, &v->gate,
+        &v->normed, &v->logits,   &v->scratch,      &v->info, &v->tables, &v->cs,  &v->out_norm,
+        &v->io,     &v->partials, &v->tail_counters};
     for (size_t i = 0; i < sizeof pass / sizeof pass[0]; i++)
         bn_vk_buffer_free(v->vk, pass[i]);
     if (v->ops)
@@ -463,6 +473,8 @@ static void vkb_release(vkb *v)
         bn_vk_kernel_free(v->vk, v->w2a8);
     if (v->w2a8_rows)
         bn_vk_kernel_free(v->vk, v->w2a8_rows);
+    if (v->w2a8_tail)
+        bn_vk_kernel_free(v->vk, v->w2a8_tail);
     if (v->norm)
         bn_vk_kernel_free(v->vk, v->norm);
     bn_vk_close(v->vk);
@@ -544,6 +556,8 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
                                bn_vk_device(v->vk)->integer_dot_product, &v->w2a8, err);
     if (st == BN_OK && bn_vk_w2a8_rows_kernel_fits(v->vk))
         st = bn_vk_w2a8_rows_kernel(v->vk, &v->w2a8_rows, err);
+    if (st == BN_OK && bn_vk_w2a8_tail_kernel_fits(v->vk))
+        st = bn_vk_w2a8_tail_kernel(v->vk, &v->w2a8_tail, err);
     if (st == BN_OK)
         st = bn_vk_norm_kernel(v->vk, bn_vk_norm_subgroups(v->vk), &v->norm, err);
     if (st == BN_OK)
@@ -607,14 +621,48 @@ static bn_status record_proj(vkb *v, int layer, bn_proj p, bn_vk_buffer *y,
             return try_st_;                                                                \
     } while (0)
 
-/* One layer over the pass's M rows (cpu_backend.c: attention_block, ffn_block). */
+/* Whether a pass of M rows norms the products' outputs in the products
+ * (the tail kernel: vk_w2a8.h) rather than in norm dispatches of their
+ * own: a pass of one row (a decode step). With more, a row's tail would
+ * write its codes while other rows' workgroups still read theirs from the
+ * same buffer, at the product's input width, not its output's. */
+static bool tails_for(const vkb *v, int64_t M) { return v->w2a8_tail && M == 1; }
+
+/* The norm a tail runs: weights w over the pass's rows into codes, scales
+ * and sums. */
+static bn_vk_norm_tail tail_of(vkb *v, bn_vk_buffer *w)
+{
+    return (bn_vk_norm_tail){w, v->hp.rms_eps, &v->codes, &v->scales, &v->sums, &v->tail_counters};
+}
+
+/* Wo or Wdown with the residual add, the sum then normed with w (NULL: not
+ * normed here) for the next product. */
+static bn_status record_proj_add(vkb *v, int layer, bn_proj p, int64_t M, bn_vk_buffer *w,
+                                 bn_error *err)
+{
+    if (!w)
+        return record_proj(v, layer, p, &v->x, BN_VK_W2A8_ADD, M, err);
+    vkb_proj *pw = &v->proj[layer * BN_PROJ_COUNT + p];
+    const bn_vk_norm_tail tail = tail_of(v, w);
+    return bn_vk_w2a8_record_rows_normed(v->vk, v->w2a8_tail, &pw->w, &v->codes, &v->scales, M,
+                                         &v->x, pw->n, pw->k, pw->scale, BN_VK_W2A8_ADD, &tail,
+                                         err);
+}
+
+/* One layer over the pass's M rows (cpu_backend.c: attention_block, ffn_block).
+ * With tails (tails_for) the residual adds and the gate and up norm their
+ * own outputs, and the down of layer l the next layer's attn_norm: every
+ * layer but the first starts at its q, k and v. */
 static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_error *err)
 {
     const bn_hparams *hp = &v->hp;
     bn_vk_buffer *norms = &v->norms[l * BN_NORM_COUNT];
     const bn_vk_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, c->rows};
     const bn_vk_rows rows = {&v->info, c->tables, M, c->block_size, c->max_blocks};
-    TRY(record_norm(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, err));
+    const bool tails = tails_for(v, M);
+    v->tails_ran |= tails;
+    if (!tails || l == 0)
+        TRY(record_norm(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, err));
     /* q, k and v in one product: q turned by RoPE into v->q, k (turned)
      * and v into the cache. */
     vkb_proj *qp = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_Q];
@@ -635,20 +683,35 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
     TRY(record_norm(v, &v->att, &norms[BN_NORM_ATTN_SUB], M, v->q_dim, err));
     /* x += Wo a and, below, x += Wdown h: the residual adds in the
      * products' epilogues; h = relu2(gate) up from one product of both. */
-    TRY(record_proj(v, l, BN_PROJ_O, &v->x, BN_VK_W2A8_ADD, M, err));
-    TRY(record_norm(v, &v->x, &norms[BN_NORM_FFN], M, hp->dim, err));
+    TRY(record_proj_add(v, l, BN_PROJ_O, M, tails ? &norms[BN_NORM_FFN] : NULL, err));
+    if (!tails)
+        TRY(record_norm(v, &v->x, &norms[BN_NORM_FFN], M, hp->dim, err));
     vkb_proj *gate = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_GATE];
-    TRY(bn_vk_w2a8_record_gate_up(v->vk, w2a8_for(v, M), &gate->w, &v->codes, &v->scales, 0, M,
-                                  &v->gate, gate->n, gate->k, gate->scale,
-                                  gate[BN_PROJ_UP - BN_PROJ_GATE].scale, err));
-    TRY(record_norm(v, &v->gate, &norms[BN_NORM_FFN_SUB], M, hp->ffn, err));
-    return record_proj(v, l, BN_PROJ_DOWN, &v->x, BN_VK_W2A8_ADD, M, err);
+    const float up_scale = gate[BN_PROJ_UP - BN_PROJ_GATE].scale;
+    if (tails) {
+        const bn_vk_norm_tail tail = tail_of(v, &norms[BN_NORM_FFN_SUB]);
+        TRY(bn_vk_w2a8_record_gate_up_normed(v->vk, v->w2a8_tail, &gate->w, &v->codes, &v->scales,
+                                             M, &v->gate, gate->n, gate->k, gate->scale, up_scale,
+                                             &tail, err));
+    } else {
+        TRY(bn_vk_w2a8_record_gate_up(v->vk, w2a8_for(v, M), &gate->w, &v->codes, &v->scales, 0, M,
+                                      &v->gate, gate->n, gate->k, gate->scale, up_scale, err));
+        TRY(record_norm(v, &v->gate, &norms[BN_NORM_FFN_SUB], M, hp->ffn, err));
+    }
+    const bool next_normed = tails && l + 1 < hp->n_layer;
+    return record_proj_add(v, l, BN_PROJ_DOWN, M,
+                           next_normed ? &v->norms[(l + 1) * BN_NORM_COUNT + BN_NORM_ATTN] : NULL,
+                           err);
 }
 
 /* Dispatches a layer records (record_layer): nine, and one more for the
- * split attention's second dispatch. */
+ * split attention's second dispatch; with tails three fewer (the first
+ * layer two). */
 #define LAYER_DISPATCHES 10
-static int layer_dispatches(const vkb *v) { return v->split_attention ? 10 : 9; }
+static int layer_dispatches(const vkb *v, int64_t M)
+{
+    return (v->split_attention ? 10 : 9) - (tails_for(v, M) ? 3 : 0);
+}
 
 /* Submits the open sequence when `need` more dispatches would not fit it. */
 static bn_status make_room(vkb *v, int need, bn_error *err)
@@ -1000,12 +1063,13 @@ static void vk_report(const bn_backend *b, bn_engine_info *info)
     info->backend_total_bytes = info->gpu_total_bytes;
     snprintf(info->kernels, sizeof info->kernels,
              "vulkan_w2a8%s,vulkan_w2a8_qkv_rope,vulkan_norm_quantize,vulkan_attention,"
-             "vulkan_rmsnorm,vulkan_head_%s%s%s%s",
+             "vulkan_rmsnorm,vulkan_head_%s%s%s%s%s",
              bn_vk_device(v->vk)->integer_dot_product ? "_dot" : "",
              v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32",
              v->picks > v->full_picks ? ",vulkan_head_screen" : "",
              v->split_steps > 0 ? ",vulkan_attention_split" : "",
-             v->replays > 0 ? ",vulkan_decode_replay" : "");
+             v->replays > 0 ? ",vulkan_decode_replay" : "",
+             v->tails_ran ? ",vulkan_w2a8_normed" : "");
 }
 
 const bn_backend_ops bn_vulkan_backend_ops = {
@@ -1048,11 +1112,12 @@ bn_status bn_vk_backend_profile_step(void *backend, int32_t token, int64_t pos,
                               : -1;
     if (st == BN_OK && n < 0)
         st = err->status;
-    const int per_layer = layer_dispatches(v); /* the step's, as recorded */
-    if (n >= 2 * per_layer && per_layer <= BN_VK_PROFILE_KERNELS)
+    /* The step's, as recorded; with tails the first layer has one more. */
+    const int per_layer = layer_dispatches(v, 1), first = per_layer + (tails_for(v, 1) ? 1 : 0);
+    if (n >= first + per_layer && per_layer <= BN_VK_PROFILE_KERNELS)
         for (int i = 0; i < per_layer; i++) {
-            snprintf(out->layer_names[i], sizeof out->layer_names[0], "%s", names[per_layer + i]);
-            out->layer_us[i] = us[per_layer + i];
+            snprintf(out->layer_names[i], sizeof out->layer_names[0], "%s", names[first + i]);
+            out->layer_us[i] = us[first + i];
             out->layer_n++;
         }
     for (int i = 0; i < n; i++) { /* totals by kernel, in order of first run */

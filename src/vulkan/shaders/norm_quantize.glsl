@@ -36,6 +36,12 @@
 // this form with SUBGROUP and 1024 invocations; dev/vulkan/dispatch_chain.c).
 // 512 invocations: the decode step's 120 norms 1052-1058 us against
 // 1168-1179 with 1024, and 1177-1185 with 256 (docs/VULKAN.md, "Speed").
+//
+// With NORM_TAIL the including shader (w2a8_matvec_dot_f64_tail.comp)
+// calls norm_quantize_row from workgroups of its own THREADS, its buffers
+// named by the NORM_* macros; without, this is the kernel of a row a
+// workgroup.
+#ifndef NORM_TAIL
 #ifdef SUBGROUP
 #define THREADS 512u
 #else
@@ -55,6 +61,13 @@ layout(push_constant) uniform Params {
     uint words;   // code words a row (4 codes each)
     float eps;
 } p;
+
+#define NORM_X(i) x[i]
+#define NORM_W(i) w[i]
+#define NORM_CODES q
+#define NORM_SCALES scale
+#define NORM_SUMS sums
+#endif
 
 // Correctly rounded division and square root: div_rn, fdiv_rn, fsqrt_rn;
 // REAL, double or float.
@@ -192,13 +205,22 @@ int exact_code(float xi, float wi, REAL rmax, REAL umax)
     return int(roundEven(t0));
 }
 
-void main()
+// With NORM_STAGE (the tail, whose row is read through coherent loads that
+// skip the L1 cache) the first pass keeps the row's first NORM_STAGE values
+// in shared memory for the passes after it.
+#ifdef NORM_STAGE
+shared float staged[NORM_STAGE];
+#define ROW_VALUE(i) ((i) < NORM_STAGE ? staged[i] : NORM_X(base + (i)))
+#else
+#define ROW_VALUE(i) NORM_X(base + (i))
+#endif
+
+// Row `row` of n values (row * n on in NORM_X) into its `words` words of
+// codes, its scale and its codes' sum. Reached by the whole workgroup.
+void norm_quantize_row(uint row, uint n, uint words, float eps)
 {
-    const uint row = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-    if (row >= p.rows)
-        return; // the whole workgroup: no barrier is left waiting
     const uint tid = gl_LocalInvocationID.x;
-    const uint n = p.n, base = row * n;
+    const uint base = row * n;
 
     // The squares' sum and max |w x| in double, each invocation over its
     // strided values, then one reduction for both. The CPU adds the
@@ -212,12 +234,28 @@ void main()
     // the lanes in the CPU's order. Without fp64 this sum is the answer.
     precise REAL ss = 0.0;
     REAL umax = 0.0;
-    for (uint i = tid; i < n; i += THREADS) {
-        const float xi = x[base + i];
-        ss = fma(REAL(xi), REAL(xi), ss);
-        const REAL u = abs(REAL(w[i]) * REAL(xi));
-        if (u > umax)
-            umax = u;
+    // Four values an invocation loaded before any is used, so that their
+    // loads are in flight together.
+    for (uint i0 = tid; i0 < n; i0 += 4u * THREADS) {
+        float xs[4], ws[4];
+        for (uint u = 0u; u < 4u; u++) {
+            const uint i = i0 + u * THREADS;
+            xs[u] = i < n ? NORM_X(base + i) : 0.0;
+            ws[u] = i < n ? NORM_W(i) : 0.0;
+        }
+        for (uint u = 0u; u < 4u; u++) {
+            const uint i = i0 + u * THREADS;
+            if (i < n) {
+#ifdef NORM_STAGE
+                if (i < NORM_STAGE)
+                    staged[i] = xs[u];
+#endif
+                ss = fma(REAL(xs[u]), REAL(xs[u]), ss);
+                const REAL a = abs(REAL(ws[u]) * REAL(xs[u]));
+                if (a > umax)
+                    umax = a;
+            }
+        }
     }
     reduce_sum_dmax(ss, umax);
     if (tid == 0u) {
@@ -236,7 +274,7 @@ void main()
         if (tid < 8u) {
             precise REAL s = 0.0;
             for (uint i = tid; i < n; i += 8u) {
-                const REAL v = REAL(x[base + i]);
+                const REAL v = REAL(ROW_VALUE(i));
                 s = fma(v, v, s);
             }
             lane_sum[tid] = s;
@@ -247,7 +285,7 @@ void main()
         mean_sq = div_rn(lanes, REAL(n));
     }
     if (tid == 0u) {
-        precise float v = float(mean_sq) + p.eps;
+        precise float v = float(mean_sq) + eps;
         // Non-finite sums (a NaN or an infinity in the row) take the plain
         // rule below whatever inv is.
         sh_inv = isnan(v) || isinf(v) ? 1.0 / sqrt(v) : fdiv_rn(1.0, fsqrt_rn(v));
@@ -266,13 +304,13 @@ void main()
     const REAL rmax = exact_u ? 1.0 / umax : 0.0;
     float amax = 0.0;
     int total = 0;
-    for (uint j = tid; j < p.words; j += THREADS) {
+    for (uint j = tid; j < words; j += THREADS) {
         uint word = 0u;
         for (uint b = 0u; b < 4u; b++) {
             const uint i = 4u * j + b;
             int c = 0;
             if (i < n) {
-                const float xi = x[base + i], wi = w[i];
+                const float xi = ROW_VALUE(i), wi = NORM_W(i);
                 precise float a = abs(wi * (xi * inv));
                 if (a > amax)
                     amax = a;
@@ -282,32 +320,42 @@ void main()
             total += c;
             word |= (uint(c) & 255u) << (8u * b);
         }
-        q[row * p.words + j] = word;
+        NORM_CODES[row * words + j] = word;
     }
     reduce_fmax_isum(amax, total);
     const bool exact = exact_u && amax >= QUANT_EPS;
     const float s = exact ? 0.0 : fdiv_rn(127.0, amax >= QUANT_EPS ? amax : QUANT_EPS);
     if (!exact) { // the plain rule (workgroup-uniform)
         total = 0;
-        for (uint j = tid; j < p.words; j += THREADS) {
+        for (uint j = tid; j < words; j += THREADS) {
             uint word = 0u;
             for (uint b = 0u; b < 4u; b++) {
                 const uint i = 4u * j + b;
                 int c = 0;
                 if (i < n) {
-                    precise float v = (w[i] * (x[base + i] * inv)) * s;
+                    precise float v = (NORM_W(i) * (ROW_VALUE(i) * inv)) * s;
                     c = round_clamp(v);
                 }
                 total += c;
                 word |= (uint(c) & 255u) << (8u * b);
             }
-            q[row * p.words + j] = word;
+            NORM_CODES[row * words + j] = word;
         }
         float unused = 0.0;
         reduce_fmax_isum(unused, total);
     }
     if (tid == 0u) {
-        scale[row] = exact ? fdiv_rn(127.0, amax) : s;
-        sums[row] = total;
+        NORM_SCALES[row] = exact ? fdiv_rn(127.0, amax) : s;
+        NORM_SUMS[row] = total;
     }
 }
+
+#ifndef NORM_TAIL
+void main()
+{
+    const uint row = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    if (row >= p.rows)
+        return; // the whole workgroup: no barrier is left waiting
+    norm_quantize_row(row, p.n, p.words, p.eps);
+}
+#endif

@@ -27,8 +27,17 @@
 // its outputs for RB activation rows at once: each weight word is loaded
 // (and spread) once for all of them, the sums and epilogues are each
 // row's as above.
+// With NORM_TAIL (w2a8_matvec_dot_f64_tail.comp: modes 1 and 2, a
+// workgroup an activation row's outputs) the product also norms its
+// output row: each workgroup counts itself done on the row's counter
+// after its stores, and the last one to finish runs norm_quantize_row
+// over the whole row (norm_quantize.glsl), writing the codes, scale and
+// sum the next product reads. The norm's own dispatch, its barrier and
+// its start are gone; nobody waits (the other workgroups just leave), so
+// no workgroup needs another to be resident.
 // Included by w2a8_matvec.comp, w2a8_matvec_f64.comp, w2a8_matvec_dot.comp,
-// w2a8_matvec_dot_f64.comp and w2a8_matvec_dot_f64_rows.comp.
+// w2a8_matvec_dot_f64.comp, w2a8_matvec_dot_f64_rows.comp and
+// w2a8_matvec_dot_f64_tail.comp.
 
 #ifdef DOT_PRODUCT
 #include "sdot.glsl"
@@ -40,15 +49,28 @@ layout(local_size_x = 256) in;
 
 layout(std430, binding = 0) readonly buffer Weights { uint w[]; };
 layout(std430, binding = 1) readonly buffer Acts { uint x[]; };
-layout(std430, binding = 2) buffer Out { float y[]; };
 // The activation rows' scales, as the norm + int8 kernel writes them.
 layout(std430, binding = 3) readonly buffer ActScales { float act_scales[]; };
+#ifndef NORM_TAIL
+layout(std430, binding = 2) buffer Out { float y[]; };
 // Mode 3 only (the other modes bind any buffers here and never touch them):
 layout(std430, binding = 4) readonly buffer Info { int info[]; };     // [rows][2]: seq, pos
 layout(std430, binding = 5) readonly buffer Tables { int tables[]; }; // [n_seq][max_blocks]
 layout(std430, binding = 6) readonly buffer CosSin { float cs[]; };   // [rows][rope_dim]
 layout(std430, binding = 7) writeonly buffer KCache { float kc[]; };
 layout(std430, binding = 8) writeonly buffer VCache { float vc[]; };
+#else
+// Coherent: the last workgroup reads the others' outputs from it.
+layout(std430, binding = 2) coherent buffer Out { float y[]; };
+// The tail's norm: its weights, where its codes, scales and sums go (the
+// next product's activations: the buffers of bindings 1 and 3, and the
+// sums), and a counter an activation row, zero before and after.
+layout(std430, binding = 4) readonly buffer NormWeights { float norm_w[]; };
+layout(std430, binding = 5) writeonly buffer NormCodes { uint norm_codes[]; };
+layout(std430, binding = 6) writeonly buffer NormScales { float norm_scales[]; };
+layout(std430, binding = 7) writeonly buffer NormSums { int norm_sums[]; };
+layout(std430, binding = 8) coherent buffer Counters { uint counters[]; };
+#endif
 
 layout(push_constant) uniform Params {
     uint n;           // rows (mode 3: q's, k's and v's together)
@@ -62,7 +84,21 @@ layout(push_constant) uniform Params {
     uint n_head, n_kv, head_dim, rope_dim;      // the cache through the
     uint block_size, max_blocks, n_seq;          // block tables (as
     uint cache_rows, layer_off;                  // vk_ops.h describes them)
+    uint tail_words;  // NORM_TAIL: code words a normed row
+    float tail_eps;   // and the norm's epsilon
 } p;
+
+#ifdef NORM_TAIL
+#define THREADS 256u
+#define NORM_X(i) y[i]
+#define NORM_W(i) norm_w[i]
+#define NORM_CODES norm_codes
+#define NORM_SCALES norm_scales
+#define NORM_SUMS norm_sums
+#define NORM_STAGE 6912u // the row's values kept in shared memory (27 KiB)
+#include "norm_quantize.glsl"
+shared bool sh_last;
+#endif
 
 #ifndef RB
 #define RB 1u // activation rows a workgroup
@@ -82,6 +118,7 @@ float epilogue_scale(int sum, float act_scale, float weight_scale)
     return v;
 }
 
+#ifndef NORM_TAIL
 // Mode 3's workgroups for one activation row, in this order: q's rotated
 // pairs (four a workgroup), q's values past rope_dim in each head (eight),
 // k's pairs, k's values past rope_dim, v's values. For workgroup g of the
@@ -168,6 +205,8 @@ void qkv_epilogue(uint a, uint part, bool pair, uint at, int sum, int sum2)
     }
 }
 
+#endif
+
 // The output of activation row a for the group of invocations slot:
 // stored, added, or the gate times the up (mode 2: sum_up the up's sum).
 void store_output(uint a, uint row, int sum, int sum_up)
@@ -200,20 +239,24 @@ void main()
     const uint tid = gl_LocalInvocationID.x, slot = tid / LANES, sub = tid % LANES;
     uint part = 0u, at = 0u;
     bool pair = false, live = false;
+#ifndef NORM_TAIL
     if (qkv)
         blocks = qkv_geometry(0u, 0u, part, pair, at, live);
+#endif
     if (id >= blocks * ((p.rows + RB - 1u) / RB))
         return; // the whole workgroup: no barrier is left waiting
     const uint a0 = (id / blocks) * RB; // the workgroup's first activation row
     // The output this group of invocations sums for, and its weight row.
     uint row = (id % blocks) * per + (gate_up ? slot % per : slot);
     uint w_row = gate_up && slot >= per ? p.n + row : row;
+#ifndef NORM_TAIL
     if (qkv) {
         qkv_geometry(id % blocks, slot, part, pair, at, live);
         const uint q_dim = p.n_head * p.head_dim, kv_dim = p.n_kv * p.head_dim;
         row = live ? 0u : p.n; // only whether it is below p.n counts below
         w_row = at + (part == 0u ? 0u : part == 1u ? q_dim : q_dim + kv_dim);
     }
+#endif
     // Rows past the last repeat it (summed, never stored).
     uint act_base[RB];
     for (uint r = 0u; r < RB; r++)
@@ -260,12 +303,30 @@ void main()
     }
     for (uint r = 0u; r < RB && a0 + r < p.rows; r++) {
         const uint a = a0 + r;
+#ifndef NORM_TAIL
         if (qkv) {
             if (sub == 0u && live && (!pair || slot < 4u))
                 qkv_epilogue(a, part, pair, at, partial[r][tid],
                              pair ? partial[r][tid + 4u * LANES] : 0);
-        } else if (sub == 0u && row < p.n && slot < per) {
+            continue;
+        }
+#endif
+        if (sub == 0u && row < p.n && slot < per) {
             store_output(a, row, partial[r][tid], gate_up ? partial[r][tid + per * LANES] : 0);
         }
     }
+#ifdef NORM_TAIL
+    // Every invocation's stores, then the count (RB is 1 here: one row).
+    memoryBarrierBuffer();
+    barrier();
+    if (tid == 0u)
+        sh_last = atomicAdd(counters[a0], 1u) == blocks - 1u;
+    barrier();
+    if (sh_last) { // the row's last workgroup: every output is stored
+        memoryBarrierBuffer();
+        if (tid == 0u)
+            counters[a0] = 0u; // for the next dispatch
+        norm_quantize_row(a0, p.n, p.tail_words, p.tail_eps); // y's row a0 into row a0
+    }
+#endif
 }
