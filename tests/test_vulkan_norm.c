@@ -9,8 +9,8 @@
  * decode step's widths (2560, 6912), ragged ones and one value; codes and
  * scales poisoned first, a guard row after the last; then a layer's
  * input projection (norm, then the W2A8 product reading the codes and
- * scales it wrote) in one sequence against the CPU; the same norm run by
- * a product's last workgroup (check_tail). Exits 77 (skipped)
+ * scales it wrote) in one sequence against the CPU; the product that
+ * norms its input itself (check_normed). Exits 77 (skipped)
  * when no Vulkan device can be opened or it has no fp64, saying why. */
 #include <math.h>
 #include <stdint.h>
@@ -211,156 +211,97 @@ static void check_chain(bn_vk *vk, bn_vk_kernel *norm, bn_vk_kernel *w2a8, int64
     free(got);
 }
 
-/* The norm run by a product's last workgroup (the tail kernel: vk_w2a8.h,
- * bn_vk_w2a8_record_rows_normed / _gate_up_normed), `rows` activation rows
- * of k into n outputs: with zero weights the residual add leaves each row
- * of every kind above as it was (y + 0), with random ones it adds their
- * product, or the gate and up write h. The product is recorded twice in
- * one sequence (the second sees the first's y, and its tail runs only if
- * the first put the counters back to zero): y equal bit for bit to the
- * plain kernel's two runs, each row's codes (zero-padded to the tail's
- * words), scale and sum the CPU's rule on that y, the guard row after the
- * last and the counters zero afterwards. */
-static void check_tail(bn_vk *vk, bn_vk_kernel *tail_kernel, bn_vk_kernel *plain, int64_t n,
-                       int64_t k, int64_t rows, bool zero_weights, bool gate_up)
+/* The product that norms its input (bn_vk_w2a8_record_normed) over one
+ * row x of k values of kind `kind`: y bit for bit what the norm kernel
+ * followed by the plain product gives (which check_chain holds to the
+ * CPU), stored or added to y; for the store also the CPU's norm and
+ * scalar product directly; the value after y's last left alone. */
+static void check_normed(bn_vk *vk, bn_vk_kernel *normed, bn_vk_kernel *norm, bn_vk_kernel *plain,
+                         int64_t n, int64_t k, int kind, bn_vk_w2a8_epilogue epilogue)
 {
-    const int64_t w_rows = gate_up ? 2 * n : n;
-    const size_t kw = bn_vk_w2a8_words(k), tw = 4 * bn_vk_w2a8_words(n);
-    int8_t *wc = malloc((size_t)(w_rows * k)), *xq = calloc((size_t)rows * kw * 16, 1);
-    uint32_t *packed = malloc((size_t)w_rows * kw * 4), *codes = malloc((rows + 1) * tw * 4);
-    float *y0 = malloc((size_t)(rows * n) * 4), *y = malloc((size_t)(rows * n) * 4);
-    float *yref = malloc((size_t)(rows * n) * 4), *nw = malloc((size_t)n * 4);
-    float *act_scales = malloc((size_t)rows * 4), *scales = malloc((size_t)(rows + 1) * 4);
-    int32_t *sums = malloc((size_t)(rows + 1) * 4);
-    uint32_t *counters = calloc((size_t)rows + 1, 4);
-    int8_t *ref = malloc(tw * 4);
-    CHECK(wc && xq && packed && codes && y0 && y && yref && nw && act_scales && scales && sums &&
-          counters && ref);
-    for (int64_t i = 0; i < w_rows * k; i++)
-        wc[i] = zero_weights ? 0 : (int8_t)test_rand_range(-1, 1);
-    bn_vk_w2a8_pack(wc, w_rows, k, packed);
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t i = 0; i < k; i++)
-            xq[(size_t)r * kw * 16 + (size_t)i] = (int8_t)test_rand_range(-127, 127);
-        act_scales[r] = test_rand_float(0.5f, 200.0f);
-        fill_row(y0 + r * n, n, (int)(r % KINDS));
-    }
-    for (int64_t i = 0; i < n; i++)
+    const int64_t w_rows = n;
+    const size_t words = bn_vk_w2a8_words(k);
+    float *x = malloc((size_t)k * 4), *nw = malloc((size_t)k * 4);
+    float *y0 = malloc((size_t)(n + 1) * 4), *got = malloc((size_t)(n + 1) * 4);
+    float *want = malloc((size_t)(n + 1) * 4), *cpu = malloc((size_t)n * 4);
+    int8_t *wc = malloc((size_t)(w_rows * k)), *q = calloc(words * 16, 1);
+    uint32_t *packed = malloc((size_t)w_rows * words * 4);
+    CHECK(x && nw && y0 && got && want && cpu && wc && q && packed);
+    fill_row(x, k, kind);
+    for (int64_t i = 0; i < k; i++)
         nw[i] = test_rand_float(0.25f, 2.0f);
-    memset(codes, 0x5a, (rows + 1) * tw * 4);
-    for (int64_t r = 0; r <= rows; r++) {
-        scales[r] = NAN;
-        sums[r] = -999;
-    }
-    const float w_scale = test_rand_float(0.001f, 0.05f), up_scale = test_rand_float(0.001f, 0.05f);
+    for (int64_t i = 0; i < w_rows * k; i++)
+        wc[i] = (int8_t)test_rand_range(-1, 1);
+    bn_vk_w2a8_pack(wc, w_rows, k, packed);
+    for (int64_t i = 0; i < n; i++)
+        y0[i] = epilogue == BN_VK_W2A8_ADD ? test_rand_float(-4.0f, 4.0f) : NAN;
+    y0[n] = -12345.5f; /* the guard */
+    const float w_scale = test_rand_float(0.01f, 2.0f);
 
     bn_error err;
-    bn_vk_buffer bw, bx, bs, by, bn, bc, bsc, bsum, bcount;
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)w_rows * kw * 4, &bw, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)rows * kw * 16, &bx, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)rows * 4, &bs, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows * n) * 4, &by, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)n * 4, &bn, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (rows + 1) * tw * 4, &bc, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows + 1) * 4, &bsc, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows + 1) * 4, &bsum, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rows + 1) * 4, &bcount, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bw, packed, (size_t)w_rows * kw * 4, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bx, xq, (size_t)rows * kw * 16, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bs, act_scales, (size_t)rows * 4, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bn, nw, (size_t)n * 4, &err) == BN_OK);
+    bn_vk_buffer bw, bx, bn, by, bc, bs, bsum;
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)w_rows * words * 4, &bw, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)k * 4, &bx, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)k * 4, &bn, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(n + 1) * 4, &by, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, words * 16, &bc, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, 4, &bs, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, 4, &bsum, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bw, packed, (size_t)w_rows * words * 4, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bx, x, (size_t)k * 4, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bn, nw, (size_t)k * 4, &err) == BN_OK);
 
-    /* The plain kernel's y, twice. */
-    CHECK(bn_vk_write(vk, &by, y0, (size_t)(rows * n) * 4, &err) == BN_OK);
+    /* The norm kernel, then the plain product. */
+    CHECK(bn_vk_write(vk, &by, y0, (size_t)(n + 1) * 4, &err) == BN_OK);
     CHECK(bn_vk_begin(vk, &err) == BN_OK);
-    for (int rep = 0; rep < 2; rep++)
-        CHECK(gate_up ? bn_vk_w2a8_record_gate_up(vk, plain, &bw, &bx, &bs, 0, rows, &by, n, k,
-                                                  w_scale, up_scale, &err) == BN_OK
-                      : bn_vk_w2a8_record_rows(vk, plain, &bw, &bx, &bs, 0, rows, &by, n, k,
-                                               w_scale, BN_VK_W2A8_ADD, &err) == BN_OK);
+    CHECK(bn_vk_norm_record(vk, norm, &bx, &bn, &bc, &bs, &bsum, 1, k, 1e-5f, &err) == BN_OK);
+    CHECK(bn_vk_w2a8_record_rows(vk, plain, &bw, &bc, &bs, 0, 1, &by, n, k, w_scale, epilogue,
+                                 &err) == BN_OK);
     CHECK(bn_vk_submit(vk, &err) == BN_OK);
-    CHECK(bn_vk_read(vk, &by, yref, (size_t)(rows * n) * 4, &err) == BN_OK);
+    CHECK(bn_vk_read(vk, &by, want, (size_t)(n + 1) * 4, &err) == BN_OK);
 
-    /* The tail kernel's. */
-    CHECK(bn_vk_write(vk, &by, y0, (size_t)(rows * n) * 4, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bc, codes, (rows + 1) * tw * 4, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bsc, scales, (size_t)(rows + 1) * 4, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bsum, sums, (size_t)(rows + 1) * 4, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bcount, counters, (size_t)(rows + 1) * 4, &err) == BN_OK);
-    const bn_vk_norm_tail tail = {&bn, 1e-5f, &bc, &bsc, &bsum, &bcount};
+    /* The normed product. */
+    CHECK(bn_vk_write(vk, &by, y0, (size_t)(n + 1) * 4, &err) == BN_OK);
     CHECK(bn_vk_begin(vk, &err) == BN_OK);
-    for (int rep = 0; rep < 2; rep++) {
-        const bn_status st =
-            gate_up ? bn_vk_w2a8_record_gate_up_normed(vk, tail_kernel, &bw, &bx, &bs, rows, &by, n,
-                                                       k, w_scale, up_scale, &tail, &err)
-                    : bn_vk_w2a8_record_rows_normed(vk, tail_kernel, &bw, &bx, &bs, rows, &by, n, k,
-                                                    w_scale, BN_VK_W2A8_ADD, &tail, &err);
-        CHECK_MSG(st == BN_OK, "tail: %s", err.message);
-    }
+    const bn_status st = bn_vk_w2a8_record_normed(vk, normed, &bw, &bx, &bn, 1e-5f, &by, n, k,
+                                                  w_scale, epilogue, &err);
+    CHECK_MSG(st == BN_OK, "normed: %s", err.message);
     CHECK(bn_vk_submit(vk, &err) == BN_OK);
-    CHECK(bn_vk_read(vk, &by, y, (size_t)(rows * n) * 4, &err) == BN_OK);
-    CHECK(bn_vk_read(vk, &bc, codes, (rows + 1) * tw * 4, &err) == BN_OK);
-    CHECK(bn_vk_read(vk, &bsc, scales, (size_t)(rows + 1) * 4, &err) == BN_OK);
-    CHECK(bn_vk_read(vk, &bsum, sums, (size_t)(rows + 1) * 4, &err) == BN_OK);
-    CHECK(bn_vk_read(vk, &bcount, counters, (size_t)(rows + 1) * 4, &err) == BN_OK);
-    const char *what = gate_up ? "gate|up" : zero_weights ? "add of zero" : "add";
-    CHECK_MSG(memcmp(y, yref, (size_t)(rows * n) * 4) == 0,
-              "tail %s %lld x %lld: y differs from the plain kernel's", what, (long long)n,
-              (long long)k);
-    int bad = 0;
-    for (int64_t r = 0; r < rows; r++) {
+    CHECK(bn_vk_read(vk, &by, got, (size_t)(n + 1) * 4, &err) == BN_OK);
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i <= n; i++)
+        if (memcmp(&got[i], &want[i], 4) != 0 && bad++ == 0)
+            first = i;
+    CHECK_MSG(bad == 0,
+              "normed %s %lld x %lld, row kind %d: %lld outputs differ from norm + product "
+              "(first %lld: %.9g, want %.9g)",
+              epilogue == BN_VK_W2A8_ADD ? "add" : "store", (long long)n, (long long)k, kind,
+              (long long)bad, (long long)first, first >= 0 ? got[first] : 0.0,
+              first >= 0 ? want[first] : 0.0);
+    if (epilogue == BN_VK_W2A8_STORE) { /* the CPU's own, directly */
         float s;
         int32_t sum;
-        memset(ref, 0, tw * 4);
-        bn_norm_quantize_row(yref + r * n, nw, n, 1e-5f, ref, &s, &sum);
-        const bool ok = memcmp(codes + r * tw, ref, tw * 4) == 0 &&
-                        memcmp(&scales[r], &s, 4) == 0 && sums[r] == sum;
-        if (!ok && bad++ < 3)
-            CHECK_MSG(false,
-                      "tail %s, n=%lld row %lld (kind %d): codes, scale %.9g (want %.9g) "
-                      "or sum %d (want %d) differ from the CPU's",
-                      what, (long long)n, (long long)r, (int)(r % KINDS), scales[r], s, sums[r],
-                      sum);
-        CHECK_MSG(counters[r] == 0, "tail %s: row %lld's counter is %u after the run", what,
-                  (long long)r, counters[r]);
+        bn_norm_quantize_row(x, nw, k, 1e-5f, q, &s, &sum);
+        bn_w2a8_weights wref;
+        CHECK(bn_w2a8_pack(&bn_provider_scalar, wc, n, k, w_scale, &wref, NULL) == BN_OK);
+        bn_provider_scalar.matvec(&wref, q, s, sum, 0, n, cpu);
+        bn_w2a8_weights_free(&wref);
+        CHECK_MSG(memcmp(got, cpu, (size_t)n * 4) == 0,
+                  "normed store %lld x %lld, row kind %d: differs from the CPU's", (long long)n,
+                  (long long)k, kind);
     }
-    uint32_t guard;
-    memcpy(&guard, codes + rows * tw, 4);
-    CHECK_MSG(guard == 0x5a5a5a5au && isnan(scales[rows]) && sums[rows] == -999 &&
-                  counters[rows] == 0,
-              "tail %s, n=%lld: the guard row was written", what, (long long)n);
-
-    /* Refused: the tail kernel without a norm, a norm without it, and
-     * counters for fewer rows. */
-    CHECK(bn_vk_begin(vk, &err) == BN_OK);
-    CHECK(bn_vk_w2a8_record_rows(vk, tail_kernel, &bw, &bx, &bs, 0, 1, &by, n, k, 1.0f,
-                                 BN_VK_W2A8_ADD, &err) == BN_ERR_INVALID_ARGUMENT);
-    CHECK(bn_vk_w2a8_record_rows_normed(vk, plain, &bw, &bx, &bs, 1, &by, n, k, 1.0f,
-                                        BN_VK_W2A8_ADD, &tail, &err) == BN_ERR_INVALID_ARGUMENT);
-    CHECK_STR_CONTAINS(err.message, "norm");
-    const bn_vk_norm_tail short_tail = {&bn, 1e-5f, &bc, &bsc, &bsum, &bs};
-    if (rows > 1)
-        CHECK(bn_vk_w2a8_record_rows_normed(vk, tail_kernel, &bw, &bx, &bs, rows + 1, &by, n, k,
-                                            1.0f, BN_VK_W2A8_ADD, &short_tail,
-                                            &err) == BN_ERR_INVALID_ARGUMENT);
-    CHECK(bn_vk_submit(vk, &err) == BN_OK);
-
-    bn_vk_buffer *const all[] = {&bw, &bx, &bs, &by, &bn, &bc, &bsc, &bsum, &bcount};
+    bn_vk_buffer *const all[] = {&bw, &bx, &bn, &by, &bc, &bs, &bsum};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         bn_vk_buffer_free(vk, all[i]);
-    free(wc);
-    free(xq);
-    free(packed);
-    free(codes);
-    free(y0);
-    free(y);
-    free(yref);
+    free(x);
     free(nw);
-    free(act_scales);
-    free(scales);
-    free(sums);
-    free(counters);
-    free(ref);
+    free(y0);
+    free(got);
+    free(want);
+    free(cpu);
+    free(wc);
+    free(q);
+    free(packed);
 }
 
 int main(void)
@@ -416,32 +357,46 @@ int main(void)
         check_chain(vk, kernel, w2a8, test_rand_range(1, 2000), test_rand_range(1, 300), 4);
         bn_vk_kernel_free(vk, w2a8);
     }
-    /* The norm in the product's last workgroup, where the device runs it. */
-    const bool tails = bn_vk_w2a8_tail_kernel_fits(vk);
-    printf("norm after the product in its last workgroup: %s\n", tails ? "yes" : "no");
-    CHECK(tails == (fp64 && dot && sg));
-    bn_vk_kernel *tail = NULL, *plain = NULL;
-    if (tails && bn_vk_w2a8_tail_kernel(vk, &tail, &err) == BN_OK &&
+    /* The product that norms its input, where the device runs it: the
+     * decode step's two (Wo, down) on rows of every kind, stores of more
+     * groups than workgroups, ragged widths, the widest row. */
+    const bool normed_ok = bn_vk_w2a8_normed_fits(vk);
+    printf("product that norms its input: %s\n", normed_ok ? "yes" : "no");
+    CHECK(normed_ok == (dot && sg));
+    bn_vk_kernel *normed = NULL, *plain = NULL;
+    if (normed_ok && sg && kernel && bn_vk_w2a8_normed_kernel(vk, &normed, &err) == BN_OK &&
         bn_vk_w2a8_kernel(vk, true, true, &plain, &err) == BN_OK) {
-        /* The decode step's: Wo and its ffn_norm, the gate and up and
-         * ffn_sub_norm, the down and the next attn_norm. */
-        check_tail(vk, tail, plain, 2560, 2560, 1, true, false);
-        check_tail(vk, tail, plain, 2560, 2560, 1, false, false);
-        check_tail(vk, tail, plain, 6912, 2560, 1, false, true);
-        check_tail(vk, tail, plain, 2560, 6912, 1, false, false);
-        /* Every kind of row at once, ragged widths, rows apart (codes not
-         * the product's activations). */
-        check_tail(vk, tail, plain, 1000, 300, KINDS, true, false);
-        check_tail(vk, tail, plain, 7000, 40, KINDS, true, false); /* past the staged 6912 */
-        check_tail(vk, tail, plain, test_rand_range(1, 3000), test_rand_range(1, 700), 3, false,
-                   false);
-        check_tail(vk, tail, plain, test_rand_range(1, 3000), test_rand_range(1, 700), 2, false,
-                   true);
-    } else if (!tails) {
-        CHECK(bn_vk_w2a8_tail_kernel(vk, &tail, &err) == BN_ERR_UNSUPPORTED && !tail);
+        bn_vk_kernel *norm_sg = NULL; /* the subgroup variant, as the backend runs it */
+        CHECK(bn_vk_norm_kernel(vk, true, &norm_sg, &err) == BN_OK);
+        for (int kind = 0; norm_sg && kind < KINDS; kind++)
+            check_normed(vk, normed, norm_sg, plain, 2560, 2560, kind, BN_VK_W2A8_ADD);
+        check_normed(vk, normed, norm_sg, plain, 2560, 6912, 0, BN_VK_W2A8_ADD);
+        check_normed(vk, normed, norm_sg, plain, 2560, 6912, 8, BN_VK_W2A8_ADD);
+        check_normed(vk, normed, norm_sg, plain, 6912, 2560, 0, BN_VK_W2A8_STORE);
+        check_normed(vk, normed, norm_sg, plain, 5000, 1000, 1, BN_VK_W2A8_STORE);
+        for (int i = 0; i < 4; i++)
+            check_normed(vk, normed, norm_sg, plain, test_rand_range(1, 600),
+                         test_rand_range(1, 3000), (int)test_rand_range(0, KINDS - 1),
+                         (bn_vk_w2a8_epilogue)(i % 2));
+        check_normed(vk, normed, norm_sg, plain, 37, BN_VK_NORMED_MAX_K, 2, BN_VK_W2A8_STORE);
+        /* Refused: a row past the kernel's, an unknown epilogue. */
+        bn_vk_buffer b;
+        CHECK(bn_vk_buffer_create(vk, 1 << 20, &b, &err) == BN_OK);
+        CHECK(bn_vk_begin(vk, &err) == BN_OK);
+        CHECK(bn_vk_w2a8_record_normed(vk, normed, &b, &b, &b, 1e-5f, &b, 4, BN_VK_NORMED_MAX_K + 1,
+                                       1.0f, BN_VK_W2A8_STORE, &err) == BN_ERR_INVALID_ARGUMENT);
+        CHECK(bn_vk_w2a8_record_normed(vk, normed, &b, &b, &b, 1e-5f, &b, 4, 16, 1.0f,
+                                       (bn_vk_w2a8_epilogue)2, &err) == BN_ERR_INVALID_ARGUMENT);
+        CHECK_STR_CONTAINS(err.message, "epilogue");
+        CHECK(bn_vk_submit(vk, &err) == BN_OK);
+        bn_vk_buffer_free(vk, &b);
+        if (norm_sg)
+            bn_vk_kernel_free(vk, norm_sg);
+    } else if (!normed_ok) {
+        CHECK(bn_vk_w2a8_normed_kernel(vk, &normed, &err) == BN_ERR_UNSUPPORTED && !normed);
     }
-    if (tail)
-        bn_vk_kernel_free(vk, tail);
+    if (normed)
+        bn_vk_kernel_free(vk, normed);
     if (plain)
         bn_vk_kernel_free(vk, plain);
     bn_vk_kernel_free(vk, kernel);

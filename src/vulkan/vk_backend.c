@@ -90,12 +90,10 @@ typedef struct vkb {
     /* The W2A8 product of eight rows a workgroup, for passes of at least
      * ROWS_KERNEL_MIN rows (NULL where the device lacks it). */
     bn_vk_kernel *w2a8_rows;
-    /* The W2A8 product that norms its output for the next product, for
-     * passes below ROWS_KERNEL_MIN rows (NULL where the device lacks it),
-     * and its counters (one a row). */
-    bn_vk_kernel *w2a8_tail;
-    bn_vk_buffer tail_counters;
-    bool tails_ran; /* for the receipt */
+    /* The W2A8 product that norms its own input row, for decode steps
+     * (NULL where the device lacks it). */
+    bn_vk_kernel *w2a8_normed;
+    bool normed_ran; /* for the receipt */
     bn_vk_ops *ops;
     const bn_checkpoint *model;
     bn_hparams hp;
@@ -366,7 +364,6 @@ static bn_status make_buffers(vkb *v, bn_error *err)
         {&v->tables, sizeof(int32_t)},
         {&v->cs, R * (hp->rope_dim > 0 ? hp->rope_dim : 1) * f},
         {&v->partials, bn_vk_attention_split_floats(&shape, 1, v->kv_len) * f},
-        {&v->tail_counters, R * sizeof(uint32_t)},
     };
     bn_status st = BN_OK;
     for (size_t i = 0; i < sizeof list / sizeof list[0] && st == BN_OK; i++)
@@ -374,9 +371,6 @@ static bn_status make_buffers(vkb *v, bn_error *err)
     const int32_t block0 = 0; /* one sequence in one block of the whole cache */
     if (st == BN_OK)
         st = upload(v, &v->tables, &block0, sizeof block0, err);
-    const uint32_t zeros[VKB_CHUNK] = {0}; /* the tails' counters start at zero */
-    if (st == BN_OK)
-        st = upload(v, &v->tail_counters, zeros, sizeof zeros, err);
     v->k_cache = calloc((size_t)hp->n_layer, sizeof *v->k_cache);
     v->v_cache = calloc((size_t)hp->n_layer, sizeof *v->v_cache);
     if (st == BN_OK && (!v->k_cache || !v->v_cache))
@@ -461,10 +455,10 @@ static void vkb_release(vkb *v)
     for (int i = 0; i < 4; i++)
         bn_vk_kept_free(v->vk, v->decode_step[i / 2][i % 2]);
     bn_vk_head_screen_free(v->vk, v->screen);
-    bn_vk_buffer *const pass[] = {
-        &v->x,      &v->codes,    &v->scales,       &v->sums, &v->q,      &v->att, &v->gate,
-        &v->normed, &v->logits,   &v->scratch,      &v->info, &v->tables, &v->cs,  &v->out_norm,
-        &v->io,     &v->partials, &v->tail_counters};
+    bn_vk_buffer *const pass[] = {&v->x,      &v->codes,    &v->scales, &v->sums,
+                                  &v->q,      &v->att,      &v->gate,   &v->normed,
+                                  &v->logits, &v->scratch,  &v->info,   &v->tables,
+                                  &v->cs,     &v->out_norm, &v->io,     &v->partials};
     for (size_t i = 0; i < sizeof pass / sizeof pass[0]; i++)
         bn_vk_buffer_free(v->vk, pass[i]);
     if (v->ops)
@@ -473,8 +467,8 @@ static void vkb_release(vkb *v)
         bn_vk_kernel_free(v->vk, v->w2a8);
     if (v->w2a8_rows)
         bn_vk_kernel_free(v->vk, v->w2a8_rows);
-    if (v->w2a8_tail)
-        bn_vk_kernel_free(v->vk, v->w2a8_tail);
+    if (v->w2a8_normed)
+        bn_vk_kernel_free(v->vk, v->w2a8_normed);
     if (v->norm)
         bn_vk_kernel_free(v->vk, v->norm);
     bn_vk_close(v->vk);
@@ -556,8 +550,8 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
                                bn_vk_device(v->vk)->integer_dot_product, &v->w2a8, err);
     if (st == BN_OK && bn_vk_w2a8_rows_kernel_fits(v->vk))
         st = bn_vk_w2a8_rows_kernel(v->vk, &v->w2a8_rows, err);
-    if (st == BN_OK && bn_vk_w2a8_tail_kernel_fits(v->vk))
-        st = bn_vk_w2a8_tail_kernel(v->vk, &v->w2a8_tail, err);
+    if (st == BN_OK && bn_vk_w2a8_normed_fits(v->vk))
+        st = bn_vk_w2a8_normed_kernel(v->vk, &v->w2a8_normed, err);
     if (st == BN_OK)
         st = bn_vk_norm_kernel(v->vk, bn_vk_norm_subgroups(v->vk), &v->norm, err);
     if (st == BN_OK)
@@ -621,48 +615,38 @@ static bn_status record_proj(vkb *v, int layer, bn_proj p, bn_vk_buffer *y,
             return try_st_;                                                                \
     } while (0)
 
-/* Whether a pass of M rows norms the products' outputs in the products
- * (the tail kernel: vk_w2a8.h) rather than in norm dispatches of their
- * own: a pass of one row (a decode step). With more, a row's tail would
- * write its codes while other rows' workgroups still read theirs from the
- * same buffer, at the product's input width, not its output's. */
-static bool tails_for(const vkb *v, int64_t M) { return v->w2a8_tail && M == 1; }
-
-/* The norm a tail runs: weights w over the pass's rows into codes, scales
- * and sums. */
-static bn_vk_norm_tail tail_of(vkb *v, bn_vk_buffer *w)
+/* Whether a pass of M rows runs Wo and down as products that norm their
+ * own input (vk_w2a8.h, bn_vk_w2a8_record_normed) instead of a norm
+ * dispatch before each: a pass of one row (a decode step) whose rows fit
+ * the kernel. (The gate and up pair normed so took longer than the two
+ * dispatches: its 6912 x 2 outputs are too many for one wave of
+ * workgroups that each norm the row; docs/VULKAN.md, "Speed".) */
+static bool normed_for(const vkb *v, int64_t M)
 {
-    return (bn_vk_norm_tail){w, v->hp.rms_eps, &v->codes, &v->scales, &v->sums, &v->tail_counters};
+    return v->w2a8_normed && M == 1 && v->q_dim <= BN_VK_NORMED_MAX_K &&
+           v->hp.ffn <= BN_VK_NORMED_MAX_K;
 }
 
-/* Wo or Wdown with the residual add, the sum then normed with w (NULL: not
- * normed here) for the next product. */
-static bn_status record_proj_add(vkb *v, int layer, bn_proj p, int64_t M, bn_vk_buffer *w,
-                                 bn_error *err)
+/* Projection p of the layer over the one row in, normed with w first (the
+ * normed kernel), through the epilogue into y. */
+static bn_status record_normed(vkb *v, int layer, bn_proj p, bn_vk_buffer *in, bn_vk_buffer *w,
+                               bn_vk_buffer *y, bn_vk_w2a8_epilogue epilogue, bn_error *err)
 {
-    if (!w)
-        return record_proj(v, layer, p, &v->x, BN_VK_W2A8_ADD, M, err);
     vkb_proj *pw = &v->proj[layer * BN_PROJ_COUNT + p];
-    const bn_vk_norm_tail tail = tail_of(v, w);
-    return bn_vk_w2a8_record_rows_normed(v->vk, v->w2a8_tail, &pw->w, &v->codes, &v->scales, M,
-                                         &v->x, pw->n, pw->k, pw->scale, BN_VK_W2A8_ADD, &tail,
-                                         err);
+    return bn_vk_w2a8_record_normed(v->vk, v->w2a8_normed, &pw->w, in, w, v->hp.rms_eps, y, pw->n,
+                                    pw->k, pw->scale, epilogue, err);
 }
 
 /* One layer over the pass's M rows (cpu_backend.c: attention_block, ffn_block).
- * With tails (tails_for) the residual adds and the gate and up norm their
- * own outputs, and the down of layer l the next layer's attn_norm: every
- * layer but the first starts at its q, k and v. */
+ * With normed products (normed_for) Wo and down norm their own input:
+ * seven dispatches a layer instead of nine. */
 static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_error *err)
 {
     const bn_hparams *hp = &v->hp;
     bn_vk_buffer *norms = &v->norms[l * BN_NORM_COUNT];
     const bn_vk_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, c->rows};
     const bn_vk_rows rows = {&v->info, c->tables, M, c->block_size, c->max_blocks};
-    const bool tails = tails_for(v, M);
-    v->tails_ran |= tails;
-    if (!tails || l == 0)
-        TRY(record_norm(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, err));
+    TRY(record_norm(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, err));
     /* q, k and v in one product: q turned by RoPE into v->q, k (turned)
      * and v into the cache. */
     vkb_proj *qp = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_Q];
@@ -680,37 +664,35 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
     else
         TRY(bn_vk_attention_record(v->vk, v->ops, &as, &rows, &v->q, &c->k[l], &c->v[l], 0,
                                    &v->scratch, v->kv_len, &v->att, err));
-    TRY(record_norm(v, &v->att, &norms[BN_NORM_ATTN_SUB], M, v->q_dim, err));
+    const bool normed = normed_for(v, M);
+    v->normed_ran |= normed;
     /* x += Wo a and, below, x += Wdown h: the residual adds in the
      * products' epilogues; h = relu2(gate) up from one product of both. */
-    TRY(record_proj_add(v, l, BN_PROJ_O, M, tails ? &norms[BN_NORM_FFN] : NULL, err));
-    if (!tails)
-        TRY(record_norm(v, &v->x, &norms[BN_NORM_FFN], M, hp->dim, err));
-    vkb_proj *gate = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_GATE];
-    const float up_scale = gate[BN_PROJ_UP - BN_PROJ_GATE].scale;
-    if (tails) {
-        const bn_vk_norm_tail tail = tail_of(v, &norms[BN_NORM_FFN_SUB]);
-        TRY(bn_vk_w2a8_record_gate_up_normed(v->vk, v->w2a8_tail, &gate->w, &v->codes, &v->scales,
-                                             M, &v->gate, gate->n, gate->k, gate->scale, up_scale,
-                                             &tail, err));
+    if (normed) {
+        TRY(record_normed(v, l, BN_PROJ_O, &v->att, &norms[BN_NORM_ATTN_SUB], &v->x, BN_VK_W2A8_ADD,
+                          err));
     } else {
-        TRY(bn_vk_w2a8_record_gate_up(v->vk, w2a8_for(v, M), &gate->w, &v->codes, &v->scales, 0, M,
-                                      &v->gate, gate->n, gate->k, gate->scale, up_scale, err));
-        TRY(record_norm(v, &v->gate, &norms[BN_NORM_FFN_SUB], M, hp->ffn, err));
+        TRY(record_norm(v, &v->att, &norms[BN_NORM_ATTN_SUB], M, v->q_dim, err));
+        TRY(record_proj(v, l, BN_PROJ_O, &v->x, BN_VK_W2A8_ADD, M, err));
     }
-    const bool next_normed = tails && l + 1 < hp->n_layer;
-    return record_proj_add(v, l, BN_PROJ_DOWN, M,
-                           next_normed ? &v->norms[(l + 1) * BN_NORM_COUNT + BN_NORM_ATTN] : NULL,
-                           err);
+    TRY(record_norm(v, &v->x, &norms[BN_NORM_FFN], M, hp->dim, err));
+    vkb_proj *gate = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_GATE];
+    TRY(bn_vk_w2a8_record_gate_up(v->vk, w2a8_for(v, M), &gate->w, &v->codes, &v->scales, 0, M,
+                                  &v->gate, gate->n, gate->k, gate->scale,
+                                  gate[BN_PROJ_UP - BN_PROJ_GATE].scale, err));
+    if (normed)
+        return record_normed(v, l, BN_PROJ_DOWN, &v->gate, &norms[BN_NORM_FFN_SUB], &v->x,
+                             BN_VK_W2A8_ADD, err);
+    TRY(record_norm(v, &v->gate, &norms[BN_NORM_FFN_SUB], M, hp->ffn, err));
+    return record_proj(v, l, BN_PROJ_DOWN, &v->x, BN_VK_W2A8_ADD, M, err);
 }
 
 /* Dispatches a layer records (record_layer): nine, and one more for the
- * split attention's second dispatch; with tails three fewer (the first
- * layer two). */
+ * split attention's second dispatch; with normed products two fewer. */
 #define LAYER_DISPATCHES 10
 static int layer_dispatches(const vkb *v, int64_t M)
 {
-    return (v->split_attention ? 10 : 9) - (tails_for(v, M) ? 3 : 0);
+    return (v->split_attention ? 10 : 9) - (normed_for(v, M) ? 2 : 0);
 }
 
 /* Submits the open sequence when `need` more dispatches would not fit it. */
@@ -1069,7 +1051,7 @@ static void vk_report(const bn_backend *b, bn_engine_info *info)
              v->picks > v->full_picks ? ",vulkan_head_screen" : "",
              v->split_steps > 0 ? ",vulkan_attention_split" : "",
              v->replays > 0 ? ",vulkan_decode_replay" : "",
-             v->tails_ran ? ",vulkan_w2a8_normed" : "");
+             v->normed_ran ? ",vulkan_w2a8_normed" : "");
 }
 
 const bn_backend_ops bn_vulkan_backend_ops = {
@@ -1112,12 +1094,11 @@ bn_status bn_vk_backend_profile_step(void *backend, int32_t token, int64_t pos,
                               : -1;
     if (st == BN_OK && n < 0)
         st = err->status;
-    /* The step's, as recorded; with tails the first layer has one more. */
-    const int per_layer = layer_dispatches(v, 1), first = per_layer + (tails_for(v, 1) ? 1 : 0);
-    if (n >= first + per_layer && per_layer <= BN_VK_PROFILE_KERNELS)
+    const int per_layer = layer_dispatches(v, 1); /* the step's, as recorded */
+    if (n >= 2 * per_layer && per_layer <= BN_VK_PROFILE_KERNELS)
         for (int i = 0; i < per_layer; i++) {
-            snprintf(out->layer_names[i], sizeof out->layer_names[0], "%s", names[first + i]);
-            out->layer_us[i] = us[first + i];
+            snprintf(out->layer_names[i], sizeof out->layer_names[0], "%s", names[per_layer + i]);
+            out->layer_us[i] = us[per_layer + i];
             out->layer_n++;
         }
     for (int i = 0; i < n; i++) { /* totals by kernel, in order of first run */

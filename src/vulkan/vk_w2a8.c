@@ -8,14 +8,13 @@
 #define BN_VK_W2A8_OUTPUTS 8 /* outputs a workgroup: shaders/w2a8_matvec.glsl */
 #define ROWS_KERNEL "w2a8_matvec_dot_f64_rows"
 #define ROWS_RB 8 /* activation rows a workgroup of it: its RB */
-#define TAIL_KERNEL "w2a8_matvec_dot_f64_tail"
 
 extern const unsigned char bn_vk_spv_w2a8_matvec[], bn_vk_spv_w2a8_matvec_f64[],
     bn_vk_spv_w2a8_matvec_dot[], bn_vk_spv_w2a8_matvec_dot_f64[],
-    bn_vk_spv_w2a8_matvec_dot_f64_rows[], bn_vk_spv_w2a8_matvec_dot_f64_tail[];
+    bn_vk_spv_w2a8_matvec_dot_f64_rows[], bn_vk_spv_w2a8_normed[];
 extern const size_t bn_vk_spv_w2a8_matvec_len, bn_vk_spv_w2a8_matvec_f64_len,
     bn_vk_spv_w2a8_matvec_dot_len, bn_vk_spv_w2a8_matvec_dot_f64_len,
-    bn_vk_spv_w2a8_matvec_dot_f64_rows_len, bn_vk_spv_w2a8_matvec_dot_f64_tail_len;
+    bn_vk_spv_w2a8_matvec_dot_f64_rows_len, bn_vk_spv_w2a8_normed_len;
 
 /* The shader's push constants, in its order. */
 typedef struct matvec_params {
@@ -23,10 +22,7 @@ typedef struct matvec_params {
     float weight_scale;
     uint32_t rows, mode;
     float up_scale, v_scale;
-    uint32_t n_head, n_kv, head_dim, rope_dim, block_size, max_blocks, n_seq, cache_rows,
-        layer_off;
-    uint32_t tail_words; /* the tail kernel's norm */
-    float tail_eps;
+    uint32_t n_head, n_kv, head_dim, rope_dim, block_size, max_blocks, n_seq, cache_rows, layer_off;
 } matvec_params;
 
 #define MODE_GATE_UP 2 /* the shader's epilogues: bn_vk_w2a8_record_gate_up */
@@ -95,24 +91,6 @@ bn_status bn_vk_w2a8_rows_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
                                sizeof(matvec_params), out, err);
 }
 
-bool bn_vk_w2a8_tail_kernel_fits(const bn_vk *vk)
-{
-    const bn_vulkan_device *d = bn_vk_device(vk);
-    return d->fp64 && d->integer_dot_product && bn_vk_norm_subgroups(vk);
-}
-
-bn_status bn_vk_w2a8_tail_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
-{
-    if (!bn_vk_w2a8_tail_kernel_fits(vk))
-        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
-                            "Vulkan: %s lacks fp64, integer dot products or subgroup arithmetic "
-                            "for the W2A8 product that norms its output",
-                            bn_vk_device(vk)->name);
-    return bn_vk_kernel_create(vk, TAIL_KERNEL, bn_vk_spv_w2a8_matvec_dot_f64_tail,
-                               bn_vk_spv_w2a8_matvec_dot_f64_tail_len, N_BUFFERS,
-                               sizeof(matvec_params), out, err);
-}
-
 /* Workgroups of `kernel` for `per_row` workgroups an activation row. */
 static uint64_t groups_for(const bn_vk_kernel *kernel, uint64_t per_row, int64_t rows)
 {
@@ -125,24 +103,9 @@ static uint64_t groups_for(const bn_vk_kernel *kernel, uint64_t per_row, int64_t
 static bn_status record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
                         bn_vk_buffer *act_scales, int64_t act_row, int64_t rows, bn_vk_buffer *y,
                         int64_t n, int64_t w_rows, int64_t k, float weight_scale, float up_scale,
-                        int mode, int per_group, const bn_vk_norm_tail *tail, bn_error *err)
+                        int mode, int per_group, bn_error *err)
 {
     const size_t words = bn_vk_w2a8_words(k);
-    const bool tail_kernel = strcmp(bn_vk_kernel_name(kernel), TAIL_KERNEL) == 0;
-    if (tail_kernel != (tail != NULL))
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "Vulkan W2A8: a norm after the product needs the kernel that runs "
-                            "it, and that kernel a norm");
-    const uint64_t tail_words = 4 * (uint64_t)bn_vk_w2a8_words(n);
-    if (tail && (act_row != 0 || tail->w->size < (VkDeviceSize)n * sizeof(float) ||
-                 tail->codes->size < (VkDeviceSize)rows * tail_words * 4 ||
-                 tail->scales->size < (VkDeviceSize)rows * sizeof(float) ||
-                 tail->sums->size < (VkDeviceSize)rows * sizeof(int32_t) ||
-                 tail->counters->size < (VkDeviceSize)rows * sizeof(uint32_t)))
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "Vulkan W2A8: the norm of %lld rows of %lld does not fit its buffers "
-                            "(or its activations do not start at row 0)",
-                            (long long)rows, (long long)n);
     if (n < 1 || k < 1 || act_row < 0 || rows < 1 || (uint64_t)w_rows * words > UINT32_MAX ||
         (uint64_t)n * (uint64_t)rows > UINT32_MAX || w->size < (VkDeviceSize)w_rows * words * 4 ||
         x->size < (VkDeviceSize)(act_row + rows) * words * 16 ||
@@ -159,20 +122,9 @@ static bn_status record(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_
                              .weight_scale = weight_scale,
                              .rows = (uint32_t)rows,
                              .mode = (uint32_t)mode,
-                             .up_scale = up_scale,
-                             .tail_words = tail ? (uint32_t)tail_words : 0,
-                             .tail_eps = tail ? tail->eps : 0.0f};
-    /* Modes 0 to 2 bind y where mode 3's buffers go; they never touch them.
-     * The tail kernel has its norm's there. */
-    bn_vk_buffer *const buffers[N_BUFFERS] = {w,
-                                              x,
-                                              y,
-                                              act_scales,
-                                              tail ? tail->w : y,
-                                              tail ? tail->codes : y,
-                                              tail ? tail->scales : y,
-                                              tail ? tail->sums : y,
-                                              tail ? tail->counters : y};
+                             .up_scale = up_scale};
+    /* Modes 0 to 2 bind y where mode 3's buffers go; they never touch them. */
+    bn_vk_buffer *const buffers[N_BUFFERS] = {w, x, y, act_scales, y, y, y, y, y};
     const uint64_t per_row = (uint64_t)((n + per_group - 1) / per_group);
     return bn_vk_dispatch_groups(vk, kernel, buffers, &p, groups_for(kernel, per_row, rows), err);
 }
@@ -187,22 +139,7 @@ bn_status bn_vk_w2a8_record_rows(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "Vulkan W2A8: no epilogue %d", (int)epilogue);
     return record(vk, kernel, w, x, act_scales, act_row, rows, y, n, n, k, weight_scale, 0.0f,
-                  (int)epilogue, BN_VK_W2A8_OUTPUTS, NULL, err);
-}
-
-bn_status bn_vk_w2a8_record_rows_normed(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
-                                        bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t rows,
-                                        bn_vk_buffer *y, int64_t n, int64_t k, float weight_scale,
-                                        bn_vk_w2a8_epilogue epilogue, const bn_vk_norm_tail *tail,
-                                        bn_error *err)
-{
-    if (epilogue != BN_VK_W2A8_STORE && epilogue != BN_VK_W2A8_ADD)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "Vulkan W2A8: no epilogue %d",
-                            (int)epilogue);
-    if (!tail)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "Vulkan W2A8: no norm");
-    return record(vk, kernel, w, x, act_scales, 0, rows, y, n, n, k, weight_scale, 0.0f,
-                  (int)epilogue, BN_VK_W2A8_OUTPUTS, tail, err);
+                  (int)epilogue, BN_VK_W2A8_OUTPUTS, err);
 }
 
 bn_status bn_vk_w2a8_record_gate_up(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
@@ -214,22 +151,65 @@ bn_status bn_vk_w2a8_record_gate_up(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffe
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "Vulkan W2A8: a gate of %lld rows", (long long)n);
     return record(vk, kernel, w, x, act_scales, act_row, rows, y, n, 2 * n, k, gate_scale, up_scale,
-                  MODE_GATE_UP, BN_VK_W2A8_OUTPUTS / 2, NULL, err);
+                  MODE_GATE_UP, BN_VK_W2A8_OUTPUTS / 2, err);
 }
 
-bn_status bn_vk_w2a8_record_gate_up_normed(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
-                                           bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t rows,
-                                           bn_vk_buffer *y, int64_t n, int64_t k, float gate_scale,
-                                           float up_scale, const bn_vk_norm_tail *tail,
-                                           bn_error *err)
+/* ---- the product that norms its input (shaders/w2a8_normed.glsl) ---- */
+
+/* Its push constants, in its order. */
+typedef struct normed_params {
+    uint32_t n, k, words;
+    float weight_scale;
+    uint32_t mode;
+    float up_scale, eps;
+    uint32_t groups;
+} normed_params;
+
+#define NORMED_SLOTS 16 /* outputs a group: the shader's SLOTS */
+/* Workgroups at most: each norms the row once, so the grid should fit the
+ * device at once (two of 512 invocations an SM of a 132-SM H200); more
+ * groups are taken in turn. */
+#define NORMED_MAX_GROUPS 256
+
+bool bn_vk_w2a8_normed_fits(const bn_vk *vk)
 {
-    if (n > INT64_MAX / 2)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "Vulkan W2A8: a gate of %lld rows",
-                            (long long)n);
-    if (!tail)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "Vulkan W2A8: no norm");
-    return record(vk, kernel, w, x, act_scales, 0, rows, y, n, 2 * n, k, gate_scale, up_scale,
-                  MODE_GATE_UP, BN_VK_W2A8_OUTPUTS / 2, tail, err);
+    return bn_vk_device(vk)->integer_dot_product && bn_vk_norm_subgroups(vk);
+}
+
+bn_status bn_vk_w2a8_normed_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
+{
+    if (!bn_vk_w2a8_normed_fits(vk))
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
+                            "Vulkan: %s lacks integer dot products or the norm's subgroup "
+                            "variant for the W2A8 product that norms its input",
+                            bn_vk_device(vk)->name);
+    return bn_vk_kernel_create(vk, "w2a8_normed", bn_vk_spv_w2a8_normed, bn_vk_spv_w2a8_normed_len,
+                               4, sizeof(normed_params), out, err);
+}
+
+bn_status bn_vk_w2a8_record_normed(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
+                                   bn_vk_buffer *x, bn_vk_buffer *norm_w, float eps,
+                                   bn_vk_buffer *y, int64_t n, int64_t k, float weight_scale,
+                                   bn_vk_w2a8_epilogue epilogue, bn_error *err)
+{
+    const size_t words = bn_vk_w2a8_words(k);
+    if (epilogue != BN_VK_W2A8_STORE && epilogue != BN_VK_W2A8_ADD)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "Vulkan W2A8: no epilogue %d",
+                            (int)epilogue);
+    if (n < 1 || k < 1 || k > BN_VK_NORMED_MAX_K || (uint64_t)n * words > UINT32_MAX ||
+        w->size < (VkDeviceSize)n * words * 4 || x->size < (VkDeviceSize)k * sizeof(float) ||
+        norm_w->size < (VkDeviceSize)k * sizeof(float) || y->size < (VkDeviceSize)n * sizeof(float))
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan W2A8 normed: %lld x %lld does not fit its buffers (or k is "
+                            "past %d)",
+                            (long long)n, (long long)k, BN_VK_NORMED_MAX_K);
+    const uint64_t groups = (uint64_t)((n + NORMED_SLOTS - 1) / NORMED_SLOTS);
+    const normed_params pr = {(uint32_t)n,  (uint32_t)k,        (uint32_t)words,
+                              weight_scale, (uint32_t)epilogue, 0.0f,
+                              eps,          (uint32_t)groups};
+    bn_vk_buffer *const buffers[4] = {w, x, y, norm_w};
+    return bn_vk_dispatch_groups(vk, kernel, buffers, &pr,
+                                 groups < NORMED_MAX_GROUPS ? groups : NORMED_MAX_GROUPS, err);
 }
 
 /* Mode 3's workgroups a row (shaders/w2a8_matvec.glsl: qkv_geometry):
@@ -300,9 +280,7 @@ bn_status bn_vk_w2a8_record_qkv(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w
                              (uint32_t)s->max_blocks,
                              (uint32_t)n_seq,
                              (uint32_t)s->cache_rows,
-                             (uint32_t)s->layer_off,
-                             0,
-                             0.0f};
+                             (uint32_t)s->layer_off};
     bn_vk_buffer *const buffers[N_BUFFERS] = {w,         x,  q, act_scales, s->info,
                                               s->tables, s->cs, s->k_cache, s->v_cache};
     return bn_vk_dispatch_groups(vk, kernel, buffers, &p, groups_for(kernel, qkv_groups(s), rows),

@@ -75,39 +75,22 @@ bn_status bn_vk_w2a8_record_gate_up(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffe
                                     int64_t rows, bn_vk_buffer *y, int64_t n, int64_t k,
                                     float gate_scale, float up_scale, bn_error *err);
 
-/* A product that norms its output (the tail kernel): once the last
- * workgroup of activation row a has stored its outputs, it runs the norm
- * + int8 of vk_norm.h over y's row a (n values: the residual add's x, or
- * the gate and up's h) with weights w and eps, writing row a's codes,
- * scale and sum as bn_vk_norm_record does - the activations of the next
- * product, without a dispatch of their own. The codes are the CPU's bit
- * for bit. counters holds one zero word a row, zero again after each
- * dispatch. Where bn_vk_w2a8_tail_kernel_fits: fp64, integer dot products
- * and subgroup arithmetic (bn_vk_norm_subgroups). */
-typedef struct bn_vk_norm_tail {
-    bn_vk_buffer *w;
-    float eps;
-    bn_vk_buffer *codes, *scales, *sums;
-    bn_vk_buffer *counters;
-} bn_vk_norm_tail;
-bool bn_vk_w2a8_tail_kernel_fits(const bn_vk *vk);
-bn_status bn_vk_w2a8_tail_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err);
-
-/* bn_vk_w2a8_record_rows and bn_vk_w2a8_record_gate_up with the tail
- * kernel and its norm; the activations start at row 0 (the normed rows
- * land at y's row numbers). Each workgroup takes one activation row. A
- * row's codes are written while other rows' workgroups may still read
- * theirs: with more than one row, codes must not be the buffer x. */
-bn_status bn_vk_w2a8_record_rows_normed(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
-                                        bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t rows,
-                                        bn_vk_buffer *y, int64_t n, int64_t k, float weight_scale,
-                                        bn_vk_w2a8_epilogue epilogue, const bn_vk_norm_tail *tail,
-                                        bn_error *err);
-bn_status bn_vk_w2a8_record_gate_up_normed(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
-                                           bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t rows,
-                                           bn_vk_buffer *y, int64_t n, int64_t k, float gate_scale,
-                                           float up_scale, const bn_vk_norm_tail *tail,
-                                           bn_error *err);
+/* A product that norms its input (shaders/w2a8_normed.glsl): y = W
+ * q(norm(x)) for one row x of k floats, normed with weights norm_w (k
+ * floats) and eps by the norm + int8 kernel's arithmetic (vk_norm.h: the
+ * CPU's codes and scale bit for bit) inside the product's dispatch, then
+ * stored or added (the residual add): every output what bn_vk_norm_record
+ * followed by bn_vk_w2a8_record_rows gives, one dispatch instead of two.
+ * Rows of up to BN_VK_NORMED_MAX_K values; where bn_vk_w2a8_normed_fits:
+ * fp64, integer dot products and the norm's subgroup variant
+ * (bn_vk_norm_subgroups). */
+#define BN_VK_NORMED_MAX_K 8192
+bool bn_vk_w2a8_normed_fits(const bn_vk *vk);
+bn_status bn_vk_w2a8_normed_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err);
+bn_status bn_vk_w2a8_record_normed(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
+                                   bn_vk_buffer *x, bn_vk_buffer *norm_w, float eps,
+                                   bn_vk_buffer *y, int64_t n, int64_t k, float weight_scale,
+                                   bn_vk_w2a8_epilogue epilogue, bn_error *err);
 
 /* The attention's q, k and v products in one dispatch (replacing three
  * products and the RoPE + store kernel): w holds q's n_head * head_dim

@@ -37,11 +37,11 @@
 // 512 invocations: the decode step's 120 norms 1052-1058 us against
 // 1168-1179 with 1024, and 1177-1185 with 256 (docs/VULKAN.md, "Speed").
 //
-// With NORM_TAIL the including shader (w2a8_matvec_dot_f64_tail.comp)
-// calls norm_quantize_row from workgroups of its own THREADS, its buffers
-// named by the NORM_* macros; without, this is the kernel of a row a
-// workgroup.
-#ifndef NORM_TAIL
+// With NORM_FUNCTION the including shader (w2a8_normed.glsl) calls
+// norm_quantize_row from workgroups of its own THREADS, with the buffers
+// (or shared arrays) the NORM_* macros name; without, this is the kernel
+// of a row a workgroup.
+#ifndef NORM_FUNCTION
 #ifdef SUBGROUP
 #define THREADS 512u
 #else
@@ -205,16 +205,6 @@ int exact_code(float xi, float wi, REAL rmax, REAL umax)
     return int(roundEven(t0));
 }
 
-// With NORM_STAGE (the tail, whose row is read through coherent loads that
-// skip the L1 cache) the first pass keeps the row's first NORM_STAGE values
-// in shared memory for the passes after it.
-#ifdef NORM_STAGE
-shared float staged[NORM_STAGE];
-#define ROW_VALUE(i) ((i) < NORM_STAGE ? staged[i] : NORM_X(base + (i)))
-#else
-#define ROW_VALUE(i) NORM_X(base + (i))
-#endif
-
 // Row `row` of n values (row * n on in NORM_X) into its `words` words of
 // codes, its scale and its codes' sum. Reached by the whole workgroup.
 void norm_quantize_row(uint row, uint n, uint words, float eps)
@@ -234,28 +224,12 @@ void norm_quantize_row(uint row, uint n, uint words, float eps)
     // the lanes in the CPU's order. Without fp64 this sum is the answer.
     precise REAL ss = 0.0;
     REAL umax = 0.0;
-    // Four values an invocation loaded before any is used, so that their
-    // loads are in flight together.
-    for (uint i0 = tid; i0 < n; i0 += 4u * THREADS) {
-        float xs[4], ws[4];
-        for (uint u = 0u; u < 4u; u++) {
-            const uint i = i0 + u * THREADS;
-            xs[u] = i < n ? NORM_X(base + i) : 0.0;
-            ws[u] = i < n ? NORM_W(i) : 0.0;
-        }
-        for (uint u = 0u; u < 4u; u++) {
-            const uint i = i0 + u * THREADS;
-            if (i < n) {
-#ifdef NORM_STAGE
-                if (i < NORM_STAGE)
-                    staged[i] = xs[u];
-#endif
-                ss = fma(REAL(xs[u]), REAL(xs[u]), ss);
-                const REAL a = abs(REAL(ws[u]) * REAL(xs[u]));
-                if (a > umax)
-                    umax = a;
-            }
-        }
+    for (uint i = tid; i < n; i += THREADS) {
+        const float xi = NORM_X(base + i);
+        ss = fma(REAL(xi), REAL(xi), ss);
+        const REAL u = abs(REAL(NORM_W(i)) * REAL(xi));
+        if (u > umax)
+            umax = u;
     }
     reduce_sum_dmax(ss, umax);
     if (tid == 0u) {
@@ -274,7 +248,7 @@ void norm_quantize_row(uint row, uint n, uint words, float eps)
         if (tid < 8u) {
             precise REAL s = 0.0;
             for (uint i = tid; i < n; i += 8u) {
-                const REAL v = REAL(ROW_VALUE(i));
+                const REAL v = REAL(NORM_X(base + i));
                 s = fma(v, v, s);
             }
             lane_sum[tid] = s;
@@ -310,7 +284,7 @@ void norm_quantize_row(uint row, uint n, uint words, float eps)
             const uint i = 4u * j + b;
             int c = 0;
             if (i < n) {
-                const float xi = ROW_VALUE(i), wi = NORM_W(i);
+                const float xi = NORM_X(base + i), wi = NORM_W(i);
                 precise float a = abs(wi * (xi * inv));
                 if (a > amax)
                     amax = a;
@@ -333,7 +307,7 @@ void norm_quantize_row(uint row, uint n, uint words, float eps)
                 const uint i = 4u * j + b;
                 int c = 0;
                 if (i < n) {
-                    precise float v = (NORM_W(i) * (ROW_VALUE(i) * inv)) * s;
+                    precise float v = (NORM_W(i) * (NORM_X(base + i) * inv)) * s;
                     c = round_clamp(v);
                 }
                 total += c;
@@ -350,7 +324,7 @@ void norm_quantize_row(uint row, uint n, uint words, float eps)
     }
 }
 
-#ifndef NORM_TAIL
+#ifndef NORM_FUNCTION
 void main()
 {
     const uint row = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;

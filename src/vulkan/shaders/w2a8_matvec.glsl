@@ -27,17 +27,9 @@
 // its outputs for RB activation rows at once: each weight word is loaded
 // (and spread) once for all of them, the sums and epilogues are each
 // row's as above.
-// With NORM_TAIL (w2a8_matvec_dot_f64_tail.comp: modes 1 and 2, a
-// workgroup an activation row's outputs) the product also norms its
-// output row: each workgroup counts itself done on the row's counter
-// after its stores, and the last one to finish runs norm_quantize_row
-// over the whole row (norm_quantize.glsl), writing the codes, scale and
-// sum the next product reads. The norm's own dispatch, its barrier and
-// its start are gone; nobody waits (the other workgroups just leave), so
-// no workgroup needs another to be resident.
 // Included by w2a8_matvec.comp, w2a8_matvec_f64.comp, w2a8_matvec_dot.comp,
-// w2a8_matvec_dot_f64.comp, w2a8_matvec_dot_f64_rows.comp and
-// w2a8_matvec_dot_f64_tail.comp.
+// w2a8_matvec_dot_f64.comp and w2a8_matvec_dot_f64_rows.comp; its epilogue
+// (w2a8_epilogue.glsl) also by w2a8_normed.glsl.
 
 #ifdef DOT_PRODUCT
 #include "sdot.glsl"
@@ -49,28 +41,15 @@ layout(local_size_x = 256) in;
 
 layout(std430, binding = 0) readonly buffer Weights { uint w[]; };
 layout(std430, binding = 1) readonly buffer Acts { uint x[]; };
+layout(std430, binding = 2) buffer Out { float y[]; };
 // The activation rows' scales, as the norm + int8 kernel writes them.
 layout(std430, binding = 3) readonly buffer ActScales { float act_scales[]; };
-#ifndef NORM_TAIL
-layout(std430, binding = 2) buffer Out { float y[]; };
 // Mode 3 only (the other modes bind any buffers here and never touch them):
 layout(std430, binding = 4) readonly buffer Info { int info[]; };     // [rows][2]: seq, pos
 layout(std430, binding = 5) readonly buffer Tables { int tables[]; }; // [n_seq][max_blocks]
 layout(std430, binding = 6) readonly buffer CosSin { float cs[]; };   // [rows][rope_dim]
 layout(std430, binding = 7) writeonly buffer KCache { float kc[]; };
 layout(std430, binding = 8) writeonly buffer VCache { float vc[]; };
-#else
-// Coherent: the last workgroup reads the others' outputs from it.
-layout(std430, binding = 2) coherent buffer Out { float y[]; };
-// The tail's norm: its weights, where its codes, scales and sums go (the
-// next product's activations: the buffers of bindings 1 and 3, and the
-// sums), and a counter an activation row, zero before and after.
-layout(std430, binding = 4) readonly buffer NormWeights { float norm_w[]; };
-layout(std430, binding = 5) writeonly buffer NormCodes { uint norm_codes[]; };
-layout(std430, binding = 6) writeonly buffer NormScales { float norm_scales[]; };
-layout(std430, binding = 7) writeonly buffer NormSums { int norm_sums[]; };
-layout(std430, binding = 8) coherent buffer Counters { uint counters[]; };
-#endif
 
 layout(push_constant) uniform Params {
     uint n;           // rows (mode 3: q's, k's and v's together)
@@ -84,21 +63,7 @@ layout(push_constant) uniform Params {
     uint n_head, n_kv, head_dim, rope_dim;      // the cache through the
     uint block_size, max_blocks, n_seq;          // block tables (as
     uint cache_rows, layer_off;                  // vk_ops.h describes them)
-    uint tail_words;  // NORM_TAIL: code words a normed row
-    float tail_eps;   // and the norm's epsilon
 } p;
-
-#ifdef NORM_TAIL
-#define THREADS 256u
-#define NORM_X(i) y[i]
-#define NORM_W(i) norm_w[i]
-#define NORM_CODES norm_codes
-#define NORM_SCALES norm_scales
-#define NORM_SUMS norm_sums
-#define NORM_STAGE 6912u // the row's values kept in shared memory (27 KiB)
-#include "norm_quantize.glsl"
-shared bool sh_last;
-#endif
 
 #ifndef RB
 #define RB 1u // activation rows a workgroup
@@ -106,19 +71,9 @@ shared bool sh_last;
 
 shared int partial[RB][OUTPUTS * LANES];
 
-// The CPU's ((float)sum / act_scale) * weight_scale.
-float epilogue_scale(int sum, float act_scale, float weight_scale)
-{
-#ifdef EXACT_DIVISION
-    precise float q = float(double(float(sum)) / double(act_scale));
-#else
-    precise float q = float(sum) / act_scale;
-#endif
-    precise float v = q * weight_scale;
-    return v;
-}
+// epilogue_scale, epilogue_store.
+#include "w2a8_epilogue.glsl"
 
-#ifndef NORM_TAIL
 // Mode 3's workgroups for one activation row, in this order: q's rotated
 // pairs (four a workgroup), q's values past rope_dim in each head (eight),
 // k's pairs, k's values past rope_dim, v's values. For workgroup g of the
@@ -205,29 +160,11 @@ void qkv_epilogue(uint a, uint part, bool pair, uint at, int sum, int sum2)
     }
 }
 
-#endif
-
 // The output of activation row a for the group of invocations slot:
 // stored, added, or the gate times the up (mode 2: sum_up the up's sum).
 void store_output(uint a, uint row, int sum, int sum_up)
 {
-    const float act_scale = act_scales[p.act_row + a];
-    const float v = epilogue_scale(sum, act_scale, p.weight_scale);
-    const uint o = a * p.n + row;
-    if (p.mode == 1u) {
-        precise float r = y[o] + v;
-        y[o] = r;
-    } else if (p.mode == 2u) {
-        const float u = epilogue_scale(sum_up, act_scale, p.up_scale);
-        // The test is on the bits (positive, at most +infinity), not a
-        // compare a driver could turn into a max() that keeps a NaN.
-        const int bits = floatBitsToInt(v);
-        const float g = bits > 0 && bits <= 0x7f800000 ? v : 0.0;
-        precise float r = (g * g) * u;
-        y[o] = r;
-    } else {
-        y[o] = v;
-    }
+    epilogue_store(a * p.n + row, sum, sum_up, act_scales[p.act_row + a]);
 }
 
 void main()
@@ -239,24 +176,20 @@ void main()
     const uint tid = gl_LocalInvocationID.x, slot = tid / LANES, sub = tid % LANES;
     uint part = 0u, at = 0u;
     bool pair = false, live = false;
-#ifndef NORM_TAIL
     if (qkv)
         blocks = qkv_geometry(0u, 0u, part, pair, at, live);
-#endif
     if (id >= blocks * ((p.rows + RB - 1u) / RB))
         return; // the whole workgroup: no barrier is left waiting
     const uint a0 = (id / blocks) * RB; // the workgroup's first activation row
     // The output this group of invocations sums for, and its weight row.
     uint row = (id % blocks) * per + (gate_up ? slot % per : slot);
     uint w_row = gate_up && slot >= per ? p.n + row : row;
-#ifndef NORM_TAIL
     if (qkv) {
         qkv_geometry(id % blocks, slot, part, pair, at, live);
         const uint q_dim = p.n_head * p.head_dim, kv_dim = p.n_kv * p.head_dim;
         row = live ? 0u : p.n; // only whether it is below p.n counts below
         w_row = at + (part == 0u ? 0u : part == 1u ? q_dim : q_dim + kv_dim);
     }
-#endif
     // Rows past the last repeat it (summed, never stored).
     uint act_base[RB];
     for (uint r = 0u; r < RB; r++)
@@ -303,30 +236,12 @@ void main()
     }
     for (uint r = 0u; r < RB && a0 + r < p.rows; r++) {
         const uint a = a0 + r;
-#ifndef NORM_TAIL
         if (qkv) {
             if (sub == 0u && live && (!pair || slot < 4u))
                 qkv_epilogue(a, part, pair, at, partial[r][tid],
                              pair ? partial[r][tid + 4u * LANES] : 0);
-            continue;
-        }
-#endif
-        if (sub == 0u && row < p.n && slot < per) {
+        } else if (sub == 0u && row < p.n && slot < per) {
             store_output(a, row, partial[r][tid], gate_up ? partial[r][tid + per * LANES] : 0);
         }
     }
-#ifdef NORM_TAIL
-    // Every invocation's stores, then the count (RB is 1 here: one row).
-    memoryBarrierBuffer();
-    barrier();
-    if (tid == 0u)
-        sh_last = atomicAdd(counters[a0], 1u) == blocks - 1u;
-    barrier();
-    if (sh_last) { // the row's last workgroup: every output is stored
-        memoryBarrierBuffer();
-        if (tid == 0u)
-            counters[a0] = 0u; // for the next dispatch
-        norm_quantize_row(a0, p.n, p.tail_words, p.tail_eps); // y's row a0 into row a0
-    }
-#endif
 }
