@@ -350,7 +350,7 @@ int main(void)
         unsetenv("BITNET_VULKAN_FP64");
     }
     bn_vk_kernel *w2a8 = NULL;
-    const bool dot = bn_vk_device(vk)->integer_dot_product;
+    const bool dot = bn_vk_w2a8_dot_fits(vk);
     if (fp64 && kernel && bn_vk_w2a8_kernel(vk, true, dot, &w2a8, &err) == BN_OK) {
         check_chain(vk, kernel, w2a8, 2560, 640, 3);
         check_chain(vk, kernel, w2a8, 6912, 256, 2);

@@ -501,7 +501,7 @@ int main(void)
     /* Every variant the device has: portable sums and (with integer dot
      * products) the dot-product ones, each with the device's division and
      * (with fp64) the exact one. */
-    const bool dot_ok = bn_vk_device(vk)->integer_dot_product;
+    const bool dot_ok = bn_vk_w2a8_dot_fits(vk);
     /* Long rows too: k to 40000. */
     static const int64_t shapes[][2] = {{1, 1},     {1, 16},     {3, 17},      {64, 2560},
                                         {37, 640},  {200, 1000}, {5, 6912},    {530000, 16},

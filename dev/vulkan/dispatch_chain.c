@@ -287,7 +287,7 @@ int main(int argc, char **argv)
     }
     {
         bn_vk_kernel *pk = NULL;
-        OK(bn_vk_w2a8_kernel(vk, d->fp64, d->integer_dot_product, &pk, &err), "product kernel");
+        OK(bn_vk_w2a8_kernel(vk, d->fp64, bn_vk_w2a8_dot_fits(vk), &pk, &err), "product kernel");
         static const struct {
             int64_t n, k;
             bool gate_up;

@@ -545,9 +545,10 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
     bn_status st = bn_vk_open(device, &v->vk, err);
     if (st == BN_OK)
         /* the exact division where the device has fp64, integer dot
-         * products where it has those (BITNET_VULKAN_DOT=0: not) */
-        st = bn_vk_w2a8_kernel(v->vk, bn_vk_device(v->vk)->fp64,
-                               bn_vk_device(v->vk)->integer_dot_product, &v->w2a8, err);
+         * products where it has those and subgroup arithmetic
+         * (BITNET_VULKAN_DOT=0: not) */
+        st = bn_vk_w2a8_kernel(v->vk, bn_vk_device(v->vk)->fp64, bn_vk_w2a8_dot_fits(v->vk),
+                               &v->w2a8, err);
     if (st == BN_OK && bn_vk_w2a8_rows_kernel_fits(v->vk))
         st = bn_vk_w2a8_rows_kernel(v->vk, &v->w2a8_rows, err);
     if (st == BN_OK && bn_vk_w2a8_normed_fits(v->vk))
@@ -1046,7 +1047,7 @@ static void vk_report(const bn_backend *b, bn_engine_info *info)
     snprintf(info->kernels, sizeof info->kernels,
              "vulkan_w2a8%s,vulkan_w2a8_qkv_rope,vulkan_norm_quantize,vulkan_attention,"
              "vulkan_rmsnorm,vulkan_head_%s%s%s%s%s",
-             bn_vk_device(v->vk)->integer_dot_product ? "_dot" : "",
+             bn_vk_w2a8_dot_fits(v->vk) ? "_dot" : "",
              v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32",
              v->picks > v->full_picks ? ",vulkan_head_screen" : "",
              v->split_steps > 0 ? ",vulkan_attention_split" : "",

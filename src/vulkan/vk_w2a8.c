@@ -46,6 +46,12 @@ void bn_vk_w2a8_pack(const int8_t *codes, int64_t n, int64_t k, uint32_t *out)
         }
 }
 
+bool bn_vk_w2a8_dot_fits(const bn_vk *vk)
+{
+    const bn_vulkan_device *d = bn_vk_device(vk);
+    return d->integer_dot_product && d->subgroup_arithmetic;
+}
+
 bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bool dot_product,
                             bn_vk_kernel **out, bn_error *err)
 {
@@ -53,9 +59,10 @@ bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bool dot_product,
     if (exact_division && !d->fp64)
         return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
                             "Vulkan: %s has no fp64 for the exact division", d->name);
-    if (dot_product && !d->integer_dot_product)
+    if (dot_product && !bn_vk_w2a8_dot_fits(vk))
         return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
-                            "Vulkan: %s has no integer dot products", d->name);
+                            "Vulkan: %s has no integer dot products or no subgroup arithmetic",
+                            d->name);
     /* The four variants: {portable, dot} x {device division, exact}. */
     static const struct {
         const char *name;
@@ -76,7 +83,7 @@ bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bool dot_product,
 bool bn_vk_w2a8_rows_kernel_fits(const bn_vk *vk)
 {
     const bn_vulkan_device *d = bn_vk_device(vk);
-    return d->fp64 && d->integer_dot_product;
+    return d->fp64 && bn_vk_w2a8_dot_fits(vk);
 }
 
 bn_status bn_vk_w2a8_rows_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
@@ -173,7 +180,7 @@ typedef struct normed_params {
 
 bool bn_vk_w2a8_normed_fits(const bn_vk *vk)
 {
-    return bn_vk_device(vk)->integer_dot_product && bn_vk_norm_subgroups(vk);
+    return bn_vk_w2a8_dot_fits(vk) && bn_vk_norm_subgroups(vk);
 }
 
 bn_status bn_vk_w2a8_normed_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)

@@ -31,9 +31,11 @@ void bn_vk_w2a8_pack(const int8_t *codes, int64_t n, int64_t k, uint32_t *out);
 /* The kernel, built once for a device: with exact_division the variant
  * that divides in double (BN_ERR_UNSUPPORTED on a device without fp64);
  * with dot_product the one whose sums take the device's integer dot
- * products (BN_ERR_UNSUPPORTED without VK_KHR_shader_integer_dot_product
- * and its feature). The four give the same outputs where the division
- * does. */
+ * products and meet in subgroup adds (BN_ERR_UNSUPPORTED where
+ * bn_vk_w2a8_dot_fits says no: VK_KHR_shader_integer_dot_product and its
+ * feature, and subgroup arithmetic). The four give the same outputs where
+ * the division does. */
+bool bn_vk_w2a8_dot_fits(const bn_vk *vk);
 bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bool dot_product,
                             bn_vk_kernel **out, bn_error *err);
 

@@ -3,6 +3,8 @@
 // epilogue's division correctly rounded through double: w2a8_matvec.glsl.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_spirv_intrinsics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
 #define DOT_PRODUCT 1
 #define EXACT_DIVISION 1
 #include "w2a8_matvec.glsl"

@@ -14,8 +14,8 @@
 // codes are ready.
 //
 // A group is 16 outputs, 32 invocations an output, each its words j =
-// sub, sub + 32, ...; their partial sums meet in a tree. Rows of up to
-// MAX_K values.
+// sub, sub + 32, ...; their partial sums meet in a subgroup add (a tree
+// where a subgroup is not 32 invocations). Rows of up to MAX_K values.
 #include "sdot.glsl"
 
 #define THREADS 512u
@@ -111,12 +111,17 @@ void main()
             for (uint j = sub + LANES * PRE; j < p.words; j += LANES)
                 sum += dot_word(w[row * p.words + j], j);
         }
-        partial[tid] = sum;
-        barrier();
-        for (uint h = LANES / 2u; h > 0u; h >>= 1u) {
-            if (sub < h)
-                partial[tid] += partial[tid + h];
+        if (gl_SubgroupSize == LANES) { // an output's lanes are one subgroup
+            partial[tid] = subgroupAdd(sum);
             barrier();
+        } else {
+            partial[tid] = sum;
+            barrier();
+            for (uint h = LANES / 2u; h > 0u; h >>= 1u) {
+                if (sub < h)
+                    partial[tid] += partial[tid + h];
+                barrier();
+            }
         }
         if (sub == 0u && row < p.n)
             epilogue_store(row, partial[tid], 0, act_scale);
