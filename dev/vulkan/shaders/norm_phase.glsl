@@ -1,6 +1,7 @@
 // LAB COPY of src/vulkan/shaders/norm_quantize.glsl as it was at 23469ce
-// (the shipped norm + int8 with SUBGROUP and BN_FP64) with stops, to see where a dispatch's
-// time goes (dispatch_chain.c, "norm phase"): STOP k ends the kernel after
+// (the shipped norm + int8 with SUBGROUP and BN_FP64) with stops, to see
+// where a dispatch's time goes (dispatch_chain.c, "norm phase"): STOP k
+// ends the kernel after
 // phase k, writing what it has so that nothing before is dropped:
 //   1  the first pass over the row (squares and max |w x| per invocation)
 //   2  their reduction over the workgroup
