@@ -184,9 +184,24 @@ int round_clamp(float v)
 }
 
 // The exact rule's code of w x: rint(127 (w x) / umax), rmax = 1 / umax
-// as the device computes it.
-int exact_code(float xi, float wi, REAL rmax, REAL umax)
+// as the device computes it, rf = fl32(127 / fl32(umax)) or 0.
+int exact_code(float xi, float wi, float rf, REAL rmax, REAL umax)
 {
+#ifdef BN_FP64
+    // First in float, as the CUDA kernel does (norm_quantize.cu, where the
+    // proof is): t = fl32(fl32(w x) rf) lies within 3.1e-5 of the CPU's
+    // double expression, so wherever t is more than 2^-12 from a half,
+    // rint(t) is its code. Vulkan rounds float products correctly, as the
+    // proof needs; rf is 0 where umax lies outside [2^-100, 2^100] (fl32
+    // of it then not a normal float), and a NaN product fails the test.
+    if (rf != 0.0) {
+        precise float tf = (wi * xi) * rf;
+        const float nf = roundEven(tf);
+        precise float off = tf - nf;
+        if (abs(off) < 0.499755859375) // 1/2 - 2^-12
+            return int(nf);
+    }
+#endif
     precise REAL pr = REAL(wi) * REAL(xi);
     if (isnan(pr))
         return 0;
@@ -276,6 +291,12 @@ void norm_quantize_row(uint row, uint n, uint words, float eps)
     // A product times the reciprocal is within a few ulp of the quotient,
     // as the device's division is, at a fraction of its cost.
     const REAL rmax = exact_u ? 1.0 / umax : 0.0;
+#ifdef BN_FP64
+    const bool fast = exact_u && umax >= ldexp(1.0lf, -100) && umax <= ldexp(1.0lf, 100);
+    const float rf = fast ? fdiv_rn(127.0, float(umax)) : 0.0;
+#else
+    const float rf = 0.0;
+#endif
     float amax = 0.0;
     int total = 0;
     for (uint j = tid; j < words; j += THREADS) {
@@ -289,7 +310,7 @@ void norm_quantize_row(uint row, uint n, uint words, float eps)
                 if (a > amax)
                     amax = a;
                 if (exact_u)
-                    c = exact_code(xi, wi, rmax, umax);
+                    c = exact_code(xi, wi, rf, rmax, umax);
             }
             total += c;
             word |= (uint(c) & 255u) << (8u * b);
