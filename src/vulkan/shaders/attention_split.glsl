@@ -216,8 +216,16 @@ void merge()
             const uint i = tid + j * THREADS;
             if (i >= hd)
                 continue;
-            for (uint k = 0u; k < cn; k++)
-                o[j] = o[j] + part[rbase + (c + k) * (2u + hd) + 2u + i] * w_sh[k];
+            // Sixteen blocks' values loaded at a time, then added in block
+            // order, the same sums (one at a time, each load waited for:
+            // 16.5 us a layer at context 4000 on the H200, 10.0 this way).
+            for (uint k0 = 0u; k0 < cn; k0 += 16u) {
+                float ov[16];
+                for (uint k = 0u; k < 16u; k++)
+                    ov[k] = k0 + k < cn ? part[rbase + (c + k0 + k) * (2u + hd) + 2u + i] : 0.0;
+                for (uint k = 0u; k < 16u && k0 + k < cn; k++)
+                    o[j] = o[j] + ov[k] * w_sh[k0 + k];
+            }
         }
     }
     const float l = reduce_sum(l_part);
