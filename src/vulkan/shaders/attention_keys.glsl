@@ -28,20 +28,28 @@ uint kv_at(uint seq, uint t, inout bool ok)
 
 // The score of the key at kb: the CPU's dot_f32 of q and k (eight lanes,
 // element i in lane i % 8, each in order, then ((0+1)+(2+3))+((4+5)+(6+7))),
-// times scale. Sixteen of the key's values are loaded before any is used
-// (two rounds of the lanes), as four vec4s where the keys start on 16
-// bytes (NVIDIA's H200: a decode row's attention at context 160 27.5 us a
-// dispatch with scalar loads, 19.3 with these; dev/vulkan/attention_chain.c).
+// times scale. KEY_CHUNK of the key's values are loaded before any is used
+// (each chunk's loads wait for memory once), as vec4s where the keys start
+// on 16 bytes (NVIDIA's H200: a decode row's attention at context 160 27.5
+// us a dispatch with scalar loads, 19.3 with 16 values as vec4s;
+// dev/vulkan/attention_chain.c). attention.glsl takes 16 (64 made the
+// prompt passes 7-14 % slower: registers); attention_split.glsl 64 (its
+// partials 29.5 us a layer against 33.3 with 16 at a 4000-token prompt,
+// 14.3 against 15.7 at 1000, 12.4 against 16.0 at 384). The sums are the
+// same either way.
+#ifndef KEY_CHUNK
+#define KEY_CHUNK 16u
+#endif
 float score(uint kb)
 {
     const uint hd = p.head_dim;
     precise float acc[8] = float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     uint i = 0u;
     const bool by_vec4 = hd % 4u == 0u && p.kv_dim % 4u == 0u && p.layer_off % 4u == 0u;
-    for (; i + 16u <= hd; i += 16u) {
-        float kv[16];
+    for (; i + KEY_CHUNK <= hd; i += KEY_CHUNK) {
+        float kv[KEY_CHUNK];
         if (by_vec4) {
-            for (uint u = 0u; u < 4u; u++) {
+            for (uint u = 0u; u < KEY_CHUNK / 4u; u++) {
                 const vec4 a = kc4[(kb + i) / 4u + u];
                 kv[4u * u] = a.x;
                 kv[4u * u + 1u] = a.y;
@@ -49,13 +57,12 @@ float score(uint kb)
                 kv[4u * u + 3u] = a.w;
             }
         } else {
-            for (uint l = 0u; l < 16u; l++)
+            for (uint l = 0u; l < KEY_CHUNK; l++)
                 kv[l] = kc[kb + i + l];
         }
-        for (uint l = 0u; l < 8u; l++)
-            acc[l] = acc[l] + q_sh[i + l] * kv[l];
-        for (uint l = 0u; l < 8u; l++)
-            acc[l] = acc[l] + q_sh[i + 8u + l] * kv[8u + l];
+        for (uint r = 0u; r < KEY_CHUNK; r += 8u)
+            for (uint l = 0u; l < 8u; l++)
+                acc[l] = acc[l] + q_sh[i + r + l] * kv[r + l];
     }
     for (; i + 8u <= hd; i += 8u)
         for (uint l = 0u; l < 8u; l++)

@@ -62,6 +62,7 @@ shared bool bad;
 #define NAN_F uintBitsToFloat(0x7fc00000u)
 #define NEG_INF uintBitsToFloat(0xff800000u)
 
+#define KEY_CHUNK 64u // a key's values loaded at once (attention_keys.glsl)
 #include "attention_keys.glsl"
 
 // The row's sequence and position count, or false when it falls outside
