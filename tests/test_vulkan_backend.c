@@ -14,7 +14,9 @@
  *     256), whose attention is split over positions: the CPU's logits
  *     within 1e-5 of the largest, its argmax;
  *   - rows of three sequences through the paged cache (forward_rows, the
- *     batching engine's pass): the CPU backend's logits;
+ *     batching engine's pass): the CPU backend's logits; their greedy
+ *     tokens picked on the device (forward_rows_pick) the host's rule's
+ *     over those logits and the CPU backend's picks;
  *   - going back to an earlier position recomputes the same logits;
  *   - what it reports: the device it selected, its kernels, its memory;
  *   - bad requests: a token outside the vocabulary, positions past the
@@ -31,6 +33,7 @@
 #include "engine.h"
 #include "test_util.h"
 #include "test_util_vulkan.h"
+#include "vk_head_screen.h"
 
 extern const bn_backend_ops bn_vulkan_backend_ops;
 
@@ -257,7 +260,9 @@ out:
  * Vulkan backend beside the CPU backend: a pass of every prompt's rows
  * (95 rows: two chunks; blocks scattered over the cache), then a decode
  * row of each; the logits of each sequence's last row within 1e-5 of the
- * largest, with the same argmax. */
+ * largest, with the same argmax; each pass again through forward_rows_pick
+ * (the greedy rule over those logits, the CPU's picks; a sampled pick
+ * refused). */
 static void check_rows(const char *path)
 {
     bn_checkpoint *m = NULL;
@@ -308,6 +313,27 @@ static void check_rows(const char *path)
             printf("forward_rows pass %d, sequence %d: rel %.2e\n", pass, s, rel);
             CHECK(rel <= 1e-5);
             CHECK(argmax(want + s * V, V) == argmax(got + s * V, V));
+        }
+        /* The same rows again with their greedy tokens picked on the device
+         * (the cache rows rewritten with the same values): the host's rule
+         * over the logits above, and the CPU backend's picks. */
+        const bn_pick_params greedy[SEQS] = {
+            {0.0f, 0, 1.0f, 0.0f}, {0.0f, 0, 1.0f, 0.0f}, {0.0f, 0, 1.0f, 0.0f}};
+        int32_t picked[SEQS] = {-5, -5, -5}, cpu_picked[SEQS] = {-6, -6, -6};
+        if (vk->ops->pick_supported(vk, &greedy[0])) {
+            CHECK_MSG(vk->ops->forward_rows_pick(vk, &r, greedy, NULL, picked, &err) == BN_OK,
+                      "vulkan forward_rows_pick: %s", err.message);
+            CHECK(cpu->ops->forward_rows_pick(cpu, &r, greedy, NULL, cpu_picked, &err) == BN_OK);
+            for (int s = 0; s < SEQS; s++)
+                CHECK_MSG(picked[s] == bn_vk_greedy_pick(got + s * V, NULL, V) &&
+                              picked[s] == cpu_picked[s],
+                          "forward_rows_pick pass %d, sequence %d: %d, logits' %d, CPU %d", pass, s,
+                          picked[s], bn_vk_greedy_pick(got + s * V, NULL, V), cpu_picked[s]);
+            const bn_pick_params sampled[SEQS] = {
+                {0.0f, 0, 1.0f, 0.0f}, {0.8f, 40, 0.95f, 0.05f}, {0.0f, 0, 1.0f, 0.0f}};
+            CHECK(vk->ops->forward_rows_pick(vk, &r, sampled, NULL, picked, &err) ==
+                  BN_ERR_INVALID_ARGUMENT);
+            CHECK_STR_CONTAINS(err.message, "greedy tokens only");
         }
         /* Next: one decode row a sequence, the CPU's tokens, in reverse order. */
         n = 0;

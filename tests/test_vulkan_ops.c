@@ -21,6 +21,9 @@
  *     128);
  *   - rows whose sequence or position fall outside the tables: attention
  *     writes NaN;
+ *   - the greedy picks of logit rows (bn_vk_argmax_record) against the
+ *     sampler's rule: ties, +infinity, NaN, -infinity, -0 and +0, rows of
+ *     nothing to pick, a 128 256-token vocabulary, a single token;
  *   - sizes that do not fit their buffers are refused with
  *     BN_ERR_INVALID_ARGUMENT.
  * Outputs are poisoned first, with a guard value after the last.
@@ -151,6 +154,106 @@ static void submit(bn_vk *vk)
     bn_error err;
     const bn_status st = bn_vk_submit(vk, &err);
     CHECK_MSG(st == BN_OK, "submit: %s", err.message);
+}
+
+/* ---- greedy picks ------------------------------------------------------------------ */
+
+/* The sampler's greedy rule, written again: the largest finite logit (the
+ * lowest token among equal ones), a +infinity first (the lowest), NaN and
+ * -infinity never, -1 where none is left. */
+static int32_t ref_greedy(const float *l, int64_t n)
+{
+    int64_t best = -1, inf_at = -1;
+    for (int64_t t = 0; t < n; t++) {
+        if (isnan(l[t]) || l[t] == -INFINITY)
+            continue;
+        if (l[t] == INFINITY) {
+            if (inf_at < 0)
+                inf_at = t;
+        } else if (best < 0 || l[t] > l[best]) {
+            best = t;
+        }
+    }
+    return (int32_t)(inf_at >= 0 ? inf_at : best);
+}
+
+/* bn_vk_argmax_record over rows first .. first + rows - 1 of `total` rows
+ * of vocab logits: random rows, rows with the maximum planted twice (the
+ * lower token wins), at the last token, +infinity at two places, only NaN
+ * and -infinity (-1), NaN before the maximum, -0 and +0 tying, a single
+ * token; the picks against ref_greedy, poisoned first, a guard after. */
+static void check_argmax(bn_vk *vk, bn_vk_ops *ops, int64_t vocab, int64_t total, int64_t first,
+                         int64_t rows)
+{
+    float *l = floats(total * vocab);
+    for (int64_t i = 0; i < total * vocab; i++)
+        l[i] = test_rand_float(-30.0f, 30.0f);
+    for (int64_t r = 0; r < total; r++) {
+        float *row = l + r * vocab;
+        const int64_t a = test_rand_range(0, vocab - 1), b = test_rand_range(0, vocab - 1);
+        switch (r % 8) {
+        case 1:
+            row[a] = row[b] = 99.0f;
+            break;
+        case 2:
+            row[vocab - 1] = 99.0f;
+            break;
+        case 3:
+            row[a] = row[b] = INFINITY;
+            break;
+        case 4:
+            for (int64_t t = 0; t < vocab; t++)
+                row[t] = t % 2 ? NAN : -INFINITY;
+            break;
+        case 5:
+            row[0] = NAN;
+            row[a] = 99.0f;
+            break;
+        case 6:
+            for (int64_t t = 0; t < vocab; t++)
+                row[t] = -1.0f;
+            row[b] = -0.0f;
+            row[a] = 0.0f;
+            break;
+        default:
+            break;
+        }
+    }
+    int32_t *got = malloc((size_t)(rows + 1) * sizeof *got);
+    CHECK(got != NULL);
+    for (int64_t i = 0; i <= rows; i++)
+        got[i] = -7;
+    bn_vk_buffer bl = upload(vk, l, (size_t)(total * vocab) * 4);
+    bn_vk_buffer bp = upload(vk, got, (size_t)(rows + 1) * 4);
+    bn_error err;
+    CHECK(bn_vk_begin(vk, &err) == BN_OK);
+    CHECK_MSG(bn_vk_argmax_record(vk, ops, &bl, first, rows, vocab, &bp, &err) == BN_OK,
+              "argmax: %s", err.message);
+    submit(vk);
+    download(vk, &bp, got, (size_t)(rows + 1) * 4);
+    int bad = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        const int32_t want = ref_greedy(l + (first + i) * vocab, vocab);
+        if (got[i] != want && bad++ < 3)
+            CHECK_MSG(false, "argmax, vocab %lld, row %lld (kind %lld): %d, want %d",
+                      (long long)vocab, (long long)(first + i), (long long)((first + i) % 8),
+                      got[i], want);
+    }
+    CHECK_MSG(bad == 0 && got[rows] == -7,
+              "argmax, vocab %lld: %d rows differ or the guard "
+              "was written",
+              (long long)vocab, bad);
+    /* Refused: rows past the logits, too few picks. */
+    CHECK(bn_vk_begin(vk, &err) == BN_OK);
+    CHECK(bn_vk_argmax_record(vk, ops, &bl, first + 1, total - first, vocab, &bp, &err) ==
+          BN_ERR_INVALID_ARGUMENT);
+    CHECK(bn_vk_argmax_record(vk, ops, &bl, 0, rows + 2, vocab, &bp, &err) ==
+          BN_ERR_INVALID_ARGUMENT);
+    submit(vk);
+    bn_vk_buffer_free(vk, &bl);
+    bn_vk_buffer_free(vk, &bp);
+    free(l);
+    free(got);
 }
 
 /* ---- rmsnorm ----------------------------------------------------------------------- */
@@ -729,6 +832,10 @@ int main(void)
     check_head(vk, ops, BN_VK_HEAD_F32, test_rand_range(1, 1400), test_rand_range(1, 500),
                test_rand_range(0, 1000), test_rand_range(1, 9));
 
+    check_argmax(vk, ops, 128256, 9, 1, 8); /* the 2B-4T vocabulary, every kind */
+    check_argmax(vk, ops, 1000, 20, 3, 16);
+    check_argmax(vk, ops, 1, 4, 0, 4);
+    check_argmax(vk, ops, test_rand_range(2, 5000), 10, 2, 8);
 
     {
         static const int len[] = {37, 70, 4}, n_rows[] = {5, 1, 4};

@@ -124,6 +124,7 @@ typedef struct vkb {
     bn_vk_buffer x, codes, scales, sums, q, att, gate, normed, logits;
     bn_vk_buffer scratch, info, tables, cs;
     bn_vk_buffer partials; /* a decode row's split attention (vk_ops.h) */
+    bn_vk_buffer row_picks; /* forward_rows_pick's tokens, one a row */
     /* The pass's inputs and its logit rows in host-visible memory (io),
      * copied by the pass's own sequence: one submission a pass. h_x,
      * h_info, h_cs and h_logits_io point into it. */
@@ -364,6 +365,7 @@ static bn_status make_buffers(vkb *v, bn_error *err)
         {&v->tables, sizeof(int32_t)},
         {&v->cs, R * (hp->rope_dim > 0 ? hp->rope_dim : 1) * f},
         {&v->partials, bn_vk_attention_split_floats(&shape, 1, v->kv_len) * f},
+        {&v->row_picks, R * sizeof(int32_t)},
     };
     bn_status st = BN_OK;
     for (size_t i = 0; i < sizeof list / sizeof list[0] && st == BN_OK; i++)
@@ -455,10 +457,10 @@ static void vkb_release(vkb *v)
     for (int i = 0; i < 4; i++)
         bn_vk_kept_free(v->vk, v->decode_step[i / 2][i % 2]);
     bn_vk_head_screen_free(v->vk, v->screen);
-    bn_vk_buffer *const pass[] = {&v->x,      &v->codes,    &v->scales, &v->sums,
-                                  &v->q,      &v->att,      &v->gate,   &v->normed,
-                                  &v->logits, &v->scratch,  &v->info,   &v->tables,
-                                  &v->cs,     &v->out_norm, &v->io,     &v->partials};
+    bn_vk_buffer *const pass[] = {&v->x,        &v->codes,    &v->scales, &v->sums,     &v->q,
+                                  &v->att,      &v->gate,     &v->normed, &v->logits,   &v->scratch,
+                                  &v->info,     &v->tables,   &v->cs,     &v->out_norm, &v->io,
+                                  &v->partials, &v->row_picks};
     for (size_t i = 0; i < sizeof pass / sizeof pass[0]; i++)
         bn_vk_buffer_free(v->vk, pass[i]);
     if (v->ops)
@@ -740,17 +742,19 @@ static void count_transfers(vkb *v, int64_t M, int64_t ln, bool pick)
 }
 
 /* What a pass ends with: nothing (rows before a request's last), the
- * logits, or a greedy step's screened head (vk_head_screen.h). */
-typedef enum { PASS_NO_HEAD, PASS_LOGITS, PASS_PICK } pass_end;
+ * logits, a greedy step's screened head (vk_head_screen.h), or the greedy
+ * tokens of logit rows (forward_rows_pick). */
+typedef enum { PASS_NO_HEAD, PASS_LOGITS, PASS_PICK, PASS_ROWS_PICK } pass_end;
 
 /* Records the output norm of the pass's M rows and what `end` asks for:
  * the head's logits of every row into v->logits and rows lfirst .. lfirst
- * + ln - 1 of those copied into io, or the screen's result copied there. */
+ * + ln - 1 of those (or their greedy tokens) copied into io, or the
+ * screen's result copied there. */
 static bn_status record_head(vkb *v, int64_t M, pass_end end, int64_t lfirst, int64_t ln,
                              bn_error *err)
 {
     const bn_hparams *hp = &v->hp;
-    TRY(make_room(v, 1 + (end == PASS_PICK ? BN_VK_SCREEN_DISPATCHES : v->n_head_parts), err));
+    TRY(make_room(v, 3 + (end == PASS_PICK ? BN_VK_SCREEN_DISPATCHES : v->n_head_parts), err));
     TRY(bn_vk_rmsnorm_record(v->vk, v->ops, &v->x, &v->out_norm, &v->normed, M, hp->dim,
                              hp->rms_eps, err));
     if (end == PASS_PICK)
@@ -759,6 +763,12 @@ static bn_status record_head(vkb *v, int64_t M, pass_end end, int64_t lfirst, in
     for (int p = 0; p < v->n_head_parts; p++)
         TRY(bn_vk_head_record(v->vk, v->ops, &v->head[p].rows, v->head_type, v->head[p].first,
                               v->head[p].n, hp->dim, &v->normed, M, &v->logits, hp->vocab, err));
+    if (end == PASS_ROWS_PICK) {
+        TRY(bn_vk_argmax_record(v->vk, v->ops, &v->logits, lfirst, ln, hp->vocab, &v->row_picks,
+                                err));
+        return bn_vk_copy_record(v->vk, &v->row_picks, 0, &v->io, v->io_pick,
+                                 (size_t)ln * sizeof(int32_t), err);
+    }
     const size_t row = (size_t)hp->vocab * sizeof(float);
     if (ln > 0)
         TRY(bn_vk_copy_record(v->vk, &v->logits, (size_t)lfirst * row, &v->io, v->io_logits,
@@ -793,6 +803,10 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
     bn_vk_kept **kept = &v->decode_step[end == PASS_PICK][split];
     v->split_steps += split;
     count_transfers(v, M, end == PASS_LOGITS ? ln : 0, end == PASS_PICK);
+    if (end == PASS_ROWS_PICK) {
+        v->downloads++;
+        v->download_bytes += (uint64_t)ln * sizeof(int32_t);
+    }
     if (keep && *kept) {
         TRY(bn_vk_replay(v->vk, *kept, err));
         v->replays++;
@@ -950,15 +964,15 @@ static bn_status vk_forward_pick(bn_backend *b, const int32_t *tokens, int64_t n
 }
 
 /* Rows of many sequences over the paged cache (batch_rows.h), in chunks of
- * VKB_CHUNK rows; the logit rows' logits into logits, vocab floats each. */
-static bn_status vk_forward_rows(bn_backend *b, const bn_batch_rows *r, float *logits,
-                                 bn_error *err)
+ * VKB_CHUNK rows; the logit rows' logits into logits, vocab floats each,
+ * or (logits NULL) their greedy tokens into picks. */
+static bn_status run_rows(vkb *v, const bn_batch_rows *r, float *logits, int32_t *picks,
+                          bn_error *err)
 {
-    vkb *v = vkb_of(b);
     const bn_hparams *hp = &v->hp;
-    if (!r || r->n_rows <= 0 || !r->tokens || !r->pos || !r->seq || !r->tables ||
-        !r->table_len || r->block_size != v->paged_block || v->paged_rows == 0 ||
-        r->n_logits < 0 || (r->n_logits > 0 && (!r->logit_rows || !logits)))
+    if (!r || r->n_rows <= 0 || !r->tokens || !r->pos || !r->seq || !r->tables || !r->table_len ||
+        r->block_size != v->paged_block || v->paged_rows == 0 || r->n_logits < 0 ||
+        (r->n_logits > 0 && (!r->logit_rows || (!logits && !picks))))
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "vulkan forward_rows: rows, positions, sequences, block tables of "
                             "blocks of %d and a paged cache are needed",
@@ -980,6 +994,7 @@ static bn_status vk_forward_rows(bn_backend *b, const bn_batch_rows *r, float *l
     }
     st = upload(v, &v->ptables, v->h_tables,
                           (size_t)v->paged_seqs * (size_t)mb * sizeof(int32_t), err);
+    const pass_end end = logits ? PASS_LOGITS : PASS_ROWS_PICK;
     int64_t next = 0;
     for (int64_t c = 0; c < r->n_rows && st == BN_OK; c += VKB_CHUNK) {
         const int64_t M = r->n_rows - c < VKB_CHUNK ? r->n_rows - c : VKB_CHUNK;
@@ -992,11 +1007,43 @@ static bn_status vk_forward_rows(bn_backend *b, const bn_batch_rows *r, float *l
         const int64_t r0 = wanted ? r->logit_rows[next] - c : 0,
                       r1 = wanted ? r->logit_rows[last] - c : -1;
         st = run_pass(v, &v->paged, r->tokens + c, r->pos + c, r->seq + c, M,
-                      wanted ? PASS_LOGITS : PASS_NO_HEAD, r0, r1 - r0 + 1, false, err);
-        for (; st == BN_OK && wanted && next <= last; next++)
-            read_logits(v, r->logit_rows[next] - c - r0, 1, logits + next * hp->vocab);
+                      wanted ? end : PASS_NO_HEAD, r0, r1 - r0 + 1, false, err);
+        for (; st == BN_OK && wanted && next <= last; next++) {
+            const int64_t at = r->logit_rows[next] - c - r0;
+            if (logits)
+                read_logits(v, at, 1, logits + next * hp->vocab);
+            else
+                picks[next] = (int32_t)v->h_pick[at];
+        }
     }
     return st;
+}
+
+static bn_status vk_forward_rows(bn_backend *b, const bn_batch_rows *r, float *logits,
+                                 bn_error *err)
+{
+    if (r && r->n_logits > 0 && !logits)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "vulkan forward_rows: no room for the logits");
+    return run_rows(vkb_of(b), r, logits, NULL, err);
+}
+
+/* Greedy tokens of the logit rows, picked on the device from the full
+ * head's logits (bn_vk_argmax_record): only the tokens come back. */
+static bn_status vk_forward_rows_pick(bn_backend *b, const bn_batch_rows *r,
+                                      const bn_pick_params *picks, const double *u, int32_t *next,
+                                      bn_error *err)
+{
+    (void)u;
+    if (!r || (r->n_logits > 0 && (!picks || !next)))
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "vulkan forward_rows_pick: rows, their pick parameters and room for "
+                            "the tokens are needed");
+    for (int64_t k = 0; k < r->n_logits; k++)
+        if (!vk_pick_supported(b, &picks[k]))
+            return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                                "the Vulkan backend picks greedy tokens only (temperature <= 0)");
+    return run_rows(vkb_of(b), r, NULL, next, err);
 }
 
 static int64_t vk_kv_len(const bn_backend *b) { return vkb_of(b)->kv_len; }
@@ -1064,6 +1111,7 @@ const bn_backend_ops bn_vulkan_backend_ops = {
     .forward_all = NULL,
     .kv_len = vk_kv_len,
     .forward_rows = vk_forward_rows,
+    .forward_rows_pick = vk_forward_rows_pick,
     .kv_filled = vk_kv_filled,
     .reset = vk_reset,
     .describe = vk_describe,

@@ -12,14 +12,14 @@
 extern const unsigned char bn_vk_spv_attention[], bn_vk_spv_attention_split[],
     bn_vk_spv_attention_split_f64[], bn_vk_spv_attention_f64[], bn_vk_spv_rmsnorm[],
     bn_vk_spv_rmsnorm_f64[], bn_vk_spv_head_matvec[], bn_vk_spv_head_matvec_rows[],
-    bn_vk_spv_head_matvec_row1[];
+    bn_vk_spv_head_matvec_row1[], bn_vk_spv_argmax_rows[];
 extern const size_t bn_vk_spv_attention_len, bn_vk_spv_attention_split_len,
     bn_vk_spv_attention_split_f64_len, bn_vk_spv_attention_f64_len, bn_vk_spv_rmsnorm_len,
     bn_vk_spv_rmsnorm_f64_len, bn_vk_spv_head_matvec_len, bn_vk_spv_head_matvec_rows_len,
-    bn_vk_spv_head_matvec_row1_len;
+    bn_vk_spv_head_matvec_row1_len, bn_vk_spv_argmax_rows_len;
 
 struct bn_vk_ops {
-    bn_vk_kernel *attention, *split, *rmsnorm, *head, *head_rows, *head_row1;
+    bn_vk_kernel *attention, *split, *rmsnorm, *head, *head_rows, *head_row1, *argmax;
 };
 
 /* The shaders' push constants, in their order. Both attentions take
@@ -36,6 +36,10 @@ typedef struct rmsnorm_params {
     uint32_t rows, n;
     float eps;
 } rmsnorm_params;
+
+typedef struct argmax_params {
+    uint32_t rows, vocab, first;
+} argmax_params;
 
 typedef struct head_params {
     uint32_t n_rows, dim, rows, ld, first, f16;
@@ -104,6 +108,10 @@ bn_status bn_vk_ops_create(bn_vk *vk, bn_vk_ops **out, bn_error *err)
         st = bn_vk_kernel_create(vk, "head_matvec_row1", bn_vk_spv_head_matvec_row1,
                                  bn_vk_spv_head_matvec_row1_len, 3, sizeof(head_params),
                                  &ops->head_row1, err);
+    if (st == BN_OK)
+        st =
+            bn_vk_kernel_create(vk, "argmax_rows", bn_vk_spv_argmax_rows, bn_vk_spv_argmax_rows_len,
+                                2, sizeof(argmax_params), &ops->argmax, err);
     if (st != BN_OK) {
         bn_vk_ops_free(vk, ops);
         return st;
@@ -122,6 +130,7 @@ void bn_vk_ops_free(bn_vk *vk, bn_vk_ops *ops)
     bn_vk_kernel_free(vk, ops->head);
     bn_vk_kernel_free(vk, ops->head_rows);
     bn_vk_kernel_free(vk, ops->head_row1);
+    bn_vk_kernel_free(vk, ops->argmax);
     free(ops);
 }
 
@@ -310,4 +319,23 @@ bn_status bn_vk_head_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *head, bn_vk
         return bn_vk_dispatch_groups(vk, rows == 1 ? ops->head_row1 : ops->head_rows,
                                      buffers, &p, ((uint64_t)n_rows + 63) / 64, err);
     return bn_vk_dispatch_groups(vk, ops->head, buffers, &p, ((uint64_t)n_rows + 7) / 8, err);
+}
+
+/* ---- greedy picks ---------------------------------------------------------------- */
+
+bn_status bn_vk_argmax_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *logits, int64_t first,
+                              int64_t rows, int64_t vocab, bn_vk_buffer *picks, bn_error *err)
+{
+    if (first < 0 || rows < 0 || vocab < 1 ||
+        !holds(logits, prod(sum((uint64_t)first, (uint64_t)rows), (uint64_t)vocab)) ||
+        picks->size < (VkDeviceSize)rows * sizeof(int32_t))
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                            "Vulkan argmax: rows %lld .. %lld of %lld logits do not fit their "
+                            "buffers",
+                            (long long)first, (long long)(first + rows), (long long)vocab);
+    if (rows == 0)
+        return BN_OK;
+    const argmax_params p = {(uint32_t)rows, (uint32_t)vocab, (uint32_t)first};
+    bn_vk_buffer *const buffers[2] = {logits, picks};
+    return bn_vk_dispatch_groups(vk, ops->argmax, buffers, &p, (uint64_t)rows, err);
 }

@@ -102,4 +102,12 @@ bn_status bn_vk_head_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *head, bn_vk
                             int64_t first, int64_t n_rows, int64_t dim, bn_vk_buffer *x,
                             int64_t rows, bn_vk_buffer *logits, int64_t ld, bn_error *err);
 
+/* picks[i] = the greedy token of logit row first + i (vocab floats a row),
+ * i < rows: the largest finite logit, the lowest token among equal ones;
+ * a +infinity wins (the lowest such token); NaN and -infinity never; -1
+ * where none is left (bn_vk_greedy_pick's rule, the sampler's). One
+ * dispatch, a workgroup a row. */
+bn_status bn_vk_argmax_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *logits, int64_t first,
+                              int64_t rows, int64_t vocab, bn_vk_buffer *picks, bn_error *err);
+
 #endif
