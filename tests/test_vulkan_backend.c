@@ -17,6 +17,8 @@
  *     batching engine's pass): the CPU backend's logits; their greedy
  *     tokens picked on the device (forward_rows_pick) the host's rule's
  *     over those logits and the CPU backend's picks;
+ *   - a greedy step whose screen lists more candidates than it holds: the
+ *     full head's pick, the CPU's;
  *   - going back to an earlier position recomputes the same logits;
  *   - what it reports: the device it selected, its kernels, its memory;
  *   - bad requests: a token outside the vocabulary, positions past the
@@ -31,6 +33,9 @@
 
 #include "backend.h"
 #include "engine.h"
+#include "fp16.h"
+#include "model.h"
+#include "qtype.h"
 #include "test_util.h"
 #include "test_util_vulkan.h"
 #include "vk_head_screen.h"
@@ -438,6 +443,85 @@ static void check_no_screen(const char *path)
     bn_checkpoint_free(m);
 }
 
+/* A greedy step whose screen lists more candidates than it holds
+ * (BN_VK_SCREEN_CAP): a random model of 6000 tokens whose LM head rows are
+ * all one row r but row 5500 (r (1 + 1/16)) and row 5600 (r (1 - 1/16)),
+ * so every row's bound reaches the best and the winner lies past the
+ * first 4096 (5500 where r's logit is positive, 5600 where negative).
+ * The backend takes the full head then: its picks are the host's greedy
+ * rule over the CPU backend's logits, step after step, and its receipt
+ * does not name the screen (no pick came from it). */
+static void check_screen_overflow(void)
+{
+    bn_hparams hp;
+    memset(&hp, 0, sizeof hp);
+    hp.vocab = 6000;
+    hp.dim = 64;
+    hp.ffn = 96;
+    hp.n_layer = 1;
+    hp.n_head = 4;
+    hp.n_head_kv = 2;
+    hp.head_dim = 16;
+    hp.rope_dim = 16;
+    hp.n_ctx_train = 64;
+    hp.rms_eps = 1e-5f;
+    hp.rope_theta = 10000.0f;
+    hp.tied_embeddings = false;
+    bn_checkpoint *m = NULL;
+    bn_error err;
+    CHECK(bn_checkpoint_create_random(&hp, 11, &m, &err) == BN_OK);
+    if (!m)
+        return;
+    /* The random model's head lives in memory it owns: rewritten here
+     * before any backend copies it. */
+    const bn_dense_matrix *h = bn_checkpoint_lm_head(m);
+    CHECK(h->type == BN_QTYPE_F16 && h->rows == hp.vocab && h->cols == hp.dim);
+    unsigned char *rows = (unsigned char *)(uintptr_t)h->data;
+    float r0[64];
+    for (int64_t i = 0; i < hp.dim; i++)
+        r0[i] = bn_fp16_to_fp32(((const uint16_t *)(const void *)rows)[i]);
+    for (int64_t t = 1; t < hp.vocab; t++) {
+        uint16_t *row = (uint16_t *)(void *)(rows + (size_t)t * h->row_bytes);
+        const float scale = t == 5500 ? 1.0625f : t == 5600 ? 0.9375f : 1.0f;
+        for (int64_t i = 0; i < hp.dim; i++)
+            row[i] = bn_fp32_to_fp16(r0[i] * scale);
+    }
+    bn_backend *cpu = make(bn_backend_cpu_ops(), m, 0, 64, false, &err);
+    bn_backend *vk = make(&bn_vulkan_backend_ops, m, 0, 64, false, &err);
+    CHECK_MSG(cpu && vk, "backends: %s", err.message);
+    const bn_pick_params greedy = {0.0f, 0, 1.0f, 0.0f};
+    if (cpu && vk && vk->ops->pick_supported(vk, &greedy)) {
+        float *logits = malloc((size_t)hp.vocab * sizeof *logits);
+        int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8}, next = -9;
+        CHECK(logits != NULL);
+        CHECK(cpu->ops->forward(cpu, tok, 8, 0, logits, &err) == BN_OK);
+        CHECK(vk->ops->forward_pick(vk, tok, 8, 0, &greedy, 0.0, &next, &err) == BN_OK);
+        for (int s = 0; s < 6; s++) {
+            const int32_t want = bn_vk_greedy_pick(logits, NULL, hp.vocab);
+            CHECK_MSG(next == want && (want == 5500 || want == 5600),
+                      "screen overflow, step %d: picked %d, the CPU's logits give %d", s, next,
+                      want);
+            /* The next step: a token whose embedding moves the hidden state. */
+            const int32_t t = (int32_t)(100 + 37 * s);
+            CHECK(cpu->ops->forward(cpu, &t, 1, 8 + s, logits, &err) == BN_OK);
+            CHECK(vk->ops->forward_pick(vk, &t, 1, 8 + s, &greedy, 0.0, &next, &err) == BN_OK);
+        }
+        bn_engine_info info;
+        memset(&info, 0, sizeof info);
+        vk->ops->report(vk, &info);
+        CHECK_MSG(strstr(info.kernels, "vulkan_head_screen") == NULL,
+                  "screen overflow: the receipt names the screen (%s)", info.kernels);
+        free(logits);
+    } else if (vk) {
+        CHECK_MSG(false, "screen overflow: the backend does not pick greedy tokens");
+    }
+    if (vk)
+        vk->ops->free(vk);
+    if (cpu)
+        cpu->ops->free(cpu);
+    bn_checkpoint_free(m);
+}
+
 /* Requests the backend refuses at creation, each with a clear error. */
 static void check_refusals(const char *path, int n_devices)
 {
@@ -491,6 +575,7 @@ int main(int argc, char **argv)
         printf("%d models picked greedy tokens through the screened head\n", screened_models);
         CHECK(screened_models > 0);
         check_no_screen(argv[2]);
+        check_screen_overflow();
         check_split_steps(argv[2]); /* the fixtures' context is 256 */
     }
     if (fp64)
