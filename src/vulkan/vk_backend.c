@@ -722,29 +722,29 @@ static bn_status record_inputs(vkb *v, int64_t M, bn_error *err)
     return bn_vk_copy_record(v->vk, &v->io, v->io_cs, &v->cs, 0, cs, err);
 }
 
-/* The copies a pass of M rows makes (record_inputs, and ln logit rows or a
- * screen's result back), in the report's transfer counts, recorded or
+/* What a pass ends with: nothing (rows before a request's last), the
+ * logits, a greedy step's screened head (vk_head_screen.h), or the greedy
+ * tokens of logit rows (forward_rows_pick). */
+typedef enum { PASS_NO_HEAD, PASS_LOGITS, PASS_PICK, PASS_ROWS_PICK } pass_end;
+
+/* The copies a pass of M rows makes (record_inputs, and what `end` copies
+ * back of its ln logit rows), in the report's transfer counts, recorded or
  * replayed. */
-static void count_transfers(vkb *v, int64_t M, int64_t ln, bool pick)
+static void count_transfers(vkb *v, int64_t M, pass_end end, int64_t ln)
 {
     const bn_hparams *hp = &v->hp;
     v->uploads += hp->rope_dim > 0 ? 3 : 2;
     v->upload_bytes += (uint64_t)M * ((uint64_t)(hp->dim + hp->rope_dim) * sizeof(float) +
                                       2 * sizeof(int32_t));
-    if (ln > 0) {
+    const uint64_t down = end == PASS_LOGITS ? (uint64_t)ln * (uint64_t)hp->vocab * sizeof(float)
+                          : end == PASS_PICK ? BN_VK_SCREEN_RESULT_BYTES
+                          : end == PASS_ROWS_PICK ? (uint64_t)ln * sizeof(int32_t)
+                                                  : 0;
+    if (down > 0) {
         v->downloads++;
-        v->download_bytes += (uint64_t)ln * (uint64_t)hp->vocab * sizeof(float);
-    }
-    if (pick) {
-        v->downloads++;
-        v->download_bytes += BN_VK_SCREEN_RESULT_BYTES;
+        v->download_bytes += down;
     }
 }
-
-/* What a pass ends with: nothing (rows before a request's last), the
- * logits, a greedy step's screened head (vk_head_screen.h), or the greedy
- * tokens of logit rows (forward_rows_pick). */
-typedef enum { PASS_NO_HEAD, PASS_LOGITS, PASS_PICK, PASS_ROWS_PICK } pass_end;
 
 /* Records the output norm of the pass's M rows and what `end` asks for:
  * the head's logits of every row into v->logits and rows lfirst .. lfirst
@@ -802,11 +802,7 @@ static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, con
     const bool split = decode && pos[0] >= SPLIT_FROM;
     bn_vk_kept **kept = &v->decode_step[end == PASS_PICK][split];
     v->split_steps += split;
-    count_transfers(v, M, end == PASS_LOGITS ? ln : 0, end == PASS_PICK);
-    if (end == PASS_ROWS_PICK) {
-        v->downloads++;
-        v->download_bytes += (uint64_t)ln * sizeof(int32_t);
-    }
+    count_transfers(v, M, end, ln);
     if (keep && *kept) {
         TRY(bn_vk_replay(v->vk, *kept, err));
         v->replays++;
@@ -860,7 +856,7 @@ static bn_status full_head_pick(vkb *v, int32_t *next, bn_error *err)
     const bn_status ran = bn_vk_submit(v->vk, st == BN_OK ? err : &closing);
     if (st != BN_OK || ran != BN_OK)
         return st != BN_OK ? st : ran;
-    count_transfers(v, 0, 1, false);
+    count_transfers(v, 0, PASS_LOGITS, 1);
     v->full_picks++;
     *next = bn_vk_greedy_pick(v->h_logits_io, NULL, hp->vocab);
     return BN_OK;
@@ -1022,9 +1018,6 @@ static bn_status run_rows(vkb *v, const bn_batch_rows *r, float *logits, int32_t
 static bn_status vk_forward_rows(bn_backend *b, const bn_batch_rows *r, float *logits,
                                  bn_error *err)
 {
-    if (r && r->n_logits > 0 && !logits)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "vulkan forward_rows: no room for the logits");
     return run_rows(vkb_of(b), r, logits, NULL, err);
 }
 

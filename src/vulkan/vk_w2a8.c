@@ -22,7 +22,8 @@ typedef struct matvec_params {
     float weight_scale;
     uint32_t rows, mode;
     float up_scale, v_scale;
-    uint32_t n_head, n_kv, head_dim, rope_dim, block_size, max_blocks, n_seq, cache_rows, layer_off;
+    uint32_t n_head, n_kv, head_dim, rope_dim, block_size, max_blocks, n_seq, cache_rows,
+        layer_off;
 } matvec_params;
 
 #define MODE_GATE_UP 2 /* the shader's epilogues: bn_vk_w2a8_record_gate_up */
@@ -157,8 +158,8 @@ bn_status bn_vk_w2a8_record_gate_up(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffe
     if (n > INT64_MAX / 2)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "Vulkan W2A8: a gate of %lld rows", (long long)n);
-    return record(vk, kernel, w, x, act_scales, act_row, rows, y, n, 2 * n, k, gate_scale, up_scale,
-                  MODE_GATE_UP, BN_VK_W2A8_OUTPUTS / 2, err);
+    return record(vk, kernel, w, x, act_scales, act_row, rows, y, n, 2 * n, k, gate_scale,
+                  up_scale, MODE_GATE_UP, BN_VK_W2A8_OUTPUTS / 2, err);
 }
 
 /* ---- the product that norms its input (shaders/w2a8_normed.glsl) ---- */

@@ -9,7 +9,8 @@
 // meet in a tree, or (the dot-product variants, where a subgroup is those
 // 32 invocations) in one subgroup add: integer sums, the same either way
 // (H200: 4.24 / 6.61 / 9.35 us a 2560 x 2560 / 2560 x 6912 / gate|up
-// dispatch against 4.45 / 6.84 / 9.98 by the tree; dev/vulkan/dispatch_chain). The sum is exact in int32, as on the CPU: with
+// dispatch against 4.45 / 6.84 / 9.98 by the tree;
+// dev/vulkan/dispatch_chain). The sum is exact in int32, as on the CPU: with
 // DOT_PRODUCT by the device's integer dot products (four codes and four
 // activations a step), else by portable integer arithmetic. The epilogue
 // is the CPU's expression, its division correctly rounded where
@@ -214,13 +215,9 @@ void main()
 #ifdef DOT_PRODUCT
                 // Codes 4q .. 4q + 3 (0, 1, 2) spread to the bytes of a word,
                 // then sum code x - sum x: two dot products of four.
-                const uint c = (codes >> (8u * q)) & 0xffu;
-                const int spread = int((c & 3u) | ((c & 0xcu) << 6) | ((c & 0x30u) << 12) |
-                                       ((c & 0xc0u) << 18));
-                for (uint r = 0u; r < RB; r++) {
-                    const int acts = int(acts4[r][q]);
-                    acc[r][q] += sdot_packed(spread, acts, 0) - sdot_packed(0x01010101, acts, 0);
-                }
+                const int spread = spread_codes((codes >> (8u * q)) & 0xffu);
+                for (uint r = 0u; r < RB; r++)
+                    acc[r][q] += ternary_dot(spread, int(acts4[r][q]));
 #else
                 for (uint r = 0u; r < RB; r++) {
                     const int acts = int(acts4[r][q]);

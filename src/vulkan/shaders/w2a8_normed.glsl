@@ -68,17 +68,12 @@ void load_words(uint row, uint sub, out uint pre[PRE])
     }
 }
 
-// sum code x - sum x over word j's 16 codes and their 16 activations.
+// Weight word j's 16 codes times their 16 activations.
 int dot_word(uint codes, uint j)
 {
     int acc = 0;
-    for (uint q = 0u; q < 4u; q++) {
-        const uint c = (codes >> (8u * q)) & 0xffu;
-        const int spread = int((c & 3u) | ((c & 0xcu) << 6) | ((c & 0x30u) << 12) |
-                               ((c & 0xc0u) << 18));
-        const int acts = int(sh_codes[j * 4u + q]);
-        acc += sdot_packed(spread, acts, 0) - sdot_packed(0x01010101, acts, 0);
-    }
+    for (uint q = 0u; q < 4u; q++)
+        acc += ternary_dot(spread_codes((codes >> (8u * q)) & 0xffu), int(sh_codes[j * 4u + q]));
     return acc;
 }
 
