@@ -8,7 +8,14 @@
  *             between rounds (shaders/handoff.comp),
  *   prefetch  the same, each workgroup loading its next round's words
  *             before it waits (a step's weights do not depend on its
- *             activations).
+ *             activations);
+ *   linked    one dispatch a round recorded with no barrier between: each
+ *             workgroup waits at the counter for every workgroup of the
+ *             dispatches before (a dispatch boundary as a hand-off, the
+ *             shaders otherwise as they are), with and without the round's
+ *             words loaded before the wait. Needs the device to start a
+ *             dispatch's workgroups no later than a later dispatch's; the
+ *             waits give up after a bounded spin and are counted.
  * Per round = (time of N rounds - time of 1) / (N - 1), the best of five
  * submissions. Every run's output (each workgroup's XOR of the words it
  * read) is checked against the CPU's. The hand-off cases need every
@@ -25,7 +32,7 @@
 #define SLICES 40
 
 typedef struct params {
-    uint32_t vec4s, phases, slices, prefetch, first;
+    uint32_t vec4s, phases, slices, prefetch, first, wait;
 } params;
 
 static bn_vk_buffer in_buf, out_buf, count_buf;
@@ -57,20 +64,31 @@ static void check(bn_vk *vk, int rounds, int first)
 
 /* Seconds of one submission: `rounds` chained dispatches of one round, or
  * one dispatch of `rounds` rounds; the best of five after a first. */
-static double run_us(bn_vk *vk, bn_vk_kernel *k, int rounds, bool handoff, bool prefetch)
+static int gave_up;
+
+static double run_us(bn_vk *vk, bn_vk_kernel *k, int rounds, bool handoff, bool prefetch,
+                     bool linked)
 {
     bn_vk_buffer *const bufs[3] = {&in_buf, &out_buf, &count_buf};
     double best = 1e30;
     for (int rep = 0; rep < 6; rep++) {
-        const uint32_t zero = 0;
-        OK(bn_vk_write(vk, &count_buf, &zero, sizeof zero, &err), "count");
+        const uint32_t zero[2] = {0, 0};
+        OK(bn_vk_write(vk, &count_buf, zero, sizeof zero, &err), "count");
         OK(bn_vk_begin(vk, &err), "begin");
         if (handoff) {
-            const params p = {VEC4S, (uint32_t)rounds, SLICES, prefetch, 0};
+            const params p = {VEC4S, (uint32_t)rounds, SLICES, prefetch, 0, 0};
             OK(bn_vk_dispatch(vk, k, bufs, &p, GROUPS, 1, &err), "dispatch");
+        } else if (linked) {
+            for (int r = 0; r < rounds; r++) {
+                const params p = {VEC4S, 0, SLICES, prefetch, (uint32_t)r,
+                                  (uint32_t)(r * GROUPS)};
+                if (r > 0)
+                    bn_vk_next_independent(vk);
+                OK(bn_vk_dispatch(vk, k, bufs, &p, GROUPS, 1, &err), "dispatch");
+            }
         } else {
             for (int r = 0; r < rounds; r++) {
-                const params p = {VEC4S, 1, SLICES, 0, (uint32_t)r};
+                const params p = {VEC4S, 1, SLICES, 0, (uint32_t)r, 0};
                 OK(bn_vk_dispatch(vk, k, bufs, &p, GROUPS, 1, &err), "dispatch");
             }
         }
@@ -79,16 +97,19 @@ static double run_us(bn_vk *vk, bn_vk_kernel *k, int rounds, bool handoff, bool 
         const double t = now_us() - t0;
         if (rep > 0 && t < best)
             best = t;
+        uint32_t counts[2];
+        OK(bn_vk_read(vk, &count_buf, counts, sizeof counts, &err), "count");
+        gave_up += (int)counts[1];
     }
     check(vk, handoff ? rounds : 1, handoff ? 0 : rounds - 1);
     return best;
 }
 
 static void report_rounds(bn_vk *vk, bn_vk_kernel *k, const char *name, bool handoff,
-                          bool prefetch)
+                          bool prefetch, bool linked)
 {
-    const double one = run_us(vk, k, 1, handoff, prefetch);
-    const double many = run_us(vk, k, N_CHAIN, handoff, prefetch);
+    const double one = run_us(vk, k, 1, handoff, prefetch, linked);
+    const double many = run_us(vk, k, N_CHAIN, handoff, prefetch, linked);
     printf("  %-10s %9.2f us a round (one round alone %.1f us)\n", name,
            (many - one) / (N_CHAIN - 1), one);
 }
@@ -113,21 +134,24 @@ int main(int argc, char **argv)
     out_buf = buffer_with(vk, NULL, GROUPS * 4);
     count_buf = buffer_with(vk, NULL, 16);
     bn_vk_kernel *k = lab_kernel(vk, "handoff", 3, sizeof(params));
-    report_rounds(vk, k, "chained", false, false);
+    report_rounds(vk, k, "chained", false, false, false);
     if (strcmp(d->type, "cpu") != 0) {
-        report_rounds(vk, k, "handoff", true, false);
-        report_rounds(vk, k, "prefetch", true, true);
+        report_rounds(vk, k, "handoff", true, false, false);
+        report_rounds(vk, k, "prefetch", true, true, false);
+        report_rounds(vk, k, "linked", false, false, true);
+        report_rounds(vk, k, "linked+pre", false, true, true);
+        printf("  waits that gave up: %d\n", gave_up);
     } else {
         printf("  handoff, prefetch: not run on a CPU device (its workgroups are not all "
                "resident)\n");
     }
     printf("outputs checked against the CPU: %s (%d workgroups differ)\n",
-           bad_groups ? "FAILED" : "ok", bad_groups);
+           bad_groups || gave_up ? "FAILED" : "ok", bad_groups);
     bn_vk_kernel_free(vk, k);
     bn_vk_buffer_free(vk, &in_buf);
     bn_vk_buffer_free(vk, &out_buf);
     bn_vk_buffer_free(vk, &count_buf);
     bn_vk_close(vk);
     free(host);
-    return bad_groups ? 1 : 0;
+    return bad_groups || gave_up ? 1 : 0;
 }

@@ -6,6 +6,14 @@
 // round's words before it waits (weights do not depend on the round
 // before). Every workgroup must be resident at once (the host keeps the
 // grid within the device's room and runs it only on GPUs).
+//
+// Linked (p.wait > 0 or p.phases == 0): one round a dispatch, recorded with
+// no barrier between dispatches; a workgroup waits until the counter reaches
+// p.wait (every workgroup of the dispatches before has added its one), does
+// its round and adds one: a dispatch boundary as a hand-off. With prefetch
+// the round's words are loaded before the wait. The wait gives up after
+// SPIN_LIMIT polls and counts the give-up in count[1].
+#define SPIN_LIMIT 4000000u
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer In { uvec4 w[]; };
 layout(std430, binding = 1) buffer Out { uint o[]; };
@@ -16,6 +24,7 @@ layout(push_constant) uniform Params {
     uint slices;   // distinct slices of In (round r reads slice r % slices)
     uint prefetch; // 1: the next round's words loaded before the wait
     uint first;    // round r reads slice (first + r) % slices
+    uint wait;     // linked: wait until the counter reaches this, then add one
 } p;
 shared uint red[256];
 
@@ -25,8 +34,51 @@ uvec4 load(uint phase, uint i)
     return w[((p.first + phase) % p.slices) * n * p.vec4s + gl_WorkGroupID.x * p.vec4s + i];
 }
 
+void wait_for(uint target)
+{
+    if (gl_LocalInvocationID.x == 0u) {
+        uint polls = 0u;
+        while (atomicOr(count[0], 0u) < target && ++polls < SPIN_LIMIT) {
+        }
+        if (polls >= SPIN_LIMIT)
+            atomicAdd(count[1], 1u);
+    }
+    barrier();
+}
+
+void linked()
+{
+    const uint g = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x;
+    uvec4 a = uvec4(0u), b = uvec4(0u);
+    if (p.prefetch != 0u) {
+        a = tid < p.vec4s ? load(0u, tid) : uvec4(0u);
+        b = tid + 256u < p.vec4s ? load(0u, tid + 256u) : uvec4(0u);
+    }
+    wait_for(p.wait);
+    if (p.prefetch == 0u) {
+        a = tid < p.vec4s ? load(0u, tid) : uvec4(0u);
+        b = tid + 256u < p.vec4s ? load(0u, tid + 256u) : uvec4(0u);
+    }
+    red[tid] = a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w;
+    barrier();
+    for (uint h = 128u; h > 0u; h >>= 1u) {
+        if (tid < h)
+            red[tid] ^= red[tid + h];
+        barrier();
+    }
+    if (tid == 0u) {
+        o[g] = red[0];
+        memoryBarrierBuffer();
+        atomicAdd(count[0], 1u);
+    }
+}
+
 void main()
 {
+    if (p.phases == 0u) {
+        linked();
+        return;
+    }
     const uint g = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x, n = gl_NumWorkGroups.x;
     uint acc = 0u;
     uvec4 cur0 = tid < p.vec4s ? load(0u, tid) : uvec4(0u);
