@@ -166,9 +166,6 @@ typedef struct bn_config {
                                         products, as on a device without  */
     bool vulkan_no_screen;           /* BITNET_VULKAN_SCREEN=0: its greedy
                                         steps through the full LM head    */
-    bool vulkan_no_chain;            /* BITNET_VULKAN_CHAIN=0: its decode
-                                        steps' layer tails as one dispatch
-                                        a product, not one chain          */
 } bn_config;
 
 /* Defaults, as if no BITNET_* variable were set. cfg NULL does nothing. */

@@ -94,14 +94,6 @@ typedef struct vkb {
      * (NULL where the device lacks it). */
     bn_vk_kernel *w2a8_normed;
     bool normed_ran; /* for the receipt */
-    /* A decode step's layer tail (Wo, gate|up, down) as one chain of the
-     * normed kernel over chain_groups workgroups (0: no chain), its grid
-     * barriers' counters in link (word 0 the waits that gave up, word 1 + l
-     * layer l's arrivals), word 0 copied to io at io_link after each pass. */
-    uint32_t chain_groups;
-    bool chain_ran;
-    uint64_t chain_retries; /* passes rerun without the chain: a wait gave up */
-    bn_vk_buffer link;
     bn_vk_ops *ops;
     const bn_checkpoint *model;
     bn_hparams hp;
@@ -138,7 +130,7 @@ typedef struct vkb {
      * h_info, h_cs and h_logits_io point into it. */
     bn_vk_buffer io;
     void *io_map;
-    size_t io_info, io_cs, io_pick, io_link, io_logits; /* byte offsets of the parts after x */
+    size_t io_info, io_cs, io_pick, io_logits; /* byte offsets of the parts after x */
     float *h_x, *h_cs, *h_logits_io;
     int32_t *h_info;
     uint32_t *h_pick; /* the screen's result (vk_head_screen.h) */
@@ -345,23 +337,6 @@ static bn_status make_screen(vkb *v, int threads, bn_error *err)
 }
 
 /* bytes rounded up to a multiple of 256. */
-/* Decode steps chain a layer's Wo, gate|up and down in one dispatch on a
- * GPU where the normed kernel is there and BITNET_VULKAN_CHAIN is not 0,
- * over as many workgroups as the device holds at once (at most
- * CHAIN_MAX_GROUPS: the gate|up stage's 864 groups of the 2B-4T shape take
- * a few rounds). Not on a CPU device: it holds one workgroup at once, and
- * one workgroup doing a whole stage is slower than the dispatches. */
-#define CHAIN_MAX_GROUPS 512
-static bn_status make_chain(vkb *v, bn_error *err)
-{
-    bn_config cfg;
-    if (!v->w2a8_normed || strcmp(bn_vk_device(v->vk)->type, "cpu") == 0 ||
-        (bn_config_from_env(&cfg, NULL) == BN_OK && cfg.vulkan_no_chain))
-        return BN_OK;
-    return bn_vk_w2a8_chain_room(v->vk, v->w2a8_normed, &v->link, CHAIN_MAX_GROUPS,
-                                 &v->chain_groups, err);
-}
-
 static size_t on_256(uint64_t bytes) { return (size_t)((bytes + 255) / 256 * 256); }
 
 /* The pass's buffers, the KV cache and the attention's scratch. */
@@ -391,7 +366,6 @@ static bn_status make_buffers(vkb *v, bn_error *err)
         {&v->cs, R * (hp->rope_dim > 0 ? hp->rope_dim : 1) * f},
         {&v->partials, bn_vk_attention_split_floats(&shape, 1, v->kv_len) * f},
         {&v->row_picks, R * sizeof(int32_t)},
-        {&v->link, (1 + (uint64_t)hp->n_layer) * sizeof(uint32_t)},
     };
     bn_status st = BN_OK;
     for (size_t i = 0; i < sizeof list / sizeof list[0] && st == BN_OK; i++)
@@ -435,8 +409,7 @@ static bn_status make_buffers(vkb *v, bn_error *err)
     v->io_info = on_256(R * hp->dim * f);
     v->io_cs = v->io_info + on_256(R * 2 * sizeof(int32_t));
     v->io_pick = v->io_cs + on_256(R * (hp->rope_dim > 0 ? hp->rope_dim : 1) * f);
-    v->io_link = v->io_pick + on_256(BN_VK_SCREEN_RESULT_BYTES);
-    v->io_logits = v->io_link + 256;
+    v->io_logits = v->io_pick + on_256(BN_VK_SCREEN_RESULT_BYTES);
     if (st == BN_OK)
         st = bn_vk_host_buffer_create(v->vk, v->io_logits + R * hp->vocab * f, &v->io,
                                       &v->io_map, err);
@@ -487,7 +460,7 @@ static void vkb_release(vkb *v)
     bn_vk_buffer *const pass[] = {&v->x,        &v->codes,    &v->scales, &v->sums,     &v->q,
                                   &v->att,      &v->gate,     &v->normed, &v->logits,   &v->scratch,
                                   &v->info,     &v->tables,   &v->cs,     &v->out_norm, &v->io,
-                                  &v->partials, &v->row_picks,  &v->link};
+                                  &v->partials, &v->row_picks};
     for (size_t i = 0; i < sizeof pass / sizeof pass[0]; i++)
         bn_vk_buffer_free(v->vk, pass[i]);
     if (v->ops)
@@ -596,8 +569,6 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
         st = upload_head(v, err);
     if (st == BN_OK)
         st = make_screen(v, p->threads, err);
-    if (st == BN_OK)
-        st = make_chain(v, err);
     if (st != BN_OK) {
         vkb_release(v);
         free(b);
@@ -659,10 +630,6 @@ static bool normed_for(const vkb *v, int64_t M)
            v->hp.ffn <= BN_VK_NORMED_MAX_K;
 }
 
-/* Whether a pass of M rows runs each layer's tail as one chained dispatch
- * (make_chain): where it runs the normed products. */
-static bool chain_for(const vkb *v, int64_t M) { return normed_for(v, M) && v->chain_groups > 0; }
-
 /* Projection p of the layer over the one row in, normed with w first (the
  * normed kernel), through the epilogue into y. */
 static bn_status record_normed(vkb *v, int layer, bn_proj p, bn_vk_buffer *in, bn_vk_buffer *w,
@@ -675,8 +642,7 @@ static bn_status record_normed(vkb *v, int layer, bn_proj p, bn_vk_buffer *in, b
 
 /* One layer over the pass's M rows (cpu_backend.c: attention_block, ffn_block).
  * With normed products (normed_for) Wo and down norm their own input:
- * seven dispatches a layer instead of nine; chained (chain_for), Wo, the
- * gate|up (norming its input too) and down are one: four. */
+ * seven dispatches a layer instead of nine. */
 static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_error *err)
 {
     const bn_hparams *hp = &v->hp;
@@ -703,22 +669,6 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
                                    &v->scratch, v->kv_len, &v->att, err));
     const bool normed = normed_for(v, M);
     v->normed_ran |= normed;
-    vkb_proj *gate = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_GATE];
-    if (chain_for(v, M)) { /* the tail as one dispatch */
-        vkb_proj *o = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_O],
-                 *down = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_DOWN];
-        const bn_vk_normed_stage tail[3] = {
-            {&o->w, &v->att, &norms[BN_NORM_ATTN_SUB], &v->x, o->n, o->k, o->scale, 0.0f,
-             BN_VK_W2A8_ADD, false},
-            {&gate->w, &v->x, &norms[BN_NORM_FFN], &v->gate, gate->n, gate->k, gate->scale,
-             gate[BN_PROJ_UP - BN_PROJ_GATE].scale, BN_VK_W2A8_STORE, true},
-            {&down->w, &v->gate, &norms[BN_NORM_FFN_SUB], &v->x, down->n, down->k, down->scale,
-             0.0f, BN_VK_W2A8_ADD, false},
-        };
-        v->chain_ran = true;
-        return bn_vk_w2a8_record_chain(v->vk, v->w2a8_normed, tail, 3, hp->rms_eps, &v->link,
-                                       (uint32_t)(1 + l), v->chain_groups, err);
-    }
     /* x += Wo a and, below, x += Wdown h: the residual adds in the
      * products' epilogues; h = relu2(gate) up from one product of both. */
     if (normed) {
@@ -729,6 +679,7 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
         TRY(record_proj(v, l, BN_PROJ_O, &v->x, BN_VK_W2A8_ADD, M, err));
     }
     TRY(record_norm(v, &v->x, &norms[BN_NORM_FFN], M, hp->dim, err));
+    vkb_proj *gate = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_GATE];
     TRY(bn_vk_w2a8_record_gate_up(v->vk, w2a8_for(v, M), &gate->w, &v->codes, &v->scales, 0, M,
                                   &v->gate, gate->n, gate->k, gate->scale,
                                   gate[BN_PROJ_UP - BN_PROJ_GATE].scale, err));
@@ -740,12 +691,11 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
 }
 
 /* Dispatches a layer records (record_layer): nine, and one more for the
- * split attention's second dispatch; with normed products two fewer, with
- * the chain five fewer. */
+ * split attention's second dispatch; with normed products two fewer. */
 #define LAYER_DISPATCHES 10
 static int layer_dispatches(const vkb *v, int64_t M)
 {
-    return (v->split_attention ? 10 : 9) - (chain_for(v, M) ? 5 : normed_for(v, M) ? 2 : 0);
+    return (v->split_attention ? 10 : 9) - (normed_for(v, M) ? 2 : 0);
 }
 
 /* Submits the open sequence when `need` more dispatches would not fit it. */
@@ -794,10 +744,6 @@ static void count_transfers(vkb *v, int64_t M, pass_end end, int64_t ln)
         v->downloads++;
         v->download_bytes += down;
     }
-    if (chain_for(v, M)) { /* the chain's give-up count (run_pass) */
-        v->downloads++;
-        v->download_bytes += sizeof(uint32_t);
-    }
 }
 
 /* Records the output norm of the pass's M rows and what `end` asks for:
@@ -836,9 +782,9 @@ static bn_status record_head(vkb *v, int64_t M, pass_end end, int64_t lfirst, in
  * its logits or its pick) runs as a kept v->decode_step once there is one
  * for its end and attention: the dispatches and copies never change, only
  * io's inputs. */
-static bn_status run_pass_once(vkb *v, const vkb_cache *c, const int32_t *tokens,
-                               const int64_t *pos, const int32_t *seq, int64_t M, pass_end end,
-                               int64_t lfirst, int64_t ln, bool decode, bn_error *err)
+static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, const int64_t *pos,
+                          const int32_t *seq, int64_t M, pass_end end, int64_t lfirst, int64_t ln,
+                          bool decode, bn_error *err)
 {
     const bn_hparams *hp = &v->hp;
     const int half = hp->rope_dim / 2;
@@ -867,16 +813,11 @@ static bn_status run_pass_once(vkb *v, const vkb_cache *c, const int32_t *tokens
     v->split_pass = false;
     v->split_attention = split;
     bn_status st = record_inputs(v, M, err);
-    const bool chain = chain_for(v, M);
-    if (st == BN_OK && chain) /* the grid barriers' counters start at zero */
-        st = bn_vk_fill_record(v->vk, &v->link, 0, err);
     for (int l = 0; l < hp->n_layer && st == BN_OK; l++) {
         st = make_room(v, LAYER_DISPATCHES, err);
         if (st == BN_OK)
             st = record_layer(v, c, l, M, err);
     }
-    if (st == BN_OK && chain) /* how many of their waits gave up */
-        st = bn_vk_copy_record(v->vk, &v->link, 0, &v->io, v->io_link, sizeof(uint32_t), err);
     if (st == BN_OK && end != PASS_NO_HEAD)
         st = record_head(v, M, end, lfirst, ln, err);
     /* The sequence is closed whatever happened, so the device is usable. */
@@ -887,30 +828,6 @@ static bn_status run_pass_once(vkb *v, const vkb_cache *c, const int32_t *tokens
                               : bn_vk_submit(v->vk, st == BN_OK ? err : &closing);
     v->dispatches += (uint64_t)recorded;
     return st != BN_OK ? st : ran;
-}
-
-/* run_pass_once; where a chain's grid barrier gave up waiting (the device
- * did not hold its workgroups at once, so its outputs are wrong), the
- * chain is dropped for good and the pass runs again without it (its
- * cache rows are written again). */
-static bn_status run_pass(vkb *v, const vkb_cache *c, const int32_t *tokens, const int64_t *pos,
-                          const int32_t *seq, int64_t M, pass_end end, int64_t lfirst, int64_t ln,
-                          bool decode, bn_error *err)
-{
-    const bool chain = chain_for(v, M);
-    TRY(run_pass_once(v, c, tokens, pos, seq, M, end, lfirst, ln, decode, err));
-    uint32_t gave_up = 0;
-    if (chain)
-        memcpy(&gave_up, (const char *)v->io_map + v->io_link, sizeof gave_up);
-    if (gave_up == 0)
-        return BN_OK;
-    v->chain_groups = 0;
-    v->chain_retries++;
-    for (int i = 0; i < 4; i++) { /* the kept steps hold the chain */
-        bn_vk_kept_free(v->vk, v->decode_step[i / 2][i % 2]);
-        v->decode_step[i / 2][i % 2] = NULL;
-    }
-    return run_pass_once(v, c, tokens, pos, seq, M, end, lfirst, ln, decode, err);
 }
 
 /* Rows first .. first + n of the logit rows the last pass copied into io
@@ -1134,14 +1051,10 @@ static void vk_describe(const bn_backend *b, bn_backend_desc *d)
     snprintf(d->kernel, sizeof d->kernel, "vulkan");
     d->threads = 0;
     d->batches = v->paged_rows > 0;
-    char chain[64] = "";
-    if (v->chain_groups > 0)
-        snprintf(chain, sizeof chain, ", layer tails chained over %u workgroups",
-                 v->chain_groups);
-    snprintf(d->details, sizeof d->details, "%s (%s), kv f32, head %s%s, %s kernels%s", dev->name,
+    snprintf(d->details, sizeof d->details, "%s (%s), kv f32, head %s%s, %s kernels", dev->name,
              dev->type, v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32",
              v->screen ? " (greedy steps screened)" : "",
-             dev->fp64 ? "exact (fp64)" : "float (no fp64)", chain);
+             dev->fp64 ? "exact (fp64)" : "float (no fp64)");
 }
 
 static void vk_report(const bn_backend *b, bn_engine_info *info)
@@ -1173,15 +1086,13 @@ static void vk_report(const bn_backend *b, bn_engine_info *info)
     info->backend_total_bytes = info->gpu_total_bytes;
     snprintf(info->kernels, sizeof info->kernels,
              "vulkan_w2a8%s,vulkan_w2a8_qkv_rope,vulkan_norm_quantize,vulkan_attention,"
-             "vulkan_rmsnorm,vulkan_head_%s%s%s%s%s%s%s",
+             "vulkan_rmsnorm,vulkan_head_%s%s%s%s%s",
              bn_vk_w2a8_dot_fits(v->vk) ? "_dot" : "",
              v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32",
              v->picks > v->full_picks ? ",vulkan_head_screen" : "",
              v->split_steps > 0 ? ",vulkan_attention_split" : "",
              v->replays > 0 ? ",vulkan_decode_replay" : "",
-             v->normed_ran ? ",vulkan_w2a8_normed" : "",
-             v->chain_ran ? ",vulkan_w2a8_chain" : "",
-             v->chain_retries > 0 ? ",vulkan_chain_dropped" : "");
+             v->normed_ran ? ",vulkan_w2a8_normed" : "");
 }
 
 const bn_backend_ops bn_vulkan_backend_ops = {

@@ -63,7 +63,6 @@
     X(vkCmdDispatch)                                                                           \
     X(vkCmdCopyBuffer)                                                                         \
     X(vkCmdPipelineBarrier)                                                                    \
-    X(vkCmdFillBuffer)                                                                         \
     X(vkQueueSubmit)                                                                           \
     X(vkCreateFence)                                                                           \
     X(vkDestroyFence)                                                                          \
@@ -960,25 +959,6 @@ bn_status bn_vk_copy_record(bn_vk *vk, const bn_vk_buffer *src, VkDeviceSize src
     f->vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0,
                             1, &to_host, 0, NULL, 0, NULL);
     vk->after_copy = true;
-    return BN_OK;
-}
-
-bn_status bn_vk_fill_record(bn_vk *vk, const bn_vk_buffer *dst, uint32_t value, bn_error *err)
-{
-    if (!vk->recording)
-        return bn_error_set(err, BN_ERR_INTERNAL, NULL,
-                            "Vulkan: a fill recorded outside a sequence");
-    const vk_fns *f = &vk->vi.fn;
-    const VkMemoryBarrier before = {
-        .sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-        .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_SHADER_READ_BIT |
-                         VK_ACCESS_TRANSFER_WRITE_BIT,
-        .dstAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT};
-    f->vkCmdPipelineBarrier(vk->cmd,
-                            VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                            VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &before, 0, NULL, 0, NULL);
-    f->vkCmdFillBuffer(vk->cmd, dst->buffer, 0, VK_WHOLE_SIZE, value);
-    vk->after_copy = true; /* the next dispatch waits for it */
     return BN_OK;
 }
 

@@ -64,7 +64,7 @@ bn_status bn_vk_host_buffer_create(bn_vk *vk, VkDeviceSize size, bn_vk_buffer *o
  * n_buffers - 1 (at most BN_VK_MAX_BUFFERS) of set 0 are storage buffers,
  * with push_bytes of push constants; BN_ERR_UNSUPPORTED where the device
  * lets a kernel bind fewer storage buffers. */
-#define BN_VK_MAX_BUFFERS 16
+#define BN_VK_MAX_BUFFERS 12
 typedef struct bn_vk_kernel bn_vk_kernel;
 bn_status bn_vk_kernel_create(bn_vk *vk, const char *name, const unsigned char *spirv,
                               size_t len, int n_buffers, uint32_t push_bytes,
@@ -109,11 +109,6 @@ void bn_vk_kept_free(bn_vk *vk, bn_vk_kept *kept);
 bn_status bn_vk_copy_record(bn_vk *vk, const bn_vk_buffer *src, VkDeviceSize src_at,
                             const bn_vk_buffer *dst, VkDeviceSize dst_at, size_t n,
                             bn_error *err);
-
-/* dst's whole size set to copies of the 32-bit value, recorded into the
- * open sequence as bn_vk_copy_record records a copy: after everything
- * recorded before it, before anything recorded after it. */
-bn_status bn_vk_fill_record(bn_vk *vk, const bn_vk_buffer *dst, uint32_t value, bn_error *err);
 
 /* The next dispatch reads nothing the dispatches since the last barrier
  * wrote, and writes nothing they use: it is recorded without a barrier

@@ -162,34 +162,22 @@ bn_status bn_vk_w2a8_record_gate_up(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffe
                   up_scale, MODE_GATE_UP, BN_VK_W2A8_OUTPUTS / 2, err);
 }
 
-/* ---- the products that norm their input (shaders/w2a8_normed.glsl) ---- */
+/* ---- the product that norms its input (shaders/w2a8_normed.glsl) ---- */
 
-/* A stage's push constants, in the shader's Stage order. */
-typedef struct normed_stage_params {
+/* Its push constants, in its order. */
+typedef struct normed_params {
     uint32_t n, k, words;
     float weight_scale;
     uint32_t mode;
-    float up_scale;
-    uint32_t groups, unused;
-} normed_stage_params;
-
-/* The shader's push constants, in its order. */
-typedef struct normed_params {
-    normed_stage_params st[BN_VK_NORMED_STAGES];
-    float eps;
-    uint32_t stages, link_at, spin_limit;
+    float up_scale, eps;
+    uint32_t groups;
 } normed_params;
 
-#define NORMED_SLOTS 16 /* invocation groups a workgroup: the shader's SLOTS */
-#define NORMED_BUFFERS 13
-/* Workgroups at most of one stage alone: each norms the row once, so the
- * grid should fit the device at once (two of 512 invocations an SM of a
- * 132-SM H200); more groups are taken in turn. */
+#define NORMED_SLOTS 16 /* outputs a group: the shader's SLOTS */
+/* Workgroups at most: each norms the row once, so the grid should fit the
+ * device at once (two of 512 invocations an SM of a 132-SM H200); more
+ * groups are taken in turn. */
 #define NORMED_MAX_GROUPS 256
-/* Polls a grid barrier's wait makes before it gives up: a stage of the
- * chain takes microseconds, this some seconds; the probe's far fewer. */
-#define SPIN_LIMIT (1u << 24)
-#define PROBE_SPIN_LIMIT (1u << 14)
 
 bool bn_vk_w2a8_normed_fits(const bn_vk *vk)
 {
@@ -204,71 +192,7 @@ bn_status bn_vk_w2a8_normed_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
                             "variant for the W2A8 product that norms its input",
                             bn_vk_device(vk)->name);
     return bn_vk_kernel_create(vk, "w2a8_normed", bn_vk_spv_w2a8_normed, bn_vk_spv_w2a8_normed_len,
-                               NORMED_BUFFERS, sizeof(normed_params), out, err);
-}
-
-/* Stage i's push constants and buffers; false (with *err) when its shape
- * does not fit them. */
-static bool normed_stage(const bn_vk_normed_stage *s, int i, normed_stage_params *out,
-                         bn_vk_buffer **buffers, bn_error *err)
-{
-    const size_t words = bn_vk_w2a8_words(s->k);
-    const int64_t w_rows = s->gate_up ? 2 * s->n : s->n;
-    if ((!s->gate_up && s->epilogue != BN_VK_W2A8_STORE && s->epilogue != BN_VK_W2A8_ADD) ||
-        s->n < 1 || s->n > INT32_MAX || s->k < 1 || s->k > BN_VK_NORMED_MAX_K ||
-        (uint64_t)w_rows * words > UINT32_MAX ||
-        s->w->size < (VkDeviceSize)w_rows * words * 4 ||
-        s->x->size < (VkDeviceSize)s->k * sizeof(float) ||
-        s->norm_w->size < (VkDeviceSize)s->k * sizeof(float) ||
-        s->y->size < (VkDeviceSize)s->n * sizeof(float)) {
-        bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                     "Vulkan W2A8 normed: stage %d, %lld x %lld, does not fit its buffers (or "
-                     "k is past %d, or no such epilogue)",
-                     i, (long long)s->n, (long long)s->k, BN_VK_NORMED_MAX_K);
-        return false;
-    }
-    const int64_t per = s->gate_up ? NORMED_SLOTS / 2 : NORMED_SLOTS;
-    *out = (normed_stage_params){(uint32_t)s->n,
-                                 (uint32_t)s->k,
-                                 (uint32_t)words,
-                                 s->weight_scale,
-                                 s->gate_up ? 2u : (uint32_t)s->epilogue,
-                                 s->up_scale,
-                                 (uint32_t)((s->n + per - 1) / per),
-                                 0};
-    buffers[i] = s->w;
-    buffers[3 + i] = s->x;
-    buffers[6 + i] = s->y;
-    buffers[9 + i] = s->norm_w;
-    return true;
-}
-
-bn_status bn_vk_w2a8_record_chain(bn_vk *vk, bn_vk_kernel *kernel,
-                                  const bn_vk_normed_stage *stages, int n_stages, float eps,
-                                  bn_vk_buffer *link, uint32_t link_at, uint32_t workgroups,
-                                  bn_error *err)
-{
-    if (n_stages < 1 || n_stages > BN_VK_NORMED_STAGES || workgroups < 1 ||
-        (n_stages > 1 && (!link || link_at < 1 || link->size < ((VkDeviceSize)link_at + 1) * 4)))
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "Vulkan W2A8 normed: a chain of %d stages over %u workgroups (at "
-                            "most %d stages; a counter past word 0 of the link buffer)",
-                            n_stages, workgroups, BN_VK_NORMED_STAGES);
-    normed_params pr = {.eps = eps,
-                        .stages = (uint32_t)n_stages,
-                        .link_at = link_at,
-                        .spin_limit = SPIN_LIMIT};
-    bn_vk_buffer *buffers[NORMED_BUFFERS];
-    for (int i = 0; i < n_stages; i++)
-        if (!normed_stage(&stages[i], i, &pr.st[i], buffers, err))
-            return BN_ERR_INVALID_ARGUMENT;
-    /* Stages not run bind the last one's buffers; one stage never touches
-     * the link. */
-    for (int i = n_stages; i < BN_VK_NORMED_STAGES; i++)
-        for (int b = 0; b < 4; b++)
-            buffers[3 * b + i] = buffers[3 * b + n_stages - 1];
-    buffers[12] = link ? link : stages[0].y;
-    return bn_vk_dispatch(vk, kernel, buffers, &pr, workgroups, 1, err);
+                               4, sizeof(normed_params), out, err);
 }
 
 bn_status bn_vk_w2a8_record_normed(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
@@ -276,74 +200,24 @@ bn_status bn_vk_w2a8_record_normed(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer
                                    bn_vk_buffer *y, int64_t n, int64_t k, float weight_scale,
                                    bn_vk_w2a8_epilogue epilogue, bn_error *err)
 {
-    const bn_vk_normed_stage s = {w, x, norm_w, y, n, k, weight_scale, 0.0f, epilogue, false};
-    const int64_t groups = n > 0 ? (n + NORMED_SLOTS - 1) / NORMED_SLOTS : 1;
-    return bn_vk_w2a8_record_chain(vk, kernel, &s, 1, eps, NULL, 0,
-                                   (uint32_t)(groups < NORMED_MAX_GROUPS ? groups
-                                                                         : NORMED_MAX_GROUPS),
-                                   err);
-}
-
-/* Whether `groups` workgroups of the chain kernel met at its barrier. */
-static bn_status probe(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *link, uint32_t groups,
-                       bool *met, bn_error *err)
-{
-    const uint32_t zero[2] = {0, 0};
-    bn_status st = bn_vk_write(vk, link, zero, sizeof zero, err);
-    normed_params pr = {.stages = 0, .link_at = 1, .spin_limit = PROBE_SPIN_LIMIT};
-    bn_vk_buffer *buffers[NORMED_BUFFERS];
-    for (int b = 0; b < NORMED_BUFFERS; b++)
-        buffers[b] = link;
-    if (st == BN_OK)
-        st = bn_vk_begin(vk, err);
-    if (st == BN_OK) {
-        bn_error closing;
-        const bn_status rec = bn_vk_dispatch(vk, kernel, buffers, &pr, groups, 1, err);
-        st = bn_vk_submit(vk, rec == BN_OK ? err : &closing);
-        if (rec != BN_OK)
-            st = rec;
-    }
-    uint32_t got[2] = {1, 0};
-    if (st == BN_OK)
-        st = bn_vk_read(vk, link, got, sizeof got, err);
-    *met = st == BN_OK && got[0] == 0 && got[1] == groups;
-    if (st == BN_OK)
-        st = bn_vk_write(vk, link, zero, sizeof zero, err);
-    return st;
-}
-
-bn_status bn_vk_w2a8_chain_room(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *link,
-                                uint32_t max, uint32_t *out, bn_error *err)
-{
-    *out = 1;
-    if (link->size < 8 || max < 1)
+    const size_t words = bn_vk_w2a8_words(k);
+    if (epilogue != BN_VK_W2A8_STORE && epilogue != BN_VK_W2A8_ADD)
+        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "Vulkan W2A8: no epilogue %d",
+                            (int)epilogue);
+    if (n < 1 || k < 1 || k > BN_VK_NORMED_MAX_K || (uint64_t)n * words > UINT32_MAX ||
+        w->size < (VkDeviceSize)n * words * 4 || x->size < (VkDeviceSize)k * sizeof(float) ||
+        norm_w->size < (VkDeviceSize)k * sizeof(float) || y->size < (VkDeviceSize)n * sizeof(float))
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "Vulkan: the chain's probe wants two words of link and a maximum");
-    if (strcmp(bn_vk_device(vk)->type, "cpu") == 0)
-        return BN_OK;
-    /* The largest grid that meets: lo always does (one workgroup), hi
-     * does not unless it is max and meets. */
-    bool met = false;
-    bn_status st = probe(vk, kernel, link, max, &met, err);
-    if (st != BN_OK)
-        return st;
-    if (met) {
-        *out = max;
-        return BN_OK;
-    }
-    uint32_t lo = 1, hi = max;
-    while (hi - lo > 1) {
-        const uint32_t mid = lo + (hi - lo) / 2;
-        st = probe(vk, kernel, link, mid, &met, err);
-        if (st != BN_OK)
-            return st;
-        if (met)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    *out = lo;
-    return BN_OK;
+                            "Vulkan W2A8 normed: %lld x %lld does not fit its buffers (or k is "
+                            "past %d)",
+                            (long long)n, (long long)k, BN_VK_NORMED_MAX_K);
+    const uint64_t groups = (uint64_t)((n + NORMED_SLOTS - 1) / NORMED_SLOTS);
+    const normed_params pr = {(uint32_t)n,  (uint32_t)k,        (uint32_t)words,
+                              weight_scale, (uint32_t)epilogue, 0.0f,
+                              eps,          (uint32_t)groups};
+    bn_vk_buffer *const buffers[4] = {w, x, y, norm_w};
+    return bn_vk_dispatch_groups(vk, kernel, buffers, &pr,
+                                 groups < NORMED_MAX_GROUPS ? groups : NORMED_MAX_GROUPS, err);
 }
 
 /* Mode 3's workgroups a row (shaders/w2a8_matvec.glsl: qkv_geometry):

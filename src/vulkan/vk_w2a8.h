@@ -94,39 +94,6 @@ bn_status bn_vk_w2a8_record_normed(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer
                                    bn_vk_buffer *y, int64_t n, int64_t k, float weight_scale,
                                    bn_vk_w2a8_epilogue epilogue, bn_error *err);
 
-/* Up to BN_VK_NORMED_STAGES such products chained in one dispatch of the
- * same kernel, each stage starting once every workgroup has finished the
- * one before (a grid barrier on word link_at of link, which must be zero
- * when the dispatch starts; a barrier's wait that gives up adds one to
- * word 0, and the outputs are then wrong). A stage: y = W q(norm(x)) as
- * above, stored, added, or with gate_up the feed-forward's gate and up
- * pair (w holds 2n rows, the gate's then the up's, and y gets (g g) u as
- * bn_vk_w2a8_record_gate_up gives it; up_scale the up's weight scale).
- * The grid barrier needs every workgroup resident at once: a chain of
- * more than one stage runs over `workgroups` workgroups, at most what
- * bn_vk_w2a8_chain_room found. */
-#define BN_VK_NORMED_STAGES 3
-typedef struct bn_vk_normed_stage {
-    bn_vk_buffer *w, *x, *norm_w, *y;
-    int64_t n, k;
-    float weight_scale, up_scale;
-    bn_vk_w2a8_epilogue epilogue; /* STORE or ADD; ignored with gate_up */
-    bool gate_up;
-} bn_vk_normed_stage;
-bn_status bn_vk_w2a8_record_chain(bn_vk *vk, bn_vk_kernel *kernel,
-                                  const bn_vk_normed_stage *stages, int n_stages, float eps,
-                                  bn_vk_buffer *link, uint32_t link_at, uint32_t workgroups,
-                                  bn_error *err);
-
-/* How many workgroups of the chain kernel the device holds at once, at
- * most max: grids run the grid barrier alone (each wait giving up after a
- * few thousand polls) and the largest whose waits all met is *out. One on
- * a CPU device (lavapipe runs a few workgroups at a time, and a waiting
- * one holds a thread the others need). Runs its own sequences; link holds
- * at least two words and is left zero. */
-bn_status bn_vk_w2a8_chain_room(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *link,
-                                uint32_t max, uint32_t *out, bn_error *err);
-
 /* The attention's q, k and v products in one dispatch (replacing three
  * products and the RoPE + store kernel): w holds q's n_head * head_dim
  * rows, then k's and v's n_kv * head_dim each; activation row a's q goes

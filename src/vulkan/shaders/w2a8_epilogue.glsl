@@ -1,15 +1,7 @@
 // The W2A8 products' epilogue (w2a8_matvec.glsl, w2a8_normed.glsl): the
 // CPU's expressions, each operation rounded once. The including shader
 // has the output buffer y and push constants p with mode, weight_scale
-// and up_scale, or defines EPI_Y_LOAD(o), EPI_Y_STORE(o, v), EPI_MODE,
-// EPI_WEIGHT_SCALE and EPI_UP_SCALE.
-#ifndef EPI_MODE
-#define EPI_Y_LOAD(o) y[o]
-#define EPI_Y_STORE(o, v) y[o] = (v)
-#define EPI_MODE p.mode
-#define EPI_WEIGHT_SCALE p.weight_scale
-#define EPI_UP_SCALE p.up_scale
-#endif
+// and up_scale.
 
 // The CPU's ((float)sum / act_scale) * weight_scale; with EXACT_DIVISION
 // the division correctly rounded through double (vk_w2a8.h says why).
@@ -29,19 +21,19 @@ float epilogue_scale(int sum, float act_scale, float weight_scale)
 // squared-ReLU gate times the up (mode 2: the CPU's relu2_span).
 void epilogue_store(uint o, int sum, int sum_up, float act_scale)
 {
-    const float v = epilogue_scale(sum, act_scale, EPI_WEIGHT_SCALE);
-    if (EPI_MODE == 1u) {
-        precise float r = EPI_Y_LOAD(o) + v;
-        EPI_Y_STORE(o, r);
-    } else if (EPI_MODE == 2u) {
-        const float u = epilogue_scale(sum_up, act_scale, EPI_UP_SCALE);
+    const float v = epilogue_scale(sum, act_scale, p.weight_scale);
+    if (p.mode == 1u) {
+        precise float r = y[o] + v;
+        y[o] = r;
+    } else if (p.mode == 2u) {
+        const float u = epilogue_scale(sum_up, act_scale, p.up_scale);
         // The test is on the bits (positive, at most +infinity), not a
         // compare a driver could turn into a max() that keeps a NaN.
         const int bits = floatBitsToInt(v);
         const float g = bits > 0 && bits <= 0x7f800000 ? v : 0.0;
         precise float r = (g * g) * u;
-        EPI_Y_STORE(o, r);
+        y[o] = r;
     } else {
-        EPI_Y_STORE(o, v);
+        y[o] = v;
     }
 }
