@@ -559,10 +559,13 @@ static void check_attention(bn_vk *vk, bn_vk_ops *ops, int n_head, int n_kv, int
     submit(vk);
     download(vk, &ba, att, (size_t)(rows * q_dim + 1) * 4);
     /* The split form over the same rows (positions up to the cache's
-     * length, as a decode step asks), its partials poisoned. */
+     * length, as a decode step asks), its partials poisoned but for the
+     * merge's counters (zero, as the dispatch must leave them). */
     const uint64_t n_part = bn_vk_attention_split_floats(&s, rows, stride);
+    const int64_t n_counters = rows * n_head;
     float *part = floats((int64_t)n_part), *att_split = floats(rows * q_dim + 1);
     fill(part, (int64_t)n_part, NAN);
+    memset(part, 0, (size_t)n_counters * 4);
     fill(att_split, rows * q_dim + 1, NAN);
     att_split[rows * q_dim] = POISON;
     bn_vk_buffer bp = upload(vk, part, n_part * 4);
@@ -573,6 +576,15 @@ static void check_attention(bn_vk *vk, bn_vk_ops *ops, int n_head, int n_kv, int
               "split attention: %s", err.message);
     submit(vk);
     download(vk, &bas, att_split, (size_t)(rows * q_dim + 1) * 4);
+    uint32_t *counters = calloc((size_t)n_counters, 4);
+    CHECK(counters != NULL);
+    download(vk, &bp, counters, (size_t)n_counters * 4);
+    int64_t counters_left = 0;
+    for (int64_t i = 0; i < n_counters; i++)
+        counters_left += counters[i] != 0;
+    CHECK_MSG(counters_left == 0, "split attention: %lld of %lld counters left nonzero",
+              (long long)counters_left, (long long)n_counters);
+    free(counters);
 
     /* The CPU: each row and head. */
     int64_t *kv_at = malloc((size_t)stride * sizeof *kv_at);
@@ -685,6 +697,9 @@ static void check_bad_rows(bn_vk *vk, bn_vk_ops *ops)
     bn_vk_buffer bp;
     CHECK(bn_vk_buffer_create(vk, bn_vk_attention_split_floats(&s, rows, stride) * 4, &bp, &err) ==
           BN_OK);
+    uint32_t *zero = calloc((size_t)(rows * n_head), 4); /* the merge's counters */
+    CHECK(zero && bn_vk_write(vk, &bp, zero, (size_t)(rows * n_head) * 4, &err) == BN_OK);
+    free(zero);
     for (int form = 0; form < 2; form++) { /* the exact one, then the split one */
         CHECK(bn_vk_begin(vk, &err) == BN_OK);
         if (form == 0)
@@ -861,6 +876,19 @@ int main(void)
     check_bad_rows(vk, ops);
     check_refusals(vk, ops);
     bn_vk_ops_free(vk, ops);
+    if (bn_vk_device(vk)->fp64 && bn_vk_device(vk)->subgroup_arithmetic) {
+        /* The split attention's shared-memory trees, as a device without
+         * subgroup arithmetic runs them. */
+        bn_vk_ops *trees = NULL;
+        CHECK(bn_vk_ops_create_trees(vk, &trees, &err) == BN_OK);
+        static const int len[] = {700, 130, 17}, n_rows[] = {3, 2, 1};
+        if (trees) {
+            check_attention(vk, trees, 20, 5, 128, len, n_rows, 3);
+            check_attention(vk, trees, 6, 3, 100, len, n_rows, 3);
+            check_bad_rows(vk, trees);
+        }
+        bn_vk_ops_free(vk, trees);
+    }
     bn_vk_close(vk);
 
     if (exact_kernels) {

@@ -373,6 +373,13 @@ static bn_status make_buffers(vkb *v, bn_error *err)
     const int32_t block0 = 0; /* one sequence in one block of the whole cache */
     if (st == BN_OK)
         st = upload(v, &v->tables, &block0, sizeof block0, err);
+    /* The split attention's counters (a decode row's heads) start at zero
+     * (vk_ops.h); each dispatch leaves them so. */
+    uint32_t *zero = calloc((size_t)hp->n_head, sizeof *zero);
+    if (st == BN_OK)
+        st = zero ? upload(v, &v->partials, zero, (size_t)hp->n_head * sizeof *zero, err)
+                  : bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the Vulkan pass");
+    free(zero);
     v->k_cache = calloc((size_t)hp->n_layer, sizeof *v->k_cache);
     v->v_cache = calloc((size_t)hp->n_layer, sizeof *v->v_cache);
     if (st == BN_OK && (!v->k_cache || !v->v_cache))
@@ -690,13 +697,10 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
     return record_proj(v, l, BN_PROJ_DOWN, &v->x, BN_VK_W2A8_ADD, M, err);
 }
 
-/* Dispatches a layer records (record_layer): nine, and one more for the
- * split attention's second dispatch; with normed products two fewer. */
-#define LAYER_DISPATCHES 10
-static int layer_dispatches(const vkb *v, int64_t M)
-{
-    return (v->split_attention ? 10 : 9) - (normed_for(v, M) ? 2 : 0);
-}
+/* Dispatches a layer records (record_layer): nine; with normed products
+ * two fewer. */
+#define LAYER_DISPATCHES 9
+static int layer_dispatches(const vkb *v, int64_t M) { return 9 - (normed_for(v, M) ? 2 : 0); }
 
 /* Submits the open sequence when `need` more dispatches would not fit it. */
 static bn_status make_room(vkb *v, int need, bn_error *err)

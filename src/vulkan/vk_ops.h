@@ -30,6 +30,10 @@ typedef struct bn_vk_ops bn_vk_ops; /* the kernels below, built once for a devic
 
 /* BN_ERR_UNSUPPORTED on a device without fp64. */
 bn_status bn_vk_ops_create(bn_vk *vk, bn_vk_ops **out, bn_error *err);
+/* The same, the split attention's fp64 variant reducing by shared-memory
+ * trees even where the device has subgroup arithmetic, as it does where
+ * the device has none (tests compare the two). */
+bn_status bn_vk_ops_create_trees(bn_vk *vk, bn_vk_ops **out, bn_error *err);
 void bn_vk_ops_free(bn_vk *vk, bn_vk_ops *ops);
 
 /* The rows' positions and cache rows. rows_info: int32 [rows][2] =
@@ -69,12 +73,15 @@ bn_status bn_vk_attention_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_sha
 
 /* The same attention with each row's positions split over workgroups of
  * BN_VK_SPLIT_BLOCK (shaders/attention_split.glsl: a block's scores, their
- * maximum, exp sums and weighted sums; then the blocks merged), for decode
- * rows, whose one workgroup a row and head above walks every position in
- * turn: the scores are the CPU's bits, the sums grouped by block, so the
- * outputs are the CPU's within roundings. partials: at least
- * bn_vk_attention_split_floats(s, rows, positions) floats; positions more
- * than any row's position (a row past gets NaN). Two dispatches. */
+ * maximum, exp sums and weighted sums; the blocks then merged by the last
+ * of a row and head's workgroups to finish), for decode rows, whose one
+ * workgroup a row and head above walks every position in turn: the scores
+ * are the CPU's bits, the sums grouped by block, so the outputs are the
+ * CPU's within roundings. partials: at least
+ * bn_vk_attention_split_floats(s, rows, positions) floats, its first rows *
+ * n_head 32-bit words (the merge's counters) zero, as each dispatch leaves
+ * them; positions more than any row's position (a row past gets NaN). One
+ * dispatch. */
 #define BN_VK_SPLIT_BLOCK 64
 uint64_t bn_vk_attention_split_floats(const bn_vk_attn_shape *s, int64_t rows, int64_t positions);
 bn_status bn_vk_attention_split_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_shape *s,

@@ -1,14 +1,22 @@
 // Causal attention of decode rows with the positions split over
-// workgroups (split-K, as flash-decoding does), in two dispatches of this
-// shader (p.stage):
+// workgroups (split-K, as flash-decoding does), in one dispatch:
 //
-//   1 partials  a workgroup a (row, head, block of BLOCK positions): the
-//               block's scores s_t = dot_f32(q, k_t) * scale (each the CPU's
-//               bits, as attention.glsl computes them), their maximum m_b,
-//               p_t = exp(s_t - m_b), l_b = sum p_t and o_b[i] = sum p_t
-//               v_t[i], into the partials buffer;
-//   2 merge     a workgroup a (row, head): m = max m_b, l = sum l_b e^(m_b -
-//               m), out[i] = (sum o_b[i] e^(m_b - m)) / l.
+//   partials  a workgroup a (row, head, block of BLOCK positions): the
+//             block's scores s_t = dot_f32(q, k_t) * scale (each the CPU's
+//             bits, as attention.glsl computes them), their maximum m_b,
+//             p_t = exp(s_t - m_b), l_b = sum p_t and o_b[i] = sum p_t
+//             v_t[i], into the partials buffer;
+//   merge     by the last of a (row, head)'s workgroups to finish its
+//             block (a counter a row and head): m = max m_b, l = sum l_b
+//             e^(m_b - m), out[i] = (sum o_b[i] e^(m_b - m)) / l.
+//
+// The merge as a dispatch of its own cost its boundary (6.3 us a layer at
+// context 384 on the H200 with the dispatch; the last workgroup's merge
+// adds a fraction of that to the partials'). A counter is reset to zero by
+// the workgroup that merges, so the counters (the partials buffer's first
+// rows * n_head words) are zero before and after every dispatch; the
+// blocks' partials follow them, read by the merging workgroup through
+// coherent loads after its counter's atomic.
 //
 // attention.glsl keeps the CPU's order (the e_t summed in position order,
 // each output summed over the positions in order: one workgroup a row and
@@ -31,8 +39,10 @@ layout(local_size_x = 128) in;
 
 // Bindings 0 to 4 and 6 (the rows, the tables, q, the caches, att):
 // attention_keys.glsl.
-// [rows][n_head][blocks][2 + head_dim]: m_b, l_b, o_b
-layout(std430, binding = 5) buffer Partials { float part[]; };
+// [rows][n_head] counters, then [rows][n_head][blocks][2 + head_dim]: m_b,
+// l_b, o_b (at part_at)
+layout(std430, binding = 5) coherent buffer Partials { float part[]; };
+layout(std430, binding = 5) coherent buffer Counters { uint counts[]; }; // the same buffer
 
 layout(push_constant) uniform Params {
     uint rows;
@@ -47,7 +57,6 @@ layout(push_constant) uniform Params {
     uint layer_off;    // floats before this layer's cache
     uint blocks;       // partial blocks a (row, head): positions up to blocks BLOCK
     float scale;
-    uint stage;        // 1 partials, 2 merge
 } p;
 
 #include "exact_math.glsl"
@@ -57,7 +66,7 @@ shared float red[THREADS];
 shared float p_sh[BLOCK];
 shared uint at_sh[BLOCK];
 shared float w_sh[MERGE_CHUNK];
-shared bool bad;
+shared bool bad, last;
 
 #define NAN_F uintBitsToFloat(0x7fc00000u)
 #define NEG_INF uintBitsToFloat(0xff800000u)
@@ -81,6 +90,36 @@ bool row_ok(uint row, out uint seq, out uint n_pos)
 }
 
 // Workgroup-wide maximum (NaN never wins, as the CPU's s > m) and sum.
+#ifdef SUBGROUP
+// By the subgroups' operations, then a slot a subgroup (NaN made -inf
+// first: the subgroup maximum's NaN rule is the driver's).
+shared float red_sg[THREADS];
+float reduce_max(float v)
+{
+    const float m = subgroupMax(isnan(v) ? NEG_INF : v);
+    barrier(); // red_sg's last use is over
+    if (subgroupElect())
+        red_sg[gl_SubgroupID] = m;
+    barrier();
+    float r = red_sg[0];
+    for (uint g = 1u; g < gl_NumSubgroups; g++)
+        r = red_sg[g] > r ? red_sg[g] : r;
+    return r;
+}
+
+float reduce_sum(float v)
+{
+    const float t = subgroupAdd(v);
+    barrier();
+    if (subgroupElect())
+        red_sg[gl_SubgroupID] = t;
+    barrier();
+    precise float r = 0.0;
+    for (uint g = 0u; g < gl_NumSubgroups; g++)
+        r = r + red_sg[g];
+    return r;
+}
+#else
 float reduce_max(float v)
 {
     const uint tid = gl_LocalInvocationID.x;
@@ -108,14 +147,16 @@ float reduce_sum(float v)
     }
     return red[0];
 }
+#endif
 
-void partials()
+// Where the partials start in the buffer (after the counters).
+uint part_at() { return p.rows * p.n_head; }
+
+// Block b of item (row, head) into the partials: row_ok has held, the
+// block holds positions.
+void block_partial(uint item, uint b, uint seq, uint n_pos)
 {
-    const uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-    const uint item = g / p.blocks, b = g % p.blocks, tid = gl_LocalInvocationID.x;
-    uint seq, n_pos;
-    if (item >= p.rows * p.n_head || !row_ok(item / p.n_head, seq, n_pos) || b * BLOCK >= n_pos)
-        return; // the whole workgroup; the merge reads only the blocks a row has
+    const uint tid = gl_LocalInvocationID.x;
     const uint h = item % p.n_head, hd = p.head_dim, kv_off = (h / p.group) * hd;
     const uint t0 = b * BLOCK, cnt = min(BLOCK, n_pos - t0);
     if (tid == 0u)
@@ -134,7 +175,7 @@ void partials()
         at_sh[tid] = kb;
     }
     const float m = reduce_max(s);
-    const uint base = (item * p.blocks + b) * (2u + hd);
+    const uint base = part_at() + (item * p.blocks + b) * (2u + hd);
     if (bad) { // read after reduce_max's barriers: the same for everyone
         if (tid == 0u)
             part[base] = NAN_F;
@@ -167,16 +208,12 @@ void partials()
     }
 }
 
-void merge()
+// Item (row, head)'s nb blocks merged into att (a bad block, NaN, makes
+// the row NaN).
+void merge(uint item, uint nb)
 {
-    const uint item = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
     const uint tid = gl_LocalInvocationID.x, hd = p.head_dim;
-    if (item >= p.rows * p.n_head)
-        return;
-    uint seq, n_pos;
-    const bool ok = row_ok(item / p.n_head, seq, n_pos);
-    const uint nb = ok ? (n_pos + BLOCK - 1u) / BLOCK : 0u;
-    const uint rbase = item * p.blocks * (2u + hd);
+    const uint rbase = part_at() + item * p.blocks * (2u + hd);
     // The largest block maximum; a bad block (NaN) makes the row NaN.
     float m = NEG_INF;
     bool nan_block = false;
@@ -186,7 +223,7 @@ void merge()
         m = mb > m ? mb : m;
     }
     if (tid == 0u)
-        bad = !ok;
+        bad = false;
     barrier();
     if (nan_block)
         bad = true;
@@ -242,8 +279,33 @@ void merge()
 
 void main()
 {
-    if (p.stage == 1u)
-        partials();
-    else
-        merge();
+    const uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    const uint item = g / p.blocks, b = g % p.blocks, tid = gl_LocalInvocationID.x;
+    uint seq, n_pos;
+    if (item >= p.rows * p.n_head)
+        return; // the whole workgroup
+    if (!row_ok(item / p.n_head, seq, n_pos)) { // no blocks to merge: NaN
+        if (b == 0u)
+            for (uint i = tid; i < p.head_dim; i += THREADS)
+                att[item * p.head_dim + i] = NAN_F;
+        return;
+    }
+    const uint nb = (n_pos + BLOCK - 1u) / BLOCK; // the row's blocks
+    if (b >= nb)
+        return; // no positions here; the merge reads only the row's blocks
+    block_partial(item, b, seq, n_pos);
+    // The last of the item's blocks to finish merges them: every
+    // invocation's writes before the count, the merge's reads after it.
+    memoryBarrierBuffer();
+    barrier();
+    if (tid == 0u) {
+        last = atomicAdd(counts[item], 1u) == nb - 1u;
+        if (last)
+            counts[item] = 0u; // every block has counted: ready for the next dispatch
+    }
+    barrier();
+    if (last) {
+        memoryBarrierBuffer();
+        merge(item, nb);
+    }
 }
