@@ -211,6 +211,134 @@ static void check_chain(bn_vk *vk, bn_vk_kernel *norm, bn_vk_kernel *w2a8, int64
     free(got);
 }
 
+/* The q, k, v product that norms its input (bn_vk_w2a8_record_qkv_normed)
+ * over one row of k values of kind `kind` at position pos of sequence seq
+ * (past the tables: nothing stored) through shuffled block tables: q and
+ * both caches, guards included, bit for bit what the norm kernel followed
+ * by the plain q, k, v product gives (test_vulkan_w2a8 holds that to the
+ * CPU). */
+static void check_qkv_normed(bn_vk *vk, bn_vk_kernel *normed, bn_vk_kernel *norm,
+                             bn_vk_kernel *plain, int n_head, int n_kv, int hd, int rope_dim,
+                             int64_t k, int kind, int seq, int pos)
+{
+    enum { BLOCK = 4, MAX_BLOCKS = 4, N_SEQ = 2, CACHE_ROWS = BLOCK * 8 };
+    const int64_t q_dim = (int64_t)n_head * hd, kv_dim = (int64_t)n_kv * hd;
+    const int64_t n = q_dim + 2 * kv_dim, cache = CACHE_ROWS * kv_dim;
+    const size_t words = bn_vk_w2a8_words(k);
+    float *x = malloc((size_t)k * 4), *nw = malloc((size_t)k * 4);
+    float *cs = malloc((size_t)(rope_dim > 0 ? rope_dim : 1) * 4);
+    float *init = malloc((size_t)(q_dim + 1 + 2 * cache) * 4);
+    float *want = malloc((size_t)(q_dim + 1 + 2 * cache) * 4);
+    float *got = malloc((size_t)(q_dim + 1 + 2 * cache) * 4);
+    int8_t *wc = malloc((size_t)(n * k));
+    uint32_t *packed = malloc((size_t)n * words * 4);
+    CHECK(x && nw && cs && init && want && got && wc && packed);
+    fill_row(x, k, kind);
+    for (int64_t i = 0; i < k; i++)
+        nw[i] = test_rand_float(0.25f, 2.0f);
+    for (int64_t i = 0; i < n * k; i++)
+        wc[i] = (int8_t)test_rand_range(-1, 1);
+    bn_vk_w2a8_pack(wc, n, k, packed);
+    for (int i = 0; i < rope_dim; i++)
+        cs[i] = test_rand_float(-1.0f, 1.0f);
+    for (int64_t i = 0; i < q_dim + 1 + 2 * cache; i++)
+        init[i] = i < q_dim ? NAN : -12345.5f; /* q poisoned, a guard after it, caches guarded */
+    int32_t tables[N_SEQ * MAX_BLOCKS], info[2] = {seq, pos};
+    for (int i = 0; i < N_SEQ * MAX_BLOCKS; i++)
+        tables[i] = i;
+    for (int i = N_SEQ * MAX_BLOCKS - 1; i > 0; i--) {
+        const int j = (int)test_rand_range(0, i), t = tables[i];
+        tables[i] = tables[j];
+        tables[j] = t;
+    }
+
+    bn_error err;
+    bn_vk_buffer bw, bx, bn, bq, bk, bv, bt, bi, bcs, bc, bs, bsum;
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)n * words * 4, &bw, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)k * 4, &bx, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)k * 4, &bn, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(q_dim + 1) * 4, &bq, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)cache * 4, &bk, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)cache * 4, &bv, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, sizeof tables, &bt, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, sizeof info, &bi, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rope_dim > 0 ? rope_dim : 1) * 4, &bcs, &err) ==
+          BN_OK);
+    CHECK(bn_vk_buffer_create(vk, words * 16, &bc, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, 4, &bs, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, 4, &bsum, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bw, packed, (size_t)n * words * 4, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bx, x, (size_t)k * 4, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bn, nw, (size_t)k * 4, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bt, tables, sizeof tables, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, &bi, info, sizeof info, &err) == BN_OK);
+    if (rope_dim > 0)
+        CHECK(bn_vk_write(vk, &bcs, cs, (size_t)rope_dim * 4, &err) == BN_OK);
+    const bn_vk_qkv qs = {n_head,
+                          n_kv,
+                          hd,
+                          rope_dim,
+                          test_rand_float(0.01f, 2.0f),
+                          test_rand_float(0.01f, 2.0f),
+                          test_rand_float(0.01f, 2.0f),
+                          &bi,
+                          &bt,
+                          &bcs,
+                          &bk,
+                          &bv,
+                          BLOCK,
+                          MAX_BLOCKS,
+                          CACHE_ROWS,
+                          0};
+    float *out[2] = {want, got};
+    for (int form = 0; form < 2; form++) { /* norm + product, then the normed one */
+        CHECK(bn_vk_write(vk, &bq, init, (size_t)(q_dim + 1) * 4, &err) == BN_OK);
+        CHECK(bn_vk_write(vk, &bk, init + q_dim + 1, (size_t)cache * 4, &err) == BN_OK);
+        CHECK(bn_vk_write(vk, &bv, init + q_dim + 1 + cache, (size_t)cache * 4, &err) == BN_OK);
+        CHECK(bn_vk_begin(vk, &err) == BN_OK);
+        bn_status st;
+        if (form == 0) {
+            CHECK(bn_vk_norm_record(vk, norm, &bx, &bn, &bc, &bs, &bsum, 1, k, 1e-5f, &err) ==
+                  BN_OK);
+            st = bn_vk_w2a8_record_qkv(vk, plain, &bw, &bc, &bs, 0, 1, &bq, k, &qs, &err);
+        } else {
+            st = bn_vk_w2a8_record_qkv_normed(vk, normed, &bw, &bx, &bn, 1e-5f, &bq, k, &qs, &err);
+        }
+        CHECK_MSG(st == BN_OK, "q, k, v form %d: %s", form, err.message);
+        CHECK(bn_vk_submit(vk, &err) == BN_OK);
+        CHECK(bn_vk_read(vk, &bq, out[form], (size_t)(q_dim + 1) * 4, &err) == BN_OK);
+        CHECK(bn_vk_read(vk, &bk, out[form] + q_dim + 1, (size_t)cache * 4, &err) == BN_OK);
+        CHECK(bn_vk_read(vk, &bv, out[form] + q_dim + 1 + cache, (size_t)cache * 4, &err) == BN_OK);
+    }
+    int64_t bad = 0, first = -1, stored = 0, q_nan = 0;
+    for (int64_t i = 0; i < q_dim + 1 + 2 * cache; i++) {
+        if (memcmp(&got[i], &want[i], 4) != 0 && bad++ == 0)
+            first = i;
+        stored += i > q_dim && want[i] != -12345.5f;
+        q_nan += i < q_dim && isnan(got[i]);
+    }
+    CHECK_MSG(q_nan == 0, "normed q, k, v: %lld of q's %lld values not written", (long long)q_nan,
+              (long long)q_dim);
+    CHECK_MSG(bad == 0,
+              "normed q, k, v (%d + %d heads of %d, rope %d, k %lld, kind %d): %lld values differ "
+              "from norm + product (first %lld: %.9g, want %.9g)",
+              n_head, n_kv, hd, rope_dim, (long long)k, kind, (long long)bad, (long long)first,
+              first >= 0 ? got[first] : 0.0, first >= 0 ? want[first] : 0.0);
+    CHECK_MSG(stored == (seq < N_SEQ ? 2 * kv_dim : 0), "normed q, k, v: %lld cache values stored",
+              (long long)stored);
+    bn_vk_buffer *const all[] = {&bw, &bx, &bn, &bq, &bk, &bv, &bt, &bi, &bcs, &bc, &bs, &bsum};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        bn_vk_buffer_free(vk, all[i]);
+    free(x);
+    free(nw);
+    free(cs);
+    free(init);
+    free(want);
+    free(got);
+    free(wc);
+    free(packed);
+}
+
 /* The product that norms its input (bn_vk_w2a8_record_normed) over one
  * row x of k values of kind `kind`: y bit for bit what the norm kernel
  * followed by the plain product gives (which check_chain holds to the
@@ -379,6 +507,16 @@ int main(void)
                          test_rand_range(1, 3000), (int)test_rand_range(0, KINDS - 1),
                          (bn_vk_w2a8_epilogue)(i % 2));
         check_normed(vk, normed, norm_sg, plain, 37, BN_VK_NORMED_MAX_K, 2, BN_VK_W2A8_STORE);
+        /* q, k and v normed: the 2B-4T heads, a head without RoPE's tail,
+         * no RoPE, a ragged row, a row that stores nothing. */
+        for (int kind = 0; norm_sg && kind < KINDS; kind += 4)
+            check_qkv_normed(vk, normed, norm_sg, plain, 20, 5, 128, 128, 2560, kind, 1, 9);
+        if (norm_sg) {
+            check_qkv_normed(vk, normed, norm_sg, plain, 6, 3, 20, 12, 300, 0, 0, 5);
+            check_qkv_normed(vk, normed, norm_sg, plain, 4, 2, 16, 0, 77, 1, 1, 14);
+            check_qkv_normed(vk, normed, norm_sg, plain, 4, 1, 24, 24, 1000, 2, 0, 0);
+            check_qkv_normed(vk, normed, norm_sg, plain, 4, 2, 16, 16, 64, 0, 5, 3);
+        }
         /* Refused: a row past the kernel's, an unknown epilogue. */
         bn_vk_buffer b;
         CHECK(bn_vk_buffer_create(vk, 1 << 20, &b, &err) == BN_OK);

@@ -625,16 +625,16 @@ static bn_status record_proj(vkb *v, int layer, bn_proj p, bn_vk_buffer *y,
             return try_st_;                                                                \
     } while (0)
 
-/* Whether a pass of M rows runs Wo and down as products that norm their
- * own input (vk_w2a8.h, bn_vk_w2a8_record_normed) instead of a norm
- * dispatch before each: a pass of one row (a decode step) whose rows fit
- * the kernel. (The gate and up pair normed so took longer than the two
+/* Whether a pass of M rows runs q|k|v, Wo and down as products that norm
+ * their own input (vk_w2a8.h, bn_vk_w2a8_record_normed and _qkv_normed)
+ * instead of a norm dispatch before each: a pass of one row (a decode
+ * step) whose rows fit the kernel. (The gate and up pair normed so took longer than the two
  * dispatches: its 6912 x 2 outputs are too many for one wave of
  * workgroups that each norm the row; docs/VULKAN.md, "Speed".) */
 static bool normed_for(const vkb *v, int64_t M)
 {
-    return v->w2a8_normed && M == 1 && v->q_dim <= BN_VK_NORMED_MAX_K &&
-           v->hp.ffn <= BN_VK_NORMED_MAX_K;
+    return v->w2a8_normed && M == 1 && v->hp.dim <= BN_VK_NORMED_MAX_K &&
+           v->q_dim <= BN_VK_NORMED_MAX_K && v->hp.ffn <= BN_VK_NORMED_MAX_K;
 }
 
 /* Projection p of the layer over the one row in, normed with w first (the
@@ -648,15 +648,16 @@ static bn_status record_normed(vkb *v, int layer, bn_proj p, bn_vk_buffer *in, b
 }
 
 /* One layer over the pass's M rows (cpu_backend.c: attention_block, ffn_block).
- * With normed products (normed_for) Wo and down norm their own input:
- * seven dispatches a layer instead of nine. */
+ * With normed products (normed_for) q|k|v, Wo and down norm their own
+ * input: six dispatches a layer instead of nine. */
 static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_error *err)
 {
     const bn_hparams *hp = &v->hp;
     bn_vk_buffer *norms = &v->norms[l * BN_NORM_COUNT];
     const bn_vk_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, c->rows};
     const bn_vk_rows rows = {&v->info, c->tables, M, c->block_size, c->max_blocks};
-    TRY(record_norm(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, err));
+    const bool normed = normed_for(v, M);
+    v->normed_ran |= normed;
     /* q, k and v in one product: q turned by RoPE into v->q, k (turned)
      * and v into the cache. */
     vkb_proj *qp = &v->proj[l * BN_PROJ_COUNT + BN_PROJ_Q];
@@ -666,16 +667,20 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
                            &v->info,     c->tables,     &v->cs,         &c->k[l],
                            &c->v[l],     c->block_size, c->max_blocks,  c->rows,
                            0};
-    TRY(bn_vk_w2a8_record_qkv(v->vk, w2a8_for(v, M), &qp->w, &v->codes, &v->scales, 0, M, &v->q,
-                              qp->k, &qkv, err));
+    if (normed) {
+        TRY(bn_vk_w2a8_record_qkv_normed(v->vk, v->w2a8_normed, &qp->w, &v->x, &norms[BN_NORM_ATTN],
+                                         hp->rms_eps, &v->q, qp->k, &qkv, err));
+    } else {
+        TRY(record_norm(v, &v->x, &norms[BN_NORM_ATTN], M, hp->dim, err));
+        TRY(bn_vk_w2a8_record_qkv(v->vk, w2a8_for(v, M), &qp->w, &v->codes, &v->scales, 0, M, &v->q,
+                                  qp->k, &qkv, err));
+    }
     if (v->split_attention) /* one row: its positions over many workgroups */
         TRY(bn_vk_attention_split_record(v->vk, v->ops, &as, &rows, &v->q, &c->k[l], &c->v[l], 0,
                                          &v->partials, v->kv_len, &v->att, err));
     else
         TRY(bn_vk_attention_record(v->vk, v->ops, &as, &rows, &v->q, &c->k[l], &c->v[l], 0,
                                    &v->scratch, v->kv_len, &v->att, err));
-    const bool normed = normed_for(v, M);
-    v->normed_ran |= normed;
     /* x += Wo a and, below, x += Wdown h: the residual adds in the
      * products' epilogues; h = relu2(gate) up from one product of both. */
     if (normed) {
@@ -698,9 +703,9 @@ static bn_status record_layer(vkb *v, const vkb_cache *c, int l, int64_t M, bn_e
 }
 
 /* Dispatches a layer records (record_layer): nine; with normed products
- * two fewer. */
+ * three fewer. */
 #define LAYER_DISPATCHES 9
-static int layer_dispatches(const vkb *v, int64_t M) { return 9 - (normed_for(v, M) ? 2 : 0); }
+static int layer_dispatches(const vkb *v, int64_t M) { return 9 - (normed_for(v, M) ? 3 : 0); }
 
 /* Submits the open sequence when `need` more dispatches would not fit it. */
 static bn_status make_room(vkb *v, int need, bn_error *err)

@@ -171,6 +171,8 @@ typedef struct normed_params {
     uint32_t mode;
     float up_scale, eps;
     uint32_t groups;
+    float v_scale;
+    uint32_t n_head, n_kv, head_dim, rope_dim, block_size, max_blocks, n_seq, cache_rows, layer_off;
 } normed_params;
 
 #define NORMED_SLOTS 16 /* outputs a group: the shader's SLOTS */
@@ -192,7 +194,7 @@ bn_status bn_vk_w2a8_normed_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
                             "variant for the W2A8 product that norms its input",
                             bn_vk_device(vk)->name);
     return bn_vk_kernel_create(vk, "w2a8_normed", bn_vk_spv_w2a8_normed, bn_vk_spv_w2a8_normed_len,
-                               4, sizeof(normed_params), out, err);
+                               N_BUFFERS, sizeof(normed_params), out, err);
 }
 
 bn_status bn_vk_w2a8_record_normed(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
@@ -212,10 +214,15 @@ bn_status bn_vk_w2a8_record_normed(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer
                             "past %d)",
                             (long long)n, (long long)k, BN_VK_NORMED_MAX_K);
     const uint64_t groups = (uint64_t)((n + NORMED_SLOTS - 1) / NORMED_SLOTS);
-    const normed_params pr = {(uint32_t)n,  (uint32_t)k,        (uint32_t)words,
-                              weight_scale, (uint32_t)epilogue, 0.0f,
-                              eps,          (uint32_t)groups};
-    bn_vk_buffer *const buffers[4] = {w, x, y, norm_w};
+    const normed_params pr = {.n = (uint32_t)n,
+                              .k = (uint32_t)k,
+                              .words = (uint32_t)words,
+                              .weight_scale = weight_scale,
+                              .mode = (uint32_t)epilogue,
+                              .eps = eps,
+                              .groups = (uint32_t)groups};
+    /* Modes 0 and 1 bind y where mode 3's buffers go; they never touch them. */
+    bn_vk_buffer *const buffers[N_BUFFERS] = {w, x, y, norm_w, y, y, y, y, y};
     return bn_vk_dispatch_groups(vk, kernel, buffers, &pr,
                                  groups < NORMED_MAX_GROUPS ? groups : NORMED_MAX_GROUPS, err);
 }
@@ -236,43 +243,61 @@ static uint64_t qkv_groups(const bn_vk_qkv *s)
 
 static bool holds(const bn_vk_buffer *b, uint64_t bytes) { return b->size >= bytes; }
 
-bn_status bn_vk_w2a8_record_qkv(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
-                                bn_vk_buffer *x, bn_vk_buffer *act_scales, int64_t act_row,
-                                int64_t rows, bn_vk_buffer *q, int64_t k, const bn_vk_qkv *s,
-                                bn_error *err)
+/* What is wrong with the q, k, v shape s over weights w (rows of k) for
+ * activation rows act_row .. act_row + rows - 1 into q, or NULL; *n_seq
+ * the tables' sequences. */
+static const char *qkv_check(const bn_vk_qkv *s, const bn_vk_buffer *w, int64_t k, int64_t act_row,
+                             int64_t rows, const bn_vk_buffer *q, uint32_t *n_seq)
 {
-    const char *bad = NULL;
     if (s->n_head < 1 || s->n_kv < 1 || s->head_dim < 1 || s->n_head % s->n_kv != 0)
-        bad = "n_head must be a positive multiple of n_kv, head_dim positive";
-    else if (s->rope_dim < 0 || s->rope_dim % 2 != 0 || s->rope_dim > s->head_dim)
-        bad = "rope_dim must be even, from 0 to head_dim";
-    else if (s->block_size < 1 || s->max_blocks < 1 || s->cache_rows < 1 || s->layer_off < 0)
-        bad = "the cache's block size, blocks a sequence, rows and offset must be positive";
-    else if (k < 1 || act_row < 0 || rows < 1)
-        bad = "k, the first activation row and the rows must be positive";
+        return "n_head must be a positive multiple of n_kv, head_dim positive";
+    if (s->rope_dim < 0 || s->rope_dim % 2 != 0 || s->rope_dim > s->head_dim)
+        return "rope_dim must be even, from 0 to head_dim";
+    if (s->block_size < 1 || s->max_blocks < 1 || s->cache_rows < 1 || s->layer_off < 0)
+        return "the cache's block size, blocks a sequence, rows and offset must be positive";
+    if (k < 1 || act_row < 0 || rows < 1)
+        return "k, the first activation row and the rows must be positive";
     const uint64_t hd = (uint64_t)s->head_dim, q_dim = (uint64_t)s->n_head * hd,
                    kv_dim = (uint64_t)s->n_kv * hd, n = q_dim + 2 * kv_dim,
                    words = bn_vk_w2a8_words(k), last = (uint64_t)act_row + (uint64_t)rows;
-    if (!bad && (n * words > UINT32_MAX || q_dim * (uint64_t)rows > UINT32_MAX ||
-                 (uint64_t)s->layer_off + (uint64_t)s->cache_rows * kv_dim > UINT32_MAX))
-        bad = "the shape is past 32-bit indices";
-    if (!bad && (!holds(w, n * words * 4) || !holds(x, last * words * 16) ||
-                 !holds(act_scales, last * 4) || !holds(q, q_dim * (uint64_t)rows * 4)))
-        bad = "the weights, activations, scales or q do not fit their buffers";
-    if (!bad && (!holds(s->info, last * 8) ||
-                 (s->rope_dim > 0 && !holds(s->cs, last * (uint64_t)s->rope_dim * 4))))
-        bad = "the rows' positions or cos / sin tables do not fit their buffers";
+    if (n * words > UINT32_MAX || q_dim * (uint64_t)rows > UINT32_MAX ||
+        (uint64_t)s->layer_off + (uint64_t)s->cache_rows * kv_dim > UINT32_MAX)
+        return "the shape is past 32-bit indices";
+    if (!holds(w, n * words * 4) || !holds(q, q_dim * (uint64_t)rows * 4))
+        return "the weights or q do not fit their buffers";
+    if (!holds(s->info, last * 8) ||
+        (s->rope_dim > 0 && !holds(s->cs, last * (uint64_t)s->rope_dim * 4)))
+        return "the rows' positions or cos / sin tables do not fit their buffers";
     const uint64_t cache_floats = (uint64_t)s->layer_off + (uint64_t)s->cache_rows * kv_dim;
-    if (!bad && (!holds(s->k_cache, cache_floats * 4) || !holds(s->v_cache, cache_floats * 4)))
-        bad = "the layer's cache does not fit the cache buffers";
-    const uint64_t n_seq = s->tables->size / (4 * (uint64_t)(s->max_blocks > 0 ? s->max_blocks : 1));
-    if (!bad && (n_seq < 1 || n_seq > UINT32_MAX))
-        bad = "the block tables must hold at least one sequence's";
+    if (!holds(s->k_cache, cache_floats * 4) || !holds(s->v_cache, cache_floats * 4))
+        return "the layer's cache does not fit the cache buffers";
+    const uint64_t seqs = s->tables->size / (4 * (uint64_t)s->max_blocks);
+    if (seqs < 1 || seqs > UINT32_MAX)
+        return "the block tables must hold at least one sequence's";
+    *n_seq = (uint32_t)seqs;
+    return NULL;
+}
+
+static bn_status qkv_refused(const bn_vk_qkv *s, int64_t rows, const char *bad, bn_error *err)
+{
+    return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
+                        "Vulkan W2A8 q, k, v (%d + %d heads of %d, %lld rows): %s", s->n_head,
+                        s->n_kv, s->head_dim, (long long)rows, bad);
+}
+
+bn_status bn_vk_w2a8_record_qkv(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w, bn_vk_buffer *x,
+                                bn_vk_buffer *act_scales, int64_t act_row, int64_t rows,
+                                bn_vk_buffer *q, int64_t k, const bn_vk_qkv *s, bn_error *err)
+{
+    uint32_t n_seq = 0;
+    const char *bad = qkv_check(s, w, k, act_row, rows, q, &n_seq);
+    const uint64_t words = bn_vk_w2a8_words(k), last = (uint64_t)act_row + (uint64_t)rows;
+    if (!bad && (!holds(x, last * words * 16) || !holds(act_scales, last * 4)))
+        bad = "the activations or scales do not fit their buffers";
     if (bad)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "Vulkan W2A8 q, k, v (%d + %d heads of %d, %lld rows): %s",
-                            s->n_head, s->n_kv, s->head_dim, (long long)rows, bad);
-    const matvec_params p = {(uint32_t)n,
+        return qkv_refused(s, rows, bad, err);
+    const uint64_t hd = (uint64_t)s->head_dim;
+    const matvec_params p = {(uint32_t)(hd * (uint64_t)(s->n_head + 2 * s->n_kv)),
                              (uint32_t)words,
                              (uint32_t)act_row,
                              s->q_scale,
@@ -286,11 +311,51 @@ bn_status bn_vk_w2a8_record_qkv(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w
                              (uint32_t)s->rope_dim,
                              (uint32_t)s->block_size,
                              (uint32_t)s->max_blocks,
-                             (uint32_t)n_seq,
+                             n_seq,
                              (uint32_t)s->cache_rows,
                              (uint32_t)s->layer_off};
     bn_vk_buffer *const buffers[N_BUFFERS] = {w,         x,  q, act_scales, s->info,
                                               s->tables, s->cs, s->k_cache, s->v_cache};
     return bn_vk_dispatch_groups(vk, kernel, buffers, &p, groups_for(kernel, qkv_groups(s), rows),
                                  err);
+}
+
+bn_status bn_vk_w2a8_record_qkv_normed(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
+                                       bn_vk_buffer *x, bn_vk_buffer *norm_w, float eps,
+                                       bn_vk_buffer *q, int64_t k, const bn_vk_qkv *s,
+                                       bn_error *err)
+{
+    uint32_t n_seq = 0;
+    const char *bad = qkv_check(s, w, k, 0, 1, q, &n_seq);
+    if (!bad && k > BN_VK_NORMED_MAX_K)
+        bad = "k is past BN_VK_NORMED_MAX_K";
+    if (!bad && (!holds(x, (uint64_t)k * 4) || !holds(norm_w, (uint64_t)k * 4)))
+        bad = "the row or its norm weights do not fit their buffers";
+    if (bad)
+        return qkv_refused(s, 1, bad, err);
+    /* Two of the plain kernel's workgroups a group (the shader's mode 3). */
+    const uint64_t groups = (qkv_groups(s) + 1) / 2;
+    const normed_params pr = {
+        .n = (uint32_t)((uint64_t)s->head_dim * (uint64_t)(s->n_head + 2 * s->n_kv)),
+        .k = (uint32_t)k,
+        .words = (uint32_t)bn_vk_w2a8_words(k),
+        .weight_scale = s->q_scale,
+        .mode = MODE_QKV,
+        .up_scale = s->k_scale,
+        .eps = eps,
+        .groups = (uint32_t)groups,
+        .v_scale = s->v_scale,
+        .n_head = (uint32_t)s->n_head,
+        .n_kv = (uint32_t)s->n_kv,
+        .head_dim = (uint32_t)s->head_dim,
+        .rope_dim = (uint32_t)s->rope_dim,
+        .block_size = (uint32_t)s->block_size,
+        .max_blocks = (uint32_t)s->max_blocks,
+        .n_seq = n_seq,
+        .cache_rows = (uint32_t)s->cache_rows,
+        .layer_off = (uint32_t)s->layer_off};
+    bn_vk_buffer *const buffers[N_BUFFERS] = {w,         x,     q,          norm_w,    s->info,
+                                              s->tables, s->cs, s->k_cache, s->v_cache};
+    return bn_vk_dispatch_groups(vk, kernel, buffers, &pr,
+                                 groups < NORMED_MAX_GROUPS ? groups : NORMED_MAX_GROUPS, err);
 }

@@ -119,4 +119,14 @@ bn_status bn_vk_w2a8_record_qkv(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w
                                 int64_t rows, bn_vk_buffer *q, int64_t k, const bn_vk_qkv *s,
                                 bn_error *err);
 
+/* The same for one row x of k floats (a decode step's) normed with weights
+ * norm_w and eps by the normed kernel (bn_vk_w2a8_normed_kernel) in the
+ * product's dispatch, as bn_vk_w2a8_record_normed does: every value what
+ * bn_vk_norm_record followed by bn_vk_w2a8_record_qkv gives; info, cs and
+ * q as for activation row 0. */
+bn_status bn_vk_w2a8_record_qkv_normed(bn_vk *vk, bn_vk_kernel *kernel, bn_vk_buffer *w,
+                                       bn_vk_buffer *x, bn_vk_buffer *norm_w, float eps,
+                                       bn_vk_buffer *q, int64_t k, const bn_vk_qkv *s,
+                                       bn_error *err);
+
 #endif
