@@ -4,13 +4,20 @@
 //   ss  = sum of x[i]^2 in double, in order i = 0 .. n-1;
 //   inv = 1 / sqrtf((float)(ss / n) + eps).
 //
-// The order of a double sum decides its rounding, so one invocation adds
-// the squares (each exact in double) one after another; the workgroup
-// loads them into shared memory 256 at a time. ss / n, the square root and
-// the division are made correctly rounded as C's are (exact_math.glsl).
-// That is the variant with BN_FP64 (rmsnorm_f64.comp); without
-// (rmsnorm.comp, devices without fp64) the sum is float and the division
-// and square root the device's: within a few roundings of the CPU's.
+// The squares (each exact in double) are added by the workgroup in a tree.
+// Any order of these non-negative terms lands within (n - 1) 2^-53 of the
+// exact sum, so the tree's and the CPU's in-order sum are within 2 n 2^-53
+// of each other, and the float the CPU rounds ss / n to is the tree's
+// unless an interval that wide around its quotient holds a float rounding
+// boundary (norm_quantize.glsl's test). Only then (a chance of about n
+// 2^-28 for a random row) does one invocation add them in the CPU's order,
+// loading them into shared memory 256 at a time (the whole step's output
+// norm took 46.9 us that way on the H200). ss / n, the square root and the
+// division are made correctly rounded as C's are (exact_math.glsl). That
+// is the variant with BN_FP64 (rmsnorm_f64.comp); without (rmsnorm.comp,
+// devices without fp64) the tree's float sum is the answer, and the
+// division and square root the device's: within a few roundings of the
+// CPU's.
 
 layout(local_size_x = 256) in;
 
@@ -27,6 +34,9 @@ layout(push_constant) uniform Params {
 #include "exact_math.glsl"
 
 shared float chunk[256];
+shared REAL red[256];
+shared REAL sh_ss;
+shared bool sh_ordered;
 shared float sh_inv;
 
 void main()
@@ -37,18 +47,46 @@ void main()
     const uint tid = gl_LocalInvocationID.x;
     const uint n = p.n, base = row * n;
 
-    precise REAL ss = 0.0; // invocation 0's
-    for (uint c = 0u; c < n; c += 256u) {
-        chunk[tid] = c + tid < n ? x[base + c + tid] : 0.0;
-        barrier();
-        if (tid == 0u) {
-            const uint m = min(256u, n - c);
-            for (uint k = 0u; k < m; k++) {
-                precise REAL v = REAL(chunk[k]);
-                ss = ss + v * v;
-            }
+    precise REAL part = 0.0;
+    for (uint i = tid; i < n; i += 256u) {
+        precise REAL v = REAL(x[base + i]);
+        part = part + v * v;
+    }
+    red[tid] = part;
+    barrier();
+    for (uint h = 128u; h > 0u; h >>= 1u) {
+        if (tid < h) {
+            precise REAL t = red[tid] + red[tid + h];
+            red[tid] = t;
         }
         barrier();
+    }
+    if (tid == 0u) {
+#ifdef BN_FP64
+        const double mq = div_rn(red[0], double(n));
+        const double d = (4.0 * double(n) + 8.0) * 1.1102230246251565e-16; // (4 n + 8) 2^-53
+        sh_ordered = float(mq * (1.0 - d)) != float(mq * (1.0 + d)); // (NaN: ordered)
+#else
+        sh_ordered = false;
+#endif
+        sh_ss = red[0];
+    }
+    barrier();
+    precise REAL ss = sh_ss; // invocation 0's
+    if (sh_ordered) { // a rounding boundary near: the CPU's order (workgroup-uniform)
+        ss = 0.0;
+        for (uint c = 0u; c < n; c += 256u) {
+            chunk[tid] = c + tid < n ? x[base + c + tid] : 0.0;
+            barrier();
+            if (tid == 0u) {
+                const uint m = min(256u, n - c);
+                for (uint k = 0u; k < m; k++) {
+                    precise REAL v = REAL(chunk[k]);
+                    ss = ss + v * v;
+                }
+            }
+            barrier();
+        }
     }
     if (tid == 0u) {
         precise float v = float(div_rn(ss, REAL(n))) + p.eps;
