@@ -55,4 +55,17 @@ static inline bn_status test_vk_w2a8_matvec(bn_vk *vk, bn_vk_kernel *kernel, bn_
     return st != BN_OK ? st : end;
 }
 
+/* tables[0 .. n) = 0 .. n - 1 shuffled: block tables whose blocks lie in
+ * no order. */
+static inline void test_shuffled_tables(int32_t *tables, int n)
+{
+    for (int i = 0; i < n; i++)
+        tables[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        const int j = (int)test_rand_range(0, i), t = tables[i];
+        tables[i] = tables[j];
+        tables[j] = t;
+    }
+}
+
 #endif

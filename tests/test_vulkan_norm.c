@@ -211,6 +211,39 @@ static void check_chain(bn_vk *vk, bn_vk_kernel *norm, bn_vk_kernel *w2a8, int64
     free(got);
 }
 
+/* A normed product's inputs: the row x of k values of kind `kind`, its
+ * norm weights nw, n rows of ternary codes wc and their packing. */
+static void random_normed_inputs(float *x, float *nw, int64_t k, int kind, int8_t *wc, int64_t n,
+                                 uint32_t *packed)
+{
+    fill_row(x, k, kind);
+    for (int64_t i = 0; i < k; i++)
+        nw[i] = test_rand_float(0.25f, 2.0f);
+    for (int64_t i = 0; i < n * k; i++)
+        wc[i] = (int8_t)test_rand_range(-1, 1);
+    bn_vk_w2a8_pack(wc, n, k, packed);
+}
+
+/* Their device buffers: the packed weights (w_rows rows of k), the row, its
+ * norm weights, and the codes, scale and sum the norm kernel writes. */
+static void upload_normed_inputs(bn_vk *vk, int64_t w_rows, int64_t k, const uint32_t *packed,
+                                 const float *x, const float *nw, bn_vk_buffer *bw,
+                                 bn_vk_buffer *bx, bn_vk_buffer *bn, bn_vk_buffer *bc,
+                                 bn_vk_buffer *bs, bn_vk_buffer *bsum)
+{
+    const size_t words = bn_vk_w2a8_words(k);
+    bn_error err;
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)w_rows * words * 4, bw, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)k * 4, bx, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)k * 4, bn, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, words * 16, bc, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, 4, bs, &err) == BN_OK);
+    CHECK(bn_vk_buffer_create(vk, 4, bsum, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, bw, packed, (size_t)w_rows * words * 4, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, bx, x, (size_t)k * 4, &err) == BN_OK);
+    CHECK(bn_vk_write(vk, bn, nw, (size_t)k * 4, &err) == BN_OK);
+}
+
 /* The q, k, v product that norms its input (bn_vk_w2a8_record_qkv_normed)
  * over one row of k values of kind `kind` at position pos of sequence seq
  * (past the tables: nothing stored) through shuffled block tables: q and
@@ -233,30 +266,17 @@ static void check_qkv_normed(bn_vk *vk, bn_vk_kernel *normed, bn_vk_kernel *norm
     int8_t *wc = malloc((size_t)(n * k));
     uint32_t *packed = malloc((size_t)n * words * 4);
     CHECK(x && nw && cs && init && want && got && wc && packed);
-    fill_row(x, k, kind);
-    for (int64_t i = 0; i < k; i++)
-        nw[i] = test_rand_float(0.25f, 2.0f);
-    for (int64_t i = 0; i < n * k; i++)
-        wc[i] = (int8_t)test_rand_range(-1, 1);
-    bn_vk_w2a8_pack(wc, n, k, packed);
+    random_normed_inputs(x, nw, k, kind, wc, n, packed);
     for (int i = 0; i < rope_dim; i++)
         cs[i] = test_rand_float(-1.0f, 1.0f);
     for (int64_t i = 0; i < q_dim + 1 + 2 * cache; i++)
         init[i] = i < q_dim ? NAN : -12345.5f; /* q poisoned, a guard after it, caches guarded */
     int32_t tables[N_SEQ * MAX_BLOCKS], info[2] = {seq, pos};
-    for (int i = 0; i < N_SEQ * MAX_BLOCKS; i++)
-        tables[i] = i;
-    for (int i = N_SEQ * MAX_BLOCKS - 1; i > 0; i--) {
-        const int j = (int)test_rand_range(0, i), t = tables[i];
-        tables[i] = tables[j];
-        tables[j] = t;
-    }
+    test_shuffled_tables(tables, N_SEQ * MAX_BLOCKS);
 
     bn_error err;
     bn_vk_buffer bw, bx, bn, bq, bk, bv, bt, bi, bcs, bc, bs, bsum;
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)n * words * 4, &bw, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)k * 4, &bx, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)k * 4, &bn, &err) == BN_OK);
+    upload_normed_inputs(vk, n, k, packed, x, nw, &bw, &bx, &bn, &bc, &bs, &bsum);
     CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(q_dim + 1) * 4, &bq, &err) == BN_OK);
     CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)cache * 4, &bk, &err) == BN_OK);
     CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)cache * 4, &bv, &err) == BN_OK);
@@ -264,12 +284,6 @@ static void check_qkv_normed(bn_vk *vk, bn_vk_kernel *normed, bn_vk_kernel *norm
     CHECK(bn_vk_buffer_create(vk, sizeof info, &bi, &err) == BN_OK);
     CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(rope_dim > 0 ? rope_dim : 1) * 4, &bcs, &err) ==
           BN_OK);
-    CHECK(bn_vk_buffer_create(vk, words * 16, &bc, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, 4, &bs, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, 4, &bsum, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bw, packed, (size_t)n * words * 4, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bx, x, (size_t)k * 4, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bn, nw, (size_t)k * 4, &err) == BN_OK);
     CHECK(bn_vk_write(vk, &bt, tables, sizeof tables, &err) == BN_OK);
     CHECK(bn_vk_write(vk, &bi, info, sizeof info, &err) == BN_OK);
     if (rope_dim > 0)
@@ -355,12 +369,7 @@ static void check_normed(bn_vk *vk, bn_vk_kernel *normed, bn_vk_kernel *norm, bn
     int8_t *wc = malloc((size_t)(w_rows * k)), *q = calloc(words * 16, 1);
     uint32_t *packed = malloc((size_t)w_rows * words * 4);
     CHECK(x && nw && y0 && got && want && cpu && wc && q && packed);
-    fill_row(x, k, kind);
-    for (int64_t i = 0; i < k; i++)
-        nw[i] = test_rand_float(0.25f, 2.0f);
-    for (int64_t i = 0; i < w_rows * k; i++)
-        wc[i] = (int8_t)test_rand_range(-1, 1);
-    bn_vk_w2a8_pack(wc, w_rows, k, packed);
+    random_normed_inputs(x, nw, k, kind, wc, w_rows, packed);
     for (int64_t i = 0; i < n; i++)
         y0[i] = epilogue == BN_VK_W2A8_ADD ? test_rand_float(-4.0f, 4.0f) : NAN;
     y0[n] = -12345.5f; /* the guard */
@@ -368,16 +377,8 @@ static void check_normed(bn_vk *vk, bn_vk_kernel *normed, bn_vk_kernel *norm, bn
 
     bn_error err;
     bn_vk_buffer bw, bx, bn, by, bc, bs, bsum;
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)w_rows * words * 4, &bw, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)k * 4, &bx, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)k * 4, &bn, &err) == BN_OK);
+    upload_normed_inputs(vk, w_rows, k, packed, x, nw, &bw, &bx, &bn, &bc, &bs, &bsum);
     CHECK(bn_vk_buffer_create(vk, (VkDeviceSize)(n + 1) * 4, &by, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, words * 16, &bc, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, 4, &bs, &err) == BN_OK);
-    CHECK(bn_vk_buffer_create(vk, 4, &bsum, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bw, packed, (size_t)w_rows * words * 4, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bx, x, (size_t)k * 4, &err) == BN_OK);
-    CHECK(bn_vk_write(vk, &bn, nw, (size_t)k * 4, &err) == BN_OK);
 
     /* The norm kernel, then the plain product. */
     CHECK(bn_vk_write(vk, &by, y0, (size_t)(n + 1) * 4, &err) == BN_OK);

@@ -383,13 +383,7 @@ static void check_qkv(bn_vk *vk, bn_vk_kernel *kernel, int n_head, int n_kv, int
      * sequence r % 2 at position r / 2 * 3 + 1 (within 4 blocks of 4);
      * the last row's sequence is past the tables. */
     int32_t tables[N_SEQ * MAX_BLOCKS], info[64];
-    for (int i = 0; i < N_SEQ * MAX_BLOCKS; i++)
-        tables[i] = i;
-    for (int i = N_SEQ * MAX_BLOCKS - 1; i > 0; i--) {
-        const int j = (int)test_rand_range(0, i), t = tables[i];
-        tables[i] = tables[j];
-        tables[j] = t;
-    }
+    test_shuffled_tables(tables, N_SEQ * MAX_BLOCKS);
     CHECK(rows <= 10);
     for (int r = 0; r < rows; r++) {
         info[2 * r] = r == rows - 1 ? N_SEQ + 3 : r % 2;
