@@ -25,6 +25,9 @@
  *                      products, with 256 invocations
  *   product n x k      the shipped W2A8 product of one row (vk_w2a8.h);
  *                      gate|up the feed-forward's pair in one dispatch
+ *   normed n x k       the shipped product that norms its float row itself
+ *                      (bn_vk_w2a8_record_normed, the residual add): what
+ *                      norm + product cost as one dispatch
  *
  * Checks: the tree's and the chase's results against the CPU's; each norm
  * variant that writes codes against the CPU's bn_norm_quantize_row, bit for
@@ -63,8 +66,7 @@ typedef struct {
 static void record_norm(bn_vk *vk, void *ctx)
 {
     norm_case *c = ctx;
-    OK(bn_vk_norm_record(vk, c->k, c->x, c->w, c->codes, c->scales, c->sums, 1, c->n, 1e-5f,
-                         &err),
+    OK(bn_vk_norm_record(vk, c->k, c->x, c->w, c->codes, c->scales, c->sums, 1, c->n, 1e-5f, &err),
        "norm");
 }
 
@@ -75,16 +77,32 @@ typedef struct {
     bool gate_up;
 } product_case;
 
+typedef struct {
+    bn_vk_kernel *k;
+    bn_vk_buffer *w, *x, *norm_w, *y;
+    int64_t n, k_dim;
+} normed_case;
+
+/* The row is normed again each time and its product added to y: the
+ * values grow, the work does not. */
+static void record_normed(bn_vk *vk, void *ctx)
+{
+    normed_case *c = ctx;
+    OK(bn_vk_w2a8_record_normed(vk, c->k, c->w, c->x, c->norm_w, 1e-5f, c->y, c->n, c->k_dim, 1.0f,
+                                BN_VK_W2A8_ADD, &err),
+       "normed product");
+}
+
 static void record_product(bn_vk *vk, void *ctx)
 {
     product_case *c = ctx;
     if (c->gate_up)
-        OK(bn_vk_w2a8_record_gate_up(vk, c->k, c->w, c->x, c->scales, 0, 1, c->y, c->n,
-                                     c->k_dim, 0.5f, 0.25f, &err),
+        OK(bn_vk_w2a8_record_gate_up(vk, c->k, c->w, c->x, c->scales, 0, 1, c->y, c->n, c->k_dim,
+                                     0.5f, 0.25f, &err),
            "gate|up");
     else
-        OK(bn_vk_w2a8_record_rows(vk, c->k, c->w, c->x, c->scales, 0, 1, c->y, c->n, c->k_dim,
-                                  0.5f, BN_VK_W2A8_STORE, &err),
+        OK(bn_vk_w2a8_record_rows(vk, c->k, c->w, c->x, c->scales, 0, 1, c->y, c->n, c->k_dim, 0.5f,
+                                  BN_VK_W2A8_STORE, &err),
            "product");
 }
 
@@ -154,8 +172,7 @@ int main(int argc, char **argv)
         failed += got != want;
     }
 
-    printf("\nus a dispatch, chains of %d in one submission (one: a submission of one)\n",
-           N_CHAIN);
+    printf("\nus a dispatch, chains of %d in one submission (one: a submission of one)\n", N_CHAIN);
     printf("  %-28s %9s %9s %9s\n", "case", "chained", "free", "one");
     plain_case e1 = {empty, {&out}, {~0u}, 1}, e320 = {empty, {&out}, {~0u}, 320};
     report(vk, "empty, 1 workgroup", record_plain, &e1, true);
@@ -194,7 +211,8 @@ int main(int argc, char **argv)
                 x[j] = (float)((int)(next_rand() % 2001) - 1000) / 250.0f;
                 w[j] = (float)(next_rand() % 1000) / 500.0f;
             }
-            bn_vk_buffer bx = buffer_with(vk, x, (size_t)n * 4), bw = buffer_with(vk, w, (size_t)n * 4);
+            bn_vk_buffer bx = buffer_with(vk, x, (size_t)n * 4),
+                         bw = buffer_with(vk, w, (size_t)n * 4);
             bn_vk_buffer codes = buffer_with(vk, NULL, bn_vk_w2a8_words(n) * 16);
             bn_vk_buffer sc = buffer_with(vk, NULL, 4), sums = buffer_with(vk, NULL, 4);
             norm_case c = {nk, &bx, &bw, &codes, &sc, &sums, n};
@@ -235,7 +253,8 @@ int main(int argc, char **argv)
                 float *x = malloc((size_t)(rows * n) * 4), *w = malloc((size_t)n * 4);
                 /* Row 2's values (~1e-9) norm to below QUANT_EPS: the plain rule. */
                 for (int64_t j = 0; j < rows * n; j++)
-                    x[j] = (float)((int)(next_rand() % 2001) - 1000) / (j / n == 2 ? 1e12f : 250.0f);
+                    x[j] =
+                        (float)((int)(next_rand() % 2001) - 1000) / (j / n == 2 ? 1e12f : 250.0f);
                 for (int64_t j = 0; j < n; j++)
                     w[j] = (float)(next_rand() % 1000) / 500.0f;
                 bn_vk_buffer bx = buffer_with(vk, x, (size_t)(rows * n) * 4);
@@ -245,8 +264,10 @@ int main(int argc, char **argv)
                 bn_vk_buffer sums = buffer_with(vk, NULL, (size_t)rows * 4);
                 bn_vk_buffer *bufs[5] = {&bx, &bw, &codes, &sc, &sums};
                 if (writes_codes) {
-                    const struct { uint32_t rows, n, words; float eps; } push = {
-                        (uint32_t)rows, (uint32_t)n, (uint32_t)(words * 4), 1e-5f};
+                    const struct {
+                        uint32_t rows, n, words;
+                        float eps;
+                    } push = {(uint32_t)rows, (uint32_t)n, (uint32_t)(words * 4), 1e-5f};
                     OK(bn_vk_begin(vk, &err), "begin");
                     OK(bn_vk_dispatch(vk, k, bufs, &push, (uint32_t)rows, 1, &err), "dispatch");
                     OK(bn_vk_submit(vk, &err), "submit");
@@ -270,8 +291,10 @@ int main(int argc, char **argv)
                     free(got);
                     free(want);
                 }
-                plain_case c = {k, {&bx, &bw, &codes, &sc, &sums}, {1, (uint32_t)n,
-                                (uint32_t)(words * 4), 0}, 1};
+                plain_case c = {k,
+                                {&bx, &bw, &codes, &sc, &sums},
+                                {1, (uint32_t)n, (uint32_t)(words * 4), 0},
+                                1};
                 const float eps = 1e-5f;
                 memcpy(&c.push[3], &eps, 4);
                 char label[64];
@@ -291,8 +314,8 @@ int main(int argc, char **argv)
         static const struct {
             int64_t n, k;
             bool gate_up;
-        } shapes[] = {{2560, 2560, false}, {640, 2560, false}, {2560, 6912, false},
-                      {6912, 2560, true}};
+        } shapes[] = {
+            {2560, 2560, false}, {640, 2560, false}, {2560, 6912, false}, {6912, 2560, true}};
         for (int i = 0; i < 4; i++) {
             const int64_t n = shapes[i].n, k = shapes[i].k, rows = shapes[i].gate_up ? 2 * n : n;
             const size_t words = bn_vk_w2a8_words(k);
@@ -318,6 +341,42 @@ int main(int argc, char **argv)
             free(xq);
         }
         bn_vk_kernel_free(vk, pk);
+    }
+    if (bn_vk_w2a8_normed_fits(vk)) {
+        bn_vk_kernel *nk = NULL;
+        OK(bn_vk_w2a8_normed_kernel(vk, &nk, &err), "normed kernel");
+        static const int64_t shapes[][2] = {{2560, 2560}, {2560, 6912}};
+        for (int i = 0; i < 2; i++) {
+            const int64_t n = shapes[i][0], k = shapes[i][1];
+            const size_t words = bn_vk_w2a8_words(k);
+            uint32_t *wp = malloc((size_t)n * words * 4);
+            float *x = malloc((size_t)k * 4), *w = malloc((size_t)k * 4);
+            for (size_t j = 0; j < (size_t)n * words; j++)
+                wp[j] = next_rand();
+            for (int64_t j = 0; j < k; j++) {
+                x[j] = (float)((int)(next_rand() % 2001) - 1000) / 250.0f;
+                w[j] = (float)(next_rand() % 1000) / 500.0f;
+            }
+            normed_case c = {nk, NULL, NULL, NULL, NULL, n, k};
+            bn_vk_buffer bw = buffer_with(vk, wp, (size_t)n * words * 4);
+            bn_vk_buffer bx = buffer_with(vk, x, (size_t)k * 4),
+                         bn = buffer_with(vk, w, (size_t)k * 4);
+            bn_vk_buffer by = buffer_with(vk, NULL, (size_t)n * 4);
+            c.w = &bw;
+            c.x = &bx;
+            c.norm_w = &bn;
+            c.y = &by;
+            char name[64];
+            snprintf(name, sizeof name, "normed %lld x %lld", (long long)n, (long long)k);
+            report(vk, name, record_normed, &c, false);
+            bn_vk_buffer *all[] = {&bw, &bx, &bn, &by};
+            for (int j = 0; j < 4; j++)
+                bn_vk_buffer_free(vk, all[j]);
+            free(wp);
+            free(x);
+            free(w);
+        }
+        bn_vk_kernel_free(vk, nk);
     }
     bn_vk_buffer_free(vk, &out);
     bn_vk_buffer_free(vk, &chain_buf);
