@@ -115,6 +115,12 @@ static uint32_t next_rand(void)
     return rng;
 }
 
+/* A uniform float in [lo, hi] on a grid of 1e-6 of the span. */
+static inline float rand_float(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(next_rand() % 1000001) / 1000000.0f;
+}
+
 /* The program's directory, where shaders/ holds the lab's SPIR-V, and
  * the chains' length (argv[2]). */
 static void lab_init(int argc, char **argv)

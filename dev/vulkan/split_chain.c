@@ -18,6 +18,7 @@
  *   dev/vulkan/split_chain [device [chain length]]
  */
 #include "lab.h"
+#include "attn_ref.h"
 #include "vk_ops.h"
 
 #define N_HEAD 20
@@ -60,45 +61,6 @@ static void record_gqa(bn_vk *vk, void *ctx)
     OK(bn_vk_dispatch(vk, c->k, c->bufs, &c->push, N_KV * c->push.blocks, 1, &err), "dispatch");
 }
 
-/* dot_f32 of the CPU backend: element i in lane i % 8, each lane in order,
- * the lanes added ((0+1)+(2+3))+((4+5)+(6+7)). */
-static float dot_f32(const float *a, const float *b, int n)
-{
-    float acc[8] = {0};
-    for (int i = 0; i < n; i++)
-        acc[i % 8] = acc[i % 8] + a[i] * b[i];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-/* attention_slot for one decode row at position n_pos - 1 of a flat cache,
- * exp in double rounded to float. */
-static void cpu_attention(const float *q, const float *kc, const float *vc, int n_pos, float *out)
-{
-    const float scale = (float)(1.0 / sqrt((double)HEAD_DIM));
-    float *e = malloc((size_t)n_pos * sizeof *e);
-    for (int h = 0; h < N_HEAD; h++) {
-        const int kv = h / (N_HEAD / N_KV);
-        float max = -INFINITY, sum = 0.0f;
-        for (int t = 0; t < n_pos; t++) {
-            e[t] = dot_f32(q + h * HEAD_DIM, kc + ((size_t)t * N_KV + kv) * HEAD_DIM, HEAD_DIM) *
-                   scale;
-            max = e[t] > max ? e[t] : max;
-        }
-        for (int t = 0; t < n_pos; t++) {
-            e[t] = (float)exp((double)(e[t] - max));
-            sum = sum + e[t];
-        }
-        const float inv = 1.0f / sum;
-        for (int i = 0; i < HEAD_DIM; i++) {
-            float o = 0.0f;
-            for (int t = 0; t < n_pos; t++)
-                o = o + (e[t] * inv) * vc[((size_t)t * N_KV + kv) * HEAD_DIM + i];
-            out[h * HEAD_DIM + i] = o;
-        }
-    }
-    free(e);
-}
-
 /* Whether every output of got lies within 1e-5 of want's range of want's;
  * prints the largest difference and how many are want's bits. */
 static bool close_to(const char *what, int n_pos, const float *got, const float *want)
@@ -118,11 +80,6 @@ static bool close_to(const char *what, int n_pos, const float *got, const float 
            "bits\n",
            what, n_pos, most, most / (hi - lo), same, OUT);
     return most <= 1e-5f * (hi - lo);
-}
-
-static float rand_float(float lo, float hi)
-{
-    return lo + (hi - lo) * (float)(next_rand() % 1000001) / 1000000.0f;
 }
 
 int main(int argc, char **argv)
@@ -178,7 +135,7 @@ int main(int argc, char **argv)
         OK(bn_vk_submit(vk, &err), "submit");
         OK(bn_vk_read(vk, &bref, ref, sizeof ref, &err), "read");
         OK(bn_vk_read(vk, &batt, got, sizeof got, &err), "read");
-        cpu_attention(q, kc, vc, n_pos, cpu);
+        cpu_attention(q, kc, vc, n_pos, N_HEAD, N_KV, HEAD_DIM, cpu);
         failed += !close_to("shipped", n_pos, ref, cpu);
         failed += !close_to("gqa", n_pos, got, cpu);
         const bool same = memcmp(ref, got, sizeof ref) == 0;

@@ -633,9 +633,10 @@ static bn_status record_proj(vkb *v, int layer, bn_proj p, bn_vk_buffer *y,
 /* Whether a pass of M rows runs q|k|v, Wo and down as products that norm
  * their own input (vk_w2a8.h, bn_vk_w2a8_record_normed and _qkv_normed)
  * instead of a norm dispatch before each: a pass of one row (a decode
- * step) whose rows fit the kernel. (The gate and up pair normed so took longer than the two
- * dispatches: its 6912 x 2 outputs are too many for one wave of
- * workgroups that each norm the row; docs/VULKAN.md, "Speed".) */
+ * step) whose rows fit the kernel, on a GPU (vk_create). (The gate and up
+ * pair normed so took longer than the two dispatches: its 6912 x 2 outputs
+ * are too many for one wave of workgroups that each norm the row;
+ * docs/VULKAN.md, "Speed".) */
 static bool normed_for(const vkb *v, int64_t M)
 {
     return v->w2a8_normed && M == 1 && v->hp.dim <= BN_VK_NORMED_MAX_K &&
