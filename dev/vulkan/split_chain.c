@@ -2,15 +2,18 @@
  * split_chain.c - the decode step's split attention (bn_vk_attention_split_record)
  * against a form with a workgroup a KV head instead of a query head
  * (shaders/split_gqa.comp: the KV head's four query heads share each key and
- * value loaded, over a quarter of the workgroups).
+ * value loaded, over a quarter of the workgroups), and against the shipped
+ * kernel's lab copy (shaders/split_lab.glsl) stopped after each phase, and
+ * with the block's values loaded into shared memory at once.
  *
  * One decode row of the 2B-4T shape (20 query heads of 128, 5 KV heads)
  * over a flat cache of 4096 positions at contexts 384, 1000 and 4000; each
  * form timed as chains of dispatches with a barrier before each (lab.h), as
  * the decode step runs it.
  *
- * Check: the GQA form against the shipped kernel bit for bit (the same
- * arithmetic in the same order), and both against the CPU's attention with
+ * Check: the GQA form and the lab copy's whole forms against the shipped
+ * kernel bit for bit (the same arithmetic in the same order), and both
+ * the shipped and the GQA form against the CPU's attention with
  * exp in double (within 1e-5 of the outputs' range: the split sums are
  * grouped by block). Needs fp64 and subgroup arithmetic.
  *
@@ -53,12 +56,13 @@ typedef struct {
     bn_vk_kernel *k;
     bn_vk_buffer *bufs[7];
     split_push push;
+    uint32_t n_groups; /* workgroups */
 } gqa_case;
 
 static void record_gqa(bn_vk *vk, void *ctx)
 {
     gqa_case *c = ctx;
-    OK(bn_vk_dispatch(vk, c->k, c->bufs, &c->push, N_KV * c->push.blocks, 1, &err), "dispatch");
+    OK(bn_vk_dispatch(vk, c->k, c->bufs, &c->push, c->n_groups, 1, &err), "dispatch");
 }
 
 /* Whether every output of got lies within 1e-5 of want's range of want's;
@@ -117,6 +121,16 @@ int main(int argc, char **argv)
     bn_vk_buffer bpart2 = buffer_with(vk, zero, part_floats * 4);
     bn_vk_buffer bref = buffer_with(vk, NULL, OUT * 4), batt = buffer_with(vk, NULL, OUT * 4);
     bn_vk_kernel *gqa = lab_kernel(vk, "split_gqa", 7, sizeof(split_push));
+    /* The shipped kernel's lab copy (shaders/split_lab.glsl): stopped after
+     * each phase, and with the block's values loaded at once. */
+    static const char *const lab_names[] = {"split_lab_full", "split_lab_stop1",
+                                            "split_lab_stop2", "split_lab_stop3",
+                                            "split_lab_stop4", "split_lab_vpre",
+                                            "split_lab_vpre_late"};
+    enum { N_LAB = sizeof lab_names / sizeof lab_names[0] };
+    bn_vk_kernel *labk[N_LAB];
+    for (int i = 0; i < N_LAB; i++)
+        labk[i] = lab_kernel(vk, lab_names[i], 7, sizeof(split_push));
     int failed = 0;
     static const int contexts[] = {384, 1000, 4000};
     for (int ci = 0; ci < 3; ci++) {
@@ -127,7 +141,8 @@ int main(int argc, char **argv)
         gqa_case gc = {gqa,
                        {&binfo, &bt, &bq, &bkc, &bvc, &bpart2, &batt},
                        {1, N_HEAD, HEAD_DIM, N_HEAD / N_KV, N_KV * HEAD_DIM, CACHE, 1, 1, CACHE, 0,
-                        (CACHE + 63) / 64, (float)(1.0 / sqrt((double)HEAD_DIM))}};
+                        (CACHE + 63) / 64, (float)(1.0 / sqrt((double)HEAD_DIM))},
+                       N_KV * ((CACHE + 63) / 64)};
         static float ref[OUT], got[OUT], cpu[OUT];
         OK(bn_vk_begin(vk, &err), "begin");
         record_shipped(vk, &sc);
@@ -147,9 +162,29 @@ int main(int argc, char **argv)
         printf("  %-28s %9s %9s %9s\n", "form", "chained", "free", "one");
         report(vk, "shipped split", record_shipped, &sc, false);
         report(vk, "gqa split", record_gqa, &gc, false);
+        for (int i = 0; i < N_LAB; i++) {
+            gqa_case lc = gc;
+            lc.k = labk[i];
+            lc.n_groups = N_HEAD * gc.push.blocks;
+            lc.bufs[5] = &bpart; /* the merges' counters: zero after each dispatch */
+            const bool whole = strstr(lab_names[i], "stop") == NULL;
+            if (whole) {
+                OK(bn_vk_begin(vk, &err), "begin");
+                record_gqa(vk, &lc);
+                OK(bn_vk_submit(vk, &err), "submit");
+                OK(bn_vk_read(vk, &batt, got, sizeof got, &err), "read");
+                const bool eq = memcmp(ref, got, sizeof ref) == 0;
+                printf("check %s against shipped, context %d: %s\n", lab_names[i] + 10, n_pos,
+                       eq ? "bit for bit" : "DIFFERENT");
+                failed += !eq;
+            }
+            report(vk, lab_names[i] + 10, record_gqa, &lc, false);
+        }
     }
     printf("\nchecks: %s\n", failed ? "FAILED" : "ok");
     bn_vk_kernel_free(vk, gqa);
+    for (int i = 0; i < N_LAB; i++)
+        bn_vk_kernel_free(vk, labk[i]);
     bn_vk_buffer *all[] = {&bq, &bkc, &bvc, &bt, &binfo, &bpart, &bpart2, &bref, &batt};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         bn_vk_buffer_free(vk, all[i]);
