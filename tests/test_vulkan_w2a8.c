@@ -14,7 +14,9 @@
  *     starting past row 0) equal bit for bit to each row alone;
  *   - every check above and below again with the kernel of eight rows a
  *     workgroup (bn_vk_w2a8_rows_kernel, where the device has fp64 and
- *     integer dot products), its rows against the one-row kernel's;
+ *     integer dot products) and with the tiled one (bn_vk_w2a8_tiles_kernel:
+ *     32 rows a workgroup, so passes of 70 and 131 rows too), their rows
+ *     against the one-row kernel's;
  *   - the epilogues: the residual add (NaN, -0, infinities, subnormals in
  *     y) and the gate and up products in one dispatch with the squared-ReLU
  *     gate (negative, -0 and infinite gates), the CPU's float operations on
@@ -381,19 +383,21 @@ static void check_qkv(bn_vk *vk, bn_vk_kernel *kernel, int n_head, int n_kv, int
     }
     /* Blocks 0..7 shuffled over the two sequences' tables; row r of
      * sequence r % 2 at position r / 2 * 3 + 1 (within 4 blocks of 4);
-     * the last row's sequence is past the tables. */
-    int32_t tables[N_SEQ * MAX_BLOCKS], info[64];
+     * the last row's sequence is past the tables, and so are those of the
+     * rows past the tenth (their q alone is stored). */
+    int32_t tables[N_SEQ * MAX_BLOCKS], info[2 * 128];
     test_shuffled_tables(tables, N_SEQ * MAX_BLOCKS);
-    CHECK(rows <= 10);
+    CHECK(rows <= 128);
     for (int r = 0; r < rows; r++) {
-        info[2 * r] = r == rows - 1 ? N_SEQ + 3 : r % 2;
+        info[2 * r] = r == rows - 1 || r >= 10 ? N_SEQ + 3 : r % 2;
         info[2 * r + 1] = r / 2 * 3 + 1;
     }
     float *cs = malloc((size_t)(rows * (rope_dim > 0 ? rope_dim : 1)) * 4);
     for (int64_t i = 0; i < rows * rope_dim; i++)
         cs[i] = test_rand_float(-1.0f, 1.0f);
     float *kc = malloc((size_t)(2 * layer) * 4), *vc = malloc((size_t)(2 * layer) * 4);
-    float *qref = malloc((size_t)(rows * q_dim + 1) * 4), *got = malloc((size_t)(2 * layer) * 4);
+    const int64_t got_n = rows * q_dim + 1 > 2 * layer ? rows * q_dim + 1 : 2 * layer;
+    float *qref = malloc((size_t)(rows * q_dim + 1) * 4), *got = malloc((size_t)got_n * 4);
     CHECK(cs && kc && vc && qref && got);
     const float guard = -12345.5f;
     for (int64_t i = 0; i < 2 * layer; i++)
@@ -503,9 +507,11 @@ int main(void)
     bn_vk_kernel *kernel = NULL, *one_row = NULL;
     const bool rows_ok = bn_vk_w2a8_rows_kernel_fits(vk);
     CHECK(rows_ok == (fp64 && dot_ok));
-    for (int v = 0; v < (dot_ok ? 4 : 2) + (rows_ok ? 1 : 0); v++) {
-        /* v = 4: eight rows a workgroup (exact division, dot products). */
-        const bool rows_kernel = v == 4, dot = v >= 2, exact_division = v % 2 == 0;
+    for (int v = 0; v < (dot_ok ? 4 : 2) + (rows_ok ? 2 : 0); v++) {
+        /* v = 4: eight rows a workgroup, 5: tiles of 32 rows (exact
+         * division, dot products). */
+        const bool rows_kernel = v >= 4, tiled = v == 5, dot = v >= 2;
+        const bool exact_division = v % 2 == 0 || rows_kernel;
         if (exact_division && !fp64)
             continue;
         if (kernel && kernel != one_row)
@@ -516,7 +522,8 @@ int main(void)
                 bn_vk_kernel_free(vk, one_row);
             one_row = NULL;
             CHECK(bn_vk_w2a8_kernel(vk, true, true, &one_row, &err) == BN_OK);
-            CHECK(bn_vk_w2a8_rows_kernel(vk, &kernel, &err) == BN_OK);
+            CHECK((tiled ? bn_vk_w2a8_tiles_kernel(vk, &kernel, &err)
+                         : bn_vk_w2a8_rows_kernel(vk, &kernel, &err)) == BN_OK);
         } else {
             if (one_row)
                 bn_vk_kernel_free(vk, one_row);
@@ -530,8 +537,8 @@ int main(void)
         for (int i = 0; i < 6; i++)
             check_shape(vk, kernel, exact_division, test_rand_range(1, 300),
                         test_rand_range(1, 3000));
-        static const int64_t row_counts[] = {1, 8, 13, 21};
-        for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0]; i++)
+        static const int64_t row_counts[] = {1, 8, 13, 21, 70, 131};
+        for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0] - (tiled ? 0 : 2); i++)
             check_rows(vk, kernel, one_row, test_rand_range(1, 300), test_rand_range(1, 700), 3,
                        row_counts[i]);
         check_epilogues(vk, kernel, test_rand_range(1, 300), test_rand_range(1, 3000), 1);
@@ -540,9 +547,16 @@ int main(void)
         check_qkv(vk, kernel, 4, 2, 16, 16, 64, 5);       /* the fixtures' */
         check_qkv(vk, kernel, 6, 3, 20, 12, 100, 7);      /* values past rope_dim */
         check_qkv(vk, kernel, 3, 1, 10, 0, 33, 3);        /* no rotation */
+        if (tiled) {                                      /* more rows than a tile */
+            check_epilogues(vk, kernel, test_rand_range(1, 300), test_rand_range(1, 700), 70);
+            check_qkv(vk, kernel, 4, 2, 16, 16, 64, 70);
+        }
         printf("%s sums, %s division%s: outputs bit-identical to the CPU's: %d of %d\n",
                dot ? "dot-product" : "portable", exact_division ? "exact (fp64)" : "the device's",
-               rows_kernel ? ", eight rows a workgroup" : "", exact_total, compared_total);
+               tiled         ? ", tiles of 32 rows"
+               : rows_kernel ? ", eight rows a workgroup"
+                             : "",
+               exact_total, compared_total);
     }
     if (!fp64) {
         bn_vk_kernel *none = NULL;
@@ -556,6 +570,7 @@ int main(void)
     if (!rows_ok) {
         bn_vk_kernel *none = NULL;
         CHECK(bn_vk_w2a8_rows_kernel(vk, &none, &err) == BN_ERR_UNSUPPORTED && !none);
+        CHECK(bn_vk_w2a8_tiles_kernel(vk, &none, &err) == BN_ERR_UNSUPPORTED && !none);
     }
 
     /* A sequence of three products recorded into one command buffer: each

@@ -54,8 +54,9 @@
 
 extern const bn_backend_ops bn_vulkan_backend_ops;
 
-#define VKB_CHUNK 64 /* rows a pass takes: a longer prompt runs in chunks */
+#define VKB_CHUNK BN_VK_PROFILE_ROWS /* rows a pass takes: a longer prompt runs in chunks */
 #define ROWS_KERNEL_MIN 8
+#define TILES_KERNEL_MIN 16
 /* Decode steps at this position or past it take the attention split over
  * positions (vk_ops.h): the exact one, the CPU's bits, walks every position
  * in turn (H200, 2B-4T heads: 35 us a layer at context 384, 93 at 1000, 319
@@ -90,10 +91,13 @@ typedef struct vkb {
     /* The W2A8 product of eight rows a workgroup, for passes of at least
      * ROWS_KERNEL_MIN rows (NULL where the device lacks it). */
     bn_vk_kernel *w2a8_rows;
+    /* The tiled W2A8 product, for passes of at least TILES_KERNEL_MIN rows
+     * (NULL where the device lacks it). */
+    bn_vk_kernel *w2a8_tiles;
     /* The W2A8 product that norms its own input row, for decode steps
      * (NULL where the device lacks it). */
     bn_vk_kernel *w2a8_normed;
-    bool normed_ran; /* for the receipt */
+    bool normed_ran, tiles_ran; /* for the receipt */
     bn_vk_ops *ops;
     const bn_checkpoint *model;
     bn_hparams hp;
@@ -476,6 +480,8 @@ static void vkb_release(vkb *v)
         bn_vk_kernel_free(v->vk, v->w2a8);
     if (v->w2a8_rows)
         bn_vk_kernel_free(v->vk, v->w2a8_rows);
+    if (v->w2a8_tiles)
+        bn_vk_kernel_free(v->vk, v->w2a8_tiles);
     if (v->w2a8_normed)
         bn_vk_kernel_free(v->vk, v->w2a8_normed);
     if (v->norm)
@@ -560,6 +566,8 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
                                &v->w2a8, err);
     if (st == BN_OK && bn_vk_w2a8_rows_kernel_fits(v->vk))
         st = bn_vk_w2a8_rows_kernel(v->vk, &v->w2a8_rows, err);
+    if (st == BN_OK && bn_vk_w2a8_rows_kernel_fits(v->vk))
+        st = bn_vk_w2a8_tiles_kernel(v->vk, &v->w2a8_tiles, err);
     /* The products that norm their own input on GPUs: a CPU device (lavapipe)
      * runs a few workgroups at a time, and every one of them norming the
      * row is only more work there (test_vulkan_norm checks the kernel on
@@ -610,8 +618,12 @@ static bn_status record_norm(vkb *v, bn_vk_buffer *x, bn_vk_buffer *w, int64_t M
 }
 
 /* The W2A8 kernel for a pass of M rows. */
-static bn_vk_kernel *w2a8_for(const vkb *v, int64_t M)
+static bn_vk_kernel *w2a8_for(vkb *v, int64_t M)
 {
+    if (v->w2a8_tiles && M >= TILES_KERNEL_MIN) {
+        v->tiles_ran = true;
+        return v->w2a8_tiles;
+    }
     return v->w2a8_rows && M >= ROWS_KERNEL_MIN ? v->w2a8_rows : v->w2a8;
 }
 
@@ -1101,13 +1113,13 @@ static void vk_report(const bn_backend *b, bn_engine_info *info)
     info->backend_total_bytes = info->gpu_total_bytes;
     snprintf(info->kernels, sizeof info->kernels,
              "vulkan_w2a8%s,vulkan_w2a8_qkv_rope,vulkan_norm_quantize,vulkan_attention,"
-             "vulkan_rmsnorm,vulkan_head_%s%s%s%s%s",
+             "vulkan_rmsnorm,vulkan_head_%s%s%s%s%s%s",
              bn_vk_w2a8_dot_fits(v->vk) ? "_dot" : "",
              v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32",
              v->picks > v->full_picks ? ",vulkan_head_screen" : "",
              v->split_steps > 0 ? ",vulkan_attention_split" : "",
              v->replays > 0 ? ",vulkan_decode_replay" : "",
-             v->normed_ran ? ",vulkan_w2a8_normed" : "");
+             v->normed_ran ? ",vulkan_w2a8_normed" : "", v->tiles_ran ? ",vulkan_w2a8_tiles" : "");
 }
 
 const bn_backend_ops bn_vulkan_backend_ops = {
@@ -1128,37 +1140,41 @@ const bn_backend_ops bn_vulkan_backend_ops = {
     .forward_pick = vk_forward_pick,
 };
 
-bn_status bn_vk_backend_profile_step(void *backend, int32_t token, int64_t pos,
+bn_status bn_vk_backend_profile_pass(void *backend, const int32_t *tokens, int64_t n, int64_t pos,
                                      bn_vk_pass_profile *out, bn_error *err)
 {
     vkb *v = backend;
     memset(out, 0, sizeof *out);
-    if (!v || pos < 0 || pos > v->kv_filled || pos >= v->kv_len || token < 0 ||
-        token >= v->hp.vocab)
+    if (!v || !tokens || n < 1 || n > VKB_CHUNK || pos < 0 || pos > v->kv_filled ||
+        n > v->kv_len - pos)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "vulkan profile: token %d at position %lld is not a decode step",
-                            (int)token, (long long)pos);
+                            "vulkan profile: %lld rows at position %lld are not one pass",
+                            (long long)n, (long long)pos);
+    bn_status st = check_tokens(v, tokens, n, err);
+    if (st != BN_OK)
+        return st;
     float *logits = malloc((size_t)v->hp.vocab * sizeof *logits);
     if (!logits)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the logits");
-    bn_status st = bn_vk_profile(v->vk, true, err);
+    st = bn_vk_profile(v->vk, true, err);
     int32_t next; /* a greedy step's, as bench e2e decodes, where the head is screened */
+    const pass_end end = n > 1 ? PASS_NO_HEAD : v->screen ? PASS_PICK : PASS_LOGITS;
     if (st == BN_OK)
-        st = run_flat(v, &token, 1, pos, v->screen ? PASS_PICK : PASS_LOGITS, logits, &next, err);
+        st = run_flat(v, tokens, n, pos, end, logits, &next, err);
     const char *names[BN_VK_MAX_DISPATCHES];
     double us[BN_VK_MAX_DISPATCHES];
-    const int n = st == BN_OK ? bn_vk_profile_read(v->vk, names, us, BN_VK_MAX_DISPATCHES, err)
-                              : -1;
-    if (st == BN_OK && n < 0)
+    const int ran =
+        st == BN_OK ? bn_vk_profile_read(v->vk, names, us, BN_VK_MAX_DISPATCHES, err) : -1;
+    if (st == BN_OK && ran < 0)
         st = err->status;
-    const int per_layer = layer_dispatches(v, 1); /* the step's, as recorded */
-    if (n >= 2 * per_layer && per_layer <= BN_VK_PROFILE_KERNELS)
+    const int per_layer = layer_dispatches(v, n); /* the pass's, as recorded */
+    if (ran >= 2 * per_layer && per_layer <= BN_VK_PROFILE_KERNELS)
         for (int i = 0; i < per_layer; i++) {
             snprintf(out->layer_names[i], sizeof out->layer_names[0], "%s", names[per_layer + i]);
             out->layer_us[i] = us[per_layer + i];
             out->layer_n++;
         }
-    for (int i = 0; i < n; i++) { /* totals by kernel, in order of first run */
+    for (int i = 0; i < ran; i++) { /* totals by kernel, in order of first run */
         int k = 0;
         while (k < out->n && strcmp(out->names[k], names[i]) != 0)
             k++;
@@ -1173,7 +1189,7 @@ bn_status bn_vk_backend_profile_step(void *backend, int32_t token, int64_t pos,
     bn_error off;
     (void)bn_vk_profile(v->vk, false, &off);
     if (st == BN_OK)
-        v->kv_filled = pos + 1;
+        v->kv_filled = pos + n;
     free(logits);
     return st;
 }

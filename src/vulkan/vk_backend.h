@@ -1,7 +1,8 @@
 /*
  * vk_backend.h - what the Vulkan backend (vk_backend.c) offers beside the
- * engine's interface: the time each kernel takes in one decode pass, by
- * the device's timestamps (bitnet bench e2e --device vulkan).
+ * engine's interface: the time each kernel takes in one decode pass or one
+ * prompt chunk, by the device's timestamps (bitnet bench e2e --device
+ * vulkan).
  */
 #ifndef BN_VK_BACKEND_H
 #define BN_VK_BACKEND_H
@@ -25,11 +26,14 @@ typedef struct bn_vk_pass_profile {
     double layer_us[BN_VK_PROFILE_KERNELS];
 } bn_vk_pass_profile;
 
-/* One decode pass of `token` at position pos (at most the positions
- * filled, which it then fills to pos + 1) with the head, timed: backend is
- * the engine's handle (bn_engine_backend_handle(e, "vulkan")).
- * BN_ERR_UNSUPPORTED where the device's queue has no timestamps. */
-bn_status bn_vk_backend_profile_step(void *backend, int32_t token, int64_t pos,
+/* One pass of tokens[0 .. n) at positions pos .. pos + n - 1 (pos at most
+ * the positions filled, which it then fills to pos + n), timed: n = 1 a
+ * decode step with the head, n up to BN_VK_PROFILE_ROWS a prompt chunk
+ * without it. backend is the engine's handle (bn_engine_backend_handle(e,
+ * "vulkan")). BN_ERR_UNSUPPORTED where the device's queue has no
+ * timestamps. */
+#define BN_VK_PROFILE_ROWS 64 /* the rows a prompt pass takes at most */
+bn_status bn_vk_backend_profile_pass(void *backend, const int32_t *tokens, int64_t n, int64_t pos,
                                      bn_vk_pass_profile *out, bn_error *err);
 
 #endif

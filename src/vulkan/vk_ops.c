@@ -16,15 +16,19 @@
 extern const unsigned char bn_vk_spv_attention[], bn_vk_spv_attention_split[],
     bn_vk_spv_attention_split_f64[], bn_vk_spv_attention_split_f64_sg[], bn_vk_spv_attention_f64[],
     bn_vk_spv_rmsnorm[], bn_vk_spv_rmsnorm_f64[], bn_vk_spv_head_matvec[],
-    bn_vk_spv_head_matvec_rows[], bn_vk_spv_head_matvec_row1[], bn_vk_spv_argmax_rows[];
+    bn_vk_spv_head_matvec_rows[], bn_vk_spv_head_matvec_row1[], bn_vk_spv_argmax_rows[],
+    bn_vk_spv_attention_rows[], bn_vk_spv_attention_f64_rows[];
 extern const size_t bn_vk_spv_attention_len, bn_vk_spv_attention_split_len,
     bn_vk_spv_attention_split_f64_len, bn_vk_spv_attention_split_f64_sg_len,
     bn_vk_spv_attention_f64_len, bn_vk_spv_rmsnorm_len, bn_vk_spv_rmsnorm_f64_len,
     bn_vk_spv_head_matvec_len, bn_vk_spv_head_matvec_rows_len, bn_vk_spv_head_matvec_row1_len,
-    bn_vk_spv_argmax_rows_len;
+    bn_vk_spv_argmax_rows_len, bn_vk_spv_attention_rows_len, bn_vk_spv_attention_f64_rows_len;
 
 struct bn_vk_ops {
-    bn_vk_kernel *attention, *split, *rmsnorm, *head, *head_rows, *head_row1, *argmax;
+    /* attention_rows: the same attention in workgroups of ATTN_ROWS_INVOCATIONS,
+     * for passes of at least ATTN_ROWS_MIN rows */
+    bn_vk_kernel *attention, *attention_rows, *split, *rmsnorm, *head, *head_rows, *head_row1,
+        *argmax;
 };
 
 /* The shaders' push constants, in their order. Both attentions take
@@ -52,6 +56,10 @@ typedef struct head_params {
 /* attention.comp keeps a head's query in shared memory (MAX_HD). */
 #define ATTN_MAX_HEAD_DIM 512
 #define ATTN_INVOCATIONS 512 /* a workgroup's: shaders/attention.glsl */
+/* attention_rows.comp's; from ATTN_ROWS_MIN rows a pass has workgroups
+ * enough to fill a GPU with them. */
+#define ATTN_ROWS_INVOCATIONS 128
+#define ATTN_ROWS_MIN 8
 /* Shader indices are 32-bit: a * b and a + b as extents, or BIG once past
  * 2^32 - 1. */
 #define BIG UINT64_MAX
@@ -91,6 +99,11 @@ static bn_status create(bn_vk *vk, bool split_subgroups, bn_vk_ops **out, bn_err
         vk, "attention", fp64 ? bn_vk_spv_attention_f64 : bn_vk_spv_attention,
         fp64 ? bn_vk_spv_attention_f64_len : bn_vk_spv_attention_len, 7, sizeof(attn_params),
         &ops->attention, err);
+    if (st == BN_OK)
+        st = bn_vk_kernel_create(
+            vk, "attention_rows", fp64 ? bn_vk_spv_attention_f64_rows : bn_vk_spv_attention_rows,
+            fp64 ? bn_vk_spv_attention_f64_rows_len : bn_vk_spv_attention_rows_len, 7,
+            sizeof(attn_params), &ops->attention_rows, err);
     const bool split_sg = fp64 && d->subgroup_arithmetic && split_subgroups;
     if (st == BN_OK)
         st = bn_vk_kernel_create(vk, "attention_split",
@@ -144,6 +157,7 @@ void bn_vk_ops_free(bn_vk *vk, bn_vk_ops *ops)
     if (!ops)
         return;
     bn_vk_kernel_free(vk, ops->attention);
+    bn_vk_kernel_free(vk, ops->attention_rows);
     bn_vk_kernel_free(vk, ops->split);
     bn_vk_kernel_free(vk, ops->rmsnorm);
     bn_vk_kernel_free(vk, ops->head);
@@ -235,7 +249,8 @@ bn_status bn_vk_attention_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_sha
         return BN_OK;
     const attn_params p = attn_params_of(s, r, n_seq, layer_off, (uint64_t)scratch_stride);
     bn_vk_buffer *const buffers[7] = {r->info, r->tables, q, k_cache, v_cache, scratch, att};
-    return bn_vk_dispatch_groups(vk, ops->attention, buffers, &p, items, err);
+    return bn_vk_dispatch_groups(vk, rows >= ATTN_ROWS_MIN ? ops->attention_rows : ops->attention,
+                                 buffers, &p, items, err);
 }
 
 static uint64_t split_blocks(int64_t positions)

@@ -8,13 +8,16 @@
 #define BN_VK_W2A8_OUTPUTS 8 /* outputs a workgroup: shaders/w2a8_matvec.glsl */
 #define ROWS_KERNEL "w2a8_matvec_dot_f64_rows"
 #define ROWS_RB 8 /* activation rows a workgroup of it: its RB */
+#define TILES_KERNEL "w2a8_tiles"
+#define TILE_ROWS 32  /* activation rows a workgroup of it: its TM */
+#define TILE_GROUPS 8 /* the plain kernel's workgroups (groups of outputs) a tile */
 
 extern const unsigned char bn_vk_spv_w2a8_matvec[], bn_vk_spv_w2a8_matvec_f64[],
     bn_vk_spv_w2a8_matvec_dot[], bn_vk_spv_w2a8_matvec_dot_f64[],
-    bn_vk_spv_w2a8_matvec_dot_f64_rows[], bn_vk_spv_w2a8_normed[];
+    bn_vk_spv_w2a8_matvec_dot_f64_rows[], bn_vk_spv_w2a8_normed[], bn_vk_spv_w2a8_tiles[];
 extern const size_t bn_vk_spv_w2a8_matvec_len, bn_vk_spv_w2a8_matvec_f64_len,
     bn_vk_spv_w2a8_matvec_dot_len, bn_vk_spv_w2a8_matvec_dot_f64_len,
-    bn_vk_spv_w2a8_matvec_dot_f64_rows_len, bn_vk_spv_w2a8_normed_len;
+    bn_vk_spv_w2a8_matvec_dot_f64_rows_len, bn_vk_spv_w2a8_normed_len, bn_vk_spv_w2a8_tiles_len;
 
 /* The shader's push constants, in its order. */
 typedef struct matvec_params {
@@ -87,22 +90,41 @@ bool bn_vk_w2a8_rows_kernel_fits(const bn_vk *vk)
     return d->fp64 && bn_vk_w2a8_dot_fits(vk);
 }
 
-bn_status bn_vk_w2a8_rows_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
+/* A kernel of many rows (exact division, integer dot products) named
+ * name, for `what`. */
+static bn_status many_rows_kernel(bn_vk *vk, const char *name, const unsigned char *spirv,
+                                  size_t len, const char *what, bn_vk_kernel **out, bn_error *err)
 {
     if (!bn_vk_w2a8_rows_kernel_fits(vk))
         return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
-                            "Vulkan: %s lacks fp64 or integer dot products for the W2A8 "
-                            "product of many rows",
-                            bn_vk_device(vk)->name);
-    return bn_vk_kernel_create(vk, ROWS_KERNEL, bn_vk_spv_w2a8_matvec_dot_f64_rows,
-                               bn_vk_spv_w2a8_matvec_dot_f64_rows_len, N_BUFFERS,
-                               sizeof(matvec_params), out, err);
+                            "Vulkan: %s lacks fp64 or integer dot products for %s",
+                            bn_vk_device(vk)->name, what);
+    return bn_vk_kernel_create(vk, name, spirv, len, N_BUFFERS, sizeof(matvec_params), out, err);
 }
 
-/* Workgroups of `kernel` for `per_row` workgroups an activation row. */
+bn_status bn_vk_w2a8_rows_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
+{
+    return many_rows_kernel(vk, ROWS_KERNEL, bn_vk_spv_w2a8_matvec_dot_f64_rows,
+                            bn_vk_spv_w2a8_matvec_dot_f64_rows_len,
+                            "the W2A8 product of many rows", out, err);
+}
+
+bn_status bn_vk_w2a8_tiles_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
+{
+    return many_rows_kernel(vk, TILES_KERNEL, bn_vk_spv_w2a8_tiles, bn_vk_spv_w2a8_tiles_len,
+                            "the tiled W2A8 product", out, err);
+}
+
+/* Workgroups of `kernel` for `per_row` of the plain kernel's workgroups an
+ * activation row: the rows kernel takes ROWS_RB rows of them, the tiled
+ * one TILE_GROUPS of them times TILE_ROWS rows. */
 static uint64_t groups_for(const bn_vk_kernel *kernel, uint64_t per_row, int64_t rows)
 {
-    const uint64_t rb = strcmp(bn_vk_kernel_name(kernel), ROWS_KERNEL) == 0 ? ROWS_RB : 1;
+    const char *name = bn_vk_kernel_name(kernel);
+    if (strcmp(name, TILES_KERNEL) == 0)
+        return (per_row + TILE_GROUPS - 1) / TILE_GROUPS *
+               (((uint64_t)rows + TILE_ROWS - 1) / TILE_ROWS);
+    const uint64_t rb = strcmp(name, ROWS_KERNEL) == 0 ? ROWS_RB : 1;
     return per_row * (((uint64_t)rows + rb - 1) / rb);
 }
 

@@ -47,6 +47,12 @@ bn_status bn_vk_w2a8_kernel(bn_vk *vk, bool exact_division, bool dot_product,
 bool bn_vk_w2a8_rows_kernel_fits(const bn_vk *vk);
 bn_status bn_vk_w2a8_rows_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err);
 
+/* The same product as a tiled matrix product (shaders/w2a8_tiles.comp: a
+ * workgroup 32 activation rows times 64 outputs through shared memory),
+ * for passes of many rows; the same outputs bit for bit, on the devices
+ * bn_vk_w2a8_rows_kernel_fits names. */
+bn_status bn_vk_w2a8_tiles_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err);
+
 /* What a product does with its output v at y[i] (the CPU's operations,
  * each rounded once): stores it, or adds it (the residual add, y += v). */
 typedef enum bn_vk_w2a8_epilogue {

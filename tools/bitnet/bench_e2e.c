@@ -397,20 +397,25 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t 
 /* Where the CPU's decode steps and prompt chunks spent their time, stage
  * by stage, and what the thread pool's hand-offs cost. */
 #if defined(BITNET_HAVE_VULKAN)
-/* The kernels of one more decode step on the Vulkan backend, timed by the
- * device's timestamps (each from the end of the dispatch before). */
-static void print_vulkan_step(void *vk, int32_t token, int64_t pos)
+/* The kernels of one more pass on the Vulkan backend, timed by the
+ * device's timestamps (each from the end of the dispatch before): a decode
+ * step (n = 1) or a prompt chunk of n rows. */
+static void print_vulkan_pass(void *vk, const int32_t *tokens, int64_t n, int64_t pos)
 {
+    const char *what = n == 1 ? "decode step" : "prompt chunk";
     bn_vk_pass_profile p;
     bn_error err;
     bn_error_clear(&err);
-    if (bn_vk_backend_profile_step(vk, token, pos, &p, &err) != BN_OK) {
-        printf("per-kernel time of a decode step: not measured (%s)\n", err.message);
+    if (bn_vk_backend_profile_pass(vk, tokens, n, pos, &p, &err) != BN_OK) {
+        printf("per-kernel time of a %s: not measured (%s)\n", what, err.message);
         return;
     }
-    printf("\nper-kernel time of one decode step (Vulkan timestamps, from the end of the "
-           "dispatch before):\n");
-    printf("  %-24s %9s %7s %10s\n", "kernel", "us/step", "share", "dispatches");
+    printf("\nper-kernel time of one %s", what);
+    if (n > 1)
+        printf(" (%lld rows at positions %lld..%lld)", (long long)n, (long long)pos,
+               (long long)(pos + n - 1));
+    printf(" (Vulkan timestamps, from the end of the dispatch before):\n");
+    printf("  %-24s %9s %7s %10s\n", "kernel", "us/pass", "share", "dispatches");
     for (int k = 0; k < p.n; k++)
         printf("  %-24s %9.1f %6.1f%% %10d\n", p.names[k], p.us[k],
                p.total_us > 0 ? 100.0 * p.us[k] / p.total_us : 0.0, p.dispatches[k]);
@@ -601,6 +606,12 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
     }
     if (st == BN_OK)
         st = bn_engine_generate(e, &req, &g, &err);
+#if defined(BITNET_HAVE_VULKAN)
+    /* The prompt's last rows, for the Vulkan prompt chunk's profile below. */
+    int32_t tail[BN_VK_PROFILE_ROWS];
+    const long long tail_n = n_prompt < BN_VK_PROFILE_ROWS ? n_prompt : BN_VK_PROFILE_ROWS;
+    memcpy(tail, prompt + (n_prompt - tail_n), (size_t)tail_n * sizeof *tail);
+#endif
     free(prompt);
     if (st != BN_OK) {
         bn_engine_free(e);
@@ -671,7 +682,9 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
 #if defined(BITNET_HAVE_VULKAN)
     void *vk = bn_engine_backend_handle(e, "vulkan");
     if (vk && g.n_tokens > 0)
-        print_vulkan_step(vk, g.tokens[g.n_tokens - 1], n_prompt + g.n_tokens - 1);
+        print_vulkan_pass(vk, &g.tokens[g.n_tokens - 1], 1, n_prompt + g.n_tokens - 1);
+    if (vk && tail_n > 1) /* the prompt's last rows again (forgetting what follows) */
+        print_vulkan_pass(vk, tail, tail_n, n_prompt - tail_n);
 #endif
     printf("memory    weights %s (packed for the kernels %s + embedding %s), KV cache %s (%lld "
            "positions), scratch %s",

@@ -23,12 +23,17 @@
 // A row whose sequence, position or blocks fall outside the tables, the
 // cache or the scratch row gets NaN (the host cannot check device data).
 
-// 512 invocations (a decode step's positions up to 512 scored in one
-// round; the weighted sum takes one invocation an output element, so
-// those past head_dim wait there). H200, 2B-4T heads: at context 1000
+// 512 invocations for a decode step's row (its positions up to 512 scored
+// in one round; the weighted sum takes one invocation an output element,
+// so those past head_dim wait there). H200, 2B-4T heads: at context 1000
 // 2862-2864 us a step against 3043-3057 with 256 (and 4262 with 128); at
-// context 160 the same as 256 (659-664).
-#define WG 512u
+// context 160 the same as 256 (659-664). A pass of many rows has
+// workgroups enough to fill the device without them: WG_SIZE 128
+// (attention_rows.comp, attention_f64_rows.comp), the same arithmetic.
+#ifndef WG_SIZE
+#define WG_SIZE 512
+#endif
+#define WG uint(WG_SIZE)
 #define MAX_HD 512u
 // Values of positions loaded at once in the weighted sum (H200, 2B-4T
 // heads, the step's attention against 32: 2719-2724 us against 2867-2870
@@ -36,7 +41,7 @@
 // 128 gave 2676-2687, 9086 and 675-680).
 #define VBATCH 64u
 
-layout(local_size_x = 512) in;
+layout(local_size_x = WG_SIZE) in;
 
 // Bindings 0 to 4 and 6 (the rows, the tables, q, the caches, att):
 // attention_keys.glsl.
