@@ -671,7 +671,7 @@ static void check_attention(bn_vk *vk, bn_vk_ops *ops, int n_head, int n_kv, int
  * scratch or the tables, a block past the cache) beside a good row:
  * attention writes NaN for them (the q, k, v product stores nothing for
  * them: test_vulkan_w2a8). */
-static void check_bad_rows(bn_vk *vk, bn_vk_ops *ops)
+static void check_bad_rows(bn_vk *vk, bn_vk_ops *ops, bool many)
 {
     const int n_head = 2, n_kv = 1, hd = 16;
     layout l = make_layout(2, 4, 3);
@@ -681,6 +681,8 @@ static void check_bad_rows(bn_vk *vk, bn_vk_ops *ops)
     add_row(&l, 0, 12);        /* past the tables (3 blocks of 4) */
     add_row(&l, 1, 9);         /* its block is past the cache */
     add_row(&l, 1, -1);        /* a negative position */
+    for (int i = 0; many && i < 4; i++) /* a pass of 8 or more rows */
+        add_row(&l, i % 2 ? 5 : 0, i % 2 ? 1 : 12 + i);
     const int64_t rows = l.rows, q_dim = n_head * hd, kv_dim = n_kv * hd;
     const int64_t cache_floats = l.cache_rows * kv_dim, stride = 12;
     float *q = floats(rows * q_dim), *cache = floats(cache_floats), *att = floats(rows * q_dim);
@@ -867,9 +869,11 @@ int main(void)
         /* The 2B model's heads, a context past a workgroup's positions. */
         static const int len[] = {700, 130, 17}, n_rows[] = {3, 2, 1};
         check_attention(vk, ops, 20, 5, 128, len, n_rows, 3);
-        /* nine rows: the workgroups of 128 */
+        /* nine rows: a workgroup a row and KV head; a group of 5 (past
+         * its 4) in workgroups of 128 */
         static const int len9[] = {300, 40}, n_rows9[] = {6, 3};
         check_attention(vk, ops, 20, 5, 128, len9, n_rows9, 2);
+        check_attention(vk, ops, 10, 2, 24, len9, n_rows9, 2);
     }
     {
         const int len[] = {(int)test_rand_range(1, 300), (int)test_rand_range(1, 300)};
@@ -880,7 +884,8 @@ int main(void)
            "arithmetic with exp in double\n",
            (long long)attn_compared, (long long)attn_same_expf, (long long)attn_same_double);
     printf("split attention: largest difference %.3g of the range\n", split_worst_all);
-    check_bad_rows(vk, ops);
+    check_bad_rows(vk, ops, false);
+    check_bad_rows(vk, ops, true);
     check_refusals(vk, ops);
     bn_vk_ops_free(vk, ops);
     if (bn_vk_device(vk)->fp64 && bn_vk_device(vk)->subgroup_arithmetic) {
@@ -892,7 +897,7 @@ int main(void)
         if (trees) {
             check_attention(vk, trees, 20, 5, 128, len, n_rows, 3);
             check_attention(vk, trees, 6, 3, 100, len, n_rows, 3);
-            check_bad_rows(vk, trees);
+            check_bad_rows(vk, trees, false);
         }
         bn_vk_ops_free(vk, trees);
     }

@@ -17,18 +17,22 @@ extern const unsigned char bn_vk_spv_attention[], bn_vk_spv_attention_split[],
     bn_vk_spv_attention_split_f64[], bn_vk_spv_attention_split_f64_sg[], bn_vk_spv_attention_f64[],
     bn_vk_spv_rmsnorm[], bn_vk_spv_rmsnorm_f64[], bn_vk_spv_head_matvec[],
     bn_vk_spv_head_matvec_rows[], bn_vk_spv_head_matvec_row1[], bn_vk_spv_argmax_rows[],
-    bn_vk_spv_attention_rows[], bn_vk_spv_attention_f64_rows[];
+    bn_vk_spv_attention_rows[], bn_vk_spv_attention_f64_rows[], bn_vk_spv_attention_group[],
+    bn_vk_spv_attention_group_f64[];
 extern const size_t bn_vk_spv_attention_len, bn_vk_spv_attention_split_len,
     bn_vk_spv_attention_split_f64_len, bn_vk_spv_attention_split_f64_sg_len,
     bn_vk_spv_attention_f64_len, bn_vk_spv_rmsnorm_len, bn_vk_spv_rmsnorm_f64_len,
     bn_vk_spv_head_matvec_len, bn_vk_spv_head_matvec_rows_len, bn_vk_spv_head_matvec_row1_len,
-    bn_vk_spv_argmax_rows_len, bn_vk_spv_attention_rows_len, bn_vk_spv_attention_f64_rows_len;
+    bn_vk_spv_argmax_rows_len, bn_vk_spv_attention_rows_len, bn_vk_spv_attention_f64_rows_len,
+    bn_vk_spv_attention_group_len, bn_vk_spv_attention_group_f64_len;
 
 struct bn_vk_ops {
-    /* attention_rows: the same attention in workgroups of ATTN_ROWS_INVOCATIONS,
-     * for passes of at least ATTN_ROWS_MIN rows */
-    bn_vk_kernel *attention, *attention_rows, *split, *rmsnorm, *head, *head_rows, *head_row1,
-        *argmax;
+    /* For passes of at least ATTN_ROWS_MIN rows, the same attention a
+     * workgroup a row and KV head (attention_group: groups of at most
+     * ATTN_GROUP_MAX query heads of ATTN_GROUP_VALUES values together), or
+     * in workgroups of ATTN_ROWS_INVOCATIONS (attention_rows: others). */
+    bn_vk_kernel *attention, *attention_rows, *attention_group, *split, *rmsnorm, *head, *head_rows,
+        *head_row1, *argmax;
 };
 
 /* The shaders' push constants, in their order. Both attentions take
@@ -60,6 +64,8 @@ typedef struct head_params {
  * enough to fill a GPU with them. */
 #define ATTN_ROWS_INVOCATIONS 128
 #define ATTN_ROWS_MIN 8
+#define ATTN_GROUP_MAX 4      /* attention_group.glsl's MAX_G */
+#define ATTN_GROUP_VALUES 512 /* its MAX_GHD */
 /* Shader indices are 32-bit: a * b and a + b as extents, or BIG once past
  * 2^32 - 1. */
 #define BIG UINT64_MAX
@@ -104,6 +110,11 @@ static bn_status create(bn_vk *vk, bool split_subgroups, bn_vk_ops **out, bn_err
             vk, "attention_rows", fp64 ? bn_vk_spv_attention_f64_rows : bn_vk_spv_attention_rows,
             fp64 ? bn_vk_spv_attention_f64_rows_len : bn_vk_spv_attention_rows_len, 7,
             sizeof(attn_params), &ops->attention_rows, err);
+    if (st == BN_OK)
+        st = bn_vk_kernel_create(
+            vk, "attention_group", fp64 ? bn_vk_spv_attention_group_f64 : bn_vk_spv_attention_group,
+            fp64 ? bn_vk_spv_attention_group_f64_len : bn_vk_spv_attention_group_len, 7,
+            sizeof(attn_params), &ops->attention_group, err);
     const bool split_sg = fp64 && d->subgroup_arithmetic && split_subgroups;
     if (st == BN_OK)
         st = bn_vk_kernel_create(vk, "attention_split",
@@ -158,6 +169,7 @@ void bn_vk_ops_free(bn_vk *vk, bn_vk_ops *ops)
         return;
     bn_vk_kernel_free(vk, ops->attention);
     bn_vk_kernel_free(vk, ops->attention_rows);
+    bn_vk_kernel_free(vk, ops->attention_group);
     bn_vk_kernel_free(vk, ops->split);
     bn_vk_kernel_free(vk, ops->rmsnorm);
     bn_vk_kernel_free(vk, ops->head);
@@ -249,8 +261,13 @@ bn_status bn_vk_attention_record(bn_vk *vk, bn_vk_ops *ops, const bn_vk_attn_sha
         return BN_OK;
     const attn_params p = attn_params_of(s, r, n_seq, layer_off, (uint64_t)scratch_stride);
     bn_vk_buffer *const buffers[7] = {r->info, r->tables, q, k_cache, v_cache, scratch, att};
-    return bn_vk_dispatch_groups(vk, rows >= ATTN_ROWS_MIN ? ops->attention_rows : ops->attention,
-                                 buffers, &p, items, err);
+    if (rows < ATTN_ROWS_MIN)
+        return bn_vk_dispatch_groups(vk, ops->attention, buffers, &p, items, err);
+    const int group = s->n_head / s->n_kv;
+    if (group <= ATTN_GROUP_MAX && (int64_t)group * s->head_dim <= ATTN_GROUP_VALUES)
+        return bn_vk_dispatch_groups(vk, ops->attention_group, buffers, &p,
+                                     prod(rows, (uint64_t)s->n_kv), err);
+    return bn_vk_dispatch_groups(vk, ops->attention_rows, buffers, &p, items, err);
 }
 
 static uint64_t split_blocks(int64_t positions)

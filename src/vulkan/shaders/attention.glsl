@@ -43,24 +43,8 @@
 
 layout(local_size_x = WG_SIZE) in;
 
-// Bindings 0 to 4 and 6 (the rows, the tables, q, the caches, att):
-// attention_keys.glsl.
-layout(std430, binding = 5) buffer Scratch { float scratch[]; };    // [rows][n_head][stride]
-
-layout(push_constant) uniform Params {
-    uint rows;
-    uint n_head;
-    uint head_dim;
-    uint group;        // query heads a KV head serves
-    uint kv_dim;
-    uint block_size;
-    uint max_blocks;
-    uint n_seq;        // sequences the tables buffer holds
-    uint cache_rows;   // rows of one layer's cache
-    uint layer_off;    // floats before this layer's cache
-    uint stride;       // scratch floats a (row, head)
-    float scale;
-} p;
+// The scratch (binding 5) and push constants: attention_scratch.glsl.
+#include "attention_scratch.glsl"
 
 #include "exact_math.glsl"
 

@@ -40,26 +40,38 @@ uint kv_at(uint seq, uint t, inout bool ok)
 #ifndef KEY_CHUNK
 #define KEY_CHUNK 16u
 #endif
+// Whether a key's values lie on 16 bytes (then read as vec4s).
+bool keys_by_vec4()
+{
+    return p.head_dim % 4u == 0u && p.kv_dim % 4u == 0u && p.layer_off % 4u == 0u;
+}
+
+// KEY_CHUNK values of the cache from float at on.
+void load_key_chunk(uint at, bool by_vec4, out float kv[KEY_CHUNK])
+{
+    if (by_vec4) {
+        for (uint u = 0u; u < KEY_CHUNK / 4u; u++) {
+            const vec4 a = kc4[at / 4u + u];
+            kv[4u * u] = a.x;
+            kv[4u * u + 1u] = a.y;
+            kv[4u * u + 2u] = a.z;
+            kv[4u * u + 3u] = a.w;
+        }
+    } else {
+        for (uint l = 0u; l < KEY_CHUNK; l++)
+            kv[l] = kc[at + l];
+    }
+}
+
 float score(uint kb)
 {
     const uint hd = p.head_dim;
     precise float acc[8] = float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     uint i = 0u;
-    const bool by_vec4 = hd % 4u == 0u && p.kv_dim % 4u == 0u && p.layer_off % 4u == 0u;
+    const bool by_vec4 = keys_by_vec4();
     for (; i + KEY_CHUNK <= hd; i += KEY_CHUNK) {
         float kv[KEY_CHUNK];
-        if (by_vec4) {
-            for (uint u = 0u; u < KEY_CHUNK / 4u; u++) {
-                const vec4 a = kc4[(kb + i) / 4u + u];
-                kv[4u * u] = a.x;
-                kv[4u * u + 1u] = a.y;
-                kv[4u * u + 2u] = a.z;
-                kv[4u * u + 3u] = a.w;
-            }
-        } else {
-            for (uint l = 0u; l < KEY_CHUNK; l++)
-                kv[l] = kc[kb + i + l];
-        }
+        load_key_chunk(kb + i, by_vec4, kv);
         for (uint r = 0u; r < KEY_CHUNK; r += 8u)
             for (uint l = 0u; l < 8u; l++)
                 acc[l] = acc[l] + q_sh[i + r + l] * kv[r + l];
@@ -74,3 +86,22 @@ float score(uint kb)
         p.scale;
     return s;
 }
+
+#ifdef TREE_N
+// The workgroup's largest v by a tree over the including shader's shared
+// float red[TREE_N] (TREE_N its invocations; NaN never wins, as C's s > m).
+// Reached by the whole workgroup.
+float tree_max(float v)
+{
+    const uint tid = gl_LocalInvocationID.x;
+    barrier(); // red's last use is over
+    red[tid] = v;
+    barrier();
+    for (uint h = TREE_N / 2u; h > 0u; h >>= 1u) {
+        if (tid < h && red[tid + h] > red[tid])
+            red[tid] = red[tid + h];
+        barrier();
+    }
+    return red[0];
+}
+#endif

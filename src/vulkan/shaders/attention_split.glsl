@@ -72,6 +72,7 @@ shared bool bad, last;
 #define NEG_INF uintBitsToFloat(0xff800000u)
 
 #define KEY_CHUNK 64u // a key's values loaded at once (attention_keys.glsl)
+#define TREE_N THREADS // its tree_max over red
 #include "attention_keys.glsl"
 
 // The row's sequence and position count, or false when it falls outside
@@ -120,19 +121,7 @@ float reduce_sum(float v)
     return r;
 }
 #else
-float reduce_max(float v)
-{
-    const uint tid = gl_LocalInvocationID.x;
-    barrier(); // red's last use is over
-    red[tid] = v;
-    barrier();
-    for (uint h = THREADS / 2u; h > 0u; h >>= 1u) {
-        if (tid < h && red[tid + h] > red[tid])
-            red[tid] = red[tid + h];
-        barrier();
-    }
-    return red[0];
-}
+float reduce_max(float v) { return tree_max(v); }
 
 float reduce_sum(float v)
 {

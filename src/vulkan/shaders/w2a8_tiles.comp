@@ -32,12 +32,15 @@
 #include "sdot.glsl"
 
 #define TM 32u      // activation rows a workgroup (vk_w2a8.c's TILE_ROWS)
-#define MR 2u       // rows an invocation sums for
-#define THREADS 256u // TM / MR x 16 groups of four slots
+#ifndef LAB_MR
+#define LAB_MR 2
+#endif
+#define MR uint(LAB_MR)       // rows an invocation sums for
+#define THREADS (TM / MR * 16u) // groups of MR rows x 16 groups of four slots
 #define SLOTS 64u     // weight rows a workgroup: eight groups of eight
 #define KW 8u         // weight words a stage
 #define KQ (4u * KW)  // dot products of four a stage (a row's or a slot's)
-layout(local_size_x = 256) in;
+layout(local_size_x = 32 / LAB_MR * 16) in;
 
 #include "w2a8_params.glsl"
 
@@ -147,8 +150,13 @@ void main()
         if (st > 0u) { // stage st - 1, in shared memory
             for (uint kq = 0u; kq < KQ; kq++) {
                 int a[MR];
+#if LAB_MR == 4
+                const ivec4 a4 = pool[A_AT(kq, tr * MR) / 4u];
+                a = int[4](a4.x, a4.y, a4.z, a4.w);
+#else
                 for (uint r = 0u; r < MR; r++)
                     a[r] = pool_int(A_AT(kq, tr * MR + r));
+#endif
                 const ivec4 b = pool[B_AT(kq, ts)];
                 for (uint r = 0u; r < MR; r++)
                     for (uint c = 0u; c < 4u; c++)
