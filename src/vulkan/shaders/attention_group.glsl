@@ -56,7 +56,7 @@ void group_scores(uint kb, uint G, out float s[MAX_G])
     uint i = 0u;
     for (; i + KEY_CHUNK <= hd; i += KEY_CHUNK) {
         float kv[KEY_CHUNK];
-        load_key_chunk(kb + i, by_vec4, kv);
+        LOAD_KEY_CHUNK(kv, kb + i, by_vec4)
         for (uint g = 0u; g < MAX_G; g++)
             if (g < G)
                 for (uint r = 0u; r < KEY_CHUNK; r += 8u)

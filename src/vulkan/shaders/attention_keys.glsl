@@ -46,22 +46,22 @@ bool keys_by_vec4()
     return p.head_dim % 4u == 0u && p.kv_dim % 4u == 0u && p.layer_off % 4u == 0u;
 }
 
-// KEY_CHUNK values of the cache from float at on.
-void load_key_chunk(uint at, bool by_vec4, out float kv[KEY_CHUNK])
-{
-    if (by_vec4) {
-        for (uint u = 0u; u < KEY_CHUNK / 4u; u++) {
-            const vec4 a = kc4[at / 4u + u];
-            kv[4u * u] = a.x;
-            kv[4u * u + 1u] = a.y;
-            kv[4u * u + 2u] = a.z;
-            kv[4u * u + 3u] = a.w;
-        }
-    } else {
-        for (uint l = 0u; l < KEY_CHUNK; l++)
-            kv[l] = kc[at + l];
+// KEY_CHUNK values of the cache from float `at` on into the array kv, as
+// vec4s where by_vec4 (a macro, so the loads sit in the loop as written:
+// the split attention's 64 are registers).
+#define LOAD_KEY_CHUNK(kv, at, by_vec4)                                                    \
+    if (by_vec4) {                                                                         \
+        for (uint u_ = 0u; u_ < KEY_CHUNK / 4u; u_++) {                                    \
+            const vec4 a_ = kc4[(at) / 4u + u_];                                           \
+            kv[4u * u_] = a_.x;                                                            \
+            kv[4u * u_ + 1u] = a_.y;                                                       \
+            kv[4u * u_ + 2u] = a_.z;                                                       \
+            kv[4u * u_ + 3u] = a_.w;                                                       \
+        }                                                                                  \
+    } else {                                                                               \
+        for (uint l_ = 0u; l_ < KEY_CHUNK; l_++)                                           \
+            kv[l_] = kc[(at) + l_];                                                        \
     }
-}
 
 float score(uint kb)
 {
@@ -71,7 +71,7 @@ float score(uint kb)
     const bool by_vec4 = keys_by_vec4();
     for (; i + KEY_CHUNK <= hd; i += KEY_CHUNK) {
         float kv[KEY_CHUNK];
-        load_key_chunk(kb + i, by_vec4, kv);
+        LOAD_KEY_CHUNK(kv, kb + i, by_vec4)
         for (uint r = 0u; r < KEY_CHUNK; r += 8u)
             for (uint l = 0u; l < 8u; l++)
                 acc[l] = acc[l] + q_sh[i + r + l] * kv[r + l];

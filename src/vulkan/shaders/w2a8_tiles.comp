@@ -20,11 +20,13 @@
 // rows (vk_w2a8.c).
 //
 // H200, the 2B-4T shape's prompt chunks of 64 rows (bitnet bench e2e
-// --prompt 128; the products 310 us a layer): prefill 4418-4444 tok/s
-// against 3219-3221 with the rows kernel and 4155-4178 with 64 rows a
-// workgroup (4 x 4 sums an invocation), in one call; 4795-4825 against
-// 4017-4227 with 16 rows and 128 invocations (twice the workgroups), in
-// another.
+// --prompt 128): with 2 x 4 sums an invocation (256 invocations) prefill
+// 4418-4444 tok/s against 3219-3221 with the rows kernel and 4155-4178
+// with 64 rows a workgroup (4 x 4 sums), in one call; 4795-4825 against
+// 4017-4227 with 16 rows a workgroup (twice the workgroups), in another;
+// 4 x 4 sums of 32 rows (128 invocations, as here) 4946-4947 against
+// 4751-4755 with 2 x 4, and 3873-4024 with sixteen words a stage, in a
+// third.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_spirv_intrinsics : require
 #define EXACT_DIVISION 1
@@ -32,15 +34,12 @@
 #include "sdot.glsl"
 
 #define TM 32u      // activation rows a workgroup (vk_w2a8.c's TILE_ROWS)
-#ifndef LAB_MR
-#define LAB_MR 2
-#endif
-#define MR uint(LAB_MR)       // rows an invocation sums for
-#define THREADS (TM / MR * 16u) // groups of MR rows x 16 groups of four slots
+#define MR 4u        // rows an invocation sums for
+#define THREADS 128u // TM / MR groups of rows x 16 groups of four slots
 #define SLOTS 64u     // weight rows a workgroup: eight groups of eight
 #define KW 8u         // weight words a stage
 #define KQ (4u * KW)  // dot products of four a stage (a row's or a slot's)
-layout(local_size_x = 32 / LAB_MR * 16) in;
+layout(local_size_x = 128) in;
 
 #include "w2a8_params.glsl"
 
@@ -149,14 +148,7 @@ void main()
         }
         if (st > 0u) { // stage st - 1, in shared memory
             for (uint kq = 0u; kq < KQ; kq++) {
-                int a[MR];
-#if LAB_MR == 4
-                const ivec4 a4 = pool[A_AT(kq, tr * MR) / 4u];
-                a = int[4](a4.x, a4.y, a4.z, a4.w);
-#else
-                for (uint r = 0u; r < MR; r++)
-                    a[r] = pool_int(A_AT(kq, tr * MR + r));
-#endif
+                const ivec4 a = pool[A_AT(kq, tr * MR) / 4u]; // rows tr MR .. + 3
                 const ivec4 b = pool[B_AT(kq, ts)];
                 for (uint r = 0u; r < MR; r++)
                     for (uint c = 0u; c < 4u; c++)
