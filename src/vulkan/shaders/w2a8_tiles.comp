@@ -33,12 +33,12 @@
 
 #include "sdot.glsl"
 
-#define TM 32u      // activation rows a workgroup (vk_w2a8.c's TILE_ROWS)
+#define TM 32u       // activation rows a workgroup (vk_w2a8.c's TILE_ROWS)
 #define MR 4u        // rows an invocation sums for
 #define THREADS 128u // TM / MR groups of rows x 16 groups of four slots
-#define SLOTS 64u     // weight rows a workgroup: eight groups of eight
-#define KW 8u         // weight words a stage
-#define KQ (4u * KW)  // dot products of four a stage (a row's or a slot's)
+#define SLOTS 64u    // weight rows a workgroup: eight groups of eight
+#define KW 8u        // weight words a stage
+#define KQ (4u * KW) // dot products of four a stage (a row's or a slot's)
 layout(local_size_x = 128) in;
 
 #include "w2a8_params.glsl"
@@ -48,7 +48,7 @@ layout(local_size_x = 128) in;
 // qkv_geometry, qkv_epilogue.
 #include "w2a8_qkv.glsl"
 
-// One pool (16 KiB: lavapipe's devices have 32): a stage's activation
+// One pool (12 KiB; lavapipe's devices have 32): a stage's activation
 // words, ints [kq][row], and spread weight words, ivec4s [kq][slot / 4];
 // after the last stage the tile's sums, ints [row][slot].
 shared ivec4 pool[KQ * (TM + SLOTS) / 4u];
@@ -94,8 +94,8 @@ uint groups_a_row()
 }
 
 // The global loads of stage st into registers: the activation words this
-// invocation copies (TM KW of them over the workgroup) and the weight
-// words (SLOTS KW: two an invocation).
+// invocation copies (TM KW of them over the workgroup: two an invocation)
+// and the weight words (SLOTS KW: four an invocation).
 #define A_PER ((TM * KW + THREADS - 1u) / THREADS)
 #define B_PER (SLOTS * KW / THREADS)
 
