@@ -29,40 +29,6 @@
 #define HEAD_DIM 128
 #define CACHE 4096
 
-/* The shader's push constants (vk_ops.c: attn_params). */
-typedef struct {
-    uint32_t rows, n_head, head_dim, group, kv_dim, block_size, max_blocks, n_seq, cache_rows,
-        layer_off, stride;
-    float scale;
-} attn_push;
-
-typedef struct {
-    bn_vk_ops *ops;
-    bn_vk_attn_shape shape;
-    bn_vk_rows rows;
-    bn_vk_buffer *q, *kc, *vc, *scratch, *att;
-} shipped_case;
-
-static void record_shipped(bn_vk *vk, void *ctx)
-{
-    shipped_case *c = ctx;
-    OK(bn_vk_attention_record(vk, c->ops, &c->shape, &c->rows, c->q, c->kc, c->vc, 0, c->scratch,
-                              CACHE, c->att, &err),
-       "attention");
-}
-
-typedef struct {
-    bn_vk_kernel *k;
-    bn_vk_buffer *bufs[7];
-    attn_push push;
-} lab_case;
-
-static void record_lab(bn_vk *vk, void *ctx)
-{
-    lab_case *c = ctx;
-    OK(bn_vk_dispatch(vk, c->k, c->bufs, &c->push, N_HEAD, 1, &err), "dispatch");
-}
-
 /* Prints how many of got equal want bit for bit, and the largest
  * difference; returns whether all do. */
 static bool compare(const char *what, int n_pos, const float *got, const float *want)
@@ -126,11 +92,17 @@ int main(int argc, char **argv)
         const int n_pos = contexts[ci];
         const int32_t info[2] = {0, n_pos - 1};
         OK(bn_vk_write(vk, &binfo, info, sizeof info, &err), "info");
-        shipped_case sc = {ops,  {N_HEAD, N_KV, HEAD_DIM, CACHE},
+        shipped_attn sc = {ops,
+                           {N_HEAD, N_KV, HEAD_DIM, CACHE},
                            {&binfo, &bt, 1, CACHE, 1},
-                           &bq,  &bkc, &bvc, &bscr, &bref};
+                           &bq,
+                           &bkc,
+                           &bvc,
+                           &bscr,
+                           &bref,
+                           CACHE};
         OK(bn_vk_begin(vk, &err), "begin");
-        record_shipped(vk, &sc);
+        record_shipped_exact(vk, &sc);
         OK(bn_vk_submit(vk, &err), "submit");
         float ref[N_HEAD * HEAD_DIM], got[N_HEAD * HEAD_DIM], cpu[N_HEAD * HEAD_DIM];
         OK(bn_vk_read(vk, &bref, ref, sizeof ref, &err), "read");
@@ -139,23 +111,23 @@ int main(int argc, char **argv)
         printf("\ncontext %d: us a dispatch, chains of %d (one: a submission of one)\n", n_pos,
                N_CHAIN);
         printf("  %-28s %9s %9s %9s\n", "form", "chained", "free", "one");
-        report(vk, "shipped", record_shipped, &sc, false);
+        report(vk, "shipped", record_shipped_exact, &sc, false);
         for (int f = 0; f < N_FORMS; f++) {
-            lab_case lc = {kernels[f],
-                           {&binfo, &bt, &bq, &bkc, &bvc, &bscr, &batt},
-                           {1, N_HEAD, HEAD_DIM, N_HEAD / N_KV, N_KV * HEAD_DIM, CACHE, 1, 1,
-                            CACHE, 0, CACHE, (float)(1.0 / sqrt((double)HEAD_DIM))}};
+            attn_case lc = {kernels[f],
+                            {&binfo, &bt, &bq, &bkc, &bvc, &bscr, &batt},
+                            flat_attn_push(1, N_HEAD, N_KV, HEAD_DIM, CACHE, CACHE),
+                            N_HEAD};
             const bool whole = strstr(forms[f], "stop") == NULL;
             if (whole) {
                 const float nan_row[N_HEAD * HEAD_DIM] = {NAN};
                 OK(bn_vk_write(vk, &batt, nan_row, sizeof nan_row, &err), "poison");
                 OK(bn_vk_begin(vk, &err), "begin");
-                record_lab(vk, &lc);
+                record_attn_case(vk, &lc);
                 OK(bn_vk_submit(vk, &err), "submit");
                 OK(bn_vk_read(vk, &batt, got, sizeof got, &err), "read");
                 failed += !compare(forms[f], n_pos, got, cpu);
             }
-            report(vk, forms[f], record_lab, &lc, false);
+            report(vk, forms[f], record_attn_case, &lc, false);
         }
     }
     printf("\nchecks: %s\n", failed ? "FAILED" : "every whole form gave the CPU's bits");

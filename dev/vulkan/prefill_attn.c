@@ -31,41 +31,6 @@
 #define CACHE 4096
 #define Q_DIM (N_HEAD * HEAD_DIM)
 
-/* The shaders' push constants (vk_ops.c: attn_params). */
-typedef struct {
-    uint32_t rows, n_head, head_dim, group, kv_dim, block_size, max_blocks, n_seq, cache_rows,
-        layer_off, stride;
-    float scale;
-} attn_push;
-
-typedef struct {
-    bn_vk_ops *ops;
-    bn_vk_attn_shape shape;
-    bn_vk_rows rows;
-    bn_vk_buffer *q, *kc, *vc, *scratch, *att;
-} shipped_case;
-
-static void record_shipped(bn_vk *vk, void *ctx)
-{
-    shipped_case *c = ctx;
-    OK(bn_vk_attention_record(vk, c->ops, &c->shape, &c->rows, c->q, c->kc, c->vc, 0, c->scratch,
-                              CACHE, c->att, &err),
-       "attention");
-}
-
-typedef struct {
-    bn_vk_kernel *k;
-    bn_vk_buffer *bufs[7];
-    attn_push push;
-    uint32_t groups;
-} tile_case;
-
-static void record_tile(bn_vk *vk, void *ctx)
-{
-    tile_case *c = ctx;
-    OK(bn_vk_dispatch(vk, c->k, c->bufs, &c->push, c->groups, 1, &err), "dispatch");
-}
-
 int main(int argc, char **argv)
 {
     lab_init(argc, argv);
@@ -117,10 +82,17 @@ int main(int argc, char **argv)
             info[2 * r + 1] = P - ROWS + r;
         }
         OK(bn_vk_write(vk, &binfo, info, sizeof info, &err), "info");
-        shipped_case sc = {ops, {N_HEAD, N_KV, HEAD_DIM, CACHE}, {&binfo, &bt, ROWS, CACHE, 1},
-                           &bq, &bkc, &bvc, &bs, &bref};
+        shipped_attn sc = {ops,
+                           {N_HEAD, N_KV, HEAD_DIM, CACHE},
+                           {&binfo, &bt, ROWS, CACHE, 1},
+                           &bq,
+                           &bkc,
+                           &bvc,
+                           &bs,
+                           &bref,
+                           CACHE};
         OK(bn_vk_begin(vk, &err), "begin");
-        record_shipped(vk, &sc);
+        record_shipped_exact(vk, &sc);
         OK(bn_vk_submit(vk, &err), "submit");
         OK(bn_vk_read(vk, &bref, ref, sizeof ref, &err), "read");
         float lo = INFINITY, hi = -INFINITY, most = 0.0f;
@@ -142,18 +114,17 @@ int main(int argc, char **argv)
         printf("context %d, %d rows: us a dispatch, chains of %d (one: a submission of one)\n", P,
                ROWS, N_CHAIN);
         printf("  %-28s %9s %9s %9s\n", "form", "chained", "free", "one");
-        report(vk, "shipped (a row, KV head)", record_shipped, &sc, false);
+        report(vk, "shipped (a row, KV head)", record_shipped_exact, &sc, false);
         for (int i = 0; i < 2; i++) {
             const int R = rows_a_group[i];
-            tile_case tc = {tiles[i],
+            attn_case tc = {tiles[i],
                             {&binfo, &bt, &bq, &bkc, &bvc, &bs, &batt},
-                            {ROWS, N_HEAD, HEAD_DIM, N_HEAD / N_KV, N_KV * HEAD_DIM, CACHE, 1, 1,
-                             CACHE, 0, CACHE, (float)(1.0 / sqrt((double)HEAD_DIM))},
+                            flat_attn_push(ROWS, N_HEAD, N_KV, HEAD_DIM, CACHE, CACHE),
                             (uint32_t)((ROWS + R - 1) / R * N_KV)};
             memset(got, 0xff, sizeof got);
             OK(bn_vk_write(vk, &batt, got, sizeof got, &err), "poison");
             OK(bn_vk_begin(vk, &err), "begin");
-            record_tile(vk, &tc);
+            record_attn_case(vk, &tc);
             OK(bn_vk_submit(vk, &err), "submit");
             OK(bn_vk_read(vk, &batt, got, sizeof got, &err), "read");
             int differ = 0;
@@ -162,7 +133,7 @@ int main(int argc, char **argv)
             printf("check %s against shipped, context %d: %s (%d of %d differ)\n", names[i], P,
                    differ ? "DIFFERENT" : "bit for bit", differ, ROWS * Q_DIM);
             failed += differ != 0;
-            report(vk, names[i], record_tile, &tc, false);
+            report(vk, names[i], record_attn_case, &tc, false);
         }
     }
     printf("\nchecks: %s\n", failed ? "FAILED" : "ok");

@@ -2,18 +2,15 @@
  * split_chain.c - the decode step's split attention (bn_vk_attention_split_record)
  * against a form with a workgroup a KV head instead of a query head
  * (shaders/split_gqa.comp: the KV head's four query heads share each key and
- * value loaded, over a quarter of the workgroups), and against the shipped
- * kernel's lab copy (shaders/split_lab.glsl) stopped after each phase, and
- * with the block's values loaded into shared memory at once.
+ * value loaded, over a quarter of the workgroups).
  *
  * One decode row of the 2B-4T shape (20 query heads of 128, 5 KV heads)
  * over a flat cache of 4096 positions at contexts 384, 1000 and 4000; each
  * form timed as chains of dispatches with a barrier before each (lab.h), as
  * the decode step runs it.
  *
- * Check: the GQA form and the lab copy's whole forms against the shipped
- * kernel bit for bit (the same arithmetic in the same order), and both
- * the shipped and the GQA form against the CPU's attention with
+ * Check: the GQA form against the shipped kernel bit for bit (the same
+ * arithmetic in the same order), and both against the CPU's attention with
  * exp in double (within 1e-5 of the outputs' range: the split sums are
  * grouped by block). Needs fp64 and subgroup arithmetic.
  *
@@ -29,41 +26,6 @@
 #define HEAD_DIM 128
 #define CACHE 4096
 #define OUT (N_HEAD * HEAD_DIM)
-
-/* The shader's push constants (vk_ops.c: attn_params). */
-typedef struct {
-    uint32_t rows, n_head, head_dim, group, kv_dim, block_size, max_blocks, n_seq, cache_rows,
-        layer_off, blocks;
-    float scale;
-} split_push;
-
-typedef struct {
-    bn_vk_ops *ops;
-    bn_vk_attn_shape shape;
-    bn_vk_rows rows;
-    bn_vk_buffer *q, *kc, *vc, *part, *att;
-} shipped_case;
-
-static void record_shipped(bn_vk *vk, void *ctx)
-{
-    shipped_case *c = ctx;
-    OK(bn_vk_attention_split_record(vk, c->ops, &c->shape, &c->rows, c->q, c->kc, c->vc, 0, c->part,
-                                    CACHE, c->att, &err),
-       "split attention");
-}
-
-typedef struct {
-    bn_vk_kernel *k;
-    bn_vk_buffer *bufs[7];
-    split_push push;
-    uint32_t n_groups; /* workgroups */
-} gqa_case;
-
-static void record_gqa(bn_vk *vk, void *ctx)
-{
-    gqa_case *c = ctx;
-    OK(bn_vk_dispatch(vk, c->k, c->bufs, &c->push, c->n_groups, 1, &err), "dispatch");
-}
 
 /* Whether every output of got lies within 1e-5 of want's range of want's;
  * prints the largest difference and how many are want's bits. */
@@ -120,33 +82,23 @@ int main(int argc, char **argv)
     bn_vk_buffer bpart = buffer_with(vk, zero, part_floats * 4);
     bn_vk_buffer bpart2 = buffer_with(vk, zero, part_floats * 4);
     bn_vk_buffer bref = buffer_with(vk, NULL, OUT * 4), batt = buffer_with(vk, NULL, OUT * 4);
-    bn_vk_kernel *gqa = lab_kernel(vk, "split_gqa", 7, sizeof(split_push));
-    /* The shipped kernel's lab copy (shaders/split_lab.glsl): stopped after
-     * each phase, and with the block's values loaded at once. */
-    static const char *const lab_names[] = {"split_lab_full", "split_lab_stop1",
-                                            "split_lab_stop2", "split_lab_stop3",
-                                            "split_lab_stop4", "split_lab_vpre",
-                                            "split_lab_vpre_late"};
-    enum { N_LAB = sizeof lab_names / sizeof lab_names[0] };
-    bn_vk_kernel *labk[N_LAB];
-    for (int i = 0; i < N_LAB; i++)
-        labk[i] = lab_kernel(vk, lab_names[i], 7, sizeof(split_push));
+    bn_vk_kernel *gqa = lab_kernel(vk, "split_gqa", 7, sizeof(attn_push));
     int failed = 0;
     static const int contexts[] = {384, 1000, 4000};
     for (int ci = 0; ci < 3; ci++) {
         const int n_pos = contexts[ci];
         const int32_t info[2] = {0, n_pos - 1};
         OK(bn_vk_write(vk, &binfo, info, sizeof info, &err), "info");
-        shipped_case sc = {ops, shape, {&binfo, &bt, 1, CACHE, 1}, &bq, &bkc, &bvc, &bpart, &bref};
-        gqa_case gc = {gqa,
-                       {&binfo, &bt, &bq, &bkc, &bvc, &bpart2, &batt},
-                       {1, N_HEAD, HEAD_DIM, N_HEAD / N_KV, N_KV * HEAD_DIM, CACHE, 1, 1, CACHE, 0,
-                        (CACHE + 63) / 64, (float)(1.0 / sqrt((double)HEAD_DIM))},
-                       N_KV * ((CACHE + 63) / 64)};
+        shipped_attn sc = {ops,   shape, {&binfo, &bt, 1, CACHE, 1}, &bq, &bkc, &bvc, &bpart,
+                           &bref, CACHE};
+        attn_case gc = {gqa,
+                        {&binfo, &bt, &bq, &bkc, &bvc, &bpart2, &batt},
+                        flat_attn_push(1, N_HEAD, N_KV, HEAD_DIM, CACHE, (CACHE + 63) / 64),
+                        N_KV * ((CACHE + 63) / 64)};
         static float ref[OUT], got[OUT], cpu[OUT];
         OK(bn_vk_begin(vk, &err), "begin");
-        record_shipped(vk, &sc);
-        record_gqa(vk, &gc);
+        record_shipped_split(vk, &sc);
+        record_attn_case(vk, &gc);
         OK(bn_vk_submit(vk, &err), "submit");
         OK(bn_vk_read(vk, &bref, ref, sizeof ref, &err), "read");
         OK(bn_vk_read(vk, &batt, got, sizeof got, &err), "read");
@@ -160,31 +112,11 @@ int main(int argc, char **argv)
         printf("context %d: us a dispatch, chains of %d (one: a submission of one)\n", n_pos,
                N_CHAIN);
         printf("  %-28s %9s %9s %9s\n", "form", "chained", "free", "one");
-        report(vk, "shipped split", record_shipped, &sc, false);
-        report(vk, "gqa split", record_gqa, &gc, false);
-        for (int i = 0; i < N_LAB; i++) {
-            gqa_case lc = gc;
-            lc.k = labk[i];
-            lc.n_groups = N_HEAD * gc.push.blocks;
-            lc.bufs[5] = &bpart; /* the merges' counters: zero after each dispatch */
-            const bool whole = strstr(lab_names[i], "stop") == NULL;
-            if (whole) {
-                OK(bn_vk_begin(vk, &err), "begin");
-                record_gqa(vk, &lc);
-                OK(bn_vk_submit(vk, &err), "submit");
-                OK(bn_vk_read(vk, &batt, got, sizeof got, &err), "read");
-                const bool eq = memcmp(ref, got, sizeof ref) == 0;
-                printf("check %s against shipped, context %d: %s\n", lab_names[i] + 10, n_pos,
-                       eq ? "bit for bit" : "DIFFERENT");
-                failed += !eq;
-            }
-            report(vk, lab_names[i] + 10, record_gqa, &lc, false);
-        }
+        report(vk, "shipped split", record_shipped_split, &sc, false);
+        report(vk, "gqa split", record_attn_case, &gc, false);
     }
     printf("\nchecks: %s\n", failed ? "FAILED" : "ok");
     bn_vk_kernel_free(vk, gqa);
-    for (int i = 0; i < N_LAB; i++)
-        bn_vk_kernel_free(vk, labk[i]);
     bn_vk_buffer *all[] = {&bq, &bkc, &bvc, &bt, &binfo, &bpart, &bpart2, &bref, &batt};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         bn_vk_buffer_free(vk, all[i]);

@@ -58,20 +58,8 @@ layout(std430, binding = 4) readonly buffer VCache { float vc[]; };
 layout(std430, binding = 5) buffer Scratch { float scratch[]; };    // [rows][n_head][stride]
 layout(std430, binding = 6) writeonly buffer Att { float att[]; };  // as q
 
-layout(push_constant) uniform Params {
-    uint rows;
-    uint n_head;
-    uint head_dim;
-    uint group;        // query heads a KV head serves
-    uint kv_dim;
-    uint block_size;
-    uint max_blocks;
-    uint n_seq;        // sequences the tables buffer holds
-    uint cache_rows;   // rows of one layer's cache
-    uint layer_off;    // floats before this layer's cache
-    uint stride;       // scratch floats a (row, head)
-    float scale;
-} p;
+#define ATTN_EXTENT stride // scratch floats a (row, head)
+#include "attention_params.glsl"
 
 #include "exact_math.glsl"
 

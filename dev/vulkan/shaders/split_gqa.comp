@@ -32,20 +32,8 @@ layout(std430, binding = 5) coherent buffer Partials { float part[]; };
 layout(std430, binding = 5) coherent buffer Counters { uint counts[]; };
 layout(std430, binding = 6) writeonly buffer Att { float att[]; };
 
-layout(push_constant) uniform Params {
-    uint rows;
-    uint n_head;
-    uint head_dim;
-    uint group;
-    uint kv_dim;
-    uint block_size;
-    uint max_blocks;
-    uint n_seq;
-    uint cache_rows;
-    uint layer_off;
-    uint blocks;
-    float scale;
-} p;
+#define ATTN_EXTENT blocks
+#include "attention_params.glsl"
 
 #include "exact_math.glsl"
 

@@ -44,20 +44,8 @@ layout(local_size_x = 128) in;
 layout(std430, binding = 5) coherent buffer Partials { float part[]; };
 layout(std430, binding = 5) coherent buffer Counters { uint counts[]; }; // the same buffer
 
-layout(push_constant) uniform Params {
-    uint rows;
-    uint n_head;
-    uint head_dim;
-    uint group;        // query heads a KV head serves
-    uint kv_dim;
-    uint block_size;
-    uint max_blocks;
-    uint n_seq;        // sequences the tables buffer holds
-    uint cache_rows;   // rows of one layer's cache
-    uint layer_off;    // floats before this layer's cache
-    uint blocks;       // partial blocks a (row, head): positions up to blocks BLOCK
-    float scale;
-} p;
+#define ATTN_EXTENT blocks // partial blocks a (row, head): positions up to blocks BLOCK
+#include "attention_params.glsl"
 
 #include "exact_math.glsl"
 
