@@ -23,20 +23,6 @@ constexpr int kTileRows = kGemvTileRows;
 constexpr int kGroup = kGemvGroup;
 constexpr int kBlockBytes = kGemvBlockBytes;
 
-__device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_scale)
-{
-    /* Written exactly as bn_w2a8_epilogue: IEEE division and multiply. */
-    return __fmul_rn(__fdiv_rn((float)acc, act_scale), w_scale);
-}
-
-__device__ __forceinline__ void mma_s8(int32_t c[4], const uint32_t a[4], const uint32_t b[2])
-{
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 /* ---- small M on tensor cores, B fragments straight from the packed weights ---
  *
  * For a few activation rows the weights dominate: each weight is used M

@@ -284,12 +284,6 @@ namespace {
 
 #if BN_WGMMA_DEVICE
 
-__device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_scale)
-{
-    /* Written exactly as bn_w2a8_epilogue: IEEE division and multiply. */
-    return __fmul_rn(__fdiv_rn((float)acc, act_scale), w_scale);
-}
-
 /* ---- The epilogue's division, a row at a time ----------------------------
  *
  * __fdiv_rn(a, d) compiles to a range check of a and d (FCHK) and, where it

@@ -41,12 +41,6 @@ constexpr int kBlockBytes = kGemvBlockBytes;
 constexpr int64_t kBulkMaxSmem = 96 * 1024;
 constexpr int64_t kBulkTilesMaxSmem = 220 * 1024;
 
-__device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_scale)
-{
-    /* Written exactly as bn_w2a8_epilogue: IEEE division and multiply. */
-    return __fmul_rn(__fdiv_rn((float)acc, act_scale), w_scale);
-}
-
 /* u8 x s8 dot of four byte pairs (PTX dp4a.u32.s32), for fields kept in
  * place (values up to 192, so they must be unsigned). */
 __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c)
