@@ -535,6 +535,9 @@ typedef enum bn_kv_evict {
     BN_KV_EVICT_LFU      /* the one the fewest sequences used, then LRU      */
 } bn_kv_evict;
 
+/* The most rows bn_model_options.batch_tokens may give a shared pass. */
+#define BN_BATCH_TOKENS_MAX 1048576
+
 typedef struct bn_model_options {
     /* A GGUF file (bitnet.cpp's or llama.cpp's) or a Hugging Face model
      * directory; NULL: BITNET_MODEL, else the model shipped with bitnet. */
@@ -569,6 +572,13 @@ typedef struct bn_model_options {
      * as "cuda", "gpu" or "auto", takes the first this many. Sequences run
      * one at a time. */
     int tensor_parallel;
+    /* Many sequences at once: a shared pass holds one row for every
+     * decoding sequence, then chunks of prompts until it has batch_tokens
+     * rows (0: 512; at most BN_BATCH_TOKENS_MAX). More rows a pass admit
+     * prompts sooner (earlier first tokens, more sequences decoding
+     * together) and make each pass, so each sequence's next token, slower
+     * (docs/PERFORMANCE.md, "GPU, many sequences at once"). */
+    int batch_tokens;
 } bn_model_options;
 
 /* Defaults: every field 0 / NULL, as documented above. */

@@ -550,6 +550,12 @@ static void check_errors(bn_model *m, const bn_model_info *info)
     bad_opt.tensor_parallel = 2;
     bad_opt.device = "cpu";
     CHECK(bn_model_open(&bad_opt, &none, &err) == BN_ERR_NO_DEVICE && none == NULL);
+    bn_model_options_default(&bad_opt);
+    bad_opt.batch_tokens = -1;
+    CHECK(bn_model_open(&bad_opt, &none, &err) == BN_ERR_INVALID_ARGUMENT && none == NULL);
+    CHECK_STR_CONTAINS(err.message, "batch_tokens");
+    bad_opt.batch_tokens = BN_BATCH_TOKENS_MAX + 1;
+    CHECK(bn_model_open(&bad_opt, &none, &err) == BN_ERR_INVALID_ARGUMENT && none == NULL);
     bn_session_free(NULL);
     bn_model_close(NULL);
     bn_session_cancel(NULL);
@@ -568,16 +574,19 @@ static const char *const batch_prompts[6] = {"The LORD is my shepherd", "In the 
                                              "And God said", "Blessed are the",
                                              "For God so loved", "Let there be"};
 
-/* A model of max_sequences at once (blocks of `block`, 0: the default)
- * and one of a sequence at a time, both on the test's device; false when
- * either fails to open (both closed then). */
-static bool open_pair(int max_sequences, int block, bn_model **batched, bn_model **alone)
+/* A model of max_sequences at once (blocks of `block`, passes of at most
+ * batch_tokens rows; 0: the defaults) and one of a sequence at a time,
+ * both on the test's device; false when either fails to open (both closed
+ * then). */
+static bool open_pair(int max_sequences, int block, int batch_tokens, bn_model **batched,
+                      bn_model **alone)
 {
     bn_model_options opt;
     bn_model_options_default(&opt);
     opt.device = device;
     opt.max_sequences = max_sequences;
     opt.kv_block_size = block;
+    opt.batch_tokens = batch_tokens;
     bn_error err;
     *batched = *alone = NULL;
     CHECK_MSG(bn_model_open(&opt, batched, &err) == BN_OK, "%s", err.message);
@@ -624,7 +633,7 @@ static void check_logprobs(const bn_model_info *info)
 {
     bn_model *bm, *alone;
     bn_error err;
-    if (!open_pair(2, 0, &bm, &alone))
+    if (!open_pair(2, 0, 0, &bm, &alone))
         return;
     (void)info;
     logprob_log logs[2];
@@ -699,7 +708,7 @@ static void check_batch(const bn_model_info *info)
     const char *const *prompts = batch_prompts;
     bn_model *bm, *alone;
     bn_error err;
-    if (!open_pair(3, 16, &bm, &alone))
+    if (!open_pair(3, 16, 0, &bm, &alone))
         return;
     bn_generate_params p[6];
     bn_batch_item items[6];
@@ -776,13 +785,60 @@ static void check_batch(const bn_model_info *info)
     bn_model_close(alone);
 }
 
+/* Passes of at most two rows (bn_model_options.batch_tokens): the prompts
+ * go in chunks of a row or two beside the decodes, in more passes, and
+ * every item's tokens are still those it gives alone. */
+static void check_batch_tokens(void)
+{
+    bn_model *bm, *alone;
+    bn_error err;
+    if (!open_pair(3, 0, 2, &bm, &alone))
+        return;
+    bn_generate_params p[3];
+    bn_batch_item items[3];
+    collected got[3], want[3];
+    memset(items, 0, sizeof items);
+    memset(got, 0, sizeof got);
+    memset(want, 0, sizeof want);
+    for (int i = 0; i < 3; i++) {
+        p[i] = greedy(batch_prompts[i], 5);
+        p[i].ignore_eog = true;
+        bn_session *a = NULL;
+        CHECK(bn_session_create(alone, &a, &err) == BN_OK);
+        CHECK(bn_session_generate(a, &p[i], collect, &want[i], NULL, &err) == BN_OK);
+        bn_session_free(a);
+        CHECK(bn_session_create(bm, &items[i].session, &err) == BN_OK);
+        items[i].params = &p[i];
+        items[i].on_token = collect;
+        items[i].user = &got[i];
+    }
+    CHECK_MSG(bn_generate_batch(bm, items, 3, &err) == BN_OK, "%s", err.message);
+    for (int i = 0; i < 3; i++) {
+        CHECK_MSG(items[i].status == BN_OK, "item %d: %s", i, items[i].error.message);
+        CHECK_MSG(got[i].n_tokens == want[i].n_tokens &&
+                      memcmp(got[i].tokens, want[i].tokens,
+                             (size_t)want[i].n_tokens * sizeof(int32_t)) == 0,
+                  "item %d with passes of 2 rows: '%s' alone '%s'", i, got[i].text, want[i].text);
+        bn_session_free(items[i].session);
+    }
+    bn_model_stats st;
+    CHECK(bn_model_get_stats(bm, &st, &err) == BN_OK);
+    /* At most two rows a pass, or one a decoding item where three decode. */
+    if (st.max_sequences == 3)
+        CHECK_MSG(st.batch_steps > 0 && st.batch_rows <= 3 * st.batch_steps,
+                  "%llu rows in %llu passes", (unsigned long long)st.batch_rows,
+                  (unsigned long long)st.batch_steps);
+    bn_model_close(bm);
+    bn_model_close(alone);
+}
+
 /* Replicas (a CUDA device list): a session's receipt lists each replica
  * with its device and the rows it computed. */
 static void check_replica_receipt(void)
 {
     bn_model *bm, *alone;
     bn_error err;
-    if (!open_pair(3, 16, &bm, &alone))
+    if (!open_pair(3, 16, 0, &bm, &alone))
         return;
     bn_session *s = NULL;
     CHECK(bn_session_create(bm, &s, &err) == BN_OK);
@@ -842,7 +898,7 @@ static void check_threads(void)
     const char *const *prompts = batch_prompts;
     bn_model *bm, *alone;
     bn_error err;
-    if (!open_pair(4, 0, &bm, &alone))
+    if (!open_pair(4, 0, 0, &bm, &alone))
         return;
     pthread_barrier_t start;
     pthread_barrier_init(&start, NULL, 6);
@@ -944,6 +1000,7 @@ int main(int argc, char **argv)
     check_errors(m, &info);
     check_perplexity(m, info.path);
     check_batch(&info);
+    check_batch_tokens();
     if (strcmp(device, "cpu") != 0) {
         /* The same through two replicas on one GPU. */
         const char *one = device;

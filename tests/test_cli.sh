@@ -178,5 +178,19 @@ expect_rc 4 "bench e2e --tensor-parallel 2 on the CPU"
 run "$BITNET" run -p hi -n 1 --device cpu --tensor-parallel 1
 expect_rc 0 "--tensor-parallel 1 is the usual path"
 
+# The rows of a shared pass: documented, the value checked before anything
+# is loaded.
+run "$BITNET" serve --help
+expect_in out "--batch-tokens N" "serve --help documents --batch-tokens"
+run "$BITNET" run --help
+expect_in out "--batch-tokens N" "run --help documents --batch-tokens"
+for bad in 0 -3 1048577 many; do
+    run "$BITNET" serve --port 0 --batch-tokens $bad
+    expect_rc 2 "serve --batch-tokens $bad"
+    expect_in err "--batch-tokens" "serve --batch-tokens $bad is named"
+done
+run "$BITNET" bench batch --help
+expect_in out "--batch-tokens N" "bench batch --help documents --batch-tokens"
+
 echo "$checks checks, $fails failed"
 [ "$fails" -eq 0 ]

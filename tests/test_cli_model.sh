@@ -361,6 +361,24 @@ expect_in err "^batching +up to 3 at once: [0-9]+ passes of [0-9.]+ rows on aver
     "--parallel: the batching line"
 expect_in err "^request 3/3: prompt [0-9]+ tokens \([0-9]+ from the cache\), generation 8 tokens" \
     "--parallel: a line per request"
+# Passes of at most 2 rows: each prompt in chunks of one row beside a
+# decode, more passes, the same text.
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" -n 8 --temp 0 --device cpu \
+    --parallel 3 --batch-tokens 2
+expect_rc 0 "run --prompt-file --parallel 3 --batch-tokens 2"
+checks=$((checks + 1))
+cmp -s "$tmp/out" "$tmp/pf_expect" || fail "--batch-tokens 2 prints other text than the requests alone"
+expect_in err "^batching +up to 3 at once: [0-9]+ passes of [0-9.]+ rows on average" \
+    "--batch-tokens 2: the batching line"
+checks=$((checks + 1))
+rows=$(sed -n 's/^batching .* passes of \([0-9.]*\) rows on average.*/\1/p' "$tmp/err")
+awk -v r="$rows" 'BEGIN { exit !(r > 0 && r <= 3) }' ||
+    fail "--batch-tokens 2: $rows rows a pass on average (at most 2 plus a decode row each)"
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" --parallel 3 --batch-tokens 0
+expect_rc 2 "--batch-tokens 0"
+expect_in err "--batch-tokens" "--batch-tokens 0 is named"
+run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" --batch-tokens 64
+expect_rc 2 "--batch-tokens without --parallel"
 run "$BITNET" run -m "$M/tq2_0.gguf" --prompt-file "$tmp/prompts.txt" -n 8 --temp 1.5 --top-k 0 \
     --seed 7 --device cpu
 cp "$tmp/out" "$tmp/pf_seq_sampled"

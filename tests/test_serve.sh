@@ -50,7 +50,7 @@ post() {
         "$@" -d "$body" "$url$path"
 }
 
-start main --parallel 4 --max-queue 8
+start main --parallel 4 --max-queue 8 --batch-tokens 64
 P="And it came to pass"
 
 # ---- health, models, metrics ----

@@ -62,13 +62,16 @@ class Model:
     device: "auto" (a usable CUDA GPU, else the CPU), "cpu", "cuda",
     "cuda:N"; ctx: positions a generation may hold (None: the model's);
     threads: CPU threads (None: all); max_sequences: generations decoded
-    together when several run at once (1: one at a time); tensor_parallel:
-    CUDA GPUs that split the model between them (1: none; device "cuda"
-    takes the first ones, "cuda:0,1" names them)."""
+    together when several run at once (1: one at a time); batch_tokens: rows
+    a pass of those takes at most, one per decoding generation, then prompt
+    chunks (None: 512); tensor_parallel: CUDA GPUs that split the model
+    between them (1: none; device "cuda" takes the first ones, "cuda:0,1"
+    names them)."""
 
     def __init__(self, path: Optional[str] = None, device: str = "auto",
                  ctx: Optional[int] = None, threads: Optional[int] = None,
-                 max_sequences: int = 1, tensor_parallel: int = 1):
+                 max_sequences: int = 1, tensor_parallel: int = 1,
+                 batch_tokens: Optional[int] = None):
         opt = L.ModelOptions()
         L.lib.bn_model_options_default(ctypes.byref(opt))
         opt.path = path.encode() if path else None
@@ -77,6 +80,7 @@ class Model:
         opt.n_threads = int(threads or 0)
         opt.max_sequences = int(max_sequences)
         opt.tensor_parallel = int(tensor_parallel)
+        opt.batch_tokens = int(batch_tokens or 0)
         self._max_sequences = max(1, int(max_sequences))
         self._m = ctypes.c_void_p()
         err = L.Error()

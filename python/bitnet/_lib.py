@@ -23,7 +23,8 @@ class ModelOptions(ctypes.Structure):
     _fields_ = [("path", c_char_p), ("device", c_char_p), ("n_threads", c_int), ("n_ctx", c_int64),
                 ("kv", c_int), ("memory_limit_bytes", c_uint64), ("max_sequences", c_int),
                 ("kv_cache_bytes", c_uint64), ("kv_block_size", c_int), ("kv_evict", c_int),
-                ("no_prefix_sharing", c_bool), ("tensor_parallel", c_int)]
+                ("no_prefix_sharing", c_bool), ("tensor_parallel", c_int),
+                ("batch_tokens", c_int)]
 
 
 class ModelInfo(ctypes.Structure):

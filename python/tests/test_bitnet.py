@@ -122,6 +122,11 @@ def test_generate_batch():
         alone = [m.generate(p, max_tokens=12, temperature=0.7, seed=9) for p in prompts]
         together = m.generate_batch(prompts, max_tokens=12, temperature=0.7, seed=9)
     assert together == alone
+    # Passes of at most 2 rows: more of them, the same text.
+    with bitnet.Model(max_sequences=4, batch_tokens=2) as m:
+        assert m.generate_batch(prompts, max_tokens=12, temperature=0.7, seed=9) == alone
+    with pytest.raises(bitnet.BitnetError, match="batch_tokens"):
+        bitnet.Model(max_sequences=4, batch_tokens=-1)
 
 
 def test_ctrl_c_cancels(model):

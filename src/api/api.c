@@ -271,12 +271,14 @@ bn_status bn_model_open(const bn_model_options *opt, bn_model **out, bn_error *e
                             BN_DEVICE_LIST_MAX, o.tensor_parallel);
     }
     if (o.max_sequences < 0 || o.max_sequences > 4096 || o.kv_block_size < 0 ||
-        o.kv_block_size > 1024 || (unsigned)o.kv_evict > BN_KV_EVICT_LFU) {
+        o.kv_block_size > 1024 || (unsigned)o.kv_evict > BN_KV_EVICT_LFU || o.batch_tokens < 0 ||
+        o.batch_tokens > BN_BATCH_TOKENS_MAX) {
         free(m);
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "bn_model_open: max_sequences 0..4096, kv_block_size 0..1024 and a "
-                            "known kv_evict (got %d, %d, %d)",
-                            o.max_sequences, o.kv_block_size, (int)o.kv_evict);
+                            "bn_model_open: max_sequences 0..4096, kv_block_size 0..1024, a "
+                            "known kv_evict and batch_tokens 0..%d (got %d, %d, %d, %d)",
+                            BN_BATCH_TOKENS_MAX, o.max_sequences, o.kv_block_size, (int)o.kv_evict,
+                            o.batch_tokens);
     }
     bn_engine_options eo = {.model_path = m->path,
                             .max_seqs = o.max_sequences,
@@ -284,6 +286,7 @@ bn_status bn_model_open(const bn_model_options *opt, bn_model **out, bn_error *e
                             .kv_block = o.kv_block_size,
                             .kv_evict = o.kv_evict,
                             .no_prefix_sharing = o.no_prefix_sharing,
+                            .token_budget = o.batch_tokens,
                             .device = o.device,
                             .n_threads = o.n_threads,
                             .n_ctx = o.n_ctx,

@@ -504,12 +504,13 @@ static bn_status plan_batching(bn_engine *e, const bn_engine_options *opt, const
                                bn_error *err)
 {
     if (opt->max_seqs < 0 || opt->kv_block < 0 || opt->kv_positions < 0 || opt->token_budget < 0 ||
-        opt->max_seqs > 4096 || opt->kv_block > 1024 || (unsigned)opt->kv_evict > BN_KV_EVICT_LFU)
+        opt->max_seqs > 4096 || opt->kv_block > 1024 || (unsigned)opt->kv_evict > BN_KV_EVICT_LFU ||
+        opt->token_budget > BN_BATCH_TOKENS_MAX)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
                             "batching options out of range: max_seqs %d (0..4096), kv_block %d "
-                            "(0..1024), kv_positions %lld, token_budget %d",
+                            "(0..1024), kv_positions %lld, token_budget %d (0..%d)",
                             opt->max_seqs, opt->kv_block, (long long)opt->kv_positions,
-                            opt->token_budget);
+                            opt->token_budget, BN_BATCH_TOKENS_MAX);
     if (opt->max_seqs <= 1)
         return BN_OK;
     const int64_t n_ctx = opt->n_ctx > 0 ? opt->n_ctx : hp->n_ctx_train;

@@ -86,8 +86,9 @@ typedef struct bn_engine_options {
      * over a paged KV cache of kv_positions positions (or kv_bytes; 0: max_seqs times
      * the context) in blocks of kv_block positions (0: 32), cached prefix
      * blocks evicted by kv_evict, shared between sequences unless
-     * no_prefix_sharing; a step computes at most token_budget rows (0:
-     * 512) besides one row per decoding sequence. */
+     * no_prefix_sharing; a step takes one row per decoding sequence, then
+     * prompt rows while it has fewer than token_budget rows in all (0: 512;
+     * at most BN_BATCH_TOKENS_MAX). */
     int max_seqs;
     int kv_block;
     int64_t kv_positions;

@@ -40,7 +40,8 @@ static void usage(FILE *out)
             "  --gen N             tokens each request generates (default 128)\n"
             "  --shared-prefix P   every prompt starts with the same P tokens; each count runs\n"
             "                      with prefix sharing and again without\n"
-            "  --budget N          rows a pass takes for prompts beside the decodes (default 512)\n"
+            "  --batch-tokens N    rows a pass takes at most: one per decoding sequence, then\n"
+            "                      prompt chunks (default 512; --budget N is the same)\n"
             "  --kv T              KV cache precision on the GPU: f32 (default) or f16\n"
             "  --threads N         CPU threads (default: BITNET_NUM_THREADS, else every core)\n"
             "  --seed S            seed of the weights and prompts (default 1)\n"
@@ -376,8 +377,8 @@ int bench_batch(int argc, char **argv, const bn_config *cfg)
         } else if (strcmp(a, "--kv") == 0) {
             ok = strcmp(v, "f32") == 0 || strcmp(v, "f16") == 0;
             b.kv_f16 = strcmp(v, "f16") == 0;
-        } else if (strcmp(a, "--budget") == 0) {
-            ok = cli_parse_i64(CMD, a, v, 1, 1 << 20, &b.budget);
+        } else if (strcmp(a, "--batch-tokens") == 0 || strcmp(a, "--budget") == 0) {
+            ok = cli_parse_i64(CMD, a, v, 1, BN_BATCH_TOKENS_MAX, &b.budget);
         } else if (strcmp(a, "--threads") == 0) {
             ok = cli_parse_i64(CMD, a, v, 1, 4096, &b.threads);
         } else if (strcmp(a, "--seed") == 0) {

@@ -45,6 +45,8 @@ static void usage(FILE *out)
             "                         forward passes (continuous batching; default 1); each\n"
             "                         response is the text its own run gives, printed in the\n"
             "                         file's order once all have finished\n"
+            "      --batch-tokens N   with --parallel: rows a shared pass takes at most, one per\n"
+            "                         decoding prompt, then prompt chunks (default 512)\n"
             "      --kv-cache-mib N   with --parallel: the paged KV cache's size (default room\n"
             "                         for N full contexts); too small a cache makes sequences\n"
             "                         wait and be computed again, never changing their text\n"
@@ -109,6 +111,7 @@ typedef struct run_opts {
     long long n_predict;
     size_t max_file_bytes; /* --max-file-mib */
     long long parallel, kv_mib, kv_block; /* --parallel, --kv-cache-mib, --kv-block */
+    long long batch_tokens;               /* --batch-tokens                          */
     bn_kv_evict kv_evict;
     bool no_prefix_sharing;
     bool chat, verbose;
@@ -184,6 +187,10 @@ static int parse(int argc, char **argv, run_opts *o)
             VALUE();
             if (!cli_parse_i64(CMD, a, v, 1, 4096, &o->parallel))
                 return BN_EXIT_USAGE;
+        } else if (strcmp(a, "--batch-tokens") == 0) {
+            VALUE();
+            if (!cli_parse_i64(CMD, a, v, 1, BN_BATCH_TOKENS_MAX, &o->batch_tokens))
+                return BN_EXIT_USAGE;
         } else if (strcmp(a, "--kv-cache-mib") == 0) {
             VALUE();
             if (!cli_parse_i64(CMD, a, v, 1, 1 << 24, &o->kv_mib))
@@ -255,15 +262,15 @@ static int parse(int argc, char **argv, run_opts *o)
         }
     }
     const bool batch_flags = o->kv_mib || o->kv_block || o->no_prefix_sharing ||
-                             o->kv_evict != BN_KV_EVICT_LRU;
+                             o->kv_evict != BN_KV_EVICT_LRU || o->batch_tokens;
     if ((o->parallel > 1 || batch_flags) && !o->prompt_file) {
-        fprintf(stderr, "bitnet run: error: --parallel and the --kv-* options apply to "
-                        "--prompt-file (several prompts)\n");
+        fprintf(stderr, "bitnet run: error: --parallel, --batch-tokens and the --kv-* options "
+                        "apply to --prompt-file (several prompts)\n");
         return BN_EXIT_USAGE;
     }
     if (batch_flags && o->parallel <= 1) {
-        fprintf(stderr, "bitnet run: error: the --kv-* options shape the cache of --parallel N "
-                        "(N > 1)\n");
+        fprintf(stderr, "bitnet run: error: --batch-tokens and the --kv-* options shape the "
+                        "passes and cache of --parallel N (N > 1)\n");
         return BN_EXIT_USAGE;
     }
     if (o->prompt && o->ids) {
@@ -854,6 +861,7 @@ int cmd_run(int argc, char **argv, const bn_config *cfg)
         mo.kv_block_size = (int)o.kv_block;
         mo.kv_evict = o.kv_evict;
         mo.no_prefix_sharing = o.no_prefix_sharing;
+        mo.batch_tokens = (int)o.batch_tokens;
     }
     bn_model *m = NULL;
     bn_session *s = NULL;

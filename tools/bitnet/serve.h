@@ -19,6 +19,7 @@ typedef struct serve_opts {
     const char *host;      /* address to bind (default 127.0.0.1)              */
     int port;              /* 0: any free port (printed)                        */
     int parallel;          /* sequences generated at once                       */
+    int batch_tokens;      /* rows a shared pass takes at most; 0: the default  */
     int max_queue;         /* requests waiting beyond those                     */
     double timeout_s;      /* a request's limit, seconds; 0: none               */
     double grace_s;        /* SIGINT / SIGTERM: running requests may finish     */
