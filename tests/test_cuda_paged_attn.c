@@ -71,12 +71,13 @@ static double row_error(const shape *s, const float *q, int pos, const int32_t *
     return worst;
 }
 
-/* The tiled prefill kernel over a paged fp32 cache for several runs in one
- * launch (bn_cb_attn_prefill_runs): n_seqs sequences of up to max_len
- * positions, blocks scattered in reverse order, each with its last `run`
- * positions as consecutive rows, one row of no run between the runs (it
- * must stay as it was), blocks of at most 64 rows heaviest first. */
-static void check_prefill_runs(const shape *s, int n_seqs, int max_len, int run, int parts)
+/* The tiled prefill kernel over a paged fp32 (or fp16) cache for several
+ * runs in one launch (bn_cb_attn_prefill_runs): n_seqs sequences of up to
+ * max_len positions, blocks scattered in reverse order, each with its last
+ * `run` positions as consecutive rows, one row of no run between the runs
+ * (it must stay as it was), blocks of at most 64 rows heaviest first. */
+static void check_prefill_runs(const shape *s, int n_seqs, int max_len, int run, int parts,
+                               bool f16)
 {
     const int kv_dim = s->n_kv * s->hd, q_dim = s->n_heads * s->hd;
     const int max_blocks = (max_len + s->bs - 1) / s->bs, n_blocks = n_seqs * max_blocks;
@@ -86,9 +87,10 @@ static void check_prefill_runs(const shape *s, int n_seqs, int max_len, int run,
     int32_t *blocks = malloc(sizeof(int32_t) * 4 * (size_t)(n_seqs * (run / 64 + 1)));
     const size_t vals = (size_t)n_blocks * (size_t)s->bs * (size_t)kv_dim;
     float *k = malloc(sizeof(float) * vals), *v = malloc(sizeof(float) * vals);
+    uint16_t *kh = malloc(2 * vals), *vh = malloc(2 * vals);
     float *q = malloc(sizeof(float) * (size_t)(n * q_dim));
     float *got = malloc(sizeof(float) * (size_t)((n + 1) * q_dim));
-    CHECK(tables && pos && seq_of && blocks && k && v && q && got);
+    CHECK(tables && pos && seq_of && blocks && k && v && kh && vh && q && got);
     for (int b = 0; b < n_blocks; b++)
         tables[b] = n_blocks - 1 - b;
     int nb = 0, max_pos = 0;
@@ -113,16 +115,24 @@ static void check_prefill_runs(const shape *s, int n_seqs, int max_len, int run,
     for (size_t i = 0; i < vals; i++) {
         k[i] = test_rand_float(-2.0f, 2.0f);
         v[i] = test_rand_float(-1.0f, 1.0f);
+        kh[i] = bn_fp32_to_fp16(k[i]);
+        vh[i] = bn_fp32_to_fp16(v[i]);
+        if (f16) { /* the values the kernel reads */
+            k[i] = bn_fp16_to_fp32(kh[i]);
+            v[i] = bn_fp16_to_fp32(vh[i]);
+        }
     }
     for (int i = 0; i < n * q_dim; i++)
         q[i] = test_rand_float(-1.5f, 1.5f);
-    float *dk, *dv, *dq, *dout;
+    const size_t elem = f16 ? 2 : 4;
+    void *dk, *dv;
+    float *dq, *dout;
     int32_t *dtab, *dpos, *dblocks;
     void *dws = NULL;
     const bn_cb_attn_shape as = {s->n_heads, s->n_kv, s->hd, max_len};
     const size_t ws_bytes = bn_cb_attn_prefill_workspace_bytes(&as, n, parts);
-    CUDA_OK(cudaMalloc((void **)&dk, sizeof(float) * vals));
-    CUDA_OK(cudaMalloc((void **)&dv, sizeof(float) * vals));
+    CUDA_OK(cudaMalloc(&dk, elem * vals));
+    CUDA_OK(cudaMalloc(&dv, elem * vals));
     CUDA_OK(cudaMalloc((void **)&dq, sizeof(float) * (size_t)(n * q_dim)));
     CUDA_OK(cudaMalloc((void **)&dout, sizeof(float) * (size_t)((n + 1) * q_dim)));
     CUDA_OK(cudaMalloc((void **)&dtab, sizeof(int32_t) * (size_t)n_blocks));
@@ -130,15 +140,15 @@ static void check_prefill_runs(const shape *s, int n_seqs, int max_len, int run,
     CUDA_OK(cudaMalloc((void **)&dblocks, sizeof(int32_t) * 4 * (size_t)nb));
     if (ws_bytes)
         CUDA_OK(cudaMalloc(&dws, ws_bytes));
-    CUDA_OK(cudaMemcpy(dk, k, sizeof(float) * vals, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(dv, v, sizeof(float) * vals, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dk, f16 ? (void *)kh : (void *)k, elem * vals, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dv, f16 ? (void *)vh : (void *)v, elem * vals, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dq, q, sizeof(float) * (size_t)(n * q_dim), cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dtab, tables, sizeof(int32_t) * (size_t)n_blocks, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dpos, pos, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dblocks, blocks, sizeof(int32_t) * 4 * (size_t)nb, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dout, 0xff, sizeof(float) * (size_t)((n + 1) * q_dim)));
     CUDA_OK(bn_cb_attn_prefill_runs(&as, dq, q_dim, n, dpos, dblocks, nb, dtab, max_blocks, s->bs,
-                                    dk, dv, dout, q_dim, parts, dws, ws_bytes, 0));
+                                    dk, dv, f16, dout, q_dim, parts, dws, ws_bytes, 0));
     CUDA_OK(cudaMemcpy(got, dout, sizeof(float) * (size_t)((n + 1) * q_dim),
                        cudaMemcpyDeviceToHost));
     double worst = 0.0;
@@ -156,15 +166,16 @@ static void check_prefill_runs(const shape *s, int n_seqs, int max_len, int run,
     }
     uint32_t guard;
     memcpy(&guard, got + (size_t)n * q_dim, sizeof guard);
-    printf("prefill runs: heads %d/%d hd %d, %d runs of %d rows (%d row blocks) up to %d "
+    printf("prefill runs: heads %d/%d hd %d, %s, %d runs of %d rows (%d row blocks) up to %d "
            "positions, %d parts: worst error %.2e\n",
-           s->n_heads, s->n_kv, s->hd, n_seqs, run, nb, max_pos + 1, parts, worst);
+           s->n_heads, s->n_kv, s->hd, f16 ? "f16" : "f32", n_seqs, run, nb, max_pos + 1, parts,
+           worst);
     CHECK_MSG(worst <= 1e-5, "worst error %g", worst);
     CHECK_MSG(untouched == n_seqs, "%d of the %d rows in no run were written", n_seqs - untouched,
               n_seqs);
     CHECK(guard == 0xffffffffu);
-    CHECK(bn_cb_attn_prefill_runs(&as, dq, q_dim, n, dpos, dblocks, nb, NULL, max_blocks, s->bs,
-                                  dk, dv, dout, q_dim, 1, NULL, 0, 0) == cudaErrorInvalidValue);
+    CHECK(bn_cb_attn_prefill_runs(&as, dq, q_dim, n, dpos, dblocks, nb, NULL, max_blocks, s->bs, dk,
+                                  dv, f16, dout, q_dim, 1, NULL, 0, 0) == cudaErrorInvalidValue);
     cudaFree(dk);
     cudaFree(dv);
     cudaFree(dq);
@@ -179,6 +190,8 @@ static void check_prefill_runs(const shape *s, int n_seqs, int max_len, int run,
     free(blocks);
     free(k);
     free(v);
+    free(kh);
+    free(vh);
     free(q);
     free(got);
 }
@@ -355,9 +368,11 @@ int main(void)
         check_case(&mha, 7, 200, f16, 0);
         check_case(&mha, 3, 40, f16, 2);
     }
-    check_prefill_runs(&s2b, 1, 300, 77, 1);
-    check_prefill_runs(&s2b, 4, 700, 128, 4);
-    check_prefill_runs(&mha, 3, 100, 40, 2);
+    for (int f16 = 0; f16 <= 1; f16++) {
+        check_prefill_runs(&s2b, 1, 300, 77, 1, f16);
+        check_prefill_runs(&s2b, 4, 700, 128, 4, f16);
+        check_prefill_runs(&mha, 3, 100, 40, 2, f16);
+    }
     CHECK(bn_cb_attn_paged_splits(1, 0) == 1);
     CHECK(bn_cb_attn_paged_splits(64, 575) == 5);
     CHECK(bn_cb_attn_paged_splits(4096, 100000) == 1);

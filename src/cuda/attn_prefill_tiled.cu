@@ -1,6 +1,6 @@
 /*
- * attn_prefill_tiled.cu - causal prefill attention over the fp32 KV cache,
- * register-tiled on the CUDA cores (head_dim 64 and 128).
+ * attn_prefill_tiled.cu - causal prefill attention over an fp32 or fp16 KV
+ * cache, register-tiled on the CUDA cores (head_dim 64 and 128).
  *
  * The warp-per-row kernel in attn_prefill.cu reads a shared-memory
  * value for every one or two multiply-adds, and a 512-token prefill of the
@@ -34,6 +34,13 @@
  * for two blocks): k chunk c of position t at c ^ (t & 7), the
  * probabilities of rows 4 ty .. 4 ty + 3 at position t in slot ty ^ (t & 7).
  *
+ * An fp16 cache's tiles stay fp16 in shared memory (k and v half the
+ * bytes: 80 KiB for head_dim 128) and a chunk of 4 values is widened when
+ * it is read; the swizzle moves 16-byte pairs of chunks (pair c / 2 of
+ * position t at (c / 2) ^ (t & 7)), so that each pair arrives by one copy.
+ * The batched passes take their prompt chunks through this kernel for
+ * either cache (bn_cb_attn_prefill_runs).
+ *
  * Parts: a launch may split each row block's positions into up to
  * BN_CB_PREFILL_MAX_PARTS even ranges of tiles, one block each; a part
  * leaves its unnormalized output, maximum and sum in a workspace and a
@@ -49,6 +56,7 @@
  * the warp-per-row kernel's; the online softmax's tiles are 64 positions
  * instead of 32, so outputs differ from it in the last bits only.
  */
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -65,13 +73,33 @@ constexpr int kThreads = 256; /* 16 x 16                          */
 constexpr int kSlots = kRows / 4; /* float4 slots of a probability row */
 constexpr unsigned kFull = 0xffffffffu;
 
-template <int HD> struct Tiled {
-    static constexpr int kChunks = HD / 4; /* float4 per row */
+/* KV: the cache's element, float or __half. */
+template <int HD, typename KV> struct Tiled {
+    static constexpr int kChunks = HD / 4; /* 4-value chunks per row */
     static constexpr int kOut = kChunks / 16; /* output float4 per thread per row */
-    static constexpr size_t kFloats = (size_t)kRows * HD + 2 * (size_t)kKeys * HD +
-                                      (size_t)kKeys * kRows;
-    static constexpr size_t kSmem = kFloats * sizeof(float) + kRows * sizeof(int);
+    static constexpr int kPieces = HD * (int)sizeof(KV) / 16; /* 16-byte copies per k / v row */
+    static constexpr size_t kSmem = sizeof(float) * ((size_t)kRows * HD + (size_t)kKeys * kRows) +
+                                    2 * sizeof(KV) * (size_t)kKeys * HD + kRows * sizeof(int);
 };
+
+/* Chunk c (4 values) of row r of a k or v tile, as floats; swz: the row's
+ * swizzle (0: none), of 16-byte chunks for fp32, of 16-byte pairs of
+ * chunks for fp16 (load_tile). */
+template <int HD>
+__device__ __forceinline__ float4 tile_chunk(const float *tile, int r, int c, int swz)
+{
+    return reinterpret_cast<const float4 *>(tile)[r * (HD / 4) + (c ^ swz)];
+}
+
+template <int HD>
+__device__ __forceinline__ float4 tile_chunk(const __half *tile, int r, int c, int swz)
+{
+    const uint2 u = reinterpret_cast<const uint2 *>(
+        tile)[r * (HD / 4) + ((((c >> 1) ^ swz) << 1) | (c & 1))];
+    const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
 
 /* One 16-byte chunk into shared memory (zero-filled when !ok). */
 __device__ __forceinline__ void copy16(float4 *dst, const float4 *src, bool ok)
@@ -98,22 +126,24 @@ __device__ __forceinline__ int64_t cache_row(const Paged &pg, int t)
     return pg.table ? (int64_t)pg.table[t / pg.bs] * pg.bs + t % pg.bs : (int64_t)t;
 }
 
-/* Copies cache positions [t0, t0 + 64) of one head into buf (chunk c of
- * position t at slot c ^ (t & 7) when swizzled), zero past last. */
-template <int HD, bool kSwizzle>
-__device__ __forceinline__ void load_tile(float4 *buf, const float *cache, int64_t kv_dim,
+/* Copies cache positions [t0, t0 + 64) of one head into buf (16-byte
+ * piece p of position t at slot p ^ (t & 7) when swizzled), zero past
+ * last. */
+template <int HD, bool kSwizzle, typename KV>
+__device__ __forceinline__ void load_tile(KV *buf, const KV *cache, int64_t kv_dim,
                                           int64_t head_off, int t0, int last, const Paged &pg)
 {
-    constexpr int C = Tiled<HD>::kChunks;
-    for (int i = threadIdx.x; i < kKeys * C; i += kThreads) {
-        const int r = i / C, c = i % C;
+    constexpr int P = Tiled<HD, KV>::kPieces;
+    float4 *dst = reinterpret_cast<float4 *>(buf);
+    for (int i = threadIdx.x; i < kKeys * P; i += kThreads) {
+        const int r = i / P, p = i % P;
         const int t = t0 + r;
         const bool ok = t <= last;
         const float4 *src =
             reinterpret_cast<const float4 *>(cache + (ok ? cache_row(pg, t) : 0) * kv_dim +
                                              head_off) +
-            c;
-        copy16(buf + r * C + (kSwizzle ? c ^ (r & 7) : c), src, ok);
+            p;
+        copy16(dst + r * P + (kSwizzle ? p ^ (r & 7) : p), src, ok);
     }
 }
 
@@ -177,20 +207,20 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-template <int HD>
+template <int HD, typename KV>
 __global__ void __launch_bounds__(kThreads, 2)
     attn_prefill_tiled_kernel(bn_cb_attn_shape s, const float *__restrict__ q, int64_t ldq, int n,
-                              const int32_t *__restrict__ pos, const float *__restrict__ kc,
-                              const float *__restrict__ vc, float scale, float *__restrict__ out,
+                              const int32_t *__restrict__ pos, const KV *__restrict__ kc,
+                              const KV *__restrict__ vc, float scale, float *__restrict__ out,
                               int64_t ldo, Split split, Paged pg)
 {
-    using T = Tiled<HD>;
+    using T = Tiled<HD, KV>;
     constexpr int C = T::kChunks, NO = T::kOut;
     extern __shared__ __align__(16) float4 smem4[];
-    float4 *qs = smem4;                /* [64][C]                  */
-    float4 *ks = qs + kRows * C;       /* [64][C], swizzled        */
-    float4 *vs = ks + kKeys * C;       /* [64][C]                  */
-    float4 *ps = vs + kKeys * C;       /* [64 positions][16 slots] */
+    float4 *qs = smem4;                                  /* [64][C]                  */
+    KV *ks = reinterpret_cast<KV *>(qs + kRows * C);     /* [64][HD], swizzled       */
+    KV *vs = ks + kKeys * HD;                            /* [64][HD]                 */
+    float4 *ps = reinterpret_cast<float4 *>(vs + kKeys * HD); /* [64 positions][16 slots] */
     int *qpos = reinterpret_cast<int *>(ps + kKeys * kSlots);
 
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
@@ -239,9 +269,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int t_begin = (int)((int64_t)tiles * part / split.parts) * kKeys;
     const int t_end = (int)((int64_t)tiles * (part + 1) / split.parts) * kKeys;
 
-    load_tile<HD, true>(ks, kc, kv_dim, head_off, t_begin, max_pos, pg);
+    load_tile<HD, true, KV>(ks, kc, kv_dim, head_off, t_begin, max_pos, pg);
     cp_async_commit(); /* q and the first k */
-    load_tile<HD, false>(vs, vc, kv_dim, head_off, t_begin, max_pos, pg);
+    load_tile<HD, false, KV>(vs, vc, kv_dim, head_off, t_begin, max_pos, pg);
     cp_async_commit();
 
     float m[4], l[4];
@@ -276,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                 qa[i] = qs[(4 * ty + i) * C + c];
 #pragma unroll
             for (int j = 0; j < 4; j++)
-                kb[j] = ks[(tx + 16 * j) * C + (c ^ swz)];
+                kb[j] = tile_chunk<HD>(ks, tx + 16 * j, c, swz);
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -291,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
         __syncthreads(); /* every thread is done with this k tile */
         if (more)
-            load_tile<HD, true>(ks, kc, kv_dim, head_off, t0 + kKeys, max_pos, pg);
+            load_tile<HD, true, KV>(ks, kc, kv_dim, head_off, t0 + kKeys, max_pos, pg);
         cp_async_commit();
 
         /* Online softmax, a row's 64 scores over its half-warp. */
@@ -338,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             const float4 pt = ps[t * kSlots + (ty ^ (t & 7))];
 #pragma unroll
             for (int o = 0; o < NO; o++) {
-                const float4 v = vs[t * C + tx + 16 * o];
+                const float4 v = tile_chunk<HD>(vs, t, tx + 16 * o, 0);
                 acc[0][o].x = fmaf(pt.x, v.x, acc[0][o].x);
                 acc[0][o].y = fmaf(pt.x, v.y, acc[0][o].y);
                 acc[0][o].z = fmaf(pt.x, v.z, acc[0][o].z);
@@ -359,7 +389,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
         __syncthreads(); /* every thread is done with this v tile and p */
         if (more)
-            load_tile<HD, false>(vs, vc, kv_dim, head_off, t0 + kKeys, max_pos, pg);
+            load_tile<HD, false, KV>(vs, vc, kv_dim, head_off, t0 + kKeys, max_pos, pg);
         cp_async_commit();
     }
     cp_async_wait<0>();
@@ -395,22 +425,23 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
 }
 
-template <int HD>
+template <int HD, typename KV>
 cudaError_t launch_tiled(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n,
-                         const int32_t *pos, const float *k_cache, const float *v_cache,
+                         const int32_t *pos, const void *k_cache, const void *v_cache,
                          float scale, float *out, int64_t ldo, const Split &split,
                          const Paged &pg, int n_row_blocks, cudaStream_t stream)
 {
-    auto kernel = attn_prefill_tiled_kernel<HD>;
-    const cudaError_t rc = allow_dynamic_smem(kernel, Tiled<HD>::kSmem);
+    auto kernel = attn_prefill_tiled_kernel<HD, KV>;
+    const cudaError_t rc = allow_dynamic_smem(kernel, Tiled<HD, KV>::kSmem);
     if (rc != cudaSuccess)
         return rc;
     const int64_t row_blocks = pg.blocks ? n_row_blocks : (n + kRows - 1) / kRows;
     const int64_t blocks = row_blocks * s->n_heads * split.parts;
     if (blocks > 0x7fffffff)
         return cudaErrorInvalidConfiguration;
-    kernel<<<(unsigned)blocks, kThreads, Tiled<HD>::kSmem, stream>>>(
-        *s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, split, pg);
+    kernel<<<(unsigned)blocks, kThreads, Tiled<HD, KV>::kSmem, stream>>>(
+        *s, q, ldq, n, pos, static_cast<const KV *>(k_cache), static_cast<const KV *>(v_cache),
+        scale, out, ldo, split, pg);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess || split.parts == 1)
         return err;
@@ -428,8 +459,8 @@ bool aligned16(const void *p)
 } // namespace
 
 extern "C" int bn_cb_attn_prefill_tiled_supports(const bn_cb_attn_shape *s, const float *q,
-                                                 int64_t ldq, const float *k_cache,
-                                                 const float *v_cache, const float *out,
+                                                 int64_t ldq, const void *k_cache,
+                                                 const void *v_cache, const float *out,
                                                  int64_t ldo)
 {
     return (s->head_dim == 64 || s->head_dim == 128) && aligned16(q) && aligned16(k_cache) &&
@@ -474,9 +505,9 @@ extern "C" int bn_cb_attn_prefill_parts(const bn_cb_attn_shape *s, int n, int64_
 
 static cudaError_t prefill_tiled(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n,
                                  const int32_t *pos, const Paged &pg, int n_row_blocks,
-                                 const float *k_cache, const float *v_cache, float scale,
-                                 float *out, int64_t ldo, int parts, void *ws, size_t ws_bytes,
-                                 cudaStream_t stream)
+                                 const void *k_cache, const void *v_cache, int kv_f16,
+                                 float scale, float *out, int64_t ldo, int parts, void *ws,
+                                 size_t ws_bytes, cudaStream_t stream)
 {
     if (!bn_cb_attn_prefill_tiled_supports(s, q, ldq, k_cache, v_cache, out, ldo))
         return cudaErrorNotSupported;
@@ -494,10 +525,14 @@ static cudaError_t prefill_tiled(const bn_cb_attn_shape *s, const float *q, int6
                                                   sizeof(float));
     }
     if (s->head_dim == 64)
-        return launch_tiled<64>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, split,
-                                pg, n_row_blocks, stream);
-    return launch_tiled<128>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, split, pg,
-                             n_row_blocks, stream);
+        return kv_f16 ? launch_tiled<64, __half>(s, q, ldq, n, pos, k_cache, v_cache, scale, out,
+                                                 ldo, split, pg, n_row_blocks, stream)
+                      : launch_tiled<64, float>(s, q, ldq, n, pos, k_cache, v_cache, scale, out,
+                                                ldo, split, pg, n_row_blocks, stream);
+    return kv_f16 ? launch_tiled<128, __half>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo,
+                                              split, pg, n_row_blocks, stream)
+                  : launch_tiled<128, float>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo,
+                                             split, pg, n_row_blocks, stream);
 }
 
 extern "C" cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const float *q,
@@ -507,7 +542,7 @@ extern "C" cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const
                                                 void *ws, size_t ws_bytes, cudaStream_t stream)
 {
     const Paged contiguous = {NULL, 1, NULL, NULL, 0};
-    return prefill_tiled(s, q, ldq, n, pos, contiguous, 0, k_cache, v_cache, scale, out, ldo,
+    return prefill_tiled(s, q, ldq, n, pos, contiguous, 0, k_cache, v_cache, 0, scale, out, ldo,
                          parts, ws, ws_bytes, stream);
 }
 
@@ -515,9 +550,9 @@ extern "C" cudaError_t bn_cb_attn_prefill_runs(const bn_cb_attn_shape *s, const 
                                               int64_t ldq, int n, const int32_t *pos,
                                               const int32_t *row_blocks, int n_row_blocks,
                                               const int32_t *tables, int max_blocks,
-                                              int block_size, const float *k_cache,
-                                              const float *v_cache, float *out, int64_t ldo,
-                                              int parts, void *ws, size_t ws_bytes,
+                                              int block_size, const void *k_cache,
+                                              const void *v_cache, int kv_f16, float *out,
+                                              int64_t ldo, int parts, void *ws, size_t ws_bytes,
                                               cudaStream_t stream)
 {
     if (!row_blocks || n_row_blocks < 1 || !tables || max_blocks < 1 || block_size < 1 ||
@@ -525,7 +560,7 @@ extern "C" cudaError_t bn_cb_attn_prefill_runs(const bn_cb_attn_shape *s, const 
         return cudaErrorInvalidValue;
     const Paged pg = {NULL, block_size, reinterpret_cast<const int4 *>(row_blocks), tables,
                       max_blocks};
-    return prefill_tiled(s, q, ldq, n, pos, pg, n_row_blocks, k_cache, v_cache,
+    return prefill_tiled(s, q, ldq, n, pos, pg, n_row_blocks, k_cache, v_cache, kv_f16,
                          (float)(1.0 / sqrt((double)s->head_dim)), out, ldo, parts, ws, ws_bytes,
                          stream);
 }

@@ -328,13 +328,12 @@ static bn_status attention_paged(const pass *p, int l)
         const size_t ws_bytes = (size_t)b->chunk * (size_t)b->gu_n * sizeof(float);
         const int parts = bn_cb_attn_prefill_parts(&as, (int)p->M, r->runs_max_pos + 1, b->sm,
                                                    ws_bytes);
-        BN_CUDA_TRY(p->err, bn_cb_attn_prefill_runs(&as, b->q, b->q_dim, (int)p->M, p->pos,
-                                                    r->d_blocks, r->n_blocks, b->d_tables,
-                                                    b->paged_max_blocks, b->paged_block, kl, vl,
-                                                    b->att, b->q_dim, parts, b->gu, ws_bytes,
-                                                    b->cs));
+        BN_CUDA_TRY(p->err, bn_cb_attn_prefill_runs(
+                                &as, b->q, b->q_dim, (int)p->M, p->pos, r->d_blocks, r->n_blocks,
+                                b->d_tables, b->paged_max_blocks, b->paged_block, kl, vl, b->kv_f16,
+                                b->att, b->q_dim, parts, b->gu, ws_bytes, b->cs));
         launches += parts > 1 ? 2 : 1;
-        b->ran |= 1u << K_ATTN_PRE_F32;
+        b->ran |= 1u << (b->kv_f16 ? K_ATTN_PRE_F16 : K_ATTN_PRE_F32);
     }
     return stage_done(p, BN_CUDA_STAGE_ATTENTION, launches, -1);
 }

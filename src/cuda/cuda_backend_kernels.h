@@ -364,16 +364,16 @@ cudaError_t bn_cb_attn_prefill(const bn_cb_attn_shape *s, const float *q, int64_
  * cudaErrorInvalidValue). scale: the scores' factor, 1 / sqrt(head_dim) in
  * the model. */
 int bn_cb_attn_prefill_tiled_supports(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
-                                      const float *k_cache, const float *v_cache,
-                                      const float *out, int64_t ldo);
+                                      const void *k_cache, const void *v_cache, const float *out,
+                                      int64_t ldo);
 cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
                                      int n, const int32_t *pos, const float *k_cache,
                                      const float *v_cache, float scale, float *out, int64_t ldo,
                                      int parts, void *ws, size_t ws_bytes, cudaStream_t stream);
 
-/* The tiled kernel over a paged fp32 cache, for runs of several
- * sequences' consecutive rows in one launch (the batched pass's prompt
- * chunks): row_blocks (a device array, 16-byte aligned) lists n_row_blocks
+/* The tiled kernel over a paged cache (fp32, or fp16 with kv_f16), for
+ * runs of several sequences' consecutive rows in one launch (the batched
+ * pass's prompt chunks): row_blocks (a device array, 16-byte aligned) lists n_row_blocks
  * blocks of at most 64 rows of one sequence as (first row, rows, sequence,
  * unused), best heaviest first (the highest positions); position t of a
  * sequence at cache row table[t / block_size] * block_size + t %
@@ -382,11 +382,11 @@ cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const float *q, 
  * q / pos / out the blocks index (the parts' workspace holds n rows).
  * Scale 1 / sqrt(head_dim); otherwise as bn_cb_attn_prefill_tiled. */
 cudaError_t bn_cb_attn_prefill_runs(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n,
-                                    const int32_t *pos, const int32_t *row_blocks,
-                                    int n_row_blocks, const int32_t *tables, int max_blocks,
-                                    int block_size, const float *k_cache, const float *v_cache,
-                                    float *out, int64_t ldo, int parts, void *ws,
-                                    size_t ws_bytes, cudaStream_t stream);
+                                    const int32_t *pos, const int32_t *row_blocks, int n_row_blocks,
+                                    const int32_t *tables, int max_blocks, int block_size,
+                                    const void *k_cache, const void *v_cache, int kv_f16,
+                                    float *out, int64_t ldo, int parts, void *ws, size_t ws_bytes,
+                                    cudaStream_t stream);
 
 /* Allows the dynamic shared memory the prefill kernel needs for head_dim
  * (above 48 KiB for head_dim 256). Call once, outside graph capture. */

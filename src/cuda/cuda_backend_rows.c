@@ -263,14 +263,14 @@ static bn_status chunk_layers(bn_cuda_backend *b, const bn_batch_rows *r, int64_
         hs[i] = (int32_t)(r->tables[s][p / bs] * bs + p % bs);
         hq[i] = s;
     }
-    /* Runs of a prompt's consecutive positions (fp32 caches: the tiled
-     * kernel's), the other rows listed for the decode kernel. */
+    /* Runs of a prompt's consecutive positions for the tiled kernel, the
+     * other rows listed for the decode kernel. */
     paged_rows pr = {b->d_tokens, b->d_pos, b->d_slot, b->d_rseq, NULL, 0, 0, b->d_rblocks, 0, 0};
     for (int64_t i = 0; i < M;) {
         int64_t n = 1;
         while (i + n < M && hq[i + n] == hq[i] && hp[i + n] == hp[i] + n)
             n++;
-        if (!b->kv_f16 && n >= PAGED_RUN_MIN) {
+        if (n >= PAGED_RUN_MIN) {
             for (int64_t k = 0; k < n; k += 64) { /* blocks of 64 rows; the sort key last */
                 const int64_t rows = n - k < 64 ? n - k : 64;
                 int32_t *e = blocks + 4 * pr.n_blocks++;
