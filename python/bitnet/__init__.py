@@ -62,9 +62,9 @@ class Model:
     device: "auto" (a usable CUDA GPU, else the CPU), "cpu", "cuda",
     "cuda:N"; ctx: positions a generation may hold (None: the model's);
     threads: CPU threads (None: all); max_sequences: generations decoded
-    together when several run at once (1: one at a time); batch_tokens: rows
-    a pass of those takes at most, one per decoding generation, then prompt
-    chunks (None: 512); tensor_parallel: CUDA GPUs that split the model
+    together when several run at once (1: one at a time); batch_tokens: a pass
+    of those holds one row per decoding generation, then prompt chunks up to
+    this many rows in all (None: 512); tensor_parallel: CUDA GPUs that split the model
     between them (1: none; device "cuda" takes the first ones, "cuda:0,1"
     names them)."""
 
