@@ -21,7 +21,11 @@
  *            column's outputs (distributed shared memory) and writes them
  *            through the epilogue. Integer sums: exact, any order.
  *
+ * That is form 1; forms 2 and 3 (below) stage the split's activations in
+ * shared memory instead.
+ *
  * usage: w2a8_gemm_cluster [M] [NxK ...]   (M 64; default: the 2B-4T shapes)
+ *        LAB_ONLY=form,tw,warps,splits: that configuration alone (for ncu)
  */
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -100,6 +104,63 @@ __device__ __forceinline__ void cluster_reduce(cg::cluster_group &cluster, int32
  * fields 2h and 2h + 1, and the 16 activation bytes 64 u + 16 tig .. of
  * rows gid and gid + 8.
  */
+
+/* Word tig of the entries (u, gid), u = 0..3, of chunk-group g of the
+ * warp's TW tiles (words: word tig of entry (0, gid) of its first tile's
+ * first chunk-group); 0 past the last tile. */
+template <int TW>
+__device__ __forceinline__ void load_words(uint32_t (&b)[4][TW], const uint32_t *words,
+                                           int64_t groups, int64_t g, int64_t tile0, int64_t tiles)
+{
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+        for (int t = 0; t < TW; t++) {
+            uint32_t v = 0;
+            if (tile0 + t < tiles)
+                asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];"
+                             : "=r"(v)
+                             : "l"(words + ((int64_t)t * groups + g) * (kBlockBytes / 4) + u * 32));
+            b[u][t] = v;
+        }
+}
+
+/* Step h of a quarter: the TW tiles' B fragments (fields 2h, 2h + 1 of
+ * their words bu) against the MB A fragments. */
+template <int TW, int MB>
+__device__ __forceinline__ void mma_step(int32_t (&acc)[TW][MB][4], uint32_t (&af)[MB][4],
+                                         const uint32_t (&bu)[TW], int h)
+{
+#pragma unroll
+    for (int t = 0; t < TW; t++) {
+        const uint32_t bf[2] = {(bu[t] >> (4 * h)) & 0x03030303u,
+                                (bu[t] >> (4 * h + 2)) & 0x03030303u};
+#pragma unroll
+        for (int i = 0; i < MB; i++)
+            mma_s8(acc[t][i], af[i], bf);
+    }
+}
+
+/* The warp's sums into the block's: c0, c1 are row gid + 16 i, columns
+ * 2 tig, 2 tig + 1 of tile t; c2, c3 row gid + 8 + 16 i. */
+template <class C, int TW, int MB>
+__device__ __forceinline__ void store_sums(int32_t *sums, const int32_t (&acc)[TW][MB][4],
+                                           int warp, int lane)
+{
+    const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int t = 0; t < TW; t++)
+#pragma unroll
+        for (int i = 0; i < MB; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int row = 16 * i + 8 * j + gid;
+                const int col = (warp * TW + t) * kTileRows + 2 * tig;
+                *reinterpret_cast<int2 *>(&sums[row * C::kStride + col]) =
+                    make_int2(acc[t][i][2 * j], acc[t][i][2 * j + 1]);
+            }
+}
+
 template <int TW, int WARPS, int MB>
 __global__ void __launch_bounds__(32 * WARPS, 1)
     cluster_kernel(const uint32_t *__restrict__ w, const int8_t *__restrict__ x, int64_t ldx,
@@ -110,7 +171,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
     using C = ClusterCfg<TW, WARPS, MB>;
     extern __shared__ __align__(16) int32_t sums[]; /* [kRows][kStride] */
     cg::cluster_group cluster = cg::this_cluster();
-    const int S = (int)cluster.num_blocks(), split = (int)cluster.block_rank();
+    const int split = (int)cluster.block_rank();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
     const int64_t col0 = (int64_t)blockIdx.y * C::kCols;
@@ -128,35 +189,13 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
             xr[i][j] = r < m ? x + r * ldx + 16 * tig : nullptr;
         }
     const uint32_t *words = w + tile0 * groups * (kBlockBytes / 4) + gid * 4 + tig;
-    bool live[TW];
-#pragma unroll
-    for (int t = 0; t < TW; t++)
-        live[t] = tile0 + t < tiles;
 
-    int32_t acc[TW][MB][4];
-#pragma unroll
-    for (int t = 0; t < TW; t++)
-#pragma unroll
-        for (int i = 0; i < MB; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[t][i][e] = 0;
+    int32_t acc[TW][MB][4] = {};
 
     for (int64_t g = g0; g < g1; g++) {
         /* Every weight word of the chunk-group first: 4 TW loads in flight. */
         uint32_t b[4][TW];
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-#pragma unroll
-            for (int t = 0; t < TW; t++) {
-                uint32_t v = 0;
-                if (live[t])
-                    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];"
-                                 : "=r"(v)
-                                 : "l"(words + ((int64_t)t * groups + g) * (kBlockBytes / 4) +
-                                       u * 32));
-                b[u][t] = v;
-            }
+        load_words<TW>(b, words, groups, g, tile0, tiles);
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             uint4 a[MB][2];
@@ -177,31 +216,12 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
                     af[i][2] = h ? a[i][0].w : a[i][0].y;
                     af[i][3] = h ? a[i][1].w : a[i][1].y;
                 }
-#pragma unroll
-                for (int t = 0; t < TW; t++) {
-                    const uint32_t bf[2] = {(b[u][t] >> (4 * h)) & 0x03030303u,
-                                            (b[u][t] >> (4 * h + 2)) & 0x03030303u};
-#pragma unroll
-                    for (int i = 0; i < MB; i++)
-                        mma_s8(acc[t][i], af[i], bf);
-                }
+                mma_step<TW, MB>(acc, af, b[u], h);
             }
         }
     }
 
-    /* c0, c1: row gid + 16 i, columns 2 tig, 2 tig + 1 of tile t; c2, c3:
-     * row gid + 8 + 16 i. */
-#pragma unroll
-    for (int t = 0; t < TW; t++)
-#pragma unroll
-        for (int i = 0; i < MB; i++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int row = 16 * i + 8 * j + gid;
-                const int col = (warp * TW + t) * kTileRows + 2 * tig;
-                *reinterpret_cast<int2 *>(&sums[row * C::kStride + col]) =
-                    make_int2(acc[t][i][2 * j], acc[t][i][2 * j + 1]);
-            }
+    store_sums<C, TW, MB>(sums, acc, warp, lane);
     cluster_reduce<C>(cluster, sums, col0, m, n, act_scale, act_sum, w_scale, y, ldy);
 }
 
@@ -232,6 +252,40 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr)
                  : "r"(addr));
 }
 
+/* Copy i (4 bytes) of chunk-group g's activation rows into the stage at
+ * shared address dst: row i / 64's word a = i % 64 at its permuted place
+ * in the quarter (zeros past row m). */
+template <int MB>
+__device__ __forceinline__ void stage_word(uint32_t dst, const int8_t *x, int64_t ldx, int64_t m,
+                                           int64_t g, int i)
+{
+    const int r = i >> 6, a = i & 63;
+    const int u = a >> 4, c = (a >> 2) & 3, j = a & 3;
+    const int to = 16 * u + 8 * (j >> 1) + 4 * (j & 1) + c;
+    const bool ok = r < m;
+    cp_async<4>(dst + (uint32_t)(r * StagedCfg<MB>::kRowBytes + 4 * to),
+                ok ? x + (int64_t)r * ldx + g * kGroup + 4 * a : x, ok);
+}
+
+/* A staged chunk-group's products: A fragments by ldmatrix from the stage
+ * (base: the stage plus this lane's ldmatrix offset), B from the words b. */
+template <int TW, int MB>
+__device__ __forceinline__ void mma_staged(int32_t (&acc)[TW][MB][4], const uint32_t (&b)[4][TW],
+                                           uint32_t base)
+{
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            uint32_t af[MB][4];
+#pragma unroll
+            for (int i = 0; i < MB; i++)
+                ldmatrix_x4(af[i], base + (uint32_t)(16 * i * StagedCfg<MB>::kRowBytes + 64 * u +
+                                                     32 * h));
+            mma_step<TW, MB>(acc, af, b[u], h);
+        }
+}
+
 template <int TW, int WARPS, int MB>
 __global__ void __launch_bounds__(32 * WARPS)
     staged_kernel(const uint32_t *__restrict__ w, const int8_t *__restrict__ x, int64_t ldx,
@@ -244,7 +298,7 @@ __global__ void __launch_bounds__(32 * WARPS)
     extern __shared__ __align__(16) uint8_t smem[]; /* [2][16 MB][272], then the sums */
     int32_t *sums = reinterpret_cast<int32_t *>(smem);
     cg::cluster_group cluster = cg::this_cluster();
-    const int S = (int)cluster.num_blocks(), split = (int)cluster.block_rank();
+    const int split = (int)cluster.block_rank();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
     const int64_t col0 = (int64_t)blockIdx.y * C::kCols;
@@ -254,44 +308,17 @@ __global__ void __launch_bounds__(32 * WARPS)
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
 
     auto stage = [&](int64_t g, int buf) {
-        for (int i = threadIdx.x; i < 16 * MB * 64; i += 32 * WARPS) {
-            const int r = i >> 6, a = i & 63; /* row, its 4-byte word of the group */
-            const int u = a >> 4, c = (a >> 2) & 3, j = a & 3;
-            const int to = 16 * u + 8 * (j >> 1) + 4 * (j & 1) + c;
-            const bool ok = r < m;
-            cp_async<4>(sbase + (uint32_t)(buf * SC::kStage + r * SC::kRowBytes + 4 * to),
-                        ok ? x + (int64_t)r * ldx + g * kGroup + 4 * a : x, ok);
-        }
+        for (int i = threadIdx.x; i < 16 * MB * 64; i += 32 * WARPS)
+            stage_word<MB>(sbase + (uint32_t)(buf * SC::kStage), x, ldx, m, g, i);
     };
     const uint32_t *words = w + tile0 * groups * (kBlockBytes / 4) + gid * 4 + tig;
-    auto load_b = [&](uint32_t (&b)[4][TW], int64_t g) {
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-#pragma unroll
-            for (int t = 0; t < TW; t++) {
-                uint32_t v = 0;
-                if (tile0 + t < tiles)
-                    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];"
-                                 : "=r"(v)
-                                 : "l"(words + ((int64_t)t * groups + g) * (kBlockBytes / 4) +
-                                       u * 32));
-                b[u][t] = v;
-            }
-    };
 
-    int32_t acc[TW][MB][4];
-#pragma unroll
-    for (int t = 0; t < TW; t++)
-#pragma unroll
-        for (int i = 0; i < MB; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[t][i][e] = 0;
+    int32_t acc[TW][MB][4] = {};
 
     uint32_t b[4][TW];
     if (g0 < g1) {
         stage(g0, 0);
-        load_b(b, g0);
+        load_words<TW>(b, words, groups, g0, tile0, tiles);
     }
     cp_async_commit();
     /* Lane l addresses row (l & 7) + 8 ((l >> 3) & 1), bytes 16 (l >> 4) ..
@@ -302,29 +329,12 @@ __global__ void __launch_bounds__(32 * WARPS)
         uint32_t nb[4][TW];
         if (g + 1 < g1) {
             stage(g + 1, (int)buf ^ 1);
-            load_b(nb, g + 1);
+            load_words<TW>(nb, words, groups, g + 1, tile0, tiles);
         }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        const uint32_t base = sbase + (uint32_t)(buf * SC::kStage) + lane_off;
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                uint32_t af[MB][4];
-#pragma unroll
-                for (int i = 0; i < MB; i++)
-                    ldmatrix_x4(af[i], base + (uint32_t)(16 * i * SC::kRowBytes + 64 * u + 32 * h));
-#pragma unroll
-                for (int t = 0; t < TW; t++) {
-                    const uint32_t bf[2] = {(b[u][t] >> (4 * h)) & 0x03030303u,
-                                            (b[u][t] >> (4 * h + 2)) & 0x03030303u};
-#pragma unroll
-                    for (int i = 0; i < MB; i++)
-                        mma_s8(acc[t][i], af[i], bf);
-                }
-            }
+        mma_staged<TW, MB>(acc, b, sbase + (uint32_t)(buf * SC::kStage) + lane_off);
         __syncthreads(); /* buffer buf is free for group g + 2 */
 #pragma unroll
         for (int u = 0; u < 4; u++)
@@ -335,17 +345,7 @@ __global__ void __launch_bounds__(32 * WARPS)
     cp_async_wait<0>();
     __syncthreads();
 
-#pragma unroll
-    for (int t = 0; t < TW; t++)
-#pragma unroll
-        for (int i = 0; i < MB; i++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int row = 16 * i + 8 * j + gid;
-                const int col = (warp * TW + t) * kTileRows + 2 * tig;
-                *reinterpret_cast<int2 *>(&sums[row * C::kStride + col]) =
-                    make_int2(acc[t][i][2 * j], acc[t][i][2 * j + 1]);
-            }
+    store_sums<C, TW, MB>(sums, acc, warp, lane);
     cluster_reduce<C>(cluster, sums, col0, m, n, act_scale, act_sum, w_scale, y, ldy);
 }
 
@@ -380,82 +380,32 @@ __global__ void __launch_bounds__(32 * WARPS)
     const uint32_t *words = w + tile0 * groups * (kBlockBytes / 4) + gid * 4 + tig;
     uint32_t b[G][4][TW];
 #pragma unroll
-    for (int q = 0; q < G; q++)
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-#pragma unroll
-            for (int t = 0; t < TW; t++) {
-                uint32_t v = 0;
-                if (q < count && tile0 + t < tiles)
-                    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];"
-                                 : "=r"(v)
-                                 : "l"(words + ((int64_t)t * groups + g0 + q) *
-                                                   (kBlockBytes / 4) +
-                                       u * 32));
-                b[q][u][t] = v;
-            }
+    for (int q = 0; q < G; q++) /* past the split's groups: no tiles, zeros */
+        load_words<TW>(b[q], words, groups, g0 + q, tile0, q < count ? tiles : tile0);
     for (int i = threadIdx.x; i < count * 16 * MB * 64; i += 32 * WARPS) {
-        const int q = i / (16 * MB * 64), r = (i >> 6) % (16 * MB), a = i & 63;
-        const int u = a >> 4, c = (a >> 2) & 3, j = a & 3;
-        const int to = 16 * u + 8 * (j >> 1) + 4 * (j & 1) + c;
-        const bool ok = r < m;
-        cp_async<4>(sbase + (uint32_t)(q * SC::kStage + r * SC::kRowBytes + 4 * to),
-                    ok ? x + (int64_t)r * ldx + (g0 + q) * kGroup + 4 * a : x, ok);
+        const int q = i / (16 * MB * 64);
+        stage_word<MB>(sbase + (uint32_t)(q * SC::kStage), x, ldx, m, g0 + q, i % (16 * MB * 64));
     }
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
 
-    int32_t acc[TW][MB][4];
-#pragma unroll
-    for (int t = 0; t < TW; t++)
-#pragma unroll
-        for (int i = 0; i < MB; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[t][i][e] = 0;
+    int32_t acc[TW][MB][4] = {};
     const uint32_t lane_off =
         (uint32_t)(((lane & 7) + 8 * ((lane >> 3) & 1)) * SC::kRowBytes + 16 * (lane >> 4));
 #pragma unroll
     for (int q = 0; q < G; q++) {
         if (q >= count)
             break;
-        const uint32_t base = sbase + (uint32_t)(q * SC::kStage) + lane_off;
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                uint32_t af[MB][4];
-#pragma unroll
-                for (int i = 0; i < MB; i++)
-                    ldmatrix_x4(af[i], base + (uint32_t)(16 * i * SC::kRowBytes + 64 * u + 32 * h));
-#pragma unroll
-                for (int t = 0; t < TW; t++) {
-                    const uint32_t bf[2] = {(b[q][u][t] >> (4 * h)) & 0x03030303u,
-                                            (b[q][u][t] >> (4 * h + 2)) & 0x03030303u};
-#pragma unroll
-                    for (int i = 0; i < MB; i++)
-                        mma_s8(acc[t][i], af[i], bf);
-                }
-            }
+        mma_staged<TW, MB>(acc, b[q], sbase + (uint32_t)(q * SC::kStage) + lane_off);
     }
     __syncthreads(); /* the staged rows are read: the sums may take their place */
-#pragma unroll
-    for (int t = 0; t < TW; t++)
-#pragma unroll
-        for (int i = 0; i < MB; i++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int row = 16 * i + 8 * j + gid;
-                const int col = (warp * TW + t) * kTileRows + 2 * tig;
-                *reinterpret_cast<int2 *>(&sums[row * C::kStride + col]) =
-                    make_int2(acc[t][i][2 * j], acc[t][i][2 * j + 1]);
-            }
+    store_sums<C, TW, MB>(sums, acc, warp, lane);
     cluster_reduce<C>(cluster, sums, col0, m, n, act_scale, act_sum, w_scale, y, ldy);
 }
 
 struct Config {
-    int form, tw, warps, splits; /* form 1: cluster_kernel, 2: staged_kernel */
+    int form, tw, warps, splits; /* form 1: cluster_kernel, 2: staged_, 3: oneshot_ */
 };
 
 template <int FORM, int TW, int WARPS, int MB, int G = 2>
