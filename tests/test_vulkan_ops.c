@@ -12,12 +12,15 @@
  *     logits around it left alone);
  *   - attention over a cache filled as the q, k, v product fills it
  *     (RoPE and the store: test_vulkan_w2a8) against the CPU within 1e-5
- *     of the values' range (exp is not libm's expf), and bit for bit against the same arithmetic
- * with exp in double rounded to float (what the kernel computes); several sequences of different
- * lengths with scattered blocks, prefill rows at consecutive positions, a decode row, GQA groups 1,
- * 2, 4 and 5, head_dim 64, 128, 100, 58 (keys not on 16 bytes: scalar loads) and a random 8 k + 4,
- * a context of 700 positions (past a workgroup's 512); passes of fewer than 8 rows and of 8 or more
- * (the workgroups of 128 invocations, past their positions too);
+ *     of the values' range (exp is not libm's expf), and bit for bit
+ *     against the same arithmetic with exp in double rounded to float
+ *     (what the kernel computes); several sequences of different lengths
+ *     with scattered blocks, prefill rows at consecutive positions, a
+ *     decode row, GQA groups 1, 2, 4 and 5, head_dim 64, 128, 100, 58
+ *     (keys not on 16 bytes: scalar loads) and a random 8 k + 4, a
+ *     context of 700 positions (past a workgroup's 512); passes of fewer
+ *     than 8 rows and of 8 or more (a workgroup a row and KV head, or of
+ *     128 invocations, past their positions too);
  *   - rows whose sequence or position fall outside the tables: attention
  *     writes NaN;
  *   - the greedy picks of logit rows (bn_vk_argmax_record) against the

@@ -564,10 +564,11 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
          * (BITNET_VULKAN_DOT=0: not) */
         st = bn_vk_w2a8_kernel(v->vk, bn_vk_device(v->vk)->fp64, bn_vk_w2a8_dot_fits(v->vk),
                                &v->w2a8, err);
-    if (st == BN_OK && bn_vk_w2a8_rows_kernel_fits(v->vk))
+    if (st == BN_OK && bn_vk_w2a8_rows_kernel_fits(v->vk)) { /* the products of many rows */
         st = bn_vk_w2a8_rows_kernel(v->vk, &v->w2a8_rows, err);
-    if (st == BN_OK && bn_vk_w2a8_rows_kernel_fits(v->vk))
-        st = bn_vk_w2a8_tiles_kernel(v->vk, &v->w2a8_tiles, err);
+        if (st == BN_OK)
+            st = bn_vk_w2a8_tiles_kernel(v->vk, &v->w2a8_tiles, err);
+    }
     /* The products that norm their own input on GPUs: a CPU device (lavapipe)
      * runs a few workgroups at a time, and every one of them norming the
      * row is only more work there (test_vulkan_norm checks the kernel on

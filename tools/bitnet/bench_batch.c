@@ -66,7 +66,7 @@ static double percentile(double *v, size_t n, double p)
 }
 
 typedef struct bench_cfg {
-    long long prompt, gen, prefix, budget, threads;
+    long long prompt, gen, prefix, batch_tokens, threads;
     uint64_t seed;
     const char *device;
     bool kv_f16;
@@ -86,9 +86,9 @@ static bn_engine *open_engine(const bn_config *cfg, const bench_cfg *b, bool sha
                                   .n_ctx = b->prompt + b->gen,
                                   .max_seqs = b->max_seqs,
                                   /* room for every request in whole blocks of 32 */
-                                  .kv_positions = (int64_t)b->max_seqs *
-                                                  ((b->prompt + b->gen + 31) / 32 * 32),
-                                  .token_budget = (int)b->budget,
+                                  .kv_positions =
+                                      (int64_t)b->max_seqs * ((b->prompt + b->gen + 31) / 32 * 32),
+                                  .token_budget = (int)b->batch_tokens,
                                   .no_prefix_sharing = !sharing,
                                   .kv_f16 = b->kv_f16};
     bn_engine *e = NULL;
@@ -349,7 +349,7 @@ static bool parse_stages(const char *text, bench_cfg *b)
 
 int bench_batch(int argc, char **argv, const bn_config *cfg)
 {
-    bench_cfg b = {.prompt = 512, .gen = 128, .budget = 512, .seed = 1};
+    bench_cfg b = {.prompt = 512, .gen = 128, .batch_tokens = 512, .seed = 1};
     const char *shape = "2b4t";
     int seqs[16] = {1, 8, 32, 64, 128, 256}, n_seqs = 6;
     for (int i = 1; i < argc; i++) {
@@ -378,7 +378,7 @@ int bench_batch(int argc, char **argv, const bn_config *cfg)
             ok = strcmp(v, "f32") == 0 || strcmp(v, "f16") == 0;
             b.kv_f16 = strcmp(v, "f16") == 0;
         } else if (strcmp(a, "--batch-tokens") == 0 || strcmp(a, "--budget") == 0) {
-            ok = cli_parse_i64(CMD, a, v, 1, BN_BATCH_TOKENS_MAX, &b.budget);
+            ok = cli_parse_i64(CMD, a, v, 1, BN_BATCH_TOKENS_MAX, &b.batch_tokens);
         } else if (strcmp(a, "--threads") == 0) {
             ok = cli_parse_i64(CMD, a, v, 1, 4096, &b.threads);
         } else if (strcmp(a, "--seed") == 0) {
