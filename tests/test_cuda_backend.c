@@ -170,10 +170,8 @@ static bn_checkpoint *load_fixture(const char *name)
     return m;
 }
 
-/* A backend with the default options but these, in the form as_if leaves
- * (NULL: the device's default). */
-static bn_cuda_backend *make_cuda_as(const bn_checkpoint *m, int64_t kv_len, bn_cuda_kv_type kv,
-                                     int chunk, const bn_cuda_as_if *as_if)
+static bn_cuda_backend *make_cuda(const bn_checkpoint *m, int64_t kv_len, bn_cuda_kv_type kv,
+                                  int chunk)
 {
     bn_cuda_backend_options o;
     bn_cuda_backend_options_default(&o);
@@ -183,21 +181,9 @@ static bn_cuda_backend *make_cuda_as(const bn_checkpoint *m, int64_t kv_len, bn_
     bn_cuda_backend *b = NULL;
     bn_error err;
     bn_error_clear(&err);
-    CHECK_MSG(bn_cuda_backend_create_as(m, &o, as_if, &b, &err) == BN_OK, "cuda create: %s (%s)",
+    CHECK_MSG(bn_cuda_backend_create(m, &o, &b, &err) == BN_OK, "cuda create: %s (%s)",
               err.message, err.hint);
     return b;
-}
-
-/* The decode step as a kernel a stage, whose forms (clusters, the q|k|v
- * product inside the attention, gate|up pairs, the fallbacks) most checks
- * here are about; the persistent kernel that the default takes where it
- * fits has checks of its own (check_persistent, check_2b4t). */
-static const bn_cuda_as_if CHAIN = {.no_persistent = true};
-
-static bn_cuda_backend *make_cuda(const bn_checkpoint *m, int64_t kv_len, bn_cuda_kv_type kv,
-                                  int chunk)
-{
-    return make_cuda_as(m, kv_len, kv, chunk, &CHAIN);
 }
 
 /* The CPU's greedy run: tokens[N_STEPS], logits[N_STEPS][V] (row s: the
@@ -269,73 +255,6 @@ static bool teacher_forced(bn_cuda_backend *b, const int32_t *tokens, int32_t V,
  * the q|k|v GEMV and the gate|up GEMV staged as the others; (3) the raw
  * gate|up values and the screened LM head. */
 enum { FIXTURE_UNITS = 4 };
-
-/* The default form, the layers as one persistent kernel where the device
- * takes them (every fixture on a device with cooperative launches): its
- * teacher-forced logits, eager and graph, within the tolerance of the CPU's
- * with the CPU's argmax, graph and eager bit for bit alike (the attention's
- * merge and the norms do not depend on which block finishes first), and its
- * free-running greedy tokens, graph and eager, the CPU's. */
-static void check_persistent(const char *name, const bn_checkpoint *m, const float *ref,
-                             const int32_t *ref_tok, double min_gap)
-{
-    const int32_t V = bn_checkpoint_hparams(m)->vocab;
-    const size_t row = (size_t)V * sizeof(float);
-    bn_cuda_backend *b = make_cuda_as(m, 0, BN_CUDA_KV_F32, 0, NULL);
-    if (!b)
-        return;
-    bn_cuda_decode_form form;
-    bn_cuda_backend_decode_form(b, &form);
-    if (form.persistent_blocks <= 0) {
-        printf("%-11s persistent    : not taken on this device (a kernel a stage)\n", name);
-        bn_cuda_backend_free(b);
-        return;
-    }
-    bn_error err;
-    bn_error_clear(&err);
-    float *out[2] = {malloc(N_STEPS * row), malloc(N_STEPS * row)};
-    bool ok = out[0] && out[1];
-    for (int pass = 0; pass < 2 && ok; pass++) {
-        bn_cuda_backend_set_graphs(b, pass == 1);
-        bn_cuda_backend_reset(b);
-        ok = teacher_forced(b, ref_tok, V, out[pass], &err);
-        CHECK_MSG(ok, "%s: persistent forward (%s): %s", name, pass ? "graph" : "eager",
-                  err.message);
-    }
-    double worst = 0.0;
-    int argmax_diff = 0;
-    for (int s = 0; ok && s < n_steps; s++) {
-        worst = fmax(worst, rel_diff(ref + (size_t)s * V, out[0] + (size_t)s * V, V));
-        argmax_diff += argmax(out[0] + (size_t)s * V, V) != ref_tok[s];
-    }
-    const bool same = ok && memcmp(out[0], out[1], (size_t)n_steps * row) == 0;
-    int32_t tok[2][N_STEPS];
-    for (int pass = 0; pass < 2 && ok; pass++) {
-        ok = device_greedy(b, pass == 0, tok[pass], &err);
-        CHECK_MSG(ok, "%s: persistent greedy (%s): %s", name, pass ? "eager" : "graph",
-                  err.message);
-    }
-    const bool tokens_ok = ok && memcmp(tok[0], ref_tok, (size_t)n_steps * 4) == 0 &&
-                           memcmp(tok[1], ref_tok, (size_t)n_steps * 4) == 0;
-    char kernels[512];
-    bn_cuda_backend_kernels(b, kernels, sizeof kernels);
-    printf("%-11s persistent    : %d blocks, worst rel %.2e (cpu's smallest top-2 gap %.2e), "
-           "argmax differs at %d, graph %s eager, greedy tokens %s the cpu's\n",
-           name, form.persistent_blocks, worst, min_gap, argmax_diff,
-           same ? "==" : "!=", tokens_ok ? "==" : "!=");
-    CHECK_MSG(ok && worst <= TOL_F32, "%s: persistent logits differ from the CPU by %.3g", name,
-              worst);
-    CHECK_MSG(ok && argmax_diff == 0, "%s: persistent argmax differs from the CPU's at %d steps",
-              name, argmax_diff);
-    CHECK_MSG(same, "%s: persistent graph and eager logits differ", name);
-    CHECK_MSG(tokens_ok, "%s: persistent greedy tokens differ from the CPU's", name);
-    CHECK_MSG(has_kernel(kernels, "decode_layers_persistent") &&
-                  !has_kernel(kernels, "w2a8_gemv_gate_up_relu2"),
-              "%s: the persistent form ran %s", name, kernels);
-    free(out[0]);
-    free(out[1]);
-    bn_cuda_backend_free(b);
-}
 
 static void check_fixture(const char *name, int unit)
 {
@@ -481,8 +400,6 @@ static void check_fixture(const char *name, int unit)
               (int)form.attn_qkv, kernels);
     bn_cuda_backend_free(b);
     b = NULL;
-    if (part_default)
-        check_persistent(name, m, ref, ref_tok, min_gap);
 
     /* As on a device without thread-block clusters or programmatic
      * dependent launch (compute capability 8.x): the attention's ranges
@@ -491,7 +408,7 @@ static void check_fixture(const char *name, int unit)
      * the logits agree with the CPU's within the tolerance and the argmax
      * is the CPU's. */
     if (part_ticket) {
-        const bn_cuda_as_if sm80 = {.no_clusters = true, .no_pdl = true, .no_persistent = true};
+        const bn_cuda_as_if sm80 = {.no_clusters = true, .no_pdl = true};
         double rel = NAN;
         int alt_argmax_diff = -1;
         bn_cuda_backend *u = NULL;
@@ -541,9 +458,8 @@ static void check_fixture(const char *name, int unit)
      * GEMV before it) and the device holds no cluster of 16 gate|up blocks
      * (that GEMV staged as the others); then as where gate and up are not
      * whole tiles (their raw values, the squared ReLU in the norm after). */
-    const bn_cuda_as_if same_bits[2] = {
-        {.no_attn_qkv = true, .no_cluster16 = true, .no_persistent = true},
-        {.no_gate_up_pairs = true, .no_persistent = true}};
+    const bn_cuda_as_if same_bits[2] = {{.no_attn_qkv = true, .no_cluster16 = true},
+                                        {.no_gate_up_pairs = true}};
     for (int k = 0; k < 2; k++) {
         if (!(k == 0 ? part_staging : part_head))
             continue;
@@ -588,7 +504,7 @@ static void check_fixture(const char *name, int unit)
      * which are the CPU's; steps that return logits use the full head, bit
      * for bit the default's. */
     if (part_head) {
-        const bn_cuda_as_if large_head = {.screen_any_head = true, .no_persistent = true};
+        const bn_cuda_as_if large_head = {.screen_any_head = true};
         bn_cuda_backend *u = NULL;
         CHECK_MSG(bn_cuda_backend_create_as(m, NULL, &large_head, &u, &err) == BN_OK,
                   "%s: cuda create (screened head): %s", name, err.message);
@@ -1104,8 +1020,7 @@ static void check_2b4t(void)
               err.message);
     if (!m)
         return;
-    /* The device's default form (the persistent kernel on an H200). */
-    bn_cuda_backend *b = make_cuda_as(m, 256, BN_CUDA_KV_F32, 0, NULL);
+    bn_cuda_backend *b = make_cuda(m, 256, BN_CUDA_KV_F32, 0);
     const double t1 = bn_time_seconds();
     if (b) {
         enum { LONG_PROMPT = 72, LONG_STEPS = 3, LONGER_PROMPT = 200 };
@@ -1735,9 +1650,7 @@ static void check_engine(void)
     CHECK_STR_CONTAINS(r->receipt, "\"selected\": \"cuda:");
     CHECK_STR_CONTAINS(r->receipt, "\"gpu\": {");
     CHECK_STR_CONTAINS(r->receipt, "cuda_graph_replay");
-    /* The decode step's products: GEMVs, or the persistent kernel's. */
-    CHECK_MSG(strstr(r->receipt, "w2a8_gemv") || strstr(r->receipt, "decode_layers_persistent"),
-              "the receipt names no decode step kernel: %s", r->receipt);
+    CHECK_STR_CONTAINS(r->receipt, "w2a8_gemv");
     printf("engine kernels: %s\n", r->info.kernels);
 
     /* An impossible memory limit under auto: the CPU, with the reason. */
@@ -1774,10 +1687,7 @@ static void check_engine(void)
                   memcmp(r->tokens, cpu->tokens, r->n_tokens * sizeof(int32_t)) == 0,
               "tokens after the fallback differ from the CPU's");
     CHECK_STR_CONTAINS(r->receipt, "CUDA step failed");
-    /* the GPU's part is remembered */
-    CHECK_MSG(strstr(r->info.kernels, "w2a8_gemv") ||
-                  strstr(r->info.kernels, "decode_layers_persistent"),
-              "the kernels name no GPU decode step: %s", r->info.kernels);
+    CHECK_STR_CONTAINS(r->info.kernels, "w2a8_gemv"); /* the GPU's part is remembered */
     /* ... and under strict mode, an error. */
     run_engine(fx, "auto", true, 0, 3, r);
     printf("strict auto, failing step: %s: %s\n", bn_status_str(r->gen), r->err.message);

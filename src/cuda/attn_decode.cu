@@ -22,22 +22,190 @@
 
 namespace {
 
-/* Decode through a ticket, grid (n_heads / G, splits), kDecWarps warps:
- * block (x, y) takes range y of column x (attn_decode_block.cuh's
- * attn_ticket_range), waiting for the q|k|v product by programmatic
- * dependent launch (pdl.cuh). The cluster kernel below does without the
- * workspace and the ticket where the device has thread-block clusters. */
+/* Decode through a ticket, grid (n_heads / G, splits), kDecWarps warps.
+ * Block (x, split) takes G query heads of one kv head (kv head
+ * x / subgroups, its heads (x % subgroups) G .. + G - 1), so each cache row
+ * it reads serves G heads, over its range of positions in tiles of
+ * kDecTile; warp w takes the tile's positions w * kDecRows .. + kDecRows - 1,
+ * all loaded at once.
+ *
+ *   1. Before waiting for the q|k|v product (pdl.cuh): the range's first
+ *      tile of cached rows (earlier tokens: final since the last step) and
+ *      the position's RoPE table entries (written at create()).
+ *   2. q of the G heads; the tiles (DecodeBlock::tile); the warps merge in
+ *      shared memory in warp order.
+ *   3. A length that fits one range (active == 1) is written to out
+ *      directly. Otherwise each block writes (max, sum, acc) of its range
+ *      and heads to the workspace, and the block that completes the column's
+ *      last range (a counter per column, reset by it) merges the ranges:
+ *      up to kMergeParts threads per output value, each over a fixed subset
+ *      of the ranges in a fixed order (ranges part, part + parts, ...;
+ *      kMergeBatch loads in flight), then the parts in part order. The
+ *      order depends on the length only, never on which block is last.
+ *
+ * Ranges past the length (short contexts) have nothing to do; range 0
+ * always takes part, so a head is written (zeros) even at length 0. The
+ * cluster kernel below does without the workspace and the ticket where the
+ * device has thread-block clusters. */
 template <int KC, int G>
 __global__ void __launch_bounds__(32 * kDecWarps, KC == 1 ? 2 : 1) attn_decode_kernel(DecodeArgs a)
 {
-    __shared__ TicketShared<KC, G> sm;
-    attn_ticket_range<KC, G>(a, blockIdx.x, blockIdx.y, blockIdx.x + gridDim.x * blockIdx.y,
-                             gridDim.x * gridDim.y, sm,
-                             [] {
-                                 pdl_trigger();
-                                 pdl_wait();
-                             },
-                             [] { __syncthreads(); });
+    constexpr int kSlots = WarpParts<KC, G>::kSlots;
+    __shared__ WarpParts<KC, G> parts_sm;
+    __shared__ float sm_pm[32 * kDecWarps], sm_pl[32 * kDecWarps];
+    __shared__ bool sm_last;
+    const int col = blockIdx.x, split = blockIdx.y;
+    DecodeBlock<KC, G> b(a, col);
+    const int nc = b.nc, p = b.p, len = b.len, h0 = b.h0;
+    const int chunk = split_chunk(len, a.splits);
+    const int active = len > 0 ? (len + chunk - 1) / chunk : 1;
+    const int begin = (int)min((int64_t)split * chunk, (int64_t)len);
+    const int end = (int)min((int64_t)begin + chunk, (int64_t)len);
+
+    float4 kr[kDecRows][KC], vr[kDecRows][KC];
+    if (split < active) {
+        load_rows<KC>(kr, vr, a, begin, p < end ? p : end, b.head_off);
+        b.load_rope(a);
+    }
+    prefetch_next_layer(a, p, col + gridDim.x * split, gridDim.x * gridDim.y);
+    pdl_trigger();
+    pdl_wait();
+    if (split >= active)
+        return;
+
+    b.start(a);
+    pdl_mark(0);
+    for (int t0 = begin; t0 < end; t0 += kDecTile) {
+        if (t0 != begin)
+            load_rows<KC>(kr, vr, a, t0, p < end ? p : end, b.head_off);
+        b.tile(a, kr, vr, t0, end);
+    }
+
+    /* The warps' (max, sum, acc) into one per head for the range. */
+    parts_sm.put(b);
+    __syncthreads();
+    pdl_mark(1);
+    float4 *out4 = reinterpret_cast<float4 *>(a.out);
+    for (int o = threadIdx.x; o < kSlots; o += blockDim.x) {
+        const int g = o / (32 * KC), ch = o % (32 * KC);
+        if (ch >= nc)
+            continue;
+        float mx, total;
+        const float4 r = parts_sm.merge(o, g, mx, total);
+        const int h = h0 + g;
+        if (active == 1) {
+            out4[(int64_t)h * nc + ch] =
+                total > 0.0f ? f4_div(r, total) : make_float4(0.f, 0.f, 0.f, 0.f);
+        } else {
+            const int64_t slot = (int64_t)h * a.splits + split;
+            reinterpret_cast<float4 *>(a.ws_acc)[slot * nc + ch] = r;
+            if (ch == 0) {
+                a.ws_ml[2 * slot] = mx;
+                a.ws_ml[2 * slot + 1] = total;
+            }
+        }
+    }
+    if (active == 1) /* block-uniform: the only range, written above */
+        return;
+
+    /* Last block of the column? The barrier orders the block's workspace
+     * writes before thread 0's release fence and ticket, so they are
+     * visible to whoever sees the ticket; the last block's thread 0
+     * acquires after every ticket, and the barrier after it orders the
+     * block's reads (through L2) behind that. Only thread 0 fences
+     * (acquire-release at GPU scope, not the sequentially consistent
+     * __threadfence of every thread). */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        const bool last = atomicAdd(&a.counters[col], 1u) == (unsigned)active - 1;
+        if (last) {
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
+            a.counters[col] = 0; /* every range has counted: ready for the next launch */
+        }
+        sm_last = last;
+    }
+    __syncthreads();
+    pdl_mark(2);
+    if (!sm_last)
+        return;
+
+    /* Merge the ranges: a range's weight is exp(m_s - M) over the ranges
+     * that saw any position (sum > 0). Thread (part, o) takes output float4
+     * o (head g, chunk ch) over ranges part, part + parts, ... in order,
+     * kMergeBatch loads at a time, with a running maximum. */
+    const int nq = G * nc;
+    int parts = (int)blockDim.x / nq;
+    parts = parts < 1 ? 1 : parts > kMergeParts ? kMergeParts : parts;
+    const int t = threadIdx.x;
+    float M = -INFINITY, L = 0.0f;
+    float4 R = make_float4(0.f, 0.f, 0.f, 0.f);
+    const bool merger = t < parts * nq;
+    if (merger) {
+        const int o = t % nq, part = t / nq;
+        const int g = o / nc, ch = o % nc, h = h0 + g;
+        const float2 *ml = reinterpret_cast<const float2 *>(a.ws_ml) + (int64_t)h * a.splits;
+        const float4 *wa =
+            reinterpret_cast<const float4 *>(a.ws_acc) + (int64_t)h * a.splits * nc + ch;
+        for (int b0 = part; b0 < active; b0 += parts * kMergeBatch) {
+            float2 mlv[kMergeBatch];
+            float4 av[kMergeBatch];
+#pragma unroll
+            for (int j = 0; j < kMergeBatch; j++) {
+                const int sp = b0 + j * parts;
+                mlv[j] = make_float2(-INFINITY, 0.0f);
+                av[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (sp < active) {
+                    mlv[j] = __ldcg(ml + sp);
+                    av[j] = __ldcg(wa + (int64_t)sp * nc);
+                }
+            }
+            float mb = M;
+#pragma unroll
+            for (int j = 0; j < kMergeBatch; j++)
+                if (mlv[j].y > 0.0f)
+                    mb = fmaxf(mb, mlv[j].x);
+            if (mb == -INFINITY)
+                continue;
+            const float c = expf(M - mb); /* M == -inf: 0 */
+            L *= c;
+            R = f4_scale(R, c);
+#pragma unroll
+            for (int j = 0; j < kMergeBatch; j++)
+                if (mlv[j].y > 0.0f) {
+                    const float w = expf(mlv[j].x - mb);
+                    L += mlv[j].y * w;
+                    R = f4_axpy(w, av[j], R);
+                }
+            M = mb;
+        }
+    }
+    /* The parts of each output, in part order. */
+    if (merger) {
+        sm_pm[t] = M;
+        sm_pl[t] = L;
+        parts_sm.acc[t] = R;
+    }
+    __syncthreads();
+    if (t < nq) {
+        const int g = t / nc, ch = t % nc;
+        float mx = -INFINITY;
+        for (int q = 0; q < parts; q++)
+            if (sm_pl[q * nq + t] > 0.0f)
+                mx = fmaxf(mx, sm_pm[q * nq + t]);
+        float total = 0.0f;
+        float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (mx != -INFINITY)
+            for (int q = 0; q < parts; q++)
+                if (sm_pl[q * nq + t] > 0.0f) {
+                    const float e = expf(sm_pm[q * nq + t] - mx);
+                    total += sm_pl[q * nq + t] * e;
+                    r = f4_axpy(e, parts_sm.acc[q * nq + t], r);
+                }
+        out4[(int64_t)(h0 + g) * nc + ch] =
+            total > 0.0f ? f4_div(r, total) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    pdl_mark(3);
 }
 
 /* Decode through a thread-block cluster (sm_90), grid (n_heads / G, C) in

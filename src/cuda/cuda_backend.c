@@ -90,18 +90,6 @@ static bn_status warm_up(bn_cuda_backend *b, bn_error *err)
         st = bn_cuda_backend_forward_greedy(b, zeros, n, n, &next, err);
     if (st == BN_OK && n >= 2) /* two rows: the GEMV over rows */
         st = bn_cuda_backend_forward_greedy(b, zeros, 2, 0, &next, err);
-    if (st == BN_OK && b->form.persistent_blocks > 0) {
-        bn_error perr;
-        bn_error_clear(&perr);
-        if (bn_cuda_backend_forward_greedy(b, zeros, 1, 0, &next, &perr) != BN_OK) {
-            bn_log(BN_LOG_WARN,
-                   "cuda backend: the persistent decode kernel failed (%s); "
-                   "decoding with a kernel a stage",
-                   perr.message);
-            b->form.persistent_blocks = 0;
-            b->persist_avail = 0;
-        }
-    }
     if (st == BN_OK && b->form.pdl) {
         bn_error perr;
         bn_error_clear(&perr);
@@ -159,12 +147,6 @@ static void find_caps(bn_cuda_backend *b, bn_cuda_decode_caps *caps)
         caps->gate_up_cluster16 = bn_w2a8_cuda_gemv_pair_cluster16(&a, gu->split) != 0;
     }
     caps->embed_norm = cb_embed_norm_fits(b);
-    /* The persistent kernel: the one-rank fp32 cache's step with fused
-     * q|k|v, gate|up in pairs and one segment each for Wo and down. */
-    bn_cb_persist_args pa;
-    caps->persistent_blocks = 0;
-    if (!b->kv_f16 && b->opt.tp_size <= 1 && caps->gate_up_pairs && cb_persist_args(b, &pa))
-        caps->persistent_blocks = bn_cb_decode_persistent_blocks(&pa, b->sm);
 }
 
 /* The decode step's form from every fact (bn_cuda_decode_form_choose), as
@@ -174,7 +156,6 @@ static void decide_form(bn_cuda_backend *b, bn_cuda_decode_caps *caps, const bn_
     find_caps(b, caps);
     bn_cuda_decode_caps_limit(caps, as_if);
     bn_cuda_decode_form_choose(caps, &b->form);
-    b->persist_avail = b->form.persistent_blocks;
 }
 
 /* ---- create / free ------------------------------------------------------------------ */
@@ -506,8 +487,6 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
         decide_form(b, &caps, as_if);
         b->h_io_dev = b->form.copy_token ? NULL : alias;
     }
-    if (st == BN_OK && b->form.persistent_blocks > 0)
-        st = cb_upload_persist_layers(b, err);
     if (st == BN_OK && b->form.head_screen) {
         st = BN_CUDA_STATUS(err, bn_cb_head_screen_prepare(b->head_type, hp->dim));
         if (st == BN_OK)
@@ -552,43 +531,6 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
     return BN_OK;
 }
 
-/* The decode step's captured graphs and the greedy graph's stage map. */
-static void free_decode_graphs(bn_cuda_backend *b)
-{
-    step_graph *graphs[] = {&b->graph, &b->graph_logits, &b->graph_sample, &b->graph1,
-                            &b->graph_sample1};
-    for (size_t i = 0; i < sizeof graphs / sizeof graphs[0]; i++) {
-        if (graphs[i]->exec)
-            cudaGraphExecDestroy(graphs[i]->exec);
-        graphs[i]->exec = NULL;
-    }
-    cb_free_stage_map(b);
-}
-
-bn_status bn_cuda_backend_set_persistent(bn_cuda_backend *b, bool on, bn_error *err)
-{
-    if (!b)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "set_persistent: NULL backend");
-    if (on && b->persist_avail <= 0)
-        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
-                            "cuda:%d: the persistent decode kernel does not take this model "
-                            "on this device",
-                            b->device);
-    const int want = on ? b->persist_avail : 0;
-    if (b->form.persistent_blocks == want)
-        return BN_OK;
-    bn_status st = bn_cuda_context_use(b->ctx, err);
-    if (st == BN_OK)
-        st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
-    if (st != BN_OK)
-        return st;
-    free_decode_graphs(b);
-    b->form.persistent_blocks = want;
-    if (b->use_graphs)
-        cb_capture_graph(b);
-    return BN_OK;
-}
-
 void bn_cuda_backend_free(bn_cuda_backend *b)
 {
     if (!b)
@@ -596,10 +538,15 @@ void bn_cuda_backend_free(bn_cuda_backend *b)
     if (b->ctx) {
         (void)bn_cuda_context_use(b->ctx, NULL);
         (void)cudaStreamSynchronize(b->cs);
-        free_decode_graphs(b);
+        step_graph *graphs[] = {&b->graph, &b->graph_logits, &b->graph_sample, &b->graph1,
+                                &b->graph_sample1};
+        for (size_t i = 0; i < sizeof graphs / sizeof graphs[0]; i++)
+            if (graphs[i]->exec)
+                cudaGraphExecDestroy(graphs[i]->exec);
         for (int i = 0; i < 2; i++)
             if (b->step_done[i])
                 cudaEventDestroy(b->step_done[i]);
+        cb_free_stage_map(b);
         cb_rows_release(b);
         for (int i = 0; i < b->n_allocs; i++)
             bn_cuda_context_free(b->ctx, b->allocs[i].p, b->allocs[i].bytes);
@@ -643,8 +590,6 @@ unsigned bn_cuda_backend_fixed_stages(const bn_cuda_backend *b)
         m |= 1u << BN_CUDA_STAGE_ATTENTION;
     if (b->form.gate_up_cluster > 8) /* the gate|up GEMV in pairs, in clusters of 16 */
         m |= 1u << BN_CUDA_STAGE_GATE_UP;
-    if (b->form.persistent_blocks > 0) /* a cooperative launch (time_decode_without) */
-        m |= 1u << BN_CUDA_STAGE_LAYERS;
     return m;
 }
 
@@ -699,32 +644,15 @@ void bn_cuda_backend_work(const bn_cuda_backend *b, bn_cuda_work *out)
 }
 
 /* The kernel families' names, in the order of K_* (cuda_backend_internal.h). */
-static const char *const kernel_names[K_COUNT] = {"embed_rows",
-                                                  "norm_quantize",
-                                                  "residual_norm_quantize",
-                                                  "relu2_norm_quantize",
-                                                  "w2a8_gemv",
-                                                  "w2a8_gemm",
-                                                  "qkv_rope_kv_store",
-                                                  "attention_decode_f32",
-                                                  "attention_prefill_f32",
-                                                  "attention_decode_f16",
-                                                  "attention_prefill_f16",
-                                                  "residual_output_norm",
-                                                  "lm_head_gemv",
-                                                  "argmax",
-                                                  "cuda_graph_replay",
-                                                  "attention_decode_f32_cluster",
-                                                  "lm_head_screen_int8",
-                                                  "attention_decode_f32_cluster_qkv",
-                                                  "w2a8_gemv_gate_up_relu2",
-                                                  "sample_top_k_top_p",
-                                                  "decode_handoff",
-                                                  "embed_norm_quantize",
-                                                  "attention_paged",
-                                                  "lm_head_rows_gemm",
-                                                  "sample_rows",
-                                                  "decode_layers_persistent"};
+static const char *const kernel_names[K_COUNT] = {
+    "embed_rows", "norm_quantize", "residual_norm_quantize", "relu2_norm_quantize",
+    "w2a8_gemv", "w2a8_gemm", "qkv_rope_kv_store", "attention_decode_f32",
+    "attention_prefill_f32", "attention_decode_f16", "attention_prefill_f16",
+    "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay",
+    "attention_decode_f32_cluster",
+    "lm_head_screen_int8", "attention_decode_f32_cluster_qkv", "w2a8_gemv_gate_up_relu2",
+    "sample_top_k_top_p", "decode_handoff", "embed_norm_quantize", "attention_paged",
+    "lm_head_rows_gemm", "sample_rows"};
 
 void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size)
 {

@@ -255,18 +255,6 @@ void bn_cuda_backend_decode_form(const bn_cuda_backend *b, bn_cuda_decode_form *
  * refuses to disable (time_decode_without). */
 unsigned bn_cuda_backend_fixed_stages(const bn_cuda_backend *b);
 void bn_cuda_backend_set_graphs(bn_cuda_backend *b, bool on);
-/* The decode step's layers as the persistent kernel (on) or as a kernel a
- * stage (off), its graphs captured again: bench e2e times both forms in one
- * run. BN_ERR_UNSUPPORTED where the device or model does not take the
- * persistent kernel. */
-bn_status bn_cuda_backend_set_persistent(bn_cuda_backend *b, bool on, bn_error *err);
-/* One eager decode step at pos with the persistent kernel stamping its
- * stages: each of the BN_CB_PERSIST_STAGES stages' time summed over the
- * layers (us; q|k|v, attention, Wo, gate|up, down, each from its block 0
- * entering to the next stage's), and the kernel's whole time from its first
- * stamp to its last block's end. BN_ERR_UNSUPPORTED without the kernel. */
-bn_status bn_cuda_backend_persist_split(bn_cuda_backend *b, int32_t token, int64_t pos,
-                                        double stage_us[5], double *total_us, bn_error *err);
 
 /* The kernels that have run so far, comma-separated ("embed_rows,
  * norm_quantize,w2a8_gemv,..."), into buf. */
@@ -320,8 +308,6 @@ typedef enum bn_cuda_stage {
     BN_CUDA_STAGE_GATE_UP,   /* gate|up GEMV (in pairs: with relu^2 * up)          */
     BN_CUDA_STAGE_RELU2,     /* relu^2 * up + ffn_sub_norm + int8                  */
     BN_CUDA_STAGE_DOWN,      /* down GEMV                                          */
-    BN_CUDA_STAGE_LAYERS,    /* every layer as one persistent kernel (its stages:
-                                bn_cuda_backend_persist_split)                     */
     BN_CUDA_STAGE_OUT_NORM,  /* residual + output_norm                             */
     BN_CUDA_STAGE_LM_HEAD,
     BN_CUDA_STAGE_ARGMAX,

@@ -541,22 +541,6 @@ static bn_status layer(const pass *p, int l)
     return BN_OK;
 }
 
-/* The decode step's layers as one persistent kernel (form.persistent_blocks,
- * decode_persistent.h): from x (the embedding) to x + out, as layer() would
- * leave them. It waits for the step's first kernel as a whole (no
- * programmatic launch: its blocks must all be resident at once). */
-static bn_status layers_persistent(const pass *p)
-{
-    bn_cuda_backend *b = p->b;
-    bn_cb_persist_args a;
-    if (!cb_persist_args(b, &a))
-        return bn_error_set(p->err, BN_ERR_GPU, NULL,
-                            "cuda backend: the persistent decode kernel lost its layout");
-    BN_CUDA_TRY(p->err, bn_cb_decode_persistent(&a, b->form.persistent_blocks, b->cs));
-    b->persist_tracing = false;
-    return stage_done(p, BN_CUDA_STAGE_LAYERS, 1, K_LAYERS_PERSIST);
-}
-
 /* normed = output_norm(x + out) of the last row only: only its logits are
  * wanted. In the decode step with programmatic dependent launch, as the
  * screened head's kernel after it: that one's blocks start streaming the
@@ -565,12 +549,9 @@ static bn_status output_norm(const pass *p)
 {
     bn_cuda_backend *b = p->b;
     const int64_t dim = b->hp.dim, last = (p->M - 1) * dim;
-    /* Not programmatic after the persistent kernel, which never signals
-     * its dependents early. */
-    const int pdl = p->pdl && !(p->decode && b->form.persistent_blocks > 0);
     BN_CUDA_TRY(p->err, bn_cb_add_rmsnorm(b->x + last, dim, b->out + last, dim, 1, dim,
-                                          b->d_norms + b->out_norm_off, b->hp.rms_eps, b->normed,
-                                          dim, pdl, b->cs));
+                                          b->d_norms + b->out_norm_off, b->hp.rms_eps,
+                                          b->normed, dim, p->pdl, b->cs));
     return stage_done(p, BN_CUDA_STAGE_OUT_NORM, 1, K_OUT_NORM);
 }
 
@@ -676,12 +657,8 @@ bn_status cb_enqueue_rows(bn_cuda_backend *b, int64_t M, const int32_t *d_tok,
     const pass p = {b,      M,      d_tok, d_pos, d_kvlen, visible,
                     decode, decode && b->form.pdl && !b->prof, err, NULL};
     STAGE(embed_and_first_norm(&p)); /* x = embedding; xq = q(attn_norm(x)) */
-    if (decode && b->form.persistent_blocks > 0) {
-        STAGE(layers_persistent(&p));
-    } else {
-        for (int l = 0; l < b->hp.n_layer; l++)
-            STAGE(layer(&p, l));
-    }
+    for (int l = 0; l < b->hp.n_layer; l++)
+        STAGE(layer(&p, l));
     STAGE(output_norm(&p));          /* normed = output_norm(x + out)       */
     return lm_head(&p, screen);      /* logits = Whead normed               */
 }

@@ -45,14 +45,13 @@
 #include "cuda_context.h"
 #include "cuda_decode_form.h"
 #include "cuda_layout.h"
-#include "decode_persistent.h"
 #include "ops_cuda.h"
 #include "sample_cuda.h"
 #include "w2a8_cuda.h"
 
 #define MAX_ALLOCS 64
 /* Entries cb_scratch_list may write. */
-#define MAX_SCRATCH 48
+#define MAX_SCRATCH 40
 #define MIB (1024.0 * 1024.0)
 
 /* The four products of a layer; q|k|v and gate|up are fused. */
@@ -79,32 +78,10 @@ typedef struct group {
 /* Kernel families, for the receipt's list of what ran (their names:
  * kernel_names in cuda_backend.c, in this order). */
 enum {
-    K_EMBED,
-    K_NORM_Q,
-    K_ADD_NORM_Q,
-    K_RELU2_Q,
-    K_GEMV,
-    K_GEMM,
-    K_QKV_POST,
-    K_ATTN_DEC_F32,
-    K_ATTN_PRE_F32,
-    K_ATTN_DEC_F16,
-    K_ATTN_PRE_F16,
-    K_OUT_NORM,
-    K_HEAD,
-    K_ARGMAX,
-    K_GRAPH,
-    K_ATTN_DEC_F32_CLUSTER,
-    K_HEAD_SCREEN,
-    K_ATTN_DEC_F32_QKV,
-    K_GEMV_PAIR,
-    K_SAMPLE,
-    K_HANDOFF,
-    K_EMBED_NORM_Q,
-    K_ATTN_PAGED,
-    K_HEAD_ROWS,
-    K_SAMPLE_ROWS,
-    K_LAYERS_PERSIST,
+    K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
+    K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
+    K_ATTN_DEC_F32_CLUSTER, K_HEAD_SCREEN, K_ATTN_DEC_F32_QKV,
+    K_GEMV_PAIR, K_SAMPLE, K_HANDOFF, K_EMBED_NORM_Q, K_ATTN_PAGED, K_HEAD_ROWS, K_SAMPLE_ROWS,
     K_COUNT
 };
 
@@ -248,13 +225,6 @@ struct bn_cuda_backend {
     unsigned *d_cand_n;          /* ... and their count (sample_cuda.h)       */
     float *d_cand_floor;         /* ... and the logit the top k all reach      */
     int attn_splits;
-    /* The persistent decode kernel (form.persistent_blocks): its layer
-     * table, its barrier and (bench e2e) its stage time stamps. */
-    bn_cb_persist_layer *d_persist;
-    unsigned *persist_bar;
-    unsigned long long *persist_trace;
-    bool persist_tracing; /* the next step writes persist_trace */
-    int persist_avail;    /* the blocks the form may take (0: none; set_persistent) */
     uint64_t scratch_bytes;
 
     /* Pinned host memory (the tokens and positions of a pass, the decode
@@ -393,11 +363,6 @@ bn_status cb_check_budget(const bn_cuda_backend *b, uint64_t total, uint64_t bud
                           const char *budget_name, bn_error *err);
 bn_status cb_upload_norms(bn_cuda_backend *b, bn_error *err);
 bn_status cb_upload_tables(bn_cuda_backend *b, bn_error *err);
-/* The persistent decode kernel's arguments for this backend's decode step
- * (false: the groups are not fused as it needs), and its layer table
- * uploaded (cuda_backend_plan.c). */
-bool cb_persist_args(bn_cuda_backend *b, bn_cb_persist_args *a);
-bn_status cb_upload_persist_layers(bn_cuda_backend *b, bn_error *err);
 bn_status cb_upload_weights(bn_cuda_backend *b, bn_error *err);
 
 /* ---- cuda_backend_forward.c: the forward pass ------------------------------ */

@@ -14,21 +14,13 @@
 
 const char *bn_cuda_stage_name(bn_cuda_stage s)
 {
-    static const char *const names[BN_CUDA_STAGE_COUNT] = {"embedding",
-                                                           "residual + attn_norm + int8",
-                                                           "q|k|v GEMV",
-                                                           "scale + RoPE + KV store",
-                                                           "attention (f32: + RoPE, KV store)",
-                                                           "attn_sub_norm + int8",
-                                                           "Wo GEMV",
-                                                           "residual + ffn_norm + int8",
-                                                           "gate|up GEMV",
-                                                           "relu^2 * up + ffn_sub_norm + int8",
-                                                           "down GEMV",
-                                                           "layers (persistent kernel)",
-                                                           "residual + output_norm",
-                                                           "LM head",
-                                                           "argmax"};
+    static const char *const names[BN_CUDA_STAGE_COUNT] = {
+        "embedding", "residual + attn_norm + int8", "q|k|v GEMV",
+        "scale + RoPE + KV store", "attention (f32: + RoPE, KV store)", "attn_sub_norm + int8",
+        "Wo GEMV", "residual + ffn_norm + int8",
+        "gate|up GEMV", "relu^2 * up + ffn_sub_norm + int8",
+        "down GEMV",
+        "residual + output_norm", "LM head", "argmax"};
     return (int)s >= 0 && s < BN_CUDA_STAGE_COUNT ? names[s] : "?";
 }
 
@@ -267,45 +259,6 @@ bn_status bn_cuda_backend_time_decode(bn_cuda_backend *b, int32_t token, int64_t
     return bn_cuda_backend_time_decode_sample(b, token, pos, reps, NULL, 0.0, us_per_step, err);
 }
 
-bn_status bn_cuda_backend_persist_split(bn_cuda_backend *b, int32_t token, int64_t pos,
-                                        double stage_us[5], double *total_us, bn_error *err)
-{
-    if (!b || !stage_us || !total_us)
-        return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "persist_split: bad arguments");
-    if (b->form.persistent_blocks <= 0)
-        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
-                            "persist_split: the decode step does not run the persistent kernel");
-    const int L = b->hp.n_layer, n = BN_CB_PERSIST_STAGES * L + 1;
-    unsigned long long *t = calloc((size_t)n, sizeof *t);
-    if (!t)
-        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "persist_split: no memory");
-    bn_status st = bn_cuda_context_use(b->ctx, err);
-    if (st == BN_OK)
-        st =
-            BN_CUDA_STATUS(err, cudaMemsetAsync(b->persist_trace, 0, (size_t)n * sizeof *t, b->cs));
-    /* Eager: the graphs hold the kernel's arguments without the stamps. */
-    const bool graphs = b->use_graphs;
-    b->use_graphs = false;
-    b->persist_tracing = true;
-    double us = 0.0;
-    if (st == BN_OK)
-        st = bn_cuda_backend_time_decode(b, token, pos, 1, &us, err);
-    b->persist_tracing = false;
-    b->use_graphs = graphs;
-    if (st == BN_OK)
-        st = BN_CUDA_STATUS(
-            err, cudaMemcpy(t, b->persist_trace, (size_t)n * sizeof *t, cudaMemcpyDeviceToHost));
-    if (st == BN_OK) {
-        for (int s = 0; s < BN_CB_PERSIST_STAGES; s++)
-            stage_us[s] = 0.0;
-        for (int i = 0; i + 1 < n; i++)
-            stage_us[i % BN_CB_PERSIST_STAGES] += (double)(t[i + 1] - t[i]) / 1e3;
-        *total_us = (double)(t[n - 1] - t[0]) / 1e3;
-    }
-    free(t);
-    return st;
-}
-
 bn_status bn_cuda_backend_time_decode_device_sample(bn_cuda_backend *b, int32_t token,
                                                     int64_t pos, int reps,
                                                     const bn_cuda_sample_params *p, double u,
@@ -392,13 +345,6 @@ bn_status bn_cuda_backend_time_decode_without(bn_cuda_backend *b, unsigned stage
                             !b->graph.exec || !b->use_graphs ? "no graph"
                             : b->stage_map_why          ? b->stage_map_why
                                                         : "not mapped");
-    /* A disabled cooperative kernel node fails the replay (H200, driver
-     * 580): the persistent kernel's stage is refused rather than tried. */
-    if (stages >> BN_CUDA_STAGE_LAYERS & 1u && b->form.persistent_blocks > 0)
-        return bn_error_set(err, BN_ERR_UNSUPPORTED,
-                            "leave this stage out of the mask; the others can be timed",
-                            "the persistent kernel's graph node is not disabled (a cooperative "
-                            "launch)");
     bn_status st = bn_cuda_context_use(b->ctx, err);
     for (int i = 0; i < b->n_graph_nodes && st == BN_OK; i++)
         if (stages >> b->graph_node_stage[i] & 1u) {

@@ -236,10 +236,6 @@ int cb_scratch_list(bn_cuda_backend *b, scratch_spec *list)
     ADD(&b->d_tokens, (size_t)b->kv_len * sizeof(int32_t));
     ADD(&b->d_pos, (size_t)b->kv_len * sizeof(int32_t));
     ADD(&b->d_dec, 2 * DEC_STRIDE * sizeof(int32_t));
-    ADD(&b->d_persist, (size_t)hp->n_layer * sizeof(bn_cb_persist_layer));
-    ADD(&b->persist_bar, sizeof(unsigned));
-    ADD(&b->persist_trace,
-        ((size_t)BN_CB_PERSIST_STAGES * (size_t)hp->n_layer + 1) * sizeof(unsigned long long));
     if (b->paged_rows > 0) { /* the batched pass's head (cuda_backend_internal.h) */
         b->rows_form = b->head_type == BN_CB_HEAD_F16    ? BN_CB_ROWS_HEAD_F16
                        : b->head_type == BN_CB_HEAD_BF16 ? BN_CB_ROWS_HEAD_BF16
@@ -515,68 +511,6 @@ bn_status cb_upload_tables(bn_cuda_backend *b, bn_error *err)
         return err ? err->status : BN_ERR_OUT_OF_MEMORY;
     st = upload_table(b, b->d_head, rows, b->head_bytes, err);
     free(rows);
-    return st;
-}
-
-bool cb_persist_args(bn_cuda_backend *b, bn_cb_persist_args *a)
-{
-    const bn_hparams *hp = &b->hp;
-    const group *g = b->groups;
-    if (!g[G_QKV].fused_ok || !g[G_GU].fused_ok || g[G_GU].n_seg != 2 || g[G_O].n_seg != 1 ||
-        g[G_DOWN].n_seg != 1)
-        return false;
-    memset(a, 0, sizeof *a);
-    a->n_layer = hp->n_layer;
-    a->dim = (int)hp->dim;
-    a->ffn = (int)hp->ffn;
-    a->attn = (bn_cb_attn_shape){hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
-    const bn_cuda_layout *l[4] = {&g[G_QKV].fused, &g[G_O].s[0].l, &g[G_GU].fused,
-                                  &g[G_DOWN].s[0].l};
-    for (int i = 0; i < 4; i++) {
-        a->tiles[i] = l[i]->tiles;
-        a->groups[i] = l[i]->groups;
-    }
-    a->layers = b->d_persist;
-    a->norms = b->d_norms;
-    a->layer_norms = b->layer_norms;
-    for (int i = 0; i < BN_NORM_COUNT; i++)
-        a->norm_off[i] = b->norm_off[i];
-    a->eps = hp->rms_eps;
-    a->rope = hp->rope_dim > 0 ? b->rope : NULL;
-    a->rope_dim = hp->rope_dim;
-    a->pos = cb_dec_dev(b) + 1;
-    a->k_cache = b->d_k;
-    a->v_cache = b->d_v;
-    a->splits = b->attn_splits;
-    a->workspace = b->ws_attn;
-    a->counters = b->attn_counters;
-    a->x = b->x;
-    a->qkv = b->qkv;
-    a->att = b->att;
-    a->h = b->gu;
-    a->out = b->out;
-    a->barrier = b->persist_bar;
-    a->trace = b->persist_tracing ? b->persist_trace : NULL;
-    return true;
-}
-
-bn_status cb_upload_persist_layers(bn_cuda_backend *b, bn_error *err)
-{
-    const int L = b->hp.n_layer;
-    bn_cb_persist_layer *t = calloc((size_t)L, sizeof *t);
-    if (!t)
-        return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for the layer table");
-    for (int l = 0; l < L; l++) {
-        const group *g = &b->groups[l * G_COUNT];
-        t[l] = (bn_cb_persist_layer){
-            b->d_w + g[G_QKV].s[0].off,  b->d_w + g[G_O].s[0].off, b->d_w + g[G_GU].s[0].off,
-            b->d_w + g[G_DOWN].s[0].off, g[G_QKV].s[0].scale,      g[G_QKV].s[1].scale,
-            g[G_QKV].s[2].scale,         g[G_O].s[0].scale,        g[G_GU].s[0].scale,
-            g[G_GU].s[1].scale,          g[G_DOWN].s[0].scale};
-    }
-    const bn_status st = BN_CUDA_STATUS(
-        err, cudaMemcpy(b->d_persist, t, (size_t)L * sizeof *t, cudaMemcpyHostToDevice));
-    free(t);
     return st;
 }
 

@@ -10,11 +10,6 @@
 void bn_cuda_decode_form_choose(const bn_cuda_decode_caps *c, bn_cuda_decode_form *f)
 {
     memset(f, 0, sizeof *f);
-    /* The layers as one persistent kernel wherever it takes the shapes: the
-     * fp32 cache's attention is its stage (H200, 2B-4T: docs/CUDA.md, "The
-     * persistent decode kernel"). The fields below then serve the step's
-     * other kernels and the chain form's tests. */
-    f->persistent_blocks = c->kv_f16 ? 0 : c->persistent_blocks;
     f->pdl = c->pdl;
     /* The fp32 cache's attention in clusters (no workspace, no ticket),
      * computing the q|k|v product itself where the clusters hold the
@@ -52,13 +47,9 @@ void bn_cuda_decode_form_describe(const bn_cuda_decode_form *f, bool kv_f16, cha
         cluster_or(own, sizeof own, f->gate_up_cluster, "block");
         snprintf(gate_up, sizeof gate_up, " (gate|up %s)", own);
     }
-    const char *head = f->head_screen ? "screened" : "full";
-    if (f->persistent_blocks > 0)
-        snprintf(buf, size, "layers persistent (%d blocks), greedy head %s", f->persistent_blocks,
-                 head);
-    else
-        snprintf(buf, size, "attention merge %s%s, gemv stage %s%s, greedy head %s", merge,
-                 f->attn_qkv ? " with q|k|v" : "", stage, gate_up, head);
+    snprintf(buf, size, "attention merge %s%s, gemv stage %s%s, greedy head %s", merge,
+             f->attn_qkv ? " with q|k|v" : "", stage, gate_up,
+             f->head_screen ? "screened" : "full");
 }
 
 void bn_cuda_decode_caps_limit(bn_cuda_decode_caps *c, const bn_cuda_as_if *a)
@@ -80,8 +71,6 @@ void bn_cuda_decode_caps_limit(bn_cuda_decode_caps *c, const bn_cuda_as_if *a)
         c->gate_up_cluster16 = false;
     if (a->no_mapped_pinned)
         c->mapped_pinned = false;
-    if (a->no_persistent)
-        c->persistent_blocks = 0;
     if (a->screen_any_head && c->head_bytes < BN_CUDA_HEAD_SCREEN_MIN)
         c->head_bytes = BN_CUDA_HEAD_SCREEN_MIN;
 }

@@ -50,10 +50,6 @@ typedef struct bn_cuda_decode_caps {
                                itself: F32, F16 or BF16 of a width it takes
                                (bn_cb_embed_norm_fits)                               */
     bool kv_f16;            /* the fp16 KV cache: the attention module's kernels    */
-    int persistent_blocks;  /* blocks of the persistent decode kernel for these
-                               shapes, all resident at once (cooperative launch;
-                               bn_cb_decode_persistent_blocks); 0: it does not
-                               take them                                             */
     uint64_t head_bytes;    /* the LM head's rows on the device                     */
     bool head_copy_fits;    /* its int8 copy fits the memory plan                   */
     bool mapped_pinned;     /* the device addresses pinned host memory              */
@@ -61,9 +57,6 @@ typedef struct bn_cuda_decode_caps {
 
 /* The decode step's form. */
 typedef struct bn_cuda_decode_form {
-    int persistent_blocks; /* the layers run as one persistent kernel of this many
-                            blocks (decode_persistent.h); 0: a kernel a stage,
-                            as the fields below choose                          */
     bool pdl;            /* the kernels after the first start while the one before
                             runs, loading what does not depend on it              */
     int attn_cluster;    /* the fp32 attention merges in clusters of this many
@@ -88,9 +81,8 @@ typedef struct bn_cuda_decode_form {
  * where everything is offered), each piece falling back by itself. */
 void bn_cuda_decode_form_choose(const bn_cuda_decode_caps *caps, bn_cuda_decode_form *form);
 
-/* The form in words, for the startup line: "layers persistent (132 blocks),
- * greedy head screened", or "attention merge cluster 8 with q|k|v, gemv
- * stage cluster 8 (gate|up cluster 16), greedy head screened".
+/* The form in words, for the startup line: "attention merge cluster 8 with
+ * q|k|v, gemv stage cluster 8 (gate|up cluster 16), greedy head screened".
  * kv_f16: the fp16 cache's attention (its own merge kernel). */
 void bn_cuda_decode_form_describe(const bn_cuda_decode_form *f, bool kv_f16, char *buf,
                                   size_t size);
@@ -109,7 +101,6 @@ typedef struct bn_cuda_as_if {
     bool no_cluster16;     /* no cluster of 16 gate|up GEMV blocks resident         */
     bool no_mapped_pinned; /* pinned host memory the device does not address        */
     bool screen_any_head;  /* a head large enough to screen, whatever its size      */
-    bool no_persistent;    /* no persistent decode kernel (a kernel a stage)        */
 } bn_cuda_as_if;
 
 void bn_cuda_decode_caps_limit(bn_cuda_decode_caps *caps, const bn_cuda_as_if *as_if);

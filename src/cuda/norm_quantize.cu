@@ -22,7 +22,6 @@
 #include <stdint.h>
 
 #include "block_reduce.cuh"
-#include "norm_code.cuh"
 #include "cuda_backend_kernels.h"
 #include "half_bits.cuh"
 #include "pdl.cuh"
@@ -37,6 +36,7 @@ constexpr int kRowThreads = 1024;  /* the register-held row kernels: at most  */
 constexpr int kRowMaxPer = 8;      /* values per thread, so rows up to 8192   */
 constexpr int kRowMaxM = 256;      /* rows; more go to the lean kernel's batch
                                       form (or the streaming kernel)        */
+constexpr float kQuantEps = 1e-5f; /* BN_QUANT_EPS */
 
 /* The register-held row kernel's shape for a row of k values (k <= 8192):
  * values per thread and threads. */
@@ -48,6 +48,73 @@ __host__ __device__ __forceinline__ int row_threads(int64_t k)
 {
     const int per = row_per(k);
     return (int)(((k + per - 1) / per + 31) / 32 * 32);
+}
+
+/* ---- block reductions (every thread gets the result; block_reduce.cuh) -------- */
+
+struct SumD {
+    __device__ double operator()(double a, double b) const { return __dadd_rn(a, b); }
+};
+struct MaxF {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumI {
+    __device__ int operator()(int a, int b) const { return a + b; }
+};
+
+/* The sum of ss and the maximum of umax over the block in one round (one
+ * barrier pair instead of two: the norm kernels are latency-bound on a
+ * single row). Both levels are xor butterflies, after which every lane holds
+ * the same value (each step adds the same two operands in both partners),
+ * so all threads leave with identical results; the second level is 5
+ * shuffles instead of a chain of up to 32 dependent adds. The padding
+ * lanes add 0, which changes neither (ss >= 0, umax >= 0). fmax returns the
+ * other operand for a NaN, as the CPU's `u > umax` skips it. red: 64 shared
+ * slots; any multiple of 32 threads up to 1024. */
+__device__ void block_sum_max(double &ss, double &umax, double *red)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warps = (int)(blockDim.x >> 5);
+    for (int o = 16; o > 0; o >>= 1) {
+        ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
+        umax = fmax(umax, __shfl_xor_sync(kFull, umax, o));
+    }
+    if (lane == 0) {
+        red[warp] = ss;
+        red[32 + warp] = umax;
+    }
+    __syncthreads();
+    ss = lane < warps ? red[lane] : 0.0;
+    umax = lane < warps ? red[32 + lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) {
+        ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
+        umax = fmax(umax, __shfl_xor_sync(kFull, umax, o));
+    }
+    __syncthreads();
+}
+
+/* The same for the normed maximum (fp32, >= 0) and the sum of the codes.
+ * red_f, red_i: 32 shared slots each. */
+__device__ void block_max_sum(float &amax, int &total, float *red_f, int *red_i)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warps = (int)(blockDim.x >> 5);
+    for (int o = 16; o > 0; o >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
+        total += __shfl_xor_sync(kFull, total, o);
+    }
+    if (lane == 0) {
+        red_f[warp] = amax;
+        red_i[warp] = total;
+    }
+    __syncthreads();
+    amax = lane < warps ? red_f[lane] : 0.0f;
+    total = lane < warps ? red_i[lane] : 0;
+    for (int o = 16; o > 0; o >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
+        total += __shfl_xor_sync(kFull, total, o);
+    }
+    __syncthreads();
 }
 
 /* ---- RMSNorm + quantization ----------------------------------------------------- */
@@ -106,7 +173,81 @@ __device__ __forceinline__ float source_value(const NormQuantArgs &a, int64_t ro
     return __fmul_rn(__fmul_rn(rg, rg), up);
 }
 
+/* 1 / sqrtf((float)(ss / n) + eps), as the CPU writes it. */
+__device__ __forceinline__ float inv_rms(double ss, int64_t n, float eps)
+{
+    const float mean = __double2float_rn(__ddiv_rn(ss, (double)n));
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+}
 
+/* ---- the exact code without a division per value ----------------------------------
+ *
+ * The CPU's code of value i is rint(D) with D = fl64(127 * fl64(P / M)),
+ * P = w_i x_i and M = max|w x| (both exact in double: a product of two
+ * floats has at most 48 significant bits and an exponent in [-298, 256]).
+ * A double division per value is slow on the GPU (a software sequence), so
+ * an fp32 estimate
+ *
+ *     t = fl32(fl32(w_i * x_i) * r),   r = fl32(127 / fl32(M))
+ *
+ * decides the code n = rint(t) whenever |t - n| < 1/2 - 2^-12; otherwise the
+ * double expression itself is evaluated. Why that is the same integer:
+ *
+ *  - with 2^-100 <= M <= 2^100 (else every value takes the double path),
+ *    fl32(M) and r are normal floats, |P| <= M so nothing overflows, and
+ *    |t| <= ~127. Each of the four roundings is relative, at most u = 2^-24,
+ *    where its result is a normal float, so t = e (1 + d) with
+ *    e = 127 P / M and |d| <= (1 + u)^3 / (1 - u) - 1 < 4.0001 u, i.e.
+ *    |t - e| <= 127 * 4.0001 * 2^-24 < 3.03e-5. Where fl32(P) or t is
+ *    subnormal the rounding is absolute instead: at most 2^-150 * r <=
+ *    2^-150 * 127 * 2^100 (1 + u)^2 < 2^-42, resp. 2^-150: negligible.
+ *  - D = e (1 + d1)(1 + d2) with |d1|, |d2| <= 2^-53 (P / M is a normal
+ *    double or 0), so |D - e| <= 127 * 2.0001 * 2^-53 < 2.9e-14.
+ *  - Hence |D - n| <= |t - n| + |t - D| < 1/2 - 2^-12 + 3.1e-5 < 1/2: D is
+ *    nearer to n than to any other integer and rint(D) = n.
+ *
+ * Only values within 2^-12 of a half-integer (and NaN products, for which
+ * the comparison fails) pay for the division. */
+constexpr float kTieGuard = 0.5f - 0x1p-12f;
+
+struct ExactCoder {
+    double umax;
+    float r;
+    bool fast;
+
+    __device__ explicit ExactCoder(double m) : umax(m), r(0.0f), fast(m >= 0x1p-100 && m <= 0x1p100)
+    {
+        if (fast)
+            r = __fdiv_rn(127.0f, __double2float_rn(m));
+    }
+
+    __device__ __forceinline__ int code(float w, float v) const
+    {
+        if (fast) {
+            const float t = __fmul_rn(__fmul_rn(w, v), r);
+            const float n = rintf(t);
+            if (fabsf(__fsub_rn(t, n)) < kTieGuard)
+                return (int)n;
+        }
+        return exact(w, v, umax);
+    }
+
+    /* The double expression itself: rint(127 (w v / M)), w v exact in
+     * double. */
+    __device__ __forceinline__ static int exact(float w, float v, double m)
+    {
+        const double ratio = __ddiv_rn(__dmul_rn((double)w, (double)v), m);
+        return (int)rint(__dmul_rn(127.0, ratio));
+    }
+};
+
+/* The plain rule for tiny or non-finite rows: the normed value times the
+ * fp32 scale, rounded half to even, NaN to 0, clamped. */
+__device__ __forceinline__ int plain_code(float w, float v, float inv, float s)
+{
+    const float t = rintf(__fmul_rn(__fmul_rn(w, __fmul_rn(v, inv)), s));
+    return t != t ? 0 : t > 127.0f ? 127 : t < -128.0f ? -128 : (int)t;
+}
 
 /* The last pass of the streaming kernels: row `row`'s codes (zeros from k
  * to ldq) under the exact rule or, for tiny or non-finite rows, the plain

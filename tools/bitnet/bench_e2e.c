@@ -174,7 +174,7 @@ static int print_prefill_stages(bn_cuda_backend *cb, int32_t vocab, long long n_
 /* The GPU part of the report: step time, per-kernel split, memory, byte
  * floor. The measurements rerun the last decode step (the last generated
  * token at the next position). */
-static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, const bn_hparams *hp,
+static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, int32_t vocab,
                        int32_t token, long long n_prompt, long long n_gen,
                        const bn_cuda_sample_params *asked)
 {
@@ -233,26 +233,6 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, const bn
     if (st == BN_OK && chain_pos >= 0)
         st = bn_cuda_backend_time_decode_chained(cb, token, chain_pos, reps, &sampling, 0.5,
                                                  &chained_sampled_us, &err);
-    /* The persistent kernel's stages, then the same step as a kernel a
-     * stage (its graphs captured again), in the same run. */
-    bn_cuda_decode_form form;
-    bn_cuda_backend_decode_form(cb, &form);
-    const bool persistent = form.persistent_blocks > 0;
-    double split[5] = {0}, split_total = 0.0, chain[3] = {0.0, 0.0, 0.0};
-    if (st == BN_OK && persistent)
-        st = bn_cuda_backend_persist_split(cb, token, pos, split, &split_total, &err);
-    if (st == BN_OK && persistent && graphs) {
-        st = bn_cuda_backend_set_persistent(cb, false, &err);
-        if (st == BN_OK)
-            st = bn_cuda_backend_time_decode(cb, token, pos, reps, &chain[0], &err);
-        if (st == BN_OK)
-            st = bn_cuda_backend_time_decode_device(cb, token, pos, reps, &chain[1], &err);
-        if (st == BN_OK && chain_pos >= 0)
-            st = bn_cuda_backend_time_decode_chained(cb, token, chain_pos, reps, NULL, 0.0,
-                                                     &chain[2], &err);
-        const bn_status back = bn_cuda_backend_set_persistent(cb, true, &err);
-        st = st == BN_OK ? back : st;
-    }
     bn_cuda_stage_times t;
     if (st == BN_OK)
         st = bn_cuda_backend_profile_decode(cb, token, pos, 20, &t, &err);
@@ -264,10 +244,12 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, const bn
 
     printf("gpu       cuda:%d %s, KV cache %s, decode %s\n", info->gpu_device, info->gpu_name,
            info->kv_type, graphs ? "replays a CUDA graph" : "launches kernels one by one");
+    bn_cuda_decode_form form;
+    bn_cuda_backend_decode_form(cb, &form);
     if (form.head_screen)
         printf("head      greedy steps screen the LM head through its int8 copy: the step "
                "below computed %lld of %d rows in full (a sampled step, top-k %d: %lld)\n",
-               (long long)kept, (int)hp->vocab, sampling.top_k, (long long)kept_sampled);
+               (long long)kept, (int)vocab, sampling.top_k, (long long)kept_sampled);
     else
         printf("head      greedy steps read the whole LM head\n");
     printf("step      %8.1f us    one greedy decode step at position %lld, %s (wall time: "
@@ -293,24 +275,6 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, const bn
                sampled_dev[0],
                bn_cuda_backend_sample_graph(cb) ? " (one graph: the pass, then the sampler)" : "",
                sampled_dev[1], sampling.top_k, sampled_dev[2]);
-    }
-    if (persistent) {
-        static const char *const names[5] = {"norm + q|k|v", "attention", "sub-norm + Wo",
-                                             "norm + gate|up", "sub-norm + down"};
-        const int L = hp->n_layer > 0 ? hp->n_layer : 1;
-        printf("\nlayers    one persistent kernel of %d blocks (its stages meet at a grid-wide "
-               "barrier): %.1f us in an eager step, per stage summed over the layers (us, "
-               "share, us a stage):\n",
-               form.persistent_blocks, split_total);
-        for (int s = 0; s < 5; s++)
-            printf("  %-20s %8.1f %5.1f%% %6.2f\n", names[s], split[s],
-                   split_total > 0.0 ? 100.0 * split[s] / split_total : 0.0, split[s] / L);
-        if (graphs)
-            printf("chain     the same step as a kernel a stage, same run: %.1f us (graph "
-                   "replay), %.1f us device time, %.1f us chained; the persistent kernel's "
-                   "step is %.2fx as fast (device time %.2fx)\n",
-                   chain[0], chain[1], chain[2], graph_us > 0.0 ? chain[0] / graph_us : 0.0,
-                   device_us > 0.0 ? chain[1] / device_us : 0.0);
     }
     printf("\nper-stage time of an instrumented eager decode step (CUDA events around each "
            "stage, 20 steps averaged):\n");
@@ -394,7 +358,7 @@ static int cuda_report(bn_cuda_backend *cb, const bn_engine_info *info, const bn
     }
 
     /* Last of the GPU measurements: it rewrites the cache from position 0. */
-    const int prc = print_prefill_stages(cb, hp->vocab, n_prompt);
+    const int prc = print_prefill_stages(cb, vocab, n_prompt);
     if (prc != BN_EXIT_OK)
         return prc;
 
@@ -706,7 +670,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
         const int32_t last = g.n_tokens > 0 ? g.tokens[g.n_tokens - 1] : 0;
         const bn_cuda_sample_params asked = {req.sampling.temperature, req.sampling.top_k,
                                              req.sampling.top_p, req.sampling.min_p};
-        const int rc = cuda_report(cb, &info, &hp, last, n_prompt, n_gen, &asked);
+        const int rc = cuda_report(cb, &info, hp.vocab, last, n_prompt, n_gen, &asked);
         bn_generation_free(&g);
         bn_engine_free(e);
         return rc;
