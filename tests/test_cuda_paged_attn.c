@@ -270,7 +270,8 @@ static void check_case(const shape *s, int n_seqs, int max_len, bool f16, int sp
     CUDA_OK(cudaMemcpy(dtab, tables, sizeof(int32_t) * (size_t)n_blocks, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dout, 0xff, sizeof(float) * (size_t)((n_rows + 1) * q_dim))); /* NaN */
 
-    const int splits = splits_asked > 0 ? splits_asked : bn_cb_attn_paged_splits(n_rows, max_pos);
+    const int splits =
+        splits_asked > 0 ? splits_asked : bn_cb_attn_paged_splits(n_rows, max_pos, s->n_kv, 0);
     const bn_cb_attn_shape as = {s->n_heads, s->n_kv, s->hd, 0};
     CUDA_OK(bn_cb_attn_paged(&as, dq, q_dim, n_rows, dseq, dpos, dtab, max_blocks, s->bs, dk, dv,
                              f16, splits, NULL, dout, q_dim, dws, 0));
@@ -373,10 +374,14 @@ int main(void)
         check_prefill_runs(&s2b, 4, 700, 128, 4, f16);
         check_prefill_runs(&mha, 3, 100, 40, 2, f16);
     }
-    CHECK(bn_cb_attn_paged_splits(1, 0) == 1);
-    CHECK(bn_cb_attn_paged_splits(64, 575) == 5);
-    CHECK(bn_cb_attn_paged_splits(4096, 100000) == 1);
-    CHECK(bn_cb_attn_paged_splits(1, 100000) == 64);
+    CHECK(bn_cb_attn_paged_splits(1, 0, 5, 0) == 1);
+    CHECK(bn_cb_attn_paged_splits(64, 575, 5, 0) == 5);
+    CHECK(bn_cb_attn_paged_splits(4096, 100000, 5, 0) == 1);
+    CHECK(bn_cb_attn_paged_splits(1, 100000, 5, 0) == 64);
+    /* Rows whose blocks fill the device alone take one range each. */
+    CHECK(bn_cb_attn_paged_splits(64, 575, 5, 792) == 5);
+    CHECK(bn_cb_attn_paged_splits(158, 575, 5, 792) == 5);
+    CHECK(bn_cb_attn_paged_splits(159, 575, 5, 792) == 1);
     const bn_cb_attn_shape bad = {20, 5, 96, 0};
     float *d = NULL;
     CUDA_OK(cudaMalloc((void **)&d, 4096));

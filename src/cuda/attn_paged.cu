@@ -277,10 +277,27 @@ cudaError_t launch(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n
     return cudaGetLastError();
 }
 
+/* Blocks of the kernel an SM holds at once. */
+template <int HD, typename T> cudaError_t resident_per_sm(int group, int *per_sm)
+{
+    const size_t smem = paged_smem_of<T, HD>(group);
+    const cudaError_t rc = allow_dynamic_smem(attn_paged_kernel<HD, T>, smem);
+    if (rc != cudaSuccess)
+        return rc;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, attn_paged_kernel<HD, T>,
+                                                         32 * group, smem);
+}
+
 } // namespace
 
-extern "C" int bn_cb_attn_paged_splits(int n_rows, int max_pos)
+extern "C" int bn_cb_attn_paged_splits(int n_rows, int max_pos, int n_kv_heads, int resident)
 {
+    /* Rows whose blocks fill the device by themselves: one range each
+     * (H200, 2B-4T heads, fp16 cache, 256 rows at position 528: a pass's
+     * attention 3760 against 3990 us in five ranges; at 128 rows, 640
+     * blocks of the 792 resident, fewer ranges were slower). */
+    if (resident > 0 && (int64_t)n_rows * n_kv_heads >= resident)
+        return 1;
     /* About 128 positions a split, at most 64 splits, and no more shares
      * than the workspace holds. */
     int splits = (max_pos + 1 + 127) / 128;
@@ -289,6 +306,27 @@ extern "C" int bn_cb_attn_paged_splits(int n_rows, int max_pos)
     while (splits > 1 && (int64_t)splits * n_rows > BN_CB_ATTN_PAGED_SHARES)
         splits--;
     return splits < 1 ? 1 : splits;
+}
+
+extern "C" int bn_cb_attn_paged_resident(const bn_cb_attn_shape *s, int kv_f16, int sm_count)
+{
+    if (!s || s->n_kv_heads < 1 || s->n_heads % s->n_kv_heads != 0 || sm_count < 1 ||
+        !bn_cb_attn_paged_supports(s->head_dim))
+        return 0;
+    const int group = s->n_heads / s->n_kv_heads;
+    int per_sm = 0;
+    cudaError_t rc;
+    if (s->head_dim == 128)
+        rc = kv_f16 ? resident_per_sm<128, __half>(group, &per_sm)
+                    : resident_per_sm<128, float>(group, &per_sm);
+    else
+        rc = kv_f16 ? resident_per_sm<64, __half>(group, &per_sm)
+                    : resident_per_sm<64, float>(group, &per_sm);
+    if (rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return per_sm * sm_count;
 }
 
 extern "C" size_t bn_cb_attn_paged_workspace_bytes(int n_heads, int head_dim)

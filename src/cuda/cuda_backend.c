@@ -295,6 +295,10 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
     snprintf(b->name, sizeof b->name, "%s", dev->name);
     b->cs = bn_cuda_context_compute_stream(b->ctx);
     b->copy = bn_cuda_context_copy_stream(b->ctx);
+    if (b->paged_rows > 0) { /* the device's answer, on its context */
+        const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, kv_len};
+        b->paged_resident = bn_cb_attn_paged_resident(&as, b->kv_f16, b->sm);
+    }
 
     /* The plan: every size before any allocation. */
     b->groups = calloc((size_t)hp->n_layer * G_COUNT, sizeof *b->groups);

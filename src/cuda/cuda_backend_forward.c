@@ -315,7 +315,8 @@ static bn_status attention_paged(const pass *p, int l)
     const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
     int launches = 0;
     if (r->n_dec > 0) {
-        const int splits = bn_cb_attn_paged_splits(r->n_dec, r->max_pos);
+        const int splits =
+            bn_cb_attn_paged_splits(r->n_dec, r->max_pos, hp->n_head_kv, b->paged_resident);
         BN_CUDA_TRY(p->err, bn_cb_attn_paged(&as, b->q, b->q_dim, r->n_dec, r->d_seq, p->pos,
                                              b->d_tables, b->paged_max_blocks, b->paged_block,
                                              kl, vl, b->kv_f16, splits, r->dec_rows,

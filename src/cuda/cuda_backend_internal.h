@@ -169,6 +169,7 @@ struct bn_cuda_backend {
      * paged_max_blocks). */
     int64_t paged_rows;
     int paged_block, paged_max_seqs, paged_max_blocks;
+    int paged_resident;     /* the paged attention's blocks resident at once */
     void *d_pk, *d_pv;      /* fp32, or fp16 with kv_f16 */
     float *ws_paged;        /* the paged attention's split shares */
     int32_t *d_slot, *d_rseq, *d_dlist, *d_tables, *d_rblocks;

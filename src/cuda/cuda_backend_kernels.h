@@ -239,9 +239,16 @@ typedef struct bn_cb_attn_shape {
  * own, whose shares ws holds (bn_cb_attn_paged_workspace_bytes; NULL with
  * one split). capacity is unused. Head sizes 64 and 128
  * (bn_cb_attn_paged_supports; else cudaErrorNotSupported), at most 32 q
- * heads a kv head. */
+ * heads a kv head.
+ *
+ * bn_cb_attn_paged_splits: the ranges of a launch of n_rows rows up to
+ * max_pos; one when the rows' n_rows x n_kv_heads blocks alone reach
+ * `resident`, the blocks the device holds at once
+ * (bn_cb_attn_paged_resident; 0: no such limit), since more ranges then
+ * only add blocks and the merge. */
 #define BN_CB_ATTN_PAGED_SHARES 4096 /* rows x splits the workspace holds */
-int bn_cb_attn_paged_splits(int n_rows, int max_pos);
+int bn_cb_attn_paged_splits(int n_rows, int max_pos, int n_kv_heads, int resident);
+int bn_cb_attn_paged_resident(const bn_cb_attn_shape *s, int kv_f16, int sm_count);
 size_t bn_cb_attn_paged_workspace_bytes(int n_heads, int head_dim);
 cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n_rows,
                              const int32_t *row_seq, const int32_t *row_pos,
