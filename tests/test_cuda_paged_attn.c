@@ -382,6 +382,17 @@ int main(void)
     CHECK(bn_cb_attn_paged_splits(64, 575, 5, 792) == 5);
     CHECK(bn_cb_attn_paged_splits(158, 575, 5, 792) == 5);
     CHECK(bn_cb_attn_paged_splits(159, 575, 5, 792) == 1);
+    /* The blocks resident at once: at least one an SM for the shapes the
+     * kernel takes (the fp32 tiles are twice the fp16 ones: no more of
+     * them), none for a shape it refuses. */
+    int sms = 0;
+    CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const bn_cb_attn_shape as2b = {20, 5, 128, 0}, as96 = {20, 5, 96, 0};
+    const int r16 = bn_cb_attn_paged_resident(&as2b, 1, sms),
+              r32 = bn_cb_attn_paged_resident(&as2b, 0, sms);
+    printf("paged attention blocks resident at once on %d SMs: fp16 %d, fp32 %d\n", sms, r16, r32);
+    CHECK(r16 >= sms && r32 >= sms && r32 <= r16);
+    CHECK(bn_cb_attn_paged_resident(&as96, 1, sms) == 0);
     const bn_cb_attn_shape bad = {20, 5, 96, 0};
     float *d = NULL;
     CUDA_OK(cudaMalloc((void **)&d, 4096));
