@@ -25,6 +25,7 @@
 
 extern "C" {
 #include "cuda_layout.h"
+#include "w2a8_epilogue.cuh"
 }
 
 #define CUDA_CHECK(call)                                                                          \
@@ -36,22 +37,6 @@ extern "C" {
             exit(1);                                                                              \
         }                                                                                         \
     } while (0)
-
-/* The W2A8 epilogue, written exactly as bn_w2a8_epilogue: IEEE division
- * and multiply. */
-__device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_scale)
-{
-    return __fmul_rn(__fdiv_rn((float)acc, act_scale), w_scale);
-}
-
-/* c += a . b on the tensor cores: mma m16n8k32, int8 in, int32 sums. */
-__device__ __forceinline__ void mma_s8(int32_t c[4], const uint32_t a[4], const uint32_t b[2])
-{
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 /* The arguments every lab kernel's launcher takes (device pointers). */
 struct w2a8_args {

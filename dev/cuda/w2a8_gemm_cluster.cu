@@ -91,7 +91,7 @@ __device__ __forceinline__ void cluster_reduce(cg::cluster_group &cluster, int32
         for (int e = 0; e < 4; e++)
             if (col0 + c + e < n)
                 y[(int64_t)r * ldy + col0 + c + e] =
-                    epilogue(v[e] - act_sum[r], act_scale[r], w_scale);
+                    w2a8_epilogue(v[e] - act_sum[r], act_scale[r], w_scale);
     }
     cluster.sync();
 }
@@ -137,7 +137,7 @@ __device__ __forceinline__ void mma_step(int32_t (&acc)[TW][MB][4], uint32_t (&a
                                 (bu[t] >> (4 * h + 2)) & 0x03030303u};
 #pragma unroll
         for (int i = 0; i < MB; i++)
-            mma_s8(acc[t][i], af[i], bf);
+            w2a8_mma_s8(acc[t][i], af[i], bf);
     }
 }
 

@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(32 * kSkinnyWarps)
                                             (hi >> (2 * tig)) & 0x03030303u};
 #pragma unroll
                     for (int i = 0; i < MT; i++)
-                        mma_s8(acc[i][t], af[i], bf);
+                        w2a8_mma_s8(acc[i][t], af[i], bf);
                 }
             }
         }
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(32 * kSkinnyWarps)
                     if (split)
                         atomicAdd(&ws[row * n + col], v);
                     else
-                        y[row * ldy + col] = epilogue(v - act_sum[row], act_scale[row], w_scale);
+                        y[row * ldy + col] = w2a8_epilogue(v - act_sum[row], act_scale[row], w_scale);
                 }
         }
 }
@@ -144,7 +144,7 @@ __global__ void skinny_epilogue(const int32_t *__restrict__ ws, int64_t m, int64
     if (i >= m * n)
         return;
     const int64_t row = i / n, col = i % n;
-    y[row * ldy + col] = epilogue(ws[i] - act_sum[row], act_scale[row], w_scale);
+    y[row * ldy + col] = w2a8_epilogue(ws[i] - act_sum[row], act_scale[row], w_scale);
 }
 
 cudaError_t launch_skinny(const w2a8_args *a, cudaStream_t stream)

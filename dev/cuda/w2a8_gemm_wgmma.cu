@@ -357,7 +357,7 @@ __device__ __forceinline__ void store_group(const int32_t (&acc)[MI][ACC], int j
                 for (int half = 0; half < 2; half++) {
                     const int64_t col = col0 + 64 * (slice0 + i) + 8 * half;
                     if (col < n)
-                        yrow[col] = epilogue(acc[i][4 * j + 2 * half + h] - sum, sc, w_scale);
+                        yrow[col] = w2a8_epilogue(acc[i][4 * j + 2 * half + h] - sum, sc, w_scale);
                 }
             }
         }

@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
     gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, threadIdx.x, n,
                                      [&](int64_t out_row, int total) {
                                          y[out_row] =
-                                             epilogue(total - act_sum[0], act_scale[0], w_scale);
+                                             w2a8_epilogue(total - act_sum[0], act_scale[0], w_scale);
                                      });
 }
 
@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(32 * WARPS)
         acc = gemv_entry_dot<false>(ws[g * (kBlockBytes / 16) + lane], xq + g * kGroup, acc);
     gemv_tile_epilogue<WARPS, 1>(acc, partial, 0, split, lane, threadIdx.x, n,
                                  [&](int64_t out_row, int total) {
-                                     y[out_row] = epilogue(total - x_sum, x_scale, w_scale);
+                                     y[out_row] = w2a8_epilogue(total - x_sum, x_scale, w_scale);
                                  });
 }
 
@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(32 * kBulkTilesWarps)
     if (writer) {
         const int64_t row = first * kTileRows + threadIdx.x;
         if (row < n)
-            y[row] = epilogue(row_sums[threadIdx.x / kTileRows][threadIdx.x % kTileRows] - x_sum,
+            y[row] = w2a8_epilogue(row_sums[threadIdx.x / kTileRows][threadIdx.x % kTileRows] - x_sum,
                               x_scale, w_scale);
     }
 }

@@ -95,6 +95,7 @@
 #include "cp_async.cuh"
 #include "pdl.cuh"
 #include "w2a8_cuda.h"
+#include "w2a8_epilogue.cuh"
 
 
 namespace {
@@ -126,12 +127,6 @@ struct Cfg {
     static_assert(kAChunks % kThreads == 0 && kBChunks % kThreads == 0, "even copy split");
     static_assert(kStageBytes % 128 == 0, "stages keep the 128-byte swizzle alignment");
 };
-
-__device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_scale)
-{
-    /* Written exactly as bn_w2a8_epilogue: IEEE division and multiply. */
-    return __fmul_rn(__fdiv_rn((float)acc, act_scale), w_scale);
-}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr)
 {
@@ -339,8 +334,8 @@ __global__ void __launch_bounds__(Cfg<BM, BN>::kThreads, Cfg<BM, BN>::kMinBlocks
                 if (j % split != rank)
                     continue;
                 const int64_t col = tile0 * kTileRows + wn * kWarpN + 8 * j + 2 * tig;
-                const float v0 = epilogue(acc[i][j][2 * half] - sum, s, w_scale);
-                const float v1 = epilogue(acc[i][j][2 * half + 1] - sum, s, w_scale);
+                const float v0 = w2a8_epilogue(acc[i][j][2 * half] - sum, s, w_scale);
+                const float v1 = w2a8_epilogue(acc[i][j][2 * half + 1] - sum, s, w_scale);
                 if (pairs && col + 1 < n) {
                     *reinterpret_cast<float2 *>(yrow + col) = make_float2(v0, v1);
                 } else {
@@ -477,14 +472,6 @@ constexpr int kBM = 64, kBN = 64, kBK = 256;
 constexpr int kPad = 16; /* bytes added per shared row: conflict-free fragment loads */
 constexpr int kStride = kBK + kPad;
 
-__device__ __forceinline__ void mma_s8(int32_t c[4], const uint32_t a[4], const uint32_t b[2])
-{
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 /* 128 threads; block (bm, bn) computes rows [64bm, +64) of activations
  * against weight rows [64bn, +64). Warp w owns a 32 x 32 quadrant. */
 __global__ void __launch_bounds__(128)
@@ -565,7 +552,7 @@ __global__ void __launch_bounds__(128)
             for (int i = 0; i < 2; i++)
 #pragma unroll
                 for (int j = 0; j < 4; j++)
-                    mma_s8(acc[i][j], af[i], bf[j]);
+                    w2a8_mma_s8(acc[i][j], af[i], bf[j]);
         }
         __syncthreads();
     }
@@ -585,7 +572,7 @@ __global__ void __launch_bounds__(128)
                 for (int c = 0; c < 2; c++) {
                     const int64_t col = n0 + wn + 8 * j + 2 * tig + c;
                     if (col < n)
-                        y[row * ldy + col] = epilogue(acc[i][j][2 * half + c] - sum, s, w_scale);
+                        y[row * ldy + col] = w2a8_epilogue(acc[i][j][2 * half + c] - sum, s, w_scale);
                 }
             }
         }

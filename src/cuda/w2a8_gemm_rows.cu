@@ -14,6 +14,7 @@
 
 #include <atomic>
 
+#include "w2a8_epilogue.cuh"
 #include "w2a8_gemv.cuh"
 #include "w2a8_cuda.h"
 
@@ -22,20 +23,6 @@ namespace {
 constexpr int kTileRows = kGemvTileRows;
 constexpr int kGroup = kGemvGroup;
 constexpr int kBlockBytes = kGemvBlockBytes;
-
-__device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_scale)
-{
-    /* Written exactly as bn_w2a8_epilogue: IEEE division and multiply. */
-    return __fmul_rn(__fdiv_rn((float)acc, act_scale), w_scale);
-}
-
-__device__ __forceinline__ void mma_s8(int32_t c[4], const uint32_t a[4], const uint32_t b[2])
-{
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 /* ---- a few rows: the GEMV's stream, each weight entry met by R rows --------
  *
@@ -114,7 +101,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
         for (int s = 0; s < WARPS; s++)
             total += partial[r][t][s][o];
         y[(m0 + r) * ldy + out_row] =
-            epilogue(total - act_sum[m0 + r], act_scale[m0 + r], w_scale);
+            w2a8_epilogue(total - act_sum[m0 + r], act_scale[m0 + r], w_scale);
     }
 }
 
@@ -212,7 +199,7 @@ __device__ __forceinline__ void mma_rows_group(int32_t (&acc)[TW][4], const uint
             for (int t = 0; t < TW; t++) {
                 const uint32_t bf[2] = {(b[t][u] >> (4 * h)) & 0x03030303u,
                                         (b[t][u] >> (4 * h + 2)) & 0x03030303u};
-                mma_s8(acc[t], af, bf);
+                w2a8_mma_s8(acc[t], af, bf);
             }
         }
     }
@@ -299,7 +286,7 @@ __global__ void __launch_bounds__(32 * WARPS * COLS)
 #pragma unroll
         for (int s = 0; s < WARPS; s++)
             total += partial[c][s][r][j];
-        y[row * ldy + out] = epilogue(total - act_sum[row], act_scale[row], w_scale);
+        y[row * ldy + out] = w2a8_epilogue(total - act_sum[row], act_scale[row], w_scale);
     }
 }
 

@@ -26,6 +26,7 @@
 
 #include "pdl.cuh"
 #include "smem_opt_in.cuh"
+#include "w2a8_epilogue.cuh"
 #include "w2a8_gemv.cuh"
 #include "w2a8_cuda.h"
 
@@ -38,12 +39,6 @@ constexpr int kBlockBytes = kGemvBlockBytes;
  * longer rows are read through L1. The staged row (x_shared) starts
  * 128-byte aligned: the cluster staging writes it by bulk copies. */
 constexpr int64_t kRowSmemMax = 160 * 1024;
-
-__device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_scale)
-{
-    /* Written exactly as bn_w2a8_epilogue: IEEE division and multiply. */
-    return __fmul_rn(__fdiv_rn((float)acc, act_scale), w_scale);
-}
 
 /* One block: TILES tiles of 8 rows, WARPS warps per tile splitting K.
  * kUnroll chunk-groups are loaded before any is used (bytes in flight).
@@ -95,7 +90,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
     gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, threadIdx.x, n,
                                      [&](int64_t out_row, int total) {
                                          y[out_row] =
-                                             epilogue(total - act_sum[0], act_scale[0], w_scale);
+                                             w2a8_epilogue(total - act_sum[0], act_scale[0], w_scale);
                                      });
 }
 
@@ -236,8 +231,8 @@ __global__ void __launch_bounds__(32 * WARPS * TILES, (gemv_pdl_min_blocks<WARPS
                 }
                 /* The CPU's expressions: each product's epilogue with weight
                  * scale 1, then relu(g sg)^2 (u su), one rounding a step. */
-                const float gate = __fmul_rn(epilogue(gs - x_sum, x_scale, 1.0f), sg);
-                const float up = __fmul_rn(epilogue(us - x_sum, x_scale, 1.0f), su);
+                const float gate = __fmul_rn(w2a8_epilogue(gs - x_sum, x_scale, 1.0f), sg);
+                const float up = __fmul_rn(w2a8_epilogue(us - x_sum, x_scale, 1.0f), su);
                 const float rg = gate > 0.0f ? gate : 0.0f;
                 y[out] = __fmul_rn(__fmul_rn(rg, rg), up);
             }
@@ -245,7 +240,7 @@ __global__ void __launch_bounds__(32 * WARPS * TILES, (gemv_pdl_min_blocks<WARPS
     } else {
         gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, threadIdx.x,
                                          n, [&](int64_t out_row, int total) {
-                                             y[out_row] = epilogue(total - x_sum, x_scale,
+                                             y[out_row] = w2a8_epilogue(total - x_sum, x_scale,
                                                                    w_scale);
                                          });
     }

@@ -109,6 +109,7 @@
 
 #include "cp_async.cuh"
 #include "pdl.cuh"
+#include "w2a8_epilogue.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define BN_WGMMA_DEVICE 1
@@ -335,12 +336,6 @@ namespace {
 
 #if BN_WGMMA_DEVICE
 
-__device__ __forceinline__ float epilogue(int32_t acc, float act_scale, float w_scale)
-{
-    /* Written exactly as bn_w2a8_epilogue: IEEE division and multiply. */
-    return __fmul_rn(__fdiv_rn((float)acc, act_scale), w_scale);
-}
-
 /* ---- The epilogue's division, a row at a time ----------------------------
  *
  * __fdiv_rn(a, d) compiles to a range check of a and d (FCHK) and, where it
@@ -414,7 +409,7 @@ __device__ __forceinline__ void store_group(const int32_t (&acc)[MI][ACC], int j
                 for (int half = 0; half < 2; half++) {
                     const int64_t col = col0 + 64 * (slice0 + i) + 8 * half;
                     if (col < n)
-                        yrow[col] = epilogue(acc[i][4 * j + 2 * half + h] - sum, sc, w_scale);
+                        yrow[col] = w2a8_epilogue(acc[i][4 * j + 2 * half + h] - sum, sc, w_scale);
                 }
             }
         }
@@ -523,7 +518,7 @@ __device__ __forceinline__ void store_warp_staged(const int32_t (&acc)[BA / 2], 
             } else {
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    o[e] = epilogue(qa[e] - sum, sc, w_scale);
+                    o[e] = w2a8_epilogue(qa[e] - sum, sc, w_scale);
             }
             const int64_t col = col_w + 4 * c4;
             float *dst = y + row * ldy + col;
