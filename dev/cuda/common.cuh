@@ -280,14 +280,27 @@ static const int64_t kLabShapes[][2] = {{2560, 2560},  {3840, 2560}, {13824, 256
                                         {2560, 6912},  {20480, 3200}, {5120, 27648},
                                         {55296, 5120}};
 
-/* Parses "NxK" into n, k; false if it is not one. */
-static bool parse_shape(const char *s, int64_t &n, int64_t &k)
+typedef std::vector<std::pair<int64_t, int64_t>> lab_shape_list;
+
+/* The shapes "NxK" of argv[first ..] into *shapes, or, where none is
+ * given, the n_defaults of `defaults`; false (said on stderr) where an
+ * argument is not a shape. */
+static bool lab_shapes(int argc, char **argv, int first, lab_shape_list *shapes,
+                       const int64_t (*defaults)[2] = kLabShapes,
+                       size_t n_defaults = sizeof kLabShapes / sizeof kLabShapes[0])
 {
-    long long a = 0, b = 0;
-    char tail;
-    if (sscanf(s, "%lldx%lld%c", &a, &b, &tail) != 2 || a <= 0 || b <= 0)
-        return false;
-    n = a;
-    k = b;
+    shapes->clear();
+    for (int i = first; i < argc; i++) {
+        long long n = 0, k = 0;
+        char tail;
+        if (sscanf(argv[i], "%lldx%lld%c", &n, &k, &tail) != 2 || n <= 0 || k <= 0) {
+            fprintf(stderr, "%s: not a shape NxK: %s\n", argv[0], argv[i]);
+            return false;
+        }
+        shapes->push_back({n, k});
+    }
+    if (shapes->empty())
+        for (size_t i = 0; i < n_defaults; i++)
+            shapes->push_back({defaults[i][0], defaults[i][1]});
     return true;
 }

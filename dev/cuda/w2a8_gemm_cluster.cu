@@ -33,6 +33,7 @@
 
 #include "common.cuh"
 #include "cp_async.cuh"
+#include "pdl.cuh"
 #include "w2a8_gemv.cuh"
 
 namespace cg = cooperative_groups;
@@ -425,21 +426,11 @@ cudaError_t launch_t(const w2a8_args *a, int splits, cudaStream_t stream)
         (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     const int per_split = (int)((a->groups + splits - 1) / splits);
     const int64_t columns = (a->n + C::kCols - 1) / C::kCols;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)splits, (unsigned)columns, 1);
-    cfg.blockDim = dim3(32 * WARPS, 1, 1);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = (unsigned)splits;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint32_t *>(a->weights), a->x,
-                              a->ldx, a->m, a->n, a->groups, a->tiles, per_split, a->act_scale,
-                              a->act_sum, a->weight_scale, a->y, a->ldy);
+    return pdl_launch_clustered(kernel, dim3((unsigned)splits, (unsigned)columns),
+                                dim3(32 * WARPS), smem, dim3((unsigned)splits, 1, 1), stream, 0,
+                                static_cast<const uint32_t *>(a->weights), a->x, a->ldx, a->m,
+                                a->n, a->groups, a->tiles, per_split, a->act_scale, a->act_sum,
+                                a->weight_scale, a->y, a->ldy);
 }
 
 template <int FORM, int TW, int WARPS, int G = 2>
@@ -467,10 +458,15 @@ cudaError_t launch_oneshot(const w2a8_args *a, int splits, cudaStream_t stream)
     }
 }
 
+/* Whether configuration c takes a matrix of `groups` chunk-groups a row. */
+bool runnable(const Config &c, int64_t groups)
+{
+    return c.splits <= groups && (c.form != 3 || (groups + c.splits - 1) / c.splits <= 4);
+}
+
 cudaError_t run(const Config &c, const w2a8_args *a, cudaStream_t stream)
 {
-    if (c.splits < 1 || c.splits > 16 || c.splits > a->groups ||
-        (c.form == 3 && (a->groups + c.splits - 1) / c.splits > 4))
+    if (c.splits < 1 || c.splits > 16 || !runnable(c, a->groups))
         return cudaErrorInvalidValue;
     if (c.form == 1 && c.tw == 2 && c.warps == 4)
         return launch_mb<1, 2, 4>(a, c.splits, stream);
@@ -509,12 +505,6 @@ const std::vector<Config> kAllConfigs = {
 
 std::vector<Config> configs = kAllConfigs;
 
-/* Whether configuration c takes a matrix of `groups` chunk-groups a row. */
-bool runnable(const Config &c, int64_t groups)
-{
-    return c.splits <= groups && (c.form != 3 || (groups + c.splits - 1) / c.splits <= 4);
-}
-
 bool check_config(Problem &p, const Config &c, int sms)
 {
     if (!runnable(c, p.l.groups))
@@ -542,20 +532,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s [M 1-64] [NxK ...]\n", argv[0]);
         return 2;
     }
-    std::vector<std::pair<int64_t, int64_t>> shapes;
-    for (int i = 2; i < argc; i++) {
-        int64_t n, k;
-        if (!parse_shape(argv[i], n, k)) {
-            fprintf(stderr, "%s: not a shape NxK: %s\n", argv[0], argv[i]);
-            return 2;
-        }
-        shapes.push_back({n, k});
-    }
-    if (shapes.empty()) {
-        const int64_t s[][2] = {{3840, 2560}, {2560, 2560}, {13824, 2560}, {2560, 6912}};
-        for (const auto &e : s)
-            shapes.push_back({e[0], e[1]});
-    }
+    /* The 2B-4T projections by default. */
+    static const int64_t k2b4t[][2] = {{3840, 2560}, {2560, 2560}, {13824, 2560}, {2560, 6912}};
+    lab_shape_list shapes;
+    if (!lab_shapes(argc, argv, 2, &shapes, k2b4t, 4))
+        return 2;
     const int sms = device_sms();
 
     bool ok = true;

@@ -222,18 +222,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s [KERNEL 1-2] [M] [NxK ...]\n", argv[0]);
         return 2;
     }
-    std::vector<std::pair<int64_t, int64_t>> shapes;
-    for (int i = 3; i < argc; i++) {
-        int64_t n, k;
-        if (!parse_shape(argv[i], n, k)) {
-            fprintf(stderr, "%s: not a shape NxK: %s\n", argv[0], argv[i]);
-            return 2;
-        }
-        shapes.push_back({n, k});
-    }
-    if (shapes.empty())
-        for (const auto &s : kLabShapes)
-            shapes.push_back({s[0], s[1]});
+    lab_shape_list shapes;
+    if (!lab_shapes(argc, argv, 3, &shapes))
+        return 2;
     const int sms = device_sms();
 
     bool ok = true;
