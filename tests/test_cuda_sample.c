@@ -785,12 +785,12 @@ static void time_sampling(dev *d, int32_t V)
  * part runs it, and the parts together check what one run does. */
 /* Many rows in one launch (bn_cuda_sample_rows): each row, with its own
  * parameters and number (greedy, sampled, refused), gives the token the
- * one-row launcher gives on that row alone; rows of ld > V floats; run
- * twice on the same workspace (its tickets go back to 0); poisoned token
- * slots. */
-static void check_rows(dev *d, int32_t V, int n_rows)
+ * one-row launcher gives on that row alone; rows of ld >= V floats (ld a
+ * multiple of 4: every row on 16 bytes, the argmax's four-wide loads; else
+ * most rows off them); run twice on the same workspace (its tickets go
+ * back to 0); poisoned token slots. */
+static void check_rows(dev *d, int32_t V, int64_t ld, int n_rows)
 {
-    const int64_t ld = V + 7;
     float *l = malloc(sizeof(float) * (size_t)(ld * n_rows));
     bn_cuda_sample_params *p = malloc(sizeof *p * (size_t)n_rows);
     double *u = malloc(sizeof *u * (size_t)n_rows);
@@ -920,7 +920,10 @@ int main(void)
     const int32_t row_vocabs[] = {5, 64, 1000, 128256};
     for (size_t i = 0; i < sizeof row_vocabs / sizeof row_vocabs[0]; i++)
         if (unit_runs())
-            check_rows(&d, row_vocabs[i], quick ? 5 : 37);
+            for (int aligned = 0; aligned < 2; aligned++)
+                check_rows(&d, row_vocabs[i],
+                           aligned ? (row_vocabs[i] + 3) / 4 * 4 : row_vocabs[i] + 7,
+                           quick ? 5 : 37);
     printf("draws: %d, ambiguous (not compared): %d\n", total_draws, ambiguous_draws);
     /* Mostly exact ties (all-equal logits with u = 0.5 hit a boundary
      * exactly, and both sides then agree anyway); random u almost never. */

@@ -600,6 +600,18 @@ cudaError_t launch_topk_select(const float *logits, int32_t vocab, void *workspa
     return cudaGetLastError();
 }
 
+/* The larger of best and the keys of logits at .. at + 3. */
+__device__ __forceinline__ uint64_t max_key4(uint64_t best, float4 f, int32_t at)
+{
+    const float e[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const uint64_t key = make_key(e[c], at + c);
+        best = key > best ? key : best;
+    }
+    return best;
+}
+
 /* Block k: the argmax of row k when its parameters ask for greedy, -1
  * when bn_cuda_sample_cand would refuse them; sampled rows are
  * topk_select's. */
@@ -614,8 +626,29 @@ __global__ void __launch_bounds__(1024)
         return;
     const float *row = logits + (int64_t)blockIdx.x * ld;
     uint64_t best = 0;
+    int32_t i = threadIdx.x; /* the logits left to the loop below */
+    if (v == SAMPLE_GREEDY && reinterpret_cast<uintptr_t>(row) % 16 == 0) {
+        /* Four logits a load, four loads in flight: a row is one block's,
+         * so its loads must overlap (the keys' maximum does not depend on
+         * the order they are met in). */
+        const float4 *row4 = reinterpret_cast<const float4 *>(row);
+        const int32_t n4 = vocab / 4, step = (int32_t)blockDim.x;
+        int32_t j = threadIdx.x;
+        for (; j + 3 * step < n4; j += 4 * step) {
+            float4 f[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                f[u] = row4[j + u * step];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                best = max_key4(best, f[u], 4 * (j + u * step));
+        }
+        for (; j < n4; j += step)
+            best = max_key4(best, row4[j], 4 * j);
+        i = 4 * n4 + threadIdx.x;
+    }
     if (v == SAMPLE_GREEDY)
-        for (int32_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+        for (; i < vocab; i += blockDim.x) {
             const uint64_t key = make_key(row[i], i);
             best = key > best ? key : best;
         }
