@@ -59,6 +59,22 @@ __device__ __forceinline__ bool key_live(uint64_t key)
 
 /* ---- greedy --------------------------------------------------------------- */
 
+/* The larger of best and the key of logit x at index i. */
+__device__ __forceinline__ uint64_t max_key(uint64_t best, float x, int32_t i)
+{
+    const uint64_t key = make_key(x, i);
+    return key > best ? key : best;
+}
+
+/* The same over the logits of f, at indices at .. at + 3. */
+__device__ __forceinline__ uint64_t max_key4(uint64_t best, float4 f, int32_t at)
+{
+    best = max_key(best, f.x, at);
+    best = max_key(best, f.y, at + 1);
+    best = max_key(best, f.z, at + 2);
+    return max_key(best, f.w, at + 3);
+}
+
 __device__ __forceinline__ uint64_t block_max_key(uint64_t v)
 {
     __shared__ uint64_t warp_best[32];
@@ -83,10 +99,8 @@ __global__ void __launch_bounds__(kGreedyThreads)
     const int32_t begin = blockIdx.x * kGreedySlice;
     const int32_t end = min(vocab, begin + kGreedySlice);
     uint64_t best = 0;
-    for (int32_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        const uint64_t key = make_key(logits[i], i);
-        best = key > best ? key : best;
-    }
+    for (int32_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+        best = max_key(best, logits[i], i);
     best = block_max_key(best);
     if (threadIdx.x == 0)
         ws[blockIdx.x] = best;
@@ -600,18 +614,6 @@ cudaError_t launch_topk_select(const float *logits, int32_t vocab, void *workspa
     return cudaGetLastError();
 }
 
-/* The larger of best and the keys of logits at .. at + 3. */
-__device__ __forceinline__ uint64_t max_key4(uint64_t best, float4 f, int32_t at)
-{
-    const float e[4] = {f.x, f.y, f.z, f.w};
-#pragma unroll
-    for (int c = 0; c < 4; c++) {
-        const uint64_t key = make_key(e[c], at + c);
-        best = key > best ? key : best;
-    }
-    return best;
-}
-
 /* Block k: the argmax of row k when its parameters ask for greedy, -1
  * when bn_cuda_sample_cand would refuse them; sampled rows are
  * topk_select's. */
@@ -648,10 +650,8 @@ __global__ void __launch_bounds__(1024)
         i = 4 * n4 + threadIdx.x;
     }
     if (v == SAMPLE_GREEDY)
-        for (; i < vocab; i += blockDim.x) {
-            const uint64_t key = make_key(row[i], i);
-            best = key > best ? key : best;
-        }
+        for (; i < vocab; i += blockDim.x)
+            best = max_key(best, row[i], i);
     best = block_max_key(best);
     if (threadIdx.x == 0)
         tokens[blockIdx.x] = key_live(best) ? key_id(best) : -1;
