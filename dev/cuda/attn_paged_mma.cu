@@ -480,8 +480,9 @@ void run(const Variant &v, const Batch &b, const Device &d, cudaStream_t st)
         const bn_cb_attn_shape as = {s.n_heads, s.n_kv, s.hd, 0};
         /* split_len: ranges of about that many positions instead of the
          * shipped choice (~128). */
-        const int splits = v.split_len ? mma_splits(b.n_rows, b.max_len, v.split_len)
-                                       : bn_cb_attn_paged_splits(b.n_rows, b.max_len - 1, s.n_kv, 0);
+        const int splits = v.split_len
+                               ? mma_splits(b.n_rows, b.max_len, v.split_len)
+                               : bn_cb_attn_paged_splits(b.n_rows, b.max_len - 1, s.n_kv, 0);
         CUDA_CHECK(bn_cb_attn_paged(&as, d.q, ld, b.n_rows, d.seq, d.pos, d.tables, b.max_blocks,
                                     s.bs, v.kind ? (const void *)d.k16 : d.k32,
                                     v.kind ? (const void *)d.v16 : d.v32, v.kind, splits, NULL,

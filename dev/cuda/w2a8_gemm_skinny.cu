@@ -130,7 +130,8 @@ __global__ void __launch_bounds__(32 * kSkinnyWarps)
                     if (split)
                         atomicAdd(&ws[row * n + col], v);
                     else
-                        y[row * ldy + col] = w2a8_epilogue(v - act_sum[row], act_scale[row], w_scale);
+                        y[row * ldy + col] =
+                            w2a8_epilogue(v - act_sum[row], act_scale[row], w_scale);
                 }
         }
 }

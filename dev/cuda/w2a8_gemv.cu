@@ -126,11 +126,10 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
     }
     if (FIELDS)
         acc = fields[0] + (fields[1] >> 2) + (fields[2] >> 4) + (fields[3] >> 6);
-    gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, threadIdx.x, n,
-                                     [&](int64_t out_row, int total) {
-                                         y[out_row] =
-                                             w2a8_epilogue(total - act_sum[0], act_scale[0], w_scale);
-                                     });
+    gemv_tile_epilogue<WARPS, TILES>(
+        acc, partial, tile_in_block, split, lane, threadIdx.x, n, [&](int64_t out_row, int total) {
+            y[out_row] = w2a8_epilogue(total - act_sum[0], act_scale[0], w_scale);
+        });
 }
 
 template <int WARPS, int TILES, int UNROLL, bool X_SMEM, bool FIELDS>
@@ -334,7 +333,8 @@ __global__ void __launch_bounds__(32 * kBulkTilesWarps)
     if (writer) {
         const int64_t row = first * kTileRows + threadIdx.x;
         if (row < n)
-            y[row] = w2a8_epilogue(row_sums[threadIdx.x / kTileRows][threadIdx.x % kTileRows] - x_sum,
+            y[row] =
+                w2a8_epilogue(row_sums[threadIdx.x / kTileRows][threadIdx.x % kTileRows] - x_sum,
                               x_scale, w_scale);
     }
 }

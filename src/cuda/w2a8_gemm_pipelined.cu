@@ -572,7 +572,8 @@ __global__ void __launch_bounds__(128)
                 for (int c = 0; c < 2; c++) {
                     const int64_t col = n0 + wn + 8 * j + 2 * tig + c;
                     if (col < n)
-                        y[row * ldy + col] = w2a8_epilogue(acc[i][j][2 * half + c] - sum, s, w_scale);
+                        y[row * ldy + col] =
+                            w2a8_epilogue(acc[i][j][2 * half + c] - sum, s, w_scale);
                 }
             }
         }

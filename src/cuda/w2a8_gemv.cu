@@ -87,11 +87,10 @@ __global__ void __launch_bounds__(32 * WARPS * TILES)
             acc = gemv_entry_dot(gemv_load_stream(blocks + g * (kBlockBytes / 16)),
                                  xq + g * kGroup, acc);
     }
-    gemv_tile_epilogue<WARPS, TILES>(acc, partial, tile_in_block, split, lane, threadIdx.x, n,
-                                     [&](int64_t out_row, int total) {
-                                         y[out_row] =
-                                             w2a8_epilogue(total - act_sum[0], act_scale[0], w_scale);
-                                     });
+    gemv_tile_epilogue<WARPS, TILES>(
+        acc, partial, tile_in_block, split, lane, threadIdx.x, n, [&](int64_t out_row, int total) {
+            y[out_row] = w2a8_epilogue(total - act_sum[0], act_scale[0], w_scale);
+        });
 }
 
 template <int WARPS, int TILES, bool X_SMEM>
