@@ -166,6 +166,9 @@ typedef struct bn_config {
                                         products, as on a device without  */
     bool vulkan_no_screen;           /* BITNET_VULKAN_SCREEN=0: its greedy
                                         steps through the full LM head    */
+    bool vulkan_no_matrix;           /* BITNET_VULKAN_MATRIX=0: its W2A8
+                                        products of many rows without
+                                        subgroup matrix products          */
 } bn_config;
 
 /* Defaults, as if no BITNET_* variable were set. cfg NULL does nothing. */
@@ -458,6 +461,10 @@ typedef struct bn_vulkan_device {
     bool integer_dot_product;          /* VK_KHR_shader_integer_dot_product  */
     bool fp64;                         /* shaderFloat64                      */
     bool subgroup_arithmetic;          /* subgroup add / max in compute      */
+    uint32_t int8_matrix[3];           /* M, N, K of the subgroup int8 matrix
+                                          product the W2A8 kernels take
+                                          (VK_NV_cooperative_matrix); zeros
+                                          where there is none                */
 } bn_vulkan_device;
 
 typedef struct bn_vulkan_report {

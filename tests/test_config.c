@@ -78,6 +78,9 @@ static void test_each_variable(void)
     CHECK(set1(&c, "BITNET_VULKAN_DOT", "0", &e) == BN_OK && c.vulkan_no_dot);
     CHECK(set1(&c, "BITNET_VULKAN_DOT", "yes", &e) == BN_OK && !c.vulkan_no_dot);
     expect_invalid("BITNET_VULKAN_DOT", "2");
+    CHECK(set1(&c, "BITNET_VULKAN_MATRIX", "off", &e) == BN_OK && c.vulkan_no_matrix);
+    CHECK(set1(&c, "BITNET_VULKAN_MATRIX", "1", &e) == BN_OK && !c.vulkan_no_matrix);
+    expect_invalid("BITNET_VULKAN_MATRIX", "maybe");
 
     CHECK(set1(&c, "BITNET_GPU_FAKE", "cuda,rocm", &e) == BN_OK && c.gpu_fake_set &&
           c.gpu_fake_mask == ((1u << BN_GPU_CUDA) | (1u << BN_GPU_ROCM)));

@@ -14,9 +14,11 @@
  *     starting past row 0) equal bit for bit to each row alone;
  *   - every check above and below again with the kernel of eight rows a
  *     workgroup (bn_vk_w2a8_rows_kernel, where the device has fp64 and
- *     integer dot products) and with the tiled one (bn_vk_w2a8_tiles_kernel:
- *     32 rows a workgroup, so passes of 70 and 131 rows too), their rows
- *     against the one-row kernel's;
+ *     integer dot products), with the tiled one (bn_vk_w2a8_tiles_kernel:
+ *     32 rows a workgroup, so passes of 70 and 131 rows too) and, where the
+ *     device has int8 subgroup matrix products (NVIDIA's driver; not
+ *     lavapipe, where the kernel is refused), the same tiles on them
+ *     (bn_vk_w2a8_matrix_kernel), their rows against the one-row kernel's;
  *   - the epilogues: the residual add (NaN, -0, infinities, subnormals in
  *     y) and the gate and up products in one dispatch with the squared-ReLU
  *     gate (negative, -0 and infinite gates), the CPU's float operations on
@@ -507,10 +509,13 @@ int main(void)
     bn_vk_kernel *kernel = NULL, *one_row = NULL;
     const bool rows_ok = bn_vk_w2a8_rows_kernel_fits(vk);
     CHECK(rows_ok == (fp64 && dot_ok));
-    for (int v = 0; v < (dot_ok ? 4 : 2) + (rows_ok ? 2 : 0); v++) {
-        /* v = 4: eight rows a workgroup, 5: tiles of 32 rows (exact
-         * division, dot products). */
-        const bool rows_kernel = v >= 4, tiled = v == 5, dot = v >= 2;
+    const bool matrix_ok = bn_vk_w2a8_matrix_fits(vk);
+    CHECK(!matrix_ok || rows_ok);
+    for (int v = 0; v < (dot_ok ? 4 : 2) + (rows_ok ? 2 : 0) + (matrix_ok ? 1 : 0); v++) {
+        /* v = 4: eight rows a workgroup, 5: tiles of 32 rows, 6: the same
+         * tiles on subgroup matrix products (exact division, dot
+         * products). */
+        const bool rows_kernel = v >= 4, tiled = v >= 5, matrix = v == 6, dot = v >= 2;
         const bool exact_division = v % 2 == 0 || rows_kernel;
         if (exact_division && !fp64)
             continue;
@@ -522,8 +527,9 @@ int main(void)
                 bn_vk_kernel_free(vk, one_row);
             one_row = NULL;
             CHECK(bn_vk_w2a8_kernel(vk, true, true, &one_row, &err) == BN_OK);
-            CHECK((tiled ? bn_vk_w2a8_tiles_kernel(vk, &kernel, &err)
-                         : bn_vk_w2a8_rows_kernel(vk, &kernel, &err)) == BN_OK);
+            CHECK((matrix  ? bn_vk_w2a8_matrix_kernel(vk, &kernel, &err)
+                   : tiled ? bn_vk_w2a8_tiles_kernel(vk, &kernel, &err)
+                           : bn_vk_w2a8_rows_kernel(vk, &kernel, &err)) == BN_OK);
         } else {
             if (one_row)
                 bn_vk_kernel_free(vk, one_row);
@@ -553,10 +559,20 @@ int main(void)
         }
         printf("%s sums, %s division%s: outputs bit-identical to the CPU's: %d of %d\n",
                dot ? "dot-product" : "portable", exact_division ? "exact (fp64)" : "the device's",
-               tiled         ? ", tiles of 32 rows"
+               matrix        ? ", tiles of 32 rows on subgroup matrix products"
+               : tiled       ? ", tiles of 32 rows"
                : rows_kernel ? ", eight rows a workgroup"
                              : "",
                exact_total, compared_total);
+    }
+    const uint32_t *shape = bn_vk_device(vk)->int8_matrix;
+    if (matrix_ok) {
+        printf("int8 subgroup matrix products: %u x %u x %u\n", shape[0], shape[1], shape[2]);
+    } else {
+        bn_vk_kernel *none = NULL;
+        CHECK(bn_vk_w2a8_matrix_kernel(vk, &none, &err) == BN_ERR_UNSUPPORTED && !none);
+        CHECK_STR_CONTAINS(err.message, "matrix");
+        printf("int8 subgroup matrix products: not on this device (the matrix kernel refused)\n");
     }
     if (!fp64) {
         bn_vk_kernel *none = NULL;

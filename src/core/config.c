@@ -335,6 +335,10 @@ static bool set_vulkan_screen(bn_config *c, const char *v)
 {
     return parse_off(v, &c->vulkan_no_screen);
 }
+static bool set_vulkan_matrix(bn_config *c, const char *v)
+{
+    return parse_off(v, &c->vulkan_no_matrix);
+}
 static bool set_threads(bn_config *c, const char *v)
 {
     return parse_int_range(v, 1, 4096, &c->num_threads);
@@ -399,6 +403,7 @@ static const struct variable {
     {"BITNET_VULKAN_FP64", "0 or 1 (also true/false, yes/no, on/off)", set_vulkan_fp64},
     {"BITNET_VULKAN_DOT", "0 or 1 (also true/false, yes/no, on/off)", set_vulkan_dot},
     {"BITNET_VULKAN_SCREEN", "0 or 1 (also true/false, yes/no, on/off)", set_vulkan_screen},
+    {"BITNET_VULKAN_MATRIX", "0 or 1 (also true/false, yes/no, on/off)", set_vulkan_matrix},
 };
 #define N_VARIABLES (sizeof variables / sizeof variables[0])
 

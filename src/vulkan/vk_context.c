@@ -81,6 +81,8 @@ typedef struct vk_fns {
     PFN_vkCreateInstance vkCreateInstance;
     BN_VK_INSTANCE_FNS(BN_VK_DECLARE)
     BN_VK_DEVICE_FNS(BN_VK_DECLARE)
+    /* Optional (NULL where the driver lacks VK_NV_cooperative_matrix). */
+    PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV coopmat_properties;
 } vk_fns;
 
 /* An instance over the loader: what listing devices and opening one share. */
@@ -131,6 +133,9 @@ static bool instance_open(vk_instance *vi, char *why, size_t why_size)
         return false;                                                                          \
     }
     BN_VK_INSTANCE_FNS(BN_VK_LOAD_INSTANCE)
+    f->coopmat_properties =
+        (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)f->vkGetInstanceProcAddr(
+            vi->instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV");
     return true;
 }
 
@@ -157,6 +162,59 @@ static bool has_extension(const vk_fns *f, VkPhysicalDevice pd, const char *name
             found = strcmp(ext[i].extensionName, name) == 0;
     free(ext);
     return found;
+}
+
+/* The extensions the W2A8 matrix kernel (shaders/w2a8_matrix.comp) needs
+ * enabled at vkCreateDevice: subgroup matrix products, the memory model
+ * their scopes are written in, and 8-bit integers in shaders. */
+static const char *const kMatrixExtensions[] = {
+    "VK_NV_cooperative_matrix", "VK_KHR_vulkan_memory_model", "VK_KHR_shader_float16_int8"};
+#define N_MATRIX_EXTENSIONS 3
+
+/* The int8 x int8 -> int32 subgroup product the matrix kernel is built
+ * for: M, N, K. */
+static const uint32_t kMatrixShape[3] = {16, 16, 32};
+
+/* d->int8_matrix: kMatrixShape where the device offers it for int8
+ * operands and int32 sums over a subgroup of 32, with every extension and
+ * feature the kernel needs; zeros otherwise. */
+static void int8_matrix_shape(const vk_fns *f, VkPhysicalDevice pd, bn_vulkan_device *d)
+{
+    memset(d->int8_matrix, 0, sizeof d->int8_matrix);
+    if (!f->coopmat_properties || d->subgroup_size != 32)
+        return;
+    for (int i = 0; i < N_MATRIX_EXTENSIONS; i++)
+        if (!has_extension(f, pd, kMatrixExtensions[i]))
+            return;
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV cm = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+    VkPhysicalDeviceVulkanMemoryModelFeatures mm = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES, .pNext = &cm};
+    VkPhysicalDeviceShaderFloat16Int8Features i8 = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, .pNext = &mm};
+    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
+                                    .pNext = &i8};
+    f->vkGetPhysicalDeviceFeatures2(pd, &f2);
+    if (!cm.cooperativeMatrix || !mm.vulkanMemoryModel || !i8.shaderInt8)
+        return;
+    uint32_t n = 0;
+    if (f->coopmat_properties(pd, &n, NULL) != VK_SUCCESS || n == 0)
+        return;
+    VkCooperativeMatrixPropertiesNV *props = calloc(n, sizeof *props);
+    if (!props)
+        return;
+    for (uint32_t j = 0; j < n; j++)
+        props[j].sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV;
+    if (f->coopmat_properties(pd, &n, props) == VK_SUCCESS)
+        for (uint32_t j = 0; j < n; j++) {
+            const VkCooperativeMatrixPropertiesNV *c = &props[j];
+            if (c->MSize == kMatrixShape[0] && c->NSize == kMatrixShape[1] &&
+                c->KSize == kMatrixShape[2] && c->AType == VK_COMPONENT_TYPE_SINT8_NV &&
+                c->BType == VK_COMPONENT_TYPE_SINT8_NV && c->CType == VK_COMPONENT_TYPE_SINT32_NV &&
+                c->DType == VK_COMPONENT_TYPE_SINT32_NV && c->scope == VK_SCOPE_SUBGROUP_NV)
+                memcpy(d->int8_matrix, kMatrixShape, sizeof d->int8_matrix);
+        }
+    free(props);
 }
 
 static void describe(const vk_fns *f, VkPhysicalDevice pd, bn_vulkan_device *d)
@@ -202,6 +260,7 @@ static void describe(const vk_fns *f, VkPhysicalDevice pd, bn_vulkan_device *d)
         f->vkGetPhysicalDeviceFeatures2(pd, &f2);
         d->integer_dot_product = dot.shaderIntegerDotProduct == VK_TRUE;
     }
+    int8_matrix_shape(f, pd, d);
 }
 
 /* The physical devices, at most max of them. */
@@ -366,6 +425,8 @@ bn_status bn_vk_open(int index, bn_vk **out, bn_error *err)
             vk->info.fp64 = false;
         if (cfg.vulkan_no_dot) /* BITNET_VULKAN_DOT=0 likewise: the portable W2A8 sums */
             vk->info.integer_dot_product = false;
+        if (cfg.vulkan_no_matrix) /* BITNET_VULKAN_MATRIX=0: no subgroup matrix products */
+            memset(vk->info.int8_matrix, 0, sizeof vk->info.int8_matrix);
     }
     VkPhysicalDeviceProperties props;
     f->vkGetPhysicalDeviceProperties(vk->pd, &props);
@@ -398,17 +459,40 @@ bn_status bn_vk_open(int index, bn_vk **out, bn_error *err)
      * integer dot products likewise: the W2A8 kernels' dot variants. */
     const VkPhysicalDeviceFeatures features = {.shaderFloat64 = vk->info.fp64 ? VK_TRUE
                                                                               : VK_FALSE};
+    /* The subgroup matrix products likewise: the W2A8 matrix kernel. */
+    const char *extensions[1 + N_MATRIX_EXTENSIONS];
+    uint32_t n_ext = 0;
+    void *chain = NULL;
     VkPhysicalDeviceShaderIntegerDotProductFeatures dot = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES,
         .shaderIntegerDotProduct = VK_TRUE};
-    const char *const dot_ext[] = {"VK_KHR_shader_integer_dot_product"};
-    const bool with_dot = vk->info.integer_dot_product;
+    if (vk->info.integer_dot_product) {
+        extensions[n_ext++] = "VK_KHR_shader_integer_dot_product";
+        chain = &dot;
+    }
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV cm = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV,
+        .cooperativeMatrix = VK_TRUE};
+    VkPhysicalDeviceVulkanMemoryModelFeatures mm = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES,
+        .vulkanMemoryModel = VK_TRUE};
+    VkPhysicalDeviceShaderFloat16Int8Features i8 = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES,
+        .shaderInt8 = VK_TRUE};
+    if (vk->info.int8_matrix[0]) {
+        for (int i = 0; i < N_MATRIX_EXTENSIONS; i++)
+            extensions[n_ext++] = kMatrixExtensions[i];
+        cm.pNext = chain;
+        mm.pNext = &cm;
+        i8.pNext = &mm;
+        chain = &i8;
+    }
     const VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
-                                    .pNext = with_dot ? &dot : NULL,
+                                    .pNext = chain,
                                     .queueCreateInfoCount = 1,
                                     .pQueueCreateInfos = &qci,
-                                    .enabledExtensionCount = with_dot ? 1u : 0u,
-                                    .ppEnabledExtensionNames = with_dot ? dot_ext : NULL,
+                                    .enabledExtensionCount = n_ext,
+                                    .ppEnabledExtensionNames = n_ext ? extensions : NULL,
                                     .pEnabledFeatures = &features};
     bn_status st = BN_OK;
     VkResult rc = f->vkCreateDevice(vk->pd, &dci, NULL, &vk->device);

@@ -9,15 +9,18 @@
 #define ROWS_KERNEL "w2a8_matvec_dot_f64_rows"
 #define ROWS_RB 8 /* activation rows a workgroup of it: its RB */
 #define TILES_KERNEL "w2a8_tiles"
-#define TILE_ROWS 32  /* activation rows a workgroup of it: its TM */
+#define MATRIX_KERNEL "w2a8_matrix"
+#define TILE_ROWS 32  /* activation rows a workgroup of either: their TM */
 #define TILE_GROUPS 8 /* the plain kernel's workgroups (groups of outputs) a tile */
 
 extern const unsigned char bn_vk_spv_w2a8_matvec[], bn_vk_spv_w2a8_matvec_f64[],
     bn_vk_spv_w2a8_matvec_dot[], bn_vk_spv_w2a8_matvec_dot_f64[],
-    bn_vk_spv_w2a8_matvec_dot_f64_rows[], bn_vk_spv_w2a8_normed[], bn_vk_spv_w2a8_tiles[];
+    bn_vk_spv_w2a8_matvec_dot_f64_rows[], bn_vk_spv_w2a8_normed[], bn_vk_spv_w2a8_tiles[],
+    bn_vk_spv_w2a8_matrix[];
 extern const size_t bn_vk_spv_w2a8_matvec_len, bn_vk_spv_w2a8_matvec_f64_len,
     bn_vk_spv_w2a8_matvec_dot_len, bn_vk_spv_w2a8_matvec_dot_f64_len,
-    bn_vk_spv_w2a8_matvec_dot_f64_rows_len, bn_vk_spv_w2a8_normed_len, bn_vk_spv_w2a8_tiles_len;
+    bn_vk_spv_w2a8_matvec_dot_f64_rows_len, bn_vk_spv_w2a8_normed_len, bn_vk_spv_w2a8_tiles_len,
+    bn_vk_spv_w2a8_matrix_len;
 
 /* The shader's push constants, in its order. */
 typedef struct matvec_params {
@@ -115,13 +118,29 @@ bn_status bn_vk_w2a8_tiles_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
                             "the tiled W2A8 product", out, err);
 }
 
+bool bn_vk_w2a8_matrix_fits(const bn_vk *vk)
+{
+    return bn_vk_w2a8_rows_kernel_fits(vk) && bn_vk_device(vk)->int8_matrix[0] != 0;
+}
+
+bn_status bn_vk_w2a8_matrix_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
+{
+    if (!bn_vk_w2a8_matrix_fits(vk))
+        return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
+                            "Vulkan: %s has no 16 x 16 x 32 int8 subgroup matrix products for "
+                            "the W2A8 matrix kernel (or lacks fp64 or integer dot products)",
+                            bn_vk_device(vk)->name);
+    return bn_vk_kernel_create(vk, MATRIX_KERNEL, bn_vk_spv_w2a8_matrix, bn_vk_spv_w2a8_matrix_len,
+                               N_BUFFERS, sizeof(matvec_params), out, err);
+}
+
 /* Workgroups of `kernel` for `per_row` of the plain kernel's workgroups an
  * activation row: the rows kernel takes ROWS_RB rows of them, the tiled
- * one TILE_GROUPS of them times TILE_ROWS rows. */
+ * and matrix ones TILE_GROUPS of them times TILE_ROWS rows. */
 static uint64_t groups_for(const bn_vk_kernel *kernel, uint64_t per_row, int64_t rows)
 {
     const char *name = bn_vk_kernel_name(kernel);
-    if (strcmp(name, TILES_KERNEL) == 0)
+    if (strcmp(name, TILES_KERNEL) == 0 || strcmp(name, MATRIX_KERNEL) == 0)
         return (per_row + TILE_GROUPS - 1) / TILE_GROUPS *
                (((uint64_t)rows + TILE_ROWS - 1) / TILE_ROWS);
     const uint64_t rb = strcmp(name, ROWS_KERNEL) == 0 ? ROWS_RB : 1;

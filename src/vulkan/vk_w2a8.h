@@ -53,6 +53,13 @@ bn_status bn_vk_w2a8_rows_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err);
  * bn_vk_w2a8_rows_kernel_fits names. */
 bn_status bn_vk_w2a8_tiles_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err);
 
+/* The same tiles on the device's int8 subgroup matrix products
+ * (shaders/w2a8_matrix.comp, VK_NV_cooperative_matrix): the same outputs
+ * bit for bit, where bn_vk_w2a8_matrix_fits: the rows kernel's needs and
+ * 16 x 16 x 32 products (bn_vulkan_device's int8_matrix). */
+bool bn_vk_w2a8_matrix_fits(const bn_vk *vk);
+bn_status bn_vk_w2a8_matrix_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err);
+
 /* What a product does with its output v at y[i] (the CPU's operations,
  * each rounded once): stores it, or adds it (the residual add, y += v). */
 typedef enum bn_vk_w2a8_epilogue {

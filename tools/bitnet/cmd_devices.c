@@ -152,6 +152,11 @@ static void print_text(const report *r)
         printf("          integer dot product  %s; fp64 %s; subgroup arithmetic %s\n",
                d->integer_dot_product ? "yes" : "no", d->fp64 ? "yes" : "no",
                d->subgroup_arithmetic ? "yes" : "no");
+        if (d->int8_matrix[0])
+            printf("          int8 matrices        %u x %u x %u a subgroup\n", d->int8_matrix[0],
+                   d->int8_matrix[1], d->int8_matrix[2]);
+        else
+            printf("          int8 matrices        no\n");
     }
 
     printf("\nPreflight\n  %s\n", g->preflight);
@@ -298,6 +303,11 @@ static void print_json(const report *r)
         bn_json_kv_uint(&j, "max_storage_buffer_range", d->max_storage_buffer_range);
         bn_json_kv_bool(&j, "integer_dot_product", d->integer_dot_product);
         bn_json_kv_bool(&j, "fp64", d->fp64);
+        bn_json_key(&j, "int8_matrix");
+        bn_json_begin_array(&j);
+        for (int m = 0; m < 3 && d->int8_matrix[0]; m++)
+            bn_json_int(&j, d->int8_matrix[m]);
+        bn_json_end_array(&j);
         bn_json_end_object(&j);
     }
     bn_json_end_array(&j);
