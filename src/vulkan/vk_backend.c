@@ -54,7 +54,21 @@
 
 extern const bn_backend_ops bn_vulkan_backend_ops;
 
-#define VKB_CHUNK BN_VK_PROFILE_ROWS /* rows a pass takes: a longer prompt runs in chunks */
+/* Rows a prompt pass takes: a longer prompt runs in chunks. H200 (bench e2e
+ * --device vulkan, prompts of 128 / 1000 / 4000 tokens, one call): chunks
+ * of 64 rows 7810 / 5706 / 2768 tok/s, 128 10550 / 8279 / 3596, 256 10094
+ * / 8995 / 3954: longer chunks share each product's stages among more
+ * rows. 128, not 256: the exact attention's scratch holds R x n_head x
+ * kv_len floats in one buffer, which a device's largest (lavapipe: 128
+ * MiB) must hold. */
+#define VKB_CHUNK BN_VK_PROFILE_ROWS
+/* Rows a pass of many sequences' rows takes (forward_rows), and so the
+ * most rows the LM head runs over in one pass: fewer than a prompt's, since
+ * the head runs over every row of a chunk that holds a wanted one, which
+ * longer chunks make more of (H200, bench batch --seqs 64: output 1320.8
+ * tok/s in chunks of 64 rows, 1147.8 in chunks of 128). A prompt's chunks
+ * need no head; its last row runs alone. */
+#define VKB_BATCH_CHUNK 64
 #define ROWS_KERNEL_MIN 8
 #define TILES_KERNEL_MIN 16
 /* Decode steps at this position or past it take the attention split over
@@ -366,7 +380,7 @@ static bn_status make_buffers(vkb *v, bn_error *err)
         {&v->att, R * v->q_dim * f},
         {&v->gate, R * hp->ffn * f},
         {&v->normed, R * hp->dim * f},
-        {&v->logits, R * hp->vocab * f},
+        {&v->logits, VKB_BATCH_CHUNK * hp->vocab * f}, /* the head's rows at most */
         {&v->scratch, R * hp->n_head * (uint64_t)v->kv_len * f},
         {&v->info, R * 2 * sizeof(int32_t)},
         {&v->tables, sizeof(int32_t)},
@@ -993,7 +1007,7 @@ static bn_status vk_forward_pick(bn_backend *b, const int32_t *tokens, int64_t n
 }
 
 /* Rows of many sequences over the paged cache (batch_rows.h), in chunks of
- * VKB_CHUNK rows; the logit rows' logits into logits, vocab floats each,
+ * VKB_BATCH_CHUNK rows; the logit rows' logits into logits, vocab floats each,
  * or (logits NULL) their greedy tokens into picks. */
 static bn_status run_rows(vkb *v, const bn_batch_rows *r, float *logits, int32_t *picks,
                           bn_error *err)
@@ -1025,8 +1039,8 @@ static bn_status run_rows(vkb *v, const bn_batch_rows *r, float *logits, int32_t
                           (size_t)v->paged_seqs * (size_t)mb * sizeof(int32_t), err);
     const pass_end end = logits ? PASS_LOGITS : PASS_ROWS_PICK;
     int64_t next = 0;
-    for (int64_t c = 0; c < r->n_rows && st == BN_OK; c += VKB_CHUNK) {
-        const int64_t M = r->n_rows - c < VKB_CHUNK ? r->n_rows - c : VKB_CHUNK;
+    for (int64_t c = 0; c < r->n_rows && st == BN_OK; c += VKB_BATCH_CHUNK) {
+        const int64_t M = r->n_rows - c < VKB_BATCH_CHUNK ? r->n_rows - c : VKB_BATCH_CHUNK;
         const bool wanted = next < r->n_logits && r->logit_rows[next] < c + M;
         /* The chunk's logit rows: the span from the first to the last read
          * back at once, the wanted ones copied out. */

@@ -32,7 +32,7 @@ typedef struct bn_vk_pass_profile {
  * without it. backend is the engine's handle (bn_engine_backend_handle(e,
  * "vulkan")). BN_ERR_UNSUPPORTED where the device's queue has no
  * timestamps. */
-#define BN_VK_PROFILE_ROWS 64 /* the rows a prompt pass takes at most */
+#define BN_VK_PROFILE_ROWS 128 /* the rows a prompt pass takes at most */
 bn_status bn_vk_backend_profile_pass(void *backend, const int32_t *tokens, int64_t n, int64_t pos,
                                      bn_vk_pass_profile *out, bn_error *err);
 
