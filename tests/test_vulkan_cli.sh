@@ -100,6 +100,34 @@ run env BITNET_VULKAN_DOT=maybe "$BITNET" run -m "$M/i2s.gguf" --prompt-ids 1,2,
 check "BITNET_VULKAN_DOT=maybe: exit 3 ($(rc))" [ "$(rc)" = 3 ]
 check "BITNET_VULKAN_DOT=maybe: says which variable" grep -q BITNET_VULKAN_DOT "$tmp/err"
 
+# A prompt of 40 tokens runs its products as tiles: on the device's int8
+# subgroup matrix products where `bitnet devices` lists them (the receipt
+# says vulkan_w2a8_matrix), else on integer dot products; with
+# BITNET_VULKAN_MATRIX=0 always the latter. The CPU's tokens every way.
+ids40=$(seq -s, 1 40)
+run "$BITNET" run -m "$M/i2s.gguf" --prompt-ids "$ids40" -n 12 --temp 0 --device cpu
+cp "$tmp/out" "$tmp/long_cpu.txt"
+run "$BITNET" devices --json
+cp "$tmp/out" "$tmp/devices.json"
+for matrix in 1 0; do
+    run env BITNET_VULKAN_MATRIX=$matrix "$BITNET" run -m "$M/i2s.gguf" --prompt-ids "$ids40" \
+        -n 12 --temp 0 --device vulkan --receipt "$tmp/matrix$matrix.json"
+    check "BITNET_VULKAN_MATRIX=$matrix: exit $(rc)" [ "$(rc)" = 0 ]
+    check "BITNET_VULKAN_MATRIX=$matrix: the CPU's tokens" cmp -s "$tmp/out" "$tmp/long_cpu.txt"
+    check "BITNET_VULKAN_MATRIX=$matrix: the tiles the device offers" python3 - \
+        "$tmp/matrix$matrix.json" "$tmp/devices.json" "$matrix" <<'EOF'
+import json, sys
+k = json.load(open(sys.argv[1]))["backend"]["kernels"]
+dev = json.load(open(sys.argv[2]))["vulkan"]["devices"][0]
+want = "vulkan_w2a8_matrix" if sys.argv[3] == "1" and dev["int8_matrix"] else "vulkan_w2a8_tiles"
+assert want in k, (want, k)
+EOF
+done
+run env BITNET_VULKAN_MATRIX=2 "$BITNET" run -m "$M/i2s.gguf" --prompt-ids 1,2,3 -n 2 \
+    --device vulkan
+check "BITNET_VULKAN_MATRIX=2: exit 3 ($(rc))" [ "$(rc)" = 3 ]
+check "BITNET_VULKAN_MATRIX=2: says which variable" grep -q BITNET_VULKAN_MATRIX "$tmp/err"
+
 # Several prompts at once: batched passes over the paged cache, each text
 # the CPU's, greedy and sampled.
 printf 'And God said\nIn the beginning\nThe LORD is my shepherd\nBlessed are the meek\nAnd it came to pass\n' >"$tmp/prompts.txt"
