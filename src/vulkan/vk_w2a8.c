@@ -118,9 +118,17 @@ bn_status bn_vk_w2a8_tiles_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
                             "the tiled W2A8 product", out, err);
 }
 
+/* The matrix kernel's workgroup (shaders/w2a8_matrix.comp): 256
+ * invocations and 21.5 KiB of shared memory. */
+#define MATRIX_INVOCATIONS 256
+#define MATRIX_SHARED_BYTES (32 * 9 * 16 + 64 * 9 * 16 + 32 * 64 * 4)
+
 bool bn_vk_w2a8_matrix_fits(const bn_vk *vk)
 {
-    return bn_vk_w2a8_rows_kernel_fits(vk) && bn_vk_device(vk)->int8_matrix[0] != 0;
+    const bn_vulkan_device *d = bn_vk_device(vk);
+    return bn_vk_w2a8_rows_kernel_fits(vk) && d->int8_matrix[0] != 0 &&
+           d->max_workgroup_invocations >= MATRIX_INVOCATIONS &&
+           d->max_shared_bytes >= MATRIX_SHARED_BYTES;
 }
 
 bn_status bn_vk_w2a8_matrix_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
