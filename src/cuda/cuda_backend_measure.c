@@ -5,6 +5,7 @@
  * (host, chained, device, with stages disabled), the decode trace, the
  * device copy bandwidth and the bytes a decode step reads.
  */
+#include <cuda_profiler_api.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,12 +29,24 @@ const char *bn_cuda_stage_name(bn_cuda_stage s)
  * the stream after it. */
 typedef bn_status (*profiled_pass)(bn_cuda_backend *b, const void *arg, bn_error *err);
 
+/* Starts or stops a profiler's collection: only a mark, so a failure
+ * leaves the profile as it is (its error taken back, not left for the next
+ * launch's check to find). */
+static void profiler_mark(bool start)
+{
+    if ((start ? cudaProfilerStart() : cudaProfilerStop()) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
 /* Runs a pass once untimed, then reps times with CUDA events around each
  * stage (cap of them at most), and averages the stages' times per pass
  * into out. The untimed pass pays what a pass of a new shape pays once
  * (kernels loaded on first use, cuBLAS's choices), which would otherwise
  * land in the first timed pass: the LM head of 64 batched rows read
- * 394.6 or 620.8 us in two runs of one call without it. */
+ * 394.6 or 620.8 us in two runs of one call without it. The timed passes
+ * run between cudaProfilerStart and cudaProfilerStop, so that a profiler
+ * started with profiling off (ncu --profile-from-start off) takes exactly
+ * their kernels; without a profiler both do nothing. */
 static bn_status profile_passes(bn_cuda_backend *b, int cap, profiled_pass run, const void *arg,
                                 int reps, bn_cuda_stage_times *out, bn_error *err)
 {
@@ -52,6 +65,7 @@ static bn_status profile_passes(bn_cuda_backend *b, int cap, profiled_pass run, 
         st = run(b, arg, err);
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
+    profiler_mark(true);
     for (int r = 0; r < reps && st == BN_OK; r++) {
         p.n = 0;
         memset(p.launches, 0, sizeof p.launches);
@@ -75,6 +89,7 @@ static bn_status profile_passes(bn_cuda_backend *b, int cap, profiled_pass run, 
         out->total_ms += total / reps;
     }
     b->prof = NULL;
+    profiler_mark(false);
     memcpy(out->launches, p.launches, sizeof out->launches);
     for (int i = 0; i < created; i++)
         cudaEventDestroy(p.ev[i]);
