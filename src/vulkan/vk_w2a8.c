@@ -136,7 +136,8 @@ bn_status bn_vk_w2a8_matrix_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
     if (!bn_vk_w2a8_matrix_fits(vk))
         return bn_error_set(err, BN_ERR_UNSUPPORTED, NULL,
                             "Vulkan: %s has no 16 x 16 x 32 int8 subgroup matrix products for "
-                            "the W2A8 matrix kernel (or lacks fp64 or integer dot products)",
+                            "the W2A8 matrix kernel (or lacks fp64, integer dot products or "
+                            "workgroups of 256 invocations with 21.5 KiB of shared memory)",
                             bn_vk_device(vk)->name);
     return bn_vk_kernel_create(vk, MATRIX_KERNEL, bn_vk_spv_w2a8_matrix, bn_vk_spv_w2a8_matrix_len,
                                N_BUFFERS, sizeof(matvec_params), out, err);
