@@ -106,11 +106,9 @@ typedef struct vkb {
      * ROWS_KERNEL_MIN rows (NULL where the device lacks it). */
     bn_vk_kernel *w2a8_rows;
     /* The tiled W2A8 product, for passes of at least TILES_KERNEL_MIN rows:
-     * on the subgroup matrix products where the device has them
-     * (tiles_matrix), else on integer dot products; NULL where the device
-     * lacks both. */
+     * on the subgroup matrix products where the device has them, else on
+     * integer dot products; NULL where the device lacks both. */
     bn_vk_kernel *w2a8_tiles;
-    bool tiles_matrix;
     /* The W2A8 product that norms its own input row, for decode steps
      * (NULL where the device lacks it). */
     bn_vk_kernel *w2a8_normed;
@@ -583,10 +581,10 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
                                &v->w2a8, err);
     if (st == BN_OK && bn_vk_w2a8_rows_kernel_fits(v->vk)) { /* the products of many rows */
         st = bn_vk_w2a8_rows_kernel(v->vk, &v->w2a8_rows, err);
-        v->tiles_matrix = bn_vk_w2a8_matrix_fits(v->vk); /* BITNET_VULKAN_MATRIX=0: not */
-        if (st == BN_OK)
-            st = v->tiles_matrix ? bn_vk_w2a8_matrix_kernel(v->vk, &v->w2a8_tiles, err)
-                                 : bn_vk_w2a8_tiles_kernel(v->vk, &v->w2a8_tiles, err);
+        if (st == BN_OK) /* the matrix kernel unless BITNET_VULKAN_MATRIX=0 */
+            st = bn_vk_w2a8_matrix_fits(v->vk)
+                     ? bn_vk_w2a8_matrix_kernel(v->vk, &v->w2a8_tiles, err)
+                     : bn_vk_w2a8_tiles_kernel(v->vk, &v->w2a8_tiles, err);
     }
     /* The products that norm their own input on GPUs: a CPU device (lavapipe)
      * runs a few workgroups at a time, and every one of them norming the
@@ -1134,14 +1132,13 @@ static void vk_report(const bn_backend *b, bn_engine_info *info)
     snprintf(
         info->kernels, sizeof info->kernels,
         "vulkan_w2a8%s,vulkan_w2a8_qkv_rope,vulkan_norm_quantize,vulkan_attention,"
-        "vulkan_rmsnorm,vulkan_head_%s%s%s%s%s%s",
+        "vulkan_rmsnorm,vulkan_head_%s%s%s%s%s%s%s",
         bn_vk_w2a8_dot_fits(v->vk) ? "_dot" : "", v->head_type == BN_VK_HEAD_F16 ? "f16" : "f32",
         v->picks > v->full_picks ? ",vulkan_head_screen" : "",
         v->split_steps > 0 ? ",vulkan_attention_split" : "",
         v->replays > 0 ? ",vulkan_decode_replay" : "", v->normed_ran ? ",vulkan_w2a8_normed" : "",
-        !v->tiles_ran     ? ""
-        : v->tiles_matrix ? ",vulkan_w2a8_matrix"
-                          : ",vulkan_w2a8_tiles");
+        /* the tiled kernel by its name: w2a8_tiles or w2a8_matrix */
+        v->tiles_ran ? ",vulkan_" : "", v->tiles_ran ? bn_vk_kernel_name(v->w2a8_tiles) : "");
 }
 
 const bn_backend_ops bn_vulkan_backend_ops = {

@@ -119,9 +119,11 @@ bn_status bn_vk_w2a8_tiles_kernel(bn_vk *vk, bn_vk_kernel **out, bn_error *err)
 }
 
 /* The matrix kernel's workgroup (shaders/w2a8_matrix.comp): 256
- * invocations and 21.5 KiB of shared memory. */
+ * invocations; shared memory for a stage of its TILE_ROWS activation rows
+ * and 64 weight rows (9 x 16 bytes a row) and its TILE_ROWS x 64 int sums:
+ * 21.5 KiB. */
 #define MATRIX_INVOCATIONS 256
-#define MATRIX_SHARED_BYTES (32 * 9 * 16 + 64 * 9 * 16 + 32 * 64 * 4)
+#define MATRIX_SHARED_BYTES ((TILE_ROWS + 64) * 9 * 16 + TILE_ROWS * 64 * 4)
 
 bool bn_vk_w2a8_matrix_fits(const bn_vk *vk)
 {
