@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "attention_cuda.h"
+#include "mma_f16.cuh"
 #include "smem_opt_in.cuh"
 
 namespace {
@@ -525,16 +526,6 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const 
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Four 8x8 b16 matrices, transposed, from shared memory: lane l gives the
- * address of row l % 8 of matrix l / 8. */
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *smem_row)
-{
-    const unsigned addr = (unsigned)__cvta_generic_to_shared(smem_row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
 }
 
 template <typename T, int HD>

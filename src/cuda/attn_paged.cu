@@ -11,10 +11,11 @@
  * share the kv head (GQA), so each cache row is read once for all of them;
  * the positions are split into `splits` ranges of whole 32-position tiles,
  * so that a pass of few rows still has blocks enough to keep the memory
- * busy. The block gathers tiles through the table into shared memory (fp16
- * caches widened to fp32 on the way); each warp scores the tile's keys
- * (lane j: key j), keeps an online softmax and accumulates p . V (lane l:
- * the head's float4 chunk l). With one split the block writes the head's
+ * busy. The block gathers tiles through the table into shared memory; over
+ * an fp32 cache each warp scores the tile's keys (lane j: key j), keeps an
+ * online softmax and accumulates p . V (lane l: the head's float4 chunk l);
+ * over an fp16 cache the four warps compute the tile on the tensor cores
+ * (attn_paged_mma_kernel, below). With one split the block writes the head's
  * output; with more, each writes its unnormalised sum with its max and
  * weight, and paged_merge combines a row's splits in split order.
  *
@@ -30,7 +31,10 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "cp_async.cuh"
+#include "mma_f16.cuh"
 #include "cuda_backend_kernels.h"
 #include "smem_opt_in.cuh"
 
@@ -224,6 +228,239 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
         reinterpret_cast<float4 *>(pr)[lane] = acc;
 }
 
+/* ---- fp16 caches on the tensor cores ----------------------------------------
+ *
+ * The kernel above spends most of its issue slots widening fp16 rows and
+ * on fp32 multiply-adds (each of a block's warps reads the whole tile for
+ * its q head). For an fp16 cache and groups of at most 8 q heads the same
+ * block (4 warps, 32-position tiles copied through the table, two buffers)
+ * computes a tile with mma.sync m16n8k16 instead, the group's q heads as
+ * the n = 8 columns:
+ *
+ *   scores^T (32 keys x heads) = K q^T   warp w: keys 16 (w & 1) .., dims
+ *                                        of half w >> 1 (A = K by ldmatrix,
+ *                                        B = q from registers); the two
+ *                                        halves meet in shared memory
+ *   online softmax                       every warp the same, from the
+ *                                        shared scores: lane (g, t) holds
+ *                                        head g's keys 2t, 2t + 1, 2t + 8,
+ *                                        2t + 9 of each 16, which is the B
+ *                                        layout of P^T below
+ *   out^T (dims x heads) += V^T P^T      warp w: dims w HD / 4 .. (A = V by
+ *                                        ldmatrix.trans)
+ *
+ * Precision as the prefill kernel's: q and the weights P are split into
+ * fp16 hi + lo parts and both are multiplied (~22 significant bits), K and
+ * V are used exactly as stored, sums are fp32. Outputs and shares have the
+ * kernel above's layout, so paged_merge combines either. */
+constexpr int kMmaWarps = 4;
+constexpr int kMmaMaxGroup = 8;         /* q heads a kv head: the n = 8 columns */
+constexpr int kScoreStride = kTile + 4; /* floats a head's scores: distinct banks */
+
+template <int HD> struct PagedMma {
+    using R = TileRow<__half, HD>;
+    static constexpr int KS = R::kStride, TILE = kTile * KS;
+    static constexpr int SK = HD / 32; /* k16 steps of a warp's half of the dims */
+    static constexpr int MT = HD / 64; /* m16 tiles of a warp's quarter of the dims */
+    /* Two buffers of K and V tiles, the two halves' scores, the two tiles'
+     * cache rows. */
+    static constexpr size_t kSmem = sizeof(__half) * 4 * TILE +
+                                    sizeof(float) * 2 * kMmaMaxGroup * kScoreStride +
+                                    sizeof(int) * 2 * kTile;
+};
+
+template <int HD>
+__global__ void __launch_bounds__(32 * kMmaWarps)
+    attn_paged_mma_kernel(int n_heads, int n_kv, const float *__restrict__ q, int64_t ldq,
+                          const int32_t *__restrict__ row_seq, const int32_t *__restrict__ row_pos,
+                          const int32_t *__restrict__ tables, int max_blocks, int bs,
+                          const __half *__restrict__ kc, const __half *__restrict__ vc,
+                          float scale, const int32_t *__restrict__ rows, float *__restrict__ out,
+                          int64_t ldo, float *__restrict__ part)
+{
+    using P = PagedMma<HD>;
+    constexpr int KS = P::KS, TILE = P::TILE;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    __half *tiles = reinterpret_cast<__half *>(smem_raw);         /* [2][K, V][32][KS] */
+    float *sc = reinterpret_cast<float *>(tiles + 4 * TILE);        /* [2][8][kScoreStride] */
+    int *crow = reinterpret_cast<int *>(sc + 2 * kMmaMaxGroup * kScoreStride); /* [2][32] */
+    const int group = n_heads / n_kv;
+    const int listed = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    const int row = rows ? rows[listed] : listed;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int64_t kv_dim = (int64_t)n_kv * HD, head_off = (int64_t)kvh * HD;
+    const int seq = row_seq[row], pos = row_pos[row];
+    int span;
+    if (split >= row_splits(pos, (int)gridDim.z, &span))
+        return; /* a split this row does not need: paged_merge skips it */
+    const int32_t *table = tables + (int64_t)seq * max_blocks;
+    const int begin = split * span, end = min(begin + span, pos + 1); /* [begin, end) */
+
+    if (warp == 0)
+        crow[lane] = cache_row(table, bs, begin + lane, end);
+
+    /* This warp's scores: keys 16 ks .. + 15 of a tile over the dims of
+     * half kh; B fragments of q (head gid; zeros past the group): dims
+     * kh HD / 2 + 16 s + 2 tig + {0, 1} and + 8. */
+    const int ks = warp & 1, kh = warp >> 1;
+    uint32_t qhi[P::SK][2], qlo[P::SK][2];
+    {
+        const bool live = gid < group;
+        const float *qr = q + (int64_t)row * ldq + (int64_t)(kvh * group + (live ? gid : 0)) * HD +
+                          kh * (HD / 2) + 2 * tig;
+#pragma unroll
+        for (int s = 0; s < P::SK; s++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float2 v = live ? *reinterpret_cast<const float2 *>(qr + 16 * s + 8 * e)
+                                      : make_float2(0.0f, 0.0f);
+                split_f16x2(v.x, v.y, qhi[s][e], qlo[s][e]);
+            }
+    }
+    __syncthreads();
+    if (begin < end)
+        copy_tile<__half, HD>(tiles, tiles + TILE, crow, kc, vc, kv_dim, head_off);
+    cp_async_commit();
+
+    float m = -INFINITY, l = 0.0f; /* head gid's running maximum and weight */
+    float o[P::MT][4] = {};        /* dims (16 mt + gid, + 8) of this warp's quarter x heads */
+    for (int t0 = begin, buf = 0; t0 < end; t0 += kTile, buf ^= 1) {
+        const bool more = t0 + kTile < end;
+        if (warp == 0 && more)
+            crow[(buf ^ 1) * kTile + lane] = cache_row(table, bs, t0 + kTile + lane, end);
+        __syncthreads(); /* those rows are in place; the other buffer is free */
+        if (more)
+            copy_tile<__half, HD>(tiles + (buf ^ 1) * 2 * TILE,
+                                  tiles + (buf ^ 1) * 2 * TILE + TILE, crow + (buf ^ 1) * kTile,
+                                  kc, vc, kv_dim, head_off);
+        cp_async_commit();
+        cp_async_wait<1>(); /* this tile's copies */
+        __syncthreads();
+        const __half *kt = tiles + buf * 2 * TILE, *vt = kt + TILE;
+
+        /* Scores of this warp's keys and half (rows past the range were
+         * zero-filled; they are masked below). */
+        float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s = 0; s < P::SK; s++) {
+            uint32_t a[4];
+            ldmatrix_x4(a, kt + (16 * ks + (lane & 15)) * KS + kh * (HD / 2) + 16 * s +
+                               8 * (lane >> 4));
+            mma_f16_16816(s4, a, qhi[s][0], qhi[s][1]);
+            mma_f16_16816(s4, a, qlo[s][0], qlo[s][1]);
+        }
+        /* c0, c1: key 16 ks + gid, heads 2 tig, 2 tig + 1; c2, c3: key + 8. */
+        float *sh = sc + kh * kMmaMaxGroup * kScoreStride + 16 * ks + gid;
+        sh[(2 * tig) * kScoreStride] = s4[0];
+        sh[(2 * tig + 1) * kScoreStride] = s4[1];
+        sh[(2 * tig) * kScoreStride + 8] = s4[2];
+        sh[(2 * tig + 1) * kScoreStride + 8] = s4[3];
+        __syncthreads();
+
+        /* Head gid's keys 16 j + 8 e + 2 tig + {0, 1}: the two halves'
+         * sums, scaled; -inf past the range. */
+        float p[2][4];
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int key = 16 * j + 8 * e + 2 * tig;
+                const float2 a = *reinterpret_cast<const float2 *>(sc + gid * kScoreStride + key);
+                const float2 b = *reinterpret_cast<const float2 *>(
+                    sc + (kMmaMaxGroup + gid) * kScoreStride + key);
+                p[j][2 * e] = t0 + key < end ? (a.x + b.x) * scale : -INFINITY;
+                p[j][2 * e + 1] = t0 + key + 1 < end ? (a.y + b.y) * scale : -INFINITY;
+                mx = fmaxf(mx, fmaxf(p[j][2 * e], p[j][2 * e + 1]));
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m, mx); /* finite: key t0 is in the range */
+        const float corr = expf(m - m_new);
+        float sum = 0.0f;
+        uint32_t phi[2][2], plo[2][2];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                p[j][i] = expf(p[j][i] - m_new);
+                sum += p[j][i];
+            }
+            split_f16x2(p[j][0], p[j][1], phi[j][0], plo[j][0]);
+            split_f16x2(p[j][2], p[j][3], phi[j][1], plo[j][1]);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        l = fmaf(l, corr, sum);
+        m = m_new;
+
+        /* The accumulators of heads 2 tig and 2 tig + 1 (lanes 8 tig and
+         * 8 tig + 4 hold those heads' factors), then this tile's P V. */
+        const float ca = __shfl_sync(0xffffffffu, corr, 8 * tig);
+        const float cb = __shfl_sync(0xffffffffu, corr, 8 * tig + 4);
+#pragma unroll
+        for (int mt = 0; mt < P::MT; mt++) {
+            o[mt][0] *= ca;
+            o[mt][1] *= cb;
+            o[mt][2] *= ca;
+            o[mt][3] *= cb;
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                uint32_t a[4];
+                ldmatrix_x4_trans(a, vt + (16 * j + (lane & 7) + 8 * (lane >> 4)) * KS +
+                                         warp * (HD / 4) + 16 * mt + 8 * ((lane >> 3) & 1));
+                mma_f16_16816(o[mt], a, phi[j][0], phi[j][1]);
+                mma_f16_16816(o[mt], a, plo[j][0], plo[j][1]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    /* Heads 2 tig and 2 tig + 1 of this lane's accumulators. */
+    const float la = __shfl_sync(0xffffffffu, l, 8 * tig);
+    const float lb = __shfl_sync(0xffffffffu, l, 8 * tig + 4);
+    const int ha = 2 * tig, hb = 2 * tig + 1;
+    if (gridDim.z == 1) {
+        /* One split: the output itself (as paged_merge gives a row of one
+         * share). */
+        float *orow = out + (int64_t)row * ldo + (int64_t)kvh * group * HD + warp * (HD / 4) + gid;
+#pragma unroll
+        for (int mt = 0; mt < P::MT; mt++) {
+            if (ha < group) {
+                orow[ha * HD + 16 * mt] = o[mt][0] / la;
+                orow[ha * HD + 16 * mt + 8] = o[mt][2] / la;
+            }
+            if (hb < group) {
+                orow[hb * HD + 16 * mt] = o[mt][1] / lb;
+                orow[hb * HD + 16 * mt + 8] = o[mt][3] / lb;
+            }
+        }
+        return;
+    }
+    /* This split's share of head h: [sum (HD)][max][weight]. */
+    auto share = [&](int hg) {
+        return part + (((int64_t)listed * n_heads + kvh * group + hg) * gridDim.z + split) *
+                          (HD + 4);
+    };
+#pragma unroll
+    for (int mt = 0; mt < P::MT; mt++) {
+        const int d = warp * (HD / 4) + 16 * mt + gid;
+        if (ha < group) {
+            share(ha)[d] = o[mt][0];
+            share(ha)[d + 8] = o[mt][2];
+        }
+        if (hb < group) {
+            share(hb)[d] = o[mt][1];
+            share(hb)[d + 8] = o[mt][3];
+        }
+    }
+    if (warp == 0 && tig == 0 && gid < group) {
+        share(gid)[HD] = m;
+        share(gid)[HD + 1] = l;
+    }
+}
+
 /* Block (row, head), thread d < HD: the shares of value d of the splits
  * the row used combined in split order,
  * out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. */
@@ -249,6 +486,24 @@ __global__ void paged_merge(int n_heads, int hd, int splits, const int32_t *__re
     out[(int64_t)row * ldo + (int64_t)h * hd + d] = sum / weight;
 }
 
+/* The kernel a launch of group q heads a kv head takes: an fp16 cache of
+ * groups up to 8 on the tensor cores, the rest on the FMA kernel (both
+ * write the same outputs and shares). */
+template <int HD, typename T> struct PagedPick {
+    decltype(&attn_paged_kernel<HD, T>) fn;
+    size_t smem;
+    int threads;
+};
+
+template <int HD, typename T> PagedPick<HD, T> paged_pick(int group)
+{
+    if constexpr (std::is_same<T, __half>::value) {
+        if (group <= kMmaMaxGroup)
+            return {attn_paged_mma_kernel<HD>, PagedMma<HD>::kSmem, 32 * kMmaWarps};
+    }
+    return {attn_paged_kernel<HD, T>, paged_smem_of<T, HD>(group), 32 * group};
+}
+
 template <int HD, typename T>
 cudaError_t launch(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n_rows,
                    const int32_t *row_seq, const int32_t *row_pos, const int32_t *tables,
@@ -256,16 +511,15 @@ cudaError_t launch(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n
                    int splits, const int32_t *rows, float *out, int64_t ldo,
                    float *part, cudaStream_t stream)
 {
-    const size_t smem = paged_smem_of<T, HD>(s->n_heads / s->n_kv_heads);
+    const PagedPick<HD, T> k = paged_pick<HD, T>(s->n_heads / s->n_kv_heads);
     {
-        const cudaError_t rc = allow_dynamic_smem(attn_paged_kernel<HD, T>, smem);
+        const cudaError_t rc = allow_dynamic_smem(k.fn, k.smem);
         if (rc != cudaSuccess)
             return rc;
     }
     const dim3 grid((unsigned)n_rows, (unsigned)s->n_kv_heads, (unsigned)splits);
-    const dim3 block(32u * (unsigned)(s->n_heads / s->n_kv_heads));
     const float scale = (float)(1.0 / sqrt((double)HD));
-    attn_paged_kernel<HD, T><<<grid, block, smem, stream>>>(
+    k.fn<<<grid, (unsigned)k.threads, k.smem, stream>>>(
         s->n_heads, s->n_kv_heads, q, ldq, row_seq, row_pos, tables, max_blocks, block_size,
         static_cast<const T *>(k_cache), static_cast<const T *>(v_cache), scale, rows, out, ldo,
         part);
@@ -280,12 +534,11 @@ cudaError_t launch(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n
 /* Blocks of the kernel an SM holds at once. */
 template <int HD, typename T> cudaError_t resident_per_sm(int group, int *per_sm)
 {
-    const size_t smem = paged_smem_of<T, HD>(group);
-    const cudaError_t rc = allow_dynamic_smem(attn_paged_kernel<HD, T>, smem);
+    const PagedPick<HD, T> k = paged_pick<HD, T>(group);
+    const cudaError_t rc = allow_dynamic_smem(k.fn, k.smem);
     if (rc != cudaSuccess)
         return rc;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, attn_paged_kernel<HD, T>,
-                                                         32 * group, smem);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, k.fn, k.threads, k.smem);
 }
 
 } // namespace
