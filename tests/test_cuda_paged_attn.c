@@ -196,6 +196,80 @@ static void check_prefill_runs(const shape *s, int n_seqs, int max_len, int run,
     free(got);
 }
 
+/* The attention's shares combined by the norm (bn_cb_attn_paged_shares,
+ * then bn_cb_merge_norm_quantize) give the codes, scales and sums of the
+ * attention with its merge followed by bn_cb_norm_quantize, bit for bit. */
+static void check_merge_norm(const bn_cb_attn_shape *as, const float *dq, int q_dim, int n_rows,
+                             const int32_t *dseq, const int32_t *dpos, const int32_t *dtab,
+                             int max_blocks, int bs, const void *dk, const void *dv, bool f16,
+                             int splits, float *dout, float *dws)
+{
+    const int64_t ldq = q_dim + 32; /* padding: zero-filled by both */
+    const size_t codes = (size_t)n_rows * (size_t)ldq;
+    float *w = malloc(sizeof(float) * (size_t)q_dim);
+    int8_t *qa = malloc(codes), *qb = malloc(codes);
+    float *sa = malloc(sizeof(float) * (size_t)n_rows),
+          *sb = malloc(sizeof(float) * (size_t)n_rows);
+    int32_t *ua = malloc(sizeof(int32_t) * (size_t)n_rows),
+            *ub = malloc(sizeof(int32_t) * (size_t)n_rows);
+    CHECK(w && qa && qb && sa && sb && ua && ub);
+    for (int i = 0; i < q_dim; i++)
+        w[i] = test_rand_float(0.5f, 1.5f);
+    float *dw, *dscale;
+    int8_t *dcodes;
+    int32_t *dsum;
+    CUDA_OK(cudaMalloc((void **)&dw, sizeof(float) * (size_t)q_dim));
+    CUDA_OK(cudaMemcpy(dw, w, sizeof(float) * (size_t)q_dim, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&dcodes, codes));
+    CUDA_OK(cudaMalloc((void **)&dscale, sizeof(float) * (size_t)n_rows));
+    CUDA_OK(cudaMalloc((void **)&dsum, sizeof(int32_t) * (size_t)n_rows));
+    const float eps = 1e-5f;
+
+    CUDA_OK(bn_cb_attn_paged(as, dq, q_dim, n_rows, dseq, dpos, dtab, max_blocks, bs, dk, dv, f16,
+                             splits, NULL, dout, q_dim, dws, 0));
+    CUDA_OK(
+        bn_cb_norm_quantize(dout, q_dim, n_rows, q_dim, dw, eps, dcodes, ldq, dscale, dsum, 0, 0));
+    CUDA_OK(cudaMemcpy(qa, dcodes, codes, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(sa, dscale, sizeof(float) * (size_t)n_rows, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(ua, dsum, sizeof(int32_t) * (size_t)n_rows, cudaMemcpyDeviceToHost));
+
+    CUDA_OK(cudaMemset(dws, 0xff, bn_cb_attn_paged_workspace_bytes(as->n_heads, as->head_dim)));
+    CUDA_OK(cudaMemset(dcodes, 0x5a, codes));
+    CUDA_OK(cudaMemset(dscale, 0xff, sizeof(float) * (size_t)n_rows));
+    CUDA_OK(cudaMemset(dsum, 0x5a, sizeof(int32_t) * (size_t)n_rows));
+    CHECK(bn_cb_merge_norm_fits(dws, as->n_heads, as->head_dim, n_rows, dw, dcodes, ldq));
+    CUDA_OK(bn_cb_attn_paged_shares(as, dq, q_dim, n_rows, dseq, dpos, dtab, max_blocks, bs, dk, dv,
+                                    f16, splits, dws, 0));
+    CUDA_OK(bn_cb_merge_norm_quantize(dws, splits, as->n_heads, as->head_dim, dpos, n_rows, dw, eps,
+                                      dcodes, ldq, dscale, dsum, 0));
+    CUDA_OK(cudaMemcpy(qb, dcodes, codes, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(sb, dscale, sizeof(float) * (size_t)n_rows, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(ub, dsum, sizeof(int32_t) * (size_t)n_rows, cudaMemcpyDeviceToHost));
+    CHECK_MSG(memcmp(qa, qb, codes) == 0 && memcmp(sa, sb, sizeof(float) * (size_t)n_rows) == 0 &&
+                  memcmp(ua, ub, sizeof(int32_t) * (size_t)n_rows) == 0,
+              "merged in the norm: codes, scales and sums differ from merge + norm");
+    printf("  %d splits merged in the norm: codes, scales and sums of %d rows equal merge + norm\n",
+           splits, n_rows);
+    /* One split has no shares; more rows than the norm's kernel takes are
+     * refused, for the caller to merge and norm apart. */
+    CHECK(bn_cb_attn_paged_shares(as, dq, q_dim, n_rows, dseq, dpos, dtab, max_blocks, bs, dk, dv,
+                                  f16, 1, dws, 0) == cudaErrorInvalidValue);
+    CHECK(!bn_cb_merge_norm_fits(dws, as->n_heads, as->head_dim, 257, dw, dcodes, ldq));
+    CHECK(bn_cb_merge_norm_quantize(dws, splits, as->n_heads, as->head_dim, dpos, 257, dw, eps,
+                                    dcodes, ldq, dscale, dsum, 0) == cudaErrorNotSupported);
+    cudaFree(dw);
+    cudaFree(dcodes);
+    cudaFree(dscale);
+    cudaFree(dsum);
+    free(w);
+    free(qa);
+    free(qb);
+    free(sa);
+    free(sb);
+    free(ua);
+    free(ub);
+}
+
 static void check_case(const shape *s, int n_seqs, int max_len, bool f16, int splits_asked)
 {
     const int kv_dim = s->n_kv * s->hd, q_dim = s->n_heads * s->hd;
@@ -332,6 +406,9 @@ static void check_case(const shape *s, int n_seqs, int max_len, bool f16, int sp
     cudaFree(dlist);
     free(list);
     free(again);
+    if (splits > 1)
+        check_merge_norm(&as, dq, q_dim, n_rows, dseq, dpos, dtab, max_blocks, s->bs, dk, dv, f16,
+                         splits, dout, dws);
     if (splits > 1) /* no workspace for several splits: refused */
         CHECK(bn_cb_attn_paged(&as, dq, q_dim, n_rows, dseq, dpos, dtab, max_blocks, s->bs, dk,
                                dv, f16, splits, NULL, dout, q_dim, NULL, 0) ==

@@ -19,7 +19,7 @@
  * output; with more, each writes its unnormalised sum with its max and
  * weight, and paged_merge combines a row's splits in split order.
  *
- * A row takes only the splits its own length needs (row_splits: about 128
+ * A row takes only the splits its own length needs (paged_row_splits: about 128
  * positions each, at most the launch's), so a launch sized for the whole
  * context (a captured pass, which cannot know the lengths) costs little
  * more than one sized for the rows: the other blocks return at once, and
@@ -33,6 +33,7 @@
 
 #include <type_traits>
 
+#include "attn_paged_shares.cuh"
 #include "cp_async.cuh"
 #include "mma_f16.cuh"
 #include "cuda_backend_kernels.h"
@@ -40,7 +41,7 @@
 
 namespace {
 
-constexpr int kTile = 32;
+constexpr int kTile = kPagedTile;
 
 /* A tile's rows in shared memory: fp32 as stored, or fp16 as stored,
  * padded by 16 bytes a row so that lanes reading different rows at the
@@ -90,17 +91,6 @@ __device__ __forceinline__ void copy_tile(T *kt, T *vt, const int *crow, const T
     }
 }
 
-/* The splits row position pos uses out of the launch's, and the whole
- * tiles of positions each covers: at most 128 positions a split, so a
- * short row is not spread thinly over many blocks. */
-__device__ __forceinline__ int row_splits(int pos, int splits, int *span)
-{
-    const int len = pos + 1;
-    const int used = min(splits, (len + 127) / 128);
-    *span = ((len + used - 1) / used + kTile - 1) / kTile * kTile;
-    return used;
-}
-
 /* Shared memory: q [group][HD] floats, then two buffers of K and V tiles
  * (the next tile's copies run while this one is computed), then the two
  * tiles' cache rows. */
@@ -134,7 +124,7 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
     const int64_t kv_dim = (int64_t)n_kv * HD, head_off = (int64_t)kvh * HD;
     const int seq = row_seq[row], pos = row_pos[row];
     int span;
-    if (split >= row_splits(pos, (int)gridDim.z, &span))
+    if (split >= paged_row_splits(pos, (int)gridDim.z, &span))
         return; /* a split this row does not need: paged_merge skips it */
     const int32_t *table = tables + (int64_t)seq * max_blocks;
     const int begin = split * span, end = min(begin + span, pos + 1); /* [begin, end) */
@@ -292,7 +282,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps)
     const int64_t kv_dim = (int64_t)n_kv * HD, head_off = (int64_t)kvh * HD;
     const int seq = row_seq[row], pos = row_pos[row];
     int span;
-    if (split >= row_splits(pos, (int)gridDim.z, &span))
+    if (split >= paged_row_splits(pos, (int)gridDim.z, &span))
         return; /* a split this row does not need: paged_merge skips it */
     const int32_t *table = tables + (int64_t)seq * max_blocks;
     const int begin = split * span, end = min(begin + span, pos + 1); /* [begin, end) */
@@ -461,9 +451,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps)
     }
 }
 
-/* Block (row, head), thread d < HD: the shares of value d of the splits
- * the row used combined in split order,
- * out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. */
+/* Block (row, head), thread d < HD: value d of the head's output from
+ * the shares of the splits the row used (paged_combine). */
 __global__ void paged_merge(int n_heads, int hd, int splits, const int32_t *__restrict__ row_pos,
                             const int32_t *__restrict__ rows, const float *__restrict__ part,
                             float *__restrict__ out, int64_t ldo)
@@ -471,19 +460,10 @@ __global__ void paged_merge(int n_heads, int hd, int splits, const int32_t *__re
     const int listed = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
     const int row = rows ? rows[listed] : listed;
     int span;
-    const int used = row_splits(row_pos[row], splits, &span);
-    const float *pr = part + ((int64_t)listed * n_heads + h) * splits * (hd + 4);
-    float M = -INFINITY;
-    for (int s = 0; s < used; s++)
-        M = fmaxf(M, pr[s * (hd + 4) + hd]);
-    float sum = 0.0f, weight = 0.0f;
-    for (int s = 0; s < used; s++) {
-        const float *ps = pr + s * (hd + 4);
-        const float w = ps[hd + 1] > 0.0f ? expf(ps[hd] - M) : 0.0f;
-        sum = fmaf(w, ps[d], sum);
-        weight = fmaf(w, ps[hd + 1], weight);
-    }
-    out[(int64_t)row * ldo + (int64_t)h * hd + d] = sum / weight;
+    const int used = paged_row_splits(row_pos[row], splits, &span);
+    float v[1];
+    paged_combine<1>(paged_share(part, listed, h, 0, n_heads, splits, hd), used, hd, d, v);
+    out[(int64_t)row * ldo + (int64_t)h * hd + d] = v[0];
 }
 
 /* The kernel a launch of group q heads a kv head takes: an fp16 cache of
@@ -509,7 +489,7 @@ cudaError_t launch(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n
                    const int32_t *row_seq, const int32_t *row_pos, const int32_t *tables,
                    int max_blocks, int block_size, const void *k_cache, const void *v_cache,
                    int splits, const int32_t *rows, float *out, int64_t ldo,
-                   float *part, cudaStream_t stream)
+                   float *part, bool merge, cudaStream_t stream)
 {
     const PagedPick<HD, T> k = paged_pick<HD, T>(s->n_heads / s->n_kv_heads);
     {
@@ -524,7 +504,7 @@ cudaError_t launch(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n
         static_cast<const T *>(k_cache), static_cast<const T *>(v_cache), scale, rows, out, ldo,
         part);
     cudaError_t rc = cudaGetLastError();
-    if (rc != cudaSuccess || splits == 1)
+    if (rc != cudaSuccess || splits == 1 || !merge)
         return rc;
     paged_merge<<<dim3((unsigned)n_rows, (unsigned)s->n_heads), (unsigned)HD, 0, stream>>>(
         s->n_heads, HD, splits, row_pos, rows, part, out, ldo);
@@ -588,19 +568,19 @@ extern "C" size_t bn_cb_attn_paged_workspace_bytes(int n_heads, int head_dim)
            sizeof(float);
 }
 
-extern "C" cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
-                                        int n_rows, const int32_t *row_seq,
-                                        const int32_t *row_pos, const int32_t *tables,
-                                        int max_blocks, int block_size, const void *k_cache,
-                                        const void *v_cache, int kv_f16, int splits,
-                                        const int32_t *rows, float *out, int64_t ldo, float *ws,
-                                        cudaStream_t stream)
+static cudaError_t attn_paged(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
+                              int n_rows, const int32_t *row_seq, const int32_t *row_pos,
+                              const int32_t *tables, int max_blocks, int block_size,
+                              const void *k_cache, const void *v_cache, int kv_f16, int splits,
+                              const int32_t *rows, float *out, int64_t ldo, float *ws, bool merge,
+                              cudaStream_t stream)
 {
-    if (!s || !q || !row_seq || !row_pos || !tables || !k_cache || !v_cache || !out ||
+    /* Without the merge (shares only) there is no output. */
+    if (!s || !q || !row_seq || !row_pos || !tables || !k_cache || !v_cache ||
+        (merge && (!out || ldo % 4 != 0 || ldo < (int64_t)s->n_heads * s->head_dim)) ||
         n_rows < 0 || max_blocks < 1 || block_size < 1 || s->n_kv_heads < 1 ||
         s->n_heads % s->n_kv_heads != 0 || s->n_heads / s->n_kv_heads > 32 || ldq % 4 != 0 ||
-        ldo % 4 != 0 || ldq < (int64_t)s->n_heads * s->head_dim ||
-        ldo < (int64_t)s->n_heads * s->head_dim || splits < 1 || splits > 64 ||
+        ldq < (int64_t)s->n_heads * s->head_dim || splits < 1 || splits > 64 ||
         (splits > 1 && (!ws || (int64_t)splits * n_rows > BN_CB_ATTN_PAGED_SHARES)))
         return cudaErrorInvalidValue;
     if (!bn_cb_attn_paged_supports(s->head_dim))
@@ -610,16 +590,42 @@ extern "C" cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *
     if (s->head_dim == 128)
         return kv_f16 ? launch<128, __half>(s, q, ldq, n_rows, row_seq, row_pos, tables,
                                             max_blocks, block_size, k_cache, v_cache, splits,
-                                            rows, out, ldo, ws, stream)
+                                            rows, out, ldo, ws, merge, stream)
                       : launch<128, float>(s, q, ldq, n_rows, row_seq, row_pos, tables,
                                            max_blocks, block_size, k_cache, v_cache, splits,
-                                           rows, out, ldo, ws, stream);
+                                           rows, out, ldo, ws, merge, stream);
     return kv_f16 ? launch<64, __half>(s, q, ldq, n_rows, row_seq, row_pos, tables, max_blocks,
-                                       block_size, k_cache, v_cache, splits, rows, out,
-                                       ldo, ws, stream)
+                                       block_size, k_cache, v_cache, splits, rows, out, ldo, ws,
+                                       merge, stream)
                   : launch<64, float>(s, q, ldq, n_rows, row_seq, row_pos, tables, max_blocks,
-                                      block_size, k_cache, v_cache, splits, rows, out,
-                                      ldo, ws, stream);
+                                      block_size, k_cache, v_cache, splits, rows, out, ldo, ws,
+                                      merge, stream);
+}
+
+extern "C" cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
+                                        int n_rows, const int32_t *row_seq,
+                                        const int32_t *row_pos, const int32_t *tables,
+                                        int max_blocks, int block_size, const void *k_cache,
+                                        const void *v_cache, int kv_f16, int splits,
+                                        const int32_t *rows, float *out, int64_t ldo, float *ws,
+                                        cudaStream_t stream)
+{
+    return attn_paged(s, q, ldq, n_rows, row_seq, row_pos, tables, max_blocks, block_size,
+                      k_cache, v_cache, kv_f16, splits, rows, out, ldo, ws, true, stream);
+}
+
+extern "C" cudaError_t bn_cb_attn_paged_shares(const bn_cb_attn_shape *s, const float *q,
+                                               int64_t ldq, int n_rows, const int32_t *row_seq,
+                                               const int32_t *row_pos, const int32_t *tables,
+                                               int max_blocks, int block_size,
+                                               const void *k_cache, const void *v_cache,
+                                               int kv_f16, int splits, float *ws,
+                                               cudaStream_t stream)
+{
+    if (splits < 2)
+        return cudaErrorInvalidValue; /* one split writes the output itself */
+    return attn_paged(s, q, ldq, n_rows, row_seq, row_pos, tables, max_blocks, block_size,
+                      k_cache, v_cache, kv_f16, splits, NULL, NULL, 0, ws, false, stream);
 }
 
 extern "C" int bn_cb_attn_paged_supports(int head_dim)

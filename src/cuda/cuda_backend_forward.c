@@ -303,6 +303,31 @@ static bn_status attention_decode_f32(const pass *p, int l)
     return stage_done(p, BN_CUDA_STAGE_ATTENTION, 1, kernel);
 }
 
+/* The ranges of the paged attention's decode rows. */
+static int paged_splits(const pass *p)
+{
+    const bn_cuda_backend *b = p->b;
+    const paged_rows *r = p->paged;
+    return bn_cb_attn_paged_splits(r->n_dec, r->max_pos, b->hp.n_head_kv, b->paged_resident);
+}
+
+static bool tp_on(const bn_cuda_backend *b);
+
+/* Whether layer l's attn_sub_norm combines the paged attention's shares
+ * itself (so no merge writes an output for it to read back): every row of
+ * the pass decodes, its positions are split, and the norm's register-held
+ * kernel takes the rows. */
+static bool sub_norm_merges(const pass *p, int l)
+{
+    const bn_cuda_backend *b = p->b;
+    const paged_rows *r = p->paged;
+    return r && r->n_dec == p->M && !r->dec_rows && r->n_blocks == 0 && !tp_on(b) &&
+           paged_splits(p) > 1 &&
+           bn_cb_merge_norm_fits(b->ws_paged, b->hp.n_head, b->hp.head_dim, p->M,
+                                 norm_ptr(b, l, BN_NORM_ATTN_SUB), b->xq,
+                                 codes_ld(b, b->q_dim, p->M));
+}
+
 /* att = softmax(q K^T / sqrt(head_dim)) V over each row's positions. */
 /* Rows of many sequences over the paged cache: the decode rows in one
  * launch, the runs of prompts' rows in one of the tiled kernel. */
@@ -314,9 +339,15 @@ static bn_status attention_paged(const pass *p, int l)
     void *kl = layer_paged(b, b->d_pk, l), *vl = layer_paged(b, b->d_pv, l);
     const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len};
     int launches = 0;
-    if (r->n_dec > 0) {
-        const int splits =
-            bn_cb_attn_paged_splits(r->n_dec, r->max_pos, hp->n_head_kv, b->paged_resident);
+    if (r->n_dec > 0 && sub_norm_merges(p, l)) {
+        BN_CUDA_TRY(p->err,
+                    bn_cb_attn_paged_shares(&as, b->q, b->q_dim, r->n_dec, r->d_seq, p->pos,
+                                            b->d_tables, b->paged_max_blocks, b->paged_block, kl,
+                                            vl, b->kv_f16, paged_splits(p), b->ws_paged, b->cs));
+        launches++;
+        b->ran |= 1u << K_ATTN_PAGED;
+    } else if (r->n_dec > 0) {
+        const int splits = paged_splits(p);
         BN_CUDA_TRY(p->err, bn_cb_attn_paged(&as, b->q, b->q_dim, r->n_dec, r->d_seq, p->pos,
                                              b->d_tables, b->paged_max_blocks, b->paged_block,
                                              kl, vl, b->kv_f16, splits, r->dec_rows,
@@ -503,10 +534,19 @@ static bn_status ffn_sub_norm(const pass *p, int l)
     return stage_done(p, BN_CUDA_STAGE_RELU2, 1, K_RELU2_Q);
 }
 
-/* xq = q(attn_sub_norm(att)). */
+/* xq = q(attn_sub_norm(att)); att combined here from the paged
+ * attention's shares where sub_norm_merges. */
 static bn_status attn_sub_norm(const pass *p, int l)
 {
     const bn_cuda_backend *b = p->b;
+    if (sub_norm_merges(p, l)) {
+        const bn_hparams *hp = &b->hp;
+        BN_CUDA_TRY(p->err, bn_cb_merge_norm_quantize(
+                                b->ws_paged, paged_splits(p), hp->n_head, hp->head_dim, p->pos,
+                                p->M, norm_ptr(b, l, BN_NORM_ATTN_SUB), hp->rms_eps, b->xq,
+                                codes_ld(b, b->q_dim, p->M), b->act_scale, b->act_sum, b->cs));
+        return stage_done(p, BN_CUDA_STAGE_SUB_NORM, 1, K_NORM_Q);
+    }
     if (tp_on(b))
         return tp_plain_norm_codes(p, b->att, b->q_dim, l, BN_NORM_ATTN_SUB,
                                    BN_CUDA_STAGE_SUB_NORM);

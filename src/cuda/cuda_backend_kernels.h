@@ -84,6 +84,20 @@ cudaError_t bn_cb_norm_quantize(const float *x, int64_t ldx, int64_t m, int64_t 
                                 const float *w, float eps, int8_t *q, int64_t ldq, float *scale,
                                 int32_t *sum, int pdl, cudaStream_t stream);
 
+/* v = the rows of the batched pass's paged attention combined from their
+ * shares (bn_cb_attn_paged_shares: part, of `splits` splits, n_heads heads
+ * of head_dim, row r at position row_pos[r]), bit for bit as the attention
+ * with its merge writes them; the attention output itself is not stored.
+ * Rows of k = n_heads x head_dim values as the register-held kernel takes
+ * them (m up to 256, k up to 8192, a multiple of 4); else
+ * cudaErrorNotSupported, and the caller merges and norms apart. */
+int bn_cb_merge_norm_fits(const float *part, int n_heads, int head_dim, int64_t m, const float *w,
+                          const int8_t *q, int64_t ldq);
+cudaError_t bn_cb_merge_norm_quantize(const float *part, int splits, int n_heads, int head_dim,
+                                      const int32_t *row_pos, int64_t m, const float *w, float eps,
+                                      int8_t *q, int64_t ldq, float *scale, int32_t *sum,
+                                      cudaStream_t stream);
+
 /* The decode step's first kernel: v = row *token (device memory) of the
  * embedding table (F32, F16 or BF16 rows of k values, bn_qtype `type`),
  * converted exactly as bn_cuda_embed_rows converts it and stored to x (the
@@ -257,6 +271,14 @@ cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *q, int64_t 
                              const int32_t *rows, float *out, int64_t ldo,
                              float *ws, cudaStream_t stream);
 int bn_cb_attn_paged_supports(int head_dim);
+/* The same with every row listed (rows NULL) and at least two splits,
+ * leaving the shares in ws for bn_cb_merge_norm_quantize instead of
+ * merging them into an output. */
+cudaError_t bn_cb_attn_paged_shares(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
+                                    int n_rows, const int32_t *row_seq, const int32_t *row_pos,
+                                    const int32_t *tables, int max_blocks, int block_size,
+                                    const void *k_cache, const void *v_cache, int kv_f16,
+                                    int splits, float *ws, cudaStream_t stream);
 
 /* Ranges for a cache of `capacity` positions (one 40-position tile each at
  * the full length, at most 64), and the workspace they need. */

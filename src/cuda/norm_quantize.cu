@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "attn_paged_shares.cuh"
 #include "block_reduce.cuh"
 #include "cuda_backend_kernels.h"
 #include "half_bits.cuh"
@@ -123,6 +124,9 @@ constexpr int kSrcPlain = 0, kSrcAdd = 1, kSrcRelu2 = 2;
 /* The decode step's first norm reading its row from the embedding table
  * (the lean kernel only: bn_cb_embed_norm_quantize). */
 constexpr int kSrcEmbed = 4;
+/* The batched pass's attn_sub_norm reading its rows from the paged
+ * attention's shares (the lean kernel only: bn_cb_merge_norm_quantize). */
+constexpr int kSrcMerge = 5;
 
 struct NormQuantArgs {
     float *x;        /* plain / add: the row source (add writes x + r back) */
@@ -135,6 +139,9 @@ struct NormQuantArgs {
     const void *embed;     /* embed: the table (F32 / F16 / BF16 rows of k)  */
     int embed_type;        /* ... its bn_qtype                                */
     const int32_t *token;  /* ... the row to read, in device memory           */
+    const float *part;       /* merge: the attention's shares                   */
+    const int32_t *part_pos; /* ... each row's position                         */
+    int part_splits, part_heads, part_hd;
     int64_t k;
     const float *w;
     float eps;
@@ -636,6 +643,26 @@ __device__ __forceinline__ void load_row4(const NormQuantArgs &a, int64_t row, i
             }
             x[i] = v[j];
         }
+    } else if (kSrc == kSrcMerge) {
+        /* Values 4i .. 4i + 3 lie in one head (head_dim is a multiple of
+         * 4): combined from the row's shares as the attention's merge
+         * combines them. */
+        int span;
+        const int used = paged_row_splits(__ldcg(a.part_pos + row), a.part_splits, &span);
+#pragma unroll
+        for (int j = 0; j < KV4; j++) {
+            const int i = tid + j * T;
+            if (i >= k4) {
+                v[j] = z4;
+                continue;
+            }
+            const int h = 4 * i / a.part_hd, d = 4 * i % a.part_hd;
+            float o[4];
+            paged_combine<4>(paged_share(a.part, row, h, 0, a.part_heads, a.part_splits,
+                                         a.part_hd),
+                             used, a.part_hd, d, o);
+            v[j] = make_float4(o[0], o[1], o[2], o[3]);
+        }
     } else {
         const float4 *g = reinterpret_cast<const float4 *>(a.g + row * a.ldgu);
         const float4 *u = reinterpret_cast<const float4 *>(a.u + row * a.ldgu);
@@ -825,10 +852,11 @@ __global__ void __launch_bounds__(kBatch ? kBatchMaxThreads : kLeanThreads)
  * k a multiple of 4, rows, weights and codes aligned for float4 and char4. */
 bool rows_aligned4(const NormQuantArgs &a, int kSrc)
 {
-    const uintptr_t ptrs = kSrc == kSrcRelu2
-                               ? ((uintptr_t)a.g | (uintptr_t)a.u | (uintptr_t)(a.ldgu * 4))
-                               : ((uintptr_t)a.x | (uintptr_t)(a.ldx * 4) |
-                                  (kSrc == kSrcAdd ? (uintptr_t)a.r | (uintptr_t)(a.ldr * 4) : 0));
+    const uintptr_t ptrs =
+        kSrc == kSrcRelu2   ? ((uintptr_t)a.g | (uintptr_t)a.u | (uintptr_t)(a.ldgu * 4))
+        : kSrc == kSrcMerge ? ((uintptr_t)a.part | (uintptr_t)(a.part_hd % 4))
+                            : ((uintptr_t)a.x | (uintptr_t)(a.ldx * 4) |
+                               (kSrc == kSrcAdd ? (uintptr_t)a.r | (uintptr_t)(a.ldr * 4) : 0));
     return a.k % 4 == 0 && a.ldq % 4 == 0 && ((ptrs | (uintptr_t)a.w) & 15) == 0 &&
            ((uintptr_t)a.q & 3) == 0;
 }
@@ -973,6 +1001,48 @@ extern "C" cudaError_t bn_cb_norm_quantize(const float *x, int64_t ldx, int64_t 
     a.x = const_cast<float *>(x); /* the plain source only reads */
     a.ldx = ldx;
     return launch_norm_quantize<kSrcPlain>(a, m, pdl, stream);
+}
+
+static NormQuantArgs merge_args(const float *part, int splits, int n_heads, int head_dim,
+                                const int32_t *row_pos, const float *w, float eps, int8_t *q,
+                                int64_t ldq, float *scale, int32_t *sum)
+{
+    NormQuantArgs a = norm_args((int64_t)n_heads * head_dim, w, eps, q, ldq, scale, sum);
+    a.part = part;
+    a.part_pos = row_pos;
+    a.part_splits = splits;
+    a.part_heads = n_heads;
+    a.part_hd = head_dim;
+    return a;
+}
+
+extern "C" int bn_cb_merge_norm_fits(const float *part, int n_heads, int head_dim, int64_t m,
+                                     const float *w, const int8_t *q, int64_t ldq)
+{
+    const NormQuantArgs a =
+        merge_args(part, 2, n_heads, head_dim, NULL, w, 0.0f, const_cast<int8_t *>(q), ldq,
+                   NULL, NULL);
+    return n_heads > 0 && head_dim > 0 && m <= kRowMaxM && lean_fits(a, kSrcMerge);
+}
+
+extern "C" cudaError_t bn_cb_merge_norm_quantize(const float *part, int splits, int n_heads,
+                                                  int head_dim, const int32_t *row_pos,
+                                                  int64_t m, const float *w, float eps, int8_t *q,
+                                                  int64_t ldq, float *scale, int32_t *sum,
+                                                  cudaStream_t stream)
+{
+    if (!part || !row_pos || splits < 1 || n_heads < 1 || head_dim < 1 || m < 0 || !w || !q ||
+        !scale || !sum)
+        return cudaErrorInvalidValue;
+    const NormQuantArgs a =
+        merge_args(part, splits, n_heads, head_dim, row_pos, w, eps, q, ldq, scale, sum);
+    if (!bn_cb_merge_norm_fits(part, n_heads, head_dim, m, w, q, ldq))
+        return cudaErrorNotSupported;
+    if (a.ldq < a.k)
+        return cudaErrorInvalidValue;
+    if (m == 0)
+        return cudaSuccess;
+    return launch_lean<kSrcMerge>(a, m, 0, stream);
 }
 
 extern "C" int bn_cb_embed_norm_fits(int type, int64_t k, const float *x, const float *w,
