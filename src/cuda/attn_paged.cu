@@ -91,6 +91,30 @@ __device__ __forceinline__ void copy_tile(T *kt, T *vt, const int *crow, const T
     }
 }
 
+/* The positions block (listed row, kv head, split) of a launch works on:
+ * the row, its position, its sequence's table and the range [begin, end);
+ * false when the row does not use this split (the merge skips it). */
+struct PagedRange {
+    int row, pos, begin, end;
+    const int32_t *table;
+};
+
+__device__ __forceinline__ bool paged_block_range(const int32_t *rows, const int32_t *row_seq,
+                                                  const int32_t *row_pos, const int32_t *tables,
+                                                  int max_blocks, PagedRange &r)
+{
+    const int listed = blockIdx.x, split = blockIdx.z;
+    r.row = rows ? rows[listed] : listed;
+    r.pos = row_pos[r.row];
+    int span;
+    if (split >= paged_row_splits(r.pos, (int)gridDim.z, &span))
+        return false;
+    r.table = tables + (int64_t)row_seq[r.row] * max_blocks;
+    r.begin = split * span;
+    r.end = min(r.begin + span, r.pos + 1);
+    return true;
+}
+
 /* Shared memory: q [group][HD] floats, then two buffers of K and V tiles
  * (the next tile's copies run while this one is computed), then the two
  * tiles' cache rows. */
@@ -118,16 +142,14 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
     T *tiles = reinterpret_cast<T *>(qs + group * HD);    /* [2][K, V][32][KS]     */
     int *crow = reinterpret_cast<int *>(tiles + 4 * TILE); /* [2][32]              */
     const int listed = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
-    const int row = rows ? rows[listed] : listed;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = kvh * group + warp;
     const int64_t kv_dim = (int64_t)n_kv * HD, head_off = (int64_t)kvh * HD;
-    const int seq = row_seq[row], pos = row_pos[row];
-    int span;
-    if (split >= paged_row_splits(pos, (int)gridDim.z, &span))
-        return; /* a split this row does not need: paged_merge skips it */
-    const int32_t *table = tables + (int64_t)seq * max_blocks;
-    const int begin = split * span, end = min(begin + span, pos + 1); /* [begin, end) */
+    PagedRange range;
+    if (!paged_block_range(rows, row_seq, row_pos, tables, max_blocks, range))
+        return;
+    const int row = range.row, begin = range.begin, end = range.end;
+    const int32_t *table = range.table;
 
     for (int i = threadIdx.x; i < group * NC; i += blockDim.x) {
         const int w = i / NC, ch = i % NC;
@@ -276,16 +298,14 @@ __global__ void __launch_bounds__(32 * kMmaWarps)
     int *crow = reinterpret_cast<int *>(sc + 2 * kMmaMaxGroup * kScoreStride); /* [2][32] */
     const int group = n_heads / n_kv;
     const int listed = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
-    const int row = rows ? rows[listed] : listed;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
     const int64_t kv_dim = (int64_t)n_kv * HD, head_off = (int64_t)kvh * HD;
-    const int seq = row_seq[row], pos = row_pos[row];
-    int span;
-    if (split >= paged_row_splits(pos, (int)gridDim.z, &span))
-        return; /* a split this row does not need: paged_merge skips it */
-    const int32_t *table = tables + (int64_t)seq * max_blocks;
-    const int begin = split * span, end = min(begin + span, pos + 1); /* [begin, end) */
+    PagedRange range;
+    if (!paged_block_range(rows, row_seq, row_pos, tables, max_blocks, range))
+        return;
+    const int row = range.row, begin = range.begin, end = range.end;
+    const int32_t *table = range.table;
 
     if (warp == 0)
         crow[lane] = cache_row(table, bs, begin + lane, end);
