@@ -848,6 +848,11 @@ int main(void)
     /* dims of 8 k: a row an invocation */
     check_head(vk, ops, BN_VK_HEAD_F16, 64, 130, 7, 6);
     check_head(vk, ops, BN_VK_HEAD_F32, 8, 65, 3, 5);
+    /* 16 x rows or more: four invocations a head row, each four of 16. */
+    check_head(vk, ops, BN_VK_HEAD_F16, 2560, 300, 0, 64);
+    check_head(vk, ops, BN_VK_HEAD_F32, 64, 131, 7, 21);
+    check_head(vk, ops, BN_VK_HEAD_F16, 256, 1001, 13, 16);
+    check_head(vk, ops, BN_VK_HEAD_F32, 40, 77, 0, 37);
     check_head(vk, ops, BN_VK_HEAD_F16, 16, 1, 0, 1);
     check_head(vk, ops, BN_VK_HEAD_F16, 2560, 300, 50, 1); /* one x row: its own kernel */
     check_head(vk, ops, BN_VK_HEAD_F32, 64, 77, 7, 1);

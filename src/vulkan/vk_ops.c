@@ -16,15 +16,16 @@
 extern const unsigned char bn_vk_spv_attention[], bn_vk_spv_attention_split[],
     bn_vk_spv_attention_split_f64[], bn_vk_spv_attention_split_f64_sg[], bn_vk_spv_attention_f64[],
     bn_vk_spv_rmsnorm[], bn_vk_spv_rmsnorm_f64[], bn_vk_spv_head_matvec[],
-    bn_vk_spv_head_matvec_rows[], bn_vk_spv_head_matvec_row1[], bn_vk_spv_argmax_rows[],
-    bn_vk_spv_attention_rows[], bn_vk_spv_attention_f64_rows[], bn_vk_spv_attention_group[],
-    bn_vk_spv_attention_group_f64[];
+    bn_vk_spv_head_matvec_rows[], bn_vk_spv_head_matvec_rows16[], bn_vk_spv_head_matvec_row1[],
+    bn_vk_spv_argmax_rows[], bn_vk_spv_attention_rows[], bn_vk_spv_attention_f64_rows[],
+    bn_vk_spv_attention_group[], bn_vk_spv_attention_group_f64[];
 extern const size_t bn_vk_spv_attention_len, bn_vk_spv_attention_split_len,
     bn_vk_spv_attention_split_f64_len, bn_vk_spv_attention_split_f64_sg_len,
     bn_vk_spv_attention_f64_len, bn_vk_spv_rmsnorm_len, bn_vk_spv_rmsnorm_f64_len,
-    bn_vk_spv_head_matvec_len, bn_vk_spv_head_matvec_rows_len, bn_vk_spv_head_matvec_row1_len,
-    bn_vk_spv_argmax_rows_len, bn_vk_spv_attention_rows_len, bn_vk_spv_attention_f64_rows_len,
-    bn_vk_spv_attention_group_len, bn_vk_spv_attention_group_f64_len;
+    bn_vk_spv_head_matvec_len, bn_vk_spv_head_matvec_rows_len, bn_vk_spv_head_matvec_rows16_len,
+    bn_vk_spv_head_matvec_row1_len, bn_vk_spv_argmax_rows_len, bn_vk_spv_attention_rows_len,
+    bn_vk_spv_attention_f64_rows_len, bn_vk_spv_attention_group_len,
+    bn_vk_spv_attention_group_f64_len;
 
 struct bn_vk_ops {
     /* For passes of at least ATTN_ROWS_MIN rows, the same attention a
@@ -32,7 +33,7 @@ struct bn_vk_ops {
      * ATTN_GROUP_MAX query heads of ATTN_GROUP_VALUES values together), or
      * in workgroups of ATTN_ROWS_INVOCATIONS (attention_rows: others). */
     bn_vk_kernel *attention, *attention_rows, *attention_group, *split, *rmsnorm, *head, *head_rows,
-        *head_row1, *argmax;
+        *head_rows16, *head_row1, *argmax;
 };
 
 /* The shaders' push constants, in their order. Both attentions take
@@ -138,6 +139,10 @@ static bn_status create(bn_vk *vk, bool split_subgroups, bn_vk_ops **out, bn_err
                                  bn_vk_spv_head_matvec_rows_len, 3, sizeof(head_params),
                                  &ops->head_rows, err);
     if (st == BN_OK)
+        st = bn_vk_kernel_create(vk, "head_matvec_rows16", bn_vk_spv_head_matvec_rows16,
+                                 bn_vk_spv_head_matvec_rows16_len, 3, sizeof(head_params),
+                                 &ops->head_rows16, err);
+    if (st == BN_OK)
         st = bn_vk_kernel_create(vk, "head_matvec_row1", bn_vk_spv_head_matvec_row1,
                                  bn_vk_spv_head_matvec_row1_len, 3, sizeof(head_params),
                                  &ops->head_row1, err);
@@ -174,6 +179,7 @@ void bn_vk_ops_free(bn_vk *vk, bn_vk_ops *ops)
     bn_vk_kernel_free(vk, ops->rmsnorm);
     bn_vk_kernel_free(vk, ops->head);
     bn_vk_kernel_free(vk, ops->head_rows);
+    bn_vk_kernel_free(vk, ops->head_rows16);
     bn_vk_kernel_free(vk, ops->head_row1);
     bn_vk_kernel_free(vk, ops->argmax);
     free(ops);
@@ -358,9 +364,14 @@ bn_status bn_vk_head_record(bn_vk *vk, bn_vk_ops *ops, bn_vk_buffer *head, bn_vk
     const head_params p = {(uint32_t)n_rows, (uint32_t)dim,   (uint32_t)rows,
                            (uint32_t)ld,     (uint32_t)first, type == BN_VK_HEAD_F16};
     bn_vk_buffer *const buffers[3] = {head, x, logits};
-    /* dim a multiple of 8: a head row an invocation, 64 a workgroup, x
-     * rows four at a time (head_matvec_rows.comp) or, for one, alone
-     * (head_matvec_row1.comp); else eight head rows a workgroup. */
+    /* dim a multiple of 8: for one x row a head row an invocation, 64 a
+     * workgroup (head_matvec_row1.comp); for up to 15, four x rows an
+     * invocation (head_matvec_rows.comp); for more, four invocations a
+     * head row, so 16 a workgroup, reading it together for 16 x rows
+     * (head_matvec_rows16.comp); else eight head rows a workgroup. */
+    if (dim % 8 == 0 && rows >= 16)
+        return bn_vk_dispatch_groups(vk, ops->head_rows16, buffers, &p,
+                                     ((uint64_t)n_rows + 15) / 16, err);
     if (dim % 8 == 0)
         return bn_vk_dispatch_groups(vk, rows == 1 ? ops->head_row1 : ops->head_rows,
                                      buffers, &p, ((uint64_t)n_rows + 63) / 64, err);

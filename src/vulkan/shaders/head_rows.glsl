@@ -1,13 +1,22 @@
 // LM head logits as head_matvec.comp computes them (dot_f32: eight lanes,
 // element i in lane i % 8, each lane in order, multiply then add, the
 // lanes added ((0+1)+(2+3))+((4+5)+(6+7))), for dims that are a multiple
-// of 8: one invocation a head row holds all eight lanes, so each step
-// loads eight of its values at once (16 bytes of F16, 32 of F32). x rows
-// XROWS at a time: head_matvec_rows.comp takes four (each head value read
-// once for four), head_matvec_row1.comp one, for a decode step's single
-// row, with a quarter of the accumulators (NVIDIA's H200, 128256 F16 rows
-// of 2560: 665 us for one row through the four-row kernel, which computed
-// it four times, 385 us through this one).
+// of 8: one invocation a head row and XROWS x rows holds all eight lanes
+// of each, so each step loads eight of the head row's values at once (16
+// bytes of F16, 32 of F32). head_matvec_row1.comp takes one x row, for a
+// decode step's single row, with a quarter of the accumulators (NVIDIA's
+// H200, 128256 F16 rows of 2560: 665 us for one row through the four-row
+// kernel, which computed it four times, 385 us through this one);
+// head_matvec_rows.comp four, each head value read once for four.
+// head_matvec_rows16.comp spreads a head row over XGROUPS neighbouring
+// invocations, each four x rows of sixteen: they read the same head values
+// together, so the head is read once for sixteen x rows, not four. Each
+// logit's sums are the same in every form.
+
+#ifndef XGROUPS
+#define XGROUPS 1u
+#endif
+const uint kHeadRows = 64u / XGROUPS; // head rows a workgroup
 
 layout(local_size_x = 64) in;
 
@@ -28,14 +37,15 @@ layout(push_constant) uniform Params {
 
 void main()
 {
-    const uint j = (gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x) * 64u +
-                   gl_LocalInvocationID.x;
+    const uint j = (gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x) * kHeadRows +
+                   gl_LocalInvocationID.x / XGROUPS;
+    const uint group = gl_LocalInvocationID.x % XGROUPS; // x rows 4 group .. of each 16
     if (j >= p.n_rows)
         return; // no barriers here
     const uint steps = p.dim / 8u, d4 = p.dim / 4u;
     // Step s of row j in uvec4s: (j * steps + s) * per.
     const uint per = p.f16 != 0u ? 1u : 2u;
-    for (uint r0 = 0u; r0 < p.rows; r0 += XROWS) {
+    for (uint r0 = group * XROWS; r0 < p.rows; r0 += XROWS * XGROUPS) {
         const uint last = p.rows - 1u;
         uint xr[XROWS];
         for (uint k = 0u; k < XROWS; k++)
