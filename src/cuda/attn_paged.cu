@@ -7,8 +7,8 @@
  * keys and values for positions 0..row_pos[r] live in cache rows
  * tables[seq * max_blocks + t / block_size] * block_size + t % block_size.
  *
- * One block per (row, kv head, split): its warps are the q heads that
- * share the kv head (GQA), so each cache row is read once for all of them;
+ * One block per (row, kv head, split), covering the q heads that share
+ * the kv head (GQA), so each cache row is read once for all of them;
  * the positions are split into `splits` ranges of whole 32-position tiles,
  * so that a pass of few rows still has blocks enough to keep the memory
  * busy. The block gathers tiles through the table into shared memory; over
@@ -17,10 +17,11 @@
  * over an fp16 cache the four warps compute the tile on the tensor cores
  * (attn_paged_mma_kernel, below). With one split the block writes the head's
  * output; with more, each writes its unnormalised sum with its max and
- * weight, and paged_merge combines a row's splits in split order.
+ * weight, and paged_merge combines a row's splits in split order (or, with
+ * bn_cb_attn_paged_shares, the next norm does: attn_paged_shares.cuh).
  *
- * A row takes only the splits its own length needs (paged_row_splits: about 128
- * positions each, at most the launch's), so a launch sized for the whole
+ * A row takes only the splits its own length needs (paged_row_splits:
+ * about 128 positions each, at most the launch's), so a launch sized for the whole
  * context (a captured pass, which cannot know the lengths) costs little
  * more than one sized for the rows: the other blocks return at once, and
  * the merge reads only the shares written.
