@@ -246,14 +246,6 @@ struct Device {
     int32_t *seq, *pos, *tables;
 };
 
-template <class T> T *upload(const std::vector<T> &h)
-{
-    T *d = nullptr;
-    CUDA_CHECK(cudaMalloc((void **)&d, h.size() * sizeof(T)));
-    CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-
 Device to_device(const Batch &b)
 {
     Device d;

@@ -393,14 +393,6 @@ std::vector<float> reference(const Batch &b)
     return out;
 }
 
-template <class T> T *upload(const std::vector<T> &h)
-{
-    T *d = nullptr;
-    CUDA_CHECK(cudaMalloc((void **)&d, h.size() * sizeof(T)));
-    CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-
 struct Device {
     float *q, *out, *ws, *k32, *v32;
     __half *k16, *v16;

@@ -240,6 +240,15 @@ static double time_calls(const std::function<cudaError_t(int, cudaStream_t)> &fn
     return us;
 }
 
+/* A device copy of h (cudaMalloc'd: the caller frees it). */
+template <class T> T *upload(const std::vector<T> &h)
+{
+    T *d = nullptr;
+    CUDA_CHECK(cudaMalloc((void **)&d, h.size() * sizeof(T)));
+    CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+
 /* Device-to-device copy bandwidth, bytes read + written per second (GB/s). */
 static double copy_gbs()
 {

@@ -90,17 +90,10 @@ static Head make_head(int64_t vocab, int dim)
         h.scale[(size_t)v] = s;
         h.e[(size_t)v] = (float)(1.01 * (0.501 * s + g * (m + 127.0 * s)));
     }
-    CUDA_CHECK(cudaMalloc((void **)&h.d_hf, h.hf.size() * sizeof(__half)));
-    CUDA_CHECK(
-        cudaMemcpy(h.d_hf, h.hf.data(), h.hf.size() * sizeof(__half), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMalloc((void **)&h.d_q, h.q.size()));
-    CUDA_CHECK(cudaMemcpy(h.d_q, h.q.data(), h.q.size(), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMalloc((void **)&h.d_scale, (size_t)vocab * sizeof(float)));
-    CUDA_CHECK(cudaMemcpy(h.d_scale, h.scale.data(), (size_t)vocab * sizeof(float),
-                          cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMalloc((void **)&h.d_e, (size_t)vocab * sizeof(float)));
-    CUDA_CHECK(
-        cudaMemcpy(h.d_e, h.e.data(), (size_t)vocab * sizeof(float), cudaMemcpyHostToDevice));
+    h.d_hf = upload(h.hf);
+    h.d_q = upload(h.q);
+    h.d_scale = upload(h.scale);
+    h.d_e = upload(h.e);
     return h;
 }
 
@@ -155,17 +148,11 @@ static Rows make_rows(int n, int dim)
         r.L[i] = (float)(L * (1.0 + 1e-6));
         r.ex[i] = (float)(ex * (1.0 + 1e-6));
     }
-    CUDA_CHECK(cudaMalloc((void **)&r.d_parts, r.parts.size() * sizeof(__half)));
-    CUDA_CHECK(cudaMemcpy(r.d_parts, r.parts.data(), r.parts.size() * sizeof(__half),
-                          cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMalloc((void **)&r.d_codes, r.codes.size()));
-    CUDA_CHECK(cudaMemcpy(r.d_codes, r.codes.data(), r.codes.size(), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMalloc((void **)&r.d_sx, n * sizeof(float)));
-    CUDA_CHECK(cudaMemcpy(r.d_sx, r.sx.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMalloc((void **)&r.d_L, n * sizeof(float)));
-    CUDA_CHECK(cudaMemcpy(r.d_L, r.L.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMalloc((void **)&r.d_ex, n * sizeof(float)));
-    CUDA_CHECK(cudaMemcpy(r.d_ex, r.ex.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    r.d_parts = upload(r.parts);
+    r.d_codes = upload(r.codes);
+    r.d_sx = upload(r.sx);
+    r.d_L = upload(r.L);
+    r.d_ex = upload(r.ex);
     return r;
 }
 
