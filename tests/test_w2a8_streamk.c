@@ -37,7 +37,9 @@ int main(void)
     CHECK(!bn_w2a8_cuda_streamk_plan_check(4, 4, 0, why, sizeof why) && why[0] != '\0');
 
     /* The table's pick on an H200's 132 SMs with wgmma (docs/KERNELS.md),
-     * from 65 rows: 256-row tiles once they fill the SMs, else 192-row
+     * from 65 rows: the mma-rows kernel (four tiles a warp) up to 128
+     * rows where the 192 x 64 tiles number at most a quarter of the SMs,
+     * then 256-row tiles once they fill three quarters of the SMs, else 192-row
      * tiles (stream-K where it pays) once they do or the rows are long,
      * else 192 x 64 where its tiles fit one wave, else 128-row tiles
      * (stream-K where it pays); one row the GEMV; up to 3 rows on matrices
@@ -61,8 +63,13 @@ int main(void)
         {512, 5120, 27648, 1, 132, K(WGMMA_192X128_STREAMK)},
         {512, 55296, 5120, 1, 132, K(WGMMA_256X128)},
         {16, 2560, 2560, 1, 132, K(MMA_ROWS_X2)},
-        /* 192-row tiles fill the SMs, 256-row ones not */
-        {512, 8192, 2560, 1, 132, K(WGMMA_192X128)},
+        /* 256-row tiles fill three quarters of the SMs */
+        {512, 8192, 2560, 1, 132, K(WGMMA_256X128)},
+        {256, 13824, 2560, 1, 132, K(WGMMA_256X128)},
+        {128, 13824, 2560, 1, 132, K(WGMMA_128X128)},
+        /* 192-row tiles fill the SMs, 256-row ones not three quarters
+         * of them (172 tiles of 192 rows, 128 of 256, on 172 SMs) */
+        {512, 8192, 2560, 1, 172, K(WGMMA_192X128)},
         /* 192 x 64 tiles over one wave; stream-K pays */
         {512, 4608, 6912, 1, 132, K(WGMMA_128X128_STREAMK)},
         /* without wgmma */
@@ -105,8 +112,12 @@ int main(void)
         {48, 2560, 16384, 0, 132, K(MMA_ROWS_X4)},
         {48, 2560, 16128, 0, 132, K(MMA_ROWS_X2)},
         {96, 13824, 2560, 1, 132, K(WGMMA_128X128)},
-        {96, 2560, 6912, 1, 132, K(WGMMA_192X64)},
-        {128, 2560, 2560, 1, 132, K(WGMMA_192X64)},
+        /* 65-128 rows where the 192 x 64 tiles number at most a quarter
+         * of the SMs: the mma-rows kernel, four tiles a warp */
+        {96, 2560, 6912, 1, 132, K(MMA_ROWS_X4)},
+        {128, 2560, 2560, 1, 132, K(MMA_ROWS_X4)},
+        {128, 3840, 2560, 1, 132, K(WGMMA_192X64)},
+        {192, 2560, 2560, 1, 132, K(WGMMA_192X64)},
         {128, 55296, 5120, 1, 132, K(WGMMA_256X128)},
         {256, 2560, 2560, 1, 132, K(WGMMA_192X64)},
         {48, 2560, 2560, 0, 132, K(MMA_ROWS_X2)},

@@ -7,12 +7,14 @@
  * docs/PERFORMANCE.md has the figures): one row is the GEMV; up to 64 rows
  * the GEMV's weight stream met by every row (dp4a for 2-3 rows on small
  * matrices, else mma fragments), except where the 192 x 64 wgmma tiles
- * fill half the SMs; beyond, with wgmma, the widest warp-specialized tiles
- * that still fill every SM, since per multiply-add they move fewer
- * activation bytes, and 192 x 64 where those fit one wave; without wgmma
- * the mma.sync kernels. A kernel's stream-K form (its tiles' k-tiles shared
- * evenly by the SMs) replaces it where the caller gives a workspace and
- * stream-K spares the busiest SM at least kStreamkMinSaved k-tiles.
+ * fill half the SMs; to 128 rows the mma-rows kernel again where 192 x 64
+ * tiles would leave most SMs idle; beyond, with wgmma, the widest
+ * warp-specialized tiles that fill most SMs in one wave, since per
+ * multiply-add they move fewer activation bytes, and 192 x 64 where those
+ * fit one wave; without wgmma the mma.sync kernels. A kernel's stream-K
+ * form (its tiles' k-tiles shared evenly by the SMs) replaces it where the
+ * caller gives a workspace and stream-K spares the busiest SM at least
+ * kStreamkMinSaved k-tiles.
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -85,9 +87,13 @@ static bool tiles_192x64_one_wave(const gemm_shape *s)
     return tiles_of(s, 192, 64) <= s->sms;
 }
 
-static bool tiles_256x128_fill(const gemm_shape *s)
+/* The 256 x 128 tiles fill three quarters of the SMs: one wave of the
+ * widest tiles beats two of narrower ones (13824 x 2560 at M = 256, 108
+ * tiles on 132 SMs: 18.4 us against 26.6 for 192 x 128 and 24.9 for
+ * 128 x 128). */
+static bool tiles_256x128_most(const gemm_shape *s)
 {
-    return tiles_of(s, 256, 128) >= s->sms;
+    return tiles_of(s, 256, 128) * 4 >= s->sms * 3;
 }
 
 static bool tiles_192x128_fill(const gemm_shape *s)
@@ -98,6 +104,15 @@ static bool tiles_192x128_fill(const gemm_shape *s)
 static bool tiles_128x128_64(const gemm_shape *s)
 {
     return tiles_of(s, 128, 128) >= 64;
+}
+
+/* The 192 x 64 tiles number at most a quarter of the SMs: the mma-rows
+ * kernel's many small blocks use the device better over 65-128 rows
+ * (2560 x 2560 at M = 128: 8.6 us against 10.8; 2560 x 6912: 16.7
+ * against 20.4; at 40 tiles, 3840 x 2560, 11.6 against 9.7). */
+static bool tiles_192x64_quarter(const gemm_shape *s)
+{
+    return tiles_of(s, 192, 64) * 4 <= s->sms;
 }
 
 /* The 256 x 64 pipelined tiles number about two an SM or more. */
@@ -126,7 +141,8 @@ static const gemm_rule kRules[] = {
     {33, 64,        ANY_DEVICE, k_16384,                BN_W2A8_MMA_ROWS_X4},
     {2, 64,         ANY_DEVICE, many_columns,           BN_W2A8_MMA_ROWS_X4},
     {2, 64,         ANY_DEVICE, always,                 BN_W2A8_MMA_ROWS_X2},
-    {65, MAX_ROWS,  WGMMA,      tiles_256x128_fill,     BN_W2A8_WGMMA_256X128},
+    {65, 128,       WGMMA,      tiles_192x64_quarter,   BN_W2A8_MMA_ROWS_X4},
+    {65, MAX_ROWS,  WGMMA,      tiles_256x128_most,     BN_W2A8_WGMMA_256X128},
     {65, MAX_ROWS,  WGMMA,      tiles_192x128_fill,     BN_W2A8_WGMMA_192X128},
     {65, MAX_ROWS,  WGMMA,      k_16384,                BN_W2A8_WGMMA_192X128},
     {65, MAX_ROWS,  WGMMA,      tiles_192x64_one_wave,  BN_W2A8_WGMMA_192X64},
