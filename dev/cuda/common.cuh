@@ -83,6 +83,7 @@ struct Problem {
     float *d_scale = nullptr, *d_y = nullptr;
     int32_t *d_sum = nullptr, *d_ws = nullptr;
     std::vector<void *> copies; /* weight copies rotated by the timings */
+    std::vector<int8_t> codes;  /* the n x k codes in -1..1 (make_problem's keep_codes) */
 
     w2a8_args args(int sm_count) const
     {
@@ -91,7 +92,7 @@ struct Problem {
     }
 };
 
-static Problem make_problem(int64_t n, int64_t k, int64_t m)
+static Problem make_problem(int64_t n, int64_t k, int64_t m, bool keep_codes = false)
 {
     Problem p;
     bn_cuda_layout_init(&p.l, n, k);
@@ -123,6 +124,8 @@ static Problem make_problem(int64_t n, int64_t k, int64_t m)
         }
     std::vector<uint8_t> packed(p.l.bytes);
     bn_cuda_layout_pack(&p.l, w.data(), packed.data());
+    if (keep_codes)
+        p.codes.swap(w);
     CUDA_CHECK(cudaMalloc(&p.d_w, p.l.bytes));
     CUDA_CHECK(cudaMemcpy(p.d_w, packed.data(), p.l.bytes, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMalloc((void **)&p.d_x, x.size()));
