@@ -228,28 +228,78 @@ static bn_status product(const pass *p, int l, int which, float *y, bn_cuda_stag
     return st != BN_OK ? st : stage_done(p, stage, n, -1);
 }
 
-/* qkv = Wqkv xq, the raw q|k|v. Where the decode attention computes the
- * product itself (b->form.attn_qkv) this stage launches nothing. */
-static bn_status qkv(const pass *p, int l)
-{
-    if (p->decode && p->b->form.attn_qkv)
-        return stage_done(p, BN_CUDA_STAGE_QKV, 0, -1);
-    return product(p, l, G_QKV, p->b->qkv, BN_CUDA_STAGE_QKV);
-}
-
-/* q = rope(qkv_q * sq), k = rope(qkv_k * sk), v = qkv_v * sv; k and v into
- * the layer's cache at the rows' positions. The fp32 cache's decode step
- * does this inside its attention kernel: no stage here. */
 /* A layer's part of the paged cache (K or V: which is b->d_pk or b->d_pv). */
 static void *layer_paged(const bn_cuda_backend *b, void *which, int l)
 {
     return (char *)which + (size_t)l * (size_t)b->paged_rows * (size_t)b->kv_dim * b->kv_elem;
 }
 
+/* Rows of many sequences whose q|k|v product takes its epilogue along
+ * (bn_w2a8_cuda_gemm_qkv: scale, RoPE, k and v into their paged rows, in
+ * the GEMM's own kernel where the table runs mma rows x2 for it): its
+ * arguments, or false where the product and bn_cb_qkv_post_slots run
+ * apart. */
+static bool qkv_fused(const pass *p, int l, bn_w2a8_cuda_args *a, bn_w2a8_qkv_out *o)
+{
+    const bn_cuda_backend *b = p->b;
+    const group *g = &b->groups[l * G_COUNT + G_QKV];
+    if (!p->paged || !g->fused_ok || b->opt.tp_size > 1)
+        return false;
+    const bn_hparams *hp = &b->hp;
+    *a = w2a8_args(b, g, p->M);
+    a->weights = b->d_w + g->s[0].off;
+    a->n = g->fused.n;
+    a->tiles = g->fused.tiles;
+    a->groups = g->fused.groups;
+    a->y = NULL;
+    const bn_w2a8_qkv_out out = {hp->n_head,
+                                 hp->n_head_kv,
+                                 hp->head_dim,
+                                 hp->rope_dim,
+                                 g->s[0].scale,
+                                 g->s[1].scale,
+                                 g->s[2].scale,
+                                 hp->rope_dim > 0 ? b->rope : NULL,
+                                 b->kv_len,
+                                 p->pos,
+                                 p->paged->d_slot,
+                                 b->q,
+                                 b->q_dim,
+                                 layer_paged(b, b->d_pk, l),
+                                 layer_paged(b, b->d_pv, l),
+                                 b->paged_rows,
+                                 b->kv_f16};
+    *o = out;
+    return bn_w2a8_cuda_gemm_qkv_fits(a, o) != 0;
+}
+
+/* qkv = Wqkv xq, the raw q|k|v. Where the decode attention computes the
+ * product itself (b->form.attn_qkv) this stage launches nothing; where the
+ * product takes its epilogue along (qkv_fused), q, k and v are in place
+ * after it and rope_kv_store launches nothing. */
+static bn_status qkv(const pass *p, int l)
+{
+    if (p->decode && p->b->form.attn_qkv)
+        return stage_done(p, BN_CUDA_STAGE_QKV, 0, -1);
+    bn_w2a8_cuda_args a;
+    bn_w2a8_qkv_out o;
+    if (qkv_fused(p, l, &a, &o)) {
+        BN_CUDA_TRY(p->err, bn_w2a8_cuda_gemm_qkv(&a, &o, p->b->cs));
+        p->b->ran |= 1u << K_GEMM;
+        return stage_done(p, BN_CUDA_STAGE_QKV, 1, -1);
+    }
+    return product(p, l, G_QKV, p->b->qkv, BN_CUDA_STAGE_QKV);
+}
+
+/* q = rope(qkv_q * sq), k = rope(qkv_k * sk), v = qkv_v * sv; k and v into
+ * the layer's cache at the rows' positions. The fp32 cache's decode step
+ * does this inside its attention kernel: no stage here. */
 static bn_status rope_kv_store(const pass *p, int l)
 {
     bn_cuda_backend *b = p->b;
-    if (p->decode && !b->kv_f16)
+    bn_w2a8_cuda_args a;
+    bn_w2a8_qkv_out o;
+    if ((p->decode && !b->kv_f16) || qkv_fused(p, l, &a, &o))
         return BN_OK;
     const bn_hparams *hp = &b->hp;
     const seg *s = b->groups[l * G_COUNT + G_QKV].s;
@@ -498,6 +548,55 @@ static bn_status residual_norm(const pass *p, int l, bn_norm which, bn_cuda_stag
     return stage_done(p, stage, 1, K_ADD_NORM_Q);
 }
 
+/* Layer l's Wo or Wdown (group `which`) over rows of a pass with the
+ * residual add and the next norm + int8 (layer nl's norm `norm`) in the
+ * GEMM's own kernel (bn_w2a8_cuda_gemm_norm_tail): its arguments, or false
+ * where the product and residual_norm run apart (the decode step, tensor
+ * parallelism, kernels other than mma rows). */
+static bool norm_tail(const pass *p, int l, int which, int nl, bn_norm norm, bn_w2a8_cuda_args *a,
+                      bn_w2a8_norm_tail *t)
+{
+    const bn_cuda_backend *b = p->b;
+    const group *g = &b->groups[l * G_COUNT + which];
+    if (p->decode || p->M < 2 || tp_on(b) || g->n_seg != 1)
+        return false;
+    const bn_cuda_layout *lay = g->fused_ok ? &g->fused : &g->s[0].l;
+    const int64_t dim = b->hp.dim;
+    *a = w2a8_args(b, g, p->M);
+    a->weights = b->d_w + g->s[0].off;
+    a->n = lay->n;
+    a->tiles = lay->tiles;
+    a->groups = lay->groups;
+    a->y = b->out;
+    const bn_w2a8_norm_tail tail = {b->x,          dim,        norm_ptr(b, nl, norm),
+                                    b->hp.rms_eps, b->xq,      codes_ld(b, dim, p->M),
+                                    b->act_scale,  b->act_sum, b->tail_counters};
+    *t = tail;
+    return lay->n == dim && bn_w2a8_cuda_gemm_norm_tail_fits(a, t) != 0;
+}
+
+/* out = Wo xq or Wdown xq (group `which`, stage `stage`), then x += out and
+ * xq = q(norm(x)) with layer nl's norm (stage norm_stage); nl < 0: the
+ * product alone (the last layer's down: the output norm follows). Where
+ * norm_tail fits, one kernel; else the product, the ranks' sum under tensor
+ * parallelism, and residual_norm. */
+static bn_status product_norm(const pass *p, int l, int which, bn_cuda_stage stage, int nl,
+                              bn_norm norm, bn_cuda_stage norm_stage)
+{
+    bn_w2a8_cuda_args a;
+    bn_w2a8_norm_tail t;
+    if (nl >= 0 && norm_tail(p, l, which, nl, norm, &a, &t)) {
+        BN_CUDA_TRY(p->err, bn_w2a8_cuda_gemm_norm_tail(&a, &t, p->b->cs));
+        p->b->ran |= 1u << K_GEMM;
+        STAGE(stage_done(p, stage, 1, -1));
+        return stage_done(p, norm_stage, 0, K_ADD_NORM_Q);
+    }
+    STAGE(product(p, l, which, p->b->out, stage));
+    if (tp_on(p->b)) /* out = the sum of the ranks' parts */
+        STAGE(tp_sum(p, p->b->out, stage));
+    return nl >= 0 ? residual_norm(p, nl, norm, norm_stage) : BN_OK;
+}
+
 /* gu = Wgu xq: gate and up raw, or, where the decode step takes them in
  * pairs (b->form.gate_up_pair), h = relu(gate)^2 * up already. */
 static bn_status gate_up(const pass *p, int l)
@@ -565,21 +664,15 @@ static bn_status layer(const pass *p, int l)
     STAGE(rope_kv_store(p, l));
     STAGE(attention(p, l));
     STAGE(attn_sub_norm(p, l));
-    STAGE(product(p, l, G_O, b->out, BN_CUDA_STAGE_O));
-    if (tp_on(b)) /* out = the sum of the ranks' parts */
-        STAGE(tp_sum(p, b->out, BN_CUDA_STAGE_O));
     /* feed-forward: x += out, xq = q(ffn_norm(x)); gate, up = Wgu xq;
      * xq = q(ffn_sub_norm(relu(gate)^2 * up)); out = Wdown xq */
-    STAGE(residual_norm(p, l, BN_NORM_FFN, BN_CUDA_STAGE_FFN_NORM));
+    STAGE(product_norm(p, l, G_O, BN_CUDA_STAGE_O, l, BN_NORM_FFN, BN_CUDA_STAGE_FFN_NORM));
     STAGE(gate_up(p, l));
     STAGE(ffn_sub_norm(p, l));
-    STAGE(product(p, l, G_DOWN, b->out, BN_CUDA_STAGE_DOWN));
-    if (tp_on(b))
-        STAGE(tp_sum(p, b->out, BN_CUDA_STAGE_DOWN));
     /* x += out, with the next layer's xq = q(attn_norm(x)) */
-    if (l + 1 < b->hp.n_layer)
-        STAGE(residual_norm(p, l + 1, BN_NORM_ATTN, BN_CUDA_STAGE_ATTN_NORM));
-    return BN_OK;
+    const int next = l + 1 < b->hp.n_layer ? l + 1 : -1;
+    return product_norm(p, l, G_DOWN, BN_CUDA_STAGE_DOWN, next, BN_NORM_ATTN,
+                        BN_CUDA_STAGE_ATTN_NORM);
 }
 
 /* normed = output_norm(x + out) of the last row only: only its logits are

@@ -9,11 +9,15 @@
  * k to k_padded, and y = ((float)(sum code * x - act_sum) / act_scale) *
  * weight_scale with exact int32 sums, bit-identical to the CPU reference.
  */
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include <atomic>
 
+#include "cuda_layout.h"
+#include "norm_lean.cuh"
+#include "rope.cuh"
 #include "w2a8_epilogue.cuh"
 #include "w2a8_gemv.cuh"
 #include "w2a8_cuda.h"
@@ -205,27 +209,206 @@ __device__ __forceinline__ void mma_rows_group(int32_t (&acc)[TW][4], const uint
     }
 }
 
+/* The q|k|v epilogue's parameters (bn_w2a8_qkv_out, as the kernel reads
+ * them): its columns pair tile t of a head with tile t + pair (pair =
+ * head_dim / 16), the two halves of its rotation. */
+struct MmaQkv {
+    float *q;
+    int64_t ldq;
+    void *k_cache, *v_cache;
+    int kv_f16;
+    const int32_t *pos, *slot;
+    const float2 *table;
+    int64_t table_len, capacity;
+    int q_dim, kv_dim, head_dim, half, pair;
+    float sq, sk, sv;
+};
+
+/* The first tile of column c and the step to its next: TW consecutive
+ * tiles, or (the q|k|v epilogue, TW = 2) tiles i and i + pair of head
+ * c / pair, i = c % pair. */
+template <bool kPaired, int TW>
+__device__ __forceinline__ int64_t mma_rows_tile0(int64_t c, const MmaQkv &qkv)
+{
+    return kPaired ? (c / qkv.pair) * 2 * qkv.pair + c % qkv.pair : c * TW;
+}
+
+/* The q|k|v epilogue's output `out` of activation row `row`: its part
+ * (0 q, 1 k, 2 v), its index in that part and the part's scale. */
+struct QkvAt {
+    int region, local;
+    float sc;
+};
+
+__device__ __forceinline__ QkvAt qkv_at(const MmaQkv &o, int64_t out)
+{
+    const int idx = (int)out;
+    QkvAt a;
+    a.region = idx < o.q_dim ? 0 : idx < o.q_dim + o.kv_dim ? 1 : 2;
+    a.local = a.region == 0 ? idx : a.region == 1 ? idx - o.q_dim : idx - o.q_dim - o.kv_dim;
+    a.sc = a.region == 0 ? o.sq : a.region == 1 ? o.sk : o.sv;
+    return a;
+}
+
+/* What an output needs besides its sums: the (cos, sin) of its rotation
+ * pair (NaN where the row's position p is outside the table: its q is then
+ * NaN) and its cache row (-1: stored nowhere), from the row's position and
+ * slot (loaded before the product). */
+struct QkvPlace {
+    float2 cs;
+    int crow;
+};
+
+__device__ __forceinline__ QkvPlace qkv_place(const MmaQkv &o, int64_t out, bool low, int p,
+                                              int slot)
+{
+    const QkvAt at = qkv_at(o, out);
+    const bool in_table = p >= 0 && (int64_t)p < o.table_len;
+    QkvPlace pl;
+    pl.cs = make_float2(1.0f, 0.0f);
+    if (at.region != 2 && o.half > 0) {
+        const int d = at.local % o.head_dim;
+        pl.cs = in_table ? __ldg(o.table + (int64_t)p * o.half + (low ? d : d - o.half))
+                         : make_float2(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000));
+    }
+    pl.crow = at.region == 0 || (o.half > 0 && !in_table) ? -1 : slot;
+    return pl;
+}
+
+/* Output j (tile t = j / 8 of the pair, row j % 8) of one activation row
+ * in the q|k|v epilogue: total and its rotation partner's (j ^ 8) int32
+ * sums, turned into q, k or v and stored as bn_cb_qkv_post_slots does:
+ * raw = the GEMM's value, then each part's scale, RoPE from the table, k
+ * and v into the row's cache slot. */
+__device__ __forceinline__ void mma_rows_qkv_store(const MmaQkv &o, int64_t row, int64_t out,
+                                                   bool low, int32_t total, int32_t partner,
+                                                   int32_t sum, float act_scale, float w_scale,
+                                                   const QkvPlace &pl)
+{
+    const QkvAt at = qkv_at(o, out);
+    const float raw = w2a8_epilogue(total - sum, act_scale, w_scale);
+    float v;
+    if (at.region == 2 || o.half == 0) {
+        v = __fmul_rn(raw, at.sc);
+    } else {
+        const float praw = w2a8_epilogue(partner - sum, act_scale, w_scale);
+        v = rope_pair(__fmul_rn(raw, at.sc), __fmul_rn(praw, at.sc), low, pl.cs);
+    }
+    if (at.region == 0) {
+        o.q[row * o.ldq + at.local] = v;
+        return;
+    }
+    if (pl.crow < 0 || (int64_t)pl.crow >= o.capacity)
+        return;
+    const int64_t idx = (int64_t)pl.crow * o.kv_dim + at.local;
+    void *cache = at.region == 1 ? o.k_cache : o.v_cache;
+    if (o.kv_f16)
+        static_cast<__half *>(cache)[idx] = __float2half_rn(v);
+    else
+        static_cast<float *>(cache)[idx] = v;
+}
+
+/* The residual + norm tail's parameters (bn_w2a8_norm_tail). */
+struct MmaTail {
+    float *x;
+    int64_t ldx;
+    const float *w;
+    float eps;
+    int8_t *q;
+    int64_t ldq;
+    float *scale;
+    int32_t *sum;
+    unsigned *counters;
+};
+
+/* Rows the tail's counters cover (16 a strip), and float4 a thread of its
+ * norm: rows of up to 20 values a thread of the GEMM's block. */
+constexpr int kTailStrips = BN_W2A8_TAIL_COUNTERS / 2;
+constexpr int kTailV4 = 5;
+
+/* After a block of strip m0 / 16 has added its outputs to x: the last 16
+ * blocks of the strip to get here (by a ticket) each norm one of its rows
+ * once every block of the strip has added its outputs, with the lean norm
+ * kernel's body (the same codes, scale and sum); the last of them leaves
+ * the strip's counters at zero for the next launch. Only the strip's last
+ * blocks wait, for blocks that are running or about to (the launcher
+ * keeps the rows under half the blocks the device holds at once); a wait
+ * of over ~2 s (a broken counter) traps instead of hanging. scratch: the
+ * block's shared memory, free once every thread has passed the first
+ * barrier. */
+__device__ void mma_rows_norm_tail(const MmaTail &t, int64_t k, int64_t m, int64_t m0,
+                                   int64_t row_blocks, void *scratch)
+{
+    __shared__ unsigned ticket;
+    const int64_t strip = m0 / kMmaRows;
+    const unsigned blocks = (unsigned)(gridDim.x / row_blocks);
+    const unsigned rows = (unsigned)min((int64_t)kMmaRows, m - m0);
+    __threadfence(); /* this thread's x, before the block's ticket */
+    __syncthreads();
+    if (threadIdx.x == 0)
+        ticket = atomicAdd(t.counters + strip, 1u);
+    __syncthreads();
+    const unsigned first = blocks - rows;
+    if (ticket < first)
+        return;
+    if (threadIdx.x == 0) {
+        const long long start = clock64();
+        while (atomicAdd(t.counters + strip, 0u) < blocks) {
+            __nanosleep(32);
+            if (clock64() - start > (1ll << 32))
+                __trap();
+        }
+        __threadfence(); /* every block's x, before this block reads it */
+    }
+    __syncthreads();
+    NormQuantArgs a = {};
+    a.x = t.x;
+    a.ldx = t.ldx;
+    a.k = k;
+    a.w = t.w;
+    a.eps = t.eps;
+    a.q = t.q;
+    a.ldq = t.ldq;
+    a.scale = t.scale;
+    a.sum = t.sum;
+    lean_norm_row<kSrcPlain, kTailV4, true>(a, m0 + (ticket - first),
+                                            *static_cast<LeanRed *>(scratch));
+    if (threadIdx.x == 0 && atomicAdd(t.counters + kTailStrips + strip, 1u) == rows - 1) {
+        t.counters[strip] = 0;
+        t.counters[kTailStrips + strip] = 0;
+    }
+}
+
+/* What the kernel does with its int32 sums: y (the W2A8 contract), the
+ * q|k|v epilogue, or x += y and the residual + norm tail. */
+constexpr int kOutY = 0, kOutQkv = 1, kOutTail = 2;
+
 /* Block: COLS columns of WARPS warps; column c of weight block wb owns
- * tiles (wb COLS + c) TW .. + TW - 1, its warps splitting K. Block b is
- * row block b % row_blocks (activation rows 16 (b % row_blocks) ..) of
- * weight block b / row_blocks. */
-template <int WARPS, int COLS, int TW>
+ * TW tiles from mma_rows_tile0(wb COLS + c), its warps splitting K. Block
+ * b is row block b % row_blocks (activation rows 16 (b % row_blocks) ..)
+ * of weight block b / row_blocks. */
+template <int WARPS, int COLS, int TW, int kOut>
 __global__ void __launch_bounds__(32 * WARPS * COLS)
     mma_rows_kernel(const uint4 *__restrict__ w, const int8_t *__restrict__ x, int64_t ldx,
                     int64_t m, int64_t n, int64_t groups, int64_t tiles, int64_t row_blocks,
                     const float *__restrict__ act_scale, const int32_t *__restrict__ act_sum,
-                    float w_scale, float *__restrict__ y, int64_t ldy)
+                    float w_scale, float *__restrict__ y, int64_t ldy, const MmaQkv qkv,
+                    const MmaTail tail)
 {
+    constexpr bool kQkv = kOut == kOutQkv;
+    static_assert(!kQkv || TW == 2, "the q|k|v epilogue pairs two tiles a column");
     constexpr int kCols = TW * kTileRows;
     /* Loads of kBatch chunk-groups in flight: 32 registers of weight words. */
     constexpr int kBatch = 8 / TW;
-    __shared__ int32_t partial[COLS][WARPS][kMmaRows][kCols];
+    __shared__ __align__(16) int32_t partial[COLS][WARPS][kMmaRows][kCols];
+    static_assert(sizeof partial >= sizeof(LeanRed), "the norm tail's scratch");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int col = warp / WARPS, split = warp % WARPS;
     const int gid = lane >> 2, tig = lane & 3;
     const int64_t wb = (int64_t)blockIdx.x / row_blocks;
     const int64_t m0 = ((int64_t)blockIdx.x % row_blocks) * kMmaRows;
-    const int64_t tile0 = (wb * COLS + col) * TW;
+    const int64_t tile0 = mma_rows_tile0<kQkv, TW>(wb * COLS + col, qkv);
+    const int64_t tstep = kQkv ? qkv.pair : 1;
 
     const int8_t *xlo = m0 + gid < m ? x + (m0 + gid) * ldx + 16 * tig : nullptr;
     const int8_t *xhi = m0 + gid + 8 < m ? x + (m0 + gid + 8) * ldx + 16 * tig : nullptr;
@@ -236,7 +419,26 @@ __global__ void __launch_bounds__(32 * WARPS * COLS)
     bool live[TW];
 #pragma unroll
     for (int t = 0; t < TW; t++)
-        live[t] = tile0 + t < tiles;
+        live[t] = tile0 + t * tstep < tiles;
+
+    /* The q|k|v epilogue: the positions and cache slots of the (at most
+     * two) activation rows this thread's outputs belong to, rows r0 and
+     * r0 ^ 8 (the output loop below steps by the block, a multiple of
+     * 8 kCols outputs), read now so that the epilogue waits for nothing
+     * but the table. */
+    constexpr int kOuts = kQkv ? kMmaRows * kCols / (32 * WARPS) : 1;
+    const int r0 = (int)(threadIdx.x / kCols) % kMmaRows;
+    int row_pos[2] = {0, 0}, row_slot[2] = {-1, -1};
+    if constexpr (kQkv) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t row = m0 + (r0 ^ (8 * h));
+            if (row < m) {
+                row_pos[h] = __ldg(qkv.pos + row);
+                row_slot[h] = __ldg(qkv.slot + row);
+            }
+        }
+    }
 
     int32_t acc[TW][4];
 #pragma unroll
@@ -253,7 +455,7 @@ __global__ void __launch_bounds__(32 * WARPS * COLS)
 #pragma unroll
             for (int t = 0; t < TW; t++)
                 mma_rows_load_b(b[j][t],
-                                words + ((int64_t)t * groups + g + j * WARPS) * (kBlockBytes / 4),
+                                words + (t * tstep * groups + g + j * WARPS) * (kBlockBytes / 4),
                                 live[t]);
 #pragma unroll
         for (int j = 0; j < kBatch; j++)
@@ -263,7 +465,7 @@ __global__ void __launch_bounds__(32 * WARPS * COLS)
         uint32_t b[TW][4];
 #pragma unroll
         for (int t = 0; t < TW; t++)
-            mma_rows_load_b(b[t], words + ((int64_t)t * groups + g) * (kBlockBytes / 4), live[t]);
+            mma_rows_load_b(b[t], words + (t * tstep * groups + g) * (kBlockBytes / 4), live[t]);
         mma_rows_group<TW>(acc, b, xlo, xhi, g * kGroup);
     }
 
@@ -276,25 +478,69 @@ __global__ void __launch_bounds__(32 * WARPS * COLS)
             partial[col][split][gid + 8 * (e >> 1)][t * kTileRows + 2 * tig + (e & 1)] =
                 acc[t][e];
     __syncthreads();
-    for (int o = threadIdx.x; o < COLS * kMmaRows * kCols; o += blockDim.x) {
-        const int c = o / (kMmaRows * kCols), r = (o / kCols) % kMmaRows, j = o % kCols;
-        const int64_t row = m0 + r;
-        const int64_t out = (wb * COLS + c) * kCols + j;
-        if (row >= m || out >= n)
-            continue;
-        int total = 0;
+    if constexpr (kQkv) {
+        /* The column's tiles are whole (n is whole heads of whole tiles).
+         * Every output's table entry first, then the stores. */
+        QkvPlace place[kOuts];
 #pragma unroll
-        for (int s = 0; s < WARPS; s++)
-            total += partial[c][s][r][j];
-        y[row * ldy + out] = w2a8_epilogue(total - act_sum[row], act_scale[row], w_scale);
+        for (int i = 0; i < kOuts; i++) {
+            const int o = (int)threadIdx.x + i * (int)blockDim.x;
+            const int c = o / (kMmaRows * kCols), r = (o / kCols) % kMmaRows, j = o % kCols;
+            const int t = j / kTileRows, h = r == r0 ? 0 : 1;
+            const int64_t out =
+                (mma_rows_tile0<true, TW>(wb * COLS + c, qkv) + t * tstep) * kTileRows +
+                j % kTileRows;
+            place[i] = qkv_place(qkv, out, t == 0, row_pos[h], row_slot[h]);
+        }
+#pragma unroll
+        for (int i = 0; i < kOuts; i++) {
+            const int o = (int)threadIdx.x + i * (int)blockDim.x;
+            const int c = o / (kMmaRows * kCols), r = (o / kCols) % kMmaRows, j = o % kCols;
+            const int64_t row = m0 + r;
+            if (row >= m)
+                continue;
+            const int t = j / kTileRows;
+            const int64_t out =
+                (mma_rows_tile0<true, TW>(wb * COLS + c, qkv) + t * tstep) * kTileRows +
+                j % kTileRows;
+            int total = 0, partner = 0;
+#pragma unroll
+            for (int s = 0; s < WARPS; s++) {
+                total += partial[c][s][r][j];
+                partner += partial[c][s][r][j ^ kTileRows];
+            }
+            mma_rows_qkv_store(qkv, row, out, t == 0, total, partner, act_sum[row],
+                               act_scale[row], w_scale, place[i]);
+        }
+    } else {
+        for (int o = threadIdx.x; o < COLS * kMmaRows * kCols; o += blockDim.x) {
+            const int c = o / (kMmaRows * kCols), r = (o / kCols) % kMmaRows, j = o % kCols;
+            const int64_t row = m0 + r;
+            const int64_t out = (wb * COLS + c) * kCols + j;
+            if (row >= m || out >= n)
+                continue;
+            int total = 0;
+#pragma unroll
+            for (int s = 0; s < WARPS; s++)
+                total += partial[c][s][r][j];
+            const float v = w2a8_epilogue(total - act_sum[row], act_scale[row], w_scale);
+            if constexpr (kOut == kOutTail) {
+                float *xr = tail.x + row * tail.ldx + out;
+                *xr = __fadd_rn(__ldcg(xr), v); /* the residual add, as the norm kernel's */
+            } else {
+                y[row * ldy + out] = v;
+            }
+        }
+        if constexpr (kOut == kOutTail)
+            mma_rows_norm_tail(tail, n, m, m0, row_blocks, partial);
     }
 }
 
-/* Blocks of mma_rows_kernel<WARPS, COLS, TW> resident on one SM of device
- * dev (0 if unknown), asked of the runtime once per device. */
+/* Blocks of mma_rows_kernel<WARPS, COLS, TW, kOut> resident on one SM of
+ * device dev (0 if unknown), asked of the runtime once per device. */
 constexpr int kMmaRowsMaxDevices = 64;
 
-template <int WARPS, int COLS, int TW> static int mma_rows_resident(int dev)
+template <int WARPS, int COLS, int TW, int kOut> static int mma_rows_resident(int dev)
 {
     static std::atomic<int> cache[kMmaRowsMaxDevices]; /* 0: not asked yet, -1: unknown */
     if (dev < 0 || dev >= kMmaRowsMaxDevices)
@@ -303,7 +549,8 @@ template <int WARPS, int COLS, int TW> static int mma_rows_resident(int dev)
     if (v == 0) {
         int blocks = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &blocks, mma_rows_kernel<WARPS, COLS, TW>, 32 * WARPS * COLS, 0) != cudaSuccess ||
+                &blocks, mma_rows_kernel<WARPS, COLS, TW, kOut>, 32 * WARPS * COLS, 0) !=
+                cudaSuccess ||
             blocks <= 0) {
             (void)cudaGetLastError();
             blocks = -1;
@@ -331,10 +578,21 @@ template <int S> static int64_t mma_rows_blocks(const MmaRowsGrid &g)
     return (g.columns + C - 1) / C * g.row_blocks;
 }
 
-template <int S, int TW> static bool mma_rows_one_wave(const MmaRowsGrid &g, int dev, int sms)
+template <int S, int TW, int kOut>
+static bool mma_rows_one_wave(const MmaRowsGrid &g, int dev, int sms)
 {
-    const int64_t resident = mma_rows_resident<S, MmaRowsShape<S>::kCols, TW>(dev);
+    const int64_t resident = mma_rows_resident<S, MmaRowsShape<S>::kCols, TW, kOut>(dev);
     return resident > 0 && mma_rows_blocks<S>(g) <= resident * sms;
+}
+
+static int current_device()
+{
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        dev = -1;
+    }
+    return dev;
 }
 
 /* The K split of mma_rows_kernel: the largest (at most 8, at most the
@@ -342,43 +600,70 @@ template <int S, int TW> static bool mma_rows_one_wave(const MmaRowsGrid &g, int
  * until a warp has at most 24 chunk-groups (as the GEMV: more loads in
  * flight sooner). H200, M = 24 on 3840 x 2560: 5.7 us at one wave (split
  * 4) against 7.2 at 1.2 waves (split 8); 20480 x 3200 at M <= 16: split 2
- * (one wave of 4-warp blocks) 10.4 us against 22.8 at split 1. */
-template <int TW> static int mma_rows_split(const MmaRowsGrid &g, int64_t groups, int sm_count)
+ * (one wave of 4-warp blocks) 10.4 us against 22.8 at split 1. With the
+ * occupancy unknown: split 1, then the long-row rule. */
+template <int TW, int kOut>
+static int mma_rows_split(const MmaRowsGrid &g, int64_t groups, int sm_count)
 {
     const int sms = sm_count > 0 ? sm_count : 132;
-    int dev = -1;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        dev = -1; /* occupancy unknown: split 1, then the long-row rule */
-    }
+    const int dev = current_device();
     int split = 1;
-    if (groups >= 8 && mma_rows_one_wave<8, TW>(g, dev, sms))
+    if (groups >= 8 && mma_rows_one_wave<8, TW, kOut>(g, dev, sms))
         split = 8;
-    else if (groups >= 4 && mma_rows_one_wave<4, TW>(g, dev, sms))
+    else if (groups >= 4 && mma_rows_one_wave<4, TW, kOut>(g, dev, sms))
         split = 4;
-    else if (groups >= 2 && mma_rows_one_wave<2, TW>(g, dev, sms))
+    else if (groups >= 2 && mma_rows_one_wave<2, TW, kOut>(g, dev, sms))
         split = 2;
     while (split < 8 && groups > 24 * split)
         split *= 2;
     return split;
 }
 
-template <int WARPS, int TW>
+/* Whether the residual + norm tail can run at split S: a row of n values
+ * is at most kTailV4 float4 a thread, a strip has a block for each of its
+ * rows to norm, and the rows (the most blocks that may wait at once) are
+ * at most half the blocks the device holds. */
+template <int S, int TW>
+static bool tail_holds(const MmaRowsGrid &g, int64_t m, int64_t n, int sm_count)
+{
+    constexpr int C = MmaRowsShape<S>::kCols, T = 32 * S * C;
+    const int64_t resident = mma_rows_resident<S, C, TW, kOutTail>(current_device());
+    const int sms = sm_count > 0 ? sm_count : 132;
+    return n / 4 <= (int64_t)kTailV4 * T && (g.columns + C - 1) / C >= kMmaRows &&
+           resident > 0 && 2 * m <= resident * sms;
+}
+
+template <int TW> static bool tail_fits(const bn_w2a8_cuda_args *a)
+{
+    const MmaRowsGrid g = {(a->tiles + TW - 1) / TW, (a->m + kMmaRows - 1) / kMmaRows};
+    switch (mma_rows_split<TW, kOutTail>(g, a->groups, a->sm_count)) {
+    case 1: return tail_holds<1, TW>(g, a->m, a->n, a->sm_count);
+    case 2: return tail_holds<2, TW>(g, a->m, a->n, a->sm_count);
+    case 4: return tail_holds<4, TW>(g, a->m, a->n, a->sm_count);
+    default: return tail_holds<8, TW>(g, a->m, a->n, a->sm_count);
+    }
+}
+
+template <int WARPS, int TW, int kOut>
 static cudaError_t launch_mma_rows_t(const bn_w2a8_cuda_args *a, const MmaRowsGrid &g,
-                                     cudaStream_t stream)
+                                     const MmaQkv &qkv, const MmaTail &tail, cudaStream_t stream)
 {
     constexpr int COLS = MmaRowsShape<WARPS>::kCols;
     const int64_t blocks = mma_rows_blocks<WARPS>(g);
     if (blocks > 0x7fffffff)
         return cudaErrorInvalidConfiguration;
-    mma_rows_kernel<WARPS, COLS, TW><<<(unsigned)blocks, 32 * WARPS * COLS, 0, stream>>>(
+    mma_rows_kernel<WARPS, COLS, TW, kOut><<<(unsigned)blocks, 32 * WARPS * COLS, 0, stream>>>(
         reinterpret_cast<const uint4 *>(a->weights), a->x, a->ldx, a->m, a->n, a->groups,
-        a->tiles, g.row_blocks, a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy);
+        a->tiles, g.row_blocks, a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy, qkv,
+        tail);
     return cudaGetLastError();
 }
 
-/* BN_W2A8_MMA_ROWS_X2 (TW = 2) and X4 (TW = 4). */
-template <int TW> static cudaError_t launch_mma_rows(const bn_w2a8_cuda_args *a, cudaStream_t stream)
+/* BN_W2A8_MMA_ROWS_X2 (TW = 2) and X4 (TW = 4), writing y (kOutY), or
+ * with the q|k|v epilogue (TW = 2) or the residual + norm tail. */
+template <int TW, int kOut = kOutY>
+static cudaError_t launch_mma_rows(const bn_w2a8_cuda_args *a, cudaStream_t stream,
+                                   const MmaQkv &qkv = MmaQkv(), const MmaTail &tail = MmaTail())
 {
     if (a->m <= 0 || a->n <= 0)
         return cudaSuccess;
@@ -386,11 +671,11 @@ template <int TW> static cudaError_t launch_mma_rows(const bn_w2a8_cuda_args *a,
     if ((a->ldx & 15) != 0 || (reinterpret_cast<uintptr_t>(a->x) & 15) != 0)
         return cudaErrorMisalignedAddress;
     const MmaRowsGrid g = {(a->tiles + TW - 1) / TW, (a->m + kMmaRows - 1) / kMmaRows};
-    switch (mma_rows_split<TW>(g, a->groups, a->sm_count)) {
-    case 1: return launch_mma_rows_t<1, TW>(a, g, stream);
-    case 2: return launch_mma_rows_t<2, TW>(a, g, stream);
-    case 4: return launch_mma_rows_t<4, TW>(a, g, stream);
-    default: return launch_mma_rows_t<8, TW>(a, g, stream);
+    switch (mma_rows_split<TW, kOut>(g, a->groups, a->sm_count)) {
+    case 1: return launch_mma_rows_t<1, TW, kOut>(a, g, qkv, tail, stream);
+    case 2: return launch_mma_rows_t<2, TW, kOut>(a, g, qkv, tail, stream);
+    case 4: return launch_mma_rows_t<4, TW, kOut>(a, g, qkv, tail, stream);
+    default: return launch_mma_rows_t<8, TW, kOut>(a, g, qkv, tail, stream);
     }
 }
 
@@ -399,6 +684,96 @@ template <int TW> static cudaError_t launch_mma_rows(const bn_w2a8_cuda_args *a,
 extern "C" cudaError_t bn_w2a8_cuda_gemm_rows(const bn_w2a8_cuda_args *a, cudaStream_t stream)
 {
     return launch_rows(a, stream);
+}
+
+extern "C" int bn_w2a8_cuda_gemm_qkv_fits(const bn_w2a8_cuda_args *a, const bn_w2a8_qkv_out *o)
+{
+    if (!a || !o || a->m <= 0 || o->head_dim <= 0 || o->head_dim % (2 * kTileRows) != 0 ||
+        o->n_heads <= 0 || o->n_kv_heads <= 0 || (o->rope_dim != 0 && o->rope_dim != o->head_dim) ||
+        a->n != (int64_t)(o->n_heads + 2 * o->n_kv_heads) * o->head_dim ||
+        a->tiles * kTileRows != a->n || a->n > INT32_MAX || !o->pos || !o->slot || !o->q ||
+        !o->k_cache || !o->v_cache || o->ldq < (int64_t)o->n_heads * o->head_dim ||
+        (o->rope_dim > 0 && (!o->rope_table || o->table_len <= 0)))
+        return 0;
+    const int64_t k = a->groups * BN_CUDA_GROUP;
+    return bn_w2a8_cuda_gemm_pick(a->m, a->n, k, bn_w2a8_cuda_gemm_wgmma_usable(), a->sm_count,
+                                  a->streamk != NULL) == BN_W2A8_MMA_ROWS_X2;
+}
+
+extern "C" cudaError_t bn_w2a8_cuda_gemm_qkv(const bn_w2a8_cuda_args *a, const bn_w2a8_qkv_out *o,
+                                             cudaStream_t stream)
+{
+    if (!bn_w2a8_cuda_gemm_qkv_fits(a, o))
+        return cudaErrorNotSupported;
+    MmaQkv q;
+    q.q = o->q;
+    q.ldq = o->ldq;
+    q.k_cache = o->k_cache;
+    q.v_cache = o->v_cache;
+    q.kv_f16 = o->kv_f16;
+    q.pos = o->pos;
+    q.slot = o->slot;
+    q.table = reinterpret_cast<const float2 *>(o->rope_table);
+    q.table_len = o->rope_dim > 0 ? o->table_len : 0;
+    q.capacity = o->capacity;
+    q.q_dim = o->n_heads * o->head_dim;
+    q.kv_dim = o->n_kv_heads * o->head_dim;
+    q.head_dim = o->head_dim;
+    q.half = o->rope_dim / 2;
+    q.pair = o->head_dim / (2 * kTileRows);
+    q.sq = o->scale_q;
+    q.sk = o->scale_k;
+    q.sv = o->scale_v;
+    return launch_mma_rows<2, kOutQkv>(a, stream, q);
+}
+
+/* The table's kernel for a, where it is an mma-rows one: its tiles a warp
+ * (2 or 4), else 0. */
+static int mma_rows_pick(const bn_w2a8_cuda_args *a)
+{
+    const int64_t k = a->groups * BN_CUDA_GROUP;
+    switch (bn_w2a8_cuda_gemm_pick(a->m, a->n, k, bn_w2a8_cuda_gemm_wgmma_usable(), a->sm_count,
+                                   a->streamk != NULL)) {
+    case BN_W2A8_MMA_ROWS_X2: return 2;
+    case BN_W2A8_MMA_ROWS_X4: return 4;
+    default: return 0;
+    }
+}
+
+extern "C" int bn_w2a8_cuda_gemm_norm_tail_fits(const bn_w2a8_cuda_args *a,
+                                                const bn_w2a8_norm_tail *t)
+{
+    if (!a || !t || a->m <= 0 || a->m > (int64_t)kMmaRows * kTailStrips || a->n <= 0 ||
+        a->n % 4 != 0 || a->n > INT32_MAX || !t->x || t->ldx < a->n || t->ldx % 4 != 0 ||
+        !t->w || !t->q || t->ldq < a->n || t->ldq % 4 != 0 || !t->scale || !t->sum ||
+        !t->counters ||
+        (((uintptr_t)t->x | (uintptr_t)t->w) & 15) != 0 || ((uintptr_t)t->q & 3) != 0)
+        return 0;
+    switch (mma_rows_pick(a)) {
+    case 2: return tail_fits<2>(a);
+    case 4: return tail_fits<4>(a);
+    default: return 0;
+    }
+}
+
+extern "C" cudaError_t bn_w2a8_cuda_gemm_norm_tail(const bn_w2a8_cuda_args *a,
+                                                   const bn_w2a8_norm_tail *t,
+                                                   cudaStream_t stream)
+{
+    if (!bn_w2a8_cuda_gemm_norm_tail_fits(a, t))
+        return cudaErrorNotSupported;
+    MmaTail tail;
+    tail.x = t->x;
+    tail.ldx = t->ldx;
+    tail.w = t->w;
+    tail.eps = t->eps;
+    tail.q = t->q;
+    tail.ldq = t->ldq;
+    tail.scale = t->scale;
+    tail.sum = t->sum;
+    tail.counters = t->counters;
+    return mma_rows_pick(a) == 2 ? launch_mma_rows<2, kOutTail>(a, stream, MmaQkv(), tail)
+                                 : launch_mma_rows<4, kOutTail>(a, stream, MmaQkv(), tail);
 }
 
 extern "C" cudaError_t bn_w2a8_cuda_gemm_mma_rows(const bn_w2a8_cuda_args *a, int tiles_per_warp,

@@ -1,0 +1,402 @@
+/*
+ * test_cuda_gemm_fused.c - the mma-rows GEMM with the batched pass's next
+ * step in its own kernel, against the launches each replaces, bit for bit,
+ * on random ternary weights and int8 rows:
+ *
+ * The q|k|v epilogue (bn_w2a8_cuda_gemm_qkv) against the GEMM's raw q|k|v
+ * rows, then bn_cb_qkv_post_slots (each part's scale, RoPE, k and v into
+ * their cache rows):
+ *   - q of every row, with q poisoned first (NaN);
+ *   - both caches whole: the rows' slots written alike, every other row
+ *     still its poison (rows with slot -1 or past the capacity store
+ *     nothing);
+ *   - head widths 16, 64 and 128 (the 2B-4T heads: 20 q, 5 kv), rope over
+ *     the whole head or none, fp16 and fp32 caches, 2 to 64 rows;
+ *   - and where it declines without launching: head widths not a multiple
+ *     of 16, a rotation over part of the head, more rows than the mma-rows
+ *     kernel takes.
+ *
+ * The residual + norm tail (bn_w2a8_cuda_gemm_norm_tail) against the
+ * table's GEMM writing y, then bn_cb_add_norm_quantize (x += y, the norm's
+ * codes, scale and sum): x, every code byte up to ldq and sums bit for
+ * bit, scales within an ulp (the norm's double sum of squares is added in
+ * its block's order: the contract of bn_cb_norm_quantize), the reference's
+ * poisoned first, over the 2B-4T's Wo and Wdown shapes at 2 to 128 rows
+ * (mma rows x2 and x4) and ragged ones, two launches in a row (the
+ * counters left at zero, checked), with rows of every kind the norm's
+ * exact rule meets (smooth, a zero row, a NaN); and where it declines:
+ * rows the wgmma kernels take, a width not a multiple of 4.
+ *
+ * Exits 77 without a usable GPU.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backend_kernels.h"
+#include "cuda_layout.h"
+#include "ops_cuda.h"
+#include "test_util.h"
+#include "test_util_cuda.h"
+#include "w2a8_cuda.h"
+
+static int sm_count;
+
+typedef struct shape {
+    int n_heads, n_kv, head_dim, rope_dim;
+    int64_t k, m;
+    int kv_f16;
+} shape;
+
+/* Count of bytes of a and b (n bytes each) that differ; the first at *first. */
+static int64_t count_diff(const void *a, const void *b, size_t n, int64_t *first)
+{
+    const unsigned char *x = a, *y = b;
+    int64_t diff = 0;
+    *first = -1;
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != y[i] && diff++ == 0)
+            *first = (int64_t)i;
+    return diff;
+}
+
+static void check_qkv(const shape *sh)
+{
+    const int hd = sh->head_dim;
+    const int64_t q_dim = (int64_t)sh->n_heads * hd, kv_dim = (int64_t)sh->n_kv * hd;
+    const int64_t n = q_dim + 2 * kv_dim, k = sh->k, m = sh->m;
+    const int64_t capacity = 4 * m + 7, table_len = 300;
+
+    /* Weights, activations as quantized rows, positions and slots: distinct
+     * cache rows, some -1 or past the capacity (stored nowhere). */
+    int8_t *codes = malloc((size_t)(n * k));
+    for (int64_t i = 0; i < n * k; i++)
+        codes[i] = (int8_t)test_rand_range(-1, 1);
+    bn_cuda_layout l;
+    bn_cuda_layout_init(&l, n, k);
+    uint8_t *packed = malloc(l.bytes);
+    bn_cuda_layout_pack(&l, codes, packed);
+    int8_t *xq = calloc((size_t)(m * l.k_padded), 1);
+    float *act_scale = malloc(sizeof(float) * (size_t)m);
+    int32_t *act_sum = malloc(sizeof(int32_t) * (size_t)m);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)m), *slot = malloc(sizeof(int32_t) * (size_t)m);
+    for (int64_t r = 0; r < m; r++) {
+        int32_t total = 0;
+        const int amax = (int)test_rand_range(1, 127);
+        for (int64_t c = 0; c < k; c++) {
+            xq[r * l.k_padded + c] = (int8_t)test_rand_range(-amax, amax);
+            total += xq[r * l.k_padded + c];
+        }
+        act_sum[r] = total;
+        act_scale[r] = 127.0f / test_rand_float(0.05f, 20.0f);
+        pos[r] = (int32_t)test_rand_range(0, table_len - 1);
+        const int64_t kind = test_rand_range(0, 9);
+        slot[r] = kind == 0 ? -1 : kind == 1 ? (int32_t)(capacity + r) : (int32_t)(4 * r + 1);
+    }
+    const float scales[3] = {test_rand_float(0.5f, 2.0f), test_rand_float(0.5f, 2.0f),
+                             test_rand_float(0.5f, 2.0f)};
+
+    void *d_w;
+    int8_t *d_x;
+    float *d_scale, *d_raw, *d_q, *d_table = NULL;
+    int32_t *d_sum, *d_pos, *d_slot;
+    const size_t elem = sh->kv_f16 ? 2 : 4, cache_bytes = (size_t)(capacity * kv_dim) * elem;
+    void *d_cache[4]; /* reference k, v; fused k, v */
+    CUDA_OK(cudaMalloc(&d_w, l.bytes));
+    CUDA_OK(cudaMemcpy(d_w, packed, l.bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&d_x, (size_t)(m * l.k_padded)));
+    CUDA_OK(cudaMemcpy(d_x, xq, (size_t)(m * l.k_padded), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&d_scale, sizeof(float) * (size_t)m));
+    CUDA_OK(cudaMemcpy(d_scale, act_scale, sizeof(float) * (size_t)m, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&d_sum, sizeof(int32_t) * (size_t)m));
+    CUDA_OK(cudaMemcpy(d_sum, act_sum, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&d_pos, sizeof(int32_t) * (size_t)m));
+    CUDA_OK(cudaMemcpy(d_pos, pos, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&d_slot, sizeof(int32_t) * (size_t)m));
+    CUDA_OK(cudaMemcpy(d_slot, slot, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&d_raw, sizeof(float) * (size_t)(m * n)));
+    CUDA_OK(cudaMalloc((void **)&d_q, sizeof(float) * (size_t)(2 * m * q_dim)));
+    for (int i = 0; i < 4; i++) {
+        CUDA_OK(cudaMalloc(&d_cache[i], cache_bytes));
+        CUDA_OK(cudaMemset(d_cache[i], 0xa5, cache_bytes)); /* poison, alike in all four */
+    }
+    CUDA_OK(cudaMemset(d_q, 0xff, sizeof(float) * (size_t)(2 * m * q_dim))); /* NaN */
+    bn_rope_freqs freqs = {0};
+    if (sh->rope_dim > 0) {
+        CUDA_OK(bn_rope_freqs_init(&freqs, 10000.0f, sh->rope_dim));
+        CUDA_OK(cudaMalloc((void **)&d_table, sizeof(float) * (size_t)(table_len * sh->rope_dim)));
+        CUDA_OK(bn_cb_rope_table(&freqs, table_len, d_table, 0));
+    }
+
+    const bn_w2a8_cuda_args a = {.weights = d_w,
+                                 .n = n,
+                                 .tiles = l.tiles,
+                                 .groups = l.groups,
+                                 .weight_scale = 1.0f,
+                                 .x = d_x,
+                                 .m = m,
+                                 .ldx = l.k_padded,
+                                 .act_scale = d_scale,
+                                 .act_sum = d_sum,
+                                 .y = d_raw,
+                                 .ldy = n,
+                                 .sm_count = sm_count};
+    const bn_w2a8_qkv_out o = {sh->n_heads, sh->n_kv,        hd,      sh->rope_dim, scales[0],
+                               scales[1],   scales[2],       d_table, table_len,    d_pos,
+                               d_slot,      d_q + m * q_dim, q_dim,   d_cache[2],   d_cache[3],
+                               capacity,    sh->kv_f16};
+    const bool fits = bn_w2a8_cuda_gemm_qkv_fits(&a, &o) != 0;
+    const bool want_fit =
+        hd % 16 == 0 && (sh->rope_dim == 0 || sh->rope_dim == hd) &&
+        bn_w2a8_cuda_gemm_pick(m, n, l.groups * BN_CUDA_GROUP, bn_w2a8_cuda_gemm_wgmma_usable(),
+                               sm_count, 0) == BN_W2A8_MMA_ROWS_X2;
+    CHECK_MSG(fits == want_fit, "heads %d/%d of %d, rope %d, m %lld: fits %d, want %d", sh->n_heads,
+              sh->n_kv, hd, sh->rope_dim, (long long)m, fits, want_fit);
+    if (!fits) {
+        CHECK(bn_w2a8_cuda_gemm_qkv(&a, &o, 0) == cudaErrorNotSupported);
+    } else {
+        /* The reference: the GEMM's raw rows, then the epilogue kernel. */
+        CUDA_OK(bn_w2a8_cuda_gemm_run(&a, BN_W2A8_MMA_ROWS_X2, 0));
+        const bn_cb_qkv_shape qs = {sh->n_heads, sh->n_kv,  hd,       capacity,
+                                    scales[0],   scales[1], scales[2]};
+        CUDA_OK(bn_cb_qkv_post_slots(d_raw, n, m, &qs, &freqs, d_table,
+                                     sh->rope_dim > 0 ? table_len : 0, d_pos, d_slot, d_q, q_dim,
+                                     d_cache[0], d_cache[1], sh->kv_f16, 0));
+        CUDA_OK(bn_w2a8_cuda_gemm_qkv(&a, &o, 0));
+        CUDA_OK(cudaDeviceSynchronize());
+
+        float *q = malloc(sizeof(float) * (size_t)(2 * m * q_dim));
+        CUDA_OK(
+            cudaMemcpy(q, d_q, sizeof(float) * (size_t)(2 * m * q_dim), cudaMemcpyDeviceToHost));
+        int64_t first;
+        int64_t diff = count_diff(q, q + m * q_dim, sizeof(float) * (size_t)(m * q_dim), &first);
+        CHECK_MSG(diff == 0,
+                  "q, heads %d/%d of %d, rope %d, m %lld: %lld bytes differ (first at %lld)",
+                  sh->n_heads, sh->n_kv, hd, sh->rope_dim, (long long)m, (long long)diff,
+                  (long long)first);
+        int64_t nan = 0;
+        for (int64_t i = 0; i < m * q_dim; i++)
+            nan += q[i] != q[i];
+        CHECK_MSG(nan == 0, "q: %lld values not written", (long long)nan);
+        unsigned char *c[4];
+        for (int i = 0; i < 4; i++) {
+            c[i] = malloc(cache_bytes);
+            CUDA_OK(cudaMemcpy(c[i], d_cache[i], cache_bytes, cudaMemcpyDeviceToHost));
+        }
+        for (int i = 0; i < 2; i++) {
+            diff = count_diff(c[i], c[i + 2], cache_bytes, &first);
+            CHECK_MSG(diff == 0,
+                      "%s cache (%s), heads %d/%d of %d, rope %d, m %lld: %lld bytes differ "
+                      "(first at %lld)",
+                      i ? "v" : "k", sh->kv_f16 ? "fp16" : "fp32", sh->n_heads, sh->n_kv, hd,
+                      sh->rope_dim, (long long)m, (long long)diff, (long long)first);
+        }
+        /* The reference stored something: a stored row is not its poison. */
+        int64_t stored = 0;
+        for (int64_t r = 0; r < m; r++)
+            if (slot[r] >= 0 && slot[r] < capacity)
+                stored += memcmp(c[0] + (size_t)(slot[r] * kv_dim) * elem,
+                                 c[0] + (size_t)(0 * kv_dim) * elem, (size_t)kv_dim * elem) != 0;
+        CHECK_MSG(stored > 0 || m < 3, "no row stored in the k cache");
+        for (int i = 0; i < 4; i++)
+            free(c[i]);
+        free(q);
+    }
+    for (int i = 0; i < 4; i++)
+        cudaFree(d_cache[i]);
+    cudaFree(d_w), cudaFree(d_x), cudaFree(d_scale), cudaFree(d_sum), cudaFree(d_pos);
+    cudaFree(d_slot), cudaFree(d_raw), cudaFree(d_q), cudaFree(d_table);
+    free(codes), free(packed), free(xq), free(act_scale), free(act_sum), free(pos), free(slot);
+}
+
+/* One tail problem: m rows of an n x k matrix (weight scale ws) and the
+ * residual rows x (row r: smooth values, or a zero row, or one NaN). As
+ * in the batched pass, the fused kernel writes its codes, scales and sums
+ * over the activations it reads (each strip's once its blocks are done);
+ * the reference reads a copy. want_mma: it fits wherever the table picks
+ * an mma-rows kernel. */
+static void check_tail(int64_t n, int64_t k, int64_t m, bool want_mma)
+{
+    int8_t *codes = malloc((size_t)(n * k));
+    for (int64_t i = 0; i < n * k; i++)
+        codes[i] = (int8_t)test_rand_range(-1, 1);
+    bn_cuda_layout l;
+    bn_cuda_layout_init(&l, n, k);
+    uint8_t *packed = malloc(l.bytes);
+    bn_cuda_layout_pack(&l, codes, packed);
+    const int64_t ldq = ((l.k_padded > n ? l.k_padded : n) + 15) / 16 * 16;
+    int8_t *xq = calloc((size_t)(m * ldq), 1);
+    float *act_scale = malloc(sizeof(float) * (size_t)m);
+    float *x = malloc(sizeof(float) * (size_t)(m * n)), *w = malloc(sizeof(float) * (size_t)n);
+    int32_t *act_sum = malloc(sizeof(int32_t) * (size_t)m);
+    for (int64_t r = 0; r < m; r++) {
+        int32_t total = 0;
+        const int amax = (int)test_rand_range(1, 127);
+        for (int64_t c = 0; c < k; c++) {
+            xq[r * ldq + c] = (int8_t)test_rand_range(-amax, amax);
+            total += xq[r * ldq + c];
+        }
+        act_sum[r] = total;
+        act_scale[r] = 127.0f / test_rand_float(0.05f, 20.0f);
+        const int kind = (int)test_rand_range(0, 9);
+        for (int64_t c = 0; c < n; c++)
+            x[r * n + c] = kind == 0 ? 0.0f : test_rand_float(-4.0f, 4.0f);
+        if (kind == 1)
+            x[r * n + test_rand_range(0, n - 1)] = NAN;
+    }
+    for (int64_t c = 0; c < n; c++)
+        w[c] = test_rand_float(0.8f, 1.2f);
+    const float ws = test_rand_float(0.5f, 2.0f), eps = 1e-5f;
+
+    /* [0]: the reference's activations (read) and outputs ([2]); [1]: the
+     * fused kernel's, in place. */
+    void *d_w;
+    int8_t *d_q[3];
+    float *d_y, *d_res[2], *d_norm, *d_qs[3];
+    int32_t *d_qsum[3];
+    unsigned *d_counters;
+    CUDA_OK(cudaMalloc(&d_w, l.bytes));
+    CUDA_OK(cudaMemcpy(d_w, packed, l.bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&d_y, sizeof(float) * (size_t)(m * n)));
+    CUDA_OK(cudaMalloc((void **)&d_norm, sizeof(float) * (size_t)n));
+    CUDA_OK(cudaMemcpy(d_norm, w, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&d_counters, BN_W2A8_TAIL_COUNTERS * sizeof(unsigned)));
+    CUDA_OK(cudaMemset(d_counters, 0, BN_W2A8_TAIL_COUNTERS * sizeof(unsigned)));
+    for (int i = 0; i < 3; i++) {
+        if (i < 2)
+            CUDA_OK(cudaMalloc((void **)&d_res[i], sizeof(float) * (size_t)(m * n)));
+        CUDA_OK(cudaMalloc((void **)&d_q[i], (size_t)(m * ldq)));
+        CUDA_OK(cudaMalloc((void **)&d_qs[i], sizeof(float) * (size_t)m));
+        CUDA_OK(cudaMalloc((void **)&d_qsum[i], sizeof(int32_t) * (size_t)m));
+    }
+    bn_w2a8_cuda_args a = {.weights = d_w,
+                           .n = n,
+                           .tiles = l.tiles,
+                           .groups = l.groups,
+                           .weight_scale = ws,
+                           .x = d_q[0],
+                           .m = m,
+                           .ldx = ldq,
+                           .act_scale = d_qs[0],
+                           .act_sum = d_qsum[0],
+                           .y = d_y,
+                           .ldy = n,
+                           .sm_count = sm_count};
+    bn_w2a8_cuda_args fa = a;
+    fa.x = d_q[1];
+    fa.act_scale = d_qs[1];
+    fa.act_sum = d_qsum[1];
+    const bn_w2a8_norm_tail t = {d_res[1], n,       d_norm,    eps,       d_q[1],
+                                 ldq,      d_qs[1], d_qsum[1], d_counters};
+    const bn_w2a8_kernel pick = bn_w2a8_cuda_gemm_pick(
+        m, n, l.groups * BN_CUDA_GROUP, bn_w2a8_cuda_gemm_wgmma_usable(), sm_count, 0);
+    const bool want_fit = want_mma && (pick == BN_W2A8_MMA_ROWS_X2 || pick == BN_W2A8_MMA_ROWS_X4);
+    const bool fits = bn_w2a8_cuda_gemm_norm_tail_fits(&fa, &t) != 0;
+    CHECK_MSG(fits == want_fit, "norm tail %lld x %lld, m %lld (%s): fits %d, want %d",
+              (long long)n, (long long)k, (long long)m, bn_w2a8_cuda_kernel_name(pick), fits,
+              want_fit);
+    for (int run = 0; run < 2 && fits; run++) {
+        /* Both sides from the same activations and residual rows; the
+         * reference's outputs poisoned. */
+        for (int i = 0; i < 2; i++) {
+            CUDA_OK(cudaMemcpy(d_q[i], xq, (size_t)(m * ldq), cudaMemcpyHostToDevice));
+            CUDA_OK(
+                cudaMemcpy(d_qs[i], act_scale, sizeof(float) * (size_t)m, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemcpy(d_qsum[i], act_sum, sizeof(int32_t) * (size_t)m,
+                               cudaMemcpyHostToDevice));
+            CUDA_OK(
+                cudaMemcpy(d_res[i], x, sizeof(float) * (size_t)(m * n), cudaMemcpyHostToDevice));
+        }
+        CUDA_OK(cudaMemset(d_q[2], 0x5a, (size_t)(m * ldq)));
+        CUDA_OK(cudaMemset(d_qs[2], 0xff, sizeof(float) * (size_t)m));
+        CUDA_OK(cudaMemset(d_qsum[2], 0x5a, sizeof(int32_t) * (size_t)m));
+        CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n)));
+        CUDA_OK(bn_w2a8_cuda_gemm(&a, 0));
+        CUDA_OK(bn_cb_add_norm_quantize(d_res[0], n, d_y, n, m, n, d_norm, eps, d_q[2], ldq,
+                                        d_qs[2], d_qsum[2], 0, 0));
+        CUDA_OK(bn_w2a8_cuda_gemm_norm_tail(&fa, &t, 0));
+        CUDA_OK(cudaDeviceSynchronize());
+        static const char *const what[4] = {"x", "codes", "scales", "sums"};
+        const size_t bytes[4] = {sizeof(float) * (size_t)(m * n), (size_t)(m * ldq),
+                                 sizeof(float) * (size_t)m, sizeof(int32_t) * (size_t)m};
+        void *const dev[4][2] = {
+            {d_res[0], d_res[1]}, {d_q[2], d_q[1]}, {d_qs[2], d_qs[1]}, {d_qsum[2], d_qsum[1]}};
+        for (int v = 0; v < 4; v++) {
+            unsigned char *h0 = malloc(bytes[v]), *h1 = malloc(bytes[v]);
+            CUDA_OK(cudaMemcpy(h0, dev[v][0], bytes[v], cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(h1, dev[v][1], bytes[v], cudaMemcpyDeviceToHost));
+            int64_t first;
+            int64_t diff = count_diff(h0, h1, bytes[v], &first);
+            if (v == 2) { /* scales: within an ulp (the double sum of squares' order) */
+                diff = 0;
+                for (int64_t r = 0; r < m; r++) {
+                    int32_t b0, b1;
+                    memcpy(&b0, h0 + 4 * r, 4);
+                    memcpy(&b1, h1 + 4 * r, 4);
+                    if ((b0 > b1 ? b0 - b1 : b1 - b0) > 1 && diff++ == 0)
+                        first = r;
+                }
+            }
+            CHECK_MSG(diff == 0,
+                      "norm tail %lld x %lld, m %lld, launch %d: %s: %lld bytes differ (first "
+                      "at %lld)",
+                      (long long)n, (long long)k, (long long)m, run + 1, what[v], (long long)diff,
+                      (long long)first);
+            free(h0), free(h1);
+        }
+        unsigned counters[BN_W2A8_TAIL_COUNTERS];
+        CUDA_OK(cudaMemcpy(counters, d_counters, sizeof counters, cudaMemcpyDeviceToHost));
+        unsigned any = 0;
+        for (int i = 0; i < BN_W2A8_TAIL_COUNTERS; i++)
+            any |= counters[i];
+        CHECK_MSG(any == 0, "norm tail: the counters are not left at zero");
+    }
+    if (!fits)
+        CHECK(bn_w2a8_cuda_gemm_norm_tail(&fa, &t, 0) == cudaErrorNotSupported);
+    cudaFree(d_w), cudaFree(d_y), cudaFree(d_norm), cudaFree(d_counters);
+    for (int i = 0; i < 3; i++) {
+        if (i < 2)
+            cudaFree(d_res[i]);
+        cudaFree(d_q[i]), cudaFree(d_qs[i]), cudaFree(d_qsum[i]);
+    }
+    free(codes), free(packed), free(xq), free(act_scale), free(x), free(w), free(act_sum);
+}
+
+int main(void)
+{
+    const struct cudaDeviceProp prop = test_require_cuda(8, "the mma-rows GEMM");
+    sm_count = prop.multiProcessorCount;
+    static const shape shapes[] = {
+        /* the 2B-4T heads at the batched pass's row counts */
+        {20, 5, 128, 128, 2560, 64, 1},
+        {20, 5, 128, 128, 2560, 17, 1},
+        {20, 5, 128, 128, 2560, 4, 0},
+        {20, 5, 128, 128, 2560, 33, 0},
+        /* narrow and middle heads, ragged k, no rotation */
+        {4, 2, 16, 16, 300, 9, 1},
+        {4, 2, 16, 16, 300, 64, 0},
+        {6, 3, 64, 64, 1000, 24, 1},
+        {6, 3, 64, 0, 1000, 12, 1},
+        /* declined: heads of 8, rotation over half a head, many rows */
+        {4, 2, 8, 8, 256, 8, 1},
+        {4, 2, 64, 32, 256, 8, 1},
+        {20, 5, 128, 128, 2560, 200, 1},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        check_qkv(&shapes[i]);
+
+    /* The norm tail: Wo and Wdown of 2B-4T at the batched pass's rows (mma
+     * rows x2 to 64, x4 at 65-128), ragged shapes, and declines. */
+    check_tail(2560, 2560, 64, true);
+    check_tail(2560, 6912, 64, true);
+    check_tail(2560, 2560, 2 + test_rand_range(0, 14), true);
+    check_tail(2560, 2560, 17 + test_rand_range(0, 46), true);
+    check_tail(2560, 2560, 128, true);
+    check_tail(2560, 6912, 65 + test_rand_range(0, 63), true);
+    check_tail(1000, 700, 40, true);
+    check_tail(2560, 2560, 200, true); /* wgmma there, or above 128 rows */
+    check_tail(2562, 2560, 16, false);
+    TEST_EXIT();
+}
