@@ -1,10 +1,9 @@
 /*
  * test_cuda_gemm_fused.c - the mma-rows GEMM with the batched pass's next
- * step in its own kernel, against the launches each replaces, bit for bit,
- * on random ternary weights and int8 rows:
- *
- * The q|k|v epilogue (bn_w2a8_cuda_gemm_qkv) against the GEMM's raw q|k|v
- * rows, then bn_cb_qkv_post_slots (each part's scale, RoPE, k and v into
+ * step in its own kernel, against the launches it replaces, bit for bit,
+ * on random ternary weights and int8 rows: the q|k|v epilogue
+ * (bn_w2a8_cuda_gemm_qkv) against the GEMM's raw q|k|v rows, then
+ * bn_cb_qkv_post_slots (each part's scale, RoPE, k and v into
  * their cache rows):
  *   - q of every row, with q poisoned first (NaN);
  *   - both caches whole: the rows' slots written alike, every other row
@@ -16,21 +15,9 @@
  *     of 16, a rotation over part of the head, more rows than the mma-rows
  *     kernel takes.
  *
- * The residual + norm tail (bn_w2a8_cuda_gemm_norm_tail) against the
- * table's GEMM writing y, then bn_cb_add_norm_quantize (x += y, the norm's
- * codes, scale and sum): x, every code byte up to ldq and sums bit for
- * bit, scales within an ulp (the norm's double sum of squares is added in
- * its block's order: the contract of bn_cb_norm_quantize), the reference's
- * poisoned first, over the 2B-4T's Wo and Wdown shapes at 2 to 128 rows
- * (mma rows x2 and x4) and ragged ones, two launches in a row (the
- * counters left at zero, checked), with rows of every kind the norm's
- * exact rule meets (smooth, a zero row, a NaN); and where it declines:
- * rows the wgmma kernels take, a width not a multiple of 4.
- *
  * Exits 77 without a usable GPU.
  */
 #include <cuda_runtime_api.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,159 +198,6 @@ static void check_qkv(const shape *sh)
     free(codes), free(packed), free(xq), free(act_scale), free(act_sum), free(pos), free(slot);
 }
 
-/* One tail problem: m rows of an n x k matrix (weight scale ws) and the
- * residual rows x (row r: smooth values, or a zero row, or one NaN). As
- * in the batched pass, the fused kernel writes its codes, scales and sums
- * over the activations it reads (each strip's once its blocks are done);
- * the reference reads a copy. want_mma: it fits wherever the table picks
- * an mma-rows kernel. */
-static void check_tail(int64_t n, int64_t k, int64_t m, bool want_mma)
-{
-    int8_t *codes = malloc((size_t)(n * k));
-    for (int64_t i = 0; i < n * k; i++)
-        codes[i] = (int8_t)test_rand_range(-1, 1);
-    bn_cuda_layout l;
-    bn_cuda_layout_init(&l, n, k);
-    uint8_t *packed = malloc(l.bytes);
-    bn_cuda_layout_pack(&l, codes, packed);
-    const int64_t ldq = ((l.k_padded > n ? l.k_padded : n) + 15) / 16 * 16;
-    int8_t *xq = calloc((size_t)(m * ldq), 1);
-    float *act_scale = malloc(sizeof(float) * (size_t)m);
-    float *x = malloc(sizeof(float) * (size_t)(m * n)), *w = malloc(sizeof(float) * (size_t)n);
-    int32_t *act_sum = malloc(sizeof(int32_t) * (size_t)m);
-    for (int64_t r = 0; r < m; r++) {
-        int32_t total = 0;
-        const int amax = (int)test_rand_range(1, 127);
-        for (int64_t c = 0; c < k; c++) {
-            xq[r * ldq + c] = (int8_t)test_rand_range(-amax, amax);
-            total += xq[r * ldq + c];
-        }
-        act_sum[r] = total;
-        act_scale[r] = 127.0f / test_rand_float(0.05f, 20.0f);
-        const int kind = (int)test_rand_range(0, 9);
-        for (int64_t c = 0; c < n; c++)
-            x[r * n + c] = kind == 0 ? 0.0f : test_rand_float(-4.0f, 4.0f);
-        if (kind == 1)
-            x[r * n + test_rand_range(0, n - 1)] = NAN;
-    }
-    for (int64_t c = 0; c < n; c++)
-        w[c] = test_rand_float(0.8f, 1.2f);
-    const float ws = test_rand_float(0.5f, 2.0f), eps = 1e-5f;
-
-    /* [0]: the reference's activations (read) and outputs ([2]); [1]: the
-     * fused kernel's, in place. */
-    void *d_w;
-    int8_t *d_q[3];
-    float *d_y, *d_res[2], *d_norm, *d_qs[3];
-    int32_t *d_qsum[3];
-    unsigned *d_counters;
-    CUDA_OK(cudaMalloc(&d_w, l.bytes));
-    CUDA_OK(cudaMemcpy(d_w, packed, l.bytes, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMalloc((void **)&d_y, sizeof(float) * (size_t)(m * n)));
-    CUDA_OK(cudaMalloc((void **)&d_norm, sizeof(float) * (size_t)n));
-    CUDA_OK(cudaMemcpy(d_norm, w, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMalloc((void **)&d_counters, BN_W2A8_TAIL_COUNTERS * sizeof(unsigned)));
-    CUDA_OK(cudaMemset(d_counters, 0, BN_W2A8_TAIL_COUNTERS * sizeof(unsigned)));
-    for (int i = 0; i < 3; i++) {
-        if (i < 2)
-            CUDA_OK(cudaMalloc((void **)&d_res[i], sizeof(float) * (size_t)(m * n)));
-        CUDA_OK(cudaMalloc((void **)&d_q[i], (size_t)(m * ldq)));
-        CUDA_OK(cudaMalloc((void **)&d_qs[i], sizeof(float) * (size_t)m));
-        CUDA_OK(cudaMalloc((void **)&d_qsum[i], sizeof(int32_t) * (size_t)m));
-    }
-    bn_w2a8_cuda_args a = {.weights = d_w,
-                           .n = n,
-                           .tiles = l.tiles,
-                           .groups = l.groups,
-                           .weight_scale = ws,
-                           .x = d_q[0],
-                           .m = m,
-                           .ldx = ldq,
-                           .act_scale = d_qs[0],
-                           .act_sum = d_qsum[0],
-                           .y = d_y,
-                           .ldy = n,
-                           .sm_count = sm_count};
-    bn_w2a8_cuda_args fa = a;
-    fa.x = d_q[1];
-    fa.act_scale = d_qs[1];
-    fa.act_sum = d_qsum[1];
-    const bn_w2a8_norm_tail t = {d_res[1], n,       d_norm,    eps,       d_q[1],
-                                 ldq,      d_qs[1], d_qsum[1], d_counters};
-    const bn_w2a8_kernel pick = bn_w2a8_cuda_gemm_pick(
-        m, n, l.groups * BN_CUDA_GROUP, bn_w2a8_cuda_gemm_wgmma_usable(), sm_count, 0);
-    const bool want_fit = want_mma && (pick == BN_W2A8_MMA_ROWS_X2 || pick == BN_W2A8_MMA_ROWS_X4);
-    const bool fits = bn_w2a8_cuda_gemm_norm_tail_fits(&fa, &t) != 0;
-    CHECK_MSG(fits == want_fit, "norm tail %lld x %lld, m %lld (%s): fits %d, want %d",
-              (long long)n, (long long)k, (long long)m, bn_w2a8_cuda_kernel_name(pick), fits,
-              want_fit);
-    for (int run = 0; run < 2 && fits; run++) {
-        /* Both sides from the same activations and residual rows; the
-         * reference's outputs poisoned. */
-        for (int i = 0; i < 2; i++) {
-            CUDA_OK(cudaMemcpy(d_q[i], xq, (size_t)(m * ldq), cudaMemcpyHostToDevice));
-            CUDA_OK(
-                cudaMemcpy(d_qs[i], act_scale, sizeof(float) * (size_t)m, cudaMemcpyHostToDevice));
-            CUDA_OK(cudaMemcpy(d_qsum[i], act_sum, sizeof(int32_t) * (size_t)m,
-                               cudaMemcpyHostToDevice));
-            CUDA_OK(
-                cudaMemcpy(d_res[i], x, sizeof(float) * (size_t)(m * n), cudaMemcpyHostToDevice));
-        }
-        CUDA_OK(cudaMemset(d_q[2], 0x5a, (size_t)(m * ldq)));
-        CUDA_OK(cudaMemset(d_qs[2], 0xff, sizeof(float) * (size_t)m));
-        CUDA_OK(cudaMemset(d_qsum[2], 0x5a, sizeof(int32_t) * (size_t)m));
-        CUDA_OK(cudaMemset(d_y, 0xff, sizeof(float) * (size_t)(m * n)));
-        CUDA_OK(bn_w2a8_cuda_gemm(&a, 0));
-        CUDA_OK(bn_cb_add_norm_quantize(d_res[0], n, d_y, n, m, n, d_norm, eps, d_q[2], ldq,
-                                        d_qs[2], d_qsum[2], 0, 0));
-        CUDA_OK(bn_w2a8_cuda_gemm_norm_tail(&fa, &t, 0));
-        CUDA_OK(cudaDeviceSynchronize());
-        static const char *const what[4] = {"x", "codes", "scales", "sums"};
-        const size_t bytes[4] = {sizeof(float) * (size_t)(m * n), (size_t)(m * ldq),
-                                 sizeof(float) * (size_t)m, sizeof(int32_t) * (size_t)m};
-        void *const dev[4][2] = {
-            {d_res[0], d_res[1]}, {d_q[2], d_q[1]}, {d_qs[2], d_qs[1]}, {d_qsum[2], d_qsum[1]}};
-        for (int v = 0; v < 4; v++) {
-            unsigned char *h0 = malloc(bytes[v]), *h1 = malloc(bytes[v]);
-            CUDA_OK(cudaMemcpy(h0, dev[v][0], bytes[v], cudaMemcpyDeviceToHost));
-            CUDA_OK(cudaMemcpy(h1, dev[v][1], bytes[v], cudaMemcpyDeviceToHost));
-            int64_t first;
-            int64_t diff = count_diff(h0, h1, bytes[v], &first);
-            if (v == 2) { /* scales: within an ulp (the double sum of squares' order) */
-                diff = 0;
-                for (int64_t r = 0; r < m; r++) {
-                    int32_t b0, b1;
-                    memcpy(&b0, h0 + 4 * r, 4);
-                    memcpy(&b1, h1 + 4 * r, 4);
-                    if ((b0 > b1 ? b0 - b1 : b1 - b0) > 1 && diff++ == 0)
-                        first = r;
-                }
-            }
-            CHECK_MSG(diff == 0,
-                      "norm tail %lld x %lld, m %lld, launch %d: %s: %lld bytes differ (first "
-                      "at %lld)",
-                      (long long)n, (long long)k, (long long)m, run + 1, what[v], (long long)diff,
-                      (long long)first);
-            free(h0), free(h1);
-        }
-        unsigned counters[BN_W2A8_TAIL_COUNTERS];
-        CUDA_OK(cudaMemcpy(counters, d_counters, sizeof counters, cudaMemcpyDeviceToHost));
-        unsigned any = 0;
-        for (int i = 0; i < BN_W2A8_TAIL_COUNTERS; i++)
-            any |= counters[i];
-        CHECK_MSG(any == 0, "norm tail: the counters are not left at zero");
-    }
-    if (!fits)
-        CHECK(bn_w2a8_cuda_gemm_norm_tail(&fa, &t, 0) == cudaErrorNotSupported);
-    cudaFree(d_w), cudaFree(d_y), cudaFree(d_norm), cudaFree(d_counters);
-    for (int i = 0; i < 3; i++) {
-        if (i < 2)
-            cudaFree(d_res[i]);
-        cudaFree(d_q[i]), cudaFree(d_qs[i]), cudaFree(d_qsum[i]);
-    }
-    free(codes), free(packed), free(xq), free(act_scale), free(x), free(w), free(act_sum);
-}
-
 int main(void)
 {
     const struct cudaDeviceProp prop = test_require_cuda(8, "the mma-rows GEMM");
@@ -387,16 +221,5 @@ int main(void)
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_qkv(&shapes[i]);
 
-    /* The norm tail: Wo and Wdown of 2B-4T at the batched pass's rows (mma
-     * rows x2 to 64, x4 at 65-128), ragged shapes, and declines. */
-    check_tail(2560, 2560, 64, true);
-    check_tail(2560, 6912, 64, true);
-    check_tail(2560, 2560, 2 + test_rand_range(0, 14), true);
-    check_tail(2560, 2560, 17 + test_rand_range(0, 46), true);
-    check_tail(2560, 2560, 128, true);
-    check_tail(2560, 6912, 65 + test_rand_range(0, 63), true);
-    check_tail(1000, 700, 40, true);
-    check_tail(2560, 2560, 200, true); /* wgmma there, or above 128 rows */
-    check_tail(2562, 2560, 16, false);
     TEST_EXIT();
 }

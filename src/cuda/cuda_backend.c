@@ -451,10 +451,6 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->attn_counters, 0,
                                                  (size_t)hp->n_head * sizeof(unsigned int),
                                                  b->copy));
-    if (st == BN_OK)
-        st = BN_CUDA_STATUS(err,
-                            cudaMemsetAsync(b->tail_counters, 0,
-                                            BN_W2A8_TAIL_COUNTERS * sizeof(unsigned int), b->copy));
     /* So is the sampler's ticket, the workspace's last word (sample_cuda.h). */
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->ws_sample, 0,

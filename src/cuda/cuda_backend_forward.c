@@ -548,55 +548,6 @@ static bn_status residual_norm(const pass *p, int l, bn_norm which, bn_cuda_stag
     return stage_done(p, stage, 1, K_ADD_NORM_Q);
 }
 
-/* Layer l's Wo or Wdown (group `which`) over rows of a pass with the
- * residual add and the next norm + int8 (layer nl's norm `norm`) in the
- * GEMM's own kernel (bn_w2a8_cuda_gemm_norm_tail): its arguments, or false
- * where the product and residual_norm run apart (the decode step, tensor
- * parallelism, kernels other than mma rows). */
-static bool norm_tail(const pass *p, int l, int which, int nl, bn_norm norm, bn_w2a8_cuda_args *a,
-                      bn_w2a8_norm_tail *t)
-{
-    const bn_cuda_backend *b = p->b;
-    const group *g = &b->groups[l * G_COUNT + which];
-    if (p->decode || p->M < 2 || tp_on(b) || g->n_seg != 1)
-        return false;
-    const bn_cuda_layout *lay = g->fused_ok ? &g->fused : &g->s[0].l;
-    const int64_t dim = b->hp.dim;
-    *a = w2a8_args(b, g, p->M);
-    a->weights = b->d_w + g->s[0].off;
-    a->n = lay->n;
-    a->tiles = lay->tiles;
-    a->groups = lay->groups;
-    a->y = b->out;
-    const bn_w2a8_norm_tail tail = {b->x,          dim,        norm_ptr(b, nl, norm),
-                                    b->hp.rms_eps, b->xq,      codes_ld(b, dim, p->M),
-                                    b->act_scale,  b->act_sum, b->tail_counters};
-    *t = tail;
-    return lay->n == dim && bn_w2a8_cuda_gemm_norm_tail_fits(a, t) != 0;
-}
-
-/* out = Wo xq or Wdown xq (group `which`, stage `stage`), then x += out and
- * xq = q(norm(x)) with layer nl's norm (stage norm_stage); nl < 0: the
- * product alone (the last layer's down: the output norm follows). Where
- * norm_tail fits, one kernel; else the product, the ranks' sum under tensor
- * parallelism, and residual_norm. */
-static bn_status product_norm(const pass *p, int l, int which, bn_cuda_stage stage, int nl,
-                              bn_norm norm, bn_cuda_stage norm_stage)
-{
-    bn_w2a8_cuda_args a;
-    bn_w2a8_norm_tail t;
-    if (nl >= 0 && norm_tail(p, l, which, nl, norm, &a, &t)) {
-        BN_CUDA_TRY(p->err, bn_w2a8_cuda_gemm_norm_tail(&a, &t, p->b->cs));
-        p->b->ran |= 1u << K_GEMM;
-        STAGE(stage_done(p, stage, 1, -1));
-        return stage_done(p, norm_stage, 0, K_ADD_NORM_Q);
-    }
-    STAGE(product(p, l, which, p->b->out, stage));
-    if (tp_on(p->b)) /* out = the sum of the ranks' parts */
-        STAGE(tp_sum(p, p->b->out, stage));
-    return nl >= 0 ? residual_norm(p, nl, norm, norm_stage) : BN_OK;
-}
-
 /* gu = Wgu xq: gate and up raw, or, where the decode step takes them in
  * pairs (b->form.gate_up_pair), h = relu(gate)^2 * up already. */
 static bn_status gate_up(const pass *p, int l)
@@ -664,15 +615,21 @@ static bn_status layer(const pass *p, int l)
     STAGE(rope_kv_store(p, l));
     STAGE(attention(p, l));
     STAGE(attn_sub_norm(p, l));
+    STAGE(product(p, l, G_O, b->out, BN_CUDA_STAGE_O));
+    if (tp_on(b)) /* out = the sum of the ranks' parts */
+        STAGE(tp_sum(p, b->out, BN_CUDA_STAGE_O));
     /* feed-forward: x += out, xq = q(ffn_norm(x)); gate, up = Wgu xq;
      * xq = q(ffn_sub_norm(relu(gate)^2 * up)); out = Wdown xq */
-    STAGE(product_norm(p, l, G_O, BN_CUDA_STAGE_O, l, BN_NORM_FFN, BN_CUDA_STAGE_FFN_NORM));
+    STAGE(residual_norm(p, l, BN_NORM_FFN, BN_CUDA_STAGE_FFN_NORM));
     STAGE(gate_up(p, l));
     STAGE(ffn_sub_norm(p, l));
+    STAGE(product(p, l, G_DOWN, b->out, BN_CUDA_STAGE_DOWN));
+    if (tp_on(b))
+        STAGE(tp_sum(p, b->out, BN_CUDA_STAGE_DOWN));
     /* x += out, with the next layer's xq = q(attn_norm(x)) */
-    const int next = l + 1 < b->hp.n_layer ? l + 1 : -1;
-    return product_norm(p, l, G_DOWN, BN_CUDA_STAGE_DOWN, next, BN_NORM_ATTN,
-                        BN_CUDA_STAGE_ATTN_NORM);
+    if (l + 1 < b->hp.n_layer)
+        STAGE(residual_norm(p, l + 1, BN_NORM_ATTN, BN_CUDA_STAGE_ATTN_NORM));
+    return BN_OK;
 }
 
 /* normed = output_norm(x + out) of the last row only: only its logits are

@@ -221,7 +221,6 @@ struct bn_cuda_backend {
     bool streamk; /* some prefill GEMM takes stream-K: ws_streamk is its workspace */
     void *ws_attn, *ws_sample;
     unsigned int *attn_counters; /* fp32 decode attention: one per head, kept at 0 */
-    unsigned int *tail_counters; /* the GEMMs' norm tails (bn_w2a8_norm_tail), kept at 0 */
     unsigned long long *d_best;  /* the screened head's greedy token key */
     uint64_t *d_cand;            /* the screened head's candidate keys ...   */
     unsigned *d_cand_n;          /* ... and their count (sample_cuda.h)       */

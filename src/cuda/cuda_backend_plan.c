@@ -221,7 +221,6 @@ int cb_scratch_list(bn_cuda_backend *b, scratch_spec *list)
     }
     ADD(&b->ws_attn, ws_attn);
     ADD(&b->attn_counters, (size_t)hp->n_head * sizeof(unsigned int));
-    ADD(&b->tail_counters, BN_W2A8_TAIL_COUNTERS * sizeof(unsigned int));
     ADD(&b->d_best, sizeof(unsigned long long));
     /* cos and sin of every position the cache holds (none without RoPE). */
     ADD(&b->rope, (size_t)b->kv_len * (size_t)(hp->rope_dim / 2) * 2 * f);

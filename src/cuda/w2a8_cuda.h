@@ -197,39 +197,6 @@ int bn_w2a8_cuda_gemm_qkv_fits(const bn_w2a8_cuda_args *a, const bn_w2a8_qkv_out
 cudaError_t bn_w2a8_cuda_gemm_qkv(const bn_w2a8_cuda_args *a, const bn_w2a8_qkv_out *o,
                                   cudaStream_t stream);
 
-/* The product of a layer's Wo or Wdown with the residual add and the next
- * norm + int8 after it (w2a8_gemm_rows.cu), for 2 to 128 rows where the
- * table runs an mma-rows kernel: x += y row by row (y, a->y, not stored),
- * then each row of x normed and coded as bn_cb_add_norm_quantize codes it
- * (the same codes and sum bit for bit; the scale within that function's
- * contract, its double sum of squares added in another order) by the GEMM's last blocks of
- * its 16-row strip, once every block of the strip has added its part. The
- * counters (BN_W2A8_TAIL_COUNTERS words, zero before a launch) let those
- * blocks find out; each launch leaves them zero. One launch at a time may
- * use a set of counters. */
-#define BN_W2A8_TAIL_COUNTERS 16
-typedef struct bn_w2a8_norm_tail {
-    float *x; /* the residual stream: m rows of n, ldx apart          */
-    int64_t ldx;
-    const float *w; /* the norm's n weights                                 */
-    float eps;
-    int8_t *q; /* codes (zero from n to ldq), scales and code sums     */
-    int64_t ldq;
-    float *scale;
-    int32_t *sum;
-    unsigned *counters;
-} bn_w2a8_norm_tail;
-
-/* Whether bn_w2a8_cuda_gemm_norm_tail takes a with t: the table's kernel
- * an mma-rows one, at most 128 rows, n a multiple of 4 of at most 20
- * values a thread of its blocks, each 16-row strip at least 16 blocks,
- * the rows at most half the blocks the device holds at once, x and w
- * 16-byte aligned, q 4-byte, ldx and ldq multiples of 4. */
-int bn_w2a8_cuda_gemm_norm_tail_fits(const bn_w2a8_cuda_args *a, const bn_w2a8_norm_tail *t);
-/* cudaErrorNotSupported where it does not fit, nothing launched. */
-cudaError_t bn_w2a8_cuda_gemm_norm_tail(const bn_w2a8_cuda_args *a, const bn_w2a8_norm_tail *t,
-                                        cudaStream_t stream);
-
 /* w2a8_gemm_pipelined.cu: BN_W2A8_TILED; BN_W2A8_PIPE (split 1) and
  * BN_W2A8_PIPE_SPLITK (split 0: chosen for the shape and the device).
  * Otherwise split is clamped to 1..BN_W2A8_PIPE_MAX_SPLIT and to the

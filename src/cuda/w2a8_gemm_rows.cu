@@ -16,7 +16,6 @@
 #include <atomic>
 
 #include "cuda_layout.h"
-#include "norm_lean.cuh"
 #include "rope.cuh"
 #include "w2a8_epilogue.cuh"
 #include "w2a8_gemv.cuh"
@@ -230,7 +229,10 @@ struct MmaQkv {
 template <bool kPaired, int TW>
 __device__ __forceinline__ int64_t mma_rows_tile0(int64_t c, const MmaQkv &qkv)
 {
-    return kPaired ? (c / qkv.pair) * 2 * qkv.pair + c % qkv.pair : c * TW;
+    if (!kPaired)
+        return c * TW;
+    const int ci = (int)c, head = ci / qkv.pair; /* columns fit 32 bits (n does) */
+    return (int64_t)head * 2 * qkv.pair + (ci - head * qkv.pair);
 }
 
 /* The q|k|v epilogue's output `out` of activation row `row`: its part
@@ -253,24 +255,23 @@ __device__ __forceinline__ QkvAt qkv_at(const MmaQkv &o, int64_t out)
 /* What an output needs besides its sums: the (cos, sin) of its rotation
  * pair (NaN where the row's position p is outside the table: its q is then
  * NaN) and its cache row (-1: stored nowhere), from the row's position and
- * slot (loaded before the product). */
+ * slot (loaded before the product). jj: the pair's index in the table's
+ * row (its offset from the head's start, less half for the high side). */
 struct QkvPlace {
     float2 cs;
     int crow;
 };
 
-__device__ __forceinline__ QkvPlace qkv_place(const MmaQkv &o, int64_t out, bool low, int p,
+__device__ __forceinline__ QkvPlace qkv_place(const MmaQkv &o, int64_t out, int jj, int p,
                                               int slot)
 {
     const QkvAt at = qkv_at(o, out);
     const bool in_table = p >= 0 && (int64_t)p < o.table_len;
     QkvPlace pl;
     pl.cs = make_float2(1.0f, 0.0f);
-    if (at.region != 2 && o.half > 0) {
-        const int d = at.local % o.head_dim;
-        pl.cs = in_table ? __ldg(o.table + (int64_t)p * o.half + (low ? d : d - o.half))
+    if (at.region != 2 && o.half > 0)
+        pl.cs = in_table ? __ldg(o.table + (int64_t)p * o.half + jj)
                          : make_float2(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000));
-    }
     pl.crow = at.region == 0 || (o.half > 0 && !in_table) ? -1 : slot;
     return pl;
 }
@@ -308,80 +309,9 @@ __device__ __forceinline__ void mma_rows_qkv_store(const MmaQkv &o, int64_t row,
         static_cast<float *>(cache)[idx] = v;
 }
 
-/* The residual + norm tail's parameters (bn_w2a8_norm_tail). */
-struct MmaTail {
-    float *x;
-    int64_t ldx;
-    const float *w;
-    float eps;
-    int8_t *q;
-    int64_t ldq;
-    float *scale;
-    int32_t *sum;
-    unsigned *counters;
-};
-
-/* Rows the tail's counters cover (16 a strip), and float4 a thread of its
- * norm: rows of up to 20 values a thread of the GEMM's block. */
-constexpr int kTailStrips = BN_W2A8_TAIL_COUNTERS / 2;
-constexpr int kTailV4 = 5;
-
-/* After a block of strip m0 / 16 has added its outputs to x: the last 16
- * blocks of the strip to get here (by a ticket) each norm one of its rows
- * once every block of the strip has added its outputs, with the lean norm
- * kernel's body (the same codes, scale and sum); the last of them leaves
- * the strip's counters at zero for the next launch. Only the strip's last
- * blocks wait, for blocks that are running or about to (the launcher
- * keeps the rows under half the blocks the device holds at once); a wait
- * of over ~2 s (a broken counter) traps instead of hanging. scratch: the
- * block's shared memory, free once every thread has passed the first
- * barrier. */
-__device__ void mma_rows_norm_tail(const MmaTail &t, int64_t k, int64_t m, int64_t m0,
-                                   int64_t row_blocks, void *scratch)
-{
-    __shared__ unsigned ticket;
-    const int64_t strip = m0 / kMmaRows;
-    const unsigned blocks = (unsigned)(gridDim.x / row_blocks);
-    const unsigned rows = (unsigned)min((int64_t)kMmaRows, m - m0);
-    __threadfence(); /* this thread's x, before the block's ticket */
-    __syncthreads();
-    if (threadIdx.x == 0)
-        ticket = atomicAdd(t.counters + strip, 1u);
-    __syncthreads();
-    const unsigned first = blocks - rows;
-    if (ticket < first)
-        return;
-    if (threadIdx.x == 0) {
-        const long long start = clock64();
-        while (atomicAdd(t.counters + strip, 0u) < blocks) {
-            __nanosleep(32);
-            if (clock64() - start > (1ll << 32))
-                __trap();
-        }
-        __threadfence(); /* every block's x, before this block reads it */
-    }
-    __syncthreads();
-    NormQuantArgs a = {};
-    a.x = t.x;
-    a.ldx = t.ldx;
-    a.k = k;
-    a.w = t.w;
-    a.eps = t.eps;
-    a.q = t.q;
-    a.ldq = t.ldq;
-    a.scale = t.scale;
-    a.sum = t.sum;
-    lean_norm_row<kSrcPlain, kTailV4, true>(a, m0 + (ticket - first),
-                                            *static_cast<LeanRed *>(scratch));
-    if (threadIdx.x == 0 && atomicAdd(t.counters + kTailStrips + strip, 1u) == rows - 1) {
-        t.counters[strip] = 0;
-        t.counters[kTailStrips + strip] = 0;
-    }
-}
-
-/* What the kernel does with its int32 sums: y (the W2A8 contract), the
- * q|k|v epilogue, or x += y and the residual + norm tail. */
-constexpr int kOutY = 0, kOutQkv = 1, kOutTail = 2;
+/* What the kernel does with its int32 sums: y (the W2A8 contract) or the
+ * q|k|v epilogue. */
+constexpr int kOutY = 0, kOutQkv = 1;
 
 /* Block: COLS columns of WARPS warps; column c of weight block wb owns
  * TW tiles from mma_rows_tile0(wb COLS + c), its warps splitting K. Block
@@ -392,16 +322,14 @@ __global__ void __launch_bounds__(32 * WARPS * COLS)
     mma_rows_kernel(const uint4 *__restrict__ w, const int8_t *__restrict__ x, int64_t ldx,
                     int64_t m, int64_t n, int64_t groups, int64_t tiles, int64_t row_blocks,
                     const float *__restrict__ act_scale, const int32_t *__restrict__ act_sum,
-                    float w_scale, float *__restrict__ y, int64_t ldy, const MmaQkv qkv,
-                    const MmaTail tail)
+                    float w_scale, float *__restrict__ y, int64_t ldy, const MmaQkv qkv)
 {
     constexpr bool kQkv = kOut == kOutQkv;
     static_assert(!kQkv || TW == 2, "the q|k|v epilogue pairs two tiles a column");
     constexpr int kCols = TW * kTileRows;
     /* Loads of kBatch chunk-groups in flight: 32 registers of weight words. */
     constexpr int kBatch = 8 / TW;
-    __shared__ __align__(16) int32_t partial[COLS][WARPS][kMmaRows][kCols];
-    static_assert(sizeof partial >= sizeof(LeanRed), "the norm tail's scratch");
+    __shared__ int32_t partial[COLS][WARPS][kMmaRows][kCols];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int col = warp / WARPS, split = warp % WARPS;
     const int gid = lane >> 2, tig = lane & 3;
@@ -481,16 +409,20 @@ __global__ void __launch_bounds__(32 * WARPS * COLS)
     if constexpr (kQkv) {
         /* The column's tiles are whole (n is whole heads of whole tiles).
          * Every output's table entry first, then the stores. */
+        /* Output o: column c (its first tile the (c % pair)-th of its
+         * head), row r, j (tile t = j / 8 of the pair, row j % 8 of it). */
         QkvPlace place[kOuts];
+        int64_t outs[kOuts];
 #pragma unroll
         for (int i = 0; i < kOuts; i++) {
             const int o = (int)threadIdx.x + i * (int)blockDim.x;
             const int c = o / (kMmaRows * kCols), r = (o / kCols) % kMmaRows, j = o % kCols;
             const int t = j / kTileRows, h = r == r0 ? 0 : 1;
-            const int64_t out =
-                (mma_rows_tile0<true, TW>(wb * COLS + c, qkv) + t * tstep) * kTileRows +
-                j % kTileRows;
-            place[i] = qkv_place(qkv, out, t == 0, row_pos[h], row_slot[h]);
+            const int ci = (int)(wb * COLS + c), head = ci / qkv.pair, ii = ci - head * qkv.pair;
+            outs[i] = ((int64_t)head * 2 * qkv.pair + ii + t * qkv.pair) * kTileRows +
+                      j % kTileRows;
+            place[i] = qkv_place(qkv, outs[i], ii * kTileRows + j % kTileRows, row_pos[h],
+                                 row_slot[h]);
         }
 #pragma unroll
         for (int i = 0; i < kOuts; i++) {
@@ -500,9 +432,7 @@ __global__ void __launch_bounds__(32 * WARPS * COLS)
             if (row >= m)
                 continue;
             const int t = j / kTileRows;
-            const int64_t out =
-                (mma_rows_tile0<true, TW>(wb * COLS + c, qkv) + t * tstep) * kTileRows +
-                j % kTileRows;
+            const int64_t out = outs[i];
             int total = 0, partner = 0;
 #pragma unroll
             for (int s = 0; s < WARPS; s++) {
@@ -523,16 +453,8 @@ __global__ void __launch_bounds__(32 * WARPS * COLS)
 #pragma unroll
             for (int s = 0; s < WARPS; s++)
                 total += partial[c][s][r][j];
-            const float v = w2a8_epilogue(total - act_sum[row], act_scale[row], w_scale);
-            if constexpr (kOut == kOutTail) {
-                float *xr = tail.x + row * tail.ldx + out;
-                *xr = __fadd_rn(__ldcg(xr), v); /* the residual add, as the norm kernel's */
-            } else {
-                y[row * ldy + out] = v;
-            }
+            y[row * ldy + out] = w2a8_epilogue(total - act_sum[row], act_scale[row], w_scale);
         }
-        if constexpr (kOut == kOutTail)
-            mma_rows_norm_tail(tail, n, m, m0, row_blocks, partial);
     }
 }
 
@@ -619,34 +541,9 @@ static int mma_rows_split(const MmaRowsGrid &g, int64_t groups, int sm_count)
     return split;
 }
 
-/* Whether the residual + norm tail can run at split S: a row of n values
- * is at most kTailV4 float4 a thread, a strip has a block for each of its
- * rows to norm, and the rows (the most blocks that may wait at once) are
- * at most half the blocks the device holds. */
-template <int S, int TW>
-static bool tail_holds(const MmaRowsGrid &g, int64_t m, int64_t n, int sm_count)
-{
-    constexpr int C = MmaRowsShape<S>::kCols, T = 32 * S * C;
-    const int64_t resident = mma_rows_resident<S, C, TW, kOutTail>(current_device());
-    const int sms = sm_count > 0 ? sm_count : 132;
-    return n / 4 <= (int64_t)kTailV4 * T && (g.columns + C - 1) / C >= kMmaRows &&
-           resident > 0 && 2 * m <= resident * sms;
-}
-
-template <int TW> static bool tail_fits(const bn_w2a8_cuda_args *a)
-{
-    const MmaRowsGrid g = {(a->tiles + TW - 1) / TW, (a->m + kMmaRows - 1) / kMmaRows};
-    switch (mma_rows_split<TW, kOutTail>(g, a->groups, a->sm_count)) {
-    case 1: return tail_holds<1, TW>(g, a->m, a->n, a->sm_count);
-    case 2: return tail_holds<2, TW>(g, a->m, a->n, a->sm_count);
-    case 4: return tail_holds<4, TW>(g, a->m, a->n, a->sm_count);
-    default: return tail_holds<8, TW>(g, a->m, a->n, a->sm_count);
-    }
-}
-
 template <int WARPS, int TW, int kOut>
 static cudaError_t launch_mma_rows_t(const bn_w2a8_cuda_args *a, const MmaRowsGrid &g,
-                                     const MmaQkv &qkv, const MmaTail &tail, cudaStream_t stream)
+                                     const MmaQkv &qkv, cudaStream_t stream)
 {
     constexpr int COLS = MmaRowsShape<WARPS>::kCols;
     const int64_t blocks = mma_rows_blocks<WARPS>(g);
@@ -654,16 +551,15 @@ static cudaError_t launch_mma_rows_t(const bn_w2a8_cuda_args *a, const MmaRowsGr
         return cudaErrorInvalidConfiguration;
     mma_rows_kernel<WARPS, COLS, TW, kOut><<<(unsigned)blocks, 32 * WARPS * COLS, 0, stream>>>(
         reinterpret_cast<const uint4 *>(a->weights), a->x, a->ldx, a->m, a->n, a->groups,
-        a->tiles, g.row_blocks, a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy, qkv,
-        tail);
+        a->tiles, g.row_blocks, a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy, qkv);
     return cudaGetLastError();
 }
 
 /* BN_W2A8_MMA_ROWS_X2 (TW = 2) and X4 (TW = 4), writing y (kOutY), or
- * with the q|k|v epilogue (TW = 2) or the residual + norm tail. */
+ * with the q|k|v epilogue (TW = 2). */
 template <int TW, int kOut = kOutY>
 static cudaError_t launch_mma_rows(const bn_w2a8_cuda_args *a, cudaStream_t stream,
-                                   const MmaQkv &qkv = MmaQkv(), const MmaTail &tail = MmaTail())
+                                   const MmaQkv &qkv = MmaQkv())
 {
     if (a->m <= 0 || a->n <= 0)
         return cudaSuccess;
@@ -672,10 +568,10 @@ static cudaError_t launch_mma_rows(const bn_w2a8_cuda_args *a, cudaStream_t stre
         return cudaErrorMisalignedAddress;
     const MmaRowsGrid g = {(a->tiles + TW - 1) / TW, (a->m + kMmaRows - 1) / kMmaRows};
     switch (mma_rows_split<TW, kOut>(g, a->groups, a->sm_count)) {
-    case 1: return launch_mma_rows_t<1, TW, kOut>(a, g, qkv, tail, stream);
-    case 2: return launch_mma_rows_t<2, TW, kOut>(a, g, qkv, tail, stream);
-    case 4: return launch_mma_rows_t<4, TW, kOut>(a, g, qkv, tail, stream);
-    default: return launch_mma_rows_t<8, TW, kOut>(a, g, qkv, tail, stream);
+    case 1: return launch_mma_rows_t<1, TW, kOut>(a, g, qkv, stream);
+    case 2: return launch_mma_rows_t<2, TW, kOut>(a, g, qkv, stream);
+    case 4: return launch_mma_rows_t<4, TW, kOut>(a, g, qkv, stream);
+    default: return launch_mma_rows_t<8, TW, kOut>(a, g, qkv, stream);
     }
 }
 
@@ -725,55 +621,6 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_qkv(const bn_w2a8_cuda_args *a, const b
     q.sk = o->scale_k;
     q.sv = o->scale_v;
     return launch_mma_rows<2, kOutQkv>(a, stream, q);
-}
-
-/* The table's kernel for a, where it is an mma-rows one: its tiles a warp
- * (2 or 4), else 0. */
-static int mma_rows_pick(const bn_w2a8_cuda_args *a)
-{
-    const int64_t k = a->groups * BN_CUDA_GROUP;
-    switch (bn_w2a8_cuda_gemm_pick(a->m, a->n, k, bn_w2a8_cuda_gemm_wgmma_usable(), a->sm_count,
-                                   a->streamk != NULL)) {
-    case BN_W2A8_MMA_ROWS_X2: return 2;
-    case BN_W2A8_MMA_ROWS_X4: return 4;
-    default: return 0;
-    }
-}
-
-extern "C" int bn_w2a8_cuda_gemm_norm_tail_fits(const bn_w2a8_cuda_args *a,
-                                                const bn_w2a8_norm_tail *t)
-{
-    if (!a || !t || a->m <= 0 || a->m > (int64_t)kMmaRows * kTailStrips || a->n <= 0 ||
-        a->n % 4 != 0 || a->n > INT32_MAX || !t->x || t->ldx < a->n || t->ldx % 4 != 0 ||
-        !t->w || !t->q || t->ldq < a->n || t->ldq % 4 != 0 || !t->scale || !t->sum ||
-        !t->counters ||
-        (((uintptr_t)t->x | (uintptr_t)t->w) & 15) != 0 || ((uintptr_t)t->q & 3) != 0)
-        return 0;
-    switch (mma_rows_pick(a)) {
-    case 2: return tail_fits<2>(a);
-    case 4: return tail_fits<4>(a);
-    default: return 0;
-    }
-}
-
-extern "C" cudaError_t bn_w2a8_cuda_gemm_norm_tail(const bn_w2a8_cuda_args *a,
-                                                   const bn_w2a8_norm_tail *t,
-                                                   cudaStream_t stream)
-{
-    if (!bn_w2a8_cuda_gemm_norm_tail_fits(a, t))
-        return cudaErrorNotSupported;
-    MmaTail tail;
-    tail.x = t->x;
-    tail.ldx = t->ldx;
-    tail.w = t->w;
-    tail.eps = t->eps;
-    tail.q = t->q;
-    tail.ldq = t->ldq;
-    tail.scale = t->scale;
-    tail.sum = t->sum;
-    tail.counters = t->counters;
-    return mma_rows_pick(a) == 2 ? launch_mma_rows<2, kOutTail>(a, stream, MmaQkv(), tail)
-                                 : launch_mma_rows<4, kOutTail>(a, stream, MmaQkv(), tail);
 }
 
 extern "C" cudaError_t bn_w2a8_cuda_gemm_mma_rows(const bn_w2a8_cuda_args *a, int tiles_per_warp,
