@@ -31,16 +31,8 @@
 #include <vector>
 
 #include "common.cuh"
+#include "cublas_check.cuh"
 #include "w2a8_epilogue.cuh"
-
-#define CUBLAS_CHECK(call)                                                                         \
-    do {                                                                                           \
-        const cublasStatus_t s_ = (call);                                                          \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-            fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #call, (int)s_);  \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 namespace
 {
