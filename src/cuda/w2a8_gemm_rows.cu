@@ -235,78 +235,67 @@ __device__ __forceinline__ int64_t mma_rows_tile0(int64_t c, const MmaQkv &qkv)
     return (int64_t)head * 2 * qkv.pair + (ci - head * qkv.pair);
 }
 
-/* The q|k|v epilogue's output `out` of activation row `row`: its part
- * (0 q, 1 k, 2 v), its index in that part and the part's scale. */
-struct QkvAt {
-    int region, local;
+/* Where one output of the q|k|v epilogue goes: its part (0 q, 1 k, 2 v),
+ * its index in that part and the part's scale; the (cos, sin) of its
+ * rotation pair (NaN where the row's position p is outside the table: its
+ * q is then NaN); its cache row (-1: stored nowhere). */
+struct QkvDest {
+    int region, local, crow;
     float sc;
-};
-
-__device__ __forceinline__ QkvAt qkv_at(const MmaQkv &o, int64_t out)
-{
-    const int idx = (int)out;
-    QkvAt a;
-    a.region = idx < o.q_dim ? 0 : idx < o.q_dim + o.kv_dim ? 1 : 2;
-    a.local = a.region == 0 ? idx : a.region == 1 ? idx - o.q_dim : idx - o.q_dim - o.kv_dim;
-    a.sc = a.region == 0 ? o.sq : a.region == 1 ? o.sk : o.sv;
-    return a;
-}
-
-/* What an output needs besides its sums: the (cos, sin) of its rotation
- * pair (NaN where the row's position p is outside the table: its q is then
- * NaN) and its cache row (-1: stored nowhere), from the row's position and
- * slot (loaded before the product). jj: the pair's index in the table's
- * row (its offset from the head's start, less half for the high side). */
-struct QkvPlace {
     float2 cs;
-    int crow;
 };
 
-__device__ __forceinline__ QkvPlace qkv_place(const MmaQkv &o, int64_t out, int jj, int p,
-                                              int slot)
+/* Output rr of tile t of grid column ci (tiles i and i + pair of head
+ * ci / pair, i = ci % pair), of a row at position p with cache row slot,
+ * found before the sums are (its table entry loaded meanwhile). 32-bit
+ * arithmetic: n fits 32 bits. */
+__device__ __forceinline__ QkvDest qkv_dest(const MmaQkv &o, int ci, int t, int rr, int p,
+                                            int slot)
 {
-    const QkvAt at = qkv_at(o, out);
+    const int head = ci / o.pair, ii = ci - head * o.pair;
+    const int idx = ((head * 2 + t) * o.pair + ii) * kTileRows + rr;
+    QkvDest d;
+    d.region = idx < o.q_dim ? 0 : idx < o.q_dim + o.kv_dim ? 1 : 2;
+    d.local = d.region == 0 ? idx : d.region == 1 ? idx - o.q_dim : idx - o.q_dim - o.kv_dim;
+    d.sc = d.region == 0 ? o.sq : d.region == 1 ? o.sk : o.sv;
     const bool in_table = p >= 0 && (int64_t)p < o.table_len;
-    QkvPlace pl;
-    pl.cs = make_float2(1.0f, 0.0f);
-    if (at.region != 2 && o.half > 0)
-        pl.cs = in_table ? __ldg(o.table + (int64_t)p * o.half + jj)
-                         : make_float2(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000));
-    pl.crow = at.region == 0 || (o.half > 0 && !in_table) ? -1 : slot;
-    return pl;
+    d.cs = make_float2(1.0f, 0.0f);
+    if (d.region != 2 && o.half > 0)
+        d.cs = in_table ? __ldg(o.table + (int64_t)p * o.half + ii * kTileRows + rr)
+                        : make_float2(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000));
+    d.crow = d.region == 0 || (o.half > 0 && !in_table) ? -1 : slot;
+    return d;
 }
 
-/* Output j (tile t = j / 8 of the pair, row j % 8) of one activation row
- * in the q|k|v epilogue: total and its rotation partner's (j ^ 8) int32
- * sums, turned into q, k or v and stored as bn_cb_qkv_post_slots does:
- * raw = the GEMM's value, then each part's scale, RoPE from the table, k
- * and v into the row's cache slot. */
-__device__ __forceinline__ void mma_rows_qkv_store(const MmaQkv &o, int64_t row, int64_t out,
-                                                   bool low, int32_t total, int32_t partner,
-                                                   int32_t sum, float act_scale, float w_scale,
-                                                   const QkvPlace &pl)
+/* One output of the q|k|v epilogue (low: the low side of its rotation
+ * pair): total and its partner's int32 sums, turned into q, k or v and
+ * stored as bn_cb_qkv_post_slots does: raw = the GEMM's value, then the
+ * part's scale, RoPE from the table, k and v into the row's cache slot. */
+__device__ __forceinline__ void mma_rows_qkv_store(const MmaQkv &o, int64_t row, bool low,
+                                                   int32_t total, int32_t partner, int32_t sum,
+                                                   float act_scale, float w_scale,
+                                                   const QkvDest &d)
 {
-    const QkvAt at = qkv_at(o, out);
     const float raw = w2a8_epilogue(total - sum, act_scale, w_scale);
     float v;
-    if (at.region == 2 || o.half == 0) {
-        v = __fmul_rn(raw, at.sc);
+    if (d.region == 2 || o.half == 0) {
+        v = __fmul_rn(raw, d.sc);
     } else {
         const float praw = w2a8_epilogue(partner - sum, act_scale, w_scale);
-        v = rope_pair(__fmul_rn(raw, at.sc), __fmul_rn(praw, at.sc), low, pl.cs);
+        v = rope_pair(__fmul_rn(raw, d.sc), __fmul_rn(praw, d.sc), low, d.cs);
     }
-    if (at.region == 0) {
-        o.q[row * o.ldq + at.local] = v;
+    if (d.region == 0) {
+        o.q[row * o.ldq + d.local] = v;
         return;
     }
-    if (pl.crow < 0 || (int64_t)pl.crow >= o.capacity)
+    if (d.crow < 0 || (int64_t)d.crow >= o.capacity)
         return;
-    const int64_t idx = (int64_t)pl.crow * o.kv_dim + at.local;
-    void *cache = at.region == 1 ? o.k_cache : o.v_cache;
+    const int64_t at = (int64_t)d.crow * o.kv_dim + d.local;
+    void *cache = d.region == 1 ? o.k_cache : o.v_cache;
     if (o.kv_f16)
-        static_cast<__half *>(cache)[idx] = __float2half_rn(v);
+        static_cast<__half *>(cache)[at] = __float2half_rn(v);
     else
-        static_cast<float *>(cache)[idx] = v;
+        static_cast<float *>(cache)[at] = v;
 }
 
 /* What the kernel does with its int32 sums: y (the W2A8 contract) or the
@@ -407,40 +396,37 @@ __global__ void __launch_bounds__(32 * WARPS * COLS)
                 acc[t][e];
     __syncthreads();
     if constexpr (kQkv) {
-        /* The column's tiles are whole (n is whole heads of whole tiles).
-         * Every output's table entry first, then the stores. */
-        /* Output o: column c (its first tile the (c % pair)-th of its
-         * head), row r, j (tile t = j / 8 of the pair, row j % 8 of it). */
-        QkvPlace place[kOuts];
-        int64_t outs[kOuts];
+        /* Output i of this thread (o = tid + i kThreads of the block's
+         * COLS x 16 x kCols): column c and row r0 or r0 ^ 8 known at
+         * compile time, j = tid % kCols (tile t = j / 8 of the pair, row
+         * rr of it) the same for all. Every output's destination (and
+         * table entry) first, then the stores. The column's tiles are
+         * whole: n is whole heads of whole tiles. */
+        constexpr int kThreads = 32 * WARPS * COLS;
+        const int j = (int)threadIdx.x % kCols, t = j / kTileRows, rr = j % kTileRows;
+        QkvDest dest[kOuts];
 #pragma unroll
         for (int i = 0; i < kOuts; i++) {
-            const int o = (int)threadIdx.x + i * (int)blockDim.x;
-            const int c = o / (kMmaRows * kCols), r = (o / kCols) % kMmaRows, j = o % kCols;
-            const int t = j / kTileRows, h = r == r0 ? 0 : 1;
-            const int ci = (int)(wb * COLS + c), head = ci / qkv.pair, ii = ci - head * qkv.pair;
-            outs[i] = ((int64_t)head * 2 * qkv.pair + ii + t * qkv.pair) * kTileRows +
-                      j % kTileRows;
-            place[i] = qkv_place(qkv, outs[i], ii * kTileRows + j % kTileRows, row_pos[h],
-                                 row_slot[h]);
+            const int c = i * kThreads / (kMmaRows * kCols);
+            const int h = (i * kThreads / kCols) % kMmaRows == 8 ? 1 : 0;
+            dest[i] = qkv_dest(qkv, (int)(wb * COLS + c), t, rr, row_pos[h], row_slot[h]);
         }
 #pragma unroll
         for (int i = 0; i < kOuts; i++) {
-            const int o = (int)threadIdx.x + i * (int)blockDim.x;
-            const int c = o / (kMmaRows * kCols), r = (o / kCols) % kMmaRows, j = o % kCols;
+            const int c = i * kThreads / (kMmaRows * kCols);
+            const int h = (i * kThreads / kCols) % kMmaRows == 8 ? 1 : 0;
+            const int r = r0 ^ (8 * h);
             const int64_t row = m0 + r;
             if (row >= m)
                 continue;
-            const int t = j / kTileRows;
-            const int64_t out = outs[i];
             int total = 0, partner = 0;
 #pragma unroll
             for (int s = 0; s < WARPS; s++) {
                 total += partial[c][s][r][j];
                 partner += partial[c][s][r][j ^ kTileRows];
             }
-            mma_rows_qkv_store(qkv, row, out, t == 0, total, partner, act_sum[row],
-                               act_scale[row], w_scale, place[i]);
+            mma_rows_qkv_store(qkv, row, t == 0, total, partner, act_sum[row], act_scale[row],
+                               w_scale, dest[i]);
         }
     } else {
         for (int o = threadIdx.x; o < COLS * kMmaRows * kCols; o += blockDim.x) {
