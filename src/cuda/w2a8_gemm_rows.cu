@@ -1,8 +1,10 @@
 /*
- * w2a8_gemm_rows.cu - the W2A8 GEMM for a few activation rows (2 to 64:
- * short prompts, batched decode), where the weights still dominate: the
- * GEMV's weight stream (w2a8_gemv.cuh) met by every row, with dp4a
- * (BN_W2A8_ROWS) or on the tensor cores (BN_W2A8_MMA_ROWS_X2 / X4).
+ * w2a8_gemm_rows.cu - the W2A8 GEMM for a few activation rows (2 to 64,
+ * up to 128 on narrow matrices: short prompts, batched decode), where the
+ * weights still dominate: the GEMV's weight stream (w2a8_gemv.cuh) met by
+ * every row, with dp4a (BN_W2A8_ROWS) or on the tensor cores
+ * (BN_W2A8_MMA_ROWS_X2 / X4); and the batched pass's q|k|v product with
+ * its epilogue (bn_w2a8_cuda_gemm_qkv).
  *
  * Same contract as every W2A8 kernel (w2a8_cuda.h): weights in the
  * cuda_layout.h tile layout, activations int8 rows of ldx bytes, zero from
