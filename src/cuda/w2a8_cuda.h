@@ -174,17 +174,17 @@ cudaError_t bn_w2a8_cuda_gemm_mma_rows(const bn_w2a8_cuda_args *a, int tiles_per
  * not: q NaN, k and v not stored). */
 typedef struct bn_w2a8_qkv_out {
     int n_heads, n_kv_heads, head_dim;
-    int rope_dim; /* head_dim, or 0: no rotation                  */
+    int rope_dim;            /* head_dim, or 0: no rotation                */
     float scale_q, scale_k, scale_v;
-    const float *rope_table; /* [table_len][rope_dim / 2] (cos, sin) pairs   */
+    const float *rope_table; /* [table_len][rope_dim / 2] (cos, sin) pairs */
     int64_t table_len;
-    const int32_t *pos;  /* m positions                                  */
-    const int32_t *slot; /* m cache rows                                 */
-    float *q;            /* m rows of n_heads x head_dim, ldq apart      */
+    const int32_t *pos;      /* m positions                                */
+    const int32_t *slot;     /* m cache rows                               */
+    float *q;                /* m rows of n_heads x head_dim, ldq apart    */
     int64_t ldq;
-    void *k_cache, *v_cache; /* [capacity][n_kv_heads x head_dim]            */
+    void *k_cache, *v_cache; /* [capacity][n_kv_heads x head_dim]          */
     int64_t capacity;
-    int kv_f16; /* the caches hold fp16 (else fp32)             */
+    int kv_f16;              /* the caches hold fp16 (else fp32)           */
 } bn_w2a8_qkv_out;
 
 /* Whether bn_w2a8_cuda_gemm_qkv takes a (the table's kernel for it is
