@@ -262,6 +262,9 @@ int main(void)
     check_rows_combine(2, 1, 1000);
     check_rows_combine(2, 64, 12345);
     check_rows_combine(3, 37, 513);
+    check_rows_combine(2, 256, 12345); /* rounds of 1, 1, 2, .. 128 rows */
+    check_rows_combine(2, 100, 777);   /* a last round of 36: a partial batch */
+    check_rows_combine(3, 90, 300);
     check_rows_combine(1, 5, 300);
     /* Bad arguments are refused. */
     float *d = NULL;
