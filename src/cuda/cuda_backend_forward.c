@@ -234,12 +234,11 @@ static void *layer_paged(const bn_cuda_backend *b, void *which, int l)
     return (char *)which + (size_t)l * (size_t)b->paged_rows * (size_t)b->kv_dim * b->kv_elem;
 }
 
-/* Rows of many sequences whose q|k|v product takes its epilogue along
- * (bn_w2a8_cuda_gemm_qkv: scale, RoPE, k and v into their paged rows, in
- * the GEMM's own kernel where the table runs mma rows x2 for it): its
- * arguments, or false where the product and bn_cb_qkv_post_slots run
- * apart. */
-static bool qkv_fused(const pass *p, int l, bn_w2a8_cuda_args *a, bn_w2a8_qkv_out *o)
+/* The arguments of rows of many sequences' q|k|v product with its
+ * epilogue (bn_w2a8_cuda_gemm_qkv: scale, RoPE, k and v into their paged
+ * rows, in the GEMM's own kernel), or false where it cannot be asked for
+ * (one launch a segment, tensor parallelism). */
+static bool qkv_epilogue_args(const pass *p, int l, bn_w2a8_cuda_args *a, bn_w2a8_qkv_out *o)
 {
     const bn_cuda_backend *b = p->b;
     const group *g = &b->groups[l * G_COUNT + G_QKV];
@@ -270,23 +269,29 @@ static bool qkv_fused(const pass *p, int l, bn_w2a8_cuda_args *a, bn_w2a8_qkv_ou
                                  b->paged_rows,
                                  b->kv_f16};
     *o = out;
-    return bn_w2a8_cuda_gemm_qkv_fits(a, o) != 0;
+    return true;
 }
 
 /* qkv = Wqkv xq, the raw q|k|v. Where the decode attention computes the
- * product itself (b->form.attn_qkv) this stage launches nothing; where the
- * product takes its epilogue along (qkv_fused), q, k and v are in place
- * after it and rope_kv_store launches nothing. */
-static bn_status qkv(const pass *p, int l)
+ * product itself (b->form.attn_qkv) this stage launches nothing. Rows of
+ * many sequences take the product with its epilogue where the kernel
+ * table allows (*in_place: q, k and v are in place, no rope_kv_store). */
+static bn_status qkv(const pass *p, int l, bool *in_place)
 {
+    *in_place = false;
     if (p->decode && p->b->form.attn_qkv)
         return stage_done(p, BN_CUDA_STAGE_QKV, 0, -1);
     bn_w2a8_cuda_args a;
     bn_w2a8_qkv_out o;
-    if (qkv_fused(p, l, &a, &o)) {
-        BN_CUDA_TRY(p->err, bn_w2a8_cuda_gemm_qkv(&a, &o, p->b->cs));
-        p->b->ran |= 1u << K_GEMM;
-        return stage_done(p, BN_CUDA_STAGE_QKV, 1, -1);
+    if (qkv_epilogue_args(p, l, &a, &o)) {
+        const cudaError_t rc = bn_w2a8_cuda_gemm_qkv(&a, &o, p->b->cs);
+        if (rc != cudaErrorNotSupported) { /* else nothing launched: the two stages */
+            if (rc != cudaSuccess)
+                return bn_cuda_fail(p->err, rc, "bn_w2a8_cuda_gemm_qkv", __FILE__, __LINE__);
+            p->b->ran |= 1u << K_GEMM;
+            *in_place = true;
+            return stage_done(p, BN_CUDA_STAGE_QKV, 1, -1);
+        }
     }
     return product(p, l, G_QKV, p->b->qkv, BN_CUDA_STAGE_QKV);
 }
@@ -297,9 +302,7 @@ static bn_status qkv(const pass *p, int l)
 static bn_status rope_kv_store(const pass *p, int l)
 {
     bn_cuda_backend *b = p->b;
-    bn_w2a8_cuda_args a;
-    bn_w2a8_qkv_out o;
-    if ((p->decode && !b->kv_f16) || qkv_fused(p, l, &a, &o))
+    if (p->decode && !b->kv_f16)
         return BN_OK;
     const bn_hparams *hp = &b->hp;
     const seg *s = b->groups[l * G_COUNT + G_QKV].s;
@@ -611,8 +614,10 @@ static bn_status layer(const pass *p, int l)
     bn_cuda_backend *b = p->b;
     /* attention: qkv = Wqkv xq; q and k turned, k and v cached;
      * att = softmax(q K^T) V; xq = q(attn_sub_norm(att)); out = Wo xq */
-    STAGE(qkv(p, l));
-    STAGE(rope_kv_store(p, l));
+    bool in_place;
+    STAGE(qkv(p, l, &in_place));
+    if (!in_place)
+        STAGE(rope_kv_store(p, l));
     STAGE(attention(p, l));
     STAGE(attn_sub_norm(p, l));
     STAGE(product(p, l, G_O, b->out, BN_CUDA_STAGE_O));

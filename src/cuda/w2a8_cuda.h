@@ -187,13 +187,11 @@ typedef struct bn_w2a8_qkv_out {
     int kv_f16;              /* the caches hold fp16 (else fp32)           */
 } bn_w2a8_qkv_out;
 
-/* Whether bn_w2a8_cuda_gemm_qkv takes a (the table's kernel for it is
- * mma rows x2, with or without a stream-K workspace) with that output:
- * n = (n_heads + 2 n_kv_heads) head_dim, head_dim a multiple of 16,
- * rope_dim 0 or head_dim. */
-int bn_w2a8_cuda_gemm_qkv_fits(const bn_w2a8_cuda_args *a, const bn_w2a8_qkv_out *o);
-/* y is not written (a->y unused); cudaErrorNotSupported where it does not
- * fit, nothing launched. */
+/* y is not written (a->y unused). It takes a where the table's kernel for
+ * it is mma rows x2 (with or without a stream-K workspace), n = (n_heads +
+ * 2 n_kv_heads) head_dim, head_dim a multiple of 16 and rope_dim 0 or
+ * head_dim; elsewhere cudaErrorNotSupported, nothing launched (the caller
+ * then runs the GEMM and bn_cb_qkv_post_slots). */
 cudaError_t bn_w2a8_cuda_gemm_qkv(const bn_w2a8_cuda_args *a, const bn_w2a8_qkv_out *o,
                                   cudaStream_t stream);
 

@@ -221,7 +221,7 @@ struct MmaQkv {
     const int32_t *pos, *slot;
     const float2 *table;
     int64_t table_len, capacity;
-    int q_dim, kv_dim, head_dim, half, pair;
+    int q_dim, kv_dim, half, pair;
     float sq, sk, sv;
 };
 
@@ -300,22 +300,17 @@ __device__ __forceinline__ void mma_rows_qkv_store(const MmaQkv &o, int64_t row,
         static_cast<float *>(cache)[at] = v;
 }
 
-/* What the kernel does with its int32 sums: y (the W2A8 contract) or the
- * q|k|v epilogue. */
-constexpr int kOutY = 0, kOutQkv = 1;
-
 /* Block: COLS columns of WARPS warps; column c of weight block wb owns
  * TW tiles from mma_rows_tile0(wb COLS + c), its warps splitting K. Block
  * b is row block b % row_blocks (activation rows 16 (b % row_blocks) ..)
- * of weight block b / row_blocks. */
-template <int WARPS, int COLS, int TW, int kOut>
+ * of weight block b / row_blocks. kQkv: the q|k|v epilogue instead of y. */
+template <int WARPS, int COLS, int TW, bool kQkv>
 __global__ void __launch_bounds__(32 * WARPS * COLS)
     mma_rows_kernel(const uint4 *__restrict__ w, const int8_t *__restrict__ x, int64_t ldx,
                     int64_t m, int64_t n, int64_t groups, int64_t tiles, int64_t row_blocks,
                     const float *__restrict__ act_scale, const int32_t *__restrict__ act_sum,
                     float w_scale, float *__restrict__ y, int64_t ldy, const MmaQkv qkv)
 {
-    constexpr bool kQkv = kOut == kOutQkv;
     static_assert(!kQkv || TW == 2, "the q|k|v epilogue pairs two tiles a column");
     constexpr int kCols = TW * kTileRows;
     /* Loads of kBatch chunk-groups in flight: 32 registers of weight words. */
@@ -446,11 +441,11 @@ __global__ void __launch_bounds__(32 * WARPS * COLS)
     }
 }
 
-/* Blocks of mma_rows_kernel<WARPS, COLS, TW, kOut> resident on one SM of
+/* Blocks of mma_rows_kernel<WARPS, COLS, TW, kQkv> resident on one SM of
  * device dev (0 if unknown), asked of the runtime once per device. */
 constexpr int kMmaRowsMaxDevices = 64;
 
-template <int WARPS, int COLS, int TW, int kOut> static int mma_rows_resident(int dev)
+template <int WARPS, int COLS, int TW, bool kQkv> static int mma_rows_resident(int dev)
 {
     static std::atomic<int> cache[kMmaRowsMaxDevices]; /* 0: not asked yet, -1: unknown */
     if (dev < 0 || dev >= kMmaRowsMaxDevices)
@@ -459,7 +454,7 @@ template <int WARPS, int COLS, int TW, int kOut> static int mma_rows_resident(in
     if (v == 0) {
         int blocks = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &blocks, mma_rows_kernel<WARPS, COLS, TW, kOut>, 32 * WARPS * COLS, 0) !=
+                &blocks, mma_rows_kernel<WARPS, COLS, TW, kQkv>, 32 * WARPS * COLS, 0) !=
                 cudaSuccess ||
             blocks <= 0) {
             (void)cudaGetLastError();
@@ -488,21 +483,11 @@ template <int S> static int64_t mma_rows_blocks(const MmaRowsGrid &g)
     return (g.columns + C - 1) / C * g.row_blocks;
 }
 
-template <int S, int TW, int kOut>
+template <int S, int TW, bool kQkv>
 static bool mma_rows_one_wave(const MmaRowsGrid &g, int dev, int sms)
 {
-    const int64_t resident = mma_rows_resident<S, MmaRowsShape<S>::kCols, TW, kOut>(dev);
+    const int64_t resident = mma_rows_resident<S, MmaRowsShape<S>::kCols, TW, kQkv>(dev);
     return resident > 0 && mma_rows_blocks<S>(g) <= resident * sms;
-}
-
-static int current_device()
-{
-    int dev = -1;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        dev = -1;
-    }
-    return dev;
 }
 
 /* The K split of mma_rows_kernel: the largest (at most 8, at most the
@@ -510,26 +495,29 @@ static int current_device()
  * until a warp has at most 24 chunk-groups (as the GEMV: more loads in
  * flight sooner). H200, M = 24 on 3840 x 2560: 5.7 us at one wave (split
  * 4) against 7.2 at 1.2 waves (split 8); 20480 x 3200 at M <= 16: split 2
- * (one wave of 4-warp blocks) 10.4 us against 22.8 at split 1. With the
- * occupancy unknown: split 1, then the long-row rule. */
-template <int TW, int kOut>
+ * (one wave of 4-warp blocks) 10.4 us against 22.8 at split 1. */
+template <int TW, bool kQkv>
 static int mma_rows_split(const MmaRowsGrid &g, int64_t groups, int sm_count)
 {
     const int sms = sm_count > 0 ? sm_count : 132;
-    const int dev = current_device();
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        dev = -1; /* occupancy unknown: split 1, then the long-row rule */
+    }
     int split = 1;
-    if (groups >= 8 && mma_rows_one_wave<8, TW, kOut>(g, dev, sms))
+    if (groups >= 8 && mma_rows_one_wave<8, TW, kQkv>(g, dev, sms))
         split = 8;
-    else if (groups >= 4 && mma_rows_one_wave<4, TW, kOut>(g, dev, sms))
+    else if (groups >= 4 && mma_rows_one_wave<4, TW, kQkv>(g, dev, sms))
         split = 4;
-    else if (groups >= 2 && mma_rows_one_wave<2, TW, kOut>(g, dev, sms))
+    else if (groups >= 2 && mma_rows_one_wave<2, TW, kQkv>(g, dev, sms))
         split = 2;
     while (split < 8 && groups > 24 * split)
         split *= 2;
     return split;
 }
 
-template <int WARPS, int TW, int kOut>
+template <int WARPS, int TW, bool kQkv>
 static cudaError_t launch_mma_rows_t(const bn_w2a8_cuda_args *a, const MmaRowsGrid &g,
                                      const MmaQkv &qkv, cudaStream_t stream)
 {
@@ -537,15 +525,15 @@ static cudaError_t launch_mma_rows_t(const bn_w2a8_cuda_args *a, const MmaRowsGr
     const int64_t blocks = mma_rows_blocks<WARPS>(g);
     if (blocks > 0x7fffffff)
         return cudaErrorInvalidConfiguration;
-    mma_rows_kernel<WARPS, COLS, TW, kOut><<<(unsigned)blocks, 32 * WARPS * COLS, 0, stream>>>(
+    mma_rows_kernel<WARPS, COLS, TW, kQkv><<<(unsigned)blocks, 32 * WARPS * COLS, 0, stream>>>(
         reinterpret_cast<const uint4 *>(a->weights), a->x, a->ldx, a->m, a->n, a->groups,
         a->tiles, g.row_blocks, a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy, qkv);
     return cudaGetLastError();
 }
 
-/* BN_W2A8_MMA_ROWS_X2 (TW = 2) and X4 (TW = 4), writing y (kOutY), or
- * with the q|k|v epilogue (TW = 2). */
-template <int TW, int kOut = kOutY>
+/* BN_W2A8_MMA_ROWS_X2 (TW = 2) and X4 (TW = 4), or (kQkv, TW = 2) with
+ * the q|k|v epilogue. */
+template <int TW, bool kQkv = false>
 static cudaError_t launch_mma_rows(const bn_w2a8_cuda_args *a, cudaStream_t stream,
                                    const MmaQkv &qkv = MmaQkv())
 {
@@ -555,11 +543,11 @@ static cudaError_t launch_mma_rows(const bn_w2a8_cuda_args *a, cudaStream_t stre
     if ((a->ldx & 15) != 0 || (reinterpret_cast<uintptr_t>(a->x) & 15) != 0)
         return cudaErrorMisalignedAddress;
     const MmaRowsGrid g = {(a->tiles + TW - 1) / TW, (a->m + kMmaRows - 1) / kMmaRows};
-    switch (mma_rows_split<TW, kOut>(g, a->groups, a->sm_count)) {
-    case 1: return launch_mma_rows_t<1, TW, kOut>(a, g, qkv, stream);
-    case 2: return launch_mma_rows_t<2, TW, kOut>(a, g, qkv, stream);
-    case 4: return launch_mma_rows_t<4, TW, kOut>(a, g, qkv, stream);
-    default: return launch_mma_rows_t<8, TW, kOut>(a, g, qkv, stream);
+    switch (mma_rows_split<TW, kQkv>(g, a->groups, a->sm_count)) {
+    case 1: return launch_mma_rows_t<1, TW, kQkv>(a, g, qkv, stream);
+    case 2: return launch_mma_rows_t<2, TW, kQkv>(a, g, qkv, stream);
+    case 4: return launch_mma_rows_t<4, TW, kQkv>(a, g, qkv, stream);
+    default: return launch_mma_rows_t<8, TW, kQkv>(a, g, qkv, stream);
     }
 }
 
@@ -570,7 +558,8 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_rows(const bn_w2a8_cuda_args *a, cudaSt
     return launch_rows(a, stream);
 }
 
-extern "C" int bn_w2a8_cuda_gemm_qkv_fits(const bn_w2a8_cuda_args *a, const bn_w2a8_qkv_out *o)
+/* Whether bn_w2a8_cuda_gemm_qkv takes a with o (w2a8_cuda.h). */
+static bool qkv_fits(const bn_w2a8_cuda_args *a, const bn_w2a8_qkv_out *o)
 {
     if (!a || !o || a->m <= 0 || o->head_dim <= 0 || o->head_dim % (2 * kTileRows) != 0 ||
         o->n_heads <= 0 || o->n_kv_heads <= 0 || (o->rope_dim != 0 && o->rope_dim != o->head_dim) ||
@@ -578,7 +567,7 @@ extern "C" int bn_w2a8_cuda_gemm_qkv_fits(const bn_w2a8_cuda_args *a, const bn_w
         a->tiles * kTileRows != a->n || a->n > INT32_MAX || !o->pos || !o->slot || !o->q ||
         !o->k_cache || !o->v_cache || o->ldq < (int64_t)o->n_heads * o->head_dim ||
         (o->rope_dim > 0 && (!o->rope_table || o->table_len <= 0)))
-        return 0;
+        return false;
     const int64_t k = a->groups * BN_CUDA_GROUP;
     return bn_w2a8_cuda_gemm_pick(a->m, a->n, k, bn_w2a8_cuda_gemm_wgmma_usable(), a->sm_count,
                                   a->streamk != NULL) == BN_W2A8_MMA_ROWS_X2;
@@ -587,7 +576,7 @@ extern "C" int bn_w2a8_cuda_gemm_qkv_fits(const bn_w2a8_cuda_args *a, const bn_w
 extern "C" cudaError_t bn_w2a8_cuda_gemm_qkv(const bn_w2a8_cuda_args *a, const bn_w2a8_qkv_out *o,
                                              cudaStream_t stream)
 {
-    if (!bn_w2a8_cuda_gemm_qkv_fits(a, o))
+    if (!qkv_fits(a, o))
         return cudaErrorNotSupported;
     MmaQkv q;
     q.q = o->q;
@@ -602,13 +591,12 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_qkv(const bn_w2a8_cuda_args *a, const b
     q.capacity = o->capacity;
     q.q_dim = o->n_heads * o->head_dim;
     q.kv_dim = o->n_kv_heads * o->head_dim;
-    q.head_dim = o->head_dim;
     q.half = o->rope_dim / 2;
     q.pair = o->head_dim / (2 * kTileRows);
     q.sq = o->scale_q;
     q.sk = o->scale_k;
     q.sv = o->scale_v;
-    return launch_mma_rows<2, kOutQkv>(a, stream, q);
+    return launch_mma_rows<2, true>(a, stream, q);
 }
 
 extern "C" cudaError_t bn_w2a8_cuda_gemm_mma_rows(const bn_w2a8_cuda_args *a, int tiles_per_warp,
