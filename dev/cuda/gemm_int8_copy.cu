@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "common.cuh"
-#include "cublas_check.cuh"
+#include "cublas_lab.cuh"
 #include "w2a8_epilogue.cuh"
 
 namespace
@@ -41,14 +41,7 @@ namespace
 cudaError_t gemm_int8(cublasHandle_t cb, const int8_t *codes, int64_t n, int64_t k, const int8_t *x,
                       int64_t m, int64_t ldx, int32_t *sums, cudaStream_t s)
 {
-    const int32_t one = 1, zero = 0;
-    if (cublasSetStream(cb, s) != CUBLAS_STATUS_SUCCESS)
-        return cudaErrorUnknown;
-    return cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, codes,
-                        CUDA_R_8I, (int)k, x, CUDA_R_8I, (int)ldx, &zero, sums, CUDA_R_32I, (int)n,
-                        CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS
-               ? cudaSuccess
-               : cudaErrorUnknown;
+    return lab_gemm_tn(cb, s, CUDA_R_8I, codes, n, k, x, m, ldx, sums);
 }
 
 __global__ void __launch_bounds__(256)

@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "common.cuh"
-#include "cublas_check.cuh"
+#include "cublas_lab.cuh"
 
 namespace
 {
@@ -157,30 +157,14 @@ static void free_rows(Rows &r)
 static cudaError_t product_f16(cublasHandle_t cb, const Head &h, const Rows &r, float *out,
                                cudaStream_t s)
 {
-    const float one = 1.0f, zero = 0.0f;
-    if (cublasSetStream(cb, s) != CUBLAS_STATUS_SUCCESS)
-        return cudaErrorUnknown;
-    return cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, (int)h.vocab, 2 * r.n, h.dim, &one, h.d_hf,
-                        CUDA_R_16F, h.dim, r.d_parts, CUDA_R_16F, h.dim, &zero, out, CUDA_R_32F,
-                        (int)h.vocab, CUBLAS_COMPUTE_32F,
-                        CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS
-               ? cudaSuccess
-               : cudaErrorUnknown;
+    return lab_gemm_tn(cb, s, CUDA_R_16F, h.d_hf, h.vocab, h.dim, r.d_parts, 2 * r.n, h.dim, out);
 }
 
 /* The screen's product: sums [2 n][vocab] int32 = codes x q^T, exact. */
 static cudaError_t product_int8(cublasHandle_t cb, const Head &h, const Rows &r, int32_t *out,
                                 cudaStream_t s)
 {
-    const int32_t one = 1, zero = 0;
-    if (cublasSetStream(cb, s) != CUBLAS_STATUS_SUCCESS)
-        return cudaErrorUnknown;
-    return cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, (int)h.vocab, 2 * r.n, h.dim, &one, h.d_q,
-                        CUDA_R_8I, h.dim, r.d_codes, CUDA_R_8I, h.dim, &zero, out, CUDA_R_32I,
-                        (int)h.vocab, CUBLAS_COMPUTE_32I,
-                        CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS
-               ? cudaSuccess
-               : cudaErrorUnknown;
+    return lab_gemm_tn(cb, s, CUDA_R_8I, h.d_q, h.vocab, h.dim, r.d_codes, 2 * r.n, h.dim, out);
 }
 
 /* Each (vocabulary row v, x row i): a = s_v sx_i (128 H + L) from the int32
