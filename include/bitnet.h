@@ -531,8 +531,11 @@ bn_status bn_default_model_path(char *buf, size_t size, bn_error *err);
 
 typedef enum bn_kv_precision {
     BN_KV_F32 = 0, /* the CPU's numbers (default)                            */
-    BN_KV_F16      /* CUDA: half the cache's memory; logits within ~3e-2 of
+    BN_KV_F16,     /* CUDA: half the cache's memory; logits within ~3e-2 of
                       their range of the f32 cache's (the CPU keeps f32)     */
+    BN_KV_FP8      /* CUDA: the batching engine's paged cache in fp8 e4m3 (a
+                      quarter of f32's memory and reads; docs/CUDA.md says
+                      what it costs in accuracy), one sequence's in f16      */
 } bn_kv_precision;
 
 /* Which cached prefix block of the paged KV cache is given up first. */

@@ -10,7 +10,7 @@
  *     still its poison (rows with slot -1 or past the capacity store
  *     nothing);
  *   - head widths 16, 64 and 128 (the 2B-4T heads: 20 q, 5 kv), rope over
- *     the whole head or none, fp16 and fp32 caches, 2 to 64 rows;
+ *     the whole head or none, fp32, fp16 and e4m3 caches, 2 to 64 rows;
  *   - and where it declines without launching: head widths not a multiple
  *     of 16, a rotation over part of the head, more rows than the mma-rows
  *     kernel takes.
@@ -18,6 +18,7 @@
  * Exits 77 without a usable GPU.
  */
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +35,7 @@ static int sm_count;
 typedef struct shape {
     int n_heads, n_kv, head_dim, rope_dim;
     int64_t k, m;
-    int kv_f16;
+    int kv; /* BN_CB_KV_* */
 } shape;
 
 /* Count of bytes of a and b (n bytes each) that differ; the first at *first. */
@@ -47,6 +48,52 @@ static int64_t count_diff(const void *a, const void *b, size_t n, int64_t *first
         if (x[i] != y[i] && diff++ == 0)
             *first = (int64_t)i;
     return diff;
+}
+
+/* The e4m3 caches' stored bytes against the same epilogue into fp32
+ * caches: each the fp32 value rounded to nearest (within half a step:
+ * 2^-4 of its magnitude, 2^-10 among the subnormals), saturated at 448. */
+static void check_e4m3_rows(const shape *sh, const float *d_raw, int64_t n,
+                            const bn_rope_freqs *freqs, const float *d_table, int64_t table_len,
+                            const int32_t *d_pos, const int32_t *d_slot, int64_t capacity,
+                            const float scales[3], const unsigned char *k8, const unsigned char *v8)
+{
+    const int hd = sh->head_dim;
+    const int64_t q_dim = (int64_t)sh->n_heads * hd, kv_dim = (int64_t)sh->n_kv * hd;
+    const size_t vals = (size_t)(capacity * kv_dim);
+    float *d_q, *d_k, *d_v;
+    CUDA_OK(cudaMalloc((void **)&d_q, sizeof(float) * (size_t)(sh->m * q_dim)));
+    CUDA_OK(cudaMalloc((void **)&d_k, sizeof(float) * vals));
+    CUDA_OK(cudaMalloc((void **)&d_v, sizeof(float) * vals));
+    CUDA_OK(cudaMemset(d_k, 0, sizeof(float) * vals));
+    CUDA_OK(cudaMemset(d_v, 0, sizeof(float) * vals));
+    const bn_cb_qkv_shape qs = {sh->n_heads, sh->n_kv,  hd,       capacity,
+                                scales[0],   scales[1], scales[2]};
+    CUDA_OK(bn_cb_qkv_post_slots(d_raw, n, sh->m, &qs, freqs, d_table,
+                                 sh->rope_dim > 0 ? table_len : 0, d_pos, d_slot, d_q, q_dim, d_k,
+                                 d_v, BN_CB_KV_F32, 0));
+    float *k = malloc(sizeof(float) * vals), *v = malloc(sizeof(float) * vals);
+    CHECK(k && v);
+    CUDA_OK(cudaMemcpy(k, d_k, sizeof(float) * vals, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(v, d_v, sizeof(float) * vals, cudaMemcpyDeviceToHost));
+    int64_t bad = 0, checked = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const float *want = pass ? v : k;
+        const unsigned char *got = pass ? v8 : k8;
+        for (size_t i = 0; i < vals; i++) {
+            if (want[i] == 0.0f)
+                continue; /* a row not stored (its poison in the e4m3 cache) */
+            const float x = want[i], mag = fabsf(x) > 448.0f ? 448.0f : fabsf(x);
+            const float step = mag < ldexpf(1.0f, -6) ? ldexpf(1.0f, -10) : mag / 16.0f;
+            const float y = test_e4m3_value(got[i]);
+            bad += !(fabsf(y - copysignf(mag, x)) <= step) || got[i] == 0x7f || got[i] == 0xff;
+            checked++;
+        }
+    }
+    CHECK_MSG(bad == 0 && checked > 0, "e4m3 caches: %lld of %lld values not the rounded fp32",
+              (long long)bad, (long long)checked);
+    cudaFree(d_q), cudaFree(d_k), cudaFree(d_v);
+    free(k), free(v);
 }
 
 static void check_qkv(const shape *sh)
@@ -89,7 +136,8 @@ static void check_qkv(const shape *sh)
     int8_t *d_x;
     float *d_scale, *d_raw, *d_q, *d_table = NULL;
     int32_t *d_sum, *d_pos, *d_slot;
-    const size_t elem = sh->kv_f16 ? 2 : 4, cache_bytes = (size_t)(capacity * kv_dim) * elem;
+    const size_t elem = sh->kv == BN_CB_KV_E4M3 ? 1 : sh->kv == BN_CB_KV_F16 ? 2 : 4;
+    const size_t cache_bytes = (size_t)(capacity * kv_dim) * elem;
     void *d_cache[4]; /* reference k, v; fused k, v */
     CUDA_OK(cudaMalloc(&d_w, l.bytes));
     CUDA_OK(cudaMemcpy(d_w, packed, l.bytes, cudaMemcpyHostToDevice));
@@ -133,7 +181,7 @@ static void check_qkv(const shape *sh)
     const bn_w2a8_qkv_out o = {sh->n_heads, sh->n_kv,        hd,      sh->rope_dim, scales[0],
                                scales[1],   scales[2],       d_table, table_len,    d_pos,
                                d_slot,      d_q + m * q_dim, q_dim,   d_cache[2],   d_cache[3],
-                               capacity,    sh->kv_f16};
+                               capacity,    sh->kv};
     /* The fused kernel writes its own q and caches: it may run first. */
     const cudaError_t rc = bn_w2a8_cuda_gemm_qkv(&a, &o, 0);
     CHECK_MSG(rc == cudaSuccess || rc == cudaErrorNotSupported, "bn_w2a8_cuda_gemm_qkv: %s",
@@ -152,7 +200,7 @@ static void check_qkv(const shape *sh)
                                     scales[0],   scales[1], scales[2]};
         CUDA_OK(bn_cb_qkv_post_slots(d_raw, n, m, &qs, &freqs, d_table,
                                      sh->rope_dim > 0 ? table_len : 0, d_pos, d_slot, d_q, q_dim,
-                                     d_cache[0], d_cache[1], sh->kv_f16, 0));
+                                     d_cache[0], d_cache[1], sh->kv, 0));
         CUDA_OK(cudaDeviceSynchronize());
 
         float *q = malloc(sizeof(float) * (size_t)(2 * m * q_dim));
@@ -178,8 +226,12 @@ static void check_qkv(const shape *sh)
             CHECK_MSG(diff == 0,
                       "%s cache (%s), heads %d/%d of %d, rope %d, m %lld: %lld bytes differ "
                       "(first at %lld)",
-                      i ? "v" : "k", sh->kv_f16 ? "fp16" : "fp32", sh->n_heads, sh->n_kv, hd,
-                      sh->rope_dim, (long long)m, (long long)diff, (long long)first);
+                      i ? "v" : "k",
+                      sh->kv == BN_CB_KV_E4M3  ? "e4m3"
+                      : sh->kv == BN_CB_KV_F16 ? "fp16"
+                                               : "fp32",
+                      sh->n_heads, sh->n_kv, hd, sh->rope_dim, (long long)m, (long long)diff,
+                      (long long)first);
         }
         /* The reference stored something: a stored row is not its poison. */
         int64_t stored = 0;
@@ -188,6 +240,9 @@ static void check_qkv(const shape *sh)
                 stored += memcmp(c[0] + (size_t)(slot[r] * kv_dim) * elem,
                                  c[0] + (size_t)(0 * kv_dim) * elem, (size_t)kv_dim * elem) != 0;
         CHECK_MSG(stored > 0 || m < 3, "no row stored in the k cache");
+        if (sh->kv == BN_CB_KV_E4M3)
+            check_e4m3_rows(sh, d_raw, n, &freqs, d_table, table_len, d_pos, d_slot, capacity,
+                            scales, c[0], c[1]);
         for (int i = 0; i < 4; i++)
             free(c[i]);
         free(q);
@@ -209,11 +264,14 @@ int main(void)
         {20, 5, 128, 128, 2560, 17, 1},
         {20, 5, 128, 128, 2560, 4, 0},
         {20, 5, 128, 128, 2560, 33, 0},
+        {20, 5, 128, 128, 2560, 64, 2},
+        {20, 5, 128, 128, 2560, 5, 2},
         /* narrow and middle heads, ragged k, no rotation */
         {4, 2, 16, 16, 300, 9, 1},
         {4, 2, 16, 16, 300, 64, 0},
         {6, 3, 64, 64, 1000, 24, 1},
         {6, 3, 64, 0, 1000, 12, 1},
+        {6, 3, 64, 64, 1000, 40, 2},
         /* declined: heads of 8, rotation over half a head, many rows */
         {4, 2, 8, 8, 256, 8, 1},
         {4, 2, 64, 32, 256, 8, 1},

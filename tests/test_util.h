@@ -86,6 +86,15 @@ static inline float test_rand_float(float lo, float hi)
     return lo + (hi - lo) * (float)((test_rand_u64() >> 40) * (1.0 / 16777216.0));
 }
 
+/* The value of fp8 e4m3 byte b (sign, 4 exponent bits of bias 7, 3
+ * mantissa bits; exponent 0 subnormal; 0x7f / 0xff, NaN, not expected). */
+static inline float test_e4m3_value(uint8_t b)
+{
+    const int e = (b >> 3) & 15, m = b & 7;
+    const float mag = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + (float)m / 8.0f, e - 7);
+    return b & 0x80 ? -mag : mag;
+}
+
 static inline uint64_t test_seed_init(void)
 {
     const char *env = getenv("BN_TEST_SEED");

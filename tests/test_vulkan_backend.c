@@ -82,8 +82,8 @@ static double rel_diff(const float *a, const float *b, int64_t n)
 static bn_backend *make(const bn_backend_ops *ops, const bn_checkpoint *m, int device,
                         int64_t kv_len, bool kv_f16, bn_error *err)
 {
-    const bn_backend_params p = {.device = device, .kv_len = kv_len, .threads = 1,
-                                 .kv_f16 = kv_f16};
+    const bn_backend_params p = {
+        .device = device, .kv_len = kv_len, .threads = 1, .kv = kv_f16 ? BN_KV_F16 : BN_KV_F32};
     bn_backend *b = NULL;
     bn_error_clear(err);
     if (ops->create(m, &p, &b, err) != BN_OK)

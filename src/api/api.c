@@ -238,10 +238,11 @@ bn_status bn_model_open(const bn_model_options *opt, bn_model **out, bn_error *e
     bn_model_options_default(&o);
     if (opt)
         o = *opt;
-    if (o.n_threads < 0 || o.n_ctx < 0 || (o.kv != BN_KV_F32 && o.kv != BN_KV_F16))
+    if (o.n_threads < 0 || o.n_ctx < 0 ||
+        (o.kv != BN_KV_F32 && o.kv != BN_KV_F16 && o.kv != BN_KV_FP8))
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL,
-                            "bn_model_open: n_threads and n_ctx must be >= 0 and kv BN_KV_F32 "
-                            "or BN_KV_F16 (got %d, %lld, %d)",
+                            "bn_model_open: n_threads and n_ctx must be >= 0 and kv BN_KV_F32, "
+                            "BN_KV_F16 or BN_KV_FP8 (got %d, %lld, %d)",
                             o.n_threads, (long long)o.n_ctx, (int)o.kv);
     bn_config cfg;
     bn_status st = bn_config_from_env(&cfg, err);
@@ -290,7 +291,7 @@ bn_status bn_model_open(const bn_model_options *opt, bn_model **out, bn_error *e
                             .device = o.device,
                             .n_threads = o.n_threads,
                             .n_ctx = o.n_ctx,
-                            .kv_f16 = o.kv == BN_KV_F16,
+                            .kv = o.kv,
                             .tensor_parallel = o.tensor_parallel};
     st = bn_engine_open(&cfg, &eo, &m->engine, err);
     if (st != BN_OK) {

@@ -28,25 +28,29 @@
  * dev/cuda/attn_paged.cu holds the one-split kernel with its timing.
  */
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 
 #include <type_traits>
 
+#include "attn_paged_block.cuh"
+#include "attn_paged_e4m3.cuh"
 #include "attn_paged_shares.cuh"
 #include "cp_async.cuh"
 #include "mma_f16.cuh"
 #include "cuda_backend_kernels.h"
+#include "kv_store.cuh"
 #include "smem_opt_in.cuh"
 
 namespace {
 
 constexpr int kTile = kPagedTile;
 
-/* A tile's rows in shared memory: fp32 as stored, or fp16 as stored,
- * padded by 16 bytes a row so that lanes reading different rows at the
- * same column fall in different banks. */
+/* A tile's rows in shared memory: fp32, fp16 or e4m3 as stored, padded by
+ * 16 bytes a row so that lanes reading different rows at the same column
+ * fall in different banks. */
 template <typename T, int HD> struct TileRow {
     static constexpr int kStride = HD + 16 / (int)sizeof(T); /* elements a row */
     static constexpr int kCopies = HD * (int)sizeof(T) / 16;  /* 16-byte copies a row */
@@ -62,6 +66,15 @@ __device__ __forceinline__ float4 chunk4(const __half *row, int ch)
     const uint2 u = reinterpret_cast<const uint2 *>(row)[ch];
     const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x));
     const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ float4 chunk4(const __nv_fp8_e4m3 *row, int ch)
+{
+    const uint32_t u = reinterpret_cast<const uint32_t *>(row)[ch];
+    uint32_t lo, hi;
+    e4m3x4_to_f16(u, lo, hi);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&lo));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&hi));
     return make_float4(a.x, a.y, b.x, b.y);
 }
 
@@ -90,30 +103,6 @@ __device__ __forceinline__ void copy_tile(T *kt, T *vt, const int *crow, const T
         cp_async16((uint32_t)__cvta_generic_to_shared(vt + at),
                    reinterpret_cast<const uint4 *>(vc + src) + c, cr >= 0);
     }
-}
-
-/* The positions block (listed row, kv head, split) of a launch works on:
- * the row, its position, its sequence's table and the range [begin, end);
- * false when the row does not use this split (the merge skips it). */
-struct PagedRange {
-    int row, pos, begin, end;
-    const int32_t *table;
-};
-
-__device__ __forceinline__ bool paged_block_range(const int32_t *rows, const int32_t *row_seq,
-                                                  const int32_t *row_pos, const int32_t *tables,
-                                                  int max_blocks, PagedRange &r)
-{
-    const int listed = blockIdx.x, split = blockIdx.z;
-    r.row = rows ? rows[listed] : listed;
-    r.pos = row_pos[r.row];
-    int span;
-    if (split >= paged_row_splits(r.pos, (int)gridDim.z, &span))
-        return false;
-    r.table = tables + (int64_t)row_seq[r.row] * max_blocks;
-    r.begin = split * span;
-    r.end = min(r.begin + span, r.pos + 1);
-    return true;
 }
 
 /* Shared memory: q [group][HD] floats, then two buffers of K and V tiles
@@ -264,8 +253,18 @@ __global__ void attn_paged_kernel(int n_heads, int n_kv, const float *__restrict
  *
  * Precision as the prefill kernel's: q and the weights P are split into
  * fp16 hi + lo parts and both are multiplied (~22 significant bits), K and
- * V are used exactly as stored, sums are fp32. Outputs and shares have the
- * kernel above's layout, so paged_merge combines either. */
+ * V are used exactly as stored, sums are fp32. q is scaled by head_dim^-0.5
+ * log2(e) before the split, so the scores come out in base 2 and the
+ * weights are one MUFU ex2 each. Outputs and shares (their maximum back in
+ * natural units) have the kernel above's layout, so paged_merge combines
+ * either.
+ *
+ * What a tile costs besides its products is kept off the block's path:
+ * the table entries of the tile after next are loaded a tile ahead (lane
+ * i of warp 0: position i), so the offsets warp 0 leaves before the
+ * barrier need no global load; the copies read those offsets (no
+ * multiply, no size register: cp.async's ignore-src zero-fills rows past
+ * the range). */
 constexpr int kMmaWarps = 4;
 constexpr int kMmaMaxGroup = 8;         /* q heads a kv head: the n = 8 columns */
 constexpr int kScoreStride = kTile + 4; /* floats a head's scores: distinct banks */
@@ -276,10 +275,15 @@ template <int HD> struct PagedMma {
     static constexpr int SK = HD / 32; /* k16 steps of a warp's half of the dims */
     static constexpr int MT = HD / 64; /* m16 tiles of a warp's quarter of the dims */
     /* Two buffers of K and V tiles, the two halves' scores, the two tiles'
-     * cache rows. */
+     * row offsets. */
     static constexpr size_t kSmem = sizeof(__half) * 4 * TILE +
                                     sizeof(float) * 2 * kMmaMaxGroup * kScoreStride +
-                                    sizeof(int) * 2 * kTile;
+                                    sizeof(int64_t) * 2 * kTile;
+    /* A thread's copies: 16-byte chunk c of rows r0, r0 + kRowStep, ... of
+     * both the K and the V tile. */
+    static constexpr int kThreads = 32 * kMmaWarps;
+    static constexpr int kRowStep = kThreads / R::kCopies, kRounds = kTile / kRowStep;
+    static_assert(kThreads % R::kCopies == 0 && kTile % kRowStep == 0, "whole rounds");
 };
 
 template <int HD>
@@ -296,9 +300,9 @@ __global__ void __launch_bounds__(32 * kMmaWarps)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __half *tiles = reinterpret_cast<__half *>(smem_raw);         /* [2][K, V][32][KS] */
     float *sc = reinterpret_cast<float *>(tiles + 4 * TILE);        /* [2][8][kScoreStride] */
-    int *crow = reinterpret_cast<int *>(sc + 2 * kMmaMaxGroup * kScoreStride); /* [2][32] */
+    int64_t *rofs = reinterpret_cast<int64_t *>(sc + 2 * kMmaMaxGroup * kScoreStride); /* [2][32] */
     const int group = n_heads / n_kv;
-    const int listed = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    const int kvh = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
     const int64_t kv_dim = (int64_t)n_kv * HD, head_off = (int64_t)kvh * HD;
@@ -308,15 +312,18 @@ __global__ void __launch_bounds__(32 * kMmaWarps)
     const int row = range.row, begin = range.begin, end = range.end;
     const int32_t *table = range.table;
 
-    if (warp == 0)
-        crow[lane] = cache_row(table, bs, begin + lane, end);
+    /* The first tile's offsets, and the second tile's table entries
+     * (warp 0, a lane a position). */
+    int ahead = warp == 0 ? table_entry(table, bs, begin + lane, end) : -1;
+    paged_offsets_ahead<kTile>(rofs, ahead, range, bs, begin, kv_dim, head_off);
 
     /* This warp's scores: keys 16 ks .. + 15 of a tile over the dims of
-     * half kh; B fragments of q (head gid; zeros past the group): dims
-     * kh HD / 2 + 16 s + 2 tig + {0, 1} and + 8. */
+     * half kh; B fragments of q scaled to base 2 (head gid; zeros past the
+     * group): dims kh HD / 2 + 16 s + 2 tig + {0, 1} and + 8. */
     const int ks = warp & 1, kh = warp >> 1;
     uint32_t qhi[P::SK][2], qlo[P::SK][2];
     {
+        const float qscale = scale * 1.4426950408889634f; /* log2(e) */
         const bool live = gid < group;
         const float *qr = q + (int64_t)row * ldq + (int64_t)(kvh * group + (live ? gid : 0)) * HD +
                           kh * (HD / 2) + 2 * tig;
@@ -326,25 +333,39 @@ __global__ void __launch_bounds__(32 * kMmaWarps)
             for (int e = 0; e < 2; e++) {
                 const float2 v = live ? *reinterpret_cast<const float2 *>(qr + 16 * s + 8 * e)
                                       : make_float2(0.0f, 0.0f);
-                split_f16x2(v.x, v.y, qhi[s][e], qlo[s][e]);
+                split_f16x2(v.x * qscale, v.y * qscale, qhi[s][e], qlo[s][e]);
             }
     }
+
+    /* This thread's copies: chunk c of rows r0 + k kRowStep of both tiles. */
+    const int r0 = threadIdx.x / P::R::kCopies, c8 = 8 * (threadIdx.x % P::R::kCopies);
+    const uint32_t tiles_s = (uint32_t)__cvta_generic_to_shared(tiles);
+    auto copy_tiles = [&](int b) {
+        const uint32_t kt_s = tiles_s + (uint32_t)(b * 2 * TILE * (int)sizeof(__half));
+#pragma unroll
+        for (int k = 0; k < P::kRounds; k++) {
+            const int r = r0 + k * P::kRowStep;
+            const int64_t o = rofs[b * kTile + r];
+            const uint32_t at = kt_s + (uint32_t)((r * KS + c8) * (int)sizeof(__half));
+            cp_async16_or_zero(at, kc + o + c8, o < 0);
+            cp_async16_or_zero(at + TILE * (int)sizeof(__half), vc + o + c8, o < 0);
+        }
+    };
     __syncthreads();
     if (begin < end)
-        copy_tile<__half, HD>(tiles, tiles + TILE, crow, kc, vc, kv_dim, head_off);
+        copy_tiles(0);
     cp_async_commit();
 
-    float m = -INFINITY, l = 0.0f; /* head gid's running maximum and weight */
+    float m = -INFINITY, l = 0.0f; /* head gid's running maximum (base 2) and weight */
     float o[P::MT][4] = {};        /* dims (16 mt + gid, + 8) of this warp's quarter x heads */
     for (int t0 = begin, buf = 0; t0 < end; t0 += kTile, buf ^= 1) {
         const bool more = t0 + kTile < end;
-        if (warp == 0 && more)
-            crow[(buf ^ 1) * kTile + lane] = cache_row(table, bs, t0 + kTile + lane, end);
-        __syncthreads(); /* those rows are in place; the other buffer is free */
         if (more)
-            copy_tile<__half, HD>(tiles + (buf ^ 1) * 2 * TILE,
-                                  tiles + (buf ^ 1) * 2 * TILE + TILE, crow + (buf ^ 1) * kTile,
-                                  kc, vc, kv_dim, head_off);
+            paged_offsets_ahead<kTile>(rofs + (buf ^ 1) * kTile, ahead, range, bs, t0 + kTile,
+                                       kv_dim, head_off);
+        __syncthreads(); /* those offsets are in place; the other buffer is free */
+        if (more)
+            copy_tiles(buf ^ 1);
         cp_async_commit();
         cp_async_wait<1>(); /* this tile's copies */
         __syncthreads();
@@ -370,7 +391,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps)
         __syncthreads();
 
         /* Head gid's keys 16 j + 8 e + 2 tig + {0, 1}: the two halves'
-         * sums, scaled; -inf past the range. */
+         * sums (base 2); -inf past the range. */
         float p[2][4];
         float mx = -INFINITY;
 #pragma unroll
@@ -381,21 +402,21 @@ __global__ void __launch_bounds__(32 * kMmaWarps)
                 const float2 a = *reinterpret_cast<const float2 *>(sc + gid * kScoreStride + key);
                 const float2 b = *reinterpret_cast<const float2 *>(
                     sc + (kMmaMaxGroup + gid) * kScoreStride + key);
-                p[j][2 * e] = t0 + key < end ? (a.x + b.x) * scale : -INFINITY;
-                p[j][2 * e + 1] = t0 + key + 1 < end ? (a.y + b.y) * scale : -INFINITY;
+                p[j][2 * e] = t0 + key < end ? a.x + b.x : -INFINITY;
+                p[j][2 * e + 1] = t0 + key + 1 < end ? a.y + b.y : -INFINITY;
                 mx = fmaxf(mx, fmaxf(p[j][2 * e], p[j][2 * e + 1]));
             }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m, mx); /* finite: key t0 is in the range */
-        const float corr = expf(m - m_new);
+        const float corr = exp2_approx(m - m_new);
         float sum = 0.0f;
         uint32_t phi[2][2], plo[2][2];
 #pragma unroll
         for (int j = 0; j < 2; j++) {
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                p[j][i] = expf(p[j][i] - m_new);
+                p[j][i] = exp2_approx(p[j][i] - m_new);
                 sum += p[j][i];
             }
             split_f16x2(p[j][0], p[j][1], phi[j][0], plo[j][0]);
@@ -427,49 +448,10 @@ __global__ void __launch_bounds__(32 * kMmaWarps)
         }
     }
     cp_async_wait<0>();
-
-    /* Heads 2 tig and 2 tig + 1 of this lane's accumulators. */
-    const float la = __shfl_sync(0xffffffffu, l, 8 * tig);
-    const float lb = __shfl_sync(0xffffffffu, l, 8 * tig + 4);
-    const int ha = 2 * tig, hb = 2 * tig + 1;
-    if (gridDim.z == 1) {
-        /* One split: the output itself (as paged_merge gives a row of one
-         * share). */
-        float *orow = out + (int64_t)row * ldo + (int64_t)kvh * group * HD + warp * (HD / 4) + gid;
-#pragma unroll
-        for (int mt = 0; mt < P::MT; mt++) {
-            if (ha < group) {
-                orow[ha * HD + 16 * mt] = o[mt][0] / la;
-                orow[ha * HD + 16 * mt + 8] = o[mt][2] / la;
-            }
-            if (hb < group) {
-                orow[hb * HD + 16 * mt] = o[mt][1] / lb;
-                orow[hb * HD + 16 * mt + 8] = o[mt][3] / lb;
-            }
-        }
-        return;
-    }
-    /* This split's share of head h: [sum (HD)][max][weight]. */
-    auto share = [&](int hg) {
-        return part + (((int64_t)listed * n_heads + kvh * group + hg) * gridDim.z + split) *
-                          (HD + 4);
-    };
-#pragma unroll
-    for (int mt = 0; mt < P::MT; mt++) {
-        const int d = warp * (HD / 4) + 16 * mt + gid;
-        if (ha < group) {
-            share(ha)[d] = o[mt][0];
-            share(ha)[d + 8] = o[mt][2];
-        }
-        if (hb < group) {
-            share(hb)[d] = o[mt][1];
-            share(hb)[d + 8] = o[mt][3];
-        }
-    }
-    if (warp == 0 && tig == 0 && gid < group) {
-        share(gid)[HD] = m;
-        share(gid)[HD + 1] = l;
-    }
+    /* o[mt][e]: dim 16 mt + gid (+ 8 for e >= 2) of this warp's quarter. */
+    paged_write_result<HD, P::MT>(
+        o, m, l, [&](int mt, int half) { return warp * (HD / 4) + 16 * mt + gid + 8 * half; },
+        warp == 0, n_heads, group, row, kvh, out, ldo, part);
 }
 
 /* Block (row, head), thread d < HD: value d of the head's output from
@@ -487,9 +469,9 @@ __global__ void paged_merge(int n_heads, int hd, int splits, const int32_t *__re
     out[(int64_t)row * ldo + (int64_t)h * hd + d] = v[0];
 }
 
-/* The kernel a launch of group q heads a kv head takes: an fp16 cache of
- * groups up to 8 on the tensor cores, the rest on the FMA kernel (both
- * write the same outputs and shares). */
+/* The kernel a launch of group q heads a kv head takes: an fp16 or e4m3
+ * cache of groups up to 8 on the tensor cores, the rest on the FMA kernel
+ * (all write the same outputs and shares). */
 template <int HD, typename T> struct PagedPick {
     decltype(&attn_paged_kernel<HD, T>) fn;
     size_t smem;
@@ -501,6 +483,10 @@ template <int HD, typename T> PagedPick<HD, T> paged_pick(int group)
     if constexpr (std::is_same<T, __half>::value) {
         if (group <= kMmaMaxGroup)
             return {attn_paged_mma_kernel<HD>, PagedMma<HD>::kSmem, 32 * kMmaWarps};
+    }
+    if constexpr (std::is_same<T, __nv_fp8_e4m3>::value) {
+        if (group <= kE4m3MaxGroup)
+            return {attn_paged_e4m3_kernel<HD>, E4m3Tiles<HD>::kSmem, 32 * kE4m3Warps};
     }
     return {attn_paged_kernel<HD, T>, paged_smem_of<T, HD>(group), 32 * group};
 }
@@ -530,6 +516,17 @@ cudaError_t launch(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n
     paged_merge<<<dim3((unsigned)n_rows, (unsigned)s->n_heads), (unsigned)HD, 0, stream>>>(
         s->n_heads, HD, splits, row_pos, rows, part, out, ldo);
     return cudaGetLastError();
+}
+
+/* f(HD, cache element) for head_dim 64 or 128 and cache type kv
+ * (BN_CB_KV_*): f receives std::integral_constant<int, HD> and a T *. */
+template <class F> cudaError_t for_shape(int head_dim, int kv, F &&f)
+{
+    return with_kv_element(kv, [&](auto *t) {
+        if (head_dim == 128)
+            return f(std::integral_constant<int, 128>{}, t);
+        return f(std::integral_constant<int, 64>{}, t);
+    });
 }
 
 /* Blocks of the kernel an SM holds at once. */
@@ -562,20 +559,17 @@ extern "C" int bn_cb_attn_paged_splits(int n_rows, int max_pos, int n_kv_heads, 
     return splits < 1 ? 1 : splits;
 }
 
-extern "C" int bn_cb_attn_paged_resident(const bn_cb_attn_shape *s, int kv_f16, int sm_count)
+extern "C" int bn_cb_attn_paged_resident(const bn_cb_attn_shape *s, int kv, int sm_count)
 {
     if (!s || s->n_kv_heads < 1 || s->n_heads % s->n_kv_heads != 0 || sm_count < 1 ||
         !bn_cb_attn_paged_supports(s->head_dim))
         return 0;
     const int group = s->n_heads / s->n_kv_heads;
     int per_sm = 0;
-    cudaError_t rc;
-    if (s->head_dim == 128)
-        rc = kv_f16 ? resident_per_sm<128, __half>(group, &per_sm)
-                    : resident_per_sm<128, float>(group, &per_sm);
-    else
-        rc = kv_f16 ? resident_per_sm<64, __half>(group, &per_sm)
-                    : resident_per_sm<64, float>(group, &per_sm);
+    const cudaError_t rc = for_shape(s->head_dim, kv, [&](auto hd, auto *t) {
+        using T = std::remove_pointer_t<decltype(t)>;
+        return resident_per_sm<decltype(hd)::value, T>(group, &per_sm);
+    });
     if (rc != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
@@ -592,7 +586,7 @@ extern "C" size_t bn_cb_attn_paged_workspace_bytes(int n_heads, int head_dim)
 static cudaError_t attn_paged(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
                               int n_rows, const int32_t *row_seq, const int32_t *row_pos,
                               const int32_t *tables, int max_blocks, int block_size,
-                              const void *k_cache, const void *v_cache, int kv_f16, int splits,
+                              const void *k_cache, const void *v_cache, int kv, int splits,
                               const int32_t *rows, float *out, int64_t ldo, float *ws, bool merge,
                               cudaStream_t stream)
 {
@@ -608,31 +602,24 @@ static cudaError_t attn_paged(const bn_cb_attn_shape *s, const float *q, int64_t
         return cudaErrorNotSupported;
     if (n_rows == 0)
         return cudaSuccess;
-    if (s->head_dim == 128)
-        return kv_f16 ? launch<128, __half>(s, q, ldq, n_rows, row_seq, row_pos, tables,
-                                            max_blocks, block_size, k_cache, v_cache, splits,
-                                            rows, out, ldo, ws, merge, stream)
-                      : launch<128, float>(s, q, ldq, n_rows, row_seq, row_pos, tables,
-                                           max_blocks, block_size, k_cache, v_cache, splits,
-                                           rows, out, ldo, ws, merge, stream);
-    return kv_f16 ? launch<64, __half>(s, q, ldq, n_rows, row_seq, row_pos, tables, max_blocks,
-                                       block_size, k_cache, v_cache, splits, rows, out, ldo, ws,
-                                       merge, stream)
-                  : launch<64, float>(s, q, ldq, n_rows, row_seq, row_pos, tables, max_blocks,
-                                      block_size, k_cache, v_cache, splits, rows, out, ldo, ws,
-                                      merge, stream);
+    return for_shape(s->head_dim, kv, [&](auto hd, auto *t) {
+        using T = std::remove_pointer_t<decltype(t)>;
+        return launch<decltype(hd)::value, T>(s, q, ldq, n_rows, row_seq, row_pos, tables,
+                                              max_blocks, block_size, k_cache, v_cache, splits,
+                                              rows, out, ldo, ws, merge, stream);
+    });
 }
 
 extern "C" cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
                                         int n_rows, const int32_t *row_seq,
                                         const int32_t *row_pos, const int32_t *tables,
                                         int max_blocks, int block_size, const void *k_cache,
-                                        const void *v_cache, int kv_f16, int splits,
+                                        const void *v_cache, int kv, int splits,
                                         const int32_t *rows, float *out, int64_t ldo, float *ws,
                                         cudaStream_t stream)
 {
     return attn_paged(s, q, ldq, n_rows, row_seq, row_pos, tables, max_blocks, block_size,
-                      k_cache, v_cache, kv_f16, splits, rows, out, ldo, ws, true, stream);
+                      k_cache, v_cache, kv, splits, rows, out, ldo, ws, true, stream);
 }
 
 extern "C" cudaError_t bn_cb_attn_paged_shares(const bn_cb_attn_shape *s, const float *q,
@@ -640,13 +627,13 @@ extern "C" cudaError_t bn_cb_attn_paged_shares(const bn_cb_attn_shape *s, const 
                                                const int32_t *row_pos, const int32_t *tables,
                                                int max_blocks, int block_size,
                                                const void *k_cache, const void *v_cache,
-                                               int kv_f16, int splits, float *ws,
+                                               int kv, int splits, float *ws,
                                                cudaStream_t stream)
 {
     if (splits < 2)
         return cudaErrorInvalidValue; /* one split writes the output itself */
     return attn_paged(s, q, ldq, n_rows, row_seq, row_pos, tables, max_blocks, block_size,
-                      k_cache, v_cache, kv_f16, splits, NULL, NULL, 0, ws, false, stream);
+                      k_cache, v_cache, kv, splits, NULL, NULL, 0, ws, false, stream);
 }
 
 extern "C" int bn_cb_attn_paged_supports(int head_dim)

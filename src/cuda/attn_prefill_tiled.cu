@@ -1,6 +1,6 @@
 /*
- * attn_prefill_tiled.cu - causal prefill attention over an fp32 or fp16 KV
- * cache, register-tiled on the CUDA cores (head_dim 64 and 128).
+ * attn_prefill_tiled.cu - causal prefill attention over an fp32, fp16 or
+ * e4m3 KV cache, register-tiled on the CUDA cores (head_dim 64 and 128).
  *
  * The warp-per-row kernel in attn_prefill.cu reads a shared-memory
  * value for every one or two multiply-adds, and a 512-token prefill of the
@@ -38,8 +38,10 @@
  * bytes: 80 KiB for head_dim 128) and a chunk of 4 values is widened when
  * it is read; the swizzle moves 16-byte pairs of chunks (pair c / 2 of
  * position t at (c / 2) ^ (t & 7)), so that each pair arrives by one copy.
- * The batched passes take their prompt chunks through this kernel for
- * either cache (bn_cb_attn_prefill_runs).
+ * An e4m3 cache's tiles stay bytes the same way (16-byte pieces of four
+ * chunks, piece p of position t at p ^ (t & 7), or & 3 for head_dim 64's
+ * four pieces). The batched passes take their prompt chunks through this
+ * kernel for every cache (bn_cb_attn_prefill_runs).
  *
  * Parts: a launch may split each row block's positions into up to
  * BN_CB_PREFILL_MAX_PARTS even ranges of tiles, one block each; a part
@@ -57,12 +59,17 @@
  * instead of 32, so outputs differ from it in the last bits only.
  */
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "cp_async.cuh"
+#include "e4m3.cuh"
 #include "cuda_backend_kernels.h"
+#include "kv_store.cuh"
 #include "smem_opt_in.cuh"
 
 namespace {
@@ -73,11 +80,13 @@ constexpr int kThreads = 256; /* 16 x 16                          */
 constexpr int kSlots = kRows / 4; /* float4 slots of a probability row */
 constexpr unsigned kFull = 0xffffffffu;
 
-/* KV: the cache's element, float or __half. */
+/* KV: the cache's element, float, __half or __nv_fp8_e4m3. */
 template <int HD, typename KV> struct Tiled {
     static constexpr int kChunks = HD / 4; /* 4-value chunks per row */
     static constexpr int kOut = kChunks / 16; /* output float4 per thread per row */
     static constexpr int kPieces = HD * (int)sizeof(KV) / 16; /* 16-byte copies per k / v row */
+    /* The swizzle of a row's pieces: p ^ (t & kSwz). */
+    static constexpr int kSwz = kPieces < 8 ? kPieces - 1 : 7;
     static constexpr size_t kSmem = sizeof(float) * ((size_t)kRows * HD + (size_t)kKeys * kRows) +
                                     2 * sizeof(KV) * (size_t)kKeys * HD + kRows * sizeof(int);
 };
@@ -98,6 +107,19 @@ __device__ __forceinline__ float4 tile_chunk(const __half *tile, int r, int c, i
         tile)[r * (HD / 4) + ((((c >> 1) ^ swz) << 1) | (c & 1))];
     const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x));
     const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+template <int HD>
+__device__ __forceinline__ float4 tile_chunk(const __nv_fp8_e4m3 *tile, int r, int c, int swz)
+{
+    constexpr int kSwz = Tiled<HD, __nv_fp8_e4m3>::kSwz;
+    const uint32_t u = reinterpret_cast<const uint32_t *>(
+        tile)[r * (HD / 4) + ((((c >> 2) ^ (swz & kSwz)) << 2) | (c & 3))];
+    uint32_t lo, hi;
+    e4m3x4_to_f16(u, lo, hi);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&lo));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&hi));
     return make_float4(a.x, a.y, b.x, b.y);
 }
 
@@ -127,7 +149,7 @@ __device__ __forceinline__ int64_t cache_row(const Paged &pg, int t)
 }
 
 /* Copies cache positions [t0, t0 + 64) of one head into buf (16-byte
- * piece p of position t at slot p ^ (t & 7) when swizzled), zero past
+ * piece p of position t at slot p ^ (t & kSwz) when swizzled), zero past
  * last. */
 template <int HD, bool kSwizzle, typename KV>
 __device__ __forceinline__ void load_tile(KV *buf, const KV *cache, int64_t kv_dim,
@@ -143,7 +165,7 @@ __device__ __forceinline__ void load_tile(KV *buf, const KV *cache, int64_t kv_d
             reinterpret_cast<const float4 *>(cache + (ok ? cache_row(pg, t) : 0) * kv_dim +
                                              head_off) +
             p;
-        copy16(dst + r * P + (kSwizzle ? p ^ (r & 7) : p), src, ok);
+        copy16(dst + r * P + (kSwizzle ? p ^ (r & Tiled<HD, KV>::kSwz) : p), src, ok);
     }
 }
 
@@ -505,7 +527,7 @@ extern "C" int bn_cb_attn_prefill_parts(const bn_cb_attn_shape *s, int n, int64_
 
 static cudaError_t prefill_tiled(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n,
                                  const int32_t *pos, const Paged &pg, int n_row_blocks,
-                                 const void *k_cache, const void *v_cache, int kv_f16,
+                                 const void *k_cache, const void *v_cache, int kv,
                                  float scale, float *out, int64_t ldo, int parts, void *ws,
                                  size_t ws_bytes, cudaStream_t stream)
 {
@@ -524,15 +546,14 @@ static cudaError_t prefill_tiled(const bn_cb_attn_shape *s, const float *q, int6
                                               (size_t)parts * n * s->n_heads * s->head_dim *
                                                   sizeof(float));
     }
-    if (s->head_dim == 64)
-        return kv_f16 ? launch_tiled<64, __half>(s, q, ldq, n, pos, k_cache, v_cache, scale, out,
-                                                 ldo, split, pg, n_row_blocks, stream)
-                      : launch_tiled<64, float>(s, q, ldq, n, pos, k_cache, v_cache, scale, out,
-                                                ldo, split, pg, n_row_blocks, stream);
-    return kv_f16 ? launch_tiled<128, __half>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo,
-                                              split, pg, n_row_blocks, stream)
-                  : launch_tiled<128, float>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo,
-                                             split, pg, n_row_blocks, stream);
+    return with_kv_element(kv, [&](auto *t) {
+        using KV = std::remove_pointer_t<decltype(t)>;
+        if (s->head_dim == 64)
+            return launch_tiled<64, KV>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo,
+                                        split, pg, n_row_blocks, stream);
+        return launch_tiled<128, KV>(s, q, ldq, n, pos, k_cache, v_cache, scale, out, ldo, split,
+                                     pg, n_row_blocks, stream);
+    });
 }
 
 extern "C" cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const float *q,
@@ -551,7 +572,7 @@ extern "C" cudaError_t bn_cb_attn_prefill_runs(const bn_cb_attn_shape *s, const 
                                               const int32_t *row_blocks, int n_row_blocks,
                                               const int32_t *tables, int max_blocks,
                                               int block_size, const void *k_cache,
-                                              const void *v_cache, int kv_f16, float *out,
+                                              const void *v_cache, int kv, float *out,
                                               int64_t ldo, int parts, void *ws, size_t ws_bytes,
                                               cudaStream_t stream)
 {
@@ -560,7 +581,7 @@ extern "C" cudaError_t bn_cb_attn_prefill_runs(const bn_cb_attn_shape *s, const 
         return cudaErrorInvalidValue;
     const Paged pg = {NULL, block_size, reinterpret_cast<const int4 *>(row_blocks), tables,
                       max_blocks};
-    return prefill_tiled(s, q, ldq, n, pos, pg, n_row_blocks, k_cache, v_cache, kv_f16,
+    return prefill_tiled(s, q, ldq, n, pos, pg, n_row_blocks, k_cache, v_cache, kv,
                          (float)(1.0 / sqrt((double)s->head_dim)), out, ldo, parts, ws, ws_bytes,
                          stream);
 }

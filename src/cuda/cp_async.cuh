@@ -27,6 +27,17 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool o
     cp_async<16>(dst, src, ok);
 }
 
+/* 16 bytes global -> shared, or zeros where skip: cp.async's ignore-src
+ * operand (the source is then not read, so it may be any address), which
+ * spares the size register the form above computes. */
+__device__ __forceinline__ void cp_async16_or_zero(uint32_t dst, const void *src, bool skip)
+{
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %2, 0;\n\t"
+                 "cp.async.cg.shared.global [%0], [%1], 16, p;\n\t}\n" ::"r"(dst),
+                 "l"(src), "r"((int)skip)
+                 : "memory");
+}
+
 /* Closes the group of copies this thread issued since the last commit. */
 __device__ __forceinline__ void cp_async_commit()
 {

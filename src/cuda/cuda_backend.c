@@ -234,7 +234,8 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
                             "ask for at most the model's training context",
                             "KV cache of %lld positions requested; the model's context is %d",
                             (long long)kv_len, (int)hp->n_ctx_train);
-    if (opt.kv_type != BN_CUDA_KV_F32 && opt.kv_type != BN_CUDA_KV_F16)
+    if (opt.kv_type != BN_CUDA_KV_F32 && opt.kv_type != BN_CUDA_KV_F16 &&
+        opt.kv_type != BN_CUDA_KV_E4M3)
         return bn_error_set(err, BN_ERR_INVALID_ARGUMENT, NULL, "unknown KV cache type %d",
                             (int)opt.kv_type);
     if (opt.prefill_chunk < 0)
@@ -247,8 +248,12 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
     b->hp = *hp;
     b->opt = opt;
     b->kv_len = kv_len;
-    b->kv_f16 = opt.kv_type == BN_CUDA_KV_F16;
+    b->kv_f16 = opt.kv_type != BN_CUDA_KV_F32;
     b->kv_elem = b->kv_f16 ? 2 : 4;
+    b->paged_kv = opt.kv_type == BN_CUDA_KV_E4M3 ? BN_CB_KV_E4M3
+                  : b->kv_f16                    ? BN_CB_KV_F16
+                                                 : BN_CB_KV_F32;
+    b->paged_elem = b->paged_kv == BN_CB_KV_E4M3 ? 1 : b->kv_elem;
     b->q_dim = (int64_t)hp->n_head * hp->head_dim;
     b->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     b->qkv_n = b->q_dim + 2 * b->kv_dim;
@@ -265,16 +270,16 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
             return tst;
         }
     }
-    /* The paged cache of many sequences (of the single cache's precision),
-     * for head sizes the paged attention takes. */
+    /* The paged cache of many sequences (of the single cache's precision,
+     * or e4m3), for head sizes the paged attention takes. */
     if (opt.tp_size <= 1 && opt.paged_rows > 0 && opt.paged_block > 0 && opt.paged_max_seqs > 0 &&
         bn_cb_attn_paged_supports(hp->head_dim) && opt.paged_rows % opt.paged_block == 0) {
         b->paged_rows = opt.paged_rows;
         b->paged_block = opt.paged_block;
         b->paged_max_seqs = opt.paged_max_seqs;
         b->paged_max_blocks = (int)((kv_len + opt.paged_block - 1) / opt.paged_block);
-        b->paged_bytes = 2 * (uint64_t)hp->n_layer * (uint64_t)b->paged_rows *
-                         (uint64_t)b->kv_dim * b->kv_elem;
+        b->paged_bytes = 2 * (uint64_t)hp->n_layer * (uint64_t)b->paged_rows * (uint64_t)b->kv_dim *
+                         b->paged_elem;
         /* Every sequence of a pass wants at most one row's logits. */
         b->rows_head = opt.paged_max_seqs < ROWS_HEAD_MAX ? opt.paged_max_seqs : ROWS_HEAD_MAX;
     }
@@ -297,7 +302,7 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
     b->copy = bn_cuda_context_copy_stream(b->ctx);
     if (b->paged_rows > 0) { /* the device's answer, on its context */
         const bn_cb_attn_shape as = {hp->n_head, hp->n_head_kv, hp->head_dim, kv_len};
-        b->paged_resident = bn_cb_attn_paged_resident(&as, b->kv_f16, b->sm);
+        b->paged_resident = bn_cb_attn_paged_resident(&as, b->paged_kv, b->sm);
     }
 
     /* The plan: every size before any allocation. */
@@ -580,7 +585,10 @@ int bn_cuda_backend_device(const bn_cuda_backend *b) { return b->device; }
 const char *bn_cuda_backend_device_name(const bn_cuda_backend *b) { return b->name; }
 bn_cuda_kv_type bn_cuda_backend_kv_type(const bn_cuda_backend *b)
 {
-    return b->kv_f16 ? BN_CUDA_KV_F16 : BN_CUDA_KV_F32;
+    /* e4m3 is the paged cache's: without one, every cache is fp16. */
+    if (b->opt.kv_type == BN_CUDA_KV_E4M3 && b->paged_rows == 0)
+        return BN_CUDA_KV_F16;
+    return b->opt.kv_type;
 }
 void bn_cuda_backend_decode_form(const bn_cuda_backend *b, bn_cuda_decode_form *out)
 {

@@ -79,7 +79,9 @@ typedef struct bn_cuda_backend bn_cuda_backend;
 
 typedef enum bn_cuda_kv_type {
     BN_CUDA_KV_F32 = 0, /* the CPU's precision: greedy tokens equal the CPU's         */
-    BN_CUDA_KV_F16 = 1  /* half the memory and bandwidth; logits within ~3e-2 x max  */
+    BN_CUDA_KV_F16 = 1, /* half the memory and bandwidth; logits within ~3e-2 x max  */
+    BN_CUDA_KV_E4M3 = 2 /* the paged cache of many sequences in fp8 e4m3 (a quarter
+                           of fp32's bytes); the one-sequence cache in fp16          */
 } bn_cuda_kv_type;
 
 typedef struct bn_cuda_backend_options {

@@ -231,7 +231,7 @@ static bn_status product(const pass *p, int l, int which, float *y, bn_cuda_stag
 /* A layer's part of the paged cache (K or V: which is b->d_pk or b->d_pv). */
 static void *layer_paged(const bn_cuda_backend *b, void *which, int l)
 {
-    return (char *)which + (size_t)l * (size_t)b->paged_rows * (size_t)b->kv_dim * b->kv_elem;
+    return (char *)which + (size_t)l * (size_t)b->paged_rows * (size_t)b->kv_dim * b->paged_elem;
 }
 
 /* The arguments of rows of many sequences' q|k|v product with its
@@ -267,7 +267,7 @@ static bool qkv_epilogue_args(const pass *p, int l, bn_w2a8_cuda_args *a, bn_w2a
                                  layer_paged(b, b->d_pk, l),
                                  layer_paged(b, b->d_pv, l),
                                  b->paged_rows,
-                                 b->kv_f16};
+                                 b->paged_kv};
     *o = out;
     return true;
 }
@@ -311,10 +311,9 @@ static bn_status rope_kv_store(const pass *p, int l)
                                     s[0].scale, s[1].scale, s[2].scale};
         const float *prope = hp->rope_dim > 0 ? b->rope : NULL;
         BN_CUDA_TRY(p->err, bn_cb_qkv_post_slots(b->qkv, b->qkv_n, p->M, &ps, &b->freqs, prope,
-                                                 prope ? b->kv_len : 0, p->pos, p->paged->d_slot, b->q,
-                                                 b->q_dim, layer_paged(b, b->d_pk, l),
-                                                 layer_paged(b, b->d_pv, l), b->kv_f16,
-                                                 b->cs));
+                                                 prope ? b->kv_len : 0, p->pos, p->paged->d_slot,
+                                                 b->q, b->q_dim, layer_paged(b, b->d_pk, l),
+                                                 layer_paged(b, b->d_pv, l), b->paged_kv, b->cs));
         return stage_done(p, BN_CUDA_STAGE_ROPE_KV, 1, K_QKV_POST);
     }
     const bn_cb_qkv_shape qs = {hp->n_head, hp->n_head_kv, hp->head_dim, b->kv_len,
@@ -396,15 +395,15 @@ static bn_status attention_paged(const pass *p, int l)
         BN_CUDA_TRY(p->err,
                     bn_cb_attn_paged_shares(&as, b->q, b->q_dim, r->n_dec, r->d_seq, p->pos,
                                             b->d_tables, b->paged_max_blocks, b->paged_block, kl,
-                                            vl, b->kv_f16, paged_splits(p), b->ws_paged, b->cs));
+                                            vl, b->paged_kv, paged_splits(p), b->ws_paged, b->cs));
         launches++;
         b->ran |= 1u << K_ATTN_PAGED;
     } else if (r->n_dec > 0) {
         const int splits = paged_splits(p);
-        BN_CUDA_TRY(p->err, bn_cb_attn_paged(&as, b->q, b->q_dim, r->n_dec, r->d_seq, p->pos,
-                                             b->d_tables, b->paged_max_blocks, b->paged_block,
-                                             kl, vl, b->kv_f16, splits, r->dec_rows,
-                                             b->att, b->q_dim, b->ws_paged, b->cs));
+        BN_CUDA_TRY(p->err,
+                    bn_cb_attn_paged(&as, b->q, b->q_dim, r->n_dec, r->d_seq, p->pos, b->d_tables,
+                                     b->paged_max_blocks, b->paged_block, kl, vl, b->paged_kv,
+                                     splits, r->dec_rows, b->att, b->q_dim, b->ws_paged, b->cs));
         launches += splits > 1 ? 2 : 1;
         b->ran |= 1u << K_ATTN_PAGED;
     }
@@ -415,10 +414,10 @@ static bn_status attention_paged(const pass *p, int l)
                                                    ws_bytes);
         BN_CUDA_TRY(p->err, bn_cb_attn_prefill_runs(
                                 &as, b->q, b->q_dim, (int)p->M, p->pos, r->d_blocks, r->n_blocks,
-                                b->d_tables, b->paged_max_blocks, b->paged_block, kl, vl, b->kv_f16,
-                                b->att, b->q_dim, parts, b->gu, ws_bytes, b->cs));
+                                b->d_tables, b->paged_max_blocks, b->paged_block, kl, vl,
+                                b->paged_kv, b->att, b->q_dim, parts, b->gu, ws_bytes, b->cs));
         launches += parts > 1 ? 2 : 1;
-        b->ran |= 1u << (b->kv_f16 ? K_ATTN_PRE_F16 : K_ATTN_PRE_F32);
+        b->ran |= 1u << (b->paged_kv == BN_CB_KV_F32 ? K_ATTN_PRE_F32 : K_ATTN_PRE_F16);
     }
     return stage_done(p, BN_CUDA_STAGE_ATTENTION, launches, -1);
 }

@@ -124,8 +124,10 @@ struct bn_cuda_backend {
     bn_hparams hp;
     bn_cuda_backend_options opt;
     int64_t q_dim, kv_dim, qkv_n, gu_n, ldq, kv_len, kv_filled, chunk;
-    bool kv_f16;
+    bool kv_f16; /* the one-sequence cache (d_k, d_v) in fp16, else fp32 */
     size_t kv_elem;
+    int paged_kv; /* the paged cache's element, BN_CB_KV_* */
+    size_t paged_elem;
     /* The decode step's form for this device and model (cuda_decode_form.h;
      * form.pdl goes off if the driver refuses it in a step or a capture). */
     bn_cuda_decode_form form;
@@ -170,7 +172,7 @@ struct bn_cuda_backend {
     int64_t paged_rows;
     int paged_block, paged_max_seqs, paged_max_blocks;
     int paged_resident;     /* the paged attention's blocks resident at once */
-    void *d_pk, *d_pv;      /* fp32, or fp16 with kv_f16 */
+    void *d_pk, *d_pv;      /* elements of paged_kv */
     float *ws_paged;        /* the paged attention's split shares */
     int32_t *d_slot, *d_rseq, *d_dlist, *d_tables, *d_rblocks;
     uint64_t paged_bytes;

@@ -197,6 +197,14 @@ cudaError_t bn_cb_add_rmsnorm(float *x, int64_t ldx, const float *r, int64_t ldr
 cudaError_t bn_cb_rope_table(const bn_rope_freqs *freqs, int64_t n_pos, float *table,
                              cudaStream_t stream);
 
+/* The element of a KV cache (the `kv` argument of the functions below that
+ * read or write one): fp32 (the CPU's), IEEE half rounded to nearest even,
+ * or fp8 e4m3 rounded to nearest even and saturated to +-448 (a byte a
+ * value; no NaN is ever stored). The e4m3 cache is the paged cache's only
+ * (bn_cb_qkv_post_slots, the paged attention, the tiled prefill over
+ * pages). */
+enum { BN_CB_KV_F32 = 0, BN_CB_KV_F16 = 1, BN_CB_KV_E4M3 = 2 };
+
 /* ---- q, k, v: scale, RoPE, KV cache ---------------------------------------------
  *
  * raw holds m rows of the fused q|k|v product computed with weight scale 1
@@ -204,8 +212,8 @@ cudaError_t bn_cb_rope_table(const bn_rope_freqs *freqs, int64_t n_pos, float *t
  * pos[t]: q = raw_q * sq and k = raw_k * sk turned by rotate-half RoPE (the
  * first rope_dim values of each head), v = raw_v * sv. q goes to
  * q_out[t * ldq ...]; k and v to position pos[t] of the layer's cache
- * ([capacity][n_kv*hd], fp32 when kv_f16 == 0, else IEEE half rounded to
- * nearest even), skipped when the position is outside [0, capacity). cos and
+ * ([capacity][n_kv*hd] of element kv, BN_CB_KV_F32 or _F16), skipped when
+ * the position is outside [0, capacity). cos and
  * sin come from `table` (bn_cb_rope_table, table_len positions; may be NULL
  * with table_len 0) and are computed the same way for positions outside it. */
 typedef struct bn_cb_qkv_shape {
@@ -215,18 +223,17 @@ typedef struct bn_cb_qkv_shape {
 } bn_cb_qkv_shape;
 
 /* The same for rows of many sequences (no PDL): row t's k and v go to
- * cache row slot[t] (a device array; the paged cache), its RoPE turns by
- * pos[t]. */
+ * cache row slot[t] (a device array; the paged cache, any element kv), its
+ * RoPE turns by pos[t]. */
 cudaError_t bn_cb_qkv_post_slots(const float *raw, int64_t ldraw, int64_t m,
                                  const bn_cb_qkv_shape *s, const bn_rope_freqs *freqs,
                                  const float *table, int64_t table_len, const int32_t *pos,
                                  const int32_t *slot, float *q_out, int64_t ldq, void *k_cache,
-                                 void *v_cache, int kv_f16, cudaStream_t stream);
-cudaError_t bn_cb_qkv_post(const float *raw, int64_t ldraw, int64_t m,
-                           const bn_cb_qkv_shape *s, const bn_rope_freqs *freqs,
-                           const float *table, int64_t table_len, const int32_t *pos,
-                           float *q_out, int64_t ldq, void *k_cache, void *v_cache, int kv_f16,
-                           int pdl, cudaStream_t stream);
+                                 void *v_cache, int kv, cudaStream_t stream);
+cudaError_t bn_cb_qkv_post(const float *raw, int64_t ldraw, int64_t m, const bn_cb_qkv_shape *s,
+                           const bn_rope_freqs *freqs, const float *table, int64_t table_len,
+                           const int32_t *pos, float *q_out, int64_t ldq, void *k_cache,
+                           void *v_cache, int kv, int pdl, cudaStream_t stream);
 
 /* ---- attention over an fp32 cache --------------------------------------------
  *
@@ -241,7 +248,7 @@ typedef struct bn_cb_attn_shape {
 } bn_cb_attn_shape;
 
 /* Attention of rows of many sequences over the paged cache (attn_paged.cu;
- * fp32, or fp16 with kv_f16): row r (sequence row_seq[r], position
+ * element kv: fp32, fp16 or e4m3): row r (sequence row_seq[r], position
  * row_pos[r]) attends to its positions 0..row_pos[r],
  * position t at cache row
  * tables[seq * max_blocks + t / block_size] * block_size + t % block_size
@@ -262,14 +269,13 @@ typedef struct bn_cb_attn_shape {
  * only add blocks and the merge. */
 #define BN_CB_ATTN_PAGED_SHARES 4096 /* rows x splits the workspace holds */
 int bn_cb_attn_paged_splits(int n_rows, int max_pos, int n_kv_heads, int resident);
-int bn_cb_attn_paged_resident(const bn_cb_attn_shape *s, int kv_f16, int sm_count);
+int bn_cb_attn_paged_resident(const bn_cb_attn_shape *s, int kv, int sm_count);
 size_t bn_cb_attn_paged_workspace_bytes(int n_heads, int head_dim);
 cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n_rows,
-                             const int32_t *row_seq, const int32_t *row_pos,
-                             const int32_t *tables, int max_blocks, int block_size,
-                             const void *k_cache, const void *v_cache, int kv_f16, int splits,
-                             const int32_t *rows, float *out, int64_t ldo,
-                             float *ws, cudaStream_t stream);
+                             const int32_t *row_seq, const int32_t *row_pos, const int32_t *tables,
+                             int max_blocks, int block_size, const void *k_cache,
+                             const void *v_cache, int kv, int splits, const int32_t *rows,
+                             float *out, int64_t ldo, float *ws, cudaStream_t stream);
 int bn_cb_attn_paged_supports(int head_dim);
 /* The same with every row listed (rows NULL) and at least two splits,
  * leaving the shares in ws for bn_cb_merge_norm_quantize instead of
@@ -277,8 +283,8 @@ int bn_cb_attn_paged_supports(int head_dim);
 cudaError_t bn_cb_attn_paged_shares(const bn_cb_attn_shape *s, const float *q, int64_t ldq,
                                     int n_rows, const int32_t *row_seq, const int32_t *row_pos,
                                     const int32_t *tables, int max_blocks, int block_size,
-                                    const void *k_cache, const void *v_cache, int kv_f16,
-                                    int splits, float *ws, cudaStream_t stream);
+                                    const void *k_cache, const void *v_cache, int kv, int splits,
+                                    float *ws, cudaStream_t stream);
 
 /* Ranges for a cache of `capacity` positions (one 40-position tile each at
  * the full length, at most 64), and the workspace they need. */
@@ -400,7 +406,7 @@ cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const float *q, 
                                      const float *v_cache, float scale, float *out, int64_t ldo,
                                      int parts, void *ws, size_t ws_bytes, cudaStream_t stream);
 
-/* The tiled kernel over a paged cache (fp32, or fp16 with kv_f16), for
+/* The tiled kernel over a paged cache (element kv), for
  * runs of several sequences' consecutive rows in one launch (the batched
  * pass's prompt chunks): row_blocks (a device array, 16-byte aligned) lists n_row_blocks
  * blocks of at most 64 rows of one sequence as (first row, rows, sequence,
@@ -413,8 +419,8 @@ cudaError_t bn_cb_attn_prefill_tiled(const bn_cb_attn_shape *s, const float *q, 
 cudaError_t bn_cb_attn_prefill_runs(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n,
                                     const int32_t *pos, const int32_t *row_blocks, int n_row_blocks,
                                     const int32_t *tables, int max_blocks, int block_size,
-                                    const void *k_cache, const void *v_cache, int kv_f16,
-                                    float *out, int64_t ldo, int parts, void *ws, size_t ws_bytes,
+                                    const void *k_cache, const void *v_cache, int kv, float *out,
+                                    int64_t ldo, int parts, void *ws, size_t ws_bytes,
                                     cudaStream_t stream);
 
 /* Allows the dynamic shared memory the prefill kernel needs for head_dim

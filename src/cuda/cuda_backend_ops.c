@@ -28,6 +28,18 @@ static bn_cuda_sample_params sample_params(const bn_pick_params *p)
         .temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p, .min_p = p->min_p};
 }
 
+/* The backend's cache type for the API's precision. */
+static bn_cuda_kv_type cuda_kv_type(bn_kv_precision kv)
+{
+    return kv == BN_KV_FP8 ? BN_CUDA_KV_E4M3 : kv == BN_KV_F16 ? BN_CUDA_KV_F16 : BN_CUDA_KV_F32;
+}
+
+/* Its name in receipts and descriptions (the CLI's --kv values). */
+static const char *kv_type_name(bn_cuda_kv_type kv)
+{
+    return kv == BN_CUDA_KV_E4M3 ? "fp8" : kv == BN_CUDA_KV_F16 ? "f16" : "f32";
+}
+
 static bn_status cuda_create(const bn_checkpoint *model, const bn_backend_params *p,
                              bn_backend **out, bn_error *err)
 {
@@ -37,7 +49,7 @@ static bn_status cuda_create(const bn_checkpoint *model, const bn_backend_params
     o.device = p->device;
     o.kv_len = p->kv_len;
     o.memory_limit = p->memory_limit;
-    o.kv_type = p->kv_f16 ? BN_CUDA_KV_F16 : BN_CUDA_KV_F32;
+    o.kv_type = cuda_kv_type(p->kv);
     o.threads = p->threads;
     o.paged_rows = p->paged_rows;
     o.paged_block = p->paged_block;
@@ -88,13 +100,13 @@ static void describe_backend(const bn_cuda_backend *c, bn_backend_desc *d)
     snprintf(d->kernel, sizeof d->kernel, "cuda");
     d->threads = 0;
     /* The decode step's form (cuda_decode_form.h) in words. */
-    const bool f16 = bn_cuda_backend_kv_type(c) == BN_CUDA_KV_F16;
+    const bn_cuda_kv_type kv = bn_cuda_backend_kv_type(c);
     bn_cuda_decode_form form;
     bn_cuda_backend_decode_form(c, &form);
     char decode[192];
-    bn_cuda_decode_form_describe(&form, f16, decode, sizeof decode);
+    bn_cuda_decode_form_describe(&form, kv != BN_CUDA_KV_F32, decode, sizeof decode);
     snprintf(d->details, sizeof d->details, "%s, %s, kv %s, %s", bn_cuda_backend_device_name(c),
-             bn_cuda_backend_graphs(c) ? "graphs" : "no graphs", f16 ? "f16" : "f32", decode);
+             bn_cuda_backend_graphs(c) ? "graphs" : "no graphs", kv_type_name(kv), decode);
 }
 
 static void cuda_describe(const bn_backend *b, bn_backend_desc *d)
@@ -110,7 +122,7 @@ static void report_backend(const bn_cuda_backend *c, bn_engine_info *info)
     info->gpu_device = bn_cuda_backend_device(c);
     info->gpu_name = bn_cuda_backend_device_name(c);
     info->cuda_graphs = bn_cuda_backend_graphs(c);
-    info->kv_type = bn_cuda_backend_kv_type(c) == BN_CUDA_KV_F16 ? "f16" : "f32";
+    info->kv_type = kv_type_name(bn_cuda_backend_kv_type(c));
     info->gpu_weights_bytes = mem.weights;
     info->gpu_embedding_bytes = mem.embedding;
     info->gpu_lm_head_bytes = mem.lm_head;
@@ -250,7 +262,7 @@ static bn_status tp_create(const bn_checkpoint *model, const bn_backend_params *
     bn_cuda_backend_options_default(&o);
     o.kv_len = p->kv_len;
     o.memory_limit = p->memory_limit;
-    o.kv_type = p->kv_f16 ? BN_CUDA_KV_F16 : BN_CUDA_KV_F32;
+    o.kv_type = cuda_kv_type(p->kv);
     o.threads = p->threads;
     bn_backend *b = calloc(1, sizeof *b);
     if (!b)

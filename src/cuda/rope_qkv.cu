@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "cuda_backend_kernels.h"
+#include "kv_store.cuh"
 #include "pdl.cuh"
 #include "rope.cuh"
 
@@ -23,14 +24,6 @@ __global__ void __launch_bounds__(256)
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n_pos * half)
         table[i] = rope_cos_sin((int)(i / half), freqs.inv_freq[(int)(i % half)]);
-}
-
-template <bool kHalf> __device__ __forceinline__ void store_kv(void *cache, int64_t i, float v)
-{
-    if (kHalf)
-        static_cast<__half *>(cache)[i] = __float2half_rn(v);
-    else
-        static_cast<float *>(cache)[i] = v;
 }
 
 /* Where value idx of a token's q|k|v row belongs: its region (0 q, 1 k,
@@ -74,7 +67,7 @@ template <int kVec> __device__ __forceinline__ void load_vals(const float *p, fl
     }
 }
 
-template <bool kHalf, int kVec>
+template <int KV, int kVec>
 __global__ void __launch_bounds__(256)
     qkv_post_kernel(const float *raw, int64_t ldraw, bn_cb_qkv_shape s, bn_rope_freqs freqs,
                     const float2 *__restrict__ table, int64_t table_len, const int32_t *pos,
@@ -133,16 +126,10 @@ __global__ void __launch_bounds__(256)
     } else if (const int row = slot ? __ldcg(slot + t) : p; row >= 0 && (int64_t)row < s.capacity) {
         const int64_t off = (int64_t)row * kv_dim + at.local;
         void *cache = at.region == 1 ? k_cache : v_cache;
-        if constexpr (kHalf && kVec == 4) {
-            __half2 *h = reinterpret_cast<__half2 *>(static_cast<__half *>(cache) + off);
-            h[0] = __floats2half2_rn(v[0], v[1]);
-            h[1] = __floats2half2_rn(v[2], v[3]);
-        } else if constexpr (kVec == 4) {
-            *reinterpret_cast<float4 *>(static_cast<float *>(cache) + off) =
-                make_float4(v[0], v[1], v[2], v[3]);
-        } else {
-            store_kv<kHalf>(cache, off, v[0]);
-        }
+        if constexpr (kVec == 4)
+            kv_store4(cache, KV, off, make_float4(v[0], v[1], v[2], v[3]));
+        else
+            kv_store1(cache, KV, off, v[0]);
     }
 }
 
@@ -178,9 +165,12 @@ extern "C" cudaError_t bn_cb_rope_table(const bn_rope_freqs *freqs, int64_t n_po
 static cudaError_t qkv_post(const float *raw, int64_t ldraw, int64_t m, const bn_cb_qkv_shape *s,
                             const bn_rope_freqs *freqs, const float *table, int64_t table_len,
                             const int32_t *pos, const int32_t *slot, float *q_out, int64_t ldq,
-                            void *k_cache, void *v_cache, int kv_f16, int pdl,
+                            void *k_cache, void *v_cache, int kv, int pdl,
                             cudaStream_t stream)
 {
+    /* Only the paged cache (slots) holds e4m3. */
+    if (kv != BN_CB_KV_F32 && kv != BN_CB_KV_F16 && !(kv == BN_CB_KV_E4M3 && slot))
+        return cudaErrorInvalidValue;
     if (!raw || !s || !freqs || !pos || !q_out || !k_cache || !v_cache || m < 0 ||
         m > INT32_MAX || s->head_dim <= 0 || s->n_heads <= 0 || s->n_kv_heads <= 0 ||
         freqs->rope_dim < 0 || freqs->rope_dim % 2 != 0 || freqs->rope_dim > s->head_dim ||
@@ -194,31 +184,29 @@ static cudaError_t qkv_post(const float *raw, int64_t ldraw, int64_t m, const bn
     if ((values + 255) / 256 > 65535)
         return cudaErrorInvalidValue;
     const float2 *t = reinterpret_cast<const float2 *>(table);
-    if (qkv_post_vec_fits(raw, ldraw, s, freqs, table, q_out, ldq, k_cache, v_cache)) {
-        const dim3 grid4((unsigned)m, (unsigned)((values / 4 + 255) / 256));
-        if (kv_f16)
-            return pdl_launch(qkv_post_kernel<true, 4>, grid4, dim3(256), 0, stream, pdl, raw,
-                              ldraw, *s, *freqs, t, table_len, pos, slot, q_out, ldq, k_cache,
-                              v_cache);
-        return pdl_launch(qkv_post_kernel<false, 4>, grid4, dim3(256), 0, stream, pdl, raw, ldraw,
-                          *s, *freqs, t, table_len, pos, slot, q_out, ldq, k_cache, v_cache);
-    }
-    const dim3 grid((unsigned)m, (unsigned)((values + 255) / 256));
-    if (kv_f16)
-        return pdl_launch(qkv_post_kernel<true, 1>, grid, dim3(256), 0, stream, pdl, raw, ldraw,
-                          *s, *freqs, t, table_len, pos, slot, q_out, ldq, k_cache, v_cache);
-    return pdl_launch(qkv_post_kernel<false, 1>, grid, dim3(256), 0, stream, pdl, raw, ldraw, *s,
-                      *freqs, t, table_len, pos, slot, q_out, ldq, k_cache, v_cache);
+    /* The kernel for this cache element and vector width. */
+    const auto go = [&](auto kernel, unsigned per_thread) {
+        const dim3 grid((unsigned)m, (unsigned)((values / per_thread + 255) / 256));
+        return pdl_launch(kernel, grid, dim3(256), 0, stream, pdl, raw, ldraw, *s, *freqs, t,
+                          table_len, pos, slot, q_out, ldq, k_cache, v_cache);
+    };
+    if (qkv_post_vec_fits(raw, ldraw, s, freqs, table, q_out, ldq, k_cache, v_cache))
+        return kv == BN_CB_KV_E4M3  ? go(qkv_post_kernel<BN_CB_KV_E4M3, 4>, 4)
+               : kv == BN_CB_KV_F16 ? go(qkv_post_kernel<BN_CB_KV_F16, 4>, 4)
+                                    : go(qkv_post_kernel<BN_CB_KV_F32, 4>, 4);
+    return kv == BN_CB_KV_E4M3  ? go(qkv_post_kernel<BN_CB_KV_E4M3, 1>, 1)
+           : kv == BN_CB_KV_F16 ? go(qkv_post_kernel<BN_CB_KV_F16, 1>, 1)
+                                : go(qkv_post_kernel<BN_CB_KV_F32, 1>, 1);
 }
 
 extern "C" cudaError_t bn_cb_qkv_post(const float *raw, int64_t ldraw, int64_t m,
                                       const bn_cb_qkv_shape *s, const bn_rope_freqs *freqs,
                                       const float *table, int64_t table_len, const int32_t *pos,
                                       float *q_out, int64_t ldq, void *k_cache, void *v_cache,
-                                      int kv_f16, int pdl, cudaStream_t stream)
+                                      int kv, int pdl, cudaStream_t stream)
 {
     return qkv_post(raw, ldraw, m, s, freqs, table, table_len, pos, NULL, q_out, ldq, k_cache,
-                    v_cache, kv_f16, pdl, stream);
+                    v_cache, kv, pdl, stream);
 }
 
 extern "C" cudaError_t bn_cb_qkv_post_slots(const float *raw, int64_t ldraw, int64_t m,
@@ -226,15 +214,18 @@ extern "C" cudaError_t bn_cb_qkv_post_slots(const float *raw, int64_t ldraw, int
                                             const float *table, int64_t table_len,
                                             const int32_t *pos, const int32_t *slot,
                                             float *q_out, int64_t ldq, void *k_cache,
-                                            void *v_cache, int kv_f16, cudaStream_t stream)
+                                            void *v_cache, int kv, cudaStream_t stream)
 {
     if (!slot)
         return cudaErrorInvalidValue;
     return qkv_post(raw, ldraw, m, s, freqs, table, table_len, pos, slot, q_out, ldq, k_cache,
-                    v_cache, kv_f16, 0, stream);
+                    v_cache, kv, 0, stream);
 }
 
-extern "C" int bn_cb_rope_pdl_compiled(void) { return pdl_compiled(qkv_post_kernel<false, 4>); }
+extern "C" int bn_cb_rope_pdl_compiled(void)
+{
+    return pdl_compiled(qkv_post_kernel<BN_CB_KV_F32, 4>);
+}
 
 #ifdef BN_DECODE_TRACE
 BN_TRACE_ATTACH(bn_cb_rope_trace_attach)

@@ -184,7 +184,7 @@ typedef struct bn_w2a8_qkv_out {
     int64_t ldq;
     void *k_cache, *v_cache; /* [capacity][n_kv_heads x head_dim]          */
     int64_t capacity;
-    int kv_f16;              /* the caches hold fp16 (else fp32)           */
+    int kv;                  /* the caches' element, BN_CB_KV_*            */
 } bn_w2a8_qkv_out;
 
 /* y is not written (a->y unused). It takes a where the table's kernel for

@@ -18,6 +18,7 @@
 #include <atomic>
 
 #include "cuda_layout.h"
+#include "kv_store.cuh"
 #include "rope.cuh"
 #include "w2a8_epilogue.cuh"
 #include "w2a8_gemv.cuh"
@@ -217,7 +218,7 @@ struct MmaQkv {
     float *q;
     int64_t ldq;
     void *k_cache, *v_cache;
-    int kv_f16;
+    int kv; /* BN_CB_KV_* */
     const int32_t *pos, *slot;
     const float2 *table;
     int64_t table_len, capacity;
@@ -293,11 +294,7 @@ __device__ __forceinline__ void mma_rows_qkv_store(const MmaQkv &o, int64_t row,
     if (d.crow < 0 || (int64_t)d.crow >= o.capacity)
         return;
     const int64_t at = (int64_t)d.crow * o.kv_dim + d.local;
-    void *cache = d.region == 1 ? o.k_cache : o.v_cache;
-    if (o.kv_f16)
-        static_cast<__half *>(cache)[at] = __float2half_rn(v);
-    else
-        static_cast<float *>(cache)[at] = v;
+    kv_store1(d.region == 1 ? o.k_cache : o.v_cache, o.kv, at, v);
 }
 
 /* Block: COLS columns of WARPS warps; column c of weight block wb owns
@@ -583,7 +580,7 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_qkv(const bn_w2a8_cuda_args *a, const b
     q.ldq = o->ldq;
     q.k_cache = o->k_cache;
     q.v_cache = o->v_cache;
-    q.kv_f16 = o->kv_f16;
+    q.kv = o->kv;
     q.pos = o->pos;
     q.slot = o->slot;
     q.table = reinterpret_cast<const float2 *>(o->rope_table);

@@ -45,7 +45,7 @@ typedef struct bn_backend_params {
     int64_t kv_len;        /* KV positions; 0: the model's training context      */
     int threads;           /* host threads; 0: BITNET_NUM_THREADS or every core  */
     uint64_t memory_limit; /* device bytes the backend may hold; 0: no limit     */
-    bool kv_f16;           /* an f16 KV cache where the backend has one          */
+    bn_kv_precision kv;    /* the KV cache's, where the backend has it (f32 else) */
     /* Rows of a paged cache for many sequences at once (forward_rows); 0:
      * none. A backend without forward_rows ignores it. */
     int64_t paged_rows;

@@ -597,7 +597,7 @@ bn_status bn_engine_open(const bn_config *cfg_in, const bn_engine_options *opt, 
                                     .threads = opt->n_threads > 0 ? opt->n_threads
                                                                   : cfg->num_threads,
                                     .memory_limit = cfg->memory_limit_bytes,
-                                    .kv_f16 = opt->kv_f16,
+                                    .kv = opt->kv,
                                     .engine = opt};
     e->params.tp_size = e->tensor_parallel;
     memcpy(e->params.tp_devices, e->devices, sizeof e->params.tp_devices);

@@ -74,10 +74,12 @@ typedef struct bn_engine_options {
     int n_threads;
     /* KV cache positions; 0 = the model's training context. */
     int64_t n_ctx;
-    /* CUDA backend: an fp16 KV cache instead of fp32 (half the memory and
-     * attention bandwidth; logits within ~3e-2 x max|logit| of the CPU's,
-     * so greedy tokens may differ where two are that close). */
-    bool kv_f16;
+    /* CUDA backend: the KV cache's precision. BN_KV_F16: fp16 instead of
+     * fp32 (half the memory and attention bandwidth; logits within ~3e-2 x
+     * max|logit| of the CPU's, so greedy tokens may differ where two are
+     * that close); BN_KV_FP8: the paged cache of many sequences in fp8
+     * e4m3, the one-sequence cache in fp16. */
+    bn_kv_precision kv;
     /* Tests: the CUDA backend's forward call number N (1-based) fails, as a
      * failed kernel would; 0 = never. */
     int test_cuda_fail_call;

@@ -546,7 +546,7 @@ static bn_status vk_create(const bn_checkpoint *model, const bn_backend_params *
         if (device < 0)
             device = 0; /* "vulkan" asked for explicitly: any device, lavapipe included */
     }
-    if (p->kv_f16)
+    if (p->kv != BN_KV_F32)
         return bn_error_set(err, BN_ERR_UNSUPPORTED, "use --kv f32 with --device vulkan",
                             "the Vulkan backend has an fp32 KV cache only");
     if (hp->n_head % hp->n_head_kv != 0 || hp->head_dim > 512)

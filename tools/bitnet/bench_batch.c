@@ -42,7 +42,7 @@ static void usage(FILE *out)
             "                      with prefix sharing and again without\n"
             "  --batch-tokens N    rows of a pass: one per decoding sequence, then prompt\n"
             "                      chunks up to N in all (default 512; --budget N is the same)\n"
-            "  --kv T              KV cache precision on the GPU: f32 (default) or f16\n"
+            "  --kv T              KV cache precision on the GPU: f32 (default), f16 or fp8\n"
             "  --threads N         CPU threads (default: BITNET_NUM_THREADS, else every core)\n"
             "  --seed S            seed of the weights and prompts (default 1)\n"
             "  --stages LIST       on CUDA, after the table: the stages' split of one pass\n"
@@ -69,7 +69,7 @@ typedef struct bench_cfg {
     long long prompt, gen, prefix, batch_tokens, threads;
     uint64_t seed;
     const char *device;
-    bool kv_f16;
+    bn_kv_precision kv;
     bn_hparams hp;
     int max_seqs;
     int stage_runs[16], stage_len[16], n_stages; /* --stages: passes of runs x len rows */
@@ -90,7 +90,7 @@ static bn_engine *open_engine(const bn_config *cfg, const bench_cfg *b, bool sha
                                       (int64_t)b->max_seqs * ((b->prompt + b->gen + 31) / 32 * 32),
                                   .token_budget = (int)b->batch_tokens,
                                   .no_prefix_sharing = !sharing,
-                                  .kv_f16 = b->kv_f16};
+                                  .kv = b->kv};
     bn_engine *e = NULL;
     return bn_engine_open(cfg, &eo, &e, err) == BN_OK ? e : NULL;
 }
@@ -206,7 +206,10 @@ static int run_count(bn_engine *e, const bench_cfg *b, int n, const char *label)
         const uint64_t steps = s1.steps - s0.steps, rows = s1.rows - s0.rows;
         /* The KV cache the run held at its peak (keys and values). */
         const double position_mib = 2.0 * b->hp.n_layer * b->hp.n_head_kv * b->hp.head_dim *
-                                    (b->kv_f16 ? 2.0 : 4.0) / (1024.0 * 1024.0);
+                                    (b->kv == BN_KV_FP8   ? 1.0
+                                     : b->kv == BN_KV_F16 ? 2.0
+                                                          : 4.0) /
+                                    (1024.0 * 1024.0);
         const double kv_mib = (double)s1.blocks.peak_held * s1.block_size * position_mib;
         /* The share of the scheduler's time spent handing tokens out
          * after the passes, while the device waits. */
@@ -375,8 +378,7 @@ int bench_batch(int argc, char **argv, const bn_config *cfg)
         } else if (strcmp(a, "--shared-prefix") == 0) {
             ok = cli_parse_i64(CMD, a, v, 1, 1 << 20, &b.prefix);
         } else if (strcmp(a, "--kv") == 0) {
-            ok = strcmp(v, "f32") == 0 || strcmp(v, "f16") == 0;
-            b.kv_f16 = strcmp(v, "f16") == 0;
+            ok = cli_parse_kv(CMD, v, &b.kv);
         } else if (strcmp(a, "--batch-tokens") == 0 || strcmp(a, "--budget") == 0) {
             ok = cli_parse_i64(CMD, a, v, 1, BN_BATCH_TOKENS_MAX, &b.batch_tokens);
         } else if (strcmp(a, "--threads") == 0) {

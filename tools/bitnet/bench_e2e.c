@@ -469,7 +469,8 @@ static void print_cpu_stages(bn_cpu_backend *cpu, const bn_generation *g)
 int bench_e2e(int argc, char **argv, const bn_config *cfg)
 {
     const char *shape = "2b4t", *device = NULL;
-    bool kv_f16 = false, warmup = false;
+    bn_kv_precision kv = BN_KV_F32;
+    bool warmup = false;
     float temperature = 0.0f, top_p = 0.95f;
     long long top_k = 40;
     long long n_prompt = 512, n_gen = 128, threads = 0, tensor_parallel = 0;
@@ -492,11 +493,12 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
         } else if (strcmp(a, "--kv") == 0) {
             if (!(v = cli_value(argc, argv, &i, CMD)))
                 return BN_EXIT_USAGE;
-            if (strcmp(v, "f32") != 0 && strcmp(v, "f16") != 0) {
-                fprintf(stderr, "bitnet bench e2e: error: --kv must be f32 or f16, not '%s'\n", v);
+            if (!cli_parse_kv(CMD, v, &kv) || kv == BN_KV_FP8) {
+                if (kv == BN_KV_FP8)
+                    fprintf(stderr, "bitnet bench e2e: error: --kv fp8 is the batching engine's "
+                                    "(bench batch); one sequence decodes over f32 or f16\n");
                 return BN_EXIT_USAGE;
             }
-            kv_f16 = strcmp(v, "f16") == 0;
         } else if (strcmp(a, "--temp") == 0) {
             if (!(v = cli_value(argc, argv, &i, CMD)) ||
                 !cli_parse_float(CMD, a, v, 0.0, 100.0, &temperature))
@@ -563,7 +565,7 @@ int bench_e2e(int argc, char **argv, const bn_config *cfg)
                             .device = device,
                             .n_threads = (int)threads,
                             .n_ctx = n_prompt + n_gen,
-                            .kv_f16 = kv_f16,
+                            .kv = kv,
                             .tensor_parallel = (int)tensor_parallel};
     bn_engine *e = NULL;
     if (bn_engine_open(cfg, &eo, &e, &err) != BN_OK)

@@ -48,6 +48,8 @@ bool cli_parse_i64(const char *cmd, const char *opt, const char *text, long long
 bool cli_parse_u64(const char *cmd, const char *opt, const char *text, uint64_t *out);
 /* A --device value (auto, cpu, gpu, cuda[:N], vulkan[:N]), else an error printed. */
 bool cli_check_device(const char *cmd, const char *text);
+/* A --kv value (f32, f16, fp8), else an error printed. */
+bool cli_parse_kv(const char *cmd, const char *text, bn_kv_precision *out);
 bool cli_parse_float(const char *cmd, const char *opt, const char *text, double lo, double hi,
                      float *out);
 
@@ -59,7 +61,7 @@ typedef struct cli_gen_opts {
     bool have_seed;      /* --seed given */
     const char *device;  /* NULL: BITNET_DEVICE, else auto */
     long long threads, ctx;
-    bool kv_f16;
+    bn_kv_precision kv;        /* --kv */
     long long tensor_parallel; /* --tensor-parallel: GPUs splitting the model */
 } cli_gen_opts;
 

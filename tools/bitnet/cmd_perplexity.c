@@ -29,7 +29,7 @@ static void usage(FILE *out)
             "                      BITNET_DEVICE, else auto)\n"
             "      --threads N     CPU threads (default: BITNET_NUM_THREADS, else every core)\n"
             "      --kv f32|f16    the KV cache's precision on a GPU (default f32; the CPU\n"
-            "                      keeps fp32)\n"
+            "                      keeps fp32; fp8 is the batching engine's only)\n"
             "      --json          print the result as one JSON object\n"
             "      --max-file-mib N  refuse a text file of more than N MiB (default %d)\n"
             "      --help          show this help\n"
@@ -44,7 +44,8 @@ typedef struct ppl_opts {
     const char *model, *file, *device;
     long long ctx, threads;
     size_t max_file_bytes;
-    bool json, kv_f16;
+    bool json;
+    bn_kv_precision kv;
 } ppl_opts;
 
 /* 0 = parsed, -1 = --help, otherwise the exit code. */
@@ -84,11 +85,13 @@ static int parse(int argc, char **argv, ppl_opts *o)
                 return BN_EXIT_USAGE;
         } else if (strcmp(a, "--kv") == 0) {
             VALUE();
-            if (strcmp(v, "f32") != 0 && strcmp(v, "f16") != 0) {
-                fprintf(stderr, "bitnet perplexity: error: --kv must be f32 or f16, not '%s'\n", v);
+            if (!cli_parse_kv(CMD, v, &o->kv))
+                return BN_EXIT_USAGE;
+            if (o->kv == BN_KV_FP8) {
+                fprintf(stderr, "bitnet perplexity: error: --kv fp8 is the batching engine's "
+                                "paged cache; one sequence runs over f32 or f16\n");
                 return BN_EXIT_USAGE;
             }
-            o->kv_f16 = strcmp(v, "f16") == 0;
         } else if (strcmp(a, "--json") == 0) {
             o->json = true;
         } else if (strcmp(a, "--max-file-mib") == 0) {
@@ -153,7 +156,7 @@ int cmd_perplexity(int argc, char **argv, const bn_config *cfg)
     mo.device = o.device;
     mo.n_threads = (int)o.threads;
     mo.n_ctx = o.ctx;
-    mo.kv = o.kv_f16 ? BN_KV_F16 : BN_KV_F32;
+    mo.kv = o.kv;
     bn_model *m = NULL;
     bn_model_info info;
     if (bn_model_open(&mo, &m, &err) != BN_OK || bn_model_get_info(m, &info, &err) != BN_OK) {

@@ -213,10 +213,7 @@ int cli_gen_option(int argc, char **argv, int *i, const char *cmd, cli_gen_opts 
     } else if (strcmp(a, "--tensor-parallel") == 0) {
         ok = cli_parse_i64(cmd, a, v, 1, BN_DEVICE_LIST_MAX, &o->tensor_parallel);
     } else { /* --kv */
-        ok = strcmp(v, "f32") == 0 || strcmp(v, "f16") == 0;
-        if (!ok)
-            fprintf(stderr, "bitnet %s: error: --kv must be f32 or f16, not '%s'\n", cmd, v);
-        o->kv_f16 = strcmp(v, "f16") == 0;
+        ok = cli_parse_kv(cmd, v, &o->kv);
     }
     return ok ? 1 : -1;
 }
@@ -228,7 +225,7 @@ void cli_gen_model_options(const cli_gen_opts *o, const char *model, bn_model_op
     mo->device = o->device;
     mo->n_threads = (int)o->threads;
     mo->n_ctx = o->ctx;
-    mo->kv = o->kv_f16 ? BN_KV_F16 : BN_KV_F32;
+    mo->kv = o->kv;
     mo->tensor_parallel = (int)o->tensor_parallel;
 }
 
@@ -301,6 +298,21 @@ bool cli_check_device(const char *cmd, const char *text)
     fprintf(stderr, "bitnet %s: error: --device must be auto, cpu, gpu, cuda, cuda:N, "
                     "cuda:N,M,..., cuda:all, vulkan or vulkan:N, not '%s'\n",
             cmd, text);
+    return false;
+}
+
+bool cli_parse_kv(const char *cmd, const char *text, bn_kv_precision *out)
+{
+    static const struct {
+        const char *name;
+        bn_kv_precision kv;
+    } kinds[] = {{"f32", BN_KV_F32}, {"f16", BN_KV_F16}, {"fp8", BN_KV_FP8}};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        if (strcmp(text, kinds[i].name) == 0) {
+            *out = kinds[i].kv;
+            return true;
+        }
+    fprintf(stderr, "bitnet %s: error: --kv must be f32, f16 or fp8, not '%s'\n", cmd, text);
     return false;
 }
 
