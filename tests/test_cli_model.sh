@@ -876,7 +876,7 @@ run "$BITNET" perplexity --help
 expect_in out "usage: bitnet perplexity" "perplexity --help"
 run "$BITNET" run -p hi -n 2 --kv f8
 expect_rc 2 "run --kv f8"
-expect_in err "--kv must be f32 or f16" "run --kv names its values"
+expect_in err "--kv must be f32, f16 or fp8" "run --kv names its values"
 run "$BITNET" run -p hi -n 2 --kv f16 --device cpu
 expect_rc 0 "run --kv f16 on the CPU (its cache stays f32)"
 
