@@ -24,6 +24,8 @@
 // is float and the helpers are the device's own float operations, so
 // those kernels give the CPU's results within a few roundings instead.
 
+#include "round_even.glsl"
+
 #ifdef BN_FP64
 #define REAL double
 
@@ -117,7 +119,7 @@ float exp_rn(float x)
     const double LN2_LO = 1.90821492927058770002e-10lf; // 0x3dea39ef35793c76
     const double INV_LN2 = 1.4426950408889634lf;
     const double xd = double(x);
-    const double kd = roundEven(xd * INV_LN2);
+    const double kd = round_even(xd * INV_LN2);
     precise double r = (xd - kd * LN2_HI) - kd * LN2_LO;
     precise double e = 1.6059043836821613e-10lf;   // 1/13!
     e = e * r + 2.08767569878681e-09lf;            // 1/12!

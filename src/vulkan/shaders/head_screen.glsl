@@ -65,6 +65,8 @@ layout(push_constant) uniform Params {
 #ifdef DOT_PRODUCT
 #include "sdot.glsl"
 #endif
+#define ROUND_EVEN_DOUBLE
+#include "round_even.glsl"
 
 // The exact sum of four int8 products.
 int dot4(uint a, uint b)
@@ -134,9 +136,9 @@ void main()
             if (i >= p.dim)
                 continue;
             const double v = double(x[i]);
-            double c = sx > 0.0 ? roundEven(v / double(sx)) : 0.0;
+            double c = sx > 0.0 ? round_even(v / double(sx)) : 0.0;
             c = finite ? clamp(c, -16256.0, 16256.0) : 0.0;
-            const double h = roundEven(c / 128.0), l = c - 128.0 * h; // exact
+            const double h = round_even(c / 128.0), l = c - 128.0 * h; // exact
             l1 += abs(v);
             ex += abs(v - double(sx) * c); // sx c is exact in double
             hw |= (uint(int(h)) & 255u) << (8u * b);

@@ -174,10 +174,10 @@ void reduce_fmax_isum(inout float fmax, inout int isum)
 }
 #endif
 
-// round half to even, then clamp to [-128, 127]; NaN gives 0.
+// round half to even (round_even.glsl), then clamp to [-128, 127]; NaN gives 0.
 int round_clamp(float v)
 {
-    const float r = roundEven(v);
+    const float r = round_even(v);
     if (isnan(r))
         return 0;
     return r > 127.0 ? 127 : r < -128.0 ? -128 : int(r);
@@ -196,7 +196,7 @@ int exact_code(float xi, float wi, float rf, REAL rmax, REAL umax)
     // of it then not a normal float), and a NaN product fails the test.
     if (rf != 0.0) {
         precise float tf = (wi * xi) * rf;
-        const float nf = roundEven(tf);
+        const float nf = round_even(tf);
         precise float off = tf - nf;
         if (abs(off) < 0.499755859375) // 1/2 - 2^-12
             return int(nf);
@@ -214,10 +214,10 @@ int exact_code(float xi, float wi, float rf, REAL rmax, REAL umax)
 #ifdef BN_FP64
     if (abs(t0 - floor(t0) - 0.5) <= 1e-11) {
         precise double t = 127.0 * div_rn(pr, umax);
-        return int(roundEven(t));
+        return int(round_even(t));
     }
 #endif
-    return int(roundEven(t0));
+    return int(round_even(t0));
 }
 
 // Row `row` of n values (row * n on in NORM_X) into its `words` words of
