@@ -136,7 +136,7 @@ static void check_qkv(const shape *sh)
     int8_t *d_x;
     float *d_scale, *d_raw, *d_q, *d_table = NULL;
     int32_t *d_sum, *d_pos, *d_slot;
-    const size_t elem = sh->kv == BN_CB_KV_E4M3 ? 1 : sh->kv == BN_CB_KV_F16 ? 2 : 4;
+    const size_t elem = bn_cb_kv_bytes(sh->kv);
     const size_t cache_bytes = (size_t)(capacity * kv_dim) * elem;
     void *d_cache[4]; /* reference k, v; fused k, v */
     CUDA_OK(cudaMalloc(&d_w, l.bytes));

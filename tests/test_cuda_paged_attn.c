@@ -41,8 +41,6 @@ static const char *kv_name(int kv)
     return kv == BN_CB_KV_E4M3 ? "e4m3" : kv == BN_CB_KV_F16 ? "f16" : "f32";
 }
 
-static size_t kv_elem(int kv) { return kv == BN_CB_KV_E4M3 ? 1 : kv == BN_CB_KV_F16 ? 2 : 4; }
-
 /* n random values of magnitude up to `top` (a power of two of at most 2)
  * as the cache of element kv stores them: vals gets the values the kernel
  * reads, the returned buffer (malloc) the stored elements. e4m3 values are
@@ -50,7 +48,7 @@ static size_t kv_elem(int kv) { return kv == BN_CB_KV_E4M3 ? 1 : kv == BN_CB_KV_
  * a value). */
 static void *cache_image(int kv, float *vals, size_t n, float top)
 {
-    void *img = malloc(n * kv_elem(kv));
+    void *img = malloc(n * bn_cb_kv_bytes(kv));
     CHECK(img != NULL);
     uint8_t top_byte = 0;
     while (test_e4m3_value((uint8_t)(top_byte + 1)) <= top)
@@ -150,7 +148,7 @@ static void check_prefill_runs(const shape *s, int n_seqs, int max_len, int run,
     void *kimg = cache_image(kv, k, vals, 2.0f), *vimg = cache_image(kv, v, vals, 1.0f);
     for (int i = 0; i < n * q_dim; i++)
         q[i] = test_rand_float(-1.5f, 1.5f);
-    const size_t elem = kv_elem(kv);
+    const size_t elem = bn_cb_kv_bytes(kv);
     void *dk, *dv;
     float *dq, *dout;
     int32_t *dtab, *dpos, *dblocks;
@@ -342,7 +340,7 @@ static void check_case(const shape *s, int n_seqs, int max_len, int kv, int spli
     void *dk, *dv;
     float *dq, *dout, *dws;
     int32_t *dseq, *dpos, *dtab;
-    const size_t elem = kv_elem(kv);
+    const size_t elem = bn_cb_kv_bytes(kv);
     CUDA_OK(cudaMalloc(&dk, elem * cache_vals));
     CUDA_OK(cudaMalloc(&dv, elem * cache_vals));
     CUDA_OK(cudaMemcpy(dk, kimg, elem * cache_vals, cudaMemcpyHostToDevice));

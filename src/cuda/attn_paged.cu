@@ -70,12 +70,7 @@ __device__ __forceinline__ float4 chunk4(const __half *row, int ch)
 }
 __device__ __forceinline__ float4 chunk4(const __nv_fp8_e4m3 *row, int ch)
 {
-    const uint32_t u = reinterpret_cast<const uint32_t *>(row)[ch];
-    uint32_t lo, hi;
-    e4m3x4_to_f16(u, lo, hi);
-    const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&lo));
-    const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&hi));
-    return make_float4(a.x, a.y, b.x, b.y);
+    return e4m3x4_to_float4(reinterpret_cast<const uint32_t *>(row)[ch]);
 }
 
 /* The cache row of position t of a sequence (its table), -1 past end or
@@ -310,12 +305,10 @@ __global__ void __launch_bounds__(32 * kMmaWarps)
     if (!paged_block_range(rows, row_seq, row_pos, tables, max_blocks, range))
         return;
     const int row = range.row, begin = range.begin, end = range.end;
-    const int32_t *table = range.table;
 
     /* The first tile's offsets, and the second tile's table entries
      * (warp 0, a lane a position). */
-    int ahead = warp == 0 ? table_entry(table, bs, begin + lane, end) : -1;
-    paged_offsets_ahead<kTile>(rofs, ahead, range, bs, begin, kv_dim, head_off);
+    int ahead = paged_offsets_first<kTile>(rofs, range, bs, kv_dim, head_off);
 
     /* This warp's scores: keys 16 ks .. + 15 of a tile over the dims of
      * half kh; B fragments of q scaled to base 2 (head gid; zeros past the
@@ -323,7 +316,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps)
     const int ks = warp & 1, kh = warp >> 1;
     uint32_t qhi[P::SK][2], qlo[P::SK][2];
     {
-        const float qscale = scale * 1.4426950408889634f; /* log2(e) */
+        const float qscale = scale * kLog2e;
         const bool live = gid < group;
         const float *qr = q + (int64_t)row * ldq + (int64_t)(kvh * group + (live ? gid : 0)) * HD +
                           kh * (HD / 2) + 2 * tig;
@@ -359,16 +352,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps)
     float m = -INFINITY, l = 0.0f; /* head gid's running maximum (base 2) and weight */
     float o[P::MT][4] = {};        /* dims (16 mt + gid, + 8) of this warp's quarter x heads */
     for (int t0 = begin, buf = 0; t0 < end; t0 += kTile, buf ^= 1) {
-        const bool more = t0 + kTile < end;
-        if (more)
-            paged_offsets_ahead<kTile>(rofs + (buf ^ 1) * kTile, ahead, range, bs, t0 + kTile,
-                                       kv_dim, head_off);
-        __syncthreads(); /* those offsets are in place; the other buffer is free */
-        if (more)
-            copy_tiles(buf ^ 1);
-        cp_async_commit();
-        cp_async_wait<1>(); /* this tile's copies */
-        __syncthreads();
+        paged_tile_turn<kTile>(t0, buf, rofs, ahead, range, bs, kv_dim, head_off, copy_tiles);
         const __half *kt = tiles + buf * 2 * TILE, *vt = kt + TILE;
 
         /* Scores of this warp's keys and half (rows past the range were

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "attn_paged_shares.cuh"
+#include "cp_async.cuh"
 
 namespace {
 
@@ -67,6 +68,43 @@ __device__ __forceinline__ void paged_offsets_ahead(int64_t *rofs, int &ahead,
     }
 }
 
+/* The first tile's offsets (from table entries loaded now) and the
+ * second tile's entries: the `ahead` a tile loop then carries. */
+template <int TILE>
+__device__ __forceinline__ int paged_offsets_first(int64_t *rofs, const PagedRange &r, int bs,
+                                                   int64_t kv_dim, int64_t head_off)
+{
+    const int i = threadIdx.x;
+    int ahead = i < TILE ? table_entry(r.table, bs, r.begin + i, r.end) : -1;
+    paged_offsets_ahead<TILE>(rofs, ahead, r, bs, r.begin, kv_dim, head_off);
+    return ahead;
+}
+
+/* The top of a tile loop over the range in two buffers, at tile t0 in
+ * buffer buf: the next tile's offsets, the barrier that frees its buffer,
+ * its copies (copy(b): the copies of the tile whose offsets are at rofs +
+ * b TILE into buffer b), then the wait for this tile's copies and the
+ * barrier that shows them to every warp. */
+template <int TILE, class Copy>
+__device__ __forceinline__ void paged_tile_turn(int t0, int buf, int64_t *rofs, int &ahead,
+                                                const PagedRange &r, int bs, int64_t kv_dim,
+                                                int64_t head_off, Copy &&copy)
+{
+    const bool more = t0 + TILE < r.end;
+    if (more)
+        paged_offsets_ahead<TILE>(rofs + (buf ^ 1) * TILE, ahead, r, bs, t0 + TILE, kv_dim,
+                                  head_off);
+    __syncthreads(); /* those offsets are in place; the other buffer is free */
+    if (more)
+        copy(buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>(); /* this tile's copies */
+    __syncthreads();
+}
+
+/* log2(e) and ln(2): the tensor-core kernels' scores are in base 2. */
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
 /* 2^x by the MUFU (denormal results flushed: such weights add nothing to
  * fp32 sums of weights near 1). */
 __device__ __forceinline__ float exp2_approx(float x)
@@ -122,7 +160,7 @@ __device__ __forceinline__ void paged_write_result(const float (&o)[MT][4], floa
                 share(hb)[dim(mt, half)] = o[mt][2 * half + 1];
         }
     if (write_ml && tig == 0 && gid < group) {
-        share(gid)[HD] = m * 0.6931471805599453f; /* ln 2: natural units */
+        share(gid)[HD] = m * kLn2; /* natural units */
         share(gid)[HD + 1] = l;
     }
 }

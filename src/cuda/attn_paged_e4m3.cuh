@@ -65,12 +65,6 @@ __device__ __forceinline__ void transpose_4x4_bytes(const uint32_t (&x)[4], uint
     y[2] = __byte_perm(b, d, 0x5410), y[3] = __byte_perm(b, d, 0x7632);
 }
 
-__device__ __forceinline__ uint32_t f16x2_of(float a, float b)
-{
-    const __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
-
 template <int HD> struct E4m3Tiles {
     static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
     static constexpr int kChunks = HD / 16; /* 16-byte chunks a row */
@@ -127,18 +121,15 @@ __global__ void __launch_bounds__(32 * kE4m3Warps, 6) /* six blocks an SM: at mo
     if (!paged_block_range(rows, row_seq, row_pos, tables, max_blocks, range))
         return;
     const int row = range.row, begin = range.begin, end = range.end;
-    const int32_t *table = range.table;
 
     /* The first tile's offsets, and the second tile's table entries. */
-    const int i = threadIdx.x;
-    int ahead = i < kE4m3Tile ? table_entry(table, bs, begin + i, end) : -1;
-    paged_offsets_ahead<kE4m3Tile>(rofs, ahead, range, bs, begin, kv_dim, head_off);
+    int ahead = paged_offsets_first<kE4m3Tile>(rofs, range, bs, kv_dim, head_off);
 
     /* q of head gid (zeros past the group) as B fragments in base 2: k16
      * step s takes dims 16 s + 4 tig + {0, 1} and + {2, 3}. */
     uint32_t qb[HD / 16][2];
     {
-        const float qscale = scale * 1.4426950408889634f; /* log2(e) */
+        const float qscale = scale * kLog2e;
         const bool live = gid < group;
         const float *qr = q + (int64_t)row * ldq + (int64_t)(kvh * group + (live ? gid : 0)) * HD +
                           4 * tig;
@@ -151,7 +142,7 @@ __global__ void __launch_bounds__(32 * kE4m3Warps, 6) /* six blocks an SM: at mo
         }
     }
 
-    const int r0 = i / T::kChunks, c = i % T::kChunks;
+    const int r0 = threadIdx.x / T::kChunks, c = threadIdx.x % T::kChunks;
     const uint32_t tiles_s = (uint32_t)__cvta_generic_to_shared(tiles);
     auto copy_tiles = [&](int b) {
         const uint32_t kt_s = tiles_s + (uint32_t)(b * 2 * TILE);
@@ -172,16 +163,8 @@ __global__ void __launch_bounds__(32 * kE4m3Warps, 6) /* six blocks an SM: at mo
     float m = -INFINITY, l = 0.0f; /* head gid's running maximum (base 2) and weight */
     float o[2][4] = {};            /* dims 32 warp + 4 gid + 2 mt (+ 1) x heads */
     for (int t0 = begin, buf = 0; t0 < end; t0 += kE4m3Tile, buf ^= 1) {
-        const bool more = t0 + kE4m3Tile < end;
-        if (more)
-            paged_offsets_ahead<kE4m3Tile>(rofs + (buf ^ 1) * kE4m3Tile, ahead, range, bs,
-                                           t0 + kE4m3Tile, kv_dim, head_off);
-        __syncthreads(); /* those offsets are in place; the other buffer is free */
-        if (more)
-            copy_tiles(buf ^ 1);
-        cp_async_commit();
-        cp_async_wait<1>(); /* this tile's copies */
-        __syncthreads();
+        paged_tile_turn<kE4m3Tile>(t0, buf, rofs, ahead, range, bs, kv_dim, head_off,
+                                   copy_tiles);
         const uint8_t *kt = tiles + buf * 2 * TILE, *vt = kt + TILE;
 
         /* Scores of keys 16 warp .. + 15 over all dims, as two chains of

@@ -114,13 +114,8 @@ template <int HD>
 __device__ __forceinline__ float4 tile_chunk(const __nv_fp8_e4m3 *tile, int r, int c, int swz)
 {
     constexpr int kSwz = Tiled<HD, __nv_fp8_e4m3>::kSwz;
-    const uint32_t u = reinterpret_cast<const uint32_t *>(
-        tile)[r * (HD / 4) + ((((c >> 2) ^ (swz & kSwz)) << 2) | (c & 3))];
-    uint32_t lo, hi;
-    e4m3x4_to_f16(u, lo, hi);
-    const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&lo));
-    const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&hi));
-    return make_float4(a.x, a.y, b.x, b.y);
+    return e4m3x4_to_float4(reinterpret_cast<const uint32_t *>(
+        tile)[r * (HD / 4) + ((((c >> 2) ^ (swz & kSwz)) << 2) | (c & 3))]);
 }
 
 /* One 16-byte chunk into shared memory (zero-filled when !ok). */

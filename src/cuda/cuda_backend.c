@@ -253,7 +253,7 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
     b->paged_kv = opt.kv_type == BN_CUDA_KV_E4M3 ? BN_CB_KV_E4M3
                   : b->kv_f16                    ? BN_CB_KV_F16
                                                  : BN_CB_KV_F32;
-    b->paged_elem = b->paged_kv == BN_CB_KV_E4M3 ? 1 : b->kv_elem;
+    b->paged_elem = bn_cb_kv_bytes(b->paged_kv);
     b->q_dim = (int64_t)hp->n_head * hp->head_dim;
     b->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     b->qkv_n = b->q_dim + 2 * b->kv_dim;

@@ -205,6 +205,12 @@ cudaError_t bn_cb_rope_table(const bn_rope_freqs *freqs, int64_t n_pos, float *t
  * pages). */
 enum { BN_CB_KV_F32 = 0, BN_CB_KV_F16 = 1, BN_CB_KV_E4M3 = 2 };
 
+/* Bytes a value of cache element kv. */
+static inline size_t bn_cb_kv_bytes(int kv)
+{
+    return kv == BN_CB_KV_E4M3 ? 1 : kv == BN_CB_KV_F16 ? 2 : 4;
+}
+
 /* ---- q, k, v: scale, RoPE, KV cache ---------------------------------------------
  *
  * raw holds m rows of the fused q|k|v product computed with weight scale 1

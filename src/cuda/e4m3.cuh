@@ -6,6 +6,7 @@
  */
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <stdint.h>
 
@@ -25,4 +26,14 @@ static __device__ __forceinline__ void e4m3x4_to_f16(uint32_t x, uint32_t &lo, u
     lo = (uint32_t)a.x | (uint32_t)a.y << 16;
     hi = (uint32_t)b.x | (uint32_t)b.y << 16;
 #endif
+}
+
+/* Four e4m3 bytes (x's, byte 0 first) as floats. */
+static __device__ __forceinline__ float4 e4m3x4_to_float4(uint32_t x)
+{
+    uint32_t lo, hi;
+    e4m3x4_to_f16(x, lo, hi);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&lo));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&hi));
+    return make_float4(a.x, a.y, b.x, b.y);
 }

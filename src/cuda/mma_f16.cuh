@@ -39,6 +39,15 @@ static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const
                  : "r"(addr));
 }
 
+/* a, b rounded to a packed fp16 pair (a in the low half). */
+static __device__ __forceinline__ uint32_t f16x2_of(float a, float b)
+{
+    const __half2 h = __floats2half2_rn(a, b);
+    uint32_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+
 /* x0, x1 as packed fp16 pairs hi (rounded) and lo (hi's rounding error,
  * rounded): hi + lo keeps ~22 significant bits of each value. */
 static __device__ __forceinline__ void split_f16x2(float x0, float x1, uint32_t &hi, uint32_t &lo)
