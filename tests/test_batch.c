@@ -371,8 +371,20 @@ int main(int argc, char **argv)
         for (int k = 0; k < 3; k++) {
             engine_kv = kinds[k];
             e = open_engine(32, 0, 32, 256, true);
-            if (e)
+            if (e) {
                 ppl[k] = held_out_perplexity(e, 16, 240);
+                /* The prompts' runs on the tiled kernel, the other rows on
+                 * the paged one, each over the cache's own element. */
+                bn_engine_info info;
+                bn_engine_get_info(e, &info);
+                static const char *const prefill[3] = {"attention_prefill_f32",
+                                                       "attention_prefill_f16",
+                                                       "attention_prefill_e4m3"};
+                for (int j = 0; j < 3; j++)
+                    CHECK_MSG((strstr(info.kernels, prefill[j]) != NULL) == (j == k),
+                              "%s cache: kernels %s", info.kv_type, info.kernels);
+                CHECK_MSG(strstr(info.kernels, "attention_paged"), "kernels %s", info.kernels);
+            }
             bn_engine_free(e);
         }
         printf("held-out perplexity over 224 tokens through the batched passes: f32 cache %.4f, "

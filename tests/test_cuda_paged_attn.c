@@ -358,7 +358,7 @@ static void check_case(const shape *s, int n_seqs, int max_len, int kv, int spli
     CUDA_OK(cudaMemset(dout, 0xff, sizeof(float) * (size_t)((n_rows + 1) * q_dim))); /* NaN */
 
     const int splits =
-        splits_asked > 0 ? splits_asked : bn_cb_attn_paged_splits(n_rows, max_pos, s->n_kv, 0);
+        splits_asked > 0 ? splits_asked : bn_cb_attn_paged_splits(n_rows, max_pos, s->n_kv, 0, kv);
     const bn_cb_attn_shape as = {s->n_heads, s->n_kv, s->hd, 0};
     CUDA_OK(bn_cb_attn_paged(&as, dq, q_dim, n_rows, dseq, dpos, dtab, max_blocks, s->bs, dk, dv,
                              kv, splits, NULL, dout, q_dim, dws, 0));
@@ -468,14 +468,23 @@ int main(void)
         check_prefill_runs(&s2b, 4, 700, 128, 4, kv);
         check_prefill_runs(&mha, 3, 100, 40, 2, kv);
     }
-    CHECK(bn_cb_attn_paged_splits(1, 0, 5, 0) == 1);
-    CHECK(bn_cb_attn_paged_splits(64, 575, 5, 0) == 5);
-    CHECK(bn_cb_attn_paged_splits(4096, 100000, 5, 0) == 1);
-    CHECK(bn_cb_attn_paged_splits(1, 100000, 5, 0) == 64);
+    const int f16 = BN_CB_KV_F16, e4m3 = BN_CB_KV_E4M3;
+    CHECK(bn_cb_attn_paged_splits(1, 0, 5, 0, f16) == 1);
+    CHECK(bn_cb_attn_paged_splits(64, 575, 5, 0, f16) == 5);
+    CHECK(bn_cb_attn_paged_splits(4096, 100000, 5, 0, f16) == 1);
+    CHECK(bn_cb_attn_paged_splits(1, 100000, 5, 0, f16) == 64);
     /* Rows whose blocks fill the device alone take one range each. */
-    CHECK(bn_cb_attn_paged_splits(64, 575, 5, 792) == 5);
-    CHECK(bn_cb_attn_paged_splits(158, 575, 5, 792) == 5);
-    CHECK(bn_cb_attn_paged_splits(159, 575, 5, 792) == 1);
+    CHECK(bn_cb_attn_paged_splits(64, 575, 5, 792, f16) == 5);
+    CHECK(bn_cb_attn_paged_splits(158, 575, 5, 792, f16) == 5);
+    CHECK(bn_cb_attn_paged_splits(159, 575, 5, 792, f16) == 1);
+    CHECK(bn_cb_attn_paged_splits(159, 575, 5, 792, e4m3) == 1);
+    /* Over e4m3, no more ranges than keep every block resident at once. */
+    CHECK(bn_cb_attn_paged_splits(16, 575, 5, 792, e4m3) == 5);
+    CHECK(bn_cb_attn_paged_splits(32, 575, 5, 792, e4m3) == 4);
+    CHECK(bn_cb_attn_paged_splits(64, 575, 5, 792, e4m3) == 2);
+    CHECK(bn_cb_attn_paged_splits(128, 575, 5, 792, e4m3) == 1);
+    CHECK(bn_cb_attn_paged_splits(64, 575, 5, 0, e4m3) == 5);
+    CHECK(bn_cb_attn_paged_splits(0, 575, 5, 792, e4m3) >= 1);
     /* The blocks resident at once: at least one an SM for the shapes the
      * kernel takes (the fp32 tiles are twice the fp16 ones: no more of
      * them), none for a shape it refuses. */

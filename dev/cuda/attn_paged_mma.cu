@@ -633,6 +633,14 @@ int fmt_of(const Variant &v) { return v.kind == 3 ? E5M2 : v.kind >= 2 ? E4M3 : 
 /* The shipped kernels' cache element for a variant. */
 int shipped_kv(const Variant &v) { return v.kind == 6 ? BN_CB_KV_E4M3 : v.kind; }
 
+/* The shipped kernel's blocks resident at once for cache element kv. */
+int resident(const bn_cb_attn_shape &as, int kv)
+{
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    return bn_cb_attn_paged_resident(&as, kv, sms);
+}
+
 int lab_splits(int n_rows, int max_len, int split_len)
 {
     int splits = (max_len + split_len - 1) / split_len;
@@ -678,7 +686,9 @@ void run(const Variant &v, const Batch &b, const Device &d, cudaStream_t st)
         const bn_cb_attn_shape as = {s.n_heads, s.n_kv, s.hd, 0};
         const int splits = v.split_len
                                ? lab_splits(b.n_rows, b.max_len, v.split_len)
-                               : bn_cb_attn_paged_splits(b.n_rows, b.max_len - 1, s.n_kv, 0);
+                               : bn_cb_attn_paged_splits(b.n_rows, b.max_len - 1, s.n_kv,
+                                                         resident(as, shipped_kv(v)),
+                                                         shipped_kv(v));
         CUDA_CHECK(bn_cb_attn_paged(&as, d.q, ld, b.n_rows, d.seq, d.pos, d.tables, b.max_blocks,
                                     s.bs,
                                     v.kind == 6   ? (const void *)d.k8
@@ -775,6 +785,7 @@ int main(int argc, char **argv)
         {"fp8 e4m3, 128", 2, 128}, {"fp8 e4m3, 256", 2, 256}, {"fp8 e4m3, 512", 2, 512},
         {"fp8 e5m2, 256", 3, 256}, {"e4m3 swizzled, 128", 4, 128},
         {"e4m3 swizzled, 256", 4, 256}, {"e4m3 swizzled, 512", 4, 512},
+        {"shipped e4m3, 128", 6, 128}, {"shipped e4m3, 256", 6, 256},
         {"shipped e4m3", 6, 0},
     };
     /* LAB_PROFILE=rows,len: each variant once on that batch, no checks
@@ -806,7 +817,7 @@ int main(int argc, char **argv)
     printf("copy bandwidth %.0f GB/s (read + write)\n", copy);
     for (int a = 1; a < (argc > 1 ? argc : 2); a++) {
         const int len = argc > 1 ? atoi(argv[a]) : 577;
-        for (int rows : {1, 8, 64, 256}) {
+        for (int rows : {1, 8, 32, 64, 128, 256}) {
             /* e4m3 bytes; the e5m2 variants read them as e5m2 (finite at
              * these magnitudes): timing only. */
             Batch b = make_batch({20, 5, 128, 32}, rows, len, len, E4M3);

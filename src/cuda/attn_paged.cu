@@ -525,19 +525,28 @@ template <int HD, typename T> cudaError_t resident_per_sm(int group, int *per_sm
 
 } // namespace
 
-extern "C" int bn_cb_attn_paged_splits(int n_rows, int max_pos, int n_kv_heads, int resident)
+extern "C" int bn_cb_attn_paged_splits(int n_rows, int max_pos, int n_kv_heads, int resident,
+                                       int kv)
 {
     /* Rows whose blocks fill the device by themselves: one range each
      * (H200, 2B-4T heads, fp16 cache, 256 rows at position 528: a pass's
      * attention 3760 against 3990 us in five ranges; at 128 rows, 640
      * blocks of the 792 resident, fewer ranges were slower). */
-    if (resident > 0 && (int64_t)n_rows * n_kv_heads >= resident)
+    const int64_t row_blocks = (int64_t)n_rows * n_kv_heads;
+    if (resident > 0 && row_blocks >= resident)
         return 1;
     /* About 128 positions a split, at most 64 splits, and no more shares
      * than the workspace holds. */
     int splits = (max_pos + 1 + 127) / 128;
     if (splits > 64)
         splits = 64;
+    /* The e4m3 kernel's tile is quick enough that a range's fixed cost
+     * (its first table and cache reads, its share and the merge) weighs:
+     * its ranges are as long as keeps every block resident in one wave
+     * (H200, 2B-4T heads, 577 positions: 64 rows in two ranges 17.6 us a
+     * layer against 20.8 in five; dev/cuda/attn_paged_mma). */
+    if (kv == BN_CB_KV_E4M3 && resident > 0 && row_blocks > 0 && splits > resident / row_blocks)
+        splits = (int)(resident / row_blocks);
     while (splits > 1 && (int64_t)splits * n_rows > BN_CB_ATTN_PAGED_SHARES)
         splits--;
     return splits < 1 ? 1 : splits;

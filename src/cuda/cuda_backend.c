@@ -664,7 +664,7 @@ static const char *const kernel_names[K_COUNT] = {
     "attention_decode_f32_cluster",
     "lm_head_screen_int8", "attention_decode_f32_cluster_qkv", "w2a8_gemv_gate_up_relu2",
     "sample_top_k_top_p", "decode_handoff", "embed_norm_quantize", "attention_paged",
-    "lm_head_rows_gemm", "sample_rows"};
+    "lm_head_rows_gemm", "sample_rows", "attention_prefill_e4m3"};
 
 void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size)
 {

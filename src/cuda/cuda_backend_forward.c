@@ -360,7 +360,8 @@ static int paged_splits(const pass *p)
 {
     const bn_cuda_backend *b = p->b;
     const paged_rows *r = p->paged;
-    return bn_cb_attn_paged_splits(r->n_dec, r->max_pos, b->hp.n_head_kv, b->paged_resident);
+    return bn_cb_attn_paged_splits(r->n_dec, r->max_pos, b->hp.n_head_kv, b->paged_resident,
+                                   b->paged_kv);
 }
 
 static bool tp_on(const bn_cuda_backend *b);
@@ -417,7 +418,9 @@ static bn_status attention_paged(const pass *p, int l)
                                 b->d_tables, b->paged_max_blocks, b->paged_block, kl, vl,
                                 b->paged_kv, b->att, b->q_dim, parts, b->gu, ws_bytes, b->cs));
         launches += parts > 1 ? 2 : 1;
-        b->ran |= 1u << (b->paged_kv == BN_CB_KV_F32 ? K_ATTN_PRE_F32 : K_ATTN_PRE_F16);
+        b->ran |= 1u << (b->paged_kv == BN_CB_KV_F32    ? K_ATTN_PRE_F32
+                         : b->paged_kv == BN_CB_KV_E4M3 ? K_ATTN_PRE_E4M3
+                                                        : K_ATTN_PRE_F16);
     }
     return stage_done(p, BN_CUDA_STAGE_ATTENTION, launches, -1);
 }

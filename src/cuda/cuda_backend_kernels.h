@@ -269,12 +269,13 @@ typedef struct bn_cb_attn_shape {
  * heads a kv head.
  *
  * bn_cb_attn_paged_splits: the ranges of a launch of n_rows rows up to
- * max_pos; one when the rows' n_rows x n_kv_heads blocks alone reach
- * `resident`, the blocks the device holds at once
- * (bn_cb_attn_paged_resident; 0: no such limit), since more ranges then
- * only add blocks and the merge. */
+ * max_pos over a cache of element kv; one when the rows' n_rows x
+ * n_kv_heads blocks alone reach `resident`, the blocks the device holds at
+ * once (bn_cb_attn_paged_resident; 0: no such limit), since more ranges
+ * then only add blocks and the merge; over e4m3 no more than keep every
+ * block resident at once. */
 #define BN_CB_ATTN_PAGED_SHARES 4096 /* rows x splits the workspace holds */
-int bn_cb_attn_paged_splits(int n_rows, int max_pos, int n_kv_heads, int resident);
+int bn_cb_attn_paged_splits(int n_rows, int max_pos, int n_kv_heads, int resident, int kv);
 int bn_cb_attn_paged_resident(const bn_cb_attn_shape *s, int kv, int sm_count);
 size_t bn_cb_attn_paged_workspace_bytes(int n_heads, int head_dim);
 cudaError_t bn_cb_attn_paged(const bn_cb_attn_shape *s, const float *q, int64_t ldq, int n_rows,

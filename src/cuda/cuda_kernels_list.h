@@ -21,7 +21,7 @@ static const char *const bn_cuda_kernel_list[] = {
     "attention_decode, attention_prefill: GQA attention over fp16/bf16 KV (attention_kernels.cu)",
     "attention_prefill_tiled: causal fp32 prefill attention, register tiles, in up to 8 "
     "merged parts, over a contiguous or a paged cache (attn_prefill_tiled.cu)",
-    "attention_paged: rows of many sequences over the paged fp32/fp16 KV cache, position "
+    "attention_paged: rows of many sequences over the paged fp32/fp16/e4m3 KV cache, position "
     "ranges merged (attn_paged.cu)",
     "lm_head_rows: the batched pass's head input as 16-bit parts for one GEMM over every row "
     "(rows_head.cu)",

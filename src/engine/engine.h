@@ -345,7 +345,7 @@ typedef struct bn_engine_info {
     int gpu_device;
     const char *gpu_name;
     bool cuda_graphs;           /* decode steps replay a CUDA graph        */
-    const char *kv_type;        /* "f32" or "f16"                          */
+    const char *kv_type;        /* "f32", "f16" or "fp8"                   */
     uint64_t gpu_weights_bytes, gpu_embedding_bytes, gpu_lm_head_bytes, gpu_norms_bytes,
         gpu_kv_bytes, gpu_scratch_bytes, gpu_total_bytes, gpu_peak_bytes;
     /* The LM head's int8 copy that greedy steps screen (0: not screened). */
