@@ -42,7 +42,7 @@
 
 extern const bn_backend_ops bn_vulkan_backend_ops;
 
-enum { N_STEPS = 24 };
+enum { N_STEPS = 12 }; /* decode steps after each prompt */
 
 static int screened_models; /* models whose greedy steps the backend picked */
 
@@ -565,6 +565,11 @@ int main(int argc, char **argv)
         if (pass == 1)
             setenv("BITNET_VULKAN_FP64", "0", 1);
         for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
+            /* The float kernels where the exact ones ran too: on one HF
+             * and one GGUF fixture (the weights' formats meet the same
+             * device layout) and the shipped model. */
+            if (pass == 1 && fp64 && i != 0 && i != 2)
+                continue;
             snprintf(path, sizeof path, "%s/%s", argv[1], fixtures[i]);
             check_model(path, pass == 0);
         }
