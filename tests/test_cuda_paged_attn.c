@@ -468,23 +468,26 @@ int main(void)
         check_prefill_runs(&s2b, 4, 700, 128, 4, kv);
         check_prefill_runs(&mha, 3, 100, 40, 2, kv);
     }
-    const int f16 = BN_CB_KV_F16, e4m3 = BN_CB_KV_E4M3;
-    CHECK(bn_cb_attn_paged_splits(1, 0, 5, 0, f16) == 1);
-    CHECK(bn_cb_attn_paged_splits(64, 575, 5, 0, f16) == 5);
-    CHECK(bn_cb_attn_paged_splits(4096, 100000, 5, 0, f16) == 1);
-    CHECK(bn_cb_attn_paged_splits(1, 100000, 5, 0, f16) == 64);
-    /* Rows whose blocks fill the device alone take one range each. */
-    CHECK(bn_cb_attn_paged_splits(64, 575, 5, 792, f16) == 5);
-    CHECK(bn_cb_attn_paged_splits(158, 575, 5, 792, f16) == 5);
-    CHECK(bn_cb_attn_paged_splits(159, 575, 5, 792, f16) == 1);
-    CHECK(bn_cb_attn_paged_splits(159, 575, 5, 792, e4m3) == 1);
-    /* Over e4m3, no more ranges than keep every block resident at once. */
-    CHECK(bn_cb_attn_paged_splits(16, 575, 5, 792, e4m3) == 5);
-    CHECK(bn_cb_attn_paged_splits(32, 575, 5, 792, e4m3) == 4);
-    CHECK(bn_cb_attn_paged_splits(64, 575, 5, 792, e4m3) == 2);
-    CHECK(bn_cb_attn_paged_splits(128, 575, 5, 792, e4m3) == 1);
-    CHECK(bn_cb_attn_paged_splits(64, 575, 5, 0, e4m3) == 5);
-    CHECK(bn_cb_attn_paged_splits(0, 575, 5, 792, e4m3) >= 1);
+    /* The launcher's ranges: ~128 positions each (at most 64, within the
+     * workspace); one where the rows' blocks fill the device alone (792
+     * resident); over e4m3 no more than keep every block resident. */
+    static const struct {
+        int rows, max_pos, resident, kv, want;
+    } splits_cases[] = {
+        {1, 0, 0, BN_CB_KV_F16, 1},         {64, 575, 0, BN_CB_KV_F16, 5},
+        {4096, 100000, 0, BN_CB_KV_F16, 1}, {1, 100000, 0, BN_CB_KV_F16, 64},
+        {64, 575, 792, BN_CB_KV_F16, 5},    {158, 575, 792, BN_CB_KV_F16, 5},
+        {159, 575, 792, BN_CB_KV_F16, 1},   {159, 575, 792, BN_CB_KV_E4M3, 1},
+        {16, 575, 792, BN_CB_KV_E4M3, 5},   {32, 575, 792, BN_CB_KV_E4M3, 4},
+        {64, 575, 792, BN_CB_KV_E4M3, 2},   {128, 575, 792, BN_CB_KV_E4M3, 1},
+        {64, 575, 0, BN_CB_KV_E4M3, 5},     {0, 575, 792, BN_CB_KV_E4M3, 5},
+    };
+    for (size_t i = 0; i < sizeof splits_cases / sizeof splits_cases[0]; i++) {
+        const int got = bn_cb_attn_paged_splits(splits_cases[i].rows, splits_cases[i].max_pos, 5,
+                                                splits_cases[i].resident, splits_cases[i].kv);
+        CHECK_MSG(got == splits_cases[i].want, "splits of case %zu: %d, want %d", i, got,
+                  splits_cases[i].want);
+    }
     /* The blocks resident at once: at least one an SM for the shapes the
      * kernel takes (the fp32 tiles are twice the fp16 ones: no more of
      * them), none for a shape it refuses. */
