@@ -151,9 +151,9 @@ int main(void)
     }
 #undef K
 
-    /* Workspace: 1024 counters, then two 128 x 256 int32 slots per block
+    /* Workspace: 1024 counters, then two 192 x 128 int32 slots per block
      * (0 SMs counts as 132; more than 1024 as 1024). */
-    CHECK(bn_w2a8_cuda_gemm_streamk_bytes(132) == (1024 + 2 * 132 * 32768) * sizeof(int32_t));
+    CHECK(bn_w2a8_cuda_gemm_streamk_bytes(132) == (1024 + 2 * 132 * 24576) * sizeof(int32_t));
     CHECK(bn_w2a8_cuda_gemm_streamk_bytes(0) == bn_w2a8_cuda_gemm_streamk_bytes(132));
     CHECK(bn_w2a8_cuda_gemm_streamk_bytes(5000) == bn_w2a8_cuda_gemm_streamk_bytes(1024));
     TEST_EXIT();

@@ -121,8 +121,6 @@ typedef enum bn_w2a8_kernel {
     BN_W2A8_WGMMA_192X128_STREAMK, /* as 192X128, stream-K (a->streamk)      */
     BN_W2A8_WGMMA_256X128,        /* two consumers of two 64-row slices      */
     BN_W2A8_WGMMA_192X64,         /* three consumers, 64 activation rows     */
-    BN_W2A8_WGMMA_128X256,        /* two consumers, 256 activation rows      */
-    BN_W2A8_WGMMA_128X256_STREAMK, /* as 128X256, stream-K (a->streamk)      */
     BN_W2A8_KERNELS
 } bn_w2a8_kernel;
 

@@ -171,22 +171,21 @@ __global__ void __launch_bounds__(CfgWS<STAGES, CW, MI, BA>::kThreads, 1)
     for (int seg = 0; segs.take(tile, kt0, kt1); seg++) {
         int64_t m0, tile0;
         tile_origin(tile, m0, tile0);
-        /* The tile's scales (entries 0 .. BA - 1) and sums (BA .. 2 BA - 1),
-         * in flight while the k-tiles run; rows past m read as zero and
-         * are not stored. Buffer seg % 2 was last read in segment seg - 2's
+        /* The tile's scales (threads 0 .. BA - 1) and sums (BA .. 2 BA - 1), in flight
+         * while the k-tiles run; rows past m read as zero and are not
+         * stored. Buffer seg % 2 was last read in segment seg - 2's
          * epilogue, before segment seg - 1's closing barrier. */
-#pragma unroll
-        for (int e = ctid; e < 2 * C::kBA; e += C::kConsumers) {
-            const int r = e % C::kBA;
+        {
+            const int r = ctid % C::kBA;
             const bool ok = m0 + r < m;
-            if (e < C::kBA)
+            if (ctid < C::kBA)
                 cp_async<4>((uint32_t)__cvta_generic_to_shared(&tile_scale[seg & 1][r]),
                           act_scale + (ok ? m0 + r : 0), ok);
-            else
+            else if (ctid < 2 * C::kBA)
                 cp_async<4>((uint32_t)__cvta_generic_to_shared(&tile_sum[seg & 1][r]),
                           act_sum + (ok ? m0 + r : 0), ok);
+            cp_async_commit();
         }
-        cp_async_commit();
         /* This k-tile's stage becomes the one before; step to the next. */
         auto next_stage = [&] {
             prev2 = prev;
@@ -502,8 +501,6 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma(const bn_w2a8_cuda_args *a, bn_w2
     case BN_W2A8_WGMMA_192X128_STREAMK: return LaunchWS<8, 3>::run(a, true, stream);
     case BN_W2A8_WGMMA_256X128: return LaunchWS<8, 2, 2>::run(a, false, stream);
     case BN_W2A8_WGMMA_192X64: return LaunchWS<8, 3, 1, 64>::run(a, false, stream);
-    case BN_W2A8_WGMMA_128X256: return LaunchWS<5, 2, 1, 256>::run(a, false, stream);
-    case BN_W2A8_WGMMA_128X256_STREAMK: return LaunchWS<5, 2, 1, 256>::run(a, true, stream);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -182,9 +182,6 @@ static const kernel_info kKernels[BN_W2A8_KERNELS] = {
                                   K(WGMMA_192X128_STREAMK), 192, 128},
     [K(WGMMA_256X128)] = {"wgmma 256x128", true, false, K(WGMMA_256X128), 256, 128},
     [K(WGMMA_192X64)] = {"wgmma 192x64", true, false, K(WGMMA_192X64), 192, 64},
-    [K(WGMMA_128X256)] = {"wgmma 128x256", true, false, K(WGMMA_128X256_STREAMK), 128, 256},
-    [K(WGMMA_128X256_STREAMK)] = {"wgmma 128x256 stream-k", true, true,
-                                  K(WGMMA_128X256_STREAMK), 128, 256},
 };
 #undef K
 
@@ -237,9 +234,7 @@ cudaError_t bn_w2a8_cuda_gemm_run(const bn_w2a8_cuda_args *a, bn_w2a8_kernel ker
     case BN_W2A8_WGMMA_192X128:
     case BN_W2A8_WGMMA_192X128_STREAMK:
     case BN_W2A8_WGMMA_256X128:
-    case BN_W2A8_WGMMA_192X64:
-    case BN_W2A8_WGMMA_128X256:
-    case BN_W2A8_WGMMA_128X256_STREAMK: return bn_w2a8_cuda_gemm_wgmma(a, kernel, stream);
+    case BN_W2A8_WGMMA_192X64: return bn_w2a8_cuda_gemm_wgmma(a, kernel, stream);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -199,15 +199,14 @@ struct CfgWS {
     static constexpr int kBK = 128;
     static constexpr int kConsumers = 128 * CW;
     static constexpr int kIssuerWarp = 4 * CW;
-    /* More than two consumer warpgroups, two slices each, or 256 activation
-     * rows (128 accumulators a thread): the issuer is
+    /* More than two consumer warpgroups, or two slices each: the issuer is
      * a whole warpgroup that hands its registers to the consumers
      * (setmaxnreg), since the default split of the register file (by the
      * warps each scheduler holds) would leave a consumer thread too few and
      * serialize its wgmma (C7511/C7512). */
-    static constexpr int kIssuerWarps = CW > 2 || MI > 1 || BA == 256 ? 4 : 1;
+    static constexpr int kIssuerWarps = CW > 2 || MI > 1 ? 4 : 1;
     static constexpr int kIssuerRegs = 40;
-    static constexpr int kConsumerRegs = CW == 3 ? 152 : MI == 2 || BA == 256 ? 232 : 0;
+    static constexpr int kConsumerRegs = CW == 3 ? 152 : MI == 2 ? 232 : 0;
     static constexpr int kThreads = kConsumers + 32 * kIssuerWarps;
     static constexpr int kSteps = kBK / 32;
     static constexpr int kActBytes = kBA * kBK;
@@ -231,8 +230,8 @@ struct CfgWS {
     static_assert(kPackedBytes == kBW / kTileRows * 256, "layout tiles x 256 bytes per k-tile");
     static_assert(kStageBytes % 1024 == 0 && kActBytes % 1024 == 0, "swizzle alignment");
     static_assert(kSmemBytes <= 227 * 1024, "fits one block's shared memory");
-    static_assert(BA == 256 || BA == 128 || BA == 64, "wgmma_rs's widths");
-    static_assert(BA == 256 ? CW == 2 && MI == 1 : true, "256 activation rows: 128 accumulators");
+    static_assert(BA == 128 || BA == 64, "wgmma_rs's widths");
+    static_assert(2 * BA <= kConsumers, "the consumers copy a tile's scales and sums at once");
     static_assert(BA % 32 == 0, "store_warp_staged's rounds of 32 activation rows");
     static_assert(STAGES > kPdlEarly, "the stages copied before the PDL wait fit the ring");
 };
@@ -256,7 +255,7 @@ struct CfgWS {
  * tile's last k-tile (distinct for distinct partial tiles: a block that
  * ran the ends of two tiles ran the second whole). Layout of the
  * workspace: kStreamkMaxBlocks counters (at fixed places, so calls with
- * different grids share one workspace), then 2 G slots of 128 x 256 int32
+ * different grids share one workspace), then 2 G slots of 192 x 128 int32
  * (the largest tile; values 4 q .. 4 q + 3 of consumer thread c of T as the
  * int4 at q T + c, so a warp's stores are contiguous). Ordering: a segment's threads store their
  * slot values, meet at the consumers' barrier, and one thread adds to the
@@ -264,7 +263,7 @@ struct CfgWS {
  * second barrier make every counted segment's values visible to its
  * threads. A segment that finds (acquire load) every other one counted
  * completes the tile without storing its own. */
-constexpr int kSlotInts = 128 * 256; /* the largest tile (128 weight x 256 activation rows) */
+constexpr int kSlotInts = 192 * 128; /* the largest tile (three consumer warpgroups) */
 constexpr int kStreamkMaxBlocks = 1024;
 
 __host__ __device__ __forceinline__ int64_t streamk_begin(int64_t b, int64_t total, int64_t grid)
@@ -574,41 +573,6 @@ __device__ __forceinline__ void pin(uint32_t &r)
 template <int N>
 __device__ __forceinline__ void wgmma_rs(int32_t (&d)[N / 2], const uint32_t (&a)[4],
                                          uint64_t desc, int accumulate = 1);
-
-template <>
-__device__ __forceinline__ void wgmma_rs<256>(int32_t (&d)[128], const uint32_t (&a)[4],
-                                              uint64_t desc, int accumulate)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-                 "}, {%128, %129, %130, %131}, %132, p;\n}\n"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-                   "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-                   "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-                   "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
-                   "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
-                   "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
-                   "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-                   "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]),
-                   "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]),
-                   "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]),
-                   "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]),
-                   "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]),
-                   "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]),
-                   "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111]),
-                   "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]),
-                   "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate)
-                 : "memory");
-}
 
 template <>
 __device__ __forceinline__ void wgmma_rs<128>(int32_t (&d)[64], const uint32_t (&a)[4],
