@@ -37,11 +37,11 @@ int main(void)
     CHECK(!bn_w2a8_cuda_streamk_plan_check(4, 4, 0, why, sizeof why) && why[0] != '\0');
 
     /* The table's pick on an H200's 132 SMs with wgmma (docs/KERNELS.md),
-     * from 65 rows: the mma-rows kernel (four tiles a warp) up to 128
-     * rows where the 192 x 64 tiles number at most a quarter of the SMs,
-     * then 256-row tiles once they fill three quarters of the SMs, else 192-row
-     * tiles (stream-K where it pays) once they do or the rows are long,
-     * else 192 x 64 where its tiles fit one wave, else 128-row tiles
+     * from 65 rows: 192 x 64 tiles shared by clusters of 4 (rows of 4096
+     * or more) or 2 blocks where that fits one wave, the mma-rows kernel (four tiles a warp) up to
+     * 128 rows where the 192 x 64 tiles number at most a quarter of the SMs, then 256-row tiles
+     * once they fill three quarters of the SMs, else 192-row tiles (stream-K where it pays) once
+     * they do or the rows are long, else 192 x 64 where its tiles fit one wave, else 128-row tiles
      * (stream-K where it pays); one row the GEMV; up to 3 rows on matrices
      * of at most 40 Mi weights the GEMV over rows; up to 64 rows the
      * mma-rows kernel (four tiles a warp where columns of two tiles number
@@ -114,12 +114,19 @@ int main(void)
         {96, 13824, 2560, 1, 132, K(WGMMA_128X128)},
         /* 65-128 rows where the 192 x 64 tiles number at most a quarter
          * of the SMs: the mma-rows kernel, four tiles a warp */
-        {96, 2560, 6912, 1, 132, K(MMA_ROWS_X4)},
+        {96, 2560, 2560, 1, 132, K(MMA_ROWS_X4)},
         {128, 2560, 2560, 1, 132, K(MMA_ROWS_X4)},
-        {128, 3840, 2560, 1, 132, K(WGMMA_192X64)},
-        {192, 2560, 2560, 1, 132, K(WGMMA_192X64)},
         {128, 55296, 5120, 1, 132, K(WGMMA_256X128)},
-        {256, 2560, 2560, 1, 132, K(WGMMA_192X64)},
+        /* from 65 rows, 192 x 64 tiles shared by clusters of 4 blocks
+         * where that fits one wave on rows of 4096 values or more, else
+         * of 2 where that does */
+        {96, 2560, 6912, 1, 132, K(WGMMA_192X64_SPLIT4)},
+        {128, 2560, 6912, 1, 132, K(WGMMA_192X64_SPLIT4)},
+        {256, 2560, 6912, 1, 132, K(WGMMA_192X64_SPLIT2)},
+        {128, 3840, 2560, 1, 132, K(WGMMA_192X64_SPLIT2)},
+        {192, 2560, 2560, 1, 132, K(WGMMA_192X64_SPLIT2)},
+        {256, 2560, 2560, 1, 132, K(WGMMA_192X64_SPLIT2)},
+        {256, 3840, 2560, 1, 132, K(WGMMA_192X64)},
         {48, 2560, 2560, 0, 132, K(MMA_ROWS_X2)},
         {65, 2560, 2560, 0, 132, K(TILED)},
     };

@@ -121,6 +121,9 @@ typedef enum bn_w2a8_kernel {
     BN_W2A8_WGMMA_192X128_STREAMK, /* as 192X128, stream-K (a->streamk)      */
     BN_W2A8_WGMMA_256X128,        /* two consumers of two 64-row slices      */
     BN_W2A8_WGMMA_192X64,         /* three consumers, 64 activation rows     */
+    BN_W2A8_WGMMA_192X64_SPLIT2,  /* as 192X64, each tile's k-tiles shared
+                                     by a cluster of 2 blocks                */
+    BN_W2A8_WGMMA_192X64_SPLIT4,  /* ... by a cluster of 4                   */
     BN_W2A8_KERNELS
 } bn_w2a8_kernel;
 

@@ -15,6 +15,9 @@
  *                                  (wgmma n = 64), two groups in flight
  *   ..._STREAMK (128X128, 192X128) the k-tiles of all output tiles shared
  *                                  evenly by the blocks (a->streamk)
+ *   BN_W2A8_WGMMA_192X64_SPLIT2/4  each tile's k-tiles shared by a cluster
+ *                                  of 2 / 4 blocks, their sums added
+ *                                  through distributed shared memory
  *
  * Build: wgmma needs sm_90a code. CMake compiles this file alone for
  * compute_90a/sm_90a when 90 is among the architectures (and defines
@@ -41,8 +44,11 @@ namespace {
 
 /* PDL: launched with programmatic stream serialization (an instantiation
  * of its own: one kernel testing a run-time flag compiled to different
- * code and ran 0.55 us slower at 2560 x 2560). */
-template <int STAGES, int CW, int MI, int BA, bool PDL>
+ * code and ran 0.55 us slower at 2560 x 2560). SPLIT > 1: launched in
+ * clusters of SPLIT blocks, each cluster one output tile whose k-tiles its
+ * blocks share, the sums added through distributed shared memory
+ * (split_reduce) and stored by the cluster's block 0. */
+template <int STAGES, int CW, int MI, int BA, bool PDL, int SPLIT = 1>
 __global__ void __launch_bounds__(CfgWS<STAGES, CW, MI, BA>::kThreads, 1)
     wgmma_ws_kernel(int64_t m, int64_t n, int64_t tiles, int64_t groups, int64_t m_blocks,
                     int64_t n_tiles, const float *__restrict__ act_scale,
@@ -86,7 +92,10 @@ __global__ void __launch_bounds__(CfgWS<STAGES, CW, MI, BA>::kThreads, 1)
     if constexpr (PDL)
         pdl_trigger();
 
-    Segments segs(b, grid, n_tiles, n_kt, streamk != nullptr);
+    static_assert(SPLIT == 1 || MI == 1, "split sums move one slice a warpgroup");
+    static_assert(C::kAcc * 4 * C::kConsumers <= S * C::kStageBytes,
+                  "a block's sums fit its idle stages");
+    Segments segs(b, grid, n_tiles, n_kt, streamk != nullptr, SPLIT);
     int64_t tile;
     int kt0, kt1;
 
@@ -147,6 +156,8 @@ __global__ void __launch_bounds__(CfgWS<STAGES, CW, MI, BA>::kThreads, 1)
         } else if constexpr (PDL) {
             pdl_wait();
         }
+        if constexpr (SPLIT > 1)
+            split_sync_rounds<SPLIT>();
         return;
     }
 
@@ -311,7 +322,10 @@ __global__ void __launch_bounds__(CfgWS<STAGES, CW, MI, BA>::kThreads, 1)
                 pin(acc[i][v]);
 
         bool store = kt0 == 0 && kt1 == n_kt; /* a whole tile */
-        if constexpr (MI == 1) /* stream-K: one slice a warpgroup (LaunchWS) */
+        if constexpr (SPLIT > 1) {
+            split_reduce<SPLIT, C::kAcc, C::kConsumers>(acc[0], sbase, ctid);
+            store = b % SPLIT == 0;
+        } else if constexpr (MI == 1) /* stream-K: one slice a warpgroup (LaunchWS) */
             store = store || streamk_fixup<C::kAcc, C::kConsumers>(acc[0], streamk, b, grid,
                                                                    n_tiles, n_kt, tile, kt0, kt1,
                                                                    ctid, &last_segment);
@@ -435,15 +449,18 @@ cudaError_t byte_map(CUtensorMap *map, const void *base, uint64_t cols, uint64_t
 /* The warp-specialized persistent kernel: one block per SM (at most one per
  * output tile, or per k-tile with stream-K), copies through tensor maps of
  * both operands; with `streamk`, the blocks share the k-tiles evenly
- * through a->streamk. */
-template <int STAGES, int CW = 2, int MI = 1, int BA = 128>
+ * through a->streamk. SPLIT > 1: SPLIT blocks a tile, in clusters (a
+ * product of fewer k-tiles than SPLIT runs whole tiles). */
+template <int STAGES, int CW = 2, int MI = 1, int BA = 128, int SPLIT = 1>
 struct LaunchWS {
     using C = CfgWS<STAGES, CW, MI, BA>;
 
     static cudaError_t run(const bn_w2a8_cuda_args *a, bool streamk, cudaStream_t stream)
     {
-        auto kernel = a->pdl ? wgmma_ws_kernel<STAGES, CW, MI, BA, true>
-                             : wgmma_ws_kernel<STAGES, CW, MI, BA, false>;
+        auto kernel = a->pdl ? wgmma_ws_kernel<STAGES, CW, MI, BA, true, SPLIT>
+                             : wgmma_ws_kernel<STAGES, CW, MI, BA, false, SPLIT>;
+        if (SPLIT > 1 && (streamk || a->groups * (256 / C::kBK) < SPLIT))
+            return LaunchWS<STAGES, CW, MI, BA>::run(a, streamk, stream);
         if (streamk && MI != 1)
             return cudaErrorInvalidValue; /* stream-K slots hold one slice a warpgroup */
         if (streamk && (!a->streamk || (reinterpret_cast<uintptr_t>(a->streamk) & 15) != 0))
@@ -473,11 +490,12 @@ struct LaunchWS {
             sms = kStreamkMaxBlocks;
         /* Stream-K shares k-tiles (the workspace is sized for sms blocks). */
         const int64_t units = streamk ? n_tiles * a->groups * (256 / C::kBK) : n_tiles;
-        const unsigned grid = (unsigned)(units < sms ? units : sms);
-        return pdl_launch(kernel, dim3(grid), dim3(C::kThreads), (size_t)C::kSmemBytes, stream,
-                          a->pdl, a->m, a->n, a->tiles, a->groups, m_blocks, n_tiles,
-                          a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy,
-                          streamk ? a->streamk : nullptr, act_map, w_map);
+        const unsigned grid =
+            SPLIT > 1 ? (unsigned)(n_tiles * SPLIT) : (unsigned)(units < sms ? units : sms);
+        return pdl_launch_clustered(
+            kernel, dim3(grid), dim3(C::kThreads), (size_t)C::kSmemBytes, dim3(SPLIT, 1, 1), stream,
+            a->pdl, a->m, a->n, a->tiles, a->groups, m_blocks, n_tiles, a->act_scale, a->act_sum,
+            a->weight_scale, a->y, a->ldy, streamk ? a->streamk : nullptr, act_map, w_map);
     }
 };
 
@@ -501,6 +519,8 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma(const bn_w2a8_cuda_args *a, bn_w2
     case BN_W2A8_WGMMA_192X128_STREAMK: return LaunchWS<8, 3>::run(a, true, stream);
     case BN_W2A8_WGMMA_256X128: return LaunchWS<8, 2, 2>::run(a, false, stream);
     case BN_W2A8_WGMMA_192X64: return LaunchWS<8, 3, 1, 64>::run(a, false, stream);
+    case BN_W2A8_WGMMA_192X64_SPLIT2: return LaunchWS<8, 3, 1, 64, 2>::run(a, false, stream);
+    case BN_W2A8_WGMMA_192X64_SPLIT4: return LaunchWS<8, 3, 1, 64, 4>::run(a, false, stream);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -7,7 +7,9 @@
  * docs/PERFORMANCE.md has the figures): one row is the GEMV; up to 64 rows
  * the GEMV's weight stream met by every row (dp4a for 2-3 rows on small
  * matrices, else mma fragments), except where the 192 x 64 wgmma tiles
- * fill half the SMs; to 128 rows the mma-rows kernel again where 192 x 64
+ * fill half the SMs; from 65 rows 192 x 64 tiles whose k-tiles a cluster
+ * of 2 or 4 blocks shares where that fits one wave and whole tiles would
+ * leave most SMs idle; to 128 rows the mma-rows kernel again where 192 x 64
  * tiles would leave most SMs idle; beyond, with wgmma, the widest
  * warp-specialized tiles that fill most SMs in one wave, since per
  * multiply-add they move fewer activation bytes, and 192 x 64 where those
@@ -87,6 +89,21 @@ static bool tiles_192x64_one_wave(const gemm_shape *s)
     return tiles_of(s, 192, 64) <= s->sms;
 }
 
+/* The 192 x 64 tiles, each shared by a cluster of 2 blocks, still fit
+ * one wave: whole tiles would leave most SMs idle (2560 x 6912 at M = 256,
+ * 56 tiles: 15.2 us against 20.5; 2560 x 2560 9.9 against 10.8; 3840 x
+ * 2560 at M = 128 9.2 against 10.0). */
+static bool tiles_192x64_split2(const gemm_shape *s) { return tiles_of(s, 192, 64) * 2 <= s->sms; }
+
+/* ... by 4 blocks, on rows long enough that a quarter of the k-tiles
+ * outweighs two rounds of adding (2560 x 6912 at M = 128: 13.1 us against
+ * 16.7 for mma rows; 2560 x 2560 at 128 stays with mma rows, 8.6 against
+ * 10.5). */
+static bool tiles_192x64_split4(const gemm_shape *s)
+{
+    return tiles_of(s, 192, 64) * 4 <= s->sms && s->k >= 4096;
+}
+
 /* The 256 x 128 tiles fill three quarters of the SMs: one wave of the
  * widest tiles beats two of narrower ones (13824 x 2560 at M = 256, 108
  * tiles on 132 SMs: 18.4 us against 26.6 for 192 x 128 and 24.9 for
@@ -141,10 +158,12 @@ static const gemm_rule kRules[] = {
     {33, 64,        ANY_DEVICE, k_16384,                BN_W2A8_MMA_ROWS_X4},
     {2, 64,         ANY_DEVICE, many_columns,           BN_W2A8_MMA_ROWS_X4},
     {2, 64,         ANY_DEVICE, always,                 BN_W2A8_MMA_ROWS_X2},
+    {65, MAX_ROWS,  WGMMA,      tiles_192x64_split4,    BN_W2A8_WGMMA_192X64_SPLIT4},
     {65, 128,       WGMMA,      tiles_192x64_quarter,   BN_W2A8_MMA_ROWS_X4},
     {65, MAX_ROWS,  WGMMA,      tiles_256x128_most,     BN_W2A8_WGMMA_256X128},
     {65, MAX_ROWS,  WGMMA,      tiles_192x128_fill,     BN_W2A8_WGMMA_192X128},
     {65, MAX_ROWS,  WGMMA,      k_16384,                BN_W2A8_WGMMA_192X128},
+    {65, MAX_ROWS,  WGMMA,      tiles_192x64_split2,    BN_W2A8_WGMMA_192X64_SPLIT2},
     {65, MAX_ROWS,  WGMMA,      tiles_192x64_one_wave,  BN_W2A8_WGMMA_192X64},
     {65, MAX_ROWS,  WGMMA,      tiles_128x128_64,       BN_W2A8_WGMMA_128X128},
     {65, MAX_ROWS,  WGMMA,      k_4096,                 BN_W2A8_WGMMA_128X128},
@@ -182,6 +201,10 @@ static const kernel_info kKernels[BN_W2A8_KERNELS] = {
                                   K(WGMMA_192X128_STREAMK), 192, 128},
     [K(WGMMA_256X128)] = {"wgmma 256x128", true, false, K(WGMMA_256X128), 256, 128},
     [K(WGMMA_192X64)] = {"wgmma 192x64", true, false, K(WGMMA_192X64), 192, 64},
+    [K(WGMMA_192X64_SPLIT2)] = {"wgmma 192x64 split 2", true, false,
+                                K(WGMMA_192X64_SPLIT2), 192, 64},
+    [K(WGMMA_192X64_SPLIT4)] = {"wgmma 192x64 split 4", true, false,
+                                K(WGMMA_192X64_SPLIT4), 192, 64},
 };
 #undef K
 
@@ -234,7 +257,10 @@ cudaError_t bn_w2a8_cuda_gemm_run(const bn_w2a8_cuda_args *a, bn_w2a8_kernel ker
     case BN_W2A8_WGMMA_192X128:
     case BN_W2A8_WGMMA_192X128_STREAMK:
     case BN_W2A8_WGMMA_256X128:
-    case BN_W2A8_WGMMA_192X64: return bn_w2a8_cuda_gemm_wgmma(a, kernel, stream);
+    case BN_W2A8_WGMMA_192X64:
+    case BN_W2A8_WGMMA_192X64_SPLIT2:
+    case BN_W2A8_WGMMA_192X64_SPLIT4:
+        return bn_w2a8_cuda_gemm_wgmma(a, kernel, stream);
     default: return cudaErrorInvalidValue;
     }
 }

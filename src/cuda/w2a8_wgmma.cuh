@@ -288,18 +288,23 @@ __host__ __device__ __forceinline__ int64_t streamk_slot(int64_t o, int64_t t0, 
 }
 
 /* The segments a block runs: whole tiles b, b + G, ... (no workspace), or
- * its stream-K range cut at tile boundaries. (A form that ran every full
- * wave of G tiles whole and shared only the remaining tiles measured slower:
- * docs/KERNELS.md.) */
+ * its stream-K range cut at tile boundaries, or (split > 1, a cluster of
+ * `split` blocks a tile) part b % split of tile b / split's k-tiles. (A
+ * form that ran every full wave of G tiles whole and shared only the
+ * remaining tiles measured slower: docs/KERNELS.md.) */
 struct Segments {
     int64_t n_kt, n_tiles, grid, next, end;
     bool streamk;
 
     __host__ __device__ Segments(int64_t b, int64_t grid_, int64_t n_tiles_, int64_t n_kt_,
-                                 bool streamk_)
-        : n_kt(n_kt_), n_tiles(n_tiles_), grid(grid_), streamk(streamk_)
+                                 bool streamk_, int split = 1)
+        : n_kt(n_kt_), n_tiles(n_tiles_), grid(grid_), streamk(streamk_ || split > 1)
     {
-        if (streamk) {
+        if (split > 1) {
+            const int64_t t = b / split, part = b % split;
+            next = t * n_kt + part * n_kt / split;
+            end = t * n_kt + (part + 1) * n_kt / split;
+        } else if (streamk) {
             next = streamk_begin(b, n_tiles * n_kt, grid);
             end = streamk_begin(b + 1, n_tiles * n_kt, grid);
         } else {
@@ -735,6 +740,78 @@ __device__ bool streamk_fixup(int32_t (&acc)[ACC], int32_t *ws, int64_t b, int64
     if (c == 0)
         counters[hi] = 0; /* every other segment has counted */
     return true;
+}
+
+/* The whole cluster's barrier: every thread of every block arrives (its
+ * shared-memory writes released) and waits (the others' acquired). */
+__device__ __forceinline__ void cluster_sync_all()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+/* Split K over a cluster of SPLIT blocks, one output tile: each block's
+ * accumulators are the sums of its part of the k-tiles; this adds them
+ * into block 0's, in rounds of a tree (round d: block r with r % 2d == d
+ * writes its sums into block r - d's shared memory at `buf`, which adds
+ * them), through distributed shared memory instead of global memory.
+ * Called by the consumers (thread c of THREADS) once every block's stages
+ * are idle; the other threads of every block make the same
+ * cluster_sync_all calls (split_sync_rounds). buf: a shared-memory
+ * address of ACC x THREADS words, the same offset in every block. */
+template <int SPLIT> __device__ __forceinline__ int split_rounds()
+{
+    int r = 0;
+    for (int d = 1; d < SPLIT; d *= 2)
+        r++;
+    return r;
+}
+
+template <int SPLIT> __device__ __forceinline__ void split_sync_rounds()
+{
+    for (int i = 0; i < split_rounds<SPLIT>(); i++) {
+        cluster_sync_all();
+        cluster_sync_all();
+    }
+}
+
+template <int SPLIT, int ACC, int THREADS>
+__device__ __forceinline__ void split_reduce(int32_t (&acc)[ACC], uint32_t buf, int c)
+{
+    static_assert(ACC % 4 == 0, "the sums move as int4s");
+    uint32_t rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    for (uint32_t d = 1; d < (uint32_t)SPLIT; d *= 2) {
+        cluster_sync_all(); /* the receiver's stages (or last round's sums) are read */
+        if (rank % (2 * d) == d) {
+            uint32_t dst;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                         : "=r"(dst)
+                         : "r"(buf), "r"(rank - d));
+#pragma unroll
+            for (int q = 0; q < ACC / 4; q++)
+                asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                                 dst + (uint32_t)((q * THREADS + c) * 16)),
+                             "r"(acc[4 * q]), "r"(acc[4 * q + 1]), "r"(acc[4 * q + 2]),
+                             "r"(acc[4 * q + 3])
+                             : "memory");
+        }
+        cluster_sync_all(); /* the sender's sums landed */
+        if (rank % (2 * d) == 0 && rank + d < (uint32_t)SPLIT) {
+#pragma unroll
+            for (int q = 0; q < ACC / 4; q++) {
+                int4 p;
+                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(p.x), "=r"(p.y), "=r"(p.z), "=r"(p.w)
+                             : "r"(buf + (uint32_t)((q * THREADS + c) * 16))
+                             : "memory");
+                acc[4 * q] += p.x;
+                acc[4 * q + 1] += p.y;
+                acc[4 * q + 2] += p.z;
+                acc[4 * q + 3] += p.w;
+            }
+        }
+    }
 }
 
 
