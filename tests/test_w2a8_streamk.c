@@ -38,11 +38,12 @@ int main(void)
 
     /* The table's pick on an H200's 132 SMs with wgmma (docs/KERNELS.md),
      * from 65 rows: 192 x 64 tiles shared by clusters of 4 (rows of 4096
-     * or more) or 2 blocks where that fits one wave, the mma-rows kernel (four tiles a warp) up to
-     * 128 rows where the 192 x 64 tiles number at most a quarter of the SMs, then 256-row tiles
-     * once they fill three quarters of the SMs, else 192-row tiles (stream-K where it pays) once
-     * they do or the rows are long, else 192 x 64 where its tiles fit one wave, else 128-row tiles
-     * (stream-K where it pays); one row the GEMV; up to 3 rows on matrices
+     * or more) or 2 blocks where that fits one wave, the mma-rows kernel
+     * (four tiles a warp) up to 128 rows where the 192 x 64 tiles number
+     * at most a quarter of the SMs, then 256-row tiles once they fill three
+     * quarters of the SMs, else 192-row tiles (stream-K where it pays)
+     * once they do or the rows are long, else 192 x 64 where its tiles fit
+     * one wave, else 128-row tiles (stream-K where it pays); one row the GEMV; up to 3 rows on matrices
      * of at most 40 Mi weights the GEMV over rows; up to 64 rows the
      * mma-rows kernel (four tiles a warp where columns of two tiles number
      * at least 8 an SM), except above 16 rows where the 192 x 64 tiles fill

@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(CfgWS<STAGES, CW, MI, BA>::kThreads, 1)
 
         bool store = kt0 == 0 && kt1 == n_kt; /* a whole tile */
         if constexpr (SPLIT > 1) {
-            split_reduce<SPLIT, C::kAcc, C::kConsumers>(acc[0], sbase, ctid);
+            split_reduce<SPLIT, C::kAcc, C::kConsumers>(acc[0], sptr, ctid);
             store = b % SPLIT == 0;
         } else if constexpr (MI == 1) /* stream-K: one slice a warpgroup (LaunchWS) */
             store = store || streamk_fixup<C::kAcc, C::kConsumers>(acc[0], streamk, b, grid,

@@ -751,60 +751,46 @@ __device__ __forceinline__ void cluster_sync_all()
 }
 
 /* Split K over a cluster of SPLIT blocks, one output tile: each block's
- * accumulators are the sums of its part of the k-tiles; this adds them
- * into block 0's, in rounds of a tree (round d: block r with r % 2d == d
- * writes its sums into block r - d's shared memory at `buf`, which adds
- * them), through distributed shared memory instead of global memory.
- * Called by the consumers (thread c of THREADS) once every block's stages
- * are idle; the other threads of every block make the same
- * cluster_sync_all calls (split_sync_rounds). buf: a shared-memory
- * address of ACC x THREADS words, the same offset in every block. */
-template <int SPLIT> __device__ __forceinline__ int split_rounds()
-{
-    int r = 0;
-    for (int d = 1; d < SPLIT; d *= 2)
-        r++;
-    return r;
-}
-
+ * accumulators are the sums of its part of the k-tiles; split_reduce adds
+ * them into block 0's, in rounds of a tree (round d: block r with
+ * r % 2d == d writes its sums into block r - d's shared memory at `buf`,
+ * which adds them), through distributed shared memory instead of global
+ * memory. Called by the consumers (thread c of THREADS) once every block's
+ * stages are idle; the other threads of every block make the same
+ * cluster_sync_all calls (split_sync_rounds). buf: shared memory of ACC x
+ * THREADS words, 16-byte aligned, the same offset in every block. */
 template <int SPLIT> __device__ __forceinline__ void split_sync_rounds()
 {
-    for (int i = 0; i < split_rounds<SPLIT>(); i++) {
+    for (int d = 1; d < SPLIT; d *= 2) {
         cluster_sync_all();
         cluster_sync_all();
     }
 }
 
 template <int SPLIT, int ACC, int THREADS>
-__device__ __forceinline__ void split_reduce(int32_t (&acc)[ACC], uint32_t buf, int c)
+__device__ __forceinline__ void split_reduce(int32_t (&acc)[ACC], const uint8_t *buf, int c)
 {
     static_assert(ACC % 4 == 0, "the sums move as int4s");
-    uint32_t rank;
+    const int4 *mine = reinterpret_cast<const int4 *>(buf) + c;
+    unsigned rank;
     asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-    for (uint32_t d = 1; d < (uint32_t)SPLIT; d *= 2) {
+    for (unsigned d = 1; d < (unsigned)SPLIT; d *= 2) {
         cluster_sync_all(); /* the receiver's stages (or last round's sums) are read */
         if (rank % (2 * d) == d) {
-            uint32_t dst;
-            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
-                         : "=r"(dst)
-                         : "r"(buf), "r"(rank - d));
+            const unsigned dst = cluster_addr(mine, rank - d);
 #pragma unroll
             for (int q = 0; q < ACC / 4; q++)
                 asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                                 dst + (uint32_t)((q * THREADS + c) * 16)),
+                                 dst + (unsigned)(q * THREADS * 16)),
                              "r"(acc[4 * q]), "r"(acc[4 * q + 1]), "r"(acc[4 * q + 2]),
                              "r"(acc[4 * q + 3])
                              : "memory");
         }
         cluster_sync_all(); /* the sender's sums landed */
-        if (rank % (2 * d) == 0 && rank + d < (uint32_t)SPLIT) {
+        if (rank % (2 * d) == 0 && rank + d < (unsigned)SPLIT) {
 #pragma unroll
             for (int q = 0; q < ACC / 4; q++) {
-                int4 p;
-                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                             : "=r"(p.x), "=r"(p.y), "=r"(p.z), "=r"(p.w)
-                             : "r"(buf + (uint32_t)((q * THREADS + c) * 16))
-                             : "memory");
+                const int4 p = mine[q * THREADS];
                 acc[4 * q] += p.x;
                 acc[4 * q + 1] += p.y;
                 acc[4 * q + 2] += p.z;
@@ -813,7 +799,6 @@ __device__ __forceinline__ void split_reduce(int32_t (&acc)[ACC], uint32_t buf, 
         }
     }
 }
-
 
 #endif /* BN_WGMMA_DEVICE */
 
