@@ -34,7 +34,10 @@ static const char *const type_names[] = {"f32", "f16", "bf16"};
  * side; form F32 must equal bn_cb_add_rmsnorm's output exactly; the 16-bit
  * forms' parts must add up, times the row's factor, to it within 2^-20 of
  * each value (they keep 22 or 24 bits) plus a tiny share of the row's
- * largest; output rows past n_rows stay poisoned. */
+ * largest; output rows past n_rows stay poisoned. The 16-bit forms also
+ * write the rows themselves (bn_cb_add_rmsnorm's output bit for bit) and
+ * each row's bound factor (finite, positive, and at least the distance
+ * of the row from its first part, which it bounds). */
 static void check_rows_head_in(int form, int64_t M, int64_t dim)
 {
     const int parts = bn_cb_rows_head_parts(form);
@@ -54,7 +57,17 @@ static void check_rows_head_in(int form, int64_t M, int64_t dim)
         w[i] = test_rand_float(0.1f, 4.0f);
     for (int64_t k = 0; k < n; k++)
         lrow[k] = (int32_t)((k * 5 + 3) % M);
-    float *dx, *dr, *dw, *dy, *dscale;
+    float *dx, *dr, *dw, *dy, *dscale, *drow = NULL, *dfactor = NULL;
+    float *rows = malloc(sizeof(float) * (size_t)(n * dim)),
+          *factor = malloc(sizeof(float) * (size_t)n);
+    CHECK(rows && factor);
+    const bool sixteen = form != BN_CB_ROWS_HEAD_F32;
+    if (sixteen) {
+        CUDA_OK(cudaMalloc((void **)&drow, sizeof(float) * (size_t)(n * dim)));
+        CUDA_OK(cudaMalloc((void **)&dfactor, sizeof(float) * (size_t)n));
+        CUDA_OK(cudaMemset(drow, 0xff, sizeof(float) * (size_t)(n * dim)));
+        CUDA_OK(cudaMemset(dfactor, 0xff, sizeof(float) * (size_t)n));
+    }
     int32_t *dl;
     void *dparts;
     CUDA_OK(cudaMalloc((void **)&dx, sizeof(float) * (size_t)(M * dim)));
@@ -70,13 +83,36 @@ static void check_rows_head_in(int form, int64_t M, int64_t dim)
     CUDA_OK(cudaMemcpy(dl, lrow, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dparts, 0x7f, elem * (size_t)(parts * plane))); /* poison */
     CUDA_OK(cudaMemset(dscale, 0x7f, sizeof(float) * (size_t)(n + 1)));
-    CUDA_OK(bn_cb_rows_head_in(dx, dr, dim, dim, dl, n, dw, 1e-5f, form, dparts, dscale, 0));
+    CUDA_OK(bn_cb_rows_head_in(dx, dr, dim, dim, dl, n, dw, 1e-5f, form, dparts, dscale, drow,
+                               dfactor, 0));
     /* The reference: bn_cb_add_rmsnorm over every row (it adds r into x). */
     CUDA_OK(bn_cb_add_rmsnorm(dx, dim, dr, dim, M, dim, dw, 1e-5f, dy, dim, 0, 0));
     CUDA_OK(cudaMemcpy(want, dy, sizeof(float) * (size_t)(M * dim), cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(got, dparts, elem * (size_t)(parts * plane), cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(scale, dscale, sizeof(float) * (size_t)(n + 1), cudaMemcpyDeviceToHost));
+    if (sixteen) {
+        CUDA_OK(cudaMemcpy(rows, drow, sizeof(float) * (size_t)(n * dim), cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(factor, dfactor, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost));
+    }
     int bad = 0;
+    for (int64_t k = 0; sixteen && k < n && bad < 5; k++) {
+        const float *ref = want + (int64_t)lrow[k] * dim;
+        double rest = 0.0;
+        for (int64_t i = 0; i < dim; i++) {
+            const uint16_t h = ((const uint16_t *)got)[k * parts * dim + i];
+            const double hi = form == BN_CB_ROWS_HEAD_F16 ? bn_fp16_to_fp32(h) : bn_bf16_to_fp32(h);
+            rest += fabs((double)ref[i] - hi * scale[k]);
+        }
+        if (memcmp(rows + k * dim, ref, sizeof(float) * (size_t)dim) != 0 ||
+            !(factor[k] > 0.0f && isfinite(factor[k]) && factor[k] >= rest)) {
+            fprintf(stderr,
+                    "rows_head_in %s M=%lld dim=%lld: row %lld's fp32 copy or factor "
+                    "%.9g (rest %.9g) wrong\n",
+                    type_names[form], (long long)M, (long long)dim, (long long)k, (double)factor[k],
+                    rest);
+            bad++;
+        }
+    }
     for (int64_t k = 0; k < n && bad < 5; k++) {
         const float *ref = want + (int64_t)lrow[k] * dim;
         double big = 0.0;
@@ -109,8 +145,18 @@ static void check_rows_head_in(int form, int64_t M, int64_t dim)
     const unsigned char *tail = (const unsigned char *)got + elem * (size_t)(n * parts * dim);
     CHECK(tail[0] == 0x7f && tail[elem * (size_t)(parts * dim) - 1] == 0x7f);
     CHECK(((const unsigned char *)scale)[4 * n] == 0x7f);
-    CHECK(bn_cb_rows_head_in(dx, dr, dim, dim, dl, n, dw, 1e-5f, 3, dparts, dscale, 0) ==
-          cudaErrorInvalidValue);
+    CHECK(bn_cb_rows_head_in(dx, dr, dim, dim, dl, n, dw, 1e-5f, 3, dparts, dscale, NULL, NULL,
+                             0) == cudaErrorInvalidValue);
+    /* The rows and factors come together, and only with 16-bit parts. */
+    CHECK(bn_cb_rows_head_in(dx, dr, dim, dim, dl, n, dw, 1e-5f, form, dparts, dscale, dy, NULL,
+                             0) == cudaErrorInvalidValue);
+    if (!sixteen)
+        CHECK(bn_cb_rows_head_in(dx, dr, dim, dim, dl, n, dw, 1e-5f, form, dparts, dscale, dy,
+                                 dscale, 0) == cudaErrorInvalidValue);
+    cudaFree(drow);
+    cudaFree(dfactor);
+    free(rows);
+    free(factor);
     cudaFree(dx);
     cudaFree(dr);
     cudaFree(dw);

@@ -492,6 +492,16 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
         st = BN_CUDA_STATUS(err, bn_cb_attn_prefill_prepare(hp->head_dim));
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, bn_cb_head_prepare(b->head_type, hp->dim));
+    if (st == BN_OK && b->d_hwmax) { /* the batched pass's greedy picks */
+        st = BN_CUDA_STATUS(err, bn_cb_rows_pick_prepare(b->head_type, hp->dim));
+        if (st == BN_OK)
+            st = BN_CUDA_STATUS(err, bn_cb_head_row_max(b->d_head, b->head_type, hp->vocab, hp->dim,
+                                                        b->d_hwmax, b->cs));
+        if (st == BN_OK)
+            st = BN_CUDA_STATUS(
+                err, bn_cb_rows_pick_reset(b->d_rbest, b->d_rcount, b->rows_head, b->cs));
+        b->rows_pick = st == BN_OK;
+    }
     if (st == BN_OK) {
         decide_form(b, &caps, as_if);
         b->h_io_dev = b->form.copy_token ? NULL : alias;
@@ -664,7 +674,7 @@ static const char *const kernel_names[K_COUNT] = {
     "attention_decode_f32_cluster",
     "lm_head_screen_int8", "attention_decode_f32_cluster_qkv", "w2a8_gemv_gate_up_relu2",
     "sample_top_k_top_p", "decode_handoff", "embed_norm_quantize", "attention_paged",
-    "lm_head_rows_gemm", "sample_rows", "attention_prefill_e4m3"};
+    "lm_head_rows_gemm", "sample_rows", "attention_prefill_e4m3", "lm_head_rows_pick"};
 
 void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size)
 {

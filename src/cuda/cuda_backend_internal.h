@@ -82,7 +82,7 @@ enum {
     K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
     K_ATTN_DEC_F32_CLUSTER, K_HEAD_SCREEN, K_ATTN_DEC_F32_QKV,
     K_GEMV_PAIR, K_SAMPLE, K_HANDOFF, K_EMBED_NORM_Q, K_ATTN_PAGED, K_HEAD_ROWS, K_SAMPLE_ROWS,
-    K_ATTN_PRE_E4M3, K_COUNT
+    K_ATTN_PRE_E4M3, K_ROWS_PICK, K_COUNT
 };
 
 /* Events of an instrumented step (profile_decode). */
@@ -191,6 +191,14 @@ struct bn_cuda_backend {
     bn_cuda_sample_params *d_rparams;
     double *d_ru;
     void *ws_rows;
+    /* Greedy passes of a 16-bit head (rows_pick): the GEMM of each row's
+     * first part, then bn_cb_rows_pick over it: the rows as fp32 and their
+     * bound factors (bn_cb_rows_head_in), each vocabulary row's largest
+     * |w|, the rows' keys and tickets. */
+    bool rows_pick;
+    float *d_hy, *d_hfactor, *d_hwmax;
+    unsigned long long *d_rbest;
+    unsigned *d_rcount;
     const struct bn_cublas *blas_api;
     void *blas;
     void *ws_blas;          /* cuBLAS's workspace (graph capture needs one given) */
@@ -200,8 +208,8 @@ struct bn_cuda_backend {
      * their tokens into pinned h_rtok; a bucket whose capture failed runs
      * eagerly from then on. */
 #define ROWS_GRAPHS 10
-    cudaGraphExec_t rows_graph[ROWS_GRAPHS];
-    unsigned char rows_graph_state[ROWS_GRAPHS]; /* 0 unused, 1 ran eagerly, 2 failed */
+    cudaGraphExec_t rows_graph[2][ROWS_GRAPHS];     /* [1]: every row greedy (rows_pick) */
+    unsigned char rows_graph_state[2][ROWS_GRAPHS]; /* 0 unused, 1 ran eagerly, 2 failed */
     int32_t *h_rtok;
 
     /* Scratch of one prefill chunk (cb_scratch_list; the layout at the top

@@ -464,19 +464,51 @@ cudaError_t bn_cb_head_gemv(const void *w, int type, int64_t rows, int64_t dim, 
  * bn_cb_add_rmsnorm computes it, x left as it is) into row k's parts: part
  * p of row k at parts + (k * P + p) * dim elements of the form's type (P =
  * bn_cb_rows_head_parts(form)), so that one GEMM over n_rows * P columns
- * gives every part's logits; unscale[k] the row's factor back. */
+ * gives every part's logits; unscale[k] the row's factor back. With y and
+ * factor (both or neither; 16-bit forms only) also y row k = v itself
+ * (dim floats, what bn_cb_head_gemv would meet) and factor[k] the bound
+ * factor of bn_cb_rows_pick. */
 #define BN_CB_ROWS_HEAD_F32 0
 #define BN_CB_ROWS_HEAD_F16 1
 #define BN_CB_ROWS_HEAD_BF16 2
 int bn_cb_rows_head_parts(int form);
 cudaError_t bn_cb_rows_head_in(const float *x, const float *r, int64_t ld, int64_t dim,
                                const int32_t *lrow, int64_t n_rows, const float *w, float eps,
-                               int form, void *parts, float *unscale, cudaStream_t stream);
+                               int form, void *parts, float *unscale, float *y, float *factor,
+                               cudaStream_t stream);
 /* In place: logits holds n_rows * parts rows of vocab floats (row k * parts
  * + p: part p of row k); afterwards its rows 0 .. n_rows hold
  * (part 0 + part 1 + ..., added in that order) * unscale[k]. */
 cudaError_t bn_cb_rows_combine(float *logits, int64_t vocab, int64_t n_rows, int parts,
                                const float *unscale, cudaStream_t stream);
+
+/* ---- greedy tokens of many rows from their first parts (rows_head_pick.cu) -------
+ *
+ * For the rows' greedy tokens the head GEMM need only take each row's
+ * first part: est [n_rows][vocab] = that GEMM (column k: row k's part 0,
+ * before scaling back), back = bn_cb_rows_head_in's unscale, y and factor
+ * its rows and factors, wmax = bn_cb_head_row_max of the head w ([vocab]
+ * rows of dim, F16 or BF16). tokens[k] = the token bn_cuda_sample_greedy
+ * would choose over bn_cb_head_gemv(w, y row k)'s logits, ties, NaN and
+ * inf included: every vocabulary row that the estimate and its bound
+ * cannot rule out is computed with the GEMV's own code. best and count
+ * (n_rows each) are the rows' keys and tickets: bn_cb_rows_pick_reset
+ * once, and every call leaves them as it found them (so a captured graph
+ * can replay the call). slices: the grid's vocabulary slices a row, at
+ * most 65535 (bn_cb_rows_pick_slices); n_rows at most 65535. */
+int bn_cb_rows_pick_slices(int64_t n_rows, int64_t vocab, int sm_count);
+/* The dynamic shared memory (dim floats) of the kernel; once, outside
+ * graph capture. */
+cudaError_t bn_cb_rows_pick_prepare(int type, int64_t dim);
+/* m[r] = max |w[r][i]| (+inf when row r has a weight that is not finite). */
+cudaError_t bn_cb_head_row_max(const void *w, int type, int64_t rows, int64_t dim, float *m,
+                               cudaStream_t stream);
+cudaError_t bn_cb_rows_pick_reset(unsigned long long *best, unsigned *count, int64_t n,
+                                  cudaStream_t stream);
+cudaError_t bn_cb_rows_pick(const void *w, int type, int64_t vocab, int64_t dim, const float *est,
+                            const float *back, const float *factor, const float *wmax,
+                            const float *y, int64_t n_rows, int slices, unsigned long long *best,
+                            unsigned *count, int32_t *tokens, cudaStream_t stream);
 
 /* ---- screened LM head (greedy decoding; head_screen.cu, docs/CUDA.md) -------------
  *

@@ -253,6 +253,13 @@ int cb_scratch_list(bn_cuda_backend *b, scratch_spec *list)
         ADD(&b->d_rparams, H * sizeof(bn_cuda_sample_params));
         ADD(&b->d_ru, H * sizeof(double));
         ADD(&b->ws_rows, H * bn_cuda_sample_workspace_bytes(hp->vocab));
+        if (b->rows_form != BN_CB_ROWS_HEAD_F32) {
+            ADD(&b->d_hy, H * dim * f);
+            ADD(&b->d_hfactor, H * f);
+            ADD(&b->d_hwmax, (size_t)hp->vocab * f);
+            ADD(&b->d_rbest, H * sizeof(unsigned long long));
+            ADD(&b->d_rcount, H * sizeof(unsigned));
+        }
         ADD(&b->ws_paged, bn_cb_attn_paged_workspace_bytes(hp->n_head, hp->head_dim));
         ADD(&b->ws_blas, (size_t)32 << 20); /* cuBLAS's advice for Hopper */
         ADD(&b->d_rblocks, 4 * sizeof(int32_t) * (size_t)PAGED_RUN_BLOCKS(b->chunk));

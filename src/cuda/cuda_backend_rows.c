@@ -19,7 +19,11 @@
  * ends, one GEMM over every row's 16-bit parts (cuBLAS, rows_head.cu says
  * why parts) reads the head's weights once for all of them. Then either
  * the device picks each row's token (bn_cuda_sample_rows) and only the
- * tokens come back, or the logits come back for the host's sampler.
+ * tokens come back, or the logits come back for the host's sampler. When
+ * every row is greedy, the GEMM takes each row's first part alone and
+ * bn_cb_rows_pick computes exactly only the vocabulary rows that its
+ * estimates and their bounds leave (rows_head_pick.cu): half the GEMM,
+ * and no logits written in full, combined or sampled.
  */
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
@@ -120,9 +124,10 @@ void cb_rows_release(bn_cuda_backend *b)
     if (b->blas)
         b->blas_api->destroy((cublasHandle_t)b->blas);
     b->blas = NULL;
-    for (int i = 0; i < ROWS_GRAPHS; i++)
-        if (b->rows_graph[i])
-            cudaGraphExecDestroy(b->rows_graph[i]);
+    for (int g = 0; g < 2; g++)
+        for (int i = 0; i < ROWS_GRAPHS; i++)
+            if (b->rows_graph[g][i])
+                cudaGraphExecDestroy(b->rows_graph[g][i]);
     if (b->h_rtok)
         cudaFreeHost(b->h_rtok);
     b->h_rtok = NULL;
@@ -178,12 +183,43 @@ static bn_status head_logits(bn_cuda_backend *b, int64_t n, bn_error *err)
     return cb_mark(b, BN_CUDA_STAGE_LM_HEAD, launches, err);
 }
 
-/* The answers of the logit rows first .. first + n, whose head inputs are
- * the buffer's rows 0 .. n: their logits, then their tokens or logits to
- * the host. hparams and hu: host room for rows_head parameters and
- * numbers. */
-static bn_status head_flush(bn_cuda_backend *b, int64_t first, int64_t n, const rows_out *o,
-                            bn_cuda_sample_params *hparams, double *hu, bn_error *err)
+/* The greedy tokens of the n rows in the head's input buffer into d_rtok:
+ * the GEMM of each row's first part, then the exact logits of the few
+ * vocabulary rows its estimate and bound leave (rows_head_pick.cu). */
+static bn_status head_pick(bn_cuda_backend *b, int64_t n, bn_error *err)
+{
+    const int64_t dim = b->hp.dim, vocab = b->hp.vocab;
+    const cudaDataType type = b->rows_form == BN_CB_ROWS_HEAD_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    const int parts = bn_cb_rows_head_parts(b->rows_form);
+    const float one = 1.0f, zero = 0.0f;
+    /* As head_logits, over every row's part 0 alone (columns parts * dim
+     * apart). */
+    const cublasStatus_t rc = b->blas_api->gemm_ex(
+        (cublasHandle_t)b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)vocab, (int)n, (int)dim, &one,
+        b->d_head, type, (int)dim, b->d_hin, type, (int)(parts * dim), &zero, b->d_rlogits,
+        CUDA_R_32F, (int)vocab, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (rc != CUBLAS_STATUS_SUCCESS)
+        return bn_error_set(err, BN_ERR_GPU, NULL,
+                            "cuda forward_rows: cuBLAS GEMM of the LM head failed (status %d)",
+                            (int)rc);
+    b->ran |= 1u << K_HEAD_ROWS;
+    bn_status st = cb_mark(b, BN_CUDA_STAGE_LM_HEAD, 1, err);
+    if (st != BN_OK)
+        return st;
+    BN_CUDA_TRY(err, bn_cb_rows_pick(b->d_head, b->head_type, vocab, dim, b->d_rlogits, b->d_hscale,
+                                     b->d_hfactor, b->d_hwmax, b->d_hy, n,
+                                     bn_cb_rows_pick_slices(n, vocab, b->sm), b->d_rbest,
+                                     b->d_rcount, b->d_rtok, b->cs));
+    b->ran |= 1u << K_ROWS_PICK;
+    return cb_mark(b, BN_CUDA_STAGE_ARGMAX, 1, err);
+}
+
+/* The n rows' logits, then (o->next) their tokens by bn_cuda_sample_rows
+ * with the parameters and numbers in hparams, hu, or (o->logits) the
+ * logits themselves to the host at row `first`. */
+static bn_status head_sample(bn_cuda_backend *b, int64_t first, int64_t n, const rows_out *o,
+                             const bn_cuda_sample_params *hparams, const double *hu,
+                             bool any_sampled, bn_error *err)
 {
     const int64_t vocab = b->hp.vocab;
     bn_status st = head_logits(b, n, err);
@@ -196,13 +232,6 @@ static bn_status head_flush(bn_cuda_backend *b, int64_t first, int64_t n, const 
         cb_count_d2h(b, (uint64_t)(n * vocab) * sizeof(float));
         return BN_OK;
     }
-    bool any_sampled = false;
-    for (int64_t k = 0; k < n; k++) {
-        const bn_cuda_sample_params greedy = {0.0f, 0, 1.0f, 0.0f};
-        hparams[k] = o->p ? o->p[first + k] : greedy;
-        hu[k] = o->p && o->u ? o->u[first + k] : 0.0;
-        any_sampled |= !cb_choice_greedy(&hparams[k]);
-    }
     BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_rparams, hparams, (size_t)n * sizeof *hparams,
                                      cudaMemcpyHostToDevice, b->cs));
     BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_ru, hu, (size_t)n * sizeof *hu, cudaMemcpyHostToDevice,
@@ -211,8 +240,27 @@ static bn_status head_flush(bn_cuda_backend *b, int64_t first, int64_t n, const 
     BN_CUDA_TRY(err, bn_cuda_sample_rows(b->d_rlogits, vocab, (int32_t)vocab, (int)n, b->d_rparams,
                                          b->d_ru, b->ws_rows, any_sampled, b->d_rtok, b->cs));
     b->ran |= 1u << K_SAMPLE_ROWS;
-    st = cb_mark(b, BN_CUDA_STAGE_ARGMAX, any_sampled ? 2 : 1, err);
-    if (st != BN_OK)
+    return cb_mark(b, BN_CUDA_STAGE_ARGMAX, any_sampled ? 2 : 1, err);
+}
+
+/* The answers of the logit rows first .. first + n, whose head inputs are
+ * the buffer's rows 0 .. n: their tokens (head_pick when every row is
+ * greedy, else head_sample) or logits to the host. hparams and hu: host
+ * room for rows_head parameters and numbers. */
+static bn_status head_flush(bn_cuda_backend *b, int64_t first, int64_t n, const rows_out *o,
+                            bn_cuda_sample_params *hparams, double *hu, bn_error *err)
+{
+    bool any_sampled = false;
+    for (int64_t k = 0; o->next && k < n; k++) {
+        const bn_cuda_sample_params greedy = {0.0f, 0, 1.0f, 0.0f};
+        hparams[k] = o->p ? o->p[first + k] : greedy;
+        hu[k] = o->p && o->u ? o->u[first + k] : 0.0;
+        any_sampled |= !cb_choice_greedy(&hparams[k]);
+    }
+    const bn_status st = o->next && !any_sampled && b->rows_pick
+                             ? head_pick(b, n, err)
+                             : head_sample(b, first, n, o, hparams, hu, any_sampled, err);
+    if (st != BN_OK || !o->next)
         return st;
     BN_CUDA_TRY(err, cudaMemcpyAsync(o->next + first, b->d_rtok, (size_t)n * sizeof(int32_t),
                                      cudaMemcpyDeviceToHost, b->cs));
@@ -329,13 +377,25 @@ static int bucket_index(int64_t n)
     return i;
 }
 
+/* Which graph form a pass of picks takes: 1 when every row is greedy and
+ * the head can pick from first parts (head_pick), else 0. */
+static int graph_form(const bn_cuda_backend *b, const bn_batch_rows *r, const rows_out *o)
+{
+    if (!b->rows_pick)
+        return 0;
+    for (int64_t k = 0; o->p && k < r->n_rows; k++)
+        if (!cb_choice_greedy(&o->p[k]))
+            return 0;
+    return 1;
+}
+
 static bool graph_fits(const bn_cuda_backend *b, const bn_batch_rows *r, const rows_out *o)
 {
     if (!o->next || b->prof || !b->use_graphs || r->n_logits != r->n_rows)
         return false;
     const int i = bucket_index(r->n_rows);
     if (i >= ROWS_GRAPHS || ((int64_t)1 << i) > b->chunk || ((int64_t)1 << i) > b->rows_head ||
-        b->rows_graph_state[i] == 2)
+        b->rows_graph_state[graph_form(b, r, o)][i] == 2)
         return false;
     for (int64_t k = 0; k < r->n_rows; k++)
         if (r->logit_rows[k] != k)
@@ -344,8 +404,8 @@ static bool graph_fits(const bn_cuda_backend *b, const bn_batch_rows *r, const r
 }
 
 /* The pass of M rows whose inputs are on the device: layers, head, picks,
- * tokens into h_rtok. */
-static bn_status queue_graph_body(bn_cuda_backend *b, int64_t M, bn_error *err)
+ * tokens into h_rtok; `greedy` (graph_form): the picks of head_pick. */
+static bn_status queue_graph_body(bn_cuda_backend *b, int64_t M, int greedy, bn_error *err)
 {
     const int64_t dim = b->hp.dim;
     const paged_rows pr = {b->d_tokens, b->d_pos, b->d_slot, b->d_rseq, NULL, (int)M,
@@ -355,26 +415,31 @@ static bn_status queue_graph_body(bn_cuda_backend *b, int64_t M, bn_error *err)
         return st;
     const int form = head_form(b);
     BN_CUDA_TRY(err, bn_cb_rows_head_in(b->x, b->out, dim, dim, b->d_lrow, M,
-                                        b->d_norms + b->out_norm_off, b->hp.rms_eps, form,
-                                        b->d_hin, b->d_hscale, b->cs));
+                                        b->d_norms + b->out_norm_off, b->hp.rms_eps, form, b->d_hin,
+                                        b->d_hscale, b->d_hy, b->d_hfactor, b->cs));
     b->ran |= 1u << K_OUT_NORM;
     st = cb_mark(b, BN_CUDA_STAGE_OUT_NORM, 1, err);
-    if (st == BN_OK)
+    if (st == BN_OK && greedy)
+        st = head_pick(b, M, err);
+    else if (st == BN_OK) {
         st = head_logits(b, M, err);
-    if (st != BN_OK)
-        return st;
-    BN_CUDA_TRY(err, bn_cuda_sample_rows(b->d_rlogits, b->hp.vocab, (int32_t)b->hp.vocab, (int)M,
-                                         b->d_rparams, b->d_ru, b->ws_rows, 1, b->d_rtok, b->cs));
-    b->ran |= 1u << K_SAMPLE_ROWS;
-    st = cb_mark(b, BN_CUDA_STAGE_ARGMAX, 2, err);
+        if (st != BN_OK)
+            return st;
+        BN_CUDA_TRY(err,
+                    bn_cuda_sample_rows(b->d_rlogits, b->hp.vocab, (int32_t)b->hp.vocab, (int)M,
+                                        b->d_rparams, b->d_ru, b->ws_rows, 1, b->d_rtok, b->cs));
+        b->ran |= 1u << K_SAMPLE_ROWS;
+        st = cb_mark(b, BN_CUDA_STAGE_ARGMAX, 2, err);
+    }
     if (st == BN_OK)
         BN_CUDA_TRY(err, cudaMemcpyAsync(b->h_rtok, b->d_rtok, (size_t)M * sizeof(int32_t),
                                          cudaMemcpyDeviceToHost, b->cs));
     return st;
 }
 
-/* Captures bucket i's graph; false (and the bucket marked) when it fails. */
-static bool capture_bucket(bn_cuda_backend *b, int i)
+/* Captures bucket i's graph of form g; false (and the bucket marked) when
+ * it fails. */
+static bool capture_bucket(bn_cuda_backend *b, int g, int i)
 {
     bn_error cerr;
     bn_error_clear(&cerr);
@@ -382,19 +447,19 @@ static bool capture_bucket(bn_cuda_backend *b, int i)
     bn_status st = BN_ERR_GPU;
     cudaError_t rc = cudaStreamBeginCapture(b->cs, cudaStreamCaptureModeRelaxed);
     if (rc == cudaSuccess) {
-        st = queue_graph_body(b, (int64_t)1 << i, &cerr);
+        st = queue_graph_body(b, (int64_t)1 << i, g, &cerr);
         rc = cudaStreamEndCapture(b->cs, &graph);
         if (rc != cudaSuccess)
             st = BN_ERR_GPU;
     }
-    if (st == BN_OK && graph && cudaGraphInstantiate(&b->rows_graph[i], graph, 0) != cudaSuccess)
+    if (st == BN_OK && graph && cudaGraphInstantiate(&b->rows_graph[g][i], graph, 0) != cudaSuccess)
         st = BN_ERR_GPU;
     if (graph)
         cudaGraphDestroy(graph);
-    if (st == BN_OK && b->rows_graph[i])
+    if (st == BN_OK && b->rows_graph[g][i])
         return true;
-    b->rows_graph[i] = NULL;
-    b->rows_graph_state[i] = 2;
+    b->rows_graph[g][i] = NULL;
+    b->rows_graph_state[g][i] = 2;
     (void)cudaGetLastError();
     bn_log(BN_LOG_WARN, "cuda backend: the graph of batched passes of %d rows could not be "
                         "captured (%s); they launch their kernels one by one",
@@ -405,7 +470,7 @@ static bool capture_bucket(bn_cuda_backend *b, int i)
 static bn_status graph_pass(bn_cuda_backend *b, const bn_batch_rows *r, const rows_out *o,
                             int32_t *h, bn_error *err)
 {
-    const int i = bucket_index(r->n_rows);
+    const int i = bucket_index(r->n_rows), g = graph_form(b, r, o);
     const int64_t M = (int64_t)1 << i, n = r->n_rows, bs = b->paged_block;
     if (!b->h_rtok) {
         BN_CUDA_TRY(err, cudaMallocHost((void **)&b->h_rtok, (size_t)b->rows_head * sizeof(int32_t)));
@@ -438,12 +503,13 @@ static bn_status graph_pass(bn_cuda_backend *b, const bn_batch_rows *r, const ro
                                      b->cs));
     cb_count_h2d(b, (uint64_t)M * (5 * sizeof(int32_t) + sizeof *hparams + sizeof *hu));
     bn_status st = BN_OK;
-    if (b->rows_graph[i] || (b->rows_graph_state[i] == 1 && capture_bucket(b, i))) {
-        BN_CUDA_TRY(err, cudaGraphLaunch(b->rows_graph[i], b->cs));
+    unsigned char *state = &b->rows_graph_state[g][i];
+    if (b->rows_graph[g][i] || (*state == 1 && capture_bucket(b, g, i))) {
+        BN_CUDA_TRY(err, cudaGraphLaunch(b->rows_graph[g][i], b->cs));
         b->ran |= 1u << K_GRAPH;
     } else {
-        b->rows_graph_state[i] = b->rows_graph_state[i] ? b->rows_graph_state[i] : 1;
-        st = queue_graph_body(b, M, err);
+        *state = *state ? *state : 1;
+        st = queue_graph_body(b, M, g, err);
     }
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
@@ -506,10 +572,12 @@ bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows
                                                      cudaMemcpyHostToDevice, b->cs));
             if (st == BN_OK)
                 st = BN_CUDA_STATUS(
-                    err, bn_cb_rows_head_in(b->x, b->out, dim, dim, b->d_lrow + head_fill, take,
-                                            b->d_norms + b->out_norm_off, b->hp.rms_eps, form,
-                                            (char *)b->d_hin + (size_t)(head_fill * dim) * row_bytes,
-                                            b->d_hscale + head_fill, b->cs));
+                    err, bn_cb_rows_head_in(
+                             b->x, b->out, dim, dim, b->d_lrow + head_fill, take,
+                             b->d_norms + b->out_norm_off, b->hp.rms_eps, form,
+                             (char *)b->d_hin + (size_t)(head_fill * dim) * row_bytes,
+                             b->d_hscale + head_fill, b->d_hy ? b->d_hy + head_fill * dim : NULL,
+                             b->d_hy ? b->d_hfactor + head_fill : NULL, b->cs));
             b->ran |= 1u << K_OUT_NORM;
             if (st == BN_OK)
                 st = cb_mark(b, BN_CUDA_STAGE_OUT_NORM, 1, err);

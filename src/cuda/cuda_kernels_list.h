@@ -25,6 +25,8 @@ static const char *const bn_cuda_kernel_list[] = {
     "ranges merged (attn_paged.cu)",
     "lm_head_rows: the batched pass's head input as 16-bit parts for one GEMM over every row "
     "(rows_head.cu)",
+    "lm_head_rows_pick: greedy tokens of many rows from a GEMM of their first parts, exact "
+    "logits for the vocabulary rows its bounds leave (rows_head_pick.cu)",
     "norm_quantize: RMSNorm + int8 with the CPU's rounding (residual, squared ReLU, "
     "embedding row sources) and the output norm (norm_quantize.cu)",
     "qkv_rope_kv_store: q|k|v scales + RoPE + KV store, the RoPE table (rope_qkv.cu)",
