@@ -334,6 +334,12 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
         screen_bytes += cb_round_alloc(screen[i].bytes);
     scratch_spec scratch[MAX_SCRATCH];
     const int n_scratch = cb_scratch_list(b, scratch);
+    if (n_scratch > MAX_SCRATCH) {
+        bn_cuda_backend_free(b);
+        return bn_error_set(err, BN_ERR_INTERNAL, NULL,
+                            "cuda backend: %d scratch buffers, room for %d", n_scratch,
+                            MAX_SCRATCH);
+    }
     /* scratch_bytes is what is allocated (dalloc's 256-byte minimum); the
      * budget also counts cudaMalloc's rounding to 256 bytes. */
     b->scratch_bytes = 0;

@@ -50,8 +50,8 @@
 #include "w2a8_cuda.h"
 
 #define MAX_ALLOCS 64
-/* Entries cb_scratch_list may write. */
-#define MAX_SCRATCH 40
+/* Entries cb_scratch_list may write (the batched pass uses 40). */
+#define MAX_SCRATCH 44
 #define MIB (1024.0 * 1024.0)
 
 /* The four products of a layer; q|k|v and gate|up are fused. */

@@ -196,7 +196,9 @@ int cb_scratch_list(bn_cuda_backend *b, scratch_spec *list)
     const bn_hparams *hp = &b->hp;
     const size_t R = (size_t)b->chunk, f = sizeof(float);
     int n = 0;
-#define ADD(p_, size_) (list[n].ptr = (void **)(p_), list[n].bytes = (size_t)(size_), n++)
+    /* Entries past MAX_SCRATCH are counted, not written: the caller fails. */
+#define ADD(p_, size_)                                                                             \
+    (n < MAX_SCRATCH ? (list[n].ptr = (void **)(p_), list[n].bytes = (size_t)(size_)) : 0, n++)
     ADD(&b->x, R * (size_t)hp->dim * f);
     ADD(&b->qkv, R * (size_t)b->qkv_n * f);
     ADD(&b->q, R * (size_t)b->q_dim * f);
