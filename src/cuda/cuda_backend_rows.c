@@ -145,6 +145,11 @@ static size_t head_elem(int form)
     return form == BN_CB_ROWS_HEAD_F32 ? sizeof(float) : 2;
 }
 
+/* Whether greedy rows take head_pick: a 16-bit head, its buffers, and
+ * cuBLAS for the GEMM (head_form then gives the 16-bit parts, whose fp32
+ * rows and factors bn_cb_rows_head_in writes beside them). */
+static bool picks(const bn_cuda_backend *b) { return b->rows_pick && b->blas; }
+
 /* Logits of the n rows in the head's input buffer into d_rlogits. */
 static bn_status head_logits(bn_cuda_backend *b, int64_t n, bn_error *err)
 {
@@ -257,7 +262,7 @@ static bn_status head_flush(bn_cuda_backend *b, int64_t first, int64_t n, const 
         hu[k] = o->p && o->u ? o->u[first + k] : 0.0;
         any_sampled |= !cb_choice_greedy(&hparams[k]);
     }
-    const bn_status st = o->next && !any_sampled && b->rows_pick
+    const bn_status st = o->next && !any_sampled && picks(b)
                              ? head_pick(b, n, err)
                              : head_sample(b, first, n, o, hparams, hu, any_sampled, err);
     if (st != BN_OK || !o->next)
@@ -381,7 +386,7 @@ static int bucket_index(int64_t n)
  * the head can pick from first parts (head_pick), else 0. */
 static int graph_form(const bn_cuda_backend *b, const bn_batch_rows *r, const rows_out *o)
 {
-    if (!b->rows_pick)
+    if (!picks(b))
         return 0;
     for (int64_t k = 0; o->p && k < r->n_rows; k++)
         if (!cb_choice_greedy(&o->p[k]))
@@ -416,7 +421,8 @@ static bn_status queue_graph_body(bn_cuda_backend *b, int64_t M, int greedy, bn_
     const int form = head_form(b);
     BN_CUDA_TRY(err, bn_cb_rows_head_in(b->x, b->out, dim, dim, b->d_lrow, M,
                                         b->d_norms + b->out_norm_off, b->hp.rms_eps, form, b->d_hin,
-                                        b->d_hscale, b->d_hy, b->d_hfactor, b->cs));
+                                        b->d_hscale, picks(b) ? b->d_hy : NULL,
+                                        picks(b) ? b->d_hfactor : NULL, b->cs));
     b->ran |= 1u << K_OUT_NORM;
     st = cb_mark(b, BN_CUDA_STAGE_OUT_NORM, 1, err);
     if (st == BN_OK && greedy)
@@ -576,8 +582,8 @@ bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows
                              b->x, b->out, dim, dim, b->d_lrow + head_fill, take,
                              b->d_norms + b->out_norm_off, b->hp.rms_eps, form,
                              (char *)b->d_hin + (size_t)(head_fill * dim) * row_bytes,
-                             b->d_hscale + head_fill, b->d_hy ? b->d_hy + head_fill * dim : NULL,
-                             b->d_hy ? b->d_hfactor + head_fill : NULL, b->cs));
+                             b->d_hscale + head_fill, picks(b) ? b->d_hy + head_fill * dim : NULL,
+                             picks(b) ? b->d_hfactor + head_fill : NULL, b->cs));
             b->ran |= 1u << K_OUT_NORM;
             if (st == BN_OK)
                 st = cb_mark(b, BN_CUDA_STAGE_OUT_NORM, 1, err);
