@@ -22,7 +22,9 @@
  *     logits after the prompt) with f32, f16 and fp8 caches: fp8 within
  *     2 % of f32.
  * usage: test_batch DEVICE (cpu, or cuda: the CUDA backend's paged pass
- * against its own single-sequence path; skipped without a usable GPU)
+ * against its own single-sequence path; skipped without a usable GPU).
+ * BN_TEST_NO_CUBLAS=1 (with cuBLAS hidden, test_batch_cuda_no_cublas): the
+ * batched head must have run as the GEMV.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -345,6 +347,24 @@ int main(int argc, char **argv)
     bn_engine *e = open_engine(4, 0, 16, 16, true);
     if (e)
         run_batch("4 at once", e, NULL, want, 0, &pre, &reused);
+    if (e && strncmp(device, "cuda", 4) == 0) {
+        /* The head the batched passes took: the cuBLAS GEMM, whose greedy
+         * passes pick from first parts; with cuBLAS hidden
+         * (test_batch_cuda_no_cublas), the GEMV row by row. */
+        bn_engine_info info;
+        bn_engine_get_info(e, &info);
+        const bool hidden = getenv("BN_TEST_NO_CUBLAS") != NULL;
+        if (hidden)
+            CHECK_MSG(strstr(info.kernels, "lm_head_gemv") && !strstr(info.kernels, "lm_head_rows"),
+                      "cuBLAS hidden, yet the kernels were %s", info.kernels);
+        else
+            CHECK_MSG(strstr(info.kernels, "lm_head_rows_gemm") &&
+                          strstr(info.kernels, "lm_head_rows_pick"),
+                      "the batched head's GEMM and greedy picks did not run: %s", info.kernels);
+        printf("4 at once: the head %s\n",
+               hidden ? "as the GEMV, row by row (cuBLAS hidden)"
+                      : "as the cuBLAS GEMM, greedy passes picking from first parts");
+    }
     bn_engine_free(e);
 
     /* The fp8 paged cache (CUDA): the batch against the fp32 references. */
