@@ -166,15 +166,8 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     CUDA_OK(cudaMalloc((void **)&d_streamk, streamk_bytes));
     CUDA_OK(cudaMemset(d_streamk, 0, streamk_bytes));
     float *y = malloc(sizeof(float) * (size_t)(m * n));
-    /* The int8 fragment copy of the weights, for the wgmma8 kernels. */
-    void *d_w8 = NULL;
-    if (wgmma_usable) {
-        CUDA_OK(cudaMalloc(&d_w8, bn_w2a8_cuda_w8_bytes(l.tiles, l.groups)));
-        CUDA_OK(bn_w2a8_cuda_w8_expand(d_w, l.tiles, l.groups, d_w8, 0));
-    }
 
     bn_w2a8_cuda_args a = {.weights = d_w,
-                           .weights8 = d_w8,
                            .n = n,
                            .tiles = l.tiles,
                            .groups = l.groups,
@@ -232,15 +225,7 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
          * build; elsewhere they decline without launching. */
         if (rc == cudaErrorNotSupported && bn_w2a8_cuda_kernel_wgmma(kernel) && !wgmma_usable)
             continue;
-        /* Stream-K declines without its workspace, the wgmma8 kernels
-         * without the int8 copy. */
-        if (wgmma_usable && bn_w2a8_cuda_kernel_w8(kernel) && v % 2 == 1) {
-            a.weights8 = NULL;
-            const cudaError_t none = bn_w2a8_cuda_gemm_run(&a, (bn_w2a8_kernel)kernel, 0);
-            a.weights8 = d_w8;
-            CHECK_MSG(none == cudaErrorInvalidValue, "%s without the int8 copy: %s", name,
-                      cudaGetErrorString(none));
-        }
+        /* Stream-K declines without its workspace. */
         if (bn_w2a8_cuda_kernel_streamk(kernel) && !a.streamk) {
             CHECK_MSG(rc == cudaErrorInvalidValue, "stream-K without a workspace: %s",
                       cudaGetErrorString(rc));
@@ -342,7 +327,6 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
     }
 
     cudaFree(d_w);
-    cudaFree(d_w8);
     cudaFree(d_x);
     cudaFree(d_scale);
     cudaFree(d_sum);

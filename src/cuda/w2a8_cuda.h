@@ -57,9 +57,6 @@ typedef struct bn_w2a8_cuda_args {
                                  rounding as on the CPU; the activations must
                                  fit shared memory (k_pad <= 160 KiB)      */
     float relu2_sg, relu2_su;
-    const void *weights8;     /* the BN_W2A8_WGMMA8_* kernels: the int8
-                                 fragment copy of `weights`
-                                 (bn_w2a8_cuda_w8_expand); others ignore it */
 } bn_w2a8_cuda_args;
 
 /* ---- M = 1: the GEMV (w2a8_gemv.cu) ----------------------------------------
@@ -127,12 +124,6 @@ typedef enum bn_w2a8_kernel {
     BN_W2A8_WGMMA_192X64_SPLIT2,  /* as 192X64, each tile's k-tiles shared
                                      by a cluster of 2 blocks                */
     BN_W2A8_WGMMA_192X64_SPLIT4,  /* ... by a cluster of 4                   */
-    BN_W2A8_WGMMA8_128X128,       /* as WGMMA_128X128 over a->weights8, the
-                                     A fragments loaded, not expanded        */
-    BN_W2A8_WGMMA8_256X128,       /* ... as WGMMA_256X128                    */
-    BN_W2A8_WGMMA8_192X64,        /* ... as WGMMA_192X64                     */
-    BN_W2A8_WGMMA8_192X64_SPLIT2, /* ... as WGMMA_192X64_SPLIT2              */
-    BN_W2A8_WGMMA8_192X64_SPLIT4, /* ... as WGMMA_192X64_SPLIT4              */
     BN_W2A8_KERNELS
 } bn_w2a8_kernel;
 
@@ -160,8 +151,6 @@ int bn_w2a8_cuda_gemm_needs_streamk(int64_t m, int64_t n, int64_t k, int sm_coun
 const char *bn_w2a8_cuda_kernel_name(bn_w2a8_kernel kernel);
 int bn_w2a8_cuda_kernel_wgmma(bn_w2a8_kernel kernel);
 int bn_w2a8_cuda_kernel_streamk(bn_w2a8_kernel kernel);
-/* Whether the kernel reads the int8 fragment copy (a->weights8). */
-int bn_w2a8_cuda_kernel_w8(bn_w2a8_kernel kernel);
 void bn_w2a8_cuda_gemm_describe(const bn_w2a8_cuda_args *a, bn_w2a8_kernel kernel, char *buf,
                                 size_t size);
 /* Whether the wgmma kernels can run on the current device: sm_90a code and
@@ -229,14 +218,6 @@ int bn_w2a8_cuda_gemm_pipelined_split(const bn_w2a8_cuda_args *a, int split);
 cudaError_t bn_w2a8_cuda_gemm_wgmma(const bn_w2a8_cuda_args *a, bn_w2a8_kernel kernel,
                                     cudaStream_t stream);
 int bn_w2a8_cuda_gemm_wgmma_compiled(void);
-/* The int8 fragment copy the BN_W2A8_WGMMA8_* kernels read (w2a8_wgmma.cuh,
- * "The int8 fragment copy"): its bytes for a matrix of `tiles` layout tiles
- * of `groups` chunk-groups (four times the packed bytes, rounded to 16
- * weight rows), and the kernel that writes it from the packed weights
- * (16-byte aligned out; cudaErrorNotSupported without sm_90a code). */
-size_t bn_w2a8_cuda_w8_bytes(int64_t tiles, int64_t groups);
-cudaError_t bn_w2a8_cuda_w8_expand(const void *weights, int64_t tiles, int64_t groups, void *out,
-                                   cudaStream_t stream);
 /* Bytes of the stream-K workspace (a->streamk) for up to sm_count SMs
  * (a->sm_count; 0: 132). */
 size_t bn_w2a8_cuda_gemm_streamk_bytes(int sm_count);

@@ -48,8 +48,8 @@ namespace {
  * clusters of SPLIT blocks, each cluster one output tile whose k-tiles its
  * blocks share, the sums added through distributed shared memory
  * (split_reduce) and stored by the cluster's block 0. */
-template <int STAGES, int CW, int MI, int BA, bool PDL, int SPLIT = 1, bool W8 = false>
-__global__ void __launch_bounds__(CfgWS<STAGES, CW, MI, BA, W8>::kThreads, 1)
+template <int STAGES, int CW, int MI, int BA, bool PDL, int SPLIT = 1>
+__global__ void __launch_bounds__(CfgWS<STAGES, CW, MI, BA>::kThreads, 1)
     wgmma_ws_kernel(int64_t m, int64_t n, int64_t tiles, int64_t groups, int64_t m_blocks,
                     int64_t n_tiles, const float *__restrict__ act_scale,
                     const int32_t *__restrict__ act_sum, float w_scale, float *__restrict__ y,
@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(CfgWS<STAGES, CW, MI, BA, W8>::kThreads, 1)
                     const __grid_constant__ CUtensorMap w_map)
 {
 #if BN_WGMMA_DEVICE
-    using C = CfgWS<STAGES, CW, MI, BA, W8>;
+    using C = CfgWS<STAGES, CW, MI, BA>;
     constexpr int S = STAGES;
     constexpr int BK = C::kBK;
     extern __shared__ uint8_t smem_raw[];
@@ -80,13 +80,6 @@ __global__ void __launch_bounds__(CfgWS<STAGES, CW, MI, BA, W8>::kThreads, 1)
     auto tile_origin = [&](int64_t t, int64_t &m0, int64_t &tile0) {
         m0 = (t % m_blocks) * C::kBA;
         tile0 = (t / m_blocks) * (C::kBW / kTileRows);
-    };
-    /* The weight box of k-tile kt of the tile at layout tile tile0: bytes
-     * of a packed tile row and the tile, or (W8) 8-byte words of a
-     * row-group's steps and the row-group. */
-    auto weight_box = [&](int kt, int64_t tile0, int &c0, int &c1) {
-        c0 = W8 ? kt * (4 * kW8StepBytes / 8) : kt * 2 * BK;
-        c1 = (int)(W8 ? tile0 / 2 : tile0);
     };
 
     if (tid == 0) {
@@ -131,11 +124,9 @@ __global__ void __launch_bounds__(CfgWS<STAGES, CW, MI, BA, W8>::kThreads, 1)
                      * 10.57 us, 4 10.65, 8 10.91). */
                     const int pre = kt1 - kt0 < kPdlEarly ? kt1 - kt0 : kPdlEarly;
                     for (int st = 0; st < pre; st++) {
-                        int c0, c1;
-                        weight_box(kt0 + st, tile0, c0, c1);
-                        mbar_expect_tx(copied0 + 8 * st, C::kActBytes + C::kWeightBytes);
-                        tma_load_2d(sbase + (uint32_t)(st * C::kStageBytes) + C::kActBytes, &w_map,
-                                    c0, c1, copied0 + 8 * st);
+                        mbar_expect_tx(copied0 + 8 * st, C::kActBytes + C::kPackedBytes);
+                        tma_load_2d(sbase + (uint32_t)(st * C::kStageBytes) + C::kActBytes,
+                                    &w_map, (kt0 + st) * 2 * BK, (int)tile0, copied0 + 8 * st);
                     }
                     pdl_wait();
                     waited = true;
@@ -149,11 +140,10 @@ __global__ void __launch_bounds__(CfgWS<STAGES, CW, MI, BA, W8>::kThreads, 1)
                     if (reuse)
                         mbar_wait(empty0 + 8 * slot, phase ^ 1u);
                     const uint32_t as = sbase + (uint32_t)(slot * C::kStageBytes);
-                    int c0, c1;
-                    weight_box(kt, tile0, c0, c1);
-                    mbar_expect_tx(copied0 + 8 * slot, C::kActBytes + C::kWeightBytes);
+                    mbar_expect_tx(copied0 + 8 * slot, C::kActBytes + C::kPackedBytes);
                     tma_load_2d(as, &act_map, kt * BK, (int)m0, copied0 + 8 * slot);
-                    tma_load_2d(as + C::kActBytes, &w_map, c0, c1, copied0 + 8 * slot);
+                    tma_load_2d(as + C::kActBytes, &w_map, kt * 2 * BK, (int)tile0,
+                                copied0 + 8 * slot);
                     if (++slot == S) {
                         slot = 0;
                         phase ^= 1u;
@@ -238,11 +228,8 @@ __global__ void __launch_bounds__(CfgWS<STAGES, CW, MI, BA, W8>::kThreads, 1)
                 const uint8_t *wsp = sptr + slot * C::kStageBytes + C::kActBytes;
 #pragma unroll
                 for (int i = 0; i < MI; i++) {
-                    if constexpr (W8)
-                        w8_to_frags(wsp, frag_tile<MI>(cg, i, wq) / 2, q, lane, frag[i], 0);
-                    else
-                        packed_to_frags(wsp, frag_tile<MI>(cg, i, wq), 2 * BK, q, gid, tig, frag[i],
-                                        0);
+                    packed_to_frags(wsp, frag_tile<MI>(cg, i, wq), 2 * BK, q, gid, tig, frag[i],
+                                    0);
 #pragma unroll
                     for (int s = 0; s < 2; s++)
 #pragma unroll
@@ -282,13 +269,9 @@ __global__ void __launch_bounds__(CfgWS<STAGES, CW, MI, BA, W8>::kThreads, 1)
 #pragma unroll
                 for (int i = 0; i < MI; i++)
 #pragma unroll
-                    for (int q = 0; q < BK / 64; q++) {
-                        if constexpr (W8)
-                            w8_to_frags(wsp, frag_tile<MI>(cg, i, wq) / 2, q, lane, frag[i], 2 * q);
-                        else
-                            packed_to_frags(wsp, frag_tile<MI>(cg, i, wq), 2 * BK, q, gid, tig,
-                                            frag[i], 2 * q);
-                    }
+                    for (int q = 0; q < BK / 64; q++)
+                        packed_to_frags(wsp, frag_tile<MI>(cg, i, wq), 2 * BK, q, gid, tig,
+                                        frag[i], 2 * q);
 #pragma unroll
                 for (int i = 0; i < MI; i++)
 #pragma unroll
@@ -442,11 +425,11 @@ EncodeTiled encode_tiled()
     return fn;
 }
 
-/* A 2-D tensor of `rows` rows of `cols` elements (bytes, or 8-byte words
- * where `words`), rows `stride` bytes apart, read in boxes of box_rows x
- * box_cols elements (rows past the end read as zeros). */
-cudaError_t tensor_map(CUtensorMap *map, const void *base, bool words, uint64_t cols, uint64_t rows,
-                       uint64_t stride, uint32_t box_cols, uint32_t box_rows, bool swizzle128)
+/* A 2-D byte tensor of `rows` rows of `cols` bytes, `stride` bytes apart,
+ * read in boxes of box_rows x box_cols bytes (rows past the end read as
+ * zeros). */
+cudaError_t byte_map(CUtensorMap *map, const void *base, uint64_t cols, uint64_t rows,
+                     uint64_t stride, uint32_t box_cols, uint32_t box_rows, bool swizzle128)
 {
     const EncodeTiled encode = encode_tiled();
     if (!encode)
@@ -455,11 +438,11 @@ cudaError_t tensor_map(CUtensorMap *map, const void *base, bool words, uint64_t 
     const cuuint64_t strides[1] = {stride};
     const cuuint32_t box[2] = {box_cols, box_rows};
     const cuuint32_t elem[2] = {1, 1};
-    const CUresult r =
-        encode(map, words ? CU_TENSOR_MAP_DATA_TYPE_UINT64 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
-               const_cast<void *>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               swizzle128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(base),
+                              dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              swizzle128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -468,16 +451,16 @@ cudaError_t tensor_map(CUtensorMap *map, const void *base, bool words, uint64_t 
  * both operands; with `streamk`, the blocks share the k-tiles evenly
  * through a->streamk. SPLIT > 1: SPLIT blocks a tile, in clusters (a
  * product of fewer k-tiles than SPLIT runs whole tiles). */
-template <int STAGES, int CW = 2, int MI = 1, int BA = 128, int SPLIT = 1, bool W8 = false>
+template <int STAGES, int CW = 2, int MI = 1, int BA = 128, int SPLIT = 1>
 struct LaunchWS {
-    using C = CfgWS<STAGES, CW, MI, BA, W8>;
+    using C = CfgWS<STAGES, CW, MI, BA>;
 
     static cudaError_t run(const bn_w2a8_cuda_args *a, bool streamk, cudaStream_t stream)
     {
-        auto kernel = a->pdl ? wgmma_ws_kernel<STAGES, CW, MI, BA, true, SPLIT, W8>
-                             : wgmma_ws_kernel<STAGES, CW, MI, BA, false, SPLIT, W8>;
+        auto kernel = a->pdl ? wgmma_ws_kernel<STAGES, CW, MI, BA, true, SPLIT>
+                             : wgmma_ws_kernel<STAGES, CW, MI, BA, false, SPLIT>;
         if (SPLIT > 1 && (streamk || a->groups * (256 / C::kBK) < SPLIT))
-            return LaunchWS<STAGES, CW, MI, BA, 1, W8>::run(a, streamk, stream);
+            return LaunchWS<STAGES, CW, MI, BA>::run(a, streamk, stream);
         if (streamk && MI != 1)
             return cudaErrorInvalidValue; /* stream-K slots hold one slice a warpgroup */
         if (streamk && (!a->streamk || (reinterpret_cast<uintptr_t>(a->streamk) & 15) != 0))
@@ -486,8 +469,6 @@ struct LaunchWS {
         cudaError_t rc = prepare(a, kernel, C::kSmemBytes, &nothing);
         if (rc != cudaSuccess || nothing)
             return rc;
-        if (W8 && (!a->weights8 || (reinterpret_cast<uintptr_t>(a->weights8) & 15) != 0))
-            return cudaErrorInvalidValue;
         const int64_t m_blocks = (a->m + C::kBA - 1) / C::kBA;
         const int64_t n_blocks = (a->tiles + C::kBW / kTileRows - 1) / (C::kBW / kTileRows);
         /* Box coordinates are int32: the k offset (bytes of a packed row),
@@ -495,16 +476,12 @@ struct LaunchWS {
         if (a->groups * kBlockBytes > 0x7fffffff || a->m > 0x7fffffff || a->tiles > 0x7fffffff)
             return cudaErrorInvalidConfiguration;
         CUtensorMap act_map, w_map;
-        rc = tensor_map(&act_map, a->x, false, (uint64_t)(a->groups * 256), (uint64_t)a->m,
-                        (uint64_t)a->ldx, C::kBK, C::kBA, true);
-        const uint64_t w8_row = (uint64_t)a->groups * 8 * kW8StepBytes; /* a row-group */
-        if (rc == cudaSuccess && W8)
-            rc = tensor_map(&w_map, a->weights8, true, w8_row / 8, (uint64_t)(a->tiles + 1) / 2,
-                            w8_row, 4 * kW8StepBytes / 8, C::kBW / 16, false);
-        else if (rc == cudaSuccess)
-            rc = tensor_map(&w_map, a->weights, false, (uint64_t)(a->groups * kBlockBytes),
-                            (uint64_t)a->tiles, (uint64_t)(a->groups * kBlockBytes), 2 * C::kBK,
-                            C::kBW / kTileRows, false);
+        rc = byte_map(&act_map, a->x, (uint64_t)(a->groups * 256), (uint64_t)a->m,
+                      (uint64_t)a->ldx, C::kBK, C::kBA, true);
+        if (rc == cudaSuccess)
+            rc = byte_map(&w_map, a->weights, (uint64_t)(a->groups * kBlockBytes),
+                          (uint64_t)a->tiles, (uint64_t)(a->groups * kBlockBytes), 2 * C::kBK,
+                          C::kBW / kTileRows, false);
         if (rc != cudaSuccess)
             return rc;
         const int64_t n_tiles = m_blocks * n_blocks;
@@ -544,65 +521,12 @@ extern "C" cudaError_t bn_w2a8_cuda_gemm_wgmma(const bn_w2a8_cuda_args *a, bn_w2
     case BN_W2A8_WGMMA_192X64: return LaunchWS<8, 3, 1, 64>::run(a, false, stream);
     case BN_W2A8_WGMMA_192X64_SPLIT2: return LaunchWS<8, 3, 1, 64, 2>::run(a, false, stream);
     case BN_W2A8_WGMMA_192X64_SPLIT4: return LaunchWS<8, 3, 1, 64, 4>::run(a, false, stream);
-    /* The int8 fragment copy (a->weights8): a stage 4x the packed weights. */
-    case BN_W2A8_WGMMA8_128X128:
-        return LaunchWS<6, 2, 1, 128, 1, true>::run(a, false, stream);
-    case BN_W2A8_WGMMA8_256X128:
-        return LaunchWS<4, 2, 2, 128, 1, true>::run(a, false, stream);
-    case BN_W2A8_WGMMA8_192X64:
-        return LaunchWS<6, 3, 1, 64, 1, true>::run(a, false, stream);
-    case BN_W2A8_WGMMA8_192X64_SPLIT2:
-        return LaunchWS<6, 3, 1, 64, 2, true>::run(a, false, stream);
-    case BN_W2A8_WGMMA8_192X64_SPLIT4:
-        return LaunchWS<6, 3, 1, 64, 4, true>::run(a, false, stream);
     default: return cudaErrorInvalidValue;
     }
 }
 
 namespace bn_wgmma {
 namespace {
-
-/* One 16-byte A fragment of the int8 copy a thread (w8_fragment). */
-__global__ void w8_expand_kernel(const uint8_t *__restrict__ w, int64_t tiles, int64_t groups,
-                                 uint4 *__restrict__ out, int64_t total)
-{
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= total)
-        return;
-    const int64_t steps = groups * 8, lane = i % 32, ks = (i / 32) % steps, rg = i / 32 / steps;
-    uint32_t f[4];
-    w8_fragment(w, tiles, groups, rg, ks, (int)lane, f);
-    out[i] = make_uint4(f[0], f[1], f[2], f[3]);
-}
-
-} // namespace
-} // namespace bn_wgmma
-
-extern "C" size_t bn_w2a8_cuda_w8_bytes(int64_t tiles, int64_t groups)
-{
-    if (tiles <= 0 || groups <= 0)
-        return 0;
-    return (size_t)((tiles + 1) / 2) * (size_t)groups * 8 * bn_wgmma::kW8StepBytes;
-}
-
-extern "C" cudaError_t bn_w2a8_cuda_w8_expand(const void *weights, int64_t tiles, int64_t groups,
-                                              void *out, cudaStream_t stream)
-{
-    const size_t bytes = bn_w2a8_cuda_w8_bytes(tiles, groups);
-    if (!BN_W2A8_WGMMA_SM90A)
-        return cudaErrorNotSupported; /* only the wgmma kernels read it */
-    if (!weights || !out || bytes == 0 || (reinterpret_cast<uintptr_t>(out) & 15) != 0)
-        return cudaErrorInvalidValue;
-    const int64_t total = (int64_t)(bytes / 16);
-    bn_wgmma::w8_expand_kernel<<<(unsigned)((total + 255) / 256), 256, 0, stream>>>(
-        static_cast<const uint8_t *>(weights), tiles, groups, static_cast<uint4 *>(out), total);
-    return cudaGetLastError();
-}
-
-namespace bn_wgmma
-{
-namespace
-{
 
 /* Pair i of the division check: a an integer of 1 to 31 bits (either
  * sign), d a float in [2^-90, 2^100] with a random mantissa (splitmix64 of

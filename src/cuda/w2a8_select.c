@@ -179,39 +179,32 @@ enum { kStreamkMinSaved = 20 };
 
 typedef struct kernel_info {
     const char *name;
-    bool wgmma, streamk, w8;     /* w8: reads a->weights8 */
+    bool wgmma, streamk;
     bn_w2a8_kernel streamk_form; /* the same tiles by stream-K (else itself) */
     int rows, acts;              /* output tile: weight x activation rows    */
 } kernel_info;
 
 #define K(name) BN_W2A8_##name
 static const kernel_info kKernels[BN_W2A8_KERNELS] = {
-    [K(GEMV)] = {"gemv", false, false, false, K(GEMV), 0, 0},
-    [K(ROWS)] = {"gemv rows", false, false, false, K(ROWS), 0, 0},
-    [K(MMA_ROWS_X2)] = {"mma rows x2", false, false, false, K(MMA_ROWS_X2), 0, 0},
-    [K(MMA_ROWS_X4)] = {"mma rows x4", false, false, false, K(MMA_ROWS_X4), 0, 0},
-    [K(TILED)] = {"tiled 64x64", false, false, false, K(TILED), 64, 64},
-    [K(PIPE)] = {"pipe 256x64", false, false, false, K(PIPE), 256, 64},
-    [K(PIPE_SPLITK)] = {"pipe 256x64 split-k", false, false, false, K(PIPE_SPLITK), 256, 64},
-    [K(WGMMA_128X128)] = {"wgmma 128x128", true, false, false, K(WGMMA_128X128_STREAMK), 128, 128},
-    [K(WGMMA_128X128_STREAMK)] = {"wgmma 128x128 stream-k", true, true, false,
+    [K(GEMV)] = {"gemv", false, false, K(GEMV), 0, 0},
+    [K(ROWS)] = {"gemv rows", false, false, K(ROWS), 0, 0},
+    [K(MMA_ROWS_X2)] = {"mma rows x2", false, false, K(MMA_ROWS_X2), 0, 0},
+    [K(MMA_ROWS_X4)] = {"mma rows x4", false, false, K(MMA_ROWS_X4), 0, 0},
+    [K(TILED)] = {"tiled 64x64", false, false, K(TILED), 64, 64},
+    [K(PIPE)] = {"pipe 256x64", false, false, K(PIPE), 256, 64},
+    [K(PIPE_SPLITK)] = {"pipe 256x64 split-k", false, false, K(PIPE_SPLITK), 256, 64},
+    [K(WGMMA_128X128)] = {"wgmma 128x128", true, false, K(WGMMA_128X128_STREAMK), 128, 128},
+    [K(WGMMA_128X128_STREAMK)] = {"wgmma 128x128 stream-k", true, true,
                                   K(WGMMA_128X128_STREAMK), 128, 128},
-    [K(WGMMA_192X128)] = {"wgmma 192x128", true, false, false, K(WGMMA_192X128_STREAMK), 192, 128},
-    [K(WGMMA_192X128_STREAMK)] = {"wgmma 192x128 stream-k", true, true, false,
+    [K(WGMMA_192X128)] = {"wgmma 192x128", true, false, K(WGMMA_192X128_STREAMK), 192, 128},
+    [K(WGMMA_192X128_STREAMK)] = {"wgmma 192x128 stream-k", true, true,
                                   K(WGMMA_192X128_STREAMK), 192, 128},
-    [K(WGMMA_256X128)] = {"wgmma 256x128", true, false, false, K(WGMMA_256X128), 256, 128},
-    [K(WGMMA_192X64)] = {"wgmma 192x64", true, false, false, K(WGMMA_192X64), 192, 64},
-    [K(WGMMA_192X64_SPLIT2)] = {"wgmma 192x64 split 2", true, false, false, K(WGMMA_192X64_SPLIT2),
-                                192, 64},
-    [K(WGMMA_192X64_SPLIT4)] = {"wgmma 192x64 split 4", true, false, false, K(WGMMA_192X64_SPLIT4),
-                                192, 64},
-    [K(WGMMA8_128X128)] = {"wgmma8 128x128", true, false, true, K(WGMMA8_128X128), 128, 128},
-    [K(WGMMA8_256X128)] = {"wgmma8 256x128", true, false, true, K(WGMMA8_256X128), 256, 128},
-    [K(WGMMA8_192X64)] = {"wgmma8 192x64", true, false, true, K(WGMMA8_192X64), 192, 64},
-    [K(WGMMA8_192X64_SPLIT2)] = {"wgmma8 192x64 split 2", true, false, true,
-                                 K(WGMMA8_192X64_SPLIT2), 192, 64},
-    [K(WGMMA8_192X64_SPLIT4)] = {"wgmma8 192x64 split 4", true, false, true,
-                                 K(WGMMA8_192X64_SPLIT4), 192, 64},
+    [K(WGMMA_256X128)] = {"wgmma 256x128", true, false, K(WGMMA_256X128), 256, 128},
+    [K(WGMMA_192X64)] = {"wgmma 192x64", true, false, K(WGMMA_192X64), 192, 64},
+    [K(WGMMA_192X64_SPLIT2)] = {"wgmma 192x64 split 2", true, false,
+                                K(WGMMA_192X64_SPLIT2), 192, 64},
+    [K(WGMMA_192X64_SPLIT4)] = {"wgmma 192x64 split 4", true, false,
+                                K(WGMMA_192X64_SPLIT4), 192, 64},
 };
 #undef K
 
@@ -267,11 +260,6 @@ cudaError_t bn_w2a8_cuda_gemm_run(const bn_w2a8_cuda_args *a, bn_w2a8_kernel ker
     case BN_W2A8_WGMMA_192X64:
     case BN_W2A8_WGMMA_192X64_SPLIT2:
     case BN_W2A8_WGMMA_192X64_SPLIT4:
-    case BN_W2A8_WGMMA8_128X128:
-    case BN_W2A8_WGMMA8_256X128:
-    case BN_W2A8_WGMMA8_192X64:
-    case BN_W2A8_WGMMA8_192X64_SPLIT2:
-    case BN_W2A8_WGMMA8_192X64_SPLIT4:
         return bn_w2a8_cuda_gemm_wgmma(a, kernel, stream);
     default: return cudaErrorInvalidValue;
     }
@@ -327,8 +315,6 @@ int bn_w2a8_cuda_kernel_wgmma(bn_w2a8_kernel kernel)
 {
     return known(kernel) && kKernels[kernel].wgmma;
 }
-
-int bn_w2a8_cuda_kernel_w8(bn_w2a8_kernel kernel) { return known(kernel) && kKernels[kernel].w8; }
 
 int bn_w2a8_cuda_kernel_streamk(bn_w2a8_kernel kernel)
 {

@@ -179,63 +179,6 @@ __device__ __forceinline__ void packed_to_frags(const uint8_t *packed, int t, in
 }
 #endif
 
-/* ---- The int8 fragment copy (W8) -------------------------------------------
- *
- * From ~128 activation rows the consumers' expansion of 2-bit codes into A
- * fragments (packed_to_frags) is most of their instructions, paid again for
- * every activation tile. The W8 kernels read instead a copy of the weights
- * that holds every A fragment as that expansion builds it, a byte a weight
- * (code + 1, so the sums and the epilogue are unchanged): row-group r is
- * layout tiles 2 r and 2 r + 1 (16 weight rows; past the last tile, zeros),
- * and its k step s (32 k) is 512 bytes, lane 4 gid + tig's four registers
- * at 16 lane; a row-group's groups * 8 steps are consecutive (groups * 4096
- * bytes). So a k-tile of a row-group is 2048 consecutive bytes (the
- * issuer's box: 2048 bytes x kBW / 16 row-groups) and a fragment is one
- * conflict-free 16-byte load. Four times the packed bytes: it pays where
- * the expansion, not memory, bounds a k-tile. */
-constexpr int kW8StepBytes = 512;
-
-/* Registers 0..3 of lane `lane`'s A fragment of k step ks of row-group rg,
- * from the packed weights w (tiles x groups chunk-groups): the words of
- * the two rows' 16-byte entries of quarter ks / 2, through frag_reg. */
-__host__ __device__ __forceinline__ void w8_fragment(const uint8_t *w, int64_t tiles,
-                                                     int64_t groups, int64_t rg, int64_t ks,
-                                                     int lane, uint32_t out[4])
-{
-    const int gid = lane >> 2, tig = lane & 3;
-    uint32_t words[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-    for (int t = 0; t < 2; t++) {
-        const int64_t tile = 2 * rg + t;
-        if (tile >= tiles)
-            continue;
-        const uint8_t *e = w + tile * groups * kBlockBytes + (ks >> 1) * 128 + gid * 16;
-        for (int i = 0; i < 4; i++)
-            words[t][i] = (uint32_t)e[4 * i] | (uint32_t)e[4 * i + 1] << 8 |
-                          (uint32_t)e[4 * i + 2] << 16 | (uint32_t)e[4 * i + 3] << 24;
-    }
-    for (int r = 0; r < 4; r++)
-        out[r] = frag_reg(words[0], words[1], (int)(ks & 1), r, tig);
-}
-
-#if BN_WGMMA_DEVICE
-/* The A fragments of k steps 2 q and 2 q + 1 of a stage's k-tile of the
- * int8 copy, row-group rg of the block, into f[s0] and f[s0 + 1]. */
-template <int STEPS>
-__device__ __forceinline__ void w8_to_frags(const uint8_t *stage_w, int rg, int q, int lane,
-                                            uint32_t (&f)[STEPS][4], int s0)
-{
-#pragma unroll
-    for (int s = 0; s < 2; s++) {
-        const uint4 v = *reinterpret_cast<const uint4 *>(stage_w + rg * 4 * kW8StepBytes +
-                                                         (2 * q + s) * kW8StepBytes + lane * 16);
-        f[s0 + s][0] = v.x;
-        f[s0 + s][1] = v.y;
-        f[s0 + s][2] = v.z;
-        f[s0 + s][3] = v.w;
-    }
-}
-#endif
-
 /* The per-warp epilogue staging area of the two-consumer configuration
  * (CfgWS::kStagedEpilogue): 32 activation rows x 16 weight rows of int32, rows kEpiStride
  * words apart (the transposed writes hit 32 distinct banks; rows stay
@@ -248,7 +191,8 @@ constexpr int kEpiWarpBytes = kEpiRows * kEpiStride * 4;
  * many stages before it waits (wgmma_ws_kernel). */
 constexpr int kPdlEarly = 2;
 
-template <int STAGES, int CW = 2, int MI = 1, int BA = 128, bool W8 = false> struct CfgWS {
+template <int STAGES, int CW = 2, int MI = 1, int BA = 128>
+struct CfgWS {
     /* weight rows: CW consumer warpgroups x MI slices of 64 */
     static constexpr int kBW = 64 * CW * MI;
     static constexpr int kBA = BA; /* activation rows: wgmma's n */
@@ -266,10 +210,8 @@ template <int STAGES, int CW = 2, int MI = 1, int BA = 128, bool W8 = false> str
     static constexpr int kThreads = kConsumers + 32 * kIssuerWarps;
     static constexpr int kSteps = kBK / 32;
     static constexpr int kActBytes = kBA * kBK;
-    /* The weights of a k-tile: packed, 2 bits a weight, or (W8) the int8
-     * fragment copy, a byte a weight. */
-    static constexpr int kWeightBytes = W8 ? kBW * kBK : kBW * kBK / 4;
-    static constexpr int kStageBytes = kActBytes + kWeightBytes;
+    static constexpr int kPackedBytes = kBW * kBK / 4; /* 2 bits per weight */
+    static constexpr int kStageBytes = kActBytes + kPackedBytes;
     /* Two consumer warpgroups of one slice: each consumer warp's epilogue
      * staging area (store_warp_staged) after the stages. (With three, the
      * staged epilogue measured slower than store_group: H200, M = 512,
@@ -285,8 +227,7 @@ template <int STAGES, int CW = 2, int MI = 1, int BA = 128, bool W8 = false> str
     static constexpr int kDepth = MI == 1 && BA == 64 ? 2 : 1;
     static_assert((CW == 2 && MI == 1) || (CW == 3 && MI == 1) || (CW == 2 && MI == 2),
                   "two or three consumer warpgroups of one slice, or two of two");
-    static_assert(kWeightBytes == kBW / kTileRows * (W8 ? 1024 : 256),
-                  "layout tiles x 256 bytes (packed) or 1024 (int8) per k-tile");
+    static_assert(kPackedBytes == kBW / kTileRows * 256, "layout tiles x 256 bytes per k-tile");
     static_assert(kStageBytes % 1024 == 0 && kActBytes % 1024 == 0, "swizzle alignment");
     static_assert(kSmemBytes <= 227 * 1024, "fits one block's shared memory");
     static_assert(BA == 128 || BA == 64, "wgmma_rs's widths");

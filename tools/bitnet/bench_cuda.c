@@ -164,7 +164,6 @@ static double time_calls(launch_fn fn, void *ctx, cudaStream_t s, int launches, 
 
 typedef struct w2a8_side {
     void **copies;
-    void **copies8; /* their int8 fragment copies (the wgmma8 kernels), or NULL */
     int n_copies;
     bn_w2a8_cuda_args args;
     int split;
@@ -178,7 +177,6 @@ static bool launch_w2a8(void *p, int i, cudaStream_t s)
     w2a8_side *w = p;
     bn_w2a8_cuda_args a = w->args;
     a.weights = w->copies[i % w->n_copies];
-    a.weights8 = w->copies8 ? w->copies8[i % w->n_copies] : NULL;
     a.pdl = w->pdl;
     cudaError_t rc;
     if (a.m == 1 && w->decode)
@@ -297,23 +295,6 @@ static void free_copies(void **list, int n)
     free(list);
 }
 
-/* The int8 fragment copy of each of the n packed copies (NULL where one
- * cannot be made: the wgmma8 kernels then report they cannot run). */
-static void **expand_copies(void **packed, int n, const bn_cuda_layout *l)
-{
-    const size_t bytes = bn_w2a8_cuda_w8_bytes(l->tiles, l->groups);
-    void **list = calloc((size_t)n, sizeof *list);
-    for (int i = 0; list && i < n; i++) {
-        if (cudaMalloc(&list[i], bytes) != cudaSuccess ||
-            bn_w2a8_cuda_w8_expand(packed[i], l->tiles, l->groups, list[i], 0) != cudaSuccess) {
-            cudaGetLastError();
-            free_copies(list, i + 1);
-            return NULL;
-        }
-    }
-    return list;
-}
-
 static int copies_for(size_t bytes, double rotate_bytes)
 {
     int n = (int)(rotate_bytes / (double)bytes) + 1;
@@ -357,14 +338,8 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
                                &c.copies);
     free(packed);
     free(bf16);
-    const bool want8 = bn_w2a8_cuda_gemm_wgmma_usable() &&
-                       (o->kernel == -2 || bn_w2a8_cuda_kernel_w8((bn_w2a8_kernel)o->kernel));
-    if (want8 && w.n_copies > 0)
-        w.copies8 = expand_copies(w.copies, w.n_copies, &l);
     if (w.n_copies < 1 || c.n_copies < 1) {
         free_copies(w.copies, w.n_copies);
-        if (w.copies8)
-            free_copies(w.copies8, w.n_copies);
         free_copies(c.copies, c.n_copies);
         printf("| %lldx%lld | - | - | out of GPU memory | | | | | | |\n", (long long)n,
                (long long)k);
@@ -543,8 +518,6 @@ static bool bench_shape(const cuda_bench_opts *o, int64_t n, int64_t k, int sm_c
         cudaFree(d_yb);
     }
     free_copies(w.copies, w.n_copies);
-    if (w.copies8)
-        free_copies(w.copies8, w.n_copies);
     free_copies(c.copies, c.n_copies);
     return true;
 }
