@@ -11,6 +11,7 @@
  *     nothing);
  *   - head widths 16, 64 and 128 (the 2B-4T heads: 20 q, 5 kv), rope over
  *     the whole head or none, fp32, fp16 and e4m3 caches, 2 to 64 rows;
+ *   - every second shape launched with programmatic dependent launch;
  *   - and where it declines without launching: head widths not a multiple
  *     of 16, a rotation over part of the head, more rows than the mma-rows
  *     kernel takes.
@@ -31,6 +32,7 @@
 #include "w2a8_cuda.h"
 
 static int sm_count;
+static bool pdl_usable; /* programmatic dependent launch here (compute capability 9.0) */
 
 typedef struct shape {
     int n_heads, n_kv, head_dim, rope_dim;
@@ -165,25 +167,30 @@ static void check_qkv(const shape *sh)
         CUDA_OK(bn_cb_rope_table(&freqs, table_len, d_table, 0));
     }
 
-    const bn_w2a8_cuda_args a = {.weights = d_w,
-                                 .n = n,
-                                 .tiles = l.tiles,
-                                 .groups = l.groups,
-                                 .weight_scale = 1.0f,
-                                 .x = d_x,
-                                 .m = m,
-                                 .ldx = l.k_padded,
-                                 .act_scale = d_scale,
-                                 .act_sum = d_sum,
-                                 .y = d_raw,
-                                 .ldy = n,
-                                 .sm_count = sm_count};
+    bn_w2a8_cuda_args a = {.weights = d_w,
+                           .n = n,
+                           .tiles = l.tiles,
+                           .groups = l.groups,
+                           .weight_scale = 1.0f,
+                           .x = d_x,
+                           .m = m,
+                           .ldx = l.k_padded,
+                           .act_scale = d_scale,
+                           .act_sum = d_sum,
+                           .y = d_raw,
+                           .ldy = n,
+                           .sm_count = sm_count};
     const bn_w2a8_qkv_out o = {sh->n_heads, sh->n_kv,        hd,      sh->rope_dim, scales[0],
                                scales[1],   scales[2],       d_table, table_len,    d_pos,
                                d_slot,      d_q + m * q_dim, q_dim,   d_cache[2],   d_cache[3],
                                capacity,    sh->kv};
-    /* The fused kernel writes its own q and caches: it may run first. */
+    /* The fused kernel writes its own q and caches: it may run first,
+     * every second shape launched with programmatic dependent launch (its
+     * weights loaded before its wait) where the device has it. */
+    static int turn;
+    a.pdl = pdl_usable && turn++ % 2 == 1;
     const cudaError_t rc = bn_w2a8_cuda_gemm_qkv(&a, &o, 0);
+    a.pdl = 0;
     CHECK_MSG(rc == cudaSuccess || rc == cudaErrorNotSupported, "bn_w2a8_cuda_gemm_qkv: %s",
               cudaGetErrorString(rc));
     const bool fits = rc == cudaSuccess;
@@ -258,6 +265,7 @@ int main(void)
 {
     const struct cudaDeviceProp prop = test_require_cuda(8, "the mma-rows GEMM");
     sm_count = prop.multiProcessorCount;
+    pdl_usable = prop.major >= 9 && bn_w2a8_cuda_gemv_pdl_compiled();
     static const shape shapes[] = {
         /* the 2B-4T heads at the batched pass's row counts */
         {20, 5, 128, 128, 2560, 64, 1},

@@ -241,17 +241,18 @@ static void check_problem(int64_t n, int64_t k, int64_t m)
                   (long long)diff, (long long)(m * n), (long long)first,
                   first >= 0 ? y[first] : 0.0, first >= 0 ? ref[first] : 0.0);
     }
-    /* The wgmma GEMMs launched with programmatic dependent launch right
-     * after the kernel that writes their activations (the quantization,
-     * over poisoned codes, scales and sums): their weight copies may start
-     * early, everything else must wait for it. */
-    if (wgmma_usable) {
+    /* The wgmma and mma-rows GEMMs launched with programmatic dependent
+     * launch right after the kernel that writes their activations (the
+     * quantization, over poisoned codes, scales and sums): their weight
+     * loads may start early, everything else must wait for it. */
+    if (pdl_usable) {
         float *d_xf;
         CUDA_OK(cudaMalloc((void **)&d_xf, sizeof(float) * (size_t)(m * k)));
         CUDA_OK(cudaMemcpy(d_xf, x, sizeof(float) * (size_t)(m * k), cudaMemcpyHostToDevice));
         a.streamk = d_streamk;
         for (int v = 0; v < BN_W2A8_KERNELS; v++) {
-            if (!bn_w2a8_cuda_kernel_wgmma((bn_w2a8_kernel)v))
+            const bool mma_rows = v == BN_W2A8_MMA_ROWS_X2 || v == BN_W2A8_MMA_ROWS_X4;
+            if (!(mma_rows || (wgmma_usable && bn_w2a8_cuda_kernel_wgmma((bn_w2a8_kernel)v))))
                 continue;
             CUDA_OK(cudaMemset(d_x, 0x55, (size_t)(m * l.k_padded)));
             CUDA_OK(cudaMemset(d_scale, 0x55, sizeof(float) * (size_t)m));

@@ -43,11 +43,12 @@ typedef struct bn_w2a8_cuda_args {
     int32_t *streamk;         /* bn_w2a8_cuda_gemm_streamk_bytes(sm_count),
                                  zeroed once at allocation (every call
                                  leaves it so); NULL: no stream-K GEMM     */
-    int pdl;                  /* non-zero: the wgmma GEMMs are launched with
-                                 programmatic stream serialization, their
-                                 first weight copies issued before waiting
-                                 for the kernel before (pdl.cuh); the other
-                                 GEMMs ignore it                           */
+    int pdl;                  /* non-zero: the wgmma and mma-rows GEMMs are
+                                 launched with programmatic stream
+                                 serialization, their first weight loads
+                                 issued before waiting for the kernel
+                                 before (pdl.cuh); the other GEMMs ignore
+                                 it                                        */
     int relu2_pair;           /* bn_w2a8_cuda_gemv_pdl only (M = 1): the
                                  matrix is [gate; up], f rows each with f a
                                  multiple of 8 (n = 2 f); y receives the f

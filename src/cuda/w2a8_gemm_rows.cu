@@ -19,6 +19,7 @@
 
 #include "cuda_layout.h"
 #include "kv_store.cuh"
+#include "pdl.cuh"
 #include "rope.cuh"
 #include "w2a8_epilogue.cuh"
 #include "w2a8_gemv.cuh"
@@ -358,7 +359,28 @@ __global__ void __launch_bounds__(32 * WARPS * COLS)
         for (int e = 0; e < 4; e++)
             acc[t][e] = 0;
 
+    /* Launched with programmatic dependent launch (a->pdl), the kernel
+     * before may still run: the warp's first chunk-group is loaded and the
+     * rest of its weights asked of L2 before the wait, the activations,
+     * scales and sums read after it. (Without PDL the wait returns at
+     * once.) */
     int64_t g = split;
+    uint32_t first[TW][4];
+#pragma unroll
+    for (int t = 0; t < TW; t++)
+        mma_rows_load_b(first[t], words + (t * tstep * groups + g) * (kBlockBytes / 4),
+                        live[t] && g < groups);
+    for (int64_t r = g + WARPS; r < groups; r += WARPS)
+#pragma unroll
+        for (int t = 0; t < TW; t++)
+            if (live[t]) /* lanes of tig u: the chunk-group's 128-byte quarter u */
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(
+                    words + (t * tstep * groups + r) * (kBlockBytes / 4) + 32 * tig));
+    pdl_wait();
+    if (g < groups) {
+        mma_rows_group<TW>(acc, first, xlo, xhi, g * kGroup);
+        g += WARPS;
+    }
     for (; g + (kBatch - 1) * WARPS < groups; g += kBatch * WARPS) {
         uint32_t b[kBatch][TW][4];
 #pragma unroll
@@ -522,10 +544,13 @@ static cudaError_t launch_mma_rows_t(const bn_w2a8_cuda_args *a, const MmaRowsGr
     const int64_t blocks = mma_rows_blocks<WARPS>(g);
     if (blocks > 0x7fffffff)
         return cudaErrorInvalidConfiguration;
-    mma_rows_kernel<WARPS, COLS, TW, kQkv><<<(unsigned)blocks, 32 * WARPS * COLS, 0, stream>>>(
-        reinterpret_cast<const uint4 *>(a->weights), a->x, a->ldx, a->m, a->n, a->groups,
-        a->tiles, g.row_blocks, a->act_scale, a->act_sum, a->weight_scale, a->y, a->ldy, qkv);
-    return cudaGetLastError();
+    auto kernel = mma_rows_kernel<WARPS, COLS, TW, kQkv>;
+    /* PDL only where the kernel was built with its wait (sm_90 code). */
+    static const bool pdl_ok = pdl_compiled(kernel);
+    return pdl_launch(kernel, dim3((unsigned)blocks), dim3(32 * WARPS * COLS), 0, stream,
+                      a->pdl && pdl_ok, reinterpret_cast<const uint4 *>(a->weights), a->x, a->ldx,
+                      a->m, a->n, a->groups, a->tiles, g.row_blocks, a->act_scale, a->act_sum,
+                      a->weight_scale, a->y, a->ldy, qkv);
 }
 
 /* BN_W2A8_MMA_ROWS_X2 (TW = 2) and X4 (TW = 4), or (kQkv, TW = 2) with
