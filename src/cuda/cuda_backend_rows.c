@@ -150,6 +150,26 @@ static size_t head_elem(int form)
  * rows and factors bn_cb_rows_head_in writes beside them). */
 static bool picks(const bn_cuda_backend *b) { return b->rows_pick && b->blas; }
 
+/* d_rlogits (vocab x cols, column-major) = the head times `cols` columns of
+ * d_hin, ldb values apart, in cuBLAS: the [vocab][dim] head read as dim x
+ * vocab and transposed, sums in fp32. */
+static bn_status head_gemm(bn_cuda_backend *b, cudaDataType type, int64_t cols, int64_t ldb,
+                           bn_error *err)
+{
+    const int64_t dim = b->hp.dim, vocab = b->hp.vocab;
+    const float one = 1.0f, zero = 0.0f;
+    const cublasStatus_t rc = b->blas_api->gemm_ex(
+        (cublasHandle_t)b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)vocab, (int)cols, (int)dim, &one,
+        b->d_head, type, (int)dim, b->d_hin, type, (int)ldb, &zero, b->d_rlogits, CUDA_R_32F,
+        (int)vocab, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (rc != CUBLAS_STATUS_SUCCESS)
+        return bn_error_set(err, BN_ERR_GPU, NULL,
+                            "cuda forward_rows: cuBLAS GEMM of the LM head failed (status %d)",
+                            (int)rc);
+    b->ran |= 1u << K_HEAD_ROWS;
+    return BN_OK;
+}
+
 /* Logits of the n rows in the head's input buffer into d_rlogits. */
 static bn_status head_logits(bn_cuda_backend *b, int64_t n, bn_error *err)
 {
@@ -167,24 +187,16 @@ static bn_status head_logits(bn_cuda_backend *b, int64_t n, bn_error *err)
                               : form == BN_CB_ROWS_HEAD_BF16 ? CUDA_R_16BF
                                                              : CUDA_R_32F;
     const int parts = bn_cb_rows_head_parts(form);
-    const float one = 1.0f, zero = 0.0f;
-    /* Column-major: logits (vocab x n parts) = head^T (the [vocab][dim]
-     * rows read as dim x vocab, transposed) times the input (dim x n parts,
-     * a row's parts side by side), then each row's parts added. */
-    const cublasStatus_t rc = b->blas_api->gemm_ex(
-        (cublasHandle_t)b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)vocab, (int)(n * parts), (int)dim,
-        &one, b->d_head, type, (int)dim, b->d_hin, type, (int)dim, &zero, b->d_rlogits,
-        CUDA_R_32F, (int)vocab, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (rc != CUBLAS_STATUS_SUCCESS)
-        return bn_error_set(err, BN_ERR_GPU, NULL,
-                            "cuda forward_rows: cuBLAS GEMM of the LM head failed (status %d)",
-                            (int)rc);
+    /* Every part of every row (a row's parts side by side), then each
+     * row's parts added. */
+    bn_status st = head_gemm(b, type, n * parts, dim, err);
+    if (st != BN_OK)
+        return st;
     int launches = 1;
     if (form != BN_CB_ROWS_HEAD_F32) {
         BN_CUDA_TRY(err, bn_cb_rows_combine(b->d_rlogits, vocab, n, parts, b->d_hscale, b->cs));
         launches++;
     }
-    b->ran |= 1u << K_HEAD_ROWS;
     return cb_mark(b, BN_CUDA_STAGE_LM_HEAD, launches, err);
 }
 
@@ -196,19 +208,10 @@ static bn_status head_pick(bn_cuda_backend *b, int64_t n, bn_error *err)
     const int64_t dim = b->hp.dim, vocab = b->hp.vocab;
     const cudaDataType type = b->rows_form == BN_CB_ROWS_HEAD_F16 ? CUDA_R_16F : CUDA_R_16BF;
     const int parts = bn_cb_rows_head_parts(b->rows_form);
-    const float one = 1.0f, zero = 0.0f;
-    /* As head_logits, over every row's part 0 alone (columns parts * dim
-     * apart). */
-    const cublasStatus_t rc = b->blas_api->gemm_ex(
-        (cublasHandle_t)b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)vocab, (int)n, (int)dim, &one,
-        b->d_head, type, (int)dim, b->d_hin, type, (int)(parts * dim), &zero, b->d_rlogits,
-        CUDA_R_32F, (int)vocab, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (rc != CUBLAS_STATUS_SUCCESS)
-        return bn_error_set(err, BN_ERR_GPU, NULL,
-                            "cuda forward_rows: cuBLAS GEMM of the LM head failed (status %d)",
-                            (int)rc);
-    b->ran |= 1u << K_HEAD_ROWS;
-    bn_status st = cb_mark(b, BN_CUDA_STAGE_LM_HEAD, 1, err);
+    /* Every row's part 0 alone (columns parts * dim apart). */
+    bn_status st = head_gemm(b, type, n, parts * dim, err);
+    if (st == BN_OK)
+        st = cb_mark(b, BN_CUDA_STAGE_LM_HEAD, 1, err);
     if (st != BN_OK)
         return st;
     BN_CUDA_TRY(err, bn_cb_rows_pick(b->d_head, b->head_type, vocab, dim, b->d_rlogits, b->d_hscale,
