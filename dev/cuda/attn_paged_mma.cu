@@ -27,6 +27,12 @@
  *     4 x 4 bytes in registers (timed here through bn_cb_attn_paged).
  * Offsets of a tile's rows come from table entries loaded a tile ahead;
  * copies use cp.async's ignore-src for rows past the range.
+ *
+ * `e4m3 warps` (attn_paged_warps) drops the block's step: every warp its
+ * own 16-key sub-tiles and softmax, merged at the end. H200, 577
+ * positions, us a layer against the shipped kernel's ranges (2026-12-02):
+ * 64 rows 15.7 (4 warps x 3 stages, one range a row) against 17.3, 128
+ * 35.1 (8 x 2) against 30.8, 256 58.5 (4 x 3) against 57.6; not shipped.
 
  *   make -C dev/cuda attn_paged_mma BUILD=<configured build> && dev/cuda/attn_paged_mma [len]
  */
@@ -242,6 +248,51 @@ template <int HD, int SWZ> struct TileCopy {
     }
 };
 
+/* The range of positions block (row, kv head, split) takes: [begin, end)
+ * of its row and the row's table; false where the row leaves the split
+ * unused. */
+struct LabRange {
+    int row, begin, end;
+    const int32_t *table;
+};
+
+__device__ __forceinline__ bool lab_range(const int32_t *row_seq, const int32_t *row_pos,
+                                          const int32_t *tables, int max_blocks, int split_len,
+                                          LabRange &r)
+{
+    r.row = blockIdx.x;
+    const int pos = row_pos[r.row], split = blockIdx.z;
+    int span;
+    if (split >= row_splits_len(pos, (int)gridDim.z, split_len, &span))
+        return false;
+    r.table = tables + (int64_t)row_seq[r.row] * max_blocks;
+    r.begin = split * span;
+    r.end = min(r.begin + span, pos + 1);
+    return true;
+}
+
+/* q of head gid (lane / 4) as fp16 fragments (zeros past the group), scaled
+ * by scale log2(e) so that the scores come out in base 2: k16 step s takes
+ * dims 16 s + 4 tig + {0, 1} and + {2, 3}. */
+template <int HD>
+__device__ __forceinline__ void lab_q_fragments(uint32_t (&qf)[HD / 16][2], const float *q,
+                                                int64_t ldq, int row, int kvh, int group,
+                                                float scale)
+{
+    const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    const float scale2 = scale * 1.4426950408889634f;
+    const bool live = gid < group;
+    const float *qr =
+        q + (int64_t)row * ldq + (int64_t)(kvh * group + (live ? gid : 0)) * HD + 4 * tig;
+#pragma unroll
+    for (int s = 0; s < HD / 16; s++) {
+        const float4 v =
+            live ? *reinterpret_cast<const float4 *>(qr + 16 * s) : make_float4(0.f, 0.f, 0.f, 0.f);
+        qf[s][0] = pack_half2(v.x * scale2, v.y * scale2);
+        qf[s][1] = pack_half2(v.z * scale2, v.w * scale2);
+    }
+}
+
 template <int HD, int FMT, int SWZ>
 __global__ void __launch_bounds__(kWarps * 32)
     attn_paged_fp8(int n_heads, int n_kv, const float *__restrict__ q, int64_t ldq,
@@ -259,37 +310,21 @@ __global__ void __launch_bounds__(kWarps * 32)
     int64_t *kofs = reinterpret_cast<int64_t *>(sc + kMaxGroup * kScoreStride); /* [2][64] */
     int64_t *vofs = kofs + 2 * kChunk;                                           /* [2][4]  */
     const int group = n_heads / n_kv;
-    const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    const int kvh = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
-    const int pos = row_pos[row];
-    int span;
-    if (split >= row_splits_len(pos, (int)gridDim.z, split_len, &span))
+    LabRange range;
+    if (!lab_range(row_seq, row_pos, tables, max_blocks, split_len, range))
         return;
-    const int32_t *table = tables + (int64_t)row_seq[row] * max_blocks;
-    const int begin = split * span, end = min(begin + span, pos + 1);
+    const int row = range.row, begin = range.begin, end = range.end;
+    const int32_t *table = range.table;
 
     tile_offsets<HD>(kofs, vofs, table_ahead(table, bs_log2, begin, end), bs_log2, begin, n_kv,
                      kvh);
     int ahead = table_ahead(table, bs_log2, begin + kChunk, end);
 
-    /* q of head gid as B fragments (zeros past the group), scaled by
-     * scale log2(e) so that the scores come out in base 2: k16 step s takes
-     * dims 16 s + 4 tig + {0, 1} and + {2, 3}. */
-    const float scale2 = scale * 1.4426950408889634f;
-    uint32_t qb[HD / 16][2];
-    {
-        const bool live = gid < group;
-        const float *qr =
-            q + (int64_t)row * ldq + (int64_t)(kvh * group + (live ? gid : 0)) * HD + 4 * tig;
-#pragma unroll
-        for (int s = 0; s < HD / 16; s++) {
-            const float4 v = live ? *reinterpret_cast<const float4 *>(qr + 16 * s)
-                                  : make_float4(0.f, 0.f, 0.f, 0.f);
-            qb[s][0] = pack_half2(v.x * scale2, v.y * scale2);
-            qb[s][1] = pack_half2(v.z * scale2, v.w * scale2);
-        }
-    }
+    uint32_t qb[HD / 16][2]; /* as B fragments */
+    lab_q_fragments<HD>(qb, q, ldq, row, kvh, group, scale);
     __syncthreads();
     const TileCopy<HD, SWZ> copy(bs_log2);
     const uint32_t tiles_s = (uint32_t)__cvta_generic_to_shared(tiles);
@@ -431,6 +466,212 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (warp == 0 && tig == 0 && gid < group) {
         share(gid)[HD] = m * 0.6931471805599453f; /* the merge's natural units */
         share(gid)[HD + 1] = l;
+    }
+}
+
+/* ---- warps on their own: a warp a 16-key sub-tile at a time ---------------
+ *
+ * The forms above move a block of four warps through 64-key tiles in step:
+ * copies, a barrier, scores, a barrier, softmax, P V. Here every warp of a
+ * (row, kv head, split) block takes its own 16-key sub-tiles (w, w + W, ...
+ * of the range) through S stages of its own cp.async copies and runs its
+ * own online softmax; no block barrier until the warps' results are merged
+ * through shared memory at the end. Head dim 128, groups of up to 8 q
+ * heads, V as the cache's rows (the shipped layout).
+ *
+ *   scores (16 heads x 8 keys, twice) = q K^T  q as A (rows gid + 8 the
+ *       padding heads: zero), K^T fragments by ldmatrix on the key rows, in
+ *       the k order the byte pairs give (as the shipped kernel's);
+ *   lane (gid, tig) then holds head gid's keys 2 tig, 2 tig + 1 and 8 + 2
+ *       tig, 9 + 2 tig: exactly P^T's B fragment for the P V product;
+ *   out^T (dims x heads) += V^T P^T   A from four words a lane (keys 2 tig,
+ *       2 tig + 1, 2 tig + 8, 2 tig + 9, four dims each) transposed in
+ *       registers: m-tile (G, j) row gid is dim 32 G + 4 gid + 2 j, row
+ *       gid + 8 the dim after it. */
+constexpr int kSub = 16; /* keys a sub-tile */
+
+template <int W, int S, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB)
+    attn_paged_warps(int n_heads, int n_kv, const float *__restrict__ q, int64_t ldq,
+                     const int32_t *__restrict__ row_seq, const int32_t *__restrict__ row_pos,
+                     const int32_t *__restrict__ tables, int max_blocks, int bs_log2,
+                     const uint8_t *__restrict__ kc, const uint8_t *__restrict__ vc, float scale,
+                     int split_len, float *__restrict__ out, int64_t ldo, float *__restrict__ part)
+{
+    constexpr int HD = 128, STAGE = 2 * kSub * HD; /* K then V rows of a sub-tile */
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int group = n_heads / n_kv;
+    const int kvh = blockIdx.y, split = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    LabRange range;
+    if (!lab_range(row_seq, row_pos, tables, max_blocks, split_len, range))
+        return;
+    const int row = range.row, begin = range.begin, end = range.end;
+    const int32_t *table = range.table;
+    const int64_t kv_dim = (int64_t)n_kv * HD, head_off = (int64_t)kvh * HD;
+    const int mask = (1 << bs_log2) - 1;
+
+    uint32_t qa[HD / 16][2]; /* as A fragments (rows gid + 8: zeros) */
+    lab_q_fragments<HD>(qa, q, ldq, row, kvh, group, scale);
+
+    uint8_t *mine = smem_raw + (size_t)warp * S * STAGE;
+    const uint32_t mine_s = (uint32_t)__cvta_generic_to_shared(mine);
+    const int nsub = (end - begin + kSub - 1) / kSub;
+    /* Sub-tile i of this warp: keys begin + 16 (warp + W i) ..; its cache
+     * block's table entry (a sub-tile lies in one block: 16 | bs). */
+    auto key0 = [&](int i) { return begin + kSub * (warp + W * i); };
+    auto entry = [&](int i) {
+        const int t = key0(i);
+        return warp + W * i < nsub ? table[t >> bs_log2] : -1;
+    };
+    /* Lane L copies chunk L & 7 of rows L / 8 + 4 k of K and of V. */
+    const int cr = lane >> 3, cc = lane & 7;
+    auto issue = [&](int i, int blk) {
+        if (warp + W * i < nsub) {
+            const int t = key0(i);
+            const uint32_t st = mine_s + (uint32_t)((i % S) * STAGE);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int r = cr + 4 * k;
+                const bool none = blk < 0 || t + r >= end;
+                const int64_t o =
+                    (((int64_t)blk << bs_log2) + ((t + r) & mask)) * kv_dim + head_off + 16 * cc;
+                cp_async16_or_zero(st + r * HD + 16 * (cc ^ (r & 7)), kc + (none ? 0 : o), none);
+                cp_async16_or_zero(st + kSub * HD + r * HD + 16 * (cc ^ (2 * ((r >> 1) & 3))),
+                                   vc + (none ? 0 : o), none);
+            }
+        }
+        cp_async_commit();
+    };
+
+    int ahead = entry(0);
+#pragma unroll
+    for (int i = 0; i < S - 1; i++) {
+        const int e = ahead;
+        ahead = entry(i + 1);
+        issue(i, e);
+    }
+    float m = -INFINITY, l = 0.0f; /* head gid's running maximum (base 2) and weight */
+    float o[8][4] = {};            /* m-tile 2 G + j: dims 32 G + 4 gid + 2 j (+ 1) x heads */
+    for (int i = 0; warp + W * i < nsub; i++) {
+        {
+            const int e = ahead;
+            ahead = entry(i + S);
+            issue(i + S - 1, e);
+        }
+        cp_async_wait<S - 1>();
+        __syncwarp();
+        const uint8_t *kt = mine + (i % S) * STAGE, *vt = kt + kSub * HD;
+        const int t0 = key0(i);
+
+        float sa[4] = {0.f, 0.f, 0.f, 0.f}, sb[4] = {0.f, 0.f, 0.f, 0.f}; /* keys 0-7, 8-15 */
+#pragma unroll
+        for (int u = 0; u < HD / 32; u++) {
+            uint32_t r[4];
+            const int key = (lane & 7) + 8 * ((lane >> 3) & 1), c = 2 * u + (lane >> 4);
+            ldmatrix_x4(r, kt + key * HD + 16 * (c ^ (key & 7)));
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t b0, b1, b2, b3;
+                widen2<E4M3>(r[2 * h], b0, b1);     /* keys 0-7, step 2 u + h */
+                widen2<E4M3>(r[2 * h + 1], b2, b3); /* keys 8-15 */
+                const uint32_t a[4] = {qa[2 * u + h][0], 0u, qa[2 * u + h][1], 0u};
+                mma16816(sa, a, b0, b1);
+                mma16816(sb, a, b2, b3);
+            }
+        }
+        float p[4] = {sa[0], sa[1], sb[0], sb[1]}; /* keys 2 tig, + 1, 8 + 2 tig, + 1 */
+        if (t0 + kSub > end) {
+            p[0] = t0 + 2 * tig < end ? p[0] : -INFINITY;
+            p[1] = t0 + 2 * tig + 1 < end ? p[1] : -INFINITY;
+            p[2] = t0 + 8 + 2 * tig < end ? p[2] : -INFINITY;
+            p[3] = t0 + 9 + 2 * tig < end ? p[3] : -INFINITY;
+        }
+        float mx = fmaxf(fmaxf(p[0], p[1]), fmaxf(p[2], p[3]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m, mx); /* finite: key t0 is in the range */
+        const float corr = exp2_fast(m - m_new);
+        float sum = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            p[e] = exp2_fast(p[e] - m_new);
+            sum += p[e];
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        l = fmaf(l, corr, sum);
+        m = m_new;
+        const uint32_t pb0 = pack_half2(p[0], p[1]), pb1 = pack_half2(p[2], p[3]);
+        const float ca = __shfl_sync(0xffffffffu, corr, 8 * tig);
+        const float cb = __shfl_sync(0xffffffffu, corr, 8 * tig + 4);
+#pragma unroll
+        for (int g = 0; g < HD / 32; g++) {
+            uint32_t x[4], y[4];
+            const int c = 2 * g + (gid >> 2);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = 2 * tig + (e & 1) + 8 * (e >> 1);
+                x[e] = *reinterpret_cast<const uint32_t *>(vt + key * HD + 16 * (c ^ (2 * tig)) +
+                                                           4 * (gid & 3));
+            }
+            /* y[k]: dim 32 g + 4 gid + k of keys 2 tig, 2 tig + 1, 8 + 2 tig, 9 + 2 tig */
+            const uint32_t a0 = __byte_perm(x[0], x[1], 0x5140),
+                           b0 = __byte_perm(x[0], x[1], 0x7362);
+            const uint32_t c0 = __byte_perm(x[2], x[3], 0x5140),
+                           d0 = __byte_perm(x[2], x[3], 0x7362);
+            y[0] = __byte_perm(a0, c0, 0x5410), y[1] = __byte_perm(a0, c0, 0x7632);
+            y[2] = __byte_perm(b0, d0, 0x5410), y[3] = __byte_perm(b0, d0, 0x7632);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                float(&acc)[4] = o[2 * g + j];
+                acc[0] *= ca, acc[1] *= cb, acc[2] *= ca, acc[3] *= cb;
+                uint32_t a[4];
+                widen2<E4M3>(y[2 * j], a[0], a[2]);
+                widen2<E4M3>(y[2 * j + 1], a[1], a[3]);
+                mma16816(acc, a, pb0, pb1);
+            }
+        }
+        __syncwarp(); /* every lane done with the stage before it is refilled */
+    }
+    cp_async_wait<0>();
+    __syncthreads(); /* the stages are free: the warps' results go there */
+
+    float *mw = reinterpret_cast<float *>(smem_raw); /* [W][8] maxima, [W][8] weights */
+    float *lw = mw + W * 8;
+    float *ow = lw + W * 8; /* [W][8 heads][HD] */
+    if (tig == 0)
+        mw[warp * 8 + gid] = m, lw[warp * 8 + gid] = l;
+#pragma unroll
+    for (int mt = 0; mt < 8; mt++) {
+        const int d = 32 * (mt >> 1) + 4 * gid + 2 * (mt & 1);
+        float *oa = ow + (warp * 8 + 2 * tig) * HD, *ob = oa + HD;
+        oa[d] = o[mt][0], ob[d] = o[mt][1], oa[d + 1] = o[mt][2], ob[d + 1] = o[mt][3];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < group * HD; idx += W * 32) {
+        const int h = idx / HD, d = idx % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < W; w++)
+            M = fmaxf(M, mw[w * 8 + h]);
+        float L = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            const float f = exp2_fast(mw[w * 8 + h] - M);
+            L = fmaf(lw[w * 8 + h], f, L);
+            acc = fmaf(ow[(w * 8 + h) * HD + d], f, acc);
+        }
+        if (gridDim.z == 1) {
+            out[(int64_t)row * ldo + (int64_t)(kvh * group + h) * HD + d] = acc / L;
+        } else {
+            float *share =
+                part + (((int64_t)row * n_heads + kvh * group + h) * gridDim.z + split) * (HD + 4);
+            share[d] = acc;
+            if (d == 0)
+                share[HD] = M * 0.6931471805599453f, share[HD + 1] = L;
+        }
     }
 }
 
@@ -623,7 +864,9 @@ void free_device(Device &d)
 struct Variant {
     const char *name;
     /* 0 shipped fp32, 1 shipped fp16, 2 fp8 e4m3 (V^T, padded tiles), 3 fp8
-     * e5m2, 4 e4m3 swizzled, 6 shipped e4m3 (V as the cache's rows) */
+     * e5m2, 4 e4m3 swizzled, 6 shipped e4m3 (V as the cache's rows), 7-9
+     * e4m3 warps on their own (4 warps x 2 stages, 4 x 3, 8 x 2, 4 x 2 at six
+     * blocks an SM) */
     int kind;
     int split_len;
 };
@@ -678,6 +921,29 @@ void launch_fp8(const Batch &b, const Device &d, int split_len, cudaStream_t st)
     }
 }
 
+template <int W, int S, int MINB = 1>
+void launch_warps(const Batch &b, const Device &d, int split_len, cudaStream_t st)
+{
+    const Shape &s = b.s;
+    const size_t smem = (size_t)W * S * 2 * kSub * 128;
+    CUDA_CHECK(cudaFuncSetAttribute(attn_paged_warps<W, S, MINB>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const int splits = lab_splits(b.n_rows, b.max_len, split_len);
+    const int64_t ld = (int64_t)s.n_heads * s.hd;
+    int bs_log2 = 0;
+    while ((1 << bs_log2) < s.bs)
+        bs_log2++;
+    attn_paged_warps<W, S, MINB><<<dim3(b.n_rows, s.n_kv, splits), W * 32, smem, st>>>(
+        s.n_heads, s.n_kv, d.q, ld, d.seq, d.pos, d.tables, b.max_blocks, bs_log2, d.k8, d.v8,
+        (float)(1.0 / sqrt(128.0)), split_len, d.out, ld, d.ws);
+    CUDA_CHECK(cudaGetLastError());
+    if (splits > 1) {
+        merge_len<<<dim3(b.n_rows, s.n_heads), 128, 0, st>>>(s.n_heads, 128, splits, split_len,
+                                                             d.pos, d.ws, d.out, ld);
+        CUDA_CHECK(cudaGetLastError());
+    }
+}
+
 void run(const Variant &v, const Batch &b, const Device &d, cudaStream_t st)
 {
     const Shape &s = b.s;
@@ -701,6 +967,13 @@ void run(const Variant &v, const Batch &b, const Device &d, cudaStream_t st)
         return;
     }
     const int split_len = v.split_len ? v.split_len : 128;
+    if (v.kind >= 7) {
+        v.kind == 7   ? launch_warps<4, 2>(b, d, split_len, st)
+        : v.kind == 8 ? launch_warps<4, 3>(b, d, split_len, st)
+        : v.kind == 9 ? launch_warps<8, 2>(b, d, split_len, st)
+                      : launch_warps<4, 2, 6>(b, d, split_len, st);
+        return;
+    }
     if (s.hd == 128)
         v.kind == 2   ? launch_fp8<128, E4M3, 0>(b, d, split_len, st)
         : v.kind == 3 ? launch_fp8<128, E5M2, 0>(b, d, split_len, st)
@@ -715,6 +988,8 @@ bool check(const Variant &v, const Shape &s, int n_rows, int min_len, int max_le
 {
     if (v.kind >= 2 && s.n_heads / s.n_kv > kMaxGroup)
         return true; /* the 8-bit kernel's groups: at most 8 q heads */
+    if (v.kind >= 7 && (s.hd != 128 || s.bs < kSub))
+        return true; /* the warps' kernel: head dim 128, blocks of 16 or more */
     Batch b = make_batch(s, n_rows, min_len, max_len, fmt_of(v));
     Device d = to_device(b, v.kind == 0);
     run(v, b, d, 0);
@@ -781,12 +1056,27 @@ void time_variant(const Variant &v, const Batch &b, const Device &d, double copy
 int main(int argc, char **argv)
 {
     const Variant variants[] = {
-        {"shipped fp32", 0, 0},     {"shipped fp16", 1, 0},     {"shipped fp16, 256", 1, 256},
-        {"fp8 e4m3, 128", 2, 128}, {"fp8 e4m3, 256", 2, 256}, {"fp8 e4m3, 512", 2, 512},
-        {"fp8 e5m2, 256", 3, 256}, {"e4m3 swizzled, 128", 4, 128},
-        {"e4m3 swizzled, 256", 4, 256}, {"e4m3 swizzled, 512", 4, 512},
-        {"shipped e4m3, 128", 6, 128}, {"shipped e4m3, 256", 6, 256},
+        {"shipped fp32", 0, 0},
+        {"shipped fp16", 1, 0},
+        {"shipped fp16, 256", 1, 256},
+        {"fp8 e4m3, 128", 2, 128},
+        {"fp8 e4m3, 256", 2, 256},
+        {"fp8 e4m3, 512", 2, 512},
+        {"fp8 e5m2, 256", 3, 256},
+        {"e4m3 swizzled, 128", 4, 128},
+        {"e4m3 swizzled, 256", 4, 256},
+        {"e4m3 swizzled, 512", 4, 512},
+        {"shipped e4m3, 128", 6, 128},
+        {"shipped e4m3, 256", 6, 256},
         {"shipped e4m3", 6, 0},
+        {"e4m3 warps 4x2, 320", 7, 320},
+        {"e4m3 warps 4x2, 640", 7, 640},
+        {"e4m3 warps 4x3, 320", 8, 320},
+        {"e4m3 warps 4x3, 640", 8, 640},
+        {"e4m3 warps 8x2, 320", 9, 320},
+        {"e4m3 warps 8x2, 640", 9, 640},
+        {"e4m3 warps 4x2/6, 320", 10, 320},
+        {"e4m3 warps 4x2/6, 640", 10, 640},
     };
     /* LAB_PROFILE=rows,len: each variant once on that batch, no checks
      * and no graphs (for ncu). */
