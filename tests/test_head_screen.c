@@ -4,8 +4,9 @@
  * test_kernels.c): on random models, the greedy token of forward_greedy
  * and forward_rows_greedy equals the host's greedy rule over forward()'s
  * full logits, at every step of a prompt and its continuation, one row at
- * a time and several. As test_head_screen_scalar (BITNET_KERNEL=scalar)
- * the same without the screen.
+ * a time and several; and the head over many rows of a pass gives each
+ * row its logits alone, bit for bit. As test_head_screen_scalar
+ * (BITNET_KERNEL=scalar) the same without the screen.
  */
 #include <math.h>
 #include <stdint.h>
@@ -108,10 +109,86 @@ static void test_backend(int round)
     bn_checkpoint_free(m);
 }
 
+/* The head over many rows at once (a pass's rows in blocks of eight, the
+ * greedy picks' groups) gives each row the logits it gets alone, bit for
+ * bit, and the greedy picks of every row are the host's rule over them. */
+static void test_rows_head(int round)
+{
+    bn_hparams hp;
+    memset(&hp, 0, sizeof hp);
+    hp.n_head_kv = 1;
+    hp.n_head = (int)test_rand_range(1, 2);
+    hp.head_dim = 2 * (int)test_rand_range(2, 13); /* rows of dim % 8 != 0 too */
+    hp.dim = hp.n_head * hp.head_dim;
+    hp.ffn = (int)test_rand_range(9, 60);
+    hp.vocab = (int)test_rand_range(40, 700);
+    hp.n_layer = 1;
+    hp.n_ctx_train = 8;
+    hp.rope_dim = hp.head_dim;
+    hp.rms_eps = 1e-5f;
+    hp.rope_theta = 10000.0f;
+    hp.tied_embeddings = test_rand_range(0, 1) != 0;
+    bn_checkpoint *m = NULL;
+    bn_error err;
+    CHECK(bn_checkpoint_create_random(&hp, test_rand_u64(), &m, &err) == BN_OK);
+    if (!m)
+        return;
+    enum { MAX_ROWS = 45 };
+    bn_cpu_backend *b = NULL;
+    CHECK(bn_cpu_backend_create_paged(m, 0, MAX_ROWS, (int)test_rand_range(1, 3), &b, &err) ==
+          BN_OK);
+    bn_sampler_params sp;
+    bn_sampler_params_default(&sp);
+    bn_sampler *greedy = NULL;
+    CHECK(bn_sampler_create(&sp, hp.vocab, &greedy, &err) == BN_OK);
+    /* R sequences of one token each, sequence s in block s. */
+    const int R = (int)test_rand_range(1, MAX_ROWS);
+    int32_t tok[MAX_ROWS], seq[MAX_ROWS], blocks[MAX_ROWS], table_len[MAX_ROWS];
+    int64_t pos[MAX_ROWS], logit_rows[MAX_ROWS];
+    const int32_t *tables[MAX_ROWS];
+    for (int s = 0; s < R; s++) {
+        tok[s] = (int32_t)test_rand_range(0, hp.vocab - 1);
+        seq[s] = s;
+        pos[s] = 0;
+        blocks[s] = s;
+        tables[s] = &blocks[s];
+        table_len[s] = 1;
+        logit_rows[s] = s;
+    }
+    const size_t row_bytes = (size_t)hp.vocab * sizeof(float);
+    float *all = malloc(R * row_bytes), *one = malloc(row_bytes);
+    int32_t picked[MAX_ROWS];
+    if (b && greedy && all && one) {
+        bn_batch_rows rows = {.tokens = tok, .pos = pos, .seq = seq, .n_rows = R,
+                              .tables = tables, .table_len = table_len, .block_size = 1,
+                              .logit_rows = logit_rows, .n_logits = R};
+        CHECK(bn_cpu_backend_forward_rows(b, &rows, all, &err) == BN_OK);
+        CHECK(bn_cpu_backend_forward_rows_greedy(b, &rows, picked, &err) == BN_OK);
+        int differ = 0, wrong = 0;
+        for (int s = 0; s < R; s++) {
+            rows.logit_rows = &logit_rows[s];
+            rows.n_logits = 1;
+            CHECK(bn_cpu_backend_forward_rows(b, &rows, one, &err) == BN_OK);
+            differ += memcmp(one, all + (size_t)s * hp.vocab, row_bytes) != 0;
+            wrong += picked[s] != bn_sampler_sample(greedy, all + (size_t)s * hp.vocab, NULL, 0);
+        }
+        CHECK_MSG(differ == 0, "round %d (%d rows, dim %d): %d rows' logits differ from alone",
+                  round, R, hp.dim, differ);
+        CHECK_MSG(wrong == 0, "round %d (%d rows): %d greedy picks differ", round, R, wrong);
+    }
+    free(all);
+    free(one);
+    bn_sampler_free(greedy);
+    bn_cpu_backend_free(b);
+    bn_checkpoint_free(m);
+}
+
 int main(void)
 {
     test_seed_init();
     for (int round = 0; round < 12; round++)
         test_backend(round);
+    for (int round = 0; round < 8; round++)
+        test_rows_head(round);
     TEST_EXIT();
 }

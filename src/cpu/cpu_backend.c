@@ -48,8 +48,10 @@
 /* Prefill chunk: large enough that each weight row is reused across many
  * tokens, small enough that scratch stays a few MB on the 2B shape. */
 #define CHUNK_ROWS 128
-/* Greedy rows of a batch whose logits the full head computes at once. */
-#define PICK_ROWS 8
+/* Greedy rows of a batch whose logits the full head computes at once: the
+ * head is read once for up to this many (~16 MiB of logits on the 2B-4T
+ * shape's vocabulary). */
+#define PICK_ROWS 32
 
 struct bn_cpu_backend {
     const bn_checkpoint *model;
@@ -139,23 +141,52 @@ static float dot_f32(const float *a, const float *b, int64_t n)
 }
 
 #if defined(__x86_64__)
-/* The same sum as dot_f32 (same lanes, same order, multiply then add) with
- * the F16 row converted on the fly; F16C conversion is exact. */
-__attribute__((target("avx,f16c"))) static float dot_f16_f32_f16c(const uint16_t *a,
-                                                                 const float *b, int64_t n)
+/* dot_f32's sum (same lanes, same order, multiply then add) of one F16 row
+ * a (F16C conversion is exact) with R rows of xs (n floats each), sum i
+ * into out[i * stride]. The row is converted once for all R, and the R
+ * sums are independent chains: one row at a time, each 8-lane step would
+ * wait for the add before it. */
+__attribute__((target("avx,f16c"), always_inline)) static inline void
+dots_f16_block(const uint16_t *a, const float *xs, int64_t n, float *out, int64_t stride,
+               const int R)
 {
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[8];
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 av = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i)));
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(av, _mm256_loadu_ps(b + i)));
+        const __m256 av = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i)));
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(av, _mm256_loadu_ps(xs + r * n + i)));
     }
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc);
-    for (int l = 0; i < n; i++, l++)
-        lanes[l] += bn_fp16_to_fp32(a[i]) * b[i];
-    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-           ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    for (int r = 0; r < R; r++) {
+        float lanes[8];
+        _mm256_storeu_ps(lanes, acc[r]);
+        for (int64_t j = i, l = 0; j < n; j++, l++)
+            lanes[l] += bn_fp16_to_fp32(a[j]) * xs[r * n + j];
+        out[r * stride] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                          ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    }
+}
+
+__attribute__((target("avx,f16c"))) static void dots_f16_f32_f16c(const uint16_t *a,
+                                                                  const float *xs, int64_t rows,
+                                                                  int64_t n, float *out,
+                                                                  int64_t stride)
+{
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8)
+        dots_f16_block(a, xs + r * n, n, out + r * stride, stride, 8);
+    if (rows - r >= 4) {
+        dots_f16_block(a, xs + r * n, n, out + r * stride, stride, 4);
+        r += 4;
+    }
+    if (rows - r >= 2) {
+        dots_f16_block(a, xs + r * n, n, out + r * stride, stride, 2);
+        r += 2;
+    }
+    if (rows - r == 1)
+        dots_f16_block(a, xs + r * n, n, out + r * stride, stride, 1);
 }
 #endif
 
@@ -962,8 +993,7 @@ static void head_row_logits(const bn_cpu_backend *b, int64_t r, const float *xs,
     const uint8_t *src = (const uint8_t *)head->data + (size_t)r * head->row_bytes;
 #if defined(__x86_64__)
     if (head->type == BN_QTYPE_F16 && b->f16c) {
-        for (int64_t i = 0; i < n; i++)
-            out[i * stride] = dot_f16_f32_f16c((const uint16_t *)src, xs + i * dim, dim);
+        dots_f16_f32_f16c((const uint16_t *)src, xs, n, dim, out, stride);
         return;
     }
 #endif
@@ -1023,6 +1053,7 @@ static bn_status build_screen(bn_cpu_backend *b, bn_error *err)
     b->pick_logits = malloc((size_t)(PICK_ROWS * vocab) * sizeof(float));
     if (!b->pick_logits)
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for greedy picks");
+    b->scratch_bytes += (uint64_t)(PICK_ROWS * vocab) * sizeof(float);
     bn_status st = bn_sampler_create(&greedy, (int32_t)vocab, &b->greedy, err);
     if (st != BN_OK || !bn_head_screen_has_vector_kernel() ||
         strcmp(b->kernels->name, "scalar") == 0)
