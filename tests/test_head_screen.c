@@ -18,8 +18,8 @@
 #include "sampler.h"
 #include "test_util.h"
 
-/* The backend's greedy picks against the host's greedy rule on full logits. */
-static void test_backend(int round)
+/* A random small shape (rows of dim % 8 != 0 among them) of n_ctx positions. */
+static bn_hparams random_shape(int n_ctx)
 {
     bn_hparams hp;
     memset(&hp, 0, sizeof hp);
@@ -30,11 +30,18 @@ static void test_backend(int round)
     hp.ffn = (int)test_rand_range(9, 120);
     hp.vocab = (int)test_rand_range(40, 3000);
     hp.n_layer = (int)test_rand_range(1, 2);
-    hp.n_ctx_train = 64;
+    hp.n_ctx_train = n_ctx;
     hp.rope_dim = hp.head_dim;
     hp.rms_eps = 1e-5f;
     hp.rope_theta = 10000.0f;
     hp.tied_embeddings = test_rand_range(0, 1) != 0;
+    return hp;
+}
+
+/* The backend's greedy picks against the host's greedy rule on full logits. */
+static void test_backend(int round)
+{
+    bn_hparams hp = random_shape(64);
     bn_checkpoint *m = NULL;
     bn_error err;
     CHECK(bn_checkpoint_create_random(&hp, test_rand_u64(), &m, &err) == BN_OK);
@@ -114,20 +121,7 @@ static void test_backend(int round)
  * bit, and the greedy picks of every row are the host's rule over them. */
 static void test_rows_head(int round)
 {
-    bn_hparams hp;
-    memset(&hp, 0, sizeof hp);
-    hp.n_head_kv = 1;
-    hp.n_head = (int)test_rand_range(1, 2);
-    hp.head_dim = 2 * (int)test_rand_range(2, 13); /* rows of dim % 8 != 0 too */
-    hp.dim = hp.n_head * hp.head_dim;
-    hp.ffn = (int)test_rand_range(9, 60);
-    hp.vocab = (int)test_rand_range(40, 700);
-    hp.n_layer = 1;
-    hp.n_ctx_train = 8;
-    hp.rope_dim = hp.head_dim;
-    hp.rms_eps = 1e-5f;
-    hp.rope_theta = 10000.0f;
-    hp.tied_embeddings = test_rand_range(0, 1) != 0;
+    bn_hparams hp = random_shape(8);
     bn_checkpoint *m = NULL;
     bn_error err;
     CHECK(bn_checkpoint_create_random(&hp, test_rand_u64(), &m, &err) == BN_OK);
