@@ -15,14 +15,6 @@
  *   - and where it declines without launching: head widths not a multiple
  *     of 16, a rotation over part of the head, more rows than the mma-rows
  *     kernel takes.
- * And the product that adds into the residual stream and codes the next
- * norm (bn_w2a8_cuda_gemm_norm) against the GEMM, then
- * bn_cb_add_norm_quantize: x bit for bit, the codes' whole rows (their
- * zero tail over a poisoned buffer, read and written in place as the
- * batched pass does), the code sums, the scales within an ulp (the double
- * sum of squares is added in another order); a row of zeros (the plain
- * rule), 2 to 64 rows, ragged k, the Wo and Wdown shapes of 2B-4T, and a
- * width it declines.
  *
  * Exits 77 without a usable GPU.
  */
@@ -269,159 +261,6 @@ static void check_qkv(const shape *sh)
     free(codes), free(packed), free(xq), free(act_scale), free(act_sum), free(pos), free(slot);
 }
 
-/* Bytes of n floats whose bits differ by more than one ulp (as integers). */
-static int64_t count_ulp_diff(const float *a, const float *b, int64_t n)
-{
-    int64_t diff = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int32_t x, y;
-        memcpy(&x, a + i, 4);
-        memcpy(&y, b + i, 4);
-        diff += llabs((long long)x - (long long)y) > 1;
-    }
-    return diff;
-}
-
-static void check_norm(int64_t n, int64_t k, int64_t m, bool want_fit)
-{
-    bn_cuda_layout l;
-    bn_cuda_layout_init(&l, n, k);
-    const int64_t ldq = (l.k_padded > n ? l.k_padded : n) + 256; /* a tail past both */
-    int8_t *codes = malloc((size_t)(n * k));
-    for (int64_t i = 0; i < n * k; i++)
-        codes[i] = (int8_t)test_rand_range(-1, 1);
-    uint8_t *packed = malloc(l.bytes);
-    bn_cuda_layout_pack(&l, codes, packed);
-    /* Input codes zero from k to k_padded, poison beyond; row `zero` all
-     * zeros, with a zero residual: its norm takes the plain rule. */
-    const int64_t zero = m / 2;
-    int8_t *xq = malloc((size_t)(m * ldq));
-    memset(xq, 0x5a, (size_t)(m * ldq));
-    float *act_scale = malloc(sizeof(float) * (size_t)m),
-          *x = malloc(sizeof(float) * (size_t)(m * n));
-    int32_t *act_sum = malloc(sizeof(int32_t) * (size_t)m);
-    float *g = malloc(sizeof(float) * (size_t)n);
-    for (int64_t r = 0; r < m; r++) {
-        int32_t total = 0;
-        const int amax = r == zero ? 0 : (int)test_rand_range(1, 127);
-        for (int64_t c = 0; c < l.k_padded; c++) {
-            const int8_t v = c < k ? (int8_t)test_rand_range(-amax, amax) : 0;
-            xq[r * ldq + c] = v;
-            total += v;
-        }
-        act_sum[r] = total;
-        act_scale[r] = 127.0f / test_rand_float(0.05f, 20.0f);
-        for (int64_t c = 0; c < n; c++)
-            x[r * n + c] = r == zero ? 0.0f : test_rand_float(-3.0f, 3.0f);
-    }
-    for (int64_t c = 0; c < n; c++)
-        g[c] = test_rand_float(0.2f, 2.0f);
-    const float w_scale = test_rand_float(0.5f, 2.0f), eps = 1e-5f;
-
-    /* [0]: the reference's, [1]: the fused kernel's (in place). */
-    void *d_w;
-    int8_t *d_q[2], *d_xq;
-    float *d_x[2], *d_scale[2], *d_y, *d_g;
-    int32_t *d_sum[2];
-    CUDA_OK(cudaMalloc(&d_w, l.bytes));
-    CUDA_OK(cudaMemcpy(d_w, packed, l.bytes, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMalloc((void **)&d_xq, (size_t)(m * ldq)));
-    CUDA_OK(cudaMemcpy(d_xq, xq, (size_t)(m * ldq), cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMalloc((void **)&d_y, sizeof(float) * (size_t)(m * n)));
-    CUDA_OK(cudaMalloc((void **)&d_g, sizeof(float) * (size_t)n));
-    CUDA_OK(cudaMemcpy(d_g, g, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice));
-    for (int i = 0; i < 2; i++) {
-        CUDA_OK(cudaMalloc((void **)&d_q[i], (size_t)(m * ldq)));
-        CUDA_OK(cudaMemcpy(d_q[i], xq, (size_t)(m * ldq), cudaMemcpyHostToDevice));
-        CUDA_OK(cudaMalloc((void **)&d_x[i], sizeof(float) * (size_t)(m * n)));
-        CUDA_OK(cudaMemcpy(d_x[i], x, sizeof(float) * (size_t)(m * n), cudaMemcpyHostToDevice));
-        CUDA_OK(cudaMalloc((void **)&d_scale[i], sizeof(float) * (size_t)m));
-        CUDA_OK(
-            cudaMemcpy(d_scale[i], act_scale, sizeof(float) * (size_t)m, cudaMemcpyHostToDevice));
-        CUDA_OK(cudaMalloc((void **)&d_sum[i], sizeof(int32_t) * (size_t)m));
-        CUDA_OK(cudaMemcpy(d_sum[i], act_sum, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice));
-    }
-
-    bn_w2a8_cuda_args a = {.weights = d_w,
-                           .n = n,
-                           .tiles = l.tiles,
-                           .groups = l.groups,
-                           .weight_scale = w_scale,
-                           .x = d_q[1],
-                           .m = m,
-                           .ldx = ldq,
-                           .act_scale = d_scale[1],
-                           .act_sum = d_sum[1],
-                           .ldy = n,
-                           .sm_count = sm_count};
-    const bn_w2a8_norm_out o = {d_x[1], n, d_g, eps, d_q[1], ldq, d_scale[1], d_sum[1]};
-    static int turn;
-    a.pdl = pdl_usable && turn++ % 2 == 1;
-    const cudaError_t rc = bn_w2a8_cuda_gemm_norm(&a, &o, 0);
-    CHECK_MSG(rc == cudaSuccess || rc == cudaErrorNotSupported, "bn_w2a8_cuda_gemm_norm: %s",
-              cudaGetErrorString(rc));
-    const bool fits = rc == cudaSuccess;
-    CHECK_MSG(fits == want_fit && fits == (bn_w2a8_cuda_gemm_norm_fits(&a, &o) != 0),
-              "%lld x %lld, m %lld: fits %d, want %d", (long long)n, (long long)k, (long long)m,
-              fits, want_fit);
-    if (fits) {
-        /* The reference: the GEMM from the untouched input, then the norm. */
-        a.pdl = 0;
-        a.x = d_xq;
-        a.act_scale = d_scale[0];
-        a.act_sum = d_sum[0];
-        a.y = d_y;
-        CUDA_OK(bn_w2a8_cuda_gemm(&a, 0));
-        CUDA_OK(bn_cb_add_norm_quantize(d_x[0], n, d_y, n, m, n, d_g, eps, d_q[0], ldq, d_scale[0],
-                                        d_sum[0], 0, 0));
-        CUDA_OK(cudaDeviceSynchronize());
-        float *xs[2], *sc[2];
-        int8_t *qs[2];
-        int32_t *sums[2];
-        for (int i = 0; i < 2; i++) {
-            xs[i] = malloc(sizeof(float) * (size_t)(m * n));
-            sc[i] = malloc(sizeof(float) * (size_t)m);
-            qs[i] = malloc((size_t)(m * ldq));
-            sums[i] = malloc(sizeof(int32_t) * (size_t)m);
-            CUDA_OK(
-                cudaMemcpy(xs[i], d_x[i], sizeof(float) * (size_t)(m * n), cudaMemcpyDeviceToHost));
-            CUDA_OK(
-                cudaMemcpy(sc[i], d_scale[i], sizeof(float) * (size_t)m, cudaMemcpyDeviceToHost));
-            CUDA_OK(cudaMemcpy(qs[i], d_q[i], (size_t)(m * ldq), cudaMemcpyDeviceToHost));
-            CUDA_OK(
-                cudaMemcpy(sums[i], d_sum[i], sizeof(int32_t) * (size_t)m, cudaMemcpyDeviceToHost));
-        }
-        int64_t first;
-        int64_t diff = count_diff(xs[0], xs[1], sizeof(float) * (size_t)(m * n), &first);
-        CHECK_MSG(diff == 0, "x, %lld x %lld, m %lld: %lld bytes differ (first at %lld)",
-                  (long long)n, (long long)k, (long long)m, (long long)diff, (long long)first);
-        diff = count_diff(qs[0], qs[1], (size_t)(m * ldq), &first);
-        CHECK_MSG(diff == 0, "codes, %lld x %lld, m %lld: %lld bytes differ (first at %lld)",
-                  (long long)n, (long long)k, (long long)m, (long long)diff, (long long)first);
-        diff = count_diff(sums[0], sums[1], sizeof(int32_t) * (size_t)m, &first);
-        CHECK_MSG(diff == 0, "code sums, %lld x %lld, m %lld: %lld bytes differ", (long long)n,
-                  (long long)k, (long long)m, (long long)diff);
-        diff = count_ulp_diff(sc[0], sc[1], m);
-        CHECK_MSG(diff == 0, "scales, %lld x %lld, m %lld: %lld beyond an ulp", (long long)n,
-                  (long long)k, (long long)m, (long long)diff);
-        /* The tail past n is zero, the poison gone; the zero row's codes 0. */
-        int64_t tail = 0, zero_codes = 0;
-        for (int64_t r = 0; r < m; r++)
-            for (int64_t c = n; c < ldq; c++)
-                tail += qs[1][r * ldq + c] != 0;
-        for (int64_t c = 0; c < n; c++)
-            zero_codes += qs[1][zero * ldq + c] != 0;
-        CHECK_MSG(tail == 0 && zero_codes == 0, "tail %lld, zero row %lld nonzero codes",
-                  (long long)tail, (long long)zero_codes);
-        for (int i = 0; i < 2; i++)
-            free(xs[i]), free(sc[i]), free(qs[i]), free(sums[i]);
-    }
-    for (int i = 0; i < 2; i++)
-        cudaFree(d_q[i]), cudaFree(d_x[i]), cudaFree(d_scale[i]), cudaFree(d_sum[i]);
-    cudaFree(d_w), cudaFree(d_xq), cudaFree(d_y), cudaFree(d_g);
-    free(codes), free(packed), free(xq), free(act_scale), free(x), free(act_sum), free(g);
-}
-
 int main(void)
 {
     const struct cudaDeviceProp prop = test_require_cuda(8, "the mma-rows GEMM");
@@ -448,17 +287,6 @@ int main(void)
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_qkv(&shapes[i]);
-
-    /* The product with the residual add and the next norm: where the
-     * device launches clusters (sm_90), else it declines everywhere. */
-    const bool clusters = prop.major >= 9;
-    static const int64_t norm_shapes[][3] = {
-        {2560, 2560, 64}, {2560, 6912, 64}, {2560, 6912, 17}, {2560, 2560, 8},
-        {2560, 2560, 2},  {384, 1000, 13},  {1024, 300, 40},  {1024, 300, 1},
-    };
-    for (size_t i = 0; i < sizeof norm_shapes / sizeof norm_shapes[0]; i++)
-        check_norm(norm_shapes[i][0], norm_shapes[i][1], norm_shapes[i][2], clusters);
-    check_norm(200, 512, 8, false); /* not whole clusters' columns */
 
     TEST_EXIT();
 }

@@ -672,34 +672,15 @@ void bn_cuda_backend_work(const bn_cuda_backend *b, bn_cuda_work *out)
 }
 
 /* The kernel families' names, in the order of K_* (cuda_backend_internal.h). */
-static const char *const kernel_names[K_COUNT] = {"embed_rows",
-                                                  "norm_quantize",
-                                                  "residual_norm_quantize",
-                                                  "relu2_norm_quantize",
-                                                  "w2a8_gemv",
-                                                  "w2a8_gemm",
-                                                  "qkv_rope_kv_store",
-                                                  "attention_decode_f32",
-                                                  "attention_prefill_f32",
-                                                  "attention_decode_f16",
-                                                  "attention_prefill_f16",
-                                                  "residual_output_norm",
-                                                  "lm_head_gemv",
-                                                  "argmax",
-                                                  "cuda_graph_replay",
-                                                  "attention_decode_f32_cluster",
-                                                  "lm_head_screen_int8",
-                                                  "attention_decode_f32_cluster_qkv",
-                                                  "w2a8_gemv_gate_up_relu2",
-                                                  "sample_top_k_top_p",
-                                                  "decode_handoff",
-                                                  "embed_norm_quantize",
-                                                  "attention_paged",
-                                                  "lm_head_rows_gemm",
-                                                  "sample_rows",
-                                                  "attention_prefill_e4m3",
-                                                  "lm_head_rows_pick",
-                                                  "w2a8_gemm_residual_norm"};
+static const char *const kernel_names[K_COUNT] = {
+    "embed_rows", "norm_quantize", "residual_norm_quantize", "relu2_norm_quantize",
+    "w2a8_gemv", "w2a8_gemm", "qkv_rope_kv_store", "attention_decode_f32",
+    "attention_prefill_f32", "attention_decode_f16", "attention_prefill_f16",
+    "residual_output_norm", "lm_head_gemv", "argmax", "cuda_graph_replay",
+    "attention_decode_f32_cluster",
+    "lm_head_screen_int8", "attention_decode_f32_cluster_qkv", "w2a8_gemv_gate_up_relu2",
+    "sample_top_k_top_p", "decode_handoff", "embed_norm_quantize", "attention_paged",
+    "lm_head_rows_gemm", "sample_rows", "attention_prefill_e4m3", "lm_head_rows_pick"};
 
 void bn_cuda_backend_kernels(const bn_cuda_backend *b, char *buf, size_t size)
 {

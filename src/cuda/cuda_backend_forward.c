@@ -553,60 +553,6 @@ static bn_status residual_norm(const pass *p, int l, bn_norm which, bn_cuda_stag
     return stage_done(p, stage, 1, K_ADD_NORM_Q);
 }
 
-/* Passes of 2 to this many rows run Wo + ffn_norm and Wdown + the next
- * attn_norm as one kernel each (bn_w2a8_cuda_gemm_norm): there each GEMM
- * and norm is a chain of latencies, so a kernel fewer is what shortens
- * the pass; with more rows the GEMMs' own tiles use the device better
- * (docs/PERFORMANCE.md, "GPU, many sequences at once"). */
-enum { kProductNormMaxRows = 64 };
-
-/* The arguments of layer l's product `which` (Wo, Wdown) adding into x and
- * coding layer norm_layer's norm `norm`, where one kernel takes them. */
-static bool product_norm_args(const pass *p, int l, int which, int norm_layer, bn_norm norm,
-                              bn_w2a8_cuda_args *a, bn_w2a8_norm_out *o)
-{
-    bn_cuda_backend *b = p->b;
-    const group *g = &b->groups[l * G_COUNT + which];
-    const int64_t dim = b->hp.dim;
-    if (p->decode || p->M < 2 || p->M > kProductNormMaxRows || tp_on(b) || g->n_seg != 1 ||
-        g->n != dim)
-        return false;
-    *a = w2a8_args(b, g, p->M);
-    a->weights = b->d_w + g->s[0].off;
-    a->n = g->s[0].l.n;
-    a->tiles = g->s[0].l.tiles;
-    a->groups = g->s[0].l.groups;
-    o->x = b->x;
-    o->ldx = dim;
-    o->w = norm_ptr(b, norm_layer, norm);
-    o->eps = b->hp.rms_eps;
-    o->q = b->xq;
-    o->ldq = codes_ld(b, dim, p->M);
-    o->scale = b->act_scale;
-    o->sum = b->act_sum;
-    return bn_w2a8_cuda_gemm_norm_fits(a, o) != 0;
-}
-
-/* out = W xq (Wo or Wdown of layer l), x += out, xq = q(norm(x)) with
- * layer norm_layer's `norm`: one kernel where product_norm_args takes it,
- * else the GEMM (summed over the ranks) and residual_norm. */
-static bn_status product_residual_norm(const pass *p, int l, int which, bn_cuda_stage stage,
-                                       int norm_layer, bn_norm norm, bn_cuda_stage norm_stage)
-{
-    bn_cuda_backend *b = p->b;
-    bn_w2a8_cuda_args a;
-    bn_w2a8_norm_out o;
-    if (product_norm_args(p, l, which, norm_layer, norm, &a, &o)) {
-        BN_CUDA_TRY(p->err, bn_w2a8_cuda_gemm_norm(&a, &o, b->cs));
-        STAGE(stage_done(p, stage, 1, K_GEMM_NORM));
-        return stage_done(p, norm_stage, 0, -1);
-    }
-    STAGE(product(p, l, which, b->out, stage));
-    if (tp_on(b)) /* out = the sum of the ranks' parts */
-        STAGE(tp_sum(p, b->out, stage));
-    return residual_norm(p, norm_layer, norm, norm_stage);
-}
-
 /* gu = Wgu xq: gate and up raw, or, where the decode step takes them in
  * pairs (b->form.gate_up_pair), h = relu(gate)^2 * up already. */
 static bn_status gate_up(const pass *p, int l)
@@ -676,20 +622,20 @@ static bn_status layer(const pass *p, int l)
         STAGE(rope_kv_store(p, l));
     STAGE(attention(p, l));
     STAGE(attn_sub_norm(p, l));
-    /* out = Wo xq, x += out, xq = q(ffn_norm(x)); the feed-forward: gate,
-     * up = Wgu xq; xq = q(ffn_sub_norm(relu(gate)^2 * up)); out = Wdown xq */
-    STAGE(
-        product_residual_norm(p, l, G_O, BN_CUDA_STAGE_O, l, BN_NORM_FFN, BN_CUDA_STAGE_FFN_NORM));
+    STAGE(product(p, l, G_O, b->out, BN_CUDA_STAGE_O));
+    if (tp_on(b)) /* out = the sum of the ranks' parts */
+        STAGE(tp_sum(p, b->out, BN_CUDA_STAGE_O));
+    /* feed-forward: x += out, xq = q(ffn_norm(x)); gate, up = Wgu xq;
+     * xq = q(ffn_sub_norm(relu(gate)^2 * up)); out = Wdown xq */
+    STAGE(residual_norm(p, l, BN_NORM_FFN, BN_CUDA_STAGE_FFN_NORM));
     STAGE(gate_up(p, l));
     STAGE(ffn_sub_norm(p, l));
-    /* x += out, with the next layer's xq = q(attn_norm(x)); after the last
-     * layer out stays for the output norm */
-    if (l + 1 < b->hp.n_layer)
-        return product_residual_norm(p, l, G_DOWN, BN_CUDA_STAGE_DOWN, l + 1, BN_NORM_ATTN,
-                                     BN_CUDA_STAGE_ATTN_NORM);
     STAGE(product(p, l, G_DOWN, b->out, BN_CUDA_STAGE_DOWN));
     if (tp_on(b))
         STAGE(tp_sum(p, b->out, BN_CUDA_STAGE_DOWN));
+    /* x += out, with the next layer's xq = q(attn_norm(x)) */
+    if (l + 1 < b->hp.n_layer)
+        STAGE(residual_norm(p, l + 1, BN_NORM_ATTN, BN_CUDA_STAGE_ATTN_NORM));
     return BN_OK;
 }
 

@@ -78,35 +78,11 @@ typedef struct group {
 /* Kernel families, for the receipt's list of what ran (their names:
  * kernel_names in cuda_backend.c, in this order). */
 enum {
-    K_EMBED,
-    K_NORM_Q,
-    K_ADD_NORM_Q,
-    K_RELU2_Q,
-    K_GEMV,
-    K_GEMM,
-    K_QKV_POST,
-    K_ATTN_DEC_F32,
-    K_ATTN_PRE_F32,
-    K_ATTN_DEC_F16,
-    K_ATTN_PRE_F16,
-    K_OUT_NORM,
-    K_HEAD,
-    K_ARGMAX,
-    K_GRAPH,
-    K_ATTN_DEC_F32_CLUSTER,
-    K_HEAD_SCREEN,
-    K_ATTN_DEC_F32_QKV,
-    K_GEMV_PAIR,
-    K_SAMPLE,
-    K_HANDOFF,
-    K_EMBED_NORM_Q,
-    K_ATTN_PAGED,
-    K_HEAD_ROWS,
-    K_SAMPLE_ROWS,
-    K_ATTN_PRE_E4M3,
-    K_ROWS_PICK,
-    K_GEMM_NORM,
-    K_COUNT
+    K_EMBED, K_NORM_Q, K_ADD_NORM_Q, K_RELU2_Q, K_GEMV, K_GEMM, K_QKV_POST, K_ATTN_DEC_F32,
+    K_ATTN_PRE_F32, K_ATTN_DEC_F16, K_ATTN_PRE_F16, K_OUT_NORM, K_HEAD, K_ARGMAX, K_GRAPH,
+    K_ATTN_DEC_F32_CLUSTER, K_HEAD_SCREEN, K_ATTN_DEC_F32_QKV,
+    K_GEMV_PAIR, K_SAMPLE, K_HANDOFF, K_EMBED_NORM_Q, K_ATTN_PAGED, K_HEAD_ROWS, K_SAMPLE_ROWS,
+    K_ATTN_PRE_E4M3, K_ROWS_PICK, K_COUNT
 };
 
 /* Events of an instrumented step (profile_decode). */

@@ -323,62 +323,6 @@ __device__ __forceinline__ unsigned cluster_addr(const void *local, unsigned ran
     return r;
 }
 
-/* The whole cluster's barrier: every thread of every block arrives (its
- * shared-memory writes released) and waits (the others' acquired). sm_90
- * only. */
-__device__ __forceinline__ void cluster_sync_all()
-{
-#if BN_HAS_CLUSTERS
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::
-                     : "memory");
-#endif
-}
-
-/* The value at the shared-memory offset of `local` in block `rank` of the
- * cluster (written there before a cluster barrier both have passed). */
-__device__ __forceinline__ double ld_cluster(const double *local, unsigned rank)
-{
-    double v = 0.0;
-#if BN_HAS_CLUSTERS
-    asm volatile("ld.shared::cluster.f64 %0, [%1];"
-                 : "=d"(v)
-                 : "r"(cluster_addr(local, rank))
-                 : "memory");
-#else
-    (void)local, (void)rank;
-#endif
-    return v;
-}
-
-__device__ __forceinline__ float ld_cluster(const float *local, unsigned rank)
-{
-    float v = 0.0f;
-#if BN_HAS_CLUSTERS
-    asm volatile("ld.shared::cluster.f32 %0, [%1];"
-                 : "=f"(v)
-                 : "r"(cluster_addr(local, rank))
-                 : "memory");
-#else
-    (void)local, (void)rank;
-#endif
-    return v;
-}
-
-__device__ __forceinline__ int ld_cluster(const int *local, unsigned rank)
-{
-    int v = 0;
-#if BN_HAS_CLUSTERS
-    asm volatile("ld.shared::cluster.s32 %0, [%1];"
-                 : "=r"(v)
-                 : "r"(cluster_addr(local, rank))
-                 : "memory");
-#else
-    (void)local, (void)rank;
-#endif
-    return v;
-}
-
 __device__ __forceinline__ void st_async_to(const float *local, float v, unsigned long long *bar,
                                             unsigned rank)
 {

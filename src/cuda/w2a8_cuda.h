@@ -199,37 +199,6 @@ typedef struct bn_w2a8_qkv_out {
 cudaError_t bn_w2a8_cuda_gemm_qkv(const bn_w2a8_cuda_args *a, const bn_w2a8_qkv_out *o,
                                   cudaStream_t stream);
 
-/* A product that adds its output to the residual stream and codes the next
- * norm's input (the batched pass's Wo + ffn_norm and down + the next
- * attn_norm, w2a8_gemm_norm.cu): x += W xq for a->m rows, then q, scale and
- * sum = the int8 codes of rmsnorm(x) * w under the CPU's exact rule, zero
- * from n to ldq. The values are those of bn_w2a8_cuda_gemm with y = r
- * followed by bn_cb_add_norm_quantize(x, r) (the double sum of squares
- * added in another order, within that kernel's contract). q, scale and sum
- * may be a->x, a->act_scale and a->act_sum (each row's inputs are read
- * before any of its outputs is written); a->y is unused. Clusters of 16 or
- * 8 blocks own 8 rows each (sm_90), so n must be a multiple of 128. */
-typedef struct bn_w2a8_norm_out {
-    float *x; /* m residual rows of n, ldx apart                 */
-    int64_t ldx;
-    const float *w; /* the norm's n weights                            */
-    float eps;
-    int8_t *q; /* m rows of codes, ldq >= n apart                 */
-    int64_t ldq;
-    float *scale; /* m scales (127 / the normed maximum)             */
-    int32_t *sum; /* m sums of the codes                             */
-} bn_w2a8_norm_out;
-
-/* Non-zero where bn_w2a8_cuda_gemm_norm takes a with o on the current
- * device (its clusters launch and fit; 16-byte aligned rows of a->x). */
-int bn_w2a8_cuda_gemm_norm_fits(const bn_w2a8_cuda_args *a, const bn_w2a8_norm_out *o);
-
-/* Elsewhere cudaErrorNotSupported, nothing launched. a->pdl: launched with
- * programmatic stream serialization, its first weights loaded before the
- * wait. */
-cudaError_t bn_w2a8_cuda_gemm_norm(const bn_w2a8_cuda_args *a, const bn_w2a8_norm_out *o,
-                                   cudaStream_t stream);
-
 /* w2a8_gemm_pipelined.cu: BN_W2A8_TILED; BN_W2A8_PIPE (split 1) and
  * BN_W2A8_PIPE_SPLITK (split 0: chosen for the shape and the device).
  * Otherwise split is clamped to 1..BN_W2A8_PIPE_MAX_SPLIT and to the
