@@ -280,27 +280,23 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned b
     bulk_issue(dst, src, bytes, bar);
 }
 
-/* Waits for the completion of the barrier's phase of this parity (0 for
- * its first phase, then alternating). */
-__device__ __forceinline__ void bulk_wait_parity(unsigned long long *bar, unsigned parity)
+__device__ __forceinline__ void bulk_wait(unsigned long long *bar)
 {
 #if BN_HAS_CLUSTERS
     const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
     unsigned done = 0;
     do {
         asm volatile("{\n\t.reg .pred p;\n\t"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
                      "selp.u32 %0, 1, 0, p;\n\t}"
                      : "=r"(done)
-                     : "r"(b), "r"(parity)
+                     : "r"(b)
                      : "memory");
     } while (!done);
 #else
-    (void)bar, (void)parity;
+    (void)bar;
 #endif
 }
-
-__device__ __forceinline__ void bulk_wait(unsigned long long *bar) { bulk_wait_parity(bar, 0); }
 
 /* ---- stores into another block of the cluster, counted on its barrier ----
  *
@@ -325,33 +321,6 @@ __device__ __forceinline__ unsigned cluster_addr(const void *local, unsigned ran
     (void)local, (void)rank;
 #endif
     return r;
-}
-
-/* The whole cluster's barrier: every thread of every block arrives (its
- * shared-memory writes released) and waits (the others' acquired). */
-__device__ __forceinline__ void cluster_sync_all()
-{
-#if BN_HAS_CLUSTERS
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::
-                     : "memory");
-#endif
-}
-
-/* The int at the shared-memory offset of `local` in block `rank` of the
- * cluster (written there before a cluster barrier both have passed). */
-__device__ __forceinline__ int32_t ld_cluster(const int32_t *local, unsigned rank)
-{
-    int32_t v = 0;
-#if BN_HAS_CLUSTERS
-    asm volatile("ld.shared::cluster.s32 %0, [%1];"
-                 : "=r"(v)
-                 : "r"(cluster_addr(local, rank))
-                 : "memory");
-#else
-    (void)local, (void)rank;
-#endif
-    return v;
 }
 
 __device__ __forceinline__ void st_async_to(const float *local, float v, unsigned long long *bar,

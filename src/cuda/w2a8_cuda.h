@@ -103,31 +103,28 @@ int bn_w2a8_cuda_gemv_cluster_usable(void);
  * sm_90a code, bn_w2a8_cuda_gemm_wgmma_usable; every other kernel runs from
  * compute capability 8.0). */
 typedef enum bn_w2a8_kernel {
-    BN_W2A8_GEMV = 0,              /* M = 1: bn_w2a8_cuda_gemv                */
-    BN_W2A8_ROWS,                  /* the GEMV's weight stream, each entry
-                                      dotted (dp4a) with up to 8 rows         */
-    BN_W2A8_MMA_ROWS_X2,           /* the weight stream into mma.m16n8k32
-                                      fragments, 16 rows a block, 2 tiles a
-                                      warp (w2a8_gemm_rows.cu)                */
-    BN_W2A8_MMA_ROWS_X4,           /* as X2, 4 tiles a warp                   */
-    BN_W2A8_TILED,                 /* 64 x 64 tiles, mma.sync, no pipeline    */
-    BN_W2A8_PIPE,                  /* 256 x 64, cp.async pipeline, mma.sync
-                                      (w2a8_gemm_pipelined.cu)                */
-    BN_W2A8_PIPE_SPLITK,           /* as PIPE, K split over a cluster as the
-                                      shape and the device allow              */
-    BN_W2A8_WGMMA_128X128,         /* warp-specialized persistent wgmma
-                                      (w2a8_gemm_wgmma.cu)                    */
+    BN_W2A8_GEMV = 0,             /* M = 1: bn_w2a8_cuda_gemv                */
+    BN_W2A8_ROWS,                 /* the GEMV's weight stream, each entry
+                                     dotted (dp4a) with up to 8 rows         */
+    BN_W2A8_MMA_ROWS_X2,          /* the weight stream into mma.m16n8k32
+                                     fragments, 16 rows a block, 2 tiles a
+                                     warp (w2a8_gemm_rows.cu)                */
+    BN_W2A8_MMA_ROWS_X4,          /* as X2, 4 tiles a warp                   */
+    BN_W2A8_TILED,                /* 64 x 64 tiles, mma.sync, no pipeline    */
+    BN_W2A8_PIPE,                 /* 256 x 64, cp.async pipeline, mma.sync
+                                     (w2a8_gemm_pipelined.cu)                */
+    BN_W2A8_PIPE_SPLITK,          /* as PIPE, K split over a cluster as the
+                                     shape and the device allow              */
+    BN_W2A8_WGMMA_128X128,        /* warp-specialized persistent wgmma
+                                     (w2a8_gemm_wgmma.cu)                    */
     BN_W2A8_WGMMA_128X128_STREAMK, /* as 128X128, stream-K (a->streamk)      */
-    BN_W2A8_WGMMA_192X128,         /* three consumer warpgroups               */
+    BN_W2A8_WGMMA_192X128,        /* three consumer warpgroups               */
     BN_W2A8_WGMMA_192X128_STREAMK, /* as 192X128, stream-K (a->streamk)      */
-    BN_W2A8_WGMMA_256X128,         /* two consumers of two 64-row slices      */
-    BN_W2A8_WGMMA_192X64,          /* three consumers, 64 activation rows     */
-    BN_W2A8_WGMMA_192X64_SPLIT2,   /* as 192X64, each tile's k-tiles shared
-                                      by a cluster of 2 blocks                */
-    BN_W2A8_WGMMA_192X64_SPLIT4,   /* ... by a cluster of 4                   */
-    BN_W2A8_MMA_SPLIT,             /* 128 x 64 tiles staged in shared memory,
-                                      K split over a cluster, mma.sync
-                                      (w2a8_gemm_split.cu; sm_90)             */
+    BN_W2A8_WGMMA_256X128,        /* two consumers of two 64-row slices      */
+    BN_W2A8_WGMMA_192X64,         /* three consumers, 64 activation rows     */
+    BN_W2A8_WGMMA_192X64_SPLIT2,  /* as 192X64, each tile's k-tiles shared
+                                     by a cluster of 2 blocks                */
+    BN_W2A8_WGMMA_192X64_SPLIT4,  /* ... by a cluster of 4                   */
     BN_W2A8_KERNELS
 } bn_w2a8_kernel;
 
@@ -201,11 +198,6 @@ typedef struct bn_w2a8_qkv_out {
  * then runs the GEMM and bn_cb_qkv_post_slots). */
 cudaError_t bn_w2a8_cuda_gemm_qkv(const bn_w2a8_cuda_args *a, const bn_w2a8_qkv_out *o,
                                   cudaStream_t stream);
-
-/* BN_W2A8_MMA_SPLIT (w2a8_gemm_split.cu): any M; 16-byte aligned activation
- * rows and weights; a->pdl as the mma-rows kernel. cudaErrorNotSupported
- * where the device or the build has no clusters. */
-cudaError_t bn_w2a8_cuda_gemm_split(const bn_w2a8_cuda_args *a, cudaStream_t stream);
 
 /* w2a8_gemm_pipelined.cu: BN_W2A8_TILED; BN_W2A8_PIPE (split 1) and
  * BN_W2A8_PIPE_SPLITK (split 0: chosen for the shape and the device).

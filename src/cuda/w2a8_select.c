@@ -194,19 +194,17 @@ static const kernel_info kKernels[BN_W2A8_KERNELS] = {
     [K(PIPE)] = {"pipe 256x64", false, false, K(PIPE), 256, 64},
     [K(PIPE_SPLITK)] = {"pipe 256x64 split-k", false, false, K(PIPE_SPLITK), 256, 64},
     [K(WGMMA_128X128)] = {"wgmma 128x128", true, false, K(WGMMA_128X128_STREAMK), 128, 128},
-    [K(WGMMA_128X128_STREAMK)] = {"wgmma 128x128 stream-k", true, true, K(WGMMA_128X128_STREAMK),
-                                  128, 128},
+    [K(WGMMA_128X128_STREAMK)] = {"wgmma 128x128 stream-k", true, true,
+                                  K(WGMMA_128X128_STREAMK), 128, 128},
     [K(WGMMA_192X128)] = {"wgmma 192x128", true, false, K(WGMMA_192X128_STREAMK), 192, 128},
-    [K(WGMMA_192X128_STREAMK)] = {"wgmma 192x128 stream-k", true, true, K(WGMMA_192X128_STREAMK),
-                                  192, 128},
+    [K(WGMMA_192X128_STREAMK)] = {"wgmma 192x128 stream-k", true, true,
+                                  K(WGMMA_192X128_STREAMK), 192, 128},
     [K(WGMMA_256X128)] = {"wgmma 256x128", true, false, K(WGMMA_256X128), 256, 128},
     [K(WGMMA_192X64)] = {"wgmma 192x64", true, false, K(WGMMA_192X64), 192, 64},
-    [K(WGMMA_192X64_SPLIT2)] = {"wgmma 192x64 split 2", true, false, K(WGMMA_192X64_SPLIT2), 192,
-                                64},
-    [K(WGMMA_192X64_SPLIT4)] = {"wgmma 192x64 split 4", true, false, K(WGMMA_192X64_SPLIT4), 192,
-                                64},
-    /* not wgmma, but sm_90 only as they are (clusters, bulk copies) */
-    [K(MMA_SPLIT)] = {"mma 128x64 split-k", true, false, K(MMA_SPLIT), 128, 64},
+    [K(WGMMA_192X64_SPLIT2)] = {"wgmma 192x64 split 2", true, false,
+                                K(WGMMA_192X64_SPLIT2), 192, 64},
+    [K(WGMMA_192X64_SPLIT4)] = {"wgmma 192x64 split 4", true, false,
+                                K(WGMMA_192X64_SPLIT4), 192, 64},
 };
 #undef K
 
@@ -263,8 +261,6 @@ cudaError_t bn_w2a8_cuda_gemm_run(const bn_w2a8_cuda_args *a, bn_w2a8_kernel ker
     case BN_W2A8_WGMMA_192X64_SPLIT2:
     case BN_W2A8_WGMMA_192X64_SPLIT4:
         return bn_w2a8_cuda_gemm_wgmma(a, kernel, stream);
-    case BN_W2A8_MMA_SPLIT:
-        return bn_w2a8_cuda_gemm_split(a, stream);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -742,6 +742,14 @@ __device__ bool streamk_fixup(int32_t (&acc)[ACC], int32_t *ws, int64_t b, int64
     return true;
 }
 
+/* The whole cluster's barrier: every thread of every block arrives (its
+ * shared-memory writes released) and waits (the others' acquired). */
+__device__ __forceinline__ void cluster_sync_all()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 /* Split K over a cluster of SPLIT blocks, one output tile: each block's
  * accumulators are the sums of its part of the k-tiles; split_reduce adds
  * them into block 0's, in rounds of a tree (round d: block r with
