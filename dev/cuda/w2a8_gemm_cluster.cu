@@ -34,6 +34,7 @@
 #include "common.cuh"
 #include "cp_async.cuh"
 #include "pdl.cuh"
+#include "mma_words.cuh"
 #include "w2a8_gemv.cuh"
 
 namespace cg = cooperative_groups;
@@ -105,26 +106,6 @@ __device__ __forceinline__ void cluster_reduce(cg::cluster_group &cluster, int32
  * fields 2h and 2h + 1, and the 16 activation bytes 64 u + 16 tig .. of
  * rows gid and gid + 8.
  */
-
-/* Word tig of the entries (u, gid), u = 0..3, of chunk-group g of the
- * warp's TW tiles (words: word tig of entry (0, gid) of its first tile's
- * first chunk-group); 0 past the last tile. */
-template <int TW>
-__device__ __forceinline__ void load_words(uint32_t (&b)[4][TW], const uint32_t *words,
-                                           int64_t groups, int64_t g, int64_t tile0, int64_t tiles)
-{
-#pragma unroll
-    for (int u = 0; u < 4; u++)
-#pragma unroll
-        for (int t = 0; t < TW; t++) {
-            uint32_t v = 0;
-            if (tile0 + t < tiles)
-                asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];"
-                             : "=r"(v)
-                             : "l"(words + ((int64_t)t * groups + g) * (kBlockBytes / 4) + u * 32));
-            b[u][t] = v;
-        }
-}
 
 /* Step h of a quarter: the TW tiles' B fragments (fields 2h, 2h + 1 of
  * their words bu) against the MB A fragments. */

@@ -58,6 +58,7 @@
 #include "cp_async.cuh"
 #include "pdl.cuh"
 #include "w2a8_cuda.h"
+#include "mma_words.cuh"
 #include "w2a8_gemv.cuh"
 
 /* The mma-rows kernel's file also holds the q|k|v launcher, which asks
@@ -142,25 +143,6 @@ __device__ __forceinline__ void cp_async_wait_n(int n)
     case 6: cp_async_wait<6>(); break;
     default: cp_async_wait<7>(); break;
     }
-}
-
-/* Word tig of the entries (u, gid), u = 0..3, of chunk-group g of the
- * warp's TW tiles; zeros past the last tile. */
-template <int TW>
-__device__ __forceinline__ void load_words(uint32_t (&b)[4][TW], const uint32_t *words,
-                                           int64_t groups, int64_t g, int64_t tile0, int64_t tiles)
-{
-#pragma unroll
-    for (int u = 0; u < 4; u++)
-#pragma unroll
-        for (int t = 0; t < TW; t++) {
-            uint32_t v = 0;
-            if (tile0 + t < tiles)
-                asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];"
-                             : "=r"(v)
-                             : "l"(words + ((int64_t)t * groups + g) * (kBlockBytes / 4) + u * 32));
-            b[u][t] = v;
-        }
 }
 
 constexpr int kMaxSplits = 8;
