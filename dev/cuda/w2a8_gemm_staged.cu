@@ -166,11 +166,10 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
                   unsigned *tickets, int reduce, int32_t *__restrict__ total, int64_t ldt)
 {
     constexpr int kCols = WARPS * TW * kTileRows;
-    using Shape = StagedShape<G, WARPS * TW * kTileRows>;
+    using Shape = StagedShape<G, kCols>;
     constexpr int kStride = Shape::kStride;
     constexpr int kThreads = 32 * WARPS;
     extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ unsigned go;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
     const int split = (int)(blockIdx.x % (unsigned)splits);
@@ -344,10 +343,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
         do {
             asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(tickets + column));
         } while ((int)(now - target) < 0);
-        go = 1;
     }
-    __syncthreads();
-    (void)go;
+    __syncthreads(); /* the column's S sums are all in the workspace */
     /* This block's share of the column's outputs, 4 a thread. */
     const int rows = m < 16 * MB ? (int)m : 16 * MB;
     const int quads = rows * kCols / 4;
