@@ -15,6 +15,12 @@
  *   - and where it declines without launching: head widths not a multiple
  *     of 16, a rotation over part of the head, more rows than the mma-rows
  *     kernel takes.
+ * And the batched down product as int32 sums (bn_w2a8_cuda_gemm_add_sums)
+ * finished by the next norm (bn_cb_add_sums_norm_quantize) against the
+ * table's GEMM and bn_cb_add_norm_quantize: x, the codes, their scales and
+ * sums bit for bit, the sums left zero; twice on the same accumulator;
+ * 49-64 rows, the 2B-4T down shape and ragged ones; declined (nothing
+ * launched) at 48 rows and columns not a multiple of 4.
  *
  * Exits 77 without a usable GPU.
  */
@@ -261,6 +267,149 @@ static void check_qkv(const shape *sh)
     free(codes), free(packed), free(xq), free(act_scale), free(act_sum), free(pos), free(slot);
 }
 
+/* A device copy of n bytes of h. */
+static void *upload(const void *h, size_t n)
+{
+    void *d = NULL;
+    CUDA_OK(cudaMalloc(&d, n));
+    CUDA_OK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    return d;
+}
+
+/* Whether n bytes at device address d equal h's; counts a failure if not. */
+static void expect_bytes(const void *d, const void *h, size_t n, const char *what, int64_t rows,
+                         int64_t cols, int64_t k)
+{
+    void *got = malloc(n);
+    CUDA_OK(cudaMemcpy(got, d, n, cudaMemcpyDeviceToHost));
+    int64_t first;
+    const int64_t diff = count_diff(got, h, n, &first);
+    CHECK_MSG(diff == 0,
+              "down sums, %s, %lld x %lld rows, k %lld: %lld bytes differ (first at %lld)", what,
+              (long long)rows, (long long)cols, (long long)k, (long long)diff, (long long)first);
+    free(got);
+}
+
+/* The down product of m rows (n outputs, k inputs) and the next norm: the
+ * sums path against the GEMM and bn_cb_add_norm_quantize. */
+static void check_down_sums(int64_t n, int64_t k, int64_t m, bool pdl)
+{
+    int8_t *codes = malloc((size_t)(n * k));
+    for (int64_t i = 0; i < n * k; i++)
+        codes[i] = (int8_t)test_rand_range(-1, 1);
+    bn_cuda_layout l;
+    bn_cuda_layout_init(&l, n, k);
+    uint8_t *packed = malloc(l.bytes);
+    bn_cuda_layout_pack(&l, codes, packed);
+    int8_t *xq = calloc((size_t)(m * l.k_padded), 1);
+    float *act_scale = malloc(sizeof(float) * (size_t)m),
+          *x = malloc(sizeof(float) * (size_t)(m * n));
+    float *w = malloc(sizeof(float) * (size_t)n);
+    int32_t *act_sum = malloc(sizeof(int32_t) * (size_t)m);
+    for (int64_t r = 0; r < m; r++) {
+        int32_t total = 0;
+        const int amax = (int)test_rand_range(1, 127);
+        for (int64_t c = 0; c < k; c++) {
+            xq[r * l.k_padded + c] = (int8_t)test_rand_range(-amax, amax);
+            total += xq[r * l.k_padded + c];
+        }
+        act_sum[r] = total;
+        act_scale[r] = 127.0f / test_rand_float(0.05f, 20.0f);
+        for (int64_t c = 0; c < n; c++)
+            x[r * n + c] = test_rand_float(-3.0f, 3.0f);
+    }
+    for (int64_t c = 0; c < n; c++)
+        w[c] = test_rand_float(0.5f, 1.5f);
+    const float w_scale = test_rand_float(0.5f, 2.0f);
+
+    void *d_w = upload(packed, l.bytes);
+    int8_t *d_x = upload(xq, (size_t)(m * l.k_padded));
+    float *d_w_norm = upload(w, sizeof(float) * (size_t)n);
+    /* reference: x, scales and sums read by the GEMM, written by the norm */
+    float *d_xr = upload(x, sizeof(float) * (size_t)(m * n));
+    float *d_scale = upload(act_scale, sizeof(float) * (size_t)m);
+    int32_t *d_sum = upload(act_sum, sizeof(int32_t) * (size_t)m);
+    /* the sums path: one scale and sum array, read, then overwritten */
+    float *d_xs = upload(x, sizeof(float) * (size_t)(m * n));
+    float *d_scale_s = upload(act_scale, sizeof(float) * (size_t)m);
+    int32_t *d_sum_s = upload(act_sum, sizeof(int32_t) * (size_t)m);
+    float *d_y, *d_scale_r;
+    int32_t *d_sum_r, *d_acc;
+    int8_t *d_qr, *d_qs;
+    CUDA_OK(cudaMalloc((void **)&d_y, sizeof(float) * (size_t)(m * n)));
+    CUDA_OK(cudaMalloc((void **)&d_scale_r, sizeof(float) * (size_t)m));
+    CUDA_OK(cudaMalloc((void **)&d_sum_r, sizeof(int32_t) * (size_t)m));
+    CUDA_OK(cudaMalloc((void **)&d_acc, sizeof(int32_t) * (size_t)(m * n)));
+    CUDA_OK(cudaMemset(d_acc, 0, sizeof(int32_t) * (size_t)(m * n)));
+    CUDA_OK(cudaMalloc((void **)&d_qr, (size_t)(m * n)));
+    CUDA_OK(cudaMalloc((void **)&d_qs, (size_t)(m * n)));
+    CUDA_OK(cudaMemset(d_qs, 0x7f, (size_t)(m * n))); /* poison */
+
+    bn_w2a8_cuda_args a;
+    memset(&a, 0, sizeof a);
+    a.weights = d_w;
+    a.n = n;
+    a.tiles = l.tiles;
+    a.groups = l.groups;
+    a.weight_scale = w_scale;
+    a.x = d_x;
+    a.m = m;
+    a.ldx = l.k_padded;
+    a.act_scale = d_scale;
+    a.act_sum = d_sum;
+    a.y = d_y;
+    a.ldy = n;
+    a.sm_count = sm_count;
+    a.pdl = pdl;
+    /* sm_90 code on an sm_90 device, as for PDL */
+    const bool want = m >= 49 && m <= 64 && n % 4 == 0 && pdl_usable;
+    const int fits = bn_w2a8_cuda_gemm_add_sums_fits(m, n, l.groups, sm_count);
+    CHECK_MSG(fits == want, "down sums, %lld x %lld rows: fits %d, want %d", (long long)n,
+              (long long)m, fits, want);
+    if (!want) {
+        CHECK(bn_w2a8_cuda_gemm_add_sums(&a, d_acc, n, 0) == cudaErrorNotSupported);
+    } else {
+        CHECK(bn_cb_add_sums_norm_fits(d_xs, n, d_acc, n, m, n, d_w_norm, d_qs, n));
+        CUDA_OK(bn_w2a8_cuda_gemm(&a, 0));
+        CUDA_OK(bn_cb_add_norm_quantize(d_xr, n, d_y, n, m, n, d_w_norm, 1e-5f, d_qr, n, d_scale_r,
+                                        d_sum_r, 0, 0));
+        float *xr = malloc(sizeof(float) * (size_t)(m * n)),
+              *scale_r = malloc(sizeof(float) * (size_t)m);
+        int8_t *qr = malloc((size_t)(m * n));
+        int32_t *sum_r = malloc(sizeof(int32_t) * (size_t)m), *zeros = calloc((size_t)(m * n), 4);
+        CUDA_OK(cudaMemcpy(xr, d_xr, sizeof(float) * (size_t)(m * n), cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(qr, d_qr, (size_t)(m * n), cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(scale_r, d_scale_r, sizeof(float) * (size_t)m, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(sum_r, d_sum_r, sizeof(int32_t) * (size_t)m, cudaMemcpyDeviceToHost));
+        for (int round = 0; round < 2; round++) { /* the second on the zeroed sums */
+            if (round == 1) {
+                CUDA_OK(
+                    cudaMemcpy(d_xs, x, sizeof(float) * (size_t)(m * n), cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemcpy(d_scale_s, act_scale, sizeof(float) * (size_t)m,
+                                   cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemcpy(d_sum_s, act_sum, sizeof(int32_t) * (size_t)m,
+                                   cudaMemcpyHostToDevice));
+            }
+            a.act_scale = d_scale_s;
+            a.act_sum = d_sum_s;
+            CUDA_OK(bn_w2a8_cuda_gemm_add_sums(&a, d_acc, n, 0));
+            CUDA_OK(bn_cb_add_sums_norm_quantize(d_xs, n, d_acc, n, w_scale, m, n, d_w_norm, 1e-5f,
+                                                 d_qs, n, d_scale_s, d_sum_s, pdl, 0));
+            CUDA_OK(cudaDeviceSynchronize());
+            expect_bytes(d_xs, xr, sizeof(float) * (size_t)(m * n), "x", n, m, k);
+            expect_bytes(d_qs, qr, (size_t)(m * n), "codes", n, m, k);
+            expect_bytes(d_scale_s, scale_r, sizeof(float) * (size_t)m, "scales", n, m, k);
+            expect_bytes(d_sum_s, sum_r, sizeof(int32_t) * (size_t)m, "code sums", n, m, k);
+            expect_bytes(d_acc, zeros, sizeof(int32_t) * (size_t)(m * n), "sums left", n, m, k);
+        }
+        free(xr), free(scale_r), free(qr), free(sum_r), free(zeros);
+    }
+    cudaFree(d_w), cudaFree(d_x), cudaFree(d_w_norm), cudaFree(d_xr), cudaFree(d_scale);
+    cudaFree(d_sum), cudaFree(d_xs), cudaFree(d_scale_s), cudaFree(d_sum_s), cudaFree(d_y);
+    cudaFree(d_scale_r), cudaFree(d_sum_r), cudaFree(d_acc), cudaFree(d_qr), cudaFree(d_qs);
+    free(codes), free(packed), free(xq), free(act_scale), free(x), free(w), free(act_sum);
+}
+
 int main(void)
 {
     const struct cudaDeviceProp prop = test_require_cuda(8, "the mma-rows GEMM");
@@ -287,6 +436,11 @@ int main(void)
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_qkv(&shapes[i]);
+    /* The down product as sums: the 2B-4T shape, ragged ones, declines. */
+    static const int64_t downs[][3] = {{2560, 6912, 64}, {2560, 6912, 49}, {1000, 2000, 57},
+                                       {128, 300, 64},   {2560, 2560, 48}, {1002, 700, 64}};
+    for (size_t i = 0; i < sizeof downs / sizeof downs[0]; i++)
+        check_down_sums(downs[i][0], downs[i][1], downs[i][2], pdl_usable && (i & 1));
 
     TEST_EXIT();
 }

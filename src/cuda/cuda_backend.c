@@ -467,6 +467,11 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->ws_sample, 0,
                                                  bn_cuda_sample_workspace_bytes(hp->vocab),
                                                  b->copy));
+    /* The batched down product's sums start at 0; the norm that reads them
+     * leaves them there. */
+    if (st == BN_OK && b->d_sums)
+        st = BN_CUDA_STATUS(
+            err, cudaMemsetAsync(b->d_sums, 0, (size_t)64 * hp->dim * sizeof(int32_t), b->copy));
     if (st == BN_OK && b->ws_rows)
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->ws_rows, 0,
                                                  (size_t)b->rows_head *

@@ -553,6 +553,56 @@ static bn_status residual_norm(const pass *p, int l, bn_norm which, bn_cuda_stag
     return stage_done(p, stage, 1, K_ADD_NORM_Q);
 }
 
+/* Whether layer l's down product of this pass goes to b->d_sums as int32
+ * sums whose epilogue and residual add the next layer's attn_norm kernel
+ * applies (bn_w2a8_cuda_gemm_add_sums, bn_cb_add_sums_norm_quantize): rows
+ * of many sequences, 49-64 of them, one GPU, not the last layer (the
+ * head's norm reads its product from b->out). At 64 rows of 2B-4T the
+ * product and norm take ~3 us less a layer than the mma-rows GEMM and
+ * bn_cb_add_norm_quantize (dev/cuda/w2a8_gemm_staged.cu); the values are
+ * the same bits. */
+static bool down_as_sums(const pass *p, int l)
+{
+    const bn_cuda_backend *b = p->b;
+    const group *g = &b->groups[l * G_COUNT + G_DOWN];
+    const int64_t dim = b->hp.dim;
+    return p->paged && b->d_sums && !tp_on(b) && l + 1 < b->hp.n_layer && g->n_seg == 1 &&
+           g->s[0].l.n == dim &&
+           bn_w2a8_cuda_gemm_add_sums_fits(p->M, g->s[0].l.n, g->s[0].l.groups, b->sm) &&
+           bn_cb_add_sums_norm_fits(b->x, dim, b->d_sums, dim, p->M, dim,
+                                    norm_ptr(b, l + 1, BN_NORM_ATTN), b->xq,
+                                    codes_ld(b, dim, p->M));
+}
+
+/* b->d_sums += the int32 sums of layer l's down product (down_as_sums). */
+static bn_status down_sums(const pass *p, int l)
+{
+    bn_cuda_backend *b = p->b;
+    const group *g = &b->groups[l * G_COUNT + G_DOWN];
+    bn_w2a8_cuda_args a = w2a8_args(b, g, p->M);
+    a.weights = b->d_w + g->s[0].off;
+    a.n = g->s[0].l.n;
+    a.tiles = g->s[0].l.tiles;
+    a.groups = g->s[0].l.groups;
+    b->ran |= 1u << K_GEMM;
+    BN_CUDA_TRY(p->err, bn_w2a8_cuda_gemm_add_sums(&a, b->d_sums, b->hp.dim, b->cs));
+    return stage_done(p, BN_CUDA_STAGE_DOWN, 1, -1);
+}
+
+/* x += the down product from b->d_sums, then the next layer's xq =
+ * q(attn_norm(x)), as residual_norm (down_as_sums). */
+static bn_status residual_sums_norm(const pass *p, int l)
+{
+    bn_cuda_backend *b = p->b;
+    const int64_t dim = b->hp.dim;
+    const group *g = &b->groups[(l - 1) * G_COUNT + G_DOWN];
+    BN_CUDA_TRY(p->err, bn_cb_add_sums_norm_quantize(b->x, dim, b->d_sums, dim, g->s[0].scale, p->M,
+                                                     dim, norm_ptr(b, l, BN_NORM_ATTN),
+                                                     b->hp.rms_eps, b->xq, codes_ld(b, dim, p->M),
+                                                     b->act_scale, b->act_sum, p->pdl, b->cs));
+    return stage_done(p, BN_CUDA_STAGE_ATTN_NORM, 1, K_ADD_NORM_Q);
+}
+
 /* gu = Wgu xq: gate and up raw, or, where the decode step takes them in
  * pairs (b->form.gate_up_pair), h = relu(gate)^2 * up already. */
 static bn_status gate_up(const pass *p, int l)
@@ -630,6 +680,10 @@ static bn_status layer(const pass *p, int l)
     STAGE(residual_norm(p, l, BN_NORM_FFN, BN_CUDA_STAGE_FFN_NORM));
     STAGE(gate_up(p, l));
     STAGE(ffn_sub_norm(p, l));
+    if (down_as_sums(p, l)) { /* out as int32 sums, finished by the next norm */
+        STAGE(down_sums(p, l));
+        return residual_sums_norm(p, l + 1);
+    }
     STAGE(product(p, l, G_DOWN, b->out, BN_CUDA_STAGE_DOWN));
     if (tp_on(b))
         STAGE(tp_sum(p, b->out, BN_CUDA_STAGE_DOWN));

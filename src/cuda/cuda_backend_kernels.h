@@ -120,6 +120,21 @@ cudaError_t bn_cb_add_norm_quantize(float *x, int64_t ldx, const float *r, int64
                                     int64_t ldq, float *scale, int32_t *sum, int pdl,
                                     cudaStream_t stream);
 
+/* As bn_cb_add_norm_quantize with r the W2A8 product whose int32 sums
+ * bn_w2a8_cuda_gemm_add_sums added into sums (row-major, ld_sums apart):
+ * r = ((float)(sums - sum[row]) / scale[row]) * sums_w_scale over the codes
+ * that product read, the very scale and sum arrays this call then
+ * overwrites with the new codes' (each row's block reads its row's before
+ * writing them), so x, q, scale and sum are bit for bit those of the GEMM
+ * followed by bn_cb_add_norm_quantize; the sums are zeroed. Rows of the
+ * lean kernel only (_fits: cudaErrorNotSupported otherwise). */
+int bn_cb_add_sums_norm_fits(const float *x, int64_t ldx, const int32_t *sums, int64_t ld_sums,
+                             int64_t m, int64_t k, const float *w, const int8_t *q, int64_t ldq);
+cudaError_t bn_cb_add_sums_norm_quantize(float *x, int64_t ldx, int32_t *sums, int64_t ld_sums,
+                                         float sums_w_scale, int64_t m, int64_t k, const float *w,
+                                         float eps, int8_t *q, int64_t ldq, float *scale,
+                                         int32_t *sum, int pdl, cudaStream_t stream);
+
 /* v = relu(g * sg)^2 * (u * su): the raw gate and up products (computed with
  * weight scale 1, i.e. acc / act_scale) scaled here, as the CPU's epilogue
  * would have, then the squared-ReLU gate, the ffn_sub_norm and the

@@ -28,6 +28,7 @@
 #include "pdl.cuh"
 #include "qtype.h"
 #include "w2a8_cuda.h"
+#include "w2a8_epilogue.cuh"
 
 namespace {
 
@@ -127,6 +128,10 @@ constexpr int kSrcEmbed = 4;
 /* The batched pass's attn_sub_norm reading its rows from the paged
  * attention's shares (the lean kernel only: bn_cb_merge_norm_quantize). */
 constexpr int kSrcMerge = 5;
+/* x += the W2A8 epilogue of a row of int32 sums (bn_w2a8_cuda_gemm_add_sums)
+ * over the codes whose scale and sum this kernel then overwrites; the sums
+ * are zeroed (the lean kernel only: bn_cb_add_sums_norm_quantize). */
+constexpr int kSrcSums = 6;
 
 struct NormQuantArgs {
     float *x;        /* plain / add: the row source (add writes x + r back) */
@@ -139,6 +144,9 @@ struct NormQuantArgs {
     const void *embed;     /* embed: the table (F32 / F16 / BF16 rows of k)  */
     int embed_type;        /* ... its bn_qtype                                */
     const int32_t *token;  /* ... the row to read, in device memory           */
+    int32_t *sums;         /* sums: the product's int32 sums, zeroed here     */
+    int64_t ld_sums;
+    float sums_w_scale;      /* ... its weight scale                            */
     const float *part;       /* merge: the attention's shares                   */
     const int32_t *part_pos; /* ... each row's position                         */
     int part_splits, part_heads, part_hd;
@@ -614,6 +622,35 @@ __device__ __forceinline__ void load_row4(const NormQuantArgs &a, int64_t row, i
             if (tid + j * T < k4)
                 x[tid + j * T] = v[j];
         }
+    } else if (kSrc == kSrcSums) {
+        /* The product's values are the GEMM epilogue of its sums over the
+         * codes of this row (scale and sum written at the end of this block,
+         * after every thread has read them here), as the GEMM would have
+         * written them; then the residual add, as kSrcAdd. */
+        float4 *x = reinterpret_cast<float4 *>(a.x + row * a.ldx);
+        int4 *t = reinterpret_cast<int4 *>(a.sums + row * a.ld_sums);
+        const float ps = __ldcg(a.scale + row);
+        const int32_t pz = __ldcg(a.sum + row);
+        int4 tv[KV4];
+#pragma unroll
+        for (int j = 0; j < KV4; j++) {
+            const bool in = tid + j * T < k4;
+            v[j] = in ? __ldcg(x + tid + j * T) : z4;
+            tv[j] = in ? __ldcg(t + tid + j * T) : make_int4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int j = 0; j < KV4; j++) {
+            if (tid + j * T >= k4)
+                continue; /* padding stays 0: the epilogue of no sums is not */
+            const float4 y = make_float4(w2a8_epilogue(tv[j].x - pz, ps, a.sums_w_scale),
+                                         w2a8_epilogue(tv[j].y - pz, ps, a.sums_w_scale),
+                                         w2a8_epilogue(tv[j].z - pz, ps, a.sums_w_scale),
+                                         w2a8_epilogue(tv[j].w - pz, ps, a.sums_w_scale));
+            v[j] = make_float4(__fadd_rn(v[j].x, y.x), __fadd_rn(v[j].y, y.y),
+                               __fadd_rn(v[j].z, y.z), __fadd_rn(v[j].w, y.w));
+            x[tid + j * T] = v[j];
+            t[tid + j * T] = make_int4(0, 0, 0, 0);
+        }
     } else if (kSrc == kSrcEmbed) {
         /* Row *token of the table, each value converted exactly (as
          * bn_cuda_embed_rows does), stored to x as the residual stream. */
@@ -853,10 +890,12 @@ __global__ void __launch_bounds__(kBatch ? kBatchMaxThreads : kLeanThreads)
 bool rows_aligned4(const NormQuantArgs &a, int kSrc)
 {
     const uintptr_t ptrs =
-        kSrc == kSrcRelu2   ? ((uintptr_t)a.g | (uintptr_t)a.u | (uintptr_t)(a.ldgu * 4))
-        : kSrc == kSrcMerge ? ((uintptr_t)a.part | (uintptr_t)(a.part_hd % 4))
-                            : ((uintptr_t)a.x | (uintptr_t)(a.ldx * 4) |
-                               (kSrc == kSrcAdd ? (uintptr_t)a.r | (uintptr_t)(a.ldr * 4) : 0));
+        kSrc == kSrcRelu2 ? ((uintptr_t)a.g | (uintptr_t)a.u | (uintptr_t)(a.ldgu * 4))
+        : kSrc == kSrcMerge
+            ? ((uintptr_t)a.part | (uintptr_t)(a.part_hd % 4))
+            : ((uintptr_t)a.x | (uintptr_t)(a.ldx * 4) |
+               (kSrc == kSrcAdd ? (uintptr_t)a.r | (uintptr_t)(a.ldr * 4) : 0) |
+               (kSrc == kSrcSums ? (uintptr_t)a.sums | (uintptr_t)(a.ld_sums * 4) : 0));
     return a.k % 4 == 0 && a.ldq % 4 == 0 && ((ptrs | (uintptr_t)a.w) & 15) == 0 &&
            ((uintptr_t)a.q & 3) == 0;
 }
@@ -1086,6 +1125,48 @@ extern "C" cudaError_t bn_cb_add_norm_quantize(float *x, int64_t ldx, const floa
     a.r = r;
     a.ldr = ldr;
     return launch_norm_quantize<kSrcAdd>(a, m, pdl, stream);
+}
+
+/* The arguments of bn_cb_add_sums_norm_quantize (x, sums: see there). */
+static NormQuantArgs sums_args(float *x, int64_t ldx, int32_t *sums, int64_t ld_sums,
+                               float sums_w_scale, int64_t k, const float *w, float eps, int8_t *q,
+                               int64_t ldq, float *scale, int32_t *sum)
+{
+    NormQuantArgs a = norm_args(k, w, eps, q, ldq, scale, sum);
+    a.x = x;
+    a.ldx = ldx;
+    a.sums = sums;
+    a.ld_sums = ld_sums;
+    a.sums_w_scale = sums_w_scale;
+    return a;
+}
+
+extern "C" int bn_cb_add_sums_norm_fits(const float *x, int64_t ldx, const int32_t *sums,
+                                        int64_t ld_sums, int64_t m, int64_t k, const float *w,
+                                        const int8_t *q, int64_t ldq)
+{
+    const NormQuantArgs a =
+        sums_args(const_cast<float *>(x), ldx, const_cast<int32_t *>(sums), ld_sums, 1.0f, k, w,
+                  0.0f, const_cast<int8_t *>(q), ldq, nullptr, nullptr);
+    return x && sums && ldx >= k && ld_sums >= k && m >= 0 && m <= kRowMaxM && ldq >= k &&
+           lean_fits(a, kSrcSums);
+}
+
+extern "C" cudaError_t bn_cb_add_sums_norm_quantize(float *x, int64_t ldx, int32_t *sums,
+                                                    int64_t ld_sums, float sums_w_scale, int64_t m,
+                                                    int64_t k, const float *w, float eps, int8_t *q,
+                                                    int64_t ldq, float *scale, int32_t *sum,
+                                                    int pdl, cudaStream_t stream)
+{
+    if (!w || !q || !scale || !sum)
+        return cudaErrorInvalidValue;
+    if (!bn_cb_add_sums_norm_fits(x, ldx, sums, ld_sums, m, k, w, q, ldq))
+        return cudaErrorNotSupported;
+    if (m == 0)
+        return cudaSuccess;
+    const NormQuantArgs a =
+        sums_args(x, ldx, sums, ld_sums, sums_w_scale, k, w, eps, q, ldq, scale, sum);
+    return launch_lean<kSrcSums>(a, m, pdl, stream);
 }
 
 extern "C" cudaError_t bn_cb_relu2_norm_quantize(const float *g, const float *u, int64_t ldgu,

@@ -167,6 +167,18 @@ cudaError_t bn_w2a8_cuda_gemm_rows(const bn_w2a8_cuda_args *a, cudaStream_t stre
 cudaError_t bn_w2a8_cuda_gemm_mma_rows(const bn_w2a8_cuda_args *a, int tiles_per_warp,
                                        cudaStream_t stream);
 
+/* w2a8_gemm_sums.cu: the product of 49-64 rows as exact int32 sums
+ * (sum code * x, before the epilogue) added into sums[row * ld_sums + col]
+ * (col < n), which must hold zeros or earlier sums; whoever reads them
+ * applies the epilogue and zeroes them (bn_cb_add_sums_norm_quantize). K is
+ * split over blocks that meet in those adds. sm_90 code only; _fits says
+ * whether it takes the shape (n a multiple of 4, at most 8 chunk-groups a
+ * split) on this build, else the call returns cudaErrorNotSupported and
+ * launches nothing. sums 16-byte aligned, ld_sums a multiple of 4. */
+int bn_w2a8_cuda_gemm_add_sums_fits(int64_t m, int64_t n, int64_t groups, int sm_count);
+cudaError_t bn_w2a8_cuda_gemm_add_sums(const bn_w2a8_cuda_args *a, int32_t *sums, int64_t ld_sums,
+                                       cudaStream_t stream);
+
 /* The q|k|v product of rows of many sequences with its epilogue (the
  * batched pass's bn_cb_qkv_post_slots, w2a8_gemm_rows.cu): the mma-rows x2
  * GEMM whose warps hold the two halves of a head's rotation pairs (tiles t
