@@ -776,18 +776,9 @@ static bn_status lm_head(const pass *p, bool screen)
 bn_status cb_enqueue_paged_rows(bn_cuda_backend *b, int64_t M, const paged_rows *rows,
                                 bn_error *err)
 {
-    return cb_enqueue_paged_layers(b, M, rows, 0, b->hp.n_layer, err);
-}
-
-/* Layers first .. end - 1 of those rows (the embedding with layer 0), so
- * that a pass can be queued in parts. */
-bn_status cb_enqueue_paged_layers(bn_cuda_backend *b, int64_t M, const paged_rows *rows, int first,
-                                  int end, bn_error *err)
-{
     const pass p = {b, M, rows->d_tok, rows->d_pos, NULL, 0, false, 0, err, rows};
-    if (first == 0)
-        STAGE(embed_and_first_norm(&p));
-    for (int l = first; l < end; l++)
+    STAGE(embed_and_first_norm(&p));
+    for (int l = 0; l < b->hp.n_layer; l++)
         STAGE(layer(&p, l));
     return BN_OK;
 }

@@ -206,20 +206,13 @@ struct bn_cuda_backend {
     void *ws_blas;          /* cuBLAS's workspace (graph capture needs one given) */
     bool blas_tried;
     /* Decode-only batched passes as CUDA graphs, one per bucket of 2^i
-     * rows in two parts (cuda_backend_rows.c, graph_part), captured at a
-     * bucket's second pass (the first runs eagerly), their tokens into
-     * pinned h_rtok; a bucket whose capture failed runs eagerly from then
-     * on. */
+     * rows, captured at a bucket's second pass (the first runs eagerly),
+     * their tokens into pinned h_rtok; a bucket whose capture failed runs
+     * eagerly from then on. */
 #define ROWS_GRAPHS 10
-    cudaGraphExec_t rows_graph[2][ROWS_GRAPHS][2];  /* [1]: every row greedy (rows_pick) */
+    cudaGraphExec_t rows_graph[2][ROWS_GRAPHS];     /* [1]: every row greedy (rows_pick) */
     unsigned char rows_graph_state[2][ROWS_GRAPHS]; /* 0 unused, 1 ran eagerly, 2 failed */
     int32_t *h_rtok;
-    /* Pinned staging of a batched pass's uploads (cuda_backend_rows.c,
-     * rows_staging): the block tables' mirror [max_seqs + 1][max_blocks],
-     * -1 where a table has no block, then a graph pass's inputs as
-     * d_graph_in holds them (graph_inputs), copied there at once. */
-    int32_t *h_stage;
-    void *d_graph_in;
 
     /* Scratch of one prefill chunk (cb_scratch_list; the layout at the top
      * of this file) and the decode step's inputs. */
@@ -412,8 +405,6 @@ typedef struct paged_rows {
 } paged_rows;
 bn_status cb_enqueue_paged_rows(bn_cuda_backend *b, int64_t M, const paged_rows *rows,
                                 bn_error *err);
-bn_status cb_enqueue_paged_layers(bn_cuda_backend *b, int64_t M, const paged_rows *rows, int first,
-                                  int end, bn_error *err);
 /* Where a batched pass's answers go (cuda_backend_rows.c): the logit
  * rows' tokens picked on the device (next: p[k] and u[k] per row, p NULL
  * for all greedy), or else their logits (vocab floats each). */

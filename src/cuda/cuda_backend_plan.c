@@ -254,8 +254,6 @@ int cb_scratch_list(bn_cuda_backend *b, scratch_spec *list)
         ADD(&b->d_rtok, H * sizeof(int32_t));
         ADD(&b->d_rparams, H * sizeof(bn_cuda_sample_params));
         ADD(&b->d_ru, H * sizeof(double));
-        ADD(&b->d_graph_in,
-            H * (sizeof(double) + sizeof(bn_cuda_sample_params) + 5 * sizeof(int32_t)));
         ADD(&b->ws_rows, H * bn_cuda_sample_workspace_bytes(hp->vocab));
         if (b->rows_form != BN_CB_ROWS_HEAD_F32) {
             ADD(&b->d_hy, H * dim * f);

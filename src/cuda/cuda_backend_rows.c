@@ -26,7 +26,6 @@
  * and no logits written in full, combined or sampled.
  */
 #include <cuda_runtime_api.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,15 +126,11 @@ void cb_rows_release(bn_cuda_backend *b)
     b->blas = NULL;
     for (int g = 0; g < 2; g++)
         for (int i = 0; i < ROWS_GRAPHS; i++)
-            for (int part = 0; part < 2; part++)
-                if (b->rows_graph[g][i][part])
-                    cudaGraphExecDestroy(b->rows_graph[g][i][part]);
+            if (b->rows_graph[g][i])
+                cudaGraphExecDestroy(b->rows_graph[g][i]);
     if (b->h_rtok)
         cudaFreeHost(b->h_rtok);
     b->h_rtok = NULL;
-    if (b->h_stage)
-        cudaFreeHost(b->h_stage);
-    b->h_stage = NULL;
 }
 
 /* The form of the head's input rows: the GEMM's parts, or fp32 rows for
@@ -281,97 +276,22 @@ static bn_status head_flush(bn_cuda_backend *b, int64_t first, int64_t n, const 
     return BN_OK;
 }
 
-/* Ints of the block tables, [max_seqs + 1][max_blocks]: the last row is
- * the padding sequence's (a captured pass's padding rows), with no block. */
-static size_t table_ints(const bn_cuda_backend *b)
+/* The block tables of the sequences the rows name, [max_seqs + 1]
+ * [max_blocks] (-1 past each table's end; the last sequence, a captured
+ * pass's padding rows', has none), to the device. */
+static bn_status upload_tables(bn_cuda_backend *b, const bn_batch_rows *r, int32_t *h,
+                               bn_error *err)
 {
-    return ((size_t)b->paged_max_seqs + 1) * (size_t)b->paged_max_blocks;
-}
-
-/* Where a graph pass's inputs start in b->h_stage: after the tables,
- * rounded up to 64 bytes (the inputs start with doubles). */
-static size_t staged_inputs_at(const bn_cuda_backend *b)
-{
-    return (table_ints(b) + 15) & ~(size_t)15;
-}
-
-/* A graph pass's inputs for M rows, laid out alike in d_graph_in and in
- * b->h_stage after the tables, so that one copy moves them: each row's
- * uniform number and sampling parameters, then its token, position, cache
- * row, sequence and logit row (in that order, the doubles first for their
- * alignment). */
-typedef struct graph_inputs {
-    double *u;
-    bn_cuda_sample_params *params;
-    int32_t *tok, *pos, *slot, *seq, *lrow;
-} graph_inputs;
-
-static size_t graph_input_bytes(int64_t M)
-{
-    return (size_t)M * (sizeof(double) + sizeof(bn_cuda_sample_params) + 5 * sizeof(int32_t));
-}
-
-static graph_inputs graph_inputs_at(void *base, int64_t M)
-{
-    graph_inputs in;
-    in.u = base;
-    in.params = (bn_cuda_sample_params *)(void *)(in.u + M);
-    in.tok = (int32_t *)(void *)(in.params + M);
-    in.pos = in.tok + M;
-    in.slot = in.pos + M;
-    in.seq = in.slot + M;
-    in.lrow = in.seq + M;
-    return in;
-}
-
-/* Allocates b->h_stage at the first batched pass. Its copies are
- * asynchronous (pinned memory): every pass ends with the stream
- * synchronized, so the next one can rewrite it. The device's tables start
- * as the mirror does, every entry -1. */
-static bn_status rows_staging(bn_cuda_backend *b, bn_error *err)
-{
-    if (b->h_stage)
-        return BN_OK;
-    const size_t n = table_ints(b);
-    void *h = NULL;
-    BN_CUDA_TRY(err, cudaMallocHost(&h, staged_inputs_at(b) * sizeof(int32_t) +
-                                            graph_input_bytes(b->rows_head)));
-    int32_t *t = h;
+    const size_t n = ((size_t)b->paged_max_seqs + 1) * (size_t)b->paged_max_blocks;
     for (size_t i = 0; i < n; i++)
-        t[i] = -1;
-    const cudaError_t rc = cudaMemsetAsync(b->d_tables, 0xff, n * sizeof(int32_t), b->cs);
-    if (rc != cudaSuccess) {
-        cudaFreeHost(h);
-        return BN_CUDA_STATUS(err, rc);
-    }
-    b->h_stage = t;
-    return BN_OK;
-}
-
-/* The block tables of the sequences the rows name to the device (-1 past
- * each table's end): their rows of the mirror rewritten, then the span of
- * rows from the lowest sequence to the highest copied. The kernels read
- * only the tables of a pass's own sequences (and the padding sequence's,
- * never written), so other rows may hold tables of earlier passes. */
-static bn_status upload_tables(bn_cuda_backend *b, const bn_batch_rows *r, bn_error *err)
-{
-    const size_t width = (size_t)b->paged_max_blocks;
-    int32_t lo = INT32_MAX, hi = -1;
+        h[i] = -1;
     for (int64_t i = 0; i < r->n_rows; i++) {
         const int32_t s = r->seq[i];
-        if (i > 0 && s == r->seq[i - 1]) /* a prompt's rows: its table once */
-            continue;
-        int32_t *row = b->h_stage + (size_t)s * width;
         for (int32_t k = 0; k < r->table_len[s]; k++)
-            row[k] = r->tables[s][k];
-        for (size_t k = (size_t)r->table_len[s]; k < width; k++)
-            row[k] = -1;
-        lo = s < lo ? s : lo;
-        hi = s > hi ? s : hi;
+            h[(size_t)s * b->paged_max_blocks + k] = r->tables[s][k];
     }
-    const size_t first = (size_t)lo * width, n = ((size_t)(hi - lo) + 1) * width;
-    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_tables + first, b->h_stage + first, n * sizeof(int32_t),
-                                     cudaMemcpyHostToDevice, b->cs));
+    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_tables, h, n * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                     b->cs));
     cb_count_h2d(b, n * sizeof(int32_t));
     return BN_OK;
 }
@@ -491,30 +411,18 @@ static bool graph_fits(const bn_cuda_backend *b, const bn_batch_rows *r, const r
     return true;
 }
 
-/* A graph pass is two graphs: the embedding and the first kGraphLayers0
- * layers, then the rest. Launching a graph costs the host time in
- * proportion to its kernels (~70 us for the ~280 of a 64-row pass of
- * 2B-4T, H200) while the device waits; the small first graph starts at
- * once, and the second is launched while the first runs. */
-enum { kGraphLayers0 = 2 };
-
-/* Part `part` of the pass of M rows whose inputs are on the device: its
- * layers, then in part 1 the head, picks and tokens into h_rtok; `greedy`
- * (graph_form): the picks of head_pick. */
-static bn_status queue_graph_part(bn_cuda_backend *b, int64_t M, int greedy, int part,
-                                  bn_error *err)
+/* The pass of M rows whose inputs are on the device: layers, head, picks,
+ * tokens into h_rtok; `greedy` (graph_form): the picks of head_pick. */
+static bn_status queue_graph_body(bn_cuda_backend *b, int64_t M, int greedy, bn_error *err)
 {
     const int64_t dim = b->hp.dim;
-    const int split = b->hp.n_layer < kGraphLayers0 ? b->hp.n_layer : kGraphLayers0;
-    const graph_inputs in = graph_inputs_at(b->d_graph_in, M);
-    const paged_rows pr = {in.tok, in.pos, in.slot, in.seq, NULL, (int)M, (int)(b->kv_len - 1),
-                           NULL,   0,      0};
-    bn_status st = part == 0 ? cb_enqueue_paged_layers(b, M, &pr, 0, split, err)
-                             : cb_enqueue_paged_layers(b, M, &pr, split, b->hp.n_layer, err);
-    if (st != BN_OK || part == 0)
+    const paged_rows pr = {b->d_tokens, b->d_pos, b->d_slot, b->d_rseq, NULL, (int)M,
+                           (int)(b->kv_len - 1), NULL, 0, 0};
+    bn_status st = cb_enqueue_paged_rows(b, M, &pr, err);
+    if (st != BN_OK)
         return st;
     const int form = head_form(b);
-    BN_CUDA_TRY(err, bn_cb_rows_head_in(b->x, b->out, dim, dim, in.lrow, M,
+    BN_CUDA_TRY(err, bn_cb_rows_head_in(b->x, b->out, dim, dim, b->d_lrow, M,
                                         b->d_norms + b->out_norm_off, b->hp.rms_eps, form, b->d_hin,
                                         b->d_hscale, picks(b) ? b->d_hy : NULL,
                                         picks(b) ? b->d_hfactor : NULL, b->cs));
@@ -528,7 +436,7 @@ static bn_status queue_graph_part(bn_cuda_backend *b, int64_t M, int greedy, int
             return st;
         BN_CUDA_TRY(err,
                     bn_cuda_sample_rows(b->d_rlogits, b->hp.vocab, (int32_t)b->hp.vocab, (int)M,
-                                        in.params, in.u, b->ws_rows, 1, b->d_rtok, b->cs));
+                                        b->d_rparams, b->d_ru, b->ws_rows, 1, b->d_rtok, b->cs));
         b->ran |= 1u << K_SAMPLE_ROWS;
         st = cb_mark(b, BN_CUDA_STAGE_ARGMAX, 2, err);
     }
@@ -538,37 +446,28 @@ static bn_status queue_graph_part(bn_cuda_backend *b, int64_t M, int greedy, int
     return st;
 }
 
-/* Captures the two parts of bucket i's graph of form g; false (and the
- * bucket marked) when either fails. */
+/* Captures bucket i's graph of form g; false (and the bucket marked) when
+ * it fails. */
 static bool capture_bucket(bn_cuda_backend *b, int g, int i)
 {
     bn_error cerr;
     bn_error_clear(&cerr);
-    bn_status st = BN_OK;
-    cudaError_t rc = cudaSuccess;
-    cudaGraphExec_t *exec = b->rows_graph[g][i];
-    for (int part = 0; part < 2 && st == BN_OK; part++) {
-        cudaGraph_t graph = NULL;
-        st = BN_ERR_GPU;
-        rc = cudaStreamBeginCapture(b->cs, cudaStreamCaptureModeRelaxed);
-        if (rc == cudaSuccess) {
-            st = queue_graph_part(b, (int64_t)1 << i, g, part, &cerr);
-            rc = cudaStreamEndCapture(b->cs, &graph);
-            if (rc != cudaSuccess)
-                st = BN_ERR_GPU;
-        }
-        if (st == BN_OK && (!graph || cudaGraphInstantiate(&exec[part], graph, 0) != cudaSuccess))
+    cudaGraph_t graph = NULL;
+    bn_status st = BN_ERR_GPU;
+    cudaError_t rc = cudaStreamBeginCapture(b->cs, cudaStreamCaptureModeRelaxed);
+    if (rc == cudaSuccess) {
+        st = queue_graph_body(b, (int64_t)1 << i, g, &cerr);
+        rc = cudaStreamEndCapture(b->cs, &graph);
+        if (rc != cudaSuccess)
             st = BN_ERR_GPU;
-        if (graph)
-            cudaGraphDestroy(graph);
     }
-    if (st == BN_OK)
+    if (st == BN_OK && graph && cudaGraphInstantiate(&b->rows_graph[g][i], graph, 0) != cudaSuccess)
+        st = BN_ERR_GPU;
+    if (graph)
+        cudaGraphDestroy(graph);
+    if (st == BN_OK && b->rows_graph[g][i])
         return true;
-    for (int part = 0; part < 2; part++) {
-        if (exec[part])
-            cudaGraphExecDestroy(exec[part]);
-        exec[part] = NULL;
-    }
+    b->rows_graph[g][i] = NULL;
     b->rows_graph_state[g][i] = 2;
     (void)cudaGetLastError();
     bn_log(BN_LOG_WARN, "cuda backend: the graph of batched passes of %d rows could not be "
@@ -578,41 +477,48 @@ static bool capture_bucket(bn_cuda_backend *b, int g, int i)
 }
 
 static bn_status graph_pass(bn_cuda_backend *b, const bn_batch_rows *r, const rows_out *o,
-                            bn_error *err)
+                            int32_t *h, bn_error *err)
 {
     const int i = bucket_index(r->n_rows), g = graph_form(b, r, o);
     const int64_t M = (int64_t)1 << i, n = r->n_rows, bs = b->paged_block;
     if (!b->h_rtok) {
         BN_CUDA_TRY(err, cudaMallocHost((void **)&b->h_rtok, (size_t)b->rows_head * sizeof(int32_t)));
     }
-    /* The rows' inputs, staged and copied at once (graph_inputs). */
-    const graph_inputs h = graph_inputs_at(b->h_stage + staged_inputs_at(b), M);
+    /* Tokens, positions, cache rows, sequences, logit rows; parameters and
+     * numbers. */
+    int32_t *ht = h, *hp = ht + M, *hs = hp + M, *hq = hs + M, *hl = hq + M;
+    bn_cuda_sample_params *hparams = (bn_cuda_sample_params *)(void *)(hl + M);
+    double *hu = (double *)(void *)(hparams + M);
     const bn_cuda_sample_params greedy = {0.0f, 0, 1.0f, 0.0f};
     for (int64_t k = 0; k < M; k++) {
         const bool real = k < n;
         const int32_t s = real ? r->seq[k] : 0;
         const int64_t p = real ? r->pos[k] : 0;
-        h.tok[k] = real ? r->tokens[k] : 0;
-        h.pos[k] = (int32_t)p;
-        h.slot[k] = real ? (int32_t)(r->tables[s][p / bs] * bs + p % bs) : -1;
-        h.seq[k] = real ? s : b->paged_max_seqs; /* the padding sequence: no blocks */
-        h.lrow[k] = (int32_t)k;
-        h.params[k] = real && o->p ? o->p[k] : greedy;
-        h.u[k] = real && o->p && o->u ? o->u[k] : 0.0;
+        ht[k] = real ? r->tokens[k] : 0;
+        hp[k] = (int32_t)p;
+        hs[k] = real ? (int32_t)(r->tables[s][p / bs] * bs + p % bs) : -1;
+        hq[k] = real ? s : b->paged_max_seqs; /* the padding sequence: no blocks */
+        hl[k] = (int32_t)k;
+        hparams[k] = real && o->p ? o->p[k] : greedy;
+        hu[k] = real && o->p && o->u ? o->u[k] : 0.0;
     }
-    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_graph_in, h.u, graph_input_bytes(M),
+    int32_t *const dst[5] = {b->d_tokens, b->d_pos, b->d_slot, b->d_rseq, b->d_lrow};
+    for (int k = 0; k < 5; k++)
+        BN_CUDA_TRY(err, cudaMemcpyAsync(dst[k], h + k * M, (size_t)M * sizeof(int32_t),
+                                         cudaMemcpyHostToDevice, b->cs));
+    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_rparams, hparams, (size_t)M * sizeof *hparams,
                                      cudaMemcpyHostToDevice, b->cs));
-    cb_count_h2d(b, graph_input_bytes(M));
+    BN_CUDA_TRY(err, cudaMemcpyAsync(b->d_ru, hu, (size_t)M * sizeof *hu, cudaMemcpyHostToDevice,
+                                     b->cs));
+    cb_count_h2d(b, (uint64_t)M * (5 * sizeof(int32_t) + sizeof *hparams + sizeof *hu));
     bn_status st = BN_OK;
     unsigned char *state = &b->rows_graph_state[g][i];
-    if (b->rows_graph[g][i][0] || (*state == 1 && capture_bucket(b, g, i))) {
-        for (int part = 0; part < 2; part++)
-            BN_CUDA_TRY(err, cudaGraphLaunch(b->rows_graph[g][i][part], b->cs));
+    if (b->rows_graph[g][i] || (*state == 1 && capture_bucket(b, g, i))) {
+        BN_CUDA_TRY(err, cudaGraphLaunch(b->rows_graph[g][i], b->cs));
         b->ran |= 1u << K_GRAPH;
     } else {
         *state = *state ? *state : 1;
-        for (int part = 0; part < 2 && st == BN_OK; part++)
-            st = queue_graph_part(b, M, g, part, err);
+        st = queue_graph_body(b, M, g, err);
     }
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
@@ -633,22 +539,11 @@ bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows
     if (st != BN_OK)
         return st;
     open_blas(b);
-    st = rows_staging(b, err);
-    if (st == BN_OK)
-        st = upload_tables(b, r, err);
-    const bool graph = st == BN_OK && graph_fits(b, r, o);
-    if (graph)
-        st = graph_pass(b, r, o, err);
-    if (st != BN_OK || graph) {
-        if (st != BN_OK) {
-            (void)cudaStreamSynchronize(b->cs);
-            (void)cudaGetLastError();
-        }
-        return st;
-    }
     const int64_t H = b->rows_head, dim = b->hp.dim;
-    /* The chunk's rows (chunk_layers: 5 ints a row), the logit rows. */
-    int32_t *h = malloc((5 * (size_t)b->chunk + (size_t)H) * sizeof *h);
+    const size_t n_tables = ((size_t)b->paged_max_seqs + 1) * (size_t)b->paged_max_blocks;
+    /* The chunk's rows (graph_pass: 5 int arrays, parameters and numbers
+     * for M <= chunk rows, 10 ints a row), the tables, the logit rows. */
+    int32_t *h = malloc((10 * (size_t)b->chunk + n_tables + (size_t)H) * sizeof *h);
     bn_cuda_sample_params *hparams = malloc((size_t)H * sizeof *hparams);
     double *hu = malloc((size_t)H * sizeof *hu);
     int32_t *blocks = malloc(4 * (size_t)PAGED_RUN_BLOCKS(b->chunk) * sizeof *blocks);
@@ -659,10 +554,15 @@ bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows
         free(blocks);
         return bn_error_set(err, BN_ERR_OUT_OF_MEMORY, NULL, "no memory for a pass's rows");
     }
-    int32_t *hrows = h, *hl = hrows + 5 * b->chunk;
+    int32_t *hrows = h, *htab = hrows + 10 * b->chunk, *hl = htab + n_tables;
     const int form = head_form(b);
     /* A row's input: its parts side by side. */
     const size_t row_bytes = head_elem(form) * (size_t)bn_cb_rows_head_parts(form);
+    st = upload_tables(b, r, htab, err);
+    if (st == BN_OK && graph_fits(b, r, o)) {
+        st = graph_pass(b, r, o, hrows, err);
+        goto done;
+    }
     int64_t next_logit = 0, head_first = 0, head_fill = 0;
     for (int64_t c = 0; c < r->n_rows && st == BN_OK; c += b->chunk) {
         const int64_t M = r->n_rows - c < b->chunk ? r->n_rows - c : b->chunk;
@@ -706,6 +606,7 @@ bn_status cb_forward_rows(bn_cuda_backend *b, const bn_batch_rows *r, const rows
         st = head_flush(b, head_first, head_fill, o, hparams, hu, err);
     if (st == BN_OK)
         st = BN_CUDA_STATUS(err, cudaStreamSynchronize(b->cs));
+done:
     free(h);
     free(hparams);
     free(hu);
