@@ -471,7 +471,9 @@ bn_status bn_cuda_backend_create_as(const bn_checkpoint *model,
      * leaves them there. */
     if (st == BN_OK && b->d_sums)
         st = BN_CUDA_STATUS(
-            err, cudaMemsetAsync(b->d_sums, 0, (size_t)64 * hp->dim * sizeof(int32_t), b->copy));
+            err,
+            cudaMemsetAsync(b->d_sums, 0, (size_t)BN_W2A8_SUMS_MAX_ROWS * hp->dim * sizeof(int32_t),
+                            b->copy));
     if (st == BN_OK && b->ws_rows)
         st = BN_CUDA_STATUS(err, cudaMemsetAsync(b->ws_rows, 0,
                                                  (size_t)b->rows_head *

@@ -50,6 +50,16 @@ static bn_w2a8_cuda_args w2a8_args(const bn_cuda_backend *b, const group *g, int
     return a;
 }
 
+/* a's weights: those of segment s (a fused group's first), laid out as l. */
+static void set_weights(bn_w2a8_cuda_args *a, const bn_cuda_backend *b, const seg *s,
+                        const bn_cuda_layout *l)
+{
+    a->weights = b->d_w + s->off;
+    a->n = l->n;
+    a->tiles = l->tiles;
+    a->groups = l->groups;
+}
+
 /* y = W x for M rows of b->xq: one launch for a fused group, one per
  * segment otherwise (each writing its columns of the same output). Groups
  * of one segment apply their scale in the GEMV; fused groups use scale 1
@@ -63,11 +73,7 @@ static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y,
     const int parts = g->fused_ok ? 1 : g->n_seg;
     for (int i = 0; i < parts; i++) {
         const seg *s = &g->s[i];
-        const bn_cuda_layout *l = g->fused_ok ? &g->fused : &s->l;
-        a.weights = b->d_w + s->off;
-        a.n = l->n;
-        a.tiles = l->tiles;
-        a.groups = l->groups;
+        set_weights(&a, b, s, g->fused_ok ? &g->fused : &s->l);
         a.y = y + s->col;
         const int split = g->fused_ok ? g->split : s->split;
         BN_CUDA_TRY(err, M == 1 ? bn_w2a8_cuda_gemv_pdl(&a, split, pdl, b->cs)
@@ -84,10 +90,7 @@ static bn_status matmul(bn_cuda_backend *b, const group *g, int64_t M, float *y,
 bn_w2a8_cuda_args cb_pair_args(const bn_cuda_backend *b, const group *g)
 {
     bn_w2a8_cuda_args a = w2a8_args(b, g, 1);
-    a.weights = b->d_w + g->s[0].off;
-    a.n = g->fused.n;
-    a.tiles = g->fused.tiles;
-    a.groups = g->fused.groups;
+    set_weights(&a, b, &g->s[0], &g->fused);
     a.y = b->gu;
     a.ldy = g->n / 2;
     a.relu2_pair = 1;
@@ -246,10 +249,7 @@ static bool qkv_epilogue_args(const pass *p, int l, bn_w2a8_cuda_args *a, bn_w2a
         return false;
     const bn_hparams *hp = &b->hp;
     *a = w2a8_args(b, g, p->M);
-    a->weights = b->d_w + g->s[0].off;
-    a->n = g->fused.n;
-    a->tiles = g->fused.tiles;
-    a->groups = g->fused.groups;
+    set_weights(a, b, &g->s[0], &g->fused);
     a->y = NULL;
     const bn_w2a8_qkv_out out = {hp->n_head,
                                  hp->n_head_kv,
@@ -580,10 +580,7 @@ static bn_status down_sums(const pass *p, int l)
     bn_cuda_backend *b = p->b;
     const group *g = &b->groups[l * G_COUNT + G_DOWN];
     bn_w2a8_cuda_args a = w2a8_args(b, g, p->M);
-    a.weights = b->d_w + g->s[0].off;
-    a.n = g->s[0].l.n;
-    a.tiles = g->s[0].l.tiles;
-    a.groups = g->s[0].l.groups;
+    set_weights(&a, b, &g->s[0], &g->s[0].l);
     b->ran |= 1u << K_GEMM;
     BN_CUDA_TRY(p->err, bn_w2a8_cuda_gemm_add_sums(&a, b->d_sums, b->hp.dim, b->cs));
     return stage_done(p, BN_CUDA_STAGE_DOWN, 1, -1);

@@ -174,8 +174,9 @@ struct bn_cuda_backend {
     int paged_resident;     /* the paged attention's blocks resident at once */
     void *d_pk, *d_pv;      /* elements of paged_kv */
     float *ws_paged;        /* the paged attention's split shares */
-    int32_t *d_sums;        /* the batched down product's int32 sums, [64][dim],
-                               zero between passes (cb_down_sums)          */
+    int32_t *d_sums;        /* the batched down product's int32 sums,
+                               [BN_W2A8_SUMS_MAX_ROWS][dim], zero between
+                               passes (down_as_sums)                       */
     int32_t *d_slot, *d_rseq, *d_dlist, *d_tables, *d_rblocks;
     uint64_t paged_bytes;
     /* The batched pass's LM head (cuda_backend_rows.c): up to rows_head

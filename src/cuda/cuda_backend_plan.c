@@ -263,7 +263,7 @@ int cb_scratch_list(bn_cuda_backend *b, scratch_spec *list)
             ADD(&b->d_rcount, H * sizeof(unsigned));
         }
         ADD(&b->ws_paged, bn_cb_attn_paged_workspace_bytes(hp->n_head, hp->head_dim));
-        ADD(&b->d_sums, (size_t)64 * dim * sizeof(int32_t));
+        ADD(&b->d_sums, (size_t)BN_W2A8_SUMS_MAX_ROWS * dim * sizeof(int32_t));
         ADD(&b->ws_blas, (size_t)32 << 20); /* cuBLAS's advice for Hopper */
         ADD(&b->d_rblocks, 4 * sizeof(int32_t) * (size_t)PAGED_RUN_BLOCKS(b->chunk));
     }

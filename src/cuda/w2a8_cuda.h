@@ -175,6 +175,7 @@ cudaError_t bn_w2a8_cuda_gemm_mma_rows(const bn_w2a8_cuda_args *a, int tiles_per
  * whether it takes the shape (n a multiple of 4, at most 8 chunk-groups a
  * split) on this build, else the call returns cudaErrorNotSupported and
  * launches nothing. sums 16-byte aligned, ld_sums a multiple of 4. */
+#define BN_W2A8_SUMS_MAX_ROWS 64 /* rows an accumulator of sums holds */
 int bn_w2a8_cuda_gemm_add_sums_fits(int64_t m, int64_t n, int64_t groups, int sm_count);
 cudaError_t bn_w2a8_cuda_gemm_add_sums(const bn_w2a8_cuda_args *a, int32_t *sums, int64_t ld_sums,
                                        cudaStream_t stream);

@@ -48,7 +48,7 @@ constexpr int kGroup = kGemvGroup;
 constexpr int kWarps = 8, kTw = 2;              /* a warp: 2 tiles, 16 weight rows */
 constexpr int kCols = kWarps * kTw * kTileRows; /* 128 weight rows a block          */
 constexpr int kThreads = 32 * kWarps;
-constexpr int kRows = 64;             /* activation rows: 8 fragments of 8 */
+constexpr int kRows = BN_W2A8_SUMS_MAX_ROWS; /* activation rows: 8 fragments of 8 */
 constexpr int kMaxGroups = 8;         /* chunk-groups a split, at most     */
 constexpr int kSumStride = kCols + 4; /* int32s between staged sum rows    */
 
